@@ -1,0 +1,161 @@
+"""Shared fixtures: a session-wide bed of real sshd test hosts and a clean client HOME.
+
+As root, `bed` has h1-h3 on the "main" bridge, `bastion` on main and "inner", and `hidden`
+on inner only (reachable through the bastion alone). Without root those tests skip with
+the reason; `loopback` is one sshd on 127.0.0.1 that works either way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from testbed import ClientKeys, LoopbackHost, NetnsBed, TestHost, skip_reason_no_netns
+
+from vmrun.config import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def client_keys(tmp_path_factory: pytest.TempPathFactory) -> ClientKeys:
+    return ClientKeys.generate(tmp_path_factory.mktemp("client-keys"))
+
+
+@pytest.fixture(scope="session")
+def bed(tmp_path_factory: pytest.TempPathFactory, client_keys: ClientKeys) -> Iterator[NetnsBed]:
+    reason = skip_reason_no_netns()
+    if reason:
+        pytest.skip(f"multi-host test bed unavailable: {reason}")
+    with NetnsBed(tmp_path_factory.mktemp("bed"), client_keys) as the_bed:
+        for name in ("h1", "h2", "h3"):
+            the_bed.add_host(name)
+        the_bed.add_host("bastion", networks=("main", "inner"))
+        the_bed.add_host("hidden", networks=("inner",))
+        yield the_bed
+
+
+@pytest.fixture(scope="session")
+def loopback(
+    tmp_path_factory: pytest.TempPathFactory, client_keys: ClientKeys
+) -> Iterator[LoopbackHost]:
+    with LoopbackHost(tmp_path_factory.mktemp("loopback"), client_keys) as host:
+        yield host
+
+
+@dataclass
+class Client:
+    """A user of vmrun on this machine: own HOME, ssh config, known_hosts, no ssh-agent."""
+
+    home: Path
+    env: dict[str, str]
+    cwd: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ssh_dir(self) -> Path:
+        return self.home / ".ssh"
+
+    def environ(self, **overrides: str) -> dict[str, str]:
+        return {**self.env, **self.extra_env, **overrides}
+
+    def settings(self, **flags: object) -> Settings:
+        return load_settings(flags, cwd=self.cwd, environ=self.environ())
+
+    def vmrun(
+        self,
+        *args: str,
+        timeout: float = 120,
+        env: Mapping[str, str] | None = None,
+        input: bytes | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the real CLI in a child process, as a user would."""
+        return subprocess.run(
+            [sys.executable, "-m", "vmrun", *args],
+            cwd=self.cwd,
+            env=self.environ(**(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+        )
+
+    def popen(self, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "vmrun", *args],
+            cwd=self.cwd,
+            env=self.environ(**(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+
+def _client(tmp_path: Path) -> Client:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    cwd = tmp_path / "project"
+    cwd.mkdir()
+    env = {
+        "HOME": str(home),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(ROOT),
+        "NO_COLOR": "1",
+        # fast liveness checks so lost-connection tests finish quickly
+        "VMRUN_KEEPALIVE_INTERVAL": "1",
+        "VMRUN_KEEPALIVE_COUNT_MAX": "3",
+        "VMRUN_CONNECT_TIMEOUT": "5",
+    }
+    return Client(home=home, env=env, cwd=cwd)
+
+
+@pytest.fixture
+def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Client:
+    """A client that knows no host at all (empty ssh config and known_hosts)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return _client(tmp_path)
+
+
+@pytest.fixture
+def bed_client(bed: NetnsBed, client: Client) -> Client:
+    """A client whose ~/.ssh/config and known_hosts list every bed host (aliases h1...)."""
+    (client.ssh_dir / "config").write_text(bed.ssh_config_text())
+    (client.ssh_dir / "known_hosts").write_text(bed.known_hosts_text())
+    return client
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
+) -> object:
+    """Poll until predicate() is truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def user_commands(host: TestHost) -> list[str]:
+    """Command lines of the host user's live processes (sshd sessions excluded)."""
+    lines = []
+    for pid in host.user_pids():
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        text = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if text and not text.startswith("sshd"):
+            lines.append(text)
+    return lines

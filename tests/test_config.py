@@ -1,0 +1,87 @@
+"""config: defaults < user config < project vmrun.toml < VMRUN_* < flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmrun.config import find_project_dir, load_settings
+from vmrun.errors import ConfigError
+
+
+@pytest.fixture
+def layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    home = tmp_path / "home"
+    (home / ".config" / "vmrun").mkdir(parents=True)
+    project = tmp_path / "proj"
+    (project / "sub" / "deeper").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("VMRUN_CONFIG", raising=False)
+    return {"home": home, "project": project, "user": home / ".config" / "vmrun" / "config.toml"}
+
+
+def test_defaults(layout: dict[str, Path]) -> None:
+    s = load_settings(cwd=layout["project"], environ={})
+    assert s.connect_timeout == 10.0
+    assert s.accept_new_host_key is False
+    assert s.ssh_config == layout["home"] / ".ssh" / "config"
+    assert s.known_hosts == layout["home"] / ".config" / "vmrun" / "known_hosts"
+    assert set(s.sources.values()) == {"default"}
+    assert s.project_dir is None
+
+
+def test_each_layer_overrides_the_one_before(layout: dict[str, Path]) -> None:
+    layout["user"].write_text(
+        "connect_timeout = 3\nkeepalive_interval = 7\nkeepalive_count_max = 9\n"
+    )
+    (layout["project"] / "vmrun.toml").write_text(
+        'connect_timeout = 4\nkeepalive_interval = 8\n\n[[hosts]]\naddress = "u@h"\n'
+    )
+    cwd = layout["project"] / "sub" / "deeper"
+    env = {"VMRUN_CONNECT_TIMEOUT": "5"}
+    s = load_settings({"connect_timeout": 6}, cwd=cwd, environ=env)
+    assert s.connect_timeout == 6 and s.sources["connect_timeout"] == "command line"
+    s = load_settings({}, cwd=cwd, environ=env)
+    assert s.connect_timeout == 5 and s.sources["connect_timeout"] == "environment"
+    assert s.keepalive_interval == 8 and s.sources["keepalive_interval"].endswith("vmrun.toml")
+    assert s.keepalive_count_max == 9
+    assert s.sources["keepalive_count_max"] == str(layout["user"])
+    assert s.project_dir == layout["project"].resolve()
+    assert find_project_dir(cwd) == layout["project"].resolve()
+
+
+def test_vmrun_config_env_points_at_another_user_file(
+    layout: dict[str, Path], tmp_path: Path
+) -> None:
+    other = tmp_path / "other.toml"
+    other.write_text("accept_new_host_key = true\n")
+    s = load_settings(cwd=layout["project"], environ={"VMRUN_CONFIG": str(other)})
+    assert s.accept_new_host_key is True
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("connect_timeout = 'soon'\n", "connect_timeout"),
+        ("connect_timeout = -1\n", "greater than 0"),
+        ("keepalive_count_max = 0\n", "at least 1"),
+        ("conect_timeout = 3\n", "unknown setting 'conect_timeout'"),
+        ("connect_timeout = \n", "not valid TOML"),
+        ("accept_new_host_key = 'maybe'\n", "true or false"),
+    ],
+)
+def test_bad_project_file_is_one_clear_error(
+    layout: dict[str, Path], text: str, needle: str
+) -> None:
+    (layout["project"] / "vmrun.toml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(cwd=layout["project"], environ={})
+    assert needle in info.value.one_line()
+    assert "\n" not in info.value.one_line()
+
+
+def test_bad_env_value_names_the_variable(layout: dict[str, Path]) -> None:
+    with pytest.raises(ConfigError, match="connect_timeout .from environment"):
+        load_settings(cwd=layout["project"], environ={"VMRUN_CONNECT_TIMEOUT": "abc"})

@@ -1,0 +1,295 @@
+"""connection: real sshd test hosts, real keys, real network faults."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import Client, user_commands, wait_for
+from testbed import NetnsBed
+
+from vmrun.connection import Connection
+from vmrun.errors import (
+    AuthError,
+    ChangedHostKeyError,
+    CommandFailed,
+    ConnectionLostError,
+    ExitCode,
+    UnknownHostKeyError,
+    UnreachableError,
+)
+
+HOSTILE = [
+    "a b",
+    "$HOME",
+    "`id`",
+    "$(id)",
+    "x;y",
+    "new\nline",
+    "-n",
+    "--",
+    "ünï ✓",
+    "'q'",
+    '"dq"',
+    "",
+    "back\\slash",
+    "*",
+    "~",
+    "!",
+]
+
+
+def test_run_returns_a_value(bed: NetnsBed, bed_client: Client) -> None:
+    with Connection("h1", bed_client.settings()) as conn:
+        result = conn.run(["sh", "-c", "hostname; echo oops >&2; exit 3"])
+    assert result.host == "h1"
+    assert result.argv == ("sh", "-c", "hostname; echo oops >&2; exit 3")
+    assert result.exit_status == 3 and not result.ok
+    assert result.stdout_tail == f"{bed['h1'].hostname}\n"
+    assert result.stderr_tail == "oops\n"
+    assert result.duration > 0
+
+
+def test_hostile_arguments_arrive_byte_for_byte(bed_client: Client) -> None:
+    script = 'for a in "$@"; do printf "%s\\0" "$a"; done'
+    with Connection("h2", bed_client.settings()) as conn:
+        result = conn.run(["sh", "-c", script, "argv0", *HOSTILE], check=True)
+    assert result.stdout_tail.split("\0")[:-1] == HOSTILE
+
+
+def test_one_connection_serves_every_command(bed: NetnsBed, bed_client: Client) -> None:
+    host = bed["h3"]
+    before = host.sshd_log().count("Accepted publickey")
+    with Connection("h3", bed_client.settings()) as conn:
+        transport = conn.transport
+        results = [conn.run(["echo", str(i)]) for i in range(5)]
+        # several commands at once share it too (one channel each)
+        threads = [threading.Thread(target=conn.run, args=(["sleep", "0.2"],)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert conn.transport is transport
+    assert [r.stdout_tail for r in results] == [f"{i}\n" for i in range(5)]
+    assert host.sshd_log().count("Accepted publickey") - before == 1
+
+
+def test_env_values_reach_the_command_but_no_command_line(
+    bed: NetnsBed, bed_client: Client
+) -> None:
+    secret = "hunter2 'quoted' $x\nsecond line"
+    script = 'ps -eo args; printf "<%s>" "$TOKEN"'
+    with Connection("h1", bed_client.settings()) as conn:
+        result = conn.run(["sh", "-c", script], env={"TOKEN": secret}, check=True)
+    listing, _, value = result.stdout_tail.rpartition("<")
+    assert value == secret + ">"
+    assert "hunter2" not in listing
+    assert "hunter2" not in bed["h1"].sshd_log()
+
+
+def test_cwd_and_missing_cwd(bed: NetnsBed, bed_client: Client) -> None:
+    home = bed["h2"].home
+    (home / "sub dir").mkdir(exist_ok=True)
+    with Connection("h2", bed_client.settings()) as conn:
+        assert conn.run(["pwd"], cwd=str(home / "sub dir")).stdout_tail == f"{home}/sub dir\n"
+        missing = conn.run(["pwd"], cwd=str(home / "missing"))
+    assert missing.exit_status == 126
+
+
+def test_timeout_stops_the_remote_command(bed: NetnsBed, bed_client: Client) -> None:
+    host = bed["h1"]
+    with Connection("h1", bed_client.settings()) as conn, pytest.raises(CommandFailed) as info:
+        conn.run(["sleep", "417"], timeout=1)
+    assert info.value.exit_status == 124
+    wait_for(
+        lambda: not any("sleep 417" in c for c in user_commands(host)),
+        15,
+        "the timed-out remote sleep to be killed",
+    )
+
+
+def test_proxyjump_reaches_a_host_only_the_bastion_can_see(
+    bed: NetnsBed, bed_client: Client
+) -> None:
+    hidden = bed["hidden"]
+    assert not hidden.reachable_from_root
+    with Connection("hidden", bed_client.settings()) as conn:
+        result = conn.run(["hostname"], check=True)
+    assert result.stdout_tail.strip() == hidden.hostname
+
+
+def test_proxyjump_from_a_spec_chain(bed: NetnsBed, bed_client: Client) -> None:
+    """ProxyJump written as user@addr specs (not aliases), through the ssh config."""
+    hidden, bastion = bed["hidden"], bed["bastion"]
+    key = bed.client_keys.private
+    (bed_client.ssh_dir / "config").write_text(
+        f"Host target\n  HostName {hidden.addr}\n  User {hidden.user}\n  IdentityFile {key}\n"
+        f"  ProxyJump {bastion.user}@{bastion.addr}:22\n"
+        f"Host *\n  IdentityFile {key}\n"
+    )
+    with Connection("target", bed_client.settings()) as conn:
+        assert conn.run(["hostname"], check=True).stdout_tail.strip() == hidden.hostname
+
+
+def _fingerprint(pub_line: str) -> str:
+    out = subprocess.run(
+        ["ssh-keygen", "-lf", "-"], input=pub_line, capture_output=True, text=True, check=True
+    ).stdout
+    return out.split()[1]
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(
+    bed: NetnsBed, bed_client: Client
+) -> None:
+    (bed_client.ssh_dir / "known_hosts").write_text("")
+    with pytest.raises(UnknownHostKeyError) as info:
+        Connection("h1", bed_client.settings()).open()
+    message = info.value.one_line()
+    offered = re.search(r"SHA256:\S+", message)
+    assert offered is not None
+    fingerprints = [_fingerprint(line) for line in bed["h1"].host_key_pub_lines]
+    assert offered.group(0) in fingerprints
+    assert "--accept-new-host-key" in message
+    assert info.value.exit_code == ExitCode.HOST_KEY
+
+
+def test_accept_new_trusts_on_first_use_then_is_strict(bed: NetnsBed, bed_client: Client) -> None:
+    (bed_client.ssh_dir / "known_hosts").write_text("")
+    settings = bed_client.settings(accept_new_host_key=True)
+    with Connection("h2", settings) as conn:
+        conn.run(["true"], check=True)
+    managed = settings.known_hosts
+    lines = managed.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(bed["h2"].addr + " ")
+    assert oct(managed.stat().st_mode & 0o777) == "0o600"
+    # remembered: a strict connection now succeeds without touching ~/.ssh
+    with Connection("h2", bed_client.settings(accept_new_host_key=False)) as conn:
+        conn.run(["true"], check=True)
+    assert (bed_client.ssh_dir / "known_hosts").read_text() == ""
+
+
+def test_changed_host_key_is_always_refused(bed: NetnsBed, bed_client: Client, tmp_path) -> None:
+    """known_hosts holds another key of the same type for h3: refuse, even with TOFU on."""
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True
+    )
+    impostor = (tmp_path / "k.pub").read_text().split()[:2]
+    (bed_client.ssh_dir / "known_hosts").write_text(f"{bed['h3'].addr} {' '.join(impostor)}\n")
+    for accept in (False, True):
+        with pytest.raises(ChangedHostKeyError) as info:
+            Connection("h3", bed_client.settings(accept_new_host_key=accept)).open()
+        assert "HOST KEY CHANGED" in info.value.one_line()
+        assert "ssh-keygen -R" in info.value.one_line()
+    assert not bed_client.settings().known_hosts.exists()  # nothing was trusted
+
+
+def test_auth_failure_is_clear(bed: NetnsBed, bed_client: Client, tmp_path) -> None:
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    h1 = bed["h1"]
+    (bed_client.ssh_dir / "config").write_text(
+        f"Host h1\n  HostName {h1.addr}\n  User {h1.user}\n  IdentityFile {stranger}\n"
+        "  IdentitiesOnly yes\n"
+    )
+    with pytest.raises(AuthError) as info:
+        Connection("h1", bed_client.settings()).open()
+    assert f"user {h1.user!r}" in info.value.one_line()
+    assert "authorized_keys" in info.value.one_line()
+    assert info.value.exit_code == ExitCode.AUTH
+
+
+def test_ssh_agent_keys_are_used(bed: NetnsBed, bed_client: Client, tmp_path) -> None:
+    """No IdentityFile anywhere: the key comes from a real ssh-agent."""
+    h2 = bed["h2"]
+    (bed_client.ssh_dir / "config").write_text(f"Host h2\n  HostName {h2.addr}\n  User {h2.user}\n")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, 10, "ssh-agent's socket")
+        env = {"SSH_AUTH_SOCK": str(sock), "HOME": bed_client.env["HOME"]}
+        subprocess.run(
+            ["ssh-add", str(bed.client_keys.private)], env=env, check=True, capture_output=True
+        )
+        import os
+
+        os.environ["SSH_AUTH_SOCK"] = str(sock)
+        try:
+            with Connection("h2", bed_client.settings()) as conn:
+                assert conn.run(["hostname"], check=True).stdout_tail.strip() == h2.hostname
+        finally:
+            del os.environ["SSH_AUTH_SOCK"]
+    finally:
+        agent.kill()
+        agent.wait(timeout=10)
+
+
+def test_unreachable_address_fails_within_the_timeout(bed: NetnsBed, bed_client: Client) -> None:
+    empty = bed["h1"].addr.rsplit(".", 1)[0] + ".250"  # on the bridge, nobody home
+    started = time.monotonic()
+    with pytest.raises(UnreachableError) as info:
+        Connection(f"nobody@{empty}", bed_client.settings(connect_timeout=2)).open()
+    assert time.monotonic() - started < 4
+    assert empty in info.value.one_line()
+    assert info.value.exit_code == ExitCode.UNREACHABLE
+
+
+def test_refused_port_and_dns_failure(bed: NetnsBed, bed_client: Client) -> None:
+    with pytest.raises(UnreachableError, match="connection refused"):
+        Connection(f"u@{bed['h1'].addr}:2222", bed_client.settings()).open()
+    with pytest.raises(UnreachableError, match="cannot resolve host name"):
+        Connection("u@no-such-host.invalid", bed_client.settings()).open()
+
+
+def test_cut_link_mid_command_is_a_clear_error_and_leaves_no_process(
+    bed: NetnsBed, bed_client: Client
+) -> None:
+    host = bed["h3"]
+    started = threading.Event()
+    outcome: dict[str, BaseException | None] = {}
+
+    def watch(stream: str, line: bytes) -> None:
+        if b"started" in line:
+            started.set()
+
+    conn = Connection("h3", bed_client.settings())
+
+    def work() -> None:
+        try:
+            conn.run(["sh", "-c", "echo started; exec sleep 433"], on_output=watch)
+            outcome["error"] = None
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    try:
+        assert started.wait(20), "the remote command never started"
+        cut_at = time.monotonic()
+        host.cut_link()
+        worker.join(20)
+        assert not worker.is_alive(), "run() hung after the link was cut"
+        lost_after = time.monotonic() - cut_at
+    finally:
+        host.heal_link()
+        conn.close()
+    error = outcome["error"]
+    assert isinstance(error, ConnectionLostError), error
+    assert "stopped answering" in error.one_line()
+    assert lost_after < 10
+    # once the host notices the drop, the command's process group is killed
+    wait_for(
+        lambda: not any("sleep 433" in c for c in user_commands(host)),
+        60,
+        "the orphaned remote sleep to be killed after the link healed",
+    )
+
+
+def test_loopback_sshd_without_namespaces(loopback, client: Client) -> None:
+    (client.ssh_dir / "config").write_text(loopback.ssh_config_block())
+    (client.ssh_dir / "known_hosts").write_text("\n".join(loopback.known_hosts_lines()) + "\n")
+    with Connection("loopback", client.settings()) as conn:
+        result = conn.run(["sh", "-c", 'printf "%s" "$1"', "x", "a b $c"], check=True)
+    assert result.stdout_tail == "a b $c"

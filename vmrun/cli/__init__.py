@@ -1,0 +1,1 @@
+"""The command-line layer: the only part of vmrun that imports typer and rich."""

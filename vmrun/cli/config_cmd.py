@@ -1,0 +1,23 @@
+"""`vmrun config`: every setting, its value, and the layer it came from."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("config", help="Show the resolved settings and where each one came from.")
+    def config_command() -> int:
+        from vmrun.config import FIELDS, load_settings, user_config_path
+
+        settings = load_settings()
+        typer.echo("# defaults < user config < project vmrun.toml < VMRUN_* < flags")
+        typer.echo(f"# user config: {user_config_path()}")
+        project = settings.project_dir / "vmrun.toml" if settings.project_dir else "(none)"
+        typer.echo(f"# project file: {project}")
+        for name, fld in FIELDS.items():
+            value = getattr(settings, name)
+            typer.echo(
+                f"{name} = {value!s}    # {settings.sources[name]}; env {fld.env}; {fld.doc}"
+            )
+        return 0

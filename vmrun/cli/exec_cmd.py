@@ -1,0 +1,107 @@
+"""`vmrun exec -- CMD ARGS...`: one command on every host in parallel, streamed live."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.errors import UsageError
+
+
+def parse_env(items: list[str] | None) -> dict[str, str]:
+    """`KEY=VAL` sets a value; a bare `KEY` sends this machine's value of KEY (so a secret
+    need not be typed on vmrun's own command line either)."""
+    env: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            if name not in os.environ:
+                raise UsageError(f"--env {name}: {name} is not set here; use --env {name}=VALUE")
+            value = os.environ[name]
+        from vmrun.quoting import check_env_name
+
+        try:
+            check_env_name(name)
+        except ValueError as exc:
+            raise UsageError(f"--env {item!r}: {exc}") from None
+        env[name] = value
+    return env
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "exec",
+        context_settings={"allow_interspersed_args": False},
+        help="Run a command on one or all hosts in parallel; output is prefixed by host and"
+        " the exit code is the worst host's.",
+    )
+    def exec_command(
+        command: Annotated[
+            list[str], typer.Argument(metavar="-- CMD [ARGS]...", show_default=False)
+        ],
+        host: Hosts = None,
+        env: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--env",
+                "-e",
+                metavar="KEY[=VAL]",
+                help="Set a variable for the command (sent over stdin, never on a command line);"
+                " a bare KEY sends this machine's value. Repeatable.",
+            ),
+        ] = None,
+        cwd: Annotated[
+            str | None,
+            typer.Option("--cwd", metavar="DIR", help="Run in this directory on the host."),
+        ] = None,
+        timeout: Annotated[
+            float | None,
+            typer.Option("--timeout", metavar="SECONDS", help="Stop the command after this long."),
+        ] = None,
+        prefix: Annotated[
+            bool | None,
+            typer.Option(
+                "--prefix/--no-prefix",
+                show_default=False,
+                help="Prefix lines with [host] (default: when there are several hosts).",
+            ),
+        ] = None,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun.cli.output import PrefixedWriter, error_line
+        from vmrun.group import Group, worst_exit_code
+        from vmrun.inventory import select_hosts
+
+        settings = settings_from(connect_timeout, accept_new_host_key)
+        entries = select_hosts(host, settings)
+        env_map = parse_env(env)
+        labels = [e.label for e in entries]
+        writer = PrefixedWriter(labels, prefix=prefix if prefix is not None else len(labels) > 1)
+
+        def work(entry, conn):  # type: ignore[no-untyped-def]
+            return conn.run(
+                command,
+                env=env_map,
+                cwd=cwd,
+                timeout=timeout,
+                on_output=lambda stream, data: writer.line(entry.label, stream, data),
+            )
+
+        with Group(entries, settings) as group:
+            outcomes = group.map(work)
+        failed = 0
+        for outcome in outcomes:
+            if outcome.error is not None:
+                failed += 1
+                message = getattr(outcome.error, "one_line", lambda o=outcome: repr(o.error))()
+                error_line(message)
+            elif outcome.value is not None and not outcome.value.ok:
+                failed += 1
+                error_line(f"{outcome.host}: exited with {outcome.value.exit_status}")
+        if failed and len(outcomes) > 1:
+            error_line(f"{failed} of {len(outcomes)} hosts failed")
+        return worst_exit_code(outcomes)

@@ -1,0 +1,59 @@
+"""Plain, fast terminal output: error lines and host-prefixed streams.
+
+rich is imported only by commands that draw tables or live views; streaming lines and
+errors use plain writes so they start instantly and never buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import TextIO
+
+_COLOURS = ("36", "35", "33", "32", "34", "96", "95", "93", "92", "94")
+
+
+def use_colour(stream: TextIO) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def error_line(text: str) -> None:
+    """The one line a failure prints without --debug."""
+    prefix = "\033[31mvmrun: error:\033[0m" if use_colour(sys.stderr) else "vmrun: error:"
+    sys.stderr.write(f"{prefix} {text}\n")
+    sys.stderr.flush()
+
+
+def warn_line(text: str) -> None:
+    prefix = "\033[33mvmrun: warning:\033[0m" if use_colour(sys.stderr) else "vmrun: warning:"
+    sys.stderr.write(f"{prefix} {text}\n")
+    sys.stderr.flush()
+
+
+class PrefixedWriter:
+    """Writes whole lines from many hosts, each prefixed `[host]`, without interleaving."""
+
+    def __init__(self, labels: list[str], *, prefix: bool):
+        self.prefix = prefix
+        self.width = max((len(label) for label in labels), default=0)
+        self.lock = threading.Lock()
+        self.colours = {label: _COLOURS[i % len(_COLOURS)] for i, label in enumerate(labels)}
+
+    def line(self, label: str, stream: str, data: bytes) -> None:
+        out = sys.stdout if stream == "out" else sys.stderr
+        text = data.decode("utf-8", "replace")
+        if not text.endswith("\n"):
+            text += "\n"
+        if self.prefix:
+            tag = f"[{label}]".ljust(self.width + 2)
+            if use_colour(out):
+                tag = f"\033[{self.colours.get(label, '0')}m{tag}\033[0m"
+            text = f"{tag} {text}"
+        with self.lock:
+            out.write(text)
+            out.flush()

@@ -1,0 +1,108 @@
+"""Work over many hosts at once: one connection per host, one result or error per host.
+
+A host failing never stops or hides the others; callers get every host's outcome and
+decide (usually `raise_for_failures`) how to report them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from vmrun.config import Settings
+from vmrun.connection import Connection
+from vmrun.errors import HostsFailed
+from vmrun.inventory import HostEntry
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    host: str
+    value: T | None
+    error: BaseException | None
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Group:
+    """Connections to several hosts; each opens on first use and is reused after."""
+
+    def __init__(self, entries: Sequence[HostEntry], settings: Settings):
+        self.entries = list(entries)
+        self.settings = settings
+        self.connections = {
+            e.label: Connection(e.spec, settings, label=e.label) for e in self.entries
+        }
+
+    def map(self, fn: Callable[[HostEntry, Connection], T]) -> list[Outcome[T]]:
+        """Run fn(entry, connection) on every host concurrently; outcomes in host order.
+
+        Ctrl-C closes every connection (which stops the remote commands) and re-raises.
+        """
+        outcomes: dict[str, Outcome[T]] = {}
+        lock = threading.Lock()
+
+        def work(entry: HostEntry) -> None:
+            started = time.monotonic()
+            value: T | None = None
+            error: BaseException | None = None
+            try:
+                value = fn(entry, self.connections[entry.label])
+            except BaseException as exc:  # reported per host, never lost
+                error = exc
+            with lock:
+                outcomes[entry.label] = Outcome(
+                    entry.label, value, error, time.monotonic() - started
+                )
+
+        threads = [
+            threading.Thread(target=work, args=(e,), daemon=True, name=f"vmrun-{e.label}")
+            for e in self.entries
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.2)
+        except KeyboardInterrupt:
+            self.close()
+            raise
+        return [outcomes[e.label] for e in self.entries]
+
+    def close(self) -> None:
+        for conn in self.connections.values():
+            conn.close()
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def raise_for_failures(outcomes: Sequence[Outcome[object]]) -> None:
+    failures = {o.host: o.error for o in outcomes if o.error is not None}
+    if failures:
+        raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
+
+
+def worst_exit_code(outcomes: Sequence[Outcome[object]]) -> int:
+    """The highest per-host code: a remote exit status, or vmrun's code for a host's error."""
+    from vmrun.errors import exit_code_for
+
+    codes = [0]
+    for outcome in outcomes:
+        if outcome.error is not None:
+            codes.append(exit_code_for(outcome.error))
+        else:
+            codes.append(int(getattr(outcome.value, "exit_status", 0)))
+    return max(codes)

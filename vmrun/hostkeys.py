@@ -1,0 +1,72 @@
+"""Strict host-key checking, with trust-on-first-use only when the user asks for it.
+
+Keys are read from OpenSSH's known_hosts files and from vmrun's own file; a key first
+accepted with --accept-new-host-key is written to vmrun's file, never to ~/.ssh. A changed
+key is refused always, as OpenSSH's StrictHostKeyChecking=accept-new does.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vmrun.errors import ChangedHostKeyError, UnknownHostKeyError
+
+if TYPE_CHECKING:
+    import paramiko
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint, as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def append_known_host(path: Path, name: str, key: paramiko.PKey) -> None:
+    """Add one `name keytype base64` line; the file and its folder stay private."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    line = f"{name} {key.get_name()} {key.get_base64()}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as fh:
+        fh.write(line)
+
+
+def make_policy(*, label: str, accept_new: bool, managed: Path) -> Any:
+    """A paramiko MissingHostKeyPolicy: refuse unknown keys, or record them when asked."""
+    import paramiko
+
+    class Policy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(
+            self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+        ) -> None:
+            if not accept_new:
+                raise UnknownHostKeyError(
+                    f"unknown host key {key.get_name()} {fingerprint(key)} for {hostname}",
+                    host=label,
+                    hint=(
+                        "if that fingerprint is the host's, re-run with --accept-new-host-key"
+                        " (or add the key to ~/.ssh/known_hosts)"
+                    ),
+                )
+            append_known_host(managed, hostname, key)
+            client.get_host_keys().add(hostname, key.get_name(), key)
+
+    return Policy()
+
+
+def changed_key_error(
+    label: str, name: str, offered: paramiko.PKey, expected: paramiko.PKey, files: list[Path]
+) -> ChangedHostKeyError:
+    where = " or ".join(str(f) for f in files) or "known_hosts"
+    return ChangedHostKeyError(
+        f"HOST KEY CHANGED for {name}: it offers {offered.get_name()} {fingerprint(offered)},"
+        f" known_hosts has {fingerprint(expected)}; refusing to connect",
+        host=label,
+        hint=(
+            "this can mean an attack; if the host was really rebuilt, remove the old key with"
+            f" `ssh-keygen -R '{name}' -f FILE` (FILE: {where}) and connect again"
+        ),
+    )

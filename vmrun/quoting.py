@@ -1,0 +1,100 @@
+"""The one place where argv lists become remote shell text.
+
+Every remote command is built from an argv list and goes through `remote_command`, which
+quotes each word for a POSIX shell (the login shell sshd starts) and wraps it in a small
+`sh` script. The script reads environment values from stdin, so secrets never appear on a
+command line (not in `ps`, not in sshd's logs), and it runs the command in its own process
+group that is killed when the SSH channel goes away, so a dropped client never leaves an
+orphaned process on the host. This module is pure: no I/O, no imports beyond the stdlib.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable, Mapping
+
+_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def quote(word: str) -> str:
+    """Quote one word so a POSIX shell reads it back byte for byte.
+
+    Single quotes keep everything literal (`$`, backticks, `;`, newlines, unicode);
+    a single quote itself is written as `'"'"'`. NUL cannot be passed in argv at all.
+    """
+    if not isinstance(word, str):
+        raise TypeError(f"argv words must be str, not {type(word).__name__}")
+    if "\x00" in word:
+        raise ValueError("a command argument cannot contain a NUL byte")
+    if word and _SAFE.fullmatch(word):
+        return word
+    return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+def join(argv: Iterable[str]) -> str:
+    """Quote and join an argv list into one shell command line."""
+    words = [quote(w) for w in argv]
+    if not words:
+        raise ValueError("empty command")
+    return " ".join(words)
+
+
+def check_env_name(name: str) -> str:
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"invalid environment variable name {name!r}: use letters, digits and _")
+    return name
+
+
+def env_header(env: Mapping[str, str] | None) -> bytes:
+    """The stdin preamble that `remote_command`'s script turns into exported variables.
+
+    One `NAME=base64(value)` line per variable and an empty line to end it; base64 lets
+    values hold newlines and any bytes without a second quoting scheme.
+    """
+    lines = []
+    for name, value in (env or {}).items():
+        check_env_name(name)
+        if "\x00" in value:
+            raise ValueError(f"environment value of {name} cannot contain a NUL byte")
+        encoded = base64.b64encode(value.encode("utf-8", "surrogateescape")).decode("ascii")
+        lines.append(f"{name}={encoded}\n")
+    return ("".join(lines) + "\n").encode("ascii")
+
+
+# Runs as: sh -c SCRIPT vmrun CWD CMD ARGS...   (stdin: env header, then held open)
+# - exports the env header's variables; cd to CWD when it is not empty;
+# - runs CMD in a new session (setsid) with stdin from /dev/null;
+# - a watcher waits for EOF on the channel's stdin; EOF while CMD runs means the client
+#   went away, so it kills CMD's whole process group (TERM, then KILL after a grace).
+RUN_SCRIPT = r"""d=$1; shift
+while IFS= read -r l && [ -n "$l" ]; do
+  k=${l%%=*}
+  v=$(printf %s "${l#*=}" | base64 -d && echo x) || { echo "vmrun: bad env" >&2; exit 125; }
+  export "$k=${v%x}"
+done
+if [ -n "$d" ]; then cd "$d" || exit 126; fi
+exec 3<&0
+setsid "$@" </dev/null 3<&- &
+c=$!
+{ cat >/dev/null; kill -TERM -"$c"; sleep 5; kill -KILL -"$c"; } <&3 >/dev/null 2>&1 &
+w=$!
+exec 3<&-
+wait "$c"; r=$?
+kill "$w" 2>/dev/null
+exit "$r"
+"""
+
+
+def remote_command(argv: Iterable[str], *, cwd: str | None = None) -> str:
+    """The full command string for an exec channel running `argv` under the run script."""
+    words = list(argv)
+    if not words:
+        raise ValueError("empty command")
+    return "exec /bin/sh -c " + join([RUN_SCRIPT, "vmrun", cwd or "", *words])
+
+
+def plain_command(argv: Iterable[str]) -> str:
+    """A command string with no wrapper, for byte streams (`cat`, `tar`) that need raw stdin."""
+    return join(argv)
