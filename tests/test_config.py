@@ -83,5 +83,5 @@ def test_bad_project_file_is_one_clear_error(
 
 
 def test_bad_env_value_names_the_variable(layout: dict[str, Path]) -> None:
-    with pytest.raises(ConfigError, match="connect_timeout .from environment"):
+    with pytest.raises(ConfigError, match=r"connect_timeout \(from environment"):
         load_settings(cwd=layout["project"], environ={"VMRUN_CONNECT_TIMEOUT": "abc"})

@@ -88,6 +88,12 @@ class RemoteError(VmrunError):
     exit_code = ExitCode.REMOTE
 
 
+class Interrupted(VmrunError):
+    """Ctrl-C, after vmrun has cleaned up (closed channels, so remote commands stopped)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 class CommandFailed(VmrunError):
     """A remote command exited non-zero where success was required."""
 

@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 from vmrun.config import Settings
 from vmrun.connection import Connection
-from vmrun.errors import HostsFailed
+from vmrun.errors import HostsFailed, Interrupted
 from vmrun.inventory import HostEntry
 
 T = TypeVar("T")
@@ -45,7 +45,8 @@ class Group:
     def map(self, fn: Callable[[HostEntry, Connection], T]) -> list[Outcome[T]]:
         """Run fn(entry, connection) on every host concurrently; outcomes in host order.
 
-        Ctrl-C closes every connection (which stops the remote commands) and re-raises.
+        Ctrl-C closes every connection (which stops the remote commands) and raises
+        Interrupted.
         """
         outcomes: dict[str, Outcome[T]] = {}
         lock = threading.Lock()
@@ -75,7 +76,10 @@ class Group:
                     thread.join(0.2)
         except KeyboardInterrupt:
             self.close()
-            raise
+            raise Interrupted(
+                f"interrupted; closed the connections to {len(self.entries)} host(s), which"
+                " stops the commands running there"
+            ) from None
         return [outcomes[e.label] for e in self.entries]
 
     def close(self) -> None:

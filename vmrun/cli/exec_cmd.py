@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import PrefixedWriter, error_line
+        from vmrun.cli.output import PrefixedWriter, error_line, report
         from vmrun.group import Group, worst_exit_code
         from vmrun.inventory import select_hosts
 
@@ -97,8 +97,7 @@ def register(app: typer.Typer) -> None:
         for outcome in outcomes:
             if outcome.error is not None:
                 failed += 1
-                message = getattr(outcome.error, "one_line", lambda o=outcome: repr(o.error))()
-                error_line(message)
+                report(outcome.error)
             elif outcome.value is not None and not outcome.value.ok:
                 failed += 1
                 error_line(f"{outcome.host}: exited with {outcome.value.exit_status}")

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import error_line
+        from vmrun.cli.output import report
         from vmrun.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
@@ -35,5 +35,5 @@ def register(app: typer.Typer) -> None:
             if outcome.ok:
                 typer.echo(f"{outcome.host}  ok  {outcome.duration * 1000:.0f} ms")
             else:
-                error_line(str(outcome.error))
+                report(outcome.error)
         return worst_exit_code(outcomes)

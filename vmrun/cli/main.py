@@ -31,6 +31,9 @@ def run(args: list[str]) -> int:
     from vmrun.errors import VmrunError, exit_code_for
 
     debug = _debug_requested(args)
+    from vmrun.cli import output
+
+    output.DEBUG = debug
     try:
         import typer
 
@@ -46,11 +49,7 @@ def run(args: list[str]) -> int:
         _error_line("interrupted")
         return exit_code_for(exc)
     except VmrunError as exc:
-        if debug:
-            import traceback
-
-            traceback.print_exc()
-        _error_line(exc.one_line())
+        output.report(exc)
         return exit_code_for(exc)
     except Exception as exc:
         if debug:

@@ -11,6 +11,8 @@ import sys
 import threading
 from typing import TextIO
 
+DEBUG = False  # set by main() for --debug / VMRUN_DEBUG
+
 _COLOURS = ("36", "35", "33", "32", "34", "96", "95", "93", "92", "94")
 
 
@@ -27,6 +29,16 @@ def error_line(text: str) -> None:
     prefix = "\033[31mvmrun: error:\033[0m" if use_colour(sys.stderr) else "vmrun: error:"
     sys.stderr.write(f"{prefix} {text}\n")
     sys.stderr.flush()
+
+
+def report(error: BaseException) -> None:
+    """One line for a failure (a host's, in a fan-out); --debug adds its traceback."""
+    if DEBUG:
+        import traceback
+
+        traceback.print_exception(type(error), error, error.__traceback__)
+    one_line = getattr(error, "one_line", None)
+    error_line(one_line() if callable(one_line) else f"{type(error).__name__}: {error}")
 
 
 def warn_line(text: str) -> None:

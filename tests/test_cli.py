@@ -1,0 +1,97 @@
+"""The CLI process itself: help on every command, version, lazy imports, error lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, Client
+
+from vmrun import __version__
+
+COMMANDS = ["exec", "hosts", "config"]
+HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic")
+
+
+def _imports_after(args: list[str]) -> set[str]:
+    probe = (
+        "import sys\nfrom vmrun.cli.main import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+        f"print('LOADED:' + ' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
+    line = [x for x in out.splitlines() if x.startswith("LOADED:")][-1]
+    return set(line.removeprefix("LOADED:").split())
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], *[[c, "--help"] for c in COMMANDS]])
+def test_help_and_version_import_nothing_heavy(args: list[str]) -> None:
+    assert _imports_after(args) == set()
+
+
+def test_version(client: Client) -> None:
+    for flag in ("--version", "-V"):
+        done = client.vmrun(flag)
+        assert done.returncode == 0
+        assert done.stdout.strip() == f"vmrun {__version__}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(client: Client, command: str) -> None:
+    done = client.vmrun(command, "--help")
+    assert done.returncode == 0, done.stderr
+    assert f"Usage: vmrun {command}" in done.stdout
+
+
+def test_usage_errors_are_one_line_exit_2(client: Client) -> None:
+    for args, needle in (
+        (["exec", "--bogus", "--", "true"], "No such option: --bogus"),
+        (["exec"], "Missing argument"),
+        (["nope"], "No such command 'nope'"),
+        (["exec", "-H", "user@host:0", "--", "true"], "ports are 1-65535"),
+        (["exec", "-H", "a@b", "--env", "1BAD=x", "--", "true"], "invalid environment"),
+        (["exec", "-H", "a@b", "--env", "NOT_SET_ANYWHERE_X", "--", "true"], "is not set here"),
+        (["exec", "--", "true"], "no hosts given"),
+    ):
+        done = client.vmrun(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, done.stderr)
+        assert lines[0].startswith("vmrun: error:")
+
+
+def test_bad_project_file_is_a_usage_error(client: Client) -> None:
+    (client.cwd / "vmrun.toml").write_text("connect_timeout = 'soon'\n")
+    done = client.vmrun("exec", "-H", "a@b", "--", "true")
+    assert done.returncode == 2
+    assert "connect_timeout" in done.stderr and "vmrun.toml" in done.stderr
+
+
+def test_config_shows_each_layer(client: Client) -> None:
+    (client.cwd / "vmrun.toml").write_text('known_hosts = "~/kh"\n')
+    done = client.vmrun("config", env={"VMRUN_CONNECT_TIMEOUT": "4"})
+    assert done.returncode == 0, done.stderr
+    lines = {ln.split(" = ")[0]: ln for ln in done.stdout.splitlines() if " = " in ln}
+    assert lines["connect_timeout"].startswith("connect_timeout = 4.0    # environment")
+    assert lines["known_hosts"].startswith(f"known_hosts = {client.home}/kh    # ")
+    assert "vmrun.toml" in lines["known_hosts"]
+    assert "# default" in lines["accept_new_host_key"]
+
+
+def test_debug_shows_the_traceback(client: Client) -> None:
+    plain = client.vmrun("exec", "-H", "u@no-such-host.invalid", "--", "true")
+    debug = client.vmrun("--debug", "exec", "-H", "u@no-such-host.invalid", "--", "true")
+    assert plain.returncode == debug.returncode == 12
+    assert "Traceback" not in plain.stderr
+    assert plain.stderr.count("\n") == 1
+    assert "Traceback" in debug.stderr and "cannot resolve host name" in debug.stderr
+
+
+def test_python_dash_m_matches_the_script(client: Client) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "vmrun", "--version"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == f"vmrun {__version__}"
