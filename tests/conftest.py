@@ -16,11 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from testbed import ClientKeys, LoopbackHost, NetnsBed, TestHost, skip_reason_no_netns
+from testbed import (
+    ClientKeys,
+    LoopbackHost,
+    NetnsBed,
+    TestHost,
+    cleanup_on_sigterm,
+    skip_reason_no_netns,
+)
 
 from vmrun.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+cleanup_on_sigterm()  # a `timeout pytest` that fires still tears the test hosts down
 
 
 @pytest.fixture(scope="session")

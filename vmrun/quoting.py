@@ -67,7 +67,8 @@ def env_header(env: Mapping[str, str] | None) -> bytes:
 # - exports the env header's variables; cd to CWD when it is not empty;
 # - runs CMD in a new session (setsid) with stdin from /dev/null;
 # - a watcher waits for EOF on the channel's stdin; EOF while CMD runs means the client
-#   went away, so it kills CMD's whole process group (TERM, then KILL after a grace).
+#   went away, so it kills CMD's whole process group (TERM, then KILL after 5 s), and
+#   exits as soon as the group is gone.
 RUN_SCRIPT = r"""d=$1; shift
 while IFS= read -r l && [ -n "$l" ]; do
   k=${l%%=*}
@@ -78,7 +79,9 @@ if [ -n "$d" ]; then cd "$d" || exit 126; fi
 exec 3<&0
 setsid "$@" </dev/null 3<&- &
 c=$!
-{ cat >/dev/null; kill -TERM -"$c"; sleep 5; kill -KILL -"$c"; } <&3 >/dev/null 2>&1 &
+{ cat >/dev/null; kill -TERM -"$c" || exit 0; i=0
+  while kill -0 -"$c" && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL -"$c"
+} <&3 >/dev/null 2>&1 &
 w=$!
 exec 3<&-
 wait "$c"; r=$?

@@ -36,7 +36,6 @@ from .netns import (
     _pub_line,
     _run_process,
     _write_text,
-    can_connect,
     pid_alive,
     wait_until,
 )
@@ -135,8 +134,10 @@ class LoopbackHost:
         self._closing = threading.Event()
         self._threads: list[threading.Thread] = []
         self._closed = False
-        _write_text(self.authorized_keys_file,
-                    client_keys.public_line + "\n" if authorized else "", 0o600)
+        self._owner_pid = os.getpid()
+        _write_text(
+            self.authorized_keys_file, client_keys.public_line + "\n" if authorized else "", 0o600
+        )
         self._generate_host_keys()
         atexit.register(self._atexit_close)
         try:
@@ -161,7 +162,10 @@ class LoopbackHost:
         return [f"{n} {key}" for n in names for key in self.host_key_pub_lines]
 
     def ssh_config_block(
-        self, alias: str | None = None, identity: Path | None = None, *,
+        self,
+        alias: str | None = None,
+        identity: Path | None = None,
+        *,
         extra: Sequence[str] = (),
     ) -> str:
         lines = [
@@ -189,11 +193,22 @@ class LoopbackHost:
     ) -> subprocess.CompletedProcess[Any]:
         """Run locally; ``as_user`` changes nothing (root and user are the same here)."""
         del as_user
-        base = {"PATH": STD_PATH, "HOME": str(self.home), "USER": self.user,
-                "LOGNAME": self.user, "LANG": "C.UTF-8"}
-        return _run_process(list(argv), env={**base, **(env or {})},
-                            cwd=str(cwd or self.home), input=input, timeout=timeout,
-                            check=check, text=text)
+        base = {
+            "PATH": STD_PATH,
+            "HOME": str(self.home),
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "LANG": "C.UTF-8",
+        }
+        return _run_process(
+            list(argv),
+            env={**base, **(env or {})},
+            cwd=str(cwd or self.home),
+            input=input,
+            timeout=timeout,
+            check=check,
+            text=text,
+        )
 
     def pids(self) -> list[int]:
         """sshd and its descendants (the host's processes, as far as we can tell)."""
@@ -231,8 +246,12 @@ class LoopbackHost:
     # ---------------------------------------------------------------- sshd
 
     def _generate_host_keys(self) -> None:
-        _keygen_wait([_keygen_popen(self.host_key_files[0], "ed25519", "loopback"),
-                      _keygen_popen(self.host_key_files[1], "ecdsa", "loopback")])
+        _keygen_wait(
+            [
+                _keygen_popen(self.host_key_files[0], "ed25519", "loopback"),
+                _keygen_popen(self.host_key_files[1], "ecdsa", "loopback"),
+            ]
+        )
         self.host_key_pub_lines = [
             _pub_line(k.with_name(k.name + ".pub")) for k in self.host_key_files
         ]
@@ -294,8 +313,12 @@ class LoopbackHost:
         with open(self.sshd_log_path, "ab") as log:
             self._sshd = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.sshd_config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env={"PATH": STD_PATH, "LANG": "C.UTF-8"}, cwd="/", start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={"PATH": STD_PATH, "LANG": "C.UTF-8"},
+                cwd="/",
+                start_new_session=True,
             )
         proc = self._sshd
 
@@ -305,9 +328,9 @@ class LoopbackHost:
                 raise TestbedError(f"loopback sshd exited rc={proc.returncode}:\n{tail}")
             with open(self.sshd_log_path, "rb") as f:
                 f.seek(offset)
-                if b"Server listening on" not in f.read():
-                    return False
-            return can_connect(self.addr, self.port, 0.5)
+                # logged after listen(): the port accepts TCP from then on (no probe
+                # connection, so sshd.log holds only the tests' connections)
+                return b"Server listening on" in f.read()
 
         try:
             wait_until(ready, timeout, f"loopback sshd on port {self.port}", interval=0.005)
@@ -362,5 +385,7 @@ class LoopbackHost:
         atexit.unregister(self._atexit_close)
 
     def _atexit_close(self) -> None:
+        if os.getpid() != self._owner_pid:
+            return  # a forked child exiting must not kill its parent's sshd
         with contextlib.suppress(Exception):
             self.close()

@@ -37,6 +37,7 @@ __all__ = [
     "TestHost",
     "TestbedError",
     "can_connect",
+    "cleanup_on_sigterm",
     "cleanup_stale",
     "have_root_netns",
     "skip_reason_no_netns",
@@ -126,9 +127,7 @@ def _ip_batch(lines: Iterable[str], *, netns: str | None = None, force: bool = F
     _cmd(argv, input=text + "\n", check=not force)
 
 
-def wait_until(
-    predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02
-) -> T:
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
     """Poll ``predicate`` until it returns something truthy; never sleep-and-hope."""
     deadline = time.monotonic() + timeout
     while True:
@@ -293,7 +292,16 @@ def _run_process(
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        try:
+            out, err = proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            # something that left our process group (setsid) still holds the pipes
+            out, err = None, None
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+            proc.wait()
         raise subprocess.TimeoutExpired(argv, timeout or 0, out, err) from None
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
@@ -315,8 +323,9 @@ def _keygen_popen(path: Path, key_type: str, comment: str) -> subprocess.Popen[b
     argv = [SSH_KEYGEN, "-q", "-t", key_type, "-N", "", "-C", comment, "-f", str(path)]
     if key_type == "ecdsa":
         argv[4:4] = ["-b", "256"]
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
 
 
 def _keygen_wait(procs: Iterable[subprocess.Popen[bytes]]) -> None:
@@ -543,11 +552,35 @@ def _cleanup_stale_locked(prefix_pattern: str, home_root: Path) -> list[str]:
         state_home = states.get(prefix, {}).get("home_root")
         _destroy_prefix(prefix, Path(state_home) if state_home else home_root)
         removed.append(prefix)
+    # probe namespaces of skip_reason_no_netns() whose process died mid-probe
+    for name in _listdir(NETNS_RUN_DIR):
+        m = re.fullmatch(r"vmtprobe(\d+)", name)
+        if m and not pid_alive(int(m.group(1))):
+            _ip_batch([f"netns del {name}"], force=True)
     # guard routes nobody owns any more (their bed's prefix no longer known at all)
     live_metrics = {_route_metric(p) for p, s in _read_states().items() if _state_owner_alive(s)}
     orphans = set(_guard_routes()) - live_metrics
     _ip_batch((f"route del unreachable {SUPERNET}.0.0/16 metric {m}" for m in orphans), force=True)
     return removed
+
+
+def cleanup_on_sigterm() -> bool:
+    """Opt-in: turn SIGTERM into KeyboardInterrupt so pytest still runs its teardown.
+
+    ``timeout 900 pytest`` ends with SIGTERM, which skips atexit and fixture teardown;
+    the next bed would sweep the leftovers, but this removes them at once.  Only
+    installs itself over the default handler, in the main thread.  Returns whether it did.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+    return True
 
 
 # --------------------------------------------------------------------------- capability
@@ -695,8 +728,13 @@ class TestHost:
 
     def _env(self, as_user: bool, env: dict[str, str] | None) -> dict[str, str]:
         if as_user:
-            base = {"PATH": USER_PATH, "HOME": str(self.home), "USER": self.user,
-                    "LOGNAME": self.user, "SHELL": "/bin/bash"}
+            base = {
+                "PATH": USER_PATH,
+                "HOME": str(self.home),
+                "USER": self.user,
+                "LOGNAME": self.user,
+                "SHELL": "/bin/bash",
+            }
         else:
             base = {"PATH": STD_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root"}
         base["LANG"] = "C.UTF-8"
@@ -711,10 +749,28 @@ class TestHost:
         """
         inner = list(argv)
         if as_user:
-            inner = [SETPRIV, f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups",
-                     "--", *inner]
-        return [IP, "netns", "exec", self.netns, UNSHARE, "--uts", "--",
-                "/bin/sh", "-c", f'{HOSTNAME} "$0" && exec "$@"', self.hostname, *inner]
+            inner = [
+                SETPRIV,
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
+                "--init-groups",
+                "--",
+                *inner,
+            ]
+        return [
+            IP,
+            "netns",
+            "exec",
+            self.netns,
+            UNSHARE,
+            "--uts",
+            "--",
+            "/bin/sh",
+            "-c",
+            f'{HOSTNAME} "$0" && exec "$@"',
+            self.hostname,
+            *inner,
+        ]
 
     def run(
         self,
@@ -736,25 +792,38 @@ class TestHost:
         """
         if cwd is None:
             cwd = self.home if as_user else "/"
-        return _run_process(self.ns_argv(argv, as_user=as_user), env=self._env(as_user, env),
-                            cwd=str(cwd), input=input, timeout=timeout, check=check, text=text)
+        return _run_process(
+            self.ns_argv(argv, as_user=as_user),
+            env=self._env(as_user, env),
+            cwd=str(cwd),
+            input=input,
+            timeout=timeout,
+            check=check,
+            text=text,
+        )
 
     def popen(
-        self, argv: Sequence[str], *, as_user: bool = False, env: dict[str, str] | None = None,
+        self,
+        argv: Sequence[str],
+        *,
+        as_user: bool = False,
+        env: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> subprocess.Popen[Any]:
         """Start a background process inside the host (killed by stop_sshd()/close())."""
         kwargs.setdefault("cwd", str(self.home if as_user else "/"))
         kwargs.setdefault("stdin", subprocess.DEVNULL)
         kwargs.setdefault("start_new_session", True)
-        return subprocess.Popen(self.ns_argv(argv, as_user=as_user),
-                                env=self._env(as_user, env), **kwargs)
+        return subprocess.Popen(
+            self.ns_argv(argv, as_user=as_user), env=self._env(as_user, env), **kwargs
+        )
 
     def can_connect(self, addr: str, port: int = 22, timeout: float = 1.0) -> bool:
         """TCP connect from inside this host (bash /dev/tcp, bounded by ``timeout``)."""
         script = f"exec 3<>/dev/tcp/{addr}/{port}"
-        proc = self.run(["timeout", str(timeout), "bash", "-c", script], check=False,
-                        timeout=timeout + 10)
+        proc = self.run(
+            ["timeout", str(timeout), "bash", "-c", script], check=False, timeout=timeout + 10
+        )
         return proc.returncode == 0
 
     def pids(self) -> list[int]:
@@ -816,9 +885,15 @@ class TestHost:
                 "  }\n"
                 "}\n"
             )
-        proc = _run_process([IP, "netns", "exec", self.netns, NFT, "-f", "-"],
-                            env={"PATH": STD_PATH}, cwd="/", input=script, timeout=30,
-                            check=False, text=True)
+        proc = _run_process(
+            [IP, "netns", "exec", self.netns, NFT, "-f", "-"],
+            env={"PATH": STD_PATH},
+            cwd="/",
+            input=script,
+            timeout=30,
+            check=False,
+            text=True,
+        )
         if proc.returncode != 0:
             raise TestbedError(f"nft failed in {self.netns}: {proc.stderr.strip()}\n{script}")
 
@@ -875,8 +950,11 @@ class TestHost:
             with open(self.sshd_log_path, "ab") as log:
                 self._sshd = subprocess.Popen(
                     self.ns_argv([SSHD, "-D", "-e", "-f", str(self.sshd_config_path)]),
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    env={"PATH": STD_PATH, "LANG": "C.UTF-8"}, cwd="/",
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env={"PATH": STD_PATH, "LANG": "C.UTF-8"},
+                    cwd="/",
                     start_new_session=True,
                 )
             proc = self._sshd
@@ -889,11 +967,9 @@ class TestHost:
                     f.seek(offset)
                     return f.read().count(b"Server listening on") >= len(self.addrs)
 
-            # "Server listening" is logged after listen(): connections queue from then on.
+            # "Server listening" is logged after listen(), so from then on the port accepts
+            # TCP.  No probe connection: sshd.log then holds only the tests' connections.
             wait_until(listening, timeout, f"sshd of {self.name} to listen", interval=0.005)
-            if self.reachable_from_root and not self._cut and self.port not in self._blocked:
-                wait_until(lambda: can_connect(self.addr, self.port, 0.5), timeout,
-                           f"TCP {self.addr}:{self.port}")
 
     def _reap_sshd(self) -> None:
         if self._sshd is not None:
@@ -962,8 +1038,10 @@ class TestHost:
 
     def _create_user(self, authorized: bool) -> None:
         for attempt in range(50):
-            proc = _cmd([USERADD, "-M", "-d", str(self.home), "-s", "/bin/bash", "-p", "*",
-                         self.user], check=False)
+            proc = _cmd(
+                [USERADD, "-M", "-d", str(self.home), "-s", "/bin/bash", "-p", "*", self.user],
+                check=False,
+            )
             if proc.returncode == 0:
                 break
             if proc.returncode != 10 or attempt == 49:  # 10: cannot lock passwd (concurrent)
@@ -987,9 +1065,12 @@ class TestHost:
         etc = ETC_NETNS / self.netns
         _mkdir(etc)
         own = "127.0.1.1" if self._hosts_loopback else self.addr
-        _write_text(etc / "hosts", "127.0.0.1\tlocalhost\n"
-                    f"{own}\t{self.hostname}\n"
-                    "::1\tlocalhost ip6-localhost ip6-loopback\n")
+        _write_text(
+            etc / "hosts",
+            "127.0.0.1\tlocalhost\n"
+            f"{own}\t{self.hostname}\n"
+            "::1\tlocalhost ip6-localhost ip6-loopback\n",
+        )
         _write_text(etc / "hostname", self.hostname + "\n")
         # A closed local resolver: lookups fail at once instead of stalling 10 s.
         _write_text(etc / "resolv.conf", "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
@@ -1021,11 +1102,15 @@ class TestHost:
                 for other in bed._hosts:
                     if net.name in other.networks:
                         j = other.networks.index(net.name)
-                        host_lines.append(f"neigh replace {other.addrs[j]} lladdr "
-                                          f"{other.macs[j]} dev {ifname} nud permanent")
+                        host_lines.append(
+                            f"neigh replace {other.addrs[j]} lladdr "
+                            f"{other.macs[j]} dev {ifname} nud permanent"
+                        )
                 if net.index == 0:
-                    host_lines.append(f"neigh replace {net.addr(1)} lladdr "
-                                      f"{bed._mac(0, 1)} dev {ifname} nud permanent")
+                    host_lines.append(
+                        f"neigh replace {net.addr(1)} lladdr "
+                        f"{bed._mac(0, 1)} dev {ifname} nud permanent"
+                    )
             _ip_batch(sw_lines, netns=bed.switch_ns)
             _ip_batch(host_lines, netns=self.netns)
             for other in bed._hosts:
@@ -1033,13 +1118,19 @@ class TestHost:
                 for i, net in enumerate(self._nets):
                     if net.name in other.networks:
                         j = other.networks.index(net.name)
-                        lines.append(f"neigh replace {self.addrs[i]} lladdr {self.macs[i]} "
-                                     f"dev {other.ifnames[j]} nud permanent")
+                        lines.append(
+                            f"neigh replace {self.addrs[i]} lladdr {self.macs[i]} "
+                            f"dev {other.ifnames[j]} nud permanent"
+                        )
                 _ip_batch(lines, netns=other.netns)
             if self.reachable_from_root:
                 i = self.networks.index("main")
-                _ip_batch([f"neigh replace {self.addrs[i]} lladdr {self.macs[i]} "
-                           f"dev {bed.root_link} nud permanent"])
+                _ip_batch(
+                    [
+                        f"neigh replace {self.addrs[i]} lladdr {self.macs[i]} "
+                        f"dev {bed.root_link} nud permanent"
+                    ]
+                )
             self._create_user(authorized)
         finally:
             _keygen_wait(keygens)
@@ -1081,6 +1172,7 @@ class NetnsBed:
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._lock = threading.RLock()
+        self._owner_pid = os.getpid()
         with _registry_lock():
             if sweep_stale:
                 _cleanup_stale_locked(DEFAULT_PREFIX_PATTERN, self.home_root)
@@ -1102,17 +1194,38 @@ class NetnsBed:
                 p.chmod(0o755)  # other users must traverse to their homes
             _cmd([IP, "netns", "add", self.switch_ns])
             # Belt and braces: no netfilter on bridged frames inside the switch namespace.
-            _cmd([IP, "netns", "exec", self.switch_ns, "/bin/sh", "-c",
-                  "for f in /proc/sys/net/bridge/bridge-nf-call-*; do "
-                  "[ -w $f ] && echo 0 > $f; done; true"], check=False)
+            _cmd(
+                [
+                    IP,
+                    "netns",
+                    "exec",
+                    self.switch_ns,
+                    "/bin/sh",
+                    "-c",
+                    "for f in /proc/sys/net/bridge/bridge-nf-call-*; do "
+                    "[ -w $f ] && echo 0 > $f; done; true",
+                ],
+                check=False,
+            )
             self._network("main")
             # Guard route: 10.231/16 outside "main" is unreachable from the root namespace,
             # so traffic to inner networks fails at once instead of leaving via the
             # default route (on some machines the outside even answers every TCP SYN).
             metric = _route_metric(self.prefix)
             if metric not in _guard_routes():
-                _cmd([IP, "route", "add", "unreachable", f"{SUPERNET}.0.0/16",
-                      "proto", str(ROUTE_PROTO), "metric", str(metric)])
+                _cmd(
+                    [
+                        IP,
+                        "route",
+                        "add",
+                        "unreachable",
+                        f"{SUPERNET}.0.0/16",
+                        "proto",
+                        str(ROUTE_PROTO),
+                        "metric",
+                        str(metric),
+                    ]
+                )
         except BaseException:
             self.close()
             raise
@@ -1163,22 +1276,29 @@ class NetnsBed:
             net = _Network(name, len(self._networks), free[0], f"br{len(self._networks)}")
             self._networks[name] = net
             self._write_state()
-        _ip_batch([
-            f"link add {net.bridge} address {self._mac(net.index, 0)} type bridge stp_state 0",
-            f"link set {net.bridge} addrgenmode none",
-            f"link set {net.bridge} up",
-        ], netns=self.switch_ns)
+        _ip_batch(
+            [
+                f"link add {net.bridge} address {self._mac(net.index, 0)} type bridge stp_state 0",
+                f"link set {net.bridge} addrgenmode none",
+                f"link set {net.bridge} up",
+            ],
+            netns=self.switch_ns,
+        )
         if net.index == 0:
             # the root namespace's only foothold: <prefix>-r with .1 on "main"
-            _ip_batch([
-                f"link add {self.root_link} address {self._mac(0, 1)} type veth "
-                f"peer name root netns {self.switch_ns}",
-                f"link set {self.root_link} addrgenmode none",
-                f"addr add {net.addr(1)}/24 dev {self.root_link}",
-                f"link set {self.root_link} up",
-            ])
-            _ip_batch(["link set root addrgenmode none", f"link set root master {net.bridge} up"],
-                      netns=self.switch_ns)
+            _ip_batch(
+                [
+                    f"link add {self.root_link} address {self._mac(0, 1)} type veth "
+                    f"peer name root netns {self.switch_ns}",
+                    f"link set {self.root_link} addrgenmode none",
+                    f"addr add {net.addr(1)}/24 dev {self.root_link}",
+                    f"link set {self.root_link} up",
+                ]
+            )
+            _ip_batch(
+                ["link set root addrgenmode none", f"link set root master {net.bridge} up"],
+                netns=self.switch_ns,
+            )
         return net
 
     # ---------------------------------------------------------------- public API
@@ -1210,9 +1330,14 @@ class NetnsBed:
             if octet > 254:
                 raise TestbedError("too many hosts in one bed")
             nets = [self._network(n) for n in networks]
-            host = TestHost(self, name, octet, nets,
-                            hosts_file_loopback_hostname=hosts_file_loopback_hostname,
-                            sshd_extra_config=sshd_extra_config)
+            host = TestHost(
+                self,
+                name,
+                octet,
+                nets,
+                hosts_file_loopback_hostname=hosts_file_loopback_hostname,
+                sshd_extra_config=sshd_extra_config,
+            )
             try:
                 host._create(authorized)
             except BaseException:
@@ -1271,8 +1396,9 @@ class NetnsBed:
         blocks = []
         for h in self._hosts:
             jump = self.jump_host_for(h)
-            blocks.append(h.ssh_config_block(identity=identity,
-                                             proxy_jump=jump.name if jump else None))
+            blocks.append(
+                h.ssh_config_block(identity=identity, proxy_jump=jump.name if jump else None)
+            )
         if known_hosts is not None:
             blocks.append(
                 "Host *\n"
@@ -1321,6 +1447,8 @@ class NetnsBed:
             raise TestbedError(f"bed {self.prefix} not fully cleaned: " + "; ".join(problems))
 
     def _atexit_close(self) -> None:
+        if os.getpid() != self._owner_pid:
+            return  # a forked child exiting must not tear down its parent's bed
         try:
             self.close()
         except Exception as exc:  # atexit: report, never mask the real exit status

@@ -71,19 +71,46 @@ class Ctx:
             f"    IdentityFile {self.keys.private}\n    IdentitiesOnly yes\n"
         )
 
-    def ssh(self, host: TestHost | str, *command: str, config: bool = False,
-            extra: tuple[str, ...] = (), timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    def ssh(
+        self,
+        host: TestHost | str,
+        *command: str,
+        config: bool = False,
+        extra: tuple[str, ...] = (),
+        timeout: float = 20,
+    ) -> subprocess.CompletedProcess[str]:
         """The system ssh client from the root namespace, strict host key checking."""
         if config:
             argv = [SSH, "-F", str(self.config), *extra]
         else:
-            argv = [SSH, "-F", "none", "-i", str(self.keys.private), "-o", "IdentitiesOnly=yes",
-                    "-o", f"UserKnownHostsFile={self.known_hosts}",
-                    "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-                    "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", *extra]
+            argv = [
+                SSH,
+                "-F",
+                "none",
+                "-i",
+                str(self.keys.private),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"UserKnownHostsFile={self.known_hosts}",
+                "-o",
+                "GlobalKnownHostsFile=/dev/null",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=5",
+                *extra,
+            ]
         target = host if isinstance(host, str) else f"{host.user}@{host.addr}"
-        return subprocess.run([*argv, target, *command], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [*argv, target, *command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def connect_error(addr: str, port: int, timeout: float) -> str:
@@ -202,6 +229,10 @@ def test_inner_network_only_via_bastion(ctx: Ctx) -> None:
 @netns_test
 def test_cut_link_is_silent_and_heals(ctx: Ctx) -> None:
     h1, h3 = ctx.bed["h1"], ctx.bed["h3"]
+    # permanent neighbour entries: a cut never turns into ARP failure (EHOSTUNREACH)
+    assert "PERMANENT" in h1.run(["ip", "neigh", "show", h3.addr], text=True).stdout
+    root_neigh = subprocess.run(["ip", "neigh", "show", h3.addr], capture_output=True, text=True)
+    assert "PERMANENT" in root_neigh.stdout
     h3.cut_link()
     try:
         assert connect_error(h3.addr, 22, 0.5) == "timeout"
@@ -222,10 +253,25 @@ def test_stop_start_sshd_keeps_host_key(ctx: Ctx) -> None:
     h2 = ctx.bed["h2"]
     keys_before = list(h2.host_key_pub_lines)
     session = subprocess.Popen(
-        [SSH, "-F", "none", "-i", str(ctx.keys.private), "-o", "BatchMode=yes",
-         "-o", f"UserKnownHostsFile={ctx.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-         f"{h2.user}@{h2.addr}", "sleep 300"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            SSH,
+            "-F",
+            "none",
+            "-i",
+            str(ctx.keys.private),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={ctx.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            f"{h2.user}@{h2.addr}",
+            "sleep 300",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while not h2.user_pids() and time.monotonic() < deadline:
@@ -257,11 +303,17 @@ def test_reboot_later(ctx: Ctx) -> None:
 @netns_test
 def test_block_port(ctx: Ctx) -> None:
     h1, h2 = ctx.bed["h1"], ctx.bed["h2"]
-    listener = h2.popen([sys.executable, "-c", textwrap.dedent("""
+    listener = h2.popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import socket, time
         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("0.0.0.0", 8022)); s.listen(16); time.sleep(300)
-    """)])
+    """),
+        ]
+    )
     try:
         deadline = time.monotonic() + 10
         while not h1.can_connect(h2.addr, 8022) and time.monotonic() < deadline:
@@ -330,12 +382,28 @@ def test_close_leaves_nothing(tmp_path: Path, keys: ClientKeys) -> None:
     # a remote command that outlives its ssh client, a detached daemon, and a user
     # process outside any namespace: close() must get all of them
     client = subprocess.Popen(
-        [SSH, "-F", "none", "-i", str(keys.private), "-o", "BatchMode=yes",
-         "-o", f"UserKnownHostsFile={kh}", f"{a.user}@{a.addr}", "sleep 300"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    b.run(["setsid", "-f", "sleep", "300"], as_user=True)
-    outside = subprocess.Popen(["setpriv", f"--reuid={a.uid}", f"--regid={a.gid}",
-                                "--init-groups", "sleep", "300"])
+        [
+            SSH,
+            "-F",
+            "none",
+            "-i",
+            str(keys.private),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={kh}",
+            f"{a.user}@{a.addr}",
+            "sleep 300",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    # (a daemon must not keep run()'s output pipes open, or run() waits for it)
+    b.run(["bash", "-c", "setsid -f sleep 300 </dev/null >/dev/null 2>&1"], as_user=True)
+    outside = subprocess.Popen(
+        ["setpriv", f"--reuid={a.uid}", f"--regid={a.gid}", "--init-groups", "sleep", "300"]
+    )
     deadline = time.monotonic() + 10
     while len(a.user_pids()) < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -361,8 +429,9 @@ def test_cleanup_stale_after_crash(tmp_path: Path) -> None:
         print(bed.prefix, flush=True)
         os._exit(0)  # a crash: no close(), no atexit
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     prefix = proc.stdout.strip()
     assert (NETNS_RUN_DIR / f"{prefix}-x").exists()
@@ -380,19 +449,41 @@ def test_loopback_host(tmp_path: Path, keys: ClientKeys) -> None:
     with LoopbackHost(tmp_path, keys) as host:
         kh = tmp_path / "known_hosts"
         kh.write_text("".join(line + "\n" for line in host.known_hosts_lines()))
-        argv = [SSH, "-F", "none", "-i", str(keys.private), "-o", "IdentitiesOnly=yes",
-                "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={kh}",
-                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-                "-p", str(host.port), f"{host.user}@{host.addr}", "echo ok; id -un"]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20,
-                              stdin=subprocess.DEVNULL)
+        argv = [
+            SSH,
+            "-F",
+            "none",
+            "-i",
+            str(keys.private),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={kh}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-p",
+            str(host.port),
+            f"{host.user}@{host.addr}",
+            "echo ok; id -un",
+        ]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL
+        )
         assert proc.returncode == 0, proc.stderr + host.sshd_log()[-2000:]
         assert proc.stdout.split() == ["ok", host.user]
         host.stop_sshd()
         assert not can_connect(host.addr, host.port)
         host.start_sshd()
-        assert subprocess.run(argv, capture_output=True, timeout=20,
-                              stdin=subprocess.DEVNULL).returncode == 0
+        assert (
+            subprocess.run(
+                argv, capture_output=True, timeout=20, stdin=subprocess.DEVNULL
+            ).returncode
+            == 0
+        )
         with pytest.raises(NotImplementedError):
             host.cut_link()
     assert not can_connect(host.addr, host.port)

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from vmrun.errors import (
+    AuthError,
+    ChangedHostKeyError,
+    CommandFailed,
+    ConfigError,
+    ConnectionLostError,
+    ExitCode,
+    HostsFailed,
+    Interrupted,
+    RemoteError,
+    UnknownHostKeyError,
+    UnreachableError,
+    VmrunError,
+    exit_code_for,
+)
+
+
+def test_one_mapping_from_error_to_exit_code() -> None:
+    cases = {
+        ConfigError("x"): ExitCode.USAGE,
+        UnknownHostKeyError("x"): ExitCode.HOST_KEY,
+        ChangedHostKeyError("x"): ExitCode.HOST_KEY,
+        AuthError("x"): ExitCode.AUTH,
+        UnreachableError("x"): ExitCode.UNREACHABLE,
+        ConnectionLostError("x"): ExitCode.CONNECTION_LOST,
+        RemoteError("x"): ExitCode.REMOTE,
+        Interrupted("x"): ExitCode.INTERRUPTED,
+        VmrunError("x"): ExitCode.FAILED,
+        KeyboardInterrupt(): ExitCode.INTERRUPTED,
+        ValueError("x"): ExitCode.FAILED,
+        CommandFailed("x", exit_status=7): 7,
+        CommandFailed("x", exit_status=124): 124,
+        CommandFailed("x", exit_status=-1): ExitCode.FAILED,
+    }
+    for error, code in cases.items():
+        assert exit_code_for(error) == code, error
+
+
+def test_one_line_names_the_host_and_the_fix() -> None:
+    err = UnreachableError(
+        "connection refused by 1.2.3.4 port 22", host="gpu1", hint="check that sshd runs there"
+    )
+    assert (
+        err.one_line() == "gpu1: connection refused by 1.2.3.4 port 22; check that sshd runs there"
+    )
+    assert str(err) == err.one_line()
+    assert VmrunError("gpu1: already named", host="gpu1").one_line() == "gpu1: already named"
+
+
+def test_hosts_failed_takes_the_worst_code() -> None:
+    err = HostsFailed({"a": AuthError("x"), "b": ConnectionLostError("y")}, total=3)
+    assert err.exit_code == ExitCode.CONNECTION_LOST
+    assert err.one_line() == "2 of 3 hosts failed: a, b"
