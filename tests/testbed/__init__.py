@@ -5,19 +5,14 @@ user, home and sshd on private bridges; ``LoopbackHost`` is the no-root
 fallback: one sshd on 127.0.0.1 for the current user.
 """
 
+from .errors import TestbedError
+from .keys import ClientKeys
 from .loopback import LoopbackHost
-from .netns import (
-    ClientKeys,
-    NetnsBed,
-    TestbedError,
-    TestHost,
-    can_connect,
-    cleanup_on_sigterm,
-    cleanup_stale,
-    have_root_netns,
-    skip_reason_no_netns,
-    wait_until,
-)
+from .netns import NetnsBed, have_root_netns, skip_reason_no_netns
+from .procs import wait_until
+from .registry import cleanup_on_sigterm, cleanup_stale
+from .sockets import can_connect
+from .testhost import TestHost
 
 __all__ = [
     "ClientKeys",

@@ -31,14 +31,9 @@ from testbed import (  # noqa: E402
     cleanup_stale,
     skip_reason_no_netns,
 )
-from testbed.netns import (  # noqa: E402
-    ETC_NETNS,
-    NETNS_RUN_DIR,
-    STATE_DIR,
-    _ns_ident,
-    _pids_in_netns_idents,
-    uid_pids,
-)
+from testbed.layout import ETC_NETNS, NETNS_RUN_DIR  # noqa: E402
+from testbed.procs import ns_ident, pids_in_netns_idents, uid_pids  # noqa: E402
+from testbed.registry import STATE_DIR  # noqa: E402
 
 SSH = "/usr/bin/ssh"
 _NO_NETNS = skip_reason_no_netns()
@@ -49,6 +44,37 @@ F = TypeVar("F", bound=Callable[..., object])
 def netns_test(fn: F) -> F:
     """Marked ``netns`` (selectable with -m) and skipped without root/ip netns."""
     return pytest.mark.netns(needs_netns(fn))
+
+
+def ssh_argv(keys: ClientKeys, known_hosts: Path, *extra: str) -> list[str]:
+    """The system ssh client: our key only, strict checking against ``known_hosts``."""
+    return [
+        SSH,
+        "-F",
+        "none",
+        "-i",
+        str(keys.private),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        *extra,
+    ]
+
+
+def settle(predicate: Callable[[], object], timeout: float = 10) -> None:
+    """Poll ``predicate`` until it is truthy or ``timeout`` passed (the caller asserts)."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 class Ctx:
@@ -83,26 +109,7 @@ class Ctx:
         if config:
             argv = [SSH, "-F", str(self.config), *extra]
         else:
-            argv = [
-                SSH,
-                "-F",
-                "none",
-                "-i",
-                str(self.keys.private),
-                "-o",
-                "IdentitiesOnly=yes",
-                "-o",
-                f"UserKnownHostsFile={self.known_hosts}",
-                "-o",
-                "GlobalKnownHostsFile=/dev/null",
-                "-o",
-                "StrictHostKeyChecking=yes",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "ConnectTimeout=5",
-                *extra,
-            ]
+            argv = ssh_argv(self.keys, self.known_hosts, *extra)
         target = host if isinstance(host, str) else f"{host.user}@{host.addr}"
         return subprocess.run(
             [*argv, target, *command],
@@ -253,29 +260,13 @@ def test_stop_start_sshd_keeps_host_key(ctx: Ctx) -> None:
     h2 = ctx.bed["h2"]
     keys_before = list(h2.host_key_pub_lines)
     session = subprocess.Popen(
-        [
-            SSH,
-            "-F",
-            "none",
-            "-i",
-            str(ctx.keys.private),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"UserKnownHostsFile={ctx.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            f"{h2.user}@{h2.addr}",
-            "sleep 300",
-        ],
+        [*ssh_argv(ctx.keys, ctx.known_hosts), f"{h2.user}@{h2.addr}", "sleep 300"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 10
-        while not h2.user_pids() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        settle(h2.user_pids)
         assert h2.user_pids(), "remote session never started"
         h2.stop_sshd()
         assert h2.pids() == [] and h2.user_pids() == []
@@ -315,9 +306,7 @@ def test_block_port(ctx: Ctx) -> None:
         ]
     )
     try:
-        deadline = time.monotonic() + 10
-        while not h1.can_connect(h2.addr, 8022) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        settle(lambda: h1.can_connect(h2.addr, 8022))
         assert h1.can_connect(h2.addr, 8022)
         h2.block_port(8022)
         try:
@@ -357,7 +346,7 @@ def _bed_leftovers(prefix: str, uids: set[int], idents: set[tuple[int, int]]) ->
     users = subprocess.run(["getent", "passwd"], capture_output=True, text=True).stdout
     if us := [u for u in users.splitlines() if u.startswith(prefix + "-")]:
         left.append(f"users {us}")
-    if pids := uid_pids(uids) + _pids_in_netns_idents(idents):
+    if pids := uid_pids(uids) + pids_in_netns_idents(idents):
         left.append(f"processes {pids}")
     if ETC_NETNS.exists() and (e := [n for n in os.listdir(ETC_NETNS) if n.startswith(prefix)]):
         left.append(f"/etc/netns {e}")
@@ -375,26 +364,14 @@ def test_close_leaves_nothing(tmp_path: Path, keys: ClientKeys) -> None:
     b = bed.add_host("b", networks=("side",))
     prefix = bed.prefix
     uids = {a.uid, b.uid}
-    idents = {i for h in (a, b) if (i := _ns_ident(NETNS_RUN_DIR / h.netns))}
-    idents.add(_ns_ident(NETNS_RUN_DIR / bed.switch_ns))  # type: ignore[arg-type]
+    idents = {i for h in (a, b) if (i := ns_ident(NETNS_RUN_DIR / h.netns))}
+    idents.add(ns_ident(NETNS_RUN_DIR / bed.switch_ns))  # type: ignore[arg-type]
     kh = tmp_path / "kh"
     kh.write_text(bed.known_hosts_text())
     # a remote command that outlives its ssh client, a detached daemon, and a user
     # process outside any namespace: close() must get all of them
     client = subprocess.Popen(
-        [
-            SSH,
-            "-F",
-            "none",
-            "-i",
-            str(keys.private),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"UserKnownHostsFile={kh}",
-            f"{a.user}@{a.addr}",
-            "sleep 300",
-        ],
+        [*ssh_argv(keys, kh), f"{a.user}@{a.addr}", "sleep 300"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -404,9 +381,7 @@ def test_close_leaves_nothing(tmp_path: Path, keys: ClientKeys) -> None:
     outside = subprocess.Popen(
         ["setpriv", f"--reuid={a.uid}", f"--regid={a.gid}", "--init-groups", "sleep", "300"]
     )
-    deadline = time.monotonic() + 10
-    while len(a.user_pids()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    settle(lambda: len(a.user_pids()) >= 3)
     client.kill()
     client.wait()
     assert len(a.user_pids()) >= 2 and b.user_pids()
@@ -435,8 +410,8 @@ def test_cleanup_stale_after_crash(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     prefix = proc.stdout.strip()
     assert (NETNS_RUN_DIR / f"{prefix}-x").exists()
-    ident = _ns_ident(NETNS_RUN_DIR / f"{prefix}-x")
-    assert ident and _pids_in_netns_idents({ident}), "orphaned sshd should still run"
+    ident = ns_ident(NETNS_RUN_DIR / f"{prefix}-x")
+    assert ident and pids_in_netns_idents({ident}), "orphaned sshd should still run"
     assert prefix in cleanup_stale()
     assert _bed_leftovers(prefix, set(), {ident}) == []
 
@@ -450,23 +425,7 @@ def test_loopback_host(tmp_path: Path, keys: ClientKeys) -> None:
         kh = tmp_path / "known_hosts"
         kh.write_text("".join(line + "\n" for line in host.known_hosts_lines()))
         argv = [
-            SSH,
-            "-F",
-            "none",
-            "-i",
-            str(keys.private),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"UserKnownHostsFile={kh}",
-            "-o",
-            "GlobalKnownHostsFile=/dev/null",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-p",
-            str(host.port),
+            *ssh_argv(keys, kh, "-p", str(host.port)),
             f"{host.user}@{host.addr}",
             "echo ok; id -un",
         ]

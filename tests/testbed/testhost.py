@@ -1,0 +1,391 @@
+"""TestHost: one host of a NetnsBed (its own netns, hostname, Unix user, home and sshd)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import TestbedError
+from .files import mkdir_shared, write_text
+from .host import SshdHost
+from .keys import ClientKeys, keygen_wait
+from .layout import ETC_NETNS, NETNS_RUN_DIR, NFT_TABLE, Network
+from .procs import kill_until_gone, pids_in_netns, run_process, uid_pids
+from .tools import (
+    HOSTNAME,
+    IP,
+    NFT,
+    SETPRIV,
+    STD_PATH,
+    UNSHARE,
+    USER_PATH,
+    USERADD,
+    ip_batch,
+    run_cmd,
+)
+
+if TYPE_CHECKING:
+    from .netns import NetnsBed
+
+# Host-specific sshd settings (see sshd.COMMON_SETTINGS for the shared ones).
+SSHD_SETTINGS = (
+    "AddressFamily inet",
+    "AuthorizedKeysFile .ssh/authorized_keys",
+    "PermitRootLogin no",
+    "StrictModes yes",
+    "LoginGraceTime 30",
+)
+
+
+class TestHost(SshdHost):
+    """One test host: its own netns, UTS hostname, Unix user, home, host keys and sshd.
+
+    Made by :meth:`NetnsBed.add_host`.  Commands (``run``/``popen``) run inside the
+    host as root or, with ``as_user``, as its user; cwd defaults to the user's home
+    (``as_user``) or ``/``.
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+    port: int = 22
+
+    def __init__(
+        self,
+        bed: NetnsBed,
+        name: str,
+        octet: int,
+        networks: list[Network],
+        *,
+        hosts_file_loopback_hostname: bool,
+        sshd_extra_config: str,
+    ) -> None:
+        self._bed = bed
+        self.name = name
+        self.octet = octet
+        self.networks = [n.name for n in networks]
+        self._nets = networks
+        self.netns = f"{bed.prefix}-{name}"
+        self.user = self.netns
+        self.hostname = f"vmt-{name}"
+        self.home = bed.home_root / bed.prefix / name
+        self.addrs = [n.addr(octet) for n in networks]
+        self.macs = [bed._mac(n.index, octet) for n in networks]
+        self.ifnames = [f"eth{i}" for i in range(len(networks))]
+        # switch-side veth names (inside the switch namespace, so they cannot collide)
+        self.switch_ports = [
+            f"{name}-{i}" if len(f"{name}-{i}") <= 15 else f"h{octet}-{i}"
+            for i in range(len(networks))
+        ]
+        super().__init__(
+            bed.workdir / name, key_comment=self.hostname, sshd_extra_config=sshd_extra_config
+        )
+        self.uid = -1
+        self.gid = -1
+        self._hosts_loopback = hosts_file_loopback_hostname
+        self._closing = bed._closing
+        self._threads = bed._threads
+        self._blocked: set[int] = set()
+        self._cut: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"TestHost({self.name!r}, addr={self.addr}, user={self.user})"
+
+    # ---------------------------------------------------------------- addressing
+
+    @property
+    def client_keys(self) -> ClientKeys:  # type: ignore[override]
+        return self._bed.client_keys
+
+    @property
+    def reachable_from_root(self) -> bool:
+        return "main" in self.networks
+
+    def addr_on(self, network: str) -> str:
+        return self.addrs[self.networks.index(network)]
+
+    def _known_host_names(self) -> list[str]:
+        return list(self.addrs)
+
+    # ---------------------------------------------------------------- commands
+
+    def _command_env(self, as_user: bool, env: dict[str, str] | None) -> dict[str, str]:
+        if as_user:
+            base = {
+                "PATH": USER_PATH,
+                "HOME": str(self.home),
+                "USER": self.user,
+                "LOGNAME": self.user,
+                "SHELL": "/bin/bash",
+            }
+        else:
+            base = {"PATH": STD_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root"}
+        base["LANG"] = "C.UTF-8"
+        return {**base, **(env or {})}
+
+    def _default_cwd(self, as_user: bool) -> Path | str:
+        return self.home if as_user else "/"
+
+    def ns_argv(self, argv: Sequence[str], *, as_user: bool = False) -> list[str]:
+        """argv that runs ``argv`` inside this host (netns + its UTS hostname [+ its user]).
+
+        Every step execs (no forks), so the returned pid *is* the command: timeouts and
+        kills by pid reach it.  setpriv is used instead of runuser for that reason
+        (runuser forks a child and waits for it).
+        """
+        inner = list(argv)
+        if as_user:
+            inner = [
+                SETPRIV,
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
+                "--init-groups",
+                "--",
+                *inner,
+            ]
+        return [
+            IP,
+            "netns",
+            "exec",
+            self.netns,
+            UNSHARE,
+            "--uts",
+            "--",
+            "/bin/sh",
+            "-c",
+            f'{HOSTNAME} "$0" && exec "$@"',
+            self.hostname,
+            *inner,
+        ]
+
+    _command_argv = ns_argv
+
+    def popen(
+        self,
+        argv: Sequence[str],
+        *,
+        as_user: bool = False,
+        env: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> subprocess.Popen[Any]:
+        """Start a background process inside the host (killed by stop_sshd()/close())."""
+        kwargs.setdefault("cwd", str(self._default_cwd(as_user)))
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        kwargs.setdefault("start_new_session", True)
+        return subprocess.Popen(
+            self.ns_argv(argv, as_user=as_user), env=self._command_env(as_user, env), **kwargs
+        )
+
+    def can_connect(self, addr: str, port: int = 22, timeout: float = 1.0) -> bool:
+        """TCP connect from inside this host (bash /dev/tcp, bounded by ``timeout``)."""
+        script = f"exec 3<>/dev/tcp/{addr}/{port}"
+        proc = self.run(
+            ["timeout", str(timeout), "bash", "-c", script], check=False, timeout=timeout + 10
+        )
+        return proc.returncode == 0
+
+    def pids(self) -> list[int]:
+        """All live pids in the host's network namespace."""
+        return pids_in_netns(NETNS_RUN_DIR / self.netns)
+
+    def user_pids(self) -> list[int]:
+        """Live (non-zombie) processes owned by the host's user, wherever they run."""
+        return uid_pids([self.uid])
+
+    # ---------------------------------------------------------------- network faults
+
+    def _select_ports(self, network: str | None) -> list[str]:
+        if network is None:
+            return list(self.switch_ports)
+        return [self.switch_ports[self.networks.index(network)]]
+
+    def cut_link(self, network: str | None = None) -> None:
+        """Unplug the host's cable(s): its bridge port goes down, packets vanish silently.
+
+        Neighbour (ARP) entries are permanent on every side, so there is no ARP
+        failure either: peers see pure timeouts, never RST or EHOSTUNREACH.
+        """
+        ports = self._select_ports(network)
+        ip_batch((f"link set {p} down" for p in ports), netns=self._bed.switch_ns)
+        self._cut.update(ports)
+
+    def heal_link(self, network: str | None = None) -> None:
+        """Plug the cable(s) back in; addresses and routes were never touched."""
+        ports = self._select_ports(network)
+        ip_batch((f"link set {p} up" for p in ports), netns=self._bed.switch_ns)
+        self._cut.difference_update(ports)
+
+    @property
+    def link_cut(self) -> bool:
+        return bool(self._cut)
+
+    def _apply_nft(self) -> None:
+        # add+delete first so the script works whether or not the table exists (nft 1.0.6
+        # has no "destroy"); the whole file is one atomic transaction.
+        script = f"add table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n"
+        if self._blocked:
+            ports = ", ".join(str(p) for p in sorted(self._blocked))
+            script += (
+                f"table inet {NFT_TABLE} {{\n"
+                "  chain input {\n"
+                "    type filter hook input priority filter; policy accept;\n"
+                f"    tcp dport {{ {ports} }} drop\n"
+                "  }\n"
+                "}\n"
+            )
+        proc = run_process(
+            [IP, "netns", "exec", self.netns, NFT, "-f", "-"],
+            env={"PATH": STD_PATH},
+            cwd="/",
+            input=script,
+            timeout=30,
+            check=False,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise TestbedError(f"nft failed in {self.netns}: {proc.stderr.strip()}\n{script}")
+
+    def block_port(self, port: int) -> None:
+        """Silently DROP incoming TCP to ``port`` inside the host (connects time out)."""
+        self._blocked.add(int(port))
+        self._apply_nft()
+
+    def unblock_port(self, port: int) -> None:
+        self._blocked.discard(int(port))
+        self._apply_nft()
+
+    # ---------------------------------------------------------------- sshd
+
+    def _start_sshd_locked(self, timeout: float) -> None:
+        self._launch_sshd(timeout, f"sshd of {self.name}")
+
+    def stop_sshd(self) -> None:
+        """Like a crash/reboot: SIGKILL sshd and every process in the host and of its user."""
+        with self._lock:
+            uid = self.uid
+
+            def everything() -> list[int]:
+                return sorted(set(self.pids()) | set(uid_pids([uid] if uid >= 0 else [])))
+
+            kill_until_gone(everything, reap=self._reap_sshd)
+            if self._sshd is not None:
+                self._sshd.wait()
+                self._sshd = None
+
+    # ---------------------------------------------------------------- users
+
+    def add_authorized_key(self, pubkey_line: str) -> None:
+        path = self.home / ".ssh" / "authorized_keys"
+        with open(path, "a") as f:
+            f.write(pubkey_line.strip() + "\n")
+        os.chown(path, self.uid, self.gid)
+        path.chmod(0o600)
+
+    def _create_user(self, authorized: bool) -> None:
+        for attempt in range(50):
+            proc = run_cmd(
+                [USERADD, "-M", "-d", str(self.home), "-s", "/bin/bash", "-p", "*", self.user],
+                check=False,
+            )
+            if proc.returncode == 0:
+                break
+            if proc.returncode != 10 or attempt == 49:  # 10: cannot lock passwd (concurrent)
+                raise TestbedError(f"useradd {self.user} failed: {proc.stderr.strip()}")
+            time.sleep(0.05)
+        pw = pwd.getpwnam(self.user)
+        self.uid, self.gid = pw.pw_uid, pw.pw_gid
+        ssh_dir = self.home / ".ssh"
+        ssh_dir.mkdir(parents=True, mode=0o700)
+        self.home.chmod(0o700)
+        keys = ssh_dir / "authorized_keys"
+        keys.write_text(self.client_keys.public_line + "\n" if authorized else "")
+        keys.chmod(0o600)
+        for p in (self.home, ssh_dir, keys):
+            os.chown(p, self.uid, self.gid)
+
+    # ---------------------------------------------------------------- creation
+
+    def _etc_files(self) -> None:
+        """Per-namespace /etc overrides that ``ip netns exec`` bind-mounts over /etc/*."""
+        etc = ETC_NETNS / self.netns
+        mkdir_shared(etc)
+        own = "127.0.1.1" if self._hosts_loopback else self.addr
+        write_text(
+            etc / "hosts",
+            "127.0.0.1\tlocalhost\n"
+            f"{own}\t{self.hostname}\n"
+            "::1\tlocalhost ip6-localhost ip6-loopback\n",
+        )
+        write_text(etc / "hostname", self.hostname + "\n")
+        # A closed local resolver: lookups fail at once instead of stalling 10 s.
+        write_text(etc / "resolv.conf", "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+
+    def _wire(self) -> None:
+        """veths to the bridges (fixed MACs) and permanent neighbour entries everywhere:
+        a cut link must never turn into ARP failures."""
+        bed = self._bed
+        sw_lines = []
+        host_lines = ["link set lo up"]
+        for i, net in enumerate(self._nets):
+            port, ifname = self.switch_ports[i], self.ifnames[i]
+            sw_lines += [
+                f"link add {port} type veth peer name {ifname} netns {self.netns} "
+                f"address {self.macs[i]}",
+                f"link set {port} addrgenmode none",
+                f"link set {port} master {net.bridge} up",
+            ]
+            host_lines += [
+                f"link set {ifname} addrgenmode none",
+                f"addr add {self.addrs[i]}/24 dev {ifname}",
+                f"link set {ifname} up",
+            ]
+            for other in bed._hosts:
+                if net.name in other.networks:
+                    j = other.networks.index(net.name)
+                    host_lines.append(
+                        f"neigh replace {other.addrs[j]} lladdr "
+                        f"{other.macs[j]} dev {ifname} nud permanent"
+                    )
+            if net.index == 0:
+                host_lines.append(
+                    f"neigh replace {net.addr(1)} lladdr "
+                    f"{bed._mac(0, 1)} dev {ifname} nud permanent"
+                )
+        ip_batch(sw_lines, netns=bed.switch_ns)
+        ip_batch(host_lines, netns=self.netns)
+        for other in bed._hosts:
+            lines = []
+            for i, net in enumerate(self._nets):
+                if net.name in other.networks:
+                    j = other.networks.index(net.name)
+                    lines.append(
+                        f"neigh replace {self.addrs[i]} lladdr {self.macs[i]} "
+                        f"dev {other.ifnames[j]} nud permanent"
+                    )
+            ip_batch(lines, netns=other.netns)
+        if self.reachable_from_root:
+            i = self.networks.index("main")
+            ip_batch(
+                [
+                    f"neigh replace {self.addrs[i]} lladdr {self.macs[i]} "
+                    f"dev {bed.root_link} nud permanent"
+                ]
+            )
+
+    def _create(self, authorized: bool) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        keygens = self._start_host_keygen()  # runs while we wire up the network
+        try:
+            self._etc_files()
+            run_cmd([IP, "netns", "add", self.netns])
+            self._wire()
+            self._create_user(authorized)
+        finally:
+            keygen_wait(keygens)
+        self._load_host_keys()
+        self._write_sshd_config(self.addrs, [f"Port {self.port}", *SSHD_SETTINGS])
+        self.start_sshd()
