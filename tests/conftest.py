@@ -168,3 +168,70 @@ def user_commands(host: TestHost) -> list[str]:
         if text and not text.startswith("sshd"):
             lines.append(text)
     return lines
+
+
+# -- Python environments the test hosts can use -----------------------------------------
+# The test hosts have no package index, so setup and train tests use a wheelhouse built here
+# (`pip download torch==2.13.0`: the local CPU build) and a shared venv made from
+# /usr/bin/python3 (every host user can read it; /root cannot be read by them). Both are
+# cached between sessions under VMRUN_TEST_CACHE (default /opt/vmrun-test-cache).
+TORCH_SPEC = "torch==2.13.0"
+CACHE = Path(os.environ.get("VMRUN_TEST_CACHE", "/opt/vmrun-test-cache"))
+
+
+def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Build `target` once, across sessions and concurrent runs (a lock and a marker)."""
+    import fcntl
+    import shutil
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    CACHE.chmod(0o755)
+    with open(CACHE / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            build(target)
+            (target / ".complete").touch()
+    return target
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    def build(target: Path) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
+                        TORCH_SPEC, "-d", str(target)], check=True, timeout=600)
+
+    return _build_once(CACHE / "wheelhouse-torch-2.13.0", build)
+
+
+@pytest.fixture(scope="session")
+def host_python(wheelhouse: Path) -> Path:
+    """An interpreter with torch that every test host user can run."""
+    system = Path("/usr/bin/python3")
+    probe = subprocess.run([str(system), "-c", "import ensurepip, venv"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("/usr/bin/python3 with venv is needed (apt-get install python3-venv)")
+
+    def build(target: Path) -> None:
+        subprocess.run([str(system), "-m", "venv", str(target)], check=True, timeout=300)
+        subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q",
+                        "--no-input", "--no-index", "--find-links", str(wheelhouse),
+                        TORCH_SPEC], check=True, timeout=900)
+
+    return _build_once(CACHE / "venv-py3-torch-2.13.0", build) / "bin" / "python"
+
+
+def install_standin(host: TestHost, name: str, script: str) -> Path:
+    """Put a stand-in tool in the host's ~/.vmrun/bin, which vmrun puts first on PATH.
+
+    Only for what cannot be real here (nvidia-smi, lspci of a GPU, sudo, a Miniconda
+    installer); each stand-in says so in its first lines.
+    """
+    bin_dir = host.home / ".vmrun" / "bin"
+    host.run(["mkdir", "-p", str(bin_dir)], as_user=True)
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n# STAND-IN for {name}: no GPU hardware in the test bed\n"
+                    + script)
+    path.chmod(0o755)
+    os.chown(path, host.uid, host.gid)
+    return path

@@ -136,6 +136,17 @@ class Settings:
     sources: dict[str, str] = field(default_factory=dict)
     project_dir: Path | None = None
     project_data: dict[str, Any] = field(default_factory=dict)
+    user_data: dict[str, Any] = field(default_factory=dict)
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A table such as [setup], user config first, project file over it."""
+        merged: dict[str, Any] = {}
+        for data in (self.user_data, self.project_data):
+            table = data.get(name)
+            if table is not None and not isinstance(table, dict):
+                raise ConfigError(f"[{name}] must be a table in vmrun.toml / config.toml")
+            merged.update(table or {})
+        return merged
 
 
 def user_config_path(environ: Mapping[str, str] | None = None) -> Path:

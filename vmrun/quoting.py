@@ -64,7 +64,8 @@ def env_header(env: Mapping[str, str] | None) -> bytes:
 
 
 # Runs as: sh -c SCRIPT vmrun CWD CMD ARGS...   (stdin: env header, then held open)
-# - exports the env header's variables; cd to CWD when it is not empty;
+# - exports the env header's variables; puts ~/.vmrun/bin first on PATH (tools that vmrun
+#   installs, and shims a user wants every vmrun command to see); cd to CWD if not empty;
 # - runs CMD in a new session (setsid) with stdin from /dev/null;
 # - a watcher waits for EOF on the channel's stdin; EOF while CMD runs means the client
 #   went away, so it kills CMD's whole process group (TERM, then KILL after 5 s), and
@@ -75,6 +76,7 @@ while IFS= read -r l && [ -n "$l" ]; do
   v=$(printf %s "${l#*=}" | base64 -d && echo x) || { echo "vmrun: bad env" >&2; exit 125; }
   export "$k=${v%x}"
 done
+PATH="$HOME/.vmrun/bin:$PATH"; export PATH
 if [ -n "$d" ]; then cd "$d" || exit 126; fi
 exec 3<&0
 setsid "$@" </dev/null 3<&- &

@@ -38,8 +38,8 @@ def build() -> Any:
     ) -> None:
         """vmrun: setup, train, fetch and watch GPU hosts over plain SSH."""
 
-    from vmrun.cli import config_cmd, exec_cmd, hosts_cmd
+    from vmrun.cli import config_cmd, exec_cmd, hosts_cmd, setup_cmd
 
-    for module in (exec_cmd, hosts_cmd, config_cmd):
+    for module in (setup_cmd, exec_cmd, hosts_cmd, config_cmd):
         module.register(app)
     return typer.main.get_command(app)

@@ -1,0 +1,102 @@
+"""playbook: parsing, validation, conditions and fingerprints (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmrun.errors import ConfigError
+from vmrun.playbook import applies, builtin_dir, fingerprint, load, parse, parse_steps
+from vmrun.provision import TORCH_INDEX, cuda_index
+
+
+def test_the_default_playbook_loads_and_ships() -> None:
+    book = load()
+    assert book.name == "default"
+    assert [s.name for s in book.steps] == ["python-venv-package", "nvidia-driver",
+                                            "python-env", "torch", "extra-packages", "verify"]
+    assert book.params["env"] == "venv" and book.params["torch_index"] == "auto"
+    assert (builtin_dir() / "default.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("steps: []", "non-empty list"),
+        ("steps:\n  - apply: x", "needs a name"),
+        ("steps:\n  - name: Bad Name\n    apply: x", "needs a name"),
+        ("steps:\n  - name: a", "nothing to do"),
+        ("steps:\n  - name: a\n    apply: x\n    aply: y", "unknown field(s) aply"),
+        ("steps:\n  - name: a\n    apply: x\n    inputs: [nope]", "inputs nope are not params"),
+        ("steps:\n  - name: a\n    apply: x\n    needs: [b]\n  - name: b\n    apply: y",
+         "comes after it"),
+        ("steps:\n  - name: a\n    apply: x\n  - name: a\n    apply: y", "appears twice"),
+        ("steps:\n  - name: a\n    apply: x\n    when: {cpu: true}", "when may hold"),
+        ("params: [a]\nsteps:\n  - name: a\n    apply: x", "params must be a mapping"),
+    ],
+)
+def test_bad_playbooks_are_one_clear_error(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert needle in info.value.one_line() and str(path) in info.value.one_line()
+
+
+def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("steps: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "missing.yaml")
+
+
+def test_conditions() -> None:
+    book = load()
+    driver, venv_pkg, extra = (book.step(n) for n in ("nvidia-driver", "python-venv-package",
+                                                      "extra-packages"))
+    params = dict(book.params)
+    assert applies(driver, gpu=False, env="venv", os_release="22.04", params=params) \
+        == "no NVIDIA GPU"
+    assert applies(driver, gpu=True, env="venv", os_release="22.04", params=params) is None
+    assert applies(driver, gpu=True, env="venv", os_release="22.04",
+                   params={**params, "driver": "none"}) == "driver=none"
+    assert applies(venv_pkg, gpu=False, env="uv", os_release="", params=params) \
+        == "env manager is uv"
+    assert applies(extra, gpu=False, env="venv", os_release="", params=params) == "pip not set"
+    assert applies(extra, gpu=False, env="venv", os_release="",
+                   params={**params, "pip": "numpy"}) is None
+    (only_jammy,) = parse_steps([{"name": "x", "apply": "true", "when": {"os": ["22.04"]}}], "t")
+    assert applies(only_jammy, gpu=False, env="venv", os_release="24.04", params={}) \
+        == "OS release 24.04"
+
+
+def test_fingerprints_follow_inputs_and_needs() -> None:
+    book = parse({"params": {"a": "1", "b": "2"}, "steps": [
+        {"name": "one", "apply": "x", "inputs": ["a"]},
+        {"name": "two", "apply": "y", "needs": ["one"]}]}, "t")
+    one, two = book.steps
+    base = fingerprint(one, {"a": "1", "b": "2"}, {})
+    assert fingerprint(one, {"a": "1", "b": "changed"}, {}) == base  # b is not its input
+    assert fingerprint(one, {"a": "changed", "b": "2"}, {}) != base
+    assert fingerprint(two, {}, {"one": "stamp-1"}) != fingerprint(two, {}, {"one": "stamp-2"})
+    edited = parse({"steps": [{"name": "one", "apply": "x --more", "inputs": []}]}, "t").steps[0]
+    assert fingerprint(edited, {}, {}) != fingerprint(one, {}, {})
+
+
+@pytest.mark.parametrize(
+    ("cuda", "index"),
+    [("12.0", TORCH_INDEX + "cu118"), ("12.4", TORCH_INDEX + "cu124"),
+     ("12.5", TORCH_INDEX + "cu124"), ("12.9", TORCH_INDEX + "cu129"), ("13.0", None),
+     ("13.1", None), ("", None)],
+)
+def test_cuda_wheel_index_matches_the_driver(cuda: str, index: str | None) -> None:
+    assert cuda_index(cuda) == index
+
+
+def test_too_old_a_driver_says_so() -> None:
+    from vmrun.errors import RemoteError
+
+    with pytest.raises(RemoteError, match="supports CUDA 11.4 only"):
+        cuda_index("11.4")

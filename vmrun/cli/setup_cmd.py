@@ -1,0 +1,261 @@
+"""`vmrun setup HOST...`: provision hosts in parallel from a playbook, with a live view."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.errors import UsageError
+
+_FLAG_PARAMS = (
+    "env",
+    "python",
+    "python_version",
+    "env_name",
+    "torch",
+    "torch_index",
+    "driver",
+    "pip",
+)
+
+
+def resolve_params(
+    defaults: dict[str, str],
+    configured: dict[str, Any],
+    environ: dict[str, str],
+    flags: dict[str, str | None],
+    pairs: list[str],
+) -> dict[str, str]:
+    """defaults < [setup] in config files < VMRUN_SETUP_<PARAM> < flags and --param."""
+    params = dict(defaults)
+    layers: list[tuple[str, dict[str, Any]]] = [
+        (
+            "[setup] in vmrun.toml/config.toml",
+            {k: v for k, v in configured.items() if k != "steps"},
+        ),
+        (
+            "environment",
+            {
+                k[len("VMRUN_SETUP_") :].lower(): v
+                for k, v in environ.items()
+                if k.startswith("VMRUN_SETUP_")
+            },
+        ),
+        ("flags", {k: v for k, v in flags.items() if v is not None}),
+    ]
+    explicit = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--param {pair!r}: use --param NAME=VALUE")
+        explicit[key.strip()] = value
+    layers.append(("--param", explicit))
+    for origin, layer in layers:
+        for key, value in layer.items():
+            if key not in params:
+                known = ", ".join(sorted(params))
+                raise UsageError(
+                    f"unknown setup parameter {key!r} (from {origin}); the"
+                    f" playbook's parameters: {known}"
+                )
+            params[key] = "" if value is None else str(value)
+    if flags.get("python") and not flags.get("env"):
+        params["env"] = "python"
+    return params
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "setup",
+        help="Provision hosts idempotently: NVIDIA driver (with reboot), a"
+        " Python environment and PyTorch, then verify torch sees the"
+        " GPUs. A second run skips what is done.",
+    )
+    def setup_command(
+        hosts: Annotated[
+            list[str] | None,
+            typer.Argument(
+                metavar="[HOST]...",
+                help="user@host[:port] or an alias; also -H.",
+                show_default=False,
+            ),
+        ] = None,
+        host: Hosts = None,
+        playbook: Annotated[
+            Path | None,
+            typer.Option(
+                "--playbook", metavar="FILE", help="Run this playbook instead of the default."
+            ),
+        ] = None,
+        extra: Annotated[
+            list[Path] | None,
+            typer.Option(
+                "--extra", metavar="FILE", help="Add this YAML file's steps after the playbook's."
+            ),
+        ] = None,
+        env: Annotated[
+            str | None,
+            typer.Option("--env", help="Environment manager: venv, uv, conda, or python."),
+        ] = None,
+        python: Annotated[
+            str | None,
+            typer.Option(
+                "--python", metavar="PATH", help="Use this existing interpreter (env=python)."
+            ),
+        ] = None,
+        python_version: Annotated[
+            str | None,
+            typer.Option("--python-version", help="Python version for uv and conda envs."),
+        ] = None,
+        env_name: Annotated[
+            str | None, typer.Option("--env-name", help="Environment name.")
+        ] = None,
+        torch: Annotated[
+            str | None,
+            typer.Option(
+                "--torch", metavar="SPEC", help="pip spec for PyTorch, e.g. torch==2.13.0."
+            ),
+        ] = None,
+        torch_index: Annotated[
+            str | None,
+            typer.Option(
+                "--torch-index",
+                metavar="auto|none|URL",
+                help="Wheel index for torch; auto matches the driver's CUDA (CPU hosts: the CPU"
+                " build).",
+            ),
+        ] = None,
+        driver: Annotated[
+            str | None,
+            typer.Option(
+                "--driver", metavar="auto|none|BRANCH", help="NVIDIA driver, e.g. 580-server."
+            ),
+        ] = None,
+        pip: Annotated[
+            str | None,
+            typer.Option("--pip", metavar="REQS", help="Extra pip requirements, space-separated."),
+        ] = None,
+        param: Annotated[
+            list[str] | None,
+            typer.Option("--param", metavar="NAME=VALUE", help="Set any playbook parameter."),
+        ] = None,
+        wheelhouse: Annotated[
+            Path | None,
+            typer.Option(
+                "--wheelhouse",
+                metavar="DIR",
+                help="Upload this folder of wheels and pip-install from it with --no-index.",
+            ),
+        ] = None,
+        installer: Annotated[
+            Path | None,
+            typer.Option("--installer", metavar="FILE", help="Upload this Miniconda installer."),
+        ] = None,
+        index_url: Annotated[str | None, typer.Option("--index-url", metavar="URL")] = None,
+        find_links: Annotated[list[str] | None, typer.Option("--find-links", metavar="URL")] = None,
+        force: Annotated[
+            list[str] | None,
+            typer.Option("--force", metavar="STEP", help="Run this step even if it is done."),
+        ] = None,
+        only: Annotated[
+            list[str] | None,
+            typer.Option("--only", metavar="STEP", help="Consider only this step."),
+        ] = None,
+        dry_run: Annotated[
+            bool,
+            typer.Option("--dry-run", help="Show what would run on each host; change nothing."),
+        ] = False,
+        reboot_timeout: Annotated[
+            float,
+            typer.Option(
+                "--reboot-timeout", metavar="SECONDS", help="Wait this long for a reboot."
+            ),
+        ] = 600.0,
+        record: Annotated[
+            bool,
+            typer.Option("--record/--no-record", help="Remember hosts that succeed in vmrun.toml."),
+        ] = True,
+        show_playbook: Annotated[
+            bool, typer.Option("--show-playbook", help="Print the playbook and exit.")
+        ] = False,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun import playbook as playbook_mod
+
+        book = playbook_mod.load(playbook)
+        if show_playbook:
+            typer.echo(Path(book.source).read_text(encoding="utf-8"), nl=False)
+            return 0
+        settings = settings_from(connect_timeout, accept_new_host_key)
+        configured = settings.section("setup")
+        for path in extra or []:
+            import yaml
+
+            try:
+                data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (OSError, yaml.YAMLError) as exc:
+                raise UsageError(f"--extra {path}: {exc}".splitlines()[0]) from None
+            raw = data.get("steps") if isinstance(data, dict) else data
+            book = book.extended(
+                playbook_mod.parse_steps(raw or [], str(path), set(book.params)), str(path)
+            )
+        if configured.get("steps"):
+            book = book.extended(
+                playbook_mod.parse_steps(configured["steps"], "[setup.steps]", set(book.params)),
+                "[setup.steps]",
+            )
+        flags = {
+            "env": env,
+            "python": python,
+            "python_version": python_version,
+            "env_name": env_name,
+            "torch": torch,
+            "torch_index": torch_index,
+            "driver": driver,
+            "pip": pip,
+        }
+        params = resolve_params(dict(book.params), configured, dict(os.environ), flags, param or [])
+        for name in [*(force or []), *(only or [])]:
+            book.step(name)  # an unknown step name is a usage error, before any connection
+        for path, what in ((wheelhouse, "--wheelhouse"), (installer, "--installer")):
+            if path is not None and not path.exists():
+                raise UsageError(f"{what} {path} does not exist")
+        if wheelhouse is not None and not wheelhouse.is_dir():
+            raise UsageError(f"--wheelhouse {wheelhouse} is not a folder")
+        if installer is not None and not installer.is_file():
+            raise UsageError(f"--installer {installer} is not a file")
+        from vmrun.inventory import select_hosts
+
+        entries = select_hosts([*(hosts or []), *(host or [])], settings)
+        from vmrun.provision import SetupOptions
+
+        project = settings.project_dir or Path.cwd()
+        options = SetupOptions(
+            playbook=book,
+            params=params,
+            force=frozenset(force or []),
+            only=frozenset(only or []),
+            dry_run=dry_run,
+            wheelhouse=wheelhouse,
+            installer=installer,
+            index_url=index_url,
+            find_links=tuple(find_links or []),
+            reboot_timeout=reboot_timeout,
+            log_dir=project / ".vmrun" / "logs",
+        )
+        from vmrun.cli.setup_view import run_setup
+
+        return run_setup(
+            entries,
+            settings,
+            options,
+            record=record and not dry_run,
+            project=project,
+            started=time.monotonic(),
+        )
