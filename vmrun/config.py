@@ -63,8 +63,13 @@ def _path(name: str, value: Any) -> Path:
     return Path(os.path.expanduser(str(value)))
 
 
-def _user_config_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+def _home(environ: Mapping[str, str]) -> Path:
+    return Path(environ.get("HOME") or os.path.expanduser("~"))
+
+
+def _user_config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    base = environ.get("XDG_CONFIG_HOME") or str(_home(environ) / ".config")
     return Path(base) / "vmrun"
 
 
@@ -72,7 +77,7 @@ def _user_config_dir() -> Path:
 class Field:
     name: str
     parse: Callable[[str, Any], Any]
-    default: Callable[[], Any]
+    default: Callable[[Mapping[str, str]], Any]
     doc: str
 
     @property
@@ -86,37 +91,37 @@ FIELDS: dict[str, Field] = {
         Field(
             "connect_timeout",
             _positive_float,
-            lambda: 10.0,
+            lambda env: 10.0,
             "seconds to wait for TCP connect, SSH handshake and authentication",
         ),
         Field(
             "keepalive_interval",
             _positive_float,
-            lambda: 5.0,
+            lambda env: 5.0,
             "seconds between liveness probes on an open connection",
         ),
         Field(
             "keepalive_count_max",
             _positive_int,
-            lambda: 3,
+            lambda env: 3,
             "unanswered probes before a connection is declared lost",
         ),
         Field(
             "accept_new_host_key",
             _boolean,
-            lambda: False,
+            lambda env: False,
             "trust a host's key on first use (never a changed key)",
         ),
         Field(
             "ssh_config",
             _path,
-            lambda: Path.home() / ".ssh" / "config",
+            lambda env: _home(env) / ".ssh" / "config",
             "OpenSSH client config to honour (User, Port, IdentityFile, ProxyJump...)",
         ),
         Field(
             "known_hosts",
             _path,
-            lambda: _user_config_dir() / "known_hosts",
+            lambda env: _user_config_dir(env) / "known_hosts",
             "vmrun's own known_hosts, read with ~/.ssh/known_hosts; new keys go here",
         ),
     )
@@ -152,7 +157,7 @@ class Settings:
 def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
     environ = os.environ if environ is None else environ
     explicit = environ.get("VMRUN_CONFIG")
-    return Path(explicit) if explicit else _user_config_dir() / "config.toml"
+    return Path(explicit) if explicit else _user_config_dir(environ) / "config.toml"
 
 
 def find_project_dir(start: Path | None = None) -> Path | None:
@@ -205,7 +210,7 @@ def load_settings(
 ) -> Settings:
     """Resolve every setting through the five layers, later layers winning."""
     environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {name: fld.default() for name, fld in FIELDS.items()}
+    values: dict[str, Any] = {name: fld.default(environ) for name, fld in FIELDS.items()}
     sources = dict.fromkeys(FIELDS, "default")
 
     user_path = user_config_path(environ)

@@ -73,6 +73,7 @@ def _yes(value: str | None) -> bool:
 
 
 def resolve(spec: HostSpec, ssh_config_path: Path) -> Target:
+    # OpenSSH's default known_hosts sit beside the ssh config that is honoured.
     """Fill in a spec from the ssh config: the answer `ssh -G` would give for our fields."""
     config = _ssh_config(ssh_config_path)
     data = config.lookup(spec.host) if config is not None else {"hostname": spec.host}
@@ -97,7 +98,7 @@ def resolve(spec: HostSpec, ssh_config_path: Path) -> Target:
     known_files = (
         tuple(Path(os.path.expanduser(p)) for p in known.split())
         if known
-        else (Path.home() / ".ssh" / "known_hosts", Path.home() / ".ssh" / "known_hosts2")
+        else (ssh_config_path.parent / "known_hosts", ssh_config_path.parent / "known_hosts2")
     )
     global_known = data.get("globalknownhostsfile")
     known_files += (

@@ -1,0 +1,113 @@
+"""runs: detached runs on a real sshd test host survive disconnects and stop completely."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import Client, wait_for
+from testbed import NetnsBed, TestHost
+
+from vmrun import runs
+from vmrun.connection import Connection
+from vmrun.errors import UsageError
+
+
+def run_members(host: TestHost, run_id: str) -> list[int]:
+    """Live processes of the host user whose environment carries the run's id."""
+    members = []
+    for pid in host.user_pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"VMRUN_RUN_ID={run_id}".encode() in environ:
+            members.append(pid)
+    return members
+
+
+@pytest.fixture
+def h1(bed: NetnsBed) -> TestHost:
+    return bed["h1"]
+
+
+def test_a_run_finishes_and_records_its_exit_code(bed_client: Client, h1: TestHost) -> None:
+    with Connection("h1", bed_client.settings()) as conn:
+        runs.start(conn, "ok-1", ".", ["sh", "-c", "echo one; echo two; echo epoch 2/2"],
+                   {"name": "ok"})
+        lines: list[bytes] = []
+        runs.follow(conn, "ok-1", lines.append)
+        runs.start(conn, "bad-1", ".", ["sh", "-c", "echo oops >&2; exit 7"], {})
+        runs.follow(conn, "bad-1", lambda line: None)
+        records = {r.id: r for r in runs.list_runs(conn)}
+    assert lines == [b"one\n", b"two\n", b"epoch 2/2\n"]
+    assert records["ok-1"].state == "done" and records["ok-1"].exit_code == 0
+    assert records["ok-1"].progress == "epoch 2/2"
+    assert records["bad-1"].state == "failed" and records["bad-1"].exit_code == 7
+    assert (h1.home / ".vmrun" / "runs" / "bad-1" / "log").read_text() == "oops\n"
+
+
+def test_a_run_survives_its_connection_and_the_log_has_every_line(
+        bed_client: Client, h1: TestHost) -> None:
+    script = 'i=0; while [ $i -lt 120 ]; do echo "line $i"; i=$((i+1)); sleep 0.02; done'
+    conn = Connection("h1", bed_client.settings())
+    runs.start(conn, "survivor-1", ".", ["sh", "-c", script], {})
+    wait_for(lambda: (h1.home / ".vmrun/runs/survivor-1/log").stat().st_size > 0, 10,
+             "the first log line")
+    conn.close()  # the client goes away mid-run
+    with Connection("h1", bed_client.settings()) as again:
+        lines: list[bytes] = []
+        runs.follow(again, "survivor-1", lines.append)
+        (record,) = runs.list_runs(again, ["survivor-1"])
+    assert lines == [f"line {i}\n".encode() for i in range(120)]
+    assert record.state == "done"
+
+
+def test_stop_kills_torchrun_and_its_workers_in_their_own_sessions(
+        bed_client: Client, h1: TestHost, host_python: Path) -> None:
+    worker = h1.home / "sleepy.py"
+    worker.write_text("import os, time\nprint('worker', os.environ['LOCAL_RANK'], flush=True)\n"
+                      "time.sleep(600)\n")
+    argv = [str(host_python), "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node=2", str(worker)]
+    with Connection("h1", bed_client.settings()) as conn:
+        runs.start(conn, "sleepy-1", ".", argv, {}, env={"OMP_NUM_THREADS": "1"})
+        # torchrun + 2 workers (each in a session of its own) + the supervising shell
+        wait_for(lambda: len(run_members(h1, "sleepy-1")) >= 4, 60, "torchrun's two workers")
+        sessions = {Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[3]
+                    for p in run_members(h1, "sleepy-1")}
+        assert len(sessions) >= 3  # so a process-group kill alone would miss workers
+        outcome = runs.stop(conn, "sleepy-1", grace=5)
+        (record,) = runs.list_runs(conn, ["sleepy-1"])
+    assert outcome.left == ()
+    assert len(outcome.signalled) >= 4
+    assert run_members(h1, "sleepy-1") == []
+    assert record.state == "stopped" and record.exit_code == 143
+
+
+def test_stop_escalates_to_sigkill(bed_client: Client, h1: TestHost) -> None:
+    with Connection("h1", bed_client.settings()) as conn:
+        runs.start(conn, "stubborn-1", ".",
+                   ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"], {})
+        wait_for(lambda: b"ready" in (h1.home / ".vmrun/runs/stubborn-1/log").read_bytes(),
+                 10, "the run to start")
+        outcome = runs.stop(conn, "stubborn-1", grace=1)
+    assert outcome.killed and outcome.left == ()
+    assert run_members(h1, "stubborn-1") == []
+
+
+def test_unknown_run_and_bad_ids(bed_client: Client) -> None:
+    with Connection("h1", bed_client.settings()) as conn:
+        with pytest.raises(UsageError, match="no run nope-1"):
+            runs.stop(conn, "nope-1")
+        with pytest.raises(UsageError, match="bad run id"):
+            runs.list_runs(conn, ["../etc"])
+
+
+@pytest.fixture(autouse=True)
+def _clean_runs(bed: NetnsBed):
+    yield
+    import shutil
+
+    shutil.rmtree(bed["h1"].home / ".vmrun" / "runs", ignore_errors=True)
+    (bed["h1"].home / "sleepy.py").unlink(missing_ok=True)

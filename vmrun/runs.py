@@ -1,0 +1,253 @@
+"""Runs on a host: started detached, recorded in ~/.vmrun/runs/<id>/, followed, stopped.
+
+A run is started with `setsid` so it outlives the SSH connection. Its record directory holds
+run.json (what, where, when), pid, log (everything it printed) and exit_code (written when
+it ends). Every process of a run carries VMRUN_RUN_ID in its environment, inherited by
+torchrun's workers even though torchrun puts each worker in a session of its own; that is
+how `stop` finds and kills all of them, and proves none is left.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.connection import Connection
+from vmrun.errors import RemoteError, UsageError
+
+RUNS_DIR = ".vmrun/runs"  # under the remote user's home
+RUN_ENV = "VMRUN_RUN_ID"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_PROGRESS = re.compile(r"\bepoch[ :=]+(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
+
+# sh -c START rec workdir run_id run_json CMD...   (env: the run's variables)
+_START = r"""rec=$1; wd=$2; id=$3; meta=$4; shift 4
+case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
+mkdir -p "$rec" || exit 125
+printf '%s\n' "$meta" > "$rec/run.json.tmp" && mv "$rec/run.json.tmp" "$rec/run.json"
+cd "$wd" 2>/dev/null || { echo "vmrun: the work directory $wd is missing" >&2; exit 126; }
+export VMRUN_RUN_ID="$id" VMRUN_RUN_DIR="$rec"
+setsid -f sh -c '
+  rec=$1; shift
+  echo $$ > "$rec/pid.tmp" && mv "$rec/pid.tmp" "$rec/pid"
+  "$@" > "$rec/log" 2>&1 < /dev/null
+  rc=$?
+  if [ ! -e "$rec/stopped" ]; then echo $rc > "$rec/exit_code.tmp"; mv "$rec/exit_code.tmp" "$rec/exit_code"; fi
+' vmrun-run "$rec" "$@" < /dev/null > /dev/null 2>&1
+i=0
+while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+cat "$rec/pid" 2>/dev/null || { echo "vmrun: the run did not start" >&2; exit 125; }
+"""
+
+# sh -c LIST runs_dir [ids...]: one block per run, fields as KEY VALUE lines
+_LIST = r"""base=$1; shift
+cd "$HOME" 2>/dev/null
+[ -d "$base" ] || exit 0
+if [ $# -eq 0 ]; then set -- $(ls -1 "$base" 2>/dev/null); fi
+for id in "$@"; do
+  d="$base/$id"
+  [ -f "$d/run.json" ] || continue
+  echo "RUN $id"
+  echo "META $(base64 -w0 < "$d/run.json")"
+  if [ -f "$d/exit_code" ]; then
+    echo "EXIT $(cat "$d/exit_code")"; echo "ENDED $(stat -c %Y "$d/exit_code")"
+  fi
+  if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
+  pid=$(cat "$d/pid" 2>/dev/null)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
+     && tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "VMRUN_RUN_ID=$id"; then
+    echo "ALIVE 1"
+  else
+    echo "ALIVE 0"
+  fi
+  if [ -f "$d/log" ]; then
+    echo "PROGRESS $(tail -c 65536 "$d/log" | grep -aiE 'epoch[ :=]+[0-9]' | tail -n1)"
+  fi
+done
+"""
+
+# sh -c STOP runs_dir id grace: TERM every process of the run, KILL after the grace, verify.
+_STOP = r"""base=$1; id=$2; grace=$3
+d="$HOME/$base/$id"
+[ -f "$d/run.json" ] || { echo "vmrun: no run $id on this host" >&2; exit 3; }
+members() {
+  for e in /proc/[0-9]*/environ; do
+    p=${e#/proc/}; p=${p%/environ}
+    [ "$p" = "$$" ] && continue
+    tr '\0' '\n' < "$e" 2>/dev/null | grep -qx "VMRUN_RUN_ID=$id" && echo "$p"
+  done
+}
+alive() {  # members that are not zombies
+  for p in $(members); do
+    s=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$p/status" 2>/dev/null)
+    [ -n "$s" ] && [ "$s" != Z ] && echo "$p"
+  done
+}
+pids=$(alive)
+[ -e "$d/exit_code" ] || touch "$d/stopped"
+if [ -n "$pids" ]; then
+  echo TERM $pids
+  kill -TERM $pids 2>/dev/null
+  i=0
+  while [ -n "$(alive)" ] && [ $i -lt $((grace * 10)) ]; do sleep 0.1; i=$((i+1)); done
+  left=$(alive)
+  if [ -n "$left" ]; then echo KILL $left; kill -KILL $left 2>/dev/null; fi
+  i=0
+  while [ -n "$(alive)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+fi
+left=$(alive)
+echo LEFT $left
+if [ ! -e "$d/exit_code" ]; then
+  echo 143 > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
+fi
+"""
+
+# sh -c FOLLOW runs_dir id lines: the log from line N (0: all) until the run ends.
+_FOLLOW = r"""d="$HOME/$1/$2"
+[ -f "$d/run.json" ] || { echo "vmrun: no run $2 on this host" >&2; exit 3; }
+i=0
+while [ ! -s "$d/pid" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+pid=$(cat "$d/pid" 2>/dev/null)
+touch "$d/log"
+if [ "$3" = 0 ]; then start=+1; else start=$3; fi
+if [ -n "$pid" ] && [ ! -e "$d/exit_code" ]; then
+  exec tail -n "$start" -F --pid="$pid" "$d/log" 2>/dev/null
+else
+  exec tail -n "$start" "$d/log"
+fi
+"""
+
+
+@dataclass
+class RunRecord:
+    id: str
+    host: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    ended: float | None = None
+    stopped: bool = False
+    alive: bool = False
+    progress: str = ""
+
+    @property
+    def state(self) -> str:
+        if self.alive:
+            return "running"
+        if self.stopped:
+            return "stopped"
+        if self.exit_code is None:
+            return "lost"  # killed hard, or the host rebooted
+        return "done" if self.exit_code == 0 else "failed"
+
+    @property
+    def started(self) -> float:
+        return float(self.meta.get("started", 0))
+
+    @property
+    def duration(self) -> float | None:
+        end = self.ended if not self.alive else time.time()
+        return None if end is None or not self.started else max(0.0, end - self.started)
+
+
+@dataclass(frozen=True)
+class StopResult:
+    host: str
+    run_id: str
+    signalled: tuple[int, ...]
+    killed: tuple[int, ...]
+    left: tuple[int, ...]
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id):
+        raise UsageError(f"bad run id {run_id!r}: letters, digits, . _ - only")
+    return run_id
+
+
+def record_dir(run_id: str) -> str:
+    return f"{RUNS_DIR}/{check_run_id(run_id)}"
+
+
+def start(conn: Connection, run_id: str, workdir: str, argv: Sequence[str],
+          meta: Mapping[str, Any], env: Mapping[str, str] | None = None) -> int:
+    """Start argv detached in workdir; return the pid of the run's supervising shell."""
+    meta_text = json.dumps({**meta, "id": run_id, "started": time.time()}, sort_keys=True)
+    result = conn.run(["sh", "-c", _START, "vmrun-start", record_dir(run_id), workdir, run_id,
+                       meta_text, *argv], env=env)
+    if not result.ok:
+        raise RemoteError(f"could not start run {run_id}: {result.output_tail(3)}",
+                          host=conn.label)
+    try:
+        return int(result.stdout_tail.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteError(f"run {run_id} did not report its pid", host=conn.label) from None
+
+
+def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
+    """Every run recorded on the host (or just these), oldest first, in one round trip."""
+    result = conn.run(["sh", "-c", _LIST, "vmrun-list", RUNS_DIR,
+                       *(check_run_id(r) for r in run_ids)], check=True)
+    records: list[RunRecord] = []
+    for line in result.stdout_tail.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "RUN":
+            records.append(RunRecord(value, conn.label))
+        elif not records:
+            continue
+        elif key == "META":
+            try:
+                records[-1].meta = json.loads(base64.b64decode(value))
+            except ValueError:
+                records[-1].meta = {}
+        elif key == "EXIT":
+            records[-1].exit_code = int(value) if value.strip().lstrip("-").isdigit() else None
+        elif key == "ENDED":
+            records[-1].ended = float(value)
+        elif key == "STOPPED":
+            records[-1].stopped = True
+            records[-1].ended = records[-1].ended or float(value)
+        elif key == "ALIVE":
+            records[-1].alive = value.strip() == "1"
+        elif key == "PROGRESS":
+            match = _PROGRESS.search(value)
+            if match:
+                total = f"/{match.group(2)}" if match.group(2) else ""
+                records[-1].progress = f"epoch {match.group(1)}{total}"
+    records.sort(key=lambda r: (r.started, r.id))
+    return records
+
+
+def follow(conn: Connection, run_id: str, on_line: Callable[[bytes], None], *,
+           last: int = 0) -> None:
+    """Stream the run's log (from the start, or its last N lines) until the run ends."""
+    result = conn.run(["sh", "-c", _FOLLOW, "vmrun-follow", RUNS_DIR, check_run_id(run_id),
+                       str(last)], on_output=lambda stream, data: on_line(data))
+    if result.exit_status == 3:
+        raise UsageError(f"no run {run_id} on this host", host=conn.label)
+
+
+def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
+    """TERM every process of the run, KILL what is left after the grace, and verify."""
+    result = conn.run(["sh", "-c", _STOP, "vmrun-stop", RUNS_DIR, check_run_id(run_id),
+                       str(max(1, int(grace)))])
+    if result.exit_status == 3:
+        raise UsageError(f"no run {run_id} on this host", host=conn.label)
+    if not result.ok:
+        raise RemoteError(f"stopping {run_id} failed: {result.output_tail(3)}",
+                          host=conn.label)
+    fields: dict[str, tuple[int, ...]] = {"TERM": (), "KILL": (), "LEFT": ()}
+    for line in result.stdout_tail.splitlines():
+        key, _, value = line.partition(" ")
+        if key in fields:
+            fields[key] = tuple(int(p) for p in value.split() if p.isdigit())
+    outcome = StopResult(conn.label, run_id, fields["TERM"], fields["KILL"], fields["LEFT"])
+    if outcome.left:
+        raise RemoteError(f"processes {', '.join(map(str, outcome.left))} of run {run_id}"
+                          " survived SIGKILL", host=conn.label,
+                          hint="they may be stuck in the kernel (a hung GPU); check the host")
+    return outcome
