@@ -37,7 +37,9 @@ setsid -f sh -c '
   echo $$ > "$rec/pid.tmp" && mv "$rec/pid.tmp" "$rec/pid"
   "$@" > "$rec/log" 2>&1 < /dev/null
   rc=$?
-  if [ ! -e "$rec/stopped" ]; then echo $rc > "$rec/exit_code.tmp"; mv "$rec/exit_code.tmp" "$rec/exit_code"; fi
+  if [ ! -e "$rec/stopped" ]; then
+    echo $rc > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
+  fi
 ' vmrun-run "$rec" "$@" < /dev/null > /dev/null 2>&1
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
