@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated, Any
 
 import typer
 
 from vmrun import __version__
+
+# One module per command, in the order `vmrun --help` lists them.
+COMMAND_MODULES = (
+    "setup_cmd",
+    "watch_gpus_cmd",
+    "exec_cmd",
+    "hosts_cmd",
+    "config_cmd",
+)
 
 
 def _version(value: bool) -> None:
@@ -38,8 +48,6 @@ def build() -> Any:
     ) -> None:
         """vmrun: setup, train, fetch and watch GPU hosts over plain SSH."""
 
-    from vmrun.cli import config_cmd, exec_cmd, hosts_cmd, setup_cmd
-
-    for module in (setup_cmd, exec_cmd, hosts_cmd, config_cmd):
-        module.register(app)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"vmrun.cli.{name}").register(app)
     return typer.main.get_command(app)

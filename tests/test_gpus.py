@@ -1,0 +1,314 @@
+"""vmrun.gpus: parsing nvidia-smi's CSV, batching its streams, the fleet model, the remote
+snippets (run here by a real sh), and the table's cells and width."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from vmrun import gpus
+from vmrun.gpus import (
+    APP_FIELDS,
+    GPU_FIELDS,
+    Fleet,
+    GpuBatcher,
+    GpuProcess,
+    GpuReading,
+    HostSample,
+    ProcessTracker,
+    parse_app_line,
+    parse_gpu_line,
+    parse_owners,
+    smi_argv,
+)
+
+FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
+
+
+def frames(fixture: str, query: str) -> list[list[str]]:
+    """A recording's iterations, each a list of CSV rows (see tests/standins/nvidia-smi)."""
+    out: list[list[str]] = [[]]
+    for line in (FIXTURES / fixture / f"{query}.txt").read_text().splitlines():
+        if line.strip() == "---":
+            out.append([])
+        elif line.strip() and not line.startswith("#"):
+            out[-1].append(line)
+    return out
+
+
+def recorded_fields(path: Path) -> list[tuple[str, ...]]:
+    return [
+        tuple(line.split(":", 1)[1].strip().split(","))
+        for line in path.read_text().splitlines()
+        if line.startswith("# fields:")
+    ]
+
+
+def test_fixtures_are_recorded_with_the_fields_vmrun_asks_for() -> None:
+    for fixture in FIXTURES.iterdir():
+        if fixture.is_dir():
+            assert recorded_fields(fixture / "query-gpu.txt") == [GPU_FIELDS]
+            assert recorded_fields(fixture / "query-compute-apps.txt") == [APP_FIELDS]
+
+
+def test_t4_rows_parse_to_the_seed_tables_values() -> None:
+    gpu0, gpu1 = (parse_gpu_line(row) for row in frames("t4x2_training", "query-gpu")[0])
+    assert gpu0 == GpuReading(
+        count=2,
+        index=0,
+        uuid="GPU-5d0c1a47-2f1e-7a3b-9c64-0e8f2d1b7a11",
+        name="Tesla T4",
+        utilization=93.0,
+        memory_used=2389.0,
+        memory_total=15360.0,
+        temperature=38.0,
+        power_draw=49.0,
+        power_limit=70.0,
+    )
+    assert gpu1 is not None and (gpu1.index, gpu1.memory_used, gpu1.power_draw) == (1, 1067, 53)
+    rows = [parse_app_line(row) for row in frames("t4x2_training", "query-compute-apps")[0]]
+    assert [(p.pid, p.memory_used) for _, p in filter(None, rows)] == [
+        (2312, 1324.0),
+        (2381, 1042.0),
+        (2383, 1042.0),
+    ]
+
+
+def test_unavailable_fields_become_none_and_names_keep_their_commas() -> None:
+    lines = [
+        line
+        for line in (FIXTURES / "na_fields.csv").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    a100 = parse_gpu_line(lines[0])
+    gtx = parse_gpu_line(lines[1])
+    assert a100 is not None and a100.utilization is None and a100.power_draw == 43.76
+    assert a100.name == "NVIDIA A100-PCIE-40GB"
+    assert gtx is not None and gtx.name == "NVIDIA GeForce GTX 1060 6GB"
+    assert (gtx.utilization, gtx.power_draw, gtx.power_limit) == (None, None, None)
+    assert gtx.memory_used == 1435.0
+    first = parse_app_line(lines[2])
+    second = parse_app_line(lines[3])
+    assert first is not None and first[1].memory_used is None and first[1].pid == 4321
+    assert second is not None and second[1].name == "/opt/app/run, a, b.sh"
+    assert first[0] == second[0] == "2024/03/02 10:11:12.345"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        "count, index, uuid, utilization.gpu [%], memory.used [MiB], memory.total [MiB],"
+        " temperature.gpu, power.draw [W], power.limit [W], name",
+    ],
+)
+def test_lines_that_are_not_rows_are_ignored(line: str) -> None:
+    assert parse_gpu_line(line) is None
+    assert parse_app_line(line) is None
+
+
+def test_the_batcher_cuts_the_stream_into_iterations() -> None:
+    batcher = GpuBatcher()
+    rows = [row for frame in frames("t4x2_training", "query-gpu") for row in frame]
+    batches = [b for row in rows for b in batcher.feed(row + "\n")]
+    assert [[r.index for r in b] for b in batches] == [[0, 1]] * 4
+    assert [b[0].utilization for b in batches] == [93, 97, 88, 100]
+    # a GPU whose row is an error line: the next iteration still starts a new batch
+    gpu0, gpu1 = frames("t4x2_training", "query-gpu")[0]
+    assert batcher.feed(gpu0) == []
+    assert batcher.feed("Unable to determine the device handle for GPU 1: GPU is lost") == []
+    (partial,) = batcher.feed(gpu0)
+    assert [r.index for r in partial] == [0]
+    assert [[r.index for r in b] for b in batcher.feed(gpu1)] == [[0, 1]]
+    single = frames("t4_idle", "query-gpu")[0][0]
+    assert [len(b) for b in GpuBatcher().feed(single)] == [1]
+
+
+def test_the_process_tracker_keeps_the_latest_iteration_while_fresh() -> None:
+    uuid = "GPU-5d0c1a47-2f1e-7a3b-9c64-0e8f2d1b7a11"
+    tracker = ProcessTracker(max_age=3.5)
+    assert tracker.current(0.0) == ()
+    tracker.feed(f"2024/01/01 00:00:00.000, {uuid}, 11, 100, python", 10.0)
+    tracker.feed(f"2024/01/01 00:00:00.000, {uuid}, 12, 100, python", 10.0)
+    assert [p.pid for p in tracker.current(11.0)] == [11, 12]
+    tracker.feed(f"2024/01/01 00:00:02.000, {uuid}, 12, 100, python", 12.0)  # 11 has left
+    assert [p.pid for p in tracker.current(13.0)] == [12]
+    assert tracker.current(15.4) != () and tracker.current(15.6) == ()  # nothing since: none
+
+
+def test_owner_output_maps_pids_to_runs() -> None:
+    text = (
+        "/proc/501/environ:VMRUN_RUN_ID=r-1\0/proc/701/environ:VMRUN_RUN_ID=r-2\0"
+        "garbage\0/proc/x/environ:VMRUN_RUN_ID=y\0/proc/9/environ:OTHER=1\0"
+    )
+    assert parse_owners(text) == {501: "r-1", 701: "r-2"}
+
+
+def test_loop_arguments() -> None:
+    assert smi_argv("nvidia-smi", "--query-gpu", ["index"], 2)[-1] == "--loop=2"
+    assert smi_argv("nvidia-smi", "--query-gpu", ["index"], 0.25)[-1] == "--loop-ms=250"
+    once = smi_argv("nvidia-smi", "--query-gpu", ["index", "name"], None)
+    assert once[-2:] == ["--query-gpu=index,name", "--format=csv,noheader,nounits"]
+
+
+def _sh(argv: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=10)
+
+
+def test_the_remote_finder_expands_home_and_execs(tmp_path: Path) -> None:
+    """The snippet that starts nvidia-smi, run by a real sh: `~/` works, and the shell
+    execs, so the streaming process is nvidia-smi itself (same pid, no shell left)."""
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.write_text('#!/bin/sh\necho "$$ $PATH $*"\n')
+    tool.chmod(0o755)
+    argv = smi_argv("~/bin/nvidia-smi", "--query-gpu", ["index"], 1)
+    probe = ["sh", "-c", 'echo "$$"; exec "$@"', "probe", *argv]
+    done = _sh(probe, tmp_path)
+    assert done.returncode == 0, done.stderr
+    shell_pid, line = done.stdout.splitlines()
+    pid, path, args = line.split(" ", 2)
+    assert pid == shell_pid
+    assert path.endswith(":" + gpus.EXTRA_PATH)
+    assert args == "--query-gpu=index --format=csv,noheader,nounits --loop=1"
+    missing = _sh(smi_argv("no-such-nvidia-smi", "--query-gpu", ["index"], None), tmp_path)
+    assert missing.returncode == 127  # what the watcher reports as "no NVIDIA driver"
+
+
+def test_the_remote_owner_lookup_reads_the_run_id_of_real_processes() -> None:
+    """The owner lookup's one grep, run here: a process marked as run "run-7", one that is
+    not (this test) and one that does not exist."""
+    marked = subprocess.Popen(
+        ["sleep", "60"], env={"PATH": "/usr/bin:/bin", "VMRUN_RUN_ID": "run-7"}
+    )
+    try:
+        argv = gpus.owner_argv([marked.pid, os.getpid(), 2**22 + 1])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    finally:
+        marked.kill()
+        marked.wait()
+    assert "VMRUN_RUN_ID" not in os.environ
+    assert parse_owners(done.stdout) == {marked.pid: "run-7"}
+
+
+def _reading(uuid: str, util: float | None, index: int = 0) -> GpuReading:
+    return GpuReading(2, index, uuid, "Tesla T4", util, 100, 15360, 40, 30, 70)
+
+
+def test_idle_alert_needs_a_holder_low_use_and_the_whole_window() -> None:
+    fleet = Fleet(["a"], idle_threshold=10, idle_window=5)
+    held = (GpuProcess("G0", 1, "python", 100),)
+
+    def sample(t: float, util: float | None, procs: tuple[GpuProcess, ...] = held) -> tuple:
+        status = fleet.update(HostSample("a", "ok", t, (_reading("G0", util),), procs))
+        (gpu,) = status.gpus
+        return gpu.idle_for, gpu.alert
+
+    assert sample(100, 3) == (0, False)
+    assert sample(104, 9.9) == (4, False)
+    assert sample(105, 0) == (5, True)
+    assert sample(106, 10) == (None, False)  # busy enough again: the window starts over
+    assert sample(107, 0) == (0, False)
+    assert sample(108, None) == (None, False)  # unknown utilisation is not idleness
+    assert sample(120, 0, ()) == (None, False)  # nobody holds it: idle is just idle
+    status = fleet.statuses()[0]
+    assert status.gpus[0].history[-3:] == (0, None, 0)
+
+
+def test_statuses_keep_host_order_and_json_maps_processes_to_gpus() -> None:
+    fleet = Fleet(["b", "a", "c"], idle_threshold=10, idle_window=60)
+    procs = (GpuProcess("G1", 7, "python", 5, run="r1"), GpuProcess("MIG-x", 8, "x", None))
+    fleet.update(HostSample("a", "ok", 1.0, (_reading("G0", 50), _reading("G1", 60, 1)), procs))
+    fleet.update(HostSample("b", "no-gpu", 2.0, message="no NVIDIA driver", exit_code=14))
+    hosts = [(s.sample.host, s.sample.state) for s in fleet.statuses()]
+    assert hosts == [("b", "no-gpu"), ("a", "ok"), ("c", "connecting")]
+    assert fleet.exit_code() == 14
+    doc = fleet.statuses()[1].to_json()
+    assert [p["gpu_index"] for p in doc["processes"]] == [1, None]
+    assert doc["processes"][0] == {
+        "gpu_index": 1,
+        "gpu_uuid": "G1",
+        "pid": 7,
+        "name": "python",
+        "memory_used_mib": 5,
+        "run": "r1",
+    }
+    assert set(doc) == {"host", "time", "state", "message", "gpus", "processes"}
+
+
+# -- the table (rich is fine to import here: this is not the CLI's start-up) ---------------
+
+
+def _styles(text: object) -> set[str]:
+    return {str(span.style) for span in text.spans}  # type: ignore[attr-defined]
+
+
+def test_cells_colour_hot_full_and_idle_gpus() -> None:
+    from vmrun.cli.watch_gpus_cmd import _gpu_cells, short_gpu_name, sparkline
+
+    fleet = Fleet(["h"], idle_threshold=10, idle_window=0)
+    rows = frames("h100x2_constructed", "query-gpu")[0]
+    readings = tuple(filter(None, map(parse_gpu_line, rows)))
+    status = fleet.update(HostSample("h", "ok", 1.0, readings))
+    name, util, memory, temp, power, _ = _gpu_cells(status.gpus[0], 8, False)
+    assert name.plain == "0 H100 80GB HBM3" and util.plain == "100%        █"
+    assert "bold red" in _styles(memory) and "bold red" in _styles(temp)  # 98.7 %, 87 C
+    assert "yellow" in _styles(power) and "green" in _styles(util)
+    cool = _gpu_cells(status.gpus[1], 0, False)
+    assert cool[1].plain == "100%" and "bold red" not in _styles(cool[3])  # 71 C
+
+    idle = fleet.update(
+        HostSample("h", "ok", 2.0, (_reading("G0", 2),), (GpuProcess("G0", 9, "/x/python", 2048),))
+    )
+    cells = _gpu_cells(idle.gpus[0], 0, False)
+    assert "bold white on red" in _styles(cells[1])
+    assert cells[5].plain == "9 python 2.0G"
+    assert sparkline([0, 50, 100, None], 5) == " ▁▅█ "
+    assert sparkline([0, 50, 100], 3, ascii_only=True) == "_=#"
+    assert short_gpu_name("Tesla T4") == "T4" and short_gpu_name("A100") == "A100"
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_table_fits_the_terminal(width: int) -> None:
+    from rich.console import Console
+
+    from vmrun.cli.watch_gpus_cmd import render
+
+    fleet = Fleet(["gpu-node-with-a-long-name", "b"], idle_threshold=10, idle_window=60)
+    for fixture, host in (
+        ("h100x2_constructed", "gpu-node-with-a-long-name"),
+        ("t4x2_training", "b"),
+    ):
+        readings = tuple(filter(None, map(parse_gpu_line, frames(fixture, "query-gpu")[0])))
+        apps = [parse_app_line(r) for r in frames(fixture, "query-compute-apps")[0]]
+        procs = tuple(p for _, p in filter(None, apps))
+        fleet.update(HostSample(host, "ok", 1.0, readings, procs))
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(render(fleet.statuses(), console, 10, interval=2))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert sum("H100" in line for line in lines) == 2 and sum(" T4 " in line for line in lines) == 2
+    assert any(line.startswith("gpu-node-with-a…") for line in lines)  # capped host column
+
+
+def test_a_host_that_stops_sending_is_marked_stale() -> None:
+    from rich.console import Console
+
+    from vmrun.cli.watch_gpus_cmd import render
+
+    fleet = Fleet(["a", "b"], idle_threshold=10, idle_window=60)
+    fleet.update(HostSample("a", "ok", time.time() - 30, (_reading("G0", 50),)))
+    fleet.update(HostSample("b", "ok", time.time(), (_reading("G1", 50),)))
+    console = Console(width=80, record=True, file=io.StringIO(), color_system=None)
+    console.print(render(fleet.statuses(), console, 10, interval=2))
+    text = console.export_text()
+    assert "? a: no new sample for 30 s" in text and "? b:" not in text
