@@ -98,5 +98,5 @@ def test_cuda_wheel_index_matches_the_driver(cuda: str, index: str | None) -> No
 def test_too_old_a_driver_says_so() -> None:
     from vmrun.errors import RemoteError
 
-    with pytest.raises(RemoteError, match="supports CUDA 11.4 only"):
+    with pytest.raises(RemoteError, match=r"supports CUDA 11\.4 only"):
         cuda_index("11.4")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vmrun import facts as facts_mod
 from vmrun import quoting
@@ -470,15 +471,21 @@ class HostSetup:
         return "; ".join(parts)
 
     def _upload(self, env: Mapping[str, str]) -> None:
-        from vmrun.upload import upload_files
+        """Wheelhouse and installer: incremental, verified, renamed into place."""
+        from vmrun.transfer_upload import upload
 
         if self.opts.wheelhouse:
             self._event("uploading the wheelhouse")
-            files = sorted(p for p in self.opts.wheelhouse.iterdir() if p.is_file())
-            upload_files(self.conn, files, REMOTE_WHEELHOUSE)
+            self._check_upload(upload(self.conn, self.opts.wheelhouse, REMOTE_WHEELHOUSE))
         if self.opts.installer:
             self._event("uploading the installer")
-            upload_files(self.conn, [self.opts.installer], REMOTE_INSTALLERS)
+            remote = f"{REMOTE_INSTALLERS}/{self.opts.installer.name}"
+            self._check_upload(upload(self.conn, self.opts.installer, remote))
+
+    def _check_upload(self, report: Any) -> None:
+        if not report.ok:
+            path, why = next(iter(report.failed.items()), ("?", "not placed"))
+            raise RemoteError(f"upload of {path} failed: {why}", host=self.conn.label)
 
     # -- reboot -----------------------------------------------------------------------
 

@@ -1,0 +1,308 @@
+"""Transfer speed: vmrun fetch against scp, rsync and the `ssh host cat` ceiling, side by side.
+
+Starts its own test host (a NetnsBed host as root, else a LoopbackHost sshd on 127.0.0.1),
+puts a random file (1 GiB by default) and a 2,000 x 10 KiB tree there, and times each tool
+in interleaved rounds (so a busy machine slows all of them alike), printing medians and the
+ratios the goals are stated in (issue 6):
+
+- a large file: vmrun >= 1.0x scp with the same host settings, >= 0.8x `ssh cat`;
+- the tree re-fetched with nothing new: vmrun <= 1.0x `rsync -a`.
+
+Every tool gets the same host settings: one generated ssh_config (host, port, user, key,
+known_hosts, StrictHostKeyChecking) used by ssh, scp and rsync, and by vmrun through
+~/.ssh/config. "gcm" rows prefer aes128-gcm@openssh.com, as vmrun's engine does.
+
+    sudo python benchmarks/transfer.py [--size 1G] [--rounds 5] [--files 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+GCM = "aes128-gcm@openssh.com"
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = text[-1] if text[-1:] in units else ""
+    return int(float(text[: len(text) - len(unit)]) * units[unit])
+
+
+class Bench:
+    def __init__(self, work: Path, host: object, alias: str):
+        self.work = work
+        self.host = host
+        self.alias = alias
+        self.home = work / "client-home"
+        self.env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": str(ROOT)}
+        self.env.pop("SSH_AUTH_SOCK", None)
+        self.cfg = self.home / ".ssh" / "config"
+        self.dest = work / "dest"
+
+    def ssh(self, *extra: str) -> list[str]:
+        return ["ssh", "-F", str(self.cfg), *extra]
+
+    def run(self, argv: list[str], **kw: object) -> None:
+        subprocess.run(argv, check=True, env=self.env, **kw)  # type: ignore[call-overload]
+
+    def vmrun_engine(
+        self, remote: str, engine: str = "auto", dest: Path | None = None
+    ) -> Callable[[], None]:
+        """vmrun's engine in-process: connect, list, compare, stream, verify, rename."""
+
+        def go() -> None:
+            from vmrun.config import load_settings
+            from vmrun.connection import Connection
+            from vmrun.transfer import FetchSpec, Options, download
+
+            settings = load_settings({}, environ=self.env)
+            with Connection(self.alias, settings) as conn:
+                spec = FetchSpec(remote, remote if dest is None else "")
+                report = download(conn, [spec], dest or self.dest, Options(engine=engine))
+            if report.failed or report.missing:
+                raise SystemExit(f"vmrun fetch failed: {report}")
+
+        return go
+
+    def vmrun_cli(self, remote: str) -> Callable[[], None]:
+        argv = [sys.executable, "-m", "vmrun", "fetch", "-H", self.alias, remote, "--to"]
+
+        def go() -> None:
+            self.run([*argv, str(self.dest)], stdout=subprocess.DEVNULL, cwd=self.work)
+
+        return go
+
+
+def rounds(
+    cases: dict[str, Callable[[], None]], n: int, before: Callable[[], None]
+) -> dict[str, tuple[float, float]]:
+    """(median, min) seconds per case; the cases take turns, round after round."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(n):
+        for name, fn in cases.items():
+            before()
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: (statistics.median(ts), min(ts)) for name, ts in times.items()}
+
+
+def table(
+    title: str, results: dict[str, tuple[float, float]], nbytes: int, refs: dict[str, str]
+) -> None:
+    print(f"\n{title}")
+    head = f"{'':34s} {'median s':>9s} {'min s':>7s} {'MB/s':>6s}"
+    head += "".join(f" {'speed/' + r:>14s}" for r in refs)
+    print(head)
+    for name, (secs, best) in results.items():
+        rate = f"{nbytes / secs / 1e6:6.0f}" if nbytes else f"{'':6s}"
+        ratios = "".join(f" {results[ref][0] / secs:14.2f}" for ref in refs.values())
+        print(f"{name:34s} {secs:9.3f} {best:7.3f} {rate}{ratios}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="1G", help="large file size (1G, 256M...)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--files", type=int, default=2000, help="files in the tree")
+    args = parser.parse_args()
+    size = parse_size(args.size)
+
+    from testbed import ClientKeys, LoopbackHost, NetnsBed, cleanup_on_sigterm, have_root_netns
+
+    cleanup_on_sigterm()
+    work = Path(tempfile.mkdtemp(prefix="vmrun-bench-"))
+    keys = ClientKeys.generate(work / "keys")
+    try:
+        if have_root_netns():
+            bed = NetnsBed(work / "bed", keys)
+            host = bed.add_host("bench")
+            kind = "NetnsBed host (own network namespace, veth + bridge)"
+            closer: Callable[[], None] = bed.close
+            data_root = host.home
+        else:
+            host = LoopbackHost(work, keys)
+            kind = "LoopbackHost (sshd on 127.0.0.1)"
+            closer = host.close
+            data_root = host.home
+        try:
+            bench_body(work, host, keys, kind, size, args, data_root)
+        finally:
+            closer()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_body(
+    work: Path,
+    host,
+    keys,
+    kind: str,
+    size: int,
+    args,
+    data_root: Path,
+) -> None:
+    b = Bench(work, host, "bench")
+    (b.home / ".ssh").mkdir(parents=True, mode=0o700)
+    known = b.home / ".ssh" / "known_hosts"
+    known.write_text("".join(line + "\n" for line in host.known_hosts_lines()))
+    block = host.ssh_config_block(alias="bench", identity=keys.private)
+    b.cfg.write_text(
+        block + f"    UserKnownHostsFile {known}\n    StrictHostKeyChecking yes\n"
+        "    BatchMode yes\n"
+    )
+    sub = f"vmrun-bench-{os.getpid()}"
+    big, tree = f"{sub}/big.bin", f"{sub}/tree"
+    script = (
+        f"mkdir -p {tree} && head -c {size} /dev/urandom > {big} && cd {tree} &&"
+        f" i=0; while [ $i -lt {args.files} ]; do head -c 10240 /dev/urandom > f$i;"
+        " i=$((i+1)); done"
+    )
+    host.run(["sh", "-c", script], as_user=True, timeout=600)
+    try:
+        header(kind, size, args)
+        large(b, big, size, args.rounds)
+        hash_budget(b, host, big, size)
+        small(b, tree, args)
+    finally:
+        host.run(["rm", "-rf", sub], as_user=True, timeout=120)
+
+
+def header(kind: str, size: int, args: argparse.Namespace) -> None:
+    ssh_v = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+    print(f"vmrun transfer benchmark: {size / 2**30:.2f} GiB file, {args.files}-file tree,")
+    print(f"  {args.rounds} interleaved rounds, medians; host: {kind}; {ssh_v}")
+    print(f"  {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}")
+
+
+def large(b: Bench, big: str, size: int, n: int) -> None:
+    out = b.dest / big
+    out.parent.mkdir(parents=True, exist_ok=True)
+    gcm = ["-c", GCM]
+    cases: dict[str, Callable[[], None]] = {
+        "ssh cat (gcm) = ceiling": lambda: b.run(
+            [*b.ssh(*gcm), "bench", f"cat {big}"], stdout=out.open("wb")
+        ),
+        "scp (default cipher)": lambda: b.run(
+            ["scp", "-q", "-F", str(b.cfg), f"bench:{big}", str(out)]
+        ),
+        "scp (gcm, same settings as vmrun)": lambda: b.run(
+            ["scp", "-q", "-F", str(b.cfg), *gcm, f"bench:{big}", str(out)]
+        ),
+        "scp -O legacy protocol (gcm)": lambda: b.run(
+            ["scp", "-O", "-q", "-F", str(b.cfg), *gcm, f"bench:{big}", str(out)]
+        ),
+        "rsync (gcm)": lambda: b.run(
+            ["rsync", "-a", "-e", " ".join(b.ssh(*gcm)), f"bench:{big}", str(out)]
+        ),
+        "vmrun fetch (openssh engine)": b.vmrun_engine(big, "openssh"),
+        "vmrun fetch (paramiko engine)": b.vmrun_engine(big, "paramiko"),
+    }
+
+    def clear() -> None:
+        out.unlink(missing_ok=True)
+
+    results = rounds(cases, n, clear)
+    medians = {name: med for name, (med, _) in results.items()}
+    table(
+        f"large file ({size / 2**20:.0f} MiB), fresh copy each time; vmrun includes connect,"
+        " listing, SHA-256 on both ends, rename",
+        results,
+        size,
+        {"ceiling": "ssh cat (gcm) = ceiling", "scp(gcm)": "scp (gcm, same settings as vmrun)"},
+    )
+    vm = medians["vmrun fetch (openssh engine)"]
+    scp = medians["scp (gcm, same settings as vmrun)"]
+    ceiling = medians["ssh cat (gcm) = ceiling"]
+    verdict("large file, speed vs scp (same settings)", scp / vm, 1.0, ">=")
+    verdict("large file, speed vs scp (default)", medians["scp (default cipher)"] / vm, 1.0, ">=")
+    verdict("large file, speed vs ssh cat ceiling", ceiling / vm, 0.8, ">=")
+
+
+def small(b: Bench, tree: str, args: argparse.Namespace) -> None:
+    copies = iter(range(1_000_000))
+
+    def rsync_to_new() -> None:  # a new folder each time: no deletes between runs
+        b.run(["rsync", "-a", "-e", " ".join(b.ssh()), f"bench:{tree}/", f"{next_dir()}/"])
+
+    def vmrun_to_new() -> None:
+        b.vmrun_engine(tree, dest=next_dir())()
+
+    def next_dir() -> Path:
+        (b.work / "copies").mkdir(exist_ok=True)
+        return b.work / "copies" / str(next(copies))
+
+    first = rounds(
+        {"rsync -a": rsync_to_new, "vmrun fetch (engine)": vmrun_to_new},
+        args.rounds,
+        lambda: None,
+    )
+    table(
+        f"{args.files} x 10 KiB tree, first copy", first, args.files * 10240, {"rsync": "rsync -a"}
+    )
+    rs_dest = b.work / "rsync-dest"
+    rs_dest.mkdir()
+    rsync = ["rsync", "-a", "-e", " ".join(b.ssh()), f"bench:{tree}/", f"{rs_dest}/"]
+    b.run(rsync)
+    b.vmrun_engine(tree)()
+    again = rounds(
+        {
+            "rsync -a (nothing new)": lambda: b.run(rsync),
+            "vmrun fetch engine (nothing new)": b.vmrun_engine(tree),
+            "vmrun fetch CLI (nothing new)": b.vmrun_cli(tree),
+        },
+        args.rounds,
+        lambda: None,
+    )
+    table(
+        f"{args.files}-file tree re-fetched, nothing new (engine: fresh connection + listing +"
+        " compare; CLI: the whole `vmrun fetch` process)",
+        again,
+        0,
+        {"rsync": "rsync -a (nothing new)"},
+    )
+    rs = again["rsync -a (nothing new)"][0]
+    engine = again["vmrun fetch engine (nothing new)"][0]
+    cli = again["vmrun fetch CLI (nothing new)"][0]
+    verdict("no-change re-fetch, time vs rsync -a (engine)", engine / rs, 1.0, "<=")
+    verdict("no-change re-fetch, time vs rsync -a (whole CLI)", cli / rs, 1.0, "<=")
+
+
+def hash_budget(b: Bench, host: object, big: str, size: int) -> None:
+    """What the SHA-256 on both ends costs here: on a loopback test host both ends share
+    these CPUs with the ssh processes; on a real host each end has its own."""
+    from vmrun.filehash import file_sha256
+
+    b.vmrun_engine(big)()
+    started = time.perf_counter()
+    host.run(["openssl", "dgst", "-sha256", big], as_user=True, timeout=300)  # type: ignore[attr-defined]
+    remote = time.perf_counter() - started
+    started = time.perf_counter()
+    file_sha256(b.dest / big)
+    local = time.perf_counter() - started
+    print(
+        f"SHA-256 of {size / 2**20:.0f} MiB: host (openssl) {remote:.2f} s, here (hashlib)"
+        f" {local:.2f} s: {remote + local:.2f} CPU-seconds vmrun spends that scp does not"
+    )
+
+
+def verdict(what: str, ratio: float, goal: float, op: str) -> None:
+    ok = ratio >= goal if op == ">=" else ratio <= goal
+    print(f"goal: {what}: {ratio:.2f}x (goal {op} {goal:.1f}x) {'MET' if ok else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""`vmrun fetch` end to end: the real CLI process against real sshd test hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from conftest import Client, user_commands, wait_for
+from test_transfer import put
+from testbed import NetnsBed, TestHost
+
+from vmrun.manifest import PART_SUFFIX
+
+
+@pytest.fixture
+def remote_dir(bed: NetnsBed) -> Iterator[str]:
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    yield name
+    for host in ("h1", "h2"):
+        subprocess.run(["rm", "-rf", str(bed[host].home / name)], check=False)
+
+
+def _summary(out: str) -> str:
+    lines = [ln for ln in out.splitlines() if "fetched" in ln]
+    assert lines, out
+    return lines[-1]
+
+
+def test_fetch_twice_second_moves_nothing(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    h1 = bed["h1"]
+    for i in range(30):
+        put(h1, f"{remote_dir}/logs/{i}.txt", b"line\n" * i)
+    first = bed_client.vmrun("fetch", "-H", "h1", remote_dir, "--to", "out")
+    assert first.returncode == 0, first.stderr
+    assert re.match(r"fetched 30 files .*0 unchanged", _summary(first.stdout))
+    assert (bed_client.cwd / "out" / remote_dir / "logs" / "7.txt").read_bytes() == b"line\n" * 7
+
+    second = bed_client.vmrun("fetch", "-H", "h1", remote_dir, "--to", "out")
+    assert second.returncode == 0, second.stderr
+    assert _summary(second.stdout).startswith("fetched 0 files, 30 unchanged")
+
+
+def test_cut_link_mid_transfer_leaves_no_final_file_and_rerun_resumes(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    h1 = bed["h1"]
+    # bigger than paramiko's 16 MiB window (the engine for this size): when the link goes,
+    # more than what is already buffered here is still to come
+    data = os.urandom(40 << 20)
+    put(h1, f"{remote_dir}/snapshot.pt", data)
+    out = bed_client.cwd / "out" / remote_dir
+    proc = bed_client.popen("fetch", "-H", "h1", remote_dir, "--to", "out", "--bwlimit", "8M")
+    try:
+
+        def partial() -> bool:
+            parts = list(out.glob(f"*{PART_SUFFIX}")) if out.exists() else []
+            return bool(parts) and parts[0].stat().st_size >= 2 << 20
+
+        wait_for(partial, 30, "2 MiB of the snapshot to arrive")
+        h1.cut_link()
+        try:
+            _, err = proc.communicate(timeout=30)
+        finally:
+            h1.heal_link()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 13, err  # connection lost
+    assert "connection lost" in err or "stream broke" in err
+    assert not (out / "snapshot.pt").exists()
+    assert len(list(out.glob(f".snapshot.pt.*{PART_SUFFIX}"))) == 1
+
+    again = bed_client.vmrun("fetch", "-H", "h1", remote_dir, "--to", "out")
+    assert again.returncode == 0, again.stderr
+    assert "1 resumed" in _summary(again.stdout)
+    assert (out / "snapshot.pt").read_bytes() == data
+    assert not list(out.glob(f"*{PART_SUFFIX}"))
+    wait_for(
+        lambda: not [c for c in user_commands(h1) if "tar" in c or "openssl" in c],
+        30,
+        "the cut session's tar to be gone from the host",
+    )
+
+
+def test_all_hosts_fetch_into_a_folder_per_host(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    for name in ("h1", "h2"):
+        put(bed[name], f"{remote_dir}/who.txt", name.encode())
+    (bed_client.cwd / "vmrun.toml").write_text(
+        '[[hosts]]\naddress = "h1"\n\n[[hosts]]\naddress = "h2"\n'
+    )
+    done = bed_client.vmrun("fetch", "--all-hosts", remote_dir)
+    assert done.returncode == 0, done.stderr
+    for name in ("h1", "h2"):
+        got = bed_client.cwd / name / remote_dir / "who.txt"
+        assert got.read_bytes() == name.encode()
+    assert sorted(re.findall(r"^\[(h\d)\] fetched 1 file", done.stdout, re.M)) == ["h1", "h2"]
+
+
+@pytest.fixture
+def run_on_h1(bed: NetnsBed, remote_dir: str) -> Iterator[tuple[TestHost, str]]:
+    """A run record in the layout the runs code writes, with the template's outputs."""
+    h1 = bed["h1"]
+    run_id = f"t-{uuid.uuid4().hex[:6]}"
+    put(h1, f".vmrun/runs/{run_id}/run.json", json.dumps({"workdir": remote_dir}).encode())
+    put(h1, f".vmrun/runs/{run_id}/log", b"epoch 1\n")
+    out = f"{remote_dir}/results/{run_id}"
+    for epoch in (10, 20, 30):
+        put(h1, f"{out}/snapshot_{epoch}.pt", b"s%d" % epoch, mtime=1_700_000_000 + epoch)
+    put(h1, f"{out}/finalmodel.pt", b"final", mtime=1_700_000_000)
+    put(h1, f"{out}/metrics.jsonl", b'{"epoch": 30}\n')
+    yield h1, run_id
+    subprocess.run(["rm", "-rf", str(h1.home / ".vmrun" / "runs" / run_id)], check=False)
+
+
+def test_named_things_of_a_run(bed_client: Client, run_on_h1: tuple[TestHost, str]) -> None:
+    _, run_id = run_on_h1
+    local = bed_client.cwd / "results" / run_id
+    done = bed_client.vmrun("fetch", "checkpoints", "--latest", "2", "--run", run_id, "-H", "h1")
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(local)) == ["snapshot_20.pt", "snapshot_30.pt"]
+
+    done = bed_client.vmrun("fetch", "metrics", "-H", "h1")  # no --run: the newest run
+    assert done.returncode == 0, done.stderr
+    assert (local / "metrics.jsonl").exists()
+    done = bed_client.vmrun("fetch", "metrics", "logs", "--run", run_id, "-H", "h1")
+    assert done.returncode == 0, done.stderr
+    assert (local / "metrics.jsonl").read_bytes() == b'{"epoch": 30}\n'
+    assert (local / "log").read_bytes() == b"epoch 1\n" and (local / "run.json").exists()
+
+    done = bed_client.vmrun("fetch", "results", "--run", run_id, "-H", "h1")
+    assert done.returncode == 0, done.stderr
+    assert "snapshot_10.pt" in os.listdir(local) and "finalmodel.pt" in os.listdir(local)
+    assert _summary(done.stdout).startswith("fetched 2 files")  # the rest was there
+
+    missing = bed_client.vmrun("fetch", "checkpoints", "--run", "no-such-run", "-H", "h1")
+    assert missing.returncode == 14 and "no record of run no-such-run" in missing.stderr
+
+
+def test_watch_pulls_new_files_until_ctrl_c(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    h1 = bed["h1"]
+    old = 1_700_000_000  # long finished: no settling wait
+    put(h1, f"{remote_dir}/a.txt", b"a", mtime=old)
+    out = bed_client.cwd / remote_dir
+    proc = bed_client.popen("fetch", "--watch", "--interval", "0.2", "-H", "h1", remote_dir)
+    try:
+        wait_for(lambda: (out / "a.txt").exists(), 30, "the first round")
+        put(h1, f"{remote_dir}/b.txt", b"b", mtime=old)
+        wait_for(lambda: (out / "b.txt").exists(), 30, "a new file to be pulled")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    lines = stdout.splitlines()  # quiet rounds (nothing new) print nothing
+    assert len(lines) == 2 and all(ln.startswith("fetched 1 file (1 B") for ln in lines), lines
+    assert "stopped watching" in stderr
+
+
+def test_bad_requests_are_refused_before_connecting(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    for args, needle in (
+        (["../etc/passwd"], "outside the home directory"),
+        (["a/../../b"], "outside the home directory"),
+        (["--all-hosts", "-H", "h1", "x"], "either --host or --all-hosts"),
+        (["--bwlimit", "fast", "x"], "--bwlimit"),
+        (["--run", "r1", "../other-run/x"], "outside the run directory"),
+        (["--run", "../r1", "x"], "bad run id"),
+    ):
+        done = bed_client.vmrun("fetch", "-H", "h1", *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert needle in done.stderr, (args, done.stderr)
+    gone = bed_client.vmrun("fetch", "-H", "h1", f"{remote_dir}/nothing-here")
+    assert gone.returncode == 14 and "not found on the host" in gone.stderr
+
+
+def test_what_names_map_to_the_run_layout() -> None:
+    from vmrun.fetch_what import CHECKPOINTS, RunLocation, resolve_what
+
+    run = RunLocation("r1", "gpu1", ".vmrun/runs/r1", "work/results/r1")
+    (ckpt,) = resolve_what("checkpoints", run, latest=3)
+    assert (ckpt.remote, ckpt.local, ckpt.select, ckpt.latest) == (
+        "work/results/r1",
+        "results/r1",
+        CHECKPOINTS,
+        3,
+    )
+    (logs,) = resolve_what("logs", run, host_dir="gpu1")
+    assert (logs.remote, logs.local) == (".vmrun/runs/r1", "results/r1/gpu1")
+    ckpts, rest, record = resolve_what("results", run, latest=1)
+    assert ckpts.latest == 1 and rest.latest is None and set(CHECKPOINTS) <= set(rest.exclude)
+    assert record.remote == ".vmrun/runs/r1"
+    (inner,) = resolve_what("sub/metrics.jsonl", run)
+    assert (inner.remote, inner.local) == (
+        "work/results/r1/sub/metrics.jsonl",
+        "results/r1/sub/metrics.jsonl",
+    )
+    (absolute,) = resolve_what("/data/x.pt", run)
+    assert (absolute.remote, absolute.local) == ("/data/x.pt", "results/r1/x.pt")

@@ -1,0 +1,358 @@
+"""The transfer engine against real sshd test hosts: incremental, verified, atomic, resumable.
+
+Each test works in a folder of its own under the host user's home (the bed is shared by the
+whole session). Files are written straight into the host's home and chowned to its user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Client, wait_for
+from testbed import NetnsBed, TestHost
+
+from vmrun.connection import Connection
+from vmrun.errors import ConnectionLostError, HostKeyError, UsageError
+from vmrun.hosts import parse_host
+from vmrun.manifest import PART_SUFFIX, normalize_remote, parse_hashes, safe_rel
+from vmrun.transfer import FetchSpec, Options, Progress, Report, download, ssh_command_for
+from vmrun.transfer_upload import upload
+
+HOSTILE = [
+    "with space",
+    "quote'single",
+    'quote"double',
+    "-leading-dash",
+    "new\nline",
+    "back\\slash",
+    "ünïcødé ✓",
+    "glob*?[x]",
+    "$(touch pwned)",
+    "L" * 240,
+]
+
+
+def put(host: TestHost, rel: str, data: bytes, mtime: float | None = None) -> Path:
+    """Write a file into the host user's home, owned by that user."""
+    path = host.home / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for parent in [path.parent, *path.parent.parents]:
+        if parent == host.home:
+            break
+        os.chown(parent, host.uid, host.gid)
+    path.write_bytes(data)
+    os.chown(path, host.uid, host.gid)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sessions(host: TestHost, since: int) -> tuple[int, int]:
+    """(SSH logins, exec sessions) in the host's sshd log after offset `since`."""
+    text = host.sshd_log()[since:]
+    return text.count("Accepted publickey"), text.count("Starting session: command")
+
+
+@pytest.fixture
+def h1(bed: NetnsBed) -> TestHost:
+    return bed["h1"]
+
+
+@pytest.fixture
+def remote_dir(h1: TestHost) -> Iterator[str]:
+    name = f"xfer-{uuid.uuid4().hex[:8]}"
+    yield name
+    subprocess.run(["rm", "-rf", str(h1.home / name)], check=False)
+
+
+@pytest.fixture
+def conn(bed_client: Client) -> Iterator[Connection]:
+    with Connection(parse_host("h1"), bed_client.settings()) as c:
+        yield c
+
+
+def fetch(conn: Connection, remote: str, dest: Path, **opts: object) -> Report:
+    spec = FetchSpec(normalize_remote(remote), remote)
+    return download(conn, [spec], dest, Options(**opts))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("engine", ["openssh", "paramiko"])
+def test_second_fetch_moves_nothing_and_a_new_file_alone_is_fetched(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path, engine: str
+) -> None:
+    files = {f"{remote_dir}/f{i:02d}.bin": os.urandom(1000 + i) for i in range(20)}
+    files[f"{remote_dir}/sub/big.bin"] = os.urandom(5 << 20)  # over SMALL: spliced
+    for rel, data in files.items():
+        put(h1, rel, data)
+    first = fetch(conn, remote_dir, tmp_path, engine=engine)
+    assert first.engine == engine
+    assert sorted(first.fetched) == sorted(files) and not first.failed
+    for rel, data in files.items():
+        local = tmp_path / rel
+        assert local.read_bytes() == data
+        assert local.stat().st_mtime_ns == (h1.home / rel).stat().st_mtime_ns
+
+    offset = len(h1.sshd_log())
+    second = fetch(conn, remote_dir, tmp_path, engine=engine)
+    assert second.fetched == [] and second.wire_bytes == 0
+    assert second.unchanged == len(files)
+    assert sessions(h1, offset) == (0, 1)  # one listing round trip on the open connection
+
+    put(h1, f"{remote_dir}/sub/new.txt", b"fresh")
+    third = fetch(conn, remote_dir, tmp_path, engine=engine)
+    assert third.fetched == [f"{remote_dir}/sub/new.txt"]
+    assert third.wire_bytes == 5 and third.unchanged == len(files)
+    assert not list(tmp_path.rglob(f"*{PART_SUFFIX}"))
+
+
+def test_hostile_names_arrive_byte_for_byte(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    names = [*HOSTILE, "bytes-\udcff\udcfe"]  # not UTF-8 on the host: b"bytes-\xff\xfe"
+    for i, name in enumerate(names):
+        path = h1.home / remote_dir / "d" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"content {i}".encode())
+    subprocess.run(["chown", "-R", f"{h1.uid}:{h1.gid}", str(h1.home / remote_dir)], check=True)
+    report = fetch(conn, remote_dir, tmp_path)
+    assert not report.failed and len(report.fetched) == len(names)
+    for i, name in enumerate(names):
+        assert (tmp_path / remote_dir / "d" / name).read_bytes() == f"content {i}".encode()
+    assert not (h1.home / "pwned").exists() and not (tmp_path / "pwned").exists()
+    assert fetch(conn, remote_dir, tmp_path).unchanged == len(names)
+
+
+def test_symlinks_outside_the_directory_are_not_followed(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    put(h1, f"{remote_dir}-secret/key", b"outside")
+    put(h1, f"{remote_dir}/real.txt", b"inside")
+    tree = h1.home / remote_dir
+    os.symlink("/etc/hostname", tree / "abs-link")
+    os.symlink(f"../{remote_dir}-secret/key", tree / "rel-escape")
+    os.symlink(f"../{remote_dir}-secret", tree / "dir-escape")
+    os.symlink("real.txt", tree / "inside-link")
+    report = fetch(conn, remote_dir, tmp_path)
+    subprocess.run(["rm", "-rf", str(h1.home / f"{remote_dir}-secret")], check=True)
+    local = tmp_path / remote_dir
+    assert sorted(os.listdir(local)) == ["inside-link", "real.txt"]
+    assert os.readlink(local / "inside-link") == "real.txt"
+    assert len(report.skipped) == 3 and report.links == 1
+    assert all("not followed" in s for s in report.skipped)
+    assert not any("outside" in p.read_text() for p in local.iterdir())
+
+
+def test_corrupted_local_copy_is_replaced_with_verify(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    data = os.urandom(300_000)
+    put(h1, f"{remote_dir}/model.pt", data)
+    fetch(conn, remote_dir, tmp_path)
+    local = tmp_path / remote_dir / "model.pt"
+    before = local.stat()
+    local.write_bytes(bytes(b ^ 0xFF for b in data[:10]) + data[10:])  # same size
+    os.utime(local, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
+
+    plain = fetch(conn, remote_dir, tmp_path)  # size+mtime say unchanged: not looked at
+    assert plain.fetched == [] and local.read_bytes() != data
+    checked = fetch(conn, remote_dir, tmp_path, verify=True)
+    assert checked.replaced == 1 and checked.fetched == [f"{remote_dir}/model.pt"]
+    assert local.read_bytes() == data
+    assert fetch(conn, remote_dir, tmp_path, verify=True).checked == 1
+
+
+def test_same_size_other_mtime_is_settled_by_checksum(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    path = put(h1, f"{remote_dir}/a.txt", b"same bytes", mtime=1_600_000_000)
+    fetch(conn, remote_dir, tmp_path)
+    os.utime(path, (1_700_000_000, 1_700_000_000))  # touched on the host, bytes unchanged
+    report = fetch(conn, remote_dir, tmp_path)
+    assert report.fetched == [] and report.checked == 1 and report.unchanged == 1
+    assert (tmp_path / remote_dir / "a.txt").stat().st_mtime == 1_700_000_000
+    put(h1, f"{remote_dir}/a.txt", b"diff bytes", mtime=1_800_000_000)  # same size
+    assert fetch(conn, remote_dir, tmp_path).fetched == [f"{remote_dir}/a.txt"]
+    assert (tmp_path / remote_dir / "a.txt").read_bytes() == b"diff bytes"
+
+
+def test_killed_session_leaves_no_final_file_and_the_rerun_resumes(
+    h1: TestHost, bed_client: Client, remote_dir: str, tmp_path: Path
+) -> None:
+    data = os.urandom(24 << 20)
+    put(h1, f"{remote_dir}/snapshot.pt", data)
+    final = tmp_path / remote_dir / "snapshot.pt"
+    box: dict[str, BaseException] = {}
+
+    def slow_fetch() -> None:
+        with Connection(parse_host("h1"), bed_client.settings()) as c:
+            try:
+                fetch(c, remote_dir, tmp_path, bwlimit=6 << 20, engine="openssh")
+            except BaseException as exc:
+                box["error"] = exc
+
+    worker = threading.Thread(target=slow_fetch)
+    worker.start()
+
+    def partial() -> Path | None:
+        parts = list((tmp_path / remote_dir).glob(f".snapshot.pt.*{PART_SUFFIX}"))
+        return parts[0] if parts and parts[0].stat().st_size >= 4 << 20 else None
+
+    part = wait_for(partial, 30, "4 MiB to arrive")
+    h1.stop_sshd()  # every process of the host dies: sshd, its sessions, tar
+    worker.join(timeout=30)
+    h1.start_sshd()
+    assert isinstance(box.get("error"), ConnectionLostError), box
+    assert not final.exists()
+    assert isinstance(part, Path) and part.exists()
+    arrived = part.stat().st_size
+    assert 0 < arrived < len(data)
+
+    with Connection(parse_host("h1"), bed_client.settings()) as c:
+        report = fetch(c, remote_dir, tmp_path)
+    assert report.resumed == 1 and report.wire_bytes == len(data) - arrived
+    assert final.read_bytes() == data and not part.exists()
+
+
+def test_a_file_that_changes_after_the_listing_is_fetched_again(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    path = put(h1, f"{remote_dir}/growing.log", os.urandom(6 << 20))
+    grown = os.urandom(7 << 20)
+
+    class RewriteOnce(Progress):
+        """Rewrites the file between the listing and the transfer, the first time only."""
+
+        calls = 0
+
+        def begin(self, host: str, files: int, nbytes: int) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                path.write_bytes(grown)
+
+    spec = FetchSpec(normalize_remote(remote_dir), remote_dir)
+    hook = RewriteOnce()
+    report = download(conn, [spec], tmp_path, Options(), hook)
+    assert hook.calls == 2  # the first attempt failed its checks; the second is fresh
+    assert report.fetched == [f"{remote_dir}/growing.log"] and not report.failed
+    assert (tmp_path / remote_dir / "growing.log").read_bytes() == grown
+
+
+def test_latest_include_and_exclude(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    for i in range(5):
+        put(h1, f"{remote_dir}/snapshot_{i}.pt", b"s%d" % i, mtime=1_700_000_000 + i)
+    put(h1, f"{remote_dir}/metrics.jsonl", b"{}")
+    put(h1, f"{remote_dir}/notes.tmp", b"x")
+    newest = FetchSpec(normalize_remote(remote_dir), "a", include=("*.pt",), latest=2)
+    download(conn, [newest], tmp_path)
+    assert sorted(os.listdir(tmp_path / "a")) == ["snapshot_3.pt", "snapshot_4.pt"]
+    rest = FetchSpec(normalize_remote(remote_dir), "b", exclude=("*.pt", "*.tmp"))
+    download(conn, [rest], tmp_path)
+    assert os.listdir(tmp_path / "b") == ["metrics.jsonl"]
+
+
+def test_a_missing_path_is_reported_and_the_rest_fetched(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    put(h1, f"{remote_dir}/there.txt", b"here")
+    specs = [
+        FetchSpec(f"{remote_dir}/nope", "x", label="nope"),
+        FetchSpec(f"{remote_dir}/there.txt", "there.txt"),
+    ]
+    report = download(conn, specs, tmp_path)
+    assert report.missing == ["nope"] and report.fetched == ["there.txt"]
+
+
+def test_fetch_through_a_jump_host(bed: NetnsBed, bed_client: Client, tmp_path: Path) -> None:
+    hidden = bed["hidden"]
+    put(hidden, "jumped/file.bin", b"via bastion")
+    with Connection(parse_host("hidden"), bed_client.settings()) as c:
+        report = download(c, [FetchSpec("jumped", "j")], tmp_path, Options(engine="openssh"))
+    assert report.engine == "openssh" and report.fetched == ["j/file.bin"]
+    assert (tmp_path / "j" / "file.bin").read_bytes() == b"via bastion"
+
+
+def test_openssh_streams_get_the_same_strict_host_key_policy(
+    bed: NetnsBed, bed_client: Client, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    argv = ssh_command_for(conn, "echo ok")
+    text = " ".join(argv)
+    assert "StrictHostKeyChecking=yes" in text and "BatchMode=yes" in text
+    assert str(bed_client.settings().known_hosts) in text
+    assert subprocess.run(argv, capture_output=True, text=True).stdout == "ok\n"
+
+    known = bed_client.ssh_dir / "known_hosts"
+    good = known.read_text()
+    h1, h2 = bed["h1"], bed["h2"]
+    try:
+        # h1's address filed with h2's key: a changed key must be refused
+        known.write_text("".join(f"{h1.addr} {k}\n" for k in h2.host_key_pub_lines))
+        changed = subprocess.run(argv, capture_output=True, text=True)
+        assert changed.returncode == 255 and changed.stdout == ""
+        put(h1, f"{remote_dir}/a", b"a")  # the listing runs on the verified connection,
+        with pytest.raises(HostKeyError):  # the bytes would need the ssh client: refused
+            download(conn, [FetchSpec(remote_dir, "x")], tmp_path, Options(engine="openssh"))
+        assert list((tmp_path / "x").iterdir()) == []  # no file, not even a partial one
+        known.write_text("")  # unknown: refused without a prompt (BatchMode)
+        unknown = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert unknown.returncode == 255 and "verification failed" in unknown.stderr
+    finally:
+        known.write_text(good)
+
+
+def test_upload_is_incremental_verified_and_keeps_names(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    for i, name in enumerate(HOSTILE):
+        (src / "pkg").mkdir(parents=True, exist_ok=True)
+        (src / "pkg" / name).write_bytes(b"u%d" % i)
+    (src / "big.bin").write_bytes(os.urandom(3 << 20))
+    first = upload(conn, src, remote_dir)
+    assert len(first.fetched) == len(HOSTILE) + 1 and not first.failed
+    for path in src.rglob("*"):
+        if path.is_file():
+            there = h1.home / remote_dir / path.relative_to(src)
+            assert there.read_bytes() == path.read_bytes()
+            assert there.stat().st_mtime_ns == path.stat().st_mtime_ns
+    assert upload(conn, src, remote_dir).unchanged == len(HOSTILE) + 1
+    (src / "pkg" / HOSTILE[0]).write_bytes(b"changed")
+    again = upload(conn, src, remote_dir)
+    assert again.fetched == [f"pkg/{HOSTILE[0]}"]
+    assert not [p for p in (h1.home / remote_dir).rglob("*") if p.name.endswith(PART_SUFFIX)]
+
+
+def test_paths_and_checksum_lines_are_parsed_safely() -> None:
+    assert normalize_remote("results/r1/") == "results/r1"
+    assert normalize_remote("~/a/b") == "a/b"
+    assert normalize_remote("/abs/../etc") == "/etc"  # absolute: given explicitly
+    assert normalize_remote("x/../y", base="results/r1") == "results/r1/y"
+    for bad in ("../x", "a/../../x", ".."):
+        with pytest.raises(UsageError, match="outside"):
+            normalize_remote(bad)
+    with pytest.raises(UsageError, match="outside"):
+        normalize_remote("../r2/x", base="results/r1")
+    assert safe_rel("a/b") and not safe_rel("../a") and not safe_rel("/a") and not safe_rel("a//b")
+    out = (
+        b"\\"
+        + b"a" * 64
+        + b" *./d/new\\nline\n"  # escaped name: one line per file
+        + b"b" * 64
+        + b" *./d/plain\n"
+    )
+    assert parse_hashes(out, ["d/gone", "d/new\nline", "d/plain"]) == {
+        "d/new\nline": "a" * 64,
+        "d/plain": "b" * 64,
+    }

@@ -1,0 +1,182 @@
+"""`vmrun fetch [WHAT|REMOTE_PATH]...`: bring back only what is new, verified, atomically."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from vmrun.connection import Connection
+    from vmrun.transfer import FetchSpec
+
+WHATS = ("results", "checkpoints", "logs", "metrics")  # vmrun.fetch_what.WHATS, unimported
+WATCH_SETTLE = 2.0  # --watch leaves files alone until they are this old (still being written)
+_RATE = re.compile(r"(?i)\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]?)i?b?(?:/s)?\s*")
+
+
+def parse_rate(text: str | None) -> float | None:
+    """`--bwlimit 20M`: bytes per second; K, M, G are powers of 1024."""
+    if text is None:
+        return None
+    m = _RATE.fullmatch(text)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--bwlimit {text!r}: expected a rate like 500K, 20M or 1G (per second)")
+    return float(m.group(1)) * 1024 ** " kmg".index(m.group(2).lower() or " ")
+
+
+def _host_dir(label: str) -> str:
+    return label.replace("/", "_") or "host"
+
+
+def check_paths(items: list[str], run: str | None) -> None:
+    """Refuse `..` escapes before connecting anywhere (the same rule applies per host)."""
+    from vmrun.manifest import normalize_remote
+
+    for item in items:
+        if item in WHATS:
+            continue
+        normalize_remote(item, base="run-dir" if run else "")
+
+
+def path_spec(
+    item: str,
+    host_dir: str | None,
+    *,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    latest: int | None,
+) -> FetchSpec:
+    """An explicit remote path: relative ones are mirrored under the destination,
+    absolute ones land under their last name."""
+    from vmrun.manifest import normalize_remote
+    from vmrun.transfer import FetchSpec
+
+    remote = normalize_remote(item)
+    if remote.startswith("/"):
+        local = posixpath.basename(remote) or "root"
+    else:
+        local = "" if remote == "." else remote
+    if host_dir:
+        local = posixpath.join(host_dir, local) if local else host_dir
+    return FetchSpec(
+        remote=remote, local=local, include=include, exclude=exclude, latest=latest, label=item
+    )
+
+
+def specs_for(
+    conn: Connection,
+    items: list[str],
+    *,
+    run: str | None,
+    host_dir: str | None,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    latest: int | None,
+) -> list[FetchSpec]:
+    from vmrun.fetch_what import locate_run, resolve_what
+
+    specs: list[FetchSpec] = []
+    location = None
+    for item in items:
+        if item in WHATS or run is not None:
+            location = location or locate_run(conn, run)
+            specs += resolve_what(
+                item, location, host_dir=host_dir, include=include, exclude=exclude, latest=latest
+            )
+        else:
+            specs.append(path_spec(item, host_dir, include=include, exclude=exclude, latest=latest))
+    return specs
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "fetch",
+        help="Bring back results: only files that are new or changed, each verified by SHA-256"
+        " on both ends and renamed into place only when complete. WHAT is results,"
+        " checkpoints, logs or metrics (of the newest run, or --run), or a path on the host"
+        " (relative to its home, or absolute; with --run, relative to the run's folder).",
+    )
+    def fetch_command(
+        what: Annotated[
+            list[str] | None,
+            typer.Argument(metavar="[WHAT|REMOTE_PATH]...", show_default=False),
+        ] = None,
+        run: Annotated[
+            str | None, typer.Option("--run", metavar="RUN", help="The run [default: newest].")
+        ] = None,
+        to: Annotated[
+            str | None,
+            typer.Option(
+                "--to", metavar="DIR", help="Where to put it [default: the project directory]."
+            ),
+        ] = None,
+        host: Hosts = None,
+        all_hosts: Annotated[
+            bool,
+            typer.Option(
+                "--all-hosts", help="Every host in vmrun.toml, each into a folder of its own."
+            ),
+        ] = False,
+        latest: Annotated[
+            int | None,
+            typer.Option("--latest", metavar="N", min=1, help="Only the newest N checkpoints."),
+        ] = None,
+        include: Annotated[
+            list[str] | None,
+            typer.Option("--include", metavar="GLOB", help="Only matching files; repeatable."),
+        ] = None,
+        exclude: Annotated[
+            list[str] | None,
+            typer.Option("--exclude", metavar="GLOB", help="Leave matching files; repeatable."),
+        ] = None,
+        verify: Annotated[
+            bool,
+            typer.Option("--verify", help="Also compare checksums of files that look unchanged."),
+        ] = False,
+        watch: Annotated[
+            bool,
+            typer.Option("--watch", help="Keep fetching new files until Ctrl-C."),
+        ] = False,
+        interval: Annotated[
+            float,
+            typer.Option("--interval", metavar="SECONDS", min=0.05, help="Pause between rounds."),
+        ] = 10.0,
+        bwlimit: Annotated[
+            str | None,
+            typer.Option("--bwlimit", metavar="RATE", help="At most this many bytes/s (20M)."),
+        ] = None,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun.cli.fetch_run import FetchJob, run_fetch
+
+        items = list(what or ["results"])
+        if all_hosts and host:
+            raise UsageError("give either --host or --all-hosts, not both")
+        check_paths(items, run)
+        if run is not None:
+            from vmrun.runs import check_run_id
+
+            check_run_id(run)
+        job = FetchJob(
+            items=items,
+            run=run,
+            to=to,
+            hosts=host,
+            all_hosts=all_hosts,
+            latest=latest,
+            include=tuple(include or ()),
+            exclude=tuple(exclude or ()),
+            verify=verify,
+            watch=watch,
+            interval=interval,
+            bwlimit=parse_rate(bwlimit),
+            settings=settings_from(connect_timeout, accept_new_host_key),
+        )
+        return run_fetch(job)

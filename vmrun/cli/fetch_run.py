@@ -1,0 +1,140 @@
+"""Running `vmrun fetch`: every host in parallel, once or (--watch) round after round."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmrun.config import Settings
+from vmrun.errors import ExitCode, Interrupted, UsageError, exit_code_for
+from vmrun.inventory import HostEntry
+
+
+@dataclass
+class FetchJob:
+    items: list[str]
+    run: str | None
+    to: str | None
+    hosts: list[str] | None
+    all_hosts: bool
+    latest: int | None
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    verify: bool
+    watch: bool
+    interval: float
+    bwlimit: float | None
+    settings: Settings
+
+
+def _entries(job: FetchJob) -> list[HostEntry]:
+    from vmrun.inventory import project_hosts, select_hosts
+
+    if job.all_hosts:
+        entries = project_hosts(job.settings)
+        if not entries:
+            raise UsageError("--all-hosts: vmrun.toml lists no hosts")
+        return entries
+    return select_hosts(job.hosts, job.settings)
+
+
+def _destination(job: FetchJob) -> Path:
+    if job.to is not None:
+        return Path(job.to).expanduser()
+    return job.settings.project_dir or Path.cwd()
+
+
+def run_fetch(job: FetchJob) -> int:
+    import os
+
+    from vmrun.cli.fetch_cmd import WATCH_SETTLE, specs_for
+    from vmrun.cli.fetch_view import LiveProgress, make_progress
+    from vmrun.group import Group
+    from vmrun.streams import stop_all_streams
+    from vmrun.transfer import Options, download
+
+    entries = _entries(job)
+    multi = len(entries) > 1
+    dest = _destination(job)
+    options = Options(
+        verify=job.verify,
+        settle=WATCH_SETTLE if job.watch else 0.0,
+        engine=os.environ.get("VMRUN_TRANSFER_ENGINE", "auto").strip().lower() or "auto",
+        bwlimit=job.bwlimit,
+    )
+    if options.engine not in ("auto", "openssh", "paramiko"):
+        raise UsageError("VMRUN_TRANSFER_ENGINE must be auto, openssh or paramiko")
+    live = sys.stderr.isatty() and not job.watch
+    progress = make_progress(prefix=multi, live=live)
+
+    def work(entry, conn):  # type: ignore[no-untyped-def]
+        specs = specs_for(
+            conn,
+            job.items,
+            run=job.run,
+            host_dir=entry.label.replace("/", "_") if multi else None,
+            include=job.include,
+            exclude=job.exclude,
+            latest=job.latest,
+        )
+        return download(conn, specs, dest, options, progress)
+
+    stop = threading.Event()
+    code = 0
+    with Group(entries, job.settings) as group:
+        if job.watch:
+            _note(f"watching {len(entries)} host(s) every {job.interval:g} s; Ctrl-C to stop")
+        while True:
+            try:
+                if isinstance(progress, LiveProgress):
+                    with progress:
+                        outcomes = group.map(work)
+                else:
+                    outcomes = group.map(work)
+            except Interrupted:
+                stop_all_streams()  # partial copies stay, under temporary names: resumable
+                if not job.watch:
+                    raise
+                _note("stopped watching (the interrupted files resume next time)")
+                return code
+            code = _report(outcomes, prefix=multi, quiet=job.watch)
+            if not job.watch:
+                return code
+            try:
+                stop.wait(job.interval)
+            except KeyboardInterrupt:
+                _note("stopped watching")
+                return code
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"vmrun: {text}\n")
+    sys.stderr.flush()
+
+
+def _report(outcomes: list, *, prefix: bool, quiet: bool) -> int:  # type: ignore[type-arg]
+    from vmrun.cli.fetch_view import summary
+    from vmrun.cli.output import error_line, report, warn_line
+
+    codes = [0]
+    for outcome in outcomes:
+        if outcome.error is not None:
+            report(outcome.error)
+            codes.append(exit_code_for(outcome.error))
+            continue
+        rep = outcome.value
+        busy = rep.fetched or rep.failed or rep.missing or rep.replaced
+        if not quiet or busy:
+            print(summary(rep, prefix=prefix), flush=True)
+        if not quiet:
+            for text in rep.skipped:
+                warn_line(f"{rep.host}: skipped {text}")
+        for path, why in rep.failed.items():
+            error_line(f"{rep.host}: {path}: {why}")
+            codes.append(ExitCode.FAILED)
+        for name in rep.missing:
+            error_line(f"{rep.host}: {name}: not found on the host")
+            codes.append(ExitCode.REMOTE)
+    return max(codes)

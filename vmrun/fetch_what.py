@@ -1,0 +1,134 @@
+"""What `vmrun fetch results|checkpoints|logs|metrics` means: remote paths of a run.
+
+A thin map from names to `FetchSpec`s over a `RunLocation`. The runs code owns where a run
+lives; it only has to produce a RunLocation (`locate_run` below reads the layout
+`~/.vmrun/runs/<run-id>/run.json` + `<workdir>/results/<run-id>/` and is the one function
+to replace if that changes). Locally, a run mirrors to `results/<run-id>/` (with a
+subfolder per host when several hosts are fetched from).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass
+
+from vmrun import quoting
+from vmrun.connection import Connection
+from vmrun.errors import RemoteError
+from vmrun.manifest import normalize_remote
+from vmrun.runs import RUNS_DIR, check_run_id
+from vmrun.streams import capture
+from vmrun.transfer import FetchSpec
+
+WHATS = ("results", "checkpoints", "logs", "metrics")
+CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
+METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
+LOGS = ("log", "*.log", "run.json", "exit_code")
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    """Where one run's files are on one host (remote paths relative to the home, or absolute)."""
+
+    run_id: str
+    host: str
+    record_dir: str  # ~/.vmrun/runs/<run-id>: run.json, log, exit_code
+    out_dir: str  # <workdir>/results/<run-id>: snapshot*.pt, finalmodel.pt, metrics.jsonl
+
+
+def local_run_dir(run_id: str, host_dir: str | None) -> str:
+    return posixpath.join("results", run_id, *([host_dir] if host_dir else []))
+
+
+def resolve_what(
+    what: str,
+    run: RunLocation,
+    *,
+    host_dir: str | None = None,
+    include: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+    latest: int | None = None,
+) -> list[FetchSpec]:
+    """The FetchSpecs for a WHAT name, or for a path relative to the run's output folder.
+
+    `latest` keeps the newest N checkpoints; with `results` the other files all come too.
+    """
+    local = local_run_dir(run.run_id, host_dir)
+    label = f"{what} of run {run.run_id}"
+
+    def spec(
+        remote: str, select: tuple[str, ...], *, drop: tuple[str, ...] = (), newest: bool = False
+    ) -> FetchSpec:
+        return FetchSpec(
+            remote=remote,
+            local=local,
+            select=select,
+            include=include,
+            exclude=exclude + drop,
+            latest=latest if newest else None,
+            label=label,
+        )
+
+    if what == "checkpoints":
+        return [spec(run.out_dir, CHECKPOINTS, newest=True)]
+    if what == "metrics":
+        return [spec(run.out_dir, METRICS)]
+    if what == "logs":
+        return [spec(run.record_dir, LOGS)]
+    if what == "results":
+        return [
+            spec(run.out_dir, CHECKPOINTS, newest=True),
+            spec(run.out_dir, (), drop=CHECKPOINTS),
+            spec(run.record_dir, LOGS),
+        ]
+    remote = normalize_remote(what, base=run.out_dir)
+    if what.startswith(("/", "~")):  # not under the run: named by its last part
+        target = posixpath.join(local, posixpath.basename(remote))
+    else:
+        rel = posixpath.relpath(remote, run.out_dir)
+        target = local if rel == "." else posixpath.join(local, rel)
+    return [
+        FetchSpec(
+            remote=remote, local=target, include=include, exclude=exclude, latest=latest, label=what
+        )
+    ]
+
+
+# sh -c LOCATE base [run-id]: the run id, then its run.json. Without an id: the newest
+# run.json (written once, when the run starts: vmrun.runs), so the run started last.
+_LOCATE = r"""cd "$HOME" 2>/dev/null; base=$1
+[ -d "$base" ] || exit 3
+if [ -n "$2" ]; then id=$2
+else f=$(ls -1t "$base"/*/run.json 2>/dev/null | head -n 1); id=${f%/run.json}; id=${id##*/}
+fi
+[ -n "$id" ] && [ -f "$base/$id/run.json" ] || exit 4
+printf '%s\n' "$id"; cat "$base/$id/run.json"
+"""
+
+
+def locate_run(conn: Connection, run_id: str | None) -> RunLocation:
+    """Find a run on the host (the newest when `run_id` is None), in one round trip."""
+    if run_id is not None:
+        check_run_id(run_id)
+    argv = ["sh", "-c", _LOCATE, "vmrun-locate", RUNS_DIR, run_id or ""]
+    status, out, _err = capture(conn, quoting.plain_command(argv), what="the run lookup")
+    if status in (3, 4):
+        which = f"run {run_id}" if run_id else "any run"
+        raise RemoteError(
+            f"no record of {which} in ~/{RUNS_DIR}",
+            host=conn.label,
+            hint="see `vmrun runs`, or fetch an explicit path",
+        )
+    found, _, text = out.decode("utf-8", "replace").partition("\n")
+    try:
+        meta = json.loads(text) if text.strip() else {}
+    except ValueError:
+        meta = {}
+    out_dir = meta.get("out_dir") or posixpath.join(meta.get("workdir") or ".", "results", found)
+    return RunLocation(
+        run_id=found,
+        host=conn.label,
+        record_dir=f"{RUNS_DIR}/{found}",
+        out_dir=posixpath.normpath(str(out_dir)),
+    )
