@@ -12,6 +12,7 @@ from vmrun import __version__
 # One module per command, in the order `vmrun --help` lists them.
 COMMAND_MODULES = (
     "setup_cmd",
+    "train_cmd",
     "fetch_cmd",
     "watch_gpus_cmd",
     "exec_cmd",

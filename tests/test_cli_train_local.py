@@ -1,0 +1,288 @@
+"""`vmrun train --local`: the real CLI process launching real torchrun on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, Client, wait_for
+from train_helpers import SEED_SCRIPT, kill_marked, new_mark, pids_with_env
+
+from vmrun.trainer.template import build_model
+
+RUN_ID = re.compile(r"^(?P<name>.+)-\d{8}-\d{6}-[0-9a-f]{4}$")
+
+
+def _env(mark: str, **extra: str) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": "1", "VMRUN_TEST_MARK": mark, **extra}
+
+
+def _only_run(client: Client) -> tuple[Path, dict]:
+    runs = list((client.cwd / "results").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0], json.loads((runs[0] / "run.json").read_text())
+
+
+def test_help_imports_no_torch() -> None:
+    probe = (
+        "import sys\nfrom vmrun.cli.main import main\n"
+        "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('TORCH_LOADED' if 'torch' in sys.modules else 'NO_TORCH')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
+    assert "Usage: vmrun train [OPTIONS] [SCRIPT] [-- SCRIPT_ARGS...]" in out
+    assert out.strip().splitlines()[-1] == "NO_TORCH"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train", "--epochs", "3"], "not available yet; use --local"),
+        (["train", "--local", "nope.py"], "script nope.py: no such file"),
+        (["train", "--local", "--epochs", "0"], "--epochs must be >= 1, got 0"),
+        (["train", "--local", "--epochs", "-2"], "--epochs must be >= 1, got -2"),
+        (["train", "--local", "--save-every", "0"], "--save-every must be >= 1, got 0"),
+        (["train", "--local", "--nproc-per-node", "lots"], "--nproc-per-node 'lots'"),
+        (["train", "--local", "--nproc-per-node", "0"], "--nproc-per-node '0'"),
+        (["train", "--local", "--env", "1BAD=x"], "invalid environment variable name"),
+        (["train", "--local", "--env", "NOT_SET_ANYWHERE_X"], "is not set here"),
+        (["train", "--local", "--launcher", "mpirun"], "--launcher 'mpirun'"),
+        (["train", "--local", "--name", "a b"], "--name 'a b'"),
+        (["train", "--local", "--max-restarts", "-1"], "--max-restarts must be >= 0"),
+        (["train", "--local", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["train", "--local", "--launcher", "python", "--max-restarts", "2"], "torchrun's"),
+        (["train", "--local", "--epochs", "3", "--", "5", "1"], "cannot be combined"),
+        (["train", "--local", "--epochs", "x"], "'x' is not a valid int"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(
+    client: Client, args: list[str], needle: str
+) -> None:
+    mark = new_mark()
+    try:
+        done = client.vmrun(*args, env=_env(mark), timeout=60)
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 2, (args, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vmrun: error:"), done.stderr
+    assert needle in lines[0], lines[0]
+    assert not (client.cwd / "results").exists()
+
+
+def test_missing_torch_is_reported_with_a_pinned_install_hint(
+    client: Client, tmp_path: Path
+) -> None:
+    fake = tmp_path / "fake-site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named torch (test)')\n")
+    pythonpath = f"{fake.parent}{os.pathsep}{ROOT}"
+    mark = new_mark()
+    try:
+        done = client.vmrun("train", "--local", env=_env(mark, PYTHONPATH=pythonpath))
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 1, done.stderr
+    line = done.stderr.strip()
+    assert "torch is not importable" in line and "pip install torch==2.13.0" in line, line
+    assert not (client.cwd / "results").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_nproc_gpu_without_a_gpu_is_a_usage_error(client: Client) -> None:
+    mark = new_mark()
+    try:
+        done = client.vmrun("train", "--local", "--nproc-per-node", "gpu", env=_env(mark))
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 2, done.stderr
+    assert "torch sees no CUDA GPU here; use --nproc-per-node cpu" in done.stderr
+    assert not (client.cwd / "results").exists()
+
+
+def test_template_runs_two_process_ddp_and_records_the_run(client: Client) -> None:
+    mark = new_mark()
+    try:
+        done = client.vmrun(
+            "train", "--local", "--epochs", "5", "--save-every", "2", env=_env(mark), timeout=120
+        )
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, record = _only_run(client)
+    assert RUN_ID.match(run_dir.name) and RUN_ID.match(run_dir.name)["name"] == "template"
+    out = done.stdout
+    assert "[rank 0] started" in out and "[rank 1] started" in out
+    assert "world_size 2 backend gloo" in out
+    assert "[rank 0] epoch 5/5 loss" in out
+    rel = f"results/{run_dir.name}"
+    assert f"[rank 0] snapshot saved at epoch 4 -> {rel}/snapshot.pt" in out
+    assert (run_dir / "train.log").read_text() == out  # the log is exactly what streamed
+    assert f"run {run_dir.name}" in done.stderr
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4, 5]
+    assert metrics[-1]["loss"] < 0.5 * metrics[0]["loss"]
+    assert torch.load(run_dir / "snapshot.pt", weights_only=True)["epoch"] == 4
+    build_model().load_state_dict(torch.load(run_dir / "finalmodel.pt", weights_only=True))
+    assert record["id"] == run_dir.name and record["status"] == "finished"
+    assert record["exit_code"] == 0 and record["nproc"] == "2" and record["template"] is True
+    assert record["start_time"] <= record["end_time"] and isinstance(record["pid"], int)
+    assert record["argv"][1:3] == ["-m", "torch.distributed.run"]
+    assert f"--rdzv-id={run_dir.name}" in record["argv"]
+    assert record["argv"][-4:] == ["5", "2", "--out-dir", rel]
+
+
+def test_seed_style_script_runs_unchanged(client: Client) -> None:
+    (client.cwd / "multigpu_torchrun.py").write_text(SEED_SCRIPT)
+    mark = new_mark()
+    try:
+        done = client.vmrun(
+            "train",
+            "--local",
+            "multigpu_torchrun.py",
+            "--epochs",
+            "3",
+            "--save-every",
+            "1",
+            env=_env(mark),
+            timeout=120,
+        )
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for epoch in range(3):
+        for gpu in (0, 1):
+            assert f"[GPU{gpu}] Epoch {epoch} | Batchsize: 32 | Steps: 32" in done.stdout
+        assert f"Epoch {epoch} | Training snapshot saved at snapshot.pt" in done.stdout
+    assert "Final model saved at finalmodel.pt" in done.stdout
+    # it ran in the project dir, as by hand: its files are there, vmrun's in results/<id>/
+    assert (client.cwd / "snapshot.pt").exists() and (client.cwd / "finalmodel.pt").exists()
+    run_dir, record = _only_run(client)
+    assert RUN_ID.match(run_dir.name)["name"] == "multigpu_torchrun"  # type: ignore[index]
+    assert record["cwd"] == str(client.cwd) and record["status"] == "finished"
+    assert record["argv"][-2:] == ["3", "1"]
+
+
+def test_script_args_after_dashdash_and_exit_code(client: Client) -> None:
+    """`--launcher python`: args after -- go as-is; the script's exit code is vmrun's."""
+    (client.cwd / "fail.py").write_text(
+        "import os, sys\nprint('args', sys.argv[1:], os.environ['VMRUN_RUN_ID'])\nsys.exit(3)\n"
+    )
+    mark = new_mark()
+    try:
+        done = client.vmrun(
+            "train", "--local", "fail.py", "--launcher", "python", "--", "--x", "1", env=_env(mark)
+        )
+    finally:
+        kill_marked(mark)
+    run_dir, record = _only_run(client)
+    assert done.returncode == 3, done.stderr
+    assert f"args ['--x', '1'] {run_dir.name}" in done.stdout
+    assert f"run {run_dir.name} exited with 3" in done.stderr.strip().splitlines()[-1]
+    assert record["status"] == "failed" and record["exit_code"] == 3
+
+
+def test_env_launcher_wires_rank_variables(client: Client) -> None:
+    (client.cwd / "show.py").write_text(
+        "import os\nprint(*(f'{k}={os.environ[k]}' for k in"
+        " ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'FOO')))\n"
+    )
+    mark = new_mark()
+    try:
+        done = client.vmrun(
+            "train", "--local", "show.py", "--launcher", "env", "-e", "FOO=bar", env=_env(mark)
+        )
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=\d+ FOO=bar",
+        done.stdout,
+    )
+    assert _only_run(client)[1]["env_keys"] == ["FOO"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_every_process_of_the_run(
+    client: Client, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGINT (or SIGTERM) to vmrun mid-run: output streamed live until then, then nothing of
+    the run is left (torchrun's group, workers in their own sessions), run.json says stopped,
+    exit 130."""
+    pids = tmp_path / "pids"
+    mark = new_mark()
+    proc = client.popen(
+        "train",
+        "--local",
+        "--epochs",
+        "50",
+        "--save-every",
+        "10",
+        "-e",
+        "VMRUN_TEMPLATE_STALL_AT_EPOCH=2",
+        "-e",
+        f"VMRUN_TEMPLATE_PID_DIR={pids}",
+        env=_env(mark),
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    def read() -> None:
+        for line in stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: (
+                all((pids / f"stalled-rank{r}.pid").exists() for r in (0, 1))
+                or proc.poll() is not None
+            ),
+            90,
+            "both ranks to stall in epoch 2",
+        )
+        assert proc.poll() is None, "".join(lines)
+        # streamed live: epoch 1's line is here while the run still goes on
+        wait_for(lambda: any("[rank 0] epoch 1/50" in ln for ln in lines), 10, "epoch 1 line")
+        run_dir, record = _only_run(client)
+        leader, run_id = record["pid"], record["id"]
+        workers = [int((pids / f"stalled-rank{r}.pid").read_text()) for r in (0, 1)]
+        assert pids_with_env(f"VMRUN_RUN_ID={run_id}")
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        stderr = proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kill_marked(mark)
+    assert proc.returncode == 130, stderr
+    assert f"run {run_id} stopped" in stderr.strip().splitlines()[-1]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(leader, 0)
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), pid
+    assert pids_with_env(f"VMRUN_RUN_ID={run_id}") == []
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "stopped" and record["exit_code"] == 130
+    assert record["end_time"] is not None
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

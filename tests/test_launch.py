@@ -1,0 +1,221 @@
+"""Launcher argv, env wiring and script-arg conventions: pure, no torch, no processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+from conftest import ROOT
+
+from vmrun import launch
+from vmrun.errors import UsageError
+
+PY, SCRIPT = "/venv/bin/python", "train.py"
+
+
+def test_standalone_single_node() -> None:
+    argv = launch.torchrun_argv(
+        PY, SCRIPT, ["50", "10"], nproc_per_node="2", max_restarts=0, standalone=True
+    )
+    assert argv == [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        SCRIPT,
+        "50",
+        "10",
+    ]
+
+
+def test_single_node_c10d_on_a_free_port_keeps_our_run_id() -> None:
+    argv = launch.torchrun_argv(
+        PY,
+        SCRIPT,
+        ["5", "2"],
+        nproc_per_node="gpu",
+        max_restarts=3,
+        rdzv_endpoint="localhost:0",
+        rdzv_id="template-20250101-120000-ab12",
+    )
+    assert argv[3:9] == [
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",
+        "--rdzv-id=template-20250101-120000-ab12",
+        "--nnodes=1",
+        "--nproc-per-node=gpu",
+        "--max-restarts=3",
+    ]
+    assert argv[-3:] == [SCRIPT, "5", "2"]
+
+
+def test_multi_node_c10d_and_elastic_range() -> None:
+    argv = launch.torchrun_argv(
+        PY,
+        SCRIPT,
+        [],
+        nproc_per_node=4,
+        max_restarts=1,
+        nnodes="1:4",
+        rdzv_endpoint="10.0.0.5:29400",
+        rdzv_id="job",
+    )
+    assert "--nnodes=1:4" in argv and "--rdzv-endpoint=10.0.0.5:29400" in argv
+    assert "--nproc-per-node=4" in argv and argv[-1] == SCRIPT
+
+
+def test_static_multi_node() -> None:
+    argv = launch.torchrun_argv(
+        PY,
+        SCRIPT,
+        ["50", "10"],
+        nproc_per_node="gpu",
+        max_restarts=0,
+        nnodes="2",
+        node_rank=1,
+        master_addr="10.0.0.5",
+        master_port=29500,
+    )
+    assert argv[3:9] == [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-addr=10.0.0.5",
+        "--master-port=29500",
+        "--nproc-per-node=gpu",
+        "--max-restarts=0",
+    ]
+
+
+def test_script_words_are_kept_verbatim() -> None:
+    words = ["--name", "a b;c", "$HOME", "--"]
+    argv = launch.torchrun_argv(PY, SCRIPT, words, nproc_per_node="1", max_restarts=0)
+    assert argv[-5:] == [SCRIPT, *words]
+
+
+@pytest.mark.parametrize("value", ["gpu", "cpu", "auto", "1", "8", " GPU ", 3])
+def test_nproc_per_node_accepts(value: object) -> None:
+    assert launch.check_nproc_per_node(value) == str(value).strip().lower()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "", "xpu!", 0])
+def test_nproc_per_node_rejects(value: object) -> None:
+    with pytest.raises(UsageError, match=r"--nproc-per-node .*gpu, cpu, auto or a whole number"):
+        launch.check_nproc_per_node(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"max_restarts": -1}, "--max-restarts must be >= 0"),
+        ({"nnodes": "0"}, "nnodes '0'"),
+        ({"nnodes": "4:2", "rdzv_endpoint": "h:1", "rdzv_id": "j"}, "MIN must not exceed MAX"),
+        ({"nnodes": "2", "standalone": True}, "--standalone runs one node only"),
+        ({"standalone": True, "rdzv_endpoint": "h:1"}, "picks its own rendezvous"),
+        ({"nnodes": "2", "rdzv_endpoint": "h:29400"}, "rdzv id shared by every node"),
+        ({"rdzv_endpoint": "h:1", "node_rank": 0}, "static rendezvous, not c10d"),
+        ({"rdzv_endpoint": "bad host"}, "use HOST[:PORT]"),
+        ({"nnodes": "1:2"}, "needs a c10d rendezvous endpoint"),
+        ({"nnodes": "2"}, "needs a node rank and master address"),
+        ({"nnodes": "2", "node_rank": 2, "master_addr": "m"}, "outside 0..1"),
+        ({"master_port": 70000}, "ports are 1-65535"),
+    ],
+)
+def test_torchrun_argv_rejects(kwargs: dict, needle: str) -> None:
+    args = {"nproc_per_node": "2", "max_restarts": 0, **kwargs}
+    with pytest.raises(UsageError) as info:
+        launch.torchrun_argv(PY, SCRIPT, [], **args)
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_python_argv() -> None:
+    assert launch.python_argv(PY, SCRIPT, ["5", "2"]) == [PY, SCRIPT, "5", "2"]
+
+
+def test_env_wiring_one_process_per_node() -> None:
+    assert launch.env_wiring(node_rank=1, nnodes=2, master_addr="10.0.0.5") == {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "29500",
+    }
+    assert (
+        launch.env_wiring(node_rank=0, nnodes=1, master_addr="h", master_port=1234)["MASTER_PORT"]
+        == "1234"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"node_rank": 2, "nnodes": 2, "master_addr": "m"}, "outside 0..1"),
+        ({"node_rank": 0, "nnodes": 0, "master_addr": "m"}, "nnodes must be >= 1"),
+        ({"node_rank": 0, "nnodes": 1, "master_addr": ""}, "master address"),
+        ({"node_rank": 0, "nnodes": 1, "master_addr": "m", "master_port": 0}, "1-65535"),
+    ],
+)
+def test_env_wiring_rejects(kwargs: dict, needle: str) -> None:
+    with pytest.raises(UsageError, match=needle):
+        launch.env_wiring(**kwargs)
+
+
+def test_script_args_convention() -> None:
+    assert launch.script_args(50, 10, None) == ["50", "10"]
+    assert launch.script_args(50, 10, []) == ["50", "10"]
+    assert launch.script_args(50, 10, ["--cfg", "x.yaml"]) == ["--cfg", "x.yaml"]
+    # user args win even when the epoch values would be invalid: they are not used
+    assert launch.script_args(0, 0, ["a"]) == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("epochs", "save_every", "needle"),
+    [
+        (0, 1, "--epochs must be >= 1, got 0"),
+        (-3, 1, "--epochs must be >= 1, got -3"),
+        (5, 0, "--save-every must be >= 1, got 0"),
+    ],
+)
+def test_script_args_rejects(epochs: int, save_every: int, needle: str) -> None:
+    with pytest.raises(UsageError, match=needle) as info:
+        launch.script_args(epochs, save_every, None)
+    assert info.value.exit_code == 2
+
+
+def test_torchrun_env_only_with_restarts() -> None:
+    assert launch.torchrun_env(0) == {}
+    assert launch.torchrun_env(2) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def test_launcher_names() -> None:
+    for name in ("torchrun", "python", "env"):
+        assert launch.check_launcher(name) == name
+    with pytest.raises(UsageError, match="--launcher 'mpi'"):
+        launch.check_launcher("mpi")
+
+
+def test_run_id_and_names() -> None:
+    when = datetime(2025, 1, 2, 3, 4, 5)
+    assert launch.run_id("template", now=when, token="ab12") == "template-20250102-030405-ab12"
+    generated = launch.run_id("x")
+    assert len(generated.rsplit("-", 1)[1]) == 4
+    assert launch.name_from_script("my train (v2)") == "my-train-v2"
+    assert launch.name_from_script("...") == "run"
+    assert launch.check_run_name("exp_1.a-b") == "exp_1.a-b"
+    for bad in ("a b", "-x", "", "x" * 65):
+        with pytest.raises(UsageError):
+            launch.check_run_name(bad)
+
+
+def test_launch_module_imports_no_torch() -> None:
+    code = "import sys, vmrun.launch, vmrun.trainer; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert out.stdout.strip() == "False"
