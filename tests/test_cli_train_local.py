@@ -47,7 +47,7 @@ def test_help_imports_no_torch() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["train", "--epochs", "3"], "not available yet; use --local"),
+        (["train", "--epochs", "3"], "no hosts given: pass -H user@host"),
         (["train", "--local", "nope.py"], "script nope.py: no such file"),
         (["train", "--local", "--epochs", "0"], "--epochs must be >= 1, got 0"),
         (["train", "--local", "--epochs", "-2"], "--epochs must be >= 1, got -2"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -42,8 +42,11 @@ class Group:
             e.label: Connection(e.spec, settings, label=e.label) for e in self.entries
         }
 
-    def map(self, fn: Callable[[HostEntry, Connection], T]) -> list[Outcome[T]]:
-        """Run fn(entry, connection) on every host concurrently; outcomes in host order.
+    def map(
+        self, fn: Callable[[HostEntry, Connection], T], only: Collection[str] | None = None
+    ) -> list[Outcome[T]]:
+        """Run fn(entry, connection) on every host (or those labelled in `only`) concurrently;
+        outcomes in host order.
 
         Ctrl-C closes every connection (which stops the remote commands) and raises
         Interrupted.
@@ -64,9 +67,10 @@ class Group:
                     entry.label, value, error, time.monotonic() - started
                 )
 
+        chosen = [e for e in self.entries if only is None or e.label in only]
         threads = [
             threading.Thread(target=work, args=(e,), daemon=True, name=f"vmrun-{e.label}")
-            for e in self.entries
+            for e in chosen
         ]
         for thread in threads:
             thread.start()
@@ -80,7 +84,7 @@ class Group:
                 f"interrupted; closed the connections to {len(self.entries)} host(s), which"
                 " stops the commands running there"
             ) from None
-        return [outcomes[e.label] for e in self.entries]
+        return [outcomes[e.label] for e in chosen]
 
     def close(self) -> None:
         for conn in self.connections.values():

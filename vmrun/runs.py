@@ -175,15 +175,22 @@ def record_dir(run_id: str) -> str:
     return f"{RUNS_DIR}/{check_run_id(run_id)}"
 
 
-def start(conn: Connection, run_id: str, workdir: str, argv: Sequence[str],
-          meta: Mapping[str, Any], env: Mapping[str, str] | None = None) -> int:
+def start(
+    conn: Connection,
+    run_id: str,
+    workdir: str,
+    argv: Sequence[str],
+    meta: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Start argv detached in workdir; return the pid of the run's supervising shell."""
     meta_text = json.dumps({**meta, "id": run_id, "started": time.time()}, sort_keys=True)
-    result = conn.run(["sh", "-c", _START, "vmrun-start", record_dir(run_id), workdir, run_id,
-                       meta_text, *argv], env=env)
+    result = conn.run(
+        ["sh", "-c", _START, "vmrun-start", record_dir(run_id), workdir, run_id, meta_text, *argv],
+        env=env,
+    )
     if not result.ok:
-        raise RemoteError(f"could not start run {run_id}: {result.output_tail(3)}",
-                          host=conn.label)
+        raise RemoteError(f"could not start run {run_id}: {result.output_tail(3)}", host=conn.label)
     try:
         return int(result.stdout_tail.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -192,8 +199,9 @@ def start(conn: Connection, run_id: str, workdir: str, argv: Sequence[str],
 
 def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     """Every run recorded on the host (or just these), oldest first, in one round trip."""
-    result = conn.run(["sh", "-c", _LIST, "vmrun-list", RUNS_DIR,
-                       *(check_run_id(r) for r in run_ids)], check=True)
+    result = conn.run(
+        ["sh", "-c", _LIST, "vmrun-list", RUNS_DIR, *(check_run_id(r) for r in run_ids)], check=True
+    )
     records: list[RunRecord] = []
     for line in result.stdout_tail.splitlines():
         key, _, value = line.partition(" ")
@@ -224,24 +232,27 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     return records
 
 
-def follow(conn: Connection, run_id: str, on_line: Callable[[bytes], None], *,
-           last: int = 0) -> None:
+def follow(
+    conn: Connection, run_id: str, on_line: Callable[[bytes], None], *, last: int = 0
+) -> None:
     """Stream the run's log (from the start, or its last N lines) until the run ends."""
-    result = conn.run(["sh", "-c", _FOLLOW, "vmrun-follow", RUNS_DIR, check_run_id(run_id),
-                       str(last)], on_output=lambda stream, data: on_line(data))
+    result = conn.run(
+        ["sh", "-c", _FOLLOW, "vmrun-follow", RUNS_DIR, check_run_id(run_id), str(last)],
+        on_output=lambda stream, data: on_line(data),
+    )
     if result.exit_status == 3:
         raise UsageError(f"no run {run_id} on this host", host=conn.label)
 
 
 def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
     """TERM every process of the run, KILL what is left after the grace, and verify."""
-    result = conn.run(["sh", "-c", _STOP, "vmrun-stop", RUNS_DIR, check_run_id(run_id),
-                       str(max(1, int(grace)))])
+    result = conn.run(
+        ["sh", "-c", _STOP, "vmrun-stop", RUNS_DIR, check_run_id(run_id), str(max(1, int(grace)))]
+    )
     if result.exit_status == 3:
         raise UsageError(f"no run {run_id} on this host", host=conn.label)
     if not result.ok:
-        raise RemoteError(f"stopping {run_id} failed: {result.output_tail(3)}",
-                          host=conn.label)
+        raise RemoteError(f"stopping {run_id} failed: {result.output_tail(3)}", host=conn.label)
     fields: dict[str, tuple[int, ...]] = {"TERM": (), "KILL": (), "LEFT": ()}
     for line in result.stdout_tail.splitlines():
         key, _, value = line.partition(" ")
@@ -249,7 +260,67 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
             fields[key] = tuple(int(p) for p in value.split() if p.isdigit())
     outcome = StopResult(conn.label, run_id, fields["TERM"], fields["KILL"], fields["LEFT"])
     if outcome.left:
-        raise RemoteError(f"processes {', '.join(map(str, outcome.left))} of run {run_id}"
-                          " survived SIGKILL", host=conn.label,
-                          hint="they may be stuck in the kernel (a hung GPU); check the host")
+        raise RemoteError(
+            f"processes {', '.join(map(str, outcome.left))} of run {run_id} survived SIGKILL",
+            host=conn.label,
+            hint="they may be stuck in the kernel (a hung GPU); check the host",
+        )
     return outcome
+
+
+# sh -c READ runs_dir id lines: the log, or its last N lines (0: all), once.
+_READ = r"""d="$HOME/$1/$2"
+[ -f "$d/run.json" ] || { echo "vmrun: no run $2 on this host" >&2; exit 3; }
+[ -f "$d/log" ] || exit 0
+if [ "$3" = 0 ]; then exec cat "$d/log"; else exec tail -n "$3" "$d/log"; fi
+"""
+
+
+def read_log(
+    conn: Connection, run_id: str, on_line: Callable[[bytes], None], *, last: int = 0
+) -> None:
+    """The run's log as it is now (all of it, or its last N lines)."""
+    result = conn.run(
+        ["sh", "-c", _READ, "vmrun-read", RUNS_DIR, check_run_id(run_id), str(last)],
+        on_output=lambda stream, data: on_line(data),
+    )
+    if result.exit_status == 3:
+        raise UsageError(f"no run {run_id} on this host", host=conn.label)
+
+
+def find_run(
+    group: Any, run_id: str | None, *, running_only: bool = False
+) -> tuple[str, list[tuple[Any, RunRecord]]]:
+    """Which hosts of the group have the run (default: the newest, or newest running, run).
+
+    Returns the run id and (entry, record) for each host that has it, in host order.
+    """
+    from vmrun.errors import HostsFailed
+
+    outcomes = group.map(lambda entry, conn: list_runs(conn, [run_id] if run_id else []))
+    by_host = {o.host: o.value or [] for o in outcomes if o.ok}
+    if run_id is None:
+        candidates = [
+            r for recs in by_host.values() for r in recs if r.state == "running" or not running_only
+        ]
+        if not candidates:
+            failures = {o.host: o.error for o in outcomes if not o.ok}
+            if failures:
+                raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
+            what = "running run" if running_only else "run"
+            raise UsageError(f"no {what} recorded on {', '.join(by_host) or 'these hosts'}")
+        run_id = max(candidates, key=lambda r: (r.started, r.id)).id
+    found = [
+        (entry, rec)
+        for entry in group.entries
+        for rec in by_host.get(entry.label, [])
+        if rec.id == run_id
+    ]
+    if not found:
+        failures = {o.host: o.error for o in outcomes if not o.ok}
+        if failures:
+            raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
+        raise UsageError(
+            f"no run {run_id} on {', '.join(by_host)}", hint="`vmrun status` lists the runs"
+        )
+    return run_id, found

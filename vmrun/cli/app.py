@@ -13,6 +13,9 @@ from vmrun import __version__
 COMMAND_MODULES = (
     "setup_cmd",
     "train_cmd",
+    "logs_cmd",
+    "status_cmd",
+    "stop_cmd",
     "fetch_cmd",
     "watch_gpus_cmd",
     "exec_cmd",

@@ -1,0 +1,55 @@
+"""`vmrun stop [RUN]`: end every process of a run on every host, and prove none is left."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "stop",
+        help="Stop a run (default: the newest running one) on every host:"
+        " SIGTERM to all its processes, SIGKILL after the grace period,"
+        " then check that none is left.",
+    )
+    def stop_command(
+        run: Annotated[str | None, typer.Argument(metavar="[RUN]", show_default=False)] = None,
+        grace: Annotated[
+            float, typer.Option("--grace", metavar="SECONDS", help="Wait this long before SIGKILL.")
+        ] = 10.0,
+        host: Hosts = None,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun import runs
+        from vmrun.cli.output import report
+        from vmrun.group import Group, worst_exit_code
+        from vmrun.inventory import select_hosts
+
+        settings = settings_from(connect_timeout, accept_new_host_key)
+        entries = select_hosts(host, settings)
+        with Group(entries, settings) as group:
+            run_id, found = runs.find_run(group, run, running_only=run is None)
+            having = {entry.label for entry, _ in found}
+            outcomes = group.map(
+                lambda entry, conn: runs.stop(conn, run_id, grace=grace), only=having
+            )
+        for outcome in outcomes:
+            if outcome.error is not None:
+                report(outcome.error)
+                continue
+            res = outcome.value
+            assert res is not None
+            if not res.signalled:
+                typer.echo(f"{res.host}: run {run_id} had already ended")
+                continue
+            killed = f", {len(res.killed)} needed SIGKILL" if res.killed else ""
+            typer.echo(
+                f"{res.host}: stopped run {run_id}: {len(res.signalled)} process(es)"
+                f"{killed}; none left"
+            )
+        return worst_exit_code(outcomes)
