@@ -68,7 +68,9 @@ for id in "$@"; do
     echo "ALIVE 0"
   fi
   if [ -f "$d/log" ]; then
-    echo "PROGRESS $(tail -c 65536 "$d/log" | grep -aiE 'epoch[ :=]+[0-9]' | tail -n1)"
+    p=$(tail -c 65536 "$d/log" | grep -aiE 'epoch[ :=]+[0-9]+ */ *[0-9]' | tail -n1)
+    [ -n "$p" ] || p=$(tail -c 65536 "$d/log" | grep -aiE 'epoch[ :=]+[0-9]' | tail -n1)
+    echo "PROGRESS $p"
   fi
 done
 """

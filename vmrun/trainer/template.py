@@ -41,6 +41,7 @@ mid-write after writing `save-paused.pid` to the out dir).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -205,6 +206,30 @@ def remove_stale_temp_files(out_dir: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
+def broadcast_from_rank0(ctx: Ctx, payload: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's payload on every rank, as bytes in uint8 tensors.
+
+    Not broadcast_object_list: in torch 2.13 it needs NumPy, which torch itself does not
+    install (a bare `pip install torch` environment has none).
+    """
+    data = b""
+    if ctx.rank == 0:
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        data = buffer.getvalue()
+    device = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    blob = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if ctx.rank == 0
+            else torch.empty(int(size.item()), dtype=torch.uint8))
+    blob = blob.to(device)
+    dist.broadcast(blob, src=0)
+    if ctx.rank == 0:
+        return payload
+    raw = bytes(blob.cpu().tolist())
+    return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+
+
 def load_snapshot(ctx: Ctx, path: Path) -> dict[str, Any] | None:
     """Rank 0 reads the snapshot (if any) and broadcasts it: other ranks never touch the file."""
     payload: dict[str, Any] = {"state": None, "error": None}
@@ -214,9 +239,7 @@ def load_snapshot(ctx: Ctx, path: Path) -> dict[str, Any] | None:
         except Exception as exc:
             payload["error"] = f"cannot load {path}: {type(exc).__name__}: {exc}"
     if ctx.distributed:
-        box = [payload]
-        dist.broadcast_object_list(box, src=0)
-        payload = box[0]
+        payload = broadcast_from_rank0(ctx, payload)
     if payload["error"]:
         raise SystemExit(f"[rank {ctx.rank}] {payload['error']}; move it away to start afresh")
     return payload["state"]

@@ -1,0 +1,221 @@
+"""`vmrun train` on real sshd test hosts: real torchrun (CPU torch, gloo), real disconnects.
+
+The hosts' interpreter is the shared venv with torch (conftest's host_python), named per
+host in vmrun.toml as `vmrun setup` would record it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Client, wait_for
+from testbed import NetnsBed, TestHost
+
+from vmrun.sync import remote_workdir
+
+EPOCH_LINE = re.compile(rb"epoch (\d+)/(\d+)")
+
+
+def run_members(host: TestHost, run_id: str) -> list[int]:
+    members = []
+    for pid in host.user_pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"VMRUN_RUN_ID={run_id}".encode() in environ:
+            members.append(pid)
+    return members
+
+
+@pytest.fixture
+def project(bed: NetnsBed, bed_client: Client, host_python: Path) -> Iterator[Client]:
+    """A project whose vmrun.toml knows h1 and h2 with the shared interpreter."""
+    (bed_client.cwd / "vmrun.toml").write_text(
+        f'[[hosts]]\naddress = "h1"\npython = "{host_python}"\n\n'
+        f'[[hosts]]\naddress = "h2"\npython = "{host_python}"\n')
+    bed_client.extra_env["OMP_NUM_THREADS"] = "1"
+    yield bed_client
+    for name in ("h1", "h2", "h3"):
+        host = bed[name]
+        for pid in [p for p in host.user_pids()
+                    if b"VMRUN_RUN_ID=" in _environ(p)]:  # a failed test's leftovers
+            _kill(pid)
+        shutil.rmtree(host.home / ".vmrun", ignore_errors=True)
+        shutil.rmtree(host.home / "vmrun", ignore_errors=True)
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _kill(pid: int) -> None:
+    import os
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _run_id(stderr: str) -> str:
+    match = re.search(r"run (\S+) started on", stderr)
+    assert match, stderr
+    return match.group(1)
+
+
+def _out_dir(host: TestHost, client: Client, run_id: str) -> Path:
+    return host.home / remote_workdir(client.cwd) / "results" / run_id
+
+
+def test_template_run_end_to_end(bed: NetnsBed, project: Client) -> None:
+    h1 = bed["h1"]
+    done = project.vmrun("train", "-H", "h1", "--epochs", "4", "--save-every", "2",
+                         timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = _run_id(done.stderr)
+    epochs = [int(m.group(1)) for m in EPOCH_LINE.finditer(done.stdout.encode())]
+    assert epochs == [1, 2, 3, 4]
+    out = _out_dir(h1, project, rid)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]
+    assert metrics[-1]["loss"] < 0.5 * metrics[0]["loss"]
+    assert metrics[0]["world_size"] == 2
+    assert "snapshot saved at epoch 2" in done.stdout and "snapshot saved at epoch 4" in done.stdout
+    import torch
+
+    from vmrun.trainer.template import build_model
+
+    model = build_model()
+    model.load_state_dict(torch.load(out / "finalmodel.pt", weights_only=True))
+    status = project.vmrun("status", "-H", "h1")
+    assert re.search(rf"{rid}\s+h1\s+done\s+epoch 4/4", status.stdout), status.stdout
+
+
+def test_seed_style_user_script_runs_unchanged(bed: NetnsBed, project: Client) -> None:
+    script = project.cwd / "multigpu_torchrun.py"
+    script.write_text('''import os, sys
+import torch
+import torch.distributed as dist
+
+def main(total_epochs: int, save_every: int) -> None:
+    dist.init_process_group("gloo")
+    rank = int(os.environ["LOCAL_RANK"])
+    for epoch in range(total_epochs):
+        t = torch.ones(1) * (rank + 1)
+        dist.all_reduce(t)
+        print(f"[GPU{rank}] Epoch {epoch} | sum {int(t.item())}", flush=True)
+        if rank == 0 and epoch % save_every == 0:
+            torch.save({"EPOCHS_RUN": epoch}, "snapshot.pt")
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # gloo's threads can abort a normal interpreter exit (torch 2.13)
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
+''')
+    (project.cwd / "notes.txt").write_text("synced too\n")
+    (project.cwd / ".gitignore").write_text("notes.txt\n")
+    done = project.vmrun("train", "multigpu_torchrun.py", "-H", "h2", "--epochs", "3",
+                         "--save-every", "2", timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    for epoch in range(3):
+        assert f"Epoch {epoch} | sum 3" in done.stdout
+    workdir = bed["h2"].home / remote_workdir(project.cwd)
+    assert (workdir / "snapshot.pt").exists()
+    assert not (workdir / "notes.txt").exists()  # .gitignore is honoured
+
+
+def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
+        bed: NetnsBed, project: Client) -> None:
+    h1 = bed["h1"]
+    proc = project.popen("train", "-H", "h1", "--", "60", "20", "--dataset-size", "4096")
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until training really runs
+            if "epoch 2/60" in line:
+                break
+        h1.cut_link()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        h1.heal_link()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 13, err
+    assert "goes on running there" in err and "vmrun logs -f" in err
+    rid = _run_id(err)
+    again = project.vmrun("logs", "-f", rid, "-H", "h1", timeout=300)
+    assert again.returncode == 0, again.stderr
+    epochs = [int(m.group(1)) for m in EPOCH_LINE.finditer(again.stdout.encode())]
+    assert epochs == list(range(1, 61))  # every line, exactly once
+    assert again.stdout.encode() == (h1.home / ".vmrun/runs" / rid / "log").read_bytes()
+
+
+def test_killed_worker_restarts_from_the_last_snapshot(bed: NetnsBed, project: Client) -> None:
+    h2 = bed["h2"]
+    done = project.vmrun("train", "-H", "h2", "--detach", "--max-restarts", "2", "--",
+                         "12", "3", "--dataset-size", "8192")
+    assert done.returncode == 0, done.stderr
+    rid = _run_id(done.stderr)
+    log = h2.home / ".vmrun/runs" / rid / "log"
+    wait_for(lambda: b"snapshot saved at epoch 3" in log.read_bytes(), 120, "the first snapshot")
+
+    def worker() -> int | None:
+        for pid in run_members(h2, rid):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"vmrun_template.py" in cmdline and b"torch.distributed.run" not in cmdline:
+                return pid
+        return None
+
+    victim = wait_for(worker, 30, "a worker process")
+    _kill(int(victim))  # type: ignore[arg-type]
+    follow = project.vmrun("logs", "-f", rid, "-H", "h2", timeout=300)
+    assert follow.returncode == 0, follow.stderr + follow.stdout
+    assert "resumed from snapshot" in follow.stdout
+    out = _out_dir(h2, project, rid)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == list(range(1, 13))
+
+
+def test_stop_leaves_no_process_and_is_recorded(bed: NetnsBed, project: Client) -> None:
+    h1 = bed["h1"]
+    done = project.vmrun("train", "-H", "h1", "--detach", "--", "500", "100")
+    assert done.returncode == 0, done.stderr
+    rid = _run_id(done.stderr)
+    log = h1.home / ".vmrun/runs" / rid / "log"
+    wait_for(lambda: b"epoch 1/500" in log.read_bytes(), 120, "training to start")
+    assert len(run_members(h1, rid)) >= 4  # shell, torchrun, two workers
+    busy = project.vmrun("train", "-H", "h1", "--epochs", "1")
+    assert busy.returncode == 2 and f"already running {rid}" in busy.stderr
+    stopped = project.vmrun("stop", "-H", "h1")
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stopped run {rid}" in stopped.stdout and "none left" in stopped.stdout
+    assert run_members(h1, rid) == []
+    status = project.vmrun("status", "-H", "h1")
+    assert re.search(rf"{rid}\s+h1\s+stopped", status.stdout), status.stdout
+
+
+def test_bad_input_starts_nothing(bed: NetnsBed, project: Client) -> None:
+    h3 = bed["h3"]
+    no_env = project.vmrun("train", "-H", "h3", "--epochs", "2")
+    assert no_env.returncode == 2
+    assert "h3: no Python environment is recorded" in no_env.stderr
+    assert "vmrun setup h3" in no_env.stderr
+    assert not (h3.home / ".vmrun" / "runs").exists()
+    unknown = project.vmrun("train", "-H", "nosuchhost.invalid", "--epochs", "2")
+    assert unknown.returncode == 12 and "cannot resolve" in unknown.stderr
+    for args, needle in ((["missing.py"], "no such file"), (["--epochs", "0"], ">= 1"),
+                         (["--save-every", "0"], ">= 1")):
+        bad = project.vmrun("train", "-H", "h1", *args)
+        assert bad.returncode == 2 and needle in bad.stderr, bad.stderr
+    assert not (bed["h1"].home / ".vmrun" / "runs").exists()
