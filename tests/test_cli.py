@@ -10,7 +10,9 @@ from conftest import ROOT, Client
 
 from vmrun import __version__
 
-COMMANDS = ["setup", "train", "logs", "status", "stop", "fetch", "watch-gpus", "exec", "hosts", "config"]
+COMMANDS = [
+    "setup", "train", "logs", "status", "stop", "fetch", "watch-gpus", "exec", "hosts", "config",
+]
 HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic")
 
 

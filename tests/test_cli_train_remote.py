@@ -6,7 +6,9 @@ host in vmrun.toml as `vmrun setup` would record it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -59,12 +61,8 @@ def _environ(pid: int) -> bytes:
 
 
 def _kill(pid: int) -> None:
-    import os
-
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _run_id(stderr: str) -> str:
