@@ -471,6 +471,31 @@ class Connection:
             for line in lines:
                 on_output(stream, line + b"\n")
 
+        def check_deadline() -> None:
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise CommandFailed(
+                    f"{argv[0]!r} timed out after {timeout:g} s and was stopped",
+                    host=self.label,
+                    exit_status=124,
+                    output_tail=err.text() or out.text(),
+                )
+
+        status = self.drain(chan, deliver, f"while running {argv[0]!r}", check_deadline)
+        if on_output is not None:
+            for stream in ("out", "err"):
+                if partial[stream]:
+                    on_output(stream, partial[stream])
+        return status
+
+    def drain(
+        self,
+        chan: paramiko.Channel,
+        deliver: Callable[[str, bytes], None],
+        doing: str,
+        tick: Callable[[], None] | None = None,
+    ) -> int:
+        """Read stdout and stderr until the command ends; the one place that tells an exit
+        status from a lost connection. `tick` runs between waits (deadlines)."""
         while True:
             got = False
             while chan.recv_ready():
@@ -486,24 +511,43 @@ class Connection:
             if chan.closed or not chan.get_transport().is_active():
                 if chan.exit_status_ready():
                     break
-                raise self._lost_error(f"while running {argv[0]!r}")
-            if timeout is not None and time.monotonic() - started > timeout:
-                raise CommandFailed(
-                    f"{argv[0]!r} timed out after {timeout:g} s and was stopped",
-                    host=self.label,
-                    exit_status=124,
-                    output_tail=err.text() or out.text(),
-                )
+                raise self._lost_error(doing)
+            if tick is not None:
+                tick()
             select.select([chan], [], [], 0.5)
-        if on_output is not None:
-            for stream in ("out", "err"):
-                if partial[stream]:
-                    on_output(stream, partial[stream])
         status = chan.recv_exit_status()
         if status < 0 and not chan.get_transport().is_active():
             # paramiko marks a channel "exited" when its transport dies; no status came.
-            raise self._lost_error(f"while running {argv[0]!r}")
+            raise self._lost_error(doing)
         return status if 0 <= status < 256 else 255  # -1: killed by a signal
+
+    def capture(
+        self, command: str, *, stdin: bytes = b"", what: str = "a command"
+    ) -> tuple[int, bytes, str]:
+        """Run a raw command string (no wrapper; stdin is sent, then closed) and keep all of
+        its stdout: for listings and byte streams that `run`'s tails would cut."""
+        chan = self.open_session()
+        out: list[bytes] = []
+        err = Tail(16 * 1024)
+        try:
+            try:
+                chan.exec_command(command)
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except Exception:
+                raise self._lost_error(f"while starting {what}") from None
+
+            def deliver(stream: str, data: bytes) -> None:
+                if stream == "out":
+                    out.append(data)
+                else:
+                    err.feed(data)
+
+            status = self.drain(chan, deliver, f"while running {what}")
+        finally:
+            chan.close()
+        return status, b"".join(out), err.text()
 
 
 def command_failed(result: CommandResult) -> CommandFailed:

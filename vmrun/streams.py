@@ -322,40 +322,10 @@ def capture(
     conn: Connection, command: str, *, stdin: bytes = b"", what: str = "a command"
 ) -> tuple[int, bytes, str]:
     """Run a raw command on the open connection: (exit status, stdout bytes, stderr text)."""
-    chan = conn.open_session()
-    out: list[bytes] = []
-    err = Tail(16 * 1024)
     try:
-        try:
-            chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
-        except Exception:
-            raise lost(conn, f"while starting {what}") from None
-        while True:
-            got = False
-            while chan.recv_ready():
-                out.append(chan.recv(CHUNK))
-                got = True
-            while chan.recv_stderr_ready():
-                err.feed(chan.recv_stderr(65536))
-                got = True
-            if got:
-                continue
-            if chan.exit_status_ready() and (chan.eof_received or chan.closed):
-                break
-            if chan.closed or not chan.get_transport().is_active():
-                if chan.exit_status_ready():
-                    break
-                raise lost(conn, f"while running {what}")
-            select.select([chan], [], [], 0.5)
-        status = chan.recv_exit_status()
-        if status < 0:
-            raise lost(conn, f"while running {what}")
-    finally:
-        chan.close()
-    return status, b"".join(out), err.text()
+        return conn.capture(command, stdin=stdin, what=what)
+    except ConnectionLostError as exc:
+        raise lost(conn, exc.message.removeprefix("connection lost ")) from None
 
 
 def measure_rtt(conn: Connection, samples: int = 3) -> float:

@@ -19,6 +19,7 @@ import stat
 import tarfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,24 +68,35 @@ class _Up:
     sent: int = 0
 
 
-def _scan(local: Path, spec: FetchSpec, report: Report) -> list[_Up]:
+def _scan(
+    local: Path, spec: FetchSpec, report: Report, files: Sequence[str] | None = None
+) -> list[_Up]:
     st = os.stat(local)
     if stat.S_ISREG(st.st_mode):
         return [_Up(local.name, local, st.st_size, st.st_mtime_ns, st.st_mode)]
+    if files is not None:  # the caller's list (vmrun.sync): no walk
+        candidates = [(local / rel, rel) for rel in files]
+    else:
+        candidates = []
+        for folder, dirs, names in os.walk(local):
+            dirs.sort()
+            for name in sorted(names):
+                path = Path(folder) / name
+                candidates.append((path, path.relative_to(local).as_posix()))
     found: list[_Up] = []
-    for folder, dirs, files in os.walk(local):
-        dirs.sort()
-        for name in sorted(files):
-            path = Path(folder) / name
-            rel = path.relative_to(local).as_posix()
-            if name.endswith(PART_SUFFIX) or not selected(rel, spec):
-                continue
+    for path, rel in candidates:
+        if path.name.endswith(PART_SUFFIX) or not selected(rel, spec):
+            continue
+        try:
             lst = os.lstat(path)
-            if stat.S_ISLNK(lst.st_mode):
-                report.skipped.append(f"{rel}: a symlink, not followed")
-                continue
-            if stat.S_ISREG(lst.st_mode):
-                found.append(_Up(rel, path, lst.st_size, lst.st_mtime_ns, lst.st_mode))
+        except FileNotFoundError:
+            report.skipped.append(f"{rel}: vanished before it could be sent")
+            continue
+        if stat.S_ISLNK(lst.st_mode):
+            report.skipped.append(f"{rel}: a symlink, not followed")
+            continue
+        if stat.S_ISREG(lst.st_mode):
+            found.append(_Up(rel, path, lst.st_size, lst.st_mtime_ns, lst.st_mode))
     return found
 
 
@@ -165,8 +177,10 @@ def upload(
     *,
     include: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
+    files: Sequence[str] | None = None,
 ) -> Report:
-    """Make `remote` (normalised remote path) hold what `local` (file or folder) holds."""
+    """Make `remote` (normalised remote path) hold what `local` (file or folder) holds;
+    `files` (POSIX paths relative to a folder `local`) replaces the walk with a list."""
     options = options or Options()
     progress = progress or Progress()
     started = time.monotonic()
@@ -175,7 +189,8 @@ def upload(
         raise UsageError(f"{local} does not exist")
     single = local.is_file()
     remote_dir = (posixpath.dirname(remote) or ".") if single else remote
-    items = _scan(local, FetchSpec(remote, "", include=include, exclude=exclude), report)
+    spec = FetchSpec(remote, "", include=include, exclude=exclude)
+    items = _scan(local, spec, report, files)
     if single:
         items[0].rel = posixpath.basename(remote)
     listing = list_remote(conn, [remote_dir])
