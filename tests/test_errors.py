@@ -52,4 +52,4 @@ def test_one_line_names_the_host_and_the_fix() -> None:
 def test_hosts_failed_takes_the_worst_code() -> None:
     err = HostsFailed({"a": AuthError("x"), "b": ConnectionLostError("y")}, total=3)
     assert err.exit_code == ExitCode.CONNECTION_LOST
-    assert err.one_line() == "2 of 3 hosts failed: a, b"
+    assert err.one_line() == "2 of 3 hosts failed: a: x; b: y"

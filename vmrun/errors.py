@@ -116,10 +116,15 @@ class HostsFailed(VmrunError):
 
     def __init__(self, failures: dict[str, BaseException], total: int):
         self.failures = failures
-        names = ", ".join(failures)
-        super().__init__(f"{len(failures)} of {total} hosts failed: {names}")
+        whys = "; ".join(_host_line(host, err) for host, err in failures.items())
+        super().__init__(f"{len(failures)} of {total} hosts failed: {whys}")
         codes = [exit_code_for(err) for err in failures.values()]
         self.exit_code = max(codes) if codes else ExitCode.FAILED
+
+
+def _host_line(host: str, err: BaseException) -> str:
+    text = err.one_line() if isinstance(err, VmrunError) else f"{type(err).__name__}: {err}"
+    return text if text.startswith(f"{host}:") else f"{host}: {text}"
 
 
 def exit_code_for(err: BaseException) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from vmrun.errors import UsageError
@@ -87,6 +87,9 @@ def torchrun_argv(
     master_addr: str | None = None,
     master_port: int | None = None,
     standalone: bool = False,
+    local_addr: str | None = None,
+    rdzv_conf: Mapping[str, str] | None = None,
+    log_dir: str | None = None,
 ) -> list[str]:
     """`python -m torch.distributed.run` (not the `torchrun` shim: that may belong to another
     environment) with one of three rendezvous styles:
@@ -95,7 +98,12 @@ def torchrun_argv(
     - `rdzv_endpoint`: c10d rendezvous; `localhost:0` with nnodes 1 is the single-node form
       that lets several jobs share a host *and* keeps our run id as TORCHELASTIC_RUN_ID;
       multi-node needs the same `rdzv_id` on every node. Required for elastic MIN:MAX.
+      `local_addr` is this node's address for the others (rank 0's becomes MASTER_ADDR),
+      `rdzv_conf` torchrun's `--rdzv-conf` (e.g. is_host=true on the endpoint's host).
     - neither: static rendezvous; multi-node needs `node_rank` and `master_addr`.
+
+    `log_dir`: every worker's output also goes to files there, and torchrun copies it to its
+    own output line by line, each line prefixed as RANK_PREFIX_TEMPLATE says (`--tee 3`).
     """
     nproc = check_nproc_per_node(nproc_per_node)
     if max_restarts < 0:
@@ -119,6 +127,10 @@ def torchrun_argv(
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
         if rdzv_id:
             argv.append(f"--rdzv-id={rdzv_id}")
+        if rdzv_conf:
+            argv.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items()))
+        if local_addr:
+            argv.append(f"--local-addr={local_addr}")
         argv.append(f"--nnodes={nodes}")
     else:
         if ":" in nodes:
@@ -136,7 +148,15 @@ def torchrun_argv(
         if master_port is not None:
             argv.append(f"--master-port={_check_port(master_port)}")
     argv += [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
+    if log_dir:
+        argv += [f"--log-dir={log_dir}", "--tee=3"]
     return [*argv, script, *script_args]
+
+
+# torchrun puts this before each line a worker prints (with `log_dir`); vmrun's merged view
+# turns `[rank3]:text` from host h into `[h rank3] text` (vmrun.nodes).
+RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
+RANK_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
 
 
 def torchrun_env(max_restarts: int) -> dict[str, str]:

@@ -1,14 +1,25 @@
-"""Training on a host over SSH: preflight, code sync, a detached start, the live log, the exit.
+"""Training on hosts over SSH: preflight, code sync, a detached start, the live log, the exit.
 
-The run is started with `runs.start`, so it outlives this process and the connection: Ctrl-C
-here only detaches (the run goes on; `vmrun logs -f RUN` reattaches), and a dropped
-connection says how to reattach instead of losing the run.
+One path for one host or many. Every run is started with `runs.start`, so it outlives this
+process and the connection: Ctrl-C here only detaches (`vmrun logs -f RUN` reattaches).
+
+- One host: torchrun with a private c10d rendezvous on localhost (several runs can share a
+  host with --allow-concurrent), its log streamed as it is; a dropped connection says how to
+  reattach instead of losing the run.
+- Several hosts: one torchrun per host, started in parallel, meeting at a c10d rendezvous on
+  the master (`--master`, default the first host) whose address and port are chosen and
+  checked first (vmrun.rendezvous); torch versions must agree everywhere; the merged log and
+  the failure rule are vmrun.nodes'. torch's c10d numbers the nodes itself, ordering them by
+  the address each advertises: the master advertises the rendezvous address, the others
+  their host names, so global rank 0 is on the master unless a host name sorts before that
+  address (vmrun then says where rank 0 is).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,14 +28,28 @@ from typing import Any
 from vmrun import launch, runs
 from vmrun.config import Settings
 from vmrun.connection import Connection
-from vmrun.errors import CommandFailed, ConnectionLostError, Interrupted, RemoteError, UsageError
+from vmrun.errors import (
+    CommandFailed,
+    ConnectionLostError,
+    HostsFailed,
+    Interrupted,
+    RemoteError,
+    UsageError,
+)
+from vmrun.group import Group, Outcome
 from vmrun.inventory import HostEntry
+from vmrun.rendezvous import Layout, NodeFacts
 from vmrun.train import CPU_PROCESSES, Plan
 
 REMOTE_TEMPLATE = ".vmrun/lib/vmrun_template.py"  # under the remote home
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
-# One round trip: the home directory, then the environment setup recorded (base64 JSON).
-_PREFLIGHT = 'printf "%s\\n" "$HOME"; base64 -w0 "$HOME/.vmrun/host.json" 2>/dev/null; echo'
+# One round trip: the home directory, setup's environment record (base64 JSON), and the
+# GPUs nvidia-smi lists (for hosts whose interpreter vmrun.toml names without a setup).
+_PREFLIGHT = (
+    'printf "%s\\n" "$HOME"; base64 -w0 "$HOME/.vmrun/host.json" 2>/dev/null; echo;'
+    " nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true"
+)
 
 Note = Callable[[str], None]
 
@@ -34,13 +59,39 @@ class HostEnv:
     home: str
     python: str
     record: dict[str, Any]
+    listed_gpus: int = 0
 
     @property
     def gpus(self) -> int:
         try:
-            return int(self.record.get("gpus", 0))
+            return int(self.record.get("gpus", self.listed_gpus))
         except (TypeError, ValueError):
-            return 0
+            return self.listed_gpus
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """The multi-node flags: where the nodes meet and how they talk."""
+
+    master: str | None = None
+    nnodes: str | None = None
+    rdzv_port: int | None = None
+    nccl_debug: str | None = None
+
+
+@dataclass
+class Node:
+    entry: HostEntry
+    conn: Connection
+    env: HostEnv
+    facts: NodeFacts | None = None
+    workdir: str = ""
+    script: str = ""
+    skip: int = 0  # log lines of earlier attempts (resume)
+
+    @property
+    def label(self) -> str:
+        return self.entry.label
 
 
 def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
@@ -53,6 +104,7 @@ def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
             record = json.loads(base64.b64decode(out[1]))
         except ValueError:
             record = {}
+    listed = int(out[2]) if len(out) > 2 and out[2].strip().isdigit() else 0
     python = str(entry.vars.get("python") or record.get("python") or "")
     if not python:
         raise UsageError(
@@ -61,19 +113,28 @@ def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
             hint=f'run `vmrun setup {entry.label}` first, or set python = "/path/to/python"'
             " for it in vmrun.toml",
         )
-    return HostEnv(home, python, record)
+    return HostEnv(home, python, record, listed)
 
 
-def check_not_busy(conn: Connection, allow_concurrent: bool) -> None:
+def check_not_busy(conn: Connection, allow_concurrent: bool, resuming: str | None = None) -> None:
     if allow_concurrent:
         return
-    busy = [r for r in runs.list_runs(conn) if r.state == "running"]
+    busy = [r for r in runs.list_runs(conn) if r.state == "running" and r.id != resuming]
     if busy:
         raise UsageError(
             f"this host is already running {busy[-1].id}; two runs would share its GPUs",
             host=conn.label,
             hint=f"wait, `vmrun stop {busy[-1].id}`, or pass --allow-concurrent",
         )
+
+
+def raise_failures(outcomes: list[Outcome[Any]]) -> None:
+    """One host's failure as itself (its own exit code and hint); several as HostsFailed."""
+    failures = {o.host: o.error for o in outcomes if o.error is not None}
+    if len(failures) == 1:
+        raise next(iter(failures.values()))  # type: ignore[misc]
+    if failures:
+        raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
 
 
 def run_remote(
@@ -85,80 +146,148 @@ def run_remote(
     allow_concurrent: bool,
     on_line: Callable[[bytes], None],
     note: Note,
+    wiring: Wiring | None = None,
+    resume: str | None = None,
 ) -> int:
-    if len(entries) != 1:
-        names = ", ".join(e.label for e in entries)
-        raise UsageError(
-            f"several hosts given ({names}): multi-node training is not available yet",
-            hint="pick one host with -H",
+    """Start the plan on the hosts (one node each) and, unless detached, follow it to the
+    end; return 0 or raise with the run's failure."""
+    wiring = wiring or Wiring()
+    entries = _order(entries, wiring)
+    multi = len(entries) > 1
+    with Group(entries, settings) as group:
+        nodes = _preflight(group, multi=multi, allow_concurrent=allow_concurrent, resume=resume)
+        layout = _meet(group, nodes, wiring) if multi else None
+        rid = resume or launch.run_id(plan.name)
+        if resume:
+            from vmrun.resume import prepare
+
+            prepare(group, list(nodes), rid, note)
+        raise_failures(group.map(lambda entry, conn: _stage(nodes[entry.label], plan, note)))
+        nproc = _nproc(plan, list(nodes.values()))
+        started = _start_all(group, plan, nodes, rid, nproc, layout, wiring, resume)
+        names = ", ".join(nodes)
+        where = f" on {names}" if multi else f" on {names} (pid {started[entries[0].label]})"
+        note(
+            f"run {rid} {'resumed' if resume else 'started'}{where}; its files: ~/"
+            f"{_out_dir(plan, nodes[entries[0].label].workdir, rid)}/"
         )
-    (entry,) = entries
-    with Connection(entry.spec, settings, label=entry.label) as conn:
-        env_info = host_env(conn, entry)
-        check_not_busy(conn, allow_concurrent)
-        rid = launch.run_id(plan.name)
-        workdir, script = _stage(conn, plan, env_info, note)
-        out_dir = f"{workdir}/results/{rid}" if plan.is_template else workdir
-        argv, env, nproc = _launch_argv(plan, env_info, script, rid)
-        meta = {
-            "name": plan.name,
-            "script": script,
-            "template": plan.is_template,
-            "launcher": plan.launcher,
-            "nproc": nproc,
-            "max_restarts": plan.max_restarts,
-            "workdir": workdir,
-            "out_dir": out_dir,
-            "python": env_info.python,
-            "argv": argv,
-            "env_keys": sorted(plan.env),
-            "host": entry.label,
-            "nnodes": 1,
-            "node_rank": 0,
-        }
-        pid = runs.start(conn, rid, workdir, argv, meta, env=env)
-        note(f"run {rid} started on {entry.label} (pid {pid}); its files: ~/{out_dir}/")
+        if layout is not None:
+            note(_layout_note(layout, nodes, nproc))
         if detach:
             note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
-        try:
-            runs.follow(conn, rid, on_line)
-        except (KeyboardInterrupt, Interrupted):
-            raise Interrupted(
-                f"detached from run {rid}; it goes on running on {entry.label}",
-                hint=f"reattach with `vmrun logs -f {rid}`, stop it with `vmrun stop {rid}`",
-            ) from None
-        except ConnectionLostError as exc:
-            raise ConnectionLostError(
-                f"{exc.message}; run {rid} goes on running there",
-                host=entry.label,
-                hint=f"reattach with `vmrun logs -f {rid}`",
-            ) from None
-        (record,) = runs.list_runs(conn, [rid])
-    if record.exit_code == 0:
-        note(f"run {rid} finished on {entry.label}; `vmrun fetch --run {rid}` brings its files")
-        return 0
-    code = record.exit_code if record.exit_code is not None else 1
-    raise CommandFailed(
-        f"run {rid} exited with {code}",
-        host=entry.label,
-        exit_status=code,
-        hint=f"see `vmrun logs {rid}`",
+        if multi:
+            from vmrun.nodes import follow_nodes
+
+            follow_nodes(
+                [n.conn for n in nodes.values()],
+                rid,
+                on_line,
+                note,
+                last={n.label: n.skip for n in nodes.values()},
+            )
+            note(f"run {rid} finished on {names}; `vmrun fetch --run {rid}` brings its files")
+            return 0
+        return _follow_single(nodes[entries[0].label], rid, on_line, note)
+
+
+def _order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
+    """The master first (--master names one of the hosts), the others in the order given."""
+    if len(entries) == 1:
+        if wiring.master or wiring.nnodes:
+            raise UsageError("--master and --nnodes are for several hosts; give more with -H")
+        return entries
+    if wiring.master is None:
+        return entries
+    found = [e for e in entries if wiring.master in (e.label, e.name, e.spec.label)]
+    if not found:
+        raise UsageError(
+            f"--master {wiring.master}: not one of the run's hosts"
+            f" ({', '.join(e.label for e in entries)})"
+        )
+    return [found[0], *(e for e in entries if e is not found[0])]
+
+
+def _preflight(
+    group: Group, *, multi: bool, allow_concurrent: bool, resume: str | None
+) -> dict[str, Node]:
+    """On every host at once: its interpreter, not busy, and (several hosts) its network and
+    torch facts. Nothing is started anywhere unless every host passes."""
+
+    def check(entry: HostEntry, conn: Connection) -> Node:
+        env = host_env(conn, entry)
+        check_not_busy(conn, allow_concurrent, resume)
+        node = Node(entry, conn, env)
+        if multi:
+            from vmrun.rendezvous import gather_facts
+
+            node.facts = gather_facts(conn, env.python, versions=True)
+            if node.facts.data.get("torch") is None:
+                raise UsageError(
+                    f"torch is not importable by {env.python}"
+                    f" ({node.facts.data.get('torch_error')}); nothing was started",
+                    host=entry.label,
+                    hint=f"run `vmrun setup {entry.label}`",
+                )
+        return node
+
+    outcomes = group.map(check)
+    raise_failures(outcomes)
+    nodes = {o.host: o.value for o in outcomes if o.value is not None}
+    if multi:
+        _check_same_env(nodes)
+    return nodes
+
+
+def _check_same_env(nodes: dict[str, Node]) -> None:
+    """The same Python and torch on every node, or nothing starts (say which differ)."""
+    for key, what in (("python", "Python"), ("torch", "torch")):
+        seen: dict[str, list[str]] = {}
+        for label, node in nodes.items():
+            assert node.facts is not None
+            seen.setdefault(str(node.facts.data.get(key)), []).append(label)
+        if len(seen) > 1:
+            which = "; ".join(f"{v} on {', '.join(hosts)}" for v, hosts in seen.items())
+            raise UsageError(
+                f"the hosts run different {what} versions ({which}); nothing was started",
+                hint="install the same one everywhere (`vmrun setup` with the same --torch)",
+            )
+
+
+def _meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:
+    from vmrun.rendezvous import decide
+
+    master = next(iter(nodes))
+    facts = {label: n.facts for label, n in nodes.items() if n.facts is not None}
+    return decide(
+        group,
+        {label: n.env.python for label, n in nodes.items()},
+        facts,
+        master,
+        port=wiring.rdzv_port,
+        override_addr=str(nodes[master].entry.vars.get("private_addr") or ""),
+        ifname_overrides={
+            label: str(n.entry.vars["ifname"])
+            for label, n in nodes.items()
+            if n.entry.vars.get("ifname")
+        },
     )
 
 
-def _stage(conn: Connection, plan: Plan, env_info: HostEnv, note: Note) -> tuple[str, str]:
-    """Put the code on the host; return (workdir, script path as the run will see it)."""
+def _stage(node: Node, plan: Plan, note: Note) -> None:
+    """Put the code on the host: node.workdir, and node.script as the run will see it."""
     from vmrun.sync import large_files, project_files, remote_workdir, sync_project
     from vmrun.transfer_upload import upload
 
-    workdir = remote_workdir(plan.project)
+    conn = node.conn
+    node.workdir = workdir = remote_workdir(plan.project)
     conn.run(["mkdir", "-p", workdir], check=True)
     if plan.is_template:
         report = upload(conn, plan.script, REMOTE_TEMPLATE)
         if not report.ok:
             raise RemoteError("could not place the template trainer on the host", host=conn.label)
-        return workdir, f"{env_info.home}/{REMOTE_TEMPLATE}"
+        node.script = f"{node.env.home}/{REMOTE_TEMPLATE}"
+        return
     try:
         script = plan.script.relative_to(plan.project).as_posix()
     except ValueError:
@@ -172,47 +301,222 @@ def _stage(conn: Connection, plan: Plan, env_info: HostEnv, note: Note) -> tuple
         raise UsageError(
             f"script {script} is excluded from the sync (.gitignore,"
             " .vmrunignore or vmrun's defaults)",
-            hint="add `!{script}` to .vmrunignore",
+            hint=f"add `!{script}` to .vmrunignore",
         )
     for name, size in large_files(plan.project, files):
         note(
-            f"warning: syncing a large file: {name} ({size / 2**20:.0f} MiB); list it in"
-            " .vmrunignore to leave it here"
+            f"{conn.label}: warning: syncing a large file: {name} ({size / 2**20:.0f} MiB);"
+            " list it in .vmrunignore to leave it here"
         )
     report = sync_project(conn, plan.project, workdir, files=files)
+    for text in report.warnings:
+        note(f"{conn.label}: warning: {text}")
     if report.sent:
         note(
-            f"synced {report.sent} file(s), {report.sent_bytes / 2**20:.1f} MiB"
+            f"{conn.label}: synced {report.sent} file(s), {report.sent_bytes / 2**20:.1f} MiB"
             f" ({report.engine}, {report.seconds:.1f} s) to ~/{workdir}"
         )
-    return workdir, script
+    node.script = script
 
 
-def _launch_argv(
-    plan: Plan, env_info: HostEnv, script: str, rid: str
-) -> tuple[list[str], dict[str, str], str]:
+def _nproc(plan: Plan, nodes: list[Node]) -> str:
+    """--nproc-per-node, else one process per GPU where every node has the same number of
+    GPUs, else 2 CPU processes (gloo) where none has one."""
+    if plan.nproc is not None or plan.launcher != "torchrun":
+        nproc = plan.nproc or "1"
+        if nproc == "gpu":
+            without = [n.label for n in nodes if not _gpus(n)]
+            if without:
+                raise UsageError(
+                    f"--nproc-per-node gpu: no GPU on {', '.join(without)}",
+                    hint="use --nproc-per-node cpu or a number",
+                )
+        return nproc
+    counts = {n.label: _gpus(n) for n in nodes}
+    if len(set(counts.values())) > 1:
+        which = ", ".join(f"{label}: {c}" for label, c in counts.items())
+        raise UsageError(
+            f"the hosts have different numbers of GPUs ({which}); torchrun needs the same"
+            " number of processes on every node",
+            hint="pass --nproc-per-node N",
+        )
+    return "gpu" if next(iter(counts.values())) else str(CPU_PROCESSES)
+
+
+def _gpus(node: Node) -> int:
+    if node.facts is not None:
+        return int(node.facts.data.get("gpus") or 0)
+    return node.env.gpus
+
+
+def _out_dir(plan: Plan, workdir: str, rid: str) -> str:
+    return f"{workdir}/results/{rid}" if plan.is_template else workdir
+
+
+def _start_all(
+    group: Group,
+    plan: Plan,
+    nodes: dict[str, Node],
+    rid: str,
+    nproc: str,
+    layout: Layout | None,
+    wiring: Wiring,
+    resume: str | None,
+) -> dict[str, int]:
+    """Start every node; if any fails to start, stop the ones that did and raise."""
+    labels = list(nodes)
+    meta_base = {
+        "name": plan.name,
+        "template": plan.is_template,
+        "launcher": plan.launcher,
+        "args": plan.args,
+        "nproc_requested": plan.nproc,
+        "nproc": nproc,
+        "max_restarts": plan.max_restarts,
+        "env_keys": sorted(plan.env),
+        "nodes": labels,
+        "master": labels[0],
+        "nnodes": wiring.nnodes or str(len(labels)),
+        "rdzv": layout.endpoint if layout else None,
+    }
+
+    def start(entry: HostEntry, conn: Connection) -> int:
+        node = nodes[entry.label]
+        argv, env = _launch(plan, node, rid, nproc, layout, wiring)
+        meta = {
+            **meta_base,
+            "script": node.script,
+            "workdir": node.workdir,
+            "out_dir": _out_dir(plan, node.workdir, rid),
+            "python": node.env.python,
+            "argv": argv,
+            "host": entry.label,
+            "ifname": layout.ifnames.get(entry.label, "") if layout else "",
+        }
+        got = runs.start(conn, rid, node.workdir, argv, meta, env=env, resume=resume is not None)
+        node.skip = got.log_lines
+        return got.pid
+
+    outcomes = group.map(start)
+    if any(not o.ok for o in outcomes):
+        started = {o.host for o in outcomes if o.ok}
+        group.map(lambda entry, conn: runs.stop(conn, rid, grace=5), only=started)
+        raise_failures(outcomes)
+    return {o.host: int(o.value or 0) for o in outcomes}
+
+
+def _launch(
+    plan: Plan, node: Node, rid: str, nproc: str, layout: Layout | None, wiring: Wiring
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of one node's launcher."""
     args = list(plan.args)
     if plan.is_template and "--out-dir" not in args:
         args += ["--out-dir", f"results/{rid}"]
-    env = {"PYTHONUNBUFFERED": "1", **plan.env}
-    nproc = plan.nproc or ("gpu" if env_info.gpus else str(CPU_PROCESSES))
+    env = {"PYTHONUNBUFFERED": "1"}
+    python, script = node.env.python, node.script
     if plan.launcher == "torchrun":
-        argv = launch.torchrun_argv(
-            env_info.python,
-            script,
-            args,
-            nproc_per_node=nproc,
-            max_restarts=plan.max_restarts,
-            rdzv_endpoint="localhost:0",
-            rdzv_id=rid,
-        )
-        for key, value in launch.torchrun_env(plan.max_restarts).items():
-            env.setdefault(key, value)
-        return argv, env, nproc
-    argv = launch.python_argv(env_info.python, script, args)
-    if plan.launcher == "env":
-        port = random.randint(29500, 29999)
-        env.update(
-            launch.env_wiring(node_rank=0, nnodes=1, master_addr="127.0.0.1", master_port=port)
-        )
-    return argv, env, "1"
+        env.update(launch.torchrun_env(plan.max_restarts))
+        if layout is None:
+            argv = launch.torchrun_argv(
+                python, script, args, nproc_per_node=nproc, max_restarts=plan.max_restarts,
+                rdzv_endpoint="localhost:0", rdzv_id=rid,
+            )  # fmt: skip
+        else:
+            is_master = node.label == layout.master
+            argv = launch.torchrun_argv(
+                python, script, args, nproc_per_node=nproc, max_restarts=plan.max_restarts,
+                nnodes=wiring.nnodes or str(len(layout.ifnames)),
+                rdzv_endpoint=layout.endpoint, rdzv_id=rid,
+                rdzv_conf={"is_host": "true" if is_master else "false"},
+                local_addr=layout.addr if is_master else _worker_addr(node, layout),
+                log_dir=f"{node.env.home}/{runs.record_dir(rid)}/workers",
+            )  # fmt: skip
+            env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = launch.RANK_PREFIX_TEMPLATE
+    else:
+        argv = launch.python_argv(python, script, args)
+        if plan.launcher == "env":
+            env.update(
+                launch.env_wiring(
+                    node_rank=0, nnodes=1, master_addr="127.0.0.1",
+                    master_port=random.randint(29500, 29999),
+                )
+            )  # fmt: skip
+    if layout is not None:
+        env.update(_network_env(node, layout, wiring))
+    env.update(plan.env)  # the user's --env wins over everything vmrun sets
+    return argv, env
+
+
+def _worker_addr(node: Node, layout: Layout) -> str | None:
+    """A worker advertises its host name (torch's default), which sorts after the master's
+    numeric address so the master becomes global rank 0; a name that would sort first is
+    replaced by the worker's own address, which the others can reach if it leads."""
+    assert node.facts is not None
+    if node.facts.fqdn and node.facts.fqdn > layout.addr:
+        return None
+    ifname = layout.ifnames.get(node.label)
+    iface = next((i for i in node.facts.ifaces if i.ifname == ifname), None)
+    return iface.addr if iface else None
+
+
+def _advertised(node: Node, layout: Layout) -> str:
+    """What the node's torchrun names itself in the rendezvous (c10d sorts nodes by it)."""
+    if node.label == layout.master:
+        return layout.addr
+    assert node.facts is not None
+    return _worker_addr(node, layout) or node.facts.fqdn
+
+
+def _network_env(node: Node, layout: Layout, wiring: Wiring) -> dict[str, str]:
+    """NCCL/gloo interfaces from the route to the master; the user's NCCL_* settings (this
+    shell's environment, then vmrun.toml's `env` for the host) on top."""
+    env: dict[str, str] = {}
+    ifname = layout.ifnames.get(node.label, "")
+    if ifname:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+        env["NCCL_SOCKET_IFNAME"] = f"={ifname}"
+    env.update({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+    host_env_table = node.entry.vars.get("env") or {}
+    if isinstance(host_env_table, dict):
+        env.update({str(k): str(v) for k, v in host_env_table.items()})
+    if wiring.nccl_debug:
+        env["NCCL_DEBUG"] = wiring.nccl_debug
+    return env
+
+
+def _layout_note(layout: Layout, nodes: dict[str, Node], nproc: str) -> str:
+    ifs = ", ".join(f"{label} {i or '?'}" for label, i in layout.ifnames.items())
+    rank0 = min(nodes.values(), key=lambda n: _advertised(n, layout)).label
+    where = "" if rank0 == layout.master else f"; torch's c10d puts global rank 0 on {rank0}"
+    return (
+        f"{len(nodes)} nodes x {nproc} process(es), rendezvous at {layout.endpoint} on"
+        f" {layout.master}; interfaces: {ifs}{where}"
+    )
+
+
+def _follow_single(node: Node, rid: str, on_line: Callable[[bytes], None], note: Note) -> int:
+    conn = node.conn
+    try:
+        runs.follow(conn, rid, on_line, skip=node.skip)
+    except (KeyboardInterrupt, Interrupted):
+        raise Interrupted(
+            f"detached from run {rid}; it goes on running on {node.label}",
+            hint=f"reattach with `vmrun logs -f {rid}`, stop it with `vmrun stop {rid}`",
+        ) from None
+    except ConnectionLostError as exc:
+        raise ConnectionLostError(
+            f"{exc.message}; run {rid} goes on running there",
+            host=node.label,
+            hint=f"reattach with `vmrun logs -f {rid}`",
+        ) from None
+    (record,) = runs.list_runs(conn, [rid])
+    if record.exit_code == 0:
+        note(f"run {rid} finished on {node.label}; `vmrun fetch --run {rid}` brings its files")
+        return 0
+    code = record.exit_code if record.exit_code is not None else 1
+    raise CommandFailed(
+        f"run {rid} exited with {code}",
+        host=node.label,
+        exit_status=code,
+        hint=f"see `vmrun logs {rid}`",
+    )

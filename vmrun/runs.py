@@ -25,24 +25,34 @@ RUN_ENV = "VMRUN_RUN_ID"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _PROGRESS = re.compile(r"\bepoch[ :=]+(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
 
-# sh -c START rec workdir run_id run_json CMD...   (env: the run's variables)
-_START = r"""rec=$1; wd=$2; id=$3; meta=$4; shift 4
+# sh -c START rec workdir run_id run_json mode CMD...   (env: the run's variables)
+# mode "new" starts the log afresh; "resume" (another attempt of the same run) appends to it
+# and clears the last attempt's pid/exit_code/stopped. Prints the log's line count before
+# this attempt, then the pid of the run's supervising shell.
+_START = r"""rec=$1; wd=$2; id=$3; meta=$4; mode=$5; shift 5
 case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
 mkdir -p "$rec" || exit 125
+lines=0
+if [ "$mode" = resume ]; then
+  rm -f "$rec/pid" "$rec/exit_code" "$rec/stopped"
+  [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
+fi
 printf '%s\n' "$meta" > "$rec/run.json.tmp" && mv "$rec/run.json.tmp" "$rec/run.json"
 cd "$wd" 2>/dev/null || { echo "vmrun: the work directory $wd is missing" >&2; exit 126; }
 export VMRUN_RUN_ID="$id" VMRUN_RUN_DIR="$rec"
 setsid -f sh -c '
-  rec=$1; shift
+  rec=$1; mode=$2; shift 2
   echo $$ > "$rec/pid.tmp" && mv "$rec/pid.tmp" "$rec/pid"
-  "$@" > "$rec/log" 2>&1 < /dev/null
+  if [ "$mode" = resume ]; then exec >> "$rec/log"; else exec > "$rec/log"; fi
+  "$@" 2>&1 < /dev/null
   rc=$?
   if [ ! -e "$rec/stopped" ]; then
     echo $rc > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
   fi
-' vmrun-run "$rec" "$@" < /dev/null > /dev/null 2>&1
+' vmrun-run "$rec" "$mode" "$@" < /dev/null > /dev/null 2>&1
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+echo "$lines"
 cat "$rec/pid" 2>/dev/null || { echo "vmrun: the run did not start" >&2; exit 125; }
 """
 
@@ -177,6 +187,12 @@ def record_dir(run_id: str) -> str:
     return f"{RUNS_DIR}/{check_run_id(run_id)}"
 
 
+@dataclass(frozen=True)
+class Started:
+    pid: int  # the run's supervising shell
+    log_lines: int  # lines the log already had (earlier attempts of a resumed run)
+
+
 def start(
     conn: Connection,
     run_id: str,
@@ -184,18 +200,25 @@ def start(
     argv: Sequence[str],
     meta: Mapping[str, Any],
     env: Mapping[str, str] | None = None,
-) -> int:
-    """Start argv detached in workdir; return the pid of the run's supervising shell."""
-    meta_text = json.dumps({**meta, "id": run_id, "started": time.time()}, sort_keys=True)
+    *,
+    resume: bool = False,
+) -> Started:
+    """Start argv detached in workdir. `resume`: another attempt of an existing run, whose
+    log goes on (the record keeps the first attempt's start time as `first_started`)."""
+    now = time.time()
+    meta_text = json.dumps({**meta, "id": run_id, "started": now}, sort_keys=True)
+    mode = "resume" if resume else "new"
     result = conn.run(
-        ["sh", "-c", _START, "vmrun-start", record_dir(run_id), workdir, run_id, meta_text, *argv],
+        ["sh", "-c", _START, "vmrun-start", record_dir(run_id), workdir, run_id, meta_text, mode,
+         *argv],
         env=env,
     )
     if not result.ok:
         raise RemoteError(f"could not start run {run_id}: {result.output_tail(3)}", host=conn.label)
     try:
-        return int(result.stdout_tail.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        lines, pid = result.stdout_tail.strip().splitlines()[-2:]
+        return Started(int(pid), int(lines))
+    except ValueError:
         raise RemoteError(f"run {run_id} did not report its pid", host=conn.label) from None
 
 
@@ -235,11 +258,18 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
 
 
 def follow(
-    conn: Connection, run_id: str, on_line: Callable[[bytes], None], *, last: int = 0
+    conn: Connection,
+    run_id: str,
+    on_line: Callable[[bytes], None],
+    *,
+    last: int = 0,
+    skip: int = 0,
 ) -> None:
-    """Stream the run's log (from the start, or its last N lines) until the run ends."""
+    """Stream the run's log (from the start, its last N lines, or after its first `skip`
+    lines) until the run ends."""
+    lines = f"+{skip + 1}" if skip else str(last)
     result = conn.run(
-        ["sh", "-c", _FOLLOW, "vmrun-follow", RUNS_DIR, check_run_id(run_id), str(last)],
+        ["sh", "-c", _FOLLOW, "vmrun-follow", RUNS_DIR, check_run_id(run_id), lines],
         on_output=lambda stream, data: on_line(data),
     )
     if result.exit_status == 3:

@@ -80,9 +80,9 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         max_restarts: Annotated[
-            int,
-            typer.Option("--max-restarts", metavar="R", help="torchrun restarts after a failure."),
-        ] = 0,
+            int | None,
+            typer.Option("--max-restarts", metavar="R", help="torchrun restarts [default: 0]."),
+        ] = None,
         env: Annotated[
             list[str] | None,
             typer.Option("--env", "-e", metavar="KEY[=VAL]", help="Set a variable; repeatable."),
@@ -115,18 +115,78 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--allow-concurrent", help="Start even if the host is running a run."),
         ] = False,
+        master: Annotated[
+            str | None,
+            typer.Option(
+                "--master",
+                metavar="HOST",
+                help="Several hosts: where the rendezvous is (torch's c10d) [default: the"
+                " first host].",
+            ),
+        ] = None,
+        nnodes: Annotated[
+            str | None,
+            typer.Option(
+                "--nnodes",
+                metavar="N|MIN:MAX",
+                help="Several hosts: torchrun's node count; MIN:MAX is elastic [default: the"
+                " number of hosts].",
+            ),
+        ] = None,
+        rdzv_port: Annotated[
+            int | None,
+            typer.Option(
+                "--rdzv-port",
+                metavar="PORT",
+                help="Several hosts: the rendezvous port on the master [default: 29400, or the"
+                " next free one].",
+            ),
+        ] = None,
+        nccl_debug: Annotated[
+            str | None,
+            typer.Option(
+                "--nccl-debug", metavar="LEVEL", help="NCCL_DEBUG: VERSION, WARN, INFO, TRACE."
+            ),
+        ] = None,
+        resume: Annotated[
+            str | None,
+            typer.Option(
+                "--resume",
+                metavar="RUN",
+                help="Another attempt of RUN, on its hosts, with its script and arguments, from"
+                " its newest snapshot (copied to every node first).",
+            ),
+        ] = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.train import make_plan
 
+        user_args = ctx.meta.get(_SCRIPT_ARGS)
+        wiring = _wiring(master, nnodes, rdzv_port, nccl_debug)
+        if resume is not None:
+            given = [
+                flag
+                for flag, value in (
+                    ("SCRIPT", script), ("--epochs", epochs), ("--save-every", save_every),
+                    ("--nproc-per-node", nproc_per_node), ("--max-restarts", max_restarts),
+                    ("--name", name), ("--batch-size", batch_size), ("--lr", lr),
+                    ("-- SCRIPT_ARGS", user_args), ("--local", local or None),
+                    ("--launcher", None if launcher == "torchrun" else launcher),
+                )
+                if value is not None
+            ]  # fmt: skip
+            if given:
+                raise UsageError(
+                    f"--resume repeats the run as it was recorded; drop {', '.join(given)}"
+                )
         plan = make_plan(
             script=script,
-            user_args=ctx.meta.get(_SCRIPT_ARGS),
+            user_args=user_args,
             epochs=epochs,
             save_every=save_every,
             nproc_per_node=nproc_per_node,
-            max_restarts=max_restarts,
+            max_restarts=max_restarts or 0,
             env=env,
             name=name,
             batch_size=batch_size,
@@ -136,6 +196,8 @@ def register(app: typer.Typer) -> None:
         if local:
             if host:
                 raise UsageError("--local trains on this machine; drop -H or --local")
+            if wiring.master or wiring.nnodes or wiring.rdzv_port:
+                raise UsageError("--master, --nnodes and --rdzv-port are for several hosts")
             from vmrun.localrun import run_local
 
             return run_local(plan)
@@ -143,7 +205,21 @@ def register(app: typer.Typer) -> None:
         from vmrun.remote_train import run_remote
 
         settings = settings_from(connect_timeout, accept_new_host_key)
-        entries = select_hosts(host, settings)
+        if resume is not None:
+            from vmrun.resume import load
+
+            plan, entries, meta = load(settings, host, resume, plan.env)
+            if wiring.master is None and len(entries) > 1:
+                wiring = _wiring(
+                    str(meta.get("master")),
+                    meta.get("nnodes") if nnodes is None else nnodes,
+                    rdzv_port,
+                    nccl_debug,
+                )
+        else:
+            entries = select_hosts(host, settings)
+        if wiring.nnodes is not None and len(entries) > 1:
+            _check_nnodes(wiring.nnodes, len(entries))
 
         def show(line: bytes) -> None:
             sys.stdout.write(line.decode("utf-8", "replace"))
@@ -161,4 +237,38 @@ def register(app: typer.Typer) -> None:
             allow_concurrent=allow_concurrent,
             on_line=show,
             note=note,
+            wiring=wiring,
+            resume=resume,
         )
+
+
+def _wiring(
+    master: str | None, nnodes: str | None, rdzv_port: int | None, nccl_debug: str | None
+) -> Any:
+    from vmrun.remote_train import NCCL_DEBUG_LEVELS, Wiring
+
+    if nccl_debug is not None and nccl_debug.upper() not in NCCL_DEBUG_LEVELS:
+        raise UsageError(f"--nccl-debug {nccl_debug}: use one of {', '.join(NCCL_DEBUG_LEVELS)}")
+    if rdzv_port is not None and not 1 <= rdzv_port <= 65535:
+        raise UsageError(f"--rdzv-port {rdzv_port}: ports are 1-65535")
+    return Wiring(
+        master=master,
+        nnodes=nnodes,
+        rdzv_port=rdzv_port,
+        nccl_debug=nccl_debug.upper() if nccl_debug else None,
+    )
+
+
+def _check_nnodes(nnodes: str, hosts: int) -> None:
+    """torchrun's --nnodes against the hosts given: N must be their number, MIN:MAX cover it."""
+    import re
+
+    match = re.fullmatch(r"([1-9][0-9]*)(?::([1-9][0-9]*))?", nnodes.strip())
+    if not match:
+        raise UsageError(f"--nnodes {nnodes!r}: use N or MIN:MAX with whole numbers >= 1")
+    low = int(match.group(1))
+    high = int(match.group(2) or low)
+    if match.group(2) is None and low != hosts:
+        raise UsageError(f"--nnodes {low} but {hosts} hosts were given; use MIN:MAX for elastic")
+    if not low <= hosts <= high or low > high:
+        raise UsageError(f"--nnodes {nnodes}: {hosts} hosts are not within MIN:MAX")

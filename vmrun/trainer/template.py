@@ -120,8 +120,11 @@ class Ctx:
     restart: int
 
     def say(self, text: str, *, every_rank: bool = False) -> None:
+        """Print from rank 0 (or every rank), prefixed with the rank unless torchrun already
+        prefixes each line (vmrun's multi-node launches: `--tee` with a rank template)."""
         if every_rank or self.rank == 0:
-            print(f"[rank {self.rank}] {text}", flush=True)
+            prefixed = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" in os.environ
+            print(text if prefixed else f"[rank {self.rank}] {text}", flush=True)
 
 
 def setup() -> Ctx:
@@ -307,7 +310,7 @@ def resume(ctx: Ctx, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir
         set_rng_state(ctx, state["rng"])
         start = int(state["epoch"]) + 1
         done = f"epochs 1-{start - 1}" if start > 2 else "epoch 1"
-        ctx.say(f"resumed from snapshot at epoch {start} ({done} done)")
+        ctx.say(f"resumed from snapshot at epoch {start} ({done} done)", every_rank=True)
     if ctx.rank == 0:
         truncate_metrics(out_dir / METRICS, start - 1)  # metrics follow the trajectory trained
     return start
