@@ -1,13 +1,17 @@
 """Shared fixtures: a session-wide bed of real sshd test hosts and a clean client HOME.
 
 As root, `bed` has h1-h3 on the "main" bridge, `bastion` on main and "inner", and `hidden`
-on inner only (reachable through the bastion alone). Without root those tests skip with
-the reason; `loopback` is one sshd on 127.0.0.1 that works either way.
+on inner only (reachable through the bastion alone); `cluster` adds the multi-node hosts
+n1-n3 (see tests/test_cli_train_multinode.py). Without root those tests skip with the
+reason; `loopback` is one sshd on 127.0.0.1 that works either way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -235,3 +239,63 @@ def install_standin(host: TestHost, name: str, script: str) -> Path:
     path.chmod(0o755)
     os.chown(path, host.uid, host.gid)
     return path
+
+
+# -- a multi-node cluster in the bed -----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cluster(bed: NetnsBed) -> dict[str, TestHost]:
+    """n1, n2 on main + inner; n3 on inner only (behind the bastion)."""
+    hosts = {}
+    for name, nets in (("n1", ("main", "inner")), ("n2", ("main", "inner")), ("n3", ("inner",))):
+        try:
+            hosts[name] = bed[name]
+        except KeyError:
+            hosts[name] = bed.add_host(name, networks=nets, hosts_file_loopback_hostname=True)
+    return hosts
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def run_pids(host: TestHost, rid: str | None = None) -> list[int]:
+    """Live processes of a vmrun run (any run, or `rid`) on the host."""
+    needle = f"VMRUN_RUN_ID={rid}".encode() if rid else b"VMRUN_RUN_ID="
+    found = []
+    for pid in host.user_pids():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and any(e.startswith(needle) for e in _environ(pid).split(b"\0")):
+            found.append(pid)
+    return found
+
+
+@pytest.fixture
+def multi(
+    bed: NetnsBed, cluster: dict[str, TestHost], client: Client, host_python: Path
+) -> Iterator[Client]:
+    """A project whose vmrun.toml lists n1 and n2 with the shared interpreter; afterwards no
+    run process, blocked port, cut link or vmrun file is left on the cluster's hosts."""
+    (client.ssh_dir / "config").write_text(bed.ssh_config_text())
+    (client.ssh_dir / "known_hosts").write_text(bed.known_hosts_text())
+    (client.cwd / "vmrun.toml").write_text("".join(
+        f'[[hosts]]\naddress = "{n}"\npython = "{host_python}"\n\n' for n in ("n1", "n2")))
+    client.extra_env["OMP_NUM_THREADS"] = "1"
+    yield client
+    for host in cluster.values():
+        for port in list(host._blocked):
+            host.unblock_port(port)
+        host.heal_link()
+        for pid in run_pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda h=host: not run_pids(h), 10, f"no run process left on {host.name}")
+        shutil.rmtree(host.home / ".vmrun", ignore_errors=True)
+        shutil.rmtree(host.home / "vmrun", ignore_errors=True)

@@ -11,7 +11,8 @@ from conftest import ROOT, Client
 from vmrun import __version__
 
 COMMANDS = [
-    "setup", "train", "logs", "status", "stop", "fetch", "watch-gpus", "exec", "hosts", "config",
+    "setup", "train", "logs", "status", "stop", "fetch", "watch-gpus", "doctor", "exec", "hosts",
+    "config",
 ]
 HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic")
 

@@ -9,80 +9,20 @@ bind there and fail ("connectFullMesh failed ... remote=[127.0.0.1]").
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from conftest import Client, wait_for
+from conftest import Client, run_pids, wait_for
 from testbed import NetnsBed, TestHost
 
 from vmrun.sync import remote_workdir
-
-NODES = ("n1", "n2", "n3")
-
-
-@pytest.fixture(scope="module")
-def cluster(bed: NetnsBed) -> dict[str, TestHost]:
-    """n1, n2 on main + inner; n3 on inner only (behind the bastion)."""
-    hosts = {}
-    for name, nets in (("n1", ("main", "inner")), ("n2", ("main", "inner")), ("n3", ("inner",))):
-        try:
-            hosts[name] = bed[name]
-        except KeyError:
-            hosts[name] = bed.add_host(name, networks=nets, hosts_file_loopback_hostname=True)
-    return hosts
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
-
-
-def run_pids(host: TestHost, rid: str | None = None) -> list[int]:
-    """Live processes of a vmrun run (any run, or `rid`) on the host."""
-    needle = f"VMRUN_RUN_ID={rid}".encode() if rid else b"VMRUN_RUN_ID="
-    found = []
-    for pid in host.user_pids():
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and any(e.startswith(needle) for e in _environ(pid).split(b"\0")):
-            found.append(pid)
-    return found
-
-
-@pytest.fixture
-def project(bed: NetnsBed, cluster: dict[str, TestHost], client: Client,
-            host_python: Path) -> Iterator[Client]:
-    (client.ssh_dir / "config").write_text(bed.ssh_config_text())
-    (client.ssh_dir / "known_hosts").write_text(bed.known_hosts_text())
-    (client.cwd / "vmrun.toml").write_text("".join(
-        f'[[hosts]]\naddress = "{n}"\npython = "{host_python}"\n\n' for n in ("n1", "n2")))
-    client.extra_env["OMP_NUM_THREADS"] = "1"
-    yield client
-    for host in cluster.values():
-        for port in list(host._blocked):
-            host.unblock_port(port)
-        host.heal_link()
-        for pid in run_pids(host):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        wait_for(lambda h=host: not run_pids(h), 10, f"no run process left on {host.name}")
-        shutil.rmtree(host.home / ".vmrun", ignore_errors=True)
-        shutil.rmtree(host.home / "vmrun", ignore_errors=True)
 
 
 def run_id(stderr: str) -> str:
@@ -100,11 +40,11 @@ def node_lines(stdout: str, host: str) -> list[str]:
 
 
 def test_two_nodes_one_process_each_match_a_single_process_run(
-        cluster: dict[str, TestHost], project: Client, tmp_path: Path) -> None:
+        cluster: dict[str, TestHost], multi: Client, tmp_path: Path) -> None:
     """The final weights of a deterministic 2-node run equal a 1-process run with the same
     global batch: real DDP across the nodes, not two independent runs."""
     args = ["4", "2", "--batch-size", "16", "--dataset-size", "512", "--deterministic"]
-    done = project.vmrun("train", "-H", "n1", "-H", "n2", "--nproc-per-node", "1", "--",
+    done = multi.vmrun("train", "-H", "n1", "-H", "n2", "--nproc-per-node", "1", "--",
                          *args, timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id(done.stderr)
@@ -115,8 +55,8 @@ def test_two_nodes_one_process_each_match_a_single_process_run(
     ranks = {re.match(r"\[(\w+) rank(\d)\]", ln).groups()
              for ln in done.stdout.splitlines() if "started: pid" in ln}
     assert ranks == {("n1", "0"), ("n2", "1")}, done.stdout  # the master holds rank 0
-    final = out_dir(cluster["n1"], project, rid) / "finalmodel.pt"
-    assert final.exists() and not (out_dir(cluster["n2"], project, rid) / "finalmodel.pt").exists()
+    final = out_dir(cluster["n1"], multi, rid) / "finalmodel.pt"
+    assert final.exists() and not (out_dir(cluster["n2"], multi, rid) / "finalmodel.pt").exists()
 
     from vmrun.trainer import TEMPLATE_PATH
 
@@ -152,8 +92,8 @@ def ranks_by_host(stdout: str) -> dict[str, set[int]]:
 
 
 def test_two_nodes_two_processes_merged_log_and_node_filter(
-        cluster: dict[str, TestHost], project: Client) -> None:
-    done = project.vmrun("train", "--epochs", "3", "--save-every", "1", timeout=300)
+        cluster: dict[str, TestHost], multi: Client) -> None:
+    done = multi.vmrun("train", "--epochs", "3", "--save-every", "1", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id(done.stderr)
     assert "2 nodes x 2 process(es)" in done.stderr
@@ -161,31 +101,31 @@ def test_two_nodes_two_processes_merged_log_and_node_filter(
     assert all("world_size 4" in ln for ln in done.stdout.splitlines() if "started: pid" in ln)
     epochs = re.findall(r"^\[n1 rank0\] epoch (\d)/3", done.stdout, re.M)
     assert epochs == ["1", "2", "3"]
-    only_n2 = project.vmrun("logs", rid, "--node", "n2")
+    only_n2 = multi.vmrun("logs", rid, "--node", "n2")
     assert only_n2.returncode == 0, only_n2.stderr
     lines = only_n2.stdout.splitlines()
     assert lines and all(ln.startswith("[n2") for ln in lines), only_n2.stdout
     assert ranks_by_host(only_n2.stdout) == {"n2": {2, 3}}
-    both = project.vmrun("logs", rid)
+    both = multi.vmrun("logs", rid)
     assert ranks_by_host(both.stdout) == {"n1": {0, 1}, "n2": {2, 3}}
-    status = project.vmrun("status")
+    status = multi.vmrun("status")
     for host in ("n1", "n2"):
         assert re.search(rf"{rid}\s+{host}\s+done", status.stdout), status.stdout
 
 
 def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
-        bed: NetnsBed, cluster: dict[str, TestHost], project: Client) -> None:
+        bed: NetnsBed, cluster: dict[str, TestHost], multi: Client) -> None:
     """n3 is reached over SSH through the bastion; the rendezvous must use n1's inner address
     (its main one is not on n3's network), and each node the interface on that route."""
-    done = project.vmrun("train", "-H", "n1", "-H", "n2", "-H", "n3", "--nproc-per-node", "1",
+    done = multi.vmrun("train", "-H", "n1", "-H", "n2", "-H", "n3", "--nproc-per-node", "1",
                          "--epochs", "2", "--save-every", "2",
                          env={"VMRUN_HOSTS": ""}, timeout=300)
     # n3 is not in vmrun.toml: its interpreter comes from the command line's host entry
     assert done.returncode == 2 and "n3: no Python environment is recorded" in done.stderr
-    toml = project.cwd / "vmrun.toml"
+    toml = multi.cwd / "vmrun.toml"
     toml.write_text(toml.read_text() + f'[[hosts]]\naddress = "n3"\npython = '
-                    f'"{_python(project)}"\n')
-    done = project.vmrun("train", "--nproc-per-node", "1", "--epochs", "2", "--save-every", "2",
+                    f'"{_python(multi)}"\n')
+    done = multi.vmrun("train", "--nproc-per-node", "1", "--epochs", "2", "--save-every", "2",
                          timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id(done.stderr)
@@ -197,16 +137,16 @@ def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
         assert meta["rdzv"].startswith(f"{inner}:") and meta["ifname"] == ifname, (name, meta)
 
 
-def _python(project: Client) -> str:
-    match = re.search(r'python = "([^"]+)"', (project.cwd / "vmrun.toml").read_text())
+def _python(multi: Client) -> str:
+    match = re.search(r'python = "([^"]+)"', (multi.cwd / "vmrun.toml").read_text())
     assert match
     return match.group(1)
 
 
 def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
-        cluster: dict[str, TestHost], project: Client) -> None:
+        cluster: dict[str, TestHost], multi: Client) -> None:
     n1, n2 = cluster["n1"], cluster["n2"]
-    proc = project.popen("train", "--nproc-per-node", "1", "--", "12", "2",
+    proc = multi.popen("train", "--nproc-per-node", "1", "--", "12", "2",
                          "--dataset-size", "16384")
     try:
         assert proc.stderr is not None
@@ -232,16 +172,16 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
     assert run_pids(n1, rid) == []  # nothing of the run is left on the reachable host
     assert b"epoch 12/12" not in log.read_bytes()
     n2.heal_link()
-    again = project.vmrun("train", "--resume", rid, timeout=300)
+    again = multi.vmrun("train", "--resume", rid, timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
     assert "copied snapshot.pt from n1 to n2" in again.stderr
     resumed = re.findall(r"^\[(n\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout,
                          re.M)
     assert {h for h, _ in resumed} == {"n1", "n2"}, again.stdout  # every node, same epoch
     assert len({e for _, e in resumed}) == 1 and int(resumed[0][1]) >= 3
-    metrics = out_dir(n1, project, rid) / "metrics.jsonl"
+    metrics = out_dir(n1, multi, rid) / "metrics.jsonl"
     assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 13))
-    assert (out_dir(n2, project, rid) / "snapshot.pt").exists()
+    assert (out_dir(n2, multi, rid) / "snapshot.pt").exists()
     assert run_pids(n1) == [] and run_pids(n2) == []
 
 
@@ -293,22 +233,22 @@ if __name__ == "__main__":
 
 
 def test_a_multinode_tutorial_script_runs_unchanged(
-        cluster: dict[str, TestHost], project: Client) -> None:
-    (project.cwd / "multinode.py").write_text(MULTINODE_SCRIPT)
-    done = project.vmrun("train", "multinode.py", "--epochs", "3", "--save-every", "1",
+        cluster: dict[str, TestHost], multi: Client) -> None:
+    (multi.cwd / "multinode.py").write_text(MULTINODE_SCRIPT)
+    done = multi.vmrun("train", "multinode.py", "--epochs", "3", "--save-every", "1",
                          timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     for epoch in range(3):
         for rank, host in ((0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")):
             assert f"[{host} rank{rank}] [GPU{rank}] Epoch {epoch} | Batchsize: 32 | Steps: 2" \
                 in done.stdout, done.stdout
-    workdir = remote_workdir(project.cwd)
+    workdir = remote_workdir(multi.cwd)
     assert (cluster["n1"].home / workdir / "snapshot.pt").exists()
     assert not (cluster["n2"].home / workdir / "snapshot.pt").exists()  # global rank 0 only
 
 
 def test_bad_multinode_input_starts_nothing(
-        bed: NetnsBed, cluster: dict[str, TestHost], project: Client, tmp_path: Path) -> None:
+        bed: NetnsBed, cluster: dict[str, TestHost], multi: Client, tmp_path: Path) -> None:
     for args, needle in (
         (["--master", "h9"], "--master h9: not one of the run's hosts"),
         (["--nnodes", "3"], "--nnodes 3 but 2 hosts were given"),
@@ -316,14 +256,14 @@ def test_bad_multinode_input_starts_nothing(
         (["--nccl-debug", "LOUD"], "--nccl-debug LOUD"),
         (["-H", "n1", "--master", "n1"], "--master and --nnodes are for several hosts"),
     ):
-        bad = project.vmrun("train", "--epochs", "1", *args)
+        bad = multi.vmrun("train", "--epochs", "1", *args)
         assert bad.returncode == 2 and needle in bad.stderr, (args, bad.stderr)
     # A master address the others cannot reach is refused before anything starts.
-    toml = project.cwd / "vmrun.toml"
+    toml = multi.cwd / "vmrun.toml"
     text = toml.read_text()
     wrong = bed["bastion"].addr_on("inner")
     toml.write_text(text.replace('address = "n1"\n', f'address = "n1"\nprivate_addr = "{wrong}"\n'))
-    unreachable = project.vmrun("train", "--epochs", "1", timeout=120)
+    unreachable = multi.vmrun("train", "--epochs", "1", timeout=120)
     assert unreachable.returncode == 12, unreachable.stderr
     assert f"n2 cannot reach n1 at {wrong}:29400" in unreachable.stderr
     # Different torch builds on the nodes: refused, naming both.
@@ -336,9 +276,9 @@ def test_bad_multinode_input_starts_nothing(
             "# STAND-IN for another torch build: a version string (there is no second torch)\n"
             "__version__ = '1.13.1+stub'\n")
         subprocess.run(["chmod", "-R", "a+rX", str(stub)], check=True)
-        toml.write_text(f'[[hosts]]\naddress = "n1"\npython = "{_python(project)}"\n\n'
+        toml.write_text(f'[[hosts]]\naddress = "n1"\npython = "{_python(multi)}"\n\n'
                         f'[[hosts]]\naddress = "n2"\npython = "{stub}/bin/python"\n')
-        mixed = project.vmrun("train", "--epochs", "1", timeout=120)
+        mixed = multi.vmrun("train", "--epochs", "1", timeout=120)
     finally:
         shutil.rmtree(stub, ignore_errors=True)
     assert mixed.returncode == 2, mixed.stderr

@@ -41,7 +41,7 @@ from vmrun.inventory import HostEntry
 from vmrun.rendezvous import Layout, NodeFacts
 from vmrun.train import CPU_PROCESSES, Plan
 
-REMOTE_TEMPLATE = ".vmrun/lib/vmrun_template.py"  # under the remote home
+REMOTE_LIB = ".vmrun/lib"  # under the remote home: vmrun's own scripts (vmrun_template.py)
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
 # One round trip: the home directory, setup's environment record (base64 JSON), and the
@@ -277,16 +277,19 @@ def _meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:
 def _stage(node: Node, plan: Plan, note: Note) -> None:
     """Put the code on the host: node.workdir, and node.script as the run will see it."""
     from vmrun.sync import large_files, project_files, remote_workdir, sync_project
+    from vmrun.trainer import is_bundled
     from vmrun.transfer_upload import upload
 
     conn = node.conn
     node.workdir = workdir = remote_workdir(plan.project)
     conn.run(["mkdir", "-p", workdir], check=True)
-    if plan.is_template:
-        report = upload(conn, plan.script, REMOTE_TEMPLATE)
+    if is_bundled(plan.script):
+        remote = f"{REMOTE_LIB}/vmrun_{plan.script.name}"
+        report = upload(conn, plan.script, remote)
         if not report.ok:
-            raise RemoteError("could not place the template trainer on the host", host=conn.label)
-        node.script = f"{node.env.home}/{REMOTE_TEMPLATE}"
+            raise RemoteError(f"could not place vmrun's {plan.script.name} on the host",
+                              host=conn.label)
+        node.script = f"{node.env.home}/{remote}"
         return
     try:
         script = plan.script.relative_to(plan.project).as_posix()

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "stop_cmd",
     "fetch_cmd",
     "watch_gpus_cmd",
+    "doctor_cmd",
     "exec_cmd",
     "hosts_cmd",
     "config_cmd",

@@ -13,3 +13,11 @@ TEMPLATE_PATH = Path(__file__).resolve().with_name("template.py")
 
 TEMPLATE_NAME = "template"
 """The run-id prefix for template runs (`template-20250101-120000-ab12`)."""
+
+ALLREDUCE_PATH = Path(__file__).resolve().with_name("allreduce.py")
+"""The short all-reduce `vmrun doctor` runs across the nodes."""
+
+
+def is_bundled(script: Path) -> bool:
+    """A script that ships with vmrun: uploaded to the host, not synced with the project."""
+    return script.resolve().parent == TEMPLATE_PATH.parent

@@ -223,8 +223,11 @@ def broadcast_from_rank0(ctx: Ctx, payload: dict[str, Any]) -> dict[str, Any]:
     device = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
     dist.broadcast(size, src=0)
-    blob = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if ctx.rank == 0
-            else torch.empty(int(size.item()), dtype=torch.uint8))
+    blob = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if ctx.rank == 0
+        else torch.empty(int(size.item()), dtype=torch.uint8)
+    )
     blob = blob.to(device)
     dist.broadcast(blob, src=0)
     if ctx.rank == 0:

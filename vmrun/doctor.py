@@ -1,0 +1,300 @@
+"""`vmrun doctor`: preflight of the hosts for (multi-node) training, one verdict per check.
+
+Per host, in one pass: SSH (round-trip time), the interpreter and its torch/CUDA/NCCL, GPUs,
+free disk in the project's work directory, and the clock against this machine's. Across the
+hosts: the same versions everywhere, every pair of hosts reaching each other on the
+rendezvous port (a real TCP connection each way, answered with a nonce), the rendezvous
+address `vmrun train` would use, and a short all-reduce over every process of every node
+(nccl on GPUs, gloo on CPUs) with its bus bandwidth. Network probes need only a Python on
+the host (`python3` when vmrun has recorded none), so doctor also helps before setup.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.config import Settings
+from vmrun.connection import Connection
+from vmrun.errors import VmrunError
+from vmrun.group import Group
+from vmrun.inventory import HostEntry
+from vmrun.rendezvous import NodeFacts
+
+DISK_WARN = 10 << 30
+DISK_FAIL = 1 << 30
+CLOCK_WARN_S = 2.0
+ALLREDUCE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # ssh, python, versions, gpus, disk, clock, network, rendezvous, allreduce
+    where: str  # a host, "a -> b", or "all"
+    verdict: str  # ok, warn, fail, skip
+    detail: str
+
+
+@dataclass
+class _Host:
+    entry: HostEntry
+    rtt_ms: float = 0.0
+    python: str = ""
+    recorded: bool = False
+    skew_s: float = 0.0
+    facts: NodeFacts | None = None
+    busy: list[str] = field(default_factory=list)
+
+
+def _clock_skew(conn: Connection) -> float:
+    """The host's clock minus this machine's, at the middle of one round trip."""
+    before = time.time()
+    out = conn.run(["date", "+%s.%N"], check=True).stdout_tail.strip()
+    after = time.time()
+    return float(out) - (before + after) / 2
+
+
+def _inspect(entry: HostEntry, conn: Connection, workdir: str) -> _Host:
+    from vmrun import runs
+    from vmrun.errors import UsageError
+    from vmrun.remote_train import host_env
+    from vmrun.rendezvous import gather_facts
+    from vmrun.streams import measure_rtt
+
+    host = _Host(entry)
+    host.rtt_ms = measure_rtt(conn) * 1000
+    try:
+        env = host_env(conn, entry)
+        host.python, host.recorded = env.python, True
+    except UsageError:
+        host.python = "python3"
+    host.skew_s = _clock_skew(conn)
+    host.facts = gather_facts(conn, host.python, versions=host.recorded, disk=workdir)
+    host.busy = [r.id for r in runs.list_runs(conn) if r.state == "running"]
+    return host
+
+
+def _host_checks(host: _Host) -> list[Check]:
+    label = host.entry.label
+    facts = host.facts
+    assert facts is not None
+    data = facts.data
+    checks = [Check("ssh", label, "ok", f"round trip {host.rtt_ms:.1f} ms")]
+    if not host.recorded:
+        checks.append(
+            Check("python", label, "fail", f"no interpreter recorded; run `vmrun setup {label}`")
+        )
+    elif data.get("torch") is None:
+        checks.append(
+            Check(
+                "python",
+                label,
+                "fail",
+                f"{host.python}: torch not importable ({data.get('torch_error')})",
+            )
+        )
+    else:
+        checks.append(Check(
+            "python", label, "ok",
+            f"{host.python}: Python {data.get('python')}, torch {data.get('torch')}, CUDA"
+            f" {data.get('cuda') or '-'}, NCCL {data.get('nccl') or '-'}",
+        ))  # fmt: skip
+        names = data.get("gpu_names") or []
+        gpus = f"{len(names)} x {names[0]}" if names else "none: CPU processes, gloo"
+        checks.append(Check("gpus", label, "ok", gpus))
+    free = data.get("disk_free")
+    if isinstance(free, int):
+        verdict = "ok" if free >= DISK_WARN else "warn" if free >= DISK_FAIL else "fail"
+        checks.append(
+            Check("disk", label, verdict, f"{free / 2**30:.1f} GiB free for the work directory")
+        )
+    ahead = "ahead of" if host.skew_s > 0 else "behind"
+    verdict = "ok" if abs(host.skew_s) <= CLOCK_WARN_S else "warn"
+    checks.append(Check("clock", label, verdict, f"{abs(host.skew_s):.2f} s {ahead} this machine"))
+    return checks
+
+
+def _same_versions(hosts: Sequence[_Host]) -> list[Check]:
+    ready = [h for h in hosts if h.recorded and h.facts and h.facts.data.get("torch")]
+    if len(ready) < 2:
+        return []
+    checks = []
+    for key, what in (("python", "Python"), ("torch", "torch"), ("cuda", "CUDA"), ("nccl", "NCCL")):
+        seen: dict[str, list[str]] = {}
+        for h in ready:
+            assert h.facts is not None
+            seen.setdefault(str(h.facts.data.get(key) or "-"), []).append(h.entry.label)
+        if len(seen) > 1:
+            which = "; ".join(f"{v} on {', '.join(labels)}" for v, labels in seen.items())
+            checks.append(Check("versions", "all", "fail", f"{what} differs: {which}"))
+    counts = {h.entry.label: len(h.facts.data.get("gpu_names") or []) for h in ready if h.facts}
+    if len(set(counts.values())) > 1:
+        which = ", ".join(f"{label} {n}" for label, n in counts.items())
+        checks.append(
+            Check(
+                "gpus",
+                "all",
+                "warn",
+                f"different GPU counts ({which}): pass --nproc-per-node to train on all",
+            )
+        )
+    if not checks:
+        data = ready[0].facts.data if ready[0].facts else {}
+        checks.append(
+            Check(
+                "versions",
+                "all",
+                "ok",
+                f"the same everywhere: Python {data.get('python')}, torch {data.get('torch')}",
+            )
+        )
+    return checks
+
+
+def diagnose(
+    entries: Sequence[HostEntry],
+    settings: Settings,
+    *,
+    project: Any,
+    master: str | None = None,
+    rdzv_port: int | None = None,
+    allreduce: bool = True,
+    size_mib: float | None = None,
+    on_check: Callable[[Check], None] = lambda check: None,
+) -> list[Check]:
+    """Every check, in order; `on_check` sees each as soon as it is known."""
+    from vmrun import rendezvous
+    from vmrun.sync import remote_workdir
+
+    checks: list[Check] = []
+
+    def add(check: Check) -> None:
+        checks.append(check)
+        on_check(check)
+
+    workdir = remote_workdir(project)
+    ordered = list(entries)
+    if master is not None:
+        ordered.sort(key=lambda e: master not in (e.label, e.name, e.spec.label))
+    with Group(ordered, settings) as group:
+        outcomes = group.map(lambda entry, conn: _inspect(entry, conn, workdir))
+        hosts = []
+        for outcome in outcomes:
+            if outcome.error is not None:
+                message = getattr(outcome.error, "message", str(outcome.error))
+                add(Check("ssh", outcome.host, "fail", message))
+            else:
+                assert outcome.value is not None
+                hosts.append(outcome.value)
+                for check in _host_checks(outcome.value):
+                    add(check)
+        for check in _same_versions(hosts):
+            add(check)
+        if len(hosts) >= 2:
+            pythons = {h.entry.label: h.python for h in hosts}
+            facts = {h.entry.label: h.facts for h in hosts if h.facts}
+            overrides = {h.entry.label: str(h.entry.vars.get("private_addr") or "") for h in hosts}
+            try:
+                pairs = rendezvous.mesh(
+                    group, pythons, facts, port=rdzv_port, override_addrs=overrides
+                )
+            except VmrunError as exc:
+                add(Check("network", "all", "fail", exc.one_line()))
+            else:
+                bad = [p for p in pairs if not p.ok]
+                for p in bad:
+                    add(Check("network", f"{p.src} -> {p.dst}", "fail", f"cannot connect: {p.via}"))
+                if not bad:
+                    port = pairs[0].via.rpartition(":")[2] if pairs else "?"
+                    add(
+                        Check(
+                            "network",
+                            "all",
+                            "ok",
+                            f"all {len(pairs)} host pairs connect on port {port}",
+                        )
+                    )
+            master_label = hosts[0].entry.label
+            try:
+                layout = rendezvous.decide(
+                    group, pythons, facts, master_label, port=rdzv_port,
+                    override_addr=overrides.get(master_label, ""),
+                )  # fmt: skip
+                ifs = ", ".join(f"{k} {v or '?'}" for k, v in layout.ifnames.items())
+                add(
+                    Check(
+                        "rendezvous",
+                        master_label,
+                        "ok",
+                        f"{layout.endpoint}, reached by every host; interfaces: {ifs}",
+                    )
+                )
+            except VmrunError as exc:
+                add(Check("rendezvous", master_label, "fail", exc.message))
+    if not allreduce:
+        return checks
+    add(_allreduce(ordered, settings, hosts, checks, size_mib))
+    return checks
+
+
+def _allreduce(
+    entries: Sequence[HostEntry],
+    settings: Settings,
+    hosts: Sequence[_Host],
+    checks: Sequence[Check],
+    size_mib: float | None,
+) -> Check:
+    """A short all-reduce over every node, as `vmrun train` would launch it."""
+    where = "all" if len(entries) > 1 else entries[0].label
+    if any(c.verdict == "fail" for c in checks) or len(hosts) < len(entries):
+        return Check("allreduce", where, "skip", "fix the failures above first")
+    busy = [f"{h.entry.label} ({', '.join(h.busy)})" for h in hosts if h.busy]
+    if busy:
+        return Check("allreduce", where, "skip", f"a run is active on {'; '.join(busy)}")
+    from vmrun.remote_train import Wiring, run_remote
+    from vmrun.train import make_plan
+    from vmrun.trainer import ALLREDUCE_PATH
+
+    plan = make_plan(
+        script=str(ALLREDUCE_PATH), user_args=["--size-mib", str(size_mib or 0)],
+        epochs=None, save_every=None, nproc_per_node=None, max_restarts=0, env=None,
+        name="doctor-allreduce", batch_size=None, lr=None, launcher="torchrun",
+    )  # fmt: skip
+    lines: list[str] = []
+    notes: list[str] = []
+    try:
+        run_remote(
+            plan, list(entries), settings, detach=False, allow_concurrent=True,
+            on_line=lambda data: lines.append(data.decode("utf-8", "replace")),
+            note=notes.append, wiring=Wiring(master=entries[0].label if len(entries) > 1
+                                             else None),
+        )  # fmt: skip
+        verdict, detail = "fail", "the all-reduce printed no result"
+        for line in "".join(lines).splitlines():
+            if "allreduce:" in line:
+                verdict, detail = "ok", line.split("allreduce:", 1)[1].strip()
+    except VmrunError as exc:
+        tail = [ln for ln in "".join(lines).splitlines() if ln.strip()][-3:]
+        verdict, detail = (
+            "fail",
+            exc.message + (f" (last lines: {' | '.join(tail)})" if tail else ""),
+        )
+    finally:
+        _forget_runs(entries, settings, notes)
+    return Check("allreduce", where, verdict, detail)
+
+
+def _forget_runs(entries: Sequence[HostEntry], settings: Settings, notes: Sequence[str]) -> None:
+    """Doctor's own run records go: `vmrun status` and `fetch` should not see them."""
+    from vmrun import runs
+
+    ids = {m.group(1) for n in notes if (m := re.search(r"run (\S+) started on", n))}
+    if not ids:
+        return
+    with Group(list(entries), settings) as group:
+        group.map(
+            lambda entry, conn: conn.run(["rm", "-rf", "--", *(runs.record_dir(i) for i in ids)])
+        )
