@@ -38,12 +38,12 @@ def test_fetch_twice_second_moves_nothing(
     h1 = bed["h1"]
     for i in range(30):
         put(h1, f"{remote_dir}/logs/{i}.txt", b"line\n" * i)
-    first = bed_client.vmrun("fetch", "-H", "h1", remote_dir, "--to", "out")
+    first = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}", "--to", "out")
     assert first.returncode == 0, first.stderr
     assert re.match(r"fetched 30 files .*0 unchanged", _summary(first.stdout))
     assert (bed_client.cwd / "out" / remote_dir / "logs" / "7.txt").read_bytes() == b"line\n" * 7
 
-    second = bed_client.vmrun("fetch", "-H", "h1", remote_dir, "--to", "out")
+    second = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}", "--to", "out")
     assert second.returncode == 0, second.stderr
     assert _summary(second.stdout).startswith("fetched 0 files, 30 unchanged")
 
@@ -57,7 +57,9 @@ def test_cut_link_mid_transfer_leaves_no_final_file_and_rerun_resumes(
     data = os.urandom(40 << 20)
     put(h1, f"{remote_dir}/snapshot.pt", data)
     out = bed_client.cwd / "out" / remote_dir
-    proc = bed_client.popen("fetch", "-H", "h1", remote_dir, "--to", "out", "--bwlimit", "8M")
+    proc = bed_client.popen(
+        "fetch", "-H", "h1", f"~/{remote_dir}", "--to", "out", "--bwlimit", "8M"
+    )
     try:
 
         def partial() -> bool:
@@ -79,7 +81,7 @@ def test_cut_link_mid_transfer_leaves_no_final_file_and_rerun_resumes(
     assert not (out / "snapshot.pt").exists()
     assert len(list(out.glob(f".snapshot.pt.*{PART_SUFFIX}"))) == 1
 
-    again = bed_client.vmrun("fetch", "-H", "h1", remote_dir, "--to", "out")
+    again = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}", "--to", "out")
     assert again.returncode == 0, again.stderr
     assert "1 resumed" in _summary(again.stdout)
     assert (out / "snapshot.pt").read_bytes() == data
@@ -99,7 +101,7 @@ def test_all_hosts_fetch_into_a_folder_per_host(
     (bed_client.cwd / "vmrun.toml").write_text(
         '[[hosts]]\naddress = "h1"\n\n[[hosts]]\naddress = "h2"\n'
     )
-    done = bed_client.vmrun("fetch", "--all-hosts", remote_dir)
+    done = bed_client.vmrun("fetch", "--all-hosts", f"~/{remote_dir}")
     assert done.returncode == 0, done.stderr
     for name in ("h1", "h2"):
         got = bed_client.cwd / name / remote_dir / "who.txt"
@@ -154,7 +156,7 @@ def test_watch_pulls_new_files_until_ctrl_c(
     old = 1_700_000_000  # long finished: no settling wait
     put(h1, f"{remote_dir}/a.txt", b"a", mtime=old)
     out = bed_client.cwd / remote_dir
-    proc = bed_client.popen("fetch", "--watch", "--interval", "0.2", "-H", "h1", remote_dir)
+    proc = bed_client.popen("fetch", "--watch", "--interval", "0.2", "-H", "h1", f"~/{remote_dir}")
     try:
         wait_for(lambda: (out / "a.txt").exists(), 30, "the first round")
         put(h1, f"{remote_dir}/b.txt", b"b", mtime=old)
@@ -175,8 +177,9 @@ def test_bad_requests_are_refused_before_connecting(
     bed: NetnsBed, bed_client: Client, remote_dir: str
 ) -> None:
     for args, needle in (
-        (["../etc/passwd"], "outside the home directory"),
-        (["a/../../b"], "outside the home directory"),
+        (["../etc/passwd"], "outside the work directory"),
+        (["a/../../b"], "outside the work directory"),
+        (["~/../x"], "outside the home directory"),
         (["--all-hosts", "-H", "h1", "x"], "either --host or --all-hosts"),
         (["--bwlimit", "fast", "x"], "--bwlimit"),
         (["--run", "r1", "../other-run/x"], "outside the run directory"),
@@ -185,8 +188,24 @@ def test_bad_requests_are_refused_before_connecting(
         done = bed_client.vmrun("fetch", "-H", "h1", *args)
         assert done.returncode == 2, (args, done.stderr)
         assert needle in done.stderr, (args, done.stderr)
-    gone = bed_client.vmrun("fetch", "-H", "h1", f"{remote_dir}/nothing-here")
+    gone = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}/nothing-here")
     assert gone.returncode == 14 and "not found on the host" in gone.stderr
+
+
+def test_relative_paths_are_in_the_projects_work_directory(
+    bed: NetnsBed, bed_client: Client
+) -> None:
+    """Where `vmrun train SCRIPT` ran it: `outputs/x` there lands in ./outputs/x here."""
+    from vmrun.sync import remote_workdir
+
+    workdir = remote_workdir(bed_client.cwd)
+    put(bed["h1"], f"{workdir}/outputs/eval.csv", b"acc,0.9\n")
+    try:
+        done = bed_client.vmrun("fetch", "outputs/eval.csv", "-H", "h1")
+        assert done.returncode == 0, done.stderr
+        assert (bed_client.cwd / "outputs" / "eval.csv").read_bytes() == b"acc,0.9\n"
+    finally:
+        subprocess.run(["rm", "-rf", str(bed["h1"].home / workdir)], check=False)
 
 
 def test_what_names_map_to_the_run_layout() -> None:

@@ -112,6 +112,34 @@ def test_two_nodes_two_processes_merged_log_and_node_filter(
     for host in ("n1", "n2"):
         assert re.search(rf"{rid}\s+{host}\s+done", status.stdout), status.stdout
 
+    # `fetch results` of the newest run: from the hosts it ran on, a folder per host, every
+    # file byte for byte as on the host; then nothing moves the second time.
+    fetched = multi.vmrun("fetch", "results", timeout=120)
+    assert fetched.returncode == 0, fetched.stderr + fetched.stdout
+    local = multi.cwd / "results" / rid
+    assert sorted(os.listdir(local)) == ["n1", "n2"]
+    n1_files = {"snapshot.pt", "finalmodel.pt", "metrics.jsonl", "log", "run.json", "exit_code"}
+    assert n1_files <= set(os.listdir(local / "n1")), os.listdir(local / "n1")
+    assert "snapshot.pt" not in os.listdir(local / "n2")  # global rank 0 wrote on n1 alone
+    for host in ("n1", "n2"):
+        record = cluster[host].home / ".vmrun/runs" / rid
+        outputs = out_dir(cluster[host], multi, rid)
+        got = [p for p in (local / host).rglob("*") if p.is_file()]
+        assert any(p.name == "stdout.log" for p in got)  # torchrun's per-rank logs come too
+        for path in got:
+            rel = path.relative_to(local / host)
+            remote = record / rel if (record / rel).exists() else outputs / rel
+            assert path.read_bytes() == remote.read_bytes(), (host, rel)
+    import torch
+
+    from vmrun.trainer.template import build_model
+
+    build_model().load_state_dict(torch.load(local / "n1" / "finalmodel.pt", weights_only=True))
+    again = multi.vmrun("fetch", "--all-hosts", "results", timeout=120)
+    assert again.returncode == 0, again.stderr
+    summaries = re.findall(r"^\[(n\d)\] fetched 0 files, \d+ unchanged", again.stdout, re.M)
+    assert sorted(summaries) == ["n1", "n2"], again.stdout
+
 
 def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
         bed: NetnsBed, cluster: dict[str, TestHost], multi: Client) -> None:
@@ -245,6 +273,12 @@ def test_a_multinode_tutorial_script_runs_unchanged(
     workdir = remote_workdir(multi.cwd)
     assert (cluster["n1"].home / workdir / "snapshot.pt").exists()
     assert not (cluster["n2"].home / workdir / "snapshot.pt").exists()  # global rank 0 only
+    # The run's results are what it wrote in the work directory, not the code synced there.
+    fetched = multi.vmrun("fetch", "results", "-H", "n1")
+    assert fetched.returncode == 0, fetched.stderr
+    local = multi.cwd / "results" / run_id(done.stderr)
+    assert (local / "snapshot.pt").exists() and (local / "log").exists()
+    assert not (local / "multinode.py").exists()
 
 
 def test_bad_multinode_input_starts_nothing(

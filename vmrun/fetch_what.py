@@ -35,6 +35,7 @@ class RunLocation:
     host: str
     record_dir: str  # ~/.vmrun/runs/<run-id>: run.json, log, exit_code
     out_dir: str  # <workdir>/results/<run-id>: snapshot*.pt, finalmodel.pt, metrics.jsonl
+    since_ns: int = 0  # a user script's out_dir is the work dir: only files newer than this
 
 
 def local_run_dir(run_id: str, host_dir: str | None) -> str:
@@ -68,6 +69,7 @@ def resolve_what(
             exclude=exclude + drop,
             latest=latest if newest else None,
             label=label,
+            newer_than_ns=run.since_ns if remote == run.out_dir else 0,
         )
 
     if what == "checkpoints":
@@ -95,15 +97,16 @@ def resolve_what(
     ]
 
 
-# sh -c LOCATE base [run-id]: the run id, then its run.json. Without an id: the newest
-# run.json (written once, when the run starts: vmrun.runs), so the run started last.
+# sh -c LOCATE base [run-id]: the run id, the host's clock when it first started, then its
+# run.json. Without an id: the newest run.json (rewritten at each start: vmrun.runs), so the
+# run started (or resumed) last.
 _LOCATE = r"""cd "$HOME" 2>/dev/null; base=$1
 [ -d "$base" ] || exit 3
 if [ -n "$2" ]; then id=$2
 else f=$(ls -1t "$base"/*/run.json 2>/dev/null | head -n 1); id=${f%/run.json}; id=${id##*/}
 fi
 [ -n "$id" ] && [ -f "$base/$id/run.json" ] || exit 4
-printf '%s\n' "$id"; cat "$base/$id/run.json"
+printf '%s\n' "$id"; cat "$base/$id/first_started" 2>/dev/null || echo; cat "$base/$id/run.json"
 """
 
 
@@ -118,17 +121,21 @@ def locate_run(conn: Connection, run_id: str | None) -> RunLocation:
         raise RemoteError(
             f"no record of {which} in ~/{RUNS_DIR}",
             host=conn.label,
-            hint="see `vmrun runs`, or fetch an explicit path",
+            hint="`vmrun status` lists the runs; or fetch an explicit path",
         )
-    found, _, text = out.decode("utf-8", "replace").partition("\n")
+    found, _, rest = out.decode("utf-8", "replace").partition("\n")
+    first, _, text = rest.partition("\n")
     try:
         meta = json.loads(text) if text.strip() else {}
     except ValueError:
         meta = {}
     out_dir = meta.get("out_dir") or posixpath.join(meta.get("workdir") or ".", "results", found)
+    template = meta.get("template", True)
+    since = int(first) * 10**9 if first.strip().isdigit() and not template else 0
     return RunLocation(
         run_id=found,
         host=conn.label,
         record_dir=f"{RUNS_DIR}/{found}",
         out_dir=posixpath.normpath(str(out_dir)),
+        since_ns=since,
     )

@@ -75,9 +75,10 @@ def remote_arg(path: str) -> str:
     return "./" + path if path not in ("", ".") else "."
 
 
-def normalize_remote(path: str, *, base: str = "") -> str:
-    """Join `path` to `base` (both remote, relative to the home unless absolute) and refuse
-    relative paths that climb out of `base` with `..`."""
+def normalize_remote(path: str, *, base: str = "", where: str = "the run directory") -> str:
+    """Join `path` to `base` (both remote, relative to the home unless absolute; `~/x` is in
+    the home whatever the base) and refuse relative paths that climb out of `base` with
+    `..` (`where` names the base in that message)."""
     if "\x00" in path:
         raise UsageError(f"remote path {path!r} contains a NUL byte")
     if path.startswith("~/") or path == "~":
@@ -91,7 +92,7 @@ def normalize_remote(path: str, *, base: str = "") -> str:
     else:
         inside = joined == base_norm or joined.startswith(base_norm.rstrip("/") + "/")
     if not inside:
-        where = "the run directory" if base else "the home directory"
+        where = where if base else "the home directory"
         raise UsageError(
             f"remote path {path!r} is outside {where}; give an absolute path to fetch from"
             " elsewhere"

@@ -1,10 +1,12 @@
 """Runs on a host: started detached, recorded in ~/.vmrun/runs/<id>/, followed, stopped.
 
 A run is started with `setsid` so it outlives the SSH connection. Its record directory holds
-run.json (what, where, when), pid, log (everything it printed) and exit_code (written when
-it ends). Every process of a run carries VMRUN_RUN_ID in its environment, inherited by
-torchrun's workers even though torchrun puts each worker in a session of its own; that is
-how `stop` finds and kills all of them, and proves none is left.
+run.json (what, where, when), pid, log (everything it printed), exit_code (written when
+it ends) and first_started (the host's clock when the first attempt began: files in the
+work directory newer than that are the run's outputs). Every process of a run carries
+VMRUN_RUN_ID in its environment, inherited by torchrun's workers even though torchrun puts
+each worker in a session of its own; that is how `stop` finds and kills all of them, and
+proves none is left.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ if [ "$mode" = resume ]; then
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
 fi
 printf '%s\n' "$meta" > "$rec/run.json.tmp" && mv "$rec/run.json.tmp" "$rec/run.json"
+[ -f "$rec/first_started" ] || date +%s > "$rec/first_started"
 cd "$wd" 2>/dev/null || { echo "vmrun: the work directory $wd is missing" >&2; exit 126; }
 export VMRUN_RUN_ID="$id" VMRUN_RUN_DIR="$rec"
 setsid -f sh -c '

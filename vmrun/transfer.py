@@ -64,6 +64,7 @@ class FetchSpec:
     exclude: tuple[str, ...] = ()
     latest: int | None = None  # keep only the newest N files (after include/exclude)
     label: str = ""  # what the user asked for, for messages
+    newer_than_ns: int = 0  # only files modified since (a run's outputs among synced code)
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ def _plan(
                         f"{shown}: symlink to {entry.link!r} outside the directory, not followed"
                     )
                 continue
-            if entry.kind != "f":
+            if entry.kind != "f" or entry.mtime_ns < spec.newer_than_ns:
                 continue
             remote = join_remote(root.root, rel)
             chosen.append(Item(remote=remote, local=local, entry=entry, display=shown))

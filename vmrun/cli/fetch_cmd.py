@@ -41,27 +41,35 @@ def check_paths(items: list[str], run: str | None) -> None:
     for item in items:
         if item in WHATS:
             continue
-        normalize_remote(item, base="run-dir" if run else "")
+        if run:
+            normalize_remote(item, base="run-dir")
+        else:
+            normalize_remote(item, base="work-dir", where="the work directory")
 
 
 def path_spec(
     item: str,
     host_dir: str | None,
+    workdir: str,
     *,
     include: tuple[str, ...],
     exclude: tuple[str, ...],
     latest: int | None,
 ) -> FetchSpec:
-    """An explicit remote path: relative ones are mirrored under the destination,
+    """An explicit remote path: relative to the project's work directory on the host (where
+    scripts run) and mirrored here as in the project; `~/x` from the home, mirrored as `x`;
     absolute ones land under their last name."""
     from vmrun.manifest import normalize_remote
     from vmrun.transfer import FetchSpec
 
-    remote = normalize_remote(item)
+    remote = normalize_remote(item, base=workdir, where="the work directory")
     if remote.startswith("/"):
         local = posixpath.basename(remote) or "root"
+    elif remote == workdir or remote.startswith(workdir + "/"):
+        local = posixpath.relpath(remote, workdir)
     else:
-        local = "" if remote == "." else remote
+        local = remote
+    local = "" if local == "." else local
     if host_dir:
         local = posixpath.join(host_dir, local) if local else host_dir
     return FetchSpec(
@@ -74,6 +82,7 @@ def specs_for(
     items: list[str],
     *,
     run: str | None,
+    workdir: str,
     host_dir: str | None,
     include: tuple[str, ...],
     exclude: tuple[str, ...],
@@ -90,7 +99,9 @@ def specs_for(
                 item, location, host_dir=host_dir, include=include, exclude=exclude, latest=latest
             )
         else:
-            specs.append(path_spec(item, host_dir, include=include, exclude=exclude, latest=latest))
+            specs.append(
+                path_spec(item, host_dir, workdir, include=include, exclude=exclude, latest=latest)
+            )
     return specs
 
 
@@ -99,8 +110,9 @@ def register(app: typer.Typer) -> None:
         "fetch",
         help="Bring back results: only files that are new or changed, each verified by SHA-256"
         " on both ends and renamed into place only when complete. WHAT is results,"
-        " checkpoints, logs or metrics (of the newest run, or --run), or a path on the host"
-        " (relative to its home, or absolute; with --run, relative to the run's folder).",
+        " checkpoints, logs or metrics (of the newest run, or --run, from the hosts it ran"
+        " on), or a path on the host: relative to the project's work directory there,"
+        " ~/PATH in the home, or absolute; with --run, relative to the run's folder.",
     )
     def fetch_command(
         what: Annotated[
@@ -120,7 +132,9 @@ def register(app: typer.Typer) -> None:
         all_hosts: Annotated[
             bool,
             typer.Option(
-                "--all-hosts", help="Every host in vmrun.toml, each into a folder of its own."
+                "--all-hosts",
+                help="Every host in vmrun.toml (of a run: every host it ran on), each into a"
+                " folder of its own.",
             ),
         ] = False,
         latest: Annotated[

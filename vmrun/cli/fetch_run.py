@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmrun.config import Settings
-from vmrun.errors import ExitCode, Interrupted, UsageError, exit_code_for
+from vmrun.errors import ExitCode, Interrupted, RemoteError, UsageError, exit_code_for
+from vmrun.group import Group
 from vmrun.inventory import HostEntry
+from vmrun.sync import remote_workdir
 
 
 @dataclass
@@ -49,14 +51,12 @@ def _destination(job: FetchJob) -> Path:
 def run_fetch(job: FetchJob) -> int:
     import os
 
-    from vmrun.cli.fetch_cmd import WATCH_SETTLE, specs_for
+    from vmrun.cli.fetch_cmd import WATCH_SETTLE, WHATS, specs_for
     from vmrun.cli.fetch_view import LiveProgress, make_progress
-    from vmrun.group import Group
     from vmrun.streams import stop_all_streams
     from vmrun.transfer import Options, download
 
     entries = _entries(job)
-    multi = len(entries) > 1
     dest = _destination(job)
     options = Options(
         verify=job.verify,
@@ -67,32 +67,38 @@ def run_fetch(job: FetchJob) -> int:
     if options.engine not in ("auto", "openssh", "paramiko"):
         raise UsageError("VMRUN_TRANSFER_ENGINE must be auto, openssh or paramiko")
     live = sys.stderr.isatty() and not job.watch
-    progress = make_progress(prefix=multi, live=live)
-
-    def work(entry, conn):  # type: ignore[no-untyped-def]
-        specs = specs_for(
-            conn,
-            job.items,
-            run=job.run,
-            host_dir=entry.label.replace("/", "_") if multi else None,
-            include=job.include,
-            exclude=job.exclude,
-            latest=job.latest,
-        )
-        return download(conn, specs, dest, options, progress)
-
+    workdir = remote_workdir(job.settings.project_dir or Path.cwd())
     stop = threading.Event()
     code = 0
     with Group(entries, job.settings) as group:
+        run, only = job.run, None
+        if run is not None or any(item in WHATS for item in job.items):
+            run, only = _the_run(group, run)
+        multi = job.all_hosts or len(only or entries) > 1
+        progress = make_progress(prefix=multi, live=live)
+
+        def work(entry, conn):  # type: ignore[no-untyped-def]
+            specs = specs_for(
+                conn,
+                job.items,
+                run=run,
+                workdir=workdir,
+                host_dir=entry.label.replace("/", "_") if multi else None,
+                include=job.include,
+                exclude=job.exclude,
+                latest=job.latest,
+            )
+            return download(conn, specs, dest, options, progress)
+
         if job.watch:
             _note(f"watching {len(entries)} host(s) every {job.interval:g} s; Ctrl-C to stop")
         while True:
             try:
                 if isinstance(progress, LiveProgress):
                     with progress:
-                        outcomes = group.map(work)
+                        outcomes = group.map(work, only=only)
                 else:
-                    outcomes = group.map(work)
+                    outcomes = group.map(work, only=only)
             except Interrupted:
                 stop_all_streams()  # partial copies stay, under temporary names: resumable
                 if not job.watch:
@@ -107,6 +113,22 @@ def run_fetch(job: FetchJob) -> int:
             except KeyboardInterrupt:
                 _note("stopped watching")
                 return code
+
+
+def _the_run(group: Group, run: str | None) -> tuple[str, set[str]]:
+    """The run (the newest across the hosts unless named) and the hosts it ran on: a run's
+    files come from those hosts alone, and every host agrees on which run that is."""
+    from vmrun.runs import find_run
+
+    try:
+        run_id, found = find_run(group, run)
+    except UsageError as exc:
+        raise RemoteError(
+            f"no record of {f'run {run}' if run else 'any run'}"
+            f" on {', '.join(e.label for e in group.entries)}",
+            hint="`vmrun status` lists the runs; or fetch an explicit path",
+        ) from exc
+    return run_id, {entry.label for entry, _ in found}
 
 
 def _note(text: str) -> None:
