@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,3 +218,34 @@ def test_bad_input_starts_nothing(bed: NetnsBed, project: Client) -> None:
         bad = project.vmrun("train", "-H", "h1", *args)
         assert bad.returncode == 2 and needle in bad.stderr, bad.stderr
     assert not (bed["h1"].home / ".vmrun" / "runs").exists()
+
+
+def test_fetch_every_brings_snapshots_while_the_run_goes_on(
+        bed: NetnsBed, project: Client) -> None:
+    h1 = bed["h1"]
+    proc = project.popen("train", "-H", "h1", "--fetch-every", "0.5", "--", "16", "4",
+                         "--dataset-size", "65536")
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore
+    try:
+        reader.start()
+        started = wait_for(lambda: re.search(r"run (\S+) started on", "".join(err)), 120,
+                           "the run to start")
+        rid = started.group(1)  # type: ignore[attr-defined]
+        local = project.cwd / "results" / rid
+        remote_log = h1.home / ".vmrun/runs" / rid / "log"
+        wait_for(lambda: (local / "snapshot.pt").exists(), 120, "a snapshot fetched mid-run")
+        assert b"final model saved" not in remote_log.read_bytes(), "".join(err)  # still going
+        proc.communicate(timeout=300)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, "".join(err)
+    remote = _out_dir(h1, project, rid)
+    for name in ("snapshot.pt", "finalmodel.pt", "metrics.jsonl"):  # the last round: results
+        assert (local / name).read_bytes() == (remote / name).read_bytes(), name
+    assert "h1: fetched" in "".join(err)
+    bad = project.vmrun("train", "-H", "h1", "--fetch-every", "5", "--detach")
+    assert bad.returncode == 2 and "--fetch-every needs" in bad.stderr

@@ -148,9 +148,11 @@ def run_remote(
     note: Note,
     wiring: Wiring | None = None,
     resume: str | None = None,
+    fetch_every: float | None = None,
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
-    end; return 0 or raise with the run's failure."""
+    end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
+    failure."""
     wiring = wiring or Wiring()
     entries = _order(entries, wiring)
     multi = len(entries) > 1
@@ -176,19 +178,42 @@ def run_remote(
         if detach:
             note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
-        if multi:
-            from vmrun.nodes import follow_nodes
+        fetcher = None
+        if fetch_every:
+            from vmrun.fetcher import Fetcher
 
-            follow_nodes(
-                [n.conn for n in nodes.values()],
-                rid,
-                on_line,
-                note,
-                last={n.label: n.skip for n in nodes.values()},
-            )
-            note(f"run {rid} finished on {names}; `vmrun fetch --run {rid}` brings its files")
-            return 0
-        return _follow_single(nodes[entries[0].label], rid, on_line, note)
+            conns = [n.conn for n in nodes.values()]
+            fetcher = Fetcher(conns, rid, plan.project, fetch_every, note).start()
+        try:
+            code = _follow(nodes, rid, on_line, note)
+        except Interrupted:
+            if fetcher:
+                fetcher.finish(results=False)
+            raise
+        except BaseException:
+            if fetcher:  # the newest snapshot matters most when a node has failed
+                fetcher.finish(results=False)
+                fetcher.round("checkpoints")
+            raise
+        if fetcher:
+            fetcher.finish(results=True)
+        return code
+
+
+def _follow(nodes: dict[str, Node], rid: str, on_line: Callable[[bytes], None], note: Note) -> int:
+    if len(nodes) == 1:
+        return _follow_single(next(iter(nodes.values())), rid, on_line, note)
+    from vmrun.nodes import follow_nodes
+
+    follow_nodes(
+        [n.conn for n in nodes.values()],
+        rid,
+        on_line,
+        note,
+        last={n.label: n.skip for n in nodes.values()},
+    )
+    note(f"run {rid} finished on {', '.join(nodes)}; `vmrun fetch --run {rid}` brings its files")
+    return 0
 
 
 def _order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
@@ -287,8 +312,9 @@ def _stage(node: Node, plan: Plan, note: Note) -> None:
         remote = f"{REMOTE_LIB}/vmrun_{plan.script.name}"
         report = upload(conn, plan.script, remote)
         if not report.ok:
-            raise RemoteError(f"could not place vmrun's {plan.script.name} on the host",
-                              host=conn.label)
+            raise RemoteError(
+                f"could not place vmrun's {plan.script.name} on the host", host=conn.label
+            )
         node.script = f"{node.env.home}/{remote}"
         return
     try:

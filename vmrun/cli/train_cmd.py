@@ -148,6 +148,15 @@ def register(app: typer.Typer) -> None:
                 "--nccl-debug", metavar="LEVEL", help="NCCL_DEBUG: VERSION, WARN, INFO, TRACE."
             ),
         ] = None,
+        fetch_every: Annotated[
+            float | None,
+            typer.Option(
+                "--fetch-every",
+                metavar="SECONDS",
+                help="While following the run, fetch its new checkpoints this often (and its"
+                " results at the end) into results/<run-id>/.",
+            ),
+        ] = None,
         resume: Annotated[
             str | None,
             typer.Option(
@@ -193,6 +202,11 @@ def register(app: typer.Typer) -> None:
             lr=lr,
             launcher=launcher,
         )
+        if fetch_every is not None and (fetch_every <= 0 or detach or local):
+            raise UsageError(
+                "--fetch-every needs seconds > 0 and a run that vmrun follows"
+                " (not --detach or --local; use `vmrun fetch --watch` for a detached run)"
+            )
         if local:
             if host:
                 raise UsageError("--local trains on this machine; drop -H or --local")
@@ -239,6 +253,7 @@ def register(app: typer.Typer) -> None:
             note=note,
             wiring=wiring,
             resume=resume,
+            fetch_every=fetch_every,
         )
 
 
