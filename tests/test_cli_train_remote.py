@@ -249,3 +249,65 @@ def test_fetch_every_brings_snapshots_while_the_run_goes_on(
     assert "h1: fetched" in "".join(err)
     bad = project.vmrun("train", "-H", "h1", "--fetch-every", "5", "--detach")
     assert bad.returncode == 2 and "--fetch-every needs" in bad.stderr
+
+
+def test_allow_concurrent_runs_share_a_host_without_clashing(
+        bed: NetnsBed, project: Client) -> None:
+    h1 = bed["h1"]
+    first = project.vmrun("train", "-H", "h1", "--detach", "--", "500", "100")
+    assert first.returncode == 0, first.stderr
+    rid_a = _run_id(first.stderr)
+    log = h1.home / ".vmrun/runs" / rid_a / "log"
+    wait_for(lambda: b"epoch 1/500" in log.read_bytes(), 120, "the first run to train")
+    second = project.vmrun("train", "-H", "h1", "--allow-concurrent", "--epochs", "2",
+                           "--save-every", "1", timeout=300)
+    assert second.returncode == 0, second.stderr + second.stdout
+    rid_b = _run_id(second.stderr)
+    metrics = (_out_dir(h1, project, rid_b) / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(m)["epoch"] for m in metrics] == [1, 2]
+    assert not (_out_dir(h1, project, rid_a) / "finalmodel.pt").exists()
+    assert run_members(h1, rid_a)  # the first run went on beside the second
+    assert project.vmrun("stop", rid_a, "-H", "h1").returncode == 0
+    assert run_members(h1, rid_a) == []
+
+
+def test_exit_code_last_lines_and_the_interpreter_setup_recorded(
+        bed: NetnsBed, project: Client, host_python: Path) -> None:
+    h3 = bed["h3"]  # not in vmrun.toml: its interpreter comes from setup's record on the host
+    record = h3.home / ".vmrun" / "host.json"
+    record.parent.mkdir(exist_ok=True)
+    record.write_text(json.dumps({"python": str(host_python), "gpus": 0}))
+    for path in (record.parent, record):
+        os.chown(path, h3.uid, h3.gid)
+    (project.cwd / "fail.py").write_text(
+        "import sys\nfor i in range(5):\n    print('line', i)\nsys.exit(3)\n")
+    done = project.vmrun("train", "fail.py", "-H", "h3", "--launcher", "python", "--", "x")
+    assert done.returncode == 3, done.stderr
+    assert "exited with 3" in done.stderr and done.stdout.splitlines()[-1] == "line 4"
+    rid = _run_id(done.stderr)
+    meta = json.loads((h3.home / ".vmrun/runs" / rid / "run.json").read_text())
+    assert meta["python"] == str(host_python)
+    tail = project.vmrun("logs", rid, "-H", "h3", "-n", "2")
+    assert tail.returncode == 0 and tail.stdout == "line 3\nline 4\n", tail.stdout
+
+
+def test_ctrl_c_detaches_and_the_run_goes_on(bed: NetnsBed, project: Client) -> None:
+    h2 = bed["h2"]
+    proc = project.popen("train", "-H", "h2", "--", "500", "100")
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "epoch 1/500" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    rid = _run_id(err)
+    assert f"detached from run {rid}" in err and f"vmrun logs -f {rid}" in err
+    assert run_members(h2, rid)  # Ctrl-C only detached: the run goes on
+    stopped = project.vmrun("stop", rid, "-H", "h2")
+    assert stopped.returncode == 0 and run_members(h2, rid) == []

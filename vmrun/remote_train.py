@@ -20,8 +20,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-import random
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from vmrun.group import Group, Outcome
 from vmrun.inventory import HostEntry
 from vmrun.rendezvous import Layout, NodeFacts
 from vmrun.train import CPU_PROCESSES, Plan
+from vmrun.transfer import Progress
 
 REMOTE_LIB = ".vmrun/lib"  # under the remote home: vmrun's own scripts (vmrun_template.py)
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
@@ -149,6 +150,7 @@ def run_remote(
     wiring: Wiring | None = None,
     resume: str | None = None,
     fetch_every: float | None = None,
+    progress: Progress | None = None,
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
@@ -164,7 +166,10 @@ def run_remote(
             from vmrun.resume import prepare
 
             prepare(group, list(nodes), rid, note)
-        raise_failures(group.map(lambda entry, conn: _stage(nodes[entry.label], plan, note)))
+        live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
+        with live:
+            staged = group.map(lambda entry, conn: _stage(nodes[entry.label], plan, note, progress))
+        raise_failures(staged)
         nproc = _nproc(plan, list(nodes.values()))
         started = _start_all(group, plan, nodes, rid, nproc, layout, wiring, resume)
         names = ", ".join(nodes)
@@ -299,7 +304,7 @@ def _meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:
     )
 
 
-def _stage(node: Node, plan: Plan, note: Note) -> None:
+def _stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) -> None:
     """Put the code on the host: node.workdir, and node.script as the run will see it."""
     from vmrun.sync import large_files, project_files, remote_workdir, sync_project
     from vmrun.trainer import is_bundled
@@ -337,9 +342,10 @@ def _stage(node: Node, plan: Plan, note: Note) -> None:
             f"{conn.label}: warning: syncing a large file: {name} ({size / 2**20:.0f} MiB);"
             " list it in .vmrunignore to leave it here"
         )
-    report = sync_project(conn, plan.project, workdir, files=files)
-    for text in report.warnings:
-        note(f"{conn.label}: warning: {text}")
+    report = sync_project(conn, plan.project, workdir, files=files, progress=progress)
+    if progress is None:  # else the progress view has shown them
+        for text in report.warnings:
+            note(f"{conn.label}: warning: {text}")
     if report.sent:
         note(
             f"{conn.label}: synced {report.sent} file(s), {report.sent_bytes / 2**20:.1f} MiB"
@@ -411,7 +417,8 @@ def _start_all(
 
     def start(entry: HostEntry, conn: Connection) -> int:
         node = nodes[entry.label]
-        argv, env = _launch(plan, node, rid, nproc, layout, wiring)
+        port = _free_port(conn, node.env.python) if plan.launcher == "env" else 0
+        argv, env = _launch(plan, node, rid, nproc, layout, wiring, port)
         meta = {
             **meta_base,
             "script": node.script,
@@ -434,8 +441,23 @@ def _start_all(
     return {o.host: int(o.value or 0) for o in outcomes}
 
 
+def _free_port(conn: Connection, python: str) -> int:
+    """A port nothing listens on at the host now (the `env` launcher's MASTER_PORT)."""
+    probe = (
+        "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
+    )
+    out = conn.run([python, "-c", probe], check=True).stdout_tail.split()
+    return int(out[-1]) if out and out[-1].isdigit() else launch.DEFAULT_MASTER_PORT
+
+
 def _launch(
-    plan: Plan, node: Node, rid: str, nproc: str, layout: Layout | None, wiring: Wiring
+    plan: Plan,
+    node: Node,
+    rid: str,
+    nproc: str,
+    layout: Layout | None,
+    wiring: Wiring,
+    port: int = 0,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of one node's launcher."""
     args = list(plan.args)
@@ -467,7 +489,7 @@ def _launch(
             env.update(
                 launch.env_wiring(
                     node_rank=0, nnodes=1, master_addr="127.0.0.1",
-                    master_port=random.randint(29500, 29999),
+                    master_port=port or launch.DEFAULT_MASTER_PORT,
                 )
             )  # fmt: skip
     if layout is not None:

@@ -215,6 +215,7 @@ def register(app: typer.Typer) -> None:
             from vmrun.localrun import run_local
 
             return run_local(plan)
+        from vmrun.cli.fetch_view import make_progress
         from vmrun.inventory import select_hosts
         from vmrun.remote_train import run_remote
 
@@ -254,6 +255,7 @@ def register(app: typer.Typer) -> None:
             wiring=wiring,
             resume=resume,
             fetch_every=fetch_every,
+            progress=make_progress(prefix=len(entries) > 1, live=sys.stderr.isatty()),
         )
 
 
