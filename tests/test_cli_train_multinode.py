@@ -141,28 +141,50 @@ def test_two_nodes_two_processes_merged_log_and_node_filter(
     assert sorted(summaries) == ["n1", "n2"], again.stdout
 
 
+ENV_SCRIPT = """\
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+total = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(total)
+keys = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_DISABLE")
+print("env", *(f"{k}={os.environ.get(k)}" for k in keys), f"sum={int(total.item())}", flush=True)
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
 def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
         bed: NetnsBed, cluster: dict[str, TestHost], multi: Client) -> None:
     """n3 is reached over SSH through the bastion; the rendezvous must use n1's inner address
-    (its main one is not on n3's network), and each node the interface on that route."""
-    done = multi.vmrun("train", "-H", "n1", "-H", "n2", "-H", "n3", "--nproc-per-node", "1",
-                         "--epochs", "2", "--save-every", "2",
-                         env={"VMRUN_HOSTS": ""}, timeout=300)
-    # n3 is not in vmrun.toml: its interpreter comes from the command line's host entry
+    (its main one is not on n3's network), and each node the interface on that route, which
+    reaches the workers' environment with the user's NCCL settings."""
+    (multi.cwd / "envcheck.py").write_text(ENV_SCRIPT)
+    args = ("train", "envcheck.py", "--nproc-per-node", "1", "--nccl-debug", "info")
+    done = multi.vmrun(*args, "-H", "n1", "-H", "n2", "-H", "n3", "--", "x", timeout=300)
+    # n3 is not in vmrun.toml: no interpreter is known for it, and nothing starts anywhere
     assert done.returncode == 2 and "n3: no Python environment is recorded" in done.stderr
+    assert not (cluster["n1"].home / ".vmrun" / "runs").exists()
     toml = multi.cwd / "vmrun.toml"
     toml.write_text(toml.read_text() + f'[[hosts]]\naddress = "n3"\npython = '
-                    f'"{_python(multi)}"\n')
-    done = multi.vmrun("train", "--nproc-per-node", "1", "--epochs", "2", "--save-every", "2",
-                         timeout=300)
+                    f'"{_python(multi)}"\nenv = {{ NCCL_IB_DISABLE = "1" }}\n')
+    done = multi.vmrun(*args, "--", "x", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id(done.stderr)
-    assert ranks_by_host(done.stdout) == {"n1": {0}, "n2": {1}, "n3": {2}}, done.stdout
     inner = cluster["n1"].addr_on("inner")
     assert f"rendezvous at {inner}:" in done.stderr
-    for name, ifname in (("n1", "eth1"), ("n2", "eth1"), ("n3", "eth0")):
+    want = {"n1": "eth1", "n2": "eth1", "n3": "eth0"}
+    for name, ifname in want.items():
         meta = json.loads((cluster[name].home / ".vmrun/runs" / rid / "run.json").read_text())
         assert meta["rdzv"].startswith(f"{inner}:") and meta["ifname"] == ifname, (name, meta)
+        ib = "1" if name == "n3" else "None"
+        line = (f"env GLOO_SOCKET_IFNAME={ifname} NCCL_SOCKET_IFNAME=={ifname} NCCL_DEBUG=INFO"
+                f" NCCL_IB_DISABLE={ib} sum=6")
+        assert re.search(rf"^\[{name} rank\d\] {re.escape(line)}$", done.stdout, re.M), (
+            name, done.stdout)
 
 
 def _python(multi: Client) -> str:
