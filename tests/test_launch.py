@@ -219,3 +219,20 @@ def test_launch_module_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+def test_multinode_c10d_flags() -> None:
+    argv = launch.torchrun_argv(
+        "/py", "train.py", ["5", "1"], nproc_per_node="gpu", max_restarts=2, nnodes="2:4",
+        rdzv_endpoint="10.0.0.5:29400", rdzv_id="r1", rdzv_conf={"is_host": "true"},
+        local_addr="10.0.0.5", log_dir="/home/u/.vmrun/runs/r1/workers",
+    )
+    assert argv == [
+        "/py", "-m", "torch.distributed.run", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.5:29400", "--rdzv-id=r1", "--rdzv-conf=is_host=true",
+        "--local-addr=10.0.0.5", "--nnodes=2:4", "--nproc-per-node=gpu", "--max-restarts=2",
+        "--log-dir=/home/u/.vmrun/runs/r1/workers", "--tee=3", "train.py", "5", "1",
+    ]
+    assert launch.RANK_PREFIX.match(b"[rank12]:x").group(1) == b"12"
+    assert launch.RANK_PREFIX_TEMPLATE == "[rank${rank}]:"
+
