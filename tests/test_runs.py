@@ -111,3 +111,30 @@ def _clean_runs(bed: NetnsBed):
 
     shutil.rmtree(bed["h1"].home / ".vmrun" / "runs", ignore_errors=True)
     (bed["h1"].home / "sleepy.py").unlink(missing_ok=True)
+
+
+def test_every_run_is_listed_however_many_and_durations_use_the_hosts_clock(
+        bed_client: Client, h1: TestHost) -> None:
+    """200 records of 2 KiB each: more than any output tail keeps."""
+    import json
+    import os
+    import shutil
+
+    base = h1.home / ".vmrun" / "runs"
+    ids = [f"bulk-{i:03d}" for i in range(200)]
+    try:
+        for rid in ids:
+            (base / rid).mkdir(parents=True)
+            (base / rid / "run.json").write_text(json.dumps({"started": 1.0, "pad": "x" * 2048}))
+            (base / rid / "exit_code").write_text("0\n")
+            (base / rid / "pid").write_text("1\n")
+            os.utime(base / rid / "pid", (1_700_000_000, 1_700_000_000))
+            os.utime(base / rid / "exit_code", (1_700_000_090, 1_700_000_090))
+        with Connection("h1", bed_client.settings()) as conn:
+            listed = [r for r in runs.list_runs(conn) if r.id.startswith("bulk-")]
+        assert [r.id for r in listed] == ids
+        assert {r.duration for r in listed} == {90.0}  # pid to exit_code, both host times
+        assert all(r.state == "done" for r in listed)
+    finally:
+        for rid in ids:
+            shutil.rmtree(base / rid, ignore_errors=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass
+from typing import Any
 
 from vmrun import quoting
 from vmrun.connection import Connection
@@ -129,13 +130,22 @@ def locate_run(conn: Connection, run_id: str | None) -> RunLocation:
         meta = json.loads(text) if text.strip() else {}
     except ValueError:
         meta = {}
-    out_dir = meta.get("out_dir") or posixpath.join(meta.get("workdir") or ".", "results", found)
+    started = float(first) if first.strip().isdigit() else None
+    return location_of(found, conn.label, meta, started)
+
+
+def location_of(
+    run_id: str, host: str, meta: dict[str, Any], first_started: float | None
+) -> RunLocation:
+    """Where a run's files are, from its run.json and the host-clock time it first started
+    (a template's outputs are its own folder; a script's, what it wrote in the work dir)."""
+    out_dir = meta.get("out_dir") or posixpath.join(meta.get("workdir") or ".", "results", run_id)
     template = meta.get("template", True)
-    since = int(first) * 10**9 if first.strip().isdigit() and not template else 0
+    since = int(first_started * 10**9) if first_started and not template else 0
     return RunLocation(
-        run_id=found,
-        host=conn.label,
-        record_dir=f"{RUNS_DIR}/{found}",
+        run_id=run_id,
+        host=host,
+        record_dir=f"{RUNS_DIR}/{run_id}",
         out_dir=posixpath.normpath(str(out_dir)),
         since_ns=since,
     )

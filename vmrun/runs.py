@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun import quoting
 from vmrun.connection import Connection
 from vmrun.errors import RemoteError, UsageError
 
@@ -59,9 +60,11 @@ echo "$lines"
 cat "$rec/pid" 2>/dev/null || { echo "vmrun: the run did not start" >&2; exit 125; }
 """
 
-# sh -c LIST runs_dir [ids...]: one block per run, fields as KEY VALUE lines
+# sh -c LIST runs_dir [ids...]: the host's clock, then one block per run, fields as KEY VALUE
+# lines (times by the host's clock: FIRST the first attempt's start, BEGAN this attempt's)
 _LIST = r"""base=$1; shift
 cd "$HOME" 2>/dev/null
+echo "NOW $(date +%s)"
 [ -d "$base" ] || exit 0
 if [ $# -eq 0 ]; then set -- $(ls -1 "$base" 2>/dev/null); fi
 for id in "$@"; do
@@ -69,6 +72,8 @@ for id in "$@"; do
   [ -f "$d/run.json" ] || continue
   echo "RUN $id"
   echo "META $(base64 -w0 < "$d/run.json")"
+  [ -f "$d/first_started" ] && echo "FIRST $(cat "$d/first_started")"
+  [ -f "$d/pid" ] && echo "BEGAN $(stat -c %Y "$d/pid")"
   if [ -f "$d/exit_code" ]; then
     echo "EXIT $(cat "$d/exit_code")"; echo "ENDED $(stat -c %Y "$d/exit_code")"
   fi
@@ -150,6 +155,9 @@ class RunRecord:
     stopped: bool = False
     alive: bool = False
     progress: str = ""
+    first_started: float | None = None  # host clock, first attempt
+    began: float | None = None  # host clock, this attempt
+    host_now: float | None = None  # host clock when listed
 
     @property
     def state(self) -> str:
@@ -167,6 +175,10 @@ class RunRecord:
 
     @property
     def duration(self) -> float | None:
+        """This attempt's run time, by the host's clock alone when it told (no skew)."""
+        if self.began is not None:
+            end = self.host_now if self.alive else self.ended
+            return None if end is None else max(0.0, end - self.began)
         end = self.ended if not self.alive else time.time()
         return None if end is None or not self.started else max(0.0, end - self.started)
 
@@ -227,16 +239,26 @@ def start(
 
 def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     """Every run recorded on the host (or just these), oldest first, in one round trip."""
-    result = conn.run(
-        ["sh", "-c", _LIST, "vmrun-list", RUNS_DIR, *(check_run_id(r) for r in run_ids)], check=True
-    )
+    from vmrun.streams import capture  # all of the output: a tail would drop old runs
+
+    argv = ["sh", "-c", _LIST, "vmrun-list", RUNS_DIR, *(check_run_id(r) for r in run_ids)]
+    status, out, err = capture(conn, quoting.plain_command(argv), what="the run listing")
+    if status != 0:
+        raise RemoteError(f"listing the runs failed: {err.strip()[-300:]}", host=conn.label)
     records: list[RunRecord] = []
-    for line in result.stdout_tail.splitlines():
+    now: float | None = None
+    for line in out.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition(" ")
-        if key == "RUN":
-            records.append(RunRecord(value, conn.label))
+        if key == "NOW":
+            now = _number(value)
+        elif key == "RUN":
+            records.append(RunRecord(value, conn.label, host_now=now))
         elif not records:
             continue
+        elif key == "FIRST":
+            records[-1].first_started = _number(value)
+        elif key == "BEGAN":
+            records[-1].began = _number(value)
         elif key == "META":
             try:
                 records[-1].meta = json.loads(base64.b64decode(value))
@@ -258,6 +280,13 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
                 records[-1].progress = f"epoch {match.group(1)}{total}"
     records.sort(key=lambda r: (r.started, r.id))
     return records
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def follow(

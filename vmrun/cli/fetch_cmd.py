@@ -13,6 +13,7 @@ from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
     from vmrun.connection import Connection
+    from vmrun.fetch_what import RunLocation
     from vmrun.transfer import FetchSpec
 
 WHATS = ("results", "checkpoints", "logs", "metrics")  # vmrun.fetch_what.WHATS, unimported
@@ -82,6 +83,7 @@ def specs_for(
     items: list[str],
     *,
     run: str | None,
+    location: RunLocation | None = None,
     workdir: str,
     host_dir: str | None,
     include: tuple[str, ...],
@@ -91,7 +93,6 @@ def specs_for(
     from vmrun.fetch_what import locate_run, resolve_what
 
     specs: list[FetchSpec] = []
-    location = None
     for item in items:
         if item in WHATS or run is not None:
             location = location or locate_run(conn, run)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vmrun.config import Settings
 from vmrun.errors import ExitCode, Interrupted, RemoteError, UsageError, exit_code_for
+from vmrun.fetch_what import RunLocation
 from vmrun.group import Group
 from vmrun.inventory import HostEntry
 from vmrun.sync import remote_workdir
@@ -71,9 +72,10 @@ def run_fetch(job: FetchJob) -> int:
     stop = threading.Event()
     code = 0
     with Group(entries, job.settings) as group:
-        run, only = job.run, None
+        run, only, where = job.run, None, {}
         if run is not None or any(item in WHATS for item in job.items):
-            run, only = _the_run(group, run)
+            run, where = _the_run(group, run)
+            only = set(where)
         multi = job.all_hosts or len(only or entries) > 1
         progress = make_progress(prefix=multi, live=live)
 
@@ -82,6 +84,7 @@ def run_fetch(job: FetchJob) -> int:
                 conn,
                 job.items,
                 run=run,
+                location=where.get(entry.label),
                 workdir=workdir,
                 host_dir=entry.label.replace("/", "_") if multi else None,
                 include=job.include,
@@ -115,9 +118,11 @@ def run_fetch(job: FetchJob) -> int:
                 return code
 
 
-def _the_run(group: Group, run: str | None) -> tuple[str, set[str]]:
-    """The run (the newest across the hosts unless named) and the hosts it ran on: a run's
-    files come from those hosts alone, and every host agrees on which run that is."""
+def _the_run(group: Group, run: str | None) -> tuple[str, dict[str, RunLocation]]:
+    """The run (the newest across the hosts unless named) and where its files are on each
+    host it ran on: a run's files come from those hosts alone, every host agrees on which
+    run that is, and this one listing replaces a lookup per host."""
+    from vmrun.fetch_what import location_of
     from vmrun.runs import find_run
 
     try:
@@ -128,7 +133,10 @@ def _the_run(group: Group, run: str | None) -> tuple[str, set[str]]:
             f" on {', '.join(e.label for e in group.entries)}",
             hint="`vmrun status` lists the runs; or fetch an explicit path",
         ) from exc
-    return run_id, {entry.label for entry, _ in found}
+    return run_id, {
+        entry.label: location_of(run_id, entry.label, rec.meta, rec.first_started)
+        for entry, rec in found
+    }
 
 
 def _note(text: str) -> None:
