@@ -248,6 +248,31 @@ def test_a_file_that_changes_after_the_listing_is_fetched_again(
     assert (tmp_path / remote_dir / "growing.log").read_bytes() == grown
 
 
+def test_a_file_that_keeps_changing_fails_with_a_clear_reason_and_no_final_file(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
+) -> None:
+    path = put(h1, f"{remote_dir}/restless.bin", os.urandom(6 << 20))
+
+    class RewriteEveryTime(Progress):
+        """Rewrites the file between each listing and its transfer: it never settles."""
+
+        calls = 0
+
+        def begin(self, host: str, files: int, nbytes: int) -> None:
+            self.calls += 1
+            path.write_bytes(os.urandom((6 + self.calls) << 20))
+
+    spec = FetchSpec(normalize_remote(remote_dir), remote_dir)
+    hook = RewriteEveryTime()
+    report = download(conn, [spec], tmp_path, Options(), hook)
+    assert hook.calls == 2  # sent once more from scratch, then reported
+    assert list(report.failed) == [f"{remote_dir}/restless.bin"], report.failed
+    why = report.failed[f"{remote_dir}/restless.bin"]
+    assert why == "changed on the host during the transfer" or why.startswith("SHA-256 differs")
+    assert not report.fetched and not (tmp_path / remote_dir / "restless.bin").exists()
+    assert not [p for p in (tmp_path / remote_dir).iterdir() if p.name.endswith(".vmrun-part")]
+
+
 def test_latest_include_and_exclude(
     h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
 ) -> None:
