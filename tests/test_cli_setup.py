@@ -2,25 +2,33 @@
 
 The hosts are air-gapped, so the full run uses --wheelhouse with the local CPU build of
 torch; the GPU and driver branches use stand-ins for nvidia-smi/lspci/sudo (there is no GPU
-here), each named a stand-in in its own text.
+here), each named a stand-in in its own text. The driver install also needs stand-ins for
+ubuntu-drivers, apt-get and dpkg-query: the test hosts have no root and no package archive.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import re
 import shutil
+import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TORCH_SPEC, Client, install_standin, wait_for
+from conftest import CACHE, TORCH_SPEC, Client, _build_once, install_standin, wait_for
 from testbed import NetnsBed, TestHost
 
 from vmrun.config import load_settings
 from vmrun.inventory import project_hosts
 
 T4_SMI = r"""
+case "$*" in *compute_cap*) echo 7.5; exit 0 ;; esac
 cat <<'EOF'
 Sat Nov 21 17:00:00 2026
 +-----------------------------------------------------------------------------+
@@ -33,9 +41,122 @@ EOF
 """
 T4_LSPCI = 'echo "00:1e.0 3D controller: NVIDIA Corporation TU104GL [Tesla T4] (rev a1)"\n'
 
+# sudo that runs nothing as root: the test hosts have none, so this one runs the other
+# stand-ins (and `true`, vmrun's probe) as the same unprivileged user and refuses the rest
+STRICT_SUDO = r"""# passwordless, but it runs only stand-ins, as this same user
+while [ "${1#-}" != "$1" ]; do shift; done
+[ "$1" = true ] && exit 0
+case "$(command -v "$1")" in "$HOME/.vmrun/bin/"*) exec "$@" ;; esac
+echo "STAND-IN sudo: refusing $1, which is not a stand-in" >&2
+exit 1
+"""
+
+# behaves like real `sudo -n` for a user whose sudo asks for a password
+PASSWORD_SUDO = 'echo "sudo: a password is required" >&2\nexit 1\n'
+
+# apt-get, dpkg-query and ubuntu-drivers act on a stand-in package list, ~/standin-dpkg
+# ("STATUS NAME" lines); every call is logged to ~/standin-calls
+APT_GET = r"""# logs each call; `install` marks its packages installed in ~/standin-dpkg
+echo "apt-get $*" >> "$HOME/standin-calls"
+cmd=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) shift ;;
+    -*) ;;
+    *) if [ -z "$cmd" ]; then cmd=$1
+       elif [ "$cmd" = install ]; then echo "ii $1" >> "$HOME/standin-dpkg"; fi ;;
+  esac
+  shift
+done
+"""
+
+DPKG_QUERY = r'''# answers `dpkg-query -W -f=FORMAT PATTERN...` from ~/standin-dpkg; like
+# dpkg-query it says so and exits 1 when a pattern matches no package
+set -f
+fmt='${Package}\n'; pats=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -W|--show) ;;
+    -f) fmt=$2; shift ;;
+    -f=*|--showformat=*) fmt=${1#*=} ;;
+    *) pats="$pats $1" ;;
+  esac
+  shift
+done
+touch "$HOME/standin-dpkg"
+rc=0
+for pat in $pats; do
+  hit=0
+  while read -r status name; do
+    case "$name" in $pat)
+      hit=1
+      printf "$(printf '%s' "$fmt" | sed -e "s/\${db:Status-Abbrev}/$status /g" \
+        -e "s/\${Package}/$name/g")" ;;
+    esac
+  done < "$HOME/standin-dpkg"
+  [ "$hit" = 1 ] || { echo "dpkg-query: no packages found matching $pat" >&2; rc=1; }
+done
+exit $rc
+'''
+
+UBUNTU_DRIVERS = r"""# acts out `ubuntu-drivers install --gpgpu` for a Tesla T4 on Ubuntu 24.04:
+# the 535-server branch as headless/server packages, and no nvidia-driver-535 package
+echo "ubuntu-drivers $*" >> "$HOME/standin-calls"
+[ "$*" = "install --gpgpu" ] || { echo "unexpected arguments: $*" >&2; exit 2; }
+for p in nvidia-headless-no-dkms-535-server libnvidia-compute-535-server \
+         linux-modules-nvidia-535-server-generic nvidia-kernel-common-535-server \
+         nvidia-compute-utils-535-server; do
+  echo "ii $p" >> "$HOME/standin-dpkg"
+done
+"""
+
+# no nvidia-smi until nvidia-utils-535-server is installed; the driver answers only after the
+# (simulated) reboot, as a freshly installed kernel module does
+FRESH_535_SMI = r"""
+grep -qx 'ii nvidia-utils-535-server' "$HOME/standin-dpkg" 2>/dev/null \
+  || { echo "nvidia-smi: command not found" >&2; exit 127; }
+if [ ! -e "$HOME/rebooted" ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+  exit 9
+fi
+case "$*" in
+  *compute_cap*) echo 7.5 ;;
+  -L) echo "GPU 0: Tesla T4 (UUID: GPU-1b2c)" ;;
+  *) echo "| NVIDIA-SMI 535.183.01   Driver Version: 535.183.01   CUDA Version: 12.2  |" ;;
+esac
+"""
+
+V100_SMI = r"""
+case "$*" in
+  *compute_cap*) echo 7.0 ;;
+  *) echo "| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0  |" ;;
+esac
+"""
+V100_LSPCI = 'echo "00:1e.0 3D controller: NVIDIA Corporation GV100GL [Tesla V100 SXM2 16GB]"\n'
+
+
+def _package_world(host: TestHost) -> None:
+    """Stand-ins for root and the package system; a removed old driver left in dpkg's list."""
+    install_standin(host, "sudo", STRICT_SUDO)
+    install_standin(host, "apt-get", APT_GET)
+    install_standin(host, "dpkg-query", DPKG_QUERY)
+    install_standin(host, "ubuntu-drivers", UBUNTU_DRIVERS)
+    host.run(["sh", "-c", 'echo "rc nvidia-driver-470" > "$HOME/standin-dpkg"'], as_user=True)
+
+
+def _calls(host: TestHost) -> list[str]:
+    path = host.home / "standin-calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _last_run(log: Path) -> str:
+    """The part of a per-host log written by the latest setup run."""
+    return log.read_text().rsplit("===== vmrun setup", 1)[-1] if log.exists() else ""
+
 
 def _wipe(host: TestHost) -> None:
-    for name in (".vmrun", "miniconda3", "reboot-requested", "rebooted", "after-reboot"):
+    for name in (".vmrun", "miniconda3", "reboot-requested", "rebooted", "after-reboot",
+                 ".cache", "standin-dpkg", "standin-calls", "dpkg-lock"):
         target = host.home / name
         if target.is_dir():
             shutil.rmtree(target)
@@ -72,11 +193,14 @@ def test_full_setup_in_parallel_then_a_second_run_skips_everything(
         assert record["python"] == python
         assert record["torch"].startswith("2.13.0")
         assert record["cuda_available"] == "False"
-        # the verify step really imported torch in that env, on that host
-        assert f"torch={record['torch']}" in (bed_client.cwd / ".vmrun" / "logs" /
-                                              "setup-h1.log").read_text()
-    assert "ran 4 (python-env, torch, verify" not in first.stdout  # venv package is adopted
-    assert "no NVIDIA GPU (CPU environment)" in first.stdout
+        # the verify step really imported torch in that env, on that host: its own log says so
+        log = _last_run(bed_client.cwd / ".vmrun" / "logs" / f"setup-{host.name}.log")
+        assert f" on {host.name}\n" in log
+        assert f"torch={record['torch']}" in log
+        # python3-venv is installed here, so its step is adopted, not run
+        summary = (rf"^{host.name}: ok in [0-9.]+ s: ran 3 \(python-env, torch, verify\),"
+                   r" 1 already done; no NVIDIA GPU \(CPU environment\)$")
+        assert re.search(summary, first.stdout, re.M), first.stdout
     recorded = project_hosts(load_settings(cwd=bed_client.cwd, environ=bed_client.environ()))
     assert [(e.label, e.vars["python"]) for e in recorded] == [
         ("h1", f"{h1.home}/.vmrun/envs/vmrun/bin/python"),
@@ -112,10 +236,19 @@ def test_dry_run_changes_nothing_and_shows_the_scripts(bed_client: Client,
 
 def test_existing_interpreter_with_python_flag(bed_client: Client, hosts: list[TestHost],
                                                host_python: Path) -> None:
+    """h3 is listed in vmrun.toml with another interpreter: setup updates that line only."""
+    toml = bed_client.cwd / "vmrun.toml"
+    listed = ('# the lab\n[[hosts]]\naddress = "h3"\npython = "/usr/bin/python3"  # old one\n'
+              'groups = ["lab"]\n')
+    toml.write_text(listed)
+    toml.chmod(0o644)
     done = bed_client.vmrun("setup", "h3", "--python", str(host_python), "--torch", TORCH_SPEC)
     assert done.returncode == 0, done.stderr
     assert "ran 1 (verify)" in done.stdout, done.stdout
     assert f"python={host_python}" in done.stdout and "torch=2.13.0" in done.stdout
+    assert "updated the python of h3" in done.stdout
+    assert toml.read_text() == listed.replace("/usr/bin/python3", str(host_python))
+    assert stat.S_IMODE(toml.stat().st_mode) == 0o644
 
 
 def test_one_failing_host_does_not_stop_the_others(bed_client: Client, hosts: list[TestHost],
@@ -204,8 +337,19 @@ def test_gpu_host_with_a_working_driver_keeps_it(bed_client: Client, hosts: list
     assert done.returncode == 0, done.stderr
     assert "1 NVIDIA GPU(s)" in done.stdout
     assert "skip nvidia-driver: already present" in done.stdout
-    # driver 525 runs CUDA 12.0: the newest wheel index at or below it is cu118
-    assert "--index-url https://download.pytorch.org/whl/cu118" in done.stdout
+    # driver 525 runs CUDA 12.0, and so every 12.x runtime: the newest 12.x build, not cu118
+    assert "VMRUN_PIP_INDEX_ARGS=--index-url https://download.pytorch.org/whl/cu128" in done.stdout
+
+
+def test_a_volta_gpu_gets_the_last_cuda_build_with_its_kernels(bed_client: Client,
+                                                               hosts: list[TestHost]) -> None:
+    h3 = hosts[2]
+    install_standin(h3, "lspci", V100_LSPCI)
+    install_standin(h3, "nvidia-smi", V100_SMI)
+    done = bed_client.vmrun("setup", "h3", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    # CUDA 13 (PyPI's default build) has no Volta kernels; cu126 does and runs on a 13.0 driver
+    assert "VMRUN_PIP_INDEX_ARGS=--index-url https://download.pytorch.org/whl/cu126" in done.stdout
 
 
 def test_driver_library_mismatch_reboots_instead_of_reinstalling(
@@ -235,16 +379,145 @@ echo "GPU 0: Tesla T4 (UUID: GPU-1b2c)"
     assert "nvidia-driver: apply" not in log  # nothing was reinstalled
 
 
-def test_sudo_needing_a_password_fails_before_changing_anything(
+def test_without_sudo_a_dry_run_shows_the_plan_and_a_real_run_changes_nothing(
         bed_client: Client, hosts: list[TestHost]) -> None:
     h1 = hosts[0]
     install_standin(h1, "lspci", T4_LSPCI)  # a GPU, no driver, and no sudo on the host
     before = {p for p in _snapshot(h1.home) if not p.startswith(".vmrun")}
+    plan = bed_client.vmrun("setup", "h1", "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "would run nvidia-driver (not done yet; needs passwordless sudo)" in plan.stdout
+    assert ("note: nvidia-driver needs root and there is no sudo: a real run stops before"
+            " changing anything") in plan.stdout
+    assert "ubuntu-drivers install --gpgpu" in plan.stdout  # the plan itself is all there
     done = bed_client.vmrun("setup", "h1")
     assert done.returncode == 14
     assert "need root, and there is no sudo; nothing was changed" in done.stderr
     assert {p for p in _snapshot(h1.home) if not p.startswith(".vmrun")} == before
     assert not (h1.home / ".vmrun" / "setup").exists()
+
+
+def test_sudo_needing_a_password_fails_before_changing_anything(
+        bed_client: Client, hosts: list[TestHost]) -> None:
+    h3 = hosts[2]
+    install_standin(h3, "lspci", T4_LSPCI)
+    install_standin(h3, "sudo", PASSWORD_SUDO)
+    before = _snapshot(h3.home)
+    done = bed_client.vmrun("setup", "h3")
+    assert done.returncode == 14
+    assert ("steps nvidia-driver need root, and sudo needs a password (sudo: a password is"
+            " required); nothing was changed") in done.stderr
+    assert _snapshot(h3.home) == before  # not even ~/.vmrun/setup was written
+
+
+def test_driver_install_finds_the_server_branch_and_torch_follows_the_new_driver(
+        bed_client: Client, hosts: list[TestHost], host_python: Path) -> None:
+    """A GPU and no driver: ubuntu-drivers --gpgpu installs 535-server as headless packages,
+    its nvidia-utils follows, the host reboots, and torch's index comes from the new driver."""
+    h1 = hosts[0]
+    _package_world(h1)
+    install_standin(h1, "lspci", T4_LSPCI)
+    install_standin(h1, "nvidia-smi", FRESH_535_SMI)
+    args = ["setup", "h1", "--python", str(host_python), "--torch", TORCH_SPEC,
+            "--only", "nvidia-driver", "--only", "torch", "--reboot-timeout", "60",
+            "--param", 'reboot_command=touch "$HOME/reboot-requested"']
+    plan = bed_client.vmrun(*args, "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "would run nvidia-driver (not done yet; needs passwordless sudo)" in plan.stdout
+    # before the driver there is no CUDA version to go by: the plan says when it is decided
+    assert ("VMRUN_PIP_INDEX_ARGS=(read again from nvidia-smi after nvidia-driver) the wheel"
+            " index for the new driver") in plan.stdout
+    assert _calls(h1) == []
+
+    errors: list[BaseException] = []
+    rebooter = _simulate_reboot(h1, errors)
+    done = bed_client.vmrun(*args, timeout=300)
+    rebooter.join(30)
+    assert not errors, errors
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "rebooted: ran 2 (nvidia-driver, torch)" in done.stdout, done.stdout
+    lock = "apt-get -o DPkg::Lock::Timeout=300"
+    assert _calls(h1) == [
+        f"{lock} update",  # once, before the first install
+        f"{lock} install -y ubuntu-drivers-common",
+        "ubuntu-drivers install --gpgpu",
+        f"{lock} install -y nvidia-utils-535-server",  # found from the -server headless packages
+    ]
+    log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h1.log")
+    assert "driver branch 535-server: installing nvidia-utils-535-server" in log
+    assert "CUDA 12.2 (compute capability 7.5)" in log
+    # pip was pointed at the CUDA 12 build for the driver installed now (none was there before)
+    assert "Looking in indexes: https://download.pytorch.org/whl/cu128" in log
+
+
+def test_apt_lock_wait_names_the_holder_and_is_bounded(bed_client: Client,
+                                                       hosts: list[TestHost]) -> None:
+    """A process holds the dpkg lock (as unattended-upgrades does at first boot): setup names
+    it, gives up after apt_lock_wait, and carries on once the lock is free."""
+    h2 = hosts[1]
+    _package_world(h2)  # dpkg-query says python3-venv is missing, so its apt step runs
+    lock = h2.home / "dpkg-lock"
+    lock.touch()
+    args = ["setup", "h2", "--only", "python-venv-package", "--param", f"apt_lock_files={lock}"]
+    log = bed_client.cwd / ".vmrun" / "logs" / "setup-h2.log"
+    holder = f"held by pid {os.getpid()} ("  # this test process holds it
+    fd = os.open(lock, os.O_RDWR)
+    run = None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        short = bed_client.vmrun(*args, "--param", "apt_lock_wait=2")
+        assert short.returncode == 1, short.stderr
+        assert f"the apt/dpkg lock is still held after 2 s, by pid {os.getpid()} (" in short.stderr
+        assert _calls(h2) == []  # apt-get never ran
+        run = bed_client.popen(*args)
+        wait_for(lambda: holder in _last_run(log), 60, "setup to name the lock holder")
+        assert _calls(h2) == []
+    finally:
+        os.close(fd)  # the lock is free from here on
+        if run is not None and sys.exc_info()[0] is not None:
+            run.kill()
+    assert run is not None
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err + out
+    assert "ran 1 (python-venv-package)" in out
+    assert _calls(h2) == ["apt-get -o DPkg::Lock::Timeout=300 update",
+                          "apt-get -o DPkg::Lock::Timeout=300 install -y python3-venv"]
+
+
+@pytest.fixture(scope="session")
+def uv_wheelhouse() -> Path:
+    """uv and pip wheels (pip download, once), for hosts without an index."""
+    def build(target: Path) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input", "--no-deps",
+                        "uv", "pip", "-d", str(target)], check=True, timeout=600)
+
+    try:
+        return _build_once(CACHE / "wheelhouse-uv-pip", build)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"could not download the uv and pip wheels: {exc}")
+
+
+def test_uv_env_installs_uv_privately_from_the_wheelhouse(bed_client: Client,
+                                                          hosts: list[TestHost],
+                                                          uv_wheelhouse: Path) -> None:
+    """No uv on the host, and its python3 is externally managed (PEP 668, like Ubuntu 24.04's),
+    so `pip install --user uv` is refused: uv goes into a private venv under ~/.vmrun."""
+    h2 = hosts[1]
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    version = subprocess.run(["/usr/bin/python3", "-c", probe], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    done = bed_client.vmrun("setup", "h2", "--env", "uv", "--only", "python-env",
+                            "--wheelhouse", str(uv_wheelhouse), "--python-version", version,
+                            timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    tools = h2.home / ".vmrun" / "tools" / "uv"
+    log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h2.log")
+    assert f"installing uv with pip into a private venv, {tools} (from the wheelhouse)" in log
+    assert (tools / "bin" / "uv").is_file()
+    python = h2.home / ".vmrun" / "envs" / "vmrun" / "bin" / "python"
+    assert f"python={python}" in done.stdout
+    pip = h2.run([str(python), "-m", "pip", "--version"], as_user=True, text=True)
+    assert f"{h2.home}/.vmrun/envs/vmrun/" in pip.stdout  # the env has its own pip
 
 
 def test_conda_with_an_uploaded_installer(bed_client: Client, hosts: list[TestHost],

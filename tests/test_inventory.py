@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,7 @@ import pytest
 from vmrun.config import load_settings
 from vmrun.errors import ConfigError, UsageError
 from vmrun.hosts import parse_host
-from vmrun.inventory import HostEntry, project_hosts, record_hosts, select_hosts
+from vmrun.inventory import HostEntry, Recorded, project_hosts, record_hosts, select_hosts
 
 PROJECT = """\
 # my cluster
@@ -93,17 +95,44 @@ def test_record_hosts_appends_and_keeps_comments(project: Path) -> None:
         vars={"python": "/opt/py/bin/python", "note": 'quote " and ü'},
     )
     again = HostEntry(parse_host("ubuntu@10.0.0.1"))
-    added = record_hosts(project, [new, again])
-    assert added == [new]
+    done = record_hosts(project, [new, again])
+    assert done.added == [new] and done.updated == []
     text = (project / "vmrun.toml").read_text()
     assert text.startswith(PROJECT)  # the user's text, comments included, is untouched
     hosts = project_hosts(load_settings(cwd=project, environ={}))
     assert hosts[-1].name == "gpu3" and hosts[-1].vars["note"] == 'quote " and ü'
-    assert record_hosts(project, [new]) == []
+    assert record_hosts(project, [new]) == Recorded()
     assert not list(project.glob(".vmrun.toml.*"))  # no temporary file left
 
 
+def test_record_hosts_updates_a_listed_host_in_place(project: Path) -> None:
+    path = project / "vmrun.toml"
+    path.write_text(PROJECT.replace('python = "/home/ubuntu/venvs/vmrun/bin/python"',
+                                    'python = "/home/ubuntu/venvs/vmrun/bin/python"  # mine'))
+    path.chmod(0o644)
+    gpu1, spare = project_hosts(load_settings(cwd=project, environ={}))
+    moved = HostEntry(gpu1.spec, gpu1.name, gpu1.groups, {**gpu1.vars, "python": "/opt/new/python"})
+    first = HostEntry(spare.spec, vars={"python": "/usr/bin/python3"})  # had no python line
+    done = record_hosts(project, [moved, first])
+    assert done.added == [] and done.updated == [moved, first]
+    expected = (PROJECT
+                .replace('python = "/home/ubuntu/venvs/vmrun/bin/python"',
+                         'python = "/opt/new/python"  # mine')
+                .replace('address = "ubuntu@10.0.0.2:2222"\n',
+                         'address = "ubuntu@10.0.0.2:2222"\npython = "/usr/bin/python3"\n'))
+    assert path.read_text() == expected  # only those two lines differ
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # not mkstemp's 0600
+    hosts = project_hosts(load_settings(cwd=project, environ={}))
+    assert [h.vars.get("python") for h in hosts] == ["/opt/new/python", "/usr/bin/python3"]
+    assert record_hosts(project, [moved, first]) == Recorded()  # nothing left to change
+
+
 def test_record_hosts_creates_the_file(tmp_path: Path) -> None:
-    record_hosts(tmp_path, [HostEntry(parse_host("u@h:2200"), groups=("g",))])
+    old = os.umask(0o022)
+    try:
+        record_hosts(tmp_path, [HostEntry(parse_host("u@h:2200"), groups=("g",))])
+    finally:
+        os.umask(old)
     (entry,) = project_hosts(load_settings(cwd=tmp_path, environ={}))
     assert entry.spec == parse_host("u@h:2200") and entry.groups == ("g",)
+    assert stat.S_IMODE((tmp_path / "vmrun.toml").stat().st_mode) == 0o644

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vmrun.errors import ConfigError
+from vmrun.errors import ConfigError, RemoteError
+from vmrun.facts import parse as parse_facts
 from vmrun.playbook import applies, builtin_dir, fingerprint, load, parse, parse_steps
 from vmrun.provision import TORCH_INDEX, cuda_index
 
@@ -86,17 +87,39 @@ def test_fingerprints_follow_inputs_and_needs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cuda", "index"),
-    [("12.0", TORCH_INDEX + "cu118"), ("12.4", TORCH_INDEX + "cu124"),
-     ("12.5", TORCH_INDEX + "cu124"), ("12.9", TORCH_INDEX + "cu129"), ("13.0", None),
-     ("13.1", None), ("", None)],
+    ("cuda", "compute_cap", "index"),
+    [
+        # any 12.x driver runs every 12.x runtime (minor-version compatibility): newest 12.x build
+        ("12.0", "", TORCH_INDEX + "cu128"),
+        ("12.2", "7.5", TORCH_INDEX + "cu128"),
+        ("12.9", "9.0", TORCH_INDEX + "cu128"),
+        # Volta and older: cu126 is the last build with their kernels, on 12.x and 13.x drivers
+        ("12.4", "7.0", TORCH_INDEX + "cu126"),
+        ("13.0", "6.1", TORCH_INDEX + "cu126"),
+        # CUDA 13 with a current GPU: PyPI's default build
+        ("13.0", "8.0", None),
+        ("13.1", "", None),
+        ("11.4", "", TORCH_INDEX + "cu118"),
+        ("", "", None),
+    ],
 )
-def test_cuda_wheel_index_matches_the_driver(cuda: str, index: str | None) -> None:
-    assert cuda_index(cuda) == index
+def test_cuda_wheel_index_matches_the_driver(cuda: str, compute_cap: str, index: str | None
+                                             ) -> None:
+    assert cuda_index(cuda, compute_cap) == index
 
 
 def test_too_old_a_driver_says_so() -> None:
-    from vmrun.errors import RemoteError
+    with pytest.raises(RemoteError, match=r"supports CUDA 10\.2 only"):
+        cuda_index("10.2")
 
-    with pytest.raises(RemoteError, match=r"supports CUDA 11\.4 only"):
-        cuda_index("11.4")
+
+def test_facts_keep_only_real_versions_and_say_why_sudo_cannot_run() -> None:
+    text = ("home=/home/u\nsudo=password\nsudo_says=sudo: a password is required\n"
+            "compute_cap=7.5\n")
+    facts = parse_facts(text, "h")
+    assert facts.compute_cap == "7.5" and not facts.can_sudo
+    assert facts.sudo_problem == "sudo needs a password (sudo: a password is required)"
+    # a stand-in or an old nvidia-smi that does not know the field prints something else
+    odd = parse_facts("home=/h\nsudo=none\ncompute_cap=Field \"compute_cap\" is not valid\n", "h")
+    assert odd.compute_cap == "" and odd.sudo_problem == "there is no sudo"
+    assert parse_facts("home=/h\nsudo=root\n", "h").sudo_problem == ""

@@ -1,7 +1,8 @@
 """What a host is, learned in one read-only round trip: OS, GPUs, driver, sudo, setup state.
 
 GPU detection needs no extra package: PCI display controllers with NVIDIA's vendor id
-0x10de under /sys/bus/pci/devices, or `lspci -d 10de:` where sysfs shows none.
+0x10de under /sys/bus/pci/devices, or `lspci -d 10de:` where sysfs shows none. Setup reads the
+facts again after a step that may reboot (the driver), so the torch wheel follows the new driver.
 """
 
 from __future__ import annotations
@@ -45,13 +46,17 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   field() { printf '%s\n' "$out" | sed -n "s/.*$1: *\([0-9.]*\).*/\1/p" | head -n1; }
   echo "cuda_driver=$(field 'CUDA Version')"
   echo "driver=$(field 'Driver Version')"
+  if [ "$rc" = 0 ]; then  # the oldest GPU decides which CUDA builds still ship its kernels
+    echo "compute_cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+      | sort -n | head -n1)"
+  fi
 else
   echo "smi_rc=127"
 fi
 if [ "$(id -u)" = 0 ]; then echo "sudo=root"
-elif sudo -n true >/dev/null 2>&1; then echo "sudo=nopasswd"
-elif command -v sudo >/dev/null 2>&1; then echo "sudo=password"
-else echo "sudo=none"; fi
+elif ! command -v sudo >/dev/null 2>&1; then echo "sudo=none"
+elif said=$(sudo -n true 2>&1 </dev/null); then echo "sudo=nopasswd"
+else echo "sudo=password"; echo "sudo_says=$(printf '%s\n' "$said" | head -n1)"; fi
 for tool in python3 rsync curl uv; do
   echo "has_$tool=$(command -v $tool >/dev/null 2>&1 && echo 1 || echo 0)"
 done
@@ -77,6 +82,18 @@ class Facts:
     sudo: str  # root | nopasswd | password | none
     tools: dict[str, bool]
     state: dict[str, Any] = field(default_factory=dict)
+    compute_cap: str = ""  # the lowest among the GPUs, e.g. "7.5"; empty when unknown
+    sudo_says: str = ""  # what `sudo -n true` printed when it failed
+
+    @property
+    def sudo_problem(self) -> str:
+        """Why this host cannot run root steps, in words; empty when it can."""
+        if self.can_sudo:
+            return ""
+        if self.sudo == "none":
+            return "there is no sudo"
+        said = f" ({self.sudo_says})" if self.sudo_says else ""
+        return f"sudo needs a password{said}"
 
     @property
     def has_gpu(self) -> bool:
@@ -135,7 +152,15 @@ def parse(text: str, host: str) -> Facts:
         sudo=values.get("sudo", "none"),
         tools={k[4:]: v == "1" for k, v in values.items() if k.startswith("has_")},
         state=state if isinstance(state, dict) else {},
+        compute_cap=_version_text(values.get("compute_cap", "")),
+        sudo_says=values.get("sudo_says", "").strip()[:200],
     )
+
+
+def _version_text(text: str) -> str:
+    """A "major.minor" version, or "" for anything else (a stand-in or an old nvidia-smi)."""
+    text = text.strip()
+    return text if re.fullmatch(r"\d+\.\d+", text) else ""
 
 
 def gather(conn: Connection) -> Facts:

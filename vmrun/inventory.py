@@ -6,9 +6,11 @@ project file. An item can be a host's `name` from vmrun.toml, `@group`, or a hos
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,38 +121,151 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to vmrun.toml")
 
 
-def record_hosts(project_dir: Path, entries: Sequence[HostEntry]) -> list[HostEntry]:
-    """Append hosts that vmrun.toml lacks, keeping the user's text and comments as they are.
+@dataclass
+class Recorded:
+    """What record_hosts changed in vmrun.toml."""
 
-    Written to a temporary file and renamed, so a crash never leaves half a file.
+    added: list[HostEntry] = field(default_factory=list)
+    updated: list[HostEntry] = field(default_factory=list)
+
+
+def record_hosts(project_dir: Path, entries: Sequence[HostEntry]) -> Recorded:
+    """Append hosts that vmrun.toml lacks and update the values (e.g. `python`) of hosts it
+    lists, editing the text in place so the user's comments and other lines stay as they are.
+
+    Written to a temporary file with the original's mode and renamed, so a crash never leaves
+    half a file and a shared 0644 file does not turn 0600.
     """
     path = project_dir / PROJECT_FILE
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     from vmrun.config import load_settings
 
     existing = project_hosts(load_settings(cwd=project_dir)) if text else []
-    have = {e.spec for e in existing} | {e.name for e in existing if e.name}
-    added = [e for e in entries if e.spec not in have and (e.name is None or e.name not in have)]
-    if not added:
-        return []
-    blocks = []
-    for entry in added:
-        lines = ["[[hosts]]", f"address = {_toml_value(entry.spec.label)}"]
-        if entry.name:
-            lines.append(f"name = {_toml_value(entry.name)}")
-        if entry.groups:
-            lines.append(f"groups = {_toml_value(list(entry.groups))}")
-        lines += [f"{key} = {_toml_value(val)}" for key, val in entry.vars.items()]
-        blocks.append("\n".join(lines) + "\n")
-    if text and not text.endswith("\n"):
-        text += "\n"
-    new_text = text + ("\n" if text else "") + "\n".join(blocks)
-    fd, tmp = tempfile.mkstemp(dir=project_dir, prefix=".vmrun.toml.")
+    done = Recorded()
+    lines = text.splitlines(keepends=True)
+    for entry in entries:
+        known = _known_entry(existing, entry)
+        if known is None:
+            if entry not in done.added:
+                done.added.append(entry)
+            continue
+        changes = {k: v for k, v in entry.vars.items() if known.vars.get(k) != v}
+        if changes:
+            edited = _set_values(lines, known.spec, changes)
+            if edited is not None:
+                lines = edited
+                done.updated.append(entry)
+    if not done.added and not done.updated:
+        return done
+    text = "".join(lines)
+    blocks = [_host_block(entry) for entry in done.added]
+    if blocks:
+        if text and not text.endswith("\n"):
+            text += "\n"
+        text += ("\n" if text else "") + "\n".join(blocks)
+    _replace_file(path, text)
+    return done
+
+
+def _known_entry(existing: Sequence[HostEntry], entry: HostEntry) -> HostEntry | None:
+    for known in existing:
+        if known.spec == entry.spec or (entry.name is not None and known.name == entry.name):
+            return known
+    return None
+
+
+def _host_block(entry: HostEntry) -> str:
+    lines = ["[[hosts]]", f"address = {_toml_value(entry.spec.label)}"]
+    if entry.name:
+        lines.append(f"name = {_toml_value(entry.name)}")
+    if entry.groups:
+        lines.append(f"groups = {_toml_value(list(entry.groups))}")
+    lines += [f"{key} = {_toml_value(val)}" for key, val in entry.vars.items()]
+    return "\n".join(lines) + "\n"
+
+
+_HOSTS_HEADER = re.compile(r"^\s*\[\[\s*hosts\s*\]\]\s*(#.*)?$")
+_ANY_HEADER = re.compile(r"^\s*\[\[?[^\[\]=,]+\]\]?\s*(#.*)?$")
+_STRING_THEN_COMMENT = re.compile(r"""^("(?:[^"\\]|\\.)*"|'[^']*')(\s*#.*)?$""")
+
+
+def _set_values(lines: list[str], spec: HostSpec, values: Mapping[str, Any]) -> list[str] | None:
+    """`lines` with `values` set in the [[hosts]] table of `spec`; None if the text is laid out
+    in a way this line editor cannot change safely (the file is then left as it is)."""
+    span = _host_table(lines, spec)
+    if span is None:
+        return None
+    start, end = span
+    new = list(lines)
+    for key, value in values.items():
+        pattern = re.compile(rf"^(\s*{re.escape(key)}\s*=\s*)(.*?)(\r?\n)?$")
+        for index in range(start + 1, end):
+            found = pattern.match(new[index])
+            if found:
+                rest = _STRING_THEN_COMMENT.match(found[2].rstrip())
+                comment = (rest[2] or "") if rest else ""
+                new[index] = f"{found[1]}{_toml_value(value)}{comment}{found[3] or ''}"
+                break
+        else:
+            address = next(i for i in range(start + 1, end) if _key_of(new[i]) == "address")
+            if not new[address].endswith("\n"):
+                new[address] += "\n"
+            new.insert(address + 1, f"{key} = {_toml_value(value)}\n")
+            end += 1
+    import tomllib
+
     try:
+        data = tomllib.loads("".join(new))
+    except tomllib.TOMLDecodeError:
+        return None
+    for item in data.get("hosts", []):
+        if isinstance(item, dict) and _spec_of(item) == spec:
+            return new if all(item.get(k) == v for k, v in values.items()) else None
+    return None
+
+
+def _host_table(lines: list[str], spec: HostSpec) -> tuple[int, int] | None:
+    """(header line, end) of the [[hosts]] table whose address is `spec`."""
+    import tomllib
+
+    headers = [i for i, line in enumerate(lines) if _ANY_HEADER.match(line)] + [len(lines)]
+    for here, after in itertools.pairwise(headers):
+        if not _HOSTS_HEADER.match(lines[here]):
+            continue
+        try:
+            body = tomllib.loads("".join(lines[here + 1 : after]))
+        except tomllib.TOMLDecodeError:
+            continue
+        if _spec_of(body) == spec and any(_key_of(x) == "address" for x in lines[here:after]):
+            return here, after
+    return None
+
+
+def _key_of(line: str) -> str:
+    key, sep, _ = line.partition("=")
+    return key.strip() if sep else ""
+
+
+def _spec_of(item: Mapping[str, Any]) -> HostSpec | None:
+    try:
+        return parse_host(item["address"]) if isinstance(item.get("address"), str) else None
+    except UsageError:
+        return None
+
+
+def _replace_file(path: Path, text: str) -> None:
+    if path.exists():
+        mode = stat.S_IMODE(path.stat().st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".vmrun.toml.")
+    try:
+        os.fchmod(fd, mode)  # mkstemp makes it 0600
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(new_text)
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return added

@@ -33,19 +33,79 @@ from vmrun.result import CommandResult
 
 EventCallback = Callable[[str, str], None]  # (host label, what it is doing now)
 
-# Highest CUDA wheel index at or below the driver's CUDA; PyPI's default torch is a CUDA 13
-# build, so a driver that runs CUDA >= 13 needs no special index.
-_CUDA_INDEXES = [
-    ("11.8", "cu118"),
-    ("12.1", "cu121"),
-    ("12.4", "cu124"),
-    ("12.6", "cu126"),
-    ("12.8", "cu128"),
-    ("12.9", "cu129"),
-]
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 REMOTE_WHEELHOUSE = f"{facts_mod.STATE_DIR}/wheelhouse"
 REMOTE_INSTALLERS = f"{facts_mod.STATE_DIR}/installers"
+
+# Which PyTorch CUDA wheel index suits a host, from the CUDA version its driver reports
+# (nvidia-smi's "CUDA Version") and its oldest GPU's compute capability. Why, since this ages:
+# * CUDA minor-version compatibility: a driver that runs CUDA 12.0 (R525+) runs every 12.x
+#   runtime, and an 11.x driver (R450+) every 11.x one, so a 12.2 driver gets the newest 12.x
+#   build, not the one at or below 12.2 (PyTorch's own maintainers run cu128 on 12.4 drivers).
+# * The CUDA 12 builds PyTorch publishes now are cu126 and cu128 (cu129 was 2.8 only; cu118
+#   ended with 2.7, cu121/cu124 earlier): cu128 is the newest every release since 2.7 carries.
+# * cu128 and the CUDA 13 builds ship kernels for Turing (7.5) and newer only; cu126 is the last
+#   with Maxwell, Pascal and Volta (5.0-7.0), so those GPUs get cu126 on any 12.x or 13.x driver.
+# * A 13.x driver with a Turing or newer GPU needs no index: PyPI's default torch is CUDA 13.
+_CUDA12_INDEX = "cu128"
+_CUDA12_LEGACY_GPU_INDEX = "cu126"
+_CUDA11_INDEX = "cu118"
+_OLDEST_CURRENT_ARCH = (7, 5)
+
+# Shell functions every apply script can call (see playbooks/default.yaml's header). The lock
+# holder comes from /proc/locks, which lists every POSIX lock as PID MAJ:MIN:INODE and which
+# any user can read: fuser and lsof cannot see root's processes without root.
+SHELL_HELPERS = r"""
+vmrun_apt_holders() {
+  local f dev ino key pid cmd
+  local files="/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock"
+  for f in ${VMRUN_APT_LOCK_FILES:-$files /var/cache/apt/archives/lock}; do
+    read -r dev ino < <(stat -c '%d %i' "$f" 2>/dev/null) || continue
+    key=$(printf '%02x:%02x:%s' $(((dev >> 8) & 0xfff)) \
+      $(((dev & 0xff) | ((dev >> 12) & 0xfff00))) "$ino")
+    awk -v k="$key" '$2 != "->" && $6 == k { print $5 }' /proc/locks
+  done | sort -u | while read -r pid; do
+    if [ "$pid" -gt 0 ] 2>/dev/null; then
+      cmd=$(tr '\0' ' ' 2>/dev/null </proc/"$pid"/cmdline | cut -c1-60 | sed 's/ *$//')
+      printf 'pid %s (%s)\n' "$pid" "$cmd"
+    else
+      echo "a process vmrun cannot name (an open file description lock)"
+    fi
+  done
+  return 0
+}
+vmrun_apt_wait() {
+  local limit=${VMRUN_APT_LOCK_WAIT:-300} start=$SECONDS holders said=""
+  while holders=$(vmrun_apt_holders); [ -n "$holders" ]; do
+    holders=${holders//$'\n'/; }
+    if [ $((SECONDS - start)) -ge "$limit" ]; then
+      echo "the apt/dpkg lock is still held after ${limit} s, by $holders" >&2
+      echo "on a fresh cloud VM that is usually unattended-upgrades: let it finish" \
+        "(or stop it) and re-run; --param apt_lock_wait=SECONDS waits longer" >&2
+      return 1
+    fi
+    if [ "$holders" != "$said" ]; then
+      echo "waiting up to ${limit} s for the apt/dpkg lock, held by $holders" >&2
+      said=$holders
+    fi
+    sleep 1
+  done
+}
+vmrun_apt_get() {
+  vmrun_apt_wait
+  $VMRUN_SUDO apt-get -o DPkg::Lock::Timeout="${VMRUN_APT_LOCK_WAIT:-300}" "$@"
+}
+vmrun_apt_update() {
+  local mark="$HOME/.vmrun/setup/apt-updated"
+  if [ "$(cat "$mark" 2>/dev/null)" = "$VMRUN_SETUP_RUN" ]; then return 0; fi
+  vmrun_apt_get update
+  mkdir -p "${mark%/*}" && printf '%s' "$VMRUN_SETUP_RUN" >"$mark"
+}
+vmrun_apt_install() {
+  vmrun_apt_update
+  vmrun_apt_get install -y "$@"
+}
+"""
 
 
 @dataclass
@@ -80,31 +140,40 @@ class HostReport:
     record: dict[str, str] = field(default_factory=dict)
     rebooted: bool = False
     python: str = ""
+    notes: list[str] = field(default_factory=list)  # for --dry-run: what a real run would hit
 
     @property
     def ran(self) -> list[str]:
         return [s.name for s in self.steps if s.status == "ran"]
 
 
-def cuda_index(cuda_driver: str) -> str | None:
-    """The torch wheel index for a driver's CUDA version; None = PyPI's default (CUDA 13)."""
+def _version(text: str) -> tuple[int, int] | None:
     try:
-        have = tuple(int(p) for p in cuda_driver.split(".")[:2])
+        major, minor = (int(p) for p in text.split(".")[:2])
     except ValueError:
         return None
+    return major, minor
+
+
+def cuda_index(cuda_driver: str, compute_cap: str = "") -> str | None:
+    """The torch wheel index for a driver's CUDA version and the oldest GPU (see the table's
+    notes above); None means PyPI's default (the CUDA 13 build) or an unknown driver."""
+    have = _version(cuda_driver)
+    if have is None:
+        return None
+    cap = _version(compute_cap)
+    if have >= (12, 0) and cap is not None and cap < _OLDEST_CURRENT_ARCH:
+        return TORCH_INDEX + _CUDA12_LEGACY_GPU_INDEX
     if have >= (13, 0):
         return None
-    best = None
-    for version, tag in _CUDA_INDEXES:
-        if have >= tuple(int(p) for p in version.split(".")):
-            best = tag
-    if best is None:
-        raise RemoteError(
-            f"the NVIDIA driver supports CUDA {cuda_driver} only; current torch"
-            " wheels need 11.8 or newer",
-            hint="install a newer driver branch",
-        )
-    return TORCH_INDEX + best
+    if have >= (12, 0):
+        return TORCH_INDEX + _CUDA12_INDEX
+    if have >= (11, 0):
+        return TORCH_INDEX + _CUDA11_INDEX
+    raise RemoteError(
+        f"the NVIDIA driver supports CUDA {cuda_driver} only; torch wheels need 11.0 or newer",
+        hint="install a newer driver branch",
+    )
 
 
 def python_path(params: Mapping[str, str], facts: Facts) -> str:
@@ -129,7 +198,7 @@ class HostSetup:
         self.opts = options
         self.on_event = on_event or (lambda host, text: None)
         self.log_path = self._log_path()
-        self._apt_updated = False
+        self.run_token = f"{time.time_ns()}"  # `apt-get update` once per run (SHELL_HELPERS)
 
     # -- bookkeeping ------------------------------------------------------------------
 
@@ -165,16 +234,15 @@ class HostSetup:
         }
         plan = self._plan(facts, params, state, stamps, env)
         runs = [s for s, outcome in plan if outcome.status == "would-run"]
-        self._preflight_sudo(facts, runs)
         if self.opts.dry_run:
-            report.steps = [o for _, o in plan]
-            if self.opts.wheelhouse or self.opts.installer:
-                report.steps.insert(0, StepOutcome("upload", "would-run", self._upload_summary()))
-            return report
+            return self._dry_run_report(report, plan, runs)
+        self._preflight_sudo(facts, runs)
         self._upload(env)
         for step, outcome in plan:
             if outcome.status == "would-run":
                 outcome, records = self._execute(step, env, report)
+                if step.reboot:
+                    env = self._refresh_facts(step, params, report)
             elif outcome.status != "adopted":
                 report.steps.append(outcome)
                 continue
@@ -191,6 +259,42 @@ class HostSetup:
             report.steps.append(outcome)
         report.record = _merged_records(self.opts.playbook, state)
         self._event("done")
+        return report
+
+    def _refresh_facts(
+        self, after: Step, params: Mapping[str, str], report: HostReport
+    ) -> dict[str, str]:
+        """Facts again after a step that may reboot (the driver): the torch wheel must follow
+        the driver now installed, not the one (or none) seen before it."""
+        self._event(f"reading host facts again after {after.name}")
+        report.facts = facts_mod.gather(self.conn)
+        env = self._environment(params, report.facts, report.python)
+        self._log(
+            f"CUDA {report.facts.cuda_driver or 'none'} (compute capability"
+            f" {report.facts.compute_cap or 'unknown'}): torch index args"
+            f" {env['VMRUN_PIP_INDEX_ARGS'] or '(PyPI default)'}"
+        )
+        return env
+
+    def _dry_run_report(
+        self, report: HostReport, plan: list[tuple[Step, StepOutcome]], runs: list[Step]
+    ) -> HostReport:
+        """The plan, with what needs root said plainly: a dry run never stops at sudo."""
+        report.steps = [o for _, o in plan]
+        if self.opts.wheelhouse or self.opts.installer:
+            report.steps.insert(0, StepOutcome("upload", "would-run", self._upload_summary()))
+        root = {s.name for s in runs if s.sudo or s.apt}
+        if report.facts.sudo != "root":
+            for outcome in report.steps:
+                if outcome.name in root:
+                    outcome.detail += "; needs passwordless sudo"
+        problem = report.facts.sudo_problem
+        if root and problem:
+            verb = "needs" if len(root) == 1 else "need"
+            report.notes.append(
+                f"{', '.join(sorted(root))} {verb} root and {problem}: a real run stops before"
+                " changing anything; allow passwordless sudo for this user first"
+            )
         return report
 
     # -- planning ---------------------------------------------------------------------
@@ -250,11 +354,25 @@ class HostSetup:
                     outcome = StepOutcome(
                         step.name, "would-run", "check failed" if stored else "not done yet"
                     )
-            if outcome.status == "would-run":
-                outcome.script = self._dry_run_text(step, env)
             plan.append((step, outcome))
         self._mark_dependents(plan)
+        self._add_scripts(plan, env)
         return plan
+
+    def _add_scripts(self, plan: list[tuple[Step, StepOutcome]], env: Mapping[str, str]) -> None:
+        """For --dry-run: each script to run; after a rebooting step (the driver), the values
+        that come from nvidia-smi are said to be read again rather than shown stale."""
+        shown = dict(env)
+        for step, outcome in plan:
+            if outcome.status != "would-run":
+                continue
+            outcome.script = self._dry_run_text(step, shown)
+            if step.reboot:
+                later = f"(read again from nvidia-smi after {step.name})"
+                shown.update(
+                    VMRUN_CUDA_DRIVER=later,
+                    VMRUN_PIP_INDEX_ARGS=f"{later} the wheel index for the new driver",
+                )
 
     def _mark_dependents(self, plan: list[tuple[Step, StepOutcome]]) -> None:
         """A step whose needs will run must run too (its fingerprint will change)."""
@@ -289,11 +407,12 @@ class HostSetup:
         return {line[5:] for line in result.stdout_tail.splitlines() if line.startswith("PASS ")}
 
     def _preflight_sudo(self, facts: Facts, runs: list[Step]) -> None:
+        """Before anything changes: a step that needs root on a host where sudo cannot run."""
         needing = [s.name for s in runs if s.sudo or s.apt]
-        if needing and not facts.can_sudo:
-            why = "sudo needs a password" if facts.sudo == "password" else "there is no sudo"
+        if needing and facts.sudo_problem:
             raise RemoteError(
-                f"steps {', '.join(needing)} need root, and {why}; nothing was changed",
+                f"steps {', '.join(needing)} need root, and {facts.sudo_problem};"
+                " nothing was changed",
                 host=self.conn.label,
                 hint="allow passwordless sudo for this user, or do those steps by hand"
                 " (see --dry-run) and re-run",
@@ -318,6 +437,7 @@ class HostSetup:
                 "VMRUN_WHEELHOUSE": wheelhouse,
                 "VMRUN_INSTALLER": installer,
                 "VMRUN_SUDO": facts.sudo_prefix,
+                "VMRUN_SETUP_RUN": self.run_token,
                 "VMRUN_PIP_INDEX_ARGS": " ".join(
                     self._pip_index_args(params, facts, wheelhouse, torch=True)
                 ),
@@ -349,17 +469,16 @@ class HostSetup:
             return [*args, "--index-url", choice]
         if not facts.has_gpu:
             return [*args, "--index-url", TORCH_INDEX + "cpu"]  # never the multi-GB CUDA build
-        index = cuda_index(facts.cuda_driver) if facts.cuda_driver else None
+        index = cuda_index(facts.cuda_driver, facts.compute_cap) if facts.cuda_driver else None
         return [*args, "--index-url", index] if index else args
 
     # -- doing ------------------------------------------------------------------------
 
     def _apply_script(self, step: Step, env: Mapping[str, str]) -> str:
+        """The step's own script (SHELL_HELPERS are prepended when it runs)."""
         if step.apt:
-            lock = '-o DPkg::Lock::Timeout="$VMRUN_APT_LOCK_WAIT"'
             pkgs = " ".join(quoting.quote(p) for p in step.apt)
-            update = "" if self._apt_updated else f"$VMRUN_SUDO apt-get {lock} update\n"
-            return f"{update}$VMRUN_SUDO apt-get {lock} install -y {pkgs}"
+            return f"vmrun_apt_install {pkgs}"
         if step.pip:
             reqs = " ".join(quoting.quote(p) for p in step.pip)
             return f'"$VMRUN_PYTHON" -m pip install $VMRUN_PIP_EXTRA_ARGS {reqs}'
@@ -399,9 +518,8 @@ class HostSetup:
                         step.name, "ran", "rebooted", time.monotonic() - started
                     ), records
         self._event(f"{step.name}: applying")
-        applied = self._bash(self._apply_script(step, env), env, f"{step.name}: apply")
-        if step.apt:
-            self._apt_updated = True
+        script = SHELL_HELPERS + self._apply_script(step, env)
+        applied = self._bash(script, env, f"{step.name}: apply")
         if not applied.ok:
             raise self._step_failed(step, "apply", applied)
         records = dict(_records(applied.stdout_tail)) if step.record else {}

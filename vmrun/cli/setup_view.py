@@ -103,18 +103,28 @@ def run_setup(
             _print_summary(host_report, outcome.duration)
     succeeded = [e for e, o in zip(entries, outcomes, strict=True) if o.ok]
     if record and succeeded:
-        fresh = [
-            HostEntry(e.spec, e.name, e.groups, {**e.vars, "python": o.value.python})  # type: ignore[union-attr]
-            for e, o in zip(entries, outcomes, strict=True)
-            if o.ok and not e.vars
-        ]
-        added = record_hosts(project, fresh)
-        if added:
-            typer.echo(f"recorded {len(added)} host(s) in {project / 'vmrun.toml'}")
+        _record(project, entries, outcomes)
     failed = len(outcomes) - len(succeeded)
     if failed and len(outcomes) > 1:
         error_line(f"{failed} of {len(outcomes)} hosts failed")
     return worst_exit_code(outcomes)
+
+
+def _record(project: Path, entries: list[HostEntry], outcomes: list[Any]) -> None:
+    """Successful hosts into vmrun.toml with the interpreter setup made, so `vmrun train`
+    needs no host argument; a listed host whose interpreter changed gets the new one."""
+    seen = [
+        HostEntry(e.spec, e.name, e.groups, {**e.vars, "python": o.value.python})
+        for e, o in zip(entries, outcomes, strict=True)
+        if o.ok
+    ]
+    done = record_hosts(project, seen)
+    where = project / "vmrun.toml"
+    if done.added:
+        typer.echo(f"recorded {len(done.added)} host(s) in {where}")
+    if done.updated:
+        labels = ", ".join(e.label for e in done.updated)
+        typer.echo(f"updated the python of {labels} in {where}")
 
 
 def _print_plan(host_report: HostReport) -> None:
@@ -123,6 +133,8 @@ def _print_plan(host_report: HostReport) -> None:
     typer.echo(
         f"{host_report.host}: {facts.os_name or 'unknown OS'}, {gpu}; python {host_report.python}"
     )
+    for note in host_report.notes:
+        typer.echo(f"  note: {note}")
     for step in host_report.steps:
         if step.status == "would-run":
             typer.echo(f"  would run {step.name} ({step.detail})")
