@@ -151,6 +151,51 @@ def test_unknown_host_key_via_cli_then_accept_new(bed: NetnsBed, bed_client: Cli
     assert again.returncode == 0, again.stderr
 
 
+def test_changed_host_key_via_cli_exits_10(bed: NetnsBed, bed_client: Client) -> None:
+    """h3 is rebuilt with new host keys; known_hosts still has the old ones: refused, and
+    --accept-new-host-key does not change that (it trusts new hosts, never changed keys)."""
+    host = bed["h3"]
+    host.replace_host_keys()  # bed_client wrote known_hosts before: the old keys
+    for flags in ([], ["--accept-new-host-key"]):
+        done = bed_client.vmrun("exec", "-H", "h3", *flags, "--", "true")
+        assert done.returncode == 10, done.stderr
+        assert done.stderr.startswith(
+            f"vmrun: error: h3: HOST KEY CHANGED for {host.addr}: it offers "
+        )
+        assert "refusing to connect" in done.stderr and "ssh-keygen -R" in done.stderr
+        assert done.stderr.count("\n") == 1
+    assert not bed_client.settings().known_hosts.exists()  # nothing was trusted
+
+
+def test_connect_timeout_via_cli_exits_12_in_time(bed: NetnsBed, bed_client: Client) -> None:
+    """sshd's port silently dropped (a firewall, a security group): no answer, so the connect
+    timeout decides, and the message says which it was."""
+    host = bed["h2"]
+    host.block_port(22)
+    try:
+        started = time.monotonic()
+        done = bed_client.vmrun("exec", "-H", "h2", "--connect-timeout", "2", "--", "true")
+        elapsed = time.monotonic() - started
+    finally:
+        host.unblock_port(22)
+    assert done.returncode == 12, done.stderr
+    assert done.stderr == (
+        f"vmrun: error: h2: no answer from {host.addr} port 22 within 2 s; check the address"
+        " and any firewall or security group, or raise --connect-timeout\n"
+    )
+    assert 2 <= elapsed < 2 + 3  # the timeout, plus the CLI's start-up
+    assert bed_client.vmrun("exec", "-H", "h2", "--", "true").returncode == 0  # port back
+
+
+def test_no_key_at_all_via_cli_exits_11(bed: NetnsBed, bed_client: Client) -> None:
+    h1 = bed["h1"]
+    (bed_client.ssh_dir / "config").write_text(f"Host h1\n  HostName {h1.addr}\n  User {h1.user}\n")
+    done = bed_client.vmrun("exec", "-H", "h1", "--", "true")
+    assert done.returncode == 11, done.stderr
+    assert done.stderr.startswith(f"vmrun: error: h1: no SSH key to log in as {h1.user!r} with (")
+    assert "authorized_keys" in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_ctrl_c_stops_the_remote_commands(bed: NetnsBed, bed_client: Client) -> None:
     proc = bed_client.popen(
         "exec", *_host_args(["h1", "h2"]), "--", "sh", "-c", "echo up; exec sleep 421"

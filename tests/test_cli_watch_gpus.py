@@ -1,9 +1,9 @@
 """`vmrun watch-gpus` end to end: the real CLI against real sshd test hosts.
 
-The test hosts have no GPU, so `nvidia-smi` is the one stand-in (tests/standins/nvidia-smi):
+The test hosts have no GPU, so `nvidia-smi` is the one STAND-IN (tests/standins/nvidia-smi):
 it replays recorded CSV (tests/fixtures/nvidia_smi) at the interval asked for, and logs
 every start with its pid, which is how these tests count remote processes and check that
-none is left behind.
+none is left behind. sshd's log counts the connections and channels.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ HOSTS = ("h1", "h2", "h3")
 
 
 def _wipe(host: TestHost) -> None:
-    for name in ("bin",):
-        shutil.rmtree(host.home / name, ignore_errors=True)
+    """Remove every stand-in these tests install (other tools in ~/.vmrun/bin stay)."""
+    shutil.rmtree(host.home / "bin", ignore_errors=True)
+    vmrun_bin = host.home / ".vmrun" / "bin"
+    shutil.rmtree(vmrun_bin / "nvidia-smi-replay", ignore_errors=True)
+    (vmrun_bin / "nvidia-smi").unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -54,18 +57,20 @@ def _chown_tree(path: Path, host: TestHost) -> None:
         os.chown(p, host.uid, host.gid)
 
 
-def install(host: TestHost, fixture: str, *, apps: str | None = None) -> Path:
-    """The stand-in at ~/bin/nvidia-smi replaying `fixture`; returns its replay directory."""
-    bin_dir = host.home / "bin"
-    replay = bin_dir / "nvidia-smi-replay"
-    replay.mkdir(parents=True)
-    shutil.copy(STANDIN, bin_dir / "nvidia-smi")
+def install(host: TestHost, fixture: str, *, apps: str | None = None, bin_dir: str = "bin") -> Path:
+    """The stand-in at ~/BIN_DIR/nvidia-smi replaying `fixture`; returns its replay directory."""
+    where = host.home / bin_dir
+    host.run(["mkdir", "-p", str(where)], as_user=True)  # owned by the host's user
+    replay = where / "nvidia-smi-replay"
+    replay.mkdir()
+    shutil.copy(STANDIN, where / "nvidia-smi")
     for item in (FIXTURES / fixture).iterdir():
         shutil.copy(item, replay / item.name)
     if apps is not None:
         (replay / "query-compute-apps.txt").write_text(apps)
     (replay / "starts.log").touch()
-    _chown_tree(bin_dir, host)
+    _chown_tree(replay, host)
+    os.chown(where / "nvidia-smi", host.uid, host.gid)
     return replay
 
 
@@ -110,6 +115,11 @@ def project(client: Client, standins: dict[str, bool]) -> None:
 def accepted(host: TestHost) -> int:
     """SSH connections the host's sshd has accepted so far."""
     return host.sshd_log().count("Accepted publickey")
+
+
+def sessions(host: TestHost) -> int:
+    """Session channels (remote commands) the host's sshd has started so far."""
+    return host.sshd_log().count("Starting session")
 
 
 class JsonReader:
@@ -166,6 +176,7 @@ def test_once_table_fits_80_columns_and_names_hosts_without_gpus(
     replay = install(hosts["h1"], "t4x2_training")
     install(hosts["h3"], "driver_not_loaded")
     project(bed_client, {"h1": True, "h2": False, "h3": True})
+    channels = sessions(hosts["h1"])
     done = bed_client.vmrun("watch-gpus", "--once", env={"COLUMNS": "80"})
     assert done.returncode == 14, done.stderr  # hosts without a usable GPU: "remote" failure
     lines = done.stdout.splitlines()
@@ -180,8 +191,9 @@ def test_once_table_fits_80_columns_and_names_hosts_without_gpus(
     text = _squeeze(done.stdout)
     assert "h2 no GPU no NVIDIA driver: nvidia-smi not found (or set nvidia_smi" in text
     assert "h3 no GPU no NVIDIA driver loaded (NVIDIA-SMI has failed" in text
-    assert len(starts(replay)) == 2  # one --query-gpu and one --query-compute-apps
+    assert len(starts(replay)) == 2  # one --query-gpu and one --query-compute-apps ...
     assert all("--loop" not in args for _, args in starts(replay))
+    assert sessions(hosts["h1"]) - channels == 1  # ... on one channel
     assert_nothing_left(hosts["h1"], replay)
 
 
@@ -217,17 +229,20 @@ def test_once_json_one_object_per_host(hosts: dict[str, TestHost], bed_client: C
     assert h1["message"].startswith("no NVIDIA driver: nvidia-smi not found")
 
 
-def test_live_json_streams_every_refresh_from_one_process_per_query(
+def test_live_json_streams_every_refresh_on_one_channel(
     hosts: dict[str, TestHost], bed_client: Client, watch: Any
 ) -> None:
     h1 = hosts["h1"]
     replay = install(h1, "t4x2_training")
     project(bed_client, {"h1": True})
-    connections = accepted(h1)
+    connections, channels = accepted(h1), sessions(h1)
     reader = watch("--interval", "0.2")
     reader.until(lambda s: s["state"] == "ok" and s["processes"], 20, "processes")
+    baseline = set(h1.user_pids())
+    seen = set(baseline)
     for _ in range(8):
         reader.until(lambda s: s["state"] == "ok", 5, "another sample")
+        seen |= set(h1.user_pids())
     samples = [s for s in reader.seen if s["state"] == "ok"]
     assert len(samples) >= 9
     # consecutive samples are consecutive iterations of the replay: 93, 97, 88, 100, 93...
@@ -236,13 +251,16 @@ def test_live_json_streams_every_refresh_from_one_process_per_query(
     first = cycle.index(utils[0])
     assert utils == [cycle[(first + i) % 4] for i in range(len(utils))]
     assert all(later["time"] > earlier["time"] for earlier, later in pairwise(samples))
-    # the point of the design: one connection, one process per query, however many samples
+    # the point of the design: one connection, one channel, the same processes throughout
+    # (two nvidia-smi: one cannot stream both queries), however many samples
     started = starts(replay)
     queries = sorted(args.split("=")[0] for _, args in started)
     assert queries == ["--query-compute-apps", "--query-gpu"]
     assert all(args.endswith("--loop-ms=200") for _, args in started)
     assert all(alive(pid) for pid, _ in started)
     assert accepted(h1) - connections == 1
+    assert sessions(h1) - channels == 1
+    assert seen == baseline, user_commands(h1)  # no grep or anything per refresh
     code, err = reader.interrupt()
     assert code == 0 and err == ""
     assert_nothing_left(h1, replay)
@@ -267,8 +285,8 @@ def test_a_cut_link_shows_disconnected_then_reconnects(
     finally:
         h3.heal_link()
     reader.until(lambda s: s["state"] == "ok", 30, "samples again after the link healed")
-    # a new pair of streams on the new connection, and no more than that
-    wait_for(lambda: len(starts(replay)) == 4, 10, "the second pair of streams")
+    # a new pair of nvidia-smi on the new connection, and no more than that
+    wait_for(lambda: len(starts(replay)) == 4, 10, "the second pair of nvidia-smi")
     code, err = reader.interrupt()
     assert code == 0 and err == ""
     # the first pair was cut off from its client: the host stops it once the link is back
@@ -295,22 +313,82 @@ def test_an_unreachable_host_is_retried_with_backoff(
 def test_idle_alert_for_a_gpu_a_run_holds_but_does_not_use(
     hosts: dict[str, TestHost], bed_client: Client, watch: Any
 ) -> None:
-    install(hosts["h2"], "t4x2_dataloader")
-    project(bed_client, {"h2": True})
-    reader = watch("--interval", "0.2", "--idle-window", "1")
-    held = reader.until(
-        lambda s: s["state"] == "ok" and len(s["processes"]) == 2, 20, "both GPUs held"
-    )
-    assert held["gpus"][1]["idle_alert"] is False  # not yet: the window has not passed
-    alert = reader.until(lambda s: s["state"] == "ok" and s["gpus"][1]["idle_alert"], 10, "alert")
-    assert alert["gpus"][1]["idle_for_s"] >= 1
-    assert alert["gpus"][0]["idle_alert"] is False and alert["gpus"][0]["idle_for_s"] is None
-    code, _ = reader.interrupt()
-    assert code == 0
+    """GPU 1 idles on h1 and h2. On h2 a vmrun run's process holds it: alert. On h1 a process
+    that is no run's holds it (someone's notebook): never an alert, however long."""
+    h1, h2 = hosts["h1"], hosts["h2"]
+    stranger = h1.popen(["sleep", "300"], as_user=True)
+    run = h2.popen(["sleep", "300"], as_user=True, env={"VMRUN_RUN_ID": "r-idle"})
+    try:
+        apps = (FIXTURES / "t4x2_dataloader" / "query-compute-apps.txt").read_text()
+        install(h1, "t4x2_dataloader", apps=apps.replace(", 2313, ", f", {stranger.pid}, "))
+        install(h2, "t4x2_dataloader", apps=apps.replace(", 2313, ", f", {run.pid}, "))
+        project(bed_client, {"h1": True, "h2": True})
+        reader = watch("--interval", "0.2", "--idle-window", "1")
+        held = reader.until(
+            lambda s: s["host"] == "h2" and s["state"] == "ok" and len(s["processes"]) == 2,
+            20,
+            "both of h2's GPUs held",
+        )
+        assert held["gpus"][1]["idle_alert"] is False  # not yet: the window has not passed
+        alert = reader.until(
+            lambda s: s["host"] == "h2" and s["state"] == "ok" and s["gpus"][1]["idle_alert"],
+            10,
+            "h2's alert",
+        )
+        assert alert["gpus"][1]["idle_for_s"] >= 1
+        assert alert["gpus"][0]["idle_alert"] is False and alert["gpus"][0]["idle_for_s"] is None
+        # h1 idles just as long, held by a process that is no run's
+        begun = next(s["time"] for s in reader.seen if s["host"] == "h1" and s["processes"])
+        reader.until(
+            lambda s: s["host"] == "h1" and s["processes"] and s["time"] - begun >= 2,
+            10,
+            "h1 held for twice the window",
+        )
+        h1_held = [s for s in reader.seen if s["host"] == "h1" and s["processes"]]
+        assert {(p["pid"], p["run"]) for p in h1_held[-1]["processes"]} == {
+            (2312, None),
+            (stranger.pid, None),
+        }
+        assert all(s["gpus"][1]["utilization_pct"] < 10 for s in h1_held)  # idle all along
+        assert not any(
+            g["idle_alert"] or g["idle_for_s"] is not None for s in h1_held for g in s["gpus"]
+        )
+        code, _ = reader.interrupt()
+        assert code == 0
 
-    once = bed_client.vmrun("watch-gpus", "--once", "--idle-window", "0", env={"COLUMNS": "100"})
+        once = bed_client.vmrun(
+            "watch-gpus", "--once", "--idle-window", "0", env={"COLUMNS": "100"}
+        )
+    finally:
+        for proc in (stranger, run):
+            proc.kill()
+            proc.wait()
     assert once.returncode == 0, once.stderr
-    assert "! h2 GPU 1: under 10% for 0 s while pid 2313 holds it" in once.stdout
+    assert "! h2 GPU 1: under 10% for 0 s while run r-idle holds it" in once.stdout
+    assert "! h1" not in once.stdout and once.stdout.count("!") == 1
+
+
+def test_nvidia_smi_found_on_the_hosts_path(
+    hosts: dict[str, TestHost], bed_client: Client, watch: Any
+) -> None:
+    """No `nvidia_smi` in vmrun.toml: plain `nvidia-smi`, found on the remote PATH (here in
+    ~/.vmrun/bin, which vmrun puts first on PATH for every remote command)."""
+    h3 = hosts["h3"]
+    replay = install(h3, "t4x2_training", bin_dir=".vmrun/bin")
+    project(bed_client, {"h3": False})
+    assert "nvidia_smi" not in (bed_client.cwd / "vmrun.toml").read_text()
+    done = bed_client.vmrun("watch-gpus", "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    sample = json.loads(done.stdout)
+    assert (sample["host"], sample["state"]) == ("h3", "ok")
+    assert [g["name"] for g in sample["gpus"]] == ["Tesla T4", "Tesla T4"]
+    reader = watch("--interval", "0.2")
+    reader.until(lambda s: s["state"] == "ok" and s["processes"], 20, "a live sample")
+    live = [args for _, args in starts(replay) if "--loop" in args]
+    assert len(live) == 2
+    code, err = reader.interrupt()
+    assert code == 0 and err == ""
+    assert_nothing_left(h3, replay)
 
 
 def test_gpu_processes_are_named_by_the_vmrun_run_that_owns_them(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import threading
@@ -201,6 +202,29 @@ def test_auth_failure_is_clear(bed: NetnsBed, bed_client: Client, tmp_path) -> N
     assert info.value.exit_code == ExitCode.AUTH
 
 
+def test_no_key_at_all_is_an_auth_error(bed: NetnsBed, bed_client: Client) -> None:
+    """No IdentityFile, no ~/.ssh/id_*, no ssh-agent: paramiko has nothing to offer. That is
+    for the user to fix here (exit 11), not an unreachable host (12)."""
+    h1 = bed["h1"]
+    (bed_client.ssh_dir / "config").write_text(f"Host h1\n  HostName {h1.addr}\n  User {h1.user}\n")
+    assert not list(bed_client.ssh_dir.glob("id_*"))
+    assert "SSH_AUTH_SOCK" not in os.environ
+    with pytest.raises(AuthError) as info:
+        Connection("h1", bed_client.settings()).open()
+    line = info.value.one_line()
+    assert line.startswith(f"h1: no SSH key to log in as {h1.user!r} with (no ~/.ssh/id_* key,")
+    assert "ssh-agent offered none" in line and "authorized_keys" in line and "ssh-add" in line
+    assert info.value.exit_code == ExitCode.AUTH
+    # an IdentityFile that is not there, with IdentitiesOnly: said so
+    missing = bed_client.home / "gone"
+    (bed_client.ssh_dir / "config").write_text(
+        f"Host h1\n  HostName {h1.addr}\n  User {h1.user}\n  IdentityFile {missing}\n"
+        "  IdentitiesOnly yes\n"
+    )
+    with pytest.raises(AuthError, match=f"IdentityFile {missing} not found; IdentitiesOnly"):
+        Connection("h1", bed_client.settings()).open()
+
+
 def test_ssh_agent_keys_are_used(bed: NetnsBed, bed_client: Client, tmp_path) -> None:
     """No IdentityFile anywhere: the key comes from a real ssh-agent."""
     h2 = bed["h2"]
@@ -213,8 +237,6 @@ def test_ssh_agent_keys_are_used(bed: NetnsBed, bed_client: Client, tmp_path) ->
         subprocess.run(
             ["ssh-add", str(bed.client_keys.private)], env=env, check=True, capture_output=True
         )
-        import os
-
         os.environ["SSH_AUTH_SOCK"] = str(sock)
         try:
             with Connection("h2", bed_client.settings()) as conn:
@@ -232,7 +254,11 @@ def test_unreachable_address_fails_within_the_timeout(bed: NetnsBed, bed_client:
     with pytest.raises(UnreachableError) as info:
         Connection(f"nobody@{empty}", bed_client.settings(connect_timeout=2)).open()
     assert time.monotonic() - started < 4
-    assert empty in info.value.one_line()
+    # ARP for an empty address gives up after about 3 s: the 2 s timeout comes first
+    assert info.value.one_line() == (
+        f"nobody@{empty}: no answer from {empty} port 22 within 2 s; check the address and"
+        " any firewall or security group, or raise --connect-timeout"
+    )
     assert info.value.exit_code == ExitCode.UNREACHABLE
 
 

@@ -1,16 +1,18 @@
 """vmrun.gpus: parsing nvidia-smi's CSV, batching its streams, the fleet model, the remote
-snippets (run here by a real sh), and the table's cells and width."""
+watch script (run here by a real bash, with the nvidia-smi STAND-IN), and the table's cells
+and width."""
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 from vmrun import gpus
 from vmrun.gpus import (
@@ -24,11 +26,12 @@ from vmrun.gpus import (
     ProcessTracker,
     parse_app_line,
     parse_gpu_line,
-    parse_owners,
-    smi_argv,
+    parse_owner_line,
+    watch_argv,
 )
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
+STANDIN = ROOT / "tests" / "standins" / "nvidia-smi"
 
 
 def frames(fixture: str, query: str) -> list[list[str]]:
@@ -144,69 +147,151 @@ def test_the_process_tracker_keeps_the_latest_iteration_while_fresh() -> None:
     assert tracker.current(15.4) != () and tracker.current(15.6) == ()  # nothing since: none
 
 
-def test_owner_output_maps_pids_to_runs() -> None:
-    text = (
-        "/proc/501/environ:VMRUN_RUN_ID=r-1\0/proc/701/environ:VMRUN_RUN_ID=r-2\0"
-        "garbage\0/proc/x/environ:VMRUN_RUN_ID=y\0/proc/9/environ:OTHER=1\0"
-    )
-    assert parse_owners(text) == {501: "r-1", 701: "r-2"}
+def test_owner_lines_map_pids_to_runs() -> None:
+    assert parse_owner_line("501 r-1\n") == (501, "r-1")
+    assert parse_owner_line("502 \n") == (502, None)  # read, but not a vmrun run's process
+    assert parse_owner_line("503 bad id\n") == (503, None)
+    assert parse_owner_line("x r-1\n") is None
 
 
 def test_loop_arguments() -> None:
-    assert smi_argv("nvidia-smi", "--query-gpu", ["index"], 2)[-1] == "--loop=2"
-    assert smi_argv("nvidia-smi", "--query-gpu", ["index"], 0.25)[-1] == "--loop-ms=250"
-    once = smi_argv("nvidia-smi", "--query-gpu", ["index", "name"], None)
-    assert once[-2:] == ["--query-gpu=index,name", "--format=csv,noheader,nounits"]
+    assert gpus.loop_arg(2) == "--loop=2"
+    assert gpus.loop_arg(0.25) == "--loop-ms=250"
+    once = watch_argv("nvidia-smi", None)
+    assert once[0] == "bash" and once[-1] == "--format=csv,noheader,nounits"
+    assert watch_argv("nvidia-smi", 2)[-2:] == ["--format=csv,noheader,nounits", "--loop=2"]
 
 
-def _sh(argv: list[str], home: Path) -> subprocess.CompletedProcess[str]:
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=10)
+def _standin(home: Path, fixture: str, apps: str | None = None) -> Path:
+    """The nvidia-smi STAND-IN at ~/bin/nvidia-smi replaying `fixture`; returns its replay."""
+    bin_dir = home / "bin"
+    replay = bin_dir / "nvidia-smi-replay"
+    replay.mkdir(parents=True)
+    shutil.copy(STANDIN, bin_dir / "nvidia-smi")
+    for item in (FIXTURES / fixture).iterdir():
+        shutil.copy(item, replay / item.name)
+    if apps is not None:
+        (replay / "query-compute-apps.txt").write_text(apps)
+    return replay
 
 
-def test_the_remote_finder_expands_home_and_execs(tmp_path: Path) -> None:
-    """The snippet that starts nvidia-smi, run by a real sh: `~/` works, and the shell
-    execs, so the streaming process is nvidia-smi itself (same pid, no shell left)."""
-    (tmp_path / "bin").mkdir()
-    tool = tmp_path / "bin" / "nvidia-smi"
-    tool.write_text('#!/bin/sh\necho "$$ $PATH $*"\n')
-    tool.chmod(0o755)
-    argv = smi_argv("~/bin/nvidia-smi", "--query-gpu", ["index"], 1)
-    probe = ["sh", "-c", 'echo "$$"; exec "$@"', "probe", *argv]
-    done = _sh(probe, tmp_path)
-    assert done.returncode == 0, done.stderr
-    shell_pid, line = done.stdout.splitlines()
-    pid, path, args = line.split(" ", 2)
-    assert pid == shell_pid
-    assert path.endswith(":" + gpus.EXTRA_PATH)
-    assert args == "--query-gpu=index --format=csv,noheader,nounits --loop=1"
-    missing = _sh(smi_argv("no-such-nvidia-smi", "--query-gpu", ["index"], None), tmp_path)
-    assert missing.returncode == 127  # what the watcher reports as "no NVIDIA driver"
+def _watch(home: Path, nvidia_smi: str, interval: float | None) -> subprocess.Popen[str]:
+    env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    return subprocess.Popen(
+        watch_argv(nvidia_smi, interval),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # as under vmrun's wrapper: one group, killed as one
+    )
 
 
-def test_the_remote_owner_lookup_reads_the_run_id_of_real_processes() -> None:
-    """The owner lookup's one grep, run here: a process marked as run "run-7", one that is
-    not (this test) and one that does not exist."""
+def test_the_watch_script_streams_devices_and_tagged_processes_with_owners(
+    tmp_path: Path,
+) -> None:
+    """Once mode, run here by bash: device rows on stdout as nvidia-smi wrote them; process
+    rows tagged on stderr, each new pid preceded by its owner, read from a real process's
+    /proc/PID/environ (one marked as run "run-7", one that is not, one that does not exist)."""
     marked = subprocess.Popen(
         ["sleep", "60"], env={"PATH": "/usr/bin:/bin", "VMRUN_RUN_ID": "run-7"}
     )
+    plain = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin"})
     try:
-        argv = gpus.owner_argv([marked.pid, os.getpid(), 2**22 + 1])
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        apps = (FIXTURES / "t4x2_training" / "query-compute-apps.txt").read_text()
+        apps = apps.replace(", 2312, ", f", {marked.pid}, ").replace(", 2381, ", f", {plain.pid}, ")
+        replay = _standin(tmp_path, "t4x2_training", apps)
+        proc = _watch(tmp_path, "~/bin/nvidia-smi", None)
+        out, err = proc.communicate(timeout=30)
     finally:
-        marked.kill()
-        marked.wait()
-    assert "VMRUN_RUN_ID" not in os.environ
-    assert parse_owners(done.stdout) == {marked.pid: "run-7"}
+        for sleeper in (marked, plain):
+            sleeper.kill()
+            sleeper.wait()
+    assert proc.returncode == 0, err
+    assert out.splitlines() == frames("t4x2_training", "query-gpu")[0]
+    lines = err.splitlines()
+    owners = [parse_owner_line(x.split(" ", 1)[1]) for x in lines if x.startswith("vmrun-owner ")]
+    assert owners == [(marked.pid, "run-7"), (plain.pid, None), (2383, None)]
+    rows = [x.split(" ", 1)[1] for x in lines if x.startswith("vmrun-app ")]
+    assert [p.pid for _, p in filter(None, map(parse_app_line, rows))] == [
+        marked.pid,
+        plain.pid,
+        2383,
+    ]
+    assert len(lines) == 6  # nothing else: no complaint from the shell
+    assert lines[0].startswith(f"vmrun-owner {marked.pid} ")  # an owner before its row
+    started = [line.split(" ", 2)[1] for line in (replay / "starts.log").read_text().splitlines()]
+    assert sorted(q.split("=")[0] for q in started) == ["--query-compute-apps", "--query-gpu"]
+
+
+def test_the_watch_script_loops_without_starting_anything_per_refresh(tmp_path: Path) -> None:
+    """Live mode: iterations keep coming from the same two nvidia-smi processes; an owner is
+    reported once per pid, not per iteration; a killed group leaves nothing behind."""
+    replay = _standin(tmp_path, "t4x2_training")
+    proc = _watch(tmp_path, "~/bin/nvidia-smi", 0.1)
+    try:
+        assert proc.stdout is not None
+        rows = [proc.stdout.readline() for _ in range(2 * 8)]  # 8 iterations of 2 GPUs
+        utils = [r.utilization for r in map(parse_gpu_line, rows[::2]) if r is not None]
+        assert utils == [93, 97, 88, 100, 93, 97, 88, 100]
+        children = _children(proc.pid)
+        assert len(children) == 2  # the two nvidia-smi, however many refreshes
+        assert len((replay / "starts.log").read_text().splitlines()) == 2
+    finally:
+        os.killpg(proc.pid, 15)
+        _, err = proc.communicate(timeout=10)
+    owner_lines = [x for x in err.splitlines() if x.startswith("vmrun-owner ")]
+    assert sorted(owner_lines) == ["vmrun-owner 2312 ", "vmrun-owner 2381 ", "vmrun-owner 2383 "]
+    assert sum(x.startswith("vmrun-app ") for x in err.splitlines()) >= 3 * 4
+    wait_for(lambda: not any(map(_alive, children)), 10, "both nvidia-smi to stop")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_the_watch_script_ends_when_the_device_query_fails(tmp_path: Path) -> None:
+    """Its exit status is the devices query's: nvidia-smi missing (127), or the driver not
+    loaded (9) while the processes query goes on printing nothing (no process holds a GPU):
+    the script notices within its 2 s read timeout and stops that query too."""
+    missing = _watch(tmp_path, "no-such-nvidia-smi", 1)
+    _, err = missing.communicate(timeout=30)
+    assert missing.returncode == 127, err
+    silent = (FIXTURES / "t4_idle" / "query-compute-apps.txt").read_text()
+    replay = _standin(tmp_path, "driver_not_loaded", silent)
+    started = time.monotonic()
+    broken = _watch(tmp_path, "~/bin/nvidia-smi", 0.2)
+    out, err = broken.communicate(timeout=30)
+    assert broken.returncode == 9, err
+    assert out.startswith("NVIDIA-SMI has failed")
+    assert time.monotonic() - started < 2 + 3
+    apps = [
+        int(line.split()[0])
+        for line in (replay / "starts.log").read_text().splitlines()
+        if "--query-compute-apps" in line
+    ]
+    assert len(apps) == 1
+    assert not _alive(apps[0])  # the script waited for it
 
 
 def _reading(uuid: str, util: float | None, index: int = 0) -> GpuReading:
     return GpuReading(2, index, uuid, "Tesla T4", util, 100, 15360, 40, 30, 70)
 
 
-def test_idle_alert_needs_a_holder_low_use_and_the_whole_window() -> None:
+def test_idle_alert_needs_a_run_low_use_and_the_whole_window() -> None:
     fleet = Fleet(["a"], idle_threshold=10, idle_window=5)
-    held = (GpuProcess("G0", 1, "python", 100),)
+    held = (GpuProcess("G0", 1, "python", 100, run="r-1"),)
 
     def sample(t: float, util: float | None, procs: tuple[GpuProcess, ...] = held) -> tuple:
         status = fleet.update(HostSample("a", "ok", t, (_reading("G0", util),), procs))
@@ -222,6 +307,10 @@ def test_idle_alert_needs_a_holder_low_use_and_the_whole_window() -> None:
     assert sample(120, 0, ()) == (None, False)  # nobody holds it: idle is just idle
     status = fleet.statuses()[0]
     assert status.gpus[0].history[-3:] == (0, None, 0)
+    # a process that is no vmrun run's (a notebook, another user's job) never starts a window
+    other = (GpuProcess("G0", 2, "jupyter", 100),)
+    assert [sample(t, 0, other) for t in (200, 300, 400)] == [(None, False)] * 3
+    assert sample(401, 0, (*other, *held)) == (0, False)  # a run joins: now it counts
 
 
 def test_statuses_keep_host_order_and_json_maps_processes_to_gpus() -> None:
@@ -266,12 +355,11 @@ def test_cells_colour_hot_full_and_idle_gpus() -> None:
     cool = _gpu_cells(status.gpus[1], 0, False)
     assert cool[1].plain == "100%" and "bold red" not in _styles(cool[3])  # 71 C
 
-    idle = fleet.update(
-        HostSample("h", "ok", 2.0, (_reading("G0", 2),), (GpuProcess("G0", 9, "/x/python", 2048),))
-    )
+    run = (GpuProcess("G0", 9, "/x/python", 2048, run="r-1"),)
+    idle = fleet.update(HostSample("h", "ok", 2.0, (_reading("G0", 2),), run))
     cells = _gpu_cells(idle.gpus[0], 0, False)
     assert "bold white on red" in _styles(cells[1])
-    assert cells[5].plain == "9 python 2.0G"
+    assert cells[5].plain == "9 python 2.0G [r-1]"
     assert sparkline([0, 50, 100, None], 5) == " ▁▅█ "
     assert sparkline([0, 50, 100], 3, ascii_only=True) == "_=#"
     assert short_gpu_name("Tesla T4") == "T4" and short_gpu_name("A100") == "A100"

@@ -49,6 +49,13 @@ _PREFERRED_CIPHERS = (
 )
 WINDOW_SIZE = 16 * 1024 * 1024
 _MAX_JUMPS = 8
+# paramiko's words when it has no key and no agent to try: an auth problem, not a network one
+_NO_KEYS = "No authentication methods available"
+_AUTH_HINT = (
+    "check the user name, add your public key to ~/.ssh/authorized_keys on the host, or set"
+    " IdentityFile in ~/.ssh/config (`ssh-keygen` makes a key; `ssh-add` loads one into"
+    " ssh-agent)"
+)
 
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
@@ -271,11 +278,12 @@ class Connection:
             raise AuthError(
                 f"authentication failed for user {target.user!r} (tried {tried})",
                 host=self.label,
-                hint="check the user name, add your public key to ~/.ssh/authorized_keys on"
-                " the host, or set IdentityFile in ~/.ssh/config",
+                hint=_AUTH_HINT,
             ) from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self._abort(sock)
+            if isinstance(exc, paramiko.SSHException) and str(exc) == _NO_KEYS:
+                raise self._no_key_error(target) from None
             raise UnreachableError(
                 f"SSH handshake with {target.hostname} port {target.port} failed: "
                 f"{exc or type(exc).__name__}",
@@ -290,6 +298,24 @@ class Connection:
             transport, settings.keepalive_interval, settings.keepalive_count_max, self._mark_lost
         )
         self._watchdog.start()
+
+    def _no_key_error(self, target: Target) -> AuthError:
+        """paramiko found nothing to offer, so the host was never asked: say where vmrun
+        looked, since the fix is on this machine (a key, IdentityFile, ssh-agent)."""
+        if target.identity_files:
+            looked = "IdentityFile " + ", ".join(str(p) for p in target.identity_files)
+            looked += " not found"
+        else:
+            looked = "no ~/.ssh/id_* key"
+        if target.identities_only:
+            looked += "; IdentitiesOnly keeps ssh-agent out"
+        else:
+            looked += ", and ssh-agent offered none"
+        return AuthError(
+            f"no SSH key to log in as {target.user!r} with ({looked})",
+            host=self.label,
+            hint=_AUTH_HINT,
+        )
 
     def _open_socket(self, target: Target, timeout: float) -> Any:
         jumps = self._via if self._via is not None else target.proxy_jump

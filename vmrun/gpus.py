@@ -1,23 +1,24 @@
 """GPU telemetry over SSH: nvidia-smi's CSV streams, parsed into samples, one watcher per host.
 
-Cost to the hosts is the point. Each host gets ONE SSH connection with two long-lived
-channels, each running ONE `nvidia-smi ... -l INTERVAL` process for as long as the watch
-lasts: `--query-gpu` for the devices and `--query-compute-apps` for the processes (one
-nvidia-smi invocation cannot stream both queries). Nothing is started per refresh; the only
-other command is a short owner lookup when a GPU process id not seen before appears.
-No rich here: rendering lives in `vmrun.cli.watch_gpus_cmd`.
+Cost to the hosts is the point. Each host gets ONE SSH connection with ONE channel, for as
+long as the watch lasts, running one bash script (`WATCH_SCRIPT`). It starts two
+`nvidia-smi ... -l INTERVAL` processes, because one nvidia-smi cannot stream both
+`--query-gpu` (the devices) and `--query-compute-apps` (the processes); the devices stream
+straight to the channel's stdout, and the script itself reads the processes, tags them and
+writes them to stderr. It also looks up which vmrun run owns a new GPU pid with builtins
+only, so nothing is started per refresh or per process. No rich here: rendering lives in
+`vmrun.cli.watch_gpus_cmd`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import queue
 import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,17 +56,80 @@ CSV_FORMAT = "--format=csv,noheader,nounits"
 
 # Where nvidia-smi lives besides sshd's default PATH: NVIDIA's container/GKE layout and WSL.
 EXTRA_PATH = "/usr/local/nvidia/bin:/usr/lib/wsl/lib"
-# Runs `nvidia-smi` (or the host's `nvidia_smi` override, `~/` allowed) with EXTRA_PATH; it
-# execs, so the process that streams is nvidia-smi itself, not a shell around it.
-_FIND_SMI = (
-    'p=$1; shift; case $p in "~/"*) p=$HOME/${p#??};; esac; '
-    f'PATH=$PATH:{EXTRA_PATH}; export PATH; exec "$p" "$@"'
-)
 
-# Which vmrun run a GPU process belongs to: every process of a run carries VMRUN_RUN_ID in its
-# environment (vmrun.runs sets it; torchrun's workers inherit it even in sessions of their
-# own, so process groups would not do). One grep reads it from /proc/PID/environ.
-_OWNER = re.compile(rf"/proc/(\d+)/environ:{RUN_ENV}=(.+)")
+# What the watch script writes on stderr besides error text: `APP_TAG ROW` for each
+# compute-apps row, and `OWNER_TAG PID RUN_ID` (RUN_ID empty: not a vmrun run's) the first
+# time a pid appears, before its row.
+APP_TAG = "vmrun-app"
+OWNER_TAG = "vmrun-owner"
+
+# bash -c WATCH_SCRIPT vmrun-gpus NVIDIA_SMI GPU_QUERY APPS_QUERY FORMAT [LOOP]
+# - NVIDIA_SMI is `nvidia-smi` or the host's `nvidia_smi` override (`~/` allowed), looked up
+#   on PATH plus EXTRA_PATH; the wrapper (vmrun.quoting) has put ~/.vmrun/bin first already.
+# - The devices query writes to stdout untouched; its exit status is the channel's, so
+#   "not found" (127) or "no driver" (9) reach the watcher as they are.
+# - The processes query is read here. Which run owns a pid: every process of a run carries
+#   VMRUN_RUN_ID (vmrun.runs), even torchrun's workers in sessions of their own, so it is
+#   read from /proc/PID/environ with `read -d ''` (a builtin: no grep per new pid). Another
+#   user's process is unreadable and has no owner.
+# - `read -t 2` wakes up to notice the devices query ending while no process holds a GPU
+#   (then the processes query prints nothing); a line cut by that timeout is kept in $buf.
+# - The processes query is a coproc: bash 4.0+ gives its pid (process substitution's $!
+#   needs 4.4), and fd 3, a copy of its output, outlives bash closing the coproc's own fds.
+# - When either query ends, the other is stopped, and the script exits with the devices'
+#   status once both are gone. Everything is in one process group, which the wrapper kills
+#   when the channel goes away.
+WATCH_SCRIPT = r"""p=$1 g=$2 a=$3 f=$4
+shift 4
+case $p in "~/"*) p=$HOME/${p#??} ;; esac
+PATH=$PATH:EXTRA_PATH_HERE
+export PATH
+"$p" "$g" "$f" "$@" &
+gpu=$!
+coproc APPS { exec "$p" "$a" "$f" "$@"; }
+apps=$APPS_PID
+exec 3<&"${APPS[0]}"
+declare -A seen
+buf=
+while :; do
+  IFS= read -r -t 2 -u 3 line
+  rc=$?
+  if [ $rc -gt 128 ]; then
+    buf=$buf$line
+    kill -0 "$gpu" 2>/dev/null && continue
+    break
+  fi
+  line=$buf$line buf=
+  if [ -n "$line" ]; then
+    r=${line#*,} r=${r#*,} pid=${r%%,*} pid=${pid// /}
+    case $pid in
+    '' | *[!0-9]*) ;;
+    *)
+      if [ -z "${seen[$pid]}" ]; then
+        seen[$pid]=1 own=
+        while IFS= read -r -d '' e; do
+          case $e in RUN_ENV_HERE=*) own=${e#*=}; break ;; esac
+        done 2>/dev/null </proc/$pid/environ
+        printf 'OWNER_TAG_HERE %s %s\n' "$pid" "$own" >&2
+      fi ;;
+    esac
+    printf 'APP_TAG_HERE %s\n' "$line" >&2
+  fi
+  [ $rc -eq 0 ] || break
+done
+exec 3<&-
+kill "$apps" 2>/dev/null
+wait "$apps"
+wait "$gpu"
+"""
+for _name, _value in (
+    ("EXTRA_PATH", EXTRA_PATH),
+    ("RUN_ENV", RUN_ENV),
+    ("OWNER_TAG", OWNER_TAG),
+    ("APP_TAG", APP_TAG),
+):
+    WATCH_SCRIPT = WATCH_SCRIPT.replace(f"{_name}_HERE", _value)
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # as vmrun.runs names runs
 
 # nvidia-smi exit codes that mean "no usable NVIDIA GPU here", and the shell's "not found".
 _NO_GPU_EXITS = {
@@ -250,32 +314,30 @@ class ProcessTracker:
             return tuple(self._rows) if now - self._arrived <= self.max_age else ()
 
 
-def parse_owners(text: str) -> dict[int, str]:
-    """The owner lookup's output (`/proc/PID/environ:VMRUN_RUN_ID=ID`, NUL-ended) -> {pid: id}."""
-    found = {}
-    for record in re.split(r"[\0\n]", text):
-        match = _OWNER.fullmatch(record)
-        if match:
-            found[int(match[1])] = match[2]
-    return found
+def parse_owner_line(text: str) -> tuple[int, str | None] | None:
+    """The rest of an `OWNER_TAG PID RUN_ID` line -> (pid, run id or None), or None."""
+    pid, _, run = text.strip().partition(" ")
+    if not pid.isdigit():
+        return None
+    run = run.strip()
+    return int(pid), (run if _RUN_ID.fullmatch(run) else None)
 
 
-def smi_argv(
-    nvidia_smi: str, query: str, fields: Iterable[str], interval: float | None
-) -> list[str]:
-    """argv for one nvidia-smi query; `interval` None runs it once, else it loops."""
-    argv = ["sh", "-c", _FIND_SMI, "vmrun-gpus", nvidia_smi, f"{query}={','.join(fields)}"]
+def loop_arg(interval: float) -> str:
+    """nvidia-smi's loop flag: whole seconds as --loop, anything finer as --loop-ms."""
+    if float(interval).is_integer():
+        return f"--loop={int(interval)}"
+    return f"--loop-ms={round(interval * 1000)}"
+
+
+def watch_argv(nvidia_smi: str, interval: float | None) -> list[str]:
+    """argv of the one remote command per host; `interval` None reads once, else it loops."""
+    argv = ["bash", "-c", WATCH_SCRIPT, "vmrun-gpus", nvidia_smi]
+    argv += [f"--query-gpu={','.join(GPU_FIELDS)}", f"--query-compute-apps={','.join(APP_FIELDS)}"]
     argv.append(CSV_FORMAT)
     if interval is not None:
-        whole = float(interval).is_integer()
-        argv.append(f"--loop={int(interval)}" if whole else f"--loop-ms={round(interval * 1000)}")
+        argv.append(loop_arg(interval))
     return argv
-
-
-def owner_argv(pids: Iterable[int]) -> list[str]:
-    """One grep for every pid; another user's process is unreadable and simply has no owner."""
-    files = [f"/proc/{pid}/environ" for pid in sorted(pids)]
-    return ["grep", "-a", "-z", "-s", "-H", "-m", "1", f"^{RUN_ENV}=", *files]
 
 
 # -- samples and the fleet model --------------------------------------------------------------
@@ -304,7 +366,7 @@ class GpuStatus:
     reading: GpuReading
     processes: tuple[GpuProcess, ...]
     history: tuple[float | None, ...]
-    idle_for: float | None  # seconds under the idle threshold while a process holds the GPU
+    idle_for: float | None  # seconds under the idle threshold while a vmrun run holds it
     alert: bool
 
 
@@ -339,8 +401,9 @@ class _GpuTrack:
 class Fleet:
     """Latest status per host plus per-GPU history and the idle alert, in host order.
 
-    Idle alert: a GPU that a process holds (a run is on it) but that stays under
-    `idle_threshold` % for `idle_window` seconds or more: the classic data-loader bottleneck.
+    Idle alert: a GPU that a process of a vmrun run holds (VMRUN_RUN_ID, see WATCH_SCRIPT)
+    but that stays under `idle_threshold` % for `idle_window` seconds or more: the classic
+    data-loader bottleneck. Other processes on a GPU never count: their idleness is not ours.
     """
 
     def __init__(self, hosts: Sequence[str], *, idle_threshold: float, idle_window: float):
@@ -363,7 +426,8 @@ class Fleet:
         track.history.append(reading.utilization)
         procs = tuple(p for p in sample.processes if p.gpu_uuid == reading.uuid)
         util = reading.utilization
-        if procs and util is not None and util < self.idle_threshold:
+        run_holds = any(p.run for p in procs)  # a notebook or someone else's job is no run
+        if run_holds and util is not None and util < self.idle_threshold:
             if track.idle_since is None:
                 track.idle_since = sample.time
         else:
@@ -421,7 +485,6 @@ class HostWatcher:
         self.stop = stop
         # a one-shot reading must end even on a host that hangs mid-command
         self.once_timeout = max(15.0, 2 * settings.connect_timeout)
-        self._owners: dict[int, str | None] = {}
         self._delay = BACKOFF_FIRST
         self._connected_once = False
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"gpus-{self.label}")
@@ -451,7 +514,7 @@ class HostWatcher:
             return self._stream(), "error"
         except (UnreachableError, ConnectionLostError) as exc:
             state = "disconnected" if self._connected_once else "unreachable"
-            why = exc.message.replace("'sh'", "nvidia-smi")  # argv[0] is _FIND_SMI's shell
+            why = exc.message.replace("'bash'", "nvidia-smi")  # argv[0] is the watch script's
             if not self.once:
                 return why, state
             if not self.stop.is_set():
@@ -462,42 +525,40 @@ class HostWatcher:
         return None, ""
 
     def _stream(self) -> str | None:
-        """Run the two nvidia-smi streams; return why to retry, or None when done."""
-        interval = None if self.once else self.interval
+        """Run the watch script on one channel; return why to retry, or None when done."""
         tracker = ProcessTracker(math.inf if self.once else 1.5 * self.interval + 0.5)
         batcher = GpuBatcher()
         errors: deque[str] = deque(maxlen=3)
         pending: list[list[GpuReading]] = []
-        self._owners.clear()
-        timeout = self.once_timeout if self.once else None
+        owners: dict[int, str | None] = {}
 
-        def on_app(stream: str, data: bytes) -> None:
-            if stream == "out":
-                tracker.feed(data.decode("utf-8", "replace"), time.monotonic())
-
-        def run_apps() -> None:
-            argv = smi_argv(self.nvidia_smi, "--query-compute-apps", APP_FIELDS, interval)
-            # the GPU stream reports what went wrong; the processes are a bonus
-            with contextlib.suppress(VmrunError):
-                self.conn.run(argv, on_output=on_app, timeout=timeout)
-
-        def on_gpu(stream: str, data: bytes) -> None:
+        def on_output(stream: str, data: bytes) -> None:
             text = data.decode("utf-8", "replace")
-            if stream == "err" or parse_gpu_line(text) is None:
-                if text.strip():  # nvidia-smi prints its failures on stdout, a shell on stderr
+            if stream == "err":
+                tag, _, rest = text.partition(" ")
+                if tag == APP_TAG:
+                    tracker.feed(rest, time.monotonic())
+                elif tag == OWNER_TAG:
+                    owner = parse_owner_line(rest)
+                    if owner is not None:
+                        owners[owner[0]] = owner[1]
+                elif text.strip():  # the shell's complaints ("not found")
+                    errors.append(text.strip())
+                return
+            if parse_gpu_line(text) is None:
+                if text.strip():  # nvidia-smi prints its failures on stdout
                     errors.append(text.strip())
                 return
             for batch in batcher.feed(text):
                 if self.once:
                     pending.append(batch)
                 else:
-                    self._publish(batch, tracker.current(time.monotonic()))
+                    self._publish(batch, tracker.current(time.monotonic()), owners)
 
-        apps = threading.Thread(target=run_apps, daemon=True, name=f"gpus-apps-{self.label}")
-        apps.start()
-        argv = smi_argv(self.nvidia_smi, "--query-gpu", GPU_FIELDS, interval)
+        argv = watch_argv(self.nvidia_smi, None if self.once else self.interval)
         try:
-            result = self.conn.run(argv, on_output=on_gpu, timeout=timeout)
+            timeout = self.once_timeout if self.once else None
+            result = self.conn.run(argv, on_output=on_output, timeout=timeout)
         except VmrunError as exc:
             if self.once and not isinstance(exc, (UnreachableError, ConnectionLostError)):
                 self._say("error", exc.message, exit_code_for(exc))
@@ -512,8 +573,7 @@ class HostWatcher:
             self._say("no-gpu", message, ExitCode.REMOTE)
             return None
         if self.once and status == 0 and pending:
-            apps.join(self.once_timeout)
-            self._publish(pending[-1], tracker.current(time.monotonic()))
+            self._publish(pending[-1], tracker.current(time.monotonic()), owners)
             return None
         why = f"nvidia-smi exited with {status}" + (f": {errors[-1]}" if errors else "")
         if status == 0:
@@ -523,27 +583,18 @@ class HostWatcher:
             return None
         return why
 
-    def _publish(self, batch: list[GpuReading], processes: tuple[GpuProcess, ...]) -> None:
-        unknown = {p.pid for p in processes} - self._owners.keys()
-        if unknown:
-            self._lookup_owners(unknown)
+    def _publish(
+        self,
+        batch: list[GpuReading],
+        processes: tuple[GpuProcess, ...],
+        owners: dict[int, str | None],
+    ) -> None:
         owned = tuple(
-            GpuProcess(p.gpu_uuid, p.pid, p.name, p.memory_used, self._owners.get(p.pid))
+            GpuProcess(p.gpu_uuid, p.pid, p.name, p.memory_used, owners.get(p.pid))
             for p in processes
         )
         self._delay = BACKOFF_FIRST  # healthy again: the next drop retries quickly
         self.emit(HostSample(self.label, "ok", time.time(), tuple(batch), owned))
-
-    def _lookup_owners(self, pids: set[int]) -> None:
-        """Once per new GPU pid (not per refresh): the vmrun run, if any, it belongs to."""
-        found: dict[int, str] = {}
-        try:
-            result = self.conn.run(owner_argv(pids), timeout=10)
-            found = parse_owners(result.stdout_tail)
-        except VmrunError:
-            pass
-        for pid in pids:
-            self._owners[pid] = found.get(pid)
 
 
 # -- watching the fleet -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`vmrun watch-gpus`: every host's GPUs on one screen, live, from one nvidia-smi stream each.
+"""`vmrun watch-gpus`: every host's GPUs on one screen, live, from one SSH channel per host.
 
 Telemetry lives in `vmrun.gpus`; this module draws it. rich (and paramiko, through
 vmrun.gpus) is imported inside the command, so `vmrun --help` stays fast.
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "watch-gpus",
         help="Show every host's GPUs live: utilisation, memory, temperature, power and"
-        " processes. One SSH connection per host streams nvidia-smi; nothing is started per"
+        " processes. One SSH channel per host streams nvidia-smi; nothing is started per"
         " refresh.",
     )
     def watch_gpus_command(
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--idle-threshold",
                 metavar="PERCENT",
-                help="A GPU held by a process but busy less than this is idle.",
+                help="A GPU held by a vmrun run but busy less than this is idle.",
             ),
         ] = 10.0,
         idle_window: Annotated[
@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--idle-window",
                 metavar="SECONDS",
-                help="Alert when a held GPU stays idle this long (a data-loader bottleneck?).",
+                help="Alert when a GPU a vmrun run holds stays idle this long (a data-loader"
+                " bottleneck?).",
             ),
         ] = 60.0,
         connect_timeout: ConnectTimeout = None,
@@ -271,12 +272,12 @@ def render(
         for i, gpu in enumerate(sorted(status.gpus, key=lambda g: g.reading.index)):
             rows.append([host if i == 0 else Text(""), *_gpu_cells(gpu, spark, ascii_only)])
             if gpu.alert and gpu.idle_for is not None:
-                owner = next((p.run for p in gpu.processes if p.run), None)
-                who = f"run {owner}" if owner else f"pid {gpu.processes[0].pid}"
+                owner = next(p.run for p in gpu.processes if p.run)  # the alert needs one
                 alerts.append(
                     Text(
                         f"! {sample.host} GPU {gpu.reading.index}: under {threshold:g}% for"
-                        f" {gpu.idle_for:.0f} s while {who} holds it (data-loader bottleneck?)",
+                        f" {gpu.idle_for:.0f} s while run {owner} holds it (data-loader"
+                        " bottleneck?)",
                         style="bold red",
                     )
                 )
