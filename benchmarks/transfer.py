@@ -78,7 +78,8 @@ class Bench:
         return go
 
     def vmrun_cli(self, remote: str) -> Callable[[], None]:
-        argv = [sys.executable, "-m", "vmrun", "fetch", "-H", self.alias, remote, "--to"]
+        # `~/`: a relative path would be under the project's work directory on the host
+        argv = [sys.executable, "-m", "vmrun", "fetch", "-H", self.alias, f"~/{remote}", "--to"]
 
         def go() -> None:
             self.run([*argv, str(self.dest)], stdout=subprocess.DEVNULL, cwd=self.work)
