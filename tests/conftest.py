@@ -293,9 +293,30 @@ def multi(
         for port in list(host._blocked):
             host.unblock_port(port)
         host.heal_link()
-        for pid in run_pids(host):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        wait_for(lambda h=host: not run_pids(h), 10, f"no run process left on {host.name}")
-        shutil.rmtree(host.home / ".vmrun", ignore_errors=True)
-        shutil.rmtree(host.home / "vmrun", ignore_errors=True)
+        clean_host(host)
+
+
+def clean_host(host: TestHost) -> None:
+    """A training test's leftovers on a host: run processes (killed by PID), vmrun's files."""
+    for pid in run_pids(host):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not run_pids(host), 10, f"no run process left on {host.name}")
+    shutil.rmtree(host.home / ".vmrun", ignore_errors=True)
+    shutil.rmtree(host.home / "vmrun", ignore_errors=True)
+
+
+def run_id_of(text: str) -> str:
+    """The run id `vmrun train` reports when it starts (or resumes) a run."""
+    import re
+
+    match = re.search(r"run (\S+) (?:started|resumed) on", text)
+    assert match, text
+    return match.group(1)
+
+
+def template_out(host: TestHost, client: Client, rid: str) -> Path:
+    """Where the template trainer of a run writes on the host."""
+    from vmrun.sync import remote_workdir
+
+    return host.home / remote_workdir(client.cwd) / "results" / rid

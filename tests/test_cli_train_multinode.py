@@ -19,20 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import Client, run_pids, wait_for
+from conftest import Client, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
 
 from vmrun.sync import remote_workdir
-
-
-def run_id(stderr: str) -> str:
-    match = re.search(r"run (\S+) (?:started|resumed) on", stderr)
-    assert match, stderr
-    return match.group(1)
-
-
-def out_dir(host: TestHost, client: Client, rid: str) -> Path:
-    return host.home / remote_workdir(client.cwd) / "results" / rid
 
 
 def node_lines(stdout: str, host: str) -> list[str]:
@@ -47,7 +37,7 @@ def test_two_nodes_one_process_each_match_a_single_process_run(
     done = multi.vmrun("train", "-H", "n1", "-H", "n2", "--nproc-per-node", "1", "--",
                          *args, timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
-    rid = run_id(done.stderr)
+    rid = run_id_of(done.stderr)
     assert "2 nodes x 1 process(es)" in done.stderr
     for host in ("n1", "n2"):
         started = [ln for ln in node_lines(done.stdout, host) if "started: pid" in ln]
@@ -55,8 +45,9 @@ def test_two_nodes_one_process_each_match_a_single_process_run(
     ranks = {re.match(r"\[(\w+) rank(\d)\]", ln).groups()
              for ln in done.stdout.splitlines() if "started: pid" in ln}
     assert ranks == {("n1", "0"), ("n2", "1")}, done.stdout  # the master holds rank 0
-    final = out_dir(cluster["n1"], multi, rid) / "finalmodel.pt"
-    assert final.exists() and not (out_dir(cluster["n2"], multi, rid) / "finalmodel.pt").exists()
+    final = template_out(cluster["n1"], multi, rid) / "finalmodel.pt"
+    assert final.exists()
+    assert not (template_out(cluster["n2"], multi, rid) / "finalmodel.pt").exists()
 
     from vmrun.trainer import TEMPLATE_PATH
 
@@ -95,7 +86,7 @@ def test_two_nodes_two_processes_merged_log_and_node_filter(
         cluster: dict[str, TestHost], multi: Client) -> None:
     done = multi.vmrun("train", "--epochs", "3", "--save-every", "1", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
-    rid = run_id(done.stderr)
+    rid = run_id_of(done.stderr)
     assert "2 nodes x 2 process(es)" in done.stderr
     assert ranks_by_host(done.stdout) == {"n1": {0, 1}, "n2": {2, 3}}, done.stdout
     assert all("world_size 4" in ln for ln in done.stdout.splitlines() if "started: pid" in ln)
@@ -123,7 +114,7 @@ def test_two_nodes_two_processes_merged_log_and_node_filter(
     assert "snapshot.pt" not in os.listdir(local / "n2")  # global rank 0 wrote on n1 alone
     for host in ("n1", "n2"):
         record = cluster[host].home / ".vmrun/runs" / rid
-        outputs = out_dir(cluster[host], multi, rid)
+        outputs = template_out(cluster[host], multi, rid)
         got = [p for p in (local / host).rglob("*") if p.is_file()]
         assert any(p.name == "stdout.log" for p in got)  # torchrun's per-rank logs come too
         for path in got:
@@ -173,7 +164,7 @@ def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
                     f'"{_python(multi)}"\nenv = {{ NCCL_IB_DISABLE = "1" }}\n')
     done = multi.vmrun(*args, "--", "x", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
-    rid = run_id(done.stderr)
+    rid = run_id_of(done.stderr)
     inner = cluster["n1"].addr_on("inner")
     assert f"rendezvous at {inner}:" in done.stderr
     want = {"n1": "eth1", "n2": "eth1", "n3": "eth0"}
@@ -203,7 +194,7 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
         rid = ""
         for line in proc.stderr:
             if "started on" in line:
-                rid = run_id(line)
+                rid = run_id_of(line)
                 break
         assert rid, "the run did not start"
         log = n1.home / ".vmrun/runs" / rid / "log"
@@ -229,9 +220,9 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
                          re.M)
     assert {h for h, _ in resumed} == {"n1", "n2"}, again.stdout  # every node, same epoch
     assert len({e for _, e in resumed}) == 1 and int(resumed[0][1]) >= 3
-    metrics = out_dir(n1, multi, rid) / "metrics.jsonl"
+    metrics = template_out(n1, multi, rid) / "metrics.jsonl"
     assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 13))
-    assert (out_dir(n2, multi, rid) / "snapshot.pt").exists()
+    assert (template_out(n2, multi, rid) / "snapshot.pt").exists()
     assert run_pids(n1) == [] and run_pids(n2) == []
 
 
@@ -298,7 +289,7 @@ def test_a_multinode_tutorial_script_runs_unchanged(
     # The run's results are what it wrote in the work directory, not the code synced there.
     fetched = multi.vmrun("fetch", "results", "-H", "n1")
     assert fetched.returncode == 0, fetched.stderr
-    local = multi.cwd / "results" / run_id(done.stderr)
+    local = multi.cwd / "results" / run_id_of(done.stderr)
     assert (local / "snapshot.pt").exists() and (local / "log").exists()
     assert not (local / "multinode.py").exists()
 

@@ -6,35 +6,21 @@ host in vmrun.toml as `vmrun setup` would record it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, wait_for
-from testbed import NetnsBed, TestHost
+from conftest import Client, clean_host, run_id_of, run_pids, template_out, wait_for
+from testbed import NetnsBed
 
 from vmrun.sync import remote_workdir
 
 EPOCH_LINE = re.compile(rb"epoch (\d+)/(\d+)")
-
-
-def run_members(host: TestHost, run_id: str) -> list[int]:
-    members = []
-    for pid in host.user_pids():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"VMRUN_RUN_ID={run_id}".encode() in environ:
-            members.append(pid)
-    return members
 
 
 @pytest.fixture
@@ -46,34 +32,7 @@ def project(bed: NetnsBed, bed_client: Client, host_python: Path) -> Iterator[Cl
     bed_client.extra_env["OMP_NUM_THREADS"] = "1"
     yield bed_client
     for name in ("h1", "h2", "h3"):
-        host = bed[name]
-        for pid in [p for p in host.user_pids()
-                    if b"VMRUN_RUN_ID=" in _environ(p)]:  # a failed test's leftovers
-            _kill(pid)
-        shutil.rmtree(host.home / ".vmrun", ignore_errors=True)
-        shutil.rmtree(host.home / "vmrun", ignore_errors=True)
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _run_id(stderr: str) -> str:
-    match = re.search(r"run (\S+) started on", stderr)
-    assert match, stderr
-    return match.group(1)
-
-
-def _out_dir(host: TestHost, client: Client, run_id: str) -> Path:
-    return host.home / remote_workdir(client.cwd) / "results" / run_id
+        clean_host(bed[name])
 
 
 def test_template_run_end_to_end(bed: NetnsBed, project: Client) -> None:
@@ -81,10 +40,10 @@ def test_template_run_end_to_end(bed: NetnsBed, project: Client) -> None:
     done = project.vmrun("train", "-H", "h1", "--epochs", "4", "--save-every", "2",
                          timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
-    rid = _run_id(done.stderr)
+    rid = run_id_of(done.stderr)
     epochs = [int(m.group(1)) for m in EPOCH_LINE.finditer(done.stdout.encode())]
     assert epochs == [1, 2, 3, 4]
-    out = _out_dir(h1, project, rid)
+    out = template_out(h1, project, rid)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]
     assert metrics[-1]["loss"] < 0.5 * metrics[0]["loss"]
@@ -152,7 +111,7 @@ def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
             proc.wait()
     assert proc.returncode == 13, err
     assert "goes on running there" in err and "vmrun logs -f" in err
-    rid = _run_id(err)
+    rid = run_id_of(err)
     again = project.vmrun("logs", "-f", rid, "-H", "h1", timeout=300)
     assert again.returncode == 0, again.stderr
     epochs = [int(m.group(1)) for m in EPOCH_LINE.finditer(again.stdout.encode())]
@@ -165,23 +124,23 @@ def test_killed_worker_restarts_from_the_last_snapshot(bed: NetnsBed, project: C
     done = project.vmrun("train", "-H", "h2", "--detach", "--max-restarts", "2", "--",
                          "12", "3", "--dataset-size", "8192")
     assert done.returncode == 0, done.stderr
-    rid = _run_id(done.stderr)
+    rid = run_id_of(done.stderr)
     log = h2.home / ".vmrun/runs" / rid / "log"
     wait_for(lambda: b"snapshot saved at epoch 3" in log.read_bytes(), 120, "the first snapshot")
 
     def worker() -> int | None:
-        for pid in run_members(h2, rid):
+        for pid in run_pids(h2, rid):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"vmrun_template.py" in cmdline and b"torch.distributed.run" not in cmdline:
                 return pid
         return None
 
     victim = wait_for(worker, 30, "a worker process")
-    _kill(int(victim))  # type: ignore[arg-type]
+    os.kill(int(victim), signal.SIGKILL)  # type: ignore[arg-type]
     follow = project.vmrun("logs", "-f", rid, "-H", "h2", timeout=300)
     assert follow.returncode == 0, follow.stderr + follow.stdout
     assert "resumed from snapshot" in follow.stdout
-    out = _out_dir(h2, project, rid)
+    out = template_out(h2, project, rid)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics] == list(range(1, 13))
 
@@ -190,16 +149,16 @@ def test_stop_leaves_no_process_and_is_recorded(bed: NetnsBed, project: Client) 
     h1 = bed["h1"]
     done = project.vmrun("train", "-H", "h1", "--detach", "--", "500", "100")
     assert done.returncode == 0, done.stderr
-    rid = _run_id(done.stderr)
+    rid = run_id_of(done.stderr)
     log = h1.home / ".vmrun/runs" / rid / "log"
     wait_for(lambda: b"epoch 1/500" in log.read_bytes(), 120, "training to start")
-    assert len(run_members(h1, rid)) >= 4  # shell, torchrun, two workers
+    assert len(run_pids(h1, rid)) >= 4  # shell, torchrun, two workers
     busy = project.vmrun("train", "-H", "h1", "--epochs", "1")
     assert busy.returncode == 2 and f"already running {rid}" in busy.stderr
     stopped = project.vmrun("stop", "-H", "h1")
     assert stopped.returncode == 0, stopped.stderr
     assert f"stopped run {rid}" in stopped.stdout and "none left" in stopped.stdout
-    assert run_members(h1, rid) == []
+    assert run_pids(h1, rid) == []
     status = project.vmrun("status", "-H", "h1")
     assert re.search(rf"{rid}\s+h1\s+stopped", status.stdout), status.stdout
 
@@ -243,7 +202,7 @@ def test_fetch_every_brings_snapshots_while_the_run_goes_on(
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, "".join(err)
-    remote = _out_dir(h1, project, rid)
+    remote = template_out(h1, project, rid)
     for name in ("snapshot.pt", "finalmodel.pt", "metrics.jsonl"):  # the last round: results
         assert (local / name).read_bytes() == (remote / name).read_bytes(), name
     assert "h1: fetched" in "".join(err)
@@ -256,19 +215,19 @@ def test_allow_concurrent_runs_share_a_host_without_clashing(
     h1 = bed["h1"]
     first = project.vmrun("train", "-H", "h1", "--detach", "--", "500", "100")
     assert first.returncode == 0, first.stderr
-    rid_a = _run_id(first.stderr)
+    rid_a = run_id_of(first.stderr)
     log = h1.home / ".vmrun/runs" / rid_a / "log"
     wait_for(lambda: b"epoch 1/500" in log.read_bytes(), 120, "the first run to train")
     second = project.vmrun("train", "-H", "h1", "--allow-concurrent", "--epochs", "2",
                            "--save-every", "1", timeout=300)
     assert second.returncode == 0, second.stderr + second.stdout
-    rid_b = _run_id(second.stderr)
-    metrics = (_out_dir(h1, project, rid_b) / "metrics.jsonl").read_text().splitlines()
+    rid_b = run_id_of(second.stderr)
+    metrics = (template_out(h1, project, rid_b) / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(m)["epoch"] for m in metrics] == [1, 2]
-    assert not (_out_dir(h1, project, rid_a) / "finalmodel.pt").exists()
-    assert run_members(h1, rid_a)  # the first run went on beside the second
+    assert not (template_out(h1, project, rid_a) / "finalmodel.pt").exists()
+    assert run_pids(h1, rid_a)  # the first run went on beside the second
     assert project.vmrun("stop", rid_a, "-H", "h1").returncode == 0
-    assert run_members(h1, rid_a) == []
+    assert run_pids(h1, rid_a) == []
 
 
 def test_exit_code_last_lines_and_the_interpreter_setup_recorded(
@@ -284,7 +243,7 @@ def test_exit_code_last_lines_and_the_interpreter_setup_recorded(
     done = project.vmrun("train", "fail.py", "-H", "h3", "--launcher", "python", "--", "x")
     assert done.returncode == 3, done.stderr
     assert "exited with 3" in done.stderr and done.stdout.splitlines()[-1] == "line 4"
-    rid = _run_id(done.stderr)
+    rid = run_id_of(done.stderr)
     meta = json.loads((h3.home / ".vmrun/runs" / rid / "run.json").read_text())
     assert meta["python"] == str(host_python)
     tail = project.vmrun("logs", rid, "-H", "h3", "-n", "2")
@@ -306,8 +265,8 @@ def test_ctrl_c_detaches_and_the_run_goes_on(bed: NetnsBed, project: Client) -> 
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
-    rid = _run_id(err)
+    rid = run_id_of(err)
     assert f"detached from run {rid}" in err and f"vmrun logs -f {rid}" in err
-    assert run_members(h2, rid)  # Ctrl-C only detached: the run goes on
+    assert run_pids(h2, rid)  # Ctrl-C only detached: the run goes on
     stopped = project.vmrun("stop", rid, "-H", "h2")
-    assert stopped.returncode == 0 and run_members(h2, rid) == []
+    assert stopped.returncode == 0 and run_pids(h2, rid) == []
