@@ -83,6 +83,8 @@ if __name__ == "__main__":
 ''')
     (project.cwd / "notes.txt").write_text("synced too\n")
     (project.cwd / ".gitignore").write_text("notes.txt\n")
+    with open(project.cwd / "table.bin", "wb") as fh:  # sparse: 101 MiB of zeros to sync
+        fh.truncate(101 << 20)
     done = project.vmrun("train", "multigpu_torchrun.py", "-H", "h2", "--epochs", "3",
                          "--save-every", "2", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
@@ -91,6 +93,10 @@ if __name__ == "__main__":
     workdir = bed["h2"].home / remote_workdir(project.cwd)
     assert (workdir / "snapshot.pt").exists()
     assert not (workdir / "notes.txt").exists()  # .gitignore is honoured
+    # a big file is warned about before it goes, and its progress is shown
+    assert "warning: syncing a large file: table.bin (101 MiB)" in done.stderr
+    assert "table.bin (101.0 MiB) verified" in done.stderr
+    assert (workdir / "table.bin").stat().st_size == 101 << 20
 
 
 def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
