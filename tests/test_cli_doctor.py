@@ -37,6 +37,11 @@ def test_doctor_passes_every_check_on_healthy_hosts(
     assert "0 failed" in done.stderr
     # doctor leaves no run behind for `status` or `fetch` to find
     assert "doctor-allreduce" not in multi.vmrun("status").stdout
+    alone = multi.vmrun("doctor", "-H", "n2", timeout=300)  # one host: its own processes
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    verdict, detail = rows(alone.stdout)[("allreduce", "n2")]
+    assert verdict == "OK" and detail.startswith("world 2,"), detail
+    assert not any(check == "network" for check, _ in rows(alone.stdout))
 
 
 def test_doctor_names_the_pair_a_blocked_port_separates(

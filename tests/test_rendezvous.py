@@ -41,3 +41,12 @@ def test_pick_wants_an_address_every_worker_reached() -> None:
               Probe("w2", "203.0.113.7:29400", True, "", "203.0.113.9", "eth0")]
     assert pick(["10.0.0.5", "203.0.113.7"], probes, ["w1", "w2"]) == "203.0.113.7"
     assert pick(["10.0.0.5"], probes, ["w1", "w2"]) is None
+
+
+def test_a_forwarded_master_address_still_finds_the_masters_interface() -> None:
+    from vmrun.rendezvous import _iface_towards
+
+    master = facts("m", ("eth0", "192.0.2.10", 24), ("eth1", "10.0.0.5", 24))
+    probes = [Probe("w1", "198.51.100.1:29400", True, "", "10.0.0.6", "eth1")]
+    iface = _iface_towards(master, probes)  # 198.51.100.1 is a NAT'd address, not on m
+    assert iface is not None and iface.ifname == "eth1"

@@ -270,12 +270,16 @@ def _preflight(
 
 
 def _check_same_env(nodes: dict[str, Node]) -> None:
-    """The same Python and torch on every node, or nothing starts (say which differ)."""
+    """The same Python (major.minor: the ABI, pickles) and torch build on every node, or
+    nothing starts (say which differ)."""
     for key, what in (("python", "Python"), ("torch", "torch")):
         seen: dict[str, list[str]] = {}
         for label, node in nodes.items():
             assert node.facts is not None
-            seen.setdefault(str(node.facts.data.get(key)), []).append(label)
+            value = str(node.facts.data.get(key))
+            if key == "python":
+                value = ".".join(value.split(".")[:2])
+            seen.setdefault(value, []).append(label)
         if len(seen) > 1:
             which = "; ".join(f"{v} on {', '.join(hosts)}" for v, hosts in seen.items())
             raise UsageError(

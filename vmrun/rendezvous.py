@@ -333,7 +333,7 @@ def decide(
     ifnames = {}
     for label in facts:
         if label == master:
-            iface = facts[master].iface_of(chosen)
+            iface = facts[master].iface_of(chosen) or _iface_towards(facts[master], probes)
             ifnames[label] = iface.ifname if iface else ""
         else:
             ifnames[label] = next(
@@ -346,6 +346,17 @@ def decide(
             )
         ifnames[label] = (ifname_overrides or {}).get(label) or ifnames[label]
     return Layout(master, chosen, listener.port, ifnames)
+
+
+def _iface_towards(master: NodeFacts, probes: Sequence[Probe]) -> Iface | None:
+    """The master's interface on the workers' subnet, when the address they reach it at is
+    not on any of its interfaces (a NAT'd or forwarded `private_addr`)."""
+    for p in probes:
+        if p.ok and p.src:
+            for iface in master.ifaces:
+                if ipaddress.IPv4Address(p.src) in iface.network:
+                    return iface
+    return None
 
 
 def _unreachable_message(
