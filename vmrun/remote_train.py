@@ -160,6 +160,7 @@ def run_remote(
     multi = len(entries) > 1
     with Group(entries, settings) as group:
         nodes = _preflight(group, multi=multi, allow_concurrent=allow_concurrent, resume=resume)
+        nproc = _nproc(plan, list(nodes.values()))
         layout = _meet(group, nodes, wiring) if multi else None
         rid = resume or launch.run_id(plan.name)
         if resume:
@@ -170,7 +171,6 @@ def run_remote(
         with live:
             staged = group.map(lambda entry, conn: _stage(nodes[entry.label], plan, note, progress))
         raise_failures(staged)
-        nproc = _nproc(plan, list(nodes.values()))
         started = _start_all(group, plan, nodes, rid, nproc, layout, wiring, resume)
         names = ", ".join(nodes)
         where = f" on {names}" if multi else f" on {names} (pid {started[entries[0].label]})"
