@@ -214,7 +214,23 @@ def test_full_setup_in_parallel_then_a_second_run_skips_everything(
     third = bed_client.vmrun("setup", "h1", "--env", "venv", "--torch", "torch>=2.0",
                              "--wheelhouse", str(wheelhouse), timeout=300)
     assert third.returncode == 0, third.stderr
-    assert "ran 2 (torch, verify)" in third.stdout, third.stdout
+    assert "ran 2 (torch, verify), 2 already done" in third.stdout, third.stdout
+
+    # --force on the default playbook: that step and every step that needs it, nothing else
+    plan = bed_client.vmrun("setup", "h1", "--env", "venv", "--torch", "torch>=2.0",
+                            "--force", "python-env", "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "would run python-env (forced)" in plan.stdout, plan.stdout
+    assert "would run torch (after python-env)" in plan.stdout
+    assert "would run verify (after torch)" in plan.stdout
+    assert "skip python-venv-package: check passes" in plan.stdout
+    # --only: that step alone, not the ones that need it (tests/test_cli_setup_options.py
+    # runs both options for real on a playbook of cheap steps)
+    only = bed_client.vmrun("setup", "h2", *args[3:], "--force", "torch", "--only", "torch",
+                            "--dry-run")
+    assert only.returncode == 0, only.stderr
+    assert "would run torch (forced)" in only.stdout, only.stdout
+    assert "skip verify: unselected" in only.stdout and "skip python-env: unselected" in only.stdout
 
 
 def test_dry_run_changes_nothing_and_shows_the_scripts(bed_client: Client,

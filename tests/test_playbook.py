@@ -123,3 +123,28 @@ def test_facts_keep_only_real_versions_and_say_why_sudo_cannot_run() -> None:
     odd = parse_facts("home=/h\nsudo=none\ncompute_cap=Field \"compute_cap\" is not valid\n", "h")
     assert odd.compute_cap == "" and odd.sudo_problem == "there is no sudo"
     assert parse_facts("home=/h\nsudo=root\n", "h").sudo_problem == ""
+
+
+@pytest.mark.parametrize(
+    ("requirements", "passes"),
+    [
+        (["pytest"], True),
+        (["PyYAML>=5"], True),  # the distribution's name, any case
+        (["pytest>=999"], False),  # installed, but not at a version the spec allows
+        (["vmrun-not-a-package"], False),
+        (["pytest", "vmrun-not-a-package"], False),
+        (["vmrun-not-a-package; python_version < '3'", "pytest"], True),  # not for this python
+        (["-r", "requirements.txt"], False),  # not a requirement: pip decides
+        (["pkg @ https://example.invalid/pkg.whl"], False),
+    ],
+)
+def test_a_pip_steps_check_asks_the_env(requirements: list[str], passes: bool) -> None:
+    """The check a `pip:` step gets, run by this interpreter as the env's would be."""
+    import subprocess
+    import sys
+
+    from vmrun.provision import PIP_CHECK
+
+    done = subprocess.run([sys.executable, "-", *requirements], input=PIP_CHECK, text=True,
+                          capture_output=True, timeout=60)
+    assert (done.returncode == 0) is passes, done.stderr

@@ -227,7 +227,13 @@ def load_settings(
     env_layer = {name: environ[fld.env] for name, fld in FIELDS.items() if fld.env in environ}
     _apply(values, sources, env_layer, "environment", strict=False)
     _apply(values, sources, dict(flags or {}), "command line", strict=False)
-    return Settings(**values, sources=sources, project_dir=project_dir, project_data=project_data)
+    return Settings(
+        **values,
+        sources=sources,
+        project_dir=project_dir,
+        project_data=project_data,
+        user_data=user_data,
+    )
 
 
 def _settings_part(data: Mapping[str, Any]) -> dict[str, Any]:

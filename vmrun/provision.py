@@ -107,6 +107,31 @@ vmrun_apt_install() {
 }
 """
 
+# The check of a `pip:` step: every requirement is installed in the env and satisfies its
+# version spec. Anything that is not a plain requirement (a file, a URL, an option) fails the
+# check, so pip decides.
+PIP_CHECK = """import importlib.metadata as md, sys
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+for text in sys.argv[1:]:
+    try:
+        req = Requirement(text)
+    except Exception:
+        sys.exit(1)
+    if req.url:
+        sys.exit(1)
+    if req.marker is not None and not req.marker.evaluate():
+        continue
+    try:
+        have = md.version(req.name)
+    except md.PackageNotFoundError:
+        sys.exit(1)
+    if not req.specifier.contains(have, prereleases=True):
+        sys.exit(1)
+"""
+
 
 @dataclass
 class SetupOptions:
@@ -392,6 +417,11 @@ class HostSetup:
                 f"for p in {names}; do dpkg-query -W -f='${{db:Status-Abbrev}}' \"$p\""
                 " 2>/dev/null | grep -q '^ii' || exit 1; done"
             )
+        if step.pip and not step.check:
+            # the env may have been made again since (another env manager or name, a forced
+            # python-env): then the requirements are missing and the step must run again
+            reqs = " ".join(quoting.quote(p) for p in step.pip)
+            return f"\"$VMRUN_PYTHON\" - {reqs} <<'EOF'\n{PIP_CHECK}EOF"
         return step.check
 
     def _run_checks(self, steps: list[Step], env: Mapping[str, str]) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +19,49 @@ from vmrun.provision import HostReport, SetupOptions
 
 
 class _Status:
-    """Current step and start time per host, rendered live (tty) or as plain lines."""
+    """Per host: what it is doing now, since when, and since when it has been at it at all.
 
-    def __init__(self, labels: list[str], live: bool):
+    Each host has its own clocks: "step" is the time on its current step, "total" the time
+    since the host started (connecting included); both stop when the host is done or failed.
+    Rendered live in a terminal, else printed as plain lines.
+    """
+
+    FINAL = ("done", "failed")
+
+    def __init__(self, labels: list[str], live: bool, clock: Callable[[], float] = time.monotonic):
         self.lock = threading.Lock()
+        self.clock = clock
+        now = clock()
         self.doing = dict.fromkeys(labels, "connecting")
-        self.started = time.monotonic()
+        self.began = dict.fromkeys(labels, now)  # the host's start
+        self.since = dict.fromkeys(labels, now)  # its current step's start
+        self.ended: dict[str, float] = {}  # when it finished (done or failed)
         self.live = live
 
     def event(self, host: str, text: str) -> None:
         with self.lock:
+            now = self.clock()
+            if host in self.ended:  # a late event after done/failed changes nothing
+                return
+            if text != self.doing.get(host):
+                self.since[host] = now
             self.doing[host] = text
+            self.began.setdefault(host, now)
+            if text in self.FINAL:
+                self.ended[host] = now
         if not self.live:
             typer.echo(f"[{host}] {text}")
+
+    def rows(self) -> list[tuple[str, str, float, float]]:
+        """(host, now, seconds on the current step, seconds since the host started)."""
+        now = self.clock()
+        with self.lock:
+            out = []
+            for host, text in self.doing.items():
+                end = self.ended.get(host, now)
+                step = 0.0 if host in self.ended else end - self.since[host]
+                out.append((host, text, step, end - self.began[host]))
+            return out
 
     def render(self) -> Any:
         from rich.table import Table
@@ -38,12 +69,19 @@ class _Status:
         table = Table(show_header=True, header_style="bold", box=None)
         table.add_column("host")
         table.add_column("now")
-        table.add_column("elapsed", justify="right")
-        elapsed = time.monotonic() - self.started
-        with self.lock:
-            for host, text in self.doing.items():
-                table.add_row(host, text, f"{elapsed:.0f} s")
+        table.add_column("step", justify="right")
+        table.add_column("total", justify="right")
+        for host, text, step, total in self.rows():
+            table.add_row(host, text, "" if text in self.FINAL else _secs(step), _secs(total))
         return table
+
+
+def _secs(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes}:{seconds:02d}"
 
 
 def run_setup(
@@ -100,7 +138,7 @@ def run_setup(
         if options.dry_run:
             _print_plan(host_report)
         else:
-            _print_summary(host_report, outcome.duration)
+            _print_summary(host_report, outcome.duration, options.params)
     succeeded = [e for e, o in zip(entries, outcomes, strict=True) if o.ok]
     if record and succeeded:
         _record(project, entries, outcomes)
@@ -144,7 +182,7 @@ def _print_plan(host_report: HostReport) -> None:
             typer.echo(f"  skip {step.name}: {step.detail or step.status}")
 
 
-def _print_summary(host_report: HostReport, seconds: float) -> None:
+def _print_summary(host_report: HostReport, seconds: float, params: dict[str, str]) -> None:
     ran = host_report.ran
     skipped = [s.name for s in host_report.steps if s.status in ("skipped", "adopted")]
     facts = host_report.facts
@@ -162,3 +200,19 @@ def _print_summary(host_report: HostReport, seconds: float) -> None:
         f" ({', '.join(ran) or 'nothing'}), {len(skipped)} already done{gpu_note}"
     )
     typer.echo(f"  {' '.join(parts)}")
+    if params.get("env") == "conda":
+        typer.echo(f"  {conda_channels_note(params.get('conda_channels', ''))}")
+
+
+def conda_channels_note(channels: str) -> str:
+    """Which conda channels the environment comes from, and so whether Anaconda's terms of
+    service were involved (the default playbook's python-env step: `defaults` or conda-forge)."""
+    if channels == "defaults":
+        return (
+            "conda channels: Anaconda's defaults (their Terms of Service accepted with"
+            " `conda tos accept`)"
+        )
+    return (
+        "conda channels: conda-forge only (--override-channels; Anaconda's Terms of Service"
+        " not needed)"
+    )

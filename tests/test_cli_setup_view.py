@@ -1,0 +1,71 @@
+"""setup's live view: one line per host with its own clocks, rendered without a terminal."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from vmrun.cli.setup_view import _Status
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _render(status: _Status) -> dict[str, list[str]]:
+    """The view as an 80-column, colourless console shows it: the cells of each host's row."""
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None, force_terminal=False).print(status.render())
+    lines = [line.split("  ") for line in out.getvalue().splitlines()]
+    rows = {}
+    for line in lines:
+        cells = [c.strip() for c in line if c.strip()]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_each_host_has_its_own_step_and_total_clock() -> None:
+    clock = Clock(1000.0)
+    status = _Status(["h1", "h2", "h3"], live=True, clock=clock)
+    assert _render(status) == {
+        "host": ["now", "step", "total"],
+        "h1": ["connecting", "0 s", "0 s"],
+        "h2": ["connecting", "0 s", "0 s"],
+        "h3": ["connecting", "0 s", "0 s"],
+    }
+    clock.now = 1002.0
+    status.event("h1", "reading host facts")
+    clock.now = 1005.0
+    status.event("h2", "reading host facts")
+    clock.now = 1010.0
+    status.event("h1", "torch: applying")
+    clock.now = 1012.0
+    status.event("h3", "reading host facts")
+    clock.now = 1020.0
+    status.event("h3", "failed")
+    clock.now = 1040.0
+    status.event("h2", "done")
+    status.event("h2", "verify: applying")  # nothing after the end counts
+    clock.now = 1095.0
+    status.event("h1", "torch: applying")  # the same step again keeps its start
+    assert _render(status) == {
+        "host": ["now", "step", "total"],
+        "h1": ["torch: applying", "1:25", "1:35"],  # on torch since 1010, started at 1000
+        "h2": ["done", "40 s"],  # its clocks stopped when it finished
+        "h3": ["failed", "20 s"],
+    }
+    assert status.rows()[0] == ("h1", "torch: applying", 85.0, 95.0)
+    clock.now = 1100.0
+    assert status.rows()[1:] == [("h2", "done", 0.0, 40.0), ("h3", "failed", 0.0, 20.0)]
+
+
+def test_plain_output_when_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    status = _Status(["h1"], live=False, clock=Clock(0.0))
+    status.event("h1", "checking 3 step(s)")
+    assert capsys.readouterr().out == "[h1] checking 3 step(s)\n"
