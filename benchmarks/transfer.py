@@ -31,14 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from bench_common import parse_size  # noqa: E402
+
 GCM = "aes128-gcm@openssh.com"
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = text[-1] if text[-1:] in units else ""
-    return int(float(text[: len(text) - len(unit)]) * units[unit])
 
 
 class Bench:

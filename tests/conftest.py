@@ -225,6 +225,34 @@ def host_python(wheelhouse: Path) -> Path:
     return _build_once(CACHE / "venv-py3-torch-2.13.0", build) / "bin" / "python"
 
 
+def standin_miniconda(python: str, calls: str) -> str:
+    """A STAND-IN Miniconda installer (no download is possible here), as shell text: it
+    honours -b -u -p PREFIX and installs a STAND-IN `conda` whose `create -n NAME` makes
+    envs/NAME/bin/python run `python`; both append their arguments to the file `calls` (a
+    shell word, expanded on the host)."""
+    return STANDIN_MINICONDA.replace("@PYTHON@", python).replace("@CALLS@", calls)
+
+
+STANDIN_MINICONDA = r"""#!/bin/bash
+# STAND-IN for the Miniconda installer (no internet here): honours -b -u -p PREFIX
+echo "installer $*" >> @CALLS@
+while [ $# -gt 0 ]; do case "$1" in -p) prefix=$2; shift ;; esac; shift; done
+mkdir -p "$prefix/bin"
+cat > "$prefix/bin/conda" <<'EOF'
+#!/bin/bash
+# STAND-IN conda: records its arguments; `create -n NAME` makes envs/NAME/bin/python
+echo "conda $*" >> @CALLS@
+if [ "$1" = create ]; then
+  while [ $# -gt 0 ]; do case "$1" in -n) name=$2; shift ;; esac; shift; done
+  mkdir -p "$(dirname "$0")/../envs/$name/bin"
+  printf '#!/bin/sh\nexec @PYTHON@ "$@"\n' > "$(dirname "$0")/../envs/$name/bin/python"
+  chmod +x "$(dirname "$0")/../envs/$name/bin/python"
+fi
+EOF
+chmod +x "$prefix/bin/conda"
+"""
+
+
 def install_standin(host: TestHost, name: str, script: str) -> Path:
     """Put a stand-in tool in the host's ~/.vmrun/bin, which vmrun puts first on PATH.
 

@@ -21,7 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import CACHE, TORCH_SPEC, Client, _build_once, install_standin, wait_for
+from conftest import (
+    CACHE,
+    TORCH_SPEC,
+    Client,
+    _build_once,
+    install_standin,
+    standin_miniconda,
+    wait_for,
+)
 from testbed import NetnsBed, TestHost
 
 from vmrun.config import load_settings
@@ -544,28 +552,12 @@ def test_conda_with_an_uploaded_installer(bed_client: Client, hosts: list[TestHo
     that already has torch, so the torch and verify steps run for real.
     """
     installer = tmp_path / "Miniconda3-standin.sh"
-    installer.write_text(f"""#!/bin/bash
-# STAND-IN for the Miniconda installer (no internet here): honours -b -u -p PREFIX
-while [ $# -gt 0 ]; do case "$1" in -p) prefix=$2; shift ;; esac; shift; done
-mkdir -p "$prefix/bin"
-cat > "$prefix/bin/conda" <<'EOF'
-#!/bin/bash
-# STAND-IN conda: records its arguments; `create -n NAME` makes envs/NAME/bin/python
-echo "$@" >> "$(dirname "$0")/../conda-calls"
-if [ "$1" = create ]; then
-  while [ $# -gt 0 ]; do case "$1" in -n) name=$2; shift ;; esac; shift; done
-  mkdir -p "$(dirname "$0")/../envs/$name/bin"
-  printf '#!/bin/sh\nexec {host_python} "$@"\n' > "$(dirname "$0")/../envs/$name/bin/python"
-  chmod +x "$(dirname "$0")/../envs/$name/bin/python"
-fi
-EOF
-chmod +x "$prefix/bin/conda"
-""")
+    installer.write_text(standin_miniconda(str(host_python), '"$HOME/conda-calls"'))
     h2 = hosts[1]
     done = bed_client.vmrun("setup", "h2", "--env", "conda", "--env-name", "pytorch",
                             "--installer", str(installer), "--torch", TORCH_SPEC)
     assert done.returncode == 0, done.stderr + done.stdout
-    calls = (h2.home / "miniconda3" / "conda-calls").read_text()
+    calls = (h2.home / "conda-calls").read_text()
     assert "create -y -n pytorch --override-channels -c conda-forge python=3.12 pip" in calls
     assert (h2.home / ".vmrun" / "installers" / installer.name).exists()
     assert f"python={h2.home}/miniconda3/envs/pytorch/bin/python" in done.stdout

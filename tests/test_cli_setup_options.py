@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, install_standin
+from conftest import Client, install_standin, standin_miniconda
 from test_cli_setup import T4_LSPCI, _calls, _last_run, _package_world, _wipe
 from testbed import NetnsBed, TestHost
 
@@ -330,25 +330,7 @@ def test_no_devices_found_gets_the_nouveau_guidance(
 
 # -- 6. conda: conda-forge, or Anaconda's defaults with their terms accepted ------------
 
-STANDIN_MINICONDA = r"""#!/bin/bash
-# STAND-IN for the Miniconda installer (no internet here): honours -b -u -p PREFIX and
-# installs a STAND-IN conda that records its arguments
-echo "installer $*" >> "$HOME/probe/calls"
-while [ $# -gt 0 ]; do case "$1" in -p) prefix=$2; shift ;; esac; shift; done
-mkdir -p "$prefix/bin"
-cat > "$prefix/bin/conda" <<'EOF'
-#!/bin/bash
-# STAND-IN conda: records its arguments; `create -n NAME` makes envs/NAME/bin/python
-echo "conda $*" >> "$HOME/probe/calls"
-if [ "$1" = create ]; then
-  while [ $# -gt 0 ]; do case "$1" in -n) name=$2; shift ;; esac; shift; done
-  mkdir -p "$(dirname "$0")/../envs/$name/bin"
-  printf '#!/bin/sh\nexec /usr/bin/python3 "$@"\n' > "$(dirname "$0")/../envs/$name/bin/python"
-  chmod +x "$(dirname "$0")/../envs/$name/bin/python"
-fi
-EOF
-chmod +x "$prefix/bin/conda"
-"""
+STANDIN_MINICONDA = standin_miniconda("/usr/bin/python3", '"$HOME/probe/calls"')
 
 
 def test_conda_uses_conda_forge_or_accepts_the_terms_for_the_default_channels(
