@@ -178,7 +178,9 @@ def user_commands(host: TestHost) -> list[str]:
 # The test hosts have no package index, so setup and train tests use a wheelhouse built here
 # (`pip download torch==2.13.0`: the local CPU build) and a shared venv made from
 # /usr/bin/python3 (every host user can read it; /root cannot be read by them). Both are
-# cached between sessions under VMRUN_TEST_CACHE (default /opt/vmrun-test-cache).
+# cached between sessions under VMRUN_TEST_CACHE (default /opt/vmrun-test-cache). `.ci/run`
+# fills the wheelhouses before the tests, so a test run itself reaches no network; the
+# fixtures download them only where that was not done (a developer's first run).
 TORCH_SPEC = "torch==2.13.0"
 CACHE = Path(os.environ.get("VMRUN_TEST_CACHE", "/opt/vmrun-test-cache"))
 
