@@ -66,6 +66,44 @@ def test_usage_errors_are_one_line_exit_2(client: Client) -> None:
         assert lines[0].startswith("vmrun: error:")
 
 
+def test_debug_keeps_usage_errors_exit_2(client: Client) -> None:
+    """--debug adds a traceback to bad input but not a different exit code; it is a root
+    flag, so after the command word it is the command's unknown option, not a crash."""
+    done = client.vmrun("--debug", "exec", "--bogus", "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("vmrun: error: No such option")
+    done = client.vmrun("exec", "--debug", "-H", "a@b", "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "vmrun: error: No such option: --debug (see `vmrun exec --help`)"
+    ]
+
+
+def test_a_bare_vmrun_shows_its_commands(client: Client) -> None:
+    done = client.vmrun()
+    assert done.returncode == 0, done.stderr
+    for command in COMMANDS:
+        assert f"\n  {command} " in done.stdout
+
+
+def test_each_command_builds_alone() -> None:
+    """A run builds only the command it names (start-up cost), and the root's listing
+    names exactly the commands the modules register, in order."""
+    from vmrun.cli.app import COMMANDS as TABLE
+    from vmrun.cli.app import build
+
+    assert [name for name, _, _ in TABLE] == COMMANDS
+    full = build(None)
+    assert list(full.commands) == COMMANDS
+    for name in COMMANDS:
+        assert list(build([name, "--help"]).commands) == [name]
+        assert full.commands[name].short_help == build([name]).commands[name].short_help
+    listing = build(["--help"])
+    assert list(listing.commands) == COMMANDS
+    assert all(len(cmd.short_help) <= 64 for cmd in listing.commands.values())
+
+
 def test_bad_project_file_is_a_usage_error(client: Client) -> None:
     (client.cwd / "vmrun.toml").write_text("connect_timeout = 'soon'\n")
     done = client.vmrun("exec", "-H", "a@b", "--", "true")

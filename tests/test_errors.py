@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from vmrun.errors import (
     AuthError,
     ChangedHostKeyError,
@@ -53,3 +56,11 @@ def test_hosts_failed_takes_the_worst_code() -> None:
     err = HostsFailed({"a": AuthError("x"), "b": ConnectionLostError("y")}, total=3)
     assert err.exit_code == ExitCode.CONNECTION_LOST
     assert err.one_line() == "2 of 3 hosts failed: a: x; b: y"
+
+
+def test_the_readme_documents_every_exit_code() -> None:
+    """The README's table and ExitCode are one list: nothing missing on either side."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Errors and exit codes", 1)[1].split("\n## ", 1)[0]
+    documented = {int(code) for code in re.findall(r"^\| (\d+) \|", section, re.M)}
+    assert documented == {int(code) for code in ExitCode}

@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     UNREACHABLE = 12  # DNS failure, refused, no route, connect timeout
     CONNECTION_LOST = 13  # link dropped or stopped answering mid-command
     REMOTE = 14  # the host answered but could not do what was asked (missing tool, no space)
+    TIMEOUT = 124  # a remote command hit --timeout (the code timeout(1) uses)
     INTERRUPTED = 130  # Ctrl-C
 
 

@@ -212,7 +212,7 @@ def _set_values(lines: list[str], spec: HostSpec, values: Mapping[str, Any]) -> 
                 new[address] += "\n"
             new.insert(address + 1, f"{key} = {_toml_value(value)}\n")
             end += 1
-    import tomllib
+    from vmrun.config import tomllib
 
     try:
         data = tomllib.loads("".join(new))
@@ -226,7 +226,7 @@ def _set_values(lines: list[str], spec: HostSpec, values: Mapping[str, Any]) -> 
 
 def _host_table(lines: list[str], spec: HostSpec) -> tuple[int, int] | None:
     """(header line, end) of the [[hosts]] table whose address is `spec`."""
-    import tomllib
+    from vmrun.config import tomllib
 
     headers = [i for i, line in enumerate(lines) if _ANY_HEADER.match(line)] + [len(lines)]
     for here, after in itertools.pairwise(headers):

@@ -14,8 +14,12 @@ from vmrun import __version__
 def _debug_requested(argv: list[str]) -> bool:
     if os.environ.get("VMRUN_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
         return True
-    own = argv[: argv.index("--")] if "--" in argv else argv  # words after -- are a command's
-    return "--debug" in own
+    for word in argv:  # only the root's flags, before the command word, are vmrun's own
+        if word == "--debug":
+            return True
+        if not word.startswith("-"):
+            return False
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,6 +35,8 @@ def run(args: list[str]) -> int:
     from vmrun.errors import VmrunError, exit_code_for
 
     debug = _debug_requested(args)
+    if not args:
+        args = ["--help"]  # a bare `vmrun` shows what it can do
     from vmrun.cli import output
 
     output.DEBUG = debug
@@ -39,7 +45,7 @@ def run(args: list[str]) -> int:
 
         from vmrun.cli.app import build
 
-        command = build()
+        command = build(args)
         try:
             result = command.main(args=args, prog_name="vmrun", standalone_mode=False)
         except typer.Abort:
@@ -52,13 +58,17 @@ def run(args: list[str]) -> int:
         output.report(exc)
         return exit_code_for(exc)
     except Exception as exc:
-        if debug:
-            raise
-        if _is_usage_error(exc):
+        if _is_usage_error(exc):  # bad input: one line and exit 2, --debug or not
+            if debug:
+                import traceback
+
+                traceback.print_exc()
             ctx = getattr(exc, "ctx", None)
             see = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             _error_line(f"{exc.format_message()}{see}")  # type: ignore[attr-defined]
             return int(exc.exit_code)  # type: ignore[attr-defined]
+        if debug:
+            raise
         _error_line(
             f"internal error: {type(exc).__name__}: {exc} (re-run with --debug for the traceback)"
         )
