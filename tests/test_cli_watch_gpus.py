@@ -28,6 +28,8 @@ import pytest
 from conftest import ROOT, Client, user_commands, wait_for
 from testbed import NetnsBed, TestHost
 
+from vmrun.gpus import HEARTBEAT
+
 STANDIN = ROOT / "tests" / "standins" / "nvidia-smi"
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
 HOSTS = ("h1", "h2", "h3")
@@ -291,6 +293,31 @@ def test_a_cut_link_shows_disconnected_then_reconnects(
     assert code == 0 and err == ""
     # the first pair was cut off from its client: the host stops it once the link is back
     assert_nothing_left(h3, replay)
+
+
+def test_a_watch_ended_while_the_link_is_down_leaves_nothing_on_the_host(
+    hosts: dict[str, TestHost], bed_client: Client, watch: Any
+) -> None:
+    """No EOF can reach the host through a cut link: the heartbeat's silence stops its
+    nvidia-smi, without waiting for the link to heal or sshd to give up on TCP."""
+    h3 = hosts["h3"]
+    replay = install(h3, "t4x2_training")
+    project(bed_client, {"h3": True})
+    reader = watch("--interval", "0.5")
+    reader.until(lambda s: s["state"] == "ok", 20, "a first sample")
+    wait_for(lambda: len(starts(replay)) == 2, 10, "both nvidia-smi started")
+    pids = [pid for pid, _ in starts(replay)]
+    assert all(alive(p) for p in pids)
+    h3.cut_link()
+    try:
+        code, err = reader.interrupt()
+        assert code == 0 and err == ""
+        cut = time.monotonic()
+        wait_for(lambda: not any(alive(p) for p in pids), HEARTBEAT + 15, "nvidia-smi to stop")
+        print(f"nvidia-smi stopped {time.monotonic() - cut:.1f} s after the watch ended")
+        assert not any("nvidia-smi" in c for c in user_commands(h3))
+    finally:
+        h3.heal_link()
 
 
 def test_an_unreachable_host_is_retried_with_backoff(

@@ -371,7 +371,10 @@ def test_the_table_fits_the_terminal(width: int) -> None:
 
     from vmrun.cli.watch_gpus_cmd import render
 
-    fleet = Fleet(["gpu-node-with-a-long-name", "b"], idle_threshold=10, idle_window=60)
+    hosts = ["gpu-node-with-a-long-name", "b", "lost", "never"]
+    fleet = Fleet(hosts, idle_threshold=10, idle_window=60)
+    fleet.update(HostSample("lost", "disconnected", 1.0, message="link down; retrying in 4 s"))
+    fleet.update(HostSample("never", "unreachable", 1.0, message="connection refused"))
     for fixture, host in (
         ("h100x2_constructed", "gpu-node-with-a-long-name"),
         ("t4x2_training", "b"),
@@ -386,6 +389,8 @@ def test_the_table_fits_the_terminal(width: int) -> None:
     assert max(len(line) for line in lines) <= width
     assert sum("H100" in line for line in lines) == 2 and sum(" T4 " in line for line in lines) == 2
     assert any(line.startswith("gpu-node-with-a…") for line in lines)  # capped host column
+    assert any(line.startswith("lost") and " disconnected " in line for line in lines)
+    assert any(line.startswith("never") and " unreachable " in line for line in lines)
 
 
 def test_a_host_that_stops_sending_is_marked_stale() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -158,3 +160,38 @@ def _wait_dead(pid: int, seconds: float) -> None:
     while _alive(pid):
         assert time.monotonic() < deadline, f"pid {pid} still alive"
         time.sleep(0.05)
+
+
+def test_heartbeat_wrapper_kills_the_group_when_the_client_falls_silent() -> None:
+    """A link cut sends no EOF: with a heartbeat, silence alone ends the command."""
+    import time
+
+    proc = subprocess.Popen(
+        ["sh", "-c", remote_command(["sh", "-c", "sleep 300 & echo $!; wait"], heartbeat=1)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    grandchild = None
+    try:
+        proc.stdin.write(env_header(None))
+        proc.stdin.flush()
+        grandchild = int(proc.stdout.readline())
+        beating_until = time.monotonic() + 3
+        while time.monotonic() < beating_until:  # three times the heartbeat, still beating
+            proc.stdin.write(b"\n")
+            proc.stdin.flush()
+            time.sleep(0.25)
+            assert proc.poll() is None and _alive(grandchild)
+        silent = time.monotonic()  # stdin stays open, as during a cut link
+        assert proc.wait(timeout=10) == 128 + 15
+        assert time.monotonic() - silent < 5
+        _wait_dead(grandchild, 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        if grandchild is not None and _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)

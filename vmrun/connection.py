@@ -25,6 +25,7 @@ from vmrun.errors import (
     AuthError,
     CommandFailed,
     ConnectionLostError,
+    ExitCode,
     HostKeyError,
     RemoteError,
     UnreachableError,
@@ -440,15 +441,18 @@ class Connection:
         timeout: float | None = None,
         check: bool = False,
         on_output: OutputCallback | None = None,
+        heartbeat: float | None = None,
     ) -> CommandResult:
         """Run argv on the host; stream lines to `on_output`; return a CommandResult.
 
         The command runs under `quoting.remote_command`'s wrapper: env arrives over stdin,
-        and the command's process group is killed if this channel goes away.
+        and the command's process group is killed if this channel goes away, or, with
+        `heartbeat`, once the host has heard nothing from here for that many seconds (for
+        endless commands, so that even a client gone during a link cut leaves nothing).
         """
         argv = tuple(argv)
         try:
-            command = quoting.remote_command(argv, cwd=cwd)
+            command = quoting.remote_command(argv, cwd=cwd, heartbeat=heartbeat)
             header = quoting.env_header(env)
         except ValueError as exc:
             raise UsageError(str(exc), host=self.label) from None
@@ -461,7 +465,7 @@ class Connection:
                 chan.sendall(header)
             except Exception:
                 raise self._lost_error(f"while starting {argv[0]!r}") from None
-            status = self._pump(chan, argv, out, err, on_output, timeout, started)
+            status = self._pump(chan, argv, out, err, on_output, timeout, started, heartbeat)
         finally:
             chan.close()
         result = CommandResult(
@@ -485,8 +489,12 @@ class Connection:
         on_output: OutputCallback | None,
         timeout: float | None,
         started: float,
+        heartbeat: float | None = None,
     ) -> int:
+        import paramiko  # loaded already: this connection is open
+
         partial = {"out": b"", "err": b""}
+        beat_due = [started]  # a line every quarter of `heartbeat`: three may be lost
 
         def deliver(stream: str, data: bytes) -> None:
             (out if stream == "out" else err).feed(data)
@@ -497,16 +505,21 @@ class Connection:
             for line in lines:
                 on_output(stream, line + b"\n")
 
-        def check_deadline() -> None:
-            if timeout is not None and time.monotonic() - started > timeout:
+        def tick() -> None:
+            now = time.monotonic()
+            if heartbeat is not None and now >= beat_due[0]:
+                beat_due[0] = now + heartbeat / 4
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                    chan.send(b"\n")  # a dead link is drain's to report, not this
+            if timeout is not None and now - started > timeout:
                 raise CommandFailed(
                     f"{argv[0]!r} timed out after {timeout:g} s and was stopped",
                     host=self.label,
-                    exit_status=124,
+                    exit_status=int(ExitCode.TIMEOUT),
                     output_tail=err.text() or out.text(),
                 )
 
-        status = self.drain(chan, deliver, f"while running {argv[0]!r}", check_deadline)
+        status = self.drain(chan, deliver, f"while running {argv[0]!r}", tick)
         if on_output is not None:
             for stream in ("out", "err"):
                 if partial[stream]:

@@ -61,6 +61,9 @@ EXTRA_PATH = "/usr/local/nvidia/bin:/usr/lib/wsl/lib"
 # compute-apps row, and `OWNER_TAG PID RUN_ID` (RUN_ID empty: not a vmrun run's) the first
 # time a pid appears, before its row.
 APP_TAG = "vmrun-app"
+# Seconds a host waits without hearing from the watch before it stops its nvidia-smi: the
+# watch may end while the link is down, and then no EOF ever reaches the host.
+HEARTBEAT = 15.0
 OWNER_TAG = "vmrun-owner"
 
 # bash -c WATCH_SCRIPT vmrun-gpus NVIDIA_SMI GPU_QUERY APPS_QUERY FORMAT [LOOP]
@@ -558,7 +561,8 @@ class HostWatcher:
         argv = watch_argv(self.nvidia_smi, None if self.once else self.interval)
         try:
             timeout = self.once_timeout if self.once else None
-            result = self.conn.run(argv, on_output=on_output, timeout=timeout)
+            beat = None if self.once else HEARTBEAT
+            result = self.conn.run(argv, on_output=on_output, timeout=timeout, heartbeat=beat)
         except VmrunError as exc:
             if self.once and not isinstance(exc, (UnreachableError, ConnectionLostError)):
                 self._say("error", exc.message, exit_code_for(exc))

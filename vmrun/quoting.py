@@ -11,6 +11,7 @@ orphaned process on the host. This module is pure: no I/O, no imports beyond the
 from __future__ import annotations
 
 import base64
+import math
 import re
 from collections.abc import Iterable, Mapping
 
@@ -63,14 +64,18 @@ def env_header(env: Mapping[str, str] | None) -> bytes:
     return ("".join(lines) + "\n").encode("ascii")
 
 
-# Runs as: sh -c SCRIPT vmrun CWD CMD ARGS...   (stdin: env header, then held open)
+# Runs as: sh -c SCRIPT vmrun CWD BEAT CMD ARGS...   (stdin: env header, then held open)
 # - exports the env header's variables; puts ~/.vmrun/bin first on PATH (tools that vmrun
 #   installs, and shims a user wants every vmrun command to see); cd to CWD if not empty;
 # - runs CMD in a new session (setsid) with stdin from /dev/null;
 # - a watcher waits for EOF on the channel's stdin; EOF while CMD runs means the client
 #   went away, so it kills CMD's whole process group (TERM, then KILL after 5 s), and
 #   exits as soon as the group is gone.
-RUN_SCRIPT = r"""d=$1; shift
+# - BEAT (seconds, or empty): the client also sends a line at least that often, and BEAT
+#   seconds without one count as gone too. EOF never arrives while the link is down, so
+#   an endless command (watch-gpus) would otherwise outlive its client until sshd gives
+#   up on the dead TCP connection (many minutes). One bash `read -t` loop: sh has no -t.
+RUN_SCRIPT = r"""d=$1 h=$2; shift 2
 while IFS= read -r l && [ -n "$l" ]; do
   k=${l%%=*}
   v=$(printf %s "${l#*=}" | base64 -d && echo x) || { echo "vmrun: bad env" >&2; exit 125; }
@@ -81,7 +86,9 @@ if [ -n "$d" ]; then cd "$d" || exit 126; fi
 exec 3<&0
 setsid "$@" </dev/null 3<&- &
 c=$!
-{ cat >/dev/null; kill -TERM -"$c" || exit 0; i=0
+{ if [ -n "$h" ]; then bash -c 'while IFS= read -r -t "$1" _; do :; done' vmrun-beat "$h"
+  else cat >/dev/null; fi
+  kill -TERM -"$c" || exit 0; i=0
   while kill -0 -"$c" && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL -"$c"
 } <&3 >/dev/null 2>&1 &
 w=$!
@@ -92,12 +99,16 @@ exit "$r"
 """
 
 
-def remote_command(argv: Iterable[str], *, cwd: str | None = None) -> str:
-    """The full command string for an exec channel running `argv` under the run script."""
+def remote_command(
+    argv: Iterable[str], *, cwd: str | None = None, heartbeat: float | None = None
+) -> str:
+    """The full command string for an exec channel running `argv` under the run script;
+    with `heartbeat`, the client must send a line at least every `heartbeat` seconds."""
     words = list(argv)
     if not words:
         raise ValueError("empty command")
-    return "exec /bin/sh -c " + join([RUN_SCRIPT, "vmrun", cwd or "", *words])
+    beat = "" if heartbeat is None else str(max(1, math.ceil(heartbeat)))
+    return "exec /bin/sh -c " + join([RUN_SCRIPT, "vmrun", cwd or "", beat, *words])
 
 
 def plain_command(argv: Iterable[str]) -> str:

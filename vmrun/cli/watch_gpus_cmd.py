@@ -256,6 +256,7 @@ def render(
     headers = ["host", "gpu", "util", "memory", "temp", "power", "processes"]
     rows: list[list[Text]] = []
     alerts: list[Text] = []
+    state_width = 6  # a host's state ("disconnected") is never ellipsized: it is the news
     for status in statuses:
         sample = status.sample
         host = Text(sample.host, style="bold")
@@ -263,6 +264,7 @@ def render(
             label, style = _STATE_LABEL.get(sample.state, (sample.state, "red"))
             message = Text(sample.message or "", style=style)
             blank = [Text("") for _ in range(4)]
+            state_width = max(state_width, len(label))
             rows.append([host, Text(label, style=style), *blank, message])
             continue
         age = now - sample.time
@@ -281,7 +283,7 @@ def render(
                         style="bold red",
                     )
                 )
-    widths = _fit(headers, rows, console.width)
+    widths = _fit(headers, rows, console.width, state_width)
     table = Table(
         box=None, collapse_padding=True, pad_edge=False, show_edge=False, header_style="bold"
     )
@@ -306,9 +308,10 @@ def render(
     return Group(title, table, *alerts)
 
 
-def _fit(headers: list[str], rows: list[list[Text]], width: int) -> list[int]:
+def _fit(headers: list[str], rows: list[list[Text]], width: int, least: int) -> list[int]:
     """Column widths for `width` columns: fixed-size numbers keep theirs; the host column is
-    capped; the GPU name and the processes share what is left (names ellipsized first)."""
+    capped; the GPU name (at least `least` wide) and the processes share what is left
+    (names ellipsized first)."""
     from rich.cells import cell_len
 
     natural = [
@@ -319,6 +322,6 @@ def _fit(headers: list[str], rows: list[list[Text]], width: int) -> list[int]:
     padding = len(headers) - 1  # one space between columns
     fixed = natural[0] + sum(natural[2:6]) + padding
     rest = max(width - fixed, 16)
-    name = min(natural[1], max(6, rest // 3))
+    name = min(natural[1], max(least, rest // 3))
     procs = max(rest - name, 9)
     return [natural[0], name, *natural[2:6], min(procs, max(natural[6], 9))]
