@@ -1,0 +1,31 @@
+"""The wheel carries what an installed vmrun needs: playbooks, the bundled trainer, host tools."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+pytest.importorskip("hatchling", reason="the build backend (pip install -e '.[dev]')")
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("vmrun-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for playbook in (ROOT / "playbooks").glob("*.yaml"):
+        assert f"vmrun/playbooks/{playbook.name}" in names
+    for module in ("vmrun/trainer/template.py", "vmrun/hostside/netprobe.py", "vmrun/cli/app.py"):
+        assert module in names
+    assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "vmrun = vmrun.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
