@@ -185,6 +185,19 @@ TORCH_SPEC = "torch==2.13.0"
 CACHE = Path(os.environ.get("VMRUN_TEST_CACHE", "/opt/vmrun-test-cache"))
 
 
+def host_wheels() -> list[str]:
+    """`pip download` options for the hosts' interpreter (/usr/bin/python3), whichever
+    Python runs the tests; the same as .ci/run's."""
+    try:
+        probe = subprocess.run(
+            ["/usr/bin/python3", "-c", "import sys; print('{}.{}'.format(*sys.version_info))"],
+            capture_output=True, text=True, check=False,
+        ).stdout.strip()  # fmt: skip
+    except OSError:
+        probe = ""
+    return ["--only-binary=:all:", "--python-version", probe or "{}.{}".format(*sys.version_info)]
+
+
 def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
     """Build `target` once, across sessions and concurrent runs (a lock and a marker)."""
     import fcntl
@@ -205,7 +218,7 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
 def wheelhouse() -> Path:
     def build(target: Path) -> None:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
-                        TORCH_SPEC, "-d", str(target)], check=True, timeout=600)
+                        *host_wheels(), TORCH_SPEC, "-d", str(target)], check=True, timeout=600)
 
     return _build_once(CACHE / "wheelhouse-torch-2.13.0", build)
 
