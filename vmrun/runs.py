@@ -31,13 +31,15 @@ _PROGRESS = re.compile(r"\bepoch[ :=]+(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
 # sh -c START rec workdir run_id run_json mode CMD...   (env: the run's variables)
 # mode "new" starts the log afresh; "resume" (another attempt of the same run) appends to it
 # and clears the last attempt's pid/exit_code/stopped. Prints the log's line count before
-# this attempt, then the pid of the run's supervising shell.
+# this attempt, then the pid of the run's supervising shell: a session leader (setsid), so
+# its pid is the run's session id too; pid_start (its start time in /proc/PID/stat) tells
+# that session from a later one that reuses the number.
 _START = r"""rec=$1; wd=$2; id=$3; meta=$4; mode=$5; shift 5
 case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
 mkdir -p "$rec" || exit 125
 lines=0
 if [ "$mode" = resume ]; then
-  rm -f "$rec/pid" "$rec/exit_code" "$rec/stopped"
+  rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped"
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
 fi
 printf '%s\n' "$meta" > "$rec/run.json.tmp" && mv "$rec/run.json.tmp" "$rec/run.json"
@@ -46,6 +48,7 @@ cd "$wd" 2>/dev/null || { echo "vmrun: the work directory $wd is missing" >&2; e
 export VMRUN_RUN_ID="$id" VMRUN_RUN_DIR="$rec"
 setsid -f sh -c '
   rec=$1; mode=$2; shift 2
+  (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
   echo $$ > "$rec/pid.tmp" && mv "$rec/pid.tmp" "$rec/pid"
   if [ "$mode" = resume ]; then exec >> "$rec/log"; else exec > "$rec/log"; fi
   "$@" 2>&1 < /dev/null
@@ -97,10 +100,22 @@ done
 _STOP = r"""base=$1; id=$2; grace=$3
 d="$HOME/$base/$id"
 [ -f "$d/run.json" ] || { echo "vmrun: no run $id on this host" >&2; exit 3; }
+# The run's session: its leader's pid, unless that number now leads another session (a
+# dead leader's number is not reused while its session has members).
+sess=$(cat "$d/pid" 2>/dev/null); born=$(cat "$d/pid_start" 2>/dev/null)
+if [ -n "$sess" ] && [ -r "/proc/$sess/stat" ]; then
+  now=$(read -r l < "/proc/$sess/stat"; set -- ${l##*) }; echo "${20}")
+  [ -n "$born" ] && [ "$now" = "$born" ] || sess=
+fi
+# Members: every process of the run's session, and every process carrying the run's id
+# (torchrun's workers run in sessions of their own; a child that cleared its environment
+# stays in the session).
 members() {
   for e in /proc/[0-9]*/environ; do
     p=${e#/proc/}; p=${p%/environ}
     [ "$p" = "$$" ] && continue
+    if [ -n "$sess" ] && [ "$(read -r l < "/proc/$p/stat"; set -- ${l##*) }; echo "$4")" = "$sess" ]
+    then echo "$p"; continue; fi 2>/dev/null
     tr '\0' '\n' < "$e" 2>/dev/null | grep -qx "VMRUN_RUN_ID=$id" && echo "$p"
   done
 }
