@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import signal
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import Client, user_commands, wait_for
-from test_transfer import put
+from test_transfer import put, sha
 from testbed import NetnsBed, TestHost
 
 from vmrun.manifest import PART_SUFFIX
@@ -93,6 +97,72 @@ def test_cut_link_mid_transfer_leaves_no_final_file_and_rerun_resumes(
     )
 
 
+def test_verify_replaces_a_corrupted_copy_that_size_and_mtime_miss(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    h1 = bed["h1"]
+    data = os.urandom(300_000)
+    there = put(h1, f"{remote_dir}/model.pt", data)
+    args = ("fetch", "-H", "h1", f"~/{remote_dir}", "--to", "out")
+    first = bed_client.vmrun(*args)
+    assert first.returncode == 0, first.stderr
+    local = bed_client.cwd / "out" / remote_dir / "model.pt"
+    before = local.stat()
+    local.write_bytes(bytes(b ^ 0xFF for b in data[:10]) + data[10:])  # same size
+    os.utime(local, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
+
+    plain = bed_client.vmrun(*args)  # documented: size+mtime alone, so it is not noticed
+    assert plain.returncode == 0, plain.stderr
+    assert _summary(plain.stdout).startswith("fetched 0 files, 1 unchanged")
+    assert local.read_bytes() != data
+
+    checked = bed_client.vmrun(*args, "--verify")
+    assert checked.returncode == 0, checked.stderr
+    line = _summary(checked.stdout)
+    assert line.startswith("fetched 1 file (") and "1 replaced (bytes differed)" in line, line
+    assert hashlib.sha256(local.read_bytes()).hexdigest() == sha(there)
+    assert local.stat().st_mtime_ns == there.stat().st_mtime_ns
+    again = bed_client.vmrun(*args, "--verify")
+    assert _summary(again.stdout).startswith("fetched 0 files, 1 unchanged"), again.stdout
+
+
+def test_a_file_rewritten_while_it_travels_fails_verification_with_exit_1(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    """Same size, other bytes, all along: a process on the host keeps rewriting the
+    file's last MiB in place (bounded: 90 s), so what its tar sends never matches what
+    the host hashed, in the first attempt or the one re-send."""
+    h1 = bed["h1"]
+    mib = 32
+    path = put(h1, f"{remote_dir}/snapshot.pt", os.urandom(mib << 20))
+    listed = path.stat().st_mtime_ns
+    loop = (
+        'while [ $SECONDS -lt 90 ]; do dd if=/dev/urandom of="$0" bs=1M count=1'
+        f" seek={mib - 1} conv=notrunc status=none; done"
+    )
+    rewriter = h1.popen(["bash", "-c", loop, str(path)], as_user=True)
+    try:
+        wait_for(lambda: path.stat().st_mtime_ns != listed, 30, "the host's rewriter to start")
+        done = bed_client.vmrun(
+            "fetch", "-H", "h1", f"~/{remote_dir}", "--to", "out", "--bwlimit", "16M"
+        )
+        assert rewriter.poll() is None  # it rewrote the tail during the whole fetch
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rewriter.pid, signal.SIGKILL)
+        rewriter.wait()
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    errors = done.stderr.splitlines()
+    assert len(errors) == 1, done.stderr  # one line, no traceback
+    assert errors[0].startswith(
+        f"vmrun: error: h1: {remote_dir}/snapshot.pt: SHA-256 differs (host "
+    ), errors
+    assert "1 FAILED" in _summary(done.stdout)
+    out = bed_client.cwd / "out" / remote_dir
+    assert not (out / "snapshot.pt").exists()
+    assert not list(out.glob(f"*{PART_SUFFIX}")) and not list(out.glob(".*"))
+
+
 def test_all_hosts_fetch_into_a_folder_per_host(
     bed: NetnsBed, bed_client: Client, remote_dir: str
 ) -> None:
@@ -147,6 +217,53 @@ def test_named_things_of_a_run(bed_client: Client, run_on_h1: tuple[TestHost, st
 
     missing = bed_client.vmrun("fetch", "checkpoints", "--run", "no-such-run", "-H", "h1")
     assert missing.returncode == 14 and "no record of run no-such-run" in missing.stderr
+
+
+def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
+    bed: NetnsBed, bed_client: Client, remote_dir: str, tmp_path: Path
+) -> None:
+    """`train --fetch-every`'s rounds (vmrun.fetcher): every node at once, each into its own
+    folder; a node that cannot be reached yet does not hold the others back, and a node
+    without the run is noted without stopping the rest. Notes come per node, in order."""
+    from vmrun.connection import Connection
+    from vmrun.fetcher import Fetcher
+    from vmrun.hosts import parse_host
+
+    run_id = f"t-{uuid.uuid4().hex[:6]}"
+    record = json.dumps({"workdir": remote_dir}).encode()
+    for name in ("h1", "h2"):
+        put(bed[name], f".vmrun/runs/{run_id}/run.json", record)
+        put(bed[name], f"{remote_dir}/results/{run_id}/snapshot_1.pt", name.encode())
+    settings = bed_client.settings(connect_timeout=60)  # h2 waits for its link, not fails
+    conns = [Connection(parse_host(n), settings) for n in ("h2", "h1", "h3")]
+    notes: list[str] = []
+    fetcher = Fetcher(conns, run_id, tmp_path, every=3600, note=notes.append)
+    local = {name: tmp_path / "results" / run_id / name / "snapshot_1.pt" for name in ("h1", "h2")}
+    bed["h2"].cut_link()
+    try:
+        first = threading.Thread(target=fetcher.round, args=("checkpoints",))
+        first.start()
+        # h2 comes first and cannot even connect: h1's file arrives meanwhile all the same
+        wait_for(local["h1"].exists, 30, "h1's snapshot while h2 is unreachable")
+        assert first.is_alive() and not local["h2"].exists() and notes == []
+        bed["h2"].heal_link()
+        first.join(timeout=90)
+        assert not first.is_alive()
+        fetcher.round("checkpoints")  # nothing new: only h3's failure to say
+    finally:
+        bed["h2"].heal_link()
+        for conn in conns:
+            conn.close()
+        for name in ("h1", "h2"):
+            subprocess.run(["rm", "-rf", str(bed[name].home / ".vmrun/runs" / run_id)], check=False)
+    assert all(local[name].read_bytes() == name.encode() for name in local)
+    missing = f"h3: fetching checkpoints failed this round: no record of run {run_id} in ~/"
+    assert [n.split(" (")[0] for n in notes] == [
+        f"h2: fetched results/{run_id}/h2/snapshot_1.pt",
+        f"h1: fetched results/{run_id}/h1/snapshot_1.pt",
+        f"{missing}.vmrun/runs",
+        f"{missing}.vmrun/runs",
+    ], notes
 
 
 def test_watch_pulls_new_files_until_ctrl_c(

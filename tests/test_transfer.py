@@ -273,6 +273,83 @@ def test_a_file_that_keeps_changing_fails_with_a_clear_reason_and_no_final_file(
     assert not [p for p in (tmp_path / remote_dir).iterdir() if p.name.endswith(".vmrun-part")]
 
 
+def reader_positions(host: TestHost, path: Path) -> list[int]:
+    """Where each of the host user's processes that has `path` open is reading it
+    (/proc/PID/fdinfo `pos`): how far the host's tar has read the file."""
+    found, target = [], os.path.realpath(path)
+    for pid in host.user_pids():
+        fds = Path(f"/proc/{pid}/fd")
+        try:
+            names = os.listdir(fds)
+        except OSError:
+            continue
+        for fd in names:
+            try:
+                if os.readlink(fds / fd) != target:
+                    continue
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            except OSError:
+                continue
+            found += [int(ln.split()[1]) for ln in info.splitlines() if ln.startswith("pos:")]
+    return found
+
+
+@pytest.mark.parametrize("engine", ["openssh", "paramiko"])
+def test_a_checksum_mismatch_is_sent_once_more_then_fails_with_no_file_left(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path, engine: str
+) -> None:
+    """Same size, other bytes: the size checks pass and only the two SHA-256s disagree.
+
+    A process on the host rewrites the file's last MiB while it is being sent, after the
+    host has hashed it and before its tar has read that far: the bytes that arrive are
+    not the bytes the host hashed. This happens in both attempts (the first and the one
+    re-send), at moments the test makes sure of, not ones it hopes for.
+    """
+    mib = 64  # far more than every buffer between the host's tar and this process holds
+    path = put(h1, f"{remote_dir}/snapshot.pt", os.urandom(mib << 20))
+    final = tmp_path / remote_dir / "snapshot.pt"
+    rewrite_tail = ["dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=1"]
+    rewrite_tail += [f"seek={mib - 1}", "conv=notrunc", "status=none"]  # in place, same size
+    tails_rewritten: list[int] = []  # where tar was reading when the tail was rewritten
+
+    def host_hashing() -> bool:  # the engine's thread that asks the host for checksums
+        return any(t.name == "vmrun-remote-hash" for t in threading.enumerate())
+
+    class RewriteTailMidTransfer(Progress):
+        """At the first bytes of each attempt: once the host has hashed the file, a host
+        process rewrites its tail in place (same size, other bytes)."""
+
+        def __init__(self) -> None:
+            self.attempts = 0
+            self.rewritten = 0
+
+        def begin(self, host: str, files: int, nbytes: int) -> None:
+            self.attempts += 1
+
+        def advance(self, host: str, nbytes: int) -> None:
+            if self.rewritten == self.attempts:
+                return
+            self.rewritten = self.attempts
+            wait_for(lambda: not host_hashing(), 30, "the host's checksums")
+            h1.run(rewrite_tail, as_user=True)
+            tails_rewritten.append(max(reader_positions(h1, path), default=-1))
+
+    spec = FetchSpec(normalize_remote(remote_dir), remote_dir)
+    hook = RewriteTailMidTransfer()
+    report = download(conn, [spec], tmp_path, Options(engine=engine), hook)
+
+    assert report.engine == engine
+    assert hook.attempts == 2  # sent once more from scratch, then reported
+    # tar was still reading the file, short of its tail, when the tail changed (each time)
+    assert len(tails_rewritten) == 2, tails_rewritten
+    assert all(0 <= pos < (mib - 1) << 20 for pos in tails_rewritten), tails_rewritten
+    assert list(report.failed) == [f"{remote_dir}/snapshot.pt"], report.failed
+    why = report.failed[f"{remote_dir}/snapshot.pt"]
+    assert why.startswith("SHA-256 differs (host "), why
+    assert not report.fetched and not final.exists()
+    assert not [p for p in (tmp_path / remote_dir).iterdir() if p.name.endswith(PART_SUFFIX)]
+
+
 def test_latest_include_and_exclude(
     h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path
 ) -> None:

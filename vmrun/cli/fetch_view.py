@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from vmrun.transfer import Progress, Report
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 BIG_FILE = 64 << 20  # files at least this big get a line of their own
 
@@ -80,7 +84,11 @@ class PlainProgress(Progress):
 class LiveProgress(Progress):
     """rich bars: one per host (bytes, rate, ETA) and one per big file while it moves."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, console: Console | None = None, get_time: Callable[[], float] | None = None
+    ) -> None:
+        """`console` and `get_time` (the clock that rates and ETAs are measured by) default
+        to rich's own; tests pass theirs to read exact frames."""
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -99,6 +107,8 @@ class LiveProgress(Progress):
             TransferSpeedColumn(),
             TimeRemainingColumn(),
             transient=True,
+            console=console,
+            get_time=get_time,
         )
         self.tasks: dict[str, Any] = {}
         self.files: dict[str, Any] = {}  # host -> the bar of the big file in flight
