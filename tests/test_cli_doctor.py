@@ -8,6 +8,11 @@ import re
 from conftest import Client
 from testbed import TestHost
 
+from vmrun.doctor import _Host, _same_versions
+from vmrun.hosts import HostSpec
+from vmrun.inventory import HostEntry
+from vmrun.rendezvous import NodeFacts
+
 
 def rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
     found = {}
@@ -19,7 +24,8 @@ def rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
 
 
 def test_doctor_passes_every_check_on_healthy_hosts(
-        cluster: dict[str, TestHost], multi: Client) -> None:
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
     done = multi.vmrun("doctor", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     found = rows(done.stdout)
@@ -45,7 +51,8 @@ def test_doctor_passes_every_check_on_healthy_hosts(
 
 
 def test_doctor_names_the_pair_a_blocked_port_separates(
-        cluster: dict[str, TestHost], multi: Client) -> None:
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
     cluster["n2"].block_port(29400)
     done = multi.vmrun("doctor", timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -56,3 +63,31 @@ def test_doctor_names_the_pair_a_blocked_port_separates(
     assert found[("rendezvous", "n1")][0] == "OK"  # n2 reaches the master; n1 is not reached
     assert found[("allreduce", "all")] == ("SKIP", "fix the failures above first")
     assert re.search(r"\b1 failed\b", done.stderr)
+
+
+def test_doctor_refuses_a_master_that_is_not_one_of_the_hosts(client: Client) -> None:
+    """Like `vmrun train --master`: an unknown name is an error, before any host is contacted
+    (these hosts do not exist, so a check of them would fail differently and slowly)."""
+    bad = client.vmrun("doctor", "-H", "a.invalid", "-H", "b.invalid", "--master", "c.invalid")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "--master c.invalid: not one of the hosts (a.invalid, b.invalid)" in bad.stderr
+    assert "ssh" not in bad.stdout  # no check ran
+
+
+def _host(label: str, python: str, torch: str = "2.13.0") -> _Host:
+    data = {"python": python, "torch": torch, "cuda": None, "nccl": None, "gpu_names": []}
+    return _Host(HostEntry(HostSpec(label)), recorded=True, facts=NodeFacts(label, data=data))
+
+
+def test_doctor_compares_python_by_major_minor_as_train_does() -> None:
+    """3.11.2 vs 3.11.7 trains (a warning); 3.10 vs 3.11 is refused by train (a failure)."""
+    patch = _same_versions([_host("a", "3.11.2"), _host("b", "3.11.7")])
+    assert [(c.name, c.verdict) for c in patch] == [("versions", "warn")]
+    assert patch[0].detail == "Python patch level differs: 3.11.2 on a; 3.11.7 on b"
+    minor = _same_versions([_host("a", "3.10.12"), _host("b", "3.11.7")])
+    assert [(c.name, c.verdict) for c in minor] == [("versions", "fail")]
+    assert minor[0].detail == "Python differs: 3.10.12 on a; 3.11.7 on b"
+    same = _same_versions([_host("a", "3.11.7"), _host("b", "3.11.7")])
+    assert [(c.name, c.verdict) for c in same] == [("versions", "ok")]
+    torch = _same_versions([_host("a", "3.11.2"), _host("b", "3.11.7", torch="2.12.0")])
+    assert [c.verdict for c in torch] == ["warn", "fail"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from vmrun.config import Settings
 from vmrun.connection import Connection
-from vmrun.errors import VmrunError
+from vmrun.errors import UsageError, VmrunError
 from vmrun.group import Group
 from vmrun.inventory import HostEntry
 from vmrun.rendezvous import NodeFacts
@@ -59,7 +59,6 @@ def _clock_skew(conn: Connection) -> float:
 
 def _inspect(entry: HostEntry, conn: Connection, workdir: str) -> _Host:
     from vmrun import runs
-    from vmrun.errors import UsageError
     from vmrun.remote_train import host_env
     from vmrun.rendezvous import gather_facts
     from vmrun.streams import measure_rtt
@@ -117,7 +116,15 @@ def _host_checks(host: _Host) -> list[Check]:
     return checks
 
 
+def python_series(version: str) -> str:
+    """major.minor of a Python version: what must agree across nodes (the ABI, pickles), as
+    `vmrun train` requires (remote_train._check_same_env); a patch level may differ."""
+    return ".".join(version.split(".")[:2])
+
+
 def _same_versions(hosts: Sequence[_Host]) -> list[Check]:
+    """Versions compared across the hosts: a different Python major.minor, torch, CUDA or
+    NCCL fails (train refuses the first two); a Python patch-level difference only warns."""
     ready = [h for h in hosts if h.recorded and h.facts and h.facts.data.get("torch")]
     if len(ready) < 2:
         return []
@@ -129,7 +136,13 @@ def _same_versions(hosts: Sequence[_Host]) -> list[Check]:
             seen.setdefault(str(h.facts.data.get(key) or "-"), []).append(h.entry.label)
         if len(seen) > 1:
             which = "; ".join(f"{v} on {', '.join(labels)}" for v, labels in seen.items())
-            checks.append(Check("versions", "all", "fail", f"{what} differs: {which}"))
+            patch_only = key == "python" and len({python_series(v) for v in seen}) == 1
+            if patch_only:
+                checks.append(
+                    Check("versions", "all", "warn", f"{what} patch level differs: {which}")
+                )
+            else:
+                checks.append(Check("versions", "all", "fail", f"{what} differs: {which}"))
     counts = {h.entry.label: len(h.facts.data.get("gpu_names") or []) for h in ready if h.facts}
     if len(set(counts.values())) > 1:
         which = ", ".join(f"{label} {n}" for label, n in counts.items())
@@ -141,7 +154,7 @@ def _same_versions(hosts: Sequence[_Host]) -> list[Check]:
                 f"different GPU counts ({which}): pass --nproc-per-node to train on all",
             )
         )
-    if not checks:
+    if not any(c.name == "versions" for c in checks):
         data = ready[0].facts.data if ready[0].facts else {}
         checks.append(
             Check(
@@ -178,6 +191,10 @@ def diagnose(
     workdir = remote_workdir(project)
     ordered = list(entries)
     if master is not None:
+        if not any(master in (e.label, e.name, e.spec.label) for e in ordered):
+            raise UsageError(  # as `vmrun train --master` does: checking another host misleads
+                f"--master {master}: not one of the hosts ({', '.join(e.label for e in ordered)})"
+            )
         ordered.sort(key=lambda e: master not in (e.label, e.name, e.spec.label))
     with Group(ordered, settings) as group:
         outcomes = group.map(lambda entry, conn: _inspect(entry, conn, workdir))

@@ -1,0 +1,129 @@
+"""The pure parts of a multi-node start: the same-environment rule and each node's torchrun
+argv, built from the real Node/Layout/Wiring values (no host is contacted: a Connection only
+connects when used)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vmrun.config import load_settings
+from vmrun.connection import Connection
+from vmrun.errors import UsageError
+from vmrun.hosts import HostSpec
+from vmrun.inventory import HostEntry
+from vmrun.remote_train import HostEnv, Node, Wiring, _check_same_env, _launch
+from vmrun.rendezvous import Layout, NodeFacts
+from vmrun.train import Plan
+
+PYTHON = "/opt/env/bin/python"
+
+
+def node(label: str, tmp_path: Path, *, python: str = "3.11.7", torch: str = "2.13.0") -> Node:
+    """A node as _preflight leaves it: its entry, a (never opened) connection, its facts."""
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    facts = {
+        "hostname": label,
+        "fqdn": f"{label}.example",
+        "addrs": [{"ifname": "eth1", "addr": f"10.0.0.{len(label)}", "prefixlen": 24}],
+        "python": python,
+        "torch": torch,
+    }
+    return Node(
+        entry=HostEntry(HostSpec(label)),
+        conn=Connection(HostSpec(label), settings),
+        env=HostEnv(home=f"/home/{label}", python=PYTHON, record={}),
+        facts=NodeFacts.parse(label, json.dumps(facts)),
+        workdir="vmrun/proj-123",
+        script="train.py",
+    )
+
+
+def test_python_minor_versions_must_agree_and_the_refusal_names_both_hosts(
+    tmp_path: Path,
+) -> None:
+    nodes = {
+        "gpu1": node("gpu1", tmp_path, python="3.10.12"),
+        "gpu2": node("gpu2", tmp_path, python="3.11.7"),
+    }
+    with pytest.raises(UsageError) as refused:
+        _check_same_env(nodes)
+    message = refused.value.message
+    assert "different Python versions" in message
+    assert "3.10 on gpu1" in message and "3.11 on gpu2" in message
+
+
+def test_a_python_patch_level_difference_is_accepted(tmp_path: Path) -> None:
+    _check_same_env(
+        {
+            "gpu1": node("gpu1", tmp_path, python="3.11.2"),
+            "gpu2": node("gpu2", tmp_path, python="3.11.7"),
+        }
+    )
+
+
+def test_different_torch_builds_are_refused_naming_each(tmp_path: Path) -> None:
+    nodes = {
+        "gpu1": node("gpu1", tmp_path, torch="2.13.0+cu128"),
+        "gpu2": node("gpu2", tmp_path, torch="2.13.0+cpu"),
+    }
+    with pytest.raises(UsageError, match=r"2\.13\.0\+cu128 on gpu1; 2\.13\.0\+cpu on gpu2"):
+        _check_same_env(nodes)
+
+
+def plan(max_restarts: int) -> Plan:
+    return Plan(
+        script=Path("/project/train.py"),
+        is_template=False,
+        name="train",
+        args=["10", "2"],
+        launcher="torchrun",
+        nproc=None,
+        max_restarts=max_restarts,
+        env={},
+        project=Path("/project"),
+    )
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    """torchrun's own --key=value flags (those before the script)."""
+    before = argv[: argv.index("train.py")]
+    return dict(a[2:].split("=", 1) for a in before if a.startswith("--") and "=" in a)
+
+
+def test_each_nodes_torchrun_gets_the_elastic_size_restarts_and_host_role(tmp_path: Path) -> None:
+    nodes = {label: node(label, tmp_path) for label in ("gpu1", "gpu2", "gpu3")}
+    layout = Layout(
+        master="gpu1", addr="10.0.0.4", port=29400, ifnames=dict.fromkeys(nodes, "eth1")
+    )
+    wiring = Wiring(master="gpu1", nnodes="2:3")
+    argvs = {}
+    for label, n in nodes.items():
+        argv, env = _launch(plan(3), n, "train-42", "2", layout, wiring)
+        assert argv[:3] == [PYTHON, "-m", "torch.distributed.run"]
+        assert argv[-3:] == ["train.py", "10", "2"]
+        assert env["GLOO_SOCKET_IFNAME"] == "eth1" and env["NCCL_SOCKET_IFNAME"] == "=eth1"
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # restarts need a fresh store
+        argvs[label] = flags(argv)
+    for label, got in argvs.items():
+        assert got["nnodes"] == "2:3" and got["max-restarts"] == "3", got
+        assert got["rdzv-backend"] == "c10d" and got["rdzv-endpoint"] == "10.0.0.4:29400"
+        assert got["rdzv-id"] == "train-42" and got["nproc-per-node"] == "2"
+        assert got["rdzv-conf"] == f"is_host={'true' if label == 'gpu1' else 'false'}", got
+        assert got["log-dir"] == f"/home/{label}/.vmrun/runs/train-42/workers"
+    assert argvs["gpu1"]["local-addr"] == "10.0.0.4"  # the master advertises the rdzv address
+    assert "local-addr" not in argvs["gpu2"]  # "gpu2.example" sorts after it: torch's default
+
+
+def test_without_nnodes_every_host_is_a_node_and_no_restarts_share_the_store(
+    tmp_path: Path,
+) -> None:
+    nodes = {label: node(label, tmp_path) for label in ("a", "b")}
+    layout = Layout(master="b", addr="10.0.0.1", port=29500, ifnames={"a": "eth1", "b": "eth1"})
+    argv, env = _launch(plan(0), nodes["b"], "r1", "1", layout, Wiring(master="b"))
+    got = flags(argv)
+    assert got["nnodes"] == "2" and got["max-restarts"] == "0"
+    assert got["rdzv-conf"] == "is_host=true"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
