@@ -9,6 +9,10 @@ first: under pyenv that is a bash shim that re-resolves the version on every cal
 ms that are pyenv's, not vmrun's). The shim is shown for reference when there is one.
 
     python benchmarks/startup.py [--runs 21]
+
+Measured here (2 cores, console script, medians of 21): `import typer` 153 ms; `vmrun --help`
+151 ms (0.99x), `vmrun exec --help` 164 ms (1.07x), `vmrun --version` 81 ms (0.53x). Building
+only the named command is what keeps `--help` there (all 11 commands cost ~50 ms more).
 """
 
 from __future__ import annotations
