@@ -63,6 +63,9 @@ def test_help_imports_no_torch() -> None:
         (["train", "--local", "--launcher", "python", "--max-restarts", "2"], "torchrun's"),
         (["train", "--local", "--epochs", "3", "--", "5", "1"], "cannot be combined"),
         (["train", "--local", "--epochs", "x"], "'x' is not a valid int"),
+        (["train", "--local", "--detach"], "--detach is for runs on hosts (-H)"),
+        (["train", "--local", "--allow-concurrent"], "--allow-concurrent is for runs on hosts"),
+        (["train", "--local", "--detach", "--allow-concurrent"], "drop them"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_starts_nothing(
@@ -77,6 +80,26 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vmrun: error:"), done.stderr
     assert needle in lines[0], lines[0]
+    assert not (client.cwd / "results").exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--batch-size", "8"], ["--lr", "0.1"], ["--batch-size", "8", "--lr", "0.1", "--", "3", "1"]],
+)
+def test_batch_size_and_lr_are_the_templates_only(client: Client, flags: list[str]) -> None:
+    """A seed-style script's argparse knows no --batch-size/--lr: they are refused for a
+    SCRIPT (its own args go after --), before anything starts."""
+    (client.cwd / "seed.py").write_text(SEED_SCRIPT)
+    mark = new_mark()
+    try:
+        done = client.vmrun("train", "--local", "seed.py", *flags, env=_env(mark), timeout=60)
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the template trainer's options" in lines[0], done.stderr
+    assert "pass your script's own arguments after --" in lines[0]
     assert not (client.cwd / "results").exists()
 
 
@@ -190,6 +213,54 @@ def test_script_args_after_dashdash_and_exit_code(client: Client) -> None:
     assert f"args ['--x', '1'] {run_dir.name}" in done.stdout
     assert f"run {run_dir.name} exited with 3" in done.stderr.strip().splitlines()[-1]
     assert record["status"] == "failed" and record["exit_code"] == 3
+
+
+# A script that spawns its own workers (torch.multiprocessing.spawn), the `python`
+# launcher's kind: 2 gloo processes on 127.0.0.1 and a free port, one all_reduce.
+SPAWN_SCRIPT = """\
+import os, socket
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, world, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    total = torch.ones(1) * (rank + 1)
+    dist.all_reduce(total)
+    # one write per line: the two workers share the output pipe
+    os.write(1, f"spawned rank {rank}/{world} sum {int(total.item())}\\n".encode())
+    dist.destroy_process_group()
+    os._exit(0)  # gloo's threads can abort a normal interpreter exit (torch 2.13)
+
+
+if __name__ == "__main__":
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(worker, args=(2, port), nprocs=2, join=True)
+    print("spawn joined", flush=True)
+"""
+
+
+def test_python_launcher_runs_a_script_that_spawns_its_own_workers(client: Client) -> None:
+    (client.cwd / "spawner.py").write_text(SPAWN_SCRIPT)
+    mark = new_mark()
+    try:
+        done = client.vmrun(
+            "train", "--local", "spawner.py", "--launcher", "python", env=_env(mark), timeout=120
+        )
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(re.findall(r"^spawned rank (\d)/2 sum 3$", done.stdout, re.M)) == ["0", "1"]
+    assert done.stdout.splitlines()[-1] == "spawn joined"
+    run_dir, record = _only_run(client)
+    assert record["launcher"] == "python" and record["status"] == "finished"
+    assert record["argv"][1:] == [str(client.cwd / "spawner.py"), "10", "5"]
+    assert pids_with_env(f"VMRUN_RUN_ID={run_dir.name}") == []
 
 
 def test_env_launcher_wires_rank_variables(client: Client) -> None:

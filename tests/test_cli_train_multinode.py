@@ -16,8 +16,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from conftest import Client, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
@@ -208,12 +210,17 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
             proc.kill()
             proc.wait()
     assert proc.returncode not in (0, None), err
-    assert took < 45, f"the failure took {took:.0f} s to report"
     print(f"node failure reported {took:.1f} s after the cut")
+    assert took < 30, f"the failure took {took:.0f} s to report"
     assert "node n2 was the first to fail (its host stopped answering)" in err, err
     assert run_pids(n1, rid) == []  # nothing of the run is left on the reachable host
     assert b"epoch 12/12" not in log.read_bytes()
     n2.heal_link()
+    healed = time.monotonic()
+    # The cut host's own run ends by itself once it can tell the rest is gone: no orphans
+    # there either, before anyone runs `vmrun stop` or `--resume` on it.
+    wait_for(lambda: run_pids(n2, rid) == [], 60, "the cut host's run to end by itself")
+    print(f"the cut host's run ended {time.monotonic() - healed:.1f} s after the heal")
     again = multi.vmrun("train", "--resume", rid, timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
     assert "copied snapshot.pt from n1 to n2" in again.stderr
@@ -225,6 +232,84 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
     assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 13))
     assert (template_out(n2, multi, rid) / "snapshot.pt").exists()
     assert run_pids(n1) == [] and run_pids(n2) == []
+
+
+FAILING_SCRIPT = """\
+# The ranks on the host named by argv[1] exit with 3 once the process group is up; the
+# others wait for a message that never comes: only vmrun stopping them ends them.
+import os, socket, sys, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+local, world = int(os.environ["LOCAL_RANK"]), dist.get_world_size()
+print(f"started: pid {os.getpid()} local_rank {local} world_size {world}", flush=True)
+dist.barrier()  # every rank has said it started before any fails (torchrun kills the rest)
+if socket.gethostname() == sys.argv[1]:
+    print("failing on purpose", flush=True)
+    os._exit(3)
+time.sleep(900)
+"""
+
+
+def _drain(stream: IO[str] | None, into: list[tuple[float, str]]) -> threading.Thread:
+    """Read a child's stream to its end in a thread, each line with its arrival time."""
+    assert stream is not None
+
+    def read() -> None:
+        for line in stream:
+            into.append((time.monotonic(), line))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _arrived(lines: list[tuple[float, str]], needle: str) -> float:
+    """When the first line holding `needle` arrived (0.0: not yet)."""
+    return next((at for at, line in list(lines) if needle in line), 0.0)
+
+
+def test_a_failing_node_fails_the_run_and_stops_the_others_master_holds_rank0(
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
+    """n1's workers exit with 3 while n2's block: the run is reported failed naming n1 and
+    its exit, n2's workers are stopped (none left anywhere), promptly. `--master n2` puts
+    the rendezvous on n2 and global rank 0 there, though n1 comes first in vmrun.toml."""
+    n1, n2 = cluster["n1"], cluster["n2"]
+    (multi.cwd / "fail.py").write_text(FAILING_SCRIPT)
+    proc = multi.popen(
+        "train", "fail.py", "--master", "n2", "--nproc-per-node", "2", "--", n1.hostname
+    )
+    stdout: list[tuple[float, str]] = []
+    stderr: list[tuple[float, str]] = []
+    readers = [_drain(proc.stdout, stdout), _drain(proc.stderr, stderr)]
+    try:
+        wait_for(
+            lambda: _arrived(stdout, "failing on purpose") or proc.poll() is not None,
+            180,
+            "n1's ranks to fail",
+        )
+        failed = _arrived(stdout, "failing on purpose")
+        assert failed, "".join(ln for _, ln in stderr + stdout)
+        proc.wait(timeout=120)
+        took = time.monotonic() - failed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    out, err = "".join(ln for _, ln in stdout), "".join(ln for _, ln in stderr)
+    print(f"a failing node's run reported and stopped {took:.1f} s after the failure")
+    rid = run_id_of(err)
+    assert proc.returncode not in (0, 2), err + out
+    assert ranks_by_host(out) == {"n2": {0, 1}, "n1": {2, 3}}, out
+    assert re.search(r"rendezvous at \S+ on n2; ", err), err
+    assert "node n1 was the first to fail (its launcher exited with 1)" in err, err
+    assert re.search(r"^\[n1\] .*exitcode\s*: 3\b", out, re.M), out
+    assert re.search(r"n2 stopped [1-9]\d* process\(es\)", err), err
+    assert took < 30, f"the failure took {took:.0f} s to report"
+    assert run_pids(n1, rid) == [] and run_pids(n2, rid) == []  # no orphaned worker
 
 
 MULTINODE_SCRIPT = """\
@@ -333,3 +418,49 @@ def test_bad_multinode_input_starts_nothing(
     assert "different torch versions" in mixed.stderr and "1.13.1+stub on n2" in mixed.stderr
     for host in ("n1", "n2"):
         assert not (cluster[host].home / ".vmrun" / "runs").exists()
+
+
+ENV_WORLD_SCRIPT = """\
+# A script that reads vmrun's `--launcher env` wiring itself: init from the environment
+# (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one all_reduce across the hosts.
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+total = torch.ones(1) * (int(os.environ["RANK"]) + 1)
+dist.all_reduce(total)
+print(f"RANK={os.environ['RANK']} WORLD_SIZE={os.environ['WORLD_SIZE']}"
+      f" sum={int(total.item())}", flush=True)
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # gloo's threads can abort a normal interpreter exit (torch 2.13)
+"""
+
+
+def test_env_launcher_on_two_nodes_forms_one_world(
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
+    """`--launcher env` on two hosts: one process per host in one world (ranks 0 and 1, world
+    size 2, the all_reduce sums both), not two 1-process jobs. `--launcher python` (mp.spawn:
+    a world of one host) is refused first, with nothing synced or started."""
+    (multi.cwd / "envworld.py").write_text(ENV_WORLD_SCRIPT)
+    refused = multi.vmrun("train", "envworld.py", "--launcher", "python", "--", "x")
+    assert refused.returncode == 2, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--launcher python" in lines[0], refused.stderr
+    assert "use --launcher torchrun" in lines[0]
+    for host in ("n1", "n2"):
+        assert not (cluster[host].home / ".vmrun" / "runs").exists()
+        assert not (cluster[host].home / remote_workdir(multi.cwd)).exists()
+
+    done = multi.vmrun("train", "envworld.py", "--launcher", "env", "--", "x", timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    got = re.findall(r"^\[(n\d)\] RANK=(\d+) WORLD_SIZE=(\d+) sum=(\d+)$", done.stdout, re.M)
+    assert sorted(got) == [("n1", "0", "2", "3"), ("n2", "1", "2", "3")], done.stdout
+    assert "2 nodes x 1 process(es)" in done.stderr
+    for host in ("n1", "n2"):
+        meta = json.loads((cluster[host].home / ".vmrun/runs" / rid / "run.json").read_text())
+        assert meta["launcher"] == "env" and meta["nnodes"] == "2", meta
+        assert run_pids(cluster[host], rid) == []

@@ -28,7 +28,8 @@ def project(bed: NetnsBed, bed_client: Client, host_python: Path) -> Iterator[Cl
     """A project whose vmrun.toml knows h1 and h2 with the shared interpreter."""
     (bed_client.cwd / "vmrun.toml").write_text(
         f'[[hosts]]\naddress = "h1"\npython = "{host_python}"\n\n'
-        f'[[hosts]]\naddress = "h2"\npython = "{host_python}"\n')
+        f'[[hosts]]\naddress = "h2"\npython = "{host_python}"\n'
+    )
     bed_client.extra_env["OMP_NUM_THREADS"] = "1"
     yield bed_client
     for name in ("h1", "h2", "h3"):
@@ -37,8 +38,7 @@ def project(bed: NetnsBed, bed_client: Client, host_python: Path) -> Iterator[Cl
 
 def test_template_run_end_to_end(bed: NetnsBed, project: Client) -> None:
     h1 = bed["h1"]
-    done = project.vmrun("train", "-H", "h1", "--epochs", "4", "--save-every", "2",
-                         timeout=300)
+    done = project.vmrun("train", "-H", "h1", "--epochs", "4", "--save-every", "2", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     epochs = [int(m.group(1)) for m in EPOCH_LINE.finditer(done.stdout.encode())]
@@ -61,7 +61,7 @@ def test_template_run_end_to_end(bed: NetnsBed, project: Client) -> None:
 
 def test_seed_style_user_script_runs_unchanged(bed: NetnsBed, project: Client) -> None:
     script = project.cwd / "multigpu_torchrun.py"
-    script.write_text('''import os, sys
+    script.write_text("""import os, sys
 import torch
 import torch.distributed as dist
 
@@ -80,13 +80,22 @@ def main(total_epochs: int, save_every: int) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]))
-''')
+""")
     (project.cwd / "notes.txt").write_text("synced too\n")
     (project.cwd / ".gitignore").write_text("notes.txt\n")
     with open(project.cwd / "table.bin", "wb") as fh:  # sparse: 101 MiB of zeros to sync
         fh.truncate(101 << 20)
-    done = project.vmrun("train", "multigpu_torchrun.py", "-H", "h2", "--epochs", "3",
-                         "--save-every", "2", timeout=300)
+    done = project.vmrun(
+        "train",
+        "multigpu_torchrun.py",
+        "-H",
+        "h2",
+        "--epochs",
+        "3",
+        "--save-every",
+        "2",
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     for epoch in range(3):
         assert f"Epoch {epoch} | sum 3" in done.stdout
@@ -100,7 +109,8 @@ if __name__ == "__main__":
 
 
 def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
-        bed: NetnsBed, project: Client) -> None:
+    bed: NetnsBed, project: Client
+) -> None:
     h1 = bed["h1"]
     proc = project.popen("train", "-H", "h1", "--", "60", "20", "--dataset-size", "4096")
     try:
@@ -126,27 +136,48 @@ def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
 
 
 def test_killed_worker_restarts_from_the_last_snapshot(bed: NetnsBed, project: Client) -> None:
+    """A worker SIGKILLed under --max-restarts: torchrun restarts the workers, which resume at
+    the epoch after the last snapshot saved before the kill and finish the run. Every rank
+    stalls mid-epoch 5 on the first attempt (the template's test hook), so no snapshot can
+    land between reading the log and the kill."""
     h2 = bed["h2"]
-    done = project.vmrun("train", "-H", "h2", "--detach", "--max-restarts", "2", "--",
-                         "12", "3", "--dataset-size", "8192")
+    done = project.vmrun(
+        "train",
+        "-H",
+        "h2",
+        "--detach",
+        "--max-restarts",
+        "2",
+        "-e",
+        "VMRUN_TEMPLATE_STALL_AT_EPOCH=5",
+        "--",
+        "12",
+        "3",
+        "--dataset-size",
+        "8192",
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     log = h2.home / ".vmrun/runs" / rid / "log"
-    wait_for(lambda: b"snapshot saved at epoch 3" in log.read_bytes(), 120, "the first snapshot")
-
-    def worker() -> int | None:
-        for pid in run_pids(h2, rid):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"vmrun_template.py" in cmdline and b"torch.distributed.run" not in cmdline:
-                return pid
-        return None
-
-    victim = wait_for(worker, 30, "a worker process")
-    os.kill(int(victim), signal.SIGKILL)  # type: ignore[arg-type]
+    out = template_out(h2, project, rid)
+    wait_for(
+        lambda: all((out / f"stalled-rank{r}.pid").exists() for r in (0, 1)),
+        120,
+        "both ranks to stall in epoch 5",
+    )
+    saved = [int(k) for k in re.findall(rb"snapshot saved at epoch (\d+) ->", log.read_bytes())]
+    assert saved == [3], log.read_bytes()  # seen before the kill
+    victim = int((out / "stalled-rank1.pid").read_text())
+    assert victim in run_pids(h2, rid)
+    os.kill(victim, signal.SIGKILL)
     follow = project.vmrun("logs", "-f", rid, "-H", "h2", timeout=300)
     assert follow.returncode == 0, follow.stderr + follow.stdout
-    assert "resumed from snapshot" in follow.stdout
-    out = template_out(h2, project, rid)
+    resumed = re.findall(
+        r"^\[rank (\d)\] resumed from snapshot at epoch (\d+) ", follow.stdout, re.M
+    )
+    assert sorted(resumed) == [("0", str(saved[-1] + 1)), ("1", str(saved[-1] + 1))], follow.stdout
+    after = follow.stdout[follow.stdout.index("resumed from snapshot") :]
+    assert [int(e) for e in re.findall(r"epoch (\d+)/12", after)] == list(range(4, 13))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics] == list(range(1, 13))
 
@@ -178,24 +209,28 @@ def test_bad_input_starts_nothing(bed: NetnsBed, project: Client) -> None:
     assert not (h3.home / ".vmrun" / "runs").exists()
     unknown = project.vmrun("train", "-H", "nosuchhost.invalid", "--epochs", "2")
     assert unknown.returncode == 12 and "cannot resolve" in unknown.stderr
-    for args, needle in ((["missing.py"], "no such file"), (["--epochs", "0"], ">= 1"),
-                         (["--save-every", "0"], ">= 1")):
+    for args, needle in (
+        (["missing.py"], "no such file"),
+        (["--epochs", "0"], ">= 1"),
+        (["--save-every", "0"], ">= 1"),
+    ):
         bad = project.vmrun("train", "-H", "h1", *args)
         assert bad.returncode == 2 and needle in bad.stderr, bad.stderr
     assert not (bed["h1"].home / ".vmrun" / "runs").exists()
 
 
-def test_fetch_every_brings_snapshots_while_the_run_goes_on(
-        bed: NetnsBed, project: Client) -> None:
+def test_fetch_every_brings_snapshots_while_the_run_goes_on(bed: NetnsBed, project: Client) -> None:
     h1 = bed["h1"]
-    proc = project.popen("train", "-H", "h1", "--fetch-every", "0.5", "--", "16", "4",
-                         "--dataset-size", "65536")
+    proc = project.popen(
+        "train", "-H", "h1", "--fetch-every", "0.5", "--", "16", "4", "--dataset-size", "65536"
+    )
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore
     try:
         reader.start()
-        started = wait_for(lambda: re.search(r"run (\S+) started on", "".join(err)), 120,
-                           "the run to start")
+        started = wait_for(
+            lambda: re.search(r"run (\S+) started on", "".join(err)), 120, "the run to start"
+        )
         rid = started.group(1)  # type: ignore[attr-defined]
         local = project.cwd / "results" / rid
         remote_log = h1.home / ".vmrun/runs" / rid / "log"
@@ -217,16 +252,19 @@ def test_fetch_every_brings_snapshots_while_the_run_goes_on(
 
 
 def test_allow_concurrent_runs_share_a_host_without_clashing(
-        bed: NetnsBed, project: Client) -> None:
+    bed: NetnsBed, project: Client
+) -> None:
     h1 = bed["h1"]
     first = project.vmrun("train", "-H", "h1", "--detach", "--", "500", "100")
     assert first.returncode == 0, first.stderr
     rid_a = run_id_of(first.stderr)
     log = h1.home / ".vmrun/runs" / rid_a / "log"
     wait_for(lambda: b"epoch 1/500" in log.read_bytes(), 120, "the first run to train")
-    second = project.vmrun("train", "-H", "h1", "--allow-concurrent", "--epochs", "2",
-                           "--save-every", "1", timeout=300)
+    second = project.vmrun(
+        "train", "-H", "h1", "--allow-concurrent", "--epochs", "2", "--save-every", "1", timeout=300
+    )
     assert second.returncode == 0, second.stderr + second.stdout
+    assert "also runs in" not in second.stderr  # the template writes in results/<run-id>/
     rid_b = run_id_of(second.stderr)
     metrics = (template_out(h1, project, rid_b) / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(m)["epoch"] for m in metrics] == [1, 2]
@@ -236,8 +274,36 @@ def test_allow_concurrent_runs_share_a_host_without_clashing(
     assert run_pids(h1, rid_a) == []
 
 
+def test_concurrent_user_scripts_are_warned_about_their_shared_directory(
+    bed: NetnsBed, project: Client
+) -> None:
+    """Two script runs of one project share its work directory as their cwd: the second is
+    told so, on one line that names the directory and the run already going on."""
+    h1 = bed["h1"]
+    (project.cwd / "wait.py").write_text(
+        "import sys, time\nprint('waiting', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+    )
+    first = project.vmrun("train", "wait.py", "-H", "h1", "--launcher", "python", "--detach",
+                          "--", "120")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    rid_a = run_id_of(first.stderr)
+    log = h1.home / ".vmrun/runs" / rid_a / "log"
+    wait_for(lambda: log.exists() and b"waiting" in log.read_bytes(), 60, "the first run")
+    second = project.vmrun("train", "wait.py", "-H", "h1", "--launcher", "python",
+                           "--allow-concurrent", "--", "0")  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    workdir = remote_workdir(project.cwd)
+    warnings = [ln for ln in second.stderr.splitlines() if "warning:" in ln]
+    assert len(warnings) == 1, second.stderr
+    assert f"h1: warning: {rid_a} also runs in ~/{workdir}" in warnings[0]
+    assert "snapshot.pt" in warnings[0]
+    assert project.vmrun("stop", rid_a, "-H", "h1").returncode == 0
+    assert run_pids(h1, rid_a) == []
+
+
 def test_exit_code_last_lines_and_the_interpreter_setup_recorded(
-        bed: NetnsBed, project: Client, host_python: Path) -> None:
+    bed: NetnsBed, project: Client, host_python: Path
+) -> None:
     h3 = bed["h3"]  # not in vmrun.toml: its interpreter comes from setup's record on the host
     record = h3.home / ".vmrun" / "host.json"
     record.parent.mkdir(exist_ok=True)
@@ -245,7 +311,8 @@ def test_exit_code_last_lines_and_the_interpreter_setup_recorded(
     for path in (record.parent, record):
         os.chown(path, h3.uid, h3.gid)
     (project.cwd / "fail.py").write_text(
-        "import sys\nfor i in range(5):\n    print('line', i)\nsys.exit(3)\n")
+        "import sys\nfor i in range(5):\n    print('line', i)\nsys.exit(3)\n"
+    )
     done = project.vmrun("train", "fail.py", "-H", "h3", "--launcher", "python", "--", "x")
     assert done.returncode == 3, done.stderr
     assert "exited with 3" in done.stderr and done.stdout.splitlines()[-1] == "line 4"

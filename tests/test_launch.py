@@ -5,12 +5,20 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
-from vmrun import launch
+from vmrun import launch, remote_train
+from vmrun.config import load_settings
 from vmrun.errors import UsageError
+from vmrun.hosts import parse_host
+from vmrun.inventory import HostEntry
+from vmrun.remote_train import HostEnv, Node
+from vmrun.rendezvous import Layout
+from vmrun.runs import RunRecord
+from vmrun.train import Plan
 
 PY, SCRIPT = "/venv/bin/python", "train.py"
 
@@ -223,16 +231,124 @@ def test_launch_module_imports_no_torch() -> None:
 
 def test_multinode_c10d_flags() -> None:
     argv = launch.torchrun_argv(
-        "/py", "train.py", ["5", "1"], nproc_per_node="gpu", max_restarts=2, nnodes="2:4",
-        rdzv_endpoint="10.0.0.5:29400", rdzv_id="r1", rdzv_conf={"is_host": "true"},
-        local_addr="10.0.0.5", log_dir="/home/u/.vmrun/runs/r1/workers",
+        "/py",
+        "train.py",
+        ["5", "1"],
+        nproc_per_node="gpu",
+        max_restarts=2,
+        nnodes="2:4",
+        rdzv_endpoint="10.0.0.5:29400",
+        rdzv_id="r1",
+        rdzv_conf={"is_host": "true"},
+        local_addr="10.0.0.5",
+        log_dir="/home/u/.vmrun/runs/r1/workers",
     )
     assert argv == [
-        "/py", "-m", "torch.distributed.run", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=10.0.0.5:29400", "--rdzv-id=r1", "--rdzv-conf=is_host=true",
-        "--local-addr=10.0.0.5", "--nnodes=2:4", "--nproc-per-node=gpu", "--max-restarts=2",
-        "--log-dir=/home/u/.vmrun/runs/r1/workers", "--tee=3", "train.py", "5", "1",
+        "/py",
+        "-m",
+        "torch.distributed.run",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.5:29400",
+        "--rdzv-id=r1",
+        "--rdzv-conf=is_host=true",
+        "--local-addr=10.0.0.5",
+        "--nnodes=2:4",
+        "--nproc-per-node=gpu",
+        "--max-restarts=2",
+        "--log-dir=/home/u/.vmrun/runs/r1/workers",
+        "--tee=3",
+        "train.py",
+        "5",
+        "1",
     ]
     assert launch.RANK_PREFIX.match(b"[rank12]:x").group(1) == b"12"
     assert launch.RANK_PREFIX_TEMPLATE == "[rank${rank}]:"
 
+
+def test_node_env_wiring_ranks_the_nodes_master_first() -> None:
+    """`--launcher env` on several hosts: one world of one process per host, not N worlds."""
+    order = ["n1", "n2", "n3"]
+    got = {
+        n: launch.node_env_wiring(order, n, master_addr="10.0.1.5", master_port=29401)
+        for n in order
+    }
+    assert [got[n]["RANK"] for n in order] == ["0", "1", "2"]
+    for wiring in got.values():
+        assert wiring["WORLD_SIZE"] == "3" and wiring["LOCAL_RANK"] == "0"
+        assert wiring["MASTER_ADDR"] == "10.0.1.5" and wiring["MASTER_PORT"] == "29401"
+    with pytest.raises(UsageError, match="not one of the run's nodes"):
+        launch.node_env_wiring(order, "n9", master_addr="10.0.1.5", master_port=29401)
+    with pytest.raises(UsageError, match="distinct"):
+        launch.node_env_wiring(["a", "a"], "a", master_addr="10.0.1.5", master_port=29401)
+
+
+def _plan(launcher: str, *, template: bool = False) -> Plan:
+    return Plan(
+        script=Path("/p/show.py"), is_template=template, name="show", args=["x"],
+        launcher=launcher, nproc=None, max_restarts=0, env={"FOO": "bar"}, project=Path("/p"),
+    )  # fmt: skip
+
+
+def _node(label: str) -> Node:
+    entry = HostEntry(parse_host(label), name=label)
+    return Node(entry, None, HostEnv("/home/u", "/venv/bin/python", {}), script="show.py")  # type: ignore[arg-type]
+
+
+def test_env_launcher_on_several_hosts_wires_one_world() -> None:
+    """remote_train's launch of each node: RANK by node order (the master, given last here,
+    first), WORLD_SIZE the number of hosts, MASTER_* the checked rendezvous address."""
+    layout = Layout("n2", "10.0.1.5", 29402, {"n1": "eth1", "n2": "eth1"})
+    envs = {}
+    for label in ("n1", "n2"):
+        argv, env = remote_train._launch(
+            _plan("env"), _node(label), "r1", "1", layout, remote_train.Wiring(), 0, ["n1", "n2"]
+        )
+        assert argv == ["/venv/bin/python", "show.py", "x"]
+        envs[label] = env
+    assert envs["n2"]["RANK"] == "0" and envs["n1"]["RANK"] == "1"  # order: master first
+    for env in envs.values():
+        assert env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "0"
+        assert env["MASTER_ADDR"] == "10.0.1.5" and env["MASTER_PORT"] == "29402"
+        assert env["GLOO_SOCKET_IFNAME"] == "eth1" and env["FOO"] == "bar"
+    _, single = remote_train._launch(
+        _plan("env"), _node("n1"), "r1", "1", None, remote_train.Wiring(), 40123
+    )
+    assert single["RANK"] == "0" and single["WORLD_SIZE"] == "1"
+    assert single["MASTER_ADDR"] == "127.0.0.1" and single["MASTER_PORT"] == "40123"
+
+
+def test_python_launcher_on_several_hosts_is_refused_before_any_connection() -> None:
+    """mp.spawn scripts form a single-node world each: refused with exit 2, and before any
+    SSH connection (the hosts here do not even resolve, which would be exit 12)."""
+    with pytest.raises(UsageError) as info:
+        remote_train.run_remote(
+            _plan("python"),
+            [HostEntry(parse_host(h)) for h in ("a.invalid", "b.invalid")],
+            load_settings({}, cwd=Path("/"), environ={"HOME": "/nonexistent"}),
+            detach=True,
+            allow_concurrent=False,
+            on_line=lambda _line: None,
+            note=lambda _text: None,
+        )
+    assert info.value.exit_code == 2
+    assert "--launcher python" in str(info.value) and "use --launcher torchrun" in str(info.value)
+    remote_train.check_launcher_hosts(_plan("python"), 1, remote_train.Wiring())  # one host: fine
+    remote_train.check_launcher_hosts(_plan("env"), 2, remote_train.Wiring(nnodes="2"))
+    with pytest.raises(UsageError, match="elastic sizes need --launcher torchrun"):
+        remote_train.check_launcher_hosts(_plan("env"), 2, remote_train.Wiring(nnodes="1:2"))
+
+
+def test_concurrent_user_script_in_the_same_workdir_is_warned_about() -> None:
+    busy = [
+        RunRecord("a-1", "h1", {"workdir": "vmrun/p-abc123", "template": False}),
+        RunRecord("t-1", "h1", {"workdir": "vmrun/p-abc123", "template": True}),
+        RunRecord("o-1", "h1", {"workdir": "vmrun/other-def456", "template": False}),
+    ]
+    text = remote_train.shared_workdir_warning(_plan("torchrun"), busy, "vmrun/p-abc123")
+    assert text is not None and "\n" not in text
+    assert "a-1 also runs in ~/vmrun/p-abc123" in text and "t-1" not in text and "o-1" not in text
+    template = _plan("torchrun", template=True)
+    assert remote_train.shared_workdir_warning(template, busy, "vmrun/p-abc123") is None
+    assert (
+        remote_train.shared_workdir_warning(_plan("torchrun"), busy[1:], "vmrun/p-abc123") is None
+    )

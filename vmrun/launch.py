@@ -7,7 +7,8 @@ command on a machine without torch. Three launch modes:
   workers and sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* itself (field notes, section 2).
 - `python`: `python SCRIPT ARGS`, for scripts that spawn their own workers (mp.spawn).
 - `env`: `python SCRIPT ARGS` with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set by
-  vmrun, one process per node, for scripts that read those variables themselves.
+  vmrun, one process per node, for scripts that read those variables themselves (on several
+  hosts: RANK is the node's place in the node order, the master first).
 """
 
 from __future__ import annotations
@@ -194,6 +195,24 @@ def env_wiring(
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(_check_port(master_port)),
     }
+
+
+def node_env_wiring(
+    nodes: Sequence[str], node: str, *, master_addr: str, master_port: int
+) -> dict[str, str]:
+    """Launch mode `env` on several hosts: one process per host, so the node's place in
+    `nodes` (the master first: MASTER_ADDR is its address) is its global rank, and the
+    number of hosts is the world size."""
+    if node not in nodes:
+        raise UsageError(f"node {node!r} is not one of the run's nodes ({', '.join(nodes)})")
+    if len(set(nodes)) != len(nodes):
+        raise UsageError(f"the run's nodes must be distinct, got {', '.join(nodes)}")
+    return env_wiring(
+        node_rank=list(nodes).index(node),
+        nnodes=len(nodes),
+        master_addr=master_addr,
+        master_port=master_port,
+    )
 
 
 def check_run_name(name: str) -> str:

@@ -12,7 +12,10 @@ process and the connection: Ctrl-C here only detaches (`vmrun logs -f RUN` reatt
   the failure rule are vmrun.nodes'. torch's c10d numbers the nodes itself, ordering them by
   the address each advertises: the master advertises the rendezvous address, the others
   their host names, so global rank 0 is on the master unless a host name sorts before that
-  address (vmrun then says where rank 0 is).
+  address (vmrun then says where rank 0 is). `--launcher env` starts one process per host
+  with RANK = the host's place in the node order (the master first), WORLD_SIZE = the number
+  of hosts and MASTER_ADDR:MASTER_PORT = the checked rendezvous address and port; `--launcher
+  python` (mp.spawn: a single-node world per script) is refused on several hosts.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -117,15 +120,54 @@ def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
     return HostEnv(home, python, record, listed)
 
 
-def check_not_busy(conn: Connection, allow_concurrent: bool, resuming: str | None = None) -> None:
-    if allow_concurrent:
-        return
+def check_not_busy(
+    conn: Connection, allow_concurrent: bool, resuming: str | None = None
+) -> list[runs.RunRecord]:
+    """Refuse a second run on a busy host unless allowed; return the runs going on there."""
     busy = [r for r in runs.list_runs(conn) if r.state == "running" and r.id != resuming]
-    if busy:
+    if busy and not allow_concurrent:
         raise UsageError(
             f"this host is already running {busy[-1].id}; two runs would share its GPUs",
             host=conn.label,
             hint=f"wait, `vmrun stop {busy[-1].id}`, or pass --allow-concurrent",
+        )
+    return busy
+
+
+def shared_workdir_warning(plan: Plan, busy: list[runs.RunRecord], workdir: str) -> str | None:
+    """A user script runs with the project's work directory as its cwd, so two concurrent
+    runs of one project write fixed names (snapshot.pt) over each other; say so."""
+    if plan.is_template:
+        return None  # the template writes to results/<run-id>/ only
+    others = [
+        r.id
+        for r in busy
+        if str(r.meta.get("workdir") or workdir) == workdir and r.meta.get("template") is not True
+    ]
+    if not others:
+        return None
+    return (
+        f"warning: {', '.join(others)} also runs in ~/{workdir}, this run's working directory;"
+        " files both scripts write under fixed names (snapshot.pt) will overwrite each other"
+    )
+
+
+def check_launcher_hosts(plan: Plan, hosts: int, wiring: Wiring) -> None:
+    """Launchers that cannot form one world across hosts are refused before any connection:
+    `python` scripts spawn their own single-node world, so N hosts would run N unrelated
+    jobs; `env` gives each host one fixed rank, so an elastic --nnodes MIN:MAX cannot hold."""
+    if hosts < 2:
+        return
+    if plan.launcher == "python":
+        raise UsageError(
+            f"--launcher python runs a script that spawns its own single-node workers, so on"
+            f" {hosts} hosts it would start {hosts} unrelated jobs; use --launcher torchrun"
+            " (or env: one process per host with RANK/WORLD_SIZE/MASTER_ADDR set), or one -H"
+        )
+    if plan.launcher == "env" and wiring.nnodes and ":" in wiring.nnodes:
+        raise UsageError(
+            f"--nnodes {wiring.nnodes}: elastic sizes need --launcher torchrun; --launcher env"
+            f" starts one process on each of the {hosts} hosts"
         )
 
 
@@ -157,9 +199,12 @@ def run_remote(
     failure."""
     wiring = wiring or Wiring()
     entries = _order(entries, wiring)
+    check_launcher_hosts(plan, len(entries), wiring)
     multi = len(entries) > 1
     with Group(entries, settings) as group:
-        nodes = _preflight(group, multi=multi, allow_concurrent=allow_concurrent, resume=resume)
+        nodes = _preflight(
+            group, plan, note, multi=multi, allow_concurrent=allow_concurrent, resume=resume
+        )
         nproc = _nproc(plan, list(nodes.values()))
         layout = _meet(group, nodes, wiring) if multi else None
         rid = resume or launch.run_id(plan.name)
@@ -179,7 +224,7 @@ def run_remote(
             f"{_out_dir(plan, nodes[entries[0].label].workdir, rid)}/"
         )
         if layout is not None:
-            note(_layout_note(layout, nodes, nproc))
+            note(_layout_note(layout, nodes, nproc, plan.launcher))
         if detach:
             note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
@@ -239,14 +284,21 @@ def _order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
 
 
 def _preflight(
-    group: Group, *, multi: bool, allow_concurrent: bool, resume: str | None
+    group: Group, plan: Plan, note: Note, *, multi: bool, allow_concurrent: bool, resume: str | None
 ) -> dict[str, Node]:
-    """On every host at once: its interpreter, not busy, and (several hosts) its network and
-    torch facts. Nothing is started anywhere unless every host passes."""
+    """On every host at once: its interpreter, not busy (or a warning where a concurrent run
+    shares the work directory), and (several hosts) its network and torch facts. Nothing is
+    started anywhere unless every host passes."""
+    from vmrun.sync import remote_workdir
+
+    workdir = remote_workdir(plan.project)
 
     def check(entry: HostEntry, conn: Connection) -> Node:
         env = host_env(conn, entry)
-        check_not_busy(conn, allow_concurrent, resume)
+        busy = check_not_busy(conn, allow_concurrent, resume)
+        warning = shared_workdir_warning(plan, busy, workdir)
+        if warning:
+            note(f"{entry.label}: {warning}")
         node = Node(entry, conn, env)
         if multi:
             from vmrun.rendezvous import gather_facts
@@ -421,8 +473,9 @@ def _start_all(
 
     def start(entry: HostEntry, conn: Connection) -> int:
         node = nodes[entry.label]
-        port = _free_port(conn, node.env.python) if plan.launcher == "env" else 0
-        argv, env = _launch(plan, node, rid, nproc, layout, wiring, port)
+        single_env = plan.launcher == "env" and layout is None
+        port = _free_port(conn, node.env.python) if single_env else 0
+        argv, env = _launch(plan, node, rid, nproc, layout, wiring, port, labels)
         meta = {
             **meta_base,
             "script": node.script,
@@ -462,8 +515,11 @@ def _launch(
     layout: Layout | None,
     wiring: Wiring,
     port: int = 0,
+    order: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of one node's launcher."""
+    """The argv and environment of one node's launcher. `port`: the single-host `env`
+    launcher's MASTER_PORT; `order`: the nodes, which the multi-host `env` launcher ranks in
+    this order with the master moved first (its address is MASTER_ADDR)."""
     args = list(plan.args)
     if plan.is_template and "--out-dir" not in args:
         args += ["--out-dir", f"results/{rid}"]
@@ -489,13 +545,21 @@ def _launch(
             env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = launch.RANK_PREFIX_TEMPLATE
     else:
         argv = launch.python_argv(python, script, args)
-        if plan.launcher == "env":
+        if plan.launcher == "env" and layout is None:
             env.update(
                 launch.env_wiring(
                     node_rank=0, nnodes=1, master_addr="127.0.0.1",
                     master_port=port or launch.DEFAULT_MASTER_PORT,
                 )
             )  # fmt: skip
+        elif plan.launcher == "env":
+            assert layout is not None
+            ranked = [layout.master, *(x for x in order if x != layout.master)]
+            env.update(
+                launch.node_env_wiring(
+                    ranked, node.label, master_addr=layout.addr, master_port=layout.port
+                )
+            )
     if layout is not None:
         env.update(_network_env(node, layout, wiring))
     env.update(plan.env)  # the user's --env wins over everything vmrun sets
@@ -539,9 +603,14 @@ def _network_env(node: Node, layout: Layout, wiring: Wiring) -> dict[str, str]:
     return env
 
 
-def _layout_note(layout: Layout, nodes: dict[str, Node], nproc: str) -> str:
+def _layout_note(
+    layout: Layout, nodes: dict[str, Node], nproc: str, launcher: str = "torchrun"
+) -> str:
     ifs = ", ".join(f"{label} {i or '?'}" for label, i in layout.ifnames.items())
-    rank0 = min(nodes.values(), key=lambda n: _advertised(n, layout)).label
+    if launcher == "env":  # vmrun ranks the nodes itself: the master is rank 0
+        rank0 = layout.master
+    else:
+        rank0 = min(nodes.values(), key=lambda n: _advertised(n, layout)).label
     where = "" if rank0 == layout.master else f"; torch's c10d puts global rank 0 on {rank0}"
     return (
         f"{len(nodes)} nodes x {nproc} process(es), rendezvous at {layout.endpoint} on"

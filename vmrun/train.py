@@ -70,6 +70,13 @@ def make_plan(
         path, is_template = Path(script).expanduser().absolute(), False
         if not path.is_file():
             raise UsageError(f"script {script}: no such file")
+    template_only = [f for f, v in (("--batch-size", batch_size), ("--lr", lr)) if v is not None]
+    if not is_template and template_only:
+        raise UsageError(
+            f"{' and '.join(template_only)} are the template trainer's options, not your"
+            f" script's; pass your script's own arguments after -- (`vmrun train {script} --"
+            " --lr 0.1`)"
+        )
     if user_args:
         given = [
             flag

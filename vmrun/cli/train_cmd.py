@@ -93,10 +93,17 @@ def register(app: typer.Typer) -> None:
         ] = None,
         batch_size: Annotated[
             int | None,
-            typer.Option("--batch-size", metavar="B", help="Passed on as --batch-size B."),
+            typer.Option(
+                "--batch-size",
+                metavar="B",
+                help="The template's per-process batch size (a SCRIPT takes its own after --).",
+            ),
         ] = None,
         lr: Annotated[
-            float | None, typer.Option("--lr", metavar="LR", help="Passed on as --lr LR.")
+            float | None,
+            typer.Option(
+                "--lr", metavar="LR", help="The template's learning rate (a SCRIPT: after --)."
+            ),
         ] = None,
         launcher: Annotated[
             str,
@@ -210,6 +217,16 @@ def register(app: typer.Typer) -> None:
         if local:
             if host:
                 raise UsageError("--local trains on this machine; drop -H or --local")
+            host_only = [
+                f for f, v in (("--detach", detach), ("--allow-concurrent", allow_concurrent)) if v
+            ]
+            if host_only:
+                raise UsageError(
+                    f"{' and '.join(host_only)} {'are' if len(host_only) > 1 else 'is'} for"
+                    " runs on hosts (-H): a --local run stays in this terminal until it ends"
+                    " (Ctrl-C stops it) and is never refused for another run; drop"
+                    f" {'them' if len(host_only) > 1 else 'it'}"
+                )
             if wiring.master or wiring.nnodes or wiring.rdzv_port:
                 raise UsageError("--master, --nnodes and --rdzv-port are for several hosts")
             from vmrun.localrun import run_local
