@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,24 @@ EventCallback = Callable[[str, str], None]  # (host label, what it is doing now)
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 REMOTE_WHEELHOUSE = f"{facts_mod.STATE_DIR}/wheelhouse"
 REMOTE_INSTALLERS = f"{facts_mod.STATE_DIR}/installers"
+STEP_TAIL_LINES = 8  # a failing step's last output lines, shown in its error
+
+# Starts the reboot command detached (setsid: it must outlive this channel, whose process group
+# is killed; its fds closed, so the channel ends at once) after a second, so this command has
+# returned. Its exit status and output land in ~/.vmrun/setup/reboot.{rc,out}: a reboot command
+# that fails (sudo refusing, no systemd) is reported at once, not after the reboot timeout.
+REBOOT_RC = "$HOME/.vmrun/setup/reboot.rc"
+REBOOT_OUT = "$HOME/.vmrun/setup/reboot.out"
+_LAUNCH_REBOOT = f"""rc="{REBOOT_RC}" out="{REBOOT_OUT}"
+mkdir -p "${{rc%/*}}" && rm -f "$rc" "$out"
+setsid -f bash -c 'sleep 1; bash -c "$0" >"$1" 2>&1 </dev/null
+  echo $? >"$2.tmp"; mv "$2.tmp" "$2"' "$1" "$out" "$rc" </dev/null >/dev/null 2>&1
+"""
+# While waiting for the host to go down: the reboot command's exit status (once it ended) and
+# the last lines of its output.
+_REBOOT_STATUS = f"""cat "{REBOOT_RC}" 2>/dev/null || exit 0
+tail -n {STEP_TAIL_LINES} "{REBOOT_OUT}" 2>/dev/null
+"""
 
 # Which PyTorch CUDA wheel index suits a host, from the CUDA version its driver reports
 # (nvidia-smi's "CUDA Version") and its oldest GPU's compute capability. Why, since this ages:
@@ -224,6 +243,7 @@ class HostSetup:
         self.on_event = on_event or (lambda host, text: None)
         self.log_path = self._log_path()
         self.run_token = f"{time.time_ns()}"  # `apt-get update` once per run (SHELL_HELPERS)
+        self._recent_output = ""  # the last lines of the latest script, both streams in order
 
     # -- bookkeeping ------------------------------------------------------------------
 
@@ -524,13 +544,23 @@ class HostSetup:
         return "\n".join([*values, script.rstrip()])
 
     def _bash(self, script: str, env: Mapping[str, str], what: str) -> CommandResult:
+        """Run a step script, logging each line; its last lines of stdout and stderr, in the
+        order they came, are kept for the error if it fails (its own output, not just stderr:
+        a tool that says why on stdout is shown too)."""
+        recent: deque[str] = deque(maxlen=STEP_TAIL_LINES)
+
         def log_line(stream: str, data: bytes) -> None:
-            self._log(data.decode("utf-8", "replace").rstrip("\n"))
+            line = data.decode("utf-8", "replace").rstrip("\n")
+            self._log(line)
+            if line.strip():
+                recent.append(line)
 
         self._log(f"$ {what}")
-        return self.conn.run(
+        result = self.conn.run(
             ["bash", "-eu", "-o", "pipefail", "-c", script], env=env, on_output=log_line
         )
+        self._recent_output = "\n".join(recent)
+        return result
 
     def _execute(
         self, step: Step, env: Mapping[str, str], report: HostReport
@@ -571,14 +601,16 @@ class HostSetup:
         return StepOutcome(step.name, "ran", "", time.monotonic() - started), records
 
     def _step_failed(self, step: Step, phase: str, result: CommandResult) -> CommandFailed:
-        tail = result.output_tail(8)
+        """The error names the last line of stderr (where tools say why); its tail holds the
+        script's last lines of both streams, as `_bash` kept them."""
+        said = result.output_tail(STEP_TAIL_LINES)
         where = f" (full log: {self.log_path})" if self.log_path else ""
-        last = tail.splitlines()[-1] if tail else "no output"
+        last = said.splitlines()[-1] if said else "no output"
         return CommandFailed(
             f"step {step.name} failed ({phase} exited {result.exit_status}): {last}{where}",
             host=self.conn.label,
             exit_status=1,
-            output_tail=tail,
+            output_tail=self._recent_output or said,
         )
 
     def _save_state(self, state: Mapping[str, dict], report: HostReport) -> None:
@@ -641,14 +673,15 @@ class HostSetup:
         """Reboot, wait for the connection to drop, then for SSH to come back (bounded)."""
         self._event("rebooting")
         command = env.get("VMRUN_REBOOT_COMMAND") or "$VMRUN_SUDO reboot"
-        # setsid: the reboot must outlive this channel (whose process group is killed).
-        self.conn.run(["setsid", "-f", "bash", "-c", f"sleep 1; {command}"], env=env)
+        self._log(f"$ reboot: {command}")
+        self.conn.run(["bash", "-c", _LAUNCH_REBOOT, "reboot", command], env=env, check=True)
         deadline = time.monotonic() + self.opts.reboot_timeout
         while time.monotonic() < deadline:  # wait for the host to go down
             try:
-                self.conn.run(["true"], timeout=5)
+                status = self.conn.run(["bash", "-c", _REBOOT_STATUS], timeout=5)
             except (ConnectionLostError, CommandFailed, UnreachableError):
                 break
+            self._raise_if_reboot_failed(status.stdout_tail, command)
             time.sleep(0.5)
         else:
             raise RemoteError(
@@ -680,6 +713,29 @@ class HostSetup:
                 delay = min(delay * 2, 10.0)
         report.rebooted = True
         self._event(f"back after {time.monotonic() - waited_from:.0f} s")
+
+    def _raise_if_reboot_failed(self, status: str, command: str) -> None:
+        """The reboot command ended with an error while the host is still up: say so now,
+        with its output. A status of 128 or more (killed by a signal) is what the shutdown
+        itself may do to it, so that one keeps waiting for the host to go down."""
+        first, _, output = status.partition("\n")
+        try:
+            code = int(first.strip())
+        except ValueError:
+            return  # still running (no status yet)
+        if not 0 < code < 128:
+            return
+        output = output.strip()
+        self._log(f"the reboot command exited {code}:\n{output or '(no output)'}")
+        last = output.splitlines()[-1] if output else "no output"
+        raise CommandFailed(
+            f"the reboot command failed (exited {code}) and the host is still up: {last}",
+            host=self.conn.label,
+            hint="let this user reboot with passwordless sudo, or set --param"
+            f" reboot_command=... (was: {command})",
+            exit_status=1,
+            output_tail=output,
+        )
 
 
 def _merged_records(book: Playbook, state: Mapping[str, dict]) -> dict[str, str]:
