@@ -54,33 +54,36 @@ def main() -> None:
     parser.add_argument("--python", default=CACHED_PYTHON)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vmrun-bench-"))
-    keys = ClientKeys.generate(work / "keys")
-    with NetnsBed(work / "bed", keys) as bed:
-        host = bed.add_host("h1")
-        home = work / "home"
-        (home / ".ssh").mkdir(parents=True)
-        config = home / ".ssh" / "config"
-        config.write_text(bed.ssh_config_text())
-        (home / ".ssh" / "known_hosts").write_text(bed.known_hosts_text())
-        project = work / "project"
-        project.mkdir()
-        (project / "vmrun.toml").write_text(
-            f'[[hosts]]\naddress = "h1"\npython = "{args.python}"\n')
-        env = {**os.environ, "HOME": str(home), "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
-        env.pop("SSH_AUTH_SOCK", None)
-        template = host.home / "template.py"
-        shutil.copy(ROOT / "vmrun" / "trainer" / "template.py", template)
-        os.chown(template, host.uid, host.gid)
-        known = home / ".ssh" / "known_hosts"  # OpenSSH takes ~ from passwd, not $HOME
-        by_hand = ["ssh", "-F", str(config), "-o", f"UserKnownHostsFile={known}", "-o",
-                   "BatchMode=yes", "h1", "OMP_NUM_THREADS=1", args.python, "-m",
-                   "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                   "template.py", "3", "1", "--out-dir"]
-        with_vmrun = [sys.executable, "-m", "vmrun", "train", "-H", "h1", "--", "3", "1"]
-        hand, ours = [], []
-        for i in range(args.runs):  # interleaved, so drift hits both alike
-            hand.append(until_first_epoch([*by_hand, f"by-hand-{i}"], project, env))
-            ours.append(until_first_epoch(with_vmrun, project, env))
+    try:
+        keys = ClientKeys.generate(work / "keys")
+        with NetnsBed(work / "bed", keys) as bed:
+            host = bed.add_host("h1")
+            home = work / "home"
+            (home / ".ssh").mkdir(parents=True)
+            config = home / ".ssh" / "config"
+            config.write_text(bed.ssh_config_text())
+            (home / ".ssh" / "known_hosts").write_text(bed.known_hosts_text())
+            project = work / "project"
+            project.mkdir()
+            (project / "vmrun.toml").write_text(
+                f'[[hosts]]\naddress = "h1"\npython = "{args.python}"\n')
+            env = {**os.environ, "HOME": str(home), "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
+            env.pop("SSH_AUTH_SOCK", None)
+            template = host.home / "template.py"
+            shutil.copy(ROOT / "vmrun" / "trainer" / "template.py", template)
+            os.chown(template, host.uid, host.gid)
+            known = home / ".ssh" / "known_hosts"  # OpenSSH takes ~ from passwd, not $HOME
+            by_hand = ["ssh", "-F", str(config), "-o", f"UserKnownHostsFile={known}", "-o",
+                       "BatchMode=yes", "h1", "OMP_NUM_THREADS=1", args.python, "-m",
+                       "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                       "template.py", "3", "1", "--out-dir"]
+            with_vmrun = [sys.executable, "-m", "vmrun", "train", "-H", "h1", "--", "3", "1"]
+            hand, ours = [], []
+            for i in range(args.runs):  # interleaved, so drift hits both alike
+                hand.append(until_first_epoch([*by_hand, f"by-hand-{i}"], project, env))
+                ours.append(until_first_epoch(with_vmrun, project, env))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     hand_s, ours_s = statistics.median(hand), statistics.median(ours)
     print(f"ssh host torchrun ... (by hand), median: {hand_s:6.2f} s")
     print(f"vmrun train, median:                    {ours_s:6.2f} s")
