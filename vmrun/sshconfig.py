@@ -23,6 +23,37 @@ if TYPE_CHECKING:
 GLOBAL_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 
 
+def _defer_invoke() -> None:
+    """paramiko.config imports invoke only to run `Match exec` lines, and invoke costs about
+    half of paramiko's import (yaml, asyncio, unittest.mock: ~80 ms of every connecting
+    command's start). Put a stand-in module under its name that imports the real one on the
+    first attribute paramiko asks for. (importlib's LazyLoader does not help: `import`
+    itself reads the module's attributes, which loads it.)"""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    if "invoke" in sys.modules or "paramiko" in sys.modules:
+        return
+    spec = importlib.util.find_spec("invoke")
+    if spec is None:
+        return
+    stub = types.ModuleType("invoke", "invoke, imported on first use (vmrun.sshconfig)")
+    stub.__spec__ = spec
+
+    def load(name: str) -> object:
+        if sys.modules.get("invoke") is stub:
+            del sys.modules["invoke"]
+        return getattr(importlib.import_module("invoke"), name)
+
+    stub.__getattr__ = load  # type: ignore[attr-defined]
+    sys.modules["invoke"] = stub
+
+
+_defer_invoke()
+
+
 @dataclass(frozen=True)
 class Target:
     label: str  # what the user wrote, for messages
