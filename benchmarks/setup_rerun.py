@@ -13,7 +13,7 @@ interpreter with torch and the torch wheelhouse; run the test suite once to fill
 
     python benchmarks/setup_rerun.py [--runs 5] [--first-runs 3] [--cases python,venv]
 
-Measured on the CI machine (2 CPUs, Debian 12, netns test host over a veth), 2026-11-23:
+Measured on this development machine (2 CPUs, Debian 12, netns test host over a veth), 2026-11-23:
 
     case     first run (median)   re-run (median)   re-run / first
     python      2.84 s (n=3)        0.82 s (n=5)        0.29
