@@ -29,7 +29,6 @@ COMMANDS = (
     ("hosts", "hosts_cmd", "List the selected hosts; --check connects to each."),
     ("config", "config_cmd", "Show the resolved settings and where each came from."),
 )
-COMMAND_MODULES = tuple(module for _, module, _ in COMMANDS)
 _ROOT_FLAGS = {"--debug", "--version", "-V", "--help", "-h"}
 
 
