@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -89,16 +92,24 @@ def test_stop_kills_a_child_that_cleared_its_environment(
         bed_client: Client, h1: TestHost) -> None:
     """A process without the run's id in its environment is still in the run's session."""
     log = h1.home / ".vmrun/runs/bare-1/log"
-    with Connection("h1", bed_client.settings()) as conn:
-        runs.start(conn, "bare-1", ".", ["sh", "-c", "env -i sleep 600 & echo $!; wait"], {})
-        wait_for(lambda: log.read_text().strip().isdigit(), 10, "the child's pid")
-        child = int(log.read_text())
-        leader = int((h1.home / ".vmrun/runs/bare-1/pid").read_text())
-        assert b"VMRUN_RUN_ID" not in Path(f"/proc/{child}/environ").read_bytes()
-        assert Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[3] == str(leader)
-        outcome = runs.stop(conn, "bare-1", grace=5)
-    assert child in outcome.signalled and outcome.left == ()
-    wait_for(lambda: not Path(f"/proc/{child}").exists(), 10, "the child to be gone")
+    child = None
+    try:
+        with Connection("h1", bed_client.settings()) as conn:
+            runs.start(conn, "bare-1", ".", ["sh", "-c", "env -i sleep 600 & echo $!; wait"], {})
+            wait_for(lambda: log.read_text().strip().isdigit(), 10, "the child's pid")
+            child = int(log.read_text())
+            leader = int((h1.home / ".vmrun/runs/bare-1/pid").read_text())
+            assert b"VMRUN_RUN_ID" not in Path(f"/proc/{child}/environ").read_bytes()
+            session = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[3]
+            assert session == str(leader)
+            outcome = runs.stop(conn, "bare-1", grace=5)
+        assert child in outcome.signalled and outcome.left == ()
+        wait_for(lambda: not Path(f"/proc/{child}").exists(), 10, "the child to be gone")
+    finally:  # whatever failed above, nothing of the run stays on the shared host
+        for pid in run_members(h1, "bare-1") + ([child] if child else []):
+            with contextlib.suppress(OSError):  # gone already; the pid check avoids reuse
+                if pid != child or Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00600\x00":
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_stop_escalates_to_sigkill(bed_client: Client, h1: TestHost) -> None:

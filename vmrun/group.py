@@ -97,8 +97,12 @@ class Group:
         self.close()
 
 
-def raise_for_failures(outcomes: Sequence[Outcome[object]]) -> None:
+def raise_for_failures(outcomes: Sequence[Outcome[object]], *, one_as_itself: bool = False) -> None:
+    """Raise HostsFailed naming every failed host; with `one_as_itself`, a lone failure is
+    raised as it is (its own exit code and hint), as a command about one run prefers."""
     failures = {o.host: o.error for o in outcomes if o.error is not None}
+    if one_as_itself and len(failures) == 1:
+        raise next(iter(failures.values()))
     if failures:
         raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
 

@@ -34,12 +34,11 @@ from vmrun.connection import Connection
 from vmrun.errors import (
     CommandFailed,
     ConnectionLostError,
-    HostsFailed,
     Interrupted,
     RemoteError,
     UsageError,
 )
-from vmrun.group import Group, Outcome
+from vmrun.group import Group, raise_for_failures
 from vmrun.inventory import HostEntry
 from vmrun.rendezvous import Layout, NodeFacts
 from vmrun.train import CPU_PROCESSES, Plan
@@ -171,15 +170,6 @@ def check_launcher_hosts(plan: Plan, hosts: int, wiring: Wiring) -> None:
         )
 
 
-def raise_failures(outcomes: list[Outcome[Any]]) -> None:
-    """One host's failure as itself (its own exit code and hint); several as HostsFailed."""
-    failures = {o.host: o.error for o in outcomes if o.error is not None}
-    if len(failures) == 1:
-        raise next(iter(failures.values()))  # type: ignore[misc]
-    if failures:
-        raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
-
-
 def run_remote(
     plan: Plan,
     entries: list[HostEntry],
@@ -215,7 +205,7 @@ def run_remote(
         live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
         with live:
             staged = group.map(lambda entry, conn: _stage(nodes[entry.label], plan, note, progress))
-        raise_failures(staged)
+        raise_for_failures(staged, one_as_itself=True)
         started = _start_all(group, plan, nodes, rid, nproc, layout, wiring, resume)
         names = ", ".join(nodes)
         where = f" on {names}" if multi else f" on {names} (pid {started[entries[0].label]})"
@@ -314,7 +304,7 @@ def _preflight(
         return node
 
     outcomes = group.map(check)
-    raise_failures(outcomes)
+    raise_for_failures(outcomes, one_as_itself=True)
     nodes = {o.host: o.value for o in outcomes if o.value is not None}
     if multi:
         _check_same_env(nodes)
@@ -368,8 +358,8 @@ def _stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None)
 
     conn = node.conn
     node.workdir = workdir = remote_workdir(plan.project)
-    conn.run(["mkdir", "-p", workdir], check=True)
-    if is_bundled(plan.script):
+    if is_bundled(plan.script):  # the run's cwd; a SCRIPT's sync makes it itself
+        conn.run(["mkdir", "-p", workdir], check=True)
         remote = f"{REMOTE_LIB}/vmrun_{plan.script.name}"
         report = upload(conn, plan.script, remote)
         if not report.ok:
@@ -494,7 +484,7 @@ def _start_all(
     if any(not o.ok for o in outcomes):
         started = {o.host for o in outcomes if o.ok}
         group.map(lambda entry, conn: runs.stop(conn, rid, grace=5), only=started)
-        raise_failures(outcomes)
+        raise_for_failures(outcomes, one_as_itself=True)
     return {o.host: int(o.value or 0) for o in outcomes}
 
 

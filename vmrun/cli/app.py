@@ -52,7 +52,6 @@ def build(args: list[str] | None = None) -> Any:
     app = typer.Typer(
         name="vmrun",
         help="Take SSH-reachable GPU machines from bare to trained-and-fetched.",
-        no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
