@@ -11,7 +11,6 @@ the host (`python3` when vmrun has recorded none), so doctor also helps before s
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -271,6 +270,7 @@ def _allreduce(
     busy = [f"{h.entry.label} ({', '.join(h.busy)})" for h in hosts if h.busy]
     if busy:
         return Check("allreduce", where, "skip", f"a run is active on {'; '.join(busy)}")
+    from vmrun import launch
     from vmrun.remote_train import Wiring, run_remote
     from vmrun.train import make_plan
     from vmrun.trainer import ALLREDUCE_PATH
@@ -281,13 +281,13 @@ def _allreduce(
         name="doctor-allreduce", batch_size=None, lr=None, launcher="torchrun",
     )  # fmt: skip
     lines: list[str] = []
-    notes: list[str] = []
+    rid = launch.run_id(plan.name)
     try:
         run_remote(
             plan, list(entries), settings, detach=False, allow_concurrent=True,
             on_line=lambda data: lines.append(data.decode("utf-8", "replace")),
-            note=notes.append, wiring=Wiring(master=entries[0].label if len(entries) > 1
-                                             else None),
+            note=lambda text: None, run_id=rid,
+            wiring=Wiring(master=entries[0].label if len(entries) > 1 else None),
         )  # fmt: skip
         verdict, detail = "fail", "the all-reduce printed no result"
         for line in "".join(lines).splitlines():
@@ -300,18 +300,13 @@ def _allreduce(
             exc.message + (f" (last lines: {' | '.join(tail)})" if tail else ""),
         )
     finally:
-        _forget_runs(entries, settings, notes)
+        _forget_run(entries, settings, rid)
     return Check("allreduce", where, verdict, detail)
 
 
-def _forget_runs(entries: Sequence[HostEntry], settings: Settings, notes: Sequence[str]) -> None:
-    """Doctor's own run records go: `vmrun status` and `fetch` should not see them."""
+def _forget_run(entries: Sequence[HostEntry], settings: Settings, rid: str) -> None:
+    """Doctor's own run record goes: `vmrun status` and `fetch` should not see it."""
     from vmrun import runs
 
-    ids = {m.group(1) for n in notes if (m := re.search(r"run (\S+) started on", n))}
-    if not ids:
-        return
     with Group(list(entries), settings) as group:
-        group.map(
-            lambda entry, conn: conn.run(["rm", "-rf", "--", *(runs.record_dir(i) for i in ids)])
-        )
+        group.map(lambda entry, conn: conn.run(["rm", "-rf", "--", runs.record_dir(rid)]))

@@ -183,10 +183,11 @@ def run_remote(
     resume: str | None = None,
     fetch_every: float | None = None,
     progress: Progress | None = None,
+    run_id: str | None = None,
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
-    failure."""
+    failure. `run_id`: the new run's id, where the caller needs to know it beforehand."""
     wiring = wiring or Wiring()
     entries = _order(entries, wiring)
     check_launcher_hosts(plan, len(entries), wiring)
@@ -197,7 +198,7 @@ def run_remote(
         )
         nproc = _nproc(plan, list(nodes.values()))
         layout = _meet(group, nodes, wiring) if multi else None
-        rid = resume or launch.run_id(plan.name)
+        rid = resume or run_id or launch.run_id(plan.name)
         if resume:
             from vmrun.resume import prepare
 
