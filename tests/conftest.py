@@ -9,6 +9,7 @@ reason; `loopback` is one sshd on 127.0.0.1 that works either way.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -332,11 +333,23 @@ def multi(
         f'[[hosts]]\naddress = "{n}"\npython = "{host_python}"\n\n' for n in ("n1", "n2")))
     client.extra_env["OMP_NUM_THREADS"] = "1"
     yield client
+    # every step on every host runs even if an earlier one fails; the first error is raised
+    # at the end (BaseException: wait_for's pytest.fail is not an Exception)
+    first: BaseException | None = None
     for host in cluster.values():
-        for port in list(host._blocked):
-            host.unblock_port(port)
-        host.heal_link()
-        clean_host(host)
+        steps: list[Callable[[], object]] = [
+            *(functools.partial(host.unblock_port, port) for port in list(host._blocked)),
+            host.heal_link,
+            functools.partial(clean_host, host),
+        ]
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:
+                if first is None:
+                    first = exc
+    if first is not None:
+        raise first
 
 
 def clean_host(host: TestHost) -> None:

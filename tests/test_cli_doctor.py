@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import Client
 from testbed import TestHost
 
@@ -23,6 +24,7 @@ def rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
     return found
 
 
+@pytest.mark.timeout(900)  # its own deadlines: two doctor runs of 300 s, and more
 def test_doctor_passes_every_check_on_healthy_hosts(
     cluster: dict[str, TestHost], multi: Client
 ) -> None:

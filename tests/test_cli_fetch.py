@@ -239,9 +239,9 @@ def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
     notes: list[str] = []
     fetcher = Fetcher(conns, run_id, tmp_path, every=3600, note=notes.append)
     local = {name: tmp_path / "results" / run_id / name / "snapshot_1.pt" for name in ("h1", "h2")}
+    first = threading.Thread(target=fetcher.round, args=("checkpoints",))
     bed["h2"].cut_link()
     try:
-        first = threading.Thread(target=fetcher.round, args=("checkpoints",))
         first.start()
         # h2 comes first and cannot even connect: h1's file arrives meanwhile all the same
         wait_for(local["h1"].exists, 30, "h1's snapshot while h2 is unreachable")
@@ -252,6 +252,8 @@ def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
         fetcher.round("checkpoints")  # nothing new: only h3's failure to say
     finally:
         bed["h2"].heal_link()
+        if first.is_alive():  # a failure above: let its round end before the conns close
+            first.join(timeout=90)
         for conn in conns:
             conn.close()
         for name in ("h1", "h2"):

@@ -224,6 +224,7 @@ def _snapshot(home: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+@pytest.mark.timeout(900)  # its own deadlines: setup 600 s, then 120 + 300 s, and more
 def test_full_setup_in_parallel_then_a_second_run_skips_everything(
     bed_client: Client, hosts: list[TestHost], wheelhouse: Path
 ) -> None:
@@ -760,20 +761,24 @@ def test_apt_lock_wait_names_the_holder_and_is_bounded(
     fd = os.open(lock, os.O_RDWR)
     run = None
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
-        short = bed_client.vmrun(*args, "--param", "apt_lock_wait=2")
-        assert short.returncode == 1, short.stderr
-        assert f"the apt/dpkg lock is still held after 2 s, by pid {os.getpid()} (" in short.stderr
-        assert _calls(h2) == []  # apt-get never ran
-        run = bed_client.popen(*args)
-        wait_for(lambda: holder in _last_run(log), 60, "setup to name the lock holder")
-        assert _calls(h2) == []
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            short = bed_client.vmrun(*args, "--param", "apt_lock_wait=2")
+            assert short.returncode == 1, short.stderr
+            assert (
+                f"the apt/dpkg lock is still held after 2 s, by pid {os.getpid()} (" in short.stderr
+            )
+            assert _calls(h2) == []  # apt-get never ran
+            run = bed_client.popen(*args)
+            wait_for(lambda: holder in _last_run(log), 60, "setup to name the lock holder")
+            assert _calls(h2) == []
+        finally:
+            os.close(fd)  # the lock is free from here on
+        out, err = run.communicate(timeout=120)
     finally:
-        os.close(fd)  # the lock is free from here on
-        if run is not None and sys.exc_info()[0] is not None:
+        if run is not None and run.poll() is None:  # failed or timed out: don't leave it
             run.kill()
-    assert run is not None
-    out, err = run.communicate(timeout=120)
+            run.wait()
     assert run.returncode == 0, err + out
     assert "ran 1 (python-venv-package)" in out
     assert _calls(h2) == [

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+import pytest
 from conftest import Client, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
 
@@ -84,6 +85,8 @@ def ranks_by_host(stdout: str) -> dict[str, set[int]]:
     return found
 
 
+# its own deadlines: train 300 s, fetch 2 x 120 s, logs/status 3 x 120 s
+@pytest.mark.timeout(900)
 def test_two_nodes_two_processes_merged_log_and_node_filter(
         cluster: dict[str, TestHost], multi: Client) -> None:
     done = multi.vmrun("train", "--epochs", "3", "--save-every", "1", timeout=300)
@@ -186,6 +189,8 @@ def _python(multi: Client) -> str:
     return match.group(1)
 
 
+# its own deadlines: 120 + 120 + 60 + the resume's 300 s, and more
+@pytest.mark.timeout(900)
 def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
         cluster: dict[str, TestHost], multi: Client) -> None:
     n1, n2 = cluster["n1"], cluster["n2"]

@@ -219,6 +219,7 @@ def test_bad_input_starts_nothing(bed: NetnsBed, project: Client) -> None:
     assert not (bed["h1"].home / ".vmrun" / "runs").exists()
 
 
+@pytest.mark.timeout(900)  # its own deadlines: 120 + 120 + 300 s, and more
 def test_fetch_every_brings_snapshots_while_the_run_goes_on(bed: NetnsBed, project: Client) -> None:
     h1 = bed["h1"]
     proc = project.popen(

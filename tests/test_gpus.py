@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -187,6 +188,13 @@ def _watch(home: Path, nvidia_smi: str, interval: float | None) -> subprocess.Po
     )
 
 
+def _reap(proc: subprocess.Popen[str] | None) -> None:
+    """After a failure: kill a watch script still running, with its group, and wait for it."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_the_watch_script_streams_devices_and_tagged_processes_with_owners(
     tmp_path: Path,
 ) -> None:
@@ -197,6 +205,7 @@ def test_the_watch_script_streams_devices_and_tagged_processes_with_owners(
         ["sleep", "60"], env={"PATH": "/usr/bin:/bin", "VMRUN_RUN_ID": "run-7"}
     )
     plain = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin"})
+    proc = None
     try:
         apps = (FIXTURES / "t4x2_training" / "query-compute-apps.txt").read_text()
         apps = apps.replace(", 2312, ", f", {marked.pid}, ").replace(", 2381, ", f", {plain.pid}, ")
@@ -204,6 +213,7 @@ def test_the_watch_script_streams_devices_and_tagged_processes_with_owners(
         proc = _watch(tmp_path, "~/bin/nvidia-smi", None)
         out, err = proc.communicate(timeout=30)
     finally:
+        _reap(proc)
         for sleeper in (marked, plain):
             sleeper.kill()
             sleeper.wait()
@@ -266,13 +276,19 @@ def test_the_watch_script_ends_when_the_device_query_fails(tmp_path: Path) -> No
     loaded (9) while the processes query goes on printing nothing (no process holds a GPU):
     the script notices within its 2 s read timeout and stops that query too."""
     missing = _watch(tmp_path, "no-such-nvidia-smi", 1)
-    _, err = missing.communicate(timeout=30)
+    try:
+        _, err = missing.communicate(timeout=30)
+    finally:
+        _reap(missing)
     assert missing.returncode == 127, err
     silent = (FIXTURES / "t4_idle" / "query-compute-apps.txt").read_text()
     replay = _standin(tmp_path, "driver_not_loaded", silent)
     started = time.monotonic()
     broken = _watch(tmp_path, "~/bin/nvidia-smi", 0.2)
-    out, err = broken.communicate(timeout=30)
+    try:
+        out, err = broken.communicate(timeout=30)
+    finally:
+        _reap(broken)
     assert broken.returncode == 9, err
     assert out.startswith("NVIDIA-SMI has failed")
     assert time.monotonic() - started < 2 + 3
