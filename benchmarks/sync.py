@@ -1,6 +1,6 @@
 """Project sync: vmrun's engines against plain `rsync -a -e ssh`, on a real sshd test host.
 
-Picks the default engine of vmrun.sync (see its docstring). Needs root (a NetnsBed host).
+Picks the default engine of vmrun.sync.project (see its docstring). Needs root (a NetnsBed host).
 Two projects: a 2,000 x 10 KiB tree and one 200 MiB file; for each, the cases take turns
 round after round (a busy machine slows all alike) and the medians are printed:
 
@@ -38,7 +38,7 @@ from bench_common import parse_size  # noqa: E402
 class Bench:
     def __init__(self, work: Path, host: object, keys: object, home: Path):
         from vmrun.config import load_settings
-        from vmrun.connection import Connection
+        from vmrun.ssh.connection import Connection
 
         self.host = host
         self.home = home
@@ -58,8 +58,8 @@ class Bench:
         subprocess.run(argv, check=True, env=self.env)
 
     def vmrun(self, project: Path, dest: str, engine: str, connect: bool) -> None:
-        from vmrun.connection import Connection
-        from vmrun.sync import sync_project
+        from vmrun.ssh.connection import Connection
+        from vmrun.sync.project import sync_project
 
         if connect:
             with Connection("bench", self.settings) as conn:

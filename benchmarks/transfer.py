@@ -60,8 +60,9 @@ class Bench:
 
         def go() -> None:
             from vmrun.config import load_settings
-            from vmrun.connection import Connection
-            from vmrun.transfer import FetchSpec, Options, download
+            from vmrun.ssh.connection import Connection
+            from vmrun.transfer.download import download
+            from vmrun.transfer.types import FetchSpec, Options
 
             settings = load_settings({}, environ=self.env)
             with Connection(self.alias, settings) as conn:
@@ -301,7 +302,7 @@ def small(b: Bench, tree: str, args: argparse.Namespace) -> None:
 def hash_budget(b: Bench, host: object, big: str, size: int) -> None:
     """What the SHA-256 on both ends costs here: on a loopback test host both ends share
     these CPUs with the ssh processes; on a real host each end has its own."""
-    from vmrun.filehash import file_sha256
+    from vmrun.transfer.hashing import file_sha256
 
     b.vmrun_engine(big)()
     started = time.perf_counter()

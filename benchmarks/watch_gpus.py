@@ -4,7 +4,7 @@ Goal (issue 7): a constant cost per host, one connection and one channel, and no
 started per refresh (unlike `ssh host nvidia-smi` in a loop). The processes on a host are
 one set for the whole watch: the watch script (bash) and two `nvidia-smi -l` under it (one
 nvidia-smi cannot stream both `--query-gpu` and `--query-compute-apps`), plus the sh
-wrapper every vmrun remote command runs under (vmrun.quoting: its watcher and `cat`) and
+wrapper every vmrun remote command runs under (vmrun.ssh.quoting: its watcher and `cat`) and
 sshd's session process. Which vmrun run owns a GPU pid is read by the script's builtins.
 
 Runs the real CLI against netns test hosts (root only; see tests/testbed) whose nvidia-smi

@@ -373,6 +373,6 @@ def run_id_of(text: str) -> str:
 
 def template_out(host: TestHost, client: Client, rid: str) -> Path:
     """Where the template trainer of a run writes on the host."""
-    from vmrun.sync import remote_workdir
+    from vmrun.remote_paths import remote_workdir
 
     return host.home / remote_workdir(client.cwd) / "results" / rid

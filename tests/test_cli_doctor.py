@@ -10,9 +10,9 @@ from conftest import Client
 from testbed import TestHost
 
 from vmrun.doctor import _Host, _same_versions
-from vmrun.hosts import HostSpec
-from vmrun.inventory import HostEntry
-from vmrun.rendezvous import NodeFacts
+from vmrun.runs.rendezvous import NodeFacts
+from vmrun.ssh.hosts import HostSpec
+from vmrun.ssh.inventory import HostEntry
 
 
 def rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:

@@ -19,7 +19,7 @@ from conftest import Client, user_commands, wait_for
 from test_transfer import put, sha
 from testbed import NetnsBed, TestHost
 
-from vmrun.manifest import PART_SUFFIX
+from vmrun.transfer.manifest import PART_SUFFIX
 
 
 @pytest.fixture
@@ -222,12 +222,12 @@ def test_named_things_of_a_run(bed_client: Client, run_on_h1: tuple[TestHost, st
 def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
     bed: NetnsBed, bed_client: Client, remote_dir: str, tmp_path: Path
 ) -> None:
-    """`train --fetch-every`'s rounds (vmrun.fetcher): every node at once, each into its own
+    """`train --fetch-every`'s rounds (vmrun.runs.fetching): every node at once, each into its own
     folder; a node that cannot be reached yet does not hold the others back, and a node
     without the run is noted without stopping the rest. Notes come per node, in order."""
-    from vmrun.connection import Connection
-    from vmrun.fetcher import Fetcher
-    from vmrun.hosts import parse_host
+    from vmrun.runs.fetching import Fetcher
+    from vmrun.ssh.connection import Connection
+    from vmrun.ssh.hosts import parse_host
 
     run_id = f"t-{uuid.uuid4().hex[:6]}"
     record = json.dumps({"workdir": remote_dir}).encode()
@@ -315,7 +315,7 @@ def test_relative_paths_are_in_the_projects_work_directory(
     bed: NetnsBed, bed_client: Client
 ) -> None:
     """Where `vmrun train SCRIPT` ran it: `outputs/x` there lands in ./outputs/x here."""
-    from vmrun.sync import remote_workdir
+    from vmrun.remote_paths import remote_workdir
 
     workdir = remote_workdir(bed_client.cwd)
     put(bed["h1"], f"{workdir}/outputs/eval.csv", b"acc,0.9\n")
@@ -328,7 +328,7 @@ def test_relative_paths_are_in_the_projects_work_directory(
 
 
 def test_what_names_map_to_the_run_layout() -> None:
-    from vmrun.fetch_what import CHECKPOINTS, RunLocation, resolve_what
+    from vmrun.runs.outputs import CHECKPOINTS, RunLocation, resolve_what
 
     run = RunLocation("r1", "gpu1", ".vmrun/runs/r1", "work/results/r1")
     (ckpt,) = resolve_what("checkpoints", run, latest=3)

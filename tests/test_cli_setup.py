@@ -38,7 +38,7 @@ from conftest import (
 from testbed import NetnsBed, TestHost
 
 from vmrun.config import load_settings
-from vmrun.inventory import project_hosts
+from vmrun.ssh.inventory import project_hosts
 
 T4_SMI = r"""
 case "$*" in *compute_cap*) echo 7.5; exit 0 ;; esac

@@ -25,7 +25,7 @@ import pytest
 from conftest import Client, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
 
-from vmrun.sync import remote_workdir
+from vmrun.remote_paths import remote_workdir
 
 
 def node_lines(stdout: str, host: str) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 from conftest import Client, clean_host, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed
 
-from vmrun.sync import remote_workdir
+from vmrun.remote_paths import remote_workdir
 
 EPOCH_LINE = re.compile(rb"epoch (\d+)/(\d+)")
 

@@ -12,7 +12,6 @@ import pytest
 from conftest import Client, user_commands, wait_for
 from testbed import NetnsBed
 
-from vmrun.connection import Connection
 from vmrun.errors import (
     AuthError,
     ChangedHostKeyError,
@@ -22,6 +21,7 @@ from vmrun.errors import (
     UnknownHostKeyError,
     UnreachableError,
 )
+from vmrun.ssh.connection import Connection
 
 HOSTILE = [
     "a b",

@@ -12,7 +12,7 @@ from io import StringIO
 from rich.console import Console
 
 from vmrun.cli.fetch_view import BIG_FILE, LiveProgress, human_bytes, summary
-from vmrun.transfer import Report
+from vmrun.transfer.types import Report
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MB = 1_000_000  # rich's DownloadColumn and TransferSpeedColumn count in decimal units

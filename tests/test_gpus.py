@@ -1,4 +1,4 @@
-"""vmrun.gpus: parsing nvidia-smi's CSV, batching its streams, the fleet model, the remote
+"""vmrun.gpus.telemetry: parsing nvidia-smi's CSV, batching its streams, the fleet model, the remote
 watch script (run here by a real bash, with the nvidia-smi STAND-IN), and the table's cells
 and width."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, wait_for
 
-from vmrun import gpus
-from vmrun.gpus import (
+from vmrun.gpus import telemetry as gpus
+from vmrun.gpus.telemetry import (
     APP_FIELDS,
     GPU_FIELDS,
     Fleet,

@@ -7,9 +7,9 @@ from conftest import Client
 from testbed import NetnsBed
 
 from vmrun.errors import ExitCode, HostsFailed, UnreachableError
-from vmrun.group import Group, raise_for_failures, worst_exit_code
-from vmrun.hosts import parse_host
-from vmrun.inventory import HostEntry
+from vmrun.ssh.group import Group, raise_for_failures, worst_exit_code
+from vmrun.ssh.hosts import parse_host
+from vmrun.ssh.inventory import HostEntry
 
 
 def test_outcomes_come_back_in_host_order_with_errors_kept(
@@ -47,8 +47,8 @@ def test_each_host_keeps_one_connection_across_map_calls(bed: NetnsBed, bed_clie
 
 
 def test_worst_exit_code_prefers_the_highest_code() -> None:
-    from vmrun.group import Outcome
-    from vmrun.result import CommandResult
+    from vmrun.ssh.group import Outcome
+    from vmrun.ssh.result import CommandResult
 
     def result(code: int) -> CommandResult:
         return CommandResult("h", ("x",), code, "", "", 0.1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from vmrun.errors import ExitCode, HostSpecError
-from vmrun.hosts import HostSpec, parse_host, parse_hosts
+from vmrun.ssh.hosts import HostSpec, parse_host, parse_hosts
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""gitignore matching (vmrun.ignore) held against git itself.
+"""gitignore matching (vmrun.sync.ignore) held against git itself.
 
 Each case writes a tree and its ignore files, asks real git which files it would add
 (`git ls-files --others --exclude-standard` in a fresh repository), and requires the walk
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vmrun import ignore
-from vmrun.sync import _vmrun_matcher, _walk
+from vmrun.sync import ignore
+from vmrun.sync.project import _vmrun_matcher, _walk
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

@@ -8,8 +8,8 @@ import pytest
 
 from vmrun.config import load_settings
 from vmrun.errors import ConfigError, UsageError
-from vmrun.hosts import parse_host
-from vmrun.inventory import HostEntry, Recorded, project_hosts, record_hosts, select_hosts
+from vmrun.ssh.hosts import parse_host
+from vmrun.ssh.inventory import HostEntry, Recorded, project_hosts, record_hosts, select_hosts
 
 PROJECT = """\
 # my cluster

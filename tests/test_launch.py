@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from vmrun import launch, remote_train
 from vmrun.config import load_settings
 from vmrun.errors import UsageError
-from vmrun.hosts import parse_host
-from vmrun.inventory import HostEntry
-from vmrun.remote_train import HostEnv, Node
-from vmrun.rendezvous import Layout
-from vmrun.runs import RunRecord
-from vmrun.train import Plan
+from vmrun.runs import launch
+from vmrun.runs import remote as remote_train
+from vmrun.runs.plan import Plan
+from vmrun.runs.records import RunRecord
+from vmrun.runs.remote import HostEnv, Node
+from vmrun.runs.rendezvous import Layout
+from vmrun.ssh.hosts import parse_host
+from vmrun.ssh.inventory import HostEntry
 
 PY, SCRIPT = "/venv/bin/python", "train.py"
 
@@ -222,7 +223,7 @@ def test_run_id_and_names() -> None:
 
 
 def test_launch_module_imports_no_torch() -> None:
-    code = "import sys, vmrun.launch, vmrun.trainer; print('torch' in sys.modules)"
+    code = "import sys, vmrun.runs.launch, vmrun.trainer; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vmrun.nodes import Prefixer
+from vmrun.runs.nodes import Prefixer
 
 
 def test_rank_prefixes_become_host_and_rank_and_partial_lines_wait() -> None:

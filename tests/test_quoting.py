@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from vmrun.quoting import check_env_name, env_header, join, quote, remote_command
+from vmrun.ssh.quoting import check_env_name, env_header, join, quote, remote_command
 
 HOSTILE = [
     "plain",

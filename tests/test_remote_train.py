@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from vmrun.config import load_settings
-from vmrun.connection import Connection
 from vmrun.errors import UsageError
-from vmrun.hosts import HostSpec
-from vmrun.inventory import HostEntry
-from vmrun.remote_train import HostEnv, Node, Wiring, _check_same_env, _launch
-from vmrun.rendezvous import Layout, NodeFacts
-from vmrun.train import Plan
+from vmrun.runs.plan import Plan
+from vmrun.runs.remote import HostEnv, Node, Wiring, _check_same_env, _launch
+from vmrun.runs.rendezvous import Layout, NodeFacts
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.hosts import HostSpec
+from vmrun.ssh.inventory import HostEntry
 
 PYTHON = "/opt/env/bin/python"
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import Client, wait_for
 from testbed import NetnsBed, TestHost
 
-from vmrun import runs
-from vmrun.connection import Connection
 from vmrun.errors import UsageError
+from vmrun.runs import records as runs
+from vmrun.ssh.connection import Connection
 
 
 def run_members(host: TestHost, run_id: str) -> list[int]:

@@ -17,8 +17,8 @@ def test_match_exec_still_runs_its_command(tmp_path: Path) -> None:
     config.write_text(f'Match exec "test -e {flag}"\n  HostName flagged.example\n'
                       "Host *\n  Port 2222\n")  # fmt: skip
     probe = (
-        "import sys\nfrom pathlib import Path\nfrom vmrun.hosts import parse_host\n"
-        "from vmrun.sshconfig import resolve\n"
+        "import sys\nfrom pathlib import Path\nfrom vmrun.ssh.hosts import parse_host\n"
+        "from vmrun.ssh.sshconfig import resolve\n"
         "t = resolve(parse_host('u@box'), Path(sys.argv[1]))\nprint(t.hostname, t.port)"
     )
 
@@ -34,7 +34,7 @@ def test_match_exec_still_runs_its_command(tmp_path: Path) -> None:
 
 
 def test_connecting_code_does_not_import_invoke_up_front() -> None:
-    probe = "import sys, vmrun.connection, paramiko; print('invoke.tasks' in sys.modules)"
+    probe = "import sys, vmrun.ssh.connection, paramiko; print('invoke.tasks' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
     ).stdout

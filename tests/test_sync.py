@@ -1,4 +1,4 @@
-"""Project sync (vmrun.sync) against real sshd test hosts, with real rsync and real git.
+"""Project sync (vmrun.sync.project) against real sshd test hosts, with real rsync and real git.
 
 The test hosts share this machine's filesystem, so /usr/bin/rsync is there for them too.
 Each test syncs into a work directory of its own under the host user's home.
@@ -18,20 +18,20 @@ from conftest import Client, user_commands, wait_for
 from test_transfer import HOSTILE, put
 from testbed import NetnsBed, TestHost
 
-from vmrun.connection import Connection
 from vmrun.errors import ExitCode, HostKeyError, UnreachableError, UsageError, exit_code_for
-from vmrun.hosts import parse_host
-from vmrun.manifest import PART_SUFFIX
-from vmrun.sync import (
+from vmrun.remote_paths import remote_workdir
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.hosts import parse_host
+from vmrun.sync.project import (
     RSYNC_FILES,
     SyncReport,
     _rsync_word,
     large_files,
     project_files,
-    remote_workdir,
     sync_project,
 )
-from vmrun.transfer import Progress
+from vmrun.transfer.manifest import PART_SUFFIX
+from vmrun.transfer.types import Progress
 
 needs_rsync = pytest.mark.skipif(
     shutil.which("rsync") is None, reason="rsync is not installed here (CI installs it)"

@@ -24,7 +24,7 @@ from train_helpers import (
     torchrun_argv,
 )
 
-from vmrun import launch
+from vmrun.runs import launch
 from vmrun.trainer.template import build_model
 
 pytestmark = pytest.mark.slow

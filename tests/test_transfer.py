@@ -18,12 +18,13 @@ import pytest
 from conftest import Client, wait_for
 from testbed import NetnsBed, TestHost
 
-from vmrun.connection import Connection
 from vmrun.errors import ConnectionLostError, HostKeyError, UsageError
-from vmrun.hosts import parse_host
-from vmrun.manifest import PART_SUFFIX, normalize_remote, parse_hashes, safe_rel
-from vmrun.transfer import FetchSpec, Options, Progress, Report, download, ssh_command_for
-from vmrun.transfer_upload import upload
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.hosts import parse_host
+from vmrun.transfer.download import download, ssh_command_for
+from vmrun.transfer.manifest import PART_SUFFIX, normalize_remote, parse_hashes, safe_rel
+from vmrun.transfer.types import FetchSpec, Options, Progress, Report
+from vmrun.transfer.upload import upload
 
 HOSTILE = [
     "with space",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from vmrun import launch
+from vmrun.runs import launch
 from vmrun.trainer import TEMPLATE_PATH
 
 TEMPLATE = str(TEMPLATE_PATH)

@@ -3,7 +3,7 @@
 The user config is `$VMRUN_CONFIG`, else `$XDG_CONFIG_HOME/vmrun/config.toml`
 (`~/.config/vmrun/config.toml`). The project file is the nearest `vmrun.toml` in the current
 directory or its parents. Both hold the same top-level keys (see `FIELDS`); the project file
-also lists hosts (see `vmrun.inventory`). Each resolved value remembers where it came from,
+also lists hosts (see `vmrun.ssh.inventory`). Each resolved value remembers where it came from,
 so `vmrun config` can say why a setting has the value it has.
 """
 

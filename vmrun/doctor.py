@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmrun.config import Settings
-from vmrun.connection import Connection
 from vmrun.errors import UsageError, VmrunError
-from vmrun.group import Group
-from vmrun.inventory import HostEntry
-from vmrun.rendezvous import NodeFacts
+from vmrun.runs.rendezvous import NodeFacts
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.group import Group
+from vmrun.ssh.inventory import HostEntry
 
 DISK_WARN = 10 << 30
 DISK_FAIL = 1 << 30
@@ -57,10 +57,10 @@ def _clock_skew(conn: Connection) -> float:
 
 
 def _inspect(entry: HostEntry, conn: Connection, workdir: str) -> _Host:
-    from vmrun import runs
-    from vmrun.remote_train import host_env
-    from vmrun.rendezvous import gather_facts
-    from vmrun.streams import measure_rtt
+    from vmrun.runs import records as runs
+    from vmrun.runs.remote import host_env
+    from vmrun.runs.rendezvous import gather_facts
+    from vmrun.transfer.streams import measure_rtt
 
     host = _Host(entry)
     host.rtt_ms = measure_rtt(conn) * 1000
@@ -178,8 +178,8 @@ def diagnose(
     on_check: Callable[[Check], None] = lambda check: None,
 ) -> list[Check]:
     """Every check, in order; `on_check` sees each as soon as it is known."""
-    from vmrun import rendezvous
-    from vmrun.sync import remote_workdir
+    from vmrun.remote_paths import remote_workdir
+    from vmrun.runs import rendezvous
 
     checks: list[Check] = []
 
@@ -270,9 +270,9 @@ def _allreduce(
     busy = [f"{h.entry.label} ({', '.join(h.busy)})" for h in hosts if h.busy]
     if busy:
         return Check("allreduce", where, "skip", f"a run is active on {'; '.join(busy)}")
-    from vmrun import launch
-    from vmrun.remote_train import Wiring, run_remote
-    from vmrun.train import make_plan
+    from vmrun.runs import launch
+    from vmrun.runs.plan import make_plan
+    from vmrun.runs.remote import Wiring, run_remote
     from vmrun.trainer import ALLREDUCE_PATH
 
     plan = make_plan(
@@ -306,7 +306,7 @@ def _allreduce(
 
 def _forget_run(entries: Sequence[HostEntry], settings: Settings, rid: str) -> None:
     """Doctor's own run record goes: `vmrun status` and `fetch` should not see it."""
-    from vmrun import runs
+    from vmrun.runs import records as runs
 
     with Group(list(entries), settings) as group:
         group.map(lambda entry, conn: conn.run(["rm", "-rf", "--", runs.record_dir(rid)]))

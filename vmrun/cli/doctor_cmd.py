@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.cli.output import use_colour
         from vmrun.config import find_project_dir
         from vmrun.doctor import Check, diagnose
-        from vmrun.inventory import select_hosts
+        from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)

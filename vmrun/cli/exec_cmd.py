@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
-from vmrun.errors import UsageError
-
-
-def parse_env(items: list[str] | None) -> dict[str, str]:
-    """`KEY=VAL` sets a value; a bare `KEY` sends this machine's value of KEY (so a secret
-    need not be typed on vmrun's own command line either)."""
-    env: dict[str, str] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep:
-            if name not in os.environ:
-                raise UsageError(f"--env {name}: {name} is not set here; use --env {name}=VALUE")
-            value = os.environ[name]
-        from vmrun.quoting import check_env_name
-
-        try:
-            check_env_name(name)
-        except ValueError as exc:
-            raise UsageError(f"--env {item!r}: {exc}") from None
-        env[name] = value
-    return env
 
 
 def register(app: typer.Typer) -> None:
@@ -73,11 +51,13 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import PrefixedWriter, error_line, report
-        from vmrun.group import Group, worst_exit_code
-        from vmrun.inventory import select_hosts
+        from vmrun.ssh.group import Group, worst_exit_code
+        from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)
+        from vmrun.ssh.envvars import parse_env
+
         env_map = parse_env(env)
         labels = [e.label for e in entries]
         writer = PrefixedWriter(labels, prefix=prefix if prefix is not None else len(labels) > 1)

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import posixpath
 import re
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
 
-if TYPE_CHECKING:
-    from vmrun.connection import Connection
-    from vmrun.fetch_what import RunLocation
-    from vmrun.transfer import FetchSpec
-
-WHATS = ("results", "checkpoints", "logs", "metrics")  # vmrun.fetch_what.WHATS, unimported
-WATCH_SETTLE = 2.0  # --watch leaves files alone until they are this old (still being written)
 _RATE = re.compile(r"(?i)\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]?)i?b?(?:/s)?\s*")
 
 
@@ -29,81 +21,6 @@ def parse_rate(text: str | None) -> float | None:
     if not m or float(m.group(1)) <= 0:
         raise UsageError(f"--bwlimit {text!r}: expected a rate like 500K, 20M or 1G (per second)")
     return float(m.group(1)) * 1024 ** " kmg".index(m.group(2).lower() or " ")
-
-
-def _host_dir(label: str) -> str:
-    return label.replace("/", "_") or "host"
-
-
-def check_paths(items: list[str], run: str | None) -> None:
-    """Refuse `..` escapes before connecting anywhere (the same rule applies per host)."""
-    from vmrun.manifest import normalize_remote
-
-    for item in items:
-        if item in WHATS:
-            continue
-        if run:
-            normalize_remote(item, base="run-dir")
-        else:
-            normalize_remote(item, base="work-dir", where="the work directory")
-
-
-def path_spec(
-    item: str,
-    host_dir: str | None,
-    workdir: str,
-    *,
-    include: tuple[str, ...],
-    exclude: tuple[str, ...],
-    latest: int | None,
-) -> FetchSpec:
-    """An explicit remote path: relative to the project's work directory on the host (where
-    scripts run) and mirrored here as in the project; `~/x` from the home, mirrored as `x`;
-    absolute ones land under their last name."""
-    from vmrun.manifest import normalize_remote
-    from vmrun.transfer import FetchSpec
-
-    remote = normalize_remote(item, base=workdir, where="the work directory")
-    if remote.startswith("/"):
-        local = posixpath.basename(remote) or "root"
-    elif remote == workdir or remote.startswith(workdir + "/"):
-        local = posixpath.relpath(remote, workdir)
-    else:
-        local = remote
-    local = "" if local == "." else local
-    if host_dir:
-        local = posixpath.join(host_dir, local) if local else host_dir
-    return FetchSpec(
-        remote=remote, local=local, include=include, exclude=exclude, latest=latest, label=item
-    )
-
-
-def specs_for(
-    conn: Connection,
-    items: list[str],
-    *,
-    run: str | None,
-    location: RunLocation | None = None,
-    workdir: str,
-    host_dir: str | None,
-    include: tuple[str, ...],
-    exclude: tuple[str, ...],
-    latest: int | None,
-) -> list[FetchSpec]:
-    from vmrun.fetch_what import locate_run, resolve_what
-
-    specs: list[FetchSpec] = []
-    for item in items:
-        if item in WHATS or run is not None:
-            location = location or locate_run(conn, run)
-            specs += resolve_what(
-                item, location, host_dir=host_dir, include=include, exclude=exclude, latest=latest
-            )
-        else:
-            specs.append(
-                path_spec(item, host_dir, workdir, include=include, exclude=exclude, latest=latest)
-            )
-    return specs
 
 
 def register(app: typer.Typer) -> None:
@@ -170,13 +87,14 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.fetch_run import FetchJob, run_fetch
+        from vmrun.runs.outputs import check_paths
 
         items = list(what or ["results"])
         if all_hosts and host:
             raise UsageError("give either --host or --all-hosts, not both")
         check_paths(items, run)
         if run is not None:
-            from vmrun.runs import check_run_id
+            from vmrun.runs.records import check_run_id
 
             check_run_id(run)
         job = FetchJob(

@@ -9,10 +9,12 @@ from pathlib import Path
 
 from vmrun.config import Settings
 from vmrun.errors import ExitCode, Interrupted, RemoteError, UsageError, exit_code_for
-from vmrun.fetch_what import RunLocation
-from vmrun.group import Group
-from vmrun.inventory import HostEntry
-from vmrun.sync import remote_workdir
+from vmrun.remote_paths import remote_workdir
+from vmrun.runs.outputs import RunLocation
+from vmrun.ssh.group import Group
+from vmrun.ssh.inventory import HostEntry
+
+WATCH_SETTLE = 2.0  # --watch leaves files alone until they are this old (still being written)
 
 
 @dataclass
@@ -33,7 +35,7 @@ class FetchJob:
 
 
 def _entries(job: FetchJob) -> list[HostEntry]:
-    from vmrun.inventory import project_hosts, select_hosts
+    from vmrun.ssh.inventory import project_hosts, select_hosts
 
     if job.all_hosts:
         entries = project_hosts(job.settings)
@@ -52,10 +54,11 @@ def _destination(job: FetchJob) -> Path:
 def run_fetch(job: FetchJob) -> int:
     import os
 
-    from vmrun.cli.fetch_cmd import WATCH_SETTLE, WHATS, specs_for
     from vmrun.cli.fetch_view import LiveProgress, make_progress
-    from vmrun.streams import stop_all_streams
-    from vmrun.transfer import Options, download
+    from vmrun.runs.outputs import WHATS, specs_for
+    from vmrun.transfer.download import download
+    from vmrun.transfer.streams import stop_all_streams
+    from vmrun.transfer.types import Options
 
     entries = _entries(job)
     dest = _destination(job)
@@ -122,8 +125,8 @@ def _the_run(group: Group, run: str | None) -> tuple[str, dict[str, RunLocation]
     """The run (the newest across the hosts unless named) and where its files are on each
     host it ran on: a run's files come from those hosts alone, every host agrees on which
     run that is, and this one listing replaces a lookup per host."""
-    from vmrun.fetch_what import location_of
-    from vmrun.runs import find_run
+    from vmrun.runs.outputs import location_of
+    from vmrun.runs.records import find_run
 
     try:
         run_id, found = find_run(group, run)

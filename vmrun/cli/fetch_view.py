@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vmrun.transfer import Progress, Report
+from vmrun.transfer.types import Progress, Report
 
 if TYPE_CHECKING:
     from rich.console import Console

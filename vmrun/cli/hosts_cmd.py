@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import report
-        from vmrun.inventory import select_hosts
+        from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
                 groups = f"  groups={','.join(entry.groups)}" if entry.groups else ""
                 typer.echo(f"{entry.label}  {entry.spec.label}{groups}")
             return 0
-        from vmrun.group import Group, worst_exit_code
+        from vmrun.ssh.group import Group, worst_exit_code
 
         with Group(entries, settings) as group:
             outcomes = group.map(lambda e, c: c.run(["true"], check=True))

@@ -39,10 +39,10 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun import runs
-        from vmrun.group import Group
-        from vmrun.inventory import select_hosts
-        from vmrun.nodes import Prefixer
+        from vmrun.runs import records as runs
+        from vmrun.runs.nodes import Prefixer
+        from vmrun.ssh.group import Group
+        from vmrun.ssh.inventory import select_hosts
 
         if lines < 0:
             raise UsageError(f"--lines must be >= 0, got {lines}")
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
                 return 0
             try:
                 if len(conns) > 1:
-                    from vmrun.nodes import follow_nodes
+                    from vmrun.runs.nodes import follow_nodes
 
                     follow_nodes(conns, run_id, show, note, last=lines)
                     return 0

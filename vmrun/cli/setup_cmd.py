@@ -186,7 +186,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun import playbook as playbook_mod
+        from vmrun.setup import playbook as playbook_mod
 
         book = playbook_mod.load(playbook)
         if show_playbook:
@@ -230,10 +230,10 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--wheelhouse {wheelhouse} is not a folder")
         if installer is not None and not installer.is_file():
             raise UsageError(f"--installer {installer} is not a file")
-        from vmrun.inventory import select_hosts
+        from vmrun.ssh.inventory import select_hosts
 
         entries = select_hosts([*(hosts or []), *(host or [])], settings)
-        from vmrun.provision import SetupOptions
+        from vmrun.setup.host_setup import SetupOptions
 
         project = settings.project_dir or Path.cwd()
         options = SetupOptions(

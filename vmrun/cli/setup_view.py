@@ -14,8 +14,8 @@ import typer
 from vmrun.cli.output import error_line, report
 from vmrun.config import Settings
 from vmrun.errors import CommandFailed
-from vmrun.inventory import HostEntry, record_hosts
-from vmrun.provision import HostReport, SetupOptions
+from vmrun.setup.host_setup import HostReport, SetupOptions
+from vmrun.ssh.inventory import HostEntry, record_hosts
 
 
 class _Status:
@@ -93,8 +93,8 @@ def run_setup(
     project: Path,
     started: float,
 ) -> int:
-    from vmrun.group import Group, worst_exit_code
-    from vmrun.provision import HostSetup
+    from vmrun.setup.host_setup import HostSetup
+    from vmrun.ssh.group import Group, worst_exit_code
 
     labels = [e.label for e in entries]
     status = _Status(labels, live=sys.stdout.isatty())

@@ -31,10 +31,10 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun import runs
         from vmrun.cli.output import report
-        from vmrun.group import Group, worst_exit_code
-        from vmrun.inventory import select_hosts
+        from vmrun.runs import records as runs
+        from vmrun.ssh.group import Group, worst_exit_code
+        from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)

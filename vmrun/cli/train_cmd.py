@@ -25,7 +25,7 @@ from typer.core import TyperCommand
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
 
-_SCRIPT_ARGS = "vmrun.train.script_args"
+_SCRIPT_ARGS = "vmrun.runs.plan.script_args"
 
 
 class _DashDashCommand(TyperCommand):
@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.train import make_plan
+        from vmrun.runs.plan import make_plan
 
         user_args = ctx.meta.get(_SCRIPT_ARGS)
         wiring = _wiring(master, nnodes, rdzv_port, nccl_debug)
@@ -229,16 +229,16 @@ def register(app: typer.Typer) -> None:
                 )
             if wiring.master or wiring.nnodes or wiring.rdzv_port:
                 raise UsageError("--master, --nnodes and --rdzv-port are for several hosts")
-            from vmrun.localrun import run_local
+            from vmrun.runs.local import run_local
 
             return run_local(plan)
         from vmrun.cli.fetch_view import make_progress
-        from vmrun.inventory import select_hosts
-        from vmrun.remote_train import run_remote
+        from vmrun.runs.remote import run_remote
+        from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
         if resume is not None:
-            from vmrun.resume import load
+            from vmrun.runs.resume import load
 
             plan, entries, meta = load(settings, host, resume, plan.env)
             if wiring.master is None and len(entries) > 1:
@@ -279,7 +279,7 @@ def register(app: typer.Typer) -> None:
 def _wiring(
     master: str | None, nnodes: str | None, rdzv_port: int | None, nccl_debug: str | None
 ) -> Any:
-    from vmrun.remote_train import NCCL_DEBUG_LEVELS, Wiring
+    from vmrun.runs.remote import NCCL_DEBUG_LEVELS, Wiring
 
     if nccl_debug is not None and nccl_debug.upper() not in NCCL_DEBUG_LEVELS:
         raise UsageError(f"--nccl-debug {nccl_debug}: use one of {', '.join(NCCL_DEBUG_LEVELS)}")

@@ -1,0 +1,1 @@
+"""GPU telemetry: nvidia-smi's output parsed, and the live watch over a fleet of hosts."""

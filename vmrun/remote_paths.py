@@ -1,0 +1,40 @@
+"""Where vmrun keeps things on a host, spelled once.
+
+Paths are relative to the remote user's home (commands run from it, and scripts on the host
+get them as arguments), so one host's layout never depends on this machine's. Nothing here
+does I/O on a host; `remote_workdir` only hashes a local path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+STATE_DIR = ".vmrun"  # everything vmrun keeps on a host, but the code it syncs
+RUNS_DIR = f"{STATE_DIR}/runs"  # one folder per run: run.json, pid, log, exit_code, workers/
+HOST_RECORD = f"{STATE_DIR}/host.json"  # the environment setup made: python, torch, gpus
+SETUP_DIR = f"{STATE_DIR}/setup"  # setup's state.json (step fingerprints), reboot marks
+SETUP_STATE = f"{SETUP_DIR}/state.json"
+LIB_DIR = f"{STATE_DIR}/lib"  # vmrun's own scripts placed there (the template trainer)
+BIN_DIR = f"{STATE_DIR}/bin"  # first on the PATH of every command vmrun runs there
+WHEELHOUSE = f"{STATE_DIR}/wheelhouse"  # setup --wheelhouse uploads
+INSTALLERS = f"{STATE_DIR}/installers"  # setup --installer uploads
+ENVS_DIR = f"{STATE_DIR}/envs"  # environments setup builds (venv, uv, conda prefixes)
+WORK_ROOT = "vmrun"  # projects' synced code: vmrun/<name>-<hash>/
+RUN_ENV = "VMRUN_RUN_ID"  # carried by every process of a run: how stop and watch find them
+
+
+def run_dir(run_id: str) -> str:
+    """A run's record folder (the id is checked by the caller: vmrun.runs.records)."""
+    return f"{RUNS_DIR}/{run_id}"
+
+
+def remote_workdir(project: Path) -> str:
+    """`vmrun/<dir name slug>-<6 hex of sha256(absolute path)>` relative to the remote home:
+    stable per local project, no collisions between two projects of the same name."""
+    path = Path(os.path.abspath(project)).resolve()
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name).strip("-.")[:40].strip("-.")
+    digest = hashlib.sha256(os.fsencode(str(path))).hexdigest()[:6]
+    return f"{WORK_ROOT}/{slug or 'project'}-{digest}"

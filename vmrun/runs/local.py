@@ -1,0 +1,314 @@
+"""Training on this machine (`vmrun train --local`): launch, tee, supervise, stop completely.
+
+Ctrl-C (or SIGTERM/SIGHUP to vmrun) stops the whole run:
+SIGTERM to its process group, then SIGKILL to everything that descends from it after a grace
+period. torchrun starts each worker in a session of its own, so vmrun also makes itself a
+child subreaper while the run lasts: workers orphaned by a dying torchrun are re-parented to
+vmrun, so they are still found and killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vmrun.errors import CommandFailed, Interrupted, UsageError
+from vmrun.runs.plan import (
+    CPU_PROCESSES,
+    STOP_GRACE_S,
+    Plan,
+    free_port,
+    probe_torch,
+    utc_now,
+    write_json_atomic,
+)
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def run_local(plan: Plan) -> int:
+    """Probe torch, create the run directory, launch, stream, record; return the exit code."""
+    from vmrun.runs import launch
+
+    python = sys.executable
+    child_env = {**os.environ, **plan.env}
+    gpus = probe_torch(python, child_env)
+    nproc = plan.nproc
+    if plan.launcher == "torchrun":
+        if nproc is None:
+            nproc = str(gpus) if gpus else str(CPU_PROCESSES)
+        elif nproc == "gpu" and not gpus:
+            raise UsageError(
+                "--nproc-per-node gpu: torch sees no CUDA GPU here",
+                hint="use --nproc-per-node cpu or a number",
+            )
+
+    rid = launch.run_id(plan.name)
+    run_dir = plan.project / "results" / rid
+    run_dir.mkdir(parents=True)
+    rel_dir = os.path.relpath(run_dir, plan.project)
+    args = list(plan.args)
+    if plan.is_template and "--out-dir" not in args:
+        args += ["--out-dir", rel_dir]
+    if plan.launcher == "torchrun":
+        argv = launch.torchrun_argv(
+            python,
+            str(plan.script),
+            args,
+            nproc_per_node=nproc or "1",
+            max_restarts=plan.max_restarts,
+            rdzv_endpoint="localhost:0",
+            rdzv_id=rid,
+        )
+        for key, value in launch.torchrun_env(plan.max_restarts).items():
+            child_env.setdefault(key, value)  # an explicit --env or outer value wins
+    else:
+        argv = launch.python_argv(python, str(plan.script), args)
+    if plan.launcher == "env":
+        child_env.update(
+            launch.env_wiring(
+                node_rank=0, nnodes=1, master_addr="127.0.0.1", master_port=free_port()
+            )
+        )
+    child_env.update({"PYTHONUNBUFFERED": "1", "VMRUN_RUN_ID": rid, "VMRUN_RUN_DIR": str(run_dir)})
+    record: dict[str, Any] = {
+        "id": rid,
+        "status": "running",
+        "script": str(plan.script),
+        "template": plan.is_template,
+        "launcher": plan.launcher,
+        "nproc": {"torchrun": nproc, "env": "1"}.get(plan.launcher),  # python: the script's
+        "max_restarts": plan.max_restarts,
+        "argv": argv,
+        "cwd": str(plan.project),
+        "run_dir": str(run_dir),
+        "env_keys": sorted(plan.env),  # names only: values may be secrets
+        "python": python,
+        "pid": None,
+        "start_time": utc_now(),
+        "end_time": None,
+        "exit_code": None,
+    }
+    write_json_atomic(run_dir / "run.json", record)
+    procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
+    _note(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
+
+    try:
+        code, stopped = _Supervisor(rid, run_dir, record).run(argv, plan.project, child_env)
+    except Exception as exc:
+        record.update(status="error", end_time=utc_now(), error=f"{type(exc).__name__}: {exc}")
+        write_json_atomic(run_dir / "run.json", record)
+        raise
+    record.update(
+        status="stopped" if stopped else ("finished" if code == 0 else "failed"),
+        end_time=utc_now(),
+        exit_code=code,
+    )
+    write_json_atomic(run_dir / "run.json", record)
+    if stopped:
+        raise Interrupted(f"run {rid} stopped", hint=f"its files are in {rel_dir}/")
+    if code != 0:
+        raise CommandFailed(
+            f"run {rid} exited with {code}", hint=f"see {rel_dir}/train.log", exit_status=code
+        )
+    _note(f"run {rid} finished; files in {rel_dir}/")
+    return 0
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"vmrun: {text}\n")
+    sys.stderr.flush()
+
+
+class _StopRequested(Exception):
+    """SIGTERM/SIGHUP to vmrun: stop the run as Ctrl-C does."""
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise _StopRequested(signum)
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux prctl via libc; a no-op elsewhere (the /proc walk then finds less)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_setup() -> None:
+    """In the child before exec: get SIGTERM when vmrun dies, even by SIGKILL."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class _Supervisor:
+    """Runs the child in its own session, tees its output, and on a stop request ends every
+    process of the run: those below vmrun that carry VMRUN_RUN_ID=<this run> (so a caller's
+    other children are never touched, even when vmrun runs in-process in a test)."""
+
+    def __init__(self, rid: str, run_dir: Path, record: dict[str, Any]):
+        self.rid = rid
+        self.run_dir = run_dir
+        self.record = record
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stdout_ok = True
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bool]:
+        """Returns (exit code, stopped); a child killed by signal N gives 128+N."""
+        handlers = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        try:
+            with open(self.run_dir / "train.log", "ab") as self.log:
+                try:
+                    self.proc = subprocess.Popen(
+                        argv,
+                        cwd=cwd,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=_child_setup,
+                    )
+                    self.record["pid"] = self.proc.pid
+                    write_json_atomic(self.run_dir / "run.json", self.record)
+                    while self.pump(None):
+                        pass
+                    code = self.proc.wait()
+                    return (128 - code if code < 0 else code), False
+                except (KeyboardInterrupt, _StopRequested):
+                    self.stop()
+                    return 130, True
+        finally:
+            if self.proc is not None and self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.kill_leftovers()
+            _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+            for sig, old in handlers.items():
+                signal.signal(sig, old)
+
+    def pump(self, timeout: float | None) -> bool:
+        """Copy output that is ready within `timeout` (None: wait); False at its end."""
+        if self.proc is None or self.proc.stdout is None:
+            return False
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return True
+        data = os.read(fd, 65536)
+        if not data:
+            return False
+        self.log.write(data)
+        self.log.flush()
+        if self.stdout_ok:
+            try:
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):
+                self.stdout_ok = False  # nobody reads our stdout any more; keep the log
+        return True
+
+    def members(self) -> list[int]:
+        """Live processes of this run: below vmrun (torchrun's workers may be orphaned and
+        re-parented to us, the subreaper) and carrying this run's VMRUN_RUN_ID."""
+        tag = f"VMRUN_RUN_ID={self.rid}".encode()
+        found = []
+        for pid in _descendants(os.getpid()):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if tag in environ:
+                found.append(pid)
+        return found
+
+    def stop(self) -> None:
+        """SIGTERM the run's process group (torchrun passes it on to its workers); after
+        STOP_GRACE_S, or at a second Ctrl-C, SIGKILL every process of the run."""
+        hurry: list[int] = []
+        again = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # asked again: kill now
+        previous = {sig: signal.signal(sig, lambda *_: hurry.append(1)) for sig in again}
+        try:
+            if self.proc is None:
+                return
+            _signal_all([self.proc.pid], signal.SIGTERM, group_only=True)
+            deadline = time.monotonic() + STOP_GRACE_S
+            output_open = True
+            while time.monotonic() < deadline and not hurry:
+                if self.proc.poll() is not None and not self.members():
+                    break
+                if output_open:
+                    output_open = self.pump(0.1)  # keep draining: a full pipe blocks exit
+                else:
+                    time.sleep(0.05)
+            if self.proc.poll() is None or self.members():
+                _signal_all([self.proc.pid, *self.members()], signal.SIGKILL)
+            self.proc.wait()
+            self.kill_leftovers()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def kill_leftovers(self) -> None:
+        """Whatever of the run is still alive now (a worker torchrun left behind) is killed."""
+        deadline = time.monotonic() + 5
+        killed: set[int] = set()
+        while (left := self.members()) and time.monotonic() < deadline:
+            _signal_all(left, signal.SIGKILL)
+            killed.update(left)
+            time.sleep(0.02)
+            _reap(sorted(killed))
+        _reap(sorted(killed))
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live (non-zombie) process below `root`, from /proc; [] where there is none."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_all(pids: list[int], sig: int, *, group_only: bool = False) -> None:
+    """Signal each pid's process group (each is a session leader, or in one) and the pid."""
+    for pid in pids:
+        for kill in (os.killpg,) if group_only else (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, sig)
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect the exit status of killed orphans vmrun adopted, so no zombie lingers.
+
+    Only named pids: a caller running vmrun in-process keeps its own children's statuses.
+    """
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)

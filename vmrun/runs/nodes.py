@@ -1,0 +1,217 @@
+"""Watching a run on several hosts at once: one merged, prefixed log, and the failure rule.
+
+Every node's log is followed on its own channel; lines come out as they arrive, as
+`[host rankN] text` (torchrun's per-rank prefix, see launch.RANK_PREFIX) or `[host] text`
+(the launcher's own lines). When one node's launcher exits non-zero, or its host stops
+answering while the others still do, that node is reported as the first failure and the run
+is stopped on every other node (`runs.stop`: TERM, KILL after the grace, verified), so
+nobody waits out a 30-minute collective timeout. When *every* host stops answering at once
+the fault is this machine's network: the run goes on there, and this says how to reattach.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from vmrun.errors import (
+    CommandFailed,
+    ConnectionLostError,
+    Interrupted,
+    VmrunError,
+)
+from vmrun.runs import records as runs
+from vmrun.runs.launch import RANK_PREFIX
+from vmrun.runs.plan import STOP_GRACE_S
+from vmrun.ssh.connection import Connection
+
+Emit = Callable[[bytes], None]
+Note = Callable[[str], None]
+ALIVE_CHECK_S = 10.0  # how long a quick command may take on a host thought alive
+
+
+class Prefixer:
+    """Cuts one node's output into lines and prefixes each; keeps a partial last line."""
+
+    def __init__(self, host: str, emit: Emit):
+        self.host = host.encode()
+        self.emit = emit
+        self.rest = b""
+        self.lock = threading.Lock()
+
+    def line(self, raw: bytes) -> bytes:
+        match = RANK_PREFIX.match(raw)
+        if match:
+            return b"[" + self.host + b" rank" + match.group(1) + b"] " + raw[match.end() :]
+        return b"[" + self.host + b"] " + raw
+
+    def feed(self, data: bytes) -> None:
+        with self.lock:
+            *lines, self.rest = (self.rest + data).split(b"\n")
+            for raw in lines:
+                self.emit(self.line(raw) + b"\n")
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.rest:
+                self.emit(self.line(self.rest) + b"\n")
+                self.rest = b""
+
+
+@dataclass
+class _Event:
+    host: str
+    record: runs.RunRecord | None = None
+    error: BaseException | None = None
+
+
+def _follow_one(conn: Connection, rid: str, out: Prefixer, last: int, events: queue.Queue) -> None:
+    try:
+        runs.follow(conn, rid, out.feed, last=last)
+        out.flush()
+        (record,) = runs.list_runs(conn, [rid])
+        events.put(_Event(conn.label, record=record))
+    except BaseException as exc:  # reported by the watcher, never lost
+        out.flush()
+        events.put(_Event(conn.label, error=exc))
+
+
+def _answers(conn: Connection) -> bool:
+    try:
+        return conn.run(["true"], timeout=ALIVE_CHECK_S).ok
+    except VmrunError:
+        return False
+
+
+def follow_nodes(
+    conns: Sequence[Connection],
+    rid: str,
+    emit: Emit,
+    note: Note,
+    *,
+    last: int | dict[str, int] = 0,
+    grace: float = STOP_GRACE_S,
+) -> None:
+    """Follow the run on every node until it ends everywhere; raise if it failed anywhere
+    (after stopping it on the others), Interrupted on Ctrl-C (the run goes on)."""
+    events: queue.Queue[_Event] = queue.Queue()
+    threads = []
+    for conn in conns:
+        start = last.get(conn.label, 0) if isinstance(last, dict) else last
+        out = Prefixer(conn.label, emit)
+        t = threading.Thread(
+            target=_follow_one, args=(conn, rid, out, start, events), daemon=True
+        )
+        t.start()
+        threads.append(t)
+    pending = {c.label for c in conns}
+    try:
+        while pending:
+            try:
+                event = events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            pending.discard(event.host)
+            if _failure(event) is None:
+                continue
+            event = _first(event, events, pending)
+            why = _failure(event)
+            assert why is not None
+            if isinstance(event.error, ConnectionLostError):
+                others = [c for c in conns if c.label != event.host]
+                if not any(_answers(c) for c in others):
+                    raise ConnectionLostError(
+                        f"lost the connection to every host of run {rid}; it goes on running"
+                        " there",
+                        hint=f"reattach with `vmrun logs -f {rid}`",
+                    ) from None
+            _fail(conns, rid, event, why, threads, note, grace)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"detached from run {rid}; it goes on running on {len(conns)} hosts",
+            hint=f"reattach with `vmrun logs -f {rid}`, stop it with `vmrun stop {rid}`",
+        ) from None
+
+
+def _first(event: _Event, events: queue.Queue[_Event], pending: set[str]) -> _Event:
+    """Of the failures known now (this one and any already queued), the one that ended first
+    by its host's record (a run that had ended before it was followed delivers them all at
+    once, in no useful order); arrival order otherwise."""
+    failed = [event]
+    while True:
+        try:
+            other = events.get_nowait()
+        except queue.Empty:
+            break
+        pending.discard(other.host)
+        if _failure(other) is not None:
+            failed.append(other)
+
+    def ended(e: _Event) -> float:
+        return e.record.ended if e.record is not None and e.record.ended else float("inf")
+
+    return min(failed, key=ended)
+
+
+def _failure(event: _Event) -> str | None:
+    """Why this node's end is a failure of the run, or None when it finished cleanly."""
+    if event.error is not None:
+        if isinstance(event.error, ConnectionLostError):
+            return "its host stopped answering"
+        if isinstance(event.error, VmrunError):
+            return event.error.message
+        return f"{type(event.error).__name__}: {event.error}"
+    record = event.record
+    assert record is not None
+    if record.state == "done":
+        return None
+    if record.state == "stopped":
+        return "it was stopped"
+    if record.exit_code is None:
+        return "its launcher vanished without an exit code (killed, or the host rebooted)"
+    return f"its launcher exited with {record.exit_code}"
+
+
+def _fail(
+    conns: Sequence[Connection],
+    rid: str,
+    first: _Event,
+    why: str,
+    threads: list[threading.Thread],
+    note: Note,
+    grace: float,
+) -> None:
+    note(f"node {first.host} failed: {why}; stopping run {rid} on the other nodes")
+    reachable = [c for c in conns if not (c.label == first.host and first.error is not None)]
+    results: dict[str, str] = {}
+
+    def stop(conn: Connection) -> None:
+        try:
+            res = runs.stop(conn, rid, grace=grace)
+            results[conn.label] = (
+                f"stopped {len(res.signalled)} process(es)" if res.signalled else "had ended"
+            )
+        except VmrunError as exc:
+            results[conn.label] = f"could not be stopped: {exc.message}"
+
+    stoppers = [threading.Thread(target=stop, args=(c,), daemon=True) for c in reachable]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()
+    for t in threads:  # the other logs end now that their runs have ended
+        t.join(timeout=10)
+    left = [f"{h} {what}" for h, what in results.items()]
+    if first.error is not None:
+        left.append(f"{first.host} unreachable: `vmrun stop {rid}` once it is back")
+    note("; ".join(left))
+    code = first.record.exit_code if first.record and first.record.exit_code else 1
+    raise CommandFailed(
+        f"run {rid} failed: node {first.host} was the first to fail ({why})",
+        host=first.host,
+        exit_status=code if 0 < code < 256 else 1,
+        hint=f"see `vmrun logs {rid} --node {first.host}`; resume with"
+        f" `vmrun train --resume {rid}`",
+    )

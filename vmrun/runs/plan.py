@@ -1,0 +1,178 @@
+"""What a training run is, decided before anything starts (a Plan), shared by local and
+remote runs. Bad input fails here with a one-line UsageError, and nothing is started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from vmrun.errors import UsageError, VmrunError
+
+DEFAULT_EPOCHS = 10
+DEFAULT_SAVE_EVERY = 5
+CPU_PROCESSES = 2  # default world size without CUDA: small, but a real multi-process DDP run
+STOP_GRACE_S = 10.0
+_TORCH_PROBE = "import torch; print(torch.__version__); print(torch.cuda.device_count())"
+_PIN_HINT = (
+    "install it with `pip install torch==2.13.0` (always pin torch: an unpinned `torch` pulls"
+    " the multi-GB CUDA build)"
+)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass
+class Plan:
+    """Everything decided before anything starts: bad input fails here, with nothing run."""
+
+    script: Path
+    is_template: bool
+    name: str
+    args: list[str]
+    launcher: str
+    nproc: str | None
+    max_restarts: int
+    env: dict[str, str]
+    project: Path
+
+
+def make_plan(
+    *,
+    script: str | None,
+    user_args: list[str] | None,
+    epochs: int | None,
+    save_every: int | None,
+    nproc_per_node: str | None,
+    max_restarts: int,
+    env: list[str] | None,
+    name: str | None,
+    batch_size: int | None,
+    lr: float | None,
+    launcher: str,
+) -> Plan:
+    """Validate every flag; raise UsageError (exit 2) before anything is started."""
+    from vmrun.config import find_project_dir
+    from vmrun.runs import launch
+    from vmrun.ssh.envvars import parse_env
+    from vmrun.trainer import TEMPLATE_NAME, TEMPLATE_PATH
+
+    launch.check_launcher(launcher)
+    if script is None:
+        path, is_template = TEMPLATE_PATH, True
+    else:
+        path, is_template = Path(script).expanduser().absolute(), False
+        if not path.is_file():
+            raise UsageError(f"script {script}: no such file")
+    template_only = [f for f, v in (("--batch-size", batch_size), ("--lr", lr)) if v is not None]
+    if not is_template and template_only:
+        raise UsageError(
+            f"{' and '.join(template_only)} are the template trainer's options, not your"
+            f" script's; pass your script's own arguments after -- (`vmrun train {script} --"
+            " --lr 0.1`)"
+        )
+    if user_args:
+        given = [
+            flag
+            for flag, value in (
+                ("--epochs", epochs),
+                ("--save-every", save_every),
+                ("--batch-size", batch_size),
+                ("--lr", lr),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} cannot be combined with script args after --;"
+                " put them after -- in the form the script expects"
+            )
+    args = launch.script_args(
+        DEFAULT_EPOCHS if epochs is None else epochs,
+        DEFAULT_SAVE_EVERY if save_every is None else save_every,
+        user_args,
+    )
+    if batch_size is not None:
+        if batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+        args += ["--batch-size", str(batch_size)]
+    if lr is not None:
+        if not lr > 0:
+            raise UsageError(f"--lr must be > 0, got {lr}")
+        args += ["--lr", repr(lr)]
+    if launcher == "torchrun":
+        nproc = None if nproc_per_node is None else launch.check_nproc_per_node(nproc_per_node)
+        if max_restarts < 0:
+            raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
+    else:
+        if nproc_per_node is not None or max_restarts:
+            raise UsageError(
+                f"--nproc-per-node and --max-restarts are torchrun's; --launcher {launcher}"
+                " starts one process"
+            )
+        nproc = None
+    env_map = parse_env(env)
+    run_name = (
+        launch.check_run_name(name)
+        if name is not None
+        else (TEMPLATE_NAME if is_template else launch.name_from_script(path.stem))
+    )
+    return Plan(
+        script=path,
+        is_template=is_template,
+        name=run_name,
+        args=args,
+        launcher=launcher,
+        nproc=nproc,
+        max_restarts=max_restarts,
+        env=env_map,
+        project=find_project_dir() or Path.cwd(),
+    )
+
+
+def probe_torch(python: str, env: dict[str, str]) -> int:
+    """Import torch in a child (never here) and return its CUDA device count."""
+    try:
+        done = subprocess.run(
+            [python, "-c", _TORCH_PROBE],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise VmrunError(f"cannot run {python} to check for torch: {exc}") from None
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) < 2 or not lines[-1].isdigit():
+        errors = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        why = errors[-1].strip() if errors else f"exit status {done.returncode}"
+        raise VmrunError(f"torch is not importable by {python} ({why})", hint=_PIN_HINT)
+    return int(lines[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Temp file in the same directory, fsync, rename: readers never see half a record."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,447 @@
+"""Where the nodes of a multi-node run meet: the master's address as the *other hosts* reach
+it, the rendezvous port, and each host's interface for NCCL/gloo.
+
+The address the user SSHes to is often not the one the hosts share (a cloud VM's public IP
+is NAT'd; HPC nodes have a management and a fast network). So the master's candidates are
+its own IPv4 interface addresses, best first: on a subnet that holds the most workers'
+addresses, then not a container bridge (docker0 and friends look shared but are not), then
+private; the address vmrun reached it at comes last. `private_addr` in vmrun.toml replaces
+them all. Then every worker really connects to every candidate on the rendezvous port (a
+listener on the master answers each probe with a nonce), and the first candidate that every
+worker reached wins. Nothing is launched before that check passes.
+
+Each host's interface is the one on its route to the chosen address (the master's: the one
+holding it); it becomes NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, because gloo otherwise
+binds to whatever the hostname resolves to, and Ubuntu's /etc/hosts maps it to 127.0.1.1
+("connectFullMesh failed ... remote=[127.0.0.1]"). `ifname` in vmrun.toml overrides it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import secrets
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.errors import RemoteError, UnreachableError, UsageError
+from vmrun.ssh import quoting
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.group import Group, raise_for_failures
+
+DEFAULT_PORT = 29400  # torchrun's own default for a c10d endpoint
+PORT_TRIES = 20  # the next ports are tried when the default one is taken on the master
+PROBE_TIMEOUT = 3.0
+_VIRTUAL = ("docker", "br-", "virbr", "veth", "cni", "flannel", "cali", "vxlan", "podman", "lxc")
+
+
+@dataclass(frozen=True)
+class Iface:
+    ifname: str
+    addr: str
+    prefixlen: int
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"{self.addr}/{self.prefixlen}", strict=False)
+
+    @property
+    def virtual(self) -> bool:
+        return self.ifname.startswith(_VIRTUAL)
+
+
+@dataclass
+class NodeFacts:
+    """What `netprobe facts` said about one host (plus the address vmrun reached it at)."""
+
+    label: str
+    hostname: str = ""
+    fqdn: str = ""
+    ifaces: list[Iface] = field(default_factory=list)
+    reached_at: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, label: str, text: str, reached_at: str = "") -> NodeFacts:
+        try:
+            data = json.loads(text.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RemoteError(
+                f"the host's network probe gave no answer ({text.strip()[-200:]!r})", host=label
+            ) from None
+        ifaces = []
+        for item in data.get("addrs", []):
+            try:
+                iface = Iface(str(item["ifname"]), str(item["addr"]), int(item["prefixlen"]))
+                ip = ipaddress.IPv4Address(iface.addr)
+            except (KeyError, ValueError, TypeError):
+                continue
+            if item.get("up", True) and not (ip.is_loopback or ip.is_link_local):
+                ifaces.append(iface)
+        return cls(label, data.get("hostname", ""), data.get("fqdn", ""), ifaces, reached_at, data)
+
+    def iface_of(self, addr: str) -> Iface | None:
+        return next((i for i in self.ifaces if i.addr == addr), None)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def candidates(master: NodeFacts, workers: Sequence[NodeFacts], override: str = "") -> list[str]:
+    """The master's addresses the workers might reach it at, best first (module docstring)."""
+    if override:
+        return [override]
+    worker_addrs = [
+        ipaddress.IPv4Address(a)
+        for w in workers
+        for a in {i.addr for i in w.ifaces} | ({w.reached_at} if _is_ip(w.reached_at) else set())
+    ]
+
+    def score(item: tuple[int, Iface]) -> tuple[int, bool, bool, int]:
+        index, iface = item
+        net = iface.network
+        shared = len({str(a) for a in worker_addrs if a in net})
+        return (-shared, iface.virtual, not ipaddress.IPv4Address(iface.addr).is_private, index)
+
+    ordered = [iface.addr for _, iface in sorted(enumerate(master.ifaces), key=score)]
+    if master.reached_at and master.reached_at not in ordered:
+        ordered.append(master.reached_at)
+    return list(dict.fromkeys(ordered))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One worker's attempt to reach one master address."""
+
+    worker: str
+    target: str
+    ok: bool
+    error: str
+    src: str
+    ifname: str
+
+
+def pick(cands: Sequence[str], probes: Sequence[Probe], workers: Sequence[str]) -> str | None:
+    """The first candidate every worker reached."""
+    for addr in cands:
+        reached = {p.worker for p in probes if p.ok and p.target.rpartition(":")[0] == addr}
+        if all(w in reached for w in workers):
+            return addr
+    return None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the nodes meet, decided before anything starts."""
+
+    master: str  # the master host's label
+    addr: str  # the master's address as the workers reach it
+    port: int
+    ifnames: dict[str, str]  # host label -> interface towards the master ("" unknown)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.addr}:{self.port}"
+
+
+def gather_facts(conn: Connection, python: str, *, versions: bool, disk: str = "") -> NodeFacts:
+    """One round trip: the host's names, interfaces, clock (and torch versions, disk)."""
+    from vmrun.transfer.streams import capture
+
+    args = ["facts"] + (["--versions"] if versions else []) + (["--disk", disk] if disk else [])
+    command = quoting.plain_command([python, "-c", _source(), *args])
+    status, out, err = capture(conn, command, what="the host probe")
+    if status != 0:
+        raise RemoteError(
+            f"{python} could not run vmrun's host probe: {err.strip()[-300:] or status}",
+            host=conn.label,
+        )
+    reached = ""
+    try:
+        reached = str(conn.transport.getpeername()[0])
+    except Exception:  # a ProxyJump channel has no peer address of its own
+        reached = conn.target.hostname if conn.target and _is_ip(conn.target.hostname) else ""
+    return NodeFacts.parse(conn.label, out.decode("utf-8", "replace"), reached)
+
+
+class Listener:
+    """The probe listener on one host: an exec channel that stays open until `stop()`
+    (closing it makes the host's run wrapper kill the listener, freeing the port)."""
+
+    def __init__(self, conn: Connection, python: str, ports: Sequence[int], timeout: float):
+        self.conn = conn
+        self.nonce = secrets.token_hex(8)
+        self.port: int | None = None
+        self.busy = False
+        self.peers: list[tuple[str, str]] = []
+        self._ready = threading.Event()
+        self._argv = [
+            python,
+            "-c",
+            _source(),
+            "listen",
+            ",".join(map(str, ports)),
+            "1000000",
+            str(timeout),
+            self.nonce,
+        ]
+        self._chan: Any = None
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+
+    def _deliver(self, stream: str, data: bytes) -> None:
+        if stream != "out":
+            return
+        for line in data.decode("utf-8", "replace").splitlines():
+            word, _, rest = line.partition(" ")
+            if word == "LISTEN":
+                self.port = int(rest)
+                self._ready.set()
+            elif word == "BUSY":
+                self.busy = True
+                self._ready.set()
+            elif word == "PEER":
+                label, _, addr = rest.partition(" ")
+                self.peers.append((label, addr))
+
+    def _pump(self) -> None:
+        with contextlib.suppress(Exception):  # closed by stop(), or the host went away
+            self.conn.drain(self._chan, self._deliver, "while listening for probes")
+        self._ready.set()
+
+    def start(self) -> Listener:
+        self._chan = self.conn.open_session()
+        self._chan.exec_command(quoting.remote_command(self._argv))
+        self._chan.sendall(quoting.env_header(None))
+        self._thread.start()
+        self._ready.wait(30)
+        if self.port is None and not self.busy:
+            self.stop()
+            raise RemoteError(
+                "the reachability probe's listener did not start", host=self.conn.label
+            )
+        return self
+
+    def stop(self) -> None:
+        if self._chan is not None:
+            self._chan.close()
+        self._thread.join(5)
+
+
+def _source() -> str:
+    from vmrun.hostside import source
+
+    return source("netprobe")
+
+
+def probe(
+    conn: Connection,
+    python: str,
+    nonce: str,
+    targets: Sequence[str],
+    timeout: float = PROBE_TIMEOUT,
+) -> list[Probe]:
+    """From this host, connect to every target at once; one Probe each."""
+    result = conn.run(
+        [python, "-c", _source(), "connect", nonce, conn.label, str(timeout), *targets],
+        timeout=timeout + 30,
+    )
+    try:
+        items = json.loads(result.stdout_tail.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteError(
+            f"the reachability probe failed: {result.output_tail(3)}", host=conn.label
+        ) from None
+    return [
+        Probe(
+            conn.label,
+            i["target"],
+            bool(i["ok"]),
+            i.get("error", ""),
+            i.get("src", ""),
+            i.get("ifname", ""),
+        )
+        for i in items
+    ]
+
+
+def ports_from(port: int | None) -> list[int]:
+    """The port asked for, or the default and the next ones to try when it is taken."""
+    if port is not None:
+        if not 1 <= port <= 65535:
+            raise UsageError(f"--rdzv-port {port}: ports are 1-65535")
+        return [port]
+    return list(range(DEFAULT_PORT, DEFAULT_PORT + PORT_TRIES))
+
+
+def decide(
+    group: Group,
+    pythons: Mapping[str, str],
+    facts: Mapping[str, NodeFacts],
+    master: str,
+    *,
+    port: int | None = None,
+    override_addr: str = "",
+    ifname_overrides: Mapping[str, str] | None = None,
+) -> Layout:
+    """Choose and check the rendezvous address and port, and each host's interface; raise
+    (naming who cannot reach whom) when no address of the master works for every worker."""
+    workers = [label for label in facts if label != master]
+    cands = candidates(facts[master], [facts[w] for w in workers], override_addr)
+    if not cands:
+        raise RemoteError(
+            "the master has no IPv4 address the other hosts could use",
+            host=master,
+            hint="set private_addr for it in vmrun.toml",
+        )
+    listener = Listener(
+        group.connections[master], pythons[master], ports_from(port), timeout=120
+    ).start()
+    try:
+        if listener.busy:
+            raise UsageError(
+                f"port {ports_from(port)[0]}"
+                + ("" if port is not None else f"-{ports_from(port)[-1]}")
+                + " is in use on the master",
+                host=master,
+                hint="pick a free one with --rdzv-port",
+            )
+        assert listener.port is not None
+        targets = [f"{a}:{listener.port}" for a in cands]
+        outcomes = group.map(
+            lambda entry, conn: probe(conn, pythons[entry.label], listener.nonce, targets),
+            only=set(workers),
+        )
+    finally:
+        listener.stop()
+    raise_for_failures(outcomes)
+    probes = [p for o in outcomes for p in o.value or []]
+    chosen = pick(cands, probes, workers)
+    if chosen is None:
+        raise UnreachableError(
+            _unreachable_message(master, cands, listener.port, probes, workers),
+            hint="open the port between the hosts, or set private_addr for the master in"
+            " vmrun.toml to an address they reach (`vmrun doctor` checks every pair)",
+        )
+    ifnames = {}
+    for label in facts:
+        if label == master:
+            iface = facts[master].iface_of(chosen) or _iface_towards(facts[master], probes)
+            ifnames[label] = iface.ifname if iface else ""
+        else:
+            ifnames[label] = next(
+                (
+                    p.ifname
+                    for p in probes
+                    if p.worker == label and p.target.startswith(f"{chosen}:")
+                ),
+                "",
+            )
+        ifnames[label] = (ifname_overrides or {}).get(label) or ifnames[label]
+    return Layout(master, chosen, listener.port, ifnames)
+
+
+def _iface_towards(master: NodeFacts, probes: Sequence[Probe]) -> Iface | None:
+    """The master's interface on the workers' subnet, when the address they reach it at is
+    not on any of its interfaces (a NAT'd or forwarded `private_addr`)."""
+    for p in probes:
+        if p.ok and p.src:
+            for iface in master.ifaces:
+                if ipaddress.IPv4Address(p.src) in iface.network:
+                    return iface
+    return None
+
+
+def _unreachable_message(
+    master: str, cands: Sequence[str], port: int, probes: Sequence[Probe], workers: Sequence[str]
+) -> str:
+    parts = []
+    for w in workers:
+        failed = [p for p in probes if p.worker == w and not p.ok]
+        if len(failed) == len(cands):
+            why = ", ".join(f"{p.target} ({p.error})" for p in failed)
+            parts.append(f"{w} cannot reach {master} at {why}")
+    return "; ".join(parts) or (
+        f"no single address of {master} on port {port} is reachable from every other host"
+    )
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Whether `src` reached `dst` on one of dst's addresses (doctor's mesh check)."""
+
+    src: str
+    dst: str
+    ok: bool
+    via: str  # the target that answered, or every target tried with its error
+
+
+def mesh(
+    group: Group,
+    pythons: Mapping[str, str],
+    facts: Mapping[str, NodeFacts],
+    *,
+    port: int | None = None,
+    override_addrs: Mapping[str, str] | None = None,
+) -> list[Pair]:
+    """Every host listens; every host probes every other host's candidate addresses."""
+    labels = list(facts)
+    cands = {
+        label: candidates(
+            facts[label],
+            [facts[o] for o in labels if o != label],
+            (override_addrs or {}).get(label, ""),
+        )
+        for label in labels
+    }
+    listeners: dict[str, Listener] = {}
+    try:
+        for label in labels:
+            listeners[label] = Listener(
+                group.connections[label], pythons[label], ports_from(port), timeout=120
+            ).start()
+        busy = [label for label, li in listeners.items() if li.busy]
+        if busy:
+            raise UsageError(
+                f"no free port to probe with on {', '.join(busy)}", hint="pick --rdzv-port"
+            )
+        targets = {
+            label: [f"{a}:{li.port}" for a in cands[label]] for label, li in listeners.items()
+        }
+
+        def work(entry: Any, conn: Connection) -> list[Probe]:
+            found: list[Probe] = []
+            for other in labels:
+                if other != entry.label and targets[other]:
+                    found += probe(
+                        conn, pythons[entry.label], listeners[other].nonce, targets[other]
+                    )
+            return found
+
+        outcomes = group.map(work)
+    finally:
+        for li in listeners.values():
+            li.stop()
+    raise_for_failures(outcomes)
+    pairs = []
+    for outcome, src in zip(outcomes, labels, strict=True):
+        probes = outcome.value or []
+        for dst in labels:
+            if dst == src:
+                continue
+            mine = [p for p in probes if p.target in targets[dst]]
+            good = next((p for p in mine if p.ok), None)
+            via = (
+                good.target
+                if good
+                else (", ".join(f"{p.target} ({p.error})" for p in mine) or "no address to try")
+            )
+            pairs.append(Pair(src, dst, good is not None, via))
+    return pairs

@@ -1,0 +1,166 @@
+"""What a host is, learned in one read-only round trip: OS, GPUs, driver, sudo, setup state.
+
+GPU detection needs no extra package: PCI display controllers with NVIDIA's vendor id
+0x10de under /sys/bus/pci/devices, or `lspci -d 10de:` where sysfs shows none. Setup reads the
+facts again after a step that may reboot (the driver), so the torch wheel follows the new driver.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.errors import RemoteError
+from vmrun.ssh.connection import Connection
+
+FACTS_SCRIPT = r"""
+echo "home=$HOME"
+echo "user=$(id -un)"
+echo "uid=$(id -u)"
+if [ -r /etc/os-release ]; then . /etc/os-release; fi
+echo "os_id=${ID:-}"
+echo "os_release=${VERSION_ID:-}"
+echo "os_name=${PRETTY_NAME:-}"
+echo "arch=$(uname -m)"
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
+gpus=0
+for dev in /sys/bus/pci/devices/*; do
+  [ "$(cat "$dev/vendor" 2>/dev/null)" = 0x10de ] || continue
+  case "$(cat "$dev/class" 2>/dev/null)" in 0x03*) gpus=$((gpus + 1)) ;; esac
+done
+if [ "$gpus" = 0 ] && command -v lspci >/dev/null 2>&1; then
+  gpus=$(lspci -d 10de: 2>/dev/null | grep -ciE 'vga|3d|display' || true)
+fi
+echo "gpus=$gpus"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  out=$(nvidia-smi 2>&1); rc=$?
+  echo "smi_rc=$rc"
+  echo "smi_first=$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | head -n1)"
+  field() { printf '%s\n' "$out" | sed -n "s/.*$1: *\([0-9.]*\).*/\1/p" | head -n1; }
+  echo "cuda_driver=$(field 'CUDA Version')"
+  echo "driver=$(field 'Driver Version')"
+  if [ "$rc" = 0 ]; then  # the oldest GPU decides which CUDA builds still ship its kernels
+    echo "compute_cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+      | sort -n | head -n1)"
+  fi
+else
+  echo "smi_rc=127"
+fi
+if [ "$(id -u)" = 0 ]; then echo "sudo=root"
+elif ! command -v sudo >/dev/null 2>&1; then echo "sudo=none"
+elif said=$(sudo -n true 2>&1 </dev/null); then echo "sudo=nopasswd"
+else echo "sudo=password"; echo "sudo_says=$(printf '%s\n' "$said" | head -n1)"; fi
+for tool in python3 rsync curl uv; do
+  echo "has_$tool=$(command -v $tool >/dev/null 2>&1 && echo 1 || echo 0)"
+done
+echo "state=$(base64 -w0 "$HOME/.vmrun/setup/state.json" 2>/dev/null)"
+"""
+
+
+@dataclass
+class Facts:
+    home: str
+    user: str
+    uid: int
+    os_id: str
+    os_release: str
+    os_name: str
+    arch: str
+    boot_id: str
+    gpus: int
+    smi_rc: int
+    smi_first: str
+    cuda_driver: str
+    driver: str
+    sudo: str  # root | nopasswd | password | none
+    tools: dict[str, bool]
+    state: dict[str, Any] = field(default_factory=dict)
+    compute_cap: str = ""  # the lowest among the GPUs, e.g. "7.5"; empty when unknown
+    sudo_says: str = ""  # what `sudo -n true` printed when it failed
+
+    @property
+    def sudo_problem(self) -> str:
+        """Why this host cannot run root steps, in words; empty when it can."""
+        if self.can_sudo:
+            return ""
+        if self.sudo == "none":
+            return "there is no sudo"
+        said = f" ({self.sudo_says})" if self.sudo_says else ""
+        return f"sudo needs a password{said}"
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpus > 0
+
+    @property
+    def sudo_prefix(self) -> str:
+        return "" if self.sudo == "root" else "sudo -n"
+
+    @property
+    def can_sudo(self) -> bool:
+        return self.sudo in ("root", "nopasswd")
+
+    def absolute(self, path: str) -> str:
+        """A path as the host sees it: relative paths are relative to the home directory."""
+        if path.startswith("~/"):
+            path = path[2:]
+        return path if path.startswith("/") else f"{self.home.rstrip('/')}/{path}"
+
+
+def parse(text: str, host: str) -> Facts:
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and re.fullmatch(r"[a-z_0-9]+", key):
+            values[key] = value
+    if "home" not in values:
+        raise RemoteError("could not read the host's facts (is the login shell POSIX?)", host=host)
+    state: dict[str, Any] = {}
+    if values.get("state"):
+        try:
+            state = json.loads(base64.b64decode(values["state"]))
+        except ValueError:
+            state = {}  # a damaged state file only costs re-running checks
+
+    def number(key: str, default: int = 0) -> int:
+        try:
+            return int(values.get(key, default))
+        except ValueError:
+            return default
+
+    return Facts(
+        home=values["home"],
+        user=values.get("user", ""),
+        uid=number("uid", -1),
+        os_id=values.get("os_id", ""),
+        os_release=values.get("os_release", ""),
+        os_name=values.get("os_name", ""),
+        arch=values.get("arch", ""),
+        boot_id=values.get("boot_id", ""),
+        gpus=number("gpus"),
+        smi_rc=number("smi_rc", 127),
+        smi_first=values.get("smi_first", ""),
+        cuda_driver=values.get("cuda_driver", ""),
+        driver=values.get("driver", ""),
+        sudo=values.get("sudo", "none"),
+        tools={k[4:]: v == "1" for k, v in values.items() if k.startswith("has_")},
+        state=state if isinstance(state, dict) else {},
+        compute_cap=_version_text(values.get("compute_cap", "")),
+        sudo_says=values.get("sudo_says", "").strip()[:200],
+    )
+
+
+def _version_text(text: str) -> str:
+    """A "major.minor" version, or "" for anything else (a stand-in or an old nvidia-smi)."""
+    text = text.strip()
+    return text if re.fullmatch(r"\d+\.\d+", text) else ""
+
+
+def gather(conn: Connection) -> Facts:
+    result = conn.run(["bash", "-c", FACTS_SCRIPT])
+    if not result.ok:
+        raise RemoteError(f"reading host facts failed: {result.output_tail(3)}", host=conn.label)
+    return parse(result.stdout_tail, conn.label)

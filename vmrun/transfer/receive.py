@@ -1,0 +1,192 @@
+"""Receiving one host's files: a tar stream (or `tail -c +N` to resume) into temporary names.
+
+Small files pass through memory and are hashed on the way; big ones are spliced from the
+stream into their file (no copy through Python) and hashed by a thread reading behind the
+writer. Nothing here decides what to fetch or whether a file is good: see vmrun.transfer.download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vmrun.errors import AuthError, ConnectionLostError, HostKeyError, RemoteError, VmrunError
+from vmrun.ssh import quoting
+from vmrun.transfer.hashing import Follower, Throttle
+from vmrun.transfer.manifest import Entry, remote_arg
+from vmrun.transfer.streams import Engine, Stream, read_exact
+from vmrun.transfer.tar import TAR_CREATE, TruncatedStream, drain, members, skip
+
+if TYPE_CHECKING:
+    from vmrun.transfer.types import Progress, Report
+
+SMALL = 4 << 20  # files up to this size go through memory; larger ones are spliced
+
+
+@dataclass
+class Item:
+    """One file to fetch, and what became of it."""
+
+    remote: str
+    local: Path
+    entry: Entry
+    display: str
+    offset: int = 0
+    part: Path | None = None
+    received: int = -1  # bytes of the file now in `part` (-1: nothing arrived)
+    digest: str | None = None
+    why: str = ""
+
+
+def stream_error(status: int, err: str, label: str, doing: str) -> VmrunError:
+    last = err.strip().splitlines()[-1] if err.strip() else f"exit status {status}"
+    if status not in (255, -1):
+        return RemoteError(f"the sending command failed {doing}: {last}", host=label)
+    if "Host key verification failed" in err or "REMOTE HOST IDENTIFICATION" in err:
+        return HostKeyError(f"ssh refused the host key {doing}: {last}", host=label)
+    if "Permission denied" in err and status == 255:
+        return AuthError(f"ssh could not log in {doing}: {last}", host=label)
+    return ConnectionLostError(
+        f"the data stream broke {doing}: {last}",
+        host=label,
+        hint="check the host and the network, then run the same command again (it resumes)",
+    )
+
+
+class Receiver:
+    """Moves one host's files through an engine into their temporary names."""
+
+    def __init__(
+        self, host: str, engine: Engine, bwlimit: float | None, progress: Progress, rep: Report
+    ):
+        self.engine = engine
+        self.progress = progress
+        self.report = rep
+        self.throttle = Throttle(bwlimit)
+        self.host = host
+
+    def _on_chunk(self, nbytes: int) -> None:
+        self.report.wire_bytes += nbytes
+        self.progress.advance(self.host, nbytes)
+        self.throttle(nbytes)
+
+    def _write(self, stream: Stream, item: Item, size: int, fd: int, start: int) -> None:
+        """`size` bytes from the stream into fd (positioned at `start`); sets the digest."""
+        assert item.part is not None
+        if size <= SMALL and start == 0:
+            data = read_exact(stream, size)
+            if len(data) != size:
+                raise TruncatedStream("the stream ended inside a file")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            item.digest = hashlib.sha256(data).hexdigest()
+            item.received = size
+            self._on_chunk(size)
+            return
+        follower = Follower(item.part, start)
+        written = start
+
+        def on_chunk(n: int) -> None:
+            nonlocal written
+            written += n
+            follower.grow(written)
+            self._on_chunk(n)
+
+        try:
+            got = stream.copy_to(fd, size, on_chunk)
+        except BaseException:
+            follower.cancel()
+            raise
+        item.received = start + got
+        if got != size:
+            follower.cancel()
+            raise TruncatedStream("the stream ended inside a file")
+        item.digest = follower.finish(start + size)
+
+    def tar(self, items: list[Item]) -> None:
+        wanted = {remote_arg(it.remote): it for it in items}
+        stream = self.engine.open(quoting.plain_command(TAR_CREATE))
+        names = b"".join(os.fsencode(name) + b"\0" for name in wanted)
+
+        def feed() -> None:
+            with contextlib.suppress(Exception):
+                stream.send(names)
+            stream.close_input()
+
+        sender = threading.Thread(target=feed, daemon=True)
+        sender.start()
+        try:
+            for member in members(stream):
+                item = wanted.pop(member.name, None)
+                if item is None or not member.regular:
+                    skip(stream, member.size)
+                    continue
+                assert item.part is not None
+                self.progress.file_begin(self.host, item.display, member.size, 0)
+                fd = os.open(item.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    self._write(stream, item, member.size, fd, 0)
+                finally:
+                    os.close(fd)
+            drain(stream)
+        except TruncatedStream:
+            sender.join(timeout=10)
+            status, err = stream.finish()
+            raise stream_error(status, err, self.host, "while fetching files") from None
+        except BaseException:
+            stream.kill()
+            sender.join(timeout=10)
+            stream.finish()
+            raise
+        sender.join(timeout=10)
+        status, err = stream.finish()
+        if status == 255:
+            raise stream_error(status, err, self.host, "while fetching files")
+        for item in wanted.values():
+            item.why = _tar_complaint(err, item.remote) or "could not be read on the host"
+
+    def tail(self, item: Item) -> None:
+        """Continue a partial copy from its end."""
+        assert item.part is not None
+        size, start = item.entry.size, item.offset
+        command = quoting.plain_command(["tail", "-c", f"+{start + 1}", remote_arg(item.remote)])
+        self.progress.file_begin(self.host, item.display, size, start)
+        stream = self.engine.open(command)
+        fd = os.open(item.part, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, start)
+            os.lseek(fd, start, os.SEEK_SET)
+            self._write(stream, item, size - start, fd, start)
+            if stream.read(1):  # more than expected: the file grew since it was listed
+                item.digest, item.why = None, "changed on the host during the transfer"
+                drain(stream)
+        except TruncatedStream:
+            status, err = stream.finish()
+            if status == 255:
+                raise stream_error(
+                    status, err, self.host, f"while fetching {item.display}"
+                ) from None
+            item.why = err.strip() or "changed on the host during the transfer"
+            return
+        except BaseException:
+            stream.kill()
+            stream.finish()
+            raise
+        finally:
+            os.close(fd)
+        status, err = stream.finish()
+        if status == 255:
+            raise stream_error(status, err, self.host, f"while fetching {item.display}")
+
+
+def _tar_complaint(err: str, remote: str) -> str:
+    for line in err.splitlines():
+        if remote in line or remote_arg(remote) in line:
+            return line.split(": ", 1)[-1].strip()
+    return ""

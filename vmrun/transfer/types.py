@@ -1,0 +1,77 @@
+"""What a transfer is asked for and what it reports: the types shared by download, upload,
+receive and their callers, kept apart so none of them imports another for its vocabulary."""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from dataclasses import dataclass, field
+
+BIG_TRANSFER = 128 << 20  # from here on OpenSSH's client pays for its own handshake
+
+
+@dataclass(frozen=True)
+class FetchSpec:
+    """One thing to fetch: a remote root and where it lands under the destination."""
+
+    remote: str  # normalised (vmrun.transfer.manifest.normalize_remote): `a/b` (home) or `/abs`
+    local: str  # POSIX path relative to the destination; "" is the destination itself
+    select: tuple[str, ...] = ()  # a category (checkpoints...): files must match one of these
+    include: tuple[str, ...] = ()  # the user's --include: and one of these
+    exclude: tuple[str, ...] = ()
+    latest: int | None = None  # keep only the newest N files (after include/exclude)
+    label: str = ""  # what the user asked for, for messages
+    newer_than_ns: int = 0  # only files modified since (a run's outputs among synced code)
+
+
+@dataclass(frozen=True)
+class Options:
+    verify: bool = False  # compare checksums of unchanged files too
+    settle: float = 0.0  # skip files modified less than this many seconds ago (--watch)
+    engine: str = "auto"  # "auto", "openssh" or "paramiko"
+    bwlimit: float | None = None  # bytes per second
+
+
+class Progress:
+    """Callbacks from the engine (all no-ops here); called from one thread per host."""
+
+    def begin(self, host: str, files: int, nbytes: int) -> None: ...
+    def file_begin(self, host: str, path: str, size: int, offset: int) -> None: ...
+    def advance(self, host: str, nbytes: int) -> None: ...
+    def file_end(self, host: str, path: str, ok: bool) -> None: ...
+    def warn(self, host: str, text: str) -> None: ...
+
+
+@dataclass
+class Report:
+    host: str
+    engine: str = ""
+    fetched: list[str] = field(default_factory=list)  # local paths, relative to the dest
+    fetched_bytes: int = 0  # sizes of the fetched files
+    wire_bytes: int = 0  # file bytes actually moved (less than fetched_bytes on resume)
+    resumed: int = 0
+    unchanged: int = 0
+    checked: int = 0  # settled by checksum (in doubt, or --verify)
+    replaced: int = 0  # --verify found a local copy with other bytes
+    links: int = 0
+    skipped: list[str] = field(default_factory=list)  # not followed / not a regular file
+    settling: int = 0  # still being written on the host (--watch); next round
+    missing: list[str] = field(default_factory=list)  # requested, not on the host
+    failed: dict[str, str] = field(default_factory=dict)  # local path -> why
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.missing
+
+
+def selected(path: str, spec: FetchSpec) -> bool:
+    def hit(pattern: str) -> bool:
+        target = path if "/" in pattern.strip("/") else posixpath.basename(path)
+        return fnmatch.fnmatchcase(target, pattern.strip("/"))
+
+    for patterns in (spec.select, spec.include):
+        if patterns and not any(hit(p) for p in patterns):
+            return False
+    return not any(hit(p) for p in spec.exclude)

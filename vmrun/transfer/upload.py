@@ -1,0 +1,249 @@
+"""Uploads with the download engine's guarantees: incremental, verified, atomic.
+
+A local file or tree goes to a remote path: one listing round trip; files with the same size
+and mtime there are left alone (checksums settle the ones in doubt); the rest travel in one
+tar stream (PAX headers carry nanosecond mtimes, so the next comparison is exact) into
+temporary names beside their final ones; the host's SHA-256 of each must equal the one
+computed here while sending; then one more round trip renames them all into place. A
+mismatch is sent once more, then reported. Interrupted uploads start the file over (code and
+wheel uploads are small files; downloads are what resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import posixpath
+import stat
+import tarfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmrun.errors import RemoteError, UsageError
+from vmrun.ssh import quoting
+from vmrun.ssh.connection import Connection
+from vmrun.transfer.manifest import (
+    PART_SUFFIX,
+    Entry,
+    join_remote,
+    list_remote,
+    part_name,
+    remote_arg,
+    remote_hashes,
+)
+from vmrun.transfer.streams import CHUNK, capture, choose_engine
+from vmrun.transfer.types import BIG_TRANSFER, FetchSpec, Options, Progress, Report, selected
+
+# sh -c RECEIVE sh DIR: unpack the stream under DIR, keeping the sender's mtimes.
+_RECEIVE = 'mkdir -p -- "$1" && cd -- "$1" && exec tar -x -f - --no-same-owner'
+# sh -c PLACE sh DIR <<< "tmp\0final\0...": rename each pair, never into a directory; with
+# python3 in one process (2,000 files: 30 ms), else one `mv -T` per file (2,000: ~3 s).
+_PLACE = r"""cd -- "$1" || exit 1
+if command -v python3 >/dev/null 2>&1; then exec python3 -c '
+import os, sys
+w = sys.stdin.buffer.read().split(b"\0")[:-1]
+for a, b in zip(w[::2], w[1::2]):
+    if os.path.isdir(b) and not os.path.islink(b): sys.exit("mv: cannot overwrite directory %r" % b)
+    os.replace(a, b)
+'
+fi
+exec xargs -0 -n 2 mv -f -T --
+"""
+_DROP = 'cd -- "$1" && exec xargs -0 rm -f --'
+
+
+@dataclass
+class _Up:
+    rel: str  # relative to the remote directory
+    path: Path
+    size: int
+    mtime_ns: int
+    mode: int
+    temp: str = ""
+    digest: str | None = None
+    sent: int = 0
+
+
+def _scan(
+    local: Path, spec: FetchSpec, report: Report, files: Sequence[str] | None = None
+) -> list[_Up]:
+    st = os.stat(local)
+    if stat.S_ISREG(st.st_mode):
+        return [_Up(local.name, local, st.st_size, st.st_mtime_ns, st.st_mode)]
+    if files is not None:  # the caller's list (vmrun.sync.project): no walk
+        candidates = [(local / rel, rel) for rel in files]
+    else:
+        candidates = []
+        for folder, dirs, names in os.walk(local):
+            dirs.sort()
+            for name in sorted(names):
+                path = Path(folder) / name
+                candidates.append((path, path.relative_to(local).as_posix()))
+    found: list[_Up] = []
+    for path, rel in candidates:
+        if path.name.endswith(PART_SUFFIX) or not selected(rel, spec):
+            continue
+        try:
+            lst = os.lstat(path)
+        except FileNotFoundError:
+            report.skipped.append(f"{rel}: vanished before it could be sent")
+            continue
+        if stat.S_ISLNK(lst.st_mode):
+            report.skipped.append(f"{rel}: a symlink, not followed")
+            continue
+        if stat.S_ISREG(lst.st_mode):
+            found.append(_Up(rel, path, lst.st_size, lst.st_mtime_ns, lst.st_mode))
+    return found
+
+
+def _send(
+    conn: Connection,
+    remote_dir: str,
+    items: list[_Up],
+    options: Options,
+    progress: Progress,
+    report: Report,
+) -> None:
+    engine = choose_engine(
+        conn, wanted=options.engine, big=sum(i.size for i in items) >= BIG_TRANSFER
+    )
+    report.engine = engine.name
+    progress.begin(conn.label, len(items), sum(i.size for i in items))
+    stream = engine.open(quoting.plain_command(["sh", "-c", _RECEIVE, "sh", remote_dir]))
+
+    def drain_output() -> None:
+        with contextlib.suppress(Exception):
+            while stream.read(65536):
+                pass
+
+    reader = threading.Thread(target=drain_output, daemon=True)
+    reader.start()
+    try:
+        for item in items:
+            folder, name = posixpath.split(item.rel)
+            item.temp = posixpath.join(folder, part_name(name, item.size, item.mtime_ns))
+            info = tarfile.TarInfo(item.temp)
+            info.size = item.size
+            info.mode = item.mode & 0o777
+            info.mtime = item.mtime_ns // 1_000_000_000
+            info.pax_headers = {"mtime": f"{item.mtime_ns // 10**9}.{item.mtime_ns % 10**9:09d}"}
+            stream.send(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+            progress.file_begin(conn.label, item.rel, item.size, 0)
+            digest, shrank = hashlib.sha256(), False
+            with open(item.path, "rb", buffering=0) as fh:
+                while item.sent < item.size:
+                    data = fh.read(min(CHUNK, item.size - item.sent))
+                    if not data:  # shrank while being sent: pad the member, fail the check
+                        data, shrank = b"\0" * min(CHUNK, item.size - item.sent), True
+                    digest.update(data)
+                    stream.send(data)
+                    item.sent += len(data)
+                    report.wire_bytes += len(data)
+                    progress.advance(conn.label, len(data))
+            item.digest = None if shrank else digest.hexdigest()
+            stream.send(b"\0" * (-item.size % 512))
+        stream.send(b"\0" * 1024)
+    except OSError as exc:
+        stream.kill()
+        reader.join(timeout=10)
+        status, err = stream.finish()
+        if status == 255 or isinstance(exc, BrokenPipeError):
+            raise RemoteError(
+                f"the upload stream broke: {err.strip() or exc}", host=conn.label
+            ) from None
+        raise
+    stream.close_input()
+    reader.join()
+    status, err = stream.finish()
+    if status != 0:
+        last = err.strip().splitlines()[-1] if err.strip() else f"exit status {status}"
+        raise RemoteError(
+            f"unpacking on the host failed: {last}",
+            host=conn.label,
+            hint="check free space and permissions of the destination",
+        )
+
+
+def upload(
+    conn: Connection,
+    local: Path,
+    remote: str,
+    options: Options | None = None,
+    progress: Progress | None = None,
+    *,
+    include: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+    files: Sequence[str] | None = None,
+) -> Report:
+    """Make `remote` (normalised remote path) hold what `local` (file or folder) holds;
+    `files` (POSIX paths relative to a folder `local`) replaces the walk with a list."""
+    options = options or Options()
+    progress = progress or Progress()
+    started = time.monotonic()
+    report = Report(host=conn.label)
+    if not local.exists():
+        raise UsageError(f"{local} does not exist")
+    single = local.is_file()
+    remote_dir = (posixpath.dirname(remote) or ".") if single else remote
+    spec = FetchSpec(remote, "", include=include, exclude=exclude)
+    items = _scan(local, spec, report, files)
+    if single:
+        items[0].rel = posixpath.basename(remote)
+    listing = list_remote(conn, [remote_dir])
+    root = listing.roots[0]
+    there: dict[str, Entry] = {e.rel: e for e in root.entries if e.kind == "f"}
+    if root.state == "ok" and any(e.rel == "" and e.kind != "d" for e in root.entries):
+        raise UsageError(f"{remote_dir} on the host is not a directory", host=conn.label)
+    todo, check = [], []
+    for item in items:
+        entry = there.get(item.rel)
+        if entry is None or entry.size != item.size:
+            todo.append(item)
+        elif entry.mtime_ns == item.mtime_ns and not options.verify:
+            report.unchanged += 1
+        else:
+            check.append(item)
+    if check:
+        theirs = remote_hashes(conn, [join_remote(remote_dir, i.rel) for i in check])
+        for item in check:
+            from vmrun.transfer.hashing import file_sha256
+
+            report.checked += 1
+            if theirs.get(join_remote(remote_dir, item.rel)) == file_sha256(item.path):
+                report.unchanged += 1
+            else:
+                todo.append(item)
+    for attempt in (1, 2):
+        if not todo:
+            break
+        _send(conn, remote_dir, todo, options, progress, report)
+        sums = remote_hashes(conn, [join_remote(remote_dir, i.temp) for i in todo])
+        good = [i for i in todo if sums.get(join_remote(remote_dir, i.temp)) == i.digest]
+        bad = [i for i in todo if i not in good]
+        _run_list(conn, _PLACE, remote_dir, [p for i in good for p in (i.temp, i.rel)])
+        for item in good:
+            report.fetched.append(item.rel)
+            report.fetched_bytes += item.size
+            progress.file_end(conn.label, item.rel, True)
+        if bad:
+            _run_list(conn, _DROP, remote_dir, [i.temp for i in bad])
+        if attempt == 2:
+            for item in bad:
+                report.failed[item.rel] = "SHA-256 on the host differs from the one sent"
+        todo = bad
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _run_list(conn: Connection, script: str, remote_dir: str, words: list[str]) -> None:
+    if not words:
+        return
+    data = b"".join(os.fsencode(remote_arg(w)) + b"\0" for w in words)
+    argv = ["sh", "-c", script, "sh", remote_dir]
+    status, _out, err = capture(conn, quoting.plain_command(argv), stdin=data, what="renaming")
+    if status != 0:
+        raise RemoteError(f"placing files on the host failed: {err.strip()}", host=conn.label)
