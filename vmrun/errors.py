@@ -28,7 +28,7 @@ class ExitCode(enum.IntEnum):
 class VmrunError(Exception):
     """Root of every error vmrun reports; `host` is set when one host is to blame."""
 
-    exit_code: ExitCode = ExitCode.FAILED
+    exit_code: int = ExitCode.FAILED
 
     def __init__(self, message: str, *, host: str | None = None, hint: str | None = None):
         super().__init__(message)

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         labels = [e.label for e in entries]
         writer = PrefixedWriter(labels, prefix=prefix if prefix is not None else len(labels) > 1)
 
-        def work(entry, conn):  # type: ignore[no-untyped-def]
+        def work(entry, conn):
             return conn.run(
                 command,
                 env=env_map,

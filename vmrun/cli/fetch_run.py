@@ -75,14 +75,15 @@ def run_fetch(job: FetchJob) -> int:
     stop = threading.Event()
     code = 0
     with Group(entries, job.settings) as group:
-        run, only, where = job.run, None, {}
+        run, only = job.run, None
+        where: dict[str, RunLocation] = {}
         if run is not None or any(item in WHATS for item in job.items):
             run, where = _the_run(group, run)
             only = set(where)
         multi = job.all_hosts or len(only or entries) > 1
         progress = make_progress(prefix=multi, live=live)
 
-        def work(entry, conn):  # type: ignore[no-untyped-def]
+        def work(entry, conn):
             specs = specs_for(
                 conn,
                 job.items,
@@ -147,7 +148,7 @@ def _note(text: str) -> None:
     sys.stderr.flush()
 
 
-def _report(outcomes: list, *, prefix: bool, quiet: bool) -> int:  # type: ignore[type-arg]
+def _report(outcomes: list, *, prefix: bool, quiet: bool) -> int:
     from vmrun.cli.fetch_view import summary
     from vmrun.cli.output import error_line, report, warn_line
 

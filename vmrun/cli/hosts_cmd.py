@@ -34,6 +34,6 @@ def register(app: typer.Typer) -> None:
         for outcome in outcomes:
             if outcome.ok:
                 typer.echo(f"{outcome.host}  ok  {outcome.duration * 1000:.0f} ms")
-            else:
+            elif outcome.error is not None:
                 report(outcome.error)
         return worst_exit_code(outcomes)

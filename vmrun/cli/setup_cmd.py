@@ -223,9 +223,9 @@ def register(app: typer.Typer) -> None:
         params = resolve_params(dict(book.params), configured, dict(os.environ), flags, param or [])
         for name in [*(force or []), *(only or [])]:
             book.step(name)  # an unknown step name is a usage error, before any connection
-        for path, what in ((wheelhouse, "--wheelhouse"), (installer, "--installer")):
-            if path is not None and not path.exists():
-                raise UsageError(f"{what} {path} does not exist")
+        for given, what in ((wheelhouse, "--wheelhouse"), (installer, "--installer")):
+            if given is not None and not given.exists():
+                raise UsageError(f"{what} {given} does not exist")
         if wheelhouse is not None and not wheelhouse.is_dir():
             raise UsageError(f"--wheelhouse {wheelhouse} is not a folder")
         if installer is not None and not installer.is_file():

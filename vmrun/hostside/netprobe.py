@@ -89,7 +89,7 @@ def route_to(host, table):
 
 
 def versions():
-    info = {
+    info: dict = {
         "torch": None,
         "torch_error": None,
         "cuda": None,

@@ -384,7 +384,7 @@ def find_run(
         if not candidates:
             failures = {o.host: o.error for o in outcomes if not o.ok}
             if failures:
-                raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
+                raise HostsFailed(failures, total=len(outcomes))
             what = "running run" if running_only else "run"
             raise UsageError(f"no {what} recorded on {', '.join(by_host) or 'these hosts'}")
         run_id = max(candidates, key=lambda r: (r.started, r.id)).id
@@ -397,7 +397,7 @@ def find_run(
     if not found:
         failures = {o.host: o.error for o in outcomes if not o.ok}
         if failures:
-            raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
+            raise HostsFailed(failures, total=len(outcomes))
         raise UsageError(
             f"no run {run_id} on {', '.join(by_host)}", hint="`vmrun status` lists the runs"
         )

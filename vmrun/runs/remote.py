@@ -391,14 +391,14 @@ def _stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None)
             f"{conn.label}: warning: syncing a large file: {name} ({size / 2**20:.0f} MiB);"
             " list it in .vmrunignore to leave it here"
         )
-    report = sync_project(conn, plan.project, workdir, files=files, progress=progress)
+    synced = sync_project(conn, plan.project, workdir, files=files, progress=progress)
     if progress is None:  # else the progress view has shown them
-        for text in report.warnings:
+        for text in synced.warnings:
             note(f"{conn.label}: warning: {text}")
-    if report.sent:
+    if synced.sent:
         note(
-            f"{conn.label}: synced {report.sent} file(s), {report.sent_bytes / 2**20:.1f} MiB"
-            f" ({report.engine}, {report.seconds:.1f} s) to ~/{workdir}"
+            f"{conn.label}: synced {synced.sent} file(s), {synced.sent_bytes / 2**20:.1f} MiB"
+            f" ({synced.engine}, {synced.seconds:.1f} s) to ~/{workdir}"
         )
     node.script = script
 

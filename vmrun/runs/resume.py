@@ -85,7 +85,7 @@ def load(
 def prepare(group: Group, labels: Sequence[str], rid: str, note: Note) -> None:
     """Stop the run's leftovers; give every node the newest checkpoints."""
     outcomes = group.map(lambda entry, conn: runs.list_runs(conn, [rid]), only=set(labels))
-    records = {o.host: (o.value or [None])[0] for o in outcomes if o.ok}
+    records = {o.host: (o.value or [None])[0] for o in outcomes if o.ok}  # type: ignore[list-item]
     alive = [h for h, r in records.items() if r is not None and r.state == "running"]
     if alive and len(alive) == len(labels):
         raise UsageError(

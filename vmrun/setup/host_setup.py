@@ -389,7 +389,7 @@ class HostSetup:
         plan = []
         for step, outcome in decided:
             if outcome.status == "check":
-                stored = state.get(step.name)
+                stored = state.get(step.name) or {}
                 if step.name in passed:
                     outcome = StepOutcome(
                         step.name,

@@ -248,7 +248,7 @@ class Connection:
                 target.key_host,
                 port=target.key_port,
                 username=target.user,
-                key_filename=identities or None,
+                key_filename=identities or None,  # type: ignore[arg-type]  # takes a list too
                 look_for_keys=not target.identity_files,
                 allow_agent=not target.identities_only,
                 timeout=timeout,

@@ -18,12 +18,13 @@ from vmrun.ssh.connection import Connection
 from vmrun.ssh.inventory import HostEntry
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 @dataclass(frozen=True)
-class Outcome(Generic[T]):
+class Outcome(Generic[T_co]):
     host: str
-    value: T | None
+    value: T_co | None
     error: BaseException | None
     duration: float
 
@@ -104,7 +105,7 @@ def raise_for_failures(outcomes: Sequence[Outcome[object]], *, one_as_itself: bo
     if one_as_itself and len(failures) == 1:
         raise next(iter(failures.values()))
     if failures:
-        raise HostsFailed(failures, total=len(outcomes))  # type: ignore[arg-type]
+        raise HostsFailed(failures, total=len(outcomes))
 
 
 def worst_exit_code(outcomes: Sequence[Outcome[object]]) -> int:

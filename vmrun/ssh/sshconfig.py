@@ -47,7 +47,7 @@ def _defer_invoke() -> None:
             del sys.modules["invoke"]
         return getattr(importlib.import_module("invoke"), name)
 
-    stub.__getattr__ = load  # type: ignore[attr-defined]
+    setattr(stub, "__getattr__", load)  # noqa: B010 - a module-level __getattr__
     sys.modules["invoke"] = stub
 
 

@@ -599,7 +599,7 @@ def _rsync_send(
             stdin.close()
 
     def drain() -> None:
-        while data := stderr.read1(65536):
+        while data := stderr.read1(65536):  # type: ignore[attr-defined]  # a BufferedReader
             err.feed(data)
 
     helpers = [threading.Thread(target=f, daemon=True) for f in (feed, drain)]
@@ -607,7 +607,7 @@ def _rsync_send(
         t.start()
     try:
         buf = b""
-        while chunk := stdout.read1(65536):
+        while chunk := stdout.read1(65536):  # type: ignore[attr-defined]  # a BufferedReader
             *lines, buf = re.split(rb"[\r\n]", buf + chunk)
             for line in lines:
                 output.line(line)
