@@ -238,7 +238,7 @@ class Listener:
 def _source() -> str:
     from vmrun.hostside import source
 
-    return source("netprobe")
+    return source("netprobe.py")
 
 
 def probe(
