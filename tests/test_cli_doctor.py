@@ -10,7 +10,7 @@ from conftest import Client
 from testbed import TestHost
 
 from vmrun.doctor import _Host, _same_versions
-from vmrun.runs.rendezvous import NodeFacts
+from vmrun.runs.netfacts import NodeFacts
 from vmrun.ssh.hosts import HostSpec
 from vmrun.ssh.inventory import HostEntry
 

@@ -226,8 +226,9 @@ def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
     folder; a node that cannot be reached yet does not hold the others back, and a node
     without the run is noted without stopping the rest. Notes come per node, in order."""
     from vmrun.runs.fetching import Fetcher
-    from vmrun.ssh.connection import Connection
+    from vmrun.ssh.group import Group
     from vmrun.ssh.hosts import parse_host
+    from vmrun.ssh.inventory import HostEntry
 
     run_id = f"t-{uuid.uuid4().hex[:6]}"
     record = json.dumps({"workdir": remote_dir}).encode()
@@ -235,9 +236,10 @@ def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
         put(bed[name], f".vmrun/runs/{run_id}/run.json", record)
         put(bed[name], f"{remote_dir}/results/{run_id}/snapshot_1.pt", name.encode())
     settings = bed_client.settings(connect_timeout=60)  # h2 waits for its link, not fails
-    conns = [Connection(parse_host(n), settings) for n in ("h2", "h1", "h3")]
+    group = Group([HostEntry(parse_host(n)) for n in ("h2", "h1", "h3")], settings)
+    conns = list(group.connections.values())
     notes: list[str] = []
-    fetcher = Fetcher(conns, run_id, tmp_path, every=3600, note=notes.append)
+    fetcher = Fetcher(group, ["h2", "h1", "h3"], run_id, tmp_path, every=3600, note=notes.append)
     local = {name: tmp_path / "results" / run_id / name / "snapshot_1.pt" for name in ("h1", "h2")}
     first = threading.Thread(target=fetcher.round, args=("checkpoints",))
     bed["h2"].cut_link()

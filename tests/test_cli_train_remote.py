@@ -338,9 +338,10 @@ def test_ctrl_c_detaches_and_the_run_goes_on(bed: NetnsBed, project: Client) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 0, err  # detaching is not a failure: information, exit 0
     rid = run_id_of(err)
     assert f"detached from run {rid}" in err and f"vmrun logs -f {rid}" in err
+    assert "error" not in err
     assert run_pids(h2, rid)  # Ctrl-C only detached: the run goes on
     stopped = project.vmrun("stop", rid, "-H", "h2")
     assert stopped.returncode == 0 and run_pids(h2, rid) == []

@@ -13,23 +13,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "vmrun"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+# Modules that keep their size on purpose, and why.
+LARGE_BY_DESIGN = {
+    "trainer/template.py": "uploaded to the hosts as one file and run there by path",
+}
 # Modules and functions that have still to be split; an entry goes when its split lands.
 STILL_TO_SPLIT = {
     "gpus/telemetry.py",
-    "runs/records.py",
-    "runs/remote.py",
-    "runs/rendezvous.py",
     "setup/host_setup.py",
     "ssh/connection.py",
     "sync/project.py",
-    "trainer/template.py",
     "transfer/download.py",
     "cli/setup_cmd.py register",
-    "cli/train_cmd.py register",
-    "cli/train_cmd.py train_command",
-    "runs/local.py run_local",
-    "runs/plan.py make_plan",
-    "doctor.py diagnose",
     "ssh/connection.py _open_locked",
 }
 
@@ -60,6 +55,7 @@ def test_modules_are_small() -> None:
         for p in _modules()
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
         and str(p.relative_to(PACKAGE)) not in STILL_TO_SPLIT
+        and str(p.relative_to(PACKAGE)) not in LARGE_BY_DESIGN
     }
     assert not big, f"modules over {MAX_MODULE_LINES} lines (split them): {big}"
 

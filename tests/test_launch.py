@@ -12,12 +12,11 @@ from conftest import ROOT
 
 from vmrun.config import load_settings
 from vmrun.errors import UsageError
-from vmrun.runs import launch
-from vmrun.runs import remote as remote_train
+from vmrun.runs import launch, node_launch, preflight, remote
+from vmrun.runs.netfacts import Layout
+from vmrun.runs.node_launch import HostEnv, Node
 from vmrun.runs.plan import Plan
 from vmrun.runs.records import RunRecord
-from vmrun.runs.remote import HostEnv, Node
-from vmrun.runs.rendezvous import Layout
 from vmrun.ssh.hosts import parse_host
 from vmrun.ssh.inventory import HostEntry
 
@@ -296,13 +295,13 @@ def _node(label: str) -> Node:
 
 
 def test_env_launcher_on_several_hosts_wires_one_world() -> None:
-    """remote_train's launch of each node: RANK by node order (the master, given last here,
+    """node_launch for each node: RANK by node order (the master, given last here,
     first), WORLD_SIZE the number of hosts, MASTER_* the checked rendezvous address."""
     layout = Layout("n2", "10.0.1.5", 29402, {"n1": "eth1", "n2": "eth1"})
     envs = {}
     for label in ("n1", "n2"):
-        argv, env = remote_train._launch(
-            _plan("env"), _node(label), "r1", "1", layout, remote_train.Wiring(), 0, ["n1", "n2"]
+        argv, env = node_launch.node_launch(
+            _plan("env"), _node(label), "r1", "1", layout, node_launch.Wiring(), 0, ["n1", "n2"]
         )
         assert argv == ["/venv/bin/python", "show.py", "x"]
         envs[label] = env
@@ -311,8 +310,8 @@ def test_env_launcher_on_several_hosts_wires_one_world() -> None:
         assert env["WORLD_SIZE"] == "2" and env["LOCAL_RANK"] == "0"
         assert env["MASTER_ADDR"] == "10.0.1.5" and env["MASTER_PORT"] == "29402"
         assert env["GLOO_SOCKET_IFNAME"] == "eth1" and env["FOO"] == "bar"
-    _, single = remote_train._launch(
-        _plan("env"), _node("n1"), "r1", "1", None, remote_train.Wiring(), 40123
+    _, single = node_launch.node_launch(
+        _plan("env"), _node("n1"), "r1", "1", None, node_launch.Wiring(), 40123
     )
     assert single["RANK"] == "0" and single["WORLD_SIZE"] == "1"
     assert single["MASTER_ADDR"] == "127.0.0.1" and single["MASTER_PORT"] == "40123"
@@ -322,21 +321,20 @@ def test_python_launcher_on_several_hosts_is_refused_before_any_connection() -> 
     """mp.spawn scripts form a single-node world each: refused with exit 2, and before any
     SSH connection (the hosts here do not even resolve, which would be exit 12)."""
     with pytest.raises(UsageError) as info:
-        remote_train.run_remote(
+        remote.run_remote(
             _plan("python"),
             [HostEntry(parse_host(h)) for h in ("a.invalid", "b.invalid")],
             load_settings({}, cwd=Path("/"), environ={"HOME": "/nonexistent"}),
             detach=True,
-            allow_concurrent=False,
             on_line=lambda _line: None,
             note=lambda _text: None,
         )
     assert info.value.exit_code == 2
     assert "--launcher python" in str(info.value) and "use --launcher torchrun" in str(info.value)
-    remote_train.check_launcher_hosts(_plan("python"), 1, remote_train.Wiring())  # one host: fine
-    remote_train.check_launcher_hosts(_plan("env"), 2, remote_train.Wiring(nnodes="2"))
+    preflight.check_launcher_hosts(_plan("python"), 1, node_launch.Wiring())  # one host: fine
+    preflight.check_launcher_hosts(_plan("env"), 2, node_launch.Wiring(nnodes="2"))
     with pytest.raises(UsageError, match="elastic sizes need --launcher torchrun"):
-        remote_train.check_launcher_hosts(_plan("env"), 2, remote_train.Wiring(nnodes="1:2"))
+        preflight.check_launcher_hosts(_plan("env"), 2, node_launch.Wiring(nnodes="1:2"))
 
 
 def test_concurrent_user_script_in_the_same_workdir_is_warned_about() -> None:
@@ -345,11 +343,11 @@ def test_concurrent_user_script_in_the_same_workdir_is_warned_about() -> None:
         RunRecord("t-1", "h1", {"workdir": "vmrun/p-abc123", "template": True}),
         RunRecord("o-1", "h1", {"workdir": "vmrun/other-def456", "template": False}),
     ]
-    text = remote_train.shared_workdir_warning(_plan("torchrun"), busy, "vmrun/p-abc123")
+    text = preflight.shared_workdir_warning(_plan("torchrun"), busy, "vmrun/p-abc123")
     assert text is not None and "\n" not in text
     assert "a-1 also runs in ~/vmrun/p-abc123" in text and "t-1" not in text and "o-1" not in text
     template = _plan("torchrun", template=True)
-    assert remote_train.shared_workdir_warning(template, busy, "vmrun/p-abc123") is None
+    assert preflight.shared_workdir_warning(template, busy, "vmrun/p-abc123") is None
     assert (
-        remote_train.shared_workdir_warning(_plan("torchrun"), busy[1:], "vmrun/p-abc123") is None
+        preflight.shared_workdir_warning(_plan("torchrun"), busy[1:], "vmrun/p-abc123") is None
     )

@@ -11,9 +11,11 @@ import pytest
 
 from vmrun.config import load_settings
 from vmrun.errors import UsageError
+from vmrun.runs.netfacts import Layout, NodeFacts
+from vmrun.runs.node_launch import HostEnv, Node, Wiring
+from vmrun.runs.node_launch import node_launch as _launch
 from vmrun.runs.plan import Plan
-from vmrun.runs.remote import HostEnv, Node, Wiring, _check_same_env, _launch
-from vmrun.runs.rendezvous import Layout, NodeFacts
+from vmrun.runs.preflight import check_same_env as _check_same_env
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.hosts import HostSpec
 from vmrun.ssh.inventory import HostEntry
@@ -22,7 +24,7 @@ PYTHON = "/opt/env/bin/python"
 
 
 def node(label: str, tmp_path: Path, *, python: str = "3.11.7", torch: str = "2.13.0") -> Node:
-    """A node as _preflight leaves it: its entry, a (never opened) connection, its facts."""
+    """A node as preflight leaves it: its entry, a (never opened) connection, its facts."""
     settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
     facts = {
         "hostname": label,

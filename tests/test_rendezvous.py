@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from vmrun.runs.rendezvous import NodeFacts, Probe, candidates, pick
+from vmrun.runs.netfacts import NodeFacts, Probe
+from vmrun.runs.rendezvous import candidates, pick
 
 
 def facts(label: str, *addrs: tuple[str, str, int], reached_at: str = "") -> NodeFacts:

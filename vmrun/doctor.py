@@ -11,6 +11,7 @@ the host (`python3` when vmrun has recorded none), so doctor also helps before s
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,9 @@ from typing import Any
 
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
-from vmrun.runs.rendezvous import NodeFacts
+from vmrun.runs.backend import RunState
+from vmrun.runs.netfacts import Layout, NodeFacts
+from vmrun.runs.node_launch import HostEnv
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
@@ -26,7 +29,7 @@ from vmrun.ssh.inventory import HostEntry
 DISK_WARN = 10 << 30
 DISK_FAIL = 1 << 30
 CLOCK_WARN_S = 2.0
-ALLREDUCE_TIMEOUT_S = 300.0
+ALLREDUCE_TIMEOUT_S = float(os.environ.get("VMRUN_DOCTOR_ALLREDUCE_TIMEOUT", "300"))
 
 
 @dataclass(frozen=True)
@@ -46,32 +49,31 @@ class _Host:
     skew_s: float = 0.0
     facts: NodeFacts | None = None
     busy: list[str] = field(default_factory=list)
-
-
-def _clock_skew(conn: Connection) -> float:
-    """The host's clock minus this machine's, at the middle of one round trip."""
-    before = time.time()
-    out = conn.run(["date", "+%s.%N"], check=True).stdout_tail.strip()
-    after = time.time()
-    return float(out) - (before + after) / 2
+    env: HostEnv | None = None
 
 
 def _inspect(entry: HostEntry, conn: Connection, workdir: str) -> _Host:
+    """One host's facts in four round trips: RTT, its environment record, the host probe
+    (versions, disk, clock) and its runs. The clock is the probe's, taken after its
+    imports, against this machine's clock half a round trip before the answer arrived."""
     from vmrun.runs import records as runs
-    from vmrun.runs.remote import host_env
-    from vmrun.runs.rendezvous import gather_facts
+    from vmrun.runs.preflight import host_env
+    from vmrun.runs.probes import gather_facts
     from vmrun.transfer.streams import measure_rtt
 
     host = _Host(entry)
-    host.rtt_ms = measure_rtt(conn) * 1000
+    rtt = measure_rtt(conn)
+    host.rtt_ms = rtt * 1000
     try:
-        env = host_env(conn, entry)
-        host.python, host.recorded = env.python, True
+        host.env = host_env(conn, entry)
+        host.python, host.recorded = host.env.python, True
     except UsageError:
         host.python = "python3"
-    host.skew_s = _clock_skew(conn)
     host.facts = gather_facts(conn, host.python, versions=host.recorded, disk=workdir)
-    host.busy = [r.id for r in runs.list_runs(conn) if r.state == "running"]
+    arrived = time.time()
+    clock = host.facts.data.get("time")
+    host.skew_s = float(clock) - (arrived - rtt / 2) if isinstance(clock, (int, float)) else 0.0
+    host.busy = [r.id for r in runs.list_runs(conn) if r.state == RunState.RUNNING]
     return host
 
 
@@ -117,7 +119,7 @@ def _host_checks(host: _Host) -> list[Check]:
 
 def python_series(version: str) -> str:
     """major.minor of a Python version: what must agree across nodes (the ABI, pickles), as
-    `vmrun train` requires (remote_train._check_same_env); a patch level may differ."""
+    `vmrun train` requires (vmrun.runs.preflight.check_same_env); a patch level may differ."""
     return ".".join(version.split(".")[:2])
 
 
@@ -177,9 +179,9 @@ def diagnose(
     size_mib: float | None = None,
     on_check: Callable[[Check], None] = lambda check: None,
 ) -> list[Check]:
-    """Every check, in order; `on_check` sees each as soon as it is known."""
+    """Every check, in order; `on_check` sees each as soon as it is known. One connection
+    per host serves every check, the all-reduce run and its clean-up."""
     from vmrun.remote_paths import remote_workdir
-    from vmrun.runs import rendezvous
 
     checks: list[Check] = []
 
@@ -188,13 +190,7 @@ def diagnose(
         on_check(check)
 
     workdir = remote_workdir(project)
-    ordered = list(entries)
-    if master is not None:
-        if not any(master in (e.label, e.name, e.spec.label) for e in ordered):
-            raise UsageError(  # as `vmrun train --master` does: checking another host misleads
-                f"--master {master}: not one of the hosts ({', '.join(e.label for e in ordered)})"
-            )
-        ordered.sort(key=lambda e: master not in (e.label, e.name, e.spec.label))
+    ordered = _master_first(list(entries), master)
     with Group(ordered, settings) as group:
         outcomes = group.map(lambda entry, conn: _inspect(entry, conn, workdir))
         hosts = []
@@ -209,61 +205,70 @@ def diagnose(
                     add(check)
         for check in _same_versions(hosts):
             add(check)
-        if len(hosts) >= 2:
-            pythons = {h.entry.label: h.python for h in hosts}
-            facts = {h.entry.label: h.facts for h in hosts if h.facts}
-            overrides = {h.entry.label: str(h.entry.vars.get("private_addr") or "") for h in hosts}
-            try:
-                pairs = rendezvous.mesh(
-                    group, pythons, facts, port=rdzv_port, override_addrs=overrides
-                )
-            except VmrunError as exc:
-                add(Check("network", "all", "fail", exc.one_line()))
-            else:
-                bad = [p for p in pairs if not p.ok]
-                for p in bad:
-                    add(Check("network", f"{p.src} -> {p.dst}", "fail", f"cannot connect: {p.via}"))
-                if not bad:
-                    port = pairs[0].via.rpartition(":")[2] if pairs else "?"
-                    add(
-                        Check(
-                            "network",
-                            "all",
-                            "ok",
-                            f"all {len(pairs)} host pairs connect on port {port}",
-                        )
-                    )
-            master_label = hosts[0].entry.label
-            try:
-                layout = rendezvous.decide(
-                    group, pythons, facts, master_label, port=rdzv_port,
-                    override_addr=overrides.get(master_label, ""),
-                )  # fmt: skip
-                ifs = ", ".join(f"{k} {v or '?'}" for k, v in layout.ifnames.items())
-                add(
-                    Check(
-                        "rendezvous",
-                        master_label,
-                        "ok",
-                        f"{layout.endpoint}, reached by every host; interfaces: {ifs}",
-                    )
-                )
-            except VmrunError as exc:
-                add(Check("rendezvous", master_label, "fail", exc.message))
-    if not allreduce:
-        return checks
-    add(_allreduce(ordered, settings, hosts, checks, size_mib))
+        layout = _network(group, hosts, rdzv_port, add) if len(hosts) >= 2 else None
+        if allreduce:
+            add(_allreduce(group, ordered, hosts, checks, size_mib, layout))
     return checks
 
 
+def _master_first(ordered: list[HostEntry], master: str | None) -> list[HostEntry]:
+    if master is None:
+        return ordered
+    if not any(master in (e.label, e.name, e.spec.label) for e in ordered):
+        raise UsageError(  # as `vmrun train --master` does: checking another host misleads
+            f"--master {master}: not one of the hosts ({', '.join(e.label for e in ordered)})"
+        )
+    return sorted(ordered, key=lambda e: master not in (e.label, e.name, e.spec.label))
+
+
+def _network(
+    group: Group, hosts: Sequence[_Host], rdzv_port: int | None, add: Callable[[Check], None]
+) -> Layout | None:
+    """Every ordered pair of hosts connecting on the rendezvous port, then the rendezvous
+    address `vmrun train` would use (returned for the all-reduce run)."""
+    from vmrun.runs import rendezvous
+
+    pythons = {h.entry.label: h.python for h in hosts}
+    facts = {h.entry.label: h.facts for h in hosts if h.facts}
+    overrides = {h.entry.label: str(h.entry.vars.get("private_addr") or "") for h in hosts}
+    try:
+        pairs = rendezvous.mesh(group, pythons, facts, port=rdzv_port, override_addrs=overrides)
+    except VmrunError as exc:
+        add(Check("network", "all", "fail", exc.one_line()))
+    else:
+        bad = [p for p in pairs if not p.ok]
+        for p in bad:
+            add(Check("network", f"{p.src} -> {p.dst}", "fail", f"cannot connect: {p.via}"))
+        if not bad:
+            port = pairs[0].via.rpartition(":")[2] if pairs else "?"
+            add(
+                Check("network", "all", "ok", f"all {len(pairs)} host pairs connect on port {port}")
+            )
+    master_label = hosts[0].entry.label
+    try:
+        layout = rendezvous.decide(
+            group, pythons, facts, master_label, port=rdzv_port,
+            override_addr=overrides.get(master_label, ""),
+        )  # fmt: skip
+    except VmrunError as exc:
+        add(Check("rendezvous", master_label, "fail", exc.message))
+        return None
+    ifs = ", ".join(f"{k} {v or '?'}" for k, v in layout.ifnames.items())
+    detail = f"{layout.endpoint}, reached by every host; interfaces: {ifs}"
+    add(Check("rendezvous", master_label, "ok", detail))
+    return layout
+
+
 def _allreduce(
+    group: Group,
     entries: Sequence[HostEntry],
-    settings: Settings,
     hosts: Sequence[_Host],
     checks: Sequence[Check],
     size_mib: float | None,
+    layout: Layout | None,
 ) -> Check:
-    """A short all-reduce over every node, as `vmrun train` would launch it."""
+    """A short all-reduce over every node, launched as `vmrun train` would, on the checks'
+    own connections and facts (no second preflight); bounded by ALLREDUCE_TIMEOUT_S."""
     where = "all" if len(entries) > 1 else entries[0].label
     if any(c.verdict == "fail" for c in checks) or len(hosts) < len(entries):
         return Check("allreduce", where, "skip", "fix the failures above first")
@@ -271,8 +276,9 @@ def _allreduce(
     if busy:
         return Check("allreduce", where, "skip", f"a run is active on {'; '.join(busy)}")
     from vmrun.runs import launch
+    from vmrun.runs.node_launch import Launch, Node, Wiring
     from vmrun.runs.plan import make_plan
-    from vmrun.runs.remote import Wiring, run_remote
+    from vmrun.runs.remote import start_remote
     from vmrun.trainer import ALLREDUCE_PATH
 
     plan = make_plan(
@@ -280,33 +286,70 @@ def _allreduce(
         epochs=None, save_every=None, nproc_per_node=None, max_restarts=0, env=None,
         name="doctor-allreduce", batch_size=None, lr=None, launcher="torchrun",
     )  # fmt: skip
+    checked = {
+        h.entry.label: Node(h.entry, group.connections[h.entry.label], h.env, h.facts)
+        for h in hosts
+        if h.env is not None
+    }
+    how = Launch(
+        allow_concurrent=True,
+        wiring=Wiring(master=entries[0].label if len(entries) > 1 else None),
+        run_id=launch.run_id(plan.name),
+        nodes=checked,
+        layout=layout,
+    )
     lines: list[str] = []
-    rid = launch.run_id(plan.name)
     try:
-        run_remote(
-            plan, list(entries), settings, detach=False, allow_concurrent=True,
-            on_line=lambda data: lines.append(data.decode("utf-8", "replace")),
-            note=lambda text: None, run_id=rid,
-            wiring=Wiring(master=entries[0].label if len(entries) > 1 else None),
-        )  # fmt: skip
-        verdict, detail = "fail", "the all-reduce printed no result"
-        for line in "".join(lines).splitlines():
-            if "allreduce:" in line:
-                verdict, detail = "ok", line.split("allreduce:", 1)[1].strip()
+        ref = start_remote(group, plan, list(entries), lambda text: None, how)
+        verdict, detail = _await_allreduce(group, ref, lines)
     except VmrunError as exc:
         tail = [ln for ln in "".join(lines).splitlines() if ln.strip()][-3:]
-        verdict, detail = (
-            "fail",
-            exc.message + (f" (last lines: {' | '.join(tail)})" if tail else ""),
-        )
+        verdict = "fail"
+        detail = exc.message + (f" (last lines: {' | '.join(tail)})" if tail else "")
     finally:
-        _forget_run(entries, settings, rid)
+        _forget_run(group, entries, how.run_id or "")
     return Check("allreduce", where, verdict, detail)
 
 
-def _forget_run(entries: Sequence[HostEntry], settings: Settings, rid: str) -> None:
+def _await_allreduce(group: Group, ref: Any, lines: list[str]) -> tuple[str, str]:
+    """Follow the all-reduce run to its end, or stop it at the deadline (a hung collective
+    must not hang doctor): (verdict, detail)."""
+    import threading
+
+    from vmrun.runs.hosts_backend import HostsBackend
+
+    backend = HostsBackend(group)
+    failure: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            backend.follow(
+                ref, lambda data: lines.append(data.decode("utf-8", "replace")), lambda t: None
+            )
+        except BaseException as exc:  # reported below, never lost
+            failure.append(exc)
+
+    follower = threading.Thread(target=follow, daemon=True, name="vmrun-doctor-allreduce")
+    follower.start()
+    follower.join(ALLREDUCE_TIMEOUT_S)
+    if follower.is_alive():
+        backend.stop(ref, grace=5)
+        follower.join(30)
+        return "fail", f"no result within {ALLREDUCE_TIMEOUT_S:g} s; the run was stopped"
+    if failure:
+        raise failure[0]
+    for line in "".join(lines).splitlines():
+        if "allreduce:" in line:
+            return "ok", line.split("allreduce:", 1)[1].strip()
+    return "fail", "the all-reduce printed no result"
+
+
+def _forget_run(group: Group, entries: Sequence[HostEntry], rid: str) -> None:
     """Doctor's own run record goes: `vmrun status` and `fetch` should not see it."""
     from vmrun.runs import records as runs
 
-    with Group(list(entries), settings) as group:
-        group.map(lambda entry, conn: conn.run(["rm", "-rf", "--", runs.record_dir(rid)]))
+    if rid:
+        only = {e.label for e in entries}
+        group.map(
+            lambda entry, conn: conn.run(["rm", "-rf", "--", runs.record_dir(rid)]), only=only
+        )

@@ -95,6 +95,13 @@ class Interrupted(VmrunError):
     exit_code = ExitCode.INTERRUPTED
 
 
+class Detached(VmrunError):
+    """Ctrl-C while following a run that goes on running (`train`, `logs -f`): information,
+    not a failure; the message says how to reattach."""
+
+    exit_code = ExitCode.OK
+
+
 class CommandFailed(VmrunError):
     """A remote command exited non-zero where success was required."""
 

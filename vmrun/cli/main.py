@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: list[str]) -> int:
     """Run the CLI and return the exit code (tests call this in-process)."""
-    from vmrun.errors import VmrunError, exit_code_for
+    from vmrun.errors import Detached, VmrunError, exit_code_for
 
     debug = _debug_requested(args)
     if not args:
@@ -54,6 +54,9 @@ def run(args: list[str]) -> int:
     except KeyboardInterrupt as exc:
         _error_line("interrupted")
         return exit_code_for(exc)
+    except Detached as exc:  # Ctrl-C left a run going on: say how to come back, no error
+        output.info_line(exc.one_line())
+        return 0
     except VmrunError as exc:
         output.report(exc)
         return exit_code_for(exc)

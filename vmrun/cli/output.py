@@ -41,6 +41,11 @@ def report(error: BaseException) -> None:
     error_line(one_line() if callable(one_line) else f"{type(error).__name__}: {error}")
 
 
+def info_line(text: str) -> None:
+    sys.stderr.write(f"vmrun: {text}\n")
+    sys.stderr.flush()
+
+
 def warn_line(text: str) -> None:
     prefix = "\033[33mvmrun: warning:\033[0m" if use_colour(sys.stderr) else "vmrun: warning:"
     sys.stderr.write(f"{prefix} {text}\n")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.errors import UsageError, exit_code_for
 
 
 def _duration(seconds: float | None) -> str:
@@ -28,30 +30,32 @@ def register(app: typer.Typer) -> None:
         last: Annotated[
             int, typer.Option("--last", metavar="N", help="Only the newest N runs (0: all).")
         ] = 20,
+        show_all: Annotated[bool, typer.Option("--all", help="Every run (as --last 0).")] = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import report
-        from vmrun.runs import records as runs
-        from vmrun.ssh.group import Group, worst_exit_code
+        from vmrun.runs.hosts_backend import HostsBackend
+        from vmrun.ssh.group import Group
         from vmrun.ssh.inventory import select_hosts
 
+        if last < 0:
+            raise UsageError(f"--last must be >= 0, got {last}")
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)
         with Group(entries, settings) as group:
-            outcomes = group.map(lambda entry, conn: runs.list_runs(conn))
-        records = sorted(
-            (r for o in outcomes if o.ok for r in o.value or []),
-            key=lambda r: (r.started, r.id, r.host),
-        )
-        if last:
-            keep = {r.id for r in records[-last:]}
+            records, errors = HostsBackend(group).runs_with_failures()
+        hidden = 0
+        if last and not show_all:
+            ids = list(dict.fromkeys(r.id for r in records))
+            keep = set(ids[-last:])
+            hidden = len(ids) - len(keep)
             records = [r for r in records if r.id in keep]
         rows = [
             (
                 r.id,
                 r.host,
-                r.state,
+                str(r.state),
                 r.progress or "-",
                 time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-",
                 _duration(r.duration),
@@ -59,27 +63,32 @@ def register(app: typer.Typer) -> None:
             )
             for r in records
         ]
-        headers = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
-        if sys.stdout.isatty():
-            from rich.console import Console
-            from rich.table import Table
+        _render(rows)
+        if hidden:
+            sys.stderr.write(f"vmrun: {hidden} older run(s) not shown (--last N / --all)\n")
+        for error in errors:
+            report(error)
+        return max((exit_code_for(e) for e in errors), default=0)
 
-            table = Table(*headers, box=None, header_style="bold")
-            colours = {
-                "running": "cyan",
-                "done": "green",
-                "failed": "red",
-                "stopped": "yellow",
-                "lost": "red",
-            }
-            for row in rows:
-                table.add_row(*row[:2], f"[{colours.get(row[2], '')}]{row[2]}[/]", *row[3:])
-            Console().print(table)
-        else:
-            widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-            for row in (headers, *rows):
-                typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-        for outcome in outcomes:
-            if outcome.error is not None:
-                report(outcome.error)
-        return worst_exit_code([o for o in outcomes if not o.ok])
+
+def _render(rows: Sequence[tuple[str, ...]]) -> None:
+    headers = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*headers, box=None, header_style="bold")
+        colours = {
+            "running": "cyan",
+            "done": "green",
+            "failed": "red",
+            "stopped": "yellow",
+            "lost": "red",
+        }
+        for row in rows:
+            table.add_row(*row[:2], f"[{colours.get(row[2], '')}]{row[2]}[/]", *row[3:])
+        Console().print(table)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for row in (headers, *rows):
+        typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

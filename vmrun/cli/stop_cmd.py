@@ -26,18 +26,17 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import report
-        from vmrun.runs import records as runs
+        from vmrun.runs.hosts_backend import HostsBackend
         from vmrun.ssh.group import Group, worst_exit_code
         from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)
         with Group(entries, settings) as group:
-            run_id, found = runs.find_run(group, run, running_only=run is None)
-            having = {entry.label for entry, _ in found}
-            outcomes = group.map(
-                lambda entry, conn: runs.stop(conn, run_id, grace=grace), only=having
-            )
+            backend = HostsBackend(group)
+            ref = backend.find(run, running_only=run is None)
+            outcomes = backend.stop_outcomes(ref, grace=grace)
+        run_id = ref.run_id
         for outcome in outcomes:
             if outcome.error is not None:
                 report(outcome.error)

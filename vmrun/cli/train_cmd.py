@@ -181,21 +181,13 @@ def register(app: typer.Typer) -> None:
         user_args = ctx.meta.get(_SCRIPT_ARGS)
         wiring = _wiring(master, nnodes, rdzv_port, nccl_debug)
         if resume is not None:
-            given = [
-                flag
-                for flag, value in (
-                    ("SCRIPT", script), ("--epochs", epochs), ("--save-every", save_every),
-                    ("--nproc-per-node", nproc_per_node), ("--max-restarts", max_restarts),
-                    ("--name", name), ("--batch-size", batch_size), ("--lr", lr),
-                    ("-- SCRIPT_ARGS", user_args), ("--local", local or None),
-                    ("--launcher", None if launcher == "torchrun" else launcher),
-                )
-                if value is not None
-            ]  # fmt: skip
-            if given:
-                raise UsageError(
-                    f"--resume repeats the run as it was recorded; drop {', '.join(given)}"
-                )
+            _refuse_with_resume(
+                ("SCRIPT", script), ("--epochs", epochs), ("--save-every", save_every),
+                ("--nproc-per-node", nproc_per_node), ("--max-restarts", max_restarts),
+                ("--name", name), ("--batch-size", batch_size), ("--lr", lr),
+                ("-- SCRIPT_ARGS", user_args), ("--local", local or None),
+                ("--launcher", None if launcher == "torchrun" else launcher),
+            )  # fmt: skip
         plan = make_plan(
             script=script,
             user_args=user_args,
@@ -215,71 +207,112 @@ def register(app: typer.Typer) -> None:
                 " (not --detach or --local; use `vmrun fetch --watch` for a detached run)"
             )
         if local:
-            if host:
-                raise UsageError("--local trains on this machine; drop -H or --local")
-            host_only = [
-                f for f, v in (("--detach", detach), ("--allow-concurrent", allow_concurrent)) if v
-            ]
-            if host_only:
-                raise UsageError(
-                    f"{' and '.join(host_only)} {'are' if len(host_only) > 1 else 'is'} for"
-                    " runs on hosts (-H): a --local run stays in this terminal until it ends"
-                    " (Ctrl-C stops it) and is never refused for another run; drop"
-                    f" {'them' if len(host_only) > 1 else 'it'}"
-                )
-            if wiring.master or wiring.nnodes or wiring.rdzv_port:
-                raise UsageError("--master, --nnodes and --rdzv-port are for several hosts")
+            _check_local(host, detach, allow_concurrent, wiring)
             from vmrun.runs.local import run_local
 
             return run_local(plan)
-        from vmrun.cli.fetch_view import make_progress
-        from vmrun.runs.remote import run_remote
-        from vmrun.ssh.inventory import select_hosts
+        from vmrun.runs.node_launch import Launch
 
+        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        if resume is not None:
+        return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every)
+
+
+def _refuse_with_resume(*flags: tuple[str, Any]) -> None:
+    given = [flag for flag, value in flags if value is not None]
+    if given:
+        raise UsageError(f"--resume repeats the run as it was recorded; drop {', '.join(given)}")
+
+
+def _check_local(host: Any, detach: bool, allow_concurrent: bool, wiring: Any) -> None:
+    if host:
+        raise UsageError("--local trains on this machine; drop -H or --local")
+    host_only = [
+        f for f, v in (("--detach", detach), ("--allow-concurrent", allow_concurrent)) if v
+    ]
+    if host_only:
+        raise UsageError(
+            f"{' and '.join(host_only)} {'are' if len(host_only) > 1 else 'is'} for"
+            " runs on hosts (-H): a --local run stays in this terminal until it ends"
+            " (Ctrl-C stops it) and is never refused for another run; drop"
+            f" {'them' if len(host_only) > 1 else 'it'}"
+        )
+    if wiring.master or wiring.nnodes or wiring.rdzv_port:
+        raise UsageError("--master, --nnodes and --rdzv-port are for several hosts")
+
+
+def _train_remote(
+    plan: Any,
+    host: list[str] | None,
+    settings: Any,
+    how: Any,
+    nnodes: str | None,
+    detach: bool,
+    fetch_every: float | None,
+) -> int:
+    """Open the hosts once; for --resume, find the run there (one listing per host) and take
+    its plan and nodes; then start (and follow) it on those connections."""
+    from vmrun.cli.fetch_view import make_progress
+    from vmrun.runs.remote import run_remote
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    entries = select_hosts(host, settings)
+    with Group(entries, settings) as group:
+        if how.resume is not None:
             from vmrun.runs.resume import load
 
-            plan, entries, meta = load(settings, host, resume, plan.env)
-            if wiring.master is None and len(entries) > 1:
-                wiring = _wiring(
-                    str(meta.get("master")),
-                    meta.get("nnodes") if nnodes is None else nnodes,
-                    rdzv_port,
-                    nccl_debug,
+            resumed = load(group, how.resume, plan.env)
+            plan, how.listed = resumed.plan, resumed.listed
+            entries = _nodes(entries, resumed.nodes, settings)
+            if how.wiring.master is None and len(entries) > 1:
+                w = how.wiring
+                recorded = resumed.meta.get("nnodes") if nnodes is None else nnodes
+                how.wiring = _wiring(
+                    str(resumed.meta.get("master")), recorded, w.rdzv_port, w.nccl_debug
                 )
-        else:
-            entries = select_hosts(host, settings)
-        if wiring.nnodes is not None and len(entries) > 1:
-            _check_nnodes(wiring.nnodes, len(entries))
-
-        def show(line: bytes) -> None:
-            sys.stdout.write(line.decode("utf-8", "replace"))
-            sys.stdout.flush()
-
-        def note(text: str) -> None:
-            sys.stderr.write(f"vmrun: {text}\n")
-            sys.stderr.flush()
-
+            if any(e.label not in group.connections for e in entries):
+                group = Group(entries, settings)  # a node the search did not include
+        if how.wiring.nnodes is not None and len(entries) > 1:
+            _check_nnodes(how.wiring.nnodes, len(entries))
         return run_remote(
             plan,
             entries,
             settings,
             detach=detach,
-            allow_concurrent=allow_concurrent,
-            on_line=show,
-            note=note,
-            wiring=wiring,
-            resume=resume,
+            on_line=_show,
+            note=_note,
+            how=how,
             fetch_every=fetch_every,
             progress=make_progress(prefix=len(entries) > 1, live=sys.stderr.isatty()),
+            group=group,
         )
+
+
+def _nodes(entries: list[Any], labels: list[str], settings: Any) -> list[Any]:
+    """The run's nodes, in its recorded order, as the host entries that found it."""
+    from vmrun.ssh.inventory import select_hosts
+
+    by_label = {e.label: e for e in entries}
+    if all(label in by_label for label in labels):
+        return [by_label[label] for label in labels]
+    return select_hosts(labels, settings)
+
+
+def _show(line: bytes) -> None:
+    sys.stdout.write(line.decode("utf-8", "replace"))
+    sys.stdout.flush()
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"vmrun: {text}\n")
+    sys.stderr.flush()
 
 
 def _wiring(
     master: str | None, nnodes: str | None, rdzv_port: int | None, nccl_debug: str | None
 ) -> Any:
-    from vmrun.runs.remote import NCCL_DEBUG_LEVELS, Wiring
+    from vmrun.runs.node_launch import NCCL_DEBUG_LEVELS, Wiring
 
     if nccl_debug is not None and nccl_debug.upper() not in NCCL_DEBUG_LEVELS:
         raise UsageError(f"--nccl-debug {nccl_debug}: use one of {', '.join(NCCL_DEBUG_LEVELS)}")

@@ -16,33 +16,29 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vmrun.errors import VmrunError
+from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
-from vmrun.ssh.inventory import HostEntry
 
 SETTLE = 0.5  # shorter than `fetch --watch`'s 2 s: snapshots are rewritten every few seconds,
 # and a file that changes while it travels fails its checksum and comes next round anyway
 
 
-def _borrowed_group(conns: Sequence[Connection]) -> Group:
-    """A Group over connections the caller already holds, for Group.map's fan-out (a thread
-    per node, an outcome per node, Ctrl-C closing the connections); no new connections."""
-    group = Group([], conns[0].settings if conns else None)  # type: ignore[arg-type]
-    group.entries = [HostEntry(conn.spec, name=conn.label) for conn in conns]
-    group.connections = {conn.label: conn for conn in conns}
-    return group
-
-
 class Fetcher:
+    """Rounds of fetching over the caller's connections (its Group: no new connection); where
+    the run's files are on each node is looked up once, in the first round."""
+
     def __init__(
         self,
-        conns: Sequence[Connection],
+        group: Group,
+        nodes: Sequence[str],
         rid: str,
         dest: Path,
         every: float,
         note: Callable[[str], None],
     ):
-        self.conns = list(conns)
+        self.group = group
+        self.nodes = set(nodes)
         self.rid = rid
         self.dest = dest
         self.every = every
@@ -50,7 +46,7 @@ class Fetcher:
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="vmrun-fetcher")
         self.lock = threading.Lock()
-        self.group = _borrowed_group(self.conns)
+        self.locations: dict[str, RunLocation] = {}
 
     def start(self) -> Fetcher:
         self.thread.start()
@@ -65,7 +61,9 @@ class Fetcher:
         the others back); a node that fails is noted, not fatal. Each node's notes are
         written together, in node order, once every node is done."""
         with self.lock:
-            outcomes = self.group.map(lambda _entry, conn: self._fetch_one(conn, what, settle))
+            outcomes = self.group.map(
+                lambda _entry, conn: self._fetch_one(conn, what, settle), only=self.nodes
+            )
         unexpected: BaseException | None = None
         for outcome in outcomes:
             if isinstance(outcome.error, VmrunError):
@@ -84,8 +82,10 @@ class Fetcher:
         from vmrun.transfer.download import download
         from vmrun.transfer.types import Options
 
-        location = locate_run(conn, self.rid)
-        host_dir = conn.label.replace("/", "_") if len(self.conns) > 1 else None
+        location = self.locations.get(conn.label)
+        if location is None:  # once per node: the run's folders do not move while it runs
+            location = self.locations[conn.label] = locate_run(conn, self.rid)
+        host_dir = conn.label.replace("/", "_") if len(self.nodes) > 1 else None
         specs = resolve_what(what, location, host_dir=host_dir)
         report = download(conn, specs, self.dest, Options(settle=settle))
         if not report.fetched:

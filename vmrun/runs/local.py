@@ -55,6 +55,21 @@ def run_local(plan: Plan) -> int:
     run_dir = plan.project / "results" / rid
     run_dir.mkdir(parents=True)
     rel_dir = os.path.relpath(run_dir, plan.project)
+    argv = _argv(plan, python, nproc, rid, rel_dir, child_env)
+    child_env.update({"PYTHONUNBUFFERED": "1", "VMRUN_RUN_ID": rid, "VMRUN_RUN_DIR": str(run_dir)})
+    record = _record(plan, rid, nproc, argv, run_dir, python)
+    write_json_atomic(run_dir / "run.json", record)
+    procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
+    _note(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
+    return _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env)
+
+
+def _argv(
+    plan: Plan, python: str, nproc: str | None, rid: str, rel_dir: str, child_env: dict[str, str]
+) -> list[str]:
+    """The launcher's argv; its variables go into child_env (an explicit --env wins)."""
+    from vmrun.runs import launch
+
     args = list(plan.args)
     if plan.is_template and "--out-dir" not in args:
         args += ["--out-dir", rel_dir]
@@ -78,8 +93,13 @@ def run_local(plan: Plan) -> int:
                 node_rank=0, nnodes=1, master_addr="127.0.0.1", master_port=free_port()
             )
         )
-    child_env.update({"PYTHONUNBUFFERED": "1", "VMRUN_RUN_ID": rid, "VMRUN_RUN_DIR": str(run_dir)})
-    record: dict[str, Any] = {
+    return argv
+
+
+def _record(
+    plan: Plan, rid: str, nproc: str | None, argv: list[str], run_dir: Path, python: str
+) -> dict[str, Any]:
+    return {
         "id": rid,
         "status": "running",
         "script": str(plan.script),
@@ -97,10 +117,18 @@ def run_local(plan: Plan) -> int:
         "end_time": None,
         "exit_code": None,
     }
-    write_json_atomic(run_dir / "run.json", record)
-    procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
-    _note(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
 
+
+def _supervise(
+    plan: Plan,
+    rid: str,
+    run_dir: Path,
+    rel_dir: str,
+    record: dict[str, Any],
+    argv: list[str],
+    child_env: dict[str, str],
+) -> int:
+    """Run it to the end, recording how it ended; raise unless it exited 0."""
     try:
         code, stopped = _Supervisor(rid, run_dir, record).run(argv, plan.project, child_env)
     except Exception as exc:

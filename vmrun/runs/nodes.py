@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vmrun.errors import (
     CommandFailed,
     ConnectionLostError,
+    Detached,
     Interrupted,
     VmrunError,
 )
@@ -67,9 +68,11 @@ class _Event:
     error: BaseException | None = None
 
 
-def _follow_one(conn: Connection, rid: str, out: Prefixer, last: int, events: queue.Queue) -> None:
+def _follow_one(
+    conn: Connection, rid: str, out: Prefixer, last: int, skip: int, events: queue.Queue
+) -> None:
     try:
-        runs.follow(conn, rid, out.feed, last=last)
+        runs.follow(conn, rid, out.feed, last=last, skip=skip)
         out.flush()
         (record,) = runs.list_runs(conn, [rid])
         events.put(_Event(conn.label, record=record))
@@ -91,18 +94,20 @@ def follow_nodes(
     emit: Emit,
     note: Note,
     *,
-    last: int | dict[str, int] = 0,
+    last: int = 0,
+    skip: Mapping[str, int] | None = None,
     grace: float = STOP_GRACE_S,
 ) -> None:
-    """Follow the run on every node until it ends everywhere; raise if it failed anywhere
-    (after stopping it on the others), Interrupted on Ctrl-C (the run goes on)."""
+    """Follow the run on every node until it ends everywhere (each node's log after its
+    `skip` lines, the earlier attempts', else its last `last` lines, 0: all); raise if it
+    failed anywhere (after stopping it on the others), Detached on Ctrl-C (it goes on)."""
     events: queue.Queue[_Event] = queue.Queue()
     threads = []
     for conn in conns:
-        start = last.get(conn.label, 0) if isinstance(last, dict) else last
         out = Prefixer(conn.label, emit)
+        begin = (skip or {}).get(conn.label, 0)
         t = threading.Thread(
-            target=_follow_one, args=(conn, rid, out, start, events), daemon=True
+            target=_follow_one, args=(conn, rid, out, last, begin, events), daemon=True
         )
         t.start()
         threads.append(t)
@@ -123,13 +128,12 @@ def follow_nodes(
                 others = [c for c in conns if c.label != event.host]
                 if not any(_answers(c) for c in others):
                     raise ConnectionLostError(
-                        f"lost the connection to every host of run {rid}; it goes on running"
-                        " there",
+                        f"lost the connection to every host of run {rid}; it goes on running there",
                         hint=f"reattach with `vmrun logs -f {rid}`",
                     ) from None
             _fail(conns, rid, event, why, threads, note, grace)
-    except KeyboardInterrupt:
-        raise Interrupted(
+    except (KeyboardInterrupt, Interrupted):
+        raise Detached(
             f"detached from run {rid}; it goes on running on {len(conns)} hosts",
             hint=f"reattach with `vmrun logs -f {rid}`, stop it with `vmrun stop {rid}`",
         ) from None
@@ -212,6 +216,19 @@ def _fail(
         f"run {rid} failed: node {first.host} was the first to fail ({why})",
         host=first.host,
         exit_status=code if 0 < code < 256 else 1,
-        hint=f"see `vmrun logs {rid} --node {first.host}`; resume with"
-        f" `vmrun train --resume {rid}`",
+        hint=f"see `vmrun logs {rid} --node {first.host}`; {_next_step(rid, reachable)}",
     )
+
+
+def _next_step(rid: str, conns: Sequence[Connection]) -> str:
+    """Resume only helps a run that trained (rank 0's node reports epochs): one that failed
+    before its first epoch (a missing module, CUDA on a CPU host) fails the same way again."""
+    trained = False
+    for conn in conns:
+        try:
+            trained = trained or any(r.progress for r in runs.list_runs(conn, [rid]))
+        except VmrunError:
+            return f"resume with `vmrun train --resume {rid}`"  # cannot tell: the safe advice
+    if trained:
+        return f"resume with `vmrun train --resume {rid}`"
+    return "it failed before its first epoch, so resuming would fail the same way: fix the cause"

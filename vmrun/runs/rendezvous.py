@@ -18,81 +18,15 @@ binds to whatever the hostname resolves to, and Ubuntu's /etc/hosts maps it to 1
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
-import json
-import secrets
-import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from vmrun.errors import RemoteError, UnreachableError, UsageError
-from vmrun.ssh import quoting
+from vmrun.runs.netfacts import Iface, Layout, NodeFacts, Pair, Probe, is_ip
+from vmrun.runs.probes import Listener, ports_from, probe
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
-
-DEFAULT_PORT = 29400  # torchrun's own default for a c10d endpoint
-PORT_TRIES = 20  # the next ports are tried when the default one is taken on the master
-PROBE_TIMEOUT = 3.0
-_VIRTUAL = ("docker", "br-", "virbr", "veth", "cni", "flannel", "cali", "vxlan", "podman", "lxc")
-
-
-@dataclass(frozen=True)
-class Iface:
-    ifname: str
-    addr: str
-    prefixlen: int
-
-    @property
-    def network(self) -> ipaddress.IPv4Network:
-        return ipaddress.IPv4Network(f"{self.addr}/{self.prefixlen}", strict=False)
-
-    @property
-    def virtual(self) -> bool:
-        return self.ifname.startswith(_VIRTUAL)
-
-
-@dataclass
-class NodeFacts:
-    """What `netprobe facts` said about one host (plus the address vmrun reached it at)."""
-
-    label: str
-    hostname: str = ""
-    fqdn: str = ""
-    ifaces: list[Iface] = field(default_factory=list)
-    reached_at: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, label: str, text: str, reached_at: str = "") -> NodeFacts:
-        try:
-            data = json.loads(text.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise RemoteError(
-                f"the host's network probe gave no answer ({text.strip()[-200:]!r})", host=label
-            ) from None
-        ifaces = []
-        for item in data.get("addrs", []):
-            try:
-                iface = Iface(str(item["ifname"]), str(item["addr"]), int(item["prefixlen"]))
-                ip = ipaddress.IPv4Address(iface.addr)
-            except (KeyError, ValueError, TypeError):
-                continue
-            if item.get("up", True) and not (ip.is_loopback or ip.is_link_local):
-                ifaces.append(iface)
-        return cls(label, data.get("hostname", ""), data.get("fqdn", ""), ifaces, reached_at, data)
-
-    def iface_of(self, addr: str) -> Iface | None:
-        return next((i for i in self.ifaces if i.addr == addr), None)
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.IPv4Address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def candidates(master: NodeFacts, workers: Sequence[NodeFacts], override: str = "") -> list[str]:
@@ -102,7 +36,7 @@ def candidates(master: NodeFacts, workers: Sequence[NodeFacts], override: str = 
     worker_addrs = [
         ipaddress.IPv4Address(a)
         for w in workers
-        for a in {i.addr for i in w.ifaces} | ({w.reached_at} if _is_ip(w.reached_at) else set())
+        for a in {i.addr for i in w.ifaces} | ({w.reached_at} if is_ip(w.reached_at) else set())
     ]
 
     def score(item: tuple[int, Iface]) -> tuple[int, bool, bool, int]:
@@ -117,18 +51,6 @@ def candidates(master: NodeFacts, workers: Sequence[NodeFacts], override: str = 
     return list(dict.fromkeys(ordered))
 
 
-@dataclass(frozen=True)
-class Probe:
-    """One worker's attempt to reach one master address."""
-
-    worker: str
-    target: str
-    ok: bool
-    error: str
-    src: str
-    ifname: str
-
-
 def pick(cands: Sequence[str], probes: Sequence[Probe], workers: Sequence[str]) -> str | None:
     """The first candidate every worker reached."""
     for addr in cands:
@@ -136,149 +58,6 @@ def pick(cands: Sequence[str], probes: Sequence[Probe], workers: Sequence[str]) 
         if all(w in reached for w in workers):
             return addr
     return None
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the nodes meet, decided before anything starts."""
-
-    master: str  # the master host's label
-    addr: str  # the master's address as the workers reach it
-    port: int
-    ifnames: dict[str, str]  # host label -> interface towards the master ("" unknown)
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.addr}:{self.port}"
-
-
-def gather_facts(conn: Connection, python: str, *, versions: bool, disk: str = "") -> NodeFacts:
-    """One round trip: the host's names, interfaces, clock (and torch versions, disk)."""
-    from vmrun.transfer.streams import capture
-
-    args = ["facts"] + (["--versions"] if versions else []) + (["--disk", disk] if disk else [])
-    command = quoting.plain_command([python, "-c", _source(), *args])
-    status, out, err = capture(conn, command, what="the host probe")
-    if status != 0:
-        raise RemoteError(
-            f"{python} could not run vmrun's host probe: {err.strip()[-300:] or status}",
-            host=conn.label,
-        )
-    reached = ""
-    try:
-        reached = str(conn.transport.getpeername()[0])
-    except Exception:  # a ProxyJump channel has no peer address of its own
-        reached = conn.target.hostname if conn.target and _is_ip(conn.target.hostname) else ""
-    return NodeFacts.parse(conn.label, out.decode("utf-8", "replace"), reached)
-
-
-class Listener:
-    """The probe listener on one host: an exec channel that stays open until `stop()`
-    (closing it makes the host's run wrapper kill the listener, freeing the port)."""
-
-    def __init__(self, conn: Connection, python: str, ports: Sequence[int], timeout: float):
-        self.conn = conn
-        self.nonce = secrets.token_hex(8)
-        self.port: int | None = None
-        self.busy = False
-        self.peers: list[tuple[str, str]] = []
-        self._ready = threading.Event()
-        self._argv = [
-            python,
-            "-c",
-            _source(),
-            "listen",
-            ",".join(map(str, ports)),
-            "1000000",
-            str(timeout),
-            self.nonce,
-        ]
-        self._chan: Any = None
-        self._thread = threading.Thread(target=self._pump, daemon=True)
-
-    def _deliver(self, stream: str, data: bytes) -> None:
-        if stream != "out":
-            return
-        for line in data.decode("utf-8", "replace").splitlines():
-            word, _, rest = line.partition(" ")
-            if word == "LISTEN":
-                self.port = int(rest)
-                self._ready.set()
-            elif word == "BUSY":
-                self.busy = True
-                self._ready.set()
-            elif word == "PEER":
-                label, _, addr = rest.partition(" ")
-                self.peers.append((label, addr))
-
-    def _pump(self) -> None:
-        with contextlib.suppress(Exception):  # closed by stop(), or the host went away
-            self.conn.drain(self._chan, self._deliver, "while listening for probes")
-        self._ready.set()
-
-    def start(self) -> Listener:
-        self._chan = self.conn.open_session()
-        self._chan.exec_command(quoting.remote_command(self._argv))
-        self._chan.sendall(quoting.env_header(None))
-        self._thread.start()
-        self._ready.wait(30)
-        if self.port is None and not self.busy:
-            self.stop()
-            raise RemoteError(
-                "the reachability probe's listener did not start", host=self.conn.label
-            )
-        return self
-
-    def stop(self) -> None:
-        if self._chan is not None:
-            self._chan.close()
-        self._thread.join(5)
-
-
-def _source() -> str:
-    from vmrun.hostside import source
-
-    return source("netprobe.py")
-
-
-def probe(
-    conn: Connection,
-    python: str,
-    nonce: str,
-    targets: Sequence[str],
-    timeout: float = PROBE_TIMEOUT,
-) -> list[Probe]:
-    """From this host, connect to every target at once; one Probe each."""
-    result = conn.run(
-        [python, "-c", _source(), "connect", nonce, conn.label, str(timeout), *targets],
-        timeout=timeout + 30,
-    )
-    try:
-        items = json.loads(result.stdout_tail.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise RemoteError(
-            f"the reachability probe failed: {result.output_tail(3)}", host=conn.label
-        ) from None
-    return [
-        Probe(
-            conn.label,
-            i["target"],
-            bool(i["ok"]),
-            i.get("error", ""),
-            i.get("src", ""),
-            i.get("ifname", ""),
-        )
-        for i in items
-    ]
-
-
-def ports_from(port: int | None) -> list[int]:
-    """The port asked for, or the default and the next ones to try when it is taken."""
-    if port is not None:
-        if not 1 <= port <= 65535:
-            raise UsageError(f"--rdzv-port {port}: ports are 1-65535")
-        return [port]
-    return list(range(DEFAULT_PORT, DEFAULT_PORT + PORT_TRIES))
 
 
 def decide(
@@ -371,16 +150,6 @@ def _unreachable_message(
     return "; ".join(parts) or (
         f"no single address of {master} on port {port} is reachable from every other host"
     )
-
-
-@dataclass(frozen=True)
-class Pair:
-    """Whether `src` reached `dst` on one of dst's addresses (doctor's mesh check)."""
-
-    src: str
-    dst: str
-    ok: bool
-    via: str  # the target that answered, or every target tried with its error
 
 
 def mesh(

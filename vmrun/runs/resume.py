@@ -2,7 +2,7 @@
 
 Multi-node runs have no shared filesystem: a snapshot exists only on the host whose rank 0
 wrote it. Before the new attempt starts, vmrun makes every node hold the newest copy of each
-checkpoint file (`fetch_what.CHECKPOINTS` names, in the run's output folder): it lists the
+checkpoint file (`vmrun.runs.outputs.CHECKPOINTS` names, in the run's output folder): it lists the
 folder on every node in one round trip each, and copies the newest version of each file
 (by mtime; it passes through this machine, verified on both legs) to the nodes that lack it
 or hold an older one. So a script that loads `snapshot.pt` on every rank resumes everywhere
@@ -17,41 +17,65 @@ import fnmatch
 import posixpath
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmrun.config import Settings
 from vmrun.errors import RemoteError, UsageError
 from vmrun.runs import records as runs
+from vmrun.runs.backend import RunState
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
-from vmrun.ssh.group import Group
-from vmrun.ssh.inventory import HostEntry, select_hosts
+from vmrun.ssh.group import Group, raise_for_failures
+from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.manifest import PART_SUFFIX, list_remote
 
 Note = Any  # Callable[[str], None]
 
 
-def load(
-    settings: Settings, hosts: Sequence[str] | None, rid: str, env: dict[str, str]
-) -> tuple[Plan, list[HostEntry], dict[str, Any]]:
-    """The recorded plan of run `rid` and its nodes (the hosts it ran on, master first)."""
-    from vmrun.config import find_project_dir
-    from vmrun.trainer import TEMPLATE_PATH
+@dataclass
+class Resumed:
+    """What the record of the run to resume says: its plan, its nodes (master first), and
+    every run on each host searched (for the busy check: nothing is listed twice)."""
 
+    plan: Plan
+    nodes: list[str]
+    meta: dict[str, Any]
+    listed: dict[str, list[runs.RunRecord]]
+
+
+def load(group: Group, rid: str, env: dict[str, str]) -> Resumed:
+    """The recorded plan of run `rid`, found on the group's hosts in one listing each."""
     runs.check_run_id(rid)
-    entries = select_hosts(hosts, settings)
-    with Group(entries, settings) as group:
-        _, found = runs.find_run(group, rid)
-    meta = max((rec for _, rec in found), key=lambda r: r.started).meta
+    outcomes = group.map(lambda entry, conn: runs.list_runs(conn))
+    listed = {o.host: o.value or [] for o in outcomes if o.ok}
+    found = [r for recs in listed.values() for r in recs if r.id == rid]
+    if not found:
+        raise_for_failures(outcomes)
+        raise UsageError(
+            f"no run {rid} on {', '.join(listed)}", hint="`vmrun status` lists the runs"
+        )
+    meta = max(found, key=lambda r: r.started).meta
     if not meta.get("launcher") or "args" not in meta:
         raise UsageError(
             f"run {rid} was started by an older vmrun and cannot be resumed",
             hint="start it again with `vmrun train`",
         )
-    labels = [str(x) for x in meta.get("nodes") or [meta.get("host")]]
-    nodes = select_hosts(labels, settings) if not hosts else entries
+    missing = sorted(set(meta.get("env_keys") or []) - set(env))
+    if missing:
+        raise UsageError(
+            f"run {rid} was started with --env {', '.join(missing)}; values are never stored",
+            hint="pass them again with --env KEY=VALUE",
+        )
+    nodes = [str(x) for x in meta.get("nodes") or [meta.get("host")]]
+    return Resumed(_plan(rid, meta, env), nodes, dict(meta), listed)
+
+
+def _plan(rid: str, meta: dict[str, Any], env: dict[str, str]) -> Plan:
+    from vmrun.config import find_project_dir
+    from vmrun.trainer import TEMPLATE_PATH
+
     project = find_project_dir() or Path.cwd()
     if meta.get("template"):
         script = TEMPLATE_PATH
@@ -62,7 +86,7 @@ def load(
                 f"run {rid} ran {meta.get('script')}, which is not in this project ({project})",
                 hint="resume from the project directory the run was started in",
             )
-    plan = Plan(
+    return Plan(
         script=script,
         is_template=bool(meta.get("template")),
         name=str(meta.get("name") or "run"),
@@ -73,20 +97,23 @@ def load(
         env=env,
         project=project,
     )
-    missing = sorted(set(meta.get("env_keys") or []) - set(env))
-    if missing:
-        raise UsageError(
-            f"run {rid} was started with --env {', '.join(missing)}; values are never stored",
-            hint="pass them again with --env KEY=VALUE",
-        )
-    return plan, nodes, meta
 
 
-def prepare(group: Group, labels: Sequence[str], rid: str, note: Note) -> None:
-    """Stop the run's leftovers; give every node the newest checkpoints."""
-    outcomes = group.map(lambda entry, conn: runs.list_runs(conn, [rid]), only=set(labels))
-    records = {o.host: (o.value or [None])[0] for o in outcomes if o.ok}  # type: ignore[list-item]
-    alive = [h for h, r in records.items() if r is not None and r.state == "running"]
+def prepare(
+    group: Group,
+    labels: Sequence[str],
+    rid: str,
+    note: Note,
+    listed: dict[str, list[runs.RunRecord]] | None = None,
+) -> str:
+    """Stop the run's leftovers; give every node the newest checkpoints. Returns the line
+    that opens the new attempt in the run's log."""
+    if listed is None:
+        outcomes = group.map(lambda entry, conn: runs.list_runs(conn, [rid]), only=set(labels))
+        raise_for_failures(outcomes)
+        listed = {o.host: o.value or [] for o in outcomes}
+    records = {h: r for h in labels for r in listed.get(h, []) if r.id == rid}
+    alive = [h for h, r in records.items() if r.state == RunState.RUNNING]
     if alive and len(alive) == len(labels):
         raise UsageError(
             f"run {rid} is still running on every node; nothing to resume",
@@ -95,10 +122,24 @@ def prepare(group: Group, labels: Sequence[str], rid: str, note: Note) -> None:
     for host in alive:
         res = runs.stop(group.connections[host], rid)
         note(f"{host}: stopped {len(res.signalled)} leftover process(es) of run {rid}")
-    out_dirs = {
-        h: str(r.meta.get("out_dir") or "") for h, r in records.items() if r is not None
-    }
-    _spread_checkpoints(group, labels, out_dirs, note)
+    out_dirs = {h: str(r.meta.get("out_dir") or "") for h, r in records.items()}
+    newest = _spread_checkpoints(group, labels, out_dirs, note)
+    return _banner(list(records.values()), newest)
+
+
+def _banner(records: Sequence[runs.RunRecord], checkpoint: str | None) -> str:
+    """`--- attempt 2, resumed from epoch 21 (snapshot.pt) ---`: the epoch after the newest
+    snapshot the log reports (the template resumes there; a script that re-runs the saved
+    epoch is told as `after epoch N`)."""
+    attempt = max((r.attempt for r in records), default=1) + 1
+    saved = max((r.saved_epoch for r in records if r.saved_epoch is not None), default=None)
+    template = any(r.meta.get("template") for r in records)
+    if not checkpoint:
+        return f"--- attempt {attempt}, resumed: no checkpoint found, so from the start ---"
+    if saved is None:
+        return f"--- attempt {attempt}, resumed ({checkpoint}) ---"
+    when = f"from epoch {saved + 1}" if template else f"after epoch {saved}"
+    return f"--- attempt {attempt}, resumed {when} ({checkpoint}) ---"
 
 
 def _is_checkpoint(rel: str) -> bool:
@@ -108,10 +149,11 @@ def _is_checkpoint(rel: str) -> bool:
 
 def _spread_checkpoints(
     group: Group, labels: Sequence[str], out_dirs: dict[str, str], note: Note
-) -> None:
+) -> str | None:
+    """Give every node the newest copy of each checkpoint; the newest checkpoint's name."""
     base = next((d for d in out_dirs.values() if d), "")
     if not base:
-        return
+        return None
 
     def listing(entry: HostEntry, conn: Connection) -> dict[str, tuple[int, int]]:
         root = list_remote(conn, [out_dirs.get(entry.label) or base]).roots[0]
@@ -137,6 +179,9 @@ def _spread_checkpoints(
             if dests:
                 _copy(group, src, dests, out_dirs, base, rel, Path(tmp))
                 note(f"copied {rel} from {src} to {', '.join(dests)} (the newest copy)")
+    if not newest:
+        return None
+    return max(newest, key=lambda rel: newest[rel][1][1])
 
 
 def _copy(

@@ -1,0 +1,46 @@
+# List runs: sh -c SOURCE vmrun-list RUNS_DIR [ID...]
+# The host's clock, then one block per run (every run, or these), as KEY VALUE lines; times by
+# the host's clock (FIRST: the first attempt's start, BEGAN: this attempt's). PROGRESS is
+# what this attempt reported: the last line of its metrics.jsonl (METRICS), else its last
+# `epoch N/M` log line; never a line of an earlier attempt. SAVED: the log's last line about a
+# saved snapshot, of any attempt (where a resume starts from).
+base=$1; shift
+cd "$HOME" 2>/dev/null || exit 0
+echo "NOW $(date +%s)"
+[ -d "$base" ] || exit 0
+if [ $# -eq 0 ]; then
+  for d in "$base"/*/; do [ -d "$d" ] && set -- "$@" "$(basename "$d")"; done
+fi
+for id in "$@"; do
+  d="$base/$id"
+  [ -f "$d/run.json" ] || continue
+  echo "RUN $id"
+  echo "META $(base64 -w0 < "$d/run.json")"
+  [ -f "$d/first_started" ] && echo "FIRST $(cat "$d/first_started")"
+  [ -f "$d/attempt" ] && echo "ATTEMPT $(cat "$d/attempt")"
+  [ -f "$d/pid" ] && echo "BEGAN $(stat -c %Y "$d/pid")"
+  if [ -f "$d/exit_code" ]; then
+    echo "EXIT $(cat "$d/exit_code")"; echo "ENDED $(stat -c %Y "$d/exit_code")"
+  fi
+  if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
+  pid=$(cat "$d/pid" 2>/dev/null)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
+     && tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "VMRUN_RUN_ID=$id"; then
+    echo "ALIVE 1"
+  else
+    echo "ALIVE 0"
+  fi
+  out=$(cat "$d/out_dir" 2>/dev/null)
+  if [ -n "$out" ] && [ -f "$out/metrics.jsonl" ] && [ -f "$d/pid" ] \
+     && [ "$(stat -c %Y "$out/metrics.jsonl")" -ge "$(stat -c %Y "$d/pid")" ]; then
+    echo "METRICS $(tail -n 1 "$out/metrics.jsonl")"
+  fi
+  if [ -f "$d/log" ]; then
+    skip=$(cat "$d/log_start" 2>/dev/null || echo 0)
+    p=$(tail -n "+$((skip + 1))" "$d/log" | tail -c 65536 \
+        | grep -aiE 'epoch[ :=]+[0-9]+ */ *[0-9]' | tail -n1)
+    echo "PROGRESS $p"
+    s=$(tail -c 262144 "$d/log" | grep -aiE 'snapshot.*saved|saved.*snapshot' | tail -n1)
+    echo "SAVED $s"
+  fi
+done

@@ -1,0 +1,17 @@
+# A run's log: sh -c SOURCE vmrun-log RUNS_DIR ID FROM FOLLOW
+# FROM: "+N" starts at line N, "N" the last N lines (0: all). FOLLOW 1 goes on until the
+# run's supervising shell ends (tail --pid), 0 prints what there is and ends.
+d="$HOME/$1/$2"; from=$3; follow=$4
+[ -f "$d/run.json" ] || { echo "vmrun: no run $2 on this host" >&2; exit 3; }
+[ "$from" = 0 ] && from=+1
+if [ "$follow" = 1 ]; then
+  i=0
+  while [ ! -s "$d/pid" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+  pid=$(cat "$d/pid" 2>/dev/null)
+  touch "$d/log"
+  if [ -n "$pid" ] && [ ! -e "$d/exit_code" ]; then
+    exec tail -n "$from" -F --pid="$pid" "$d/log" 2>/dev/null
+  fi
+fi
+[ -f "$d/log" ] || exit 0
+exec tail -n "$from" "$d/log"

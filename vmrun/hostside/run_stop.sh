@@ -1,0 +1,67 @@
+# Stop a run: sh -c SOURCE vmrun-stop RUNS_DIR ID GRACE_CS
+# TERM every process of the run, KILL what is left after GRACE_CS hundredths of a second of
+# wall-clock time, and verify none is left. Prints TERM/KILL/LEFT lines with the pids concerned. The whole
+# process table is read three times (before TERM, before KILL, at the end); in between only
+# the run's own pids are watched, so a host with thousands of processes keeps the grace.
+# shellcheck disable=SC2086,SC2046  # pid lists and /proc stat fields are split on purpose
+base=$1; id=$2; grace=$3
+d="$HOME/$base/$id"
+[ -f "$d/run.json" ] || { echo "vmrun: no run $id on this host" >&2; exit 3; }
+starttime() {  # field 22 of /proc/PID/stat: when the process started
+  read -r l < "/proc/$1/stat" || return 1
+  set -- ${l##*) }
+  echo "${20}"
+}
+# The run's session: its leader's pid, unless that number now leads another session (a dead
+# leader's number is not reused while its session has members).
+sess=$(cat "$d/pid" 2>/dev/null); born=$(cat "$d/pid_start" 2>/dev/null)
+if [ -n "$sess" ] && [ -r "/proc/$sess/stat" ]; then
+  [ -n "$born" ] && [ "$(starttime "$sess" 2>/dev/null)" = "$born" ] || sess=
+fi
+# Members: every process of the run's session, and every process carrying the run's id
+# (torchrun's workers run in sessions of their own; a child that cleared its environment
+# stays in the session). Three processes read the whole table, however large it is: awk over
+# every stat line (pid first; the session is the 4th field after the command's last ")"),
+# and one grep over every environment (NUL-separated: -z).
+members() {
+  {
+    if [ -n "$sess" ]; then
+      cat /proc/[0-9]*/stat 2>/dev/null \
+        | awk -v s="$sess" '{ pid = $1; sub(/.*\) /, ""); if ($4 == s) print pid }'
+    fi
+    grep -lzx "VMRUN_RUN_ID=$id" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
+  } | sort -un | grep -vx "$$"
+}
+running() {  # the given pids that still exist and are not zombies
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] || continue
+    read -r l < "/proc/$p/stat" 2>/dev/null || continue
+    set -- ${l##*) }
+    [ "$1" != Z ] && echo "$p"
+  done
+}
+centis() {  # the host's uptime in hundredths of a second: a clock no process is started for
+  read -r up _ < /proc/uptime
+  echo "${up%.*}${up#*.}"
+}
+wait_gone() {  # wait_gone CENTISECONDS PID...: until none runs, or the time is up
+  until=$(( $(centis) + $1 )); shift
+  while [ -n "$(running "$@")" ] && [ "$(centis)" -lt "$until" ]; do sleep 0.1; done
+}
+pids=$(running $(members))
+[ -e "$d/exit_code" ] || touch "$d/stopped"
+if [ -n "$pids" ]; then
+  echo TERM $pids
+  kill -TERM $pids 2>/dev/null
+  wait_gone "$grace" $pids
+  left=$(running $(members))
+  if [ -n "$left" ]; then
+    echo KILL $left
+      kill -KILL $left 2>/dev/null
+      wait_gone 500 $left
+  fi
+fi
+echo LEFT $(running $(members))
+if [ ! -e "$d/exit_code" ]; then
+  echo 143 > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
+fi

@@ -1,0 +1,112 @@
+"""Where a run executes, behind one interface: what `train`, `logs`, `status`, `stop`, `fetch`
+and `--resume` ask of a run, whatever runs it.
+
+Today the only place is SSH hosts (`vmrun.runs.hosts_backend.HostsBackend`: detached
+process trees recorded under ~/.vmrun/runs/ on each host). A Slurm cluster reached through
+its login node implements the same calls with sbatch/squeue/sacct/scancel; the commands do
+not care which. Each call is one verb of a run's life:
+
+- `start`   a plan, detached, and return at once with a `RunRef` (the run outlives vmrun);
+- `find`    a recorded run by id (or the newest), as a `RunRef`;
+- `state`   PENDING / RUNNING / DONE / FAILED / STOPPED / LOST, with the exit code;
+- `follow`  its log from a point to the end, every node merged and prefixed, applying the
+            failure rule (a failed node stops the others); return 0 or raise its failure;
+- `read_log` the log as it is now;
+- `stop`    every process of the run, verified: nothing left;
+- `outputs` where its files are, per node, for fetch and resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vmrun.compat import StrEnum
+
+Emit = Callable[[bytes], None]
+Note = Callable[[str], None]
+
+
+class RunState(StrEnum):
+    """A run's state as every backend reports it (and `vmrun status` prints it)."""
+
+    PENDING = "pending"  # accepted, not started yet (a queued Slurm job)
+    RUNNING = "running"
+    DONE = "done"  # ended with exit code 0
+    FAILED = "failed"  # ended with another code
+    STOPPED = "stopped"  # `vmrun stop` ended it
+    LOST = "lost"  # no process and no exit code: killed hard, or the host rebooted
+
+    @property
+    def ended(self) -> bool:
+        return self not in (RunState.PENDING, RunState.RUNNING)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node's view of a run, as its record says (host clock times)."""
+
+    node: str
+    state: RunState
+    exit_code: int | None
+    meta: Mapping[str, Any]
+    started: float = 0.0  # this machine's clock when it was started
+    first_started: float | None = None  # the node's clock when the first attempt began
+    ended: float | None = None
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run and where it is: its id, its nodes (master first) and what each recorded."""
+
+    run_id: str
+    nodes: tuple[str, ...]
+    records: Mapping[str, NodeRecord] = field(default_factory=dict)
+    skip: Mapping[str, int] = field(default_factory=dict)  # log lines of earlier attempts
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The run's own record (the newest node record: all nodes share the same plan)."""
+        if not self.records:
+            return {}
+        return max(self.records.values(), key=lambda r: r.started).meta
+
+
+@dataclass(frozen=True)
+class StopReport:
+    node: str
+    signalled: int  # processes sent SIGTERM (0: the run had already ended there)
+    killed: int  # of those, how many needed SIGKILL
+
+
+class Backend(Protocol):
+    """The verbs of a run's life; see the module docstring. Errors are VmrunErrors."""
+
+    def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef: ...
+
+    def runs(self) -> Sequence[NodeRecord]: ...
+
+    def state(self, ref: RunRef) -> tuple[RunState, int | None]: ...
+
+    def follow(self, ref: RunRef, emit: Emit, note: Note, *, last: int = 0) -> int: ...
+
+    def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0) -> None: ...
+
+    def stop(self, ref: RunRef, *, grace: float) -> list[StopReport]: ...
+
+    def outputs(self, ref: RunRef) -> Mapping[str, Any]: ...
+
+
+def combined_state(records: Sequence[NodeRecord]) -> tuple[RunState, int | None]:
+    """A multi-node run's state: running while any node runs; else the worst ending (a
+    failure, then a lost node, then a stop), with the first non-zero exit code."""
+    states = {r.state for r in records}
+    for state in (RunState.RUNNING, RunState.PENDING):
+        if state in states:
+            return state, None
+    codes = [r.exit_code for r in records if r.exit_code]
+    for state in (RunState.FAILED, RunState.LOST, RunState.STOPPED):
+        if state in states:
+            return state, codes[0] if codes else None
+    return RunState.DONE, 0

@@ -1,0 +1,193 @@
+"""Runs on SSH hosts: the `Backend` whose runs are detached process trees recorded under
+~/.vmrun/runs/<id>/ on every node (vmrun.runs.records), over one connection per host.
+
+It works on a caller's `Group`, so a command opens each host once however many verbs it
+uses (find, then follow; find, then stop). Starting a run lives in vmrun.runs.remote (it
+needs the plan, the sync and the rendezvous); everything after the start is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from vmrun.errors import (
+    CommandFailed,
+    ConnectionLostError,
+    Detached,
+    Interrupted,
+    UsageError,
+)
+from vmrun.runs import records
+from vmrun.runs.backend import (
+    Emit,
+    NodeRecord,
+    Note,
+    RunRef,
+    RunState,
+    StopReport,
+    combined_state,
+)
+from vmrun.runs.nodes import Prefixer
+from vmrun.runs.outputs import RunLocation, location_of
+from vmrun.runs.plan import STOP_GRACE_S
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.group import Group, Outcome, raise_for_failures
+
+
+def node_record(rec: records.RunRecord) -> NodeRecord:
+    return NodeRecord(
+        node=rec.host,
+        state=rec.state,
+        exit_code=rec.exit_code,
+        meta=rec.meta,
+        started=rec.started,
+        first_started=rec.first_started,
+        ended=rec.ended,
+    )
+
+
+def ref_of(run_id: str, recs: Sequence[records.RunRecord], skip: Mapping[str, int] = {}) -> RunRef:
+    """A RunRef over these node records, in the run's own node order (master first)."""
+    by_node = {r.host: node_record(r) for r in recs}
+    order = [str(n) for n in (recs[0].meta.get("nodes") or []) if str(n) in by_node] if recs else []
+    order += [n for n in by_node if n not in order]
+    return RunRef(run_id, tuple(order), by_node, dict(skip))
+
+
+class HostsBackend:
+    def __init__(self, group: Group):
+        self.group = group
+
+    def conn(self, node: str) -> Connection:
+        return self.group.connections[node]
+
+    # -- finding runs --------------------------------------------------------------------
+
+    def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef:
+        rid, found = records.find_run(self.group, run_id, running_only=running_only)
+        return ref_of(rid, [rec for _, rec in found])
+
+    def runs_with_failures(self) -> tuple[list[records.RunRecord], list[BaseException]]:
+        outcomes = self.group.map(lambda entry, conn: records.list_runs(conn))
+        recs = [r for o in outcomes if o.ok for r in o.value or []]
+        recs.sort(key=lambda r: (r.started, r.id, r.host))
+        return recs, [o.error for o in outcomes if o.error is not None]
+
+    def runs(self) -> list[NodeRecord]:
+        return [node_record(r) for r in self.runs_with_failures()[0]]
+
+    def state(self, ref: RunRef) -> tuple[RunState, int | None]:
+        outcomes = self.group.map(
+            lambda entry, conn: records.list_runs(conn, [ref.run_id]), only=set(ref.nodes)
+        )
+        raise_for_failures(outcomes)
+        return combined_state([node_record(r) for o in outcomes for r in o.value or []])
+
+    # -- the log ---------------------------------------------------------------------------
+
+    def follow(
+        self, ref: RunRef, emit: Emit, note: Note, *, last: int = 0, announce: bool = True
+    ) -> int:
+        """Follow to the end (after `ref.skip` lines per node, else the last N lines);
+        0 when it finished well, else raise its failure (a failed node stops the others).
+        `announce`: say that it finished and how to fetch its files (the caller may have
+        something better to say, such as that they have been fetched)."""
+        if len(ref.nodes) > 1:
+            from vmrun.runs.nodes import follow_nodes
+
+            conns = [self.conn(n) for n in ref.nodes]
+            follow_nodes(conns, ref.run_id, emit, note, last=last, skip=ref.skip)
+        else:
+            self._follow_one(ref, emit, last=last)
+        if announce:
+            note(self._finished(ref))
+        return 0
+
+    def _follow_one(self, ref: RunRef, emit: Emit, *, last: int) -> None:
+        (node,) = ref.nodes
+        conn = self.conn(node)
+        several = len(ref.meta.get("nodes") or []) > 1  # one node of a multi-node run
+        out = _prefixer(node, emit) if several else None
+        rid = ref.run_id
+        try:
+            records.follow(
+                conn, rid, out.feed if out else emit, last=last, skip=ref.skip.get(node, 0)
+            )
+        except (KeyboardInterrupt, Interrupted):
+            raise Detached(
+                f"detached from run {rid}; it goes on running on {node}",
+                hint=f"reattach with `vmrun logs -f {rid}`, stop it with `vmrun stop {rid}`",
+            ) from None
+        except ConnectionLostError as exc:
+            raise ConnectionLostError(
+                f"{exc.message}; run {rid} goes on running there",
+                host=node,
+                hint=f"reattach with `vmrun logs -f {rid}`",
+            ) from None
+        finally:
+            if out:
+                out.flush()
+        (record,) = records.list_runs(conn, [rid])
+        if record.state == RunState.DONE:
+            return
+        if record.state == RunState.STOPPED:
+            raise CommandFailed(f"run {rid} was stopped", host=node, exit_status=143)
+        code = record.exit_code if record.exit_code is not None else 1
+        raise CommandFailed(
+            f"run {rid} exited with {code}",
+            host=node,
+            exit_status=code if 0 < code < 256 else 1,
+            hint=f"see `vmrun logs {rid}`",
+        )
+
+    def _finished(self, ref: RunRef) -> str:
+        where = f"run {ref.run_id} finished on {', '.join(ref.nodes)}"
+        return f"{where}; `vmrun fetch --run {ref.run_id}` brings its files"
+
+    def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0) -> None:
+        several = len(ref.nodes) > 1 or len(ref.meta.get("nodes") or []) > 1
+        for node in ref.nodes:
+            out = _prefixer(node, emit) if several else None
+            records.read_log(self.conn(node), ref.run_id, out.feed if out else emit, last=last)
+            if out:
+                out.flush()
+
+    # -- stopping and outputs ----------------------------------------------------------------
+
+    def stop(self, ref: RunRef, *, grace: float = STOP_GRACE_S) -> list[StopReport]:
+        outcomes = self.group.map(
+            lambda entry, conn: records.stop(conn, ref.run_id, grace=grace), only=set(ref.nodes)
+        )
+        raise_for_failures(outcomes)
+        return [
+            StopReport(o.host, len(o.value.signalled), len(o.value.killed))
+            for o in outcomes
+            if o.value is not None
+        ]
+
+    def stop_outcomes(self, ref: RunRef, *, grace: float) -> list[Outcome[records.StopResult]]:
+        """Each node's stop, failures included (for a per-host report)."""
+        return self.group.map(
+            lambda entry, conn: records.stop(conn, ref.run_id, grace=grace), only=set(ref.nodes)
+        )
+
+    def outputs(self, ref: RunRef) -> dict[str, RunLocation]:
+        return {
+            node: location_of(ref.run_id, node, dict(rec.meta), rec.first_started)
+            for node, rec in ref.records.items()
+        }
+
+
+def _prefixer(node: str, emit: Emit) -> Prefixer:
+    return Prefixer(node, emit)
+
+
+def require_nodes(ref: RunRef, wanted: Sequence[str], match: Callable[[str, str], bool]) -> RunRef:
+    """The same run narrowed to some of its nodes (`logs --node`); `match(name, node)` says
+    whether a user's name means that node."""
+    chosen = [n for n in ref.nodes if any(match(w, n) for w in wanted)]
+    if not chosen:
+        raise UsageError(
+            f"run {ref.run_id} has no node {', '.join(wanted)} (it ran on {', '.join(ref.nodes)})"
+        )
+    return RunRef(ref.run_id, tuple(chosen), ref.records, ref.skip)

@@ -1,0 +1,213 @@
+"""How each node of a run is launched: its launcher's argv and environment (torchrun with a
+c10d rendezvous, or one process with RANK/WORLD_SIZE/MASTER_ADDR), the interfaces NCCL and
+gloo use, and where torch's c10d puts global rank 0.
+
+torch's c10d numbers the nodes itself, ordering them by the address each advertises: the
+master advertises the rendezvous address, the others their host names, so global rank 0 is
+on the master unless a host name sorts before that address (vmrun then says where rank 0
+is). `--launcher env` starts one process per host with RANK = the host's place in the node
+order (the master first), WORLD_SIZE = the number of hosts and MASTER_ADDR:MASTER_PORT = the
+checked rendezvous address and port.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.runs import launch
+from vmrun.runs import records as runs
+from vmrun.runs.netfacts import Layout, NodeFacts
+from vmrun.runs.plan import Plan
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.group import Group
+from vmrun.ssh.inventory import HostEntry
+
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+
+
+@dataclass(frozen=True)
+class HostEnv:
+    home: str
+    python: str
+    record: dict[str, Any]
+    listed_gpus: int = 0
+
+    @property
+    def gpus(self) -> int:
+        try:
+            return int(self.record.get("gpus", self.listed_gpus))
+        except (TypeError, ValueError):
+            return self.listed_gpus
+
+
+@dataclass
+class Node:
+    entry: HostEntry
+    conn: Connection
+    env: HostEnv
+    facts: NodeFacts | None = None
+    workdir: str = ""
+    script: str = ""
+    skip: int = 0  # log lines of earlier attempts (resume)
+
+    @property
+    def label(self) -> str:
+        return self.entry.label
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """The multi-node flags: where the nodes meet and how they talk."""
+
+    master: str | None = None
+    nnodes: str | None = None
+    rdzv_port: int | None = None
+    nccl_debug: str | None = None
+
+
+@dataclass
+class Launch:
+    """How the run is started, beside its plan: the hosts' flags and, for --resume, what
+    the resumed run's record already told (so nothing is listed twice)."""
+
+    allow_concurrent: bool = False
+    wiring: Wiring = field(default_factory=Wiring)
+    resume: str | None = None
+    listed: dict[str, list[runs.RunRecord]] | None = None  # every run per host, if known
+    run_id: str | None = None  # the new run's id, where the caller needs it beforehand
+    nodes: dict[str, Node] | None = None  # checked already (doctor): no second preflight
+    layout: Layout | None = None  # the rendezvous decided already, with `nodes`
+
+
+def meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:
+    from vmrun.runs.rendezvous import decide
+
+    master = next(iter(nodes))
+    facts = {label: n.facts for label, n in nodes.items() if n.facts is not None}
+    return decide(
+        group,
+        {label: n.env.python for label, n in nodes.items()},
+        facts,
+        master,
+        port=wiring.rdzv_port,
+        override_addr=str(nodes[master].entry.vars.get("private_addr") or ""),
+        ifname_overrides={
+            label: str(n.entry.vars["ifname"])
+            for label, n in nodes.items()
+            if n.entry.vars.get("ifname")
+        },
+    )
+
+
+def node_launch(
+    plan: Plan,
+    node: Node,
+    rid: str,
+    nproc: str,
+    layout: Layout | None,
+    wiring: Wiring,
+    port: int = 0,
+    order: Sequence[str] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of one node's launcher. `port`: the single-host `env`
+    launcher's MASTER_PORT; `order`: the nodes, which the multi-host `env` launcher ranks in
+    this order with the master moved first (its address is MASTER_ADDR)."""
+    args = list(plan.args)
+    if plan.is_template and "--out-dir" not in args:
+        args += ["--out-dir", f"results/{rid}"]
+    env = {"PYTHONUNBUFFERED": "1"}
+    python, script = node.env.python, node.script
+    if plan.launcher == "torchrun":
+        env.update(launch.torchrun_env(plan.max_restarts))
+        if layout is None:
+            argv = launch.torchrun_argv(
+                python, script, args, nproc_per_node=nproc, max_restarts=plan.max_restarts,
+                rdzv_endpoint="localhost:0", rdzv_id=rid,
+            )  # fmt: skip
+        else:
+            is_master = node.label == layout.master
+            argv = launch.torchrun_argv(
+                python, script, args, nproc_per_node=nproc, max_restarts=plan.max_restarts,
+                nnodes=wiring.nnodes or str(len(layout.ifnames)),
+                rdzv_endpoint=layout.endpoint, rdzv_id=rid,
+                rdzv_conf={"is_host": "true" if is_master else "false"},
+                local_addr=layout.addr if is_master else _worker_addr(node, layout),
+                log_dir=f"{node.env.home}/{runs.record_dir(rid)}/workers",
+            )  # fmt: skip
+            env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = launch.RANK_PREFIX_TEMPLATE
+    else:
+        argv = launch.python_argv(python, script, args)
+        if plan.launcher == "env" and layout is None:
+            env.update(
+                launch.env_wiring(
+                    node_rank=0, nnodes=1, master_addr="127.0.0.1",
+                    master_port=port or launch.DEFAULT_MASTER_PORT,
+                )
+            )  # fmt: skip
+        elif plan.launcher == "env":
+            assert layout is not None
+            ranked = [layout.master, *(x for x in order if x != layout.master)]
+            env.update(
+                launch.node_env_wiring(
+                    ranked, node.label, master_addr=layout.addr, master_port=layout.port
+                )
+            )
+    if layout is not None:
+        env.update(_network_env(node, layout, wiring))
+    env.update(plan.env)  # the user's --env wins over everything vmrun sets
+    return argv, env
+
+
+def _worker_addr(node: Node, layout: Layout) -> str | None:
+    """A worker advertises its host name (torch's default), which sorts after the master's
+    numeric address so the master becomes global rank 0; a name that would sort first is
+    replaced by the worker's own address, which the others can reach if it leads."""
+    assert node.facts is not None
+    if node.facts.fqdn and node.facts.fqdn > layout.addr:
+        return None
+    ifname = layout.ifnames.get(node.label)
+    iface = next((i for i in node.facts.ifaces if i.ifname == ifname), None)
+    return iface.addr if iface else None
+
+
+def _advertised(node: Node, layout: Layout) -> str:
+    """What the node's torchrun names itself in the rendezvous (c10d sorts nodes by it)."""
+    if node.label == layout.master:
+        return layout.addr
+    assert node.facts is not None
+    return _worker_addr(node, layout) or node.facts.fqdn
+
+
+def _network_env(node: Node, layout: Layout, wiring: Wiring) -> dict[str, str]:
+    """NCCL/gloo interfaces from the route to the master; the user's NCCL_* settings (this
+    shell's environment, then vmrun.toml's `env` for the host) on top."""
+    env: dict[str, str] = {}
+    ifname = layout.ifnames.get(node.label, "")
+    if ifname:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+        env["NCCL_SOCKET_IFNAME"] = f"={ifname}"
+    env.update({k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+    host_env_table = node.entry.vars.get("env") or {}
+    if isinstance(host_env_table, dict):
+        env.update({str(k): str(v) for k, v in host_env_table.items()})
+    if wiring.nccl_debug:
+        env["NCCL_DEBUG"] = wiring.nccl_debug
+    return env
+
+
+def layout_note(
+    layout: Layout, nodes: dict[str, Node], nproc: str, launcher: str = "torchrun"
+) -> str:
+    ifs = ", ".join(f"{label} {i or '?'}" for label, i in layout.ifnames.items())
+    if launcher == "env":  # vmrun ranks the nodes itself: the master is rank 0
+        rank0 = layout.master
+    else:
+        rank0 = min(nodes.values(), key=lambda n: _advertised(n, layout)).label
+    where = "" if rank0 == layout.master else f"; torch's c10d puts global rank 0 on {rank0}"
+    return (
+        f"{len(nodes)} nodes x {nproc} process(es), rendezvous at {layout.endpoint} on"
+        f" {layout.master}; interfaces: {ifs}{where}"
+    )

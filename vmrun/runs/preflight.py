@@ -1,0 +1,230 @@
+"""Before anything starts on the hosts: each host's interpreter and GPUs, not busy, the same
+environment everywhere (several hosts), the node order and the process count. Nothing is
+started anywhere unless every host passes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from vmrun.errors import UsageError
+from vmrun.hostside import source
+from vmrun.remote_paths import HOST_RECORD, remote_workdir
+from vmrun.runs import records as runs
+from vmrun.runs.backend import RunState
+from vmrun.runs.node_launch import HostEnv, Launch, Node, Wiring
+from vmrun.runs.plan import CPU_PROCESSES, Plan
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.group import Group, raise_for_failures
+from vmrun.ssh.inventory import HostEntry
+
+Note = Callable[[str], None]
+
+
+def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
+    """The interpreter to train with: vmrun.toml's `python` for the host, else setup's record."""
+    argv = ["sh", "-c", source("run_preflight.sh"), "vmrun-preflight", HOST_RECORD]
+    out = conn.run(argv, check=True).stdout_tail.splitlines()
+    home = out[0] if out else ""
+    record: dict[str, Any] = {}
+    if len(out) > 1 and out[1].strip():
+        try:
+            record = json.loads(base64.b64decode(out[1]))
+        except ValueError:
+            record = {}
+    listed = int(out[2]) if len(out) > 2 and out[2].strip().isdigit() else 0
+    python = str(entry.vars.get("python") or record.get("python") or "")
+    if not python:
+        raise UsageError(
+            "no Python environment is recorded for this host; nothing was started",
+            host=entry.label,
+            hint=f'run `vmrun setup {entry.label}` first, or set python = "/path/to/python"'
+            " for it in vmrun.toml",
+        )
+    return HostEnv(home, python, record, listed)
+
+
+def check_not_busy(
+    conn: Connection,
+    allow_concurrent: bool,
+    resuming: str | None = None,
+    listed: list[runs.RunRecord] | None = None,
+) -> list[runs.RunRecord]:
+    """Refuse a second run on a busy host unless allowed; return the runs going on there.
+    `listed`: the host's runs when the caller has listed them already."""
+    known = runs.list_runs(conn) if listed is None else listed
+    busy = [r for r in known if r.state == RunState.RUNNING and r.id != resuming]
+    if busy and not allow_concurrent:
+        raise UsageError(
+            f"this host is already running {busy[-1].id}; two runs would share its GPUs",
+            host=conn.label,
+            hint=f"wait, `vmrun stop {busy[-1].id}`, or pass --allow-concurrent",
+        )
+    return busy
+
+
+def shared_workdir_warning(plan: Plan, busy: list[runs.RunRecord], workdir: str) -> str | None:
+    """A user script runs with the project's work directory as its cwd, so two concurrent
+    runs of one project write fixed names (snapshot.pt) over each other; say so."""
+    if plan.is_template:
+        return None  # the template writes to results/<run-id>/ only
+    others = [
+        r.id
+        for r in busy
+        if str(r.meta.get("workdir") or workdir) == workdir and r.meta.get("template") is not True
+    ]
+    if not others:
+        return None
+    return (
+        f"warning: {', '.join(others)} also runs in ~/{workdir}, this run's working directory;"
+        " files both scripts write under fixed names (snapshot.pt) will overwrite each other"
+    )
+
+
+def check_launcher_hosts(plan: Plan, hosts: int, wiring: Wiring) -> None:
+    """Launchers that cannot form one world across hosts are refused before any connection:
+    `python` scripts spawn their own single-node world, so N hosts would run N unrelated
+    jobs; `env` gives each host one fixed rank, so an elastic --nnodes MIN:MAX cannot hold."""
+    if hosts < 2:
+        return
+    if plan.launcher == "python":
+        raise UsageError(
+            f"--launcher python runs a script that spawns its own single-node workers, so on"
+            f" {hosts} hosts it would start {hosts} unrelated jobs; use --launcher torchrun"
+            " (or env: one process per host with RANK/WORLD_SIZE/MASTER_ADDR set), or one -H"
+        )
+    if plan.launcher == "env" and wiring.nnodes and ":" in wiring.nnodes:
+        raise UsageError(
+            f"--nnodes {wiring.nnodes}: elastic sizes need --launcher torchrun; --launcher env"
+            f" starts one process on each of the {hosts} hosts"
+        )
+
+
+def order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
+    """The master first (--master names one of the hosts), the others in the order given."""
+    if len(entries) == 1:
+        if wiring.master or wiring.nnodes:
+            raise UsageError("--master and --nnodes are for several hosts; give more with -H")
+        return entries
+    if wiring.master is None:
+        return entries
+    found = [e for e in entries if wiring.master in (e.label, e.name, e.spec.label)]
+    if not found:
+        raise UsageError(
+            f"--master {wiring.master}: not one of the run's hosts"
+            f" ({', '.join(e.label for e in entries)})"
+        )
+    return [found[0], *(e for e in entries if e is not found[0])]
+
+
+def preflight(
+    group: Group, plan: Plan, note: Note, *, multi: bool, how: Launch, only: set[str]
+) -> dict[str, Node]:
+    """On every host at once: its interpreter, not busy (or a warning where a concurrent run
+    shares the work directory), and (several hosts) its network and torch facts. Nothing is
+    started anywhere unless every host passes."""
+    workdir = remote_workdir(plan.project)
+
+    def check(entry: HostEntry, conn: Connection) -> Node:
+        env = host_env(conn, entry)
+        listed = None if how.listed is None else how.listed.get(entry.label, [])
+        busy = check_not_busy(conn, how.allow_concurrent, how.resume, listed)
+        warning = shared_workdir_warning(plan, busy, workdir)
+        if warning:
+            note(f"{entry.label}: {warning}")
+        node = Node(entry, conn, env)
+        if multi:
+            from vmrun.runs.probes import gather_facts
+
+            node.facts = gather_facts(conn, env.python, versions=True)
+            if node.facts.data.get("torch") is None:
+                raise UsageError(
+                    f"torch is not importable by {env.python}"
+                    f" ({node.facts.data.get('torch_error')}); nothing was started",
+                    host=entry.label,
+                    hint=f"run `vmrun setup {entry.label}`",
+                )
+        return node
+
+    outcomes = group.map(check, only=only)
+    raise_for_failures(outcomes, one_as_itself=True)
+    nodes = {o.host: o.value for o in outcomes if o.value is not None}
+    if multi:
+        check_same_env(nodes)
+    return nodes
+
+
+def check_same_env(nodes: dict[str, Node]) -> None:
+    """The same Python (major.minor: the ABI, pickles) and torch build on every node, or
+    nothing starts (say which differ)."""
+    for key, what in (("python", "Python"), ("torch", "torch")):
+        seen: dict[str, list[str]] = {}
+        for label, node in nodes.items():
+            assert node.facts is not None
+            value = str(node.facts.data.get(key))
+            if key == "python":
+                value = ".".join(value.split(".")[:2])
+            seen.setdefault(value, []).append(label)
+        if len(seen) > 1:
+            which = "; ".join(f"{v} on {', '.join(hosts)}" for v, hosts in seen.items())
+            raise UsageError(
+                f"the hosts run different {what} versions ({which}); nothing was started",
+                hint="install the same one everywhere (`vmrun setup` with the same --torch)",
+            )
+
+
+def nproc_for(plan: Plan, nodes: list[Node]) -> str:
+    """--nproc-per-node, else one process per GPU where every node has the same number of
+    GPUs, else 2 CPU processes (gloo) where none has one."""
+    if plan.nproc is not None or plan.launcher != "torchrun":
+        nproc = plan.nproc or "1"
+        if nproc == "gpu":
+            without = [n.label for n in nodes if not _gpus(n)]
+            if without:
+                raise UsageError(
+                    f"--nproc-per-node gpu: no GPU on {', '.join(without)}",
+                    hint="use --nproc-per-node cpu or a number",
+                )
+        return nproc
+    counts = {n.label: _gpus(n) for n in nodes}
+    if len(set(counts.values())) > 1:
+        which = ", ".join(f"{label}: {c}" for label, c in counts.items())
+        raise UsageError(
+            f"the hosts have different numbers of GPUs ({which}); torchrun needs the same"
+            " number of processes on every node",
+            hint="pass --nproc-per-node N",
+        )
+    return "gpu" if next(iter(counts.values())) else str(CPU_PROCESSES)
+
+
+def _gpus(node: Node) -> int:
+    if node.facts is not None:
+        return int(node.facts.data.get("gpus") or 0)
+    return node.env.gpus
+
+
+_CUDA = re.compile(rb"\bcuda\b|\.cuda\(|\bnccl\b", re.IGNORECASE)
+
+
+def cuda_warning(plan: Plan, nodes: list[Node]) -> str | None:
+    """A script that names CUDA or nccl, about to run where no node has a GPU, fails with raw
+    CUDA tracebacks; say so before it starts (it may still fall back to the CPU itself)."""
+    if plan.is_template or any(_gpus(n) for n in nodes):
+        return None
+    try:
+        text = plan.script.read_bytes()
+    except OSError:
+        return None
+    if not _CUDA.search(text):
+        return None
+    where = ", ".join(n.label for n in nodes)
+    verb = "has" if len(nodes) == 1 else "have"
+    return (
+        f"warning: {plan.script.name} uses CUDA/nccl but {where} {verb} no GPU (gpus=0);"
+        " unless it falls back to the CPU (gloo) it will fail: run it on a GPU host, or make"
+        " it choose `cuda` only when torch.cuda.is_available()"
+    )

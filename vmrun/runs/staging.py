@@ -1,0 +1,66 @@
+"""Putting a run's code on a host: the template trainer into ~/.vmrun/lib, or the project
+synced to its work directory (warning about large files), so the script runs there as it
+would by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vmrun.errors import RemoteError, UsageError
+from vmrun.remote_paths import LIB_DIR, remote_workdir
+from vmrun.runs.node_launch import Node
+from vmrun.runs.plan import Plan
+from vmrun.transfer.types import Progress
+
+Note = Callable[[str], None]
+
+
+def stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) -> None:
+    """Put the code on the host: node.workdir, and node.script as the run will see it."""
+    from vmrun.sync.project import large_files, project_files, sync_project
+    from vmrun.trainer import is_bundled
+    from vmrun.transfer.upload import upload
+
+    conn = node.conn
+    node.workdir = workdir = remote_workdir(plan.project)
+    if is_bundled(plan.script):  # the run's cwd; a SCRIPT's sync makes it itself
+        conn.run(["mkdir", "-p", workdir], check=True)
+        remote = f"{LIB_DIR}/vmrun_{plan.script.name}"
+        report = upload(conn, plan.script, remote)
+        if not report.ok:
+            raise RemoteError(
+                f"could not place vmrun's {plan.script.name} on the host", host=conn.label
+            )
+        node.script = f"{node.env.home}/{remote}"
+        return
+    try:
+        script = plan.script.relative_to(plan.project).as_posix()
+    except ValueError:
+        raise UsageError(
+            f"script {plan.script} is outside the project {plan.project}, so it"
+            " would not be synced",
+            hint="run vmrun from the project, or move the script into it",
+        ) from None
+    files = project_files(plan.project)
+    if script not in files:
+        raise UsageError(
+            f"script {script} is excluded from the sync (.gitignore,"
+            " .vmrunignore or vmrun's defaults)",
+            hint=f"add `!{script}` to .vmrunignore",
+        )
+    for name, size in large_files(plan.project, files):
+        note(
+            f"{conn.label}: warning: syncing a large file: {name} ({size / 2**20:.0f} MiB);"
+            " list it in .vmrunignore to leave it here"
+        )
+    synced = sync_project(conn, plan.project, workdir, files=files, progress=progress)
+    if progress is None:  # else the progress view has shown them
+        for text in synced.warnings:
+            note(f"{conn.label}: warning: {text}")
+    if synced.sent:
+        note(
+            f"{conn.label}: synced {synced.sent} file(s), {synced.sent_bytes / 2**20:.1f} MiB"
+            f" ({synced.engine}, {synced.seconds:.1f} s) to ~/{workdir}"
+        )
+    node.script = script
