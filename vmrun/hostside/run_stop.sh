@@ -1,8 +1,9 @@
 # Stop a run: sh -c SOURCE vmrun-stop RUNS_DIR ID GRACE_CS
 # TERM every process of the run, KILL what is left after GRACE_CS hundredths of a second of
-# wall-clock time, and verify none is left. Prints TERM/KILL/LEFT lines with the pids concerned. The whole
-# process table is read three times (before TERM, before KILL, at the end); in between only
-# the run's own pids are watched, so a host with thousands of processes keeps the grace.
+# wall-clock time, and verify none is left. Prints TERM/KILL/LEFT lines with the pids
+# concerned. The whole process table is read by three processes at a time (before TERM,
+# while killing, at the end); during the grace only the run's own pids are watched, so a
+# host with thousands of processes keeps the grace.
 # shellcheck disable=SC2086,SC2046  # pid lists and /proc stat fields are split on purpose
 base=$1; id=$2; grace=$3
 d="$HOME/$base/$id"
@@ -54,12 +55,17 @@ if [ -n "$pids" ]; then
   echo TERM $pids
   kill -TERM $pids 2>/dev/null
   wait_gone "$grace" $pids
+  # KILL what is left, and whatever it spawned meanwhile, until none is left (5 s at most).
   left=$(running $(members))
-  if [ -n "$left" ]; then
-    echo KILL $left
-      kill -KILL $left 2>/dev/null
-      wait_gone 500 $left
-  fi
+  killed=
+  until=$(( $(centis) + 500 ))
+  while [ -n "$left" ] && [ "$(centis)" -lt "$until" ]; do
+    killed="$killed $left"
+    kill -KILL $left 2>/dev/null
+    sleep 0.05
+    left=$(running $(members))
+  done
+  [ -n "$killed" ] && echo KILL $(printf '%s\n' $killed | sort -un)
 fi
 echo LEFT $(running $(members))
 if [ ! -e "$d/exit_code" ]; then
