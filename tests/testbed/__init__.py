@@ -12,6 +12,7 @@ from .netns import NetnsBed, have_root_netns, skip_reason_no_netns
 from .procs import wait_until
 from .registry import cleanup_on_sigterm, cleanup_stale
 from .sockets import can_connect
+from .sshd import guard as testbed_guard
 from .testhost import TestHost
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "cleanup_stale",
     "have_root_netns",
     "skip_reason_no_netns",
+    "testbed_guard",
     "wait_until",
 ]

@@ -22,10 +22,12 @@ TESTS_DIR = Path(__file__).resolve().parents[1]
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
+from conftest import slow_fixture  # noqa: E402
 from testbed import (  # noqa: E402
     ClientKeys,
     LoopbackHost,
     NetnsBed,
+    TestbedError,
     TestHost,
     can_connect,
     cleanup_stale,
@@ -141,6 +143,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> ClientKeys:
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def ctx(tmp_path_factory: pytest.TempPathFactory, keys: ClientKeys) -> Iterator[Ctx]:
     if _NO_NETNS:
         pytest.skip(_NO_NETNS)
@@ -420,6 +423,7 @@ def test_cleanup_stale_after_crash(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not os.access("/usr/sbin/sshd", os.X_OK), reason="needs /usr/sbin/sshd")
+@pytest.mark.netns  # starts its own sshd (in the body, so no fixture says so)
 def test_loopback_host(tmp_path: Path, keys: ClientKeys) -> None:
     with LoopbackHost(tmp_path, keys) as host:
         kh = tmp_path / "known_hosts"
@@ -446,3 +450,22 @@ def test_loopback_host(tmp_path: Path, keys: ClientKeys) -> None:
         with pytest.raises(NotImplementedError):
             host.cut_link()
     assert not can_connect(host.addr, host.port)
+
+
+def test_a_quick_tier_test_cannot_start_sshd(tmp_path: Path, keys: ClientKeys) -> None:
+    """No fixture of this test starts a host, so it is in the quick tier, where conftest's
+    guard makes starting an sshd fail with the fix rather than slow the tier down."""
+    with pytest.raises(TestbedError, match="not in the netns tier: give the fixture"):
+        LoopbackHost(tmp_path, keys)
+    started = [
+        pid for pid in os.listdir("/proc")
+        if pid.isdigit() and str(tmp_path).encode() in _cmdline(int(pid))
+    ]  # fmt: skip
+    assert started == []  # refused before any sshd ran
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
