@@ -176,7 +176,9 @@ def test_ssh_hostname_and_user(ctx: Ctx, name: str) -> None:
 @netns_test
 def test_three_hosts_are_fast(ctx: Ctx) -> None:
     print(f"creating 3 hosts took {ctx.create_s:.3f}s")
-    assert ctx.create_s < 2.0
+    # ~0.25 s on an idle 2-core machine; a per-host wait such as IPv6 duplicate address
+    # detection (~2 s each) would take 6 s or more. 5 s: 20x room for a loaded machine
+    assert ctx.create_s < 5.0
 
 
 @netns_test
