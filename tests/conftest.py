@@ -28,7 +28,9 @@ from testbed import (
     NetnsBed,
     TestHost,
     cleanup_on_sigterm,
+    offline_argv,
     skip_reason_no_netns,
+    skip_reason_no_offline,
     testbed_guard,
 )
 
@@ -144,10 +146,19 @@ class Client:
         timeout: float = 120,
         env: Mapping[str, str] | None = None,
         input: bytes | None = None,
+        offline: bool = False,
     ) -> subprocess.CompletedProcess[str]:
-        """Run the real CLI in a child process, as a user would."""
+        """Run the real CLI in a child process, as a user would. `offline`: in an empty
+        network namespace (testbed.offline_argv), where a made-up host name fails to resolve
+        at once and no lookup reaches real DNS; skipped where that cannot be made."""
+        argv = [sys.executable, "-m", "vmrun", *args]
+        if offline:
+            reason = skip_reason_no_offline()
+            if reason:
+                pytest.skip(reason)
+            argv = offline_argv(argv)
         return subprocess.run(
-            [sys.executable, "-m", "vmrun", *args],
+            argv,
             cwd=self.cwd,
             env=self.environ(**(env or {})),
             capture_output=True,

@@ -31,7 +31,9 @@ from testbed import (  # noqa: E402
     TestHost,
     can_connect,
     cleanup_stale,
+    offline_argv,
     skip_reason_no_netns,
+    skip_reason_no_offline,
 )
 from testbed.layout import ETC_NETNS, NETNS_RUN_DIR  # noqa: E402
 from testbed.procs import ns_ident, pids_in_netns_idents, uid_pids  # noqa: E402
@@ -471,3 +473,34 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+OFFLINE_PROBE = """
+import errno, socket
+local = socket.getaddrinfo("localhost", 22, type=socket.SOCK_STREAM)[0][4][0]  # /etc/hosts
+print("localhost", local in ("127.0.0.1", "::1"))
+try:
+    socket.getaddrinfo("no-such-host.invalid", 22)
+except socket.gaierror as exc:
+    print("lookup failed", exc.errno in (socket.EAI_AGAIN, socket.EAI_NONAME))
+try:
+    socket.create_connection(("127.0.0.1", 22), timeout=5)
+except OSError as exc:
+    print("connect failed", errno.errorcode.get(exc.errno))
+"""
+
+
+def test_offline_argv_has_no_network() -> None:
+    """What Client.vmrun(offline=True) relies on: /etc/hosts answers, a made-up name fails
+    to resolve at once, and nothing can be reached, not even loopback."""
+    reason = skip_reason_no_offline()
+    if reason:
+        pytest.skip(reason)
+    argv = offline_argv([sys.executable, "-c", OFFLINE_PROBE])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "localhost True",
+        "lookup failed True",
+        "connect failed ENETUNREACH",
+    ]
