@@ -82,17 +82,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.netns)
 
 
-@pytest.fixture(autouse=True)
-def _tier_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+def _tier_guard(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
     """In a quick-tier test, starting sshd is an error naming the fix."""
-    if request.node.get_closest_marker("netns"):
-        yield
-        return
-    with testbed_guard(
-        f"{request.node.nodeid} starts sshd but is not in the netns tier: give the fixture "
+    if item.get_closest_marker("netns"):
+        return contextlib.nullcontext()
+    return testbed_guard(
+        f"{item.nodeid} starts sshd but is not in the netns tier: give the fixture "
         "that starts it @slow_fixture (tests/conftest.py)"
-    ):
-        yield
+    )
+
+
+# around setup too: a session or module fixture a quick-tier test sets up is guarded as well
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _tier_guard(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
