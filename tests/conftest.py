@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from testbed import (
@@ -27,14 +28,81 @@ from testbed import (
     NetnsBed,
     TestHost,
     cleanup_on_sigterm,
+    offline_argv,
     skip_reason_no_netns,
+    skip_reason_no_offline,
+    testbed_guard,
 )
 
 from vmrun.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
+F = TypeVar("F", bound=Callable[..., object])
 
 cleanup_on_sigterm()  # a `timeout pytest` that fires still tears the test hosts down
+
+
+# -- two tiers: `pytest -m "not netns"` (quick, no root) and `pytest` (everything) --------
+# A test is marked `netns` here, automatically, when it needs test hosts or long-running real
+# processes: it uses (directly or through other fixtures) a fixture named in
+# SLOW_FIXTURES, or its module runs real training through train_helpers. Fixtures that start
+# such things register with @slow_fixture; a quick-tier test that starts sshd anyway fails
+# (see _tier_guard), so a missing registration cannot go unnoticed.
+SLOW_FIXTURES: set[str] = {
+    "bed",  # network-namespace test hosts (root)
+    "loopback",  # sshd on 127.0.0.1
+    "cluster",  # more bed hosts
+    "client",  # runs the real CLI in child processes (and, with --local, torchrun)
+    "wheelhouse",  # may `pip download` torch on a first run
+    "host_python",  # may build a venv with torch on a first run
+}
+
+
+def slow_fixture(fn: F) -> F:
+    """Register a fixture that starts test hosts or long-running processes: every test that
+    uses it lands in the `netns` tier. Put it under @pytest.fixture."""
+    SLOW_FIXTURES.add(fn.__name__)
+    return fn
+
+
+def _runs_training(module: object) -> bool:
+    """The module uses tests/train_helpers.py, the toolkit for real torchrun runs."""
+    return any(
+        getattr(value, "__module__", None) == "train_helpers" for value in vars(module).values()
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or (
+            module is not None and _runs_training(module)
+        ):
+            item.add_marker(pytest.mark.netns)
+
+
+def _tier_guard(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
+    """In a quick-tier test, starting sshd is an error naming the fix."""
+    if item.get_closest_marker("netns"):
+        return contextlib.nullcontext()
+    return testbed_guard(
+        f"{item.nodeid} starts sshd but is not in the netns tier: give the fixture "
+        "that starts it @slow_fixture (tests/conftest.py)"
+    )
+
+
+# around setup too: a session or module fixture a quick-tier test sets up is guarded as well
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _tier_guard(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
@@ -88,10 +156,19 @@ class Client:
         timeout: float = 120,
         env: Mapping[str, str] | None = None,
         input: bytes | None = None,
+        offline: bool = False,
     ) -> subprocess.CompletedProcess[str]:
-        """Run the real CLI in a child process, as a user would."""
+        """Run the real CLI in a child process, as a user would. `offline`: in an empty
+        network namespace (testbed.offline_argv), where a made-up host name fails to resolve
+        at once and no lookup reaches real DNS; skipped where that cannot be made."""
+        argv = [sys.executable, "-m", "vmrun", *args]
+        if offline:
+            reason = skip_reason_no_offline()
+            if reason:
+                pytest.skip(reason)
+            argv = offline_argv(argv)
         return subprocess.run(
-            [sys.executable, "-m", "vmrun", *args],
+            argv,
             cwd=self.cwd,
             env=self.environ(**(env or {})),
             capture_output=True,

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -475,7 +474,6 @@ def test_a_failing_reboot_command_is_reported_at_once(
         h3, "systemctl", f'echo "Failed to reboot system via logind: {refused}" >&2\nexit 1\n'
     )
     install_standin(h3, "reboot", f'echo "Call to Reboot failed: {refused}" >&2\nexit 1\n')
-    started = time.monotonic()
     done = bed_client.vmrun(
         "setup",
         "h3",
@@ -484,16 +482,17 @@ def test_a_failing_reboot_command_is_reported_at_once(
         "--only",
         "nvidia-driver",
         "--reboot-timeout",
-        "300",
+        "3600",
+        # setup waiting out the 3600 s --reboot-timeout ends in TimeoutExpired here; reporting
+        # the failed reboot at once takes seconds (240 s: room for a loaded machine)
+        timeout=240,
     )
-    took = time.monotonic() - started
     assert done.returncode == 1, done.stderr + done.stdout
     assert (
         "h3: the reboot command failed (exited 1) and the host is still up: Call to Reboot"
         f" failed: {refused}"
     ) in done.stderr, done.stderr
     assert f"\n    Failed to reboot system via logind: {refused}\n" in done.stderr  # 1st try
-    assert took < 60, f"setup took {took:.0f} s: it waited for the reboot timeout"
     assert not (h3.home / "rebooted").exists()
 
 

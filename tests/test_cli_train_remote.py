@@ -207,7 +207,8 @@ def test_bad_input_starts_nothing(bed: NetnsBed, project: Client) -> None:
     assert "h3: no Python environment is recorded" in no_env.stderr
     assert "vmrun setup h3" in no_env.stderr
     assert not (h3.home / ".vmrun" / "runs").exists()
-    unknown = project.vmrun("train", "-H", "nosuchhost.invalid", "--epochs", "2")
+    # offline: the made-up name fails to resolve in an empty network namespace, not via DNS
+    unknown = project.vmrun("train", "-H", "nosuchhost.invalid", "--epochs", "2", offline=True)
     assert unknown.returncode == 12 and "cannot resolve" in unknown.stderr
     for args, needle in (
         (["missing.py"], "no such file"),

@@ -279,8 +279,10 @@ def test_a_cut_link_shows_disconnected_then_reconnects(
     h3.cut_link()
     try:
         cut = time.monotonic()
-        lost = reader.until(lambda s: s["state"] == "disconnected", 15, "disconnected")
-        assert time.monotonic() - cut < 8  # keepalive 1 s x 3 in the tests' settings
+        lost = reader.until(lambda s: s["state"] == "disconnected", 30, "disconnected")
+        # keepalive 1 s x 3 in the tests' settings: ~4 s; unnoticed, a cut lasts TCP's ~15 min
+        # of retransmissions. 15 s: room for a loaded 2-core machine
+        assert time.monotonic() - cut < 15
         assert lost["message"].startswith("connection lost (the host stopped answering")
         assert lost["message"].endswith("while running nvidia-smi; retrying in 1 s")
         assert lost["gpus"] == []
@@ -313,7 +315,10 @@ def test_a_watch_ended_while_the_link_is_down_leaves_nothing_on_the_host(
         code, err = reader.interrupt()
         assert code == 0 and err == ""
         cut = time.monotonic()
-        wait_for(lambda: not any(alive(p) for p in pids), HEARTBEAT + 15, "nvidia-smi to stop")
+        # silence for HEARTBEAT s, then TERM, KILL 5 s later; + 15 s: room for a loaded machine
+        wait_for(
+            lambda: not any(alive(p) for p in pids), HEARTBEAT + 5 + 15, "nvidia-smi to stop"
+        )
         print(f"nvidia-smi stopped {time.monotonic() - cut:.1f} s after the watch ended")
         assert not any("nvidia-smi" in c for c in user_commands(h3))
     finally:
@@ -351,12 +356,18 @@ def test_idle_alert_for_a_gpu_a_run_holds_but_does_not_use(
         install(h2, "t4x2_dataloader", apps=apps.replace(", 2313, ", f", {run.pid}, "))
         project(bed_client, {"h1": True, "h2": True})
         reader = watch("--interval", "0.2", "--idle-window", "1")
-        held = reader.until(
+        reader.until(
             lambda s: s["host"] == "h2" and s["state"] == "ok" and len(s["processes"]) == 2,
             20,
             "both of h2's GPUs held",
         )
-        assert held["gpus"][1]["idle_alert"] is False  # not yet: the window has not passed
+        # the first sample that sees the run's GPU idle starts the window: no alert yet (the
+        # sample the wait above returns may already be a window later on a loaded machine)
+        first_idle = next(
+            s["gpus"][1] for s in reader.seen
+            if s["host"] == "h2" and s["state"] == "ok" and s["gpus"][1]["idle_for_s"] is not None
+        )  # fmt: skip
+        assert (first_idle["idle_for_s"], first_idle["idle_alert"]) == (0, False)
         alert = reader.until(
             lambda s: s["host"] == "h2" and s["state"] == "ok" and s["gpus"][1]["idle_alert"],
             10,

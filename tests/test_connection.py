@@ -253,8 +253,9 @@ def test_unreachable_address_fails_within_the_timeout(bed: NetnsBed, bed_client:
     started = time.monotonic()
     with pytest.raises(UnreachableError) as info:
         Connection(f"nobody@{empty}", bed_client.settings(connect_timeout=2)).open()
-    assert time.monotonic() - started < 4
-    # ARP for an empty address gives up after about 3 s: the 2 s timeout comes first
+    # ARP for an empty address gives up after about 3 s: the 2 s timeout comes first, as the
+    # message below says; this bound only rules out a hang (8 s: room for a loaded machine)
+    assert time.monotonic() - started < 2 + 8
     assert info.value.one_line() == (
         f"nobody@{empty}: no answer from {empty} port 22 within 2 s; check the address and"
         " any firewall or security group, or raise --connect-timeout"
@@ -265,8 +266,11 @@ def test_unreachable_address_fails_within_the_timeout(bed: NetnsBed, bed_client:
 def test_refused_port_and_dns_failure(bed: NetnsBed, bed_client: Client) -> None:
     with pytest.raises(UnreachableError, match="connection refused"):
         Connection(f"u@{bed['h1'].addr}:2222", bed_client.settings()).open()
-    with pytest.raises(UnreachableError, match="cannot resolve host name"):
-        Connection("u@no-such-host.invalid", bed_client.settings()).open()
+    # offline: the made-up name fails to resolve in an empty network namespace (the CLI in a
+    # child process there), never via the machine's DNS
+    done = bed_client.vmrun("exec", "-H", "u@no-such-host.invalid", "--", "true", offline=True)
+    assert done.returncode == ExitCode.UNREACHABLE, done.stderr
+    assert "cannot resolve host name 'no-such-host.invalid'" in done.stderr, done.stderr
 
 
 def test_cut_link_mid_command_is_a_clear_error_and_leaves_no_process(
@@ -304,7 +308,9 @@ def test_cut_link_mid_command_is_a_clear_error_and_leaves_no_process(
     error = outcome["error"]
     assert isinstance(error, ConnectionLostError), error
     assert "stopped answering" in error.one_line()
-    assert lost_after < 10
+    # keepalive 1 s x 3 (the tests' settings): ~4 s; unnoticed, TCP retransmits for ~15 min.
+    # 15 s: room for a loaded 2-core machine
+    assert lost_after < 15
     # once the host notices the drop, the command's process group is killed
     wait_for(
         lambda: not any("sleep 433" in c for c in user_commands(host)),

@@ -291,7 +291,9 @@ def test_the_watch_script_ends_when_the_device_query_fails(tmp_path: Path) -> No
         _reap(broken)
     assert broken.returncode == 9, err
     assert out.startswith("NVIDIA-SMI has failed")
-    assert time.monotonic() - started < 2 + 3
+    # its 2 s read timeout decides; unnoticed, the processes query would go on until
+    # communicate's 30 s. 2 + 10 s: room for a loaded 2-core machine
+    assert time.monotonic() - started < 2 + 10
     apps = [
         int(line.split()[0])
         for line in (replay / "starts.log").read_text().splitlines()

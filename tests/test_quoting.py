@@ -167,7 +167,7 @@ def test_heartbeat_wrapper_kills_the_group_when_the_client_falls_silent() -> Non
     import time
 
     proc = subprocess.Popen(
-        ["sh", "-c", remote_command(["sh", "-c", "sleep 300 & echo $!; wait"], heartbeat=1)],
+        ["sh", "-c", remote_command(["sh", "-c", "sleep 300 & echo $!; wait"], heartbeat=3)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -178,15 +178,19 @@ def test_heartbeat_wrapper_kills_the_group_when_the_client_falls_silent() -> Non
         proc.stdin.write(env_header(None))
         proc.stdin.flush()
         grandchild = int(proc.stdout.readline())
-        beating_until = time.monotonic() + 3
-        while time.monotonic() < beating_until:  # three times the heartbeat, still beating
+        # a beat every 0.2 s against a 3 s heartbeat: only a 2.8 s stall of this process
+        # could make the wrapper see silence while the test still beats
+        beating_until = time.monotonic() + 2 * 3
+        while time.monotonic() < beating_until:  # twice the heartbeat, still beating
             proc.stdin.write(b"\n")
             proc.stdin.flush()
-            time.sleep(0.25)
+            time.sleep(0.2)
             assert proc.poll() is None and _alive(grandchild)
         silent = time.monotonic()  # stdin stays open, as during a cut link
-        assert proc.wait(timeout=10) == 128 + 15
-        assert time.monotonic() - silent < 5
+        assert proc.wait(timeout=30) == 128 + 15
+        # the 3 s heartbeat decides; without it the command would run its 300 s. 3 + 10 s:
+        # room for a loaded 2-core machine
+        assert time.monotonic() - silent < 3 + 10
         _wait_dead(grandchild, 10)
     finally:
         if proc.poll() is None:

@@ -9,9 +9,11 @@ from .errors import TestbedError
 from .keys import ClientKeys
 from .loopback import LoopbackHost
 from .netns import NetnsBed, have_root_netns, skip_reason_no_netns
+from .offline import offline_argv, skip_reason_no_offline
 from .procs import wait_until
 from .registry import cleanup_on_sigterm, cleanup_stale
 from .sockets import can_connect
+from .sshd import guard as testbed_guard
 from .testhost import TestHost
 
 __all__ = [
@@ -24,6 +26,9 @@ __all__ = [
     "cleanup_on_sigterm",
     "cleanup_stale",
     "have_root_netns",
+    "offline_argv",
     "skip_reason_no_netns",
+    "skip_reason_no_offline",
+    "testbed_guard",
     "wait_until",
 ]

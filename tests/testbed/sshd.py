@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import TestbedError
@@ -37,6 +38,20 @@ COMMON_SETTINGS = (
     "PrintLastLog no",
     "X11Forwarding no",
 )
+
+# While set, start() refuses with this message (tests/conftest.py sets it for quick-tier tests).
+_forbidden: str | None = None
+
+
+@contextmanager
+def guard(message: str) -> Iterator[None]:
+    """Within the block, starting an sshd raises TestbedError(message)."""
+    global _forbidden
+    previous, _forbidden = _forbidden, message
+    try:
+        yield
+    finally:
+        _forbidden = previous
 
 
 def write_config(
@@ -89,6 +104,8 @@ def start(
     as it exists, before the wait, so the caller can stop it if the wait fails.
     Raises TestbedError, naming ``what``, if sshd exits or does not listen in time.
     """
+    if _forbidden is not None:
+        raise TestbedError(_forbidden)
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
     offset = log.stat().st_size if log.exists() else 0
