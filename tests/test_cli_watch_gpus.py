@@ -28,7 +28,7 @@ import pytest
 from conftest import ROOT, Client, user_commands, wait_for
 from testbed import NetnsBed, TestHost
 
-from vmrun.gpus.telemetry import HEARTBEAT
+from vmrun.gpus.nvidia_smi import HEARTBEAT
 
 STANDIN = ROOT / "tests" / "standins" / "nvidia-smi"
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"

@@ -1,6 +1,6 @@
-"""vmrun.gpus.telemetry: parsing nvidia-smi's CSV, batching its streams, the fleet model, the remote
-watch script (run here by a real bash, with the nvidia-smi STAND-IN), and the table's cells
-and width."""
+"""vmrun.gpus (nvidia_smi, fleet): parsing nvidia-smi's CSV, batching its streams, the fleet
+model, the remote watch script (run here by a real bash, with the nvidia-smi STAND-IN), and
+the table's cells and width."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, wait_for
 
-from vmrun.gpus import telemetry as gpus
-from vmrun.gpus.telemetry import (
+from vmrun.gpus import nvidia_smi as gpus
+from vmrun.gpus.fleet import Fleet, HostSample
+from vmrun.gpus.nvidia_smi import (
     APP_FIELDS,
     GPU_FIELDS,
-    Fleet,
     GpuBatcher,
     GpuProcess,
     GpuReading,
-    HostSample,
     ProcessTracker,
     parse_app_line,
     parse_gpu_line,

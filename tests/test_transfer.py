@@ -21,8 +21,9 @@ from testbed import NetnsBed, TestHost
 from vmrun.errors import ConnectionLostError, HostKeyError, UsageError
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.hosts import parse_host
-from vmrun.transfer.download import download, ssh_command_for
+from vmrun.transfer.download import download
 from vmrun.transfer.manifest import PART_SUFFIX, normalize_remote, parse_hashes, safe_rel
+from vmrun.transfer.streams import ssh_command_for
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report
 from vmrun.transfer.upload import upload
 

@@ -1,7 +1,7 @@
 """`vmrun watch-gpus`: every host's GPUs on one screen, live, from one SSH channel per host.
 
-Telemetry lives in `vmrun.gpus.telemetry`; this module draws it. rich (and paramiko, through
-vmrun.gpus.telemetry) is imported inside the command, so `vmrun --help` stays fast.
+Telemetry lives in `vmrun.gpus.fleet`; this module draws it. rich (and paramiko, through
+vmrun.gpus.fleet) is imported inside the command, so `vmrun --help` stays fast.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.text import Text
 
-    from vmrun.gpus.telemetry import FleetWatch, GpuStatus, HostStatus
+    from vmrun.gpus.fleet import FleetWatch, GpuStatus, HostStatus
 
 SPARK_WIDTH = 8
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
         if not idle_window >= 0:
             raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
-        from vmrun.gpus.telemetry import Fleet, FleetWatch
+        from vmrun.gpus.fleet import Fleet, FleetWatch
         from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)

@@ -355,7 +355,8 @@ def _meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:
 def _stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) -> None:
     """Put the code on the host: node.workdir, and node.script as the run will see it."""
     from vmrun.remote_paths import remote_workdir
-    from vmrun.sync.project import large_files, project_files, sync_project
+    from vmrun.sync.files import large_files, project_files
+    from vmrun.sync.project import sync_project
     from vmrun.trainer import is_bundled
     from vmrun.transfer.upload import upload
 

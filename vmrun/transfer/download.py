@@ -32,13 +32,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vmrun.errors import RemoteError, VmrunError
+from vmrun.errors import VmrunError
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.hashing import file_sha256, many_sha256
 from vmrun.transfer.manifest import (
     PART_SUFFIX,
     RootListing,
     join_remote,
+    link_inside,
     list_remote,
     part_name,
     part_owner,
@@ -62,13 +63,6 @@ def _umask() -> int:
 
 
 _UMASK = _umask()
-
-
-def _link_inside(rel: str, target: str) -> bool:
-    if not target or target.startswith("/"):
-        return False
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-    return joined != ".." and not joined.startswith("../")
 
 
 # -- planning --------------------------------------------------------------------------
@@ -111,7 +105,7 @@ def _plan(
             local = base / rel if rel else base
             shown = os.path.relpath(local, dest)
             if entry.kind == "l":
-                if rel and _link_inside(rel, entry.link):
+                if rel and link_inside(rel, entry.link):
                     links.append((entry.link, local, shown))
                 else:
                     report.skipped.append(
@@ -392,13 +386,3 @@ def download(
         ) from None
     report.seconds = time.monotonic() - started
     return report
-
-
-def ssh_command_for(conn: Connection, remote_command: str) -> list[str]:
-    """The OpenSSH argv the engine would use (for benchmarks and debugging)."""
-    from vmrun.ssh.openssh import ssh_argv
-
-    conn.open()
-    if conn.target is None:
-        raise RemoteError("not connected", host=conn.label)
-    return ssh_argv(conn.target, conn.settings, remote_command)

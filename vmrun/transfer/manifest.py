@@ -118,6 +118,14 @@ def safe_rel(rel: str) -> bool:
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
+def link_inside(rel: str, target: str) -> bool:
+    """True for a symlink at `rel` whose relative `target` stays inside the same root."""
+    if not target or target.startswith("/"):
+        return False
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    return joined != ".." and not joined.startswith("../")
+
+
 def _mtime_ns(text: str) -> int:
     """`find %T@` text (`1700000000.1234567890`) to integer nanoseconds, exactly."""
     sign = -1 if text.startswith("-") else 1

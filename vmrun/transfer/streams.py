@@ -222,6 +222,16 @@ class OpenSshEngine:
         return OpenSshStream(self._argv(command), self.label)
 
 
+def ssh_command_for(conn: Connection, remote_command: str) -> list[str]:
+    """The OpenSSH argv the engine would use (for benchmarks and debugging)."""
+    from vmrun.ssh.openssh import ssh_argv
+
+    conn.open()
+    if conn.target is None:
+        raise RemoteError("not connected", host=conn.label)
+    return ssh_argv(conn.target, conn.settings, remote_command)
+
+
 # -- paramiko --------------------------------------------------------------------------
 
 
