@@ -162,6 +162,16 @@ def test_loop_arguments() -> None:
     assert watch_argv("nvidia-smi", 2)[-2:] == ["--format=csv,noheader,nounits", "--loop=2"]
 
 
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_the_watch_script_is_shellcheck_clean_bash() -> None:
+    """It needs bash (its header says why), so CI's `shellcheck --shell=sh` on *.sh skips it."""
+    script = ROOT / "vmrun" / "hostside" / "gpus_watch.bash"
+    proc = subprocess.run(
+        ["shellcheck", "--shell=bash", str(script)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout
+
+
 def _standin(home: Path, fixture: str, apps: str | None = None) -> Path:
     """The nvidia-smi STAND-IN at ~/bin/nvidia-smi replaying `fixture`; returns its replay."""
     bin_dir = home / "bin"

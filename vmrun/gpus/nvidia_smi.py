@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vmrun import hostside
 from vmrun.remote_paths import RUN_ENV
 
 # The query order is ours: `count` makes every iteration self-delimiting (a batch is complete
@@ -49,72 +50,6 @@ APP_TAG = "vmrun-app"
 HEARTBEAT = 15.0
 OWNER_TAG = "vmrun-owner"
 
-# bash -c WATCH_SCRIPT vmrun-gpus NVIDIA_SMI GPU_QUERY APPS_QUERY FORMAT [LOOP]
-# - NVIDIA_SMI is `nvidia-smi` or the host's `nvidia_smi` override (`~/` allowed), looked up
-#   on PATH plus EXTRA_PATH; the wrapper (vmrun.ssh.quoting) has put ~/.vmrun/bin first already.
-# - The devices query writes to stdout untouched; its exit status is the channel's, so
-#   "not found" (127) or "no driver" (9) reach the watcher as they are.
-# - The processes query is read here. Which run owns a pid: every process of a run carries
-#   VMRUN_RUN_ID (vmrun.runs.records), even torchrun's workers in sessions of their own, so it is
-#   read from /proc/PID/environ with `read -d ''` (a builtin: no grep per new pid). Another
-#   user's process is unreadable and has no owner.
-# - `read -t 2` wakes up to notice the devices query ending while no process holds a GPU
-#   (then the processes query prints nothing); a line cut by that timeout is kept in $buf.
-# - The processes query is a coproc: bash 4.0+ gives its pid (process substitution's $!
-#   needs 4.4), and fd 3, a copy of its output, outlives bash closing the coproc's own fds.
-# - When either query ends, the other is stopped, and the script exits with the devices'
-#   status once both are gone. Everything is in one process group, which the wrapper kills
-#   when the channel goes away.
-WATCH_SCRIPT = r"""p=$1 g=$2 a=$3 f=$4
-shift 4
-case $p in "~/"*) p=$HOME/${p#??} ;; esac
-PATH=$PATH:EXTRA_PATH_HERE
-export PATH
-"$p" "$g" "$f" "$@" &
-gpu=$!
-coproc APPS { exec "$p" "$a" "$f" "$@"; }
-apps=$APPS_PID
-exec 3<&"${APPS[0]}"
-declare -A seen
-buf=
-while :; do
-  IFS= read -r -t 2 -u 3 line
-  rc=$?
-  if [ $rc -gt 128 ]; then
-    buf=$buf$line
-    kill -0 "$gpu" 2>/dev/null && continue
-    break
-  fi
-  line=$buf$line buf=
-  if [ -n "$line" ]; then
-    r=${line#*,} r=${r#*,} pid=${r%%,*} pid=${pid// /}
-    case $pid in
-    '' | *[!0-9]*) ;;
-    *)
-      if [ -z "${seen[$pid]}" ]; then
-        seen[$pid]=1 own=
-        while IFS= read -r -d '' e; do
-          case $e in RUN_ENV_HERE=*) own=${e#*=}; break ;; esac
-        done 2>/dev/null </proc/$pid/environ
-        printf 'OWNER_TAG_HERE %s %s\n' "$pid" "$own" >&2
-      fi ;;
-    esac
-    printf 'APP_TAG_HERE %s\n' "$line" >&2
-  fi
-  [ $rc -eq 0 ] || break
-done
-exec 3<&-
-kill "$apps" 2>/dev/null
-wait "$apps"
-wait "$gpu"
-"""
-for _name, _value in (
-    ("EXTRA_PATH", EXTRA_PATH),
-    ("RUN_ENV", RUN_ENV),
-    ("OWNER_TAG", OWNER_TAG),
-    ("APP_TAG", APP_TAG),
-):
-    WATCH_SCRIPT = WATCH_SCRIPT.replace(f"{_name}_HERE", _value)
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # as vmrun.runs.records names runs
 
 # nvidia-smi exit codes that mean "no usable NVIDIA GPU here", and the shell's "not found".
@@ -311,7 +246,8 @@ def loop_arg(interval: float) -> str:
 
 def watch_argv(nvidia_smi: str, interval: float | None) -> list[str]:
     """argv of the one remote command per host; `interval` None reads once, else it loops."""
-    argv = ["bash", "-c", WATCH_SCRIPT, "vmrun-gpus", nvidia_smi]
+    script = hostside.source("gpus_watch.bash")
+    argv = ["bash", "-c", script, "vmrun-gpus", RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG, nvidia_smi]
     argv += [f"--query-gpu={','.join(GPU_FIELDS)}", f"--query-compute-apps={','.join(APP_FIELDS)}"]
     argv.append(CSV_FORMAT)
     if interval is not None:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from vmrun import hostside
 from vmrun.errors import RemoteError
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
@@ -15,17 +16,6 @@ from vmrun.sync.plan import Plan, SyncReport, warn
 from vmrun.transfer.manifest import list_remote, remote_arg
 from vmrun.transfer.streams import capture
 from vmrun.transfer.types import Options, Progress
-
-# sh -c LINKS sh WORKDIR < "target\0path\0...": make each symlink unless it is already
-# there; prints `L` per link made. ln to a temporary name, then mv -T: atomic.
-_LINKS = r"""cd -- "$1" || exit 3
-exec xargs -0 -n 2 sh -c '
-t=$1 p=$2
-if [ -L "$p" ] && [ "$(readlink -- "$p"; echo x)" = "$t
-x" ]; then exit 0; fi
-mkdir -p -- "$(dirname -- "$p")" && ln -sfn -- "$t" "$p.vmrun-link" &&
-mv -f -T -- "$p.vmrun-link" "$p" && echo L' sh
-"""
 
 
 def make_links(conn: Connection, workdir: str, links: Sequence[tuple[str, str]]) -> int:
@@ -35,7 +25,8 @@ def make_links(conn: Connection, workdir: str, links: Sequence[tuple[str, str]])
     data = b"".join(
         os.fsencode(target) + b"\0" + os.fsencode(remote_arg(rel)) + b"\0" for rel, target in links
     )
-    argv = ["sh", "-c", _LINKS, "sh", remote_arg(workdir)]
+    script = hostside.source("sync_links.sh")
+    argv = ["sh", "-c", script, "sync-links", script, remote_arg(workdir)]
     status, out, err = capture(conn, quoting.plain_command(argv), stdin=data, what="symlinks")
     if status != 0:
         raise RemoteError(f"creating symlinks on the host failed: {err.strip()}", host=conn.label)

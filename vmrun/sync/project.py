@@ -45,6 +45,7 @@ import os
 import time
 from pathlib import Path
 
+from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
@@ -62,20 +63,10 @@ RSYNC_BYTES = BIG_TRANSFER  # bytes: vmrun would start an `ssh` too, and hash ev
 RSYNC_DELTA = 64 << 20  # one file this big that the host has another version of: delta transfer
 ENGINES = ("auto", "rsync", "vmrun")
 
-# -- the host side ---------------------------------------------------------------------
-
-# sh -c PREPARE sh WORKDIR: make the work dir; print rsync's path and version if it has one.
-_PREPARE = r"""mkdir -p -- "$1" || exit 3
-PATH="$HOME/.vmrun/bin:$PATH"
-r=$(command -v rsync 2>/dev/null) || exit 0
-case $r in /*) printf '%s\n' "$r"; "$r" --version 2>/dev/null | head -n 1 ;; esac
-exit 0
-"""
-
 
 def _prepare(conn: Connection, workdir: str) -> HostRsync | None:
     """One round trip: create the work dir, and learn whether (and which) rsync is there."""
-    argv = ["sh", "-c", _PREPARE, "sh", remote_arg(workdir)]
+    argv = ["sh", "-c", hostside.source("sync_prepare.sh"), "sync-prepare", remote_arg(workdir)]
     status, out, err = capture(conn, quoting.plain_command(argv), what="preparing the workdir")
     if status != 0:
         raise RemoteError(
