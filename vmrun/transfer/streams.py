@@ -54,7 +54,6 @@ class Stream(Protocol):
     """A running remote command: its stdin, its stdout, and how it ended."""
 
     def send(self, data: bytes | memoryview) -> None: ...
-    def send_file(self, fd: int, count: int, on_chunk: Callable[[int], None]) -> int: ...
     def close_input(self) -> None: ...
     def read(self, size: int) -> bytes: ...
     def copy_to(self, fd: int, count: int, on_chunk: Callable[[int], None]) -> int: ...
@@ -138,26 +137,6 @@ class OpenSshStream:
         view = memoryview(data)
         while view:
             view = view[os.write(self._in, view) :]
-
-    def send_file(self, fd: int, count: int, on_chunk: Callable[[int], None]) -> int:
-        sent = 0
-        while sent < count:
-            want = min(CHUNK, count - sent)
-            if self._splice:
-                try:
-                    n = os.splice(fd, self._in, want)
-                except OSError:
-                    self._splice = False
-                    continue
-            else:
-                data = os.read(fd, want)
-                self.send(data)
-                n = len(data)
-            if n == 0:
-                break
-            sent += n
-            on_chunk(n)
-        return sent
 
     def close_input(self) -> None:
         assert self.proc.stdin is not None
@@ -252,17 +231,6 @@ class ParamikoStream:
             self.chan.sendall(bytes(data))
         except OSError:
             raise lost(self.conn, "while sending data") from None
-
-    def send_file(self, fd: int, count: int, on_chunk: Callable[[int], None]) -> int:
-        sent = 0
-        while sent < count:
-            data = os.read(fd, min(CHUNK, count - sent))
-            if not data:
-                break
-            self.send(data)
-            sent += len(data)
-            on_chunk(len(data))
-        return sent
 
     def close_input(self) -> None:
         with contextlib.suppress(Exception):
