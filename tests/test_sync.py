@@ -328,6 +328,30 @@ def test_auto_sends_many_changes_with_rsync_and_few_on_the_open_connection(
     assert (h1.home / workdir / "d0" / "f0").read_bytes() == b"y"
 
 
+def test_auto_lists_the_work_directory_once_per_sync(
+    h1: TestHost, conn: Connection, workdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing that decides what differs is the one the upload compares with: one
+    listing command on the connection per sync, not one for `auto` and one for the upload."""
+    project = tmp_path / "proj"
+    write(project, "a.py", "1")
+    write(project, "b.py", "2")
+    sync_project(conn, project, workdir)
+    write(project, "a.py", "changed", mtime_ns=(project / "a.py").stat().st_mtime_ns + 1)
+    commands: list[str] = []
+    real = Connection.capture
+
+    def counted(self: Connection, command: str, **kwargs: object) -> object:
+        commands.append(command)
+        return real(self, command, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Connection, "capture", counted)
+    report = sync_project(conn, project, workdir)
+    assert (report.engine, report.sent, report.unchanged) == ("vmrun", 1, 1)
+    assert sum("transfer-list" in c for c in commands) == 1, commands
+    assert (h1.home / workdir / "a.py").read_bytes() == b"changed"
+
+
 @needs_rsync
 def test_the_engine_can_be_forced_by_environment(
     conn: Connection, workdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmrun import hostside
@@ -13,7 +14,7 @@ from vmrun.errors import RemoteError
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 from vmrun.sync.plan import Plan, SyncReport, warn
-from vmrun.transfer.manifest import list_remote, remote_arg
+from vmrun.transfer.manifest import RootListing, list_remote, remote_arg
 from vmrun.transfer.streams import capture
 from vmrun.transfer.types import Options, Progress
 
@@ -41,11 +42,14 @@ def vmrun_send(
     links: Sequence[tuple[str, str]],
     progress: Progress,
     report: SyncReport,
+    listing: RootListing | None = None,
 ) -> None:
+    """Send `files` and `links`; `listing`, the work directory's listed just now by
+    `changed`, spares upload a second listing round trip."""
     from vmrun.transfer.upload import upload
 
     if files:
-        up = upload(conn, project, workdir, Options(), progress, files=files)
+        up = upload(conn, project, workdir, Options(), progress, files=files, listing=listing)
         if up.failed:
             rel, why = next(iter(up.failed.items()))
             raise RemoteError(
@@ -62,10 +66,21 @@ def vmrun_send(
     report.unchanged += len(links) - made
 
 
-def changed(conn: Connection, workdir: str, plan: Plan) -> tuple[Plan, int, int]:
+@dataclass
+class Difference:
+    """What `changed` found: the part of the plan to send, how many entries are the same,
+    the size of the biggest changed file the host has another version of (what rsync's
+    delta transfer would save), and the listing itself (for upload to reuse)."""
+
+    todo: Plan
+    same: int
+    biggest_old: int
+    listing: RootListing
+
+
+def changed(conn: Connection, workdir: str, plan: Plan) -> Difference:
     """One listing round trip: the part of `plan` that differs on the host (size or mtime of a
-    file, target of a symlink), how many entries are the same, and the size of the biggest
-    changed file the host has another version of (what rsync's delta transfer would save)."""
+    file, target of a symlink)."""
     root = list_remote(conn, [workdir]).roots[0]
     there = {e.rel: e for e in root.entries}
     todo, same, biggest_old = Plan(), 0, 0
@@ -85,4 +100,4 @@ def changed(conn: Connection, workdir: str, plan: Plan) -> tuple[Plan, int, int]
             same += 1
         else:
             todo.links.append((rel, target))
-    return todo, same, biggest_old
+    return Difference(todo, same, biggest_old, root)

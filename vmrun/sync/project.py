@@ -136,11 +136,14 @@ def sync_project(
         report.engine = "vmrun"
         vmrun_send(conn, project, workdir, plan.regular, plan.links, progress, report)
     else:
-        todo, same, biggest_old = changed(conn, workdir, plan)
-        report.unchanged += same
+        diff = changed(conn, workdir, plan)
+        todo = diff.todo
+        report.unchanged += diff.same
         nbytes = sum(todo.sizes.values())
         if isinstance(rsync, Rsync) and (
-            len(todo.regular) >= RSYNC_FILES or nbytes >= RSYNC_BYTES or biggest_old >= RSYNC_DELTA
+            len(todo.regular) >= RSYNC_FILES
+            or nbytes >= RSYNC_BYTES
+            or diff.biggest_old >= RSYNC_DELTA
         ):
             report.engine = "rsync"
             entries = sorted([*todo.regular, *(rel for rel, _ in todo.links)])
@@ -148,6 +151,8 @@ def sync_project(
             rsync_send(conn, project, workdir, rsync, entries, progress, report)
         else:
             report.engine = "vmrun"
-            vmrun_send(conn, project, workdir, todo.regular, todo.links, progress, report)
+            vmrun_send(
+                conn, project, workdir, todo.regular, todo.links, progress, report, diff.listing
+            )
     report.seconds = time.monotonic() - started
     return report

@@ -85,4 +85,3 @@ def drain(stream: Stream) -> None:
     """Read to the end (tar pads its last record); lets the sender exit cleanly."""
     while stream.read(1 << 20):
         pass
-

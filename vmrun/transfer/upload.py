@@ -30,6 +30,7 @@ from vmrun.ssh.connection import Connection
 from vmrun.transfer.manifest import (
     PART_SUFFIX,
     Entry,
+    RootListing,
     join_remote,
     list_remote,
     part_name,
@@ -163,9 +164,11 @@ def upload(
     include: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
     files: Sequence[str] | None = None,
+    listing: RootListing | None = None,
 ) -> Report:
     """Make `remote` (normalised remote path) hold what `local` (file or folder) holds;
-    `files` (POSIX paths relative to a folder `local`) replaces the walk with a list."""
+    `files` (POSIX paths relative to a folder `local`) replaces the walk with a list;
+    `listing`, the remote folder's as the caller listed it just now, saves a round trip."""
     options = options or Options()
     progress = progress or Progress()
     started = time.monotonic()
@@ -178,8 +181,7 @@ def upload(
     items = _scan(local, spec, report, files)
     if single:
         items[0].rel = posixpath.basename(remote)
-    listing = list_remote(conn, [remote_dir])
-    root = listing.roots[0]
+    root = listing if listing is not None else list_remote(conn, [remote_dir]).roots[0]
     there: dict[str, Entry] = {e.rel: e for e in root.entries if e.kind == "f"}
     if root.state == "ok" and any(e.rel == "" and e.kind != "d" for e in root.entries):
         raise UsageError(f"{remote_dir} on the host is not a directory", host=conn.label)
