@@ -48,7 +48,7 @@ from vmrun.transfer.manifest import (
 )
 from vmrun.transfer.receive import Item, Receiver
 from vmrun.transfer.streams import choose_engine
-from vmrun.transfer.types import BIG_TRANSFER, FetchSpec, Options, Progress, Report, selected
+from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
 
 def _umask() -> int:
@@ -266,7 +266,7 @@ def _transfer(
     if not items:
         return []
     remaining = sum(it.entry.size - it.offset for it in items)
-    engine = choose_engine(conn, wanted=options.engine, big=remaining >= BIG_TRANSFER)
+    engine = choose_engine(conn, wanted=options.engine, nbytes=remaining)
     report.engine = engine.name
     progress.begin(conn.label, len(items), remaining)
     box: dict[str, object] = {}

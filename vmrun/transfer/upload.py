@@ -38,7 +38,7 @@ from vmrun.transfer.manifest import (
     remote_hashes,
 )
 from vmrun.transfer.streams import CHUNK, capture, choose_engine
-from vmrun.transfer.types import BIG_TRANSFER, FetchSpec, Options, Progress, Report, selected
+from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
 
 @dataclass
@@ -93,9 +93,7 @@ def _send(
     progress: Progress,
     report: Report,
 ) -> None:
-    engine = choose_engine(
-        conn, wanted=options.engine, big=sum(i.size for i in items) >= BIG_TRANSFER
-    )
+    engine = choose_engine(conn, wanted=options.engine, nbytes=sum(i.size for i in items))
     report.engine = engine.name
     progress.begin(conn.label, len(items), sum(i.size for i in items))
     receive = ["sh", "-c", hostside.source("transfer_receive.sh"), "transfer-receive", remote_dir]
