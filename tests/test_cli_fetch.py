@@ -313,6 +313,22 @@ def test_bad_requests_are_refused_before_connecting(
     assert gone.returncode == 14 and "not found on the host" in gone.stderr
 
 
+def test_an_unquoted_tilde_expanded_here_gets_a_hint_to_quote_it(
+    bed: NetnsBed, bed_client: Client, remote_dir: str
+) -> None:
+    """`vmrun fetch ~/x` unquoted: the shell here gives vmrun this machine's home; the host
+    has no such path, and the error line says how to ask for the host's home."""
+    home = bed_client.environ()["HOME"]
+    put(bed["h1"], f"{remote_dir}/x.txt", b"there")
+    done = bed_client.vmrun("fetch", "-H", "h1", f"{home}/{remote_dir}/x.txt")
+    assert done.returncode == 14, done.stderr
+    assert f"quote it: vmrun fetch '~/{remote_dir}/x.txt'" in done.stderr, done.stderr
+    quoted = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}/x.txt", "--to", home)
+    assert quoted.returncode == 0, quoted.stderr
+    gone = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}/nothing-here")
+    assert "quote it" not in gone.stderr  # a path in the host's home: no such hint
+
+
 def test_relative_paths_are_in_the_projects_work_directory(
     bed: NetnsBed, bed_client: Client
 ) -> None:

@@ -28,7 +28,7 @@ import pytest
 from conftest import ROOT, Client, user_commands, wait_for
 from testbed import NetnsBed, TestHost
 
-from vmrun.gpus.telemetry import HEARTBEAT
+from vmrun.gpus.nvidia_smi import HEARTBEAT
 
 STANDIN = ROOT / "tests" / "standins" / "nvidia-smi"
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
@@ -172,9 +172,10 @@ def _squeeze(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_once_table_fits_80_columns_and_names_hosts_without_gpus(
+def test_once_table_piped_keeps_whole_rows_and_names_hosts_without_gpus(
     hosts: dict[str, TestHost], bed_client: Client
 ) -> None:
+    """Into a pipe (COLUMNS set or not) no row is cut or wrapped: grep sees whole rows."""
     replay = install(hosts["h1"], "t4x2_training")
     install(hosts["h3"], "driver_not_loaded")
     project(bed_client, {"h1": True, "h2": False, "h3": True})
@@ -182,7 +183,7 @@ def test_once_table_fits_80_columns_and_names_hosts_without_gpus(
     done = bed_client.vmrun("watch-gpus", "--once", env={"COLUMNS": "80"})
     assert done.returncode == 14, done.stderr  # hosts without a usable GPU: "remote" failure
     lines = done.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 80, done.stdout
+    assert "…" not in done.stdout
     rows = [re.sub(r"\s+", " ", line).strip() for line in lines]
     assert rows[0].startswith("vmrun watch-gpus 3 host(s) 2 GPU(s) snapshot")
     assert rows[1] == "host gpu util memory temp power processes"
@@ -191,12 +192,23 @@ def test_once_table_fits_80_columns_and_names_hosts_without_gpus(
     assert rows[3] == "2381 python 1.0G"  # a second process on GPU 0: a line of its own
     assert rows[4] == "1 T4 93% 1.0/15.0G 36C 53/70W 2383 python 1.0G"
     text = _squeeze(done.stdout)
-    assert "h2 no GPU no NVIDIA driver: nvidia-smi not found (or set nvidia_smi" in text
+    whole = "h2 no GPU no NVIDIA driver: nvidia-smi not found (or set nvidia_smi in vmrun.toml)"
+    assert whole in rows, done.stdout
     assert "h3 no GPU no NVIDIA driver loaded (NVIDIA-SMI has failed" in text
     assert len(starts(replay)) == 2  # one --query-gpu and one --query-compute-apps ...
     assert all("--loop" not in args for _, args in starts(replay))
     assert sessions(hosts["h1"]) - channels == 1  # ... on one channel
     assert_nothing_left(hosts["h1"], replay)
+
+
+def test_once_piped_never_cuts_gpu_names(hosts: dict[str, TestHost], bed_client: Client) -> None:
+    install(hosts["h1"], "h100x2_constructed")
+    project(bed_client, {"h1": True})
+    done = bed_client.vmrun("watch-gpus", "--once", env={"COLUMNS": "60"})
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout
+    gpus = [line for line in done.stdout.splitlines() if "H100" in line]
+    assert len(gpus) == 2 and all("H100 80GB HBM3" in line for line in gpus), done.stdout
 
 
 def test_once_json_one_object_per_host(hosts: dict[str, TestHost], bed_client: Client) -> None:

@@ -15,7 +15,7 @@ from vmrun.cli.fetch_view import BIG_FILE, LiveProgress, human_bytes, summary
 from vmrun.transfer.types import Report
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-MB = 1_000_000  # rich's DownloadColumn and TransferSpeedColumn count in decimal units
+MiB = 1 << 20  # fetch and sync show IEC units only: bytes, bars, rates and summaries
 
 
 class Clock:
@@ -50,37 +50,38 @@ def test_live_view_shows_bytes_rate_eta_and_a_line_per_big_file() -> None:
     out = StringIO()
     console = Console(file=out, force_terminal=True, width=80)
     clock = Clock()
-    big = 100 * MB  # over BIG_FILE: a bar of its own, then a line when verified
+    big = 100 * MiB  # over BIG_FILE: a bar of its own, then a line when verified
     assert big >= BIG_FILE
-    total = big + 2 * MB
+    total = big + 2 * MiB
     with LiveProgress(console=console, get_time=clock) as live:
         live.begin("gpu1", 3, total)
-        live.file_begin("gpu1", "results/r1/a.txt", 1 * MB, 0)
-        live.advance("gpu1", 1 * MB)
+        live.file_begin("gpu1", "results/r1/a.txt", 1 * MiB, 0)
+        live.advance("gpu1", 1 * MiB)
         live.file_end("gpu1", "results/r1/a.txt", True)
         live.file_begin("gpu1", "results/r1/snapshot.pt", big, 0)
-        for _ in range(2):  # 25 MB a second, for 2 s: half the big file
+        for _ in range(2):  # 25 MiB a second, for 2 s: half the big file
             clock.now += 1.0
-            live.advance("gpu1", 25 * MB)
+            live.advance("gpu1", 25 * MiB)
         host_line, file_line = line_of(frame(live, out), "gpu1: 3 files", "snapshot.pt")
-        # bytes so far / total, the rate, the ETA (51 MB to go at 25 MB/s)
-        assert "51.0/102.0 MB" in host_line and "25.0 MB/s" in host_line, host_line
+        # bytes so far / total, the rate, the ETA (51 MiB to go at 25 MiB/s)
+        assert "51.0/102.0 MiB" in host_line and "25.0 MiB/s" in host_line, host_line
         assert "0:00:03" in host_line, host_line
         # the big file's own bar, under its path
         assert file_line.startswith("  results/r1/snapshot.pt"), file_line
-        assert "50.0/100.0 MB" in file_line and "0:00:02" in file_line, file_line
+        assert "50.0/100.0 MiB" in file_line and "0:00:02" in file_line, file_line
         for _ in range(2):
             clock.now += 1.0
-            live.advance("gpu1", 25 * MB)
+            live.advance("gpu1", 25 * MiB)
         live.file_end("gpu1", "results/r1/snapshot.pt", True)
-        live.file_begin("gpu1", "results/r1/b.txt", 1 * MB, 0)
+        live.file_begin("gpu1", "results/r1/b.txt", 1 * MiB, 0)
         clock.now += 1.0
-        live.advance("gpu1", 1 * MB)
+        live.advance("gpu1", 1 * MiB)
         live.file_end("gpu1", "results/r1/b.txt", True)
         (host_line,) = line_of(frame(live, out), "gpu1: 3 files")
-        assert "102.0/102.0 MB" in host_line, host_line
+        assert "102.0/102.0 MiB" in host_line, host_line
         assert "snapshot.pt" not in frame(live, out)  # its bar is gone once verified
     text = ANSI.sub("", out.getvalue())
+    assert " MB" not in text and "MB/s" not in text  # one unit family: MiB, never MB
     line = f"[gpu1] results/r1/snapshot.pt ({human_bytes(big)}) verified"
     assert text.count(line) == 1, text
     assert "a.txt" not in text and "b.txt" not in text  # small files: no line, no bar
@@ -90,12 +91,12 @@ def test_a_second_round_reuses_the_hosts_bar_and_warnings_are_printed() -> None:
     out = StringIO()
     clock = Clock()
     with LiveProgress(Console(file=out, force_terminal=True, width=80), clock) as live:
-        live.begin("gpu1", 1, 10 * MB)
+        live.begin("gpu1", 1, 10 * MiB)
         clock.now += 1.0
-        live.advance("gpu1", 10 * MB)
-        live.begin("gpu1", 2, 4 * MB)  # the re-send of a failed file: the same bar, reset
+        live.advance("gpu1", 10 * MiB)
+        live.begin("gpu1", 2, 4 * MiB)  # the re-send of a failed file: the same bar, reset
         assert len(live.bars.tasks) == 1
-        assert "gpu1: 2 files" in frame(live, out) and "0.0/4.0 MB" in frame(live, out)
+        assert "gpu1: 2 files" in frame(live, out) and "0.0/4.0 MiB" in frame(live, out)
         live.warn("gpu1", "1 name could not be decoded")
         live.file_end("gpu1", "x.pt", False)  # a failure prints no "verified" line
     text = ANSI.sub("", out.getvalue())
@@ -105,12 +106,12 @@ def test_a_second_round_reuses_the_hosts_bar_and_warnings_are_printed() -> None:
 
 def test_summary_names_files_bytes_rate_and_what_was_not_fetched() -> None:
     report = Report(host="gpu1", fetched=["a", "b"], fetched_bytes=300 << 20)
-    report.wire_bytes, report.seconds, report.unchanged = 200 * MB, 2.0, 7
+    report.wire_bytes, report.seconds, report.unchanged = 200 * MiB, 2.0, 7
     report.resumed, report.replaced = 1, 1
     report.failed = {"c": "SHA-256 differs"}
     line = summary(report, prefix=True)
     assert line == (
-        "[gpu1] fetched 2 files (300.0 MiB; 190.7 MiB moved, 100 MB/s), 1 resumed,"
+        "[gpu1] fetched 2 files (300.0 MiB; 200.0 MiB moved, 100.0 MiB/s), 1 resumed,"
         " 7 unchanged, 1 replaced (bytes differed), 1 FAILED in 2.00 s"
     )
     assert summary(Report(host="h", unchanged=3), prefix=False) == (

@@ -1,6 +1,6 @@
-"""vmrun.gpus.telemetry: parsing nvidia-smi's CSV, batching its streams, the fleet model, the remote
-watch script (run here by a real bash, with the nvidia-smi STAND-IN), and the table's cells
-and width."""
+"""vmrun.gpus (nvidia_smi, fleet): parsing nvidia-smi's CSV, batching its streams, the fleet
+model, the remote watch script (run here by a real bash, with the nvidia-smi STAND-IN), and
+the table's cells and width."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, wait_for
 
-from vmrun.gpus import telemetry as gpus
-from vmrun.gpus.telemetry import (
+from vmrun.gpus import nvidia_smi as gpus
+from vmrun.gpus.fleet import Fleet, HostSample
+from vmrun.gpus.nvidia_smi import (
     APP_FIELDS,
     GPU_FIELDS,
-    Fleet,
     GpuBatcher,
     GpuProcess,
     GpuReading,
-    HostSample,
     ProcessTracker,
     parse_app_line,
     parse_gpu_line,
@@ -161,6 +160,16 @@ def test_loop_arguments() -> None:
     once = watch_argv("nvidia-smi", None)
     assert once[0] == "bash" and once[-1] == "--format=csv,noheader,nounits"
     assert watch_argv("nvidia-smi", 2)[-2:] == ["--format=csv,noheader,nounits", "--loop=2"]
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_the_watch_script_is_shellcheck_clean_bash() -> None:
+    """It needs bash (its header says why), so CI's `shellcheck --shell=sh` on *.sh skips it."""
+    script = ROOT / "vmrun" / "hostside" / "gpus_watch.bash"
+    proc = subprocess.run(
+        ["shellcheck", "--shell=bash", str(script)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout
 
 
 def _standin(home: Path, fixture: str, apps: str | None = None) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vmrun.sync import ignore
-from vmrun.sync.project import _vmrun_matcher, _walk
+from vmrun.sync.files import _vmrun_matcher, _walk
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

@@ -26,6 +26,8 @@ def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> Non
         assert f"vmrun/playbooks/{playbook.name}" in names
     for module in ("vmrun/trainer/template.py", "vmrun/hostside/netprobe.py", "vmrun/cli/app.py"):
         assert module in names
+    for hostside in (ROOT / "vmrun" / "hostside").glob("[!_]*.*"):  # sync_*, transfer_*, gpus_*...
+        assert f"vmrun/hostside/{hostside.name}" in names
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "vmrun = vmrun.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -1,4 +1,4 @@
-"""Project sync (vmrun.sync.project) against real sshd test hosts, with real rsync and real git.
+"""Project sync (vmrun.sync) against real sshd test hosts, with real rsync and real git.
 
 The test hosts share this machine's filesystem, so /usr/bin/rsync is there for them too.
 Each test syncs into a work directory of its own under the host user's home.
@@ -22,14 +22,10 @@ from vmrun.errors import ExitCode, HostKeyError, UnreachableError, UsageError, e
 from vmrun.remote_paths import remote_workdir
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.hosts import parse_host
-from vmrun.sync.project import (
-    RSYNC_FILES,
-    SyncReport,
-    _rsync_word,
-    large_files,
-    project_files,
-    sync_project,
-)
+from vmrun.sync.files import large_files, project_files
+from vmrun.sync.plan import SyncReport
+from vmrun.sync.project import RSYNC_FILES, sync_project
+from vmrun.sync.rsync import rsync_word
 from vmrun.transfer.manifest import PART_SUFFIX
 from vmrun.transfer.types import Progress
 
@@ -332,6 +328,30 @@ def test_auto_sends_many_changes_with_rsync_and_few_on_the_open_connection(
     assert (h1.home / workdir / "d0" / "f0").read_bytes() == b"y"
 
 
+def test_auto_lists_the_work_directory_once_per_sync(
+    h1: TestHost, conn: Connection, workdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing that decides what differs is the one the upload compares with: one
+    listing command on the connection per sync, not one for `auto` and one for the upload."""
+    project = tmp_path / "proj"
+    write(project, "a.py", "1")
+    write(project, "b.py", "2")
+    sync_project(conn, project, workdir)
+    write(project, "a.py", "changed", mtime_ns=(project / "a.py").stat().st_mtime_ns + 1)
+    commands: list[str] = []
+    real = Connection.capture
+
+    def counted(self: Connection, command: str, **kwargs: object) -> object:
+        commands.append(command)
+        return real(self, command, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Connection, "capture", counted)
+    report = sync_project(conn, project, workdir)
+    assert (report.engine, report.sent, report.unchanged) == ("vmrun", 1, 1)
+    assert sum("transfer-list" in c for c in commands) == 1, commands
+    assert (h1.home / workdir / "a.py").read_bytes() == b"changed"
+
+
 @needs_rsync
 def test_the_engine_can_be_forced_by_environment(
     conn: Connection, workdir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -356,7 +376,7 @@ def test_ssh_words_survive_rsyncs_own_splitting_of_e(tmp_path: Path) -> None:
     program.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {record}\nexit 7\n')
     program.chmod(0o755)
     words = [str(program), "a b", "it's", 'say "hi"', "mix'\"'", "", "back\\slash", "tab\there"]
-    rsh = " ".join(w for w in map(_rsync_word, words) if w is not None)
+    rsh = " ".join(w for w in map(rsync_word, words) if w is not None)
     subprocess.run(["rsync", "-e", rsh, str(record.parent), "host:dst/"], capture_output=True)
     assert record.read_bytes().split(b"\0")[: len(words) - 1] == [w.encode() for w in words[1:]]
 

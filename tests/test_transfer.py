@@ -21,8 +21,10 @@ from testbed import NetnsBed, TestHost
 from vmrun.errors import ConnectionLostError, HostKeyError, UsageError
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.hosts import parse_host
-from vmrun.transfer.download import download, ssh_command_for
+from vmrun.transfer import streams
+from vmrun.transfer.download import download
 from vmrun.transfer.manifest import PART_SUFFIX, normalize_remote, parse_hashes, safe_rel
+from vmrun.transfer.streams import ssh_command_for
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report
 from vmrun.transfer.upload import upload
 
@@ -385,6 +387,24 @@ def test_fetch_through_a_jump_host(bed: NetnsBed, bed_client: Client, tmp_path: 
         report = download(c, [FetchSpec("jumped", "j")], tmp_path, Options(engine="openssh"))
     assert report.engine == "openssh" and report.fetched == ["j/file.bin"]
     assert (tmp_path / "j" / "file.bin").read_bytes() == b"via bastion"
+
+
+def test_auto_takes_openssh_through_a_jump_host_from_a_smaller_size(
+    bed: NetnsBed, bed_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a jump host paramiko relays every byte in this process, so from
+    RELAYED_TRANSFER bytes (lowered here to keep the test small) `auto` takes OpenSSH there,
+    while a host reached directly keeps the open connection for the same size."""
+    monkeypatch.setattr(streams, "RELAYED_TRANSFER", 1 << 20)
+    data = os.urandom(2 << 20)
+    engines = {}
+    for name in ("hidden", "h1"):
+        put(bed[name], "engine-pick/f.bin", data)
+        with Connection(parse_host(name), bed_client.settings()) as c:
+            report = download(c, [FetchSpec("engine-pick", name)], tmp_path)
+        engines[name] = report.engine
+        assert (tmp_path / name / "f.bin").read_bytes() == data
+    assert engines == {"hidden": "openssh", "h1": "paramiko"}
 
 
 def test_openssh_streams_get_the_same_strict_host_key_policy(

@@ -169,6 +169,18 @@ def _report(outcomes: list, *, prefix: bool, quiet: bool) -> int:
             error_line(f"{rep.host}: {path}: {why}")
             codes.append(ExitCode.FAILED)
         for name in rep.missing:
-            error_line(f"{rep.host}: {name}: not found on the host")
+            error_line(f"{rep.host}: {name}: not found on the host{_tilde_hint(name)}")
             codes.append(ExitCode.REMOTE)
     return max(codes)
+
+
+def _tilde_hint(name: str) -> str:
+    """`vmrun fetch ~/x` unquoted reaches vmrun as this machine's home: say how to quote it."""
+    home = str(Path.home()).rstrip("/")
+    if not home or not (name == home or name.startswith(home + "/")):
+        return ""
+    rel = name[len(home) :].lstrip("/")
+    return (
+        f" (your shell turned `~` into this machine's home, {home}; for the host's home,"
+        f" quote it: vmrun fetch '~/{rel}')"
+    )

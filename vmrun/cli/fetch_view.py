@@ -19,6 +19,7 @@ BIG_FILE = 64 << 20  # files at least this big get a line of their own
 
 
 def human_bytes(n: float) -> str:
+    """IEC units (KiB, MiB...) everywhere fetch and sync print sizes and rates."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -31,10 +32,10 @@ def summary(report: Report, *, prefix: bool) -> str:
     head = f"[{report.host}] " if prefix else ""
     parts = [f"fetched {len(report.fetched)} file{'s' if len(report.fetched) != 1 else ''}"]
     if report.fetched:
-        rate = report.wire_bytes / report.seconds / 1e6 if report.seconds > 0 else 0.0
+        rate = report.wire_bytes / report.seconds if report.seconds > 0 else 0.0
         parts[0] += (
             f" ({human_bytes(report.fetched_bytes)}; {human_bytes(report.wire_bytes)} moved,"
-            f" {rate:.0f} MB/s)"
+            f" {human_bytes(rate)}/s)"
         )
     if report.resumed:
         parts.append(f"{report.resumed} resumed")
@@ -81,6 +82,21 @@ class PlainProgress(Progress):
         warn_line(f"{host}: {text}")
 
 
+def _speed_column() -> Any:
+    """rich's TransferSpeedColumn counts in MB/s; this one in MiB/s, as the rest of the view."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class SpeedColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(
+                "?" if speed is None else f"{human_bytes(speed)}/s", style="progress.data.speed"
+            )
+
+    return SpeedColumn()
+
+
 class LiveProgress(Progress):
     """rich bars: one per host (bytes, rate, ETA) and one per big file while it moves."""
 
@@ -94,7 +110,6 @@ class LiveProgress(Progress):
             DownloadColumn,
             TextColumn,
             TimeRemainingColumn,
-            TransferSpeedColumn,
         )
         from rich.progress import (
             Progress as RichProgress,
@@ -103,8 +118,8 @@ class LiveProgress(Progress):
         self.bars = RichProgress(
             TextColumn("{task.description}"),
             BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
+            DownloadColumn(binary_units=True),
+            _speed_column(),
             TimeRemainingColumn(),
             transient=True,
             console=console,

@@ -1,7 +1,7 @@
 """`vmrun watch-gpus`: every host's GPUs on one screen, live, from one SSH channel per host.
 
-Telemetry lives in `vmrun.gpus.telemetry`; this module draws it. rich (and paramiko, through
-vmrun.gpus.telemetry) is imported inside the command, so `vmrun --help` stays fast.
+Telemetry lives in `vmrun.gpus.fleet`; this module draws it. rich (and paramiko, through
+vmrun.gpus.fleet) is imported inside the command, so `vmrun --help` stays fast.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.text import Text
 
-    from vmrun.gpus.telemetry import FleetWatch, GpuStatus, HostStatus
+    from vmrun.gpus.fleet import FleetWatch, GpuStatus, HostStatus
 
 SPARK_WIDTH = 8
+_UNBOUNDED = 10_000  # columns of a console that is no terminal: rows are never cut
 _SPARK = "▁▂▃▄▅▆▇█"
 _SPARK_ASCII = "_.-:=+*#"
 _STATE_LABEL = {
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
         if not idle_window >= 0:
             raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
-        from vmrun.gpus.telemetry import Fleet, FleetWatch
+        from vmrun.gpus.fleet import Fleet, FleetWatch
         from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
@@ -121,7 +122,9 @@ def _snapshot(watch: FleetWatch, json_out: bool) -> int:
             _print_json(status)
     else:
         console = _console()
-        console.print(render(statuses, console, watch.fleet.idle_threshold, interval=None))
+        threshold = watch.fleet.idle_threshold
+        fit = console.is_terminal
+        console.print(render(statuses, console, threshold, interval=None, fit=fit))
     return watch.fleet.exit_code()
 
 
@@ -144,7 +147,8 @@ def _live(watch: FleetWatch, interval: float) -> int:
     threshold = watch.fleet.idle_threshold
 
     def view() -> RenderableType:
-        return render(watch.fleet.statuses(), console, threshold, interval=interval)
+        statuses = watch.fleet.statuses()
+        return render(statuses, console, threshold, interval=interval, fit=console.is_terminal)
 
     with Live(view(), console=console, auto_refresh=False, redirect_stderr=False) as live:
         while not watch.finished:
@@ -154,9 +158,13 @@ def _live(watch: FleetWatch, interval: float) -> int:
 
 
 def _console() -> Console:
+    """The terminal's width; a pipe or file gets whole rows (grep and scripts read them)."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=_UNBOUNDED)
+    return console
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -244,8 +252,10 @@ def render(
     threshold: float,
     *,
     interval: float | None,
+    fit: bool = True,
 ) -> RenderableType:
-    """Title, one row per GPU (hosts in the order given, GPUs by index), then idle alerts."""
+    """Title, one row per GPU (hosts in the order given, GPUs by index), then idle alerts;
+    `fit` ellipsizes names to the console's width (a terminal), else nothing is cut."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -283,7 +293,7 @@ def render(
                         style="bold red",
                     )
                 )
-    widths = _fit(headers, rows, console.width, state_width)
+    widths = _fit(headers, rows, console.width, state_width) if fit else _natural(headers, rows)
     table = Table(
         box=None, collapse_padding=True, pad_edge=False, show_edge=False, header_style="bold"
     )
@@ -308,16 +318,21 @@ def render(
     return Group(title, table, *alerts)
 
 
+def _natural(headers: list[str], rows: list[list[Text]]) -> list[int]:
+    """Each column as wide as its widest line."""
+    from rich.cells import cell_len
+
+    return [
+        max([len(h)] + [max(map(cell_len, r[i].plain.split("\n"))) for r in rows])
+        for i, h in enumerate(headers)
+    ]
+
+
 def _fit(headers: list[str], rows: list[list[Text]], width: int, least: int) -> list[int]:
     """Column widths for `width` columns: fixed-size numbers keep theirs; the host column is
     capped; the GPU name (at least `least` wide) and the processes share what is left
     (names ellipsized first)."""
-    from rich.cells import cell_len
-
-    natural = [
-        max([len(h)] + [max(map(cell_len, r[i].plain.split("\n"))) for r in rows])
-        for i, h in enumerate(headers)
-    ]
+    natural = _natural(headers, rows)
     natural[0] = min(natural[0], 16)
     padding = len(headers) - 1  # one space between columns
     fixed = natural[0] + sum(natural[2:6]) + padding

@@ -18,7 +18,8 @@ Note = Callable[[str], None]
 
 def stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) -> None:
     """Put the code on the host: node.workdir, and node.script as the run will see it."""
-    from vmrun.sync.project import large_files, project_files, sync_project
+    from vmrun.sync.files import large_files, project_files
+    from vmrun.sync.project import sync_project
     from vmrun.trainer import is_bundled
     from vmrun.transfer.upload import upload
 

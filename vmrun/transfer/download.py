@@ -32,13 +32,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vmrun.errors import RemoteError, VmrunError
+from vmrun.errors import VmrunError
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.hashing import file_sha256, many_sha256
 from vmrun.transfer.manifest import (
     PART_SUFFIX,
     RootListing,
     join_remote,
+    link_inside,
     list_remote,
     part_name,
     part_owner,
@@ -47,7 +48,7 @@ from vmrun.transfer.manifest import (
 )
 from vmrun.transfer.receive import Item, Receiver
 from vmrun.transfer.streams import choose_engine
-from vmrun.transfer.types import BIG_TRANSFER, FetchSpec, Options, Progress, Report, selected
+from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
 
 def _umask() -> int:
@@ -62,13 +63,6 @@ def _umask() -> int:
 
 
 _UMASK = _umask()
-
-
-def _link_inside(rel: str, target: str) -> bool:
-    if not target or target.startswith("/"):
-        return False
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-    return joined != ".." and not joined.startswith("../")
 
 
 # -- planning --------------------------------------------------------------------------
@@ -111,7 +105,7 @@ def _plan(
             local = base / rel if rel else base
             shown = os.path.relpath(local, dest)
             if entry.kind == "l":
-                if rel and _link_inside(rel, entry.link):
+                if rel and link_inside(rel, entry.link):
                     links.append((entry.link, local, shown))
                 else:
                     report.skipped.append(
@@ -272,7 +266,7 @@ def _transfer(
     if not items:
         return []
     remaining = sum(it.entry.size - it.offset for it in items)
-    engine = choose_engine(conn, wanted=options.engine, big=remaining >= BIG_TRANSFER)
+    engine = choose_engine(conn, wanted=options.engine, nbytes=remaining)
     report.engine = engine.name
     progress.begin(conn.label, len(items), remaining)
     box: dict[str, object] = {}
@@ -392,13 +386,3 @@ def download(
         ) from None
     report.seconds = time.monotonic() - started
     return report
-
-
-def ssh_command_for(conn: Connection, remote_command: str) -> list[str]:
-    """The OpenSSH argv the engine would use (for benchmarks and debugging)."""
-    from vmrun.ssh.openssh import ssh_argv
-
-    conn.open()
-    if conn.target is None:
-        raise RemoteError("not connected", host=conn.label)
-    return ssh_argv(conn.target, conn.settings, remote_command)

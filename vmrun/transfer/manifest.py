@@ -14,32 +14,13 @@ import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.streams import capture
 
 PART_SUFFIX = ".vmrun-part"
-
-# sh -c SCRIPT sh ROOT...: the remote clock, then per root a header and its entries.
-# -H follows a root that is itself a symlink (the user named it), never links inside.
-_LIST_SCRIPT = r"""printf 'T\0%s\0' "$(date +%s)"
-for p; do
-  printf 'R\0%s\0' "$p"
-  if [ -e "$p" ]; then
-    find -H "$p" \( -type f -o -type d -o -type l \) \
-      -printf '%y\0%s\0%T@\0%m\0%P\0%l\0' || printf 'X\0'
-  elif [ -L "$p" ]; then printf 'L\0'
-  else printf 'M\0'
-  fi
-done
-"""
-
-# The NUL-separated path list arrives on stdin; one output line per file, in order.
-_HASH_SCRIPT = r"""if command -v openssl >/dev/null 2>&1; then exec xargs -0 openssl dgst -sha256 -r
-fi
-exec xargs -0 sha256sum -b
-"""
 
 
 @dataclass(frozen=True)
@@ -118,6 +99,14 @@ def safe_rel(rel: str) -> bool:
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
+def link_inside(rel: str, target: str) -> bool:
+    """True for a symlink at `rel` whose relative `target` stays inside the same root."""
+    if not target or target.startswith("/"):
+        return False
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    return joined != ".." and not joined.startswith("../")
+
+
 def _mtime_ns(text: str) -> int:
     """`find %T@` text (`1700000000.1234567890`) to integer nanoseconds, exactly."""
     sign = -1 if text.startswith("-") else 1
@@ -127,7 +116,8 @@ def _mtime_ns(text: str) -> int:
 
 def list_remote(conn: Connection, roots: Sequence[str]) -> Listing:
     """One round trip: every root's entries (files, dirs, symlinks), and the host's clock."""
-    argv = ["sh", "-c", _LIST_SCRIPT, "sh", *(remote_arg(r) for r in roots)]
+    script = hostside.source("transfer_list.sh")
+    argv = ["sh", "-c", script, "transfer-list", *(remote_arg(r) for r in roots)]
     status, out, err = capture(conn, quoting.plain_command(argv), what="the remote listing")
     fields = out.split(b"\0")
     if not fields or fields[0] != b"T":
@@ -180,7 +170,7 @@ def list_remote(conn: Connection, roots: Sequence[str]) -> Listing:
 
 
 def hash_command() -> str:
-    return quoting.plain_command(["sh", "-c", _HASH_SCRIPT])
+    return quoting.plain_command(["sh", "-c", hostside.source("transfer_hash.sh"), "transfer-hash"])
 
 
 def hash_input(paths: Iterable[str]) -> bytes:

@@ -85,20 +85,3 @@ def drain(stream: Stream) -> None:
     """Read to the end (tar pads its last record); lets the sender exit cleanly."""
     while stream.read(1 << 20):
         pass
-
-
-def header_for(name: str, size: int, mode: int, mtime: int) -> bytes:
-    """The header block(s) of one regular-file member (long names included)."""
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mode = mode & 0o7777
-    info.mtime = mtime
-    info.type = tarfile.REGTYPE
-    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
-
-
-def padding_for(size: int) -> bytes:
-    return b"\0" * _padding(size)
-
-
-END_OF_ARCHIVE = b"\0" * (2 * BLOCK)

@@ -23,12 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.manifest import (
     PART_SUFFIX,
     Entry,
+    RootListing,
     join_remote,
     list_remote,
     part_name,
@@ -36,24 +38,7 @@ from vmrun.transfer.manifest import (
     remote_hashes,
 )
 from vmrun.transfer.streams import CHUNK, capture, choose_engine
-from vmrun.transfer.types import BIG_TRANSFER, FetchSpec, Options, Progress, Report, selected
-
-# sh -c RECEIVE sh DIR: unpack the stream under DIR, keeping the sender's mtimes.
-_RECEIVE = 'mkdir -p -- "$1" && cd -- "$1" && exec tar -x -f - --no-same-owner'
-# sh -c PLACE sh DIR <<< "tmp\0final\0...": rename each pair, never into a directory; with
-# python3 in one process (2,000 files: 30 ms), else one `mv -T` per file (2,000: ~3 s).
-_PLACE = r"""cd -- "$1" || exit 1
-if command -v python3 >/dev/null 2>&1; then exec python3 -c '
-import os, sys
-w = sys.stdin.buffer.read().split(b"\0")[:-1]
-for a, b in zip(w[::2], w[1::2]):
-    if os.path.isdir(b) and not os.path.islink(b): sys.exit("mv: cannot overwrite directory %r" % b)
-    os.replace(a, b)
-'
-fi
-exec xargs -0 -n 2 mv -f -T --
-"""
-_DROP = 'cd -- "$1" && exec xargs -0 rm -f --'
+from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
 
 @dataclass
@@ -108,12 +93,11 @@ def _send(
     progress: Progress,
     report: Report,
 ) -> None:
-    engine = choose_engine(
-        conn, wanted=options.engine, big=sum(i.size for i in items) >= BIG_TRANSFER
-    )
+    engine = choose_engine(conn, wanted=options.engine, nbytes=sum(i.size for i in items))
     report.engine = engine.name
     progress.begin(conn.label, len(items), sum(i.size for i in items))
-    stream = engine.open(quoting.plain_command(["sh", "-c", _RECEIVE, "sh", remote_dir]))
+    receive = ["sh", "-c", hostside.source("transfer_receive.sh"), "transfer-receive", remote_dir]
+    stream = engine.open(quoting.plain_command(receive))
 
     def drain_output() -> None:
         with contextlib.suppress(Exception):
@@ -178,9 +162,11 @@ def upload(
     include: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
     files: Sequence[str] | None = None,
+    listing: RootListing | None = None,
 ) -> Report:
     """Make `remote` (normalised remote path) hold what `local` (file or folder) holds;
-    `files` (POSIX paths relative to a folder `local`) replaces the walk with a list."""
+    `files` (POSIX paths relative to a folder `local`) replaces the walk with a list;
+    `listing`, the remote folder's as the caller listed it just now, saves a round trip."""
     options = options or Options()
     progress = progress or Progress()
     started = time.monotonic()
@@ -193,8 +179,7 @@ def upload(
     items = _scan(local, spec, report, files)
     if single:
         items[0].rel = posixpath.basename(remote)
-    listing = list_remote(conn, [remote_dir])
-    root = listing.roots[0]
+    root = listing if listing is not None else list_remote(conn, [remote_dir]).roots[0]
     there: dict[str, Entry] = {e.rel: e for e in root.entries if e.kind == "f"}
     if root.state == "ok" and any(e.rel == "" and e.kind != "d" for e in root.entries):
         raise UsageError(f"{remote_dir} on the host is not a directory", host=conn.label)
@@ -224,13 +209,16 @@ def upload(
         sums = remote_hashes(conn, [join_remote(remote_dir, i.temp) for i in todo])
         good = [i for i in todo if sums.get(join_remote(remote_dir, i.temp)) == i.digest]
         bad = [i for i in todo if i not in good]
-        _run_list(conn, _PLACE, remote_dir, [p for i in good for p in (i.temp, i.rel)])
+        pairs = [p for i in good for p in (i.temp, i.rel)]
+        _run_list(
+            conn, "transfer_place.sh", remote_dir, pairs, hostside.source("transfer_place.py")
+        )
         for item in good:
             report.fetched.append(item.rel)
             report.fetched_bytes += item.size
             progress.file_end(conn.label, item.rel, True)
         if bad:
-            _run_list(conn, _DROP, remote_dir, [i.temp for i in bad])
+            _run_list(conn, "transfer_drop.sh", remote_dir, [i.temp for i in bad])
         if attempt == 2:
             for item in bad:
                 report.failed[item.rel] = "SHA-256 on the host differs from the one sent"
@@ -239,11 +227,14 @@ def upload(
     return report
 
 
-def _run_list(conn: Connection, script: str, remote_dir: str, words: list[str]) -> None:
+def _run_list(
+    conn: Connection, script: str, remote_dir: str, words: list[str], *extra: str
+) -> None:
+    """Run the host-side `script` in `remote_dir` over `words` (NUL-separated on stdin)."""
     if not words:
         return
     data = b"".join(os.fsencode(remote_arg(w)) + b"\0" for w in words)
-    argv = ["sh", "-c", script, "sh", remote_dir]
+    argv = ["sh", "-c", hostside.source(script), script.removesuffix(".sh"), remote_dir, *extra]
     status, _out, err = capture(conn, quoting.plain_command(argv), stdin=data, what="renaming")
     if status != 0:
         raise RemoteError(f"placing files on the host failed: {err.strip()}", host=conn.label)
