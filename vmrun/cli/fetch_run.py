@@ -124,23 +124,20 @@ def run_fetch(job: FetchJob) -> int:
 
 def _the_run(group: Group, run: str | None) -> tuple[str, dict[str, RunLocation]]:
     """The run (the newest across the hosts unless named) and where its files are on each
-    host it ran on: a run's files come from those hosts alone, every host agrees on which
-    run that is, and this one listing replaces a lookup per host."""
-    from vmrun.runs.outputs import location_of
-    from vmrun.runs.records import find_run
+    node it ran on, as the run's backend says: a run's files come from its nodes alone,
+    every node agrees on which run that is, and this one listing replaces a lookup per host."""
+    from vmrun.runs.hosts_backend import HostsBackend
 
+    backend = HostsBackend(group)
     try:
-        run_id, found = find_run(group, run)
+        ref = backend.find(run)
     except UsageError as exc:
         raise RemoteError(
             f"no record of {f'run {run}' if run else 'any run'}"
             f" on {', '.join(e.label for e in group.entries)}",
             hint="`vmrun status` lists the runs; or fetch an explicit path",
         ) from exc
-    return run_id, {
-        entry.label: location_of(run_id, entry.label, rec.meta, rec.first_started)
-        for entry, rec in found
-    }
+    return ref.run_id, backend.outputs(ref)
 
 
 def _note(text: str) -> None:
