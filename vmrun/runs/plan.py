@@ -21,8 +21,9 @@ CPU_PROCESSES = 2  # default world size without CUDA: small, but a real multi-pr
 STOP_GRACE_S = 10.0
 _TORCH_PROBE = "import torch; print(torch.__version__); print(torch.cuda.device_count())"
 _PIN_HINT = (
-    "install it with `pip install torch==2.13.0` (always pin torch: an unpinned `torch` pulls"
-    " the multi-GB CUDA build)"
+    "install it: without an NVIDIA GPU, `pip install torch --index-url"
+    " https://download.pytorch.org/whl/cpu` (PyPI's Linux torch, pinned or not, is the"
+    " multi-GB CUDA build); with one, `pip install torch`"
 )
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
