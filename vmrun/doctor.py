@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun.compat import StrEnum
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
 from vmrun.runs.backend import RunState
@@ -32,11 +33,18 @@ CLOCK_WARN_S = 2.0
 ALLREDUCE_TIMEOUT_S = float(os.environ.get("VMRUN_DOCTOR_ALLREDUCE_TIMEOUT", "300"))
 
 
+class Verdict(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"  # not run: an earlier failure, or a run is active
+
+
 @dataclass(frozen=True)
 class Check:
     name: str  # ssh, python, versions, gpus, disk, clock, network, rendezvous, allreduce
     where: str  # a host, "a -> b", or "all"
-    verdict: str  # ok, warn, fail, skip
+    verdict: Verdict
     detail: str
 
 
@@ -82,37 +90,41 @@ def _host_checks(host: _Host) -> list[Check]:
     facts = host.facts
     assert facts is not None
     data = facts.data
-    checks = [Check("ssh", label, "ok", f"round trip {host.rtt_ms:.1f} ms")]
+    checks = [Check("ssh", label, Verdict.OK, f"round trip {host.rtt_ms:.1f} ms")]
     if not host.recorded:
         checks.append(
-            Check("python", label, "fail", f"no interpreter recorded; run `vmrun setup {label}`")
+            Check(
+                "python", label, Verdict.FAIL, f"no interpreter recorded; run `vmrun setup {label}`"
+            )
         )
     elif data.get("torch") is None:
         checks.append(
             Check(
                 "python",
                 label,
-                "fail",
+                Verdict.FAIL,
                 f"{host.python}: torch not importable ({data.get('torch_error')})",
             )
         )
     else:
         checks.append(Check(
-            "python", label, "ok",
+            "python", label, Verdict.OK,
             f"{host.python}: Python {data.get('python')}, torch {data.get('torch')}, CUDA"
             f" {data.get('cuda') or '-'}, NCCL {data.get('nccl') or '-'}",
         ))  # fmt: skip
         names = data.get("gpu_names") or []
         gpus = f"{len(names)} x {names[0]}" if names else "none: CPU processes, gloo"
-        checks.append(Check("gpus", label, "ok", gpus))
+        checks.append(Check("gpus", label, Verdict.OK, gpus))
     free = data.get("disk_free")
     if isinstance(free, int):
-        verdict = "ok" if free >= DISK_WARN else "warn" if free >= DISK_FAIL else "fail"
+        verdict = (
+            Verdict.OK if free >= DISK_WARN else Verdict.WARN if free >= DISK_FAIL else Verdict.FAIL
+        )
         checks.append(
             Check("disk", label, verdict, f"{free / 2**30:.1f} GiB free for the work directory")
         )
     ahead = "ahead of" if host.skew_s > 0 else "behind"
-    verdict = "ok" if abs(host.skew_s) <= CLOCK_WARN_S else "warn"
+    verdict = Verdict.OK if abs(host.skew_s) <= CLOCK_WARN_S else Verdict.WARN
     checks.append(Check("clock", label, verdict, f"{abs(host.skew_s):.2f} s {ahead} this machine"))
     return checks
 
@@ -140,10 +152,10 @@ def _same_versions(hosts: Sequence[_Host]) -> list[Check]:
             patch_only = key == "python" and len({python_series(v) for v in seen}) == 1
             if patch_only:
                 checks.append(
-                    Check("versions", "all", "warn", f"{what} patch level differs: {which}")
+                    Check("versions", "all", Verdict.WARN, f"{what} patch level differs: {which}")
                 )
             else:
-                checks.append(Check("versions", "all", "fail", f"{what} differs: {which}"))
+                checks.append(Check("versions", "all", Verdict.FAIL, f"{what} differs: {which}"))
     counts = {h.entry.label: len(h.facts.data.get("gpu_names") or []) for h in ready if h.facts}
     if len(set(counts.values())) > 1:
         which = ", ".join(f"{label} {n}" for label, n in counts.items())
@@ -151,7 +163,7 @@ def _same_versions(hosts: Sequence[_Host]) -> list[Check]:
             Check(
                 "gpus",
                 "all",
-                "warn",
+                Verdict.WARN,
                 f"different GPU counts ({which}): pass --nproc-per-node to train on all",
             )
         )
@@ -161,7 +173,7 @@ def _same_versions(hosts: Sequence[_Host]) -> list[Check]:
             Check(
                 "versions",
                 "all",
-                "ok",
+                Verdict.OK,
                 f"the same everywhere: Python {data.get('python')}, torch {data.get('torch')}",
             )
         )
@@ -197,7 +209,7 @@ def diagnose(
         for outcome in outcomes:
             if outcome.error is not None:
                 message = getattr(outcome.error, "message", str(outcome.error))
-                add(Check("ssh", outcome.host, "fail", message))
+                add(Check("ssh", outcome.host, Verdict.FAIL, message))
             else:
                 assert outcome.value is not None
                 hosts.append(outcome.value)
@@ -234,15 +246,20 @@ def _network(
     try:
         pairs = rendezvous.mesh(group, pythons, facts, port=rdzv_port, override_addrs=overrides)
     except VmrunError as exc:
-        add(Check("network", "all", "fail", exc.one_line()))
+        add(Check("network", "all", Verdict.FAIL, exc.one_line()))
     else:
         bad = [p for p in pairs if not p.ok]
         for p in bad:
-            add(Check("network", f"{p.src} -> {p.dst}", "fail", f"cannot connect: {p.via}"))
+            add(Check("network", f"{p.src} -> {p.dst}", Verdict.FAIL, f"cannot connect: {p.via}"))
         if not bad:
             port = pairs[0].via.rpartition(":")[2] if pairs else "?"
             add(
-                Check("network", "all", "ok", f"all {len(pairs)} host pairs connect on port {port}")
+                Check(
+                    "network",
+                    "all",
+                    Verdict.OK,
+                    f"all {len(pairs)} host pairs connect on port {port}",
+                )
             )
     master_label = hosts[0].entry.label
     try:
@@ -251,11 +268,11 @@ def _network(
             override_addr=overrides.get(master_label, ""),
         )  # fmt: skip
     except VmrunError as exc:
-        add(Check("rendezvous", master_label, "fail", exc.message))
+        add(Check("rendezvous", master_label, Verdict.FAIL, exc.message))
         return None
     ifs = ", ".join(f"{k} {v or '?'}" for k, v in layout.ifnames.items())
     detail = f"{layout.endpoint}, reached by every host; interfaces: {ifs}"
-    add(Check("rendezvous", master_label, "ok", detail))
+    add(Check("rendezvous", master_label, Verdict.OK, detail))
     return layout
 
 
@@ -270,11 +287,11 @@ def _allreduce(
     """A short all-reduce over every node, launched as `vmrun train` would, on the checks'
     own connections and facts (no second preflight); bounded by ALLREDUCE_TIMEOUT_S."""
     where = "all" if len(entries) > 1 else entries[0].label
-    if any(c.verdict == "fail" for c in checks) or len(hosts) < len(entries):
-        return Check("allreduce", where, "skip", "fix the failures above first")
+    if any(c.verdict == Verdict.FAIL for c in checks) or len(hosts) < len(entries):
+        return Check("allreduce", where, Verdict.SKIP, "fix the failures above first")
     busy = [f"{h.entry.label} ({', '.join(h.busy)})" for h in hosts if h.busy]
     if busy:
-        return Check("allreduce", where, "skip", f"a run is active on {'; '.join(busy)}")
+        return Check("allreduce", where, Verdict.SKIP, f"a run is active on {'; '.join(busy)}")
     from vmrun.runs import launch
     from vmrun.runs.node_launch import Launch, Node, Wiring
     from vmrun.runs.plan import make_plan
@@ -304,14 +321,14 @@ def _allreduce(
         verdict, detail = _await_allreduce(group, ref, lines)
     except VmrunError as exc:
         tail = [ln for ln in "".join(lines).splitlines() if ln.strip()][-3:]
-        verdict = "fail"
+        verdict = Verdict.FAIL
         detail = exc.message + (f" (last lines: {' | '.join(tail)})" if tail else "")
     finally:
         _forget_run(group, entries, how.run_id or "")
     return Check("allreduce", where, verdict, detail)
 
 
-def _await_allreduce(group: Group, ref: Any, lines: list[str]) -> tuple[str, str]:
+def _await_allreduce(group: Group, ref: Any, lines: list[str]) -> tuple[Verdict, str]:
     """Follow the all-reduce run to its end, or stop it at the deadline (a hung collective
     must not hang doctor): (verdict, detail)."""
     import threading
@@ -335,13 +352,13 @@ def _await_allreduce(group: Group, ref: Any, lines: list[str]) -> tuple[str, str
     if follower.is_alive():
         backend.stop(ref, grace=5)
         follower.join(30)
-        return "fail", f"no result within {ALLREDUCE_TIMEOUT_S:g} s; the run was stopped"
+        return Verdict.FAIL, f"no result within {ALLREDUCE_TIMEOUT_S:g} s; the run was stopped"
     if failure:
         raise failure[0]
     for line in "".join(lines).splitlines():
         if "allreduce:" in line:
-            return "ok", line.split("allreduce:", 1)[1].strip()
-    return "fail", "the all-reduce printed no result"
+            return Verdict.OK, line.split("allreduce:", 1)[1].strip()
+    return Verdict.FAIL, "the all-reduce printed no result"
 
 
 def _forget_run(group: Group, entries: Sequence[HostEntry], rid: str) -> None:
