@@ -20,7 +20,6 @@ STILL_TO_SPLIT = {
     "runs/remote.py",
     "runs/rendezvous.py",
     "setup/host_setup.py",
-    "ssh/connection.py",
     "sync/project.py",
     "trainer/template.py",
     "transfer/download.py",
@@ -30,7 +29,6 @@ STILL_TO_SPLIT = {
     "runs/local.py run_local",
     "runs/plan.py make_plan",
     "doctor.py diagnose",
-    "ssh/connection.py _open_locked",
 }
 
 
