@@ -11,7 +11,16 @@ from conftest import ROOT, Client
 from vmrun import __version__
 
 COMMANDS = [
-    "setup", "train", "logs", "status", "stop", "fetch", "watch-gpus", "doctor", "exec", "hosts",
+    "setup",
+    "train",
+    "logs",
+    "status",
+    "stop",
+    "fetch",
+    "watch-gpus",
+    "doctor",
+    "exec",
+    "hosts",
     "config",
 ]
 HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic")
@@ -136,3 +145,17 @@ def test_python_dash_m_matches_the_script(client: Client) -> None:
         [sys.executable, "-m", "vmrun", "--version"], capture_output=True, text=True, cwd=ROOT
     )
     assert done.stdout.strip() == f"vmrun {__version__}"
+
+
+def test_a_misplaced_setting_exits_2_before_connecting(client: Client) -> None:
+    """`connect_timeout` inside a host was silently ignored; now it stops every command with
+    the file, line and key, before any connection (192.0.2.1 would time out, exit 12)."""
+    toml = client.cwd / "vmrun.toml"
+    toml.write_text('[[hosts]]\naddress = "u@192.0.2.1"\nconnect_timeout = "ten"\n')
+    done = client.vmrun("exec", "--connect-timeout", "30", "--", "true", timeout=20)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"vmrun: error: {toml} line 3: unknown key 'connect_timeout' in host #1; settings go at"
+        " the top of the file; a host's keys: address, name, groups, python, private_addr,"
+        " ifname, env, nvidia_smi\n"
+    )

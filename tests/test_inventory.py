@@ -20,7 +20,7 @@ address = "ubuntu@10.0.0.1"
 name = "gpu1"
 groups = ["a100"]
 python = "/home/ubuntu/venvs/vmrun/bin/python"
-gpus = 8
+ifname = "ens5"
 private_addr = "172.16.0.1"
 
 [[hosts]]
@@ -41,7 +41,7 @@ def test_project_hosts_are_parsed_with_their_overrides(project: Path) -> None:
     assert [h.label for h in hosts] == ["gpu1", "ubuntu@10.0.0.2:2222"]
     assert hosts[0].vars == {
         "python": "/home/ubuntu/venvs/vmrun/bin/python",
-        "gpus": 8,
+        "ifname": "ens5",
         "private_addr": "172.16.0.1",
     }
     assert hosts[1].spec.port == 2222
@@ -74,12 +74,12 @@ def test_no_hosts_anywhere_says_what_to_do(tmp_path: Path) -> None:
     [
         ('[[hosts]]\nname = "x"\n', "needs address"),
         ('[[hosts]]\naddress = "bad host"\n', "host #1"),
-        ('[[hosts]]\naddress = "a@b"\ngroups = "g"\n', "groups must be a list"),
+        ('[[hosts]]\naddress = "a@b"\ngroups = "g"\n', "groups of host #1 must be a list"),
         (
             '[[hosts]]\naddress = "a@b"\nname = "x"\n[[hosts]]\naddress = "a@c"\nname = "x"\n',
             "appears twice",
         ),
-        ('hosts = "a@b"\n', "unknown setting 'hosts'"),
+        ('hosts = "a@b"\n', "line 1: hosts must be"),
     ],
 )
 def test_bad_hosts_are_reported_by_entry(tmp_path: Path, text: str, needle: str) -> None:
@@ -92,7 +92,7 @@ def test_record_hosts_appends_and_keeps_comments(project: Path) -> None:
     new = HostEntry(
         parse_host("ucloud@10.0.0.3"),
         name="gpu3",
-        vars={"python": "/opt/py/bin/python", "note": 'quote " and ü'},
+        vars={"python": "/opt/py/bin/python", "nvidia_smi": '/quote " and ü'},
     )
     again = HostEntry(parse_host("ubuntu@10.0.0.1"))
     done = record_hosts(project, [new, again])
@@ -100,7 +100,7 @@ def test_record_hosts_appends_and_keeps_comments(project: Path) -> None:
     text = (project / "vmrun.toml").read_text()
     assert text.startswith(PROJECT)  # the user's text, comments included, is untouched
     hosts = project_hosts(load_settings(cwd=project, environ={}))
-    assert hosts[-1].name == "gpu3" and hosts[-1].vars["note"] == 'quote " and ü'
+    assert hosts[-1].name == "gpu3" and hosts[-1].vars["nvidia_smi"] == '/quote " and ü'
     assert record_hosts(project, [new]) == Recorded()
     assert not list(project.glob(".vmrun.toml.*"))  # no temporary file left
 
