@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT, Client
 
 from vmrun import __version__
+from vmrun.config import tomllib
 
 COMMANDS = [
     "setup",
@@ -126,9 +127,26 @@ def test_config_shows_each_layer(client: Client) -> None:
     assert done.returncode == 0, done.stderr
     lines = {ln.split(" = ")[0]: ln for ln in done.stdout.splitlines() if " = " in ln}
     assert lines["connect_timeout"].startswith("connect_timeout = 4.0    # environment")
-    assert lines["known_hosts"].startswith(f"known_hosts = {client.home}/kh    # ")
+    assert lines["known_hosts"].startswith(f'known_hosts = "{client.home}/kh"    # ')
     assert "vmrun.toml" in lines["known_hosts"]
-    assert "# default" in lines["accept_new_host_key"]
+    assert lines["accept_new_host_key"].startswith("accept_new_host_key = false    # default")
+
+
+def test_config_output_pastes_into_a_config_file(client: Client) -> None:
+    """Every line is TOML (values as TOML writes them: false, not Python's False; paths
+    quoted), so the whole output read as a config file gives the same settings."""
+    odd = 'dir "with" quotes \\ and ü'
+    env = {"VMRUN_ACCEPT_NEW_HOST_KEY": "yes", "VMRUN_SSH_CONFIG": f"/tmp/{odd}/config"}
+    done = client.vmrun("config", env=env)
+    assert done.returncode == 0, done.stderr
+    pasted = tomllib.loads(done.stdout)
+    assert pasted["accept_new_host_key"] is True and pasted["keepalive_count_max"] == 3
+    assert pasted["ssh_config"] == f"/tmp/{odd}/config"
+    (client.cwd / "vmrun.toml").write_text(done.stdout)
+    again = client.vmrun("config")
+    assert again.returncode == 0, again.stderr
+    values = {ln.split("    # ")[0] for ln in again.stdout.splitlines() if " = " in ln}
+    assert values == {ln.split("    # ")[0] for ln in done.stdout.splitlines() if " = " in ln}
 
 
 def test_debug_shows_the_traceback(client: Client) -> None:
