@@ -9,7 +9,14 @@ import pytest
 from vmrun.config import load_settings
 from vmrun.errors import ConfigError, UsageError
 from vmrun.ssh.hosts import parse_host
-from vmrun.ssh.inventory import HostEntry, Recorded, project_hosts, record_hosts, select_hosts
+from vmrun.ssh.inventory import (
+    HostEntry,
+    Recorded,
+    find_entry,
+    project_hosts,
+    record_hosts,
+    select_hosts,
+)
 
 PROJECT = """\
 # my cluster
@@ -220,3 +227,43 @@ def test_a_change_that_cannot_be_written_is_reported_not_dropped(project: Path) 
     done = record_hosts(project, [gpu1])
     assert done.updated == [] and path.read_text() == PROJECT
     assert done.not_applied == [f"{path}: could not set python = None for gpu1"]
+
+
+def test_find_entry_matches_a_host_as_dash_h_does(tmp_path: Path) -> None:
+    (tmp_path / "vmrun.toml").write_text(
+        '[[hosts]]\naddress = "ubuntu@10.0.0.1"\nname = "gpu1"\n\n'
+        '[[hosts]]\naddress = "ubuntu@10.0.0.2:2222"\n\n'
+        '[[hosts]]\naddress = "lab-box"\n\n'  # an ~/.ssh/config alias
+        '[[hosts]]\naddress = "root@[fd00::5]:22"\nname = "v6"\n'
+    )
+    settings = load_settings(cwd=tmp_path, environ={})
+    entries = project_hosts(settings)
+    gpu1, spare, alias, v6 = entries
+    cases = {
+        "gpu1": gpu1,  # its name
+        "ubuntu@10.0.0.1": gpu1,  # its address, though it has a name
+        "ubuntu@10.0.0.2:2222": spare,  # label = address
+        " ubuntu@10.0.0.2:2222 ": spare,
+        "lab-box": alias,
+        "v6": v6,
+        "root@[fd00::5]:22": v6,
+        "10.0.0.1": None,  # no user: another spec, as for -H
+        "ubuntu@10.0.0.2": None,  # no port: another spec
+        "gpu9": None,
+    }
+    for name, expected in cases.items():
+        assert find_entry(entries, name) == expected, name
+        if expected is not None:  # the very entry -H picks
+            assert select_hosts([name.strip()], settings, environ={}) == [expected]
+    with pytest.raises(UsageError, match="bad host"):
+        find_entry(entries, "not a host!")
+
+
+def test_find_entry_among_hosts_given_on_the_command_line(tmp_path: Path) -> None:
+    """Hosts from -H that vmrun.toml does not list (no file at all here) match by spec."""
+    settings = load_settings(cwd=tmp_path, environ={})
+    chosen = select_hosts(["a@x:2200", "b@y"], settings, environ={})
+    assert find_entry(chosen, "b@y") == chosen[1]
+    assert find_entry(chosen, "a@x:2200") == chosen[0]
+    assert find_entry(chosen, "a@x") is None
+    assert find_entry([], "a@x") is None

@@ -19,7 +19,7 @@ from typing import Any
 
 from vmrun.config import PROJECT_FILE, Settings
 from vmrun.errors import ConfigError, UsageError
-from vmrun.ssh.hosts import HostSpec, parse_host, parse_hosts
+from vmrun.ssh.hosts import HostSpec, parse_host
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
@@ -111,11 +111,25 @@ def _match(item: str, known: list[HostEntry]) -> list[HostEntry]:
         if not group:
             raise UsageError(f"no host in vmrun.toml is in group {item[1:]!r}")
         return group
-    by_name = [e for e in known if e.name == item]
+    return _matching(item, known) or [HostEntry(spec=parse_host(item))]
+
+
+def find_entry(entries: Sequence[HostEntry], name: str) -> HostEntry | None:
+    """The host `name` means among `entries`, matched as `-H name` matches: a vmrun.toml
+    `name` (or label) first, else the host spec, `user@host[:port]` or an ~/.ssh/config alias
+    as written in the host's address. None when no entry is that host; text that is neither
+    a known name nor a host spec raises HostSpecError (exit 2), as `-H` does. For options
+    such as `--master` and `logs --node` that name one of the hosts already chosen."""
+    found = _matching(name.strip(), list(entries))
+    return found[0] if found else None
+
+
+def _matching(item: str, known: list[HostEntry]) -> list[HostEntry]:
+    by_name = [e for e in known if item in (e.name, e.label)]
     if by_name:
         return by_name
-    (spec,) = parse_hosts([item])
-    return [e for e in known if e.spec == spec] or [HostEntry(spec=spec)]
+    spec = parse_host(item)
+    return [e for e in known if e.spec == spec]
 
 
 @dataclass
