@@ -9,9 +9,19 @@ import pytest
 from conftest import ROOT, Client
 
 from vmrun import __version__
+from vmrun.config import tomllib
 
 COMMANDS = [
-    "setup", "train", "logs", "status", "stop", "fetch", "watch-gpus", "doctor", "exec", "hosts",
+    "setup",
+    "train",
+    "logs",
+    "status",
+    "stop",
+    "fetch",
+    "watch-gpus",
+    "doctor",
+    "exec",
+    "hosts",
     "config",
 ]
 HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic")
@@ -117,9 +127,26 @@ def test_config_shows_each_layer(client: Client) -> None:
     assert done.returncode == 0, done.stderr
     lines = {ln.split(" = ")[0]: ln for ln in done.stdout.splitlines() if " = " in ln}
     assert lines["connect_timeout"].startswith("connect_timeout = 4.0    # environment")
-    assert lines["known_hosts"].startswith(f"known_hosts = {client.home}/kh    # ")
+    assert lines["known_hosts"].startswith(f'known_hosts = "{client.home}/kh"    # ')
     assert "vmrun.toml" in lines["known_hosts"]
-    assert "# default" in lines["accept_new_host_key"]
+    assert lines["accept_new_host_key"].startswith("accept_new_host_key = false    # default")
+
+
+def test_config_output_pastes_into_a_config_file(client: Client) -> None:
+    """Every line is TOML (values as TOML writes them: false, not Python's False; paths
+    quoted), so the whole output read as a config file gives the same settings."""
+    odd = 'dir "with" quotes \\ and ü'
+    env = {"VMRUN_ACCEPT_NEW_HOST_KEY": "yes", "VMRUN_SSH_CONFIG": f"/tmp/{odd}/config"}
+    done = client.vmrun("config", env=env)
+    assert done.returncode == 0, done.stderr
+    pasted = tomllib.loads(done.stdout)
+    assert pasted["accept_new_host_key"] is True and pasted["keepalive_count_max"] == 3
+    assert pasted["ssh_config"] == f"/tmp/{odd}/config"
+    (client.cwd / "vmrun.toml").write_text(done.stdout)
+    again = client.vmrun("config")
+    assert again.returncode == 0, again.stderr
+    values = {ln.split("    # ")[0] for ln in again.stdout.splitlines() if " = " in ln}
+    assert values == {ln.split("    # ")[0] for ln in done.stdout.splitlines() if " = " in ln}
 
 
 def test_debug_shows_the_traceback(client: Client) -> None:
@@ -139,3 +166,17 @@ def test_python_dash_m_matches_the_script(client: Client) -> None:
         [sys.executable, "-m", "vmrun", "--version"], capture_output=True, text=True, cwd=ROOT
     )
     assert done.stdout.strip() == f"vmrun {__version__}"
+
+
+def test_a_misplaced_setting_exits_2_before_connecting(client: Client) -> None:
+    """`connect_timeout` inside a host was silently ignored; now it stops every command with
+    the file, line and key, before any connection (192.0.2.1 would time out, exit 12)."""
+    toml = client.cwd / "vmrun.toml"
+    toml.write_text('[[hosts]]\naddress = "u@192.0.2.1"\nconnect_timeout = "ten"\n')
+    done = client.vmrun("exec", "--connect-timeout", "30", "--", "true", timeout=20)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"vmrun: error: {toml} line 3: unknown key 'connect_timeout' in host #1; settings go at"
+        " the top of the file; a host's keys: address, name, groups, python, private_addr,"
+        " ifname, env, nvidia_smi\n"
+    )

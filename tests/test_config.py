@@ -85,3 +85,63 @@ def test_bad_project_file_is_one_clear_error(
 def test_bad_env_value_names_the_variable(layout: dict[str, Path]) -> None:
     with pytest.raises(ConfigError, match=r"connect_timeout \(from environment"):
         load_settings(cwd=layout["project"], environ={"VMRUN_CONNECT_TIMEOUT": "abc"})
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle"),
+    [
+        ("# hi\n\nconnect_timeout = 'ten'\n", 3, "connect_timeout must be a number of seconds"),
+        ('connect_timeout = "10"\n', 1, 'got "10"'),
+        ("keepalive_count_max = 2.5\n", 1, "keepalive_count_max must be a whole number"),
+        ("accept_new_host_key = 1\n", 1, "accept_new_host_key must be true or false"),
+        ("known_hosts = 3\n", 1, "known_hosts must be a path in quotes"),
+        ("colour = true\n", 1, "unknown setting 'colour'"),
+        ("connect_timeout = 3\n\n[train]\nepochs = 3\n", 3, "unknown setting 'train'"),
+        ("setup = 3\n", 1, "setup must be a table"),
+        (
+            '[[hosts]]\naddress = "a@b"\n\n[[hosts]]\naddress = "c@d"\nconnect_timeout = "ten"\n',
+            6,
+            "unknown key 'connect_timeout' in host #2; settings go at the top of the file",
+        ),
+        ('[[hosts]]\naddress = "a@b"\npyhton = "/x"\n', 3, "unknown key 'pyhton' in host #1"),
+        (
+            'hosts = [\n  { address = "a@b" },\n  { address = "c@d", gpus = 8 },\n]\n',
+            3,
+            "unknown key 'gpus' in host #2",
+        ),
+        ('[[hosts]]\naddress = "a@b"\nprivate_addr = 10\n', 3, "private_addr of host #1 must be"),
+        ('[[hosts]]\naddress = "a@b"\n[hosts.env]\nX = [1]\n', 3, "env of host #1 must be"),
+        ('[[hosts]]\naddress = "a@b"\ngroups = ["a", 1]\n', 3, "groups of host #1 must be"),
+        ("[[hosts]]\naddress = 7\n", 2, "address of host #1 must be"),
+        ('hosts = "a@b"\n', 1, "hosts must be [[hosts]] tables or a list"),
+    ],
+)
+def test_unknown_or_mistyped_keys_in_vmrun_toml_name_file_line_and_key(
+    layout: dict[str, Path], text: str, line: int, needle: str
+) -> None:
+    path = layout["project"] / "vmrun.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(cwd=layout["project"], environ={})
+    message = info.value.one_line()
+    assert message.startswith(f"{path} line {line}: "), message
+    assert needle in message
+
+
+def test_every_host_key_with_its_type_is_accepted(layout: dict[str, Path]) -> None:
+    (layout["project"] / "vmrun.toml").write_text(
+        '[[hosts]]\naddress = "a@b"\nname = "n"\ngroups = ["g"]\npython = "/p"\n'
+        'private_addr = "10.0.0.5"\nifname = "ens5"\nnvidia_smi = "~/bin/nvidia-smi"\n'
+        'env = { NCCL_IB_DISABLE = "1", N = 2, ON = true }\n\n[setup]\nenv = "uv"\n'
+    )
+    s = load_settings(cwd=layout["project"], environ={})
+    assert s.project_data["hosts"][0]["env"] == {"NCCL_IB_DISABLE": "1", "N": 2, "ON": True}
+
+
+def test_the_user_config_is_checked_too_and_has_no_hosts(layout: dict[str, Path]) -> None:
+    layout["user"].write_text('connect_timeout = 3\n\n[[hosts]]\naddress = "a@b"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(cwd=layout["project"], environ={})
+    assert info.value.one_line().startswith(f"{layout['user']} line 3: unknown setting 'hosts'")
+    layout["user"].write_text("[setup]\nenv = 'uv'\n\n[setup.x]\n")  # [setup] is the setup's
+    assert load_settings(cwd=layout["project"], environ={}).section("setup")["env"] == "uv"

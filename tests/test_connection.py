@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
 
 import pytest
 from conftest import Client, user_commands, wait_for
 from testbed import NetnsBed
 
+import vmrun.ssh
 from vmrun.errors import (
     AuthError,
     ChangedHostKeyError,
@@ -22,6 +27,9 @@ from vmrun.errors import (
     UnreachableError,
 )
 from vmrun.ssh.connection import Connection
+
+SSH_PACKAGE = str(Path(vmrun.ssh.__file__).parent)
+TraceFunction = Callable[[FrameType, str, object], object]
 
 HOSTILE = [
     "a b",
@@ -325,3 +333,59 @@ def test_loopback_sshd_without_namespaces(loopback, client: Client) -> None:
     with Connection("loopback", client.settings()) as conn:
         result = conn.run(["sh", "-c", 'printf "%s" "$1"', "x", "a b $c"], check=True)
     assert result.stdout_tail == "a b $c"
+
+
+def _yield_at_every_line(frame: FrameType, event: str, arg: object) -> TraceFunction | None:
+    """A tracer that hands the GIL over at every line of vmrun.ssh code: the thread it runs
+    in is interrupted everywhere a race could sit, not only where the interpreter happens to
+    switch, so an unlocked read of shared state is caught in a few tries."""
+    if not frame.f_code.co_filename.startswith(SSH_PACKAGE):
+        return None
+
+    def local(frame: FrameType, event: str, arg: object) -> TraceFunction:
+        if event == "line":
+            time.sleep(0)
+        return local
+
+    return local
+
+
+def test_transport_read_while_another_thread_closes(loopback, client: Client) -> None:
+    """One thread reads `conn.transport` (reopening after each close) while another closes the
+    connection again and again: the reader gets a transport or a ConnectionLostError, never
+    a half-closed connection's AssertionError or AttributeError."""
+    (client.ssh_dir / "config").write_text(loopback.ssh_config_block())
+    (client.ssh_dir / "known_hosts").write_text("\n".join(loopback.known_hosts_lines()) + "\n")
+    conn = Connection("loopback", client.settings())
+    conn.open()
+    reads = [0]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        sys.settrace(_yield_at_every_line)
+        while not stop.is_set():
+            try:
+                conn.transport  # noqa: B018  (the read under test)
+                reads[0] += 1
+            except ConnectionLostError:
+                pass
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        for _ in range(30):
+            before = reads[0]
+            conn.close()
+            wait_for(lambda b=before: reads[0] > b + 10 or errors, 20, "the reader to reopen")
+            if errors:
+                break
+    finally:
+        stop.set()
+        thread.join(20)
+        conn.close()
+    assert not thread.is_alive()
+    assert not errors, errors

@@ -9,7 +9,9 @@ so `vmrun config` can say why a setting has the value it has.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -169,34 +171,160 @@ def find_project_dir(start: Path | None = None) -> Path | None:
     return None
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, *, project: bool = False) -> dict[str, Any]:
+    """A config file's data, every key checked (see `check_file`); {} if there is none."""
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc}); fix the file and retry") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    check_file(data, text, str(path), project=project)
+    return data
+
+
+# Tables whose keys their own command checks ([setup]: the playbook's parameters).
+SECTIONS = ("setup",)
+_FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
+    _positive_float: ((int, float), "a number of seconds"),
+    _positive_int: ((int,), "a whole number"),
+    _boolean: ((bool,), "true or false"),
+    _path: ((str,), "a path in quotes"),
+}
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_env_table(value: Any) -> bool:
+    scalars = (str, int, float, bool)
+    return isinstance(value, dict) and all(isinstance(v, scalars) for v in value.values())
+
+
+# What a host in vmrun.toml may say, and the type each key must have. A key here is read by
+# the code that needs it (`entry.vars.get(KEY)`): add it here when adding such a read.
+HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "address": (_is_str, 'a string, "user@host[:port]"'),
+    "name": (_is_str, "a string"),
+    "groups": (_is_str_list, "a list of strings"),
+    "python": (_is_str, "a path in quotes"),
+    "private_addr": (_is_str, "an address in quotes"),
+    "ifname": (_is_str, "an interface name in quotes"),
+    "env": (_is_env_table, 'a table of NAME = "value"'),
+    "nvidia_smi": (_is_str, "a path in quotes"),
+}
+
+
+def check_file(data: Mapping[str, Any], text: str, path: str, *, project: bool) -> None:
+    """Refuse what vmrun would otherwise ignore: an unknown key, or a value of the wrong
+    type, anywhere in the user config or vmrun.toml, named by file, line and key."""
+    for key, value in data.items():
+        where = _where(path, text, key)
+        if key in FIELDS:
+            fld = FIELDS[key]
+            types, what = _FILE_TYPES[fld.parse]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise ConfigError(f"{where}: {key} must be {what}, got {_shown(value)}")
+            fld.parse(f"{key} (from {where})", value)
+        elif key == "hosts" and project:
+            _check_hosts(value, text, path)
+        elif key in SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {key} must be a table, [{key}]")
+        else:
+            known = ", ".join([*FIELDS, *(f"[{t}]" for t in SECTIONS), *(["[[hosts]]"] * project)])
+            raise ConfigError(f"{where}: unknown setting {key!r}; known: {known}")
+
+
+def _check_hosts(hosts: Any, text: str, path: str) -> None:
+    if not isinstance(hosts, list):
+        where = _where(path, text, "hosts")
+        raise ConfigError(f"{where}: hosts must be [[hosts]] tables or a list, got {_shown(hosts)}")
+    for index, host in enumerate(hosts):
+        if not isinstance(host, dict):
+            continue  # a bare address, or not a host: the inventory says which
+        for key, value in host.items():
+            where = _where(path, text, key, host=index)
+            if key not in HOST_KEYS:
+                hint = "; settings go at the top of the file" if key in FIELDS else ""
+                known = ", ".join(HOST_KEYS)
+                raise ConfigError(
+                    f"{where}: unknown key {key!r} in host #{index + 1}{hint}; a host's keys:"
+                    f" {known}"
+                )
+            check, what = HOST_KEYS[key]
+            if not check(value):
+                raise ConfigError(
+                    f"{where}: {key} of host #{index + 1} must be {what}, got {_shown(value)}"
+                )
+
+
+def _shown(value: Any) -> str:
+    """A value as TOML writes it, for messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_shown(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    return repr(value)
+
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def _where(path: str, text: str, key: str, *, host: int | None = None) -> str:
+    """`path line N`: where `key` is written at the top level, or in host number `host`
+    (a [[hosts]] table, or an item of `hosts = [...]`); just `path` when not found."""
+    plain = re.escape(key)
+    name = rf"(?:{plain}|\"{plain}\"|'{plain}')\s*[=.]"
+    written = re.compile(rf"^\s*{name}" if host is None else rf"(?:^|[{{,\s]){name}")
+    table: str | None = None
+    seen = -1  # [[hosts]] tables so far
+    inline = False  # inside `hosts = [...]`
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("#"):
+            continue
+        header = _HEADER.match(line)
+        if header:
+            table, inline = header[2], False
+            seen += header[1] == "[[" and table == "hosts"
+            parts = [p.strip().strip("\"'") for p in table.split(".")]
+            # [key], [key.sub], [[key]] at the top; [hosts.key] in a host
+            found = (
+                (parts[0] == key) if host is None else (parts == ["hosts", key] and seen == host)
+            )
+            if found:
+                return f"{path} line {number}"
+            continue
+        if host is None:
+            here = table is None and not inline
+        else:
+            here = inline or (table == "hosts" and seen == host)
+        if here and written.search(line):
+            return f"{path} line {number}"
+        inline = inline or (table is None and re.match(r"\s*hosts\s*=", line) is not None)
+    return path
 
 
 def _apply(
-    values: dict[str, Any],
-    sources: dict[str, str],
-    layer: Mapping[str, Any],
-    origin: str,
-    *,
-    strict: bool,
+    values: dict[str, Any], sources: dict[str, str], layer: Mapping[str, Any], origin: str
 ) -> None:
+    """Parse a layer's settings over the values so far (files were checked on reading)."""
     for key, raw in layer.items():
         fld = FIELDS.get(key)
-        if fld is None:
-            if strict:
-                known = ", ".join(FIELDS)
-                raise ConfigError(f"unknown setting {key!r} in {origin}; known settings: {known}")
-            continue
-        if raw is None:
+        if fld is None or raw is None:
             continue
         values[key] = fld.parse(f"{key} (from {origin})", raw)
         sources[key] = origin
@@ -215,18 +343,18 @@ def load_settings(
 
     user_path = user_config_path(environ)
     user_data = read_toml(user_path)
-    _apply(values, sources, _settings_part(user_data), str(user_path), strict=True)
+    _apply(values, sources, _settings_part(user_data), str(user_path))
 
     project_dir = find_project_dir(cwd)
     project_data: dict[str, Any] = {}
     if project_dir is not None:
         path = project_dir / PROJECT_FILE
-        project_data = read_toml(path)
-        _apply(values, sources, _settings_part(project_data), str(path), strict=True)
+        project_data = read_toml(path, project=True)
+        _apply(values, sources, _settings_part(project_data), str(path))
 
     env_layer = {name: environ[fld.env] for name, fld in FIELDS.items() if fld.env in environ}
-    _apply(values, sources, env_layer, "environment", strict=False)
-    _apply(values, sources, dict(flags or {}), "command line", strict=False)
+    _apply(values, sources, env_layer, "environment")
+    _apply(values, sources, dict(flags or {}), "command line")
     return Settings(
         **values,
         sources=sources,
@@ -237,5 +365,5 @@ def load_settings(
 
 
 def _settings_part(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Top-level scalar keys are settings; tables (`[[hosts]]`, `[setup]`...) belong elsewhere."""
-    return {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
+    """The settings of a (checked) file: its other keys are `hosts` and the sections."""
+    return {k: v for k, v in data.items() if k in FIELDS}

@@ -8,6 +8,12 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("config", help="Show the resolved settings and where each one came from.")
     def config_command() -> int:
+        """Prints valid TOML (values as TOML writes them, the rest comments), so any line
+        can be pasted into vmrun.toml or the user config."""
+        from pathlib import Path
+
+        import tomlkit
+
         from vmrun.config import FIELDS, load_settings, user_config_path
 
         settings = load_settings()
@@ -17,7 +23,6 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"# project file: {project}")
         for name, fld in FIELDS.items():
             value = getattr(settings, name)
-            typer.echo(
-                f"{name} = {value!s}    # {settings.sources[name]}; env {fld.env}; {fld.doc}"
-            )
+            shown = tomlkit.item(str(value) if isinstance(value, Path) else value).as_string()
+            typer.echo(f"{name} = {shown}    # {settings.sources[name]}; env {fld.env}; {fld.doc}")
         return 0

@@ -18,6 +18,7 @@ from vmrun.ssh.connection import Connection
 from vmrun.ssh.inventory import HostEntry
 
 T = TypeVar("T")
+_SETTLE_S = 3.0  # a closed channel is noticed within drain's 0.5 s wait
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -81,6 +82,7 @@ class Group:
                     thread.join(0.2)
         except KeyboardInterrupt:
             self.close()
+            _settle(threads, _SETTLE_S)
             raise Interrupted(
                 f"interrupted; closed the connections to {len(self.entries)} host(s), which"
                 " stops the commands running there"
@@ -96,6 +98,15 @@ class Group:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _settle(threads: Sequence[threading.Thread], seconds: float) -> None:
+    """Give the workers a moment to see their closed channels and return: a daemon thread
+    still writing output when the interpreter exits holds stdout's lock, and Python then
+    aborts (SIGABRT, "could not acquire lock for <stdout> at interpreter shutdown")."""
+    deadline = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def raise_for_failures(outcomes: Sequence[Outcome[object]], *, one_as_itself: bool = False) -> None:

@@ -1,4 +1,5 @@
-"""The project's hosts (`[[hosts]]` in vmrun.toml) and which of them a command works on.
+"""The project's hosts (`[[hosts]]` in vmrun.toml), which of them a command works on, and
+recording hosts that `vmrun setup` set up.
 
 Hosts come from `-H/--host` (repeatable), else `VMRUN_HOSTS`, else every host in the
 project file. An item can be a host's `name` from vmrun.toml, `@group`, or a host spec.
@@ -6,20 +7,19 @@ project file. An item can be a host's `name` from vmrun.toml, `@group`, or a hos
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import re
+import secrets
 import stat
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from vmrun.config import PROJECT_FILE, Settings
 from vmrun.errors import ConfigError, UsageError
-from vmrun.ssh.hosts import HostSpec, parse_host, parse_hosts
+from vmrun.ssh.hosts import HostSpec, parse_host
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
@@ -39,37 +39,46 @@ class HostEntry:
 
 
 def project_hosts(settings: Settings) -> list[HostEntry]:
-    """Parse `[[hosts]]` from the project file, naming the entry at fault on bad input."""
-    raw = settings.project_data.get("hosts", [])
+    """Parse the project file's hosts, naming the entry at fault on bad input."""
     where = f"{settings.project_dir / PROJECT_FILE}" if settings.project_dir else PROJECT_FILE
+    return parse_entries(settings.project_data.get("hosts", []), where)
+
+
+def parse_entries(raw: object, where: str) -> list[HostEntry]:
+    """Hosts as TOML holds them: `[[hosts]]` tables or `hosts = [...]`, each item a table
+    with an address or just the address as a string."""
     if not isinstance(raw, list):
         raise ConfigError(f"`hosts` in {where} must be an array of tables ([[hosts]])")
     entries: list[HostEntry] = []
     seen: set[str] = set()
     for index, item in enumerate(raw, start=1):
-        if not isinstance(item, dict) or not isinstance(item.get("address"), str):
-            raise ConfigError(f'host #{index} in {where} needs address = "user@host[:port]"')
-        try:
-            spec = parse_host(item["address"])
-        except UsageError as exc:
-            raise ConfigError(f"host #{index} in {where}: {exc.message}") from None
-        name = item.get("name")
-        if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
-            raise ConfigError(f"host #{index} in {where}: name must be letters, digits, . _ -")
-        groups = item.get("groups", [])
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise ConfigError(f"host #{index} in {where}: groups must be a list of names")
-        entry = HostEntry(
-            spec=spec,
-            name=name,
-            groups=tuple(groups),
-            vars={k: v for k, v in item.items() if k not in ("address", "name", "groups")},
-        )
+        entry = _entry(index, {"address": item} if isinstance(item, str) else item, where)
         if entry.label in seen:
             raise ConfigError(f"host {entry.label!r} appears twice in {where}")
         seen.add(entry.label)
         entries.append(entry)
     return entries
+
+
+def _entry(index: int, item: object, where: str) -> HostEntry:
+    if not isinstance(item, dict) or not isinstance(item.get("address"), str):
+        raise ConfigError(f'host #{index} in {where} needs address = "user@host[:port]"')
+    try:
+        spec = parse_host(item["address"])
+    except UsageError as exc:
+        raise ConfigError(f"host #{index} in {where}: {exc.message}") from None
+    name = item.get("name")
+    if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
+        raise ConfigError(f"host #{index} in {where}: name must be letters, digits, . _ -")
+    groups = item.get("groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise ConfigError(f"host #{index} in {where}: groups must be a list of names")
+    return HostEntry(
+        spec=spec,
+        name=name,
+        groups=tuple(groups),
+        vars={k: v for k, v in item.items() if k not in ("address", "name", "groups")},
+    )
 
 
 def select_hosts(
@@ -102,69 +111,85 @@ def _match(item: str, known: list[HostEntry]) -> list[HostEntry]:
         if not group:
             raise UsageError(f"no host in vmrun.toml is in group {item[1:]!r}")
         return group
-    by_name = [e for e in known if e.name == item]
+    return _matching(item, known) or [HostEntry(spec=parse_host(item))]
+
+
+def find_entry(entries: Sequence[HostEntry], name: str) -> HostEntry | None:
+    """The host `name` means among `entries`, matched as `-H name` matches: a vmrun.toml
+    `name` (or label) first, else the host spec, `user@host[:port]` or an ~/.ssh/config alias
+    as written in the host's address. None when no entry is that host; text that is neither
+    a known name nor a host spec raises HostSpecError (exit 2), as `-H` does. For options
+    such as `--master` and `logs --node` that name one of the hosts already chosen."""
+    found = _matching(name.strip(), list(entries))
+    return found[0] if found else None
+
+
+def _matching(item: str, known: list[HostEntry]) -> list[HostEntry]:
+    by_name = [e for e in known if item in (e.name, e.label)]
     if by_name:
         return by_name
-    (spec,) = parse_hosts([item])
-    return [e for e in known if e.spec == spec] or [HostEntry(spec=spec)]
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to vmrun.toml")
+    spec = parse_host(item)
+    return [e for e in known if e.spec == spec]
 
 
 @dataclass
 class Recorded:
-    """What record_hosts changed in vmrun.toml."""
+    """What record_hosts changed in vmrun.toml, and what it could not (one line each, naming
+    the file and the change, for the user to make by hand)."""
 
     added: list[HostEntry] = field(default_factory=list)
     updated: list[HostEntry] = field(default_factory=list)
+    not_applied: list[str] = field(default_factory=list)
 
 
 def record_hosts(project_dir: Path, entries: Sequence[HostEntry]) -> Recorded:
-    """Append hosts that vmrun.toml lacks and update the values (e.g. `python`) of hosts it
-    lists, editing the text in place so the user's comments and other lines stay as they are.
+    """Add hosts that vmrun.toml lacks and update the values (e.g. `python`) of hosts it
+    lists, keeping the user's comments and layout: `[[hosts]]` tables, `hosts = [...]` of
+    inline tables or of bare addresses (which become inline tables when they get a value).
 
-    Written to a temporary file with the original's mode and renamed, so a crash never leaves
-    half a file and a shared 0644 file does not turn 0600.
+    Each edit is checked by parsing the result: it must say exactly what the old file said
+    plus the change, or the change is reported in `not_applied` instead. The file is
+    replaced by a rename, so a crash never leaves half a file.
     """
     path = project_dir / PROJECT_FILE
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    from vmrun.config import load_settings
-
-    existing = project_hosts(load_settings(cwd=project_dir)) if text else []
+    if text and not text.endswith("\n"):
+        text += "\n"
+    existing = parse_entries(_load(text).get("hosts", []), str(path))
     done = Recorded()
-    lines = text.splitlines(keepends=True)
     for entry in entries:
         known = _known_entry(existing, entry)
         if known is None:
-            if entry not in done.added:
+            if not any(e.spec == entry.spec for e in done.added):
                 done.added.append(entry)
             continue
         changes = {k: v for k, v in entry.vars.items() if known.vars.get(k) != v}
-        if changes:
-            edited = _set_values(lines, known.spec, changes)
-            if edited is not None:
-                lines = edited
-                done.updated.append(entry)
-    if not done.added and not done.updated:
-        return done
-    text = "".join(lines)
-    blocks = [_host_block(entry) for entry in done.added]
-    if blocks:
-        if text and not text.endswith("\n"):
-            text += "\n"
-        text += ("\n" if text else "") + "\n".join(blocks)
-    _replace_file(path, text)
+        if not changes:
+            continue
+        edited = _unless_unwritable(partial(_with_values, text, known.spec, changes))
+        if edited is None:
+            done.not_applied.append(f"{path}: could not set {_describe(changes)} for {known.label}")
+        else:
+            text = edited
+            done.updated.append(entry)
+    if done.added:
+        tables = [_table_of(e) for e in done.added]
+        edited = _unless_unwritable(partial(_with_hosts, text, tables))
+        if edited is None:
+            labels = ", ".join(e.label for e in done.added)
+            done.not_applied.append(f"{path}: could not add the host(s) {labels}")
+            done.added = []
+        else:
+            text = edited
+    if done.added or done.updated:
+        _replace_file(path, text)
     return done
+
+
+def _load(text: str) -> dict[str, Any]:
+    from vmrun.config import tomllib
+
+    return tomllib.loads(text)
 
 
 def _known_entry(existing: Sequence[HostEntry], entry: HostEntry) -> HostEntry | None:
@@ -174,76 +199,102 @@ def _known_entry(existing: Sequence[HostEntry], entry: HostEntry) -> HostEntry |
     return None
 
 
-def _host_block(entry: HostEntry) -> str:
-    lines = ["[[hosts]]", f"address = {_toml_value(entry.spec.label)}"]
-    if entry.name:
-        lines.append(f"name = {_toml_value(entry.name)}")
-    if entry.groups:
-        lines.append(f"groups = {_toml_value(list(entry.groups))}")
-    lines += [f"{key} = {_toml_value(val)}" for key, val in entry.vars.items()]
-    return "\n".join(lines) + "\n"
+def _unless_unwritable(edit: Callable[[], str | None]) -> str | None:
+    """The edit's text, or None for a value TOML cannot hold (None, an object...)."""
+    import tomlkit
 
-
-_HOSTS_HEADER = re.compile(r"^\s*\[\[\s*hosts\s*\]\]\s*(#.*)?$")
-_ANY_HEADER = re.compile(r"^\s*\[\[?[^\[\]=,]+\]\]?\s*(#.*)?$")
-_STRING_THEN_COMMENT = re.compile(r"""^("(?:[^"\\]|\\.)*"|'[^']*')(\s*#.*)?$""")
-
-
-def _set_values(lines: list[str], spec: HostSpec, values: Mapping[str, Any]) -> list[str] | None:
-    """`lines` with `values` set in the [[hosts]] table of `spec`; None if the text is laid out
-    in a way this line editor cannot change safely (the file is then left as it is)."""
-    span = _host_table(lines, spec)
-    if span is None:
+    try:
+        return edit()
+    except tomlkit.exceptions.TOMLKitError:
         return None
-    start, end = span
-    new = list(lines)
+
+
+def _describe(values: Mapping[str, Any]) -> str:
+    import tomlkit
+
+    parts = []
     for key, value in values.items():
-        pattern = re.compile(rf"^(\s*{re.escape(key)}\s*=\s*)(.*?)(\r?\n)?$")
-        for index in range(start + 1, end):
-            found = pattern.match(new[index])
-            if found:
-                rest = _STRING_THEN_COMMENT.match(found[2].rstrip())
-                comment = (rest[2] or "") if rest else ""
-                new[index] = f"{found[1]}{_toml_value(value)}{comment}{found[3] or ''}"
-                break
-        else:
-            address = next(i for i in range(start + 1, end) if _key_of(new[i]) == "address")
-            if not new[address].endswith("\n"):
-                new[address] += "\n"
-            new.insert(address + 1, f"{key} = {_toml_value(value)}\n")
-            end += 1
+        try:
+            parts.append(f"{key} = {tomlkit.item(value).as_string()}")
+        except tomlkit.exceptions.TOMLKitError:
+            parts.append(f"{key} = {value!r}")
+    return ", ".join(parts)
+
+
+def _checked(new: str, expected: dict[str, Any]) -> str | None:
+    """`new` if it parses to exactly `expected`: tomlkit kept everything else as it was."""
     from vmrun.config import tomllib
 
     try:
-        data = tomllib.loads("".join(new))
+        return new if _load(new) == _plain(expected) else None
     except tomllib.TOMLDecodeError:
         return None
-    for item in data.get("hosts", []):
-        if isinstance(item, dict) and _spec_of(item) == spec:
-            return new if all(item.get(k) == v for k, v in values.items()) else None
-    return None
 
 
-def _host_table(lines: list[str], spec: HostSpec) -> tuple[int, int] | None:
-    """(header line, end) of the [[hosts]] table whose address is `spec`."""
-    from vmrun.config import tomllib
-
-    headers = [i for i, line in enumerate(lines) if _ANY_HEADER.match(line)] + [len(lines)]
-    for here, after in itertools.pairwise(headers):
-        if not _HOSTS_HEADER.match(lines[here]):
-            continue
-        try:
-            body = tomllib.loads("".join(lines[here + 1 : after]))
-        except tomllib.TOMLDecodeError:
-            continue
-        if _spec_of(body) == spec and any(_key_of(x) == "address" for x in lines[here:after]):
-            return here, after
-    return None
+def _plain(value: Any) -> Any:
+    """Tuples as TOML reads them back (lists), to compare data with a parsed file."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
-def _key_of(line: str) -> str:
-    key, sep, _ = line.partition("=")
-    return key.strip() if sep else ""
+def _with_values(text: str, spec: HostSpec, values: Mapping[str, Any]) -> str | None:
+    """`text` with `values` set in the host of `spec`: in its table, or in an inline table
+    that replaces its bare address."""
+    import tomlkit
+
+    doc, data = tomlkit.parse(text), _load(text)
+    for hosts, inline in ((doc["hosts"], tomlkit.inline_table()), (data["hosts"], {})):
+        for index, item in enumerate(hosts):
+            if isinstance(item, str) and parse_host(item) == spec:
+                inline.update({"address": str(item), **_plain(dict(values))})
+                hosts[index] = inline
+                break
+            if isinstance(item, dict) and _spec_of(item) == spec:
+                item.update(_plain(dict(values)))
+                break
+    return _checked(tomlkit.dumps(doc), data)
+
+
+def _with_hosts(text: str, tables: list[dict[str, Any]]) -> str | None:
+    """`text` with hosts appended in the file's own layout: into `hosts = [...]` (a bare
+    address where there is nothing else to say), else as `[[hosts]]` tables."""
+    import tomlkit
+
+    doc, data = tomlkit.parse(text), _load(text)
+    hosts = doc.get("hosts")
+    if isinstance(hosts, tomlkit.items.Array):
+        for table in tables:
+            item = table["address"] if len(table) == 1 else tomlkit.inline_table()
+            if not isinstance(item, str):
+                item.update(table)
+            hosts.append(item)
+            data["hosts"].append(item if isinstance(item, str) else table)
+        return _checked(tomlkit.dumps(doc), data)
+    data.setdefault("hosts", []).extend(tables)
+    if isinstance(hosts, tomlkit.items.AoT):
+        for table in tables:
+            block = tomlkit.table()
+            block.update(table)
+            if hosts[-1].as_string().endswith("\n\n"):  # a blank line, then more tables
+                block.add(tomlkit.nl())
+            else:
+                hosts[-1].add(tomlkit.nl())
+            hosts.append(block)
+        return _checked(tomlkit.dumps(doc), data)
+    gap = "" if not text else "\n" if text.endswith("\n") else "\n\n"
+    return _checked(text + gap + tomlkit.dumps({"hosts": tables}), data)
+
+
+def _table_of(entry: HostEntry) -> dict[str, Any]:
+    table: dict[str, Any] = {"address": entry.spec.label}
+    if entry.name:
+        table["name"] = entry.name
+    if entry.groups:
+        table["groups"] = list(entry.groups)
+    return {**table, **_plain(dict(entry.vars))}
 
 
 def _spec_of(item: Mapping[str, Any]) -> HostSpec | None:
@@ -254,18 +305,18 @@ def _spec_of(item: Mapping[str, Any]) -> HostSpec | None:
 
 
 def _replace_file(path: Path, text: str) -> None:
-    if path.exists():
-        mode = stat.S_IMODE(path.stat().st_mode)
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".vmrun.toml.")
+    """Write `text` to a new file beside `path` and rename it over. The new file keeps the
+    old one's mode, or, for a first file, gets 0666 less the umask from the kernel itself
+    (reading the umask means setting it, process-wide: not safe with threads)."""
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else None
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        os.fchmod(fd, mode)  # mkstemp makes it 0600
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise

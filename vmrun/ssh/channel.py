@@ -1,0 +1,224 @@
+"""Commands over an open connection: one SSH channel per command, streamed, with its exit
+status told apart from a lost connection.
+
+`Channels` holds this half of `Connection` (the other half, opening, is in
+`vmrun.ssh.connection`): it needs only a live transport and a way to name the loss.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import select
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from vmrun.config import Settings
+from vmrun.errors import CommandFailed, ConnectionLostError, ExitCode, RemoteError, UsageError
+from vmrun.ssh import quoting
+from vmrun.ssh.result import CommandResult, Tail
+
+if TYPE_CHECKING:
+    import paramiko
+
+# (stream, line) where stream is "out" or "err" and line keeps its b"\n" when it had one.
+OutputCallback = Callable[[str, bytes], None]
+
+
+class Channels(abc.ABC):
+    """Running commands on a host; the subclass supplies the transport."""
+
+    label: str
+    settings: Settings
+
+    @property
+    @abc.abstractmethod
+    def transport(self) -> paramiko.Transport:
+        """A live transport (opened on first use), or ConnectionLostError."""
+
+    @abc.abstractmethod
+    def _lost_error(self, doing: str) -> ConnectionLostError:
+        """The error for a connection that went away while `doing` something."""
+
+    def open_session(self) -> paramiko.Channel:
+        import paramiko
+
+        transport = self.transport
+        try:
+            return transport.open_session(timeout=self.settings.connect_timeout)
+        except paramiko.ChannelException as exc:
+            raise RemoteError(
+                f"the host refused a new session ({exc.text})",
+                host=self.label,
+                hint="raise MaxSessions in the host's sshd_config",
+            ) from None
+        except (paramiko.SSHException, EOFError, OSError):
+            raise self._lost_error("while opening a session") from None
+
+    def run(
+        self,
+        argv: Iterable[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        on_output: OutputCallback | None = None,
+        heartbeat: float | None = None,
+    ) -> CommandResult:
+        """Run argv on the host; stream lines to `on_output`; return a CommandResult.
+
+        The command runs under `quoting.remote_command`'s wrapper: env arrives over stdin,
+        and the command's process group is killed if this channel goes away, or, with
+        `heartbeat`, once the host has heard nothing from here for that many seconds (for
+        endless commands, so that even a client gone during a link cut leaves nothing).
+        """
+        argv = tuple(argv)
+        try:
+            command = quoting.remote_command(argv, cwd=cwd, heartbeat=heartbeat)
+            header = quoting.env_header(env)
+        except ValueError as exc:
+            raise UsageError(str(exc), host=self.label) from None
+        started = time.monotonic()
+        out, err = Tail(), Tail()
+        chan = self.open_session()
+        try:
+            try:
+                chan.exec_command(command)
+                chan.sendall(header)
+            except Exception:
+                raise self._lost_error(f"while starting {argv[0]!r}") from None
+            status = self._pump(chan, argv, out, err, on_output, timeout, started, heartbeat)
+        finally:
+            chan.close()
+        result = CommandResult(
+            host=self.label,
+            argv=argv,
+            exit_status=status,
+            stdout_tail=out.text(),
+            stderr_tail=err.text(),
+            duration=time.monotonic() - started,
+        )
+        if check and not result.ok:
+            raise command_failed(result)
+        return result
+
+    def _pump(
+        self,
+        chan: paramiko.Channel,
+        argv: tuple[str, ...],
+        out: Tail,
+        err: Tail,
+        on_output: OutputCallback | None,
+        timeout: float | None,
+        started: float,
+        heartbeat: float | None = None,
+    ) -> int:
+        import paramiko  # loaded already: this connection is open
+
+        partial = {"out": b"", "err": b""}
+        beat_due = [started]  # a line every quarter of `heartbeat`: three may be lost
+
+        def deliver(stream: str, data: bytes) -> None:
+            (out if stream == "out" else err).feed(data)
+            if on_output is None:
+                return
+            buf = partial[stream] + data
+            *lines, partial[stream] = buf.split(b"\n")
+            for line in lines:
+                on_output(stream, line + b"\n")
+
+        def tick() -> None:
+            now = time.monotonic()
+            if heartbeat is not None and now >= beat_due[0]:
+                beat_due[0] = now + heartbeat / 4
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                    chan.send(b"\n")  # a dead link is drain's to report, not this
+            if timeout is not None and now - started > timeout:
+                raise CommandFailed(
+                    f"{argv[0]!r} timed out after {timeout:g} s and was stopped",
+                    host=self.label,
+                    exit_status=int(ExitCode.TIMEOUT),
+                    output_tail=err.text() or out.text(),
+                )
+
+        status = self.drain(chan, deliver, f"while running {argv[0]!r}", tick)
+        if on_output is not None:
+            for stream in ("out", "err"):
+                if partial[stream]:
+                    on_output(stream, partial[stream])
+        return status
+
+    def drain(
+        self,
+        chan: paramiko.Channel,
+        deliver: Callable[[str, bytes], None],
+        doing: str,
+        tick: Callable[[], None] | None = None,
+    ) -> int:
+        """Read stdout and stderr until the command ends; the one place that tells an exit
+        status from a lost connection. `tick` runs between waits (deadlines)."""
+        while True:
+            got = False
+            while chan.recv_ready():
+                deliver("out", chan.recv(65536))
+                got = True
+            while chan.recv_stderr_ready():
+                deliver("err", chan.recv_stderr(65536))
+                got = True
+            if got:
+                continue
+            if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                break
+            if chan.closed or not chan.get_transport().is_active():
+                if chan.exit_status_ready():
+                    break
+                raise self._lost_error(doing)
+            if tick is not None:
+                tick()
+            select.select([chan], [], [], 0.5)
+        status = chan.recv_exit_status()
+        if status < 0 and not chan.get_transport().is_active():
+            # paramiko marks a channel "exited" when its transport dies; no status came.
+            raise self._lost_error(doing)
+        return status if 0 <= status < 256 else 255  # -1: killed by a signal
+
+    def capture(
+        self, command: str, *, stdin: bytes = b"", what: str = "a command"
+    ) -> tuple[int, bytes, str]:
+        """Run a raw command string (no wrapper; stdin is sent, then closed) and keep all of
+        its stdout: for listings and byte streams that `run`'s tails would cut."""
+        chan = self.open_session()
+        out: list[bytes] = []
+        err = Tail(16 * 1024)
+        try:
+            try:
+                chan.exec_command(command)
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except Exception:
+                raise self._lost_error(f"while starting {what}") from None
+
+            def deliver(stream: str, data: bytes) -> None:
+                if stream == "out":
+                    out.append(data)
+                else:
+                    err.feed(data)
+
+            status = self.drain(chan, deliver, f"while running {what}")
+        finally:
+            chan.close()
+        return status, b"".join(out), err.text()
+
+
+def command_failed(result: CommandResult) -> CommandFailed:
+    tail = result.output_tail(5)
+    detail = f": {tail.splitlines()[-1]}" if tail else ""
+    return CommandFailed(
+        f"{result.argv[0]!r} exited with {result.exit_status}{detail}",
+        host=result.host,
+        exit_status=result.exit_status,
+        output_tail=result.output_tail(),
+    )
