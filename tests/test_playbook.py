@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from vmrun.errors import ConfigError, RemoteError
+from vmrun.setup.environment import TORCH_INDEX, cuda_index
 from vmrun.setup.facts import parse as parse_facts
-from vmrun.setup.host_setup import TORCH_INDEX, cuda_index
 from vmrun.setup.playbook import applies, builtin_dir, fingerprint, load, parse, parse_steps
 
 
@@ -143,7 +143,7 @@ def test_a_pip_steps_check_asks_the_env(requirements: list[str], passes: bool) -
     import subprocess
     import sys
 
-    from vmrun.setup.host_setup import PIP_CHECK
+    from vmrun.setup.stepscripts import PIP_CHECK
 
     done = subprocess.run([sys.executable, "-", *requirements], input=PIP_CHECK, text=True,
                           capture_output=True, timeout=60)
