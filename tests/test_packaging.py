@@ -26,6 +26,13 @@ def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> Non
         assert f"vmrun/playbooks/{playbook.name}" in names
     for module in ("vmrun/trainer/template.py", "vmrun/hostside/netprobe.py", "vmrun/cli/app.py"):
         assert module in names
+    host_side = sorted((ROOT / "vmrun" / "hostside").glob("*.sh"))
+    assert any(p.name.startswith("setup_") for p in host_side) and (
+        ROOT / "vmrun" / "hostside" / "facts.sh"
+    ) in host_side
+    missing = [p.name for p in host_side if f"vmrun/hostside/{p.name}" not in names]
+    assert not missing, f"host-side scripts missing from the wheel: {missing}"
+    assert "vmrun/hostside/setup_pip_check.py" in names
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "vmrun = vmrun.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -143,8 +143,10 @@ def test_a_pip_steps_check_asks_the_env(requirements: list[str], passes: bool) -
     import subprocess
     import sys
 
-    from vmrun.setup.stepscripts import PIP_CHECK
+    from vmrun.hostside import source
 
-    done = subprocess.run([sys.executable, "-", *requirements], input=PIP_CHECK, text=True,
+    check = source("setup_pip_check.py")
+    done = subprocess.run([sys.executable, "-", *requirements], input=check, text=True,
                           capture_output=True, timeout=60)
     assert (done.returncode == 0) is passes, done.stderr
+

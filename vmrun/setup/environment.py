@@ -92,6 +92,8 @@ def environment(
             "VMRUN_INSTALLER": installer,
             "VMRUN_SUDO": facts.sudo_prefix,
             "VMRUN_SETUP_RUN": run_token,
+            "VMRUN_APT_MARK": facts.absolute(remote_paths.SETUP_APT_MARK),
+            "VMRUN_TOOLS_DIR": facts.absolute(remote_paths.TOOLS_DIR),
             "VMRUN_PIP_INDEX_ARGS": " ".join(
                 pip_index_args(opts, params, facts, wheelhouse, torch=True)
             ),

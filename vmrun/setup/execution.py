@@ -12,7 +12,7 @@ from vmrun.setup.hostlog import HostLog
 from vmrun.setup.playbook import Step
 from vmrun.setup.report import StepOutcome
 from vmrun.setup.state import parse_records
-from vmrun.setup.stepscripts import SHELL_HELPERS, apply_script
+from vmrun.setup.stepscripts import apply_script, shell_helpers
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.result import CommandResult
 
@@ -62,7 +62,7 @@ class StepRunner:
                     took = time.monotonic() - started
                     return StepOutcome(step.name, "ran", "rebooted", took), records
         self.log.event(f"{step.name}: applying")
-        applied = self.bash(SHELL_HELPERS + apply_script(step), env, f"{step.name}: apply")
+        applied = self.bash(shell_helpers() + apply_script(step), env, f"{step.name}: apply")
         if not applied.ok:
             raise self._failed(step, "apply", applied)
         records = parse_records(applied.stdout_tail) if step.record else {}

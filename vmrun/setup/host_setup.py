@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from vmrun import remote_paths
 from vmrun.errors import RemoteError
+from vmrun.hostside import source
 from vmrun.setup import facts as facts_mod
 from vmrun.setup.environment import environment, python_path
 from vmrun.setup.execution import StepRunner
@@ -24,7 +25,6 @@ from vmrun.setup.reboot import reboot
 from vmrun.setup.report import EventCallback, HostReport, SetupOptions, StepOutcome
 from vmrun.setup.state import SetupState
 from vmrun.setup.stepscripts import check_script
-from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.types import Report
 
@@ -40,7 +40,7 @@ class HostSetup:
         self.conn = conn
         self.opts = options
         self.log = HostLog(conn.label, options.log_dir, on_event)
-        self.run_token = f"{time.time_ns()}"  # `apt-get update` once per run (SHELL_HELPERS)
+        self.run_token = f"{time.time_ns()}"  # `apt-get update` once per run (setup_apt.sh)
         self.report: HostReport | None = None
         self.runner = StepRunner(conn, self.log, self._reboot)
 
@@ -116,13 +116,8 @@ class HostSetup:
     def _run_checks(self, steps: list[Step], env: Mapping[str, str]) -> set[str]:
         """Every check in one round trip; each runs in its own bash, read-only by contract."""
         self.log.event(f"checking {len(steps)} step(s)")
-        parts = []
-        for step in steps:
-            parts.append(
-                f"if bash -eu -c {quoting.quote(check_script(step))} "
-                f">/dev/null 2>&1 </dev/null; then echo 'PASS {step.name}'; fi"
-            )
-        result = self.conn.run(["bash", "-c", "\n".join(parts)], env=env)
+        pairs = [word for step in steps for word in (step.name, check_script(step))]
+        result = self.conn.run(["sh", "-c", source("setup_checks.sh"), "checks", *pairs], env=env)
         return {line[5:] for line in result.stdout_tail.splitlines() if line.startswith("PASS ")}
 
     def _preflight_sudo(self, facts: Facts, plan: Plan) -> None:

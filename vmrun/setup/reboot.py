@@ -1,11 +1,13 @@
-"""Rebooting a host mid-setup: launch the reboot detached, see it fail at once or the host go
-down, then wait (bounded) for SSH to come back on the same connection object."""
+"""Rebooting a host mid-setup: launch the reboot detached (hostside/setup_reboot_launch.sh),
+see it fail at once (its status file) or the host go down, then wait (bounded) for SSH to come
+back on the same connection object."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
 
+from vmrun import remote_paths
 from vmrun.errors import (
     AuthError,
     CommandFailed,
@@ -15,27 +17,12 @@ from vmrun.errors import (
     UnreachableError,
     VmrunError,
 )
+from vmrun.hostside import source
 from vmrun.setup.hostlog import HostLog
 from vmrun.ssh.connection import Connection
 
 STATUS_TAIL_LINES = 8  # the reboot command's last output lines, shown if it fails
-
-# Starts the reboot command detached (setsid: it must outlive this channel, whose process group
-# is killed; its fds closed, so the channel ends at once) after a second, so this command has
-# returned. Its exit status and output land in ~/.vmrun/setup/reboot.{rc,out}: a reboot command
-# that fails (sudo refusing, no systemd) is reported at once, not after the reboot timeout.
-REBOOT_RC = "$HOME/.vmrun/setup/reboot.rc"
-REBOOT_OUT = "$HOME/.vmrun/setup/reboot.out"
-_LAUNCH_REBOOT = f"""rc="{REBOOT_RC}" out="{REBOOT_OUT}"
-mkdir -p "${{rc%/*}}" && rm -f "$rc" "$out"
-setsid -f bash -c 'sleep 1; bash -c "$0" >"$1" 2>&1 </dev/null
-  echo $? >"$2.tmp"; mv "$2.tmp" "$2"' "$1" "$out" "$rc" </dev/null >/dev/null 2>&1
-"""
-# While waiting for the host to go down: the reboot command's exit status (once it ended) and
-# the last lines of its output.
-_REBOOT_STATUS = f"""cat "{REBOOT_RC}" 2>/dev/null || exit 0
-tail -n {STATUS_TAIL_LINES} "{REBOOT_OUT}" 2>/dev/null
-"""
+_STATUS_ARGS = (remote_paths.SETUP_REBOOT_RC, remote_paths.SETUP_REBOOT_OUT, str(STATUS_TAIL_LINES))
 
 
 def reboot(conn: Connection, env: Mapping[str, str], log: HostLog, timeout: float) -> None:
@@ -43,7 +30,9 @@ def reboot(conn: Connection, env: Mapping[str, str], log: HostLog, timeout: floa
     log.event("rebooting")
     command = env.get("VMRUN_REBOOT_COMMAND") or "$VMRUN_SUDO reboot"
     log.write(f"$ reboot: {command}")
-    conn.run(["bash", "-c", _LAUNCH_REBOOT, "reboot", command], env=env, check=True)
+    launch = source("setup_reboot_launch.sh")
+    rc, out = remote_paths.SETUP_REBOOT_RC, remote_paths.SETUP_REBOOT_OUT
+    conn.run(["sh", "-c", launch, "reboot", rc, out, command], env=env, check=True)
     deadline = time.monotonic() + timeout
     _wait_until_down(conn, log, command, deadline, timeout)
     conn.close()
@@ -74,7 +63,10 @@ def _wait_until_down(
     """Poll the reboot command's status until the connection drops (the host going down)."""
     while time.monotonic() < deadline:
         try:
-            status = conn.run(["bash", "-c", _REBOOT_STATUS], timeout=5)
+            status = conn.run(
+                ["sh", "-c", source("setup_reboot_status.sh"), "reboot-status", *_STATUS_ARGS],
+                timeout=5,
+            )
         except (ConnectionLostError, CommandFailed, UnreachableError):
             return
         _raise_if_reboot_failed(conn, log, status.stdout_tail, command)

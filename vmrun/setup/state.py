@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vmrun import remote_paths
+from vmrun.hostside import source
 from vmrun.setup.playbook import Playbook, Step, fingerprint
 from vmrun.ssh.connection import Connection
 
@@ -47,17 +48,13 @@ class SetupState:
 
     def save(self, conn: Connection, host_record: Mapping[str, str]) -> None:
         """State and the host record in one atomic write each (temp file + mv)."""
-        script = (
-            'mkdir -p "$(dirname "$1")" && printf "%s" "$2" > "$1.tmp" && mv "$1.tmp" "$1"'
-            ' && printf "%s" "$4" > "$3.tmp" && mv "$3.tmp" "$3"'
-        )
         payload = json.dumps({"version": 1, "steps": self.steps}, indent=1, sort_keys=True)
         conn.run(
             [
                 "sh",
                 "-c",
-                script,
-                "save",
+                source("setup_state_save.sh"),
+                "state-save",
                 remote_paths.SETUP_STATE,
                 payload,
                 remote_paths.HOST_RECORD,
