@@ -42,8 +42,10 @@ class StepRunner:
                 recent.append(line)
 
         self.log.write(f"$ {what}")
+        # --norc: bash started under sshd sources ~/.bashrc and /etc/bash.bashrc even for -c,
+        # and under -u their `[ -z "$PS1" ]` fails ("PS1: unbound variable") in every step
         result = self.conn.run(
-            ["bash", "-eu", "-o", "pipefail", "-c", script], env=env, on_output=log_line
+            ["bash", "--norc", "-eu", "-o", "pipefail", "-c", script], env=env, on_output=log_line
         )
         self._recent_output = "\n".join(recent)
         return result
