@@ -340,7 +340,7 @@ def test_conda_uses_conda_forge_or_accepts_the_terms_for_the_default_channels(
     _give(h2, h2.home / "probe")
     installer = tmp_path / "Miniconda3-standin.sh"
     installer.write_text(STANDIN_MINICONDA)
-    args = ["setup", "h2", "--env", "conda", "--installer", str(installer),
+    args = ["setup", "h2", "--env-manager", "conda", "--installer", str(installer),
             "--only", "python-env"]
     log_path = bed_client.cwd / ".vmrun" / "logs" / "setup-h2.log"
 

@@ -49,7 +49,7 @@ def test_python_manager_takes_another_interpreter_and_a_forced_rerun(
 ) -> None:
     """venv first, then --python: python-env's inputs changed, so it runs; its apply checks the
     interpreter runs (before: exit 1, "needs --python PATH to an interpreter that exists")."""
-    _setup_ok(bed_client, "--env", "venv")
+    _setup_ok(bed_client, "--env-manager", "venv")
     assert _recorded_python(h1) == f"{h1.home}/.vmrun/envs/vmrun/bin/python"
     done = _setup_ok(bed_client, "--python", str(host_python))
     assert f"python={host_python}" in done.stdout
@@ -65,11 +65,11 @@ def test_python_manager_takes_another_interpreter_and_a_forced_rerun(
 def test_venv_manager_reruns_for_a_new_name_and_when_forced(
     bed_client: Client, h1: TestHost
 ) -> None:
-    _setup_ok(bed_client, "--env", "venv")
-    _setup_ok(bed_client, "--env", "venv", "--env-name", "other")
+    _setup_ok(bed_client, "--env-manager", "venv")
+    _setup_ok(bed_client, "--env-manager", "venv", "--env-name", "other")
     assert _recorded_python(h1) == f"{h1.home}/.vmrun/envs/other/bin/python"
     assert (h1.home / ".vmrun" / "envs" / "other" / "bin" / "python").exists()
-    _setup_ok(bed_client, "--env", "venv", "--env-name", "other", "--force", "python-env")
+    _setup_ok(bed_client, "--env-manager", "venv", "--env-name", "other", "--force", "python-env")
 
 
 def test_uv_manager_reruns_for_a_new_name_and_when_forced(
@@ -81,7 +81,7 @@ def test_uv_manager_reruns_for_a_new_name_and_when_forced(
         ["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    args = ["--env", "uv", "--wheelhouse", str(uv_wheelhouse), "--python-version", version]
+    args = ["--env-manager", "uv", "--wheelhouse", str(uv_wheelhouse), "--python-version", version]
     _setup_ok(bed_client, *args)
     _setup_ok(bed_client, *args, "--env-name", "other")
     assert _recorded_python(h1) == f"{h1.home}/.vmrun/envs/other/bin/python"
@@ -94,7 +94,7 @@ def test_conda_manager_makes_the_env_again_for_a_new_python_version(
     """A STAND-IN Miniconda installer (no download here): its conda logs every call."""
     installer = tmp_path / "Miniconda3-standin.sh"
     installer.write_text(standin_miniconda(str(host_python), '"$HOME/conda-calls"'))
-    args = ["--env", "conda", "--installer", str(installer)]
+    args = ["--env-manager", "conda", "--installer", str(installer)]
     _setup_ok(bed_client, *args)
     _setup_ok(bed_client, *args, "--python-version", "3.11")
     done = _setup_ok(bed_client, *args, "--python-version", "3.11", "--force", "python-env")
@@ -104,3 +104,10 @@ def test_conda_manager_makes_the_env_again_for_a_new_python_version(
     assert [c.split("python=")[1].split()[0] for c in creates] == ["3.12", "3.11", "3.11"]
     # the existing env is removed before it is made again, not created over
     assert calls.count("conda env remove -y -n vmrun") == 2, calls
+
+
+def test_the_deprecated_env_flag_still_picks_the_manager(bed_client: Client, h1: TestHost) -> None:
+    plan = bed_client.vmrun("setup", "h1", *ONLY, "--env", "uv", "--dry-run", timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "vmrun: warning: setup --env is deprecated: use --env-manager" in plan.stderr
+    assert "# VMRUN_ENV=uv" in plan.stdout, plan.stdout

@@ -40,3 +40,31 @@ def test_a_bad_extra_file_exits_2_too(client: Client, tmp_path: Path) -> None:
     done = client.vmrun("setup", NOWHERE, "--extra", str(extra), timeout=60)
     assert done.returncode == 2, done.stderr
     assert f"{extra}: step 'more': reboot must be true or false" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--env-manager", "nonsense"),
+        ("--param", "env=nonsense"),
+        ("--env", "nonsense"),  # the deprecated name
+    ],
+)
+def test_an_unknown_env_manager_exits_2_before_connecting(
+    client: Client, args: tuple[str, ...]
+) -> None:
+    done = client.vmrun("setup", NOWHERE, *args, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert (
+        "unknown env manager 'nonsense': use --env-manager venv, uv, conda or python" in done.stderr
+    ), done.stderr
+    assert NOWHERE not in done.stderr
+
+
+def test_the_old_env_flag_is_a_deprecated_alias(client: Client) -> None:
+    done = client.vmrun("setup", NOWHERE, "--env", "uv", "--env-manager", "conda", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "setup --env is deprecated: use --env-manager" in done.stderr
+    assert "--env uv and --env-manager conda disagree" in done.stderr
+    notes = [line for line in done.stderr.splitlines() if "deprecated" in line]
+    assert len(notes) == 1, done.stderr

@@ -102,9 +102,15 @@ def register(app: typer.Typer) -> None:
                 "--extra", metavar="FILE", help="Add this YAML file's steps after the playbook's."
             ),
         ] = None,
+        env_manager: Annotated[
+            str | None,
+            typer.Option(
+                "--env-manager", metavar="venv|uv|conda|python", help="Environment manager."
+            ),
+        ] = None,
         env: Annotated[
             str | None,
-            typer.Option("--env", help="Environment manager: venv, uv, conda, or python."),
+            typer.Option("--env", hidden=True, help="Deprecated: --env-manager."),
         ] = None,
         python: Annotated[
             str | None,
@@ -191,7 +197,7 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         flags = {
-            "env": env,
+            "env": env_manager_flag(env_manager, env),
             "python": python,
             "python_version": python_version,
             "env_name": env_name,
@@ -238,6 +244,18 @@ def register(app: typer.Typer) -> None:
         )
 
 
+def env_manager_flag(env_manager: str | None, env: str | None) -> str | None:
+    """--env-manager, or the deprecated --env (in exec and train --env sets a variable)."""
+    if env is None:
+        return env_manager
+    from vmrun.cli.output import warn_line
+
+    warn_line("setup --env is deprecated: use --env-manager (--env sets a variable elsewhere)")
+    if env_manager is not None and env_manager != env:
+        raise UsageError(f"--env {env} and --env-manager {env_manager} disagree: give one")
+    return env
+
+
 def _with_extra_steps(book: Playbook, extra: list[Path], configured: dict[str, Any]) -> Playbook:
     """The playbook with --extra files' steps, then [[setup.steps]]' (in that order)."""
     from vmrun.setup import playbook as playbook_mod
@@ -271,6 +289,18 @@ def _check_uploads(wheelhouse: Path | None, installer: Path | None) -> None:
         raise UsageError(f"--installer {installer} is not a file")
 
 
+def check_env_manager(params: dict[str, str]) -> None:
+    """The env manager decides where the interpreter is (vmrun.setup.environment), so a value
+    vmrun does not know is bad input, said before connecting rather than on each host."""
+    from vmrun.setup.environment import ENV_MANAGERS
+
+    if "env" in params and params["env"] not in ENV_MANAGERS:
+        raise UsageError(
+            f"unknown env manager {params['env']!r}: use --env-manager"
+            f" {', '.join(ENV_MANAGERS[:-1])} or {ENV_MANAGERS[-1]}"
+        )
+
+
 def setup_options(
     configured: dict[str, Any],
     flags: dict[str, str | None],
@@ -294,6 +324,7 @@ def setup_options(
 
     book = _with_extra_steps(playbook_mod.load(playbook), extra, configured)
     resolved = resolve_params(dict(book.params), configured, dict(os.environ), flags, params)
+    check_env_manager(resolved)
     for name in [*force, *only]:
         book.step(name)  # an unknown step name is a usage error, before any connection
     _check_uploads(wheelhouse, installer)

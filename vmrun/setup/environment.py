@@ -14,6 +14,7 @@ from vmrun.setup.facts import Facts
 from vmrun.setup.report import SetupOptions
 
 TORCH_INDEX = "https://download.pytorch.org/whl/"
+ENV_MANAGERS = ("venv", "uv", "conda", "python")  # python: an interpreter the host has
 
 # Which PyTorch CUDA wheel index suits a host, from the CUDA version its driver reports
 # (nvidia-smi's "CUDA Version") and its oldest GPU's compute capability. Why, since this ages:
