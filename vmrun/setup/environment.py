@@ -103,6 +103,9 @@ def environment(
             ),
             "DEBIAN_FRONTEND": "noninteractive",
             "PIP_NO_INPUT": "1",
+            # one retry for a blip, not five: a host with no way out fails in seconds, and
+            # says why once (vmrun.setup.offline), instead of five retry warnings
+            "PIP_RETRIES": "1",
         }
     )
     return env

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 
 from vmrun.errors import CommandFailed, RemoteError
 from vmrun.setup.hostlog import HostLog
+from vmrun.setup.offline import WAYS_FORWARD, offline_reason
 from vmrun.setup.playbook import Step
 from vmrun.setup.report import StepOutcome
 from vmrun.setup.state import parse_records
@@ -28,6 +29,7 @@ class StepRunner:
         self.log = log
         self.reboot = reboot
         self._recent_output = ""  # the last lines of the latest script, both streams in order
+        self._offline = ""  # why the latest script could not download, if it said so
 
     def bash(self, script: str, env: Mapping[str, str], what: str) -> CommandResult:
         """Run a step script, logging each line; its last lines of stdout and stderr, in the
@@ -40,8 +42,11 @@ class StepRunner:
             self.log.write(line)
             if line.strip():
                 recent.append(line)
+            if not self._offline:
+                self._offline = offline_reason(line)
 
         self.log.write(f"$ {what}")
+        self._offline = ""
         # --norc: bash started under sshd sources ~/.bashrc and /etc/bash.bashrc even for -c,
         # and under -u their `[ -z "$PS1" ]` fails ("PS1: unbound variable") in every step
         result = self.conn.run(
@@ -93,6 +98,8 @@ class StepRunner:
         said = result.output_tail(STEP_TAIL_LINES)
         where = f" (full log: {self.log.path})" if self.log.path else ""
         last = said.splitlines()[-1] if said else "no output"
+        if self._offline:  # the one thing to say: it cannot download, and what to do instead
+            last = f"the host cannot reach the package index ({self._offline}); {WAYS_FORWARD}"
         return CommandFailed(
             f"step {step.name} failed ({phase} exited {result.exit_status}): {last}{where}",
             host=self.conn.label,
