@@ -5,7 +5,7 @@ Two cases, each timed as medians over fresh first runs (the host's ~/.vmrun wipe
 each) and over re-runs:
 
 * python: `--python PATH`, an interpreter that already has torch (the first run only verifies);
-* venv: `--env venv --torch torch==2.13.0 --wheelhouse DIR`, the air-gapped path: the first
+* venv: `--env-manager venv --torch torch==2.13.0 --wheelhouse DIR`, the air-gapped path: the first
   run uploads the wheelhouse, makes the venv and pip-installs torch's CPU build from it.
 
 Needs root (a network-namespace test host) and the test cache (/opt/vmrun-test-cache: the
@@ -73,7 +73,10 @@ def main() -> None:
     args = parser.parse_args()
     cases = {
         "python": ["--python", args.python],
-        "venv": ["--env", "venv", "--torch", "torch==2.13.0", "--wheelhouse", args.wheelhouse],
+        "venv": [
+            *("--env-manager", "venv", "--torch", "torch==2.13.0"),
+            *("--wheelhouse", args.wheelhouse),
+        ],
     }
     chosen = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(chosen) - set(cases)

@@ -232,7 +232,7 @@ def test_full_setup_in_parallel_then_a_second_run_skips_everything(
         "setup",
         "h1",
         "h2",
-        "--env",
+        "--env-manager",
         "venv",
         "--torch",
         TORCH_SPEC,
@@ -271,7 +271,7 @@ def test_full_setup_in_parallel_then_a_second_run_skips_everything(
     third = bed_client.vmrun(
         "setup",
         "h1",
-        "--env",
+        "--env-manager",
         "venv",
         "--torch",
         "torch>=2.0",
@@ -286,7 +286,7 @@ def test_full_setup_in_parallel_then_a_second_run_skips_everything(
     plan = bed_client.vmrun(
         "setup",
         "h1",
-        "--env",
+        "--env-manager",
         "venv",
         "--torch",
         "torch>=2.0",
@@ -828,7 +828,7 @@ def test_uv_env_installs_uv_privately_from_the_wheelhouse(
     done = bed_client.vmrun(
         "setup",
         "h2",
-        "--env",
+        "--env-manager",
         "uv",
         "--only",
         "python-env",
@@ -863,7 +863,7 @@ def test_conda_with_an_uploaded_installer(
     done = bed_client.vmrun(
         "setup",
         "h2",
-        "--env",
+        "--env-manager",
         "conda",
         "--env-name",
         "pytorch",

@@ -340,7 +340,7 @@ def test_conda_uses_conda_forge_or_accepts_the_terms_for_the_default_channels(
     _give(h2, h2.home / "probe")
     installer = tmp_path / "Miniconda3-standin.sh"
     installer.write_text(STANDIN_MINICONDA)
-    args = ["setup", "h2", "--env", "conda", "--installer", str(installer),
+    args = ["setup", "h2", "--env-manager", "conda", "--installer", str(installer),
             "--only", "python-env"]
     log_path = bed_client.cwd / ".vmrun" / "logs" / "setup-h2.log"
 
@@ -362,6 +362,7 @@ def test_conda_uses_conda_forge_or_accepts_the_terms_for_the_default_channels(
     assert second.returncode == 0, second.stderr + second.stdout
     assert "ran 1 (python-env)" in second.stdout, second.stdout
     assert calls()[2:] == [  # conda is there now: no second install
+        "conda env remove -y -n vmrun",  # the env is made again, from the other channels
         "conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/main",
         "conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/r",
         "conda create -y -n vmrun python=3.12 pip",

@@ -26,8 +26,12 @@ def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> Non
         assert f"vmrun/playbooks/{playbook.name}" in names
     for module in ("vmrun/trainer/template.py", "vmrun/hostside/netprobe.py", "vmrun/cli/app.py"):
         assert module in names
-    for hostside in (ROOT / "vmrun" / "hostside").glob("[!_]*.*"):  # sync_*, transfer_*, gpus_*...
-        assert f"vmrun/hostside/{hostside.name}" in names
+    host_side = sorted(p for p in (ROOT / "vmrun" / "hostside").glob("[!_]*.*") if p.is_file())
+    assert {"facts.sh", "run_start.sh", "sync_prepare.sh", "setup_pip_check.py"} <= {
+        p.name for p in host_side
+    }
+    missing = [p.name for p in host_side if f"vmrun/hostside/{p.name}" not in names]
+    assert not missing, f"host-side files missing from the wheel: {missing}"
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "vmrun = vmrun.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from vmrun.errors import ConfigError, RemoteError
+from vmrun.setup.environment import TORCH_INDEX, cuda_index
 from vmrun.setup.facts import parse as parse_facts
-from vmrun.setup.host_setup import TORCH_INDEX, cuda_index
 from vmrun.setup.playbook import applies, builtin_dir, fingerprint, load, parse, parse_steps
 
 
@@ -143,8 +144,87 @@ def test_a_pip_steps_check_asks_the_env(requirements: list[str], passes: bool) -
     import subprocess
     import sys
 
-    from vmrun.setup.host_setup import PIP_CHECK
+    from vmrun.hostside import source
 
-    done = subprocess.run([sys.executable, "-", *requirements], input=PIP_CHECK, text=True,
+    check = source("setup_pip_check.py")
+    done = subprocess.run([sys.executable, "-", *requirements], input=check, text=True,
                           capture_output=True, timeout=60)
     assert (done.returncode == 0) is passes, done.stderr
+
+
+# -- the schema, strictly: each field its one type, named in a one-line error ------------
+# Before, fields went through bool() and iteration: `when: {os: "22.04"}` compared the OS with
+# each character, `when: {gpu: "false"}` meant true, and `sudo: "no"` was true.
+
+
+@pytest.mark.parametrize(
+    ("step", "needle"),
+    [
+        ('when: {os: 22.04}', 'when.os must be a string or a list of strings (quote versions'),
+        ('when: {gpu: "false"}', "when.gpu must be true or false, not the string 'false'"),
+        ('when: {gpu: 1}', "when.gpu must be true or false, not the number 1"),
+        ('sudo: "no"', "sudo must be true or false, not the string 'no'"),
+        ('reboot: "yes"', "reboot must be true or false, not the string 'yes'"),
+        ('record: 1', "record must be true or false, not the number 1"),
+        ('when: {env: [venv, 3]}', "when.env must be a string or a list of strings"),
+        ('when: {param: [a]}', "when.param must name a param, not a list"),
+        ('when: {param: nope}', "when.param names 'nope', which is not a param"),
+        ('when: {param_not: driver}', "when.param_not must be a mapping of param: value"),
+        ('when: {param_not: {a: [x]}}', "when.param_not.a must be a string, not a list"),
+        ('when: {cpu: true}', "unknown condition(s) when.cpu"),
+        ('when: [gpu]', "when must be a mapping, not a list"),
+        ('check: [a, b]', "check must be a string, not a list"),
+        ('description: {a: 1}', "description must be a string, not a mapping"),
+        ('apt: {a: 1}', "apt must be a list of names, not a mapping"),
+    ],
+)
+def test_each_field_has_its_type(tmp_path: Path, step: str, needle: str) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(f"params: {{a: x}}\nsteps:\n  - name: s1\n    apply: x\n    {step}\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    line = info.value.one_line()
+    assert "\n" not in line
+    assert f"{path}: step 's1': {needle}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("nmae: x\nsteps:\n  - name: a\n    apply: x", "unknown field(s) nmae"),
+        ("params: {a: [1]}\nsteps:\n  - name: a\n    apply: x", "param a: must be a string"),
+        ("params: {a: true}\nsteps:\n  - name: a\n    apply: x", "param a: must be a string"),
+        ("name: [x]\nsteps:\n  - name: a\n    apply: x", "name must be a string, not a list"),
+    ],
+)
+def test_the_playbook_level_fields_have_their_types(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {needle}")):
+        load(path)
+
+
+def test_a_single_os_or_env_string_is_one_value_not_its_characters() -> None:
+    (jammy,) = parse_steps([{"name": "x", "apply": "true", "when": {"os": "22.04"}}], "t")
+    assert applies(jammy, gpu=False, env="venv", os_release="22.04", params={}) is None
+    assert applies(jammy, gpu=False, env="venv", os_release="2", params={}) == "OS release 2"
+    (uv_only,) = parse_steps([{"name": "x", "apply": "true", "when": {"env": "uv"}}], "t")
+    assert applies(uv_only, gpu=False, env="uv", os_release="", params={}) is None
+    assert applies(uv_only, gpu=False, env="u", os_release="", params={}) == "env manager is u"
+
+
+def test_gpu_false_means_hosts_without_a_gpu() -> None:
+    (cpu_only,) = parse_steps([{"name": "x", "apply": "true", "when": {"gpu": False}}], "t")
+    assert applies(cpu_only, gpu=False, env="venv", os_release="", params={}) is None
+    assert applies(cpu_only, gpu=True, env="venv", os_release="", params={}) == "host has a GPU"
+
+
+def test_the_default_playbooks_fingerprints_are_unchanged_by_strict_parsing() -> None:
+    """Hosts set up before keep their state: valid input parses to what it parsed to before."""
+    book = load()
+    driver = book.step("nvidia-driver")
+    assert driver.when == {"gpu": True, "param_not": {"driver": "none"}}
+    assert driver.sudo is True and driver.reboot is True
+    assert book.step("python-venv-package").when == {"env": ["venv"]}

@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from vmrun.setup.playbook import Playbook
+    from vmrun.setup.report import SetupOptions
 
 _FLAG_PARAMS = (
     "env",
@@ -98,9 +102,15 @@ def register(app: typer.Typer) -> None:
                 "--extra", metavar="FILE", help="Add this YAML file's steps after the playbook's."
             ),
         ] = None,
+        env_manager: Annotated[
+            str | None,
+            typer.Option(
+                "--env-manager", metavar="venv|uv|conda|python", help="Environment manager."
+            ),
+        ] = None,
         env: Annotated[
             str | None,
-            typer.Option("--env", help="Environment manager: venv, uv, conda, or python."),
+            typer.Option("--env", hidden=True, help="Deprecated: --env-manager."),
         ] = None,
         python: Annotated[
             str | None,
@@ -186,32 +196,8 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.setup import playbook as playbook_mod
-
-        book = playbook_mod.load(playbook)
-        if show_playbook:
-            typer.echo(Path(book.source).read_text(encoding="utf-8"), nl=False)
-            return 0
-        settings = settings_from(connect_timeout, accept_new_host_key)
-        configured = settings.section("setup")
-        for path in extra or []:
-            import yaml
-
-            try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except (OSError, yaml.YAMLError) as exc:
-                raise UsageError(f"--extra {path}: {exc}".splitlines()[0]) from None
-            raw = data.get("steps") if isinstance(data, dict) else data
-            book = book.extended(
-                playbook_mod.parse_steps(raw or [], str(path), set(book.params)), str(path)
-            )
-        if configured.get("steps"):
-            book = book.extended(
-                playbook_mod.parse_steps(configured["steps"], "[setup.steps]", set(book.params)),
-                "[setup.steps]",
-            )
         flags = {
-            "env": env,
+            "env": env_manager_flag(env_manager, env),
             "python": python,
             "python_version": python_version,
             "env_name": env_name,
@@ -220,35 +206,32 @@ def register(app: typer.Typer) -> None:
             "driver": driver,
             "pip": pip,
         }
-        params = resolve_params(dict(book.params), configured, dict(os.environ), flags, param or [])
-        for name in [*(force or []), *(only or [])]:
-            book.step(name)  # an unknown step name is a usage error, before any connection
-        for given, what in ((wheelhouse, "--wheelhouse"), (installer, "--installer")):
-            if given is not None and not given.exists():
-                raise UsageError(f"{what} {given} does not exist")
-        if wheelhouse is not None and not wheelhouse.is_dir():
-            raise UsageError(f"--wheelhouse {wheelhouse} is not a folder")
-        if installer is not None and not installer.is_file():
-            raise UsageError(f"--installer {installer} is not a file")
-        from vmrun.ssh.inventory import select_hosts
+        if show_playbook:
+            from vmrun.setup import playbook as playbook_mod
 
-        entries = select_hosts([*(hosts or []), *(host or [])], settings)
-        from vmrun.setup.host_setup import SetupOptions
-
-        project = settings.project_dir or Path.cwd()
-        options = SetupOptions(
-            playbook=book,
-            params=params,
-            force=frozenset(force or []),
-            only=frozenset(only or []),
+            book = playbook_mod.load(playbook)
+            typer.echo(Path(book.source).read_text(encoding="utf-8"), nl=False)
+            return 0
+        settings = settings_from(connect_timeout, accept_new_host_key)
+        options = setup_options(
+            settings.section("setup"),
+            flags,
+            playbook=playbook,
+            extra=extra or [],
+            params=param or [],
+            force=force or [],
+            only=only or [],
             dry_run=dry_run,
             wheelhouse=wheelhouse,
             installer=installer,
             index_url=index_url,
-            find_links=tuple(find_links or []),
+            find_links=find_links or [],
             reboot_timeout=reboot_timeout,
-            log_dir=project / ".vmrun" / "logs",
+            log_dir=(settings.project_dir or Path.cwd()) / ".vmrun" / "logs",
         )
+        from vmrun.ssh.inventory import select_hosts
+
+        entries = select_hosts([*(hosts or []), *(host or [])], settings)
         from vmrun.cli.setup_view import run_setup
 
         return run_setup(
@@ -256,6 +239,105 @@ def register(app: typer.Typer) -> None:
             settings,
             options,
             record=record and not dry_run,
-            project=project,
+            project=settings.project_dir or Path.cwd(),
             started=time.monotonic(),
         )
+
+
+def env_manager_flag(env_manager: str | None, env: str | None) -> str | None:
+    """--env-manager, or the deprecated --env (in exec and train --env sets a variable)."""
+    if env is None:
+        return env_manager
+    from vmrun.cli.output import warn_line
+
+    warn_line("setup --env is deprecated: use --env-manager (--env sets a variable elsewhere)")
+    if env_manager is not None and env_manager != env:
+        raise UsageError(f"--env {env} and --env-manager {env_manager} disagree: give one")
+    return env
+
+
+def _with_extra_steps(book: Playbook, extra: list[Path], configured: dict[str, Any]) -> Playbook:
+    """The playbook with --extra files' steps, then [[setup.steps]]' (in that order)."""
+    from vmrun.setup import playbook as playbook_mod
+
+    for path in extra:
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"--extra {path}: {exc}".splitlines()[0]) from None
+        raw = data.get("steps") if isinstance(data, dict) else data
+        book = book.extended(
+            playbook_mod.parse_steps(raw or [], str(path), set(book.params)), str(path)
+        )
+    if configured.get("steps"):
+        book = book.extended(
+            playbook_mod.parse_steps(configured["steps"], "[setup.steps]", set(book.params)),
+            "[setup.steps]",
+        )
+    return book
+
+
+def _check_uploads(wheelhouse: Path | None, installer: Path | None) -> None:
+    for given, what in ((wheelhouse, "--wheelhouse"), (installer, "--installer")):
+        if given is not None and not given.exists():
+            raise UsageError(f"{what} {given} does not exist")
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise UsageError(f"--wheelhouse {wheelhouse} is not a folder")
+    if installer is not None and not installer.is_file():
+        raise UsageError(f"--installer {installer} is not a file")
+
+
+def check_env_manager(params: dict[str, str]) -> None:
+    """The env manager decides where the interpreter is (vmrun.setup.environment), so a value
+    vmrun does not know is bad input, said before connecting rather than on each host."""
+    from vmrun.setup.environment import ENV_MANAGERS
+
+    if "env" in params and params["env"] not in ENV_MANAGERS:
+        raise UsageError(
+            f"unknown env manager {params['env']!r}: use --env-manager"
+            f" {', '.join(ENV_MANAGERS[:-1])} or {ENV_MANAGERS[-1]}"
+        )
+
+
+def setup_options(
+    configured: dict[str, Any],
+    flags: dict[str, str | None],
+    *,
+    playbook: Path | None,
+    extra: list[Path],
+    params: list[str],
+    force: list[str],
+    only: list[str],
+    dry_run: bool,
+    wheelhouse: Path | None,
+    installer: Path | None,
+    index_url: str | None,
+    find_links: list[str],
+    reboot_timeout: float,
+    log_dir: Path,
+) -> SetupOptions:
+    """Everything the command line says, checked before any connection (bad input: exit 2)."""
+    from vmrun.setup import playbook as playbook_mod
+    from vmrun.setup.report import SetupOptions
+
+    book = _with_extra_steps(playbook_mod.load(playbook), extra, configured)
+    resolved = resolve_params(dict(book.params), configured, dict(os.environ), flags, params)
+    check_env_manager(resolved)
+    for name in [*force, *only]:
+        book.step(name)  # an unknown step name is a usage error, before any connection
+    _check_uploads(wheelhouse, installer)
+    return SetupOptions(
+        playbook=book,
+        params=resolved,
+        force=frozenset(force),
+        only=frozenset(only),
+        dry_run=dry_run,
+        wheelhouse=wheelhouse,
+        installer=installer,
+        index_url=index_url,
+        find_links=tuple(find_links),
+        reboot_timeout=reboot_timeout,
+        log_dir=log_dir,
+    )

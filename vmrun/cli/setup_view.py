@@ -14,7 +14,7 @@ import typer
 from vmrun.cli.output import error_line, report, warn_line
 from vmrun.config import Settings
 from vmrun.errors import CommandFailed
-from vmrun.setup.host_setup import HostReport, SetupOptions
+from vmrun.setup.report import HostReport, SetupOptions
 from vmrun.ssh.inventory import HostEntry, record_hosts
 
 

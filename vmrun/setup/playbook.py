@@ -35,6 +35,8 @@ _STEP_KEYS = {
     "pip",
 }
 _WHEN_KEYS = {"gpu", "env", "os", "param", "param_not"}
+_BOOK_KEYS = {"name", "description", "params", "steps"}
+_FLAGS = ("sudo", "reboot", "record")
 
 
 @dataclass(frozen=True)
@@ -120,12 +122,25 @@ def load(path: Path | None = None) -> Playbook:
 
 
 def parse(data: Mapping[str, Any], source: str) -> Playbook:
+    unknown = set(data) - _BOOK_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; known:"
+            f" {', '.join(sorted(_BOOK_KEYS))}"
+        )
     params = data.get("params") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"{source}: params must be a mapping")
-    for key in params:
+    for key, value in params.items():
         if not _PARAM_NAME.fullmatch(str(key)):
             raise ConfigError(f"{source}: bad param name {key!r} (lowercase letters, digits, _)")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float, type(None))):
+            raise ConfigError(
+                f"{source}: param {key}: must be a string (quote it), not {_kind(value)}"
+            )
+    for key in ("name", "description"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{source}: {key} must be a string, not {_kind(data[key])}")
     raw_steps = data.get("steps")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise ConfigError(f"{source}: `steps` must be a non-empty list")
@@ -159,21 +174,21 @@ def parse_steps(
                 f"{where}: unknown field(s) {', '.join(sorted(unknown))}; known:"
                 f" {', '.join(sorted(_STEP_KEYS))}"
             )
-        when = raw.get("when") or {}
-        if not isinstance(when, dict) or set(when) - _WHEN_KEYS:
-            raise ConfigError(f"{where}: when may hold {', '.join(sorted(_WHEN_KEYS))}")
+        for flag in _FLAGS:
+            if flag in raw and not isinstance(raw[flag], bool):
+                raise ConfigError(f"{where}: {flag} must be true or false, not {_kind(raw[flag])}")
         step = Step(
             name=name,
-            description=str(raw.get("description") or ""),
-            when=when,
+            description=_script(raw.get("description"), where, "description"),
+            when=_when(raw.get("when"), where, params),
             inputs=_names(raw.get("inputs"), where, "inputs"),
             needs=_names(raw.get("needs"), where, "needs"),
-            sudo=bool(raw.get("sudo", False)),
-            reboot=bool(raw.get("reboot", False)),
+            sudo=raw.get("sudo", False),
+            reboot=raw.get("reboot", False),
             check=_script(raw.get("check"), where, "check"),
             apply=_script(raw.get("apply"), where, "apply"),
             verify=_script(raw.get("verify"), where, "verify"),
-            record=bool(raw.get("record", False)),
+            record=raw.get("record", False),
             apt=_names(raw.get("apt"), where, "apt"),
             pip=_names(raw.get("pip"), where, "pip"),
         )
@@ -189,13 +204,92 @@ def parse_steps(
     return steps
 
 
+def _kind(value: Any) -> str:
+    """How a YAML value reads to the person who wrote it, for an error message."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _when(value: Any, where: str, params: set[str] | None) -> dict[str, Any]:
+    """A step's conditions, each of the one type it means (a string where a list is meant
+    would be iterated, and "false" is truthy: both are errors, not silent mismatches)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: when must be a mapping, not {_kind(value)}")
+    unknown = set(value) - _WHEN_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown condition(s) when.{', when.'.join(sorted(map(str, unknown)))};"
+            f" when may hold {', '.join(sorted(_WHEN_KEYS))}"
+        )
+    when: dict[str, Any] = {}
+    if "gpu" in value:
+        if not isinstance(value["gpu"], bool):
+            raise ConfigError(f"{where}: when.gpu must be true or false, not {_kind(value['gpu'])}")
+        when["gpu"] = value["gpu"]
+    for key in ("env", "os"):
+        if key in value:
+            when[key] = _values(value[key], where, f"when.{key}")
+    if "param" in value:
+        when["param"] = _param_name(value["param"], where, "when.param", params)
+    if "param_not" in value:
+        raw = value["param_not"]
+        if not isinstance(raw, dict) or not raw:
+            raise ConfigError(
+                f"{where}: when.param_not must be a mapping of param: value, not {_kind(raw)}"
+            )
+        when["param_not"] = {
+            _param_name(k, where, "when.param_not", params): _scalar(
+                v, where, f"when.param_not.{k}"
+            )
+            for k, v in raw.items()
+        }
+    return when
+
+
+def _values(value: Any, where: str, what: str) -> list[str]:
+    """One value or a list of them, each a string (an OS release must be quoted: 20.10 as a
+    YAML number is 20.1)."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(v, str) and v for v in items):
+        raise ConfigError(
+            f"{where}: {what} must be a string or a list of strings (quote versions:"
+            f' "22.04"), not {_kind(value)}'
+        )
+    return list(items)
+
+
+def _scalar(value: Any, where: str, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{where}: {what} must be a string, not {_kind(value)}")
+    return str(value)
+
+
+def _param_name(value: Any, where: str, what: str, params: set[str] | None) -> str:
+    if not isinstance(value, str) or not _PARAM_NAME.fullmatch(value):
+        raise ConfigError(f"{where}: {what} must name a param, not {_kind(value)}")
+    if params is not None and value not in params:
+        raise ConfigError(f"{where}: {what} names {value!r}, which is not a param")
+    return value
+
+
 def _names(value: Any, where: str, what: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{where}: {what} must be a list of names")
+        raise ConfigError(f"{where}: {what} must be a list of names, not {_kind(value)}")
     return tuple(value)
 
 
@@ -203,7 +297,7 @@ def _script(value: Any, where: str, what: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: {what} must be a shell script (a string)")
+        raise ConfigError(f"{where}: {what} must be a string, not {_kind(value)}")
     return value
 
 
@@ -227,11 +321,11 @@ def applies(
 ) -> str | None:
     """None when the step applies to this host, else why it is skipped."""
     when = step.when
-    if "gpu" in when and bool(when["gpu"]) != gpu:
+    if "gpu" in when and when["gpu"] != gpu:
         return "no NVIDIA GPU" if when["gpu"] else "host has a GPU"
     if "env" in when and env not in when["env"]:
         return f"env manager is {env}"
-    if "os" in when and os_release not in [str(v) for v in when["os"]]:
+    if "os" in when and os_release not in when["os"]:
         return f"OS release {os_release or 'unknown'}"
     if "param" in when and not params.get(str(when["param"]), "").strip():
         return f"{when['param']} not set"

@@ -1,0 +1,70 @@
+"""`vmrun setup`'s input is checked before it connects anywhere: bad input exits 2.
+
+The host named here is TEST-NET-3 (RFC 5737), which nothing answers: had setup tried to
+connect, it would have failed with the connect timeout's exit code, not 2, and said so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import Client
+
+NOWHERE = "203.0.113.9"
+
+
+@pytest.mark.parametrize(
+    ("field", "needle"),
+    [
+        ("when: {os: 22.04}", "step 'one': when.os must be a string or a list of strings"),
+        ('when: {gpu: "false"}', "step 'one': when.gpu must be true or false"),
+        ('sudo: "no"', "step 'one': sudo must be true or false, not the string 'no'"),
+        ("colour: blue", "step 'one': unknown field(s) colour"),
+    ],
+)
+def test_a_bad_playbook_field_exits_2_naming_file_step_and_field(
+    client: Client, tmp_path: Path, field: str, needle: str
+) -> None:
+    book = tmp_path / "book.yaml"
+    book.write_text(f"steps:\n  - name: one\n    apply: 'true'\n    {field}\n")
+    done = client.vmrun("setup", NOWHERE, "--playbook", str(book), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"{book}: {needle}" in done.stderr, done.stderr
+    assert NOWHERE not in done.stderr  # it never got as far as the host
+
+
+def test_a_bad_extra_file_exits_2_too(client: Client, tmp_path: Path) -> None:
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("steps:\n  - name: more\n    apply: 'true'\n    reboot: 'yes'\n")
+    done = client.vmrun("setup", NOWHERE, "--extra", str(extra), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"{extra}: step 'more': reboot must be true or false" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--env-manager", "nonsense"),
+        ("--param", "env=nonsense"),
+        ("--env", "nonsense"),  # the deprecated name
+    ],
+)
+def test_an_unknown_env_manager_exits_2_before_connecting(
+    client: Client, args: tuple[str, ...]
+) -> None:
+    done = client.vmrun("setup", NOWHERE, *args, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert (
+        "unknown env manager 'nonsense': use --env-manager venv, uv, conda or python" in done.stderr
+    ), done.stderr
+    assert NOWHERE not in done.stderr
+
+
+def test_the_old_env_flag_is_a_deprecated_alias(client: Client) -> None:
+    done = client.vmrun("setup", NOWHERE, "--env", "uv", "--env-manager", "conda", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "setup --env is deprecated: use --env-manager" in done.stderr
+    assert "--env uv and --env-manager conda disagree" in done.stderr
+    notes = [line for line in done.stderr.splitlines() if "deprecated" in line]
+    assert len(notes) == 1, done.stderr

@@ -1,0 +1,51 @@
+"""What a setup run is asked to do (SetupOptions) and what it did (HostReport, StepOutcome)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vmrun.setup.facts import Facts
+from vmrun.setup.playbook import Playbook
+
+EventCallback = Callable[[str, str], None]  # (host label, what it is doing now)
+
+
+@dataclass
+class SetupOptions:
+    playbook: Playbook
+    params: dict[str, str]
+    force: frozenset[str] = frozenset()
+    only: frozenset[str] = frozenset()
+    dry_run: bool = False
+    wheelhouse: Path | None = None
+    installer: Path | None = None
+    index_url: str | None = None
+    find_links: tuple[str, ...] = ()
+    reboot_timeout: float = 600.0
+    log_dir: Path | None = None
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    status: str  # ran | skipped | adopted | n/a | unselected | would-run
+    detail: str = ""
+    duration: float = 0.0
+    script: str = ""  # for --dry-run: exactly what would run
+
+
+@dataclass
+class HostReport:
+    host: str
+    facts: Facts
+    steps: list[StepOutcome] = field(default_factory=list)
+    record: dict[str, str] = field(default_factory=dict)
+    rebooted: bool = False
+    python: str = ""
+    notes: list[str] = field(default_factory=list)  # for --dry-run: what a real run would hit
+
+    @property
+    def ran(self) -> list[str]:
+        return [s.name for s in self.steps if s.status == "ran"]
