@@ -25,7 +25,7 @@ from vmrun.runs.netfacts import Layout, NodeFacts
 from vmrun.runs.node_launch import HostEnv
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
-from vmrun.ssh.inventory import HostEntry
+from vmrun.ssh.inventory import HostEntry, find_entry
 
 DISK_WARN = 10 << 30
 DISK_FAIL = 1 << 30
@@ -226,11 +226,12 @@ def diagnose(
 def _master_first(ordered: list[HostEntry], master: str | None) -> list[HostEntry]:
     if master is None:
         return ordered
-    if not any(master in (e.label, e.name, e.spec.label) for e in ordered):
+    found = find_entry(ordered, master)  # matched as -H and `vmrun train --master` match
+    if found is None:
         raise UsageError(  # as `vmrun train --master` does: checking another host misleads
             f"--master {master}: not one of the hosts ({', '.join(e.label for e in ordered)})"
         )
-    return sorted(ordered, key=lambda e: master not in (e.label, e.name, e.spec.label))
+    return [found, *(e for e in ordered if e is not found)]
 
 
 def _network(

@@ -9,7 +9,7 @@ that fails stops the run on the others). Whatever runs the run, the backend does
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -52,8 +52,7 @@ def register(app: typer.Typer) -> None:
             backend = HostsBackend(group)
             ref = backend.find(run)
             if node:
-                by_label = {e.label: e for e in entries}
-                ref = require_nodes(ref, node, lambda name, n: _is(name, by_label[n]))
+                ref = require_nodes(ref, node, entries)
             if not follow:
                 backend.read_log(ref, _show, last=lines)
                 return 0
@@ -61,10 +60,6 @@ def register(app: typer.Typer) -> None:
                 return backend.follow(ref, _show, _note, last=lines)
             except KeyboardInterrupt:
                 raise Detached(f"stopped following {ref.run_id}; the run goes on") from None
-
-
-def _is(name: str, entry: Any) -> bool:
-    return name in (entry.label, entry.name, entry.spec.label)
 
 
 def _show(data: bytes) -> None:

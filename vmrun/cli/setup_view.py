@@ -14,7 +14,7 @@ import typer
 from vmrun.cli.output import error_line, report, warn_line
 from vmrun.config import Settings
 from vmrun.errors import CommandFailed
-from vmrun.setup.report import HostReport, SetupOptions
+from vmrun.setup.report import HostReport, SetupOptions, StepStatus
 from vmrun.ssh.inventory import HostEntry, record_hosts
 
 
@@ -176,7 +176,7 @@ def _print_plan(host_report: HostReport) -> None:
     for note in host_report.notes:
         typer.echo(f"  note: {note}")
     for step in host_report.steps:
-        if step.status == "would-run":
+        if step.status == StepStatus.WOULD_RUN:
             typer.echo(f"  would run {step.name} ({step.detail})")
             for line in step.script.rstrip().splitlines():
                 typer.echo(f"      {line}")
@@ -186,7 +186,9 @@ def _print_plan(host_report: HostReport) -> None:
 
 def _print_summary(host_report: HostReport, seconds: float, params: dict[str, str]) -> None:
     ran = host_report.ran
-    skipped = [s.name for s in host_report.steps if s.status in ("skipped", "adopted")]
+    skipped = [
+        s.name for s in host_report.steps if s.status in (StepStatus.SKIPPED, StepStatus.ADOPTED)
+    ]
     facts = host_report.facts
     rec = host_report.record
     gpu_note = "" if facts.has_gpu else "; no NVIDIA GPU (CPU environment)"

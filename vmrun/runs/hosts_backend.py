@@ -8,7 +8,7 @@ needs the plan, the sync and the rendezvous); everything after the start is here
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from vmrun.errors import (
     CommandFailed,
@@ -32,6 +32,7 @@ from vmrun.runs.outputs import RunLocation, location_of
 from vmrun.runs.plan import STOP_GRACE_S
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, Outcome, raise_for_failures
+from vmrun.ssh.inventory import HostEntry, find_entry
 
 
 def node_record(rec: records.RunRecord) -> NodeRecord:
@@ -182,12 +183,13 @@ def _prefixer(node: str, emit: Emit) -> Prefixer:
     return Prefixer(node, emit)
 
 
-def require_nodes(ref: RunRef, wanted: Sequence[str], match: Callable[[str, str], bool]) -> RunRef:
-    """The same run narrowed to some of its nodes (`logs --node`); `match(name, node)` says
-    whether a user's name means that node."""
-    chosen = [n for n in ref.nodes if any(match(w, n) for w in wanted)]
+def require_nodes(ref: RunRef, wanted: Sequence[str], entries: Sequence[HostEntry]) -> RunRef:
+    """The same run narrowed to some of its nodes (`logs --node`), each name matched as `-H`
+    matches a host (find_entry)."""
+    nodes = [e for e in entries if e.label in ref.nodes]
+    chosen = {found.label for name in wanted if (found := find_entry(nodes, name)) is not None}
     if not chosen:
         raise UsageError(
             f"run {ref.run_id} has no node {', '.join(wanted)} (it ran on {', '.join(ref.nodes)})"
         )
-    return RunRef(ref.run_id, tuple(chosen), ref.records, ref.skip)
+    return RunRef(ref.run_id, tuple(n for n in ref.nodes if n in chosen), ref.records, ref.skip)

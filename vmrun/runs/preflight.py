@@ -20,7 +20,7 @@ from vmrun.runs.node_launch import HostEnv, Launch, Node, Wiring
 from vmrun.runs.plan import CPU_PROCESSES, Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
-from vmrun.ssh.inventory import HostEntry
+from vmrun.ssh.inventory import HostEntry, find_entry
 
 Note = Callable[[str], None]
 
@@ -112,13 +112,13 @@ def order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
         return entries
     if wiring.master is None:
         return entries
-    found = [e for e in entries if wiring.master in (e.label, e.name, e.spec.label)]
-    if not found:
+    master = find_entry(entries, wiring.master)  # matched as -H matches a host
+    if master is None:
         raise UsageError(
             f"--master {wiring.master}: not one of the run's hosts"
             f" ({', '.join(e.label for e in entries)})"
         )
-    return [found[0], *(e for e in entries if e is not found[0])]
+    return [master, *(e for e in entries if e is not master)]
 
 
 def preflight(

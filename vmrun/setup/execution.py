@@ -11,7 +11,7 @@ from vmrun.errors import CommandFailed, RemoteError
 from vmrun.setup.hostlog import HostLog
 from vmrun.setup.offline import WAYS_FORWARD, offline_reason
 from vmrun.setup.playbook import Step
-from vmrun.setup.report import StepOutcome
+from vmrun.setup.report import StepOutcome, StepStatus
 from vmrun.setup.state import parse_records
 from vmrun.setup.stepscripts import apply_script, shell_helpers
 from vmrun.ssh.connection import Connection
@@ -67,7 +67,7 @@ class StepRunner:
                 if again.ok:
                     records = parse_records(again.stdout_tail) if step.record else {}
                     took = time.monotonic() - started
-                    return StepOutcome(step.name, "ran", "rebooted", took), records
+                    return StepOutcome(step.name, StepStatus.RAN, "rebooted", took), records
         self.log.event(f"{step.name}: applying")
         applied = self.bash(shell_helpers() + apply_script(step), env, f"{step.name}: apply")
         if not applied.ok:
@@ -75,7 +75,7 @@ class StepRunner:
         records = parse_records(applied.stdout_tail) if step.record else {}
         if step.verify:
             records.update(self._verify(step, env))
-        return StepOutcome(step.name, "ran", "", time.monotonic() - started), records
+        return StepOutcome(step.name, StepStatus.RAN, "", time.monotonic() - started), records
 
     def _verify(self, step: Step, env: Mapping[str, str]) -> dict[str, str]:
         verified = self.bash(step.verify, env, f"{step.name}: verify")

@@ -22,7 +22,7 @@ from vmrun.setup.hostlog import HostLog
 from vmrun.setup.planning import Plan, PlanInputs, dry_run_report, make_plan
 from vmrun.setup.playbook import Step
 from vmrun.setup.reboot import reboot
-from vmrun.setup.report import EventCallback, HostReport, SetupOptions, StepOutcome
+from vmrun.setup.report import EventCallback, HostReport, SetupOptions, StepOutcome, StepStatus
 from vmrun.setup.state import SetupState
 from vmrun.setup.stepscripts import check_script
 from vmrun.ssh.connection import Connection
@@ -65,11 +65,11 @@ class HostSetup:
         self._preflight_sudo(facts, plan)
         self._upload()
         for step, outcome in plan:
-            if outcome.status == "would-run":
+            if outcome.status == StepStatus.WOULD_RUN:
                 outcome, records = self.runner.execute(step, env)
                 if step.reboot:
                     env = self._refresh_facts(step, params)
-            elif outcome.status != "adopted":
+            elif outcome.status != StepStatus.ADOPTED:
                 report.steps.append(outcome)
                 continue
             else:
@@ -122,7 +122,9 @@ class HostSetup:
 
     def _preflight_sudo(self, facts: Facts, plan: Plan) -> None:
         """Before anything changes: a step that needs root on a host where sudo cannot run."""
-        needing = [s.name for s, o in plan if o.status == "would-run" and (s.sudo or s.apt)]
+        needing = [
+            s.name for s, o in plan if o.status == StepStatus.WOULD_RUN and (s.sudo or s.apt)
+        ]
         if needing and facts.sudo_problem:
             raise RemoteError(
                 f"steps {', '.join(needing)} need root, and {facts.sudo_problem};"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from vmrun.setup.facts import Facts
 from vmrun.setup.playbook import Step, applies, fingerprint
-from vmrun.setup.report import HostReport, SetupOptions, StepOutcome
+from vmrun.setup.report import HostReport, SetupOptions, StepOutcome, StepStatus
 from vmrun.setup.stepscripts import check_script, dry_run_text
 
 Plan = list[tuple[Step, StepOutcome]]
@@ -28,21 +28,21 @@ class PlanInputs:
 def make_plan(opts: SetupOptions, inputs: PlanInputs, run_checks: RunChecks) -> Plan:
     """Every step with what will happen to it; checks run once, batched, for the undecided."""
     decided: Plan = [(step, _decide(opts, inputs, step)) for step in opts.playbook.steps]
-    to_check = [step for step, outcome in decided if outcome.status == "check"]
+    to_check = [step for step, outcome in decided if outcome.status == StepStatus.CHECK]
     passed = run_checks(to_check) if to_check else set()
     plan: Plan = []
     for step, outcome in decided:
-        if outcome.status == "check":
+        if outcome.status == StepStatus.CHECK:
             stored = bool(inputs.state.get(step.name))
             if step.name in passed:
                 outcome = StepOutcome(
                     step.name,
-                    "skipped" if stored else "adopted",
+                    StepStatus.SKIPPED if stored else StepStatus.ADOPTED,
                     "check passes" if stored else "already present",
                 )
             else:
                 outcome = StepOutcome(
-                    step.name, "would-run", "check failed" if stored else "not done yet"
+                    step.name, StepStatus.WOULD_RUN, "check failed" if stored else "not done yet"
                 )
         plan.append((step, outcome))
     _mark_dependents(plan)
@@ -52,7 +52,7 @@ def make_plan(opts: SetupOptions, inputs: PlanInputs, run_checks: RunChecks) -> 
 def _decide(opts: SetupOptions, inputs: PlanInputs, step: Step) -> StepOutcome:
     """One step's fate before any check runs (status "check" when its check decides)."""
     if opts.only and step.name not in opts.only:
-        return StepOutcome(step.name, "unselected")
+        return StepOutcome(step.name, StepStatus.UNSELECTED)
     params = inputs.params
     why_not = applies(
         step,
@@ -62,28 +62,30 @@ def _decide(opts: SetupOptions, inputs: PlanInputs, step: Step) -> StepOutcome:
         params=params,
     )
     if why_not:
-        return StepOutcome(step.name, "n/a", why_not)
+        return StepOutcome(step.name, StepStatus.NOT_APPLICABLE, why_not)
     if step.name in opts.force:
-        return StepOutcome(step.name, "would-run", "forced")
+        return StepOutcome(step.name, StepStatus.WOULD_RUN, "forced")
     stored = inputs.state.get(step.name) or {}
     same = bool(stored) and stored.get("fingerprint") == fingerprint(step, params, inputs.stamps)
     if stored and not same:
-        return StepOutcome(step.name, "would-run", "inputs changed")
+        return StepOutcome(step.name, StepStatus.WOULD_RUN, "inputs changed")
     if check_script(step):
-        return StepOutcome(step.name, "check")
+        return StepOutcome(step.name, StepStatus.CHECK)
     if same:
-        return StepOutcome(step.name, "skipped", "done before")
-    return StepOutcome(step.name, "would-run", "never ran")
+        return StepOutcome(step.name, StepStatus.SKIPPED, "done before")
+    return StepOutcome(step.name, StepStatus.WOULD_RUN, "never ran")
 
 
 def _mark_dependents(plan: Plan) -> None:
     """A step whose needs will run must run too (its fingerprint will change)."""
     running = set()
     for step, outcome in plan:
-        if outcome.status == "would-run":
+        if outcome.status == StepStatus.WOULD_RUN:
             running.add(step.name)
-        elif outcome.status in ("skipped", "adopted") and running & set(step.needs):
-            outcome.status = "would-run"
+        elif outcome.status in (StepStatus.SKIPPED, StepStatus.ADOPTED) and running & set(
+            step.needs
+        ):
+            outcome.status = StepStatus.WOULD_RUN
             outcome.detail = f"after {', '.join(sorted(running & set(step.needs)))}"
             running.add(step.name)
 
@@ -96,8 +98,8 @@ def dry_run_report(
     _add_scripts(plan, env)
     report.steps = [o for _, o in plan]
     if upload_summary:
-        report.steps.insert(0, StepOutcome("upload", "would-run", upload_summary))
-    root = {s.name for s, o in plan if o.status == "would-run" and (s.sudo or s.apt)}
+        report.steps.insert(0, StepOutcome("upload", StepStatus.WOULD_RUN, upload_summary))
+    root = {s.name for s, o in plan if o.status == StepStatus.WOULD_RUN and (s.sudo or s.apt)}
     if report.facts.sudo != "root":
         for outcome in report.steps:
             if outcome.name in root:
@@ -117,7 +119,7 @@ def _add_scripts(plan: Plan, env: Mapping[str, str]) -> None:
     nvidia-smi are said to be read again rather than shown stale."""
     shown = dict(env)
     for step, outcome in plan:
-        if outcome.status != "would-run":
+        if outcome.status != StepStatus.WOULD_RUN:
             continue
         outcome.script = dry_run_text(step, shown)
         if step.reboot:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vmrun.compat import StrEnum
 from vmrun.setup.facts import Facts
 from vmrun.setup.playbook import Playbook
 
@@ -27,10 +28,22 @@ class SetupOptions:
     log_dir: Path | None = None
 
 
+class StepStatus(StrEnum):
+    """A step's verdict, as `vmrun setup` prints it."""
+
+    RAN = "ran"
+    SKIPPED = "skipped"  # done before, its check passes
+    ADOPTED = "adopted"  # never run by vmrun, but its check passes (already present)
+    NOT_APPLICABLE = "n/a"  # its `when` does not hold on this host
+    UNSELECTED = "unselected"  # left out by --only
+    WOULD_RUN = "would-run"  # planned (what --dry-run shows)
+    CHECK = "check"  # while planning: its check decides
+
+
 @dataclass
 class StepOutcome:
     name: str
-    status: str  # ran | skipped | adopted | n/a | unselected | would-run
+    status: StepStatus
     detail: str = ""
     duration: float = 0.0
     script: str = ""  # for --dry-run: exactly what would run
@@ -48,4 +61,4 @@ class HostReport:
 
     @property
     def ran(self) -> list[str]:
-        return [s.name for s in self.steps if s.status == "ran"]
+        return [s.name for s in self.steps if s.status == StepStatus.RAN]
