@@ -534,7 +534,7 @@ def test_bad_input_is_one_line_exit_2_before_any_connection(client: Client) -> N
     for args, needle in (
         (["-H", "a@b", "--interval", "0"], "--interval must be at least 0.1"),
         (["-H", "a@b", "--idle-threshold", "101"], "--idle-threshold must be 0-100"),
-        ([], "host u@h: nvidia_smi must be a path"),
+        ([], "vmrun.toml line 3: nvidia_smi of host #1 must be a path"),  # checked on load
     ):
         done = client.vmrun("watch-gpus", *args)
         assert done.returncode == 2, (args, done.stderr)

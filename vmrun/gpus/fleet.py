@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun.compat import StrEnum
 from vmrun.config import Settings
 from vmrun.errors import (
     ConfigError,
@@ -50,6 +51,17 @@ HISTORY = 8  # utilisation samples kept per GPU: the table's sparkline
 # -- samples and the fleet model --------------------------------------------------------------
 
 
+class HostState(StrEnum):
+    """A host's state in the watch (and in `--json`)."""
+
+    OK = "ok"
+    NO_GPU = "no-gpu"  # no driver, nvidia-smi or device
+    UNREACHABLE = "unreachable"  # never connected
+    DISCONNECTED = "disconnected"  # dropped; retried
+    ERROR = "error"  # nvidia-smi failed (retried), or auth, host key...
+    CONNECTING = "connecting"  # not heard from yet
+
+
 @dataclass(frozen=True)
 class HostSample:
     """What one host said at one time: its GPUs and processes, or why there are none.
@@ -60,7 +72,7 @@ class HostSample:
     """
 
     host: str
-    state: str
+    state: HostState
     time: float
     gpus: tuple[GpuReading, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
@@ -147,7 +159,7 @@ class Fleet:
         """Every host in the order given; a host not heard from yet is "connecting"."""
         with self._lock:
             return [
-                self._latest.get(h) or HostStatus(HostSample(h, "connecting", time.time()))
+                self._latest.get(h) or HostStatus(HostSample(h, HostState.CONNECTING, time.time()))
                 for h in self.hosts
             ]
 
@@ -196,7 +208,7 @@ class HostWatcher:
         self._connected_once = False
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"gpus-{self.label}")
 
-    def _say(self, state: str, message: str | None = None, code: int = 0) -> None:
+    def _say(self, state: HostState, message: str | None = None, code: int = 0) -> None:
         self.emit(HostSample(self.label, state, time.time(), message=message, exit_code=code))
 
     def _main(self) -> None:
@@ -213,14 +225,14 @@ class HostWatcher:
         finally:
             self.conn.close()
 
-    def _attempt(self) -> tuple[str | None, str]:
-        """Connect and stream; return (why to retry, state to show), or (None, "") when done."""
+    def _attempt(self) -> tuple[str | None, HostState]:
+        """Connect and stream; return (why to retry, state to show), or (None, _) when done."""
         try:
             self.conn.open()
             self._connected_once = True
-            return self._stream(), "error"
+            return self._stream(), HostState.ERROR
         except (UnreachableError, ConnectionLostError) as exc:
-            state = "disconnected" if self._connected_once else "unreachable"
+            state = HostState.DISCONNECTED if self._connected_once else HostState.UNREACHABLE
             why = exc.message.replace("'bash'", "nvidia-smi")  # argv[0] is the watch script's
             if not self.once:
                 return why, state
@@ -228,8 +240,8 @@ class HostWatcher:
                 self._say(state, why, exit_code_for(exc))
         except VmrunError as exc:  # host key, auth, bad input: retrying cannot help
             if not self.stop.is_set():
-                self._say("error", exc.message, exit_code_for(exc))
-        return None, ""
+                self._say(HostState.ERROR, exc.message, exit_code_for(exc))
+        return None, HostState.OK
 
     def _stream(self) -> str | None:
         """Run the watch script on one channel; return why to retry, or None when done."""
@@ -269,7 +281,7 @@ class HostWatcher:
             result = self.conn.run(argv, on_output=on_output, timeout=timeout, heartbeat=beat)
         except VmrunError as exc:
             if self.once and not isinstance(exc, (UnreachableError, ConnectionLostError)):
-                self._say("error", exc.message, exit_code_for(exc))
+                self._say(HostState.ERROR, exc.message, exit_code_for(exc))
                 return None
             raise
         if self.stop.is_set():
@@ -278,7 +290,7 @@ class HostWatcher:
         if status in NO_GPU_EXITS:
             detail = errors[-1] if errors and status not in (126, 127) else None
             message = NO_GPU_EXITS[status] + (f" ({detail})" if detail else "")
-            self._say("no-gpu", message, ExitCode.REMOTE)
+            self._say(HostState.NO_GPU, message, ExitCode.REMOTE)
             return None
         if self.once and status == 0 and pending:
             self._publish(pending[-1], tracker.current(time.monotonic()), owners)
@@ -287,7 +299,7 @@ class HostWatcher:
         if status == 0:
             why = "nvidia-smi ended without a GPU row"
         if self.once:
-            self._say("error", why, ExitCode.REMOTE)
+            self._say(HostState.ERROR, why, ExitCode.REMOTE)
             return None
         return why
 
@@ -302,7 +314,7 @@ class HostWatcher:
             for p in processes
         )
         self._delay = BACKOFF_FIRST  # healthy again: the next drop retries quickly
-        self.emit(HostSample(self.label, "ok", time.time(), tuple(batch), owned))
+        self.emit(HostSample(self.label, HostState.OK, time.time(), tuple(batch), owned))
 
 
 # -- watching the fleet -----------------------------------------------------------------------
