@@ -4,6 +4,7 @@ real torchrun (gloo); a port dropped by nftables inside one host is found and na
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from conftest import Client
@@ -28,8 +29,11 @@ def rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
 def test_doctor_passes_every_check_on_healthy_hosts(
     cluster: dict[str, TestHost], multi: Client
 ) -> None:
+    before = {h: _logins(cluster[h]) for h in ("n1", "n2")}
     done = multi.vmrun("doctor", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    # one connection per host serves every check, the all-reduce run and its clean-up
+    assert {h: _logins(cluster[h]) - n for h, n in before.items()} == {"n1": 1, "n2": 1}
     found = rows(done.stdout)
     for host in ("n1", "n2"):
         for check in ("ssh", "python", "gpus", "disk", "clock"):
@@ -50,6 +54,39 @@ def test_doctor_passes_every_check_on_healthy_hosts(
     verdict, detail = rows(alone.stdout)[("allreduce", "n2")]
     assert verdict == "OK" and detail.startswith("world 2,"), detail
     assert not any(check == "network" for check, _ in rows(alone.stdout))
+
+
+def _logins(host: TestHost) -> int:
+    """SSH logins the host's sshd has accepted so far."""
+    return host.sshd_log().count("Accepted publickey")
+
+
+def _doctor_processes(host: TestHost) -> list[int]:
+    """The host user's live processes that belong to a doctor all-reduce run."""
+    found = []
+    for pid in host.user_pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"VMRUN_RUN_ID=doctor-allreduce" in environ:
+            found.append(pid)
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_a_hung_all_reduce_is_stopped_at_its_deadline(
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
+    """The all-reduce has a deadline (VMRUN_DOCTOR_ALLREDUCE_TIMEOUT, 300 s by default); one
+    too short for torch to even start stands in for a collective that hangs: doctor fails the
+    check, stops the run on every host, and leaves nothing behind."""
+    done = multi.vmrun("doctor", env={"VMRUN_DOCTOR_ALLREDUCE_TIMEOUT": "0.5"}, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    verdict, detail = rows(done.stdout)[("allreduce", "all")]
+    assert verdict == "FAIL" and detail == "no result within 0.5 s; the run was stopped", detail
+    assert _doctor_processes(cluster["n1"]) == [] and _doctor_processes(cluster["n2"]) == []
+    assert "doctor-allreduce" not in multi.vmrun("status").stdout
 
 
 def test_doctor_names_the_pair_a_blocked_port_separates(

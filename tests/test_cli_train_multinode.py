@@ -228,13 +228,26 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
     # there either, before anyone runs `vmrun stop` or `--resume` on it.
     wait_for(lambda: run_pids(n2, rid) == [], 60, "the cut host's run to end by itself")
     print(f"the cut host's run ended {time.monotonic() - healed:.1f} s after the heal")
+    logins = {h: cluster[h].sshd_log().count("Accepted publickey") for h in ("n1", "n2")}
     again = multi.vmrun("train", "--resume", rid, timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
+    # one connection per host: the run is looked up, prepared, staged, started and followed
+    # on it (the record listed once: no second lookup for the busy check or the preparation)
+    assert {
+        h: cluster[h].sshd_log().count("Accepted publickey") - n for h, n in logins.items()
+    } == {"n1": 1, "n2": 1}
     assert "copied snapshot.pt from n1 to n2" in again.stderr
+    # only the new attempt is shown live, after its separator; never the old attempt's lines
+    assert "epoch 1/12" not in again.stdout and "epoch 2/12" not in again.stdout, again.stdout
+    banner = re.search(
+        r"^\[n1\] --- attempt 2, resumed from epoch (\d+) \(snapshot\.pt\) ---$", again.stdout, re.M
+    )
+    assert banner is not None, again.stdout
     resumed = re.findall(r"^\[(n\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout,
                          re.M)
     assert {h for h, _ in resumed} == {"n1", "n2"}, again.stdout  # every node, same epoch
     assert len({e for _, e in resumed}) == 1 and int(resumed[0][1]) >= 3
+    assert banner.group(1) == resumed[0][1]  # the separator names the epoch it resumed at
     metrics = template_out(n1, multi, rid) / "metrics.jsonl"
     assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 13))
     assert (template_out(n2, multi, rid) / "snapshot.pt").exists()

@@ -12,7 +12,7 @@ from conftest import ROOT
 
 from vmrun.config import load_settings
 from vmrun.errors import UsageError
-from vmrun.runs import launch, node_launch, preflight, remote
+from vmrun.runs import launch, node_launch, preflight, training
 from vmrun.runs.netfacts import Layout
 from vmrun.runs.node_launch import HostEnv, Node
 from vmrun.runs.plan import Plan
@@ -321,7 +321,7 @@ def test_python_launcher_on_several_hosts_is_refused_before_any_connection() -> 
     """mp.spawn scripts form a single-node world each: refused with exit 2, and before any
     SSH connection (the hosts here do not even resolve, which would be exit 12)."""
     with pytest.raises(UsageError) as info:
-        remote.run_remote(
+        training.run_remote(
             _plan("python"),
             [HostEntry(parse_host(h)) for h in ("a.invalid", "b.invalid")],
             load_settings({}, cwd=Path("/"), environ={"HOME": "/nonexistent"}),

@@ -20,9 +20,11 @@ from typing import Any
 from vmrun.compat import StrEnum
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
-from vmrun.runs.backend import RunState
+from vmrun.runs.backend import RunRef
+from vmrun.runs.hosts_backend import HostsBackend
 from vmrun.runs.netfacts import Layout, NodeFacts
 from vmrun.runs.node_launch import HostEnv
+from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry, find_entry
@@ -296,7 +298,6 @@ def _allreduce(
     from vmrun.runs import launch
     from vmrun.runs.node_launch import Launch, Node, Wiring
     from vmrun.runs.plan import make_plan
-    from vmrun.runs.remote import start_remote
     from vmrun.trainer import ALLREDUCE_PATH
 
     plan = make_plan(
@@ -318,8 +319,9 @@ def _allreduce(
     )
     lines: list[str] = []
     try:
-        ref = start_remote(group, plan, list(entries), lambda text: None, how)
-        verdict, detail = _await_allreduce(group, ref, lines)
+        backend = HostsBackend(group, entries)
+        ref = backend.start(plan, how, lambda text: None)
+        verdict, detail = _await_allreduce(backend, ref, lines)
     except VmrunError as exc:
         tail = [ln for ln in "".join(lines).splitlines() if ln.strip()][-3:]
         verdict = Verdict.FAIL
@@ -329,14 +331,13 @@ def _allreduce(
     return Check("allreduce", where, verdict, detail)
 
 
-def _await_allreduce(group: Group, ref: Any, lines: list[str]) -> tuple[Verdict, str]:
+def _await_allreduce(
+    backend: HostsBackend, ref: RunRef, lines: list[str]
+) -> tuple[Verdict, str]:
     """Follow the all-reduce run to its end, or stop it at the deadline (a hung collective
     must not hang doctor): (verdict, detail)."""
     import threading
 
-    from vmrun.runs.hosts_backend import HostsBackend
-
-    backend = HostsBackend(group)
     failure: list[BaseException] = []
 
     def follow() -> None:

@@ -253,7 +253,7 @@ def _train_remote(
     """Open the hosts once; for --resume, find the run there (one listing per host) and take
     its plan and nodes; then start (and follow) it on those connections."""
     from vmrun.cli.fetch_view import make_progress
-    from vmrun.runs.remote import run_remote
+    from vmrun.runs.training import run_remote
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 

@@ -2,7 +2,8 @@
 and `--resume` ask of a run, whatever runs it.
 
 Today the only place is SSH hosts (`vmrun.runs.hosts_backend.HostsBackend`: detached
-process trees recorded under ~/.vmrun/runs/ on each host). A Slurm cluster reached through
+process trees recorded under ~/.vmrun/runs/ on each host; vmrun.runs.training drives it for
+`vmrun train`). A Slurm cluster reached through
 its login node implements the same calls with sbatch/squeue/sacct/scancel; the commands do
 not care which. Each call is one verb of a run's life:
 
@@ -20,27 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from vmrun.compat import StrEnum
+from vmrun.runs.state import RunState
+
+if TYPE_CHECKING:
+    from vmrun.runs.node_launch import Launch
+    from vmrun.runs.plan import Plan
+    from vmrun.transfer.types import Progress
 
 Emit = Callable[[bytes], None]
 Note = Callable[[str], None]
-
-
-class RunState(StrEnum):
-    """A run's state as every backend reports it (and `vmrun status` prints it)."""
-
-    PENDING = "pending"  # accepted, not started yet (a queued Slurm job)
-    RUNNING = "running"
-    DONE = "done"  # ended with exit code 0
-    FAILED = "failed"  # ended with another code
-    STOPPED = "stopped"  # `vmrun stop` ended it
-    LOST = "lost"  # no process and no exit code: killed hard, or the host rebooted
-
-    @property
-    def ended(self) -> bool:
-        return self not in (RunState.PENDING, RunState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -82,6 +73,10 @@ class StopReport:
 
 class Backend(Protocol):
     """The verbs of a run's life; see the module docstring. Errors are VmrunErrors."""
+
+    def start(
+        self, plan: Plan, how: Launch, note: Note, progress: Progress | None = None
+    ) -> RunRef: ...
 
     def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef: ...
 

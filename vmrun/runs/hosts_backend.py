@@ -2,8 +2,8 @@
 ~/.vmrun/runs/<id>/ on every node (vmrun.runs.records), over one connection per host.
 
 It works on a caller's `Group`, so a command opens each host once however many verbs it
-uses (find, then follow; find, then stop). Starting a run lives in vmrun.runs.remote (it
-needs the plan, the sync and the rendezvous); everything after the start is here.
+uses (find, then follow; find, then stop). `start` is vmrun.runs.remote's (preflight, the
+sync, the rendezvous); everything after the start is here.
 """
 
 from __future__ import annotations
@@ -18,21 +18,17 @@ from vmrun.errors import (
     UsageError,
 )
 from vmrun.runs import records
-from vmrun.runs.backend import (
-    Emit,
-    NodeRecord,
-    Note,
-    RunRef,
-    RunState,
-    StopReport,
-    combined_state,
-)
+from vmrun.runs.backend import Emit, NodeRecord, Note, RunRef, StopReport, combined_state
+from vmrun.runs.node_launch import Launch
 from vmrun.runs.nodes import Prefixer
 from vmrun.runs.outputs import RunLocation, location_of
-from vmrun.runs.plan import STOP_GRACE_S
+from vmrun.runs.plan import STOP_GRACE_S, Plan
+from vmrun.runs.remote import start_remote
+from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, Outcome, raise_for_failures
 from vmrun.ssh.inventory import HostEntry, find_entry
+from vmrun.transfer.types import Progress
 
 
 def node_record(rec: records.RunRecord) -> NodeRecord:
@@ -56,11 +52,19 @@ def ref_of(run_id: str, recs: Sequence[records.RunRecord], skip: Mapping[str, in
 
 
 class HostsBackend:
-    def __init__(self, group: Group):
+    def __init__(self, group: Group, entries: Sequence[HostEntry] | None = None):
         self.group = group
+        self.entries = list(entries if entries is not None else group.entries)
 
     def conn(self, node: str) -> Connection:
         return self.group.connections[node]
+
+    def start(
+        self, plan: Plan, how: Launch, note: Note, progress: Progress | None = None
+    ) -> RunRef:
+        """Preflight, stage and start the run on this backend's hosts (master first),
+        detached; its RunRef (the nodes, and the lines of earlier attempts to skip)."""
+        return start_remote(self.group, plan, self.entries, note, how, progress)
 
     # -- finding runs --------------------------------------------------------------------
 

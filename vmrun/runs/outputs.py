@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmrun.errors import RemoteError
+from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR
 from vmrun.runs.records import check_run_id
 from vmrun.ssh import quoting
@@ -99,24 +100,11 @@ def resolve_what(
     ]
 
 
-# sh -c LOCATE base [run-id]: the run id, the host's clock when it first started, then its
-# run.json. Without an id: the newest run.json (rewritten at each start: vmrun.runs.records), so the
-# run started (or resumed) last.
-_LOCATE = r"""cd "$HOME" 2>/dev/null; base=$1
-[ -d "$base" ] || exit 3
-if [ -n "$2" ]; then id=$2
-else f=$(ls -1t "$base"/*/run.json 2>/dev/null | head -n 1); id=${f%/run.json}; id=${id##*/}
-fi
-[ -n "$id" ] && [ -f "$base/$id/run.json" ] || exit 4
-printf '%s\n' "$id"; cat "$base/$id/first_started" 2>/dev/null || echo; cat "$base/$id/run.json"
-"""
-
-
 def locate_run(conn: Connection, run_id: str | None) -> RunLocation:
     """Find a run on the host (the newest when `run_id` is None), in one round trip."""
     if run_id is not None:
         check_run_id(run_id)
-    argv = ["sh", "-c", _LOCATE, "vmrun-locate", RUNS_DIR, run_id or ""]
+    argv = ["sh", "-c", source("run_locate.sh"), "vmrun-locate", RUNS_DIR, run_id or ""]
     status, out, _err = capture(conn, quoting.plain_command(argv), what="the run lookup")
     if status in (3, 4):
         which = f"run {run_id}" if run_id else "any run"

@@ -15,9 +15,9 @@ from vmrun.errors import UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import HOST_RECORD, remote_workdir
 from vmrun.runs import records as runs
-from vmrun.runs.backend import RunState
 from vmrun.runs.node_launch import HostEnv, Launch, Node, Wiring
 from vmrun.runs.plan import CPU_PROCESSES, Plan
+from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry, find_entry

@@ -24,7 +24,7 @@ from typing import Any
 from vmrun.errors import HostsFailed, RemoteError, UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR, run_dir
-from vmrun.runs.backend import RunState
+from vmrun.runs.state import RunState
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 

@@ -1,5 +1,5 @@
-"""Training on hosts over SSH: preflight, code sync, a detached start; then the run is the
-hosts backend's to follow (vmrun.runs.hosts_backend).
+"""Starting a run on SSH hosts: preflight, code sync, a detached start on every node (the
+hosts backend's `start`; following it is vmrun.runs.hosts_backend's).
 
 One path for one host or many. Every run is started with `records.start`, so it outlives
 this process and the connection: Ctrl-C here only detaches (`vmrun logs -f RUN` reattaches).
@@ -20,20 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
-from vmrun.config import Settings
-from vmrun.errors import Detached, Interrupted
 from vmrun.runs import launch
 from vmrun.runs import records as runs
 from vmrun.runs.backend import RunRef
-from vmrun.runs.hosts_backend import HostsBackend
 from vmrun.runs.netfacts import Layout
 from vmrun.runs.node_launch import Launch, Node, Wiring, layout_note, meet, node_launch
 from vmrun.runs.plan import Plan
 from vmrun.runs.preflight import (
-    check_launcher_hosts,
     cuda_warning,
     nproc_for,
-    order,
     preflight,
 )
 from vmrun.runs.staging import stage
@@ -43,34 +38,6 @@ from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.types import Progress
 
 Note = Callable[[str], None]
-
-
-def run_remote(
-    plan: Plan,
-    entries: list[HostEntry],
-    settings: Settings,
-    *,
-    detach: bool,
-    on_line: Callable[[bytes], None],
-    note: Note,
-    how: Launch | None = None,
-    fetch_every: float | None = None,
-    progress: Progress | None = None,
-    group: Group | None = None,
-) -> int:
-    """Start the plan on the hosts (one node each) and, unless detached, follow it to the
-    end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
-    failure. `group`: the caller's connections (else this opens its own)."""
-    how = how or Launch()
-    entries = order(entries, how.wiring)
-    check_launcher_hosts(plan, len(entries), how.wiring)
-    with group or Group(entries, settings) as conns:
-        ref = start_remote(conns, plan, entries, note, how, progress)
-        if detach:
-            rid = ref.run_id
-            note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
-            return 0
-        return _follow(HostsBackend(conns), ref, plan, on_line, note, fetch_every)
 
 
 def start_remote(
@@ -114,38 +81,6 @@ def start_remote(
     if layout is not None:
         note(layout_note(layout, nodes, nproc, plan.launcher))
     return RunRef(rid, tuple(nodes), skip={label: n.skip for label, n in nodes.items()})
-
-
-def _follow(
-    backend: HostsBackend,
-    ref: RunRef,
-    plan: Plan,
-    on_line: Callable[[bytes], None],
-    note: Note,
-    fetch_every: float | None,
-) -> int:
-    fetcher = None
-    if fetch_every:
-        from vmrun.runs.fetching import Fetcher
-
-        fetcher = Fetcher(backend.group, ref.nodes, ref.run_id, plan.project, fetch_every, note)
-        fetcher.start()
-    try:
-        backend.follow(ref, on_line, note, announce=fetcher is None)
-    except (Detached, Interrupted):
-        if fetcher:
-            fetcher.finish(results=False)
-        raise
-    except BaseException:
-        if fetcher:  # the newest snapshot matters most when a node has failed
-            fetcher.finish(results=False)
-            fetcher.round("checkpoints")
-        raise
-    if fetcher:
-        fetcher.finish(results=True)
-        rid = ref.run_id
-        note(f"run {rid} finished on {', '.join(ref.nodes)}; its files are in results/{rid}/")
-    return 0
 
 
 def _out_dir(plan: Plan, workdir: str, rid: str) -> str:

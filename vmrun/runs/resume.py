@@ -23,9 +23,9 @@ from typing import Any
 
 from vmrun.errors import RemoteError, UsageError
 from vmrun.runs import records as runs
-from vmrun.runs.backend import RunState
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
+from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry

@@ -2,10 +2,11 @@
 
 Every remote command is built from an argv list and goes through `remote_command`, which
 quotes each word for a POSIX shell (the login shell sshd starts) and wraps it in a small
-`sh` script. The script reads environment values from stdin, so secrets never appear on a
-command line (not in `ps`, not in sshd's logs), and it runs the command in its own process
-group that is killed when the SSH channel goes away, so a dropped client never leaves an
-orphaned process on the host. This module is pure: no I/O, no imports beyond the stdlib.
+`sh` script (vmrun/hostside/command_wrapper.sh). The script reads environment values from
+stdin, so secrets never appear on a command line (not in `ps`, not in sshd's logs), and it
+runs the command in its own process group that is killed when the SSH channel goes away, so
+a dropped client never leaves an orphaned process on the host. Nothing here touches a host;
+the only I/O is reading that script once.
 """
 
 from __future__ import annotations
@@ -64,39 +65,13 @@ def env_header(env: Mapping[str, str] | None) -> bytes:
     return ("".join(lines) + "\n").encode("ascii")
 
 
-# Runs as: sh -c SCRIPT vmrun CWD BEAT CMD ARGS...   (stdin: env header, then held open)
-# - exports the env header's variables; puts ~/.vmrun/bin first on PATH (tools that vmrun
-#   installs, and shims a user wants every vmrun command to see); cd to CWD if not empty;
-# - runs CMD in a new session (setsid) with stdin from /dev/null;
-# - a watcher waits for EOF on the channel's stdin; EOF while CMD runs means the client
-#   went away, so it kills CMD's whole process group (TERM, then KILL after 5 s), and
-#   exits as soon as the group is gone.
-# - BEAT (seconds, or empty): the client also sends a line at least that often, and BEAT
-#   seconds without one count as gone too. EOF never arrives while the link is down, so
-#   an endless command (watch-gpus) would otherwise outlive its client until sshd gives
-#   up on the dead TCP connection (many minutes). One bash `read -t` loop: sh has no -t.
-RUN_SCRIPT = r"""d=$1 h=$2; shift 2
-while IFS= read -r l && [ -n "$l" ]; do
-  k=${l%%=*}
-  v=$(printf %s "${l#*=}" | base64 -d && echo x) || { echo "vmrun: bad env" >&2; exit 125; }
-  export "$k=${v%x}"
-done
-PATH="$HOME/.vmrun/bin:$PATH"; export PATH
-if [ -n "$d" ]; then cd "$d" || exit 126; fi
-exec 3<&0
-setsid "$@" </dev/null 3<&- &
-c=$!
-{ if [ -n "$h" ]; then bash -c 'while IFS= read -r -t "$1" _; do :; done' vmrun-beat "$h"
-  else cat >/dev/null; fi
-  kill -TERM -"$c" || exit 0; i=0
-  while kill -0 -"$c" && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; kill -KILL -"$c"
-} <&3 >/dev/null 2>&1 &
-w=$!
-exec 3<&-
-wait "$c"; r=$?
-kill "$w" 2>/dev/null
-exit "$r"
-"""
+def run_script() -> str:
+    """The wrapper every remote command runs under (vmrun/hostside/command_wrapper.sh: the
+    environment from stdin, ~/.vmrun/bin on PATH, a session of its own that is killed when
+    the channel goes away)."""
+    from vmrun.hostside import source
+
+    return source("command_wrapper.sh")
 
 
 def remote_command(
@@ -108,7 +83,9 @@ def remote_command(
     if not words:
         raise ValueError("empty command")
     beat = "" if heartbeat is None else str(max(1, math.ceil(heartbeat)))
-    return "exec /bin/sh -c " + join([RUN_SCRIPT, "vmrun", cwd or "", beat, *words])
+    from vmrun.remote_paths import BIN_DIR
+
+    return "exec /bin/sh -c " + join([run_script(), "vmrun", cwd or "", beat, BIN_DIR, *words])
 
 
 def plain_command(argv: Iterable[str]) -> str:

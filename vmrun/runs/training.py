@@ -1,0 +1,80 @@
+"""`vmrun train` on SSH hosts: start the run through its backend, then detach or follow it
+to the end, fetching its checkpoints meanwhile (`--fetch-every`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vmrun.config import Settings
+from vmrun.errors import Detached, Interrupted
+from vmrun.runs.backend import RunRef
+from vmrun.runs.hosts_backend import HostsBackend
+from vmrun.runs.node_launch import Launch
+from vmrun.runs.plan import Plan
+from vmrun.runs.preflight import check_launcher_hosts, order
+from vmrun.ssh.group import Group
+from vmrun.ssh.inventory import HostEntry
+from vmrun.transfer.types import Progress
+
+Note = Callable[[str], None]
+
+
+def run_remote(
+    plan: Plan,
+    entries: list[HostEntry],
+    settings: Settings,
+    *,
+    detach: bool,
+    on_line: Callable[[bytes], None],
+    note: Note,
+    how: Launch | None = None,
+    fetch_every: float | None = None,
+    progress: Progress | None = None,
+    group: Group | None = None,
+) -> int:
+    """Start the plan on the hosts (one node each) and, unless detached, follow it to the
+    end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
+    failure. `group`: the caller's connections (else this opens its own)."""
+    how = how or Launch()
+    entries = order(entries, how.wiring)
+    check_launcher_hosts(plan, len(entries), how.wiring)
+    with group or Group(entries, settings) as conns:
+        backend = HostsBackend(conns, entries)
+        ref = backend.start(plan, how, note, progress)
+        if detach:
+            rid = ref.run_id
+            note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
+            return 0
+        return _follow(backend, ref, plan, on_line, note, fetch_every)
+
+
+def _follow(
+    backend: HostsBackend,
+    ref: RunRef,
+    plan: Plan,
+    on_line: Callable[[bytes], None],
+    note: Note,
+    fetch_every: float | None,
+) -> int:
+    fetcher = None
+    if fetch_every:
+        from vmrun.runs.fetching import Fetcher
+
+        fetcher = Fetcher(backend.group, ref.nodes, ref.run_id, plan.project, fetch_every, note)
+        fetcher.start()
+    try:
+        backend.follow(ref, on_line, note, announce=fetcher is None)
+    except (Detached, Interrupted):
+        if fetcher:
+            fetcher.finish(results=False)
+        raise
+    except BaseException:
+        if fetcher:  # the newest snapshot matters most when a node has failed
+            fetcher.finish(results=False)
+            fetcher.round("checkpoints")
+        raise
+    if fetcher:
+        fetcher.finish(results=True)
+        rid = ref.run_id
+        note(f"run {rid} finished on {', '.join(ref.nodes)}; its files are in results/{rid}/")
+    return 0
