@@ -173,6 +173,14 @@ def register(app: typer.Typer) -> None:
                 " its newest snapshot (copied to every node first).",
             ),
         ] = None,
+        fresh: Annotated[
+            bool,
+            typer.Option(
+                "--fresh",
+                help="Move checkpoint files an earlier run left in the run's folder on the"
+                " hosts aside (into .vmrun-stale-<time>/ there) instead of loading them.",
+            ),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -213,7 +221,7 @@ def register(app: typer.Typer) -> None:
             return run_local(plan)
         from vmrun.runs.node_launch import Launch
 
-        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume)
+        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh)
         settings = settings_from(connect_timeout, accept_new_host_key)
         return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every)
 
