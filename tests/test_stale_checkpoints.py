@@ -111,3 +111,25 @@ def test_fresh_moves_them_aside_and_the_same_files_everywhere_pass(
     assert len(list(workdir.glob(".vmrun-stale-*"))) == 1
     for host in (n1, n2):
         assert run_pids(host, run_id_of(again.stderr)) == []
+
+
+def test_fresh_on_one_host_moves_its_checkpoints_and_is_refused_with_resume(
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
+    n1 = cluster["n1"]
+    clash = multi.vmrun("train", "--resume", "x-20250101-000000-abcd", "--fresh")
+    assert clash.returncode == 2
+    assert "--resume continues from them: use one" in _refusal(clash.stderr)
+    (multi.cwd / "stale.py").write_text(SCRIPT)
+    _put(n1, multi, "snapshot.pt", b"epoch 40 of an earlier run")
+    done = multi.vmrun(
+        "train", "stale.py", "-H", "n1", "--fresh", "--nproc-per-node", "1", "--", "x",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    workdir = n1.home / remote_workdir(multi.cwd)
+    assert "n1: moved 1 checkpoint file(s) (snapshot.pt) aside" in done.stderr
+    assert [p.read_bytes() for p in workdir.glob(".vmrun-stale-*/snapshot.pt")] == [
+        b"epoch 40 of an earlier run"
+    ]
+    assert "starting at epoch 0" in done.stdout, done.stdout

@@ -188,6 +188,13 @@ def register(app: typer.Typer) -> None:
 
         user_args = ctx.meta.get(_SCRIPT_ARGS)
         wiring = _wiring(master, nnodes, rdzv_port, nccl_debug)
+        if fresh and (resume is not None or local):
+            raise UsageError(
+                "--fresh moves the hosts' old checkpoints aside; --resume continues from"
+                " them: use one"
+                if resume is not None
+                else "--fresh moves old checkpoints aside on hosts (-H); drop it with --local"
+            )
         if resume is not None:
             _refuse_with_resume(
                 ("SCRIPT", script), ("--epochs", epochs), ("--save-every", save_every),
