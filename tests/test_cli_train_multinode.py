@@ -486,3 +486,54 @@ def test_env_launcher_on_two_nodes_forms_one_world(
         meta = json.loads((cluster[host].home / ".vmrun/runs" / rid / "run.json").read_text())
         assert meta["launcher"] == "env" and meta["nnodes"] == "2", meta
         assert run_pids(cluster[host], rid) == []
+
+
+CUDA_SCRIPT = """\
+# Written for a GPU host: CUDA unconditionally, as many scripts are.
+import torch
+device = torch.device("cuda")
+print(torch.ones(1).cuda().to(device), flush=True)
+"""
+
+
+def test_a_cuda_script_on_a_cpu_host_is_warned_about_before_it_starts(
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
+    """The warning comes before the run starts (not after a raw CUDA traceback), and the
+    run still fails: vmrun does not guess that the script cannot fall back to the CPU."""
+    (multi.cwd / "cudaonly.py").write_text(CUDA_SCRIPT)
+    done = multi.vmrun(
+        "train", "cudaonly.py", "-H", "n1", "--nproc-per-node", "1", "--", "x", timeout=300
+    )
+    assert done.returncode not in (0, 2), done.stderr + done.stdout
+    lines = done.stderr.splitlines()
+    warned = next(i for i, ln in enumerate(lines) if "warning: cudaonly.py uses CUDA/nccl" in ln)
+    assert "but n1 has no GPU (gpus=0)" in lines[warned], lines[warned]
+    started = next(i for i, ln in enumerate(lines) if re.search(r"run \S+ started on n1", ln))
+    assert warned < started, done.stderr
+    assert run_pids(cluster["n1"], run_id_of(done.stderr)) == []
+
+
+FAIL_AFTER = """\
+# Fails at once, or (argv[1] == "late") after reporting its first epoch.
+import sys
+if sys.argv[1] == "late":
+    print("epoch 1/3 loss 0.5", flush=True)
+sys.exit(3)
+"""
+
+
+def test_resume_is_suggested_only_for_a_run_that_trained(
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
+    """Two hosts: a script that fails before any epoch is told to fix the cause (resuming
+    would fail the same way); one that failed after `epoch 1/3` is told to resume."""
+    (multi.cwd / "failfast.py").write_text(FAIL_AFTER)
+    for when, resume in (("early", False), ("late", True)):
+        done = multi.vmrun("train", "failfast.py", "--nproc-per-node", "1", "--", when, timeout=300)
+        assert done.returncode not in (0, 2), done.stderr + done.stdout
+        rid = run_id_of(done.stderr)
+        assert ("resume with `vmrun train --resume " in done.stderr) is resume, done.stderr
+        if not resume:
+            assert "failed before its first epoch, so resuming would fail" in done.stderr
+        assert run_pids(cluster["n1"], rid) == [] and run_pids(cluster["n2"], rid) == []

@@ -173,6 +173,14 @@ def register(app: typer.Typer) -> None:
                 " its newest snapshot (copied to every node first).",
             ),
         ] = None,
+        fresh: Annotated[
+            bool,
+            typer.Option(
+                "--fresh",
+                help="Move checkpoint files an earlier run left in the run's folder on the"
+                " hosts aside (into .vmrun-stale-<time>/ there) instead of loading them.",
+            ),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -180,6 +188,13 @@ def register(app: typer.Typer) -> None:
 
         user_args = ctx.meta.get(_SCRIPT_ARGS)
         wiring = _wiring(master, nnodes, rdzv_port, nccl_debug)
+        if fresh and (resume is not None or local):
+            raise UsageError(
+                "--fresh moves the hosts' old checkpoints aside; --resume continues from"
+                " them: use one"
+                if resume is not None
+                else "--fresh moves old checkpoints aside on hosts (-H); drop it with --local"
+            )
         if resume is not None:
             _refuse_with_resume(
                 ("SCRIPT", script), ("--epochs", epochs), ("--save-every", save_every),
@@ -213,7 +228,7 @@ def register(app: typer.Typer) -> None:
             return run_local(plan)
         from vmrun.runs.node_launch import Launch
 
-        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume)
+        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh)
         settings = settings_from(connect_timeout, accept_new_host_key)
         return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every)
 

@@ -80,6 +80,7 @@ class Launch:
     run_id: str | None = None  # the new run's id, where the caller needs it beforehand
     nodes: dict[str, Node] | None = None  # checked already (doctor): no second preflight
     layout: Layout | None = None  # the rendezvous decided already, with `nodes`
+    fresh: bool = False  # move checkpoints an earlier run left in the run's folder aside
 
 
 def meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:

@@ -15,6 +15,7 @@ from vmrun.errors import UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import HOST_RECORD, remote_workdir
 from vmrun.runs import records as runs
+from vmrun.runs import stale
 from vmrun.runs.node_launch import HostEnv, Launch, Node, Wiring
 from vmrun.runs.plan import CPU_PROCESSES, Plan
 from vmrun.runs.state import RunState
@@ -27,16 +28,31 @@ Note = Callable[[str], None]
 
 def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
     """The interpreter to train with: vmrun.toml's `python` for the host, else setup's record."""
+    return probe(conn, entry)[0]
+
+
+def probe(
+    conn: Connection, entry: HostEntry, checkpoints_in: str | None = None
+) -> tuple[HostEnv, stale.Found | None]:
+    """host_env and, with `checkpoints_in`, the checkpoint files there, in one round trip."""
     argv = ["sh", "-c", source("run_preflight.sh"), "vmrun-preflight", HOST_RECORD]
-    out = conn.run(argv, check=True).stdout_tail.splitlines()
-    home = out[0] if out else ""
+    if checkpoints_in is not None:
+        argv += stale.listing_args(checkpoints_in)
+    chunks: list[bytes] = []  # all of stdout (a long listing would not fit a tail)
+
+    def keep(stream: str, data: bytes) -> None:
+        if stream == "out":
+            chunks.append(data)
+
+    conn.run(argv, check=True, on_output=keep)
+    home, b64, gpus, rest = (b"".join(chunks).split(b"\n", 3) + [b""] * 4)[:4]
     record: dict[str, Any] = {}
-    if len(out) > 1 and out[1].strip():
+    if b64.strip():
         try:
-            record = json.loads(base64.b64decode(out[1]))
+            record = json.loads(base64.b64decode(b64))
         except ValueError:
             record = {}
-    listed = int(out[2]) if len(out) > 2 and out[2].strip().isdigit() else 0
+    listed = int(gpus) if gpus.strip().isdigit() else 0
     python = str(entry.vars.get("python") or record.get("python") or "")
     if not python:
         raise UsageError(
@@ -45,7 +61,9 @@ def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
             hint=f'run `vmrun setup {entry.label}` first, or set python = "/path/to/python"'
             " for it in vmrun.toml",
         )
-    return HostEnv(home, python, record, listed)
+    env = HostEnv(home.decode("utf-8", "surrogateescape"), python, record, listed)
+    found = None if checkpoints_in is None else stale.parse(checkpoints_in, rest)
+    return env, found
 
 
 def check_not_busy(
@@ -125,12 +143,16 @@ def preflight(
     group: Group, plan: Plan, note: Note, *, multi: bool, how: Launch, only: set[str]
 ) -> dict[str, Node]:
     """On every host at once: its interpreter, not busy (or a warning where a concurrent run
-    shares the work directory), and (several hosts) its network and torch facts. Nothing is
-    started anywhere unless every host passes."""
+    shares the work directory), (several hosts) its network and torch facts, and (a new
+    multi-node run, or --fresh) the checkpoint files an earlier run left where this one will
+    look. Nothing is started anywhere unless every host passes; --fresh then moves those
+    files aside."""
     workdir = remote_workdir(plan.project)
+    listing = (multi or how.fresh) and not how.resume
+    where = stale.look_in(plan, workdir) if listing else None
 
-    def check(entry: HostEntry, conn: Connection) -> Node:
-        env = host_env(conn, entry)
+    def check(entry: HostEntry, conn: Connection) -> tuple[Node, stale.Found | None]:
+        env, found = probe(conn, entry, where)
         listed = None if how.listed is None else how.listed.get(entry.label, [])
         busy = check_not_busy(conn, how.allow_concurrent, how.resume, listed)
         warning = shared_workdir_warning(plan, busy, workdir)
@@ -148,13 +170,23 @@ def preflight(
                     host=entry.label,
                     hint=f"run `vmrun setup {entry.label}`",
                 )
-        return node
+        return node, found
 
     outcomes = group.map(check, only=only)
     raise_for_failures(outcomes, one_as_itself=True)
-    nodes = {o.host: o.value for o in outcomes if o.value is not None}
+    nodes = {o.host: o.value[0] for o in outcomes if o.value is not None}
+    found = {o.host: o.value[1] for o in outcomes if o.value is not None and o.value[1]}
     if multi:
         check_same_env(nodes)
+    if how.fresh and where is None and not how.resume:
+        note(
+            "--fresh: the template writes to results/<run-id>/, new for this run: nothing to"
+            " move aside"
+        )
+    elif found and how.fresh:
+        stale.move_aside(group, found, note)
+    elif found and multi:
+        stale.check_same(group, found)
     return nodes
 
 
