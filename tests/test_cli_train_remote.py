@@ -249,6 +249,9 @@ def test_fetch_every_brings_snapshots_while_the_run_goes_on(bed: NetnsBed, proje
     for name in ("snapshot.pt", "finalmodel.pt", "metrics.jsonl"):  # the last round: results
         assert (local / name).read_bytes() == (remote / name).read_bytes(), name
     assert "h1: fetched" in "".join(err)
+    # the last line says where the files are now, not how to fetch what is fetched already
+    last = "".join(err).strip().splitlines()[-1]
+    assert last == f"vmrun: run {rid} finished on h1; its files are in results/{rid}/", last
     bad = project.vmrun("train", "-H", "h1", "--fetch-every", "5", "--detach")
     assert bad.returncode == 2 and "--fetch-every needs" in bad.stderr
 
