@@ -36,6 +36,12 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option("--node", metavar="HOST", help="Only this node's log; repeatable."),
         ] = None,
+        verbose: Annotated[
+            bool,
+            typer.Option(
+                "--verbose", "-v", help="Also torchrun's banner and c10d's host name warnings."
+            ),
+        ] = False,
         host: Hosts = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
@@ -55,10 +61,10 @@ def register(app: typer.Typer) -> None:
                 by_label = {e.label: e for e in entries}
                 ref = require_nodes(ref, node, lambda name, n: _is(name, by_label[n]))
             if not follow:
-                backend.read_log(ref, _show, last=lines)
+                backend.read_log(ref, _show, last=lines, verbose=verbose)
                 return 0
             try:
-                return backend.follow(ref, _show, _note, last=lines)
+                return backend.follow(ref, _show, _note, last=lines, verbose=verbose)
             except KeyboardInterrupt:
                 raise Detached(f"stopped following {ref.run_id}; the run goes on") from None
 

@@ -173,6 +173,10 @@ def register(app: typer.Typer) -> None:
                 " its newest snapshot (copied to every node first).",
             ),
         ] = None,
+        verbose: Annotated[
+            bool,
+            typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -215,7 +219,7 @@ def register(app: typer.Typer) -> None:
 
         how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every)
+        return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every, verbose)
 
 
 def _refuse_with_resume(*flags: tuple[str, Any]) -> None:
@@ -249,6 +253,7 @@ def _train_remote(
     nnodes: str | None,
     detach: bool,
     fetch_every: float | None,
+    verbose: bool = False,
 ) -> int:
     """Open the hosts once; for --resume, find the run there (one listing per host) and take
     its plan and nodes; then start (and follow) it on those connections."""
@@ -286,6 +291,7 @@ def _train_remote(
             fetch_every=fetch_every,
             progress=make_progress(prefix=len(entries) > 1, live=sys.stderr.isatty()),
             group=group,
+            verbose=verbose,
         )
 
 

@@ -57,10 +57,12 @@ def run_remote(
     fetch_every: float | None = None,
     progress: Progress | None = None,
     group: Group | None = None,
+    verbose: bool = False,
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
-    failure. `group`: the caller's connections (else this opens its own)."""
+    failure. `group`: the caller's connections (else this opens its own). `verbose`:
+    torchrun's banner and c10d's host name warnings too."""
     how = how or Launch()
     entries = order(entries, how.wiring)
     check_launcher_hosts(plan, len(entries), how.wiring)
@@ -70,7 +72,7 @@ def run_remote(
             rid = ref.run_id
             note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
-        return _follow(HostsBackend(conns), ref, plan, on_line, note, fetch_every)
+        return _follow(HostsBackend(conns), ref, plan, on_line, note, fetch_every, verbose)
 
 
 def start_remote(
@@ -123,6 +125,7 @@ def _follow(
     on_line: Callable[[bytes], None],
     note: Note,
     fetch_every: float | None,
+    verbose: bool = False,
 ) -> int:
     fetcher = None
     if fetch_every:
@@ -131,7 +134,7 @@ def _follow(
         fetcher = Fetcher(backend.group, ref.nodes, ref.run_id, plan.project, fetch_every, note)
         fetcher.start()
     try:
-        backend.follow(ref, on_line, note, announce=fetcher is None)
+        backend.follow(ref, on_line, note, announce=fetcher is None, verbose=verbose)
     except (Detached, Interrupted):
         if fetcher:
             fetcher.finish(results=False)
