@@ -74,3 +74,42 @@ def test_ranks_lines_arrive_whole_and_prefixed_and_torchruns_noise_is_hidden(
     assert followed.stderr.splitlines()[-1] == (
         f"vmrun: run {rid} finished on h1; `vmrun fetch --run {rid}` brings its files"
     )
+
+
+TICKS = """\
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.barrier()
+start = time.time()
+for i in range(4):  # rank 0 at 0, 0.8, 1.6, 2.4 s; rank 1 0.4 s after each
+    time.sleep(max(0.0, start + i * 0.8 + rank * 0.4 - time.time()))
+    print(f"tick {i} from rank {rank}")
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # gloo's threads can abort a normal interpreter exit (torch 2.13)
+"""
+
+
+def test_a_multinode_log_is_merged_by_time_and_following_it_says_it_finished(
+    multi: Client,
+) -> None:
+    (multi.cwd / "ticks.py").write_text(TICKS)
+    done = multi.vmrun("train", "ticks.py", "--nproc-per-node", "1", "--", "x", timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    expected = [f"[{host} rank{r}] tick {i} from rank {r}"
+                for i in range(4) for r, host in ((0, "n1"), (1, "n2"))]  # fmt: skip
+    shown = multi.vmrun("logs", rid)
+    assert shown.returncode == 0, shown.stderr
+    assert [ln for ln in shown.stdout.splitlines() if " tick " in ln] == expected
+    last = multi.vmrun("logs", rid, "-n", "3")
+    assert last.stdout.splitlines() == expected[-3:]
+
+    followed = multi.vmrun("logs", "-f", rid)
+    assert followed.returncode == 0, followed.stderr
+    assert sorted(ln for ln in followed.stdout.splitlines() if " tick " in ln) == sorted(expected)
+    assert followed.stderr.splitlines()[-1] == (
+        f"vmrun: run {rid} finished on n1, n2; `vmrun fetch --run {rid}` brings its files"
+    )

@@ -1,9 +1,9 @@
 """`vmrun logs [RUN] [-f] [-n N] [--node H]`: a run's output, once or followed to the end.
 
-A run on several hosts shows every node's log, each line prefixed `[host rankN]` (node by
-node, or merged live with -f, which also applies the failure rule of `vmrun train`: a node
-that fails stops the run on the others). Whatever runs the run, the backend does the work
-(vmrun.runs.backend).
+A run on several hosts shows every node's log, each line prefixed `[host rankN]`, merged by
+when each line was written (live with -f, which also applies the failure rule of `vmrun
+train`: a node that fails stops the run on the others). Whatever runs the run, the backend
+does the work (vmrun.runs.backend).
 """
 
 from __future__ import annotations

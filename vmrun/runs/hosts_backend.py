@@ -149,10 +149,37 @@ class HostsBackend:
         return f"{where}; `vmrun fetch --run {ref.run_id}` brings its files"
 
     def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0, verbose: bool = False) -> None:
-        for node in ref.nodes:
-            out = _prefixer(ref, node, emit, verbose)
-            records.read_log(self.conn(node), ref.run_id, out.feed, last=last)
+        """The log as it is now (its last `last` lines); several nodes' merged by when each
+        line was written (the hosts' clocks, hostside/run_marks.py), a node's own in order."""
+        if len(ref.nodes) == 1:
+            out = _prefixer(ref, ref.nodes[0], emit, verbose)
+            records.read_log(self.conn(ref.nodes[0]), ref.run_id, out.feed, last=last)
             out.flush()
+            return
+        timed = [
+            (when, place, seq, line)
+            for place, node in enumerate(ref.nodes)
+            for seq, (when, line) in enumerate(self._timed_lines(ref, node, verbose))
+        ]
+        timed.sort(key=lambda t: t[:3])
+        for *_, line in timed[-last:] if last else timed:
+            emit(line)
+
+    def _timed_lines(self, ref: RunRef, node: str, verbose: bool) -> list[tuple[float, bytes]]:
+        """One node's whole log as shown, each line with when its end was written."""
+        conn = self.conn(node)
+        marks = records.log_times(conn, ref.run_id)
+        raw = bytearray()
+        records.read_log(conn, ref.run_id, raw.extend)
+        lines = bytes(raw).splitlines(keepends=True)
+        shown: list[tuple[float, bytes]] = []
+        clock = [0.0]
+        out = _prefixer(ref, node, lambda line: shown.append((clock[0], line)), verbose)
+        for when, line in zip(records.line_times(marks, len(lines)), lines, strict=True):
+            clock[0] = when
+            out.feed(line)
+        out.flush()
+        return shown
 
     # -- stopping and outputs ----------------------------------------------------------------
 
