@@ -262,7 +262,7 @@ def test_multinode_c10d_flags() -> None:
         "1",
     ]
     assert launch.RANK_PREFIX.match(b"[rank12]:x").group(1) == b"12"
-    assert launch.RANK_PREFIX_TEMPLATE == "[rank${rank}]:"
+    assert launch.RANK_PREFIX_TEMPLATE == "\x1e[rank${rank}]:"
 
 
 def test_node_env_wiring_ranks_the_nodes_master_first() -> None:
@@ -348,6 +348,4 @@ def test_concurrent_user_script_in_the_same_workdir_is_warned_about() -> None:
     assert "a-1 also runs in ~/vmrun/p-abc123" in text and "t-1" not in text and "o-1" not in text
     template = _plan("torchrun", template=True)
     assert preflight.shared_workdir_warning(template, busy, "vmrun/p-abc123") is None
-    assert (
-        preflight.shared_workdir_warning(_plan("torchrun"), busy[1:], "vmrun/p-abc123") is None
-    )
+    assert preflight.shared_workdir_warning(_plan("torchrun"), busy[1:], "vmrun/p-abc123") is None

@@ -1,18 +1,18 @@
 """`vmrun logs [RUN] [-f] [-n N] [--node H]`: a run's output, once or followed to the end.
 
-A run on several hosts shows every node's log, each line prefixed `[host rankN]` (node by
-node, or merged live with -f, which also applies the failure rule of `vmrun train`: a node
-that fails stops the run on the others). Whatever runs the run, the backend does the work
-(vmrun.runs.backend).
+A run on several hosts shows every node's log, each line prefixed `[host rankN]`, merged by
+when each line was written (live with -f, which also applies the failure rule of `vmrun
+train`: a node that fails stops the run on the others). Whatever runs the run, the backend
+does the work (vmrun.runs.backend).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 
+from vmrun.cli import output
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import Detached, UsageError
 
@@ -36,6 +36,12 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option("--node", metavar="HOST", help="Only this node's log; repeatable."),
         ] = None,
+        verbose: Annotated[
+            bool,
+            typer.Option(
+                "--verbose", "-v", help="Also torchrun's banner and c10d's host name warnings."
+            ),
+        ] = False,
         host: Hosts = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
@@ -54,19 +60,11 @@ def register(app: typer.Typer) -> None:
             if node:
                 ref = require_nodes(ref, node, entries)
             if not follow:
-                backend.read_log(ref, _show, last=lines)
+                backend.read_log(ref, output.show, last=lines, verbose=verbose)
                 return 0
             try:
-                return backend.follow(ref, _show, _note, last=lines)
+                return backend.follow(
+                    ref, output.show, output.info_line, last=lines, verbose=verbose
+                )
             except KeyboardInterrupt:
                 raise Detached(f"stopped following {ref.run_id}; the run goes on") from None
-
-
-def _show(data: bytes) -> None:
-    sys.stdout.write(data.decode("utf-8", "replace"))
-    sys.stdout.flush()
-
-
-def _note(text: str) -> None:
-    sys.stderr.write(f"vmrun: {text}\n")
-    sys.stderr.flush()

@@ -41,6 +41,12 @@ def report(error: BaseException) -> None:
     error_line(one_line() if callable(one_line) else f"{type(error).__name__}: {error}")
 
 
+def show(data: bytes) -> None:
+    """A run's output, as it comes (bytes of whole lines), to stdout."""
+    sys.stdout.write(data.decode("utf-8", "replace"))
+    sys.stdout.flush()
+
+
 def info_line(text: str) -> None:
     sys.stderr.write(f"vmrun: {text}\n")
     sys.stderr.flush()

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from vmrun.cli import output
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
 
@@ -181,6 +182,10 @@ def register(app: typer.Typer) -> None:
                 " hosts aside (into .vmrun-stale-<time>/ there) instead of loading them.",
             ),
         ] = False,
+        verbose: Annotated[
+            bool,
+            typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -230,7 +235,7 @@ def register(app: typer.Typer) -> None:
 
         how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every)
+        return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every, verbose)
 
 
 def _refuse_with_resume(*flags: tuple[str, Any]) -> None:
@@ -264,6 +269,7 @@ def _train_remote(
     nnodes: str | None,
     detach: bool,
     fetch_every: float | None,
+    verbose: bool = False,
 ) -> int:
     """Open the hosts once; for --resume, find the run there (one listing per host) and take
     its plan and nodes; then start (and follow) it on those connections."""
@@ -295,12 +301,13 @@ def _train_remote(
             entries,
             settings,
             detach=detach,
-            on_line=_show,
-            note=_note,
+            on_line=output.show,
+            note=output.info_line,
             how=how,
             fetch_every=fetch_every,
             progress=make_progress(prefix=len(entries) > 1, live=sys.stderr.isatty()),
             group=group,
+            verbose=verbose,
         )
 
 
@@ -312,16 +319,6 @@ def _nodes(entries: list[Any], labels: list[str], settings: Any) -> list[Any]:
     if all(label in by_label for label in labels):
         return [by_label[label] for label in labels]
     return select_hosts(labels, settings)
-
-
-def _show(line: bytes) -> None:
-    sys.stdout.write(line.decode("utf-8", "replace"))
-    sys.stdout.flush()
-
-
-def _note(text: str) -> None:
-    sys.stderr.write(f"vmrun: {text}\n")
-    sys.stderr.flush()
 
 
 def _wiring(

@@ -1,8 +1,13 @@
-# A run's log: sh -c SOURCE vmrun-log RUNS_DIR ID FROM FOLLOW
+# A run's log: sh -c SOURCE vmrun-log RUNS_DIR ID FROM FOLLOW TIMES
 # FROM: "+N" starts at line N, "N" the last N lines (0: all). FOLLOW 1 goes on until the
-# run's supervising shell ends (tail --pid), 0 prints what there is and ends.
+# run's supervising shell ends (tail --pid), 0 prints what there is and ends. TIMES 1
+# prints log.times instead (when the log's lines were written; see run_marks.py).
 d="$HOME/$1/$2"; from=$3; follow=$4
 [ -f "$d/run.json" ] || { echo "vmrun: no run $2 on this host" >&2; exit 3; }
+if [ "$5" = 1 ]; then
+  [ -f "$d/log.times" ] && exec cat "$d/log.times"
+  exit 0
+fi
 [ "$from" = 0 ] && from=+1
 if [ "$follow" = 1 ]; then
   i=0

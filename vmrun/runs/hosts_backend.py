@@ -19,8 +19,8 @@ from vmrun.errors import (
 )
 from vmrun.runs import records
 from vmrun.runs.backend import Emit, NodeRecord, Note, RunRef, StopReport, combined_state
+from vmrun.runs.lines import Prefixer
 from vmrun.runs.node_launch import Launch
-from vmrun.runs.nodes import Prefixer
 from vmrun.runs.outputs import RunLocation, location_of
 from vmrun.runs.plan import STOP_GRACE_S, Plan
 from vmrun.runs.remote import start_remote
@@ -91,33 +91,38 @@ class HostsBackend:
     # -- the log ---------------------------------------------------------------------------
 
     def follow(
-        self, ref: RunRef, emit: Emit, note: Note, *, last: int = 0, announce: bool = True
+        self,
+        ref: RunRef,
+        emit: Emit,
+        note: Note,
+        *,
+        last: int = 0,
+        announce: bool = True,
+        verbose: bool = False,
     ) -> int:
         """Follow to the end (after `ref.skip` lines per node, else the last N lines);
         0 when it finished well, else raise its failure (a failed node stops the others).
         `announce`: say that it finished and how to fetch its files (the caller may have
-        something better to say, such as that they have been fetched)."""
+        something better to say, such as that they have been fetched). `verbose`: torchrun's
+        banner and c10d's host name warnings too (vmrun.runs.lines)."""
         if len(ref.nodes) > 1:
             from vmrun.runs.nodes import follow_nodes
 
             conns = [self.conn(n) for n in ref.nodes]
-            follow_nodes(conns, ref.run_id, emit, note, last=last, skip=ref.skip)
+            follow_nodes(conns, ref.run_id, emit, note, last=last, skip=ref.skip, verbose=verbose)
         else:
-            self._follow_one(ref, emit, last=last)
+            self._follow_one(ref, emit, last=last, verbose=verbose)
         if announce:
             note(self._finished(ref))
         return 0
 
-    def _follow_one(self, ref: RunRef, emit: Emit, *, last: int) -> None:
+    def _follow_one(self, ref: RunRef, emit: Emit, *, last: int, verbose: bool) -> None:
         (node,) = ref.nodes
         conn = self.conn(node)
-        several = len(ref.meta.get("nodes") or []) > 1  # one node of a multi-node run
-        out = _prefixer(node, emit) if several else None
+        out = _prefixer(ref, node, emit, verbose)
         rid = ref.run_id
         try:
-            records.follow(
-                conn, rid, out.feed if out else emit, last=last, skip=ref.skip.get(node, 0)
-            )
+            records.follow(conn, rid, out.feed, last=last, skip=ref.skip.get(node, 0))
         except (KeyboardInterrupt, Interrupted):
             raise Detached(
                 f"detached from run {rid}; it goes on running on {node}",
@@ -130,8 +135,7 @@ class HostsBackend:
                 hint=f"reattach with `vmrun logs -f {rid}`",
             ) from None
         finally:
-            if out:
-                out.flush()
+            out.flush()
         (record,) = records.list_runs(conn, [rid])
         if record.state == RunState.DONE:
             return
@@ -149,13 +153,38 @@ class HostsBackend:
         where = f"run {ref.run_id} finished on {', '.join(ref.nodes)}"
         return f"{where}; `vmrun fetch --run {ref.run_id}` brings its files"
 
-    def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0) -> None:
-        several = len(ref.nodes) > 1 or len(ref.meta.get("nodes") or []) > 1
-        for node in ref.nodes:
-            out = _prefixer(node, emit) if several else None
-            records.read_log(self.conn(node), ref.run_id, out.feed if out else emit, last=last)
-            if out:
-                out.flush()
+    def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0, verbose: bool = False) -> None:
+        """The log as it is now (its last `last` lines); several nodes' merged by when each
+        line was written (the hosts' clocks, hostside/run_marks.py), a node's own in order."""
+        if len(ref.nodes) == 1:
+            out = _prefixer(ref, ref.nodes[0], emit, verbose)
+            records.read_log(self.conn(ref.nodes[0]), ref.run_id, out.feed, last=last)
+            out.flush()
+            return
+        timed = [
+            (when, place, seq, line)
+            for place, node in enumerate(ref.nodes)
+            for seq, (when, line) in enumerate(self._timed_lines(ref, node, verbose))
+        ]
+        timed.sort(key=lambda t: t[:3])
+        for *_, line in timed[-last:] if last else timed:
+            emit(line)
+
+    def _timed_lines(self, ref: RunRef, node: str, verbose: bool) -> list[tuple[float, bytes]]:
+        """One node's whole log as shown, each line with when its end was written."""
+        conn = self.conn(node)
+        marks = records.log_times(conn, ref.run_id)
+        raw = bytearray()
+        records.read_log(conn, ref.run_id, raw.extend)
+        lines = bytes(raw).splitlines(keepends=True)
+        shown: list[tuple[float, bytes]] = []
+        clock = [0.0]
+        out = _prefixer(ref, node, lambda line: shown.append((clock[0], line)), verbose)
+        for when, line in zip(records.line_times(marks, len(lines)), lines, strict=True):
+            clock[0] = when
+            out.feed(line)
+        out.flush()
+        return shown
 
     # -- stopping and outputs ----------------------------------------------------------------
 
@@ -183,8 +212,10 @@ class HostsBackend:
         }
 
 
-def _prefixer(node: str, emit: Emit) -> Prefixer:
-    return Prefixer(node, emit)
+def _prefixer(ref: RunRef, node: str, emit: Emit, verbose: bool) -> Prefixer:
+    """Whole lines, `[node rankN]` when the run has several nodes, `[rankN]` on one."""
+    several = len(ref.nodes) > 1 or len(ref.meta.get("nodes") or []) > 1
+    return Prefixer(node if several else None, emit, verbose=verbose)
 
 
 def require_nodes(ref: RunRef, wanted: Sequence[str], entries: Sequence[HostEntry]) -> RunRef:

@@ -104,7 +104,7 @@ def torchrun_argv(
     - neither: static rendezvous; multi-node needs `node_rank` and `master_addr`.
 
     `log_dir`: every worker's output also goes to files there, and torchrun copies it to its
-    own output line by line, each line prefixed as RANK_PREFIX_TEMPLATE says (`--tee 3`).
+    own output as it comes, each piece prefixed as RANK_PREFIX_TEMPLATE says (`--tee 3`).
     """
     nproc = check_nproc_per_node(nproc_per_node)
     if max_restarts < 0:
@@ -154,9 +154,11 @@ def torchrun_argv(
     return [*argv, script, *script_args]
 
 
-# torchrun puts this before each line a worker prints (with `log_dir`); vmrun's merged view
-# turns `[rank3]:text` from host h into `[h rank3] text` (vmrun.runs.nodes).
-RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
+# torchrun puts this before each piece of a worker's output it copies (with `log_dir`); the
+# record separator (\x1e) says where a piece starts, so vmrun.runs.lines can put lines that
+# came in pieces back together and show `[rank3]:text` as `[rank3] text` (`[h rank3] text`
+# from host h of several). RANK_PREFIX: the same without \x1e, in logs of older runs.
+RANK_PREFIX_TEMPLATE = "\x1e[rank${rank}]:"
 RANK_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
 
 

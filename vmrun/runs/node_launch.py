@@ -121,12 +121,13 @@ def node_launch(
         args += ["--out-dir", f"results/{rid}"]
     env = {"PYTHONUNBUFFERED": "1"}
     python, script = node.env.python, node.script
-    if plan.launcher == "torchrun":
+    if plan.launcher == "torchrun":  # per-rank files, and whole lines in the log
+        workers = f"{node.env.home}/{runs.record_dir(rid)}/workers"
         env.update(launch.torchrun_env(plan.max_restarts))
         if layout is None:
             argv = launch.torchrun_argv(
                 python, script, args, nproc_per_node=nproc, max_restarts=plan.max_restarts,
-                rdzv_endpoint="localhost:0", rdzv_id=rid,
+                rdzv_endpoint="localhost:0", rdzv_id=rid, log_dir=workers,
             )  # fmt: skip
         else:
             is_master = node.label == layout.master
@@ -136,9 +137,9 @@ def node_launch(
                 rdzv_endpoint=layout.endpoint, rdzv_id=rid,
                 rdzv_conf={"is_host": "true" if is_master else "false"},
                 local_addr=layout.addr if is_master else _worker_addr(node, layout),
-                log_dir=f"{node.env.home}/{runs.record_dir(rid)}/workers",
+                log_dir=workers,
             )  # fmt: skip
-            env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = launch.RANK_PREFIX_TEMPLATE
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = launch.RANK_PREFIX_TEMPLATE
     else:
         argv = launch.python_argv(python, script, args)
         if plan.launcher == "env" and layout is None:

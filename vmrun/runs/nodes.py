@@ -1,12 +1,12 @@
 """Watching a run on several hosts at once: one merged, prefixed log, and the failure rule.
 
-Every node's log is followed on its own channel; lines come out as they arrive, as
-`[host rankN] text` (torchrun's per-rank prefix, see launch.RANK_PREFIX) or `[host] text`
-(the launcher's own lines). When one node's launcher exits non-zero, or its host stops
-answering while the others still do, that node is reported as the first failure and the run
-is stopped on every other node (`runs.stop`: TERM, KILL after the grace, verified), so
-nobody waits out a 30-minute collective timeout. When *every* host stops answering at once
-the fault is this machine's network: the run goes on there, and this says how to reattach.
+Every node's log is followed on its own channel; lines come out whole as they arrive, as
+`[host rankN] text` or `[host] text` (the launcher's own lines; see vmrun.runs.lines). When
+one node's launcher exits non-zero, or its host stops answering while the others still do,
+that node is reported as the first failure and the run is stopped on every other node
+(`runs.stop`: TERM, KILL after the grace, verified), so nobody waits out a 30-minute
+collective timeout. When *every* host stops answering at once the fault is this machine's
+network: the run goes on there, and this says how to reattach.
 """
 
 from __future__ import annotations
@@ -24,41 +24,13 @@ from vmrun.errors import (
     VmrunError,
 )
 from vmrun.runs import records as runs
-from vmrun.runs.launch import RANK_PREFIX
+from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import STOP_GRACE_S
 from vmrun.ssh.connection import Connection
 
 Emit = Callable[[bytes], None]
 Note = Callable[[str], None]
 ALIVE_CHECK_S = 10.0  # how long a quick command may take on a host thought alive
-
-
-class Prefixer:
-    """Cuts one node's output into lines and prefixes each; keeps a partial last line."""
-
-    def __init__(self, host: str, emit: Emit):
-        self.host = host.encode()
-        self.emit = emit
-        self.rest = b""
-        self.lock = threading.Lock()
-
-    def line(self, raw: bytes) -> bytes:
-        match = RANK_PREFIX.match(raw)
-        if match:
-            return b"[" + self.host + b" rank" + match.group(1) + b"] " + raw[match.end() :]
-        return b"[" + self.host + b"] " + raw
-
-    def feed(self, data: bytes) -> None:
-        with self.lock:
-            *lines, self.rest = (self.rest + data).split(b"\n")
-            for raw in lines:
-                self.emit(self.line(raw) + b"\n")
-
-    def flush(self) -> None:
-        with self.lock:
-            if self.rest:
-                self.emit(self.line(self.rest) + b"\n")
-                self.rest = b""
 
 
 @dataclass
@@ -97,14 +69,16 @@ def follow_nodes(
     last: int = 0,
     skip: Mapping[str, int] | None = None,
     grace: float = STOP_GRACE_S,
+    verbose: bool = False,
 ) -> None:
     """Follow the run on every node until it ends everywhere (each node's log after its
     `skip` lines, the earlier attempts', else its last `last` lines, 0: all); raise if it
-    failed anywhere (after stopping it on the others), Detached on Ctrl-C (it goes on)."""
+    failed anywhere (after stopping it on the others), Detached on Ctrl-C (it goes on).
+    `verbose`: torchrun's banner and c10d's host name warnings too."""
     events: queue.Queue[_Event] = queue.Queue()
     threads = []
     for conn in conns:
-        out = Prefixer(conn.label, emit)
+        out = Prefixer(conn.label, emit, verbose=verbose)
         begin = (skip or {}).get(conn.label, 0)
         t = threading.Thread(
             target=_follow_one, args=(conn, rid, out, last, begin, events), daemon=True

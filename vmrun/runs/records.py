@@ -1,10 +1,11 @@
 """Runs on a host: started detached, recorded in ~/.vmrun/runs/<id>/, followed, stopped.
 
 A run is started with `setsid` so it outlives the SSH connection. Its record directory holds
-run.json (what, where, when), pid, log (everything it printed), exit_code (written when
-it ends), first_started (the host's clock when the first attempt began: files in the work
-directory newer than that are the run's outputs), attempt and log_start (which attempt this
-is, and where its lines begin in the log), and out_dir (where progress is read from). Every
+run.json (what, where, when), pid, log (everything it printed; log.times: when each line was
+written, hostside/run_marks.py), exit_code (written when it ends), first_started (the host's
+clock when the first attempt began: files in the work directory newer than that are the
+run's outputs), attempt and log_start (which attempt this is, and where its lines begin in
+the log), and out_dir (where progress is read from). Every
 process of a run carries VMRUN_RUN_ID in its environment, inherited by torchrun's workers
 even though torchrun puts each worker in a session of its own; that is how `stop` finds and
 kills all of them, and proves none is left. The scripts that do this on the host are
@@ -124,7 +125,7 @@ def start(
     out = str(meta.get("out_dir") or workdir)
     result = conn.run(
         ["sh", "-c", source("run_start.sh"), "vmrun-start", record_dir(run_id), workdir, run_id,
-         meta_text, mode, banner, out, *argv],
+         meta_text, mode, banner, out, source("run_marks.py"), *argv],
         env=env,
     )  # fmt: skip
     if not result.ok:
@@ -214,10 +215,11 @@ def _log(
     on_line: Callable[[bytes], None],
     start: str,
     follow: bool,
+    times: bool = False,
 ) -> None:
     result = conn.run(
         ["sh", "-c", source("run_log.sh"), "vmrun-log", RUNS_DIR, check_run_id(run_id), start,
-         "1" if follow else "0"],
+         "1" if follow else "0", "1" if times else "0"],
         on_output=lambda stream, data: on_line(data) if stream == "out" else None,
     )  # fmt: skip
     if result.exit_status == 3:
@@ -242,6 +244,30 @@ def read_log(
 ) -> None:
     """The run's log as it is now (all of it, or its last N lines)."""
     _log(conn, run_id, on_line, str(last), follow=False)
+
+
+def log_times(conn: Connection, run_id: str) -> list[tuple[int, float]]:
+    """When the log's lines were written: (lines the log held, the host's clock) marks, in
+    order (hostside/run_marks.py); [] for a run that has none (an older vmrun's)."""
+    got = bytearray()
+    _log(conn, run_id, got.extend, "0", follow=False, times=True)
+    marks = []
+    for line in got.decode("ascii", "replace").splitlines():
+        count, _, when = line.partition(" ")
+        if count.isdigit() and _number(when) is not None:
+            marks.append((int(count), float(when)))
+    return marks
+
+
+def line_times(marks: Sequence[tuple[int, float]], lines: int) -> list[float]:
+    """When each of the first `lines` lines was written: the first mark that counts it;
+    lines after the last mark (or every line, without marks) sort last."""
+    times, at = [], 0
+    for number in range(1, lines + 1):
+        while at < len(marks) and marks[at][0] < number:
+            at += 1
+        times.append(marks[at][1] if at < len(marks) else float("inf"))
+    return times
 
 
 def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:

@@ -31,10 +31,12 @@ def run_remote(
     fetch_every: float | None = None,
     progress: Progress | None = None,
     group: Group | None = None,
+    verbose: bool = False,
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
-    failure. `group`: the caller's connections (else this opens its own)."""
+    failure. `group`: the caller's connections (else this opens its own). `verbose`:
+    torchrun's banner and c10d's host name warnings too."""
     how = how or Launch()
     entries = order(entries, how.wiring)
     check_launcher_hosts(plan, len(entries), how.wiring)
@@ -45,7 +47,7 @@ def run_remote(
             rid = ref.run_id
             note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
-        return _follow(backend, ref, plan, on_line, note, fetch_every)
+        return _follow(backend, ref, plan, on_line, note, fetch_every, verbose)
 
 
 def _follow(
@@ -55,6 +57,7 @@ def _follow(
     on_line: Callable[[bytes], None],
     note: Note,
     fetch_every: float | None,
+    verbose: bool = False,
 ) -> int:
     fetcher = None
     if fetch_every:
@@ -63,7 +66,7 @@ def _follow(
         fetcher = Fetcher(backend.group, ref.nodes, ref.run_id, plan.project, fetch_every, note)
         fetcher.start()
     try:
-        backend.follow(ref, on_line, note, announce=fetcher is None)
+        backend.follow(ref, on_line, note, announce=fetcher is None, verbose=verbose)
     except (Detached, Interrupted):
         if fetcher:
             fetcher.finish(results=False)
