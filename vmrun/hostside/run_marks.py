@@ -9,6 +9,8 @@ when the run has ended, and waits, so nothing of the run outlives its exit code)
 Stdlib only; one process per run.
 """
 
+from __future__ import annotations
+
 import os
 import signal
 import sys
