@@ -19,6 +19,7 @@ from conftest import Client, clean_host, run_id_of, run_pids, template_out, wait
 from testbed import NetnsBed
 
 from vmrun.remote_paths import remote_workdir
+from vmrun.runs.lines import Prefixer
 
 EPOCH_LINE = re.compile(rb"epoch (\d+)/(\d+)")
 
@@ -128,11 +129,16 @@ def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
     assert proc.returncode == 13, err
     assert "goes on running there" in err and "vmrun logs -f" in err
     rid = run_id_of(err)
-    again = project.vmrun("logs", "-f", rid, "-H", "h1", timeout=300)
+    again = project.vmrun("logs", "-f", "--verbose", rid, "-H", "h1", timeout=300)
     assert again.returncode == 0, again.stderr
     epochs = [int(m.group(1)) for m in EPOCH_LINE.finditer(again.stdout.encode())]
     assert epochs == list(range(1, 61))  # every line, exactly once
-    assert again.stdout.encode() == (h1.home / ".vmrun/runs" / rid / "log").read_bytes()
+    # and nothing else: the host's log, as vmrun shows a log (whole lines, [rankN] prefixes)
+    shown: list[bytes] = []
+    lines = Prefixer(None, shown.append, verbose=True)
+    lines.feed((h1.home / ".vmrun/runs" / rid / "log").read_bytes())
+    lines.flush()
+    assert again.stdout.encode() == b"".join(shown)
 
 
 def test_killed_worker_restarts_from_the_last_snapshot(bed: NetnsBed, project: Client) -> None:
@@ -173,7 +179,7 @@ def test_killed_worker_restarts_from_the_last_snapshot(bed: NetnsBed, project: C
     follow = project.vmrun("logs", "-f", rid, "-H", "h2", timeout=300)
     assert follow.returncode == 0, follow.stderr + follow.stdout
     resumed = re.findall(
-        r"^\[rank (\d)\] resumed from snapshot at epoch (\d+) ", follow.stdout, re.M
+        r"^\[rank(\d)\] resumed from snapshot at epoch (\d+) ", follow.stdout, re.M
     )
     assert sorted(resumed) == [("0", str(saved[-1] + 1)), ("1", str(saved[-1] + 1))], follow.stdout
     after = follow.stdout[follow.stdout.index("resumed from snapshot") :]

@@ -148,7 +148,7 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
         raise RemoteError(f"listing the runs failed: {err.strip()[-300:]}", host=conn.label)
     records: list[RunRecord] = []
     now: float | None = None
-    for line in out.decode("utf-8", "replace").splitlines():
+    for line in out.decode("utf-8", "replace").split("\n"):  # lines of a log hold \x1e
         key, _, value = line.partition(" ")
         if key == "NOW":
             now = _number(value)
