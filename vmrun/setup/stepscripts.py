@@ -20,6 +20,7 @@ def shell_helpers() -> str:
 
 def check_script(step: Step) -> str:
     """The step's check; apt and pip steps without one get a read-only check of their own."""
+    assert not step.branches, "a step is resolved (Step.resolved) before its scripts are read"
     if step.apt:
         return quoting.join(["sh", "-c", source("setup_apt_check.sh"), "apt-check", *step.apt])
     if step.pip and not step.check:
@@ -32,6 +33,7 @@ def check_script(step: Step) -> str:
 
 def apply_script(step: Step) -> str:
     """The step's own script (the shell helpers are prepended when it runs)."""
+    assert not step.branches, "a step is resolved (Step.resolved) before its scripts are read"
     if step.apt:
         return quoting.join(["vmrun_apt_install", *step.apt])
     if step.pip:
@@ -41,10 +43,12 @@ def apply_script(step: Step) -> str:
 
 
 def dry_run_text(step: Step, env: Mapping[str, str]) -> str:
-    """The apply (and verify) script, preceded by the values of the variables it uses."""
+    """The apply (and verify) script, preceded by the values of the variables it uses and of
+    the params that picked its branches (the step is resolved: only those branches show)."""
     script = apply_script(step)
     if step.verify:
         script += "\n# then verify:\n" + step.verify
-    used = sorted(set(re.findall(r"\$\{?(VMRUN_[A-Z0-9_]+)", script)))
+    picked = {f"VMRUN_{name.upper()}" for name in step.picked}
+    used = sorted(set(re.findall(r"\$\{?(VMRUN_[A-Z0-9_]+)", script)) | picked)
     values = [f"# {name}={env.get(name, '')}" for name in used]
     return "\n".join([*values, script.rstrip()])
