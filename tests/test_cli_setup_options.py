@@ -209,9 +209,8 @@ def test_extra_steps_apt_present_skips_without_sudo_and_pip_installs_from_the_wh
     assert (
         f"# VMRUN_PIP_EXTRA_ARGS=--no-index --find-links {h2.home}/.vmrun/wheelhouse" in plan.stdout
     )
-    assert (
-        '"$VMRUN_PYTHON" -m pip install $VMRUN_PIP_EXTRA_ARGS vmrun-probe-wheelhouse' in plan.stdout
-    )
+    apply = 'vmrun_pip_install "$VMRUN_PYTHON" $VMRUN_PIP_EXTRA_ARGS vmrun-probe-wheelhouse'
+    assert apply in plan.stdout
     assert "needs passwordless sudo" not in plan.stdout and "note:" not in plan.stdout
 
     first = bed_client.vmrun(*args, timeout=300)

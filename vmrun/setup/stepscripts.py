@@ -13,9 +13,10 @@ from vmrun.ssh import quoting
 
 
 def shell_helpers() -> str:
-    """vmrun_apt_wait, vmrun_apt_get, vmrun_apt_update, vmrun_apt_install: every apply script
-    can call them (they read VMRUN_APT_* from the step's environment)."""
-    return source("setup_apt.sh")
+    """vmrun_apt_wait, vmrun_apt_get, vmrun_apt_update, vmrun_apt_install (they read
+    VMRUN_APT_* from the step's environment), vmrun_pip_install and vmrun_fetch (downloads
+    whose progress setup shows): every apply script can call them."""
+    return source("setup_apt.sh") + source("setup_download.sh")
 
 
 def check_script(step: Step) -> str:
@@ -38,7 +39,7 @@ def apply_script(step: Step) -> str:
         return quoting.join(["vmrun_apt_install", *step.apt])
     if step.pip:
         reqs = " ".join(quoting.quote(p) for p in step.pip)
-        return f'"$VMRUN_PYTHON" -m pip install $VMRUN_PIP_EXTRA_ARGS {reqs}'
+        return f'vmrun_pip_install "$VMRUN_PYTHON" $VMRUN_PIP_EXTRA_ARGS {reqs}'
     return step.apply
 
 
