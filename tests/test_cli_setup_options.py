@@ -86,8 +86,12 @@ def _env_python(host: TestHost, name: str = "vmrun") -> Path:
 
 def _installed(host: TestHost, python: Path, module: str) -> str:
     """Where `module` imports from in that interpreter on the host ('' if it does not)."""
-    done = host.run([str(python), "-c", f"import {module} as m; print(m.__file__)"],
-                    as_user=True, text=True, check=False)
+    done = host.run(
+        [str(python), "-c", f"import {module} as m; print(m.__file__)"],
+        as_user=True,
+        text=True,
+        check=False,
+    )
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
@@ -117,7 +121,8 @@ def _runs(host: TestHost) -> dict[str, int]:
 
 
 def test_force_reruns_a_done_step_and_its_dependents_and_only_narrows_to_one_step(
-        bed_client: Client, hosts: list[TestHost], tmp_path: Path) -> None:
+    bed_client: Client, hosts: list[TestHost], tmp_path: Path
+) -> None:
     h1 = hosts[0]
     book = tmp_path / "counting.yaml"
     book.write_text(COUNTING_BOOK)
@@ -169,28 +174,43 @@ def test_force_reruns_a_done_step_and_its_dependents_and_only_narrows_to_one_ste
 
 
 def test_extra_steps_apt_present_skips_without_sudo_and_pip_installs_from_the_wheelhouse(
-        bed_client: Client, hosts: list[TestHost], tmp_path: Path) -> None:
+    bed_client: Client, hosts: list[TestHost], tmp_path: Path
+) -> None:
     """The default playbook plus an `apt:` step from vmrun.toml (coreutils: installed, so it
     is adopted with no sudo and no network; the hosts have neither) and a `pip:` step from
     --extra, installed into the env from the uploaded wheelhouse."""
     h2 = hosts[1]
     (bed_client.cwd / "vmrun.toml").write_text(
-        '[[setup.steps]]\nname = "tools"\napt = ["coreutils"]\n')
+        '[[setup.steps]]\nname = "tools"\napt = ["coreutils"]\n'
+    )
     extra = tmp_path / "extra.yaml"
     extra.write_text("steps:\n  - name: reqs\n    pip: [vmrun-probe-wheelhouse]\n")
     wheels = tmp_path / "wheels"
     _probe_wheel(wheels, "vmrun-probe-wheelhouse")
-    args = ["setup", "h2", "--extra", str(extra), "--wheelhouse", str(wheels),
-            "--only", "python-env", "--only", "reqs", "--only", "tools"]
+    args = [
+        "setup",
+        "h2",
+        "--extra",
+        str(extra),
+        "--wheelhouse",
+        str(wheels),
+        "--only",
+        "python-env",
+        "--only",
+        "reqs",
+        "--only",
+        "tools",
+    ]
 
     plan = bed_client.vmrun(*args, "--dry-run")
     assert plan.returncode == 0, plan.stderr
     assert "skip tools: already present" in plan.stdout, plan.stdout
     assert "would run reqs (not done yet)" in plan.stdout
-    assert f"# VMRUN_PIP_EXTRA_ARGS=--no-index --find-links {h2.home}/.vmrun/wheelhouse" \
-        in plan.stdout
-    assert '"$VMRUN_PYTHON" -m pip install $VMRUN_PIP_EXTRA_ARGS vmrun-probe-wheelhouse' \
-        in plan.stdout
+    assert (
+        f"# VMRUN_PIP_EXTRA_ARGS=--no-index --find-links {h2.home}/.vmrun/wheelhouse" in plan.stdout
+    )
+    apply = 'vmrun_pip_install "$VMRUN_PYTHON" $VMRUN_PIP_EXTRA_ARGS vmrun-probe-wheelhouse'
+    assert apply in plan.stdout
     assert "needs passwordless sudo" not in plan.stdout and "note:" not in plan.stdout
 
     first = bed_client.vmrun(*args, timeout=300)
@@ -199,10 +219,13 @@ def test_extra_steps_apt_present_skips_without_sudo_and_pip_installs_from_the_wh
     assert "ran 2 (python-env, reqs), 1 already done" in first.stdout, first.stdout
     python = _env_python(h2)
     assert _installed(h2, python, "vmrun_probe_wheelhouse").startswith(
-        f"{h2.home}/.vmrun/envs/vmrun/lib/")
+        f"{h2.home}/.vmrun/envs/vmrun/lib/"
+    )
     log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h2.log")
-    assert "Successfully installed vmrun-probe-wheelhouse-1.0" in log \
-        or "Successfully installed vmrun_probe_wheelhouse-1.0" in log, log
+    assert (
+        "Successfully installed vmrun-probe-wheelhouse-1.0" in log
+        or "Successfully installed vmrun_probe_wheelhouse-1.0" in log
+    ), log
     state = json.loads((h2.home / ".vmrun" / "setup" / "state.json").read_text())
     assert {"python-env", "reqs", "tools"} <= set(state["steps"])
 
@@ -212,8 +235,9 @@ def test_extra_steps_apt_present_skips_without_sudo_and_pip_installs_from_the_wh
 
     # the env lost the package (remade by another manager, say): its check sees it, and the
     # pip step runs again although its fingerprint did not change
-    h2.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "vmrun-probe-wheelhouse"],
-           as_user=True)
+    h2.run(
+        [str(python), "-m", "pip", "uninstall", "-y", "-q", "vmrun-probe-wheelhouse"], as_user=True
+    )
     assert _installed(h2, python, "vmrun_probe_wheelhouse") == ""
     third = bed_client.vmrun(*args)
     assert third.returncode == 0, third.stderr
@@ -225,31 +249,58 @@ def test_extra_steps_apt_present_skips_without_sudo_and_pip_installs_from_the_wh
 
 
 def test_parameter_layers_defaults_config_files_environment_flags(
-        bed_client: Client, hosts: list[TestHost]) -> None:
+    bed_client: Client, hosts: list[TestHost]
+) -> None:
     """defaults < [setup] in ~/.config/vmrun/config.toml < [setup] in vmrun.toml
     < VMRUN_SETUP_* < flags and --param, as the dry run's resolved values show."""
     h3 = hosts[2]
     user_config = bed_client.home / ".config" / "vmrun" / "config.toml"
     user_config.parent.mkdir(parents=True)
-    user_config.write_text('[setup]\npython_version = "3.10"\nenv_name = "from-user"\n'
-                           'torch = "torch==1.0"\n')
+    user_config.write_text(
+        '[setup]\npython_version = "3.10"\nenv_name = "from-user"\ntorch = "torch==1.0"\n'
+    )
     (bed_client.cwd / "vmrun.toml").write_text(
-        '[setup]\nenv_name = "from-project"\ntorch = "torch==2.0"\npip = "from-project"\n')
-    environ = {"VMRUN_SETUP_TORCH": "torch==3.0", "VMRUN_SETUP_PIP": "from-env",
-               "VMRUN_SETUP_CONDA_CHANNELS": "defaults"}
-    done = bed_client.vmrun("setup", "h3", "--dry-run", "--pip", "from-flag",
-                            "--param", "conda_channels=conda-forge", env=environ)
+        '[setup]\nenv_name = "from-project"\ntorch = "torch==2.0"\npip = "from-project"\n'
+    )
+    environ = {
+        "VMRUN_SETUP_TORCH": "torch==3.0",
+        "VMRUN_SETUP_PIP": "from-env",
+        "VMRUN_SETUP_CONDA_CHANNELS": "defaults",
+    }
+    done = bed_client.vmrun(
+        "setup",
+        "h3",
+        "--dry-run",
+        "--pip",
+        "from-flag",
+        "--param",
+        "conda_channels=conda-forge",
+        env=environ,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     python = f"{h3.home}/.vmrun/envs/from-project/bin/python"
     assert f"python {python}" in out, out
     assert "# VMRUN_ENV=venv" in out  # nobody set it: the playbook's default
-    assert "# VMRUN_PYTHON_VERSION=3.10" in out  # the user's config over the default
-    assert "# VMRUN_ENV_NAME=from-project" in out  # the project's file over the user's
     assert "# VMRUN_TORCH=torch==3.0" in out  # the environment over both files
     assert "# VMRUN_PIP=from-flag" in out  # a flag over the environment
-    assert "# VMRUN_CONDA_CHANNELS=conda-forge" in out  # --param over the environment
     assert "would run extra-packages (never ran)" in out
+    # the dry run shows only the env manager's branch: conda's uses these three
+    conda = bed_client.vmrun(
+        "setup",
+        "h3",
+        "--dry-run",
+        "--env-manager",
+        "conda",
+        "--param",
+        "conda_channels=conda-forge",
+        env=environ,
+    )
+    assert conda.returncode == 0, conda.stderr
+    out = conda.stdout
+    assert "# VMRUN_PYTHON_VERSION=3.10" in out  # the user's config over the default
+    assert "# VMRUN_ENV_NAME=from-project" in out  # the project's file over the user's
+    assert "# VMRUN_CONDA_CHANNELS=conda-forge" in out  # --param over the environment
 
     # each layer names itself when it sets something the playbook does not have
     bad = bed_client.vmrun("setup", "h3", "--dry-run", env={"VMRUN_SETUP_TOCH": "x"})
@@ -265,7 +316,8 @@ def test_parameter_layers_defaults_config_files_environment_flags(
 
 
 def test_index_url_and_find_links_pass_through_to_pip(
-        bed_client: Client, hosts: list[TestHost], tmp_path: Path) -> None:
+    bed_client: Client, hosts: list[TestHost], tmp_path: Path
+) -> None:
     """A package only the given index has and one only the given links folder has: pip
     finds both, so both options reached it; torch's plan carries them too."""
     h1 = hosts[0]
@@ -277,8 +329,16 @@ def test_index_url_and_find_links_pass_through_to_pip(
     _probe_wheel(probe / "links", "vmrun-probe-links")
     _give(h1, probe)
     index, links = f"file://{probe}/simple/", f"{probe}/links"
-    common = ["setup", "h1", "--index-url", index, "--find-links", links,
-              "--pip", "vmrun-probe-index vmrun-probe-links"]
+    common = [
+        "setup",
+        "h1",
+        "--index-url",
+        index,
+        "--find-links",
+        links,
+        "--pip",
+        "vmrun-probe-index vmrun-probe-links",
+    ]
 
     plan = bed_client.vmrun(*common, "--dry-run")
     assert plan.returncode == 0, plan.stderr
@@ -287,8 +347,9 @@ def test_index_url_and_find_links_pass_through_to_pip(
     assert f"# VMRUN_PIP_EXTRA_ARGS=--find-links {links} --index-url {index}\n" in plan.stdout
     assert "download.pytorch.org" not in plan.stdout
 
-    done = bed_client.vmrun(*common, "--only", "python-env", "--only", "extra-packages",
-                            timeout=300)
+    done = bed_client.vmrun(
+        *common, "--only", "python-env", "--only", "extra-packages", timeout=300
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "ran 2 (python-env, extra-packages)" in done.stdout, done.stdout
     log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h1.log")
@@ -308,19 +369,22 @@ exit 6
 
 
 def test_no_devices_found_gets_the_nouveau_guidance(
-        bed_client: Client, hosts: list[TestHost], host_python: Path) -> None:
+    bed_client: Client, hosts: list[TestHost], host_python: Path
+) -> None:
     h3 = hosts[2]
     _package_world(h3)  # stand-ins for sudo, apt-get, dpkg-query, ubuntu-drivers
     install_standin(h3, "lspci", T4_LSPCI)
     install_standin(h3, "nvidia-smi", NOUVEAU_SMI)
-    done = bed_client.vmrun("setup", "h3", "--python", str(host_python), "--only",
-                            "nvidia-driver")
+    done = bed_client.vmrun("setup", "h3", "--python", str(host_python), "--only", "nvidia-driver")
     assert done.returncode == 1, done.stderr + done.stdout
-    guidance = ("the nouveau driver holds the GPU: blacklist it (echo 'blacklist nouveau' |"
-                " sudo tee /etc/modprobe.d/blacklist-nouveau.conf; sudo update-initramfs -u)"
-                " and reboot")
-    assert f"h3: step nvidia-driver failed (verify exited 1): {guidance}" in done.stderr, \
+    guidance = (
+        "the nouveau driver holds the GPU: blacklist it (echo 'blacklist nouveau' |"
+        " sudo tee /etc/modprobe.d/blacklist-nouveau.conf; sudo update-initramfs -u)"
+        " and reboot"
+    )
+    assert f"h3: step nvidia-driver failed (verify exited 1): {guidance}" in done.stderr, (
         done.stderr
+    )
     assert "ubuntu-drivers install --gpgpu" in _calls(h3)  # the install itself went through
     log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h3.log")
     assert "No devices were found" in log
@@ -334,14 +398,23 @@ STANDIN_MINICONDA = standin_miniconda("/usr/bin/python3", '"$HOME/probe/calls"')
 
 
 def test_conda_uses_conda_forge_or_accepts_the_terms_for_the_default_channels(
-        bed_client: Client, hosts: list[TestHost], tmp_path: Path) -> None:
+    bed_client: Client, hosts: list[TestHost], tmp_path: Path
+) -> None:
     h2 = hosts[1]
     (h2.home / "probe").mkdir()
     _give(h2, h2.home / "probe")
     installer = tmp_path / "Miniconda3-standin.sh"
     installer.write_text(STANDIN_MINICONDA)
-    args = ["setup", "h2", "--env-manager", "conda", "--installer", str(installer),
-            "--only", "python-env"]
+    args = [
+        "setup",
+        "h2",
+        "--env-manager",
+        "conda",
+        "--installer",
+        str(installer),
+        "--only",
+        "python-env",
+    ]
     log_path = bed_client.cwd / ".vmrun" / "logs" / "setup-h2.log"
 
     def calls() -> list[str]:
@@ -355,8 +428,7 @@ def test_conda_uses_conda_forge_or_accepts_the_terms_for_the_default_channels(
         "conda create -y -n vmrun --override-channels -c conda-forge python=3.12 pip",
     ]
     assert conda_channels_note("conda-forge") in first.stdout, first.stdout
-    assert "conda-forge only (--override-channels): no Anaconda ToS involved" in \
-        _last_run(log_path)
+    assert "conda-forge only (--override-channels): no Anaconda ToS involved" in _last_run(log_path)
 
     second = bed_client.vmrun(*args, "--param", "conda_channels=defaults")
     assert second.returncode == 0, second.stderr + second.stdout
@@ -368,6 +440,5 @@ def test_conda_uses_conda_forge_or_accepts_the_terms_for_the_default_channels(
         "conda create -y -n vmrun python=3.12 pip",
     ]
     assert conda_channels_note("defaults") in second.stdout, second.stdout
-    assert "accepting Anaconda's Terms of Service for the default channels" in \
-        _last_run(log_path)
+    assert "accepting Anaconda's Terms of Service for the default channels" in _last_run(log_path)
     assert conda_channels_note("defaults") != conda_channels_note("conda-forge")

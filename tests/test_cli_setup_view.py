@@ -69,3 +69,28 @@ def test_plain_output_when_not_a_terminal(capsys: pytest.CaptureFixture[str]) ->
     status = _Status(["h1"], live=False, clock=Clock(0.0))
     status.event("h1", "checking 3 step(s)")
     assert capsys.readouterr().out == "[h1] checking 3 step(s)\n"
+
+
+def test_a_downloads_progress_shows_on_its_hosts_row_until_the_step_ends(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    clock = Clock(0.0)
+    status = _Status(["h1", "h2"], live=True, clock=clock)
+    status.event("h1", "torch: applying")
+    status.progress("h1", "torch: 91.8/182.9 MiB 36.7 MiB/s", False)
+    clock.now = 3.0
+    assert _render(status)["h1"] == ["torch: applying | torch: 91.8/182.9 MiB 36.7 MiB/s",
+                                     "3 s", "3 s"]  # fmt: skip
+    assert _render(status)["h2"] == ["connecting", "3 s", "3 s"]
+    status.event("h1", "verify: applying")  # the next step: the download is over
+    assert _render(status)["h1"][0] == "verify: applying"
+    assert capsys.readouterr().out == ""  # live: nothing printed
+
+
+def test_without_a_terminal_only_notable_progress_is_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = _Status(["h1"], live=False, clock=Clock(0.0))
+    status.progress("h1", "torch: 0.2/182.9 MiB", False)
+    status.progress("h1", "torch: 182.9 MiB downloaded at 40.5 MiB/s", True)
+    assert capsys.readouterr().out == "[h1] torch: 182.9 MiB downloaded at 40.5 MiB/s\n"

@@ -16,8 +16,14 @@ from vmrun.setup.playbook import applies, builtin_dir, fingerprint, load, parse,
 def test_the_default_playbook_loads_and_ships() -> None:
     book = load()
     assert book.name == "default"
-    assert [s.name for s in book.steps] == ["python-venv-package", "nvidia-driver",
-                                            "python-env", "torch", "extra-packages", "verify"]
+    assert [s.name for s in book.steps] == [
+        "python-venv-package",
+        "nvidia-driver",
+        "python-env",
+        "torch",
+        "extra-packages",
+        "verify",
+    ]
     assert book.params["env"] == "venv" and book.params["torch_index"] == "auto"
     assert (builtin_dir() / "default.yaml").is_file()
 
@@ -31,8 +37,10 @@ def test_the_default_playbook_loads_and_ships() -> None:
         ("steps:\n  - name: a", "nothing to do"),
         ("steps:\n  - name: a\n    apply: x\n    aply: y", "unknown field(s) aply"),
         ("steps:\n  - name: a\n    apply: x\n    inputs: [nope]", "inputs nope are not params"),
-        ("steps:\n  - name: a\n    apply: x\n    needs: [b]\n  - name: b\n    apply: y",
-         "comes after it"),
+        (
+            "steps:\n  - name: a\n    apply: x\n    needs: [b]\n  - name: b\n    apply: y",
+            "comes after it",
+        ),
         ("steps:\n  - name: a\n    apply: x\n  - name: a\n    apply: y", "appears twice"),
         ("steps:\n  - name: a\n    apply: x\n    when: {cpu: true}", "when may hold"),
         ("params: [a]\nsteps:\n  - name: a\n    apply: x", "params must be a mapping"),
@@ -56,28 +64,46 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
 
 def test_conditions() -> None:
     book = load()
-    driver, venv_pkg, extra = (book.step(n) for n in ("nvidia-driver", "python-venv-package",
-                                                      "extra-packages"))
+    driver, venv_pkg, extra = (
+        book.step(n) for n in ("nvidia-driver", "python-venv-package", "extra-packages")
+    )
     params = dict(book.params)
-    assert applies(driver, gpu=False, env="venv", os_release="22.04", params=params) \
-        == "no NVIDIA GPU"
+    assert (
+        applies(driver, gpu=False, env="venv", os_release="22.04", params=params) == "no NVIDIA GPU"
+    )
     assert applies(driver, gpu=True, env="venv", os_release="22.04", params=params) is None
-    assert applies(driver, gpu=True, env="venv", os_release="22.04",
-                   params={**params, "driver": "none"}) == "driver=none"
-    assert applies(venv_pkg, gpu=False, env="uv", os_release="", params=params) \
-        == "env manager is uv"
+    assert (
+        applies(
+            driver, gpu=True, env="venv", os_release="22.04", params={**params, "driver": "none"}
+        )
+        == "driver=none"
+    )
+    assert (
+        applies(venv_pkg, gpu=False, env="uv", os_release="", params=params) == "env manager is uv"
+    )
     assert applies(extra, gpu=False, env="venv", os_release="", params=params) == "pip not set"
-    assert applies(extra, gpu=False, env="venv", os_release="",
-                   params={**params, "pip": "numpy"}) is None
+    assert (
+        applies(extra, gpu=False, env="venv", os_release="", params={**params, "pip": "numpy"})
+        is None
+    )
     (only_jammy,) = parse_steps([{"name": "x", "apply": "true", "when": {"os": ["22.04"]}}], "t")
-    assert applies(only_jammy, gpu=False, env="venv", os_release="24.04", params={}) \
+    assert (
+        applies(only_jammy, gpu=False, env="venv", os_release="24.04", params={})
         == "OS release 24.04"
+    )
 
 
 def test_fingerprints_follow_inputs_and_needs() -> None:
-    book = parse({"params": {"a": "1", "b": "2"}, "steps": [
-        {"name": "one", "apply": "x", "inputs": ["a"]},
-        {"name": "two", "apply": "y", "needs": ["one"]}]}, "t")
+    book = parse(
+        {
+            "params": {"a": "1", "b": "2"},
+            "steps": [
+                {"name": "one", "apply": "x", "inputs": ["a"]},
+                {"name": "two", "apply": "y", "needs": ["one"]},
+            ],
+        },
+        "t",
+    )
     one, two = book.steps
     base = fingerprint(one, {"a": "1", "b": "2"}, {})
     assert fingerprint(one, {"a": "1", "b": "changed"}, {}) == base  # b is not its input
@@ -104,8 +130,9 @@ def test_fingerprints_follow_inputs_and_needs() -> None:
         ("", "", None),
     ],
 )
-def test_cuda_wheel_index_matches_the_driver(cuda: str, compute_cap: str, index: str | None
-                                             ) -> None:
+def test_cuda_wheel_index_matches_the_driver(
+    cuda: str, compute_cap: str, index: str | None
+) -> None:
     assert cuda_index(cuda, compute_cap) == index
 
 
@@ -115,13 +142,12 @@ def test_too_old_a_driver_says_so() -> None:
 
 
 def test_facts_keep_only_real_versions_and_say_why_sudo_cannot_run() -> None:
-    text = ("home=/home/u\nsudo=password\nsudo_says=sudo: a password is required\n"
-            "compute_cap=7.5\n")
+    text = "home=/home/u\nsudo=password\nsudo_says=sudo: a password is required\ncompute_cap=7.5\n"
     facts = parse_facts(text, "h")
     assert facts.compute_cap == "7.5" and not facts.can_sudo
     assert facts.sudo_problem == "sudo needs a password (sudo: a password is required)"
     # a stand-in or an old nvidia-smi that does not know the field prints something else
-    odd = parse_facts("home=/h\nsudo=none\ncompute_cap=Field \"compute_cap\" is not valid\n", "h")
+    odd = parse_facts('home=/h\nsudo=none\ncompute_cap=Field "compute_cap" is not valid\n', "h")
     assert odd.compute_cap == "" and odd.sudo_problem == "there is no sudo"
     assert parse_facts("home=/h\nsudo=root\n", "h").sudo_problem == ""
 
@@ -147,8 +173,13 @@ def test_a_pip_steps_check_asks_the_env(requirements: list[str], passes: bool) -
     from vmrun.hostside import source
 
     check = source("setup_pip_check.py")
-    done = subprocess.run([sys.executable, "-", *requirements], input=check, text=True,
-                          capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-", *requirements],
+        input=check,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert (done.returncode == 0) is passes, done.stderr
 
 
@@ -160,22 +191,22 @@ def test_a_pip_steps_check_asks_the_env(requirements: list[str], passes: bool) -
 @pytest.mark.parametrize(
     ("step", "needle"),
     [
-        ('when: {os: 22.04}', 'when.os must be a string or a list of strings (quote versions'),
+        ("when: {os: 22.04}", "when.os must be a string or a list of strings (quote versions"),
         ('when: {gpu: "false"}', "when.gpu must be true or false, not the string 'false'"),
-        ('when: {gpu: 1}', "when.gpu must be true or false, not the number 1"),
+        ("when: {gpu: 1}", "when.gpu must be true or false, not the number 1"),
         ('sudo: "no"', "sudo must be true or false, not the string 'no'"),
         ('reboot: "yes"', "reboot must be true or false, not the string 'yes'"),
-        ('record: 1', "record must be true or false, not the number 1"),
-        ('when: {env: [venv, 3]}', "when.env must be a string or a list of strings"),
-        ('when: {param: [a]}', "when.param must name a param, not a list"),
-        ('when: {param: nope}', "when.param names 'nope', which is not a param"),
-        ('when: {param_not: driver}', "when.param_not must be a mapping of param: value"),
-        ('when: {param_not: {a: [x]}}', "when.param_not.a must be a string, not a list"),
-        ('when: {cpu: true}', "unknown condition(s) when.cpu"),
-        ('when: [gpu]', "when must be a mapping, not a list"),
-        ('check: [a, b]', "check must be a string, not a list"),
-        ('description: {a: 1}', "description must be a string, not a mapping"),
-        ('apt: {a: 1}', "apt must be a list of names, not a mapping"),
+        ("record: 1", "record must be true or false, not the number 1"),
+        ("when: {env: [venv, 3]}", "when.env must be a string or a list of strings"),
+        ("when: {param: [a]}", "when.param must name a param, not a list"),
+        ("when: {param: nope}", "when.param names 'nope', which is not a param"),
+        ("when: {param_not: driver}", "when.param_not must be a mapping of param: value"),
+        ("when: {param_not: {a: [x]}}", "when.param_not.a must be a string, not a list"),
+        ("when: {cpu: true}", "unknown condition(s) when.cpu"),
+        ("when: [gpu]", "when must be a mapping, not a list"),
+        ("check: [a, b]", "check must be a string or a mapping with `by:`, not a list"),
+        ("description: {a: 1}", "description must be a string, not a mapping"),
+        ("apt: {a: 1}", "apt must be a list of names, not a mapping"),
     ],
 )
 def test_each_field_has_its_type(tmp_path: Path, step: str, needle: str) -> None:
@@ -197,9 +228,7 @@ def test_each_field_has_its_type(tmp_path: Path, step: str, needle: str) -> None
         ("name: [x]\nsteps:\n  - name: a\n    apply: x", "name must be a string, not a list"),
     ],
 )
-def test_the_playbook_level_fields_have_their_types(
-    tmp_path: Path, text: str, needle: str
-) -> None:
+def test_the_playbook_level_fields_have_their_types(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "book.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(f"{path}: {needle}")):

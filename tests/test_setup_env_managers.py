@@ -111,3 +111,19 @@ def test_the_deprecated_env_flag_still_picks_the_manager(bed_client: Client, h1:
     assert plan.returncode == 0, plan.stderr
     assert "vmrun: warning: setup --env is deprecated: use --env-manager" in plan.stderr
     assert "# VMRUN_ENV=uv" in plan.stdout, plan.stdout
+
+
+def test_a_dry_run_shows_only_the_branch_of_the_chosen_manager(
+    bed_client: Client, h1: TestHost
+) -> None:
+    """python-env's apply branches on env: --dry-run prints the uv branch, none of the others
+    (before: the whole `case` over venv, uv, conda and python)."""
+    plan = bed_client.vmrun("setup", "h1", *ONLY, "--env-manager", "uv", "--dry-run", timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    out = plan.stdout
+    assert "would run python-env" in out and "# VMRUN_ENV=uv" in out, out
+    assert 'UV_VENV_CLEAR=1 "$uv" venv --python "$VMRUN_PYTHON_VERSION"' in out  # uv's
+    assert 'python3 -m venv "$(dirname' not in out  # venv's
+    assert "miniconda3" not in out and "conda create" not in out  # conda's
+    assert "does not run on this host" not in out  # python's
+    assert "case " not in out and "esac" not in out

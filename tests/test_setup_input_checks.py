@@ -68,3 +68,30 @@ def test_the_old_env_flag_is_a_deprecated_alias(client: Client) -> None:
     assert "--env uv and --env-manager conda disagree" in done.stderr
     notes = [line for line in done.stderr.splitlines() if "deprecated" in line]
     assert len(notes) == 1, done.stderr
+
+
+BRANCHED = """\
+params:
+  mode: {default: a, choices: [a, b]}
+steps:
+  - name: one
+    apply: {by: mode, a: 'true', b: 'true'%s}
+"""
+
+
+def test_a_bad_branch_exits_2_naming_file_step_and_field(client: Client, tmp_path: Path) -> None:
+    book = tmp_path / "book.yaml"
+    book.write_text(BRANCHED % ", c: 'true'")
+    done = client.vmrun("setup", NOWHERE, "--playbook", str(book), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"{book}: step 'one': unknown branch(es) apply.c; mode is one of a, b" in done.stderr
+    assert NOWHERE not in done.stderr
+
+
+def test_a_value_outside_a_params_choices_exits_2(client: Client, tmp_path: Path) -> None:
+    book = tmp_path / "book.yaml"
+    book.write_text(BRANCHED % "")
+    done = client.vmrun("setup", NOWHERE, "--playbook", str(book), "--param", "mode=c", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "setup parameter mode='c' is not one of the playbook's choices: a, b" in done.stderr
+    assert NOWHERE not in done.stderr

@@ -269,11 +269,14 @@ def _with_extra_steps(book: Playbook, extra: list[Path], configured: dict[str, A
             raise UsageError(f"--extra {path}: {exc}".splitlines()[0]) from None
         raw = data.get("steps") if isinstance(data, dict) else data
         book = book.extended(
-            playbook_mod.parse_steps(raw or [], str(path), set(book.params)), str(path)
+            playbook_mod.parse_steps(raw or [], str(path), set(book.params), book.choices),
+            str(path),
         )
     if configured.get("steps"):
         book = book.extended(
-            playbook_mod.parse_steps(configured["steps"], "[setup.steps]", set(book.params)),
+            playbook_mod.parse_steps(
+                configured["steps"], "[setup.steps]", set(book.params), book.choices
+            ),
             "[setup.steps]",
         )
     return book
@@ -301,6 +304,16 @@ def check_env_manager(params: dict[str, str]) -> None:
         )
 
 
+def check_choices(choices: dict[str, tuple[str, ...]], params: dict[str, str]) -> None:
+    """A param the playbook gives choices (a script may branch on it) takes one of them."""
+    for name, allowed in choices.items():
+        if params.get(name) not in allowed:
+            raise UsageError(
+                f"setup parameter {name}={params.get(name)!r} is not one of the playbook's"
+                f" choices: {', '.join(allowed)}"
+            )
+
+
 def setup_options(
     configured: dict[str, Any],
     flags: dict[str, str | None],
@@ -325,6 +338,7 @@ def setup_options(
     book = _with_extra_steps(playbook_mod.load(playbook), extra, configured)
     resolved = resolve_params(dict(book.params), configured, dict(os.environ), flags, params)
     check_env_manager(resolved)
+    check_choices(dict(book.choices), resolved)
     for name in [*force, *only]:
         book.step(name)  # an unknown step name is a usage error, before any connection
     _check_uploads(wheelhouse, installer)

@@ -36,6 +36,7 @@ class _Status:
         self.began = dict.fromkeys(labels, now)  # the host's start
         self.since = dict.fromkeys(labels, now)  # its current step's start
         self.ended: dict[str, float] = {}  # when it finished (done or failed)
+        self.download: dict[str, str] = {}  # a download's progress, while its step lasts
         self.live = live
 
     def event(self, host: str, text: str) -> None:
@@ -45,11 +46,22 @@ class _Status:
                 return
             if text != self.doing.get(host):
                 self.since[host] = now
+                self.download.pop(host, None)
             self.doing[host] = text
             self.began.setdefault(host, now)
             if text in self.FINAL:
                 self.ended[host] = now
         if not self.live:
+            typer.echo(f"[{host}] {text}")
+
+    def progress(self, host: str, text: str, notable: bool) -> None:
+        """A download's progress, on the host's row until its step ends; without a terminal,
+        only the notable lines (a download's end, one every few seconds) are printed."""
+        with self.lock:
+            if host in self.ended:
+                return
+            self.download[host] = text
+        if not self.live and notable:
             typer.echo(f"[{host}] {text}")
 
     def rows(self) -> list[tuple[str, str, float, float]]:
@@ -60,6 +72,8 @@ class _Status:
             for host, text in self.doing.items():
                 end = self.ended.get(host, now)
                 step = 0.0 if host in self.ended else end - self.since[host]
+                if host in self.download and host not in self.ended:
+                    text = f"{text} | {self.download[host]}"
                 out.append((host, text, step, end - self.began[host]))
             return out
 
@@ -101,7 +115,7 @@ def run_setup(
 
     def work(entry: HostEntry, conn: Any) -> HostReport:
         try:
-            return HostSetup(conn, options, status.event).run()
+            return HostSetup(conn, options, status.event, status.progress).run()
         except BaseException:
             status.event(entry.label, "failed")
             raise

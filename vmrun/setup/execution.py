@@ -11,6 +11,7 @@ from vmrun.errors import CommandFailed, RemoteError
 from vmrun.setup.hostlog import HostLog
 from vmrun.setup.offline import WAYS_FORWARD, offline_reason
 from vmrun.setup.playbook import Step
+from vmrun.setup.progress import DownloadWatch
 from vmrun.setup.report import StepOutcome, StepStatus
 from vmrun.setup.state import parse_records
 from vmrun.setup.stepscripts import apply_script, shell_helpers
@@ -34,14 +35,20 @@ class StepRunner:
     def bash(self, script: str, env: Mapping[str, str], what: str) -> CommandResult:
         """Run a step script, logging each line; its last lines of stdout and stderr, in the
         order they came, are kept for the error if it fails (its own output, not just stderr:
-        a tool that says why on stdout is shown too)."""
+        a tool that says why on stdout is shown too). Download progress goes to the live
+        view; a meter row (pip's raw `Progress` lines, curl's) is neither logged nor kept."""
         recent: deque[str] = deque(maxlen=STEP_TAIL_LINES)
+        downloads = DownloadWatch()
 
         def log_line(stream: str, data: bytes) -> None:
             line = data.decode("utf-8", "replace").rstrip("\n")
-            self.log.write(line)
-            if line.strip():
-                recent.append(line)
+            progress = downloads.feed(line)
+            if progress is not None:
+                self.log.progress(progress)
+            if progress is None or not progress.meter:
+                self.log.write(line)
+                if line.strip():
+                    recent.append(line)
             if not self._offline:
                 self._offline = offline_reason(line)
 

@@ -22,7 +22,14 @@ from vmrun.setup.hostlog import HostLog
 from vmrun.setup.planning import Plan, PlanInputs, dry_run_report, make_plan
 from vmrun.setup.playbook import Step
 from vmrun.setup.reboot import reboot
-from vmrun.setup.report import EventCallback, HostReport, SetupOptions, StepOutcome, StepStatus
+from vmrun.setup.report import (
+    EventCallback,
+    HostReport,
+    ProgressCallback,
+    SetupOptions,
+    StepOutcome,
+    StepStatus,
+)
 from vmrun.setup.state import SetupState
 from vmrun.setup.stepscripts import check_script
 from vmrun.ssh.connection import Connection
@@ -35,11 +42,15 @@ class HostSetup:
     """One host's setup; `run()` returns a HostReport or raises a VmrunError."""
 
     def __init__(
-        self, conn: Connection, options: SetupOptions, on_event: EventCallback | None = None
+        self,
+        conn: Connection,
+        options: SetupOptions,
+        on_event: EventCallback | None = None,
+        on_progress: ProgressCallback | None = None,
     ):
         self.conn = conn
         self.opts = options
-        self.log = HostLog(conn.label, options.log_dir, on_event)
+        self.log = HostLog(conn.label, options.log_dir, on_event, on_progress)
         self.run_token = f"{time.time_ns()}"  # `apt-get update` once per run (setup_apt.sh)
         self.report: HostReport | None = None
         self.runner = StepRunner(conn, self.log, self._reboot)

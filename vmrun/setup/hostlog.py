@@ -6,15 +6,26 @@ import re
 import time
 from pathlib import Path
 
-from vmrun.setup.report import EventCallback
+from vmrun.setup.progress import Progress
+from vmrun.setup.report import EventCallback, ProgressCallback
+
+PROGRESS_EVERY = 10.0  # seconds between the download progress lines of the log
 
 
 class HostLog:
     """Appends to the host's log file (when there is one) and tells the live view."""
 
-    def __init__(self, label: str, log_dir: Path | None, on_event: EventCallback | None = None):
+    def __init__(
+        self,
+        label: str,
+        log_dir: Path | None,
+        on_event: EventCallback | None = None,
+        on_progress: ProgressCallback | None = None,
+    ):
         self.label = label
         self.on_event = on_event or (lambda host, text: None)
+        self.on_progress = on_progress or (lambda host, text, notable: None)
+        self._progress_said = (time.monotonic(), "")  # when the log last had one, and which
         self.path: Path | None = None
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -29,4 +40,16 @@ class HostLog:
     def event(self, text: str) -> None:
         """A change of what the host is doing: logged with the time, and shown live."""
         self.write(f"== {time.strftime('%H:%M:%S')} {text}")
+        self._progress_said = (time.monotonic(), "")
         self.on_event(self.label, text)
+
+    def progress(self, progress: Progress) -> None:
+        """A download's progress: shown live each time, and logged when it ends and every
+        PROGRESS_EVERY seconds before (pip's raw lines come four times a second)."""
+        text, now = progress.text(), time.monotonic()
+        said_at, said = self._progress_said
+        notable = text != said and (progress.finished or now - said_at >= PROGRESS_EVERY)
+        if notable:
+            self.write(f".. {time.strftime('%H:%M:%S')} {text}")
+            self._progress_said = (now, text)
+        self.on_progress(self.label, text, notable)

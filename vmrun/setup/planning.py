@@ -26,8 +26,10 @@ class PlanInputs:
 
 
 def make_plan(opts: SetupOptions, inputs: PlanInputs, run_checks: RunChecks) -> Plan:
-    """Every step with what will happen to it; checks run once, batched, for the undecided."""
-    decided: Plan = [(step, _decide(opts, inputs, step)) for step in opts.playbook.steps]
+    """Every step with what will happen to it; checks run once, batched, for the undecided.
+    Its steps are resolved: a script that branches on a param is the branch that runs."""
+    steps = [step.resolved(inputs.params) for step in opts.playbook.steps]
+    decided: Plan = [(step, _decide(opts, inputs, step)) for step in steps]
     to_check = [step for step, outcome in decided if outcome.status == StepStatus.CHECK]
     passed = run_checks(to_check) if to_check else set()
     plan: Plan = []

@@ -11,11 +11,12 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from vmrun.errors import ConfigError
+from vmrun.setup.schema import Branches, kind, param_value, script
 
 _STEP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _PARAM_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -37,6 +38,7 @@ _STEP_KEYS = {
 _WHEN_KEYS = {"gpu", "env", "os", "param", "param_not"}
 _BOOK_KEYS = {"name", "description", "params", "steps"}
 _FLAGS = ("sudo", "reboot", "record")
+_SCRIPTS = ("check", "apply", "verify")
 
 
 @dataclass(frozen=True)
@@ -54,14 +56,45 @@ class Step:
     record: bool = False
     apt: tuple[str, ...] = ()  # sugar: packages that must be installed (check needs no sudo)
     pip: tuple[str, ...] = ()  # sugar: requirements pip-installed into the environment
+    # scripts chosen by a param's value (field -> branches), until `resolved` picks them
+    branches: Mapping[str, Branches] = field(default_factory=dict)
+    picked: tuple[str, ...] = ()  # the params whose values picked this step's scripts
 
     def definition_hash(self) -> str:
+        # branches and picked only when there are any: a step without them hashes as it
+        # always did, so hosts set up before keep their state
         body = json.dumps(
-            {k: v for k, v in self.__dict__.items() if k != "description"},
+            {
+                k: v
+                for k, v in self.__dict__.items()
+                if k != "description" and (v or k not in ("branches", "picked"))
+            },
             sort_keys=True,
-            default=list,
+            default=lambda o: o.as_json() if isinstance(o, Branches) else list(o),
         )
         return hashlib.sha256(body.encode()).hexdigest()
+
+    def resolved(self, params: Mapping[str, str]) -> Step:
+        """The step with each branched script replaced by the branch its param's value picks:
+        what runs, what --dry-run shows and what the fingerprint hashes."""
+        if not self.branches:
+            return self
+        chosen = {name: branches.pick(params) for name, branches in self.branches.items()}
+        picked = sorted({b.by for b in self.branches.values()} | set(self.picked))
+        return replace(
+            self,
+            check=chosen.get("check", self.check),
+            apply=chosen.get("apply", self.apply),
+            verify=chosen.get("verify", self.verify),
+            branches={},
+            picked=tuple(picked),
+        )
+
+    @property
+    def params_used(self) -> list[str]:
+        """The params its fingerprint holds: its inputs and those that pick its scripts."""
+        by = {b.by for b in self.branches.values()}
+        return sorted(set(self.inputs) | set(self.picked) | by)
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,7 @@ class Playbook:
     params: Mapping[str, str]
     steps: tuple[Step, ...]
     source: str
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # params' allowed values
 
     def step(self, name: str) -> Step:
         for step in self.steps:
@@ -91,6 +125,7 @@ class Playbook:
             self.params,
             self.steps + tuple(extra),
             f"{self.source} + {source}",
+            self.choices,
         )
         _check_needs(book)
         return book
@@ -128,37 +163,44 @@ def parse(data: Mapping[str, Any], source: str) -> Playbook:
             f"{source}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; known:"
             f" {', '.join(sorted(_BOOK_KEYS))}"
         )
-    params = data.get("params") or {}
-    if not isinstance(params, dict):
+    raw_params = data.get("params") or {}
+    if not isinstance(raw_params, dict):
         raise ConfigError(f"{source}: params must be a mapping")
-    for key, value in params.items():
+    params: dict[str, str] = {}
+    choices: dict[str, tuple[str, ...]] = {}
+    for key, value in raw_params.items():
         if not _PARAM_NAME.fullmatch(str(key)):
             raise ConfigError(f"{source}: bad param name {key!r} (lowercase letters, digits, _)")
-        if isinstance(value, bool) or not isinstance(value, (str, int, float, type(None))):
-            raise ConfigError(
-                f"{source}: param {key}: must be a string (quote it), not {_kind(value)}"
-            )
+        params[key], allowed = param_value(key, value, source)
+        if allowed:
+            choices[key] = allowed
     for key in ("name", "description"):
         if data.get(key) is not None and not isinstance(data[key], str):
-            raise ConfigError(f"{source}: {key} must be a string, not {_kind(data[key])}")
+            raise ConfigError(f"{source}: {key} must be a string, not {kind(data[key])}")
     raw_steps = data.get("steps")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise ConfigError(f"{source}: `steps` must be a non-empty list")
-    steps = parse_steps(raw_steps, source, {str(k) for k in params})
+    steps = parse_steps(raw_steps, source, set(params), choices)
     book = Playbook(
         name=str(data.get("name") or Path(source).stem),
         description=str(data.get("description") or ""),
-        params={str(k): "" if v is None else str(v) for k, v in params.items()},
+        params=params,
         steps=tuple(steps),
         source=source,
+        choices=choices,
     )
     _check_needs(book)
     return book
 
 
 def parse_steps(
-    raw_steps: Sequence[Any], source: str, params: set[str] | None = None
+    raw_steps: Sequence[Any],
+    source: str,
+    params: set[str] | None = None,
+    choices: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[Step]:
+    """Steps, each field checked; `params` are the playbook's (None: not checked), and
+    `choices` the allowed values of those a script may branch on."""
     steps: list[Step] = []
     for index, raw in enumerate(raw_steps, start=1):
         where = f"{source}: step #{index}"
@@ -176,7 +218,9 @@ def parse_steps(
             )
         for flag in _FLAGS:
             if flag in raw and not isinstance(raw[flag], bool):
-                raise ConfigError(f"{where}: {flag} must be true or false, not {_kind(raw[flag])}")
+                raise ConfigError(f"{where}: {flag} must be true or false, not {kind(raw[flag])}")
+        scripts = {f: script(raw.get(f), where, f, choices) for f in _SCRIPTS}
+        plain = {f: s for f, s in scripts.items() if isinstance(s, str)}
         step = Step(
             name=name,
             description=_script(raw.get("description"), where, "description"),
@@ -185,14 +229,15 @@ def parse_steps(
             needs=_names(raw.get("needs"), where, "needs"),
             sudo=raw.get("sudo", False),
             reboot=raw.get("reboot", False),
-            check=_script(raw.get("check"), where, "check"),
-            apply=_script(raw.get("apply"), where, "apply"),
-            verify=_script(raw.get("verify"), where, "verify"),
+            check=plain.get("check", ""),
+            apply=plain.get("apply", ""),
+            verify=plain.get("verify", ""),
             record=raw.get("record", False),
             apt=_names(raw.get("apt"), where, "apt"),
             pip=_names(raw.get("pip"), where, "pip"),
+            branches={f: s for f, s in scripts.items() if isinstance(s, Branches)},
         )
-        if not (step.apply or step.apt or step.pip):
+        if not (step.apply or step.apt or step.pip or "apply" in step.branches):
             raise ConfigError(f"{where} has nothing to do: give apply, apt or pip")
         if params is not None:
             missing = [p for p in step.inputs if p not in params]
@@ -204,28 +249,13 @@ def parse_steps(
     return steps
 
 
-def _kind(value: Any) -> str:
-    """How a YAML value reads to the person who wrote it, for an error message."""
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, (int, float)):
-        return f"the number {value!r}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
-
-
 def _when(value: Any, where: str, params: set[str] | None) -> dict[str, Any]:
     """A step's conditions, each of the one type it means (a string where a list is meant
     would be iterated, and "false" is truthy: both are errors, not silent mismatches)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: when must be a mapping, not {_kind(value)}")
+        raise ConfigError(f"{where}: when must be a mapping, not {kind(value)}")
     unknown = set(value) - _WHEN_KEYS
     if unknown:
         raise ConfigError(
@@ -235,7 +265,7 @@ def _when(value: Any, where: str, params: set[str] | None) -> dict[str, Any]:
     when: dict[str, Any] = {}
     if "gpu" in value:
         if not isinstance(value["gpu"], bool):
-            raise ConfigError(f"{where}: when.gpu must be true or false, not {_kind(value['gpu'])}")
+            raise ConfigError(f"{where}: when.gpu must be true or false, not {kind(value['gpu'])}")
         when["gpu"] = value["gpu"]
     for key in ("env", "os"):
         if key in value:
@@ -246,7 +276,7 @@ def _when(value: Any, where: str, params: set[str] | None) -> dict[str, Any]:
         raw = value["param_not"]
         if not isinstance(raw, dict) or not raw:
             raise ConfigError(
-                f"{where}: when.param_not must be a mapping of param: value, not {_kind(raw)}"
+                f"{where}: when.param_not must be a mapping of param: value, not {kind(raw)}"
             )
         when["param_not"] = {
             _param_name(k, where, "when.param_not", params): _scalar(
@@ -264,20 +294,20 @@ def _values(value: Any, where: str, what: str) -> list[str]:
     if not items or not all(isinstance(v, str) and v for v in items):
         raise ConfigError(
             f"{where}: {what} must be a string or a list of strings (quote versions:"
-            f' "22.04"), not {_kind(value)}'
+            f' "22.04"), not {kind(value)}'
         )
     return list(items)
 
 
 def _scalar(value: Any, where: str, what: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(f"{where}: {what} must be a string, not {_kind(value)}")
+        raise ConfigError(f"{where}: {what} must be a string, not {kind(value)}")
     return str(value)
 
 
 def _param_name(value: Any, where: str, what: str, params: set[str] | None) -> str:
     if not isinstance(value, str) or not _PARAM_NAME.fullmatch(value):
-        raise ConfigError(f"{where}: {what} must name a param, not {_kind(value)}")
+        raise ConfigError(f"{where}: {what} must name a param, not {kind(value)}")
     if params is not None and value not in params:
         raise ConfigError(f"{where}: {what} names {value!r}, which is not a param")
     return value
@@ -289,7 +319,7 @@ def _names(value: Any, where: str, what: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{where}: {what} must be a list of names, not {_kind(value)}")
+        raise ConfigError(f"{where}: {what} must be a list of names, not {kind(value)}")
     return tuple(value)
 
 
@@ -297,7 +327,7 @@ def _script(value: Any, where: str, what: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: {what} must be a string, not {_kind(value)}")
+        raise ConfigError(f"{where}: {what} must be a string, not {kind(value)}")
     return value
 
 
@@ -339,7 +369,7 @@ def fingerprint(step: Step, params: Mapping[str, str], stamps: Mapping[str, str]
     """What a step's success depends on: its definition, its params, its needs' run stamps."""
     body = {
         "step": step.definition_hash(),
-        "params": {name: params.get(name, "") for name in step.inputs},
+        "params": {name: params.get(name, "") for name in step.params_used},
         "needs": {name: stamps.get(name, "") for name in step.needs},
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]

@@ -13,13 +13,15 @@ from vmrun.ssh import quoting
 
 
 def shell_helpers() -> str:
-    """vmrun_apt_wait, vmrun_apt_get, vmrun_apt_update, vmrun_apt_install: every apply script
-    can call them (they read VMRUN_APT_* from the step's environment)."""
-    return source("setup_apt.sh")
+    """vmrun_apt_wait, vmrun_apt_get, vmrun_apt_update, vmrun_apt_install (they read
+    VMRUN_APT_* from the step's environment), vmrun_pip_install and vmrun_fetch (downloads
+    whose progress setup shows): every apply script can call them."""
+    return source("setup_apt.sh") + source("setup_download.sh")
 
 
 def check_script(step: Step) -> str:
     """The step's check; apt and pip steps without one get a read-only check of their own."""
+    assert not step.branches, "a step is resolved (Step.resolved) before its scripts are read"
     if step.apt:
         return quoting.join(["sh", "-c", source("setup_apt_check.sh"), "apt-check", *step.apt])
     if step.pip and not step.check:
@@ -32,19 +34,22 @@ def check_script(step: Step) -> str:
 
 def apply_script(step: Step) -> str:
     """The step's own script (the shell helpers are prepended when it runs)."""
+    assert not step.branches, "a step is resolved (Step.resolved) before its scripts are read"
     if step.apt:
         return quoting.join(["vmrun_apt_install", *step.apt])
     if step.pip:
         reqs = " ".join(quoting.quote(p) for p in step.pip)
-        return f'"$VMRUN_PYTHON" -m pip install $VMRUN_PIP_EXTRA_ARGS {reqs}'
+        return f'vmrun_pip_install "$VMRUN_PYTHON" $VMRUN_PIP_EXTRA_ARGS {reqs}'
     return step.apply
 
 
 def dry_run_text(step: Step, env: Mapping[str, str]) -> str:
-    """The apply (and verify) script, preceded by the values of the variables it uses."""
+    """The apply (and verify) script, preceded by the values of the variables it uses and of
+    the params that picked its branches (the step is resolved: only those branches show)."""
     script = apply_script(step)
     if step.verify:
         script += "\n# then verify:\n" + step.verify
-    used = sorted(set(re.findall(r"\$\{?(VMRUN_[A-Z0-9_]+)", script)))
+    picked = {f"VMRUN_{name.upper()}" for name in step.picked}
+    used = sorted(set(re.findall(r"\$\{?(VMRUN_[A-Z0-9_]+)", script)) | picked)
     values = [f"# {name}={env.get(name, '')}" for name in used]
     return "\n".join([*values, script.rstrip()])
