@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,11 +146,11 @@ def test_template_runs_two_process_ddp_and_records_the_run(client: Client) -> No
     run_dir, record = _only_run(client)
     assert RUN_ID.match(run_dir.name) and RUN_ID.match(run_dir.name)["name"] == "template"
     out = done.stdout
-    assert "[rank 0] started" in out and "[rank 1] started" in out
+    assert "[rank0] started" in out and "[rank1] started" in out
     assert "world_size 2 backend gloo" in out
-    assert "[rank 0] epoch 5/5 loss" in out
+    assert "[rank0] epoch 5/5 loss" in out
     rel = f"results/{run_dir.name}"
-    assert f"[rank 0] snapshot saved at epoch 4 -> {rel}/snapshot.pt" in out
+    assert f"[rank0] snapshot saved at epoch 4 -> {rel}/snapshot.pt" in out
     assert (run_dir / "train.log").read_text() == out  # the log is exactly what streamed
     assert f"run {run_dir.name}" in done.stderr
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -326,7 +327,7 @@ def test_ctrl_c_stops_every_process_of_the_run(
         )
         assert proc.poll() is None, "".join(lines)
         # streamed live: epoch 1's line is here while the run still goes on
-        wait_for(lambda: any("[rank 0] epoch 1/50" in ln for ln in lines), 10, "epoch 1 line")
+        wait_for(lambda: any("[rank0] epoch 1/50" in ln for ln in lines), 10, "epoch 1 line")
         run_dir, record = _only_run(client)
         leader, run_id = record["pid"], record["id"]
         workers = [int((pids / f"stalled-rank{r}.pid").read_text()) for r in (0, 1)]
@@ -357,3 +358,53 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+PIECES = """\
+import os, sys, time
+rank = int(os.environ["RANK"])
+c = "ab"[rank]
+for i in range(60):
+    sys.stdout.write(f"<r{rank} i{i} " + c * 300)
+    time.sleep(0.002)  # the other rank writes meanwhile
+    sys.stdout.write(c * 300 + ">\\n")
+"""
+WHOLE = re.compile(r"\[rank(\d)\] <r\1 i(\d+) ([ab])\3{599}>")
+
+
+def _rank_lines(text: str) -> list[tuple[int, int]]:
+    """(rank, line number) of every worker line; fails on a line that is not whole."""
+    found = []
+    for line in text.split("\n"):
+        if "<r" in line:
+            match = WHOLE.fullmatch(line)
+            assert match, f"a broken line: {line[:120]!r}"
+            found.append((int(match.group(1)), int(match.group(2))))
+    return found
+
+
+def test_local_lines_arrive_whole_and_prefixed_and_torchruns_banner_only_in_the_log(
+    client: Client,
+) -> None:
+    """Two ranks writing each line in two pieces at once: on the terminal and in train.log
+    every line is whole and `[rankN]`-prefixed; torchrun's banner is in train.log only,
+    unless --verbose. (Before, the ranks' pieces interleaved mid-line.)"""
+    (client.cwd / "pieces.py").write_text(PIECES)
+    every = sorted((r, i) for r in (0, 1) for i in range(60))
+    for verbose in ((), ("--verbose",)):
+        mark = new_mark()
+        try:
+            env = {"VMRUN_TEST_MARK": mark}  # no OMP_NUM_THREADS: torchrun prints its banner
+            done = client.vmrun(
+                "train", "--local", *verbose, "pieces.py", "--", "x", env=env, timeout=120
+            )
+        finally:
+            kill_marked(mark)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sorted(_rank_lines(done.stdout)) == every
+        run_dir, _ = _only_run(client)
+        log = (run_dir / "train.log").read_text()
+        assert sorted(_rank_lines(log)) == every and "\x1e" not in log
+        assert "Setting OMP_NUM_THREADS" in log
+        assert ("Setting OMP_NUM_THREADS" in done.stdout) is bool(verbose), done.stdout[:500]
+        shutil.rmtree(client.cwd / "results")

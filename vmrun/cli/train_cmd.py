@@ -230,7 +230,7 @@ def register(app: typer.Typer) -> None:
             _check_local(host, detach, allow_concurrent, wiring)
             from vmrun.runs.local import run_local
 
-            return run_local(plan)
+            return run_local(plan, verbose=verbose)
         from vmrun.runs.node_launch import Launch
 
         how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh)

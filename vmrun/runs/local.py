@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vmrun.errors import CommandFailed, Interrupted, UsageError
+from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import (
     CPU_PROCESSES,
     STOP_GRACE_S,
@@ -34,8 +35,10 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def run_local(plan: Plan) -> int:
-    """Probe torch, create the run directory, launch, stream, record; return the exit code."""
+def run_local(plan: Plan, *, verbose: bool = False) -> int:
+    """Probe torch, create the run directory, launch, stream, record; return the exit code.
+    Output as on hosts: whole lines per rank, `[rankN]`; torchrun's banner and c10d's host
+    name warnings only in train.log unless `verbose`."""
     from vmrun.runs import launch
 
     python = sys.executable
@@ -61,7 +64,7 @@ def run_local(plan: Plan) -> int:
     write_json_atomic(run_dir / "run.json", record)
     procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
     _note(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
-    return _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env)
+    return _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env, verbose)
 
 
 def _argv(
@@ -82,8 +85,13 @@ def _argv(
             max_restarts=plan.max_restarts,
             rdzv_endpoint="localhost:0",
             rdzv_id=rid,
+            log_dir=os.path.join(rel_dir, "workers"),  # each rank's own output, kept whole
         )
-        for key, value in launch.torchrun_env(plan.max_restarts).items():
+        env = {
+            **launch.torchrun_env(plan.max_restarts),
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": launch.RANK_PREFIX_TEMPLATE,
+        }
+        for key, value in env.items():
             child_env.setdefault(key, value)  # an explicit --env or outer value wins
     else:
         argv = launch.python_argv(python, str(plan.script), args)
@@ -127,10 +135,12 @@ def _supervise(
     record: dict[str, Any],
     argv: list[str],
     child_env: dict[str, str],
+    verbose: bool = False,
 ) -> int:
     """Run it to the end, recording how it ended; raise unless it exited 0."""
+    supervisor = _Supervisor(rid, run_dir, record, verbose=verbose)
     try:
-        code, stopped = _Supervisor(rid, run_dir, record).run(argv, plan.project, child_env)
+        code, stopped = supervisor.run(argv, plan.project, child_env)
     except Exception as exc:
         record.update(status="error", end_time=utc_now(), error=f"{type(exc).__name__}: {exc}")
         write_json_atomic(run_dir / "run.json", record)
@@ -184,12 +194,14 @@ class _Supervisor:
     process of the run: those below vmrun that carry VMRUN_RUN_ID=<this run> (so a caller's
     other children are never touched, even when vmrun runs in-process in a test)."""
 
-    def __init__(self, rid: str, run_dir: Path, record: dict[str, Any]):
+    def __init__(self, rid: str, run_dir: Path, record: dict[str, Any], *, verbose: bool = False):
         self.rid = rid
         self.run_dir = run_dir
         self.record = record
         self.proc: subprocess.Popen[bytes] | None = None
         self.stdout_ok = True
+        self.to_log = Prefixer(None, self._log_line, verbose=True)  # train.log keeps all
+        self.to_terminal = Prefixer(None, self._show, verbose=verbose)
 
     def run(self, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bool]:
         """Returns (exit code, stopped); a child killed by signal N gives 128+N."""
@@ -212,10 +224,14 @@ class _Supervisor:
                     write_json_atomic(self.run_dir / "run.json", self.record)
                     while self.pump(None):
                         pass
+                    self.to_log.flush()
+                    self.to_terminal.flush()
                     code = self.proc.wait()
                     return (128 - code if code < 0 else code), False
                 except (KeyboardInterrupt, _StopRequested):
                     self.stop()
+                    self.to_log.flush()  # a last partial line, as it is
+                    self.to_terminal.flush()
                     return 130, True
         finally:
             if self.proc is not None and self.proc.stdout is not None:
@@ -236,15 +252,21 @@ class _Supervisor:
         data = os.read(fd, 65536)
         if not data:
             return False
-        self.log.write(data)
+        self.to_log.feed(data)
+        self.to_terminal.feed(data)
+        return True
+
+    def _log_line(self, line: bytes) -> None:
+        self.log.write(line)
         self.log.flush()
+
+    def _show(self, line: bytes) -> None:
         if self.stdout_ok:
             try:
-                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.write(line)
                 sys.stdout.flush()
             except (BrokenPipeError, ValueError):
                 self.stdout_ok = False  # nobody reads our stdout any more; keep the log
-        return True
 
     def members(self) -> list[int]:
         """Live processes of this run: below vmrun (torchrun's workers may be orphaned and
