@@ -19,7 +19,6 @@ see the table this prints; the figures of the last run are in the closing note o
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
+from bench_common import client_dirs  # noqa: E402
 from testbed import ClientKeys, NetnsBed, skip_reason_no_netns  # noqa: E402
 
 
@@ -56,17 +56,7 @@ def main() -> None:
         NetnsBed(Path(tmp) / "bed", ClientKeys.generate(Path(tmp) / "keys")) as bed,
     ):
         host = bed.add_host("s1")
-        home, cwd = Path(tmp) / "home", Path(tmp) / "project"
-        (home / ".ssh").mkdir(parents=True, mode=0o700)
-        cwd.mkdir()
-        (home / ".ssh" / "config").write_text(bed.ssh_config_text())
-        (home / ".ssh" / "known_hosts").write_text(bed.known_hosts_text())
-        env = {
-            "HOME": str(home),
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": str(ROOT),
-            "LANG": "C.UTF-8",
-        }
+        home, cwd, env = client_dirs(bed, Path(tmp))
 
         def vmrun(*argv: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
+from bench_common import client_dirs  # noqa: E402
 from test_cli_watch_gpus import install, starts  # noqa: E402
 from testbed import ClientKeys, NetnsBed, skip_reason_no_netns  # noqa: E402
 
@@ -52,11 +52,7 @@ def main() -> None:
         NetnsBed(Path(tmp) / "bed", ClientKeys.generate(Path(tmp) / "keys")) as bed,
     ):
         hosts = [bed.add_host(f"w{i}") for i in range(1, args.hosts + 1)]
-        home, cwd = Path(tmp) / "home", Path(tmp) / "project"
-        (home / ".ssh").mkdir(parents=True, mode=0o700)
-        cwd.mkdir()
-        (home / ".ssh" / "config").write_text(bed.ssh_config_text())
-        (home / ".ssh" / "known_hosts").write_text(bed.known_hosts_text())
+        _home, cwd, env = client_dirs(bed, Path(tmp))
         (cwd / "vmrun.toml").write_text(
             "".join(
                 f'[[hosts]]\naddress = "{h.name}"\nnvidia_smi = "~/bin/nvidia-smi"\n\n'
@@ -65,12 +61,6 @@ def main() -> None:
         )
         replays = {h.name: install(h, "t4x2_training") for h in hosts}
         logs_before = {h.name: h.sshd_log() for h in hosts}
-        env = {
-            "HOME": str(home),
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": str(ROOT),
-            "LANG": "C.UTF-8",
-        }
         argv = [sys.executable, "-m", "vmrun", "watch-gpus", "--json"]
         argv += ["--interval", f"{args.interval:g}"]
         proc = subprocess.Popen(

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, Client, wait_for
-from train_helpers import SEED_SCRIPT, kill_marked, new_mark, pids_with_env
+from train_helpers import (
+    SEED_SCRIPT,
+    kill_marked,
+    new_mark,
+    pids_with_env,
+    pieces_script,
+    rank_lines,
+)
 
 from vmrun.trainer.template import build_model
 
@@ -360,28 +367,6 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-PIECES = """\
-import os, sys, time
-rank = int(os.environ["RANK"])
-c = "ab"[rank]
-for i in range(60):
-    sys.stdout.write(f"<r{rank} i{i} " + c * 300)
-    time.sleep(0.002)  # the other rank writes meanwhile
-    sys.stdout.write(c * 300 + ">\\n")
-"""
-WHOLE = re.compile(r"\[rank(\d)\] <r\1 i(\d+) ([ab])\3{599}>")
-
-
-def _rank_lines(text: str) -> list[tuple[int, int]]:
-    """(rank, line number) of every worker line; fails on a line that is not whole."""
-    found = []
-    for line in text.split("\n"):
-        if "<r" in line:
-            match = WHOLE.fullmatch(line)
-            assert match, f"a broken line: {line[:120]!r}"
-            found.append((int(match.group(1)), int(match.group(2))))
-    return found
-
 
 def test_local_lines_arrive_whole_and_prefixed_and_torchruns_banner_only_in_the_log(
     client: Client,
@@ -389,7 +374,7 @@ def test_local_lines_arrive_whole_and_prefixed_and_torchruns_banner_only_in_the_
     """Two ranks writing each line in two pieces at once: on the terminal and in train.log
     every line is whole and `[rankN]`-prefixed; torchrun's banner is in train.log only,
     unless --verbose. (Before, the ranks' pieces interleaved mid-line.)"""
-    (client.cwd / "pieces.py").write_text(PIECES)
+    (client.cwd / "pieces.py").write_text(pieces_script(60))
     every = sorted((r, i) for r in (0, 1) for i in range(60))
     for verbose in ((), ("--verbose",)):
         mark = new_mark()
@@ -401,10 +386,10 @@ def test_local_lines_arrive_whole_and_prefixed_and_torchruns_banner_only_in_the_
         finally:
             kill_marked(mark)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert sorted(_rank_lines(done.stdout)) == every
+        assert sorted(rank_lines(done.stdout)) == every
         run_dir, _ = _only_run(client)
         log = (run_dir / "train.log").read_text()
-        assert sorted(_rank_lines(log)) == every and "\x1e" not in log
+        assert sorted(rank_lines(log)) == every and "\x1e" not in log
         assert "Setting OMP_NUM_THREADS" in log
         assert ("Setting OMP_NUM_THREADS" in done.stdout) is bool(verbose), done.stdout[:500]
         shutil.rmtree(client.cwd / "results")

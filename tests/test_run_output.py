@@ -6,25 +6,16 @@ their lines in pieces at the same time, as `print(a, b)` does under PYTHONUNBUFF
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import Client, clean_host, run_id_of
 from testbed import NetnsBed
+from train_helpers import pieces_script, rank_lines
 
 LINES = 120
-PIECES = """\
-import os, sys, time
-rank = int(os.environ["RANK"])
-c = "ab"[rank]
-for i in range(LINES):
-    sys.stdout.write(f"<r{rank} i{i} " + c * 300)
-    time.sleep(0.002)  # the other rank writes meanwhile
-    sys.stdout.write(c * 300 + ">\\n")
-""".replace("LINES", str(LINES))
-WHOLE = re.compile(r"\[rank(\d)\] <r\1 i(\d+) ([ab])\3{599}>")
+PIECES = pieces_script(LINES)
 
 
 @pytest.fixture
@@ -34,17 +25,6 @@ def project(bed: NetnsBed, bed_client: Client, host_python: Path) -> Iterator[Cl
     )
     yield bed_client
     clean_host(bed["h1"])
-
-
-def rank_lines(stdout: str) -> list[tuple[int, int]]:
-    """(rank, line number) of every worker line; fails on a line that is not whole."""
-    found = []
-    for line in stdout.splitlines():
-        if "<r" in line:
-            match = WHOLE.fullmatch(line)
-            assert match, f"a broken line: {line[:120]!r}"
-            found.append((int(match.group(1)), int(match.group(2))))
-    return found
 
 
 def test_ranks_lines_arrive_whole_and_prefixed_and_torchruns_noise_is_hidden(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -216,3 +217,32 @@ def read_metrics(out_dir: Path) -> list[dict[str, float]]:
 
 def epoch_lines(output: str) -> list[str]:
     return [ln for ln in output.splitlines() if ln.startswith("[rank 0] epoch ")]
+
+
+def pieces_script(lines: int) -> str:
+    """Every rank writes each of `lines` lines in two pieces, the other ranks meanwhile (as
+    `print(a, b)` does under PYTHONUNBUFFERED): lines that only arrive whole if something
+    puts them back together."""
+    return (
+        "import os, sys, time\n"
+        'rank = int(os.environ["RANK"])\n'
+        'c = "ab"[rank]\n'
+        f"for i in range({lines}):\n"
+        '    sys.stdout.write(f"<r{rank} i{i} " + c * 300)\n'
+        "    time.sleep(0.002)  # the other rank writes meanwhile\n"
+        '    sys.stdout.write(c * 300 + ">\\n")\n'
+    )
+
+
+WHOLE_RANK_LINE = re.compile(r"\[rank(\d)\] <r\1 i(\d+) ([ab])\3{599}>")
+
+
+def rank_lines(text: str) -> list[tuple[int, int]]:
+    """(rank, line number) of every line pieces_script wrote; fails on a line not whole."""
+    found = []
+    for line in text.split("\n"):
+        if "<r" in line:
+            match = WHOLE_RANK_LINE.fullmatch(line)
+            assert match, f"a broken line: {line[:120]!r}"
+            found.append((int(match.group(1)), int(match.group(2))))
+    return found
