@@ -12,8 +12,9 @@ included), with the bare `ssh host true` round trip for scale.
 
     sudo python benchmarks/stop.py [--crowd 2000] [--grace 2 --grace 10] [--rounds 3]
 
-Measured here (2 shared cores, netns test host, medians of 3), crowd of 2,000 processes:
-see the table this prints; the figures of the last run are in the closing note of the change.
+Measured here (2 shared cores, netns test host, medians of 3), 2,000 other processes of the
+host's user, the connection included: grace 2 s -> 2.96 s, grace 10 s -> 10.90 s (the
+floor, `vmrun exec -- true`, 0.15 s). Before, a 10 s grace took ~22 s on a quiet host.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def main() -> None:
                 ssh_rtt.append(time.monotonic() - began)
             print(f"host {host.name}: {len(host.user_pids())} processes of its user")
             print(f"vmrun exec -- true: {statistics.median(ssh_rtt):.2f} s (the floor)")
-            print("grace   stop took (median)   over the grace   processes killed")
+            print("grace   stop took (median)   over the grace")
             try:
                 for grace in graces:
                     took = []
