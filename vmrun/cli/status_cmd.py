@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)
         with Group(entries, settings) as group:
-            records, errors = HostsBackend(group).runs_with_failures()
+            records, errors = HostsBackend(group).runs()
         hidden = 0
         if last and not show_all:
             ids = list(dict.fromkeys(r.id for r in records))

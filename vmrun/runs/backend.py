@@ -3,12 +3,13 @@ and `--resume` ask of a run, whatever runs it.
 
 Today the only place is SSH hosts (`vmrun.runs.hosts_backend.HostsBackend`: detached
 process trees recorded under ~/.vmrun/runs/ on each host; vmrun.runs.training drives it for
-`vmrun train`). A Slurm cluster reached through
-its login node implements the same calls with sbatch/squeue/sacct/scancel; the commands do
-not care which. Each call is one verb of a run's life:
+`vmrun train`). A Slurm cluster reached through its login node implements the same calls
+with sbatch/squeue/sacct/scancel; the commands do not care which. Each call is one verb of
+a run's life:
 
 - `start`   a plan, detached, and return at once with a `RunRef` (the run outlives vmrun);
 - `find`    a recorded run by id (or the newest), as a `RunRef`;
+- `runs`    every recorded run (`status`), and the places that did not answer;
 - `state`   PENDING / RUNNING / DONE / FAILED / STOPPED / LOST, with the exit code;
 - `follow`  its log from a point to the end, every node merged and prefixed, applying the
             failure rule (a failed node stops the others); return 0 or raise its failure;
@@ -80,7 +81,7 @@ class Backend(Protocol):
 
     def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef: ...
 
-    def runs(self) -> Sequence[NodeRecord]: ...
+    def runs(self) -> tuple[Sequence[Any], Sequence[BaseException]]: ...
 
     def state(self, ref: RunRef) -> tuple[RunState, int | None]: ...
 

@@ -72,14 +72,13 @@ class HostsBackend:
         rid, found = records.find_run(self.group, run_id, running_only=running_only)
         return ref_of(rid, [rec for _, rec in found])
 
-    def runs_with_failures(self) -> tuple[list[records.RunRecord], list[BaseException]]:
+    def runs(self) -> tuple[list[records.RunRecord], list[BaseException]]:
+        """Every run on every host, oldest first, and the errors of hosts that did not
+        answer (`status` shows what it can and reports the rest)."""
         outcomes = self.group.map(lambda entry, conn: records.list_runs(conn))
         recs = [r for o in outcomes if o.ok for r in o.value or []]
         recs.sort(key=lambda r: (r.started, r.id, r.host))
         return recs, [o.error for o in outcomes if o.error is not None]
-
-    def runs(self) -> list[NodeRecord]:
-        return [node_record(r) for r in self.runs_with_failures()[0]]
 
     def state(self, ref: RunRef) -> tuple[RunState, int | None]:
         outcomes = self.group.map(
@@ -136,12 +135,12 @@ class HostsBackend:
             ) from None
         finally:
             out.flush()
-        (record,) = records.list_runs(conn, [rid])
-        if record.state == RunState.DONE:
+        state, code = self.state(ref)
+        if state == RunState.DONE:
             return
-        if record.state == RunState.STOPPED:
+        if state == RunState.STOPPED:
             raise CommandFailed(f"run {rid} was stopped", host=node, exit_status=143)
-        code = record.exit_code if record.exit_code is not None else 1
+        code = code if code is not None else 1
         raise CommandFailed(
             f"run {rid} exited with {code}",
             host=node,
@@ -189,9 +188,7 @@ class HostsBackend:
     # -- stopping and outputs ----------------------------------------------------------------
 
     def stop(self, ref: RunRef, *, grace: float = STOP_GRACE_S) -> list[StopReport]:
-        outcomes = self.group.map(
-            lambda entry, conn: records.stop(conn, ref.run_id, grace=grace), only=set(ref.nodes)
-        )
+        outcomes = self.stop_outcomes(ref, grace=grace)
         raise_for_failures(outcomes)
         return [
             StopReport(o.host, len(o.value.signalled), len(o.value.killed))

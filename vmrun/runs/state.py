@@ -14,7 +14,3 @@ class RunState(StrEnum):
     FAILED = "failed"  # ended with another code
     STOPPED = "stopped"  # `vmrun stop` ended it
     LOST = "lost"  # no process and no exit code: killed hard, or the host rebooted
-
-    @property
-    def ended(self) -> bool:
-        return self not in (RunState.PENDING, RunState.RUNNING)

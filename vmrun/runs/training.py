@@ -35,7 +35,7 @@ def run_remote(
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
-    failure. `group`: the caller's connections (else this opens its own). `verbose`:
+    failure. `group`: connections to use (else this opens its own); closed at the end. `verbose`:
     torchrun's banner and c10d's host name warnings too."""
     how = how or Launch()
     entries = order(entries, how.wiring)

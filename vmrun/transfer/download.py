@@ -167,25 +167,37 @@ def _place_links(links: list[tuple[str, Path, str]], report: Report) -> None:
 # -- checksums of files that look unchanged --------------------------------------------
 
 
+class _RemoteHashes(threading.Thread):
+    """The host's SHA-256 of these files, computed while this side does its own work (hashing
+    its copies, or receiving the bytes)."""
+
+    def __init__(self, conn: Connection, remotes: list[str]):
+        super().__init__(daemon=True, name="vmrun-remote-hash")
+        self.conn, self.remotes = conn, remotes
+        self.hashes: dict[str, str] = {}
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.hashes = remote_hashes(self.conn, self.remotes)
+        except BaseException as exc:  # raised by result(), in the caller's thread
+            self.error = exc
+
+    def result(self) -> dict[str, str]:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.hashes
+
+
 def _settle_by_checksum(
     conn: Connection, items: list[Item], options: Options, report: Report
 ) -> list[Item]:
     """Compare both sides' SHA-256; return the items whose bytes differ (to be sent)."""
-    box: dict[str, object] = {}
-
-    def remote() -> None:
-        try:
-            box["hashes"] = remote_hashes(conn, [it.remote for it in items])
-        except BaseException as exc:
-            box["error"] = exc
-
-    worker = threading.Thread(target=remote, daemon=True)
-    worker.start()
+    remote = _RemoteHashes(conn, [it.remote for it in items])
     local = many_sha256(it.local for it in items)
-    worker.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    hashes: dict[str, str] = box["hashes"]  # type: ignore[assignment]
+    hashes = remote.result()
     differ = []
     for it in items:
         theirs, ours = hashes.get(it.remote), local.get(it.local)
@@ -269,16 +281,7 @@ def _transfer(
     engine = choose_engine(conn, wanted=options.engine, nbytes=remaining)
     report.engine = engine.name
     progress.begin(conn.label, len(items), remaining)
-    box: dict[str, object] = {}
-
-    def remote() -> None:
-        try:
-            box["hashes"] = remote_hashes(conn, [it.remote for it in items])
-        except BaseException as exc:
-            box["error"] = exc
-
-    hasher = threading.Thread(target=remote, daemon=True, name="vmrun-remote-hash")
-    hasher.start()
+    hasher = _RemoteHashes(conn, [it.remote for it in items])
     receiver = Receiver(conn.label, engine, options.bwlimit, progress, report)
     try:
         whole = [it for it in items if it.offset == 0]
@@ -292,9 +295,7 @@ def _transfer(
                 it.digest = file_sha256(it.part)  # type: ignore[arg-type]
     finally:
         hasher.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    hashes: dict[str, str] = box["hashes"]  # type: ignore[assignment]
+    hashes = hasher.result()
     failed = []
     for it in items:
         theirs = hashes.get(it.remote)
