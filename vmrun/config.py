@@ -222,6 +222,20 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "nvidia_smi": (_is_str, "a path in quotes"),
 }
+# What a Slurm cluster in vmrun.toml may say (`[[clusters]]`; read by vmrun.slurm.cluster).
+CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (_is_str, "a string"),
+    "login": (_is_str, 'a string, "user@login-node[:port]" or an ssh_config alias'),
+    "partition": (_is_str, "a string"),
+    "account": (_is_str, "a string"),
+    "qos": (_is_str, "a string"),
+    "workdir": (_is_str, 'a path in quotes ("{user}" is the login user)'),
+    "modules": (_is_str_list, "a list of strings"),
+    "python": (_is_str, "a path in quotes"),
+    "env": (_is_env_table, 'a table of NAME = "value"'),
+    "sbatch_args": (_is_str_list, "a list of strings"),
+}
+_ARRAYS = {"hosts": ("host", HOST_KEYS), "clusters": ("cluster", CLUSTER_KEYS)}
 
 
 def check_file(data: Mapping[str, Any], text: str, path: str, *, project: bool) -> None:
@@ -235,36 +249,39 @@ def check_file(data: Mapping[str, Any], text: str, path: str, *, project: bool) 
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 raise ConfigError(f"{where}: {key} must be {what}, got {_shown(value)}")
             fld.parse(f"{key} (from {where})", value)
-        elif key == "hosts" and project:
-            _check_hosts(value, text, path)
+        elif key in _ARRAYS and project:
+            _check_tables(key, value, text, path)
         elif key in SECTIONS:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: {key} must be a table, [{key}]")
         else:
-            known = ", ".join([*FIELDS, *(f"[{t}]" for t in SECTIONS), *(["[[hosts]]"] * project)])
+            known = ", ".join([*FIELDS, *(f"[{t}]" for t in SECTIONS), *([f"[[{a}]]" for a in _ARRAYS] * project)])
             raise ConfigError(f"{where}: unknown setting {key!r}; known: {known}")
 
 
-def _check_hosts(hosts: Any, text: str, path: str) -> None:
-    if not isinstance(hosts, list):
-        where = _where(path, text, "hosts")
-        raise ConfigError(f"{where}: hosts must be [[hosts]] tables or a list, got {_shown(hosts)}")
-    for index, host in enumerate(hosts):
-        if not isinstance(host, dict):
-            continue  # a bare address, or not a host: the inventory says which
-        for key, value in host.items():
-            where = _where(path, text, key, host=index)
-            if key not in HOST_KEYS:
+def _check_tables(array: str, tables: Any, text: str, path: str) -> None:
+    """`[[hosts]]` or `[[clusters]]`: every key known and of its type, named by line."""
+    noun, keys = _ARRAYS[array]
+    if not isinstance(tables, list):
+        where = _where(path, text, array)
+        raise ConfigError(
+            f"{where}: {array} must be [[{array}]] tables or a list, got {_shown(tables)}"
+        )
+    for index, table in enumerate(tables):
+        if not isinstance(table, dict):
+            continue  # a bare address, or not a table: the reader says which
+        for key, value in table.items():
+            where = _where(path, text, key, host=index, array=array)
+            if key not in keys:
                 hint = "; settings go at the top of the file" if key in FIELDS else ""
-                known = ", ".join(HOST_KEYS)
                 raise ConfigError(
-                    f"{where}: unknown key {key!r} in host #{index + 1}{hint}; a host's keys:"
-                    f" {known}"
+                    f"{where}: unknown key {key!r} in {noun} #{index + 1}{hint}; a {noun}'s"
+                    f" keys: {', '.join(keys)}"
                 )
-            check, what = HOST_KEYS[key]
+            check, what = keys[key]
             if not check(value):
                 raise ConfigError(
-                    f"{where}: {key} of host #{index + 1} must be {what}, got {_shown(value)}"
+                    f"{where}: {key} of {noun} #{index + 1} must be {what}, got {_shown(value)}"
                 )
 
 
@@ -284,26 +301,28 @@ def _shown(value: Any) -> str:
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
 
 
-def _where(path: str, text: str, key: str, *, host: int | None = None) -> str:
-    """`path line N`: where `key` is written at the top level, or in host number `host`
-    (a [[hosts]] table, or an item of `hosts = [...]`); just `path` when not found."""
+def _where(
+    path: str, text: str, key: str, *, host: int | None = None, array: str = "hosts"
+) -> str:
+    """`path line N`: where `key` is written at the top level, or in table number `host` of
+    `array` (a [[hosts]] table, or an item of `hosts = [...]`); just `path` when not found."""
     plain = re.escape(key)
     name = rf"(?:{plain}|\"{plain}\"|'{plain}')\s*[=.]"
     written = re.compile(rf"^\s*{name}" if host is None else rf"(?:^|[{{,\s]){name}")
     table: str | None = None
-    seen = -1  # [[hosts]] tables so far
-    inline = False  # inside `hosts = [...]`
+    seen = -1  # [[array]] tables so far
+    inline = False  # inside `array = [...]`
     for number, line in enumerate(text.splitlines(), start=1):
         if line.lstrip().startswith("#"):
             continue
         header = _HEADER.match(line)
         if header:
             table, inline = header[2], False
-            seen += header[1] == "[[" and table == "hosts"
+            seen += header[1] == "[[" and table == array
             parts = [p.strip().strip("\"'") for p in table.split(".")]
             # [key], [key.sub], [[key]] at the top; [hosts.key] in a host
             found = (
-                (parts[0] == key) if host is None else (parts == ["hosts", key] and seen == host)
+                (parts[0] == key) if host is None else (parts == [array, key] and seen == host)
             )
             if found:
                 return f"{path} line {number}"
@@ -311,10 +330,10 @@ def _where(path: str, text: str, key: str, *, host: int | None = None) -> str:
         if host is None:
             here = table is None and not inline
         else:
-            here = inline or (table == "hosts" and seen == host)
+            here = inline or (table == array and seen == host)
         if here and written.search(line):
             return f"{path} line {number}"
-        inline = inline or (table is None and re.match(r"\s*hosts\s*=", line) is not None)
+        inline = inline or (table is None and re.match(rf"\s*{array}\s*=", line) is not None)
     return path
 
 

@@ -8,12 +8,19 @@ does the work (vmrun.runs.backend).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from vmrun.cli import output
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
 from vmrun.errors import Detached, UsageError
 
 
@@ -43,6 +50,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         host: Hosts = None,
+        cluster: ClusterName = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -52,19 +60,29 @@ def register(app: typer.Typer) -> None:
 
         if lines < 0:
             raise UsageError(f"--lines must be >= 0, got {lines}")
+        refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
+        if cluster:
+            if node:
+                raise UsageError("--node picks a host's log; a cluster's job has one log")
+            from vmrun.slurm.session import cluster_backend
+
+            with cluster_backend(settings, cluster) as slurm:
+                return _show(slurm, slurm.find(run), follow, lines, verbose)
         entries = select_hosts(host, settings)
         with Group(entries, settings) as group:
             backend = HostsBackend(group)
             ref = backend.find(run)
             if node:
                 ref = require_nodes(ref, node, entries)
-            if not follow:
-                backend.read_log(ref, output.show, last=lines, verbose=verbose)
-                return 0
-            try:
-                return backend.follow(
-                    ref, output.show, output.info_line, last=lines, verbose=verbose
-                )
-            except KeyboardInterrupt:
-                raise Detached(f"stopped following {ref.run_id}; the run goes on") from None
+            return _show(backend, ref, follow, lines, verbose)
+
+
+def _show(backend: Any, ref: Any, follow: bool, lines: int, verbose: bool) -> int:
+    if not follow:
+        backend.read_log(ref, output.show, last=lines, verbose=verbose)
+        return 0
+    try:
+        return int(backend.follow(ref, output.show, output.info_line, last=lines, verbose=verbose))
+    except KeyboardInterrupt:
+        raise Detached(f"stopped following {ref.run_id}; the run goes on") from None

@@ -46,3 +46,22 @@ def settings_from(
         **extra,
     }
     return load_settings({k: v for k, v in flags.items() if v is not None})
+
+
+ClusterName = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        "-C",
+        metavar="NAME",
+        help="A Slurm cluster named in vmrun.toml ([[clusters]]): work through its login node.",
+    ),
+]
+
+
+def refuse_with_cluster(cluster: str | None, host: list[str] | None) -> None:
+    """-C and -H name different places to work; one command works in one."""
+    from vmrun.errors import UsageError
+
+    if cluster and host:
+        raise UsageError(f"-C {cluster} and -H both say where to work: use one")

@@ -5,11 +5,18 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
 from vmrun.errors import UsageError, exit_code_for
 
 
@@ -23,10 +30,13 @@ def _duration(seconds: float | None) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command(
-        "status", help="List the runs on the hosts: state, progress, start, duration and exit code."
+        "status",
+        help="List the runs on the hosts (or a cluster's, -C): state, progress, start, duration"
+        " and exit code.",
     )
     def status_command(
         host: Hosts = None,
+        cluster: ClusterName = None,
         last: Annotated[
             int, typer.Option("--last", metavar="N", help="Only the newest N runs (0: all).")
         ] = 20,
@@ -41,10 +51,17 @@ def register(app: typer.Typer) -> None:
 
         if last < 0:
             raise UsageError(f"--last must be >= 0, got {last}")
+        refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        entries = select_hosts(host, settings)
-        with Group(entries, settings) as group:
-            records, errors = HostsBackend(group).runs()
+        records: Sequence[Any]
+        if cluster:
+            from vmrun.slurm.session import cluster_backend
+
+            with cluster_backend(settings, cluster) as slurm:
+                records, errors = slurm.runs()
+        else:
+            with Group(select_hosts(host, settings), settings) as group:
+                records, errors = HostsBackend(group).runs()
         hidden = 0
         if last and not show_all:
             ids = list(dict.fromkeys(r.id for r in records))
@@ -55,7 +72,7 @@ def register(app: typer.Typer) -> None:
             (
                 r.id,
                 r.host,
-                str(r.state),
+                _state(r),
                 r.progress or "-",
                 time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-",
                 _duration(r.duration),
@@ -69,6 +86,14 @@ def register(app: typer.Typer) -> None:
         for error in errors:
             report(error)
         return max((exit_code_for(e) for e in errors), default=0)
+
+
+def _state(run: Any) -> str:
+    """The state, and for a queued job why it waits (squeue's reason)."""
+    reason = getattr(run, "reason", "")
+    attempts = getattr(run, "attempts", 1)
+    text = f"{run.state} ({reason})" if reason else str(run.state)
+    return f"{text}, attempt {attempts}" if attempts > 1 else text
 
 
 def _render(rows: Sequence[tuple[str, ...]]) -> None:
@@ -86,7 +111,8 @@ def _render(rows: Sequence[tuple[str, ...]]) -> None:
             "lost": "red",
         }
         for row in rows:
-            table.add_row(*row[:2], f"[{colours.get(row[2], '')}]{row[2]}[/]", *row[3:])
+            colour = colours.get(row[2].split()[0].rstrip(","), "")
+            table.add_row(*row[:2], f"[{colour}]{row[2]}[/]", *row[3:])
         Console().print(table)
         return
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]

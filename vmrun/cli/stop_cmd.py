@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
+from vmrun.config import Settings
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +30,7 @@ def register(app: typer.Typer) -> None:
             float, typer.Option("--grace", metavar="SECONDS", help="Wait this long before SIGKILL.")
         ] = 10.0,
         host: Hosts = None,
+        cluster: ClusterName = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -30,7 +39,10 @@ def register(app: typer.Typer) -> None:
         from vmrun.ssh.group import Group, worst_exit_code
         from vmrun.ssh.inventory import select_hosts
 
+        refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
+        if cluster:
+            return _stop_job(settings, cluster, run, grace)
         entries = select_hosts(host, settings)
         with Group(entries, settings) as group:
             backend = HostsBackend(group)
@@ -52,3 +64,18 @@ def register(app: typer.Typer) -> None:
                 f"{killed}; none left"
             )
         return worst_exit_code(outcomes)
+
+
+def _stop_job(settings: Settings, cluster: str, run: str | None, grace: float) -> int:
+    """scancel the run's job, then wait until Slurm shows neither it nor any step of it."""
+    from vmrun.slurm.session import cluster_backend
+
+    with cluster_backend(settings, cluster) as slurm:
+        ref = slurm.find(run, running_only=run is None)
+        (report,) = slurm.stop(ref, grace=grace)
+    job = ref.meta.get("job_id")
+    if not report.signalled:
+        typer.echo(f"{cluster}: run {ref.run_id} (job {job}) had already ended")
+    else:
+        typer.echo(f"{cluster}: stopped run {ref.run_id}: job {job} cancelled; no step left")
+    return 0

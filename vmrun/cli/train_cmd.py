@@ -23,7 +23,8 @@ import typer
 from typer.core import TyperCommand
 
 from vmrun.cli import output
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli import train_cluster as tc
+from vmrun.cli.options import AcceptNewHostKey, ClusterName, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
 
 _SCRIPT_ARGS = "vmrun.runs.plan.script_args"
@@ -186,10 +187,35 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),
         ] = False,
+        cluster: ClusterName = None,
+        nodes: tc.Nodes = None,
+        gpus_per_node: tc.GpusPerNode = None,
+        time: tc.Time = None,
+        cpus_per_task: tc.CpusPerTask = None,
+        mem: tc.Mem = None,
+        constraint: tc.Constraint = None,
+        qos: tc.Qos = None,
+        partition: tc.Partition = None,
+        account: tc.Account = None,
+        sbatch_arg: tc.SbatchArg = None,
+        max_requeues: tc.MaxRequeues = None,
+        dry_run: tc.DryRun = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.runs.plan import make_plan
+
+        slurm_opts = {
+            "nodes": nodes, "gpus_per_node": gpus_per_node, "time": time,
+            "cpus_per_task": cpus_per_task, "mem": mem, "constraint": constraint, "qos": qos,
+            "partition": partition, "account": account, "sbatch_arg": sbatch_arg,
+            "max_requeues": max_requeues, "dry_run": dry_run,
+        }  # fmt: skip
+        tc.check_flags(
+            cluster, slurm_opts, {"-H": host, "--local": local, "--master": master,
+            "--nnodes": nnodes, "--rdzv-port": rdzv_port, "--allow-concurrent": allow_concurrent,
+            "--fresh": fresh, "--resume": resume, "--fetch-every": fetch_every},
+        )  # fmt: skip
 
         user_args = ctx.meta.get(_SCRIPT_ARGS)
         wiring = _wiring(master, nnodes, rdzv_port, nccl_debug)
@@ -213,7 +239,7 @@ def register(app: typer.Typer) -> None:
             user_args=user_args,
             epochs=epochs,
             save_every=save_every,
-            nproc_per_node=nproc_per_node,
+            nproc_per_node=None if cluster else nproc_per_node,
             max_restarts=max_restarts or 0,
             env=env,
             name=name,
@@ -221,6 +247,12 @@ def register(app: typer.Typer) -> None:
             lr=lr,
             launcher=launcher,
         )
+        if cluster:
+            settings = settings_from(connect_timeout, accept_new_host_key)
+            return tc.train_on_cluster(
+                plan, cluster, slurm_opts, nproc_per_node, settings, detach=detach,
+                verbose=verbose,
+            )  # fmt: skip
         if fetch_every is not None and (fetch_every <= 0 or detach or local):
             raise UsageError(
                 "--fetch-every needs seconds > 0 and a run that vmrun follows"

@@ -1,0 +1,70 @@
+# shellcheck shell=bash
+# The body of every batch script vmrun submits (vmrun.slurm.job puts the #SBATCH lines and
+# the run's variables above it, so the job holds all it runs: a queued job never changes).
+# Variables: VMRUN_RUN_ID, VMRUN_RECORD_DIR (this run's files on the shared filesystem),
+# VMRUN_RUN_DIR (the run's output folder), VMRUN_LAUNCHER (torchrun|env|python),
+# VMRUN_NPROC (torchrun's processes per node), VMRUN_MAX_RESTARTS, VMRUN_MAX_REQUEUES,
+# VMRUN_PYTHON, VMRUN_MODULES (array), VMRUN_TASK (slurm_task.sh's text), VMRUN_COMMAND
+# (array: the script and its arguments).
+# Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
+set -u
+attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
+rec=$VMRUN_RECORD_DIR
+mark() { printf '\035vmrun %s\n' "$*"; }
+ended() { printf '%s %s %s\n' "$attempt" "$1" "$(date +%s)" >> "$rec/exit"; }
+nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+printf '%s\n' "$nodes" > "$rec/nodes"
+printf '%s %s\n' "$attempt" "$(date +%s)" >> "$rec/starts"
+MASTER_ADDR=$(printf '%s\n' "$nodes" | head -n 1)
+# one port per job: two jobs sharing a node never collide (ids differ by less than 20000)
+MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+export MASTER_ADDR MASTER_PORT
+# shellcheck disable=SC2086  # one word per node
+mark attempt "$attempt" job "$SLURM_JOB_ID" start "$(date +%s)" nodes $nodes
+# srun in Slurm >= 22.05 no longer takes --cpus-per-task from the allocation
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
+if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
+  if ! command -v module >/dev/null 2>&1; then  # a batch shell is not a login shell
+    for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh \
+      /usr/share/lmod/lmod/init/bash /usr/share/modules/init/bash \
+      /usr/share/Modules/init/bash; do
+      # shellcheck disable=SC1090
+      if [ -r "$init" ]; then . "$init"; break; fi
+    done
+  fi
+  if ! module load "${VMRUN_MODULES[@]}"; then
+    mark failed "module load ${VMRUN_MODULES[*]} failed"
+    ended 3
+    exit 3
+  fi
+fi
+# the run's own variables (--env, the cluster's env): a 0600 file, never a command line
+if [ -r "$rec/env" ]; then
+  # shellcheck disable=SC1091
+  . "$rec/env"
+fi
+export PYTHONUNBUFFERED=1 VMRUN_RUN_ID VMRUN_RUN_DIR VMRUN_LAUNCHER VMRUN_NPROC
+export VMRUN_MAX_RESTARTS VMRUN_PYTHON
+export VMRUN_REQUEUE_FILE="$rec/requeue"
+rm -f "$VMRUN_REQUEUE_FILE"
+mkdir -p "$VMRUN_RUN_DIR"
+trap 'mark terminated "attempt $attempt"; ended terminated; exit 143' TERM
+srun --kill-on-bad-exit=1 --label sh -c "$VMRUN_TASK" vmrun-task "${VMRUN_COMMAND[@]}" &
+wait $!
+rc=$?
+if [ -e "$VMRUN_REQUEUE_FILE" ]; then
+  if [ "${SLURM_RESTART_COUNT:-0}" -lt "$VMRUN_MAX_REQUEUES" ]; then
+    ended requeue
+    mark requeue "attempt $attempt saved its state; requeueing job $SLURM_JOB_ID"
+    # scontrol requeue can hang; the requeue ends this script
+    if timeout 60 scontrol requeue "$SLURM_JOB_ID"; then sleep 60; fi
+    mark failed "scontrol requeue $SLURM_JOB_ID did not take"
+    rc=75
+  else
+    mark failed "the run asked to be requeued again, but --max-requeues $VMRUN_MAX_REQUEUES is spent"
+    rc=75
+  fi
+fi
+ended "$rc"
+mark exit "$rc"
+exit "$rc"

@@ -1,0 +1,24 @@
+# slurm_probe.sh WORKDIR: what a submission needs to know about the login node, in one
+# round trip: the user, the absolute work directory ("{user}" is the login user, a
+# relative path is under the home), and the Slurm version (its GPU options differ).
+w=$1
+user=$(id -un) || exit 1
+# shellcheck disable=SC2088  # a literal "~", as the user wrote it in vmrun.toml
+case $w in
+  "~") w=$HOME ;;
+  "~/"*) w=$HOME/${w#"~/"} ;;
+  /*) ;;
+  *) w=$HOME/$w ;;
+esac
+while :; do
+  case $w in
+    *"{user}"*) w=${w%%"{user}"*}$user${w#*"{user}"} ;;
+    *) break ;;
+  esac
+done
+printf 'user=%s\nhome=%s\nworkdir=%s\n' "$user" "$HOME" "$w"
+if ! command -v sbatch >/dev/null 2>&1; then
+  echo "sbatch=missing"
+  exit 0
+fi
+printf 'version=%s\n' "$(sinfo --version 2>/dev/null)"

@@ -1,0 +1,22 @@
+# slurm_runs.sh RUNS_DIR: every vmrun run on the cluster in one round trip: the user's jobs
+# in squeue (a fixed --format: squeue's JSON changed across versions), then each run's
+# files (run.json, jobid, starts, exit, stopped; the last metrics line) as `==> PATH <==` sections.
+r=$1
+echo "==> squeue <=="
+squeue -h -u "$(id -un)" --states=all -o '%i|%T|%r|%S|%M|%N' 2>/dev/null
+cd "$r" 2>/dev/null || exit 0
+set -- */run.json
+[ -e "$1" ] || exit 0
+tail -v -n +1 -- */run.json */jobid */starts */exit */stopped 2>/dev/null
+echo
+# finished jobs leave squeue after MinJobAge: accounting remembers them, where there is any
+echo "==> sacct <=="
+sacct -n -P -X -j "$(cat -- */jobid 2>/dev/null | tr '\n' ,)" -o JobID,State,ExitCode 2>/dev/null
+# the newest metrics line of every run, in one process (the paths as run.json says them)
+metrics=$(sed -n 's/.*"metrics": *"\([^"]*\)".*/\1/p' -- */run.json)
+if [ -n "$metrics" ]; then
+  IFS='
+'
+  # shellcheck disable=SC2086  # one path per line
+  tail -v -n 1 -- $metrics 2>/dev/null
+fi

@@ -1,0 +1,320 @@
+"""Runs on a Slurm cluster: the `Backend` whose runs are batch jobs, reached over one SSH
+connection to the login node. Code and outputs live on the cluster's shared filesystem
+(the `workdir` of `[[clusters]]`); each run's files sit in `<workdir>/.vmrun/runs/<id>/`
+(job.sh, run.json, env, jobid, job.log, starts, exit), where the batch script writes them
+from whichever node it runs on. Every verb is one command on the login node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vmrun.errors import RemoteError, UsageError
+from vmrun.hostside import source
+from vmrun.remote_paths import STATE_DIR, remote_workdir
+from vmrun.runs.backend import Emit, NodeRecord, Note, RunRef, StopReport
+from vmrun.runs.plan import Plan
+from vmrun.runs.state import RunState
+from vmrun.slurm import records
+from vmrun.slurm.cluster import Cluster
+from vmrun.slurm.job import (
+    Batch,
+    JobPaths,
+    JobSpec,
+    batch_script,
+    check_spec,
+    tasks_per_node,
+    workers_per_node,
+)
+from vmrun.slurm.queue import JobState
+from vmrun.slurm.stream import JobStream
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.quoting import plain_command, quote
+from vmrun.transfer.types import Progress
+
+POLL_S = 2.0  # squeue while following: one cheap query per poll, on the login node only
+
+
+@dataclass(frozen=True)
+class Facts:
+    user: str
+    home: str
+    workdir: str  # absolute
+    version: str  # `sinfo --version`
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A run made ready to submit: what `--dry-run` prints and `start` sends."""
+
+    run_id: str
+    script: str
+    meta: dict[str, Any]
+    paths: JobPaths
+    env_text: str
+    trainer: bytes  # the template trainer's text (empty: the run's own script)
+
+
+class SlurmBackend:
+    def __init__(
+        self, conn: Connection, cluster: Cluster, spec: JobSpec | None = None,
+        poll: float = POLL_S,
+    ):  # fmt: skip
+        self.conn = conn
+        self.cluster = cluster
+        self.spec = spec or JobSpec()
+        self.poll = poll
+        self._facts: Facts | None = None
+
+    # -- the cluster ------------------------------------------------------------------
+
+    def facts(self) -> Facts:
+        if self._facts is None:
+            argv = ["sh", "-c", source("slurm_probe.sh"), "vmrun-probe", self.cluster.workdir]
+            result = self.conn.run(argv, check=True, timeout=60)
+            values = dict(
+                line.split("=", 1) for line in result.stdout_tail.splitlines() if "=" in line
+            )
+            if values.get("sbatch") == "missing":
+                raise UsageError(
+                    f"cluster {self.cluster.name}: no sbatch on {self.cluster.login}",
+                    hint="`login` must be the cluster's login node, where Slurm's commands are",
+                )
+            self._facts = Facts(
+                values["user"], values["home"], values["workdir"], values.get("version", "")
+            )
+        return self._facts
+
+    @property
+    def runs_dir(self) -> str:
+        return f"{self.facts().workdir}/{STATE_DIR}/runs"
+
+    def record_dir(self, run_id: str) -> str:
+        return f"{self.runs_dir}/{run_id}"
+
+    # -- submitting -------------------------------------------------------------------
+
+    def prepare(self, plan: Plan) -> Submission:
+        """The batch script and the run's record, ready to submit (nothing sent yet)."""
+        from vmrun.runs.launch import run_id as new_run_id
+        from vmrun.trainer import is_bundled
+
+        spec = check_spec(self.spec, plan.launcher)
+        facts = self.facts()
+        rid = new_run_id(plan.name)
+        code = f"{facts.workdir}/{remote_workdir(plan.project)}"
+        paths = JobPaths(record=self.record_dir(rid), code=code, out=f"{code}/results/{rid}")
+        trainer = b""
+        if is_bundled(plan.script):
+            trainer = plan.script.read_bytes()
+            command = [f"{paths.record}/template.py", *plan.args, "--out-dir", paths.out]
+        else:
+            command = [f"{code}/{_relative(plan)}", *plan.args]
+        batch = Batch(
+            run_id=rid,
+            launcher=plan.launcher,
+            python=self.cluster.python or "python3",
+            command=command,
+            max_restarts=plan.max_restarts,
+            modules=self.cluster.modules,
+        )
+        script = batch_script(spec, batch, paths, facts.version, job_name=rid)
+        per_node = workers_per_node(spec, plan.launcher)
+        meta = {
+            "run_id": rid,
+            "cluster": self.cluster.name,
+            "launcher": plan.launcher,
+            "script": plan.script.name if trainer else _relative(plan),
+            "args": plan.args,
+            "epochs": int(plan.args[0]) if trainer and plan.args[0].isdigit() else None,
+            "nodes": spec.nodes,
+            "tasks_per_node": tasks_per_node(spec, plan.launcher),
+            "nproc_per_node": per_node,
+            "world_size": per_node * spec.nodes if per_node else None,
+            "gpus_per_node": spec.gpus_per_node,
+            "partition": spec.partition,
+            "time": spec.time,
+            "max_requeues": spec.max_requeues,
+            "submitted": time.time(),
+            "record_dir": paths.record,
+            "code_dir": paths.code,
+            "out_dir": paths.out,
+            "metrics": f"{paths.out}/metrics.jsonl",
+        }
+        env = {**self.cluster.env, **plan.env}
+        env_text = "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
+        return Submission(rid, script, meta, paths, env_text, trainer)
+
+    def start(
+        self, plan: Plan, how: object, note: Note, progress: Progress | None = None
+    ) -> RunRef:
+        """Sync the code (a SCRIPT's project; the template travels with the job), submit,
+        and return once the job is queued. A job that can never start is cancelled."""
+        sub = self.prepare(plan)
+        if not sub.trainer:
+            self._sync(plan, sub.paths.code, note, progress)
+        job, state = self._submit(sub)
+        ref = self._ref(sub.run_id, {**sub.meta, "job_id": job})
+        if state is not None and state.never_starts:
+            self.cancel_never(ref, job, state, state.never_starts)
+        where = f"{self.cluster.name} as job {job}"
+        note(f"run {sub.run_id} submitted to {where} ({state.describe() if state else 'queued'})")
+        return ref
+
+    def _sync(self, plan: Plan, code: str, note: Note, progress: Progress | None) -> None:
+        from vmrun.sync.files import project_files
+        from vmrun.sync.project import sync_project
+
+        files = project_files(plan.project)
+        if _relative(plan) not in files:
+            raise UsageError(
+                f"script {_relative(plan)} is excluded from the sync (.gitignore, .vmrunignore"
+                " or vmrun's defaults)",
+                hint=f"add `!{_relative(plan)}` to .vmrunignore",
+            )
+        synced = sync_project(self.conn, plan.project, code, files=files, progress=progress)
+        if progress is None:
+            for text in synced.warnings:
+                note(f"{self.cluster.name}: {text}")
+
+    def _submit(self, sub: Submission) -> tuple[str, JobState | None]:
+        script = sub.script.encode()
+        meta = json.dumps(sub.meta, indent=1).encode() + b"\n"
+        argv = ["sh", "-c", source("slurm_submit.sh"), "vmrun-submit", sub.paths.record,
+                str(len(script)), str(len(meta)), str(len(sub.trainer))]  # fmt: skip
+        stdin = script + meta + sub.trainer + sub.env_text.encode()
+        status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what="sbatch")
+        if status == 2:
+            message = " ".join(err.split())
+            raise UsageError(
+                f"cluster {self.cluster.name} refused the job: {message}",
+                hint="check --partition/--account/--qos/--time against `sinfo` there",
+            )
+        if status != 0:
+            raise RemoteError(
+                f"could not submit to {self.cluster.name}: {' '.join(err.split()) or status}",
+                host=self.cluster.name,
+            )
+        values = dict(
+            line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
+        )
+        return values["job"], JobState.parse(values.get("state", ""))
+
+    def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None:
+        self.stop(ref, grace=0)
+        raise UsageError(
+            f"job {job} can never start on {self.cluster.name}: {state.reason} ({why});"
+            " it was cancelled",
+            hint="ask for less (--nodes, --time), or another --partition",
+        )
+
+    # -- finding runs -----------------------------------------------------------------
+
+    def runs(self) -> tuple[list[records.SlurmRun], list[BaseException]]:
+        argv = ["sh", "-c", source("slurm_runs.sh"), "vmrun-runs", self.runs_dir]
+        status, out, err = self.conn.capture(plain_command(argv), what="squeue")
+        if status != 0:
+            return [], [RemoteError(f"listing runs failed: {err.strip()}", host=self.cluster.name)]
+        return records.parse_listing(out.decode(errors="replace"), self.cluster.name), []
+
+    def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef:
+        found, _ = self.runs()
+        if running_only:
+            found = [r for r in found if r.state in (RunState.PENDING, RunState.RUNNING)]
+        if run_id is not None:
+            found = [r for r in found if r.id == run_id]
+        if not found:
+            what = f"no run {run_id}" if run_id else "no run"
+            raise UsageError(f"{what} on cluster {self.cluster.name}", hint="see `vmrun status`")
+        run = found[-1]
+        return self._ref(run.id, {**run.meta, "job_id": run.job_id}, run)
+
+    def _ref(
+        self, rid: str, meta: Mapping[str, Any], run: records.SlurmRun | None = None
+    ) -> RunRef:
+        state, code = run.state_and_code() if run else (RunState.PENDING, None)
+        record = NodeRecord(self.cluster.name, state, code, meta, started=meta.get("submitted", 0))
+        return RunRef(rid, (self.cluster.name,), {self.cluster.name: record})
+
+    def state(self, ref: RunRef) -> tuple[RunState, int | None]:
+        found, errors = self.runs()
+        if errors:
+            raise errors[0]
+        for run in found:
+            if run.id == ref.run_id:
+                return run.state_and_code()
+        return RunState.LOST, None
+
+    def outputs(self, ref: RunRef) -> Mapping[str, Any]:
+        meta = ref.meta
+        return {"record": meta.get("record_dir"), "out": meta.get("out_dir"),
+                "code": meta.get("code_dir")}  # fmt: skip
+
+    # -- logs -------------------------------------------------------------------------
+
+    def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0, verbose: bool = False) -> None:
+        log = f"{ref.meta['record_dir']}/job.log"
+        argv = ["tail", "-n", str(last), "--", log] if last else ["cat", "--", log]
+        status, out, err = self.conn.capture(plain_command(argv), what="the job's log")
+        if status != 0 and "No such file" not in err:
+            raise RemoteError(f"cannot read {log}: {err.strip()}", host=self.cluster.name)
+        stream = self.stream(ref, emit, lambda word, rest: None, verbose)
+        stream.feed(out)
+        stream.flush()
+
+    def stream(
+        self, ref: RunRef, emit: Emit, on_event: Callable[[str, str], None], verbose: bool
+    ) -> JobStream:
+        meta = ref.meta
+        return JobStream(
+            emit, on_event, launcher=str(meta.get("launcher", "torchrun")),
+            tasks_per_node=int(meta.get("tasks_per_node") or 1), verbose=verbose,
+        )  # fmt: skip
+
+    def follow(
+        self, ref: RunRef, emit: Emit, note: Note, *, last: int = 0, verbose: bool = False
+    ) -> int:
+        """The job from now (or its queue wait) to its end: state changes as notes, its
+        output as `[node rankN]` lines; 0 when it completed, else raise its failure."""
+        from vmrun.slurm.following import Follower
+
+        return Follower(self, ref, emit, note, verbose).run()
+
+    # -- stopping ---------------------------------------------------------------------
+
+    def stop(self, ref: RunRef, *, grace: float) -> list[StopReport]:
+        """scancel, then wait (bounded) until the job and every step of it are gone."""
+        job = str(ref.meta.get("job_id") or "")
+        if not job:
+            raise UsageError(f"run {ref.run_id} has no job id on {self.cluster.name}")
+        deadline = str(max(30, int(grace) + 30))
+        argv = ["sh", "-c", source("slurm_stop.sh"), "vmrun-stop", ref.meta["record_dir"], job,
+                deadline]  # fmt: skip
+        result = self.conn.run(argv, timeout=float(deadline) + 30)
+        before = result.stdout_tail.split("before=", 1)[-1].split("\n", 1)[0].strip()
+        if result.exit_status == 3:
+            raise RemoteError(
+                f"job {job} is still there after scancel: {result.stdout_tail.strip()}",
+                host=self.cluster.name,
+                hint="ask the cluster's admins; `scancel` it again later",
+            )
+        if result.exit_status != 0:
+            raise RemoteError(
+                f"scancel {job} failed: {result.output_tail(2).strip()}", host=self.cluster.name
+            )
+        return [StopReport(node=self.cluster.name, signalled=1 if before else 0, killed=0)]
+
+
+def _relative(plan: Plan) -> str:
+    try:
+        return plan.script.relative_to(plan.project).as_posix()
+    except ValueError:
+        raise UsageError(
+            f"script {plan.script} is outside the project {plan.project}, so it would not be"
+            " synced",
+            hint="run vmrun from the project, or move the script into it",
+        ) from None

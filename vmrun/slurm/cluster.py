@@ -1,0 +1,96 @@
+"""A Slurm cluster as vmrun.toml declares it (`[[clusters]]`), and its login node as an SSH
+host: everything vmrun honours for hosts (ssh_config, ProxyJump, strict host keys) applies.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.config import PROJECT_FILE, Settings
+from vmrun.errors import ConfigError, UsageError
+from vmrun.ssh.hosts import parse_host
+from vmrun.ssh.inventory import HostEntry
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+DEFAULT_WORKDIR = "~"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One `[[clusters]]` table: where to log in, and what every job there asks for."""
+
+    name: str
+    login: str
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    workdir: str = DEFAULT_WORKDIR  # on the shared filesystem; "{user}": the login user
+    modules: tuple[str, ...] = ()
+    python: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    sbatch_args: tuple[str, ...] = ()
+
+    @property
+    def entry(self) -> HostEntry:
+        """The login node as a host entry (named after the cluster, for messages)."""
+        return HostEntry(spec=parse_host(self.login), name=self.name)
+
+
+def project_clusters(settings: Settings) -> list[Cluster]:
+    where = f"{settings.project_dir / PROJECT_FILE}" if settings.project_dir else PROJECT_FILE
+    raw = settings.project_data.get("clusters", [])
+    clusters: list[Cluster] = []
+    for index, item in enumerate(raw, start=1):
+        cluster = _cluster(index, item, where)
+        if any(c.name == cluster.name for c in clusters):
+            raise ConfigError(f"cluster {cluster.name!r} appears twice in {where}")
+        clusters.append(cluster)
+    return clusters
+
+
+def _cluster(index: int, item: Any, where: str) -> Cluster:
+    if not isinstance(item, dict):
+        raise ConfigError(f"cluster #{index} in {where} must be a [[clusters]] table")
+    name, login = item.get("name"), item.get("login")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(
+            f'cluster #{index} in {where} needs name = "..." (letters, digits, . _ -)'
+        )
+    if not isinstance(login, str) or not login:
+        raise ConfigError(f'cluster {name!r} in {where} needs login = "user@login-node"')
+    try:
+        parse_host(login)
+    except UsageError as exc:
+        raise ConfigError(f"cluster {name!r} in {where}: login: {exc.message}") from None
+    workdir = item.get("workdir", DEFAULT_WORKDIR)
+    if not workdir.strip() or "\n" in workdir:
+        raise ConfigError(f"cluster {name!r} in {where}: workdir must be a path")
+    return Cluster(
+        name=name,
+        login=login,
+        partition=item.get("partition"),
+        account=item.get("account"),
+        qos=item.get("qos"),
+        workdir=workdir,
+        modules=tuple(item.get("modules", ())),
+        python=item.get("python"),
+        env={k: str(v) for k, v in item.get("env", {}).items()},
+        sbatch_args=tuple(item.get("sbatch_args", ())),
+    )
+
+
+def find_cluster(settings: Settings, name: str) -> Cluster:
+    """The cluster `-C NAME` means, or a one-line error listing the ones there are."""
+    clusters = project_clusters(settings)
+    for cluster in clusters:
+        if cluster.name == name:
+            return cluster
+    known = ", ".join(c.name for c in clusters)
+    where = settings.project_dir / PROJECT_FILE if settings.project_dir else PROJECT_FILE
+    raise UsageError(
+        f"-C {name}: no such cluster in {where}"
+        + (f" (clusters: {known})" if known else "; add a [[clusters]] table with name and login")
+    )

@@ -1,0 +1,110 @@
+"""Following a Slurm run to its end (`train`, `logs -f`): one command on the login node
+(vmrun/hostside/slurm_follow.sh) streams the job's log and its state changes; here they
+become output lines and notes, and the end becomes an exit code or the run's failure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from vmrun.errors import CommandFailed, Detached, Interrupted
+from vmrun.hostside import source
+from vmrun.runs.backend import Emit, Note, RunRef
+from vmrun.slurm.cluster import Cluster
+from vmrun.slurm.queue import JobState, explain_failure
+from vmrun.slurm.stream import JobStream
+from vmrun.ssh.connection import Connection
+
+HEARTBEAT_S = 15.0
+
+
+class NeverStarts(Exception):
+    def __init__(self, state: JobState, why: str):
+        super().__init__(why)
+        self.state, self.why = state, why
+
+
+class _Backend(Protocol):
+    """What following needs of vmrun.slurm.backend.SlurmBackend."""
+
+    conn: Connection
+    cluster: Cluster
+    poll: float
+
+    def stream(
+        self, ref: RunRef, emit: Emit, on_event: Callable[[str, str], None], verbose: bool
+    ) -> JobStream: ...
+
+    def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None: ...
+
+
+class Follower:
+    def __init__(self, backend: _Backend, ref: RunRef, emit: Emit, note: Note, verbose: bool):
+        self.backend = backend
+        self.ref = ref
+        self.note = note
+        self.job = str(ref.meta.get("job_id"))
+        self.stream = backend.stream(ref, emit, self.on_event, verbose)
+        self.emit = emit
+        self.last: JobState | None = None
+        self.end = ""
+        self.exits: list[list[str]] = []
+
+    def on_event(self, word: str, rest: str) -> None:
+        if word == "state":
+            state = JobState.parse(rest)
+            if state is None or state == self.last:
+                return
+            self.last = state
+            if state.never_starts:
+                raise NeverStarts(state, state.never_starts)
+            if state.state == "PENDING":
+                self.note(f"job {self.job} is {state.describe()}")
+        elif word == "attempt":
+            number, _, tail = rest.partition(" ")
+            nodes = tail.split(" nodes ", 1)[1].split() if " nodes " in tail else []
+            again = f"--- attempt {number} (requeued) --- " if number != "1" else ""
+            self.note(f"{again}job {self.job} running on {', '.join(nodes) or '?'}")
+        elif word in ("requeue", "failed", "terminated"):
+            self.note(rest)
+        elif word == "end":
+            self.end = rest.strip()
+        elif word == "exits":
+            words = rest.split()
+            self.exits = [words[i : i + 3] for i in range(0, len(words) - 2, 3)]
+
+    def _output(self, stream: str, data: bytes) -> None:
+        self.stream.feed(data)
+
+    def run(self) -> int:
+        rid, cluster = self.ref.run_id, self.backend.cluster.name
+        record, poll = str(self.ref.meta["record_dir"]), f"{self.backend.poll:g}"
+        argv = ["sh", "-c", source("slurm_follow.sh"), "vmrun-follow", record, self.job, "0", poll]
+        try:
+            self.backend.conn.run(argv, on_output=self._output, heartbeat=HEARTBEAT_S)
+        except NeverStarts as never:
+            self.stream.flush()
+            self.backend.cancel_never(self.ref, self.job, never.state, never.why)
+        except (KeyboardInterrupt, Interrupted):
+            raise Detached(
+                f"detached from run {rid}; job {self.job} goes on on cluster {cluster}",
+                hint=f"reattach with `vmrun logs -f {rid} -C {cluster}`, stop it with"
+                f" `vmrun stop {rid} -C {cluster}`",
+            ) from None
+        self.stream.flush()
+        return self.verdict()
+
+    def verdict(self) -> int:
+        rid, cluster = self.ref.run_id, self.backend.cluster.name
+        code_text = self.exits[-1][1] if self.exits else ""
+        if self.end == "COMPLETED" or (not self.end and code_text == "0"):
+            return 0
+        code = int(code_text) if code_text.isdigit() else 1
+        end = self.end or ("FAILED" if code_text.isdigit() else "ended")
+        detail = f", exit code {code_text}" if code_text.isdigit() else ""
+        raise CommandFailed(
+            f"run {rid} failed: job {self.job} {explain_failure(end)}{detail}",
+            host=cluster,
+            exit_status=code if 0 < code < 256 else 1,
+            hint=f"see `vmrun logs {rid} -C {cluster}`",
+        )

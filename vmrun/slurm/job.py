@@ -1,0 +1,176 @@
+"""What a Slurm run asks for (`JobSpec`: nodes, GPUs, time, the launcher's task layout), checked
+before anything is submitted, and the batch script that asks for it.
+
+The script is a header (`#SBATCH` lines and the run's variables, every value quoted by
+vmrun.ssh.quoting) over vmrun/hostside/slurm_job.bash, which holds all the logic; the
+per-task launcher (vmrun/hostside/slurm_task.sh) travels inside it as a variable, so a job
+waiting in the queue holds everything it will run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vmrun.errors import UsageError
+from vmrun.hostside import source
+from vmrun.ssh.quoting import quote
+
+# Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME = re.compile(r"(\d+)(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
+_MEM = re.compile(r"[1-9]\d*[KMGT]?", re.IGNORECASE)
+SIGNAL_BEFORE_S = 90  # seconds of warning before the time limit (SIGUSR2: NCCL has USR1)
+DEFAULT_MAX_REQUEUES = 3
+CPU_PROCESSES = 2  # torchrun's workers per node when the job asks for no GPU
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The sbatch side of a run: what it asks the scheduler for."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    nproc_per_node: int | None = None  # torchrun workers, or env tasks, per node
+    time: str | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    constraint: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    signal_before: int = SIGNAL_BEFORE_S
+
+
+def check_spec(spec: JobSpec, launcher: str) -> JobSpec:
+    """Refuse what sbatch would refuse (or mis-run) before anything is sent, one line each."""
+    if spec.nodes < 1:
+        raise UsageError(f"--nodes must be >= 1, got {spec.nodes}")
+    if spec.gpus_per_node < 0:
+        raise UsageError(f"--gpus-per-node must be >= 0, got {spec.gpus_per_node}")
+    if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be >= 1, got {spec.nproc_per_node}")
+    if spec.time is not None and not _TIME.fullmatch(spec.time.strip()):
+        raise UsageError(
+            f"--time {spec.time!r}: use Slurm's forms, MINUTES, HH:MM:SS or D-HH:MM:SS"
+            " (e.g. 01:00:00)"
+        )
+    if spec.cpus_per_task is not None and spec.cpus_per_task < 1:
+        raise UsageError(f"--cpus-per-task must be >= 1, got {spec.cpus_per_task}")
+    if spec.mem is not None and not _MEM.fullmatch(spec.mem.strip()):
+        raise UsageError(f"--mem {spec.mem!r}: use a size such as 32000M or 32G")
+    if spec.max_requeues < 0:
+        raise UsageError(f"--max-requeues must be >= 0, got {spec.max_requeues}")
+    if launcher == "python" and spec.nodes != 1:
+        raise UsageError(
+            "--launcher python starts one process on one node (it spawns its own workers);"
+            f" use --nodes 1, not {spec.nodes}, or --launcher torchrun|env"
+        )
+    if launcher == "python" and spec.nproc_per_node is not None:
+        raise UsageError("--nproc-per-node is for torchrun and env; python starts one process")
+    for arg in spec.sbatch_args:
+        if not arg.startswith("-") or "\n" in arg:
+            raise UsageError(f"--sbatch-arg {arg!r}: give one sbatch option, e.g. --exclusive")
+    return spec
+
+
+def tasks_per_node(spec: JobSpec, launcher: str) -> int:
+    """Slurm tasks per node: torchrun is one per node (it starts the workers); env one per
+    GPU (or --nproc-per-node); python one."""
+    if launcher == "env":
+        return spec.nproc_per_node or spec.gpus_per_node or 1
+    return 1
+
+
+def workers_per_node(spec: JobSpec, launcher: str) -> int | None:
+    """Processes per node that join the process group (None: the script decides)."""
+    if launcher == "torchrun":
+        return spec.nproc_per_node or spec.gpus_per_node or CPU_PROCESSES
+    if launcher == "env":
+        return tasks_per_node(spec, launcher)
+    return None
+
+
+def gpu_option(gpus: int, version: str) -> str:
+    """`--gpus-per-node` where Slurm has it (19.05+, cons_tres), else `--gres=gpu:N`."""
+    match = re.search(r"(\d+)\.(\d+)", version)
+    major_minor = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    return f"--gpus-per-node={gpus}" if major_minor >= (19, 5) else f"--gres=gpu:{gpus}"
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Absolute paths on the cluster's shared filesystem."""
+
+    record: str  # the run's files: job.sh, run.json, job.log, exit, nodes
+    code: str  # the synced project: the job's working directory
+    out: str  # the run's outputs (VMRUN_RUN_DIR; the template's --out-dir)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Everything the batch script says besides the options: what runs, and how."""
+
+    run_id: str
+    launcher: str
+    python: str
+    command: Sequence[str]
+    max_restarts: int = 0
+    modules: Sequence[str] = ()
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+def sbatch_options(spec: JobSpec, launcher: str, paths: JobPaths, version: str) -> list[str]:
+    opts = [f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec, launcher)}"]
+    for flag, value in (
+        ("--partition", spec.partition),
+        ("--account", spec.account),
+        ("--qos", spec.qos),
+        ("--time", spec.time),
+        ("--cpus-per-task", spec.cpus_per_task),
+        ("--mem", spec.mem),
+        ("--constraint", spec.constraint),
+    ):
+        if value is not None:
+            opts.append(f"{flag}={value}")
+    if spec.gpus_per_node:
+        opts.append(gpu_option(spec.gpus_per_node, version))
+    opts += [
+        f"--chdir={paths.code}",
+        f"--output={paths.record}/job.log",
+        "--open-mode=append",
+        f"--signal=USR2@{spec.signal_before}",
+        "--requeue",
+        *spec.sbatch_args,  # last: sbatch takes the last of repeated options
+    ]
+    return opts
+
+
+def batch_script(
+    spec: JobSpec, batch: Batch, paths: JobPaths, version: str, *, job_name: str
+) -> str:
+    """The whole batch script: the header, the run's variables, then slurm_job.bash."""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}"]
+    lines += [f"#SBATCH {opt}" for opt in sbatch_options(spec, batch.launcher, paths, version)]
+    variables = {
+        "VMRUN_RUN_ID": batch.run_id,
+        "VMRUN_RECORD_DIR": paths.record,
+        "VMRUN_RUN_DIR": paths.out,
+        "VMRUN_LAUNCHER": batch.launcher,
+        "VMRUN_NPROC": str(workers_per_node(spec, batch.launcher) or 1),
+        "VMRUN_MAX_RESTARTS": str(batch.max_restarts),
+        "VMRUN_MAX_REQUEUES": str(spec.max_requeues),
+        "VMRUN_PYTHON": batch.python,
+        **batch.extra,
+    }
+    lines += ["", f"# vmrun run {batch.run_id}"]
+    lines += [f"{name}={quote(value)}" for name, value in variables.items()]
+    lines.append(f"VMRUN_MODULES=({' '.join(quote(m) for m in batch.modules)})")
+    lines.append(f"VMRUN_COMMAND=({' '.join(quote(w) for w in batch.command)})")
+    task = "\n".join(
+        line for line in source("slurm_task.sh").splitlines() if not line.lstrip().startswith("#")
+    )  # its comments are in the file; the job shows the commands
+    lines.append(f"VMRUN_TASK={quote(task)}")
+    return "\n".join(lines) + "\n\n" + source("slurm_job.bash")

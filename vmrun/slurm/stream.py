@@ -1,0 +1,82 @@
+"""A followed job's output as the user sees it: srun's `--label` says which task a line
+came from, so each becomes `[node rankN] text` (torchrun's workers through
+vmrun.runs.lines, which also joins their pieces); the batch script's `\\x1dvmrun ...` lines
+are events (an attempt began, the job was requeued, its state changed), not output."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+
+from vmrun.runs.lines import Prefixer
+
+Emit = Callable[[bytes], None]
+OnEvent = Callable[[str, str], None]
+MARK = b"\x1dvmrun "
+_LABEL = re.compile(rb"^ *(\d+): ")
+
+
+class JobStream:
+    def __init__(
+        self, emit: Emit, on_event: OnEvent, *, launcher: str, tasks_per_node: int,
+        verbose: bool = False,
+    ):  # fmt: skip
+        self.emit = emit
+        self.on_event = on_event
+        self.launcher = launcher
+        self.tasks_per_node = max(1, tasks_per_node)
+        self.verbose = verbose
+        self.nodes: list[str] = []
+        self.rest = b""
+        self.prefixers: dict[int, Prefixer] = {}
+        self.lock = threading.Lock()
+
+    def feed(self, data: bytes) -> None:
+        with self.lock:
+            *lines, self.rest = (self.rest + data).split(b"\n")
+            for line in lines:
+                self._line(line)
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.rest:
+                self._line(self.rest)
+                self.rest = b""
+            self._flush_prefixers()
+
+    def _flush_prefixers(self) -> None:
+        for prefixer in self.prefixers.values():
+            prefixer.flush()
+        self.prefixers.clear()
+
+    def _line(self, line: bytes) -> None:
+        if line.startswith(MARK):
+            word, _, rest = line[len(MARK) :].decode("utf-8", "replace").partition(" ")
+            if word == "attempt":
+                self._flush_prefixers()
+                self.nodes = rest.split(" nodes ", 1)[1].split() if " nodes " in rest else []
+            self.on_event(word, rest)
+            return
+        label = _LABEL.match(line)
+        if label is None:  # the batch script's own output (srun's errors, module load)
+            self.emit(line + b"\n")
+            return
+        task, text = int(label.group(1)), line[label.end() :]
+        if self.launcher == "torchrun":
+            prefixer = self.prefixers.get(task)
+            if prefixer is None:
+                host = self._node(task) if len(self.nodes) > 1 else None
+                prefixer = self.prefixers[task] = Prefixer(host, self.emit, verbose=self.verbose)
+            prefixer.feed(text + b"\n")
+            return
+        node = self._node(task // self.tasks_per_node)
+        many = len(self.nodes) > 1
+        if self.launcher == "env":
+            head = f"[{node} rank{task}] " if many else f"[rank{task}] "
+        else:
+            head = f"[{node}] " if many else ""
+        self.emit(head.encode() + text + b"\n")
+
+    def _node(self, index: int) -> str:
+        return self.nodes[index] if 0 <= index < len(self.nodes) else f"node{index}"
