@@ -255,7 +255,9 @@ def check_file(data: Mapping[str, Any], text: str, path: str, *, project: bool) 
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: {key} must be a table, [{key}]")
         else:
-            known = ", ".join([*FIELDS, *(f"[{t}]" for t in SECTIONS), *([f"[[{a}]]" for a in _ARRAYS] * project)])
+            known = ", ".join(
+                [*FIELDS, *(f"[{t}]" for t in SECTIONS), *([f"[[{a}]]" for a in _ARRAYS] * project)]
+            )
             raise ConfigError(f"{where}: unknown setting {key!r}; known: {known}")
 
 
@@ -301,9 +303,7 @@ def _shown(value: Any) -> str:
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
 
 
-def _where(
-    path: str, text: str, key: str, *, host: int | None = None, array: str = "hosts"
-) -> str:
+def _where(path: str, text: str, key: str, *, host: int | None = None, array: str = "hosts") -> str:
     """`path line N`: where `key` is written at the top level, or in table number `host` of
     `array` (a [[hosts]] table, or an item of `hosts = [...]`); just `path` when not found."""
     plain = re.escape(key)
@@ -321,9 +321,7 @@ def _where(
             seen += header[1] == "[[" and table == array
             parts = [p.strip().strip("\"'") for p in table.split(".")]
             # [key], [key.sub], [[key]] at the top; [hosts.key] in a host
-            found = (
-                (parts[0] == key) if host is None else (parts == [array, key] and seen == host)
-            )
+            found = (parts[0] == key) if host is None else (parts == [array, key] and seen == host)
             if found:
                 return f"{path} line {number}"
             continue

@@ -331,9 +331,7 @@ def _allreduce(
     return Check("allreduce", where, verdict, detail)
 
 
-def _await_allreduce(
-    backend: HostsBackend, ref: RunRef, lines: list[str]
-) -> tuple[Verdict, str]:
+def _await_allreduce(backend: HostsBackend, ref: RunRef, lines: list[str]) -> tuple[Verdict, str]:
     """Follow the all-reduce run to its end, or stop it at the deadline (a hung collective
     must not hang doctor): (verdict, detail)."""
     import threading

@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
 from vmrun.errors import UsageError
 
 _RATE = re.compile(r"(?i)\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]?)i?b?(?:/s)?\s*")
@@ -83,10 +90,15 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--bwlimit", metavar="RATE", help="At most this many bytes/s (20M)."),
         ] = None,
+        cluster: ClusterName = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.fetch_run import FetchJob, run_fetch
+
+        refuse_with_cluster(cluster, host)
+        if cluster and all_hosts:
+            raise UsageError(f"--all-hosts is for hosts; -C {cluster} fetches from its login node")
         from vmrun.runs.outputs import check_paths
 
         items = list(what or ["results"])
@@ -111,5 +123,6 @@ def register(app: typer.Typer) -> None:
             interval=interval,
             bwlimit=parse_rate(bwlimit),
             settings=settings_from(connect_timeout, accept_new_host_key),
+            cluster=cluster,
         )
         return run_fetch(job)

@@ -6,6 +6,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vmrun.config import Settings
 from vmrun.errors import ExitCode, Interrupted, RemoteError, UsageError, exit_code_for
@@ -32,11 +33,16 @@ class FetchJob:
     interval: float
     bwlimit: float | None
     settings: Settings
+    cluster: str | None = None  # -C: from the cluster's shared filesystem
 
 
 def _entries(job: FetchJob) -> list[HostEntry]:
     from vmrun.ssh.inventory import project_hosts, select_hosts
 
+    if job.cluster:
+        from vmrun.slurm.cluster import find_cluster
+
+        return [find_cluster(job.settings, job.cluster).entry]
     if job.all_hosts:
         entries = project_hosts(job.settings)
         if not entries:
@@ -77,8 +83,11 @@ def run_fetch(job: FetchJob) -> int:
     with Group(entries, job.settings) as group:
         run, only = job.run, None
         where: dict[str, RunLocation] = {}
+        slurm = _cluster_backend(job, group)
+        if slurm is not None:  # the code's folder on the cluster's shared filesystem
+            workdir = f"{slurm.facts().workdir}/{workdir}"
         if run is not None or any(item in WHATS for item in job.items):
-            run, where = _the_run(group, run)
+            run, where = _the_run(group, run, slurm)
             only = set(where)
         multi = job.all_hosts or len(only or entries) > 1
         progress = make_progress(prefix=multi, live=live)
@@ -122,13 +131,25 @@ def run_fetch(job: FetchJob) -> int:
                 return code
 
 
-def _the_run(group: Group, run: str | None) -> tuple[str, dict[str, RunLocation]]:
+def _cluster_backend(job: FetchJob, group: Group) -> Any:
+    if not job.cluster:
+        return None
+    from vmrun.slurm.backend import SlurmBackend
+    from vmrun.slurm.cluster import find_cluster
+
+    cluster = find_cluster(job.settings, job.cluster)
+    return SlurmBackend(group.connections[cluster.entry.label], cluster)
+
+
+def _the_run(
+    group: Group, run: str | None, slurm: Any = None
+) -> tuple[str, dict[str, RunLocation]]:
     """The run (the newest across the hosts unless named) and where its files are on each
     node it ran on, as the run's backend says: a run's files come from its nodes alone,
     every node agrees on which run that is, and this one listing replaces a lookup per host."""
     from vmrun.runs.hosts_backend import HostsBackend
 
-    backend = HostsBackend(group)
+    backend = slurm or HostsBackend(group)
     try:
         ref = backend.find(run)
     except UsageError as exc:

@@ -17,6 +17,7 @@ from vmrun.errors import RemoteError, UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import STATE_DIR, remote_workdir
 from vmrun.runs.backend import Emit, NodeRecord, Note, RunRef, StopReport
+from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
 from vmrun.slurm import records
@@ -249,10 +250,16 @@ class SlurmBackend:
                 return run.state_and_code()
         return RunState.LOST, None
 
-    def outputs(self, ref: RunRef) -> Mapping[str, Any]:
+    def outputs(self, ref: RunRef) -> dict[str, RunLocation]:
+        """Where the run's files are: its outputs folder and its record (job.log), both on
+        the shared filesystem, fetched through the login node."""
         meta = ref.meta
-        return {"record": meta.get("record_dir"), "out": meta.get("out_dir"),
-                "code": meta.get("code_dir")}  # fmt: skip
+        since = 0 if meta.get("script") == "template.py" else int(float(meta["submitted"]) * 1e9)
+        location = RunLocation(
+            run_id=ref.run_id, host=self.cluster.name, record_dir=str(meta["record_dir"]),
+            out_dir=str(meta["out_dir"]), since_ns=since,
+        )  # fmt: skip
+        return {self.cluster.name: location}
 
     # -- logs -------------------------------------------------------------------------
 

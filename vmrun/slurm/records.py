@@ -164,7 +164,7 @@ def parse_listing(text: str, cluster: str) -> list[SlurmRun]:
         elif run.meta.get("metrics") == path and lines:
             with contextlib.suppress(ValueError):
                 run.last_metrics = json.loads(lines[-1])
-    return sorted(runs.values(), key=lambda r: (r.started, r.id))
+    return sorted(runs.values(), key=lambda r: (float(r.meta.get("submitted") or 0), r.id))
 
 
 def _by_metrics(runs: Mapping[str, SlurmRun], path: str) -> SlurmRun | None:

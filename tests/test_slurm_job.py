@@ -1,0 +1,130 @@
+"""The Slurm pieces that need no cluster: flag checks, the batch script, squeue's states,
+the run listing and the job's output stream (the real cluster: test_cli_slurm*.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from vmrun.errors import ConfigError, UsageError
+from vmrun.runs.state import RunState
+from vmrun.slurm.job import Batch, JobPaths, JobSpec, batch_script, check_spec, gpu_option
+from vmrun.slurm.queue import JobState
+from vmrun.slurm.records import parse_listing
+from vmrun.slurm.stream import JobStream
+
+PATHS = JobPaths("/w/.vmrun/runs/r1", "/w/vmrun/p-abc123", "/w/vmrun/p-abc123/results/r1")
+
+
+@pytest.mark.parametrize(
+    ("spec", "launcher", "message"),
+    [
+        (JobSpec(nodes=0), "torchrun", "--nodes must be >= 1"),
+        (JobSpec(time="1h"), "torchrun", "--time '1h'"),
+        (JobSpec(time="25:61:00:00"), "torchrun", "--time"),
+        (JobSpec(mem="lots"), "torchrun", "--mem 'lots'"),
+        (JobSpec(nodes=2), "python", "--launcher python starts one process on one node"),
+        (JobSpec(sbatch_args=("exclusive",)), "torchrun", "--sbatch-arg 'exclusive'"),
+        (JobSpec(max_requeues=-1), "env", "--max-requeues must be >= 0"),
+    ],
+)
+def test_bad_job_specs_are_refused_in_one_line(spec: JobSpec, launcher: str, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        check_spec(spec, launcher)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("time", ["30", "30:00", "01:00:00", "0-03:00", "2-00:00:00", "1-12"])
+def test_slurm_time_forms_are_accepted(time: str) -> None:
+    check_spec(JobSpec(time=time), "torchrun")
+
+
+def test_gpu_option_follows_the_slurm_version() -> None:
+    assert gpu_option(2, "slurm 22.05.8") == "--gpus-per-node=2"
+    assert gpu_option(4, "slurm 18.08.9") == "--gres=gpu:4"
+
+
+def _script(spec: JobSpec, launcher: str, command: list[str]) -> str:
+    batch = Batch("r1", launcher, "/envs/p/bin/python", command, modules=["anaconda3/2021.5"])
+    return batch_script(check_spec(spec, launcher), batch, PATHS, "slurm 22.05.8", job_name="r1")
+
+
+def test_torchrun_is_one_task_per_node_and_asks_for_the_warning_signal() -> None:
+    text = _script(JobSpec(nodes=2, gpus_per_node=2, time="01:00:00"), "torchrun", ["t.py"])
+    header = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=2" in header and "#SBATCH --ntasks-per-node=1" in header
+    assert "#SBATCH --gpus-per-node=2" in header and "#SBATCH --requeue" in header
+    assert "#SBATCH --signal=USR2@90" in header and "#SBATCH --open-mode=append" in header
+    assert "VMRUN_NPROC=2" in text and "VMRUN_MODULES=(anaconda3/2021.5)" in text
+    # the rank variables are read in the task, on each node, never in the batch shell
+    assert '--node-rank="$SLURM_NODEID"' in text and "srun " in text
+
+
+def test_env_is_one_task_per_gpu_and_user_sbatch_args_come_last() -> None:
+    spec = JobSpec(nodes=2, gpus_per_node=2, sbatch_args=("--signal=USR2@30",))
+    text = _script(spec, "env", ["train.py", "it's"])
+    header = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --ntasks-per-node=2" in header
+    assert header[-1] == "#SBATCH --signal=USR2@30"  # sbatch takes the last one
+    assert "VMRUN_COMMAND=(train.py 'it'\"'\"'s')" in text
+
+
+def test_the_batch_script_is_valid_bash() -> None:
+    text = _script(JobSpec(nodes=2), "torchrun", ["a b.py", "$HOME", "`x`"])
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_squeue_states_map_to_run_states() -> None:
+    pending = JobState.parse("PENDING|Resources")
+    assert pending and pending.run_state is RunState.PENDING and not pending.never_starts
+    assert pending.describe() == "PENDING (Resources)"
+    never = JobState.parse("PENDING|PartitionNodeLimit")
+    assert never and never.never_starts
+    for text, state in (("RUNNING|None", RunState.RUNNING), ("COMPLETED|None", RunState.DONE),
+                        ("TIMEOUT|TimeLimit", RunState.FAILED), ("CANCELLED|None",
+                        RunState.STOPPED), ("REQUEUED|None", RunState.RUNNING)):  # fmt: skip
+        parsed = JobState.parse(text)
+        assert parsed and parsed.run_state is state, text
+
+
+def test_listing_gives_state_from_squeue_then_the_exit_record() -> None:
+    meta = {"run_id": "a", "epochs": 10, "metrics": "/w/out/a/metrics.jsonl", "submitted": 5}
+    listing = "\n".join([
+        "==> squeue <==", "12|PENDING|Priority|N/A|0:00|",
+        "==> a/run.json <==", json.dumps(meta),
+        "==> a/jobid <==", "11",
+        "==> a/starts <==", "1 100", "2 200",
+        "==> a/exit <==", "1 requeue 150", "2 0 300",
+        "==> b/run.json <==", json.dumps({"run_id": "b", "submitted": 70}),
+        "==> b/jobid <==", "12",
+        "==> sacct <==",
+        "==> /w/out/a/metrics.jsonl <==", json.dumps({"epoch": 10, "loss": 0.1}),
+    ])  # fmt: skip
+    a, b = parse_listing(listing, "bed")
+    assert (a.id, a.state, a.exit_code, a.attempts, a.progress) == ("a", RunState.DONE, 0, 2,
+                                                                     "epoch 10/10")  # fmt: skip
+    assert a.duration == 200
+    assert (b.state, b.reason) == (RunState.PENDING, "Priority")
+
+
+def test_stream_prefixes_ranks_by_node_and_reports_events() -> None:
+    out: list[bytes] = []
+    events: list[tuple[str, str]] = []
+    stream = JobStream(out.append, lambda w, r: events.append((w, r)), launcher="env",
+                       tasks_per_node=2)  # fmt: skip
+    stream.feed(b"\x1dvmrun attempt 1 job 7 start 1 nodes c1 c2\n0: hello\n3: wor")
+    stream.feed(b"ld\nsrun: error: something\n")
+    stream.flush()
+    assert out == [b"[c1 rank0] hello\n", b"[c2 rank3] world\n", b"srun: error: something\n"]
+    assert events == [("attempt", "1 job 7 start 1 nodes c1 c2")]
+
+
+def test_unknown_cluster_keys_name_file_and_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from vmrun.config import load_settings
+
+    (tmp_path / "vmrun.toml").write_text('[[clusters]]\nname = "a"\nlogin = "x"\nparition = "p"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    assert "vmrun.toml line 4" in str(caught.value) and "'parition'" in str(caught.value)
