@@ -98,6 +98,9 @@ def _state(run: Any) -> str:
 
 def _render(rows: Sequence[tuple[str, ...]]) -> None:
     headers = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
+    if not rows:
+        sys.stderr.write("vmrun: no runs\n")
+        return
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table

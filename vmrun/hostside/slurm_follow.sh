@@ -21,7 +21,7 @@ mark() { printf '\035vmrun %s\n' "$*"; }
 w=$!
 tail -c "+$((skip + 1))" -F -s 0.5 --pid="$w" "$d/job.log" 2>/dev/null
 wait "$w"
-end=$(cat "$d/.follow-end.$w" 2>/dev/null)
-rm -f "$d/.follow-end.$w"
+end=$(cat "$d/.follow-end.$$" 2>/dev/null)  # $$ in the subshell is this shell's pid too
+rm -f "$d/.follow-end.$$"
 mark end "$end"
 mark exits "$(tr '\n' ' ' < "$d/exit" 2>/dev/null)"

@@ -20,3 +20,4 @@ if [ -n "$metrics" ]; then
   # shellcheck disable=SC2086  # one path per line
   tail -v -n 1 -- $metrics 2>/dev/null
 fi
+exit 0

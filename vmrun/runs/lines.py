@@ -41,6 +41,12 @@ _C10D_NOISE = re.compile(
 )
 
 
+def is_c10d_noise(text: bytes) -> bool:
+    """c10d's warnings that a host name has no IPv6 address or cannot be looked up: shown
+    only with --verbose, whatever launched the process."""
+    return _C10D_NOISE.match(text) is not None
+
+
 class Prefixer:
     """Cuts one node's output into whole lines, each prefixed; `host` None on one host."""
 

@@ -185,8 +185,10 @@ class SlurmBackend:
     def _submit(self, sub: Submission) -> tuple[str, JobState | None]:
         script = sub.script.encode()
         meta = json.dumps(sub.meta, indent=1).encode() + b"\n"
-        argv = ["sh", "-c", source("slurm_submit.sh"), "vmrun-submit", sub.paths.record,
-                str(len(script)), str(len(meta)), str(len(sub.trainer))]  # fmt: skip
+        sizes = [str(len(script)), str(len(meta)), str(len(sub.trainer))]
+        paths = sub.paths
+        argv = ["sh", "-c", source("slurm_submit.sh"), "vmrun-submit", paths.record, *sizes,
+                paths.code]  # fmt: skip
         stdin = script + meta + sub.trainer + sub.env_text.encode()
         status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what="sbatch")
         if status == 2:

@@ -58,7 +58,7 @@ class Follower:
             self.last = state
             if state.never_starts:
                 raise NeverStarts(state, state.never_starts)
-            if state.state == "PENDING":
+            if state.state == "PENDING" and state.reason:
                 self.note(f"job {self.job} is {state.describe()}")
         elif word == "attempt":
             number, _, tail = rest.partition(" ")

@@ -9,7 +9,7 @@ import re
 import threading
 from collections.abc import Callable
 
-from vmrun.runs.lines import Prefixer
+from vmrun.runs.lines import Prefixer, is_c10d_noise
 
 Emit = Callable[[bytes], None]
 OnEvent = Callable[[str, str], None]
@@ -60,7 +60,8 @@ class JobStream:
             return
         label = _LABEL.match(line)
         if label is None:  # the batch script's own output (srun's errors, module load)
-            self.emit(line + b"\n")
+            if self.verbose or not is_c10d_noise(line):
+                self.emit(line + b"\n")
             return
         task, text = int(label.group(1)), line[label.end() :]
         if self.launcher == "torchrun":
@@ -69,6 +70,8 @@ class JobStream:
                 host = self._node(task) if len(self.nodes) > 1 else None
                 prefixer = self.prefixers[task] = Prefixer(host, self.emit, verbose=self.verbose)
             prefixer.feed(text + b"\n")
+            return
+        if not self.verbose and is_c10d_noise(text):
             return
         node = self._node(task // self.tasks_per_node)
         many = len(self.nodes) > 1
