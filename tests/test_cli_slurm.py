@@ -1,0 +1,252 @@
+"""`vmrun train/status/logs/stop/fetch -C` on a real Slurm (slurmctld on a login test host,
+slurmd on two compute hosts, munge; tests/testbed/slurm.py), through the login node's sshd.
+No GPUs here: CPU tasks with gloo; the GRES `gpu` has counts only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from conftest import Client, wait_for
+
+SCRIPTS = Path(__file__).parent / "slurm_scripts"
+
+
+def use_cluster(client: Client, python: Path, **env: str) -> None:
+    """The project's vmrun.toml names the bed's cluster, its interpreter and job variables."""
+    extra = ", ".join(f'{k} = "{v}"' for k, v in {"OMP_NUM_THREADS": "1", **env}.items())
+    (client.cwd / "vmrun.toml").write_text(
+        f'[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
+        f'python = "{python}"\nenv = {{ {extra} }}\n'
+    )
+    for script in SCRIPTS.iterdir():
+        shutil.copy(script, client.cwd / script.name)
+
+
+def run_id_of(text: str) -> str:
+    match = re.search(r"run (\S+) submitted to bed as job (\d+)", text)
+    assert match, text
+    return match.group(1)
+
+
+def job_of(text: str) -> str:
+    match = re.search(r"submitted to bed as job (\d+)", text)
+    assert match, text
+    return match.group(1)
+
+
+def out_dir(cluster: Any, client: Client, rid: str) -> Path:
+    from vmrun.remote_paths import remote_workdir
+
+    return cluster.login.home / remote_workdir(client.cwd) / "results" / rid
+
+
+def record_dir(cluster: Any, rid: str) -> Path:
+    return cluster.login.home / ".vmrun" / "runs" / rid
+
+
+def status_rows(client: Client) -> dict[str, list[str]]:
+    done = client.vmrun("status", "-C", "bed")
+    assert done.returncode == 0, done.stderr
+    rows = {}
+    for line in done.stdout.splitlines()[1:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[cells[0]] = cells
+    return rows
+
+
+def job_pids(cluster: Any) -> list[int]:
+    """Processes of the login user on the compute hosts: the jobs' tasks (by pid)."""
+    uid = cluster.login.uid
+    found = []
+    for host in cluster.computes:
+        for pid in host.pids():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    found.append(pid)
+            except OSError:
+                continue
+    return found
+
+
+def test_template_over_two_nodes_equals_a_one_process_run(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, tmp_path: Path
+) -> None:
+    """torchrun on 2 nodes (one task each, 1 worker per node) through sbatch: real DDP
+    across the nodes, whose final weights equal a 1-process run with the same global batch."""
+    use_cluster(slurm_client, host_python)
+    args = ["4", "2", "--batch-size", "16", "--dataset-size", "512", "--deterministic"]
+    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
+                              "--", *args, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    c1, c2 = slurm_cluster.node_names
+    ranks = {re.match(r"\[(\S+) rank(\d)\]", ln).groups()  # type: ignore[union-attr]
+             for ln in done.stdout.splitlines() if "started: pid" in ln}  # fmt: skip
+    assert ranks == {(c1, "0"), (c2, "1")}, done.stdout
+    final = out_dir(slurm_cluster, slurm_client, rid) / "finalmodel.pt"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    from vmrun.trainer import TEMPLATE_PATH
+
+    single = tmp_path / "single"
+    alone = subprocess.run(
+        [sys.executable, str(TEMPLATE_PATH), "4", "2", "--batch-size", "32", "--dataset-size",
+         "512", "--deterministic", "--out-dir", str(single)],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    import torch
+
+    ddp = torch.load(final, weights_only=True)
+    one = torch.load(single / "finalmodel.pt", weights_only=True)
+    assert ddp.keys() == one.keys()
+    for key in ddp:
+        assert torch.allclose(ddp[key], one[key], atol=1e-5), key
+    metrics = [json.loads(x) for x in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    assert [m["world_size"] for m in metrics] == [2, 2, 2, 2]
+    row = status_rows(slurm_client)[rid]
+    assert row[1:4] == ["bed", "done", "epoch 4/4"], row
+    # fetch brings the outputs back from the shared filesystem through the login node
+    fetched = slurm_client.vmrun("fetch", "results", "-C", "bed", "--run", rid)
+    assert fetched.returncode == 0, fetched.stderr
+    local = slurm_client.cwd / "results" / rid
+    assert (local / "finalmodel.pt").read_bytes() == final.read_bytes()
+    assert (local / "metrics.jsonl").exists()
+
+
+def test_one_task_per_gpu_script_with_the_env_launcher(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """The university workflow: 2 nodes x 2 tasks (one per GPU of the GRES), rank from
+    SLURM_PROCID, the script unchanged; every line prefixed with its node and rank."""
+    use_cluster(slurm_client, host_python)
+    args = ["one_task_per_gpu.py", "--launcher", "env", "--nodes", "2", "--gpus-per-node", "2"]
+    done = slurm_client.vmrun("train", "-C", "bed", *args, "--", timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    c1, c2 = slurm_cluster.node_names
+    lines = sorted(ln for ln in done.stdout.splitlines() if " sum " in ln)
+    assert lines == [
+        f"[{c1} rank0] rank 0 local 0 of 4 on {c1} sum 6",
+        f"[{c1} rank1] rank 1 local 1 of 4 on {c1} sum 6",
+        f"[{c2} rank2] rank 2 local 0 of 4 on {c2} sum 6",
+        f"[{c2} rank3] rank 3 local 1 of 4 on {c2} sum 6",
+    ], done.stdout
+    assert "--gpus-per-node=2" in (record_dir(slurm_cluster, run_id_of(done.stderr))
+                                   / "job.sh").read_text()  # fmt: skip
+
+
+def test_mp_spawn_script_with_the_python_launcher(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    use_cluster(slurm_client, host_python)
+    done = slurm_client.vmrun("train", "-C", "bed", "mp_spawn.py", "--launcher", "python",
+                              "--", "2", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    spawned = sorted(re.findall(r"spawned rank (\d) of 2 sum 2", done.stdout))
+    assert spawned == ["0", "1"], done.stdout
+
+
+def fill_partition(cluster: Any) -> str:
+    """A job of the login user that holds every node of `debug` until cancelled."""
+    held = cluster.run_on_login(["sbatch", "--parsable", "-p", "debug", "-N", "2",
+                                 "--exclusive", "--wrap", "sleep 600"])  # fmt: skip
+    assert held.returncode == 0, held.stderr
+    job = held.stdout.strip()
+    wait_for(lambda: "RUNNING" in cluster.run_on_login(["squeue", "-h", "-j", job, "-o", "%T"])
+             .stdout, 30, "the blocking job to run")  # fmt: skip
+    return job
+
+
+def test_pending_with_its_reason_then_running_then_done_and_logs_f_prints_each_line_once(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    use_cluster(slurm_client, host_python)
+    blocker = fill_partition(slurm_cluster)
+    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
+                              "--epochs", "3", "--save-every", "1", "--detach")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    row = status_rows(slurm_client)[rid]
+    assert re.fullmatch(r"pending \((Resources|Priority)\)", row[2]), row
+    follower = slurm_client.popen("logs", "-f", rid, "-C", "bed")
+    notes: list[str] = []
+    reader = threading.Thread(target=lambda: notes.extend(follower.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        # attached while pending; then the partition frees up and the run goes through
+        pending = re.compile(r"job \d+ is PENDING \((Resources|Priority)\)")
+        wait_for(lambda: any(pending.search(n) for n in notes), 60, "the pending state")
+        slurm_cluster.run_on_login(["scancel", blocker])
+        out = follower.stdout.read() if follower.stdout else ""
+        follower.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, "".join(notes) + out
+    epochs = [ln for ln in out.splitlines() if re.search(r"\] epoch \d/3 loss", ln)]
+    assert [re.search(r"epoch (\d)/3", ln).group(1) for ln in epochs] == ["1", "2", "3"], out  # type: ignore[union-attr]
+    assert status_rows(slurm_client)[rid][2:4] == ["done", "epoch 3/3"]
+
+
+def test_stop_cancels_the_job_and_leaves_no_step_and_no_process(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="1")
+    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--epochs", "300",
+                              "--save-every", "100", "--detach")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid, job = run_id_of(done.stderr), job_of(done.stderr)
+    metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and metrics.read_text().strip(), 120, "a first epoch")
+    assert job_pids(slurm_cluster), "the run's processes are on the compute hosts"
+    stopped = slurm_client.vmrun("stop", rid, "-C", "bed")
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"job {job} cancelled; no step left" in stopped.stdout
+    assert slurm_cluster.run_on_login(["squeue", "-h", "-j", job]).stdout.strip() == ""
+    assert slurm_cluster.run_on_login(["squeue", "-h", "-s", "-j", job]).stdout.strip() == ""
+    wait_for(lambda: not job_pids(slurm_cluster), 30, "no job process on the compute hosts")
+    assert status_rows(slurm_client)[rid][2] == "stopped"
+
+
+def test_bad_input_gets_one_line_and_exit_2_with_nothing_submitted(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    use_cluster(slurm_client, host_python)
+    for args, words in (
+        (["-C", "nosuch"], "-C nosuch: no such cluster"),
+        (["-C", "bed", "--time", "1h"], "--time '1h'"),
+        (["-C", "bed", "--nodes", "0"], "--nodes must be >= 1"),
+        (["--nodes", "2"], "--nodes: Slurm options; name the cluster with -C"),
+        (["-C", "bed", "--partition", "nosuch"], "refused the job: sbatch: error:"),
+    ):
+        done = slurm_client.vmrun("train", *args, "--epochs", "1", "--save-every", "1")
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and words in lines[0], (args, done.stderr)
+        assert not slurm_cluster.squeue_ids()
+    # more nodes than the partition has: cancelled and said so, never followed forever
+    done = slurm_client.vmrun("train", "-C", "bed", "--partition", "one", "--nodes", "2",
+                              "--epochs", "1", "--save-every", "1", timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "can never start" in done.stderr and "it was cancelled" in done.stderr
+    wait_for(lambda: not slurm_cluster.squeue_ids(), 30, "the job gone from the queue")
+
+
+def test_dry_run_prints_the_batch_script_and_submits_nothing(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    use_cluster(slurm_client, host_python, WANDB_API_KEY="s3cret-value")
+    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--time", "00:10:00",
+                              "--dry-run", "--epochs", "2", "--save-every", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --nodes=2" in done.stdout and "#SBATCH --time=00:10:00" in done.stdout
+    assert "sbatch --parsable" in done.stdout and "WANDB_API_KEY" in done.stdout
+    assert "s3cret-value" not in done.stdout + done.stderr
+    assert not slurm_cluster.squeue_ids()
+    assert not (slurm_cluster.login.home / ".vmrun" / "runs").exists()
