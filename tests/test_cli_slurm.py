@@ -250,3 +250,55 @@ def test_dry_run_prints_the_batch_script_and_submits_nothing(
     assert "s3cret-value" not in done.stdout + done.stderr
     assert not slurm_cluster.squeue_ids()
     assert not (slurm_cluster.login.home / ".vmrun" / "runs").exists()
+
+
+def epochs_in(metrics: Path) -> list[int]:
+    return [json.loads(x)["epoch"] for x in metrics.read_text().splitlines() if x.strip()]
+
+
+def follow_to_the_end(client: Client, rid: str) -> tuple[int, str, str]:
+    done = client.vmrun("logs", "-f", rid, "-C", "bed", timeout=600)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_usr2_snapshots_requeues_and_resumes_at_the_next_epoch(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """The national-lab workflow: the warning signal (scancel --signal=USR2, as Slurm sends
+    it before the time limit) makes the template snapshot and exit; the batch script requeues
+    the job, which resumes at the next epoch: one run, two attempts, epochs 1..N once each."""
+    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="0.5")
+    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
+                              "--epochs", "16", "--save-every", "100", "--detach")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid, job = run_id_of(done.stderr), job_of(done.stderr)
+    metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(epochs_in(metrics)) >= 2, 120, "two epochs")
+    signalled = slurm_cluster.run_on_login(["scancel", "--signal=USR2", job])
+    assert signalled.returncode == 0, signalled.stderr
+    code, out, err = follow_to_the_end(slurm_client, rid)
+    assert code == 0, err + out
+    assert "--- attempt 2 (requeued) ---" in err, err
+    assert epochs_in(metrics) == list(range(1, 17))
+    resumed = [ln for ln in out.splitlines() if "resumed from snapshot at epoch" in ln]
+    assert resumed, out
+    assert status_rows(slurm_client)[rid][2] == "done, attempt 2"
+
+
+def test_a_job_at_its_time_limit_snapshots_is_requeued_and_finishes(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """A real --time limit: Slurm's warning signal comes 50 s before the minute is up (its
+    time checks run every 30 s), each attempt saves and is requeued, the last one finishes;
+    the epochs run 1..N with none missing or repeated."""
+    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="1")
+    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "60", "--save-every", "100",
+                              "--nproc-per-node", "1", "--time", "1", "--max-requeues", "10",
+                              "--sbatch-arg=--signal=USR2@50", "--detach")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    code, out, err = follow_to_the_end(slurm_client, rid)
+    assert code == 0, err + out
+    assert "(requeued)" in err, err
+    metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
+    assert epochs_in(metrics) == list(range(1, 61))

@@ -92,10 +92,20 @@ class SlurmBackend:
 
     @property
     def runs_dir(self) -> str:
-        return f"{self.facts().workdir}/{STATE_DIR}/runs"
+        """Where the runs' records are; without asking the login node when the workdir
+        says it (`~`, a path, `{user}` with the login's user), so `status` is one command."""
+        workdir = self.cluster.workdir
+        user = self.cluster.entry.spec.user
+        if "{user}" in workdir and user:
+            workdir = workdir.replace("{user}", user)
+        if "{user}" in workdir:
+            workdir = self.facts().workdir
+        elif workdir == "~" or workdir.startswith("~/"):
+            workdir = workdir[2:] or "."  # commands start in the home directory
+        return f"{workdir}/{STATE_DIR}/runs".removeprefix("./")
 
     def record_dir(self, run_id: str) -> str:
-        return f"{self.runs_dir}/{run_id}"
+        return f"{self.facts().workdir}/{STATE_DIR}/runs/{run_id}"
 
     # -- submitting -------------------------------------------------------------------
 
