@@ -30,12 +30,26 @@ Conventions (the CLI and the tests rely on them):
   incomplete last batches are dropped). DDP averages the per-rank mean losses' gradients,
   which equals the gradient of the global mean; plain SGD (`--momentum 0`, the default) then
   keeps the two runs equal to float rounding.
+- Preemption (Slurm sends SIGUSR2 before the time limit or on preemption, as vmrun's
+  `--signal=USR2@90` asks; some clusters send SIGTERM instead): SIGUSR2, and SIGTERM only when
+  VMRUN_REQUEUE_FILE is set, just flag the process (one line on stderr). After each epoch
+  but the last, the ranks agree whether any was signalled (one all_reduce(MAX) of the
+  signal's number); if so, rank 0 snapshots that epoch E and atomically writes
+  `{"epoch": E, "signal": "SIGUSR2"}` to $VMRUN_REQUEUE_FILE (if set), and every rank exits 0
+  without finalmodel.pt. The requeued job runs the same command and resumes at E+1 (rank 0
+  removes a leftover requeue file at start, so one exists after exit only if the run stopped
+  for requeue). Without VMRUN_REQUEUE_FILE, SIGTERM keeps its default: the process ends at
+  once, as `vmrun stop` on SSH hosts expects. A script of your own can follow the same
+  protocol: catch SIGUSR2 (and SIGTERM if VMRUN_REQUEUE_FILE is set), save at the next safe
+  point, write the file, exit 0.
 
 Test hooks (environment, off unless set): VMRUN_TEMPLATE_PID_DIR (each rank writes
 `rank{R}-restart{C}.pid`), VMRUN_TEMPLATE_STALL_AT_EPOCH=N (on the first attempt, every rank
 blocks after the first step of epoch N and writes `stalled-rank{R}.pid` to the pid dir or
 out dir), VMRUN_TEMPLATE_PAUSE_IN_SAVE=N (the Nth snapshot save of a process blocks
-mid-write after writing `save-paused.pid` to the out dir).
+mid-write after writing `save-paused.pid` to the out dir), VMRUN_TEMPLATE_EPOCH_DELAY=S
+(every rank sleeps S seconds after each epoch's metrics and snapshot, before the
+preemption check, so a test can signal a run mid-way).
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import io
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -67,6 +82,8 @@ SNAPSHOT = "snapshot.pt"
 FINAL_MODEL = "finalmodel.pt"
 METRICS = "metrics.jsonl"
 HOOK_WAIT_S = 120.0  # test hooks block at most this long, so a forgotten hook never hangs
+REQUEUE_FILE_ENV = "VMRUN_REQUEUE_FILE"
+_caught = {"signum": 0}  # set by the preemption handler, read at the end of each epoch
 
 
 def build_model() -> nn.Module:
@@ -107,6 +124,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _torchrun_env() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def _line_prefix(rank: int) -> str:
+    """`[rank R] `, unless torchrun already prefixes each line (see Ctx.say)."""
+    return "" if "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" in os.environ else f"[rank {rank}] "
+
+
 @dataclass
 class Ctx:
     """Where this process sits in the job."""
@@ -123,14 +149,13 @@ class Ctx:
         """Print from rank 0 (or every rank), prefixed with the rank unless torchrun already
         prefixes each line (vmrun's multi-node launches: `--tee` with a rank template)."""
         if every_rank or self.rank == 0:
-            prefixed = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" in os.environ
-            print(text if prefixed else f"[rank {self.rank}] {text}", flush=True)
+            print(f"{_line_prefix(self.rank)}{text}", flush=True)
 
 
 def setup() -> Ctx:
     """Read torchrun's env; pick the device from LOCAL_RANK before the process group."""
     env = os.environ
-    distributed = all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+    distributed = _torchrun_env()
     rank = int(env["RANK"]) if distributed else 0
     world = int(env["WORLD_SIZE"]) if distributed else 1
     local_rank = int(env.get("LOCAL_RANK", "0")) if distributed else 0
@@ -305,6 +330,8 @@ def resume(ctx: Ctx, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir
     """Restore the snapshot (if any) on every rank; return the first epoch to train."""
     if ctx.rank == 0:
         remove_stale_temp_files(out_dir)
+        if os.environ.get(REQUEUE_FILE_ENV):  # a leftover from the stop this run resumes
+            Path(os.environ[REQUEUE_FILE_ENV]).unlink(missing_ok=True)
     state = load_snapshot(ctx, out_dir / SNAPSHOT)
     start = 1
     if state is not None:
@@ -368,6 +395,73 @@ def run_epoch(
     return (totals[0] / totals[1]).item(), int(totals[1].item()), elapsed
 
 
+def install_preemption_handlers() -> None:
+    """SIGUSR2 always, SIGTERM only for a requeueable job: the handler notes the signal and
+    says so in one line (os.write: a print here could re-enter a buffered stream)."""
+
+    prefix = _line_prefix(int(os.environ["RANK"]) if _torchrun_env() else 0)
+
+    def note(signum: int, _frame: object) -> None:
+        _caught["signum"] = max(_caught["signum"], signum)
+        name = signal.Signals(signum).name
+        os.write(2, f"{prefix}got {name}: will stop after this epoch\n".encode())
+
+    signal.signal(signal.SIGUSR2, note)
+    if os.environ.get(REQUEUE_FILE_ENV):
+        signal.signal(signal.SIGTERM, note)
+
+
+def agreed_signal(ctx: Ctx) -> int:
+    """The signal some rank caught (0: none), the same on every rank."""
+    if not ctx.distributed:
+        return _caught["signum"]
+    flag = torch.tensor([_caught["signum"]], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def save_snapshot(
+    ctx: Ctx,
+    args: argparse.Namespace,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    epoch: int,
+    *,
+    pause: bool = False,
+) -> None:
+    snapshot = {
+        "model": cpu_state_dict(model),
+        "optimizer": optimizer.state_dict(),
+        "epoch": epoch,
+        "rng": rng_state(ctx),
+        "world_size": ctx.world_size,
+        "args": {k: v for k, v in vars(args).items() if k != "out_dir"},
+    }
+    path = Path(args.out_dir) / SNAPSHOT
+    atomic_save(snapshot, path, pause=pause)
+    ctx.say(f"snapshot saved at epoch {epoch} -> {path}")
+
+
+def log_epoch(
+    ctx: Ctx, args: argparse.Namespace, lr: float, epoch: int, stats: tuple[float, int, float]
+) -> None:
+    loss, samples, elapsed = stats
+    line = {
+        "epoch": epoch,
+        "loss": loss,
+        "samples_per_s": samples / elapsed,
+        "epoch_time_s": elapsed,
+        "world_size": ctx.world_size,
+        "lr": lr,
+    }
+    with open(Path(args.out_dir) / METRICS, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    ctx.say(
+        f"epoch {epoch}/{args.total_epochs} loss {loss:.4f} samples/s {samples / elapsed:.1f}"
+        f" time {elapsed:.3f}s"
+    )
+
+
 def train(args: argparse.Namespace, ctx: Ctx) -> None:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -403,43 +497,40 @@ def train(args: argparse.Namespace, ctx: Ctx) -> None:
 
     saves = 0
     pause_at = int(os.environ.get("VMRUN_TEMPLATE_PAUSE_IN_SAVE", "0") or 0)
+    delay = min(float(os.environ.get("VMRUN_TEMPLATE_EPOCH_DELAY", "0") or 0), HOOK_WAIT_S)
     for epoch in range(start, total + 1):
         sampler.set_epoch(epoch)
-        loss, samples, elapsed = run_epoch(ctx, model, loader, optimizer, epoch, out_dir)
-        if ctx.rank != 0:
-            continue
-        line = {
-            "epoch": epoch,
-            "loss": loss,
-            "samples_per_s": samples / elapsed,
-            "epoch_time_s": elapsed,
-            "world_size": ctx.world_size,
-            "lr": optimizer.param_groups[0]["lr"],
-        }
-        with open(out_dir / METRICS, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
-        ctx.say(
-            f"epoch {epoch}/{total} loss {loss:.4f} samples/s {samples / elapsed:.1f}"
-            f" time {elapsed:.3f}s"
-        )
-        if epoch % args.save_every == 0:
-            saves += 1
-            snapshot = {
-                "model": cpu_state_dict(bare),
-                "optimizer": optimizer.state_dict(),
-                "epoch": epoch,
-                "rng": rng_state(ctx),
-                "world_size": ctx.world_size,
-                "args": {k: v for k, v in vars(args).items() if k != "out_dir"},
-            }
-            atomic_save(snapshot, out_dir / SNAPSHOT, pause=saves == pause_at)
-            ctx.say(f"snapshot saved at epoch {epoch} -> {out_dir / SNAPSHOT}")
-
-    if ctx.rank == 0:
-        atomic_save(cpu_state_dict(bare), out_dir / FINAL_MODEL)
-        ctx.say(f"final model saved -> {out_dir / FINAL_MODEL}")
+        stats = run_epoch(ctx, model, loader, optimizer, epoch, out_dir)
+        saved = epoch % args.save_every == 0
+        if ctx.rank == 0:
+            log_epoch(ctx, args, optimizer.param_groups[0]["lr"], epoch, stats)
+            if saved:
+                saves += 1
+                save_snapshot(ctx, args, bare, optimizer, epoch, pause=saves == pause_at)
+        if delay > 0:
+            time.sleep(delay)  # test hook
+        if epoch < total and (signum := agreed_signal(ctx)):
+            if ctx.rank == 0 and not saved:
+                save_snapshot(ctx, args, bare, optimizer, epoch)
+            stop_for_requeue(ctx, epoch, signum)
+            break
+    else:
+        if ctx.rank == 0:
+            atomic_save(cpu_state_dict(bare), out_dir / FINAL_MODEL)
+            ctx.say(f"final model saved -> {out_dir / FINAL_MODEL}")
     if ctx.distributed:
         dist.barrier()  # no rank tears the group down while another still talks to it
+
+
+def stop_for_requeue(ctx: Ctx, epoch: int, signum: int) -> None:
+    """After the snapshot of `epoch`: rank 0 writes the requeue file; every rank says so."""
+    name, done = signal.Signals(signum).name, ""
+    if ctx.rank == 0:
+        if requeue_file := os.environ.get(REQUEUE_FILE_ENV):
+            Path(requeue_file).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(Path(requeue_file), json.dumps({"epoch": epoch, "signal": name}))
+        done = ": snapshot saved"
+    ctx.say(f"stopping after epoch {epoch} for requeue ({name}){done}", every_rank=True)
 
 
 def shutdown(ctx: Ctx) -> None:
@@ -452,6 +543,7 @@ def shutdown(ctx: Ctx) -> None:
 @record
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    install_preemption_handlers()  # before the rendezvous, which may wait long
     ctx = setup()
     try:
         train(args, ctx)
