@@ -89,7 +89,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vmrun-bench-"))
     try:
         keys = ClientKeys.generate(work / "keys")
-        with NetnsBed(work / "bed", keys) as bed, SlurmCluster(bed, gpus_per_node=0) as cluster:
+        with NetnsBed(work / "bed", keys) as bed, SlurmCluster(bed) as cluster:
             home, project, env = client_dirs(bed, work)
             env["NO_COLOR"] = "1"
             (project / "vmrun.toml").write_text(
