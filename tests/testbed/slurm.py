@@ -196,6 +196,8 @@ class SlurmCluster:
         write_munge_key(paths.munge_key)
         self._start_munged(timeout)
         self._start(self.login, "slurmctld", [SLURMCTLD, "-D"])
+        # slurmds that start before slurmctld listens retry their registration a second later
+        self._wait(self._ctld_up, timeout, "slurmctld to answer")
         for host in self.computes:
             self._start(host, f"slurmd-{host.hostname}", [SLURMD, "-D", "-N", host.hostname])
         self._wait(self.all_idle, timeout, "every node idle in sinfo")
@@ -262,6 +264,10 @@ class SlurmCluster:
         """node name -> sinfo's short state (idle, alloc, mix, comp, down*, drain, ...)."""
         proc = self.run_on_login(["sinfo", "-h", "-N", "-o", "%N %t"])
         return dict(line.split(maxsplit=1) for line in proc.stdout.splitlines() if " " in line)
+
+    def _ctld_up(self) -> bool:
+        ping = self.run_on_login(["scontrol", "ping"])
+        return ping.returncode == 0 and " is UP" in ping.stdout
 
     def all_idle(self) -> bool:
         states = self.node_states()
