@@ -2,7 +2,8 @@
 
 ``NetnsBed`` (root) gives each host its own network namespace, hostname, Unix
 user, home and sshd on private bridges; ``LoopbackHost`` is the no-root
-fallback: one sshd on 127.0.0.1 for the current user.
+fallback: one sshd on 127.0.0.1 for the current user.  ``SlurmCluster`` puts a real
+Slurm (munged, slurmctld, slurmd) on hosts of a ``NetnsBed``.
 """
 
 from .errors import TestbedError
@@ -12,6 +13,8 @@ from .netns import NetnsBed, have_root_netns, skip_reason_no_netns
 from .offline import offline_argv, skip_reason_no_offline
 from .procs import wait_until
 from .registry import cleanup_on_sigterm, cleanup_stale
+from .slurm import SlurmCluster
+from .slurmconf import skip_reason_no_slurm
 from .sockets import can_connect
 from .sshd import guard as testbed_guard
 from .testhost import TestHost
@@ -20,6 +23,7 @@ __all__ = [
     "ClientKeys",
     "LoopbackHost",
     "NetnsBed",
+    "SlurmCluster",
     "TestHost",
     "TestbedError",
     "can_connect",
@@ -29,6 +33,7 @@ __all__ = [
     "offline_argv",
     "skip_reason_no_netns",
     "skip_reason_no_offline",
+    "skip_reason_no_slurm",
     "testbed_guard",
     "wait_until",
 ]
