@@ -294,7 +294,7 @@ def test_a_job_at_its_time_limit_snapshots_is_requeued_and_finishes(
     use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="1")
     done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "60", "--save-every", "100",
                               "--nproc-per-node", "1", "--time", "1", "--max-requeues", "10",
-                              "--sbatch-arg=--signal=USR2@50", "--detach")  # fmt: skip
+                              "--sbatch-arg=--signal=B:USR2@50", "--detach")  # fmt: skip
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     code, out, err = follow_to_the_end(slurm_client, rid)

@@ -56,7 +56,7 @@ def test_torchrun_is_one_task_per_node_and_asks_for_the_warning_signal() -> None
     header = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --nodes=2" in header and "#SBATCH --ntasks-per-node=1" in header
     assert "#SBATCH --gpus-per-node=2" in header and "#SBATCH --requeue" in header
-    assert "#SBATCH --signal=USR2@90" in header and "#SBATCH --open-mode=append" in header
+    assert "#SBATCH --signal=B:USR2@90" in header and "#SBATCH --open-mode=append" in header
     assert "VMRUN_NPROC=2" in text and "VMRUN_MODULES=(anaconda3/2021.5)" in text
     # the rank variables are read in the task, on each node, never in the batch shell
     assert '--node-rank="$SLURM_NODEID"' in text and "srun " in text

@@ -45,13 +45,26 @@ if [ -r "$rec/env" ]; then
 fi
 export PYTHONUNBUFFERED=1 VMRUN_RUN_ID VMRUN_RUN_DIR VMRUN_LAUNCHER VMRUN_NPROC
 export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
-export VMRUN_REQUEUE_FILE="$rec/requeue"
-rm -f "$VMRUN_REQUEUE_FILE"
+export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"
+rm -f "$VMRUN_REQUEUE_FILE" "$VMRUN_WARNED_FILE"
 mkdir -p "$VMRUN_RUN_DIR"
 trap 'mark terminated "attempt $attempt"; ended terminated; exit 143' TERM
+# The time-limit warning (--signal=B:USR2@N) comes here: leave a mark that a process still
+# starting up finds at its first epoch's end, and pass the signal on to every step.
+# shellcheck disable=SC2317  # called by the trap
+warned() {
+  : > "$VMRUN_WARNED_FILE"
+  mark warned "the time limit is near (SIGUSR2): the run saves and is requeued"
+  scancel --signal=USR2 "$SLURM_JOB_ID" 2>/dev/null
+}
+trap warned USR2
 srun --kill-on-bad-exit=1 --label sh -c "$VMRUN_TASK" vmrun-task "${VMRUN_COMMAND[@]}" &
-wait $!
-rc=$?
+task=$!
+while :; do  # a trapped signal ends `wait` early: wait again until srun has ended
+  wait "$task"
+  rc=$?
+  kill -0 "$task" 2>/dev/null || break
+done
 if [ -e "$VMRUN_REQUEUE_FILE" ]; then
   if [ "${SLURM_RESTART_COUNT:-0}" -lt "$VMRUN_MAX_REQUEUES" ]; then
     ended requeue

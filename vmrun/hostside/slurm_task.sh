@@ -1,9 +1,10 @@
 # One Slurm task of a vmrun run (srun starts it on each node: torchrun, one per node; env,
 # one per rank; python, one). Slurm's variables are read here, on the task's own node: in
 # the batch shell $SLURM_NODEID would be 0 everywhere.
-# SIGUSR2 is the time-limit warning (--signal=USR2@90; NCCL takes SIGUSR1): ignored here,
-# so torchrun's agent and scripts without a handler live on, and a script that wants it
-# (vmrun's template) sets its own handler: snapshot, $VMRUN_REQUEUE_FILE, exit 0.
+# SIGUSR2 is the time-limit warning (--signal=B:USR2@90, passed on by the batch script;
+# NCCL takes SIGUSR1): ignored here, so torchrun's agent and scripts without a handler live
+# on, and a script that wants it (vmrun's template) sets its own handler: snapshot,
+# $VMRUN_REQUEUE_FILE, exit 0.
 trap '' USR2
 case $VMRUN_LAUNCHER in
   torchrun)

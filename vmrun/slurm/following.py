@@ -65,7 +65,7 @@ class Follower:
             nodes = tail.split(" nodes ", 1)[1].split() if " nodes " in tail else []
             again = f"--- attempt {number} (requeued) --- " if number != "1" else ""
             self.note(f"{again}job {self.job} running on {', '.join(nodes) or '?'}")
-        elif word in ("requeue", "failed", "terminated"):
+        elif word in ("requeue", "failed", "terminated", "warned"):
             self.note(rest)
         elif word == "end":
             self.end = rest.strip()

@@ -141,7 +141,7 @@ def sbatch_options(spec: JobSpec, launcher: str, paths: JobPaths, version: str) 
         f"--chdir={paths.code}",
         f"--output={paths.record}/job.log",
         "--open-mode=append",
-        f"--signal=USR2@{spec.signal_before}",
+        f"--signal=B:USR2@{spec.signal_before}",  # to the batch shell, which passes it on
         "--requeue",
         *spec.sbatch_args,  # last: sbatch takes the last of repeated options
     ]

@@ -41,7 +41,8 @@ Conventions (the CLI and the tests rely on them):
   for requeue). Without VMRUN_REQUEUE_FILE, SIGTERM keeps its default: the process ends at
   once, as `vmrun stop` on SSH hosts expects. A script of your own can follow the same
   protocol: catch SIGUSR2 (and SIGTERM if VMRUN_REQUEUE_FILE is set), save at the next safe
-  point, write the file, exit 0.
+  point, write the file, exit 0. $VMRUN_WARNED_FILE existing counts as a SIGUSR2 (vmrun's
+  batch script writes it on the warning, which a process still starting up would miss).
 
 Test hooks (environment, off unless set): VMRUN_TEMPLATE_PID_DIR (each rank writes
 `rank{R}-restart{C}.pid`), VMRUN_TEMPLATE_STALL_AT_EPOCH=N (on the first attempt, every rank
@@ -83,6 +84,7 @@ FINAL_MODEL = "finalmodel.pt"
 METRICS = "metrics.jsonl"
 HOOK_WAIT_S = 120.0  # test hooks block at most this long, so a forgotten hook never hangs
 REQUEUE_FILE_ENV = "VMRUN_REQUEUE_FILE"
+WARNED_FILE_ENV = "VMRUN_WARNED_FILE"
 _caught = {"signum": 0}  # set by the preemption handler, read at the end of each epoch
 
 
@@ -412,10 +414,16 @@ def install_preemption_handlers() -> None:
 
 
 def agreed_signal(ctx: Ctx) -> int:
-    """The signal some rank caught (0: none), the same on every rank."""
+    """The signal some rank caught (0: none), the same on every rank. $VMRUN_WARNED_FILE
+    existing counts as SIGUSR2: the batch script writes it when the warning came before
+    this process could catch it (while it was still importing torch)."""
+    caught = _caught["signum"]
+    warned = os.environ.get(WARNED_FILE_ENV)
+    if not caught and warned and os.path.exists(warned):
+        caught = int(signal.SIGUSR2)
     if not ctx.distributed:
-        return _caught["signum"]
-    flag = torch.tensor([_caught["signum"]], dtype=torch.int32, device=ctx.device)
+        return caught
+    flag = torch.tensor([caught], dtype=torch.int32, device=ctx.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item())
 
