@@ -83,8 +83,9 @@ def test_template_over_two_nodes_equals_a_one_process_run(
     across the nodes, whose final weights equal a 1-process run with the same global batch."""
     use_cluster(slurm_client, host_python)
     args = ["4", "2", "--batch-size", "16", "--dataset-size", "512", "--deterministic"]
+    # --cpus-per-task: srun in Slurm 22.05+ takes it only from SRUN_CPUS_PER_TASK
     done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
-                              "--", *args, timeout=300)  # fmt: skip
+                              "--cpus-per-task", "2", "--", *args, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     c1, c2 = slurm_cluster.node_names
@@ -206,6 +207,7 @@ def test_stop_cancels_the_job_and_leaves_no_step_and_no_process(
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().strip(), 120, "a first epoch")
     assert job_pids(slurm_cluster), "the run's processes are on the compute hosts"
+    assert status_rows(slurm_client)[rid][2] == "running"
     stopped = slurm_client.vmrun("stop", rid, "-C", "bed")
     assert stopped.returncode == 0, stopped.stderr
     assert f"job {job} cancelled; no step left" in stopped.stdout
@@ -302,3 +304,22 @@ def test_a_job_at_its_time_limit_snapshots_is_requeued_and_finishes(
     assert "(requeued)" in err, err
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
     assert epochs_in(metrics) == list(range(1, 61))
+
+
+def test_max_requeues_bounds_the_requeues(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """--max-requeues 0: the run saves on the warning but is not requeued; it ends failed,
+    saying why, with its snapshot kept for `--resume`-style reruns."""
+    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="0.5")
+    args = ["--epochs", "40", "--save-every", "100", "--nproc-per-node", "1"]
+    done = slurm_client.vmrun("train", "-C", "bed", *args, "--max-requeues", "0", "--detach")
+    assert done.returncode == 0, done.stderr
+    rid, job = run_id_of(done.stderr), job_of(done.stderr)
+    metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(epochs_in(metrics)) >= 1, 120, "an epoch")
+    assert slurm_cluster.run_on_login(["scancel", "--signal=USR2", job]).returncode == 0
+    code, out, err = follow_to_the_end(slurm_client, rid)
+    assert code != 0 and "--max-requeues 0 is spent" in err, err + out
+    assert (metrics.parent / "snapshot.pt").exists()
+    assert status_rows(slurm_client)[rid][2] == "failed"
