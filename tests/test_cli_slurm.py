@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Client, wait_for
 
 SCRIPTS = Path(__file__).parent / "slurm_scripts"
@@ -323,3 +324,32 @@ def test_max_requeues_bounds_the_requeues(
     assert code != 0 and "--max-requeues 0 is spent" in err, err + out
     assert (metrics.parent / "snapshot.pt").exists()
     assert status_rows(slurm_client)[rid][2] == "failed"
+
+
+def test_the_clusters_modules_are_loaded_before_the_run(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """`modules = [...]` runs `module load` in the job (Environment Modules, as Debian ships
+    it): the module puts the interpreter with torch on PATH, so `python = "python"` (which
+    the nodes do not have otherwise) finds it; MODULEPATH comes from the cluster's env."""
+    if not Path("/usr/share/modules/init/bash").exists():
+        pytest.skip("Environment Modules is not installed (apt-get install environment-modules)")
+    modules = slurm_cluster.shared / "modulefiles"
+    (modules / "torchenv").mkdir(parents=True, exist_ok=True)
+    (modules / "torchenv" / "1.0").write_text(
+        f"#%Module1.0\nprepend-path PATH {host_python.parent}\n"
+    )
+    (slurm_client.cwd / "vmrun.toml").write_text(
+        '[[clusters]]\nname = "bed"\nlogin = "login"\npython = "python"\n'
+        'modules = ["torchenv/1.0"]\n'
+        f'env = {{ MODULEPATH = "{modules}", OMP_NUM_THREADS = "1" }}\n'
+    )
+    done = slurm_client.vmrun("train", "-C", "bed", "--nproc-per-node", "1", "--epochs", "1",
+                              "--save-every", "1", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "epoch 1/1" in done.stdout
+    text = (slurm_client.cwd / "vmrun.toml").read_text().replace("torchenv/1.0", "nosuch/9")
+    (slurm_client.cwd / "vmrun.toml").write_text(text)
+    failed = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
+                                timeout=300)  # fmt: skip
+    assert failed.returncode != 0 and "module load nosuch/9 failed" in failed.stderr

@@ -23,6 +23,12 @@ export MASTER_ADDR MASTER_PORT
 mark attempt "$attempt" job "$SLURM_JOB_ID" start "$(date +%s)" nodes $nodes
 # srun in Slurm >= 22.05 no longer takes --cpus-per-task from the allocation
 if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
+# the run's own variables (--env, the cluster's env): a 0600 file, never a command
+# line; first, so that they can steer `module load` (MODULEPATH)
+if [ -r "$rec/env" ]; then
+  # shellcheck disable=SC1091
+  . "$rec/env"
+fi
 if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
   if ! command -v module >/dev/null 2>&1; then  # a batch shell is not a login shell
     for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh \
@@ -37,11 +43,6 @@ if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
     ended 3
     exit 3
   fi
-fi
-# the run's own variables (--env, the cluster's env): a 0600 file, never a command line
-if [ -r "$rec/env" ]; then
-  # shellcheck disable=SC1091
-  . "$rec/env"
 fi
 export PYTHONUNBUFFERED=1 VMRUN_RUN_ID VMRUN_RUN_DIR VMRUN_LAUNCHER VMRUN_NPROC
 export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
