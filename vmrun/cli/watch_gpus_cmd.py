@@ -11,18 +11,28 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
 from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.text import Text
 
+    from vmrun.config import Settings
     from vmrun.gpus.fleet import FleetWatch, GpuStatus, HostStatus
+    from vmrun.gpus.targets import Target
 
 SPARK_WIDTH = 8
 _UNBOUNDED = 10_000  # columns of a console that is no terminal: rows are never cut
@@ -77,6 +87,15 @@ def register(app: typer.Typer) -> None:
                 " bottleneck?).",
             ),
         ] = 60.0,
+        cluster: ClusterName = None,
+        run: Annotated[
+            str | None,
+            typer.Option("--run", metavar="RUN", help="With -C: only the nodes of this run."),
+        ] = None,
+        job: Annotated[
+            str | None,
+            typer.Option("--job", metavar="ID", help="With -C: only the nodes of this job."),
+        ] = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -86,31 +105,70 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
         if not idle_window >= 0:
             raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
-        from vmrun.gpus.fleet import Fleet, FleetWatch
+        refuse_with_cluster(cluster, host)
+        if (run or job) and not cluster:
+            raise UsageError("--run and --job pick jobs on a cluster: add -C NAME")
+        if run and job:
+            raise UsageError("--run and --job both pick the job: use one")
+        settings = settings_from(connect_timeout, accept_new_host_key)
+        view = _View(interval, once, json_out, idle_threshold, idle_window)
+        if cluster:
+            return _watch_cluster(settings, cluster, run, job, view)
+        from vmrun.gpus.targets import host_targets
         from vmrun.ssh.inventory import select_hosts
 
-        settings = settings_from(connect_timeout, accept_new_host_key)
-        entries = select_hosts(host, settings)
-        fleet = Fleet(
-            [e.label for e in entries], idle_threshold=idle_threshold, idle_window=idle_window
-        )
-        watch = FleetWatch(entries, settings, fleet, interval=interval, once=once)
-        try:
-            watch.start()
-            if once:
-                return _snapshot(watch, json_out)
-            if json_out:
-                return _json_lines(watch)
-            return _live(watch, interval)
-        except KeyboardInterrupt:
-            if once:
-                raise
-            return 0  # Ctrl-C is how a watch ends; every channel is closed below
-        except BrokenPipeError:  # `vmrun watch-gpus --json | head`: the reader has had enough
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _watch(host_targets(select_hosts(host, settings), settings), settings, view)
+
+
+@dataclass(frozen=True)
+class _View:
+    interval: float
+    once: bool
+    json_out: bool
+    idle_threshold: float
+    idle_window: float
+
+
+def _watch_cluster(
+    settings: Settings, cluster: str, run: str | None, job: str | None, view: _View
+) -> int:
+    from vmrun.slurm.gpus import node_targets, running_nodes
+    from vmrun.slurm.session import cluster_backend
+
+    with cluster_backend(settings, cluster) as slurm:
+        nodes = running_nodes(slurm, run, job)
+        if not nodes:
+            which = f"run {run}" if run else f"job {job}" if job else "job of yours"
+            print(f"no running {which} on cluster {cluster}: no GPU to watch", file=sys.stderr)
             return 0
-        finally:
-            watch.stop()
+        return _watch(node_targets(slurm, nodes), settings, view)
+
+
+def _watch(targets: list[Target], settings: Settings, view: _View) -> int:
+    from vmrun.gpus.fleet import Fleet, FleetWatch
+
+    fleet = Fleet(
+        [t.label for t in targets],
+        idle_threshold=view.idle_threshold,
+        idle_window=view.idle_window,
+    )
+    watch = FleetWatch(targets, settings, fleet, interval=view.interval, once=view.once)
+    try:
+        watch.start()
+        if view.once:
+            return _snapshot(watch, view.json_out)
+        if view.json_out:
+            return _json_lines(watch)
+        return _live(watch, view.interval)
+    except KeyboardInterrupt:
+        if view.once:
+            raise
+        return 0  # Ctrl-C is how a watch ends; every channel is closed below
+    except BrokenPipeError:  # `vmrun watch-gpus --json | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        watch.stop()
 
 
 def _snapshot(watch: FleetWatch, json_out: bool) -> int:
@@ -333,7 +391,7 @@ def _fit(headers: list[str], rows: list[list[Text]], width: int, least: int) -> 
     capped; the GPU name (at least `least` wide) and the processes share what is left
     (names ellipsized first)."""
     natural = _natural(headers, rows)
-    natural[0] = min(natural[0], 16)
+    natural[0] = min(natural[0], 32)  # a Slurm node's label names its job and run
     padding = len(headers) - 1  # one space between columns
     fixed = natural[0] + sum(natural[2:6]) + padding
     rest = max(width - fixed, 16)

@@ -20,7 +20,6 @@ from typing import Any
 from vmrun.compat import StrEnum
 from vmrun.config import Settings
 from vmrun.errors import (
-    ConfigError,
     ConnectionLostError,
     ExitCode,
     UnreachableError,
@@ -38,10 +37,8 @@ from vmrun.gpus.nvidia_smi import (
     ProcessTracker,
     parse_gpu_line,
     parse_owner_line,
-    watch_argv,
 )
-from vmrun.ssh.connection import Connection
-from vmrun.ssh.inventory import HostEntry
+from vmrun.gpus.targets import Target
 
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
@@ -170,14 +167,6 @@ class Fleet:
 # -- watching one host ------------------------------------------------------------------------
 
 
-def nvidia_smi_for(entry: HostEntry) -> str:
-    """The host's `nvidia_smi` override from vmrun.toml, else `nvidia-smi` on the PATH."""
-    value = entry.vars.get("nvidia_smi", "nvidia-smi")
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"host {entry.label}: nvidia_smi must be a path to nvidia-smi")
-    return value
-
-
 class HostWatcher:
     """Streams one host's GPUs until stopped; reconnects with backoff when the host drops.
 
@@ -187,7 +176,7 @@ class HostWatcher:
 
     def __init__(
         self,
-        entry: HostEntry,
+        target: Target,
         settings: Settings,
         *,
         interval: float,
@@ -195,15 +184,16 @@ class HostWatcher:
         emit: Callable[[HostSample], None],
         stop: threading.Event,
     ):
-        self.label = entry.label
-        self.nvidia_smi = nvidia_smi_for(entry)
-        self.conn = Connection(entry.spec, settings, label=entry.label)
+        self.label = target.label
+        self.target = target
+        self.conn = target.conn
         self.interval = interval
         self.once = once
         self.emit = emit
         self.stop = stop
         # a one-shot reading must end even on a host that hangs mid-command
         self.once_timeout = max(15.0, 2 * settings.connect_timeout)
+        self.program = target.command(None)[0]  # what messages name (the watch script's bash)
         self._delay = BACKOFF_FIRST
         self._connected_once = False
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"gpus-{self.label}")
@@ -217,13 +207,15 @@ class HostWatcher:
                 why, state = self._attempt()
                 if why is None or self.stop.is_set():
                     return
-                self.conn.close()  # also stops anything the last attempt left running
+                if not self.target.shared:  # else the channel's end stopped it already
+                    self.conn.close()  # also stops anything the last attempt left running
                 self._say(state, f"{why}; retrying in {self._delay:g} s")
                 if self.stop.wait(self._delay):
                     return
                 self._delay = min(self._delay * 2, BACKOFF_MAX)
         finally:
-            self.conn.close()
+            if not self.target.shared:
+                self.conn.close()
 
     def _attempt(self) -> tuple[str | None, HostState]:
         """Connect and stream; return (why to retry, state to show), or (None, _) when done."""
@@ -233,7 +225,7 @@ class HostWatcher:
             return self._stream(), HostState.ERROR
         except (UnreachableError, ConnectionLostError) as exc:
             state = HostState.DISCONNECTED if self._connected_once else HostState.UNREACHABLE
-            why = exc.message.replace("'bash'", "nvidia-smi")  # argv[0] is the watch script's
+            why = exc.message.replace(f"'{self.program}'", "nvidia-smi")  # argv[0]: bash, srun
             if not self.once:
                 return why, state
             if not self.stop.is_set():
@@ -274,7 +266,7 @@ class HostWatcher:
                 else:
                     self._publish(batch, tracker.current(time.monotonic()), owners)
 
-        argv = watch_argv(self.nvidia_smi, None if self.once else self.interval)
+        argv = self.target.command(None if self.once else self.interval)
         try:
             timeout = self.once_timeout if self.once else None
             beat = None if self.once else HEARTBEAT
@@ -325,7 +317,7 @@ class FleetWatch:
 
     def __init__(
         self,
-        entries: Sequence[HostEntry],
+        targets: Sequence[Target],
         settings: Settings,
         fleet: Fleet,
         *,
@@ -337,9 +329,9 @@ class FleetWatch:
         self._stop = threading.Event()
         self.watchers = [
             HostWatcher(
-                e, settings, interval=interval, once=once, emit=self._queue.put, stop=self._stop
+                t, settings, interval=interval, once=once, emit=self._queue.put, stop=self._stop
             )
-            for e in entries
+            for t in targets
         ]
 
     def start(self) -> FleetWatch:
@@ -372,9 +364,10 @@ class FleetWatch:
         is left behind, and the process exiting drops that socket just the same.
         """
         self._stop.set()
+        conns = {id(w.conn): w for w in self.watchers}  # a shared connection closes once
         closers = [
             threading.Thread(target=w.conn.close, daemon=True, name=f"close-{w.label}")
-            for w in self.watchers
+            for w in conns.values()
         ]
         for closer in closers:
             closer.start()
