@@ -398,12 +398,13 @@ def test_the_table_fits_the_terminal(width: int) -> None:
 
     from vmrun.cli.watch_gpus_cmd import render
 
-    hosts = ["gpu-node-with-a-long-name", "b", "lost", "never"]
+    long = "gpu-node-with-a-long-name (job 123 / run x)"
+    hosts = [long, "b", "lost", "never"]
     fleet = Fleet(hosts, idle_threshold=10, idle_window=60)
     fleet.update(HostSample("lost", "disconnected", 1.0, message="link down; retrying in 4 s"))
     fleet.update(HostSample("never", "unreachable", 1.0, message="connection refused"))
     for fixture, host in (
-        ("h100x2_constructed", "gpu-node-with-a-long-name"),
+        ("h100x2_constructed", long),
         ("t4x2_training", "b"),
     ):
         readings = tuple(filter(None, map(parse_gpu_line, frames(fixture, "query-gpu")[0])))
@@ -415,7 +416,7 @@ def test_the_table_fits_the_terminal(width: int) -> None:
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= width
     assert sum("H100" in line for line in lines) == 2 and sum(" T4 " in line for line in lines) == 2
-    assert any(line.startswith("gpu-node-with-a…") for line in lines)  # capped host column
+    assert any(line.startswith("gpu-node-with") and "…" in line[:33] for line in lines)  # capped
     assert any(line.startswith("lost") and " disconnected " in line for line in lines)
     assert any(line.startswith("never") and " unreachable " in line for line in lines)
 
