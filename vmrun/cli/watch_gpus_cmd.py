@@ -391,7 +391,7 @@ def _fit(headers: list[str], rows: list[list[Text]], width: int, least: int) -> 
     capped; the GPU name (at least `least` wide) and the processes share what is left
     (names ellipsized first)."""
     natural = _natural(headers, rows)
-    natural[0] = min(natural[0], 32)  # a Slurm node's label names its job and run
+    natural[0] = min(natural[0], 32 if width >= 120 else 16)  # a node's label names its job
     padding = len(headers) - 1  # one space between columns
     fixed = natural[0] + sum(natural[2:6]) + padding
     rest = max(width - fixed, 16)
