@@ -257,3 +257,30 @@ def test_the_default_playbooks_fingerprints_are_unchanged_by_strict_parsing() ->
     assert driver.when == {"gpu": True, "param_not": {"driver": "none"}}
     assert driver.sudo is True and driver.reboot is True
     assert book.step("python-venv-package").when == {"env": ["venv"]}
+
+
+def test_on_a_cluster_root_steps_do_not_apply_unless_when_cluster_says() -> None:
+    book = load()
+    params = dict(book.params)
+
+    def why(name: str, cluster: bool) -> str | None:
+        step = book.step(name).resolved(params)
+        return applies(step, gpu=True, env="venv", os_release="22.04", params=params,
+                       cluster=cluster)  # fmt: skip
+
+    for name in ("nvidia-driver", "python-venv-package"):
+        assert why(name, cluster=True) == "needs root: a cluster's nodes are the admins'"
+        assert why(name, cluster=False) is None
+    assert why("python-env", cluster=True) is None and why("torch", cluster=True) is None
+    steps = parse_steps([
+        {"name": "site", "when": {"cluster": True}, "sudo": True, "apply": "true"},
+        {"name": "hosts", "when": {"cluster": False}, "apply": "true"},
+    ], "t")  # fmt: skip
+    def on(step_index: int, cluster: bool) -> str | None:
+        return applies(steps[step_index], gpu=False, env="venv", os_release="", params={},
+                       cluster=cluster)  # fmt: skip
+
+    assert on(0, cluster=True) is None and on(0, cluster=False) == "not a cluster"
+    assert on(1, cluster=True) == "a cluster's login node" and on(1, cluster=False) is None
+    with pytest.raises(ConfigError, match=r"when\.cluster must be true or false"):
+        parse_steps([{"name": "x", "when": {"cluster": "yes"}, "apply": "true"}], "t")

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
 from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -90,6 +97,15 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         host: Hosts = None,
+        cluster: ClusterName = None,
+        gpus_per_node: Annotated[
+            int,
+            typer.Option(
+                "--gpus-per-node",
+                metavar="N",
+                help="With -C: ask the compute-node check for N GPUs (0: none asked).",
+            ),
+        ] = 0,
         playbook: Annotated[
             Path | None,
             typer.Option(
@@ -212,6 +228,7 @@ def register(app: typer.Typer) -> None:
             book = playbook_mod.load(playbook)
             typer.echo(Path(book.source).read_text(encoding="utf-8"), nl=False)
             return 0
+        refuse_with_cluster(cluster, [*(hosts or []), *(host or [])])
         settings = settings_from(connect_timeout, accept_new_host_key)
         options = setup_options(
             settings.section("setup"),
@@ -229,6 +246,10 @@ def register(app: typer.Typer) -> None:
             reboot_timeout=reboot_timeout,
             log_dir=(settings.project_dir or Path.cwd()) / ".vmrun" / "logs",
         )
+        if cluster:
+            from vmrun.cli.setup_cluster import run_cluster_setup
+
+            return run_cluster_setup(settings, cluster, options, gpus_per_node)
         from vmrun.ssh.inventory import select_hosts
 
         entries = select_hosts([*(hosts or []), *(host or [])], settings)

@@ -61,8 +61,10 @@ def cuda_index(cuda_driver: str, compute_cap: str = "") -> str | None:
     )
 
 
-def python_path(params: Mapping[str, str], facts: Facts) -> str:
-    """The interpreter the env manager makes (or, for env=python, the one given)."""
+def python_path(params: Mapping[str, str], facts: Facts, root: str = "") -> str:
+    """The interpreter the env manager makes (or, for env=python, the one given); venv and
+    uv envs go under `root` when given (a cluster's workdir on its shared filesystem, so the
+    compute nodes see them), else under the home. conda's stay in ~/miniconda3."""
     env = params.get("env", "venv")
     name = params.get("env_name", "vmrun") or "vmrun"
     if env == "python":
@@ -71,7 +73,8 @@ def python_path(params: Mapping[str, str], facts: Facts) -> str:
         return facts.absolute(params["python"])
     if env == "conda":
         return facts.absolute(f"miniconda3/envs/{name}/bin/python")
-    return facts.absolute(f"{remote_paths.ENVS_DIR}/{name}/bin/python")
+    where = f"{root.rstrip('/')}/{remote_paths.ENVS_DIR}" if root else remote_paths.ENVS_DIR
+    return facts.absolute(f"{where}/{name}/bin/python")
 
 
 def environment(
@@ -130,6 +133,10 @@ def pip_index_args(
         return args
     if choice != "auto":
         return [*args, "--index-url", choice]
+    if not facts.has_gpu and opts.cluster:
+        # a login node without GPUs builds for the compute nodes, whose driver it cannot
+        # see: the CUDA 12 build runs on every 12.x and 13.x driver (--torch-index to choose)
+        return [*args, "--index-url", TORCH_INDEX + _CUDA12_INDEX]
     if not facts.has_gpu:
         return [*args, "--index-url", TORCH_INDEX + "cpu"]  # never the multi-GB CUDA build
     index = cuda_index(facts.cuda_driver, facts.compute_cap) if facts.cuda_driver else None

@@ -118,8 +118,10 @@ def _version_text(text: str) -> str:
     return text if re.fullmatch(r"\d+\.\d+", text) else ""
 
 
-def gather(conn: Connection) -> Facts:
-    result = conn.run(["sh", "-c", source("facts.sh"), "facts", remote_paths.SETUP_STATE])
+def gather(conn: Connection, state: str = remote_paths.SETUP_STATE) -> Facts:
+    """The host's facts, with setup's state read from `state` (relative to the home, or
+    absolute: a cluster's workdir)."""
+    result = conn.run(["sh", "-c", source("facts.sh"), "facts", state])
     if not result.ok:
         raise RemoteError(f"reading host facts failed: {result.output_tail(3)}", host=conn.label)
     return parse(result.stdout_tail, conn.label)

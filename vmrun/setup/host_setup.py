@@ -60,10 +60,10 @@ class HostSetup:
             f"\n===== vmrun setup {time.strftime('%Y-%m-%d %H:%M:%S')} on {self.conn.label}"
         )
         self.log.event("reading host facts")
-        facts = facts_mod.gather(self.conn)
+        facts = facts_mod.gather(self.conn, self.opts.path(remote_paths.SETUP_STATE))
         report = self.report = HostReport(self.conn.label, facts)
         params = dict(self.opts.params)
-        report.python = python_path(params, facts)
+        report.python = python_path(params, facts, self.opts.root)
         env = self._environment(params, facts)
         state = SetupState(facts.state)
         plan = make_plan(
@@ -86,7 +86,7 @@ class HostSetup:
             else:
                 records = {}
             state.done(step, params, records)
-            state.save(self.conn, self._host_record(state))
+            state.save(self.conn, self._host_record(state), self._state_paths)
             report.steps.append(outcome)
         report.record = state.records(self.opts.playbook)
         self.log.event("done")
@@ -95,6 +95,13 @@ class HostSetup:
     def _environment(self, params: Mapping[str, str], facts: Facts) -> dict[str, str]:
         assert self.report is not None
         return environment(self.opts, params, facts, self.report.python, self.run_token)
+
+    @property
+    def _state_paths(self) -> tuple[str, str]:
+        return (
+            self.opts.path(remote_paths.SETUP_STATE),
+            self.opts.path(remote_paths.HOST_RECORD),
+        )
 
     def _host_record(self, state: SetupState) -> dict[str, str]:
         assert self.report is not None
@@ -115,7 +122,9 @@ class HostSetup:
         the driver now installed, not the one (or none) seen before it."""
         assert self.report is not None
         self.log.event(f"reading host facts again after {after.name}")
-        facts = self.report.facts = facts_mod.gather(self.conn)
+        facts = self.report.facts = facts_mod.gather(
+            self.conn, self.opts.path(remote_paths.SETUP_STATE)
+        )
         env = self._environment(params, facts)
         self.log.write(
             f"CUDA {facts.cuda_driver or 'none'} (compute capability"

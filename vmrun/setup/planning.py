@@ -62,6 +62,7 @@ def _decide(opts: SetupOptions, inputs: PlanInputs, step: Step) -> StepOutcome:
         env=params.get("env", "venv"),
         os_release=inputs.facts.os_release,
         params=params,
+        cluster=opts.cluster,
     )
     if why_not:
         return StepOutcome(step.name, StepStatus.NOT_APPLICABLE, why_not)

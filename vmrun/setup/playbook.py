@@ -35,7 +35,7 @@ _STEP_KEYS = {
     "apt",
     "pip",
 }
-_WHEN_KEYS = {"gpu", "env", "os", "param", "param_not"}
+_WHEN_KEYS = {"gpu", "cluster", "env", "os", "param", "param_not"}
 _BOOK_KEYS = {"name", "description", "params", "steps"}
 _FLAGS = ("sudo", "reboot", "record")
 _SCRIPTS = ("check", "apply", "verify")
@@ -263,10 +263,13 @@ def _when(value: Any, where: str, params: set[str] | None) -> dict[str, Any]:
             f" when may hold {', '.join(sorted(_WHEN_KEYS))}"
         )
     when: dict[str, Any] = {}
-    if "gpu" in value:
-        if not isinstance(value["gpu"], bool):
-            raise ConfigError(f"{where}: when.gpu must be true or false, not {kind(value['gpu'])}")
-        when["gpu"] = value["gpu"]
+    for key in ("gpu", "cluster"):
+        if key in value:
+            if not isinstance(value[key], bool):
+                raise ConfigError(
+                    f"{where}: when.{key} must be true or false, not {kind(value[key])}"
+                )
+            when[key] = value[key]
     for key in ("env", "os"):
         if key in value:
             when[key] = _values(value[key], where, f"when.{key}")
@@ -347,10 +350,22 @@ def _check_needs(book: Playbook) -> None:
 
 
 def applies(
-    step: Step, *, gpu: bool, env: str, os_release: str, params: Mapping[str, str]
+    step: Step,
+    *,
+    gpu: bool,
+    env: str,
+    os_release: str,
+    params: Mapping[str, str],
+    cluster: bool = False,
 ) -> str | None:
-    """None when the step applies to this host, else why it is skipped."""
+    """None when the step applies to this host, else why it is skipped. On a cluster's
+    login node (`setup -C`) a step that needs root (sudo, apt, reboot) does not apply unless
+    its `when.cluster` says it does: the compute nodes' drivers and packages are the admins'."""
     when = step.when
+    if "cluster" in when and when["cluster"] != cluster:
+        return "a cluster's login node" if cluster else "not a cluster"
+    if cluster and "cluster" not in when and (step.sudo or step.apt or step.reboot):
+        return "needs root: a cluster's nodes are the admins'"
     if "gpu" in when and when["gpu"] != gpu:
         return "no NVIDIA GPU" if when["gpu"] else "host has a GPU"
     if "env" in when and env not in when["env"]:

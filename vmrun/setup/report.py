@@ -29,6 +29,15 @@ class SetupOptions:
     find_links: tuple[str, ...] = ()
     reboot_timeout: float = 600.0
     log_dir: Path | None = None
+    # a Slurm cluster's login node (`setup -C`): steps that need root (sudo, apt, reboot) do
+    # not apply there, and setup's state, record and envs live under `root` (the cluster's
+    # absolute workdir on the shared filesystem) rather than the home
+    cluster: bool = False
+    root: str = ""
+
+    def path(self, relative: str) -> str:
+        """One of remote_paths' paths (relative to the home) where this run keeps it."""
+        return f"{self.root.rstrip('/')}/{relative}" if self.root else relative
 
 
 class StepStatus(StrEnum):

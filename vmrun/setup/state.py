@@ -46,8 +46,13 @@ class SetupState:
                 merged.update({str(k): str(v) for k, v in rec.items()})
         return merged
 
-    def save(self, conn: Connection, host_record: Mapping[str, str]) -> None:
-        """State and the host record in one atomic write each (temp file + mv)."""
+    def save(
+        self,
+        conn: Connection,
+        host_record: Mapping[str, str],
+        paths: tuple[str, str] = (remote_paths.SETUP_STATE, remote_paths.HOST_RECORD),
+    ) -> None:
+        """State and the host record (at `paths`) in one atomic write each (temp + mv)."""
         payload = json.dumps({"version": 1, "steps": self.steps}, indent=1, sort_keys=True)
         conn.run(
             [
@@ -55,9 +60,9 @@ class SetupState:
                 "-c",
                 source("setup_state_save.sh"),
                 "state-save",
-                remote_paths.SETUP_STATE,
+                paths[0],
                 payload,
-                remote_paths.HOST_RECORD,
+                paths[1],
                 json.dumps(dict(host_record), sort_keys=True),
             ],
             check=True,

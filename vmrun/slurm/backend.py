@@ -46,6 +46,7 @@ class Facts:
     home: str
     workdir: str  # absolute
     version: str  # `sinfo --version`
+    setup_python: str = ""  # the env `vmrun setup -C` built (<workdir>/.vmrun/host.json)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,11 @@ class SlurmBackend:
                     hint="`login` must be the cluster's login node, where Slurm's commands are",
                 )
             self._facts = Facts(
-                values["user"], values["home"], values["workdir"], values.get("version", "")
+                values["user"],
+                values["home"],
+                values["workdir"],
+                values.get("version", ""),
+                _recorded_python(values.get("setup_record", "")),
             )
         return self._facts
 
@@ -103,6 +108,12 @@ class SlurmBackend:
         elif workdir == "~" or workdir.startswith("~/"):
             workdir = workdir[2:] or "."  # commands start in the home directory
         return f"{workdir}/{STATE_DIR}/runs".removeprefix("./")
+
+    def python(self) -> str:
+        """The jobs' interpreter: the cluster's `python` in vmrun.toml, else the env
+        `vmrun setup -C` built (read from its record on the cluster by the same probe that
+        finds the workdir, so it costs no round trip), else python3 from the PATH."""
+        return self.cluster.python or self.facts().setup_python or "python3"
 
     def record_dir(self, run_id: str) -> str:
         return f"{self.facts().workdir}/{STATE_DIR}/runs/{run_id}"
@@ -128,7 +139,7 @@ class SlurmBackend:
         batch = Batch(
             run_id=rid,
             launcher=plan.launcher,
-            python=self.cluster.python or "python3",
+            python=self.python(),
             command=command,
             max_restarts=plan.max_restarts,
             modules=self.cluster.modules,
@@ -337,3 +348,16 @@ def _relative(plan: Plan) -> str:
             " synced",
             hint="run vmrun from the project, or move the script into it",
         ) from None
+
+
+def _recorded_python(encoded: str) -> str:
+    """The python of setup's record on the cluster (base64 JSON); "" when there is none."""
+    import base64
+    import binascii
+
+    try:
+        record = json.loads(base64.b64decode(encoded)) if encoded else {}
+    except (binascii.Error, ValueError):
+        return ""
+    python = record.get("python") if isinstance(record, dict) else None
+    return python if isinstance(python, str) else ""
