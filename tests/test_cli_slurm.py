@@ -53,8 +53,8 @@ def record_dir(cluster: Any, rid: str) -> Path:
     return cluster.login.home / ".vmrun" / "runs" / rid
 
 
-def status_rows(client: Client) -> dict[str, list[str]]:
-    done = client.vmrun("status", "-C", "bed")
+def status_rows(client: Client, *where: str) -> dict[str, list[str]]:
+    done = client.vmrun("status", *(where or ("-C", "bed")))
     assert done.returncode == 0, done.stderr
     rows = {}
     for line in done.stdout.splitlines()[1:]:
@@ -115,6 +115,8 @@ def test_template_over_two_nodes_equals_a_one_process_run(
     assert [m["world_size"] for m in metrics] == [2, 2, 2, 2]
     row = status_rows(slurm_client)[rid]
     assert row[1:4] == ["bed", "done", "epoch 4/4"], row
+    # with neither -H nor -C: the project's clusters (here its only place to run)
+    assert status_rows(slurm_client, "--all")[rid] == row
     # fetch brings the outputs back from the shared filesystem through the login node
     fetched = slurm_client.vmrun("fetch", "results", "-C", "bed", "--run", rid)
     assert fetched.returncode == 0, fetched.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -45,23 +46,12 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import report
-        from vmrun.runs.hosts_backend import HostsBackend
-        from vmrun.ssh.group import Group
-        from vmrun.ssh.inventory import select_hosts
 
         if last < 0:
             raise UsageError(f"--last must be >= 0, got {last}")
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        records: Sequence[Any]
-        if cluster:
-            from vmrun.slurm.session import cluster_backend
-
-            with cluster_backend(settings, cluster) as slurm:
-                records, errors = slurm.runs()
-        else:
-            with Group(select_hosts(host, settings), settings) as group:
-                records, errors = HostsBackend(group).runs()
+        records, errors = _gather(host, cluster, settings)
         hidden = 0
         if last and not show_all:
             ids = list(dict.fromkeys(r.id for r in records))
@@ -86,6 +76,45 @@ def register(app: typer.Typer) -> None:
         for error in errors:
             report(error)
         return max((exit_code_for(e) for e in errors), default=0)
+
+
+def _gather(
+    host: list[str] | None, cluster: str | None, settings: Any
+) -> tuple[list[Any], list[BaseException]]:
+    """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
+    every cluster in vmrun.toml (one command on each login node), oldest first."""
+    from vmrun.errors import VmrunError
+    from vmrun.slurm.cluster import project_clusters
+    from vmrun.ssh.inventory import project_hosts
+
+    chosen = bool(host) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
+    names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
+    records: list[Any] = []
+    errors: list[BaseException] = []
+    if not cluster and (chosen or project_hosts(settings) or not names):
+        from vmrun.runs.hosts_backend import HostsBackend
+        from vmrun.ssh.group import Group
+        from vmrun.ssh.inventory import select_hosts
+
+        with Group(select_hosts(host, settings), settings) as group:
+            found, failed = HostsBackend(group).runs()
+        records += found
+        errors += failed
+    for name in names:
+        from vmrun.slurm.session import cluster_backend
+
+        try:
+            with cluster_backend(settings, name) as slurm:
+                jobs, failed = slurm.runs()
+        except VmrunError as exc:
+            if cluster:
+                raise
+            errors.append(exc)
+            continue
+        records += jobs
+        errors += failed
+    records.sort(key=lambda r: float(r.started or 0))
+    return records, errors
 
 
 def _state(run: Any) -> str:
