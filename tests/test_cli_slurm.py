@@ -8,14 +8,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Client, wait_for
+from train_helpers import assert_matches_one_process
 
 SCRIPTS = Path(__file__).parent / "slurm_scripts"
 
@@ -94,23 +93,8 @@ def test_template_over_two_nodes_equals_a_one_process_run(
              for ln in done.stdout.splitlines() if "started: pid" in ln}  # fmt: skip
     assert ranks == {(c1, "0"), (c2, "1")}, done.stdout
     final = out_dir(slurm_cluster, slurm_client, rid) / "finalmodel.pt"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-    from vmrun.trainer import TEMPLATE_PATH
-
-    single = tmp_path / "single"
-    alone = subprocess.run(
-        [sys.executable, str(TEMPLATE_PATH), "4", "2", "--batch-size", "32", "--dataset-size",
-         "512", "--deterministic", "--out-dir", str(single)],
-        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert alone.returncode == 0, alone.stderr
-    import torch
-
-    ddp = torch.load(final, weights_only=True)
-    one = torch.load(single / "finalmodel.pt", weights_only=True)
-    assert ddp.keys() == one.keys()
-    for key in ddp:
-        assert torch.allclose(ddp[key], one[key], atol=1e-5), key
+    one = ["4", "2", "--batch-size", "32", "--dataset-size", "512", "--deterministic"]
+    assert_matches_one_process(final, one, tmp_path / "single")
     metrics = [json.loads(x) for x in (final.parent / "metrics.jsonl").read_text().splitlines()]
     assert [m["world_size"] for m in metrics] == [2, 2, 2, 2]
     row = status_rows(slurm_client)[rid]

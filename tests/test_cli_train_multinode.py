@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import IO
 import pytest
 from conftest import Client, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
+from train_helpers import assert_matches_one_process
 
 from vmrun.remote_paths import remote_workdir
 
@@ -52,24 +52,8 @@ def test_two_nodes_one_process_each_match_a_single_process_run(
     assert final.exists()
     assert not (template_out(cluster["n2"], multi, rid) / "finalmodel.pt").exists()
 
-    from vmrun.trainer import TEMPLATE_PATH
-
-    single = tmp_path / "single"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK"):
-        env.pop(key, None)
-    alone = subprocess.run(
-        [sys.executable, str(TEMPLATE_PATH), "4", "2", "--batch-size", "32", "--dataset-size",
-         "512", "--deterministic", "--out-dir", str(single)],
-        env=env, capture_output=True, text=True, timeout=300)
-    assert alone.returncode == 0, alone.stderr
-    import torch
-
-    ddp = torch.load(final, weights_only=True)
-    one = torch.load(single / "finalmodel.pt", weights_only=True)
-    assert ddp.keys() == one.keys()
-    for key in ddp:
-        assert torch.allclose(ddp[key], one[key], atol=1e-5), key
+    one = ["4", "2", "--batch-size", "32", "--dataset-size", "512", "--deterministic"]
+    assert_matches_one_process(final, one, tmp_path / "single")
     metrics = [json.loads(x) for x in (final.parent / "metrics.jsonl").read_text().splitlines()]
     assert [m["world_size"] for m in metrics] == [2, 2, 2, 2]
     assert metrics[-1]["loss"] < 0.7 * metrics[0]["loss"]  # it learned: the match means something

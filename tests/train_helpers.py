@@ -246,3 +246,22 @@ def rank_lines(text: str) -> list[tuple[int, int]]:
             assert match, f"a broken line: {line[:120]!r}"
             found.append((int(match.group(1)), int(match.group(2))))
     return found
+
+
+def assert_matches_one_process(final: Path, template_args: list[str], work: Path) -> None:
+    """`final` (a DDP run's finalmodel.pt) equals what one process makes with
+    `template_args` (the same global batch): real DDP, not independent runs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                            "LOCAL_RANK")}  # fmt: skip
+    alone = subprocess.run(
+        [sys.executable, TEMPLATE, *template_args, "--out-dir", str(work)],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    import torch
+
+    ddp = torch.load(final, weights_only=True)
+    one = torch.load(work / "finalmodel.pt", weights_only=True)
+    assert ddp.keys() == one.keys()
+    for key in ddp:
+        assert torch.allclose(ddp[key], one[key], atol=1e-5), key
