@@ -85,6 +85,7 @@ def _gather(
     every cluster in vmrun.toml (one command on each login node), oldest first."""
     from vmrun.errors import VmrunError
     from vmrun.slurm.cluster import project_clusters
+    from vmrun.slurm.session import cluster_backend
     from vmrun.ssh.inventory import project_hosts
 
     chosen = bool(host) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
@@ -101,8 +102,6 @@ def _gather(
         records += found
         errors += failed
     for name in names:
-        from vmrun.slurm.session import cluster_backend
-
         try:
             with cluster_backend(settings, name) as slurm:
                 jobs, failed = slurm.runs()

@@ -1,7 +1,7 @@
 # slurm_follow.sh RECORD_DIR JOB SKIP POLL: a job's log from byte SKIP on, as it grows, with
 # its state changes between the lines (`\035vmrun state STATE|REASON`), until the job has
-# left the queue or ended; then `\035vmrun end STATE` (the last state seen; empty when the
-# job had gone from squeue already) and the exit record (`\035vmrun exits ...`).
+# left the queue or ended (`\035vmrun end STATE`: the last state seen; empty when the job
+# had gone from squeue already); then the exit record (`\035vmrun exits ...`).
 d=$1 job=$2 skip=$3 poll=$4
 mark() { printf '\035vmrun %s\n' "$*"; }
 (
@@ -11,7 +11,7 @@ mark() { printf '\035vmrun %s\n' "$*"; }
     if [ "$s" != "$last" ] && [ -n "$s" ]; then mark state "$s"; fi
     case $s in
       ""|COMPLETED*|FAILED*|CANCELLED*|TIMEOUT*|NODE_FAIL*|OUT_OF_MEMORY*|BOOT_FAIL*|DEADLINE*|PREEMPTED*)
-        printf '%s\n' "${s%%|*}" > "$d/.follow-end.$$"
+        mark end "${s%%|*}"
         exit 0 ;;
     esac
     last=$s
@@ -21,7 +21,4 @@ mark() { printf '\035vmrun %s\n' "$*"; }
 w=$!
 tail -c "+$((skip + 1))" -F -s 0.5 --pid="$w" "$d/job.log" 2>/dev/null
 wait "$w"
-end=$(cat "$d/.follow-end.$$" 2>/dev/null)  # $$ in the subshell is this shell's pid too
-rm -f "$d/.follow-end.$$"
-mark end "$end"
 mark exits "$(tr '\n' ' ' < "$d/exit" 2>/dev/null)"

@@ -151,6 +151,7 @@ class SlurmBackend:
             "cluster": self.cluster.name,
             "launcher": plan.launcher,
             "script": plan.script.name if trainer else _relative(plan),
+            "template": bool(trainer),
             "args": plan.args,
             "epochs": int(plan.args[0]) if trainer and plan.args[0].isdigit() else None,
             "nodes": spec.nodes,
@@ -277,7 +278,8 @@ class SlurmBackend:
         """Where the run's files are: its outputs folder and its record (job.log), both on
         the shared filesystem, fetched through the login node."""
         meta = ref.meta
-        since = 0 if meta.get("script") == "template.py" else int(float(meta["submitted"]) * 1e9)
+        # a script's outputs are whatever it wrote in the work dir since the job was submitted
+        since = 0 if meta.get("template") else int(float(meta["submitted"]) * 1e9)
         location = RunLocation(
             run_id=ref.run_id, host=self.cluster.name, record_dir=str(meta["record_dir"]),
             out_dir=str(meta["out_dir"]), since_ns=since,

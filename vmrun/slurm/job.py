@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from vmrun.errors import UsageError
 from vmrun.hostside import source
+from vmrun.runs.plan import CPU_PROCESSES
 from vmrun.ssh.quoting import quote
 
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
@@ -22,7 +23,6 @@ _TIME = re.compile(r"(\d+)(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
 _MEM = re.compile(r"[1-9]\d*[KMGT]?", re.IGNORECASE)
 SIGNAL_BEFORE_S = 90  # seconds of warning before the time limit (SIGUSR2: NCCL has USR1)
 DEFAULT_MAX_REQUEUES = 3
-CPU_PROCESSES = 2  # torchrun's workers per node when the job asks for no GPU
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,9 @@ def parse_listing(text: str, cluster: str) -> list[SlurmRun]:
     for line in sections.pop("squeue", []):
         parts = line.split("|")
         if len(parts) >= 6:
-            state = JobState(parts[1].strip().upper(), "" if parts[2] == "None" else parts[2])
-            queue[parts[0].strip()] = QueueEntry(parts[0].strip(), state, *parts[3:6])
+            state = JobState.parse(f"{parts[1]}|{parts[2]}")
+            if state is not None:
+                queue[parts[0].strip()] = QueueEntry(parts[0].strip(), state, *parts[3:6])
     accounted = {}
     for line in sections.pop("sacct", []):
         parts = line.split("|")
