@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from vmrun.cli.output import warn_line
+from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
 from vmrun.results.history import METRICS, RunHistory, load_runs, run_dirs, run_path
 
@@ -43,7 +45,7 @@ def gather(
     *,
     hosts: list[str] | None,
     cluster: str | None,
-    settings: Any,  # a callable giving the Settings: loaded only when something is fetched
+    settings: Callable[[], Settings],  # read only when something is to be fetched
     verb: str,
 ) -> list[RunHistory]:
     project = project_dir()
@@ -79,8 +81,11 @@ def _has_metrics(path: Path) -> bool:
     return (path / METRICS).is_file() or any(path.glob(f"*/{METRICS}"))
 
 
-def _places(hosts: list[str] | None, cluster: str | None, settings: Any) -> list[tuple]:
-    """Where to look for a run: (-H hosts or None for the project's, cluster name or None)."""
+Place = tuple[list[str] | None, str | None]  # -H's hosts (None: the project's), a cluster
+
+
+def _places(hosts: list[str] | None, cluster: str | None, settings: Settings) -> list[Place]:
+    """Where to look for a run, in order."""
     if cluster:
         return [(None, cluster)]
     if hosts or os.environ.get("VMRUN_HOSTS", "").strip():
@@ -88,11 +93,13 @@ def _places(hosts: list[str] | None, cluster: str | None, settings: Any) -> list
     from vmrun.slurm.cluster import project_clusters
     from vmrun.ssh.inventory import project_hosts
 
-    places: list[tuple] = [(None, None)] if project_hosts(settings) else []
+    places: list[Place] = [(None, None)] if project_hosts(settings) else []
     return places + [(None, c.name) for c in project_clusters(settings)]
 
 
-def _fetch(run: str, hosts: list[str] | None, cluster: str | None, settings: Any) -> str:
+def _fetch(
+    run: str, hosts: list[str] | None, cluster: str | None, settings: Callable[[], Settings]
+) -> str:
     """Fetch the run's metrics and logs; "" when done, else why not. fetch's own lines go
     to stderr, so stdout keeps only what the command prints (a report, JSON)."""
     from vmrun.cli.fetch_run import FetchJob, run_fetch
