@@ -100,6 +100,7 @@ def test_runs_lacking_the_metric_or_any_metrics_are_named_and_left_out(project: 
     [
         (["-o", "p.pdf"], "-o p.pdf: can write .png or .svg, not .pdf"),
         (["-o", "nowhere/p.png"], "-o nowhere/p.png: there is no folder nowhere"),
+        (["-o", "shot.png"], "-o shot.png is a folder: name the file to write"),
         (["--metric", "nope", "-o", "p.png"], "no run has a metric 'nope'; these have: accuracy,"
          " epoch_time_s, loss, lr, samples_per_s, world_size"),
         (["--x", "wall", "-o", "p.png"], "--x wall: expected one of epoch, time"),
@@ -111,11 +112,13 @@ def test_runs_lacking_the_metric_or_any_metrics_are_named_and_left_out(project: 
 def test_bad_input_is_one_line_and_writes_nothing(
     project: Path, args: list[str], needle: str
 ) -> None:
+    (project / "shot.png").mkdir()
     done = _cli(project, "plot", *args)
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1].startswith(f"vmrun: error: {needle}"), done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
-    assert sorted(p.name for p in project.iterdir()) == ["results"]
+    assert sorted(p.name for p in project.rglob("*.png")) == ["shot.png"]  # nothing written
+    assert not list(project.glob(".*"))
 
 
 def test_without_matplotlib_a_file_plot_says_what_to_install(project: Path) -> None:

@@ -111,6 +111,8 @@ def _check_output(output: Path) -> None:
         raise UsageError("plotting to a file needs matplotlib", hint=INSTALL_HINT)
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: there is no folder {output.parent}")
+    if output.is_dir():
+        raise UsageError(f"-o {output} is a folder: name the file to write")
 
 
 def _draw(runs: list, metric: str, x: str) -> None:
