@@ -149,7 +149,7 @@ def duration_text(seconds: float | None) -> str:
         return ""
     if seconds < 60:
         return f"{seconds:.1f} s"
-    whole = int(round(seconds))
+    whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
