@@ -19,6 +19,8 @@ COMMANDS = [
     "stop",
     "fetch",
     "watch-gpus",
+    "tensorboard",
+    "forward",
     "doctor",
     "exec",
     "hosts",

@@ -24,6 +24,8 @@ COMMANDS = (
     ("stop", "stop_cmd", "Stop a run on every host; verifies nothing of it remains."),
     ("fetch", "fetch_cmd", "Bring back results: only what is new, verified, atomic."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
+    ("tensorboard", "tensorboard_cmd", "Serve a run's TensorBoard here, from the host."),
+    ("forward", "forward_cmd", "Forward a port of a host to 127.0.0.1 here."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),
     ("exec", "exec_cmd", "Run a command on one or all hosts in parallel."),
     ("hosts", "hosts_cmd", "List the selected hosts; --check connects to each."),
