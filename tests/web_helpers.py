@@ -79,15 +79,16 @@ class Lines:
         assert line.startswith("http://127.0.0.1:"), line + "".join(self.err)
         return line.strip()
 
-    def finish(self, sig: int, timeout: float = 30) -> tuple[int, str]:
-        """Send `sig`, wait for the exit; (exit code, all of stderr)."""
-        self.proc.send_signal(sig)
+    def finish(self, sig: int | None, timeout: float = 30) -> tuple[int, str]:
+        """Send `sig` (None: none), wait for the exit; (exit code, all of stderr)."""
+        if sig is not None:
+            self.proc.send_signal(sig)
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            pytest.fail(f"no exit within {timeout:g} s of signal {sig}")
+            pytest.fail(f"no exit within {timeout:g} s (signal {sig})")
         time.sleep(0.1)  # let the reader threads take the last lines
         return code, "".join(self.err)
 
@@ -106,7 +107,8 @@ def browser_dom(url: str, tmp: Path, budget_ms: int = 20000) -> str:
     argv = [
         chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--disable-extensions", "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--disable-sync", "--disable-extensions",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
         f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url,
     ]  # fmt: skip
     proc = subprocess.Popen(

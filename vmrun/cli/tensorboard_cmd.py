@@ -158,6 +158,7 @@ def _fix(setup: str, run_id: str) -> str:
 
 def _serve_remote(place: Place, dirs: list[LogDir], port: int) -> int:
     from vmrun.cli.output import info_line
+    from vmrun.errors import ConnectionLostError
     from vmrun.runs.tensorboard import HostBoard
     from vmrun.ssh.forward import Forward, moved_line
 
@@ -175,7 +176,12 @@ def _serve_remote(place: Place, dirs: list[LogDir], port: int) -> int:
         print(f"http://127.0.0.1:{fwd.port}/", flush=True)
         while True:
             board.check()
-            fwd.wait(0.5)
+            try:
+                fwd.wait(0.5)
+            except ConnectionLostError:
+                board.ended(2.0)  # the same loss in TensorBoard's words, if it sees it too
+                board.check()
+                raise
     except KeyboardInterrupt:
         gone = board.stop()
         info_line(

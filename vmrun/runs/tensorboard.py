@@ -181,6 +181,10 @@ class HostBoard:
         assert self.port is not None
         return self.port
 
+    def ended(self, timeout: float = 0.0) -> bool:
+        """Whether its channel has ended (waiting up to `timeout` for that)."""
+        return self._done.wait(timeout)
+
     def check(self) -> None:
         """Raise why TensorBoard is gone, if it is."""
         if not self._done.is_set():
