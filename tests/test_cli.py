@@ -26,7 +26,7 @@ COMMANDS = [
     "hosts",
     "config",
 ]
-HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic")
+HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic", "tensorboard")
 
 
 def _imports_after(args: list[str]) -> set[str]:

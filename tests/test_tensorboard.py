@@ -78,7 +78,11 @@ def test_host_paths() -> None:
     assert host_path("~", WORK) == "."
     assert host_path("~/x/", WORK) == "x"
     assert host_path("/abs//x", WORK) == "/abs/x"
-    for bad, needle in ((" ", "expected a folder"), ("~bob/x", "~user paths"), ("a\nb", "expected")):
+    for bad, needle in (
+        (" ", "expected a folder"),
+        ("~bob/x", "~user paths"),
+        ("a\nb", "expected"),
+    ):
         with pytest.raises(UsageError, match=needle):
             host_path(bad, WORK)
 
