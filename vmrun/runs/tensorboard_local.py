@@ -12,11 +12,8 @@ file by its name on every reload. TensorBoard is a child process here, never imp
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import os
 import posixpath
-import signal
 import subprocess
 import sys
 import threading
@@ -107,10 +104,9 @@ class LocalBoard:
         argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir),
                 "--host", "127.0.0.1", "--port", str(port), "--load_fast=false",
                 "--reload_interval", str(RELOAD_S)]  # fmt: skip
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True,  # Ctrl-C is ours to pass on, after the fetch stops
-        )  # fmt: skip
+        self.proc = subprocess.Popen(  # in vmrun's process group: a closed terminal ends it too
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         ready = threading.Event()
         threading.Thread(target=self._read, args=(ready,), daemon=True).start()
         deadline = time.monotonic() + timeout
@@ -133,18 +129,16 @@ class LocalBoard:
             raise VmrunError(f"TensorBoard here exited with {self.proc.returncode}{last}")
 
     def stop(self) -> None:
-        """Stop fetching and end TensorBoard's process group (TERM, then KILL after 5 s)."""
+        """Stop fetching and end TensorBoard (TERM, then KILL after 5 s)."""
         self._stop.set()
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        proc.terminate()
         try:
             proc.wait(5)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
             proc.wait()
 
     def _read(self, ready: threading.Event) -> None:
