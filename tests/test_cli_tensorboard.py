@@ -237,7 +237,7 @@ def test_local_serves_fetched_events_and_refetches_a_file_that_grew(
     assert re.search(r"fetched \d+ new file", err), err
 
 
-def test_bad_input_is_one_line_before_any_connection(runs: Runs) -> None:
+def test_bad_input_is_one_line_before_any_connection(bed_client: Client) -> None:
     for args, needle in (
         (["tensorboard", "--logdir", " "], "--logdir"),
         (["tensorboard", "--logdir", "~bob/x"], "~user paths are not supported"),
@@ -245,7 +245,7 @@ def test_bad_input_is_one_line_before_any_connection(runs: Runs) -> None:
         (["forward", "8080", "-H", "h1", "-H", "h2"], "forward goes through one host; 2"),
         (["forward", "0", "-H", "h1"], "PORT"),
     ):
-        done = runs.client.vmrun(*args, timeout=60)
+        done = bed_client.vmrun(*args, timeout=60)
         assert done.returncode == 2, (args, done.stderr)
         (line,) = done.stderr.strip().splitlines()
         assert needle in line, (args, line)
