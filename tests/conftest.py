@@ -319,6 +319,39 @@ def host_python(wheelhouse: Path) -> Path:
     return _build_once(CACHE / "venv-py3-torch-2.13.0", build) / "bin" / "python"
 
 
+TENSORBOARD_SPEC = "tensorboard==2.21.0"
+
+
+@pytest.fixture(scope="session")
+@slow_fixture
+def wheelhouse_tensorboard() -> Path:
+    """TensorBoard's wheels for the hosts' interpreter (filled by .ci/run like torch's)."""
+
+    def build(target: Path) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
+                        *host_wheels(), TENSORBOARD_SPEC, "-d", str(target)], check=True,
+                       timeout=600)  # fmt: skip
+
+    return _build_once(CACHE / "wheelhouse-tensorboard", build)
+
+
+@pytest.fixture(scope="session")
+@slow_fixture
+def host_python_tb(host_python: Path, wheelhouse: Path, wheelhouse_tensorboard: Path) -> Path:
+    """An interpreter with torch and tensorboard that every test host user can run
+    (host_python has no tensorboard: the hosts where `vmrun tensorboard` must say so)."""
+
+    def build(target: Path) -> None:
+        subprocess.run(["/usr/bin/python3", "-m", "venv", str(target)], check=True, timeout=300)
+        subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q",
+                        "--no-input", "--no-index", "--find-links", str(wheelhouse),
+                        "--find-links", str(wheelhouse_tensorboard), TORCH_SPEC,
+                        TENSORBOARD_SPEC], check=True, timeout=900)  # fmt: skip
+
+    venv = CACHE / "venv-py3-torch-2.13.0-tensorboard-2.21.0"
+    return _build_once(venv, build) / "bin" / "python"
+
+
 def standin_miniconda(python: str, calls: str) -> str:
     """A STAND-IN Miniconda installer (no download is possible here), as shell text: it
     honours -b -u -p PREFIX and installs a STAND-IN `conda` whose `create -n NAME` makes

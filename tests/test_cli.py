@@ -21,12 +21,14 @@ COMMANDS = [
     "report",
     "plot",
     "watch-gpus",
+    "tensorboard",
+    "forward",
     "doctor",
     "exec",
     "hosts",
     "config",
 ]
-HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib")
+HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib", "tensorboard")
 
 
 def _imports_after(args: list[str]) -> set[str]:

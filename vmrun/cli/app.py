@@ -26,6 +26,8 @@ COMMANDS = (
     ("report", "report_cmd", "Compare runs: time, samples/s, speed-up, efficiency, loss."),
     ("plot", "plot_cmd", "Plot a metric of runs by epoch or time: terminal, PNG or SVG."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
+    ("tensorboard", "tensorboard_cmd", "Serve a run's TensorBoard here, from the host."),
+    ("forward", "forward_cmd", "Forward a port of a host to 127.0.0.1 here."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),
     ("exec", "exec_cmd", "Run a command on one or all hosts in parallel."),
     ("hosts", "hosts_cmd", "List the selected hosts; --check connects to each."),

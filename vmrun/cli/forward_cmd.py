@@ -1,0 +1,108 @@
+"""`vmrun forward PORT [-H HOST | -C CLUSTER [--node NODE]] [--local-port N]`: a port of a host
+(or of a cluster's compute node, through the login node) on this machine's 127.0.0.1, over
+vmrun's own SSH connection (vmrun.ssh.forward), until Ctrl-C."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
+from vmrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from vmrun.config import Settings
+    from vmrun.ssh.inventory import HostEntry
+
+PortArg = Annotated[int, typer.Argument(metavar="PORT", min=1, max=65535, show_default=False)]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "forward",
+        help="Forward 127.0.0.1:PORT here to the host's 127.0.0.1:PORT (a notebook, a"
+        " dashboard) over vmrun's SSH connection: nothing is opened on the host's firewall."
+        " With -C CLUSTER --node NODE, to NODE:PORT through the login node (Jupyter in a"
+        " job). Prints the URL; runs until Ctrl-C.",
+    )
+    def forward_command(
+        port: PortArg,
+        host: Hosts = None,
+        cluster: ClusterName = None,
+        node: Annotated[
+            str | None,
+            typer.Option(
+                "--node",
+                metavar="NODE",
+                help="Forward to NODE:PORT as the host (or the login node) reaches it"
+                " [default: the host itself].",
+            ),
+        ] = None,
+        local_port: Annotated[
+            int | None,
+            typer.Option(
+                "--local-port",
+                metavar="N",
+                min=0,
+                max=65535,
+                help="The port here [default: PORT; the next free one if it is taken].",
+            ),
+        ] = None,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun.cli.output import info_line
+        from vmrun.ssh.connection import Connection
+        from vmrun.ssh.forward import Forward, moved_line
+
+        refuse_with_cluster(cluster, host)
+        if node is not None and (not node.strip() or any(c.isspace() for c in node)):
+            raise UsageError(f"--node {node!r}: expected a host name or address")
+        settings = settings_from(connect_timeout, accept_new_host_key)
+        entry = one_host(settings, host, cluster)
+        wanted = port if local_port is None else local_port
+        with Connection(entry.spec, settings, label=entry.label) as conn:
+            fwd = Forward(conn, node or "127.0.0.1", port, local_port=wanted)
+            fwd.start(note=info_line)
+            try:
+                moved = moved_line(wanted, fwd.port)
+                if moved:
+                    info_line(moved)
+                if not fwd.probe():
+                    info_line(f"nothing answers at {fwd.where} yet; forwarding anyway")
+                print(f"http://127.0.0.1:{fwd.port}/", flush=True)
+                info_line(f"forwarding to {fwd.where}; Ctrl-C to stop")
+                fwd.wait()
+            except KeyboardInterrupt:
+                fwd.stop()
+                info_line(f"stopped forwarding port {fwd.port}")
+                return 0
+            finally:
+                fwd.stop()
+        return 0
+
+
+def one_host(settings: Settings, host: list[str] | None, cluster: str | None) -> HostEntry:
+    """The one place to forward through: the cluster's login node, or exactly one host."""
+    if cluster:
+        from vmrun.slurm.cluster import find_cluster
+
+        return find_cluster(settings, cluster).entry
+    from vmrun.ssh.inventory import select_hosts
+
+    entries = select_hosts(host, settings)
+    if len(entries) != 1:
+        names = ", ".join(e.label for e in entries)
+        raise UsageError(
+            f"forward goes through one host; {len(entries)} are selected ({names}):"
+            " name one with -H"
+        )
+    return entries[0]

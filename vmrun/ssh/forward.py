@@ -1,0 +1,245 @@
+"""A local port forward (what `ssh -L` does) over a connection vmrun already has open.
+
+Each browser connection to 127.0.0.1:PORT here becomes a `direct-tcpip` channel of the
+same SSH transport, which the host's sshd connects to DEST:PORT as the host sees it (its
+own 127.0.0.1, or a machine it reaches: a compute node behind a login node). So nothing is
+opened on the host's firewall, no second login is made (ProxyJump chains included: the
+transport is the one `Connection` dialled), and the connection's watchdog, whose keepalive
+probes keep idle links alive through NATs, also decides when the link is gone. A lost link
+ends the forward with that error; stopping closes the listener and every channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import select
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from vmrun.errors import ConnectionLostError, UsageError
+from vmrun.ssh.connection import Connection
+
+if TYPE_CHECKING:
+    import paramiko
+
+LOOPBACK = "127.0.0.1"  # browsers here only: never a port others on the network can reach
+PORT_SEARCH = 100  # how far past a busy port to look for a free one
+_CHUNK = 65536
+_POLL_S = 0.5
+
+Note = Callable[[str], None]
+
+
+def bind_free(wanted: int, *, search: int = PORT_SEARCH) -> socket.socket:
+    """A socket listening on 127.0.0.1 at `wanted`, or at the next free port after it
+    (0: any free port)."""
+    last: OSError | None = None
+    ports = [0] if wanted == 0 else range(wanted, min(wanted + search, 65536))
+    for port in ports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not TIME_WAIT's
+        try:
+            sock.bind((LOOPBACK, port))
+            sock.listen(64)
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+            last = exc
+            continue
+        return sock
+    raise UsageError(
+        f"no free local port from {wanted} to {wanted + search - 1} ({last})",
+        hint="pick another with --local-port/--port",
+    )
+
+
+def moved_line(wanted: int, port: int) -> str | None:
+    """The one line that says a busy port was replaced, or None when it was not."""
+    if wanted and port != wanted:
+        return f"local port {wanted} is in use; using {port}"
+    return None
+
+
+class Forward:
+    """127.0.0.1:`port` here -> `dest` as the host sees it, over `conn`'s transport."""
+
+    def __init__(self, conn: Connection, dest_host: str, dest_port: int, *, local_port: int):
+        self.conn = conn
+        self.dest = (dest_host, dest_port)
+        self.wanted = local_port
+        self.port = 0
+        self.connections = 0  # accepted so far
+        self.refused = 0  # of those, how many the destination refused
+        self._listener: socket.socket | None = None
+        self._transport: paramiko.Transport | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[object] = set()  # live sockets and channels, closed on stop
+        self._threads: list[threading.Thread] = []
+        self._lost: ConnectionLostError | None = None
+        self._note: Note = lambda text: None
+
+    @property
+    def where(self) -> str:
+        """The destination in words: `h1's 127.0.0.1:6006`."""
+        return f"{self.conn.label}'s {self.dest[0]}:{self.dest[1]}"
+
+    def start(self, note: Note | None = None) -> Forward:
+        """Listen here (the wanted port or the next free one) and start accepting; `note`
+        hears about connections the destination refuses (nothing listening there yet)."""
+        self._transport = self.conn.transport  # opens the connection, or raises its error
+        if note is not None:
+            self._note = note
+        self._listener = bind_free(self.wanted)
+        self.port = self._listener.getsockname()[1]
+        self._spawn(self._accept_loop, "vmrun-forward")
+        return self
+
+    def probe(self) -> bool:
+        """Whether the destination accepts a connection now (one channel, closed at once)."""
+        chan = self._channel(("127.0.0.1", 0))
+        if chan is None:
+            return False
+        chan.close()
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stopped (True) or `timeout` passes (False); a lost connection raises."""
+        stopped = self._stop.wait(timeout)
+        if self._lost is not None:
+            raise self._lost
+        return stopped
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Close the listener and every channel and socket; wait (bounded) for the pumps."""
+        self._stop.set()
+        if self._listener is not None:
+            with contextlib.suppress(OSError):  # shutdown: a select() in progress holds it
+                self._listener.shutdown(socket.SHUT_RDWR)  # open past close(); not this
+            self._listener.close()
+        with self._lock:
+            live = list(self._open)
+            self._open.clear()
+        for thing in live:
+            with contextlib.suppress(Exception):
+                thing.close()  # type: ignore[attr-defined]
+        for thread in list(self._threads):
+            if thread is not threading.current_thread():
+                thread.join(timeout / max(1, len(self._threads)))
+
+    def __enter__(self) -> Forward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the work ----------------------------------------------------------------------------
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None and self._transport is not None
+        while not self._stop.is_set():
+            if not self._transport.is_active():
+                self._lose()
+                return
+            try:
+                ready, _, _ = select.select([self._listener], [], [], _POLL_S)
+                if not ready:
+                    continue
+                sock, peer = self._listener.accept()
+            except (OSError, ValueError):  # closed by stop()
+                return
+            self.connections += 1
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._track(sock)
+            self._spawn(self._serve, "vmrun-forward-conn", sock, peer)
+
+    def _lose(self) -> None:
+        if not self._stop.is_set():
+            self._lost = self.conn._lost_error(f"while forwarding port {self.port} to {self.where}")
+            self.stop()
+
+    def _track(self, thing: object) -> None:
+        with self._lock:
+            self._open.add(thing)
+
+    def _release(self, *things: object) -> None:
+        with self._lock:
+            for thing in things:
+                self._open.discard(thing)
+        for thing in things:
+            with contextlib.suppress(Exception):
+                thing.close()  # type: ignore[attr-defined]
+
+    def _channel(self, peer: tuple[str, int]) -> paramiko.Channel | None:
+        """A channel to the destination; None when it refuses (nothing listens there)."""
+        import paramiko
+
+        assert self._transport is not None
+        try:
+            return self._transport.open_channel(
+                "direct-tcpip", self.dest, peer, timeout=self.conn.settings.connect_timeout
+            )
+        except paramiko.ChannelException:
+            return None
+        except (paramiko.SSHException, EOFError, OSError):
+            if not self._transport.is_active():
+                self._lose()
+            return None
+
+    def _serve(self, sock: socket.socket, peer: tuple[str, int]) -> None:
+        chan = self._channel(peer)
+        if chan is None:
+            self._release(sock)
+            if not self._stop.is_set():
+                self.refused += 1
+                if self.refused == 1 or self.refused % 100 == 0:
+                    self._note(f"nothing answers at {self.where} (is the server running?)")
+            return
+        self._track(chan)
+        try:
+            _pump(sock, chan, self._stop)
+        finally:
+            self._release(sock, chan)
+
+
+def _pump(sock: socket.socket, chan: paramiko.Channel, stop: threading.Event) -> None:
+    """Bytes both ways until both sides have ended (a half-close is passed on) or `stop`."""
+    readers: list[Any] = [sock, chan]
+    while readers and not stop.is_set():
+        try:
+            ready, _, _ = select.select(readers, [], [], _POLL_S)
+        except (OSError, ValueError):  # a side closed under us (stop)
+            return
+        if chan.closed and chan in readers and not chan.recv_ready():
+            return
+        for side in ready:
+            try:
+                if side is sock:
+                    data = sock.recv(_CHUNK)
+                    if data:
+                        chan.sendall(data)
+                    else:
+                        chan.shutdown_write()
+                        readers.remove(sock)
+                else:
+                    data = chan.recv(_CHUNK)
+                    if data:
+                        sock.sendall(data)
+                    else:
+                        sock.shutdown(socket.SHUT_WR)
+                        readers.remove(chan)
+            except (OSError, EOFError):
+                return
+            except Exception:  # paramiko's SSHException: the channel or link is gone
+                return
