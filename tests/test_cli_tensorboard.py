@@ -235,6 +235,13 @@ def test_local_serves_fetched_events_and_refetches_a_file_that_grew(
     assert err.strip().splitlines()[-1] == "vmrun: stopped TensorBoard here", err
     assert not mine(), "no TensorBoard left here"
     assert re.search(r"fetched \d+ new file", err), err
+    # vmrun killed outright (no Ctrl-C, no cleanup of its own): its TensorBoard goes too
+    again = Lines(runs.client.popen("tensorboard", rid, "-H", "h2", "--local", "--port", "0"))
+    again.url(120)
+    wait_for(mine, 30, "TensorBoard here again")
+    code, _ = again.finish(signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    wait_for(lambda: not mine(), 30, "no TensorBoard here after vmrun was killed")
 
 
 def test_bad_input_is_one_line_before_any_connection(bed_client: Client) -> None:

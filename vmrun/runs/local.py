@@ -185,7 +185,7 @@ def _prctl(option: int, value: int) -> None:
         pass
 
 
-def _child_setup() -> None:
+def die_with_vmrun() -> None:
     """In the child before exec: get SIGTERM when vmrun dies, even by SIGKILL."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -219,7 +219,7 @@ class _Supervisor:
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
-                        preexec_fn=_child_setup,
+                        preexec_fn=die_with_vmrun,
                     )
                     self.record["pid"] = self.proc.pid
                     write_json_atomic(self.run_dir / "run.json", self.record)

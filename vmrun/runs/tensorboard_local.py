@@ -104,9 +104,12 @@ class LocalBoard:
         argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir),
                 "--host", "127.0.0.1", "--port", str(port), "--load_fast=false",
                 "--reload_interval", str(RELOAD_S)]  # fmt: skip
+        from vmrun.runs.local import die_with_vmrun
+
         self.proc = subprocess.Popen(  # in vmrun's process group: a closed terminal ends it too
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=die_with_vmrun,  # and a vmrun killed by SIGKILL
+        )  # fmt: skip
         ready = threading.Event()
         threading.Thread(target=self._read, args=(ready,), daemon=True).start()
         deadline = time.monotonic() + timeout
