@@ -23,6 +23,7 @@ COMMANDS = (
     ("status", "status_cmd", "List the runs on the hosts: state, progress, duration, exit."),
     ("stop", "stop_cmd", "Stop a run on every host; verifies nothing of it remains."),
     ("fetch", "fetch_cmd", "Bring back results: only what is new, verified, atomic."),
+    ("sweep", "sweep_cmd", "Train at several sizes in turn; a scaling report and plot."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),
     ("exec", "exec_cmd", "Run a command on one or all hosts in parallel."),
