@@ -129,3 +129,22 @@ def test_a_sweep_on_two_hosts_fetches_every_run(multi: Client) -> None:
     assert [(s["nodes"], s["state"]) for s in sizes] == [(1, "done"), (2, "done")]
     assert [_world_sizes(multi, s["run"]) for s in sizes] == [{1}, {2}]
     assert _record(multi)["where"] == {"hosts": None}
+
+
+def test_a_sweep_on_a_slurm_cluster_submits_each_size_and_fetches_it(
+    slurm_client: Client, host_python: Path
+) -> None:
+    (slurm_client.cwd / "vmrun.toml").write_text(
+        f'[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
+        f'python = "{host_python}"\nenv = {{ OMP_NUM_THREADS = "1" }}\n'
+    )
+    done = slurm_client.vmrun(
+        "sweep", "-C", "bed", "--nodes", "1,2", "--nproc-per-node", "1", "--epochs", "2",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = _record(slurm_client)
+    assert record["where"] == {"cluster": "bed"}
+    sizes = record["sizes"]
+    assert [(s["nodes"], s["state"]) for s in sizes] == [(1, "done"), (2, "done")]
+    assert [_world_sizes(slurm_client, s["run"]) for s in sizes] == [{1}, {2}]
