@@ -68,6 +68,7 @@ def test_help_imports_no_torch() -> None:
         (["train", "--local", "--name", "a b"], "--name 'a b'"),
         (["train", "--local", "--max-restarts", "-1"], "--max-restarts must be >= 0"),
         (["train", "--local", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["train", "--local", "--task", "sort"], "--task must be regress or classify, got 'sort'"),
         (["train", "--local", "--launcher", "python", "--max-restarts", "2"], "torchrun's"),
         (["train", "--local", "--epochs", "3", "--", "5", "1"], "cannot be combined"),
         (["train", "--local", "--epochs", "x"], "'x' is not a valid int"),
@@ -93,10 +94,15 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(
 
 @pytest.mark.parametrize(
     "flags",
-    [["--batch-size", "8"], ["--lr", "0.1"], ["--batch-size", "8", "--lr", "0.1", "--", "3", "1"]],
+    [
+        ["--batch-size", "8"],
+        ["--lr", "0.1"],
+        ["--task", "classify"],
+        ["--batch-size", "8", "--lr", "0.1", "--", "3", "1"],
+    ],
 )
 def test_batch_size_and_lr_are_the_templates_only(client: Client, flags: list[str]) -> None:
-    """A seed-style script's argparse knows no --batch-size/--lr: they are refused for a
+    """A seed-style script's argparse knows no --batch-size/--lr/--task: they are refused for a
     SCRIPT (its own args go after --), before anything starts."""
     (client.cwd / "seed.py").write_text(SEED_SCRIPT)
     mark = new_mark()
@@ -139,6 +145,29 @@ def test_nproc_gpu_without_a_gpu_is_a_usage_error(client: Client) -> None:
     assert done.returncode == 2, done.stderr
     assert "torch sees no CUDA GPU here; use --nproc-per-node cpu" in done.stderr
     assert not (client.cwd / "results").exists()
+
+
+def test_task_classify_reaches_the_template(client: Client) -> None:
+    mark = new_mark()
+    try:
+        done = client.vmrun(
+            "train", "--local", "--task", "classify", "--epochs", "2", "--save-every", "2",
+            env=_env(mark), timeout=120,
+        )  # fmt: skip
+    finally:
+        kill_marked(mark)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir, record = _only_run(client)
+    rel = f"results/{run_dir.name}"
+    assert record["argv"][-6:] == ["2", "2", "--task", "classify", "--out-dir", rel]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = {"epoch", "loss", "accuracy", "samples_per_s", "epoch_time_s", "world_size", "lr",
+            "eval_loss", "eval_accuracy"}  # fmt: skip
+    assert [set(m) for m in metrics] == [keys] * 2
+    assert list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard's, beside them
+    build_model("classify").load_state_dict(
+        torch.load(run_dir / "finalmodel.pt", weights_only=True)
+    )
 
 
 def test_template_runs_two_process_ddp_and_records_the_run(client: Client) -> None:

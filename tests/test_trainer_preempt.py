@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import wait_for
-from train_helpers import TEMPLATE, base_env, marked, read_metrics, run, torchrun_argv
+from train_helpers import (
+    TEMPLATE,
+    base_env,
+    event_scalars,
+    marked,
+    read_metrics,
+    run,
+    torchrun_argv,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -118,6 +126,9 @@ def test_sigusr2_to_one_worker_stops_both_and_the_rerun_resumes(tmp_path: Path) 
     assert torch.load(out / "snapshot.pt", weights_only=True)["epoch"] == epoch
     assert (out / "finalmodel.pt").exists()
     assert not requeue.exists()  # the stop it resumed from is over
+    assert len(list(out.glob("events.out.tfevents.*"))) == 2  # one per attempt
+    for tag, points in event_scalars(out).items():  # each epoch once, none lost at the stop
+        assert [step for step, _ in points] == list(range(1, 31)), tag
 
 
 @pytest.mark.parametrize(
@@ -161,7 +172,8 @@ def test_without_a_requeue_file_sigterm_ends_the_worker_at_once(tmp_path: Path) 
                 proc.wait()
     assert proc.returncode == -signal.SIGTERM, output
     assert "got SIGTERM" not in output and "stopping" not in output, output
-    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith("events.out.tfevents.")]
+    assert left == ["metrics.jsonl"]
 
 
 def test_a_signal_in_the_last_epoch_finishes_the_run(tmp_path: Path) -> None:

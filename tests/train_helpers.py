@@ -265,3 +265,34 @@ def assert_matches_one_process(final: Path, template_args: list[str], work: Path
     assert ddp.keys() == one.keys()
     for key in ddp:
         assert torch.allclose(ddp[key], one[key], atol=1e-5), key
+
+
+def event_scalars(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag in the TensorBoard events of `out_dir`, as TensorBoard reads them
+    (purges applied): tag -> [(step, value), ...]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out_dir))
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
+def event_hparams(out_dir: Path) -> tuple[dict[str, object], list[str], str]:
+    """What the HPARAMS tab reads from `out_dir`: (settings, metric tags, session status)."""
+    from google.protobuf.json_format import MessageToDict
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+    events = EventAccumulator(str(out_dir))
+    events.Reload()
+    content = {
+        tag.rsplit("/", 1)[-1]: plugin_data_pb2.HParamsPluginData.FromString(raw)
+        for tag, raw in events.PluginTagToContent("hparams").items()
+    }
+    settings = MessageToDict(content["session_start_info"].session_start_info)["hparams"]
+    tags = [m.name.tag for m in content["experiment"].experiment.metric_infos]
+    end = content.get("session_end_info")
+    status = api_pb2.Status.Name(end.session_end_info.status) if end else ""
+    return settings, tags, status

@@ -107,6 +107,15 @@ def register(app: typer.Typer) -> None:
                 "--lr", metavar="LR", help="The template's learning rate (a SCRIPT: after --)."
             ),
         ] = None,
+        task: Annotated[
+            str | None,
+            typer.Option(
+                "--task",
+                metavar="regress|classify",
+                help="The template's task: regression, or 4-class classification (its metrics"
+                " add accuracy) [default: regress].",
+            ),
+        ] = None,
         launcher: Annotated[
             str,
             typer.Option(
@@ -231,7 +240,7 @@ def register(app: typer.Typer) -> None:
                 ("SCRIPT", script), ("--epochs", epochs), ("--save-every", save_every),
                 ("--nproc-per-node", nproc_per_node), ("--max-restarts", max_restarts),
                 ("--name", name), ("--batch-size", batch_size), ("--lr", lr),
-                ("-- SCRIPT_ARGS", user_args), ("--local", local or None),
+                ("--task", task), ("-- SCRIPT_ARGS", user_args), ("--local", local or None),
                 ("--launcher", None if launcher == "torchrun" else launcher),
             )  # fmt: skip
         plan = make_plan(
@@ -246,6 +255,7 @@ def register(app: typer.Typer) -> None:
             batch_size=batch_size,
             lr=lr,
             launcher=launcher,
+            task=task,
         )
         if cluster:
             settings = settings_from(connect_timeout, accept_new_host_key)

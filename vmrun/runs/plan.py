@@ -57,6 +57,7 @@ def make_plan(
     batch_size: int | None,
     lr: float | None,
     launcher: str,
+    task: str | None = None,
 ) -> Plan:
     """Validate every flag; raise UsageError (exit 2) before anything is started."""
     from vmrun.config import find_project_dir
@@ -71,7 +72,8 @@ def make_plan(
         path, is_template = Path(script).expanduser().absolute(), False
         if not path.is_file():
             raise UsageError(f"script {script}: no such file")
-    template_only = [f for f, v in (("--batch-size", batch_size), ("--lr", lr)) if v is not None]
+    template_options = (("--batch-size", batch_size), ("--lr", lr), ("--task", task))
+    template_only = [flag for flag, value in template_options if value is not None]
     if not is_template and template_only:
         raise UsageError(
             f"{' and '.join(template_only)} are the template trainer's options, not your"
@@ -86,6 +88,7 @@ def make_plan(
                 ("--save-every", save_every),
                 ("--batch-size", batch_size),
                 ("--lr", lr),
+                ("--task", task),
             )
             if value is not None
         ]
@@ -99,14 +102,7 @@ def make_plan(
         DEFAULT_SAVE_EVERY if save_every is None else save_every,
         user_args,
     )
-    if batch_size is not None:
-        if batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
-        args += ["--batch-size", str(batch_size)]
-    if lr is not None:
-        if not lr > 0:
-            raise UsageError(f"--lr must be > 0, got {lr}")
-        args += ["--lr", repr(lr)]
+    args += _template_args(batch_size, lr, task)
     if launcher == "torchrun":
         nproc = None if nproc_per_node is None else launch.check_nproc_per_node(nproc_per_node)
         if max_restarts < 0:
@@ -135,6 +131,26 @@ def make_plan(
         env=env_map,
         project=find_project_dir() or Path.cwd(),
     )
+
+
+def _template_args(batch_size: int | None, lr: float | None, task: str | None) -> list[str]:
+    """The template's own options, checked, as its command line takes them."""
+    from vmrun.trainer import TEMPLATE_TASKS
+
+    args: list[str] = []
+    if batch_size is not None:
+        if batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+        args += ["--batch-size", str(batch_size)]
+    if lr is not None:
+        if not lr > 0:
+            raise UsageError(f"--lr must be > 0, got {lr}")
+        args += ["--lr", repr(lr)]
+    if task is not None:
+        if task not in TEMPLATE_TASKS:
+            raise UsageError(f"--task must be {' or '.join(TEMPLATE_TASKS)}, got {task!r}")
+        args += ["--task", task]
+    return args
 
 
 def probe_torch(python: str, env: dict[str, str]) -> int:

@@ -14,6 +14,9 @@ TEMPLATE_PATH = Path(__file__).resolve().with_name("template.py")
 TEMPLATE_NAME = "template"
 """The run-id prefix for template runs (`template-20250101-120000-ab12`)."""
 
+TEMPLATE_TASKS = ("regress", "classify")
+"""The template's `--task` values (its TASKS; the first is its default)."""
+
 ALLREDUCE_PATH = Path(__file__).resolve().with_name("allreduce.py")
 """The short all-reduce `vmrun doctor` runs across the nodes."""
 

@@ -2,12 +2,14 @@
 
     torchrun --nproc-per-node=2 template.py 50 10        # 50 epochs, snapshot every 10
     python template.py 3 1                               # one process, no torchrun
+    python template.py 10 5 --task classify              # 4 classes, with accuracy
 
 It replaces the seed tutorial's trainer (whose cross-entropy on a 1-column target is always
-0) with a regression a 2-layer MLP visibly learns: 20 Gaussian inputs, target
-|x·W1|·W2 (normalised) for a teacher drawn from `--seed`; the data is generated on the fly,
-so nothing is downloaded. It imports only torch and the stdlib: it is copied to GPU hosts
-and run there as a plain script.
+0) with tasks a 2-layer MLP visibly learns, on 20 Gaussian inputs and a teacher drawn from
+`--seed`: `--task regress` (default; MSE) fits |x·W1|·W2 (normalised); `--task classify`
+(cross-entropy, 4 outputs) predicts which of 4 outputs tanh(x·W1)·Wc scores highest. The
+data is generated on the fly, so nothing is downloaded. It imports only torch and the
+stdlib (tensorboard if installed): it is copied to GPU hosts and run there as a plain script.
 
 Conventions (the CLI and the tests rely on them):
 - Epochs are 1-based in logs, metrics and snapshots. A snapshot is written after epoch `e`
@@ -15,11 +17,31 @@ Conventions (the CLI and the tests rely on them):
   `snapshot["epoch"]` is the last completed epoch; a resumed run continues at the NEXT one
   (the seed re-ran the saved epoch).
 - Outputs go to `--out-dir` (default: the current directory): `snapshot.pt` (model,
-  optimizer, epoch, RNG states), `finalmodel.pt` (a plain state dict for `build_model()`),
+  optimizer, epoch, RNG states), `finalmodel.pt` (a plain state dict for `build_model(task)`),
   `metrics.jsonl` (one line per epoch). Only global rank 0 writes, atomically (temp file,
   fsync, rename), so a kill mid-save never leaves a torn file under the final name.
+- metrics.jsonl keys: `epoch, loss, samples_per_s, epoch_time_s, world_size, lr, eval_loss`;
+  classify adds `accuracy` (training, as trained through the epoch) and `eval_accuracy`
+  (fractions 0..1). loss/accuracy are means over every rank's samples; epoch_time_s (and so
+  samples_per_s) is the training pass alone, without the evaluation.
+- Evaluation, after every epoch: `--eval-size` held-out samples (default 512) from seed +
+  EVAL_SEED_OFFSET with the training set's teacher, drawn with a generator of their own (the
+  global RNG, and so training, is as without them). Rank r evaluates every W-th sample from
+  r with the bare model; one all_reduce sums the loss, count and hits, so any world size
+  reports the same numbers for the same weights.
+- TensorBoard: where `torch.utils.tensorboard` imports (tensorboard installed), rank 0 also
+  writes event files to `--out-dir`, flushed every epoch: the metrics as scalars at step =
+  epoch, tags `train/loss`, `train/accuracy`, `train/samples_per_s`, `train/epoch_time_s`,
+  `train/lr`, `eval/loss`, `eval/accuracy` (EVENT_TAGS); and, for the HPARAMS tab, the run's
+  settings once at step 0 (task, world_size, nodes when the launcher says, batch_size,
+  global_batch_size, lr, momentum, dataset_size, seed) with `train/loss`, `eval/loss` (and
+  the accuracies) as its metrics, and a success status when the run finishes. A resumed
+  attempt opens its writer with purge_step = its first epoch, so TensorBoard drops what an
+  earlier attempt wrote for the epochs it re-runs (as metrics.jsonl is cut back to them).
+  Without tensorboard: one line saying so, no events, nothing else changes.
 - Resume: rank 0 alone reads `snapshot.pt` and broadcasts it, so every rank starts from the
-  same state even when the other nodes have no copy of the file.
+  same state even when the other nodes have no copy of the file. A snapshot of another
+  `--task` is refused (one line, exit 1) rather than half loaded.
 - Without torchrun (no RANK/WORLD_SIZE/MASTER_ADDR in the environment) it runs as a single
   process with no process group and no DDP wrapper; under torchrun, even a world of 1 uses
   a process group, so the code path is the one multi-GPU runs take.
@@ -79,29 +101,66 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 IN_FEATURES = 20
 HIDDEN = 64
 TEACHER_HIDDEN = 16
+CLASSES = 4
+TASKS = ("regress", "classify")
+EVAL_SEED_OFFSET = 1_000_003  # the eval inputs' generator: never the training set's seed
 SNAPSHOT = "snapshot.pt"
 FINAL_MODEL = "finalmodel.pt"
 METRICS = "metrics.jsonl"
 HOOK_WAIT_S = 120.0  # test hooks block at most this long, so a forgotten hook never hangs
 REQUEUE_FILE_ENV = "VMRUN_REQUEUE_FILE"
 WARNED_FILE_ENV = "VMRUN_WARNED_FILE"
+# metrics.jsonl key -> TensorBoard tag (step: the epoch)
+EVENT_TAGS = {
+    "loss": "train/loss",
+    "accuracy": "train/accuracy",
+    "samples_per_s": "train/samples_per_s",
+    "epoch_time_s": "train/epoch_time_s",
+    "lr": "train/lr",
+    "eval_loss": "eval/loss",
+    "eval_accuracy": "eval/accuracy",
+}
 _caught = {"signum": 0}  # set by the preemption handler, read at the end of each epoch
 
 
-def build_model() -> nn.Module:
-    """The bare model; `finalmodel.pt` loads into it with strict=True."""
-    return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1))
+def build_model(task: str = "regress") -> nn.Module:
+    """The bare model; `finalmodel.pt` of a run with `--task TASK` loads into
+    `build_model(TASK)` with strict=True."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    outputs = CLASSES if task == "classify" else 1
+    return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, outputs))
 
 
-def make_dataset(size: int, seed: int) -> TensorDataset:
-    """Deterministic synthetic regression: the same (seed, size) gives the same tensors."""
+def make_datasets(
+    task: str, size: int, eval_size: int, seed: int
+) -> tuple[TensorDataset, TensorDataset]:
+    """Deterministic synthetic data, (train, eval): the same arguments give the same tensors.
+
+    Only local generators are used (the global RNG, which drives init and shuffling, is left
+    alone), and the training set is drawn first, so adding the eval set or the classify
+    teacher changed no training tensor. The eval inputs come from seed + EVAL_SEED_OFFSET;
+    the teacher, and the regression targets' normalisation, are the training set's.
+    """
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(size, IN_FEATURES, generator=gen)
     w1 = torch.randn(IN_FEATURES, TEACHER_HIDDEN, generator=gen) / IN_FEATURES**0.5
     w2 = torch.randn(TEACHER_HIDDEN, 1, generator=gen) / TEACHER_HIDDEN**0.5
-    y = (x @ w1).abs() @ w2
-    y = (y - y.mean()) / y.std()
-    return TensorDataset(x, y)
+    w_class = torch.randn(TEACHER_HIDDEN, CLASSES, generator=gen) / TEACHER_HIDDEN**0.5
+    eval_gen = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
+    x_eval = torch.randn(eval_size, IN_FEATURES, generator=eval_gen)
+    if task == "classify":  # the class a tanh teacher with 4 outputs scores highest
+        label = [(torch.tanh(inputs @ w1) @ w_class).argmax(dim=1) for inputs in (x, x_eval)]
+        return TensorDataset(x, label[0]), TensorDataset(x_eval, label[1])
+    y, y_eval = (x @ w1).abs() @ w2, (x_eval @ w1).abs() @ w2
+    mean, std = y.mean(), y.std()
+    return TensorDataset(x, (y - mean) / std), TensorDataset(x_eval, (y_eval - mean) / std)
+
+
+def loss_of(task: str, out: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> Any:
+    if task == "classify":
+        return F.cross_entropy(out, target, reduction=reduction)
+    return F.mse_loss(out, target, reduction=reduction)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -113,12 +172,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (0: plain SGD)")
     p.add_argument("--seed", type=int, default=0, help="data, init and shuffle seed")
     p.add_argument("--dataset-size", type=int, default=2048)
+    p.add_argument("--eval-size", type=int, default=512, help="held-out samples")
+    p.add_argument("--task", choices=TASKS, default="regress", help="classify: 4 classes")
     p.add_argument("--out-dir", default=".", help="where snapshot/final model/metrics go")
     p.add_argument(
         "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)"
     )
     args = p.parse_args(argv)
-    for name in ("total_epochs", "save_every", "batch_size", "dataset_size"):
+    for name in ("total_epochs", "save_every", "batch_size", "dataset_size", "eval_size"):
         if getattr(args, name) < 1:
             p.error(f"{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lr <= 0:
@@ -328,7 +389,9 @@ def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-def resume(ctx: Ctx, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path) -> int:
+def resume(
+    ctx: Ctx, task: str, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir: Path
+) -> int:
     """Restore the snapshot (if any) on every rank; return the first epoch to train."""
     if ctx.rank == 0:
         remove_stale_temp_files(out_dir)
@@ -337,6 +400,12 @@ def resume(ctx: Ctx, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir
     state = load_snapshot(ctx, out_dir / SNAPSHOT)
     start = 1
     if state is not None:
+        saved_task = state.get("args", {}).get("task", "regress")
+        if saved_task != task:
+            raise SystemExit(
+                f"[rank {ctx.rank}] {out_dir / SNAPSHOT} is from --task {saved_task}, this run"
+                f" is --task {task}: use --task {saved_task}, or another --out-dir"
+            )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(ctx, state["rng"])
@@ -348,9 +417,13 @@ def resume(ctx: Ctx, model: nn.Module, optimizer: torch.optim.Optimizer, out_dir
     return start
 
 
-def make_loader(args: argparse.Namespace, ctx: Ctx) -> tuple[DistributedSampler, DataLoader]:
-    """Rank r gets every W-th index of one seeded permutation (see the module docstring)."""
-    dataset = make_dataset(args.dataset_size, args.seed)
+def make_data(
+    args: argparse.Namespace, ctx: Ctx
+) -> tuple[DistributedSampler, DataLoader, tuple[torch.Tensor, torch.Tensor]]:
+    """The training loader (rank r gets every W-th index of one seeded permutation, see the
+    module docstring) and this rank's eval shard (every W-th eval sample from r, on the
+    device: the ranks' shards together are the eval set, each sample once)."""
+    dataset, eval_set = make_datasets(args.task, args.dataset_size, args.eval_size, args.seed)
     sampler = DistributedSampler(
         dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed
     )
@@ -366,35 +439,72 @@ def make_loader(args: argparse.Namespace, ctx: Ctx) -> tuple[DistributedSampler,
             f"dataset-size {args.dataset_size} is too small for batch-size {args.batch_size}"
             f" x world size {ctx.world_size}"
         )
-    return sampler, loader
+    x_eval, y_eval = (t[ctx.rank :: ctx.world_size].to(ctx.device) for t in eval_set.tensors)
+    return sampler, loader, (x_eval, y_eval)
+
+
+@dataclass
+class EpochStats:
+    """One epoch's training numbers, over every rank."""
+
+    loss: float
+    samples: int
+    seconds: float
+    accuracy: float | None  # classify only: the fraction of training samples right
 
 
 def run_epoch(
     ctx: Ctx,
+    task: str,
     model: nn.Module,
     loader: DataLoader,
     optimizer: torch.optim.Optimizer,
     epoch: int,
     out_dir: Path,
-) -> tuple[float, int, float]:
-    """One pass over this rank's shard; returns (global mean loss, global samples, seconds)."""
+) -> EpochStats:
+    """One pass over this rank's shard; the global mean loss (and accuracy) as trained."""
     model.train()
     began = time.perf_counter()
-    totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # loss sum, samples
+    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, samples, right
     for step, (x, y) in enumerate(loader):
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        loss = F.mse_loss(model(x), y)
+        out = model(x)
+        loss = loss_of(task, out, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         totals[0] += loss.detach().double() * x.shape[0]
         totals[1] += x.shape[0]
+        if task == "classify":
+            totals[2] += (out.detach().argmax(dim=1) == y).sum()
         if step == 0:
             _maybe_stall(ctx, epoch, out_dir)
     if ctx.distributed:
         dist.all_reduce(totals)
     elapsed = time.perf_counter() - began
-    return (totals[0] / totals[1]).item(), int(totals[1].item()), elapsed
+    accuracy = (totals[2] / totals[1]).item() if task == "classify" else None
+    return EpochStats((totals[0] / totals[1]).item(), int(totals[1].item()), elapsed, accuracy)
+
+
+def evaluate(
+    ctx: Ctx, task: str, bare: nn.Module, shard: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[float, float | None]:
+    """Mean loss (and accuracy, classify) over the whole eval set: every rank its shard, with
+    the bare model (no DDP hooks, no gradients, no RNG), then one all_reduce of the sums, so
+    every world size reports the same numbers for the same weights."""
+    x, y = shard
+    bare.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, samples, right
+    with torch.no_grad():
+        out = bare(x).double()
+        totals[0] = loss_of(task, out, y if task == "classify" else y.double(), "sum")
+        totals[1] = x.shape[0]
+        if task == "classify":
+            totals[2] = (out.argmax(dim=1) == y).sum()
+    if ctx.distributed:
+        dist.all_reduce(totals)
+    count = max(totals[1].item(), 1.0)
+    return totals[0].item() / count, totals[2].item() / count if task == "classify" else None
 
 
 def install_preemption_handlers() -> None:
@@ -451,23 +561,130 @@ def save_snapshot(
 
 
 def log_epoch(
-    ctx: Ctx, args: argparse.Namespace, lr: float, epoch: int, stats: tuple[float, int, float]
-) -> None:
-    loss, samples, elapsed = stats
-    line = {
-        "epoch": epoch,
-        "loss": loss,
-        "samples_per_s": samples / elapsed,
-        "epoch_time_s": elapsed,
-        "world_size": ctx.world_size,
-        "lr": lr,
-    }
+    ctx: Ctx,
+    args: argparse.Namespace,
+    lr: float,
+    epoch: int,
+    stats: EpochStats,
+    evaluated: tuple[float, float | None],
+) -> dict[str, Any]:
+    """Append the epoch's line to metrics.jsonl, say it; returns the line."""
+    eval_loss, eval_accuracy = evaluated
+    line: dict[str, Any] = {"epoch": epoch, "loss": stats.loss}
+    if stats.accuracy is not None:
+        line["accuracy"] = stats.accuracy
+    line.update(
+        samples_per_s=stats.samples / stats.seconds,
+        epoch_time_s=stats.seconds,
+        world_size=ctx.world_size,
+        lr=lr,
+        eval_loss=eval_loss,
+    )
+    if eval_accuracy is not None:
+        line["eval_accuracy"] = eval_accuracy
     with open(Path(args.out_dir) / METRICS, "a") as fh:
         fh.write(json.dumps(line) + "\n")
-    ctx.say(
-        f"epoch {epoch}/{args.total_epochs} loss {loss:.4f} samples/s {samples / elapsed:.1f}"
-        f" time {elapsed:.3f}s"
+    accuracies = (
+        f" acc {stats.accuracy:.3f}" if stats.accuracy is not None else "",
+        f" eval_acc {eval_accuracy:.3f}" if eval_accuracy is not None else "",
     )
+    ctx.say(
+        f"epoch {epoch}/{args.total_epochs} loss {stats.loss:.4f}{accuracies[0]} eval_loss"
+        f" {eval_loss:.4f}{accuracies[1]} samples/s {line['samples_per_s']:.1f}"
+        f" time {stats.seconds:.3f}s"
+    )
+    return line
+
+
+class Events:
+    """TensorBoard events beside metrics.jsonl, written by rank 0 where tensorboard is
+    installed (torch's SummaryWriter needs it); elsewhere every method does nothing."""
+
+    def __init__(self, writer: Any = None) -> None:
+        self.writer = writer
+
+    @classmethod
+    def open(cls, ctx: Ctx, out_dir: Path, start: int) -> Events:
+        if ctx.rank != 0:
+            return cls()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception as exc:  # not installed, or one this torch cannot use
+            ctx.say(f"no TensorBoard events ({exc}): pip install tensorboard to get them")
+            return cls()
+        # purge_step: TensorBoard drops what an earlier attempt wrote for epochs >= start,
+        # as truncate_metrics drops their lines, so a resumed run has each epoch once
+        return cls(SummaryWriter(log_dir=str(out_dir), purge_step=start))
+
+    def hparams(self, values: dict[str, Any], tags: list[str]) -> None:
+        """The run's settings for the HPARAMS tab, once (step 0), beside the metric tags
+        whose latest values it shows."""
+        if self.writer is not None:
+            from torch.utils.tensorboard.summary import hparams
+
+            experiment, session_start, _ = hparams(values, dict.fromkeys(tags, 0.0))
+            for summary in (experiment, session_start):
+                self.writer.file_writer.add_summary(summary, 0)
+
+    def epoch(self, line: dict[str, Any]) -> None:
+        if self.writer is not None:
+            for key, tag in EVENT_TAGS.items():
+                if key in line:
+                    self.writer.add_scalar(tag, line[key], global_step=line["epoch"])
+            self.writer.flush()  # a live TensorBoard sees each epoch as it ends
+
+    def finished(self, epoch: int) -> None:
+        """The session's end (status: success) for the HPARAMS tab."""
+        if self.writer is not None:
+            from torch.utils.tensorboard.summary import hparams
+
+            self.writer.file_writer.add_summary(hparams({}, {})[2], epoch)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def node_count(ctx: Ctx) -> int | None:
+    """Nodes in the job, as the launcher tells: torchrun's GROUP_WORLD_SIZE, else Slurm's
+    node count; None when neither does."""
+    if not ctx.distributed:
+        return 1
+    for key in ("GROUP_WORLD_SIZE", "SLURM_JOB_NUM_NODES"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return None
+
+
+def hparam_values(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "task": args.task,
+        "world_size": ctx.world_size,
+        "batch_size": args.batch_size,
+        "global_batch_size": args.batch_size * ctx.world_size,
+        "lr": args.lr,
+        "momentum": args.momentum,
+        "dataset_size": args.dataset_size,
+        "seed": args.seed,
+    }
+    if (nodes := node_count(ctx)) is not None:
+        values["nodes"] = nodes
+    return values
+
+
+@dataclass
+class Job:
+    """What the epochs work on."""
+
+    args: argparse.Namespace
+    ctx: Ctx
+    bare: nn.Module
+    model: nn.Module  # `bare`, or its DDP wrapper
+    optimizer: torch.optim.Optimizer
+    sampler: DistributedSampler
+    loader: DataLoader
+    eval_shard: tuple[torch.Tensor, torch.Tensor]
+    events: Events
 
 
 def train(args: argparse.Namespace, ctx: Ctx) -> None:
@@ -485,49 +702,67 @@ def train(args: argparse.Namespace, ctx: Ctx) -> None:
         torch.backends.cudnn.benchmark = False
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    bare = build_model().to(ctx.device)
+    bare = build_model(args.task).to(ctx.device)
     optimizer = torch.optim.SGD(bare.parameters(), lr=args.lr, momentum=args.momentum)
-    start = resume(ctx, bare, optimizer, out_dir)
+    start = resume(ctx, args.task, bare, optimizer, out_dir)
     model: nn.Module = bare
     if ctx.distributed:
         device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
         model = DistributedDataParallel(bare, device_ids=device_ids)
-    sampler, loader = make_loader(args, ctx)
+    sampler, loader, eval_shard = make_data(args, ctx)
     total = args.total_epochs
     if start > total:
         ctx.say(f"nothing to train: the snapshot already covers {total} epochs")
     else:
         ctx.say(
-            f"training epochs {start}-{total} of {total}: {args.dataset_size} samples,"
-            f" batch {args.batch_size}/rank ({args.batch_size * ctx.world_size} global),"
-            f" {len(loader)} steps/epoch, lr {args.lr}"
+            f"training epochs {start}-{total} of {total} ({args.task}): {args.dataset_size}"
+            f" samples, batch {args.batch_size}/rank ({args.batch_size * ctx.world_size}"
+            f" global), {len(loader)} steps/epoch, lr {args.lr}, {args.eval_size} held out"
         )
+    events = Events.open(ctx, out_dir, start) if start <= total else Events()
+    job = Job(args, ctx, bare, model, optimizer, sampler, loader, eval_shard, events)
+    try:
+        if start == 1:  # a new trajectory: a resumed one has its settings already
+            classify = ["train/accuracy", "eval/accuracy"] if args.task == "classify" else []
+            events.hparams(hparam_values(args, ctx), ["train/loss", "eval/loss", *classify])
+        if train_epochs(job, start) and ctx.rank == 0:
+            atomic_save(cpu_state_dict(bare), out_dir / FINAL_MODEL)
+            ctx.say(f"final model saved -> {out_dir / FINAL_MODEL}")
+            if start <= total:
+                events.finished(total)
+    finally:
+        events.close()
+    if ctx.distributed:
+        dist.barrier()  # no rank tears the group down while another still talks to it
 
+
+def train_epochs(job: Job, start: int) -> bool:
+    """Epochs `start`..total; False when a signal stopped it early, for requeue."""
+    args, ctx, total = job.args, job.ctx, job.args.total_epochs
     saves = 0
     pause_at = int(os.environ.get("VMRUN_TEMPLATE_PAUSE_IN_SAVE", "0") or 0)
     delay = min(float(os.environ.get("VMRUN_TEMPLATE_EPOCH_DELAY", "0") or 0), HOOK_WAIT_S)
     for epoch in range(start, total + 1):
-        sampler.set_epoch(epoch)
-        stats = run_epoch(ctx, model, loader, optimizer, epoch, out_dir)
+        job.sampler.set_epoch(epoch)
+        stats = run_epoch(
+            ctx, args.task, job.model, job.loader, job.optimizer, epoch, Path(args.out_dir)
+        )
+        evaluated = evaluate(ctx, args.task, job.bare, job.eval_shard)
         saved = epoch % args.save_every == 0
         if ctx.rank == 0:
-            log_epoch(ctx, args, optimizer.param_groups[0]["lr"], epoch, stats)
+            lr = job.optimizer.param_groups[0]["lr"]
+            job.events.epoch(log_epoch(ctx, args, lr, epoch, stats, evaluated))
             if saved:
                 saves += 1
-                save_snapshot(ctx, args, bare, optimizer, epoch, pause=saves == pause_at)
+                save_snapshot(ctx, args, job.bare, job.optimizer, epoch, pause=saves == pause_at)
         if delay > 0:
             time.sleep(delay)  # test hook
         if epoch < total and (signum := agreed_signal(ctx)):
             if ctx.rank == 0 and not saved:
-                save_snapshot(ctx, args, bare, optimizer, epoch)
+                save_snapshot(ctx, args, job.bare, job.optimizer, epoch)
             stop_for_requeue(ctx, epoch, signum)
-            break
-    else:
-        if ctx.rank == 0:
-            atomic_save(cpu_state_dict(bare), out_dir / FINAL_MODEL)
-            ctx.say(f"final model saved -> {out_dir / FINAL_MODEL}")
-    if ctx.distributed:
-        dist.barrier()  # no rank tears the group down while another still talks to it
+            return False
+    return True
 
 
 def stop_for_requeue(ctx: Ctx, epoch: int, signum: int) -> None:
