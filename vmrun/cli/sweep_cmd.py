@@ -51,6 +51,12 @@ def register(app: typer.Typer) -> None:
         lr: Annotated[
             float | None, typer.Option("--lr", metavar="LR", help="The template's learning rate.")
         ] = None,
+        task: Annotated[
+            str | None,
+            typer.Option(
+                "--task", metavar="regress|classify", help="The template's task [default: regress]."
+            ),
+        ] = None,
         env: Annotated[
             list[str] | None,
             typer.Option("--env", "-e", metavar="KEY[=VAL]", help="Set a variable; repeatable."),
@@ -88,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
         given = {
             "script": script, "epochs": epochs, "save_every": save_every,
-            "batch_size": batch_size, "lr": lr, "name": name,
+            "batch_size": batch_size, "lr": lr, "task": task, "name": name,
         }  # fmt: skip
         slurm_opts = {
             "nodes": None, "gpus_per_node": gpus_per_node, "time": time,
@@ -188,7 +194,7 @@ def _plan(given: dict[str, Any], env: list[str] | None) -> Any:
     return make_plan(
         script=given["script"], user_args=None, epochs=given["epochs"],
         save_every=given["save_every"], nproc_per_node=None, max_restarts=0, env=env,
-        name=given["name"], batch_size=given["batch_size"], lr=given["lr"],
+        name=given["name"], batch_size=given["batch_size"], lr=given["lr"], task=given["task"],
         launcher="torchrun",
     )  # fmt: skip
 
