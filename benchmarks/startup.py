@@ -60,7 +60,7 @@ def heavy_imports(args: list[str]) -> list[str]:
         "import sys\nfrom vmrun.cli.main import main\n"
         f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
         "print('HEAVY:' + ' '.join(m for m in ('paramiko', 'fabric', 'torch', 'rich',"
-        " 'pydantic') if m in sys.modules))"
+        " 'pydantic', 'matplotlib', 'tensorboard') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
@@ -101,7 +101,7 @@ def main() -> None:
     print(f"{'command':<34} {'median ms':>10} {'x typer':>8} {'cpu ms':>8} {'x typer':>8}")
     for name, (ms, cpu) in results.items():
         print(f"{name:<34} {ms:>10.1f} {ms / typer_ms:>8.2f} {cpu:>8.1f} {cpu / typer_cpu:>8.2f}")
-    for args in (["--help"], ["--version"], ["exec", "--help"]):
+    for args in (["--help"], ["--version"], ["exec", "--help"], ["status", "--help"]):
         loaded = heavy_imports(args)
         print(f"heavy modules after vmrun {' '.join(args)}: {', '.join(loaded) or 'none'}")
 

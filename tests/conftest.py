@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 F = TypeVar("F", bound=Callable[..., object])
 
 cleanup_on_sigterm()  # a `timeout pytest` that fires still tears the test hosts down
-pytest_plugins = ["slurm_fixtures"]  # slurm_cluster, slurm_client: a real Slurm in the bed
+pytest_plugins = ["slurm_fixtures", "results_fixtures"]  # a real Slurm in the bed; runs made here
 
 
 # -- two tiers: `pytest -m "not netns"` (quick, no root) and `pytest` (everything) --------

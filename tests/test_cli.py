@@ -18,13 +18,15 @@ COMMANDS = [
     "status",
     "stop",
     "fetch",
+    "report",
+    "plot",
     "watch-gpus",
     "doctor",
     "exec",
     "hosts",
     "config",
 ]
-HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic")
+HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib")
 
 
 def _imports_after(args: list[str]) -> set[str]:

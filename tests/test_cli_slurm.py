@@ -107,6 +107,16 @@ def test_template_over_two_nodes_equals_a_one_process_run(
     local = slurm_client.cwd / "results" / rid
     assert (local / "finalmodel.pt").read_bytes() == final.read_bytes()
     assert (local / "metrics.jsonl").exists()
+    # report and status --json read the Slurm record's shape and times
+    (row,) = json.loads(slurm_client.vmrun("report", rid, "--json").stdout)
+    assert (row["where"], row["nodes"], row["procs_per_node"], row["world_size"]) == (
+        "cluster", 2, 1, 2,
+    )  # fmt: skip
+    assert (row["epochs"], row["epochs_asked"]) == (4, 4) and row["total_time_s"] > 0
+    listed = json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
+    (obj,) = [o for o in listed if o["run"] == rid]
+    assert (obj["cluster"], obj["hosts"], obj["state"], obj["exit"]) == ("bed", None, "done", 0)
+    assert (obj["world_size"], obj["epochs_done"], obj["epochs_asked"]) == (2, 4, 4)
 
 
 def test_one_task_per_gpu_script_with_the_env_launcher(

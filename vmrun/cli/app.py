@@ -23,6 +23,8 @@ COMMANDS = (
     ("status", "status_cmd", "List the runs on the hosts: state, progress, duration, exit."),
     ("stop", "stop_cmd", "Stop a run on every host; verifies nothing of it remains."),
     ("fetch", "fetch_cmd", "Bring back results: only what is new, verified, atomic."),
+    ("report", "report_cmd", "Compare runs: time, samples/s, speed-up, efficiency, loss."),
+    ("plot", "plot_cmd", "Plot a metric of runs by epoch or time: terminal, PNG or SVG."),
     ("sweep", "sweep_cmd", "Train at several sizes in turn; a scaling report and plot."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),

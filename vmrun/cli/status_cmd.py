@@ -42,6 +42,14 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--last", metavar="N", help="Only the newest N runs (0: all).")
         ] = 20,
         show_all: Annotated[bool, typer.Option("--all", help="Every run (as --last 0).")] = False,
+        as_json: Annotated[
+            bool,
+            typer.Option(
+                "--json",
+                help="A JSON list on stdout, one object per run: run, hosts or cluster, state,"
+                " launcher, nodes, processes, world size, epochs, start, duration, exit.",
+            ),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -58,24 +66,33 @@ def register(app: typer.Typer) -> None:
             keep = set(ids[-last:])
             hidden = len(ids) - len(keep)
             records = [r for r in records if r.id in keep]
-        rows = [
-            (
-                r.id,
-                r.host,
-                _state(r),
-                r.progress or "-",
-                time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-",
-                _duration(r.duration),
-                "-" if r.exit_code is None else str(r.exit_code),
-            )
-            for r in records
-        ]
-        _render(rows)
+        if as_json:
+            from vmrun.cli.status_json import render
+
+            sys.stdout.write(render(records) + "\n")
+            sys.stdout.flush()
+        else:
+            _render(_rows(records))
         if hidden:
             sys.stderr.write(f"vmrun: {hidden} older run(s) not shown (--last N / --all)\n")
         for error in errors:
             report(error)
         return max((exit_code_for(e) for e in errors), default=0)
+
+
+def _rows(records: Sequence[Any]) -> list[tuple[str, ...]]:
+    return [
+        (
+            r.id,
+            r.host,
+            _state(r),
+            r.progress or "-",
+            time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-",
+            _duration(r.duration),
+            "-" if r.exit_code is None else str(r.exit_code),
+        )
+        for r in records
+    ]
 
 
 def _gather(

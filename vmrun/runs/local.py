@@ -119,6 +119,7 @@ def _record(
         "script": str(plan.script),
         "template": plan.is_template,
         "launcher": plan.launcher,
+        "args": list(plan.args),
         "nproc": {"torchrun": nproc, "env": "1"}.get(plan.launcher),  # python: the script's
         "max_restarts": plan.max_restarts,
         "argv": argv,

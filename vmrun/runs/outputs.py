@@ -27,7 +27,8 @@ from vmrun.transfer.types import FetchSpec
 WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
-LOGS = ("log", "*.log", "run.json", "exit_code")
+# a Slurm run's record also keeps `starts` and `exit` (attempt, code, time): its times
+LOGS = ("log", "*.log", "run.json", "exit_code", "starts", "exit")
 
 
 @dataclass(frozen=True)

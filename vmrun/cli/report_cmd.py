@@ -1,0 +1,92 @@
+"""`vmrun report [RUN]...`: one row per run, to compare them (vmrun.results.report)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    refuse_with_cluster,
+    settings_from,
+)
+from vmrun.cli.run_histories import Runs
+from vmrun.errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "report",
+        help="Compare runs, one row each: nodes, processes per node, world size, launcher,"
+        " epochs, total time, median time per epoch and samples/s, speed-up and scaling"
+        " efficiency against the run with the smallest world size, final loss and accuracy.",
+    )
+    def report_command(
+        runs: Runs = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="A JSON list of objects (null where unknown).")
+        ] = False,
+        markdown: Annotated[
+            bool, typer.Option("--markdown", help="A GitHub Markdown table.")
+        ] = False,
+        host: Hosts = None,
+        cluster: ClusterName = None,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun.cli.run_histories import gather
+        from vmrun.results.report import render_markdown, report_rows, rows_json
+
+        if as_json and markdown:
+            raise UsageError("--json and --markdown: give one")
+        refuse_with_cluster(cluster, host)
+        histories = gather(
+            runs,
+            hosts=host,
+            cluster=cluster,
+            settings=lambda: settings_from(connect_timeout, accept_new_host_key),
+            verb="report",
+        )
+        rows = report_rows(histories)
+        if as_json:
+            sys.stdout.write(rows_json(rows) + "\n")
+        elif markdown:
+            sys.stdout.write(render_markdown(rows))
+        else:
+            _table(rows)
+        return 0
+
+
+def _table(rows: list) -> None:
+    from vmrun.results.report import HEADERS, NUMERIC, baseline_note, cells
+
+    table = [cells(r) for r in rows]
+    note = baseline_note(rows)
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        view = Table(box=None, header_style="bold")
+        for i, header in enumerate(HEADERS):
+            view.add_column(header, justify="right" if i in NUMERIC else "left")
+        for row in table:
+            view.add_row(*row)
+        console = Console()
+        console.print(view)
+        if note:
+            console.print(note, style="dim", highlight=False)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(HEADERS)]
+    for row in (HEADERS, *table):
+        text = "  ".join(
+            v.rjust(w) if i in NUMERIC else v.ljust(w)
+            for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        )
+        sys.stdout.write(text.rstrip() + "\n")
+    if note:
+        sys.stdout.write(f"\n{note}\n")

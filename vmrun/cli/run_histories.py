@@ -1,0 +1,136 @@
+"""The runs `vmrun report` and `vmrun plot` are about, read from `results/` here.
+
+A run named by id that is not here, or has no metrics here, is fetched first (its `metrics`
+and `logs`, as `vmrun fetch metrics logs --run RUN` would) from -H's hosts, -C's cluster, or
+else the project's hosts and then each of its clusters; once its files are here, nothing
+connects again, so reports and plots outlive the VMs. A run that still cannot be read gets
+one line naming it and is left out; with none left, the command fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vmrun.cli.output import warn_line
+from vmrun.config import Settings
+from vmrun.errors import UsageError, VmrunError
+from vmrun.results.history import METRICS, RunHistory, load_runs, run_dirs, run_path
+
+Runs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[RUN]...",
+        show_default=False,
+        help="Run ids (results/<id>/ of the project, fetched first if not here) or paths to"
+        " results folders. Default: every run under results/, oldest first.",
+    ),
+]
+
+
+def project_dir() -> Path:
+    from vmrun.config import find_project_dir
+
+    return find_project_dir() or Path.cwd()
+
+
+def gather(
+    names: list[str] | None,
+    *,
+    hosts: list[str] | None,
+    cluster: str | None,
+    settings: Callable[[], Settings],  # read only when something is to be fetched
+    verb: str,
+) -> list[RunHistory]:
+    project = project_dir()
+    if not names:
+        paths = run_dirs(project)
+        if not paths:
+            raise UsageError(
+                f"no runs in {project / 'results'}",
+                hint=f"name them (vmrun {verb} RUN...), or make one: vmrun train --local",
+            )
+    else:
+        paths = []
+        for name in names:
+            path = run_path(name, project)
+            named_by_id = path == project / "results" / name
+            if named_by_id and not _has_metrics(path):
+                why = _fetch(path.name, hosts, cluster, settings)
+                if why:
+                    here = f"no {METRICS} in {path}" if path.is_dir() else f"not in {path.parent}/"
+                    warn_line(f"run {name}: {here} here, and {why}; left out")
+                    continue
+            paths.append(path)
+    problems: list[VmrunError] = []
+    runs = load_runs(paths, problems)
+    for problem in problems:
+        warn_line(f"{problem.one_line()}; left out")
+    if not runs:
+        raise UsageError(f"no run to {verb}", hint="see the lines above")
+    return runs
+
+
+def _has_metrics(path: Path) -> bool:
+    return (path / METRICS).is_file() or any(path.glob(f"*/{METRICS}"))
+
+
+Place = tuple[list[str] | None, str | None]  # -H's hosts (None: the project's), a cluster
+
+
+def _places(hosts: list[str] | None, cluster: str | None, settings: Settings) -> list[Place]:
+    """Where to look for a run, in order."""
+    if cluster:
+        return [(None, cluster)]
+    if hosts or os.environ.get("VMRUN_HOSTS", "").strip():
+        return [(hosts, None)]
+    from vmrun.slurm.cluster import project_clusters
+    from vmrun.ssh.inventory import project_hosts
+
+    places: list[Place] = [(None, None)] if project_hosts(settings) else []
+    return places + [(None, c.name) for c in project_clusters(settings)]
+
+
+def _fetch(
+    run: str, hosts: list[str] | None, cluster: str | None, settings: Callable[[], Settings]
+) -> str:
+    """Fetch the run's metrics and logs; "" when done, else why not. fetch's own lines go
+    to stderr, so stdout keeps only what the command prints (a report, JSON)."""
+    from vmrun.cli.fetch_run import FetchJob, run_fetch
+
+    resolved = settings()
+    places = _places(hosts, cluster, resolved)
+    if not places:
+        return "there are no hosts or clusters to fetch it from (-H, -C, or vmrun.toml)"
+    reasons = []
+    for where_hosts, where_cluster in places:
+        job = FetchJob(
+            items=["metrics", "logs"],
+            run=run,
+            to=None,
+            hosts=where_hosts,
+            all_hosts=False,
+            latest=None,
+            include=(),
+            exclude=(),
+            verify=False,
+            watch=False,
+            interval=10.0,
+            bwlimit=None,
+            settings=resolved,
+            cluster=where_cluster,
+        )
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                code = run_fetch(job)
+        except VmrunError as exc:
+            reasons.append(exc.one_line())
+            continue
+        return "" if code == 0 else f"fetching it failed (exit {code})"
+    return "could not be fetched: " + "; ".join(reasons)

@@ -1,0 +1,64 @@
+"""`vmrun status --json`: one object per run (a run on several hosts is one object), the
+same keys in every object, null where unknown, for scripts to read."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from vmrun.results.history import iso_utc
+from vmrun.results.layout import CLUSTER, layout_of
+
+_PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
+
+
+def run_objects(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """The records `status` gathered (one per run and host), as one object per run."""
+    by_run: dict[str, list[Any]] = {}
+    for record in records:
+        by_run.setdefault(record.id, []).append(record)
+    return [_one(rid, recs) for rid, recs in by_run.items()]
+
+
+def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
+    from vmrun.runs.backend import combined_state
+    from vmrun.runs.hosts_backend import node_record
+
+    first = recs[0]
+    layout = layout_of(first.meta)
+    on_cluster = layout.where == CLUSTER
+    if len(recs) > 1:
+        state, code = combined_state([node_record(r) for r in recs])
+    else:
+        state, code = first.state, first.exit_code
+    done = asked = None
+    for rec in recs:
+        match = _PROGRESS.search(rec.progress or "")
+        if match and (done is None or int(match.group(1)) > done):
+            done = int(match.group(1))
+            asked = int(match.group(2)) if match.group(2) else None
+    starts = [float(r.started) for r in recs if r.started]
+    durations = [r.duration for r in recs if r.duration is not None]
+    return {
+        "run": rid,
+        "hosts": None if on_cluster else list(layout.hosts or [r.host for r in recs]),
+        "cluster": (layout.cluster or first.host) if on_cluster else None,
+        "state": str(state),
+        "reason": getattr(first, "reason", "") or None,
+        "attempts": max(getattr(r, "attempts", getattr(r, "attempt", 1)) for r in recs),
+        "launcher": layout.launcher,
+        "nodes": layout.nodes,
+        "procs_per_node": layout.procs_per_node,
+        "world_size": layout.world_size,
+        "epochs_done": done,
+        "epochs_asked": layout.epochs_asked or asked,
+        "start": iso_utc(min(starts)) if starts else None,
+        "duration_s": max(durations) if durations else None,
+        "exit": code,
+    }
+
+
+def render(records: Sequence[Any]) -> str:
+    return json.dumps(run_objects(records), indent=2)

@@ -1,0 +1,12 @@
+"""A run's results as values: what `vmrun report`, `vmrun plot` and `status --json` show.
+
+Runs are read from their folders here (`results/<run-id>/`, as `fetch` and `train --local`
+leave them), so reports and plots work after the VMs are gone. Nothing here connects.
+
+- `layout`:   the three forms of run.json (hosts, Slurm, --local) as one `RunLayout`;
+- `history`:  a results folder as a `RunHistory` (`load_run`, `load_runs`, `run_dirs`);
+- `report`:   one row per run, speed-up and efficiency (`report_rows`, `render_markdown`,
+              `rows_json`);
+- `plotting`: a metric's series per run, labels, and `save_plot` (matplotlib, imported only
+              there).
+"""

@@ -1,0 +1,275 @@
+"""A run as it is here, in `results/<run-id>/`: its shape, its per-epoch metrics, its times.
+
+`vmrun fetch` leaves a run's files in `results/<run-id>/`, or in `results/<run-id>/<host>/`
+when several hosts had it (rank 0's host has the metrics); `train --local` writes its run
+there directly. The times differ by form: a host run's record has `started` and its
+`exit_code` file's mtime (kept by fetch) is its end; a Slurm run's `starts` and `exit`
+lines; a local run's `start_time` and `end_time`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from vmrun.errors import UsageError, VmrunError
+from vmrun.results.layout import CLUSTER, HOSTS, LOCAL, RunLayout, layout_of
+
+RECORD = "run.json"
+METRICS = "metrics.jsonl"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+Epoch = Mapping[str, float]
+
+
+class RunDataError(UsageError):
+    """A run that cannot be reported: not here, or without metrics. Names the run."""
+
+    def __init__(self, run: str, message: str, *, hint: str | None = None):
+        super().__init__(f"run {run}: {message}", hint=hint)
+        self.run = run
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """One run, normalised from any of the three run.json forms plus its metrics.jsonl.
+    Numbers are None where the files do not say."""
+
+    run_id: str
+    path: Path  # its results folder
+    where: str  # "hosts", "cluster", "local" ("" without a run.json)
+    hosts: tuple[str, ...]
+    cluster: str | None
+    launcher: str | None
+    nodes: int | None
+    procs_per_node: int | None
+    world_size: int | None
+    epochs_asked: int | None
+    epochs: tuple[Epoch, ...]  # one mapping per epoch, by epoch number; numeric values only
+    started: float | None  # Unix seconds
+    ended: float | None
+    exit_code: int | None
+
+    @property
+    def epochs_done(self) -> int:
+        return int(self.epochs[-1]["epoch"]) if self.epochs else 0
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None or self.ended is None:
+            return None
+        return max(0.0, self.ended - self.started)
+
+    @property
+    def metric_names(self) -> list[str]:
+        """Every metric some epoch reports (not `epoch` itself), sorted."""
+        return sorted({k for e in self.epochs for k in e} - {"epoch"})
+
+    def values(self, metric: str) -> list[tuple[int, float]]:
+        """(epoch, value) for every epoch that reports `metric`."""
+        return [(int(e["epoch"]), e[metric]) for e in self.epochs if metric in e]
+
+    def last(self, metric: str) -> float | None:
+        found = self.values(metric)
+        return found[-1][1] if found else None
+
+
+def iso_utc(seconds: float | None) -> str | None:
+    """ISO 8601 in UTC, to the second (`2026-01-02T03:04:05+00:00`)."""
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run's folder: its record or metrics here, or in a folder per host below it."""
+    return any((d / RECORD).is_file() or (d / METRICS).is_file() for d in (path, *_subdirs(path)))
+
+
+def run_dirs(project: Path) -> list[Path]:
+    """Every run under the project's results/, oldest first (by its start, else mtime)."""
+    base = project / "results"
+    found = [d for d in _subdirs(base) if is_run_dir(d)]
+    return sorted(found, key=lambda d: (_start_of(d), d.name))
+
+
+def run_path(name: str, project: Path) -> Path:
+    """A run named by id (`results/<id>/` of the project) or by a path to its folder."""
+    if "/" in name or name in (".", "..") or not _RUN_ID.fullmatch(name):
+        return Path(name).expanduser()
+    return project / "results" / name
+
+
+def load_runs(
+    paths: Iterable[Path | str], problems: list[VmrunError] | None = None
+) -> list[RunHistory]:
+    """Each folder as a RunHistory (the same folder once). With `problems`, a run that
+    cannot be read is appended there and left out; without, its error is raised."""
+    runs: list[RunHistory] = []
+    seen: set[Path] = set()
+    for path in paths:
+        key = Path(path).resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            runs.append(load_run(Path(path)))
+        except RunDataError as exc:
+            if problems is None:
+                raise
+            problems.append(exc)
+    return runs
+
+
+def load_run(path: Path) -> RunHistory:
+    """The run in this folder; RunDataError if it is not there or has no metrics."""
+    name = path.name or str(path)
+    if not path.is_dir():
+        raise RunDataError(name, f"no results folder {path}")
+    places = _places(path)
+    records = {d: _json(d / RECORD) for d in places}
+    meta = next((m for m in records.values() if m), {})
+    metrics_file = _metrics_file(places)
+    if metrics_file is None:
+        raise RunDataError(name, f"no {METRICS} in {path}", hint="it has nothing to report")
+    epochs = read_metrics(metrics_file)
+    if not epochs:
+        raise RunDataError(name, f"{metrics_file} holds no epochs")
+    world = [e["world_size"] for e in epochs if "world_size" in e]
+    layout = layout_of(meta, world_size=int(world[-1]) if world else None)
+    started, ended, code = _times(layout, meta, places)
+    fields = asdict(layout)
+    return RunHistory(
+        run_id=str(meta.get("id") or meta.get("run_id") or name),
+        path=path,
+        **fields,
+        epochs=epochs,
+        started=started,
+        ended=ended,
+        exit_code=code,
+    )
+
+
+def read_metrics(path: Path) -> tuple[Epoch, ...]:
+    """One mapping per epoch: numeric fields only; a line that is not JSON (a run still
+    writing) is skipped; a repeated epoch (a resumed run) keeps its last line."""
+    by_epoch: dict[int, dict[str, float]] = {}
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, 1):
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(item, dict):
+                continue
+            values = {
+                k: float(v)
+                for k, v in item.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            }
+            epoch = int(values.get("epoch", number))
+            by_epoch[epoch] = {**values, "epoch": float(epoch)}
+    return tuple(by_epoch[e] for e in sorted(by_epoch))
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def _places(path: Path) -> list[Path]:
+    """Where the run's files are: the folder itself, or its folders per host."""
+    if (path / RECORD).is_file() or (path / METRICS).is_file():
+        return [path]
+    return [d for d in _subdirs(path) if (d / RECORD).is_file() or (d / METRICS).is_file()]
+
+
+def _metrics_file(places: list[Path]) -> Path | None:
+    """The metrics.jsonl with the most lines (rank 0's host's, when several have one)."""
+    files = [d / METRICS for d in places if (d / METRICS).is_file()]
+    return max(files, key=lambda f: f.stat().st_size, default=None)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _start_of(path: Path) -> float:
+    for place in _places(path):
+        meta = _json(place / RECORD)
+        started = _times(layout_of(meta), meta, [place])[0]
+        if started is not None:
+            return started
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _times(
+    layout: RunLayout, meta: Mapping[str, Any], places: list[Path]
+) -> tuple[float | None, float | None, int | None]:
+    """Start, end and exit code, each as the run's own form records it."""
+    if layout.where == LOCAL:
+        return _iso(meta.get("start_time")), _iso(meta.get("end_time")), _int(meta.get("exit_code"))
+    if layout.where == CLUSTER:
+        starts = _lines(places, "starts")
+        exits = _lines(places, "exit")
+        started = _float(starts[0][1]) if starts and len(starts[0]) > 1 else None
+        ended = _float(exits[-1][2]) if exits and len(exits[-1]) > 2 else None
+        code = _int(exits[-1][1]) if exits and len(exits[-1]) > 1 else None
+        return started if started is not None else _float(meta.get("submitted")), ended, code
+    codes, ends = [], []
+    for place in places if layout.where == HOSTS else []:
+        try:
+            codes.append(int((place / "exit_code").read_text().strip()))
+            ends.append((place / "exit_code").stat().st_mtime)
+        except (OSError, ValueError):
+            continue
+    code = next((c for c in codes if c), 0) if codes else None
+    return _float(meta.get("started")), max(ends, default=None), code
+
+
+def _lines(places: list[Path], name: str) -> list[list[str]]:
+    for place in places:
+        try:
+            return [ln.split() for ln in (place / name).read_text().splitlines() if ln.strip()]
+        except OSError:
+            continue
+    return []
+
+
+def _iso(text: Any) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return stamp.replace(tzinfo=stamp.tzinfo or timezone.utc).timestamp()
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None

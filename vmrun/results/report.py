@@ -1,0 +1,158 @@
+"""One row per run, to compare runs side by side: shape, time, throughput, scaling, result.
+
+Speed-up and efficiency are against the baseline, the run with the smallest world size (the
+first such run named):
+
+    speed-up   = median samples/s of the run / median samples/s of the baseline
+    efficiency = speed-up / (world size of the run / world size of the baseline)
+
+samples/s is the template's own figure: samples of every rank in an epoch over its time.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from vmrun.results.history import RunHistory
+
+HEADERS = (
+    "RUN", "NODES", "PROCS/NODE", "WORLD", "LAUNCHER", "EPOCHS", "TOTAL TIME", "S/EPOCH",
+    "SAMPLES/S", "SPEED-UP", "EFFICIENCY", "FINAL LOSS", "FINAL ACC",
+)  # fmt: skip
+NUMERIC = frozenset(range(1, 4)) | frozenset(range(5, len(HEADERS)))  # right-aligned columns
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """A run's line of the report; None where it is unknown. The JSON keys are these."""
+
+    run: str
+    where: str
+    nodes: int | None
+    procs_per_node: int | None
+    world_size: int | None
+    launcher: str | None
+    epochs: int  # done
+    epochs_asked: int | None
+    total_time_s: float | None  # from the run's start to its end
+    epoch_time_s: float | None  # median over the epochs
+    samples_per_s: float | None  # median over the epochs, every rank together
+    speedup: float | None
+    efficiency: float | None
+    final_loss: float | None
+    final_accuracy: float | None  # eval_accuracy, else accuracy, of the last epoch with one
+    baseline: str | None  # the run speed-up and efficiency compare with
+
+
+def _median(run: RunHistory, metric: str) -> float | None:
+    found = [v for _, v in run.values(metric)]
+    return statistics.median(found) if found else None
+
+
+def baseline_of(runs: Sequence[RunHistory]) -> RunHistory | None:
+    """The run with the smallest world size that has a throughput (the first such one)."""
+    known = [r for r in runs if r.world_size and _median(r, "samples_per_s")]
+    return min(known, key=lambda r: r.world_size or 0, default=None)
+
+
+def report_rows(runs: Sequence[RunHistory]) -> list[ReportRow]:
+    base = baseline_of(runs)
+    base_rate = _median(base, "samples_per_s") if base else None
+    rows = []
+    for run in runs:
+        rate = _median(run, "samples_per_s")
+        speedup = efficiency = None
+        if base is not None and base_rate and rate is not None and run.world_size:
+            speedup = rate / base_rate
+            efficiency = speedup / (run.world_size / (base.world_size or 1))
+        accuracy = run.last("eval_accuracy")
+        rows.append(
+            ReportRow(
+                run=run.run_id,
+                where=run.where,
+                nodes=run.nodes,
+                procs_per_node=run.procs_per_node,
+                world_size=run.world_size,
+                launcher=run.launcher,
+                epochs=run.epochs_done,
+                epochs_asked=run.epochs_asked,
+                total_time_s=run.duration,
+                epoch_time_s=_median(run, "epoch_time_s"),
+                samples_per_s=rate,
+                speedup=speedup,
+                efficiency=efficiency,
+                final_loss=run.last("loss"),
+                final_accuracy=accuracy if accuracy is not None else run.last("accuracy"),
+                baseline=base.run_id if speedup is not None and base else None,
+            )
+        )
+    return rows
+
+
+def row_dicts(rows: Sequence[ReportRow]) -> list[dict[str, object]]:
+    return [asdict(row) for row in rows]
+
+
+def rows_json(rows: Sequence[ReportRow]) -> str:
+    """A JSON list of objects, the same keys in every one; null where unknown."""
+    return json.dumps(row_dicts(rows), indent=2)
+
+
+def cells(row: ReportRow) -> tuple[str, ...]:
+    """The row as the table shows it ("" where unknown)."""
+    epochs = f"{row.epochs}/{row.epochs_asked}" if row.epochs_asked else str(row.epochs)
+    return (
+        row.run,
+        _int(row.nodes),
+        _int(row.procs_per_node),
+        _int(row.world_size),
+        row.launcher or "",
+        epochs,
+        duration_text(row.total_time_s),
+        "" if row.epoch_time_s is None else f"{row.epoch_time_s:.3g}",
+        "" if row.samples_per_s is None else f"{row.samples_per_s:,.0f}",
+        "" if row.speedup is None else f"{row.speedup:.2f}x",
+        "" if row.efficiency is None else f"{row.efficiency:.0%}",
+        "" if row.final_loss is None else f"{row.final_loss:.4g}",
+        "" if row.final_accuracy is None else f"{row.final_accuracy:.4g}",
+    )
+
+
+def baseline_note(rows: Sequence[ReportRow]) -> str:
+    """What speed-up and efficiency are relative to, for under the table."""
+    base = next((r for r in rows if r.baseline and r.run == r.baseline), None)
+    if base is None:
+        return ""
+    return (
+        f"speed-up: samples/s over {base.run} (world size {base.world_size});"
+        " efficiency: speed-up / world size ratio"
+    )
+
+
+def render_markdown(rows: Sequence[ReportRow]) -> str:
+    """A GitHub table (numbers right-aligned), then the baseline note."""
+    lines = [
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join("---:" if i in NUMERIC else "---" for i in range(len(HEADERS))) + "|",
+    ]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in rows]
+    note = baseline_note(rows)
+    return "\n".join(lines) + (f"\n\n{note}\n" if note else "\n")
+
+
+def duration_text(seconds: float | None) -> str:
+    """12.3 s, 4:05, 1:02:03."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _int(value: int | None) -> str:
+    return "" if value is None else str(value)
