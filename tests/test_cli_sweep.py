@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import Client, wait_for
+from results_fixtures import line_colours
 from train_helpers import pids_with_env
+
+from vmrun.results.plotting import COLOURS
 
 TWO_CORES = {"OMP_NUM_THREADS": "1"}
 
@@ -65,6 +68,14 @@ def test_a_local_sweep_runs_each_size_and_records_it(client: Client) -> None:
     assert runs[0].startswith("template-1x1-") and runs[1].startswith("template-1x2-")
     assert [_world_sizes(client, run) for run in runs] == [{1}, {2}]
     assert record["options"]["epochs"] == 2
+    # the scaling report and the plot of those runs, beside the record
+    folder = _sweep_dir(client)
+    rows = json.loads((folder / "report.json").read_text())
+    assert (rows[0]["run"], rows[0]["world_size"], rows[0]["speedup"]) == (runs[0], 1, 1.0)
+    assert [r["world_size"] for r in rows] == [1, 2]
+    assert f"| {runs[1]} |" in (folder / "report.md").read_text()
+    assert line_colours(folder / "loss.png", COLOURS) == list(COLOURS[:2])
+    assert runs[1] in done.stdout  # the table is printed too
 
 
 def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(client: Client) -> None:
