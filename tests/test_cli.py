@@ -20,6 +20,7 @@ COMMANDS = [
     "fetch",
     "report",
     "plot",
+    "sweep",
     "watch-gpus",
     "tensorboard",
     "forward",

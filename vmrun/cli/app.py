@@ -25,6 +25,7 @@ COMMANDS = (
     ("fetch", "fetch_cmd", "Bring back results: only what is new, verified, atomic."),
     ("report", "report_cmd", "Compare runs: time, samples/s, speed-up, efficiency, loss."),
     ("plot", "plot_cmd", "Plot a metric of runs by epoch or time: terminal, PNG or SVG."),
+    ("sweep", "sweep_cmd", "Train at several sizes in turn; a scaling report and plot."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
     ("tensorboard", "tensorboard_cmd", "Serve a run's TensorBoard here, from the host."),
     ("forward", "forward_cmd", "Forward a port of a host to 127.0.0.1 here."),

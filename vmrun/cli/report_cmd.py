@@ -58,11 +58,11 @@ def register(app: typer.Typer) -> None:
         elif markdown:
             sys.stdout.write(render_markdown(rows))
         else:
-            _table(rows)
+            show_table(rows)
         return 0
 
 
-def _table(rows: list) -> None:
+def show_table(rows: list) -> None:
     from vmrun.results.report import HEADERS, NUMERIC, baseline_note, cells
 
     table = [cells(r) for r in rows]

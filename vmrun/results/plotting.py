@@ -120,6 +120,10 @@ def save_plot(runs: Sequence[RunHistory], metric: str, path: Path, *, x: str = "
         line.set_gid(f"run-{run.run_id}")
     ax.set_title(title(metric, x))
     ax.set_xlabel(X_AXES[x])
+    if x == "epoch":  # whole epochs on the axis, not 1.25
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(metric)
     ax.grid(True, color="#dddddd", linewidth=0.8)
     ax.legend(loc="best", fontsize="small")

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,13 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def run_local(plan: Plan, *, verbose: bool = False) -> int:
+def run_local(
+    plan: Plan, *, verbose: bool = False, on_start: Callable[[str], None] | None = None
+) -> int:
     """Probe torch, create the run directory, launch, stream, record; return the exit code.
     Output as on hosts: whole lines per rank, `[rankN]`; torchrun's banner and c10d's host
-    name warnings only in train.log unless `verbose`."""
+    name warnings only in train.log unless `verbose`. `on_start`: told the run id once its
+    record exists (a sweep keeps it)."""
     from vmrun.runs import launch
 
     python = sys.executable
@@ -62,6 +66,8 @@ def run_local(plan: Plan, *, verbose: bool = False) -> int:
     child_env.update({"PYTHONUNBUFFERED": "1", "VMRUN_RUN_ID": rid, "VMRUN_RUN_DIR": str(run_dir)})
     record = _record(plan, rid, nproc, argv, run_dir, python)
     write_json_atomic(run_dir / "run.json", record)
+    if on_start is not None:
+        on_start(rid)
     procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
     _note(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
     return _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env, verbose)

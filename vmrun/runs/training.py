@@ -32,17 +32,21 @@ def run_remote(
     progress: Progress | None = None,
     group: Group | None = None,
     verbose: bool = False,
+    on_start: Callable[[RunRef], None] | None = None,
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
     failure. `group`: connections to use (else this opens its own); closed at the end. `verbose`:
-    torchrun's banner and c10d's host name warnings too."""
+    torchrun's banner and c10d's host name warnings too. `on_start`: told the run once it has
+    started (a sweep stops it by id if it is interrupted)."""
     how = how or Launch()
     entries = order(entries, how.wiring)
     check_launcher_hosts(plan, len(entries), how.wiring)
     with group or Group(entries, settings) as conns:
         backend = HostsBackend(conns, entries)
         ref = backend.start(plan, how, note, progress)
+        if on_start is not None:
+            on_start(ref)
         if detach:
             rid = ref.run_id
             note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")

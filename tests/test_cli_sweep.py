@@ -1,0 +1,161 @@
+"""`vmrun sweep`: real runs at each size (this machine, and two test hosts), the record, the
+report and plot it leaves, Ctrl-C in the middle and `--resume`."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import Client, wait_for
+from results_fixtures import line_colours
+from train_helpers import pids_with_env
+
+from vmrun.results.plotting import COLOURS
+
+TWO_CORES = {"OMP_NUM_THREADS": "1"}
+
+
+def _sweep_dir(client: Client) -> Path:
+    found = sorted((client.cwd / "results").glob("sweep-*"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _record(client: Client) -> dict:
+    return json.loads((_sweep_dir(client) / "sweep.json").read_text())
+
+
+def _world_sizes(client: Client, run: str) -> set[int]:
+    metrics = list((client.cwd / "results" / run).rglob("metrics.jsonl"))
+    assert len(metrics) == 1, metrics
+    return {json.loads(line)["world_size"] for line in metrics[0].read_text().splitlines()}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--nodes", "0"], "--nodes '0': give whole numbers >= 1"),
+        (["--local", "--nodes", "1,2"], "--local runs on this machine alone"),
+        (["--resume", "sweep-19990101-000000-abcd"], "no sweep sweep-19990101-000000-abcd here"),
+        (["--resume", "x"], "give a sweep id"),
+        (["--partition", "p"], "--partition: Slurm options; name the cluster with -C NAME"),
+        (["--nodes", "3", "-H", "a@h1", "-H", "b@h2"], "up to 3 nodes but 2 host(s) are given"),
+        (["--local", "-H", "a@h1"], "--local sweeps on this machine; drop -H or --local"),
+    ],
+)
+def test_bad_input_is_one_line_and_starts_nothing(
+    client: Client, args: list[str], needle: str
+) -> None:
+    done = client.vmrun("sweep", *args)
+    assert done.returncode == 2, done.stderr
+    assert needle in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (client.cwd / "results").exists()
+
+
+def test_a_local_sweep_runs_each_size_and_records_it(client: Client) -> None:
+    done = client.vmrun(
+        "sweep", "--local", "--nproc-per-node", "2,1", "--epochs", "2", env=TWO_CORES, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    record = _record(client)
+    assert [(s["nodes"], s["nproc"], s["state"]) for s in record["sizes"]] == [
+        (1, 1, "done"), (1, 2, "done"),
+    ]  # fmt: skip
+    runs = [s["run"] for s in record["sizes"]]
+    assert runs[0].startswith("template-1x1-") and runs[1].startswith("template-1x2-")
+    assert [_world_sizes(client, run) for run in runs] == [{1}, {2}]
+    assert record["options"]["epochs"] == 2
+    # the scaling report and the plot of those runs, beside the record
+    folder = _sweep_dir(client)
+    rows = json.loads((folder / "report.json").read_text())
+    assert (rows[0]["run"], rows[0]["world_size"], rows[0]["speedup"]) == (runs[0], 1, 1.0)
+    assert [r["world_size"] for r in rows] == [1, 2]
+    assert f"| {runs[1]} |" in (folder / "report.md").read_text()
+    assert line_colours(folder / "loss.png", COLOURS) == list(COLOURS[:2])
+    assert runs[1] in done.stdout  # the table is printed too
+
+
+def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(client: Client) -> None:
+    proc = client.popen(
+        "sweep", "--local", "--nproc-per-node", "1,2", "--epochs", "200",
+        "-e", "VMRUN_TEMPLATE_EPOCH_DELAY=0.05", env=TWO_CORES,
+    )  # fmt: skip
+    try:
+        record = wait_for(
+            lambda: (client.cwd / "results").is_dir()
+            and any(s.get("run") and s["nproc"] == 2 for s in _record(client)["sizes"])
+            and _record(client),
+            240, "the sweep's second size to start",
+        )  # fmt: skip
+        first, second = (s["run"] for s in record["sizes"])  # type: ignore[index]
+        metrics = client.cwd / "results" / second / "metrics.jsonl"
+        wait_for(metrics.exists, 120, "the second size's first epoch")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    sweep_id = _sweep_dir(client).name
+    assert f"continue with `vmrun sweep --resume {sweep_id}`" in err
+    assert not pids_with_env(f"VMRUN_RUN_ID={second}"), "a process of the stopped size is left"
+    states = [s["state"] for s in _record(client)["sizes"]]
+    assert states == ["done", "stopped"]
+
+    refused = client.vmrun("sweep", "--resume", sweep_id)
+    assert refused.returncode == 2
+    assert "started with --env VMRUN_TEMPLATE_EPOCH_DELAY, whose values are not" in refused.stderr
+    again = client.vmrun(
+        "sweep", "--resume", sweep_id, "-e", "VMRUN_TEMPLATE_EPOCH_DELAY=0", env=TWO_CORES,
+        timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "size 1/2" not in again.stderr and "size 2/2" in again.stderr
+    sizes = _record(client)["sizes"]
+    assert [s["state"] for s in sizes] == ["done", "done"]
+    assert sizes[0]["run"] == first and sizes[1]["run"] != second
+    assert _world_sizes(client, sizes[1]["run"]) == {2}
+
+
+def test_resume_of_a_complete_sweep_and_with_new_options_is_refused(client: Client) -> None:
+    done = client.vmrun("sweep", "--local", "--epochs", "1", env=TWO_CORES, timeout=300)
+    assert done.returncode == 0, done.stderr
+    sweep_id = _sweep_dir(client).name
+    again = client.vmrun("sweep", "--resume", sweep_id)
+    assert again.returncode == 2 and f"sweep {sweep_id} is complete" in again.stderr
+    other = client.vmrun("sweep", "--resume", sweep_id, "--epochs", "3")
+    assert other.returncode == 2 and "--resume repeats the sweep" in other.stderr
+
+
+def test_a_sweep_on_two_hosts_fetches_every_run(multi: Client) -> None:
+    done = multi.vmrun(
+        "sweep", "--nodes", "1,2", "--nproc-per-node", "1", "--epochs", "2", timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    sizes = _record(multi)["sizes"]
+    assert [(s["nodes"], s["state"]) for s in sizes] == [(1, "done"), (2, "done")]
+    assert [_world_sizes(multi, s["run"]) for s in sizes] == [{1}, {2}]
+    assert _record(multi)["where"] == {"hosts": None}
+
+
+def test_a_sweep_on_a_slurm_cluster_submits_each_size_and_fetches_it(
+    slurm_client: Client, host_python: Path
+) -> None:
+    (slurm_client.cwd / "vmrun.toml").write_text(
+        f'[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
+        f'python = "{host_python}"\nenv = {{ OMP_NUM_THREADS = "1" }}\n'
+    )
+    done = slurm_client.vmrun(
+        "sweep", "-C", "bed", "--nodes", "1,2", "--nproc-per-node", "1", "--epochs", "2",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = _record(slurm_client)
+    assert record["where"] == {"cluster": "bed"}
+    sizes = record["sizes"]
+    assert [(s["nodes"], s["state"]) for s in sizes] == [(1, "done"), (2, "done")]
+    assert [_world_sizes(slurm_client, s["run"]) for s in sizes] == [{1}, {2}]
