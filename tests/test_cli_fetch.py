@@ -368,3 +368,39 @@ def test_what_names_map_to_the_run_layout() -> None:
     )
     (absolute,) = resolve_what("/data/x.pt", run)
     assert (absolute.remote, absolute.local) == ("/data/x.pt", "results/r1/x.pt")
+
+
+WANDB_LIKE = """\
+import os, pathlib, time
+# writes where wandb.init() writes with WANDB_MODE=offline (wandb itself needs the internet
+# to install; its offline folder layout is what the README's recipe fetches)
+assert os.environ["WANDB_MODE"] == "offline", os.environ.get("WANDB_MODE")
+run = pathlib.Path("wandb") / f"offline-run-{time.strftime('%Y%m%d_%H%M%S')}-abc123"
+(run / "files").mkdir(parents=True)
+(run / "run-abc123.wandb").write_bytes(b"W&B" * 100)
+(run / "files" / "wandb-summary.json").write_text('{"loss": 0.25}')
+print("epoch 1/1 loss 0.25")
+"""
+
+
+def test_a_scripts_offline_wandb_folder_comes_back_as_the_readme_says(
+    bed: NetnsBed, bed_client: Client
+) -> None:
+    """README, "Weights & Biases on hosts without internet": train with -e WANDB_MODE=offline,
+    then `vmrun fetch wandb` brings the run's wandb/ folder into ./wandb/."""
+    from vmrun.remote_paths import remote_workdir
+
+    (bed_client.cwd / "train.py").write_text(WANDB_LIKE)
+    (bed_client.cwd / "vmrun.toml").write_text('[[hosts]]\naddress = "h1"\npython = "python3"\n')
+    try:
+        done = bed_client.vmrun("train", "train.py", "--launcher", "python",
+                                "-e", "WANDB_MODE=offline", timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        fetched = bed_client.vmrun("fetch", "wandb", "-H", "h1")
+        assert fetched.returncode == 0, fetched.stderr
+        (run,) = (bed_client.cwd / "wandb").glob("offline-run-*-abc123")
+        assert (run / "run-abc123.wandb").read_bytes() == b"W&B" * 100
+        assert (run / "files" / "wandb-summary.json").read_text() == '{"loss": 0.25}'
+    finally:
+        subprocess.run(["rm", "-rf", str(bed["h1"].home / remote_workdir(bed_client.cwd))],
+                       check=False)  # fmt: skip
