@@ -32,6 +32,9 @@ def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> Non
     }
     missing = [p.name for p in host_side if f"vmrun/hostside/{p.name}" not in names]
     assert not missing, f"host-side files missing from the wheel: {missing}"
+    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "vmrun").rglob("*.py"))
+    left_out = [m for m in modules if m not in names]  # e.g. a package a .gitignore line hid
+    assert not left_out, f"modules missing from the wheel: {left_out}"
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "vmrun = vmrun.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
