@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from vmrun.cli import run_options as ro
 from vmrun.cli import train_cluster as tc
 from vmrun.cli.options import AcceptNewHostKey, ClusterName, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
@@ -23,10 +24,7 @@ def register(app: typer.Typer) -> None:
         " --resume ID runs what is left.",
     )
     def sweep_command(
-        script: Annotated[
-            str | None,
-            typer.Argument(metavar="[SCRIPT]", show_default=False, help="Default: the template."),
-        ] = None,
+        script: ro.Script = None,
         nodes: Annotated[
             str | None,
             typer.Option("--nodes", metavar="N,N...", help="Node counts [default: 1]."),
@@ -37,34 +35,13 @@ def register(app: typer.Typer) -> None:
                 "--nproc-per-node", metavar="P,P...", help="Processes per node [default: 1]."
             ),
         ] = None,
-        epochs: Annotated[
-            int | None, typer.Option("--epochs", metavar="N", help="Epochs per run [default: 10].")
-        ] = None,
-        save_every: Annotated[
-            int | None,
-            typer.Option("--save-every", metavar="K", help="Snapshot every K epochs [default: 5]."),
-        ] = None,
-        batch_size: Annotated[
-            int | None,
-            typer.Option("--batch-size", metavar="B", help="The template's per-process batch."),
-        ] = None,
-        lr: Annotated[
-            float | None, typer.Option("--lr", metavar="LR", help="The template's learning rate.")
-        ] = None,
-        task: Annotated[
-            str | None,
-            typer.Option(
-                "--task", metavar="regress|classify", help="The template's task [default: regress]."
-            ),
-        ] = None,
-        env: Annotated[
-            list[str] | None,
-            typer.Option("--env", "-e", metavar="KEY[=VAL]", help="Set a variable; repeatable."),
-        ] = None,
-        name: Annotated[
-            str | None,
-            typer.Option("--name", metavar="NAME", help="Run-name prefix [default: script stem]."),
-        ] = None,
+        epochs: ro.Epochs = None,
+        save_every: ro.SaveEvery = None,
+        batch_size: ro.BatchSize = None,
+        lr: ro.Lr = None,
+        task: ro.Task = None,
+        env: ro.EnvVars = None,
+        name: ro.RunName = None,
         resume: Annotated[
             str | None,
             typer.Option("--resume", metavar="SWEEP_ID", help="Continue this sweep."),

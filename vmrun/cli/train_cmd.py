@@ -23,6 +23,7 @@ import typer
 from typer.core import TyperCommand
 
 from vmrun.cli import output
+from vmrun.cli import run_options as ro
 from vmrun.cli import train_cluster as tc
 from vmrun.cli.options import AcceptNewHostKey, ClusterName, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
@@ -57,21 +58,12 @@ def register(app: typer.Typer) -> None:
     )
     def train_command(
         ctx: typer.Context,
-        script: Annotated[
-            str | None,
-            typer.Argument(metavar="[SCRIPT]", show_default=False, help="Default: the template."),
-        ] = None,
+        script: ro.Script = None,
         local: Annotated[
             bool, typer.Option("--local", help="Train on this machine (no SSH).")
         ] = False,
-        epochs: Annotated[
-            int | None,
-            typer.Option("--epochs", metavar="N", help="Total epochs [default: 10]."),
-        ] = None,
-        save_every: Annotated[
-            int | None,
-            typer.Option("--save-every", metavar="K", help="Snapshot every K epochs [default: 5]."),
-        ] = None,
+        epochs: ro.Epochs = None,
+        save_every: ro.SaveEvery = None,
         nproc_per_node: Annotated[
             str | None,
             typer.Option(
@@ -85,37 +77,11 @@ def register(app: typer.Typer) -> None:
             int | None,
             typer.Option("--max-restarts", metavar="R", help="torchrun restarts [default: 0]."),
         ] = None,
-        env: Annotated[
-            list[str] | None,
-            typer.Option("--env", "-e", metavar="KEY[=VAL]", help="Set a variable; repeatable."),
-        ] = None,
-        name: Annotated[
-            str | None,
-            typer.Option("--name", metavar="NAME", help="Run-id prefix [default: script stem]."),
-        ] = None,
-        batch_size: Annotated[
-            int | None,
-            typer.Option(
-                "--batch-size",
-                metavar="B",
-                help="The template's per-process batch size (a SCRIPT takes its own after --).",
-            ),
-        ] = None,
-        lr: Annotated[
-            float | None,
-            typer.Option(
-                "--lr", metavar="LR", help="The template's learning rate (a SCRIPT: after --)."
-            ),
-        ] = None,
-        task: Annotated[
-            str | None,
-            typer.Option(
-                "--task",
-                metavar="regress|classify",
-                help="The template's task: regression, or 4-class classification (its metrics"
-                " add accuracy) [default: regress].",
-            ),
-        ] = None,
+        env: ro.EnvVars = None,
+        name: ro.RunName = None,
+        batch_size: ro.BatchSize = None,
+        lr: ro.Lr = None,
+        task: ro.Task = None,
         launcher: Annotated[
             str,
             typer.Option(

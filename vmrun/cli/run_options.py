@@ -1,0 +1,49 @@
+"""The options that say what a run trains, shared by `train` and `sweep` (which trains the
+same thing at several sizes): declared once, so their names and help cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+Script = Annotated[
+    str | None,
+    typer.Argument(metavar="[SCRIPT]", show_default=False, help="Default: the template."),
+]
+Epochs = Annotated[
+    int | None, typer.Option("--epochs", metavar="N", help="Total epochs [default: 10].")
+]
+SaveEvery = Annotated[
+    int | None,
+    typer.Option("--save-every", metavar="K", help="Snapshot every K epochs [default: 5]."),
+]
+EnvVars = Annotated[
+    list[str] | None,
+    typer.Option("--env", "-e", metavar="KEY[=VAL]", help="Set a variable; repeatable."),
+]
+RunName = Annotated[
+    str | None,
+    typer.Option("--name", metavar="NAME", help="Run-id prefix [default: script stem]."),
+]
+BatchSize = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        metavar="B",
+        help="The template's per-process batch size (a SCRIPT takes its own after --).",
+    ),
+]
+Lr = Annotated[
+    float | None,
+    typer.Option("--lr", metavar="LR", help="The template's learning rate (a SCRIPT: after --)."),
+]
+Task = Annotated[
+    str | None,
+    typer.Option(
+        "--task",
+        metavar="regress|classify",
+        help="The template's task: regression, or 4-class classification (its metrics add"
+        " accuracy) [default: regress].",
+    ),
+]
