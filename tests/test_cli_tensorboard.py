@@ -148,8 +148,7 @@ def test_tensorboard_on_the_host_in_a_real_browser_then_ctrl_c_leaves_nothing(
     assert all(bodies) and sorted(json.loads(bodies[0])) == sorted(found)
     # a real browser renders the scalar dashboard: the tags are on the page
     dom = browser_dom(url, tmp_path)
-    wanted = ("check/out_loss", "check/runs_loss", "train/loss")
-    assert all(tag in dom for tag in wanted), dom[-2000:]
+    assert "check/out_loss" in dom and "check/runs_loss" in dom, dom[-2000:]
     assert tb_pids(h1), "TensorBoard runs on h1"
     code, err = lines.finish(signal.SIGINT)
     assert code == 0, err
