@@ -24,6 +24,7 @@ COMMANDS = (
     ("stop", "stop_cmd", "Stop a run on every host; verifies nothing of it remains."),
     ("fetch", "fetch_cmd", "Bring back results: only what is new, verified, atomic."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
+    ("autostop", "autostop_cmd", "Power idle hosts off by themselves: a watchdog on each."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),
     ("exec", "exec_cmd", "Run a command on one or all hosts in parallel."),
     ("hosts", "hosts_cmd", "List the selected hosts; --check connects to each."),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmrun import hostside
-from vmrun.remote_paths import RUN_ENV
+from vmrun.remote_paths import NVIDIA_PATH, RUN_ENV
 
 # The query order is ours: `count` makes every iteration self-delimiting (a batch is complete
 # after `count` rows) and the free-text name goes last, so a comma in it cannot shift fields.
@@ -38,8 +38,7 @@ GPU_FIELDS = (
 APP_FIELDS = ("timestamp", "gpu_uuid", "pid", "used_memory", "process_name")
 CSV_FORMAT = "--format=csv,noheader,nounits"
 
-# Where nvidia-smi lives besides sshd's default PATH: NVIDIA's container/GKE layout and WSL.
-EXTRA_PATH = "/usr/local/nvidia/bin:/usr/lib/wsl/lib"
+EXTRA_PATH = NVIDIA_PATH  # where nvidia-smi lives besides sshd's default PATH
 
 # What the watch script writes on stderr besides error text: `APP_TAG ROW` for each
 # compute-apps row, and `OWNER_TAG PID RUN_ID` (RUN_ID empty: not a vmrun run's) the first
