@@ -74,8 +74,7 @@ def period_seconds(text: str | int | float, *, what: str = "period") -> int:
             seconds = int(word)
         elif not word or match is None:
             raise ConfigError(
-                f"{what} {text!r} is not a period: write it as 30m, 2h, 1h30m or 90s"
-                " (d, h, m, s)"
+                f"{what} {text!r}: not a period; write it as 30m, 2h, 1h30m or 90s (d, h, m, s)"
             )
         else:
             counts = zip(match.groups(), _UNITS.values(), strict=True)

@@ -103,7 +103,8 @@ def cancel(conn: Connection) -> Cancelled:
     for line in result.stdout_tail.splitlines():
         key, _, value = line.partition(" ")
         if key in ("UNIT", "CRON", "FILES"):
-            removed.append({"UNIT": "systemd unit", "CRON": "@reboot cron line"}.get(key, "files"))
+            names = {"UNIT": "systemd unit", "CRON": "@reboot cron line", "FILES": "its files"}
+            removed.append(names[key])
         elif key == "KILLED":
             killed = tuple(int(p) for p in value.split() if p.isdigit())
         elif key == "LEFT":

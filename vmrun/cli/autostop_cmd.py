@@ -61,6 +61,10 @@ def register(app: typer.Typer) -> None:
         if period is not None and (status or cancel):
             flag = "--status" if status else "--cancel"
             raise UsageError(f"{flag} takes no period; drop {period}")
+        if period is not None:
+            from vmrun.setting_types import period_seconds
+
+            period_seconds(period, what="PERIOD")
         settings = settings_from(connect_timeout, accept_new_host_key, autostop=period)
         entries = select_hosts(host, settings)
         if status:
@@ -80,12 +84,15 @@ def apply(entries: Sequence[HostEntry], settings: Settings, *, required: bool) -
     from vmrun.ssh.group import Group, worst_exit_code
 
     configs = {e.label: for_host(settings, e) for e in entries}
-    off = [label for label, cfg in configs.items() if cfg is None]
-    if required and off:
+    unset = settings.sources["autostop"] == "default"
+    missing = [e.label for e in entries if unset and "autostop" not in e.vars]
+    if required and missing:
         raise UsageError(
-            f"no autostop period for {', '.join(off)}",
+            f"no autostop period for {', '.join(missing)}",
             hint='give one (`vmrun autostop 30m`) or set autostop = "30m" in vmrun.toml',
         )
+    for label in (label for label, cfg in configs.items() if cfg is None and label not in missing):
+        typer.echo(f"{label}: autostop is off for it (autostop = \"off\"); left as it is")
     plan = {label: cfg for label, cfg in configs.items() if cfg is not None}
     if not plan:
         return 0
@@ -163,7 +170,8 @@ def _cancel(entries: Sequence[HostEntry], settings: Settings) -> int:
         elif done is not None:
             pids = ", ".join(map(str, done.killed))
             stopped = [f"watchdog pid {pids} stopped"] if done.killed else []
-            typer.echo(f"{done.host}: autostop removed ({'; '.join([*stopped, *done.removed])})")
+            said = ", ".join([*stopped, *(f"{what} removed" for what in done.removed)])
+            typer.echo(f"{done.host}: autostop removed: {said}")
     return worst_exit_code(outcomes)
 
 

@@ -19,6 +19,7 @@ from vmrun.cli.options import (
     settings_from,
 )
 from vmrun.errors import UsageError
+from vmrun.setting_types import period_seconds
 
 if TYPE_CHECKING:
     from vmrun.setup.playbook import Playbook
@@ -241,6 +242,8 @@ def register(app: typer.Typer) -> None:
         refuse_with_cluster(cluster, [*(hosts or []), *(host or [])])
         if cluster and autostop:
             raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
+        if autostop:
+            period_seconds(autostop, what="--autostop")
         settings = settings_from(connect_timeout, accept_new_host_key, autostop=autostop)
         options = setup_options(
             settings.section("setup"),

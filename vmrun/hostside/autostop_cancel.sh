@@ -27,8 +27,10 @@ case $cur in
     else echo "CRON removed"; fi ;;
 esac
 
-watchdogs() {  # every process whose command line runs the script
-  grep -lsxzF -e "$HOME/$script" -e "$script" /proc/[0-9]*/cmdline 2>/dev/null \
+# a pattern, not the path itself, so that grep's own command line never matches it
+pattern="\\(.*/\\)*$(printf '%s' "$script" | sed 's/[.]/\\./g')"
+watchdogs() {  # every process with the script as a word of its command line
+  grep -lsxz -e "$pattern" /proc/[0-9]*/cmdline 2>/dev/null \
     | while read -r f; do p=${f#/proc/}; p=${p%/cmdline}; [ "$p" = $$ ] || echo "$p"; done
 }
 pids=$(watchdogs)

@@ -135,7 +135,15 @@ count_sessions() {  # sessions_n: the login sessions that keep the machine up
   [ "$sessions" != ignore ] || return 0
   LC_ALL=C who -u > "$tmp" 2>/dev/null 9>&- || return 0
   seen=; if [ -d /proc/1 ]; then seen=1; fi  # hidepid: others' processes are hidden
-  while read -r _n _l _d _t idle pid _c; do
+  while read -r _n _l rest; do
+    # the login time's date is one word or two (locales differ), its HH:MM then idle, pid
+    # shellcheck disable=SC2086  # words, on purpose
+    set -- $rest
+    while [ $# -gt 0 ]; do
+      case $1 in *:*) shift; break ;; esac
+      shift
+    done
+    idle=${1-} pid=${2-}
     case $pid in
       '' | *[!0-9]*) ;;
       *) if [ -n "$seen" ] && ! [ -d "/proc/$pid" ]; then continue; fi ;;  # a stale entry
