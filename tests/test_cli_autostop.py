@@ -16,6 +16,7 @@ suite's terminal must not keep these hosts up.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -26,7 +27,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Client, install_standin, wait_for
+from conftest import (
+    ROOT,
+    TORCH_SPEC,
+    Client,
+    clean_host,
+    install_standin,
+    run_id_of,
+    template_out,
+    wait_for,
+)
 from testbed import NetnsBed, TestHost
 
 from vmrun.runs import records
@@ -478,3 +488,157 @@ def test_settings_from_vmrun_toml_per_host_and_a_configured_command(
     (ac.cwd / "vmrun.toml").write_text('[[hosts]]\naddress = "as2"\n')
     missing = ac.vmrun("autostop")
     assert missing.returncode == 2 and "no autostop period for as2" in missing.stderr
+
+
+def test_status_and_watch_gpus_show_what_autostop_says(ac: Client, as1: TestHost) -> None:
+    """One more column where a host has a watchdog: `status` per run row, `watch-gpus` beside
+    the host's first GPU (and in --json)."""
+    install_standin(as1, "sudo", SUDO)
+    gpu_standin(as1, "t4x2_training", apps="")
+    rid = "autostop-20250101-000000-beef"
+    with Connection("as1", ac.settings()) as conn:
+        records.start(conn, rid, ".", ["sleep", "600"], {})
+    done = ac.vmrun("autostop", "1h", "-H", "as1")
+    assert done.returncode == 0, done.stderr
+    awake = f"awake: run {rid}, GPU 0 93%, GPU 1 93%"
+    wait_for(lambda: state(as1).get("awake") == awake[len("awake: "):], 10, "the watchdog's view")
+    status = ac.vmrun("status", "-H", "as1")
+    assert status.returncode == 0, status.stderr
+    head, row = status.stdout.splitlines()[:2]
+    assert head.split()[-1] == "AUTOSTOP" and row.startswith(rid) and row.endswith(awake), status
+    watch = ac.vmrun("watch-gpus", "--once", "-H", "as1")
+    assert watch.returncode == 0, watch.stderr
+    lines = watch.stdout.splitlines()
+    assert lines[1].split()[-1] == "autostop" and lines[2].endswith(awake), watch.stdout
+    as_json = ac.vmrun("watch-gpus", "--once", "--json", "-H", "as1")
+    said = json.loads(as_json.stdout)["autostop"]
+    assert said["awake"] == awake[len("awake: "):] and said["running"] is True, said
+    stopped = ac.vmrun("stop", rid, "-H", "as1", "--grace", "1")
+    assert stopped.returncode == 0, stopped.stderr
+    for item in (FIXTURES / "t4_idle").iterdir():
+        shutil.copy(item, as1.home / ".vmrun/bin/nvidia-smi-replay" / item.name)
+    wait_for(lambda: state(as1).get("since"), 10, "the host to be idle")
+    status = ac.vmrun("status", "-H", "as1")
+    assert re.search(r"idle \d+s, off \d\d:\d\d$", status.stdout.splitlines()[1]), status.stdout
+    other = ac.vmrun("status", "-H", "as2")  # no watchdog there: no column
+    assert "AUTOSTOP" not in other.stdout + other.stderr
+
+
+def test_setup_installs_autostop_after_it_succeeds(
+    ac: Client, as1: TestHost, host_python: Path
+) -> None:
+    install_standin(as1, "sudo", SUDO)
+    bad = ac.vmrun("setup", "as1", "--python", str(host_python), "--autostop", "30x")
+    assert bad.returncode == 2, bad.stderr
+    assert "--autostop '30x': not a period" in bad.stderr
+    assert not (as1.home / ".vmrun" / "setup").exists()  # nothing ran
+    done = ac.vmrun(
+        "setup", "as1", "--python", str(host_python), "--torch", TORCH_SPEC, "--autostop", "3s",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "as1: autostop powers off after 3s idle" in done.stdout, done.stdout
+    assert installed_pid(done.stdout, "as1") in watchdogs(as1)
+    wait_for(lambda: calls(as1), 20, "the power-off")
+
+
+@pytest.fixture
+def trainer(ac: Client, as1: TestHost, host_python: Path) -> Iterator[Client]:
+    """A project whose vmrun.toml knows as1 with the shared interpreter (torch on CPU)."""
+    (ac.cwd / "vmrun.toml").write_text(f'[[hosts]]\naddress = "as1"\npython = "{host_python}"\n')
+    ac.extra_env["OMP_NUM_THREADS"] = "1"
+    yield ac
+    clean_host(as1)
+
+
+def test_down_after_run_powers_off_once_the_results_are_here(
+    trainer: Client, as1: TestHost
+) -> None:
+    install_standin(as1, "sudo", SUDO)
+    done = trainer.vmrun(
+        "train", "-H", "as1", "--epochs", "2", "--save-every", "1", "--fetch-every", "1",
+        "--down-after-run", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    local = trainer.cwd / "results" / rid / "finalmodel.pt"
+    remote = template_out(as1, trainer, rid) / "finalmodel.pt"
+    assert local.read_bytes() == remote.read_bytes()
+    off = calls(as1)
+    assert [what for _, what in off] == ["shutdown -h now"], off
+    assert off[0][0] >= int(local.stat().st_ctime)  # after the final fetch, not before
+    fetched = done.stderr.index(f"vmrun: run {rid} finished on as1; its files are in results/")
+    said = f"vmrun: as1: powering off (sudo -n shutdown -h now): run {rid} ended, its files are"
+    assert fetched < done.stderr.index(said), done.stderr
+    assert f"powering off now (run {rid} ended and its results were fetched" in log(as1)
+
+
+def test_down_after_run_refusals_and_what_keeps_the_host_up(
+    trainer: Client, as1: TestHost
+) -> None:
+    for args, said in (
+        (["--down-after-run"], "it needs --fetch-every SECONDS, and vmrun following the run"),
+        (["--fetch-every", "1", "--detach", "--down-after-run"], "--fetch-every needs"),
+        (["--local", "--down-after-run"], "--down-after-run is for runs on hosts (-H)"),
+    ):
+        bad = trainer.vmrun("train", *args)
+        assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    # no sudo on the host: refused before the run starts
+    refused = trainer.vmrun("train", "-H", "as1", "--fetch-every", "1", "--down-after-run")
+    assert refused.returncode == 14, refused.stderr
+    assert "as1: autostop: there is no sudo, and powering off" in refused.stderr
+    assert not (as1.home / ".vmrun" / "runs").exists()  # nothing started
+    # another run alive on the host: this one ends, its results come, the host stays up
+    install_standin(as1, "sudo", SUDO)
+    other = "other-20250101-000000-abcd"
+    with Connection("as1", trainer.settings()) as conn:
+        records.start(conn, other, ".", ["sleep", "600"], {})
+    done = trainer.vmrun(
+        "train", "-H", "as1", "--epochs", "1", "--save-every", "1", "--fetch-every", "1",
+        "--down-after-run", "--allow-concurrent", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 14, done.stderr
+    rid = run_id_of(done.stderr)
+    assert (trainer.cwd / "results" / rid / "finalmodel.pt").exists()
+    assert f"as1: not powered off: run {other} is still running" in done.stderr, done.stderr
+    assert calls(as1) == []
+
+
+def test_down_after_run_never_powers_off_when_the_final_fetch_failed(
+    trainer: Client, as1: TestHost
+) -> None:
+    """The script leaves a file nobody can read: its results cannot all come here."""
+    install_standin(as1, "sudo", SUDO)
+    (trainer.cwd / "unreadable.py").write_text(
+        "import pathlib\np = pathlib.Path('out.bin')\np.write_bytes(b'x' * 64)\np.chmod(0)\n"
+    )
+    done = trainer.vmrun(
+        "train", "unreadable.py", "--launcher", "python", "-H", "as1", "--fetch-every", "1",
+        "--down-after-run", timeout=300,
+    )  # fmt: skip
+    rid = run_id_of(done.stderr)
+    assert done.returncode == 14, done.stderr
+    assert (
+        f"vmrun: error: --down-after-run: the hosts stay up: the final fetch of run {rid} failed"
+        " on as1, so its results are not all here" in done.stderr
+    ), done.stderr
+    assert calls(as1) == []
+
+
+def test_down_after_run_after_a_failed_run_fetches_what_it_made_then_powers_off(
+    trainer: Client, as1: TestHost
+) -> None:
+    install_standin(as1, "sudo", SUDO)
+    (trainer.cwd / "crash.py").write_text(
+        "import pathlib, sys\npathlib.Path('partial.txt').write_text('epoch 1')\nsys.exit(3)\n"
+    )
+    done = trainer.vmrun(
+        "train", "crash.py", "--launcher", "python", "-H", "as1", "--fetch-every", "1",
+        "--down-after-run", timeout=300,
+    )  # fmt: skip
+    rid = run_id_of(done.stderr)
+    assert done.returncode != 0, done.stderr  # the run's failure, as without the flag
+    assert (trainer.cwd / "results" / rid / "partial.txt").read_text() == "epoch 1"
+    assert [what for _, what in calls(as1)] == ["shutdown -h now"], done.stderr
+    assert f"as1: powering off (sudo -n shutdown -h now): run {rid} ended" in done.stderr

@@ -103,6 +103,20 @@ class AutostopStatus:
             return f"{self.block}: never powers off while it runs"
         return self.awake or "-"
 
+    def to_json(self) -> dict[str, object]:
+        """For `watch-gpus --json`: times by this machine's clock (Unix seconds)."""
+        since = None if self.since is None else round(self.since + self.skew, 1)
+        off = self.off_at()
+        return {
+            "running": self.alive,
+            "period_s": self.period,
+            "idle_since": since,
+            "off_at": None if off is None else round(off, 1),
+            "awake": self.awake or None,
+            "block": self.block or None,
+            "text": self.short(),
+        }
+
     def short(self, now: float | None = None) -> str:
         """One cell: "idle 12m, off 14:32", "awake: run r1", "blocked: ...", "-"."""
         if not self.installed:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmrun import hostside
+from vmrun.autostop.status import TAG as AUTOSTOP_TAG
 from vmrun.remote_paths import NVIDIA_PATH, RUN_ENV
 
 # The query order is ours: `count` makes every iteration self-delimiting (a batch is complete
@@ -243,10 +244,12 @@ def loop_arg(interval: float) -> str:
     return f"--loop-ms={round(interval * 1000)}"
 
 
-def watch_argv(nvidia_smi: str, interval: float | None) -> list[str]:
-    """argv of the one remote command per host; `interval` None reads once, else it loops."""
+def watch_argv(nvidia_smi: str, interval: float | None, autostop_state: str = "") -> list[str]:
+    """argv of the one remote command per host; `interval` None reads once, else it loops.
+    `autostop_state`: the watchdog's state file, reported as it changes (vmrun.autostop)."""
     script = hostside.source("gpus_watch.bash")
-    argv = ["bash", "-c", script, "vmrun-gpus", RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG, nvidia_smi]
+    argv = ["bash", "-c", script, "vmrun-gpus", RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG,
+            AUTOSTOP_TAG, autostop_state, nvidia_smi]  # fmt: skip
     argv += [f"--query-gpu={','.join(GPU_FIELDS)}", f"--query-compute-apps={','.join(APP_FIELDS)}"]
     argv.append(CSV_FORMAT)
     if interval is not None:

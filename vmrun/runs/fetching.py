@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vmrun.errors import VmrunError
+from vmrun.errors import RemoteError, VmrunError
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -91,6 +91,10 @@ class Fetcher:
         host_dir = conn.label.replace("/", "_") if len(self.nodes) > 1 else None
         specs = resolve_what(what, location, host_dir=host_dir)
         report = download(conn, specs, self.dest, Options(settle=settle))
+        if report.failed:  # the round failed on this node: said, and named by `round`
+            name, why = next(iter(report.failed.items()))
+            more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
+            raise RemoteError(f"{name} did not arrive: {why}{more}", host=conn.label)
         if not report.fetched:
             return ""
         names = ", ".join(report.fetched[:3]) + (" ..." if len(report.fetched) > 3 else "")
