@@ -19,6 +19,7 @@ COMMANDS = [
     "stop",
     "fetch",
     "watch-gpus",
+    "autostop",
     "doctor",
     "exec",
     "hosts",
