@@ -580,6 +580,7 @@ def test_down_after_run_refusals_and_what_keeps_the_host_up(
         (["--down-after-run"], "it needs --fetch-every SECONDS, and vmrun following the run"),
         (["--fetch-every", "1", "--detach", "--down-after-run"], "--fetch-every needs"),
         (["--local", "--down-after-run"], "--down-after-run is for runs on hosts (-H)"),
+        (["-C", "hpc", "--down-after-run"], "--down-after-run is for runs on hosts (-H); Slurm"),
     ):
         bad = trainer.vmrun("train", *args)
         assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
