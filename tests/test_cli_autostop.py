@@ -3,14 +3,14 @@ test hosts, with short periods (seconds) and a 1 s check interval.
 
 STAND-INs, where the real thing cannot be had here: the power-off (a `sudo` that records
 `shutdown -h now` with the time instead of running it, or a configured command that does the
-same), `wall` (records the warning: the real one would write to every terminal on this
-machine, the test hosts sharing its utmp) and nvidia-smi (tests/standins/nvidia-smi: no GPU
-here). Everything else is real: the run records and their processes, `who` and utmp entries
-written by sshd for a real `ssh -tt` session, `crontab` for the @reboot line, and a reboot
-(every process of the host killed), after which the @reboot lines run as cron would run them
-at boot (`boot_like_cron`, the stand-in for cron's start). The test hosts share this
-machine's utmp, so tests other than the session test set sessions = "ignore": another
-suite's terminal must not keep these hosts up.
+same), `wall` in most tests (records the warning and when; one test reads the real wall's
+broadcast in a real session's terminal, where only test logins are in utmp) and nvidia-smi
+(tests/standins/nvidia-smi: no GPU here). Everything else is real: the run records and their
+processes, `who` and the utmp entries sshd writes for a real `ssh -tt` session, `crontab` for
+the @reboot line, and a reboot (every process of the host killed), after which the @reboot
+lines run as cron would run them at boot (`boot_like_cron`, the stand-in for cron's start).
+The test hosts share this machine's utmp, so tests other than the session ones set sessions
+= "ignore": another suite's terminal must not keep these hosts up.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -643,3 +644,42 @@ def test_down_after_run_after_a_failed_run_fetches_what_it_made_then_powers_off(
     assert (trainer.cwd / "results" / rid / "partial.txt").read_text() == "epoch 1"
     assert [what for _, what in calls(as1)] == ["shutdown -h now"], done.stderr
     assert f"as1: powering off (sudo -n shutdown -h now): run {rid} ended" in done.stderr
+
+
+def test_wall_warns_the_terminal_of_a_logged_in_user(
+    ac: Client, as1: TestHost, utmp: Path
+) -> None:
+    """The real `wall`, seen in a real session's terminal: sessions = "ignore", so the
+    session does not keep the host up and its user is warned before the power-off. wall
+    writes to every terminal in this machine's utmp, so this runs only where the suite made
+    utmp itself (nobody else is logged in to see it)."""
+    if utmp.stat().st_size and not _only_test_logins(utmp):
+        pytest.skip("this machine has logins of its own: wall would write to their terminals")
+    install_standin(as1, "sudo", SUDO)
+    session = ssh_session(ac, "as1")
+    seen = bytearray()
+
+    def read() -> None:
+        assert session.stdout is not None
+        for chunk in iter(lambda: session.stdout.read1(4096), b""):  # type: ignore[union-attr]
+            seen.extend(chunk)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        wait_for(lambda: as1.user in as1.run(["who"], text=True).stdout, 15, "the session")
+        done = ac.vmrun("autostop", "4s", "-H", "as1", env={"VMRUN_AUTOSTOP_WARN": "3s"})
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: b"vmrun autostop: vmt-as1 has been idle since" in seen, 20, "wall")
+        text = re.sub(r"\r*\n", "", bytes(seen).decode(errors="replace"))  # wall wraps at 79
+        assert "To keep it up: start a vmrun run, or `vmrun autostop --cancel`" in text, text
+        assert calls(as1) == []  # warned first
+        wait_for(lambda: calls(as1), 20, "the power-off after the warning")
+    finally:
+        os.killpg(session.pid, signal.SIGTERM)
+        session.wait(10)
+
+
+def _only_test_logins(utmp: Path) -> bool:
+    """Every login in utmp is a test host user's (vmt<hex>-<name>)."""
+    who = subprocess.run(["who"], capture_output=True, text=True, check=False).stdout
+    return all(re.match(r"vmt[0-9a-f]{4}-", line) for line in who.splitlines())
