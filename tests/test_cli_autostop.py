@@ -683,3 +683,83 @@ def _only_test_logins(utmp: Path) -> bool:
     """Every login in utmp is a test host user's (vmt<hex>-<name>)."""
     who = subprocess.run(["who"], capture_output=True, text=True, check=False).stdout
     return all(re.match(r"vmt[0-9a-f]{4}-", line) for line in who.splitlines())
+
+
+SYSTEMCTL = r"""#!/bin/sh
+# STAND-IN for systemctl (no systemd in the test bed): records its arguments; `start` and
+# `restart` run the unit's ExecStart as systemd would (detached, a session of its own),
+# `disable --now` stops what runs it
+echo "systemctl $*" >> "$HOME/systemctl.calls"
+case $1 in
+  start | restart)
+    cmd=$(sed -n 's/^ExecStart=//p' "/etc/systemd/system/$2")
+    setsid -f sh -c "exec $cmd" < /dev/null > /dev/null 2>&1 ;;
+  disable)
+    pid=$(cat "$HOME/.vmrun/autostop.state.pid" 2>/dev/null)
+    [ -z "$pid" ] || kill -TERM -"$pid" ;;
+esac
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root")
+def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
+    """The systemd branch of the host scripts, run here as root in a mount namespace of its
+    own whose /run/systemd/system says systemd runs (tmpfs, also over /etc/systemd/system:
+    nothing of this machine changes), with a STAND-IN systemctl: the unit written and
+    enabled, the watchdog started by it, installing again changes nothing, cancel removes
+    the unit and stops only the watchdog (the shell driving this has the script's path among
+    its arguments). Root needs no sudo."""
+    from vmrun.autostop.settings import Autostop
+    from vmrun.autostop.watchdog import _install_argv
+    from vmrun.hostside import source
+    from vmrun.remote_paths import AUTOSTOP_CONF, AUTOSTOP_LOG, AUTOSTOP_STATE
+
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "systemctl").write_text(SYSTEMCTL)
+    (home / "bin" / "systemctl").chmod(0o755)
+    cfg = Autostop(3600, 1, 300, 10, "ignore", "true")
+    install = _install_argv("install", cfg)[2:]  # after `sh -c`
+    cancel = [source("autostop_cancel.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_LOG,
+              ".vmrun/lib", "autostop_watch.sh"]  # fmt: skip
+    status = [source("autostop_status.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, SCRIPT]
+    steps = (
+        "mount -t tmpfs none /run/systemd && mkdir /run/systemd/system"
+        " && mount -t tmpfs none /etc/systemd/system || exit 99\n"
+        'sh -c "$I" "$@"; echo ==; sh -c "$I" "$@"; echo ==; cat /etc/systemd/system/*.service;'
+        ' echo ==; sh -c "$S" $SA; echo ==; sh -c "$C" $CA; echo ==; ls /etc/systemd/system'
+    )
+    env = {"HOME": str(home), "PATH": f"{home / 'bin'}:/usr/bin:/bin", "I": install[0],
+           "S": status[0], "SA": " ".join(status[1:]), "C": cancel[0],
+           "CA": " ".join(cancel[1:])}  # fmt: skip
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", steps, "ns", *install[1:]],
+        env=env, cwd=home, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    left = _pids_running(str(home / SCRIPT))
+    for pid in left:
+        os.killpg(pid, signal.SIGKILL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second, unit, stat, gone, listing = done.stdout.split("==\n")
+    assert "BOOT systemd added" in first and re.search(r"PID \d+ started", first), first
+    assert "BOOT systemd present" in second and re.search(r"PID \d+ running", second), second
+    assert f'ExecStart=/bin/sh "{home}/{SCRIPT}" {AUTOSTOP_CONF}' in unit, unit
+    assert "User=root" in unit and "WantedBy=multi-user.target" in unit, unit
+    assert "ALIVE 1" in stat and "BOOT systemd" in stat, stat
+    assert "UNIT removed" in gone and "LEFT" not in gone, gone
+    assert listing.strip() == "" and left == []
+    calls = (home / "systemctl.calls").read_text().splitlines()
+    assert calls == ["systemctl daemon-reload", "systemctl enable vmrun-autostop-root.service",
+                     "systemctl restart vmrun-autostop-root.service",
+                     "systemctl disable --now vmrun-autostop-root.service",
+                     "systemctl daemon-reload"], calls  # fmt: skip
+
+
+def _pids_running(script: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if script.encode() in proc.joinpath("cmdline").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+    return found

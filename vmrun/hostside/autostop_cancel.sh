@@ -29,9 +29,18 @@ esac
 
 # a pattern, not the path itself, so that grep's own command line never matches it
 pattern="\\(.*/\\)*$(printf '%s' "$script" | sed 's/[.]/\\./g')"
-watchdogs() {  # every process with the script as a word of its command line
-  grep -lsxz -e "$pattern" /proc/[0-9]*/cmdline 2>/dev/null \
-    | while read -r f; do p=${f#/proc/}; p=${p%/cmdline}; [ "$p" = $$ ] || echo "$p"; done
+watchdog() {  # $1: a pid whose command line is `sh SCRIPT ...` (not `vi SCRIPT`, say)
+  tr '\0' '\n' < "/proc/$1/cmdline" 2>/dev/null | {
+    read -r shell && read -r first || exit 1
+    case $shell in *sh) ;; *) exit 1 ;; esac
+    case $first in "$HOME/$script" | "$script") ;; *) exit 1 ;; esac
+  }
+}
+watchdogs() {  # every process running the script
+  grep -lsxz -e "$pattern" /proc/[0-9]*/cmdline 2>/dev/null | while read -r f; do
+    p=${f#/proc/}; p=${p%/cmdline}
+    if [ "$p" != $$ ] && watchdog "$p"; then echo "$p"; fi
+  done
 }
 pids=$(watchdogs)
 if [ -n "$pids" ]; then

@@ -97,21 +97,19 @@ WantedBy=multi-user.target"
 fi
 
 pid=
-running() {  # the pid file names a live process running SCRIPT
+running() {  # the pid file names a live process running SCRIPT (`sh SCRIPT CONF`)
   pid=$(cat "$state.pid" 2>/dev/null)
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
-    && tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -e "$HOME/$script"
+    && [ "$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | sed -n 2p)" = "$HOME/$script" ]
 }
 how=started
 if running; then
   [ -n "$changed" ] || { echo "PID $pid running"; exit 0; }
-  how=restarted
-  if [ "$boot" = cron ]; then
-    kill -TERM -"$pid" 2>/dev/null || kill -TERM "$pid"
-    i=0
-    while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -KILL -"$pid" 2>/dev/null
-  fi
+  how=restarted  # a new script: this one goes (TERM is a clean stop, also for systemd)
+  kill -TERM -"$pid" 2>/dev/null || kill -TERM "$pid"
+  i=0
+  while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -KILL -"$pid" 2>/dev/null
 fi
 rm -f "$state.pid"
 if [ "$boot" = systemd ]; then

@@ -15,7 +15,7 @@ echo "STATE $s"
 pid=$(cat "$state.pid" 2>/dev/null)
 alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
-   && tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -e "$HOME/$script"; then
+   && [ "$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | sed -n 2p)" = "$HOME/$script" ]; then
   alive=1
 fi
 echo "ALIVE $alive"
