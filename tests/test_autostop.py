@@ -131,6 +131,11 @@ def test_what_the_state_line_says() -> None:
     )  # fmt: skip
     assert blocked.short() == "blocked: non-vmrun GPU process pid 9"
     assert blocked.keeping_awake() == "non-vmrun GPU process pid 9: never powers off while it runs"
+    failing = AutostopStatus.from_state(
+        "h", "pid=7\tperiod=60\tsince=1\toff=61\tnote=power-off command failed (exit 1) at 61",
+        alive=True, host_now=now,
+    )  # fmt: skip
+    assert failing.keeping_awake() == "-; its last power-off command failed (see the log)"
     dead = AutostopStatus.from_state("h", "pid=7\tperiod=60", alive=False, host_now=now)
     assert dead.short() == "not running"
     gone = from_status_output("h", "NOW 5\nINSTALLED 0\nBOOT none\n")

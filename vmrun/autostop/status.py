@@ -99,9 +99,15 @@ class AutostopStatus:
             return "-"
         if not self.alive:
             return "the watchdog is not running (see ~/.vmrun/autostop.log)"
+        failed = "; its last power-off command failed (see the log)" * self.failed
         if self.block:
-            return f"{self.block}: never powers off while it runs"
-        return self.awake or "-"
+            return f"{self.block}: never powers off while it runs{failed}"
+        return (self.awake or "-") + failed
+
+    @property
+    def failed(self) -> bool:
+        """The last power-off command failed (it is tried again after another period)."""
+        return self.note.startswith("power-off command failed")
 
     def to_json(self) -> dict[str, object]:
         """For `watch-gpus --json`: times by this machine's clock (Unix seconds)."""
