@@ -140,6 +140,10 @@ def main() -> None:
         finally:
             marked.kill()
             marked.wait()
+            subprocess.run(  # the watchdog, its crontab line (outlives the bed's user), files
+                [sys.executable, "-m", "vmrun", "autostop", "--cancel", "-H", "w1"],
+                cwd=cwd, env=env, capture_output=True, check=False,
+            )  # fmt: skip
         checks = counts["sleep"] or args.checks  # each check ends in one `sleep INTERVAL`
         own = (after[0] - before[0]) / CLK_TCK * 1000 / checks
         children = (after[1] - before[1]) / CLK_TCK * 1000 / checks
