@@ -24,6 +24,7 @@ COMMANDS = [
     "watch-gpus",
     "tensorboard",
     "forward",
+    "autostop",
     "doctor",
     "exec",
     "hosts",
@@ -183,5 +184,6 @@ def test_a_misplaced_setting_exits_2_before_connecting(client: Client) -> None:
     assert done.stderr == (
         f"vmrun: error: {toml} line 3: unknown key 'connect_timeout' in host #1; settings go at"
         " the top of the file; a host's keys: address, name, groups, python, private_addr,"
-        " ifname, env, nvidia_smi\n"
+        " ifname, env, nvidia_smi, autostop, autostop_command, autostop_sessions,"
+        " autostop_gpu_threshold, autostop_warn, autostop_interval\n"
     )

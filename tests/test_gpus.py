@@ -358,7 +358,8 @@ def test_statuses_keep_host_order_and_json_maps_processes_to_gpus() -> None:
         "memory_used_mib": 5,
         "run": "r1",
     }
-    assert set(doc) == {"host", "time", "state", "message", "gpus", "processes"}
+    assert set(doc) == {"host", "time", "state", "message", "gpus", "processes", "autostop"}
+    assert doc["autostop"] is None  # no watchdog on the host
 
 
 # -- the table (rich is fine to import here: this is not the CLI's start-up) ---------------
@@ -369,7 +370,7 @@ def _styles(text: object) -> set[str]:
 
 
 def test_cells_colour_hot_full_and_idle_gpus() -> None:
-    from vmrun.cli.watch_gpus_cmd import _gpu_cells, short_gpu_name, sparkline
+    from vmrun.cli.gpus_view import _gpu_cells, short_gpu_name, sparkline
 
     fleet = Fleet(["h"], idle_threshold=10, idle_window=0)
     rows = frames("h100x2_constructed", "query-gpu")[0]
@@ -396,7 +397,7 @@ def test_cells_colour_hot_full_and_idle_gpus() -> None:
 def test_the_table_fits_the_terminal(width: int) -> None:
     from rich.console import Console
 
-    from vmrun.cli.watch_gpus_cmd import render
+    from vmrun.cli.gpus_view import render
 
     long = "gpu-node-with-a-long-name (job 123 / run x)"
     hosts = [long, "b", "lost", "never"]
@@ -425,7 +426,7 @@ def test_the_table_fits_the_terminal(width: int) -> None:
 def test_a_host_that_stops_sending_is_marked_stale() -> None:
     from rich.console import Console
 
-    from vmrun.cli.watch_gpus_cmd import render
+    from vmrun.cli.gpus_view import render
 
     fleet = Fleet(["a", "b"], idle_threshold=10, idle_window=60)
     fleet.update(HostSample("a", "ok", time.time() - 30, (_reading("G0", 50),)))

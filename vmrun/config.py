@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vmrun import setting_types as kinds
 from vmrun.errors import ConfigError
+from vmrun.setting_types import FILE_TYPES as _FILE_TYPES
+from vmrun.setting_types import boolean as _boolean
+from vmrun.setting_types import path as _path
+from vmrun.setting_types import positive_float as _positive_float
+from vmrun.setting_types import positive_int as _positive_int
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,43 +32,6 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 PROJECT_FILE = "vmrun.toml"
-
-
-def _positive_float(name: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}") from None
-    if number <= 0:
-        raise ConfigError(f"{name} must be greater than 0, got {value!r}")
-    return number
-
-
-def _positive_int(name: str, value: Any) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
-    if number < 1:
-        raise ConfigError(f"{name} must be at least 1, got {value!r}")
-    return number
-
-
-def _boolean(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"{name} must be true or false, got {value!r}")
-
-
-def _path(name: str, value: Any) -> Path:
-    if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise ConfigError(f"{name} must be a path, got {value!r}")
-    return Path(os.path.expanduser(str(value)))
 
 
 def _home(environ: Mapping[str, str]) -> Path:
@@ -126,8 +95,21 @@ FIELDS: dict[str, Field] = {
             lambda env: _user_config_dir(env) / "known_hosts",
             "vmrun's own known_hosts, read with ~/.ssh/known_hosts; new keys go here",
         ),
+        # `vmrun autostop` (vmrun.autostop): each may also be given per host in vmrun.toml
+        Field("autostop", kinds.period_or_off, lambda env: kinds.OFF,
+              "power a host off once idle this long (30m, 2h...), or off"),
+        Field("autostop_command", kinds.command, lambda env: "",
+              "the power-off command (a line, or a list of words); empty: sudo -n shutdown -h now"),
+        Field("autostop_sessions", kinds.SESSIONS, lambda env: "active",
+              "login sessions that keep a host up: active (input within the period), any, ignore"),
+        Field("autostop_gpu_threshold", kinds.percent, lambda env: 10,
+              "a GPU busy this much (%) or more keeps its host up"),
+        Field("autostop_warn", kinds.period_or_off, lambda env: "5m",
+              "warn logged-in users (wall) this long before powering off, or off"),
+        Field("autostop_interval", kinds.period, lambda env: "1m",
+              "how often the watchdog checks; it starts nothing more often than this"),
     )
-}
+}  # fmt: skip
 
 
 @dataclass
@@ -140,6 +122,12 @@ class Settings:
     accept_new_host_key: bool
     ssh_config: Path
     known_hosts: Path
+    autostop: str
+    autostop_command: str | list[str]
+    autostop_sessions: str
+    autostop_gpu_threshold: int
+    autostop_warn: str
+    autostop_interval: str
     sources: dict[str, str] = field(default_factory=dict)
     project_dir: Path | None = None
     project_data: dict[str, Any] = field(default_factory=dict)
@@ -189,12 +177,6 @@ def read_toml(path: Path, *, project: bool = False) -> dict[str, Any]:
 
 # Tables whose keys their own command checks ([setup]: the playbook's parameters).
 SECTIONS = ("setup",)
-_FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
-    _positive_float: ((int, float), "a number of seconds"),
-    _positive_int: ((int,), "a whole number"),
-    _boolean: ((bool,), "true or false"),
-    _path: ((str,), "a path in quotes"),
-}
 
 
 def _is_str(value: Any) -> bool:
@@ -221,6 +203,11 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ifname": (_is_str, "an interface name in quotes"),
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "nvidia_smi": (_is_str, "a path in quotes"),
+    **{
+        key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
+        for key in FIELDS
+        if key.startswith("autostop")
+    },
 }
 # What a Slurm cluster in vmrun.toml may say (`[[clusters]]`; read by vmrun.slurm.cluster).
 CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {

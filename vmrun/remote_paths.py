@@ -28,6 +28,14 @@ INSTALLERS = f"{STATE_DIR}/installers"  # setup --installer uploads
 ENVS_DIR = f"{STATE_DIR}/envs"  # environments setup builds (venv, uv, conda prefixes)
 WORK_ROOT = "vmrun"  # projects' synced code: vmrun/<name>-<hash>/
 RUN_ENV = "VMRUN_RUN_ID"  # carried by every process of a run: how stop and watch find them
+# Where nvidia-smi lives besides sshd's default PATH: NVIDIA's container/GKE layout and WSL.
+NVIDIA_PATH = "/usr/local/nvidia/bin:/usr/lib/wsl/lib"
+# The autostop watchdog (vmrun.autostop): its script, its settings (read every tick), its
+# state (what `autostop --status`, `status` and `watch-gpus` show) and its decisions' log.
+AUTOSTOP_SCRIPT = f"{LIB_DIR}/autostop_watch.sh"
+AUTOSTOP_CONF = f"{STATE_DIR}/autostop.conf"
+AUTOSTOP_STATE = f"{STATE_DIR}/autostop.state"
+AUTOSTOP_LOG = f"{STATE_DIR}/autostop.log"
 
 
 def run_dir(run_id: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,6 +19,7 @@ from vmrun.cli.options import (
     settings_from,
 )
 from vmrun.errors import UsageError
+from vmrun.setting_types import period_seconds
 
 if TYPE_CHECKING:
     from vmrun.setup.playbook import Playbook
@@ -206,6 +208,15 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--record/--no-record", help="Remember hosts that succeed in vmrun.toml."),
         ] = True,
+        autostop: Annotated[
+            str | None,
+            typer.Option(
+                "--autostop",
+                metavar="PERIOD",
+                help="Then install the autostop watchdog (as `vmrun autostop PERIOD`) on the"
+                " hosts set up. Default: autostop in vmrun.toml.",
+            ),
+        ] = None,
         show_playbook: Annotated[
             bool, typer.Option("--show-playbook", help="Print the playbook and exit.")
         ] = False,
@@ -229,7 +240,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(Path(book.source).read_text(encoding="utf-8"), nl=False)
             return 0
         refuse_with_cluster(cluster, [*(hosts or []), *(host or [])])
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        if cluster and autostop:
+            raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
+        if autostop:
+            period_seconds(autostop, what="--autostop")
+        settings = settings_from(connect_timeout, accept_new_host_key, autostop=autostop)
         options = setup_options(
             settings.section("setup"),
             flags,
@@ -253,6 +268,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.ssh.inventory import select_hosts
 
         entries = select_hosts([*(hosts or []), *(host or [])], settings)
+        from vmrun.cli.autostop_cmd import apply as autostop_apply
         from vmrun.cli.setup_view import run_setup
 
         return run_setup(
@@ -262,6 +278,7 @@ def register(app: typer.Typer) -> None:
             record=record and not dry_run,
             project=settings.project_dir or Path.cwd(),
             started=time.monotonic(),
+            then=None if dry_run else partial(autostop_apply, settings=settings, required=False),
         )
 
 

@@ -106,7 +106,10 @@ def run_setup(
     record: bool,
     project: Path,
     started: float,
+    then: Callable[[list[HostEntry]], int] | None = None,
 ) -> int:
+    """Set the hosts up in parallel, live; `then`: what follows on the hosts that succeeded
+    (the autostop watchdog), its exit code counted in."""
     from vmrun.setup.host_setup import HostSetup
     from vmrun.ssh.group import Group, worst_exit_code
 
@@ -159,7 +162,8 @@ def run_setup(
     failed = len(outcomes) - len(succeeded)
     if failed and len(outcomes) > 1:
         error_line(f"{failed} of {len(outcomes)} hosts failed")
-    return worst_exit_code(outcomes)
+    after = then(succeeded) if then is not None and succeeded else 0
+    return max(worst_exit_code(outcomes), after)
 
 
 def _record(project: Path, entries: list[HostEntry], outcomes: list[Any]) -> None:

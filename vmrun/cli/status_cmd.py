@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--last must be >= 0, got {last}")
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        records, errors = _gather(host, cluster, settings)
+        records, errors, autostop = _gather(host, cluster, settings)
         hidden = 0
         if last and not show_all:
             ids = list(dict.fromkeys(r.id for r in records))
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(render(records) + "\n")
             sys.stdout.flush()
         else:
-            _render(_rows(records))
+            _render(_rows(records, autostop), autostop=bool(autostop))
         if hidden:
             sys.stderr.write(f"vmrun: {hidden} older run(s) not shown (--last N / --all)\n")
         for error in errors:
@@ -80,7 +80,8 @@ def register(app: typer.Typer) -> None:
         return max((exit_code_for(e) for e in errors), default=0)
 
 
-def _rows(records: Sequence[Any]) -> list[tuple[str, ...]]:
+def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, ...]]:
+    """One row per run and host; an AUTOSTOP column where a host has the watchdog."""
     return [
         (
             r.id,
@@ -90,6 +91,7 @@ def _rows(records: Sequence[Any]) -> list[tuple[str, ...]]:
             time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-",
             _duration(r.duration),
             "-" if r.exit_code is None else str(r.exit_code),
+            *([autostop.get(r.host, "-")] if autostop else []),
         )
         for r in records
     ]
@@ -97,9 +99,10 @@ def _rows(records: Sequence[Any]) -> list[tuple[str, ...]]:
 
 def _gather(
     host: list[str] | None, cluster: str | None, settings: Any
-) -> tuple[list[Any], list[BaseException]]:
+) -> tuple[list[Any], list[BaseException], dict[str, str]]:
     """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
-    every cluster in vmrun.toml (one command on each login node), oldest first."""
+    every cluster in vmrun.toml (one command on each login node), oldest first; and what
+    the autostop watchdog says on each host that has one."""
     from vmrun.errors import VmrunError
     from vmrun.slurm.cluster import project_clusters
     from vmrun.slurm.session import cluster_backend
@@ -109,13 +112,20 @@ def _gather(
     names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
     records: list[Any] = []
     errors: list[BaseException] = []
+    autostop: dict[str, str] = {}
     if not cluster and (chosen or project_hosts(settings) or not names):
+        from vmrun.autostop.watchdog import read_status
         from vmrun.runs.hosts_backend import HostsBackend
         from vmrun.ssh.group import Group
         from vmrun.ssh.inventory import select_hosts
 
         with Group(select_hosts(host, settings), settings) as group:
             found, failed = HostsBackend(group).runs()
+            down = {getattr(e, "host", None) for e in failed}
+            answered = {e.label for e in group.entries if e.label not in down}
+            for outcome in group.map(lambda e, conn: read_status(conn), only=answered):
+                if outcome.value is not None and outcome.value.installed:
+                    autostop[outcome.host] = outcome.value.short()
         records += found
         errors += failed
     for name in names:
@@ -130,7 +140,7 @@ def _gather(
         records += jobs
         errors += failed
     records.sort(key=lambda r: float(r.started or 0))
-    return records, errors
+    return records, errors, autostop
 
 
 def _state(run: Any) -> str:
@@ -141,8 +151,9 @@ def _state(run: Any) -> str:
     return f"{text}, attempt {attempts}" if attempts > 1 else text
 
 
-def _render(rows: Sequence[tuple[str, ...]]) -> None:
-    headers = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
+def _render(rows: Sequence[tuple[str, ...]], *, autostop: bool = False) -> None:
+    headers: tuple[str, ...] = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
+    headers += ("AUTOSTOP",) * autostop
     if not rows:
         sys.stderr.write("vmrun: no runs\n")
         return

@@ -141,6 +141,14 @@ def register(app: typer.Typer) -> None:
                 " results at the end) into results/<run-id>/.",
             ),
         ] = None,
+        down_after_run: Annotated[
+            bool,
+            typer.Option(
+                "--down-after-run",
+                help="Power the hosts off once the run has ended and --fetch-every has fetched"
+                " its results (never before); see `vmrun autostop`.",
+            ),
+        ] = False,
         resume: Annotated[
             str | None,
             typer.Option(
@@ -189,7 +197,8 @@ def register(app: typer.Typer) -> None:
         tc.check_flags(
             cluster, slurm_opts, {"-H": host, "--local": local, "--master": master,
             "--nnodes": nnodes, "--rdzv-port": rdzv_port, "--allow-concurrent": allow_concurrent,
-            "--fresh": fresh, "--resume": resume, "--fetch-every": fetch_every},
+            "--fresh": fresh, "--resume": resume, "--fetch-every": fetch_every,
+            "--down-after-run": down_after_run},
         )  # fmt: skip
 
         user_args = ctx.meta.get(_SCRIPT_ARGS)
@@ -235,13 +244,14 @@ def register(app: typer.Typer) -> None:
                 " (not --detach or --local; use `vmrun fetch --watch` for a detached run)"
             )
         if local:
-            _check_local(host, detach, allow_concurrent, wiring)
+            _check_local(host, detach, allow_concurrent, wiring, down_after_run)
             from vmrun.runs.local import run_local
 
             return run_local(plan, verbose=verbose)
         from vmrun.runs.node_launch import Launch
 
-        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh)
+        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh,
+                     down_after_run=down_after_run)  # fmt: skip
         settings = settings_from(connect_timeout, accept_new_host_key)
         return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every, verbose)
 
@@ -252,12 +262,13 @@ def _refuse_with_resume(*flags: tuple[str, Any]) -> None:
         raise UsageError(f"--resume repeats the run as it was recorded; drop {', '.join(given)}")
 
 
-def _check_local(host: Any, detach: bool, allow_concurrent: bool, wiring: Any) -> None:
+def _check_local(
+    host: Any, detach: bool, allow_concurrent: bool, wiring: Any, down: bool = False
+) -> None:
     if host:
         raise UsageError("--local trains on this machine; drop -H or --local")
-    host_only = [
-        f for f, v in (("--detach", detach), ("--allow-concurrent", allow_concurrent)) if v
-    ]
+    flags = (("--detach", detach), ("--allow-concurrent", allow_concurrent))
+    host_only = [f for f, v in (*flags, ("--down-after-run", down)) if v]
     if host_only:
         raise UsageError(
             f"{' and '.join(host_only)} {'are' if len(host_only) > 1 else 'is'} for"
@@ -286,6 +297,10 @@ def _train_remote(
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
+    if how.down_after_run:
+        from vmrun.runs.down_after import check_flags
+
+        check_flags(fetch_every, detach=detach)
     entries = select_hosts(host, settings)
     with Group(entries, settings) as group:
         if how.resume is not None:

@@ -3,7 +3,7 @@
 Cost to the hosts is the point. Each host gets ONE SSH connection with ONE channel, for as
 long as the watch lasts, running the watch script (`vmrun.gpus.nvidia_smi`): two
 nvidia-smi processes in loop mode, and nothing started per refresh or per process. No rich
-here: rendering lives in `vmrun.cli.watch_gpus_cmd`.
+here: rendering lives in `vmrun.cli.gpus_view`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vmrun.autostop.status import TAG as AUTOSTOP_TAG
+from vmrun.autostop.status import AutostopStatus
 from vmrun.compat import StrEnum
 from vmrun.config import Settings
 from vmrun.errors import (
@@ -75,6 +77,7 @@ class HostSample:
     processes: tuple[GpuProcess, ...] = ()
     message: str | None = None
     exit_code: int = 0  # what this host adds to the exit code when the watch ends here
+    autostop: AutostopStatus | None = None  # its autostop watchdog, when it has one
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class HostStatus:
             "message": s.message,
             "gpus": gpus,
             "processes": [p.to_json(index.get(p.gpu_uuid)) for p in s.processes],
+            "autostop": s.autostop.to_json() if s.autostop and s.autostop.installed else None,
         }
 
 
@@ -196,10 +200,16 @@ class HostWatcher:
         self.program = target.command(None)[0]  # what messages name (the watch script's bash)
         self._delay = BACKOFF_FIRST
         self._connected_once = False
+        self.autostop: AutostopStatus | None = None
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"gpus-{self.label}")
 
     def _say(self, state: HostState, message: str | None = None, code: int = 0) -> None:
-        self.emit(HostSample(self.label, state, time.time(), message=message, exit_code=code))
+        self.emit(
+            HostSample(
+                self.label, state, time.time(), message=message, exit_code=code,
+                autostop=self.autostop,
+            )
+        )  # fmt: skip
 
     def _main(self) -> None:
         try:
@@ -253,6 +263,8 @@ class HostWatcher:
                     owner = parse_owner_line(rest)
                     if owner is not None:
                         owners[owner[0]] = owner[1]
+                elif tag == AUTOSTOP_TAG:
+                    self.autostop = AutostopStatus.from_watch_line(self.label, rest)
                 elif text.strip():  # the shell's complaints ("not found")
                     errors.append(text.strip())
                 return
@@ -306,7 +318,8 @@ class HostWatcher:
             for p in processes
         )
         self._delay = BACKOFF_FIRST  # healthy again: the next drop retries quickly
-        self.emit(HostSample(self.label, HostState.OK, time.time(), tuple(batch), owned))
+        sample = HostSample(self.label, HostState.OK, time.time(), tuple(batch), owned)
+        self.emit(replace(sample, autostop=self.autostop))
 
 
 # -- watching the fleet -----------------------------------------------------------------------

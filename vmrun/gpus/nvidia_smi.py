@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmrun import hostside
-from vmrun.remote_paths import RUN_ENV
+from vmrun.autostop.status import TAG as AUTOSTOP_TAG
+from vmrun.remote_paths import NVIDIA_PATH, RUN_ENV
 
 # The query order is ours: `count` makes every iteration self-delimiting (a batch is complete
 # after `count` rows) and the free-text name goes last, so a comma in it cannot shift fields.
@@ -38,8 +39,7 @@ GPU_FIELDS = (
 APP_FIELDS = ("timestamp", "gpu_uuid", "pid", "used_memory", "process_name")
 CSV_FORMAT = "--format=csv,noheader,nounits"
 
-# Where nvidia-smi lives besides sshd's default PATH: NVIDIA's container/GKE layout and WSL.
-EXTRA_PATH = "/usr/local/nvidia/bin:/usr/lib/wsl/lib"
+EXTRA_PATH = NVIDIA_PATH  # where nvidia-smi lives besides sshd's default PATH
 
 # What the watch script writes on stderr besides error text: `APP_TAG ROW` for each
 # compute-apps row, and `OWNER_TAG PID RUN_ID` (RUN_ID empty: not a vmrun run's) the first
@@ -244,10 +244,12 @@ def loop_arg(interval: float) -> str:
     return f"--loop-ms={round(interval * 1000)}"
 
 
-def watch_argv(nvidia_smi: str, interval: float | None) -> list[str]:
-    """argv of the one remote command per host; `interval` None reads once, else it loops."""
+def watch_argv(nvidia_smi: str, interval: float | None, autostop_state: str = "") -> list[str]:
+    """argv of the one remote command per host; `interval` None reads once, else it loops.
+    `autostop_state`: the watchdog's state file, reported as it changes (vmrun.autostop)."""
     script = hostside.source("gpus_watch.bash")
-    argv = ["bash", "-c", script, "vmrun-gpus", RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG, nvidia_smi]
+    argv = ["bash", "-c", script, "vmrun-gpus", RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG,
+            AUTOSTOP_TAG, autostop_state, nvidia_smi]  # fmt: skip
     argv += [f"--query-gpu={','.join(GPU_FIELDS)}", f"--query-compute-apps={','.join(APP_FIELDS)}"]
     argv.append(CSV_FORMAT)
     if interval is not None:

@@ -11,6 +11,7 @@ from functools import partial
 from vmrun.config import Settings
 from vmrun.errors import ConfigError
 from vmrun.gpus.nvidia_smi import watch_argv
+from vmrun.remote_paths import AUTOSTOP_STATE
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.inventory import HostEntry
 
@@ -33,7 +34,8 @@ def host_targets(entries: Sequence[HostEntry], settings: Settings) -> list[Targe
     for entry in entries:
         nvidia_smi = nvidia_smi_for(entry)
         conn = Connection(entry.spec, settings, label=entry.label)
-        targets.append(Target(entry.label, conn, partial(watch_argv, nvidia_smi)))
+        command = partial(watch_argv, nvidia_smi, autostop_state=AUTOSTOP_STATE)
+        targets.append(Target(entry.label, conn, command))
     return targets
 
 

@@ -1,5 +1,5 @@
-# bash -c THIS vmrun-gpus RUN_ENV EXTRA_PATH APP_TAG OWNER_TAG NVIDIA_SMI GPU_QUERY APPS_QUERY
-#   FORMAT [LOOP]   (vmrun.gpus.nvidia_smi builds the arguments)
+# bash -c THIS vmrun-gpus RUN_ENV EXTRA_PATH APP_TAG OWNER_TAG STOP_TAG STOP_STATE NVIDIA_SMI
+#   GPU_QUERY APPS_QUERY FORMAT [LOOP]   (vmrun.gpus.nvidia_smi builds the arguments)
 # bash, not sh, for what keeps a watch from starting anything per refresh or per process:
 # `coproc` (the processes query's pid and output), `read -t` (a timeout to notice the
 # devices query ending), `read -d ''` (a pid's NUL-separated environ with a builtin) and an
@@ -19,8 +19,25 @@
 # - When either query ends, the other is stopped, and the script exits with the devices'
 #   status once both are gone. Everything is in one process group, which the wrapper kills
 #   when the channel goes away.
-run_env=$1 extra=$2 app_tag=$3 owner_tag=$4 p=$5 g=$6 a=$7 f=$8
-shift 8
+# - STOP_STATE (may be empty): the autostop watchdog's state file (vmrun.autostop), read with
+#   a builtin at most every 2 s; when it (or whether its pid runs) changes, a line
+#   `STOP_TAG HOST_NOW ALIVE STATE` goes to stderr (an empty STATE: not installed).
+run_env=$1 extra=$2 app_tag=$3 owner_tag=$4 stop_tag=$5 stop_state=$6 p=$7 g=$8 a=$9 f=${10}
+shift 10
+stop_seen="0 " stop_next=0
+autostop() {
+  [ -n "$stop_state" ] && [ "$SECONDS" -ge "$stop_next" ] || return 0
+  stop_next=$((SECONDS + 2))
+  local line='' pid alive=0 now
+  [ -f "$stop_state" ] && IFS= read -r line < "$stop_state"
+  pid=${line#pid=} pid=${pid%%$'\t'*}
+  [ -n "$line" ] && [ -d "/proc/$pid" ] && alive=1
+  [ "$alive $line" != "$stop_seen" ] || return 0
+  stop_seen="$alive $line"
+  printf -v now '%(%s)T' -1
+  printf '%s %s %s %s\n' "$stop_tag" "$now" "$alive" "$line" >&2
+}
+autostop
 # shellcheck disable=SC2088 # a literal `~/` from vmrun.toml, expanded here
 case $p in "~/"*) p=$HOME/${p#??} ;; esac
 PATH=$PATH:$extra
@@ -35,6 +52,7 @@ buf=
 while :; do
   IFS= read -r -t 2 -u 3 line
   rc=$?
+  autostop
   if [ $rc -gt 128 ]; then
     buf=$buf$line
     kill -0 "$gpu" 2>/dev/null && continue

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vmrun.errors import VmrunError
+from vmrun.errors import RemoteError, VmrunError
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -56,15 +56,17 @@ class Fetcher:
         while not self.stopped.wait(self.every):
             self.round("checkpoints", settle=SETTLE)
 
-    def round(self, what: str, *, settle: float = 0.0) -> None:
+    def round(self, what: str, *, settle: float = 0.0) -> list[str]:
         """One fetch of `what` from every node at once (a slow or far node no longer holds
-        the others back); a node that fails is noted, not fatal. Each node's notes are
-        written together, in node order, once every node is done."""
+        the others back); a node that fails is noted, not fatal, and named in the list
+        returned. Each node's notes are written together, in node order, once every node
+        is done."""
         with self.lock:
             outcomes = self.group.map(
                 lambda _entry, conn: self._fetch_one(conn, what, settle), only=self.nodes
             )
         unexpected: BaseException | None = None
+        failed = [o.host for o in outcomes if o.error is not None]
         for outcome in outcomes:
             if isinstance(outcome.error, VmrunError):
                 message = outcome.error.message
@@ -75,6 +77,7 @@ class Fetcher:
                 self.note(f"{outcome.host}: {outcome.value}")
         if unexpected is not None:
             raise unexpected
+        return failed
 
     def _fetch_one(self, conn: Connection, what: str, settle: float) -> str:
         """Fetch `what` of the run from one node; what arrived, in words ("" for nothing)."""
@@ -88,14 +91,18 @@ class Fetcher:
         host_dir = conn.label.replace("/", "_") if len(self.nodes) > 1 else None
         specs = resolve_what(what, location, host_dir=host_dir)
         report = download(conn, specs, self.dest, Options(settle=settle))
+        if report.failed:  # the round failed on this node: said, and named by `round`
+            name, why = next(iter(report.failed.items()))
+            more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
+            raise RemoteError(f"{name} did not arrive: {why}{more}", host=conn.label)
         if not report.fetched:
             return ""
         names = ", ".join(report.fetched[:3]) + (" ..." if len(report.fetched) > 3 else "")
         return f"fetched {names} ({report.fetched_bytes} bytes)"
 
-    def finish(self, *, results: bool) -> None:
-        """Stop the rounds; with `results` (the run ended well) fetch everything it made."""
+    def finish(self, *, results: bool) -> list[str]:
+        """Stop the rounds; with `results` (the run ended) fetch everything it made, and
+        return the nodes that final fetch failed on."""
         self.stopped.set()
         self.thread.join(timeout=600)
-        if results:
-            self.round("results")
+        return self.round("results") if results else []

@@ -81,6 +81,7 @@ class Launch:
     nodes: dict[str, Node] | None = None  # checked already (doctor): no second preflight
     layout: Layout | None = None  # the rendezvous decided already, with `nodes`
     fresh: bool = False  # move checkpoints an earlier run left in the run's folder aside
+    down_after_run: bool = False  # power the hosts off once it ended and its results are here
 
 
 def meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:

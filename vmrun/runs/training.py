@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vmrun.config import Settings
-from vmrun.errors import Detached, Interrupted
+from vmrun.errors import Detached, Interrupted, VmrunError
 from vmrun.runs.backend import RunRef
+from vmrun.runs.down_after import DownAfterRun
 from vmrun.runs.hosts_backend import HostsBackend
 from vmrun.runs.node_launch import Launch
 from vmrun.runs.plan import Plan
@@ -37,12 +38,17 @@ def run_remote(
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
     failure. `group`: connections to use (else this opens its own); closed at the end. `verbose`:
-    torchrun's banner and c10d's host name warnings too. `on_start`: told the run once it has
-    started (a sweep stops it by id if it is interrupted)."""
+    torchrun's banner and c10d's host name warnings too. `how.down_after_run`: power the hosts
+    off once it has ended and its results are here (vmrun.runs.down_after). `on_start`: told
+    the run once it has started (a sweep stops it by id if it is interrupted)."""
     how = how or Launch()
     entries = order(entries, how.wiring)
     check_launcher_hosts(plan, len(entries), how.wiring)
     with group or Group(entries, settings) as conns:
+        down = None
+        if how.down_after_run:
+            down = DownAfterRun(conns, entries, settings)
+            down.preflight()
         backend = HostsBackend(conns, entries)
         ref = backend.start(plan, how, note, progress)
         if on_start is not None:
@@ -51,7 +57,7 @@ def run_remote(
             rid = ref.run_id
             note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
-        return _follow(backend, ref, plan, on_line, note, fetch_every, verbose)
+        return _follow(backend, ref, plan, on_line, note, fetch_every, verbose, down)
 
 
 def _follow(
@@ -62,6 +68,7 @@ def _follow(
     note: Note,
     fetch_every: float | None,
     verbose: bool = False,
+    down: DownAfterRun | None = None,
 ) -> int:
     fetcher = None
     if fetch_every:
@@ -74,14 +81,23 @@ def _follow(
     except (Detached, Interrupted):
         if fetcher:
             fetcher.finish(results=False)
+        if down:
+            note("--down-after-run: the hosts stay up, as the run goes on without vmrun")
         raise
     except BaseException:
-        if fetcher:  # the newest snapshot matters most when a node has failed
+        if fetcher and down:  # it ended badly; all it made comes here before the power-off
+            try:
+                down.after(ref.run_id, fetcher.finish(results=True), note)
+            except VmrunError as exc:  # said; the run's own failure is what is raised
+                note(exc.one_line())
+        elif fetcher:  # the newest snapshot matters most when a node has failed
             fetcher.finish(results=False)
             fetcher.round("checkpoints")
         raise
     if fetcher:
-        fetcher.finish(results=True)
+        failed = fetcher.finish(results=True)
         rid = ref.run_id
         note(f"run {rid} finished on {', '.join(ref.nodes)}; its files are in results/{rid}/")
+        if down:
+            down.after(rid, failed, note)
     return 0

@@ -1,0 +1,135 @@
+"""The autostop watchdog on one host: checked, installed, read, removed, each in one round
+trip; and the one-off power-off of `vmrun train --down-after-run`.
+
+The scripts are vmrun/hostside/autostop_*.sh. Installing sends the watchdog's own text
+(autostop_watch.sh, from the wheel) and its settings; the host writes them only where they
+differ and starts it only where it is not running, so installing twice changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vmrun.autostop.settings import Autostop
+from vmrun.autostop.status import AutostopStatus, from_status_output
+from vmrun.errors import RemoteError
+from vmrun.hostside import source
+from vmrun.remote_paths import AUTOSTOP_CONF, AUTOSTOP_LOG, AUTOSTOP_SCRIPT, AUTOSTOP_STATE
+from vmrun.ssh.connection import Connection
+
+_REFUSED = 3  # the scripts' exit status for "FAIL <why>", "BUSY ...", "BLOCKED ..."
+
+
+@dataclass(frozen=True)
+class Installed:
+    host: str
+    script: str  # same | new
+    conf: str  # same | new
+    boot: str  # "cron present", "systemd added"...
+    pid: int
+    how: str  # running | started | restarted
+
+    @property
+    def changed(self) -> bool:
+        return self.script == "new" or self.conf == "new" or self.how != "running"
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    host: str
+    removed: tuple[str, ...]  # what it found and removed: unit, cron line, processes, files
+    killed: tuple[int, ...]
+
+
+def _install_argv(mode: str, cfg: Autostop) -> list[str]:
+    return [
+        "sh", "-c", source("autostop_install.sh"), "vmrun-autostop-install", mode,
+        AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_SCRIPT, source("autostop_watch.sh"),
+        cfg.conf_text(), cfg.command_word,
+    ]  # fmt: skip
+
+
+def _lines(conn: Connection, argv: list[str], what: str, after: str = "") -> dict[str, str]:
+    """Run one of the scripts; its KEY VALUE lines, or the host's one FAIL line raised."""
+    result = conn.run(argv)
+    values: dict[str, str] = {}
+    for line in result.stdout_tail.splitlines():
+        key, _, value = line.partition(" ")
+        values[key] = value.strip()
+    if "FAIL" in values:
+        raise RemoteError(f"autostop: {values['FAIL']}{after}", host=conn.label)
+    if not result.ok:
+        raise RemoteError(f"{what} failed: {result.output_tail(3)}", host=conn.label)
+    return values
+
+
+def check(conn: Connection, cfg: Autostop, *, boot: bool = True) -> str:
+    """Can this host power itself off (and, with `boot`, start the watchdog at boot)?
+    Changes nothing; raises with the host's one line when it cannot."""
+    mode = "check" if boot else "power"
+    argv = _install_argv(mode, cfg)
+    return _lines(conn, argv, "the autostop check", "; nothing was installed").get("OK", "")
+
+
+def install(conn: Connection, cfg: Autostop) -> Installed:
+    values = _lines(conn, _install_argv("install", cfg), "installing autostop")
+    pid, _, how = values.get("PID", "").partition(" ")
+    if not pid.isdigit():
+        raise RemoteError("the autostop watchdog did not report its pid", host=conn.label)
+    return Installed(
+        conn.label, values.get("SCRIPT", "?"), values.get("CONF", "?"), values.get("BOOT", "?"),
+        int(pid), how,
+    )  # fmt: skip
+
+
+def read_status(conn: Connection) -> AutostopStatus:
+    argv = ["sh", "-c", source("autostop_status.sh"), "vmrun-autostop-status", AUTOSTOP_CONF,
+            AUTOSTOP_STATE, AUTOSTOP_SCRIPT]  # fmt: skip
+    result = conn.run(argv)
+    if not result.ok:
+        raise RemoteError(f"reading autostop failed: {result.output_tail(3)}", host=conn.label)
+    return from_status_output(conn.label, result.stdout_tail)
+
+
+def cancel(conn: Connection) -> Cancelled:
+    """Remove the watchdog (unit or cron line, process, files) and check none is left."""
+    lib, _, name = AUTOSTOP_SCRIPT.rpartition("/")
+    argv = ["sh", "-c", source("autostop_cancel.sh"), "vmrun-autostop-cancel", AUTOSTOP_CONF,
+            AUTOSTOP_STATE, AUTOSTOP_LOG, lib, name]  # fmt: skip
+    result = conn.run(argv)
+    removed: list[str] = []
+    killed: tuple[int, ...] = ()
+    left = ""
+    for line in result.stdout_tail.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("UNIT", "CRON", "FILES"):
+            names = {"UNIT": "systemd unit", "CRON": "@reboot cron line", "FILES": "its files"}
+            removed.append(names[key])
+        elif key == "KILLED":
+            killed = tuple(int(p) for p in value.split() if p.isdigit())
+        elif key == "LEFT":
+            left = value
+    if left or not result.ok:
+        why = left or result.output_tail(3)
+        raise RemoteError(f"autostop could not be removed completely: {why} is left",
+                          host=conn.label)  # fmt: skip
+    return Cancelled(conn.label, tuple(removed), killed)
+
+
+def power_off_now(conn: Connection, cfg: Autostop, why: str) -> str:
+    """Power the host off now, unless a vmrun run is alive on it or a process that is no
+    vmrun run's holds a GPU (raised as RemoteError). Returns the command's last output."""
+    argv = ["sh", "-c", source("autostop_watch.sh"), "vmrun-autostop", "now", cfg.conf_text(),
+            why]  # fmt: skip
+    result = conn.run(argv)
+    lines = result.stdout_tail.strip().splitlines()
+    last = lines[-1] if lines else ""
+    key, _, value = last.partition(" ")
+    if result.exit_status == _REFUSED and key in ("BUSY", "BLOCKED", "UNSURE"):
+        raise RemoteError(f"not powered off: {value}", host=conn.label)
+    if key != "RAN":
+        raise RemoteError(f"powering off failed: {result.output_tail(3)}", host=conn.label)
+    if value != "0":
+        said = "; ".join(lines[-4:-1]) or "no output"
+        raise RemoteError(f"the power-off command failed (exit {value}): {said}", host=conn.label)
+    return "; ".join(lines[:-1])

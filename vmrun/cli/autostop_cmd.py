@@ -1,0 +1,184 @@
+"""`vmrun autostop [PERIOD]`: a watchdog on each host powers it off once it has been idle for
+PERIOD; `--status` shows what each one is doing, `--cancel` removes it. The work is
+vmrun.autostop's; `vmrun setup` applies it too (`apply`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from vmrun.autostop.watchdog import Installed
+    from vmrun.config import Settings
+    from vmrun.ssh.inventory import HostEntry
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "autostop",
+        help="Install on each host a watchdog that powers it off (sudo -n shutdown -h now, or"
+        " autostop_command) once it has been idle for PERIOD: no vmrun run alive, every GPU"
+        " under the threshold, no login session in use. It starts again at boot.",
+    )
+    def autostop_command(
+        period: Annotated[
+            str | None,
+            typer.Argument(
+                metavar="[PERIOD]",
+                help="30m, 2h, 1h30m, 90s. Default: autostop in vmrun.toml (per host, or for"
+                " the project).",
+                show_default=False,
+            ),
+        ] = None,
+        host: Hosts = None,
+        status: Annotated[
+            bool,
+            typer.Option(
+                "--status",
+                help="Per host: the period, idle for how long, what keeps it awake, when it"
+                " powers off.",
+            ),
+        ] = False,
+        cancel: Annotated[
+            bool,
+            typer.Option(
+                "--cancel", help="Remove the watchdog completely (process, boot entry, files)."
+            ),
+        ] = False,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun.ssh.inventory import select_hosts
+
+        if status and cancel:
+            raise UsageError("--status and --cancel: use one")
+        if period is not None and (status or cancel):
+            flag = "--status" if status else "--cancel"
+            raise UsageError(f"{flag} takes no period; drop {period}")
+        if period is not None:
+            from vmrun.setting_types import period_seconds
+
+            period_seconds(period, what="PERIOD")
+        settings = settings_from(connect_timeout, accept_new_host_key, autostop=period)
+        entries = select_hosts(host, settings)
+        if status:
+            return _status(entries, settings)
+        if cancel:
+            return _cancel(entries, settings)
+        return apply(entries, settings, required=True)
+
+
+def apply(entries: Sequence[HostEntry], settings: Settings, *, required: bool) -> int:
+    """Install (or update) the watchdog where autostop is on; every host is checked first,
+    and a host that cannot power itself off or start it at boot leaves all untouched.
+    `required`: a host with autostop off is an error (else it is left out)."""
+    from vmrun.autostop import watchdog
+    from vmrun.autostop.settings import for_host
+    from vmrun.cli.output import error_line, report
+    from vmrun.ssh.group import Group, worst_exit_code
+
+    configs = {e.label: for_host(settings, e) for e in entries}
+    unset = settings.sources["autostop"] == "default"
+    missing = [e.label for e in entries if unset and "autostop" not in e.vars]
+    if required and missing:
+        raise UsageError(
+            f"no autostop period for {', '.join(missing)}",
+            hint='give one (`vmrun autostop 30m`) or set autostop = "30m" in vmrun.toml',
+        )
+    for label in (label for label, cfg in configs.items() if cfg is None and label not in missing):
+        typer.echo(f"{label}: autostop is off for it (autostop = \"off\"); left as it is")
+    plan = {label: cfg for label, cfg in configs.items() if cfg is not None}
+    if not plan:
+        return 0
+    with Group([e for e in entries if e.label in plan], settings) as group:
+        checked = group.map(lambda e, conn: watchdog.check(conn, plan[e.label]))
+        if not all(o.ok for o in checked):
+            for failed in checked:
+                if failed.error is not None:
+                    report(failed.error)
+            if len(checked) > 1:
+                error_line("autostop was installed on no host; fix the one(s) above and retry")
+            return worst_exit_code(checked)
+        outcomes = group.map(lambda e, conn: watchdog.install(conn, plan[e.label]))
+    for outcome in outcomes:
+        if outcome.error is not None:
+            report(outcome.error)
+        elif outcome.value is not None:
+            said = _installed(outcome.value)
+            typer.echo(f"{outcome.host}: autostop {plan[outcome.host].describe()}; {said}")
+    return worst_exit_code(outcomes)
+
+
+def _installed(done: Installed) -> str:
+    boot = {"cron": "crontab @reboot", "systemd": "a systemd unit"}.get(done.boot.split()[0], "?")
+    if not done.changed:
+        return f"already so, nothing changed (watchdog pid {done.pid}; at boot: {boot})"
+    if done.how == "running":
+        return f"settings updated: watchdog pid {done.pid} reads them at its next check"
+    return f"watchdog pid {done.pid} {done.how}; at boot: {boot}"
+
+
+def _status(entries: Sequence[HostEntry], settings: Settings) -> int:
+    from vmrun.autostop.status import clock_text
+    from vmrun.autostop.watchdog import read_status
+    from vmrun.cli.output import report
+    from vmrun.setting_types import format_period
+    from vmrun.ssh.group import Group, worst_exit_code
+
+    with Group(entries, settings) as group:
+        outcomes = group.map(lambda e, conn: read_status(conn))
+    rows = []
+    for outcome in outcomes:
+        st = outcome.value
+        if st is None:
+            continue
+        idle = st.idle_for() if st.alive and not st.awake else None
+        off = st.off_at() if st.alive and not st.awake and not st.block else None
+        rows.append((
+            st.host,
+            st.period_text(),
+            "-" if idle is None else format_period(idle),
+            st.keeping_awake(),
+            "-" if off is None else clock_text(off),
+        ))  # fmt: skip
+    _table(("HOST", "PERIOD", "IDLE FOR", "KEEPING AWAKE", "POWERS OFF AT"), rows)
+    for outcome in outcomes:
+        if outcome.error is not None:
+            report(outcome.error)
+    return worst_exit_code(outcomes)
+
+
+def _cancel(entries: Sequence[HostEntry], settings: Settings) -> int:
+    from vmrun.autostop.watchdog import cancel
+    from vmrun.cli.output import report
+    from vmrun.ssh.group import Group, worst_exit_code
+
+    with Group(entries, settings) as group:
+        outcomes = group.map(lambda e, conn: cancel(conn))
+    for outcome in outcomes:
+        done = outcome.value
+        if outcome.error is not None:
+            report(outcome.error)
+        elif done is not None and not (done.removed or done.killed):
+            typer.echo(f"{done.host}: autostop was not installed; nothing to remove")
+        elif done is not None:
+            pids = ", ".join(map(str, done.killed))
+            stopped = [f"watchdog pid {pids} stopped"] if done.killed else []
+            said = ", ".join([*stopped, *(f"{what} removed" for what in done.removed)])
+            typer.echo(f"{done.host}: autostop removed: {said}")
+    return worst_exit_code(outcomes)
+
+
+def _table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    if not rows:
+        sys.stderr.write("vmrun: no host answered\n")
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for row in (headers, *rows):
+        typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
