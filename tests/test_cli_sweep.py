@@ -151,11 +151,12 @@ def test_a_sweep_on_a_slurm_cluster_submits_each_size_and_fetches_it(
     )
     done = slurm_client.vmrun(
         "sweep", "-C", "bed", "--nodes", "1,2", "--nproc-per-node", "1", "--epochs", "2",
-        timeout=600,
+        "--time", "0:05:00", timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     record = _record(slurm_client)
     assert record["where"] == {"cluster": "bed"}
+    assert record["options"]["slurm"] == {"time": "0:05:00"}  # what --resume asks Slurm again
     sizes = record["sizes"]
     assert [(s["nodes"], s["state"]) for s in sizes] == [(1, "done"), (2, "done")]
     assert [_world_sizes(slurm_client, s["run"]) for s in sizes] == [{1}, {2}]

@@ -85,6 +85,9 @@ def register(app: typer.Typer) -> None:
             parts = _resumed(resume, given, nodes, nproc_per_node, env, local, host, cluster)
         else:
             parts = _new(given, nodes, nproc_per_node, env, local, host, cluster)
+            chosen = {k: v for k, v in slurm_opts.items() if v not in (None, False, [])}
+            parts["sweep"].options["slurm"] = chosen  # a resumed sweep asks Slurm the same
+        slurm_opts.update(parts["sweep"].options.get("slurm") or {})
         job = SweepJob(**parts, settings=settings, cluster_opts=slurm_opts, verbose=verbose)
         _check_hosts(job)
         return run_sweep(job)
