@@ -255,7 +255,9 @@ def test_an_idle_host_powers_off_after_the_period_warning_first(
     warned = calls(as1, "wall.calls")
     assert warned and called_at - 4 <= warned[0][0] <= called_at, (warned, called_at)
     assert "powers off at" in warned[0][1] and "vmrun autostop --cancel" in warned[0][1]
-    text = log(as1)
+    # the watchdog logs the command's exit once it has returned: a moment after the call
+    text = str(wait_for(lambda: "the power-off command ran" in log(as1) and log(as1), 30,
+                        "the power-off's exit in the log"))  # fmt: skip
     for said in ("started (pid", "idle: no vmrun run, no GPU", "warned logged-in users",
                  "powering off: idle since", "the power-off command ran (exit 0)"):  # fmt: skip
         assert said in text, text
