@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--last must be >= 0, got {last}")
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        records, errors, autostop = _gather(host, cluster, settings)
+        records, errors, autostop = _gather(host, cluster, settings, watchdog=not as_json)
         hidden = 0
         if last and not show_all:
             ids = list(dict.fromkeys(r.id for r in records))
@@ -98,11 +98,11 @@ def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, .
 
 
 def _gather(
-    host: list[str] | None, cluster: str | None, settings: Any
+    host: list[str] | None, cluster: str | None, settings: Any, *, watchdog: bool = True
 ) -> tuple[list[Any], list[BaseException], dict[str, str]]:
     """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
     every cluster in vmrun.toml (one command on each login node), oldest first; and what
-    the autostop watchdog says on each host that has one."""
+    the autostop watchdog says on each host that has one (`watchdog`: the table shows it)."""
     from vmrun.errors import VmrunError
     from vmrun.slurm.cluster import project_clusters
     from vmrun.slurm.session import cluster_backend
@@ -114,20 +114,18 @@ def _gather(
     errors: list[BaseException] = []
     autostop: dict[str, str] = {}
     if not cluster and (chosen or project_hosts(settings) or not names):
-        from vmrun.autostop.watchdog import read_status
-        from vmrun.runs.hosts_backend import HostsBackend
         from vmrun.ssh.group import Group
         from vmrun.ssh.inventory import select_hosts
 
         with Group(select_hosts(host, settings), settings) as group:
-            found, failed = HostsBackend(group).runs()
-            down = {getattr(e, "host", None) for e in failed}
-            answered = {e.label for e in group.entries if e.label not in down}
-            for outcome in group.map(lambda e, conn: read_status(conn), only=answered):
-                if outcome.value is not None and outcome.value.installed:
-                    autostop[outcome.host] = outcome.value.short()
-        records += found
-        errors += failed
+            for outcome in group.map(lambda e, conn: _listing(conn, watchdog)):
+                if outcome.error is not None:
+                    errors.append(outcome.error)
+                    continue
+                found, state = outcome.value or ([], None)
+                records += found
+                if state is not None and state.installed:
+                    autostop[outcome.host] = state.short()
     for name in names:
         try:
             with cluster_backend(settings, name) as slurm:
@@ -141,6 +139,25 @@ def _gather(
         errors += failed
     records.sort(key=lambda r: float(r.started or 0))
     return records, errors, autostop
+
+
+def _listing(conn: Any, watchdog: bool) -> tuple[list[Any], Any]:
+    """A host's runs and, on a second channel of the same connection at the same time, what
+    its autostop watchdog says (None: not asked, or unreadable): one round trip, not two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmrun.autostop.watchdog import read_status
+    from vmrun.errors import VmrunError
+    from vmrun.runs.records import list_runs
+
+    conn.open()  # one dial for both
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read_status, conn) if watchdog else None
+        runs = list_runs(conn)
+        try:
+            return runs, reading.result() if reading else None
+        except VmrunError:
+            return runs, None
 
 
 def _state(run: Any) -> str:
