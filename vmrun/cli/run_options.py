@@ -47,3 +47,7 @@ Task = Annotated[
         " accuracy) [default: regress].",
     ),
 ]
+Verbose = Annotated[
+    bool,
+    typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),
+]

@@ -60,10 +60,7 @@ def register(app: typer.Typer) -> None:
         partition: tc.Partition = None,
         account: tc.Account = None,
         sbatch_arg: tc.SbatchArg = None,
-        verbose: Annotated[
-            bool,
-            typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),
-        ] = False,
+        verbose: ro.Verbose = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:

@@ -166,10 +166,7 @@ def register(app: typer.Typer) -> None:
                 " hosts aside (into .vmrun-stale-<time>/ there) instead of loading them.",
             ),
         ] = False,
-        verbose: Annotated[
-            bool,
-            typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),
-        ] = False,
+        verbose: ro.Verbose = False,
         cluster: ClusterName = None,
         nodes: tc.Nodes = None,
         gpus_per_node: tc.GpusPerNode = None,
