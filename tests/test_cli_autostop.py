@@ -176,6 +176,20 @@ def state(host: TestHost) -> dict[str, str]:
     return dict(p.split("=", 1) for p in text.rstrip("\n").split("\t") if "=" in p)
 
 
+def checked_after(host: TestHost, moment: float) -> bool:
+    """The watchdog has made a check after `moment` (its two check marks hold the times)."""
+    marks = [host.home / f".vmrun/autostop.state.m{i}" for i in (0, 1)]
+    times = [int(m.read_text().strip() or 0) for m in marks if m.exists()]
+    return max(times, default=0) > moment
+
+
+def outlast_the_period(host: TestHost, seconds: float = 5) -> None:
+    """Wait until the watchdog has checked again `seconds` (more than the period) from now:
+    a host that is not idle must still be up then."""
+    moment = time.time() + seconds
+    wait_for(lambda: checked_after(host, moment), seconds + 20, "a check after the period")
+
+
 def log(host: TestHost) -> str:
     path = host.home / ".vmrun/autostop.log"
     return path.read_text() if path.exists() else ""
@@ -276,7 +290,7 @@ def test_a_live_run_keeps_the_host_up_and_a_run_that_starts_resets_the_clock(
     wait_for(lambda: state(as1).get("awake") == f"run {rid}", 10, "the run to keep it awake")
     status = ac.vmrun("autostop", "--status", "-H", "as1")
     assert f"run {rid}" in status.stdout and status.stdout.rstrip().endswith("-"), status.stdout
-    time.sleep(5)  # more than the period: still up
+    outlast_the_period(as1)
     assert calls(as1) == []
     stopped = ac.vmrun("stop", rid, "-H", "as1", "--grace", "1")
     assert stopped.returncode == 0, stopped.stderr
@@ -297,7 +311,7 @@ def test_a_busy_gpu_keeps_it_up_with_one_nvidia_smi_per_check(ac: Client, as1: T
     done = ac.vmrun("autostop", "3s", "-H", "as1")
     assert done.returncode == 0, done.stderr
     wait_for(lambda: state(as1).get("awake") == "GPU 0 93%, GPU 1 93%", 10, "busy GPUs")
-    time.sleep(5)
+    outlast_the_period(as1)
     assert calls(as1) == []
     status = ac.vmrun("autostop", "--status", "-H", "as1")
     assert "GPU 0 93%, GPU 1 93%" in status.stdout, status.stdout
@@ -323,7 +337,7 @@ def test_a_gpu_process_that_is_no_vmrun_run_blocks_the_power_off(
         assert done.returncode == 0, done.stderr
         blocked = f"non-vmrun GPU process pid {other.pid}"
         wait_for(lambda: state(as1).get("block") == blocked, 10, "the block")
-        time.sleep(5)
+        outlast_the_period(as1)
         assert calls(as1) == []
         status = ac.vmrun("autostop", "--status", "-H", "as1")
         assert f"{blocked}: never powers off while it runs" in status.stdout, status.stdout
@@ -374,7 +388,7 @@ def test_an_interactive_session_keeps_it_up_until_it_ends(
         done = ac.vmrun("autostop", "3s", "-H", "as1", env={"VMRUN_AUTOSTOP_SESSIONS": "active"})
         assert done.returncode == 0, done.stderr
         wait_for(lambda: state(as1).get("awake") == "1 login session", 10, "the session to count")
-        time.sleep(5)
+        outlast_the_period(as1)
         assert calls(as1) == []
     finally:
         os.killpg(session.pid, signal.SIGTERM)
