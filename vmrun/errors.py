@@ -89,6 +89,11 @@ class RemoteError(VmrunError):
     exit_code = ExitCode.REMOTE
 
 
+class OutcomeUnknown(RemoteError):
+    """A followed run whose end nobody can confirm (a scheduler that stopped answering): it
+    may still run, so nothing that waits for its end (a sweep's next size) may go on."""
+
+
 class Interrupted(VmrunError):
     """Ctrl-C, after vmrun has cleaned up (closed channels, so remote commands stopped)."""
 

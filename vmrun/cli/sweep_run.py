@@ -17,7 +17,7 @@ from typing import Any
 
 from vmrun.cli import output
 from vmrun.config import Settings
-from vmrun.errors import Detached, Interrupted, VmrunError
+from vmrun.errors import Detached, Interrupted, OutcomeUnknown, VmrunError
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
 from vmrun.runs.sweep import Size, Sweep, save
@@ -53,6 +53,9 @@ def run_sweep(job: SweepJob) -> int:
         except (KeyboardInterrupt, Detached, Interrupted):
             _stop_size(job, size)
             raise Interrupted(_continue_line(job, size)) from None
+        except OutcomeUnknown as exc:  # it may still run: no next size beside it
+            size.state, size.detail = RunState.LOST, exc.one_line()
+            raise
         except VmrunError as exc:
             size.state, size.detail = RunState.FAILED, exc.one_line()
             output.info_line(f"sweep {sweep.id}: size {size.label} failed: {size.detail}")

@@ -1,24 +1,61 @@
-# slurm_follow.sh RECORD_DIR JOB SKIP POLL: a job's log from byte SKIP on, as it grows, with
-# its state changes between the lines (`\035vmrun state STATE|REASON`), until the job has
-# left the queue or ended (`\035vmrun end STATE`: the last state seen; empty when the job
-# had gone from squeue already); then the exit record (`\035vmrun exits ...`).
-d=$1 job=$2 skip=$3 poll=$4
+# slurm_follow.sh RECORD_DIR JOB LINES POLL LIMIT: a job's log (its last LINES lines, 0: all)
+# as it grows, with its state changes between the lines (`\035vmrun state STATE|REASON`),
+# until the job has ended (`\035vmrun end STATE`: sacct's or squeue's last state; empty when
+# neither knows); then the exit record (`\035vmrun exits ...`).
+# Only an answer ends it: squeue failing (the controller down, busy, restarting) keeps the
+# last state, says so once (`\035vmrun unreachable ERROR`, then `\035vmrun reachable`), and
+# after LIMIT seconds without an answer gives up (`\035vmrun lost SECONDS`): the job may run on.
+d=$1 job=$2 lines=$3 poll=$4 limit=$5
 mark() { printf '\035vmrun %s\n' "$*"; }
+final() {  # STATE: whether Slurm's state is an end
+  case $1 in
+    COMPLETED*|FAILED*|CANCELLED*|TIMEOUT*|NODE_FAIL*|OUT_OF_MEMORY*|BOOT_FAIL*|DEADLINE*|PREEMPTED*)
+      return 0 ;;
+  esac
+  return 1
+}
 (
-  last=
+  err=$(mktemp) || exit 1
+  trap 'rm -f "$err"' EXIT
+  last='' down=''
   while :; do
-    s=$(squeue -h -j "$job" --states=all -o '%T|%r' 2>/dev/null | head -n 1)
-    if [ "$s" != "$last" ] && [ -n "$s" ]; then mark state "$s"; fi
-    case $s in
-      ""|COMPLETED*|FAILED*|CANCELLED*|TIMEOUT*|NODE_FAIL*|OUT_OF_MEMORY*|BOOT_FAIL*|DEADLINE*|PREEMPTED*)
-        mark end "${s%%|*}"
-        exit 0 ;;
-    esac
+    if s=$(squeue -h -j "$job" --states=all -o '%T|%r' 2>"$err"); then
+      s=$(printf '%s\n' "$s" | head -n 1)
+    elif ! grep -q 'Invalid job id' "$err"; then  # no answer: the job may well run on
+      now=$(date +%s)
+      if [ -z "$down" ]; then
+        down=$now
+        mark unreachable "$(head -n 1 "$err")"
+      elif [ $((now - down)) -ge "$limit" ]; then
+        mark lost $((now - down))
+        exit 0
+      fi
+      sleep "$poll"
+      continue
+    else
+      s=  # the controller no longer knows the job (older Slurm: an error, not an empty list)
+    fi
+    if [ -n "$down" ]; then down=; mark reachable; fi
+    if [ -z "$s" ]; then  # no longer listed: it ended; accounting says how, where it exists
+      s=$(sacct -n -P -X -j "$job" -o State 2>/dev/null | head -n 1)
+      s=${s%% *}
+      final "$s" || s=
+      mark end "$s"
+      exit 0
+    fi
+    if [ "$s" != "$last" ]; then mark state "$s"; fi
+    if final "$s"; then
+      mark end "${s%%|*}"
+      exit 0
+    fi
     last=$s
     sleep "$poll"
   done
 ) &
 w=$!
-tail -c "+$((skip + 1))" -F -s 0.5 --pid="$w" "$d/job.log" 2>/dev/null
+if [ "$lines" -gt 0 ]; then from=$lines; else from=+1; fi
+tail -n "$from" -F -s 0.5 --pid="$w" "$d/job.log" 2>/dev/null
 wait "$w"
-mark exits "$(tr '\n' ' ' < "$d/exit" 2>/dev/null)"
+exits=
+if [ -r "$d/exit" ]; then exits=$(tr '\n' ' ' < "$d/exit"); fi
+mark exits "$exits"

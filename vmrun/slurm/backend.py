@@ -38,6 +38,8 @@ from vmrun.ssh.quoting import plain_command, quote
 from vmrun.transfer.types import Progress
 
 POLL_S = 2.0  # squeue while following: one cheap query per poll, on the login node only
+# how long a follower rides out a controller that does not answer (a restart, a failover)
+UNANSWERED_LIMIT_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,13 @@ class Submission:
 class SlurmBackend:
     def __init__(
         self, conn: Connection, cluster: Cluster, spec: JobSpec | None = None,
-        poll: float = POLL_S,
+        poll: float = POLL_S, unanswered_limit: float = UNANSWERED_LIMIT_S,
     ):  # fmt: skip
         self.conn = conn
         self.cluster = cluster
         self.spec = spec or JobSpec()
         self.poll = poll
+        self.unanswered_limit = unanswered_limit
         self._facts: Facts | None = None
 
     # -- the cluster ------------------------------------------------------------------
@@ -314,7 +317,7 @@ class SlurmBackend:
         output as `[node rankN]` lines; 0 when it completed, else raise its failure."""
         from vmrun.slurm.following import Follower
 
-        return Follower(self, ref, emit, note, verbose).run()
+        return Follower(self, ref, emit, note, verbose, last).run()
 
     # -- stopping ---------------------------------------------------------------------
 

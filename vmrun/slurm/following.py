@@ -1,13 +1,15 @@
 """Following a Slurm run to its end (`train`, `logs -f`): one command on the login node
 (vmrun/hostside/slurm_follow.sh) streams the job's log and its state changes; here they
-become output lines and notes, and the end becomes an exit code or the run's failure."""
+become output lines and notes, and the end becomes an exit code or the run's failure.
+Only the scheduler's answer ends a run: while squeue cannot reach the controller the last
+state holds (as submitit does), and past a limit vmrun says it cannot tell, never "ended"."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Protocol
 
-from vmrun.errors import CommandFailed, Detached, Interrupted
+from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown
 from vmrun.hostside import source
 from vmrun.runs.backend import Emit, Note, RunRef
 from vmrun.slurm.cluster import Cluster
@@ -30,6 +32,7 @@ class _Backend(Protocol):
     conn: Connection
     cluster: Cluster
     poll: float
+    unanswered_limit: float
 
     def stream(
         self, ref: RunRef, emit: Emit, on_event: Callable[[str, str], None], verbose: bool
@@ -39,8 +42,12 @@ class _Backend(Protocol):
 
 
 class Follower:
-    def __init__(self, backend: _Backend, ref: RunRef, emit: Emit, note: Note, verbose: bool):
+    def __init__(
+        self, backend: _Backend, ref: RunRef, emit: Emit, note: Note, verbose: bool,
+        last: int = 0,
+    ):  # fmt: skip
         self.backend = backend
+        self.lines = last
         self.ref = ref
         self.note = note
         self.job = str(ref.meta.get("job_id"))
@@ -49,6 +56,7 @@ class Follower:
         self.last: JobState | None = None
         self.end = ""
         self.exits: list[list[str]] = []
+        self.lost = ""  # seconds without the controller's answer, when vmrun gave up
 
     def on_event(self, word: str, rest: str) -> None:
         if word == "state":
@@ -67,6 +75,16 @@ class Follower:
             self.note(f"{again}job {self.job} running on {', '.join(nodes) or '?'}")
         elif word in ("requeue", "failed", "terminated", "warned"):
             self.note(rest)
+        elif word == "unreachable":
+            held = self.last.describe() if self.last else "submitted"
+            self.note(
+                f"squeue cannot reach the controller ({rest.strip() or 'no answer'});"
+                f" job {self.job} keeps its last known state ({held}) until it answers"
+            )
+        elif word == "reachable":
+            self.note("squeue answers again")
+        elif word == "lost":
+            self.lost = rest.strip()
         elif word == "end":
             self.end = rest.strip()
         elif word == "exits":
@@ -79,7 +97,9 @@ class Follower:
     def run(self) -> int:
         rid, cluster = self.ref.run_id, self.backend.cluster.name
         record, poll = str(self.ref.meta["record_dir"]), f"{self.backend.poll:g}"
-        argv = ["sh", "-c", source("slurm_follow.sh"), "vmrun-follow", record, self.job, "0", poll]
+        limit = f"{self.backend.unanswered_limit:.0f}"
+        argv = ["sh", "-c", source("slurm_follow.sh"), "vmrun-follow", record, self.job,
+                str(self.lines), poll, limit]  # fmt: skip
         try:
             self.backend.conn.run(argv, on_output=self._output, heartbeat=HEARTBEAT_S)
         except NeverStarts as never:
@@ -96,6 +116,14 @@ class Follower:
 
     def verdict(self) -> int:
         rid, cluster = self.ref.run_id, self.backend.cluster.name
+        if self.lost:
+            raise OutcomeUnknown(
+                f"squeue has not reached the controller for {self.lost} s; job {self.job}"
+                f" (run {rid}) may still be running",
+                host=cluster,
+                hint=f"see `vmrun status -C {cluster}` later, or reattach with"
+                f" `vmrun logs -f {rid} -C {cluster}`",
+            )
         code_text = self.exits[-1][1] if self.exits else ""
         if self.end == "COMPLETED" or (not self.end and code_text == "0"):
             return 0

@@ -1,0 +1,145 @@
+"""Following a Slurm job (vmrun/hostside/slurm_follow.sh through vmrun.slurm.following), run
+here with a fake `squeue`/`sacct` on PATH that answer from a plan, one step per call: the
+scheduler's hiccups, its answers, the job's end (the real cluster: test_cli_slurm.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vmrun.errors import CommandFailed, ExitCode, OutcomeUnknown, exit_code_for
+from vmrun.runs.backend import NodeRecord, RunRef
+from vmrun.runs.state import RunState
+from vmrun.slurm.backend import SlurmBackend
+from vmrun.slurm.cluster import Cluster
+
+# Each call takes the plan's next step (the last one repeats): `fail` (no controller),
+# `invalid` (older Slurm's answer for a purged job), `gone` (no longer listed: the job
+# ended, and wrote its last line and exit record just before), or a state such as RUNNING.
+SQUEUE = """#!/bin/sh
+plan=$FAKE/plan
+step=$(head -n 1 "$plan")
+if [ "$(wc -l < "$plan")" -gt 1 ]; then sed -i 1d "$plan"; fi
+echo "$step" >> "$FAKE/calls"
+case $step in
+  fail) echo "squeue: error: Unable to contact slurm controller (connect failure)" >&2; exit 1 ;;
+  gone|invalid)
+    if [ ! -e "$REC/exit" ]; then
+      echo "0: the last line" >> "$REC/job.log"; echo "1 $CODE 1700000000" >> "$REC/exit"
+    fi
+    if [ "$step" = invalid ]; then
+      echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1
+    fi ;;
+  *) echo "$step|None" ;;
+esac
+"""
+SACCT = """#!/bin/sh
+if [ -e "$FAKE/sacct" ]; then cat "$FAKE/sacct"; exit 0; fi
+echo "sacct: error: Slurm accounting storage is disabled" >&2
+exit 1
+"""
+
+
+@dataclass
+class Result:
+    exit_status: int
+
+
+class LocalConn:
+    """Runs the follower's argv here, with the fake scheduler first on PATH."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.stderr = b""
+
+    def run(self, argv: list[str], *, on_output: Any = None, **_: Any) -> Result:
+        proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
+            on_output("stdout", chunk)
+        self.stderr = proc.stderr.read()
+        return Result(proc.wait(timeout=30))
+
+
+class Fake:
+    def __init__(self, tmp_path: Path, plan: list[str], *, code: int = 0,
+                 sacct: str | None = None, log: str = "0: epoch 1\\n"):  # fmt: skip
+        self.dir, self.rec = tmp_path / "fake", tmp_path / "rec"
+        bin_dir = self.dir / "bin"
+        bin_dir.mkdir(parents=True)
+        self.rec.mkdir()
+        for name, text in (("squeue", SQUEUE), ("sacct", SACCT)):
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
+        (self.dir / "plan").write_text("".join(f"{step}\n" for step in plan))
+        if sacct is not None:
+            (self.dir / "sacct").write_text(sacct + "\n")
+        (self.rec / "job.log").write_text(log.replace("\\n", "\n"))
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE": str(self.dir),
+               "REC": str(self.rec), "CODE": str(code)}  # fmt: skip
+        self.conn = LocalConn(env)
+        self.out: list[bytes] = []
+        self.notes: list[str] = []
+
+    def follow(self, *, last: int = 0, limit: float = 60) -> int:
+        backend = SlurmBackend(self.conn, Cluster("bed", "login"), poll=0.01,  # type: ignore[arg-type]
+                               unanswered_limit=limit)  # fmt: skip
+        meta = {"record_dir": str(self.rec), "job_id": "7", "launcher": "python",
+                "tasks_per_node": 1, "submitted": 0}  # fmt: skip
+        ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
+        return backend.follow(ref, self.out.append, self.notes.append, last=last)
+
+    @property
+    def calls(self) -> list[str]:
+        return (self.dir / "calls").read_text().split()
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.out).decode()
+
+
+def test_squeue_failures_keep_the_state_until_the_job_is_gone_and_sacct_says_completed(
+    tmp_path: Path,
+) -> None:
+    plan = ["fail", "fail", "fail", "RUNNING", "fail", "fail", "RUNNING", "gone"]
+    fake = Fake(tmp_path, plan, sacct="COMPLETED")
+    assert fake.follow() == 0
+    assert fake.calls == plan, "followed through every failure to the job's end"
+    assert fake.text.splitlines() == ["epoch 1", "the last line"]
+    unreachable = [n for n in fake.notes if "cannot reach the controller" in n]
+    assert len(unreachable) == 2 and "(RUNNING)" in unreachable[1], fake.notes
+    assert sum("answers again" in n for n in fake.notes) == 2
+    assert fake.conn.stderr == b"", "no `cannot open .../exit` or other noise"
+
+
+def test_no_accounting_and_an_invalid_job_id_end_with_the_exit_record(tmp_path: Path) -> None:
+    fake = Fake(tmp_path, ["RUNNING", "invalid"], code=3)
+    with pytest.raises(CommandFailed) as failed:
+        fake.follow()
+    assert exit_code_for(failed.value) == 3 and "exit code 3" in failed.value.message
+    assert fake.calls == ["RUNNING", "invalid"] and fake.conn.stderr == b""
+
+
+def test_a_controller_silent_past_the_limit_is_said_in_one_line_never_an_end(
+    tmp_path: Path,
+) -> None:
+    fake = Fake(tmp_path, ["RUNNING", "fail"])
+    with pytest.raises(OutcomeUnknown) as unknown:
+        fake.follow(limit=0)
+    message = unknown.value.one_line()
+    assert "may still be running" in message and "\n" not in message
+    assert exit_code_for(unknown.value) == ExitCode.REMOTE
+    assert "ended" not in message and "failed" not in message
+
+
+def test_follow_with_lines_starts_at_the_last_n_lines(tmp_path: Path) -> None:
+    log = "".join(f"0: line {i}\\n" for i in range(1, 11))
+    fake = Fake(tmp_path, ["COMPLETED"], log=log)
+    assert fake.follow(last=3) == 0
+    assert fake.text.splitlines() == ["line 8", "line 9", "line 10"]
