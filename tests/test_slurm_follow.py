@@ -143,3 +143,25 @@ def test_follow_with_lines_starts_at_the_last_n_lines(tmp_path: Path) -> None:
     fake = Fake(tmp_path, ["COMPLETED"], log=log)
     assert fake.follow(last=3) == 0
     assert fake.text.splitlines() == ["line 8", "line 9", "line 10"]
+
+
+def test_a_sweep_stops_at_a_size_whose_end_is_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next size is never submitted beside a job that may still run."""
+    from vmrun.cli import sweep_run
+    from vmrun.runs.sweep import Sweep, load, plan_sizes
+
+    sweep = Sweep("sweep-20260101-000000-abcd", {"cluster": "bed"}, {}, plan_sizes([1, 2], [1]))
+    ran: list[str] = []
+
+    def runner(size: Any) -> None:
+        ran.append(size.label)
+        raise OutcomeUnknown("job 7 may still be running", host="bed")
+
+    monkeypatch.setattr(sweep_run, "_runner", lambda job: runner)
+    job = sweep_run.SweepJob(sweep, None, tmp_path, None, cluster="bed")  # type: ignore[arg-type]
+    with pytest.raises(OutcomeUnknown):
+        sweep_run.run_sweep(job)
+    assert ran == ["1x1"]
+    assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.LOST, RunState.PENDING]

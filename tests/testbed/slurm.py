@@ -297,6 +297,19 @@ class SlurmCluster:
             self.login.run(["scancel", *ids], check=False)
         self._wait(lambda: not self.squeue_ids() and self.all_idle(), timeout, "an empty queue")
 
+    def stop_slurmctld(self, timeout: float = 15) -> None:
+        """Stop the controller by pid, as an outage or a restart does (it saves its state):
+        squeue and sbatch fail, running jobs go on, until start_slurmctld()."""
+        for what, proc in self._daemons:
+            if what == "slurmctld":
+                _terminate(proc, timeout)
+        self._daemons = [d for d in self._daemons if d[0] != "slurmctld"]
+
+    def start_slurmctld(self, timeout: float = 30) -> None:
+        """The controller again (from its saved state); returns once it answers."""
+        self._start(self.login, "slurmctld", [SLURMCTLD, "-D"])
+        self._wait(self._ctld_up, timeout, "slurmctld to answer")
+
     def ssh_config_text(self, identity: Path | None = None) -> str:
         """Host blocks for the cluster's hosts; aliases are the host names (``login``...)."""
         return "\n".join(h.ssh_config_block(identity=identity) for h in self._hosts)
