@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,12 @@ PATHS = JobPaths("/w/.vmrun/runs/r1", "/w/vmrun/p-abc123", "/w/vmrun/p-abc123/re
         (JobSpec(nodes=2), "python", "--launcher python starts one process on one node"),
         (JobSpec(sbatch_args=("exclusive",)), "torchrun", "--sbatch-arg 'exclusive'"),
         (JobSpec(max_requeues=-1), "env", "--max-requeues must be >= 0"),
+        (JobSpec(partition="gpu\n#SBATCH --qos=high"), "env", "--partition 'gpu\\n#SBATCH"),
+        (JobSpec(account="a b"), "env", "--account 'a b': holds a space"),
+        (JobSpec(qos=""), "env", "--qos '': is empty"),
+        (JobSpec(constraint="a100 --x"), "env", "--constraint 'a100 --x'"),
+        (JobSpec(time="01:00:00\n"), "env", "--time '01:00:00\\n'"),
+        (JobSpec(sbatch_args=("--exclusive --x",)), "env", "--sbatch-arg '--exclusive --x'"),
     ],
 )
 def test_bad_job_specs_are_refused_in_one_line(spec: JobSpec, launcher: str, message: str) -> None:
@@ -128,3 +135,60 @@ def test_unknown_cluster_keys_name_file_and_line(tmp_path) -> None:  # type: ign
     with pytest.raises(ConfigError) as caught:
         load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
     assert "vmrun.toml line 4" in str(caught.value) and "'parition'" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("toml", "words"),
+    [
+        ('partition = "gpu\\n#SBATCH --qos=high"', "partition 'gpu\\n#SBATCH --qos=high'"),
+        ('account = "a b"', "account 'a b' holds a space"),
+        ('qos = ""', "qos '' is empty"),
+        ('modules = ["cuda 12"]', "modules[0] 'cuda 12'"),
+        ('sbatch_args = ["--exclusive\\n#SBATCH --x"]', "sbatch_args[0]"),
+        ('sbatch_args = ["exclusive"]', "sbatch_args[0] 'exclusive' is not an sbatch option"),
+        ('env = { "A-B" = "1" }', "env: invalid environment variable name 'A-B'"),
+        ('workdir = "~/my runs"', "workdir must be a path without spaces"),
+        ('python = "/p/python\\n"', "python must be a path"),
+    ],
+)
+def test_cluster_values_that_would_change_the_batch_script_are_refused(
+    tmp_path: Path, toml: str, words: str
+) -> None:
+    from vmrun.config import load_settings
+    from vmrun.errors import exit_code_for
+    from vmrun.slurm.cluster import project_clusters
+
+    (tmp_path / "vmrun.toml").write_text(f'[[clusters]]\nname = "a"\nlogin = "x"\n{toml}\n')
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    with pytest.raises(ConfigError) as caught:
+        project_clusters(settings)
+    message = caught.value.one_line()
+    assert words in message and "\n" not in message, message
+    assert exit_code_for(caught.value) == 2
+
+
+@pytest.mark.parametrize(
+    ("toml", "flags", "words"),
+    [
+        ("", ["--partition", "gpu\n#SBATCH --qos=high"], "--partition 'gpu\\n#SBATCH"),
+        ("", ["--sbatch-arg", "--exclusive --x"], "--sbatch-arg '--exclusive --x'"),
+        ('account = "a b"\n', [], "account 'a b' holds a space"),
+    ],
+)
+def test_train_refuses_such_values_before_connecting(
+    tmp_path: Path, toml: str, flags: list[str], words: str
+) -> None:
+    import os
+    import sys
+
+    from conftest import ROOT
+
+    (tmp_path / "vmrun.toml").write_text(
+        f'[[clusters]]\nname = "bed"\nlogin = "nosuch.invalid"\n{toml}'
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "vmrun", "train", "-C", "bed", *flags,
+                           "--epochs", "1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

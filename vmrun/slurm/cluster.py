@@ -11,10 +11,13 @@ from typing import Any
 
 from vmrun.config import PROJECT_FILE, Settings
 from vmrun.errors import ConfigError, UsageError
+from vmrun.slurm.job import word_problem
 from vmrun.ssh.hosts import parse_host
 from vmrun.ssh.inventory import HostEntry
+from vmrun.ssh.quoting import check_env_name
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 DEFAULT_WORKDIR = "~"
 
 
@@ -65,21 +68,49 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         parse_host(login)
     except UsageError as exc:
         raise ConfigError(f"cluster {name!r} in {where}: login: {exc.message}") from None
+    here = f"cluster {name!r} in {where}"
     workdir = item.get("workdir", DEFAULT_WORKDIR)
-    if not workdir.strip() or "\n" in workdir:
-        raise ConfigError(f"cluster {name!r} in {where}: workdir must be a path")
+    if word_problem(workdir):  # it goes into #SBATCH --chdir and --output
+        raise ConfigError(f"{here}: workdir must be a path without spaces, got {workdir!r}")
+    words = {key: item.get(key) for key in ("partition", "account", "qos")}
+    words.update(_words(item, "modules"))
+    words.update(_words(item, "sbatch_args"))
+    for key, value in words.items():
+        if value is not None and (problem := word_problem(value)):
+            raise ConfigError(f"{here}: {key} {value!r} {problem}")
+        if key.startswith("sbatch_args") and not str(value).startswith("-"):
+            raise ConfigError(f"{here}: {key} {value!r} is not an sbatch option (e.g. --exclusive)")
+    python = item.get("python")
+    if python is not None and _CONTROL.search(python):
+        raise ConfigError(f"{here}: python must be a path, got {python!r}")
     return Cluster(
         name=name,
         login=login,
-        partition=item.get("partition"),
-        account=item.get("account"),
-        qos=item.get("qos"),
+        partition=words["partition"],
+        account=words["account"],
+        qos=words["qos"],
         workdir=workdir,
         modules=tuple(item.get("modules", ())),
-        python=item.get("python"),
-        env={k: str(v) for k, v in item.get("env", {}).items()},
+        python=python,
+        env=_env(item.get("env", {}), here),
         sbatch_args=tuple(item.get("sbatch_args", ())),
     )
+
+
+def _words(item: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A list of words (`modules`, `sbatch_args`) as `key[i]` -> value, for the checks
+    (vmrun.config has checked the types)."""
+    return {f"{key}[{i}]": value for i, value in enumerate(item.get(key, []))}
+
+
+def _env(table: Mapping[str, Any], here: str) -> dict[str, str]:
+    """The jobs' variables: names a shell takes (each becomes `export NAME=...`)."""
+    for key in table:
+        try:
+            check_env_name(key)
+        except ValueError as exc:
+            raise ConfigError(f"{here}: env: {exc}") from None
+    return {k: str(v) for k, v in table.items()}
 
 
 def find_cluster(settings: Settings, name: str) -> Cluster:

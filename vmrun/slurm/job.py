@@ -21,6 +21,7 @@ from vmrun.ssh.quoting import quote
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"(\d+)(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
 _MEM = re.compile(r"[1-9]\d*[KMGT]?", re.IGNORECASE)
+_UNSAFE = re.compile(r"[\s\x00-\x1f\x7f]")  # whitespace and control characters
 SIGNAL_BEFORE_S = 90  # seconds of warning before the time limit (SIGUSR2: NCCL has USR1)
 DEFAULT_MAX_REQUEUES = 3
 
@@ -44,8 +45,26 @@ class JobSpec:
     signal_before: int = SIGNAL_BEFORE_S
 
 
+def word_problem(value: object) -> str | None:
+    """Why a value cannot be one word of an `#SBATCH` line (None: it can): sbatch splits
+    the line at spaces, and a newline would end it and start a line of the script."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not value:
+        return "is empty"
+    if _UNSAFE.search(value):
+        return "holds a space, newline or control character"
+    return None
+
+
 def check_spec(spec: JobSpec, launcher: str) -> JobSpec:
     """Refuse what sbatch would refuse (or mis-run) before anything is sent, one line each."""
+    for flag, value in (
+        ("--partition", spec.partition), ("--account", spec.account), ("--qos", spec.qos),
+        ("--time", spec.time), ("--mem", spec.mem), ("--constraint", spec.constraint),
+    ):  # fmt: skip
+        if value is not None and (problem := word_problem(value)):
+            raise UsageError(f"{flag} {value!r}: {problem}")
     if spec.nodes < 1:
         raise UsageError(f"--nodes must be >= 1, got {spec.nodes}")
     if spec.gpus_per_node < 0:
@@ -71,8 +90,10 @@ def check_spec(spec: JobSpec, launcher: str) -> JobSpec:
     if launcher == "python" and spec.nproc_per_node is not None:
         raise UsageError("--nproc-per-node is for torchrun and env; python starts one process")
     for arg in spec.sbatch_args:
-        if not arg.startswith("-") or "\n" in arg:
-            raise UsageError(f"--sbatch-arg {arg!r}: give one sbatch option, e.g. --exclusive")
+        if word_problem(arg) or not arg.startswith("-"):
+            raise UsageError(
+                f"--sbatch-arg {arg!r}: give one sbatch option, no spaces, e.g. --exclusive"
+            )
     return spec
 
 
