@@ -192,3 +192,36 @@ def test_train_refuses_such_values_before_connecting(
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+class _ListingConn:
+    """The login node as `SlurmBackend.runs` sees it: one listing (slurm_runs.sh's output)."""
+
+    def __init__(self, listing: str):
+        self.listing = listing
+
+    def capture(self, command: str, **_: object) -> tuple[int, bytes, str]:
+        return 0, self.listing.encode(), ""
+
+
+def test_a_scripts_outputs_are_what_it_wrote_since_its_job_started_by_the_clusters_clock() -> None:
+    import time
+
+    from vmrun.runs.outputs import resolve_what
+    from vmrun.slurm.backend import SlurmBackend
+    from vmrun.slurm.cluster import Cluster
+
+    submitted = time.time()  # this machine's clock
+    start = int(submitted) - 3600  # the cluster's clock is an hour behind it
+    meta = {"run_id": "a", "template": False, "submitted": submitted, "record_dir": "/w/rec/a",
+            "out_dir": "/w/p", "metrics": "/w/p/metrics.jsonl"}  # fmt: skip
+    listing = "\n".join([
+        "==> squeue <==", "==> a/run.json <==", json.dumps(meta), "==> a/jobid <==", "11",
+        "==> a/starts <==", f"1 {start}", "==> a/exit <==", f"1 0 {start + 60}", "==> sacct <==",
+    ])  # fmt: skip
+    backend = SlurmBackend(_ListingConn(listing), Cluster("bed", "login"))  # type: ignore[arg-type]
+    location = backend.outputs(backend.find("a"))["bed"]
+    written = (start + 5) * 10**9  # a file the job wrote 5 s into its run, by the cluster's clock
+    specs = [s for s in resolve_what("results", location) if s.remote == "/w/p"]
+    assert specs and all(0 < s.newer_than_ns <= written for s in specs)
+    assert location.since_ns == start * 10**9

@@ -265,7 +265,9 @@ class SlurmBackend:
         self, rid: str, meta: Mapping[str, Any], run: records.SlurmRun | None = None
     ) -> RunRef:
         state, code = run.state_and_code() if run else (RunState.PENDING, None)
-        record = NodeRecord(self.cluster.name, state, code, meta, started=meta.get("submitted", 0))
+        first = float(run.starts[0][1]) if run and run.starts else None  # the node's clock
+        record = NodeRecord(self.cluster.name, state, code, meta,
+                            started=meta.get("submitted", 0), first_started=first)  # fmt: skip
         return RunRef(rid, (self.cluster.name,), {self.cluster.name: record})
 
     def state(self, ref: RunRef) -> tuple[RunState, int | None]:
@@ -281,8 +283,11 @@ class SlurmBackend:
         """Where the run's files are: its outputs folder and its record (job.log), both on
         the shared filesystem, fetched through the login node."""
         meta = ref.meta
-        # a script's outputs are whatever it wrote in the work dir since the job was submitted
-        since = 0 if meta.get("template") else int(float(meta["submitted"]) * 1e9)
+        # a script's outputs are whatever it wrote in the work dir since its job started, by
+        # the cluster's clock (the files' times are the cluster's, not this machine's)
+        record = ref.records.get(self.cluster.name)
+        start = record.first_started if record and record.first_started else meta["submitted"]
+        since = 0 if meta.get("template") else int(float(start) * 1e9)
         location = RunLocation(
             run_id=ref.run_id, host=self.cluster.name, record_dir=str(meta["record_dir"]),
             out_dir=str(meta["out_dir"]), since_ns=since,
