@@ -17,6 +17,7 @@ final() {  # STATE: whether Slurm's state is an end
 (
   err=$(mktemp) || exit 1
   trap 'rm -f "$err"' EXIT
+  trap 'exit 1' HUP INT TERM  # through the EXIT trap: the channel went away
   last='' down=''
   while :; do
     if s=$(squeue -h -j "$job" --states=all -o '%T|%r' 2>"$err"); then
