@@ -136,7 +136,7 @@ def _start_all(
         node.skip = got.log_lines
         return got.pid
 
-    outcomes = group.map(start)
+    outcomes = group.map(start, only=set(labels))  # the run's nodes, not every host listed
     if any(not o.ok for o in outcomes):
         started = {o.host for o in outcomes if o.ok}
         group.map(lambda entry, conn: runs.stop(conn, rid, grace=5), only=started)
