@@ -298,10 +298,12 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
 
 def find_run(
     group: Any, run_id: str | None, *, running_only: bool = False
-) -> tuple[str, list[tuple[Any, RunRecord]]]:
+) -> tuple[str, list[tuple[Any, RunRecord]], dict[str, BaseException]]:
     """Which hosts of the group have the run (default: the newest, or newest running, run).
 
-    Returns the run id and (entry, record) for each host that has it, in host order.
+    Returns the run id, (entry, record) for each host that has it, in host order, and the
+    error of each node the run's record names that did not answer: a command about the run
+    does what it can and says what it could not, never passing them over in silence.
     """
     outcomes = group.map(lambda entry, conn: list_runs(conn, [run_id] if run_id else []))
     by_host = {o.host: o.value or [] for o in outcomes if o.ok}
@@ -331,4 +333,5 @@ def find_run(
         raise UsageError(
             f"no run {run_id} on {', '.join(by_host)}", hint="`vmrun status` lists the runs"
         )
-    return run_id, found
+    recorded = {str(n) for _, rec in found for n in rec.meta.get("nodes") or []}
+    return run_id, found, {h: e for h, e in failures.items() if h in recorded}
