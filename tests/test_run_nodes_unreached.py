@@ -106,3 +106,24 @@ def test_fetch_of_an_unknown_run_is_a_usage_error_like_logs_and_stop(group: Fake
     group.down.clear()  # every host answers, none has the run
     for argv in (["fetch", "--run", "r9"], ["logs", "r9"], ["stop", "r9"]):
         assert cli(argv) == ExitCode.USAGE, argv
+
+
+def test_the_backends_stop_raises_naming_the_unreached_node(
+    group: FakeGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `sweep` calls on Ctrl-C: the reachable node is stopped, the other one named."""
+    from vmrun.errors import HostsFailed
+    from vmrun.runs.hosts_backend import HostsBackend
+
+    stopped = []
+
+    def stop(conn: Connection, run_id: str, **kwargs: Any) -> records.StopResult:
+        stopped.append(conn.label)
+        return records.StopResult(conn.label, run_id, (11,), (), ())
+
+    monkeypatch.setattr(records, "stop", stop)
+    backend = HostsBackend(group)  # type: ignore[arg-type]
+    with pytest.raises(HostsFailed) as failed:
+        backend.stop(backend.find("r1"))
+    assert stopped == ["accA"] and list(failed.value.failures) == ["accB"]
+    assert failed.value.exit_code == ExitCode.UNREACHABLE

@@ -14,6 +14,7 @@ from vmrun.errors import (
     CommandFailed,
     ConnectionLostError,
     Detached,
+    HostsFailed,
     Interrupted,
     UsageError,
 )
@@ -194,7 +195,10 @@ class HostsBackend:
 
     def stop(self, ref: RunRef, *, grace: float = STOP_GRACE_S) -> list[StopReport]:
         outcomes = self.stop_outcomes(ref, grace=grace)
-        raise_for_failures(outcomes)
+        failures = {o.host: o.error for o in outcomes if o.error is not None}
+        failures.update(ref.unreached)  # nodes of the run that did not answer: not stopped
+        if failures:
+            raise HostsFailed(failures, total=len(outcomes) + len(ref.unreached))
         return [
             StopReport(o.host, len(o.value.signalled), len(o.value.killed))
             for o in outcomes
