@@ -240,6 +240,7 @@ def test_cut_link_via_cli_exits_13_promptly(bed: NetnsBed, bed_client: Client) -
             proc.wait()
     assert proc.returncode == 13, err
     assert "connection lost" in err and err.count("\n") == 1
+    assert "while running \"sh -c 'echo up; exec sleep 422'\"" in err, err  # not 'sh'
     # keepalive 1 s x 3 (the tests' settings) notices in ~4 s; without it the dead link
     # would go unnoticed for TCP's ~15 min of retransmissions. 20 s: room for a loaded machine
     assert elapsed < 20

@@ -11,6 +11,7 @@ from pathlib import Path
 from conftest import Client, run_pids, wait_for
 from testbed import NetnsBed
 
+from vmrun.errors import ExitCode
 from vmrun.runs import records
 from vmrun.ssh.connection import Connection
 
@@ -49,3 +50,34 @@ def test_stop_of_a_run_that_ignores_sigterm_needs_sigkill_and_leaves_nothing(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(h1.home / ".vmrun" / "runs", ignore_errors=True)
+
+
+def test_stop_names_a_node_of_the_run_that_does_not_answer_and_exits_unreachable(
+    bed: NetnsBed, bed_client: Client
+) -> None:
+    """A two-node run whose second host is cut off: the first is stopped, the second is
+    named (its processes may still hold its GPUs) and the exit status is not 0."""
+    h1, h2 = bed["h1"], bed["h2"]
+    rid = "pair-20250101-000000-abcd"
+    meta = {"nodes": ["h1", "h2"], "master": "h1"}
+    try:
+        for name in ("h1", "h2"):
+            with Connection(name, bed_client.settings()) as conn:
+                records.start(conn, rid, ".", ["sh", "-c", "echo ready; sleep 600"], meta)
+        for host in (h1, h2):
+            wait_for(lambda host=host: run_pids(host, rid), 10, f"the run on {host.name}")
+        h2.cut_link()
+        stopped = bed_client.vmrun(
+            "stop", rid, "-H", "h1", "-H", "h2", "--grace", "1", "--connect-timeout", "2"
+        )
+        assert stopped.returncode == ExitCode.UNREACHABLE, stopped.stderr
+        assert f"h1: stopped run {rid}: " in stopped.stdout, stopped.stdout
+        assert "h2: did not answer" in stopped.stderr and "not stopped" in stopped.stderr
+        assert run_pids(h1, rid) == [] and run_pids(h2, rid)  # h2's goes on, as said
+    finally:
+        h2.heal_link()
+        for host in (h1, h2):
+            for pid in run_pids(host, rid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(host.home / ".vmrun" / "runs", ignore_errors=True)

@@ -54,10 +54,11 @@ def recorded_fields(path: Path) -> list[tuple[str, ...]]:
 
 
 def test_fixtures_are_recorded_with_the_fields_vmrun_asks_for() -> None:
-    for fixture in FIXTURES.iterdir():
-        if fixture.is_dir():
-            assert recorded_fields(fixture / "query-gpu.txt") == [GPU_FIELDS]
-            assert recorded_fields(fixture / "query-compute-apps.txt") == [APP_FIELDS]
+    recorded = [fixture for fixture in FIXTURES.iterdir() if fixture.is_dir()]
+    assert recorded, f"no nvidia-smi recording under {FIXTURES}: nothing was checked"
+    for fixture in recorded:
+        assert recorded_fields(fixture / "query-gpu.txt") == [GPU_FIELDS]
+        assert recorded_fields(fixture / "query-compute-apps.txt") == [APP_FIELDS]
 
 
 def test_t4_rows_parse_to_the_seed_tables_values() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from vmrun.errors import ExitCode, HostSpecError
-from vmrun.ssh.hosts import HostSpec, parse_host, parse_hosts
+from vmrun.ssh.hosts import HostSpec, parse_host
 
 
 @pytest.mark.parametrize(
@@ -56,8 +56,3 @@ def test_label_round_trips() -> None:
     for text in ("ubuntu@1.2.3.4", "ubuntu@1.2.3.4:2222", "alias", "root@[::1]:2200"):
         assert parse_host(parse_host(text).label) == parse_host(text)
         assert parse_host(text).label == text
-
-
-def test_parse_hosts_splits_and_dedups() -> None:
-    specs = parse_hosts(["a@h1,a@h2", "a@h1  b@h3"])
-    assert [s.label for s in specs] == ["a@h1", "a@h2", "b@h3"]

@@ -130,3 +130,28 @@ def test_without_nnodes_every_host_is_a_node_and_no_restarts_share_the_store(
     assert got["nnodes"] == "2" and got["max-restarts"] == "0"
     assert got["rdzv-conf"] == "is_host=true"
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
+
+
+def test_a_resumed_run_starts_on_its_own_nodes_only_not_every_listed_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vmrun.toml lists accA and accB; the run used accA alone: the start reaches accA only
+    (mapping it over accB too was a KeyError that stopped the attempt just started)."""
+    from fake_group import FakeGroup
+
+    from vmrun.runs import remote
+    from vmrun.runs.records import Started
+
+    started: list[str] = []
+
+    def fake_start(conn: Connection, rid: str, *args: object, **kwargs: object) -> Started:
+        started.append(conn.label)
+        return Started(4242, 7)
+
+    monkeypatch.setattr(remote.runs, "start", fake_start)
+    group = FakeGroup(["accA", "accB"], tmp_path)
+    nodes = {"accA": node("accA", tmp_path)}
+    pids = remote._start_all(group, plan(0), nodes, "r-1", "1", None, Wiring(), resume="r-1")
+    assert pids == {"accA": 4242}
+    assert started == ["accA"]
+    assert group.calls == [("accA",)]  # no stop of the attempt just started

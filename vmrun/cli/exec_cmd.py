@@ -51,6 +51,7 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import PrefixedWriter, error_line, report
+        from vmrun.ssh.channel import command_line
         from vmrun.ssh.group import Group, worst_exit_code
         from vmrun.ssh.inventory import select_hosts
 
@@ -69,6 +70,7 @@ def register(app: typer.Typer) -> None:
                 cwd=cwd,
                 timeout=timeout,
                 on_output=lambda stream, data: writer.line(entry.label, stream, data),
+                what=command_line(tuple(command)),
             )
 
         with Group(entries, settings) as group:

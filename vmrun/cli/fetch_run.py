@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vmrun.cli import output
 from vmrun.config import Settings
-from vmrun.errors import ExitCode, Interrupted, RemoteError, UsageError, exit_code_for
+from vmrun.errors import ExitCode, Interrupted, UsageError, exit_code_for
 from vmrun.remote_paths import remote_workdir
+from vmrun.runs.backend import RunRef
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
@@ -79,7 +81,7 @@ def run_fetch(job: FetchJob) -> int:
     live = sys.stderr.isatty() and not job.watch
     workdir = remote_workdir(job.settings.project_dir or Path.cwd())
     stop = threading.Event()
-    code = 0
+    code = incomplete = 0
     with Group(entries, job.settings) as group:
         run, only = job.run, None
         where: dict[str, RunLocation] = {}
@@ -87,8 +89,10 @@ def run_fetch(job: FetchJob) -> int:
         if slurm is not None:  # the code's folder on the cluster's shared filesystem
             workdir = f"{slurm.facts().workdir}/{workdir}"
         if run is not None or any(item in WHATS for item in job.items):
-            run, where = _the_run(group, run, slurm)
+            run, where, ref = _the_run(group, run, slurm)
             only = set(where)
+            # its nodes that did not answer: named now, and the exit status says so
+            incomplete = output.unreached(ref, "has no files fetched from there")
         multi = job.all_hosts or len(only or entries) > 1
         progress = make_progress(prefix=multi, live=live)
 
@@ -121,7 +125,7 @@ def run_fetch(job: FetchJob) -> int:
                     raise
                 _note("stopped watching (the interrupted files resume next time)")
                 return code
-            code = _report(outcomes, prefix=multi, quiet=job.watch)
+            code = max(incomplete, _report(outcomes, prefix=multi, quiet=job.watch))
             if not job.watch:
                 return code
             try:
@@ -143,7 +147,7 @@ def _cluster_backend(job: FetchJob, group: Group) -> Any:
 
 def _the_run(
     group: Group, run: str | None, slurm: Any = None
-) -> tuple[str, dict[str, RunLocation]]:
+) -> tuple[str, dict[str, RunLocation], RunRef]:
     """The run (the newest across the hosts unless named) and where its files are on each
     node it ran on, as the run's backend says: a run's files come from its nodes alone,
     every node agrees on which run that is, and this one listing replaces a lookup per host."""
@@ -153,12 +157,12 @@ def _the_run(
     try:
         ref = backend.find(run)
     except UsageError as exc:
-        raise RemoteError(
+        raise UsageError(
             f"no record of {f'run {run}' if run else 'any run'}"
             f" on {', '.join(e.label for e in group.entries)}",
             hint="`vmrun status` lists the runs; or fetch an explicit path",
         ) from exc
-    return ref.run_id, backend.outputs(ref)
+    return ref.run_id, backend.outputs(ref), ref
 
 
 def _note(text: str) -> None:

@@ -79,10 +79,16 @@ def register(app: typer.Typer) -> None:
 
 
 def _show(backend: Any, ref: Any, follow: bool, lines: int, verbose: bool) -> int:
+    """The log of every node that answered; the others are named (before following, after
+    a listing: where they are seen), and the exit status is then not 0."""
+    if not ref.nodes:
+        return output.unreached(ref, "has no log shown from there")
     if not follow:
         backend.read_log(ref, output.show, last=lines, verbose=verbose)
-        return 0
+        return output.unreached(ref, "has no log shown from there")
+    left = output.unreached(ref, "is not followed there")
     try:
-        return int(backend.follow(ref, output.show, output.info_line, last=lines, verbose=verbose))
+        code = int(backend.follow(ref, output.show, output.info_line, last=lines, verbose=verbose))
     except KeyboardInterrupt:
         raise Detached(f"stopped following {ref.run_id}; the run goes on") from None
+    return max(code, left)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import TextIO
+from typing import Any, TextIO
 
 DEBUG = False  # set by main() for --debug / VMRUN_DEBUG
 
@@ -39,6 +39,22 @@ def report(error: BaseException) -> None:
         traceback.print_exception(type(error), error, error.__traceback__)
     one_line = getattr(error, "one_line", None)
     error_line(one_line() if callable(one_line) else f"{type(error).__name__}: {error}")
+
+
+def unreached(ref: Any, undone: str) -> int:
+    """Name each node of the run (`ref`, a RunRef) that did not answer, and what `undone`
+    there; the exit code that says the work is incomplete (the node's error's: 12 for an
+    unreachable host), 0 when every node answered."""
+    from vmrun.errors import exit_code_for
+
+    code = 0
+    for node, error in ref.unreached.items():
+        one_line = getattr(error, "one_line", None)
+        why = one_line() if callable(one_line) else f"{type(error).__name__}: {error}"
+        why = why.removeprefix(f"{node}: ")
+        error_line(f"{node}: did not answer, so run {ref.run_id} {undone} ({why})")
+        code = max(code, exit_code_for(error))
+    return code
 
 
 def show(data: bytes) -> None:

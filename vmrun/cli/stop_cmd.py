@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import report
+        from vmrun.cli.output import report, unreached
         from vmrun.runs.hosts_backend import HostsBackend
         from vmrun.ssh.group import Group, worst_exit_code
         from vmrun.ssh.inventory import select_hosts
@@ -63,7 +63,8 @@ def register(app: typer.Typer) -> None:
                 f"{res.host}: stopped run {run_id}: {len(res.signalled)} process(es)"
                 f"{killed}; none left"
             )
-        return worst_exit_code(outcomes)
+        left = unreached(ref, "was not stopped there; its processes may still hold its GPUs")
+        return max(worst_exit_code(outcomes), left)
 
 
 def _stop_job(settings: Settings, cluster: str, run: str | None, grace: float) -> int:

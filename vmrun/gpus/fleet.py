@@ -197,7 +197,6 @@ class HostWatcher:
         self.stop = stop
         # a one-shot reading must end even on a host that hangs mid-command
         self.once_timeout = max(15.0, 2 * settings.connect_timeout)
-        self.program = target.command(None)[0]  # what messages name (the watch script's bash)
         self._delay = BACKOFF_FIRST
         self._connected_once = False
         self.autostop: AutostopStatus | None = None
@@ -235,7 +234,7 @@ class HostWatcher:
             return self._stream(), HostState.ERROR
         except (UnreachableError, ConnectionLostError) as exc:
             state = HostState.DISCONNECTED if self._connected_once else HostState.UNREACHABLE
-            why = exc.message.replace(f"'{self.program}'", "nvidia-smi")  # argv[0]: bash, srun
+            why = exc.message
             if not self.once:
                 return why, state
             if not self.stop.is_set():
@@ -282,7 +281,9 @@ class HostWatcher:
         try:
             timeout = self.once_timeout if self.once else None
             beat = None if self.once else HEARTBEAT
-            result = self.conn.run(argv, on_output=on_output, timeout=timeout, heartbeat=beat)
+            result = self.conn.run(
+                argv, on_output=on_output, timeout=timeout, heartbeat=beat, what="nvidia-smi"
+            )
         except VmrunError as exc:
             if self.once and not isinstance(exc, (UnreachableError, ConnectionLostError)):
                 self._say(HostState.ERROR, exc.message, exit_code_for(exc))

@@ -15,10 +15,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+INLINE = "# vmrun-inline: "  # a line `# vmrun-inline: NAME` is replaced by NAME's text
+
+
 @cache
 def source(name: str) -> str:
-    """The text of one host-side file, by its file name (`records_start.sh`, `netprobe.py`)."""
+    """The text of one host-side file, by its file name (`records_start.sh`, `netprobe.py`),
+    with the files it inlines (code several scripts share, such as run_alive.sh's one rule
+    for whether a run is alive, kept in one file that shellcheck reads too)."""
     path = HERE / name
     if path.parent != HERE or not path.is_file():
         raise FileNotFoundError(f"no host-side file {name!r} in {HERE}")
-    return path.read_text(encoding="utf-8")
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(
+        source(line[len(INLINE) :].strip()) if line.startswith(INLINE) else line for line in lines
+    )

@@ -59,18 +59,8 @@ say() {  # a line in the log, when a decision changes
 
 hm() { date -d "@$1" '+%H:%M' 9>&-; }
 
-alive_run() {  # $1: a run's record; its supervising shell (the same process) still runs
-  p='' s='' l=''
-  read -r p 2>/dev/null < "$1/pid"
-  case $p in '' | *[!0-9]*) return 1 ;; esac
-  kill -0 "$p" 2>/dev/null || return 1
-  read -r s 2>/dev/null < "$1/pid_start"
-  [ -n "$s" ] || return 0  # a record from before pid_start: the pid alone
-  read -r l 2>/dev/null < "/proc/$p/stat" || return 1
-  # shellcheck disable=SC2086  # the fields after the command name, split on purpose
-  set -- ${l##*) }
-  [ "${20}" = "$s" ]
-}
+# alive_run REC: a run's record; its supervising shell (the same process) still runs
+# vmrun-inline: run_alive.sh
 
 runs() {  # found: the runs alive, or started since the tick that wrote $mark
   found=

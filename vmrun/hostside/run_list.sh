@@ -5,6 +5,7 @@
 # `epoch N/M` log line; never a line of an earlier attempt. SAVED: the log's last line about a
 # saved snapshot, of any attempt (where a resume starts from).
 base=$1; shift
+# vmrun-inline: run_alive.sh
 cd "$HOME" 2>/dev/null || exit 0
 echo "NOW $(date +%s)"
 [ -d "$base" ] || exit 0
@@ -23,13 +24,7 @@ for id in "$@"; do
     echo "EXIT $(cat "$d/exit_code")"; echo "ENDED $(stat -c %Y "$d/exit_code")"
   fi
   if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
-  pid=$(cat "$d/pid" 2>/dev/null)
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
-     && tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "VMRUN_RUN_ID=$id"; then
-    echo "ALIVE 1"
-  else
-    echo "ALIVE 0"
-  fi
+  if alive_run "$d"; then echo "ALIVE 1"; else echo "ALIVE 0"; fi
   out=$(cat "$d/out_dir" 2>/dev/null)
   if [ -n "$out" ] && [ -f "$out/metrics.jsonl" ] && [ -f "$d/pid" ] \
      && [ "$(stat -c %Y "$out/metrics.jsonl")" -ge "$(stat -c %Y "$d/pid")" ]; then

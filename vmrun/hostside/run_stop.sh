@@ -8,17 +8,11 @@
 base=$1; id=$2; grace=$3
 d="$HOME/$base/$id"
 [ -f "$d/run.json" ] || { echo "vmrun: no run $id on this host" >&2; exit 3; }
-starttime() {  # field 22 of /proc/PID/stat: when the process started
-  read -r l < "/proc/$1/stat" || return 1
-  set -- ${l##*) }
-  echo "${20}"
-}
-# The run's session: its leader's pid, unless that number now leads another session (a dead
-# leader's number is not reused while its session has members).
-sess=$(cat "$d/pid" 2>/dev/null); born=$(cat "$d/pid_start" 2>/dev/null)
-if [ -n "$sess" ] && [ -r "/proc/$sess/stat" ]; then
-  [ -n "$born" ] && [ "$(starttime "$sess" 2>/dev/null)" = "$born" ] || sess=
-fi
+# vmrun-inline: run_alive.sh
+# The run's session: its leader's pid, unless that number now names another process
+# (run_proc; a dead leader's number is not reused while its session has members).
+sess=$(cat "$d/pid" 2>/dev/null)
+if [ -n "$sess" ] && [ -r "/proc/$sess/stat" ] && ! run_proc "$d"; then sess=; fi
 # Members: every process of the run's session, and every process carrying the run's id
 # (torchrun's workers run in sessions of their own; a child that cleared its environment
 # stays in the session). Three processes read the whole table, however large it is: awk over

@@ -56,6 +56,9 @@ class RunRef:
     nodes: tuple[str, ...]
     records: Mapping[str, NodeRecord] = field(default_factory=dict)
     skip: Mapping[str, int] = field(default_factory=dict)  # log lines of earlier attempts
+    # recorded nodes that did not answer when the run was looked up, with why: what a
+    # command did not do there is said, and its exit status is not 0
+    unreached: Mapping[str, BaseException] = field(default_factory=dict)
 
     @property
     def meta(self) -> Mapping[str, Any]:

@@ -14,6 +14,7 @@ from vmrun.errors import (
     CommandFailed,
     ConnectionLostError,
     Detached,
+    HostsFailed,
     Interrupted,
     UsageError,
 )
@@ -43,12 +44,17 @@ def node_record(rec: records.RunRecord) -> NodeRecord:
     )
 
 
-def ref_of(run_id: str, recs: Sequence[records.RunRecord], skip: Mapping[str, int] = {}) -> RunRef:
+def ref_of(
+    run_id: str,
+    recs: Sequence[records.RunRecord],
+    skip: Mapping[str, int] = {},
+    unreached: Mapping[str, BaseException] = {},
+) -> RunRef:
     """A RunRef over these node records, in the run's own node order (master first)."""
     by_node = {r.host: node_record(r) for r in recs}
     order = [str(n) for n in (recs[0].meta.get("nodes") or []) if str(n) in by_node] if recs else []
     order += [n for n in by_node if n not in order]
-    return RunRef(run_id, tuple(order), by_node, dict(skip))
+    return RunRef(run_id, tuple(order), by_node, dict(skip), dict(unreached))
 
 
 class HostsBackend:
@@ -69,8 +75,8 @@ class HostsBackend:
     # -- finding runs --------------------------------------------------------------------
 
     def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef:
-        rid, found = records.find_run(self.group, run_id, running_only=running_only)
-        return ref_of(rid, [rec for _, rec in found])
+        rid, found, unreached = records.find_run(self.group, run_id, running_only=running_only)
+        return ref_of(rid, [rec for _, rec in found], unreached=unreached)
 
     def runs(self) -> tuple[list[records.RunRecord], list[BaseException]]:
         """Every run on every host, oldest first, and the errors of hosts that did not
@@ -189,7 +195,10 @@ class HostsBackend:
 
     def stop(self, ref: RunRef, *, grace: float = STOP_GRACE_S) -> list[StopReport]:
         outcomes = self.stop_outcomes(ref, grace=grace)
-        raise_for_failures(outcomes)
+        failures = {o.host: o.error for o in outcomes if o.error is not None}
+        failures.update(ref.unreached)  # nodes of the run that did not answer: not stopped
+        if failures:
+            raise HostsFailed(failures, total=len(outcomes) + len(ref.unreached))
         return [
             StopReport(o.host, len(o.value.signalled), len(o.value.killed))
             for o in outcomes
@@ -218,10 +227,17 @@ def _prefixer(ref: RunRef, node: str, emit: Emit, verbose: bool) -> Prefixer:
 def require_nodes(ref: RunRef, wanted: Sequence[str], entries: Sequence[HostEntry]) -> RunRef:
     """The same run narrowed to some of its nodes (`logs --node`), each name matched as `-H`
     matches a host (find_entry)."""
-    nodes = [e for e in entries if e.label in ref.nodes]
+    nodes = [e for e in entries if e.label in ref.nodes or e.label in ref.unreached]
     chosen = {found.label for name in wanted if (found := find_entry(nodes, name)) is not None}
     if not chosen:
+        ran_on = [*ref.nodes, *ref.unreached]
         raise UsageError(
-            f"run {ref.run_id} has no node {', '.join(wanted)} (it ran on {', '.join(ref.nodes)})"
+            f"run {ref.run_id} has no node {', '.join(wanted)} (it ran on {', '.join(ran_on)})"
         )
-    return RunRef(ref.run_id, tuple(n for n in ref.nodes if n in chosen), ref.records, ref.skip)
+    return RunRef(
+        ref.run_id,
+        tuple(n for n in ref.nodes if n in chosen),
+        ref.records,
+        ref.skip,
+        {n: e for n, e in ref.unreached.items() if n in chosen},
+    )

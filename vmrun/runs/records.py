@@ -127,6 +127,7 @@ def start(
         ["sh", "-c", source("run_start.sh"), "vmrun-start", record_dir(run_id), workdir, run_id,
          meta_text, mode, banner, out, source("run_marks.py"), *argv],
         env=env,
+        what=f"the start of run {run_id}",
     )  # fmt: skip
     if not result.ok:
         raise RemoteError(f"could not start run {run_id}: {result.output_tail(3)}", host=conn.label)
@@ -221,6 +222,7 @@ def _log(
         ["sh", "-c", source("run_log.sh"), "vmrun-log", RUNS_DIR, check_run_id(run_id), start,
          "1" if follow else "0", "1" if times else "0"],
         on_output=lambda stream, data: on_line(data) if stream == "out" else None,
+        what=f"the log of run {run_id}",
     )  # fmt: skip
     if result.exit_status == 3:
         raise UsageError(f"no run {run_id} on this host", host=conn.label)
@@ -275,7 +277,8 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
     verify none is left."""
     centis = str(max(10, round(grace * 100)))
     result = conn.run(
-        ["sh", "-c", source("run_stop.sh"), "vmrun-stop", RUNS_DIR, check_run_id(run_id), centis]
+        ["sh", "-c", source("run_stop.sh"), "vmrun-stop", RUNS_DIR, check_run_id(run_id), centis],
+        what=f"the stop of run {run_id}",
     )
     if result.exit_status == 3:
         raise UsageError(f"no run {run_id} on this host", host=conn.label)
@@ -298,10 +301,12 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
 
 def find_run(
     group: Any, run_id: str | None, *, running_only: bool = False
-) -> tuple[str, list[tuple[Any, RunRecord]]]:
+) -> tuple[str, list[tuple[Any, RunRecord]], dict[str, BaseException]]:
     """Which hosts of the group have the run (default: the newest, or newest running, run).
 
-    Returns the run id and (entry, record) for each host that has it, in host order.
+    Returns the run id, (entry, record) for each host that has it, in host order, and the
+    error of each node the run's record names that did not answer: a command about the run
+    does what it can and says what it could not, never passing them over in silence.
     """
     outcomes = group.map(lambda entry, conn: list_runs(conn, [run_id] if run_id else []))
     by_host = {o.host: o.value or [] for o in outcomes if o.ok}
@@ -331,4 +336,5 @@ def find_run(
         raise UsageError(
             f"no run {run_id} on {', '.join(by_host)}", hint="`vmrun status` lists the runs"
         )
-    return run_id, found
+    recorded = {str(n) for _, rec in found for n in rec.meta.get("nodes") or []}
+    return run_id, found, {h: e for h, e in failures.items() if h in recorded}

@@ -136,7 +136,7 @@ def _start_all(
         node.skip = got.log_lines
         return got.pid
 
-    outcomes = group.map(start)
+    outcomes = group.map(start, only=set(labels))  # the run's nodes, not every host listed
     if any(not o.ok for o in outcomes):
         started = {o.host for o in outcomes if o.ok}
         group.map(lambda entry, conn: runs.stop(conn, rid, grace=5), only=started)
@@ -149,5 +149,5 @@ def _free_port(conn: Connection, python: str) -> int:
     probe = (
         "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
     )
-    out = conn.run([python, "-c", probe], check=True).stdout_tail.split()
+    out = conn.run([python, "-c", probe], check=True, what="a free port probe").stdout_tail.split()
     return int(out[-1]) if out and out[-1].isdigit() else launch.DEFAULT_MASTER_PORT

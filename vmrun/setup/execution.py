@@ -57,7 +57,10 @@ class StepRunner:
         # --norc: bash started under sshd sources ~/.bashrc and /etc/bash.bashrc even for -c,
         # and under -u their `[ -z "$PS1" ]` fails ("PS1: unbound variable") in every step
         result = self.conn.run(
-            ["bash", "--norc", "-eu", "-o", "pipefail", "-c", script], env=env, on_output=log_line
+            ["bash", "--norc", "-eu", "-o", "pipefail", "-c", script],
+            env=env,
+            on_output=log_line,
+            what=f"setup step {what!r}",
         )
         self._recent_output = "\n".join(recent)
         return result

@@ -10,8 +10,8 @@ waiting in the queue holds everything it will run.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from vmrun.errors import UsageError
 from vmrun.hostside import source
@@ -140,7 +140,6 @@ class Batch:
     command: Sequence[str]
     max_restarts: int = 0
     modules: Sequence[str] = ()
-    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 def sbatch_options(spec: JobSpec, launcher: str, paths: JobPaths, version: str) -> list[str]:
@@ -184,7 +183,6 @@ def batch_script(
         "VMRUN_MAX_RESTARTS": str(batch.max_restarts),
         "VMRUN_MAX_REQUEUES": str(spec.max_requeues),
         "VMRUN_PYTHON": batch.python,
-        **batch.extra,
     }
     lines += ["", f"# vmrun run {batch.run_id}"]
     lines += [f"{name}={quote(value)}" for name, value in variables.items()]

@@ -66,8 +66,11 @@ class Channels(abc.ABC):
         check: bool = False,
         on_output: OutputCallback | None = None,
         heartbeat: float | None = None,
+        what: str | None = None,
     ) -> CommandResult:
         """Run argv on the host; stream lines to `on_output`; return a CommandResult.
+        `what` names it in messages (a lost connection, a timeout, a failure): the vmrun
+        operation it is a step of; by default `describe(argv)`.
 
         The command runs under `quoting.remote_command`'s wrapper: env arrives over stdin,
         and the command's process group is killed if this channel goes away, or, with
@@ -80,6 +83,7 @@ class Channels(abc.ABC):
             header = quoting.env_header(env)
         except ValueError as exc:
             raise UsageError(str(exc), host=self.label) from None
+        what = what or describe(argv)
         started = time.monotonic()
         out, err = Tail(), Tail()
         chan = self.open_session()
@@ -88,8 +92,8 @@ class Channels(abc.ABC):
                 chan.exec_command(command)
                 chan.sendall(header)
             except Exception:
-                raise self._lost_error(f"while starting {argv[0]!r}") from None
-            status = self._pump(chan, argv, out, err, on_output, timeout, started, heartbeat)
+                raise self._lost_error(f"while starting {what}") from None
+            status = self._pump(chan, what, out, err, on_output, timeout, started, heartbeat)
         finally:
             chan.close()
         result = CommandResult(
@@ -101,13 +105,13 @@ class Channels(abc.ABC):
             duration=time.monotonic() - started,
         )
         if check and not result.ok:
-            raise command_failed(result)
+            raise command_failed(result, what)
         return result
 
     def _pump(
         self,
         chan: paramiko.Channel,
-        argv: tuple[str, ...],
+        what: str,
         out: Tail,
         err: Tail,
         on_output: OutputCallback | None,
@@ -137,13 +141,13 @@ class Channels(abc.ABC):
                     chan.send(b"\n")  # a dead link is drain's to report, not this
             if timeout is not None and now - started > timeout:
                 raise CommandFailed(
-                    f"{argv[0]!r} timed out after {timeout:g} s and was stopped",
+                    f"{what} timed out after {timeout:g} s and was stopped",
                     host=self.label,
                     exit_status=int(ExitCode.TIMEOUT),
                     output_tail=err.text() or out.text(),
                 )
 
-        status = self.drain(chan, deliver, f"while running {argv[0]!r}", tick)
+        status = self.drain(chan, deliver, f"while running {what}", tick)
         if on_output is not None:
             for stream in ("out", "err"):
                 if partial[stream]:
@@ -213,11 +217,26 @@ class Channels(abc.ABC):
         return status, b"".join(out), err.text()
 
 
-def command_failed(result: CommandResult) -> CommandFailed:
+def describe(argv: tuple[str, ...]) -> str:
+    """What a command is, in messages, when its caller did not say: the name a vmrun host
+    script runs under (`sh -c SCRIPT NAME ...`: its $0), else the command line, cut short
+    (the first word alone, `sh` for every script, told nothing)."""
+    if len(argv) > 3 and argv[1] == "-c" and argv[3]:
+        return repr(argv[3])
+    return command_line(argv)
+
+
+def command_line(argv: tuple[str, ...]) -> str:
+    """A user's command as it is shown in messages: quoted, at most 60 characters."""
+    line = quoting.join(argv)
+    return repr(line if len(line) <= 60 else line[:57] + "...")
+
+
+def command_failed(result: CommandResult, what: str | None = None) -> CommandFailed:
     tail = result.output_tail(5)
     detail = f": {tail.splitlines()[-1]}" if tail else ""
     return CommandFailed(
-        f"{result.argv[0]!r} exited with {result.exit_status}{detail}",
+        f"{what or describe(result.argv)} exited with {result.exit_status}{detail}",
         host=result.host,
         exit_status=result.exit_status,
         output_tail=result.output_tail(),

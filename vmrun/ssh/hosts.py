@@ -52,15 +52,3 @@ def parse_host(text: str) -> HostSpec:
         if not 1 <= port <= 65535:
             raise HostSpecError(f"bad port {port} in host {raw!r}: ports are 1-65535")
     return HostSpec(host=host, user=m.group("user"), port=port)
-
-
-def parse_hosts(texts: list[str]) -> list[HostSpec]:
-    """Parse several specs (comma- or space-separated items are allowed), dropping repeats."""
-    specs: list[HostSpec] = []
-    for text in texts:
-        for item in re.split(r"[,\s]+", text.strip()):
-            if item:
-                spec = parse_host(item)
-                if spec not in specs:
-                    specs.append(spec)
-    return specs

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmrun.transfer.manifest import link_inside, safe_rel
+from vmrun.transfer.manifest import links_inside, safe_rel
 from vmrun.transfer.types import Progress
 
 
@@ -60,13 +60,14 @@ def classify(project: Path, files: Sequence[str]) -> Plan:
             plan.sizes[rel] = st.st_size
             plan.mtimes[rel] = st.st_mtime_ns
         elif stat.S_ISLNK(st.st_mode):
-            target = os.readlink(path)
-            if link_inside(rel, target):
-                plan.links.append((rel, target))
-            else:
-                plan.warnings.append(
-                    f"{rel}: symlink to {target!r} outside the project, skipped"
-                    + (" (make it relative to sync it)" if target.startswith("/") else "")
-                )
+            plan.links.append((rel, os.readlink(path)))
         # folders and sockets in a given list are not files to sync
+    inside = links_inside(dict(plan.links))  # resolved through each other, as the host will
+    for rel, target in plan.links:
+        if rel not in inside:
+            plan.warnings.append(
+                f"{rel}: symlink to {target!r} outside the project, skipped"
+                + (" (make it relative to sync it)" if target.startswith("/") else "")
+            )
+    plan.links = [(rel, target) for rel, target in plan.links if rel in inside]
     return plan

@@ -16,8 +16,9 @@ How one host's fetch goes:
    final name; a mismatch is fetched once more from scratch, then reported. An interrupted
    fetch therefore never leaves a partial file under a final name.
 
-Symlinks on the host are recreated when they point inside the fetched directory and
-skipped (never followed) when they point outside it. Nothing here prints: progress goes to
+Symlinks on the host are recreated when they point inside the fetched directory (resolved
+through the other links of it, as the OS would) and skipped (never followed) when they point
+outside it. Nothing here prints: progress goes to
 a `Progress` object, results come back as a `Report`.
 """
 
@@ -39,7 +40,7 @@ from vmrun.transfer.manifest import (
     PART_SUFFIX,
     RootListing,
     join_remote,
-    link_inside,
+    links_inside,
     list_remote,
     part_name,
     part_owner,
@@ -92,6 +93,7 @@ def _plan(
         if top.kind == "f":
             entries = [top]
         chosen: list[Item] = []
+        inside = links_inside({e.rel: e.link for e in entries if e.kind == "l" and safe_rel(e.rel)})
         for entry in entries:
             rel = entry.rel
             match_path = rel or posixpath.basename(root.root)
@@ -105,7 +107,7 @@ def _plan(
             local = base / rel if rel else base
             shown = os.path.relpath(local, dest)
             if entry.kind == "l":
-                if rel and link_inside(rel, entry.link):
+                if rel in inside:
                     links.append((entry.link, local, shown))
                 else:
                     report.skipped.append(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vmrun import hostside
@@ -99,12 +99,36 @@ def safe_rel(rel: str) -> bool:
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
-def link_inside(rel: str, target: str) -> bool:
-    """True for a symlink at `rel` whose relative `target` stays inside the same root."""
-    if not target or target.startswith("/"):
-        return False
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-    return joined != ".." and not joined.startswith("../")
+def links_inside(links: Mapping[str, str]) -> set[str]:
+    """Which symlinks of one root (rel -> target) stay inside it, each resolved as the OS
+    would, through the others: `a -> .` and `b -> a/..` put `b` at the root's parent, though
+    `a/..` reads as inside. A link that climbs out at any step, or loops, is left out."""
+    memo: dict[str, tuple[str, ...] | None] = {}
+
+    def resolve(rel: str) -> tuple[str, ...] | None:
+        """Where the link at `rel` leads, as components under the root; None: outside."""
+        if rel in memo:
+            return memo[rel]
+        memo[rel] = None  # while being resolved: a loop leads nowhere
+        target = links[rel]
+        at: tuple[str, ...] | None = tuple(rel.split("/")[:-1])
+        if not target or target.startswith("/"):
+            at = None
+        for part in target.split("/"):
+            if at is None:
+                break
+            if part in ("", "."):
+                continue
+            if part == "..":
+                at = at[:-1] if at else None
+                continue
+            at = (*at, part)
+            if "/".join(at) in links:
+                at = resolve("/".join(at))
+        memo[rel] = at
+        return at
+
+    return {rel for rel in links if rel and resolve(rel) is not None}
 
 
 def _mtime_ns(text: str) -> int:

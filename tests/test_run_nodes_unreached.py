@@ -1,0 +1,129 @@
+"""A run's recorded node that does not answer is named, and the exit status says the work
+is incomplete: `stop`, `logs` and `fetch` on a two-node run whose second host is down (a
+fake host group, in process: no sshd)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_group import FakeGroup
+
+from vmrun.cli.main import run as cli
+from vmrun.errors import ExitCode
+from vmrun.runs import records
+from vmrun.ssh.connection import Connection
+
+NODES = ["accA", "accB"]
+
+
+@pytest.fixture
+def group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGroup:
+    """accA and accB, both listed; accB refuses connections. Run r1 ran on both."""
+    import vmrun.cli.fetch_run
+    import vmrun.ssh.group
+    import vmrun.ssh.inventory
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    fake = FakeGroup(NODES, tmp_path, down={"accB"})
+    for module in (vmrun.ssh.group, vmrun.cli.fetch_run):
+        monkeypatch.setattr(module, "Group", lambda entries, settings: fake)
+    monkeypatch.setattr(vmrun.ssh.inventory, "select_hosts", lambda *a, **k: fake.entries)
+
+    def list_runs(conn: Connection, run_ids: Any = ()) -> list[records.RunRecord]:
+        meta = {"nodes": NODES, "started": 1.0, "workdir": "w", "template": True}
+        return [
+            records.RunRecord(r, conn.label, meta=meta, alive=True)
+            for r in run_ids or ["r1"]
+            if r == "r1"
+        ]
+
+    monkeypatch.setattr(records, "list_runs", list_runs)
+    return fake
+
+
+def test_find_run_names_the_recorded_node_that_did_not_answer(group: FakeGroup) -> None:
+    rid, found, unreached = records.find_run(group, "r1")
+    assert rid == "r1" and [rec.host for _, rec in found] == ["accA"]
+    assert list(unreached) == ["accB"]
+
+
+def test_stop_names_the_unreached_node_and_does_not_exit_0(
+    group: FakeGroup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stopped = []
+
+    def stop(conn: Connection, run_id: str, **kwargs: Any) -> records.StopResult:
+        stopped.append(conn.label)
+        return records.StopResult(conn.label, run_id, (11, 12), (), ())
+
+    monkeypatch.setattr(records, "stop", stop)
+    code = cli(["stop", "r1"])
+    err = capsys.readouterr()
+    assert stopped == ["accA"]
+    assert "accA: stopped run r1" in err.out
+    assert code == ExitCode.UNREACHABLE
+    assert "accB" in err.err and "not stopped" in err.err
+
+
+def test_logs_names_the_unreached_node_and_does_not_exit_0(
+    group: FakeGroup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(records, "log_times", lambda conn, rid: [(1, 5.0)])
+    monkeypatch.setattr(records, "read_log", lambda conn, rid, on_line, **k: on_line(b"hi\n"))
+    code = cli(["logs", "r1"])
+    err = capsys.readouterr()
+    assert "hi" in err.out
+    assert code == ExitCode.UNREACHABLE
+    assert "accB" in err.err and "no log" in err.err
+
+
+def test_fetch_names_the_unreached_node_and_does_not_exit_0(
+    group: FakeGroup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import vmrun.runs.outputs
+    import vmrun.transfer.download
+    from vmrun.transfer.types import Report
+
+    fetched = []
+
+    def download(conn: Connection, specs: Any, dest: Path, *a: Any) -> Report:
+        fetched.append(conn.label)
+        return Report(conn.label)
+
+    monkeypatch.setattr(vmrun.runs.outputs, "specs_for", lambda *a, **k: [])
+    monkeypatch.setattr(vmrun.transfer.download, "download", download)
+    code = cli(["fetch", "metrics", "--run", "r1"])
+    err = capsys.readouterr().err
+    assert fetched == ["accA"]
+    assert code == ExitCode.UNREACHABLE
+    assert "accB" in err and "no files fetched" in err
+
+
+def test_fetch_of_an_unknown_run_is_a_usage_error_like_logs_and_stop(group: FakeGroup) -> None:
+    group.down.clear()  # every host answers, none has the run
+    for argv in (["fetch", "--run", "r9"], ["logs", "r9"], ["stop", "r9"]):
+        assert cli(argv) == ExitCode.USAGE, argv
+
+
+def test_the_backends_stop_raises_naming_the_unreached_node(
+    group: FakeGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `sweep` calls on Ctrl-C: the reachable node is stopped, the other one named."""
+    from vmrun.errors import HostsFailed
+    from vmrun.runs.hosts_backend import HostsBackend
+
+    stopped = []
+
+    def stop(conn: Connection, run_id: str, **kwargs: Any) -> records.StopResult:
+        stopped.append(conn.label)
+        return records.StopResult(conn.label, run_id, (11,), (), ())
+
+    monkeypatch.setattr(records, "stop", stop)
+    backend = HostsBackend(group)  # type: ignore[arg-type]
+    with pytest.raises(HostsFailed) as failed:
+        backend.stop(backend.find("r1"))
+    assert stopped == ["accA"] and list(failed.value.failures) == ["accB"]
+    assert failed.value.exit_code == ExitCode.UNREACHABLE
