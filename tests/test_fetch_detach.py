@@ -93,6 +93,9 @@ class _Engine:
 class _Conn:
     label = "h1"
 
+    def close(self) -> None:
+        pass
+
 
 def _item(dest: Path) -> Item:
     entry = Entry(rel="", kind="f", size=SIZE, mtime_ns=1_700_000_000 * 10**9, mode=0o644)
@@ -149,6 +152,7 @@ class _Group:
 
     def __init__(self) -> None:
         self.fetching = threading.Event()
+        self.connections = {"h1": _Conn()}
 
     def map(self, fn, only=None):  # type: ignore[no-untyped-def]
         try:  # as the real Group: each host's error is its outcome

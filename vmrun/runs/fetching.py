@@ -115,7 +115,13 @@ class Fetcher:
         return self.round("results") if results else []
 
     def abandon(self) -> None:
-        """Stop at once (detaching): a round under way is cut short, not waited for."""
+        """Stop at once (detaching): a round under way is cut short, not waited for. Its
+        streams are killed; a round trip stuck on a silent link ends when its connection is
+        closed (vmrun is leaving: the caller would close it next)."""
         self.stopped.set()
         self.cancel.set()
-        self.thread.join(timeout=ABANDON_S)
+        self.thread.join(timeout=0.2)
+        if self.thread.is_alive():
+            for node in self.nodes:
+                self.group.connections[node].close()
+            self.thread.join(timeout=ABANDON_S)
