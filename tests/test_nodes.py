@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from vmrun.errors import CommandFailed, ExitCode, RemoteError
+from vmrun.errors import CommandFailed, ConnectionLostError, ExitCode, RemoteError
 from vmrun.runs import nodes, records
 from vmrun.runs.nodes import Prefixer
 from vmrun.ssh.result import CommandResult
@@ -42,8 +42,11 @@ class _Host:
     def run(self, argv: object, *, timeout: float | None = None, **kw: object) -> CommandResult:
         self.timeouts.append(timeout)
         if self.silent:
-            if timeout is None or not self.honours_timeout:
+            if not self.honours_timeout:
                 threading.Event().wait(3)  # the test's bound on "forever"
+                raise ConnectionLostError("gave up at last", host=self.label)
+            if timeout is None:
+                threading.Event().wait(3)
                 raise AssertionError(f"{self.label}: waited with no deadline")
             threading.Event().wait(timeout)  # as vmrun.ssh.channel does at its deadline
             raise CommandFailed("'sh' timed out", host=self.label, exit_status=ExitCode.TIMEOUT)
