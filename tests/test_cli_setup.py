@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -413,8 +414,33 @@ steps:
     assert [e.label for e in recorded] == ["h1", "h3"]
 
 
+def _new_boot_id(host: TestHost) -> None:
+    """STAND-IN for a new boot's kernel (the test hosts share this machine's): the host's
+    sshd, and every session it starts, sees another boot_id, a file bind-mounted over
+    /proc/sys/kernel/random/boot_id in the sshd's own mount namespace (`ip netns exec` gave
+    it one; the mount goes with that namespace at the next "reboot")."""
+    pid = host.sshd_pid()
+    assert pid is not None, f"sshd of {host.name} is not running"
+    assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"), (
+        "the test host shares this machine's mount namespace"
+    )
+    folder = Path(tempfile.mkdtemp(prefix="vmrun-standin-boot-id-"))
+    fake = folder / "boot_id"
+    fake.write_text(f"{uuid.uuid4()}\n")
+    fake.chmod(0o444)
+    inside = ["nsenter", "-t", str(pid), "-m", "--"]
+    try:
+        subprocess.run([*inside, "mount", "--bind", str(fake), BOOT_ID], check=True)
+    finally:
+        shutil.rmtree(folder)  # the mount holds the file itself
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
 def _simulate_reboot(host: TestHost, errors: list[BaseException]) -> threading.Thread:
-    """The host's "reboot": when asked, drop sshd and every session, come back 2 s later."""
+    """The host's "reboot": when asked, drop sshd and every session, come back 2 s later
+    with another boot_id (setup counts the reboot only then)."""
 
     def reboot() -> None:
         try:
@@ -423,6 +449,7 @@ def _simulate_reboot(host: TestHost, errors: list[BaseException]) -> threading.T
             (host.home / "rebooted").touch()
             threading.Event().wait(2)  # the host is down for a while
             host.start_sshd()
+            _new_boot_id(host)
         except BaseException as exc:
             errors.append(exc)
 

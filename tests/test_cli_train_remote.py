@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -263,6 +264,56 @@ def test_fetch_every_brings_snapshots_while_the_run_goes_on(bed: NetnsBed, proje
     assert "brings its files" not in said, said
     bad = project.vmrun("train", "-H", "h1", "--fetch-every", "5", "--detach")
     assert bad.returncode == 2 and "--fetch-every needs" in bad.stderr
+
+
+def test_ctrl_c_with_fetch_every_detaches_at_once_mid_fetch(bed: NetnsBed, project: Client) -> None:
+    """Ctrl-C while a --fetch-every round is fetching a big checkpoint (OpenSSH's client,
+    from 128 MiB), its link gone silent (cut; the keepalive set long, so nothing notices
+    for a minute), detaches at once: it waited for the round before, up to 600 s. The file
+    cut short stays under its temporary name; nothing partial under the final one."""
+    h1 = bed["h1"]
+    (project.cwd / "stall.py").write_text(
+        "import os, time\nprint('ready', flush=True)\n"
+        "while not os.path.exists('go'):\n    time.sleep(0.1)\n"
+        "open('ckpt.pt', 'wb').write(bytes(256 << 20))\ntime.sleep(600)\n"
+    )
+    slow_keepalive = {"VMRUN_KEEPALIVE_INTERVAL": "20", "VMRUN_KEEPALIVE_COUNT_MAX": "3"}
+    proc = project.popen(
+        "train", "stall.py", "-H", "h1", "--launcher", "python", "--fetch-every", "0.2",
+        env=slow_keepalive,
+    )  # fmt: skip
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore
+    workdir = h1.home / remote_workdir(project.cwd)
+    try:
+        reader.start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "ready" in line:
+                break
+        started = wait_for(lambda: re.search(r"run (\S+) started on", "".join(err)), 60, "start")
+        local = project.cwd / "results" / started.group(1)  # type: ignore[attr-defined]
+        (workdir / "go").touch()
+        wait_for(lambda: any(local.glob(".ckpt.pt.*.vmrun-part")), 60, "the fetch", interval=0.01)
+        h1.cut_link()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        took = time.monotonic() - sent
+        reader.join(10)
+    finally:
+        h1.heal_link()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = "".join(err)
+    assert proc.returncode == 0, said
+    rid = run_id_of(said)
+    assert took < 8, (took, said)  # it was the round's whole wait (here, a minute)
+    assert f"detached from run {rid}" in said and "failed this round" not in said, said
+    whole = (workdir / "ckpt.pt").read_bytes()
+    assert not (local / "ckpt.pt").exists() or (local / "ckpt.pt").read_bytes() == whole
+    assert project.vmrun("stop", rid, "-H", "h1").returncode == 0
 
 
 def test_allow_concurrent_runs_share_a_host_without_clashing(

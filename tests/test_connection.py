@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -17,6 +19,7 @@ from conftest import Client, user_commands, wait_for
 from testbed import NetnsBed
 
 import vmrun.ssh
+from vmrun.config import Settings, load_settings
 from vmrun.errors import (
     AuthError,
     ChangedHostKeyError,
@@ -389,3 +392,135 @@ def test_transport_read_while_another_thread_closes(loopback, client: Client) ->
         conn.close()
     assert not thread.is_alive()
     assert not errors, errors
+
+
+# -- the dial: one deadline, and close() never waits for it (quick tier: local fakes) -----
+
+
+@pytest.fixture
+def quiet_port() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A local TCP port that accepts and then never says a word (no SSH banner); and the
+    connections it has accepted."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], held
+    stop.set()
+    thread.join(5)
+    for sock in [*held, server]:
+        sock.close()
+
+
+def _local_settings(tmp_path: Path, **flags: object) -> Settings:
+    return load_settings(flags, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+
+
+def test_close_during_a_dial_returns_at_once_and_the_dial_fails(
+    quiet_port: tuple[int, list[socket.socket]], tmp_path: Path
+) -> None:
+    """close() from another thread while the connection is being opened (here: waiting for
+    a banner that never comes) neither waits for the dial nor lets it go on: the dial ends
+    with the connection error at once, not at the end of connect_timeout."""
+    port, accepted = quiet_port
+    conn = Connection(f"u@127.0.0.1:{port}", _local_settings(tmp_path, connect_timeout=30))
+    outcome: list[BaseException | None] = []
+    opener = threading.Thread(target=lambda: outcome.append(_error_of(conn.open)), daemon=True)
+    opener.start()
+    wait_for(lambda: accepted, 10, "the dial to reach the server")
+    time.sleep(0.2)  # into the wait for the banner (an early close is aborted as well)
+    started = time.monotonic()
+    conn.close()
+    closed_in = time.monotonic() - started
+    opener.join(10)
+    assert closed_in < 1, closed_in  # the old lock made it wait out the whole connect
+    assert not opener.is_alive() and time.monotonic() - started < 5  # not 30 s
+    (error,) = outcome
+    assert isinstance(error, ConnectionLostError), error
+    assert "while connecting" in error.message
+
+
+def _error_of(fn: Callable[[], object]) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as exc:
+        return exc
+    return None
+
+
+class _SlowLogin:
+    """A paramiko server whose every login attempt takes `delay` seconds and fails."""
+
+    def __init__(self, delay: float):
+        import paramiko
+
+        self.delay = delay
+        self.base = paramiko.ServerInterface
+
+    def interface(self) -> object:
+        delay = self.delay
+
+        class Slow(self.base):  # type: ignore[name-defined, misc]
+            def get_allowed_auths(self, username: str) -> str:
+                return "publickey"
+
+            def check_auth_publickey(self, username: str, key: object) -> int:
+                time.sleep(delay)
+                return 2  # paramiko.AUTH_FAILED
+
+        return Slow()
+
+
+def test_the_whole_dial_fits_in_one_connect_timeout(tmp_path: Path) -> None:
+    """Banner and key exchange come at once, then each of three keys takes 1.5 s to be
+    refused: with a timeout per phase (and per key) that was 4.5 s and more for a 2 s
+    connect_timeout; it is one deadline for the whole dial."""
+    import paramiko
+
+    host_key = paramiko.RSAKey.generate(1024)
+    keys = []
+    for i in range(3):
+        path = tmp_path / f"key{i}"
+        paramiko.RSAKey.generate(1024).write_private_key_file(str(path))
+        keys.append(path)
+    server = socket.create_server(("127.0.0.1", 0))
+    transports: list[paramiko.Transport] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            sock, _ = server.accept()
+            transport = paramiko.Transport(sock)
+            transports.append(transport)
+            transport.add_server_key(host_key)
+            transport.start_server(server=_SlowLogin(1.5).interface())  # type: ignore[arg-type]
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = server.getsockname()[1]
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host slow\n  HostName 127.0.0.1\n  Port {port}\n  User u\n  IdentitiesOnly yes\n"
+        + "".join(f"  IdentityFile {k}\n" for k in keys)
+    )
+    settings = _local_settings(
+        tmp_path, connect_timeout=2, ssh_config=str(config), accept_new_host_key=True
+    )
+    started = time.monotonic()
+    try:
+        error = _error_of(Connection("slow", settings).open)
+        took = time.monotonic() - started
+    finally:
+        server.close()
+        for transport in transports:
+            transport.close()
+    assert 1.9 < took < 3.5, (took, error)  # about the one deadline, not one per phase
+    assert isinstance(error, UnreachableError), error
+    assert "within 2 s" in error.message and "connect_timeout" in error.message
+    assert error.exit_code == ExitCode.UNREACHABLE

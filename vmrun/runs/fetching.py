@@ -6,7 +6,9 @@ one listing round trip when nothing changed): every S seconds the `checkpoints` 
 on each of its nodes, leaving files modified in the last SETTLE seconds for the next
 round (they may still be written). Into `results/<run-id>/` (a folder per node when
 several), as `vmrun fetch` would put them. The nodes are fetched from concurrently
-(vmrun.ssh.group), each node's notes kept together.
+(vmrun.ssh.group), each node's notes kept together. Detaching (Ctrl-C) abandons a round
+under way at once: its streams are killed, and a file cut short stays under its temporary
+name, to resume next time.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from vmrun.errors import RemoteError, VmrunError
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
+from vmrun.transfer.types import Cancel
 
+ABANDON_S = 2.0  # how long an abandoned round may take to notice (then left to the daemon)
 SETTLE = 0.5  # shorter than `fetch --watch`'s 2 s: snapshots are rewritten every few seconds,
 # and a file that changes while it travels fails its checksum and comes next round anyway
 
@@ -44,6 +48,7 @@ class Fetcher:
         self.every = every
         self.note = note
         self.stopped = threading.Event()
+        self.cancel = Cancel()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="vmrun-fetcher")
         self.lock = threading.Lock()
         self.locations: dict[str, RunLocation] = {}
@@ -67,6 +72,8 @@ class Fetcher:
             )
         unexpected: BaseException | None = None
         failed = [o.host for o in outcomes if o.error is not None]
+        if self.cancel.event.is_set():
+            return failed  # abandoned: vmrun is leaving, and says nothing more of it
         for outcome in outcomes:
             if isinstance(outcome.error, VmrunError):
                 message = outcome.error.message
@@ -90,7 +97,7 @@ class Fetcher:
             location = self.locations[conn.label] = locate_run(conn, self.rid)
         host_dir = conn.label.replace("/", "_") if len(self.nodes) > 1 else None
         specs = resolve_what(what, location, host_dir=host_dir)
-        report = download(conn, specs, self.dest, Options(settle=settle))
+        report = download(conn, specs, self.dest, Options(settle=settle, cancel=self.cancel))
         if report.failed:  # the round failed on this node: said, and named by `round`
             name, why = next(iter(report.failed.items()))
             more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
@@ -106,3 +113,15 @@ class Fetcher:
         self.stopped.set()
         self.thread.join(timeout=600)
         return self.round("results") if results else []
+
+    def abandon(self) -> None:
+        """Stop at once (detaching): a round under way is cut short, not waited for. Its
+        streams are killed; a round trip stuck on a silent link ends when its connection is
+        closed (vmrun is leaving: the caller would close it next)."""
+        self.stopped.set()
+        self.cancel.set()
+        self.thread.join(timeout=0.2)
+        if self.thread.is_alive():
+            for node in self.nodes:
+                self.group.connections[node].close()
+            self.thread.join(timeout=ABANDON_S)

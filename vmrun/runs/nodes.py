@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from vmrun.ssh.connection import Connection
 Emit = Callable[[bytes], None]
 Note = Callable[[str], None]
 ALIVE_CHECK_S = 10.0  # how long a quick command may take on a host thought alive
+STOP_SLACK_S = 10.0  # beyond a stop's own deadline: opening its channel, on a loaded host
+LOGS_END_S = 10.0  # for the other nodes' logs to end once their runs are stopped
 
 
 @dataclass
@@ -177,11 +180,16 @@ def _fail(
     stoppers = [threading.Thread(target=stop, args=(c,), daemon=True) for c in reachable]
     for t in stoppers:
         t.start()
-    for t in stoppers:
-        t.join()
-    for t in threads:  # the other logs end now that their runs have ended
-        t.join(timeout=10)
-    left = [f"{h} {what}" for h, what in results.items()]
+    waited = runs.stop_deadline(grace) + STOP_SLACK_S  # each stop's own, and opening a channel
+    _join_all(stoppers, waited)
+    answered = []
+    for conn, t in zip(reachable, stoppers, strict=True):
+        if t.is_alive():  # a host that answers nothing at all: named, not waited for
+            results.setdefault(conn.label, f"did not confirm the stop within {waited:g} s")
+        else:
+            answered.append(conn)
+    _join_all(threads, LOGS_END_S)  # the other logs end now that their runs have ended
+    left = [f"{h} {what}" for h, what in dict(results).items()]
     if first.error is not None:
         left.append(f"{first.host} unreachable: `vmrun stop {rid}` once it is back")
     note("; ".join(left))
@@ -190,8 +198,15 @@ def _fail(
         f"run {rid} failed: node {first.host} was the first to fail ({why})",
         host=first.host,
         exit_status=code if 0 < code < 256 else 1,
-        hint=f"see `vmrun logs {rid} --node {first.host}`; {_next_step(rid, reachable)}",
+        hint=f"see `vmrun logs {rid} --node {first.host}`; {_next_step(rid, answered)}",
     )
+
+
+def _join_all(threads: Sequence[threading.Thread], seconds: float) -> None:
+    """Join them all within one deadline (not `seconds` each)."""
+    deadline = time.monotonic() + seconds
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _next_step(rid: str, conns: Sequence[Connection]) -> str:

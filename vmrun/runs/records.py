@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmrun.errors import HostsFailed, RemoteError, UsageError
+from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR, run_dir
 from vmrun.runs.state import RunState
@@ -272,14 +272,35 @@ def line_times(marks: Sequence[tuple[int, float]], lines: int) -> list[float]:
     return times
 
 
+STOP_KILL_S = 5.0  # run_stop.sh's KILL loop, after the grace
+STOP_MARGIN_S = 20.0  # the process table read three times on a loaded host, the round trip
+
+
+def stop_deadline(grace: float) -> float:
+    """How long a stop may take, all told, before its host counts as not confirming it."""
+    return grace + STOP_KILL_S + STOP_MARGIN_S
+
+
 def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
     """TERM every process of the run, KILL what is left after the grace (wall-clock), and
-    verify none is left."""
+    verify none is left; within `stop_deadline(grace)`, as the Slurm stop has one, else
+    CommandFailed (exit 124) naming the host."""
     centis = str(max(10, round(grace * 100)))
-    result = conn.run(
-        ["sh", "-c", source("run_stop.sh"), "vmrun-stop", RUNS_DIR, check_run_id(run_id), centis],
-        what=f"the stop of run {run_id}",
-    )
+    deadline = stop_deadline(grace)
+    argv = ["sh", "-c", source("run_stop.sh"), "vmrun-stop", RUNS_DIR, check_run_id(run_id)]
+    try:
+        result = conn.run(
+            [*argv, centis], timeout=deadline, what=f"the stop of run {run_id}"
+        )
+    except CommandFailed as exc:
+        if exc.exit_status != ExitCode.TIMEOUT:
+            raise
+        raise CommandFailed(
+            f"stopping run {run_id} was not confirmed within {deadline:g} s",
+            host=conn.label,
+            exit_status=ExitCode.TIMEOUT,
+            hint=f"its processes may still run: `vmrun stop {run_id}` again once the host answers",
+        ) from None
     if result.exit_status == 3:
         raise UsageError(f"no run {run_id} on this host", host=conn.label)
     if not result.ok:

@@ -79,8 +79,8 @@ def _follow(
     try:
         backend.follow(ref, on_line, note, announce=fetcher is None, verbose=verbose)
     except (Detached, Interrupted):
-        if fetcher:
-            fetcher.finish(results=False)
+        if fetcher:  # at once: a round under way resumes next time, from its partial files
+            fetcher.abandon()
         if down:
             note("--down-after-run: the hosts stay up, as the run goes on without vmrun")
         raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,9 +29,10 @@ from vmrun.errors import (
     VmrunError,
 )
 from vmrun.ssh.channel import Channels
-from vmrun.ssh.dial import tcp_connect, transport_factory
+from vmrun.ssh.dial import Dial, tcp_connect, transport_factory
 from vmrun.ssh.hosts import HostSpec, parse_host
 from vmrun.ssh.sshconfig import Target, resolve
+from vmrun.ssh.watchdog import Watchdog
 
 if TYPE_CHECKING:
     import paramiko
@@ -48,42 +50,6 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 
-class _Watchdog(threading.Thread):
-    """Declares a connection lost when a keepalive probe goes unanswered too long.
-
-    paramiko's own keepalive never waits for an answer, and TCP notices a silent peer
-    only after many minutes; this is OpenSSH's ServerAliveInterval/CountMax. The reason is
-    set before the transport is closed, so whoever sees the transport dead sees why.
-    """
-
-    def __init__(self, transport: paramiko.Transport, interval: float, count_max: int):
-        super().__init__(daemon=True, name="vmrun-watchdog")
-        self.transport = transport
-        self.interval = interval
-        self.dead_after = interval * count_max
-        self.stopped = threading.Event()
-        self.lost_reason: str | None = None
-
-    def _probe(self, answered: threading.Event) -> None:
-        try:
-            self.transport.global_request("keepalive@openssh.com", wait=True)
-        except Exception:
-            pass
-        finally:
-            answered.set()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            if not self.transport.is_active():
-                return
-            answered = threading.Event()
-            threading.Thread(target=self._probe, args=(answered,), daemon=True).start()
-            if not answered.wait(self.dead_after) and not self.stopped.is_set():
-                self.lost_reason = f"the host stopped answering for {self.dead_after:g} s"
-                self.transport.close()
-                return
-
-
 @dataclass(frozen=True)
 class _Link:
     """An open connection's parts. Replaced whole, never edited, so a reader that took it
@@ -91,7 +57,7 @@ class _Link:
 
     client: paramiko.SSHClient
     transport: paramiko.Transport
-    watchdog: _Watchdog
+    watchdog: Watchdog
     jump: Connection | None
 
     def close(self) -> None:
@@ -120,6 +86,7 @@ class Connection(Channels):
         self._depth = _depth
         self._lock = threading.Lock()
         self._link: _Link | None = None  # read and replaced only under _lock
+        self._dial: Dial | None = None  # the dial under way, if any (also under _lock)
         self.target: Target | None = None
 
     def open(self) -> Connection:
@@ -127,10 +94,38 @@ class Connection(Channels):
         return self
 
     def _current_link(self) -> _Link:
-        with self._lock:
-            if self._link is None:
-                self._link = self._connect()
-            return self._link
+        """The open link, dialing it first if need be. The lock is held only to look and to
+        install: the dial itself runs outside it, so close() never waits for one (it aborts
+        it), and other threads wanting the link wait for that one dial's outcome."""
+        while True:
+            with self._lock:
+                if self._link is not None:
+                    return self._link
+                dial, mine = self._dial, self._dial is None
+                if mine:
+                    dial = self._dial = Dial()
+            assert dial is not None
+            if not mine:
+                dial.done.wait()
+                if dial.error is not None:
+                    raise dial.error
+                continue
+            try:
+                link = self._connect(dial)
+                with self._lock:
+                    if self._dial is dial and dial.settle():
+                        self._dial, self._link = None, link
+                        return link
+                link.close()  # closed (or out of time) just as it opened
+                raise self._dial_error(dial, None)
+            except BaseException as exc:
+                with self._lock:
+                    if self._dial is dial:
+                        self._dial = None
+                dial.error = exc
+                raise
+            finally:
+                dial.done.set()
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -145,8 +140,12 @@ class Connection(Channels):
         return _lost(self.label, link, doing)
 
     def close(self) -> None:
+        """Close it now; a dial under way is aborted (it fails with ConnectionLostError)."""
         with self._lock:
             link, self._link = self._link, None
+            dial, self._dial = self._dial, None
+        if dial is not None:
+            dial.abort("closed")
         if link is not None:
             link.close()
 
@@ -158,23 +157,52 @@ class Connection(Channels):
 
     # -- opening -------------------------------------------------------------------------
 
-    def _connect(self) -> _Link:
+    def _connect(self, dial: Dial) -> _Link:
+        """Open the link within ONE connect_timeout for DNS, TCP, banner, key exchange and
+        login together: a timer aborts the dial when it passes, whatever phase it is in."""
         settings = self.settings
-        target = self.target = resolve(self.spec, settings.ssh_config)
-        sock, jump = self._open_socket(target, settings.connect_timeout)
+        deadline = time.monotonic() + settings.connect_timeout
+        timer = threading.Timer(settings.connect_timeout, dial.abort, args=("timed out",))
+        timer.daemon = True
+        timer.start()
         try:
-            client = self._handshake(target, sock)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                sock.close()
-            if jump is not None:
-                jump.close()
-            raise
+            target = self.target = resolve(self.spec, settings.ssh_config)
+            sock, jump = self._open_socket(target, settings.connect_timeout, dial)
+            dial.ssh_started = True
+            dial.hold(sock)
+            try:
+                client = self._handshake(target, sock, dial, deadline)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    sock.close()
+                if jump is not None:
+                    jump.close()
+                raise
+        except BaseException as exc:
+            if dial.aborted is None or (not dial.ssh_started and dial.aborted != "closed"):
+                raise  # DNS and TCP say their own timeouts
+            raise self._dial_error(dial, exc) from None
+        finally:
+            timer.cancel()
         transport = client.get_transport()
         assert transport is not None
-        watchdog = _Watchdog(transport, settings.keepalive_interval, settings.keepalive_count_max)
+        watchdog = Watchdog(transport, settings.keepalive_interval, settings.keepalive_count_max)
         watchdog.start()
         return _Link(client, transport, watchdog, jump)
+
+    def _dial_error(self, dial: Dial, exc: BaseException | None) -> VmrunError:
+        """Why an aborted dial failed: closed meanwhile, or out of time."""
+        if dial.aborted == "timed out":
+            target = self.target
+            where = f"{target.hostname} port {target.port}" if target else self.label
+            return UnreachableError(
+                f"no SSH session with {where} within {self.settings.connect_timeout:g} s"
+                " (connect_timeout: DNS, TCP, SSH handshake and login together)",
+                host=self.label,
+                hint="check that the port is sshd's and the host is not overloaded,"
+                " or raise --connect-timeout",
+            )
+        return _lost(self.label, None, "while connecting")
 
     def _new_client(self, target: Target) -> tuple[paramiko.SSHClient, list[Path]]:
         """A client that knows the host keys of every known_hosts file, and is strict about
@@ -200,11 +228,14 @@ class Connection(Channels):
         )
         return client, known_files
 
-    def _handshake(self, target: Target, sock: Any) -> paramiko.SSHClient:
-        """SSH over the open socket: key exchange, host key check, authentication."""
+    def _handshake(
+        self, target: Target, sock: Any, dial: Dial, deadline: float
+    ) -> paramiko.SSHClient:
+        """SSH over the open socket: key exchange, host key check, authentication (each
+        phase within what is left of the dial's time; `dial` holds the transport to abort)."""
         client, known_files = self._new_client(target)
         identities = [str(p) for p in target.identity_files if p.is_file()]
-        timeout = self.settings.connect_timeout
+        timeout = max(0.1, deadline - time.monotonic())
         try:
             # With `sock` given, paramiko uses hostname/port only to name the known_hosts entry.
             client.connect(
@@ -219,7 +250,7 @@ class Connection(Channels):
                 auth_timeout=timeout,
                 channel_timeout=timeout,
                 sock=sock,
-                transport_factory=transport_factory,
+                transport_factory=lambda *a, **kw: dial.hold(transport_factory(*a, **kw)),
             )
         except Exception as exc:
             client.close()
@@ -280,16 +311,19 @@ class Connection(Channels):
             hint=_AUTH_HINT,
         )
 
-    def _open_socket(self, target: Target, timeout: float) -> tuple[Any, Connection | None]:
+    def _open_socket(
+        self, target: Target, timeout: float, dial: Dial
+    ) -> tuple[Any, Connection | None]:
         """A byte stream to the host's sshd, and the jump host's connection if it needs one."""
         jumps = self._via if self._via is not None else target.proxy_jump
         if jumps:
-            return self._open_via_jump(jumps, target, timeout)
+            dial.ssh_started = True  # the jump host's own dial says its DNS and TCP errors
+            return self._open_via_jump(jumps, target, timeout, dial)
         if target.proxy_command:
             import paramiko
 
             try:
-                return paramiko.ProxyCommand(target.proxy_command), None
+                return dial.hold(paramiko.ProxyCommand(target.proxy_command)), None
             except Exception as exc:
                 raise UnreachableError(
                     f"ProxyCommand failed to start: {exc}", host=self.label
@@ -297,7 +331,7 @@ class Connection(Channels):
         return tcp_connect(target.hostname, target.port, timeout, self.label), None
 
     def _open_via_jump(
-        self, jumps: tuple[HostSpec, ...], target: Target, timeout: float
+        self, jumps: tuple[HostSpec, ...], target: Target, timeout: float, dial: Dial
     ) -> tuple[Any, Connection]:
         """ProxyJump: a direct-tcpip channel through the last jump host.
 
@@ -311,6 +345,7 @@ class Connection(Channels):
             )
         *earlier, last = jumps
         jump = Connection(last, self.settings, via=tuple(earlier) or None, _depth=self._depth + 1)
+        dial.hold(jump)
         try:
             transport = jump.transport
         except VmrunError as exc:

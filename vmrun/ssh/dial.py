@@ -3,10 +3,13 @@
 getaddrinfo has no timeout of its own, so it runs in a thread we can stop waiting for; the
 socket gets TCP_NODELAY because SSH's small handshake packets otherwise wait on Nagle's
 algorithm (handshakes 3x slower), and SO_KEEPALIVE so the kernel reaps dead peers too.
+A `Dial` is one attempt to open a connection: one deadline for all of it, and a way for
+another thread (close(), Ctrl-C) to end it at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import threading
@@ -25,6 +28,57 @@ _PREFERRED_CIPHERS = (
     "aes256-ctr",
 )
 WINDOW_SIZE = 16 * 1024 * 1024
+
+
+class Dial:
+    """One attempt to open a connection. What it has opened so far (the socket, the SSH
+    transport, a jump host's connection) is held here, so that `abort` (the deadline passing,
+    or the connection being closed meanwhile) shuts it from another thread: each phase then
+    fails at once instead of waiting out its own timeout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parts: list[Any] = []
+        self.aborted: str | None = None  # "timed out" or "closed"
+        self.settled = False
+        self.ssh_started = False  # past DNS and TCP, which say their own timeouts
+        self.done = threading.Event()  # the attempt ended, one way or the other
+        self.error: BaseException | None = None  # how it failed, for threads that waited
+
+    def hold(self, part: Any) -> Any:
+        """Keep `part` to shut on abort (at once if aborted already); returns it."""
+        with self._lock:
+            if self.aborted is None:
+                self._parts.append(part)
+                return part
+        _shut(part)
+        return part
+
+    def abort(self, why: str) -> None:
+        with self._lock:
+            if self.aborted is not None or self.settled:
+                return
+            self.aborted = why
+            parts, self._parts = self._parts, []
+        for part in reversed(parts):
+            _shut(part)
+
+    def settle(self) -> bool:
+        """The connection is open: aborting no longer applies. False if it came too late."""
+        with self._lock:
+            self.settled = self.aborted is None
+            self._parts = []
+            return self.settled
+
+
+def _shut(part: Any) -> None:
+    """Shut one piece of a dial from another thread. A bare socket is shut down, not closed:
+    its owner closes it (closing an fd another thread blocks on could hit a reused number)."""
+    with contextlib.suppress(Exception):  # already closed, or broken: shut either way
+        if isinstance(part, socket.socket):
+            part.shutdown(socket.SHUT_RDWR)
+        else:
+            part.close()
 
 
 def transport_factory(sock: Any, **kwargs: Any) -> paramiko.Transport:

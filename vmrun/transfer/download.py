@@ -10,8 +10,9 @@ How one host's fetch goes:
    paramiko channel: vmrun.transfer.streams), each file into a temporary name beside its final one
    that carries the remote file's identity: `.NAME.<size>-<mtime>.vmrun-part`. A file whose
    temporary copy survived an earlier, interrupted run continues from where it stopped
-   (`tail -c +N`). Meanwhile the host computes the SHA-256 of the same files, and each
-   file is hashed here as it arrives.
+   (`tail -c +N`); a fetch stopped from elsewhere (`Options.cancel`) kills its streams at
+   once, leaving exactly such copies. Meanwhile the host computes the SHA-256 of the same
+   files, and each file is hashed here as it arrives.
 4. Only a file whose two checksums match is given its mode and mtime and renamed over the
    final name; a mismatch is fetched once more from scratch, then reported. An interrupted
    fetch therefore never leaves a partial file under a final name.
@@ -284,7 +285,8 @@ def _transfer(
     report.engine = engine.name
     progress.begin(conn.label, len(items), remaining)
     hasher = _RemoteHashes(conn, [it.remote for it in items])
-    receiver = Receiver(conn.label, engine, options.bwlimit, progress, report)
+    cancel = options.cancel
+    receiver = Receiver(conn.label, engine, options.bwlimit, progress, report, cancel)
     try:
         whole = [it for it in items if it.offset == 0]
         if whole:
@@ -295,8 +297,14 @@ def _transfer(
             elif it.offset and it.offset == it.entry.size:
                 it.received = it.offset
                 it.digest = file_sha256(it.part)  # type: ignore[arg-type]
+    except BaseException:
+        if cancel is not None:
+            cancel.check()  # stopped from elsewhere: that, not the broken stream, is the news
+        raise
     finally:
-        hasher.join()
+        hasher.join(0 if cancel is not None and cancel.event.is_set() else None)
+    if cancel is not None:
+        cancel.check()
     hashes = hasher.result()
     failed = []
     for it in items:
@@ -372,6 +380,8 @@ def download(
             to_send.append(it)
     if to_check:
         to_send += _settle_by_checksum(conn, to_check, options, report)
+    if options.cancel is not None:
+        options.cancel.check()
     try:
         failed = _transfer(conn, to_send, options, progress, report) if to_send else []
         if failed:  # once more from scratch, with what the host has now

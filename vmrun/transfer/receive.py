@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from vmrun.transfer.streams import Engine, Stream, read_exact
 from vmrun.transfer.tar import TAR_CREATE, TruncatedStream, drain, members, skip
 
 if TYPE_CHECKING:
-    from vmrun.transfer.types import Progress, Report
+    from vmrun.transfer.types import Cancel, Progress, Report
 
 SMALL = 4 << 20  # files up to this size go through memory; larger ones are spliced
 
@@ -41,6 +42,45 @@ class Item:
     received: int = -1  # bytes of the file now in `part` (-1: nothing arrived)
     digest: str | None = None
     why: str = ""
+
+
+class _Held:
+    """A stream registered with a Cancel until it has finished."""
+
+    def __init__(self, stream: Stream, cancel: Cancel):
+        self.stream, self.cancel = stream, cancel
+        self.token = cancel.hold(stream.kill)
+
+    def send(self, data: bytes | memoryview) -> None:
+        self.stream.send(data)
+
+    def close_input(self) -> None:
+        self.stream.close_input()
+
+    def read(self, size: int) -> bytes:
+        return self.stream.read(size)
+
+    def copy_to(self, fd: int, count: int, on_chunk: Callable[[int], None]) -> int:
+        return self.stream.copy_to(fd, count, on_chunk)
+
+    def finish(self) -> tuple[int, str]:
+        try:
+            return self.stream.finish()
+        finally:
+            self.cancel.release(self.token)
+
+    def kill(self) -> None:
+        self.stream.kill()
+
+
+class Cancellable:
+    """An engine whose open streams a Cancel can kill from another thread."""
+
+    def __init__(self, engine: Engine, cancel: Cancel):
+        self.engine, self.cancel, self.name = engine, cancel, engine.name
+
+    def open(self, command: str) -> Stream:
+        return _Held(self.engine.open(command), self.cancel)
 
 
 def stream_error(status: int, err: str, label: str, doing: str) -> VmrunError:
@@ -62,15 +102,24 @@ class Receiver:
     """Moves one host's files through an engine into their temporary names."""
 
     def __init__(
-        self, host: str, engine: Engine, bwlimit: float | None, progress: Progress, rep: Report
+        self,
+        host: str,
+        engine: Engine,
+        bwlimit: float | None,
+        progress: Progress,
+        rep: Report,
+        cancel: Cancel | None = None,
     ):
-        self.engine = engine
+        self.cancel = cancel
+        self.engine = Cancellable(engine, cancel) if cancel is not None else engine
         self.progress = progress
         self.report = rep
         self.throttle = Throttle(bwlimit)
         self.host = host
 
     def _on_chunk(self, nbytes: int) -> None:
+        if self.cancel is not None:
+            self.cancel.check()
         self.report.wire_bytes += nbytes
         self.progress.advance(self.host, nbytes)
         self.throttle(nbytes)

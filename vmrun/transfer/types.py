@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from vmrun.errors import Interrupted
 
 BIG_TRANSFER = 128 << 20  # from here on OpenSSH's client pays for its own handshake
 
@@ -24,12 +28,50 @@ class FetchSpec:
     newer_than_ns: int = 0  # only files modified since (a run's outputs among synced code)
 
 
+class Cancel:
+    """Stops a transfer from another thread at once (detaching from `train --fetch-every`):
+    `set` kills the streams it has open, and its next step raises Interrupted. Files cut
+    short stay under their temporary names, and resume next time."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._kills: dict[int, Callable[[], None]] = {}
+        self._next = 0
+
+    def hold(self, kill: Callable[[], None]) -> int:
+        """Register how to kill an open stream (killed at once if already set)."""
+        with self._lock:
+            self._next += 1
+            self._kills[self._next] = kill
+            token = self._next
+        if self.event.is_set():
+            kill()
+        return token
+
+    def release(self, token: int) -> None:
+        with self._lock:
+            self._kills.pop(token, None)
+
+    def set(self) -> None:
+        self.event.set()
+        with self._lock:
+            kills = list(self._kills.values())
+        for kill in kills:
+            kill()
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise Interrupted("the transfer was stopped")
+
+
 @dataclass(frozen=True)
 class Options:
     verify: bool = False  # compare checksums of unchanged files too
     settle: float = 0.0  # skip files modified less than this many seconds ago (--watch)
     engine: str = "auto"  # "auto", "openssh" or "paramiko"
     bwlimit: float | None = None  # bytes per second
+    cancel: Cancel | None = field(default=None, compare=False)  # stops it from elsewhere
 
 
 class Progress:
