@@ -18,9 +18,8 @@ How one host's fetch goes:
    fetch therefore never leaves a partial file under a final name.
 
 Symlinks on the host are recreated when they point inside the fetched directory (resolved
-through the other links of it, as the OS would) and skipped (never followed) when they point
-outside it. Nothing here prints: progress goes to
-a `Progress` object, results come back as a `Report`.
+through its other links, as the OS would) and skipped (never followed) when they point
+outside it. Nothing here prints: progress goes to a `Progress` object, results to a `Report`.
 """
 
 from __future__ import annotations
