@@ -78,6 +78,32 @@ def test_a_local_sweep_runs_each_size_and_records_it(client: Client) -> None:
     assert runs[1] in done.stdout  # the table is printed too
 
 
+def test_a_list_of_batch_sizes_is_an_axis_named_in_runs_report_and_plot(client: Client) -> None:
+    """--batch-size 8,16 on this machine (--cpus-per-task is Slurm's: -C only): a run per
+    value, each named by it; the report has a BATCH column, the plot's legend says it."""
+    done = client.vmrun(
+        "sweep", "--local", "--batch-size", "16,8", "--epochs", "1", env=TWO_CORES, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    sizes = _record(client)["sizes"]
+    assert [(s["values"], s["state"]) for s in sizes] == [
+        ({"batch_size": 8}, "done"), ({"batch_size": 16}, "done"),
+    ]  # fmt: skip
+    runs = [s["run"] for s in sizes]
+    assert runs[0].startswith("template-1x1-batch8-")
+    assert runs[1].startswith("template-1x1-batch16-")
+    for run, batch in zip(runs, ("8", "16"), strict=True):  # the run really trained with it
+        record = json.loads((client.cwd / "results" / run / "run.json").read_text())
+        assert record["args"][record["args"].index("--batch-size") + 1] == batch
+    folder = _sweep_dir(client)
+    rows = json.loads((folder / "report.json").read_text())
+    assert [r["varied"] for r in rows] == [{"batch": "8"}, {"batch": "16"}]
+    table = (folder / "report.md").read_text().splitlines()
+    assert table[0].startswith("| RUN | BATCH | NODES |") and f"| {runs[1]} | 16 |" in table[3]
+    assert line_colours(folder / "loss.png", COLOURS) == list(COLOURS[:2])
+    assert "1 node x 1 process, batch=16" in done.stderr
+
+
 def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(client: Client) -> None:
     proc = client.popen(
         "sweep", "--local", "--nproc-per-node", "1,2", "--epochs", "200",
