@@ -12,7 +12,8 @@ Every tool gets the same host settings: one generated ssh_config (host, port, us
 known_hosts, StrictHostKeyChecking) used by ssh, scp and rsync, and by vmrun through
 ~/.ssh/config. "gcm" rows prefer aes128-gcm@openssh.com, as vmrun's engine does.
 
-    sudo python benchmarks/transfer.py [--size 1G] [--rounds 5] [--files 2000]
+    sudo python benchmarks/transfer.py [--size 1G] [--rounds 5] [--files 2000] [--rtt MS]
+        [--no-tree]
 
 The engine by path (vmrun.transfer.streams.choose_engine), measured on the test bed's hosts
 (NetnsBed, 2 CPUs shared with other work; one fresh file, connect + list + SHA-256 + rename,
@@ -49,12 +50,15 @@ GCM = "aes128-gcm@openssh.com"
 
 
 class Bench:
-    def __init__(self, work: Path, host: object, alias: str):
+    def __init__(self, work: Path, host: object, alias: str, cli_root: Path = ROOT):
         self.work = work
         self.host = host
         self.alias = alias
         self.home = work / "client-home"
         self.env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": str(ROOT)}
+        self.cli_env = {**self.env, "PYTHONPATH": str(cli_root)}  # --vmrun: another checkout's
+        self.cli_env.pop("VMRUN_TRANSFER_ENGINE", None)
+        self.ab = cli_root != ROOT  # an A/B of the CLI: this checkout's engine rows are left out
         self.env.pop("SSH_AUTH_SOCK", None)
         self.cfg = self.home / ".ssh" / "config"
         self.dest = work / "dest"
@@ -89,7 +93,7 @@ class Bench:
         """The whole `vmrun fetch` process, as a user runs it: the engine it picks itself."""
         # `~/`: a relative path would be under the project's work directory on the host
         argv = [sys.executable, "-m", "vmrun", "fetch", "-H", self.alias, f"~/{remote}", "--to"]
-        env = {k: v for k, v in self.env.items() if k != "VMRUN_TRANSFER_ENGINE"}
+        env = self.cli_env
 
         def go() -> None:  # its per-file lines on stderr would break up the tables
             done = subprocess.run(
@@ -138,6 +142,17 @@ def main() -> None:
     parser.add_argument("--size", default="1G", help="large file size (1G, 256M...)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--files", type=int, default=2000, help="files in the tree")
+    parser.add_argument(
+        "--rtt", type=float, default=0.0, help="ms of delay on the host's link (netem; root)"
+    )
+    parser.add_argument("--no-tree", action="store_true", help="skip the 10 KiB tree")
+    parser.add_argument(
+        "--vmrun",
+        type=Path,
+        default=ROOT,
+        help="the CLI rows from this copy (`git archive COMMIT vmrun | tar -x -C DIR`), an A/B;"
+        " leaves out the engine rows and the tree",
+    )
     args = parser.parse_args()
     size = parse_size(args.size)
 
@@ -151,9 +166,14 @@ def main() -> None:
             bed = NetnsBed(work / "bed", keys)
             host = bed.add_host("bench")
             kind = "NetnsBed host (own network namespace, veth + bridge)"
+            if args.rtt:
+                add_delay(host, args.rtt)
+                kind += f", netem delay {args.rtt:g} ms on its link"
             closer: Callable[[], None] = bed.close
             data_root = host.home
         else:
+            if args.rtt:
+                raise SystemExit("--rtt needs root (a NetnsBed host's link to delay)")
             host = LoopbackHost(work, keys)
             kind = "LoopbackHost (sshd on 127.0.0.1)"
             closer = host.close
@@ -175,7 +195,7 @@ def bench_body(
     args,
     data_root: Path,
 ) -> None:
-    b = Bench(work, host, "bench")
+    b = Bench(work, host, "bench", args.vmrun.resolve())
     (b.home / ".ssh").mkdir(parents=True, mode=0o700)
     known = b.home / ".ssh" / "known_hosts"
     known.write_text("".join(line + "\n" for line in host.known_hosts_lines()))
@@ -185,18 +205,24 @@ def bench_body(
         "    BatchMode yes\n"
     )
     sub = f"vmrun-bench-{os.getpid()}"
-    big, tree = f"{sub}/big.bin", f"{sub}/tree"
+    big, tree, tiny = f"{sub}/big.bin", f"{sub}/tree", f"{sub}/tiny.bin"
+    files = 0 if args.no_tree else args.files
     script = (
-        f"mkdir -p {tree} && head -c {size} /dev/urandom > {big} && cd {tree} &&"
-        f" i=0; while [ $i -lt {args.files} ]; do head -c 10240 /dev/urandom > f$i;"
+        f"mkdir -p {tree} && head -c 1 /dev/urandom > {tiny} &&"
+        f" head -c {size} /dev/urandom > {big} && cd {tree} &&"
+        f" i=0; while [ $i -lt {files} ]; do head -c 10240 /dev/urandom > f$i;"
         " i=$((i+1)); done"
     )
     host.run(["sh", "-c", script], as_user=True, timeout=600)
     try:
         header(kind, size, args)
+        fixed_costs(b, tiny, args.rounds)
         large(b, big, size, args.rounds)
+        if b.ab:
+            return
         hash_budget(b, host, big, size)
-        small(b, tree, args)
+        if not args.no_tree:
+            small(b, tree, args)
     finally:
         host.run(["rm", "-rf", sub], as_user=True, timeout=120)
 
@@ -206,6 +232,40 @@ def header(kind: str, size: int, args: argparse.Namespace) -> None:
     print(f"vmrun transfer benchmark: {size / 2**30:.2f} GiB file, {args.files}-file tree,")
     print(f"  {args.rounds} interleaved rounds, medians; host: {kind}; {ssh_v}")
     print(f"  {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}")
+
+
+def add_delay(host: object, ms: float) -> None:
+    """netem on the host's end of its link: every packet it sends waits `ms`, so each round
+    trip takes `ms` more (a far host; the limit leaves room for a window's worth of packets)."""
+    from testbed.tools import IP
+
+    subprocess.run(
+        [IP, "netns", "exec", host.netns, "tc", "qdisc", "add", "dev", "eth0", "root",  # type: ignore[attr-defined]
+         "netem", "delay", f"{ms}ms", "limit", "100000"],
+        check=True,
+    )  # fmt: skip
+
+
+def fixed_costs(b: Bench, tiny: str, n: int) -> None:
+    """What a fetch costs before its bytes: a 1-byte file. The engine in this process is
+    connect + listing + checksums; the CLI adds Python's start-up and vmrun's imports; `vmrun
+    fetch --help` is start-up and imports alone; `ssh true` is OpenSSH's connect alone."""
+    out = b.dest / tiny
+    out.parent.mkdir(parents=True, exist_ok=True)
+    help_argv = [sys.executable, "-m", "vmrun", "fetch", "--help"]
+    cases: dict[str, Callable[[], None]] = {
+        "ssh true (connect only)": lambda: b.run([*b.ssh(), "bench", "true"]),
+        "scp 1 byte": lambda: b.run(["scp", "-q", "-F", str(b.cfg), f"bench:{tiny}", str(out)]),
+        "vmrun fetch --help (start-up)": lambda: subprocess.run(
+            help_argv, env=b.cli_env, check=True, stdout=subprocess.DEVNULL
+        ),
+        "vmrun fetch engine, 1 byte": b.vmrun_engine(tiny),
+        "vmrun fetch CLI, 1 byte": b.vmrun_cli(tiny),
+    }
+    if b.ab:
+        del cases["vmrun fetch engine, 1 byte"]
+    results = rounds(cases, n, lambda: out.unlink(missing_ok=True))
+    table("fixed costs: a 1-byte file (time to the first byte and back)", results, 0, {})
 
 
 def large(b: Bench, big: str, size: int, n: int) -> None:
@@ -232,6 +292,8 @@ def large(b: Bench, big: str, size: int, n: int) -> None:
         "vmrun fetch (paramiko engine)": b.vmrun_engine(big, "paramiko"),
         "vmrun fetch CLI (default engine)": b.vmrun_cli(big),  # lands where `out` is
     }
+    if b.ab:
+        del cases["vmrun fetch (openssh engine)"], cases["vmrun fetch (paramiko engine)"]
 
     def clear() -> None:
         out.unlink(missing_ok=True)
@@ -245,12 +307,14 @@ def large(b: Bench, big: str, size: int, n: int) -> None:
         size,
         {"ceiling": "ssh cat (gcm) = ceiling", "scp(gcm)": "scp (gcm, same settings as vmrun)"},
     )
-    vm = medians["vmrun fetch (openssh engine)"]
     scp = medians["scp (gcm, same settings as vmrun)"]
     ceiling = medians["ssh cat (gcm) = ceiling"]
-    verdict("large file, speed vs scp (same settings)", scp / vm, 1.0, ">=")
-    verdict("large file, speed vs scp (default)", medians["scp (default cipher)"] / vm, 1.0, ">=")
-    verdict("large file, speed vs ssh cat ceiling", ceiling / vm, 0.8, ">=")
+    if not b.ab:
+        vm = medians["vmrun fetch (openssh engine)"]
+        verdict("large file, speed vs scp (same settings)", scp / vm, 1.0, ">=")
+        default = medians["scp (default cipher)"]
+        verdict("large file, speed vs scp (default)", default / vm, 1.0, ">=")
+        verdict("large file, speed vs ssh cat ceiling", ceiling / vm, 0.8, ">=")
     cli = medians["vmrun fetch CLI (default engine)"]
     verdict("large file, `vmrun fetch` CLI speed vs scp (same settings)", scp / cli, 1.0, ">=")
     verdict(

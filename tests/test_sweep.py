@@ -148,3 +148,15 @@ def test_a_points_slurm_values_reach_its_job(tmp_path: Path) -> None:
         {"nodes": 2, "cpus_per_task": 1, "time": "0:10:00"},
         {"nodes": 2, "cpus_per_task": 2, "time": "0:10:00"},
     ]
+
+
+def test_a_cluster_sweep_without_nproc_runs_a_process_per_gpu() -> None:
+    """As `train -C` does: --gpus-per-node 1,2 is worlds of 1 and 2 (not 1 process on 2 GPUs)."""
+    from vmrun.runs.sweep import one_process_per_gpu
+
+    sizes = one_process_per_gpu(plan_sizes([1, 2], [1], [("gpus_per_node", [2, 1])]), None)
+    assert [(s.label, s.world_size) for s in sizes] == [
+        ("1x1-gpus1", 1), ("1x2-gpus2", 2), ("2x1-gpus1", 2), ("2x2-gpus2", 4),
+    ]  # fmt: skip
+    assert [s.nproc for s in one_process_per_gpu(plan_sizes([1], [1]), 4)] == [4]
+    assert [s.nproc for s in one_process_per_gpu(plan_sizes([1], [1]), None)] == [1]

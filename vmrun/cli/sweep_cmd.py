@@ -115,7 +115,8 @@ def register(app: typer.Typer) -> None:
             fixed, axes, env = _grid(lists, env)
             given.update((k, fixed.get(k)) for k in ("batch_size", "lr"))
             slurm_opts.update((k, fixed.get(k)) for k in ("cpus_per_task", "gpus_per_node"))
-            parts = _new(given, nodes, nproc_per_node, env, local, host, cluster, axes)
+            gpus = fixed.get("gpus_per_node")
+            parts = _new(given, nodes, nproc_per_node, env, local, host, cluster, axes, gpus)
             chosen = {k: v for k, v in slurm_opts.items() if v not in (None, False, [])}
             parts["sweep"].options["slurm"] = chosen  # a resumed sweep asks Slurm the same
         slurm_opts.update(parts["sweep"].options.get("slurm") or {})
@@ -187,9 +188,10 @@ def _new(
     host: list[str] | None,
     cluster: str | None,
     axes: list[Any],
+    gpus: int | None,
 ) -> dict[str, Any]:
     from vmrun.runs import launch
-    from vmrun.runs.sweep import PREFIX, new_sweep, parse_counts, plan_sizes
+    from vmrun.runs.sweep import PREFIX, new_sweep, one_process_per_gpu, parse_counts, plan_sizes
 
     node_counts = parse_counts("--nodes", nodes)
     procs = parse_counts("--nproc-per-node", nproc_per_node)
@@ -199,9 +201,10 @@ def _new(
     plan = _plan(given, env)
     script = None if plan.is_template else str(plan.script)  # the same file from anywhere
     options = {**given, "script": script, "env": [item.partition("=")[0] for item in env or []]}
-    sweep = new_sweep(
-        launch.run_id(PREFIX.rstrip("-")), where, options, plan_sizes(node_counts, procs, axes)
-    )
+    sizes = plan_sizes(node_counts, procs, axes)
+    if cluster and nproc_per_node is None:
+        sizes = one_process_per_gpu(sizes, gpus)
+    sweep = new_sweep(launch.run_id(PREFIX.rstrip("-")), where, options, sizes)
     return {"sweep": sweep, "plan": plan, "project": plan.project, "hosts": host,
             "cluster": cluster, "plans": _point_plans(sweep, given, env or [])}  # fmt: skip
 

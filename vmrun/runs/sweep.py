@@ -164,6 +164,14 @@ def plan_sizes(nodes: list[int], nprocs: list[int], axes: list[Axis] | None = No
     ]  # fmt: skip
 
 
+def one_process_per_gpu(sizes: list[Size], gpus: int | None) -> list[Size]:
+    """A cluster sweep without --nproc-per-node runs one process per GPU (the point's
+    --gpus-per-node, else the sweep's), as `train -C` does; smallest world first again."""
+    for size in sizes:
+        size.nproc = int(size.values.get("gpus_per_node", gpus) or size.nproc)
+    return sorted(sizes, key=lambda s: (s.world_size, s.nodes))
+
+
 def new_sweep(
     sweep_id: str, where: dict[str, Any], options: dict[str, Any], sizes: list[Size]
 ) -> Sweep:
