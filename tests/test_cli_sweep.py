@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Client, wait_for
@@ -186,3 +187,28 @@ def test_a_sweep_on_a_slurm_cluster_submits_each_size_and_fetches_it(
     sizes = record["sizes"]
     assert [(s["nodes"], s["state"]) for s in sizes] == [(1, "done"), (2, "done")]
     assert [_world_sizes(slurm_client, s["run"]) for s in sizes] == [{1}, {2}]
+
+
+def test_a_cpus_per_task_axis_on_a_slurm_cluster_asks_sbatch_for_each(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """The tutorial's `--cpus-per-task 1,2`: a job per value, each asking sbatch for it."""
+    (slurm_client.cwd / "vmrun.toml").write_text(
+        f'[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
+        f'python = "{host_python}"\nenv = {{ OMP_NUM_THREADS = "1" }}\n'
+    )
+    done = slurm_client.vmrun(
+        "sweep", "-C", "bed", "--cpus-per-task", "1,2", "--epochs", "1", "--time", "0:05:00",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    sizes = _record(slurm_client)["sizes"]
+    assert [(s["values"], s["state"]) for s in sizes] == [
+        ({"cpus_per_task": 1}, "done"), ({"cpus_per_task": 2}, "done"),
+    ]  # fmt: skip
+    for size, cpus in zip(sizes, (1, 2), strict=True):
+        assert size["run"].startswith(f"template-1x1-cpus{cpus}-")
+        job = slurm_cluster.login.home / ".vmrun" / "runs" / size["run"] / "job.sh"
+        assert f"--cpus-per-task={cpus}" in job.read_text()
+    rows = json.loads((_sweep_dir(slurm_client) / "report.json").read_text())
+    assert [r["varied"] for r in rows] == [{"cpus": "1"}, {"cpus": "2"}]

@@ -108,6 +108,8 @@ def test_bad_lists_name_the_flag(flag: str, text: str, needle: str) -> None:
     key = next(k for k, f in GRID_FLAGS.items() if f == flag)
     with pytest.raises(UsageError, match=f"{flag} .*{needle}"):
         _grid({key: text}, None)
+    with pytest.raises(UsageError, match="-e A given twice"):
+        _grid({}, ["A=1,2", "B=1", "A=3"])
 
 
 def test_each_point_trains_its_own_values_and_the_record_keeps_them(tmp_path: Path) -> None:

@@ -157,6 +157,10 @@ def _grid(
         else:
             axes.append((key, values))
     plain: list[str] = []
+    names = [item.partition("=")[0] for item in env or []]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"-e {', '.join(twice)} given twice: give each variable once")
     for item in env or []:
         name, sep, value = item.partition("=")
         options = split_values(value) if sep else [value]
