@@ -162,3 +162,26 @@ def test_a_cluster_sweep_without_nproc_runs_a_process_per_gpu() -> None:
     ]  # fmt: skip
     assert [s.nproc for s in one_process_per_gpu(plan_sizes([1], [1]), 4)] == [4]
     assert [s.nproc for s in one_process_per_gpu(plan_sizes([1], [1]), None)] == [1]
+
+
+def test_resume_of_a_grid_runs_what_is_left_with_each_points_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmrun.cli.sweep_cmd import _resumed
+
+    monkeypatch.chdir(tmp_path)
+    options = {"script": None, "epochs": 2, "save_every": None, "batch_size": None, "lr": None,
+               "task": None, "name": None, "env": []}  # fmt: skip
+    sizes = plan_sizes([1], [1], [("batch_size", [8, 16]), ("env:MODE", ["a", "b"])])
+    sizes[0].run, sizes[0].state = "template-1x1-batch8-MODE_a-x", RunState.DONE
+    save(tmp_path, Sweep("sweep-20260101-000000-abcd", {"local": True}, options, sizes))
+    given = {k: None for k in ("script", "epochs", "save_every", "batch_size", "lr", "task",
+                               "name", "cpus_per_task", "gpus_per_node")}  # fmt: skip
+    parts = _resumed("sweep-20260101-000000-abcd", given, None, None, None, False, None, None)
+    left = [s.label for s in parts["sweep"].left()]
+    assert left == ["1x1-batch8-MODE_b", "1x1-batch16-MODE_a", "1x1-batch16-MODE_b"]
+    plan = parts["plans"]["1x1-batch16-MODE_b"]
+    assert plan.args[plan.args.index("--batch-size") + 1] == "16" and plan.env == {"MODE": "b"}
+    with pytest.raises(UsageError, match="drop --cpus-per-task"):
+        _resumed("sweep-20260101-000000-abcd", {**given, "cpus_per_task": "1,2"}, None, None,
+                 None, False, None, None)  # fmt: skip
