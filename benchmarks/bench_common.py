@@ -29,3 +29,77 @@ def client_dirs(bed: object, tmp: Path) -> tuple[Path, Path, dict[str, str]]:
         "LANG": "C.UTF-8",
     }
     return home, cwd, env
+
+
+def delay_relay(target: tuple[str, int], rtt_s: float) -> tuple[int, object]:
+    """A far host without netem (not in every kernel): 127.0.0.1:PORT here relays to `target`
+    in a process of its own, holding every chunk rtt/2 in each direction without limiting
+    the rate (chunks queue; each leaves when due). SSH's own flow control (a channel's
+    window, the kex and auth round trips) then sees the RTT end to end; TCP's does not (the
+    relay acknowledges at once). Returns (PORT, the process: terminate() it)."""
+    import multiprocessing
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    proc = multiprocessing.get_context("fork").Process(
+        target=_relay_main, args=(listener, target, rtt_s / 2), daemon=True
+    )
+    proc.start()
+    listener.close()
+    return port, proc
+
+
+def _relay_main(listener: object, target: tuple[str, int], delay: float) -> None:
+    import signal
+    import socket
+    import threading
+
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        import collections
+        import time
+
+        chunks: collections.deque[tuple[float, bytes]] = collections.deque()
+        ready = threading.Condition()
+
+        def reader() -> None:
+            while True:
+                try:
+                    data = src.recv(1 << 18)
+                except OSError:
+                    data = b""
+                with ready:
+                    chunks.append((time.monotonic() + delay, data))
+                    ready.notify()
+                if not data:
+                    return
+
+        def writer() -> None:
+            while True:
+                with ready:
+                    while not chunks:
+                        ready.wait()
+                    due, data = chunks.popleft()
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                try:
+                    if not data:
+                        dst.shutdown(socket.SHUT_WR)
+                        return
+                    dst.sendall(data)
+                except OSError:
+                    return
+
+        for fn in (reader, writer):
+            threading.Thread(target=fn, daemon=True).start()
+
+    assert isinstance(listener, socket.socket)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # not the test bed's handler
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.create_connection(target)
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pipe(client, upstream)
+        pipe(upstream, client)

@@ -12,7 +12,13 @@ Every tool gets the same host settings: one generated ssh_config (host, port, us
 known_hosts, StrictHostKeyChecking) used by ssh, scp and rsync, and by vmrun through
 ~/.ssh/config. "gcm" rows prefer aes128-gcm@openssh.com, as vmrun's engine does.
 
-    sudo python benchmarks/transfer.py [--size 1G] [--rounds 5] [--files 2000]
+    sudo python benchmarks/transfer.py [--size 1G] [--rounds 5] [--files 2000] [--rtt MS]
+        [--no-tree] [--busy N] [--vmrun DIR]
+
+`--rtt MS` reaches the host through a relay here that holds each chunk MS/2 each way
+(bench_common.delay_relay: this kernel has no netem), so SSH's windows and handshakes see
+the RTT; `--busy N` spins N processes meanwhile; `--vmrun DIR` adds the CLI of another copy
+of vmrun (`git archive COMMIT vmrun | tar -x -C DIR`) to the same rounds, an A/B.
 
 The engine by path (vmrun.transfer.streams.choose_engine), measured on the test bed's hosts
 (NetnsBed, 2 CPUs shared with other work; one fresh file, connect + list + SHA-256 + rename,
@@ -25,6 +31,29 @@ median of 3, seconds; paramiko / openssh engine):
 Through a jump host paramiko decrypts every byte twice in this process (the jump's
 transport, then the host's) and falls behind from about 32 MiB; OpenSSH's own handshake
 through the jump costs ~0.7 s. Hence OpenSSH from 32 MiB there, from 128 MiB direct.
+
+At 20 ms RTT vmrun measured 1.5-2.0x scp where it had measured 2.3-2.4x. Nothing of vmrun
+changed: the figure moves with the load of this 2-core machine. Measured with `--size 256M
+--rounds 3 --rtt 20 --no-tree` (medians, s; speed against scp with aes128-gcm):
+
+                                        quiet          1 process spinning
+    scp (gcm)                           3.27           3.30 - 3.45
+    vmrun engine, paramiko (forced)     0.97 (3.38x)   1.29 - 1.45 (2.39 - 2.56x)
+    vmrun fetch CLI                     1.29 (2.54x)   1.63 - 2.22 (1.55 - 2.02x)
+    CLI of 2135628 (first fetch), A/B   1.30 (2.51x)   1.59 (2.07x)
+
+- The engine: at 20 ms the CLI picks paramiko (its 16 MiB window), whose rate is CPU-bound
+  (Python and the cipher, ~280 MB/s here), while scp is window-bound (OpenSSH's 2 MiB per
+  RTT, ~82 MB/s) and uses little CPU: any other work on the two cores slows vmrun alone.
+  Interleaved in the same rounds, the CLI of the first fetch commit and today's are even.
+- Start-up and connection (a 1-byte fetch): the CLI 0.44 s (0.50-0.53 s at 2135628), of
+  which 0.18 s is Python's start-up and vmrun's imports (`fetch --help` alone: 0.08 s) and
+  0.26 s the engine's connect, listing and checksums, about 13 round trips; `ssh true`
+  0.35 s, scp 0.54 s. On the big file the CLI is 0.32 s behind the forced engine: that
+  start-up, the RTT probe that picks the engine (3 round trips) and 0.08 s not broken down.
+
+So compare vmrun and scp here only with the machine otherwise idle (the load average is
+printed at the start; the relay's own CPU is shared by every row alike).
 """
 
 from __future__ import annotations
@@ -43,18 +72,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from bench_common import parse_size  # noqa: E402
+from bench_common import delay_relay, parse_size  # noqa: E402
 
 GCM = "aes128-gcm@openssh.com"
 
 
 class Bench:
-    def __init__(self, work: Path, host: object, alias: str):
+    def __init__(self, work: Path, host: object, alias: str, other: Path | None = None):
         self.work = work
         self.host = host
         self.alias = alias
         self.home = work / "client-home"
         self.env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": str(ROOT)}
+        self.cli_env = {k: v for k, v in self.env.items() if k != "VMRUN_TRANSFER_ENGINE"}
+        self.other = other  # --vmrun: another copy's CLI, in the same rounds (an A/B)
         self.env.pop("SSH_AUTH_SOCK", None)
         self.cfg = self.home / ".ssh" / "config"
         self.dest = work / "dest"
@@ -85,11 +116,12 @@ class Bench:
 
         return go
 
-    def vmrun_cli(self, remote: str) -> Callable[[], None]:
-        """The whole `vmrun fetch` process, as a user runs it: the engine it picks itself."""
+    def vmrun_cli(self, remote: str, root: Path = ROOT) -> Callable[[], None]:
+        """The whole `vmrun fetch` process, as a user runs it: the engine it picks itself
+        (`root`: the copy of vmrun it runs)."""
         # `~/`: a relative path would be under the project's work directory on the host
         argv = [sys.executable, "-m", "vmrun", "fetch", "-H", self.alias, f"~/{remote}", "--to"]
-        env = {k: v for k, v in self.env.items() if k != "VMRUN_TRANSFER_ENGINE"}
+        env = {**self.cli_env, "PYTHONPATH": str(root)}
 
         def go() -> None:  # its per-file lines on stderr would break up the tables
             done = subprocess.run(
@@ -138,6 +170,20 @@ def main() -> None:
     parser.add_argument("--size", default="1G", help="large file size (1G, 256M...)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--files", type=int, default=2000, help="files in the tree")
+    parser.add_argument(
+        "--rtt", type=float, default=0.0, help="ms of round-trip time to add (a delaying relay)"
+    )
+    parser.add_argument("--no-tree", action="store_true", help="skip the 10 KiB tree")
+    parser.add_argument(
+        "--busy", type=int, default=0, help="N processes spinning on the CPUs meanwhile"
+    )
+    parser.add_argument(
+        "--vmrun",
+        type=Path,
+        default=None,
+        help="also the CLI of this copy (`git archive COMMIT vmrun | tar -x -C DIR`), in the"
+        " same rounds: an A/B",
+    )
     args = parser.parse_args()
     size = parse_size(args.size)
 
@@ -151,6 +197,7 @@ def main() -> None:
             bed = NetnsBed(work / "bed", keys)
             host = bed.add_host("bench")
             kind = "NetnsBed host (own network namespace, veth + bridge)"
+
             closer: Callable[[], None] = bed.close
             data_root = host.home
         else:
@@ -175,37 +222,79 @@ def bench_body(
     args,
     data_root: Path,
 ) -> None:
-    b = Bench(work, host, "bench")
+    b = Bench(work, host, "bench", args.vmrun.resolve() if args.vmrun else None)
     (b.home / ".ssh").mkdir(parents=True, mode=0o700)
     known = b.home / ".ssh" / "known_hosts"
-    known.write_text("".join(line + "\n" for line in host.known_hosts_lines()))
     block = host.ssh_config_block(alias="bench", identity=keys.private)
+    names: list[str] = []
+    if args.rtt:  # every tool reaches the host through the same delaying relay
+        port, _relay = delay_relay((host.addr, host.port), args.rtt / 1000)
+        names = [f"[127.0.0.1]:{port}"]
+        block = "".join(
+            "    HostName 127.0.0.1\n" if ln.strip().startswith("HostName") else
+            f"    Port {port}\n" if ln.strip().startswith("Port") else ln
+            for ln in block.splitlines(keepends=True)
+        )  # fmt: skip
+    known.write_text("".join(line + "\n" for line in host.known_hosts_lines(names)))
     b.cfg.write_text(
         block + f"    UserKnownHostsFile {known}\n    StrictHostKeyChecking yes\n"
         "    BatchMode yes\n"
     )
     sub = f"vmrun-bench-{os.getpid()}"
-    big, tree = f"{sub}/big.bin", f"{sub}/tree"
+    big, tree, tiny = f"{sub}/big.bin", f"{sub}/tree", f"{sub}/tiny.bin"
+    files = 0 if args.no_tree else args.files
     script = (
-        f"mkdir -p {tree} && head -c {size} /dev/urandom > {big} && cd {tree} &&"
-        f" i=0; while [ $i -lt {args.files} ]; do head -c 10240 /dev/urandom > f$i;"
+        f"mkdir -p {tree} && head -c 1 /dev/urandom > {tiny} &&"
+        f" head -c {size} /dev/urandom > {big} && cd {tree} &&"
+        f" i=0; while [ $i -lt {files} ]; do head -c 10240 /dev/urandom > f$i;"
         " i=$((i+1)); done"
     )
     host.run(["sh", "-c", script], as_user=True, timeout=600)
+    spinners: list[subprocess.Popen[bytes]] = []
     try:
         header(kind, size, args)
+        spin = [sys.executable, "-c", "while True: pass"]
+        spinners += [subprocess.Popen(spin) for _ in range(args.busy)]
+        fixed_costs(b, tiny, args.rounds)
         large(b, big, size, args.rounds)
         hash_budget(b, host, big, size)
-        small(b, tree, args)
+        if not args.no_tree:
+            small(b, tree, args)
     finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
         host.run(["rm", "-rf", sub], as_user=True, timeout=120)
 
 
 def header(kind: str, size: int, args: argparse.Namespace) -> None:
     ssh_v = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+    if args.rtt:
+        kind += f", reached through a relay adding {args.rtt:g} ms RTT"
     print(f"vmrun transfer benchmark: {size / 2**30:.2f} GiB file, {args.files}-file tree,")
     print(f"  {args.rounds} interleaved rounds, medians; host: {kind}; {ssh_v}")
-    print(f"  {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}")
+    print(f"  {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}", end="")
+    print(f"; {args.busy} process(es) spinning meanwhile" if args.busy else "")
+
+
+def fixed_costs(b: Bench, tiny: str, n: int) -> None:
+    """What a fetch costs before its bytes: a 1-byte file. The engine in this process is
+    connect + listing + checksums; the CLI adds Python's start-up and vmrun's imports; `vmrun
+    fetch --help` is start-up and imports alone; `ssh true` is OpenSSH's connect alone."""
+    out = b.dest / tiny
+    out.parent.mkdir(parents=True, exist_ok=True)
+    help_argv = [sys.executable, "-m", "vmrun", "fetch", "--help"]
+    cases: dict[str, Callable[[], None]] = {
+        "ssh true (connect only)": lambda: b.run([*b.ssh(), "bench", "true"]),
+        "scp 1 byte": lambda: b.run(["scp", "-q", "-F", str(b.cfg), f"bench:{tiny}", str(out)]),
+        "vmrun fetch --help (start-up)": lambda: b.run(help_argv, stdout=subprocess.DEVNULL),
+        "vmrun fetch engine, 1 byte": b.vmrun_engine(tiny),
+        "vmrun fetch CLI, 1 byte": b.vmrun_cli(tiny),
+    }
+    if b.other:
+        cases[f"... CLI of {b.other.name}, 1 byte"] = b.vmrun_cli(tiny, b.other)
+    results = rounds(cases, n, lambda: out.unlink(missing_ok=True))
+    table("fixed costs: a 1-byte file (time to the first byte and back)", results, 0, {})
 
 
 def large(b: Bench, big: str, size: int, n: int) -> None:
@@ -232,6 +321,8 @@ def large(b: Bench, big: str, size: int, n: int) -> None:
         "vmrun fetch (paramiko engine)": b.vmrun_engine(big, "paramiko"),
         "vmrun fetch CLI (default engine)": b.vmrun_cli(big),  # lands where `out` is
     }
+    if b.other:
+        cases[f"... CLI of {b.other.name}"] = b.vmrun_cli(big, b.other)
 
     def clear() -> None:
         out.unlink(missing_ok=True)
@@ -245,9 +336,9 @@ def large(b: Bench, big: str, size: int, n: int) -> None:
         size,
         {"ceiling": "ssh cat (gcm) = ceiling", "scp(gcm)": "scp (gcm, same settings as vmrun)"},
     )
-    vm = medians["vmrun fetch (openssh engine)"]
     scp = medians["scp (gcm, same settings as vmrun)"]
     ceiling = medians["ssh cat (gcm) = ceiling"]
+    vm = medians["vmrun fetch (openssh engine)"]
     verdict("large file, speed vs scp (same settings)", scp / vm, 1.0, ">=")
     verdict("large file, speed vs scp (default)", medians["scp (default cipher)"] / vm, 1.0, ">=")
     verdict("large file, speed vs ssh cat ceiling", ceiling / vm, 0.8, ">=")

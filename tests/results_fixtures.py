@@ -160,3 +160,25 @@ def svg_line_ids(svg: Path) -> list[str]:
 
     ids = [el.get("id", "") for el in ET.parse(svg).iter()]
     return [i for i in ids if i.startswith("run-")]
+
+
+def svg_line_looks(svg: Path) -> dict[str, tuple[tuple[str, str], tuple[tuple[str, str], ...]]]:
+    """By line id (`run-<id>`): (its dash pattern, the marker shape it uses) and where its
+    markers are drawn."""
+    import xml.etree.ElementTree as ET
+
+    xlink = "{http://www.w3.org/1999/xlink}href"
+    root = ET.parse(svg).getroot()
+    shapes = {el.get("id"): el.get("d", "") for el in root.iter() if el.get("id")}
+    looks = {}
+    for group in root.iter():
+        gid = group.get("id", "")
+        if not gid.startswith("run-"):
+            continue
+        styles = [el.get("style", "") for el in group.iter() if el.tag.endswith("path")]
+        dashes = next((s for st in styles for s in st.split(";") if "dasharray" in s), "solid")
+        uses = [el for el in group.iter() if el.tag.endswith("use")]
+        marker = shapes.get(uses[0].get(xlink, "").lstrip("#"), "") if uses else ""
+        marks = tuple((u.get("x", ""), u.get("y", "")) for u in uses)
+        looks[gid] = ((dashes, marker), marks)
+    return looks

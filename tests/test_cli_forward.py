@@ -52,10 +52,14 @@ def test_a_lost_link_ends_the_forward_in_one_line(bed: NetnsBed, bed_client: Cli
 def test_nothing_listening_yet_is_said_and_the_forward_waits(
     bed: NetnsBed, bed_client: Client
 ) -> None:
-    lines = Lines(bed_client.popen("forward", "18092", "-H", "h2", "--local-port", "0"))
+    """LOCAL:PORT, as ssh -L takes it: the page of the host's 18092 at the LOCAL asked for."""
+    with bind_free(0) as probe:
+        local = probe.getsockname()[1]  # free a moment ago
+    lines = Lines(bed_client.popen("forward", f"{local}:18092", "-H", "h2"))
     port = port_of(lines.url(60))
+    assert port == local
     with http_server(bed["h2"], 18092) as path:
-        assert get(port, path) == PAGE
+        assert get(local, path) == PAGE
     code, err = lines.finish(signal.SIGINT)
     assert code == 0, err
     assert "vmrun: nothing answers at h2's 127.0.0.1:18092 yet; forwarding anyway" in err

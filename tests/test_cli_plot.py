@@ -147,10 +147,11 @@ def test_the_terminal_plot(project: Path) -> None:
     dots = [ln for ln in lines if "│" in ln]
     assert len(dots) == 16 and any(chr(0x2801) <= ch <= chr(0x28FF) for ch in "".join(dots))
     assert dots[0].split("│")[0].strip() == "1" and dots[-1].split("│")[0].strip() == "0.25"
+    under = "(the same line as 1 node x 1 proc (torchrun), over it)"  # the runs' losses agree
     assert lines[-3:] == [
         "  ━━ 1 node x 1 proc (torchrun)",
-        "  ━━ 1 node x 2 procs (torchrun)",
-        "  ━━ 1 node x 4 procs (torchrun)",
+        f"  ━━ 1 node x 2 procs (torchrun) {under}",
+        f"  ━━ 1 node x 4 procs (torchrun) {under}",
     ]
 
 

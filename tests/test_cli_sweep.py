@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Client, wait_for
@@ -76,6 +77,32 @@ def test_a_local_sweep_runs_each_size_and_records_it(client: Client) -> None:
     assert f"| {runs[1]} |" in (folder / "report.md").read_text()
     assert line_colours(folder / "loss.png", COLOURS) == list(COLOURS[:2])
     assert runs[1] in done.stdout  # the table is printed too
+
+
+def test_a_list_of_batch_sizes_is_an_axis_named_in_runs_report_and_plot(client: Client) -> None:
+    """--batch-size 8,16 on this machine (--cpus-per-task is Slurm's: -C only): a run per
+    value, each named by it; the report has a BATCH column, the plot's legend says it."""
+    done = client.vmrun(
+        "sweep", "--local", "--batch-size", "16,8", "--epochs", "1", env=TWO_CORES, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    sizes = _record(client)["sizes"]
+    assert [(s["values"], s["state"]) for s in sizes] == [
+        ({"batch_size": 8}, "done"), ({"batch_size": 16}, "done"),
+    ]  # fmt: skip
+    runs = [s["run"] for s in sizes]
+    assert runs[0].startswith("template-1x1-batch8-")
+    assert runs[1].startswith("template-1x1-batch16-")
+    for run, batch in zip(runs, ("8", "16"), strict=True):  # the run really trained with it
+        record = json.loads((client.cwd / "results" / run / "run.json").read_text())
+        assert record["args"][record["args"].index("--batch-size") + 1] == batch
+    folder = _sweep_dir(client)
+    rows = json.loads((folder / "report.json").read_text())
+    assert [r["varied"] for r in rows] == [{"batch": "8"}, {"batch": "16"}]
+    table = (folder / "report.md").read_text().splitlines()
+    assert table[0].startswith("| RUN | BATCH | NODES |") and f"| {runs[1]} | 16 |" in table[3]
+    assert line_colours(folder / "loss.png", COLOURS) == list(COLOURS[:2])
+    assert "1 node x 1 process, batch=16" in done.stderr
 
 
 def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(client: Client) -> None:
@@ -160,3 +187,28 @@ def test_a_sweep_on_a_slurm_cluster_submits_each_size_and_fetches_it(
     sizes = record["sizes"]
     assert [(s["nodes"], s["state"]) for s in sizes] == [(1, "done"), (2, "done")]
     assert [_world_sizes(slurm_client, s["run"]) for s in sizes] == [{1}, {2}]
+
+
+def test_a_cpus_per_task_axis_on_a_slurm_cluster_asks_sbatch_for_each(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """The tutorial's `--cpus-per-task 1,2`: a job per value, each asking sbatch for it."""
+    (slurm_client.cwd / "vmrun.toml").write_text(
+        f'[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
+        f'python = "{host_python}"\nenv = {{ OMP_NUM_THREADS = "1" }}\n'
+    )
+    done = slurm_client.vmrun(
+        "sweep", "-C", "bed", "--cpus-per-task", "1,2", "--epochs", "1", "--time", "0:05:00",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    sizes = _record(slurm_client)["sizes"]
+    assert [(s["values"], s["state"]) for s in sizes] == [
+        ({"cpus_per_task": 1}, "done"), ({"cpus_per_task": 2}, "done"),
+    ]  # fmt: skip
+    for size, cpus in zip(sizes, (1, 2), strict=True):
+        assert size["run"].startswith(f"template-1x1-cpus{cpus}-")
+        job = slurm_cluster.login.home / ".vmrun" / "runs" / size["run"] / "job.sh"
+        assert f"--cpus-per-task={cpus}" in job.read_text()
+    rows = json.loads((_sweep_dir(slurm_client) / "report.json").read_text())
+    assert [r["varied"] for r in rows] == [{"cpus": "1"}, {"cpus": "2"}]

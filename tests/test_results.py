@@ -16,6 +16,7 @@ from vmrun.results.report import (
     HEADERS,
     ReportRow,
     cells,
+    headers,
     render_markdown,
     report_rows,
     rows_json,
@@ -195,3 +196,19 @@ def test_the_python_launcher_leaves_processes_to_the_metrics(results: Path) -> N
     assert (run.procs_per_node, run.world_size) == (3, 3)
     os.remove(d / "run.json")
     assert load_run(d).nodes is None  # no record: only what the metrics say
+
+
+def test_a_sweeps_other_axes_are_columns_after_run(results: Path) -> None:
+    a, b = _run(results, "a", 1, [100, 100]), _run(results, "b", 1, [120, 120])
+    rows = report_rows([a, b], {"a": {"cpus": "1", "lr": "0.1"}, "b": {"cpus": "2", "lr": "0.1"}})
+    assert rows[1].varied == {"cpus": "2", "lr": "0.1"}
+    assert json.loads(rows_json(rows))[0]["varied"] == {"cpus": "1", "lr": "0.1"}
+    heads, numeric = headers(rows)
+    assert {1, 2, 3} <= numeric and 0 not in numeric  # the varied values right-aligned too
+    assert heads[:4] == ("RUN", "CPUS", "LR", "NODES") and len(heads) == len(HEADERS) + 2
+    assert cells(rows[1], ["cpus", "lr"])[:3] == ("b", "2", "0.1")
+    lines = render_markdown(rows).splitlines()
+    assert lines[0].startswith("| RUN | CPUS | LR | NODES |")
+    assert lines[1].count("|") == len(HEADERS) + 3
+    assert [c.strip() for c in lines[3].strip("|").split("|")][:3] == ["b", "2", "0.1"]
+    assert headers(report_rows([a]))[0] == HEADERS  # nothing varied: the table as ever

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from results_fixtures import epochs, hosts_run, line_colours, local_run, slurm_run, svg_line_ids
+from results_fixtures import (
+    epochs,
+    hosts_run,
+    line_colours,
+    local_run,
+    slurm_run,
+    svg_line_ids,
+    svg_line_looks,
+)
 
 from vmrun.errors import UsageError
 from vmrun.results import plotting
@@ -85,3 +93,52 @@ def test_a_failed_write_leaves_the_old_file_and_no_part(tmp_path: Path) -> None:
         plotting._write_atomically(target, half)
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.png"]
+
+
+def _twins(tmp_path: Path) -> list:
+    """Two runs that draw the very same curve (1x2 and 2x1 train alike), and a third."""
+    results = tmp_path / "results"
+    return [
+        load_run(local_run(results, "a", epochs(20, world=2))),
+        load_run(local_run(results, "b", epochs(20, world=2))),
+        load_run(local_run(results, "c", epochs(20, world=2, loss0=3))),
+    ]
+
+
+def test_coinciding_lines_both_stay_visible(tmp_path: Path) -> None:
+    """The later line does not paint over the earlier one: each has its dash pattern, and
+    markers of its own shape starting at a point of its own."""
+    pytest.importorskip("matplotlib")
+    runs = _twins(tmp_path)
+    png = plotting.save_plot(runs, "loss", tmp_path / "p.png")
+    assert line_colours(png, plotting.COLOURS) == list(plotting.COLOURS[:3])
+    svg = plotting.save_plot(runs, "loss", tmp_path / "p.svg")
+    looks = svg_line_looks(svg)
+    assert list(looks) == ["run-a", "run-b", "run-c"]
+    assert all(marks for _, marks in looks.values())  # every line has markers
+    assert len({look for look, _ in looks.values()}) == 3  # no two alike in dashes and markers
+    a_marks, b_marks = looks["run-a"][1], looks["run-b"][1]
+    assert not set(a_marks) & set(b_marks)  # at no point does b's marker sit on a's
+
+
+def test_legend_labels_name_what_a_sweep_varied(tmp_path: Path) -> None:
+    runs = _twins(tmp_path)[:2]
+    notes = {"a": "cpus=1 lr=0.1", "b": "cpus=2 lr=0.1"}
+    assert plotting.labels(runs, notes) == [
+        "1 node x 2 procs (torchrun) cpus=1 lr=0.1",
+        "1 node x 2 procs (torchrun) cpus=2 lr=0.1",
+    ]
+    assert plotting.labels(runs) == [
+        "1 node x 2 procs (torchrun) a", "1 node x 2 procs (torchrun) b",
+    ]  # fmt: skip
+
+
+def test_the_terminal_plot_says_which_line_is_under_another() -> None:
+    from vmrun.cli.plot_term import render
+
+    same = [(1.0, 1.0), (2.0, 0.5)]
+    text = render([same, list(same), [(1.0, 2.0), (2.0, 1.0)]], ["a", "b", "c"],
+                  ["red", "green", "blue"], title="t", x_label="epoch", y_label="loss",
+                  width=60).plain  # fmt: skip
+    legend = text.splitlines()[-3:]
+    assert legend == ["  ━━ a", "  ━━ b (the same line as a, over it)", "  ━━ c"]

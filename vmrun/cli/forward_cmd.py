@@ -1,6 +1,6 @@
-"""`vmrun forward PORT [-H HOST | -C CLUSTER [--node NODE]] [--local-port N]`: a port of a host
-(or of a cluster's compute node, through the login node) on this machine's 127.0.0.1, over
-vmrun's own SSH connection (vmrun.ssh.forward), until Ctrl-C."""
+"""`vmrun forward [LOCAL:]PORT [-H HOST | -C CLUSTER [--node NODE]] [--local-port N]`: a port
+of a host (or of a cluster's compute node, through the login node) on this machine's
+127.0.0.1, over vmrun's own SSH connection (vmrun.ssh.forward), until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -22,19 +22,20 @@ if TYPE_CHECKING:
     from vmrun.config import Settings
     from vmrun.ssh.inventory import HostEntry
 
-PortArg = Annotated[int, typer.Argument(metavar="PORT", min=1, max=65535, show_default=False)]
+PortArg = Annotated[str, typer.Argument(metavar="[LOCAL:]PORT", show_default=False)]
 
 
 def register(app: typer.Typer) -> None:
     @app.command(
         "forward",
-        help="Forward 127.0.0.1:PORT here to the host's 127.0.0.1:PORT (a notebook, a"
-        " dashboard) over vmrun's SSH connection: nothing is opened on the host's firewall."
+        help="Forward 127.0.0.1:PORT here (LOCAL:PORT: 127.0.0.1:LOCAL, as ssh -L takes it)"
+        " to the host's 127.0.0.1:PORT (a notebook, a dashboard) over vmrun's SSH"
+        " connection: nothing is opened on the host's firewall."
         " With -C CLUSTER --node NODE, to NODE:PORT through the login node (Jupyter in a"
         " job). Prints the URL; runs until Ctrl-C.",
     )
     def forward_command(
-        port: PortArg,
+        ports: PortArg,
         host: Hosts = None,
         cluster: ClusterName = None,
         node: Annotated[
@@ -61,16 +62,22 @@ def register(app: typer.Typer) -> None:
     ) -> int:
         from vmrun.cli.output import info_line
         from vmrun.ssh.connection import Connection
-        from vmrun.ssh.forward import Forward, moved_line
+        from vmrun.ssh.forward import Forward, bind_free, moved_line, parse_ports
 
         refuse_with_cluster(cluster, host)
+        local, port = parse_ports(ports)
+        if local is not None and local_port is not None:
+            raise UsageError(f"{ports} names the local port already; drop --local-port")
         if node is not None and (not node.strip() or any(c.isspace() for c in node)):
             raise UsageError(f"--node {node!r}: expected a host name or address")
         settings = settings_from(connect_timeout, accept_new_host_key)
         entry = one_host(settings, host, cluster)
-        wanted = port if local_port is None else local_port
+        wanted = local if local is not None else port if local_port is None else local_port
+        if local is not None:  # the port asked for, or one line before any connecting
+            bind_free(local, search=1).close()
         with Connection(entry.spec, settings, label=entry.label) as conn:
-            fwd = Forward(conn, node or "127.0.0.1", port, local_port=wanted)
+            dest = node or "127.0.0.1"
+            fwd = Forward(conn, dest, port, local_port=wanted, exact=local is not None)
             fwd.start(note=info_line)
             try:
                 moved = moved_line(wanted, fwd.port)

@@ -1,7 +1,9 @@
 """A line plot in the terminal: braille dots (2 x 4 per character cell), one colour per run.
 
 Small on purpose, so `vmrun plot` without -o needs nothing beyond rich: each line is drawn
-point to point on a grid of dots; a cell takes the colour of the last run drawn through it.
+point to point on a grid of dots; a cell takes the colour of the last run drawn through it,
+so a run whose line is exactly an earlier one's says so in the legend (the earlier one is
+under it, not missing).
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ def render(
     gap = max(1, cols - len(left) - len(right) - len(x_label))
     axis = f"{left}{' ' * (gap // 2)}{x_label}{' ' * (gap - gap // 2)}{right}"
     out.append(" " * (margin + 1) + axis + "\n", style="dim")
-    for name, colour in zip(names, colours, strict=True):
+    for i, (name, colour) in enumerate(zip(names, colours, strict=True)):
         out.append("  ━━ ", style=colour)
-        out.append(f"{name}\n")
+        under = [names[j] for j in range(i) if lines[j] and list(lines[j]) == list(lines[i])]
+        out.append(f"{name}{f' (the same line as {under[0]}, over it)' if under else ''}\n")
     out.rstrip()  # the console ends the last line
     return out

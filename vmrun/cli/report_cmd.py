@@ -63,17 +63,19 @@ def register(app: typer.Typer) -> None:
 
 
 def show_table(rows: list) -> None:
-    from vmrun.results.report import HEADERS, NUMERIC, baseline_note, cells
+    from vmrun.results.report import baseline_note, cells, headers, varied_keys
 
-    table = [cells(r) for r in rows]
+    heads, numeric = headers(rows)
+    keys = varied_keys(rows)
+    table = [cells(r, keys) for r in rows]
     note = baseline_note(rows)
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
 
         view = Table(box=None, header_style="bold")
-        for i, header in enumerate(HEADERS):
-            view.add_column(header, justify="right" if i in NUMERIC else "left")
+        for i, header in enumerate(heads):
+            view.add_column(header, justify="right" if i in numeric else "left")
         for row in table:
             view.add_row(*row)
         console = Console()
@@ -81,10 +83,10 @@ def show_table(rows: list) -> None:
         if note:
             console.print(note, style="dim", highlight=False)
         return
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(HEADERS)]
-    for row in (HEADERS, *table):
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(heads)]
+    for row in (heads, *table):
         text = "  ".join(
-            v.rjust(w) if i in NUMERIC else v.ljust(w)
+            v.rjust(w) if i in numeric else v.ljust(w)
             for i, (v, w) in enumerate(zip(row, widths, strict=True))
         )
         sys.stdout.write(text.rstrip() + "\n")

@@ -14,14 +14,42 @@ from vmrun.cli import train_cluster as tc
 from vmrun.cli.options import AcceptNewHostKey, ClusterName, ConnectTimeout, Hosts, settings_from
 from vmrun.errors import UsageError
 
+BatchSizes = Annotated[
+    str | None,
+    typer.Option("--batch-size", metavar="B,B...", help="The template's per-process batch size."),
+]
+Lrs = Annotated[
+    str | None, typer.Option("--lr", metavar="LR,LR...", help="The template's learning rate.")
+]
+EnvGrid = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env",
+        "-e",
+        metavar="KEY[=V,V...]",
+        help="Set a variable; repeatable; a list of values sweeps it (\\, for a comma).",
+    ),
+]
+CpusPerTask = Annotated[
+    str | None,
+    typer.Option("--cpus-per-task", metavar="C,C...", help="-C: sbatch --cpus-per-task."),
+]
+GpusPerNode = Annotated[
+    str | None,
+    typer.Option("--gpus-per-node", metavar="G,G...", help="-C: GPUs per node [default: none]."),
+]
+GRID_FLAGS = {"cpus_per_task": "--cpus-per-task", "gpus_per_node": "--gpus-per-node",
+              "batch_size": "--batch-size", "lr": "--lr"}  # fmt: skip
+
 
 def register(app: typer.Typer) -> None:
     @app.command(
         "sweep",
         help="Train at several sizes in turn (every --nodes x --nproc-per-node pair, smallest"
-        " first), fetch each run, then write a scaling report and a plot to"
-        " results/sweep-<id>/. Ctrl-C stops the size in progress and keeps the others;"
-        " --resume ID runs what is left.",
+        " first; a list given to --cpus-per-task, --gpus-per-node, --batch-size, --lr or"
+        " -e KEY=V,V is one more axis of the grid), fetch each run, then write a scaling"
+        " report and a plot to results/sweep-<id>/. Ctrl-C stops the size in progress and"
+        " keeps the others; --resume ID runs what is left.",
     )
     def sweep_command(
         script: ro.Script = None,
@@ -37,10 +65,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         epochs: ro.Epochs = None,
         save_every: ro.SaveEvery = None,
-        batch_size: ro.BatchSize = None,
-        lr: ro.Lr = None,
+        batch_size: BatchSizes = None,
+        lr: Lrs = None,
         task: ro.Task = None,
-        env: ro.EnvVars = None,
+        env: EnvGrid = None,
         name: ro.RunName = None,
         resume: Annotated[
             str | None,
@@ -51,9 +79,9 @@ def register(app: typer.Typer) -> None:
         ] = False,
         host: Hosts = None,
         cluster: ClusterName = None,
-        gpus_per_node: tc.GpusPerNode = None,
+        gpus_per_node: GpusPerNode = None,
         time: tc.Time = None,
-        cpus_per_task: tc.CpusPerTask = None,
+        cpus_per_task: CpusPerTask = None,
         mem: tc.Mem = None,
         constraint: tc.Constraint = None,
         qos: tc.Qos = None,
@@ -66,6 +94,8 @@ def register(app: typer.Typer) -> None:
     ) -> int:
         from vmrun.cli.sweep_run import SweepJob, run_sweep
 
+        lists = {"cpus_per_task": cpus_per_task, "gpus_per_node": gpus_per_node,
+                 "batch_size": batch_size, "lr": lr}  # fmt: skip
         given = {
             "script": script, "epochs": epochs, "save_every": save_every,
             "batch_size": batch_size, "lr": lr, "task": task, "name": name,
@@ -79,9 +109,14 @@ def register(app: typer.Typer) -> None:
         tc.check_flags(cluster, slurm_opts, {"-H": host, "--local": local})
         settings = settings_from(connect_timeout, accept_new_host_key)
         if resume is not None:
+            given.update(lists)  # each refused: the record says what the sweep runs
             parts = _resumed(resume, given, nodes, nproc_per_node, env, local, host, cluster)
         else:
-            parts = _new(given, nodes, nproc_per_node, env, local, host, cluster)
+            fixed, axes, env = _grid(lists, env)
+            given.update((k, fixed.get(k)) for k in ("batch_size", "lr"))
+            slurm_opts.update((k, fixed.get(k)) for k in ("cpus_per_task", "gpus_per_node"))
+            gpus = fixed.get("gpus_per_node")
+            parts = _new(given, nodes, nproc_per_node, env, local, host, cluster, axes, gpus)
             chosen = {k: v for k, v in slurm_opts.items() if v not in (None, False, [])}
             parts["sweep"].options["slurm"] = chosen  # a resumed sweep asks Slurm the same
         slurm_opts.update(parts["sweep"].options.get("slurm") or {})
@@ -100,6 +135,54 @@ def _where(local: bool, host: list[str] | None, cluster: str | None) -> dict[str
     return {"hosts": list(host) if host else None}
 
 
+def _grid(
+    lists: dict[str, str | None], env: list[str] | None
+) -> tuple[dict[str, Any], list[Any], list[str]]:
+    """The options given one value (as `train` takes them), the axes given several (in a
+    fixed order, then -e's in the order given), and the -e items that stay fixed."""
+    from vmrun.runs.sweep import parse_counts, parse_numbers, split_values
+
+    fixed: dict[str, Any] = {}
+    axes: list[Any] = []
+    for key, text in lists.items():
+        if text is None:
+            continue
+        flag = GRID_FLAGS[key]
+        values: list[Any] = (
+            parse_numbers(flag, text) if key == "lr" else
+            parse_counts(flag, text, least=0 if key == "gpus_per_node" else 1)
+        )  # fmt: skip
+        if len(values) == 1:
+            fixed[key] = values[0]
+        else:
+            axes.append((key, values))
+    plain: list[str] = []
+    names = [item.partition("=")[0] for item in env or []]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"-e {', '.join(twice)} given twice: give each variable once")
+    for item in env or []:
+        name, sep, value = item.partition("=")
+        options = split_values(value) if sep else [value]
+        if len(options) > 1:
+            axes.append((f"env:{name}", options))
+        else:
+            plain.append(f"{name}={options[0]}" if sep else name)
+    return fixed, axes, plain
+
+
+def _point_plans(sweep: Any, given: dict[str, Any], env: list[str]) -> dict[str, Any]:
+    """Each point's plan, by its label (its batch size, learning rate and -e values): every
+    one made, so a bad value stops the sweep before anything starts."""
+    plans = {}
+    for size in sweep.sizes:
+        values = size.values
+        own = {k: values[k] for k in ("batch_size", "lr") if k in values}
+        extra = [f"{k[4:]}={v}" for k, v in values.items() if k.startswith("env:")]
+        plans[size.label] = _plan({**given, **own}, [*env, *extra])
+    return plans
+
+
 def _new(
     given: dict[str, Any],
     nodes: str | None,
@@ -108,9 +191,11 @@ def _new(
     local: bool,
     host: list[str] | None,
     cluster: str | None,
+    axes: list[Any],
+    gpus: int | None,
 ) -> dict[str, Any]:
     from vmrun.runs import launch
-    from vmrun.runs.sweep import PREFIX, new_sweep, parse_counts, plan_sizes
+    from vmrun.runs.sweep import PREFIX, new_sweep, one_process_per_gpu, parse_counts, plan_sizes
 
     node_counts = parse_counts("--nodes", nodes)
     procs = parse_counts("--nproc-per-node", nproc_per_node)
@@ -120,11 +205,12 @@ def _new(
     plan = _plan(given, env)
     script = None if plan.is_template else str(plan.script)  # the same file from anywhere
     options = {**given, "script": script, "env": [item.partition("=")[0] for item in env or []]}
-    sweep = new_sweep(
-        launch.run_id(PREFIX.rstrip("-")), where, options, plan_sizes(node_counts, procs)
-    )
+    sizes = plan_sizes(node_counts, procs, axes)
+    if cluster and nproc_per_node is None:
+        sizes = one_process_per_gpu(sizes, gpus)
+    sweep = new_sweep(launch.run_id(PREFIX.rstrip("-")), where, options, sizes)
     return {"sweep": sweep, "plan": plan, "project": plan.project, "hosts": host,
-            "cluster": cluster}  # fmt: skip
+            "cluster": cluster, "plans": _point_plans(sweep, given, env or [])}  # fmt: skip
 
 
 def _resumed(
@@ -160,9 +246,11 @@ def _resumed(
             f"sweep {sweep.id} was started with --env {', '.join(unset)}, whose values are not"
             " recorded: set them here or pass --env KEY=VALUE again"
         )
-    plan = _plan({k: recorded.get(k) for k in given}, [*(env or []), *missing])
+    shared = {k: recorded.get(k) for k in given}
+    plan = _plan(shared, [*(env or []), *missing])
     return {"sweep": sweep, "plan": plan, "project": project,
-            "hosts": sweep.where.get("hosts"), "cluster": sweep.where.get("cluster")}  # fmt: skip
+            "hosts": sweep.where.get("hosts"), "cluster": sweep.where.get("cluster"),
+            "plans": _point_plans(sweep, shared, [*(env or []), *missing])}  # fmt: skip
 
 
 def _plan(given: dict[str, Any], env: list[str] | None) -> Any:

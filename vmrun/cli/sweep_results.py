@@ -1,6 +1,7 @@
 """What a sweep leaves in results/sweep-<id>/: the scaling report (report.md, report.json,
 the same rows `vmrun report` prints) and plots of its runs (loss.png, and accuracy.png
-when the runs measured accuracy), made from the runs' fetched files alone."""
+when the runs measured accuracy), made from the runs' fetched files alone; what else a
+sweep varied (`cpus=2 lr=0.01`) comes from its record, into columns and legends."""
 
 from __future__ import annotations
 
@@ -27,18 +28,20 @@ def write_results(project: Path, sweep: Sweep) -> list[Path]:
     if not runs:
         return []
     folder = project / sweep.folder
-    rows = report_rows(runs)
+    varied = {s.run: s.varied() for s in sweep.sizes if s.run and s.values}
+    rows = report_rows(runs, varied)
     written = [folder / "report.md", folder / "report.json"]
     write_text_atomic(written[0], render_markdown(rows))
     write_text_atomic(written[1], rows_json(rows) + "\n")
-    written += _plots(runs, folder, sweep.id)
+    notes = {s.run: s.words() for s in sweep.sizes if s.run and s.values}
+    written += _plots(runs, folder, sweep.id, notes)
     show_table(rows)
     names = ", ".join(str(p.relative_to(project)) for p in written)
     output.info_line(f"sweep {sweep.id}: {len(runs)} run(s); wrote {names}")
     return written
 
 
-def _plots(runs: list, folder: Path, sweep_id: str) -> list[Path]:
+def _plots(runs: list, folder: Path, sweep_id: str, notes: dict[str, str]) -> list[Path]:
     """loss.png, and accuracy.png from eval_accuracy (else accuracy) where every run has it."""
     from vmrun.results.plotting import save_plot
 
@@ -48,7 +51,7 @@ def _plots(runs: list, folder: Path, sweep_id: str) -> list[Path]:
         if path in written or not all(metric in run.metric_names for run in runs):
             continue
         try:
-            written.append(save_plot(runs, metric, path))
+            written.append(save_plot(runs, metric, path, notes=notes))
         except VmrunError as exc:  # matplotlib missing: the report stands without plots
             output.info_line(f"sweep {sweep_id}: no {name}: {exc.one_line()}")
             break

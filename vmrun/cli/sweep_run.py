@@ -1,6 +1,7 @@
 """Running `vmrun sweep`: each size in turn where the sweep runs, then its report and plot.
 
-Each size is an ordinary `vmrun train` run (same plan, its own name `<name>-<N>x<P>`), followed
+Each size is an ordinary `vmrun train` run (same plan, its own name `<name>-<N>x<P>`, and
+`-cpus2-lr0.01` after it where other options vary: the point's own plan), followed
 to its end and fetched into `results/<run-id>/`, so everything `vmrun report`, `plot` and
 `fetch` do works on a sweep's runs one by one too. A size that fails is recorded and the
 sweep goes on with the next; Ctrl-C stops the size in progress (nothing is left running),
@@ -35,6 +36,7 @@ class SweepJob:
     cluster: str | None = None
     cluster_opts: dict[str, Any] | None = None
     verbose: bool = False
+    plans: dict[str, Plan] | None = None  # by label: a point's own plan (its lr, -e values)
 
 
 def run_sweep(job: SweepJob) -> int:
@@ -78,7 +80,8 @@ def run_sweep(job: SweepJob) -> int:
 
 def _size_words(size: Size) -> str:
     nodes = f"{size.nodes} node{'s' if size.nodes > 1 else ''}"
-    return f"{nodes} x {size.nproc} process{'es' if size.nproc > 1 else ''}"
+    text = f"{nodes} x {size.nproc} process{'es' if size.nproc > 1 else ''}"
+    return f"{text}, {size.words()}" if size.values else text
 
 
 def _continue_line(job: SweepJob, size: Size) -> str:
@@ -91,7 +94,8 @@ def _continue_line(job: SweepJob, size: Size) -> str:
 
 
 def _size_plan(job: SweepJob, size: Size) -> Plan:
-    return replace(job.plan, nproc=str(size.nproc), name=f"{job.plan.name}-{size.label}")
+    plan = (job.plans or {}).get(size.label, job.plan)
+    return replace(plan, nproc=str(size.nproc), name=f"{job.plan.name}-{size.label}")
 
 
 def _started(job: SweepJob, size: Size) -> Callable[[str], None]:
@@ -153,7 +157,7 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
     from vmrun.slurm.session import cluster_backend
 
     name = str(job.cluster)
-    opts = {**(job.cluster_opts or {}), "nodes": size.nodes}
+    opts = cluster_opts(job, size)
     cluster = find_cluster(job.settings, name)
     plan = _size_plan(job, size)
     spec = check_spec(job_spec(opts, str(size.nproc), cluster), plan.launcher)
@@ -176,6 +180,13 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
     if run_fetch(fetch) != 0:
         raise VmrunError(f"fetching run {ref.run_id} from {name} failed")
     _require_metrics(job, size)
+
+
+def cluster_opts(job: SweepJob, size: Size) -> dict[str, Any]:
+    """The sbatch options of a size: the sweep's, with the point's own node count and, where
+    the grid varies them, its --cpus-per-task and --gpus-per-node."""
+    own = {k: v for k, v in size.values.items() if k in ("cpus_per_task", "gpus_per_node")}
+    return {**(job.cluster_opts or {}), **own, "nodes": size.nodes}
 
 
 def _require_metrics(job: SweepJob, size: Size) -> None:

@@ -4,18 +4,20 @@ matplotlib (the `plot` extra) is imported by `save_plot` alone, with its Agg can
 pyplot, so nothing else pays for it. Colours come from a fixed cycle, `COLOURS` (matplotlib's
 tab10 with its grey swapped for indigo: antialiased black text is grey), in the order the
 runs are given, so a reader (or a test) knows which line is which run; in an SVG every line
-also carries the id `run-<run id>`.
+also carries the id `run-<run id>`. Runs can draw the very same curve (two sizes of one
+world size train alike, by the template's design): each line also has its own dash pattern
+and marker, the markers of line i starting at a point of its own, so a line drawn over
+another leaves the one below visible.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from vmrun.errors import UsageError, VmrunError
 from vmrun.results.history import RunHistory
@@ -24,7 +26,10 @@ COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#393b79", "#bcbd22", "#17becf",
 )  # fmt: skip
-STYLES = ("-", "--", ":", "-.")  # after every 10 runs the colours come round again, dashed
+STYLES = ("-", "--", "-.", (0, (6, 2, 1, 2, 1, 2)))  # by line, round and round
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", "*", ">", "h")  # 11: with 10 colours and
+# 4 dashes, no two of the first 44 lines look alike
+MARKS_PER_LINE = 8
 X_AXES = {"epoch": "epoch", "time": "training time (s)"}
 FORMATS = {".png": "png", ".svg": "svg"}
 INSTALL_HINT = "pip install 'vmrun[plot]' (or: pip install matplotlib)"
@@ -80,22 +85,48 @@ def shape_label(run: RunHistory) -> str:
     return f"{text} ({run.launcher})" if run.launcher else text
 
 
-def labels(runs: Sequence[RunHistory]) -> list[str]:
-    """One legend label per run: its shape, plus its id where two runs share a shape."""
+def labels(runs: Sequence[RunHistory], notes: Mapping[str, str] | None = None) -> list[str]:
+    """One legend label per run: its shape and its note (a sweep's `cpus=2 lr=0.01`, by run
+    id), plus its id where two runs would still read the same."""
     shapes = [shape_label(r) for r in runs]
+    shapes = [
+        f"{s} {notes[r.run_id]}" if notes and notes.get(r.run_id) else s
+        for s, r in zip(shapes, runs, strict=True)
+    ]
     return [
         s if shapes.count(s) == 1 or s == r.run_id else f"{s} {r.run_id}"
         for s, r in zip(shapes, runs, strict=True)
     ]
 
 
+def look(i: int, points: int) -> dict[str, Any]:
+    """Line i's colour, dash pattern and markers (about MARKS_PER_LINE of them, the first at
+    point i of every `step`: lines that coincide show their markers in turn)."""
+    step = max(1, -(-points // MARKS_PER_LINE))
+    return {
+        "color": COLOURS[i % len(COLOURS)],
+        "linestyle": STYLES[i % len(STYLES)],
+        "marker": MARKERS[i % len(MARKERS)],
+        "markevery": (i % step, step),
+        "markersize": 7,
+    }
+
+
 def title(metric: str, x: str) -> str:
     return f"{metric} by {'epoch' if x == 'epoch' else 'training time'}"
 
 
-def save_plot(runs: Sequence[RunHistory], metric: str, path: Path, *, x: str = "epoch") -> Path:
+def save_plot(
+    runs: Sequence[RunHistory],
+    metric: str,
+    path: Path,
+    *,
+    x: str = "epoch",
+    notes: Mapping[str, str] | None = None,
+) -> Path:
     """Draw one line per run into `path` (PNG or SVG by its suffix), atomically: the image
-    is written beside it under a temporary name and renamed into place when complete."""
+    is written beside it under a temporary name and renamed into place when complete.
+    `notes`: by run id, what the legend adds to the run's shape."""
     fmt = image_format(path)
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -105,17 +136,14 @@ def save_plot(runs: Sequence[RunHistory], metric: str, path: Path, *, x: str = "
     fig = Figure(figsize=(8, 5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    looks = itertools.product(STYLES, COLOURS)
-    for run, label, (style, colour) in zip(runs, labels(runs), looks, strict=False):
+    for i, (run, label) in enumerate(zip(runs, labels(runs, notes), strict=True)):
         points = series(run, metric, x)
         (line,) = ax.plot(
             [p[0] for p in points],
             [p[1] for p in points],
-            color=colour,
-            linestyle=style,
             linewidth=2,
             label=label,
-            marker="o" if len(points) == 1 else None,
+            **look(i, len(points)),
         )
         line.set_gid(f"run-{run.run_id}")
     ax.set_title(title(metric, x))

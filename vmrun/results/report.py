@@ -7,14 +7,16 @@ first such run named):
     efficiency = speed-up / (world size of the run / world size of the baseline)
 
 samples/s is the template's own figure: samples of every rank in an epoch over its time.
+A sweep that varies more than the size names what its runs differ in (`cpus=2 lr=0.01`):
+those options are columns of their own, after RUN.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 
 from vmrun.results.history import RunHistory
 
@@ -45,6 +47,7 @@ class ReportRow:
     final_loss: float | None
     final_accuracy: float | None  # eval_accuracy, else accuracy, of the last epoch with one
     baseline: str | None  # the run speed-up and efficiency compare with
+    varied: dict[str, str] = field(default_factory=dict)  # a sweep's other axes: {"lr": "0.1"}
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -58,7 +61,10 @@ def baseline_of(runs: Sequence[RunHistory]) -> RunHistory | None:
     return min(known, key=lambda r: r.world_size or 0, default=None)
 
 
-def report_rows(runs: Sequence[RunHistory]) -> list[ReportRow]:
+def report_rows(
+    runs: Sequence[RunHistory], varied: Mapping[str, Mapping[str, str]] | None = None
+) -> list[ReportRow]:
+    """A row per run; `varied`: by run id, the options a sweep varied besides the size."""
     base = baseline_of(runs)
     base_rate = _median(base, "samples_per_s") if base else None
     rows = []
@@ -87,6 +93,7 @@ def report_rows(runs: Sequence[RunHistory]) -> list[ReportRow]:
                 final_loss=run.last("loss"),
                 final_accuracy=accuracy if accuracy is not None else run.last("accuracy"),
                 baseline=base.run_id if speedup is not None and base else None,
+                varied=dict((varied or {}).get(run.run_id, {})),
             )
         )
     return rows
@@ -101,11 +108,25 @@ def rows_json(rows: Sequence[ReportRow]) -> str:
     return json.dumps(row_dicts(rows), indent=2)
 
 
-def cells(row: ReportRow) -> tuple[str, ...]:
-    """The row as the table shows it ("" where unknown)."""
+def varied_keys(rows: Sequence[ReportRow]) -> list[str]:
+    """The options some row varies, in the order first met."""
+    return list(dict.fromkeys(k for row in rows for k in row.varied))
+
+
+def headers(rows: Sequence[ReportRow]) -> tuple[tuple[str, ...], frozenset[int]]:
+    """The table's headers (a column per varied option after RUN) and which are numeric."""
+    keys = varied_keys(rows)
+    shift = len(keys)
+    numeric = frozenset(i + shift for i in NUMERIC) | frozenset(range(1, shift + 1))
+    return (HEADERS[0], *(k.upper() for k in keys), *HEADERS[1:]), numeric
+
+
+def cells(row: ReportRow, keys: Sequence[str] = ()) -> tuple[str, ...]:
+    """The row as the table shows it ("" where unknown); `keys`: the varied columns."""
     epochs = f"{row.epochs}/{row.epochs_asked}" if row.epochs_asked else str(row.epochs)
     return (
         row.run,
+        *(row.varied.get(k, "") for k in keys),
         _int(row.nodes),
         _int(row.procs_per_node),
         _int(row.world_size),
@@ -134,11 +155,13 @@ def baseline_note(rows: Sequence[ReportRow]) -> str:
 
 def render_markdown(rows: Sequence[ReportRow]) -> str:
     """A GitHub table (numbers right-aligned), then the baseline note."""
+    heads, numeric = headers(rows)
+    keys = varied_keys(rows)
     lines = [
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "|".join("---:" if i in NUMERIC else "---" for i in range(len(HEADERS))) + "|",
+        "| " + " | ".join(heads) + " |",
+        "|" + "|".join("---:" if i in numeric else "---" for i in range(len(heads))) + "|",
     ]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r, keys)) + " |" for r in rows]
     note = baseline_note(rows)
     return "\n".join(lines) + (f"\n\n{note}\n" if note else "\n")
 

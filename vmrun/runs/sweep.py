@@ -2,7 +2,9 @@
 
 `vmrun sweep --nodes 1,2 --nproc-per-node 1,2` runs one training per (nodes, processes)
 pair, smallest first, and keeps what it did in `results/sweep-<id>/sweep.json`: the options
-every size shares, where it runs, and each size's run id and outcome. The record is
+every size shares, where it runs, and each size's run id and outcome. Other options given a
+list (`--cpus-per-task 1,2`, `--lr 0.1,0.01`, `-e KEY=A,B`, ...) are more axes of the same
+grid: each point of the cartesian product is a "size" too, named by what varies. The record is
 rewritten atomically after every size, so an interrupted sweep keeps its finished runs and
 `--resume <id>` runs only what is left. Executing a size is the CLI's job (it already knows
 how to train and fetch on hosts, clusters and this machine); this module is the plan and the
@@ -11,8 +13,10 @@ record, with nothing that opens a connection.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,10 +38,20 @@ class Size:
     run: str | None = None  # the run id, once started
     state: RunState = RunState.PENDING
     detail: str = ""  # why it failed or stopped, in one line
+    values: dict[str, Any] = field(default_factory=dict)  # the other axes' values, by key
+    tag: str = ""  # those values in a run name: `cpus2-lr0.01`
 
     @property
     def label(self) -> str:
-        return f"{self.nodes}x{self.nproc}"
+        return f"{self.nodes}x{self.nproc}" + (f"-{self.tag}" if self.tag else "")
+
+    def varied(self) -> dict[str, str]:
+        """The other axes' values in words, by short name: {"cpus": "2", "lr": "0.01"}."""
+        return {short_name(k): value_text(v) for k, v in self.values.items()}
+
+    def words(self) -> str:
+        """`cpus=2 lr=0.01` (empty when only the size varies)."""
+        return " ".join(f"{k}={v}" for k, v in self.varied().items())
 
     @property
     def world_size(self) -> int:
@@ -70,26 +84,92 @@ class Sweep:
         }
 
 
-def parse_counts(flag: str, text: str | None, default: int = 1) -> list[int]:
-    """`1,2,4` -> [1, 2, 4]: whole numbers >= 1, sorted, each once."""
+def parse_counts(flag: str, text: str | None, default: int = 1, *, least: int = 1) -> list[int]:
+    """`1,2,4` -> [1, 2, 4]: whole numbers >= `least`, sorted, each once."""
     if text is None:
         return [default]
     values = []
     for part in text.split(","):
         word = part.strip()
-        if not word.isdigit() or int(word) < 1:
+        if not (word.isascii() and word.isdigit()) or int(word) < least:
             raise UsageError(
-                f"{flag} {text!r}: give whole numbers >= 1 separated by commas, e.g. 1,2"
+                f"{flag} {text!r}: give whole numbers >= {least} separated by commas, e.g. 1,2"
             )
         values.append(int(word))
     return sorted(set(values))
 
 
-def plan_sizes(nodes: list[int], nprocs: list[int]) -> list[Size]:
-    """Every pair, the smallest world first (ties: fewer nodes first), so the baseline of the
-    report (the smallest run) is the first to finish."""
+def parse_numbers(flag: str, text: str) -> list[float]:
+    """`0.1,0.01` -> [0.01, 0.1]: numbers > 0, sorted, each once."""
+    values = []
+    for part in text.split(","):
+        try:
+            value = float(part.strip())
+        except ValueError:
+            value = 0.0
+        if not 0 < value < float("inf"):
+            raise UsageError(
+                f"{flag} {text!r}: give numbers > 0 separated by commas, e.g. 0.1,0.01"
+            )
+        values.append(value)
+    return sorted(set(values))
+
+
+def split_values(text: str) -> list[str]:
+    """`a,b\\,c` -> ["a", "b,c"]: a list of -e values (`\\,` is a comma inside one), each once."""
+    values = [part.replace("\\,", ",") for part in re.split(r"(?<!\\),", text)]
+    return list(dict.fromkeys(values))
+
+
+Axis = tuple[str, list[Any]]  # an option's key (`lr`, `env:KEY`) and its values, in order
+SHORT = {"cpus_per_task": "cpus", "gpus_per_node": "gpus", "batch_size": "batch", "lr": "lr"}
+
+
+def short_name(key: str) -> str:
+    """What an axis is called in a run name, a legend and a report column."""
+    return key.removeprefix("env:") if key.startswith("env:") else SHORT.get(key, key)
+
+
+def value_text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _tags(key: str, values: list[Any]) -> list[str]:
+    """Each value as a part of a run name; an env value that is not safe in one (or two that
+    read the same once made safe) goes by its position in the list instead."""
+    name = short_name(key)
+    texts = [value_text(v) for v in values]
+    if not key.startswith("env:"):
+        return [f"{name}{t}" for t in texts]
+    safe = [re.sub(r"[^A-Za-z0-9.]+", "_", t).strip("_")[:24] for t in texts]
+    if "" in safe or len(set(safe)) < len(safe):
+        safe = [f"v{i}" for i in range(1, len(texts) + 1)]
+    return [f"{name}_{t}" for t in safe]
+
+
+def plan_sizes(nodes: list[int], nprocs: list[int], axes: list[Axis] | None = None) -> list[Size]:
+    """Every point of the grid, the smallest world first (ties: fewer nodes first), so the
+    baseline of the report (the smallest run) is the first to finish; at one size, the
+    other axes' points in the order given."""
     pairs = sorted(((n, p) for n in nodes for p in nprocs), key=lambda np: (np[0] * np[1], np[0]))
-    return [Size(n, p) for n, p in pairs]
+    axes = [(k, vs) for k, vs in axes or [] if vs]
+    keys = [k for k, _ in axes]
+    tagged = [list(zip(vs, _tags(k, vs), strict=True)) for k, vs in axes]
+    points = list(itertools.product(*tagged))
+    return [
+        Size(n, p, values=dict(zip(keys, (v for v, _ in point), strict=True)),
+             tag="-".join(t for _, t in point))
+        for n, p in pairs
+        for point in points
+    ]  # fmt: skip
+
+
+def one_process_per_gpu(sizes: list[Size], gpus: int | None) -> list[Size]:
+    """A cluster sweep without --nproc-per-node runs one process per GPU (the point's
+    --gpus-per-node, else the sweep's), as `train -C` does; smallest world first again."""
+    for size in sizes:
+        size.nproc = int(size.values.get("gpus_per_node", gpus) or size.nproc)
+    return sorted(sizes, key=lambda s: (s.world_size, s.nodes))
 
 
 def new_sweep(
@@ -118,7 +198,7 @@ def load(project: Path, sweep_id: str) -> Sweep:
         raise UsageError(f"{path}: unreadable sweep record ({exc})") from None
     sizes = [
         Size(int(s["nodes"]), int(s["nproc"]), s.get("run"), RunState(s.get("state", "pending")),
-             str(s.get("detail", "")))
+             str(s.get("detail", "")), dict(s.get("values") or {}), str(s.get("tag", "")))
         for s in raw.get("sizes", [])
     ]  # fmt: skip
     return Sweep(str(raw["id"]), dict(raw.get("where", {})), dict(raw.get("options", {})), sizes)

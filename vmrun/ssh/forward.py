@@ -33,9 +33,28 @@ _POLL_S = 0.5
 Note = Callable[[str], None]
 
 
+def parse_ports(text: str) -> tuple[int | None, int]:
+    """`PORT` or `LOCAL:PORT` (as `ssh -L` and `kubectl port-forward` take them): the local
+    port asked for (None: PORT, or the next free one) and the port to reach."""
+    local, sep, remote = text.strip().rpartition(":")
+    ports = [_port(word, text) for word in ((local, remote) if sep else (remote,))]
+    return (ports[0], ports[1]) if sep else (None, ports[0])
+
+
+def _port(word: str, text: str) -> int:
+    word = word.strip()
+    value = int(word) if word.isascii() and word.isdigit() else 0
+    if not 1 <= value <= 65535:
+        raise UsageError(
+            f"port {text!r}: give PORT or LOCAL:PORT, each a number from 1 to 65535"
+            " (e.g. 8888 or 8888:8889)"
+        )
+    return value
+
+
 def bind_free(wanted: int, *, search: int = PORT_SEARCH) -> socket.socket:
     """A socket listening on 127.0.0.1 at `wanted`, or at the next free port after it
-    (0: any free port)."""
+    (0: any free port); `search` 1: that port or a UsageError."""
     last: OSError | None = None
     ports = [0] if wanted == 0 else range(wanted, min(wanted + search, 65536))
     for port in ports:
@@ -51,6 +70,11 @@ def bind_free(wanted: int, *, search: int = PORT_SEARCH) -> socket.socket:
             last = exc
             continue
         return sock
+    if search == 1:
+        raise UsageError(
+            f"local port {wanted} is in use ({last})",
+            hint="pick another LOCAL in LOCAL:PORT, or give PORT alone for the next free one",
+        )
     raise UsageError(
         f"no free local port from {wanted} to {wanted + search - 1} ({last})",
         hint="pick another with --local-port/--port",
@@ -67,10 +91,19 @@ def moved_line(wanted: int, port: int) -> str | None:
 class Forward:
     """127.0.0.1:`port` here -> `dest` as the host sees it, over `conn`'s transport."""
 
-    def __init__(self, conn: Connection, dest_host: str, dest_port: int, *, local_port: int):
+    def __init__(
+        self,
+        conn: Connection,
+        dest_host: str,
+        dest_port: int,
+        *,
+        local_port: int,
+        exact: bool = False,
+    ):
         self.conn = conn
         self.dest = (dest_host, dest_port)
         self.wanted = local_port
+        self.exact = exact  # the user named the local port: that one, or an error
         self.port = 0
         self.connections = 0  # accepted so far
         self.refused = 0  # of those, how many the destination refused
@@ -89,12 +122,13 @@ class Forward:
         return f"{self.conn.label}'s {self.dest[0]}:{self.dest[1]}"
 
     def start(self, note: Note | None = None) -> Forward:
-        """Listen here (the wanted port or the next free one) and start accepting; `note`
-        hears about connections the destination refuses (nothing listening there yet)."""
+        """Listen here (the wanted port, or the next free one unless `exact`) and start
+        accepting; `note` hears about connections the destination refuses (nothing listening
+        there yet)."""
         self._transport = self.conn.transport  # opens the connection, or raises its error
         if note is not None:
             self._note = note
-        self._listener = bind_free(self.wanted)
+        self._listener = bind_free(self.wanted, search=1 if self.exact else PORT_SEARCH)
         self.port = self._listener.getsockname()[1]
         self._spawn(self._accept_loop, "vmrun-forward")
         return self

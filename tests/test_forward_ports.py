@@ -1,0 +1,63 @@
+"""`vmrun forward [LOCAL:]PORT` before any connection: the ports as `ssh -L` and `kubectl
+port-forward` take them, bad values and a busy LOCAL refused in one line (exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmrun.cli.main import run
+from vmrun.errors import UsageError
+from vmrun.ssh.forward import bind_free, parse_ports
+
+
+@pytest.mark.parametrize(
+    ("text", "ports"),
+    [("8888", (None, 8888)), ("8888:8889", (8888, 8889)), (" 1:65535 ", (1, 65535))],
+)
+def test_port_or_local_colon_port(text: str, ports: tuple[int | None, int]) -> None:
+    assert parse_ports(text) == ports
+
+
+@pytest.mark.parametrize(
+    "text", ["0", "65536", "8888:0", "70000:80", "x", "8888:", ":8888", "1:2:3", "-1", "8e3", ""]
+)
+def test_bad_ports_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match=r"give PORT or LOCAL:PORT, each a number from 1"):
+        parse_ports(text)
+
+
+def _one_line_exit_2(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = run(["forward", *args, "-H", "someone@nowhere.invalid"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("ports", ["0", "8888:99999", "junk"])
+def test_the_cli_refuses_bad_ports_in_one_line(
+    capsys: pytest.CaptureFixture[str], ports: str
+) -> None:
+    assert "give PORT or LOCAL:PORT" in _one_line_exit_2(capsys, ports)
+
+
+def test_a_busy_local_port_asked_for_is_refused_not_moved(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """LOCAL:PORT names the port here: taken, it is an error (before any connecting: the
+    host here does not exist), never another port as PORT alone gets."""
+    with bind_free(0) as holder:
+        busy = holder.getsockname()[1]
+        err = _one_line_exit_2(capsys, f"{busy}:8888")
+        assert f"local port {busy} is in use" in err
+        with pytest.raises(UsageError, match=f"local port {busy} is in use"):
+            bind_free(busy, search=1)
+        moved = bind_free(busy)  # PORT alone: the next free one, as before
+        assert moved.getsockname()[1] > busy
+        moved.close()
+
+
+def test_local_colon_port_and_local_port_together_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "drop --local-port" in _one_line_exit_2(capsys, "8888:8889", "--local-port", "7000")
