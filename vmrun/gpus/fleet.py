@@ -282,7 +282,9 @@ class HostWatcher:
         try:
             timeout = self.once_timeout if self.once else None
             beat = None if self.once else HEARTBEAT
-            result = self.conn.run(argv, on_output=on_output, timeout=timeout, heartbeat=beat)
+            result = self.conn.run(  # watching is no activity that keeps an autostop host up
+                argv, on_output=on_output, timeout=timeout, heartbeat=beat, activity=False
+            )
         except VmrunError as exc:
             if self.once and not isinstance(exc, (UnreachableError, ConnectionLostError)):
                 self._say(HostState.ERROR, exc.message, exit_code_for(exc))

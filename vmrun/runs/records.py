@@ -143,7 +143,8 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
 
     ids = [check_run_id(r) for r in run_ids]
     argv = ["sh", "-c", source("run_list.sh"), "vmrun-list", RUNS_DIR, *ids]
-    status, out, err = capture(conn, quoting.plain_command(argv), what="the run listing")
+    command = quoting.plain_command(argv, activity=False)  # looking: no autostop activity
+    status, out, err = capture(conn, command, what="the run listing")
     if status != 0:
         raise RemoteError(f"listing the runs failed: {err.strip()[-300:]}", host=conn.label)
     records: list[RunRecord] = []

@@ -96,8 +96,21 @@ class Forward:
             self._note = note
         self._listener = bind_free(self.wanted)
         self.port = self._listener.getsockname()[1]
+        self._hold()
         self._spawn(self._accept_loop, "vmrun-forward")
         return self
+
+    def _hold(self) -> None:
+        """A wrapped command that only waits, for as long as the forward lasts: the host's
+        autostop counts it as vmrun's work (forwarded channels run nothing there). Stopping
+        closes its channel, and the wrapper ends it. Forwarding goes on without it."""
+        from vmrun.ssh import quoting
+
+        with contextlib.suppress(Exception):
+            chan = self.conn.open_session()
+            self._track(chan)
+            chan.exec_command(quoting.remote_command(["sh", "-c", "while sleep 3600; do :; done"]))
+            chan.sendall(quoting.env_header(None))
 
     def probe(self) -> bool:
         """Whether the destination accepts a connection now (one channel, closed at once)."""
