@@ -6,7 +6,7 @@
 m=$HOME/$1; shift
 [ -d "$m" ] || mkdir -p "$m" 2>/dev/null
 # shellcheck disable=SC2086  # the fields after the command name, split on purpose
-(read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$m/$$" 2>/dev/null
+(read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") 2>/dev/null > "$m/$$"
 "$@"
 r=$?
 { rm -f "$m/$$"; : > "$m/.ended"; } 2>/dev/null

@@ -28,7 +28,7 @@ if [ -n "$m" ]; then
   m=$HOME/$m
   [ -d "$m" ] || mkdir -p "$m" 2>/dev/null
   # shellcheck disable=SC2086  # the fields after the command name, split on purpose
-  (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$m/$$" 2>/dev/null
+  (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") 2>/dev/null > "$m/$$"
 fi
 exec 3<&0
 setsid "$@" </dev/null 3<&- &
