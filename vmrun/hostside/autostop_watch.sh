@@ -25,7 +25,8 @@
 # clock is the boot time plus /proc/uptime, read with builtins. The log has one line per
 # decision change and is kept under 256 KiB (one older file beside it).
 # Files: $state (one line, TAB-separated key=value: what vmrun shows), $state.pid, .lock (one
-# watchdog per user: flock), .m0/.m1 (tick marks: runs started since), .tmp; $log.
+# watchdog per user: flock), .m0/.m1 (tick marks: runs started since), .tmp; $log. Read (and
+# stale markers removed): $active/PID, $active/.ended.
 
 # CONF sets period interval warn (seconds), threshold (%), sessions, poweroff (shell text; empty:
 # shutdown), nvsmi, nvpath, run_env, runs, active, state, log, path.

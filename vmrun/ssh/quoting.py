@@ -5,8 +5,10 @@ quotes each word for a POSIX shell (the login shell sshd starts) and wraps it in
 `sh` script (vmrun/hostside/command_wrapper.sh). The script reads environment values from
 stdin, so secrets never appear on a command line (not in `ps`, not in sshd's logs), and it
 runs the command in its own process group that is killed when the SSH channel goes away, so
-a dropped client never leaves an orphaned process on the host. Nothing here touches a host;
-the only I/O is reading that script once.
+a dropped client never leaves an orphaned process on the host. While a command runs, both
+the wrapper and the raw commands' vmrun/hostside/command_mark.sh leave a marker that the
+host's autostop counts as vmrun's work (`activity=False` for what only looks). Nothing here
+touches a host; the only I/O is reading those scripts once.
 """
 
 from __future__ import annotations
