@@ -305,6 +305,36 @@ def test_a_live_run_keeps_the_host_up_and_a_run_that_starts_resets_the_clock(
     assert f"awake: run {rid}" in log(as1)
 
 
+def test_a_long_vmrun_exec_keeps_the_host_up_and_the_host_goes_down_after_it(
+    ac: Client, as1: TestHost
+) -> None:
+    """vmrun's own work counts as activity: an `exec` that outlasts the period (a marker in
+    ~/.vmrun/active while it runs), then the period from its end."""
+    install_standin(as1, "sudo", SUDO)
+    done = ac.vmrun("autostop", "3s", "-H", "as1")
+    assert done.returncode == 0, done.stderr
+    go = as1.home / "exec.go"
+    go.unlink(missing_ok=True)
+    script = 'while ! [ -e "$HOME/exec.go" ]; do sleep 0.2; done; echo finished'
+    proc = ac.popen("exec", "-H", "as1", "--", "sh", "-c", script)
+    try:
+        wait_for(lambda: state(as1).get("awake") == "a vmrun command", 20, "the exec to count")
+        outlast_the_period(as1)
+        assert calls(as1) == [], log(as1)
+        go.touch()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ended = time.time()
+    assert proc.returncode == 0 and "finished" in out, err
+    off = wait_for(lambda: calls(as1), 20, "the power-off after the exec")
+    assert off[0][0] >= ended + 1, (off, ended)  # type: ignore[index]
+    assert "awake: a vmrun command" in log(as1)
+    assert not [p for p in (as1.home / ".vmrun/active").iterdir() if p.name.isdigit()]
+
+
 def test_a_busy_gpu_keeps_it_up_with_one_nvidia_smi_per_check(ac: Client, as1: TestHost) -> None:
     install_standin(as1, "sudo", SUDO)
     replay = gpu_standin(as1, "t4x2_training", apps="")
@@ -502,6 +532,11 @@ def test_settings_from_vmrun_toml_per_host_and_a_configured_command(
     assert watchdogs(as2) == []
     off = wait_for(lambda: calls(as1), 20, "the configured power-off command")
     assert off[0][1] == "poweroff-standin --instance i-0abc"  # type: ignore[index]
+    # the command may hold a secret: not on the watchdog's command line, nor in its log
+    assert not [c for c in commands(as1) if "i-0abc" in c and "poweroff-standin" not in c]
+    wait_for(lambda: "power-off command ran" in log(as1), 20, "the power-off's exit in the log")
+    assert "i-0abc" not in log(as1)
+    assert (as1.home / ".vmrun/autostop.conf").stat().st_mode & 0o777 == 0o600
     (ac.cwd / "vmrun.toml").write_text('[[hosts]]\naddress = "as2"\n')
     missing = ac.vmrun("autostop")
     assert missing.returncode == 2 and "no autostop period for as2" in missing.stderr
@@ -726,7 +761,7 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
     the unit and stops only the watchdog (the shell driving this has the script's path among
     its arguments). Root needs no sudo."""
     from vmrun.autostop.settings import Autostop
-    from vmrun.autostop.watchdog import _install_argv
+    from vmrun.autostop.watchdog import _install_argv, conf_env
     from vmrun.hostside import source
     from vmrun.remote_paths import AUTOSTOP_CONF, AUTOSTOP_LOG, AUTOSTOP_STATE
 
@@ -735,7 +770,7 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
     (home / "bin" / "systemctl").write_text(SYSTEMCTL)
     (home / "bin" / "systemctl").chmod(0o755)
     cfg = Autostop(3600, 1, 300, 10, "ignore", "true")
-    install = _install_argv("install", cfg)[2:]  # after `sh -c`
+    install = _install_argv("install")[2:]  # after `sh -c`
     cancel = [source("autostop_cancel.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_LOG,
               ".vmrun/lib", "autostop_watch.sh"]  # fmt: skip
     status = [source("autostop_status.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, SCRIPT]
@@ -747,7 +782,7 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
     )
     env = {"HOME": str(home), "PATH": f"{home / 'bin'}:/usr/bin:/bin", "I": install[0],
            "S": status[0], "SA": " ".join(status[1:]), "C": cancel[0],
-           "CA": " ".join(cancel[1:])}  # fmt: skip
+           "CA": " ".join(cancel[1:]), **conf_env(cfg)}  # fmt: skip
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", steps, "ns", *install[1:]],
         env=env, cwd=home, capture_output=True, text=True, timeout=60, check=False,

@@ -7,14 +7,21 @@ from __future__ import annotations
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import Client
+from conftest import Client, wait_for
 from testbed import NetnsBed, SlurmCluster
 from web_helpers import PAGE, Lines, get, http_server, port_of
 
 from vmrun.ssh.forward import bind_free
 
 
+def _markers(bed: NetnsBed, host: str) -> set[str]:
+    """vmrun commands at work on the host (~/.vmrun/active): what its autostop counts."""
+    folder = bed[host].home / ".vmrun" / "active"
+    return {p.name for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else set()
+
+
 def test_forward_a_port_of_the_host_until_ctrl_c(bed: NetnsBed, bed_client: Client) -> None:
+    before = _markers(bed, "h1")
     with http_server(bed["h1"], 18090) as path, bind_free(0) as holder:
         busy = holder.getsockname()[1]
         lines = Lines(bed_client.popen("forward", "18090", "-H", "h1", "--local-port", str(busy)))
@@ -23,8 +30,10 @@ def test_forward_a_port_of_the_host_until_ctrl_c(bed: NetnsBed, bed_client: Clie
         assert port != busy and url == f"http://127.0.0.1:{port}/"
         with ThreadPoolExecutor(8) as pool:
             assert list(pool.map(lambda _: get(port, path), range(16))) == [PAGE] * 16
+        assert _markers(bed, "h1") - before, "the forward holds a marker while it lasts"
         code, err = lines.finish(signal.SIGINT)
     assert code == 0, err
+    wait_for(lambda: not _markers(bed, "h1") - before, 10, "the forward's marker to go")
     assert err.splitlines() == [
         f"vmrun: local port {busy} is in use; using {port}",
         "vmrun: forwarding to h1's 127.0.0.1:18090; Ctrl-C to stop",

@@ -90,9 +90,11 @@ def test_env_names_are_checked() -> None:
 def _run_wrapped(
     argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run remote_command's text in a local sh, holding stdin open as an SSH channel does."""
+    """Run remote_command's text in a local sh, holding stdin open as an SSH channel does
+    (activity=False here and below: no autostop marker in this machine's own home; the markers
+    are tests/test_autostop_activity.py's)."""
     proc = subprocess.Popen(
-        ["sh", "-c", remote_command(argv, cwd=cwd)],
+        ["sh", "-c", remote_command(argv, cwd=cwd, activity=False)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -130,7 +132,7 @@ def test_wrapper_keeps_exit_status_and_reports_bad_cwd(tmp_path) -> None:
 def test_wrapper_kills_process_group_when_stdin_closes() -> None:
     """EOF on the channel means the client is gone: the whole command tree must die."""
     proc = subprocess.Popen(
-        ["sh", "-c", remote_command(["sh", "-c", "sleep 300 & echo $!; wait"])],
+        ["sh", "-c", remote_command(["sh", "-c", "sleep 300 & echo $!; wait"], activity=False)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -167,7 +169,11 @@ def test_heartbeat_wrapper_kills_the_group_when_the_client_falls_silent() -> Non
     import time
 
     proc = subprocess.Popen(
-        ["sh", "-c", remote_command(["sh", "-c", "sleep 300 & echo $!; wait"], heartbeat=3)],
+        [
+            "sh",
+            "-c",
+            remote_command(["sh", "-c", "sleep 300 & echo $!; wait"], heartbeat=3, activity=False),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

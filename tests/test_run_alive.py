@@ -1,7 +1,7 @@
 """Whether a run is alive has one rule on a host, its pid and the start time of that pid
 (hostside/run_alive.sh; run_marks.py's Python says the same): the listing (`status`), the
-stop (is the pid still the run's session?), the autostop watchdog and the log-time marker
-agree on every case, run here by sh and python3 against a home of their own (quick tier)."""
+start's busy check, the stop (is the pid still the run's session?), the autostop watchdog and
+the log-time marker agree on every case, run here by sh and python3 against a home of their own (quick tier)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,16 @@ def _stopped_as_its_session(env: dict, pid: int) -> bool:
     return any(str(pid) in line.split()[1:] for line in term)
 
 
+def _start_refused(env: dict) -> bool:
+    """run_start.sh's check under its lock: a second run (r2) is refused while r1 is alive."""
+    done = subprocess.run(
+        ["sh", "-c", source("run_start.sh"), "vmrun-start", ".vmrun/runs/r2", env["HOME"], "r2",
+         "{}", "new", "", "r2-out", "", "1", "true"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return done.returncode == 3 and done.stdout.split() == ["BUSY", "r1"]
+
+
 def _keeps_marking(rec: Path, env: dict, pid: int) -> bool:
     """run_marks.py beside the pid: still marking after a line more, or done at once."""
     marks = subprocess.Popen(
@@ -131,6 +141,7 @@ def test_every_alive_check_on_the_host_agrees(
         "list": _listed(env),
         "watchdog": watchdog,
         "marks": _keeps_marking(rec, env, recorded),
+        "start": _start_refused(env),
         "stop": _stopped_as_its_session(env, pid),  # last: it ends the process
     }
     assert seen == dict.fromkeys(seen, expected)

@@ -27,6 +27,7 @@ WHEELHOUSE = f"{STATE_DIR}/wheelhouse"  # setup --wheelhouse uploads
 INSTALLERS = f"{STATE_DIR}/installers"  # setup --installer uploads
 ENVS_DIR = f"{STATE_DIR}/envs"  # environments setup builds (venv, uv, conda prefixes)
 WORK_ROOT = "vmrun"  # projects' synced code: vmrun/<name>-<hash>/
+ACTIVE_DIR = f"{STATE_DIR}/active"  # a marker per live vmrun command (autostop: activity)
 RUN_ENV = "VMRUN_RUN_ID"  # carried by every process of a run: how stop and watch find them
 # Where nvidia-smi lives besides sshd's default PATH: NVIDIA's container/GKE layout and WSL.
 NVIDIA_PATH = "/usr/local/nvidia/bin:/usr/lib/wsl/lib"

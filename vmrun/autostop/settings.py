@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from vmrun.config import FIELDS, Settings
-from vmrun.remote_paths import AUTOSTOP_LOG, AUTOSTOP_STATE, NVIDIA_PATH, RUN_ENV, RUNS_DIR
+from vmrun.remote_paths import (
+    ACTIVE_DIR,
+    AUTOSTOP_LOG,
+    AUTOSTOP_STATE,
+    NVIDIA_PATH,
+    RUN_ENV,
+    RUNS_DIR,
+)
 from vmrun.setting_types import OFF, format_period, period_seconds
 from vmrun.ssh import quoting
 from vmrun.ssh.inventory import HostEntry
@@ -64,6 +71,7 @@ class Autostop:
             "nvpath": NVIDIA_PATH,
             "run_env": RUN_ENV,
             "runs": RUNS_DIR,
+            "active": ACTIVE_DIR,
             "state": AUTOSTOP_STATE,
             "log": AUTOSTOP_LOG,
         }

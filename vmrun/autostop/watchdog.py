@@ -17,6 +17,8 @@ from vmrun.hostside import source
 from vmrun.remote_paths import AUTOSTOP_CONF, AUTOSTOP_LOG, AUTOSTOP_SCRIPT, AUTOSTOP_STATE
 from vmrun.ssh.connection import Connection
 
+CONF_VAR = "VMRUN_AUTOSTOP_CONF"  # the settings' text (autostop_install.sh, autostop_watch.sh)
+WORD_VAR = "VMRUN_AUTOSTOP_WORD"  # the power-off command's program, which the host must have
 _REFUSED = 3  # the scripts' exit status for "FAIL <why>", "BUSY ...", "BLOCKED ..."
 
 
@@ -41,17 +43,25 @@ class Cancelled:
     killed: tuple[int, ...]
 
 
-def _install_argv(mode: str, cfg: Autostop) -> list[str]:
+def _install_argv(mode: str) -> list[str]:
     return [
         "sh", "-c", source("autostop_install.sh"), "vmrun-autostop-install", mode,
         AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_SCRIPT, source("autostop_watch.sh"),
-        cfg.conf_text(), cfg.command_word,
     ]  # fmt: skip
 
 
-def _lines(conn: Connection, argv: list[str], what: str, after: str = "") -> dict[str, str]:
-    """Run one of the scripts; its KEY VALUE lines, or the host's one FAIL line raised."""
-    result = conn.run(argv)
+def conf_env(cfg: Autostop) -> dict[str, str]:
+    """The settings go by stdin (the wrapper's environment header), never on the host's
+    command line: the power-off command often carries a cloud API key."""
+    return {CONF_VAR: cfg.conf_text(), WORD_VAR: cfg.command_word}
+
+
+def _lines(
+    conn: Connection, argv: list[str], what: str, after: str = "", env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Run one of the scripts; its KEY VALUE lines, or the host's one FAIL line raised.
+    Managing and reading the watchdog is no activity that keeps the host up."""
+    result = conn.run(argv, env=env, activity=False)
     values: dict[str, str] = {}
     for line in result.stdout_tail.splitlines():
         key, _, value = line.partition(" ")
@@ -66,13 +76,13 @@ def _lines(conn: Connection, argv: list[str], what: str, after: str = "") -> dic
 def check(conn: Connection, cfg: Autostop, *, boot: bool = True) -> str:
     """Can this host power itself off (and, with `boot`, start the watchdog at boot)?
     Changes nothing; raises with the host's one line when it cannot."""
-    mode = "check" if boot else "power"
-    argv = _install_argv(mode, cfg)
-    return _lines(conn, argv, "the autostop check", "; nothing was installed").get("OK", "")
+    argv = _install_argv("check" if boot else "power")
+    said = _lines(conn, argv, "the autostop check", "; nothing was installed", conf_env(cfg))
+    return said.get("OK", "")
 
 
 def install(conn: Connection, cfg: Autostop) -> Installed:
-    values = _lines(conn, _install_argv("install", cfg), "installing autostop")
+    values = _lines(conn, _install_argv("install"), "installing autostop", env=conf_env(cfg))
     pid, _, how = values.get("PID", "").partition(" ")
     if not pid.isdigit():
         raise RemoteError("the autostop watchdog did not report its pid", host=conn.label)
@@ -85,7 +95,7 @@ def install(conn: Connection, cfg: Autostop) -> Installed:
 def read_status(conn: Connection) -> AutostopStatus:
     argv = ["sh", "-c", source("autostop_status.sh"), "vmrun-autostop-status", AUTOSTOP_CONF,
             AUTOSTOP_STATE, AUTOSTOP_SCRIPT]  # fmt: skip
-    result = conn.run(argv)
+    result = conn.run(argv, activity=False)
     if not result.ok:
         raise RemoteError(f"reading autostop failed: {result.output_tail(3)}", host=conn.label)
     return from_status_output(conn.label, result.stdout_tail)
@@ -96,7 +106,7 @@ def cancel(conn: Connection) -> Cancelled:
     lib, _, name = AUTOSTOP_SCRIPT.rpartition("/")
     argv = ["sh", "-c", source("autostop_cancel.sh"), "vmrun-autostop-cancel", AUTOSTOP_CONF,
             AUTOSTOP_STATE, AUTOSTOP_LOG, lib, name]  # fmt: skip
-    result = conn.run(argv)
+    result = conn.run(argv, activity=False)
     removed: list[str] = []
     killed: tuple[int, ...] = ()
     left = ""
@@ -119,9 +129,8 @@ def cancel(conn: Connection) -> Cancelled:
 def power_off_now(conn: Connection, cfg: Autostop, why: str) -> str:
     """Power the host off now, unless a vmrun run is alive on it or a process that is no
     vmrun run's holds a GPU (raised as RemoteError). Returns the command's last output."""
-    argv = ["sh", "-c", source("autostop_watch.sh"), "vmrun-autostop", "now", cfg.conf_text(),
-            why]  # fmt: skip
-    result = conn.run(argv)
+    argv = ["sh", "-c", source("autostop_watch.sh"), "vmrun-autostop", "now", why]
+    result = conn.run(argv, env=conf_env(cfg), activity=False)
     lines = result.stdout_tail.strip().splitlines()
     last = lines[-1] if lines else ""
     key, _, value = last.partition(" ")

@@ -281,8 +281,13 @@ class HostWatcher:
         try:
             timeout = self.once_timeout if self.once else None
             beat = None if self.once else HEARTBEAT
-            result = self.conn.run(
-                argv, on_output=on_output, timeout=timeout, heartbeat=beat, what="nvidia-smi"
+            result = self.conn.run(  # watching is no activity that keeps an autostop host up
+                argv,
+                on_output=on_output,
+                timeout=timeout,
+                heartbeat=beat,
+                what="nvidia-smi",
+                activity=False,
             )
         except VmrunError as exc:
             if self.once and not isinstance(exc, (UnreachableError, ConnectionLostError)):

@@ -1,5 +1,8 @@
 # Install the autostop watchdog (autostop_watch.sh), or check that it can be:
-#   sh -c SOURCE vmrun-autostop-install MODE CONF STATE SCRIPT WATCH_SOURCE CONF_TEXT WORD
+#   sh -c SOURCE vmrun-autostop-install MODE CONF STATE SCRIPT WATCH_SOURCE
+# with CONF_TEXT and WORD in $VMRUN_AUTOSTOP_CONF and $VMRUN_AUTOSTOP_WORD (they come by stdin,
+# in the command wrapper's environment header: the power-off command may hold a secret, so
+# it is never on a command line, and CONF is the user's alone, 0600).
 # MODE power: can this user power the machine off (WORD: the power-off command's first word,
 #   "" for the default `sudo -n shutdown -h now`, which needs passwordless sudo unless root)?
 # MODE check: that, and can the watchdog start at boot (a systemd unit where systemd runs and
@@ -11,7 +14,9 @@
 #   read at its next tick, a changed SCRIPT restarts it. Prints `SCRIPT|CONF same|new`,
 #   `BOOT <how> present|added`, `PID <pid> running|started|restarted`: installing twice
 #   changes nothing. Paths are relative to the home.
-mode=$1 conf=$2 state=$3 script=$4 src=$5 text=$6 word=$7
+mode=$1 conf=$2 state=$3 script=$4 src=$5
+text=${VMRUN_AUTOSTOP_CONF-} word=${VMRUN_AUTOSTOP_WORD-}
+unset VMRUN_AUTOSTOP_CONF VMRUN_AUTOSTOP_WORD
 cd "$HOME" || exit 1
 path=$PATH
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
@@ -53,12 +58,14 @@ else
   mv -f "$script.new" "$script"; changed=1; echo "SCRIPT new"
 fi
 case $path in *"'"*) path= ;; esac
-printf "%s\npath='%s'\n" "$text" "$path" > "$conf.new" || fail "cannot write $conf"
+rm -f "$conf.new"
+(umask 077 && printf "%s\npath='%s'\n" "$text" "$path" > "$conf.new") || fail "cannot write $conf"
 if cmp -s "$conf.new" "$conf"; then
   rm -f "$conf.new"; echo "CONF same"
 else
   mv -f "$conf.new" "$conf"; echo "CONF new"
 fi
+chmod 600 "$conf" || fail "cannot make $conf the user's alone (chmod 600)"
 
 if [ "$boot" = cron ]; then
   line="@reboot /bin/sh \"\$HOME/$script\" $conf >/dev/null 2>&1 $tag"

@@ -3,14 +3,19 @@
 #   sh ~/.vmrun/lib/autostop_watch.sh CONF   the watchdog: one long-lived process per user,
 #       started by vmrun and at boot (cron @reboot, or a systemd unit); CONF holds the shell
 #       assignments vmrun.autostop.settings writes, read again every tick (no restart needed)
-#   sh -c SOURCE vmrun-autostop now CONF_TEXT WHY   `vmrun train --down-after-run`: power off
-#       now unless a vmrun run is alive or a process that is no vmrun run's holds a GPU;
-#       prints BUSY/BLOCKED/UNSURE (exit 3) or the command's output and `RAN <exit status>`
+#   sh -c SOURCE vmrun-autostop now WHY   `vmrun train --down-after-run`: power off now
+#       unless a vmrun run or another vmrun command is alive or a process that is no vmrun
+#       run's holds a GPU; prints BUSY/BLOCKED/UNSURE (exit 3) or the command's output and
+#       `RAN <exit status>`. CONF's text comes in $VMRUN_AUTOSTOP_CONF (by stdin: the
+#       power-off command may hold a secret, so it is never on a command line nor logged)
 # Idle, at a tick (README, "Autostop"):
 #  1. no vmrun run alive: no record in $runs/*/ whose pid is a live process that started when
 #     its pid_start says (run_start.sh writes both), and none started since the last tick;
-#  2. every GPU under $threshold % (nvidia-smi; a host without nvidia-smi or a driver has none);
-#  3. sessions=active: no login session (`who`) whose terminal had input within the period;
+#  2. no vmrun command alive (a marker $active/PID, written by command_wrapper.sh or
+#     command_mark.sh, whose PID runs with the start time the marker holds; a stale marker
+#     is removed), none started since the last tick, and none ended since ($active/.ended);
+#  3. every GPU under $threshold % (nvidia-smi; a host without nvidia-smi or a driver has none);
+#  4. sessions=active: no login session (`who`) whose terminal had input within the period;
 #     any: no login session at all; ignore: sessions are not looked at.
 # A GPU compute process without $run_env in its environment (not a vmrun run's, or another
 # user's: unreadable) blocks powering off whatever else holds, and says so.
@@ -20,10 +25,11 @@
 # clock is the boot time plus /proc/uptime, read with builtins. The log has one line per
 # decision change and is kept under 256 KiB (one older file beside it).
 # Files: $state (one line, TAB-separated key=value: what vmrun shows), $state.pid, .lock (one
-# watchdog per user: flock), .m0/.m1 (tick marks: runs started since), .tmp; $log.
+# watchdog per user: flock), .m0/.m1 (tick marks: runs started since), .tmp; $log. Read (and
+# stale markers removed): $active/PID, $active/.ended.
 
 # CONF sets period interval warn (seconds), threshold (%), sessions, poweroff (shell text; empty:
-# shutdown), nvsmi, nvpath, run_env, runs, state, log, path.
+# shutdown), nvsmi, nvpath, run_env, runs, active, state, log, path.
 # shellcheck disable=SC2154,SC1090
 tab=$(printf '\t')
 
@@ -75,6 +81,36 @@ runs() {  # found: the runs alive, or started since the tick that wrote $mark
     fi
     found="$found ${d##*/}"
   done
+}
+
+commands() {  # cmds: vmrun's own commands alive, or started or ended since $mark's tick
+  cmds=0 cmd_pids=
+  [ -n "$active" ] || return 0
+  for f in "$active"/[0-9]*; do
+    [ -f "$f" ] || continue
+    p=${f##*/} s='' l=''
+    case $p in *[!0-9]*) continue ;; esac
+    [ "$p" != "$own" ] || continue
+    # shellcheck disable=SC3013
+    if [ -n "$mark" ] && [ -f "$mark" ] && ! [ "$mark" -nt "$f" ]; then
+      cmds=$((cmds + 1)) cmd_pids="$cmd_pids $p"; continue  # started since the last tick
+    fi
+    read -r s 2>/dev/null < "$f"
+    if [ -z "$s" ] && [ -z "$mark" ]; then
+      cmds=$((cmds + 1)) cmd_pids="$cmd_pids $p"; continue  # being written
+    fi
+    if [ -n "$s" ] && read -r l 2>/dev/null < "/proc/$p/stat"; then
+      # shellcheck disable=SC2086  # the fields after the command name, split on purpose
+      set -- ${l##*) }
+      if [ "${20}" = "$s" ]; then cmds=$((cmds + 1)) cmd_pids="$cmd_pids $p"; continue; fi
+    fi
+    rm -f "$f" 9>&-  # stale: its command died without removing it (or the host rebooted)
+  done
+  # shellcheck disable=SC3013
+  if [ "$cmds" = 0 ] && [ -n "$mark" ] && [ -f "$mark" ] && [ -f "$active/.ended" ] \
+     && ! [ "$mark" -nt "$active/.ended" ]; then
+    cmds=1  # one ended since the last tick
+  fi
 }
 
 apps() {  # foreign: pids on a GPU without $run_env in their environment ($tmp: one per line)
@@ -151,8 +187,8 @@ count_sessions() {  # sessions_n: the login sessions that keep the machine up
 }
 
 power_off() {  # $1: why
-  say "powering off: $1: $cmd"
-  sh -c "$cmd" >> "$log" 2>&1 < /dev/null 9>&-
+  say "powering off: $1"
+  (eval "$cmd") >> "$log" 2>&1 < /dev/null 9>&-
   rc=$?
   if [ "$rc" = 0 ]; then
     note="power-off command ran at $now"
@@ -166,6 +202,8 @@ power_off() {  # $1: why
 decide() {  # awake, block, since, off: the rule above, and what follows from it
   awake=
   for r in $found; do awake="$awake, run $r"; done
+  if [ "$cmds" = 1 ]; then awake="$awake, a vmrun command"; fi
+  if [ "$cmds" -gt 1 ]; then awake="$awake, $cmds vmrun commands"; fi
   if [ -n "$gpu_busy" ]; then awake="$awake, $gpu_busy"; fi
   if [ -n "$gpu_err" ]; then awake="$awake, $gpu_err"; fi
   if [ "$sessions_n" = 1 ]; then awake="$awake, 1 login session"; fi
@@ -201,7 +239,7 @@ report() {  # the state line, and a log line when the decision changed
   st="pid=$$${tab}period=$period${tab}interval=$interval${tab}since=$since${tab}off=$off"
   st="$st${tab}awake=$awake${tab}block=$block${tab}note=$note"
   if [ "$st" != "$last_st" ]; then printf '%s\n' "$st" > "$state"; last_st=$st; fi
-  key="$found|${gpu_busy:+gpu}|$gpu_err|$sessions_n|$block|${since:+idle}"
+  key="$found|$cmds|${gpu_busy:+gpu}|$gpu_err|$sessions_n|$block|${since:+idle}"
   [ "$key" != "$last_key" ] || return 0
   last_key=$key
   if [ -n "$block" ]; then
@@ -222,6 +260,7 @@ tick() {
   echo "$now" > "$state.m$((n % 2))"
   n=$((n + 1))
   runs
+  commands
   gpus
   count_sessions
   decide
@@ -237,6 +276,7 @@ watch() {  # $1: CONF, relative to the home
   # shellcheck disable=SC2086
   set -- ${l##*) }
   if [ "$4" != "$$" ]; then exec setsid /bin/sh "$0" "$conf"; fi
+  umask 077  # the log holds the power-off command's output
   setup_clock
   . "./$conf"
   set_path
@@ -245,7 +285,7 @@ watch() {  # $1: CONF, relative to the home
   echo $$ > "$state.pid"
   logged=$(wc -c 2>/dev/null < "$log" 9>&-)
   logged=${logged:-0} n=0 ask=gpu since='' warned='' note='' last_st='' last_key='' apps_at=''
-  foreign=''
+  foreign='' own=''
   say "started (pid $$): powers off after ${period} s idle; checks every ${interval} s"
   while [ -f "$conf" ]; do
     . "./$conf"
@@ -257,25 +297,31 @@ watch() {  # $1: CONF, relative to the home
   rm -f "$state" "$state.pid" "$state.m0" "$state.m1" "$state.tmp" "$state.tmp.own" 9>&-
 }
 
-power_off_now() {  # $1: the settings (CONF's text), $2: why
+power_off_now() {  # $1: why; the settings (CONF's text) in $VMRUN_AUTOSTOP_CONF
   cd "$HOME" || exit 1
-  eval "$1"
-  why=$2
+  umask 077
+  # no settings, no power-off (without them the command would be the default shutdown)
+  [ -n "${VMRUN_AUTOSTOP_CONF-}" ] || { echo "UNSURE no settings came with the command"; exit 3; }
+  eval "$VMRUN_AUTOSTOP_CONF"
+  unset VMRUN_AUTOSTOP_CONF VMRUN_AUTOSTOP_WORD
+  why=$1
   setup_clock
   set_path
   clock
-  logged=0 mark='' ask=apps foreign=''
+  logged=0 mark='' ask=apps foreign='' own=$PPID  # the wrapper of this very command
   runs
   if [ -n "$found" ]; then echo "BUSY run$found is still running"; exit 3; fi
+  commands
+  if [ "$cmds" -gt 0 ]; then echo "BUSY vmrun command pid$cmd_pids is still running"; exit 3; fi
   gpus
   if [ -n "$foreign" ]; then echo "BLOCKED non-vmrun GPU process pid$foreign holds a GPU"; exit 3; fi
   if [ -n "$gpu_err" ]; then echo "UNSURE $gpu_err: cannot tell who holds the GPUs"; exit 3; fi
   rm -f "$tmp" "$tmp.own"
-  say "powering off now ($why): $cmd"
+  say "powering off now ($why)"
   wall "vmrun: $host powers off now: $why." < /dev/null > /dev/null 2>&1
-  sh -c "$cmd" 2>&1 < /dev/null
+  (eval "$cmd") 2>&1 < /dev/null
   rc=$?
-  say "the power-off command exited with $rc"
+  say "the power-off command ran (exit $rc)"
   echo "RAN $rc"
 }
 

@@ -1,6 +1,6 @@
 # alive_run REC: is the run recorded in REC alive? The one rule every host script asks by
-# (run_list.sh, run_stop.sh, autostop_watch.sh inline this file with a `# vmrun-inline:`
-# line; run_marks.py says the same in Python): REC/pid is a process that started when
+# (run_list.sh, run_start.sh, run_stop.sh, autostop_watch.sh inline this file with a
+# `# vmrun-inline:` line; run_marks.py says the same in Python): REC/pid is a process that started when
 # REC/pid_start says (field 22 of /proc/PID/stat; run_start.sh writes pid_start first), and
 # is no zombie. A pid alone may name a later process that reused the number; a record
 # without pid_start proves nothing. Only _ar_ variables are set: it is inlined elsewhere.

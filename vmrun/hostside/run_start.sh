@@ -1,16 +1,40 @@
 # Start a run detached and record it:
-#   sh -c SOURCE vmrun-start REC WORKDIR ID META MODE BANNER OUT MARKS CMD...
+#   sh -c SOURCE vmrun-start REC WORKDIR ID META MODE BANNER OUT MARKS ALONE CMD...
 # REC: the run's record folder (relative to $HOME, or absolute); META: run.json's text;
 # MODE: "new" starts the log afresh, "resume" (another attempt of the same run) appends to it
 # after BANNER (when not empty) and clears the last attempt's pid/exit_code/stopped; OUT: the
 # run's output folder (relative to the home, or absolute), for progress from its metrics;
 # MARKS: run_marks.py's text, which the host's python3 (if any) runs beside the run to write
-# log.times (when each log line was written).
+# log.times (when each log line was written). ALONE: 1 refuses to start while another run
+# recorded beside REC is alive (`BUSY <its id>`, exit 3; alive by run_alive.sh's rule), 0
+# starts anyway (--allow-concurrent). That check and the start hold one lock (flock on
+# .start.lock beside the records) until the pid is written, so two starts at once cannot
+# both find the GPUs free.
 # Prints the log's line count before this attempt, then the pid of the run's supervising
 # shell: a session leader (setsid), so its pid is the run's session id too; pid_start (its
 # start time in /proc/PID/stat) tells that session from a later one reusing the number.
-rec=$1; wd=$2; id=$3; meta=$4; mode=$5; banner=$6; out=$7; marks=$8; shift 8
+# vmrun-inline: run_alive.sh
+rec=$1; wd=$2; id=$3; meta=$4; mode=$5; banner=$6; out=$7; marks=$8; alone=$9; shift 9
 case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
+base=${rec%/*}
+mkdir -p "$base" || exit 125
+if command -v flock > /dev/null 2>&1; then
+  exec 8>> "$base/.start.lock" || exit 125
+  flock -w 60 8 || { echo "vmrun: another run's start held $base/.start.lock for 60 s" >&2; exit 125; }
+fi
+if [ "$alone" = 1 ]; then
+  busy=
+  for d in "$base"/*/; do
+    d=${d%/} && o=${d##*/}
+    if [ "$o" = "$id" ] || ! [ -f "$d/run.json" ]; then continue; fi
+    if alive_run "$d"; then
+      # the latest started, as the preflight names it
+      # shellcheck disable=SC3013  # -nt: dash, bash and busybox sh have it
+      if [ -z "$busy" ] || [ "$d/pid" -nt "$base/$busy/pid" ]; then busy=$o; fi
+    fi
+  done
+  if [ -n "$busy" ]; then echo "BUSY $busy"; exit 3; fi
+fi
 mkdir -p "$rec" || exit 125
 lines=0
 attempt=1
@@ -46,7 +70,7 @@ setsid -f sh -c '
   if [ ! -e "$rec/stopped" ]; then
     echo $rc > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
   fi
-' vmrun-run "$rec" "$mode" "$marks" "$@" < /dev/null > /dev/null 2>&1
+' vmrun-run "$rec" "$mode" "$marks" "$@" < /dev/null > /dev/null 2>&1 8>&-
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
 echo "$lines"

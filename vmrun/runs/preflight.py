@@ -77,11 +77,7 @@ def check_not_busy(
     known = runs.list_runs(conn) if listed is None else listed
     busy = [r for r in known if r.state == RunState.RUNNING and r.id != resuming]
     if busy and not allow_concurrent:
-        raise UsageError(
-            f"this host is already running {busy[-1].id}; two runs would share its GPUs",
-            host=conn.label,
-            hint=f"wait, `vmrun stop {busy[-1].id}`, or pass --allow-concurrent",
-        )
+        raise runs.busy_error(conn.label, busy[-1].id)
     return busy
 
 

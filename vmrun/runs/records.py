@@ -116,19 +116,25 @@ def start(
     *,
     resume: bool = False,
     banner: str = "",
+    alone: bool = False,
 ) -> Started:
     """Start argv detached in workdir. `resume`: another attempt of an existing run, whose
-    log goes on after `banner` (the record keeps the first attempt's start time)."""
+    log goes on after `banner` (the record keeps the first attempt's start time). `alone`:
+    refuse if another run is alive there, checked again under the host's start lock (the
+    preflight's check is an earlier round trip: two starts at once would both pass it)."""
     now = time.time()
     meta_text = json.dumps({**meta, "id": run_id, "started": now}, sort_keys=True)
     mode = "resume" if resume else "new"
     out = str(meta.get("out_dir") or workdir)
     result = conn.run(
         ["sh", "-c", source("run_start.sh"), "vmrun-start", record_dir(run_id), workdir, run_id,
-         meta_text, mode, banner, out, source("run_marks.py"), *argv],
+         meta_text, mode, banner, out, source("run_marks.py"), "1" if alone else "0", *argv],
         env=env,
         what=f"the start of run {run_id}",
     )  # fmt: skip
+    said = result.stdout_tail.strip().splitlines()
+    if result.exit_status == 3 and said and said[-1].startswith("BUSY "):
+        raise busy_error(conn.label, said[-1][5:])
     if not result.ok:
         raise RemoteError(f"could not start run {run_id}: {result.output_tail(3)}", host=conn.label)
     try:
@@ -138,13 +144,23 @@ def start(
         raise RemoteError(f"run {run_id} did not report its pid", host=conn.label) from None
 
 
+def busy_error(host: str, other: str) -> UsageError:
+    """A host already running `other`: the preflight's refusal, and the start's."""
+    return UsageError(
+        f"this host is already running {other}; two runs would share its GPUs",
+        host=host,
+        hint=f"wait, `vmrun stop {other}`, or pass --allow-concurrent",
+    )
+
+
 def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     """Every run recorded on the host (or just these), oldest first, in one round trip."""
     from vmrun.transfer.streams import capture  # all of the output: a tail would drop old runs
 
     ids = [check_run_id(r) for r in run_ids]
     argv = ["sh", "-c", source("run_list.sh"), "vmrun-list", RUNS_DIR, *ids]
-    status, out, err = capture(conn, quoting.plain_command(argv), what="the run listing")
+    command = quoting.plain_command(argv, activity=False)  # looking: no autostop activity
+    status, out, err = capture(conn, command, what="the run listing")
     if status != 0:
         raise RemoteError(f"listing the runs failed: {err.strip()[-300:]}", host=conn.label)
     records: list[RunRecord] = []

@@ -70,7 +70,10 @@ def start_remote(
             lambda entry, conn: stage(nodes[entry.label], plan, note, progress), only=only
         )
     raise_for_failures(staged, one_as_itself=True)
-    started = _start_all(group, plan, nodes, rid, nproc, layout, how.wiring, how.resume, banner)
+    started = _start_all(
+        group, plan, nodes, rid, nproc, layout, how.wiring, how.resume, banner,
+        alone=not how.allow_concurrent,
+    )  # fmt: skip
     names = ", ".join(nodes)
     first = entries[0].label
     where = f" on {names}" if multi else f" on {names} (pid {started[first]})"
@@ -97,8 +100,11 @@ def _start_all(
     wiring: Wiring,
     resume: str | None,
     banner: str = "",
+    *,
+    alone: bool = False,
 ) -> dict[str, int]:
-    """Start every node; if any fails to start, stop the ones that did and raise."""
+    """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
+    each host refuses if another run is alive there (the busy check, under its start lock)."""
     labels = list(nodes)
     meta_base = {
         "name": plan.name,
@@ -131,8 +137,9 @@ def _start_all(
             "ifname": layout.ifnames.get(entry.label, "") if layout else "",
         }
         got = runs.start(
-            conn, rid, node.workdir, argv, meta, env=env, resume=resume is not None, banner=banner
-        )
+            conn, rid, node.workdir, argv, meta, env=env, resume=resume is not None,
+            banner=banner, alone=alone,
+        )  # fmt: skip
         node.skip = got.log_lines
         return got.pid
 

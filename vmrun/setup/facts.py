@@ -120,8 +120,9 @@ def _version_text(text: str) -> str:
 
 def gather(conn: Connection, state: str = remote_paths.SETUP_STATE) -> Facts:
     """The host's facts, with setup's state read from `state` (relative to the home, or
-    absolute: a cluster's workdir)."""
-    result = conn.run(["sh", "-c", source("facts.sh"), "facts", state])
+    absolute: a cluster's workdir). Only looks: no autostop activity (a dry run writes
+    nothing there)."""
+    result = conn.run(["sh", "-c", source("facts.sh"), "facts", state], activity=False)
     if not result.ok:
         raise RemoteError(f"reading host facts failed: {result.output_tail(3)}", host=conn.label)
     return parse(result.stdout_tail, conn.label)

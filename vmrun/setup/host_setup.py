@@ -134,10 +134,12 @@ class HostSetup:
         return env
 
     def _run_checks(self, steps: list[Step], env: Mapping[str, str]) -> set[str]:
-        """Every check in one round trip; each runs in its own bash, read-only by contract."""
+        """Every check in one round trip; each runs in its own bash, read-only by contract
+        (so no autostop activity either: a dry run writes nothing on the host)."""
         self.log.event(f"checking {len(steps)} step(s)")
         pairs = [word for step in steps for word in (step.name, check_script(step))]
-        result = self.conn.run(["sh", "-c", source("setup_checks.sh"), "checks", *pairs], env=env)
+        argv = ["sh", "-c", source("setup_checks.sh"), "checks", *pairs]
+        result = self.conn.run(argv, env=env, activity=False)
         return {line[5:] for line in result.stdout_tail.splitlines() if line.startswith("PASS ")}
 
     def _preflight_sudo(self, facts: Facts, plan: Plan) -> None:

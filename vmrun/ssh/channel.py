@@ -67,6 +67,7 @@ class Channels(abc.ABC):
         on_output: OutputCallback | None = None,
         heartbeat: float | None = None,
         what: str | None = None,
+        activity: bool = True,
     ) -> CommandResult:
         """Run argv on the host; stream lines to `on_output`; return a CommandResult.
         `what` names it in messages (a lost connection, a timeout, a failure): the vmrun
@@ -76,10 +77,11 @@ class Channels(abc.ABC):
         and the command's process group is killed if this channel goes away, or, with
         `heartbeat`, once the host has heard nothing from here for that many seconds (for
         endless commands, so that even a client gone during a link cut leaves nothing).
+        `activity`: False for what only looks, which must not keep an autostop host up.
         """
         argv = tuple(argv)
         try:
-            command = quoting.remote_command(argv, cwd=cwd, heartbeat=heartbeat)
+            command = quoting.remote_command(argv, cwd=cwd, heartbeat=heartbeat, activity=activity)
             header = quoting.env_header(env)
         except ValueError as exc:
             raise UsageError(str(exc), host=self.label) from None

@@ -115,6 +115,7 @@ class Forward:
         self._threads: list[threading.Thread] = []
         self._lost: ConnectionLostError | None = None
         self._note: Note = lambda text: None
+        self._holder: paramiko.Channel | None = None  # see _hold
 
     @property
     def where(self) -> str:
@@ -130,8 +131,31 @@ class Forward:
             self._note = note
         self._listener = bind_free(self.wanted, search=1 if self.exact else PORT_SEARCH)
         self.port = self._listener.getsockname()[1]
+        self._hold()
         self._spawn(self._accept_loop, "vmrun-forward")
         return self
+
+    def _hold(self) -> None:
+        """A wrapped command that only waits, for as long as the forward lasts: the host's
+        autostop counts it as vmrun's work (forwarded channels run nothing there). Stopping
+        closes its channel, and the wrapper ends it. Forwarding goes on without it."""
+        from vmrun.ssh import quoting
+
+        with contextlib.suppress(Exception):
+            chan = self.conn.open_session()
+            self._track(chan)
+            chan.exec_command(quoting.remote_command(["sh", "-c", "while sleep 3600; do :; done"]))
+            chan.sendall(quoting.env_header(None))
+            self._holder = chan
+
+    def _let_go(self, wait: float) -> None:
+        """EOF to the waiting command, and a moment for its wrapper to end it and remove its
+        marker (a channel closed at once can take the wrapper with it: a stale marker)."""
+        chan, self._holder = self._holder, None
+        if chan is not None:
+            with contextlib.suppress(Exception):
+                chan.shutdown_write()
+                chan.status_event.wait(wait)
 
     def probe(self) -> bool:
         """Whether the destination accepts a connection now (one channel, closed at once)."""
@@ -151,6 +175,7 @@ class Forward:
     def stop(self, timeout: float = 3.0) -> None:
         """Close the listener and every channel and socket; wait (bounded) for the pumps."""
         self._stop.set()
+        self._let_go(min(1.0, timeout))
         if self._listener is not None:
             with contextlib.suppress(OSError):  # shutdown: a select() in progress holds it
                 self._listener.shutdown(socket.SHUT_RDWR)  # open past close(); not this

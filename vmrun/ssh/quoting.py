@@ -5,8 +5,10 @@ quotes each word for a POSIX shell (the login shell sshd starts) and wraps it in
 `sh` script (vmrun/hostside/command_wrapper.sh). The script reads environment values from
 stdin, so secrets never appear on a command line (not in `ps`, not in sshd's logs), and it
 runs the command in its own process group that is killed when the SSH channel goes away, so
-a dropped client never leaves an orphaned process on the host. Nothing here touches a host;
-the only I/O is reading that script once.
+a dropped client never leaves an orphaned process on the host. While a command runs, both
+the wrapper and the raw commands' vmrun/hostside/command_mark.sh leave a marker that the
+host's autostop counts as vmrun's work (`activity=False` for what only looks). Nothing here
+touches a host; the only I/O is reading those scripts once.
 """
 
 from __future__ import annotations
@@ -75,19 +77,34 @@ def run_script() -> str:
 
 
 def remote_command(
-    argv: Iterable[str], *, cwd: str | None = None, heartbeat: float | None = None
+    argv: Iterable[str],
+    *,
+    cwd: str | None = None,
+    heartbeat: float | None = None,
+    activity: bool = True,
 ) -> str:
     """The full command string for an exec channel running `argv` under the run script;
-    with `heartbeat`, the client must send a line at least every `heartbeat` seconds."""
+    with `heartbeat`, the client must send a line at least every `heartbeat` seconds.
+    `activity`: the host's autostop counts it as work while it runs (False: it only looks)."""
     words = list(argv)
     if not words:
         raise ValueError("empty command")
     beat = "" if heartbeat is None else str(max(1, math.ceil(heartbeat)))
-    from vmrun.remote_paths import BIN_DIR
+    from vmrun.remote_paths import ACTIVE_DIR, BIN_DIR
 
-    return "exec /bin/sh -c " + join([run_script(), "vmrun", cwd or "", beat, BIN_DIR, *words])
+    mark = ACTIVE_DIR if activity else ""
+    return "exec /bin/sh -c " + join(
+        [run_script(), "vmrun", cwd or "", beat, BIN_DIR, mark, *words]
+    )
 
 
-def plain_command(argv: Iterable[str]) -> str:
-    """A command string with no wrapper, for byte streams (`cat`, `tar`) that need raw stdin."""
-    return join(argv)
+def plain_command(argv: Iterable[str], *, activity: bool = True) -> str:
+    """A command string with no wrapper, for byte streams (`cat`, `tar`) that need raw stdin.
+    `activity`: as for `remote_command` (a marker while it runs: command_mark.sh)."""
+    words = list(argv)
+    if not words or not activity:
+        return join(words)
+    from vmrun.hostside import source
+    from vmrun.remote_paths import ACTIVE_DIR
+
+    return "exec /bin/sh -c " + join([source("command_mark.sh"), "vmrun-mark", ACTIVE_DIR, *words])

@@ -1,0 +1,121 @@
+"""Two starts at once on one host (quick tier): the busy check and the start hold one lock on
+the host (vmrun/hostside/run_start.sh), so of two `vmrun train`s that both passed the
+preflight, exactly one starts and the other gets the preflight's refusal. The host script
+runs here by sh against a home of its own, driven by `records.start` through a stand-in
+connection that runs each command locally instead of over SSH."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from vmrun.errors import UsageError, exit_code_for
+from vmrun.runs import records
+from vmrun.runs.preflight import check_not_busy
+from vmrun.ssh.result import CommandResult
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+
+
+class LocalHost:
+    """STAND-IN for a Connection: runs the argv here, as the host's user, in `home`; a barrier
+    lets several starts begin at the same moment."""
+
+    def __init__(self, home: Path, barrier: threading.Barrier | None = None) -> None:
+        self.label = "local"
+        self.home = home
+        self.barrier = barrier
+
+    def run(
+        self, argv: Sequence[str], *, env: dict[str, str] | None = None, what: str | None = None
+    ) -> CommandResult:
+        if self.barrier is not None:
+            self.barrier.wait(10)
+        environ = {"HOME": str(self.home), "PATH": "/usr/bin:/bin", **(env or {})}
+        started = time.monotonic()
+        done = subprocess.run(list(argv), env=environ, cwd=self.home, capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+        return CommandResult(self.label, tuple(argv), done.returncode, done.stdout, done.stderr,
+                             time.monotonic() - started)  # fmt: skip
+
+    def capture(
+        self, command: str, *, stdin: bytes = b"", what: str = ""
+    ) -> tuple[int, bytes, str]:
+        environ = {"HOME": str(self.home), "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(["sh", "-c", command], env=environ, cwd=self.home, input=stdin,
+                              capture_output=True, timeout=60, check=False)  # fmt: skip
+        return done.returncode, done.stdout, done.stderr.decode()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    """A home whose runs are all stopped afterwards (each run's pid leads its own session)."""
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    yield home
+    for pid_file in home.glob(".vmrun/runs/*/pid"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def _start_at_once(home: Path, ids: list[str], alone: bool) -> dict[str, object]:
+    barrier = threading.Barrier(len(ids))
+    got: dict[str, object] = {}
+
+    def start(rid: str) -> None:
+        conn = LocalHost(home, barrier)
+        try:
+            got[rid] = records.start(conn, rid, "work", ["sleep", "60"], {}, alone=alone)  # type: ignore[arg-type]
+        except UsageError as exc:
+            got[rid] = exc
+
+    threads = [threading.Thread(target=start, args=(rid,)) for rid in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return got
+
+
+def test_of_two_starts_at_once_exactly_one_starts_the_other_gets_the_preflights_refusal(
+    home: Path,
+) -> None:
+    ids = ["a-20260101-000000-0001", "b-20260101-000000-0002", "c-20260101-000000-0003"]
+    got = _start_at_once(home, ids, alone=True)
+    started = [rid for rid, value in got.items() if isinstance(value, records.Started)]
+    refused = {rid: value for rid, value in got.items() if isinstance(value, UsageError)}
+    assert len(started) == 1 and len(refused) == len(ids) - 1, got
+    (winner,) = started
+    listed = records.list_runs(LocalHost(home))  # type: ignore[arg-type]
+    assert [r.id for r in listed if r.state == records.RunState.RUNNING] == [winner]
+    with pytest.raises(UsageError) as preflight:
+        check_not_busy(LocalHost(home), allow_concurrent=False, listed=listed)  # type: ignore[arg-type]
+    for error in refused.values():
+        assert (error.message, error.hint) == (preflight.value.message, preflight.value.hint)
+        assert exit_code_for(error) == exit_code_for(preflight.value)
+    # nothing of a refused run is left on the host
+    assert sorted(p.name for p in (home / ".vmrun/runs").iterdir() if p.is_dir()) == [winner]
+
+
+def test_allow_concurrent_starts_both_and_a_resumed_run_does_not_refuse_itself(
+    home: Path,
+) -> None:
+    ids = ["a-20260101-000000-0001", "b-20260101-000000-0002"]
+    got = _start_at_once(home, ids, alone=False)
+    assert all(isinstance(value, records.Started) for value in got.values()), got
+    with pytest.raises(UsageError):  # a third, alone, while both run
+        records.start(LocalHost(home), "c-20260101-000000-0003", "work", ["true"], {}, alone=True)  # type: ignore[arg-type]
+    for pid_file in home.glob(".vmrun/runs/b-*/pid"):
+        os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+    again = records.start(LocalHost(home), ids[0], "work", ["sleep", "60"], {}, resume=True,  # type: ignore[arg-type]
+                          alone=True)  # fmt: skip
+    assert isinstance(again, records.Started)
