@@ -1,7 +1,8 @@
 """Whether a run is alive has one rule on a host, its pid and the start time of that pid
 (hostside/run_alive.sh; run_marks.py's Python says the same): the listing (`status`), the
 start's busy check, the stop (is the pid still the run's session?), the autostop watchdog and
-the log-time marker agree on every case, run here by sh and python3 against a home of their own (quick tier)."""
+the log-time marker agree on every case, run here by sh and python3 against a home of their
+own (quick tier)."""
 
 from __future__ import annotations
 
