@@ -10,8 +10,8 @@ torch. `--picture FILE` keeps the sweep's accuracy plot (the README's picture is
 
     python benchmarks/sweep.py [--epochs 10] [--picture accuracy.png]
 
-Measured here (2 cores, 4 sizes x 10 epochs of --task classify): sweep 40.2 s, runs 27.1 s,
-vmrun's share 3.3 s per size (wall / runs = 1.48).
+Measured here (2 cores, 4 sizes x 10 epochs of --task classify): sweep 36.0 s, runs 23.5 s,
+vmrun's share 3.1 s per size (wall / runs = 1.53).
 """
 
 from __future__ import annotations
