@@ -6,7 +6,7 @@ the sweep's wall time against the sum of its runs' durations (the runs as the re
 them: first start to end on the host). The difference is vmrun's share: per size a CLI-free
 start (connections, preflight, staging the template, rendezvous wiring), following, and the
 final verified fetch of the run's results. Needs root and the test cache's interpreter with
-torch. `--picture FILE` keeps the sweep's accuracy plot (the README's picture is made so).
+torch. `--picture FILE` keeps the sweep's accuracy plot (docs/sweep-accuracy.png is made so).
 
     python benchmarks/sweep.py [--epochs 10] [--picture accuracy.png]
 

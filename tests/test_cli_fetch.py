@@ -373,7 +373,7 @@ def test_what_names_map_to_the_run_layout() -> None:
 WANDB_LIKE = """\
 import os, pathlib, time
 # writes where wandb.init() writes with WANDB_MODE=offline (wandb itself needs the internet
-# to install; its offline folder layout is what the README's recipe fetches)
+# to install; its offline folder layout is what docs/fetch.md's recipe fetches)
 assert os.environ["WANDB_MODE"] == "offline", os.environ.get("WANDB_MODE")
 run = pathlib.Path("wandb") / f"offline-run-{time.strftime('%Y%m%d_%H%M%S')}-abc123"
 (run / "files").mkdir(parents=True)
@@ -386,8 +386,8 @@ print("epoch 1/1 loss 0.25")
 def test_a_scripts_offline_wandb_folder_comes_back_as_the_readme_says(
     bed: NetnsBed, bed_client: Client
 ) -> None:
-    """README, "Weights & Biases on hosts without internet": train with -e WANDB_MODE=offline,
-    then `vmrun fetch wandb` brings the run's wandb/ folder into ./wandb/."""
+    """docs/fetch.md, "Weights & Biases on hosts without internet": train with
+    -e WANDB_MODE=offline, then `vmrun fetch wandb` brings the run's wandb/ folder into ./wandb/."""
     from vmrun.remote_paths import remote_workdir
 
     (bed_client.cwd / "train.py").write_text(WANDB_LIKE)

@@ -1,4 +1,4 @@
-"""The shape rules the code keeps (the README's Development section): no module in vmrun/
+"""The shape rules the code keeps (docs/development.md): no module in vmrun/
 over 400 lines, no function over 80 lines of body (a signature's parameter list, such as a
 Typer command's declared options, is not counted), except where the function's `def` line
 carries a `# long:` comment saying why."""

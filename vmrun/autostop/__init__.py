@@ -5,5 +5,5 @@ settings: what a host's watchdog is told (periods, the power-off command, the se
 watchdog: installing, checking, reading and removing it on a host, and the one-off power-off
 of `vmrun train --down-after-run`; status: what it reports, in the words `vmrun autostop
 --status`, `status` and `watch-gpus` show. What runs on the host is
-vmrun/hostside/autostop_*.sh; README "Autostop" has the rule for idle.
+vmrun/hostside/autostop_*.sh; docs/autostop.md has the rule for idle.
 """

@@ -8,7 +8,7 @@
 #       run's holds a GPU; prints BUSY/BLOCKED/UNSURE (exit 3) or the command's output and
 #       `RAN <exit status>`. CONF's text comes in $VMRUN_AUTOSTOP_CONF (by stdin: the
 #       power-off command may hold a secret, so it is never on a command line nor logged)
-# Idle, at a tick (README, "Autostop"):
+# Idle, at a tick (docs/autostop.md):
 #  1. no vmrun run alive: no record in $runs/*/ whose pid is a live process that started when
 #     its pid_start says (run_start.sh writes both), and none started since the last tick;
 #  2. no vmrun command alive (a marker $active/PID, written by command_wrapper.sh or
