@@ -11,6 +11,11 @@ It replaces the seed tutorial's trainer (whose cross-entropy on a 1-column targe
 data is generated on the fly, so nothing is downloaded. It imports only torch and the
 stdlib (tensorboard if installed): it is copied to GPU hosts and run there as a plain script.
 
+As a start for your own script: read from `main` at the bottom, `setup` (torchrun's
+environment, device, process group), `train` (model, resume, data), `train_epochs` (each
+epoch: `run_epoch`, `evaluate`, `record_epoch`, the preemption check); your model, data and
+loss go where `build_model`, `make_datasets` and `loss_of` are.
+
 Conventions (the CLI and the tests rely on them):
 - Epochs are 1-based in logs, metrics and snapshots. A snapshot is written after epoch `e`
   when `e % save_every == 0` (0-based: `(e+1) % K == 0`), so `50 10` saves after 10..50.
