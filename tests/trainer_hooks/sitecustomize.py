@@ -23,6 +23,7 @@ A block lasts at most WAIT_S, so a forgotten hook never hangs a test.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,11 @@ def run(path: str) -> None:
             code = exc.code or 0
         else:
             print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:  # ... and for Ctrl-C: die of SIGINT
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
     sys.stdout.flush()
