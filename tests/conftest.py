@@ -253,6 +253,22 @@ def user_commands(host: TestHost) -> list[str]:
     return lines
 
 
+@pytest.fixture(scope="session")
+def trainer_hooks() -> Iterator[Path]:
+    """tests/trainer_hooks copied where every test host user can read it: on PYTHONPATH with
+    a VMRUN_TEST_HOOK_* variable, the template trainer runs with that test behaviour added
+    (train_helpers.hook_env)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="vmrun-trainer-hooks-", dir="/tmp"))
+    try:
+        shutil.copy(ROOT / "tests" / "trainer_hooks" / "sitecustomize.py", folder)
+        subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # -- Python environments the test hosts can use -----------------------------------------
 # The test hosts have no package index, so setup and train tests use a wheelhouse built here
 # (`pip download torch==2.13.0`: the local CPU build) and a shared venv made from

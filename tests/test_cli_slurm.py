@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import Client, wait_for
-from train_helpers import assert_matches_one_process
+from train_helpers import assert_matches_one_process, hook_env
 
 SCRIPTS = Path(__file__).parent / "slurm_scripts"
 
@@ -194,9 +194,9 @@ def test_pending_with_its_reason_then_running_then_done_and_logs_f_prints_each_l
 
 
 def test_stop_cancels_the_job_and_leaves_no_step_and_no_process(
-    slurm_cluster: Any, slurm_client: Client, host_python: Path
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
 ) -> None:
-    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="1")
+    use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="1"))
     done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--epochs", "300",
                               "--save-every", "100", "--detach")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -261,12 +261,12 @@ def follow_to_the_end(client: Client, rid: str) -> tuple[int, str, str]:
 
 
 def test_usr2_snapshots_requeues_and_resumes_at_the_next_epoch(
-    slurm_cluster: Any, slurm_client: Client, host_python: Path
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
 ) -> None:
     """The national-lab workflow: the warning signal (scancel --signal=USR2, as Slurm sends
     it before the time limit) makes the template snapshot and exit; the batch script requeues
     the job, which resumes at the next epoch: one run, two attempts, epochs 1..N once each."""
-    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="0.5")
+    use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
     done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
                               "--epochs", "16", "--save-every", "100", "--detach")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -285,12 +285,12 @@ def test_usr2_snapshots_requeues_and_resumes_at_the_next_epoch(
 
 
 def test_a_job_at_its_time_limit_snapshots_is_requeued_and_finishes(
-    slurm_cluster: Any, slurm_client: Client, host_python: Path
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
 ) -> None:
     """A real --time limit: Slurm's warning signal comes 50 s before the minute is up (its
     time checks run every 30 s), each attempt saves and is requeued, the last one finishes;
     the epochs run 1..N with none missing or repeated."""
-    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="1")
+    use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="1"))
     done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "60", "--save-every", "100",
                               "--nproc-per-node", "1", "--time", "1", "--max-requeues", "10",
                               "--sbatch-arg=--signal=B:USR2@50", "--detach")  # fmt: skip
@@ -304,11 +304,11 @@ def test_a_job_at_its_time_limit_snapshots_is_requeued_and_finishes(
 
 
 def test_max_requeues_bounds_the_requeues(
-    slurm_cluster: Any, slurm_client: Client, host_python: Path
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
 ) -> None:
     """--max-requeues 0: the run saves on the warning but is not requeued; it ends failed,
     saying why, with its snapshot kept for `--resume`-style reruns."""
-    use_cluster(slurm_client, host_python, VMRUN_TEMPLATE_EPOCH_DELAY="0.5")
+    use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
     args = ["--epochs", "40", "--save-every", "100", "--nproc-per-node", "1"]
     done = slurm_client.vmrun("train", "-C", "bed", *args, "--max-requeues", "0", "--detach")
     assert done.returncode == 0, done.stderr

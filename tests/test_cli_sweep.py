@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import Client, wait_for
 from results_fixtures import line_colours
-from train_helpers import pids_with_env
+from train_helpers import env_options, hook_env, pids_with_env
 
 from vmrun.results.plotting import COLOURS
 
@@ -105,10 +105,12 @@ def test_a_list_of_batch_sizes_is_an_axis_named_in_runs_report_and_plot(client: 
     assert "1 node x 1 process, batch=16" in done.stderr
 
 
-def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(client: Client) -> None:
+def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(
+    client: Client, trainer_hooks: Path
+) -> None:
     proc = client.popen(
         "sweep", "--local", "--nproc-per-node", "1,2", "--epochs", "200",
-        "-e", "VMRUN_TEMPLATE_EPOCH_DELAY=0.05", env=TWO_CORES,
+        *env_options(hook_env(trainer_hooks, EPOCH_DELAY="0.05")), env=TWO_CORES,
     )  # fmt: skip
     try:
         record = wait_for(
@@ -135,9 +137,9 @@ def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(client: 
 
     refused = client.vmrun("sweep", "--resume", sweep_id)
     assert refused.returncode == 2
-    assert "started with --env VMRUN_TEMPLATE_EPOCH_DELAY, whose values are not" in refused.stderr
+    assert "started with --env VMRUN_TEST_HOOK_EPOCH_DELAY, whose values" in refused.stderr
     again = client.vmrun(
-        "sweep", "--resume", sweep_id, "-e", "VMRUN_TEMPLATE_EPOCH_DELAY=0", env=TWO_CORES,
+        "sweep", "--resume", sweep_id, "-e", "VMRUN_TEST_HOOK_EPOCH_DELAY=0", env=TWO_CORES,
         timeout=300,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr

@@ -17,6 +17,8 @@ import torch
 from conftest import ROOT, Client, wait_for
 from train_helpers import (
     SEED_SCRIPT,
+    env_options,
+    hook_env,
     kill_marked,
     new_mark,
     pids_with_env,
@@ -322,7 +324,7 @@ def test_env_launcher_wires_rank_variables(client: Client) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_every_process_of_the_run(
-    client: Client, tmp_path: Path, sig: signal.Signals
+    client: Client, tmp_path: Path, trainer_hooks: Path, sig: signal.Signals
 ) -> None:
     """SIGINT (or SIGTERM) to vmrun mid-run: output streamed live until then, then nothing of
     the run is left (torchrun's group, workers in their own sessions), run.json says stopped,
@@ -336,10 +338,7 @@ def test_ctrl_c_stops_every_process_of_the_run(
         "50",
         "--save-every",
         "10",
-        "-e",
-        "VMRUN_TEMPLATE_STALL_AT_EPOCH=2",
-        "-e",
-        f"VMRUN_TEMPLATE_PID_DIR={pids}",
+        *env_options(hook_env(trainer_hooks, STALL_AT_EPOCH="2", PID_DIR=str(pids))),
         env=_env(mark),
     )
     lines: list[str] = []

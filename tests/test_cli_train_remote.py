@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Client, clean_host, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed
+from train_helpers import env_options, hook_env
 
 from vmrun.remote_paths import remote_workdir
 from vmrun.runs.lines import Prefixer
@@ -142,11 +143,13 @@ def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
     assert again.stdout.encode() == b"".join(shown)
 
 
-def test_killed_worker_restarts_from_the_last_snapshot(bed: NetnsBed, project: Client) -> None:
+def test_killed_worker_restarts_from_the_last_snapshot(
+    bed: NetnsBed, project: Client, trainer_hooks: Path
+) -> None:
     """A worker SIGKILLed under --max-restarts: torchrun restarts the workers, which resume at
     the epoch after the last snapshot saved before the kill and finish the run. Every rank
-    stalls mid-epoch 5 on the first attempt (the template's test hook), so no snapshot can
-    land between reading the log and the kill."""
+    stalls mid-epoch 5 on the first attempt (a trainer hook, tests/trainer_hooks), so no
+    snapshot can land between reading the log and the kill."""
     h2 = bed["h2"]
     done = project.vmrun(
         "train",
@@ -155,8 +158,7 @@ def test_killed_worker_restarts_from_the_last_snapshot(bed: NetnsBed, project: C
         "--detach",
         "--max-restarts",
         "2",
-        "-e",
-        "VMRUN_TEMPLATE_STALL_AT_EPOCH=5",
+        *env_options(hook_env(trainer_hooks, STALL_AT_EPOCH="5")),
         "--",
         "12",
         "3",

@@ -19,6 +19,7 @@ from train_helpers import (
     TEMPLATE,
     base_env,
     event_scalars,
+    hook_env,
     marked,
     read_metrics,
     run,
@@ -59,19 +60,22 @@ def worker_pids(pid_dir: Path) -> list[int]:
 
 def signal_run(
     tmp_path: Path,
+    hooks: Path,
     env: dict[str, str],
     argv: list[str],
     epochs: int,
     send: signal.Signals,
     *,
+    delay: str,
     to_ranks: tuple[int, ...] = (0, 1),
     to_agent: bool = False,
     shell: str = "",
 ) -> str:
-    """Start `argv`, wait for `epochs` epochs, send `send` to the chosen processes, wait for
-    the end; returns the output. Every process started is killed by PID on the way out."""
+    """Start `argv` with each epoch `delay` s longer (the trainer hooks in `hooks`), wait
+    for `epochs` epochs, send `send` to the chosen processes, wait for the end; returns the
+    output. Every process started is killed by PID on the way out."""
     out, pid_dir = tmp_path / "out", tmp_path / "pids"
-    env = {**env, "VMRUN_TEMPLATE_PID_DIR": str(pid_dir)}
+    env = {**env, **hook_env(hooks, EPOCH_DELAY=delay, PID_DIR=str(pid_dir))}
     if shell:  # sh sets the disposition, then becomes torchrun (same pid)
         argv = ["sh", "-c", f'{shell}; exec "$@"', "sh", *argv]
     with marked() as mark:
@@ -106,14 +110,17 @@ def assert_stopped_for_requeue(out: Path, requeue: Path, output: str, name: str)
     return epoch
 
 
-def test_sigusr2_to_one_worker_stops_both_and_the_rerun_resumes(tmp_path: Path) -> None:
+def test_sigusr2_to_one_worker_stops_both_and_the_rerun_resumes(
+    tmp_path: Path, trainer_hooks: Path
+) -> None:
     """SIGUSR2 to rank 1 alone: both ranks stop after the same epoch E (rank 0 was not
     signalled, yet snapshots E); the same command again trains E+1..30, nothing twice."""
     out, requeue = tmp_path / "out", tmp_path / "requeue.json"
     argv = torchrun_argv(["30", "100", "--out-dir", str(out)])
     env = {"VMRUN_REQUEUE_FILE": str(requeue)}
-    delayed = {**env, "VMRUN_TEMPLATE_EPOCH_DELAY": "0.3"}
-    output = signal_run(tmp_path, delayed, argv, 2, signal.SIGUSR2, to_ranks=(1,))
+    output = signal_run(
+        tmp_path, trainer_hooks, env, argv, 2, signal.SIGUSR2, delay="0.3", to_ranks=(1,)
+    )
     assert "[rank 1] got SIGUSR2: will stop after this epoch\n" in output, output
     assert "[rank 0] got SIGUSR2" not in output, output
     epoch = assert_stopped_for_requeue(out, requeue, output, "SIGUSR2")
@@ -142,22 +149,25 @@ def test_sigusr2_to_one_worker_stops_both_and_the_rerun_resumes(tmp_path: Path) 
     ],
 )
 def test_a_signal_to_every_process_stops_for_requeue(
-    tmp_path: Path, name: str, shell: str, to_agent: bool
+    tmp_path: Path, trainer_hooks: Path, name: str, shell: str, to_agent: bool
 ) -> None:
     out, requeue = tmp_path / "out", tmp_path / "requeue.json"
-    env = {"VMRUN_REQUEUE_FILE": str(requeue), "VMRUN_TEMPLATE_EPOCH_DELAY": "0.3"}
+    env = {"VMRUN_REQUEUE_FILE": str(requeue)}
     argv = torchrun_argv(["30", "100", "--out-dir", str(out)])
     output = signal_run(
-        tmp_path, env, argv, 2, signal.Signals[name], to_agent=to_agent, shell=shell
-    )
+        tmp_path, trainer_hooks, env, argv, 2, signal.Signals[name],
+        delay="0.3", to_agent=to_agent, shell=shell,
+    )  # fmt: skip
     for rank in (0, 1):
         assert f"[rank {rank}] got {name}: will stop after this epoch\n" in output, output
     assert_stopped_for_requeue(out, requeue, output, name)
 
 
-def test_without_a_requeue_file_sigterm_ends_the_worker_at_once(tmp_path: Path) -> None:
+def test_without_a_requeue_file_sigterm_ends_the_worker_at_once(
+    tmp_path: Path, trainer_hooks: Path
+) -> None:
     """On SSH hosts `vmrun stop` sends SIGTERM: the worker ends mid-epoch, nothing saved."""
-    env = {"VMRUN_TEMPLATE_EPOCH_DELAY": "100"}  # epoch 1 would end only after 100 s
+    env = hook_env(trainer_hooks, EPOCH_DELAY="100")  # epoch 1 would end only after 100 s
     with marked() as mark:
         proc = popen([sys.executable, TEMPLATE, "3", "100"], base_env(mark, env), tmp_path)
         try:
@@ -176,12 +186,12 @@ def test_without_a_requeue_file_sigterm_ends_the_worker_at_once(tmp_path: Path) 
     assert left == ["metrics.jsonl"]
 
 
-def test_a_signal_in_the_last_epoch_finishes_the_run(tmp_path: Path) -> None:
+def test_a_signal_in_the_last_epoch_finishes_the_run(tmp_path: Path, trainer_hooks: Path) -> None:
     """Caught after the last epoch's metrics line: no epoch remains, a normal finish."""
     out, requeue = tmp_path / "out", tmp_path / "requeue.json"
-    env = {"VMRUN_REQUEUE_FILE": str(requeue), "VMRUN_TEMPLATE_EPOCH_DELAY": "1"}
+    env = {"VMRUN_REQUEUE_FILE": str(requeue)}
     argv = torchrun_argv(["3", "100", "--out-dir", str(out)])
-    output = signal_run(tmp_path, env, argv, 3, signal.SIGUSR2)
+    output = signal_run(tmp_path, trainer_hooks, env, argv, 3, signal.SIGUSR2, delay="1")
     for rank in (0, 1):
         assert f"[rank {rank}] got SIGUSR2" in output, output  # caught, during the last epoch
     assert "stopping after" not in output, output

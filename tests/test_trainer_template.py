@@ -20,6 +20,7 @@ from train_helpers import (
     epoch_lines,
     event_hparams,
     event_scalars,
+    hook_env,
     marked,
     read_metrics,
     run,
@@ -249,12 +250,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_sigkilled_worker_is_restarted_from_the_last_snapshot(tmp_path: Path) -> None:
+def test_sigkilled_worker_is_restarted_from_the_last_snapshot(
+    tmp_path: Path, trainer_hooks: Path
+) -> None:
     """Kill rank 1 mid-epoch 4 (snapshot at 2): torchrun restarts both ranks, which resume at
     epoch 3, and the run ends with exactly 6 epochs."""
     pids, out = tmp_path / "pids", tmp_path / "out"
     argv = torchrun_argv(["6", "2", "--out-dir", str(out)], max_restarts=2)
-    hooks = {"VMRUN_TEMPLATE_STALL_AT_EPOCH": "4", "VMRUN_TEMPLATE_PID_DIR": str(pids)}
+    hooks = hook_env(trainer_hooks, STALL_AT_EPOCH="4", PID_DIR=str(pids))
     with marked() as mark:
         env = base_env(mark, {**hooks, **launch.torchrun_env(2)})
         proc = subprocess.Popen(
@@ -288,13 +291,13 @@ def test_sigkilled_worker_is_restarted_from_the_last_snapshot(tmp_path: Path) ->
 
 @pytest.mark.parametrize("paused_save", [1, 2])
 def test_kill_during_snapshot_write_never_leaves_a_torn_snapshot(
-    tmp_path: Path, paused_save: int
+    tmp_path: Path, trainer_hooks: Path, paused_save: int
 ) -> None:
     """The writer is SIGKILLed with half a snapshot on disk: snapshot.pt is absent (first
     save) or the previous complete one (second save); a rerun cleans up and resumes."""
     marker = tmp_path / "save-paused.pid"
     with marked() as mark:
-        env = base_env(mark, {"VMRUN_TEMPLATE_PAUSE_IN_SAVE": str(paused_save)})
+        env = base_env(mark, hook_env(trainer_hooks, PAUSE_IN_SAVE=str(paused_save)))
         proc = subprocess.Popen(
             [sys.executable, TEMPLATE, "6", "1"],
             env=env,

@@ -118,6 +118,19 @@ if __name__ == "__main__":
 """
 
 
+def hook_env(trainer_hooks: Path, **hooks: str) -> dict[str, str]:
+    """The variables that run the template with test hooks (tests/trainer_hooks), for a
+    child's environment, a cluster's env or `-e`: `hook_env(dir, EPOCH_DELAY="1")`."""
+    return {"PYTHONPATH": str(trainer_hooks)} | {
+        f"VMRUN_TEST_HOOK_{name}": value for name, value in hooks.items()
+    }
+
+
+def env_options(env: Mapping[str, str]) -> list[str]:
+    """`-e NAME=VALUE` for each variable."""
+    return [word for name, value in env.items() for word in ("-e", f"{name}={value}")]
+
+
 def new_mark() -> str:
     return uuid.uuid4().hex
 
@@ -126,7 +139,7 @@ def base_env(mark: str, extra: Mapping[str, str] | None = None) -> dict[str, str
     """This process's environment, two-core friendly, tagged with `mark`."""
     env = dict(os.environ)
     for key in list(env):
-        if key.startswith(("VMRUN_TEMPLATE_", "TORCHELASTIC_", "PET_")) or key in (
+        if key.startswith(("VMRUN_TEST_HOOK_", "TORCHELASTIC_", "PET_")) or key in (
             "RANK",
             "WORLD_SIZE",
             "LOCAL_RANK",

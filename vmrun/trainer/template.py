@@ -11,6 +11,11 @@ It replaces the seed tutorial's trainer (whose cross-entropy on a 1-column targe
 data is generated on the fly, so nothing is downloaded. It imports only torch and the
 stdlib (tensorboard if installed): it is copied to GPU hosts and run there as a plain script.
 
+As a start for your own script: read from `main` at the bottom, `setup` (torchrun's
+environment, device, process group), `train` (model, resume, data), `train_epochs` (each
+epoch: `run_epoch`, `evaluate`, `record_epoch`, the preemption check); your model, data and
+loss go where `build_model`, `make_datasets` and `loss_of` are.
+
 Conventions (the CLI and the tests rely on them):
 - Epochs are 1-based in logs, metrics and snapshots. A snapshot is written after epoch `e`
   when `e % save_every == 0` (0-based: `(e+1) % K == 0`), so `50 10` saves after 10..50.
@@ -65,14 +70,6 @@ Conventions (the CLI and the tests rely on them):
   protocol: catch SIGUSR2 (and SIGTERM if VMRUN_REQUEUE_FILE is set), save at the next safe
   point, write the file, exit 0. $VMRUN_WARNED_FILE existing counts as a SIGUSR2 (vmrun's
   batch script writes it on the warning, which a process still starting up would miss).
-
-Test hooks (environment, off unless set): VMRUN_TEMPLATE_PID_DIR (each rank writes
-`rank{R}-restart{C}.pid`), VMRUN_TEMPLATE_STALL_AT_EPOCH=N (on the first attempt, every rank
-blocks after the first step of epoch N and writes `stalled-rank{R}.pid` to the pid dir or
-out dir), VMRUN_TEMPLATE_PAUSE_IN_SAVE=N (the Nth snapshot save of a process blocks
-mid-write after writing `save-paused.pid` to the out dir), VMRUN_TEMPLATE_EPOCH_DELAY=S
-(every rank sleeps S seconds after each epoch's metrics and snapshot, before the
-preemption check, so a test can signal a run mid-way).
 """
 
 from __future__ import annotations
@@ -88,7 +85,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -107,7 +104,6 @@ EVAL_SEED_OFFSET = 1_000_003  # the eval inputs' generator: never the training s
 SNAPSHOT = "snapshot.pt"
 FINAL_MODEL = "finalmodel.pt"
 METRICS = "metrics.jsonl"
-HOOK_WAIT_S = 120.0  # test hooks block at most this long, so a forgotten hook never hangs
 REQUEUE_FILE_ENV = "VMRUN_REQUEUE_FILE"
 WARNED_FILE_ENV = "VMRUN_WARNED_FILE"
 # metrics.jsonl key -> TensorBoard tag (step: the epoch)
@@ -247,31 +243,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _PausingWriter:
-    """Test hook: a file wrapper that blocks once part of the data is written."""
-
-    def __init__(self, fh: BinaryIO, marker: Path):
-        self.fh, self.marker, self.calls = fh, marker, 0
-
-    def write(self, data: bytes) -> int:
-        self.calls += 1
-        if self.calls == 2:  # something is on disk, the rest is not
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-            self.marker.write_text(f"{os.getpid()}\n")
-            time.sleep(HOOK_WAIT_S)
-        return self.fh.write(data)
-
-    def flush(self) -> None:
-        self.fh.flush()
-
-
-def atomic_save(obj: Any, path: Path, *, pause: bool = False) -> None:
+def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temp file in the same directory, fsync, rename over `path`."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
-            torch.save(obj, _PausingWriter(fh, path.parent / "save-paused.pid") if pause else fh)
+            torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -351,23 +328,6 @@ def truncate_metrics(path: Path, last_epoch: int) -> None:
         except (ValueError, KeyError, TypeError):
             continue
     atomic_write_text(path, "".join(kept))
-
-
-def _write_pid_file(name: str) -> None:
-    pid_dir = os.environ.get("VMRUN_TEMPLATE_PID_DIR")
-    if pid_dir:
-        Path(pid_dir).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(pid_dir) / name, f"{os.getpid()}\n")
-
-
-def _maybe_stall(ctx: Ctx, epoch: int, out_dir: Path) -> None:
-    """Test hook: block mid-epoch on the first attempt so a test can kill a worker."""
-    if ctx.restart != 0 or os.environ.get("VMRUN_TEMPLATE_STALL_AT_EPOCH") != str(epoch):
-        return
-    pid_dir = Path(os.environ.get("VMRUN_TEMPLATE_PID_DIR") or out_dir)
-    pid_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(pid_dir / f"stalled-rank{ctx.rank}.pid", f"{os.getpid()}\n")
-    time.sleep(HOOK_WAIT_S)
 
 
 def rng_state(ctx: Ctx) -> dict[str, Any]:
@@ -459,14 +419,12 @@ def run_epoch(
     model: nn.Module,
     loader: DataLoader,
     optimizer: torch.optim.Optimizer,
-    epoch: int,
-    out_dir: Path,
 ) -> EpochStats:
     """One pass over this rank's shard; the global mean loss (and accuracy) as trained."""
     model.train()
     began = time.perf_counter()
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, samples, right
-    for step, (x, y) in enumerate(loader):
+    for x, y in loader:
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         out = model(x)
         loss = loss_of(task, out, y)
@@ -477,8 +435,6 @@ def run_epoch(
         totals[1] += x.shape[0]
         if task == "classify":
             totals[2] += (out.detach().argmax(dim=1) == y).sum()
-        if step == 0:
-            _maybe_stall(ctx, epoch, out_dir)
     if ctx.distributed:
         dist.all_reduce(totals)
     elapsed = time.perf_counter() - began
@@ -544,8 +500,6 @@ def save_snapshot(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     epoch: int,
-    *,
-    pause: bool = False,
 ) -> None:
     snapshot = {
         "model": cpu_state_dict(model),
@@ -556,7 +510,7 @@ def save_snapshot(
         "args": {k: v for k, v in vars(args).items() if k != "out_dir"},
     }
     path = Path(args.out_dir) / SNAPSHOT
-    atomic_save(snapshot, path, pause=pause)
+    atomic_save(snapshot, path)
     ctx.say(f"snapshot saved at epoch {epoch} -> {path}")
 
 
@@ -690,7 +644,6 @@ class Job:
 def train(args: argparse.Namespace, ctx: Ctx) -> None:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_pid_file(f"rank{ctx.rank}-restart{ctx.restart}.pid")
     ctx.say(
         f"started: pid {os.getpid()} local_rank {ctx.local_rank} world_size {ctx.world_size}"
         f" backend {ctx.backend} device {ctx.device} restart {ctx.restart}",
@@ -739,30 +692,32 @@ def train(args: argparse.Namespace, ctx: Ctx) -> None:
 def train_epochs(job: Job, start: int) -> bool:
     """Epochs `start`..total; False when a signal stopped it early, for requeue."""
     args, ctx, total = job.args, job.ctx, job.args.total_epochs
-    saves = 0
-    pause_at = int(os.environ.get("VMRUN_TEMPLATE_PAUSE_IN_SAVE", "0") or 0)
-    delay = min(float(os.environ.get("VMRUN_TEMPLATE_EPOCH_DELAY", "0") or 0), HOOK_WAIT_S)
     for epoch in range(start, total + 1):
         job.sampler.set_epoch(epoch)
-        stats = run_epoch(
-            ctx, args.task, job.model, job.loader, job.optimizer, epoch, Path(args.out_dir)
-        )
+        stats = run_epoch(ctx, args.task, job.model, job.loader, job.optimizer)
         evaluated = evaluate(ctx, args.task, job.bare, job.eval_shard)
-        saved = epoch % args.save_every == 0
-        if ctx.rank == 0:
-            lr = job.optimizer.param_groups[0]["lr"]
-            job.events.epoch(log_epoch(ctx, args, lr, epoch, stats, evaluated))
-            if saved:
-                saves += 1
-                save_snapshot(ctx, args, job.bare, job.optimizer, epoch, pause=saves == pause_at)
-        if delay > 0:
-            time.sleep(delay)  # test hook
+        saved = record_epoch(job, epoch, stats, evaluated)
         if epoch < total and (signum := agreed_signal(ctx)):
             if ctx.rank == 0 and not saved:
                 save_snapshot(ctx, args, job.bare, job.optimizer, epoch)
             stop_for_requeue(ctx, epoch, signum)
             return False
     return True
+
+
+def record_epoch(
+    job: Job, epoch: int, stats: EpochStats, evaluated: tuple[float, float | None]
+) -> bool:
+    """Rank 0 writes the epoch's metrics line and events, and the snapshot after every
+    save_every-th epoch; True (on every rank) when this epoch has a snapshot."""
+    args, ctx = job.args, job.ctx
+    saved = epoch % args.save_every == 0
+    if ctx.rank == 0:
+        lr = job.optimizer.param_groups[0]["lr"]
+        job.events.epoch(log_epoch(ctx, args, lr, epoch, stats, evaluated))
+        if saved:
+            save_snapshot(ctx, args, job.bare, job.optimizer, epoch)
+    return saved
 
 
 def stop_for_requeue(ctx: Ctx, epoch: int, signum: int) -> None:
