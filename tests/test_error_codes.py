@@ -3,6 +3,7 @@ by the CLI and in `--json`. `python3 tests/test_error_codes.py` rewrites the doc
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import pkgutil
@@ -71,17 +72,26 @@ def test_a_raise_site_code_must_be_registered_for_its_class() -> None:
 
 
 def test_every_code_in_the_source_is_registered_and_every_registered_code_is_used() -> None:
-    """A `code="..."` typo fails here, not at a user's raise; a code nothing raises is gone."""
-    from vmrun.errors import CODES
+    """A `code="..."` typo, or a code given to a class with another exit code, fails here
+    and not at a user's raise; a code that nothing raises is not kept."""
+    from vmrun.errors import CODES, _may_carry
 
     _load_all()
-    used = {cls.code for cls in _classes()}
+    classes = {cls.__name__: cls for cls in _classes()}
+    used = {cls.code for cls in classes.values()}
     for path in (ROOT / "vmrun").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
-        for name in re.findall(r'\bcode="([^"]+)"', text):
-            assert name in CODES, f"{path.relative_to(ROOT)}: unregistered code {name!r}"
-            used.add(name)
         used.update(re.findall(r'CODES\["([^"]+)"\]', text))
+        for call in (n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)):
+            for kw in call.keywords:
+                if kw.arg != "code" or not isinstance(kw.value, ast.Constant):
+                    continue
+                where = f"{path.relative_to(ROOT)}:{call.lineno}"
+                assert kw.value.value in CODES, f"{where}: unregistered code {kw.value.value!r}"
+                used.add(kw.value.value)
+                cls = classes.get(getattr(call.func, "id", ""))
+                if cls is not None:
+                    assert _may_carry(cls, CODES[kw.value.value]), f"{where}: not {cls.__name__}'s"
     assert set(CODES) - used == set()
 
 
