@@ -142,7 +142,8 @@ def test_unknown_host_key_via_cli_then_accept_new(bed: NetnsBed, bed_client: Cli
     (bed_client.ssh_dir / "known_hosts").write_text("")
     refused = bed_client.vmrun("exec", "-H", "h1", "--", "true")
     assert refused.returncode == 10
-    assert "unknown host key" in refused.stderr and "SHA256:" in refused.stderr
+    [(code, said)] = errors_in(refused.stderr)
+    assert code == "host-key-unknown" and "SHA256:" in said, refused.stderr
     assert refused.stderr.count("\n") == 1
     accepted = bed_client.vmrun("exec", "-H", "h1", "--accept-new-host-key", "--", "hostname")
     assert accepted.returncode == 0, accepted.stderr

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, errors_in, user_commands, wait_for
+from conftest import Client, error_in, errors_in, user_commands, wait_for
 from test_transfer import put, sha
 from testbed import NetnsBed, TestHost
 
@@ -308,7 +308,7 @@ def test_bad_requests_are_refused_before_connecting(
         assert done.returncode == 2, (args, done.stderr)
         assert needle in done.stderr, (args, done.stderr)
     gone = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}/nothing-here")
-    assert gone.returncode == 14 and "not found on the host" in gone.stderr
+    assert gone.returncode == 14 and error_in(gone.stderr)[0] == "remote-path-not-found"
 
 
 def test_an_unquoted_tilde_expanded_here_gets_a_hint_to_quote_it(

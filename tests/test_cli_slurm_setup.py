@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from conftest import TORCH_SPEC, Client, errors_in
+from conftest import TORCH_SPEC, Client, error_in, errors_in
 
 NO_PYTHON_TOML = '[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
 
@@ -84,6 +84,6 @@ def test_unknown_cluster_is_bad_input(slurm_client: Client) -> None:
     done = slurm_client.vmrun("setup", "-C", "nosuch")
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "no such cluster" in done.stderr
+    assert error_in(done.stderr)[0] == "cluster-not-found", done.stderr
     both = slurm_client.vmrun("setup", "-C", "bed", "login")
     assert both.returncode == 2 and "use one" in both.stderr
