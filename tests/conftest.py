@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,21 @@ F = TypeVar("F", bound=Callable[..., object])
 
 cleanup_on_sigterm()  # a `timeout pytest` that fires still tears the test hosts down
 pytest_plugins = ["slurm_fixtures", "results_fixtures"]  # a real Slurm in the bed; runs made here
+
+ERROR_LINE = re.compile(r"vmrun: error\[([a-z0-9-]+)\]: (.*)")
+
+
+def errors_in(stderr: str) -> list[tuple[str, str]]:
+    """The (code, message) of each `vmrun: error[CODE]: message` line: tests assert the code
+    and the one fact that matters in the message, never the whole sentence."""
+    found = (ERROR_LINE.fullmatch(line) for line in stderr.splitlines())
+    return [(m.group(1), m.group(2)) for m in found if m]
+
+
+def error_in(stderr: str) -> tuple[str, str]:
+    """The last error line's (code, message); ("", stderr) when there is none."""
+    found = errors_in(stderr)
+    return found[-1] if found else ("", stderr)
 
 
 # -- two tiers: `pytest -m "not netns"` (quick, no root) and `pytest` (everything) --------

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, user_commands, wait_for
+from conftest import Client, error_in, errors_in, user_commands, wait_for
 from test_transfer import put, sha
 from testbed import NetnsBed, TestHost
 
@@ -152,11 +152,9 @@ def test_a_file_rewritten_while_it_travels_fails_verification_with_exit_1(
             os.killpg(rewriter.pid, signal.SIGKILL)
         rewriter.wait()
     assert done.returncode == 1, (done.stdout, done.stderr)
-    errors = done.stderr.splitlines()
-    assert len(errors) == 1, done.stderr  # one line, no traceback
-    assert errors[0].startswith(
-        f"vmrun: error: h1: {remote_dir}/snapshot.pt: SHA-256 differs (host "
-    ), errors
+    assert len(done.stderr.splitlines()) == 1, done.stderr  # one line, no traceback
+    [(code, said)] = errors_in(done.stderr)
+    assert code == "checksum-mismatch" and said.startswith(f"h1: {remote_dir}/snapshot.pt: "), said
     assert "1 FAILED" in _summary(done.stdout)
     out = bed_client.cwd / "out" / remote_dir
     assert not (out / "snapshot.pt").exists()
@@ -310,7 +308,7 @@ def test_bad_requests_are_refused_before_connecting(
         assert done.returncode == 2, (args, done.stderr)
         assert needle in done.stderr, (args, done.stderr)
     gone = bed_client.vmrun("fetch", "-H", "h1", f"~/{remote_dir}/nothing-here")
-    assert gone.returncode == 14 and "not found on the host" in gone.stderr
+    assert gone.returncode == 14 and error_in(gone.stderr)[0] == "remote-path-not-found"
 
 
 def test_an_unquoted_tilde_expanded_here_gets_a_hint_to_quote_it(

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from conftest import Client, run_id_of, template_out
+from conftest import Client, error_in, run_id_of, template_out
 from results_fixtures import local_run
 from testbed import TestHost
 
@@ -78,9 +78,7 @@ def test_bad_runs_are_named_and_left_out(local_runs: Path, client: Client) -> No
 
     none_left = client.vmrun("report", "bare-1")
     assert none_left.returncode == 2 and none_left.stdout == ""
-    assert none_left.stderr.splitlines()[-1] == (
-        "vmrun: error: no run to report; see the lines above"
-    )
+    assert error_in(none_left.stderr) == ("usage", "no run to report; see the lines above")
     both = client.vmrun("report", "--json", "--markdown")
     assert both.returncode == 2 and "give one" in both.stderr
 
@@ -88,7 +86,8 @@ def test_bad_runs_are_named_and_left_out(local_runs: Path, client: Client) -> No
 def test_no_runs_at_all(client: Client) -> None:
     done = client.vmrun("report")
     assert done.returncode == 2 and done.stdout == ""
-    assert "vmrun: error: no runs in" in done.stderr and "vmrun train --local" in done.stderr
+    code, said = error_in(done.stderr)
+    assert code == "run-not-found" and "vmrun train --local" in said, done.stderr
 
 
 def test_differing_metrics_leave_blank_cells(client: Client) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Client, wait_for
+from conftest import Client, error_in, errors_in, wait_for
 from train_helpers import assert_matches_one_process, hook_env
 
 SCRIPTS = Path(__file__).parent / "slurm_scripts"
@@ -218,22 +218,23 @@ def test_bad_input_gets_one_line_and_exit_2_with_nothing_submitted(
     slurm_cluster: Any, slurm_client: Client, host_python: Path
 ) -> None:
     use_cluster(slurm_client, host_python)
-    for args, words in (
-        (["-C", "nosuch"], "-C nosuch: no such cluster"),
-        (["-C", "bed", "--time", "1h"], "--time '1h'"),
-        (["-C", "bed", "--nodes", "0"], "--nodes must be >= 1"),
-        (["--nodes", "2"], "--nodes: Slurm options; name the cluster with -C"),
-        (["-C", "bed", "--partition", "nosuch"], "refused the job: sbatch: error:"),
+    for args, code, words in (
+        (["-C", "nosuch"], "cluster-not-found", "-C nosuch"),
+        (["-C", "bed", "--time", "1h"], "usage", "--time '1h'"),
+        (["-C", "bed", "--nodes", "0"], "usage", "--nodes must be >= 1"),
+        (["--nodes", "2"], "usage", "name the cluster with -C"),
+        (["-C", "bed", "--partition", "nosuch"], "job-refused", "sbatch: error:"),
     ):
         done = slurm_client.vmrun("train", *args, "--epochs", "1", "--save-every", "1")
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode == 2 and words in lines[0], (args, done.stderr)
+        said = errors_in(done.stderr)
+        assert done.returncode == 2 and said[0][0] == code and words in said[0][1], (args, said)
         assert not slurm_cluster.squeue_ids()
     # more nodes than the partition has: cancelled and said so, never followed forever
     done = slurm_client.vmrun("train", "-C", "bed", "--partition", "one", "--nodes", "2",
                               "--epochs", "1", "--save-every", "1", timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "can never start" in done.stderr and "it was cancelled" in done.stderr
+    code, said = error_in(done.stderr)
+    assert code == "job-never-starts" and "it was cancelled" in said, done.stderr
     wait_for(lambda: not slurm_cluster.squeue_ids(), 30, "the job gone from the queue")
 
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from conftest import TORCH_SPEC, Client
+from conftest import TORCH_SPEC, Client, error_in, errors_in
 
 NO_PYTHON_TOML = '[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
 
@@ -75,15 +75,15 @@ def test_an_unknown_partition_is_one_line(
     done = slurm_client.vmrun("setup", "-C", "bed", "--python", str(host_python),
                               "--torch", TORCH_SPEC)  # fmt: skip
     assert done.returncode == 14, done.stdout + done.stderr  # a remote error
-    errors = [line for line in done.stderr.splitlines() if line.startswith("vmrun: error:")]
-    assert len(errors) == 1 and "check on a compute node failed" in errors[0], done.stderr
-    assert "partition" in errors[0].lower(), errors[0]
+    [(code, said)] = errors_in(done.stderr)
+    assert code == "remote-failed" and "check on a compute node failed" in said, done.stderr
+    assert "partition" in said.lower(), said
 
 
 def test_unknown_cluster_is_bad_input(slurm_client: Client) -> None:
     done = slurm_client.vmrun("setup", "-C", "nosuch")
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "no such cluster" in done.stderr
+    assert error_in(done.stderr)[0] == "cluster-not-found", done.stderr
     both = slurm_client.vmrun("setup", "-C", "bed", "login")
     assert both.returncode == 2 and "use one" in both.stderr

@@ -22,7 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Client, _client, clean_host, run_id_of, template_out, wait_for
+from conftest import (
+    Client,
+    _client,
+    clean_host,
+    error_in,
+    errors_in,
+    run_id_of,
+    template_out,
+    wait_for,
+)
 from slurm_fixtures import cluster_toml
 from testbed import NetnsBed, SlurmCluster, TestHost
 from web_helpers import Lines, all_pids, browser_dom, get, port_of, processes
@@ -195,8 +204,8 @@ def test_a_lost_link_ends_vmrun_in_one_line_and_tensorboard_on_the_host(
     finally:
         h1.heal_link()
     assert code == 13, err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("vmrun: error: h1: connection lost (the host stopped answering"), err
+    code, last = error_in(err)
+    assert code == "connection-lost" and last.startswith("h1: "), err
     assert "while serving TensorBoard" in last, err
 
 
@@ -204,8 +213,10 @@ def test_a_host_without_tensorboard_says_how_to_fix_it(bed: NetnsBed, runs: Runs
     h2 = bed["h2"]
     done = runs.client.vmrun("tensorboard", runs.h2_script, "-H", "h2", timeout=120)
     assert done.returncode == 14, done.stderr
-    (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("vmrun: error: h2: ") and "has no tensorboard" in line, line
+    [(code, line)] = errors_in(done.stderr)  # one line, and no other
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert code == "tensorboard-failed" and line.startswith("h2: "), done.stderr
+    assert "has no tensorboard" in line, line
     assert "`vmrun setup --pip tensorboard -H h2`" in line, line
     assert f"`vmrun tensorboard {runs.h2_script} --local`" in line, line
     assert done.stdout == ""

@@ -89,7 +89,7 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(
         kill_marked(mark)
     assert done.returncode == 2, (args, done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("vmrun: error:"), done.stderr
+    assert len(lines) == 1 and lines[0].startswith("vmrun: error["), done.stderr
     assert needle in lines[0], lines[0]
     assert not (client.cwd / "results").exists()
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, clean_host, run_id_of, run_pids, template_out, wait_for
+from conftest import Client, clean_host, error_in, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed
 from train_helpers import env_options, hook_env
 
@@ -200,7 +200,8 @@ def test_stop_leaves_no_process_and_is_recorded(bed: NetnsBed, project: Client) 
     wait_for(lambda: b"epoch 1/500" in log.read_bytes(), 120, "training to start")
     assert len(run_pids(h1, rid)) >= 4  # shell, torchrun, two workers
     busy = project.vmrun("train", "-H", "h1", "--epochs", "1")
-    assert busy.returncode == 2 and f"already running {rid}" in busy.stderr
+    code, said = error_in(busy.stderr)
+    assert busy.returncode == 2 and code == "host-busy" and rid in said, busy.stderr
     stopped = project.vmrun("stop", "-H", "h1")
     assert stopped.returncode == 0, stopped.stderr
     assert f"stopped run {rid}" in stopped.stdout and "none left" in stopped.stdout

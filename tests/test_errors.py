@@ -15,7 +15,9 @@ from vmrun.errors import (
     RemoteError,
     UnknownHostKeyError,
     UnreachableError,
+    UsageError,
     VmrunError,
+    code_of,
     exit_code_for,
 )
 
@@ -39,6 +41,23 @@ def test_one_mapping_from_error_to_exit_code() -> None:
     }
     for error, code in cases.items():
         assert exit_code_for(error) == code, error
+
+
+def test_one_mapping_from_error_to_its_code() -> None:
+    """The class gives the code; a raise site may name a more specific one of its class."""
+    cases = {
+        ConfigError("x"): "bad-config",
+        ChangedHostKeyError("x"): "host-key-changed",
+        UnreachableError("x"): "host-unreachable",
+        UsageError("x"): "usage",
+        UsageError("x", code="run-not-found"): "run-not-found",
+        CommandFailed("x", exit_status=124, code="timeout"): "timeout",
+        VmrunError("x"): "failed",
+        KeyboardInterrupt(): "interrupted",
+        ValueError("x"): "internal",
+    }
+    for error, code in cases.items():
+        assert code_of(error) == code, error
 
 
 def test_one_line_names_the_host_and_the_fix() -> None:

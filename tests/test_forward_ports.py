@@ -4,6 +4,7 @@ port-forward` take them, bad values and a busy LOCAL refused in one line (exit 2
 from __future__ import annotations
 
 import pytest
+from conftest import error_in
 
 from vmrun.cli.main import run
 from vmrun.errors import UsageError
@@ -48,10 +49,11 @@ def test_a_busy_local_port_asked_for_is_refused_not_moved(
     host here does not exist), never another port as PORT alone gets."""
     with bind_free(0) as holder:
         busy = holder.getsockname()[1]
-        err = _one_line_exit_2(capsys, f"{busy}:8888")
-        assert f"local port {busy} is in use" in err
-        with pytest.raises(UsageError, match=f"local port {busy} is in use"):
+        code, said = error_in(_one_line_exit_2(capsys, f"{busy}:8888"))
+        assert code == "port-busy" and f"local port {busy}" in said
+        with pytest.raises(UsageError) as taken:
             bind_free(busy, search=1)
+        assert taken.value.code == "port-busy" and str(busy) in taken.value.message
         moved = bind_free(busy)  # PORT alone: the next free one, as before
         assert moved.getsockname()[1] > busy
         moved.close()

@@ -359,7 +359,7 @@ def test_statuses_keep_host_order_and_json_maps_processes_to_gpus() -> None:
         "memory_used_mib": 5,
         "run": "r1",
     }
-    assert set(doc) == {"host", "time", "state", "message", "gpus", "processes", "autostop"}
+    assert set(doc) == {"host", "time", "state", "message", "code", "gpus", "processes", "autostop"}
     assert doc["autostop"] is None  # no watchdog on the host
 
 

@@ -99,9 +99,10 @@ def test_of_two_starts_at_once_exactly_one_starts_the_other_gets_the_preflights_
     assert [r.id for r in listed if r.state == records.RunState.RUNNING] == [winner]
     with pytest.raises(UsageError) as preflight:
         check_not_busy(LocalHost(home), allow_concurrent=False, listed=listed)  # type: ignore[arg-type]
-    for error in refused.values():
+    assert preflight.value.code == "host-busy" and winner in preflight.value.message
+    for error in refused.values():  # the start's own refusal says the same, with the same code
         assert (error.message, error.hint) == (preflight.value.message, preflight.value.hint)
-        assert exit_code_for(error) == exit_code_for(preflight.value)
+        assert error.code == "host-busy" and exit_code_for(error) == 2
     # nothing of a refused run is left on the host
     assert sorted(p.name for p in (home / ".vmrun/runs").iterdir() if p.is_dir()) == [winner]
 

@@ -125,8 +125,9 @@ def test_stop_escalates_to_sigkill(bed_client: Client, h1: TestHost) -> None:
 
 def test_unknown_run_and_bad_ids(bed_client: Client) -> None:
     with Connection("h1", bed_client.settings()) as conn:
-        with pytest.raises(UsageError, match="no run nope-1"):
+        with pytest.raises(UsageError) as unknown:
             runs.stop(conn, "nope-1")
+        assert unknown.value.code == "run-not-found" and "nope-1" in unknown.value.message
         with pytest.raises(UsageError, match="bad run id"):
             runs.list_runs(conn, ["../etc"])
 

@@ -122,7 +122,7 @@ def test_no_accounting_and_an_invalid_job_id_end_with_the_exit_record(tmp_path: 
     fake = Fake(tmp_path, ["RUNNING", "invalid"], code=3)
     with pytest.raises(CommandFailed) as failed:
         fake.follow()
-    assert exit_code_for(failed.value) == 3 and "exit code 3" in failed.value.message
+    assert exit_code_for(failed.value) == 3 and failed.value.code == "run-failed"
     assert fake.calls == ["RUNNING", "invalid"] and fake.conn.stderr == b""
 
 
@@ -134,6 +134,7 @@ def test_a_controller_silent_past_the_limit_is_said_in_one_line_never_an_end(
         fake.follow(limit=0)
     message = unknown.value.one_line()
     assert "may still be running" in message and "\n" not in message
+    assert unknown.value.code == "outcome-unknown"
     assert exit_code_for(unknown.value) == ExitCode.REMOTE
     assert "ended" not in message and "failed" not in message
 

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from conftest import Client, run_id_of, run_pids
+from conftest import Client, errors_in, run_id_of, run_pids
 from testbed import TestHost
 
 from vmrun.remote_paths import remote_workdir
@@ -43,10 +43,10 @@ def _put(host: TestHost, multi: Client, rel: str, data: bytes, mtime: int | None
     return path
 
 
-def _refusal(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.startswith("vmrun: error:")]
-    assert len(lines) == 1, stderr
-    return lines[0]
+def _refusal(stderr: str, code: str = "checkpoints-differ") -> str:
+    [(said, line)] = errors_in(stderr)
+    assert said == code, stderr
+    return line
 
 
 def test_checkpoints_on_one_node_only_or_different_refuse_the_run(
@@ -119,7 +119,7 @@ def test_fresh_on_one_host_moves_its_checkpoints_and_is_refused_with_resume(
     n1 = cluster["n1"]
     clash = multi.vmrun("train", "--resume", "x-20250101-000000-abcd", "--fresh")
     assert clash.returncode == 2
-    assert "--resume continues from them: use one" in _refusal(clash.stderr)
+    assert "--resume continues from them: use one" in _refusal(clash.stderr, "usage")
     (multi.cwd / "stale.py").write_text(SCRIPT)
     _put(n1, multi, "snapshot.pt", b"epoch 40 of an earlier run")
     done = multi.vmrun(

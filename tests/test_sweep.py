@@ -55,8 +55,9 @@ def test_the_record_round_trips_and_keeps_what_is_left(tmp_path: Path) -> None:
 
 
 def test_resume_names_a_sweep_that_is_not_there(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="no sweep sweep-x here"):
+    with pytest.raises(UsageError) as missing:
         load(tmp_path, "sweep-x")
+    assert missing.value.code == "sweep-not-found" and "sweep-x" in missing.value.message
     with pytest.raises(UsageError, match="give a sweep id"):
         check_sweep_id("template-1x1")
     assert check_sweep_id("results/sweep-1-a/") == "sweep-1-a"

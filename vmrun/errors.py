@@ -1,13 +1,22 @@
-"""One exception tree and one table of exit codes.
+"""One exception tree, one table of exit codes, one registry of error codes.
 
 Every failure vmrun reports is a `VmrunError`; its class decides the exit code, so the CLI
 maps errors to codes in exactly one place (`exit_code_for`). Messages are one line that
 names the host (when there is one) and says what to do.
+
+Each error also carries a stable `code` (`host-key-changed`, `run-not-found`): the fact,
+for scripts and tests, that survives any rewording of the message. A class has its own code;
+a raise site names a more specific one (`UsageError(..., code="run-not-found")`) where one
+class covers several facts. Every code is registered here, once, with the class whose exit
+code it has, so `CODES` lists them all (docs/errors.md is checked against it).
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from dataclasses import dataclass
+from typing import Any
 
 
 class ExitCode(enum.IntEnum):
@@ -25,16 +34,69 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130  # Ctrl-C
 
 
+@dataclass(frozen=True)
+class ErrorCode:
+    """One registered code: the class that carries it (its exit code) and what it means."""
+
+    name: str
+    owner: str  # the class's name; "" for the CLI's own (bad flags, internal errors)
+    exit_code: int
+    meaning: str
+    own_status: bool = False  # exits with the failed command's own status (1 if none)
+
+
+CODES: dict[str, ErrorCode] = {}
+_KEBAB = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+
+
+def register(name: str, owner: Any, meaning: str, exit_code: int | None = None) -> str:
+    """Add a code (owner: the error class whose exit code it has, or the exit code of a
+    line the CLI prints itself; `exit_code`: the status a CommandFailed's code always has).
+    A code is registered once, so two facts never share a name by accident."""
+    if not _KEBAB.fullmatch(name):
+        raise ValueError(f"error code {name!r} is not kebab-case")
+    if name in CODES:
+        raise ValueError(f"error code {name!r} is registered twice")
+    if isinstance(owner, int):
+        CODES[name] = ErrorCode(name, "", int(owner), meaning)
+        return name
+    own = exit_code is None and any(k.__name__ == "CommandFailed" for k in owner.__mro__)
+    status = int(owner.exit_code if exit_code is None else exit_code)
+    CODES[name] = ErrorCode(name, owner.__name__, status, meaning, own)
+    return name
+
+
 class VmrunError(Exception):
-    """Root of every error vmrun reports; `host` is set when one host is to blame."""
+    """Root of every error vmrun reports; `host` is set when one host is to blame, `code`
+    (the class's, or the raise site's more specific one) says what happened."""
 
     exit_code: int = ExitCode.FAILED
+    code: str = "failed"
 
-    def __init__(self, message: str, *, host: str | None = None, hint: str | None = None):
+    def __init_subclass__(cls, *, code: str | None = None, meaning: str = "", **kw: Any):
+        super().__init_subclass__(**kw)
+        if code is None:
+            raise TypeError(f"{cls.__name__} needs its own error code: class {cls.__name__}(...,"
+                            " code=..., meaning=...)")  # fmt: skip
+        cls.code = register(code, cls, meaning)
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str | None = None,
+        hint: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.host = host
         self.hint = hint
+        if code is not None:
+            entry = CODES.get(code)
+            if entry is None or not _may_carry(type(self), entry):
+                raise ValueError(f"{type(self).__name__} cannot carry error code {code!r}")
+            self.code = code
 
     def one_line(self) -> str:
         """The single line shown without --debug: `host: what happened; what to do`."""
@@ -49,65 +111,125 @@ class VmrunError(Exception):
         return self.one_line()
 
 
-class UsageError(VmrunError):
+register("failed", VmrunError, "a failure that has no more specific code")
+
+
+def _may_carry(cls: type[VmrunError], entry: ErrorCode) -> bool:
+    """A site code is its owner's (or a subclass's with the same exit code), so the exit
+    code docs/errors.md gives for it is the one the process returns."""
+    if not any(k.__name__ == entry.owner for k in cls.__mro__):
+        return False
+    return issubclass(cls, CommandFailed) or cls.exit_code == entry.exit_code
+
+
+def code_of(err: BaseException) -> str:
+    """The code printed for any failure: a VmrunError's own, Ctrl-C's, or `internal`."""
+    if isinstance(err, VmrunError):
+        return err.code
+    if isinstance(err, KeyboardInterrupt):
+        return Interrupted.code
+    return "internal"
+
+
+class UsageError(
+    VmrunError,
+    code="usage",
+    meaning="bad input: a flag, an argument, or flags that do not go together",
+):
     exit_code = ExitCode.USAGE
 
 
-class HostSpecError(UsageError):
+class HostSpecError(UsageError, code="bad-host-spec", meaning="a host is not `user@host[:port]`"):
     pass
 
 
-class ConfigError(UsageError):
+class ConfigError(
+    UsageError,
+    code="bad-config",
+    meaning="a bad value in vmrun.toml, config.toml, an ssh config or a playbook",
+):
     pass
 
 
-class HostKeyError(VmrunError):
+class HostKeyError(
+    VmrunError,
+    code="host-key-rejected",
+    meaning="the host key could not be checked (ssh refused it, or known_hosts is unreadable)",
+):
     exit_code = ExitCode.HOST_KEY
 
 
-class UnknownHostKeyError(HostKeyError):
+class UnknownHostKeyError(
+    HostKeyError,
+    code="host-key-unknown",
+    meaning="the host's key is not known here and was not accepted",
+):
     pass
 
 
-class ChangedHostKeyError(HostKeyError):
+class ChangedHostKeyError(
+    HostKeyError,
+    code="host-key-changed",
+    meaning="the host offers another key than the one known here",
+):
     pass
 
 
-class AuthError(VmrunError):
+class AuthError(
+    VmrunError, code="auth-failed", meaning="the host refused every key, agent and password offered"
+):
     exit_code = ExitCode.AUTH
 
 
-class UnreachableError(VmrunError):
+class UnreachableError(
+    VmrunError,
+    code="host-unreachable",
+    meaning="no SSH connection: DNS failure, refused, no route, connect timeout, not SSH",
+):
     exit_code = ExitCode.UNREACHABLE
 
 
-class ConnectionLostError(VmrunError):
+class ConnectionLostError(
+    VmrunError,
+    code="connection-lost",
+    meaning="the connection dropped or stopped answering mid-command",
+):
     exit_code = ExitCode.CONNECTION_LOST
 
 
-class RemoteError(VmrunError):
+class RemoteError(
+    VmrunError, code="remote-failed", meaning="the host answered but could not do what was asked"
+):
     exit_code = ExitCode.REMOTE
 
 
-class OutcomeUnknown(RemoteError):
+class OutcomeUnknown(
+    RemoteError,
+    code="outcome-unknown",
+    meaning="the scheduler stopped answering: the run may still be running",
+):
     """A followed run whose end nobody can confirm (a scheduler that stopped answering): it
     may still run, so nothing that waits for its end (a sweep's next size) may go on."""
 
 
-class Interrupted(VmrunError):
+class Interrupted(
+    VmrunError, code="interrupted", meaning="Ctrl-C; what vmrun started remotely was stopped"
+):
     """Ctrl-C, after vmrun has cleaned up (closed channels, so remote commands stopped)."""
 
     exit_code = ExitCode.INTERRUPTED
 
 
-class Detached(VmrunError):
+class Detached(
+    VmrunError, code="detached", meaning="Ctrl-C while following a run that goes on (not a failure)"
+):
     """Ctrl-C while following a run that goes on running (`train`, `logs -f`): information,
     not a failure; the message says how to reattach."""
 
     exit_code = ExitCode.OK
 
 
-class CommandFailed(VmrunError):
+class CommandFailed(VmrunError, code="command-failed", meaning="a remote command exited non-zero"):
     """A remote command exited non-zero where success was required."""
 
     def __init__(
@@ -118,14 +240,20 @@ class CommandFailed(VmrunError):
         hint: str | None = None,
         exit_status: int = 1,
         output_tail: str = "",
+        code: str | None = None,
     ):
-        super().__init__(message, host=host, hint=hint)
+        super().__init__(message, host=host, hint=hint, code=code)
         self.exit_status = exit_status
         self.output_tail = output_tail
 
 
-class HostsFailed(VmrunError):
-    """Several hosts failed in one fan-out; carries each host's error for the summary."""
+class HostsFailed(
+    VmrunError,
+    code="hosts-failed",
+    meaning="several hosts failed, for different reasons (each is named)",
+):
+    """Several hosts failed in one fan-out; carries each host's error for the summary, and
+    their code when they share one (every host unreachable is `host-unreachable`)."""
 
     def __init__(self, failures: dict[str, BaseException], total: int):
         self.failures = failures
@@ -133,6 +261,98 @@ class HostsFailed(VmrunError):
         super().__init__(f"{len(failures)} of {total} hosts failed: {whys}")
         codes = [exit_code_for(err) for err in failures.values()]
         self.exit_code = max(codes) if codes else ExitCode.FAILED
+        shared = {code_of(err) for err in failures.values()}
+        if len(shared) == 1:
+            self.code = shared.pop()
+
+
+# -- the codes raise sites give where one class covers several facts -----------------------
+_SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
+    (UsageError, "run-not-found", "no run with that id (or no run at all) where vmrun looked"),
+    (UsageError, "cluster-not-found", "`-C NAME` names no [[clusters]] table"),
+    (UsageError, "group-not-found", "`-H @group` names a group no host in vmrun.toml is in"),
+    (UsageError, "no-hosts", "no host was given and vmrun.toml records none"),
+    (UsageError, "host-busy", "a run is already alive on the host (see --allow-concurrent)"),
+    (UsageError, "run-still-running", "`--resume` of a run that still runs on every node"),
+    (
+        UsageError,
+        "run-not-resumable",
+        "the run cannot be resumed from here (older vmrun, other project)",
+    ),
+    (UsageError, "env-value-missing", "a variable named by --env has no value here"),
+    (UsageError, "sweep-not-found", "`sweep --resume` names no recorded sweep"),
+    (UsageError, "sweep-complete", "`sweep --resume` of a sweep whose every size is done"),
+    (UsageError, "script-not-found", "the training script does not exist"),
+    (
+        UsageError,
+        "script-not-synced",
+        "the script is outside the project or excluded from the sync",
+    ),
+    (
+        UsageError,
+        "host-not-set-up",
+        "no Python environment is recorded for the host (`vmrun setup`)",
+    ),
+    (UsageError, "torch-missing", "torch is not importable by the host's Python"),
+    (UsageError, "hosts-differ", "the hosts differ in torch/CUDA versions or GPU counts"),
+    (UsageError, "checkpoints-differ", "the nodes hold different checkpoints; nothing was started"),
+    (UsageError, "port-busy", "the port asked for (or every port tried) is in use"),
+    (UsageError, "sbatch-missing", "the cluster's login host has no sbatch"),
+    (UsageError, "job-refused", "Slurm refused the job (partition, account, qos, time)"),
+    (UsageError, "job-never-starts", "Slurm says the job can never start; it was cancelled"),
+    (UsageError, "metric-not-found", "no run has the metric asked for"),
+    (UsageError, "missing-dependency", "an optional Python package is not installed here"),
+    (
+        UnreachableError,
+        "rendezvous-unreachable",
+        "the other hosts cannot reach the master's rendezvous port",
+    ),
+    (RemoteError, "run-start-failed", "the host could not start the run"),
+    (RemoteError, "stop-failed", "the run's processes could not be stopped"),
+    (RemoteError, "transfer-failed", "files did not arrive intact (upload, sync or a fetch round)"),
+    (RemoteError, "remote-path-not-found", "a path asked for is not on the host"),
+    (RemoteError, "submit-failed", "sbatch failed for a reason other than refusing the job"),
+    (RemoteError, "needs-root", "setup steps need root and sudo cannot give it"),
+    (RemoteError, "reboot-needed", "a setup step needs a reboot to take effect"),
+    (RemoteError, "driver-too-old", "the NVIDIA driver is too old for the torch wheels"),
+    (RemoteError, "no-master-address", "the master has no IPv4 address the other hosts could use"),
+    (
+        RemoteError,
+        "autostop-failed",
+        "installing, reading or removing the autostop watchdog failed",
+    ),
+    (RemoteError, "power-off-failed", "the host was not powered off"),
+    (RemoteError, "tensorboard-failed", "TensorBoard on the host did not start or stopped"),
+    (RemoteError, "no-gpu", "no NVIDIA driver, nvidia-smi or GPU on the host (watch-gpus)"),
+    (RemoteError, "nvidia-smi-failed", "nvidia-smi failed on the host (watch-gpus)"),
+    (CommandFailed, "run-failed", "the run exited non-zero (vmrun exits with the run's status)"),
+    (VmrunError, "checksum-mismatch", "a fetched file's SHA-256 differs from the host's"),
+    (VmrunError, "file-not-fetched", "a file could not be fetched or placed here"),
+    (VmrunError, "write-failed", "a file could not be written here"),
+    (VmrunError, "metrics-missing", "a finished run brought back no metrics.jsonl"),
+    (VmrunError, "tensorboard-missing", "tensorboard is not installed here (`--local`)"),
+)
+for _owner, _name, _meaning in _SITE_CODES:
+    register(_name, _owner, _meaning)
+register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
+register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)
+register("run-stopped", CommandFailed, "the run was stopped (`vmrun stop`) while followed", 143)
+register("setup-step-failed", CommandFailed, "a setup step's script failed", 1)
+register("internal", ExitCode.FAILED, "a bug in vmrun: re-run with --debug for the traceback")
+
+
+def codes_table() -> str:
+    """The Markdown table of every registered code, as docs/errors.md holds it."""
+    rows = ["| code | exit | meaning |", "|---|---|---|"]
+    for entry in sorted(CODES.values(), key=lambda e: e.name):
+        if entry.own_status:
+            status = "the command's own (1 if none)"
+        elif entry.owner == HostsFailed.__name__:
+            status = "the highest of the hosts'"
+        else:
+            status = str(entry.exit_code)
+        rows.append(f"| `{entry.name}` | {status} | {entry.meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 def _host_line(host: str, err: BaseException) -> str:

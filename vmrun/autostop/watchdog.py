@@ -67,9 +67,13 @@ def _lines(
         key, _, value = line.partition(" ")
         values[key] = value.strip()
     if "FAIL" in values:
-        raise RemoteError(f"autostop: {values['FAIL']}{after}", host=conn.label)
+        raise RemoteError(
+            f"autostop: {values['FAIL']}{after}", host=conn.label, code="autostop-failed"
+        )
     if not result.ok:
-        raise RemoteError(f"{what} failed: {result.output_tail(3)}", host=conn.label)
+        raise RemoteError(
+            f"{what} failed: {result.output_tail(3)}", host=conn.label, code="autostop-failed"
+        )
     return values
 
 
@@ -85,7 +89,9 @@ def install(conn: Connection, cfg: Autostop) -> Installed:
     values = _lines(conn, _install_argv("install"), "installing autostop", env=conf_env(cfg))
     pid, _, how = values.get("PID", "").partition(" ")
     if not pid.isdigit():
-        raise RemoteError("the autostop watchdog did not report its pid", host=conn.label)
+        raise RemoteError(
+            "the autostop watchdog did not report its pid", host=conn.label, code="autostop-failed"
+        )
     return Installed(
         conn.label, values.get("SCRIPT", "?"), values.get("CONF", "?"), values.get("BOOT", "?"),
         int(pid), how,
@@ -97,7 +103,11 @@ def read_status(conn: Connection) -> AutostopStatus:
             AUTOSTOP_STATE, AUTOSTOP_SCRIPT]  # fmt: skip
     result = conn.run(argv, activity=False)
     if not result.ok:
-        raise RemoteError(f"reading autostop failed: {result.output_tail(3)}", host=conn.label)
+        raise RemoteError(
+            f"reading autostop failed: {result.output_tail(3)}",
+            host=conn.label,
+            code="autostop-failed",
+        )
     return from_status_output(conn.label, result.stdout_tail)
 
 
@@ -122,7 +132,7 @@ def cancel(conn: Connection) -> Cancelled:
     if left or not result.ok:
         why = left or result.output_tail(3)
         raise RemoteError(f"autostop could not be removed completely: {why} is left",
-                          host=conn.label)  # fmt: skip
+                          host=conn.label, code="autostop-failed")  # fmt: skip
     return Cancelled(conn.label, tuple(removed), killed)
 
 
@@ -135,10 +145,18 @@ def power_off_now(conn: Connection, cfg: Autostop, why: str) -> str:
     last = lines[-1] if lines else ""
     key, _, value = last.partition(" ")
     if result.exit_status == _REFUSED and key in ("BUSY", "BLOCKED", "UNSURE"):
-        raise RemoteError(f"not powered off: {value}", host=conn.label)
+        raise RemoteError(f"not powered off: {value}", host=conn.label, code="power-off-failed")
     if key != "RAN":
-        raise RemoteError(f"powering off failed: {result.output_tail(3)}", host=conn.label)
+        raise RemoteError(
+            f"powering off failed: {result.output_tail(3)}",
+            host=conn.label,
+            code="power-off-failed",
+        )
     if value != "0":
         said = "; ".join(lines[-4:-1]) or "no output"
-        raise RemoteError(f"the power-off command failed (exit {value}): {said}", host=conn.label)
+        raise RemoteError(
+            f"the power-off command failed (exit {value}): {said}",
+            host=conn.label,
+            code="power-off-failed",
+        )
     return "; ".join(lines[:-1])

@@ -103,7 +103,10 @@ def apply(entries: Sequence[HostEntry], settings: Settings, *, required: bool) -
                 if failed.error is not None:
                     report(failed.error)
             if len(checked) > 1:
-                error_line("autostop was installed on no host; fix the one(s) above and retry")
+                error_line(
+                    "autostop was installed on no host; fix the one(s) above and retry",
+                    code="hosts-failed",
+                )
             return worst_exit_code(checked)
         outcomes = group.map(lambda e, conn: watchdog.install(conn, plan[e.label]))
     for outcome in outcomes:

@@ -82,7 +82,10 @@ def register(app: typer.Typer) -> None:
                 report(outcome.error)
             elif outcome.value is not None and not outcome.value.ok:
                 failed += 1
-                error_line(f"{outcome.host}: exited with {outcome.value.exit_status}")
+                error_line(
+                    f"{outcome.host}: exited with {outcome.value.exit_status}",
+                    code="command-failed",
+                )
         if failed and len(outcomes) > 1:
-            error_line(f"{failed} of {len(outcomes)} hosts failed")
+            error_line(f"{failed} of {len(outcomes)} hosts failed", code="hosts-failed")
         return worst_exit_code(outcomes)

@@ -48,7 +48,7 @@ def _entries(job: FetchJob) -> list[HostEntry]:
     if job.all_hosts:
         entries = project_hosts(job.settings)
         if not entries:
-            raise UsageError("--all-hosts: vmrun.toml lists no hosts")
+            raise UsageError("--all-hosts: vmrun.toml lists no hosts", code="no-hosts")
         return entries
     return select_hosts(job.hosts, job.settings)
 
@@ -161,6 +161,7 @@ def _the_run(
             f"no record of {f'run {run}' if run else 'any run'}"
             f" on {', '.join(e.label for e in group.entries)}",
             hint="`vmrun status` lists the runs; or fetch an explicit path",
+            code="run-not-found",
         ) from exc
     return ref.run_id, backend.outputs(ref), ref
 
@@ -188,10 +189,16 @@ def _report(outcomes: list, *, prefix: bool, quiet: bool) -> int:
             for text in rep.skipped:
                 warn_line(f"{rep.host}: skipped {text}")
         for path, why in rep.failed.items():
-            error_line(f"{rep.host}: {path}: {why}")
+            if path in rep.mismatched:
+                error_line(f"{rep.host}: {path}: {why}", code="checksum-mismatch")
+            else:
+                error_line(f"{rep.host}: {path}: {why}", code="file-not-fetched")
             codes.append(ExitCode.FAILED)
         for name in rep.missing:
-            error_line(f"{rep.host}: {name}: not found on the host{_tilde_hint(name)}")
+            error_line(
+                f"{rep.host}: {name}: not found on the host{_tilde_hint(name)}",
+                code="remote-path-not-found",
+            )
             codes.append(ExitCode.REMOTE)
     return max(codes)
 

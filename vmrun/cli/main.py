@@ -52,7 +52,7 @@ def run(args: list[str]) -> int:
             raise KeyboardInterrupt from None
         return result if isinstance(result, int) else 0
     except KeyboardInterrupt as exc:
-        _error_line("interrupted")
+        _error_line("interrupted", code="interrupted")
         return exit_code_for(exc)
     except Detached as exc:  # Ctrl-C left a run going on: say how to come back, no error
         output.info_line(exc.one_line())
@@ -68,12 +68,13 @@ def run(args: list[str]) -> int:
                 traceback.print_exc()
             ctx = getattr(exc, "ctx", None)
             see = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            _error_line(f"{exc.format_message()}{see}")  # type: ignore[attr-defined]
+            _error_line(f"{exc.format_message()}{see}", code="usage")  # type: ignore[attr-defined]
             return int(exc.exit_code)  # type: ignore[attr-defined]
         if debug:
             raise
         _error_line(
-            f"internal error: {type(exc).__name__}: {exc} (re-run with --debug for the traceback)"
+            f"internal error: {type(exc).__name__}: {exc} (re-run with --debug for the traceback)",
+            code="internal",
         )
         return 1
 
@@ -83,7 +84,7 @@ def _is_usage_error(exc: Exception) -> bool:
     return hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)
 
 
-def _error_line(text: str) -> None:
+def _error_line(text: str, *, code: str) -> None:
     from vmrun.cli.output import error_line
 
-    error_line(text)
+    error_line(text, code=code)

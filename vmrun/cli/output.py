@@ -24,35 +24,42 @@ def use_colour(stream: TextIO) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
-def error_line(text: str) -> None:
-    """The one line a failure prints without --debug."""
-    prefix = "\033[31mvmrun: error:\033[0m" if use_colour(sys.stderr) else "vmrun: error:"
+def error_line(text: str, *, code: str) -> None:
+    """The one line a failure prints without --debug: `vmrun: error[CODE]: text`, the code
+    one of vmrun.errors.CODES (docs/errors.md), for scripts and tests to match."""
+    head = f"vmrun: error[{code}]:"
+    prefix = f"\033[31m{head}\033[0m" if use_colour(sys.stderr) else head
     sys.stderr.write(f"{prefix} {text}\n")
     sys.stderr.flush()
 
 
 def report(error: BaseException) -> None:
     """One line for a failure (a host's, in a fan-out); --debug adds its traceback."""
+    from vmrun.errors import code_of
+
     if DEBUG:
         import traceback
 
         traceback.print_exception(type(error), error, error.__traceback__)
     one_line = getattr(error, "one_line", None)
-    error_line(one_line() if callable(one_line) else f"{type(error).__name__}: {error}")
+    text = one_line() if callable(one_line) else f"{type(error).__name__}: {error}"
+    error_line(text, code=code_of(error))
 
 
 def unreached(ref: Any, undone: str) -> int:
     """Name each node of the run (`ref`, a RunRef) that did not answer, and what `undone`
     there; the exit code that says the work is incomplete (the node's error's: 12 for an
     unreachable host), 0 when every node answered."""
-    from vmrun.errors import exit_code_for
+    from vmrun.errors import code_of, exit_code_for
 
     code = 0
     for node, error in ref.unreached.items():
         one_line = getattr(error, "one_line", None)
         why = one_line() if callable(one_line) else f"{type(error).__name__}: {error}"
         why = why.removeprefix(f"{node}: ")
-        error_line(f"{node}: did not answer, so run {ref.run_id} {undone} ({why})")
+        error_line(
+            f"{node}: did not answer, so run {ref.run_id} {undone} ({why})", code=code_of(error)
+        )
         code = max(code, exit_code_for(error))
     return code
 

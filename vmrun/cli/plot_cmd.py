@@ -81,13 +81,18 @@ def register(app: typer.Typer) -> None:
         )
         known = plotting.metric_names(histories)
         if metric not in known:
-            raise UsageError(f"no run has a metric {metric!r}; these have: {', '.join(known)}")
+            raise UsageError(
+                f"no run has a metric {metric!r}; these have: {', '.join(known)}",
+                code="metric-not-found",
+            )
         kept, lacking = plotting.with_metric(histories, metric, x)
         for run in lacking:
             by = "" if x == "epoch" else " with epoch times"
             warn_line(f"run {run.run_id} has no {metric}{by}; left out of the plot")
         if not kept:
-            raise UsageError(f"no run has {metric} with epoch times to plot by time")
+            raise UsageError(
+                f"no run has {metric} with epoch times to plot by time", code="metric-not-found"
+            )
         if output is not None:
             plotting.save_plot(kept, metric, output, x=x)
             info_line(f"wrote {output} ({len(kept)} run{'s' if len(kept) > 1 else ''})")
@@ -108,7 +113,9 @@ def _check_output(output: Path) -> None:
     except (ImportError, ValueError):  # a broken install, or one masked out
         missing = True
     if missing:
-        raise UsageError("plotting to a file needs matplotlib", hint=INSTALL_HINT)
+        raise UsageError(
+            "plotting to a file needs matplotlib", hint=INSTALL_HINT, code="missing-dependency"
+        )
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: there is no folder {output.parent}")
     if output.is_dir():

@@ -55,6 +55,7 @@ def gather(
             raise UsageError(
                 f"no runs in {project / 'results'}",
                 hint=f"name them (vmrun {verb} RUN...), or make one: vmrun train --local",
+                code="run-not-found",
             )
     else:
         paths = []

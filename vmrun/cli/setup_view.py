@@ -161,7 +161,7 @@ def run_setup(
         _record(project, entries, outcomes)
     failed = len(outcomes) - len(succeeded)
     if failed and len(outcomes) > 1:
-        error_line(f"{failed} of {len(outcomes)} hosts failed")
+        error_line(f"{failed} of {len(outcomes)} hosts failed", code="hosts-failed")
     after = then(succeeded) if then is not None and succeeded else 0
     return max(worst_exit_code(outcomes), after)
 

@@ -236,7 +236,7 @@ def _resumed(
     project = find_project_dir() or Path.cwd()
     sweep = load(project, sweep_id)
     if not sweep.left():
-        raise UsageError(f"sweep {sweep.id} is complete: every size is done")
+        raise UsageError(f"sweep {sweep.id} is complete: every size is done", code="sweep-complete")
     recorded = sweep.options
     names = {item.partition("=")[0] for item in env or []}
     missing = [k for k in recorded.get("env", []) if k not in names]
@@ -244,7 +244,8 @@ def _resumed(
     if unset:
         raise UsageError(
             f"sweep {sweep.id} was started with --env {', '.join(unset)}, whose values are not"
-            " recorded: set them here or pass --env KEY=VALUE again"
+            " recorded: set them here or pass --env KEY=VALUE again",
+            code="env-value-missing",
         )
     shared = {k: recorded.get(k) for k in given}
     plan = _plan(shared, [*(env or []), *missing])

@@ -18,7 +18,7 @@ from typing import Any
 
 from vmrun.cli import output
 from vmrun.config import Settings
-from vmrun.errors import Detached, Interrupted, OutcomeUnknown, VmrunError
+from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown, VmrunError
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
 from vmrun.runs.sweep import Size, Sweep, save
@@ -144,7 +144,7 @@ def _on_this_machine(job: SweepJob, size: Size) -> None:
     if code == 130:
         raise Interrupted("interrupted")
     if code != 0:
-        raise VmrunError(f"run {size.run} exited with code {code}")
+        raise CommandFailed(f"run {size.run} exited with code {code}", code="run-failed")
     _require_metrics(job, size)
 
 
@@ -171,14 +171,14 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
             size.detail = "stopped"
             raise
     if code != 0:
-        raise VmrunError(f"run {ref.run_id} exited with code {code}")
+        raise CommandFailed(f"run {ref.run_id} exited with code {code}", code="run-failed")
     fetch = FetchJob(
         items=["results"], run=ref.run_id, to=None, hosts=None, all_hosts=False, latest=None,
         include=(), exclude=(), verify=True, watch=False, interval=0.0, bwlimit=None,
         settings=job.settings, cluster=name,
     )  # fmt: skip
     if run_fetch(fetch) != 0:
-        raise VmrunError(f"fetching run {ref.run_id} from {name} failed")
+        raise VmrunError(f"fetching run {ref.run_id} from {name} failed", code="file-not-fetched")
     _require_metrics(job, size)
 
 
@@ -196,6 +196,7 @@ def _require_metrics(job: SweepJob, size: Size) -> None:
         raise VmrunError(
             f"run {size.run} finished but no metrics.jsonl came back to {folder}",
             hint=f"fetch it with `vmrun fetch {size.run} results`",
+            code="metrics-missing",
         )
 
 

@@ -109,6 +109,7 @@ def register(app: typer.Typer) -> None:
                 raise VmrunError(
                     "tensorboard is not installed here",
                     hint="`pip install tensorboard`, or run it on the host: drop --local",
+                    code="tensorboard-missing",
                 )
         settings = settings_from(connect_timeout, accept_new_host_key)
         with _place(settings, run, host, cluster) as place:

@@ -77,6 +77,7 @@ class HostSample:
     processes: tuple[GpuProcess, ...] = ()
     message: str | None = None
     exit_code: int = 0  # what this host adds to the exit code when the watch ends here
+    code: str | None = None  # the error code (vmrun.errors.CODES) when the state is a failure
     autostop: AutostopStatus | None = None  # its autostop watchdog, when it has one
 
 
@@ -106,6 +107,7 @@ class HostStatus:
             "time": round(s.time, 3),
             "state": s.state,
             "message": s.message,
+            "code": s.code,
             "gpus": gpus,
             "processes": [p.to_json(index.get(p.gpu_uuid)) for p in s.processes],
             "autostop": s.autostop.to_json() if s.autostop and s.autostop.installed else None,
@@ -202,10 +204,11 @@ class HostWatcher:
         self.autostop: AutostopStatus | None = None
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"gpus-{self.label}")
 
-    def _say(self, state: HostState, message: str | None = None, code: int = 0) -> None:
+    def _say(self, state: HostState, message: str | None = None, exit_code: int = 0,
+             code: str | None = None) -> None:  # fmt: skip
         self.emit(
             HostSample(
-                self.label, state, time.time(), message=message, exit_code=code,
+                self.label, state, time.time(), message=message, exit_code=exit_code, code=code,
                 autostop=self.autostop,
             )
         )  # fmt: skip
@@ -213,12 +216,12 @@ class HostWatcher:
     def _main(self) -> None:
         try:
             while not self.stop.is_set():
-                why, state = self._attempt()
+                why, state, error = self._attempt()
                 if why is None or self.stop.is_set():
                     return
                 if not self.target.shared:  # else the channel's end stopped it already
                     self.conn.close()  # also stops anything the last attempt left running
-                self._say(state, f"{why}; retrying in {self._delay:g} s")
+                self._say(state, f"{why}; retrying in {self._delay:g} s", code=error)
                 if self.stop.wait(self._delay):
                     return
                 self._delay = min(self._delay * 2, BACKOFF_MAX)
@@ -226,23 +229,24 @@ class HostWatcher:
             if not self.target.shared:
                 self.conn.close()
 
-    def _attempt(self) -> tuple[str | None, HostState]:
-        """Connect and stream; return (why to retry, state to show), or (None, _) when done."""
+    def _attempt(self) -> tuple[str | None, HostState, str | None]:
+        """Connect and stream; return (why to retry, state to show, its error code), or
+        (None, _, _) when done."""
         try:
             self.conn.open()
             self._connected_once = True
-            return self._stream(), HostState.ERROR
+            return self._stream(), HostState.ERROR, "nvidia-smi-failed"
         except (UnreachableError, ConnectionLostError) as exc:
             state = HostState.DISCONNECTED if self._connected_once else HostState.UNREACHABLE
             why = exc.message
             if not self.once:
-                return why, state
+                return why, state, exc.code
             if not self.stop.is_set():
-                self._say(state, why, exit_code_for(exc))
+                self._say(state, why, exit_code_for(exc), exc.code)
         except VmrunError as exc:  # host key, auth, bad input: retrying cannot help
             if not self.stop.is_set():
-                self._say(HostState.ERROR, exc.message, exit_code_for(exc))
-        return None, HostState.OK
+                self._say(HostState.ERROR, exc.message, exit_code_for(exc), exc.code)
+        return None, HostState.OK, None
 
     def _stream(self) -> str | None:
         """Run the watch script on one channel; return why to retry, or None when done."""
@@ -291,7 +295,7 @@ class HostWatcher:
             )
         except VmrunError as exc:
             if self.once and not isinstance(exc, (UnreachableError, ConnectionLostError)):
-                self._say(HostState.ERROR, exc.message, exit_code_for(exc))
+                self._say(HostState.ERROR, exc.message, exit_code_for(exc), exc.code)
                 return None
             raise
         if self.stop.is_set():
@@ -300,7 +304,7 @@ class HostWatcher:
         if status in NO_GPU_EXITS:
             detail = errors[-1] if errors and status not in (126, 127) else None
             message = NO_GPU_EXITS[status] + (f" ({detail})" if detail else "")
-            self._say(HostState.NO_GPU, message, ExitCode.REMOTE)
+            self._say(HostState.NO_GPU, message, ExitCode.REMOTE, code="no-gpu")
             return None
         if self.once and status == 0 and pending:
             self._publish(pending[-1], tracker.current(time.monotonic()), owners)
@@ -309,7 +313,7 @@ class HostWatcher:
         if status == 0:
             why = "nvidia-smi ended without a GPU row"
         if self.once:
-            self._say(HostState.ERROR, why, ExitCode.REMOTE)
+            self._say(HostState.ERROR, why, ExitCode.REMOTE, code="nvidia-smi-failed")
             return None
         return why
 

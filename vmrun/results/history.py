@@ -28,7 +28,9 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 Epoch = Mapping[str, float]
 
 
-class RunDataError(UsageError):
+class RunDataError(
+    UsageError, code="run-data-missing", meaning="a run to report has no results folder or metrics"
+):
     """A run that cannot be reported: not here, or without metrics. Names the run."""
 
     def __init__(self, run: str, message: str, *, hint: str | None = None):

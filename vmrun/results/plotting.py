@@ -132,7 +132,9 @@ def save_plot(
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise UsageError("plotting to a file needs matplotlib", hint=INSTALL_HINT) from None
+        raise UsageError(
+            "plotting to a file needs matplotlib", hint=INSTALL_HINT, code="missing-dependency"
+        ) from None
     fig = Figure(figsize=(8, 5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -159,7 +161,9 @@ def save_plot(
     try:
         _write_atomically(path, lambda fh: fig.savefig(fh, format=fmt))
     except OSError as exc:
-        raise VmrunError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise VmrunError(
+            f"cannot write {path}: {exc.strerror or exc}", code="write-failed"
+        ) from None
     return path
 
 

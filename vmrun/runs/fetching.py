@@ -101,7 +101,9 @@ class Fetcher:
         if report.failed:  # the round failed on this node: said, and named by `round`
             name, why = next(iter(report.failed.items()))
             more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
-            raise RemoteError(f"{name} did not arrive: {why}{more}", host=conn.label)
+            raise RemoteError(
+                f"{name} did not arrive: {why}{more}", host=conn.label, code="transfer-failed"
+            )
         if not report.fetched:
             return ""
         names = ", ".join(report.fetched[:3]) + (" ..." if len(report.fetched) > 3 else "")

@@ -145,13 +145,16 @@ class HostsBackend:
         if state == RunState.DONE:
             return
         if state == RunState.STOPPED:
-            raise CommandFailed(f"run {rid} was stopped", host=node, exit_status=143)
+            raise CommandFailed(
+                f"run {rid} was stopped", host=node, exit_status=143, code="run-stopped"
+            )
         code = code if code is not None else 1
         raise CommandFailed(
             f"run {rid} exited with {code}",
             host=node,
             exit_status=code if 0 < code < 256 else 1,
             hint=f"see `vmrun logs {rid}`",
+            code="run-failed",
         )
 
     def _finished(self, ref: RunRef) -> str:

@@ -162,7 +162,10 @@ def _supervise(
         raise Interrupted(f"run {rid} stopped", hint=f"its files are in {rel_dir}/")
     if code != 0:
         raise CommandFailed(
-            f"run {rid} exited with {code}", hint=f"see {rel_dir}/train.log", exit_status=code
+            f"run {rid} exited with {code}",
+            hint=f"see {rel_dir}/train.log",
+            exit_status=code,
+            code="run-failed",
         )
     _note(f"run {rid} finished; files in {rel_dir}/")
     return 0

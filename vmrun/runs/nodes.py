@@ -199,6 +199,7 @@ def _fail(
         host=first.host,
         exit_status=code if 0 < code < 256 else 1,
         hint=f"see `vmrun logs {rid} --node {first.host}`; {_next_step(rid, answered)}",
+        code="run-failed",
     )
 
 

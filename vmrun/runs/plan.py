@@ -71,7 +71,7 @@ def make_plan(
     else:
         path, is_template = Path(script).expanduser().absolute(), False
         if not path.is_file():
-            raise UsageError(f"script {script}: no such file")
+            raise UsageError(f"script {script}: no such file", code="script-not-found")
     template_options = (("--batch-size", batch_size), ("--lr", lr), ("--task", task))
     template_only = [flag for flag, value in template_options if value is not None]
     if not is_template and template_only:

@@ -60,6 +60,7 @@ def probe(
             host=entry.label,
             hint=f'run `vmrun setup {entry.label}` first, or set python = "/path/to/python"'
             " for it in vmrun.toml",
+            code="host-not-set-up",
         )
     env = HostEnv(home.decode("utf-8", "surrogateescape"), python, record, listed)
     found = None if checkpoints_in is None else stale.parse(checkpoints_in, rest)
@@ -165,6 +166,7 @@ def preflight(
                     f" ({node.facts.data.get('torch_error')}); nothing was started",
                     host=entry.label,
                     hint=f"run `vmrun setup {entry.label}`",
+                    code="torch-missing",
                 )
         return node, found
 
@@ -202,6 +204,7 @@ def check_same_env(nodes: dict[str, Node]) -> None:
             raise UsageError(
                 f"the hosts run different {what} versions ({which}); nothing was started",
                 hint="install the same one everywhere (`vmrun setup` with the same --torch)",
+                code="hosts-differ",
             )
 
 
@@ -225,6 +228,7 @@ def nproc_for(plan: Plan, nodes: list[Node]) -> str:
             f"the hosts have different numbers of GPUs ({which}); torchrun needs the same"
             " number of processes on every node",
             hint="pass --nproc-per-node N",
+            code="hosts-differ",
         )
     return "gpu" if next(iter(counts.values())) else str(CPU_PROCESSES)
 

@@ -136,12 +136,18 @@ def start(
     if result.exit_status == 3 and said and said[-1].startswith("BUSY "):
         raise busy_error(conn.label, said[-1][5:])
     if not result.ok:
-        raise RemoteError(f"could not start run {run_id}: {result.output_tail(3)}", host=conn.label)
+        raise RemoteError(
+            f"could not start run {run_id}: {result.output_tail(3)}",
+            host=conn.label,
+            code="run-start-failed",
+        )
     try:
         lines, pid = result.stdout_tail.strip().splitlines()[-2:]
         return Started(int(pid), int(lines))
     except ValueError:
-        raise RemoteError(f"run {run_id} did not report its pid", host=conn.label) from None
+        raise RemoteError(
+            f"run {run_id} did not report its pid", host=conn.label, code="run-start-failed"
+        ) from None
 
 
 def busy_error(host: str, other: str) -> UsageError:
@@ -150,6 +156,7 @@ def busy_error(host: str, other: str) -> UsageError:
         f"this host is already running {other}; two runs would share its GPUs",
         host=host,
         hint=f"wait, `vmrun stop {other}`, or pass --allow-concurrent",
+        code="host-busy",
     )
 
 
@@ -241,7 +248,7 @@ def _log(
         what=f"the log of run {run_id}",
     )  # fmt: skip
     if result.exit_status == 3:
-        raise UsageError(f"no run {run_id} on this host", host=conn.label)
+        raise UsageError(f"no run {run_id} on this host", host=conn.label, code="run-not-found")
 
 
 def follow(
@@ -316,11 +323,16 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
             host=conn.label,
             exit_status=ExitCode.TIMEOUT,
             hint=f"its processes may still run: `vmrun stop {run_id}` again once the host answers",
+            code="stop-unconfirmed",
         ) from None
     if result.exit_status == 3:
-        raise UsageError(f"no run {run_id} on this host", host=conn.label)
+        raise UsageError(f"no run {run_id} on this host", host=conn.label, code="run-not-found")
     if not result.ok:
-        raise RemoteError(f"stopping {run_id} failed: {result.output_tail(3)}", host=conn.label)
+        raise RemoteError(
+            f"stopping {run_id} failed: {result.output_tail(3)}",
+            host=conn.label,
+            code="stop-failed",
+        )
     fields: dict[str, tuple[int, ...]] = {"TERM": (), "KILL": (), "LEFT": ()}
     for line in result.stdout_tail.splitlines():
         key, _, value = line.partition(" ")
@@ -332,6 +344,7 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
             f"processes {', '.join(map(str, outcome.left))} of run {run_id} survived SIGKILL",
             host=conn.label,
             hint="they may be stuck in the kernel (a hung GPU); check the host",
+            code="stop-failed",
         )
     return outcome
 
@@ -359,7 +372,9 @@ def find_run(
             if failures:
                 raise HostsFailed(failures, total=len(outcomes))
             what = "running run" if running_only else "run"
-            raise UsageError(f"no {what} recorded on {', '.join(by_host) or 'these hosts'}")
+            raise UsageError(
+                f"no {what} recorded on {', '.join(by_host) or 'these hosts'}", code="run-not-found"
+            )
         run_id = max(candidates, key=lambda r: (r.started, r.id)).id
     found = [
         (entry, rec)
@@ -371,7 +386,9 @@ def find_run(
         if failures:
             raise HostsFailed(failures, total=len(outcomes))
         raise UsageError(
-            f"no run {run_id} on {', '.join(by_host)}", hint="`vmrun status` lists the runs"
+            f"no run {run_id} on {', '.join(by_host)}",
+            hint="`vmrun status` lists the runs",
+            code="run-not-found",
         )
     recorded = {str(n) for _, rec in found for n in rec.meta.get("nodes") or []}
     return run_id, found, {h: e for h, e in failures.items() if h in recorded}

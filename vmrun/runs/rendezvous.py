@@ -79,6 +79,7 @@ def decide(
             "the master has no IPv4 address the other hosts could use",
             host=master,
             hint="set private_addr for it in vmrun.toml",
+            code="no-master-address",
         )
     listener = Listener(
         group.connections[master], pythons[master], ports_from(port), timeout=120
@@ -91,6 +92,7 @@ def decide(
                 + " is in use on the master",
                 host=master,
                 hint="pick a free one with --rdzv-port",
+                code="port-busy",
             )
         assert listener.port is not None
         targets = [f"{a}:{listener.port}" for a in cands]
@@ -108,6 +110,7 @@ def decide(
             _unreachable_message(master, cands, listener.port, probes, workers),
             hint="open the port between the hosts, or set private_addr for the master in"
             " vmrun.toml to an address they reach (`vmrun doctor` checks every pair)",
+            code="rendezvous-unreachable",
         )
     ifnames = {}
     for label in facts:
@@ -179,7 +182,9 @@ def mesh(
         busy = [label for label, li in listeners.items() if li.busy]
         if busy:
             raise UsageError(
-                f"no free port to probe with on {', '.join(busy)}", hint="pick --rdzv-port"
+                f"no free port to probe with on {', '.join(busy)}",
+                hint="pick --rdzv-port",
+                code="port-busy",
             )
         targets = {
             label: [f"{a}:{li.port}" for a in cands[label]] for label, li in listeners.items()

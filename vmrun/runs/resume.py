@@ -54,19 +54,23 @@ def load(group: Group, rid: str, env: dict[str, str]) -> Resumed:
     if not found:
         raise_for_failures(outcomes)
         raise UsageError(
-            f"no run {rid} on {', '.join(listed)}", hint="`vmrun status` lists the runs"
+            f"no run {rid} on {', '.join(listed)}",
+            hint="`vmrun status` lists the runs",
+            code="run-not-found",
         )
     meta = max(found, key=lambda r: r.started).meta
     if not meta.get("launcher") or "args" not in meta:
         raise UsageError(
             f"run {rid} was started by an older vmrun and cannot be resumed",
             hint="start it again with `vmrun train`",
+            code="run-not-resumable",
         )
     missing = sorted(set(meta.get("env_keys") or []) - set(env))
     if missing:
         raise UsageError(
             f"run {rid} was started with --env {', '.join(missing)}; values are never stored",
             hint="pass them again with --env KEY=VALUE",
+            code="env-value-missing",
         )
     nodes = [str(x) for x in meta.get("nodes") or [meta.get("host")]]
     return Resumed(_plan(rid, meta, env), nodes, dict(meta), listed)
@@ -85,6 +89,7 @@ def _plan(rid: str, meta: dict[str, Any], env: dict[str, str]) -> Plan:
             raise UsageError(
                 f"run {rid} ran {meta.get('script')}, which is not in this project ({project})",
                 hint="resume from the project directory the run was started in",
+                code="run-not-resumable",
             )
     return Plan(
         script=script,
@@ -118,6 +123,7 @@ def prepare(
         raise UsageError(
             f"run {rid} is still running on every node; nothing to resume",
             hint=f"watch it with `vmrun logs -f {rid}`, or `vmrun stop {rid}` first",
+            code="run-still-running",
         )
     for host in alive:
         res = runs.stop(group.connections[host], rid)

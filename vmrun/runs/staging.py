@@ -42,6 +42,7 @@ def stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) 
             f"script {plan.script} is outside the project {plan.project}, so it"
             " would not be synced",
             hint="run vmrun from the project, or move the script into it",
+            code="script-not-synced",
         ) from None
     files = project_files(plan.project)
     if script not in files:
@@ -49,6 +50,7 @@ def stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) 
             f"script {script} is excluded from the sync (.gitignore,"
             " .vmrunignore or vmrun's defaults)",
             hint=f"add `!{script}` to .vmrunignore",
+            code="script-not-synced",
         )
     for name, size in large_files(plan.project, files):
         note(

@@ -106,6 +106,7 @@ def check_same(group: Group, found: dict[str, Found]) -> None:
         f"checkpoint files in {_shown(where)}/ differ across the nodes, which would start"
         f" from different states: {'; '.join(problems[:NAMED])}{more}; nothing was started",
         hint="`--resume RUN` to continue a run, or `--fresh` to move them aside",
+        code="checkpoints-differ",
     )
 
 

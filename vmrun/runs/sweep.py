@@ -193,6 +193,7 @@ def load(project: Path, sweep_id: str) -> Sweep:
         raise UsageError(
             f"no sweep {sweep_id} here: {path} does not exist",
             hint="run `vmrun sweep` without --resume",
+            code="sweep-not-found",
         ) from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: unreadable sweep record ({exc})") from None

@@ -177,6 +177,7 @@ class HostBoard:
                 raise RemoteError(
                     f"TensorBoard did not start within {timeout:g} s{self._last()}",
                     host=self.conn.label,
+                    code="tensorboard-failed",
                 )
         assert self.port is not None
         return self.port
@@ -254,15 +255,25 @@ class HostBoard:
         host = self.conn.label
         if self.status == NO_TENSORBOARD:
             return RemoteError(
-                f"{self.python} there has no tensorboard", host=host, hint=self.fix or None
+                f"{self.python} there has no tensorboard",
+                host=host,
+                hint=self.fix or None,
+                code="tensorboard-failed",
             )
         if self.status == NO_PYTHON:
-            return RemoteError(f"the run's python {self.python} is not there", host=host)
+            return RemoteError(
+                f"the run's python {self.python} is not there", host=host, code="tensorboard-failed"
+            )
         if self.status == NOTHING_TO_SERVE:
             looked = ", ".join(d.path for d in self.dirs) or "no folder"
             return RemoteError(
                 f"no TensorBoard logs there yet (looked in {looked})",
                 host=host,
                 hint="name the folder the run writes them to with --logdir DIR",
+                code="tensorboard-failed",
             )
-        return RemoteError(f"TensorBoard exited with {self.status}{self._last()}", host=host)
+        return RemoteError(
+            f"TensorBoard exited with {self.status}{self._last()}",
+            host=host,
+            code="tensorboard-failed",
+        )

@@ -58,6 +58,7 @@ def cuda_index(cuda_driver: str, compute_cap: str = "") -> str | None:
     raise RemoteError(
         f"the NVIDIA driver supports CUDA {cuda_driver} only; torch wheels need 11.0 or newer",
         hint="install a newer driver branch",
+        code="driver-too-old",
     )
 
 

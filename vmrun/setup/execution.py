@@ -97,6 +97,7 @@ class StepRunner:
                 f"step {step.name} needs a reboot to take effect",
                 host=self.conn.label,
                 hint="reboot the host and re-run setup",
+                code="reboot-needed",
             )
         if not verified.ok:
             raise self._failed(step, "verify", verified)
@@ -115,4 +116,5 @@ class StepRunner:
             host=self.conn.label,
             exit_status=1,
             output_tail=self._recent_output or said,
+            code="setup-step-failed",
         )

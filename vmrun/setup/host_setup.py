@@ -154,6 +154,7 @@ class HostSetup:
                 host=self.conn.label,
                 hint="allow passwordless sudo for this user, or do those steps by hand"
                 " (see --dry-run) and re-run",
+                code="needs-root",
             )
 
     def _upload_summary(self) -> str:
@@ -179,4 +180,6 @@ class HostSetup:
     def _check_upload(self, report: Report) -> None:
         if not report.ok:
             path, why = next(iter(report.failed.items()), ("?", "not placed"))
-            raise RemoteError(f"upload of {path} failed: {why}", host=self.conn.label)
+            raise RemoteError(
+                f"upload of {path} failed: {why}", host=self.conn.label, code="transfer-failed"
+            )

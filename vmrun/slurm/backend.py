@@ -88,6 +88,7 @@ class SlurmBackend:
                 raise UsageError(
                     f"cluster {self.cluster.name}: no sbatch on {self.cluster.login}",
                     hint="`login` must be the cluster's login node, where Slurm's commands are",
+                    code="sbatch-missing",
                 )
             self._facts = Facts(
                 values["user"],
@@ -201,6 +202,7 @@ class SlurmBackend:
                 f"script {_relative(plan)} is excluded from the sync (.gitignore, .vmrunignore"
                 " or vmrun's defaults)",
                 hint=f"add `!{_relative(plan)}` to .vmrunignore",
+                code="script-not-synced",
             )
         synced = sync_project(self.conn, plan.project, code, files=files, progress=progress)
         if progress is None:
@@ -221,11 +223,13 @@ class SlurmBackend:
             raise UsageError(
                 f"cluster {self.cluster.name} refused the job: {message}",
                 hint="check --partition/--account/--qos/--time against `sinfo` there",
+                code="job-refused",
             )
         if status != 0:
             raise RemoteError(
                 f"could not submit to {self.cluster.name}: {' '.join(err.split()) or status}",
                 host=self.cluster.name,
+                code="submit-failed",
             )
         values = dict(
             line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
@@ -238,6 +242,7 @@ class SlurmBackend:
             f"job {job} can never start on {self.cluster.name}: {state.reason} ({why});"
             " it was cancelled",
             hint="ask for less (--nodes, --time), or another --partition",
+            code="job-never-starts",
         )
 
     # -- finding runs -----------------------------------------------------------------
@@ -257,7 +262,11 @@ class SlurmBackend:
             found = [r for r in found if r.id == run_id]
         if not found:
             what = f"no run {run_id}" if run_id else "no run"
-            raise UsageError(f"{what} on cluster {self.cluster.name}", hint="see `vmrun status`")
+            raise UsageError(
+                f"{what} on cluster {self.cluster.name}",
+                hint="see `vmrun status`",
+                code="run-not-found",
+            )
         run = found[-1]
         return self._ref(run.id, {**run.meta, "job_id": run.job_id}, run)
 
@@ -341,10 +350,13 @@ class SlurmBackend:
                 f"job {job} is still there after scancel: {result.stdout_tail.strip()}",
                 host=self.cluster.name,
                 hint="ask the cluster's admins; `scancel` it again later",
+                code="stop-failed",
             )
         if result.exit_status != 0:
             raise RemoteError(
-                f"scancel {job} failed: {result.output_tail(2).strip()}", host=self.cluster.name
+                f"scancel {job} failed: {result.output_tail(2).strip()}",
+                host=self.cluster.name,
+                code="stop-failed",
             )
         return [StopReport(node=self.cluster.name, signalled=1 if before else 0, killed=0)]
 
@@ -357,6 +369,7 @@ def _relative(plan: Plan) -> str:
             f"script {plan.script} is outside the project {plan.project}, so it would not be"
             " synced",
             hint="run vmrun from the project, or move the script into it",
+            code="script-not-synced",
         ) from None
 
 

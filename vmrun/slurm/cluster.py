@@ -123,5 +123,6 @@ def find_cluster(settings: Settings, name: str) -> Cluster:
     where = settings.project_dir / PROJECT_FILE if settings.project_dir else PROJECT_FILE
     raise UsageError(
         f"-C {name}: no such cluster in {where}"
-        + (f" (clusters: {known})" if known else "; add a [[clusters]] table with name and login")
+        + (f" (clusters: {known})" if known else "; add a [[clusters]] table with name and login"),
+        code="cluster-not-found",
     )

@@ -135,4 +135,5 @@ class Follower:
             host=cluster,
             exit_status=code if 0 < code < 256 else 1,
             hint=f"see `vmrun logs {rid} -C {cluster}`",
+            code="run-failed",
         )

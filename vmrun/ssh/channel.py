@@ -147,6 +147,7 @@ class Channels(abc.ABC):
                     host=self.label,
                     exit_status=int(ExitCode.TIMEOUT),
                     output_tail=err.text() or out.text(),
+                    code="timeout",
                 )
 
         status = self.drain(chan, deliver, f"while running {what}", tick)

@@ -17,7 +17,10 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep:
             if name not in os.environ:
-                raise UsageError(f"--env {name}: {name} is not set here; use --env {name}=VALUE")
+                raise UsageError(
+                    f"--env {name}: {name} is not set here; use --env {name}=VALUE",
+                    code="env-value-missing",
+                )
             value = os.environ[name]
         try:
             check_env_name(name)

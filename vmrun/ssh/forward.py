@@ -74,10 +74,12 @@ def bind_free(wanted: int, *, search: int = PORT_SEARCH) -> socket.socket:
         raise UsageError(
             f"local port {wanted} is in use ({last})",
             hint="pick another LOCAL in LOCAL:PORT, or give PORT alone for the next free one",
+            code="port-busy",
         )
     raise UsageError(
         f"no free local port from {wanted} to {wanted + search - 1} ({last})",
         hint="pick another with --local-port/--port",
+        code="port-busy",
     )
 
 

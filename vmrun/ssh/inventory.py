@@ -94,7 +94,8 @@ def select_hosts(
         if not known:
             raise UsageError(
                 "no hosts given: pass -H user@host, set VMRUN_HOSTS, or record hosts in"
-                " vmrun.toml with `vmrun setup user@host`"
+                " vmrun.toml with `vmrun setup user@host`",
+                code="no-hosts",
             )
         return known
     chosen: list[HostEntry] = []
@@ -109,7 +110,9 @@ def _match(item: str, known: list[HostEntry]) -> list[HostEntry]:
     if item.startswith("@"):
         group = [e for e in known if item[1:] in e.groups]
         if not group:
-            raise UsageError(f"no host in vmrun.toml is in group {item[1:]!r}")
+            raise UsageError(
+                f"no host in vmrun.toml is in group {item[1:]!r}", code="group-not-found"
+            )
         return group
     return _matching(item, known) or [HostEntry(spec=parse_host(item))]
 

@@ -56,6 +56,7 @@ def vmrun_send(
                 f"{len(up.failed)} file(s) failed verification on the host ({rel}: {why})",
                 host=conn.label,
                 hint="run the sync again",
+                code="transfer-failed",
             )
         report.sent += len(up.fetched)
         report.sent_bytes += up.fetched_bytes

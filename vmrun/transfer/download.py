@@ -307,14 +307,7 @@ def _transfer(
     hashes = hasher.result()
     failed = []
     for it in items:
-        theirs = hashes.get(it.remote)
-        if it.received != it.entry.size or it.digest is None:
-            it.why = it.why or "changed on the host during the transfer"
-        elif theirs is None:
-            it.why = "vanished or became unreadable on the host"
-        elif theirs != it.digest:
-            it.why = f"SHA-256 differs (host {theirs[:16]}..., here {it.digest[:16]}...)"
-        else:
+        if it.arrived_as(hashes.get(it.remote)):
             try:
                 _finalize(it)
             except OSError as exc:
@@ -387,6 +380,8 @@ def download(
             retry = _relist(conn, failed, report)
             for it in _transfer(conn, retry, options, progress, report, fresh=True):
                 report.failed[it.display] = it.why
+                if it.mismatch:
+                    report.mismatched.append(it.display)
                 progress.file_end(conn.label, it.display, False)
                 with contextlib.suppress(OSError, TypeError):
                     os.unlink(it.part)  # type: ignore[arg-type]
@@ -395,6 +390,7 @@ def download(
             f"cannot write the fetched files under {dest}: {exc.strerror or exc}",
             host=conn.label,
             hint="check free space and permissions there; run again to resume",
+            code="write-failed",
         ) from None
     report.seconds = time.monotonic() - started
     return report

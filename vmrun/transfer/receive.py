@@ -42,6 +42,20 @@ class Item:
     received: int = -1  # bytes of the file now in `part` (-1: nothing arrived)
     digest: str | None = None
     why: str = ""
+    mismatch: bool = False  # all of it arrived, but not the host's bytes (SHA-256 differs)
+
+    def arrived_as(self, theirs: str | None) -> bool:
+        """Whether all of it arrived and matches the host's SHA-256 (`theirs`); else why not."""
+        if self.received != self.entry.size or self.digest is None:
+            self.why = self.why or "changed on the host during the transfer"
+        elif theirs is None:
+            self.why = "vanished or became unreadable on the host"
+        elif theirs != self.digest:
+            self.why = f"SHA-256 differs (host {theirs[:16]}..., here {self.digest[:16]}...)"
+            self.mismatch = True
+        else:
+            return True
+        return False
 
 
 class _Held:

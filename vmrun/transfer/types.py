@@ -100,6 +100,7 @@ class Report:
     settling: int = 0  # still being written on the host (--watch); next round
     missing: list[str] = field(default_factory=list)  # requested, not on the host
     failed: dict[str, str] = field(default_factory=dict)  # local path -> why
+    mismatched: list[str] = field(default_factory=list)  # of failed: SHA-256 differed
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 

@@ -137,7 +137,9 @@ def _send(
         status, err = stream.finish()
         if status == 255 or isinstance(exc, BrokenPipeError):
             raise RemoteError(
-                f"the upload stream broke: {err.strip() or exc}", host=conn.label
+                f"the upload stream broke: {err.strip() or exc}",
+                host=conn.label,
+                code="transfer-failed",
             ) from None
         raise
     stream.close_input()
@@ -149,6 +151,7 @@ def _send(
             f"unpacking on the host failed: {last}",
             host=conn.label,
             hint="check free space and permissions of the destination",
+            code="transfer-failed",
         )
 
 
@@ -237,4 +240,8 @@ def _run_list(
     argv = ["sh", "-c", hostside.source(script), script.removesuffix(".sh"), remote_dir, *extra]
     status, _out, err = capture(conn, quoting.plain_command(argv), stdin=data, what="renaming")
     if status != 0:
-        raise RemoteError(f"placing files on the host failed: {err.strip()}", host=conn.label)
+        raise RemoteError(
+            f"placing files on the host failed: {err.strip()}",
+            host=conn.label,
+            code="transfer-failed",
+        )
