@@ -20,7 +20,7 @@ from typing import Any
 
 
 class ExitCode(enum.IntEnum):
-    """Exit codes documented in the README (keep the two in step)."""
+    """Exit statuses, documented in docs/errors.md (tests/test_errors.py keeps the two in step)."""
 
     OK = 0
     FAILED = 1  # a remote command or run failed (exec returns the worst remote code itself)
