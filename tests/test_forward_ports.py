@@ -63,3 +63,48 @@ def test_local_colon_port_and_local_port_together_are_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert "drop --local-port" in _one_line_exit_2(capsys, "8888:8889", "--local-port", "7000")
+
+
+def test_the_autostop_holder_hears_a_heartbeat_so_a_vanished_client_stops_counting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forward's waiting command (vmrun's work for the host's autostop) runs under the
+    wrapper's heartbeat and is sent lines while the forward lasts: without them a client that
+    vanished (no EOF ever comes) would keep the host up until sshd drops the dead link."""
+    import shlex
+    import threading
+
+    from vmrun.ssh import forward
+
+    class Chan:
+        def __init__(self) -> None:
+            self.command = ""
+            self.beats = threading.Semaphore(0)
+
+        def exec_command(self, command: str) -> None:
+            self.command = command
+
+        def sendall(self, data: bytes) -> None:
+            pass
+
+        def send(self, data: bytes) -> None:
+            assert data == b"\n"
+            self.beats.release()
+
+    chan = Chan()
+
+    class Conn:
+        label = "h1"
+
+        def open_session(self) -> Chan:
+            return chan
+
+    monkeypatch.setattr(forward, "HOLD_BEAT_S", 0.2)
+    fwd = forward.Forward(Conn(), "127.0.0.1", 8888, local_port=0)  # type: ignore[arg-type]
+    fwd._hold()
+    try:
+        words = shlex.split(chan.command)  # exec /bin/sh -c WRAPPER vmrun CWD BEAT ...
+        assert words[4] == "vmrun" and words[6] == "1"  # a beat, in whole seconds
+        assert chan.beats.acquire(timeout=5) and chan.beats.acquire(timeout=5)
+    finally:
+        fwd._stop.set()

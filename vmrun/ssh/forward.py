@@ -29,6 +29,7 @@ LOOPBACK = "127.0.0.1"  # browsers here only: never a port others on the network
 PORT_SEARCH = 100  # how far past a busy port to look for a free one
 _CHUNK = 65536
 _POLL_S = 0.5
+HOLD_BEAT_S = 15.0  # the holder ends this long after vmrun was last heard from (as TensorBoard)
 
 Note = Callable[[str], None]
 
@@ -140,15 +141,28 @@ class Forward:
     def _hold(self) -> None:
         """A wrapped command that only waits, for as long as the forward lasts: the host's
         autostop counts it as vmrun's work (forwarded channels run nothing there). Stopping
-        closes its channel, and the wrapper ends it. Forwarding goes on without it."""
+        closes its channel, and the wrapper ends it. It hears a line every quarter of
+        HOLD_BEAT_S, so a client that vanished (a closed laptop: no EOF ever comes) stops
+        counting after HOLD_BEAT_S, not when sshd drops the dead TCP connection hours later.
+        Forwarding goes on without it."""
         from vmrun.ssh import quoting
 
         with contextlib.suppress(Exception):
             chan = self.conn.open_session()
             self._track(chan)
-            chan.exec_command(quoting.remote_command(["sh", "-c", "while sleep 3600; do :; done"]))
+            chan.exec_command(
+                quoting.remote_command(
+                    ["sh", "-c", "while sleep 3600; do :; done"], heartbeat=HOLD_BEAT_S
+                )
+            )
             chan.sendall(quoting.env_header(None))
             self._holder = chan
+            self._spawn(self._beat, "vmrun-forward-beat", chan)
+
+    def _beat(self, chan: paramiko.Channel) -> None:
+        while not self._stop.wait(HOLD_BEAT_S / 4) and self._holder is chan:
+            with contextlib.suppress(Exception):
+                chan.send(b"\n")
 
     def _let_go(self, wait: float) -> None:
         """EOF to the waiting command, and a moment for its wrapper to end it and remove its
