@@ -144,7 +144,8 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
 ) -> None:
     """Installing: the settings go by the environment header (stdin), the conf file is 0600
     (also one that was there before, with the same text), the watchdog's command line and its
-    log never hold the command, not even when it runs."""
+    log never hold the command, not even when it runs, and an older watchdog's logs become
+    the user's alone."""
     home, env = _home(tmp_path)
     crontab = home / "bin" / "crontab"
     crontab.write_text(
@@ -171,6 +172,11 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
         assert done.returncode == 0, done
         return done.stdout.decode()
 
+    log = home / ".vmrun" / "autostop.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for old in (log, log.with_name("autostop.log.1")):  # an older watchdog's, readable by all
+        old.write_text("an older watchdog's line\n")
+        old.chmod(0o644)
     said = install()
     pid = int(next(line for line in said.splitlines() if line.startswith("PID ")).split()[1])
     try:
@@ -182,9 +188,9 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
         assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
         _wait("the power-off", lambda: (home / "calls").exists(), 30)
         assert (home / "calls").read_text().startswith(f"called --token {SECRET}")
-        log = home / ".vmrun" / "autostop.log"
         _wait("its exit in the log", lambda: "power-off command ran" in log.read_text(), 30)
         assert SECRET not in log.read_text() and "--token" not in log.read_text()
         assert log.stat().st_mode & 0o077 == 0
+        assert log.with_name("autostop.log.1").stat().st_mode & 0o077 == 0
     finally:
         os.killpg(pid, 9)

@@ -280,6 +280,7 @@ watch() {  # $1: CONF, relative to the home
   setup_clock
   . "./$conf"
   set_path
+  chmod 600 "$log" "$log.1" 2>/dev/null  # written by an older watchdog, maybe readable by all
   exec 9>> "$state.lock"
   if command -v flock > /dev/null 2>&1 && ! flock -n 9; then exit 0; fi  # one is running
   echo $$ > "$state.pid"
@@ -304,6 +305,7 @@ power_off_now() {  # $1: why; the settings (CONF's text) in $VMRUN_AUTOSTOP_CONF
   [ -n "${VMRUN_AUTOSTOP_CONF-}" ] || { echo "UNSURE no settings came with the command"; exit 3; }
   eval "$VMRUN_AUTOSTOP_CONF"
   unset VMRUN_AUTOSTOP_CONF VMRUN_AUTOSTOP_WORD
+  chmod 600 "$log" "$log.1" 2>/dev/null
   why=$1
   setup_clock
   set_path
