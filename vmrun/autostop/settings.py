@@ -51,8 +51,17 @@ class Autostop:
             words = self.command.split()
         return words[0] if words else ""
 
+    @property
+    def shown(self) -> str:
+        """The power-off command as vmrun prints it: its program alone, for its arguments
+        often carry a cloud API key (the default is shown whole)."""
+        if not self.command:
+            return DEFAULT_COMMAND
+        word = self.command_word
+        return word if self.command.strip() == word else f"{word} ..."
+
     def describe(self) -> str:
-        how = self.command or DEFAULT_COMMAND
+        how = self.shown
         return (
             f"powers off after {format_period(self.period)} idle (checked every"
             f" {format_period(self.interval)}; {how})"

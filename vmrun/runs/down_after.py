@@ -61,7 +61,7 @@ class DownAfterRun:
         )
         failures: dict[str, BaseException] = {}
         for outcome in outcomes:
-            how = self.configs[outcome.host].command or "sudo -n shutdown -h now"
+            how = self.configs[outcome.host].shown
             if outcome.ok:
                 note(f"{outcome.host}: powering off ({how}): run {rid} ended, its files are here")
             elif isinstance(outcome.error, ConnectionLostError):
