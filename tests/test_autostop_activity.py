@@ -194,3 +194,25 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
         assert log.with_name("autostop.log.1").stat().st_mode & 0o077 == 0
     finally:
         os.killpg(pid, 9)
+
+
+def test_reading_or_following_a_log_is_looking_not_work() -> None:
+    """`vmrun logs` (once, -f, the line times) leaves no marker: a dashboard polling a
+    finished run's log every few minutes must not keep its host up forever."""
+    from vmrun.runs import records
+    from vmrun.ssh.result import CommandResult
+
+    asked: list[bool] = []
+
+    class Conn:
+        label = "h1"
+
+        def run(self, argv: list[str], **kw: object) -> CommandResult:
+            asked.append(bool(kw.get("activity", True)))
+            return CommandResult("h1", tuple(argv), 0, "", "", 0.0)
+
+    conn = Conn()
+    records.read_log(conn, "r1", lambda line: None)  # type: ignore[arg-type]
+    records.follow(conn, "r1", lambda line: None)  # type: ignore[arg-type]
+    records.log_times(conn, "r1")  # type: ignore[arg-type]
+    assert asked == [False, False, False]

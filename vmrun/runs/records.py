@@ -246,6 +246,7 @@ def _log(
          "1" if follow else "0", "1" if times else "0"],
         on_output=lambda stream, data: on_line(data) if stream == "out" else None,
         what=f"the log of run {run_id}",
+        activity=False,  # reading a log is looking: the run itself keeps the host up
     )  # fmt: skip
     if result.exit_status == 3:
         raise UsageError(f"no run {run_id} on this host", host=conn.label, code="run-not-found")
