@@ -120,3 +120,14 @@ def test_allow_concurrent_starts_both_and_a_resumed_run_does_not_refuse_itself(
     again = records.start(LocalHost(home), ids[0], "work", ["sleep", "60"], {}, resume=True,  # type: ignore[arg-type]
                           alone=True)  # fmt: skip
     assert isinstance(again, records.Started)
+
+
+def test_a_run_whose_exit_code_is_written_does_not_refuse_the_next(home: Path) -> None:
+    """Between a run's shell writing its exit code and exiting, the preflight already sees
+    it ended: the start's own check agrees (a sweep's next size is not refused)."""
+    first = "a-20260101-000000-0001"
+    records.start(LocalHost(home), first, "work", ["sleep", "60"], {}, alone=True)  # type: ignore[arg-type]
+    (home / ".vmrun/runs" / first / "exit_code").write_text("0\n")  # its shell still lives
+    nxt = records.start(LocalHost(home), "b-20260101-000000-0002", "work", ["true"], {},  # type: ignore[arg-type]
+                        alone=True)  # fmt: skip
+    assert isinstance(nxt, records.Started)

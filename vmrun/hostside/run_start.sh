@@ -27,6 +27,8 @@ if [ "$alone" = 1 ]; then
   for d in "$base"/*/; do
     d=${d%/} && o=${d##*/}
     if [ "$o" = "$id" ] || ! [ -f "$d/run.json" ]; then continue; fi
+    # ended (its shell is writing the exit code) or stopped: not running, as the preflight says
+    if [ -e "$d/exit_code" ] || [ -e "$d/stopped" ]; then continue; fi
     if alive_run "$d"; then
       # the latest started, as the preflight names it
       # shellcheck disable=SC3013  # -nt: dash, bash and busybox sh have it
