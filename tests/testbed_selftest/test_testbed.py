@@ -270,11 +270,15 @@ def test_stop_start_sshd_keeps_host_key(ctx: Ctx) -> None:
         [*ssh_argv(ctx.keys, ctx.known_hosts), f"{h2.user}@{h2.addr}", "sleep 300"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
-        settle(h2.user_pids)
-        assert h2.user_pids(), "remote session never started"
+        # a login under the full suite's load can take longer than 10 s
+        settle(lambda: h2.user_pids() or session.poll() is not None, timeout=60)
+        if not h2.user_pids():
+            gone = session.poll() is not None
+            why = session.stderr.read().decode(errors="replace") if gone else "still logging in"
+            raise AssertionError(f"remote session never started: {why}")
         h2.stop_sshd()
         assert h2.pids() == [] and h2.user_pids() == []
         assert connect_error(h2.addr, 22, 1.0) == "Connection refused"
