@@ -65,7 +65,7 @@ def main() -> None:
                 cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
             )  # fmt: skip
 
-        from vmrun.runs import records
+        from vmrun.backends.hosts import records
         from vmrun.ssh.connection import Connection
 
         crowd = f"i=0; while [ $i -lt {args.crowd} ]; do sleep 3600 & i=$((i+1)); done; wait"

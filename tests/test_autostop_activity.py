@@ -199,7 +199,7 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
 def test_reading_or_following_a_log_is_looking_not_work() -> None:
     """`vmrun logs` (once, -f, the line times) leaves no marker: a dashboard polling a
     finished run's log every few minutes must not keep its host up forever."""
-    from vmrun.runs import records
+    from vmrun.backends.hosts import records
     from vmrun.ssh.result import CommandResult
 
     asked: list[bool] = []

@@ -42,7 +42,7 @@ from conftest import (
 )
 from testbed import NetnsBed, TestHost
 
-from vmrun.runs import records
+from vmrun.backends.hosts import records
 from vmrun.ssh.connection import Connection
 
 STANDIN_SMI = ROOT / "tests" / "standins" / "nvidia-smi"

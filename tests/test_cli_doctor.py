@@ -10,8 +10,8 @@ import pytest
 from conftest import Client
 from testbed import TestHost
 
+from vmrun.backends.hosts.netfacts import NodeFacts
 from vmrun.doctor import _Host, _same_versions
-from vmrun.runs.netfacts import NodeFacts
 from vmrun.ssh.hosts import HostSpec
 from vmrun.ssh.inventory import HostEntry
 

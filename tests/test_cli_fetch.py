@@ -220,10 +220,11 @@ def test_named_things_of_a_run(bed_client: Client, run_on_h1: tuple[TestHost, st
 def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
     bed: NetnsBed, bed_client: Client, remote_dir: str, tmp_path: Path
 ) -> None:
-    """`train --fetch-every`'s rounds (vmrun.runs.fetching): every node at once, each into its own
-    folder; a node that cannot be reached yet does not hold the others back, and a node
-    without the run is noted without stopping the rest. Notes come per node, in order."""
-    from vmrun.runs.fetching import Fetcher
+    """`train --fetch-every`'s rounds (vmrun.backends.hosts.fetching): every node at once,
+    each into its own folder; a node that cannot be reached yet does not hold the others
+    back, and a node without the run is noted without stopping the rest. Notes come per
+    node, in order."""
+    from vmrun.backends.hosts.fetching import Fetcher
     from vmrun.ssh.group import Group
     from vmrun.ssh.hosts import parse_host
     from vmrun.ssh.inventory import HostEntry

@@ -11,8 +11,8 @@ from pathlib import Path
 from conftest import Client, run_pids, wait_for
 from testbed import NetnsBed
 
+from vmrun.backends.hosts import records
 from vmrun.errors import ExitCode
-from vmrun.runs import records
 from vmrun.ssh.connection import Connection
 
 STUBBORN = "trap '' TERM; echo ready; while :; do sleep 0.1; done"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from vmrun.backends.hosts import records
 from vmrun.config import load_settings
 from vmrun.errors import ConnectionLostError
-from vmrun.runs import records
 from vmrun.ssh.channel import Channels, command_line, describe
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
+from vmrun.backends.api import RunRef
+from vmrun.backends.hosts import training
 from vmrun.errors import Detached, Interrupted
-from vmrun.runs import training
-from vmrun.runs.backend import RunRef
 from vmrun.ssh.group import Outcome
 from vmrun.transfer import download as download_mod
 from vmrun.transfer.manifest import PART_SUFFIX, Entry

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from vmrun.backends.hosts import node_launch, preflight, training
+from vmrun.backends.hosts.netfacts import Layout
+from vmrun.backends.hosts.node_launch import HostEnv, Node
+from vmrun.backends.hosts.records import RunRecord
 from vmrun.config import load_settings
 from vmrun.errors import UsageError
-from vmrun.runs import launch, node_launch, preflight, training
-from vmrun.runs.netfacts import Layout
-from vmrun.runs.node_launch import HostEnv, Node
+from vmrun.runs import launch
 from vmrun.runs.plan import Plan
-from vmrun.runs.records import RunRecord
 from vmrun.ssh.hosts import parse_host
 from vmrun.ssh.inventory import HostEntry
 

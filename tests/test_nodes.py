@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from vmrun.backends.hosts import nodes, records
+from vmrun.backends.hosts.nodes import Prefixer
 from vmrun.errors import CommandFailed, ConnectionLostError, ExitCode, RemoteError
-from vmrun.runs import nodes, records
-from vmrun.runs.nodes import Prefixer
 from vmrun.ssh.result import CommandResult
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from vmrun.backends.hosts.netfacts import Layout, NodeFacts
+from vmrun.backends.hosts.node_launch import HostEnv, Node, Wiring
+from vmrun.backends.hosts.node_launch import node_launch as _launch
+from vmrun.backends.hosts.preflight import check_same_env as _check_same_env
 from vmrun.config import load_settings
 from vmrun.errors import UsageError
-from vmrun.runs.netfacts import Layout, NodeFacts
-from vmrun.runs.node_launch import HostEnv, Node, Wiring
-from vmrun.runs.node_launch import node_launch as _launch
 from vmrun.runs.plan import Plan
-from vmrun.runs.preflight import check_same_env as _check_same_env
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.hosts import HostSpec
 from vmrun.ssh.inventory import HostEntry
@@ -141,8 +141,8 @@ def test_a_resumed_run_starts_on_its_own_nodes_only_not_every_listed_host(
     (mapping it over accB too was a KeyError that stopped the attempt just started)."""
     from fake_group import FakeGroup
 
-    from vmrun.runs import remote
-    from vmrun.runs.records import Started
+    from vmrun.backends.hosts import start as remote
+    from vmrun.backends.hosts.records import Started
 
     started: list[str] = []
 

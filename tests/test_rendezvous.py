@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from vmrun.runs.netfacts import NodeFacts, Probe
-from vmrun.runs.rendezvous import candidates, pick
+from vmrun.backends.hosts.netfacts import NodeFacts, Probe
+from vmrun.backends.hosts.rendezvous import candidates, pick
 
 
 def facts(label: str, *addrs: tuple[str, str, int], reached_at: str = "") -> NodeFacts:
@@ -45,7 +45,7 @@ def test_pick_wants_an_address_every_worker_reached() -> None:
 
 
 def test_a_forwarded_master_address_still_finds_the_masters_interface() -> None:
-    from vmrun.runs.rendezvous import _iface_towards
+    from vmrun.backends.hosts.rendezvous import _iface_towards
 
     master = facts("m", ("eth0", "192.0.2.10", 24), ("eth1", "10.0.0.5", 24))
     probes = [Probe("w1", "198.51.100.1:29400", True, "", "10.0.0.6", "eth1")]

@@ -12,8 +12,8 @@ import pytest
 from conftest import Client, wait_for
 from testbed import NetnsBed, TestHost
 
-from vmrun.runs import records
-from vmrun.runs.nodes import follow_nodes
+from vmrun.backends.hosts import records
+from vmrun.backends.hosts.nodes import follow_nodes
 from vmrun.ssh.connection import Connection
 
 EPOCHS = 'i=$1; while [ "$i" -le "$2" ]; do echo "epoch $i/$3 loss 0.1"; i=$((i+1)); done'

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from fake_group import FakeGroup
 
+from vmrun.backends.hosts import records
 from vmrun.cli.main import run as cli
 from vmrun.errors import ExitCode
-from vmrun.runs import records
 from vmrun.ssh.connection import Connection
 
 NODES = ["accA", "accB"]
@@ -112,8 +112,8 @@ def test_the_backends_stop_raises_naming_the_unreached_node(
     group: FakeGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What `sweep` calls on Ctrl-C: the reachable node is stopped, the other one named."""
+    from vmrun.backends.hosts.backend import HostsBackend
     from vmrun.errors import HostsFailed
-    from vmrun.runs.hosts_backend import HostsBackend
 
     stopped = []
 

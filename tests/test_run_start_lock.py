@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from vmrun.backends.hosts import records
+from vmrun.backends.hosts.preflight import check_not_busy
 from vmrun.errors import UsageError, exit_code_for
-from vmrun.runs import records
-from vmrun.runs.preflight import check_not_busy
 from vmrun.ssh.result import CommandResult
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")

@@ -11,8 +11,8 @@ import pytest
 from conftest import Client, wait_for
 from testbed import NetnsBed, TestHost
 
+from vmrun.backends.hosts import records as runs
 from vmrun.errors import UsageError
-from vmrun.runs import records as runs
 from vmrun.ssh.connection import Connection
 
 

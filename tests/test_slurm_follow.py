@@ -1,4 +1,5 @@
-"""Following a Slurm job (vmrun/hostside/slurm_follow.sh through vmrun.slurm.following), run
+"""Following a Slurm job (vmrun/hostside/slurm_follow.sh through
+vmrun.backends.slurm.following), run
 here with a fake `squeue`/`sacct` on PATH that answer from a plan, one step per call: the
 scheduler's hiccups, its answers, the job's end (the real cluster: test_cli_slurm.py)."""
 
@@ -12,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from vmrun.backends.api import NodeRecord, RunRef
+from vmrun.backends.slurm.backend import SlurmBackend
+from vmrun.backends.slurm.cluster import Cluster
 from vmrun.errors import CommandFailed, ExitCode, OutcomeUnknown, exit_code_for
-from vmrun.runs.backend import NodeRecord, RunRef
 from vmrun.runs.state import RunState
-from vmrun.slurm.backend import SlurmBackend
-from vmrun.slurm.cluster import Cluster
 
 # Each call takes the plan's next step (the last one repeats): `fail` (no controller),
 # `invalid` (older Slurm's answer for a purged job), `gone` (no longer listed: the job

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from vmrun.backends.slurm.job import Batch, JobPaths, JobSpec, batch_script, check_spec, gpu_option
+from vmrun.backends.slurm.queue import JobState
+from vmrun.backends.slurm.records import parse_listing
+from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import ConfigError, UsageError
 from vmrun.runs.state import RunState
-from vmrun.slurm.job import Batch, JobPaths, JobSpec, batch_script, check_spec, gpu_option
-from vmrun.slurm.queue import JobState
-from vmrun.slurm.records import parse_listing
-from vmrun.slurm.stream import JobStream
 
 PATHS = JobPaths("/w/.vmrun/runs/r1", "/w/vmrun/p-abc123", "/w/vmrun/p-abc123/results/r1")
 
@@ -154,9 +154,9 @@ def test_unknown_cluster_keys_name_file_and_line(tmp_path) -> None:  # type: ign
 def test_cluster_values_that_would_change_the_batch_script_are_refused(
     tmp_path: Path, toml: str, words: str
 ) -> None:
+    from vmrun.backends.slurm.cluster import project_clusters
     from vmrun.config import load_settings
     from vmrun.errors import exit_code_for
-    from vmrun.slurm.cluster import project_clusters
 
     (tmp_path / "vmrun.toml").write_text(f'[[clusters]]\nname = "a"\nlogin = "x"\n{toml}\n')
     settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
@@ -207,9 +207,9 @@ class _ListingConn:
 def test_a_scripts_outputs_are_what_it_wrote_since_its_job_started_by_the_clusters_clock() -> None:
     import time
 
+    from vmrun.backends.slurm.backend import SlurmBackend
+    from vmrun.backends.slurm.cluster import Cluster
     from vmrun.runs.outputs import resolve_what
-    from vmrun.slurm.backend import SlurmBackend
-    from vmrun.slurm.cluster import Cluster
 
     submitted = time.time()  # this machine's clock
     start = int(submitted) - 3600  # the cluster's clock is an hour behind it

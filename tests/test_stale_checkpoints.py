@@ -1,6 +1,7 @@
-"""Checkpoints an earlier run left in a multi-node run's working directory (vmrun.runs.stale),
-on real test hosts (the `multi` fixture: n1 and n2): refused when they differ across the
-nodes, moved aside with --fresh, accepted when they are the same everywhere."""
+"""Checkpoints an earlier run left in a multi-node run's working directory
+(vmrun.backends.hosts.stale), on real test hosts (the `multi` fixture: n1 and n2): refused
+when they differ across the nodes, moved aside with --fresh, accepted when they are the same
+everywhere."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""`vmrun status --json`'s objects, from the records status gathers (vmrun.runs.records'
-RunRecord per host, vmrun.slurm.records' SlurmRun per cluster run)."""
+"""`vmrun status --json`'s objects, from the records status gathers (vmrun.backends.hosts.records'
+RunRecord per host, vmrun.backends.slurm.records' SlurmRun per cluster run)."""
 
 from __future__ import annotations
 
 import json
 
+from vmrun.backends.hosts.records import RunRecord
+from vmrun.backends.slurm.records import SlurmRun
 from vmrun.cli.status_json import render, run_objects
-from vmrun.runs.records import RunRecord
-from vmrun.slurm.records import SlurmRun
 
 T0 = 1_700_000_000.0
 KEYS = [

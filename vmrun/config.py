@@ -209,7 +209,7 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
         if key.startswith("autostop")
     },
 }
-# What a Slurm cluster in vmrun.toml may say (`[[clusters]]`; read by vmrun.slurm.cluster).
+# What a Slurm cluster in vmrun.toml may say (`[[clusters]]`; read by vmrun.backends.slurm.cluster).
 CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "name": (_is_str, "a string"),
     "login": (_is_str, 'a string, "user@login-node[:port]" or an ssh_config alias'),

@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun.backends.api import RunRef
+from vmrun.backends.hosts.backend import HostsBackend
+from vmrun.backends.hosts.netfacts import Layout, NodeFacts
+from vmrun.backends.hosts.node_launch import HostEnv
 from vmrun.compat import StrEnum
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
-from vmrun.runs.backend import RunRef
-from vmrun.runs.hosts_backend import HostsBackend
-from vmrun.runs.netfacts import Layout, NodeFacts
-from vmrun.runs.node_launch import HostEnv
 from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -66,9 +66,9 @@ def _inspect(entry: HostEntry, conn: Connection, workdir: str) -> _Host:
     """One host's facts in four round trips: RTT, its environment record, the host probe
     (versions, disk, clock) and its runs. The clock is the probe's, taken after its
     imports, against this machine's clock half a round trip before the answer arrived."""
-    from vmrun.runs import records as runs
-    from vmrun.runs.preflight import host_env
-    from vmrun.runs.probes import gather_facts
+    from vmrun.backends.hosts import records as runs
+    from vmrun.backends.hosts.preflight import host_env
+    from vmrun.backends.hosts.probes import gather_facts
     from vmrun.transfer.streams import measure_rtt
 
     host = _Host(entry)
@@ -133,7 +133,8 @@ def _host_checks(host: _Host) -> list[Check]:
 
 def python_series(version: str) -> str:
     """major.minor of a Python version: what must agree across nodes (the ABI, pickles), as
-    `vmrun train` requires (vmrun.runs.preflight.check_same_env); a patch level may differ."""
+    `vmrun train` requires (vmrun.backends.hosts.preflight.check_same_env); a patch level
+    may differ."""
     return ".".join(version.split(".")[:2])
 
 
@@ -241,7 +242,7 @@ def _network(
 ) -> Layout | None:
     """Every ordered pair of hosts connecting on the rendezvous port, then the rendezvous
     address `vmrun train` would use (returned for the all-reduce run)."""
-    from vmrun.runs import rendezvous
+    from vmrun.backends.hosts import rendezvous
 
     pythons = {h.entry.label: h.python for h in hosts}
     facts = {h.entry.label: h.facts for h in hosts if h.facts}
@@ -295,8 +296,8 @@ def _allreduce(
     busy = [f"{h.entry.label} ({', '.join(h.busy)})" for h in hosts if h.busy]
     if busy:
         return Check("allreduce", where, Verdict.SKIP, f"a run is active on {'; '.join(busy)}")
+    from vmrun.backends.hosts.node_launch import Launch, Node, Wiring
     from vmrun.runs import launch
-    from vmrun.runs.node_launch import Launch, Node, Wiring
     from vmrun.runs.plan import make_plan
     from vmrun.trainer import ALLREDUCE_PATH
 
@@ -363,7 +364,7 @@ def _await_allreduce(backend: HostsBackend, ref: RunRef, lines: list[str]) -> tu
 
 def _forget_run(group: Group, entries: Sequence[HostEntry], rid: str) -> None:
     """Doctor's own run record goes: `vmrun status` and `fetch` should not see it."""
-    from vmrun.runs import records as runs
+    from vmrun.backends.hosts import records as runs
 
     if rid:
         only = {e.label for e in entries}

@@ -40,7 +40,7 @@ AUTOSTOP_LOG = f"{STATE_DIR}/autostop.log"
 
 
 def run_dir(run_id: str) -> str:
-    """A run's record folder (the id is checked by the caller: vmrun.runs.records)."""
+    """A run's record folder (the id is checked by the caller: vmrun.backends.hosts.records)."""
     return f"{RUNS_DIR}/{run_id}"
 
 

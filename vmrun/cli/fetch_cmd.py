@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("give either --host or --all-hosts, not both")
         check_paths(items, run)
         if run is not None:
-            from vmrun.runs.records import check_run_id
+            from vmrun.runs.outputs import check_run_id
 
             check_run_id(run)
         job = FetchJob(

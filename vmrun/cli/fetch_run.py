@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vmrun.backends.api import RunRef
 from vmrun.cli import output
 from vmrun.config import Settings
 from vmrun.errors import ExitCode, Interrupted, UsageError, exit_code_for
 from vmrun.remote_paths import remote_workdir
-from vmrun.runs.backend import RunRef
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
@@ -42,7 +42,7 @@ def _entries(job: FetchJob) -> list[HostEntry]:
     from vmrun.ssh.inventory import project_hosts, select_hosts
 
     if job.cluster:
-        from vmrun.slurm.cluster import find_cluster
+        from vmrun.backends.slurm.cluster import find_cluster
 
         return [find_cluster(job.settings, job.cluster).entry]
     if job.all_hosts:
@@ -138,8 +138,8 @@ def run_fetch(job: FetchJob) -> int:
 def _cluster_backend(job: FetchJob, group: Group) -> Any:
     if not job.cluster:
         return None
-    from vmrun.slurm.backend import SlurmBackend
-    from vmrun.slurm.cluster import find_cluster
+    from vmrun.backends.slurm.backend import SlurmBackend
+    from vmrun.backends.slurm.cluster import find_cluster
 
     cluster = find_cluster(job.settings, job.cluster)
     return SlurmBackend(group.connections[cluster.entry.label], cluster)
@@ -151,7 +151,7 @@ def _the_run(
     """The run (the newest across the hosts unless named) and where its files are on each
     node it ran on, as the run's backend says: a run's files come from its nodes alone,
     every node agrees on which run that is, and this one listing replaces a lookup per host."""
-    from vmrun.runs.hosts_backend import HostsBackend
+    from vmrun.backends.hosts.backend import HostsBackend
 
     backend = slurm or HostsBackend(group)
     try:

@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
 def one_host(settings: Settings, host: list[str] | None, cluster: str | None) -> HostEntry:
     """The one place to forward through: the cluster's login node, or exactly one host."""
     if cluster:
-        from vmrun.slurm.cluster import find_cluster
+        from vmrun.backends.slurm.cluster import find_cluster
 
         return find_cluster(settings, cluster).entry
     from vmrun.ssh.inventory import select_hosts

@@ -3,7 +3,7 @@
 A run on several hosts shows every node's log, each line prefixed `[host rankN]`, merged by
 when each line was written (live with -f, which also applies the failure rule of `vmrun
 train`: a node that fails stops the run on the others). Whatever runs the run, the backend
-does the work (vmrun.runs.backend).
+does the work (vmrun.backends.api).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.runs.hosts_backend import HostsBackend, require_nodes
+        from vmrun.backends.hosts.backend import HostsBackend, require_nodes
         from vmrun.ssh.group import Group
         from vmrun.ssh.inventory import select_hosts
 
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         if cluster:
             if node:
                 raise UsageError("--node picks a host's log; a cluster's job has one log")
-            from vmrun.slurm.session import cluster_backend
+            from vmrun.backends.slurm.session import cluster_backend
 
             with cluster_backend(settings, cluster) as slurm:
                 return _show(slurm, slurm.find(run), follow, lines, verbose)

@@ -91,7 +91,7 @@ def _places(hosts: list[str] | None, cluster: str | None, settings: Settings) ->
         return [(None, cluster)]
     if hosts or os.environ.get("VMRUN_HOSTS", "").strip():
         return [(hosts, None)]
-    from vmrun.slurm.cluster import project_clusters
+    from vmrun.backends.slurm.cluster import project_clusters
     from vmrun.ssh.inventory import project_hosts
 
     places: list[Place] = [(None, None)] if project_hosts(settings) else []

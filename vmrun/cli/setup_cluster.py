@@ -1,5 +1,5 @@
 """`vmrun setup -C NAME`: the env on a cluster's shared filesystem, built on its login node and
-checked on a compute node (vmrun.slurm.setup), shown as plain lines."""
+checked on a compute node (vmrun.backends.slurm.setup), shown as plain lines."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from vmrun.setup.report import SetupOptions
 def run_cluster_setup(
     settings: Settings, name: str, options: SetupOptions, gpus_per_node: int
 ) -> int:
+    from vmrun.backends.slurm.setup import setup_cluster
     from vmrun.cli.setup_view import _print_plan, _print_summary
-    from vmrun.slurm.setup import setup_cluster
 
     if gpus_per_node < 0:
         from vmrun.errors import UsageError

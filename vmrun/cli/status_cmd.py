@@ -103,9 +103,9 @@ def _gather(
     """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
     every cluster in vmrun.toml (one command on each login node), oldest first; and what
     the autostop watchdog says on each host that has one (`watchdog`: the table shows it)."""
+    from vmrun.backends.slurm.cluster import project_clusters
+    from vmrun.backends.slurm.session import cluster_backend
     from vmrun.errors import VmrunError
-    from vmrun.slurm.cluster import project_clusters
-    from vmrun.slurm.session import cluster_backend
     from vmrun.ssh.inventory import project_hosts
 
     chosen = bool(host) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
@@ -147,8 +147,8 @@ def _listing(conn: Any, watchdog: bool) -> tuple[list[Any], Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     from vmrun.autostop.watchdog import read_status
+    from vmrun.backends.hosts.records import list_runs
     from vmrun.errors import VmrunError
-    from vmrun.runs.records import list_runs
 
     conn.open()  # one dial for both
     with ThreadPoolExecutor(1) as pool:

@@ -23,8 +23,8 @@ def run_objects(records: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
-    from vmrun.runs.backend import combined_state
-    from vmrun.runs.hosts_backend import node_record
+    from vmrun.backends.api import combined_state
+    from vmrun.backends.hosts.backend import node_record
 
     first = recs[0]
     layout = layout_of(first.meta)

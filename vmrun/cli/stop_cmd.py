@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
+        from vmrun.backends.hosts.backend import HostsBackend
         from vmrun.cli.output import report, unreached
-        from vmrun.runs.hosts_backend import HostsBackend
         from vmrun.ssh.group import Group, worst_exit_code
         from vmrun.ssh.inventory import select_hosts
 
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
 
 def _stop_job(settings: Settings, cluster: str, run: str | None, grace: float) -> int:
     """scancel the run's job, then wait until Slurm shows neither it nor any step of it."""
-    from vmrun.slurm.session import cluster_backend
+    from vmrun.backends.slurm.session import cluster_backend
 
     with cluster_backend(settings, cluster) as slurm:
         ref = slurm.find(run, running_only=run is None)

@@ -118,8 +118,8 @@ def _runner(job: SweepJob) -> Callable[[Size], None]:
 
 
 def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
+    from vmrun.backends.hosts.training import run_remote
     from vmrun.cli.fetch_view import make_progress
-    from vmrun.runs.training import run_remote
 
     started = _started(job, size)
     run_remote(
@@ -149,12 +149,12 @@ def _on_this_machine(job: SweepJob, size: Size) -> None:
 
 
 def _on_cluster(job: SweepJob, size: Size) -> None:
+    from vmrun.backends.slurm.cluster import find_cluster
+    from vmrun.backends.slurm.job import check_spec
+    from vmrun.backends.slurm.session import cluster_backend
     from vmrun.cli.fetch_run import FetchJob, run_fetch
     from vmrun.cli.fetch_view import make_progress
     from vmrun.cli.train_cluster import job_spec
-    from vmrun.slurm.cluster import find_cluster
-    from vmrun.slurm.job import check_spec
-    from vmrun.slurm.session import cluster_backend
 
     name = str(job.cluster)
     opts = cluster_opts(job, size)
@@ -205,7 +205,7 @@ def _stop_size(job: SweepJob, size: Size) -> None:
     size.state, size.detail = RunState.STOPPED, "interrupted"
     if size.run is None or job.cluster or job.sweep.where.get("local"):
         return
-    from vmrun.runs.hosts_backend import HostsBackend
+    from vmrun.backends.hosts.backend import HostsBackend
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 

@@ -126,7 +126,7 @@ def _place(
     """The run (the newest unless named) and the node with its files: a multi-node run's
     master; on a cluster, the login node (the files are on the shared filesystem)."""
     if cluster:
-        from vmrun.slurm.session import cluster_backend
+        from vmrun.backends.slurm.session import cluster_backend
 
         with cluster_backend(settings, cluster) as slurm:
             ref = slurm.find(run)
@@ -134,7 +134,7 @@ def _place(
             yield Place(slurm.conn, ref.run_id, slurm.python(), ref.meta,
                         slurm.outputs(ref)[cluster], _fix(fix, ref.run_id))  # fmt: skip
         return
-    from vmrun.runs.hosts_backend import HostsBackend
+    from vmrun.backends.hosts.backend import HostsBackend
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 

@@ -60,7 +60,7 @@ DryRun = Annotated[
 
 def job_spec(cluster_opts: dict[str, Any], nproc_per_node: str | None, cluster: Any) -> Any:
     """The JobSpec the flags ask for, the cluster's defaults under them."""
-    from vmrun.slurm.job import DEFAULT_MAX_REQUEUES, JobSpec
+    from vmrun.backends.slurm.job import DEFAULT_MAX_REQUEUES, JobSpec
 
     nproc = None
     if nproc_per_node is not None:
@@ -118,10 +118,10 @@ def train_on_cluster(
     detach: bool,
     verbose: bool,
 ) -> int:
+    from vmrun.backends.slurm.cluster import find_cluster
+    from vmrun.backends.slurm.job import check_spec
+    from vmrun.backends.slurm.session import cluster_backend
     from vmrun.cli.fetch_view import make_progress
-    from vmrun.slurm.cluster import find_cluster
-    from vmrun.slurm.job import check_spec
-    from vmrun.slurm.session import cluster_backend
 
     spec = check_spec(job_spec(cluster_opts, nproc_per_node, find_cluster(settings, name)),
                       plan.launcher)  # fmt: skip

@@ -245,7 +245,7 @@ def register(app: typer.Typer) -> None:
             from vmrun.runs.local import run_local
 
             return run_local(plan, verbose=verbose)
-        from vmrun.runs.node_launch import Launch
+        from vmrun.backends.hosts.node_launch import Launch
 
         how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh,
                      down_after_run=down_after_run)  # fmt: skip
@@ -289,19 +289,19 @@ def _train_remote(
 ) -> int:
     """Open the hosts once; for --resume, find the run there (one listing per host) and take
     its plan and nodes; then start (and follow) it on those connections."""
+    from vmrun.backends.hosts.training import run_remote
     from vmrun.cli.fetch_view import make_progress
-    from vmrun.runs.training import run_remote
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
     if how.down_after_run:
-        from vmrun.runs.down_after import check_flags
+        from vmrun.backends.hosts.down_after import check_flags
 
         check_flags(fetch_every, detach=detach)
     entries = select_hosts(host, settings)
     with Group(entries, settings) as group:
         if how.resume is not None:
-            from vmrun.runs.resume import load
+            from vmrun.backends.hosts.resume import load
 
             resumed = load(group, how.resume, plan.env)
             plan, how.listed = resumed.plan, resumed.listed
@@ -344,7 +344,7 @@ def _nodes(entries: list[Any], labels: list[str], settings: Any) -> list[Any]:
 def _wiring(
     master: str | None, nnodes: str | None, rdzv_port: int | None, nccl_debug: str | None
 ) -> Any:
-    from vmrun.runs.node_launch import NCCL_DEBUG_LEVELS, Wiring
+    from vmrun.backends.hosts.node_launch import NCCL_DEBUG_LEVELS, Wiring
 
     if nccl_debug is not None and nccl_debug.upper() not in NCCL_DEBUG_LEVELS:
         raise UsageError(f"--nccl-debug {nccl_debug}: use one of {', '.join(NCCL_DEBUG_LEVELS)}")

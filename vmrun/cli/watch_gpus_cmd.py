@@ -120,8 +120,8 @@ class _View:
 def _watch_cluster(
     settings: Settings, cluster: str, run: str | None, job: str | None, view: _View
 ) -> int:
-    from vmrun.slurm.gpus import node_targets, running_nodes
-    from vmrun.slurm.session import cluster_backend
+    from vmrun.backends.slurm.gpus import node_targets, running_nodes
+    from vmrun.backends.slurm.session import cluster_backend
 
     with cluster_backend(settings, cluster) as slurm:
         nodes = running_nodes(slurm, run, job)

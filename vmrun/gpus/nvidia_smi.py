@@ -50,7 +50,7 @@ APP_TAG = "vmrun-app"
 HEARTBEAT = 15.0
 OWNER_TAG = "vmrun-owner"
 
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # as vmrun.runs.records names runs
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # as vmrun.backends.hosts.records names runs
 
 # nvidia-smi exit codes that mean "no usable NVIDIA GPU here", and the shell's "not found".
 NO_GPU_EXITS = {

@@ -1,5 +1,5 @@
 """What the fleet watch streams: one target per row group, each a command on a connection.
-A host is its own connection running the watch script; `vmrun.slurm.gpus` makes Slurm nodes
+A host is its own connection running the watch script; `vmrun.backends.slurm.gpus` makes Slurm nodes
 targets that share the login node's connection."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 #   "not found" (127) or "no driver" (9) reach the watcher as they are.
 # - The processes query is read here: each row goes to stderr as `APP_TAG ROW`, after
 #   `OWNER_TAG PID RUN_ID` the first time its pid appears. Every process of a run carries
-#   RUN_ENV (vmrun.runs.records), even torchrun's workers in sessions of their own, so the
+#   RUN_ENV (vmrun.backends.hosts.records), even torchrun's workers in sessions of their own, so the
 #   owner is read from /proc/PID/environ. Another user's process is unreadable: no owner.
 # - `read -t 2` wakes up to notice the devices query ending while no process holds a GPU
 #   (then the processes query prints nothing); a line cut by that timeout is kept in $buf.

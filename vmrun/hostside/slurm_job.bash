@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The body of every batch script vmrun submits (vmrun.slurm.job puts the #SBATCH lines and
+# The body of every batch script vmrun submits (vmrun.backends.slurm.job puts the #SBATCH lines and
 # the run's variables above it, so the job holds all it runs: a queued job never changes).
 # Variables: VMRUN_RUN_ID, VMRUN_RECORD_DIR (this run's files on the shared filesystem),
 # VMRUN_RUN_DIR (the run's output folder), VMRUN_LAUNCHER (torchrun|env|python),

@@ -1,3 +1,3 @@
-"""Training runs: the plan, launcher argv and environment, run records on hosts, where a run
-executes (one backend interface for every kind of place), preflight, staging, rendezvous,
-following the nodes, resume, outputs and their periodic fetch."""
+"""What a training run is, whatever runs it: the plan, launcher argv and environment, its
+output lines, its outputs (remote paths), states, sweeps, TensorBoard, and `train --local`.
+The backends (vmrun.backends) build on this; nothing here imports them."""

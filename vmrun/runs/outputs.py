@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from vmrun.errors import RemoteError
+from vmrun.errors import RemoteError, UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR
-from vmrun.runs.records import check_run_id
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.manifest import normalize_remote
@@ -29,6 +29,15 @@ CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpo
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
 # a Slurm run's record also keeps `starts` and `exit` (attempt, code, time): its times
 LOGS = ("log", "*.log", "run.json", "exit_code", "starts", "exit")
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id):
+        raise UsageError(f"bad run id {run_id!r}: letters, digits, . _ - only")
+    return run_id
+
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun.backends.hosts import records as runs
+from vmrun.backends.hosts.netfacts import Layout, NodeFacts
 from vmrun.runs import launch
-from vmrun.runs import records as runs
-from vmrun.runs.netfacts import Layout, NodeFacts
 from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -85,7 +85,7 @@ class Launch:
 
 
 def meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:
-    from vmrun.runs.rendezvous import decide
+    from vmrun.backends.hosts.rendezvous import decide
 
     master = next(iter(nodes))
     facts = {label: n.facts for label, n in nodes.items() if n.facts is not None}

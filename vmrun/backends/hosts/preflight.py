@@ -11,12 +11,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from vmrun.backends.hosts import records as runs
+from vmrun.backends.hosts import stale
+from vmrun.backends.hosts.node_launch import HostEnv, Launch, Node, Wiring
 from vmrun.errors import UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import HOST_RECORD, remote_workdir
-from vmrun.runs import records as runs
-from vmrun.runs import stale
-from vmrun.runs.node_launch import HostEnv, Launch, Node, Wiring
 from vmrun.runs.plan import CPU_PROCESSES, Plan
 from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
@@ -157,7 +157,7 @@ def preflight(
             note(f"{entry.label}: {warning}")
         node = Node(entry, conn, env)
         if multi:
-            from vmrun.runs.probes import gather_facts
+            from vmrun.backends.hosts.probes import gather_facts
 
             node.facts = gather_facts(conn, env.python, versions=True)
             if node.facts.data.get("torch") is None:

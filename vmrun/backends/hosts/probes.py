@@ -1,6 +1,6 @@
 """The host probe (vmrun/hostside/netprobe.py, run by the host's own Python): a node's facts
 in one round trip, a listener that answers probes with a nonce, and connection probes from
-one host to others' addresses. The rendezvous decision is vmrun.runs.rendezvous'."""
+one host to others' addresses. The rendezvous decision is vmrun.backends.hosts.rendezvous'."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from vmrun.backends.hosts.netfacts import NodeFacts, Probe, is_ip
 from vmrun.errors import RemoteError, UsageError
-from vmrun.runs.netfacts import NodeFacts, Probe, is_ip
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 

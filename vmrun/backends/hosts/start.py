@@ -1,5 +1,5 @@
 """Starting a run on SSH hosts: preflight, code sync, a detached start on every node (the
-hosts backend's `start`; following it is vmrun.runs.hosts_backend's).
+hosts backend's `start`; following it is vmrun.backends.hosts.backend's).
 
 One path for one host or many. Every run is started with `records.start`, so it outlives
 this process and the connection: Ctrl-C here only detaches (`vmrun logs -f RUN` reattaches).
@@ -9,10 +9,10 @@ this process and the connection: Ctrl-C here only detaches (`vmrun logs -f RUN` 
   reattach instead of losing the run.
 - Several hosts: one torchrun per host, started in parallel, meeting at a c10d rendezvous on
   the master (`--master`, default the first host) whose address and port are chosen and
-  checked first (vmrun.runs.rendezvous); torch versions must agree everywhere; how each node
-  is launched is vmrun.runs.node_launch's; the merged log and the failure rule are
-  vmrun.runs.nodes'. `--launcher python` (mp.spawn: a single-node world per script) is
-  refused on several hosts.
+  checked first (vmrun.backends.hosts.rendezvous); torch versions must agree everywhere;
+  how each node is launched is vmrun.backends.hosts.node_launch's; the merged log and the
+  failure rule are vmrun.backends.hosts.nodes'. `--launcher python` (mp.spawn: a
+  single-node world per script) is refused on several hosts.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
-from vmrun.runs import launch
-from vmrun.runs import records as runs
-from vmrun.runs.backend import RunRef
-from vmrun.runs.netfacts import Layout
-from vmrun.runs.node_launch import Launch, Node, Wiring, layout_note, meet, node_launch
-from vmrun.runs.plan import Plan
-from vmrun.runs.preflight import (
+from vmrun.backends.api import RunRef
+from vmrun.backends.hosts import records as runs
+from vmrun.backends.hosts.netfacts import Layout
+from vmrun.backends.hosts.node_launch import Launch, Node, Wiring, layout_note, meet, node_launch
+from vmrun.backends.hosts.preflight import (
     cuda_warning,
     nproc_for,
     preflight,
 )
-from vmrun.runs.staging import stage
+from vmrun.backends.hosts.staging import stage
+from vmrun.runs import launch
+from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry
@@ -61,7 +61,7 @@ def start_remote(
     rid = how.resume or how.run_id or launch.run_id(plan.name)
     banner = ""
     if how.resume:
-        from vmrun.runs.resume import prepare
+        from vmrun.backends.hosts.resume import prepare
 
         banner = prepare(group, list(nodes), rid, note, how.listed)
     live = progress if isinstance(progress, AbstractContextManager) else nullcontext()

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from vmrun.backends.slurm.backend import SlurmBackend
+from vmrun.backends.slurm.cluster import Cluster
+from vmrun.backends.slurm.job import gpu_option
 from vmrun.config import Settings
 from vmrun.errors import RemoteError
 from vmrun.setup.report import EventCallback, HostReport, ProgressCallback, SetupOptions
-from vmrun.slurm.backend import SlurmBackend
-from vmrun.slurm.cluster import Cluster
-from vmrun.slurm.job import gpu_option
 from vmrun.ssh.quoting import quote
 
 CHECK_TIMEOUT_S = 300.0  # the srun check: a short job, but it may wait for a free node
@@ -77,8 +77,8 @@ def setup_cluster(
 ) -> ClusterSetup:
     """Set up the env on cluster `name` (one connection to its login node), then check it on
     a compute node; a failing step or check raises a VmrunError."""
+    from vmrun.backends.slurm.session import cluster_backend
     from vmrun.setup.host_setup import HostSetup
-    from vmrun.slurm.session import cluster_backend
 
     with cluster_backend(settings, name) as backend:
         workdir = backend.facts().workdir

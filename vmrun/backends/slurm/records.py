@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun.backends.slurm.queue import JobState
 from vmrun.runs.state import RunState
-from vmrun.slurm.queue import JobState
 
 _SECTION = re.compile(r"^==> (.*) <==$")
 

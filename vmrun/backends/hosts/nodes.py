@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from vmrun.backends.hosts import records as runs
 from vmrun.errors import (
     CommandFailed,
     ConnectionLostError,
@@ -24,7 +25,6 @@ from vmrun.errors import (
     Interrupted,
     VmrunError,
 )
-from vmrun.runs import records as runs
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import STOP_GRACE_S
 from vmrun.ssh.connection import Connection

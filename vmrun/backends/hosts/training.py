@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vmrun.backends.api import RunRef
+from vmrun.backends.hosts.backend import HostsBackend
+from vmrun.backends.hosts.down_after import DownAfterRun
+from vmrun.backends.hosts.node_launch import Launch
+from vmrun.backends.hosts.preflight import check_launcher_hosts, order
 from vmrun.config import Settings
 from vmrun.errors import Detached, Interrupted, VmrunError
-from vmrun.runs.backend import RunRef
-from vmrun.runs.down_after import DownAfterRun
-from vmrun.runs.hosts_backend import HostsBackend
-from vmrun.runs.node_launch import Launch
 from vmrun.runs.plan import Plan
-from vmrun.runs.preflight import check_launcher_hosts, order
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.types import Progress
@@ -39,8 +39,8 @@ def run_remote(
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
     failure. `group`: connections to use (else this opens its own); closed at the end. `verbose`:
     torchrun's banner and c10d's host name warnings too. `how.down_after_run`: power the hosts
-    off once it has ended and its results are here (vmrun.runs.down_after). `on_start`: told
-    the run once it has started (a sweep stops it by id if it is interrupted)."""
+    off once it has ended and its results are here (vmrun.backends.hosts.down_after).
+    `on_start`: told the run once it has started (a sweep stops it by id if it is interrupted)."""
     how = how or Launch()
     entries = order(entries, how.wiring)
     check_launcher_hosts(plan, len(entries), how.wiring)
@@ -72,7 +72,7 @@ def _follow(
 ) -> int:
     fetcher = None
     if fetch_every:
-        from vmrun.runs.fetching import Fetcher
+        from vmrun.backends.hosts.fetching import Fetcher
 
         fetcher = Fetcher(backend.group, ref.nodes, ref.run_id, plan.project, fetch_every, note)
         fetcher.start()

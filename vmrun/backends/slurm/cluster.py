@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun.backends.slurm.job import word_problem
 from vmrun.config import PROJECT_FILE, Settings
 from vmrun.errors import ConfigError, UsageError
-from vmrun.slurm.job import word_problem
 from vmrun.ssh.hosts import parse_host
 from vmrun.ssh.inventory import HostEntry
 from vmrun.ssh.quoting import check_env_name

@@ -25,11 +25,11 @@ from typing import Any
 from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR, run_dir
+from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _PROGRESS = re.compile(r"\bepoch[ :=]+(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
 _EPOCH = re.compile(r"\bepoch\s*[:=]?\s*(\d+)", re.IGNORECASE)
 
@@ -88,12 +88,6 @@ class StopResult:
     signalled: tuple[int, ...]
     killed: tuple[int, ...]
     left: tuple[int, ...]
-
-
-def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.fullmatch(run_id):
-        raise UsageError(f"bad run id {run_id!r}: letters, digits, . _ - only")
-    return run_id
 
 
 def record_dir(run_id: str) -> str:

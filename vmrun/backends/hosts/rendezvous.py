@@ -22,9 +22,9 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vmrun.backends.hosts.netfacts import Iface, Layout, NodeFacts, Pair, Probe, is_ip
+from vmrun.backends.hosts.probes import Listener, ports_from, probe
 from vmrun.errors import RemoteError, UnreachableError, UsageError
-from vmrun.runs.netfacts import Iface, Layout, NodeFacts, Pair, Probe, is_ip
-from vmrun.runs.probes import Listener, ports_from, probe
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
 

@@ -1,11 +1,10 @@
 """Where a run executes, behind one interface: what `train`, `logs`, `status`, `stop`, `fetch`
 and `--resume` ask of a run, whatever runs it.
 
-Today the only place is SSH hosts (`vmrun.runs.hosts_backend.HostsBackend`: detached
-process trees recorded under ~/.vmrun/runs/ on each host; vmrun.runs.training drives it for
-`vmrun train`). A Slurm cluster reached through its login node implements the same calls
-with sbatch/squeue/sacct/scancel; the commands do not care which. Each call is one verb of
-a run's life:
+The peers: SSH hosts (`vmrun.backends.hosts`: detached process trees recorded under
+~/.vmrun/runs/ on each host) and a Slurm cluster through its login node
+(`vmrun.backends.slurm`: sbatch/squeue/sacct/scancel); the commands do not care which.
+Each call is one verb of a run's life (`start`'s `how` is the backend's own launch options):
 
 - `start`   a plan, detached, and return at once with a `RunRef` (the run outlives vmrun);
 - `find`    a recorded run by id (or the newest), as a `RunRef`;
@@ -27,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vmrun.runs.state import RunState
 
 if TYPE_CHECKING:
-    from vmrun.runs.node_launch import Launch
     from vmrun.runs.plan import Plan
     from vmrun.transfer.types import Progress
 
@@ -79,7 +77,7 @@ class Backend(Protocol):
     """The verbs of a run's life; see the module docstring. Errors are VmrunErrors."""
 
     def start(
-        self, plan: Plan, how: Launch, note: Note, progress: Progress | None = None
+        self, plan: Plan, how: Any, note: Note, progress: Progress | None = None
     ) -> RunRef: ...
 
     def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef: ...

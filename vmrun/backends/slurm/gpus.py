@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from vmrun.backends.slurm.backend import SlurmBackend
 from vmrun.errors import RemoteError, UsageError
 from vmrun.gpus.nvidia_smi import watch_argv
 from vmrun.gpus.targets import Target
 from vmrun.hostside import source
-from vmrun.slurm.backend import SlurmBackend
 from vmrun.ssh.quoting import plain_command
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vmrun.backends.hosts.node_launch import Node
 from vmrun.errors import RemoteError, UsageError
 from vmrun.remote_paths import LIB_DIR, remote_workdir
-from vmrun.runs.node_launch import Node
 from vmrun.runs.plan import Plan
 from vmrun.transfer.types import Progress
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vmrun.backends.hosts import records as runs
 from vmrun.errors import RemoteError, UsageError
-from vmrun.runs import records as runs
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState

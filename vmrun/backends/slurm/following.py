@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from vmrun.backends.api import Emit, Note, RunRef
+from vmrun.backends.slurm.cluster import Cluster
+from vmrun.backends.slurm.queue import JobState, explain_failure
+from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown
 from vmrun.hostside import source
-from vmrun.runs.backend import Emit, Note, RunRef
-from vmrun.slurm.cluster import Cluster
-from vmrun.slurm.queue import JobState, explain_failure
-from vmrun.slurm.stream import JobStream
 from vmrun.ssh.connection import Connection
 
 HEARTBEAT_S = 15.0
@@ -27,7 +27,7 @@ class NeverStarts(Exception):
 
 
 class _Backend(Protocol):
-    """What following needs of vmrun.slurm.backend.SlurmBackend."""
+    """What following needs of vmrun.backends.slurm.backend.SlurmBackend."""
 
     conn: Connection
     cluster: Cluster

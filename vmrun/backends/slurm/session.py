@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from vmrun.backends.slurm.backend import SlurmBackend
+from vmrun.backends.slurm.cluster import find_cluster
+from vmrun.backends.slurm.job import JobSpec
 from vmrun.config import Settings
-from vmrun.slurm.backend import SlurmBackend
-from vmrun.slurm.cluster import find_cluster
-from vmrun.slurm.job import JobSpec
 from vmrun.ssh.group import Group
 
 

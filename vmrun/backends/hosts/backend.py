@@ -1,8 +1,8 @@
 """Runs on SSH hosts: the `Backend` whose runs are detached process trees recorded under
-~/.vmrun/runs/<id>/ on every node (vmrun.runs.records), over one connection per host.
+~/.vmrun/runs/<id>/ on every node (vmrun.backends.hosts.records), over one connection per host.
 
 It works on a caller's `Group`, so a command opens each host once however many verbs it
-uses (find, then follow; find, then stop). `start` is vmrun.runs.remote's (preflight, the
+uses (find, then follow; find, then stop). `start` is vmrun.backends.hosts.start's (preflight, the
 sync, the rendezvous); everything after the start is here.
 """
 
@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from vmrun.backends.api import Emit, NodeRecord, Note, RunRef, StopReport, combined_state
+from vmrun.backends.hosts import records
+from vmrun.backends.hosts.node_launch import Launch
+from vmrun.backends.hosts.start import start_remote
 from vmrun.errors import (
     CommandFailed,
     ConnectionLostError,
@@ -18,13 +22,9 @@ from vmrun.errors import (
     Interrupted,
     UsageError,
 )
-from vmrun.runs import records
-from vmrun.runs.backend import Emit, NodeRecord, Note, RunRef, StopReport, combined_state
 from vmrun.runs.lines import Prefixer
-from vmrun.runs.node_launch import Launch
 from vmrun.runs.outputs import RunLocation, location_of
 from vmrun.runs.plan import STOP_GRACE_S, Plan
-from vmrun.runs.remote import start_remote
 from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, Outcome, raise_for_failures
@@ -111,7 +111,7 @@ class HostsBackend:
         something better to say, such as that they have been fetched). `verbose`: torchrun's
         banner and c10d's host name warnings too (vmrun.runs.lines)."""
         if len(ref.nodes) > 1:
-            from vmrun.runs.nodes import follow_nodes
+            from vmrun.backends.hosts.nodes import follow_nodes
 
             conns = [self.conn(n) for n in ref.nodes]
             follow_nodes(conns, ref.run_id, emit, note, last=last, skip=ref.skip, verbose=verbose)

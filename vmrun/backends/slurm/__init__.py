@@ -8,5 +8,5 @@ filesystem). The pieces:
 - `queue`    squeue/sacct lines read in a fixed `--format`, and what each Slurm state means;
 - `records`  a run's files on the shared filesystem, listed in one round trip;
 - `stream`   the lines a followed job prints, made into `[node rankN]` output and notes;
-- `backend`  `SlurmBackend`, the runs.backend seam over all of the above.
+- `backend`  `SlurmBackend`, the backends.api seam over all of the above.
 """

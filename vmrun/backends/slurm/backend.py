@@ -13,16 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vmrun.errors import RemoteError, UsageError
-from vmrun.hostside import source
-from vmrun.remote_paths import STATE_DIR, remote_workdir
-from vmrun.runs.backend import Emit, NodeRecord, Note, RunRef, StopReport
-from vmrun.runs.outputs import RunLocation
-from vmrun.runs.plan import Plan
-from vmrun.runs.state import RunState
-from vmrun.slurm import records
-from vmrun.slurm.cluster import Cluster
-from vmrun.slurm.job import (
+from vmrun.backends.api import Emit, NodeRecord, Note, RunRef, StopReport
+from vmrun.backends.slurm import records
+from vmrun.backends.slurm.cluster import Cluster
+from vmrun.backends.slurm.job import (
     Batch,
     JobPaths,
     JobSpec,
@@ -31,8 +25,14 @@ from vmrun.slurm.job import (
     tasks_per_node,
     workers_per_node,
 )
-from vmrun.slurm.queue import JobState
-from vmrun.slurm.stream import JobStream
+from vmrun.backends.slurm.queue import JobState
+from vmrun.backends.slurm.stream import JobStream
+from vmrun.errors import RemoteError, UsageError
+from vmrun.hostside import source
+from vmrun.remote_paths import STATE_DIR, remote_workdir
+from vmrun.runs.outputs import RunLocation
+from vmrun.runs.plan import Plan
+from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.quoting import plain_command, quote
 from vmrun.transfer.types import Progress
@@ -329,7 +329,7 @@ class SlurmBackend:
     ) -> int:
         """The job from now (or its queue wait) to its end: state changes as notes, its
         output as `[node rankN]` lines; 0 when it completed, else raise its failure."""
-        from vmrun.slurm.following import Follower
+        from vmrun.backends.slurm.following import Follower
 
         return Follower(self, ref, emit, note, verbose, last).run()
 

@@ -1,0 +1,14 @@
+"""Runs on SSH hosts: each node a detached process tree recorded under ~/.vmrun/runs/<id>/.
+
+- `backend`     `HostsBackend`, the api.Backend over the pieces below;
+- `training`    `vmrun train` on hosts: start, then detach or follow, `--fetch-every`;
+- `start`       preflight, code sync and a detached start on every node;
+- `preflight`   each host's interpreter, GPUs and busy state, the node order;
+- `staging`     the project or the template trainer onto a host;
+- `node_launch` each node's launcher argv and environment; `rendezvous`, `probes`,
+                `netfacts`: where the nodes meet and over which interface;
+- `records`     a run's record on a host: start, list, log, stop (the host scripts' callers);
+- `nodes`       following every node at once: the merged log and the failure rule;
+- `resume`, `stale`, `fetching`, `down_after`: `--resume`, old checkpoints, `--fetch-every`,
+                `--down-after-run`.
+"""
