@@ -11,6 +11,8 @@ import sys
 import threading
 from typing import Any, TextIO
 
+from vmrun.reporting import Reporter
+
 DEBUG = False  # set by main() for --debug / VMRUN_DEBUG
 
 _COLOURS = ("36", "35", "33", "32", "34", "96", "95", "93", "92", "94")
@@ -103,3 +105,23 @@ class PrefixedWriter:
         with self.lock:
             out.write(text)
             out.flush()
+
+
+class Terminal(Reporter):
+    """The CLI's Reporter: infos and warnings to stderr as `vmrun: ...` lines, a run's output
+    to stdout as it comes, a host's failure as its error line (with --debug, its traceback)."""
+
+    def info(self, text: str) -> None:
+        info_line(text)
+
+    def warn(self, text: str) -> None:
+        warn_line(text)
+
+    def output(self, data: bytes) -> None:
+        show(data)
+
+    def failure(self, error: BaseException) -> None:
+        report(error)
+
+
+TERMINAL = Terminal()
