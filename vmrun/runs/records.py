@@ -196,8 +196,7 @@ def _number(text: str) -> float | None:
 
 
 def _read_field(record: RunRecord, key: str, value: str) -> None:
-    """One `KEY value` line of run_list.sh's listing into the record; unknown keys are
-    skipped (a newer host script may say more)."""
+    """One `KEY value` line of run_list.sh's listing into the record; other keys are skipped."""
     reader = _FIELDS.get(key)
     if reader is not None:
         reader(record, value)
@@ -231,7 +230,7 @@ def _read_saved(record: RunRecord, value: str) -> None:
 
 
 def _read_progress(record: RunRecord, value: str) -> None:
-    """The log's last `epoch N[/M]`, unless METRICS already told."""
+    """The log's last `epoch N[/M]`, unless METRICS (listed before it) already told."""
     match = None if record.progress else _PROGRESS.search(value)
     if match:
         total = f"/{match.group(2)}" if match.group(2) else ""
