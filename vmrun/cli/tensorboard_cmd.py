@@ -1,18 +1,16 @@
 """`vmrun tensorboard [RUN] [-H HOST | -C CLUSTER] [--logdir DIR]... [--port N] [--local]`: a run's
 TensorBoard in this machine's browser.
 
-By default TensorBoard runs where the files are (vmrun.runs.tensorboard: the run's master
-node, or a cluster's login node) and is forwarded here over vmrun's connection
-(vmrun.ssh.forward); with --local the event files are fetched here round after round and a
-local TensorBoard serves them (vmrun.runs.tensorboard_local).
+By default TensorBoard runs where the files are (vmrun.operations.tensorboard finds that
+place: the run's master node, or a cluster's login node; vmrun.runs.tensorboard runs it
+there) and is forwarded here over vmrun's connection (vmrun.ssh.forward); with --local the
+event files are fetched here round after round and a local TensorBoard serves them
+(vmrun.runs.tensorboard_local).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,23 +25,10 @@ from vmrun.cli.options import (
 
 if TYPE_CHECKING:
     from vmrun.config import Settings
-    from vmrun.runs.outputs import RunLocation
+    from vmrun.operations.tensorboard import Place
     from vmrun.runs.tensorboard import LogDir
-    from vmrun.ssh.connection import Connection
 
 DEFAULT_PORT = 6006  # TensorBoard's own
-
-
-@dataclass(frozen=True)
-class Place:
-    """The node that has a run's files, and what TensorBoard needs to know there."""
-
-    conn: Connection
-    run_id: str
-    python: str
-    meta: Any
-    location: RunLocation
-    fix: str  # how to get tensorboard into that python
 
 
 def register(app: typer.Typer) -> None:
@@ -112,49 +97,13 @@ def register(app: typer.Typer) -> None:
                     code="tensorboard-missing",
                 )
         settings = settings_from(connect_timeout, accept_new_host_key)
-        with _place(settings, run, host, cluster) as place:
+        from vmrun.operations.tensorboard import place as find_place
+
+        with find_place(settings, run, hosts=host, cluster=cluster) as place:
             dirs = log_dirs(place.meta, place.location.out_dir, extra)
             if local:
                 return _serve_local(settings, place, dirs, port, every)
             return _serve_remote(place, dirs, port)
-
-
-@contextmanager
-def _place(
-    settings: Settings, run: str | None, host: list[str] | None, cluster: str | None
-) -> Iterator[Place]:
-    """The run (the newest unless named) and the node with its files: a multi-node run's
-    master; on a cluster, the login node (the files are on the shared filesystem)."""
-    if cluster:
-        from vmrun.backends.slurm.session import cluster_backend
-
-        with cluster_backend(settings, cluster) as slurm:
-            ref = slurm.find(run)
-            fix = f"`vmrun setup -C {cluster} --pip tensorboard`"
-            yield Place(slurm.conn, ref.run_id, slurm.python(), ref.meta,
-                        slurm.outputs(ref)[cluster], _fix(fix, ref.run_id))  # fmt: skip
-        return
-    from vmrun.backends.hosts.backend import HostsBackend
-    from vmrun.ssh.group import Group
-    from vmrun.ssh.inventory import select_hosts
-
-    entries = select_hosts(host, settings)
-    with Group(entries, settings) as group:
-        backend = HostsBackend(group)
-        ref = backend.find(run)
-        node = str(ref.meta.get("master") or ref.nodes[0])
-        if node not in ref.records:
-            node = ref.nodes[0]
-        meta = ref.records[node].meta
-        fix = f"`vmrun setup --pip tensorboard -H {node}`"
-        yield Place(backend.conn(node), ref.run_id, str(meta.get("python") or "python3"),
-                    meta, backend.outputs(ref)[node], _fix(fix, ref.run_id))  # fmt: skip
-
-
-def _fix(setup: str, run_id: str) -> str:
-    return (
-        f"install it with {setup}, or view the run from here: `vmrun tensorboard {run_id} --local`"
-    )
 
 
 def _serve_remote(place: Place, dirs: list[LogDir], port: int) -> int:
