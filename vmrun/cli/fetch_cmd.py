@@ -105,20 +105,8 @@ def register(app: typer.Typer) -> None:
         from vmrun.operations.fetch import FetchJob
 
         refuse_with_cluster(cluster, host)
-        if cluster and all_hosts:
-            raise UsageError(f"--all-hosts is for hosts; -C {cluster} fetches from its login node")
-        from vmrun.runs.outputs import check_paths
-
-        items = list(what or ["results"])
-        if all_hosts and host:
-            raise UsageError("give either --host or --all-hosts, not both")
-        check_paths(items, run)
-        if run is not None:
-            from vmrun.runs.outputs import check_run_id
-
-            check_run_id(run)
         job = FetchJob(
-            items=items,
+            items=list(what or ["results"]),
             run=run,
             to=to,
             hosts=host,

@@ -96,6 +96,7 @@ def rounds(
     from vmrun.transfer.streams import stop_all_streams
     from vmrun.transfer.types import Options
 
+    check(job)
     entries = _entries(job)
     dest = _destination(job)
     options = Options(
@@ -155,6 +156,20 @@ def rounds(
             except KeyboardInterrupt:
                 out.info("stopped watching")
                 return
+
+
+def check(job: FetchJob) -> None:
+    """What is refused before any connection: places that do not go together, a bad path
+    or run id."""
+    from vmrun.runs.outputs import check_paths, check_run_id
+
+    if job.cluster and job.all_hosts:
+        raise UsageError(f"--all-hosts is for hosts; -C {job.cluster} fetches from its login node")
+    if job.all_hosts and job.hosts:
+        raise UsageError("give either --host or --all-hosts, not both")
+    check_paths(job.items, job.run)
+    if job.run is not None:
+        check_run_id(job.run)
 
 
 def _entries(job: FetchJob) -> list[HostEntry]:
