@@ -137,3 +137,20 @@ def test_a_run_that_cannot_be_fetched_is_warned_of_and_left_out(
         gather(["nope-1"], settings=lambda: settings, verb="report", out=said)
     ((kind, text),) = said.said
     assert kind == "warn" and "nope-1" in text and "no hosts or clusters" in text
+
+
+def test_tensorboard_is_placed_on_a_node_of_the_run_that_answered(
+    group: FakeGroup, settings: Settings
+) -> None:
+    from vmrun.operations.tensorboard import place
+
+    with place(settings, "r1") as found:
+        assert found.run_id == "r1" and found.conn.label == "accA"
+        assert "accA" in found.fix  # how to install it there names that node
+
+
+def test_a_bad_logdir_is_refused_before_any_connection() -> None:
+    from vmrun.operations.tensorboard import check
+
+    with pytest.raises(UsageError):
+        check(["~other/logs"])
