@@ -21,14 +21,14 @@ NODES = ["accA", "accB"]
 @pytest.fixture
 def group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGroup:
     """accA and accB, both listed; accB refuses connections. Run r1 ran on both."""
-    import vmrun.cli.fetch_run
+    import vmrun.operations.fetch
     import vmrun.ssh.group
     import vmrun.ssh.inventory
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     fake = FakeGroup(NODES, tmp_path, down={"accB"})
-    for module in (vmrun.ssh.group, vmrun.cli.fetch_run):
+    for module in (vmrun.ssh.group, vmrun.operations.fetch):
         monkeypatch.setattr(module, "Group", lambda entries, settings: fake)
     monkeypatch.setattr(vmrun.ssh.inventory, "select_hosts", lambda *a, **k: fake.entries)
 

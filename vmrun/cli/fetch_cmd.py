@@ -1,9 +1,12 @@
-"""`vmrun fetch [WHAT|REMOTE_PATH]...`: bring back only what is new, verified, atomically."""
+"""`vmrun fetch [WHAT|REMOTE_PATH]...`: bring back only what is new, verified, atomically
+(vmrun.operations.fetch does it; this parses the flags and shows each round)."""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +19,11 @@ from vmrun.cli.options import (
     settings_from,
 )
 from vmrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from vmrun.operations.fetch import FetchJob
+    from vmrun.ssh.group import Outcome
+    from vmrun.transfer.types import Report
 
 _RATE = re.compile(r"(?i)\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]?)i?b?(?:/s)?\s*")
 
@@ -94,23 +102,11 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.fetch_run import FetchJob, run_fetch
+        from vmrun.operations.fetch import FetchJob
 
         refuse_with_cluster(cluster, host)
-        if cluster and all_hosts:
-            raise UsageError(f"--all-hosts is for hosts; -C {cluster} fetches from its login node")
-        from vmrun.runs.outputs import check_paths
-
-        items = list(what or ["results"])
-        if all_hosts and host:
-            raise UsageError("give either --host or --all-hosts, not both")
-        check_paths(items, run)
-        if run is not None:
-            from vmrun.runs.outputs import check_run_id
-
-            check_run_id(run)
         job = FetchJob(
-            items=items,
+            items=list(what or ["results"]),
             run=run,
             to=to,
             hosts=host,
@@ -126,3 +122,64 @@ def register(app: typer.Typer) -> None:
             cluster=cluster,
         )
         return run_fetch(job)
+
+
+def run_fetch(job: FetchJob) -> int:
+    """Fetch, showing each round as it ends (a live view on a terminal, unless --watch);
+    the exit code of the last round."""
+    from vmrun.cli.fetch_view import make_progress
+    from vmrun.cli.output import TERMINAL, unreached
+    from vmrun.operations.fetch import rounds
+
+    live = sys.stderr.isatty() and not job.watch
+    code = 0
+    for n, fetched in enumerate(
+        rounds(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))
+    ):
+        if n == 0 and fetched.ref is not None:
+            unreached(fetched.ref, "has no files fetched from there")
+        _report(fetched.outcomes, prefix=fetched.several, quiet=job.watch)
+        code = fetched.exit_code
+    return code
+
+
+def _report(outcomes: list[Outcome[Report]], *, prefix: bool, quiet: bool) -> None:
+    """Each host's summary line (with --watch, only when something happened), what it
+    skipped, and a coded error line for each failure."""
+    from vmrun.cli.fetch_view import summary
+    from vmrun.cli.output import error_line, report, warn_line
+
+    for outcome in outcomes:
+        if outcome.error is not None:
+            report(outcome.error)
+            continue
+        rep = outcome.value
+        assert rep is not None
+        busy = rep.fetched or rep.failed or rep.missing or rep.replaced
+        if not quiet or busy:
+            print(summary(rep, prefix=prefix), flush=True)
+        if not quiet:
+            for text in rep.skipped:
+                warn_line(f"{rep.host}: skipped {text}")
+        for path, why in rep.failed.items():
+            if path in rep.mismatched:
+                error_line(f"{rep.host}: {path}: {why}", code="checksum-mismatch")
+            else:
+                error_line(f"{rep.host}: {path}: {why}", code="file-not-fetched")
+        for name in rep.missing:
+            error_line(
+                f"{rep.host}: {name}: not found on the host{_tilde_hint(name)}",
+                code="remote-path-not-found",
+            )
+
+
+def _tilde_hint(name: str) -> str:
+    """`vmrun fetch ~/x` unquoted reaches vmrun as this machine's home: say how to quote it."""
+    home = str(Path.home()).rstrip("/")
+    if not home or not (name == home or name.startswith(home + "/")):
+        return ""
+    rel = name[len(home) :].lstrip("/")
+    return (
+        f" (your shell turned `~` into this machine's home, {home}; for the host's home,"
+        f" quote it: vmrun fetch '~/{rel}')"
+    )

@@ -1,10 +1,10 @@
 """`vmrun forward [LOCAL:]PORT [-H HOST | -C CLUSTER [--node NODE]] [--local-port N]`: a port
 of a host (or of a cluster's compute node, through the login node) on this machine's
-127.0.0.1, over vmrun's own SSH connection (vmrun.ssh.forward), until Ctrl-C."""
+127.0.0.1, over vmrun's own SSH connection (vmrun.operations.forward), until Ctrl-C."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -17,10 +17,6 @@ from vmrun.cli.options import (
     settings_from,
 )
 from vmrun.errors import UsageError
-
-if TYPE_CHECKING:
-    from vmrun.config import Settings
-    from vmrun.ssh.inventory import HostEntry
 
 PortArg = Annotated[str, typer.Argument(metavar="[LOCAL:]PORT", show_default=False)]
 
@@ -60,9 +56,9 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import info_line
-        from vmrun.ssh.connection import Connection
-        from vmrun.ssh.forward import Forward, bind_free, moved_line, parse_ports
+        from vmrun.cli.output import TERMINAL, info_line
+        from vmrun.operations.forward import forwarding
+        from vmrun.ssh.forward import moved_line, parse_ports
 
         refuse_with_cluster(cluster, host)
         local, port = parse_ports(ports)
@@ -71,14 +67,17 @@ def register(app: typer.Typer) -> None:
         if node is not None and (not node.strip() or any(c.isspace() for c in node)):
             raise UsageError(f"--node {node!r}: expected a host name or address")
         settings = settings_from(connect_timeout, accept_new_host_key)
-        entry = one_host(settings, host, cluster)
         wanted = local if local is not None else port if local_port is None else local_port
-        if local is not None:  # the port asked for, or one line before any connecting
-            bind_free(local, search=1).close()
-        with Connection(entry.spec, settings, label=entry.label) as conn:
-            dest = node or "127.0.0.1"
-            fwd = Forward(conn, dest, port, local_port=wanted, exact=local is not None)
-            fwd.start(note=info_line)
+        with forwarding(
+            settings,
+            port,
+            hosts=host,
+            cluster=cluster,
+            node=node,
+            local_port=wanted,
+            exact=local is not None,
+            out=TERMINAL,
+        ) as fwd:
             try:
                 moved = moved_line(wanted, fwd.port)
                 if moved:
@@ -91,25 +90,4 @@ def register(app: typer.Typer) -> None:
             except KeyboardInterrupt:
                 fwd.stop()
                 info_line(f"stopped forwarding port {fwd.port}")
-                return 0
-            finally:
-                fwd.stop()
         return 0
-
-
-def one_host(settings: Settings, host: list[str] | None, cluster: str | None) -> HostEntry:
-    """The one place to forward through: the cluster's login node, or exactly one host."""
-    if cluster:
-        from vmrun.backends.slurm.cluster import find_cluster
-
-        return find_cluster(settings, cluster).entry
-    from vmrun.ssh.inventory import select_hosts
-
-    entries = select_hosts(host, settings)
-    if len(entries) != 1:
-        names = ", ".join(e.label for e in entries)
-        raise UsageError(
-            f"forward goes through one host; {len(entries)} are selected ({names}):"
-            " name one with -H"
-        )
-    return entries[0]

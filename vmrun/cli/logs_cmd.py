@@ -3,12 +3,12 @@
 A run on several hosts shows every node's log, each line prefixed `[host rankN]`, merged by
 when each line was written (live with -f, which also applies the failure rule of `vmrun
 train`: a node that fails stops the run on the others). Whatever runs the run, the backend
-does the work (vmrun.backends.api).
+does the work (vmrun.operations.logs finds it, vmrun.backends.api reads it).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,7 +21,10 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
-from vmrun.errors import Detached, UsageError
+from vmrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from vmrun.operations.logs import RunLog
 
 
 def register(app: typer.Typer) -> None:
@@ -54,41 +57,23 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.backends.hosts.backend import HostsBackend, require_nodes
-        from vmrun.ssh.group import Group
-        from vmrun.ssh.inventory import select_hosts
+        from vmrun.operations.logs import run_log
 
         if lines < 0:
             raise UsageError(f"--lines must be >= 0, got {lines}")
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        if cluster:
-            if node:
-                raise UsageError("--node picks a host's log; a cluster's job has one log")
-            from vmrun.backends.slurm.session import cluster_backend
-
-            with cluster_backend(settings, cluster) as slurm:
-                return _show(slurm, slurm.find(run), follow, lines, verbose)
-        entries = select_hosts(host, settings)
-        with Group(entries, settings) as group:
-            backend = HostsBackend(group)
-            ref = backend.find(run)
-            if node:
-                ref = require_nodes(ref, node, entries)
-            return _show(backend, ref, follow, lines, verbose)
+        with run_log(settings, run, hosts=host, cluster=cluster, nodes=node or ()) as log:
+            return _show(log, follow, lines, verbose)
 
 
-def _show(backend: Any, ref: Any, follow: bool, lines: int, verbose: bool) -> int:
+def _show(log: RunLog, follow: bool, lines: int, verbose: bool) -> int:
     """The log of every node that answered; the others are named (before following, after
     a listing: where they are seen), and the exit status is then not 0."""
-    if not ref.nodes:
-        return output.unreached(ref, "has no log shown from there")
+    if not log.ref.nodes:
+        return output.unreached(log.ref, "has no log shown from there")
     if not follow:
-        backend.read_log(ref, output.show, last=lines, verbose=verbose)
-        return output.unreached(ref, "has no log shown from there")
-    left = output.unreached(ref, "is not followed there")
-    try:
-        code = int(backend.follow(ref, output.show, output.info_line, last=lines, verbose=verbose))
-    except KeyboardInterrupt:
-        raise Detached(f"stopped following {ref.run_id}; the run goes on") from None
-    return max(code, left)
+        log.read(output.TERMINAL, last=lines, verbose=verbose)
+        return output.unreached(log.ref, "has no log shown from there")
+    left = output.unreached(log.ref, "is not followed there")
+    return max(log.follow(output.TERMINAL, last=lines, verbose=verbose), left)

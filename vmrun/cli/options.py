@@ -65,3 +65,14 @@ def refuse_with_cluster(cluster: str | None, host: list[str] | None) -> None:
 
     if cluster and host:
         raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+
+
+Runs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[RUN]...",
+        show_default=False,
+        help="Run ids (results/<id>/ of the project, fetched first if not here) or paths to"
+        " results folders. Default: every run under results/, oldest first.",
+    ),
+]

@@ -13,10 +13,10 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Runs,
     refuse_with_cluster,
     settings_from,
 )
-from vmrun.cli.run_histories import Runs
 from vmrun.errors import UsageError
 
 
@@ -58,8 +58,8 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import info_line, warn_line
-        from vmrun.cli.run_histories import gather
+        from vmrun.cli.output import TERMINAL, info_line, warn_line
+        from vmrun.operations.histories import gather
         from vmrun.results import plotting
 
         if x not in plotting.X_AXES:
@@ -78,6 +78,7 @@ def register(app: typer.Typer) -> None:
             cluster=cluster,
             settings=lambda: settings_from(connect_timeout, accept_new_host_key),
             verb="plot",
+            out=TERMINAL,
         )
         known = plotting.metric_names(histories)
         if metric not in known:

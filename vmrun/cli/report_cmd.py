@@ -12,10 +12,10 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Runs,
     refuse_with_cluster,
     settings_from,
 )
-from vmrun.cli.run_histories import Runs
 from vmrun.errors import UsageError
 
 
@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.run_histories import gather
+        from vmrun.cli.output import TERMINAL
+        from vmrun.operations.histories import gather
         from vmrun.results.report import render_markdown, report_rows, rows_json
 
         if as_json and markdown:
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
             cluster=cluster,
             settings=lambda: settings_from(connect_timeout, accept_new_host_key),
             verb="report",
+            out=TERMINAL,
         )
         rows = report_rows(histories)
         if as_json:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -53,13 +52,15 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import report
+        from vmrun.cli.output import TERMINAL, report
+        from vmrun.operations.status import gather
 
         if last < 0:
             raise UsageError(f"--last must be >= 0, got {last}")
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        records, errors, autostop = _gather(host, cluster, settings, watchdog=not as_json)
+        found = gather(settings, hosts=host, cluster=cluster, watchdog=not as_json, out=TERMINAL)
+        records, errors, autostop = found.records, found.errors, found.autostop
         hidden = 0
         if last and not show_all:
             ids = list(dict.fromkeys(r.id for r in records))
@@ -95,69 +96,6 @@ def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, .
         )
         for r in records
     ]
-
-
-def _gather(
-    host: list[str] | None, cluster: str | None, settings: Any, *, watchdog: bool = True
-) -> tuple[list[Any], list[BaseException], dict[str, str]]:
-    """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
-    every cluster in vmrun.toml (one command on each login node), oldest first; and what
-    the autostop watchdog says on each host that has one (`watchdog`: the table shows it)."""
-    from vmrun.backends.slurm.cluster import project_clusters
-    from vmrun.backends.slurm.session import cluster_backend
-    from vmrun.errors import VmrunError
-    from vmrun.ssh.inventory import project_hosts
-
-    chosen = bool(host) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
-    names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
-    records: list[Any] = []
-    errors: list[BaseException] = []
-    autostop: dict[str, str] = {}
-    if not cluster and (chosen or project_hosts(settings) or not names):
-        from vmrun.ssh.group import Group
-        from vmrun.ssh.inventory import select_hosts
-
-        with Group(select_hosts(host, settings), settings) as group:
-            for outcome in group.map(lambda e, conn: _listing(conn, watchdog)):
-                if outcome.error is not None:
-                    errors.append(outcome.error)
-                    continue
-                found, state = outcome.value or ([], None)
-                records += found
-                if state is not None and state.installed:
-                    autostop[outcome.host] = state.short()
-    for name in names:
-        try:
-            with cluster_backend(settings, name) as slurm:
-                jobs, failed = slurm.runs()
-        except VmrunError as exc:
-            if cluster:
-                raise
-            errors.append(exc)
-            continue
-        records += jobs
-        errors += failed
-    records.sort(key=lambda r: float(r.started or 0))
-    return records, errors, autostop
-
-
-def _listing(conn: Any, watchdog: bool) -> tuple[list[Any], Any]:
-    """A host's runs and, on a second channel of the same connection at the same time, what
-    its autostop watchdog says (None: not asked, or unreadable): one round trip, not two."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from vmrun.autostop.watchdog import read_status
-    from vmrun.backends.hosts.records import list_runs
-    from vmrun.errors import VmrunError
-
-    conn.open()  # one dial for both
-    with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(read_status, conn) if watchdog else None
-        runs = list_runs(conn)
-        try:
-            return runs, reading.result() if reading else None
-        except VmrunError:
-            return runs, None
 
 
 def _state(run: Any) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,7 +14,9 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
-from vmrun.config import Settings
+
+if TYPE_CHECKING:
+    from vmrun.operations.stop import Stopped
 
 
 def register(app: typer.Typer) -> None:
@@ -34,49 +36,39 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.backends.hosts.backend import HostsBackend
-        from vmrun.cli.output import report, unreached
-        from vmrun.ssh.group import Group, worst_exit_code
-        from vmrun.ssh.inventory import select_hosts
+        from vmrun.cli.output import TERMINAL
+        from vmrun.operations.stop import stop
 
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        if cluster:
-            return _stop_job(settings, cluster, run, grace)
-        entries = select_hosts(host, settings)
-        with Group(entries, settings) as group:
-            backend = HostsBackend(group)
-            ref = backend.find(run, running_only=run is None)
-            outcomes = backend.stop_outcomes(ref, grace=grace)
-        run_id = ref.run_id
-        for outcome in outcomes:
-            if outcome.error is not None:
-                report(outcome.error)
-                continue
-            res = outcome.value
-            assert res is not None
-            if not res.signalled:
-                typer.echo(f"{res.host}: run {run_id} had already ended")
-                continue
-            killed = f", {len(res.killed)} needed SIGKILL" if res.killed else ""
-            typer.echo(
-                f"{res.host}: stopped run {run_id}: {len(res.signalled)} process(es)"
-                f"{killed}; none left"
-            )
-        left = unreached(ref, "was not stopped there; its processes may still hold its GPUs")
-        return max(worst_exit_code(outcomes), left)
+        return render(stop(settings, run, hosts=host, cluster=cluster, grace=grace, out=TERMINAL))
 
 
-def _stop_job(settings: Settings, cluster: str, run: str | None, grace: float) -> int:
-    """scancel the run's job, then wait until Slurm shows neither it nor any step of it."""
-    from vmrun.backends.slurm.session import cluster_backend
+def render(stopped: Stopped) -> int:
+    """A line per node (or the cluster's job), each failure's error line, each unreached
+    node named; the exit code."""
+    from vmrun.cli.output import report, unreached
 
-    with cluster_backend(settings, cluster) as slurm:
-        ref = slurm.find(run, running_only=run is None)
-        (report,) = slurm.stop(ref, grace=grace)
-    job = ref.meta.get("job_id")
-    if not report.signalled:
-        typer.echo(f"{cluster}: run {ref.run_id} (job {job}) had already ended")
-    else:
-        typer.echo(f"{cluster}: stopped run {ref.run_id}: job {job} cancelled; no step left")
-    return 0
+    run_id = stopped.run_id
+    if stopped.cluster:
+        job = f"job {stopped.job}"
+        if stopped.signalled:
+            typer.echo(f"{stopped.cluster}: stopped run {run_id}: {job} cancelled; no step left")
+        else:
+            typer.echo(f"{stopped.cluster}: run {run_id} ({job}) had already ended")
+        return 0
+    for outcome in stopped.outcomes:
+        if outcome.error is not None:
+            report(outcome.error)
+            continue
+        res = outcome.value
+        assert res is not None
+        if not res.signalled:
+            typer.echo(f"{res.host}: run {run_id} had already ended")
+            continue
+        killed = f", {len(res.killed)} needed SIGKILL" if res.killed else ""
+        typer.echo(
+            f"{res.host}: stopped run {run_id}: {len(res.signalled)} process(es){killed}; none left"
+        )
+    unreached(stopped.ref, "was not stopped there; its processes may still hold its GPUs")
+    return stopped.exit_code

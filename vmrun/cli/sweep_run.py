@@ -152,9 +152,10 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
     from vmrun.backends.slurm.session import cluster_backend
-    from vmrun.cli.fetch_run import FetchJob, run_fetch
+    from vmrun.cli.fetch_cmd import run_fetch
     from vmrun.cli.fetch_view import make_progress
     from vmrun.cli.train_cluster import job_spec
+    from vmrun.operations.fetch import FetchJob
 
     name = str(job.cluster)
     opts = cluster_opts(job, size)

@@ -1,18 +1,16 @@
 """`vmrun tensorboard [RUN] [-H HOST | -C CLUSTER] [--logdir DIR]... [--port N] [--local]`: a run's
 TensorBoard in this machine's browser.
 
-By default TensorBoard runs where the files are (vmrun.runs.tensorboard: the run's master
-node, or a cluster's login node) and is forwarded here over vmrun's connection
-(vmrun.ssh.forward); with --local the event files are fetched here round after round and a
-local TensorBoard serves them (vmrun.runs.tensorboard_local).
+By default TensorBoard runs where the files are (vmrun.operations.tensorboard finds that
+place: the run's master node, or a cluster's login node; vmrun.runs.tensorboard runs it
+there) and is forwarded here over vmrun's connection (vmrun.ssh.forward); with --local the
+event files are fetched here round after round and a local TensorBoard serves them
+(vmrun.runs.tensorboard_local).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -24,26 +22,10 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.operations.tensorboard import DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from vmrun.config import Settings
-    from vmrun.runs.outputs import RunLocation
-    from vmrun.runs.tensorboard import LogDir
-    from vmrun.ssh.connection import Connection
-
-DEFAULT_PORT = 6006  # TensorBoard's own
-
-
-@dataclass(frozen=True)
-class Place:
-    """The node that has a run's files, and what TensorBoard needs to know there."""
-
-    conn: Connection
-    run_id: str
-    python: str
-    meta: Any
-    location: RunLocation
-    fix: str  # how to get tensorboard into that python
+    from vmrun.operations.tensorboard import Serving
 
 
 def register(app: typer.Typer) -> None:
@@ -95,138 +77,34 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.errors import VmrunError
-        from vmrun.runs.tensorboard import host_path, log_dirs
+        from vmrun.cli.output import TERMINAL
+        from vmrun.operations.tensorboard import check, serving
+        from vmrun.operations.tensorboard import place as find_place
 
         refuse_with_cluster(cluster, host)
         extra = list(logdir or [])
-        for item in extra:
-            host_path(item, "")  # a bad --logdir fails before any connection
-        if local:
-            from vmrun.runs.tensorboard_local import tensorboard_here
-
-            if not tensorboard_here():
-                raise VmrunError(
-                    "tensorboard is not installed here",
-                    hint="`pip install tensorboard`, or run it on the host: drop --local",
-                    code="tensorboard-missing",
-                )
+        check(extra, local=local)
         settings = settings_from(connect_timeout, accept_new_host_key)
-        with _place(settings, run, host, cluster) as place:
-            dirs = log_dirs(place.meta, place.location.out_dir, extra)
-            if local:
-                return _serve_local(settings, place, dirs, port, every)
-            return _serve_remote(place, dirs, port)
+        with find_place(settings, run, hosts=host, cluster=cluster) as place:
+            board = serving(
+                settings, place, extra, port=port, local=local, every=every, out=TERMINAL
+            )
+            return _serve(board)
 
 
-@contextmanager
-def _place(
-    settings: Settings, run: str | None, host: list[str] | None, cluster: str | None
-) -> Iterator[Place]:
-    """The run (the newest unless named) and the node with its files: a multi-node run's
-    master; on a cluster, the login node (the files are on the shared filesystem)."""
-    if cluster:
-        from vmrun.backends.slurm.session import cluster_backend
-
-        with cluster_backend(settings, cluster) as slurm:
-            ref = slurm.find(run)
-            fix = f"`vmrun setup -C {cluster} --pip tensorboard`"
-            yield Place(slurm.conn, ref.run_id, slurm.python(), ref.meta,
-                        slurm.outputs(ref)[cluster], _fix(fix, ref.run_id))  # fmt: skip
-        return
-    from vmrun.backends.hosts.backend import HostsBackend
-    from vmrun.ssh.group import Group
-    from vmrun.ssh.inventory import select_hosts
-
-    entries = select_hosts(host, settings)
-    with Group(entries, settings) as group:
-        backend = HostsBackend(group)
-        ref = backend.find(run)
-        node = str(ref.meta.get("master") or ref.nodes[0])
-        if node not in ref.records:
-            node = ref.nodes[0]
-        meta = ref.records[node].meta
-        fix = f"`vmrun setup --pip tensorboard -H {node}`"
-        yield Place(backend.conn(node), ref.run_id, str(meta.get("python") or "python3"),
-                    meta, backend.outputs(ref)[node], _fix(fix, ref.run_id))  # fmt: skip
-
-
-def _fix(setup: str, run_id: str) -> str:
-    return (
-        f"install it with {setup}, or view the run from here: `vmrun tensorboard {run_id} --local`"
-    )
-
-
-def _serve_remote(place: Place, dirs: list[LogDir], port: int) -> int:
+def _serve(board: Serving) -> int:
+    """Start it, say where, print its URL on stdout; serve until Ctrl-C."""
     from vmrun.cli.output import info_line
-    from vmrun.errors import ConnectionLostError
-    from vmrun.runs.tensorboard import HostBoard
-    from vmrun.ssh.forward import Forward, moved_line
 
-    label = place.conn.label
-    board = HostBoard(place.conn, place.python, dirs, fix=place.fix)
-    fwd: Forward | None = None
     try:
-        remote_port = board.start()
-        fwd = Forward(place.conn, "127.0.0.1", remote_port, local_port=port).start()
-        moved = moved_line(port, fwd.port)
-        if moved:
-            info_line(moved)
-        served = ", ".join(folder for _, folder in board.served)
-        info_line(f"TensorBoard for run {place.run_id} on {label} ({served}); Ctrl-C to stop")
-        print(f"http://127.0.0.1:{fwd.port}/", flush=True)
-        while True:
-            board.check()
-            try:
-                fwd.wait(0.5)
-            except ConnectionLostError:
-                board.ended(2.0)  # the same loss in TensorBoard's words, if it sees it too
-                board.check()
-                raise
+        board.start()
+        if board.moved:
+            info_line(board.moved)
+        info_line(f"{board.what}; Ctrl-C to stop")
+        print(board.url, flush=True)
+        board.wait()
     except KeyboardInterrupt:
-        gone = board.stop()
-        info_line(
-            f"stopped TensorBoard on {label}"
-            if gone
-            else f"closed TensorBoard's channel; {label} stops it when it notices"
-        )
-        return 0
+        info_line(board.stop())
     finally:
-        board.stop()
-        if fwd is not None:
-            fwd.stop()
-
-
-def _serve_local(
-    settings: Settings, place: Place, dirs: list[LogDir], port: int, every: float
-) -> int:
-    from pathlib import Path
-
-    from vmrun.cli.output import info_line
-    from vmrun.runs.outputs import local_run_dir
-    from vmrun.runs.tensorboard_local import LocalBoard, fetch_specs
-    from vmrun.ssh.forward import moved_line
-
-    dest = settings.project_dir or Path.cwd()
-    logdir = dest / local_run_dir(place.run_id, None)
-    specs = fetch_specs(place.location, dirs)
-    board = LocalBoard(place.conn, specs, dest, logdir, every=every, note=info_line)
-    try:
-        local_port = board.start(port)
-        moved = moved_line(port, local_port)
-        if moved:
-            info_line(moved)
-        info_line(
-            f"TensorBoard here for run {place.run_id} ({logdir}, {board.fetched} file(s)"
-            f" fetched; again every {every:g} s); Ctrl-C to stop"
-        )
-        print(f"http://127.0.0.1:{local_port}/", flush=True)
-        while True:
-            board.check()
-            board.wait(0.5)
-    except KeyboardInterrupt:
-        board.stop()
-        info_line("stopped TensorBoard here")
-        return 0
-    finally:
-        board.stop()
+        board.close()
+    return 0

@@ -4,34 +4,19 @@ A run named by id that is not here, or has no metrics here, is fetched first (it
 and `logs`, as `vmrun fetch metrics logs --run RUN` would) from -H's hosts, -C's cluster, or
 else the project's hosts and then each of its clusters; once its files are here, nothing
 connects again, so reports and plots outlive the VMs. A run that still cannot be read gets
-one line naming it and is left out; with none left, the command fails.
+a warning naming it and is left out; with none left, the call fails.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
-import typer
-
-from vmrun.cli.output import warn_line
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
+from vmrun.reporting import QUIET, Reporter
 from vmrun.results.history import METRICS, RunHistory, load_runs, run_dirs, run_path
-
-Runs = Annotated[
-    list[str] | None,
-    typer.Argument(
-        metavar="[RUN]...",
-        show_default=False,
-        help="Run ids (results/<id>/ of the project, fetched first if not here) or paths to"
-        " results folders. Default: every run under results/, oldest first.",
-    ),
-]
 
 
 def project_dir() -> Path:
@@ -43,11 +28,14 @@ def project_dir() -> Path:
 def gather(
     names: list[str] | None,
     *,
-    hosts: list[str] | None,
-    cluster: str | None,
+    hosts: list[str] | None = None,
+    cluster: str | None = None,
     settings: Callable[[], Settings],  # read only when something is to be fetched
-    verb: str,
+    verb: str = "report",  # what the runs are for, in the messages
+    out: Reporter = QUIET,
 ) -> list[RunHistory]:
+    """The named runs (ids under results/, or paths), else every run under results/, oldest
+    first; what could not be read is said on `out` and left out."""
     project = project_dir()
     if not names:
         paths = run_dirs(project)
@@ -63,16 +51,16 @@ def gather(
             path = run_path(name, project)
             named_by_id = path == project / "results" / name
             if named_by_id and not _has_metrics(path):
-                why = _fetch(path.name, hosts, cluster, settings)
+                why = _fetch(path.name, hosts, cluster, settings, out)
                 if why:
                     here = f"no {METRICS} in {path}" if path.is_dir() else f"not in {path.parent}/"
-                    warn_line(f"run {name}: {here} here, and {why}; left out")
+                    out.warn(f"run {name}: {here} here, and {why}; left out")
                     continue
             paths.append(path)
     problems: list[VmrunError] = []
     runs = load_runs(paths, problems)
     for problem in problems:
-        warn_line(f"{problem.one_line()}; left out")
+        out.warn(f"{problem.one_line()}; left out")
     if not runs:
         raise UsageError(f"no run to {verb}", hint="see the lines above")
     return runs
@@ -99,11 +87,14 @@ def _places(hosts: list[str] | None, cluster: str | None, settings: Settings) ->
 
 
 def _fetch(
-    run: str, hosts: list[str] | None, cluster: str | None, settings: Callable[[], Settings]
+    run: str,
+    hosts: list[str] | None,
+    cluster: str | None,
+    settings: Callable[[], Settings],
+    out: Reporter,
 ) -> str:
-    """Fetch the run's metrics and logs; "" when done, else why not. fetch's own lines go
-    to stderr, so stdout keeps only what the command prints (a report, JSON)."""
-    from vmrun.cli.fetch_run import FetchJob, run_fetch
+    """Fetch the run's metrics and logs; "" when done (said on `out`), else why not."""
+    from vmrun.operations.fetch import FetchJob, fetch
 
     resolved = settings()
     places = _places(hosts, cluster, resolved)
@@ -113,25 +104,27 @@ def _fetch(
     for where_hosts, where_cluster in places:
         job = FetchJob(
             items=["metrics", "logs"],
-            run=run,
-            to=None,
-            hosts=where_hosts,
-            all_hosts=False,
-            latest=None,
-            include=(),
-            exclude=(),
-            verify=False,
-            watch=False,
-            interval=10.0,
-            bwlimit=None,
             settings=resolved,
+            run=run,
+            hosts=where_hosts,
             cluster=where_cluster,
         )
         try:
-            with contextlib.redirect_stdout(sys.stderr):
-                code = run_fetch(job)
+            fetched = fetch(job, out)
         except VmrunError as exc:
             reasons.append(exc.one_line())
             continue
-        return "" if code == 0 else f"fetching it failed (exit {code})"
+        if fetched.ref is not None:
+            for error in fetched.ref.unreached.values():
+                out.failure(error)
+        for outcome in fetched.outcomes:
+            if outcome.error is not None:
+                out.failure(outcome.error)
+        code = fetched.exit_code
+        if code != 0:
+            return f"fetching it failed (exit {code})"
+        files = sum(len(report.fetched) for report in fetched.reports)
+        nodes = ", ".join(report.host for report in fetched.reports)
+        out.info(f"run {run}: fetched {files} file(s) of its metrics and logs from {nodes}")
+        return ""
     return "could not be fetched: " + "; ".join(reasons)

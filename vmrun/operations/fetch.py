@@ -1,0 +1,224 @@
+"""Fetching results: from every host in parallel (or a cluster's login node), once or
+(--watch) round after round, each file verified and renamed into place only when complete.
+A run's outputs come from the nodes it ran on, where its backend says they are; explicit
+paths come from the chosen hosts. Each round's per-host reports come back as a value."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from vmrun.backends.api import RunRef
+from vmrun.config import Settings
+from vmrun.errors import ExitCode, Interrupted, UsageError, exit_code_for
+from vmrun.remote_paths import remote_workdir
+from vmrun.reporting import QUIET, Reporter
+from vmrun.runs.outputs import RunLocation
+from vmrun.ssh.group import Group, Outcome
+from vmrun.ssh.inventory import HostEntry
+from vmrun.transfer.types import Progress, Report
+
+WATCH_SETTLE = 2.0  # --watch leaves files alone until they are this old (still being written)
+
+
+@dataclass
+class FetchJob:
+    items: list[str]  # results, checkpoints, logs, metrics, or paths on the host
+    settings: Settings
+    run: str | None = None  # None: the newest (when an item is a run's)
+    to: str | None = None  # None: the project directory
+    hosts: list[str] | None = None
+    all_hosts: bool = False
+    latest: int | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    verify: bool = False
+    watch: bool = False
+    interval: float = 10.0
+    bwlimit: float | None = None
+    cluster: str | None = None  # -C: from the cluster's shared filesystem
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One round: each host's outcome (its transfer Report, or its error), in host order.
+    `ref` is the run whose files these are (None: explicit paths only); its nodes that did
+    not answer are in `ref.unreached`. `several`: files went into a folder per host."""
+
+    outcomes: list[Outcome[Report]]
+    ref: RunRef | None = None
+    several: bool = False
+
+    @property
+    def reports(self) -> list[Report]:
+        return [o.value for o in self.outcomes if o.value is not None]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when everything asked for came back from every node; else the worst of: a
+        host's failure, a file that failed (FAILED), a path not on the host (REMOTE), a node
+        of the run that did not answer."""
+        codes = [0]
+        for outcome in self.outcomes:
+            if outcome.error is not None:
+                codes.append(exit_code_for(outcome.error))
+            elif outcome.value is not None:
+                codes += [ExitCode.FAILED] * bool(outcome.value.failed)
+                codes += [ExitCode.REMOTE] * bool(outcome.value.missing)
+        if self.ref is not None:
+            codes += [exit_code_for(e) for e in self.ref.unreached.values()]
+        return max(codes)
+
+
+MakeProgress = Callable[[bool], Progress]  # given `several`: what reports the transfers
+
+
+def fetch(job: FetchJob, out: Reporter = QUIET, progress: MakeProgress | None = None) -> Fetched:
+    """One round (job.watch is not looked at)."""
+    (fetched,) = rounds(replace(job, watch=False), out, progress)
+    return fetched
+
+
+def rounds(
+    job: FetchJob, out: Reporter = QUIET, progress: MakeProgress | None = None
+) -> Iterator[Fetched]:
+    """Round after round with job.watch (each `interval` apart, until Ctrl-C), else one.
+    `progress` makes the transfers' Progress; one that is a context manager (a live view)
+    is entered around each round."""
+    import os
+
+    from vmrun.runs.outputs import WHATS, specs_for
+    from vmrun.transfer.download import download
+    from vmrun.transfer.streams import stop_all_streams
+    from vmrun.transfer.types import Options
+
+    check(job)
+    entries = _entries(job)
+    dest = _destination(job)
+    options = Options(
+        verify=job.verify,
+        settle=WATCH_SETTLE if job.watch else 0.0,
+        engine=os.environ.get("VMRUN_TRANSFER_ENGINE", "auto").strip().lower() or "auto",
+        bwlimit=job.bwlimit,
+    )
+    if options.engine not in ("auto", "openssh", "paramiko"):
+        raise UsageError("VMRUN_TRANSFER_ENGINE must be auto, openssh or paramiko")
+    workdir = remote_workdir(job.settings.project_dir or Path.cwd())
+    stop = threading.Event()
+    with Group(entries, job.settings) as group:
+        run, only, ref = job.run, None, None
+        where: dict[str, RunLocation] = {}
+        slurm = _cluster_backend(job, group)
+        if slurm is not None:  # the code's folder on the cluster's shared filesystem
+            workdir = f"{slurm.facts().workdir}/{workdir}"
+        if run is not None or any(item in WHATS for item in job.items):
+            run, where, ref = _the_run(group, run, slurm)
+            only = set(where)
+        multi = job.all_hosts or len(only or entries) > 1
+        shown = progress(multi) if progress is not None else Progress()
+
+        def work(entry: HostEntry, conn: Any) -> Report:
+            specs = specs_for(
+                conn,
+                job.items,
+                run=run,
+                location=where.get(entry.label),
+                workdir=workdir,
+                host_dir=entry.label.replace("/", "_") if multi else None,
+                include=job.include,
+                exclude=job.exclude,
+                latest=job.latest,
+            )
+            return download(conn, specs, dest, options, shown)
+
+        if job.watch:
+            out.info(f"watching {len(entries)} host(s) every {job.interval:g} s; Ctrl-C to stop")
+        while True:
+            live = shown if isinstance(shown, AbstractContextManager) else nullcontext()
+            try:
+                with live:
+                    outcomes = group.map(work, only=only)
+            except Interrupted:
+                stop_all_streams()  # partial copies stay, under temporary names: resumable
+                if not job.watch:
+                    raise
+                out.info("stopped watching (the interrupted files resume next time)")
+                return
+            yield Fetched(outcomes, ref, multi)
+            if not job.watch:
+                return
+            try:
+                stop.wait(job.interval)
+            except KeyboardInterrupt:
+                out.info("stopped watching")
+                return
+
+
+def check(job: FetchJob) -> None:
+    """What is refused before any connection: places that do not go together, a bad path
+    or run id."""
+    from vmrun.runs.outputs import check_paths, check_run_id
+
+    if job.cluster and job.all_hosts:
+        raise UsageError(f"--all-hosts is for hosts; -C {job.cluster} fetches from its login node")
+    if job.all_hosts and job.hosts:
+        raise UsageError("give either --host or --all-hosts, not both")
+    check_paths(job.items, job.run)
+    if job.run is not None:
+        check_run_id(job.run)
+
+
+def _entries(job: FetchJob) -> list[HostEntry]:
+    from vmrun.ssh.inventory import project_hosts, select_hosts
+
+    if job.cluster:
+        from vmrun.backends.slurm.cluster import find_cluster
+
+        return [find_cluster(job.settings, job.cluster).entry]
+    if job.all_hosts:
+        entries = project_hosts(job.settings)
+        if not entries:
+            raise UsageError("--all-hosts: vmrun.toml lists no hosts", code="no-hosts")
+        return entries
+    return select_hosts(job.hosts, job.settings)
+
+
+def _destination(job: FetchJob) -> Path:
+    if job.to is not None:
+        return Path(job.to).expanduser()
+    return job.settings.project_dir or Path.cwd()
+
+
+def _cluster_backend(job: FetchJob, group: Group) -> Any:
+    if not job.cluster:
+        return None
+    from vmrun.backends.slurm.backend import SlurmBackend
+    from vmrun.backends.slurm.cluster import find_cluster
+
+    cluster = find_cluster(job.settings, job.cluster)
+    return SlurmBackend(group.connections[cluster.entry.label], cluster)
+
+
+def _the_run(
+    group: Group, run: str | None, slurm: Any = None
+) -> tuple[str, dict[str, RunLocation], RunRef]:
+    """The run (the newest across the hosts unless named) and where its files are on each
+    node it ran on, as the run's backend says: a run's files come from its nodes alone,
+    every node agrees on which run that is, and this one listing replaces a lookup per host."""
+    from vmrun.backends.hosts.backend import HostsBackend
+
+    backend = slurm or HostsBackend(group)
+    try:
+        ref = backend.find(run)
+    except UsageError as exc:
+        raise UsageError(
+            f"no record of {f'run {run}' if run else 'any run'}"
+            f" on {', '.join(e.label for e in group.entries)}",
+            hint="`vmrun status` lists the runs; or fetch an explicit path",
+            code="run-not-found",
+        ) from exc
+    return ref.run_id, backend.outputs(ref), ref

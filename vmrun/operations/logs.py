@@ -1,0 +1,74 @@
+"""A run's log, whatever runs it: found once (the newest run unless named) on -H's hosts or
+-C's cluster, then read as it is now or followed to the end (every node merged, lines
+prefixed `[host rankN]`; following applies `train`'s failure rule: a node that fails stops
+the run on the others)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from vmrun.backends.api import RunRef
+from vmrun.config import Settings
+from vmrun.errors import Detached, UsageError
+from vmrun.reporting import QUIET, Reporter
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """A found run on its open backend. Its nodes that did not answer are in
+    `ref.unreached`: a caller names them (before following, they would wait for the end)."""
+
+    backend: Any  # a vmrun.backends.api.Backend
+    ref: RunRef
+
+    def read(self, out: Reporter = QUIET, *, last: int = 0, verbose: bool = False) -> None:
+        """The log of every node that answered, as it is now, to `out.output`."""
+        if self.ref.nodes:
+            self.backend.read_log(self.ref, out.output, last=last, verbose=verbose)
+
+    def follow(self, out: Reporter = QUIET, *, last: int = 0, verbose: bool = False) -> int:
+        """Follow to the end: the run's exit code (0; a failure raises). Ctrl-C is
+        `Detached`: the run goes on."""
+        if not self.ref.nodes:
+            return 0
+        try:
+            return int(
+                self.backend.follow(self.ref, out.output, out.info, last=last, verbose=verbose)
+            )
+        except KeyboardInterrupt:
+            raise Detached(f"stopped following {self.ref.run_id}; the run goes on") from None
+
+
+@contextmanager
+def run_log(
+    settings: Settings,
+    run: str | None = None,
+    *,
+    hosts: list[str] | None = None,
+    cluster: str | None = None,
+    nodes: Sequence[str] = (),
+) -> Iterator[RunLog]:
+    """The run (the newest unless named) on its backend, open until the block ends;
+    `nodes` narrows a run on hosts to some of its nodes (matched as -H matches a host)."""
+    if cluster:
+        if nodes:
+            raise UsageError("--node picks a host's log; a cluster's job has one log")
+        from vmrun.backends.slurm.session import cluster_backend
+
+        with cluster_backend(settings, cluster) as slurm:
+            yield RunLog(slurm, slurm.find(run))
+        return
+    from vmrun.backends.hosts.backend import HostsBackend, require_nodes
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    entries = select_hosts(hosts, settings)
+    with Group(entries, settings) as group:
+        backend = HostsBackend(group)
+        ref = backend.find(run)
+        if nodes:
+            ref = require_nodes(ref, nodes, entries)
+        yield RunLog(backend, ref)

@@ -1,0 +1,90 @@
+"""What `vmrun status` shows, gathered: every run recorded on the hosts and the clusters, and
+what the autostop watchdog says on each host, as values."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.config import Settings
+from vmrun.reporting import QUIET, Reporter
+
+
+@dataclass
+class Status:
+    """The runs found (one record per run and host, oldest first: a hosts' `RunRecord` or a
+    cluster's job), the hosts and clusters that did not answer, and the watchdog's short
+    state on each host that has one installed."""
+
+    records: list[Any] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+    autostop: dict[str, str] = field(default_factory=dict)
+
+
+def gather(
+    settings: Settings,
+    *,
+    hosts: list[str] | None = None,
+    cluster: str | None = None,
+    watchdog: bool = True,
+    out: Reporter = QUIET,
+) -> Status:
+    """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
+    every cluster in vmrun.toml (one command on each login node), oldest first; and what
+    the autostop watchdog says on each host that has one (`watchdog`: the table shows it)."""
+    from vmrun.backends.slurm.cluster import project_clusters
+    from vmrun.backends.slurm.session import cluster_backend
+    from vmrun.errors import VmrunError
+    from vmrun.ssh.inventory import project_hosts
+
+    chosen = bool(hosts) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
+    names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
+    records: list[Any] = []
+    errors: list[BaseException] = []
+    autostop: dict[str, str] = {}
+    if not cluster and (chosen or project_hosts(settings) or not names):
+        from vmrun.ssh.group import Group
+        from vmrun.ssh.inventory import select_hosts
+
+        with Group(select_hosts(hosts, settings), settings) as group:
+            for outcome in group.map(lambda e, conn: _listing(conn, watchdog)):
+                if outcome.error is not None:
+                    errors.append(outcome.error)
+                    continue
+                found, state = outcome.value or ([], None)
+                records += found
+                if state is not None and state.installed:
+                    autostop[outcome.host] = state.short()
+    for name in names:
+        try:
+            with cluster_backend(settings, name) as slurm:
+                jobs, failed = slurm.runs()
+        except VmrunError as exc:
+            if cluster:
+                raise
+            errors.append(exc)
+            continue
+        records += jobs
+        errors += failed
+    records.sort(key=lambda r: float(r.started or 0))
+    return Status(records, errors, autostop)
+
+
+def _listing(conn: Any, watchdog: bool) -> tuple[list[Any], Any]:
+    """A host's runs and, on a second channel of the same connection at the same time, what
+    its autostop watchdog says (None: not asked, or unreadable): one round trip, not two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmrun.autostop.watchdog import read_status
+    from vmrun.backends.hosts.records import list_runs
+    from vmrun.errors import VmrunError
+
+    conn.open()  # one dial for both
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read_status, conn) if watchdog else None
+        runs = list_runs(conn)
+        try:
+            return runs, reading.result() if reading else None
+        except VmrunError:
+            return runs, None
