@@ -38,7 +38,7 @@ class Recorder(Reporter):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.said: list[tuple[str, str]] = []  # (kind, text): kind is "info" or "warn"
-        self.data = bytearray()
+        self.outputs: list[bytes] = []  # each `output` call's bytes, as they came
         self.failures: list[BaseException] = []
 
     def info(self, text: str) -> None:
@@ -51,11 +51,17 @@ class Recorder(Reporter):
 
     def output(self, data: bytes) -> None:
         with self._lock:
-            self.data += data
+            self.outputs.append(bytes(data))
 
     def failure(self, error: BaseException) -> None:
         with self._lock:
             self.failures.append(error)
+
+    @property
+    def data(self) -> bytes:
+        """All the output, joined."""
+        with self._lock:
+            return b"".join(self.outputs)
 
     @property
     def lines(self) -> list[str]:

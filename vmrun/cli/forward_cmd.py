@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import info_line
+        from vmrun.cli.output import TERMINAL
         from vmrun.ssh.connection import Connection
         from vmrun.ssh.forward import Forward, bind_free, moved_line, parse_ports
 
@@ -78,19 +78,20 @@ def register(app: typer.Typer) -> None:
         with Connection(entry.spec, settings, label=entry.label) as conn:
             dest = node or "127.0.0.1"
             fwd = Forward(conn, dest, port, local_port=wanted, exact=local is not None)
-            fwd.start(note=info_line)
+            out = TERMINAL
+            fwd.start(out)
             try:
                 moved = moved_line(wanted, fwd.port)
                 if moved:
-                    info_line(moved)
+                    out.info(moved)
                 if not fwd.probe():
-                    info_line(f"nothing answers at {fwd.where} yet; forwarding anyway")
+                    out.info(f"nothing answers at {fwd.where} yet; forwarding anyway")
                 print(f"http://127.0.0.1:{fwd.port}/", flush=True)
-                info_line(f"forwarding to {fwd.where}; Ctrl-C to stop")
+                out.info(f"forwarding to {fwd.where}; Ctrl-C to stop")
                 fwd.wait()
             except KeyboardInterrupt:
                 fwd.stop()
-                info_line(f"stopped forwarding port {fwd.port}")
+                out.info(f"stopped forwarding port {fwd.port}")
                 return 0
             finally:
                 fwd.stop()

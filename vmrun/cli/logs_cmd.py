@@ -84,11 +84,11 @@ def _show(backend: Any, ref: Any, follow: bool, lines: int, verbose: bool) -> in
     if not ref.nodes:
         return output.unreached(ref, "has no log shown from there")
     if not follow:
-        backend.read_log(ref, output.show, last=lines, verbose=verbose)
+        backend.read_log(ref, output.TERMINAL, last=lines, verbose=verbose)
         return output.unreached(ref, "has no log shown from there")
     left = output.unreached(ref, "is not followed there")
     try:
-        code = int(backend.follow(ref, output.show, output.info_line, last=lines, verbose=verbose))
+        code = int(backend.follow(ref, output.TERMINAL, last=lines, verbose=verbose))
     except KeyboardInterrupt:
         raise Detached(f"stopped following {ref.run_id}; the run goes on") from None
     return max(code, left)

@@ -202,7 +202,7 @@ def _serve_local(
 ) -> int:
     from pathlib import Path
 
-    from vmrun.cli.output import info_line
+    from vmrun.cli.output import TERMINAL, info_line
     from vmrun.runs.outputs import local_run_dir
     from vmrun.runs.tensorboard_local import LocalBoard, fetch_specs
     from vmrun.ssh.forward import moved_line
@@ -210,7 +210,7 @@ def _serve_local(
     dest = settings.project_dir or Path.cwd()
     logdir = dest / local_run_dir(place.run_id, None)
     specs = fetch_specs(place.location, dirs)
-    board = LocalBoard(place.conn, specs, dest, logdir, every=every, note=info_line)
+    board = LocalBoard(place.conn, specs, dest, logdir, every=every, out=TERMINAL)
     try:
         local_port = board.start(port)
         moved = moved_line(port, local_port)
