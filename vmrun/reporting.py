@@ -23,7 +23,8 @@ class Reporter:
         """Something the user should look at; the work goes on."""
 
     def output(self, data: bytes) -> None:
-        """A run's own output, whole lines, as they come."""
+        """A run's own output, whole lines, as they come (a log reader's raw chunks go to a
+        `vmrun.runs.lines.Prefixer`, the Reporter that makes them whole lines)."""
 
     def failure(self, error: BaseException) -> None:
         """One place's failure in a fan-out that goes on (the summary raises, if any)."""
