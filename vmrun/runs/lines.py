@@ -49,7 +49,7 @@ def is_c10d_noise(text: bytes) -> bool:
 class Prefixer(Reporter):
     """Cuts one node's output into whole lines, each prefixed, and hands them to `out`;
     `host` None on one host. A Reporter itself, so a log reader can stream into it: its
-    `output` takes the bytes as they come (any cut), its infos and warnings pass on."""
+    `output` takes the bytes as they come (any cut); the rest passes on to `out`."""
 
     def __init__(self, host: str | None, out: Reporter, *, verbose: bool = True):
         self.host = host.encode() if host else None
@@ -65,6 +65,9 @@ class Prefixer(Reporter):
 
     def warn(self, text: str) -> None:
         self.out.warn(text)
+
+    def failure(self, error: BaseException) -> None:
+        self.out.failure(error)
 
     def output(self, data: bytes) -> None:
         self.feed(data)
