@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import socket
 
 
 def parse_size(text: str) -> int:
@@ -53,46 +57,6 @@ def delay_relay(target: tuple[str, int], rtt_s: float) -> tuple[int, object]:
 def _relay_main(listener: object, target: tuple[str, int], delay: float) -> None:
     import signal
     import socket
-    import threading
-
-    def pipe(src: socket.socket, dst: socket.socket) -> None:
-        import collections
-        import time
-
-        chunks: collections.deque[tuple[float, bytes]] = collections.deque()
-        ready = threading.Condition()
-
-        def reader() -> None:
-            while True:
-                try:
-                    data = src.recv(1 << 18)
-                except OSError:
-                    data = b""
-                with ready:
-                    chunks.append((time.monotonic() + delay, data))
-                    ready.notify()
-                if not data:
-                    return
-
-        def writer() -> None:
-            while True:
-                with ready:
-                    while not chunks:
-                        ready.wait()
-                    due, data = chunks.popleft()
-                wait = due - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                try:
-                    if not data:
-                        dst.shutdown(socket.SHUT_WR)
-                        return
-                    dst.sendall(data)
-                except OSError:
-                    return
-
-        for fn in (reader, writer):
-            threading.Thread(target=fn, daemon=True).start()
 
     assert isinstance(listener, socket.socket)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # not the test bed's handler
@@ -101,5 +65,49 @@ def _relay_main(listener: object, target: tuple[str, int], delay: float) -> None
         upstream = socket.create_connection(target)
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        pipe(client, upstream)
-        pipe(upstream, client)
+        _delayed_pipe(client, upstream, delay)
+        _delayed_pipe(upstream, client, delay)
+
+
+def _delayed_pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+    """Copy src to dst in two threads: a reader stamps each chunk with when it is due, a
+    writer sends it then (and passes EOF on as a shutdown)."""
+    import collections
+    import socket
+    import threading
+    import time
+
+    chunks: collections.deque[tuple[float, bytes]] = collections.deque()
+    ready = threading.Condition()
+
+    def reader() -> None:
+        while True:
+            try:
+                data = src.recv(1 << 18)
+            except OSError:
+                data = b""
+            with ready:
+                chunks.append((time.monotonic() + delay, data))
+                ready.notify()
+            if not data:
+                return
+
+    def writer() -> None:
+        while True:
+            with ready:
+                while not chunks:
+                    ready.wait()
+                due, data = chunks.popleft()
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+            except OSError:
+                return
+
+    for fn in (reader, writer):
+        threading.Thread(target=fn, daemon=True).start()

@@ -83,7 +83,8 @@ def _held(text: str, env: dict[str, str]) -> int:
         proc.stdin.write(env_header(None))
         proc.stdin.flush()
     status = proc.wait(timeout=20)
-    proc.stdin.close()
+    with contextlib.suppress(BrokenPipeError):  # closing flushes what the write left buffered
+        proc.stdin.close()
     return status
 
 

@@ -262,7 +262,7 @@ def register(app: typer.Typer) -> None:
             log_dir=(settings.project_dir or Path.cwd()) / ".vmrun" / "logs",
         )
         if cluster:
-            from vmrun.cli.setup_cluster import run_cluster_setup
+            from vmrun.cli.setup_view import run_cluster_setup
 
             return run_cluster_setup(settings, cluster, options, gpus_per_node)
         from vmrun.ssh.inventory import select_hosts

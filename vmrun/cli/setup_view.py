@@ -1,4 +1,5 @@
-"""Drive HostSetup over many hosts and show it: a live line per host, then a summary."""
+"""Drive a setup and show it: HostSetup over many hosts (a live line per host, then a
+summary), or a cluster's env (`-C NAME`, plain lines)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,6 +17,9 @@ from vmrun.config import Settings
 from vmrun.errors import CommandFailed
 from vmrun.setup.report import HostReport, SetupOptions, StepStatus
 from vmrun.ssh.inventory import HostEntry, record_hosts
+
+if TYPE_CHECKING:
+    from vmrun.ssh.group import Group, Outcome
 
 
 class _Status:
@@ -124,38 +128,9 @@ def run_setup(
             raise
 
     with Group(entries, settings) as group:
-        if status.live:
-            from rich.live import Live
-
-            with Live(status.render(), refresh_per_second=4, transient=True) as live:
-                stop = threading.Event()
-
-                def refresh() -> None:
-                    while not stop.wait(0.25):
-                        live.update(status.render())
-
-                ticker = threading.Thread(target=refresh, daemon=True)
-                ticker.start()
-                try:
-                    outcomes = group.map(work)
-                finally:
-                    stop.set()
-        else:
-            outcomes = group.map(work)
-
+        outcomes = _map_live(group, work, status) if status.live else group.map(work)
     for outcome in outcomes:
-        if outcome.error is not None:
-            report(outcome.error)
-            if isinstance(outcome.error, CommandFailed) and outcome.error.output_tail:
-                for line in outcome.error.output_tail.splitlines()[-8:]:
-                    sys.stderr.write(f"    {line}\n")
-            continue
-        host_report = outcome.value
-        assert host_report is not None
-        if options.dry_run:
-            _print_plan(host_report)
-        else:
-            _print_summary(host_report, outcome.duration, options.params)
+        _print_outcome(outcome, options)
     succeeded = [e for e, o in zip(entries, outcomes, strict=True) if o.ok]
     if record and succeeded:
         _record(project, entries, outcomes)
@@ -164,6 +139,91 @@ def run_setup(
         error_line(f"{failed} of {len(outcomes)} hosts failed", code="hosts-failed")
     after = then(succeeded) if then is not None and succeeded else 0
     return max(worst_exit_code(outcomes), after)
+
+
+def run_cluster_setup(
+    settings: Settings, name: str, options: SetupOptions, gpus_per_node: int
+) -> int:
+    """`vmrun setup -C NAME`: the env on a cluster's shared filesystem, built on its login
+    node and checked on a compute node (vmrun.backends.slurm.setup), shown as plain lines."""
+    from vmrun.backends.slurm.setup import setup_cluster
+
+    if gpus_per_node < 0:
+        from vmrun.errors import UsageError
+
+        raise UsageError(f"--gpus-per-node must be >= 0, got {gpus_per_node}")
+    started = time.monotonic()
+
+    def event(host: str, text: str) -> None:
+        typer.echo(f"[{host}] {text}")
+
+    def progress(host: str, text: str, notable: bool) -> None:
+        if notable:
+            typer.echo(f"[{host}] {text}")
+
+    try:
+        done = setup_cluster(
+            settings,
+            name,
+            options,
+            gpus_per_node=gpus_per_node,
+            on_event=event,
+            on_progress=progress,
+        )
+    except CommandFailed as exc:  # a step failed: its last lines say why
+        report(exc)
+        for line in exc.output_tail.splitlines()[-8:]:
+            sys.stderr.write(f"    {line}\n")
+        return 1
+    if options.dry_run:
+        _print_plan(done.report)
+        typer.echo("  then: the env's python checked on a compute node (srun)")
+        return 0
+    _print_summary(done.report, time.monotonic() - started, options.params)
+    if not done.report.ran:
+        typer.echo(f"  {name}: nothing changed (the env in {done.workdir} was ready)")
+    assert done.check is not None
+    typer.echo(f"  {done.check.line()}")
+    return 0
+
+
+def _map_live(
+    group: Group, work: Callable[[HostEntry, Any], HostReport], status: _Status
+) -> list[Outcome[HostReport]]:
+    """`group.map(work)` under a live table of every host's steps, redrawn four times a
+    second."""
+    from rich.live import Live
+
+    with Live(status.render(), refresh_per_second=4, transient=True) as live:
+        stop = threading.Event()
+
+        def refresh() -> None:
+            while not stop.wait(0.25):
+                live.update(status.render())
+
+        ticker = threading.Thread(target=refresh, daemon=True)
+        ticker.start()
+        try:
+            return group.map(work)
+        finally:
+            stop.set()
+
+
+def _print_outcome(outcome: Outcome[HostReport], options: SetupOptions) -> None:
+    """One host's result: its error (and the failed command's last lines), its plan
+    (`--dry-run`) or its summary."""
+    if outcome.error is not None:
+        report(outcome.error)
+        if isinstance(outcome.error, CommandFailed) and outcome.error.output_tail:
+            for line in outcome.error.output_tail.splitlines()[-8:]:
+                sys.stderr.write(f"    {line}\n")
+        return
+    host_report = outcome.value
+    assert host_report is not None
+    if options.dry_run:
+        _print_plan(host_report)
+    else:
+        _print_summary(host_report, outcome.duration, options.params)
 
 
 def _record(project: Path, entries: list[HostEntry], outcomes: list[Any]) -> None:

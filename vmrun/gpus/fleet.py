@@ -250,44 +250,14 @@ class HostWatcher:
 
     def _stream(self) -> str | None:
         """Run the watch script on one channel; return why to retry, or None when done."""
-        tracker = ProcessTracker(math.inf if self.once else 1.5 * self.interval + 0.5)
-        batcher = GpuBatcher()
-        errors: deque[str] = deque(maxlen=3)
-        pending: list[list[GpuReading]] = []
-        owners: dict[int, str | None] = {}
-
-        def on_output(stream: str, data: bytes) -> None:
-            text = data.decode("utf-8", "replace")
-            if stream == "err":
-                tag, _, rest = text.partition(" ")
-                if tag == APP_TAG:
-                    tracker.feed(rest, time.monotonic())
-                elif tag == OWNER_TAG:
-                    owner = parse_owner_line(rest)
-                    if owner is not None:
-                        owners[owner[0]] = owner[1]
-                elif tag == AUTOSTOP_TAG:
-                    self.autostop = AutostopStatus.from_watch_line(self.label, rest)
-                elif text.strip():  # the shell's complaints ("not found")
-                    errors.append(text.strip())
-                return
-            if parse_gpu_line(text) is None:
-                if text.strip():  # nvidia-smi prints its failures on stdout
-                    errors.append(text.strip())
-                return
-            for batch in batcher.feed(text):
-                if self.once:
-                    pending.append(batch)
-                else:
-                    self._publish(batch, tracker.current(time.monotonic()), owners)
-
+        out = _WatchOutput(self)
         argv = self.target.command(None if self.once else self.interval)
         try:
             timeout = self.once_timeout if self.once else None
             beat = None if self.once else HEARTBEAT
             result = self.conn.run(  # watching is no activity that keeps an autostop host up
                 argv,
-                on_output=on_output,
+                on_output=out.feed,
                 timeout=timeout,
                 heartbeat=beat,
                 what="nvidia-smi",
@@ -300,14 +270,19 @@ class HostWatcher:
             raise
         if self.stop.is_set():
             return None
-        status = result.exit_status
+        return self._ended(result.exit_status, out)
+
+    def _ended(self, status: int, out: _WatchOutput) -> str | None:
+        """The watch script ended with `status`: say what that means; return why to retry,
+        or None when done (no GPU, or `once` and its one sample is shown)."""
+        errors = out.errors
         if status in NO_GPU_EXITS:
             detail = errors[-1] if errors and status not in (126, 127) else None
             message = NO_GPU_EXITS[status] + (f" ({detail})" if detail else "")
             self._say(HostState.NO_GPU, message, ExitCode.REMOTE, code="no-gpu")
             return None
-        if self.once and status == 0 and pending:
-            self._publish(pending[-1], tracker.current(time.monotonic()), owners)
+        if self.once and status == 0 and out.pending:
+            out.publish(out.pending[-1])
             return None
         why = f"nvidia-smi exited with {status}" + (f": {errors[-1]}" if errors else "")
         if status == 0:
@@ -333,6 +308,50 @@ class HostWatcher:
 
 
 # -- watching the fleet -----------------------------------------------------------------------
+
+
+class _WatchOutput:
+    """What one run of the watch script says: GPU rows on stdout (nvidia-smi's failures
+    too), tagged lines on stderr (processes, their owners, the autostop state) and the
+    shell's complaints. `once` keeps the batches for the end; else each is published."""
+
+    def __init__(self, watcher: HostWatcher):
+        self.watcher = watcher
+        self.tracker = ProcessTracker(math.inf if watcher.once else 1.5 * watcher.interval + 0.5)
+        self.batcher = GpuBatcher()
+        self.errors: deque[str] = deque(maxlen=3)
+        self.pending: list[list[GpuReading]] = []
+        self.owners: dict[int, str | None] = {}
+
+    def feed(self, stream: str, data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        if stream == "err":
+            self._tagged(text)
+        elif parse_gpu_line(text) is None:
+            if text.strip():  # nvidia-smi prints its failures on stdout
+                self.errors.append(text.strip())
+        else:
+            for batch in self.batcher.feed(text):
+                if self.watcher.once:
+                    self.pending.append(batch)
+                else:
+                    self.publish(batch)
+
+    def _tagged(self, text: str) -> None:
+        tag, _, rest = text.partition(" ")
+        if tag == APP_TAG:
+            self.tracker.feed(rest, time.monotonic())
+        elif tag == OWNER_TAG:
+            owner = parse_owner_line(rest)
+            if owner is not None:
+                self.owners[owner[0]] = owner[1]
+        elif tag == AUTOSTOP_TAG:
+            self.watcher.autostop = AutostopStatus.from_watch_line(self.watcher.label, rest)
+        elif text.strip():  # the shell's complaints ("not found")
+            self.errors.append(text.strip())
+
+    def publish(self, batch: list[GpuReading]) -> None:
+        self.watcher._publish(batch, self.tracker.current(time.monotonic()), self.owners)
 
 
 class FleetWatch:

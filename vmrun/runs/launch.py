@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from vmrun.errors import UsageError
@@ -110,48 +111,81 @@ def torchrun_argv(
     if max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
     nodes = _check_nnodes(nnodes)
-    static_flags = node_rank is not None or master_addr is not None or master_port is not None
-    argv = [python, "-m", "torch.distributed.run"]
+    static = _Static(node_rank, master_addr, master_port)
     if standalone:
-        if nodes != "1":
-            raise UsageError("--standalone runs one node only (nnodes 1)")
-        if rdzv_endpoint or rdzv_id or static_flags:
-            raise UsageError("--standalone picks its own rendezvous; drop the rdzv/master flags")
-        argv += ["--standalone", "--nnodes=1"]
+        rendezvous = _standalone_flags(nodes, rdzv_endpoint or rdzv_id, static)
     elif rdzv_endpoint:
-        if static_flags:
-            raise UsageError("node rank and master address are for static rendezvous, not c10d")
-        if re.search(r"\s", rdzv_endpoint) or rdzv_endpoint.startswith(":"):
-            raise UsageError(f"rendezvous endpoint {rdzv_endpoint!r}: use HOST[:PORT]")
-        if nodes != "1" and not rdzv_id:
-            raise UsageError("a multi-node c10d rendezvous needs an rdzv id shared by every node")
-        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
-        if rdzv_id:
-            argv.append(f"--rdzv-id={rdzv_id}")
-        if rdzv_conf:
-            argv.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items()))
-        if local_addr:
-            argv.append(f"--local-addr={local_addr}")
-        argv.append(f"--nnodes={nodes}")
+        rendezvous = _c10d_flags(nodes, rdzv_endpoint, rdzv_id, rdzv_conf, local_addr, static)
     else:
-        if ":" in nodes:
-            raise UsageError(f"elastic nnodes {nodes} needs a c10d rendezvous endpoint")
-        argv.append(f"--nnodes={nodes}")
-        if nodes != "1":
-            if node_rank is None or not master_addr:
-                raise UsageError("a static multi-node launch needs a node rank and master address")
-            if not 0 <= node_rank < int(nodes):
-                raise UsageError(f"node rank {node_rank} is outside 0..{int(nodes) - 1}")
-        if node_rank is not None:
-            argv.append(f"--node-rank={node_rank}")
-        if master_addr:
-            argv.append(f"--master-addr={master_addr}")
-        if master_port is not None:
-            argv.append(f"--master-port={_check_port(master_port)}")
+        rendezvous = _static_flags(nodes, static)
+    argv = [python, "-m", "torch.distributed.run", *rendezvous]
     argv += [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
     if log_dir:
         argv += [f"--log-dir={log_dir}", "--tee=3"]
     return [*argv, script, *script_args]
+
+
+@dataclass(frozen=True)
+class _Static:
+    """A static rendezvous's flags (node rank, master address and port), as given."""
+
+    node_rank: int | None
+    master_addr: str | None
+    master_port: int | None
+
+    def given(self) -> bool:
+        return any(x is not None for x in (self.node_rank, self.master_addr, self.master_port))
+
+
+def _standalone_flags(nodes: str, rdzv: str | None, static: _Static) -> list[str]:
+    if nodes != "1":
+        raise UsageError("--standalone runs one node only (nnodes 1)")
+    if rdzv or static.given():
+        raise UsageError("--standalone picks its own rendezvous; drop the rdzv/master flags")
+    return ["--standalone", "--nnodes=1"]
+
+
+def _c10d_flags(
+    nodes: str,
+    endpoint: str,
+    rdzv_id: str | None,
+    conf: Mapping[str, str] | None,
+    local_addr: str | None,
+    static: _Static,
+) -> list[str]:
+    if static.given():
+        raise UsageError("node rank and master address are for static rendezvous, not c10d")
+    if re.search(r"\s", endpoint) or endpoint.startswith(":"):
+        raise UsageError(f"rendezvous endpoint {endpoint!r}: use HOST[:PORT]")
+    if nodes != "1" and not rdzv_id:
+        raise UsageError("a multi-node c10d rendezvous needs an rdzv id shared by every node")
+    flags = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}"]
+    if rdzv_id:
+        flags.append(f"--rdzv-id={rdzv_id}")
+    if conf:
+        flags.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items()))
+    if local_addr:
+        flags.append(f"--local-addr={local_addr}")
+    return [*flags, f"--nnodes={nodes}"]
+
+
+def _static_flags(nodes: str, static: _Static) -> list[str]:
+    if ":" in nodes:
+        raise UsageError(f"elastic nnodes {nodes} needs a c10d rendezvous endpoint")
+    rank, addr, port = static.node_rank, static.master_addr, static.master_port
+    if nodes != "1":
+        if rank is None or not addr:
+            raise UsageError("a static multi-node launch needs a node rank and master address")
+        if not 0 <= rank < int(nodes):
+            raise UsageError(f"node rank {rank} is outside 0..{int(nodes) - 1}")
+    flags = [f"--nnodes={nodes}"]
+    if rank is not None:
+        flags.append(f"--node-rank={rank}")
+    if addr:
+        flags.append(f"--master-addr={addr}")
+    if port is not None:
+        flags.append(f"--master-port={_check_port(port)}")
+    return flags
 
 
 # torchrun puts this before each piece of a worker's output it copies (with `log_dir`); the

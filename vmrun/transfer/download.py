@@ -80,48 +80,7 @@ def _plan(
     links: list[tuple[str, Path, str]] = []
     seen: set[Path] = set()
     for spec, root in listing_roots:
-        base = dest / spec.local if spec.local else dest
-        name = spec.label or root.root
-        if root.state in ("missing", "dangling"):
-            report.missing.append(name)
-            continue
-        entries = root.entries
-        top = next((e for e in entries if e.rel == ""), None)
-        if top is None:
-            report.missing.append(name)
-            continue
-        if top.kind == "f":
-            entries = [top]
-        chosen: list[Item] = []
-        inside = links_inside({e.rel: e.link for e in entries if e.kind == "l" and safe_rel(e.rel)})
-        for entry in entries:
-            rel = entry.rel
-            match_path = rel or posixpath.basename(root.root)
-            if not safe_rel(rel):
-                report.skipped.append(f"{name}/{rel}: unsafe name from the host")
-                continue
-            if entry.kind == "d" or posixpath.basename(match_path).endswith(PART_SUFFIX):
-                continue
-            if not selected(match_path, spec):
-                continue
-            local = base / rel if rel else base
-            shown = os.path.relpath(local, dest)
-            if entry.kind == "l":
-                if rel in inside:
-                    links.append((entry.link, local, shown))
-                else:
-                    report.skipped.append(
-                        f"{shown}: symlink to {entry.link!r} outside the directory, not followed"
-                    )
-                continue
-            if entry.kind != "f" or entry.mtime_ns < spec.newer_than_ns:
-                continue
-            remote = join_remote(root.root, rel)
-            chosen.append(Item(remote=remote, local=local, entry=entry, display=shown))
-        if spec.latest is not None:
-            chosen.sort(key=lambda it: it.entry.mtime_ns, reverse=True)
-            chosen = chosen[: spec.latest]
-        for item in chosen:
+        for item in _choose(spec, root, dest, report, links):
             if options.settle and remote_now * 1e9 - item.entry.mtime_ns < options.settle * 1e9:
                 report.settling += 1
                 continue
@@ -129,6 +88,51 @@ def _plan(
                 seen.add(item.local)
                 files.append(item)
     return files, links
+
+
+def _choose(
+    spec: FetchSpec,
+    root: RootListing,
+    dest: Path,
+    report: Report,
+    links: list[tuple[str, Path, str]],
+) -> list[Item]:
+    """The files of one listed root that `spec` selects (its `latest` newest, if it says);
+    the symlinks that stay inside the root go to `links`, to be made after the files."""
+    name = spec.label or root.root
+    top = next((e for e in root.entries if e.rel == ""), None)
+    if root.state in ("missing", "dangling") or top is None:
+        report.missing.append(name)
+        return []
+    entries = [top] if top.kind == "f" else root.entries
+    base = dest / spec.local if spec.local else dest
+    inside = links_inside({e.rel: e.link for e in entries if e.kind == "l" and safe_rel(e.rel)})
+    chosen: list[Item] = []
+    for entry in entries:
+        rel = entry.rel
+        match_path = rel or posixpath.basename(root.root)
+        if not safe_rel(rel):
+            report.skipped.append(f"{name}/{rel}: unsafe name from the host")
+            continue
+        if entry.kind == "d" or posixpath.basename(match_path).endswith(PART_SUFFIX):
+            continue
+        if not selected(match_path, spec):
+            continue
+        local = base / rel if rel else base
+        shown = os.path.relpath(local, dest)
+        if entry.kind == "l" and rel in inside:
+            links.append((entry.link, local, shown))
+        elif entry.kind == "l":
+            report.skipped.append(
+                f"{shown}: symlink to {entry.link!r} outside the directory, not followed"
+            )
+        elif entry.kind == "f" and entry.mtime_ns >= spec.newer_than_ns:
+            remote = join_remote(root.root, rel)
+            chosen.append(Item(remote=remote, local=local, entry=entry, display=shown))
+    if spec.latest is not None:
+        chosen.sort(key=lambda it: it.entry.mtime_ns, reverse=True)
+        chosen = chosen[: spec.latest]
+    return chosen
 
 
 def _local_state(item: Item, options: Options) -> str:
@@ -305,21 +309,25 @@ def _transfer(
     if cancel is not None:
         cancel.check()
     hashes = hasher.result()
-    failed = []
-    for it in items:
-        if it.arrived_as(hashes.get(it.remote)):
-            try:
-                _finalize(it)
-            except OSError as exc:
-                it.why = f"cannot place the file: {exc.strerror}"
-            else:
-                report.fetched.append(it.display)
-                report.fetched_bytes += it.entry.size
-                report.resumed += bool(it.offset)
-                progress.file_end(conn.label, it.display, True)
-                continue
-        failed.append(it)
-    return failed
+    return [it for it in items if not _place(conn.label, it, hashes, progress, report)]
+
+
+def _place(
+    host: str, it: Item, hashes: dict[str, str], progress: Progress, report: Report
+) -> bool:
+    """Put a received file in its place if its hash is the host's; False: it failed."""
+    if not it.arrived_as(hashes.get(it.remote)):
+        return False
+    try:
+        _finalize(it)
+    except OSError as exc:
+        it.why = f"cannot place the file: {exc.strerror}"
+        return False
+    report.fetched.append(it.display)
+    report.fetched_bytes += it.entry.size
+    report.resumed += bool(it.offset)
+    progress.file_end(host, it.display, True)
+    return True
 
 
 def _relist(conn: Connection, items: list[Item], report: Report) -> list[Item]:

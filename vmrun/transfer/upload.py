@@ -183,9 +183,25 @@ def upload(
     if single:
         items[0].rel = posixpath.basename(remote)
     root = listing if listing is not None else list_remote(conn, [remote_dir]).roots[0]
-    there: dict[str, Entry] = {e.rel: e for e in root.entries if e.kind == "f"}
     if root.state == "ok" and any(e.rel == "" and e.kind != "d" for e in root.entries):
         raise UsageError(f"{remote_dir} on the host is not a directory", host=conn.label)
+    todo = _changed(conn, remote_dir, items, root, options, report)
+    _send_verified(conn, remote_dir, todo, options, progress, report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _changed(
+    conn: Connection,
+    remote_dir: str,
+    items: list[_Up],
+    root: RootListing,
+    options: Options,
+    report: Report,
+) -> list[_Up]:
+    """The files the host lacks or holds otherwise: a differing size says so at once, the
+    same size and mtime say it holds them (unless `options.verify`), checksums settle the rest."""
+    there: dict[str, Entry] = {e.rel: e for e in root.entries if e.kind == "f"}
     todo, check = [], []
     for item in items:
         entry = there.get(item.rel)
@@ -196,15 +212,28 @@ def upload(
         else:
             check.append(item)
     if check:
+        from vmrun.transfer.hashing import file_sha256
+
         theirs = remote_hashes(conn, [join_remote(remote_dir, i.rel) for i in check])
         for item in check:
-            from vmrun.transfer.hashing import file_sha256
-
             report.checked += 1
             if theirs.get(join_remote(remote_dir, item.rel)) == file_sha256(item.path):
                 report.unchanged += 1
             else:
                 todo.append(item)
+    return todo
+
+
+def _send_verified(
+    conn: Connection,
+    remote_dir: str,
+    todo: list[_Up],
+    options: Options,
+    progress: Progress,
+    report: Report,
+) -> None:
+    """Send, then place each file whose SHA-256 on the host is the one sent; a mismatch is
+    sent once more, then reported as failed."""
     for attempt in (1, 2):
         if not todo:
             break
@@ -226,8 +255,6 @@ def upload(
             for item in bad:
                 report.failed[item.rel] = "SHA-256 on the host differs from the one sent"
         todo = bad
-    report.seconds = time.monotonic() - started
-    return report
 
 
 def _run_list(

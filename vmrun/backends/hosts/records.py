@@ -18,7 +18,7 @@ import base64
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,49 +183,72 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     return records
 
 
-def _read_field(record: RunRecord, key: str, value: str) -> None:
-    if key == "FIRST":
-        record.first_started = _number(value)
-    elif key == "BEGAN":
-        record.began = _number(value)
-    elif key == "ATTEMPT":
-        record.attempt = int(value) if value.strip().isdigit() else 1
-    elif key == "META":
-        try:
-            record.meta = json.loads(base64.b64decode(value))
-        except ValueError:
-            record.meta = {}
-    elif key == "EXIT":
-        record.exit_code = int(value) if value.strip().lstrip("-").isdigit() else None
-    elif key == "ENDED":
-        record.ended = float(value)
-    elif key == "STOPPED":
-        record.stopped = True
-        record.ended = record.ended or float(value)
-    elif key == "ALIVE":
-        record.alive = value.strip() == "1"
-    elif key == "METRICS":  # this attempt's metrics.jsonl: its last epoch wins over the log
-        try:
-            epoch = json.loads(value).get("epoch")
-        except (ValueError, AttributeError):
-            epoch = None
-        if isinstance(epoch, int):
-            record.progress = f"epoch {epoch}"
-    elif key == "SAVED":
-        match = _EPOCH.search(value)
-        record.saved_epoch = int(match.group(1)) if match else None
-    elif key == "PROGRESS" and not record.progress:
-        match = _PROGRESS.search(value)
-        if match:
-            total = f"/{match.group(2)}" if match.group(2) else ""
-            record.progress = f"epoch {match.group(1)}{total}"
-
-
 def _number(text: str) -> float | None:
     try:
         return float(text)
     except ValueError:
         return None
+
+
+def _read_field(record: RunRecord, key: str, value: str) -> None:
+    """One `KEY value` line of run_list.sh's listing into the record; other keys are skipped."""
+    reader = _FIELDS.get(key)
+    if reader is not None:
+        reader(record, value)
+
+
+def _read_meta(record: RunRecord, value: str) -> None:
+    try:
+        record.meta = json.loads(base64.b64decode(value))
+    except ValueError:
+        record.meta = {}
+
+
+def _read_stopped(record: RunRecord, value: str) -> None:
+    record.stopped = True
+    record.ended = record.ended or float(value)
+
+
+def _read_metrics(record: RunRecord, value: str) -> None:
+    """This attempt's metrics.jsonl: its last epoch wins over the log."""
+    try:
+        epoch = json.loads(value).get("epoch")
+    except (ValueError, AttributeError):
+        epoch = None
+    if isinstance(epoch, int):
+        record.progress = f"epoch {epoch}"
+
+
+def _read_saved(record: RunRecord, value: str) -> None:
+    match = _EPOCH.search(value)
+    record.saved_epoch = int(match.group(1)) if match else None
+
+
+def _read_progress(record: RunRecord, value: str) -> None:
+    """The log's last `epoch N[/M]`, unless METRICS (listed before it) already told."""
+    match = None if record.progress else _PROGRESS.search(value)
+    if match:
+        total = f"/{match.group(2)}" if match.group(2) else ""
+        record.progress = f"epoch {match.group(1)}{total}"
+
+
+def _set(name: str, parse: Callable[[str], Any]) -> Callable[[RunRecord, str], None]:
+    return lambda record, value: setattr(record, name, parse(value))
+
+
+_FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
+    "FIRST": _set("first_started", _number),
+    "BEGAN": _set("began", _number),
+    "ATTEMPT": _set("attempt", lambda v: int(v) if v.strip().isdigit() else 1),
+    "META": _read_meta,
+    "EXIT": _set("exit_code", lambda v: int(v) if v.strip().lstrip("-").isdigit() else None),
+    "ENDED": _set("ended", float),
+    "STOPPED": _read_stopped,
+    "ALIVE": _set("alive", lambda v: v.strip() == "1"),
+    "METRICS": _read_metrics,
+    "SAVED": _read_saved,
+    "PROGRESS": _read_progress,
+}
 
 
 def _log(

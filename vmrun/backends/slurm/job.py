@@ -65,23 +65,31 @@ def check_spec(spec: JobSpec, launcher: str) -> JobSpec:
     ):  # fmt: skip
         if value is not None and (problem := word_problem(value)):
             raise UsageError(f"{flag} {value!r}: {problem}")
-    if spec.nodes < 1:
-        raise UsageError(f"--nodes must be >= 1, got {spec.nodes}")
-    if spec.gpus_per_node < 0:
-        raise UsageError(f"--gpus-per-node must be >= 0, got {spec.gpus_per_node}")
-    if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
-        raise UsageError(f"--nproc-per-node must be >= 1, got {spec.nproc_per_node}")
+    for flag, count, least in (
+        ("--nodes", spec.nodes, 1), ("--gpus-per-node", spec.gpus_per_node, 0),
+        ("--nproc-per-node", spec.nproc_per_node, 1), ("--cpus-per-task", spec.cpus_per_task, 1),
+        ("--max-requeues", spec.max_requeues, 0),
+    ):  # fmt: skip
+        if count is not None and count < least:
+            raise UsageError(f"{flag} must be >= {least}, got {count}")
     if spec.time is not None and not _TIME.fullmatch(spec.time.strip()):
         raise UsageError(
             f"--time {spec.time!r}: use Slurm's forms, MINUTES, HH:MM:SS or D-HH:MM:SS"
             " (e.g. 01:00:00)"
         )
-    if spec.cpus_per_task is not None and spec.cpus_per_task < 1:
-        raise UsageError(f"--cpus-per-task must be >= 1, got {spec.cpus_per_task}")
     if spec.mem is not None and not _MEM.fullmatch(spec.mem.strip()):
         raise UsageError(f"--mem {spec.mem!r}: use a size such as 32000M or 32G")
-    if spec.max_requeues < 0:
-        raise UsageError(f"--max-requeues must be >= 0, got {spec.max_requeues}")
+    _check_launcher_fits(spec, launcher)
+    for arg in spec.sbatch_args:
+        if word_problem(arg) or not arg.startswith("-"):
+            raise UsageError(
+                f"--sbatch-arg {arg!r}: give one sbatch option, no spaces, e.g. --exclusive"
+            )
+    return spec
+
+
+def _check_launcher_fits(spec: JobSpec, launcher: str) -> None:
+    """`--launcher python` is one process on one node: it spawns its own workers."""
     if launcher == "python" and spec.nodes != 1:
         raise UsageError(
             "--launcher python starts one process on one node (it spawns its own workers);"
@@ -89,12 +97,6 @@ def check_spec(spec: JobSpec, launcher: str) -> JobSpec:
         )
     if launcher == "python" and spec.nproc_per_node is not None:
         raise UsageError("--nproc-per-node is for torchrun and env; python starts one process")
-    for arg in spec.sbatch_args:
-        if word_problem(arg) or not arg.startswith("-"):
-            raise UsageError(
-                f"--sbatch-arg {arg!r}: give one sbatch option, no spaces, e.g. --exclusive"
-            )
-    return spec
 
 
 def tasks_per_node(spec: JobSpec, launcher: str) -> int:

@@ -117,6 +117,24 @@ def _int(text: str) -> int | None:
 
 def parse_listing(text: str, cluster: str) -> list[SlurmRun]:
     """slurm_runs.sh's output as runs, oldest first."""
+    sections = _sections(text)
+    queue = _queue(sections.pop("squeue", []))
+    accounted = _accounted(sections.pop("sacct", []))
+    runs = _runs(sections, cluster)
+    for path, lines in sections.items():
+        run = runs.get(path.partition("/")[0]) or _by_metrics(runs, path)
+        if run is not None:
+            _read_file(run, path, lines)
+    for run in runs.values():
+        if run.job_id:
+            entry = queue.get(run.job_id)
+            run.job = entry.state if entry else None
+            run.accounted = accounted.get(run.job_id)
+    return sorted(runs.values(), key=lambda r: (float(r.meta.get("submitted") or 0), r.id))
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    """slurm_runs.sh's `==> NAME <==` sections: the non-blank lines under each header."""
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in text.splitlines():
@@ -125,18 +143,33 @@ def parse_listing(text: str, cluster: str) -> list[SlurmRun]:
             current = sections.setdefault(header.group(1), [])
         elif current is not None and line.strip():
             current.append(line)
+    return sections
+
+
+def _queue(lines: list[str]) -> dict[str, QueueEntry]:
+    """squeue's `JOBID|STATE|REASON|START|ELAPSED|NODES` lines, by job id."""
     queue = {}
-    for line in sections.pop("squeue", []):
+    for line in lines:
         parts = line.split("|")
         if len(parts) >= 6:
             state = JobState.parse(f"{parts[1]}|{parts[2]}")
             if state is not None:
                 queue[parts[0].strip()] = QueueEntry(parts[0].strip(), state, *parts[3:6])
+    return queue
+
+
+def _accounted(lines: list[str]) -> dict[str, tuple[str, str]]:
+    """sacct's `JOBID|STATE|EXITCODE` lines: (State, ExitCode) by job id."""
     accounted = {}
-    for line in sections.pop("sacct", []):
+    for line in lines:
         parts = line.split("|")
         if len(parts) >= 3:
             accounted[parts[0]] = (parts[1].split()[0].upper(), parts[2])
+    return accounted
+
+
+def _runs(sections: Mapping[str, list[str]], cluster: str) -> dict[str, SlurmRun]:
+    """A run for each readable `<id>/run.json`."""
     runs: dict[str, SlurmRun] = {}
     for path, lines in sections.items():
         rid, _, name = path.partition("/")
@@ -146,26 +179,23 @@ def parse_listing(text: str, cluster: str) -> list[SlurmRun]:
             except ValueError:
                 continue
             runs[rid] = SlurmRun(id=rid, host=cluster, meta=meta)
-    for path, lines in sections.items():
-        rid, _, name = path.partition("/")
-        run = runs.get(rid) or _by_metrics(runs, path)
-        if run is None:
-            continue
-        if name == "jobid" and lines:
-            run.job_id = lines[0].strip()
-            entry = queue.get(run.job_id)
-            run.job = entry.state if entry else None
-            run.accounted = accounted.get(run.job_id)
-        elif name == "starts":
-            run.starts = [line.split() for line in lines]
-        elif name == "exit":
-            run.exits = [line.split() for line in lines]
-        elif name == "stopped":
-            run.stopped = True
-        elif run.meta.get("metrics") == path and lines:
-            with contextlib.suppress(ValueError):
-                run.last_metrics = json.loads(lines[-1])
-    return sorted(runs.values(), key=lambda r: (float(r.meta.get("submitted") or 0), r.id))
+    return runs
+
+
+def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
+    """One of the run's files (or its metrics file, wherever it is) into the run."""
+    name = path.partition("/")[2]
+    if name == "jobid" and lines:
+        run.job_id = lines[0].strip()
+    elif name == "starts":
+        run.starts = [line.split() for line in lines]
+    elif name == "exit":
+        run.exits = [line.split() for line in lines]
+    elif name == "stopped":
+        run.stopped = True
+    elif run.meta.get("metrics") == path and lines:
+        with contextlib.suppress(ValueError):
+            run.last_metrics = json.loads(lines[-1])
 
 
 def _by_metrics(runs: Mapping[str, SlurmRun], path: str) -> SlurmRun | None:

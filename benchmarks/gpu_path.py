@@ -1,0 +1,82 @@
+"""The GPU path on a machine with an NVIDIA GPU, for real: what the test bed stands in for.
+
+    python3 benchmarks/gpu_path.py
+
+1. vmrun's nvidia-smi command (vmrun/hostside/gpus_watch.bash, the argv watch-gpus and
+   autostop run on every host) against the real nvidia-smi, its rows read by vmrun's parser;
+2. `vmrun train --local` with the template trainer on CUDA (torchrun, nccl), to its results;
+3. `vmrun doctor`'s all-reduce (vmrun/trainer/allreduce.py) under torchrun, on nccl.
+Prints one line per step and exits non-zero on the first that fails; without nvidia-smi or
+a CUDA torch it says so in one line and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def step(name: str, argv: list[str], cwd: Path, timeout: float = 600) -> str:
+    start = time.monotonic()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - start
+    if done.returncode != 0:
+        sys.stdout.write(done.stdout[-4000:] + done.stderr[-4000:])
+        raise SystemExit(f"gpu_path: {name} failed with exit {done.returncode}")
+    print(f"gpu_path: {name}: ok in {took:.1f} s")
+    return done.stdout + done.stderr
+
+
+def main() -> int:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        print("gpu_path: no nvidia-smi here: run this on a machine with an NVIDIA GPU")
+        return 0
+    probe = "import torch; print(torch.cuda.is_available(), torch.__version__)"
+    has = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    if not has.stdout.startswith("True"):
+        why = has.stdout.strip() or has.stderr[-200:]
+        print(f"gpu_path: no CUDA torch for {sys.executable}: {why}")
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from vmrun.gpus.nvidia_smi import parse_gpu_line, watch_argv
+
+    rows = step("nvidia-smi through gpus_watch.bash", watch_argv(smi, None), ROOT, 60)
+    gpus = [g for g in map(parse_gpu_line, rows.splitlines()) if g is not None]
+    if not gpus:
+        raise SystemExit(f"gpu_path: vmrun's parser read no GPU from:\n{rows}")
+    for g in gpus:
+        print(f"gpu_path: parsed {json.dumps(g.to_json())}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        out = step(
+            "vmrun train --local (template, CUDA)",
+            [sys.executable, "-m", "vmrun", "train", "--local", "--epochs", "3", "--save-every=1"],
+            work,
+        )
+        tail = [line for line in out.splitlines() if "epoch" in line.lower()][-3:]
+        print("\n".join(f"gpu_path:   {line}" for line in tail))
+        runs = sorted((work / "results").glob("*/run.json"))
+        if not runs:
+            raise SystemExit("gpu_path: train --local left no results/<run>/run.json")
+        print(f"gpu_path: results: {sorted(p.name for p in runs[-1].parent.iterdir())}")
+        allreduce = ROOT / "vmrun" / "trainer" / "allreduce.py"
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        n = str(len(gpus))
+        out = step("all-reduce (nccl)", [*torchrun, "--nproc-per-node", n, str(allreduce)], work)
+        print("\n".join(f"gpu_path:   {x}" for x in out.splitlines() if "allreduce" in x))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
