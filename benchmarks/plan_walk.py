@@ -7,7 +7,7 @@ through, from the call of `run_remote` (`--entry`) with the Plan of `vmrun train
 `--tree`: measure another checkout of vmrun (an older commit, to compare), read with that
 checkout's own layer contract from its pyproject.toml. Every call between vmrun's modules in
 that window is counted (threads too); a climb is a caller-to-callee pair of modules whose
-callee is in a higher layer (a callback handed down from above, such as a CLI `note`).
+callee is in a higher layer (an object handed down from above, such as the CLI's `Terminal`).
 Needs root (a network-namespace test host) and the test cache's interpreter with torch.
 """
 

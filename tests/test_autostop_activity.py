@@ -21,6 +21,7 @@ from vmrun.autostop.watchdog import _install_argv, conf_env
 from vmrun.config import load_settings
 from vmrun.hostside import source
 from vmrun.remote_paths import ACTIVE_DIR, AUTOSTOP_CONF
+from vmrun.reporting import QUIET
 from vmrun.ssh.hosts import parse_host
 from vmrun.ssh.inventory import HostEntry
 from vmrun.ssh.quoting import env_header, plain_command, remote_command
@@ -213,7 +214,7 @@ def test_reading_or_following_a_log_is_looking_not_work() -> None:
             return CommandResult("h1", tuple(argv), 0, "", "", 0.0)
 
     conn = Conn()
-    records.read_log(conn, "r1", lambda line: None)  # type: ignore[arg-type]
-    records.follow(conn, "r1", lambda line: None)  # type: ignore[arg-type]
+    records.read_log(conn, "r1", QUIET)  # type: ignore[arg-type]
+    records.follow(conn, "r1", QUIET)  # type: ignore[arg-type]
     records.log_times(conn, "r1")  # type: ignore[arg-type]
     assert asked == [False, False, False]

@@ -19,6 +19,7 @@ from conftest import Client, error_in, errors_in, user_commands, wait_for
 from test_transfer import put, sha
 from testbed import NetnsBed, TestHost
 
+from vmrun.reporting import Recorder
 from vmrun.transfer.manifest import PART_SUFFIX
 
 
@@ -237,8 +238,8 @@ def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
     settings = bed_client.settings(connect_timeout=60)  # h2 waits for its link, not fails
     group = Group([HostEntry(parse_host(n)) for n in ("h2", "h1", "h3")], settings)
     conns = list(group.connections.values())
-    notes: list[str] = []
-    fetcher = Fetcher(group, ["h2", "h1", "h3"], run_id, tmp_path, every=3600, note=notes.append)
+    said = Recorder()
+    fetcher = Fetcher(group, ["h2", "h1", "h3"], run_id, tmp_path, every=3600, out=said)
     local = {name: tmp_path / "results" / run_id / name / "snapshot_1.pt" for name in ("h1", "h2")}
     first = threading.Thread(target=fetcher.round, args=("checkpoints",))
     bed["h2"].cut_link()
@@ -246,7 +247,7 @@ def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
         first.start()
         # h2 comes first and cannot even connect: h1's file arrives meanwhile all the same
         wait_for(local["h1"].exists, 30, "h1's snapshot while h2 is unreachable")
-        assert first.is_alive() and not local["h2"].exists() and notes == []
+        assert first.is_alive() and not local["h2"].exists() and said.lines == []
         bed["h2"].heal_link()
         first.join(timeout=90)
         assert not first.is_alive()
@@ -261,12 +262,12 @@ def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(
             subprocess.run(["rm", "-rf", str(bed[name].home / ".vmrun/runs" / run_id)], check=False)
     assert all(local[name].read_bytes() == name.encode() for name in local)
     missing = f"h3: fetching checkpoints failed this round: no record of run {run_id} in ~/"
-    assert [n.split(" (")[0] for n in notes] == [
+    assert [n.split(" (")[0] for n in said.lines] == [
         f"h2: fetched results/{run_id}/h2/snapshot_1.pt",
         f"h1: fetched results/{run_id}/h1/snapshot_1.pt",
         f"{missing}.vmrun/runs",
         f"{missing}.vmrun/runs",
-    ], notes
+    ], said.lines
 
 
 def test_watch_pulls_new_files_until_ctrl_c(

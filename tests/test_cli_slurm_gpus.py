@@ -138,7 +138,7 @@ def test_no_running_job_is_one_line_and_exit_0(
     done = slurm_client.vmrun("watch-gpus", "-C", "bed", "--once")
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
-    assert done.stderr == "no running job of yours on cluster bed: no GPU to watch\n"
+    assert done.stderr == "vmrun: no running job of yours on cluster bed: no GPU to watch\n"
     assert slurm_client.vmrun("watch-gpus", "-C", "bed", "--job", "999999").returncode == 0
     wrong = slurm_client.vmrun("watch-gpus", "--run", "r-1")
     assert wrong.returncode == 2 and "add -C NAME" in wrong.stderr

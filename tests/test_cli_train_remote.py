@@ -21,6 +21,7 @@ from testbed import NetnsBed
 from train_helpers import env_options, hook_env
 
 from vmrun.remote_paths import remote_workdir
+from vmrun.reporting import Recorder
 from vmrun.runs.lines import Prefixer
 
 EPOCH_LINE = re.compile(rb"epoch (\d+)/(\d+)")
@@ -106,7 +107,7 @@ if __name__ == "__main__":
     assert (workdir / "snapshot.pt").exists()
     assert not (workdir / "notes.txt").exists()  # .gitignore is honoured
     # a big file is warned about before it goes, and its progress is shown
-    assert "warning: syncing a large file: table.bin (101 MiB)" in done.stderr
+    assert "warning: h2: syncing a large file: table.bin (101 MiB)" in done.stderr
     assert "table.bin (101.0 MiB) verified" in done.stderr
     assert (workdir / "table.bin").stat().st_size == 101 << 20
 
@@ -136,11 +137,11 @@ def test_cut_connection_run_goes_on_and_logs_reattach_with_every_line(
     epochs = [int(m.group(1)) for m in EPOCH_LINE.finditer(again.stdout.encode())]
     assert epochs == list(range(1, 61))  # every line, exactly once
     # and nothing else: the host's log, as vmrun shows a log (whole lines, [rankN] prefixes)
-    shown: list[bytes] = []
-    lines = Prefixer(None, shown.append, verbose=True)
+    shown = Recorder()
+    lines = Prefixer(None, shown, verbose=True)
     lines.feed((h1.home / ".vmrun/runs" / rid / "log").read_bytes())
     lines.flush()
-    assert again.stdout.encode() == b"".join(shown)
+    assert again.stdout.encode() == shown.data
 
 
 def test_killed_worker_restarts_from_the_last_snapshot(
@@ -363,7 +364,7 @@ def test_concurrent_user_scripts_are_warned_about_their_shared_directory(
     workdir = remote_workdir(project.cwd)
     warnings = [ln for ln in second.stderr.splitlines() if "warning:" in ln]
     assert len(warnings) == 1, second.stderr
-    assert f"h1: warning: {rid_a} also runs in ~/{workdir}" in warnings[0]
+    assert f"warning: h1: {rid_a} also runs in ~/{workdir}" in warnings[0]
     assert "snapshot.pt" in warnings[0]
     assert project.vmrun("stop", rid_a, "-H", "h1").returncode == 0
     assert run_pids(h1, rid_a) == []

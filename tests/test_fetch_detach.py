@@ -18,6 +18,7 @@ from conftest import wait_for
 from vmrun.backends.api import RunRef
 from vmrun.backends.hosts import training
 from vmrun.errors import Detached, Interrupted
+from vmrun.reporting import Recorder
 from vmrun.ssh.group import Outcome
 from vmrun.transfer import download as download_mod
 from vmrun.transfer.manifest import PART_SUFFIX, Entry
@@ -197,9 +198,10 @@ def test_detaching_from_fetch_every_does_not_wait_for_the_round(
         project = tmp_path
 
     ref = RunRef(run_id="r1", nodes=("h1",))
-    notes: list[str] = []
+    said = Recorder()
     started = time.monotonic()
     with pytest.raises(Detached):
-        training._follow(Backend(), ref, Plan(), lambda b: None, notes.append, 0.05)  # type: ignore[arg-type]
+        training._follow(Backend(), ref, Plan(), said, 0.05)  # type: ignore[arg-type]
     assert time.monotonic() - started < 5, "detaching waited for the fetch round"
-    assert not any("failed this round" in n for n in notes), notes  # nothing said as it leaves
+    # nothing said as it leaves
+    assert not any("failed this round" in n for n in said.lines), said.lines

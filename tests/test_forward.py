@@ -14,6 +14,7 @@ from testbed import NetnsBed, TestHost
 from web_helpers import PAGE, get, http_server
 
 from vmrun.errors import ConnectionLostError
+from vmrun.reporting import Recorder
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.forward import Forward, bind_free, moved_line
 
@@ -59,16 +60,16 @@ def test_busy_local_port_moves_to_the_next_free_one(bed: NetnsBed, bed_client: C
 
 
 def test_a_refused_destination_is_noted_not_fatal(bed: NetnsBed, bed_client: Client) -> None:
-    notes: list[str] = []
+    notes = Recorder()
     with (
         Connection("h2", bed_client.settings()) as conn,
-        Forward(conn, "127.0.0.1", 18089, local_port=0).start(note=notes.append) as fwd,
+        Forward(conn, "127.0.0.1", 18089, local_port=0).start(notes) as fwd,
     ):
         assert not fwd.probe()
         with pytest.raises(OSError):  # the browser sees the connection closed
             get(fwd.port, "/", timeout=10)
-        wait_for(lambda: notes, 10, "a note about the refused connection")
-        assert notes == ["nothing answers at h2's 127.0.0.1:18089 (is the server running?)"]
+        wait_for(lambda: notes.lines, 10, "a note about the refused connection")
+        assert notes.lines == ["nothing answers at h2's 127.0.0.1:18089 (is the server running?)"]
         with http_server(bed["h2"], 18089) as path:  # started later: now it works
             assert get(fwd.port, path) == PAGE
 

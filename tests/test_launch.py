@@ -327,8 +327,6 @@ def test_python_launcher_on_several_hosts_is_refused_before_any_connection() -> 
             [HostEntry(parse_host(h)) for h in ("a.invalid", "b.invalid")],
             load_settings({}, cwd=Path("/"), environ={"HOME": "/nonexistent"}),
             detach=True,
-            on_line=lambda _line: None,
-            note=lambda _text: None,
         )
     assert info.value.exit_code == 2
     assert "--launcher python" in str(info.value) and "use --launcher torchrun" in str(info.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vmrun.reporting import Recorder
 from vmrun.runs.launch import RANK_PREFIX_TEMPLATE
 from vmrun.runs.lines import Prefixer
 
@@ -19,12 +20,12 @@ IPV6 = (
 
 
 def run(host: str | None, chunks: list[bytes], verbose: bool = False) -> list[bytes]:
-    out: list[bytes] = []
-    p = Prefixer(host, out.append, verbose=verbose)
+    out = Recorder()
+    p = Prefixer(host, out, verbose=verbose)
     for chunk in chunks:
         p.feed(chunk)
     p.flush()
-    return out
+    return out.outputs
 
 
 def test_a_line_torchrun_copied_in_two_pieces_is_whole_again() -> None:

@@ -10,18 +10,19 @@ import pytest
 from vmrun.backends.hosts import nodes, records
 from vmrun.backends.hosts.nodes import Prefixer
 from vmrun.errors import CommandFailed, ConnectionLostError, ExitCode, RemoteError
+from vmrun.reporting import Recorder
 from vmrun.ssh.result import CommandResult
 
 
 def test_rank_prefixes_become_host_and_rank_and_partial_lines_wait() -> None:
-    out: list[bytes] = []
-    p = Prefixer("gpu2", out.append)
+    out = Recorder()
+    p = Prefixer("gpu2", out)
     p.feed(b"[rank3]:epoch 1/5 loss 0.5\n[rank2]:hal")
-    assert out == [b"[gpu2 rank3] epoch 1/5 loss 0.5\n"]
+    assert out.outputs == [b"[gpu2 rank3] epoch 1/5 loss 0.5\n"]
     p.feed(b"f a line\nW1123 torchrun says something\n")
     p.feed(b"no newline at the end")
     p.flush()
-    assert out[1:] == [
+    assert out.outputs[1:] == [
         b"[gpu2 rank2] half a line\n",
         b"[gpu2] W1123 torchrun says something\n",
         b"[gpu2] no newline at the end\n",
@@ -80,12 +81,12 @@ def test_the_failure_rule_names_a_node_that_never_confirms_its_stop(quick_stops:
     at all (not even within its deadline): the rule still ends, naming accC in one line."""
     hosts = [_Host("accA"), _Host("accB"), _Host("accC", silent=True, honours_timeout=False)]
     first = nodes._Event("accA", error=RemoteError("boom", host="accA"))
-    notes: list[str] = []
+    said = Recorder()
     started = time.monotonic()
     with pytest.raises(CommandFailed) as info:
-        nodes._fail(hosts, "r1", first, "boom", [], notes.append, 0.1)  # type: ignore[arg-type]
+        nodes._fail(hosts, "r1", first, "boom", [], said, 0.1)  # type: ignore[arg-type]
     assert time.monotonic() - started < 2.5  # the 3 s "forever" is not waited out
     assert info.value.code == "run-failed" and "node accA" in info.value.message
-    (summary,) = [n for n in notes if "accC" in n]
+    (summary,) = [n for n in said.lines if "accC" in n]
     assert "accB stopped 1 process(es)" in summary
     assert "accC did not confirm the stop within 0.6 s" in summary, summary

@@ -117,7 +117,7 @@ def test_a_runs_log_goes_to_the_reporters_output(
     from vmrun.operations.logs import run_log
 
     monkeypatch.setattr(records, "log_times", lambda conn, rid: [(1, 5.0)])
-    monkeypatch.setattr(records, "read_log", lambda conn, rid, on_line, **k: on_line(b"hi\n"))
+    monkeypatch.setattr(records, "read_log", lambda conn, rid, out, **k: out.output(b"hi\n"))
     said = Recorder()
     with run_log(settings, "r1") as log:
         log.read(said)

@@ -14,6 +14,7 @@ from testbed import NetnsBed, TestHost
 
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.nodes import follow_nodes
+from vmrun.reporting import QUIET, Recorder
 from vmrun.ssh.connection import Connection
 
 EPOCHS = 'i=$1; while [ "$i" -le "$2" ]; do echo "epoch $i/$3 loss 0.1"; i=$((i+1)); done'
@@ -50,7 +51,7 @@ def test_progress_is_the_latest_attempts_own(bed_client: Client) -> None:
     `epoch 40/40`); one that trains shows its own last epoch line."""
     with Connection("h1", bed_client.settings()) as conn:
         _start(conn, "p-1", EPOCHS, "1", "40", "40")
-        records.follow(conn, "p-1", lambda line: None)
+        records.follow(conn, "p-1", QUIET)
         assert _progress(conn, "p-1") == "epoch 40/40"
         _start(
             conn,
@@ -58,10 +59,10 @@ def test_progress_is_the_latest_attempts_own(bed_client: Client) -> None:
             "echo 'resumed from snapshot at epoch 41'; echo nothing to train",
             resume=True,
         )
-        records.follow(conn, "p-1", lambda line: None, skip=40)
+        records.follow(conn, "p-1", QUIET, skip=40)
         assert _progress(conn, "p-1") == ""
         _start(conn, "p-1", EPOCHS, "21", "25", "200", resume=True)
-        records.follow(conn, "p-1", lambda line: None)
+        records.follow(conn, "p-1", QUIET)
         (record,) = records.list_runs(conn, ["p-1"])
     assert record.progress == "epoch 25/200" and record.attempt == 3
 
@@ -75,7 +76,7 @@ def test_progress_comes_from_the_attempts_metrics_before_its_log(
     meta = {"out_dir": "out", "template": True, "args": ["200", "10"]}
     with Connection("h1", bed_client.settings()) as conn:
         _start(conn, "m-1", f"mkdir -p out; echo 'epoch 2/9 of a sub-task'; {write}", meta=meta)
-        records.follow(conn, "m-1", lambda line: None)
+        records.follow(conn, "m-1", QUIET)
         assert _progress(conn, "m-1") == "epoch 7/200"
 
 
@@ -91,15 +92,15 @@ def test_a_resumed_multi_node_run_is_followed_from_its_new_attempt(
     try:
         for conn in conns:
             _start(conn, "r-1", old)
-            records.follow(conn, "r-1", lambda line: None)
+            records.follow(conn, "r-1", QUIET)
         skip = {c.label: _start(c, "r-1", new, resume=True, banner=banner).log_lines for c in conns}
         assert set(skip.values()) == {9}
-        lines: list[bytes] = []
-        follow_nodes(conns, "r-1", lines.append, lambda text: None, skip=skip)
+        shown = Recorder()
+        follow_nodes(conns, "r-1", shown, skip=skip)
     finally:
         for conn in conns:
             conn.close()
-    text = b"".join(lines).decode()
+    text = shown.data.decode()
     assert "old line" not in text and "boom" not in text
     for host in ("h1", "h2"):
         assert f"[{host}] {banner}\n" in text

@@ -72,7 +72,7 @@ def test_logs_names_the_unreached_node_and_does_not_exit_0(
     group: FakeGroup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(records, "log_times", lambda conn, rid: [(1, 5.0)])
-    monkeypatch.setattr(records, "read_log", lambda conn, rid, on_line, **k: on_line(b"hi\n"))
+    monkeypatch.setattr(records, "read_log", lambda conn, rid, out, **k: out.output(b"hi\n"))
     code = cli(["logs", "r1"])
     err = capsys.readouterr()
     assert "hi" in err.out

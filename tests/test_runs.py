@@ -13,6 +13,7 @@ from testbed import NetnsBed, TestHost
 
 from vmrun.backends.hosts import records as runs
 from vmrun.errors import UsageError
+from vmrun.reporting import QUIET, Recorder
 from vmrun.ssh.connection import Connection
 
 
@@ -38,12 +39,12 @@ def test_a_run_finishes_and_records_its_exit_code(bed_client: Client, h1: TestHo
     with Connection("h1", bed_client.settings()) as conn:
         runs.start(conn, "ok-1", ".", ["sh", "-c", "echo one; echo two; echo epoch 2/2"],
                    {"name": "ok"})
-        lines: list[bytes] = []
-        runs.follow(conn, "ok-1", lines.append)
+        shown = Recorder()
+        runs.follow(conn, "ok-1", shown)
         runs.start(conn, "bad-1", ".", ["sh", "-c", "echo oops >&2; exit 7"], {})
-        runs.follow(conn, "bad-1", lambda line: None)
+        runs.follow(conn, "bad-1", QUIET)
         records = {r.id: r for r in runs.list_runs(conn)}
-    assert lines == [b"one\n", b"two\n", b"epoch 2/2\n"]
+    assert shown.data == b"one\ntwo\nepoch 2/2\n"
     assert records["ok-1"].state == "done" and records["ok-1"].exit_code == 0
     assert records["ok-1"].progress == "epoch 2/2"
     assert records["bad-1"].state == "failed" and records["bad-1"].exit_code == 7
@@ -59,10 +60,10 @@ def test_a_run_survives_its_connection_and_the_log_has_every_line(
              "the first log line")
     conn.close()  # the client goes away mid-run
     with Connection("h1", bed_client.settings()) as again:
-        lines: list[bytes] = []
-        runs.follow(again, "survivor-1", lines.append)
+        shown = Recorder()
+        runs.follow(again, "survivor-1", shown)
         (record,) = runs.list_runs(again, ["survivor-1"])
-    assert lines == [f"line {i}\n".encode() for i in range(120)]
+    assert shown.data == b"".join(f"line {i}\n".encode() for i in range(120))
     assert record.state == "done"
 
 

@@ -17,6 +17,7 @@ from vmrun.backends.api import NodeRecord, RunRef
 from vmrun.backends.slurm.backend import SlurmBackend
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.errors import CommandFailed, ExitCode, OutcomeUnknown, exit_code_for
+from vmrun.reporting import Recorder
 from vmrun.runs.state import RunState
 
 # Each call takes the plan's next step (the last one repeats): `fail` (no controller),
@@ -85,8 +86,7 @@ class Fake:
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE": str(self.dir),
                "REC": str(self.rec), "CODE": str(code)}  # fmt: skip
         self.conn = LocalConn(env)
-        self.out: list[bytes] = []
-        self.notes: list[str] = []
+        self.out = Recorder()
 
     def follow(self, *, last: int = 0, limit: float = 60) -> int:
         backend = SlurmBackend(self.conn, Cluster("bed", "login"), poll=0.01,  # type: ignore[arg-type]
@@ -94,15 +94,19 @@ class Fake:
         meta = {"record_dir": str(self.rec), "job_id": "7", "launcher": "python",
                 "tasks_per_node": 1, "submitted": 0}  # fmt: skip
         ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
-        return backend.follow(ref, self.out.append, self.notes.append, last=last)
+        return backend.follow(ref, self.out, last=last)
 
     @property
     def calls(self) -> list[str]:
         return (self.dir / "calls").read_text().split()
 
     @property
+    def notes(self) -> list[str]:
+        return self.out.lines
+
+    @property
     def text(self) -> str:
-        return b"".join(self.out).decode()
+        return self.out.data.decode()
 
 
 def test_squeue_failures_keep_the_state_until_the_job_is_gone_and_sacct_says_completed(

@@ -14,6 +14,7 @@ from vmrun.backends.slurm.queue import JobState
 from vmrun.backends.slurm.records import parse_listing
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import ConfigError, UsageError
+from vmrun.reporting import Recorder
 from vmrun.runs.state import RunState
 
 PATHS = JobPaths("/w/.vmrun/runs/r1", "/w/vmrun/p-abc123", "/w/vmrun/p-abc123/results/r1")
@@ -117,14 +118,16 @@ def test_listing_gives_state_from_squeue_then_the_exit_record() -> None:
 
 
 def test_stream_prefixes_ranks_by_node_and_reports_events() -> None:
-    out: list[bytes] = []
+    out = Recorder()
     events: list[tuple[str, str]] = []
-    stream = JobStream(out.append, lambda w, r: events.append((w, r)), launcher="env",
+    stream = JobStream(out, lambda w, r: events.append((w, r)), launcher="env",
                        tasks_per_node=2)  # fmt: skip
     stream.feed(b"\x1dvmrun attempt 1 job 7 start 1 nodes c1 c2\n0: hello\n3: wor")
     stream.feed(b"ld\nsrun: error: something\n")
     stream.flush()
-    assert out == [b"[c1 rank0] hello\n", b"[c2 rank3] world\n", b"srun: error: something\n"]
+    assert out.outputs == [
+        b"[c1 rank0] hello\n", b"[c2 rank3] world\n", b"srun: error: something\n"
+    ]  # fmt: skip
     assert events == [("attempt", "1 job 7 start 1 nodes c1 c2")]
 
 

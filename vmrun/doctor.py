@@ -24,6 +24,7 @@ from vmrun.backends.hosts.node_launch import HostEnv
 from vmrun.compat import StrEnum
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
+from vmrun.reporting import QUIET, Recorder
 from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -318,13 +319,13 @@ def _allreduce(
         nodes=checked,
         layout=layout,
     )
-    lines: list[str] = []
+    shown = Recorder()  # the run's lines, for its verdict (or the last of them, if it failed)
     try:
         backend = HostsBackend(group, entries)
-        ref = backend.start(plan, how, lambda text: None)
-        verdict, detail = _await_allreduce(backend, ref, lines)
+        ref = backend.start(plan, how, QUIET)
+        verdict, detail = _await_allreduce(backend, ref, shown)
     except VmrunError as exc:
-        tail = [ln for ln in "".join(lines).splitlines() if ln.strip()][-3:]
+        tail = [ln for ln in _text(shown).splitlines() if ln.strip()][-3:]
         verdict = Verdict.FAIL
         detail = exc.message + (f" (last lines: {' | '.join(tail)})" if tail else "")
     finally:
@@ -332,7 +333,11 @@ def _allreduce(
     return Check("allreduce", where, verdict, detail)
 
 
-def _await_allreduce(backend: HostsBackend, ref: RunRef, lines: list[str]) -> tuple[Verdict, str]:
+def _text(shown: Recorder) -> str:
+    return shown.data.decode("utf-8", "replace")
+
+
+def _await_allreduce(backend: HostsBackend, ref: RunRef, shown: Recorder) -> tuple[Verdict, str]:
     """Follow the all-reduce run to its end, or stop it at the deadline (a hung collective
     must not hang doctor): (verdict, detail)."""
     import threading
@@ -341,9 +346,7 @@ def _await_allreduce(backend: HostsBackend, ref: RunRef, lines: list[str]) -> tu
 
     def follow() -> None:
         try:
-            backend.follow(
-                ref, lambda data: lines.append(data.decode("utf-8", "replace")), lambda t: None
-            )
+            backend.follow(ref, shown)
         except BaseException as exc:  # reported below, never lost
             failure.append(exc)
 
@@ -356,7 +359,7 @@ def _await_allreduce(backend: HostsBackend, ref: RunRef, lines: list[str]) -> tu
         return Verdict.FAIL, f"no result within {ALLREDUCE_TIMEOUT_S:g} s; the run was stopped"
     if failure:
         raise failure[0]
-    for line in "".join(lines).splitlines():
+    for line in _text(shown).splitlines():
         if "allreduce:" in line:
             return Verdict.OK, line.split("allreduce:", 1)[1].strip()
     return Verdict.FAIL, "the all-reduce printed no result"

@@ -23,7 +23,8 @@ class Reporter:
         """Something the user should look at; the work goes on."""
 
     def output(self, data: bytes) -> None:
-        """A run's own output, whole lines, as they come."""
+        """A run's own output, whole lines, as they come (a log reader's raw chunks go to a
+        `vmrun.runs.lines.Prefixer`, the Reporter that makes them whole lines)."""
 
     def failure(self, error: BaseException) -> None:
         """One place's failure in a fan-out that goes on (the summary raises, if any)."""
@@ -38,7 +39,7 @@ class Recorder(Reporter):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.said: list[tuple[str, str]] = []  # (kind, text): kind is "info" or "warn"
-        self.data = bytearray()
+        self.outputs: list[bytes] = []  # each `output` call's bytes, as they came
         self.failures: list[BaseException] = []
 
     def info(self, text: str) -> None:
@@ -51,11 +52,17 @@ class Recorder(Reporter):
 
     def output(self, data: bytes) -> None:
         with self._lock:
-            self.data += data
+            self.outputs.append(bytes(data))
 
     def failure(self, error: BaseException) -> None:
         with self._lock:
             self.failures.append(error)
+
+    @property
+    def data(self) -> bytes:
+        """All the output, joined."""
+        with self._lock:
+            return b"".join(self.outputs)
 
     @property
     def lines(self) -> list[str]:

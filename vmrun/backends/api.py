@@ -19,18 +19,16 @@ Each call is one verb of a run's life (`start`'s `how` is the backend's own laun
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vmrun.runs.state import RunState
 
 if TYPE_CHECKING:
+    from vmrun.reporting import Reporter
     from vmrun.runs.plan import Plan
     from vmrun.transfer.types import Progress
-
-Emit = Callable[[bytes], None]
-Note = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -74,10 +72,11 @@ class StopReport:
 
 
 class Backend(Protocol):
-    """The verbs of a run's life; see the module docstring. Errors are VmrunErrors."""
+    """The verbs of a run's life; see the module docstring. Errors are VmrunErrors. What a
+    verb says goes to its `out`: steps as infos, the run's own lines as `out.output`."""
 
     def start(
-        self, plan: Plan, how: Any, note: Note, progress: Progress | None = None
+        self, plan: Plan, how: Any, out: Reporter, progress: Progress | None = None
     ) -> RunRef: ...
 
     def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef: ...
@@ -87,11 +86,11 @@ class Backend(Protocol):
     def state(self, ref: RunRef) -> tuple[RunState, int | None]: ...
 
     def follow(
-        self, ref: RunRef, emit: Emit, note: Note, *, last: int = 0, verbose: bool = False
+        self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False
     ) -> int: ...
 
     def read_log(
-        self, ref: RunRef, emit: Emit, *, last: int = 0, verbose: bool = False
+        self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False
     ) -> None: ...
 
     def stop(self, ref: RunRef, *, grace: float) -> list[StopReport]: ...

@@ -4,7 +4,6 @@ vmrun.autostop's; `vmrun setup` applies it too (`apply`)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated
 
@@ -180,7 +179,9 @@ def _cancel(entries: Sequence[HostEntry], settings: Settings) -> int:
 
 def _table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     if not rows:
-        sys.stderr.write("vmrun: no host answered\n")
+        from vmrun.cli.output import TERMINAL
+
+        TERMINAL.info("no host answered")
         return
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for row in (headers, *rows):

@@ -286,9 +286,9 @@ def env_manager_flag(env_manager: str | None, env: str | None) -> str | None:
     """--env-manager, or the deprecated --env (in exec and train --env sets a variable)."""
     if env is None:
         return env_manager
-    from vmrun.cli.output import warn_line
+    from vmrun.cli.output import TERMINAL
 
-    warn_line("setup --env is deprecated: use --env-manager (--env sets a variable elsewhere)")
+    TERMINAL.warn("setup --env is deprecated: use --env-manager (--env sets a variable elsewhere)")
     if env_manager is not None and env_manager != env:
         raise UsageError(f"--env {env} and --env-manager {env_manager} disagree: give one")
     return env

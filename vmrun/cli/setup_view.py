@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from vmrun.cli.output import error_line, report, warn_line
+from vmrun.cli.output import TERMINAL, error_line, report
 from vmrun.config import Settings
 from vmrun.errors import CommandFailed
 from vmrun.setup.report import HostReport, SetupOptions, StepStatus
@@ -242,7 +242,7 @@ def _record(project: Path, entries: list[HostEntry], outcomes: list[Any]) -> Non
         labels = ", ".join(e.label for e in done.updated)
         typer.echo(f"updated the python of {labels} in {where}")
     for line in done.not_applied:
-        warn_line(f"{line}; make that change by hand")
+        TERMINAL.warn(f"{line}; make that change by hand")
 
 
 def _print_plan(host_report: HostReport) -> None:

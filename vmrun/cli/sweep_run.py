@@ -127,8 +127,7 @@ def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
         entries[: size.nodes],
         job.settings,
         detach=False,
-        on_line=output.show,
-        note=output.info_line,
+        out=output.TERMINAL,
         fetch_every=FINAL_FETCH_ONLY,
         progress=make_progress(prefix=size.nodes > 1, live=sys.stderr.isatty()),
         verbose=job.verbose,
@@ -140,7 +139,8 @@ def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
 def _on_this_machine(job: SweepJob, size: Size) -> None:
     from vmrun.runs.local import run_local
 
-    code = run_local(_size_plan(job, size), verbose=job.verbose, on_start=_started(job, size))
+    plan = _size_plan(job, size)
+    code = run_local(plan, verbose=job.verbose, on_start=_started(job, size), out=output.TERMINAL)
     if code == 130:
         raise Interrupted("interrupted")
     if code != 0:
@@ -163,10 +163,10 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
     plan = _size_plan(job, size)
     spec = check_spec(job_spec(opts, str(size.nproc), cluster), plan.launcher)
     with cluster_backend(job.settings, name, spec) as slurm:
-        ref = slurm.start(plan, None, output.info_line, make_progress(prefix=False, live=False))
+        ref = slurm.start(plan, None, output.TERMINAL, make_progress(prefix=False, live=False))
         _started(job, size)(ref.run_id)
         try:
-            code = slurm.follow(ref, output.show, output.info_line, verbose=job.verbose)
+            code = slurm.follow(ref, output.TERMINAL, verbose=job.verbose)
         except (KeyboardInterrupt, Detached, Interrupted):
             slurm.stop(ref, grace=10.0)
             size.detail = "stopped"

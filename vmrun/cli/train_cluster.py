@@ -131,7 +131,7 @@ def train_on_cluster(
         import sys
 
         progress = make_progress(prefix=False, live=sys.stderr.isatty())
-        ref = slurm.start(plan, None, output.info_line, progress)
+        ref = slurm.start(plan, None, output.TERMINAL, progress)
         rid = ref.run_id
         if detach:
             output.info_line(
@@ -139,7 +139,7 @@ def train_on_cluster(
                 f" `vmrun stop {rid} -C {name}`"
             )
             return 0
-        return slurm.follow(ref, output.show, output.info_line, verbose=verbose)
+        return slurm.follow(ref, output.TERMINAL, verbose=verbose)
 
 
 def _dry_run(slurm: Any, plan: Any) -> int:

@@ -244,7 +244,7 @@ def register(app: typer.Typer) -> None:
             _check_local(host, detach, allow_concurrent, wiring, down_after_run)
             from vmrun.runs.local import run_local
 
-            return run_local(plan, verbose=verbose)
+            return run_local(plan, verbose=verbose, out=output.TERMINAL)
         from vmrun.backends.hosts.node_launch import Launch
 
         how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh,
@@ -321,8 +321,7 @@ def _train_remote(
             entries,
             settings,
             detach=detach,
-            on_line=output.show,
-            note=output.info_line,
+            out=output.TERMINAL,
             how=how,
             fetch_every=fetch_every,
             progress=make_progress(prefix=len(entries) > 1, live=sys.stderr.isatty()),

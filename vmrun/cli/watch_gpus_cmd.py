@@ -127,7 +127,9 @@ def _watch_cluster(
         nodes = running_nodes(slurm, run, job)
         if not nodes:
             which = f"run {run}" if run else f"job {job}" if job else "job of yours"
-            print(f"no running {which} on cluster {cluster}: no GPU to watch", file=sys.stderr)
+            from vmrun.cli.output import TERMINAL
+
+            TERMINAL.info(f"no running {which} on cluster {cluster}: no GPU to watch")
             return 0
         return _watch(node_targets(slurm, nodes), settings, view)
 

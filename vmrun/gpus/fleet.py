@@ -187,7 +187,7 @@ class HostWatcher:
         *,
         interval: float,
         once: bool,
-        emit: Callable[[HostSample], None],
+        deliver: Callable[[HostSample], None],
         stop: threading.Event,
     ):
         self.label = target.label
@@ -195,7 +195,7 @@ class HostWatcher:
         self.conn = target.conn
         self.interval = interval
         self.once = once
-        self.emit = emit
+        self.deliver = deliver
         self.stop = stop
         # a one-shot reading must end even on a host that hangs mid-command
         self.once_timeout = max(15.0, 2 * settings.connect_timeout)
@@ -206,7 +206,7 @@ class HostWatcher:
 
     def _say(self, state: HostState, message: str | None = None, exit_code: int = 0,
              code: str | None = None) -> None:  # fmt: skip
-        self.emit(
+        self.deliver(
             HostSample(
                 self.label, state, time.time(), message=message, exit_code=exit_code, code=code,
                 autostop=self.autostop,
@@ -304,7 +304,7 @@ class HostWatcher:
         )
         self._delay = BACKOFF_FIRST  # healthy again: the next drop retries quickly
         sample = HostSample(self.label, HostState.OK, time.time(), tuple(batch), owned)
-        self.emit(replace(sample, autostop=self.autostop))
+        self.deliver(replace(sample, autostop=self.autostop))
 
 
 # -- watching the fleet -----------------------------------------------------------------------
@@ -371,7 +371,7 @@ class FleetWatch:
         self._stop = threading.Event()
         self.watchers = [
             HostWatcher(
-                t, settings, interval=interval, once=once, emit=self._queue.put, stop=self._stop
+                t, settings, interval=interval, once=once, deliver=self._queue.put, stop=self._stop
             )
             for t in targets
         ]

@@ -42,7 +42,7 @@ def forwarding(
         bind_free(wanted, search=1).close()
     with Connection(entry.spec, settings, label=entry.label) as conn:
         fwd = Forward(conn, node or "127.0.0.1", port, local_port=wanted, exact=exact)
-        fwd.start(note=out.info)
+        fwd.start(out)
         try:
             yield fwd
         finally:

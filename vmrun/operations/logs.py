@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
-from vmrun.backends.api import RunRef
+from vmrun.backends.api import Backend, RunRef
 from vmrun.config import Settings
 from vmrun.errors import Detached, UsageError
 from vmrun.reporting import QUIET, Reporter
@@ -21,13 +20,13 @@ class RunLog:
     """A found run on its open backend. Its nodes that did not answer are in
     `ref.unreached`: a caller names them (before following, they would wait for the end)."""
 
-    backend: Any  # a vmrun.backends.api.Backend
+    backend: Backend
     ref: RunRef
 
     def read(self, out: Reporter = QUIET, *, last: int = 0, verbose: bool = False) -> None:
         """The log of every node that answered, as it is now, to `out.output`."""
         if self.ref.nodes:
-            self.backend.read_log(self.ref, out.output, last=last, verbose=verbose)
+            self.backend.read_log(self.ref, out, last=last, verbose=verbose)
 
     def follow(self, out: Reporter = QUIET, *, last: int = 0, verbose: bool = False) -> int:
         """Follow to the end: the run's exit code (0; a failure raises). Ctrl-C is
@@ -36,7 +35,7 @@ class RunLog:
             return 0
         try:
             return int(
-                self.backend.follow(self.ref, out.output, out.info, last=last, verbose=verbose)
+                self.backend.follow(self.ref, out, last=last, verbose=verbose)
             )
         except KeyboardInterrupt:
             raise Detached(f"stopped following {self.ref.run_id}; the run goes on") from None

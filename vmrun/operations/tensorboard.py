@@ -205,7 +205,7 @@ class _Here(Serving):
         dest = settings.project_dir or Path.cwd()
         self.logdir = dest / local_run_dir(place.run_id, None)
         specs = fetch_specs(place.location, dirs)
-        self.board = LocalBoard(place.conn, specs, dest, self.logdir, every=every, note=out.info)
+        self.board = LocalBoard(place.conn, specs, dest, self.logdir, every=every, out=out)
         self.place, self.wanted, self.every = place, port, every
 
     def start(self) -> None:

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
 
+from vmrun.reporting import Reporter
 from vmrun.runs.launch import RANK_PREFIX
 
-Emit = Callable[[bytes], None]
 _MARK = b"\x1e"
 _HEADER = re.compile(rb"\x1e\[rank(\d+)\]:")
 _STARS = rb"\*{20,}"
@@ -47,17 +46,31 @@ def is_c10d_noise(text: bytes) -> bool:
     return _C10D_NOISE.match(text) is not None
 
 
-class Prefixer:
-    """Cuts one node's output into whole lines, each prefixed; `host` None on one host."""
+class Prefixer(Reporter):
+    """Cuts one node's output into whole lines, each prefixed, and hands them to `out`;
+    `host` None on one host. A Reporter itself, so a log reader can stream into it: its
+    `output` takes the bytes as they come (any cut); the rest passes on to `out`."""
 
-    def __init__(self, host: str | None, emit: Emit, *, verbose: bool = True):
+    def __init__(self, host: str | None, out: Reporter, *, verbose: bool = True):
         self.host = host.encode() if host else None
-        self.emit = emit
+        self.out = out
         self.verbose = verbose
         self.rest = b""
         self.pending: dict[int | None, bytes] = {}  # each rank's line so far
         self.held: list[bytes] = []  # torchrun's lines so far that may be its banner
         self.lock = threading.Lock()
+
+    def info(self, text: str) -> None:
+        self.out.info(text)
+
+    def warn(self, text: str) -> None:
+        self.out.warn(text)
+
+    def failure(self, error: BaseException) -> None:
+        self.out.failure(error)
+
+    def output(self, data: bytes) -> None:
+        self.feed(data)
 
     def feed(self, data: bytes) -> None:
         with self.lock:
@@ -104,7 +117,7 @@ class Prefixer:
         self._release()
         if self.verbose or not _C10D_NOISE.match(text):
             where = self.host + b" " if self.host else b""
-            self.emit(b"[" + where + b"rank" + str(rank).encode() + b"] " + text + b"\n")
+            self.out.output(b"[" + where + b"rank" + str(rank).encode() + b"] " + text + b"\n")
 
     def _own(self, text: bytes) -> None:
         """torchrun's own line. Its banner (an empty line or `WARNING:torch.distributed.run:`,
@@ -129,7 +142,7 @@ class Prefixer:
             self._show(text)
 
     def _show(self, text: bytes) -> None:
-        self.emit((b"[" + self.host + b"] " if self.host else b"") + text + b"\n")
+        self.out.output((b"[" + self.host + b"] " if self.host else b"") + text + b"\n")
 
     def _release(self) -> None:
         """Lines held as a possible banner that did not go on as one: shown after all."""

@@ -18,9 +18,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from vmrun.errors import CommandFailed, Interrupted, UsageError
+from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import (
     CPU_PROCESSES,
@@ -37,12 +38,16 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def run_local(
-    plan: Plan, *, verbose: bool = False, on_start: Callable[[str], None] | None = None
+    plan: Plan,
+    *,
+    verbose: bool = False,
+    on_start: Callable[[str], None] | None = None,
+    out: Reporter = QUIET,
 ) -> int:
     """Probe torch, create the run directory, launch, stream, record; return the exit code.
-    Output as on hosts: whole lines per rank, `[rankN]`; torchrun's banner and c10d's host
-    name warnings only in train.log unless `verbose`. `on_start`: told the run id once its
-    record exists (a sweep keeps it)."""
+    Output as on hosts (to `out.output`): whole lines per rank, `[rankN]`; torchrun's banner
+    and c10d's host name warnings only in train.log unless `verbose`. `on_start`: told the
+    run id once its record exists (a sweep keeps it)."""
     from vmrun.runs import launch
 
     python = sys.executable
@@ -69,8 +74,8 @@ def run_local(
     if on_start is not None:
         on_start(rid)
     procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
-    _note(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
-    return _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env, verbose)
+    out.info(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
+    return _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env, out, verbose)
 
 
 def _argv(
@@ -142,10 +147,11 @@ def _supervise(
     record: dict[str, Any],
     argv: list[str],
     child_env: dict[str, str],
+    out: Reporter,
     verbose: bool = False,
 ) -> int:
     """Run it to the end, recording how it ended; raise unless it exited 0."""
-    supervisor = _Supervisor(rid, run_dir, record, verbose=verbose)
+    supervisor = _Supervisor(rid, run_dir, record, out, verbose=verbose)
     try:
         code, stopped = supervisor.run(argv, plan.project, child_env)
     except Exception as exc:
@@ -167,13 +173,36 @@ def _supervise(
             exit_status=code,
             code="run-failed",
         )
-    _note(f"run {rid} finished; files in {rel_dir}/")
+    out.info(f"run {rid} finished; files in {rel_dir}/")
     return 0
 
 
-def _note(text: str) -> None:
-    sys.stderr.write(f"vmrun: {text}\n")
-    sys.stderr.flush()
+class _ToFile(Reporter):
+    """The run's lines into its train.log, as they come."""
+
+    def __init__(self, supervisor: _Supervisor):
+        self.supervisor = supervisor
+
+    def output(self, data: bytes) -> None:
+        log = self.supervisor.log
+        if log is not None:
+            log.write(data)
+            log.flush()
+
+
+class _Shown(Reporter):
+    """The run's lines to the caller's `out`, until it can take no more (its reader gone)."""
+
+    def __init__(self, out: Reporter):
+        self.out = out
+        self.ok = True
+
+    def output(self, data: bytes) -> None:
+        if self.ok:
+            try:
+                self.out.output(data)
+            except (BrokenPipeError, ValueError):
+                self.ok = False  # nobody reads our stdout any more; train.log keeps it
 
 
 class _StopRequested(Exception):
@@ -204,14 +233,22 @@ class _Supervisor:
     process of the run: those below vmrun that carry VMRUN_RUN_ID=<this run> (so a caller's
     other children are never touched, even when vmrun runs in-process in a test)."""
 
-    def __init__(self, rid: str, run_dir: Path, record: dict[str, Any], *, verbose: bool = False):
+    def __init__(
+        self,
+        rid: str,
+        run_dir: Path,
+        record: dict[str, Any],
+        out: Reporter,
+        *,
+        verbose: bool = False,
+    ):
         self.rid = rid
         self.run_dir = run_dir
         self.record = record
         self.proc: subprocess.Popen[bytes] | None = None
-        self.stdout_ok = True
-        self.to_log = Prefixer(None, self._log_line, verbose=True)  # train.log keeps all
-        self.to_terminal = Prefixer(None, self._show, verbose=verbose)
+        self.log: BinaryIO | None = None
+        self.to_log = Prefixer(None, _ToFile(self), verbose=True)  # train.log keeps all
+        self.to_terminal = Prefixer(None, _Shown(out), verbose=verbose)
 
     def run(self, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bool]:
         """Returns (exit code, stopped); a child killed by signal N gives 128+N."""
@@ -265,18 +302,6 @@ class _Supervisor:
         self.to_log.feed(data)
         self.to_terminal.feed(data)
         return True
-
-    def _log_line(self, line: bytes) -> None:
-        self.log.write(line)
-        self.log.flush()
-
-    def _show(self, line: bytes) -> None:
-        if self.stdout_ok:
-            try:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-            except (BrokenPipeError, ValueError):
-                self.stdout_ok = False  # nobody reads our stdout any more; keep the log
 
     def members(self) -> list[int]:
         """Live processes of this run: below vmrun (torchrun's workers may be orphaned and

@@ -19,17 +19,16 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from vmrun.errors import VmrunError
+from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.outputs import RunLocation, local_run_dir, resolve_what
 from vmrun.runs.tensorboard import EVENTS, PORT_LINE, RELOAD_S, LogDir
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.forward import bind_free
 from vmrun.transfer.types import FetchSpec
-
-Note = Callable[[str], None]
 
 
 def fetch_specs(location: RunLocation, dirs: Sequence[LogDir]) -> list[FetchSpec]:
@@ -62,14 +61,14 @@ class LocalBoard:
         logdir: Path,
         *,
         every: float,
-        note: Note,
+        out: Reporter = QUIET,
     ):
         self.conn = conn
         self.specs = list(specs)
         self.dest = dest
         self.logdir = logdir
         self.every = every
-        self.note = note
+        self.out = out
         self.fetched = 0  # event and metrics files fetched so far
         self.proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
@@ -77,7 +76,7 @@ class LocalBoard:
         self._failure = ""
 
     def fetch_round(self) -> int:
-        """One round: fetch what is new; how many files came (a failure is a note)."""
+        """One round: fetch what is new; how many files came (a failure is said, not raised)."""
         from vmrun.transfer.download import download
         from vmrun.transfer.types import Options
 
@@ -86,11 +85,11 @@ class LocalBoard:
         except VmrunError as exc:
             if exc.message != self._failure:
                 self._failure = exc.message
-                self.note(f"fetching failed: {exc.one_line()}; serving what is here")
+                self.out.info(f"fetching failed: {exc.one_line()}; serving what is here")
             return 0
         self._failure = ""
         for path, why in report.failed.items():
-            self.note(f"{path}: {why} (next round tries again)")
+            self.out.info(f"{path}: {why} (next round tries again)")
         self.fetched += len(report.fetched)
         return len(report.fetched)
 
@@ -156,4 +155,4 @@ class LocalBoard:
         while not self._stop.wait(self.every):
             got = self.fetch_round()
             if got and not self._stop.is_set():
-                self.note(f"fetched {got} new file(s)")
+                self.out.info(f"fetched {got} new file(s)")

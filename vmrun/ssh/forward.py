@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vmrun.errors import ConnectionLostError, UsageError
+from vmrun.reporting import QUIET, Reporter
 from vmrun.ssh.connection import Connection
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ PORT_SEARCH = 100  # how far past a busy port to look for a free one
 _CHUNK = 65536
 _POLL_S = 0.5
 HOLD_BEAT_S = 15.0  # the holder ends this long after vmrun was last heard from (as TensorBoard)
-
-Note = Callable[[str], None]
 
 
 def parse_ports(text: str) -> tuple[int | None, int]:
@@ -117,7 +116,7 @@ class Forward:
         self._open: set[object] = set()  # live sockets and channels, closed on stop
         self._threads: list[threading.Thread] = []
         self._lost: ConnectionLostError | None = None
-        self._note: Note = lambda text: None
+        self._out: Reporter = QUIET
         self._holder: paramiko.Channel | None = None  # see _hold
 
     @property
@@ -125,13 +124,12 @@ class Forward:
         """The destination in words: `h1's 127.0.0.1:6006`."""
         return f"{self.conn.label}'s {self.dest[0]}:{self.dest[1]}"
 
-    def start(self, note: Note | None = None) -> Forward:
+    def start(self, out: Reporter = QUIET) -> Forward:
         """Listen here (the wanted port, or the next free one unless `exact`) and start
-        accepting; `note` hears about connections the destination refuses (nothing listening
+        accepting; `out` hears about connections the destination refuses (nothing listening
         there yet)."""
         self._transport = self.conn.transport  # opens the connection, or raises its error
-        if note is not None:
-            self._note = note
+        self._out = out
         self._listener = bind_free(self.wanted, search=1 if self.exact else PORT_SEARCH)
         self.port = self._listener.getsockname()[1]
         self._hold()
@@ -279,7 +277,7 @@ class Forward:
             if not self._stop.is_set():
                 self.refused += 1
                 if self.refused == 1 or self.refused % 100 == 0:
-                    self._note(f"nothing answers at {self.where} (is the server running?)")
+                    self._out.info(f"nothing answers at {self.where} (is the server running?)")
             return
         self._track(chan)
         try:

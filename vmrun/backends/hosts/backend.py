@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from vmrun.backends.api import Emit, NodeRecord, Note, RunRef, StopReport, combined_state
+from vmrun.backends.api import NodeRecord, RunRef, StopReport, combined_state
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.node_launch import Launch
 from vmrun.backends.hosts.start import start_remote
@@ -22,6 +22,7 @@ from vmrun.errors import (
     Interrupted,
     UsageError,
 )
+from vmrun.reporting import Recorder, Reporter
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.outputs import RunLocation, location_of
 from vmrun.runs.plan import STOP_GRACE_S, Plan
@@ -66,11 +67,11 @@ class HostsBackend:
         return self.group.connections[node]
 
     def start(
-        self, plan: Plan, how: Launch, note: Note, progress: Progress | None = None
+        self, plan: Plan, how: Launch, out: Reporter, progress: Progress | None = None
     ) -> RunRef:
         """Preflight, stage and start the run on this backend's hosts (master first),
         detached; its RunRef (the nodes, and the lines of earlier attempts to skip)."""
-        return start_remote(self.group, plan, self.entries, note, how, progress)
+        return start_remote(self.group, plan, self.entries, out, how, progress)
 
     # -- finding runs --------------------------------------------------------------------
 
@@ -98,8 +99,7 @@ class HostsBackend:
     def follow(
         self,
         ref: RunRef,
-        emit: Emit,
-        note: Note,
+        out: Reporter,
         *,
         last: int = 0,
         announce: bool = True,
@@ -114,20 +114,20 @@ class HostsBackend:
             from vmrun.backends.hosts.nodes import follow_nodes
 
             conns = [self.conn(n) for n in ref.nodes]
-            follow_nodes(conns, ref.run_id, emit, note, last=last, skip=ref.skip, verbose=verbose)
+            follow_nodes(conns, ref.run_id, out, last=last, skip=ref.skip, verbose=verbose)
         else:
-            self._follow_one(ref, emit, last=last, verbose=verbose)
+            self._follow_one(ref, out, last=last, verbose=verbose)
         if announce:
-            note(self._finished(ref))
+            out.info(self._finished(ref))
         return 0
 
-    def _follow_one(self, ref: RunRef, emit: Emit, *, last: int, verbose: bool) -> None:
+    def _follow_one(self, ref: RunRef, out: Reporter, *, last: int, verbose: bool) -> None:
         (node,) = ref.nodes
         conn = self.conn(node)
-        out = _prefixer(ref, node, emit, verbose)
+        lines = _prefixer(ref, node, out, verbose)
         rid = ref.run_id
         try:
-            records.follow(conn, rid, out.feed, last=last, skip=ref.skip.get(node, 0))
+            records.follow(conn, rid, lines, last=last, skip=ref.skip.get(node, 0))
         except (KeyboardInterrupt, Interrupted):
             raise Detached(
                 f"detached from run {rid}; it goes on running on {node}",
@@ -140,7 +140,7 @@ class HostsBackend:
                 hint=f"reattach with `vmrun logs -f {rid}`",
             ) from None
         finally:
-            out.flush()
+            lines.flush()
         state, code = self.state(ref)
         if state == RunState.DONE:
             return
@@ -161,13 +161,13 @@ class HostsBackend:
         where = f"run {ref.run_id} finished on {', '.join(ref.nodes)}"
         return f"{where}; `vmrun fetch --run {ref.run_id}` brings its files"
 
-    def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0, verbose: bool = False) -> None:
+    def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
         """The log as it is now (its last `last` lines); several nodes' merged by when each
         line was written (the hosts' clocks, hostside/run_marks.py), a node's own in order."""
         if len(ref.nodes) == 1:
-            out = _prefixer(ref, ref.nodes[0], emit, verbose)
-            records.read_log(self.conn(ref.nodes[0]), ref.run_id, out.feed, last=last)
-            out.flush()
+            lines = _prefixer(ref, ref.nodes[0], out, verbose)
+            records.read_log(self.conn(ref.nodes[0]), ref.run_id, lines, last=last)
+            lines.flush()
             return
         timed = [
             (when, place, seq, line)
@@ -176,23 +176,22 @@ class HostsBackend:
         ]
         timed.sort(key=lambda t: t[:3])
         for *_, line in timed[-last:] if last else timed:
-            emit(line)
+            out.output(line)
 
     def _timed_lines(self, ref: RunRef, node: str, verbose: bool) -> list[tuple[float, bytes]]:
         """One node's whole log as shown, each line with when its end was written."""
         conn = self.conn(node)
         marks = records.log_times(conn, ref.run_id)
-        raw = bytearray()
-        records.read_log(conn, ref.run_id, raw.extend)
-        lines = bytes(raw).splitlines(keepends=True)
-        shown: list[tuple[float, bytes]] = []
-        clock = [0.0]
-        out = _prefixer(ref, node, lambda line: shown.append((clock[0], line)), verbose)
+        raw = Recorder()
+        records.read_log(conn, ref.run_id, raw)
+        lines = raw.data.splitlines(keepends=True)
+        shown = _Timed()
+        prefixed = _prefixer(ref, node, shown, verbose)
         for when, line in zip(records.line_times(marks, len(lines)), lines, strict=True):
-            clock[0] = when
-            out.feed(line)
-        out.flush()
-        return shown
+            shown.when = when
+            prefixed.feed(line)
+        prefixed.flush()
+        return shown.lines
 
     # -- stopping and outputs ----------------------------------------------------------------
 
@@ -221,10 +220,21 @@ class HostsBackend:
         }
 
 
-def _prefixer(ref: RunRef, node: str, emit: Emit, verbose: bool) -> Prefixer:
+def _prefixer(ref: RunRef, node: str, out: Reporter, verbose: bool) -> Prefixer:
     """Whole lines, `[node rankN]` when the run has several nodes, `[rankN]` on one."""
     several = len(ref.nodes) > 1 or len(ref.meta.get("nodes") or []) > 1
-    return Prefixer(node if several else None, emit, verbose=verbose)
+    return Prefixer(node if several else None, out, verbose=verbose)
+
+
+class _Timed(Reporter):
+    """Lines kept with the time their source line was written (set before each feed)."""
+
+    def __init__(self) -> None:
+        self.when = 0.0
+        self.lines: list[tuple[float, bytes]] = []
+
+    def output(self, data: bytes) -> None:
+        self.lines.append((self.when, data))
 
 
 def require_nodes(ref: RunRef, wanted: Sequence[str], entries: Sequence[HostEntry]) -> RunRef:

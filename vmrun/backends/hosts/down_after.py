@@ -12,12 +12,13 @@ a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from vmrun.autostop.settings import Autostop, for_host
 from vmrun.autostop.watchdog import check, power_off_now
 from vmrun.config import Settings
 from vmrun.errors import ConnectionLostError, HostsFailed, RemoteError, UsageError
+from vmrun.reporting import Reporter
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry
 
@@ -46,7 +47,7 @@ class DownAfterRun:
         )
         raise_for_failures(outcomes, one_as_itself=True)
 
-    def after(self, rid: str, failed_fetch: Sequence[str], note: Callable[[str], None]) -> None:
+    def after(self, rid: str, failed_fetch: Sequence[str], out: Reporter) -> None:
         """Power every node off, now that the run has ended; not one if the final fetch
         failed anywhere."""
         if failed_fetch:
@@ -61,11 +62,11 @@ class DownAfterRun:
         )
         failures: dict[str, BaseException] = {}
         for outcome in outcomes:
-            how = self.configs[outcome.host].shown
+            off = f"{outcome.host}: powering off ({self.configs[outcome.host].shown})"
             if outcome.ok:
-                note(f"{outcome.host}: powering off ({how}): run {rid} ended, its files are here")
+                out.info(f"{off}: run {rid} ended, its files are here")
             elif isinstance(outcome.error, ConnectionLostError):
-                note(f"{outcome.host}: powering off ({how}): the connection closed as it went down")
+                out.info(f"{off}: the connection closed as it went down")
             elif outcome.error is not None:
                 failures[outcome.host] = outcome.error
         if len(failures) == 1:

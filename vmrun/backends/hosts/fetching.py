@@ -6,7 +6,7 @@ one listing round trip when nothing changed): every S seconds the `checkpoints` 
 on each of its nodes, leaving files modified in the last SETTLE seconds for the next
 round (they may still be written). Into `results/<run-id>/` (a folder per node when
 several), as `vmrun fetch` would put them. The nodes are fetched from concurrently
-(vmrun.ssh.group), each node's notes kept together. Detaching (Ctrl-C) abandons a round
+(vmrun.ssh.group), what each node's round says kept together. Detaching (Ctrl-C) abandons a round
 under way at once: its streams are killed, and a file cut short stays under its temporary
 name, to resume next time.
 """
@@ -14,10 +14,11 @@ name, to resume next time.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from vmrun.errors import RemoteError, VmrunError
+from vmrun.reporting import Reporter
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -39,14 +40,14 @@ class Fetcher:
         rid: str,
         dest: Path,
         every: float,
-        note: Callable[[str], None],
+        out: Reporter,
     ):
         self.group = group
         self.nodes = set(nodes)
         self.rid = rid
         self.dest = dest
         self.every = every
-        self.note = note
+        self.out = out
         self.stopped = threading.Event()
         self.cancel = Cancel()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="vmrun-fetcher")
@@ -63,8 +64,8 @@ class Fetcher:
 
     def round(self, what: str, *, settle: float = 0.0) -> list[str]:
         """One fetch of `what` from every node at once (a slow or far node no longer holds
-        the others back); a node that fails is noted, not fatal, and named in the list
-        returned. Each node's notes are written together, in node order, once every node
+        the others back); a node that fails is said, not fatal, and named in the list
+        returned. What each node's round says is written together, in node order, once every node
         is done."""
         with self.lock:
             outcomes = self.group.map(
@@ -77,11 +78,11 @@ class Fetcher:
         for outcome in outcomes:
             if isinstance(outcome.error, VmrunError):
                 message = outcome.error.message
-                self.note(f"{outcome.host}: fetching {what} failed this round: {message}")
+                self.out.info(f"{outcome.host}: fetching {what} failed this round: {message}")
             elif outcome.error is not None:
-                unexpected = unexpected or outcome.error  # a bug: not hidden as a note
+                unexpected = unexpected or outcome.error  # a bug: not hidden as a line
             elif outcome.value:
-                self.note(f"{outcome.host}: {outcome.value}")
+                self.out.info(f"{outcome.host}: {outcome.value}")
         if unexpected is not None:
             raise unexpected
         return failed

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vmrun.backends.hosts import records as runs
@@ -25,12 +25,11 @@ from vmrun.errors import (
     Interrupted,
     VmrunError,
 )
+from vmrun.reporting import Reporter
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import STOP_GRACE_S
 from vmrun.ssh.connection import Connection
 
-Emit = Callable[[bytes], None]
-Note = Callable[[str], None]
 ALIVE_CHECK_S = 10.0  # how long a quick command may take on a host thought alive
 STOP_SLACK_S = 10.0  # beyond a stop's own deadline: opening its channel, on a loaded host
 LOGS_END_S = 10.0  # for the other nodes' logs to end once their runs are stopped
@@ -47,7 +46,7 @@ def _follow_one(
     conn: Connection, rid: str, out: Prefixer, last: int, skip: int, events: queue.Queue
 ) -> None:
     try:
-        runs.follow(conn, rid, out.feed, last=last, skip=skip)
+        runs.follow(conn, rid, out, last=last, skip=skip)
         out.flush()
         (record,) = runs.list_runs(conn, [rid])
         events.put(_Event(conn.label, record=record))
@@ -66,8 +65,7 @@ def _answers(conn: Connection) -> bool:
 def follow_nodes(
     conns: Sequence[Connection],
     rid: str,
-    emit: Emit,
-    note: Note,
+    out: Reporter,
     *,
     last: int = 0,
     skip: Mapping[str, int] | None = None,
@@ -77,14 +75,15 @@ def follow_nodes(
     """Follow the run on every node until it ends everywhere (each node's log after its
     `skip` lines, the earlier attempts', else its last `last` lines, 0: all); raise if it
     failed anywhere (after stopping it on the others), Detached on Ctrl-C (it goes on).
+    The lines go to `out.output`, `[host rankN]`-prefixed; the stops to `out.info`.
     `verbose`: torchrun's banner and c10d's host name warnings too."""
     events: queue.Queue[_Event] = queue.Queue()
     threads = []
     for conn in conns:
-        out = Prefixer(conn.label, emit, verbose=verbose)
+        lines = Prefixer(conn.label, out, verbose=verbose)
         begin = (skip or {}).get(conn.label, 0)
         t = threading.Thread(
-            target=_follow_one, args=(conn, rid, out, last, begin, events), daemon=True
+            target=_follow_one, args=(conn, rid, lines, last, begin, events), daemon=True
         )
         t.start()
         threads.append(t)
@@ -108,7 +107,7 @@ def follow_nodes(
                         f"lost the connection to every host of run {rid}; it goes on running there",
                         hint=f"reattach with `vmrun logs -f {rid}`",
                     ) from None
-            _fail(conns, rid, event, why, threads, note, grace)
+            _fail(conns, rid, event, why, threads, out, grace)
     except (KeyboardInterrupt, Interrupted):
         raise Detached(
             f"detached from run {rid}; it goes on running on {len(conns)} hosts",
@@ -161,10 +160,10 @@ def _fail(
     first: _Event,
     why: str,
     threads: list[threading.Thread],
-    note: Note,
+    out: Reporter,
     grace: float,
 ) -> None:
-    note(f"node {first.host} failed: {why}; stopping run {rid} on the other nodes")
+    out.info(f"node {first.host} failed: {why}; stopping run {rid} on the other nodes")
     reachable = [c for c in conns if not (c.label == first.host and first.error is not None)]
     results: dict[str, str] = {}
 
@@ -192,7 +191,7 @@ def _fail(
     left = [f"{h} {what}" for h, what in dict(results).items()]
     if first.error is not None:
         left.append(f"{first.host} unreachable: `vmrun stop {rid}` once it is back")
-    note("; ".join(left))
+    out.info("; ".join(left))
     code = first.record.exit_code if first.record and first.record.exit_code else 1
     raise CommandFailed(
         f"run {rid} failed: node {first.host} was the first to fail ({why})",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 from vmrun.backends.hosts import records as runs
@@ -17,13 +16,12 @@ from vmrun.backends.hosts.node_launch import HostEnv, Launch, Node, Wiring
 from vmrun.errors import UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import HOST_RECORD, remote_workdir
+from vmrun.reporting import Reporter
 from vmrun.runs.plan import CPU_PROCESSES, Plan
 from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry, find_entry
-
-Note = Callable[[str], None]
 
 
 def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
@@ -95,7 +93,7 @@ def shared_workdir_warning(plan: Plan, busy: list[runs.RunRecord], workdir: str)
     if not others:
         return None
     return (
-        f"warning: {', '.join(others)} also runs in ~/{workdir}, this run's working directory;"
+        f"{', '.join(others)} also runs in ~/{workdir}, this run's working directory;"
         " files both scripts write under fixed names (snapshot.pt) will overwrite each other"
     )
 
@@ -137,7 +135,7 @@ def order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
 
 
 def preflight(
-    group: Group, plan: Plan, note: Note, *, multi: bool, how: Launch, only: set[str]
+    group: Group, plan: Plan, out: Reporter, *, multi: bool, how: Launch, only: set[str]
 ) -> dict[str, Node]:
     """On every host at once: its interpreter, not busy (or a warning where a concurrent run
     shares the work directory), (several hosts) its network and torch facts, and (a new
@@ -154,7 +152,7 @@ def preflight(
         busy = check_not_busy(conn, how.allow_concurrent, how.resume, listed)
         warning = shared_workdir_warning(plan, busy, workdir)
         if warning:
-            note(f"{entry.label}: {warning}")
+            out.warn(f"{entry.label}: {warning}")
         node = Node(entry, conn, env)
         if multi:
             from vmrun.backends.hosts.probes import gather_facts
@@ -177,12 +175,12 @@ def preflight(
     if multi:
         check_same_env(nodes)
     if how.fresh and where is None and not how.resume:
-        note(
+        out.info(
             "--fresh: the template writes to results/<run-id>/, new for this run: nothing to"
             " move aside"
         )
     elif found and how.fresh:
-        stale.move_aside(group, found, note)
+        stale.move_aside(group, found, out)
     elif found and multi:
         stale.check_same(group, found)
     return nodes
@@ -256,7 +254,7 @@ def cuda_warning(plan: Plan, nodes: list[Node]) -> str | None:
     where = ", ".join(n.label for n in nodes)
     verb = "has" if len(nodes) == 1 else "have"
     return (
-        f"warning: {plan.script.name} uses CUDA/nccl but {where} {verb} no GPU (gpus=0);"
+        f"{plan.script.name} uses CUDA/nccl but {where} {verb} no GPU (gpus=0);"
         " unless it falls back to the CPU (gloo) it will fail: run it on a GPU host, or make"
         " it choose `cuda` only when torch.cuda.is_available()"
     )

@@ -25,6 +25,7 @@ from typing import Any
 from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR, run_dir
+from vmrun.reporting import Recorder, Reporter
 from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
 from vmrun.ssh import quoting
@@ -253,7 +254,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
 def _log(
     conn: Connection,
     run_id: str,
-    on_line: Callable[[bytes], None],
+    out: Reporter,
     start: str,
     follow: bool,
     times: bool = False,
@@ -261,7 +262,7 @@ def _log(
     result = conn.run(
         ["sh", "-c", source("run_log.sh"), "vmrun-log", RUNS_DIR, check_run_id(run_id), start,
          "1" if follow else "0", "1" if times else "0"],
-        on_output=lambda stream, data: on_line(data) if stream == "out" else None,
+        on_output=lambda stream, data: out.output(data) if stream == "out" else None,
         what=f"the log of run {run_id}",
         activity=False,  # reading a log is looking: the run itself keeps the host up
     )  # fmt: skip
@@ -272,30 +273,29 @@ def _log(
 def follow(
     conn: Connection,
     run_id: str,
-    on_line: Callable[[bytes], None],
+    out: Reporter,
     *,
     last: int = 0,
     skip: int = 0,
 ) -> None:
     """Stream the run's log (from the start, its last N lines, or after its first `skip`
-    lines) until the run ends."""
-    _log(conn, run_id, on_line, f"+{skip + 1}" if skip else str(last), follow=True)
+    lines) to `out.output` until the run ends: bytes as they come, lines not yet whole (a
+    Prefixer makes them whole)."""
+    _log(conn, run_id, out, f"+{skip + 1}" if skip else str(last), follow=True)
 
 
-def read_log(
-    conn: Connection, run_id: str, on_line: Callable[[bytes], None], *, last: int = 0
-) -> None:
-    """The run's log as it is now (all of it, or its last N lines)."""
-    _log(conn, run_id, on_line, str(last), follow=False)
+def read_log(conn: Connection, run_id: str, out: Reporter, *, last: int = 0) -> None:
+    """The run's log as it is now (all of it, or its last N lines), to `out.output`."""
+    _log(conn, run_id, out, str(last), follow=False)
 
 
 def log_times(conn: Connection, run_id: str) -> list[tuple[int, float]]:
     """When the log's lines were written: (lines the log held, the host's clock) marks, in
     order (hostside/run_marks.py); [] for a run that has none (an older vmrun's)."""
-    got = bytearray()
-    _log(conn, run_id, got.extend, "0", follow=False, times=True)
+    got = Recorder()
+    _log(conn, run_id, got, "0", follow=False, times=True)
     marks = []
-    for line in got.decode("ascii", "replace").splitlines():
+    for line in got.data.decode("ascii", "replace").splitlines():
         count, _, when = line.partition(" ")
         if count.isdigit() and _number(when) is not None:
             marks.append((int(count), float(when)))

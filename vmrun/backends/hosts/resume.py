@@ -23,6 +23,7 @@ from typing import Any
 
 from vmrun.backends.hosts import records as runs
 from vmrun.errors import RemoteError, UsageError
+from vmrun.reporting import Reporter
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
@@ -30,8 +31,6 @@ from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.manifest import PART_SUFFIX, list_remote
-
-Note = Any  # Callable[[str], None]
 
 
 @dataclass
@@ -108,7 +107,7 @@ def prepare(
     group: Group,
     labels: Sequence[str],
     rid: str,
-    note: Note,
+    out: Reporter,
     listed: dict[str, list[runs.RunRecord]] | None = None,
 ) -> str:
     """Stop the run's leftovers; give every node the newest checkpoints. Returns the line
@@ -127,9 +126,9 @@ def prepare(
         )
     for host in alive:
         res = runs.stop(group.connections[host], rid)
-        note(f"{host}: stopped {len(res.signalled)} leftover process(es) of run {rid}")
+        out.info(f"{host}: stopped {len(res.signalled)} leftover process(es) of run {rid}")
     out_dirs = {h: str(r.meta.get("out_dir") or "") for h, r in records.items()}
-    newest = _spread_checkpoints(group, labels, out_dirs, note)
+    newest = _spread_checkpoints(group, labels, out_dirs, out)
     return _banner(list(records.values()), newest)
 
 
@@ -154,7 +153,7 @@ def _is_checkpoint(rel: str) -> bool:
 
 
 def _spread_checkpoints(
-    group: Group, labels: Sequence[str], out_dirs: dict[str, str], note: Note
+    group: Group, labels: Sequence[str], out_dirs: dict[str, str], out: Reporter
 ) -> str | None:
     """Give every node the newest copy of each checkpoint; the newest checkpoint's name."""
     base = next((d for d in out_dirs.values() if d), "")
@@ -184,7 +183,7 @@ def _spread_checkpoints(
             dests = [h for h in labels if have.get(h, {}).get(rel) != stat]
             if dests:
                 _copy(group, src, dests, out_dirs, base, rel, Path(tmp))
-                note(f"copied {rel} from {src} to {', '.join(dests)} (the newest copy)")
+                out.info(f"copied {rel} from {src} to {', '.join(dests)} (the newest copy)")
     if not newest:
         return None
     return max(newest, key=lambda rel: newest[rel][1][1])

@@ -5,18 +5,15 @@ would by hand.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from vmrun.backends.hosts.node_launch import Node
 from vmrun.errors import RemoteError, UsageError
 from vmrun.remote_paths import LIB_DIR, remote_workdir
+from vmrun.reporting import Reporter
 from vmrun.runs.plan import Plan
 from vmrun.transfer.types import Progress
 
-Note = Callable[[str], None]
 
-
-def stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) -> None:
+def stage(node: Node, plan: Plan, out: Reporter, progress: Progress | None = None) -> None:
     """Put the code on the host: node.workdir, and node.script as the run will see it."""
     from vmrun.sync.files import large_files, project_files
     from vmrun.sync.project import sync_project
@@ -53,16 +50,16 @@ def stage(node: Node, plan: Plan, note: Note, progress: Progress | None = None) 
             code="script-not-synced",
         )
     for name, size in large_files(plan.project, files):
-        note(
-            f"{conn.label}: warning: syncing a large file: {name} ({size / 2**20:.0f} MiB);"
+        out.warn(
+            f"{conn.label}: syncing a large file: {name} ({size / 2**20:.0f} MiB);"
             " list it in .vmrunignore to leave it here"
         )
     synced = sync_project(conn, plan.project, workdir, files=files, progress=progress)
     if progress is None:  # else the progress view has shown them
         for text in synced.warnings:
-            note(f"{conn.label}: warning: {text}")
+            out.warn(f"{conn.label}: {text}")
     if synced.sent:
-        note(
+        out.info(
             f"{conn.label}: synced {synced.sent} file(s), {synced.sent_bytes / 2**20:.1f} MiB"
             f" ({synced.engine}, {synced.seconds:.1f} s) to ~/{workdir}"
         )

@@ -13,12 +13,12 @@ moves them aside (a rename into `.vmrun-stale-<time>/` in the same folder), neve
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from vmrun.errors import UsageError
 from vmrun.hostside import source
+from vmrun.reporting import Reporter
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
@@ -129,15 +129,15 @@ def _different_content(
     ]
 
 
-def move_aside(group: Group, found: dict[str, Found], note: Callable[[str], None]) -> None:
+def move_aside(group: Group, found: dict[str, Found], out: Reporter) -> None:
     """--fresh: each node's checkpoint files into `.vmrun-stale-<time>/` beside them."""
     aside = ASIDE_PREFIX + datetime.now().strftime("%Y%m%d-%H%M%S")
 
     def move(entry: HostEntry, conn: Connection) -> int:
         f = found[entry.label]
         argv = ["sh", "-c", source("run_checkpoints_aside.sh"), "vmrun-fresh", f.where, aside]
-        out = conn.run([*argv, *sorted(f.files)], check=True).stdout_tail.split()
-        return int(out[-1]) if out and out[-1].isdigit() else 0
+        said = conn.run([*argv, *sorted(f.files)], check=True).stdout_tail.split()
+        return int(said[-1]) if said and said[-1].isdigit() else 0
 
     busy = {h for h, f in found.items() if f.files}
     outcomes = group.map(move, only=busy)
@@ -145,9 +145,10 @@ def move_aside(group: Group, found: dict[str, Found], note: Callable[[str], None
     where = _shown(next(iter(found.values())).where)
     for o in outcomes:
         names = ", ".join(sorted(found[o.host].files)[:NAMED])
-        note(f"{o.host}: moved {o.value} checkpoint file(s) ({names}) aside to {where}/{aside}/")
+        moved = f"moved {o.value} checkpoint file(s) ({names})"
+        out.info(f"{o.host}: {moved} aside to {where}/{aside}/")
     if not busy:
-        note(f"--fresh: no checkpoint files in {where}/ to move aside")
+        out.info(f"--fresh: no checkpoint files in {where}/ to move aside")
 
 
 def _shown(where: str) -> str:

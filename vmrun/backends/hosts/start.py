@@ -17,7 +17,6 @@ this process and the connection: Ctrl-C here only detaches (`vmrun logs -f RUN` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 from vmrun.backends.api import RunRef
@@ -30,6 +29,7 @@ from vmrun.backends.hosts.preflight import (
     preflight,
 )
 from vmrun.backends.hosts.staging import stage
+from vmrun.reporting import Reporter
 from vmrun.runs import launch
 from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
@@ -37,37 +37,35 @@ from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.types import Progress
 
-Note = Callable[[str], None]
-
 
 def start_remote(
     group: Group,
     plan: Plan,
     entries: list[HostEntry],
-    note: Note,
+    out: Reporter,
     how: Launch,
     progress: Progress | None = None,
 ) -> RunRef:
     """Preflight every node, stage the code, start the run everywhere; its RunRef."""
     multi = len(entries) > 1
     only = {e.label for e in entries}
-    nodes = how.nodes or preflight(group, plan, note, multi=multi, how=how, only=only)
+    nodes = how.nodes or preflight(group, plan, out, multi=multi, how=how, only=only)
     nodes = {e.label: nodes[e.label] for e in entries}  # the node order: the master first
     nproc = nproc_for(plan, list(nodes.values()))
     warning = cuda_warning(plan, list(nodes.values()))
     if warning:
-        note(warning)
+        out.warn(warning)
     layout = (how.layout or meet(group, nodes, how.wiring)) if multi else None
     rid = how.resume or how.run_id or launch.run_id(plan.name)
     banner = ""
     if how.resume:
         from vmrun.backends.hosts.resume import prepare
 
-        banner = prepare(group, list(nodes), rid, note, how.listed)
+        banner = prepare(group, list(nodes), rid, out, how.listed)
     live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
     with live:
         staged = group.map(
-            lambda entry, conn: stage(nodes[entry.label], plan, note, progress), only=only
+            lambda entry, conn: stage(nodes[entry.label], plan, out, progress), only=only
         )
     raise_for_failures(staged, one_as_itself=True)
     started = _start_all(
@@ -77,12 +75,12 @@ def start_remote(
     names = ", ".join(nodes)
     first = entries[0].label
     where = f" on {names}" if multi else f" on {names} (pid {started[first]})"
-    note(
+    out.info(
         f"run {rid} {'resumed' if how.resume else 'started'}{where}; its files: ~/"
         f"{_out_dir(plan, nodes[first].workdir, rid)}/"
     )
     if layout is not None:
-        note(layout_note(layout, nodes, nproc, plan.launcher))
+        out.info(layout_note(layout, nodes, nproc, plan.launcher))
     return RunRef(rid, tuple(nodes), skip={label: n.skip for label, n in nodes.items()})
 
 

@@ -12,12 +12,11 @@ from vmrun.backends.hosts.node_launch import Launch
 from vmrun.backends.hosts.preflight import check_launcher_hosts, order
 from vmrun.config import Settings
 from vmrun.errors import Detached, Interrupted, VmrunError
+from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.types import Progress
-
-Note = Callable[[str], None]
 
 
 def run_remote(
@@ -26,8 +25,7 @@ def run_remote(
     settings: Settings,
     *,
     detach: bool,
-    on_line: Callable[[bytes], None],
-    note: Note,
+    out: Reporter = QUIET,
     how: Launch | None = None,
     fetch_every: float | None = None,
     progress: Progress | None = None,
@@ -37,8 +35,9 @@ def run_remote(
 ) -> int:
     """Start the plan on the hosts (one node each) and, unless detached, follow it to the
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
-    failure. `group`: connections to use (else this opens its own); closed at the end. `verbose`:
-    torchrun's banner and c10d's host name warnings too. `how.down_after_run`: power the hosts
+    failure. `out`: what it says, and the run's lines as they come. `group`: connections to
+    use (else this opens its own); closed at the end. `verbose`: torchrun's banner and
+    c10d's host name warnings too. `how.down_after_run`: power the hosts
     off once it has ended and its results are here (vmrun.backends.hosts.down_after).
     `on_start`: told the run once it has started (a sweep stops it by id if it is interrupted)."""
     how = how or Launch()
@@ -50,22 +49,21 @@ def run_remote(
             down = DownAfterRun(conns, entries, settings)
             down.preflight()
         backend = HostsBackend(conns, entries)
-        ref = backend.start(plan, how, note, progress)
+        ref = backend.start(plan, how, out, progress)
         if on_start is not None:
             on_start(ref)
         if detach:
             rid = ref.run_id
-            note(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
+            out.info(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
-        return _follow(backend, ref, plan, on_line, note, fetch_every, verbose, down)
+        return _follow(backend, ref, plan, out, fetch_every, verbose, down)
 
 
 def _follow(
     backend: HostsBackend,
     ref: RunRef,
     plan: Plan,
-    on_line: Callable[[bytes], None],
-    note: Note,
+    out: Reporter,
     fetch_every: float | None,
     verbose: bool = False,
     down: DownAfterRun | None = None,
@@ -74,22 +72,22 @@ def _follow(
     if fetch_every:
         from vmrun.backends.hosts.fetching import Fetcher
 
-        fetcher = Fetcher(backend.group, ref.nodes, ref.run_id, plan.project, fetch_every, note)
+        fetcher = Fetcher(backend.group, ref.nodes, ref.run_id, plan.project, fetch_every, out)
         fetcher.start()
     try:
-        backend.follow(ref, on_line, note, announce=fetcher is None, verbose=verbose)
+        backend.follow(ref, out, announce=fetcher is None, verbose=verbose)
     except (Detached, Interrupted):
         if fetcher:  # at once: a round under way resumes next time, from its partial files
             fetcher.abandon()
         if down:
-            note("--down-after-run: the hosts stay up, as the run goes on without vmrun")
+            out.info("--down-after-run: the hosts stay up, as the run goes on without vmrun")
         raise
     except BaseException:
         if fetcher and down:  # it ended badly; all it made comes here before the power-off
             try:
-                down.after(ref.run_id, fetcher.finish(results=True), note)
+                down.after(ref.run_id, fetcher.finish(results=True), out)
             except VmrunError as exc:  # said; the run's own failure is what is raised
-                note(exc.one_line())
+                out.info(exc.one_line())
         elif fetcher:  # the newest snapshot matters most when a node has failed
             fetcher.finish(results=False)
             fetcher.round("checkpoints")
@@ -97,7 +95,7 @@ def _follow(
     if fetcher:
         failed = fetcher.finish(results=True)
         rid = ref.run_id
-        note(f"run {rid} finished on {', '.join(ref.nodes)}; its files are in results/{rid}/")
+        out.info(f"run {rid} finished on {', '.join(ref.nodes)}; its files are in results/{rid}/")
         if down:
-            down.after(rid, failed, note)
+            down.after(rid, failed, out)
     return 0

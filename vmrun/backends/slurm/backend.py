@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vmrun.backends.api import Emit, NodeRecord, Note, RunRef, StopReport
+from vmrun.backends.api import NodeRecord, RunRef, StopReport
 from vmrun.backends.slurm import records
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.job import (
@@ -30,6 +30,7 @@ from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import RemoteError, UsageError
 from vmrun.hostside import source
 from vmrun.remote_paths import STATE_DIR, remote_workdir
+from vmrun.reporting import Reporter
 from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
@@ -177,22 +178,23 @@ class SlurmBackend:
         return Submission(rid, script, meta, paths, env_text, trainer)
 
     def start(
-        self, plan: Plan, how: object, note: Note, progress: Progress | None = None
+        self, plan: Plan, how: object, out: Reporter, progress: Progress | None = None
     ) -> RunRef:
         """Sync the code (a SCRIPT's project; the template travels with the job), submit,
         and return once the job is queued. A job that can never start is cancelled."""
         sub = self.prepare(plan)
         if not sub.trainer:
-            self._sync(plan, sub.paths.code, note, progress)
+            self._sync(plan, sub.paths.code, out, progress)
         job, state = self._submit(sub)
         ref = self._ref(sub.run_id, {**sub.meta, "job_id": job})
         if state is not None and state.never_starts:
             self.cancel_never(ref, job, state, state.never_starts)
         where = f"{self.cluster.name} as job {job}"
-        note(f"run {sub.run_id} submitted to {where} ({state.describe() if state else 'queued'})")
+        queued = state.describe() if state else "queued"
+        out.info(f"run {sub.run_id} submitted to {where} ({queued})")
         return ref
 
-    def _sync(self, plan: Plan, code: str, note: Note, progress: Progress | None) -> None:
+    def _sync(self, plan: Plan, code: str, out: Reporter, progress: Progress | None) -> None:
         from vmrun.sync.files import project_files
         from vmrun.sync.project import sync_project
 
@@ -207,7 +209,7 @@ class SlurmBackend:
         synced = sync_project(self.conn, plan.project, code, files=files, progress=progress)
         if progress is None:
             for text in synced.warnings:
-                note(f"{self.cluster.name}: {text}")
+                out.warn(f"{self.cluster.name}: {text}")
 
     def _submit(self, sub: Submission) -> tuple[str, JobState | None]:
         script = sub.script.encode()
@@ -305,33 +307,31 @@ class SlurmBackend:
 
     # -- logs -------------------------------------------------------------------------
 
-    def read_log(self, ref: RunRef, emit: Emit, *, last: int = 0, verbose: bool = False) -> None:
+    def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
         log = f"{ref.meta['record_dir']}/job.log"
         argv = ["tail", "-n", str(last), "--", log] if last else ["cat", "--", log]
-        status, out, err = self.conn.capture(plain_command(argv), what="the job's log")
+        status, text, err = self.conn.capture(plain_command(argv), what="the job's log")
         if status != 0 and "No such file" not in err:
             raise RemoteError(f"cannot read {log}: {err.strip()}", host=self.cluster.name)
-        stream = self.stream(ref, emit, lambda word, rest: None, verbose)
-        stream.feed(out)
+        stream = self.stream(ref, out, lambda word, rest: None, verbose)
+        stream.feed(text)
         stream.flush()
 
     def stream(
-        self, ref: RunRef, emit: Emit, on_event: Callable[[str, str], None], verbose: bool
+        self, ref: RunRef, out: Reporter, on_event: Callable[[str, str], None], verbose: bool
     ) -> JobStream:
         meta = ref.meta
         return JobStream(
-            emit, on_event, launcher=str(meta.get("launcher", "torchrun")),
+            out, on_event, launcher=str(meta.get("launcher", "torchrun")),
             tasks_per_node=int(meta.get("tasks_per_node") or 1), verbose=verbose,
         )  # fmt: skip
 
-    def follow(
-        self, ref: RunRef, emit: Emit, note: Note, *, last: int = 0, verbose: bool = False
-    ) -> int:
-        """The job from now (or its queue wait) to its end: state changes as notes, its
+    def follow(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> int:
+        """The job from now (or its queue wait) to its end: state changes as infos, its
         output as `[node rankN]` lines; 0 when it completed, else raise its failure."""
         from vmrun.backends.slurm.following import Follower
 
-        return Follower(self, ref, emit, note, verbose, last).run()
+        return Follower(self, ref, out, verbose, last).run()
 
     # -- stopping ---------------------------------------------------------------------
 

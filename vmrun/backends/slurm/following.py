@@ -1,6 +1,6 @@
 """Following a Slurm run to its end (`train`, `logs -f`): one command on the login node
 (vmrun/hostside/slurm_follow.sh) streams the job's log and its state changes; here they
-become output lines and notes, and the end becomes an exit code or the run's failure.
+become output lines and infos, and the end becomes an exit code or the run's failure.
 Only the scheduler's answer ends a run: while squeue cannot reach the controller the last
 state holds (as submitit does), and past a limit vmrun says it cannot tell, never "ended"."""
 
@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from vmrun.backends.api import Emit, Note, RunRef
+from vmrun.backends.api import RunRef
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.queue import JobState, explain_failure
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown
 from vmrun.hostside import source
+from vmrun.reporting import Reporter
 from vmrun.ssh.connection import Connection
 
 HEARTBEAT_S = 15.0
@@ -35,24 +36,20 @@ class _Backend(Protocol):
     unanswered_limit: float
 
     def stream(
-        self, ref: RunRef, emit: Emit, on_event: Callable[[str, str], None], verbose: bool
+        self, ref: RunRef, out: Reporter, on_event: Callable[[str, str], None], verbose: bool
     ) -> JobStream: ...
 
     def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None: ...
 
 
 class Follower:
-    def __init__(
-        self, backend: _Backend, ref: RunRef, emit: Emit, note: Note, verbose: bool,
-        last: int = 0,
-    ):  # fmt: skip
+    def __init__(self, backend: _Backend, ref: RunRef, out: Reporter, verbose: bool, last: int = 0):
         self.backend = backend
         self.lines = last
         self.ref = ref
-        self.note = note
+        self.out = out
         self.job = str(ref.meta.get("job_id"))
-        self.stream = backend.stream(ref, emit, self.on_event, verbose)
-        self.emit = emit
+        self.stream = backend.stream(ref, out, self.on_event, verbose)
         self.last: JobState | None = None
         self.end = ""
         self.exits: list[list[str]] = []
@@ -67,22 +64,22 @@ class Follower:
             if state.never_starts:
                 raise NeverStarts(state, state.never_starts)
             if state.state == "PENDING" and state.reason:
-                self.note(f"job {self.job} is {state.describe()}")
+                self.out.info(f"job {self.job} is {state.describe()}")
         elif word == "attempt":
             number, _, tail = rest.partition(" ")
             nodes = tail.split(" nodes ", 1)[1].split() if " nodes " in tail else []
             again = f"--- attempt {number} (requeued) --- " if number != "1" else ""
-            self.note(f"{again}job {self.job} running on {', '.join(nodes) or '?'}")
+            self.out.info(f"{again}job {self.job} running on {', '.join(nodes) or '?'}")
         elif word in ("requeue", "failed", "terminated", "warned"):
-            self.note(rest)
+            self.out.info(rest)
         elif word == "unreachable":
             held = self.last.describe() if self.last else "submitted"
-            self.note(
+            self.out.info(
                 f"squeue cannot reach the controller ({rest.strip() or 'no answer'});"
                 f" job {self.job} keeps its last known state ({held}) until it answers"
             )
         elif word == "reachable":
-            self.note("squeue answers again")
+            self.out.info("squeue answers again")
         elif word == "lost":
             self.lost = rest.strip()
         elif word == "end":

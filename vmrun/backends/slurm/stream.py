@@ -9,9 +9,9 @@ import re
 import threading
 from collections.abc import Callable
 
+from vmrun.reporting import Reporter
 from vmrun.runs.lines import Prefixer, is_c10d_noise
 
-Emit = Callable[[bytes], None]
 OnEvent = Callable[[str, str], None]
 MARK = b"\x1dvmrun "
 _LABEL = re.compile(rb"^ *(\d+): ")
@@ -19,10 +19,10 @@ _LABEL = re.compile(rb"^ *(\d+): ")
 
 class JobStream:
     def __init__(
-        self, emit: Emit, on_event: OnEvent, *, launcher: str, tasks_per_node: int,
+        self, out: Reporter, on_event: OnEvent, *, launcher: str, tasks_per_node: int,
         verbose: bool = False,
     ):  # fmt: skip
-        self.emit = emit
+        self.out = out
         self.on_event = on_event
         self.launcher = launcher
         self.tasks_per_node = max(1, tasks_per_node)
@@ -61,14 +61,14 @@ class JobStream:
         label = _LABEL.match(line)
         if label is None:  # the batch script's own output (srun's errors, module load)
             if self.verbose or not is_c10d_noise(line):
-                self.emit(line + b"\n")
+                self.out.output(line + b"\n")
             return
         task, text = int(label.group(1)), line[label.end() :]
         if self.launcher == "torchrun":
             prefixer = self.prefixers.get(task)
             if prefixer is None:
                 host = self._node(task) if len(self.nodes) > 1 else None
-                prefixer = self.prefixers[task] = Prefixer(host, self.emit, verbose=self.verbose)
+                prefixer = self.prefixers[task] = Prefixer(host, self.out, verbose=self.verbose)
             prefixer.feed(text + b"\n")
             return
         if not self.verbose and is_c10d_noise(text):
@@ -79,7 +79,7 @@ class JobStream:
             head = f"[{node} rank{task}] " if many else f"[rank{task}] "
         else:
             head = f"[{node}] " if many else ""
-        self.emit(head.encode() + text + b"\n")
+        self.out.output(head.encode() + text + b"\n")
 
     def _node(self, index: int) -> str:
         return self.nodes[index] if 0 <= index < len(self.nodes) else f"node{index}"
