@@ -87,8 +87,6 @@ RULES: tuple[Rule, ...] = (
          says="{flags} {are} for several hosts (-H); drop {them} with --local"),
     Rule(("--down-after-run",), unless="--fetch-every", code="flags-conflict",
          says=_DOWN_NEEDS),
-    Rule(("--down-after-run",), when="--detach", code="flags-conflict",
-         says=_DOWN_NEEDS),
 )  # fmt: skip
 
 
@@ -98,9 +96,17 @@ def given(value: Any) -> bool:
     return value is not None and value is not False and value != [] and value != ()
 
 
-def check(command: str, flags: Mapping[str, Any], rules: tuple[Rule, ...] = RULES) -> None:
+def check(command: str, flags: Mapping[str, Any]) -> None:
     """Raise the first rule of `command` that `flags` (flag -> value) break."""
-    for rule in rules:
+    broken = first_broken(command, flags)
+    if broken is not None:
+        rule, refused = broken
+        raise UsageError(_words(rule.says, refused, flags), code=rule.code)
+
+
+def first_broken(command: str, flags: Mapping[str, Any]) -> tuple[Rule, list[str]] | None:
+    """The first rule of `command` that `flags` break, and the flags it refuses."""
+    for rule in RULES:
         if command not in rule.commands:
             continue
         if rule.when is not None and not given(flags.get(rule.when)):
@@ -109,7 +115,8 @@ def check(command: str, flags: Mapping[str, Any], rules: tuple[Rule, ...] = RULE
             continue
         refused = [flag for flag in rule.refuse if given(flags.get(flag))]
         if refused:
-            raise UsageError(_words(rule.says, refused, flags), code=rule.code)
+            return rule, refused
+    return None
 
 
 def _words(says: str, refused: list[str], flags: Mapping[str, Any]) -> str:
