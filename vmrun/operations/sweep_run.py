@@ -189,10 +189,12 @@ def _fetch_results(slurm: Any, rid: str, project: Path, out: Reporter) -> None:
     `vmrun fetch RUN results -C NAME` would, on the connection the run was followed on."""
     from vmrun.runs.outputs import resolve_what
     from vmrun.transfer.download import download
+    from vmrun.transfer.types import Options
 
     ref = slurm.find(rid)
     for location in slurm.outputs(ref).values():
-        report = download(slurm.conn, resolve_what("results", location), project)
+        specs = resolve_what("results", location)
+        report = download(slurm.conn, specs, project, Options(verify=True))
         if report.failed or report.missing:
             why = next(iter(report.failed.values()), "not found on the cluster")
             raise VmrunError(
