@@ -112,11 +112,16 @@ def test_the_flags_become_one_slurm_options_value(
     assert seen["args"][1].cpus_per_task == "1,2"
 
 
-def test_the_cluster_config_is_under_the_flags() -> None:
-    from vmrun.backends.slurm.cluster import Cluster
+def test_the_cluster_config_is_under_the_flags(tmp_path: Path) -> None:
+    from vmrun.backends.slurm.cluster import find_cluster
+    from vmrun.config import load_settings
 
-    hpc = Cluster("hpc", "me@login", partition="gpu", account="lab", qos="normal",
-                  sbatch_args=("--exclusive",))  # fmt: skip
+    (tmp_path / "vmrun.toml").write_text(
+        '[[clusters]]\nname = "hpc"\nlogin = "me@login"\npartition = "gpu"\naccount = "lab"\n'
+        'qos = "normal"\nsbatch_args = ["--exclusive"]\n'
+    )
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    hpc = find_cluster(settings, "hpc")
     spec = SlurmOptions(partition="big", sbatch_args=("--requeue",)).job_spec(hpc, "2")
     assert (spec.partition, spec.account, spec.qos) == ("big", "lab", "normal")
     assert spec.sbatch_args == ("--exclusive", "--requeue")  # the flag's after: sbatch's last wins
