@@ -222,7 +222,7 @@ def test_bad_input_gets_one_line_and_exit_2_with_nothing_submitted(
         (["-C", "nosuch"], "cluster-not-found", "-C nosuch"),
         (["-C", "bed", "--time", "1h"], "usage", "--time '1h'"),
         (["-C", "bed", "--nodes", "0"], "usage", "--nodes must be >= 1"),
-        (["--nodes", "2"], "usage", "name the cluster with -C"),
+        (["--nodes", "2"], "needs-cluster", "--nodes"),
         (["-C", "bed", "--partition", "nosuch"], "job-refused", "sbatch: error:"),
     ):
         done = slurm_client.vmrun("train", *args, "--epochs", "1", "--save-every", "1")

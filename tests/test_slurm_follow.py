@@ -155,7 +155,7 @@ def test_a_sweep_stops_at_a_size_whose_end_is_unknown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The next size is never submitted beside a job that may still run."""
-    from vmrun.cli import sweep_run
+    from vmrun.operations import sweep_run
     from vmrun.runs.sweep import Sweep, load, plan_sizes
 
     sweep = Sweep("sweep-20260101-000000-abcd", {"cluster": "bed"}, {}, plan_sizes([1, 2], [1]))

@@ -120,7 +120,7 @@ def test_fresh_on_one_host_moves_its_checkpoints_and_is_refused_with_resume(
     n1 = cluster["n1"]
     clash = multi.vmrun("train", "--resume", "x-20250101-000000-abcd", "--fresh")
     assert clash.returncode == 2
-    assert "--resume continues from them: use one" in _refusal(clash.stderr, "usage")
+    assert "--resume continues from them: use one" in _refusal(clash.stderr, "flags-conflict")
     (multi.cwd / "stale.py").write_text(SCRIPT)
     _put(n1, multi, "snapshot.pt", b"epoch 40 of an earlier run")
     done = multi.vmrun(

@@ -68,10 +68,10 @@ def test_size_words() -> None:
 
 
 def test_a_list_for_other_options_adds_axes_to_the_grid() -> None:
-    from vmrun.cli.sweep_cmd import _grid
+    from vmrun.operations.sweep import parse_grid
 
     lists = {"cpus_per_task": "2,1", "gpus_per_node": "4", "batch_size": None, "lr": "0.1,1e-2"}
-    fixed, axes, env = _grid(lists, ["MODE=fast,slow", "SEP=a\\,b", "TOKEN", "E="])
+    fixed, axes, env = parse_grid(lists, ["MODE=fast,slow", "SEP=a\\,b", "TOKEN", "E="])
     assert fixed == {"gpus_per_node": 4}  # one value: as `train` takes it, not an axis
     assert axes == [("cpus_per_task", [1, 2]), ("lr", [0.01, 0.1]), ("env:MODE", ["fast", "slow"])]
     assert env == ["SEP=a,b", "TOKEN", "E="]  # `\,` is a comma inside a value
@@ -104,28 +104,28 @@ def test_env_values_unfit_for_a_run_name_go_by_their_position() -> None:
     ],
 )
 def test_bad_lists_name_the_flag(flag: str, text: str, needle: str) -> None:
-    from vmrun.cli.sweep_cmd import GRID_FLAGS, _grid
+    from vmrun.operations.sweep import GRID_FLAGS, parse_grid
 
     key = next(k for k, f in GRID_FLAGS.items() if f == flag)
     with pytest.raises(UsageError, match=f"{flag} .*{needle}"):
-        _grid({key: text}, None)
+        parse_grid({key: text}, None)
     with pytest.raises(UsageError, match="-e A given twice"):
-        _grid({}, ["A=1,2", "B=1", "A=3"])
+        parse_grid({}, ["A=1,2", "B=1", "A=3"])
 
 
 def test_each_point_trains_its_own_values_and_the_record_keeps_them(tmp_path: Path) -> None:
-    from vmrun.cli.sweep_cmd import _plan, _point_plans
+    from vmrun.operations.sweep import make_plan, point_plans
 
     given = {"script": None, "epochs": 2, "save_every": None, "batch_size": None, "lr": 0.5,
              "task": None, "name": None}  # fmt: skip
     axes = [("batch_size", [8, 16]), ("env:MODE", ["x", "y"])]
     sweep = Sweep("sweep-20260101-000000-abcd", {"local": True}, given, plan_sizes([1], [1], axes))
-    plans = _point_plans(sweep, given, ["KEEP=1"])
+    plans = point_plans(sweep, given, ["KEEP=1"])
     plan = plans["1x1-batch16-MODE_y"]
     assert plan.args[plan.args.index("--batch-size") + 1] == "16"
     assert plan.args[plan.args.index("--lr") + 1] == "0.5"
     assert plan.env == {"KEEP": "1", "MODE": "y"}
-    assert _plan(given, None).args.count("--batch-size") == 0
+    assert make_plan(given, None).args.count("--batch-size") == 0
     save(tmp_path, sweep)
     again = load(tmp_path, sweep.id)  # --resume: the points as they were planned
     assert [(s.label, s.values) for s in again.sizes] == [(s.label, s.values) for s in sweep.sizes]
@@ -141,13 +141,14 @@ def test_slurm_lists_without_a_cluster_are_one_line(capsys: pytest.CaptureFixtur
 
 
 def test_a_points_slurm_values_reach_its_job(tmp_path: Path) -> None:
-    from vmrun.cli.sweep_run import SweepJob, cluster_opts
+    from vmrun.backends.slurm.options import SlurmOptions
+    from vmrun.operations.sweep_run import SweepJob, size_options
 
     sizes = plan_sizes([2], [1], [("cpus_per_task", [1, 2])])
-    opts = {"nodes": None, "cpus_per_task": None, "time": "0:10:00"}
+    opts = SlurmOptions(time="0:10:00")
     job = SweepJob(Sweep("sweep-1", {"cluster": "hpc"}, {}, sizes), plan=None, project=tmp_path,
-                   settings=None, cluster="hpc", cluster_opts=opts)  # type: ignore[arg-type]  # fmt: skip
-    assert [cluster_opts(job, s) for s in sizes] == [
+                   settings=None, cluster="hpc", slurm=opts)  # type: ignore[arg-type]  # fmt: skip
+    assert [size_options(job, s).given() for s in sizes] == [
         {"nodes": 2, "cpus_per_task": 1, "time": "0:10:00"},
         {"nodes": 2, "cpus_per_task": 2, "time": "0:10:00"},
     ]
@@ -168,7 +169,8 @@ def test_a_cluster_sweep_without_nproc_runs_a_process_per_gpu() -> None:
 def test_resume_of_a_grid_runs_what_is_left_with_each_points_values(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmrun.cli.sweep_cmd import _resumed
+    from vmrun.operations.sweep import Grid, _resumed, sweep
+    from vmrun.operations.train import RunOptions
 
     monkeypatch.chdir(tmp_path)
     options = {"script": None, "epochs": 2, "save_every": None, "batch_size": None, "lr": None,
@@ -177,12 +179,12 @@ def test_resume_of_a_grid_runs_what_is_left_with_each_points_values(
     sizes[0].run, sizes[0].state = "template-1x1-batch8-MODE_a-x", RunState.DONE
     save(tmp_path, Sweep("sweep-20260101-000000-abcd", {"local": True}, options, sizes))
     given = {k: None for k in ("script", "epochs", "save_every", "batch_size", "lr", "task",
-                               "name", "cpus_per_task", "gpus_per_node")}  # fmt: skip
-    parts = _resumed("sweep-20260101-000000-abcd", given, None, None, None, False, None, None)
+                               "name")}  # fmt: skip
+    parts = _resumed("sweep-20260101-000000-abcd", given, None)
     left = [s.label for s in parts["sweep"].left()]
     assert left == ["1x1-batch8-MODE_b", "1x1-batch16-MODE_a", "1x1-batch16-MODE_b"]
     plan = parts["plans"]["1x1-batch16-MODE_b"]
     assert plan.args[plan.args.index("--batch-size") + 1] == "16" and plan.env == {"MODE": "b"}
-    with pytest.raises(UsageError, match="drop --cpus-per-task"):
-        _resumed("sweep-20260101-000000-abcd", {**given, "cpus_per_task": "1,2"}, None, None,
-                 None, False, None, None)  # fmt: skip
+    with pytest.raises(UsageError, match="drop --batch-size") as refused:
+        sweep(RunOptions(), Grid(batch_size="8,16"), resume="sweep-20260101-000000-abcd")
+    assert refused.value.code == "resume-conflict"

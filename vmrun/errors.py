@@ -280,6 +280,13 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
         "the run cannot be resumed from here (older vmrun, other project)",
     ),
     (UsageError, "env-value-missing", "a variable named by --env has no value here"),
+    (UsageError, "flags-conflict", "flags that do not go together (the line names them)"),
+    (UsageError, "needs-cluster", "a Slurm option (--partition, --time, ...) without -C NAME"),
+    (
+        UsageError,
+        "resume-conflict",
+        "`--resume` repeats what was recorded: a flag that would change it is refused",
+    ),
     (UsageError, "sweep-not-found", "`sweep --resume` names no recorded sweep"),
     (UsageError, "sweep-complete", "`sweep --resume` of a sweep whose every size is done"),
     (UsageError, "script-not-found", "the training script does not exist"),

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from vmrun.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from vmrun.backends.slurm.options import SlurmOptions
 
 Hosts = Annotated[
     list[str] | None,
@@ -76,3 +80,103 @@ Runs = Annotated[
         " results folders. Default: every run under results/, oldest first.",
     ),
 ]
+
+
+# The Slurm option group: one flag per field of vmrun.backends.slurm.options.SlurmOptions (a
+# test holds them equal), added to `train` and `sweep` by `with_group`: a new sbatch option is
+# a field there and a line here, whatever the commands that take it.
+SLURM_GROUP: dict[str, Any] = {
+    "nodes": Annotated[
+        int | None,
+        typer.Option("--nodes", metavar="N", help="-C: nodes to allocate [default: 1]."),
+    ],
+    "gpus_per_node": Annotated[
+        int | None,
+        typer.Option("--gpus-per-node", metavar="G", help="-C: GPUs per node [default: none]."),
+    ],
+    "time": Annotated[
+        str | None,
+        typer.Option(
+            "--time", metavar="D-HH:MM:SS", help="-C: the job's time limit (sbatch --time)."
+        ),
+    ],
+    "cpus_per_task": Annotated[
+        int | None,
+        typer.Option("--cpus-per-task", metavar="C", help="-C: sbatch --cpus-per-task."),
+    ],
+    "mem": Annotated[str | None, typer.Option("--mem", metavar="SIZE", help="-C: sbatch --mem.")],
+    "constraint": Annotated[
+        str | None,
+        typer.Option("--constraint", metavar="FEATURES", help="-C: sbatch --constraint."),
+    ],
+    "qos": Annotated[str | None, typer.Option("--qos", metavar="QOS", help="-C: sbatch --qos.")],
+    "partition": Annotated[
+        str | None,
+        typer.Option(
+            "--partition", "-p", metavar="P", help="-C: the partition [default: the cluster's]."
+        ),
+    ],
+    "account": Annotated[
+        str | None,
+        typer.Option("--account", metavar="A", help="-C: the account [default: the cluster's]."),
+    ],
+    "sbatch_args": Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sbatch-arg", metavar="OPTION", help="-C: any other sbatch option; repeatable."
+        ),
+    ],
+    "max_requeues": Annotated[
+        int | None,
+        typer.Option(
+            "--max-requeues",
+            metavar="N",
+            help="-C: requeues after a time-limit warning or preemption that saved a snapshot"
+            " [default: 3].",
+        ),
+    ],
+}
+
+
+def slurm_options(flags: dict[str, Any]) -> SlurmOptions:
+    """The group's flags (by field name; those left out: not given) as SlurmOptions."""
+    from vmrun.backends.slurm.options import SlurmOptions
+
+    values = {k: v for k, v in flags.items() if v is not None}
+    if "sbatch_args" in values:
+        values["sbatch_args"] = tuple(values["sbatch_args"])
+    return SlurmOptions(**values)
+
+
+def with_group(
+    group: dict[str, Any], into: str, *, skip: tuple[str, ...] = (), **own: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a group's flags on a Typer command (less `skip`; `own`: the command's own
+    declaration of one of them), after its `cluster` parameter, and hand them to it as one
+    dict parameter, `into`."""
+    import functools
+    import inspect
+
+    declared = {**{k: v for k, v in group.items() if k not in skip}, **own}
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn, eval_str=True)
+        kept = [p for p in sig.parameters.values() if p.name != into]
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        added = [
+            inspect.Parameter(name, kind, annotation=alias, default=None)
+            for name, alias in declared.items()
+        ]
+        at = next((i + 1 for i, p in enumerate(kept) if p.name == "cluster"), len(kept))
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name, None) for name in declared}
+            return fn(*args, **kwargs, **{into: values})
+
+        params = [*kept[:at], *added, *kept[at:]]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate

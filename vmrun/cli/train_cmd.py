@@ -22,11 +22,17 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from vmrun.cli import output
 from vmrun.cli import run_options as ro
-from vmrun.cli import train_cluster as tc
-from vmrun.cli.options import AcceptNewHostKey, ClusterName, ConnectTimeout, Hosts, settings_from
-from vmrun.errors import UsageError
+from vmrun.cli.options import (
+    SLURM_GROUP,
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    settings_from,
+    slurm_options,
+    with_group,
+)
 
 _SCRIPT_ARGS = "vmrun.runs.plan.script_args"
 
@@ -56,6 +62,7 @@ def register(app: typer.Typer) -> None:
         " template's snapshot.pt, finalmodel.pt, metrics.jsonl; a SCRIPT runs in the project"
         " directory and writes where it always does.",
     )
+    @with_group(SLURM_GROUP, "slurm")
     def train_command(
         ctx: typer.Context,
         script: ro.Script = None,
@@ -83,14 +90,15 @@ def register(app: typer.Typer) -> None:
         lr: ro.Lr = None,
         task: ro.Task = None,
         launcher: Annotated[
-            str,
+            str | None,
             typer.Option(
                 "--launcher",
                 metavar="torchrun|python|env",
                 help="torchrun; python (the script spawns its own workers); env (one process"
-                " with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set).",
+                " with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set)"
+                " [default: torchrun].",
             ),
-        ] = "torchrun",
+        ] = None,
         host: Hosts = None,
         detach: Annotated[
             bool, typer.Option("--detach", help="Start the run and return at once.")
@@ -168,205 +176,54 @@ def register(app: typer.Typer) -> None:
         ] = False,
         verbose: ro.Verbose = False,
         cluster: ClusterName = None,
-        nodes: tc.Nodes = None,
-        gpus_per_node: tc.GpusPerNode = None,
-        time: tc.Time = None,
-        cpus_per_task: tc.CpusPerTask = None,
-        mem: tc.Mem = None,
-        constraint: tc.Constraint = None,
-        qos: tc.Qos = None,
-        partition: tc.Partition = None,
-        account: tc.Account = None,
-        sbatch_arg: tc.SbatchArg = None,
-        max_requeues: tc.MaxRequeues = None,
-        dry_run: tc.DryRun = False,
+        dry_run: Annotated[
+            bool,
+            typer.Option(
+                "--dry-run", help="-C: print the batch script and the commands; submit nothing."
+            ),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
+        slurm: dict[str, Any] | None = None,
     ) -> int:
-        from vmrun.runs.plan import make_plan
+        from vmrun.cli.fetch_view import make_progress
+        from vmrun.cli.output import TERMINAL
+        from vmrun.operations.train import DryRun, HostOptions, RunOptions, train
 
-        slurm_opts = {
-            "nodes": nodes, "gpus_per_node": gpus_per_node, "time": time,
-            "cpus_per_task": cpus_per_task, "mem": mem, "constraint": constraint, "qos": qos,
-            "partition": partition, "account": account, "sbatch_arg": sbatch_arg,
-            "max_requeues": max_requeues, "dry_run": dry_run,
-        }  # fmt: skip
-        tc.check_flags(
-            cluster, slurm_opts, {"-H": host, "--local": local, "--master": master,
-            "--nnodes": nnodes, "--rdzv-port": rdzv_port, "--allow-concurrent": allow_concurrent,
-            "--fresh": fresh, "--resume": resume, "--fetch-every": fetch_every,
-            "--down-after-run": down_after_run},
+        run = RunOptions(
+            script=script, script_args=ctx.meta.get(_SCRIPT_ARGS), epochs=epochs,
+            save_every=save_every, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
+            env=env, name=name, batch_size=batch_size, lr=lr, task=task, launcher=launcher,
         )  # fmt: skip
+        hosts = HostOptions(
+            hosts=host, master=master, nnodes=nnodes, rdzv_port=rdzv_port, nccl_debug=nccl_debug,
+            allow_concurrent=allow_concurrent, fresh=fresh, fetch_every=fetch_every,
+            down_after_run=down_after_run,
+        )  # fmt: skip
+        done = train(
+            run, None if local else settings_from(connect_timeout, accept_new_host_key),
+            local=local, hosts=hosts, resume=resume, cluster=cluster,
+            slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach, verbose=verbose,
+            progress=lambda prefix, live: make_progress(
+                prefix=prefix, live=live and sys.stderr.isatty()
+            ),
+            out=TERMINAL,
+        )  # fmt: skip
+        return show_dry_run(done) if isinstance(done, DryRun) else done
 
-        user_args = ctx.meta.get(_SCRIPT_ARGS)
-        wiring = _wiring(master, nnodes, rdzv_port, nccl_debug)
-        if fresh and (resume is not None or local):
-            raise UsageError(
-                "--fresh moves the hosts' old checkpoints aside; --resume continues from"
-                " them: use one"
-                if resume is not None
-                else "--fresh moves old checkpoints aside on hosts (-H); drop it with --local"
-            )
-        if resume is not None:
-            _refuse_with_resume(
-                ("SCRIPT", script), ("--epochs", epochs), ("--save-every", save_every),
-                ("--nproc-per-node", nproc_per_node), ("--max-restarts", max_restarts),
-                ("--name", name), ("--batch-size", batch_size), ("--lr", lr),
-                ("--task", task), ("-- SCRIPT_ARGS", user_args), ("--local", local or None),
-                ("--launcher", None if launcher == "torchrun" else launcher),
-            )  # fmt: skip
-        plan = make_plan(
-            script=script,
-            user_args=user_args,
-            epochs=epochs,
-            save_every=save_every,
-            nproc_per_node=None if cluster else nproc_per_node,
-            max_restarts=max_restarts or 0,
-            env=env,
-            name=name,
-            batch_size=batch_size,
-            lr=lr,
-            launcher=launcher,
-            task=task,
+
+def show_dry_run(dry: Any) -> int:
+    """The batch script and the commands `train -C --dry-run` would send."""
+    from vmrun.ssh.quoting import join
+
+    typer.echo(f"# the batch script vmrun would write to {dry.job_file}:")
+    typer.echo(dry.script)
+    typer.echo(f"# and the commands, on the login node ({dry.login}):")
+    if dry.sync:
+        typer.echo(f"# sync {dry.sync}")
+    typer.echo(join(dry.submit))
+    if dry.env_names:
+        typer.echo(
+            f"# with {', '.join(dry.env_names)} from {dry.env_file} (0600), not in the script"
         )
-        if cluster:
-            settings = settings_from(connect_timeout, accept_new_host_key)
-            return tc.train_on_cluster(
-                plan, cluster, slurm_opts, nproc_per_node, settings, detach=detach,
-                verbose=verbose,
-            )  # fmt: skip
-        if fetch_every is not None and (fetch_every <= 0 or detach or local):
-            raise UsageError(
-                "--fetch-every needs seconds > 0 and a run that vmrun follows"
-                " (not --detach or --local; use `vmrun fetch --watch` for a detached run)"
-            )
-        if local:
-            _check_local(host, detach, allow_concurrent, wiring, down_after_run)
-            from vmrun.runs.local import run_local
-
-            return run_local(plan, verbose=verbose, out=output.TERMINAL)
-        from vmrun.backends.hosts.node_launch import Launch
-
-        how = Launch(allow_concurrent=allow_concurrent, wiring=wiring, resume=resume, fresh=fresh,
-                     down_after_run=down_after_run)  # fmt: skip
-        settings = settings_from(connect_timeout, accept_new_host_key)
-        return _train_remote(plan, host, settings, how, nnodes, detach, fetch_every, verbose)
-
-
-def _refuse_with_resume(*flags: tuple[str, Any]) -> None:
-    given = [flag for flag, value in flags if value is not None]
-    if given:
-        raise UsageError(f"--resume repeats the run as it was recorded; drop {', '.join(given)}")
-
-
-def _check_local(
-    host: Any, detach: bool, allow_concurrent: bool, wiring: Any, down: bool = False
-) -> None:
-    if host:
-        raise UsageError("--local trains on this machine; drop -H or --local")
-    flags = (("--detach", detach), ("--allow-concurrent", allow_concurrent))
-    host_only = [f for f, v in (*flags, ("--down-after-run", down)) if v]
-    if host_only:
-        raise UsageError(
-            f"{' and '.join(host_only)} {'are' if len(host_only) > 1 else 'is'} for"
-            " runs on hosts (-H): a --local run stays in this terminal until it ends"
-            " (Ctrl-C stops it) and is never refused for another run; drop"
-            f" {'them' if len(host_only) > 1 else 'it'}"
-        )
-    if wiring.master or wiring.nnodes or wiring.rdzv_port:
-        raise UsageError("--master, --nnodes and --rdzv-port are for several hosts")
-
-
-def _train_remote(
-    plan: Any,
-    host: list[str] | None,
-    settings: Any,
-    how: Any,
-    nnodes: str | None,
-    detach: bool,
-    fetch_every: float | None,
-    verbose: bool = False,
-) -> int:
-    """Open the hosts once; for --resume, find the run there (one listing per host) and take
-    its plan and nodes; then start (and follow) it on those connections."""
-    from vmrun.backends.hosts.training import run_remote
-    from vmrun.cli.fetch_view import make_progress
-    from vmrun.ssh.group import Group
-    from vmrun.ssh.inventory import select_hosts
-
-    if how.down_after_run:
-        from vmrun.backends.hosts.down_after import check_flags
-
-        check_flags(fetch_every, detach=detach)
-    entries = select_hosts(host, settings)
-    with Group(entries, settings) as group:
-        if how.resume is not None:
-            from vmrun.backends.hosts.resume import load
-
-            resumed = load(group, how.resume, plan.env)
-            plan, how.listed = resumed.plan, resumed.listed
-            entries = _nodes(entries, resumed.nodes, settings)
-            if how.wiring.master is None and len(entries) > 1:
-                w = how.wiring
-                recorded = resumed.meta.get("nnodes") if nnodes is None else nnodes
-                how.wiring = _wiring(
-                    str(resumed.meta.get("master")), recorded, w.rdzv_port, w.nccl_debug
-                )
-            if any(e.label not in group.connections for e in entries):
-                group = Group(entries, settings)  # a node the search did not include
-        if how.wiring.nnodes is not None and len(entries) > 1:
-            _check_nnodes(how.wiring.nnodes, len(entries))
-        return run_remote(
-            plan,
-            entries,
-            settings,
-            detach=detach,
-            out=output.TERMINAL,
-            how=how,
-            fetch_every=fetch_every,
-            progress=make_progress(prefix=len(entries) > 1, live=sys.stderr.isatty()),
-            group=group,
-            verbose=verbose,
-        )
-
-
-def _nodes(entries: list[Any], labels: list[str], settings: Any) -> list[Any]:
-    """The run's nodes, in its recorded order, as the host entries that found it."""
-    from vmrun.ssh.inventory import select_hosts
-
-    by_label = {e.label: e for e in entries}
-    if all(label in by_label for label in labels):
-        return [by_label[label] for label in labels]
-    return select_hosts(labels, settings)
-
-
-def _wiring(
-    master: str | None, nnodes: str | None, rdzv_port: int | None, nccl_debug: str | None
-) -> Any:
-    from vmrun.backends.hosts.node_launch import NCCL_DEBUG_LEVELS, Wiring
-
-    if nccl_debug is not None and nccl_debug.upper() not in NCCL_DEBUG_LEVELS:
-        raise UsageError(f"--nccl-debug {nccl_debug}: use one of {', '.join(NCCL_DEBUG_LEVELS)}")
-    if rdzv_port is not None and not 1 <= rdzv_port <= 65535:
-        raise UsageError(f"--rdzv-port {rdzv_port}: ports are 1-65535")
-    return Wiring(
-        master=master,
-        nnodes=nnodes,
-        rdzv_port=rdzv_port,
-        nccl_debug=nccl_debug.upper() if nccl_debug else None,
-    )
-
-
-def _check_nnodes(nnodes: str, hosts: int) -> None:
-    """torchrun's --nnodes against the hosts given: N must be their number, MIN:MAX cover it."""
-    import re
-
-    match = re.fullmatch(r"([1-9][0-9]*)(?::([1-9][0-9]*))?", nnodes.strip())
-    if not match:
-        raise UsageError(f"--nnodes {nnodes!r}: use N or MIN:MAX with whole numbers >= 1")
-    low = int(match.group(1))
-    high = int(match.group(2) or low)
-    if match.group(2) is None and low != hosts:
-        raise UsageError(f"--nnodes {low} but {hosts} hosts were given; use MIN:MAX for elastic")
-    if not low <= hosts <= high or low > high:
-        raise UsageError(f"--nnodes {nnodes}: {hosts} hosts are not within MIN:MAX")
+    return 0

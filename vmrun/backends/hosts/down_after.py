@@ -2,12 +2,12 @@
 are here, never before.
 
 "Here" is what `--fetch-every` fetched last: the run's results, from every node, after it
-ended (well or not). So the flag needs `--fetch-every`, and a node whose final fetch failed
-keeps every node up (said, exit non-zero). Before the run starts, each node is checked to be
-able to power itself off (sudo, or its `autostop_command`): a refusal is one line, and
-nothing starts. The power-off itself is vmrun.autostop's: the host's configured command,
-and never while another vmrun run is alive there or a process that is no vmrun run's holds
-a GPU.
+ended (well or not). So the flag needs `--fetch-every` (vmrun.operations.refusals), and a
+node whose final fetch failed keeps every node up (said, exit non-zero). Before the run
+starts, each node is checked to be able to power itself off (sudo, or its
+`autostop_command`): a refusal is one line, and nothing starts. The power-off itself is
+vmrun.autostop's: the host's configured command, and never while another vmrun run is alive
+there or a process that is no vmrun run's holds a GPU.
 """
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ from collections.abc import Sequence
 from vmrun.autostop.settings import Autostop, for_host
 from vmrun.autostop.watchdog import check, power_off_now
 from vmrun.config import Settings
-from vmrun.errors import ConnectionLostError, HostsFailed, RemoteError, UsageError
+from vmrun.errors import ConnectionLostError, HostsFailed, RemoteError
 from vmrun.reporting import Reporter
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry
-
-
-def check_flags(fetch_every: float | None, *, detach: bool) -> None:
-    if detach or not fetch_every:
-        raise UsageError(
-            "--down-after-run powers the hosts off once the run's results are here: it needs"
-            " --fetch-every SECONDS, and vmrun following the run (no --detach)"
-        )
 
 
 class DownAfterRun:

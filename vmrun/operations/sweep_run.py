@@ -10,18 +10,19 @@ keeps the finished ones and prints the command that continues.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from vmrun.cli import output
+from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings
 from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown, VmrunError
+from vmrun.operations.train import MakeProgress, no_progress
+from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
-from vmrun.runs.sweep import Size, Sweep, save
+from vmrun.runs.sweep import Size, Sweep, save, write_text_atomic
 
 FINAL_FETCH_ONLY = 365 * 86400.0  # a fetch "every" year: only the final fetch of results
 
@@ -34,20 +35,33 @@ class SweepJob:
     settings: Settings
     hosts: list[str] | None = None  # -H (else the project's hosts)
     cluster: str | None = None
-    cluster_opts: dict[str, Any] | None = None
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # a size's own go over these
     verbose: bool = False
     plans: dict[str, Plan] | None = None  # by label: a point's own plan (its lr, -e values)
+    progress: MakeProgress = no_progress
+    out: Reporter = QUIET
 
 
-def run_sweep(job: SweepJob) -> int:
-    """Run every size not done yet; then write the report and plot. 0 when all are done."""
-    sweep = job.sweep
+@dataclass
+class SweepOutcome:
+    """A sweep that ran (`code` 0: every size is done): its record, the report's rows (the
+    table `vmrun report` prints), and the files written into results/sweep-<id>/."""
+
+    sweep: Sweep
+    code: int
+    rows: list[Any]
+    written: list[Path]
+
+
+def run_sweep(job: SweepJob) -> SweepOutcome:
+    """Run every size not done yet; then write the report and plot."""
+    sweep, out = job.sweep, job.out
     runner = _runner(job)
     todo = sweep.left()
     total = len(sweep.sizes)
     for size in todo:
         number = sweep.sizes.index(size) + 1
-        output.info_line(f"sweep {sweep.id}: size {number}/{total}: {_size_words(size)}")
+        out.info(f"sweep {sweep.id}: size {number}/{total}: {_size_words(size)}")
         size.run, size.state, size.detail = None, RunState.RUNNING, ""
         save(job.project, sweep)
         try:
@@ -60,22 +74,19 @@ def run_sweep(job: SweepJob) -> int:
             raise
         except VmrunError as exc:
             size.state, size.detail = RunState.FAILED, exc.one_line()
-            output.info_line(f"sweep {sweep.id}: size {size.label} failed: {size.detail}")
+            out.info(f"sweep {sweep.id}: size {size.label} failed: {size.detail}")
         else:
             size.state = RunState.DONE
         finally:
             save(job.project, sweep)
-    from vmrun.cli.sweep_results import write_results
-
-    write_results(job.project, sweep)
+    rows, written = write_results(job.project, sweep, out)
     failed = [s.label for s in sweep.sizes if s.state != RunState.DONE]
     if failed:
-        output.info_line(
+        out.info(
             f"sweep {sweep.id}: {len(failed)} size(s) did not finish ({', '.join(failed)});"
             f" run them again with `vmrun sweep --resume {sweep.id}`"
         )
-        return 1
-    return 0
+    return SweepOutcome(sweep, 1 if failed else 0, rows, written)
 
 
 def _size_words(size: Size) -> str:
@@ -119,7 +130,6 @@ def _runner(job: SweepJob) -> Callable[[Size], None]:
 
 def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
     from vmrun.backends.hosts.training import run_remote
-    from vmrun.cli.fetch_view import make_progress
 
     started = _started(job, size)
     run_remote(
@@ -127,9 +137,9 @@ def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
         entries[: size.nodes],
         job.settings,
         detach=False,
-        out=output.TERMINAL,
+        out=job.out,
         fetch_every=FINAL_FETCH_ONLY,
-        progress=make_progress(prefix=size.nodes > 1, live=sys.stderr.isatty()),
+        progress=job.progress(size.nodes > 1, True),
         verbose=job.verbose,
         on_start=lambda ref: started(ref.run_id),
     )
@@ -140,7 +150,7 @@ def _on_this_machine(job: SweepJob, size: Size) -> None:
     from vmrun.runs.local import run_local
 
     plan = _size_plan(job, size)
-    code = run_local(plan, verbose=job.verbose, on_start=_started(job, size), out=output.TERMINAL)
+    code = run_local(plan, verbose=job.verbose, on_start=_started(job, size), out=job.out)
     if code == 130:
         raise Interrupted("interrupted")
     if code != 0:
@@ -152,42 +162,54 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
     from vmrun.backends.slurm.session import cluster_backend
-    from vmrun.cli.fetch_cmd import run_fetch
-    from vmrun.cli.fetch_view import make_progress
-    from vmrun.cli.train_cluster import job_spec
-    from vmrun.operations.fetch import FetchJob
 
-    name = str(job.cluster)
-    opts = cluster_opts(job, size)
-    cluster = find_cluster(job.settings, name)
+    name, out = str(job.cluster), job.out
     plan = _size_plan(job, size)
-    spec = check_spec(job_spec(opts, str(size.nproc), cluster), plan.launcher)
+    spec = check_spec(
+        size_options(job, size).job_spec(find_cluster(job.settings, name), str(size.nproc)),
+        plan.launcher,
+    )
     with cluster_backend(job.settings, name, spec) as slurm:
-        ref = slurm.start(plan, None, output.TERMINAL, make_progress(prefix=False, live=False))
+        ref = slurm.start(plan, None, out, job.progress(False, False))
         _started(job, size)(ref.run_id)
         try:
-            code = slurm.follow(ref, output.TERMINAL, verbose=job.verbose)
+            code = slurm.follow(ref, out, verbose=job.verbose)
         except (KeyboardInterrupt, Detached, Interrupted):
             slurm.stop(ref, grace=10.0)
             size.detail = "stopped"
             raise
-    if code != 0:
-        raise CommandFailed(f"run {ref.run_id} exited with code {code}", code="run-failed")
-    fetch = FetchJob(
-        items=["results"], run=ref.run_id, to=None, hosts=None, all_hosts=False, latest=None,
-        include=(), exclude=(), verify=True, watch=False, interval=0.0, bwlimit=None,
-        settings=job.settings, cluster=name,
-    )  # fmt: skip
-    if run_fetch(fetch) != 0:
-        raise VmrunError(f"fetching run {ref.run_id} from {name} failed", code="file-not-fetched")
+        if code != 0:
+            raise CommandFailed(f"run {ref.run_id} exited with code {code}", code="run-failed")
+        _fetch_results(slurm, ref.run_id, job.project, out)
     _require_metrics(job, size)
 
 
-def cluster_opts(job: SweepJob, size: Size) -> dict[str, Any]:
+def _fetch_results(slurm: Any, rid: str, project: Path, out: Reporter) -> None:
+    """The run's results from the cluster's shared filesystem into results/<run-id>/, as
+    `vmrun fetch RUN results -C NAME` would, on the connection the run was followed on."""
+    from vmrun.runs.outputs import resolve_what
+    from vmrun.transfer.download import download
+    from vmrun.transfer.types import Options
+
+    ref = slurm.find(rid)
+    for location in slurm.outputs(ref).values():
+        specs = resolve_what("results", location)
+        report = download(slurm.conn, specs, project, Options(verify=True))
+        if report.failed or report.missing:
+            why = next(iter(report.failed.values()), "not found on the cluster")
+            raise VmrunError(
+                f"fetching run {rid} from {slurm.cluster.name} failed: {why}",
+                hint=f"fetch it with `vmrun fetch {rid} results -C {slurm.cluster.name}`",
+                code="file-not-fetched",
+            )
+        out.info(f"run {rid}: fetched {len(report.fetched)} file(s) into results/{rid}/")
+
+
+def size_options(job: SweepJob, size: Size) -> SlurmOptions:
     """The sbatch options of a size: the sweep's, with the point's own node count and, where
     the grid varies them, its --cpus-per-task and --gpus-per-node."""
     own = {k: v for k, v in size.values.items() if k in ("cpus_per_task", "gpus_per_node")}
-    return {**(job.cluster_opts or {}), **own, "nodes": size.nodes}
+    return replace(job.slurm, **own, nodes=size.nodes)
 
 
 def _require_metrics(job: SweepJob, size: Size) -> None:
@@ -210,13 +232,63 @@ def _stop_size(job: SweepJob, size: Size) -> None:
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
-    output.info_line(f"sweep {job.sweep.id}: stopping run {size.run}")
+    job.out.info(f"sweep {job.sweep.id}: stopping run {size.run}")
     entries = select_hosts(job.hosts, job.settings)[: size.nodes]
     try:
         with Group(entries, job.settings) as group:
             backend = HostsBackend(group, entries)
             backend.stop(backend.find(size.run))
     except VmrunError as exc:
-        output.info_line(
-            f"could not stop run {size.run}: {exc.one_line()}; `vmrun stop {size.run}`"
-        )
+        job.out.info(f"could not stop run {size.run}: {exc.one_line()}; `vmrun stop {size.run}`")
+
+
+PLOTS = (("loss", "loss.png"), ("eval_accuracy", "accuracy.png"), ("accuracy", "accuracy.png"))
+
+
+def write_results(
+    project: Path, sweep: Sweep, out: Reporter = QUIET
+) -> tuple[list[Any], list[Path]]:
+    """What a sweep leaves in results/sweep-<id>/, from its finished runs' fetched files
+    alone: the scaling report (report.md, report.json: the rows `vmrun report` prints) and
+    plots (loss.png, and accuracy.png when the runs measured accuracy); what else the sweep
+    varied (`cpus=2 lr=0.01`) comes from its record, into columns and legends. Returns the
+    rows and the files written (none when no size finished)."""
+    from vmrun.results.history import load_runs
+    from vmrun.results.report import render_markdown, report_rows, rows_json
+
+    problems: list[VmrunError] = []
+    runs = load_runs([project / "results" / rid for rid in sweep.run_ids()], problems)
+    for problem in problems:
+        out.info(f"sweep {sweep.id}: left out of the report: {problem.one_line()}")
+    if not runs:
+        return [], []
+    folder = project / sweep.folder
+    varied = {s.run: s.varied() for s in sweep.sizes if s.run and s.values}
+    rows = report_rows(runs, varied)
+    written = [folder / "report.md", folder / "report.json"]
+    write_text_atomic(written[0], render_markdown(rows))
+    write_text_atomic(written[1], rows_json(rows) + "\n")
+    notes = {s.run: s.words() for s in sweep.sizes if s.run and s.values}
+    written += _plots(runs, folder, sweep.id, notes, out)
+    names = ", ".join(str(p.relative_to(project)) for p in written)
+    out.info(f"sweep {sweep.id}: {len(runs)} run(s); wrote {names}")
+    return rows, written
+
+
+def _plots(
+    runs: list, folder: Path, sweep_id: str, notes: dict[str, str], out: Reporter
+) -> list[Path]:
+    """loss.png, and accuracy.png from eval_accuracy (else accuracy) where every run has it."""
+    from vmrun.results.plotting import save_plot
+
+    written: list[Path] = []
+    for metric, name in PLOTS:
+        path = folder / name
+        if path in written or not all(metric in run.metric_names for run in runs):
+            continue
+        try:
+            written.append(save_plot(runs, metric, path, notes=notes))
+        except VmrunError as exc:  # matplotlib missing: the report stands without plots
+            out.info(f"sweep {sweep_id}: no {name}: {exc.one_line()}")
+            break
+    return written

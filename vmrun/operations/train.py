@@ -1,0 +1,292 @@
+"""`vmrun train` as a library: what the run trains (`RunOptions`), where (this machine, SSH
+hosts with `HostOptions`, or a Slurm cluster with `SlurmOptions`), and `train`, which refuses
+flags that do not go together (vmrun.operations.refusals), makes the plan, loads a resumed
+run's record, and hands the plan to the backend's flow.
+
+    from vmrun.operations.train import RunOptions, train
+    code = train(RunOptions(epochs=2), local=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.backends.slurm.options import SlurmOptions
+from vmrun.config import Settings, load_settings
+from vmrun.errors import UsageError
+from vmrun.operations import refusals
+from vmrun.reporting import QUIET, Reporter
+from vmrun.runs.plan import Plan
+from vmrun.transfer.types import Progress
+
+# How the caller draws transfer progress: (prefix lines with the host, may draw live) ->
+# a Progress, or None for none (the default: a library caller sees no progress).
+MakeProgress = Callable[[bool, bool], Progress | None]
+
+
+def no_progress(prefix: bool, live: bool) -> Progress | None:
+    return None
+
+
+@dataclass
+class RunOptions:
+    """What a run trains: `train`'s and `sweep`'s shared options, as given (None: the
+    default). `script_args` are the words after `--` on the command line."""
+
+    script: str | None = None
+    script_args: list[str] | None = None
+    epochs: int | None = None
+    save_every: int | None = None
+    nproc_per_node: str | None = None  # gpu|cpu|auto|N
+    max_restarts: int | None = None
+    env: list[str] | None = None  # KEY[=VALUE]
+    name: str | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    task: str | None = None
+    launcher: str | None = None  # torchrun (the default), python or env
+
+    def flags(self) -> dict[str, Any]:
+        return {
+            "SCRIPT": self.script, "-- SCRIPT_ARGS": self.script_args, "--epochs": self.epochs,
+            "--save-every": self.save_every, "--nproc-per-node": self.nproc_per_node,
+            "--max-restarts": self.max_restarts, "--env": self.env, "--name": self.name,
+            "--batch-size": self.batch_size, "--lr": self.lr, "--task": self.task,
+            "--launcher": self.launcher,
+        }  # fmt: skip
+
+    def plan(self, *, nproc_per_node: str | None) -> Plan:
+        """Every value checked (UsageError before anything starts), as a Plan."""
+        from vmrun.runs.plan import make_plan
+
+        return make_plan(
+            script=self.script, user_args=self.script_args, epochs=self.epochs,
+            save_every=self.save_every, nproc_per_node=nproc_per_node,
+            max_restarts=self.max_restarts or 0, env=self.env, name=self.name,
+            batch_size=self.batch_size, lr=self.lr, launcher=self.launcher or "torchrun",
+            task=self.task,
+        )  # fmt: skip
+
+
+@dataclass
+class HostOptions:
+    """Where and how a run on SSH hosts starts and is followed (`train -H`)."""
+
+    hosts: list[str] | None = None  # None: $VMRUN_HOSTS, else vmrun.toml's
+    master: str | None = None
+    nnodes: str | None = None  # N or MIN:MAX
+    rdzv_port: int | None = None
+    nccl_debug: str | None = None
+    allow_concurrent: bool = False
+    fresh: bool = False
+    fetch_every: float | None = None
+    down_after_run: bool = False
+
+    def flags(self) -> dict[str, Any]:
+        return {
+            "-H": self.hosts, "--master": self.master, "--nnodes": self.nnodes,
+            "--rdzv-port": self.rdzv_port, "--nccl-debug": self.nccl_debug,
+            "--allow-concurrent": self.allow_concurrent, "--fresh": self.fresh,
+            "--fetch-every": self.fetch_every, "--down-after-run": self.down_after_run,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What `train -C --dry-run` would do, nothing sent: the batch script, where it would be
+    written, and the commands on the login node."""
+
+    login: str
+    job_file: str
+    script: str
+    sync: str | None  # "PROJECT -> CODE DIR" when the code would be synced first
+    submit: list[str]  # the sbatch command
+    env_names: list[str] = field(default_factory=list)  # sent in env_file, not the script
+    env_file: str = ""
+
+
+def train(
+    run: RunOptions,
+    settings: Settings | None = None,
+    *,
+    local: bool = False,
+    hosts: HostOptions | None = None,
+    resume: str | None = None,
+    cluster: str | None = None,
+    slurm: SlurmOptions | None = None,
+    dry_run: bool = False,
+    detach: bool = False,
+    verbose: bool = False,
+    progress: MakeProgress = no_progress,
+    out: Reporter = QUIET,
+) -> int | DryRun:
+    """Train `run` on this machine (`local`), a Slurm `cluster`, or SSH hosts (the default);
+    the run's exit code (0 once a detached run has started), or the DryRun asked for.
+    `settings`: None loads the project's (vmrun.toml) when hosts or a cluster need them."""
+    hosts = hosts or HostOptions()
+    slurm = slurm or SlurmOptions()
+    refusals.check("train", {
+        **run.flags(), **hosts.flags(), **slurm.flags(), "--local": local, "--resume": resume,
+        "-C": cluster, "--dry-run": dry_run, "--detach": detach,
+    })  # fmt: skip
+    wiring = _wiring(hosts.master, hosts.nnodes, hosts.rdzv_port, hosts.nccl_debug)
+    plan = run.plan(nproc_per_node=None if cluster else run.nproc_per_node)
+    if cluster:
+        settings = settings or load_settings({})
+        return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
+                           detach=detach, verbose=verbose, progress=progress, out=out)  # fmt: skip
+    if hosts.fetch_every is not None and hosts.fetch_every <= 0:
+        raise UsageError(
+            "--fetch-every needs seconds > 0 and a run that vmrun follows"
+            " (not --detach or --local; use `vmrun fetch --watch` for a detached run)"
+        )
+    if local:
+        from vmrun.runs.local import run_local
+
+        return run_local(plan, verbose=verbose)
+    from vmrun.backends.hosts.node_launch import Launch
+
+    how = Launch(allow_concurrent=hosts.allow_concurrent, wiring=wiring, resume=resume,
+                 fresh=hosts.fresh, down_after_run=hosts.down_after_run)  # fmt: skip
+    settings = settings or load_settings({})
+    return _on_hosts(plan, hosts, settings, how, detach=detach, verbose=verbose,
+                     progress=progress, out=out)  # fmt: skip
+
+
+def _on_cluster(
+    plan: Plan,
+    name: str,
+    slurm: SlurmOptions,
+    nproc_per_node: str | None,
+    settings: Settings,
+    *,
+    dry_run: bool,
+    detach: bool,
+    verbose: bool,
+    progress: MakeProgress,
+    out: Reporter,
+) -> int | DryRun:
+    """Submit through the cluster's login node, then follow the job (or leave it, detach)."""
+    from vmrun.backends.slurm.cluster import find_cluster
+    from vmrun.backends.slurm.job import check_spec
+    from vmrun.backends.slurm.session import cluster_backend
+
+    spec = check_spec(slurm.job_spec(find_cluster(settings, name), nproc_per_node),
+                      plan.launcher)  # fmt: skip
+    with cluster_backend(settings, name, spec) as backend:
+        if dry_run:
+            return _dry_run(backend, plan)
+        ref = backend.start(plan, None, out, progress(False, True))
+        if detach:
+            rid = ref.run_id
+            out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
+                     f" `vmrun stop {rid} -C {name}`")  # fmt: skip
+            return 0
+        return int(backend.follow(ref, out, verbose=verbose))
+
+
+def _dry_run(backend: Any, plan: Plan) -> DryRun:
+    sub = backend.prepare(plan)
+    record = sub.paths.record
+    return DryRun(
+        login=backend.cluster.login,
+        job_file=f"{record}/job.sh",
+        script=sub.script,
+        sync=None if sub.trainer else f"{plan.project} -> {sub.paths.code}",
+        submit=["sbatch", "--parsable", f"{record}/job.sh"],
+        env_names=sorted({*backend.cluster.env, *plan.env}),
+        env_file=f"{record}/env",
+    )
+
+
+def _on_hosts(
+    plan: Plan,
+    hosts: HostOptions,
+    settings: Settings,
+    how: Any,
+    *,
+    detach: bool,
+    verbose: bool,
+    progress: MakeProgress,
+    out: Reporter,
+) -> int:
+    """Open the hosts once; for --resume, find the run there (one listing per host) and take
+    its plan and nodes; then start (and follow) it on those connections."""
+    from vmrun.backends.hosts.training import run_remote
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    entries = select_hosts(hosts.hosts, settings)
+    with Group(entries, settings) as group:
+        if how.resume is not None:
+            from vmrun.backends.hosts.resume import load
+
+            resumed = load(group, how.resume, plan.env)
+            plan, how.listed = resumed.plan, resumed.listed
+            entries = _nodes(entries, resumed.nodes, settings)
+            if how.wiring.master is None and len(entries) > 1:
+                w = how.wiring
+                recorded = resumed.meta.get("nnodes") if hosts.nnodes is None else hosts.nnodes
+                how.wiring = _wiring(
+                    str(resumed.meta.get("master")), recorded, w.rdzv_port, w.nccl_debug
+                )
+            if any(e.label not in group.connections for e in entries):
+                group = Group(entries, settings)  # a node the search did not include
+        if how.wiring.nnodes is not None and len(entries) > 1:
+            check_nnodes(how.wiring.nnodes, len(entries))
+        return run_remote(
+            plan,
+            entries,
+            settings,
+            detach=detach,
+            out=out,
+            how=how,
+            fetch_every=hosts.fetch_every,
+            progress=progress(len(entries) > 1, True),
+            group=group,
+            verbose=verbose,
+        )
+
+
+def _nodes(entries: list[Any], labels: list[str], settings: Settings) -> list[Any]:
+    """The run's nodes, in its recorded order, as the host entries that found it."""
+    from vmrun.ssh.inventory import select_hosts
+
+    by_label = {e.label: e for e in entries}
+    if all(label in by_label for label in labels):
+        return [by_label[label] for label in labels]
+    return select_hosts(labels, settings)
+
+
+def _wiring(
+    master: str | None, nnodes: str | None, rdzv_port: int | None, nccl_debug: str | None
+) -> Any:
+    from vmrun.backends.hosts.node_launch import NCCL_DEBUG_LEVELS, Wiring
+
+    if nccl_debug is not None and nccl_debug.upper() not in NCCL_DEBUG_LEVELS:
+        raise UsageError(f"--nccl-debug {nccl_debug}: use one of {', '.join(NCCL_DEBUG_LEVELS)}")
+    if rdzv_port is not None and not 1 <= rdzv_port <= 65535:
+        raise UsageError(f"--rdzv-port {rdzv_port}: ports are 1-65535")
+    return Wiring(
+        master=master,
+        nnodes=nnodes,
+        rdzv_port=rdzv_port,
+        nccl_debug=nccl_debug.upper() if nccl_debug else None,
+    )
+
+
+def check_nnodes(nnodes: str, hosts: int) -> None:
+    """torchrun's --nnodes against the hosts given: N must be their number, MIN:MAX cover it."""
+    import re
+
+    match = re.fullmatch(r"([1-9][0-9]*)(?::([1-9][0-9]*))?", nnodes.strip())
+    if not match:
+        raise UsageError(f"--nnodes {nnodes!r}: use N or MIN:MAX with whole numbers >= 1")
+    low = int(match.group(1))
+    high = int(match.group(2) or low)
+    if match.group(2) is None and low != hosts:
+        raise UsageError(f"--nnodes {low} but {hosts} hosts were given; use MIN:MAX for elastic")
+    if not low <= hosts <= high or low > high:
+        raise UsageError(f"--nnodes {nnodes}: {hosts} hosts are not within MIN:MAX")
