@@ -147,7 +147,7 @@ def _report(outcomes: list[Outcome[Report]], *, prefix: bool, quiet: bool) -> No
     """Each host's summary line (with --watch, only when something happened), what it
     skipped, and a coded error line for each failure."""
     from vmrun.cli.fetch_view import summary
-    from vmrun.cli.output import error_line, report, warn_line
+    from vmrun.cli.output import TERMINAL, error_line, report
 
     for outcome in outcomes:
         if outcome.error is not None:
@@ -160,7 +160,7 @@ def _report(outcomes: list[Outcome[Report]], *, prefix: bool, quiet: bool) -> No
             print(summary(rep, prefix=prefix), flush=True)
         if not quiet:
             for text in rep.skipped:
-                warn_line(f"{rep.host}: skipped {text}")
+                TERMINAL.warn(f"{rep.host}: skipped {text}")
         for path, why in rep.failed.items():
             if path in rep.mismatched:
                 error_line(f"{rep.host}: {path}: {why}", code="checksum-mismatch")

@@ -77,9 +77,9 @@ class PlainProgress(Progress):
             sys.stderr.flush()
 
     def warn(self, host: str, text: str) -> None:
-        from vmrun.cli.output import warn_line
+        from vmrun.cli.output import TERMINAL
 
-        warn_line(f"{host}: {text}")
+        TERMINAL.warn(f"{host}: {text}")
 
 
 def _speed_column() -> Any:

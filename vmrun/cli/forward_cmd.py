@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import TERMINAL, info_line
+        from vmrun.cli.output import TERMINAL
         from vmrun.operations.forward import forwarding
         from vmrun.ssh.forward import moved_line, parse_ports
 
@@ -81,13 +81,13 @@ def register(app: typer.Typer) -> None:
             try:
                 moved = moved_line(wanted, fwd.port)
                 if moved:
-                    info_line(moved)
+                    TERMINAL.info(moved)
                 if not fwd.probe():
-                    info_line(f"nothing answers at {fwd.where} yet; forwarding anyway")
+                    TERMINAL.info(f"nothing answers at {fwd.where} yet; forwarding anyway")
                 print(f"http://127.0.0.1:{fwd.port}/", flush=True)
-                info_line(f"forwarding to {fwd.where}; Ctrl-C to stop")
+                TERMINAL.info(f"forwarding to {fwd.where}; Ctrl-C to stop")
                 fwd.wait()
             except KeyboardInterrupt:
                 fwd.stop()
-                info_line(f"stopped forwarding port {fwd.port}")
+                TERMINAL.info(f"stopped forwarding port {fwd.port}")
         return 0

@@ -72,12 +72,12 @@ def show(data: bytes) -> None:
     sys.stdout.flush()
 
 
-def info_line(text: str) -> None:
+def _info_line(text: str) -> None:
     sys.stderr.write(f"vmrun: {text}\n")
     sys.stderr.flush()
 
 
-def warn_line(text: str) -> None:
+def _warn_line(text: str) -> None:
     prefix = "\033[33mvmrun: warning:\033[0m" if use_colour(sys.stderr) else "vmrun: warning:"
     sys.stderr.write(f"{prefix} {text}\n")
     sys.stderr.flush()
@@ -112,10 +112,10 @@ class Terminal(Reporter):
     to stdout as it comes, a host's failure as its error line (with --debug, its traceback)."""
 
     def info(self, text: str) -> None:
-        info_line(text)
+        _info_line(text)
 
     def warn(self, text: str) -> None:
-        warn_line(text)
+        _warn_line(text)
 
     def output(self, data: bytes) -> None:
         show(data)

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import TERMINAL, info_line, warn_line
+        from vmrun.cli.output import TERMINAL
         from vmrun.operations.histories import gather
         from vmrun.results import plotting
 
@@ -89,14 +89,14 @@ def register(app: typer.Typer) -> None:
         kept, lacking = plotting.with_metric(histories, metric, x)
         for run in lacking:
             by = "" if x == "epoch" else " with epoch times"
-            warn_line(f"run {run.run_id} has no {metric}{by}; left out of the plot")
+            TERMINAL.warn(f"run {run.run_id} has no {metric}{by}; left out of the plot")
         if not kept:
             raise UsageError(
                 f"no run has {metric} with epoch times to plot by time", code="metric-not-found"
             )
         if output is not None:
             plotting.save_plot(kept, metric, output, x=x)
-            info_line(f"wrote {output} ({len(kept)} run{'s' if len(kept) > 1 else ''})")
+            TERMINAL.info(f"wrote {output} ({len(kept)} run{'s' if len(kept) > 1 else ''})")
         else:
             _draw(kept, metric, x)
         return 0

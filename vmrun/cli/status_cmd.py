@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         else:
             _render(_rows(records, autostop), autostop=bool(autostop))
         if hidden:
-            sys.stderr.write(f"vmrun: {hidden} older run(s) not shown (--last N / --all)\n")
+            TERMINAL.info(f"{hidden} older run(s) not shown (--last N / --all)")
         for error in errors:
             report(error)
         return max((exit_code_for(e) for e in errors), default=0)
@@ -110,7 +110,9 @@ def _render(rows: Sequence[tuple[str, ...]], *, autostop: bool = False) -> None:
     headers: tuple[str, ...] = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
     headers += ("AUTOSTOP",) * autostop
     if not rows:
-        sys.stderr.write("vmrun: no runs\n")
+        from vmrun.cli.output import TERMINAL
+
+        TERMINAL.info("no runs")
         return
     if sys.stdout.isatty():
         from rich.console import Console

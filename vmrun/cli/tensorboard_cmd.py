@@ -94,17 +94,17 @@ def register(app: typer.Typer) -> None:
 
 def _serve(board: Serving) -> int:
     """Start it, say where, print its URL on stdout; serve until Ctrl-C."""
-    from vmrun.cli.output import info_line
+    from vmrun.cli.output import TERMINAL
 
     try:
         board.start()
         if board.moved:
-            info_line(board.moved)
-        info_line(f"{board.what}; Ctrl-C to stop")
+            TERMINAL.info(board.moved)
+        TERMINAL.info(f"{board.what}; Ctrl-C to stop")
         print(board.url, flush=True)
         board.wait()
     except KeyboardInterrupt:
-        info_line(board.stop())
+        TERMINAL.info(board.stop())
     finally:
         board.close()
     return 0
