@@ -35,6 +35,7 @@ CACHED_PYTHON = "/opt/vmrun-test-cache/venv-py3-torch-2.13.0/bin/python"
 TRACER = r"""
 import json, sys, threading
 edges = {}
+walk = []  # (caller, callee, function) of each call that takes the Plan, in order
 window = []  # the frame of the first call that took the Plan, while it runs
 def _has_plan(frame):
     for value in frame.f_locals.values():
@@ -62,6 +63,8 @@ def _profile(frame, event, arg):
         window.append(frame)
     key = (_caller(frame), module)
     edges[key] = edges.get(key, 0) + 1
+    if _has_plan(frame) and module != "vmrun.runs.plan":
+        walk.append([key[0], module, frame.f_code.co_name])
 sys.setprofile(_profile)
 threading.setprofile(_profile)
 from vmrun.cli.main import main
@@ -72,7 +75,7 @@ except SystemExit:
 finally:
     sys.setprofile(None)
     with open(sys.argv[1], "w") as fh:
-        json.dump([[a, b, n] for (a, b), n in edges.items()], fh)
+        json.dump({"edges": [[a, b, n] for (a, b), n in edges.items()], "walk": walk}, fh)
 """
 
 
@@ -105,6 +108,25 @@ def walk(edges: list[list], layers: list[list[str]]) -> dict[str, object]:
             "up": up}  # fmt: skip
 
 
+def plan_walk(calls: list[list[str]], layers: list[list[str]]) -> dict[str, object]:
+    """The Plan's own walk: the modules whose functions take it, in order; a climb is a call
+    that hands it up the layers, a re-entry a call into a module it had left."""
+    rooms: list[str] = []
+    climbs = reentries = 0
+    steps = []
+    for caller, callee, function in calls:
+        if callee == caller:
+            continue
+        steps.append(f"{callee}.{function}")
+        if caller and rank(callee, layers) < rank(caller, layers):
+            climbs += 1
+        if callee in rooms:
+            reentries += 1
+        else:
+            rooms.append(callee)
+    return {"rooms": len(rooms), "climbs": climbs, "reentries": reentries, "steps": steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", type=Path, default=ROOT)
@@ -134,12 +156,20 @@ def main() -> None:
             if not out.exists() or "started" not in done.stderr + done.stdout:
                 sys.stderr.write(done.stdout[-2000:] + done.stderr[-2000:])
                 raise SystemExit("plan_walk: the train did not start (see above)")
-            calls = json.loads(out.read_text())
-    result = walk(calls, layers_of(tree))
+            traced = json.loads(out.read_text())
+    layers = layers_of(tree)
+    result = walk(traced["edges"], layers)
+    own = plan_walk(traced["walk"], layers)
+    result["plan"] = own
     if args.json:
         print(json.dumps(result))
         return
-    print(f"rooms {result['rooms']}, climbs {result['climbs']}, module pairs {result['edges']}")
+    print(f"the plan's own walk: rooms {own['rooms']}, climbs {own['climbs']},"
+          f" re-entries {own['reentries']}")  # fmt: skip
+    for step in own["steps"]:  # type: ignore[attr-defined]
+        print(f"  {step}")
+    print(f"everything it calls: rooms {result['rooms']}, climbs {result['climbs']},"
+          f" module pairs {result['edges']}")  # fmt: skip
     for room in result["path"]:  # type: ignore[attr-defined]
         print(f"  {room}")
     for climb in result["up"]:  # type: ignore[attr-defined]
