@@ -137,6 +137,19 @@ def test_a_missing_mount_source_is_refused_naming_the_host() -> None:
     assert caught.value.one_line().startswith("h1: --mount /scratch:/s")
 
 
+def test_the_mount_probe_prints_the_missing_sources(tmp_path: Path) -> None:
+    from vmrun.containers.image import MOUNT_PROBE, check_mount_sources, mount_probe_args
+    from vmrun.hostside import source
+
+    (tmp_path / "data").mkdir()
+    mounts = [parse_mount(f"{tmp_path}/data:/data"), parse_mount(f"{tmp_path}/gone dir:/g:ro")]
+    argv = ["sh", "-c", source(MOUNT_PROBE), "vmrun-container-mounts", *mount_probe_args(mounts)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    missing = set(done.stdout.splitlines())
+    assert missing == {f"{tmp_path}/gone dir"}
+    assert _code(check_mount_sources, mounts, missing) == "mount-source-missing"
+
+
 # -- runtimes --------------------------------------------------------------------------------
 
 
@@ -180,6 +193,11 @@ def test_the_gpus_flag_only_where_the_host_has_nvidia_gpus() -> None:
     assert _pairs(run_argv(RUNTIMES["docker"], _spec(gpus=True)), "--gpus") == ["all"]
     podman = run_argv(RUNTIMES["podman"], _spec(gpus=True))
     assert podman[0] == "podman" and _pairs(podman, "--device") == ["nvidia.com/gpu=all"]
+
+
+def test_home_inside_is_set_only_when_given() -> None:
+    assert "HOME=/w/.home" in run_argv(RUNTIMES["docker"], _spec(home="/w/.home"))
+    assert not any(w.startswith("HOME=") for w in run_argv(RUNTIMES["docker"], _spec()))
 
 
 def test_rootless_podman_keeps_the_users_id_and_the_hosts_limits() -> None:
@@ -258,6 +276,31 @@ def test_every_runtime_passes_a_plain_request_where_it_runs() -> None:
     for runtime in RUNTIMES.values():
         for where in runtime.where:
             check(runtime, _spec(), where)
+
+
+def test_the_detect_script_names_the_runtimes_on_the_path(tmp_path: Path) -> None:
+    from vmrun.containers.runtime import DETECT_SCRIPT
+    from vmrun.hostside import source
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    programs = {
+        "srun": "echo '  --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH'",
+        "podman": "exit 0",
+        "grep": 'exec /bin/grep "$@"',
+    }
+    for name, body in programs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": str(bin_dir)}
+    done = subprocess.run(["/bin/sh", "-c", source(DETECT_SCRIPT), "vmrun-container-detect"],
+                          env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.split() == ["pyxis", "podman"]
+    assert detect(done.stdout.split()) == RUNTIMES["pyxis"]
+    (bin_dir / "srun").write_text("#!/bin/sh\necho '  --nodes=N'\n")  # srun without pyxis
+    done = subprocess.run(["/bin/sh", "-c", source(DETECT_SCRIPT), "vmrun-container-detect"],
+                          env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.split() == ["podman"]
 
 
 def test_runtime_names_detection_and_presence() -> None:

@@ -212,6 +212,15 @@ def parse_mount(text: str) -> Mount:
     return Mount(posixpath.normpath(source), target, mode == "ro")
 
 
+MOUNT_PROBE = "container_mounts.sh"  # vmrun/hostside: prints the sources a host lacks
+
+
+def mount_probe_args(mounts: list[Mount]) -> list[str]:
+    """The arguments of MOUNT_PROBE (`sh -c SOURCE vmrun-container-mounts ARGS...`); its
+    output, split in lines, is `check_mount_sources`' `missing`."""
+    return list(dict.fromkeys(m.source for m in mounts))
+
+
 def check_mount_sources(
     mounts: list[Mount], missing: set[str] | frozenset[str], host: str | None = None
 ) -> None:

@@ -74,6 +74,7 @@ RUNTIMES: dict[str, Runtime] = {
     )
 }  # fmt: skip
 RUNNER = "container_run.sh"  # vmrun/hostside: runs, stops and removes one container
+DETECT_SCRIPT = "container_detect.sh"  # vmrun/hostside: the runtimes a host has, by name
 DETECT_ORDER = ("pyxis", "apptainer", "shifter", "podman", "docker")  # a login node's first
 
 
@@ -87,8 +88,8 @@ def runtime_named(name: str) -> Runtime:
 
 
 def detect(found: Iterable[str]) -> Runtime | None:
-    """The runtime to use among those a probe found on a login node, in DETECT_ORDER: a
-    site's own (pyxis, apptainer, shifter) before a general one."""
+    """The runtime to use among those DETECT_SCRIPT found (its output's lines), in
+    DETECT_ORDER: a site's own (pyxis, apptainer, shifter) before a general one."""
     have = set(found)
     return next((RUNTIMES[n] for n in DETECT_ORDER if n in have), None)
 
@@ -132,6 +133,9 @@ class ContainerSpec:
     gid: int | None = None
     gpus: bool = False  # the host has NVIDIA GPUs (a probe's answer)
     rootless: bool = False  # podman run by a user: --userns=keep-id instead of --user
+    # HOME inside: a uid the image's /etc/passwd lacks gets `/`, where caches (torch,
+    # triton, pip) cannot be written; a directory mounted from the host, not a secret
+    home: str | None = None
     extra: tuple[str, ...] = field(default=())  # more `run` options, as given
 
     @property
@@ -228,6 +232,8 @@ def run_options(runtime: Runtime, spec: ContainerSpec) -> list[str]:
     ]  # fmt: skip
     for mount in spec.mounts:
         argv += ["-v", str(mount)]
+    if spec.home is not None:
+        argv += ["-e", f"HOME={spec.home}"]
     for name in spec.env_names:
         argv += ["-e", name]
     return [*argv, *spec.extra, str(spec.image), *spec.command]
