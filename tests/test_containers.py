@@ -195,6 +195,11 @@ def test_the_gpus_flag_only_where_the_host_has_nvidia_gpus() -> None:
     assert podman[0] == "podman" and _pairs(podman, "--device") == ["nvidia.com/gpu=all"]
 
 
+def test_the_limits_can_be_given_where_memlock_cannot_be_raised() -> None:
+    argv = run_argv(RUNTIMES["docker"], _spec(ulimits=("stack=67108864",)))
+    assert _pairs(argv, "--ulimit") == ["stack=67108864"]
+
+
 def test_home_inside_is_set_only_when_given() -> None:
     assert "HOME=/w/.home" in run_argv(RUNTIMES["docker"], _spec(home="/w/.home"))
     assert not any(w.startswith("HOME=") for w in run_argv(RUNTIMES["docker"], _spec()))
@@ -467,17 +472,22 @@ st=$FAKE_DOCKER_STATE
 verb=$1; shift
 case $verb in
   rm) if [ -e "$st/exists" ]; then echo removed >> "$st/log"; fi
-      rm -f "$st/exists" "$st/code" ;;
+      rm -f "$st/exists" "$st/code" "$st/error" ;;
   run) touch "$st/exists"; echo $$ > "$st/run.pid"
        case $FAKE_RUN in
          exit:*) echo "${FAKE_RUN#exit:}" > "$st/code"; exit "${FAKE_RUN#exit:}" ;;
          refuse) rm -f "$st/exists"; echo "docker: invalid reference format." >&2; exit 125 ;;
+         startfail) echo 128 > "$st/code"; echo "error setting rlimits" > "$st/error"
+                    exit 125 ;;
          sleep) trap 'echo 143 > "$st/code"; kill "$sp" 2>/dev/null; exit 143' TERM
                 sleep 30 & sp=$!; touch "$st/ready"; wait "$sp" ;;
        esac ;;
   stop) kill -TERM "$(cat "$st/run.pid")" ;;
   inspect) [ -e "$st/exists" ] && [ -e "$st/code" ] || { echo "No such object" >&2; exit 1; }
-           cat "$st/code" ;;
+           case $* in  # the fields the --format asks for
+             *State.Error*) echo "$(cat "$st/code") $(cat "$st/error" 2>/dev/null)" ;;
+             *) cat "$st/code" ;;
+           esac ;;
 esac
 """
 
@@ -523,8 +533,13 @@ def test_the_containers_exit_code_is_the_scripts(fake_docker, code: int) -> None
     assert calls[2][-1] == name and calls[3] == ["rm", "-f", name]
 
 
-def test_a_runtime_refusal_exits_with_the_clients_status(fake_docker) -> None:
-    assert _script(fake_docker, "refuse").wait(timeout=20) == 125
+@pytest.mark.parametrize("behaviour", ["refuse", "startfail"])
+def test_a_container_not_made_or_not_started_exits_with_the_clients_status(
+    fake_docker, behaviour: str
+) -> None:
+    """125, not the engine's 128 for a container that never started (its State.Error)."""
+    assert _script(fake_docker, behaviour).wait(timeout=20) == 125
+    assert not (fake_docker[1] / "exists").exists()
 
 
 def test_a_stale_container_of_the_same_name_is_removed_first(fake_docker) -> None:

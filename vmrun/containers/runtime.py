@@ -24,6 +24,10 @@ from vmrun.remote_paths import RUN_ENV
 HOSTS, SLURM = "hosts", "slurm"  # where a run executes (the two backends)
 LABEL_RUN, LABEL_NODE = "vmrun.run", "vmrun.node"  # how stop and status find a run's containers
 STACK_BYTES = 67108864  # NGC's `--ulimit stack=67108864`
+# NGC's limits. Raising memlock above the host's hard limit needs CAP_SYS_RESOURCE in the
+# daemon: a GPU host's dockerd has it, a sandboxed one (the test bed's) may not, and runc
+# then refuses to start the container ("error setting rlimits"); such a caller gives others.
+NGC_ULIMITS = ("memlock=-1", f"stack={STACK_BYTES}")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ class ContainerSpec:
     # HOME inside: a uid the image's /etc/passwd lacks gets `/`, where caches (torch,
     # triton, pip) cannot be written; a directory mounted from the host, not a secret
     home: str | None = None
+    ulimits: tuple[str, ...] = NGC_ULIMITS
     extra: tuple[str, ...] = field(default=())  # more `run` options, as given
 
     @property
@@ -212,7 +217,7 @@ def _user_flags(runtime: Runtime, spec: ContainerSpec) -> list[str]:
 def _ulimits(runtime: Runtime, spec: ContainerSpec) -> list[str]:
     if runtime.name == "podman" and spec.rootless:
         return ["--ulimit", "host"]  # a user's podman cannot raise limits above the host's
-    return ["--ulimit", "memlock=-1", "--ulimit", f"stack={STACK_BYTES}"]
+    return [word for limit in spec.ulimits for word in ("--ulimit", limit)]
 
 
 def run_options(runtime: Runtime, spec: ContainerSpec) -> list[str]:

@@ -28,11 +28,14 @@ while :; do
   wait "$child"; status=$?
   kill -0 "$child" 2>/dev/null || break
 done
-# The container's own exit code; the client's status where no container was made (125:
-# the runtime refused the options, 127: no such command in the image...).
-code=$("$docker" inspect --format '{{.State.ExitCode}}' "$name" 2>/dev/null) || code=
+# The container's own exit code; the client's status where the container was not made or
+# did not start (125: the runtime refused the options or the limits, 127: no such command
+# in the image...), which the engine records as a State.Error.
+state=$("$docker" inspect --format '{{.State.ExitCode}} {{.State.Error}}' "$name" 2>/dev/null)
 "$docker" rm -f "$name" >/dev/null 2>&1 || true
+code=${state%% *}; error=${state#"$code"}
 case $code in
   ''|*[!0-9]*) exit "$status" ;;
-  *) exit "$code" ;;
 esac
+[ -n "${error# }" ] && [ "$status" -ne 0 ] && exit "$status"
+exit "$code"
