@@ -388,6 +388,55 @@ def test_the_engine_json_stream_carries_bytes() -> None:
     assert reader.errors == ["no space left"]
 
 
+# Recorded from Debian's docker.io 20.10 (client 28.2) pulling from Debian's docker-registry
+# on 127.0.0.1: a pipe's output, then the Engine API's stream for the same pull.
+RECORDED_DIGEST = "sha256:b3510a8adad8b3fda066ca147951c5f0c717ad5d97b6f0182f367a9ef134840f"
+RECORDED_PLAIN = f"""\
+1: Pulling from vmrun/tiny
+ec6902b8aa6f: Pulling fs layer
+ec6902b8aa6f: Verifying Checksum
+ec6902b8aa6f: Download complete
+ec6902b8aa6f: Pull complete
+Digest: {RECORDED_DIGEST}
+Status: Downloaded newer image for localhost:5077/vmrun/tiny:1
+localhost:5077/vmrun/tiny:1
+"""
+_BAR = "[=\\u003e                                                 ]"
+RECORDED_API = f"""\
+{{"status":"Pulling from vmrun/tiny","id":"1"}}
+{{"status":"Pulling fs layer","progressDetail":{{}},"id":"ec6902b8aa6f"}}
+{{"status":"Downloading","progressDetail":{{"current":36445,"total":1149753}},\
+"progress":"{_BAR}  36.45kB/1.15MB","id":"ec6902b8aa6f"}}
+{{"status":"Download complete","progressDetail":{{}},"id":"ec6902b8aa6f"}}
+{{"status":"Extracting","progressDetail":{{"current":32768,"total":1149753}},\
+"progress":"{_BAR}  32.77kB/1.15MB","id":"ec6902b8aa6f"}}
+{{"status":"Pull complete","progressDetail":{{}},"id":"ec6902b8aa6f"}}
+{{"status":"Digest: {RECORDED_DIGEST}"}}
+{{"status":"Status: Downloaded newer image for localhost:5077/vmrun/tiny:1"}}
+"""
+
+
+def test_a_recorded_pull_reads_the_same_from_a_pipe_and_from_the_api() -> None:
+    plain, api = read_pull(RECORDED_PLAIN), read_pull(RECORDED_API)
+    for seen in (plain, api):
+        assert (seen.layers_total, seen.layers_done) == (1, 1)
+        assert seen.digest == RECORDED_DIGEST and seen.up_to_date is False
+    assert plain.bytes_total is None and api.bytes_done == api.bytes_total == 1149753
+    reader = PullReader()
+    for line in RECORDED_API.splitlines()[:3]:
+        reader.feed(line)
+    assert reader.progress().bytes_done == 36445
+
+
+def test_a_refused_api_pull_is_its_error() -> None:
+    reader = PullReader()
+    reader.feed('{"message":"manifest for localhost:5077/vmrun/tiny:9 not found: manifest '
+                'unknown: manifest unknown"}')  # fmt: skip
+    assert pull_error("\n".join(reader.errors), "localhost:5077/vmrun/tiny:9").code == (
+        "image-not-found"
+    )
+
+
 def test_podman_blob_lines_count_too() -> None:
     out = read_pull(
         "Trying to pull docker.io/library/python:3.12...\nGetting image source signatures\n"
@@ -452,6 +501,17 @@ def test_podman_blob_lines_count_too() -> None:
             "unix:///var/run/docker.sock: Head \"http://%2Fvar%2Frun%2Fdocker.sock/_ping\"",
             "container-runtime-unavailable",
         ),
+        (  # recorded, as the three below
+            'Error response from daemon: Get "http://localhost:5078/v2/": dial tcp '
+            "127.0.0.1:5078: connect: connection refused",
+            "registry-unreachable",
+        ),
+        (
+            "Error response from daemon: manifest for localhost:5077/vmrun/tiny:9 not found: "
+            "manifest unknown: manifest unknown",
+            "image-not-found",
+        ),
+        ("invalid reference format: repository name (vmrun/Tiny) must be lowercase", "bad-image"),
         ("sh: 1: docker: not found", "container-runtime-missing"),
         ("invalid reference format: repository name must be lowercase", "bad-image"),
         ("Error response from daemon: something new", "pull-failed"),

@@ -107,10 +107,11 @@ class PullReader:
             return False
         if not isinstance(message, dict):
             return False
-        if message.get("error"):
-            self.errors.append(str(message["error"]))
-            return True
         status, layer = str(message.get("status", "")), message.get("id")
+        error = message.get("error") or (None if status else message.get("message"))
+        if error:  # a failure mid-stream, or the whole answer of a refused request (HTTP 404)
+            self.errors.append(str(error))
+            return True
         detail = message.get("progressDetail") or {}
         if layer and status == "Downloading" and detail.get("total"):
             self.sizes[layer] = (int(detail.get("current", 0)), int(detail["total"]))
