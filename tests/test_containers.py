@@ -543,6 +543,11 @@ case $verb in
                 sleep 30 & sp=$!; touch "$st/ready"; wait "$sp" ;;
        esac ;;
   stop) kill -TERM "$(cat "$st/run.pid")" ;;
+  login) cat > "$st/login.stdin"; echo "$DOCKER_CONFIG" > "$st/login.conf"
+         [ "$(cat "$st/login.stdin")" = "$FAKE_PASSWORD" ] || {
+           echo 'Error response from daemon: Get "https://r/v2/": unauthorized: incorrect' \
+             'username or password' >&2; exit 1; } ;;
+  pull) echo "${DOCKER_CONFIG-}" > "$st/pull.conf"; printf '%s' "$FAKE_PULL_OUT" ;;
   inspect) [ -e "$st/exists" ] && [ -e "$st/code" ] || { echo "No such object" >&2; exit 1; }
            case $* in  # the fields the --format asks for
              *State.Error*) echo "$(cat "$st/code") $(cat "$st/error" 2>/dev/null)" ;;
@@ -632,3 +637,59 @@ def test_container_run_is_shellcheck_clean_posix_sh() -> None:
     done = subprocess.run(["shellcheck", "-s", "sh", str(HERE / "container_run.sh")],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stdout
+
+
+def _pull(fake: tuple[Path, Path], username: str | None, password: str | None):
+    from vmrun.containers.runtime import PASSWORD_ENV, PULL_SCRIPT, pull_script_args
+    from vmrun.hostside import source
+
+    binary, state = fake
+    image = parse_image("localhost:5077/vmrun/tiny:1")
+    assert isinstance(image, ImageRef)
+    args = pull_script_args(RUNTIMES["docker"], image, username)
+    args[0] = str(binary)
+    env = {**os.environ, "FAKE_DOCKER_STATE": str(state), "FAKE_PULL_OUT": RECORDED_PLAIN,
+           "FAKE_PASSWORD": "s3cret 'x'", "TMPDIR": str(state)}  # fmt: skip
+    env.pop(PASSWORD_ENV, None)
+    if password is not None:
+        env[PASSWORD_ENV] = password
+    argv = ["sh", "-c", source(PULL_SCRIPT), "vmrun-container-pull", *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=20)
+
+
+def test_a_pull_without_login_is_the_runtimes_pull(fake_docker) -> None:
+    done = _pull(fake_docker, None, None)
+    assert done.returncode == 0
+    assert _calls(fake_docker[1]) == [["pull", "localhost:5077/vmrun/tiny:1"]]
+    assert read_pull(done.stdout).digest == RECORDED_DIGEST
+
+
+def test_the_password_goes_through_stdin_into_a_config_removed_after(fake_docker) -> None:
+    state = fake_docker[1]
+    done = _pull(fake_docker, "bob", "s3cret 'x'")
+    assert done.returncode == 0, done.stderr
+    calls = _calls(state)
+    assert calls[0] == ["login", "--username", "bob", "--password-stdin", "localhost:5077"]
+    assert [c[0] for c in calls] == ["login", "pull"]
+    assert (state / "login.stdin").read_text() == "s3cret 'x'"
+    assert not any("s3cret" in word for call in calls for word in call)
+    conf = (state / "login.conf").read_text().strip()
+    assert conf.startswith(str(state)) and (state / "pull.conf").read_text().strip() == conf
+    assert not Path(conf).exists()  # no password left on the host
+
+
+def test_a_refused_login_is_auth_refused_and_pulls_nothing(fake_docker) -> None:
+    state = fake_docker[1]
+    done = _pull(fake_docker, "bob", "wrong")
+    assert done.returncode == 1
+    assert pull_error(done.stderr, "localhost:5077/vmrun/tiny:1").code == "registry-auth-refused"
+    assert [c[0] for c in _calls(state)] == ["login"]
+    assert not Path((state / "login.conf").read_text().strip()).exists()
+    assert _pull(fake_docker, "bob", None).returncode == 2  # no password given
+
+
+def test_ps_lines_read_as_names_and_states() -> None:
+    from vmrun.containers.runtime import parse_ps
+
+    out = "vmrun-r1-0 running\nvmrun-r1-1 exited\n\n"
+    assert parse_ps(out) == [("vmrun-r1-0", "running"), ("vmrun-r1-1", "exited")]

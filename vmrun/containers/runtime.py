@@ -79,6 +79,8 @@ RUNTIMES: dict[str, Runtime] = {
 }  # fmt: skip
 RUNNER = "container_run.sh"  # vmrun/hostside: runs, stops and removes one container
 DETECT_SCRIPT = "container_detect.sh"  # vmrun/hostside: the runtimes a host has, by name
+PULL_SCRIPT = "container_pull.sh"  # vmrun/hostside: login (password from stdin) and pull
+PASSWORD_ENV = "VMRUN_REGISTRY_PASSWORD"  # the registry password PULL_SCRIPT reads
 DETECT_ORDER = ("pyxis", "apptainer", "shifter", "podman", "docker")  # a login node's first
 
 
@@ -259,6 +261,16 @@ def pull_argv(runtime: Runtime, image: ImageRef) -> list[str]:
     return [_binary(runtime), "pull", str(image)]
 
 
+def pull_script_args(runtime: Runtime, image: ImageRef, username: str | None = None) -> list[str]:
+    """The arguments of PULL_SCRIPT: `DOCKER IMAGE [REGISTRY USERNAME]`. With a username it
+    logs in first, the password in the environment as PASSWORD_ENV (sent through stdin by
+    the command wrapper), into a configuration the script removes after the pull."""
+    args = [_binary(runtime), str(image)]
+    if username is not None:
+        args += [image.domain, username]
+    return args
+
+
 def login_argv(runtime: Runtime, registry: str, username: str) -> list[str]:
     """`docker login` with the password on stdin (never on a command line or in a log);
     NGC's username is the literal `$oauthtoken`, its password the NGC_API_KEY."""
@@ -292,6 +304,16 @@ def ps_argv(runtime: Runtime, run_id: str) -> list[str]:
         _binary(runtime), "ps", "-a", "--filter", f"label={LABEL_RUN}={run_id}",
         "--format", "{{.Names}} {{.State}}",
     ]  # fmt: skip
+
+
+def parse_ps(output: str) -> list[tuple[str, str]]:
+    """`ps_argv`'s lines as (name, state): `running`, `exited`, `created`..."""
+    found = []
+    for line in output.splitlines():
+        name, _, state = line.strip().partition(" ")
+        if name:
+            found.append((name, state.strip() or "unknown"))
+    return found
 
 
 def stop_argv(runtime: Runtime, name: str, grace: int) -> list[str]:
