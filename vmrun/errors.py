@@ -341,6 +341,30 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
 )
 for _owner, _name, _meaning in _SITE_CODES:
     register(_name, _owner, _meaning)
+# -- containers (vmrun.containers): the image, its mounts, its runtime, its pull ----------
+_CONTAINER_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
+    (UsageError, "bad-image", "an image reference or .sif path is malformed"),
+    (UsageError, "bad-mount", "a --mount is not `SRC:DST[:ro|rw]` with absolute paths"),
+    (UsageError, "mount-source-missing", "a --mount's source path is not on the host"),
+    (UsageError, "container-runtime-missing", "the container runtime asked for is not there"),
+    (
+        UsageError,
+        "container-option-unsupported",
+        "the container runtime cannot do what the run asks (.sif, read-only mounts, hosts)",
+    ),
+    (UsageError, "image-not-found", "the registry has no such image or tag"),
+    (RemoteError, "registry-auth-refused", "the registry refused the host's credentials"),
+    (RemoteError, "registry-unreachable", "the host could not reach the image's registry"),
+    (RemoteError, "no-space-left", "the host's disk is full (an image pull, a write)"),
+    (
+        RemoteError,
+        "container-runtime-unavailable",
+        "the container daemon is not running, or the user may not use it",
+    ),
+    (RemoteError, "pull-failed", "an image pull failed for a reason vmrun does not know"),
+)
+for _owner, _name, _meaning in _CONTAINER_CODES:
+    register(_name, _owner, _meaning)
 register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
 register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)
 register("run-stopped", CommandFailed, "the run was stopped (`vmrun stop`) while followed", 143)
