@@ -3,7 +3,7 @@
 
 `local_runs` (session): a project whose results/ holds two real `vmrun train --local` runs
 of the template, 1 and 2 processes, 3 epochs each. The builders below write a run's folder
-as each place leaves it (the fields are those vmrun.backends.hosts.start,
+as each place leaves it (the fields are those vmrun.backends.hosts.backend,
 vmrun.backends.slurm.backend and vmrun.runs.local write), for tests that need shapes this
 machine cannot make.
 """

@@ -141,7 +141,7 @@ def test_a_resumed_run_starts_on_its_own_nodes_only_not_every_listed_host(
     (mapping it over accB too was a KeyError that stopped the attempt just started)."""
     from fake_group import FakeGroup
 
-    from vmrun.backends.hosts import start as remote
+    from vmrun.backends.hosts import backend as remote
     from vmrun.backends.hosts.records import Started
 
     started: list[str] = []
@@ -150,7 +150,7 @@ def test_a_resumed_run_starts_on_its_own_nodes_only_not_every_listed_host(
         started.append(conn.label)
         return Started(4242, 7)
 
-    monkeypatch.setattr(remote.runs, "start", fake_start)
+    monkeypatch.setattr(remote.records, "start", fake_start)
     group = FakeGroup(["accA", "accB"], tmp_path)
     nodes = {"accA": node("accA", tmp_path)}
     pids = remote._start_all(group, plan(0), nodes, "r-1", "1", None, Wiring(), resume="r-1")

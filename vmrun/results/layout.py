@@ -1,8 +1,8 @@
 """A run's shape (where, launcher, nodes, processes, world size, epochs asked) from its
 run.json, whichever of the three forms it has.
 
-Each place that runs a run writes its own record: SSH hosts (vmrun.backends.hosts.start: `nodes` is
-the list of host labels, `nproc` a string that may be `gpu`), a Slurm cluster
+Each place that runs a run writes its own record: SSH hosts (vmrun.backends.hosts.backend:
+`nodes` is the list of host labels, `nproc` a string that may be `gpu`), a Slurm cluster
 (vmrun.backends.slurm.backend: `cluster`, `nodes` a count, `nproc_per_node`, `world_size`, `epochs`)
 and `train --local` (vmrun.runs.local: `nproc`, `start_time`, `argv`). Reports compare
 runs of all three, so they are read into one value here, in one place.

@@ -1,8 +1,8 @@
 """Runs on SSH hosts: each node a detached process tree recorded under ~/.vmrun/runs/<id>/.
 
-- `backend`     `HostsBackend`, the api.Backend over the pieces below;
+- `backend`     `HostsBackend`, the api.Backend over the pieces below: start checks,
+                preflights, stages and starts every node detached;
 - `training`    `vmrun train` on hosts: start, then detach or follow, `--fetch-every`;
-- `start`       preflight, code sync and a detached start on every node;
 - `preflight`   each host's interpreter, GPUs and busy state, the node order;
 - `staging`     the project or the template trainer onto a host;
 - `node_launch` each node's launcher argv and environment; `rendezvous`, `probes`,

@@ -2,18 +2,22 @@
 ~/.vmrun/runs/<id>/ on every node (vmrun.backends.hosts.records), over one connection per host.
 
 It works on a caller's `Group`, so a command opens each host once however many verbs it
-uses (find, then follow; find, then stop). `start` is vmrun.backends.hosts.start's (preflight, the
-sync, the rendezvous); everything after the start is here.
+uses (find, then follow; find, then stop). `start` checks the launcher against the hosts,
+preflights them (vmrun.backends.hosts.preflight), stages the code (staging), decides where the
+nodes meet (node_launch, rendezvous) and starts every node detached (records).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from vmrun.backends.api import NodeRecord, RunRef, StopReport, combined_state
 from vmrun.backends.hosts import records
-from vmrun.backends.hosts.node_launch import Launch
-from vmrun.backends.hosts.start import start_remote
+from vmrun.backends.hosts.netfacts import Layout
+from vmrun.backends.hosts.node_launch import Launch, Node, Wiring, layout_note, meet, node_launch
+from vmrun.backends.hosts.preflight import check_launcher_hosts, cuda_warning, nproc_for, preflight
+from vmrun.backends.hosts.staging import stage
 from vmrun.errors import (
     CommandFailed,
     ConnectionLostError,
@@ -23,6 +27,7 @@ from vmrun.errors import (
     UsageError,
 )
 from vmrun.reporting import Recorder, Reporter
+from vmrun.runs import launch
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.outputs import RunLocation, location_of
 from vmrun.runs.plan import STOP_GRACE_S, Plan
@@ -71,7 +76,42 @@ class HostsBackend:
     ) -> RunRef:
         """Preflight, stage and start the run on this backend's hosts (master first),
         detached; its RunRef (the nodes, and the lines of earlier attempts to skip)."""
-        return start_remote(self.group, plan, self.entries, out, how, progress)
+        check_launcher_hosts(plan, len(self.entries), how.wiring)
+        multi = len(self.entries) > 1
+        only = {e.label for e in self.entries}
+        nodes = how.nodes or preflight(self.group, plan, out, multi=multi, how=how, only=only)
+        nodes = {e.label: nodes[e.label] for e in self.entries}  # the node order: the master first
+        nproc = nproc_for(plan, list(nodes.values()))
+        warning = cuda_warning(plan, list(nodes.values()))
+        if warning:
+            out.warn(warning)
+        layout = (how.layout or meet(self.group, nodes, how.wiring)) if multi else None
+        rid = how.resume or how.run_id or launch.run_id(plan.name)
+        banner = ""
+        if how.resume:
+            from vmrun.backends.hosts.resume import prepare
+
+            banner = prepare(self.group, list(nodes), rid, out, how.listed)
+        live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
+        with live:
+            staged = self.group.map(
+                lambda entry, conn: stage(nodes[entry.label], plan, out, progress), only=only
+            )
+        raise_for_failures(staged, one_as_itself=True)
+        started = _start_all(
+            self.group, plan, nodes, rid, nproc, layout, how.wiring, how.resume, banner,
+            alone=not how.allow_concurrent,
+        )  # fmt: skip
+        names = ", ".join(nodes)
+        first = self.entries[0].label
+        where = f" on {names}" if multi else f" on {names} (pid {started[first]})"
+        out.info(
+            f"run {rid} {'resumed' if how.resume else 'started'}{where}; its files: ~/"
+            f"{_out_dir(plan, nodes[first].workdir, rid)}/"
+        )
+        if layout is not None:
+            out.info(layout_note(layout, nodes, nproc, plan.launcher))
+        return RunRef(rid, tuple(nodes), skip={label: n.skip for label, n in nodes.items()})
 
     # -- finding runs --------------------------------------------------------------------
 
@@ -254,3 +294,76 @@ def require_nodes(ref: RunRef, wanted: Sequence[str], entries: Sequence[HostEntr
         ref.skip,
         {n: e for n, e in ref.unreached.items() if n in chosen},
     )
+
+def _out_dir(plan: Plan, workdir: str, rid: str) -> str:
+    return f"{workdir}/results/{rid}" if plan.is_template else workdir
+
+
+def _start_all(
+    group: Group,
+    plan: Plan,
+    nodes: dict[str, Node],
+    rid: str,
+    nproc: str,
+    layout: Layout | None,
+    wiring: Wiring,
+    resume: str | None,
+    banner: str = "",
+    *,
+    alone: bool = False,
+) -> dict[str, int]:
+    """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
+    each host refuses if another run is alive there (the busy check, under its start lock)."""
+    labels = list(nodes)
+    meta_base = {
+        "name": plan.name,
+        "template": plan.is_template,
+        "launcher": plan.launcher,
+        "args": plan.args,
+        "nproc_requested": plan.nproc,
+        "nproc": nproc,
+        "max_restarts": plan.max_restarts,
+        "env_keys": sorted(plan.env),
+        "nodes": labels,
+        "master": labels[0],
+        "nnodes": wiring.nnodes or str(len(labels)),
+        "rdzv": layout.endpoint if layout else None,
+    }
+
+    def start(entry: HostEntry, conn: Connection) -> int:
+        node = nodes[entry.label]
+        single_env = plan.launcher == "env" and layout is None
+        port = _free_port(conn, node.env.python) if single_env else 0
+        argv, env = node_launch(plan, node, rid, nproc, layout, wiring, port, labels)
+        meta = {
+            **meta_base,
+            "script": node.script,
+            "workdir": node.workdir,
+            "out_dir": _out_dir(plan, node.workdir, rid),
+            "python": node.env.python,
+            "argv": argv,
+            "host": entry.label,
+            "ifname": layout.ifnames.get(entry.label, "") if layout else "",
+        }
+        got = records.start(
+            conn, rid, node.workdir, argv, meta, env=env, resume=resume is not None,
+            banner=banner, alone=alone,
+        )  # fmt: skip
+        node.skip = got.log_lines
+        return got.pid
+
+    outcomes = group.map(start, only=set(labels))  # the run's nodes, not every host listed
+    if any(not o.ok for o in outcomes):
+        started = {o.host for o in outcomes if o.ok}
+        group.map(lambda entry, conn: records.stop(conn, rid, grace=5), only=started)
+        raise_for_failures(outcomes, one_as_itself=True)
+    return {o.host: int(o.value or 0) for o in outcomes}
+
+
+def _free_port(conn: Connection, python: str) -> int:
+    """A port nothing listens on at the host now (the `env` launcher's MASTER_PORT)."""
+    probe = (
+        "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
+    )
+    out = conn.run([python, "-c", probe], check=True, what="a free port probe").stdout_tail.split()
+    return int(out[-1]) if out and out[-1].isdigit() else launch.DEFAULT_MASTER_PORT

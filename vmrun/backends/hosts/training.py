@@ -9,7 +9,7 @@ from vmrun.backends.api import RunRef
 from vmrun.backends.hosts.backend import HostsBackend
 from vmrun.backends.hosts.down_after import DownAfterRun
 from vmrun.backends.hosts.node_launch import Launch
-from vmrun.backends.hosts.preflight import check_launcher_hosts, order
+from vmrun.backends.hosts.preflight import order
 from vmrun.config import Settings
 from vmrun.errors import Detached, Interrupted, VmrunError
 from vmrun.reporting import QUIET, Reporter
@@ -42,7 +42,6 @@ def run_remote(
     `on_start`: told the run once it has started (a sweep stops it by id if it is interrupted)."""
     how = how or Launch()
     entries = order(entries, how.wiring)
-    check_launcher_hosts(plan, len(entries), how.wiring)
     with group or Group(entries, settings) as conns:
         down = None
         if how.down_after_run:
