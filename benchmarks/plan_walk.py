@@ -109,9 +109,12 @@ def walk(edges: list[list], layers: list[list[str]]) -> dict[str, object]:
 
 
 def plan_walk(calls: list[list[str]], layers: list[list[str]]) -> dict[str, object]:
-    """The Plan's own walk: the modules whose functions take it, in order; a climb is a call
-    that hands it up the layers, a re-entry a call into a module it had left."""
+    """The Plan's own walk: the modules whose functions take it (or close over it), in order.
+    A climb is a call up the layers: a function handed down and called back from below (a
+    fan-out's per-host function, run by vmrun.ssh.group). A re-entry is a direct call into a
+    room the plan first entered from elsewhere: it went up the house and came down again."""
     rooms: list[str] = []
+    first_from: dict[str, str] = {}
     climbs = reentries = 0
     steps = []
     for caller, callee, function in calls:
@@ -120,9 +123,9 @@ def plan_walk(calls: list[list[str]], layers: list[list[str]]) -> dict[str, obje
         steps.append(f"{callee}.{function}")
         if caller and rank(callee, layers) < rank(caller, layers):
             climbs += 1
-        if callee in rooms:
+        elif first_from.setdefault(callee, caller) != caller:
             reentries += 1
-        else:
+        if callee not in rooms:
             rooms.append(callee)
     return {"rooms": len(rooms), "climbs": climbs, "reentries": reentries, "steps": steps}
 
