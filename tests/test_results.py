@@ -170,10 +170,11 @@ def test_json_keys_are_stable_and_numbers_are_numbers(results: Path) -> None:
     rows = report_rows([_run(results, "a", 1, [100]), load_run(local_run(results, "b", [
         {"epoch": 1, "loss": 0.5}]))])  # fmt: skip
     data = json.loads(rows_json(rows))
-    fields = list(ReportRow.__dataclass_fields__)
+    fields = [*ReportRow.__dataclass_fields__, "error"]
     assert [list(d) for d in data] == [fields, fields]
     assert data[0]["speedup"] == 1.0 and isinstance(data[0]["world_size"], int)
     assert data[1]["samples_per_s"] is None and data[1]["final_accuracy"] is None
+    assert data[0]["error"] is None
 
 
 def test_markdown_is_a_github_table(results: Path) -> None:

@@ -360,6 +360,19 @@ def _host_line(host: str, err: BaseException) -> str:
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
 
 
+def error_object(code: str, message: str, exit_status: int | None = None) -> dict[str, Any]:
+    """A failure as every `--json` output carries it, so a reader groups failures by code
+    (`exit_status` None: the code's own, as for a failure that is retried and not over)."""
+    status = CODES[code].exit_code if exit_status is None else exit_status
+    return {"code": code, "message": message, "exit_status": int(status)}
+
+
+def error_json(err: BaseException) -> dict[str, Any]:
+    """Any failure as `error_object`: its code, its one line, the exit status it gives."""
+    message = err.one_line() if isinstance(err, VmrunError) else f"{type(err).__name__}: {err}"
+    return error_object(code_of(err), message, exit_code_for(err))
+
+
 def exit_code_for(err: BaseException) -> int:
     """The one mapping from a failure to the process exit code."""
     if isinstance(err, KeyboardInterrupt):

@@ -47,8 +47,14 @@ def gather(
     cluster: str | None,
     settings: Callable[[], Settings],  # read only when something is to be fetched
     verb: str,
+    left_out: list[VmrunError] | None = None,
 ) -> list[RunHistory]:
+    """The runs to show; each one that cannot be read is named on stderr and, with
+    `left_out`, appended there (`report --json` carries it)."""
+    from vmrun.results.history import RunDataError
+
     project = project_dir()
+    problems: list[VmrunError] = [] if left_out is None else left_out
     if not names:
         paths = run_dirs(project)
         if not paths:
@@ -66,10 +72,9 @@ def gather(
                 why = _fetch(path.name, hosts, cluster, settings)
                 if why:
                     here = f"no {METRICS} in {path}" if path.is_dir() else f"not in {path.parent}/"
-                    warn_line(f"run {name}: {here} here, and {why}; left out")
+                    problems.append(RunDataError(name, f"{here} here, and {why}"))
                     continue
             paths.append(path)
-    problems: list[VmrunError] = []
     runs = load_runs(paths, problems)
     for problem in problems:
         warn_line(f"{problem.one_line()}; left out")

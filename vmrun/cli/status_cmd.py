@@ -67,17 +67,18 @@ def register(app: typer.Typer) -> None:
             hidden = len(ids) - len(keep)
             records = [r for r in records if r.id in keep]
         if as_json:
-            from vmrun.cli.status_json import render
+            from vmrun.cli.status_json import place_object, render
 
-            sys.stdout.write(render(records) + "\n")
+            failed = [place_object(e, host=h, cluster=c) for e, h, c in errors]
+            sys.stdout.write(render(records, failed) + "\n")
             sys.stdout.flush()
         else:
             _render(_rows(records, autostop), autostop=bool(autostop))
         if hidden:
             sys.stderr.write(f"vmrun: {hidden} older run(s) not shown (--last N / --all)\n")
-        for error in errors:
+        for error, _, _ in errors:
             report(error)
-        return max((exit_code_for(e) for e in errors), default=0)
+        return max((exit_code_for(e) for e, _, _ in errors), default=0)
 
 
 def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, ...]]:
@@ -97,12 +98,16 @@ def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, .
     ]
 
 
+Failure = tuple[BaseException, str | None, str | None]  # the error, its host or its cluster
+
+
 def _gather(
     host: list[str] | None, cluster: str | None, settings: Any, *, watchdog: bool = True
-) -> tuple[list[Any], list[BaseException], dict[str, str]]:
+) -> tuple[list[Any], list[Failure], dict[str, str]]:
     """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
-    every cluster in vmrun.toml (one command on each login node), oldest first; and what
-    the autostop watchdog says on each host that has one (`watchdog`: the table shows it)."""
+    every cluster in vmrun.toml (one command on each login node), oldest first; what
+    the autostop watchdog says on each host that has one (`watchdog`: the table shows it);
+    and each host or cluster that did not answer, with its error."""
     from vmrun.errors import VmrunError
     from vmrun.slurm.cluster import project_clusters
     from vmrun.slurm.session import cluster_backend
@@ -111,7 +116,7 @@ def _gather(
     chosen = bool(host) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
     names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
     records: list[Any] = []
-    errors: list[BaseException] = []
+    errors: list[Failure] = []
     autostop: dict[str, str] = {}
     if not cluster and (chosen or project_hosts(settings) or not names):
         from vmrun.ssh.group import Group
@@ -120,7 +125,7 @@ def _gather(
         with Group(select_hosts(host, settings), settings) as group:
             for outcome in group.map(lambda e, conn: _listing(conn, watchdog)):
                 if outcome.error is not None:
-                    errors.append(outcome.error)
+                    errors.append((outcome.error, outcome.host, None))
                     continue
                 found, state = outcome.value or ([], None)
                 records += found
@@ -133,10 +138,10 @@ def _gather(
         except VmrunError as exc:
             if cluster:
                 raise
-            errors.append(exc)
+            errors.append((exc, None, name))
             continue
         records += jobs
-        errors += failed
+        errors += [(exc, None, name) for exc in failed]
     records.sort(key=lambda r: float(r.started or 0))
     return records, errors, autostop
 
