@@ -81,9 +81,9 @@ def test_bad_runs_are_named_and_left_out(local_runs: Path, client: Client) -> No
 
     none_left = client.vmrun("report", "bare-1")
     assert none_left.returncode == 2 and none_left.stdout == ""
-    assert error_in(none_left.stderr) == ("usage", "no run to report; see the lines above")
+    assert error_in(none_left.stderr)[0] == "usage"
     both = client.vmrun("report", "--json", "--markdown")
-    assert both.returncode == 2 and "give one" in both.stderr
+    assert both.returncode == 2 and error_in(both.stderr)[0] == "usage"
 
 
 def test_no_runs_at_all(client: Client) -> None:
