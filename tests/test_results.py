@@ -99,10 +99,11 @@ def test_a_run_without_metrics_is_named_and_left_out(results: Path) -> None:
     runs = load_runs([good, bare, results / "gone-1", empty, good], problems)
     assert [r.run_id for r in runs] == ["good-1"]  # the same folder once
     assert [p.run for p in problems] == ["bare-1", "gone-1", "empty-1"]
-    assert "run bare-1: no metrics.jsonl in" in problems[0].one_line()
-    assert "run gone-1: no results folder" in problems[1].one_line()
-    with pytest.raises(RunDataError, match="run bare-1"):
+    assert {p.code for p in problems} == {"run-data-missing"}
+    assert str(bare) in problems[0].message and str(results / "gone-1") in problems[1].message
+    with pytest.raises(RunDataError) as info:
         load_runs([good, bare])
+    assert info.value.run == "bare-1" and info.value.code == "run-data-missing"
 
 
 def test_runs_under_results_oldest_first_and_names(tmp_path: Path, results: Path) -> None:
