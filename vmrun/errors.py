@@ -314,6 +314,7 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (RemoteError, "submit-failed", "sbatch failed for a reason other than refusing the job"),
     (RemoteError, "needs-root", "setup steps need root and sudo cannot give it"),
     (RemoteError, "reboot-needed", "a setup step needs a reboot to take effect"),
+    (RemoteError, "reboot-failed", "the host still answers from the same boot after a reboot"),
     (RemoteError, "driver-too-old", "the NVIDIA driver is too old for the torch wheels"),
     (RemoteError, "no-master-address", "the master has no IPv4 address the other hosts could use"),
     (
