@@ -32,6 +32,7 @@ from conftest import (
     Client,
     _build_once,
     error_in,
+    errors_in,
     install_standin,
     standin_miniconda,
     wait_for,
@@ -401,13 +402,13 @@ steps:
 """)
     done = bed_client.vmrun("setup", "h1", "h2", "h3", "--playbook", str(book))
     assert done.returncode == 1
-    code, said = error_in(done.stderr)
+    (code, said), summary = errors_in(done.stderr)  # the host's line, then the count
     assert code == "setup-step-failed" and "h2: step disk" in said and "exited 3" in said, said
     assert "boom: No space left on device" in said, said  # its last line: the why
     # under it, the failing command's own last lines, from both of its streams
     assert "\n    writing model cache\n" in done.stderr, done.stderr
     assert "\n    boom: No space left on device\n" in done.stderr, done.stderr
-    assert "1 of 3 hosts" in said
+    assert summary[0] == "hosts-failed" and summary[1].startswith("1 of 3 ")
     for host in (hosts[0], hosts[2]):
         assert (host.home / "disk-ok").exists()
         (host.home / "disk-ok").unlink()
@@ -795,8 +796,8 @@ def test_apt_lock_wait_names_the_holder_and_is_bounded(
             fcntl.lockf(fd, fcntl.LOCK_EX)
             short = bed_client.vmrun(*args, "--param", "apt_lock_wait=2")
             assert short.returncode == 1, short.stderr
-            code, said = error_in(short.stderr)
-            assert code == "setup-step-failed" and f"pid {os.getpid()} (" in said, said
+            assert error_in(short.stderr)[0] == "setup-step-failed", short.stderr
+            assert f"pid {os.getpid()} (" in short.stderr  # the step's output names the holder
             assert _calls(h2) == []  # apt-get never ran
             run = bed_client.popen(*args)
             wait_for(lambda: holder in _last_run(log), 60, "setup to name the lock holder")
