@@ -165,7 +165,9 @@ def test_debug_shows_the_traceback(client: Client) -> None:
     assert plain.returncode == debug.returncode == 12
     assert "Traceback" not in plain.stderr
     assert plain.stderr.count("\n") == 1
-    assert "Traceback" in debug.stderr and "cannot resolve host name" in debug.stderr
+    code, said = error_in(plain.stderr)
+    assert code == "host-unreachable" and "no-such-host.invalid" in said
+    assert "Traceback" in debug.stderr and error_in(debug.stderr)[0] == code
 
 
 def test_python_dash_m_matches_the_script(client: Client) -> None:
@@ -184,5 +186,5 @@ def test_a_misplaced_setting_exits_2_before_connecting(client: Client) -> None:
     assert done.returncode == 2, done.stderr
     [(code, said)] = errors_in(done.stderr)
     assert code == "bad-config" and said.startswith(f"{toml} line 3: "), done.stderr
-    assert "'connect_timeout' in host #1; settings go at the top" in said, said
+    assert "'connect_timeout'" in said and "host #1" in said, said
     assert done.stderr.count("\n") == 1, done.stderr

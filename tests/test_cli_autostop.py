@@ -487,7 +487,7 @@ def test_bad_input_and_hosts_that_cannot_power_off_get_one_line_and_nothing(
     bad = ac.vmrun("autostop", "30x", "-H", "as1")
     assert bad.returncode == 2
     assert errors_in(bad.stderr) == [("bad-config", bad.stderr.strip().split(": ", 2)[2])]
-    assert "PERIOD '30x': not a period" in bad.stderr, bad.stderr
+    assert "'30x'" in error_in(bad.stderr)[1], bad.stderr
     (ac.cwd / "vmrun.toml").write_text('[[hosts]]\naddress = "as1"\nautostop = "30x"\n')
     toml = ac.vmrun("autostop")
     assert toml.returncode == 2 and "vmrun.toml line 3: autostop of host #1 must be" in (
@@ -536,7 +536,8 @@ def test_settings_from_vmrun_toml_per_host_and_a_configured_command(
     assert (as1.home / ".vmrun/autostop.conf").stat().st_mode & 0o777 == 0o600
     (ac.cwd / "vmrun.toml").write_text('[[hosts]]\naddress = "as2"\n')
     missing = ac.vmrun("autostop")
-    assert missing.returncode == 2 and "no autostop period for as2" in missing.stderr
+    code, said = error_in(missing.stderr)
+    assert missing.returncode == 2 and code == "usage" and "as2" in said, missing.stderr
 
 
 def test_status_and_watch_gpus_show_what_autostop_says(ac: Client, as1: TestHost) -> None:
@@ -579,7 +580,8 @@ def test_setup_installs_autostop_after_it_succeeds(
     install_standin(as1, "sudo", SUDO)
     bad = ac.vmrun("setup", "as1", "--python", str(host_python), "--autostop", "30x")
     assert bad.returncode == 2, bad.stderr
-    assert "--autostop '30x': not a period" in bad.stderr
+    code, said = error_in(bad.stderr)
+    assert code == "bad-config" and said.startswith("--autostop '30x'"), bad.stderr
     assert not (as1.home / ".vmrun" / "setup").exists()  # nothing ran
     done = ac.vmrun(
         "setup", "as1", "--python", str(host_python), "--torch", TORCH_SPEC, "--autostop", "3s",
@@ -637,7 +639,9 @@ def test_down_after_run_refusals_and_what_keeps_the_host_up(
     # no sudo on the host: refused before the run starts
     refused = trainer.vmrun("train", "-H", "as1", "--fetch-every", "1", "--down-after-run")
     assert refused.returncode == 14, refused.stderr
-    assert "as1: autostop: there is no sudo, and powering off" in refused.stderr
+    code, said = error_in(refused.stderr)
+    assert said.startswith("as1: ") and "no sudo" in said, refused.stderr
+    assert code == "autostop-failed", refused.stderr
     assert not (as1.home / ".vmrun" / "runs").exists()  # nothing started
     # another run alive on the host: this one ends, its results come, the host stays up
     install_standin(as1, "sudo", SUDO)
@@ -651,7 +655,8 @@ def test_down_after_run_refusals_and_what_keeps_the_host_up(
     assert done.returncode == 14, done.stderr
     rid = run_id_of(done.stderr)
     assert (trainer.cwd / "results" / rid / "finalmodel.pt").exists()
-    assert f"as1: not powered off: run {other} is still running" in done.stderr, done.stderr
+    code, said = error_in(done.stderr)
+    assert code == "power-off-failed" and said.startswith("as1: ") and other in said, done.stderr
     assert calls(as1) == []
 
 
@@ -670,8 +675,7 @@ def test_down_after_run_never_powers_off_when_the_final_fetch_failed(
     rid = run_id_of(done.stderr)
     assert done.returncode == 14, done.stderr
     code, said = error_in(done.stderr)
-    assert code == "remote-failed" and "the hosts stay up" in said, done.stderr
-    assert f"the final fetch of run {rid} failed on as1" in said, said
+    assert code == "remote-failed" and rid in said and "as1" in said, done.stderr
     assert calls(as1) == []
 
 

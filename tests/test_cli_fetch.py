@@ -215,7 +215,8 @@ def test_named_things_of_a_run(bed_client: Client, run_on_h1: tuple[TestHost, st
     assert _summary(done.stdout).startswith("fetched 2 files")  # the rest was there
 
     missing = bed_client.vmrun("fetch", "checkpoints", "--run", "no-such-run", "-H", "h1")
-    assert missing.returncode == 2 and "no record of run no-such-run" in missing.stderr
+    code, said = error_in(missing.stderr)
+    assert missing.returncode == 2 and code == "run-not-found" and "no-such-run" in said
 
 
 def test_fetch_every_rounds_fetch_the_nodes_in_parallel_and_note_each_apart(

@@ -31,6 +31,8 @@ from conftest import (
     TORCH_SPEC,
     Client,
     _build_once,
+    error_in,
+    errors_in,
     install_standin,
     standin_miniconda,
     wait_for,
@@ -400,11 +402,13 @@ steps:
 """)
     done = bed_client.vmrun("setup", "h1", "h2", "h3", "--playbook", str(book))
     assert done.returncode == 1
-    assert "h2: step disk failed (apply exited 3): boom: No space left on device" in done.stderr
+    (code, said), summary = errors_in(done.stderr)  # the host's line, then the count
+    assert code == "setup-step-failed" and "h2: step disk" in said and "exited 3" in said, said
+    assert "boom: No space left on device" in said, said  # its last line: the why
     # under it, the failing command's own last lines, from both of its streams
     assert "\n    writing model cache\n" in done.stderr, done.stderr
     assert "\n    boom: No space left on device\n" in done.stderr, done.stderr
-    assert "1 of 3 hosts failed" in done.stderr
+    assert summary[0] == "hosts-failed" and summary[1].startswith("1 of 3 ")
     for host in (hosts[0], hosts[2]):
         assert (host.home / "disk-ok").exists()
         (host.home / "disk-ok").unlink()
@@ -647,7 +651,8 @@ def test_without_sudo_a_dry_run_shows_the_plan_and_a_real_run_changes_nothing(
     assert "ubuntu-drivers install --gpgpu" in plan.stdout  # the plan itself is all there
     done = bed_client.vmrun("setup", "h1")
     assert done.returncode == 14
-    assert "need root, and there is no sudo; nothing was changed" in done.stderr
+    code, said = error_in(done.stderr)
+    assert code == "needs-root" and "nvidia-driver" in said and "no sudo" in said, said
     assert {p for p in _snapshot(h1.home) if not p.startswith(".vmrun")} == before
     assert not (h1.home / ".vmrun" / "setup").exists()
 
@@ -661,10 +666,9 @@ def test_sudo_needing_a_password_fails_before_changing_anything(
     before = _snapshot(h3.home)
     done = bed_client.vmrun("setup", "h3")
     assert done.returncode == 14
-    assert (
-        "steps nvidia-driver need root, and sudo needs a password (sudo: a password is"
-        " required); nothing was changed"
-    ) in done.stderr
+    code, said = error_in(done.stderr)
+    assert code == "needs-root" and "nvidia-driver" in said, done.stderr
+    assert "sudo: a password is required" in said  # sudo's own words: why it cannot run
     assert _snapshot(h3.home) == before  # not even ~/.vmrun/setup was written
 
 
@@ -748,7 +752,8 @@ def test_a_pinned_driver_branch_installs_exactly_its_packages_then_reboots(
     ]
     bad = bed_client.vmrun(*args, "--driver", "nvidia-580")
     assert bad.returncode == 1
-    assert "--driver nvidia-580 is not a driver branch" in bad.stderr, bad.stderr
+    code, said = error_in(bad.stderr)
+    assert code == "setup-step-failed" and "nvidia-580" in said, bad.stderr
     assert _calls(h2) == []
 
     errors: list[BaseException] = []
@@ -791,9 +796,8 @@ def test_apt_lock_wait_names_the_holder_and_is_bounded(
             fcntl.lockf(fd, fcntl.LOCK_EX)
             short = bed_client.vmrun(*args, "--param", "apt_lock_wait=2")
             assert short.returncode == 1, short.stderr
-            assert (
-                f"the apt/dpkg lock is still held after 2 s, by pid {os.getpid()} (" in short.stderr
-            )
+            assert error_in(short.stderr)[0] == "setup-step-failed", short.stderr
+            assert f"pid {os.getpid()} (" in short.stderr  # the step's output names the holder
             assert _calls(h2) == []  # apt-get never ran
             run = bed_client.popen(*args)
             wait_for(lambda: holder in _last_run(log), 60, "setup to name the lock holder")

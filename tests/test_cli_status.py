@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client
+from conftest import Client, error_in
 from testbed import NetnsBed, TestHost
 
 T0 = 1_700_000_000
@@ -87,5 +87,27 @@ def test_a_negative_last_is_refused_before_connecting(bed_client: Client) -> Non
     """Exit 2 naming --last, even with a host that could not be reached at all."""
     bad = bed_client.vmrun("status", "--last", "-1", "-H", "nowhere.invalid")
     assert bad.returncode == 2, bad.stderr
-    assert "--last must be >= 0, got -1" in bad.stderr
+    code, said = error_in(bad.stderr)
+    assert code == "usage" and said.startswith("--last") and said.endswith("-1"), bad.stderr
     assert "nowhere" not in bad.stderr
+
+
+def test_json_names_a_host_whose_link_is_cut_by_its_code(
+    bed: NetnsBed, bed_client: Client, h1: TestHost
+) -> None:
+    """h2 does not answer (its cable is out): stdout's JSON has h1's run and an object for
+    h2 with its error's code, the one its stderr line prints; the exit is that code's."""
+    _record(h1, "ok-1", T0)
+    bed["h2"].cut_link()
+    try:
+        done = bed_client.vmrun(
+            "status", "--json", "-H", "h1", "-H", "h2", "--connect-timeout", "2"
+        )
+    finally:
+        bed["h2"].heal_link()
+    assert done.returncode == 12, done.stderr
+    run, place = json.loads(done.stdout)
+    assert (run["run"], run["state"], run["error"]) == ("ok-1", "done", None)
+    assert (place["run"], place["hosts"]) == (None, ["h2"])
+    assert place["error"]["code"] == error_in(done.stderr)[0] == "host-unreachable"
+    assert place["error"]["exit_status"] == 12 and "h2" in place["error"]["message"]

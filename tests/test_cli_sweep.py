@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Client, wait_for
+from conftest import Client, error_in, wait_for
 from results_fixtures import line_colours
 from train_helpers import env_options, hook_env, pids_with_env
 
@@ -137,7 +137,8 @@ def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(
 
     refused = client.vmrun("sweep", "--resume", sweep_id)
     assert refused.returncode == 2
-    assert "started with --env VMRUN_TEST_HOOK_EPOCH_DELAY, whose values" in refused.stderr
+    code, said = error_in(refused.stderr)
+    assert code == "env-value-missing" and "VMRUN_TEST_HOOK_EPOCH_DELAY" in said, refused.stderr
     again = client.vmrun(
         "sweep", "--resume", sweep_id, "-e", "VMRUN_TEST_HOOK_EPOCH_DELAY=0", env=TWO_CORES,
         timeout=300,
@@ -155,9 +156,11 @@ def test_resume_of_a_complete_sweep_and_with_new_options_is_refused(client: Clie
     assert done.returncode == 0, done.stderr
     sweep_id = _sweep_dir(client).name
     again = client.vmrun("sweep", "--resume", sweep_id)
-    assert again.returncode == 2 and f"sweep {sweep_id} is complete" in again.stderr
+    code, said = error_in(again.stderr)
+    assert again.returncode == 2 and code == "sweep-complete" and sweep_id in said
     other = client.vmrun("sweep", "--resume", sweep_id, "--epochs", "3")
-    assert other.returncode == 2 and "--resume repeats the sweep" in other.stderr
+    code, said = error_in(other.stderr)
+    assert other.returncode == 2 and code == "usage" and "--epochs" in said, other.stderr
 
 
 def test_a_sweep_on_two_hosts_fetches_every_run(multi: Client) -> None:

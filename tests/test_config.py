@@ -65,11 +65,11 @@ def test_vmrun_config_env_points_at_another_user_file(
     ("text", "needle"),
     [
         ("connect_timeout = 'soon'\n", "connect_timeout"),
-        ("connect_timeout = -1\n", "greater than 0"),
-        ("keepalive_count_max = 0\n", "at least 1"),
-        ("conect_timeout = 3\n", "unknown setting 'conect_timeout'"),
-        ("connect_timeout = \n", "not valid TOML"),
-        ("accept_new_host_key = 'maybe'\n", "true or false"),
+        ("connect_timeout = -1\n", "connect_timeout"),
+        ("keepalive_count_max = 0\n", "keepalive_count_max"),
+        ("conect_timeout = 3\n", "'conect_timeout'"),
+        ("connect_timeout = \n", "TOML"),
+        ("accept_new_host_key = 'maybe'\n", "accept_new_host_key"),
     ],
 )
 def test_bad_project_file_is_one_clear_error(
@@ -78,13 +78,15 @@ def test_bad_project_file_is_one_clear_error(
     (layout["project"] / "vmrun.toml").write_text(text)
     with pytest.raises(ConfigError) as info:
         load_settings(cwd=layout["project"], environ={})
-    assert needle in info.value.one_line()
+    assert info.value.code == "bad-config" and needle in info.value.one_line()
     assert "\n" not in info.value.one_line()
 
 
 def test_bad_env_value_names_the_variable(layout: dict[str, Path]) -> None:
-    with pytest.raises(ConfigError, match=r"connect_timeout \(from environment"):
+    with pytest.raises(ConfigError) as info:
         load_settings(cwd=layout["project"], environ={"VMRUN_CONNECT_TIMEOUT": "abc"})
+    assert info.value.code == "bad-config" and "connect_timeout" in info.value.message
+    assert "environment" in info.value.message  # where the bad value came from
 
 
 @pytest.mark.parametrize(

@@ -152,8 +152,56 @@ def test_watch_gpus_json_carries_the_code() -> None:
                         code="host-unreachable")  # fmt: skip
     data = json.loads(json.dumps(HostStatus(sample).to_json()))
     assert data["state"] == "unreachable" and data["code"] == "host-unreachable"
+    assert data["error"] == {"code": "host-unreachable", "message": "no answer", "exit_status": 12}
     fine = HostStatus(HostSample("h1", HostState.OK, 0.0)).to_json()
     assert fine["code"] is None
+
+    assert fine["error"] is None
+    lost = HostSample("h1", HostState.DISCONNECTED, 0.0, message="dropped; retrying",
+                      code="connection-lost")  # fmt: skip
+    assert HostStatus(lost).to_json()["error"] == {
+        "code": "connection-lost", "message": "dropped; retrying", "exit_status": 13,
+    }  # a retried failure adds nothing to the exit yet: the code's own status  # fmt: skip
+
+
+def test_error_json_is_one_shape_for_any_failure() -> None:
+    from vmrun.errors import CommandFailed, UsageError, error_json
+
+    assert error_json(UsageError("bad", host="h1", code="run-not-found")) == {
+        "code": "run-not-found", "message": "h1: bad", "exit_status": 2,
+    }  # fmt: skip
+    assert error_json(CommandFailed("x", exit_status=7))["exit_status"] == 7
+    assert error_json(RuntimeError("boom"))["code"] == "internal"
+
+
+def test_report_json_carries_each_left_out_run_with_its_code(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import errors_in
+
+    from vmrun.cli.main import run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("VMRUN_HOSTS", raising=False)
+    good = tmp_path / "results" / "good-1"
+    good.mkdir(parents=True)
+    (good / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.5}\n')
+    (tmp_path / "results" / "bare-1").mkdir()
+    assert run(["report", "good-1", "bare-1", "nope-1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads(out)
+    assert [(r["run"], r["error"] and r["error"]["code"]) for r in rows] == [
+        ("good-1", None), ("bare-1", "run-data-missing"), ("nope-1", "run-data-missing"),
+    ]  # fmt: skip
+    assert [list(r) for r in rows[1:]] == [list(rows[0])] * 2 and rows[2]["epochs"] is None
+    assert "nope-1" in rows[2]["error"]["message"] and rows[2]["error"]["exit_status"] == 2
+    assert errors_in(err) == []  # on stderr they are warnings: the report went on
+
+    assert run(["report", "nope-1", "--json"]) == 2  # none left: the JSON still says why
+    out, err = capsys.readouterr()
+    assert [r["error"]["code"] for r in json.loads(out)] == ["run-data-missing"]
+    assert errors_in(err)[0][0] == "usage"
 
 
 if __name__ == "__main__":  # rewrite docs/errors.md's table from the registry

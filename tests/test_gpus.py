@@ -359,7 +359,9 @@ def test_statuses_keep_host_order_and_json_maps_processes_to_gpus() -> None:
         "memory_used_mib": 5,
         "run": "r1",
     }
-    assert set(doc) == {"host", "time", "state", "message", "code", "gpus", "processes", "autostop"}
+    assert set(doc) == {
+        "host", "time", "state", "message", "code", "error", "gpus", "processes", "autostop",
+    }  # fmt: skip
     assert doc["autostop"] is None  # no watchdog on the host
 
 

@@ -84,18 +84,19 @@ def test_no_hosts_anywhere_says_what_to_do(tmp_path: Path) -> None:
     [
         ('[[hosts]]\nname = "x"\n', "needs address"),
         ('[[hosts]]\naddress = "bad host"\n', "host #1"),
-        ('[[hosts]]\naddress = "a@b"\ngroups = "g"\n', "groups of host #1 must be a list"),
+        ('[[hosts]]\naddress = "a@b"\ngroups = "g"\n', "groups of host #1"),
         (
             '[[hosts]]\naddress = "a@b"\nname = "x"\n[[hosts]]\naddress = "a@c"\nname = "x"\n',
             "appears twice",
         ),
-        ('hosts = "a@b"\n', "line 1: hosts must be"),
+        ('hosts = "a@b"\n', "line 1: hosts"),
     ],
 )
 def test_bad_hosts_are_reported_by_entry(tmp_path: Path, text: str, needle: str) -> None:
     (tmp_path / "vmrun.toml").write_text(text)
-    with pytest.raises(ConfigError, match=needle):
+    with pytest.raises(ConfigError) as info:
         project_hosts(load_settings(cwd=tmp_path, environ={}))
+    assert info.value.code == "bad-config" and needle in info.value.message
 
 
 def test_record_hosts_appends_and_keeps_comments(project: Path) -> None:

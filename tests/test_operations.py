@@ -77,7 +77,7 @@ def test_status_gather_returns_rows_and_the_host_that_failed(
     monkeypatch.setattr(Connection, "open", lambda self: None)  # the fake's hosts never dial
     found = gather(settings, hosts=NODES, watchdog=False, out=Recorder())
     assert [(r.id, r.host) for r in found.records] == [("r1", "accA")]
-    assert [type(e) for e in found.errors] == [UnreachableError]
+    assert [(type(f.error), f.host) for f in found.errors] == [(UnreachableError, "accB")]
     assert found.autostop == {}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -51,15 +50,16 @@ def test_bad_playbooks_are_one_clear_error(tmp_path: Path, text: str, needle: st
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
         load(path)
+    assert info.value.code == "bad-config"
     assert needle in info.value.one_line() and str(path) in info.value.one_line()
 
 
 def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("steps: [unclosed")
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        load(tmp_path / "bad.yaml")
-    with pytest.raises(ConfigError, match="does not exist"):
-        load(tmp_path / "missing.yaml")
+    for name in ("bad.yaml", "missing.yaml"):
+        with pytest.raises(ConfigError) as info:
+            load(tmp_path / name)
+        assert info.value.code == "bad-config" and name in info.value.message
 
 
 def test_conditions() -> None:
@@ -137,8 +137,9 @@ def test_cuda_wheel_index_matches_the_driver(
 
 
 def test_too_old_a_driver_says_so() -> None:
-    with pytest.raises(RemoteError, match=r"supports CUDA 10\.2 only"):
+    with pytest.raises(RemoteError) as info:
         cuda_index("10.2")
+    assert info.value.code == "driver-too-old" and "10.2" in info.value.message
 
 
 def test_facts_keep_only_real_versions_and_say_why_sudo_cannot_run() -> None:
@@ -191,48 +192,52 @@ def test_a_pip_steps_check_asks_the_env(requirements: list[str], passes: bool) -
 @pytest.mark.parametrize(
     ("step", "needle"),
     [
-        ("when: {os: 22.04}", "when.os must be a string or a list of strings (quote versions"),
-        ('when: {gpu: "false"}', "when.gpu must be true or false, not the string 'false'"),
-        ("when: {gpu: 1}", "when.gpu must be true or false, not the number 1"),
-        ('sudo: "no"', "sudo must be true or false, not the string 'no'"),
-        ('reboot: "yes"', "reboot must be true or false, not the string 'yes'"),
-        ("record: 1", "record must be true or false, not the number 1"),
-        ("when: {env: [venv, 3]}", "when.env must be a string or a list of strings"),
-        ("when: {param: [a]}", "when.param must name a param, not a list"),
-        ("when: {param: nope}", "when.param names 'nope', which is not a param"),
-        ("when: {param_not: driver}", "when.param_not must be a mapping of param: value"),
-        ("when: {param_not: {a: [x]}}", "when.param_not.a must be a string, not a list"),
-        ("when: {cpu: true}", "unknown condition(s) when.cpu"),
-        ("when: [gpu]", "when must be a mapping, not a list"),
-        ("check: [a, b]", "check must be a string or a mapping with `by:`, not a list"),
-        ("description: {a: 1}", "description must be a string, not a mapping"),
-        ("apt: {a: 1}", "apt must be a list of names, not a mapping"),
+        ("when: {os: 22.04}", ("when.os", "quote versions")),  # the hint is the point
+        ('when: {gpu: "false"}', ("when.gpu", "'false'")),
+        ("when: {gpu: 1}", ("when.gpu", "number")),
+        ('sudo: "no"', ("sudo", "'no'")),
+        ('reboot: "yes"', ("reboot", "'yes'")),
+        ("record: 1", ("record", "number")),
+        ("when: {env: [venv, 3]}", ("when.env",)),
+        ("when: {param: [a]}", ("when.param", "list")),
+        ("when: {param: nope}", ("when.param", "'nope'")),
+        ("when: {param_not: driver}", ("when.param_not",)),
+        ("when: {param_not: {a: [x]}}", ("when.param_not.a", "list")),
+        ("when: {cpu: true}", ("when.cpu",)),
+        ("when: [gpu]", ("when", "list")),
+        ("check: [a, b]", ("check", "list")),
+        ("description: {a: 1}", ("description", "mapping")),
+        ("apt: {a: 1}", ("apt", "mapping")),
     ],
 )
-def test_each_field_has_its_type(tmp_path: Path, step: str, needle: str) -> None:
+def test_each_field_has_its_type(tmp_path: Path, step: str, needle: tuple[str, ...]) -> None:
+    """One line, `bad-config`, naming the file, the step, the field and what it got."""
     path = tmp_path / "book.yaml"
     path.write_text(f"params: {{a: x}}\nsteps:\n  - name: s1\n    apply: x\n    {step}\n")
     with pytest.raises(ConfigError) as info:
         load(path)
     line = info.value.one_line()
-    assert "\n" not in line
-    assert f"{path}: step 's1': {needle}" in line, line
+    assert "\n" not in line and info.value.code == "bad-config"
+    assert line.startswith(f"{path}: step 's1': "), line
+    assert all(fact in line for fact in needle), line
 
 
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("nmae: x\nsteps:\n  - name: a\n    apply: x", "unknown field(s) nmae"),
-        ("params: {a: [1]}\nsteps:\n  - name: a\n    apply: x", "param a: must be a string"),
-        ("params: {a: true}\nsteps:\n  - name: a\n    apply: x", "param a: must be a string"),
-        ("name: [x]\nsteps:\n  - name: a\n    apply: x", "name must be a string, not a list"),
+        ("nmae: x\nsteps:\n  - name: a\n    apply: x", "nmae"),
+        ("params: {a: [1]}\nsteps:\n  - name: a\n    apply: x", "param a"),
+        ("params: {a: true}\nsteps:\n  - name: a\n    apply: x", "param a"),
+        ("name: [x]\nsteps:\n  - name: a\n    apply: x", "name"),
     ],
 )
 def test_the_playbook_level_fields_have_their_types(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "book.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=re.escape(f"{path}: {needle}")):
+    with pytest.raises(ConfigError) as info:
         load(path)
+    assert info.value.code == "bad-config" and f"{path}: " in info.value.message
+    assert needle in info.value.message.removeprefix(f"{path}: ")
 
 
 def test_a_single_os_or_env_string_is_one_value_not_its_characters() -> None:
@@ -282,5 +287,6 @@ def test_on_a_cluster_root_steps_do_not_apply_unless_when_cluster_says() -> None
 
     assert on(0, cluster=True) is None and on(0, cluster=False) == "not a cluster"
     assert on(1, cluster=True) == "a cluster's login node" and on(1, cluster=False) is None
-    with pytest.raises(ConfigError, match=r"when\.cluster must be true or false"):
+    with pytest.raises(ConfigError) as info:
         parse_steps([{"name": "x", "when": {"cluster": "yes"}, "apply": "true"}], "t")
+    assert info.value.code == "bad-config" and "when.cluster" in info.value.message

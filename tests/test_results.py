@@ -99,10 +99,11 @@ def test_a_run_without_metrics_is_named_and_left_out(results: Path) -> None:
     runs = load_runs([good, bare, results / "gone-1", empty, good], problems)
     assert [r.run_id for r in runs] == ["good-1"]  # the same folder once
     assert [p.run for p in problems] == ["bare-1", "gone-1", "empty-1"]
-    assert "run bare-1: no metrics.jsonl in" in problems[0].one_line()
-    assert "run gone-1: no results folder" in problems[1].one_line()
-    with pytest.raises(RunDataError, match="run bare-1"):
+    assert {p.code for p in problems} == {"run-data-missing"}
+    assert str(bare) in problems[0].message and str(results / "gone-1") in problems[1].message
+    with pytest.raises(RunDataError) as info:
         load_runs([good, bare])
+    assert info.value.run == "bare-1" and info.value.code == "run-data-missing"
 
 
 def test_runs_under_results_oldest_first_and_names(tmp_path: Path, results: Path) -> None:
@@ -170,10 +171,11 @@ def test_json_keys_are_stable_and_numbers_are_numbers(results: Path) -> None:
     rows = report_rows([_run(results, "a", 1, [100]), load_run(local_run(results, "b", [
         {"epoch": 1, "loss": 0.5}]))])  # fmt: skip
     data = json.loads(rows_json(rows))
-    fields = list(ReportRow.__dataclass_fields__)
+    fields = [*ReportRow.__dataclass_fields__, "error"]
     assert [list(d) for d in data] == [fields, fields]
     assert data[0]["speedup"] == 1.0 and isinstance(data[0]["world_size"], int)
     assert data[1]["samples_per_s"] is None and data[1]["final_accuracy"] is None
+    assert data[0]["error"] is None
 
 
 def test_markdown_is_a_github_table(results: Path) -> None:

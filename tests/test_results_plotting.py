@@ -53,8 +53,9 @@ def test_series_by_epoch_and_by_training_time(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["plot.pdf", "plot", "plot.png.txt"])
 def test_only_png_and_svg(name: str) -> None:
-    with pytest.raises(UsageError, match=r"can write \.png or \.svg"):
+    with pytest.raises(UsageError) as info:
         plotting.image_format(Path(name))
+    assert info.value.code == "usage" and name in info.value.message
     assert plotting.image_format(Path("x.PNG")) == "png"
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client
+from conftest import Client, error_in
 from test_cli_setup import _last_run, _wipe
 from testbed import NetnsBed, TestHost
 
@@ -47,7 +47,9 @@ def test_no_rc_file_runs_under_step_scripts(
     book.write_text(BOOK)
     done = bed_client.vmrun("setup", "h2", "--playbook", str(book))
     assert done.returncode == 1, done.stderr + done.stdout
-    assert "h2: step failing failed (apply exited 3): about to fail" in done.stderr, done.stderr
+    code, said = error_in(done.stderr)
+    assert code == "setup-step-failed" and said.startswith("h2: step failing"), done.stderr
+    assert "exited 3" in said and "about to fail" in said, said  # its status, its last line
     log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h2.log")
     assert "applied" in log  # the check ran (and failed) in the same kind of shell
     for text in (done.stdout, done.stderr, log):

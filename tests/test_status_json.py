@@ -4,6 +4,9 @@ RunRecord per host, vmrun.backends.slurm.records' SlurmRun per cluster run)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from vmrun.backends.hosts.records import RunRecord
 from vmrun.backends.slurm.records import SlurmRun
@@ -13,6 +16,7 @@ T0 = 1_700_000_000.0
 KEYS = [
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
+    "error",
 ]  # fmt: skip
 
 
@@ -32,6 +36,8 @@ def test_a_run_on_two_hosts_is_one_object() -> None:
     assert (obj["epochs_done"], obj["epochs_asked"]) == (10, 10)
     assert obj["start"] == "2023-11-14T22:13:20+00:00" and obj["duration_s"] == 91.0
     assert obj["launcher"] == "torchrun" and obj["attempts"] == 1
+    assert obj["error"] == {"code": "run-failed", "message": "run r1 exited with 1",
+                            "exit_status": 1}  # fmt: skip
 
 
 def test_a_slurm_run_and_json_text() -> None:
@@ -48,5 +54,46 @@ def test_a_slurm_run_and_json_text() -> None:
     assert (obj["state"], obj["exit"], obj["attempts"]) == ("done", 0, 2)
     assert (obj["nodes"], obj["procs_per_node"], obj["world_size"]) == (2, 2, 4)
     assert (obj["epochs_done"], obj["epochs_asked"]) == (3, None)
-    assert obj["duration_s"] == 120.0 and obj["reason"] is None
+    assert obj["duration_s"] == 120.0 and obj["reason"] is None and obj["error"] is None
     assert render([]) == "[]"
+
+
+def test_a_stopped_or_lost_run_has_its_code() -> None:
+    stopped = run_objects([RunRecord("r2", "n1", meta={"id": "r2"}, stopped=True)])
+    lost = run_objects([RunRecord("r3", "n1", meta={"id": "r3"}, began=T0, ended=None)])
+    assert [stopped[0]["state"], stopped[0]["error"]["code"]] == ["stopped", "run-stopped"]
+    assert stopped[0]["error"]["exit_status"] == 143
+    assert [lost[0]["state"], lost[0]["error"]["code"]] == ["lost", "run-failed"]
+
+
+def test_a_place_that_did_not_answer_is_an_object_with_its_error() -> None:
+    from vmrun.cli.status_json import KEYS as KEPT
+    from vmrun.cli.status_json import place_object
+    from vmrun.errors import UnreachableError
+
+    obj = place_object(UnreachableError("connection refused", host="h9"), host="h9")
+    assert list(obj) == KEYS == list(KEPT)
+    assert (obj["run"], obj["hosts"], obj["cluster"]) == (None, ["h9"], None)
+    assert obj["error"]["code"] == "host-unreachable" and obj["error"]["exit_status"] == 12
+    assert "h9" in obj["error"]["message"]
+    data = json.loads(render([_host("r1", "n1", 0)], [obj]))
+    assert [d["run"] for d in data] == ["r1", None]
+
+
+def test_status_json_names_an_unreachable_host_by_its_code(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing listens on port 1 here: the host is refused at once, and stdout's JSON says
+    so (with the code stderr prints), so a script needs no stderr to see the failure."""
+    from conftest import error_in
+
+    from vmrun.cli.main import run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert run(["status", "--json", "-H", "u@127.0.0.1:1"]) == 12
+    out, err = capsys.readouterr()
+    (obj,) = json.loads(out)
+    assert obj["run"] is None and obj["hosts"] == ["u@127.0.0.1:1"]
+    assert obj["error"]["code"] == error_in(err)[0] == "host-unreachable"
+    assert obj["error"]["exit_status"] == 12

@@ -78,18 +78,16 @@ def test_host_paths() -> None:
     assert host_path("~", WORK) == "."
     assert host_path("~/x/", WORK) == "x"
     assert host_path("/abs//x", WORK) == "/abs/x"
-    for bad, needle in (
-        (" ", "expected a folder"),
-        ("~bob/x", "~user paths"),
-        ("a\nb", "expected"),
-    ):
-        with pytest.raises(UsageError, match=needle):
+    for bad in (" ", "~bob/x", "a\nb"):
+        with pytest.raises(UsageError) as info:
             host_path(bad, WORK)
+        assert info.value.code == "usage" and info.value.message.startswith("--logdir ")
 
 
 def test_a_comma_cannot_go_into_tensorboards_list_of_folders() -> None:
-    with pytest.raises(UsageError, match="a comma in the path"):
+    with pytest.raises(UsageError) as info:
         log_dirs(template_meta(), f"{WORK}/results/{RID}", ["a,b"])
+    assert info.value.code == "usage" and "a,b" in info.value.message
     alone = log_dirs({"template": False}, "", ["/x/a,b"])  # the only one: --logdir takes it
     assert [d.path for d in alone] == ["/x/a,b"]
 

@@ -462,11 +462,10 @@ def test_paths_and_checksum_lines_are_parsed_safely() -> None:
     assert normalize_remote("~/a/b") == "a/b"
     assert normalize_remote("/abs/../etc") == "/etc"  # absolute: given explicitly
     assert normalize_remote("x/../y", base="results/r1") == "results/r1/y"
-    for bad in ("../x", "a/../../x", ".."):
-        with pytest.raises(UsageError, match="outside"):
-            normalize_remote(bad)
-    with pytest.raises(UsageError, match="outside"):
-        normalize_remote("../r2/x", base="results/r1")
+    for bad, base in (("../x", None), ("a/../../x", None), ("..", None), ("../r2/x", "results/r1")):
+        with pytest.raises(UsageError) as info:
+            normalize_remote(bad, base=base)
+        assert info.value.code == "usage" and bad in info.value.message
     assert safe_rel("a/b") and not safe_rel("../a") and not safe_rel("/a") and not safe_rel("a//b")
     out = (
         b"\\"

@@ -321,6 +321,7 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (RemoteError, "submit-failed", "sbatch failed for a reason other than refusing the job"),
     (RemoteError, "needs-root", "setup steps need root and sudo cannot give it"),
     (RemoteError, "reboot-needed", "a setup step needs a reboot to take effect"),
+    (RemoteError, "reboot-failed", "the host still answers from the same boot after a reboot"),
     (RemoteError, "driver-too-old", "the NVIDIA driver is too old for the torch wheels"),
     (RemoteError, "no-master-address", "the master has no IPv4 address the other hosts could use"),
     (
@@ -389,6 +390,19 @@ def codes_table() -> str:
 def _host_line(host: str, err: BaseException) -> str:
     text = err.one_line() if isinstance(err, VmrunError) else f"{type(err).__name__}: {err}"
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
+
+
+def error_object(code: str, message: str, exit_status: int | None = None) -> dict[str, Any]:
+    """A failure as every `--json` output carries it, so a reader groups failures by code
+    (`exit_status` None: the code's own, as for a failure that is retried and not over)."""
+    status = CODES[code].exit_code if exit_status is None else exit_status
+    return {"code": code, "message": message, "exit_status": int(status)}
+
+
+def error_json(err: BaseException) -> dict[str, Any]:
+    """Any failure as `error_object`: its code, its one line, the exit status it gives."""
+    message = err.one_line() if isinstance(err, VmrunError) else f"{type(err).__name__}: {err}"
+    return error_object(code_of(err), message, exit_code_for(err))
 
 
 def exit_code_for(err: BaseException) -> int:

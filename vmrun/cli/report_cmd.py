@@ -40,23 +40,31 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import TERMINAL
+        from vmrun.errors import VmrunError
         from vmrun.operations.histories import gather
         from vmrun.results.report import render_markdown, report_rows, rows_json
 
         if as_json and markdown:
             raise UsageError("--json and --markdown: give one")
         refuse_with_cluster(cluster, host)
-        histories = gather(
-            runs,
-            hosts=host,
-            cluster=cluster,
-            settings=lambda: settings_from(connect_timeout, accept_new_host_key),
-            verb="report",
-            out=TERMINAL,
-        )
+        left_out: list[VmrunError] = []
+        try:
+            histories = gather(
+                runs,
+                hosts=host,
+                cluster=cluster,
+                settings=lambda: settings_from(connect_timeout, accept_new_host_key),
+                verb="report",
+                out=TERMINAL,
+                left_out=left_out,
+            )
+        except UsageError:
+            if as_json and left_out:  # every run named was left out: the JSON says why
+                sys.stdout.write(rows_json([], left_out) + "\n")
+            raise
         rows = report_rows(histories)
         if as_json:
-            sys.stdout.write(rows_json(rows) + "\n")
+            sys.stdout.write(rows_json(rows, left_out) + "\n")
         elif markdown:
             sys.stdout.write(render_markdown(rows))
         else:

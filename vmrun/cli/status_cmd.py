@@ -68,17 +68,18 @@ def register(app: typer.Typer) -> None:
             hidden = len(ids) - len(keep)
             records = [r for r in records if r.id in keep]
         if as_json:
-            from vmrun.cli.status_json import render
+            from vmrun.cli.status_json import place_object, render
 
-            sys.stdout.write(render(records) + "\n")
+            failed = [place_object(f.error, host=f.host, cluster=f.cluster) for f in errors]
+            sys.stdout.write(render(records, failed) + "\n")
             sys.stdout.flush()
         else:
             _render(_rows(records, autostop), autostop=bool(autostop))
         if hidden:
             TERMINAL.info(f"{hidden} older run(s) not shown (--last N / --all)")
-        for error in errors:
-            report(error)
-        return max((exit_code_for(e) for e in errors), default=0)
+        for failure in errors:
+            report(failure.error)
+        return max((exit_code_for(f.error) for f in errors), default=0)
 
 
 def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, ...]]:

@@ -1,5 +1,7 @@
 """`vmrun status --json`: one object per run (a run on several hosts is one object), the
-same keys in every object, null where unknown, for scripts to read."""
+same keys in every object, null where unknown, for scripts to read. A run that failed has
+its `error` (vmrun.errors.error_object); so has an object for each host or cluster that
+did not answer (`run` null), so a reader sees every failure, grouped by code, on stdout."""
 
 from __future__ import annotations
 
@@ -8,10 +10,16 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from vmrun.errors import CommandFailed, error_json
 from vmrun.results.history import iso_utc
 from vmrun.results.layout import CLUSTER, layout_of
 
 _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
+KEYS = (
+    "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "nodes",
+    "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
+    "error",
+)  # fmt: skip
 
 
 def run_objects(records: Sequence[Any]) -> list[dict[str, Any]]:
@@ -57,8 +65,29 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
         "start": iso_utc(min(starts)) if starts else None,
         "duration_s": max(durations) if durations else None,
         "exit": code,
+        "error": run_error(rid, str(state), code),
     }
 
 
-def render(records: Sequence[Any]) -> str:
-    return json.dumps(run_objects(records), indent=2)
+def run_error(rid: str, state: str, code: int | None) -> dict[str, Any] | None:
+    """A failed, lost or stopped run's error, with the code following it would raise."""
+    if state == "stopped":
+        return error_json(CommandFailed(f"run {rid} was stopped", exit_status=143,
+                                        code="run-stopped"))  # fmt: skip
+    if state not in ("failed", "lost"):
+        return None
+    why = f"exited with {code}" if code is not None else "ended with no exit code (lost)"
+    status = code if code is not None and 0 < code < 256 else 1
+    return error_json(CommandFailed(f"run {rid} {why}", exit_status=status, code="run-failed"))
+
+
+def place_object(err: BaseException, *, host: str | None = None,
+                 cluster: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """A host or cluster that did not answer, as an object with every run key (null)."""
+    return {**dict.fromkeys(KEYS), "hosts": [host] if host else None, "cluster": cluster,
+            "error": error_json(err)}  # fmt: skip
+
+
+def render(records: Sequence[Any], failures: Sequence[dict[str, Any]] = ()) -> str:
+    """The runs, then an object per place that failed (`place_object`)."""
+    return json.dumps([*run_objects(records), *failures], indent=2)

@@ -26,6 +26,7 @@ from vmrun.errors import (
     ExitCode,
     UnreachableError,
     VmrunError,
+    error_object,
     exit_code_for,
 )
 from vmrun.gpus.nvidia_smi import (
@@ -63,12 +64,7 @@ class HostState(StrEnum):
 
 @dataclass(frozen=True)
 class HostSample:
-    """What one host said at one time: its GPUs and processes, or why there are none.
-
-    state: ok, no-gpu (no driver, nvidia-smi or device), unreachable (never connected),
-    disconnected (dropped; retried), error (nvidia-smi failed: retried; or auth, host key...),
-    connecting (not heard from yet).
-    """
+    """What one host said at one time: its GPUs and processes, or why there are none."""
 
     host: str
     state: HostState
@@ -108,6 +104,7 @@ class HostStatus:
             "state": s.state,
             "message": s.message,
             "code": s.code,
+            "error": s.code and error_object(s.code, s.message or s.state, s.exit_code or None),
             "gpus": gpus,
             "processes": [p.to_json(index.get(p.gpu_uuid)) for p in s.processes],
             "autostop": s.autostop.to_json() if s.autostop and s.autostop.installed else None,

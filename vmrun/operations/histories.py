@@ -33,10 +33,15 @@ def gather(
     settings: Callable[[], Settings],  # read only when something is to be fetched
     verb: str = "report",  # what the runs are for, in the messages
     out: Reporter = QUIET,
+    left_out: list[VmrunError] | None = None,
 ) -> list[RunHistory]:
     """The named runs (ids under results/, or paths), else every run under results/, oldest
-    first; what could not be read is said on `out` and left out."""
+    first; what could not be read is said on `out`, left out and, with `left_out`, appended
+    there (`report --json` carries it)."""
+    from vmrun.results.history import RunDataError
+
     project = project_dir()
+    problems: list[VmrunError] = [] if left_out is None else left_out
     if not names:
         paths = run_dirs(project)
         if not paths:
@@ -54,10 +59,9 @@ def gather(
                 why = _fetch(path.name, hosts, cluster, settings, out)
                 if why:
                     here = f"no {METRICS} in {path}" if path.is_dir() else f"not in {path.parent}/"
-                    out.warn(f"run {name}: {here} here, and {why}; left out")
+                    problems.append(RunDataError(name, f"{here} here, and {why}"))
                     continue
             paths.append(path)
-    problems: list[VmrunError] = []
     runs = load_runs(paths, problems)
     for problem in problems:
         out.warn(f"{problem.one_line()}; left out")

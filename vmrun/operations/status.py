@@ -11,6 +11,15 @@ from vmrun.config import Settings
 from vmrun.reporting import QUIET, Reporter
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A host or cluster that did not answer, and why (`status --json` names it)."""
+
+    error: BaseException
+    host: str | None = None
+    cluster: str | None = None
+
+
 @dataclass
 class Status:
     """The runs found (one record per run and host, oldest first: a hosts' `RunRecord` or a
@@ -18,7 +27,7 @@ class Status:
     state on each host that has one installed."""
 
     records: list[Any] = field(default_factory=list)
-    errors: list[BaseException] = field(default_factory=list)
+    errors: list[Failure] = field(default_factory=list)
     autostop: dict[str, str] = field(default_factory=dict)
 
 
@@ -41,7 +50,7 @@ def gather(
     chosen = bool(hosts) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
     names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
     records: list[Any] = []
-    errors: list[BaseException] = []
+    errors: list[Failure] = []
     autostop: dict[str, str] = {}
     if not cluster and (chosen or project_hosts(settings) or not names):
         from vmrun.ssh.group import Group
@@ -50,7 +59,7 @@ def gather(
         with Group(select_hosts(hosts, settings), settings) as group:
             for outcome in group.map(lambda e, conn: _listing(conn, watchdog)):
                 if outcome.error is not None:
-                    errors.append(outcome.error)
+                    errors.append(Failure(outcome.error, host=outcome.host))
                     continue
                 found, state = outcome.value or ([], None)
                 records += found
@@ -63,10 +72,10 @@ def gather(
         except VmrunError as exc:
             if cluster:
                 raise
-            errors.append(exc)
+            errors.append(Failure(exc, cluster=name))
             continue
         records += jobs
-        errors += failed
+        errors += [Failure(exc, cluster=name) for exc in failed]
     records.sort(key=lambda r: float(r.started or 0))
     return Status(records, errors, autostop)
 

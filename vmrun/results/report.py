@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
+from vmrun.errors import VmrunError, error_json
 from vmrun.results.history import RunHistory
 
 HEADERS = (
@@ -100,12 +101,22 @@ def report_rows(
 
 
 def row_dicts(rows: Sequence[ReportRow]) -> list[dict[str, object]]:
-    return [asdict(row) for row in rows]
+    return [{**asdict(row), "error": None} for row in rows]
 
 
-def rows_json(rows: Sequence[ReportRow]) -> str:
-    """A JSON list of objects, the same keys in every one; null where unknown."""
-    return json.dumps(row_dicts(rows), indent=2)
+def left_out_dicts(left_out: Sequence[VmrunError]) -> list[dict[str, object]]:
+    """A run that could not be reported: its id and its error, every other key null."""
+    keys = [f.name for f in fields(ReportRow)]
+    return [
+        {**dict.fromkeys(keys), "run": getattr(err, "run", None), "error": error_json(err)}
+        for err in left_out
+    ]
+
+
+def rows_json(rows: Sequence[ReportRow], left_out: Sequence[VmrunError] = ()) -> str:
+    """A JSON list of objects, the same keys in every one; null where unknown. The runs
+    left out come last, each with its `error` (vmrun.errors.error_object)."""
+    return json.dumps(row_dicts(rows) + left_out_dicts(left_out), indent=2)
 
 
 def varied_keys(rows: Sequence[ReportRow]) -> list[str]:

@@ -80,6 +80,7 @@ def _wait_for_new_boot(
                 host=conn.label,
                 hint="check that the reboot command reboots this host (--param"
                 " reboot_command=...), or raise --reboot-timeout",
+                code="reboot-failed",
             )
         time.sleep(POLL_S)
 
