@@ -538,7 +538,7 @@ class DockerBed:
             reg_host = bed.add_host(registry_name)
             self.hosts = [bed.add_host(n) for n in names]
             self.registry = ImageRegistry(reg_host)
-            with DockerDaemon(reg_host) as builder:
+            with DockerDaemon(reg_host, insecure_registries=[self.registry.address]) as builder:
                 self.timings["daemon start"] = builder.started_in
                 self.image, steps = push_test_image(builder, self.registry, rootfs_tar)
                 self.timings.update(steps)

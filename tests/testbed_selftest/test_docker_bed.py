@@ -36,6 +36,13 @@ def ssh(bed: DockerBed, tmp: Path, host: str, command: str, timeout: float = 180
     )  # fmt: skip
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_the_image_was_pushed_once_and_each_daemon_answers(docker_hosts: DockerBed) -> None:
     print(f"\ntimings: {docker_hosts.timings}")
     print({name: round(d.started_in, 2) for name, d in docker_hosts.daemons.items()})
@@ -118,8 +125,12 @@ def test_close_stops_daemon_containers_and_registry_by_pid(docker_hosts: DockerB
         daemon.docker("pull", "-q", docker_hosts.image, timeout=300)
         daemon.docker("run", "-d", "--net=host", "--user", f"{host.uid}:{host.gid}",
                       docker_hosts.image, "sleep", "600")  # fmt: skip
-        helpers = wait_until(lambda: len(daemon.leftover_pids()) >= 4, 10, "container running")
-        in_container = [p for p in helpers if "sleep" in Path(f"/proc/{p}/cmdline").read_text()]
+
+        def sleeping() -> list[int]:
+            return [p for p in daemon.leftover_pids() if b"sleep" in _cmdline(p)]
+
+        in_container = wait_until(sleeping, 10, "the container's process")
+        helpers = daemon.leftover_pids()  # dockerd, containerd, the shim, the container
         assert in_container and all(p in host.user_pids() for p in in_container)
     finally:
         daemon.close()
