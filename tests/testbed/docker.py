@@ -38,6 +38,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from .cgroups import cgroup_mount_script, remove_cgroup_tree
 from .errors import TestbedError
 from .files import mkdir_shared, write_text
 from .netns import NetnsBed
@@ -126,61 +127,6 @@ def skip_reason_no_docker(cache: Path) -> str | None:
     if image_tarball(cache) is None:
         return f"test image rootfs not built or outdated in {image_cache(cache)} (run .ci/run)"
     return None
-
-
-# --------------------------------------------------------------------------- cgroups
-
-
-def _cgroup_mounts() -> list[tuple[str, str, str]]:
-    """(fstype, mount point, options) of this mount namespace's /sys/fs/cgroup mounts."""
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        point = left.split()[4]
-        fstype, _source, superopts = right.split()[:3]
-        if point == "/sys/fs/cgroup" or point.startswith("/sys/fs/cgroup/"):
-            found.append((fstype, point, superopts))
-    return found
-
-
-def cgroup_mount_script() -> str:
-    """sh that mounts this machine's cgroup hierarchies again (after ``ip netns exec``
-    hid them), then execs its arguments."""
-    lines = ["set -e"]
-    for fstype, point, opts in _cgroup_mounts():
-        if fstype == "tmpfs":
-            lines.append(f"mount -t tmpfs -o mode=755 cgroup {point}")
-        elif fstype == "cgroup2":
-            lines.append(f"mkdir -p {point} && mount -t cgroup2 cgroup2 {point}")
-        elif fstype == "cgroup":
-            wanted = [o for o in opts.split(",") if o not in ("rw", "ro")]
-            if not any(not o.startswith("name=") for o in wanted):
-                wanted.insert(0, "none")  # a named hierarchy without controllers
-            lines.append(
-                f"mkdir -p {point} && mount -t cgroup -o {','.join(wanted)} cgroup {point}"
-            )
-    lines.append('exec "$@"')
-    return "\n".join(lines)
-
-
-def _cgroup_roots() -> list[Path]:
-    """Mount points of the cgroup hierarchies (v1 controllers, named ones, cgroup2)."""
-    return [Path(p) for fstype, p, _ in _cgroup_mounts() if fstype in ("cgroup", "cgroup2")]
-
-
-def _remove_cgroup_tree(name: str) -> list[str]:
-    """rmdir /sys/fs/cgroup/*/<name> bottom-up; returns what could not be removed."""
-    left = []
-    for root in _cgroup_roots():
-        top = root / name.lstrip("/")
-        if not top.is_dir():
-            continue
-        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
-            try:
-                os.rmdir(dirpath)
-            except OSError:
-                left.append(dirpath)
-    return left
 
 
 # --------------------------------------------------------------------------- a daemon
@@ -382,7 +328,7 @@ class DockerDaemon:
                     os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
         kill_until_gone(self.leftover_pids)
-        if left := _remove_cgroup_tree(self.cgroup_parent):
+        if left := remove_cgroup_tree(self.cgroup_parent):
             raise TestbedError(f"cgroups left by dockerd on {self.host.name}: {left}")
         shutil.rmtree(self.root, ignore_errors=True)
         shutil.rmtree(self.host.home / ".docker", ignore_errors=True)
