@@ -402,6 +402,11 @@ class ImageRegistry:
         except OSError:
             return 0, b""
 
+    def stored_bytes(self) -> int:
+        """Bytes of the blobs the registry holds (the pushed images, compressed)."""
+        blobs = self.root / "storage" / "docker" / "registry" / "v2" / "blobs"
+        return sum(p.stat().st_size for p in blobs.rglob("data") if p.is_file())
+
     def close(self) -> None:
         if self._closed:
             return
@@ -465,7 +470,8 @@ class DockerBed:
     disk), and one dockerd per host in ``names`` that pulls from it over http.
 
     ``hosts``, ``daemons`` (host name -> DockerDaemon), ``image`` (the reference),
-    ``registry``, ``timings`` (seconds: import, build, push, daemon start)."""
+    ``registry``, ``timings`` (seconds: import, build, push, daemon start), ``image_bytes``
+    (the image's compressed size in the registry: what a pull transfers)."""
 
     def __init__(
         self,
@@ -488,6 +494,7 @@ class DockerBed:
                 self.timings["daemon start"] = builder.started_in
                 self.image, steps = push_test_image(builder, self.registry, rootfs_tar)
                 self.timings.update(steps)
+            self.image_bytes = self.registry.stored_bytes()  # compressed, as pulled
             for host in self.hosts:
                 self.daemons[host.name] = DockerDaemon(
                     host, insecure_registries=[self.registry.address]

@@ -44,7 +44,7 @@ def _cmdline(pid: int) -> bytes:
 
 
 def test_the_image_was_pushed_once_and_each_daemon_answers(docker_hosts: DockerBed) -> None:
-    print(f"\ntimings: {docker_hosts.timings}")
+    print(f"\ntimings: {docker_hosts.timings}, image {docker_hosts.image_bytes / 2**20:.0f} MiB")
     print({name: round(d.started_in, 2) for name, d in docker_hosts.daemons.items()})
     reg = docker_hosts.registry
     assert reg is not None
@@ -133,7 +133,9 @@ def test_close_stops_daemon_containers_and_registry_by_pid(docker_hosts: DockerB
         helpers = daemon.leftover_pids()  # dockerd, containerd, the shim, the container
         assert in_container and all(p in host.user_pids() for p in in_container)
     finally:
+        t = time.monotonic()
         daemon.close()
+        print(f"\nclose() with a running container {time.monotonic() - t:.2f} s")
         registry.close()
     assert daemon.pid is not None and registry.pid is not None
     for pid in [daemon.pid, registry.pid, *helpers]:
@@ -142,3 +144,26 @@ def test_close_stops_daemon_containers_and_registry_by_pid(docker_hosts: DockerB
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}"))
     assert not daemon.root.exists() and not registry.root.exists()
     assert not (host.home / ".docker").exists()
+
+
+def test_a_rebooted_host_leaves_close_nothing_to_stop(docker_hosts: DockerBed) -> None:
+    """stop_sshd() (a reboot: every process in the host dies, dockerd and its containers
+    with it): close() then removes the dead daemon's cgroups and files."""
+    assert docker_hosts.registry is not None
+    host = docker_hosts.bed.add_host("d8")
+    daemon = DockerDaemon(host, insecure_registries=[docker_hosts.registry.address])
+    try:
+        daemon.docker("pull", "-q", docker_hosts.image, timeout=300)
+        daemon.docker("run", "-d", "--net=host", docker_hosts.image, "sleep", "600")
+        wait_until(lambda: any(b"sleep" in _cmdline(p) for p in daemon.leftover_pids()), 10,
+                   "the container's process")  # fmt: skip
+        host.stop_sshd()
+        assert daemon.pid is not None and not pid_alive(daemon.pid)
+        # a killed process leaves its namespaces before its cgroups: wait for it to end
+        wait_until(lambda: not daemon.leftover_pids(), 5, "the container to end")
+        cgroups = Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}/*")
+        assert any(p.is_dir() for p in cgroups)  # the dead container's, left for close()
+    finally:
+        daemon.close()
+    assert not list(Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}"))
+    assert not daemon.root.exists()
