@@ -6,7 +6,9 @@
   with the bed's prefix).  ``--iptables=false --bridge=none``: containers use host
   networking, and the machine's firewall is never touched.  Storage driver ``overlay2``
   (the kernel's overlayfs works on this ext4; no fuse-overlayfs needed); runtime ``runc``:
-  on this kind of machine runc works and crun does not (it cannot set rlimits here).
+  on this kind of machine runc works and crun does not (it cannot set rlimits here, and
+  refuses the hybrid cgroup layout).  No runtime can raise RLIMIT_MEMLOCK here:
+  ``memlock_hard_limit()``.
   The host's user is put in the ``docker`` group (the socket's group) and gets a docker
   CLI context naming the socket, so ``docker ...`` over SSH reaches its host's daemon
   with no DOCKER_HOST.
@@ -111,6 +113,16 @@ def build_image(cache: Path) -> Path:
     return tar
 
 
+def memlock_hard_limit() -> int | None:
+    """RLIMIT_MEMLOCK's hard limit in bytes (None: unlimited).  A container cannot get more
+    (``--ulimit memlock=-1`` fails) where the machine's processes lack CAP_SYS_RESOURCE, as
+    here (8 MiB): raising a hard limit needs it."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
 def skip_reason_no_docker(cache: Path) -> str | None:
     """Why the Docker bed cannot run here, or None."""
     if os.geteuid() != 0:
@@ -203,7 +215,8 @@ class DockerDaemon:
             "--bridge=none",
             "--userland-proxy=false",
             f"--storage-driver={self.storage_driver}",
-            # runc, not crun: crun cannot set rlimits on this kind of machine
+            # runc, not crun: on this kind of machine crun does not work (crun 1.8: "cgroups in
+            # hybrid mode not supported"; and it cannot set rlimits here either)
             "--default-runtime=runc",
             "--exec-opt=native.cgroupdriver=cgroupfs",
             f"--cgroup-parent={self.cgroup_parent}",

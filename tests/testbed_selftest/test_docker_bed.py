@@ -19,7 +19,12 @@ TESTS_DIR = Path(__file__).resolve().parents[1]
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
-from testbed.docker import DockerBed, DockerDaemon, ImageRegistry  # noqa: E402
+from testbed.docker import (  # noqa: E402
+    DockerBed,
+    DockerDaemon,
+    ImageRegistry,
+    memlock_hard_limit,
+)
 from testbed.procs import pid_alive, wait_until  # noqa: E402
 
 
@@ -111,6 +116,26 @@ def test_hosts_reach_each_other_from_containers(docker_hosts: DockerBed, tmp_pat
     command = f"docker run --rm --net=host {docker_hosts.image} python3 -c {shlex.quote(probe)}"
     run = ssh(docker_hosts, tmp_path, d2.name, command)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_ngc_limits_as_far_as_this_machine_allows(docker_hosts: DockerBed) -> None:
+    """NGC's `--ulimit stack=67108864` and `--ipc=host` work; `--ulimit memlock=-1` works only
+    where the machine's hard limit is unlimited (raising it needs CAP_SYS_RESOURCE)."""
+    daemon = docker_hosts.daemons[docker_hosts.hosts[1].name]
+    daemon.docker("pull", "-q", docker_hosts.image, timeout=300)
+    base = ["run", "--rm", "--net=host", "--ipc=host", "--ulimit", "stack=67108864"]
+    shown = daemon.docker(*base, docker_hosts.image, "sh", "-c", "ulimit -s")
+    assert shown.stdout.strip() == "65536"  # KiB
+    hard = memlock_hard_limit()
+    unlimited = daemon.docker(*base, "--ulimit", "memlock=-1", docker_hosts.image, "true",
+                              check=False)  # fmt: skip
+    assert (unlimited.returncode == 0) == (hard is None), unlimited.stderr
+    if hard is not None:
+        assert "error setting rlimit" in unlimited.stderr
+        capped = daemon.docker(*base, "--ulimit", f"memlock={hard}", docker_hosts.image,
+                               "sh", "-c", "ulimit -l")  # fmt: skip
+        assert capped.stdout.strip() == str(hard // 1024)
+    assert daemon.containers() == []
 
 
 def test_close_stops_daemon_containers_and_registry_by_pid(docker_hosts: DockerBed) -> None:
