@@ -3,9 +3,11 @@
 ``NetnsBed`` (root) gives each host its own network namespace, hostname, Unix
 user, home and sshd on private bridges; ``LoopbackHost`` is the no-root
 fallback: one sshd on 127.0.0.1 for the current user.  ``SlurmCluster`` puts a real
-Slurm (munged, slurmctld, slurmd) on hosts of a ``NetnsBed``.
+Slurm (munged, slurmctld, slurmd) on hosts of a ``NetnsBed``; ``DockerBed`` a real Docker
+Engine per host and a registry serving the test image.
 """
 
+from .docker import DockerBed, DockerDaemon, ImageRegistry, skip_reason_no_docker
 from .errors import TestbedError
 from .keys import ClientKeys
 from .loopback import LoopbackHost
@@ -21,6 +23,9 @@ from .testhost import TestHost
 
 __all__ = [
     "ClientKeys",
+    "DockerBed",
+    "DockerDaemon",
+    "ImageRegistry",
     "LoopbackHost",
     "NetnsBed",
     "SlurmCluster",
@@ -31,6 +36,7 @@ __all__ = [
     "cleanup_stale",
     "have_root_netns",
     "offline_argv",
+    "skip_reason_no_docker",
     "skip_reason_no_netns",
     "skip_reason_no_offline",
     "skip_reason_no_slurm",

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .cgroups import prefix_cgroups, remove_cgroup_tree, top_cgroups
 from .errors import TestbedError
 from .files import listdir, write_atomic
 from .layout import (
@@ -123,6 +124,7 @@ def prefix_resources(prefix: str, home_root: Path) -> dict[str, list[Any]]:
         "links": links,
         "etc_dirs": etc_dirs,
         "homes": homes,
+        "cgroups": prefix_cgroups(prefix),  # the cgroup parents of its dockerds
     }
 
 
@@ -183,6 +185,8 @@ def destroy_prefix(
             userdel(pw.pw_name)
         except TestbedError as exc:
             problems.append(str(exc))
+    for name in res["cgroups"]:  # empty now: every process in them was killed above
+        remove_cgroup_tree(name)
     for path in res["homes"] + res["etc_dirs"]:
         shutil.rmtree(path, ignore_errors=True)
     for empty_dir in (home_root, ETC_NETNS):
@@ -226,6 +230,7 @@ def cleanup_stale_locked(prefix_pattern: str, home_root: Path) -> list[str]:
     candidates |= _names_with_prefix((pw.pw_name for pw in pwd.getpwall()), prefix_pattern)
     candidates |= _names_with_prefix(listdir(Path("/sys/class/net")), prefix_pattern)
     candidates |= _names_with_prefix(listdir(ETC_NETNS), prefix_pattern)
+    candidates |= _names_with_prefix(top_cgroups(), prefix_pattern)
     candidates |= {n for n in listdir(home_root) if rx.match(n)}
     removed = []
     for prefix in sorted(candidates - live):
