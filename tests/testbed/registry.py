@@ -193,11 +193,13 @@ def destroy_prefix(
         with contextlib.suppress(OSError):
             empty_dir.rmdir()  # only succeeds when no other bed uses it
     state_path(prefix).unlink(missing_ok=True)
+    return problems + _left(prefix, home_root, idents)
 
-    left = prefix_resources(prefix, home_root)
-    for kind, items in left.items():
-        if items:
-            problems.append(f"{kind} left: {items}")
+
+def _left(prefix: str, home_root: Path, idents: set[tuple[int, int]]) -> list[str]:
+    """What survived a bed's removal, one line per kind."""
+    problems = [f"{kind} left: {items}" for kind, items in
+                prefix_resources(prefix, home_root).items() if items]  # fmt: skip
     if route_metric(prefix) in guard_routes():
         problems.append("guard route left")
     if idents and (pids := pids_in_netns_idents(idents)):
