@@ -35,7 +35,9 @@ from conftest import (
     clean_host,
     error_in,
     errors_in,
+    install_hostlib,
     install_standin,
+    local_argv,
     run_id_of,
     template_out,
     wait_for,
@@ -765,15 +767,16 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
     (home / "bin").mkdir(parents=True)
     (home / "bin" / "systemctl").write_text(SYSTEMCTL)
     (home / "bin" / "systemctl").chmod(0o755)
+    install_hostlib(home)
     cfg = Autostop(3600, 1, 300, 10, "ignore", "true")
-    install = _install_argv("install")[2:]  # after `sh -c`
+    install = local_argv(_install_argv("install"), home)[1:]  # after `sh`
     cancel = [source("autostop_cancel.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_LOG,
               ".vmrun/lib", "autostop_watch.sh"]  # fmt: skip
     status = [source("autostop_status.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, SCRIPT]
     steps = (
         "mount -t tmpfs none /run/systemd && mkdir /run/systemd/system"
         " && mount -t tmpfs none /etc/systemd/system || exit 99\n"
-        'sh -c "$I" "$@"; echo ==; sh -c "$I" "$@"; echo ==; cat /etc/systemd/system/*.service;'
+        'sh "$I" "$@"; echo ==; sh "$I" "$@"; echo ==; cat /etc/systemd/system/*.service;'
         ' echo ==; sh -c "$S" $SA; echo ==; sh -c "$C" $CA; echo ==; ls /etc/systemd/system'
     )
     env = {"HOME": str(home), "PATH": f"{home / 'bin'}:/usr/bin:/bin", "I": install[0],

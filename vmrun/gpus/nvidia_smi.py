@@ -247,8 +247,7 @@ def loop_arg(interval: float) -> str:
 def watch_argv(nvidia_smi: str, interval: float | None, autostop_state: str = "") -> list[str]:
     """argv of the one remote command per host; `interval` None reads once, else it loops.
     `autostop_state`: the watchdog's state file, reported as it changes (vmrun.autostop)."""
-    script = hostside.source("gpus_watch.bash")
-    argv = ["bash", "-c", script, "vmrun-gpus", RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG,
+    argv = [*hostside.command("gpus_watch.bash"), RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG,
             AUTOSTOP_TAG, autostop_state, nvidia_smi]  # fmt: skip
     argv += [f"--query-gpu={','.join(GPU_FIELDS)}", f"--query-compute-apps={','.join(APP_FIELDS)}"]
     argv.append(CSV_FORMAT)

@@ -1,10 +1,10 @@
 # Start a run detached and record it:
-#   sh -c SOURCE vmrun-start REC WORKDIR ID META MODE BANNER OUT MARKS ALONE CMD...
+#   sh run_start.sh REC WORKDIR ID META MODE BANNER OUT MARKS ALONE CMD...
 # REC: the run's record folder (relative to $HOME, or absolute); META: run.json's text;
 # MODE: "new" starts the log afresh, "resume" (another attempt of the same run) appends to it
 # after BANNER (when not empty) and clears the last attempt's pid/exit_code/stopped; OUT: the
 # run's output folder (relative to the home, or absolute), for progress from its metrics;
-# MARKS: run_marks.py's text, which the host's python3 (if any) runs beside the run to write
+# MARKS: run_marks.py's path, which the host's python3 (if any) runs beside the run to write
 # log.times (when each log line was written). ALONE: 1 refuses to start while another run
 # recorded beside REC is alive (`BUSY <its id>`, exit 3; alive by run_alive.sh's rule), 0
 # starts anyway (--allow-concurrent). That check and the start hold one lock (flock on
@@ -63,7 +63,7 @@ setsid -f sh -c '
   if [ "$mode" = resume ]; then exec >> "$rec/log"; else exec > "$rec/log"; fi
   m=
   if command -v python3 > /dev/null 2>&1; then
-    python3 -c "$marks" "$rec" $$ < /dev/null > /dev/null 2>&1 &
+    python3 "$marks" "$rec" $$ < /dev/null > /dev/null 2>&1 &
     m=$!
   fi
   "$@" 2>&1 < /dev/null

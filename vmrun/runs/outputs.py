@@ -14,8 +14,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from vmrun import hostside
 from vmrun.errors import RemoteError
-from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR
 from vmrun.runs.records import check_run_id
 from vmrun.ssh import quoting
@@ -105,7 +105,7 @@ def locate_run(conn: Connection, run_id: str | None) -> RunLocation:
     """Find a run on the host (the newest when `run_id` is None), in one round trip."""
     if run_id is not None:
         check_run_id(run_id)
-    argv = ["sh", "-c", source("run_locate.sh"), "vmrun-locate", RUNS_DIR, run_id or ""]
+    argv = [*hostside.command("run_locate.sh"), RUNS_DIR, run_id or ""]
     status, out, _err = capture(conn, quoting.plain_command(argv), what="the run lookup")
     if status in (3, 4):
         which = f"run {run_id}" if run_id else "any run"

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from vmrun import hostside
 from vmrun.errors import UsageError
-from vmrun.hostside import source
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
@@ -135,7 +135,7 @@ def move_aside(group: Group, found: dict[str, Found], note: Callable[[str], None
 
     def move(entry: HostEntry, conn: Connection) -> int:
         f = found[entry.label]
-        argv = ["sh", "-c", source("run_checkpoints_aside.sh"), "vmrun-fresh", f.where, aside]
+        argv = [*hostside.command("run_checkpoints_aside.sh"), f.where, aside]
         out = conn.run([*argv, *sorted(f.files)], check=True).stdout_tail.split()
         return int(out[-1]) if out and out[-1].isdigit() else 0
 

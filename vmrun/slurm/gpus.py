@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError
 from vmrun.gpus.nvidia_smi import watch_argv
 from vmrun.gpus.targets import Target
-from vmrun.hostside import source
 from vmrun.slurm.backend import SlurmBackend
 from vmrun.ssh.quoting import plain_command
 
@@ -32,7 +32,7 @@ class JobNode:
 
 def running_nodes(slurm: SlurmBackend, run: str | None, job: str | None) -> list[JobNode]:
     """Every node of the user's running jobs (or of the one `--run`/`--job` names)."""
-    argv = ["sh", "-c", source("slurm_nodes.sh"), "vmrun-nodes"]
+    argv = hostside.command("slurm_nodes.sh")
     status, out, err = slurm.conn.capture(plain_command(argv), what="squeue")
     if status != 0:
         raise RemoteError(f"listing running jobs failed: {err.strip()}", host=slurm.cluster.name)
