@@ -79,6 +79,11 @@ def path(name: str) -> HostPath:
     return HostPath(f"{lib_dir()}/{name}")
 
 
+def folder() -> HostPath:
+    """The folder itself, for a script that runs its siblings (run_start.sh)."""
+    return HostPath(lib_dir())
+
+
 def command(name: str, *args: str, python: str = "python3") -> list[str]:
     """The argv that runs host-side file `name` by path with `args` (its $1...; a `.py`
     under `python`, the host's interpreter)."""

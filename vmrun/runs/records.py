@@ -128,7 +128,7 @@ def start(
     out = str(meta.get("out_dir") or workdir)
     result = conn.run(
         [*hostside.command("run_start.sh"), record_dir(run_id), workdir, run_id,
-         meta_text, mode, banner, out, hostside.path("run_marks.py"), "1" if alone else "0", *argv],
+         meta_text, mode, banner, out, hostside.folder(), "1" if alone else "0", *argv],
         env=env,
         what=f"the start of run {run_id}",
     )  # fmt: skip

@@ -224,7 +224,11 @@ class Channels(abc.ABC):
         through `run` or `capture` (a stream, a forward): one round trip, on a connection
         that has run nothing yet."""
         if not self.lib_ready:
-            self.capture("true", what="checking vmrun's host-side files")
+            from vmrun.ssh import hostlib
+
+            what = "checking vmrun's host-side files"
+            status, _out, err = self._capture(hostlib.guard("true"), b"", what)
+            self._lib_installed(status, err)
 
     def _lib_installed(self, status: int, stderr: str) -> bool:
         """After a guarded command: True if it ran nothing because files were stale, which
