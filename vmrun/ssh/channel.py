@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import select
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from vmrun.ssh.result import CommandResult, Tail
 if TYPE_CHECKING:
     import paramiko
 
+_LOCKS = threading.Lock()  # makes each connection's install lock
 # (stream, line) where stream is "out" or "err" and line keeps its b"\n" when it had one.
 OutputCallback = Callable[[str, bytes], None]
 
@@ -238,17 +240,33 @@ class Channels(abc.ABC):
 
         files = hostlib.stale(status, stderr)
         if files is not None:
-            what = "installing vmrun's host-side files"
-            code, _out, err = self._capture(hostlib.install_command(), hostlib.bundle(files), what)
-            if code != 0:
-                raise RemoteError(
-                    f"{what} in ~/{hostlib.lib_dir()} failed (exit {code})"
-                    + (f": {err.strip().splitlines()[-1]}" if err.strip() else ""),
-                    host=self.label,
-                    hint="the host needs sh, tar, mktemp and sha256sum, and room in the home",
-                )
+            with self._lib_lock():  # commands started at once found it stale together
+                if not self.lib_ready:
+                    self._install_lib(files)
+                    self.lib_ready = True
         self.lib_ready = True
         return files is not None
+
+    def _lib_lock(self) -> threading.Lock:
+        with _LOCKS:
+            lock: threading.Lock | None = self.__dict__.get("_lib_install_lock")
+            if lock is None:
+                lock = self.__dict__["_lib_install_lock"] = threading.Lock()
+        return lock
+
+    def _install_lib(self, files: list[str]) -> None:
+        from vmrun.ssh import hostlib
+
+        what = "installing vmrun's host-side files"
+        code, _out, err = self._capture(hostlib.install_command(), hostlib.bundle(files), what)
+        if code != 0:
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            raise RemoteError(
+                f"{what} in ~/{hostlib.lib_dir()} failed (exit {code})"
+                + (f": {last}" if last else ""),
+                host=self.label,
+                hint="the host needs sh, tar, mktemp and sha256sum, and room in the home",
+            )
 
     def _capture(self, command: str, stdin: bytes, what: str) -> tuple[int, bytes, str]:
         chan = self.open_session()
