@@ -176,3 +176,11 @@ def test_the_folder_is_the_version_and_a_hash_under_remote_paths_lib_dir() -> No
     assert folder.startswith(f"{LIB_DIR}/{__version__}-")
     assert folder.rsplit("-", 1)[1] == hostside.manifest_hash()[:12]
     assert "lib_guard.sh" in hostside.names() and "__init__.py" not in hostside.names()
+
+
+def test_a_first_command_with_stdin_is_checked_first_so_its_input_is_never_lost(
+    home: Path,
+) -> None:
+    conn = LocalChannels(home)
+    assert conn.capture("cat", stdin=b"every byte") == (0, b"every byte", "")
+    assert conn.calls == ["guarded", "install", "plain"]

@@ -212,11 +212,13 @@ class Channels(abc.ABC):
     ) -> tuple[int, bytes, str]:
         """Run a raw command string (no wrapper; stdin is sent, then closed) and keep all of
         its stdout: for listings and byte streams that `run`'s tails would cut."""
+        if stdin:
+            self.ensure_lib()  # a guard that runs nothing would leave stdin unread
         if self.lib_ready:
             return self._capture(command, stdin, what)
         from vmrun.ssh import hostlib
 
-        status, out, err = self._capture(hostlib.guard(command), stdin, what)
+        status, out, err = self._capture(hostlib.guard(command), b"", what)
         if self._lib_installed(status, err):
             return self._capture(command, stdin, what)
         return status, out, err

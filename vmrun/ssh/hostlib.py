@@ -22,11 +22,16 @@ STALE_EXIT = 97  # lib_guard.sh ran nothing: files are missing or changed
 STALE_MARK = "vmrun-lib-stale"
 
 
+def _bare(name: str) -> str:
+    """A script's text without its comment lines: what travels on every first command."""
+    return "".join(ln for ln in source(name).splitlines(True) if not ln.lstrip().startswith("#"))
+
+
 def guard(command: str) -> str:
     """`command` (a command line for the host's login shell, quoted for sh) under the
     guard that runs it only if this vmrun's host-side files are in place."""
     return "exec /bin/sh -c " + quoting.join(
-        [source("lib_guard.sh"), "vmrun-lib", lib_dir(), manifest_hash(), command]
+        [_bare("lib_guard.sh"), "vmrun-lib", lib_dir(), manifest_hash(), command]
     )
 
 
@@ -42,7 +47,7 @@ def stale(status: int, stderr: str) -> list[str] | None:
 def install_command() -> str:
     """The command that places the files a tar on its stdin holds (lib_install.sh)."""
     return "exec /bin/sh -c " + quoting.join(
-        [source("lib_install.sh"), "vmrun-lib-install", lib_dir()]
+        [_bare("lib_install.sh"), "vmrun-lib-install", lib_dir()]
     )
 
 
