@@ -44,6 +44,7 @@ from conftest import (
 )
 from testbed import NetnsBed, TestHost
 
+from vmrun.hostside import lib_dir
 from vmrun.runs import records
 from vmrun.ssh.connection import Connection
 
@@ -476,7 +477,9 @@ def test_cancel_removes_everything(ac: Client, as1: TestHost) -> None:
         " removed"
     )
     assert watchdogs(as1) == [] and "vmrun autostop" not in crontab(as1)
-    assert not [p.name for p in (as1.home / ".vmrun").rglob("autostop*")]
+    scripts = as1.home / lib_dir()  # vmrun's own scripts, not the watchdog's install
+    left = [p for p in (as1.home / ".vmrun").rglob("autostop*") if scripts not in p.parents]
+    assert not left, left
     status = ac.vmrun("autostop", "--status", "-H", "as1")
     assert status.stdout.splitlines()[1].split()[:3] == ["as1", "not", "installed"], status.stdout
     twice = ac.vmrun("autostop", "--cancel", "-H", "as1")
@@ -508,7 +511,7 @@ def test_bad_input_and_hosts_that_cannot_power_off_get_one_line_and_nothing(
     assert "installed on no host" in lines[2][1], lines
     for host in (as1, as2):
         assert watchdogs(host) == [] and crontab(host) == ""
-        assert not (host.home / ".vmrun" / "lib").exists()
+        assert not (host.home / ".vmrun" / "lib" / "autostop_watch.sh").exists()
         assert not (host.home / ".vmrun" / "autostop.conf").exists()
 
 
