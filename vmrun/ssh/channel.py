@@ -267,7 +267,7 @@ class Channels(abc.ABC):
                 f"{what} in ~/{hostlib.lib_dir()} failed (exit {code})"
                 + (f": {last}" if last else ""),
                 host=self.label,
-                hint="the host needs sh, tar, mktemp and sha256sum, and room in the home",
+                hint="the host needs sh, tar, gzip, mktemp and sha256sum, and room in the home",
             )
 
     def _capture(self, command: str, stdin: bytes, what: str) -> tuple[int, bytes, str]:

@@ -45,16 +45,16 @@ def stale(status: int, stderr: str) -> list[str] | None:
 
 
 def install_command() -> str:
-    """The command that places the files a tar on its stdin holds (lib_install.sh)."""
+    """The command that places the files its stdin holds (lib_install.sh; `bundle`)."""
     return "exec /bin/sh -c " + quoting.join(
         [_bare("lib_install.sh"), "vmrun-lib-install", lib_dir()]
     )
 
 
 def bundle(files: list[str]) -> bytes:
-    """A tar of `files`' installed texts and the MANIFEST, mode 0600."""
+    """A gzipped tar of `files` (their installed texts) and the MANIFEST, mode 0600."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.USTAR_FORMAT) as tar:
         for name, text in [*((n, source(n)) for n in files), ("MANIFEST", manifest())]:
             data = text.encode("utf-8")
             info = tarfile.TarInfo(name)
