@@ -184,3 +184,13 @@ def test_a_first_command_with_stdin_is_checked_first_so_its_input_is_never_lost(
     conn = LocalChannels(home)
     assert conn.capture("cat", stdin=b"every byte") == (0, b"every byte", "")
     assert conn.calls == ["guarded", "install", "plain"]
+
+
+def test_what_runs_on_a_slurm_compute_node_travels_whole() -> None:
+    """A compute node need not see the login node's home: the GPU watch step carries its
+    script's text (as the batch script does, vmrun.slurm.job), no path into vmrun's folder."""
+    from vmrun.slurm.gpus import JobNode, srun_argv
+
+    watch = srun_argv(JobNode("7", "n1", "r1"), 2)
+    assert hostside.source("gpus_watch.bash") in watch
+    assert not any(isinstance(w, hostside.HostPath) for w in watch)

@@ -52,9 +52,10 @@ def running_nodes(slurm: SlurmBackend, run: str | None, job: str | None) -> list
 
 
 def srun_argv(node: JobNode, interval: float | None) -> list[str]:
-    """The watch script as an overlapping step of the job on one node."""
+    """The watch script as an overlapping step of the job on one node: its text, since a
+    compute node need not share the login node's home (where vmrun's scripts lie)."""
     step = ["srun", "--overlap", f"--jobid={node.job}", f"--nodelist={node.node}", "-N1", "-n1"]
-    return [*step, "--quiet", *watch_argv("nvidia-smi", interval)]
+    return [*step, "--quiet", *watch_argv("nvidia-smi", interval, inline=True)]
 
 
 def node_targets(slurm: SlurmBackend, nodes: list[JobNode]) -> list[Target]:
