@@ -59,6 +59,15 @@ def install_hostlib(home: Path) -> Path:
     return home / lib_dir()
 
 
+def place_hostlib(host: TestHost) -> None:
+    """vmrun's host-side files already on a test host, as any earlier vmrun command leaves
+    them: for tests that count a command's round trips or compare the home before and after."""
+    install_hostlib(host.home)
+    for path in (host.home / ".vmrun", *(host.home / ".vmrun" / "lib").rglob("*")):
+        os.chown(path, host.uid, host.gid)
+    os.chown(host.home / ".vmrun" / "lib", host.uid, host.gid)
+
+
 def local_argv(argv: Sequence[str], home: Path) -> list[str]:
     """`argv` as a host's shell would hand it on: a host-side file's path made absolute."""
     from vmrun.hostside import HostPath
