@@ -12,9 +12,6 @@ travel as text: they run before the folder can be trusted.
 
 from __future__ import annotations
 
-import io
-import tarfile
-
 from vmrun.hostside import lib_dir, manifest, manifest_hash, names, source
 from vmrun.ssh import quoting
 
@@ -53,6 +50,9 @@ def install_command() -> str:
 
 def bundle(files: list[str]) -> bytes:
     """A gzipped tar of `files` (their installed texts) and the MANIFEST, mode 0600."""
+    import io
+    import tarfile  # only for an install: not on every command's path
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.USTAR_FORMAT) as tar:
         for name, text in [*((n, source(n)) for n in files), ("MANIFEST", manifest())]:
