@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -45,6 +45,43 @@ cleanup_on_sigterm()  # a `timeout pytest` that fires still tears the test hosts
 pytest_plugins = ["slurm_fixtures", "results_fixtures", "docker_fixtures"]
 
 ERROR_LINE = re.compile(r"vmrun: error\[([a-z0-9-]+)\]: (.*)")
+
+
+def install_hostlib(home: Path) -> Path:
+    """vmrun's host-side files placed under `home` as a host gets them (lib_install.sh run
+    here, as vmrun.ssh.hostlib sends it): host scripts then run locally by their path."""
+    from vmrun.hostside import lib_dir, names
+    from vmrun.ssh.hostlib import bundle, install_command
+
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home)}
+    subprocess.run(["sh", "-c", install_command()], input=bundle(list(names())), env=env,
+                   cwd=home, check=True, capture_output=True)  # fmt: skip
+    return home / lib_dir()
+
+
+def place_hostlib(host: TestHost) -> None:
+    """vmrun's host-side files already on a test host, as any earlier vmrun command leaves
+    them: for tests that count a command's round trips or compare the home before and after."""
+    install_hostlib(host.home)
+    for path in (host.home / ".vmrun", *(host.home / ".vmrun" / "lib").rglob("*")):
+        os.chown(path, host.uid, host.gid)
+    os.chown(host.home / ".vmrun" / "lib", host.uid, host.gid)
+
+
+def local_argv(argv: Sequence[str], home: Path) -> list[str]:
+    """`argv` as a host's shell would hand it on: a host-side file's path made absolute."""
+    from vmrun.hostside import HostPath
+
+    return [str(home / w) if isinstance(w, HostPath) else w for w in argv]
+
+
+@pytest.fixture
+def host_home(tmp_path: Path) -> Path:
+    """A temporary home for host scripts run locally, with vmrun's host-side files in place."""
+    home = tmp_path / "host-home"
+    install_hostlib(home)
+    return home
 
 
 def errors_in(stderr: str) -> list[tuple[str, str]]:
@@ -329,8 +366,22 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
 @pytest.fixture(scope="session")
 def wheelhouse() -> Path:
     def build(target: Path) -> None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
-                        *host_wheels(), TORCH_SPEC, "-d", str(target)], check=True, timeout=600)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-input",
+                *host_wheels(),
+                TORCH_SPEC,
+                "-d",
+                str(target),
+            ],
+            check=True,
+            timeout=600,
+        )
 
     return _build_once(CACHE / "wheelhouse-torch-2.13.0", build)
 
@@ -345,9 +396,22 @@ def host_python(wheelhouse: Path) -> Path:
 
     def build(target: Path) -> None:
         subprocess.run([str(system), "-m", "venv", str(target)], check=True, timeout=300)
-        subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q",
-                        "--no-input", "--no-index", "--find-links", str(wheelhouse),
-                        TORCH_SPEC], check=True, timeout=900)
+        subprocess.run(
+            [
+                str(target / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-input",
+                "--no-index",
+                "--find-links",
+                str(wheelhouse),
+                TORCH_SPEC,
+            ],
+            check=True,
+            timeout=900,
+        )
 
     return _build_once(CACHE / "venv-py3-torch-2.13.0", build) / "bin" / "python"
 
@@ -422,8 +486,7 @@ def install_standin(host: TestHost, name: str, script: str) -> Path:
     bin_dir = host.home / ".vmrun" / "bin"
     host.run(["mkdir", "-p", str(bin_dir)], as_user=True)
     path = bin_dir / name
-    path.write_text(f"#!/bin/sh\n# STAND-IN for {name}: no GPU hardware in the test bed\n"
-                    + script)
+    path.write_text(f"#!/bin/sh\n# STAND-IN for {name}: no GPU hardware in the test bed\n" + script)
     path.chmod(0o755)
     os.chown(path, host.uid, host.gid)
     return path
@@ -473,8 +536,9 @@ def multi(
     run process, blocked port, cut link or vmrun file is left on the cluster's hosts."""
     (client.ssh_dir / "config").write_text(bed.ssh_config_text())
     (client.ssh_dir / "known_hosts").write_text(bed.known_hosts_text())
-    (client.cwd / "vmrun.toml").write_text("".join(
-        f'[[hosts]]\naddress = "{n}"\npython = "{host_python}"\n\n' for n in ("n1", "n2")))
+    (client.cwd / "vmrun.toml").write_text(
+        "".join(f'[[hosts]]\naddress = "{n}"\npython = "{host_python}"\n\n' for n in ("n1", "n2"))
+    )
     client.extra_env["OMP_NUM_THREADS"] = "1"
     yield client
     # every step on every host runs even if an earlier one fails; the first error is raised

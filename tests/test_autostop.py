@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import install_hostlib
 
 from vmrun.autostop.settings import for_host
 from vmrun.autostop.status import AutostopStatus, from_status_output
@@ -156,6 +157,7 @@ def _home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
                         '>> "$HOME/calls"\n')  # fmt: skip
     poweroff.chmod(0o755)
     env = {"HOME": str(home), "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
+    install_hostlib(home)
     return home, env
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import local_argv
 from test_autostop import _home
 
 from vmrun.autostop.settings import for_host
@@ -169,8 +170,8 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
     assert SECRET not in env_header(conf_env(cfg)).decode()  # base64, on stdin
 
     def install() -> str:  # as the wrapper runs it, with the header's variables exported
-        done = subprocess.run(argv, env={**env, **conf_env(cfg)}, capture_output=True,
-                              timeout=30, check=False)  # fmt: skip
+        done = subprocess.run(local_argv(argv, home), env={**env, **conf_env(cfg)},
+                              capture_output=True, timeout=30, check=False)  # fmt: skip
         assert done.returncode == 0, done
         return done.stdout.decode()
 

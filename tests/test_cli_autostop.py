@@ -35,7 +35,9 @@ from conftest import (
     clean_host,
     error_in,
     errors_in,
+    install_hostlib,
     install_standin,
+    local_argv,
     run_id_of,
     template_out,
     wait_for,
@@ -43,6 +45,7 @@ from conftest import (
 from testbed import NetnsBed, TestHost
 
 from vmrun.backends.hosts import records
+from vmrun.hostside import lib_dir
 from vmrun.ssh.connection import Connection
 
 STANDIN_SMI = ROOT / "tests" / "standins" / "nvidia-smi"
@@ -474,7 +477,9 @@ def test_cancel_removes_everything(ac: Client, as1: TestHost) -> None:
         " removed"
     )
     assert watchdogs(as1) == [] and "vmrun autostop" not in crontab(as1)
-    assert not [p.name for p in (as1.home / ".vmrun").rglob("autostop*")]
+    scripts = as1.home / lib_dir()  # vmrun's own scripts, not the watchdog's install
+    left = [p for p in (as1.home / ".vmrun").rglob("autostop*") if scripts not in p.parents]
+    assert not left, left
     status = ac.vmrun("autostop", "--status", "-H", "as1")
     assert status.stdout.splitlines()[1].split()[:3] == ["as1", "not", "installed"], status.stdout
     twice = ac.vmrun("autostop", "--cancel", "-H", "as1")
@@ -506,7 +511,7 @@ def test_bad_input_and_hosts_that_cannot_power_off_get_one_line_and_nothing(
     assert "installed on no host" in lines[2][1], lines
     for host in (as1, as2):
         assert watchdogs(host) == [] and crontab(host) == ""
-        assert not (host.home / ".vmrun" / "lib").exists()
+        assert not (host.home / ".vmrun" / "lib" / "autostop_watch.sh").exists()
         assert not (host.home / ".vmrun" / "autostop.conf").exists()
 
 
@@ -769,15 +774,16 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
     (home / "bin").mkdir(parents=True)
     (home / "bin" / "systemctl").write_text(SYSTEMCTL)
     (home / "bin" / "systemctl").chmod(0o755)
+    install_hostlib(home)
     cfg = Autostop(3600, 1, 300, 10, "ignore", "true")
-    install = _install_argv("install")[2:]  # after `sh -c`
+    install = local_argv(_install_argv("install"), home)[1:]  # after `sh`
     cancel = [source("autostop_cancel.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_LOG,
               ".vmrun/lib", "autostop_watch.sh"]  # fmt: skip
     status = [source("autostop_status.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, SCRIPT]
     steps = (
         "mount -t tmpfs none /run/systemd && mkdir /run/systemd/system"
         " && mount -t tmpfs none /etc/systemd/system || exit 99\n"
-        'sh -c "$I" "$@"; echo ==; sh -c "$I" "$@"; echo ==; cat /etc/systemd/system/*.service;'
+        'sh "$I" "$@"; echo ==; sh "$I" "$@"; echo ==; cat /etc/systemd/system/*.service;'
         ' echo ==; sh -c "$S" $SA; echo ==; sh -c "$C" $CA; echo ==; ls /etc/systemd/system'
     )
     env = {"HOME": str(home), "PATH": f"{home / 'bin'}:/usr/bin:/bin", "I": install[0],

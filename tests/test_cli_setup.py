@@ -34,6 +34,7 @@ from conftest import (
     error_in,
     errors_in,
     install_standin,
+    place_hostlib,
     standin_miniconda,
     wait_for,
 )
@@ -349,6 +350,7 @@ def test_dry_run_changes_nothing_and_shows_the_scripts(
     bed_client: Client, hosts: list[TestHost]
 ) -> None:
     h3 = hosts[2]
+    place_hostlib(h3)  # vmrun's own scripts, placed by any first command
     before = _snapshot(h3.home)
     done = bed_client.vmrun("setup", "h3", "--dry-run", "--torch", TORCH_SPEC)
     assert done.returncode == 0, done.stderr
@@ -663,6 +665,7 @@ def test_sudo_needing_a_password_fails_before_changing_anything(
     h3 = hosts[2]
     install_standin(h3, "lspci", T4_LSPCI)
     install_standin(h3, "sudo", PASSWORD_SUDO)
+    place_hostlib(h3)  # vmrun's own scripts, placed by any first command
     before = _snapshot(h3.home)
     done = bed_client.vmrun("setup", "h3")
     assert done.returncode == 14

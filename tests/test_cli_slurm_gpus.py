@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Client, wait_for
+from conftest import Client, place_hostlib, wait_for
 from test_cli_watch_gpus import FIXTURES, STANDIN, JsonReader, alive, starts
 
 # what each node's stand-in replays: different GPUs per node, so rows show which is which
@@ -84,6 +84,7 @@ def test_once_shows_every_node_of_a_running_job_through_the_login_node(
     slurm_cluster: Any, slurm_client: Client, standin: dict[str, Path]
 ) -> None:
     job = submit(slurm_cluster, "-N2")
+    place_hostlib(slurm_cluster.login)  # as any earlier command leaves the login node
     channels = slurm_cluster.login.sshd_log().count("Starting session")
     done = slurm_client.vmrun("watch-gpus", "-C", "bed", "--once", "--json")
     assert done.returncode == 0, done.stderr

@@ -99,6 +99,9 @@ def test_the_autostop_holder_hears_a_heartbeat_so_a_vanished_client_stops_counti
     class Conn:
         label = "h1"
 
+        def ensure_lib(self) -> None:
+            pass
+
         def open_session(self) -> Chan:
             return chan
 
@@ -106,8 +109,8 @@ def test_the_autostop_holder_hears_a_heartbeat_so_a_vanished_client_stops_counti
     fwd = forward.Forward(Conn(), "127.0.0.1", 8888, local_port=0)  # type: ignore[arg-type]
     fwd._hold()
     try:
-        words = shlex.split(chan.command)  # exec /bin/sh -c WRAPPER vmrun CWD BEAT ...
-        assert words[4] == "vmrun" and words[6] == "1"  # a beat, in whole seconds
+        words = shlex.split(chan.command)  # exec /bin/sh WRAPPER CWD BEAT ...
+        assert words[2].endswith("/command_wrapper.sh") and words[4] == "1"  # whole seconds
         assert chan.beats.acquire(timeout=5) and chan.beats.acquire(timeout=5)
     finally:
         fwd._stop.set()

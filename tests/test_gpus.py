@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, wait_for
+from conftest import ROOT, install_hostlib, local_argv, wait_for
 
 from vmrun.gpus import nvidia_smi as gpus
 from vmrun.gpus.fleet import Fleet, HostSample
@@ -188,8 +188,9 @@ def _standin(home: Path, fixture: str, apps: str | None = None) -> Path:
 
 def _watch(home: Path, nvidia_smi: str, interval: float | None) -> subprocess.Popen[str]:
     env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    install_hostlib(home)
     return subprocess.Popen(
-        watch_argv(nvidia_smi, interval),
+        local_argv(watch_argv(nvidia_smi, interval), home),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

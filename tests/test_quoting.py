@@ -87,6 +87,12 @@ def test_env_names_are_checked() -> None:
             check_env_name(bad)
 
 
+@pytest.fixture(autouse=True)
+def _host_home(host_home, monkeypatch) -> None:
+    """The wrapper runs from vmrun's host-side files in a home of their own (HOME here)."""
+    monkeypatch.setenv("HOME", str(host_home))
+
+
 def _run_wrapped(
     argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None
 ) -> subprocess.CompletedProcess[bytes]:

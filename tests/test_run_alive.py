@@ -94,7 +94,7 @@ def _start_refused(env: dict) -> bool:
     """run_start.sh's check under its lock: a second run (r2) is refused while r1 is alive."""
     done = subprocess.run(
         ["sh", "-c", source("run_start.sh"), "vmrun-start", ".vmrun/runs/r2", env["HOME"], "r2",
-         "{}", "new", "", "r2-out", "", "1", "true"],
+         "{}", "new", "", "r2-out", env["HOME"], "1", "true"],
         env=env, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return done.returncode == 3 and done.stdout.split() == ["BUSY", "r1"]

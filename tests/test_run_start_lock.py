@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from conftest import install_hostlib, local_argv
 
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.preflight import check_not_busy
@@ -42,8 +43,8 @@ class LocalHost:
             self.barrier.wait(10)
         environ = {"HOME": str(self.home), "PATH": "/usr/bin:/bin", **(env or {})}
         started = time.monotonic()
-        done = subprocess.run(list(argv), env=environ, cwd=self.home, capture_output=True,
-                              text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(local_argv(argv, self.home), env=environ, cwd=self.home,
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         return CommandResult(self.label, tuple(argv), done.returncode, done.stdout, done.stderr,
                              time.monotonic() - started)  # fmt: skip
 
@@ -61,6 +62,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     """A home whose runs are all stopped afterwards (each run's pid leads its own session)."""
     home = tmp_path / "home"
     (home / "work").mkdir(parents=True)
+    install_hostlib(home)
     yield home
     for pid_file in home.glob(".vmrun/runs/*/pid"):
         with contextlib.suppress(ProcessLookupError, ValueError):

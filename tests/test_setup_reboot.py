@@ -28,7 +28,7 @@ class _Host:
         self.closed = 0
 
     def run(self, argv: list[str], **kw: object) -> CommandResult:
-        if argv[3] == "reboot":  # setup_reboot_launch.sh
+        if argv[1].endswith("/setup_reboot_launch.sh"):
             return CommandResult(self.label, tuple(argv), 0, f"{OLD}\n", "", 0.0)
         answer = next(self.answers)
         if isinstance(answer, BaseException):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import install_hostlib, local_argv
 
 from vmrun.backends.api import NodeRecord, RunRef
 from vmrun.backends.slurm.backend import SlurmBackend
@@ -58,9 +59,11 @@ class LocalConn:
     def __init__(self, env: dict[str, str]):
         self.env = env
         self.stderr = b""
+        self.home = Path(env["HOME"])
+        install_hostlib(self.home)
 
     def run(self, argv: list[str], *, on_output: Any = None, **_: Any) -> Result:
-        proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(local_argv(argv, self.home), env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)  # fmt: skip
         assert proc.stdout is not None and proc.stderr is not None
         for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
@@ -84,7 +87,7 @@ class Fake:
             (self.dir / "sacct").write_text(sacct + "\n")
         (self.rec / "job.log").write_text(log.replace("\\n", "\n"))
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE": str(self.dir),
-               "REC": str(self.rec), "CODE": str(code)}  # fmt: skip
+               "REC": str(self.rec), "CODE": str(code), "HOME": str(tmp_path / "home")}  # fmt: skip
         self.conn = LocalConn(env)
         self.out = Recorder()
 

@@ -348,7 +348,7 @@ def test_auto_lists_the_work_directory_once_per_sync(
     monkeypatch.setattr(Connection, "capture", counted)
     report = sync_project(conn, project, workdir)
     assert (report.engine, report.sent, report.unchanged) == ("vmrun", 1, 1)
-    assert sum("transfer-list" in c for c in commands) == 1, commands
+    assert sum("/transfer_list.sh" in c for c in commands) == 1, commands
     assert (h1.home / workdir / "a.py").read_bytes() == b"changed"
 
 

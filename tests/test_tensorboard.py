@@ -125,5 +125,6 @@ def test_the_host_script_gets_its_folders_as_argv_words() -> None:
     dirs = [LogDir("a b", "/x y/z", True), LogDir("runs", "w/runs", False)]
     board = HostBoard(None, "/env/bin/python", dirs)  # type: ignore[arg-type]
     argv = board.argv()
-    assert argv[3:] == ["vmrun-tensorboard", "/env/bin/python", "5",
+    assert argv[1].endswith("/tensorboard_serve.sh")
+    assert argv[2:] == ["/env/bin/python", "5",
                         "need", "a b", "/x y/z", "may", "runs", "w/runs"]  # fmt: skip

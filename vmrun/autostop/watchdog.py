@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vmrun import hostside
 from vmrun.autostop.settings import Autostop
 from vmrun.autostop.status import AutostopStatus, from_status_output
 from vmrun.errors import RemoteError
-from vmrun.hostside import source
 from vmrun.remote_paths import AUTOSTOP_CONF, AUTOSTOP_LOG, AUTOSTOP_SCRIPT, AUTOSTOP_STATE
 from vmrun.ssh.connection import Connection
 
@@ -45,8 +45,8 @@ class Cancelled:
 
 def _install_argv(mode: str) -> list[str]:
     return [
-        "sh", "-c", source("autostop_install.sh"), "vmrun-autostop-install", mode,
-        AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_SCRIPT, source("autostop_watch.sh"),
+        *hostside.command("autostop_install.sh"), mode, AUTOSTOP_CONF, AUTOSTOP_STATE,
+        AUTOSTOP_SCRIPT, hostside.path("autostop_watch.sh"),
     ]  # fmt: skip
 
 
@@ -99,7 +99,7 @@ def install(conn: Connection, cfg: Autostop) -> Installed:
 
 
 def read_status(conn: Connection) -> AutostopStatus:
-    argv = ["sh", "-c", source("autostop_status.sh"), "vmrun-autostop-status", AUTOSTOP_CONF,
+    argv = [*hostside.command("autostop_status.sh"), AUTOSTOP_CONF,
             AUTOSTOP_STATE, AUTOSTOP_SCRIPT]  # fmt: skip
     result = conn.run(argv, activity=False)
     if not result.ok:
@@ -114,7 +114,7 @@ def read_status(conn: Connection) -> AutostopStatus:
 def cancel(conn: Connection) -> Cancelled:
     """Remove the watchdog (unit or cron line, process, files) and check none is left."""
     lib, _, name = AUTOSTOP_SCRIPT.rpartition("/")
-    argv = ["sh", "-c", source("autostop_cancel.sh"), "vmrun-autostop-cancel", AUTOSTOP_CONF,
+    argv = [*hostside.command("autostop_cancel.sh"), AUTOSTOP_CONF,
             AUTOSTOP_STATE, AUTOSTOP_LOG, lib, name]  # fmt: skip
     result = conn.run(argv, activity=False)
     removed: list[str] = []
@@ -139,7 +139,7 @@ def cancel(conn: Connection) -> Cancelled:
 def power_off_now(conn: Connection, cfg: Autostop, why: str) -> str:
     """Power the host off now, unless a vmrun run is alive on it or a process that is no
     vmrun run's holds a GPU (raised as RemoteError). Returns the command's last output."""
-    argv = ["sh", "-c", source("autostop_watch.sh"), "vmrun-autostop", "now", why]
+    argv = [*hostside.command("autostop_watch.sh"), "now", why]
     result = conn.run(argv, env=conf_env(cfg), activity=False)
     lines = result.stdout_tail.strip().splitlines()
     last = lines[-1] if lines else ""

@@ -91,7 +91,7 @@ def apply(entries: Sequence[HostEntry], settings: Settings, *, required: bool) -
             hint='give one (`vmrun autostop 30m`) or set autostop = "30m" in vmrun.toml',
         )
     for label in (label for label, cfg in configs.items() if cfg is None and label not in missing):
-        typer.echo(f"{label}: autostop is off for it (autostop = \"off\"); left as it is")
+        typer.echo(f'{label}: autostop is off for it (autostop = "off"); left as it is')
     plan = {label: cfg for label, cfg in configs.items() if cfg is not None}
     if not plan:
         return 0

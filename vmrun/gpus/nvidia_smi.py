@@ -244,11 +244,19 @@ def loop_arg(interval: float) -> str:
     return f"--loop-ms={round(interval * 1000)}"
 
 
-def watch_argv(nvidia_smi: str, interval: float | None, autostop_state: str = "") -> list[str]:
+def watch_argv(
+    nvidia_smi: str, interval: float | None, autostop_state: str = "", *, inline: bool = False
+) -> list[str]:
     """argv of the one remote command per host; `interval` None reads once, else it loops.
-    `autostop_state`: the watchdog's state file, reported as it changes (vmrun.autostop)."""
-    script = hostside.source("gpus_watch.bash")
-    argv = ["bash", "-c", script, "vmrun-gpus", RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG,
+    `autostop_state`: the watchdog's state file, reported as it changes (vmrun.autostop).
+    `inline`: the script's text (`bash -c`), for a node that may not see the home where
+    vmrun's host-side files are installed (a Slurm compute node)."""
+    script = (
+        ["bash", "-c", hostside.source("gpus_watch.bash"), "vmrun-gpus"]
+        if inline
+        else hostside.command("gpus_watch.bash")
+    )
+    argv = [*script, RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG,
             AUTOSTOP_TAG, autostop_state, nvidia_smi]  # fmt: skip
     argv += [f"--query-gpu={','.join(GPU_FIELDS)}", f"--query-compute-apps={','.join(APP_FIELDS)}"]
     argv.append(CSV_FORMAT)

@@ -1,5 +1,5 @@
 # Install the autostop watchdog (autostop_watch.sh), or check that it can be:
-#   sh -c SOURCE vmrun-autostop-install MODE CONF STATE SCRIPT WATCH_SOURCE
+#   sh autostop_install.sh MODE CONF STATE SCRIPT WATCH
 # with CONF_TEXT and WORD in $VMRUN_AUTOSTOP_CONF and $VMRUN_AUTOSTOP_WORD (they come by stdin,
 # in the command wrapper's environment header: the power-off command may hold a secret, so
 # it is never on a command line, and CONF is the user's alone, 0600).
@@ -8,7 +8,8 @@
 # MODE check: that, and can the watchdog start at boot (a systemd unit where systemd runs and
 #   sudo works, else a crontab @reboot line)? Both print `OK <boot>` or one `FAIL <why>` line
 #   (exit 3), and change nothing.
-# MODE install: the checks, then SCRIPT (WATCH_SOURCE) and CONF (CONF_TEXT plus this shell's
+# MODE install: the checks, then SCRIPT (a copy of WATCH, the installed autostop_watch.sh:
+#   the watchdog outlives this vmrun's version) and CONF (CONF_TEXT plus this shell's
 #   PATH, so the watchdog finds what a login finds, also at boot) where they differ, the boot
 #   entry where missing, and the watchdog started unless it runs already: a changed CONF is
 #   read at its next tick, a changed SCRIPT restarts it. Prints `SCRIPT|CONF same|new`,
@@ -51,7 +52,7 @@ fi
 
 mkdir -p "${script%/*}" "${conf%/*}" || fail "cannot create ${script%/*}"
 changed=
-printf '%s' "$src" > "$script.new" || fail "cannot write $script"
+cat -- "$src" > "$script.new" || fail "cannot write $script"
 if cmp -s "$script.new" "$script"; then
   rm -f "$script.new"; echo "SCRIPT same"
 else

@@ -1,5 +1,5 @@
 # A raw command (a byte stream, a listing) counted as vmrun's work while it runs:
-#   sh -c SOURCE vmrun-mark MARK CMD ARGS...
+#   sh ~/.vmrun/lib/<v>/command_mark.sh MARK CMD ARGS...
 # MARK/<this shell's pid> holds this shell's start time until CMD ends, then MARK/.ended is
 # touched, as command_wrapper.sh does for wrapped commands (the autostop watchdog reads
 # both). stdin and stdout are CMD's, untouched.

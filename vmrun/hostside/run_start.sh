@@ -1,12 +1,13 @@
 # Start a run detached and record it:
-#   sh -c SOURCE vmrun-start REC WORKDIR ID META MODE BANNER OUT MARKS ALONE CMD...
+#   sh run_start.sh REC WORKDIR ID META MODE BANNER OUT LIB ALONE CMD...
 # REC: the run's record folder (relative to $HOME, or absolute); META: run.json's text;
 # MODE: "new" starts the log afresh, "resume" (another attempt of the same run) appends to it
 # after BANNER (when not empty) and clears the last attempt's pid/exit_code/stopped; OUT: the
 # run's output folder (relative to the home, or absolute), for progress from its metrics;
-# MARKS: run_marks.py's text, which the host's python3 (if any) runs beside the run to write
-# log.times (when each log line was written). ALONE: 1 refuses to start while another run
-# recorded beside REC is alive (`BUSY <its id>`, exit 3; alive by run_alive.sh's rule), 0
+# LIB: the folder of vmrun's host-side files (absolute): the run's supervising shell is its
+# run_supervise.sh, and run_marks.py, which the host's python3 (if any) runs beside the run,
+# writes log.times (when each log line was written). ALONE: 1 refuses to start while another
+# run recorded beside REC is alive (`BUSY <its id>`, exit 3; alive by run_alive.sh's rule), 0
 # starts anyway (--allow-concurrent). That check and the start hold one lock (flock on
 # .start.lock beside the records) until the pid is written, so two starts at once cannot
 # both find the GPUs free.
@@ -14,7 +15,7 @@
 # shell: a session leader (setsid), so its pid is the run's session id too; pid_start (its
 # start time in /proc/PID/stat) tells that session from a later one reusing the number.
 # vmrun-inline: run_alive.sh
-rec=$1; wd=$2; id=$3; meta=$4; mode=$5; banner=$6; out=$7; marks=$8; alone=$9; shift 9
+rec=$1; wd=$2; id=$3; meta=$4; mode=$5; banner=$6; out=$7; lib=$8; alone=$9; shift 9
 case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
 base=${rec%/*}
 mkdir -p "$base" || exit 125
@@ -55,24 +56,8 @@ cd "$wd" 2>/dev/null || { echo "vmrun: the work directory $wd is missing" >&2; e
 if [ "$mode" = resume ] && [ -n "$banner" ]; then printf '%s\n' "$banner" >> "$rec/log"; fi
 [ "$mode" = resume ] || : > "$rec/log.times"
 export VMRUN_RUN_ID="$id" VMRUN_RUN_DIR="$rec"
-# shellcheck disable=SC2016  # the inner script expands its own variables
-setsid -f sh -c '
-  rec=$1; mode=$2; marks=$3; shift 3
-  (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
-  echo $$ > "$rec/pid.tmp" && mv "$rec/pid.tmp" "$rec/pid"
-  if [ "$mode" = resume ]; then exec >> "$rec/log"; else exec > "$rec/log"; fi
-  m=
-  if command -v python3 > /dev/null 2>&1; then
-    python3 -c "$marks" "$rec" $$ < /dev/null > /dev/null 2>&1 &
-    m=$!
-  fi
-  "$@" 2>&1 < /dev/null
-  rc=$?
-  if [ -n "$m" ]; then kill -TERM "$m" 2>/dev/null; wait "$m"; fi
-  if [ ! -e "$rec/stopped" ]; then
-    echo $rc > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
-  fi
-' vmrun-run "$rec" "$mode" "$marks" "$@" < /dev/null > /dev/null 2>&1 8>&-
+setsid -f sh "$lib/run_supervise.sh" "$rec" "$mode" "$lib/run_marks.py" "$@" \
+  < /dev/null > /dev/null 2>&1 8>&-
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
 echo "$lines"

@@ -1,5 +1,5 @@
 # Shell functions every apply script can call (playbooks/default.yaml's header lists them).
-# They are prepended to a step's apply script and run in its shell, so their settings come
+# They are sourced (`.`) by a step's apply script and run in its shell, so their settings come
 # from its environment, as everything a step gets does: VMRUN_APT_LOCK_WAIT (seconds),
 # VMRUN_APT_LOCK_FILES, VMRUN_SUDO, VMRUN_SETUP_RUN and VMRUN_APT_MARK (the file that says
 # which setup run last ran `apt-get update`; from vmrun.remote_paths). POSIX sh, so they work

@@ -1,7 +1,7 @@
-# sh -c THIS sync-links THIS WORKDIR < "target\0path\0..." (vmrun.sync.engine): make each
+# sh THIS THIS WORKDIR < "target\0path\0..." (vmrun.sync.engine): make each
 # symlink unless it is already there; prints `L` per link made. ln to a temporary name,
-# then mv -T: atomic. THIS is this script's own text: xargs runs it once per pair as
-# `sh -c THIS sync-links THIS --one TARGET PATH` (POSIX sh cannot read NUL-separated input).
+# then mv -T: atomic. THIS is this script's own path: xargs runs it once per pair as
+# `sh THIS THIS --one TARGET PATH` (POSIX sh cannot read NUL-separated input).
 self=$1
 if [ "$2" = --one ]; then
   t=$3 p=$4
@@ -12,4 +12,4 @@ x" ]; then exit 0; fi
   exit
 fi
 cd -- "$2" || exit 3
-exec xargs -0 -n 2 sh -c "$self" sync-links "$self" --one
+exec xargs -0 -n 2 sh "$self" "$self" --one

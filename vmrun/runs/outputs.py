@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError
-from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
@@ -114,7 +114,7 @@ def locate_run(conn: Connection, run_id: str | None) -> RunLocation:
     """Find a run on the host (the newest when `run_id` is None), in one round trip."""
     if run_id is not None:
         check_run_id(run_id)
-    argv = ["sh", "-c", source("run_locate.sh"), "vmrun-locate", RUNS_DIR, run_id or ""]
+    argv = [*hostside.command("run_locate.sh"), RUNS_DIR, run_id or ""]
     status, out, _err = capture(conn, quoting.plain_command(argv), what="the run lookup")
     if status in (3, 4):
         which = f"run {run_id}" if run_id else "any run"

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError, VmrunError
-from vmrun.hostside import source
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 
@@ -154,12 +154,12 @@ class HostBoard:
 
     def argv(self) -> list[str]:
         words = [w for d in self.dirs for w in ("need" if d.required else "may", d.name, d.path)]
-        script = source("tensorboard_serve.sh")
-        return ["sh", "-c", script, "vmrun-tensorboard", self.python, str(self.reload), *words]
+        return [*hostside.command("tensorboard_serve.sh"), self.python, str(self.reload), *words]
 
     def start(self, timeout: float = 120.0) -> int:
         """Start it and return its port on the host, once TensorBoard listens there."""
         command = quoting.remote_command(self.argv(), heartbeat=self.beat)
+        self.conn.ensure_lib()
         chan = self._chan = self.conn.open_session()
         try:
             chan.exec_command(command)

@@ -13,9 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmrun import remote_paths
+from vmrun import hostside, remote_paths
 from vmrun.errors import RemoteError
-from vmrun.hostside import source
 from vmrun.ssh.connection import Connection
 
 
@@ -122,7 +121,7 @@ def gather(conn: Connection, state: str = remote_paths.SETUP_STATE) -> Facts:
     """The host's facts, with setup's state read from `state` (relative to the home, or
     absolute: a cluster's workdir). Only looks: no autostop activity (a dry run writes
     nothing there)."""
-    result = conn.run(["sh", "-c", source("facts.sh"), "facts", state], activity=False)
+    result = conn.run([*hostside.command("facts.sh"), state], activity=False)
     if not result.ok:
         raise RemoteError(f"reading host facts failed: {result.output_tail(3)}", host=conn.label)
     return parse(result.stdout_tail, conn.label)

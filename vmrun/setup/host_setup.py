@@ -11,9 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from vmrun import remote_paths
+from vmrun import hostside, remote_paths
 from vmrun.errors import RemoteError
-from vmrun.hostside import source
 from vmrun.setup import facts as facts_mod
 from vmrun.setup.environment import environment, python_path
 from vmrun.setup.execution import StepRunner
@@ -138,7 +137,7 @@ class HostSetup:
         (so no autostop activity either: a dry run writes nothing on the host)."""
         self.log.event(f"checking {len(steps)} step(s)")
         pairs = [word for step in steps for word in (step.name, check_script(step))]
-        argv = ["sh", "-c", source("setup_checks.sh"), "checks", *pairs]
+        argv = [*hostside.command("setup_checks.sh"), *pairs]
         result = self.conn.run(argv, env=env, activity=False)
         return {line[5:] for line in result.stdout_tail.splitlines() if line.startswith("PASS ")}
 

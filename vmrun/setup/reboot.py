@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from vmrun import remote_paths
+from vmrun import hostside, remote_paths
 from vmrun.errors import (
     AuthError,
     CommandFailed,
@@ -17,7 +17,6 @@ from vmrun.errors import (
     UnreachableError,
     VmrunError,
 )
-from vmrun.hostside import source
 from vmrun.setup.hostlog import HostLog
 from vmrun.ssh.connection import Connection
 
@@ -32,9 +31,10 @@ def reboot(conn: Connection, env: Mapping[str, str], log: HostLog, timeout: floa
     log.event("rebooting")
     command = env.get("VMRUN_REBOOT_COMMAND") or "$VMRUN_SUDO reboot"
     log.write(f"$ reboot: {command}")
-    launch = source("setup_reboot_launch.sh")
     rc, out = remote_paths.SETUP_REBOOT_RC, remote_paths.SETUP_REBOOT_OUT
-    launched = conn.run(["sh", "-c", launch, "reboot", rc, out, command], env=env, check=True)
+    launched = conn.run(
+        hostside.command("setup_reboot_launch.sh", rc, out, command), env=env, check=True
+    )
     before = launched.stdout_tail.split("\n", 1)[0].strip()
     _wait_for_new_boot(conn, log, command, before, time.monotonic() + timeout, timeout)
 
@@ -50,7 +50,7 @@ def _wait_for_new_boot(
     while True:
         try:
             status = conn.run(
-                ["sh", "-c", source("setup_reboot_status.sh"), "reboot-status", *_STATUS_ARGS],
+                [*hostside.command("setup_reboot_status.sh"), *_STATUS_ARGS],
                 timeout=STATUS_TIMEOUT_S,
             )
         except (HostKeyError, AuthError):

@@ -9,8 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from vmrun import remote_paths
-from vmrun.hostside import source
+from vmrun import hostside, remote_paths
 from vmrun.setup.playbook import Playbook, Step, fingerprint
 from vmrun.ssh.connection import Connection
 
@@ -56,10 +55,7 @@ class SetupState:
         payload = json.dumps({"version": 1, "steps": self.steps}, indent=1, sort_keys=True)
         conn.run(
             [
-                "sh",
-                "-c",
-                source("setup_state_save.sh"),
-                "state-save",
+                *hostside.command("setup_state_save.sh"),
                 paths[0],
                 payload,
                 paths[1],

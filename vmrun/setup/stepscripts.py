@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from vmrun.hostside import source
+from vmrun import hostside
 from vmrun.setup.playbook import Step
 from vmrun.ssh import quoting
 
@@ -15,19 +15,21 @@ from vmrun.ssh import quoting
 def shell_helpers() -> str:
     """vmrun_apt_wait, vmrun_apt_get, vmrun_apt_update, vmrun_apt_install (they read
     VMRUN_APT_* from the step's environment), vmrun_pip_install and vmrun_fetch (downloads
-    whose progress setup shows): every apply script can call them."""
-    return source("setup_apt.sh") + source("setup_download.sh")
+    whose progress setup shows): every apply script can call them (read from the host's
+    copy of vmrun's host-side files)."""
+    files = ("setup_apt.sh", "setup_download.sh")
+    return "".join(f". {quoting.quote(hostside.path(name))}\n" for name in files)
 
 
 def check_script(step: Step) -> str:
     """The step's check; apt and pip steps without one get a read-only check of their own."""
     assert not step.branches, "a step is resolved (Step.resolved) before its scripts are read"
     if step.apt:
-        return quoting.join(["sh", "-c", source("setup_apt_check.sh"), "apt-check", *step.apt])
+        return quoting.join([*hostside.command("setup_apt_check.sh"), *step.apt])
     if step.pip and not step.check:
         # the env may have been made again since (another env manager or name, a forced
         # python-env): then the requirements are missing and the step must run again
-        check = quoting.join(["-c", source("setup_pip_check.py"), *step.pip])
+        check = quoting.join([hostside.path("setup_pip_check.py"), *step.pip])
         return f'"$VMRUN_PYTHON" {check}'
     return step.check
 

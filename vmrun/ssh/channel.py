@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import select
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from vmrun.ssh.result import CommandResult, Tail
 if TYPE_CHECKING:
     import paramiko
 
+_LOCKS = threading.Lock()  # makes each connection's install lock
 # (stream, line) where stream is "out" or "err" and line keeps its b"\n" when it had one.
 OutputCallback = Callable[[str, bytes], None]
 
@@ -31,6 +33,9 @@ class Channels(abc.ABC):
 
     label: str
     settings: Settings
+    # this host's copy of vmrun's host-side files is known to be in place (vmrun.ssh.hostlib):
+    # until then each command goes under the guard that checks it in the same round trip
+    lib_ready: bool = False
 
     @property
     @abc.abstractmethod
@@ -86,6 +91,13 @@ class Channels(abc.ABC):
         except ValueError as exc:
             raise UsageError(str(exc), host=self.label) from None
         what = what or describe(argv)
+        guarded = not self.lib_ready
+        if guarded:
+            from vmrun.ssh import hostlib
+
+            command = hostlib.guard(command)
+            if on_output is not None:
+                on_output = _hide_stale(on_output)
         started = time.monotonic()
         out, err = Tail(), Tail()
         chan = self.open_session()
@@ -98,6 +110,10 @@ class Channels(abc.ABC):
             status = self._pump(chan, what, out, err, on_output, timeout, started, heartbeat)
         finally:
             chan.close()
+        if guarded and self._lib_installed(status, err.text()):
+            return self.run(argv, env=env, cwd=cwd, timeout=timeout, check=check,
+                            on_output=on_output, heartbeat=heartbeat, what=what,
+                            activity=activity)  # fmt: skip
         result = CommandResult(
             host=self.label,
             argv=argv,
@@ -196,6 +212,65 @@ class Channels(abc.ABC):
     ) -> tuple[int, bytes, str]:
         """Run a raw command string (no wrapper; stdin is sent, then closed) and keep all of
         its stdout: for listings and byte streams that `run`'s tails would cut."""
+        if stdin:
+            self.ensure_lib()  # a guard that runs nothing would leave stdin unread
+        if self.lib_ready:
+            return self._capture(command, stdin, what)
+        from vmrun.ssh import hostlib
+
+        status, out, err = self._capture(hostlib.guard(command), b"", what)
+        if self._lib_installed(status, err):
+            return self._capture(command, stdin, what)
+        return status, out, err
+
+    def ensure_lib(self) -> None:
+        """Make sure vmrun's host-side files are in place before a command that does not go
+        through `run` or `capture` (a stream, a forward): one round trip, on a connection
+        that has run nothing yet."""
+        if not self.lib_ready:
+            from vmrun.ssh import hostlib
+
+            what = "checking vmrun's host-side files"
+            status, _out, err = self._capture(hostlib.guard("true"), b"", what)
+            self._lib_installed(status, err)
+
+    def _lib_installed(self, status: int, stderr: str) -> bool:
+        """After a guarded command: True if it ran nothing because files were stale, which
+        are then sent (so the caller runs it again); either way the host's copy is now in
+        place."""
+        from vmrun.ssh import hostlib
+
+        files = hostlib.stale(status, stderr)
+        if files is not None:
+            with self._lib_lock():  # commands started at once found it stale together
+                if not self.lib_ready:
+                    self._install_lib(files)
+                    self.lib_ready = True
+        self.lib_ready = True
+        return files is not None
+
+    def _lib_lock(self) -> threading.Lock:
+        with _LOCKS:
+            lock: threading.Lock | None = self.__dict__.get("_lib_install_lock")
+            if lock is None:
+                lock = self.__dict__["_lib_install_lock"] = threading.Lock()
+        return lock
+
+    def _install_lib(self, files: list[str]) -> None:
+        from vmrun.ssh import hostlib
+
+        what = "installing vmrun's host-side files"
+        code, _out, err = self._capture(hostlib.install_command(), hostlib.bundle(files), what)
+        if code != 0:
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            raise RemoteError(
+                f"{what} in ~/{hostlib.lib_dir()} failed (exit {code})"
+                + (f": {last}" if last else ""),
+                host=self.label,
+                hint="the host needs sh, tar, gzip, mktemp and sha256sum, and room in the home",
+            )
+
+    def _capture(self, command: str, stdin: bytes, what: str) -> tuple[int, bytes, str]:
         chan = self.open_session()
         out: list[bytes] = []
         err = Tail(16 * 1024)
@@ -220,10 +295,27 @@ class Channels(abc.ABC):
         return status, b"".join(out), err.text()
 
 
+def _hide_stale(on_output: OutputCallback) -> OutputCallback:
+    """`on_output` less the guard's own line (a stale host copy: the command runs again)."""
+    from vmrun.ssh.hostlib import STALE_MARK
+
+    def deliver(stream: str, line: bytes) -> None:
+        if not (stream == "err" and line.startswith(STALE_MARK.encode())):
+            on_output(stream, line)
+
+    return deliver
+
+
 def describe(argv: tuple[str, ...]) -> str:
-    """What a command is, in messages, when its caller did not say: the name a vmrun host
-    script runs under (`sh -c SCRIPT NAME ...`: its $0), else the command line, cut short
-    (the first word alone, `sh` for every script, told nothing)."""
+    """What a command is, in messages, when its caller did not say: the host-side file it
+    runs (`sh ~/.vmrun/lib/<v>/run_list.sh ...`: 'run_list'), the name a script runs under
+    (`sh -c SCRIPT NAME ...`: its $0), else the command line, cut short (the first word
+    alone, `sh` for every script, told nothing)."""
+    from vmrun.hostside import script_name
+
+    name = script_name(argv)
+    if name is not None:
+        return repr(name)
     if len(argv) > 3 and argv[1] == "-c" and argv[3]:
         return repr(argv[3])
     return command_line(argv)

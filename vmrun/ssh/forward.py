@@ -146,6 +146,7 @@ class Forward:
         from vmrun.ssh import quoting
 
         with contextlib.suppress(Exception):
+            self.conn.ensure_lib()
             chan = self.conn.open_session()
             self._track(chan)
             chan.exec_command(

@@ -2,13 +2,14 @@
 
 Every remote command is built from an argv list and goes through `remote_command`, which
 quotes each word for a POSIX shell (the login shell sshd starts) and wraps it in a small
-`sh` script (vmrun/hostside/command_wrapper.sh). The script reads environment values from
-stdin, so secrets never appear on a command line (not in `ps`, not in sshd's logs), and it
-runs the command in its own process group that is killed when the SSH channel goes away, so
-a dropped client never leaves an orphaned process on the host. While a command runs, both
-the wrapper and the raw commands' vmrun/hostside/command_mark.sh leave a marker that the
-host's autostop counts as vmrun's work (`activity=False` for what only looks). Nothing here
-touches a host; the only I/O is reading those scripts once.
+`sh` script (vmrun/hostside/command_wrapper.sh, run by its path on the host like every
+host-side file: a `HostPath` word is written `"$HOME"/path`). The script reads environment
+values from stdin, so secrets never appear on a command line (not in `ps`, not in sshd's
+logs), and it runs the command in its own process group that is killed when the SSH channel
+goes away, so a dropped client never leaves an orphaned process on the host. While a
+command runs, both the wrapper and the raw commands' vmrun/hostside/command_mark.sh leave a
+marker that the host's autostop counts as vmrun's work (`activity=False` for what only
+looks). Nothing here touches a host; the only I/O is reading those scripts once.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def quote(word: str) -> str:
         raise TypeError(f"argv words must be str, not {type(word).__name__}")
     if "\x00" in word:
         raise ValueError("a command argument cannot contain a NUL byte")
+    from vmrun.hostside import HostPath
+
+    if isinstance(word, HostPath):  # a host-side file by path: absolute whatever the cwd
+        return '"$HOME"/' + quote(str(word))
     if word and _SAFE.fullmatch(word):
         return word
     return "'" + word.replace("'", "'\"'\"'") + "'"
@@ -70,10 +75,10 @@ def env_header(env: Mapping[str, str] | None) -> bytes:
 def run_script() -> str:
     """The wrapper every remote command runs under (vmrun/hostside/command_wrapper.sh: the
     environment from stdin, ~/.vmrun/bin on PATH, a session of its own that is killed when
-    the channel goes away)."""
-    from vmrun.hostside import source
+    the channel goes away), by its path on the host."""
+    from vmrun.hostside import path
 
-    return source("command_wrapper.sh")
+    return quote(path("command_wrapper.sh"))
 
 
 def remote_command(
@@ -93,9 +98,7 @@ def remote_command(
     from vmrun.remote_paths import ACTIVE_DIR, BIN_DIR
 
     mark = ACTIVE_DIR if activity else ""
-    return "exec /bin/sh -c " + join(
-        [run_script(), "vmrun", cwd or "", beat, BIN_DIR, mark, *words]
-    )
+    return f"exec /bin/sh {run_script()} " + join([cwd or "", beat, BIN_DIR, mark, *words])
 
 
 def plain_command(argv: Iterable[str], *, activity: bool = True) -> str:
@@ -104,7 +107,7 @@ def plain_command(argv: Iterable[str], *, activity: bool = True) -> str:
     words = list(argv)
     if not words or not activity:
         return join(words)
-    from vmrun.hostside import source
+    from vmrun.hostside import command
     from vmrun.remote_paths import ACTIVE_DIR
 
-    return "exec /bin/sh -c " + join([source("command_mark.sh"), "vmrun-mark", ACTIVE_DIR, *words])
+    return "exec /bin/" + join([*command("command_mark.sh", ACTIVE_DIR), *words])

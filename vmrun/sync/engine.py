@@ -26,8 +26,7 @@ def make_links(conn: Connection, workdir: str, links: Sequence[tuple[str, str]])
     data = b"".join(
         os.fsencode(target) + b"\0" + os.fsencode(remote_arg(rel)) + b"\0" for rel, target in links
     )
-    script = hostside.source("sync_links.sh")
-    argv = ["sh", "-c", script, "sync-links", script, remote_arg(workdir)]
+    argv = hostside.command("sync_links.sh", hostside.path("sync_links.sh"), remote_arg(workdir))
     status, out, err = capture(conn, quoting.plain_command(argv), stdin=data, what="symlinks")
     if status != 0:
         raise RemoteError(f"creating symlinks on the host failed: {err.strip()}", host=conn.label)

@@ -66,7 +66,7 @@ ENGINES = ("auto", "rsync", "vmrun")
 
 def _prepare(conn: Connection, workdir: str) -> HostRsync | None:
     """One round trip: create the work dir, and learn whether (and which) rsync is there."""
-    argv = ["sh", "-c", hostside.source("sync_prepare.sh"), "sync-prepare", remote_arg(workdir)]
+    argv = [*hostside.command("sync_prepare.sh"), remote_arg(workdir)]
     status, out, err = capture(conn, quoting.plain_command(argv), what="preparing the workdir")
     if status != 0:
         raise RemoteError(

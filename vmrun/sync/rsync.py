@@ -90,7 +90,7 @@ def rsync_command(conn: Connection, workdir: str, host: HostRsync | None) -> Rsy
     ssh = ssh_binary()
     if ssh is None:
         return "no OpenSSH `ssh` client on this machine"
-    conn.open()
+    conn.ensure_lib()  # the host's rsync runs under command_mark.sh
     target = conn.target
     assert target is not None
     try:

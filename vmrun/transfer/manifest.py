@@ -140,8 +140,7 @@ def _mtime_ns(text: str) -> int:
 
 def list_remote(conn: Connection, roots: Sequence[str]) -> Listing:
     """One round trip: every root's entries (files, dirs, symlinks), and the host's clock."""
-    script = hostside.source("transfer_list.sh")
-    argv = ["sh", "-c", script, "transfer-list", *(remote_arg(r) for r in roots)]
+    argv = hostside.command("transfer_list.sh", *(remote_arg(r) for r in roots))
     status, out, err = capture(conn, quoting.plain_command(argv), what="the remote listing")
     fields = out.split(b"\0")
     if not fields or fields[0] != b"T":
@@ -194,7 +193,7 @@ def list_remote(conn: Connection, roots: Sequence[str]) -> Listing:
 
 
 def hash_command() -> str:
-    return quoting.plain_command(["sh", "-c", hostside.source("transfer_hash.sh"), "transfer-hash"])
+    return quoting.plain_command(hostside.command("transfer_hash.sh"))
 
 
 def hash_input(paths: Iterable[str]) -> bytes:

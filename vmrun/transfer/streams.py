@@ -193,7 +193,7 @@ class OpenSshEngine:
     def __init__(self, conn: Connection):
         from vmrun.ssh.openssh import ssh_argv
 
-        conn.open()
+        conn.ensure_lib()  # its streams run vmrun's host-side files, over a connection of their own
         assert conn.target is not None
         self._argv = lambda command: ssh_argv(conn.target, conn.settings, command)  # type: ignore[arg-type]
         self.label = conn.label
@@ -281,6 +281,7 @@ class ParamikoEngine:
 
     def __init__(self, conn: Connection):
         self.conn = conn
+        conn.ensure_lib()  # its streams run vmrun's host-side files
 
     def open(self, command: str) -> ParamikoStream:
         return ParamikoStream(self.conn, command)

@@ -96,7 +96,7 @@ def _send(
     engine = choose_engine(conn, wanted=options.engine, nbytes=sum(i.size for i in items))
     report.engine = engine.name
     progress.begin(conn.label, len(items), sum(i.size for i in items))
-    receive = ["sh", "-c", hostside.source("transfer_receive.sh"), "transfer-receive", remote_dir]
+    receive = [*hostside.command("transfer_receive.sh"), remote_dir]
     stream = engine.open(quoting.plain_command(receive))
 
     def drain_output() -> None:
@@ -242,9 +242,7 @@ def _send_verified(
         good = [i for i in todo if sums.get(join_remote(remote_dir, i.temp)) == i.digest]
         bad = [i for i in todo if i not in good]
         pairs = [p for i in good for p in (i.temp, i.rel)]
-        _run_list(
-            conn, "transfer_place.sh", remote_dir, pairs, hostside.source("transfer_place.py")
-        )
+        _run_list(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
         for item in good:
             report.fetched.append(item.rel)
             report.fetched_bytes += item.size
@@ -264,7 +262,7 @@ def _run_list(
     if not words:
         return
     data = b"".join(os.fsencode(remote_arg(w)) + b"\0" for w in words)
-    argv = ["sh", "-c", hostside.source(script), script.removesuffix(".sh"), remote_dir, *extra]
+    argv = hostside.command(script, remote_dir, *extra)
     status, _out, err = capture(conn, quoting.plain_command(argv), stdin=data, what="renaming")
     if status != 0:
         raise RemoteError(

@@ -10,11 +10,11 @@ import json
 import re
 from typing import Any
 
+from vmrun import hostside
 from vmrun.backends.hosts import records as runs
 from vmrun.backends.hosts import stale
 from vmrun.backends.hosts.node_launch import HostEnv, Launch, Node, Wiring
 from vmrun.errors import UsageError
-from vmrun.hostside import source
 from vmrun.remote_paths import HOST_RECORD, remote_workdir
 from vmrun.reporting import Reporter
 from vmrun.runs.plan import CPU_PROCESSES, Plan
@@ -33,7 +33,7 @@ def probe(
     conn: Connection, entry: HostEntry, checkpoints_in: str | None = None
 ) -> tuple[HostEnv, stale.Found | None]:
     """host_env and, with `checkpoints_in`, the checkpoint files there, in one round trip."""
-    argv = ["sh", "-c", source("run_preflight.sh"), "vmrun-preflight", HOST_RECORD]
+    argv = [*hostside.command("run_preflight.sh"), HOST_RECORD]
     if checkpoints_in is not None:
         argv += stale.listing_args(checkpoints_in)
     chunks: list[bytes] = []  # all of stdout (a long listing would not fit a tail)

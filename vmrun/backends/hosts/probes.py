@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from vmrun import hostside
 from vmrun.backends.hosts.netfacts import NodeFacts, Probe, is_ip
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh import quoting
@@ -26,7 +27,7 @@ def gather_facts(conn: Connection, python: str, *, versions: bool, disk: str = "
     from vmrun.transfer.streams import capture
 
     args = ["facts"] + (["--versions"] if versions else []) + (["--disk", disk] if disk else [])
-    command = quoting.plain_command([python, "-c", _source(), *args])
+    command = quoting.plain_command(hostside.command("netprobe.py", *args, python=python))
     status, out, err = capture(conn, command, what="the host probe")
     if status != 0:
         raise RemoteError(
@@ -53,9 +54,7 @@ class Listener:
         self.peers: list[tuple[str, str]] = []
         self._ready = threading.Event()
         self._argv = [
-            python,
-            "-c",
-            _source(),
+            *hostside.command("netprobe.py", python=python),
             "listen",
             ",".join(map(str, ports)),
             "1000000",
@@ -86,6 +85,7 @@ class Listener:
         self._ready.set()
 
     def start(self) -> Listener:
+        self.conn.ensure_lib()
         self._chan = self.conn.open_session()
         self._chan.exec_command(quoting.remote_command(self._argv))
         self._chan.sendall(quoting.env_header(None))
@@ -104,12 +104,6 @@ class Listener:
         self._thread.join(5)
 
 
-def _source() -> str:
-    from vmrun.hostside import source
-
-    return source("netprobe.py")
-
-
 def probe(
     conn: Connection,
     python: str,
@@ -119,7 +113,14 @@ def probe(
 ) -> list[Probe]:
     """From this host, connect to every target at once; one Probe each."""
     result = conn.run(
-        [python, "-c", _source(), "connect", nonce, conn.label, str(timeout), *targets],
+        [
+            *hostside.command("netprobe.py", python=python),
+            "connect",
+            nonce,
+            conn.label,
+            str(timeout),
+            *targets,
+        ],
         timeout=timeout + 30,
     )
     try:

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun import hostside
 from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, UsageError
-from vmrun.hostside import source
 from vmrun.remote_paths import RUNS_DIR, run_dir
 from vmrun.reporting import Recorder, Reporter
 from vmrun.runs.outputs import check_run_id
@@ -122,8 +122,8 @@ def start(
     mode = "resume" if resume else "new"
     out = str(meta.get("out_dir") or workdir)
     result = conn.run(
-        ["sh", "-c", source("run_start.sh"), "vmrun-start", record_dir(run_id), workdir, run_id,
-         meta_text, mode, banner, out, source("run_marks.py"), "1" if alone else "0", *argv],
+        [*hostside.command("run_start.sh"), record_dir(run_id), workdir, run_id,
+         meta_text, mode, banner, out, hostside.folder(), "1" if alone else "0", *argv],
         env=env,
         what=f"the start of run {run_id}",
     )  # fmt: skip
@@ -160,7 +160,7 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     from vmrun.transfer.streams import capture  # all of the output: a tail would drop old runs
 
     ids = [check_run_id(r) for r in run_ids]
-    argv = ["sh", "-c", source("run_list.sh"), "vmrun-list", RUNS_DIR, *ids]
+    argv = [*hostside.command("run_list.sh"), RUNS_DIR, *ids]
     command = quoting.plain_command(argv, activity=False)  # looking: no autostop activity
     status, out, err = capture(conn, command, what="the run listing")
     if status != 0:
@@ -260,7 +260,7 @@ def _log(
     times: bool = False,
 ) -> None:
     result = conn.run(
-        ["sh", "-c", source("run_log.sh"), "vmrun-log", RUNS_DIR, check_run_id(run_id), start,
+        [*hostside.command("run_log.sh"), RUNS_DIR, check_run_id(run_id), start,
          "1" if follow else "0", "1" if times else "0"],
         on_output=lambda stream, data: out.output(data) if stream == "out" else None,
         what=f"the log of run {run_id}",
@@ -328,11 +328,9 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
     CommandFailed (exit 124) naming the host."""
     centis = str(max(10, round(grace * 100)))
     deadline = stop_deadline(grace)
-    argv = ["sh", "-c", source("run_stop.sh"), "vmrun-stop", RUNS_DIR, check_run_id(run_id)]
+    argv = [*hostside.command("run_stop.sh"), RUNS_DIR, check_run_id(run_id)]
     try:
-        result = conn.run(
-            [*argv, centis], timeout=deadline, what=f"the stop of run {run_id}"
-        )
+        result = conn.run([*argv, centis], timeout=deadline, what=f"the stop of run {run_id}")
     except CommandFailed as exc:
         if exc.exit_status != ExitCode.TIMEOUT:
             raise

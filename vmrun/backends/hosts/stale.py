@@ -16,8 +16,8 @@ import posixpath
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from vmrun import hostside
 from vmrun.errors import UsageError
-from vmrun.hostside import source
 from vmrun.reporting import Reporter
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
@@ -135,7 +135,7 @@ def move_aside(group: Group, found: dict[str, Found], out: Reporter) -> None:
 
     def move(entry: HostEntry, conn: Connection) -> int:
         f = found[entry.label]
-        argv = ["sh", "-c", source("run_checkpoints_aside.sh"), "vmrun-fresh", f.where, aside]
+        argv = [*hostside.command("run_checkpoints_aside.sh"), f.where, aside]
         said = conn.run([*argv, *sorted(f.files)], check=True).stdout_tail.split()
         return int(said[-1]) if said and said[-1].isdigit() else 0
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vmrun import hostside
 from vmrun.backends.api import NodeRecord, RunRef, StopReport
 from vmrun.backends.slurm import records
 from vmrun.backends.slurm.cluster import Cluster
@@ -28,7 +29,6 @@ from vmrun.backends.slurm.job import (
 from vmrun.backends.slurm.queue import JobState
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import RemoteError, UsageError
-from vmrun.hostside import source
 from vmrun.remote_paths import STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
 from vmrun.runs.outputs import RunLocation
@@ -80,7 +80,7 @@ class SlurmBackend:
 
     def facts(self) -> Facts:
         if self._facts is None:
-            argv = ["sh", "-c", source("slurm_probe.sh"), "vmrun-probe", self.cluster.workdir]
+            argv = [*hostside.command("slurm_probe.sh"), self.cluster.workdir]
             result = self.conn.run(argv, check=True, timeout=60)
             values = dict(
                 line.split("=", 1) for line in result.stdout_tail.splitlines() if "=" in line
@@ -216,7 +216,7 @@ class SlurmBackend:
         meta = json.dumps(sub.meta, indent=1).encode() + b"\n"
         sizes = [str(len(script)), str(len(meta)), str(len(sub.trainer))]
         paths = sub.paths
-        argv = ["sh", "-c", source("slurm_submit.sh"), "vmrun-submit", paths.record, *sizes,
+        argv = [*hostside.command("slurm_submit.sh"), paths.record, *sizes,
                 paths.code]  # fmt: skip
         stdin = script + meta + sub.trainer + sub.env_text.encode()
         status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what="sbatch")
@@ -250,7 +250,7 @@ class SlurmBackend:
     # -- finding runs -----------------------------------------------------------------
 
     def runs(self) -> tuple[list[records.SlurmRun], list[BaseException]]:
-        argv = ["sh", "-c", source("slurm_runs.sh"), "vmrun-runs", self.runs_dir]
+        argv = [*hostside.command("slurm_runs.sh"), self.runs_dir]
         status, out, err = self.conn.capture(plain_command(argv), what="squeue")
         if status != 0:
             return [], [RemoteError(f"listing runs failed: {err.strip()}", host=self.cluster.name)]
@@ -341,7 +341,7 @@ class SlurmBackend:
         if not job:
             raise UsageError(f"run {ref.run_id} has no job id on {self.cluster.name}")
         deadline = str(max(30, int(grace) + 30))
-        argv = ["sh", "-c", source("slurm_stop.sh"), "vmrun-stop", ref.meta["record_dir"], job,
+        argv = [*hostside.command("slurm_stop.sh"), ref.meta["record_dir"], job,
                 deadline]  # fmt: skip
         result = self.conn.run(argv, timeout=float(deadline) + 30)
         before = result.stdout_tail.split("before=", 1)[-1].split("\n", 1)[0].strip()

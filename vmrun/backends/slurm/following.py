@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from vmrun import hostside
 from vmrun.backends.api import RunRef
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.queue import JobState, explain_failure
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown
-from vmrun.hostside import source
 from vmrun.reporting import Reporter
 from vmrun.ssh.connection import Connection
 
@@ -95,7 +95,7 @@ class Follower:
         rid, cluster = self.ref.run_id, self.backend.cluster.name
         record, poll = str(self.ref.meta["record_dir"]), f"{self.backend.poll:g}"
         limit = f"{self.backend.unanswered_limit:.0f}"
-        argv = ["sh", "-c", source("slurm_follow.sh"), "vmrun-follow", record, self.job,
+        argv = [*hostside.command("slurm_follow.sh"), record, self.job,
                 str(self.lines), poll, limit]  # fmt: skip
         try:
             self.backend.conn.run(argv, on_output=self._output, heartbeat=HEARTBEAT_S)

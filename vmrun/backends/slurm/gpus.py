@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from vmrun import hostside
 from vmrun.backends.slurm.backend import SlurmBackend
 from vmrun.errors import RemoteError, UsageError
 from vmrun.gpus.nvidia_smi import watch_argv
 from vmrun.gpus.targets import Target
-from vmrun.hostside import source
 from vmrun.ssh.quoting import plain_command
 
 
@@ -32,7 +32,7 @@ class JobNode:
 
 def running_nodes(slurm: SlurmBackend, run: str | None, job: str | None) -> list[JobNode]:
     """Every node of the user's running jobs (or of the one `--run`/`--job` names)."""
-    argv = ["sh", "-c", source("slurm_nodes.sh"), "vmrun-nodes"]
+    argv = hostside.command("slurm_nodes.sh")
     status, out, err = slurm.conn.capture(plain_command(argv), what="squeue")
     if status != 0:
         raise RemoteError(f"listing running jobs failed: {err.strip()}", host=slurm.cluster.name)
@@ -52,9 +52,10 @@ def running_nodes(slurm: SlurmBackend, run: str | None, job: str | None) -> list
 
 
 def srun_argv(node: JobNode, interval: float | None) -> list[str]:
-    """The watch script as an overlapping step of the job on one node."""
+    """The watch script as an overlapping step of the job on one node: its text, since a
+    compute node need not share the login node's home (where vmrun's scripts lie)."""
     step = ["srun", "--overlap", f"--jobid={node.job}", f"--nodelist={node.node}", "-N1", "-n1"]
-    return [*step, "--quiet", *watch_argv("nvidia-smi", interval)]
+    return [*step, "--quiet", *watch_argv("nvidia-smi", interval, inline=True)]
 
 
 def node_targets(slurm: SlurmBackend, nodes: list[JobNode]) -> list[Target]:

@@ -1,0 +1,75 @@
+"""vmrun's host-side files on a real sshd test host (vmrun.ssh.hostlib): during a run the
+host's `ps` shows the scripts by their path under ~/.vmrun/lib/<version>-<hash>/, never their
+text, and `vmrun status` and `vmrun logs` pay the install once (two round trips, on a host
+without the files) and no round trip more after it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+
+import pytest
+from conftest import Client, user_commands, wait_for
+from testbed import NetnsBed, TestHost
+
+from vmrun import hostside
+from vmrun.backends.hosts import records
+from vmrun.ssh.connection import Connection
+
+RID = "hostlib-20260101-000000-0001"
+
+
+@pytest.fixture
+def h1(bed: NetnsBed) -> Iterator[TestHost]:
+    host = bed["h1"]
+    yield host
+    with contextlib.suppress(OSError, ValueError):
+        os.killpg(int((host.home / ".vmrun/runs" / RID / "pid").read_text()), signal.SIGKILL)
+    shutil.rmtree(host.home / ".vmrun" / "runs" / RID, ignore_errors=True)
+
+
+def _sessions(host: TestHost, since: int) -> int:
+    """Exec sessions (one per round trip that runs a command) in the host's sshd log."""
+    return host.sshd_log()[since:].count("Starting session: command")
+
+
+def _timed(client: Client, host: TestHost, *args: str) -> int:
+    offset = len(host.sshd_log())
+    done = client.vmrun(*args)
+    assert done.returncode == 0, done.stderr
+    return _sessions(host, offset)
+
+
+def test_ps_shows_the_scripts_by_path_and_commands_pay_no_round_trip_for_them(
+    bed_client: Client, h1: TestHost
+) -> None:
+    lib = h1.home / hostside.lib_dir()
+    shutil.rmtree(h1.home / ".vmrun" / "lib", ignore_errors=True)  # a host vmrun never reached
+    offset = len(h1.sshd_log())
+    with Connection("h1", bed_client.settings()) as conn:
+        records.start(conn, RID, ".", ["sh", "-c", "echo hello; sleep 60"], {"name": "x"})
+    assert _sessions(h1, offset) == 3, "the guarded start, the install, the start again"
+    assert (lib / "MANIFEST").read_text() == hostside.manifest()
+
+    def commands() -> list[str]:
+        found = user_commands(h1)
+        return found if any("run_marks.py" in c for c in found) else []
+
+    found = wait_for(commands, 20, "run_marks.py beside the run")
+    assert isinstance(found, list)
+    assert any(c.startswith(f"sh {lib}/run_supervise.sh ") for c in found), found
+    assert any(f"{lib}/run_marks.py " in c for c in found), found
+    assert not [c for c in found if "\n" in c], "no script's text on a command line"
+
+    status = _timed(bed_client, h1, "status", "-H", "h1")
+    logs = _timed(bed_client, h1, "logs", RID, "-H", "h1")
+    # as many as before the files were installed by path (scripts sent as text: 2 and 2)
+    assert (status, logs) == (2, 2)
+    shutil.rmtree(h1.home / ".vmrun" / "lib")  # a new vmrun version reaches the host
+    # each of its first commands (started at once) again, and one install
+    assert _timed(bed_client, h1, "status", "-H", "h1") == 2 * status + 1
+    assert _timed(bed_client, h1, "status", "-H", "h1") == status
+    assert _timed(bed_client, h1, "logs", RID, "-H", "h1") == logs

@@ -1,0 +1,21 @@
+# A run's supervising shell, started detached by run_start.sh in a session of its own:
+#   sh run_supervise.sh REC MODE MARKS CMD...
+# writes pid_start and pid, runs CMD with its output in REC/log (appended for MODE resume)
+# and run_marks.py (MARKS, its path) beside it when the host has python3, then writes
+# exit_code unless the run was stopped.
+rec=$1; mode=$2; marks=$3; shift 3
+# shellcheck disable=SC2086  # the fields after the command name, split on purpose
+(read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
+echo $$ > "$rec/pid.tmp" && mv "$rec/pid.tmp" "$rec/pid"
+if [ "$mode" = resume ]; then exec >> "$rec/log"; else exec > "$rec/log"; fi
+m=
+if command -v python3 > /dev/null 2>&1; then
+  python3 "$marks" "$rec" $$ < /dev/null > /dev/null 2>&1 &
+  m=$!
+fi
+"$@" 2>&1 < /dev/null
+rc=$?
+if [ -n "$m" ]; then kill -TERM "$m" 2>/dev/null; wait "$m"; fi
+if [ ! -e "$rec/stopped" ]; then
+  echo $rc > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
+fi
