@@ -78,16 +78,18 @@ def _host(bed: NetnsBed, name: str) -> TestHost:
 
 
 def watchdogs(host: TestHost) -> list[int]:
-    """The host user's processes running the watchdog script."""
-    found = []
+    """The host user's processes running the watchdog script; not the subshells a watchdog
+    forks for a moment (a `$(...)` carries its parent's command line)."""
+    found = {}
     for pid in host.user_pids():
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         if any(a.endswith(SCRIPT.encode()) for a in args[1:3]):
-            found.append(pid)
-    return found
+            found[pid] = int(stat.rsplit(")", 1)[1].split()[1])  # its parent's pid
+    return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
 def commands(host: TestHost) -> list[str]:

@@ -160,7 +160,7 @@ def test_resume_of_a_complete_sweep_and_with_new_options_is_refused(client: Clie
     assert again.returncode == 2 and code == "sweep-complete" and sweep_id in said
     other = client.vmrun("sweep", "--resume", sweep_id, "--epochs", "3")
     code, said = error_in(other.stderr)
-    assert other.returncode == 2 and code == "usage" and "--epochs" in said, other.stderr
+    assert other.returncode == 2 and code == "resume-conflict" and "--epochs" in said, other.stderr
 
 
 def test_a_sweep_on_two_hosts_fetches_every_run(multi: Client) -> None:
