@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from vmrun.config import Settings
     from vmrun.gpus.fleet import FleetWatch, HostStatus
     from vmrun.reporting import Reporter
-    from vmrun.ssh.inventory import HostEntry
 
 _UNBOUNDED = 10_000  # columns of a console that is no terminal: rows are never cut
 _TICK = 0.5  # seconds between redraws when nothing new arrives (idle timers keep moving)
@@ -104,10 +103,8 @@ def register(app: typer.Typer) -> None:
         settings = settings_from(connect_timeout, accept_new_host_key)
         view = _View(interval, once, json_out, idle_threshold, idle_window)
         from vmrun.cli.output import TERMINAL
-        from vmrun.ssh.inventory import select_hosts
 
-        entries = None if cluster else select_hosts(host, settings)
-        return _watch(settings, entries, cluster, run, job, view, TERMINAL)
+        return _watch(settings, host, cluster, run, job, view, TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -121,7 +118,7 @@ class _View:
 
 def _watch(
     settings: Settings,
-    entries: list[HostEntry] | None,
+    hosts: list[str] | None,
     cluster: str | None,
     run: str | None,
     job: str | None,
@@ -132,7 +129,7 @@ def _watch(
 
     watching = watch_gpus(
         settings,
-        entries,
+        hosts,
         cluster=cluster,
         run=run,
         job=job,
