@@ -1,6 +1,6 @@
 """`vmrun autostop [PERIOD]`: a watchdog on each host powers it off once it has been idle for
 PERIOD; `--status` shows what each one is doing, `--cancel` removes it. The work is
-vmrun.autostop's; `vmrun setup` applies it too (`apply`)."""
+vmrun.operations.autostop's; this module renders it (`vmrun setup` ends with `apply`)."""
 
 from __future__ import annotations
 
@@ -74,47 +74,32 @@ def register(app: typer.Typer) -> None:
 
 
 def apply(entries: Sequence[HostEntry], settings: Settings, *, required: bool) -> int:
-    """Install (or update) the watchdog where autostop is on; every host is checked first,
-    and a host that cannot power itself off or start it at boot leaves all untouched.
-    `required`: a host with autostop off is an error (else it is left out)."""
-    from vmrun.autostop import watchdog
-    from vmrun.autostop.settings import for_host
+    """Install (or update) the watchdog where autostop is on (vmrun.operations.autostop's
+    `install`) and say what each host got; `vmrun setup` ends with it too."""
     from vmrun.cli.output import error_line, report
-    from vmrun.ssh.group import Group, worst_exit_code
+    from vmrun.operations.autostop import install
 
-    configs = {e.label: for_host(settings, e) for e in entries}
-    unset = settings.sources["autostop"] == "default"
-    missing = [e.label for e in entries if unset and "autostop" not in e.vars]
-    if required and missing:
-        raise UsageError(
-            f"no autostop period for {', '.join(missing)}",
-            hint='give one (`vmrun autostop 30m`) or set autostop = "30m" in vmrun.toml',
-        )
-    for label in (label for label, cfg in configs.items() if cfg is None and label not in missing):
+    applied = install(settings, entries, required=required)
+    for label in applied.off:
         typer.echo(f'{label}: autostop is off for it (autostop = "off"); left as it is')
-    plan = {label: cfg for label, cfg in configs.items() if cfg is not None}
-    if not plan:
-        return 0
-    with Group([e for e in entries if e.label in plan], settings) as group:
-        checked = group.map(lambda e, conn: watchdog.check(conn, plan[e.label]))
-        if not all(o.ok for o in checked):
-            for failed in checked:
-                if failed.error is not None:
-                    report(failed.error)
-            if len(checked) > 1:
-                error_line(
-                    "autostop was installed on no host; fix the one(s) above and retry",
-                    code="hosts-failed",
-                )
-            return worst_exit_code(checked)
-        outcomes = group.map(lambda e, conn: watchdog.install(conn, plan[e.label]))
-    for outcome in outcomes:
+    if applied.refused:
+        for failed in applied.checked:
+            if failed.error is not None:
+                report(failed.error)
+        if len(applied.checked) > 1:
+            error_line(
+                "autostop was installed on no host; fix the one(s) above and retry",
+                code="hosts-failed",
+            )
+        return applied.exit_code
+    for outcome in applied.outcomes:
         if outcome.error is not None:
             report(outcome.error)
         elif outcome.value is not None:
             said = _installed(outcome.value)
-            typer.echo(f"{outcome.host}: autostop {plan[outcome.host].describe()}; {said}")
-    return worst_exit_code(outcomes)
+            cfg = applied.configs[outcome.host]
+            typer.echo(f"{outcome.host}: autostop {cfg.describe()}; {said}")
+    return applied.exit_code
 
 
 def _installed(done: Installed) -> str:
@@ -128,15 +113,13 @@ def _installed(done: Installed) -> str:
 
 def _status(entries: Sequence[HostEntry], settings: Settings) -> int:
     from vmrun.autostop.status import clock_text
-    from vmrun.autostop.watchdog import read_status
     from vmrun.cli.output import report
+    from vmrun.operations.autostop import status
     from vmrun.setting_types import format_period
-    from vmrun.ssh.group import Group, worst_exit_code
 
-    with Group(entries, settings) as group:
-        outcomes = group.map(lambda e, conn: read_status(conn))
+    found = status(settings, entries)
     rows = []
-    for outcome in outcomes:
+    for outcome in found.outcomes:
         st = outcome.value
         if st is None:
             continue
@@ -150,20 +133,18 @@ def _status(entries: Sequence[HostEntry], settings: Settings) -> int:
             "-" if off is None else clock_text(off),
         ))  # fmt: skip
     _table(("HOST", "PERIOD", "IDLE FOR", "KEEPING AWAKE", "POWERS OFF AT"), rows)
-    for outcome in outcomes:
+    for outcome in found.outcomes:
         if outcome.error is not None:
             report(outcome.error)
-    return worst_exit_code(outcomes)
+    return found.exit_code
 
 
 def _cancel(entries: Sequence[HostEntry], settings: Settings) -> int:
-    from vmrun.autostop.watchdog import cancel
     from vmrun.cli.output import report
-    from vmrun.ssh.group import Group, worst_exit_code
+    from vmrun.operations.autostop import cancel
 
-    with Group(entries, settings) as group:
-        outcomes = group.map(lambda e, conn: cancel(conn))
-    for outcome in outcomes:
+    cancelled = cancel(settings, entries)
+    for outcome in cancelled.outcomes:
         done = outcome.value
         if outcome.error is not None:
             report(outcome.error)
@@ -174,7 +155,7 @@ def _cancel(entries: Sequence[HostEntry], settings: Settings) -> int:
             stopped = [f"watchdog pid {pids} stopped"] if done.killed else []
             said = ", ".join([*stopped, *(f"{what} removed" for what in done.removed)])
             typer.echo(f"{done.host}: autostop removed: {said}")
-    return worst_exit_code(outcomes)
+    return cancelled.exit_code
 
 
 def _table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:

@@ -51,41 +51,25 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import PrefixedWriter, error_line, report
-        from vmrun.ssh.channel import command_line
-        from vmrun.ssh.group import Group, worst_exit_code
+        from vmrun.operations.exec import run
+        from vmrun.ssh.envvars import parse_env
         from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key)
         entries = select_hosts(host, settings)
-        from vmrun.ssh.envvars import parse_env
-
         env_map = parse_env(env)
         labels = [e.label for e in entries]
         writer = PrefixedWriter(labels, prefix=prefix if prefix is not None else len(labels) > 1)
-
-        def work(entry, conn):
-            return conn.run(
-                command,
-                env=env_map,
-                cwd=cwd,
-                timeout=timeout,
-                on_output=lambda stream, data: writer.line(entry.label, stream, data),
-                what=command_line(tuple(command)),
-            )
-
-        with Group(entries, settings) as group:
-            outcomes = group.map(work)
-        failed = 0
-        for outcome in outcomes:
-            if outcome.error is not None:
-                failed += 1
-                report(outcome.error)
-            elif outcome.value is not None and not outcome.value.ok:
-                failed += 1
-                error_line(
-                    f"{outcome.host}: exited with {outcome.value.exit_status}",
-                    code="command-failed",
-                )
-        if failed and len(outcomes) > 1:
-            error_line(f"{failed} of {len(outcomes)} hosts failed", code="hosts-failed")
-        return worst_exit_code(outcomes)
+        ran = run(
+            command, settings, entries, env=env_map, cwd=cwd, timeout=timeout, on_output=writer.line
+        )
+        for failed in ran.failures:
+            if failed.error is not None:
+                report(failed.error)
+            else:
+                said = f"{failed.host}: exited with {failed.exit_status}"
+                error_line(said, code="command-failed")
+        if ran.failures and len(ran.outcomes) > 1:
+            said = f"{len(ran.failures)} of {len(ran.outcomes)} hosts failed"
+            error_line(said, code="hosts-failed")
+        return ran.exit_code

@@ -1,7 +1,9 @@
 """`vmrun watch-gpus`: every host's GPUs on one screen, live, from one SSH channel per host.
 
-Telemetry lives in `vmrun.gpus.fleet`; `vmrun.cli.gpus_view` draws it. rich (and paramiko, through
-vmrun.gpus.fleet) is imported inside the command, so `vmrun --help` stays fast.
+`vmrun.operations.gpus` picks the targets and starts the watch (telemetry lives in
+`vmrun.gpus.fleet`); this module shows it live or as JSON lines, `vmrun.cli.gpus_view` draws
+the table. rich (and paramiko, through vmrun.gpus.fleet) is imported inside the command, so
+`vmrun --help` stays fast.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
     from vmrun.config import Settings
     from vmrun.gpus.fleet import FleetWatch, HostStatus
-    from vmrun.gpus.targets import Target
+    from vmrun.reporting import Reporter
 
 _UNBOUNDED = 10_000  # columns of a console that is no terminal: rows are never cut
 _TICK = 0.5  # seconds between redraws when nothing new arrives (idle timers keep moving)
@@ -100,12 +102,9 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--run and --job both pick the job: use one")
         settings = settings_from(connect_timeout, accept_new_host_key)
         view = _View(interval, once, json_out, idle_threshold, idle_window)
-        if cluster:
-            return _watch_cluster(settings, cluster, run, job, view)
-        from vmrun.gpus.targets import host_targets
-        from vmrun.ssh.inventory import select_hosts
+        from vmrun.cli.output import TERMINAL
 
-        return _watch(host_targets(select_hosts(host, settings), settings), settings, view)
+        return _watch(settings, host, cluster, run, job, view, TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -117,48 +116,45 @@ class _View:
     idle_window: float
 
 
-def _watch_cluster(
-    settings: Settings, cluster: str, run: str | None, job: str | None, view: _View
+def _watch(
+    settings: Settings,
+    hosts: list[str] | None,
+    cluster: str | None,
+    run: str | None,
+    job: str | None,
+    view: _View,
+    out: Reporter,
 ) -> int:
-    from vmrun.backends.slurm.gpus import node_targets, running_nodes
-    from vmrun.backends.slurm.session import cluster_backend
+    from vmrun.operations.gpus import watch as watch_gpus
 
-    with cluster_backend(settings, cluster) as slurm:
-        nodes = running_nodes(slurm, run, job)
-        if not nodes:
-            which = f"run {run}" if run else f"job {job}" if job else "job of yours"
-            from vmrun.cli.output import TERMINAL
-
-            TERMINAL.info(f"no running {which} on cluster {cluster}: no GPU to watch")
-            return 0
-        return _watch(node_targets(slurm, nodes), settings, view)
-
-
-def _watch(targets: list[Target], settings: Settings, view: _View) -> int:
-    from vmrun.gpus.fleet import Fleet, FleetWatch
-
-    fleet = Fleet(
-        [t.label for t in targets],
+    watching = watch_gpus(
+        settings,
+        hosts,
+        cluster=cluster,
+        run=run,
+        job=job,
+        interval=view.interval,
+        once=view.once,
         idle_threshold=view.idle_threshold,
         idle_window=view.idle_window,
+        out=out,
     )
-    watch = FleetWatch(targets, settings, fleet, interval=view.interval, once=view.once)
     try:
-        watch.start()
-        if view.once:
-            return _snapshot(watch, view.json_out)
-        if view.json_out:
-            return _json_lines(watch)
-        return _live(watch, view.interval)
+        with watching as watch:
+            if watch is None:
+                return 0
+            if view.once:
+                return _snapshot(watch, view.json_out)
+            if view.json_out:
+                return _json_lines(watch)
+            return _live(watch, view.interval)
     except KeyboardInterrupt:
         if view.once:
             raise
-        return 0  # Ctrl-C is how a watch ends; every channel is closed below
+        return 0  # Ctrl-C is how a watch ends; every channel was closed on leaving the block
     except BrokenPipeError:  # `vmrun watch-gpus --json | head`: the reader has had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    finally:
-        watch.stop()
 
 
 def _snapshot(watch: FleetWatch, json_out: bool) -> int:

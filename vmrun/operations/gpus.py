@@ -1,0 +1,79 @@
+"""Watching GPUs: on SSH hosts, or on the nodes of a cluster's running jobs. `watch` picks
+the targets and starts a FleetWatch on them (one channel per host streaming nvidia-smi);
+the caller drains it and renders (the CLI's live table, or JSON lines)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from vmrun.config import Settings
+from vmrun.operations.hostlist import Hosts, entries_for
+from vmrun.reporting import QUIET, Reporter
+
+if TYPE_CHECKING:
+    from vmrun.gpus.fleet import FleetWatch
+    from vmrun.gpus.targets import Target
+
+
+@contextmanager
+def watch(
+    settings: Settings,
+    hosts: Hosts = None,
+    *,
+    cluster: str | None = None,
+    run: str | None = None,
+    job: str | None = None,
+    interval: float = 2.0,
+    once: bool = False,
+    idle_threshold: float = 10.0,
+    idle_window: float = 60.0,
+    out: Reporter = QUIET,
+) -> Iterator[FleetWatch | None]:
+    """A started FleetWatch on `hosts` (None: the project's), or with `cluster` on the nodes
+    of the user's running jobs there (or of `run`'s, or `job`'s); leaving the block closes
+    every channel. None when the cluster has no such job (`out.info` says so). With `once`,
+    one reading per host; `watch.fleet.exit_code()` is then the worst host's."""
+    with _targets(settings, hosts, cluster, run, job, out) as targets:
+        if targets is None:
+            yield None
+            return
+        from vmrun.gpus.fleet import Fleet, FleetWatch
+
+        labels = [t.label for t in targets]
+        fleet = Fleet(labels, idle_threshold=idle_threshold, idle_window=idle_window)
+        fleet_watch = FleetWatch(targets, settings, fleet, interval=interval, once=once)
+        try:
+            yield fleet_watch.start()
+        finally:
+            fleet_watch.stop()
+
+
+@contextmanager
+def _targets(
+    settings: Settings,
+    hosts: Hosts,
+    cluster: str | None,
+    run: str | None,
+    job: str | None,
+    out: Reporter,
+) -> Iterator[list[Target] | None]:
+    """What to watch; a cluster's nodes are reached through its login connection, which
+    stays open for the block."""
+    if not cluster:
+        from vmrun.gpus.targets import host_targets
+
+        yield host_targets(entries_for(hosts, settings), settings)
+        return
+    from vmrun.backends.slurm.gpus import node_targets, running_nodes
+    from vmrun.backends.slurm.session import cluster_backend
+
+    with cluster_backend(settings, cluster) as slurm:
+        nodes = running_nodes(slurm, run, job)
+        if not nodes:
+            which = f"run {run}" if run else f"job {job}" if job else "job of yours"
+            out.info(f"no running {which} on cluster {cluster}: no GPU to watch")
+            yield None
+            return
+        yield node_targets(slurm, nodes)
