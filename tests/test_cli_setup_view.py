@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from vmrun.cli.setup_view import _Status
+from vmrun.cli.setup_view import Watch, _Status
 
 
 class Clock:
@@ -94,3 +94,22 @@ def test_without_a_terminal_only_notable_progress_is_printed(
     status.progress("h1", "torch: 0.2/182.9 MiB", False)
     status.progress("h1", "torch: 182.9 MiB downloaded at 40.5 MiB/s", True)
     assert capsys.readouterr().out == "[h1] torch: 182.9 MiB downloaded at 40.5 MiB/s\n"
+
+
+def test_the_watch_shows_a_cluster_as_plain_lines_and_hosts_through_their_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cluster = Watch(live=True)  # a cluster's setup never calls watching: plain lines
+    cluster.event("c1", "python-env: applying")
+    cluster.progress("c1", "torch: 0.2/182.9 MiB", False)
+    cluster.progress("c1", "torch: 182.9 MiB downloaded", True)
+    said = capsys.readouterr().out.splitlines()
+    assert said == ["[c1] python-env: applying", "[c1] torch: 182.9 MiB downloaded"]
+    hosts = Watch(live=False)
+    with hosts.watching(["h1", "h2"]):
+        hosts.event("h1", "done")
+    assert hosts.status is not None and [row[:2] for row in hosts.status.rows()] == [
+        ("h1", "done"),
+        ("h2", "connecting"),
+    ]
+    assert capsys.readouterr().out == "[h1] done\n"

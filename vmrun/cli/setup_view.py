@@ -1,25 +1,26 @@
-"""Drive a setup and show it: HostSetup over many hosts (a live line per host, then a
-summary), or a cluster's env (`-C NAME`, plain lines)."""
+"""Show a setup (vmrun.operations.setup): a live line per host while it works, then each
+host's plan or summary; a cluster's env (`-C NAME`) as plain lines."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from vmrun.cli.output import TERMINAL, error_line, report
-from vmrun.config import Settings
 from vmrun.errors import CommandFailed
+from vmrun.operations.setup import SetUp, SetupWatch
 from vmrun.setup.report import HostReport, SetupOptions, StepStatus
-from vmrun.ssh.inventory import HostEntry, record_hosts
 
 if TYPE_CHECKING:
-    from vmrun.ssh.group import Group, Outcome
+    from vmrun.ssh.group import Outcome
+    from vmrun.ssh.inventory import Recorded
 
 
 class _Status:
@@ -102,96 +103,34 @@ def _secs(seconds: float) -> str:
     return f"{minutes}:{seconds:02d}"
 
 
-def run_setup(
-    entries: list[HostEntry],
-    settings: Settings,
-    options: SetupOptions,
-    *,
-    record: bool,
-    project: Path,
-    started: float,
-    then: Callable[[list[HostEntry]], int] | None = None,
-) -> int:
-    """Set the hosts up in parallel, live; `then`: what follows on the hosts that succeeded
-    (the autostop watchdog), its exit code counted in."""
-    from vmrun.setup.host_setup import HostSetup
-    from vmrun.ssh.group import Group, worst_exit_code
+class Watch(SetupWatch):
+    """What setup tells about each host, shown: on hosts a `_Status` (live in a terminal,
+    else plain lines); on a cluster (never `watching`), plain `[host] text` lines."""
 
-    labels = [e.label for e in entries]
-    status = _Status(labels, live=sys.stdout.isatty())
+    def __init__(self, live: bool):
+        self.live = live
+        self.status: _Status | None = None
 
-    def work(entry: HostEntry, conn: Any) -> HostReport:
-        try:
-            return HostSetup(conn, options, status.event, status.progress).run()
-        except BaseException:
-            status.event(entry.label, "failed")
-            raise
+    def watching(self, hosts: list[str]) -> AbstractContextManager[object]:
+        self.status = _Status(hosts, live=self.live)
+        return _live_table(self.status) if self.live else nullcontext()
 
-    with Group(entries, settings) as group:
-        outcomes = _map_live(group, work, status) if status.live else group.map(work)
-    for outcome in outcomes:
-        _print_outcome(outcome, options)
-    succeeded = [e for e, o in zip(entries, outcomes, strict=True) if o.ok]
-    if record and succeeded:
-        _record(project, entries, outcomes)
-    failed = len(outcomes) - len(succeeded)
-    if failed and len(outcomes) > 1:
-        error_line(f"{failed} of {len(outcomes)} hosts failed", code="hosts-failed")
-    after = then(succeeded) if then is not None and succeeded else 0
-    return max(worst_exit_code(outcomes), after)
-
-
-def run_cluster_setup(
-    settings: Settings, name: str, options: SetupOptions, gpus_per_node: int
-) -> int:
-    """`vmrun setup -C NAME`: the env on a cluster's shared filesystem, built on its login
-    node and checked on a compute node (vmrun.backends.slurm.setup), shown as plain lines."""
-    from vmrun.backends.slurm.setup import setup_cluster
-
-    if gpus_per_node < 0:
-        from vmrun.errors import UsageError
-
-        raise UsageError(f"--gpus-per-node must be >= 0, got {gpus_per_node}")
-    started = time.monotonic()
-
-    def event(host: str, text: str) -> None:
-        typer.echo(f"[{host}] {text}")
-
-    def progress(host: str, text: str, notable: bool) -> None:
-        if notable:
+    def event(self, host: str, text: str) -> None:
+        if self.status is not None:
+            self.status.event(host, text)
+        else:
             typer.echo(f"[{host}] {text}")
 
-    try:
-        done = setup_cluster(
-            settings,
-            name,
-            options,
-            gpus_per_node=gpus_per_node,
-            on_event=event,
-            on_progress=progress,
-        )
-    except CommandFailed as exc:  # a step failed: its last lines say why
-        report(exc)
-        for line in exc.output_tail.splitlines()[-8:]:
-            sys.stderr.write(f"    {line}\n")
-        return 1
-    if options.dry_run:
-        _print_plan(done.report)
-        typer.echo("  then: the env's python checked on a compute node (srun)")
-        return 0
-    _print_summary(done.report, time.monotonic() - started, options.params)
-    if not done.report.ran:
-        typer.echo(f"  {name}: nothing changed (the env in {done.workdir} was ready)")
-    assert done.check is not None
-    typer.echo(f"  {done.check.line()}")
-    return 0
+    def progress(self, host: str, text: str, notable: bool) -> None:
+        if self.status is not None:
+            self.status.progress(host, text, notable)
+        elif notable:
+            typer.echo(f"[{host}] {text}")
 
 
-def _map_live(
-    group: Group, work: Callable[[HostEntry, Any], HostReport], status: _Status
-) -> list[Outcome[HostReport]]:
-    """`group.map(work)` under a live table of every host's steps, redrawn four times a
-    second."""
+@contextmanager
+def _live_table(status: _Status) -> Iterator[None]:
+    """A live table of every host's steps, redrawn four times a second while it lasts."""
     from rich.live import Live
 
     with Live(status.render(), refresh_per_second=4, transient=True) as live:
@@ -204,9 +143,46 @@ def _map_live(
         ticker = threading.Thread(target=refresh, daemon=True)
         ticker.start()
         try:
-            return group.map(work)
+            yield
         finally:
             stop.set()
+
+
+def render_hosts(done: SetUp) -> int:
+    """Each host's result, what was recorded in vmrun.toml, the count of failures; the exit
+    code."""
+    for outcome in done.outcomes:
+        _print_outcome(outcome, done.options)
+    if done.recorded is not None and done.recorded_in is not None:
+        _print_recorded(done.recorded, done.recorded_in)
+    if done.failed and len(done.outcomes) > 1:
+        error_line(f"{done.failed} of {len(done.outcomes)} hosts failed", code="hosts-failed")
+    return done.exit_code
+
+
+def render_cluster(done: SetUp) -> int:
+    """`setup -C NAME`'s plan (--dry-run) or summary and the compute node's check."""
+    assert done.on_cluster is not None and done.cluster is not None
+    if done.options.dry_run:
+        _print_plan(done.on_cluster.report)
+        typer.echo("  then: the env's python checked on a compute node (srun)")
+        return 0
+    _print_summary(done.on_cluster.report, done.seconds, done.options.params)
+    if not done.on_cluster.report.ran:
+        typer.echo(
+            f"  {done.cluster}: nothing changed (the env in {done.on_cluster.workdir} was ready)"
+        )
+    assert done.on_cluster.check is not None
+    typer.echo(f"  {done.on_cluster.check.line()}")
+    return 0
+
+
+def cluster_failed(exc: CommandFailed) -> int:
+    """A cluster's step failed: its error, and the failed command's last lines say why."""
+    report(exc)
+    for line in exc.output_tail.splitlines()[-8:]:
+        sys.stderr.write(f"    {line}\n")
+    return 1
 
 
 def _print_outcome(outcome: Outcome[HostReport], options: SetupOptions) -> None:
@@ -226,16 +202,7 @@ def _print_outcome(outcome: Outcome[HostReport], options: SetupOptions) -> None:
         _print_summary(host_report, outcome.duration, options.params)
 
 
-def _record(project: Path, entries: list[HostEntry], outcomes: list[Any]) -> None:
-    """Successful hosts into vmrun.toml with the interpreter setup made, so `vmrun train`
-    needs no host argument; a listed host whose interpreter changed gets the new one."""
-    seen = [
-        HostEntry(e.spec, e.name, e.groups, {**e.vars, "python": o.value.python})
-        for e, o in zip(entries, outcomes, strict=True)
-        if o.ok
-    ]
-    done = record_hosts(project, seen)
-    where = project / "vmrun.toml"
+def _print_recorded(done: Recorded, where: Path) -> None:
     if done.added:
         typer.echo(f"recorded {len(done.added)} host(s) in {where}")
     if done.updated:
