@@ -27,13 +27,12 @@ def register(app: typer.Typer) -> None:
                 groups = f"  groups={','.join(entry.groups)}" if entry.groups else ""
                 typer.echo(f"{entry.label}  {entry.spec.label}{groups}")
             return 0
-        from vmrun.ssh.group import Group, worst_exit_code
+        from vmrun.operations.hostlist import check as check_hosts
 
-        with Group(entries, settings) as group:
-            outcomes = group.map(lambda e, c: c.run(["true"], check=True))
+        outcomes, code = check_hosts(settings, entries)
         for outcome in outcomes:
             if outcome.ok:
                 typer.echo(f"{outcome.host}  ok  {outcome.duration * 1000:.0f} ms")
             elif outcome.error is not None:
                 report(outcome.error)
-        return worst_exit_code(outcomes)
+        return code

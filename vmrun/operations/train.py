@@ -145,7 +145,7 @@ def train(
     if local:
         from vmrun.runs.local import run_local
 
-        return run_local(plan, verbose=verbose)
+        return run_local(plan, verbose=verbose, out=out)
     from vmrun.backends.hosts.node_launch import Launch
 
     how = Launch(allow_concurrent=hosts.allow_concurrent, wiring=wiring, resume=resume,
