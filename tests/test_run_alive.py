@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import install_hostlib
 from test_autostop import _home, _now
 from testbed import wait_until
 
@@ -91,13 +92,18 @@ def _stopped_as_its_session(env: dict, pid: int) -> bool:
 
 
 def _start_refused(env: dict) -> bool:
-    """run_start.sh's check under its lock: a second run (r2) is refused while r1 is alive."""
+    """run_start.sh's check under its lock: a second run (r2) is refused while r1 is alive,
+    and started (with vmrun's host-side files in place) when it is not."""
+    lib = install_hostlib(Path(env["HOME"]))
     done = subprocess.run(
         ["sh", "-c", source("run_start.sh"), "vmrun-start", ".vmrun/runs/r2", env["HOME"], "r2",
-         "{}", "new", "", "r2-out", env["HOME"], "1", "true"],
+         "{}", "new", "", "r2-out", str(lib), "1", "true"],
         env=env, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    return done.returncode == 3 and done.stdout.split() == ["BUSY", "r1"]
+    if done.returncode == 0:
+        return False
+    assert done.returncode == 3, done.stderr  # refused, not failed
+    return done.stdout.split() == ["BUSY", "r1"]
 
 
 def _keeps_marking(rec: Path, env: dict, pid: int) -> bool:
