@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Client, user_commands, wait_for
+from conftest import ROOT, Client, place_hostlib, user_commands, wait_for
 from testbed import NetnsBed, TestHost
 
 from vmrun.gpus.nvidia_smi import HEARTBEAT
@@ -179,6 +179,7 @@ def test_once_table_piped_keeps_whole_rows_and_names_hosts_without_gpus(
     replay = install(hosts["h1"], "t4x2_training")
     install(hosts["h3"], "driver_not_loaded")
     project(bed_client, {"h1": True, "h2": False, "h3": True})
+    place_hostlib(hosts["h1"])  # as an earlier command leaves it: h1's sessions are the watch's
     channels = sessions(hosts["h1"])
     done = bed_client.vmrun("watch-gpus", "--once", env={"COLUMNS": "80"})
     assert done.returncode == 14, done.stderr  # hosts without a usable GPU: "remote" failure
