@@ -73,3 +73,19 @@ def test_ps_shows_the_scripts_by_path_and_commands_pay_no_round_trip_for_them(
     assert _timed(bed_client, h1, "status", "-H", "h1") == 2 * status + 1
     assert _timed(bed_client, h1, "status", "-H", "h1") == status
     assert _timed(bed_client, h1, "logs", RID, "-H", "h1") == logs
+
+
+def test_a_first_command_whose_input_the_guard_never_reads_still_runs(
+    bed_client: Client, h1: TestHost
+) -> None:
+    """On a host without the files, the guard ends at once without reading the command's
+    input (its environment, sent over stdin). An input larger than the channel's window
+    (2 MiB; base64 makes 1.7 MB of values 2.3 MiB) cannot all be sent before that end: the
+    send fails on a channel the host closed, which is the guard's answer, not a lost
+    connection; the files go up and the command runs, with every value."""
+    shutil.rmtree(h1.home / ".vmrun" / "lib", ignore_errors=True)  # a host vmrun never reached
+    env = {f"BIG{i}": chr(ord("a") + i) * 100_000 for i in range(17)}  # each under 128 KiB
+    count = 'for v in "$BIG0" "$BIG16"; do printf %s "$v"; done | wc -c'
+    with Connection("h1", bed_client.settings()) as conn:
+        done = conn.run(["sh", "-c", count], env=env, check=True)
+    assert done.stdout_tail.split() == ["200000"]

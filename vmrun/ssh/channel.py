@@ -106,7 +106,10 @@ class Channels(abc.ABC):
                 chan.exec_command(command)
                 chan.sendall(header)
             except Exception:
-                raise self._lost_error(f"while starting {what}") from None
+                # the guard, finding the host's files stale, ends without reading the
+                # input: a send cut short by its end is its answer, read below
+                if not (guarded and chan.exit_status_ready()):
+                    raise self._lost_error(f"while starting {what}") from None
             status = self._pump(chan, what, out, err, on_output, timeout, started, heartbeat)
         finally:
             chan.close()
