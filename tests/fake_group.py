@@ -49,3 +49,34 @@ class FakeGroup:
 
     def __exit__(self, *exc: object) -> None:
         pass
+
+
+RUN_NODES = ["accA", "accB"]
+
+
+def run_on_two_nodes_one_down(tmp_path: Path, monkeypatch: Any) -> FakeGroup:
+    """accA and accB, both listed; accB refuses connections. Run r1 ran on both. Every
+    place that opens a group or selects hosts gets this one (`monkeypatch`: pytest's)."""
+    import vmrun.operations.fetch
+    import vmrun.ssh.group
+    import vmrun.ssh.inventory
+    from vmrun.backends.hosts import records
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("VMRUN_HOSTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    fake = FakeGroup(RUN_NODES, tmp_path, down={"accB"})
+    for module in (vmrun.ssh.group, vmrun.operations.fetch):
+        monkeypatch.setattr(module, "Group", lambda entries, settings: fake)
+    monkeypatch.setattr(vmrun.ssh.inventory, "select_hosts", lambda *a, **k: fake.entries)
+
+    def list_runs(conn: Connection, run_ids: Any = ()) -> list[records.RunRecord]:
+        meta = {"nodes": RUN_NODES, "started": 1.0, "workdir": "w", "template": True}
+        return [
+            records.RunRecord(r, conn.label, meta=meta, alive=True)
+            for r in run_ids or ["r1"]
+            if r == "r1"
+        ]
+
+    monkeypatch.setattr(records, "list_runs", list_runs)
+    return fake

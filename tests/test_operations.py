@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_group import FakeGroup
+from fake_group import FakeGroup, run_on_two_nodes_one_down
 
 from vmrun.backends.hosts import records
 from vmrun.config import Settings, load_settings
@@ -26,29 +26,7 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGroup:
-    """accA and accB, both listed; accB refuses connections. Run r1 ran on both."""
-    import vmrun.operations.fetch
-    import vmrun.ssh.group
-    import vmrun.ssh.inventory
-
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("VMRUN_HOSTS", raising=False)
-    monkeypatch.chdir(tmp_path)
-    fake = FakeGroup(NODES, tmp_path, down={"accB"})
-    for module in (vmrun.ssh.group, vmrun.operations.fetch):
-        monkeypatch.setattr(module, "Group", lambda entries, settings: fake)
-    monkeypatch.setattr(vmrun.ssh.inventory, "select_hosts", lambda *a, **k: fake.entries)
-
-    def list_runs(conn: Connection, run_ids: Any = ()) -> list[records.RunRecord]:
-        meta = {"nodes": NODES, "started": 1.0, "workdir": "w", "template": True}
-        return [
-            records.RunRecord(r, conn.label, meta=meta, alive=True)
-            for r in run_ids or ["r1"]
-            if r == "r1"
-        ]
-
-    monkeypatch.setattr(records, "list_runs", list_runs)
-    return fake
+    return run_on_two_nodes_one_down(tmp_path, monkeypatch)
 
 
 def test_stop_returns_what_it_stopped_and_the_node_it_could_not(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_group import FakeGroup
+from fake_group import FakeGroup, run_on_two_nodes_one_down
 
 from vmrun.backends.hosts import records
 from vmrun.cli.main import run as cli
@@ -20,28 +20,7 @@ NODES = ["accA", "accB"]
 
 @pytest.fixture
 def group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGroup:
-    """accA and accB, both listed; accB refuses connections. Run r1 ran on both."""
-    import vmrun.operations.fetch
-    import vmrun.ssh.group
-    import vmrun.ssh.inventory
-
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    fake = FakeGroup(NODES, tmp_path, down={"accB"})
-    for module in (vmrun.ssh.group, vmrun.operations.fetch):
-        monkeypatch.setattr(module, "Group", lambda entries, settings: fake)
-    monkeypatch.setattr(vmrun.ssh.inventory, "select_hosts", lambda *a, **k: fake.entries)
-
-    def list_runs(conn: Connection, run_ids: Any = ()) -> list[records.RunRecord]:
-        meta = {"nodes": NODES, "started": 1.0, "workdir": "w", "template": True}
-        return [
-            records.RunRecord(r, conn.label, meta=meta, alive=True)
-            for r in run_ids or ["r1"]
-            if r == "r1"
-        ]
-
-    monkeypatch.setattr(records, "list_runs", list_runs)
-    return fake
+    return run_on_two_nodes_one_down(tmp_path, monkeypatch)
 
 
 def test_find_run_names_the_recorded_node_that_did_not_answer(group: FakeGroup) -> None:
