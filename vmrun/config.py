@@ -108,6 +108,15 @@ FIELDS: dict[str, Field] = {
               "warn logged-in users (wall) this long before powering off, or off"),
         Field("autostop_interval", kinds.period, lambda env: "1m",
               "how often the watchdog checks; it starts nothing more often than this"),
+        # `train --image` (vmrun.containers): each may also be given per host in vmrun.toml
+        Field("image", kinds.text, lambda env: "",
+              "train inside this container image (REGISTRY/PATH:TAG or a .sif); empty: no image"),
+        Field("mounts", kinds.words, lambda env: [],
+              "host paths the image's container sees, SRC:DST[:ro] (with --mount)"),
+        Field("container_runtime", kinds.CONTAINER_RUNTIME, lambda env: "auto",
+              "what runs the image: auto (docker, else podman on hosts), or one by name"),
+        Field("container_ulimits", kinds.words, lambda env: [],
+              "the container's limits, NAME=SOFT[:HARD]; empty: NGC's memlock=-1 and 64 MiB stack"),
     )
 }  # fmt: skip
 
@@ -128,6 +137,10 @@ class Settings:
     autostop_gpu_threshold: int
     autostop_warn: str
     autostop_interval: str
+    image: str
+    mounts: list[str]
+    container_runtime: str
+    container_ulimits: list[str]
     sources: dict[str, str] = field(default_factory=dict)
     project_dir: Path | None = None
     project_data: dict[str, Any] = field(default_factory=dict)
@@ -206,7 +219,7 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS
-        if key.startswith("autostop")
+        if key.startswith(("autostop", "image", "mounts", "container_"))
     },
 }
 # What a Slurm cluster in vmrun.toml may say (`[[clusters]]`; read by vmrun.backends.slurm.cluster).

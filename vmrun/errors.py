@@ -347,6 +347,7 @@ _CONTAINER_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "bad-image", "an image reference or .sif path is malformed"),
     (UsageError, "bad-mount", "a --mount is not `SRC:DST[:ro|rw]` with absolute paths"),
     (UsageError, "mount-source-missing", "a --mount's source path is not on the host"),
+    (UsageError, "bad-ulimit", "a container_ulimits entry is not NAME=SOFT[:HARD]"),
     (UsageError, "container-runtime-missing", "the container runtime asked for is not there"),
     (
         UsageError,

@@ -142,6 +142,23 @@ def choice(*choices: str) -> Callable[[str, Any], str]:
 
 
 SESSIONS = choice("active", "any", "ignore")
+CONTAINER_RUNTIME = choice("auto", "docker", "podman", "pyxis", "apptainer", "shifter")
+
+
+def text(name: str, value: Any) -> str:
+    """A string as written; "" for none (an image reference is checked where it is used)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string in quotes, got {value!r}")
+    return value.strip()
+
+
+def words(name: str, value: Any) -> list[str]:
+    """A list of strings; from the environment or a flag, one string of comma-separated ones."""
+    if isinstance(value, str):
+        return [w.strip() for w in value.split(",") if w.strip()]
+    if isinstance(value, list) and all(isinstance(w, str) and w.strip() for w in value):
+        return [w.strip() for w in value]
+    raise ConfigError(f"{name} must be a list of strings, got {value!r}")
 
 
 # -- how each kind must be written in a config file ---------------------------------------------
@@ -156,6 +173,9 @@ FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
     percent: ((int, float), "a percentage, 1-100"),
     command: ((str, list), "a command line in quotes, or a list of words"),
     SESSIONS: ((str,), '"active", "any" or "ignore"'),
+    CONTAINER_RUNTIME: ((str,), '"auto", "docker", "podman", "pyxis", "apptainer" or "shifter"'),
+    text: ((str,), "a string in quotes"),
+    words: ((list,), 'a list of strings, ["a", "b"]'),
 }
 
 

@@ -176,6 +176,15 @@ class LiveProgress(Progress):
         with self.lock:
             self.bars.console.print(f"warning: {host}: {text}", highlight=False, markup=False)
 
+    def step(self, host: str, what: str, done: int, total: int | None) -> None:
+        key = f"{host}\0step"  # a bar of its own, beside the host's transfer bar
+        with self.lock:
+            text = f"{host}: {what}"
+            if key in self.tasks:
+                self.bars.update(self.tasks[key], description=text, total=total, completed=done)
+            else:
+                self.tasks[key] = self.bars.add_task(text, total=total, completed=done)
+
 
 def make_progress(*, prefix: bool, live: bool) -> Progress:
     return LiveProgress() if live else PlainProgress(prefix=prefix)

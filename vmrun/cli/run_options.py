@@ -51,3 +51,20 @@ Verbose = Annotated[
     bool,
     typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),
 ]
+ImageOption = Annotated[
+    str | None,
+    typer.Option(
+        "--image",
+        metavar="IMAGE",
+        help="Train inside this container image (e.g. nvcr.io/nvidia/pytorch:24.05-py3), pulled"
+        " once per host [default: vmrun.toml's image, else none].",
+    ),
+]
+Mounts = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mount",
+        metavar="SRC:DST[:ro]",
+        help="With --image: a host path the container sees at DST; repeatable.",
+    ),
+]

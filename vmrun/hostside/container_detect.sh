@@ -9,4 +9,4 @@ fi
 for name in apptainer shifter podman docker; do
   command -v "$name" >/dev/null 2>&1 && echo "$name"
 done
-exit 0
+true

@@ -47,6 +47,8 @@ class RunOptions:
     lr: float | None = None
     task: str | None = None
     launcher: str | None = None  # torchrun (the default), python or env
+    image: str | None = None  # None: vmrun.toml's `image`, if any
+    mounts: list[str] | None = None  # SRC:DST[:ro], added to vmrun.toml's `mounts`
 
     def flags(self) -> dict[str, Any]:
         return {
@@ -54,19 +56,26 @@ class RunOptions:
             "--save-every": self.save_every, "--nproc-per-node": self.nproc_per_node,
             "--max-restarts": self.max_restarts, "--env": self.env, "--name": self.name,
             "--batch-size": self.batch_size, "--lr": self.lr, "--task": self.task,
-            "--launcher": self.launcher,
+            "--launcher": self.launcher, "--image": self.image, "--mount": self.mounts,
         }  # fmt: skip
 
-    def plan(self, *, nproc_per_node: str | None) -> Plan:
-        """Every value checked (UsageError before anything starts), as a Plan."""
+    def plan(self, *, nproc_per_node: str | None, settings: Settings | None = None) -> Plan:
+        """Every value checked (UsageError before anything starts), as a Plan; `settings`
+        give the image and mounts that the command line does not."""
+        from vmrun.containers.request import Asked, asked_from
         from vmrun.runs.plan import make_plan
 
+        containers = (
+            asked_from(self.image, self.mounts, settings)
+            if settings is not None
+            else Asked(self.image or "", tuple(self.mounts or ()))
+        )
         return make_plan(
             script=self.script, user_args=self.script_args, epochs=self.epochs,
             save_every=self.save_every, nproc_per_node=nproc_per_node,
             max_restarts=self.max_restarts or 0, env=self.env, name=self.name,
             batch_size=self.batch_size, lr=self.lr, launcher=self.launcher or "torchrun",
-            task=self.task,
+            task=self.task, containers=containers,
         )  # fmt: skip
 
 
@@ -132,9 +141,9 @@ def train(
         "-C": cluster, "--dry-run": dry_run, "--detach": detach,
     })  # fmt: skip
     wiring = _wiring(hosts.master, hosts.nnodes, hosts.rdzv_port, hosts.nccl_debug)
-    plan = run.plan(nproc_per_node=None if cluster else run.nproc_per_node)
+    settings = settings or load_settings({})
+    plan = run.plan(nproc_per_node=None if cluster else run.nproc_per_node, settings=settings)
     if cluster:
-        settings = settings or load_settings({})
         return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
                            detach=detach, verbose=verbose, progress=progress, out=out)  # fmt: skip
     if hosts.fetch_every is not None and hosts.fetch_every <= 0:
@@ -150,7 +159,6 @@ def train(
 
     how = Launch(allow_concurrent=hosts.allow_concurrent, wiring=wiring, resume=resume,
                  fresh=hosts.fresh, down_after_run=hosts.down_after_run)  # fmt: skip
-    settings = settings or load_settings({})
     return _on_hosts(plan, hosts, settings, how, detach=detach, verbose=verbose,
                      progress=progress, out=out)  # fmt: skip
 

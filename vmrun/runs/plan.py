@@ -8,11 +8,12 @@ import json
 import os
 import socket
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from vmrun.containers.request import Asked
 from vmrun.errors import UsageError, VmrunError
 
 DEFAULT_EPOCHS = 10
@@ -42,6 +43,7 @@ class Plan:
     max_restarts: int
     env: dict[str, str]
     project: Path
+    containers: Asked = field(default_factory=Asked)  # --image, --mount and their settings
 
 
 def make_plan(
@@ -58,6 +60,7 @@ def make_plan(
     lr: float | None,
     launcher: str,
     task: str | None = None,
+    containers: Asked | None = None,
 ) -> Plan:
     """Validate every flag; raise UsageError (exit 2) before anything is started."""
     from vmrun.config import find_project_dir
@@ -115,6 +118,8 @@ def make_plan(
             )
         nproc = None
     env_map = parse_env(env)
+    containers = containers or Asked()
+    containers.check()
     run_name = (
         launch.check_run_name(name)
         if name is not None
@@ -130,6 +135,7 @@ def make_plan(
         max_restarts=max_restarts,
         env=env_map,
         project=find_project_dir() or Path.cwd(),
+        containers=containers,
     )
 
 

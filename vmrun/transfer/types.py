@@ -82,6 +82,9 @@ class Progress:
     def advance(self, host: str, nbytes: int) -> None: ...
     def file_end(self, host: str, path: str, ok: bool) -> None: ...
     def warn(self, host: str, text: str) -> None: ...
+    def step(self, host: str, what: str, done: int, total: int | None) -> None:
+        """A step before the transfer that is not one (an image pull): `done` of `total`
+        bytes (None: not known yet)."""
 
 
 @dataclass

@@ -94,6 +94,7 @@ class HostsBackend:
             banner = prepare(self.group, list(nodes), rid, out, how.listed)
         live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
         with live:
+            _pull_images(self.group, nodes, out, progress)
             staged = self.group.map(
                 lambda entry, conn: stage(nodes[entry.label], plan, out, progress), only=only
             )
@@ -248,10 +249,20 @@ class HostsBackend:
         ]
 
     def stop_outcomes(self, ref: RunRef, *, grace: float) -> list[Outcome[records.StopResult]]:
-        """Each node's stop, failures included (for a per-host report)."""
-        return self.group.map(
-            lambda entry, conn: records.stop(conn, ref.run_id, grace=grace), only=set(ref.nodes)
-        )
+        """Each node's stop, failures included (for a per-host report); a run in an image
+        leaves no container behind."""
+
+        def one(entry: HostEntry, conn: Connection) -> records.StopResult:
+            result = records.stop(conn, ref.run_id, grace=grace)
+            rec = ref.records.get(entry.label)
+            runtime = rec.meta.get("container_runtime") if rec is not None else None
+            if runtime:
+                from vmrun.backends.hosts.images import remove_leftovers
+
+                remove_leftovers(conn, str(runtime), ref.run_id)
+            return result
+
+        return self.group.map(one, only=set(ref.nodes))
 
     def outputs(self, ref: RunRef) -> dict[str, RunLocation]:
         return {
@@ -295,6 +306,38 @@ def require_nodes(ref: RunRef, wanted: Sequence[str], entries: Sequence[HostEntr
         {n: e for n, e in ref.unreached.items() if n in chosen},
     )
 
+def _pull_images(
+    group: Group, nodes: dict[str, Node], out: Reporter, progress: Progress | None
+) -> None:
+    """Each node's image pulled on its host, all at once; the same image everywhere."""
+    wanted = {label for label, n in nodes.items() if n.image is not None}
+    if not wanted:
+        return
+    from vmrun.backends.hosts.images import check_same_digest, pull
+
+    def one(entry: HostEntry, conn: Connection) -> None:
+        node = nodes[entry.label]
+        assert node.image is not None
+        node.image = pull(conn, node.image, out, progress)
+
+    raise_for_failures(group.map(one, only=wanted), one_as_itself=True)
+    check_same_digest({label: n.image for label, n in nodes.items() if n.image is not None})
+
+
+def _node_argv(
+    node: Node, argv: list[str], env: dict[str, str], rid: str, index: int
+) -> list[str]:
+    """The node's process: `argv` itself, or argv in the node's container."""
+    if node.image is None:
+        return argv
+    from vmrun.backends.hosts.images import container_argv
+
+    return container_argv(
+        node.image, argv, sorted(env), home=node.env.home, workdir=node.workdir,
+        record=records.record_dir(rid), run_id=rid, index=index, gpus=node.env.gpus > 0,
+    )  # fmt: skip
+
+
 def _out_dir(plan: Plan, workdir: str, rid: str) -> str:
     return f"{workdir}/results/{rid}" if plan.is_template else workdir
 
@@ -335,6 +378,7 @@ def _start_all(
         single_env = plan.launcher == "env" and layout is None
         port = _free_port(conn, node.env.python) if single_env else 0
         argv, env = node_launch(plan, node, rid, nproc, layout, wiring, port, labels)
+        argv = _node_argv(node, argv, env, rid, labels.index(entry.label))
         meta = {
             **meta_base,
             "script": node.script,
@@ -344,6 +388,7 @@ def _start_all(
             "argv": argv,
             "host": entry.label,
             "ifname": layout.ifnames.get(entry.label, "") if layout else "",
+            **(node.image.meta() if node.image else {}),
         }
         got = records.start(
             conn, rid, node.workdir, argv, meta, env=env, resume=resume is not None,

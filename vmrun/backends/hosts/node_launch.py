@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmrun.backends.hosts import records as runs
+from vmrun.backends.hosts.images import IMAGE_PYTHON, NodeImage
 from vmrun.backends.hosts.netfacts import Layout, NodeFacts
 from vmrun.runs import launch
 from vmrun.runs.plan import Plan
@@ -52,6 +53,7 @@ class Node:
     workdir: str = ""
     script: str = ""
     skip: int = 0  # log lines of earlier attempts (resume)
+    image: NodeImage | None = None  # the container its processes run in, if any
 
     @property
     def label(self) -> str:
@@ -121,7 +123,7 @@ def node_launch(
     if plan.is_template and "--out-dir" not in args:
         args += ["--out-dir", f"results/{rid}"]
     env = {"PYTHONUNBUFFERED": "1"}
-    python, script = node.env.python, node.script
+    python, script = IMAGE_PYTHON if node.image else node.env.python, node.script
     if plan.launcher == "torchrun":  # per-rank files, and whole lines in the log
         workers = f"{node.env.home}/{runs.record_dir(rid)}/workers"
         env.update(launch.torchrun_env(plan.max_restarts))

@@ -14,6 +14,7 @@ from vmrun import hostside
 from vmrun.backends.hosts import records as runs
 from vmrun.backends.hosts import stale
 from vmrun.backends.hosts.node_launch import HostEnv, Launch, Node, Wiring
+from vmrun.containers.request import table_of
 from vmrun.errors import UsageError
 from vmrun.remote_paths import HOST_RECORD, remote_workdir
 from vmrun.reporting import Reporter
@@ -30,9 +31,15 @@ def host_env(conn: Connection, entry: HostEntry) -> HostEnv:
 
 
 def probe(
-    conn: Connection, entry: HostEntry, checkpoints_in: str | None = None
+    conn: Connection,
+    entry: HostEntry,
+    checkpoints_in: str | None = None,
+    *,
+    in_image: bool = False,
 ) -> tuple[HostEnv, stale.Found | None]:
-    """host_env and, with `checkpoints_in`, the checkpoint files there, in one round trip."""
+    """host_env and, with `checkpoints_in`, the checkpoint files there, in one round trip.
+    `in_image`: the run's Python is the image's, so a host without setup's record will do
+    (its own python3 runs vmrun's probes)."""
     argv = [*hostside.command("run_preflight.sh"), HOST_RECORD]
     if checkpoints_in is not None:
         argv += stale.listing_args(checkpoints_in)
@@ -52,6 +59,7 @@ def probe(
             record = {}
     listed = int(gpus) if gpus.strip().isdigit() else 0
     python = str(entry.vars.get("python") or record.get("python") or "")
+    python = python or ("python3" if in_image else "")
     if not python:
         raise UsageError(
             "no Python environment is recorded for this host; nothing was started",
@@ -147,18 +155,23 @@ def preflight(
     where = stale.look_in(plan, workdir) if listing else None
 
     def check(entry: HostEntry, conn: Connection) -> tuple[Node, stale.Found | None]:
-        env, found = probe(conn, entry, where)
+        request = plan.containers.resolve(table_of(entry.vars))
+        env, found = probe(conn, entry, where, in_image=request is not None)
         listed = None if how.listed is None else how.listed.get(entry.label, [])
         busy = check_not_busy(conn, how.allow_concurrent, how.resume, listed)
         warning = shared_workdir_warning(plan, busy, workdir)
         if warning:
             out.warn(f"{entry.label}: {warning}")
         node = Node(entry, conn, env)
+        if request is not None:
+            from vmrun.backends.hosts.images import probe as probe_image
+
+            node.image = probe_image(conn, request)
         if multi:
             from vmrun.backends.hosts.probes import gather_facts
 
             node.facts = gather_facts(conn, env.python, versions=True)
-            if node.facts.data.get("torch") is None:
+            if node.facts.data.get("torch") is None and node.image is None:
                 raise UsageError(
                     f"torch is not importable by {env.python}"
                     f" ({node.facts.data.get('torch_error')}); nothing was started",
@@ -194,6 +207,8 @@ def check_same_env(nodes: dict[str, Node]) -> None:
         for label, node in nodes.items():
             assert node.facts is not None
             value = str(node.facts.data.get(key))
+            if node.image is not None:  # the image's, the same where the images are
+                value = "the image's"
             if key == "python":
                 value = ".".join(value.split(".")[:2])
             seen.setdefault(value, []).append(label)

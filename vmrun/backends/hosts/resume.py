@@ -77,6 +77,7 @@ def load(group: Group, rid: str, env: dict[str, str]) -> Resumed:
 
 def _plan(rid: str, meta: dict[str, Any], env: dict[str, str]) -> Plan:
     from vmrun.config import find_project_dir
+    from vmrun.containers.request import Asked, from_meta
     from vmrun.trainer import TEMPLATE_PATH
 
     project = find_project_dir() or Path.cwd()
@@ -100,6 +101,7 @@ def _plan(rid: str, meta: dict[str, Any], env: dict[str, str]) -> Plan:
         max_restarts=int(meta.get("max_restarts") or 0),
         env=env,
         project=project,
+        containers=Asked(recorded=from_meta(meta), fixed=True),
     )
 
 

@@ -1,0 +1,172 @@
+"""`vmrun train --image` on test hosts with a real Docker Engine (tests/testbed/docker.py):
+hosts d1 and d2 each run their own dockerd, pull the test image (Debian + torch 2.13.0 CPU)
+from the bed's registry for real, and run the run's processes in it with host networking.
+
+The bed's daemons cannot raise `memlock` above this machine's hard limit (no
+CAP_SYS_RESOURCE here), so the project sets `container_ulimits` to that limit; NGC's
+`memlock=-1` is what a GPU host's daemon gets by default (tested as a value).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Client, error_in, run_id_of, run_pids, template_out, wait_for
+from testbed.docker import DockerBed, memlock_hard_limit
+from train_helpers import assert_matches_one_process
+
+from vmrun.remote_paths import remote_workdir
+
+
+def _ulimits() -> str:
+    hard = memlock_hard_limit()
+    memlock = "memlock=-1" if hard is None else f"memlock={hard}"
+    return f'container_ulimits = ["{memlock}", "stack=67108864"]\n'
+
+
+@pytest.fixture
+def dclient(docker_hosts: DockerBed, client: Client) -> Iterator[Client]:
+    """A project on d1 and d2 (no setup: the image brings Python and torch); afterwards no
+    run process, container or vmrun file is left on them."""
+    bed = docker_hosts.bed
+    (client.ssh_dir / "config").write_text(bed.ssh_config_text())
+    (client.ssh_dir / "known_hosts").write_text(bed.known_hosts_text())
+    (client.cwd / "vmrun.toml").write_text(
+        _ulimits() + "".join(f'\n[[hosts]]\naddress = "{h.name}"\n' for h in docker_hosts.hosts)
+    )
+    client.extra_env["OMP_NUM_THREADS"] = "1"
+    yield client
+    left: dict[str, list[str]] = {}
+    for host in docker_hosts.hosts:
+        daemon = docker_hosts.daemons[host.name]
+        left[host.name] = daemon.containers()
+        if left[host.name]:
+            daemon.docker("rm", "-f", *left[host.name], check=False)
+        for pid in run_pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda h=host: not run_pids(h), 10, f"no run process left on {host.name}")
+        for folder in (".vmrun", "vmrun"):
+            host.run(["rm", "-rf", str(host.home / folder)], as_user=True)
+    assert not any(left.values()), f"containers left behind: {left}"
+
+
+def _record(host, rid: str) -> dict:
+    return json.loads((host.home / ".vmrun" / "runs" / rid / "run.json").read_text())
+
+
+@pytest.mark.timeout(600)
+def test_template_on_two_hosts_in_the_image_equals_one_process(
+    docker_hosts: DockerBed, dclient: Client, tmp_path: Path
+) -> None:
+    """2 hosts x 2 processes inside the image: the final weights equal a one-process run's
+    (real DDP across the containers, c10d over the hosts' own network); the pull is real
+    and shown; the files are the user's; no container is left."""
+    image = docker_hosts.image
+    args = ["4", "2", "--batch-size", "8", "--dataset-size", "512", "--deterministic"]
+    done = dclient.vmrun("train", "--image", image, "--nproc-per-node", "2", "--", *args,
+                         timeout=400)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    for host in docker_hosts.hosts:
+        assert f"{host.name}: pulled {image} (" in done.stderr, done.stderr
+        rec = _record(host, rid)
+        assert rec["image"] == image and str(rec["image_digest"]).startswith("sha256:")
+        assert rec["container_runtime"] == "docker"
+    assert "2 nodes x 2 process(es)" in done.stderr
+    d1 = docker_hosts.hosts[0]
+    final = template_out(d1, dclient, rid) / "finalmodel.pt"
+    assert final.stat().st_uid == d1.uid and final.stat().st_gid == d1.gid
+    one = ["4", "2", "--batch-size", "32", "--dataset-size", "512", "--deterministic"]
+    assert_matches_one_process(final, one, tmp_path / "single")
+
+    again = dclient.vmrun("train", "--image", image, "-H", d1.name, "--epochs", "1",
+                          timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert f"{d1.name}: image {image} is there already" in again.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_script_in_the_image_writes_the_project_as_the_user_and_reads_a_mount(
+    docker_hosts: DockerBed, dclient: Client
+) -> None:
+    """An unchanged script (the python launcher) writes into the project directory on the
+    host, owned by the user; a --mount brings a host folder in; HOME is writable."""
+    d1 = docker_hosts.hosts[0]
+    data = d1.home / "data"
+    d1.run(["mkdir", "-p", str(data)], as_user=True)
+    d1.run(["sh", "-c", f"echo 41 > {data}/n.txt"], as_user=True)
+    (dclient.cwd / "job.py").write_text(
+        "import os, pathlib, torch\n"
+        "n = int(open('/data/n.txt').read()) + 1\n"
+        "pathlib.Path(os.environ['HOME'], 'cache.txt').write_text('ok')\n"
+        "open('out.txt', 'w').write(f'{n} {os.getuid()} {torch.__version__}')\n"
+        "print('wrote', n, flush=True)\n"
+    )
+    done = dclient.vmrun("train", "job.py", "-H", d1.name, "--launcher", "python",
+                         "--image", docker_hosts.image, "--mount", f"{data}:/data:ro",
+                         timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "wrote 42" in done.stdout
+    out = d1.home / remote_workdir(dclient.cwd) / "out.txt"
+    assert out.stat().st_uid == d1.uid
+    n, uid, version = out.read_text().split()
+    assert (n, int(uid)) == ("42", d1.uid) and version.startswith("2.13.0")
+    assert (d1.home / ".vmrun" / "container-home" / "cache.txt").read_text() == "ok"
+
+
+@pytest.mark.timeout(300)
+def test_stop_ends_the_run_and_leaves_no_container(
+    docker_hosts: DockerBed, dclient: Client
+) -> None:
+    d1 = docker_hosts.hosts[0]
+    daemon = docker_hosts.daemons[d1.name]
+    done = dclient.vmrun("train", "-H", d1.name, "--image", docker_hosts.image, "--epochs",
+                         "100000", "--save-every", "1000", "--detach", timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    wait_for(lambda: len(daemon.containers()) == 1, 60, "the run's container")
+    logs = lambda: dclient.vmrun("logs", rid, timeout=60).stdout  # noqa: E731
+    wait_for(lambda: "epoch" in logs(), 120, "the first epoch in the log", interval=1)
+    t = time.monotonic()
+    stopped = dclient.vmrun("stop", rid, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert time.monotonic() - t < 30
+    assert daemon.containers() == []
+    wait_for(lambda: not run_pids(d1, rid), 10, "the run's processes to end")
+    status = dclient.vmrun("status", "--json", timeout=60)
+    runs = {r["run"]: r for r in json.loads(status.stdout) if r.get("run")}
+    assert runs[rid]["state"] == "stopped"
+
+
+def test_bad_inputs_are_one_line_before_anything_starts(
+    docker_hosts: DockerBed, dclient: Client
+) -> None:
+    d1 = docker_hosts.hosts[0]
+    daemon = docker_hosts.daemons[d1.name]
+    image = docker_hosts.image
+    cases = [
+        (["--image", image, "--mount", "/nowhere/data:/data"], "mount-source-missing", 2),
+        (["--image", image.rsplit(":", 1)[0] + ":no-such-tag"], "image-not-found", 2),
+        (["--image", "Upper/Case:1"], "bad-image", 2),
+        (["--mount", "/data:/data"], "bad-mount", 2),
+    ]
+    for flags, code, status in cases:
+        done = dclient.vmrun("train", "-H", d1.name, *flags, timeout=120)
+        assert done.returncode == status, (flags, done.stderr)
+        assert error_in(done.stderr)[0] == code, (flags, done.stderr)
+        assert not (d1.home / ".vmrun" / "runs").exists() or not list(
+            (d1.home / ".vmrun" / "runs").iterdir()
+        ), flags
+    toml = dclient.cwd / "vmrun.toml"
+    toml.write_text('container_runtime = "podman"\n' + toml.read_text())
+    done = dclient.vmrun("train", "-H", d1.name, "--image", image, timeout=120)
+    assert done.returncode == 2 and error_in(done.stderr)[0] == "container-runtime-missing"
+    assert daemon.containers() == []

@@ -1,0 +1,227 @@
+"""A run inside a container image on SSH hosts: what each host offers (its runtime, the
+user's ids, the mount sources), the pull (once per host, before the run, progress in the
+live view, registry credentials over stdin only), and the argv that starts a node's
+processes in the container (vmrun/hostside/container_run.sh: stopping the run stops and
+removes the container, whose exit code is the run's).
+
+The container sees the host's network and shared memory, the project's work directory at
+the same path (so a script's files land where they would without the image, as the user),
+the run's record folder (torchrun's per-rank files), vmrun's read-only lib folder (the
+template trainer) and a HOME of its own (~/.vmrun/container-home: caches of torch, pip,
+triton), plus the run's mounts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from vmrun import hostside
+from vmrun.containers import runtime as rt
+from vmrun.containers.image import ImageRef, Mount, check_mount_sources, mount_probe_args
+from vmrun.containers.pull import PullReader, pull_error
+from vmrun.containers.request import Request
+from vmrun.errors import UsageError
+from vmrun.remote_paths import LIB_DIR, STATE_DIR
+from vmrun.reporting import Reporter
+from vmrun.runs.plan import STOP_GRACE_S
+from vmrun.ssh.connection import Connection
+from vmrun.transfer.types import Progress
+
+PROBE = "container_probe.sh"  # vmrun/hostside: runtimes, ids, missing mount sources
+CONTAINER_HOME = f"{STATE_DIR}/container-home"  # relative to the home
+IMAGE_PYTHON = "python3"  # the interpreter inside the image (NGC's images have it on PATH)
+# `docker stop`'s wait inside container_run.sh: less than `vmrun stop`'s, so the container
+# is stopped and removed by its script before the stop's SIGKILL reaches the script
+GRACE = max(1, int(STOP_GRACE_S) - 3)
+NGC_USER = "$oauthtoken"  # NGC's registry login: this literal username, the API key
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """One node's container as decided before anything starts."""
+
+    request: Request
+    runtime: rt.Runtime
+    uid: int
+    gid: int
+    digest: str | None = None
+
+    def meta(self) -> dict[str, object]:
+        return {
+            **self.request.meta(),
+            "container_runtime": self.runtime.name,
+            "image_digest": self.digest,
+        }
+
+
+def probe(conn: Connection, request: Request) -> NodeImage:
+    """The host's runtime for `request` (refused: none there, one that cannot run on hosts,
+    a mount source missing), and the user's ids; one round trip."""
+    argv = [*hostside.command(PROBE), CONTAINER_HOME, *mount_probe_args(list(request.mounts))]
+    said = conn.run(argv, check=True, what="the container probe").stdout_tail.splitlines()
+    ids = next((i for i, line in enumerate(said) if line.startswith("ID ")), None)
+    if ids is None or "MISSING" not in said[ids:]:
+        raise UsageError("the container probe gave no answer", host=conn.label)
+    found = [line.strip() for line in said[:ids] if line.strip()]
+    missing = {line for line in said[said.index("MISSING", ids) + 1 :] if line}
+    uid, gid = (int(x) for x in said[ids].split()[1:3])
+    runtime = choose(request, found, conn.label)
+    spec = rt.ContainerSpec(request.image, (), "/", "check", mounts=request.mounts)
+    rt.check(runtime, spec, rt.HOSTS)
+    check_mount_sources(list(request.mounts), missing, conn.label)
+    return NodeImage(request, runtime, uid, gid)
+
+
+def choose(request: Request, found: Sequence[str], host: str) -> rt.Runtime:
+    """`auto`: docker where the host has it, else podman; a runtime named: that one."""
+    if request.runtime == "auto":
+        name = next((n for n in ("docker", "podman") if n in found), "docker")
+    else:
+        name = request.runtime
+    runtime = rt.runtime_named(name)
+    if rt.HOSTS in runtime.where:
+        rt.require_present(runtime, name in found, host)
+    return runtime
+
+
+def credentials(image: ImageRef) -> tuple[str, dict[str, str]] | None:
+    """The registry login this machine's environment holds for `image`: NGC's API key
+    (NGC_API_KEY) for nvcr.io, else VMRUN_REGISTRY_USER and VMRUN_REGISTRY_PASSWORD. The
+    password goes to the host as an environment value, which travels over stdin."""
+    key = os.environ.get("NGC_API_KEY")
+    if image.domain == "nvcr.io" and key:
+        return NGC_USER, {rt.PASSWORD_ENV: key}
+    user, password = os.environ.get("VMRUN_REGISTRY_USER"), os.environ.get(rt.PASSWORD_ENV)
+    if user and password:
+        return user, {rt.PASSWORD_ENV: password}
+    return None
+
+
+class _Lines:
+    """A pull's output as lines (a terminal's progress redraws end in \\r) into a reader."""
+
+    def __init__(self, host: str, image: str, progress: Progress | None) -> None:
+        self.reader, self.rest = PullReader(), b""
+        self.host, self.image, self.progress = host, image, progress
+        self.text: list[str] = []
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        lines = (self.rest + data).replace(b"\r", b"\n").split(b"\n")
+        self.rest = lines.pop()
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line:
+                continue
+            self.text.append(line)
+            del self.text[:-200]
+            if self.reader.feed(line) and self.progress is not None:
+                self._show()
+
+    def _show(self) -> None:
+        assert self.progress is not None
+        now = self.reader.progress()
+        what = f"pull {self.image} ({now.layers_done}/{now.layers_total} layers)"
+        self.progress.step(self.host, what, now.bytes_done or 0, now.bytes_total)
+
+
+def pull(
+    conn: Connection, node: NodeImage, out: Reporter, progress: Progress | None = None
+) -> NodeImage:
+    """Pull the node's image on its host (a second pull of an image already there is one
+    round trip); the node with the digest it was pulled as."""
+    image = node.request.image
+    assert isinstance(image, ImageRef)
+    login = credentials(image)
+    args = rt.pull_script_args(node.runtime, image, login[0] if login else None)
+    lines = _Lines(conn.label, str(image), progress)
+    started = time.monotonic()
+    result = conn.run(
+        [*hostside.command(rt.PULL_SCRIPT), *args],
+        env=login[1] if login else None,
+        on_output=lines,
+        what=f"the pull of {image}",
+    )
+    lines("out", b"\n")  # the last line, if it had no end
+    if not result.ok:
+        raise pull_error("\n".join(lines.text) or result.output_tail(), str(image), conn.label)
+    done = lines.reader.progress()
+    digest = done.digest
+    if digest is None:
+        found = conn.run(rt.digest_argv(node.runtime, image), what="the image's digest")
+        digest = rt.parse_digest(found.stdout_tail, image) if found.ok else None
+    seconds = time.monotonic() - started
+    if done.up_to_date:
+        out.info(f"{conn.label}: image {image} is there already ({seconds:.1f} s)")
+    else:
+        size = f", {done.bytes_total / 2**20:.0f} MiB" if done.bytes_total else ""
+        out.info(
+            f"{conn.label}: pulled {image} ({done.layers_total} layers{size}, {seconds:.1f} s)"
+        )
+    return replace(node, digest=digest)
+
+
+def check_same_digest(images: dict[str, NodeImage]) -> None:
+    """Every node runs the same image: a tag moved between two hosts' pulls is refused."""
+    seen: dict[str, list[str]] = {}
+    for label, node in images.items():
+        seen.setdefault(f"{node.request.image}@{node.digest or '?'}", []).append(label)
+    if len(seen) > 1:
+        which = "; ".join(f"{d} on {', '.join(hosts)}" for d, hosts in seen.items())
+        raise UsageError(
+            f"the hosts have different images ({which}); nothing was started",
+            hint="give every host the same image (pin it by digest: IMAGE@sha256:...)",
+            code="hosts-differ",
+        )
+
+
+def container_argv(
+    node: NodeImage,
+    argv: Sequence[str],
+    env_names: Sequence[str],
+    *,
+    home: str,
+    workdir: str,
+    record: str,
+    run_id: str,
+    index: int,
+    gpus: bool,
+) -> list[str]:
+    """The node's process: container_run.sh running `argv` in the image. `home`: the
+    user's home on the host; `workdir`, `record`: relative to it."""
+    chome = f"{home}/{CONTAINER_HOME}"
+    own = (
+        Mount(f"{home}/{record}", f"{home}/{record}"),
+        Mount(f"{home}/{LIB_DIR}", f"{home}/{LIB_DIR}", read_only=True),
+        Mount(chome, chome),
+    )
+    taken = {m.target for m in own} | {f"{home}/{workdir}"}
+    spec = rt.ContainerSpec(
+        image=node.request.image,
+        command=tuple(argv),
+        workdir=f"{home}/{workdir}",
+        run_id=run_id,
+        node=index,
+        mounts=(*own, *(m for m in node.request.mounts if m.target not in taken)),
+        env=(*env_names, "VMRUN_RUN_DIR"),
+        uid=node.uid,
+        gid=node.gid,
+        gpus=gpus,
+        rootless=node.runtime.name == "podman" and node.uid != 0,
+        home=chome,
+        ulimits=node.request.ulimits or rt.NGC_ULIMITS,
+    )
+    return [*hostside.command(rt.RUNNER), *rt.script_args(node.runtime, spec, GRACE)]
+
+
+def remove_leftovers(conn: Connection, runtime: str, run_id: str) -> list[str]:
+    """Remove the run's containers still on the host (a supervisor killed outright leaves
+    its container); their names."""
+    engine = rt.runtime_named(runtime)
+    found = conn.run(rt.ps_argv(engine, run_id), what="the run's containers", activity=False)
+    names = [name for name, _ in rt.parse_ps(found.stdout_tail)] if found.ok else []
+    for name in names:
+        conn.run(rt.rm_argv(engine, name), what=f"the removal of container {name}")
+    return names

@@ -1,0 +1,125 @@
+"""What a run asks of containers, and where each part comes from.
+
+`--image` and `--mount` on the command line; `image`, `mounts`, `container_runtime` and
+`container_ulimits` in the user config, vmrun.toml, `VMRUN_*`, and in a host's (or a
+cluster's) own table, which wins over the project's for that host. `--image` wins over
+every table; `--mount`s are added to the table's mounts (a later one with the same
+destination replaces an earlier one). A run records what it resolved to (`meta`), so
+`--resume` and `status` use what it ran with, not what the files say today.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vmrun.containers.image import Image, Mount, parse_image, parse_mount
+from vmrun.errors import UsageError
+
+_ULIMIT = re.compile(r"[a-z]+=-?[0-9]+(?::-?[0-9]+)?")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One node's container: the image, its mounts, the runtime by name (`auto`: docker,
+    else podman) and its limits (empty: NGC's)."""
+
+    image: Image
+    mounts: tuple[Mount, ...] = ()
+    runtime: str = "auto"
+    ulimits: tuple[str, ...] = ()
+
+    def meta(self) -> dict[str, Any]:
+        """What run.json keeps of it."""
+        return {
+            "image": str(self.image),
+            "mounts": [str(m) for m in self.mounts],
+            "container_runtime": self.runtime,
+            "container_ulimits": list(self.ulimits),
+        }
+
+
+def from_meta(meta: Mapping[str, Any]) -> Request | None:
+    """The request a run recorded (`Request.meta`), or None for a run without an image."""
+    image = str(meta.get("image") or "")
+    if not image:
+        return None
+    return Request(
+        parse_image(image),
+        tuple(parse_mount(str(m)) for m in meta.get("mounts") or []),
+        str(meta.get("container_runtime") or "auto"),
+        tuple(str(u) for u in meta.get("container_ulimits") or []),
+    )
+
+
+def check_ulimits(values: Sequence[str]) -> tuple[str, ...]:
+    for value in values:
+        if not _ULIMIT.fullmatch(value):
+            raise UsageError(
+                f"container_ulimits {value!r}: expected NAME=SOFT[:HARD] (e.g. memlock=-1,"
+                " stack=67108864)",
+                code="bad-ulimit",
+            )
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The container settings as given: `image` and `mount_flags` from the command line
+    (empty: none given), `defaults` the resolved settings (image, mounts,
+    container_runtime, container_ulimits) of the config files and the environment."""
+
+    image: str = ""
+    mount_flags: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] | None = None
+    # a resumed run's (`fixed`): what it ran with, image or none, whatever the tables say now
+    recorded: Request | None = None
+    fixed: bool = False
+
+    def check(self) -> None:
+        """Every value given so far parsed (bad-image, bad-mount, bad-ulimit: exit 2)."""
+        self.resolve({})
+
+    def resolve(self, table: Mapping[str, Any]) -> Request | None:
+        """The request for a host or cluster whose own table is `table`; None: no image."""
+        if self.fixed:
+            return self.recorded
+        merged = {**(self.defaults or {}), **{k: v for k, v in table.items() if v is not None}}
+        text = self.image or str(merged.get("image") or "")
+        mounts = [*map(str, merged.get("mounts") or []), *self.mount_flags]
+        if not text:
+            if self.mount_flags:
+                raise UsageError(
+                    "--mount is for a run inside an image; give --image too (or image ="
+                    ' "..." in vmrun.toml)',
+                    code="bad-mount",
+                )
+            return None
+        by_target = {m.target: m for m in map(parse_mount, mounts)}
+        return Request(
+            parse_image(text),
+            tuple(by_target.values()),
+            str(merged.get("container_runtime") or "auto"),
+            check_ulimits([str(u) for u in merged.get("container_ulimits") or []]),
+        )
+
+
+def asked_from(image: str | None, mounts: Sequence[str] | None, settings: Any) -> Asked:
+    """The Asked of a command line over `settings` (vmrun.config.Settings)."""
+    defaults = {
+        "image": settings.image,
+        "mounts": settings.mounts,
+        "container_runtime": settings.container_runtime,
+        "container_ulimits": settings.container_ulimits,
+    }
+    return Asked(image or "", tuple(mounts or ()), defaults)
+
+
+TABLE_KEYS = ("image", "mounts", "container_runtime", "container_ulimits")
+
+
+def table_of(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """A host's or cluster's own container keys."""
+    return {k: variables[k] for k in TABLE_KEYS if k in variables}
