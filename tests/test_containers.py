@@ -547,7 +547,10 @@ case $verb in
          [ "$(cat "$st/login.stdin")" = "$FAKE_PASSWORD" ] || {
            echo 'Error response from daemon: Get "https://r/v2/": unauthorized: incorrect' \
              'username or password' >&2; exit 1; } ;;
-  pull) echo "${DOCKER_CONFIG-}" > "$st/pull.conf"; printf '%s' "$FAKE_PULL_OUT" ;;
+  pull) echo "${DOCKER_CONFIG-}" > "$st/pull.conf"
+        if [ -t 1 ]; then printf '%b' "${FAKE_PULL_TTY-$FAKE_PULL_OUT}"  # a terminal's bars
+        else printf '%s' "$FAKE_PULL_OUT"; fi
+        exit "${FAKE_PULL_EXIT:-0}" ;;
   inspect) [ -e "$st/exists" ] && [ -e "$st/code" ] || { echo "No such object" >&2; exit 1; }
            case $* in  # the fields the --format asks for
              *State.Error*) echo "$(cat "$st/code") $(cat "$st/error" 2>/dev/null)" ;;
@@ -639,7 +642,7 @@ def test_container_run_is_shellcheck_clean_posix_sh() -> None:
     assert done.returncode == 0, done.stdout
 
 
-def _pull(fake: tuple[Path, Path], username: str | None, password: str | None):
+def _pull(fake: tuple[Path, Path], username: str | None, password: str | None, **more: str):
     from vmrun.containers.runtime import PASSWORD_ENV, PULL_SCRIPT, pull_script_args
     from vmrun.hostside import source
 
@@ -649,7 +652,7 @@ def _pull(fake: tuple[Path, Path], username: str | None, password: str | None):
     args = pull_script_args(RUNTIMES["docker"], image, username)
     args[0] = str(binary)
     env = {**os.environ, "FAKE_DOCKER_STATE": str(state), "FAKE_PULL_OUT": RECORDED_PLAIN,
-           "FAKE_PASSWORD": "s3cret 'x'", "TMPDIR": str(state)}  # fmt: skip
+           "FAKE_PASSWORD": "s3cret 'x'", "TMPDIR": str(state), **more}  # fmt: skip
     env.pop(PASSWORD_ENV, None)
     if password is not None:
         env[PASSWORD_ENV] = password
@@ -693,3 +696,36 @@ def test_ps_lines_read_as_names_and_states() -> None:
 
     out = "vmrun-r1-0 running\nvmrun-r1-1 exited\n\n"
     assert parse_ps(out) == [("vmrun-r1-0", "running"), ("vmrun-r1-1", "exited")]
+
+
+# what `docker pull` writes on a terminal: bars with byte counts, redrawn in place
+TTY_PULL = (
+    "2.13.0: Pulling from vmrun-test/torch\\r\\n"
+    "0123456789ab: Pulling fs layer\\r\\n"
+    "ba9876543210: Pulling fs layer\\r\\n"
+    "\\033[2A\\033[2K\\r0123456789ab: Downloading [=>      ]  1.049MB/2.097MB\\r\\033[2B"
+    "\\033[1A\\033[2K\\rba9876543210: Downloading [=====>  ]  3MB/4MB\\r\\033[1B"
+    "\\033[2A\\033[2K\\r0123456789ab: Pull complete\\r\\033[2B"
+    "\\033[1A\\033[2K\\rba9876543210: Pull complete\\r\\033[1B"
+    f"Digest: {RECORDED_DIGEST}\\r\\n"
+    "Status: Downloaded newer image for localhost:5077/vmrun/tiny:1\\r\\n"
+)
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="script(1) is not installed")
+def test_a_pull_on_a_terminal_gives_its_byte_counts_as_plain_lines(fake_docker) -> None:
+    done = _pull(fake_docker, None, None, FAKE_PULL_TTY=TTY_PULL)
+    assert done.returncode == 0, done.stderr
+    assert "\033" not in done.stdout and "\r" not in done.stdout
+    got = read_pull(done.stdout)
+    assert (got.layers_total, got.layers_done) == (2, 2)
+    assert got.bytes_total == 2_097_000 + 4_000_000 and got.digest == RECORDED_DIGEST
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="script(1) is not installed")
+def test_a_failed_pull_on_a_terminal_keeps_its_status(fake_docker) -> None:
+    done = _pull(fake_docker, None, None, FAKE_PULL_TTY="Error: manifest unknown\\n",
+                 FAKE_PULL_EXIT="3")  # fmt: skip
+    assert done.returncode == 3
+    assert pull_error(done.stdout, "x:1").code == "image-not-found"
+    assert not list(fake_docker[1].glob("vmrun-pull-status.*"))  # its status file removed

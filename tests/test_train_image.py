@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import Client, error_in, run_id_of, run_pids, template_out, wait_for
 from testbed.docker import DockerBed, memlock_hard_limit
-from train_helpers import assert_matches_one_process
+from train_helpers import assert_matches_one_process, env_options, hook_env
 
 from vmrun.remote_paths import remote_workdir
 
@@ -45,6 +46,7 @@ def dclient(docker_hosts: DockerBed, client: Client) -> Iterator[Client]:
     yield client
     left: dict[str, list[str]] = {}
     for host in docker_hosts.hosts:
+        host.heal_link()
         daemon = docker_hosts.daemons[host.name]
         left[host.name] = daemon.containers()
         if left[host.name]:
@@ -75,8 +77,9 @@ def test_template_on_two_hosts_in_the_image_equals_one_process(
                          timeout=400)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
-    for host in docker_hosts.hosts:
-        assert f"{host.name}: pulled {image} (" in done.stderr, done.stderr
+    for host in docker_hosts.hosts:  # the bytes come from the pull's own progress bars
+        assert re.search(rf"{host.name}: pulled {re.escape(image)} \(\d+ layers, \d+ MiB",
+                         done.stderr), done.stderr  # fmt: skip
         rec = _record(host, rid)
         assert rec["image"] == image and str(rec["image_digest"]).startswith("sha256:")
         assert rec["container_runtime"] == "docker"
@@ -170,3 +173,80 @@ def test_bad_inputs_are_one_line_before_anything_starts(
     done = dclient.vmrun("train", "-H", d1.name, "--image", image, timeout=120)
     assert done.returncode == 2 and error_in(done.stderr)[0] == "container-runtime-missing"
     assert daemon.containers() == []
+
+
+def _host_pid(host, rid: str, pid_inside: int) -> int:
+    """The host's pid of a run's process that has `pid_inside` in its container."""
+    for pid in run_pids(host, rid):
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text()
+            found = re.search(r"^NSpid:\s+(.*)$", status, re.M)
+            ids = found.group(1).split() if found else []
+            if len(ids) > 1 and ids[-1] == str(pid_inside):
+                return pid
+    raise AssertionError(f"no process of {rid} has pid {pid_inside} in its container")
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_worker_restarts_inside_the_container_from_the_last_snapshot(
+    docker_hosts: DockerBed, dclient: Client, trainer_hooks: Path
+) -> None:
+    """--max-restarts in the image: a worker SIGKILLed on the host (a container's processes
+    are the host's) is restarted by torchrun inside, from the last snapshot; every rank stalls
+    mid-epoch 5 first (a trainer hook, mounted read-only), so the kill lands after one."""
+    d1 = docker_hosts.hosts[0]
+    hooks = hook_env(trainer_hooks, STALL_AT_EPOCH="5")
+    done = dclient.vmrun("train", "-H", d1.name, "--image", docker_hosts.image, "--mount",
+                         f"{trainer_hooks}:{trainer_hooks}:ro", "--detach", "--max-restarts",
+                         "2", *env_options(hooks), "--", "12", "3", "--dataset-size", "8192",
+                         timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    out = template_out(d1, dclient, rid)
+    pid_files = [out / f"stalled-rank{r}.pid" for r in (0, 1)]
+    wait_for(lambda: all(p.exists() for p in pid_files), 180, "both ranks to stall in epoch 5")
+    os.kill(_host_pid(d1, rid, int(pid_files[1].read_text())), signal.SIGKILL)
+    follow = dclient.vmrun("logs", "-f", rid, timeout=300)
+    assert follow.returncode == 0, follow.stderr + follow.stdout
+    resumed = re.findall(r"^\[rank(\d)\] resumed from snapshot at epoch (\d+) ", follow.stdout,
+                         re.M)  # fmt: skip
+    assert sorted(resumed) == [("0", "4"), ("1", "4")], follow.stdout
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == list(range(1, 13))
+
+
+@pytest.mark.timeout(500)
+def test_a_cut_link_leaves_the_run_going_and_resume_goes_on_in_the_same_image(
+    docker_hosts: DockerBed, dclient: Client, trainer_hooks: Path
+) -> None:
+    """The run in its container goes on while the host is cut off; stopped, then resumed
+    with `--resume` and no --image, it runs again in its recorded image from its snapshot."""
+    d1 = docker_hosts.hosts[0]
+    hooks = hook_env(trainer_hooks, EPOCH_DELAY="0.3")
+    mount = f"{trainer_hooks}:{trainer_hooks}:ro"
+    done = dclient.vmrun("train", "-H", d1.name, "--image", docker_hosts.image, "--mount",
+                         mount, "--detach", *env_options(hooks), "--", "400", "2",
+                         timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    log = d1.home / ".vmrun" / "runs" / rid / "log"
+
+    def epochs() -> int:
+        return len(re.findall(rb"epoch (\d+)/400", log.read_bytes())) if log.exists() else 0
+
+    wait_for(lambda: epochs() >= 2, 180, "two epochs")
+    d1.cut_link()
+    seen = epochs()
+    wait_for(lambda: epochs() >= seen + 3, 60, "epochs while the host is cut off", interval=0.2)
+    d1.heal_link()
+    wait_for(lambda: b"snapshot saved" in log.read_bytes(), 60, "a snapshot")
+    stopped = dclient.vmrun("stop", rid, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert docker_hosts.daemons[d1.name].containers() == []
+    again = dclient.vmrun("train", "--resume", rid, *env_options(hooks), "--detach",
+                          timeout=240)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert _record(d1, rid)["image"] == docker_hosts.image
+    wait_for(lambda: b"resumed from snapshot" in log.read_bytes(), 180, "the resumed attempt")
+    assert len(docker_hosts.daemons[d1.name].containers()) == 1  # in the image again
+    assert dclient.vmrun("stop", rid, timeout=120).returncode == 0
