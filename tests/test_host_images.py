@@ -237,3 +237,20 @@ def test_the_nodes_process_is_the_runner_with_the_runs_folders_mounted() -> None
     assert words[words.index("--user") + 1] == "1000:1001"
     assert words[words.index("--gpus") + 1] == "all"
     assert words[-4:] == ["python3", "-m", "torch.distributed.run", "train.py"]
+
+
+def test_local_image_without_an_engine_here_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from vmrun.operations.train import RunOptions, train
+
+    monkeypatch.setenv("PATH", str(_tools(tmp_path)))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    run = RunOptions(image=IMAGE, epochs=1)
+    assert _code(train, run, local=True) == "container-runtime-missing"
+    assert not (tmp_path / "results").exists()
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", f"{_bin(tmp_path, 'docker')}:{_tools(tmp_path)}")
+    missing = RunOptions(image=IMAGE, mounts=["/no/such:/data"], epochs=1)
+    assert _code(train, missing, local=True) == "mount-source-missing"

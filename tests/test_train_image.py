@@ -250,3 +250,23 @@ def test_a_cut_link_leaves_the_run_going_and_resume_goes_on_in_the_same_image(
     wait_for(lambda: b"resumed from snapshot" in log.read_bytes(), 180, "the resumed attempt")
     assert len(docker_hosts.daemons[d1.name].containers()) == 1  # in the image again
     assert dclient.vmrun("stop", rid, timeout=120).returncode == 0
+
+
+@pytest.mark.timeout(400)
+def test_train_local_runs_in_the_image_with_this_machines_engine(
+    docker_hosts: DockerBed, dclient: Client
+) -> None:
+    """`--local --image`: this machine's docker client (here pointed at d2's daemon) pulls
+    the image and runs the template in it; its files land in the project's results/."""
+    daemon = docker_hosts.daemons[docker_hosts.hosts[1].name]
+    env = {"DOCKER_HOST": f"unix://{daemon.socket}"}
+    done = dclient.vmrun("train", "--local", "--image", docker_hosts.image, "--epochs", "2",
+                         "--save-every", "1", env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert f"pulled {docker_hosts.image} (" in done.stderr
+    rid = re.search(r"run (\S+): ", done.stderr).group(1)
+    out = dclient.cwd / "results" / rid
+    assert (out / "finalmodel.pt").stat().st_uid == os.getuid()
+    assert json.loads((out / "run.json").read_text())["image"] == docker_hosts.image
+    assert "epoch 2/2" in done.stdout
+    assert daemon.containers() == []

@@ -135,6 +135,41 @@ class PullReader:
         )
 
 
+class PullLines:
+    """A pull's output as it comes, in chunks (a terminal's redraws end in \\r), read line
+    by line; `on_change` is told the progress whenever a line changed it. `text` keeps the
+    last lines (a failure's words)."""
+
+    def __init__(self, on_change: Callable[[PullProgress], None] | None = None) -> None:
+        self.reader, self.rest = PullReader(), b""
+        self.on_change = on_change
+        self.text: list[str] = []
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        lines = (self.rest + data).replace(b"\r", b"\n").split(b"\n")
+        self.rest = lines.pop()
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line:
+                continue
+            self.text.append(line)
+            del self.text[:-200]
+            if self.reader.feed(line) and self.on_change is not None:
+                self.on_change(self.reader.progress())
+
+    def close(self) -> PullProgress:
+        """The last line, if it had no end; the progress the pull ended at."""
+        self("out", b"\n")
+        return self.reader.progress()
+
+    def summary(self, image: str, seconds: float) -> str:
+        done = self.reader.progress()
+        if done.up_to_date:
+            return f"image {image} is there already ({seconds:.1f} s)"
+        size = f", {done.bytes_total / 2**20:.0f} MiB" if done.bytes_total else ""
+        return f"pulled {image} ({done.layers_total} layers{size}, {seconds:.1f} s)"
+
+
 def read_pull(output: str) -> PullProgress:
     """The progress a whole recorded output ends at."""
     reader = PullReader()

@@ -50,9 +50,15 @@ def run_local(
     run id once its record exists (a sweep keeps it)."""
     from vmrun.runs import launch
 
-    python = sys.executable
+    request = plan.containers.resolve({})
+    image = None
+    if request is not None:
+        from vmrun.runs import local_image
+
+        image = local_image.prepare(request, out)
+    python = local_image.IMAGE_PYTHON if image else sys.executable
     child_env = {**os.environ, **plan.env}
-    gpus = probe_torch(python, child_env)
+    gpus = image.gpus if image else probe_torch(python, child_env)
     nproc = plan.nproc
     if plan.launcher == "torchrun":
         if nproc is None:
@@ -67,9 +73,16 @@ def run_local(
     run_dir = plan.project / "results" / rid
     run_dir.mkdir(parents=True)
     rel_dir = os.path.relpath(run_dir, plan.project)
+    outer = dict(child_env)
     argv = _argv(plan, python, nproc, rid, rel_dir, child_env)
     child_env.update({"PYTHONUNBUFFERED": "1", "VMRUN_RUN_ID": rid, "VMRUN_RUN_DIR": str(run_dir)})
+    if image is not None:  # the variables vmrun and --env set, and NCCL_*, by name only
+        names = {k for k, v in child_env.items() if outer.get(k) != v} | set(plan.env)
+        names |= {k for k in child_env if k.startswith("NCCL_")}
+        argv = local_image.wrap(image, argv, sorted(names), project=plan.project, rid=rid,
+                                script=plan.script)  # fmt: skip
     record = _record(plan, rid, nproc, argv, run_dir, python)
+    record.update(image.meta() if image else {})
     write_json_atomic(run_dir / "run.json", record)
     if on_start is not None:
         on_start(rid)

@@ -20,6 +20,9 @@ DEFAULT_EPOCHS = 10
 DEFAULT_SAVE_EVERY = 5
 CPU_PROCESSES = 2  # default world size without CUDA: small, but a real multi-process DDP run
 STOP_GRACE_S = 10.0
+# `docker stop`'s wait for a run in a container: less than the stop's own, so the container
+# is stopped and removed by its script (hostside/container_run.sh) before the stop kills it
+CONTAINER_STOP_GRACE = max(1, int(STOP_GRACE_S) - 3)
 _TORCH_PROBE = "import torch; print(torch.__version__); print(torch.cuda.device_count())"
 _PIN_HINT = (
     "install it: without an NVIDIA GPU, `pip install torch --index-url"

@@ -21,21 +21,18 @@ from dataclasses import dataclass, replace
 from vmrun import hostside
 from vmrun.containers import runtime as rt
 from vmrun.containers.image import ImageRef, Mount, check_mount_sources, mount_probe_args
-from vmrun.containers.pull import PullReader, pull_error
+from vmrun.containers.pull import PullLines, PullProgress, pull_error
 from vmrun.containers.request import Request
 from vmrun.errors import UsageError
 from vmrun.remote_paths import LIB_DIR, STATE_DIR
 from vmrun.reporting import Reporter
-from vmrun.runs.plan import STOP_GRACE_S
+from vmrun.runs.plan import CONTAINER_STOP_GRACE as GRACE
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.types import Progress
 
 PROBE = "container_probe.sh"  # vmrun/hostside: runtimes, ids, missing mount sources
 CONTAINER_HOME = f"{STATE_DIR}/container-home"  # relative to the home
 IMAGE_PYTHON = "python3"  # the interpreter inside the image (NGC's images have it on PATH)
-# `docker stop`'s wait inside container_run.sh: less than `vmrun stop`'s, so the container
-# is stopped and removed by its script before the stop's SIGKILL reaches the script
-GRACE = max(1, int(STOP_GRACE_S) - 3)
 NGC_USER = "$oauthtoken"  # NGC's registry login: this literal username, the API key
 
 
@@ -100,33 +97,6 @@ def credentials(image: ImageRef) -> tuple[str, dict[str, str]] | None:
     return None
 
 
-class _Lines:
-    """A pull's output as lines (a terminal's progress redraws end in \\r) into a reader."""
-
-    def __init__(self, host: str, image: str, progress: Progress | None) -> None:
-        self.reader, self.rest = PullReader(), b""
-        self.host, self.image, self.progress = host, image, progress
-        self.text: list[str] = []
-
-    def __call__(self, stream: str, data: bytes) -> None:
-        lines = (self.rest + data).replace(b"\r", b"\n").split(b"\n")
-        self.rest = lines.pop()
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line:
-                continue
-            self.text.append(line)
-            del self.text[:-200]
-            if self.reader.feed(line) and self.progress is not None:
-                self._show()
-
-    def _show(self) -> None:
-        assert self.progress is not None
-        now = self.reader.progress()
-        what = f"pull {self.image} ({now.layers_done}/{now.layers_total} layers)"
-        self.progress.step(self.host, what, now.bytes_done or 0, now.bytes_total)
-
-
 def pull(
     conn: Connection, node: NodeImage, out: Reporter, progress: Progress | None = None
 ) -> NodeImage:
@@ -136,7 +106,14 @@ def pull(
     assert isinstance(image, ImageRef)
     login = credentials(image)
     args = rt.pull_script_args(node.runtime, image, login[0] if login else None)
-    lines = _Lines(conn.label, str(image), progress)
+    host = conn.label
+
+    def show(now: PullProgress) -> None:
+        if progress is not None:
+            what = f"pull {image} ({now.layers_done}/{now.layers_total} layers)"
+            progress.step(host, what, now.bytes_done or 0, now.bytes_total)
+
+    lines = PullLines(show)
     started = time.monotonic()
     result = conn.run(
         [*hostside.command(rt.PULL_SCRIPT), *args],
@@ -144,22 +121,14 @@ def pull(
         on_output=lines,
         what=f"the pull of {image}",
     )
-    lines("out", b"\n")  # the last line, if it had no end
+    done = lines.close()
     if not result.ok:
-        raise pull_error("\n".join(lines.text) or result.output_tail(), str(image), conn.label)
-    done = lines.reader.progress()
+        raise pull_error("\n".join(lines.text) or result.output_tail(), str(image), host)
     digest = done.digest
     if digest is None:
         found = conn.run(rt.digest_argv(node.runtime, image), what="the image's digest")
         digest = rt.parse_digest(found.stdout_tail, image) if found.ok else None
-    seconds = time.monotonic() - started
-    if done.up_to_date:
-        out.info(f"{conn.label}: image {image} is there already ({seconds:.1f} s)")
-    else:
-        size = f", {done.bytes_total / 2**20:.0f} MiB" if done.bytes_total else ""
-        out.info(
-            f"{conn.label}: pulled {image} ({done.layers_total} layers{size}, {seconds:.1f} s)"
-        )
+    out.info(f"{host}: {lines.summary(str(image), time.monotonic() - started)}")
     return replace(node, digest=digest)
 
 
