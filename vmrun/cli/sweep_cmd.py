@@ -83,6 +83,8 @@ def register(app: typer.Typer) -> None:
         local: Annotated[
             bool, typer.Option("--local", help="Sweep on this machine (--nodes 1 only).")
         ] = False,
+        image: ro.ImageOption = None,
+        mount: ro.Mounts = None,
         host: Hosts = None,
         cluster: ClusterName = None,
         verbose: ro.Verbose = False,
@@ -102,7 +104,8 @@ def register(app: typer.Typer) -> None:
             cpus_per_task=flags.pop("cpus_per_task", None),
             gpus_per_node=flags.pop("gpus_per_node", None),
         )  # fmt: skip
-        run = RunOptions(script=script, epochs=epochs, save_every=save_every, task=task, name=name)
+        run = RunOptions(script=script, epochs=epochs, save_every=save_every, task=task, name=name,
+                         image=image, mounts=mount)  # fmt: skip
         done = sweep(
             run, grid, settings_from(connect_timeout, accept_new_host_key), resume=resume,
             local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),

@@ -66,15 +66,17 @@ def sweep(
     `slurm`: the sbatch options besides the grid's (on `cluster`)."""
     slurm = slurm or SlurmOptions()
     given = {"script": run.script, "epochs": run.epochs, "save_every": run.save_every,
-             "batch_size": None, "lr": None, "task": run.task, "name": run.name}  # fmt: skip
+             "batch_size": None, "lr": None, "task": run.task, "name": run.name,
+             "image": run.image, "mounts": run.mounts}  # fmt: skip
     refusals.check("sweep", {
         **slurm.flags(), "SCRIPT": run.script, "--epochs": run.epochs,
         "--save-every": run.save_every, "--task": run.task, "--name": run.name, **grid.flags(),
         "--resume": resume, "--local": local, "-H": hosts, "-C": cluster,
+        "--image": run.image, "--mount": run.mounts,
     })  # fmt: skip
     settings = settings or load_settings({})
     if resume is not None:
-        parts = _resumed(resume, given, grid.env)
+        parts = _resumed(resume, given, grid.env, settings)
     else:
         lists = {"cpus_per_task": grid.cpus_per_task, "gpus_per_node": grid.gpus_per_node,
                  "batch_size": grid.batch_size, "lr": grid.lr}  # fmt: skip
@@ -82,7 +84,7 @@ def sweep(
         given.update((k, fixed.get(k)) for k in ("batch_size", "lr"))
         gpus = fixed.get("gpus_per_node")
         slurm = replace(slurm, cpus_per_task=fixed.get("cpus_per_task"), gpus_per_node=gpus)
-        parts = _new(given, grid, env, _where(local, hosts, cluster), axes, gpus)
+        parts = _new(given, grid, env, _where(local, hosts, cluster), axes, gpus, settings)
         parts["sweep"].options["slurm"] = slurm.given()  # a resumed sweep asks Slurm the same
     recorded = SlurmOptions.from_record(parts["sweep"].options.get("slurm") or {})
     job = SweepJob(**parts, settings=settings, slurm=recorded, verbose=verbose,
@@ -135,7 +137,9 @@ def parse_grid(
     return fixed, axes, plain
 
 
-def point_plans(sweep: Any, given: dict[str, Any], env: list[str]) -> dict[str, Any]:
+def point_plans(
+    sweep: Any, given: dict[str, Any], env: list[str], settings: Settings | None = None
+) -> dict[str, Any]:
     """Each point's plan, by its label (its batch size, learning rate and -e values): every
     one made, so a bad value stops the sweep before anything starts."""
     plans = {}
@@ -143,7 +147,7 @@ def point_plans(sweep: Any, given: dict[str, Any], env: list[str]) -> dict[str, 
         values = size.values
         own = {k: values[k] for k in ("batch_size", "lr") if k in values}
         extra = [f"{k[4:]}={v}" for k, v in values.items() if k.startswith("env:")]
-        plans[size.label] = make_plan({**given, **own}, [*env, *extra])
+        plans[size.label] = make_plan({**given, **own}, [*env, *extra], settings)
     return plans
 
 
@@ -154,6 +158,7 @@ def _new(
     where: dict[str, Any],
     axes: list[Any],
     gpus: int | None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     from vmrun.runs import launch
     from vmrun.runs.sweep import PREFIX, new_sweep, one_process_per_gpu, parse_counts, plan_sizes
@@ -162,7 +167,7 @@ def _new(
     procs = parse_counts("--nproc-per-node", grid.nproc_per_node)
     if where.get("local") and node_counts != [1]:
         raise UsageError("--local runs on this machine alone: --nodes must be 1 (or left out)")
-    plan = make_plan(given, env)
+    plan = make_plan(given, env, settings)
     script = None if plan.is_template else str(plan.script)  # the same file from anywhere
     options = {**given, "script": script, "env": [item.partition("=")[0] for item in env]}
     sizes = plan_sizes(node_counts, procs, axes)
@@ -170,10 +175,13 @@ def _new(
         sizes = one_process_per_gpu(sizes, gpus)
     sweep = new_sweep(launch.run_id(PREFIX.rstrip("-")), where, options, sizes)
     return {"sweep": sweep, "plan": plan, "project": plan.project, "hosts": where.get("hosts"),
-            "cluster": where.get("cluster"), "plans": point_plans(sweep, given, env)}  # fmt: skip
+            "cluster": where.get("cluster"),
+            "plans": point_plans(sweep, given, env, settings)}  # fmt: skip
 
 
-def _resumed(sweep_id: str, given: dict[str, Any], env: list[str] | None) -> dict[str, Any]:
+def _resumed(
+    sweep_id: str, given: dict[str, Any], env: list[str] | None, settings: Settings | None = None
+) -> dict[str, Any]:
     """The recorded sweep, with what is left of it; -e gives values its record leaves out."""
     from vmrun.config import find_project_dir
     from vmrun.runs.sweep import load
@@ -193,19 +201,23 @@ def _resumed(sweep_id: str, given: dict[str, Any], env: list[str] | None) -> dic
             code="env-value-missing",
         )
     shared = {k: recorded.get(k) for k in given}
-    plan = make_plan(shared, [*(env or []), *missing])
+    plan = make_plan(shared, [*(env or []), *missing], settings)
     return {"sweep": sweep, "plan": plan, "project": project,
             "hosts": sweep.where.get("hosts"), "cluster": sweep.where.get("cluster"),
-            "plans": point_plans(sweep, shared, [*(env or []), *missing])}  # fmt: skip
+            "plans": point_plans(sweep, shared, [*(env or []), *missing], settings)}  # fmt: skip
 
 
-def make_plan(given: dict[str, Any], env: list[str] | None) -> Any:
-    """A point's plan: `train`'s, from the sweep's options and the point's values."""
+def make_plan(
+    given: dict[str, Any], env: list[str] | None, settings: Settings | None = None
+) -> Any:
+    """A point's plan: `train`'s, from the sweep's options and the point's values (and the
+    image settings of `settings` where the sweep gave no --image)."""
     run = RunOptions(
         script=given["script"], epochs=given["epochs"], save_every=given["save_every"], env=env,
         name=given["name"], batch_size=given["batch_size"], lr=given["lr"], task=given["task"],
+        image=given.get("image"), mounts=given.get("mounts"),
     )  # fmt: skip
-    return run.plan(nproc_per_node=None)
+    return run.plan(nproc_per_node=None, settings=settings)
 
 
 def _check_hosts(job: SweepJob) -> None:
