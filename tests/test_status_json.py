@@ -14,7 +14,7 @@ from vmrun.cli.status_json import render, run_objects
 
 T0 = 1_700_000_000.0
 KEYS = [
-    "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "nodes",
+    "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
     "error",
 ]  # fmt: skip

@@ -146,7 +146,7 @@ def test_stop_ends_the_run_and_leaves_no_container(
     wait_for(lambda: not run_pids(d1, rid), 10, "the run's processes to end")
     status = dclient.vmrun("status", "--json", timeout=60)
     runs = {r["run"]: r for r in json.loads(status.stdout) if r.get("run")}
-    assert runs[rid]["state"] == "stopped"
+    assert runs[rid]["state"] == "stopped" and runs[rid]["image"] == docker_hosts.image
 
 
 def test_bad_inputs_are_one_line_before_anything_starts(
@@ -270,3 +270,24 @@ def test_train_local_runs_in_the_image_with_this_machines_engine(
     assert json.loads((out / "run.json").read_text())["image"] == docker_hosts.image
     assert "epoch 2/2" in done.stdout
     assert daemon.containers() == []
+
+
+@pytest.mark.timeout(400)
+def test_doctor_checks_the_image_and_runs_its_all_reduce_in_it(
+    docker_hosts: DockerBed, dclient: Client
+) -> None:
+    """vmrun.toml's `image`: doctor checks each host's runtime instead of a Python of its
+    own (these hosts have no setup), and the all-reduce runs in the image on both."""
+    from test_cli_doctor import rows
+
+    toml = dclient.cwd / "vmrun.toml"
+    toml.write_text(f'image = "{docker_hosts.image}"\n' + toml.read_text())
+    done = dclient.vmrun("doctor", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = rows(done.stdout)
+    for host in docker_hosts.hosts:
+        verdict, detail = found[("image", host.name)]
+        assert verdict == "OK" and "docker" in detail, detail
+        assert ("python", host.name) not in found
+    verdict, detail = found[("allreduce", "all")]
+    assert verdict == "OK" and detail.startswith("world 4,"), detail

@@ -61,25 +61,36 @@ class _Host:
     facts: NodeFacts | None = None
     busy: list[str] = field(default_factory=list)
     env: HostEnv | None = None
+    image: Any = None  # the run's container (a NodeImage), where it trains in an image
+    image_error: str = ""
 
 
-def _inspect(entry: HostEntry, conn: Connection, workdir: str) -> _Host:
+def _inspect(entry: HostEntry, conn: Connection, workdir: str, asked: Any = None) -> _Host:
     """One host's facts in four round trips: RTT, its environment record, the host probe
     (versions, disk, clock) and its runs. The clock is the probe's, taken after its
     imports, against this machine's clock half a round trip before the answer arrived."""
     from vmrun.backends.hosts import records as runs
-    from vmrun.backends.hosts.preflight import host_env
+    from vmrun.backends.hosts.preflight import probe
     from vmrun.backends.hosts.probes import gather_facts
+    from vmrun.containers.request import table_of
     from vmrun.transfer.streams import measure_rtt
 
     host = _Host(entry)
     rtt = measure_rtt(conn)
     host.rtt_ms = rtt * 1000
+    request = asked.resolve(table_of(entry.vars)) if asked is not None else None
     try:
-        host.env = host_env(conn, entry)
-        host.python, host.recorded = host.env.python, True
+        host.env = probe(conn, entry, in_image=request is not None)[0]
+        host.python, host.recorded = host.env.python, request is None
     except UsageError:
         host.python = "python3"
+    if request is not None:
+        from vmrun.backends.hosts.images import probe as probe_image
+
+        try:
+            host.image = probe_image(conn, request)
+        except VmrunError as exc:
+            host.image_error = exc.message
     host.facts = gather_facts(conn, host.python, versions=host.recorded, disk=workdir)
     arrived = time.time()
     clock = host.facts.data.get("time")
@@ -94,7 +105,9 @@ def _host_checks(host: _Host) -> list[Check]:
     assert facts is not None
     data = facts.data
     checks = [Check("ssh", label, Verdict.OK, f"round trip {host.rtt_ms:.1f} ms")]
-    if not host.recorded:
+    if host.image is not None or host.image_error:
+        checks += _image_checks(host)
+    elif not host.recorded:
         checks.append(
             Check(
                 "python", label, Verdict.FAIL, f"no interpreter recorded; run `vmrun setup {label}`"
@@ -130,6 +143,21 @@ def _host_checks(host: _Host) -> list[Check]:
     verdict = Verdict.OK if abs(host.skew_s) <= CLOCK_WARN_S else Verdict.WARN
     checks.append(Check("clock", label, verdict, f"{abs(host.skew_s):.2f} s {ahead} this machine"))
     return checks
+
+
+def _image_checks(host: _Host) -> list[Check]:
+    """A run in an image: its runtime and mounts instead of the host's Python and torch."""
+    label = host.entry.label
+    if host.image is None:
+        return [Check("image", label, Verdict.FAIL, host.image_error)]
+    image = host.image
+    gpus = host.env.gpus if host.env is not None else 0
+    return [
+        Check("image", label, Verdict.OK,
+              f"{image.request.image} with {image.runtime.name} (its Python and torch run)"),
+        Check("gpus", label, Verdict.OK,
+              f"{gpus} (nvidia-smi)" if gpus else "none: CPU processes, gloo"),
+    ]  # fmt: skip
 
 
 def python_series(version: str) -> str:
@@ -205,10 +233,13 @@ def diagnose(
         checks.append(check)
         on_check(check)
 
+    from vmrun.containers.request import asked_from
+
     workdir = remote_workdir(project)
     ordered = _master_first(list(entries), master)
+    asked = asked_from(None, None, settings)
     with Group(ordered, settings) as group:
-        outcomes = group.map(lambda entry, conn: _inspect(entry, conn, workdir))
+        outcomes = group.map(lambda entry, conn: _inspect(entry, conn, workdir, asked))
         hosts = []
         for outcome in outcomes:
             if outcome.error is not None:
@@ -308,7 +339,9 @@ def _allreduce(
         name="doctor-allreduce", batch_size=None, lr=None, launcher="torchrun",
     )  # fmt: skip
     checked = {
-        h.entry.label: Node(h.entry, group.connections[h.entry.label], h.env, h.facts)
+        h.entry.label: Node(
+            h.entry, group.connections[h.entry.label], h.env, h.facts, image=h.image
+        )
         for h in hosts
         if h.env is not None
     }

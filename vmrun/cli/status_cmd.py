@@ -74,7 +74,8 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(render(records, failed) + "\n")
             sys.stdout.flush()
         else:
-            _render(_rows(records, autostop), autostop=bool(autostop))
+            images = any(r.meta.get("image") for r in records)
+            _render(_rows(records, autostop, images), autostop=bool(autostop), images=images)
         if hidden:
             TERMINAL.info(f"{hidden} older run(s) not shown (--last N / --all)")
         for failure in errors:
@@ -82,8 +83,11 @@ def register(app: typer.Typer) -> None:
         return max((exit_code_for(f.error) for f in errors), default=0)
 
 
-def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, ...]]:
-    """One row per run and host; an AUTOSTOP column where a host has the watchdog."""
+def _rows(
+    records: Sequence[Any], autostop: dict[str, str], images: bool = False
+) -> list[tuple[str, ...]]:
+    """One row per run and host; an AUTOSTOP column where a host has the watchdog, an IMAGE
+    column where a run ran in a container image."""
     return [
         (
             r.id,
@@ -94,6 +98,7 @@ def _rows(records: Sequence[Any], autostop: dict[str, str]) -> list[tuple[str, .
             _duration(r.duration),
             "-" if r.exit_code is None else str(r.exit_code),
             *([autostop.get(r.host, "-")] if autostop else []),
+            *([str(r.meta.get("image") or "-")] if images else []),
         )
         for r in records
     ]
@@ -107,9 +112,11 @@ def _state(run: Any) -> str:
     return f"{text}, attempt {attempts}" if attempts > 1 else text
 
 
-def _render(rows: Sequence[tuple[str, ...]], *, autostop: bool = False) -> None:
+def _render(
+    rows: Sequence[tuple[str, ...]], *, autostop: bool = False, images: bool = False
+) -> None:
     headers: tuple[str, ...] = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
-    headers += ("AUTOSTOP",) * autostop
+    headers += ("AUTOSTOP",) * autostop + ("IMAGE",) * images
     if not rows:
         from vmrun.cli.output import TERMINAL
 

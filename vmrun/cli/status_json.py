@@ -16,7 +16,7 @@ from vmrun.results.layout import CLUSTER, layout_of
 
 _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
-    "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "nodes",
+    "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
     "error",
 )  # fmt: skip
@@ -57,6 +57,7 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
         "reason": getattr(first, "reason", "") or None,
         "attempts": max(getattr(r, "attempts", getattr(r, "attempt", 1)) for r in recs),
         "launcher": layout.launcher,
+        "image": first.meta.get("image") or None,  # the container image it ran in, if any
         "nodes": layout.nodes,
         "procs_per_node": layout.procs_per_node,
         "world_size": layout.world_size,
