@@ -89,6 +89,10 @@ def test_template_on_two_hosts_in_the_image_equals_one_process(
     assert final.stat().st_uid == d1.uid and final.stat().st_gid == d1.gid
     one = ["4", "2", "--batch-size", "32", "--dataset-size", "512", "--deterministic"]
     assert_matches_one_process(final, one, tmp_path / "single")
+    fetched = dclient.vmrun("fetch", "--run", rid, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    local = dclient.cwd / "results" / rid / d1.name / "finalmodel.pt"  # per node: two nodes
+    assert local.read_bytes() == final.read_bytes()
 
     again = dclient.vmrun("train", "--image", image, "-H", d1.name, "--epochs", "1",
                           timeout=300)  # fmt: skip
@@ -123,6 +127,11 @@ def test_a_script_in_the_image_writes_the_project_as_the_user_and_reads_a_mount(
     n, uid, version = out.read_text().split()
     assert (n, int(uid)) == ("42", d1.uid) and version.startswith("2.13.0")
     assert (d1.home / ".vmrun" / "container-home" / "cache.txt").read_text() == "ok"
+    (dclient.cwd / "fail.py").write_text("import sys\nprint('failing', flush=True)\nsys.exit(3)\n")
+    failed = dclient.vmrun("train", "fail.py", "-H", d1.name, "--launcher", "python",
+                           "--image", docker_hosts.image, timeout=240)  # fmt: skip
+    assert failed.returncode == 3, failed.stderr  # the container's exit code is the run's
+    assert error_in(failed.stderr)[0] == "run-failed" and "failing" in failed.stdout
 
 
 @pytest.mark.timeout(300)
@@ -259,6 +268,7 @@ def test_train_local_runs_in_the_image_with_this_machines_engine(
     """`--local --image`: this machine's docker client (here pointed at d2's daemon) pulls
     the image and runs the template in it; its files land in the project's results/."""
     daemon = docker_hosts.daemons[docker_hosts.hosts[1].name]
+    daemon.docker("rmi", docker_hosts.image, check=False)  # so that the pull below is real
     env = {"DOCKER_HOST": f"unix://{daemon.socket}"}
     done = dclient.vmrun("train", "--local", "--image", docker_hosts.image, "--epochs", "2",
                          "--save-every", "1", env=env, timeout=300)  # fmt: skip
