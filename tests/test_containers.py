@@ -256,7 +256,9 @@ def test_the_slurm_runtimes_as_values() -> None:
     assert shifter.prefix == ("shifter",)
     engine = slurm_container(RUNTIMES["podman"], spec, grace=15)
     assert engine.runner == "container_run.sh"
-    assert engine.prefix[:3] == ("podman", spec.name, "15") and engine.prefix[-1] == NGC
+    base = spec.name.rsplit("-", 1)[0]  # the job script adds each task's -$SLURM_PROCID
+    assert engine.prefix[:3] == ("podman", base, "15") and engine.prefix[-1] == NGC
+    assert not any(w.startswith("vmrun.node=") for w in engine.prefix)
 
 
 @pytest.mark.parametrize(
