@@ -6,6 +6,9 @@ a login host `login` (munged, slurmctld) and compute hosts `c1`, `c2` (slurmd ea
 `slurm_client`: a Client that reaches them over SSH (aliases `login`, `c1`, `c2`) and whose
 project names the cluster `bed` in vmrun.toml; after each test, every job is cancelled,
 the nodes are idle again, and the test's files on the shared filesystem are gone.
+`slurm_docker` (session): a real dockerd on each compute host of that cluster and a
+registry host `reg` serving the test image (testbed.docker.DockerBed on the cluster's
+hosts); jobs reach their node's daemon at `DOCKER_HOST` = `SLURM_DOCKER_HOST`.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, slow_fixture, wait_for
+from conftest import CACHE, Client, slow_fixture, wait_for
 from testbed import ClientKeys, NetnsBed, SlurmCluster, skip_reason_no_slurm
+from testbed.docker import DockerBed, image_tarball, skip_reason_no_docker
+
+# Where a job step finds its node's dockerd: each compute host's /etc/slurm is a directory
+# of its own (the bed's per-namespace /etc), so one path names a different socket on each
+# node, as /var/run/docker.sock does on a real cluster.
+SLURM_DOCKER_HOST = "unix:///etc/slurm/docker.sock"
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +44,29 @@ def slurm_cluster(
         SlurmCluster(bed) as cluster,
     ):
         yield cluster
+
+
+@pytest.fixture(scope="session")
+@slow_fixture
+def slurm_docker(slurm_cluster: SlurmCluster) -> Iterator[DockerBed]:
+    """A dockerd on each compute host of `slurm_cluster`, its socket's group the login
+    user's (the jobs' user), and the test image in a registry on host `reg`."""
+    reason = skip_reason_no_docker(CACHE)
+    if reason:
+        pytest.skip(f"Docker on the Slurm test hosts unavailable: {reason}")
+    tar = image_tarball(CACHE)
+    assert tar is not None
+    computes = slurm_cluster.computes
+    with DockerBed(slurm_cluster.bed, tar, hosts=computes,
+                   group=str(slurm_cluster.login.gid)) as docker_bed:  # fmt: skip
+        links = [slurm_cluster.etc_slurm(host) / "docker.sock" for host in computes]
+        try:
+            for host, link in zip(computes, links, strict=True):
+                link.symlink_to(docker_bed.daemons[host.name].socket)
+            yield docker_bed
+        finally:
+            for link in links:
+                link.unlink(missing_ok=True)
 
 
 def cluster_toml(python: Path) -> str:

@@ -256,7 +256,9 @@ def test_the_slurm_runtimes_as_values() -> None:
     assert shifter.prefix == ("shifter",)
     engine = slurm_container(RUNTIMES["podman"], spec, grace=15)
     assert engine.runner == "container_run.sh"
-    assert engine.prefix[:3] == ("podman", spec.name, "15") and engine.prefix[-1] == NGC
+    base = spec.name.rsplit("-", 1)[0]  # the job script adds each task's -$SLURM_PROCID
+    assert engine.prefix[:3] == ("podman", base, "15") and engine.prefix[-1] == NGC
+    assert not any(w.startswith("vmrun.node=") for w in engine.prefix)
 
 
 @pytest.mark.parametrize(
@@ -631,6 +633,26 @@ def test_a_signal_stops_then_removes_the_container(fake_docker, sig) -> None:
     assert verbs[-4:] == ["stop", "inspect", "rm", "removed"]
     assert calls[verbs.index("stop")][1:] == ["-t", "5", "vmrun-20261125-184500-1"]
     assert not (state / "exists").exists()  # no container left
+
+
+def test_usr2_goes_to_every_process_in_the_container(fake_docker) -> None:
+    """Slurm's time-limit warning reaches the step's processes, and the container's are not
+    among them: the script passes it on to all of them (PID 1, the init, excepted)."""
+    proc = _script(fake_docker, "sleep")
+    state = fake_docker[1]
+    deadline = time.monotonic() + 15
+    while not (state / "ready").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 15
+    while not any(c[0] == "exec" for c in _calls(state)):
+        assert time.monotonic() < deadline and proc.poll() is None  # it lives on
+        time.sleep(0.02)
+    (forward,) = [c for c in _calls(state) if c[0] == "exec"]
+    assert forward[1:3] == ["vmrun-20261125-184500-1", "sh"] and forward[-1].endswith("-- -1")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 143
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")

@@ -234,6 +234,11 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "python": (_is_str, "a path in quotes"),
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "sbatch_args": (_is_str_list, "a list of strings"),
+    **{
+        key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
+        for key in FIELDS
+        if key.startswith(("image", "mounts", "container_"))
+    },
 }
 _ARRAYS = {"hosts": ("host", HOST_KEYS), "clusters": ("cluster", CLUSTER_KEYS)}
 

@@ -163,7 +163,9 @@ def _context_meta_dir(home: Path, name: str) -> Path:
 class DockerDaemon:
     """A real ``dockerd`` inside ``host`` (its netns, /etc overrides, hostname); returns
     once it answers on its socket.  ``insecure_registries``: "addr:port" it pulls from
-    over plain http.  A context manager; close() is idempotent."""
+    over plain http.  ``group``: the socket's group (name or gid); with the default,
+    ``docker``, the host's user joins it and gets a CLI context naming the socket.  A
+    context manager; close() is idempotent."""
 
     def __init__(
         self,
@@ -171,6 +173,7 @@ class DockerDaemon:
         *,
         insecure_registries: Sequence[str] = (),
         storage_driver: str = "overlay2",
+        group: str = DOCKER_GROUP,
         timeout: float = 60.0,
     ) -> None:
         self.host = host
@@ -180,13 +183,15 @@ class DockerDaemon:
         self.log = self.root / "dockerd.log"
         self.cgroup_parent = f"/{host.netns}-docker"
         self.storage_driver = storage_driver
+        self.group = group
         self._insecure = list(insecure_registries)
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
         started = time.monotonic()
         try:
             self._start(timeout)
-            self._give_user_access()
+            if group == DOCKER_GROUP:
+                self._give_user_access()
         except BaseException:
             with contextlib.suppress(Exception):
                 self.close()
@@ -208,7 +213,7 @@ class DockerDaemon:
             f"--exec-root={self.root / 'exec'}",
             f"--pidfile={self.root / 'dockerd.pid'}",
             f"--host=unix://{self.socket}",
-            f"--group={DOCKER_GROUP}",
+            f"--group={self.group}",
             "--iptables=false",
             "--ip-forward=false",
             "--ip-masq=false",
@@ -480,7 +485,9 @@ def push_test_image(
 class DockerBed:
     """On ``bed``: a registry host (``registry_name``) serving the test image, pushed once
     from ``rootfs_tar`` by a builder daemon there (stopped after the push, freeing its
-    disk), and one dockerd per host in ``names`` that pulls from it over http.
+    disk), and one dockerd per host in ``names`` that pulls from it over http; or, given
+    ``hosts``, one on each of those hosts the bed has already (a Slurm cluster's compute
+    hosts), their sockets' group ``group`` (see DockerDaemon).
 
     ``hosts``, ``daemons`` (host name -> DockerDaemon), ``image`` (the reference),
     ``registry``, ``timings`` (seconds: import, build, push, daemon start), ``image_bytes``
@@ -493,6 +500,8 @@ class DockerBed:
         *,
         names: Sequence[str] = ("d1", "d2"),
         registry_name: str = "reg",
+        hosts: Sequence[TestHost] | None = None,
+        group: str = DOCKER_GROUP,
     ) -> None:
         self.bed = bed
         self.daemons: dict[str, DockerDaemon] = {}
@@ -501,7 +510,7 @@ class DockerBed:
         self._closed = False
         try:
             reg_host = bed.add_host(registry_name)
-            self.hosts = [bed.add_host(n) for n in names]
+            self.hosts = list(hosts) if hosts is not None else [bed.add_host(n) for n in names]
             self.registry = ImageRegistry(reg_host)
             with DockerDaemon(reg_host, insecure_registries=[self.registry.address]) as builder:
                 self.timings["daemon start"] = builder.started_in
@@ -510,7 +519,7 @@ class DockerBed:
             self.image_bytes = self.registry.stored_bytes()  # compressed, as pulled
             for host in self.hosts:
                 self.daemons[host.name] = DockerDaemon(
-                    host, insecure_registries=[self.registry.address]
+                    host, insecure_registries=[self.registry.address], group=group
                 )
         except BaseException:
             with contextlib.suppress(Exception):

@@ -165,6 +165,11 @@ class SlurmCluster:
     def _etc_slurm(self, host_name: str) -> Path:
         return ETC_NETNS / f"{self.bed.prefix}-{host_name}" / "slurm"
 
+    def etc_slurm(self, host: TestHost) -> Path:
+        """The directory that is ``/etc/slurm`` inside ``host`` (its sessions, daemons and
+        job steps): a file put here later shows there, on that host only."""
+        return self._etc_slurm(host.name)
+
     def _build(self, timeout: float) -> None:
         paths = self.paths
         if paths.root.exists():

@@ -222,12 +222,14 @@ def _ulimits(runtime: Runtime, spec: ContainerSpec) -> list[str]:
     return [word for limit in spec.ulimits for word in ("--ulimit", limit)]
 
 
-def run_options(runtime: Runtime, spec: ContainerSpec) -> list[str]:
-    """Every option of `run` after `--name`, then the image and the command."""
+def run_options(runtime: Runtime, spec: ContainerSpec, *, node_label: bool = True) -> list[str]:
+    """Every option of `run` after `--name`, then the image and the command (`node_label`
+    False: the caller adds the node's label, known only where the container starts)."""
     _binary(runtime)
+    node = ["--label", f"{LABEL_NODE}={spec.node}"] if node_label else []
     argv = [
         "--label", f"{LABEL_RUN}={spec.run_id}",
-        "--label", f"{LABEL_NODE}={spec.node}",
+        *node,
         "--init",  # a PID 1 that passes signals on and reaps (torchrun's workers)
         "--net=host",
         "--ipc=host",
@@ -373,7 +375,12 @@ def _shifter(runtime: Runtime, spec: ContainerSpec) -> SlurmContainer:
 
 
 def _engine(runtime: Runtime, spec: ContainerSpec, grace: int) -> SlurmContainer:
-    return SlurmContainer(prefix=tuple(script_args(runtime, spec, grace)), runner=RUNNER)
+    """container_run.sh's arguments, its NAME the run's (`vmrun-RUN`): one step has several
+    tasks on a node (env: one per rank), and the job script adds `-$SLURM_PROCID` to it,
+    and the `vmrun.node` label, where each task starts."""
+    base = spec.name.rsplit("-", 1)[0]
+    options = run_options(runtime, spec, node_label=False)
+    return SlurmContainer(prefix=(_binary(runtime), base, str(grace), *options), runner=RUNNER)
 
 
 _SLURM_BUILDERS: dict[str, Callable[[Runtime, ContainerSpec], SlurmContainer]] = {

@@ -18,6 +18,12 @@ stop() {
   "$docker" stop -t "$grace" "$name" >/dev/null 2>&1 || true
 }
 trap stop TERM INT HUP
+# SIGUSR2 (a Slurm job's time-limit warning, which its batch script passes on to the step)
+# goes to every process in the container, as it goes to every process of a bare step; the
+# container's processes are not the step's, so Slurm's own signal does not reach them
+# shellcheck disable=SC2317  # called by the trap
+forward() { "$docker" exec "$name" sh -c 'kill -s USR2 -- -1' >/dev/null 2>&1 || true; }
+trap forward USR2
 [ -n "$stopping" ] && exit 143  # stopped before the container started
 # In the background so that `wait` returns when a signal arrives (a trap does not run while
 # a foreground command runs); `run` without -i reads no input.

@@ -5,7 +5,12 @@
 # VMRUN_RUN_DIR (the run's output folder), VMRUN_LAUNCHER (torchrun|env|python),
 # VMRUN_NPROC (torchrun's processes per node), VMRUN_MAX_RESTARTS, VMRUN_MAX_REQUEUES,
 # VMRUN_PYTHON, VMRUN_MODULES (array), VMRUN_TASK (slurm_task.sh's text), VMRUN_COMMAND
-# (array: the script and its arguments).
+# (array: the script and its arguments); with an image (vmrun.containers.runtime
+# .slurm_container): VMRUN_SRUN (array: pyxis' srun options), VMRUN_PREFIX (array: the
+# words before the task: apptainer's or shifter's, or docker/podman's container_run.sh
+# arguments, VMRUN_RUNNER its text), VMRUN_PULL (array: container_pull.sh's arguments,
+# VMRUN_PULL_SCRIPT its text), VMRUN_CONTAINER_HOME (the HOME docker/podman's container
+# gets). The task script runs inside the image in every case.
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
@@ -59,7 +64,39 @@ warned() {
   scancel --signal=USR2 "$SLURM_JOB_ID" 2>/dev/null
 }
 trap warned USR2
-srun --kill-on-bad-exit=1 --label sh -c "$VMRUN_TASK" vmrun-task "${VMRUN_COMMAND[@]}" &
+step=(sh -c "$VMRUN_TASK" vmrun-task "${VMRUN_COMMAND[@]}")
+if [ -n "$VMRUN_RUNNER" ]; then
+  # docker/podman: the daemon's containers are not the step's processes, so Slurm's SIGKILL
+  # (KillWait after its SIGTERM) would leave them running: the runner's `stop` waits less
+  kill_wait=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
+  VMRUN_GRACE=$(( ${kill_wait:-30} > 3 ? ${kill_wait:-30} - 2 : 1 ))
+  export VMRUN_GRACE
+  # the HOME inside (caches of torch, pip): made here, or the daemon would make it as root
+  if [ -n "$VMRUN_CONTAINER_HOME" ]; then mkdir -p "$VMRUN_CONTAINER_HOME"; fi
+  # the image on every node before the step: a missing image or a refusing registry is
+  # one line here, and every node runs what the tag names now (not an older local copy)
+  if [ "${#VMRUN_PULL[@]}" -gt 0 ]; then
+    if ! pulled=$(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \
+      --kill-on-bad-exit=1 sh -c "$VMRUN_PULL_SCRIPT" vmrun-container-pull \
+      "${VMRUN_PULL[@]}" 2>&1); then
+      rc=14
+      printf '%s\n' "$pulled" | tail -n 5
+      mark failed "the pull of ${VMRUN_PULL[1]} failed on a node"
+      ended "$rc"
+      exit "$rc"
+    fi
+  fi
+  # each task's container: the run's name and the task's number (env: one task per rank),
+  # and Slurm's variables passed by name, as the task script reads them inside
+  # shellcheck disable=SC2016  # expanded by the task's own shell, on its node
+  in_engine='r=$1 d=$2 n=$3-$SLURM_PROCID g=${VMRUN_GRACE:-$4}; shift 4
+for v in $(env | sed -n "s/^\(SLURM_[A-Za-z0-9_]*\)=.*/\1/p"); do set -- -e "$v" "$@"; done
+exec sh -c "$r" vmrun-container "$d" "$n" "$g" --label "vmrun.node=$SLURM_PROCID" "$@"'
+  step=(sh -c "$in_engine" vmrun-step "$VMRUN_RUNNER" "${VMRUN_PREFIX[@]}" "${step[@]}")
+elif [ "${#VMRUN_PREFIX[@]}" -gt 0 ]; then
+  step=("${VMRUN_PREFIX[@]}" "${step[@]}")
+fi
+srun --kill-on-bad-exit=1 --label ${VMRUN_SRUN[@]+"${VMRUN_SRUN[@]}"} "${step[@]}" &
 task=$!
 while :; do  # a trapped signal ends `wait` early: wait again until srun has ended
   wait "$task"

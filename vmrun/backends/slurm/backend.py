@@ -28,6 +28,10 @@ from vmrun.backends.slurm.job import (
 )
 from vmrun.backends.slurm.queue import JobState
 from vmrun.backends.slurm.stream import JobStream
+from vmrun.containers import runtime as rt
+from vmrun.containers.image import ImageRef, Mount
+from vmrun.containers.request import Request
+from vmrun.containers.runtime import SlurmContainer
 from vmrun.errors import RemoteError, UsageError
 from vmrun.remote_paths import STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
@@ -38,6 +42,16 @@ from vmrun.ssh.connection import Connection
 from vmrun.ssh.quoting import plain_command, quote
 from vmrun.transfer.types import Progress
 
+# the variables the step's task reads inside a docker/podman container, passed by name
+# (Slurm's own, SLURM_*, are passed by the job script on each node: it knows which are set)
+STEP_ENV = (
+    "VMRUN_RUN_DIR", "VMRUN_LAUNCHER", "VMRUN_NPROC", "VMRUN_MAX_RESTARTS", "VMRUN_PYTHON",
+    "VMRUN_RECORD_DIR", "VMRUN_REQUEUE_FILE", "VMRUN_WARNED_FILE", "MASTER_ADDR",
+    "MASTER_PORT", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES",
+)  # fmt: skip
+IMAGE_PYTHON = "python3"  # the interpreter inside an image (NGC's have it on the PATH)
+# docker/podman's stop wait in the job's runner where the job cannot read Slurm's KillWait
+GRACE = 10
 POLL_S = 2.0  # squeue while following: one cheap query per poll, on the login node only
 # how long a follower rides out a controller that does not answer (a restart, a failover)
 UNANSWERED_LIMIT_S = 900.0
@@ -50,6 +64,19 @@ class Facts:
     workdir: str  # absolute
     version: str  # `sinfo --version`
     setup_python: str = ""  # the env `vmrun setup -C` built (<workdir>/.vmrun/host.json)
+    uid: int | None = None  # a docker/podman container's --user
+    gid: int | None = None
+
+
+@dataclass(frozen=True)
+class StepImage:
+    """The step's container as the job script carries it, the pull each node does first
+    (docker/podman), the HOME inside (docker/podman), and what run.json keeps."""
+
+    container: SlurmContainer
+    pull: tuple[str, ...]
+    home: str
+    meta: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -97,6 +124,8 @@ class SlurmBackend:
                 values["workdir"],
                 values.get("version", ""),
                 _recorded_python(values.get("setup_record", "")),
+                _number(values.get("uid")),
+                _number(values.get("gid")),
             )
         return self._facts
 
@@ -135,6 +164,8 @@ class SlurmBackend:
         rid = new_run_id(plan.name)
         code = f"{facts.workdir}/{remote_workdir(plan.project)}"
         paths = JobPaths(record=self.record_dir(rid), code=code, out=f"{code}/results/{rid}")
+        request = plan.containers.resolve(self.cluster.containers)
+        image = self._image(request, spec, facts, rid, paths, plan) if request else None
         trainer = b""
         if is_bundled(plan.script):
             trainer = plan.script.read_bytes()
@@ -144,10 +175,13 @@ class SlurmBackend:
         batch = Batch(
             run_id=rid,
             launcher=plan.launcher,
-            python=self.python(),
+            python=IMAGE_PYTHON if image else self.python(),
             command=command,
             max_restarts=plan.max_restarts,
             modules=self.cluster.modules,
+            container=image.container if image else None,
+            pull=image.pull if image else (),
+            container_home=image.home if image else "",
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
@@ -172,10 +206,61 @@ class SlurmBackend:
             "code_dir": paths.code,
             "out_dir": paths.out,
             "metrics": f"{paths.out}/metrics.jsonl",
+            **(image.meta if image else {}),
         }
         env = {**self.cluster.env, **plan.env}
         env_text = "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
         return Submission(rid, script, meta, paths, env_text, trainer)
+
+    def _image(
+        self, request: Request, spec: JobSpec, facts: Facts, rid: str, paths: JobPaths, plan: Plan
+    ) -> StepImage:
+        """The step's container on this cluster: its runtime (the cluster's
+        container_runtime, else the first the login node has), refused before anything is
+        sent when it is not there or cannot do what is asked."""
+        runtime = self._runtime(request.runtime)
+        engine = runtime.name in ("docker", "podman")
+        home = f"{facts.workdir}/{STATE_DIR}/container-home" if engine else ""
+        own = (Mount(paths.record, paths.record), *((Mount(home, home),) if home else ()))
+        taken = {m.target for m in own} | {paths.code}
+        names = sorted({*self.cluster.env, *plan.env})
+        container = rt.ContainerSpec(
+            image=request.image,
+            command=(),
+            workdir=paths.code,
+            run_id=rid,
+            mounts=(*own, *(m for m in request.mounts if m.target not in taken)),
+            env=(*STEP_ENV, *(n for n in names if n not in STEP_ENV)),
+            uid=facts.uid,
+            gid=facts.gid,
+            gpus=spec.gpus_per_node > 0,
+            rootless=runtime.name == "podman" and facts.uid != 0,
+            home=home or None,
+            ulimits=request.ulimits or rt.NGC_ULIMITS,
+        )
+        step = rt.slurm_container(runtime, container, GRACE)  # refuses what it cannot do
+        pull: tuple[str, ...] = ()
+        if engine and isinstance(request.image, ImageRef):
+            pull = tuple(rt.pull_script_args(runtime, request.image))
+        meta = {**request.meta(), "container_runtime": runtime.name}
+        return StepImage(step, pull, home, meta)
+
+    def _runtime(self, name: str) -> rt.Runtime:
+        """The runtime `container_runtime` names (`auto`: the first the login node has, in
+        runtime.DETECT_ORDER), present on the login node: one round trip."""
+        argv = hostside.command(rt.DETECT_SCRIPT)
+        found = self.conn.run(argv, check=True, what="the container runtimes").stdout_tail.split()
+        runtime = rt.detect(found) if name == "auto" else rt.runtime_named(name)
+        if runtime is None or runtime.name not in found:
+            what = "a container runtime" if runtime is None else runtime.name
+            raise UsageError(
+                f"--image needs {what}, which {self.cluster.login} does not have",
+                host=self.cluster.name,
+                hint="set container_runtime in the cluster's [[clusters]] table"
+                f" (one of {', '.join(rt.DETECT_ORDER)})",
+                code="container-runtime-missing",
+            )
+        return runtime
 
     def start(
         self, plan: Plan, how: object, out: Reporter, progress: Progress | None = None
@@ -371,6 +456,10 @@ def _relative(plan: Plan) -> str:
             hint="run vmrun from the project, or move the script into it",
             code="script-not-synced",
         ) from None
+
+
+def _number(text: str | None) -> int | None:
+    return int(text) if text and text.strip().isdigit() else None
 
 
 def _recorded_python(encoded: str) -> str:

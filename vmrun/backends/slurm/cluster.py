@@ -11,6 +11,7 @@ from typing import Any
 
 from vmrun.backends.slurm.job import word_problem
 from vmrun.config import PROJECT_FILE, Settings
+from vmrun.containers.request import table_of
 from vmrun.errors import ConfigError, UsageError
 from vmrun.ssh.hosts import parse_host
 from vmrun.ssh.inventory import HostEntry
@@ -35,6 +36,8 @@ class Cluster:
     python: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     sbatch_args: tuple[str, ...] = ()
+    # its own image, mounts, container_runtime, container_ulimits (over the project's)
+    containers: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def entry(self) -> HostEntry:
@@ -94,6 +97,7 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         python=python,
         env=_env(item.get("env", {}), here),
         sbatch_args=tuple(item.get("sbatch_args", ())),
+        containers=table_of(item),
     )
 
 

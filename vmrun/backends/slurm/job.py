@@ -4,7 +4,9 @@ before anything is submitted, and the batch script that asks for it.
 The script is a header (`#SBATCH` lines and the run's variables, every value quoted by
 vmrun.ssh.quoting) over vmrun/hostside/slurm_job.bash, which holds all the logic; the
 per-task launcher (vmrun/hostside/slurm_task.sh) travels inside it as a variable, so a job
-waiting in the queue holds everything it will run.
+waiting in the queue holds everything it will run: with an image, so do the runtime's words
+(vmrun.containers.runtime.SlurmContainer) and, for docker or podman, the host-side runner
+and pull scripts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vmrun.containers.runtime import PULL_SCRIPT, SlurmContainer
 from vmrun.errors import UsageError
 from vmrun.hostside import source
 from vmrun.runs.plan import CPU_PROCESSES
@@ -142,9 +145,14 @@ class Batch:
     command: Sequence[str]
     max_restarts: int = 0
     modules: Sequence[str] = ()
+    container: SlurmContainer | None = None  # the step inside an image
+    pull: Sequence[str] = ()  # docker/podman: container_pull.sh's arguments, once per node
+    container_home: str = ""  # docker/podman: the HOME inside (made before the step)
 
 
-def sbatch_options(spec: JobSpec, launcher: str, paths: JobPaths, version: str) -> list[str]:
+def sbatch_options(
+    spec: JobSpec, launcher: str, paths: JobPaths, version: str, extra: Sequence[str] = ()
+) -> list[str]:
     opts = [f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec, launcher)}"]
     for flag, value in (
         ("--partition", spec.partition),
@@ -165,6 +173,7 @@ def sbatch_options(spec: JobSpec, launcher: str, paths: JobPaths, version: str) 
         "--open-mode=append",
         f"--signal=B:USR2@{spec.signal_before}",  # to the batch shell, which passes it on
         "--requeue",
+        *extra,  # the runtime's (shifter's --image)
         *spec.sbatch_args,  # last: sbatch takes the last of repeated options
     ]
     return opts
@@ -174,8 +183,10 @@ def batch_script(
     spec: JobSpec, batch: Batch, paths: JobPaths, version: str, *, job_name: str
 ) -> str:
     """The whole batch script: the header, the run's variables, then slurm_job.bash."""
+    box = batch.container or SlurmContainer()
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}"]
-    lines += [f"#SBATCH {opt}" for opt in sbatch_options(spec, batch.launcher, paths, version)]
+    options = sbatch_options(spec, batch.launcher, paths, version, box.directives)
+    lines += [f"#SBATCH {opt}" for opt in options]
     variables = {
         "VMRUN_RUN_ID": batch.run_id,
         "VMRUN_RECORD_DIR": paths.record,
@@ -190,8 +201,19 @@ def batch_script(
     lines += [f"{name}={quote(value)}" for name, value in variables.items()]
     lines.append(f"VMRUN_MODULES=({' '.join(quote(m) for m in batch.modules)})")
     lines.append(f"VMRUN_COMMAND=({' '.join(quote(w) for w in batch.command)})")
-    task = "\n".join(
-        line for line in source("slurm_task.sh").splitlines() if not line.lstrip().startswith("#")
-    )  # its comments are in the file; the job shows the commands
-    lines.append(f"VMRUN_TASK={quote(task)}")
+    lines.append(f"VMRUN_TASK={quote(_commands('slurm_task.sh'))}")
+    lines.append(f"VMRUN_SRUN=({' '.join(quote(w) for w in box.srun)})")
+    lines.append(f"VMRUN_PREFIX=({' '.join(quote(w) for w in box.prefix)})")
+    lines.append(f"VMRUN_RUNNER={quote(_commands(box.runner)) if box.runner else ''}")
+    lines.append(f"VMRUN_PULL=({' '.join(quote(w) for w in batch.pull)})")
+    lines.append(f"VMRUN_PULL_SCRIPT={quote(_commands(PULL_SCRIPT)) if batch.pull else ''}")
+    lines.append(f"VMRUN_CONTAINER_HOME={quote(batch.container_home)}")
     return "\n".join(lines) + "\n\n" + source("slurm_job.bash")
+
+
+def _commands(name: str) -> str:
+    """A host-side script's text without its comment lines (they are in the file; the job
+    shows the commands)."""
+    return "\n".join(
+        line for line in source(name).splitlines() if not line.lstrip().startswith("#")
+    )
