@@ -53,7 +53,10 @@ def test_a_hosts_table_wins_over_the_project_and_the_flag_over_both() -> None:
 def test_bad_values_are_refused_before_anything_starts() -> None:
     assert _code(Asked("Bad/Name:1").check) == "bad-image"
     assert _code(Asked("a/b:1", ("data:/data",)).check) == "bad-mount"
-    assert _code(Asked("", ("/data:/data",)).check) == "bad-mount"  # a mount needs an image
+    mount_only = Asked("", ("/data:/data",))
+    mount_only.check()  # a host's or a cluster's table may give the image
+    assert _code(mount_only.resolve, {}) == "bad-mount"  # none did: a mount needs an image
+    assert str(mount_only.resolve({"image": "a/b:1"}).mounts[0]) == "/data:/data"
     bad_limit = Asked("a/b:1", defaults={"container_ulimits": ["memlock"]})
     assert _code(bad_limit.check) == "bad-ulimit"
 

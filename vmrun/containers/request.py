@@ -79,8 +79,16 @@ class Asked:
     fixed: bool = False
 
     def check(self) -> None:
-        """Every value given so far parsed (bad-image, bad-mount, bad-ulimit: exit 2)."""
-        self.resolve({})
+        """Every value given so far parsed (bad-image, bad-mount, bad-ulimit: exit 2). A
+        --mount without any image is refused where it is resolved: a host's or cluster's
+        own table may give the image."""
+        merged = dict(self.defaults or {})
+        text = self.image or str(merged.get("image") or "")
+        if text:
+            parse_image(text)
+        for mount in [*map(str, merged.get("mounts") or []), *self.mount_flags]:
+            parse_mount(mount)
+        check_ulimits([str(u) for u in merged.get("container_ulimits") or []])
 
     def resolve(self, table: Mapping[str, Any]) -> Request | None:
         """The request for a host or cluster whose own table is `table`; None: no image."""
