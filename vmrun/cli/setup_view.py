@@ -241,6 +241,7 @@ def _print_summary(host_report: HostReport, seconds: float, params: dict[str, st
     parts += [
         f"{k}={rec[k]}"
         for k in ("torch", "cuda", "cuda_available", "gpus", "nccl", "gpu_names")
+        + ("container", "container_version", "container_gpus")  # --container's check
         if k in rec
     ]
     reboot = ", rebooted" if host_report.rebooted else ""
