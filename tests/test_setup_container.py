@@ -24,7 +24,6 @@ import grp
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conftest import Client, error_in, install_standin
@@ -232,7 +231,8 @@ def test_docker_on_a_gpu_host_in_order_the_group_counts_and_a_rerun_skips_it_all
         "curl",
         f"{lock} update",  # again: the new repository's lists
         f"{lock} install -y nvidia-container-toolkit",
-        f"nvidia-ctk runtime configure --runtime=docker --config={host.home}/etc/docker/daemon.json",
+        "nvidia-ctk runtime configure --runtime=docker"
+        f" --config={host.home}/etc/docker/daemon.json",
         "systemctl restart docker",
         f"usermod -aG docker {host.user}",
         "docker info --format {{.ServerVersion}}",

@@ -281,18 +281,19 @@ def _when(value: Any, where: str, params: set[str] | None) -> dict[str, Any]:
     if "param" in value:
         when["param"] = _param_name(value["param"], where, "when.param", params)
     for key in ("param_is", "param_not"):
-        if key not in value:
-            continue
-        raw = value[key]
-        if not isinstance(raw, dict) or not raw:
-            raise ConfigError(
-                f"{where}: when.{key} must be a mapping of param: value, not {kind(raw)}"
-            )
-        when[key] = {
-            _param_name(k, where, f"when.{key}", params): _scalar(v, where, f"when.{key}.{k}")
-            for k, v in raw.items()
-        }
+        if key in value:
+            when[key] = _param_values(value[key], where, f"when.{key}", params)
     return when
+
+
+def _param_values(raw: Any, where: str, what: str, params: set[str] | None) -> dict[str, str]:
+    """`{param: value, ...}` of when.param_is and when.param_not."""
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: {what} must be a mapping of param: value, not {kind(raw)}")
+    return {
+        _param_name(k, where, what, params): _scalar(v, where, f"{what}.{k}")
+        for k, v in raw.items()
+    }
 
 
 def _values(value: Any, where: str, what: str) -> list[str]:
