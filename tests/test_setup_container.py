@@ -208,6 +208,15 @@ def test_docker_on_a_gpu_host_in_order_the_group_counts_and_a_rerun_skips_it_all
     only = [w for s in STEPS for w in ("--only", s)]
     args = ["setup", "d3", "--container", "docker", *only, *_params(host, docker_hosts.image),
             "--no-record"]  # fmt: skip
+    # outside the group, the real daemon refuses the user: the check says which and why
+    refused = client.vmrun(*args[:4], "--only", "container-check", *args[4 + len(only) :],
+                           timeout=120)  # fmt: skip
+    assert refused.returncode == 1, refused.stderr + refused.stdout
+    code, said = error_in(refused.stderr)
+    assert code == "setup-step-failed" and said.startswith("d3: step container-check failed")
+    assert f"{host.user} cannot use the Docker engine: permission denied" in said, said
+    (host.home / "standin-calls").unlink()
+
     plan = client.vmrun(*args, "--dry-run", timeout=120)
     assert plan.returncode == 0, plan.stderr + plan.stdout
     for step in STEPS:
