@@ -263,4 +263,3 @@ def test_docker_on_a_gpu_host_in_order_the_group_counts_and_a_rerun_skips_it_all
     # only the checks ran (read-only): nothing installed, restarted or changed again
     assert _calls(host)[len(before) :] == ["systemctl is-active --quiet docker"], _calls(host)
     assert root_acts == [f"-aG docker {host.user}"]
-
