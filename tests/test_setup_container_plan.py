@@ -185,3 +185,13 @@ def test_bad_container_input_is_one_line_exit_2(
     code, said = error_in(done.stderr)
     assert code == "usage" and needle in said, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_setup_container_in_vmrun_toml_asks_for_it_and_the_flag_wins() -> None:
+    from vmrun.operations.setup import SetupRequest, resolve_params
+
+    book = load()
+    configured = {"container": "podman"}
+    assert resolve_params(dict(book.params), configured, {}, {}, [])["container"] == "podman"
+    flags = SetupRequest(container="docker").flags()
+    assert resolve_params(dict(book.params), configured, {}, flags, [])["container"] == "docker"
