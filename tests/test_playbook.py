@@ -22,6 +22,10 @@ def test_the_default_playbook_loads_and_ships() -> None:
         "torch",
         "extra-packages",
         "verify",
+        "container-engine",  # these four only with --container (tests/test_setup_container*)
+        "nvidia-container-toolkit",
+        "docker-group",
+        "container-check",
     ]
     assert book.params["env"] == "venv" and book.params["torch_index"] == "auto"
     assert (builtin_dir() / "default.yaml").is_file()

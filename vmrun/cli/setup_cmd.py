@@ -19,6 +19,8 @@ from vmrun.cli.options import (
 from vmrun.errors import UsageError
 from vmrun.setting_types import period_seconds
 
+CONTAINER_ENGINES = ("docker", "podman", "none")  # the playbook's `container` choices
+
 if TYPE_CHECKING:
     from vmrun.config import Settings
     from vmrun.operations.setup import SetupRequest
@@ -110,6 +112,15 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--pip", metavar="REQS", help="Extra pip requirements, space-separated."),
         ] = None,
+        container: Annotated[
+            str | None,
+            typer.Option(
+                "--container",
+                metavar="docker|podman|none",
+                help="Also install a container engine for train --image (GPU hosts: the NVIDIA"
+                " Container Toolkit) and check that the user can run containers.",
+            ),
+        ] = None,
         param: Annotated[
             list[str] | None,
             typer.Option("--param", metavar="NAME=VALUE", help="Set any playbook parameter."),
@@ -177,6 +188,13 @@ def register(app: typer.Typer) -> None:
             return 0
         targets = [*(hosts or []), *(host or [])]
         refuse_with_cluster(cluster, targets)
+        if container is not None and container not in CONTAINER_ENGINES:
+            raise UsageError(f"--container {container}: use docker, podman or none")
+        if cluster and container not in (None, "none"):
+            raise UsageError(
+                "--container installs an engine on hosts (-H); a cluster's container runtime is"
+                " its admins' (container_runtime per cluster)"
+            )
         if cluster and autostop:
             raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
         if autostop:
@@ -185,7 +203,8 @@ def register(app: typer.Typer) -> None:
         request = SetupRequest(
             playbook=playbook, extra=extra or [], env_manager=env_manager, python=python,
             python_version=python_version, env_name=env_name, torch=torch,
-            torch_index=torch_index, driver=driver, pip=pip, params=param or [],
+            torch_index=torch_index, driver=driver, pip=pip, container=container,
+            params=param or [],
             force=force or [], only=only or [], dry_run=dry_run, wheelhouse=wheelhouse,
             installer=installer, index_url=index_url, find_links=find_links or [],
             reboot_timeout=reboot_timeout,

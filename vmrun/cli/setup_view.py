@@ -229,6 +229,10 @@ def _print_plan(host_report: HostReport) -> None:
             typer.echo(f"  skip {step.name}: {step.detail or step.status}")
 
 
+TORCH_RECORDS = ("torch", "cuda", "cuda_available", "gpus", "nccl", "gpu_names")  # verify's
+CONTAINER_RECORDS = ("container", "container_version", "container_gpus")  # --container's check
+
+
 def _print_summary(host_report: HostReport, seconds: float, params: dict[str, str]) -> None:
     ran = host_report.ran
     skipped = [
@@ -240,7 +244,15 @@ def _print_summary(host_report: HostReport, seconds: float, params: dict[str, st
     parts = [f"python={host_report.python}"]
     parts += [
         f"{k}={rec[k]}"
-        for k in ("torch", "cuda", "cuda_available", "gpus", "nccl", "gpu_names")
+        for k in (
+            "torch",
+            "cuda",
+            "cuda_available",
+            "gpus",
+            "nccl",
+            "gpu_names",
+            *CONTAINER_RECORDS,
+        )
         if k in rec
     ]
     reboot = ", rebooted" if host_report.rebooted else ""

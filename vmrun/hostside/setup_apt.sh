@@ -57,3 +57,23 @@ vmrun_apt_install() (
   vmrun_apt_update
   vmrun_apt_get install -y "$@"
 )
+# vmrun_apt_repo NAME KEY_URL LINE: a third-party apt repository (Docker's, NVIDIA's). Its key,
+# ASCII-armored as both publish it (apt reads a .asc keyring as it is: no gpg needed), goes to
+# $VMRUN_APT_KEYRINGS/NAME.asc; LINE ("deb URL SUITE [COMPONENT...]") to
+# $VMRUN_APT_SOURCES/NAME.list, signed by that key only; then `apt-get update` even when it ran
+# earlier in this setup run: the new repository's lists are what the install needs.
+vmrun_apt_repo() (
+  keyring=${VMRUN_APT_KEYRINGS:-/etc/apt/keyrings}/$1.asc
+  sources=${VMRUN_APT_SOURCES:-/etc/apt/sources.list.d}/$1.list
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  vmrun_fetch "$2" "$tmp/key"
+  printf '%s\n' "$3" | sed "s#^deb #deb [signed-by=$keyring] #" >"$tmp/list"
+  # shellcheck disable=SC2086 # VMRUN_SUDO is `sudo -n` or empty: words on purpose
+  ${VMRUN_SUDO:-} install -D -m 0644 "$tmp/key" "$keyring"
+  # shellcheck disable=SC2086
+  ${VMRUN_SUDO:-} install -D -m 0644 "$tmp/list" "$sources"
+  echo "apt repository $1: $(cat "$tmp/list")" >&2
+  vmrun_apt_get update
+  mkdir -p "$(dirname "$VMRUN_APT_MARK")" && printf '%s' "$VMRUN_SETUP_RUN" >"$VMRUN_APT_MARK"
+)

@@ -48,6 +48,7 @@ class SetupRequest:
     torch_index: str | None = None
     driver: str | None = None
     pip: str | None = None
+    container: str | None = None  # docker|podman|none: a container engine for train --image
     params: list[str] = field(default_factory=list)
     force: list[str] = field(default_factory=list)
     only: list[str] = field(default_factory=list)
@@ -63,7 +64,7 @@ class SetupRequest:
             "env": self.env_manager, "python": self.python,
             "python_version": self.python_version, "env_name": self.env_name,
             "torch": self.torch, "torch_index": self.torch_index, "driver": self.driver,
-            "pip": self.pip,
+            "pip": self.pip, "container": self.container,
         }  # fmt: skip
 
     def options(self, settings: Settings) -> SetupOptions:

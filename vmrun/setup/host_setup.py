@@ -79,6 +79,8 @@ class HostSetup:
                 outcome, records = self.runner.execute(step, env)
                 if step.reboot:
                     env = self._refresh_facts(step, params)
+                if step.relogin:
+                    self._relogin(step)
             elif outcome.status != StepStatus.ADOPTED:
                 report.steps.append(outcome)
                 continue
@@ -131,6 +133,13 @@ class HostSetup:
             f" {env['VMRUN_PIP_INDEX_ARGS'] or '(PyPI default)'}"
         )
         return env
+
+    def _relogin(self, after: Step) -> None:
+        """A new SSH session for the steps after `after`: sshd gives a session the user's
+        groups when it logs in, so a group just added (docker) is missing from every command
+        on the old one; the connection dials again on its next command."""
+        self.log.event(f"logging in again after {after.name}")
+        self.conn.close()
 
     def _run_checks(self, steps: list[Step], env: Mapping[str, str]) -> set[str]:
         """Every check in one round trip; each runs in its own bash, read-only by contract

@@ -32,12 +32,16 @@ _STEP_KEYS = {
     "apply",
     "verify",
     "record",
+    "relogin",
     "apt",
     "pip",
 }
-_WHEN_KEYS = {"gpu", "cluster", "env", "os", "param", "param_not"}
+_WHEN_KEYS = {"gpu", "cluster", "env", "os", "param", "param_is", "param_not"}
 _BOOK_KEYS = {"name", "description", "params", "steps"}
-_FLAGS = ("sudo", "reboot", "record")
+_FLAGS = ("sudo", "reboot", "record", "relogin")
+# fields a step's definition hash holds only when set: added later, so that a step without
+# them hashes as it did before and hosts set up then keep their state
+_HASHED_WHEN_SET = ("branches", "picked", "relogin")
 _SCRIPTS = ("check", "apply", "verify")
 
 
@@ -59,15 +63,15 @@ class Step:
     # scripts chosen by a param's value (field -> branches), until `resolved` picks them
     branches: Mapping[str, Branches] = field(default_factory=dict)
     picked: tuple[str, ...] = ()  # the params whose values picked this step's scripts
+    # a new SSH session after it ran: a group it added (docker) is only in new logins' groups
+    relogin: bool = False
 
     def definition_hash(self) -> str:
-        # branches and picked only when there are any: a step without them hashes as it
-        # always did, so hosts set up before keep their state
         body = json.dumps(
             {
                 k: v
                 for k, v in self.__dict__.items()
-                if k != "description" and (v or k not in ("branches", "picked"))
+                if k != "description" and (v or k not in _HASHED_WHEN_SET)
             },
             sort_keys=True,
             default=lambda o: o.as_json() if isinstance(o, Branches) else list(o),
@@ -233,6 +237,7 @@ def parse_steps(
             apply=plain.get("apply", ""),
             verify=plain.get("verify", ""),
             record=raw.get("record", False),
+            relogin=raw.get("relogin", False),
             apt=_names(raw.get("apt"), where, "apt"),
             pip=_names(raw.get("pip"), where, "pip"),
             branches={f: s for f, s in scripts.items() if isinstance(s, Branches)},
@@ -275,19 +280,20 @@ def _when(value: Any, where: str, params: set[str] | None) -> dict[str, Any]:
             when[key] = _values(value[key], where, f"when.{key}")
     if "param" in value:
         when["param"] = _param_name(value["param"], where, "when.param", params)
-    if "param_not" in value:
-        raw = value["param_not"]
-        if not isinstance(raw, dict) or not raw:
-            raise ConfigError(
-                f"{where}: when.param_not must be a mapping of param: value, not {kind(raw)}"
-            )
-        when["param_not"] = {
-            _param_name(k, where, "when.param_not", params): _scalar(
-                v, where, f"when.param_not.{k}"
-            )
-            for k, v in raw.items()
-        }
+    for key in ("param_is", "param_not"):
+        if key in value:
+            when[key] = _param_values(value[key], where, f"when.{key}", params)
     return when
+
+
+def _param_values(raw: Any, where: str, what: str, params: set[str] | None) -> dict[str, str]:
+    """`{param: value, ...}` of when.param_is and when.param_not."""
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: {what} must be a mapping of param: value, not {kind(raw)}")
+    return {
+        _param_name(k, where, what, params): _scalar(v, where, f"{what}.{k}")
+        for k, v in raw.items()
+    }
 
 
 def _values(value: Any, where: str, what: str) -> list[str]:
@@ -374,6 +380,9 @@ def applies(
         return f"OS release {os_release or 'unknown'}"
     if "param" in when and not params.get(str(when["param"]), "").strip():
         return f"{when['param']} not set"
+    for key, value in (when.get("param_is") or {}).items():
+        if params.get(str(key), "") != str(value):
+            return f"{key}={params.get(str(key), '')}"
     for key, value in (when.get("param_not") or {}).items():
         if params.get(str(key), "") == str(value):
             return f"{key}={value}"
