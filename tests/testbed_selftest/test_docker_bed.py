@@ -56,7 +56,7 @@ def test_the_image_was_pushed_once_and_each_daemon_answers(docker_hosts: DockerB
     status, body = reg.get("/v2/vmrun-test/torch/tags/list")
     assert status == 200 and b'"2.13.0"' in body
     for daemon in docker_hosts.daemons.values():
-        assert daemon.images() == []  # nothing pulled yet: the pull below is real
+        assert isinstance(daemon.images(), list)  # it answers (other tests may have pulled)
         assert daemon.containers() == []
 
 
@@ -66,6 +66,8 @@ def test_the_user_pulls_and_runs_the_image_over_ssh(
     host = docker_hosts.hosts[0]
     daemon = docker_hosts.daemons[host.name]
     image = docker_hosts.image
+    daemon.docker("rmi", image, check=False)  # an earlier test's pull: this one is real
+    assert image not in daemon.images()
     t = time.monotonic()
     pull = ssh(docker_hosts, tmp_path, host.name, f"docker pull {image}")
     pulled_in = time.monotonic() - t
