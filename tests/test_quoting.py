@@ -170,6 +170,7 @@ def _wait_dead(pid: int, seconds: float) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.netns  # a long-running real process: 9 s of beats and silence, not quick-tier
 def test_heartbeat_wrapper_kills_the_group_when_the_client_falls_silent() -> None:
     """A link cut sends no EOF: with a heartbeat, silence alone ends the command."""
     import time
