@@ -618,14 +618,20 @@ def test_a_stale_container_of_the_same_name_is_removed_first(fake_docker) -> Non
     assert verbs[:3] == ["rm", "removed", "run"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_then_removes_the_container(fake_docker, sig) -> None:
-    proc = _script(fake_docker, "sleep")
-    state = fake_docker[1]
+def _sleeping(fake: tuple[Path, Path]) -> tuple[subprocess.Popen, Path]:
+    """container_run.sh with a container that sleeps, once it runs."""
+    proc = _script(fake, "sleep")
+    state = fake[1]
     deadline = time.monotonic() + 15
     while not (state / "ready").exists():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
+    return proc, state
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_then_removes_the_container(fake_docker, sig) -> None:
+    proc, state = _sleeping(fake_docker)
     proc.send_signal(sig)
     assert proc.wait(timeout=20) == 143  # the container's own status: it got TERM
     calls = _calls(state)
@@ -638,12 +644,7 @@ def test_a_signal_stops_then_removes_the_container(fake_docker, sig) -> None:
 def test_usr2_goes_to_every_process_in_the_container(fake_docker) -> None:
     """Slurm's time-limit warning reaches the step's processes, and the container's are not
     among them: the script passes it on to all of them (PID 1, the init, excepted)."""
-    proc = _script(fake_docker, "sleep")
-    state = fake_docker[1]
-    deadline = time.monotonic() + 15
-    while not (state / "ready").exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
+    proc, state = _sleeping(fake_docker)
     proc.send_signal(signal.SIGUSR2)
     deadline = time.monotonic() + 15
     while not any(c[0] == "exec" for c in _calls(state)):
