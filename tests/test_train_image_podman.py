@@ -94,9 +94,11 @@ def test_podman_runs_the_template_on_two_hosts_as_the_user(
     user's (keep-id), no container is left; a second pull finds the image there."""
     image = podman_hosts.image
     args = ["3", "1", "--batch-size", "8", "--dataset-size", "256", "--deterministic"]
-    done = pclient.vmrun("train", "--image", image, "--", *args, timeout=500)
+    done = pclient.vmrun("train", "--image", image, "--nproc-per-node", "1", "--", *args,
+                         timeout=500)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
+    assert "2 nodes x 1 process(es)" in done.stderr
     for host in podman_hosts.hosts:  # the bytes come from podman's own progress bars
         assert re.search(rf"{host.name}: pulled {re.escape(image)} \(\d+ layers, \d+ MiB",
                          done.stderr), done.stderr  # fmt: skip
