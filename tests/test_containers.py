@@ -211,6 +211,14 @@ def test_rootless_podman_keeps_the_users_id_and_the_hosts_limits() -> None:
     assert _pairs(argv, "--ulimit") == ["host"]
 
 
+def test_podman_with_the_hosts_ipc_needs_no_dev_mqueue_on_the_host() -> None:
+    """podman's --ipc=host binds /dev/mqueue, which a host without systemd lacks."""
+    argv = run_argv(RUNTIMES["podman"], _spec(rootless=True))
+    assert "--ipc=host" in argv
+    assert _pairs(argv, "--mount") == ["type=tmpfs,destination=/dev/mqueue"]
+    assert "--mount" not in run_argv(RUNTIMES["docker"], _spec())
+
+
 def test_the_scripts_arguments_and_the_other_verbs() -> None:
     docker = RUNTIMES["docker"]
     spec = _spec()
@@ -447,6 +455,59 @@ def test_podman_blob_lines_count_too() -> None:
         "Writing manifest to image destination\n"
     )
     assert (out.layers_total, out.layers_done) == (2, 2)
+
+
+# Recorded from Debian's podman 4.3 (rootless, runc) pulling the same kind of image from
+# Debian's docker-registry, through container_pull.sh (a terminal 200 columns wide).
+RECORDED_PODMAN_TTY = """\
+Trying to pull 10.77.0.2:5000/tiny:1...
+Getting image source signatures
+Copying blob 2fec26bb3f76 [=========>----------------------------] 400.0KiB / 1.5MiB
+Copying blob 2fec26bb3f76 [======================================] 1.5MiB / 1.5MiB
+Copying blob 2fec26bb3f76 done
+Copying config 36e3c566f1 [======================================] 428.0b / 428.0b
+Copying config 36e3c566f1 done
+Writing manifest to image destination
+Storing signatures
+36e3c566f127b14ff21d8c5dc40a8290b5307daadd918d4f4e79e4373ffbf11a
+"""
+RECORDED_PODMAN_AGAIN = """\
+Trying to pull 10.77.0.2:5000/tiny:1...
+Getting image source signatures
+Copying blob 2fec26bb3f76 .
+Copying blob 2fec26bb3f76 skipped: already exists
+Copying config 36e3c566f1 done
+Writing manifest to image destination
+"""
+
+
+def test_podmans_terminal_bars_give_the_bytes_and_a_second_pull_is_there_already() -> None:
+    reader = PullReader()
+    for line in RECORDED_PODMAN_TTY.splitlines()[:3]:
+        reader.feed(line)
+    assert reader.progress().bytes_done == 400 * 1024  # mid-pull, from the bar
+    done = read_pull(RECORDED_PODMAN_TTY)
+    assert (done.layers_total, done.layers_done) == (1, 1)  # the config is no layer
+    assert done.bytes_total == round(1.5 * 2**20) and done.up_to_date is False
+    again = read_pull(RECORDED_PODMAN_AGAIN)
+    assert again.layers_done == 1 and again.up_to_date is True
+
+
+def test_the_pull_runs_on_a_terminal_wide_enough_for_podmans_bars(tmp_path: Path) -> None:
+    """script(1)'s terminal has no width here; podman cuts every bar to "…" on it."""
+    from vmrun.hostside import source
+
+    if shutil.which("script") is None or shutil.which("stty") is None:
+        pytest.skip("script(1) or stty missing")
+    fake = tmp_path / "podman"
+    bar = "Copying blob 2fec26bb3f76 [====] 1.5MiB / 1.5MiB"
+    fake.write_text(f'#!/bin/sh\nset -- $(stty size)\necho "{bar} (cols $2)"\n')
+    fake.chmod(0o755)
+    argv = ["sh", "-c", source("container_pull.sh"), "vmrun-container-pull", str(fake), "x:1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    cols = int(done.stdout.rsplit("cols ", 1)[1].split(")")[0])
+    assert cols >= 120 and read_pull(done.stdout).bytes_total == round(1.5 * 2**20)
 
 
 @pytest.mark.parametrize(

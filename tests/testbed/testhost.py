@@ -91,6 +91,9 @@ class TestHost(SshdHost):
         self._threads = bed._threads
         self._blocked: set[int] = set()
         self._cut: set[str] = set()
+        # sh run as root inside the host before each of its commands and its sshd (so every
+        # SSH session too), ending in `exec "$@"`: mounts only the host sees (podman.py)
+        self.prelude: str | None = None
 
     def __repr__(self) -> str:
         return f"TestHost({self.name!r}, addr={self.addr}, user={self.user})"
@@ -147,6 +150,8 @@ class TestHost(SshdHost):
                 "--",
                 *inner,
             ]
+        if self.prelude is not None:
+            inner = ["/bin/sh", "-c", self.prelude, "prelude", *inner]
         return [
             IP,
             "netns",

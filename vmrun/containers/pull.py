@@ -5,7 +5,8 @@ output has them), its failure as one error with a stable code.
 `Download complete`, `Pull complete`, `Already exists`) and drops the byte counts, which
 it shows only as progress bars on a terminal; the Engine API's JSON stream
 (`POST /images/create`) carries them (`progressDetail`). Both are read here, and podman's
-`Copying blob` lines, so the live view shows what the host's pull gives.
+`Copying blob` lines (byte counts too on a terminal), so the live view shows what the
+host's pull gives.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ _STATES = {  # a layer event's words -> the layer's state
 _LAYER = re.compile(r"([0-9a-f]{12,64}): (.*)")
 _PODMAN_BLOB = re.compile(r"Copying blob (?:sha256:)?([0-9a-f]{12,64})\s*(.*)")
 _SIZE = re.compile(r"([0-9.]+)\s*([kKMG]?B)/([0-9.]+)\s*([kKMG]?B)")  # a terminal's "12.5MB/45MB"
-_UNITS = {"B": 1, "kB": 1000, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
+# podman's bar on a terminal: "Copying blob 2fec26bb3f76 [=====>---] 1.5MiB / 45.0MiB"
+_PODMAN_SIZE = re.compile(r"([0-9.]+)\s*([KMG]iB|b)\s*/\s*([0-9.]+)\s*([KMG]iB|b)")
+_UNITS = {"B": 1, "kB": 1000, "KB": 1000, "MB": 1000**2, "GB": 1000**3,
+          "b": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class PullReader:
     digest: str | None = None
     up_to_date: bool | None = None
     errors: list[str] = field(default_factory=list)  # a JSON stream's error messages
+    skipped: set[str] = field(default_factory=set)  # podman's "skipped: already exists"
 
     def feed(self, line: str) -> bool:
         """Read one line; True when it changed the progress."""
@@ -72,9 +77,20 @@ class PullReader:
             return True
         blob = _PODMAN_BLOB.fullmatch(line)
         if blob:
-            rest = blob.group(2)
+            layer, rest = blob.group(1)[:12], blob.group(2)
+            if rest.startswith("skipped"):
+                self.skipped.add(layer)
+            size = _PODMAN_SIZE.search(rest)
+            if size:
+                self.sizes[layer] = (
+                    round(float(size.group(1)) * _UNITS[size.group(2)]),
+                    round(float(size.group(3)) * _UNITS[size.group(4)]),
+                )
+                if self.layers.get(layer) != DONE:
+                    self.layers[layer] = DOWNLOADING
+                return True
             done = rest.startswith(("done", "skipped"))
-            return self._layer(blob.group(1), DONE if done else DOWNLOADING)
+            return self._layer(layer, DONE if done else DOWNLOADING)
         layer = _LAYER.fullmatch(line)
         if layer:
             return self._event(layer.group(1), layer.group(2))
@@ -131,8 +147,15 @@ class PullReader:
             bytes_done=sum(c for c, _ in sized) if self.sizes else None,
             bytes_total=sum(t for _, t in sized) if self.sizes else None,
             digest=self.digest,
-            up_to_date=self.up_to_date,
+            up_to_date=self._up_to_date(states),
         )
+
+    def _up_to_date(self, states: list[str]) -> bool | None:
+        """docker's "Status:" line, else (podman says none) once every layer is done:
+        whether every one was skipped as already there."""
+        if self.up_to_date is not None or not states or states.count(DONE) < len(states):
+            return self.up_to_date
+        return self.skipped >= set(self.layers)
 
 
 class PullLines:

@@ -222,6 +222,12 @@ def _ulimits(runtime: Runtime, spec: ContainerSpec) -> list[str]:
     return [word for limit in spec.ulimits for word in ("--ulimit", limit)]
 
 
+# podman's --ipc=host binds the host's /dev/mqueue, which a host without systemd may lack
+# ("statfs /dev/mqueue: no such file or directory"); a message queue is the IPC namespace's
+# (mq_open), not the mount's, so a tmpfs there changes nothing a run uses
+PODMAN_MQUEUE = ("--mount", "type=tmpfs,destination=/dev/mqueue")
+
+
 def run_options(runtime: Runtime, spec: ContainerSpec, *, node_label: bool = True) -> list[str]:
     """Every option of `run` after `--name`, then the image and the command (`node_label`
     False: the caller adds the node's label, known only where the container starts)."""
@@ -233,6 +239,7 @@ def run_options(runtime: Runtime, spec: ContainerSpec, *, node_label: bool = Tru
         "--init",  # a PID 1 that passes signals on and reaps (torchrun's workers)
         "--net=host",
         "--ipc=host",
+        *(PODMAN_MQUEUE if runtime.name == "podman" else ()),
         *_ulimits(runtime, spec),
         *(runtime.gpus if spec.gpus else ()),
         *_user_flags(runtime, spec),

@@ -20,12 +20,14 @@ if [ -n "$registry" ]; then
 fi
 # On a terminal the runtime prints byte counts (its progress bars), which it leaves out on a
 # pipe: where script(1) is there, the pull runs on its pseudo-terminal and the redraws
-# (carriage returns, cursor moves) come out as plain lines. `script -e` exits with the
-# pull's status, which the pipe would lose (no pipefail in sh): it goes through a file.
+# (carriage returns, cursor moves) come out as plain lines. The terminal is given a width:
+# script's has none here (no terminal above it), and podman then cuts each bar to "…".
+# `script -e` exits with the pull's status, which the pipe would lose (no pipefail in sh):
+# it goes through a file.
 if command -v script >/dev/null 2>&1; then
   st=$(mktemp "${TMPDIR:-/tmp}/vmrun-pull-status.XXXXXX") || exit 1
   esc=$(printf '\033')
-  { script -qfec "'$docker' pull '$image'" /dev/null < /dev/null; echo $? > "$st"; } \
+  { script -qfec "stty cols 200 2>/dev/null; '$docker' pull '$image'" /dev/null < /dev/null; echo $? > "$st"; } \
     | tr '\r' '\n' | sed "s/${esc}\[[0-9;?]*[A-Za-z]//g"
   code=$(cat "$st"); rm -f "$st"
   exit "${code:-1}"
