@@ -43,6 +43,9 @@ def _toml(python: Path, env: dict[str, str], mounts: list[str] = ()) -> str:  # 
         f'[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
         f'python = "{python}"\nenv = {{ {listed} }}\n'
         f'container_ulimits = ["{memlock}", "stack=67108864"]\n'
+        # the compute hosts run dockerd; podman, where this machine has it, is not set up
+        # there, and the login node's detection would pick it first
+        'container_runtime = "docker"\n'
         f"mounts = {json.dumps(list(mounts))}\n"
     )
 
