@@ -33,6 +33,7 @@ RUN_ENV = "VMRUN_RUN_ID"  # carried by every process of a run: how stop and watc
 NVIDIA_PATH = "/usr/local/nvidia/bin:/usr/lib/wsl/lib"
 # The autostop watchdog (vmrun.autostop): its script, its settings (read every tick), its
 # state (what `autostop --status`, `status` and `watch-gpus` show) and its decisions' log.
+CONTAINER_HOME = f"{STATE_DIR}/container-home"  # HOME inside a run's container (its caches)
 AUTOSTOP_SCRIPT = f"{LIB_DIR}/autostop_watch.sh"
 AUTOSTOP_CONF = f"{STATE_DIR}/autostop.conf"
 AUTOSTOP_STATE = f"{STATE_DIR}/autostop.state"

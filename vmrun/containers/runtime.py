@@ -82,6 +82,7 @@ DETECT_SCRIPT = "container_detect.sh"  # vmrun/hostside: the runtimes a host has
 PULL_SCRIPT = "container_pull.sh"  # vmrun/hostside: login (password from stdin) and pull
 PASSWORD_ENV = "VMRUN_REGISTRY_PASSWORD"  # the registry password PULL_SCRIPT reads
 DETECT_ORDER = ("pyxis", "apptainer", "shifter", "podman", "docker")  # a login node's first
+IMAGE_PYTHON = "python3"  # the interpreter inside an image (NGC's images have it on the PATH)
 
 
 def runtime_named(name: str) -> Runtime:
@@ -116,6 +117,29 @@ def require_present(runtime: Runtime, present: bool, host: str | None = None) ->
         hint=hint,
         code="container-runtime-missing",
     )
+
+
+def engine_for(name: str, found: Iterable[str], host: str) -> Runtime:
+    """The runtime of a machine that runs containers itself (an SSH host, this machine):
+    `auto` is docker where it is there, else podman; a runtime named is that one. Refused
+    (exit 2) when it is not there."""
+    have = set(found)
+    if name == "auto":
+        name = next((n for n in ("docker", "podman") if n in have), "docker")
+    runtime = runtime_named(name)
+    if HOSTS in runtime.where:  # one that runs only in Slurm jobs: `check` refuses it
+        require_present(runtime, name in have, host)
+    return runtime
+
+
+def with_own_mounts(
+    own: Iterable[Mount], workdir: str, asked: Iterable[Mount]
+) -> tuple[Mount, ...]:
+    """vmrun's own mounts, then the run's, less any that would land on one of vmrun's or on
+    the work directory (which is mounted at its own path)."""
+    mine = tuple(own)
+    taken = {m.target for m in mine} | {workdir}
+    return (*mine, *(m for m in asked if m.target not in taken))
 
 
 # -- what a run asks of the container --------------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from vmrun.containers.runtime import IMAGE_PYTHON
 from vmrun.errors import CommandFailed, Interrupted, UsageError
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.lines import Prefixer
@@ -56,7 +57,7 @@ def run_local(
         from vmrun.runs import local_image
 
         image = local_image.prepare(request, out)
-    python = local_image.IMAGE_PYTHON if image else sys.executable
+    python = IMAGE_PYTHON if image else sys.executable
     child_env = {**os.environ, **plan.env}
     gpus = image.gpus if image else probe_torch(python, child_env)
     nproc = plan.nproc

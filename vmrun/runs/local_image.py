@@ -24,7 +24,6 @@ from vmrun.reporting import Reporter
 from vmrun.runs.plan import CONTAINER_STOP_GRACE
 
 HERE = "local"
-IMAGE_PYTHON = "python3"
 
 
 @dataclass(frozen=True)
@@ -43,11 +42,9 @@ def prepare(request: Request, out: Reporter) -> LocalImage:
     """The engine here (refused: none, or one that runs only in Slurm jobs), the mounts'
     sources, then the pull; before anything starts."""
     found = [name for name in ("docker", "podman") if shutil.which(name)]
-    name = request.runtime if request.runtime != "auto" else (found or ["docker"])[0]
-    runtime = rt.runtime_named(name)
+    runtime = rt.engine_for(request.runtime, found, HERE)
     rt.check(runtime, rt.ContainerSpec(request.image, (), "/", "check", mounts=request.mounts),
              rt.HOSTS)  # fmt: skip
-    rt.require_present(runtime, name in found, HERE)
     missing = {m.source for m in request.mounts if not os.path.exists(m.source)}
     check_mount_sources(list(request.mounts), missing, HERE)
     image = request.image
@@ -85,13 +82,12 @@ def wrap(
     own = [Mount(str(home), str(home))]
     if not script.is_relative_to(project):  # the template: vmrun's own folder
         own.append(Mount(str(script.parent), str(script.parent), read_only=True))
-    taken = {m.target for m in own} | {str(project)}
     spec = rt.ContainerSpec(
         image=local.request.image,
         command=tuple(argv),
         workdir=str(project),
         run_id=rid,
-        mounts=(*own, *(m for m in local.request.mounts if m.target not in taken)),
+        mounts=rt.with_own_mounts(own, str(project), local.request.mounts),
         env=tuple(env_names),
         uid=os.getuid(),
         gid=os.getgid(),

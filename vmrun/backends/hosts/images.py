@@ -24,15 +24,13 @@ from vmrun.containers.image import ImageRef, Mount, check_mount_sources, mount_p
 from vmrun.containers.pull import PullLines, PullProgress, pull_error
 from vmrun.containers.request import Request
 from vmrun.errors import UsageError
-from vmrun.remote_paths import LIB_DIR, STATE_DIR
+from vmrun.remote_paths import CONTAINER_HOME, LIB_DIR
 from vmrun.reporting import Reporter
 from vmrun.runs.plan import CONTAINER_STOP_GRACE as GRACE
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.types import Progress
 
 PROBE = "container_probe.sh"  # vmrun/hostside: runtimes, ids, missing mount sources
-CONTAINER_HOME = f"{STATE_DIR}/container-home"  # relative to the home
-IMAGE_PYTHON = "python3"  # the interpreter inside the image (NGC's images have it on PATH)
 NGC_USER = "$oauthtoken"  # NGC's registry login: this literal username, the API key
 
 
@@ -65,23 +63,11 @@ def probe(conn: Connection, request: Request) -> NodeImage:
     found = [line.strip() for line in said[:ids] if line.strip()]
     missing = {line for line in said[said.index("MISSING", ids) + 1 :] if line}
     uid, gid = (int(x) for x in said[ids].split()[1:3])
-    runtime = choose(request, found, conn.label)
+    runtime = rt.engine_for(request.runtime, found, conn.label)
     spec = rt.ContainerSpec(request.image, (), "/", "check", mounts=request.mounts)
     rt.check(runtime, spec, rt.HOSTS)
     check_mount_sources(list(request.mounts), missing, conn.label)
     return NodeImage(request, runtime, uid, gid)
-
-
-def choose(request: Request, found: Sequence[str], host: str) -> rt.Runtime:
-    """`auto`: docker where the host has it, else podman; a runtime named: that one."""
-    if request.runtime == "auto":
-        name = next((n for n in ("docker", "podman") if n in found), "docker")
-    else:
-        name = request.runtime
-    runtime = rt.runtime_named(name)
-    if rt.HOSTS in runtime.where:
-        rt.require_present(runtime, name in found, host)
-    return runtime
 
 
 def credentials(image: ImageRef) -> tuple[str, dict[str, str]] | None:
@@ -166,14 +152,13 @@ def container_argv(
         Mount(f"{home}/{LIB_DIR}", f"{home}/{LIB_DIR}", read_only=True),
         Mount(chome, chome),
     )
-    taken = {m.target for m in own} | {f"{home}/{workdir}"}
     spec = rt.ContainerSpec(
         image=node.request.image,
         command=tuple(argv),
         workdir=f"{home}/{workdir}",
         run_id=run_id,
         node=index,
-        mounts=(*own, *(m for m in node.request.mounts if m.target not in taken)),
+        mounts=rt.with_own_mounts(own, f"{home}/{workdir}", node.request.mounts),
         env=(*env_names, "VMRUN_RUN_DIR"),
         uid=node.uid,
         gid=node.gid,

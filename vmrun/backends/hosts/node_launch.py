@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmrun.backends.hosts import records as runs
-from vmrun.backends.hosts.images import IMAGE_PYTHON, NodeImage
+from vmrun.backends.hosts.images import NodeImage
 from vmrun.backends.hosts.netfacts import Layout, NodeFacts
+from vmrun.containers.runtime import IMAGE_PYTHON
 from vmrun.runs import launch
 from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection

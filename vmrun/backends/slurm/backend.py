@@ -33,7 +33,7 @@ from vmrun.containers.image import ImageRef, Mount
 from vmrun.containers.request import Request
 from vmrun.containers.runtime import SlurmContainer
 from vmrun.errors import RemoteError, UsageError
-from vmrun.remote_paths import STATE_DIR, remote_workdir
+from vmrun.remote_paths import CONTAINER_HOME, STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
 from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
@@ -49,7 +49,6 @@ STEP_ENV = (
     "VMRUN_RECORD_DIR", "VMRUN_REQUEUE_FILE", "VMRUN_WARNED_FILE", "MASTER_ADDR",
     "MASTER_PORT", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES",
 )  # fmt: skip
-IMAGE_PYTHON = "python3"  # the interpreter inside an image (NGC's have it on the PATH)
 # docker/podman's stop wait in the job's runner where the job cannot read Slurm's KillWait
 GRACE = 10
 POLL_S = 2.0  # squeue while following: one cheap query per poll, on the login node only
@@ -175,7 +174,7 @@ class SlurmBackend:
         batch = Batch(
             run_id=rid,
             launcher=plan.launcher,
-            python=IMAGE_PYTHON if image else self.python(),
+            python=rt.IMAGE_PYTHON if image else self.python(),
             command=command,
             max_restarts=plan.max_restarts,
             modules=self.cluster.modules,
@@ -220,16 +219,15 @@ class SlurmBackend:
         sent when it is not there or cannot do what is asked."""
         runtime = self._runtime(request.runtime)
         engine = runtime.name in ("docker", "podman")
-        home = f"{facts.workdir}/{STATE_DIR}/container-home" if engine else ""
+        home = f"{facts.workdir}/{CONTAINER_HOME}" if engine else ""
         own = (Mount(paths.record, paths.record), *((Mount(home, home),) if home else ()))
-        taken = {m.target for m in own} | {paths.code}
         names = sorted({*self.cluster.env, *plan.env})
         container = rt.ContainerSpec(
             image=request.image,
             command=(),
             workdir=paths.code,
             run_id=rid,
-            mounts=(*own, *(m for m in request.mounts if m.target not in taken)),
+            mounts=rt.with_own_mounts(own, paths.code, request.mounts),
             env=(*STEP_ENV, *(n for n in names if n not in STEP_ENV)),
             uid=facts.uid,
             gid=facts.gid,
