@@ -30,6 +30,7 @@ class ExitCode(enum.IntEnum):
     UNREACHABLE = 12  # DNS failure, refused, no route, connect timeout
     CONNECTION_LOST = 13  # link dropped or stopped answering mid-command
     REMOTE = 14  # the host answered but could not do what was asked (missing tool, no space)
+    CLOUD = 15  # the cloud refused or failed a request (quota, capacity, credentials)
     TIMEOUT = 124  # a remote command hit --timeout (the code timeout(1) uses)
     INTERRUPTED = 130  # Ctrl-C
 
@@ -203,6 +204,17 @@ class RemoteError(
     exit_code = ExitCode.REMOTE
 
 
+class CloudError(
+    VmrunError,
+    code="cloud-failed",
+    meaning="the cloud refused or failed a request (the line names it)",
+):
+    """An answer from a cloud provider's API that vmrun cannot work around: the message
+    names the call and the cloud's own error code, the hint what to do."""
+
+    exit_code = ExitCode.CLOUD
+
+
 class OutcomeUnknown(
     RemoteError,
     code="outcome-unknown",
@@ -366,6 +378,20 @@ _CONTAINER_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (RemoteError, "pull-failed", "an image pull failed for a reason vmrun does not know"),
 )
 for _owner, _name, _meaning in _CONTAINER_CODES:
+    register(_name, _owner, _meaning)
+# -- clouds (vmrun.providers): `vmrun up`, `down`, `clusters` -------------------------------
+_CLOUD_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
+    (UsageError, "cloud-extra-missing", "the cloud's Python package is not installed (vmrun[aws])"),
+    (UsageError, "cloud-cluster-exists", "`vmrun up NAME`: a cluster of that name already runs"),
+    (UsageError, "cloud-type-not-offered", "no zone of the region offers the instance type"),
+    (UsageError, "cloud-image-not-found", "no machine image matches what was asked for"),
+    (CloudError, "cloud-credentials", "no cloud credentials, or the cloud refused them"),
+    (CloudError, "cloud-quota", "the account's quota (vCPUs, instances) is too low for this"),
+    (CloudError, "cloud-no-capacity", "no zone had capacity for the type (spot or on-demand)"),
+    (CloudError, "cloud-ssh-never-up", "the instances run but SSH never let vmrun log in"),
+    (CloudError, "cloud-leftovers", "some resources could not be removed (each is named)"),
+)
+for _owner, _name, _meaning in _CLOUD_CODES:
     register(_name, _owner, _meaning)
 register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
 register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)

@@ -1,0 +1,123 @@
+"""The provider seam: what `vmrun up/down/clusters` ask of a cloud, as values.
+
+One protocol (torchx's scheduler API is the model): `offer` turns a request into what will be
+launched (image, zones, login user) without creating anything; `launch` creates; `describe`,
+`stop`, `terminate` and `resources` find and remove what a cluster made, by its tags. Every
+call is synchronous and returns values; progress goes to the caller's Reporter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from vmrun.reporting import Reporter
+
+# Every resource vmrun creates carries these tags, so it can be found and removed.
+TAG_CLUSTER = "vmrun-cluster"
+TAG_CREATOR = "vmrun-creator"  # user@machine that ran `vmrun up`
+TAG_CREATED = "vmrun-created"  # ISO 8601, UTC
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `vmrun up NAME` asks for. `ssh_cidr`: who may reach port 22 (the caller's public
+    address as /32, or what the user gave); `user_data`: the cloud-init document (holds the
+    user's public key and the host key vmrun made); `power_off`: what a shutdown from inside
+    does, "stop" or "terminate"."""
+
+    cluster: str
+    instance_type: str
+    count: int = 1
+    region: str = ""
+    zone: str = ""
+    image: str = "dlami"
+    disk_gb: int = 0  # 0: the image's own size
+    spot: bool = False
+    spot_fallback: bool = False
+    ssh_cidr: str = ""
+    user_data: str = ""
+    power_off: str = "stop"
+    placement: bool = True  # a cluster placement group when count > 1 and the type allows
+    creator: str = ""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a request resolves to before anything is created."""
+
+    region: str
+    image_id: str
+    image_name: str
+    user: str  # the image's login user
+    zones: list[str]  # in the order they will be tried
+    placement: bool  # a placement group will be made
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    cluster: str
+    state: str  # pending, running, stopping, stopped, shutting-down, terminated
+    instance_type: str
+    zone: str
+    region: str
+    public_addr: str
+    private_addr: str
+    launched: datetime | None = None
+    spot: bool = False
+    index: int = 0  # its place in the cluster (0: the first node)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One tagged thing vmrun made, for `vmrun clusters`. `price`: USD per hour where the
+    price list answered (None: unknown or free)."""
+
+    kind: str  # "instance", "security-group", "placement-group", "volume"
+    id: str
+    cluster: str
+    region: str
+    state: str = ""
+    instance_type: str = ""
+    created: datetime | None = None
+    creator: str = ""
+    price: float | None = None
+    spot: bool = False
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What `terminate` or `stop` did, per kind (ids), and what is left (`left`: ids that are
+    still there, with why)."""
+
+    instances: list[str] = field(default_factory=list)
+    security_groups: list[str] = field(default_factory=list)
+    placement_groups: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+
+class Provider(Protocol):
+    """A cloud that makes VMs. Each method names the cluster by its `vmrun-cluster` tag."""
+
+    name: str
+
+    def offer(self, request: Request) -> Offer: ...
+
+    def launch(self, request: Request, offer: Offer, out: Reporter) -> list[Instance]:
+        """Create the cluster's network rules, placement and instances; on any failure, or
+        Ctrl-C, remove what this call made before raising."""
+        ...
+
+    def describe(self, cluster: str, region: str) -> list[Instance]: ...
+
+    def wait_running(
+        self, cluster: str, region: str, ids: list[str], timeout: float
+    ) -> list[Instance]: ...
+
+    def stop(self, cluster: str, region: str) -> Removed: ...
+
+    def terminate(self, cluster: str, region: str) -> Removed: ...
+
+    def resources(self, regions: list[str]) -> list[Resource]: ...

@@ -1,0 +1,105 @@
+"""boto3 clients, and AWS's answers as vmrun's errors.
+
+boto3 is imported here and nowhere else, on the first call: `vmrun --help` and every other
+command start as fast as before. `AWS_ENDPOINT_URL` (boto3's own) points every client at
+another endpoint, which is how the tests reach their moto server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vmrun.errors import CloudError, UsageError
+
+# Throttling and the cloud's own hiccups: retried by botocore's standard mode, not by vmrun.
+_RETRIES = {"max_attempts": 6, "mode": "standard"}
+DEFAULT_REGION = "us-east-1"
+
+
+class Session:
+    """One boto3 session (a profile, or the default chain) and its clients, per region."""
+
+    def __init__(self, profile: str | None = None) -> None:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise UsageError(
+                "the AWS commands need boto3, which is not installed here",
+                hint="pip install 'vmrun[aws]'",
+                code="cloud-extra-missing",
+            ) from None
+        try:
+            self._session = boto3.Session(profile_name=profile or None)
+        except Exception as exc:  # botocore.exceptions.ProfileNotFound
+            raise CloudError(
+                f"AWS profile {profile!r} is not configured ({exc})",
+                hint="list profiles with `aws configure list-profiles`, or drop --profile",
+                code="cloud-credentials",
+            ) from None
+        self._config = Config(retries=_RETRIES, user_agent_extra="vmrun")
+        self._clients: dict[tuple[str, str], Any] = {}
+
+    @property
+    def default_region(self) -> str:
+        return self._session.region_name or DEFAULT_REGION
+
+    def client(self, service: str, region: str) -> Any:
+        key = (service, region)
+        if key not in self._clients:
+            self._clients[key] = self._session.client(
+                service, region_name=region, config=self._config
+            )
+        return self._clients[key]
+
+
+def error_code(exc: BaseException) -> str:
+    """The AWS error code of a botocore ClientError ("" for anything else)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def error_message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Message", "")) or str(exc)
+    return str(exc)
+
+
+_CREDENTIAL_CODES = {
+    "AuthFailure",
+    "UnauthorizedOperation",
+    "InvalidClientTokenId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "RequestExpired",
+    "AccessDenied",
+    "AccessDeniedException",
+}
+
+
+def cloud_error(exc: BaseException, doing: str) -> BaseException:
+    """A botocore failure as vmrun's error (call sites `raise cloud_error(exc, ...) from
+    None`); anything not from botocore comes back unchanged."""
+    module = type(exc).__module__
+    if not module.startswith(("botocore", "boto3")):
+        return exc
+    name = type(exc).__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError", "NoRegionError"):
+        return CloudError(
+            f"{doing}: no AWS credentials found",
+            hint="set AWS_PROFILE (or pass --profile), or run `aws configure`",
+            code="cloud-credentials",
+        )
+    code = error_code(exc)
+    if code in _CREDENTIAL_CODES:
+        return CloudError(
+            f"{doing}: AWS refused the credentials or the action ({code}: {error_message(exc)})",
+            hint="check AWS_PROFILE/--profile and that the user may use EC2",
+            code="cloud-credentials",
+        )
+    if name == "EndpointConnectionError" or name.endswith("ConnectionError"):
+        return CloudError(f"{doing}: AWS could not be reached ({exc})")
+    return CloudError(f"{doing}: {code or name}: {error_message(exc)}")
