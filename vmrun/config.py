@@ -216,6 +216,7 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ifname": (_is_str, "an interface name in quotes"),
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "nvidia_smi": (_is_str, "a path in quotes"),
+    "instance": (_is_str, "a cloud instance id (`vmrun up` records it)"),
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS

@@ -17,6 +17,8 @@ from vmrun import __version__
 # Every command: its name, its module, and the line `vmrun --help` shows for it, in the
 # order listed there (tests check that each module registers exactly this name).
 COMMANDS = (
+    ("up", "up_cmd", "Make cloud VMs (AWS), SSH-ready, recorded as hosts @NAME."),
+    ("down", "down_cmd", "Terminate a cloud cluster: nothing of it left billing."),
     ("setup", "setup_cmd", "Provision hosts: NVIDIA driver, Python env, PyTorch."),
     ("train", "train_cmd", "Sync the code and run torchrun DDP on the hosts (or --local)."),
     ("logs", "logs_cmd", "Show a run's log; -f follows it live."),

@@ -41,6 +41,7 @@ class Request:
     power_off: str = "stop"
     placement: bool = True  # a cluster placement group when count > 1 and the type allows
     creator: str = ""
+    user: str = ""  # the image's login user when vmrun cannot know it (a custom AMI)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Offer:
     user: str  # the image's login user
     zones: list[str]  # in the order they will be tried
     placement: bool  # a placement group will be made
+    root_device: str = "/dev/sda1"  # the image's, where the disk size applies
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,11 @@ class Provider(Protocol):
 
     name: str
 
+    @property
+    def default_region(self) -> str:
+        """Where a request without a region goes (the profile's, else the provider's)."""
+        ...
+
     def offer(self, request: Request) -> Offer: ...
 
     def launch(self, request: Request, offer: Offer, out: Reporter) -> list[Instance]:
@@ -117,6 +124,8 @@ class Provider(Protocol):
     ) -> list[Instance]: ...
 
     def stop(self, cluster: str, region: str) -> Removed: ...
+
+    def start(self, cluster: str, region: str, out: Reporter) -> list[Instance]: ...
 
     def terminate(self, cluster: str, region: str) -> Removed: ...
 

@@ -323,3 +323,89 @@ def _replace_file(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def forget_group(project_dir: Path, group: str) -> list[str]:
+    """Remove from vmrun.toml every host whose only group is `group` (what `vmrun up` made);
+    the labels removed. Hosts the user put in the group beside others stay."""
+    path = project_dir / PROJECT_FILE
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8")
+    data = _load(text)
+    entries = parse_entries(data.get("hosts", []), str(path))
+    gone = [e for e in entries if e.groups == (group,)]
+    if not gone:
+        return []
+    import tomlkit
+
+    doc = tomlkit.parse(text)
+    hosts = doc["hosts"]
+    keep = [i for i, e in enumerate(entries) if e not in gone]
+    data["hosts"] = [data["hosts"][i] for i in keep]
+    for index in reversed(range(len(entries))):
+        if index not in keep:
+            del hosts[index]
+    if not data["hosts"]:
+        del doc["hosts"], data["hosts"]
+    new = _checked(tomlkit.dumps(doc), data)
+    if new is None:
+        raise ConfigError(f"{path}: could not remove the hosts of {group}; remove them by hand")
+    _replace_file(path, new)
+    return [e.label for e in gone]
+
+
+def record_table(project_dir: Path, array: str, values: Mapping[str, Any]) -> None:
+    """Add (or replace) the `[[array]]` table whose name is values["name"], keeping the rest
+    of vmrun.toml as it is (`vmrun up` records its `[[clouds]]` table so)."""
+    import tomlkit
+
+    path = project_dir / PROJECT_FILE
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    doc, data = tomlkit.parse(text), _load(text)
+    tables = data.setdefault(array, [])
+    names = [t.get("name") if isinstance(t, dict) else None for t in tables]
+    block = tomlkit.table()
+    block.update(_plain(dict(values)))
+    if values["name"] in names:
+        index = names.index(values["name"])
+        doc[array][index] = block
+        tables[index] = _plain(dict(values))
+    else:
+        if array not in doc:
+            if text:
+                doc.add(tomlkit.nl())
+            doc.add(array, tomlkit.aot())
+        doc[array].append(block)
+        tables.append(_plain(dict(values)))
+    new = _checked(tomlkit.dumps(doc), data)
+    if new is None:
+        raise ConfigError(f"{path}: could not record [[{array}]] {values['name']!r}")
+    _replace_file(path, new)
+
+
+def forget_table(project_dir: Path, array: str, name: str) -> bool:
+    """Remove the `[[array]]` table named `name`; False when there was none."""
+    import tomlkit
+
+    path = project_dir / PROJECT_FILE
+    if not path.exists():
+        return False
+    text = path.read_text(encoding="utf-8")
+    doc, data = tomlkit.parse(text), _load(text)
+    tables = data.get(array, [])
+    names = [t.get("name") if isinstance(t, dict) else None for t in tables]
+    if name not in names:
+        return False
+    index = names.index(name)
+    del doc[array][index]
+    del tables[index]
+    if not tables:
+        del doc[array], data[array]
+    new = _checked(tomlkit.dumps(doc), data)
+    if new is None:
+        raise ConfigError(f"{path}: could not remove [[{array}]] {name!r}; remove it by hand")
+    _replace_file(path, new)
+    return True

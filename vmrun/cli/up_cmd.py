@@ -1,0 +1,117 @@
+"""`vmrun up NAME`: cloud VMs made SSH-ready and recorded as hosts @NAME (the work is
+vmrun.operations.cloud's; this module parses and renders)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vmrun.cli.options import settings_from
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "up",
+        help="Make NAME's VMs in the cloud (AWS), pin their host keys, wait until SSH logs in,"
+        " and record them in vmrun.toml as hosts @NAME (setup, train -H @NAME, doctor,"
+        " watch-gpus then work on them). Values not given come from the [[clouds]] table NAME."
+        " Ctrl-C or a failure removes everything made (unless --keep).",
+    )
+    def up_command(
+        name: Annotated[str, typer.Argument(metavar="NAME", help="The cluster's name.")],
+        cloud: Annotated[str | None, typer.Option("--cloud", help="aws (the default).")] = None,
+        instance_type: Annotated[
+            str | None, typer.Option("--type", "-t", help="The instance type: g4dn.2xlarge...")
+        ] = None,
+        count: Annotated[
+            int | None, typer.Option("--count", "-n", help="How many VMs (default 1).")
+        ] = None,
+        region: Annotated[
+            str | None, typer.Option("--region", help="Default: the profile's, else us-east-1.")
+        ] = None,
+        zone: Annotated[
+            str | None, typer.Option("--zone", help="Only this zone (default: each in turn).")
+        ] = None,
+        spot: Annotated[
+            bool | None, typer.Option("--spot/--on-demand", help="Spot instances (cheaper).")
+        ] = None,
+        spot_fallback: Annotated[
+            bool | None,
+            typer.Option("--spot-fallback", help="Take on-demand when no zone has spot capacity."),
+        ] = None,
+        disk: Annotated[
+            int | None, typer.Option("--disk", metavar="GB", help="Root disk size (gp3).")
+        ] = None,
+        image: Annotated[
+            str | None,
+            typer.Option(
+                "--image",
+                help="dlami (default: NVIDIA driver preinstalled), ubuntu (`vmrun setup`"
+                " installs it) or ami-...",
+            ),
+        ] = None,
+        user: Annotated[
+            str | None, typer.Option("--user", help="The image's login user (default ubuntu).")
+        ] = None,
+        autostop: Annotated[
+            str | None,
+            typer.Option("--autostop", metavar="PERIOD", help="Power off once idle this long."),
+        ] = None,
+        autostop_terminate: Annotated[
+            bool | None,
+            typer.Option(
+                "--autostop-terminate",
+                help="A power-off from inside terminates the VMs (default: stops them).",
+            ),
+        ] = None,
+        ssh_from: Annotated[
+            str | None,
+            typer.Option(
+                "--ssh-from",
+                metavar="CIDR",
+                help="Who may reach SSH (default: this machine's public address, /32).",
+            ),
+        ] = None,
+        ssh_key: Annotated[
+            Path | None,
+            typer.Option("--ssh-key", help="The public key to put in (default ~/.ssh/id_*.pub)."),
+        ] = None,
+        profile: Annotated[
+            str | None, typer.Option("--profile", help="The AWS profile (default: AWS_PROFILE).")
+        ] = None,
+        placement: Annotated[
+            bool | None,
+            typer.Option(
+                "--placement/--no-placement",
+                help="A cluster placement group for several VMs (default on where allowed).",
+            ),
+        ] = None,
+        keep: Annotated[
+            bool, typer.Option("--keep", help="Keep what was made when `up` fails.")
+        ] = False,
+        ssh_timeout: Annotated[
+            float,
+            typer.Option("--ssh-timeout", metavar="SECONDS", help="How long to wait for SSH."),
+        ] = 600.0,
+    ) -> int:
+        from vmrun.cli.output import Terminal
+        from vmrun.operations.cloud import UpAsk, up
+
+        ask = UpAsk(
+            name=name, cloud=cloud, instance_type=instance_type, count=count, region=region,
+            zone=zone, spot=spot, spot_fallback=spot_fallback, disk=disk, image=image, user=user,
+            autostop=autostop, autostop_terminate=autostop_terminate, ssh_from=ssh_from,
+            profile=profile, placement=placement, ssh_key=ssh_key, keep=keep,
+            ssh_timeout=ssh_timeout,
+        )  # fmt: skip
+        done = up(settings_from(), ask, Terminal())
+        what = "already up" if done.already else "started again" if done.started else "up"
+        typer.echo(f"{done.name}: {what} in {done.region}: {len(done.hosts)} host(s) as @{name}")
+        for entry in done.hosts:
+            typer.echo(f"  {entry.label}  {entry.spec.label}  private {entry.vars['private_addr']}")
+        if done.autostop:
+            typer.echo(f"  autostop: each powers off after {done.autostop} idle")
+        typer.echo(f"next: vmrun setup @{name}; vmrun train -H @{name} ...; vmrun down {name}")
+        return 0

@@ -1,0 +1,516 @@
+"""`vmrun up NAME` and `vmrun down NAME`: from a cloud account to SSH-ready hosts recorded in
+vmrun.toml as group @NAME, and back to nothing billing.
+
+`up` pins each VM's host key before the first connection (vmrun makes the key and hands it
+in with the user data), waits until SSH really logs in, and records the hosts with their
+private addresses (multi-node traffic stays inside the cluster). Anything that fails, or
+Ctrl-C, after the first resource was made removes everything made, unless `keep` is asked.
+"""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vmrun.config import Settings
+from vmrun.errors import (
+    AuthError,
+    CloudError,
+    ConnectionLostError,
+    HostKeyError,
+    UnreachableError,
+    UsageError,
+)
+from vmrun.reporting import QUIET, Reporter
+from vmrun.ssh.inventory import HostEntry
+
+if TYPE_CHECKING:
+    from vmrun.providers.api import Instance, Provider, Removed
+
+CLOUDS = ("aws",)
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+# What a stopped disk still costs (gp3, us-east-1, per GB-month): said at `down --stop`.
+GP3_GB_MONTH = 0.08
+CHECK_IP_URL = "https://checkip.amazonaws.com"
+
+
+@dataclass(frozen=True)
+class UpAsk:
+    """`vmrun up`'s flags; None: from the `[[clouds]]` table NAME in vmrun.toml, else the
+    default (see `resolve`)."""
+
+    name: str
+    cloud: str | None = None
+    instance_type: str | None = None
+    count: int | None = None
+    region: str | None = None
+    zone: str | None = None
+    spot: bool | None = None
+    spot_fallback: bool | None = None
+    disk: int | None = None
+    image: str | None = None
+    user: str | None = None
+    autostop: str | None = None
+    autostop_terminate: bool | None = None
+    ssh_from: str | None = None
+    profile: str | None = None
+    placement: bool | None = None
+    ssh_key: Path | None = None
+    keep: bool = False  # keep what was made when `up` fails
+    ssh_timeout: float = 600.0
+
+
+_DEFAULTS: dict[str, Any] = {
+    "cloud": "aws",
+    "instance_type": None,
+    "count": 1,
+    "region": "",
+    "zone": "",
+    "spot": False,
+    "spot_fallback": False,
+    "disk": 0,
+    "image": "dlami",
+    "user": "",
+    "autostop": "",
+    "autostop_terminate": False,
+    "ssh_from": "",
+    "profile": "",
+    "placement": True,
+}
+# [[clouds]] keys -> UpAsk fields (the table says `type` and `disk` as the flags do)
+_TABLE_KEYS = {"type": "instance_type", **{k: k for k in _DEFAULTS if k != "instance_type"}}
+
+
+@dataclass
+class Up:
+    """What `up` did: the cluster's instances in node order, the hosts it recorded (group
+    @NAME), and whether the cluster was already there (`already`: running, nothing made;
+    `started`: stopped instances started again)."""
+
+    name: str
+    region: str
+    image: str = ""
+    instances: list[Instance] = field(default_factory=list)
+    hosts: list[HostEntry] = field(default_factory=list)
+    already: bool = False
+    started: bool = False
+    autostop: str = ""
+    project_file: Path | None = None
+
+
+@dataclass
+class Down:
+    name: str
+    region: str
+    removed: Removed | None = None
+    stopped: bool = False
+    forgotten: list[str] = field(default_factory=list)  # hosts removed from vmrun.toml
+    disk_gb: int = 0  # what stopped instances keep
+
+
+def check_name(name: str) -> None:
+    if not name or not set(name) <= _NAME_CHARS or name[0] == "-" or len(name) > 40:
+        raise UsageError(
+            f"cluster name {name!r}: use lowercase letters, digits and -, up to 40",
+            hint="e.g. `vmrun up w251 --type g4dn.2xlarge`",
+        )
+
+
+def table_for(settings: Settings, name: str) -> dict[str, Any]:
+    """The `[[clouds]]` table named `name` in vmrun.toml ({} if none)."""
+    for table in settings.project_data.get("clouds", []) or []:
+        if isinstance(table, dict) and table.get("name") == name:
+            return table
+    return {}
+
+
+def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
+    """Flags over the `[[clouds]]` table over the defaults."""
+    check_name(ask.name)
+    table = table_for(settings, ask.name)
+    values: dict[str, Any] = {}
+    for key, attr in _TABLE_KEYS.items():
+        flag = getattr(ask, attr)
+        values[attr] = flag if flag is not None else table.get(key, _DEFAULTS[attr])
+    done = replace(ask, **values)
+    if done.cloud not in CLOUDS:
+        raise UsageError(f"--cloud {done.cloud!r}: vmrun knows {', '.join(CLOUDS)}")
+    if not done.instance_type:
+        raise UsageError(
+            f"no instance type for {ask.name}",
+            hint='pass --type (e.g. g4dn.2xlarge), or type = "..." in its [[clouds]] table',
+        )
+    if not isinstance(done.count, int) or done.count < 1:
+        raise UsageError(f"-n {done.count}: the number of instances is 1 or more")
+    if done.spot_fallback and not done.spot:
+        raise UsageError("--spot-fallback only goes with --spot", code="flags-conflict")
+    if done.autostop:
+        from vmrun.setting_types import period_or_off
+
+        period_or_off("--autostop", done.autostop)
+    return done
+
+
+def ssh_source(ssh_from: str, timeout: float = 5.0) -> str:
+    """Who may reach port 22: the CIDR given, else this machine's public address as AWS's
+    check-IP service sees it, as /32."""
+    if ssh_from:
+        try:
+            return str(ipaddress.ip_network(ssh_from, strict=False))
+        except ValueError:
+            raise UsageError(
+                f"--ssh-from {ssh_from!r} is not an address or CIDR (e.g. 203.0.113.7/32)"
+            ) from None
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(CHECK_IP_URL, timeout=timeout) as reply:
+            text = reply.read(64).decode("ascii").strip()
+        return str(ipaddress.ip_network(text + "/32"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f"could not learn this machine's public address from {CHECK_IP_URL} ({exc})",
+            hint="pass --ssh-from CIDR: the addresses that may reach SSH on the VMs",
+        ) from None
+
+
+def provider_for(cloud: str, profile: str) -> Provider:
+    from vmrun.providers.aws.provider import AwsProvider
+    from vmrun.providers.aws.session import Session
+
+    return AwsProvider(Session(profile or None))
+
+
+# ---------------------------------------------------------------------------------- up
+
+
+def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
+    ask = resolve(ask, settings)
+    assert ask.instance_type is not None and ask.count is not None
+    cidr = ssh_source(ask.ssh_from or "")
+    provider = provider_for(ask.cloud or "aws", ask.profile or "")
+    region = ask.region or provider.default_region
+    existing = provider.describe(ask.name, region)
+    if existing:
+        return _again(settings, ask, provider, region, existing, out)
+    from vmrun.providers import cloudinit
+    from vmrun.providers.api import Request
+
+    home = Path(os.environ.get("HOME") or os.path.expanduser("~"))
+    host_key = cloudinit.new_host_key(f"vmrun-{ask.name}-host")
+    request = Request(
+        cluster=ask.name,
+        instance_type=ask.instance_type,
+        count=ask.count,
+        region=region,
+        zone=ask.zone or "",
+        image=ask.image or "dlami",
+        disk_gb=int(ask.disk or 0),
+        spot=bool(ask.spot),
+        spot_fallback=bool(ask.spot_fallback),
+        ssh_cidr=cidr,
+        user_data=cloudinit.user_data(host_key, cloudinit.user_public_key(ask.ssh_key, home)),
+        power_off="terminate" if ask.autostop_terminate else "stop",
+        placement=bool(ask.placement),
+        creator=f"{getpass.getuser()}@{socket.gethostname()}",
+        user=ask.user or "",
+    )
+    offer = provider.offer(request)
+    out.info(
+        f"{ask.name}: {ask.count} x {ask.instance_type} in {region}"
+        f"{' (spot)' if ask.spot else ''}, image {offer.image_name} ({offer.image_id})"
+    )
+    _note_region(ask.cloud or "aws", region)
+    instances: list[Instance] = []
+    try:
+        instances = provider.launch(request, offer, out)
+        for inst in instances:
+            out.info(f"{ask.name}: node {inst.index} {inst.id} running: {inst.public_addr}"
+                     f" (private {inst.private_addr})")  # fmt: skip
+        entries = _entries(ask.name, offer.user, instances, ask.autostop or "")
+        _pin(settings, entries, host_key)
+        _wait_ssh(entries, settings, ask.ssh_timeout, out)
+        done = Up(ask.name, region, offer.image_name, instances, entries)
+        done.project_file = _record(settings, ask, region, offer.user, entries)
+        done.autostop = _autostop(settings, entries, ask.autostop or "")
+        return done
+    except BaseException:
+        if ask.keep:
+            out.warn(f"{ask.name}: kept as it is (--keep); `vmrun down {ask.name}` removes it")
+            raise
+        if instances:  # launch removes its own leftovers; these ran and must go now
+            out.warn(f"{ask.name}: removing the cluster")
+            removed = provider.terminate(ask.name, region)
+            if removed.left:
+                raise CloudError(
+                    f"{ask.name}: could not remove {'; '.join(removed.left)}",
+                    hint=f"`vmrun down {ask.name}` tries again",
+                    code="cloud-leftovers",
+                ) from None
+        raise
+
+
+def _again(
+    settings: Settings,
+    ask: UpAsk,
+    provider: Provider,
+    region: str,
+    existing: list[Instance],
+    out: Reporter,
+) -> Up:
+    """`up` of a cluster that is there: stopped instances start again (new public
+    addresses, recorded anew); running ones are recorded as they are."""
+    started = any(i.state in ("stopped", "stopping") for i in existing)
+    if started:
+        existing = provider.start(ask.name, region, out)
+    elif any(i.state == "pending" for i in existing):
+        existing = provider.wait_running(ask.name, region, [i.id for i in existing], 600)
+    user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
+    entries = _entries(ask.name, user, existing, ask.autostop or "")
+    if started:
+        _repin(settings, entries, ask.name)
+    _wait_ssh(entries, settings, ask.ssh_timeout, out)
+    done = Up(ask.name, region, instances=existing, hosts=entries, already=not started)
+    done.started = started
+    done.project_file = _record(settings, ask, region, user, entries)
+    return done
+
+
+def _recorded_user(settings: Settings, name: str) -> str:
+    return str(table_for(settings, name).get("user", ""))
+
+
+def _note_region(cloud: str, region: str) -> None:
+    try:
+        from vmrun.providers.regions import note_region
+    except ImportError:  # pragma: no cover - the record arrives with `vmrun clusters`
+        return
+    note_region(cloud, region)
+
+
+def _entries(name: str, user: str, instances: list[Instance], autostop: str) -> list[HostEntry]:
+    from vmrun.ssh.hosts import parse_host
+
+    entries = []
+    for position, inst in enumerate(instances):
+        if not inst.public_addr:
+            raise CloudError(
+                f"{inst.id} has no public address",
+                hint="the default subnet must map public addresses (MapPublicIpOnLaunch)",
+            )
+        values: dict[str, Any] = {"private_addr": inst.private_addr, "instance": inst.id}
+        if autostop:
+            values["autostop"] = autostop
+        entries.append(
+            HostEntry(
+                parse_host(f"{user}@{inst.public_addr}"), f"{name}-{position}", (name,), values
+            )
+        )
+    return entries
+
+
+# ---------------------------------------------------------------------------------- host keys
+
+
+def _pin(settings: Settings, entries: list[HostEntry], host_key: Any) -> None:
+    """The cluster's host key, for each public address, in vmrun's known_hosts; lines an
+    earlier VM left for the same address (AWS reuses addresses) go first."""
+    from vmrun.providers.cloudinit import HostKey
+
+    assert isinstance(host_key, HostKey)
+    addrs = [e.spec.host for e in entries]
+    _drop_known(settings.known_hosts, addrs)
+    path = settings.known_hosts
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lines = "".join(f"{a} {host_key.key_type} {host_key.base64}\n" for a in addrs)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as fh:
+        fh.write(lines)
+
+
+def _repin(settings: Settings, entries: list[HostEntry], name: str) -> None:
+    """After a restart the addresses are new: the key recorded for the cluster moves to them."""
+    key = _cluster_key(settings, name)
+    if key is None:
+        raise CloudError(
+            f"{name}'s host key is not in {settings.known_hosts}",
+            hint=f"`vmrun down {name}` and `vmrun up` again",
+        )
+    from vmrun.providers.cloudinit import HostKey
+
+    _pin(settings, entries, HostKey("", f"{key[0]} {key[1]}"))
+
+
+def _cluster_key(settings: Settings, name: str) -> tuple[str, str] | None:
+    """The host key recorded for `name`'s hosts in vmrun.toml's known_hosts: any of its
+    recorded addresses' lines."""
+    from vmrun.ssh.inventory import project_hosts
+
+    addrs = {e.spec.host for e in project_hosts(settings) if name in e.groups}
+    try:
+        lines = settings.known_hosts.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in addrs:
+            return parts[1], parts[2]
+    return None
+
+
+def _drop_known(path: Path, addrs: list[str]) -> None:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except OSError:
+        return
+    keep = [ln for ln in lines if not ln.split() or ln.split()[0] not in addrs]
+    if keep != lines:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.writelines(keep)
+        os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------- SSH wait
+
+
+def _wait_ssh(entries: list[HostEntry], settings: Settings, timeout: float, out: Reporter) -> None:
+    """Until every host lets vmrun log in and run a command: the port answering is not
+    enough while a VM boots (sshd may start before cloud-init wrote the keys). A changed
+    host key is no boot state: it fails at once."""
+    deadline = time.monotonic() + timeout
+    errors: dict[str, BaseException] = {}
+
+    def wait(entry: HostEntry) -> None:
+        from vmrun.ssh.connection import Connection
+
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            quick = replace(settings, connect_timeout=min(settings.connect_timeout, 10.0))
+            try:
+                with Connection(entry.spec, quick, label=entry.label) as conn:
+                    conn.run(["true"], check=True, timeout=30)
+                out.info(f"{entry.label}: SSH up ({entry.spec.label})")
+                return
+            except HostKeyError as exc:
+                errors[entry.label] = exc
+                return
+            except (UnreachableError, AuthError, ConnectionLostError) as exc:
+                last = exc
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        errors[entry.label] = last or UnreachableError("no answer", host=entry.label)
+
+    threads = [threading.Thread(target=wait, args=(e,), daemon=True) for e in entries]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)  # Ctrl-C reaches the main thread
+    if errors:
+        first = next(iter(errors.values()))
+        if isinstance(first, HostKeyError):
+            raise first
+        raise CloudError(
+            f"SSH never let vmrun in within {timeout:.0f} s: "
+            + "; ".join(f"{label}: {err}" for label, err in errors.items()),
+            hint="--keep keeps the VMs to look at (the console's system log)",
+            code="cloud-ssh-never-up",
+        )
+
+
+# ---------------------------------------------------------------------------------- record
+
+
+def _record(
+    settings: Settings, ask: UpAsk, region: str, user: str, entries: list[HostEntry]
+) -> Path:
+    from vmrun.config import PROJECT_FILE
+    from vmrun.ssh.inventory import forget_group, record_hosts, record_table
+
+    project = settings.project_dir or Path.cwd()
+    table = {**table_for(settings, ask.name)}
+    table.update(
+        {
+            "name": ask.name,
+            "cloud": ask.cloud,
+            "type": ask.instance_type,
+            "count": ask.count,
+            "region": region,
+        }
+    )
+    for key in ("zone", "image", "disk", "spot", "spot_fallback", "autostop", "autostop_terminate"):
+        value = getattr(ask, key)
+        if value not in (None, "", 0, False) and not (key == "image" and value == "dlami"):
+            table[key] = value
+    if user and user != "ubuntu":
+        table["user"] = user
+    if ask.ssh_from:
+        table["ssh_from"] = ask.ssh_from
+    if ask.profile:
+        table["profile"] = ask.profile
+    record_table(project, "clouds", table)
+    forget_group(project, ask.name)  # addresses change when VMs start again
+    record_hosts(project, entries)
+    return project / PROJECT_FILE
+
+
+def _autostop(settings: Settings, entries: list[HostEntry], period: str) -> str:
+    if not period:
+        return ""
+    from vmrun.operations.autostop import install
+
+    applied = install(settings, entries, required=True)
+    from vmrun.ssh.group import raise_for_failures
+
+    raise_for_failures(applied.checked if applied.refused else applied.outcomes)
+    return period
+
+
+# ---------------------------------------------------------------------------------- down
+
+
+def down(
+    settings: Settings,
+    name: str,
+    *,
+    region: str | None = None,
+    stop: bool = False,
+    profile: str | None = None,
+    out: Reporter = QUIET,
+) -> Down:
+    """Terminate the cluster (or stop it: disks kept) and remove the security and
+    placement groups; the hosts leave vmrun.toml. Nothing there is no error."""
+    check_name(name)
+    table = table_for(settings, name)
+    provider = provider_for(
+        str(table.get("cloud", "aws")), profile or str(table.get("profile", ""))
+    )
+    where = region or str(table.get("region", "")) or provider.default_region
+    project = settings.project_dir or Path.cwd()
+    if stop:
+        instances = provider.describe(name, where)
+        removed = provider.stop(name, where)
+        disk = sum(int(table.get("disk", 0) or 0) for _ in instances)
+        return Down(name, where, removed, stopped=True, disk_gb=disk)
+    removed = provider.terminate(name, where)
+    from vmrun.ssh.inventory import forget_group, forget_table, project_hosts
+
+    addrs = [e.spec.host for e in project_hosts(settings) if e.groups == (name,)]
+    forgotten = forget_group(project, name)
+    forget_table(project, "clouds", name)
+    _drop_known(settings.known_hosts, addrs)
+    if removed.left:
+        raise CloudError(
+            f"{name}: still there after `down`: {'; '.join(removed.left)}",
+            hint=f"run `vmrun down {name}` again in a minute",
+            code="cloud-leftovers",
+        )
+    return Down(name, where, removed, forgotten=forgotten)

@@ -1,0 +1,418 @@
+"""EC2 behind the provider seam: offer, launch (zone by zone), describe, wait, stop, start,
+terminate. Everything it makes carries the cluster's tags and is found again by them, so a
+crash, a Ctrl-C or another machine's `vmrun down` can always remove it."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from vmrun.errors import CloudError, UsageError
+from vmrun.providers.api import (
+    TAG_CLUSTER,
+    TAG_CREATED,
+    TAG_CREATOR,
+    Instance,
+    Offer,
+    Removed,
+    Request,
+)
+from vmrun.providers.aws import capacity, network
+from vmrun.providers.aws.images import find_image
+from vmrun.providers.aws.session import Session, cloud_error, error_code, error_message
+from vmrun.reporting import Reporter
+
+TAG_NODE = "vmrun-node"  # the instance's place in the cluster (0: the first node)
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+# Burstable types cannot be in a cluster placement group.
+_NO_PLACEMENT = ("t2.", "t3.", "t3a.", "t4g.")
+
+
+class AwsProvider:
+    name = "aws"
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    @property
+    def default_region(self) -> str:
+        return self.session.default_region
+
+    def ec2(self, region: str) -> Any:
+        return self.session.client("ec2", region)
+
+    # ------------------------------------------------------------------ offer
+
+    def offer(self, request: Request) -> Offer:
+        """The image, the zones to try in order and whether a placement group is made;
+        refuses a type no zone offers before anything is created."""
+        region = request.region or self.session.default_region
+        ec2 = self.ec2(region)
+        arch = self._arch(ec2, request.instance_type, region)
+        zones = self._zones(ec2, request.instance_type, region, request.zone)
+        image = find_image(ec2, request.image, arch, request.user)
+        placement = (
+            request.placement
+            and request.count > 1
+            and not request.instance_type.startswith(_NO_PLACEMENT)
+        )
+        return Offer(region, image.id, image.name, image.user, zones, placement, image.root_device)
+
+    def _arch(self, ec2: Any, instance_type: str, region: str) -> str:
+        try:
+            types = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+        except Exception as exc:
+            if error_code(exc) in ("InvalidInstanceType", "InvalidParameterValue"):
+                raise UsageError(
+                    f"{instance_type} is not an EC2 instance type in {region}",
+                    hint="e.g. g4dn.xlarge, g5.2xlarge, p4d.24xlarge",
+                    code="cloud-type-not-offered",
+                ) from None
+            raise cloud_error(exc, f"looking up {instance_type}") from None
+        archs = types[0].get("ProcessorInfo", {}).get("SupportedArchitectures", []) if types else []
+        return "arm64" if archs and "x86_64" not in archs else "x86_64"
+
+    def _zones(self, ec2: Any, instance_type: str, region: str, zone: str) -> list[str]:
+        try:
+            pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+            )
+            offered = sorted(
+                {o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])}
+            )
+        except Exception as exc:
+            raise cloud_error(exc, f"finding the zones that offer {instance_type}") from None
+        if zone:
+            if zone not in offered:
+                raise UsageError(
+                    f"{zone} does not offer {instance_type}"
+                    + (f" (zones that do: {', '.join(offered)})" if offered else ""),
+                    hint="drop --zone to let vmrun pick, or choose a zone listed",
+                    code="cloud-type-not-offered",
+                )
+            return [zone]
+        if not offered:
+            raise UsageError(
+                f"no zone of {region} offers {instance_type}",
+                hint="try another --region (g4dn and g5 are in most regions)",
+                code="cloud-type-not-offered",
+            )
+        return offered
+
+    # ------------------------------------------------------------------ launch
+
+    def launch(self, request: Request, offer: Offer, out: Reporter) -> list[Instance]:
+        """Make the group, the placement group and the instances (all in one zone); on any
+        failure or Ctrl-C remove what this call made, then raise."""
+        ec2 = self.ec2(offer.region)
+        tags = _tags(request)
+        token = secrets.token_hex(8)
+        try:
+            subnets = network.default_subnets(ec2, offer.region)
+            zones = [z for z in offer.zones if z in subnets]
+            if not zones:
+                raise CloudError(
+                    f"the default VPC of {offer.region} has no subnet in " + ", ".join(offer.zones),
+                    hint="create default subnets (`aws ec2 create-default-subnet`) or pass --zone",
+                )
+            vpc = network.vpc_of(ec2, subnets[zones[0]])
+            group = network.create_group(
+                ec2, f"vmrun-{request.cluster}", vpc, request.ssh_cidr, tags
+            )
+            out.info(f"{request.cluster}: security group {group}: SSH from {request.ssh_cidr} only")
+            placement = self._placement_group(ec2, request, tags) if offer.placement else ""
+            ids = self._run_in_zones(
+                ec2, request, offer, zones, subnets, group, placement, token, out
+            )
+            for index, instance_id in enumerate(ids):
+                _tag(ec2, instance_id, request.cluster, index)
+            return self.wait_running(request.cluster, offer.region, ids, timeout=600)
+        except BaseException:
+            self._undo(request.cluster, offer.region, token, out)
+            raise
+
+    def _placement_group(self, ec2: Any, request: Request, tags: list[dict[str, str]]) -> str:
+        name = f"vmrun-{request.cluster}"
+        try:
+            ec2.create_placement_group(
+                GroupName=name,
+                Strategy="cluster",
+                TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}],
+            )
+        except Exception as exc:
+            raise cloud_error(exc, f"creating the placement group {name}") from None
+        return name
+
+    def _run_in_zones(
+        self,
+        ec2: Any,
+        request: Request,
+        offer: Offer,
+        zones: list[str],
+        subnets: dict[str, str],
+        group: str,
+        placement: str,
+        token: str,
+        out: Reporter,
+    ) -> list[str]:
+        """Each zone in turn until one gives all `count` instances; spot first when asked,
+        on-demand after every zone said no only with spot_fallback."""
+        markets = [request.spot] + ([False] if request.spot and request.spot_fallback else [])
+        refusals: list[str] = []
+        for spot in markets:
+            if not spot and request.spot:
+                out.warn(f"{request.cluster}: no spot capacity anywhere: on-demand instead")
+            for zone in zones:
+                params = _run_params(request, offer, zone, subnets[zone], group, placement, spot)
+                params["ClientToken"] = f"{token}-{zone}-{'spot' if spot else 'od'}"
+                try:
+                    reply = ec2.run_instances(**params)
+                except Exception as exc:
+                    code = error_code(exc)
+                    if code in capacity.QUOTA_CODES:
+                        raise capacity.quota_error(
+                            code, error_message(exc), request.instance_type, offer.region, spot
+                        ) from None
+                    if code not in capacity.ZONE_CODES:
+                        raise cloud_error(
+                            exc, f"launching {request.instance_type} in {zone}"
+                        ) from None
+                    refusals.append(f"{zone}{' (spot)' if spot else ''}: {code}")
+                    out.info(
+                        f"{request.cluster}: {zone} has no {request.instance_type} now ({code})"
+                    )
+                    continue
+                ids = [i["InstanceId"] for i in reply["Instances"]]
+                for index, instance_id in enumerate(ids):
+                    out.info(f"{request.cluster}: node {index} {instance_id} requested in {zone}")
+                return ids
+        raise CloudError(
+            f"no zone of {offer.region} has {request.count} x {request.instance_type} now: "
+            + "; ".join(refusals),
+            hint=(
+                "add --spot-fallback to take on-demand instances"
+                if request.spot and not request.spot_fallback
+                else "try another --region or --type, or later"
+            ),
+            code="cloud-no-capacity",
+        )
+
+    # ------------------------------------------------------------------ find, wait
+
+    def describe(
+        self, cluster: str, region: str, states: tuple[str, ...] = LIVE_STATES
+    ) -> list[Instance]:
+        ec2 = self.ec2(region)
+        filters = [
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]},
+            {"Name": "instance-state-name", "Values": list(states)},
+        ]
+        try:
+            pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
+            found = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+        except Exception as exc:
+            raise cloud_error(exc, f"listing {cluster}'s instances") from None
+        instances = [_instance(raw, cluster, region) for raw in found]
+        return sorted(instances, key=lambda i: (i.index, i.id))
+
+    def wait_running(
+        self, cluster: str, region: str, ids: list[str], timeout: float
+    ) -> list[Instance]:
+        ec2 = self.ec2(region)
+        delay = 5
+        try:
+            ec2.get_waiter("instance_running").wait(
+                InstanceIds=ids,
+                WaiterConfig={"Delay": delay, "MaxAttempts": max(1, int(timeout // delay))},
+            )
+        except Exception as exc:
+            raise cloud_error(exc, f"waiting for {cluster}'s instances to run") from None
+        running = [i for i in self.describe(cluster, region, ("running",)) if i.id in ids]
+        return running
+
+    # ------------------------------------------------------------------ stop, start, remove
+
+    def stop(self, cluster: str, region: str) -> Removed:
+        ec2 = self.ec2(region)
+        instances = [i for i in self.describe(cluster, region) if i.state in ("pending", "running")]
+        ids = [i.id for i in instances]
+        spot = [i.id for i in instances if i.spot]
+        if spot:
+            raise UsageError(
+                f"{cluster}'s spot instances ({', '.join(spot)}) cannot be stopped, only ended",
+                hint=f"`vmrun down {cluster}` without --stop",
+                code="flags-conflict",
+            )
+        if ids:
+            try:
+                ec2.stop_instances(InstanceIds=ids)
+                ec2.get_waiter("instance_stopped").wait(
+                    InstanceIds=ids, WaiterConfig={"Delay": 5, "MaxAttempts": 120}
+                )
+            except Exception as exc:
+                raise cloud_error(exc, f"stopping {cluster}") from None
+        return Removed(instances=ids)
+
+    def start(self, cluster: str, region: str, out: Reporter) -> list[Instance]:
+        ec2 = self.ec2(region)
+        ids = [i.id for i in self.describe(cluster, region) if i.state in ("stopped", "stopping")]
+        if ids:
+            try:
+                ec2.get_waiter("instance_stopped").wait(
+                    InstanceIds=ids, WaiterConfig={"Delay": 5, "MaxAttempts": 120}
+                )
+                ec2.start_instances(InstanceIds=ids)
+            except Exception as exc:
+                raise cloud_error(exc, f"starting {cluster}") from None
+            out.info(f"{cluster}: starting {', '.join(ids)}")
+        all_ids = [i.id for i in self.describe(cluster, region)]
+        return self.wait_running(cluster, region, all_ids, timeout=600)
+
+    def terminate(self, cluster: str, region: str) -> Removed:
+        """Every instance, then the security and placement groups once nothing uses them;
+        checked again with describe calls. Idempotent: nothing left is no error."""
+        ec2 = self.ec2(region)
+        ids = [i.id for i in self.describe(cluster, region, (*LIVE_STATES, "shutting-down"))]
+        if ids:
+            try:
+                ec2.terminate_instances(InstanceIds=ids)
+                ec2.get_waiter("instance_terminated").wait(
+                    InstanceIds=ids, WaiterConfig={"Delay": 5, "MaxAttempts": 120}
+                )
+            except Exception as exc:
+                raise cloud_error(exc, f"terminating {cluster}'s instances") from None
+        left = [
+            f"{i.id}: {i.state}"
+            for i in self.describe(cluster, region, (*LIVE_STATES, "shutting-down"))
+        ]
+        groups = network.find_groups(ec2, cluster)
+        left += [why for why in (network.delete_group(ec2, g) for g in groups) if why]
+        placements = _placement_groups(ec2, cluster)
+        left += [why for why in (_delete_placement(ec2, p) for p in placements) if why]
+        return Removed(ids, groups, placements, left)
+
+    def _undo(self, cluster: str, region: str, token: str, out: Reporter) -> None:
+        """After a failed or interrupted launch: remove what it made (found by tag, and by
+        the launch's client token for an instance whose tags were not yet visible)."""
+        out.warn(f"{cluster}: removing what was made so far")
+        removed = self.terminate(cluster, region)
+        if removed.left:
+            out.warn(f"{cluster}: still there: {'; '.join(removed.left)} (`vmrun down {cluster}`)")
+
+
+def _tags(request: Request) -> list[dict[str, str]]:
+    created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return [
+        {"Key": TAG_CLUSTER, "Value": request.cluster},
+        {"Key": TAG_CREATOR, "Value": request.creator},
+        {"Key": TAG_CREATED, "Value": created},
+        {"Key": "Name", "Value": f"vmrun-{request.cluster}"},
+    ]
+
+
+def _run_params(
+    request: Request,
+    offer: Offer,
+    zone: str,
+    subnet: str,
+    group: str,
+    placement: str,
+    spot: bool,
+) -> dict[str, Any]:
+    tags = _tags(request)
+    params: dict[str, Any] = {
+        "ImageId": offer.image_id,
+        "InstanceType": request.instance_type,
+        "MinCount": request.count,
+        "MaxCount": request.count,
+        "SubnetId": subnet,
+        "SecurityGroupIds": [group],
+        "Placement": {"AvailabilityZone": zone, **({"GroupName": placement} if placement else {})},
+        "UserData": request.user_data,
+        # A power-off from inside (autostop) ends the bill; a one-time spot can only end.
+        "InstanceInitiatedShutdownBehavior": "terminate" if spot else request.power_off,
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "TagSpecifications": [
+            {"ResourceType": "instance", "Tags": tags},
+            {"ResourceType": "volume", "Tags": tags},
+        ],
+    }
+    if request.disk_gb:
+        params["BlockDeviceMappings"] = [
+            {
+                "DeviceName": offer.root_device,
+                "Ebs": {
+                    "VolumeSize": request.disk_gb,
+                    "VolumeType": "gp3",
+                    "DeleteOnTermination": True,
+                },
+            }
+        ]
+    if spot:
+        params["InstanceMarketOptions"] = {
+            "MarketType": "spot",
+            "SpotOptions": {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            },
+        }
+    return params
+
+
+def _tag(ec2: Any, instance_id: str, cluster: str, index: int) -> None:
+    try:
+        ec2.create_tags(
+            Resources=[instance_id],
+            Tags=[
+                {"Key": "Name", "Value": f"vmrun-{cluster}-{index}"},
+                {"Key": TAG_NODE, "Value": str(index)},
+            ],
+        )
+    except Exception as exc:
+        raise cloud_error(exc, f"tagging {instance_id}") from None
+
+
+def _instance(raw: dict[str, Any], cluster: str, region: str) -> Instance:
+    tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+    index = tags.get(TAG_NODE, "")
+    return Instance(
+        id=raw["InstanceId"],
+        cluster=cluster,
+        state=raw.get("State", {}).get("Name", ""),
+        instance_type=raw.get("InstanceType", ""),
+        zone=raw.get("Placement", {}).get("AvailabilityZone", ""),
+        region=region,
+        public_addr=raw.get("PublicIpAddress", "") or "",
+        private_addr=raw.get("PrivateIpAddress", "") or "",
+        launched=raw.get("LaunchTime"),
+        spot=raw.get("InstanceLifecycle") == "spot",
+        index=int(index) if index.isdigit() else 1_000_000,
+    )
+
+
+def _placement_groups(ec2: Any, cluster: str) -> list[str]:
+    try:
+        groups = ec2.describe_placement_groups(
+            Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
+        )["PlacementGroups"]
+    except Exception as exc:
+        raise cloud_error(exc, f"finding {cluster}'s placement group") from None
+    return [g["GroupName"] for g in groups if g.get("State") != "deleted"]
+
+
+def _delete_placement(ec2: Any, name: str, tries: int = 15) -> str:
+    for attempt in range(tries):
+        try:
+            ec2.delete_placement_group(GroupName=name)
+            return ""
+        except Exception as exc:
+            code = error_code(exc)
+            if code == "InvalidPlacementGroup.Unknown":
+                return ""
+            if code != "InvalidPlacementGroup.InUse" or attempt == tries - 1:
+                return f"{name}: {code or type(exc).__name__}"
+        time.sleep(2.0)
+    return f"{name}: InvalidPlacementGroup.InUse"
