@@ -13,6 +13,7 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto = pytest.importorskip("moto")
 
+from aws_fakes import placement_groups_on  # noqa: E402
 from botocore.stub import ANY, Stubber  # noqa: E402
 
 from vmrun.errors import CloudError, UsageError  # noqa: E402
@@ -36,35 +37,8 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # 4 s of a catalog unused here
     with moto.mock_aws():
         provider = AwsProvider(Session())
-        _placement_groups_of(provider)
+        placement_groups_on(provider.ec2(REGION))
         yield provider
-
-
-def _placement_groups_of(provider: AwsProvider) -> dict[str, dict[str, Any]]:
-    """moto has no placement groups: the three calls answered here, from a dict (the
-    Stubber tests below check the requests vmrun sends)."""
-    from botocore.awsrequest import AWSResponse
-
-    groups: dict[str, dict[str, Any]] = {}
-    ok = AWSResponse("https://ec2", 200, {}, None)
-
-    def create(params: dict[str, Any], **_: Any) -> Any:
-        name = params["body"]["GroupName"]
-        groups[name] = {"GroupName": name, "State": "available", "Tags": []}
-        return ok, {}
-
-    def describe(**_: Any) -> Any:
-        return ok, {"PlacementGroups": list(groups.values())}
-
-    def delete(params: dict[str, Any], **_: Any) -> Any:
-        groups.pop(params["body"]["GroupName"], None)
-        return ok, {}
-
-    events = provider.ec2(REGION).meta.events
-    events.register("before-call.ec2.CreatePlacementGroup", create)
-    events.register("before-call.ec2.DescribePlacementGroups", describe)
-    events.register("before-call.ec2.DeletePlacementGroup", delete)
-    return groups
 
 
 def _ami(provider: AwsProvider) -> str:
@@ -286,10 +260,11 @@ def test_a_placement_group_in_use_is_retried_and_an_unknown_one_is_gone(
 
 def test_the_newest_dlami_for_the_architecture_is_chosen() -> None:
     client, stub = _stubbed()
+    name = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) {}"
     found = [
-        {"ImageId": "ami-old", "Name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250101", "CreationDate": "2025-01-01T00:00:00.000Z"},
-        {"ImageId": "ami-new", "Name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20260101", "CreationDate": "2026-01-01T00:00:00.000Z", "RootDeviceName": "/dev/sda1"},
-    ]  # fmt: skip
+        {"ImageId": "ami-old", "Name": name.format(20250101), "CreationDate": "2025-01-01"},
+        {"ImageId": "ami-new", "Name": name.format(20260101), "CreationDate": "2026-01-01"},
+    ]
     expected = {"Owners": [images.DLAMI_OWNER], "Filters": ANY}
     stub.add_response("describe_images", {"Images": found}, expected)
     stub.add_response("describe_images", {"Images": []}, expected)

@@ -1,0 +1,205 @@
+"""`vmrun up/down`'s own decisions (vmrun.operations.cloud), quick: flags over the [[clouds]]
+table, the host key pinned per address (and an old line for a reused address dropped), what
+vmrun.toml records, and a failure or Ctrl-C while waiting for SSH removing the whole cluster.
+moto in-process stands for AWS; the SSH wait is replaced (the netns test logs in for real)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+moto = pytest.importorskip("moto")
+
+from vmrun.config import load_settings  # noqa: E402
+from vmrun.errors import CloudError, UsageError  # noqa: E402
+from vmrun.operations import cloud  # noqa: E402
+from vmrun.reporting import Recorder  # noqa: E402
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519.pub").write_text("ssh-ed25519 AAAAuserkey me@laptop\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.delenv("VMRUN_CONFIG", raising=False)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    return work
+
+
+@pytest.fixture
+def aws(project: Path) -> Any:
+    import boto3
+    from aws_fakes import placement_groups_on
+
+    real = cloud.provider_for
+
+    def provider_for(name: str, profile: str) -> Any:
+        provider = real(name, profile)
+        placement_groups_on(provider.ec2(REGION))  # type: ignore[attr-defined]
+        return provider
+
+    with moto.mock_aws(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cloud, "provider_for", provider_for)
+        ec2 = boto3.client("ec2", region_name=REGION)
+        yield ec2.register_image(Name="gpu", RootDeviceName="/dev/sda1")["ImageId"]
+
+
+def _ask(image: str, **kw: Any) -> cloud.UpAsk:
+    values: dict[str, Any] = {
+        "name": "w251",
+        "instance_type": "g4dn.2xlarge",
+        "image": image,
+        "ssh_from": "198.51.100.7/32",
+        "ssh_timeout": 5.0,
+        **kw,
+    }
+    return cloud.UpAsk(**values)
+
+
+def _live() -> list[str]:
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    found = ec2.describe_instances(Filters=[{"Name": "tag:vmrun-cluster", "Values": ["w251"]}])
+    states = [i["State"]["Name"] for r in found["Reservations"] for i in r["Instances"]]
+    groups = ec2.describe_security_groups(
+        Filters=[{"Name": "tag:vmrun-cluster", "Values": ["w251"]}]
+    )["SecurityGroups"]
+    return [s for s in states if s != "terminated"] + [g["GroupId"] for g in groups]
+
+
+def test_flags_win_over_the_clouds_table_over_the_defaults(project: Path) -> None:
+    (project / "vmrun.toml").write_text(
+        '[[clouds]]\nname = "w251"\ncloud = "aws"\ntype = "g4dn.2xlarge"\ncount = 2\nspot = true\n'
+    )
+    settings = load_settings()
+    done = cloud.resolve(cloud.UpAsk("w251", count=3), settings)
+    assert (done.instance_type, done.count, done.spot, done.image) == (
+        "g4dn.2xlarge",
+        3,
+        True,
+        "dlami",
+    )
+    with pytest.raises(UsageError) as err:
+        cloud.resolve(cloud.UpAsk("other"), settings)
+    assert "--type" in err.value.one_line()
+    with pytest.raises(UsageError) as err:
+        cloud.resolve(cloud.UpAsk("w251", spot=False, spot_fallback=True), settings)
+    assert err.value.code == "flags-conflict"
+    with pytest.raises(UsageError):
+        cloud.resolve(cloud.UpAsk("Bad_Name", instance_type="g4dn.xlarge"), settings)
+
+
+def test_the_ssh_source_is_a_cidr() -> None:
+    assert cloud.ssh_source("203.0.113.7") == "203.0.113.7/32"
+    assert cloud.ssh_source("10.1.2.0/24") == "10.1.2.0/24"
+    with pytest.raises(UsageError):
+        cloud.ssh_source("my laptop")
+
+
+def _stand_in_ssh(
+    monkeypatch: pytest.MonkeyPatch, effect: BaseException | None = None
+) -> list[Any]:
+    """STAND-IN for the SSH wait: moto's instances run no sshd (the netns test logs in)."""
+    seen: list[Any] = []
+
+    def wait(entries: Any, settings: Any, timeout: float, out: Any) -> None:
+        seen.extend(entries)
+        if effect is not None:
+            raise effect
+
+    monkeypatch.setattr(cloud, "_wait_ssh", wait)
+    return seen
+
+
+def test_up_pins_the_key_and_records_the_cluster(
+    aws: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _stand_in_ssh(monkeypatch)
+    settings = load_settings()
+    known = settings.known_hosts
+    known.parent.mkdir(parents=True, exist_ok=True)
+    done = cloud.up(settings, _ask(aws, count=2, placement=False), Recorder())
+    assert [e.label for e in seen] == ["w251-0", "w251-1"]
+    addrs = [i.public_addr for i in done.instances]
+    lines = [ln.split() for ln in known.read_text().splitlines()]
+    assert [ln[0] for ln in lines] == addrs and len({ln[2] for ln in lines}) == 1
+    again = load_settings()
+    hosts = [e for e in cloud_hosts(again)]
+    assert [h.spec.label for h in hosts] == [f"ubuntu@{a}" for a in addrs]
+    assert [h.vars["private_addr"] for h in hosts] == [i.private_addr for i in done.instances]
+    assert cloud.table_for(again, "w251")["count"] == 2
+
+
+def cloud_hosts(settings: Any) -> list[Any]:
+    from vmrun.ssh.inventory import select_hosts
+
+    return select_hosts(["@w251"], settings)
+
+
+def test_an_address_reused_from_an_earlier_vm_loses_its_old_key(
+    aws: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _stand_in_ssh(monkeypatch)
+    settings = load_settings()
+    done = cloud.up(settings, _ask(aws), Recorder())
+    addr = done.instances[0].public_addr
+    cloud.down(load_settings(), "w251")
+    assert addr not in settings.known_hosts.read_text()  # down drops the line too
+    settings.known_hosts.write_text(f"{addr} ssh-ed25519 AAAAold\n")
+    from vmrun.providers.cloudinit import new_host_key
+
+    fresh = new_host_key("x")
+    cloud._pin(settings, done.hosts, fresh)
+    assert settings.known_hosts.read_text().split() == [addr, "ssh-ed25519", fresh.base64]
+
+
+@pytest.mark.parametrize(
+    "effect", [KeyboardInterrupt(), CloudError("never", code="cloud-ssh-never-up")]
+)
+def test_ctrl_c_or_no_ssh_removes_the_whole_cluster(
+    aws: str, project: Path, monkeypatch: pytest.MonkeyPatch, effect: BaseException
+) -> None:
+    _stand_in_ssh(monkeypatch, effect)
+    with pytest.raises(type(effect)):
+        cloud.up(load_settings(), _ask(aws, count=2, placement=False), Recorder())
+    assert _live() == []
+    assert not (project / "vmrun.toml").exists()  # nothing recorded for a cluster that is gone
+
+
+def test_keep_keeps_it_and_down_removes_it_twice_over(
+    aws: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _stand_in_ssh(monkeypatch, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        cloud.up(load_settings(), _ask(aws, keep=True, placement=False), Recorder())
+    assert len(_live()) == 2  # the instance and its group
+    first = cloud.down(load_settings(), "w251")
+    assert first.removed is not None and len(first.removed.instances) == 1 and _live() == []
+    second = cloud.down(load_settings(), "w251")
+    assert second.removed is not None and second.removed.instances == []
+
+
+def test_up_of_a_running_cluster_makes_nothing_new(
+    aws: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _stand_in_ssh(monkeypatch)
+    first = cloud.up(load_settings(), _ask(aws), Recorder())
+    again = cloud.up(load_settings(), _ask(aws), Recorder())
+    assert again.already and [i.id for i in again.instances] == [i.id for i in first.instances]
