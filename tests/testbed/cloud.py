@@ -47,7 +47,7 @@ from .keys import keygen_wait
 from .layout import NETNS_RUN_DIR, NFT_TABLE
 from .procs import ns_ident, run_process, wait_until
 from .testhost import SSHD_SETTINGS
-from .tools import IP, NFT, STD_PATH
+from .tools import IP, NFT, STD_PATH, _which
 
 if TYPE_CHECKING:
     from .netns import NetnsBed
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
+ENV = _which("env", "/usr/bin/env")
 ACCESS_KEY = "testing"
 DLAMI_OWNER = "898082745236"  # Amazon's Deep Learning AMIs
 CANONICAL_OWNER = "099720109477"
@@ -298,10 +299,11 @@ class CloudBed:
         }
 
     def argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
-        """``argv`` run as root inside the laptop's namespace (``env`` set with env(1))."""
+        """``argv`` run as root inside the laptop's namespace; with ``env``, env(1) drops
+        AWS_PROFILE and sets ``env`` (e.g. ``cloud.env()``) over the inherited environment."""
         prefix = [IP, "netns", "exec", self.laptop.netns]
-        if env:
-            prefix += ["/usr/bin/env", *(f"{k}={v}" for k, v in env.items())]
+        if env is not None:
+            prefix += [ENV, "-u", "AWS_PROFILE", *(f"{k}={v}" for k, v in env.items())]
         return [*prefix, *argv]
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

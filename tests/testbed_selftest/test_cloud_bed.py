@@ -231,6 +231,35 @@ def test_stop_start_terminate_power_the_host(ctx: Ctx) -> None:
     assert ctx.ssh(addr, "test -e ~/disk || echo fresh").stdout.strip() == "fresh"
 
 
+def test_stopping_one_machine_spares_the_shared_users_processes_on_another(ctx: Ctx) -> None:
+    cloud = ctx.cloud
+    a, b = (cloud.host_of(i["InstanceId"]) for i in ctx.run(2))
+    cloud.wait_booted(2)
+    for host in (a, b):
+        proc = ctx.ssh(host.addr, "setsid -f sleep 300 </dev/null >/dev/null 2>&1")
+        assert proc.returncode == 0, proc.stderr
+    assert a.user_pids() and b.user_pids()
+    ctx.ec2.stop_instances(InstanceIds=[i for i, h in cloud.instance_hosts().items() if h is a])
+    assert a.user_pids() == [] and len(b.user_pids()) == 1  # b's sleep lives on
+
+
+def test_a_process_in_the_laptop_namespace_uses_moto(ctx: Ctx) -> None:
+    cloud = ctx.cloud
+    image = cloud.images["dlami"]
+    script = (
+        "import boto3\n"
+        f"images = boto3.client('ec2').describe_images(ImageIds=['{image}'])['Images']\n"
+        "print(images[0]['OwnerId'])\n"
+    )
+    proc = subprocess.run(
+        cloud.argv([sys.executable, "-c", script], env=cloud.env()),
+        env={**os.environ, "AWS_PROFILE": "nosuch"},  # env(1) drops it
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == DLAMI_OWNER
+
+
 def test_capacity_fault_in_one_zone_only(ctx: Ctx) -> None:
     from botocore.exceptions import ClientError
 
