@@ -498,6 +498,7 @@ class CloudBed:
                     self._power_off(machine)
                 if action == "terminate":
                     machine.instance_id = None  # the host is free for a new instance
+                    self._apply_security_groups()  # one member fewer
                 if action in ("start", "reboot"):
                     self._set_addresses(resp.ec2_backend.get_instance(instance_id), machine)
                     self._power_on(machine, first=False)
@@ -541,6 +542,7 @@ class CloudBed:
             with self._lock:
                 if not current():
                     return
+                self._apply_security_groups()  # before sshd answers
                 host.start_sshd()
             if first:
                 if self._closing.wait(self.refuse_s):
@@ -552,8 +554,6 @@ class CloudBed:
                         host.add_authorized_key(line)
             with self._lock:
                 if current():
-                    if self.enforce_security_groups:
-                        self._apply_security_groups()
                     machine.booted = True
         except Exception as exc:  # shows in the test's output; wait_booted times out
             print(f"cloudbed: boot of {host.name} failed: {exc!r}")
@@ -582,6 +582,7 @@ class CloudBed:
             from .keys import _keygen_popen
 
             keygen_wait([_keygen_popen(key, "ed25519", host.hostname)])
+        _apply_nft(host, None)  # a fresh machine: its security groups come at boot
         host.host_key_files = [key]  # only this key: what the instance's sshd offers
         host._load_host_keys()
         host._write_sshd_config(host.addrs, [f"Port {host.port}", *SSHD_SETTINGS])
@@ -694,9 +695,11 @@ class CloudBed:
     # ---------------------------------------------------------------- STAND-IN: security groups
 
     def _apply_security_groups(self) -> None:
-        """Each booted host's security groups as nftables rules in its namespace: tcp/22
-        (or any rule's ports) from the rules' CIDRs, everything from members of groups it
-        names; the rest is dropped."""
+        """Each machine's security groups as nftables rules in its namespace (call with the
+        lock held): a rule's ports from its CIDR, or from the private addresses of the
+        members of the group it names; everything else is dropped, as on EC2."""
+        if not self.enforce_security_groups:
+            return
         backend = self._backend()
         members: dict[str, list[str]] = {}
         for m in self._machines:
@@ -704,14 +707,19 @@ class CloudBed:
                 for gid in m.groups:
                     members.setdefault(gid, []).append(m.host.addr_on("vpc"))
         for m in self._machines:
-            if not m.instance_id:
-                continue
-            rules = []
-            for gid in m.groups:
-                sg = backend.get_security_group_from_id(gid)
-                if sg is not None:
-                    rules += _nft_rules(sg, members)
-            _apply_nft(m.host, rules)
+            if m.instance_id:
+                rules = []
+                for gid in m.groups:
+                    sg = backend.get_security_group_from_id(gid)
+                    if sg is not None:
+                        rules += _nft_rules(sg, members)
+                _apply_nft(m.host, rules)
+
+    def _on_security_group_change(self, resp: Any, original: Callable[[Any], Any]) -> Any:
+        result = original(resp)
+        with self._lock:
+            self._apply_security_groups()
+        return result
 
 
 # --------------------------------------------------------------------------- helpers
@@ -743,35 +751,36 @@ def _group_matches(group: dict[str, Any], name: str, values: Iterable[str]) -> b
 
 
 def _nft_rules(sg: Any, members: Mapping[str, list[str]]) -> list[str]:
+    """nftables accept rules for a security group's ingress rules (one source per rule)."""
     rules = []
     for rule in sg.ingress_rules:
-        proto = str(rule.ip_protocol)
+        proto = str(rule.ip_protocol or "").lower()
         if proto in ("-1", "all"):
             match = ""
         elif proto in ("tcp", "udp", "6", "17"):
             name = {"6": "tcp", "17": "udp"}.get(proto, proto)
             lo, hi = rule.from_port, rule.to_port
-            ports = str(lo) if lo == hi else f"{lo}-{hi}"
-            match = f"{name} dport {ports} "
+            match = f"{name} dport {lo if lo == hi else f'{lo}-{hi}'} "
         else:
             continue
-        sources = [r["CidrIp"] for r in rule.ip_ranges if r.get("CidrIp")]
-        for pair in rule.source_groups:
-            sources += members.get(pair.get("GroupId", ""), [])
+        sources = [rule.ip_range["CidrIp"]] if rule.ip_range.get("CidrIp") else []
+        sources += members.get(rule.source_group.get("GroupId", ""), [])
         rules += [f"ip saddr {src} {match}accept" for src in sources]
     return rules
 
 
-def _apply_nft(host: TestHost, rules: list[str]) -> None:
+def _apply_nft(host: TestHost, rules: list[str] | None) -> None:
+    """The host's security group table: ``rules`` then drop; None removes the table."""
     table = f"{NFT_TABLE}_sg"
     script = f"add table inet {table}\ndelete table inet {table}\n"
-    body = "\n".join(f"    {r}" for r in rules)
-    script += (
-        f"table inet {table} {{\n  chain input {{\n"
-        "    type filter hook input priority filter - 1; policy drop;\n"
-        "    iif lo accept\n    ct state established,related accept\n"
-        f"{body}\n  }}\n}}\n"
-    )
+    if rules is not None:
+        body = "".join(f"    {r}\n" for r in rules)
+        script += (
+            f"table inet {table} {{\n  chain input {{\n"
+            "    type filter hook input priority filter - 1; policy drop;\n"
+            "    iif lo accept\n    ct state established,related accept\n"
+            f"{body}  }}\n}}\n"
+        )
     proc = run_process(
         [IP, "netns", "exec", host.netns, NFT, "-f", "-"],
         env={"PATH": STD_PATH}, cwd="/", input=script, timeout=30, check=False, text=True,
@@ -801,6 +810,8 @@ def _dispatch(name: str) -> Callable[..., Any]:
             return cloud._on_run_instances(resp, original)
         if name.endswith("_placement_group") or name == "describe_placement_groups":
             return getattr(cloud, "_" + name)(resp)
+        if name.endswith("_security_group_ingress"):
+            return cloud._on_security_group_change(resp, original)
         if name == "call_action":
             cloud.api_calls.append(resp._get_action())
             return original(resp)
@@ -817,6 +828,7 @@ def _install_patches() -> None:
         "call_action", "run_instances", "stop_instances", "start_instances",
         "terminate_instances", "reboot_instances", "create_placement_group",
         "describe_placement_groups", "delete_placement_group",
+        "authorize_security_group_ingress", "revoke_security_group_ingress",
     )  # fmt: skip
     for name in names:
         if name not in _PATCHED:

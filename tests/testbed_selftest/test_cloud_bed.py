@@ -260,6 +260,32 @@ def test_a_process_in_the_laptop_namespace_uses_moto(ctx: Ctx) -> None:
     assert proc.stdout.strip() == DLAMI_OWNER
 
 
+def test_security_groups_are_enforced(ctx: Ctx) -> None:
+    cloud, ec2 = ctx.cloud, ctx.ec2
+    cloud.enforce_security_groups = True
+    try:
+        vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]
+        sg = ec2.create_security_group(
+            GroupName="vmrun-sg", Description="vmrun", VpcId=vpc["VpcId"]
+        )["GroupId"]
+        ssh_rule = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+                    "IpRanges": [{"CidrIp": cloud.ssh_cidr}]}  # fmt: skip
+        members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg}]}
+        ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule, members])
+        a, b = (cloud.host_of(i["InstanceId"]) for i in ctx.run(2, SecurityGroupIds=[sg]))
+        cloud.wait_booted(2)
+        assert ctx.ssh(a.addr, "true").returncode == 0  # tcp/22 from the laptop
+        assert cloud.call(connect_error, a.addr, 8080, 0.5) == "timeout"  # no other port
+        probe = "timeout 1 bash -c 'exec 3<>/dev/tcp/{}/8080'; echo $?"
+        # a member reaches any port of another on its private address (refused: no listener)
+        assert a.run(["sh", "-c", probe.format(b.addr_on("vpc"))], text=True).stdout == "1\n"
+        assert a.run(["sh", "-c", probe.format(b.addr_on("main"))], text=True).stdout == "124\n"
+        ec2.revoke_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule])
+        assert cloud.call(connect_error, a.addr, 22, 0.5) == "timeout"  # no rule, no SSH
+    finally:
+        cloud.enforce_security_groups = False
+
+
 def test_capacity_fault_in_one_zone_only(ctx: Ctx) -> None:
     from botocore.exceptions import ClientError
 
