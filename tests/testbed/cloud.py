@@ -177,6 +177,7 @@ class _Machine:
     booted: bool = False  # a login works
     user_data: UserData = field(default_factory=UserData)
     groups: list[str] = field(default_factory=list)  # security group ids
+    backend: Any = None  # moto's EC2 backend that holds the instance
 
 
 class _InNamespace:
@@ -238,6 +239,7 @@ class CloudBed:
         self.enforce_security_groups = enforce_security_groups
         self.images: dict[str, str] = {}
         self.api_calls: list[str] = []  # every EC2 action moto answered, in order
+        self.poweroff_command = ""  # the machines' power-off (an absolute path), see below
         self._lock = threading.RLock()
         self._closing = threading.Event()
         self._closed = False
@@ -265,8 +267,10 @@ class CloudBed:
             self._executor = ThreadPoolExecutor(
                 1, thread_name_prefix="cloudbed-laptop", initializer=self._init_thread
             )
+            self._make_power_buttons()
             self._start_moto()
             bed.on_close(self.close)
+            self._spawn(self._watch_power_buttons, "cloudbed-power")
         except BaseException:
             self.close()
             raise
@@ -478,6 +482,7 @@ class CloudBed:
                 user_data.authorized_keys.append(pair.material_public.decode().strip())
             for instance, machine in zip(result.result.instances, free, strict=False):
                 machine.instance_id = instance.id
+                machine.backend = resp.ec2_backend
                 machine.user_data = user_data
                 machine.groups = [g.id for g in instance.security_groups]
                 self._by_id[instance.id] = machine
@@ -519,13 +524,7 @@ class CloudBed:
 
     def _power_on(self, machine: _Machine, *, first: bool) -> None:
         machine.gen += 1
-        gen = machine.gen
-        thread = threading.Thread(
-            target=self._boot, args=(machine, gen, first), daemon=True,
-            name=f"cloudbed-boot-{machine.host.name}",
-        )  # fmt: skip
-        self._threads.append(thread)
-        thread.start()
+        self._spawn(self._boot, f"cloudbed-boot-{machine.host.name}", machine, machine.gen, first)
 
     def _boot(self, machine: _Machine, gen: int, first: bool) -> None:
         """The machine boots: a fresh disk (first boot), host key, sshd, then the keys."""
@@ -558,6 +557,57 @@ class CloudBed:
         except Exception as exc:  # shows in the test's output; wait_booted times out
             print(f"cloudbed: boot of {host.name} failed: {exc!r}")
 
+    def _make_power_buttons(self) -> None:
+        """The STAND-IN power-off (``poweroff_command``): a script any user of a machine may
+        run; it writes to the machine's button file, which a thread of the bed watches."""
+        power = self.bed.home_root / self.bed.prefix / "power"
+        power.mkdir(mode=0o755)
+        for m in self._machines:
+            button = power / m.host.name
+            button.touch(mode=0o600)
+            os.chown(button, m.host.uid, m.host.gid)
+        script = power / "poweroff"
+        write_text(
+            script,
+            "#!/bin/sh\n"
+            "# STAND-IN power-off of a CloudBed machine: the bed stops (or terminates, as the\n"
+            "# instance's InstanceInitiatedShutdownBehavior says) the instance; delays are\n"
+            "# ignored, -c cancels nothing.\n"
+            'case " $* " in *" -c "*) exit 0 ;; esac\n'
+            f'h=$(hostname) && echo "$*" >> "{power}/${{h#vmt-}}"\n',
+            0o755,
+        )
+        self.poweroff_command = str(script)
+        self._power = power
+
+    def _watch_power_buttons(self) -> None:
+        while not self._closing.wait(0.05):
+            for m in self._machines:
+                button = self._power / m.host.name
+                with contextlib.suppress(OSError):
+                    if m.instance_id and button.stat().st_size:
+                        button.write_text("")
+                        self._powered_off_from_inside(m)
+
+    def _powered_off_from_inside(self, machine: _Machine) -> None:
+        with self._lock:
+            instance_id = machine.instance_id
+            if instance_id is None:
+                return
+            self._power_off(machine)  # first: once moto says so, the machine is off
+            instance = machine.backend.get_instance(instance_id)
+            if instance.instance_initiated_shutdown_behavior == "terminate":
+                machine.backend.terminate_instances([instance_id])
+                machine.instance_id = None
+                self._apply_security_groups()
+            else:
+                machine.backend.stop_instances([instance_id])
+
+    def _spawn(self, target: Callable[..., object], name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        self._threads.append(thread)
+        thread.start()
+
     def _fresh_disk(self, machine: _Machine) -> None:
         """Empty home with an empty authorized_keys; the user data's host key, or a new one."""
         host = machine.host
@@ -582,6 +632,7 @@ class CloudBed:
             from .keys import _keygen_popen
 
             keygen_wait([_keygen_popen(key, "ed25519", host.hostname)])
+        (self._power / host.name).write_text("")  # nobody pressed this machine's button
         _apply_nft(host, None)  # a fresh machine: its security groups come at boot
         host.host_key_files = [key]  # only this key: what the instance's sshd offers
         host._load_host_keys()

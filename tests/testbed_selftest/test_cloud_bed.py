@@ -286,6 +286,22 @@ def test_security_groups_are_enforced(ctx: Ctx) -> None:
         cloud.enforce_security_groups = False
 
 
+@pytest.mark.parametrize("behavior", ["stop", "terminate"])
+def test_power_off_from_inside(ctx: Ctx, behavior: str) -> None:
+    cloud = ctx.cloud
+    (instance,) = ctx.run(1, InstanceInitiatedShutdownBehavior=behavior)
+    instance_id = instance["InstanceId"]
+    host = cloud.host_of(instance_id)
+    cloud.wait_booted(1)
+    ctx.ssh(host.addr, f"{cloud.poweroff_command} -h now")  # the session may die with it
+    wanted = {"stop": "stopped", "terminate": "terminated"}[behavior]
+    deadline = time.monotonic() + 10
+    while ctx.describe(instance_id)["State"]["Name"] != wanted:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert host.sshd_pid() is None and host.pids() == []
+
+
 def test_capacity_fault_in_one_zone_only(ctx: Ctx) -> None:
     from botocore.exceptions import ClientError
 
