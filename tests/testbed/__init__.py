@@ -4,9 +4,11 @@
 user, home and sshd on private bridges; ``LoopbackHost`` is the no-root
 fallback: one sshd on 127.0.0.1 for the current user.  ``SlurmCluster`` puts a real
 Slurm (munged, slurmctld, slurmd) on hosts of a ``NetnsBed``; ``DockerBed`` a real Docker
-Engine per host and a registry serving the test image.
+Engine per host and a registry serving the test image; ``CloudBed`` a fake EC2 (moto)
+whose instances boot as hosts of a bed.
 """
 
+from .cloud import CloudBed
 from .docker import DockerBed, DockerDaemon, ImageRegistry, skip_reason_no_docker
 from .errors import TestbedError
 from .keys import ClientKeys
@@ -23,6 +25,7 @@ from .testhost import TestHost
 
 __all__ = [
     "ClientKeys",
+    "CloudBed",
     "DockerBed",
     "DockerDaemon",
     "ImageRegistry",

@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from . import registry
@@ -111,6 +112,7 @@ class NetnsBed:
         self._closing = threading.Event()
         self._closed = False
         self._threads: list[threading.Thread] = []
+        self._on_close: list[Callable[[], object]] = []
         self._lock = threading.RLock()
         self._owner_pid = os.getpid()
         with registry.registry_lock():
@@ -232,11 +234,14 @@ class NetnsBed:
         authorized: bool = True,
         hosts_file_loopback_hostname: bool = False,
         sshd_extra_config: str = "",
+        login_user: str | None = None,
     ) -> TestHost:
         """Create a host and start its sshd; returns once port 22 accepts connections.
 
         ``networks[0]`` provides ``host.addr``.  ``sshd_extra_config`` lines are put
-        before the bed's defaults, so they override them.
+        before the bed's defaults, so they override them.  ``login_user``: the host's
+        user is ``<prefix>-<login_user>``, shared with every host given the same name,
+        each with its own home (like one image's user on separate machines).
         """
         with self._lock:
             if self._closed:
@@ -245,6 +250,8 @@ class NetnsBed:
                 raise ValueError(f"host name must match {HOST_NAME_RE.pattern}: {name!r}")
             if any(h.name == name for h in self._hosts):
                 raise ValueError(f"host {name!r} exists")
+            if login_user is not None and not HOST_NAME_RE.match(login_user):
+                raise ValueError(f"login user must match {HOST_NAME_RE.pattern}: {login_user!r}")
             if not networks or len(set(networks)) != len(networks):
                 raise ValueError(f"bad networks {networks!r}")
             octet = FIRST_HOST_OCTET + len(self._hosts)
@@ -258,6 +265,7 @@ class NetnsBed:
                 nets,
                 hosts_file_loopback_hostname=hosts_file_loopback_hostname,
                 sshd_extra_config=sshd_extra_config,
+                login_user=login_user,
             )
             try:
                 host._create(authorized)
@@ -273,8 +281,9 @@ class NetnsBed:
         with contextlib.suppress(Exception):
             host.stop_sshd()
         ip_batch([f"netns del {host.netns}"], force=True)
-        with contextlib.suppress(Exception):
-            registry.userdel(host.user)
+        if not host.shared_user:  # other hosts may use a shared one
+            with contextlib.suppress(Exception):
+                registry.userdel(host.user)
         shutil.rmtree(host.home, ignore_errors=True)
         shutil.rmtree(ETC_NETNS / host.netns, ignore_errors=True)
 
@@ -332,6 +341,11 @@ class NetnsBed:
     def known_hosts_text(self) -> str:
         return "".join(line + "\n" for h in self._hosts for line in h.known_hosts_lines())
 
+    def on_close(self, callback: Callable[[], object]) -> None:
+        """``callback()`` runs first when the bed closes (what lives outside its names:
+        threads, servers in this process)."""
+        self._on_close.append(callback)
+
     def __enter__(self) -> NetnsBed:
         return self
 
@@ -348,6 +362,12 @@ class NetnsBed:
             if self._closed:
                 return
             self._closing.set()
+            errors = []
+            for callback in reversed(self._on_close):
+                try:
+                    callback()
+                except Exception as exc:
+                    errors.append(f"{callback!r}: {exc}")
             for thread in self._threads:
                 thread.join(timeout=15)
 
@@ -364,6 +384,7 @@ class NetnsBed:
                     h._sshd = None
             self._closed = True
             atexit.unregister(self._atexit_close)
+        problems = errors + problems
         if problems:
             raise TestbedError(f"bed {self.prefix} not fully cleaned: " + "; ".join(problems))
 

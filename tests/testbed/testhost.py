@@ -19,6 +19,7 @@ from .procs import kill_until_gone, pids_in_netns, run_process, uid_pids
 from .tools import (
     HOSTNAME,
     IP,
+    MOUNT,
     NFT,
     SETPRIV,
     STD_PATH,
@@ -63,6 +64,7 @@ class TestHost(SshdHost):
         *,
         hosts_file_loopback_hostname: bool,
         sshd_extra_config: str,
+        login_user: str | None = None,
     ) -> None:
         self._bed = bed
         self.name = name
@@ -73,6 +75,16 @@ class TestHost(SshdHost):
         self.user = self.netns
         self.hostname = f"vmt-{name}"
         self.home = bed.home_root / bed.prefix / name
+        # A shared login user (cloud.py: one image user on many machines): the user is
+        # <prefix>-<login_user> on every such host; its passwd home is a mount point over
+        # which each host's prelude binds that host's own ``home``, so every host keeps its
+        # own files. Only this host's namespace is killed on stop_sshd(), not the user's
+        # processes elsewhere.
+        self.shared_user = login_user is not None
+        self.login_home = self.home
+        if login_user is not None:
+            self.user = f"{bed.prefix}-{login_user}"
+            self.login_home = bed.home_root / bed.prefix / f"{login_user}.home"
         self.addrs = [n.addr(octet) for n in networks]
         self.macs = [bed._mac(n.index, octet) for n in networks]
         self.ifnames = [f"eth{i}" for i in range(len(networks))]
@@ -94,6 +106,8 @@ class TestHost(SshdHost):
         # sh run as root inside the host before each of its commands and its sshd (so every
         # SSH session too), ending in `exec "$@"`: mounts only the host sees (podman.py)
         self.prelude: str | None = None
+        if self.shared_user:
+            self.prelude = f'{MOUNT} --bind "{self.home}" "{self.login_home}" && exec "$@"'
 
     def __repr__(self) -> str:
         return f"TestHost({self.name!r}, addr={self.addr}, user={self.user})"
@@ -120,7 +134,7 @@ class TestHost(SshdHost):
         if as_user:
             base = {
                 "PATH": USER_PATH,
-                "HOME": str(self.home),
+                "HOME": str(self.login_home),
                 "USER": self.user,
                 "LOGNAME": self.user,
                 "SHELL": "/bin/bash",
@@ -131,7 +145,7 @@ class TestHost(SshdHost):
         return {**base, **(env or {})}
 
     def _default_cwd(self, as_user: bool) -> Path | str:
-        return self.home if as_user else "/"
+        return self.login_home if as_user else "/"
 
     def ns_argv(self, argv: Sequence[str], *, as_user: bool = False) -> list[str]:
         """argv that runs ``argv`` inside this host (netns + its UTS hostname [+ its user]).
@@ -198,7 +212,10 @@ class TestHost(SshdHost):
         return pids_in_netns(NETNS_RUN_DIR / self.netns)
 
     def user_pids(self) -> list[int]:
-        """Live (non-zombie) processes owned by the host's user, wherever they run."""
+        """Live (non-zombie) processes owned by the host's user, wherever they run (a shared
+        user's: only those in this host)."""
+        if self.shared_user:
+            return sorted(set(uid_pids([self.uid])) & set(self.pids()))
         return uid_pids([self.uid])
 
     # ---------------------------------------------------------------- network faults
@@ -271,7 +288,7 @@ class TestHost(SshdHost):
     def stop_sshd(self) -> None:
         """Like a crash/reboot: SIGKILL sshd and every process in the host and of its user."""
         with self._lock:
-            uid = self.uid
+            uid = -1 if self.shared_user else self.uid  # a shared user lives on other hosts
 
             def everything() -> list[int]:
                 return sorted(set(self.pids()) | set(uid_pids([uid] if uid >= 0 else [])))
@@ -291,9 +308,34 @@ class TestHost(SshdHost):
         path.chmod(0o600)
 
     def _create_user(self, authorized: bool) -> None:
+        if self.shared_user:
+            self._create_shared_user()
+        else:
+            self._useradd(self.home)
+        ssh_dir = self.home / ".ssh"
+        ssh_dir.mkdir(parents=True, mode=0o700)
+        self.home.chmod(0o700)
+        keys = ssh_dir / "authorized_keys"
+        keys.write_text(self.client_keys.public_line + "\n" if authorized else "")
+        keys.chmod(0o600)
+        for p in (self.home, ssh_dir, keys):
+            os.chown(p, self.uid, self.gid)
+
+    def _create_shared_user(self) -> None:
+        """The shared user, made by the first host that has it; the mount point of homes."""
+        try:
+            pw = pwd.getpwnam(self.user)
+        except KeyError:
+            self._useradd(self.login_home)
+        else:
+            self.uid, self.gid = pw.pw_uid, pw.pw_gid
+        self.login_home.mkdir(mode=0o700, exist_ok=True)
+        os.chown(self.login_home, self.uid, self.gid)
+
+    def _useradd(self, home: Path) -> None:
         for attempt in range(50):
             proc = run_cmd(
-                [USERADD, "-M", "-d", str(self.home), "-s", "/bin/bash", "-p", "*", self.user],
+                [USERADD, "-M", "-d", str(home), "-s", "/bin/bash", "-p", "*", self.user],
                 check=False,
             )
             if proc.returncode == 0:
@@ -303,14 +345,6 @@ class TestHost(SshdHost):
             time.sleep(0.05)
         pw = pwd.getpwnam(self.user)
         self.uid, self.gid = pw.pw_uid, pw.pw_gid
-        ssh_dir = self.home / ".ssh"
-        ssh_dir.mkdir(parents=True, mode=0o700)
-        self.home.chmod(0o700)
-        keys = ssh_dir / "authorized_keys"
-        keys.write_text(self.client_keys.public_line + "\n" if authorized else "")
-        keys.chmod(0o600)
-        for p in (self.home, ssh_dir, keys):
-            os.chown(p, self.uid, self.gid)
 
     # ---------------------------------------------------------------- creation
 

@@ -24,6 +24,7 @@ HOSTNAME = _which("hostname", "/usr/bin/hostname")
 SSH_KEYGEN = _which("ssh-keygen", "/usr/bin/ssh-keygen")
 USERADD = _which("useradd", "/usr/sbin/useradd")
 USERDEL = _which("userdel", "/usr/sbin/userdel")
+MOUNT = _which("mount", "/usr/bin/mount")
 SSHD = "/usr/sbin/sshd"  # sshd insists on an absolute path (it re-execs itself)
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
