@@ -80,8 +80,13 @@ def _refuse(provider: AwsProvider, codes: dict[str, str]) -> list[str]:
             return AWSResponse("https://ec2", 500, {}, None), error
         return None
 
-    provider.ec2(REGION).meta.events.register("before-call.ec2.RunInstances", hook)
+    _launcher(provider).meta.events.register("before-call.ec2.RunInstances", hook)
     return asked
+
+
+def _launcher(provider: AwsProvider) -> Any:
+    """The client RunInstances goes through (one attempt per call: no retries)."""
+    return provider.session.client("ec2", REGION, once=True)
 
 
 def _live(provider: AwsProvider) -> dict[str, list[str]]:
@@ -178,7 +183,7 @@ def test_spot_fallback_takes_on_demand_after_every_zone_said_no(aws: AwsProvider
             return AWSResponse("https://ec2", 500, {}, None), error
         return None
 
-    aws.ec2(REGION).meta.events.register("before-call.ec2.RunInstances", hook)
+    _launcher(aws).meta.events.register("before-call.ec2.RunInstances", hook)
     request = _request(aws, spot=True, spot_fallback=True)
     out = Recorder()
     (instance,) = aws.launch(request, aws.offer(request), out)

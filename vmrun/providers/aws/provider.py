@@ -169,7 +169,9 @@ class AwsProvider:
                 params = _run_params(request, offer, zone, subnets[zone], group, placement, spot)
                 params["ClientToken"] = f"{token}-{zone}-{'spot' if spot else 'od'}"
                 try:
-                    reply = ec2.run_instances(**params)
+                    reply = self.session.client("ec2", offer.region, once=True).run_instances(
+                        **params
+                    )
                 except Exception as exc:
                     code = error_code(exc)
                     if code in capacity.QUOTA_CODES:

@@ -38,18 +38,21 @@ class Session:
                 code="cloud-credentials",
             ) from None
         self._config = Config(retries=_RETRIES, user_agent_extra="vmrun")
-        self._clients: dict[tuple[str, str], Any] = {}
+        # RunInstances refused for capacity answers HTTP 500, which botocore retries: the
+        # next zone, not the same one again, is the answer (SkyPilot's "fail fast" too).
+        self._once = Config(retries={"total_max_attempts": 1}, user_agent_extra="vmrun")
+        self._clients: dict[tuple[str, str, bool], Any] = {}
 
     @property
     def default_region(self) -> str:
         return self._session.region_name or DEFAULT_REGION
 
-    def client(self, service: str, region: str) -> Any:
-        key = (service, region)
+    def client(self, service: str, region: str, *, once: bool = False) -> Any:
+        """The service's client for `region`; `once`: one attempt per call, no retries."""
+        key = (service, region, once)
         if key not in self._clients:
-            self._clients[key] = self._session.client(
-                service, region_name=region, config=self._config
-            )
+            config = self._once if once else self._config
+            self._clients[key] = self._session.client(service, region_name=region, config=config)
         return self._clients[key]
 
 

@@ -1,0 +1,212 @@
+"""`vmrun up` -> `setup` -> `train` on 2 nodes -> `fetch` -> `down`, over real SSH, against
+moto's EC2 server (tests/testbed/cloud.py). vmrun runs in a namespace with only loopback and
+the test hosts: an address moto makes up cannot be reached from there. STAND-IN, at that one
+boundary: each instance's addresses are a test host's, which boots from the user data vmrun
+sent (its host key, the user's key), and the security group is enforced there by nftables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TORCH_SPEC, error_in, slow_fixture, wait_for
+from testbed import ClientKeys, CloudBed, NetnsBed, skip_reason_no_netns
+
+pytest.importorskip("moto")
+pytest.importorskip("flask")
+
+ROOT = Path(__file__).resolve().parent.parent
+_NO_NETNS = skip_reason_no_netns()
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(_NO_NETNS is not None, reason=_NO_NETNS or ""),
+]
+
+
+@dataclass
+class Laptop:
+    """The user's side, in the laptop's namespace: a home with the key vmrun logs in with,
+    a project directory, and the real CLI run there."""
+
+    cloud: CloudBed
+    home: Path
+    cwd: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, *args: str) -> list[str]:
+        return self.cloud.argv([sys.executable, "-m", "vmrun", *args], env=self.env)
+
+    def vmrun(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
+            timeout=timeout, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def toml(self) -> str:
+        path = self.cwd / "vmrun.toml"
+        return path.read_text() if path.exists() else ""
+
+    def live(self) -> dict[str, list[str]]:
+        """What the cloud holds for cluster c1: instances not terminated, its groups."""
+        ec2 = self.cloud.client("ec2")
+        tag = [{"Name": "tag:vmrun-cluster", "Values": ["c1"]}]
+        found = ec2.describe_instances(Filters=tag)["Reservations"]
+        states = [i["State"]["Name"] for r in found for i in r["Instances"]]
+        groups = ec2.describe_security_groups(Filters=tag)["SecurityGroups"]
+        placement = ec2.describe_placement_groups(Filters=tag)["PlacementGroups"]
+        return {
+            "instances": [s for s in states if s != "terminated"],
+            "groups": [g["GroupId"] for g in groups],
+            "placement": [p["GroupName"] for p in placement],
+        }
+
+
+@pytest.fixture(scope="module")
+@slow_fixture
+def laptop(tmp_path_factory: pytest.TempPathFactory, host_python: Path) -> Iterator[Laptop]:
+    tmp = tmp_path_factory.mktemp("cloud-e2e")
+    keys = ClientKeys.generate(tmp / "keys")
+    with (
+        NetnsBed(tmp / "bed", keys) as bed,
+        CloudBed(bed, tmp / "cloud", instances=["n1", "n2"], enforce_security_groups=True) as cloud,
+    ):
+        home = tmp / "home"
+        (home / ".ssh").mkdir(parents=True, mode=0o700)
+        shutil.copy(keys.private, home / ".ssh" / "id_ed25519")
+        (home / ".ssh" / "id_ed25519").chmod(0o600)
+        (home / ".ssh" / "id_ed25519.pub").write_text(keys.public_line + "\n")
+        cwd = tmp / "project"
+        cwd.mkdir()
+        env = {
+            **cloud.env(),
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": str(ROOT),
+            "LANG": "C.UTF-8",
+            "OMP_NUM_THREADS": "1",
+        }
+        yield Laptop(cloud, home, cwd, env)
+
+
+@pytest.fixture
+def user(laptop: Laptop) -> Iterator[Laptop]:
+    yield laptop
+    laptop.cloud.fail_zones({})
+    laptop.cloud.fail_all(None)
+    laptop.cloud.boot_s = 0.2
+    if laptop.live()["instances"]:
+        laptop.vmrun("down", "c1", timeout=120)
+    (laptop.cwd / "vmrun.toml").unlink(missing_ok=True)
+
+
+def _up(user: Laptop, *args: str) -> list[str]:
+    return ["up", "c1", "--type", "g4dn.2xlarge", "--user", user.cloud.user,
+            "--ssh-from", user.cloud.ssh_cidr, *args]  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_up_setup_train_fetch_down_over_real_ssh(user: Laptop, host_python: Path) -> None:
+    cloud = user.cloud
+    up = user.vmrun(*_up(user, "-n", "2", "--disk", "500"), timeout=180)
+    assert up.returncode == 0, up.stderr + up.stdout
+    n1, n2 = cloud.hosts
+    # recorded as @c1: the public addresses to log in, the private ones for the nodes
+    toml = user.toml()
+    for name, host in (("c1-0", n1), ("c1-1", n2)):
+        block = toml[toml.index(f'name = "{name}"') - 200 :]
+        assert f'address = "{cloud.user}@{host.addr_on("main")}"' in block[:400], toml
+        assert f'private_addr = "{host.addr_on("vpc")}"' in block[:400], toml
+    assert 'groups = ["c1"]' in toml and "[[clouds]]" in toml
+    # the first connection was already strict: the pinned key, and no other, for each address
+    known = (user.home / ".config" / "vmrun" / "known_hosts").read_text().split("\n")
+    pinned = {line.split()[0]: line.split()[2] for line in known if line}
+    assert sorted(pinned) == sorted([n1.addr_on("main"), n2.addr_on("main")])
+    assert len(set(pinned.values())) == 1
+    assert "--accept-new-host-key" not in up.stderr
+    assert user.live()["placement"] == ["vmrun-c1"]  # two nodes: a cluster placement group
+
+    setup = user.vmrun("setup", "@c1", "--python", str(host_python), "--torch", TORCH_SPEC,
+                       timeout=300)  # fmt: skip
+    assert setup.returncode == 0, setup.stderr + setup.stdout
+
+    train = user.vmrun("train", "-H", "@c1", "--epochs", "2", "--save-every", "1", timeout=300)
+    assert train.returncode == 0, train.stderr + train.stdout
+    rid = re.search(r"run (\S+) finished", train.stderr)
+    assert rid, train.stderr
+    fetch = user.vmrun("fetch", "results", "--run", rid.group(1), timeout=120)
+    assert fetch.returncode == 0, fetch.stderr + fetch.stdout
+    run_dir = user.cwd / "results" / rid.group(1) / "c1-0"  # the master's files
+    assert (run_dir / "finalmodel.pt").is_file(), sorted(p.name for p in run_dir.iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    assert n1.addr_on("vpc") in json.dumps(record)  # the nodes met on the private address
+
+    down = user.vmrun("down", "c1", timeout=180)
+    assert down.returncode == 0, down.stderr + down.stdout
+    assert user.live() == {"instances": [], "groups": [], "placement": []}
+    assert "[[hosts]]" not in user.toml() and "[[clouds]]" not in user.toml()
+    assert not n1.can_connect(n1.addr_on("main"))  # the VM is gone
+    again = user.vmrun("down", "c1")
+    assert again.returncode == 0 and "nothing of it" in again.stdout, again.stderr
+
+
+def test_a_zone_without_capacity_is_passed_for_the_next(user: Laptop) -> None:
+    user.cloud.fail_zones({"us-east-1a": "InsufficientInstanceCapacity"})
+    up = user.vmrun(*_up(user), timeout=180)
+    assert up.returncode == 0, up.stderr
+    assert "us-east-1a has no g4dn.2xlarge now (InsufficientInstanceCapacity)" in up.stderr
+    ec2 = user.cloud.client("ec2")
+    found = ec2.describe_instances(
+        Filters=[
+            {"Name": "tag:vmrun-cluster", "Values": ["c1"]},
+            {"Name": "instance-state-name", "Values": ["running"]},
+        ]
+    )
+    zones = {
+        i["Placement"]["AvailabilityZone"] for r in found["Reservations"] for i in r["Instances"]
+    }
+    assert zones == {"us-east-1b"}
+
+
+def test_a_quota_refusal_is_one_line_and_leaves_nothing(user: Laptop) -> None:
+    user.cloud.fail_all("VcpuLimitExceeded")
+    up = user.vmrun(*_up(user, "-n", "2"), timeout=180)
+    code, message = error_in(up.stderr)
+    assert (up.returncode, code) == (15, "cloud-quota"), up.stderr
+    assert "L-DB2E81BA" in message  # the G and VT on-demand quota, and how to raise it
+    assert user.live() == {"instances": [], "groups": [], "placement": []}
+
+
+def test_ctrl_c_while_the_vms_boot_leaves_nothing(user: Laptop) -> None:
+    user.cloud.boot_s = 60.0  # the VMs run but do not let anyone in for a minute
+    proc = subprocess.Popen(
+        user.argv(*_up(user, "-n", "2")), cwd=user.cwd, env=user.env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(user.cloud.instance_hosts()) == 2, 60, "both instances launched")
+        time.sleep(0)  # the SSH wait is under way: nothing can log in yet
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert user.live() == {"instances": [], "groups": [], "placement": []}, stderr
+    assert not (user.cwd / "vmrun.toml").exists()
+
+
+def _unused(*_: Any) -> None: ...
