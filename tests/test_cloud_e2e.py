@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import TORCH_SPEC, error_in, slow_fixture, wait_for
@@ -209,4 +208,34 @@ def test_ctrl_c_while_the_vms_boot_leaves_nothing(user: Laptop) -> None:
     assert not (user.cwd / "vmrun.toml").exists()
 
 
-def _unused(*_: Any) -> None: ...
+def test_a_power_off_from_inside_stops_the_vm_and_up_starts_it_again(user: Laptop) -> None:
+    cloud = user.cloud
+    (user.cwd / "vmrun.toml").write_text(f'autostop_command = "{cloud.poweroff_command}"\n')
+    up = user.vmrun(*_up(user, "--autostop", "30m"), timeout=180)
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert "autostop: each powers off after 30m idle" in up.stdout
+    ec2 = cloud.client("ec2")
+    (instance,) = [i for i, _ in cloud.instance_hosts().items()]
+    behaviour = ec2.describe_instance_attribute(
+        InstanceId=instance, Attribute="instanceInitiatedShutdownBehavior"
+    )["InstanceInitiatedShutdownBehavior"]["Value"]
+    assert behaviour == "stop"
+    # what the watchdog does once idle: the power-off ends the bill without this machine
+    off = user.vmrun("exec", "-H", "@c1", "--", cloud.poweroff_command)
+    assert off.returncode in (0, 12, 13), off.stderr
+
+    def state() -> str:
+        found = ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]
+        return str(found["Instances"][0]["State"]["Name"])
+
+    wait_for(lambda: state() == "stopped", 30, "the instance stopped from inside")
+    again = user.vmrun("up", "c1", timeout=180)  # every value from its [[clouds]] table
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "started again" in again.stdout and state() == "running"
+    assert user.vmrun("exec", "-H", "@c1", "--", "true").returncode == 0
+    stop = user.vmrun("down", "c1", "--stop", timeout=180)
+    assert stop.returncode == 0 and "disks are kept and billed" in stop.stdout, stop.stderr
+    assert state() == "stopped" and "[[hosts]]" in user.toml()
+    gone = user.vmrun("down", "c1", timeout=180)
+    assert gone.returncode == 0, gone.stderr
+    assert user.live() == {"instances": [], "groups": [], "placement": []}
