@@ -80,11 +80,12 @@ class Resource:
     cluster: str
     region: str
     state: str = ""
-    instance_type: str = ""
+    instance_type: str = ""  # a volume: its type and size ("gp3 500G")
     created: datetime | None = None
     creator: str = ""
     price: float | None = None
     spot: bool = False
+    zone: str = ""  # an instance's or a volume's (a spot price is the zone's)
 
 
 @dataclass(frozen=True)
