@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import errors_in
+from conftest import Client, errors_in
 
 pytest.importorskip("moto")
 from botocore.stub import ANY, Stubber
@@ -97,7 +97,7 @@ def _no_placement_groups(
 
 def _stub_pricing(session: Session, answers: dict[str, float | None]) -> Stubber:
     """The Price List API, for the instance types in `answers` (in the order asked)."""
-    stub = Stubber(session.client("pricing", prices.PRICING_REGION))
+    stub = Stubber(session.client("pricing", prices.PRICING_REGION, quick=True))
     for _, price in answers.items():
         stub.add_response("get_products", _price_list(price), {
             "ServiceCode": "AmazonEC2", "Filters": ANY, "FormatVersion": "aws_v1", "MaxResults": 10,
@@ -191,7 +191,7 @@ def test_a_price_list_refusal_is_no_price_never_an_error(
     aws_env: dict[str, str], code: str
 ) -> None:
     session = Session(None)
-    stub = Stubber(session.client("pricing", prices.PRICING_REGION))
+    stub = Stubber(session.client("pricing", prices.PRICING_REGION, quick=True))
     stub.add_client_error("get_products", service_error_code=code, http_status_code=400)
     stub.activate()
     found = prices.Prices(session)
@@ -200,9 +200,30 @@ def test_a_price_list_refusal_is_no_price_never_an_error(
     assert not prices.cache_path().exists()  # a failure is not remembered
 
 
+def test_a_volume_left_behind_is_priced_by_its_size(aws_env: dict[str, str]) -> None:
+    session = Session(None)
+    stub = Stubber(session.client("pricing", prices.PRICING_REGION, quick=True))
+    per_gb = {
+        "terms": {"OnDemand": {"T": {"priceDimensions": {
+            "D": {"unit": "GB-Mo", "pricePerUnit": {"USD": "0.0800000000"}}
+        }}}}
+    }  # fmt: skip
+    stub.add_response(
+        "get_products",
+        {"PriceList": [json.dumps(per_gb)], "FormatVersion": "aws_v1"},
+        {"ServiceCode": "AmazonEC2", "Filters": prices.volume_filters("gp3", "us-east-1"),
+         "FormatVersion": "aws_v1", "MaxResults": 10},
+    )  # fmt: skip
+    stub.activate()
+    found = prices.Prices(session)
+    assert found.volume("gp3", 500, "us-east-1") == pytest.approx(0.08 * 500 / 730)
+    assert found.volume("gp3", 100, "us-east-1") == pytest.approx(0.08 * 100 / 730)  # cached
+    stub.assert_no_pending_responses()
+
+
 def test_spot_price_is_the_zones_latest(aws_env: dict[str, str]) -> None:
     session = Session(None)
-    stub = Stubber(session.client("ec2", "us-west-2"))
+    stub = Stubber(session.client("ec2", "us-west-2", quick=True))
     now = datetime.now(timezone.utc)
     history = [
         {"AvailabilityZone": "us-west-2b", "InstanceType": "g5.xlarge", "SpotPrice": "0.9000",
@@ -287,7 +308,8 @@ def test_every_tagged_resource_is_listed_sorted(ec2_mock: None) -> None:
     assert by_id[spot].spot and not by_id[kept].spot
     assert by_id[kept].state == "running" and by_id[kept].instance_type == "g4dn.xlarge"
     assert by_id[kept].zone.startswith("us-east-1") and by_id[kept].created is not None
-    assert by_id[volume].instance_type == "gp3 500G" and by_id[west].region == "us-west-2"
+    assert (by_id[volume].instance_type, by_id[volume].size_gb) == ("gp3", 500)
+    assert by_id[west].region == "us-west-2"
 
 
 def test_a_kind_that_cannot_be_listed_is_a_gap_not_nothing(ec2_mock: None) -> None:
@@ -373,7 +395,9 @@ def test_all_regions_asks_the_account(
     ]
     for region in regions:
         _no_placement_groups(session, region)
-    Stubber(session.client("pricing", prices.PRICING_REGION)).activate()  # no answer: no price
+    Stubber(
+        session.client("pricing", prices.PRICING_REGION, quick=True)
+    ).activate()  # no answer: no price
     found = list_clusters(settings, session=session, all_regions=True, environ=aws_env)
     assert "ap-south-1" in found.regions and len(found.regions) == len(regions)
     assert [r.id for r in found.resources] == [far] and found.forgotten == ["far"]
@@ -392,11 +416,11 @@ def _canned(gaps: list[Gap] | None = None) -> Listing:
         Resource("instance", "i-2", "w251", "us-east-1", "running", "g4dn.2xlarge",
                  NOW - timedelta(days=2, hours=1), spot=True, zone="us-east-1a"),
         Resource("security-group", "sg-1", "w251", "us-east-1"),
-        Resource("volume", "vol-9", "zombie", "eu-west-1", "available", "gp3 500G",
-                 NOW - timedelta(minutes=7), zone="eu-west-1b"),
+        Resource("volume", "vol-9", "zombie", "eu-west-1", "available", "gp3",
+                 NOW - timedelta(minutes=7), zone="eu-west-1b", size_gb=500, price=0.0548),
     ]  # fmt: skip
     return Listing(
-        ["eu-west-1", "us-east-1"], res, ["zombie"], gaps or [], per_hour=0.752, unpriced=1
+        ["eu-west-1", "us-east-1"], res, ["zombie"], gaps or [], per_hour=0.8068, unpriced=1
     )
 
 
@@ -411,9 +435,10 @@ def test_the_table_marks_forgotten_clusters_and_says_how_to_remove(
     rows = {line.split()[2 if FORGOTTEN not in line else 3]: line for line in out[1:5]}
     assert FORGOTTEN in rows["vol-9"] and FORGOTTEN not in rows["i-1"]
     assert "3h12m" in rows["i-1"] and "0.752" in rows["i-1"]
+    assert "gp3 500G" in rows["vol-9"] and "7m" in rows["vol-9"]
     assert "2d1h" in rows["i-2"] and "spot" in rows["i-2"] and rows["i-2"].endswith("-")
     assert "zombie" in out[-1] and "vmrun down NAME" in out[-1]
-    assert "$0.75/h" in out[-2] and "1 without a price" in out[-2]
+    assert "$0.81/h" in out[-2] and "1 without a price" in out[-2]
 
 
 def test_json_carries_the_same_facts_and_the_gaps(capsys: pytest.CaptureFixture[str]) -> None:
@@ -422,7 +447,8 @@ def test_json_carries_the_same_facts_and_the_gaps(capsys: pytest.CaptureFixture[
     gap = Gap("eu-west-1", "placement-group", CloudError("listing placement-groups: no"))
     assert render(_canned([gap]), as_json=True, now=NOW) == 15
     data = json.loads(capsys.readouterr().out)
-    assert data["forgotten"] == ["zombie"] and data["per_hour"] == 0.752
+    assert data["forgotten"] == ["zombie"] and data["per_hour"] == 0.8068
+    assert data["resources"][-1]["size_gb"] == 500
     first = data["resources"][0]
     assert (first["id"], first["price_per_hour"], first["age_s"], first["forgotten"]) == (
         "i-1",
@@ -490,3 +516,73 @@ def test_clouds_tables_are_checked(tmp_path: Path) -> None:
         assert f"line {line}:" in info.value.message and key in info.value.message, (
             bad, info.value.message
         )  # fmt: skip
+
+
+# -- the command in a child process (the netns tier: the `client` fixture) ------------------
+
+
+def _aws_client_env(client: Client, **more: str) -> dict[str, str]:
+    return {
+        "AWS_CONFIG_FILE": str(client.home / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(client.home / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        **more,
+    }
+
+
+def test_region_and_all_regions_are_refused_together(client: Client) -> None:
+    done = client.vmrun("clusters", "--region", "us-east-1", "--all-regions")
+    assert done.returncode == 2, done.stderr
+    assert errors_in(done.stderr)[0][0] == "usage"
+
+
+def test_no_credentials_is_one_line_exit_15(client: Client) -> None:
+    done = client.vmrun("clusters", env=_aws_client_env(client), offline=True)
+    assert done.returncode == 15, done.stderr
+    [(code, _)] = errors_in(done.stderr)
+    assert code == "cloud-credentials"
+
+
+@pytest.fixture
+def moto_server() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def test_a_cluster_made_by_hand_is_listed_as_forgotten(client: Client, moto_server: str) -> None:
+    """Against moto's server (a real HTTP endpoint on loopback): its answer to
+    DescribePlacementGroups is no EC2 answer, so that one question is an error line (exit
+    15), and everything else is still listed."""
+    import boto3
+
+    env = _aws_client_env(
+        client, AWS_ENDPOINT_URL=moto_server, AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing", XDG_CACHE_HOME=str(client.home / "cache"),
+    )  # fmt: skip
+    ec2 = boto3.client(
+        "ec2", region_name="us-east-1", endpoint_url=moto_server,
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    )  # fmt: skip
+    made = ec2.run_instances(
+        ImageId=AMI, MinCount=1, MaxCount=1, InstanceType="g4dn.xlarge",
+        TagSpecifications=_tags("instance", "by-hand"),
+    )["Instances"][0]["InstanceId"]  # fmt: skip
+    (client.cwd / "vmrun.toml").write_text('[[clouds]]\nname = "w251"\ncloud = "aws"\n')
+    done = client.vmrun("clusters", "--json", env=env)
+    data = json.loads(done.stdout)
+    assert [(r["id"], r["forgotten"]) for r in data["resources"]] == [(made, True)]
+    assert data["regions"] == ["us-east-1"] and data["forgotten"] == ["by-hand"]
+    assert [(e["kind"], e["code"]) for e in data["errors"]] == [("placement-group", "cloud-failed")]
+    assert done.returncode == 15
+    table = client.vmrun("clusters", env=env)
+    assert table.returncode == 15
+    assert made in table.stdout and "vmrun down NAME" in table.stdout
+    assert [code for code, _ in errors_in(table.stderr)] == ["cloud-failed"]

@@ -16,6 +16,7 @@ from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
     from vmrun.operations.clusters import Listing
+    from vmrun.providers.api import Resource
 
 HEADERS = ("CLUSTER", "RESOURCE", "ID", "REGION", "STATE", "TYPE", "AGE", "$/H")
 FORGOTTEN = " (forgotten?)"
@@ -98,7 +99,7 @@ def rows(found: Listing, now: datetime) -> list[tuple[str, ...]]:
             r.id,
             r.zone or r.region,
             r.state or "-",
-            (r.instance_type + (" spot" if r.spot else "")) or "-",
+            _type(r),
             age_text(r.created, now),
             "-" if r.price is None else f"{r.price:.3f}",
         )
@@ -106,13 +107,21 @@ def rows(found: Listing, now: datetime) -> list[tuple[str, ...]]:
     ]
 
 
+def _type(r: Resource) -> str:
+    if r.kind == "volume" and r.size_gb:
+        return f"{r.instance_type or '?'} {r.size_gb}G"
+    return (r.instance_type + (" spot" if r.spot else "")) or "-"
+
+
 def closing(found: Listing) -> list[str]:
     """The lines under the table: what runs costs, and how to remove a cluster."""
-    from vmrun.operations.clusters import BILLING_STATES
+    from vmrun.providers.aws.listing import BILLING_STATES
 
     running = sum(r.kind == "instance" and r.state in BILLING_STATES for r in found.resources)
+    volumes = sum(r.kind == "volume" for r in found.resources)
+    left = f", {volumes} volume(s) left behind" if volumes else ""
     unpriced = f" ({found.unpriced} without a price)" if found.unpriced else ""
-    lines = [f"running: {running} instance(s), ${found.per_hour:.2f}/h{unpriced}"]
+    lines = [f"billing: {running} instance(s) running{left}: ${found.per_hour:.2f}/h{unpriced}"]
     if found.forgotten:
         lines.append(
             f"possibly forgotten (in no vmrun.toml here): {', '.join(found.forgotten)};"
@@ -151,6 +160,7 @@ def to_json(found: Listing, now: datetime) -> dict[str, Any]:
                 "zone": r.zone or None,
                 "state": r.state or None,
                 "type": r.instance_type or None,
+                "size_gb": r.size_gb or None,
                 "spot": r.spot,
                 "created": r.created.isoformat(timespec="seconds") if r.created else None,
                 "age_s": int((now - r.created).total_seconds()) if r.created else None,

@@ -12,7 +12,6 @@ from typing import Any
 from vmrun.config import Settings
 from vmrun.errors import exit_code_for
 from vmrun.providers.api import Resource
-from vmrun.providers.aws.listing import BILLING_STATES
 
 PROVIDER = "aws"
 
@@ -20,8 +19,9 @@ PROVIDER = "aws"
 @dataclass(frozen=True)
 class Listing:
     """What `list_clusters` found. `gaps`: (region, kind, error) asked and not answered,
-    so the listing may miss something there; `per_hour`: USD per hour of the instances
-    pending or running whose price is known, `unpriced`: how many such have none."""
+    so the listing may miss something there; `per_hour`: USD per hour of what bills by the
+    hour now (instances pending or running, volumes left behind) where the price is known,
+    `unpriced`: how many of those have none."""
 
     regions: list[str]
     resources: list[Resource]
@@ -63,6 +63,16 @@ def project_regions(project_data: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def project_profile(project_data: Mapping[str, Any]) -> str | None:
+    """The AWS profile the project's `[[clouds]]` use, when they agree on one."""
+    named = {
+        t["profile"]
+        for t in project_data.get("clouds") or ()
+        if isinstance(t, dict) and isinstance(t.get("profile"), str) and t["profile"]
+    }
+    return named.pop() if len(named) == 1 else None
+
+
 def list_clusters(
     settings: Settings,
     *,
@@ -75,20 +85,22 @@ def list_clusters(
     """Resources of the given `regions`; of every enabled region (`all_regions`); else of
     every region `vmrun up` noted, the project's `[[clouds]]` regions and the profile's
     default region (where a cluster made by hand most likely is). `session`: a
-    vmrun.providers.aws.session.Session (made from `profile` when None)."""
+    vmrun.providers.aws.session.Session (None: made from `profile`, else the profile the
+    project's [[clouds]] name, else boto3's chain)."""
     from vmrun.providers.aws import listing
     from vmrun.providers.aws.prices import Prices
     from vmrun.providers.aws.session import Session
 
     environ = os.environ if environ is None else environ
-    session = session if session is not None else Session(profile)
+    if session is None:
+        session = Session(profile or project_profile(settings.project_data))
     where = _regions(session, settings, regions, all_regions, environ)
     found = listing.survey(session, where)
     prices = Prices(session, environ=environ)
     resources = listing.priced(found.resources, prices)
     prices.save()
     known = recorded_clusters(settings.project_data)
-    billing = [r for r in resources if r.kind == "instance" and r.state in BILLING_STATES]
+    billing = [r for r in resources if listing.billing(r)]
     return Listing(
         regions=where,
         resources=resources,

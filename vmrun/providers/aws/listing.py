@@ -149,7 +149,8 @@ def _volumes(ec2: Any, region: str) -> list[Resource]:
                 cluster=tags.get(TAG_CLUSTER, ""),
                 region=region,
                 state=vol.get("State", ""),
-                instance_type=f"{vol.get('VolumeType', '?')} {vol.get('Size', '?')}G",
+                instance_type=vol.get("VolumeType", ""),
+                size_gb=int(vol.get("Size") or 0),
                 created=_created(tags, vol.get("CreateTime")),
                 creator=tags.get(TAG_CREATOR, ""),
                 zone=vol.get("AvailabilityZone", ""),
@@ -197,12 +198,20 @@ def _placement_groups(ec2: Any, region: str) -> list[Resource]:
 
 
 def priced(found: Sequence[Resource], prices: Any) -> list[Resource]:
-    """The instances that bill by the hour now (pending, running) with their price
-    (`prices`: a prices.Prices); the rest as they are (a stopped instance costs no
-    instance hours)."""
-    return [
-        replace(r, price=prices.hourly(r.instance_type, r.region, r.zone, r.spot))
-        if r.kind == "instance" and r.instance_type and r.state in BILLING_STATES
-        else r
-        for r in found
-    ]
+    """What bills by the hour now with its price (`prices`: a prices.Prices): instances
+    pending or running, volumes left behind; the rest as they are (a stopped instance
+    costs no instance hours; its disks are its volumes, attached, not listed)."""
+    return [_priced(r, prices) for r in found]
+
+
+def _priced(res: Resource, prices: Any) -> Resource:
+    if res.kind == "instance" and res.instance_type and res.state in BILLING_STATES:
+        return replace(res, price=prices.hourly(res.instance_type, res.region, res.zone, res.spot))
+    if res.kind == "volume" and res.instance_type and res.size_gb:
+        return replace(res, price=prices.volume(res.instance_type, res.size_gb, res.region))
+    return res
+
+
+def billing(res: Resource) -> bool:
+    """Whether `res` costs money by the hour now."""
+    return (res.kind == "instance" and res.state in BILLING_STATES) or res.kind == "volume"

@@ -23,6 +23,7 @@ PRICING_REGION = "us-east-1"
 ON_DEMAND_TTL = 24 * 3600.0
 SPOT_TTL = 3600.0
 CACHE_FILE = "prices.json"
+HOURS_PER_MONTH = 730.0
 # The product vmrun launches: Linux, shared tenancy, no pre-installed software, and the
 # "Used" capacity status (the others are reservations' bookkeeping rows).
 PRODUCT_FILTERS = {
@@ -46,15 +47,20 @@ def on_demand_filters(instance_type: str, region: str) -> list[dict[str, str]]:
     return [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in wanted.items()]
 
 
-def parse_on_demand(price_list: list[Any]) -> float | None:
-    """The hourly USD price in a `get_products` PriceList (JSON strings, one per product):
-    the first nonzero OnDemand price per hour; None when there is none."""
+def volume_filters(volume_type: str, region: str) -> list[dict[str, str]]:
+    wanted = {"productFamily": "Storage", "volumeApiName": volume_type, "regionCode": region}
+    return [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in wanted.items()]
+
+
+def parse_on_demand(price_list: list[Any], unit: str = "hrs") -> float | None:
+    """The USD price per `unit` (hours; "gb-mo" for disks) in a `get_products` PriceList
+    (JSON strings, one per product): the first nonzero OnDemand one; None when none."""
     for item in price_list:
         product = json.loads(item) if isinstance(item, str) else item
         for term in product.get("terms", {}).get("OnDemand", {}).values():
             for dim in term.get("priceDimensions", {}).values():
                 usd = dim.get("pricePerUnit", {}).get("USD")
-                if usd is not None and str(dim.get("unit", "Hrs")).lower().startswith("hr"):
+                if usd is not None and str(dim.get("unit", "")).lower() in (unit, unit[:-1]):
                     value = float(usd)
                     if value > 0:
                         return value
@@ -70,6 +76,18 @@ def query_on_demand(pricing: Any, instance_type: str, region: str) -> float | No
         MaxResults=10,
     )
     return parse_on_demand(answer.get("PriceList", []))
+
+
+def query_volume(pricing: Any, volume_type: str, region: str) -> float | None:
+    """USD per GB-month of a volume type's storage (IOPS and throughput above the
+    included ones are priced apart, and not counted)."""
+    answer = pricing.get_products(
+        ServiceCode="AmazonEC2",
+        Filters=volume_filters(volume_type, region),
+        FormatVersion="aws_v1",
+        MaxResults=10,
+    )
+    return parse_on_demand(answer.get("PriceList", []), unit="gb-mo")
 
 
 def query_spot(ec2: Any, instance_type: str, zone: str) -> float | None:
@@ -94,6 +112,10 @@ def query_spot(ec2: Any, instance_type: str, zone: str) -> float | None:
     return float(latest["SpotPrice"])
 
 
+class _Refused(Exception):
+    """The Price List API refused an earlier question of this listing: not asked again."""
+
+
 class Prices:
     """Hourly prices for one listing: each asked once, from the cache where it is fresh.
     `session`: a vmrun.providers.aws.session.Session; `save()` writes what was learnt."""
@@ -115,12 +137,9 @@ class Prices:
 
     def on_demand(self, instance_type: str, region: str) -> float | None:
         key = f"on-demand/{region}/{instance_type}"
-        if self._pricing_refused:
-            return None
 
         def ask() -> float | None:
-            pricing = self._session.client("pricing", PRICING_REGION)
-            return query_on_demand(pricing, instance_type, region)
+            return query_on_demand(self._pricing(), instance_type, region)
 
         return self._price(key, ON_DEMAND_TTL, ask)
 
@@ -130,9 +149,25 @@ class Prices:
         key = f"spot/{zone}/{instance_type}"
 
         def ask() -> float | None:
-            return query_spot(self._session.client("ec2", region), instance_type, zone)
+            return query_spot(self._session.client("ec2", region, quick=True), instance_type, zone)
 
         return self._price(key, SPOT_TTL, ask)
+
+    def volume(self, volume_type: str, size_gb: int, region: str) -> float | None:
+        """A volume's USD per hour: its GB-month price times its size, over a month's
+        hours (AWS's own 730)."""
+        key = f"volume/{region}/{volume_type}"
+
+        def ask() -> float | None:
+            return query_volume(self._pricing(), volume_type, region)
+
+        per_gb_month = self._price(key, ON_DEMAND_TTL, ask)
+        return None if per_gb_month is None else per_gb_month * size_gb / HOURS_PER_MONTH
+
+    def _pricing(self) -> Any:
+        if self._pricing_refused:
+            raise _Refused
+        return self._session.client("pricing", PRICING_REGION, quick=True)
 
     def hourly(self, instance_type: str, region: str, zone: str, spot: bool) -> float | None:
         if spot:
@@ -149,14 +184,9 @@ class Prices:
             return cached[0]
         try:
             price = ask()
-        except Exception as exc:  # a price is never worth a failure: shown as unknown
-            from vmrun.providers.aws.session import error_code
-
-            if key.startswith("on-demand/") and (
-                error_code(exc) in ("AccessDeniedException", "AccessDenied")
-                or type(exc).__name__ in ("NoCredentialsError", "EndpointConnectionError")
-            ):
-                self._pricing_refused = True  # the same answer for every other type
+        except Exception:  # a price is never worth a failure: shown as unknown
+            if not key.startswith("spot/"):
+                self._pricing_refused = True  # no permission, no answer: the same for the rest
             self._asked[key] = None
             return None
         self._asked[key] = price

@@ -38,18 +38,24 @@ class Session:
                 code="cloud-credentials",
             ) from None
         self._config = Config(retries=_RETRIES, user_agent_extra="vmrun")
-        self._clients: dict[tuple[str, str], Any] = {}
+        self._quick = self._config.merge(
+            Config(
+                retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=10
+            )
+        )
+        self._clients: dict[tuple[str, str, bool], Any] = {}
 
     @property
     def default_region(self) -> str:
         return self._session.region_name or DEFAULT_REGION
 
-    def client(self, service: str, region: str) -> Any:
-        key = (service, region)
+    def client(self, service: str, region: str, *, quick: bool = False) -> Any:
+        """`quick`: for answers vmrun can do without (prices): one retry and short
+        timeouts, so a service that does not answer costs seconds, not minutes."""
+        key = (service, region, quick)
         if key not in self._clients:
-            self._clients[key] = self._session.client(
-                service, region_name=region, config=self._config
-            )
+            config = self._quick if quick else self._config
+            self._clients[key] = self._session.client(service, region_name=region, config=config)
         return self._clients[key]
 
 
