@@ -115,13 +115,10 @@ def _type(r: Resource) -> str:
 
 def closing(found: Listing) -> list[str]:
     """The lines under the table: what runs costs, and how to remove a cluster."""
-    from vmrun.providers.aws.listing import BILLING_STATES
-
-    running = sum(r.kind == "instance" and r.state in BILLING_STATES for r in found.resources)
-    volumes = sum(r.kind == "volume" for r in found.resources)
-    left = f", {volumes} volume(s) left behind" if volumes else ""
+    left = f", {found.volumes_left} volume(s) left behind" if found.volumes_left else ""
     unpriced = f" ({found.unpriced} without a price)" if found.unpriced else ""
-    lines = [f"billing: {running} instance(s) running{left}: ${found.per_hour:.2f}/h{unpriced}"]
+    billing = f"billing: {found.running} instance(s) running{left}"
+    lines = [f"{billing}: ${found.per_hour:.2f}/h{unpriced}"]
     if found.forgotten:
         lines.append(
             f"possibly forgotten (in no vmrun.toml here): {', '.join(found.forgotten)};"

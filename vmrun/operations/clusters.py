@@ -12,6 +12,7 @@ from typing import Any
 from vmrun.config import Settings
 from vmrun.errors import exit_code_for
 from vmrun.providers.api import Resource
+from vmrun.providers.aws.listing import BILLING_STATES, Gap
 
 PROVIDER = "aws"
 
@@ -26,13 +27,22 @@ class Listing:
     regions: list[str]
     resources: list[Resource]
     forgotten: list[str] = field(default_factory=list)
-    gaps: list[Any] = field(default_factory=list)  # vmrun.providers.aws.listing.Gap
+    gaps: list[Gap] = field(default_factory=list)
     per_hour: float = 0.0
     unpriced: int = 0
 
     @property
     def clusters(self) -> list[str]:
         return sorted({r.cluster for r in self.resources})
+
+    @property
+    def running(self) -> int:
+        """Instances billing by the hour (pending or running)."""
+        return sum(r.kind == "instance" and r.state in BILLING_STATES for r in self.resources)
+
+    @property
+    def volumes_left(self) -> int:
+        return sum(r.kind == "volume" for r in self.resources)
 
     @property
     def exit_code(self) -> int:
