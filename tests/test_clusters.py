@@ -191,11 +191,19 @@ def test_a_price_list_refusal_is_no_price_never_an_error(
     aws_env: dict[str, str], code: str
 ) -> None:
     session = Session(None)
-    stub = Stubber(session.client("pricing", prices.PRICING_REGION, quick=True))
+    pricing = session.client("pricing", prices.PRICING_REGION, quick=True)
+    asked: list[str] = []
+    pricing.meta.events.register(
+        "before-parameter-build.pricing.GetProducts", lambda **kw: asked.append("?")
+    )
+    stub = Stubber(pricing)
     stub.add_client_error("get_products", service_error_code=code, http_status_code=400)
     stub.activate()
     found = prices.Prices(session)
     assert found.on_demand("g4dn.xlarge", "us-east-1") is None
+    assert found.on_demand("p3.2xlarge", "us-east-1") is None
+    assert found.volume("gp3", 500, "us-east-1") is None
+    assert len(asked) == 1  # refused once: not asked again in this listing
     found.save()
     assert not prices.cache_path().exists()  # a failure is not remembered
 
