@@ -25,12 +25,16 @@ COMMANDS = [
     "tensorboard",
     "forward",
     "autostop",
+    "clusters",
     "doctor",
     "exec",
     "hosts",
     "config",
 ]
-HEAVY = ("paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib", "tensorboard")
+HEAVY = (
+    "paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib", "tensorboard", "boto3",
+    "botocore",
+)  # fmt: skip
 
 
 def _imports_after(args: list[str]) -> set[str]:

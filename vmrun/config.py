@@ -241,7 +241,44 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
         if key.startswith(("image", "mounts", "container_"))
     },
 }
-_ARRAYS = {"hosts": ("host", HOST_KEYS), "clusters": ("cluster", CLUSTER_KEYS)}
+
+
+def _is_cidr(value: Any) -> bool:
+    import ipaddress
+
+    try:
+        return isinstance(value, str) and bool(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        return False
+
+
+CLOUDS = ("aws",)  # the providers vmrun.providers builds
+_BOOL = (kinds.accepts(kinds.boolean), "true or false")
+# What a cloud cluster in vmrun.toml may say (`[[clouds]]`, as `vmrun up` writes and reads
+# it: the flags of `vmrun up NAME`; read by vmrun.operations.cloud and `vmrun clusters`).
+CLOUD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (_is_str, "a string"),
+    "cloud": (lambda v: v in CLOUDS, " or ".join(f'"{c}"' for c in CLOUDS)),
+    "type": (_is_str, 'an instance type in quotes, such as "g4dn.2xlarge"'),
+    "count": (kinds.accepts(kinds.positive_int), "a whole number, 1 or more"),
+    "region": (_is_str, "a region in quotes"),
+    "zone": (_is_str, "a zone in quotes"),
+    "spot": _BOOL,
+    "spot_fallback": _BOOL,
+    "disk": (kinds.accepts(kinds.positive_int), "a size in GB, a whole number"),
+    "image": (_is_str, '"dlami", "ubuntu" or an image id, in quotes'),
+    "user": (_is_str, "a login user in quotes"),
+    "autostop": (kinds.accepts(kinds.period_or_off), kinds.FILE_TYPES[kinds.period_or_off][1]),
+    "autostop_terminate": _BOOL,
+    "ssh_from": (_is_cidr, 'an address range in quotes, such as "203.0.113.7/32"'),
+    "profile": (_is_str, "an AWS profile name in quotes"),
+    "placement": _BOOL,
+}
+_ARRAYS = {
+    "hosts": ("host", HOST_KEYS),
+    "clusters": ("cluster", CLUSTER_KEYS),
+    "clouds": ("cloud", CLOUD_KEYS),
+}
 
 
 def check_file(data: Mapping[str, Any], text: str, path: str, *, project: bool) -> None:
@@ -268,7 +305,8 @@ def check_file(data: Mapping[str, Any], text: str, path: str, *, project: bool) 
 
 
 def _check_tables(array: str, tables: Any, text: str, path: str) -> None:
-    """`[[hosts]]` or `[[clusters]]`: every key known and of its type, named by line."""
+    """`[[hosts]]`, `[[clusters]]` or `[[clouds]]`: every key known and of its type, named
+    by line."""
     noun, keys = _ARRAYS[array]
     if not isinstance(tables, list):
         where = _where(path, text, array)
@@ -276,6 +314,9 @@ def _check_tables(array: str, tables: Any, text: str, path: str) -> None:
             f"{where}: {array} must be [[{array}]] tables or a list, got {_shown(tables)}"
         )
     for index, table in enumerate(tables):
+        if not isinstance(table, dict) and array == "clouds":
+            where = _where(path, text, array)
+            raise ConfigError(f"{where}: {noun} #{index + 1} must be a [[{array}]] table")
         if not isinstance(table, dict):
             continue  # a bare address, or not a table: the reader says which
         for key, value in table.items():

@@ -32,6 +32,7 @@ COMMANDS = (
     ("tensorboard", "tensorboard_cmd", "Serve a run's TensorBoard here, from the host."),
     ("forward", "forward_cmd", "Forward a port of a host to 127.0.0.1 here."),
     ("autostop", "autostop_cmd", "Power idle hosts off by themselves: a watchdog on each."),
+    ("clusters", "clusters_cmd", "List what vmrun made in the cloud: state, age, $/h, forgotten."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),
     ("exec", "exec_cmd", "Run a command on one or all hosts in parallel."),
     ("hosts", "hosts_cmd", "List the selected hosts; --check connects to each."),

@@ -75,18 +75,20 @@ class Instance:
 @dataclass(frozen=True)
 class Resource:
     """One tagged thing vmrun made, for `vmrun clusters`. `price`: USD per hour where the
-    price list answered (None: unknown or free)."""
+    price list answered (None: unknown, or free now: a group, a stopped instance)."""
 
     kind: str  # "instance", "security-group", "placement-group", "volume"
     id: str
     cluster: str
     region: str
     state: str = ""
-    instance_type: str = ""
+    instance_type: str = ""  # a volume: its type (gp3)
     created: datetime | None = None
     creator: str = ""
     price: float | None = None
     spot: bool = False
+    zone: str = ""  # an instance's or a volume's (a spot price is the zone's)
+    size_gb: int = 0  # a volume's
 
 
 @dataclass(frozen=True)

@@ -40,18 +40,28 @@ class Session:
         self._config = Config(retries=_RETRIES, user_agent_extra="vmrun")
         # RunInstances refused for capacity answers HTTP 500, which botocore retries: the
         # next zone, not the same one again, is the answer (SkyPilot's "fail fast" too).
-        self._once = Config(retries={"total_max_attempts": 1}, user_agent_extra="vmrun")
-        self._clients: dict[tuple[str, str, bool], Any] = {}
+        once = Config(retries={"total_max_attempts": 1}, user_agent_extra="vmrun")
+        # answers vmrun can do without (prices): one retry and short timeouts
+        quick = self._config.merge(
+            Config(
+                retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=10
+            )
+        )
+        self._configs = {"": self._config, "once": once, "quick": quick}
+        self._clients: dict[tuple[str, str, str], Any] = {}
 
     @property
     def default_region(self) -> str:
         return self._session.region_name or DEFAULT_REGION
 
-    def client(self, service: str, region: str, *, once: bool = False) -> Any:
-        """The service's client for `region`; `once`: one attempt per call, no retries."""
-        key = (service, region, once)
+    def client(self, service: str, region: str, *, once: bool = False, quick: bool = False) -> Any:
+        """The service's client for `region`. `once`: one attempt per call, no retries;
+        `quick`: for answers vmrun can do without (prices), one retry and short timeouts,
+        so a service that does not answer costs seconds, not minutes."""
+        mode = "once" if once else "quick" if quick else ""
+        key = (service, region, mode)
         if key not in self._clients:
-            config = self._once if once else self._config
+            config = self._configs[mode]
             self._clients[key] = self._session.client(service, region_name=region, config=config)
         return self._clients[key]
 
