@@ -12,6 +12,8 @@ from vmrun import __version__
 from vmrun.config import tomllib
 
 COMMANDS = [
+    "up",
+    "down",
     "setup",
     "train",
     "logs",

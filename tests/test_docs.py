@@ -77,8 +77,10 @@ def test_the_command_reference_has_every_command() -> None:
 
 
 def test_the_settings_page_names_every_key() -> None:
-    from vmrun.config import CLUSTER_KEYS, FIELDS, HOST_KEYS
+    from vmrun.config import CLOUD_KEYS, CLUSTER_KEYS, FIELDS, HOST_KEYS
 
     page = (DOCS / "settings.md").read_text(encoding="utf-8")
-    missing = sorted(k for k in {*FIELDS, *HOST_KEYS, *CLUSTER_KEYS} if f"`{k}`" not in page)
+    missing = sorted(
+        k for k in {*FIELDS, *HOST_KEYS, *CLUSTER_KEYS, *CLOUD_KEYS} if f"`{k}`" not in page
+    )
     assert not missing, f"keys missing from docs/settings.md: {missing}"

@@ -382,7 +382,6 @@ for _owner, _name, _meaning in _CONTAINER_CODES:
 # -- clouds (vmrun.providers): `vmrun up`, `down`, `clusters` -------------------------------
 _CLOUD_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "cloud-extra-missing", "the cloud's Python package is not installed (vmrun[aws])"),
-    (UsageError, "cloud-cluster-exists", "`vmrun up NAME`: a cluster of that name already runs"),
     (UsageError, "cloud-type-not-offered", "no zone of the region offers the instance type"),
     (UsageError, "cloud-image-not-found", "no machine image matches what was asked for"),
     (CloudError, "cloud-credentials", "no cloud credentials, or the cloud refused them"),

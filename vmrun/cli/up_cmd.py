@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import settings_from
+from vmrun.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -20,7 +21,10 @@ def register(app: typer.Typer) -> None:
         " Ctrl-C or a failure removes everything made (unless --keep).",
     )
     def up_command(
-        name: Annotated[str, typer.Argument(metavar="NAME", help="The cluster's name.")],
+        name: Annotated[
+            str | None,
+            typer.Argument(metavar="NAME", help="The cluster's name.", show_default=False),
+        ] = None,
         cloud: Annotated[str | None, typer.Option("--cloud", help="aws (the default).")] = None,
         instance_type: Annotated[
             str | None, typer.Option("--type", "-t", help="The instance type: g4dn.2xlarge...")
@@ -95,9 +99,26 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option("--ssh-timeout", metavar="SECONDS", help="How long to wait for SSH."),
         ] = 600.0,
+        list_: Annotated[
+            bool,
+            typer.Option("--list", help="List what vmrun made in the cloud (`vmrun clusters`)."),
+        ] = False,
     ) -> int:
         from vmrun.cli.output import Terminal
         from vmrun.operations.cloud import UpAsk, up
+
+        if list_:
+            from vmrun.cli.clusters_cmd import render
+            from vmrun.operations.clusters import list_clusters
+
+            regions = [region] if region else None
+            return render(
+                list_clusters(settings_from(), profile=profile, regions=regions), as_json=False
+            )
+        if not name:
+            raise UsageError(
+                "vmrun up needs the cluster's NAME", hint="e.g. vmrun up w251 --type g4dn.2xlarge"
+            )
 
         ask = UpAsk(
             name=name, cloud=cloud, instance_type=instance_type, count=count, region=region,

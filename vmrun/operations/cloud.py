@@ -152,9 +152,10 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
     if done.spot_fallback and not done.spot:
         raise UsageError("--spot-fallback only goes with --spot", code="flags-conflict")
     if done.autostop:
-        from vmrun.setting_types import period_or_off
+        from vmrun.setting_types import OFF, period_or_off
 
-        period_or_off("--autostop", done.autostop)
+        if period_or_off("--autostop", done.autostop) == OFF:
+            done = replace(done, autostop="")
     return done
 
 

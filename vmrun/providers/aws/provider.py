@@ -18,6 +18,7 @@ from vmrun.providers.api import (
     Offer,
     Removed,
     Request,
+    Resource,
 )
 from vmrun.providers.aws import capacity, network
 from vmrun.providers.aws.images import find_image
@@ -295,6 +296,11 @@ class AwsProvider:
         placements = _placement_groups(ec2, cluster)
         left += [why for why in (_delete_placement(ec2, p) for p in placements) if why]
         return Removed(ids, groups, placements, left)
+
+    def resources(self, regions: list[str]) -> list[Resource]:
+        from vmrun.providers.aws.listing import resources
+
+        return resources(self.session, regions)
 
     def _undo(self, cluster: str, region: str, token: str, out: Reporter) -> None:
         """After a failed or interrupted launch: remove what it made (found by tag, and by

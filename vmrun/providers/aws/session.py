@@ -30,7 +30,9 @@ class Session:
                 code="cloud-extra-missing",
             ) from None
         try:
-            self._session = boto3.Session(profile_name=profile or None)
+            self._session = boto3.Session(
+                botocore_session=_botocore_session(), profile_name=profile or None
+            )
         except Exception as exc:  # botocore.exceptions.ProfileNotFound
             raise CloudError(
                 f"AWS profile {profile!r} is not configured ({exc})",
@@ -64,6 +66,23 @@ class Session:
             config = self._configs[mode]
             self._clients[key] = self._session.client(service, region_name=region, config=config)
         return self._clients[key]
+
+
+_LOADER: list[Any] = []  # botocore's model loader, shared by every Session of this process
+
+
+def _botocore_session() -> Any:
+    """A botocore session reusing the process's model loader: each new loader reads and
+    parses the service models again (about 0.3 s for EC2), for a library caller that makes
+    several Sessions (a sweep of regions, the tests)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    if _LOADER:
+        session.register_component("data_loader", _LOADER[0])
+    else:
+        _LOADER.append(session.get_component("data_loader"))
+    return session
 
 
 def error_code(exc: BaseException) -> str:
