@@ -136,6 +136,12 @@ def test_up_setup_train_fetch_down_over_real_ssh(user: Laptop, host_python: Path
     assert len(set(pinned.values())) == 1
     assert "--accept-new-host-key" not in up.stderr
     assert user.live()["placement"] == ["vmrun-c1"]  # two nodes: a cluster placement group
+    listed = user.vmrun("clusters", "--json")
+    assert listed.returncode == 0, listed.stderr
+    found = json.loads(listed.stdout)
+    assert found["forgotten"] == [], found  # vmrun.toml here names c1
+    kinds = sorted(r["kind"] for r in found["resources"] if r["cluster"] == "c1")
+    assert kinds.count("instance") == 2 and "security-group" in kinds, kinds
 
     setup = user.vmrun("setup", "@c1", "--python", str(host_python), "--torch", TORCH_SPEC,
                        timeout=300)  # fmt: skip
