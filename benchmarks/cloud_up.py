@@ -14,6 +14,10 @@ but 127.0.0.1.
     python benchmarks/cloud_up.py [--runs 5] [--count 2]
 
 Needs boto3, moto, flask and flask-cors (the dev extra).
+
+Measured here (2 cores, moto 5.2 in this process, medians of 7, 2 instances): `up` 15 calls
+(99.6 ms in them) and 37 ms of vmrun's own; `down` 8 calls (41 ms) and 22 ms of its own.
+By hand the same steps are 6 to 8 `aws ec2 ...` commands, each a process of its own.
 """
 
 from __future__ import annotations
@@ -84,14 +88,15 @@ def _measure(image: str, runs: int, count: int) -> int:
     from vmrun.providers.aws.session import Session
 
     calls: list[tuple[str, float]] = []
+    groups: dict[str, Any] = {}  # the placement groups, across the Sessions up and down make
     started: dict[int, float] = {}
     real_client = Session.client
 
-    def client(self: Session, service: str, region: str) -> Any:
-        made = real_client(self, service, region)
+    def client(self: Session, service: str, region: str, **kw: Any) -> Any:
+        made = real_client(self, service, region, **kw)
         if not getattr(made, "_bench_hooked", False):
             if service == "ec2":
-                placement_groups_on(made)  # moto has none: answered in-process
+                placement_groups_on(made, groups)  # moto has none: answered in-process
             made.meta.events.register("before-call.*.*", _before)
             made.meta.events.register("after-call.*.*", _after)
             made._bench_hooked = True

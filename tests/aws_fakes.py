@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def placement_groups_on(ec2: Any) -> dict[str, dict[str, Any]]:
+def placement_groups_on(
+    ec2: Any, groups: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """moto has no placement groups: the three calls answered here, from a dict (the
     Stubber tests below check the requests vmrun sends)."""
     from botocore.awsrequest import AWSResponse
 
-    groups: dict[str, dict[str, Any]] = {}
+    groups = {} if groups is None else groups
     ok = AWSResponse("https://ec2", 200, {}, None)
 
     def create(params: dict[str, Any], **_: Any) -> Any:
