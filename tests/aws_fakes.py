@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import pytest
+
+# Test credentials, no ~/.aws, no endpoint override, no instance metadata; moto's catalog of
+# 2017 AMIs is not loaded (4 s each time, and unused: the tests seed their own images).
+TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+}
+
+
+def use_test_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's AWS environment: TEST_ENV and nothing else of AWS's."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    for name, value in TEST_ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 def placement_groups_on(

@@ -13,7 +13,7 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto = pytest.importorskip("moto")
 
-from aws_fakes import placement_groups_on  # noqa: E402
+from aws_fakes import placement_groups_on, use_test_credentials  # noqa: E402
 from botocore.stub import ANY, Stubber  # noqa: E402
 
 from vmrun.errors import CloudError, UsageError  # noqa: E402
@@ -28,13 +28,7 @@ REGION = "us-east-1"
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # 4 s of a catalog unused here
+    use_test_credentials(monkeypatch)
     with moto.mock_aws():
         provider = AwsProvider(Session())
         placement_groups_on(provider.ec2(REGION))
@@ -253,7 +247,7 @@ def test_the_placement_group_is_a_tagged_cluster_group() -> None:
 def test_a_placement_group_in_use_is_retried_and_an_unknown_one_is_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("vmrun.providers.aws.provider.time.sleep", lambda s: None)
+    monkeypatch.setattr("vmrun.providers.aws.network.time.sleep", lambda s: None)
     client, stub = _stubbed()
     stub.add_client_error("delete_placement_group", "InvalidPlacementGroup.InUse")
     stub.add_response("delete_placement_group", {}, {"GroupName": "vmrun-c2"})

@@ -5,6 +5,7 @@ cluster's own members (c10d, NCCL, gloo pick ports at run time), nothing else.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vmrun.errors import CloudError
@@ -81,18 +82,32 @@ def create_group(ec2: Any, name: str, vpc: str, ssh_cidr: str, tags: list[dict[s
 def delete_group(ec2: Any, group: str, *, tries: int = _DELETE_TRIES) -> str:
     """Delete a group, waiting while a terminating instance still holds it. "" when it is
     gone (or was never there), else why it is left."""
+    return delete_when_free(
+        lambda: ec2.delete_security_group(GroupId=group),
+        group,
+        gone="InvalidGroup.NotFound",
+        busy="DependencyViolation",
+        tries=tries,
+    )
+
+
+def delete_when_free(
+    delete: Callable[[], object], name: str, *, gone: str, busy: str, tries: int = _DELETE_TRIES
+) -> str:
+    """Call `delete` until it works, retrying while AWS answers `busy` (still in use by an
+    instance that is going away); `gone` counts as done. "" when done, else why not."""
     for attempt in range(tries):
         try:
-            ec2.delete_security_group(GroupId=group)
+            delete()
             return ""
         except Exception as exc:
             code = error_code(exc)
-            if code == "InvalidGroup.NotFound":
+            if code == gone:
                 return ""
-            if code != "DependencyViolation" or attempt == tries - 1:
-                return f"{group}: {code or type(exc).__name__}"
+            if code != busy or attempt == tries - 1:
+                return f"{name}: {code or type(exc).__name__}"
         time.sleep(_DELETE_PAUSE)
-    return f"{group}: DependencyViolation"
+    return f"{name}: {busy}"
 
 
 def find_groups(ec2: Any, cluster: str) -> list[str]:

@@ -5,7 +5,6 @@ crash, a Ctrl-C or another machine's `vmrun down` can always remove it."""
 from __future__ import annotations
 
 import secrets
-import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -412,15 +411,10 @@ def _placement_groups(ec2: Any, cluster: str) -> list[str]:
 
 
 def _delete_placement(ec2: Any, name: str, tries: int = 15) -> str:
-    for attempt in range(tries):
-        try:
-            ec2.delete_placement_group(GroupName=name)
-            return ""
-        except Exception as exc:
-            code = error_code(exc)
-            if code == "InvalidPlacementGroup.Unknown":
-                return ""
-            if code != "InvalidPlacementGroup.InUse" or attempt == tries - 1:
-                return f"{name}: {code or type(exc).__name__}"
-        time.sleep(2.0)
-    return f"{name}: InvalidPlacementGroup.InUse"
+    return network.delete_when_free(
+        lambda: ec2.delete_placement_group(GroupName=name),
+        name,
+        gone="InvalidPlacementGroup.Unknown",
+        busy="InvalidPlacementGroup.InUse",
+        tries=tries,
+    )
