@@ -196,5 +196,9 @@ def test_up_of_a_running_cluster_makes_nothing_new(
 ) -> None:
     _stand_in_ssh(monkeypatch)
     first = cloud.up(load_settings(), _ask(aws), Recorder())
+    known = load_settings().known_hosts
+    pinned = known.read_text()
+    known.unlink()  # another machine, or a lost known_hosts: the key comes from the user data
     again = cloud.up(load_settings(), _ask(aws), Recorder())
     assert again.already and [i.id for i in again.instances] == [i.id for i in first.instances]
+    assert known.read_text() == pinned

@@ -132,6 +132,8 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{done.name}: {what} in {done.region}: {len(done.hosts)} host(s) as @{name}")
         for entry in done.hosts:
             typer.echo(f"  {entry.label}  {entry.spec.label}  private {entry.vars['private_addr']}")
+        if done.per_hour is not None:
+            typer.echo(f"  about ${done.per_hour:.2f} an hour while it runs")
         if done.autostop:
             typer.echo(f"  autostop: each powers off after {done.autostop} idle")
         typer.echo(f"next: vmrun setup @{name}; vmrun train -H @{name} ...; vmrun down {name}")

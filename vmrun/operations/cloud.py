@@ -103,6 +103,7 @@ class Up:
     started: bool = False
     autostop: str = ""
     project_file: Path | None = None
+    per_hour: float | None = None  # USD for the whole cluster, where the price list answers
 
 
 @dataclass
@@ -241,6 +242,7 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         done = Up(ask.name, region, offer.image_name, instances, entries)
         done.project_file = _record(settings, ask, region, offer.user, entries)
         done.autostop = _autostop(settings, entries, ask.autostop or "")
+        done.per_hour = _per_hour(provider, instances)
         return done
     except BaseException:
         if ask.keep:
@@ -275,13 +277,20 @@ def _again(
         existing = provider.wait_running(ask.name, region, [i.id for i in existing], 600)
     user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
     entries = _entries(ask.name, user, existing, ask.autostop or "")
-    if started:
-        _repin(settings, entries, ask.name)
+    _repin(settings, entries, ask.name, provider.host_key(existing[0]))
     _wait_ssh(entries, settings, ask.ssh_timeout, out)
     done = Up(ask.name, region, instances=existing, hosts=entries, already=not started)
     done.started = started
     done.project_file = _record(settings, ask, region, user, entries)
+    done.per_hour = _per_hour(provider, existing)
     return done
+
+
+def _per_hour(provider: Provider, instances: list[Instance]) -> float | None:
+    prices = [provider.hourly_price(i) for i in instances[:1]]
+    if not prices or prices[0] is None:
+        return None
+    return prices[0] * len(instances)
 
 
 def _recorded_user(settings: Settings, name: str) -> str:
@@ -336,34 +345,29 @@ def _pin(settings: Settings, entries: list[HostEntry], host_key: Any) -> None:
         fh.write(lines)
 
 
-def _repin(settings: Settings, entries: list[HostEntry], name: str) -> None:
-    """After a restart the addresses are new: the key recorded for the cluster moves to them."""
-    key = _cluster_key(settings, name)
-    if key is None:
-        raise CloudError(
-            f"{name}'s host key is not in {settings.known_hosts}",
-            hint=f"`vmrun down {name}` and `vmrun up` again",
-        )
+def _repin(settings: Settings, entries: list[HostEntry], name: str, launched: str) -> None:
+    """Pin the cluster's key for its (maybe new) addresses: the key vmrun gave the VMs at
+    launch, read back from their user data (another machine, a lost known_hosts, new
+    addresses after a restart). None there: the key known_hosts holds for its old ones."""
     from vmrun.providers.cloudinit import HostKey
 
-    _pin(settings, entries, HostKey("", f"{key[0]} {key[1]}"))
+    if launched:
+        _pin(settings, entries, HostKey("", launched))
+        return
+    if all(_known(settings.known_hosts, e.spec.host) for e in entries):
+        return
+    raise CloudError(
+        f"{name}'s host key is not known here, and its user data has none",
+        hint=f"`vmrun down {name}` and `vmrun up` again, or add its key to known_hosts",
+    )
 
 
-def _cluster_key(settings: Settings, name: str) -> tuple[str, str] | None:
-    """The host key recorded for `name`'s hosts in vmrun.toml's known_hosts: any of its
-    recorded addresses' lines."""
-    from vmrun.ssh.inventory import project_hosts
-
-    addrs = {e.spec.host for e in project_hosts(settings) if name in e.groups}
+def _known(path: Path, addr: str) -> bool:
     try:
-        lines = settings.known_hosts.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 3 and parts[0] in addrs:
-            return parts[1], parts[2]
-    return None
+        return False
+    return any(line.split()[:1] == [addr] for line in lines)
 
 
 def _drop_known(path: Path, addrs: list[str]) -> None:

@@ -296,6 +296,33 @@ class AwsProvider:
         left += [why for why in (_delete_placement(ec2, p) for p in placements) if why]
         return Removed(ids, groups, placements, left)
 
+    def hourly_price(self, instance: Instance) -> float | None:
+        """USD per hour for one instance like this (None where the price list is silent)."""
+        from vmrun.providers.aws.prices import Prices
+
+        prices = Prices(self.session)
+        price = prices.hourly(instance.instance_type, instance.region, instance.zone, instance.spot)
+        prices.save()
+        return price
+
+    def host_key(self, instance: Instance) -> str:
+        """The public host key vmrun handed the instance at launch ("ssh-ed25519 AAAA..."),
+        read back from its user data: how another machine, or a lost known_hosts, pins it."""
+        import base64
+
+        try:
+            answer = self.ec2(instance.region).describe_instance_attribute(
+                InstanceId=instance.id, Attribute="userData"
+            )
+        except Exception as exc:
+            raise cloud_error(exc, f"reading {instance.id}'s user data") from None
+        data = base64.b64decode(answer.get("UserData", {}).get("Value", "") or b"")
+        for line in data.decode("utf-8", "replace").splitlines():
+            key, _, value = line.strip().partition(": ")
+            if key == "ed25519_public":
+                return " ".join(value.split()[:2])
+        return ""
+
     def resources(self, regions: list[str]) -> list[Resource]:
         from vmrun.providers.aws.listing import resources
 
