@@ -19,6 +19,7 @@ COMMANDS = [
     "logs",
     "status",
     "stop",
+    "push",
     "fetch",
     "report",
     "plot",

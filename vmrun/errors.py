@@ -320,6 +320,8 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "job-refused", "Slurm refused the job (partition, account, qos, time)"),
     (UsageError, "job-never-starts", "Slurm says the job can never start; it was cancelled"),
     (UsageError, "metric-not-found", "no run has the metric asked for"),
+    (UsageError, "source-not-found", "a path to push is not here, or not a file or folder"),
+    (UsageError, "target-not-writable", "the folder to push into cannot be made or written"),
     (UsageError, "missing-dependency", "an optional Python package is not installed here"),
     (
         UnreachableError,

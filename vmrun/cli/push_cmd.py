@@ -1,0 +1,128 @@
+"""`vmrun push PATH...`: data onto every host (vmrun.operations.push does it; this module
+parses and renders)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+
+if TYPE_CHECKING:
+    from vmrun.operations.push import Pushed
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "push",
+        help="Send files or folders (a dataset) to every host: each PATH arrives as"
+        " DIR/<its name>, DIR being --to or the project's work directory there (where a"
+        " run's `data/` is looked for). Only what is new or changed travels; every file is"
+        " verified by SHA-256 on the host and renamed into place only when whole; each host's"
+        " folder and free space are checked first.",
+    )
+    def push_command(
+        paths: Annotated[
+            list[Path], typer.Argument(metavar="PATH...", help="Files or folders to send.")
+        ],
+        to: Annotated[
+            str | None,
+            typer.Option(
+                "--to",
+                metavar="DIR",
+                help="Where on the hosts: absolute, ~/DIR, or relative to the project's work"
+                " directory [default: the work directory].",
+            ),
+        ] = None,
+        host: Hosts = None,
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Say what would be sent; send nothing.")
+        ] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="One JSON object on stdout: per host, what moved.")
+        ] = False,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+    ) -> int:
+        from vmrun.cli.fetch_view import make_progress
+        from vmrun.cli.output import TERMINAL
+        from vmrun.operations.push import PushJob, push
+
+        job = PushJob(
+            settings=settings_from(connect_timeout, accept_new_host_key),
+            paths=paths,
+            to=to,
+            hosts=host,
+            dry_run=dry_run,
+        )
+        live = sys.stderr.isatty() and not as_json
+        done = push(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))
+        if as_json:
+            print(json.dumps(to_json(done), indent=2))
+        else:
+            render(done)
+        return done.exit_code
+
+
+def render(done: Pushed) -> None:
+    from vmrun.cli.fetch_view import human_bytes, summary
+    from vmrun.cli.output import error_line, report
+
+    for outcome in done.outcomes:
+        if outcome.error is not None:
+            report(outcome.error)
+            continue
+        pushed = outcome.value
+        assert pushed is not None
+        head = f"[{pushed.host}] " if done.several else ""
+        if done.dry_run:
+            for plan in pushed.planned:
+                print(
+                    f"{head}{plan.local} -> {plan.remote}: would send {plan.to_send} of"
+                    f" {plan.files} files ({human_bytes(plan.bytes_to_send)} of"
+                    f" {human_bytes(plan.nbytes)})"
+                )
+            continue
+        for rep, plan in zip(pushed.reports, pushed.planned, strict=False):
+            line = summary(rep, prefix=False).replace("fetched", "sent", 1)
+            print(f"{head}{plan.local} -> {plan.remote}: {line}", flush=True)
+            for path, why in rep.failed.items():
+                code = "checksum-mismatch" if path in rep.mismatched else "transfer-failed"
+                error_line(f"{pushed.host}: {path}: {why}", code=code)
+
+
+def to_json(done: Pushed) -> dict[str, Any]:
+    from vmrun.errors import code_of, error_object, exit_code_for
+
+    hosts = []
+    for outcome in done.outcomes:
+        item: dict[str, Any] = {"host": outcome.host, "error": None, "paths": []}
+        if outcome.error is not None:
+            err = outcome.error
+            item["error"] = error_object(code_of(err), str(err), exit_code_for(err))
+        elif outcome.value is not None:
+            for index, plan in enumerate(outcome.value.planned):
+                entry: dict[str, Any] = {
+                    "local": str(plan.local),
+                    "remote": plan.remote,
+                    "files": plan.files,
+                    "bytes": plan.nbytes,
+                    "to_send": plan.to_send,
+                    "bytes_to_send": plan.bytes_to_send,
+                }
+                if index < len(outcome.value.reports):
+                    rep = outcome.value.reports[index]
+                    entry.update(
+                        sent=len(rep.fetched),
+                        bytes_sent=rep.wire_bytes,
+                        unchanged=rep.unchanged,
+                        failed=sorted(rep.failed),
+                        seconds=round(rep.seconds, 3),
+                    )
+                item["paths"].append(entry)
+        hosts.append(item)
+    return {"dest": done.dest, "dry_run": done.dry_run, "hosts": hosts}
