@@ -12,6 +12,7 @@ import pytest
 from vmrun import hostside
 from vmrun.errors import UsageError
 from vmrun.operations import push
+from vmrun.transfer import push as transfer_push
 from vmrun.transfer.manifest import Entry
 
 
@@ -28,7 +29,7 @@ def _check(tmp_path: Path, target: str, needed_kib: int, free_kib: int | None = 
         fake.chmod(0o755)
         env["PATH"] = f"{bin_dir}:{env['PATH']}"
     done = subprocess.run(
-        ["sh", "-c", hostside.source(push.CHECK), "push_check", target, str(needed_kib)],
+        ["sh", "-c", hostside.source(transfer_push.CHECK), "push_check", target, str(needed_kib)],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return done.stdout.strip()
@@ -62,5 +63,5 @@ def test_only_files_differing_by_size_or_mtime_would_be_sent(tmp_path: Path) -> 
     (root / "link").symlink_to("/etc/hostname")
     st = (root / "same").stat()
     there = [Entry("same", "f", 5, st.st_mtime_ns, 0o644), Entry("gone", "f", 1, 0, 0o644)]
-    plan = push._plan(root, "x/data", there)
+    plan = transfer_push._plan(root, "x/data", there)
     assert (plan.files, plan.to_send, plan.bytes_to_send) == (2, 1, 3)

@@ -1,0 +1,173 @@
+"""A push of local files or folders onto one host (`vmrun push`, `train --data`): checked
+first (the folder can be made and written, the disk has room for what will change), then
+vmrun's verified upload (vmrun.transfer.upload) of only what is new or changed.
+
+Each PATH arrives as DEST/<its name>. A manifest of what a host holds (each file's path,
+size and mtime, which the upload sets exactly) is what `doctor` compares across nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vmrun.errors import RemoteError, UsageError
+from vmrun.ssh.connection import Connection
+from vmrun.transfer.types import Options, Progress, Report
+
+CHECK = "push_check.sh"  # vmrun/hostside: the folder can be written, the disk has room
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One PATH on one host: where it lands, and what a push would send (by size and mtime:
+    files in doubt are settled by checksum only when sending)."""
+
+    local: Path
+    remote: str
+    files: int
+    nbytes: int
+    to_send: int
+    bytes_to_send: int
+
+
+@dataclass
+class HostPush:
+    host: str
+    planned: list[Planned] = field(default_factory=list)
+    reports: list[Report] = field(default_factory=list)
+    free_kib: int | None = None
+
+
+def check_sources(paths: Sequence[Path]) -> list[Path]:
+    """Every PATH exists and is a file or a folder (one line for the first that is not)."""
+    if not paths:
+        raise UsageError("nothing to push: give a file or a folder", hint="vmrun push data/")
+    found = []
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"{path} does not exist", code="source-not-found")
+        if not (path.is_file() or path.is_dir()):
+            raise UsageError(f"{path} is neither a file nor a folder", code="source-not-found")
+        found.append(path)
+    names = [p.resolve().name for p in found]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(
+            f"two paths would land as the same name: {', '.join(twice)}",
+            hint="push them one at a time with different --to folders",
+            code="flags-conflict",
+        )
+    return found
+
+
+def push_host(
+    conn: Connection,
+    paths: Sequence[Path],
+    dest: str,
+    progress: Progress | None = None,
+    *,
+    dry_run: bool = False,
+    engine: str = "auto",
+) -> HostPush:
+    """Every PATH onto the host under `dest` (normalised remote folder)."""
+    from vmrun.transfer.manifest import list_remote
+    from vmrun.transfer.upload import upload
+
+    done = HostPush(conn.label)
+    remotes = [posixpath.join(dest, p.resolve().name) for p in paths]
+    listing = list_remote(conn, [posixpath.dirname(r) if p.is_file() else r
+                                 for p, r in zip(paths, remotes, strict=True)])  # fmt: skip
+    for path, remote, root in zip(paths, remotes, listing.roots, strict=True):
+        done.planned.append(_plan(path, remote, root.entries if root.state == "ok" else []))
+    needed = sum(p.bytes_to_send for p in done.planned)
+    done.free_kib = _check(conn, dest, needed)
+    if dry_run:
+        return done
+    options = Options(engine=engine)
+    for path, remote, root in zip(paths, remotes, listing.roots, strict=True):
+        report = upload(conn, path, remote, options, progress or Progress(),
+                        listing=root if path.is_dir() else None)  # fmt: skip
+        done.reports.append(report)
+    return done
+
+
+def _plan(local: Path, remote: str, entries: Sequence[object]) -> Planned:
+    """What would be sent, by size and mtime against the host's listing."""
+    there: dict[str, tuple[int, int]] = {}
+    for entry in entries:
+        rel, kind = getattr(entry, "rel", ""), getattr(entry, "kind", "")
+        if kind == "f":
+            there[rel] = (getattr(entry, "size", -1), getattr(entry, "mtime_ns", -1))
+    files = nbytes = to_send = bytes_to_send = 0
+    for rel, size, mtime_ns in _walk(local):
+        files += 1
+        nbytes += size
+        key = posixpath.basename(remote) if local.is_file() else rel
+        if there.get(key) != (size, mtime_ns):
+            to_send += 1
+            bytes_to_send += size
+    return Planned(local, remote, files, nbytes, to_send, bytes_to_send)
+
+
+def _walk(local: Path) -> list[tuple[str, int, int]]:
+    """(relative path, size, mtime_ns) of each regular file; symlinks are not followed."""
+    st = local.stat()
+    if stat.S_ISREG(st.st_mode):
+        return [(local.name, st.st_size, st.st_mtime_ns)]
+    found = []
+    for folder, dirs, names in os.walk(local):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(folder) / name
+            lst = os.lstat(path)
+            if stat.S_ISREG(lst.st_mode):
+                found.append((path.relative_to(local).as_posix(), lst.st_size, lst.st_mtime_ns))
+    return found
+
+
+def _check(conn: Connection, dest: str, needed: int) -> int | None:
+    """The folder made and writable, with room for `needed` bytes (one round trip)."""
+    from vmrun import hostside
+    from vmrun.transfer.manifest import remote_arg
+
+    need_kib = (needed + 1023) // 1024
+    result = conn.run(
+        [*hostside.command(CHECK), remote_arg(dest), str(need_kib)],
+        check=True,
+        what="the push check",
+    )
+    words = result.stdout_tail.split()
+    if words[:1] == ["nowrite"]:
+        raise UsageError(
+            f"cannot make or write {dest} on the host",
+            host=conn.label,
+            hint="push --to a folder under your home, or make it yours there (sudo chown)",
+            code="target-not-writable",
+        )
+    if words[:1] == ["nospace"]:
+        free = int(words[1])
+        raise RemoteError(
+            f"{dest} has {free // 1024} MiB free, the push needs {need_kib // 1024} MiB",
+            host=conn.label,
+            hint="free space there, or push --to another disk",
+            code="no-space-left",
+        )
+    return int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+
+
+def manifest(conn: Connection, remote: str) -> str:
+    """A digest of what the host holds under `remote`: every file's path, size and mtime
+    ("" when there is nothing). Equal on two hosts: the same data, as a push leaves it."""
+    from vmrun.transfer.manifest import list_remote
+
+    root = list_remote(conn, [remote]).roots[0]
+    if root.state != "ok":
+        return ""
+    lines = sorted(f"{e.rel}\0{e.size}\0{e.mtime_ns}" for e in root.entries if e.kind == "f")
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:16]
