@@ -97,3 +97,21 @@ def test_the_project_work_directory_is_the_default(
     assert remote.startswith("vmrun/") and remote.endswith("/plain.bin")
     assert (hosts2[0].home / remote).read_bytes() == data[1]["plain.bin"]
     shutil.rmtree(hosts2[0].home / "vmrun", ignore_errors=True)
+
+
+def test_train_data_pushes_to_every_node_and_records_it(multi: Client) -> None:
+    made = _tree(multi.cwd / "data")
+    (multi.cwd / "data" / "outside-link").unlink()
+    done = multi.vmrun("train", "--data", "data", "--epochs", "1", "--save-every", "1",
+                       timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    fetched = multi.vmrun("fetch", "logs", "--all-hosts")
+    assert fetched.returncode == 0, fetched.stderr
+    records = [json.loads(p.read_text()) for p in multi.cwd.rglob("run.json")]
+    assert len(records) == 2, records
+    data = [r["data"][0] for r in records]
+    assert {d["files"] for d in data} == {len(made)}
+    assert data[0]["manifest"] and data[0]["manifest"] == data[1]["manifest"]
+    assert data[0]["remote"].endswith("/data")
+    refused = multi.vmrun("train", "--local", "--data", "data")
+    assert (refused.returncode, error_in(refused.stderr)[0]) == (2, "flags-conflict")

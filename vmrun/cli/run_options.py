@@ -60,6 +60,16 @@ ImageOption = Annotated[
         " once per host [default: vmrun.toml's image, else none].",
     ),
 ]
+DataOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--data",
+        metavar="PATH[:DIR]",
+        help="Push this file or folder to every node before the run (as `vmrun push`: only"
+        " what changed, verified) into DIR/<its name> [default DIR: the project's work"
+        " directory there]; recorded in run.json; repeatable.",
+    ),
+]
 Mounts = Annotated[
     list[str] | None,
     typer.Option(

@@ -20,7 +20,7 @@ SLURM_ONLY = (
 )  # fmt: skip
 HOSTS_ONLY = (
     "-H", "--local", "--master", "--nnodes", "--rdzv-port", "--allow-concurrent", "--fresh",
-    "--resume", "--fetch-every", "--down-after-run",
+    "--resume", "--fetch-every", "--down-after-run", "--data",
 )  # fmt: skip
 WHAT_RUNS = (
     "SCRIPT", "--epochs", "--save-every", "--nproc-per-node", "--max-restarts", "--name",
@@ -74,6 +74,8 @@ RULES: tuple[Rule, ...] = (
          says="--local sweeps on this machine; drop -H or --local"),
     Rule(("--detach", "--allow-concurrent", "--down-after-run"), when="--local",
          code="flags-conflict", says="{flags} {are}" + _LOCAL_STAYS),
+    Rule(("--data",), when="--local", code="flags-conflict",
+         says="--data pushes to hosts (-H); a --local run reads the data where it is"),
     Rule(("--master", "--nnodes", "--rdzv-port"), when="--local", code="flags-conflict",
          says="{flags} {are} for several hosts (-H); drop {them} with --local"),
     Rule(("--down-after-run",), unless="--fetch-every", code="flags-conflict", says=_DOWN_NEEDS),

@@ -49,6 +49,7 @@ class RunOptions:
     launcher: str | None = None  # torchrun (the default), python or env
     image: str | None = None  # None: vmrun.toml's `image`, if any
     mounts: list[str] | None = None  # SRC:DST[:ro], added to vmrun.toml's `mounts`
+    data: list[str] | None = None  # PATH[:DIR], pushed to every node before the run
 
     def flags(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class RunOptions:
             "--max-restarts": self.max_restarts, "--env": self.env, "--name": self.name,
             "--batch-size": self.batch_size, "--lr": self.lr, "--task": self.task,
             "--launcher": self.launcher, "--image": self.image, "--mount": self.mounts,
+            "--data": self.data,
         }  # fmt: skip
 
     def plan(self, *, nproc_per_node: str | None, settings: Settings | None = None) -> Plan:
@@ -75,7 +77,7 @@ class RunOptions:
             save_every=self.save_every, nproc_per_node=nproc_per_node,
             max_restarts=self.max_restarts or 0, env=self.env, name=self.name,
             batch_size=self.batch_size, lr=self.lr, launcher=self.launcher or "torchrun",
-            task=self.task, containers=containers,
+            task=self.task, containers=containers, data=self.data,
         )  # fmt: skip
 
 

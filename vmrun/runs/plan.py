@@ -47,6 +47,7 @@ class Plan:
     env: dict[str, str]
     project: Path
     containers: Asked = field(default_factory=Asked)  # --image, --mount and their settings
+    data: tuple[tuple[Path, str | None], ...] = ()  # --data PATH[:DIR]: pushed before the run
 
 
 def make_plan(
@@ -64,6 +65,7 @@ def make_plan(
     launcher: str,
     task: str | None = None,
     containers: Asked | None = None,
+    data: list[str] | None = None,
 ) -> Plan:
     """Validate every flag; raise UsageError (exit 2) before anything is started."""
     from vmrun.config import find_project_dir
@@ -121,6 +123,7 @@ def make_plan(
             )
         nproc = None
     env_map = parse_env(env)
+    data_specs = tuple(parse_data(text) for text in data or ())
     containers = containers or Asked()
     containers.check()
     run_name = (
@@ -138,6 +141,7 @@ def make_plan(
         max_restarts=max_restarts,
         env=env_map,
         project=find_project_dir() or Path.cwd(),
+        data=data_specs,
         containers=containers,
     )
 
@@ -202,3 +206,19 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def parse_data(text: str) -> tuple[Path, str | None]:
+    """`--data PATH[:DIR]`: a local file or folder, and where on the hosts it goes (DIR/<its
+    name>; None: the project's work directory, where a script's `data/` is looked for). The
+    last `:` splits only when what is before it exists here (a path may hold a `:`)."""
+    local, sep, remote = text.rpartition(":")
+    if sep and local and remote and Path(local).expanduser().exists():
+        path, where = Path(local).expanduser(), remote
+    else:
+        path, where = Path(text).expanduser(), None
+    if not path.exists():
+        raise UsageError(f"--data {text}: {path} does not exist", code="source-not-found")
+    if not (path.is_file() or path.is_dir()):
+        raise UsageError(f"--data {text}: not a file or folder", code="source-not-found")
+    return path.absolute(), where

@@ -389,6 +389,7 @@ def _start_all(
             "host": entry.label,
             "ifname": layout.ifnames.get(entry.label, "") if layout else "",
             **(node.image.meta() if node.image else {}),
+            **({"data": node.data} if node.data else {}),
         }
         got = records.start(
             conn, rid, node.workdir, argv, meta, env=env, resume=resume is not None,

@@ -55,6 +55,7 @@ class Node:
     script: str = ""
     skip: int = 0  # log lines of earlier attempts (resume)
     image: NodeImage | None = None  # the container its processes run in, if any
+    data: list[dict[str, object]] = field(default_factory=list)  # what --data pushed there
 
     @property
     def label(self) -> str:

@@ -14,7 +14,46 @@ from vmrun.transfer.types import Progress
 
 
 def stage(node: Node, plan: Plan, out: Reporter, progress: Progress | None = None) -> None:
-    """Put the code on the host: node.workdir, and node.script as the run will see it."""
+    """Put the code on the host: node.workdir, and node.script as the run will see it;
+    then the run's --data."""
+    _stage_code(node, plan, out, progress)
+    if plan.data:
+        _push_data(node, plan, out, progress)
+
+
+def _push_data(node: Node, plan: Plan, out: Reporter, progress: Progress | None) -> None:
+    """Each --data PATH onto the host (vmrun.transfer.push: checked, only what changed,
+    verified), recorded on the node for run.json: where it is and its manifest."""
+    from vmrun.transfer.manifest import normalize_remote
+    from vmrun.transfer.push import manifest, push_host
+
+    conn = node.conn
+    for local, where in plan.data:
+        dest = (
+            normalize_remote(where, base=node.workdir, where="the project's work directory")
+            if where
+            else node.workdir
+        )
+        done = push_host(conn, [local], dest, progress)
+        report, planned = done.reports[0], done.planned[0]
+        if not report.ok:
+            raise RemoteError(
+                f"--data {local}: {len(report.failed)} file(s) did not arrive intact",
+                host=conn.label,
+                code="transfer-failed",
+            )
+        if report.fetched:
+            out.info(
+                f"{conn.label}: pushed {len(report.fetched)} file(s) of {local.name},"
+                f" {report.wire_bytes / 2**20:.1f} MiB ({report.seconds:.1f} s) to {planned.remote}"
+            )
+        node.data.append({
+            "local": str(local), "remote": planned.remote, "files": planned.files,
+            "bytes": planned.nbytes, "manifest": manifest(conn, planned.remote),
+        })  # fmt: skip
+
+
+def _stage_code(node: Node, plan: Plan, out: Reporter, progress: Progress | None) -> None:
     from vmrun.sync.files import large_files, project_files
     from vmrun.sync.project import sync_project
     from vmrun.trainer import is_bundled
