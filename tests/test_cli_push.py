@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,3 +116,20 @@ def test_train_data_pushes_to_every_node_and_records_it(multi: Client) -> None:
     assert data[0]["remote"].endswith("/data")
     refused = multi.vmrun("train", "--local", "--data", "data")
     assert (refused.returncode, error_in(refused.stderr)[0]) == (2, "flags-conflict")
+
+
+def test_doctor_says_whether_every_host_holds_the_same_data(
+    bed_client: Client, hosts2: tuple[TestHost, TestHost], data: tuple[Path, dict[str, bytes]]
+) -> None:
+    pushed = bed_client.vmrun("push", "data", "--to", "~/pushed", "-H", "h1", "-H", "h2")
+    assert pushed.returncode == 0, pushed.stderr
+    args = ["doctor", "-H", "h1", "-H", "h2", "--no-allreduce", "--data", "~/pushed/data"]
+    same = bed_client.vmrun(*args)
+    assert re.search(r"^data\s+all\s+OK", same.stdout, re.M), same.stdout
+    (hosts2[1].home / "pushed" / "data" / "plain.bin").write_bytes(b"other")
+    differs = bed_client.vmrun(*args)
+    assert re.search(r"^data\s+all\s+FAIL\s+.*differs", differs.stdout, re.M), differs.stdout
+    assert differs.returncode == 1
+    again = bed_client.vmrun("push", "data", "--to", "~/pushed", "-H", "h1", "-H", "h2", "--json")
+    sent = [p["sent"] for h in json.loads(again.stdout)["hosts"] for p in h["paths"]]
+    assert sent == [0, 1]  # only the file that differs travels, to the host where it differs

@@ -45,7 +45,7 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # ssh, python, versions, gpus, disk, clock, network, rendezvous, allreduce
+    name: str  # ssh, python, versions, gpus, disk, clock, data, network, rendezvous, allreduce
     where: str  # a host, "a -> b", or "all"
     verdict: Verdict
     detail: str
@@ -221,6 +221,7 @@ def diagnose(
     rdzv_port: int | None = None,
     allreduce: bool = True,
     size_mib: float | None = None,
+    data: Sequence[str] = (),
     on_check: Callable[[Check], None] = lambda check: None,
 ) -> list[Check]:
     """Every check, in order; `on_check` sees each as soon as it is known. One connection
@@ -252,10 +253,33 @@ def diagnose(
                     add(check)
         for check in _same_versions(hosts):
             add(check)
+        for folder in data:
+            add(_same_data(group, hosts, folder, workdir))
         layout = _network(group, hosts, rdzv_port, add) if len(hosts) >= 2 else None
         if allreduce:
             add(_allreduce(group, ordered, hosts, checks, size_mib, layout))
     return checks
+
+
+def _same_data(group: Group, hosts: Sequence[_Host], folder: str, workdir: str) -> Check:
+    """Every host holds the same `folder` (what `vmrun push` / `train --data` put there):
+    its manifest, each file's path, size and mtime, compared across the hosts."""
+    from vmrun.transfer.manifest import normalize_remote
+    from vmrun.transfer.push import manifest
+
+    remote = normalize_remote(folder, base=workdir, where="the project's work directory")
+    labels = [h.entry.label for h in hosts]
+    found = group.map(lambda entry, conn: manifest(conn, remote), only=set(labels))
+    digests = {o.host: (o.value or "") if o.error is None else "" for o in found}
+    missing = [host for host, digest in digests.items() if not digest]
+    if missing:
+        return Check("data", "all", Verdict.FAIL, f"{folder}: not on {', '.join(missing)}"
+                     f" (`vmrun push` it)")  # fmt: skip
+    if len(set(digests.values())) > 1:
+        shown = ", ".join(f"{host} {digest[:8]}" for host, digest in digests.items())
+        return Check("data", "all", Verdict.FAIL, f"{folder} differs: {shown} (`vmrun push`"
+                     " it again: only what differs travels)")  # fmt: skip
+    return Check("data", "all", Verdict.OK, f"{folder}: the same on {len(digests)} host(s)")
 
 
 def _master_first(ordered: list[HostEntry], master: str | None) -> list[HostEntry]:

@@ -38,6 +38,15 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option("--size-mib", metavar="MIB", help="All-reduce size [256 GPU, 16 CPU]."),
         ] = None,
+        data: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--data",
+                metavar="DIR",
+                help="A folder every host must hold the same (`vmrun push`, `train --data`):"
+                " relative to the project's work directory, ~/DIR or absolute; repeatable.",
+            ),
+        ] = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
@@ -67,6 +76,7 @@ def register(app: typer.Typer) -> None:
             rdzv_port=rdzv_port,
             allreduce=allreduce,
             size_mib=size_mib,
+            data=data or (),
             on_check=show,
         )
         failed = [c for c in checks if c.verdict == "fail"]
