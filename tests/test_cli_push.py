@@ -133,3 +133,23 @@ def test_doctor_says_whether_every_host_holds_the_same_data(
     again = bed_client.vmrun("push", "data", "--to", "~/pushed", "-H", "h1", "-H", "h2", "--json")
     sent = [p["sent"] for h in json.loads(again.stdout)["hosts"] for p in h["paths"]]
     assert sent == [0, 1]  # only the file that differs travels, to the host where it differs
+
+
+def test_delete_removes_only_what_is_not_here_and_only_when_asked(
+    bed_client: Client, hosts2: tuple[TestHost, TestHost], data: tuple[Path, dict[str, bytes]]
+) -> None:
+    root, made = data
+    args = ["push", "data", "--to", "~/pushed", "-H", "h1"]
+    assert bed_client.vmrun(*args).returncode == 0
+    there = hosts2[0].home / "pushed" / "data"
+    (there / "stale.bin").write_bytes(b"old")
+    (there / "-stale dash").write_bytes(b"old")
+    kept = bed_client.vmrun(*args)
+    assert kept.returncode == 0 and (there / "stale.bin").exists()
+    plan = json.loads(bed_client.vmrun(*args, "--delete", "--dry-run", "--json").stdout)
+    assert plan["hosts"][0]["paths"][0]["not_here"] == ["-stale dash", "stale.bin"]
+    assert (there / "stale.bin").exists()
+    gone = bed_client.vmrun(*args, "--delete")
+    assert gone.returncode == 0, gone.stderr
+    assert not (there / "stale.bin").exists() and not (there / "-stale dash").exists()
+    assert _arrived(hosts2[0], made) == made

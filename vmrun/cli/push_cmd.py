@@ -39,6 +39,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         host: Hosts = None,
+        delete: Annotated[
+            bool,
+            typer.Option(
+                "--delete",
+                help="Also remove files under a pushed folder on the hosts that are not in it"
+                " here (after every file arrived).",
+            ),
+        ] = False,
         dry_run: Annotated[
             bool, typer.Option("--dry-run", help="Say what would be sent; send nothing.")
         ] = False,
@@ -58,6 +66,7 @@ def register(app: typer.Typer) -> None:
             to=to,
             hosts=host,
             dry_run=dry_run,
+            delete=delete,
         )
         live = sys.stderr.isatty() and not as_json
         done = push(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))
@@ -81,10 +90,11 @@ def render(done: Pushed) -> None:
         head = f"[{pushed.host}] " if done.several else ""
         if done.dry_run:
             for plan in pushed.planned:
+                gone = f"; --delete would remove {len(plan.extra)}" if done.delete else ""
                 print(
                     f"{head}{plan.local} -> {plan.remote}: would send {plan.to_send} of"
                     f" {plan.files} files ({human_bytes(plan.bytes_to_send)} of"
-                    f" {human_bytes(plan.nbytes)})"
+                    f" {human_bytes(plan.nbytes)}){gone}"
                 )
             continue
         for rep, plan in zip(pushed.reports, pushed.planned, strict=False):
@@ -93,6 +103,8 @@ def render(done: Pushed) -> None:
             for path, why in rep.failed.items():
                 code = "checksum-mismatch" if path in rep.mismatched else "transfer-failed"
                 error_line(f"{pushed.host}: {path}: {why}", code=code)
+        if pushed.deleted:
+            print(f"{head}removed {len(pushed.deleted)} file(s) not here (--delete)")
 
 
 def to_json(done: Pushed) -> dict[str, Any]:
@@ -113,6 +125,7 @@ def to_json(done: Pushed) -> dict[str, Any]:
                     "bytes": plan.nbytes,
                     "to_send": plan.to_send,
                     "bytes_to_send": plan.bytes_to_send,
+                    "not_here": list(plan.extra),
                 }
                 if index < len(outcome.value.reports):
                     rep = outcome.value.reports[index]
@@ -124,5 +137,7 @@ def to_json(done: Pushed) -> dict[str, Any]:
                         seconds=round(rep.seconds, 3),
                     )
                 item["paths"].append(entry)
+        if outcome.value is not None:
+            item["deleted"] = outcome.value.deleted
         hosts.append(item)
     return {"dest": done.dest, "dry_run": done.dry_run, "hosts": hosts}

@@ -31,6 +31,7 @@ class PushJob:
     hosts: Hosts = None
     dry_run: bool = False
     engine: str = "auto"
+    delete: bool = False  # files under a pushed folder there that are not here go
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Pushed:
     dest: str
     outcomes: list[Outcome[HostPush]]
     dry_run: bool = False
+    delete: bool = False
 
     @property
     def several(self) -> bool:
@@ -69,8 +71,10 @@ def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = No
     shown = progress(several) if progress is not None else Progress()
 
     def one(entry: HostEntry, conn: Connection) -> HostPush:
-        return push_host(conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine)
+        return push_host(
+            conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine, delete=job.delete
+        )
 
     with Group(entries, job.settings) as group:
         outcomes = group.map(one)
-    return Pushed(dest, outcomes, job.dry_run)
+    return Pushed(dest, outcomes, job.dry_run, job.delete)

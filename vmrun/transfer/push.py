@@ -18,6 +18,7 @@ from pathlib import Path
 
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh.connection import Connection
+from vmrun.transfer.manifest import PART_SUFFIX
 from vmrun.transfer.types import Options, Progress, Report
 
 CHECK = "push_check.sh"  # vmrun/hostside: the folder can be written, the disk has room
@@ -34,6 +35,7 @@ class Planned:
     nbytes: int
     to_send: int
     bytes_to_send: int
+    extra: tuple[str, ...] = ()  # files on the host under a pushed folder, not here
 
 
 @dataclass
@@ -42,6 +44,7 @@ class HostPush:
     planned: list[Planned] = field(default_factory=list)
     reports: list[Report] = field(default_factory=list)
     free_kib: int | None = None
+    deleted: list[str] = field(default_factory=list)  # --delete: removed from the host
 
 
 def check_sources(paths: Sequence[Path]) -> list[Path]:
@@ -74,10 +77,12 @@ def push_host(
     *,
     dry_run: bool = False,
     engine: str = "auto",
+    delete: bool = False,
 ) -> HostPush:
-    """Every PATH onto the host under `dest` (normalised remote folder)."""
+    """Every PATH onto the host under `dest` (normalised remote folder); `delete`: files
+    under a pushed folder there that are not in it here go (only when every file arrived)."""
     from vmrun.transfer.manifest import list_remote
-    from vmrun.transfer.upload import upload
+    from vmrun.transfer.upload import run_over, upload
 
     done = HostPush(conn.label)
     remotes = [posixpath.join(dest, p.resolve().name) for p in paths]
@@ -94,6 +99,11 @@ def push_host(
         report = upload(conn, path, remote, options, progress or Progress(),
                         listing=root if path.is_dir() else None)  # fmt: skip
         done.reports.append(report)
+    if delete:
+        for plan, report in zip(done.planned, done.reports, strict=True):
+            if plan.extra and report.ok:
+                run_over(conn, "transfer_drop.sh", plan.remote, list(plan.extra))
+                done.deleted += [f"{plan.remote}/{rel}" for rel in plan.extra]
     return done
 
 
@@ -102,9 +112,12 @@ def _plan(local: Path, remote: str, entries: Sequence[object]) -> Planned:
     there: dict[str, tuple[int, int]] = {}
     for entry in entries:
         rel, kind = getattr(entry, "rel", ""), getattr(entry, "kind", "")
-        if kind == "f":
+        if kind in ("f", "l") and rel:
             there[rel] = (getattr(entry, "size", -1), getattr(entry, "mtime_ns", -1))
     files = nbytes = to_send = bytes_to_send = 0
+    here = _names(local)
+    extra = tuple(sorted(rel for rel in there if rel not in here and not rel.endswith(PART_SUFFIX)))
+    extra = extra if local.is_dir() else ()
     for rel, size, mtime_ns in _walk(local):
         files += 1
         nbytes += size
@@ -112,7 +125,18 @@ def _plan(local: Path, remote: str, entries: Sequence[object]) -> Planned:
         if there.get(key) != (size, mtime_ns):
             to_send += 1
             bytes_to_send += size
-    return Planned(local, remote, files, nbytes, to_send, bytes_to_send)
+    return Planned(local, remote, files, nbytes, to_send, bytes_to_send, extra)
+
+
+def _names(local: Path) -> set[str]:
+    """Every path under a folder here, symlinks included (what --delete keeps there)."""
+    if not local.is_dir():
+        return set()
+    found = set()
+    for folder, dirs, names in os.walk(local):
+        for name in [*dirs, *names]:
+            found.add((Path(folder) / name).relative_to(local).as_posix())
+    return found
 
 
 def _walk(local: Path) -> list[tuple[str, int, int]]:

@@ -242,22 +242,20 @@ def _send_verified(
         good = [i for i in todo if sums.get(join_remote(remote_dir, i.temp)) == i.digest]
         bad = [i for i in todo if i not in good]
         pairs = [p for i in good for p in (i.temp, i.rel)]
-        _run_list(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
+        run_over(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
         for item in good:
             report.fetched.append(item.rel)
             report.fetched_bytes += item.size
             progress.file_end(conn.label, item.rel, True)
         if bad:
-            _run_list(conn, "transfer_drop.sh", remote_dir, [i.temp for i in bad])
+            run_over(conn, "transfer_drop.sh", remote_dir, [i.temp for i in bad])
         if attempt == 2:
             for item in bad:
                 report.failed[item.rel] = "SHA-256 on the host differs from the one sent"
         todo = bad
 
 
-def _run_list(
-    conn: Connection, script: str, remote_dir: str, words: list[str], *extra: str
-) -> None:
+def run_over(conn: Connection, script: str, remote_dir: str, words: list[str], *extra: str) -> None:
     """Run the host-side `script` in `remote_dir` over `words` (NUL-separated on stdin)."""
     if not words:
         return
