@@ -138,7 +138,7 @@ def test_doctor_says_whether_every_host_holds_the_same_data(
 def test_delete_removes_only_what_is_not_here_and_only_when_asked(
     bed_client: Client, hosts2: tuple[TestHost, TestHost], data: tuple[Path, dict[str, bytes]]
 ) -> None:
-    root, made = data
+    _root, made = data
     args = ["push", "data", "--to", "~/pushed", "-H", "h1"]
     assert bed_client.vmrun(*args).returncode == 0
     there = hosts2[0].home / "pushed" / "data"
@@ -153,3 +153,31 @@ def test_delete_removes_only_what_is_not_here_and_only_when_asked(
     assert gone.returncode == 0, gone.stderr
     assert not (there / "stale.bin").exists() and not (there / "-stale dash").exists()
     assert _arrived(hosts2[0], made) == made
+
+
+def test_what_a_cut_push_left_whole_is_placed_not_sent_again(
+    bed_client: Client, hosts2: tuple[TestHost, TestHost], data: tuple[Path, dict[str, bytes]]
+) -> None:
+    from vmrun.transfer.manifest import part_name
+
+    root, made = data
+    args = ["push", "data", "--to", "~/pushed", "-H", "h1", "--json"]
+    assert bed_client.vmrun(*args).returncode == 0
+    there = hosts2[0].home / "pushed" / "data"
+    st = (root / "sub" / "dir" / "deep.txt").stat()
+    # what a push cut after this file's last byte leaves: its temporary copy, whole
+    part = there / "sub" / "dir" / part_name("deep.txt", st.st_size, st.st_mtime_ns)
+    (there / "sub" / "dir" / "deep.txt").rename(part)
+    # and one cut in its middle: never under the final name, sent again in full
+    half = there / part_name(
+        "plain.bin", len(made["plain.bin"]), (root / "plain.bin").stat().st_mtime_ns
+    )
+    (there / "plain.bin").rename(half)
+    half.write_bytes(made["plain.bin"][:100])
+    again = bed_client.vmrun(*args)
+    assert again.returncode == 0, again.stderr
+    (path,) = json.loads(again.stdout)["hosts"][0]["paths"]
+    assert (path["sent"], path["resumed"]) == (2, 1)
+    assert path["bytes_sent"] == len(made["plain.bin"])  # deep.txt's bytes did not travel again
+    assert _arrived(hosts2[0], made) == made
+    assert not list(there.rglob(f"*{PART_SUFFIX}"))

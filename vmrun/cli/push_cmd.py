@@ -132,6 +132,7 @@ def to_json(done: Pushed) -> dict[str, Any]:
                     entry.update(
                         sent=len(rep.fetched),
                         bytes_sent=rep.wire_bytes,
+                        resumed=rep.resumed,
                         unchanged=rep.unchanged,
                         failed=sorted(rep.failed),
                         seconds=round(rep.seconds, 3),

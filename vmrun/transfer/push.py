@@ -193,5 +193,9 @@ def manifest(conn: Connection, remote: str) -> str:
     root = list_remote(conn, [remote]).roots[0]
     if root.state != "ok":
         return ""
-    lines = sorted(f"{e.rel}\0{e.size}\0{e.mtime_ns}" for e in root.entries if e.kind == "f")
+    lines = sorted(
+        f"{e.rel}\0{e.size}\0{e.mtime_ns}"
+        for e in root.entries
+        if e.kind == "f" and not e.rel.endswith(PART_SUFFIX)  # a cut push's leftovers
+    )
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:16]

@@ -186,6 +186,7 @@ def upload(
     if root.state == "ok" and any(e.rel == "" and e.kind != "d" for e in root.entries):
         raise UsageError(f"{remote_dir} on the host is not a directory", host=conn.label)
     todo = _changed(conn, remote_dir, items, root, options, report)
+    todo = _adopt_arrived(conn, remote_dir, todo, root, progress, report)
     _send_verified(conn, remote_dir, todo, options, progress, report)
     report.seconds = time.monotonic() - started
     return report
@@ -222,6 +223,41 @@ def _changed(
             else:
                 todo.append(item)
     return todo
+
+
+def _adopt_arrived(
+    conn: Connection,
+    remote_dir: str,
+    todo: list[_Up],
+    root: RootListing,
+    progress: Progress,
+    report: Report,
+) -> list[_Up]:
+    """What an upload cut short left whole on the host: a temporary copy of this very version
+    (its name carries size and mtime) with every byte there is placed if its SHA-256 is this
+    file's, and not sent again; the rest are still to send."""
+    sizes = {e.rel: e.size for e in root.entries if e.kind == "f"}
+    whole = []
+    for item in todo:
+        folder, name = posixpath.split(item.rel)
+        part = posixpath.join(folder, part_name(name, item.size, item.mtime_ns))
+        if sizes.get(part) == item.size:
+            item.temp = part
+            whole.append(item)
+    if not whole:
+        return todo
+    from vmrun.transfer.hashing import file_sha256
+
+    sums = remote_hashes(conn, [join_remote(remote_dir, i.temp) for i in whole])
+    good = [i for i in whole if sums.get(join_remote(remote_dir, i.temp)) == file_sha256(i.path)]
+    pairs = [p for i in good for p in (i.temp, i.rel)]
+    run_over(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
+    for item in good:
+        report.fetched.append(item.rel)
+        report.fetched_bytes += item.size
+        report.resumed += 1
+        progress.file_end(conn.label, item.rel, True)
+    return [i for i in todo if i not in good]
 
 
 def _send_verified(
