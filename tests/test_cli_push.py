@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, error_in, errors_in
+from conftest import Client, error_in, errors_in, wait_for
 from testbed import NetnsBed, TestHost
 
 from vmrun.transfer.manifest import PART_SUFFIX
@@ -181,3 +181,42 @@ def test_what_a_cut_push_left_whole_is_placed_not_sent_again(
     assert path["bytes_sent"] == len(made["plain.bin"])  # deep.txt's bytes did not travel again
     assert _arrived(hosts2[0], made) == made
     assert not list(there.rglob(f"*{PART_SUFFIX}"))
+
+
+def test_a_link_cut_mid_push_leaves_no_half_file_and_the_next_push_resumes(
+    bed: NetnsBed, bed_client: Client, hosts2: tuple[TestHost, TestHost]
+) -> None:
+    h1 = hosts2[0]
+    root = bed_client.cwd / "big"
+    root.mkdir()
+    made = {f"f{i}.bin": os.urandom(3 << 20) for i in range(6)}
+    for name, blob in made.items():
+        (root / name).write_bytes(blob)
+    there = h1.home / "pushed" / "big"
+    proc = bed_client.popen("push", "big", "--to", "~/pushed", "-H", "h1", "--bwlimit", "3M",
+                            env={"VMRUN_KEEPALIVE_INTERVAL": "1"})  # fmt: skip
+    try:
+
+        def two_whole() -> bool:
+            parts = list(there.glob(f"*{PART_SUFFIX}")) if there.exists() else []
+            return sum(p.stat().st_size == 3 << 20 for p in parts) >= 2
+
+        wait_for(two_whole, 30, "two files' every byte on the host")
+        h1.cut_link()
+        try:
+            _, err = proc.communicate(timeout=60)
+        finally:
+            h1.heal_link()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (12, 13, 14), err  # the link went: lost, or the stream broke
+    assert not [n for n in made if (there / n).exists()]  # nothing under a final name
+    again = bed_client.vmrun("push", "big", "--to", "~/pushed", "-H", "h1", "--json")
+    assert again.returncode == 0, again.stderr
+    (path,) = json.loads(again.stdout)["hosts"][0]["paths"]
+    assert path["resumed"] >= 2 and path["bytes_sent"] <= 4 * (3 << 20)
+    assert {n: (there / n).read_bytes() for n in made} == made
+    assert not list(there.glob(f"*{PART_SUFFIX}"))
+    shutil.rmtree(root)

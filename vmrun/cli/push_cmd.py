@@ -47,6 +47,12 @@ def register(app: typer.Typer) -> None:
                 " here (after every file arrived).",
             ),
         ] = False,
+        bwlimit: Annotated[
+            str | None,
+            typer.Option(
+                "--bwlimit", metavar="RATE", help="At most this many bytes/s per host (20M)."
+            ),
+        ] = None,
         dry_run: Annotated[
             bool, typer.Option("--dry-run", help="Say what would be sent; send nothing.")
         ] = False,
@@ -56,6 +62,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
+        from vmrun.cli.fetch_cmd import parse_rate
         from vmrun.cli.fetch_view import make_progress
         from vmrun.cli.output import TERMINAL
         from vmrun.operations.push import PushJob, push
@@ -67,6 +74,7 @@ def register(app: typer.Typer) -> None:
             hosts=host,
             dry_run=dry_run,
             delete=delete,
+            bwlimit=parse_rate(bwlimit),
         )
         live = sys.stderr.isatty() and not as_json
         done = push(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))

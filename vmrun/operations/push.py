@@ -32,6 +32,7 @@ class PushJob:
     dry_run: bool = False
     engine: str = "auto"
     delete: bool = False  # files under a pushed folder there that are not here go
+    bwlimit: float | None = None  # bytes per second, per host
 
 
 @dataclass
@@ -72,7 +73,14 @@ def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = No
 
     def one(entry: HostEntry, conn: Connection) -> HostPush:
         return push_host(
-            conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine, delete=job.delete
+            conn,
+            paths,
+            dest,
+            shown,
+            dry_run=job.dry_run,
+            engine=job.engine,
+            delete=job.delete,
+            bwlimit=job.bwlimit,
         )
 
     with Group(entries, job.settings) as group:

@@ -78,6 +78,7 @@ def push_host(
     dry_run: bool = False,
     engine: str = "auto",
     delete: bool = False,
+    bwlimit: float | None = None,
 ) -> HostPush:
     """Every PATH onto the host under `dest` (normalised remote folder); `delete`: files
     under a pushed folder there that are not in it here go (only when every file arrived)."""
@@ -94,7 +95,7 @@ def push_host(
     done.free_kib = _check(conn, dest, needed)
     if dry_run:
         return done
-    options = Options(engine=engine)
+    options = Options(engine=engine, bwlimit=bwlimit)
     for path, remote, root in zip(paths, remotes, listing.roots, strict=True):
         report = upload(conn, path, remote, options, progress or Progress(),
                         listing=root if path.is_dir() else None)  # fmt: skip

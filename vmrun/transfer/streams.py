@@ -230,7 +230,7 @@ class ParamikoStream:
     def send(self, data: bytes | memoryview) -> None:
         try:
             self.chan.sendall(bytes(data))
-        except OSError:
+        except (OSError, EOFError):  # paramiko: EOFError once the transport is closed
             raise lost(self.conn, "while sending data") from None
 
     def close_input(self) -> None:
