@@ -31,6 +31,7 @@ from vmrun.transfer.relay import (
     relay,
     remove_stale_relay_keys,
 )
+from vmrun.transfer.types import Progress
 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJ7c2Y0d0yJYwqzCUR4wA1y8vUxHv7iYH3VvS4L7bN1 x"
 HOSTILE = ["with space", "new\nline", "-leading-dash", "sub/dir/deep file", "latin-\udce9"]
@@ -182,6 +183,18 @@ def _tree(root: Path) -> dict[str, object]:
     return found
 
 
+class _Counted(Progress):
+    def __init__(self) -> None:
+        self.begun: list[tuple[str, int, int]] = []
+        self.advances: list[int] = []
+
+    def begin(self, host: str, files: int, nbytes: int) -> None:
+        self.begun.append((host, files, nbytes))
+
+    def advance(self, host: str, nbytes: int) -> None:
+        self.advances.append(nbytes)
+
+
 def _make_source(host: TestHost, big: int = 3 << 20) -> Path:
     src = host.home / "src"
     for rel in HOSTILE:
@@ -212,9 +225,13 @@ def test_a_tree_goes_host_to_host_exact_and_only_what_changed_again(
     cluster: dict[str, TestHost], hosts: dict[str, Connection]
 ) -> None:
     a, b = cluster["n1"], cluster["n2"]
-    src = _make_source(a)
+    src = _make_source(a, big=20 << 20)
+    progress = _Counted()
     report = relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-                   dst_host_key=_host_key(b))  # fmt: skip
+                   dst_host_key=_host_key(b), progress=progress)  # fmt: skip
+    sizes = sum(len(v) for v in _tree(src).values() if isinstance(v, bytes))
+    assert progress.begun == [("n2", len(HOSTILE) + 1 + 2, sizes)]  # files, inside links
+    assert sum(progress.advances) == sizes and len(progress.advances) > 1
     expected = _tree(src)
     del expected["link-out"]
     assert _tree(b.home / "copy") == expected

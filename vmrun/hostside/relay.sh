@@ -7,7 +7,8 @@
 #                                         host sends from to ADDR (empty if unknown)
 #   list STATE TAG < "name\0..."          sender: what to send (relative to the source)
 #   send STATE TAG SRC USER ADDR PORT WAIT
-#                                         sender: tar of the list | ssh to the receiver
+#                                         sender: tar of the list | ssh to the receiver;
+#                                         tar's progress lines on stderr; 3: tar failed
 #   grant STATE TAG < "LINE\nDEST"        receiver: DEST recorded; LINE appended to
 #                                         ~/.ssh/authorized_keys (a new file renamed over
 #                                         the old one, its mode kept)
@@ -36,7 +37,7 @@ keys_file() {  # ~/.ssh/authorized_keys, through a symlink to the file it names
 
 case $act in
 key)
-  mkdir -p -- "$state" && mkdir -p -m 700 -- "$d" || exit 1
+  mkdir -p -- "$d" && chmod 700 -- "$d" || exit 1
   cat >"$d/key" || exit 1
   printf '%s\n' "$1" >"$d/known_hosts" || exit 1
   if command -v ip >/dev/null 2>&1; then
@@ -60,15 +61,16 @@ send)
     set -- "$@" -o Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes256-ctr
   fi
   cd -- "$src" || exit 1
-  { tar -c -f - -b 2048 --format=posix --null --verbatim-files-from --no-recursion \
-      -T "$d/list" 2>"$d/tar.err"; echo $? >"$d/tar.rc"; } | ssh "$@" -- "$addr" vmrun-relay
+  # 1 MiB records; every 8 of them a line on stderr: `tar: vmrun-relay-sent RECORDS`
+  { tar -c -f - -b 2048 --checkpoint=8 --checkpoint-action='echo=vmrun-relay-sent %u' \
+      --format=posix --null --verbatim-files-from --no-recursion -T "$d/list"
+    echo $? >"$d/tar.rc"; } | ssh "$@" -- "$addr" vmrun-relay
   st=$?
   [ "$st" -eq 0 ] || exit "$st"
-  rc=$(cat -- "$d/tar.rc" 2>/dev/null)
-  if [ "$rc" != 0 ]; then cat -- "$d/tar.err" >&2; exit 3; fi
+  [ "$(cat -- "$d/tar.rc" 2>/dev/null)" = 0 ] || exit 3
   ;;
 grant)
-  mkdir -p -- "$state" && mkdir -p -m 700 -- "$d" || exit 1
+  mkdir -p -- "$d" && chmod 700 -- "$d" || exit 1
   IFS= read -r line || exit 1
   cat >"$d/dest" || exit 1
   mkdir -p -- "$HOME/.ssh" || exit 1

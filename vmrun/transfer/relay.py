@@ -39,9 +39,11 @@ from vmrun.transfer.manifest import (
     remote_hashes,
 )
 from vmrun.transfer.streams import capture
+from vmrun.transfer.types import Progress
 
 STATE = f"{STATE_DIR}/relay"  # per transfer: A's key and known_hosts, B's destination
 MARK = "vmrun-relay-"  # every tag, key comment and staging folder starts so
+RECORD = 2048 * 512  # the sender's tar record (-b 2048): its progress counts these
 CONNECT_TIMEOUT = 5.0  # A's ssh to B: an unreachable private address fails this fast
 
 # what A's ssh says when it never reached B's sshd
@@ -73,6 +75,24 @@ class RelayReport:
 def new_tag(now: float | None = None) -> str:
     """`vmrun-relay-<unix time>-<8 hex>`: unique, and dated for the stale sweep."""
     return f"{MARK}{int(time.time() if now is None else now)}-{secrets.token_hex(4)}"
+
+
+def transfer_key() -> tuple[bytes, str]:
+    """A fresh ed25519 pair: the private half in OpenSSH's format (for A's ssh -i, sent
+    through stdin only) and the public "ssh-ed25519 base64" (for B's authorized_keys)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return private, public.decode("ascii")
 
 
 def receive_command(tag: str) -> str:
@@ -224,6 +244,34 @@ def _both_hashes(
     return found["src"], theirs
 
 
+def _send(
+    src: Connection, argv: list[str], dst: Connection, dst_addr: str, files: int, total: int,
+    progress: Progress,
+) -> None:  # fmt: skip
+    """Run the sender on A; its tar's checkpoint lines become `progress` (host: B's label)."""
+    progress.begin(dst.label, files, total)
+    said: list[str] = []
+    sent = 0
+
+    def on_output(stream: str, data: bytes) -> None:
+        nonlocal sent
+        line = data.decode("utf-8", "replace").strip()
+        words = line.split()
+        if stream == "err" and len(words) == 3 and words[1] == "vmrun-relay-sent":
+            now = min(total, int(words[2]) * RECORD) if words[2].isdigit() else sent
+            if now > sent:
+                progress.advance(dst.label, now - sent)
+                sent = now
+        elif line:
+            said.append(line)
+
+    result = src.run(argv, what=f"sending to {dst.label}", on_output=on_output)
+    if result.exit_status != 0:
+        raise _send_error(result.exit_status, "\n".join(said[-20:]), src, dst.label, dst_addr)
+    if total > sent:
+        progress.advance(dst.label, total - sent)
+
+
 def _send_error(status: int, err: str, src: Connection, dst_label: str, addr: str) -> Exception:
     """What A's `relay.sh send` exit says: B unreachable, refused, or the stream failed."""
     last = err.strip().splitlines()[-1] if err.strip() else f"exit status {status}"
@@ -262,6 +310,7 @@ def relay(
     *,
     dst_host_key: str,
     out: Reporter = QUIET,
+    progress: Progress | None = None,
     dst_port: int = 22,
     src_addr: str | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
@@ -272,10 +321,12 @@ def relay(
 
     `dst_host_key`: dst's "type base64" as vmrun verified it; `src_addr`: src's address as
     dst sees it (the key's from=; found with `ip route get` on src when None, left out if
-    that fails); `verify`: checksums for files whose size and mtime agree too. Raises
+    that fails); `progress`: begin/advance under dst's label (bytes as src's tar reads
+    them, every 8 MiB); `verify`: checksums for files whose size and mtime agree too. Raises
     UnreachableError code `relay-unreachable` within about `connect_timeout` when src
     cannot open SSH to `dst_addr`; nothing is left on either host in any ending."""
     started = time.monotonic()
+    progress = progress or Progress()
     tag = new_tag()
     report = RelayReport(tag=tag, source=src.label, dest=dst.label)
     known = known_hosts_line(dst_addr, dst_port, dst_host_key)
@@ -289,11 +340,9 @@ def relay(
     out.info(
         f"{src.label} -> {dst.label} ({dst_addr}): {len(items)} files, {total / 2**20:.1f} MiB"
     )
-    from vmrun.providers.cloudinit import new_host_key
-
-    key = new_host_key(tag)  # an ed25519 pair; only its comment says "host"
+    private, public = transfer_key()
     try:
-        said = _relay_sh(src, "key", tag, known, dst_addr, stdin=key.private_openssh.encode(),
+        said = _relay_sh(src, "key", tag, known, dst_addr, stdin=private,
                          what="placing the transfer key")  # fmt: skip
         found = src_addr or said.decode("ascii", "replace").strip()
         try:
@@ -302,15 +351,13 @@ def relay(
             report.from_addr = ""
         _relay_sh(src, "list", tag, stdin=_nul([e.rel for e in items]),
                   what="listing the files to send")  # fmt: skip
-        line = authorized_line(key.public_line, tag, report.from_addr or None)
+        line = authorized_line(public, tag, report.from_addr or None)
         _relay_sh(dst, "grant", tag, stdin=line.encode() + b"\n" + os.fsencode(dst_dir),
                   what="allowing the transfer key")  # fmt: skip
         user = dst.target.user if dst.target is not None else dst.spec.user
         argv = hostside.command("relay.sh", "send", STATE, tag, src_dir, str(user), dst_addr,
                                 str(dst_port), str(max(1, round(connect_timeout))))  # fmt: skip
-        result = src.run(argv, what=f"sending to {dst.label}")
-        if result.exit_status != 0:
-            raise _send_error(result.exit_status, result.stderr_tail, src, dst.label, dst_addr)
+        _send(src, argv, dst, dst_addr, len(items), total, progress)
         _check_staged(src, dst, src_dir, dst_dir, tag, plan)
         _make_dirs(dst, tag, dst_dir, plan, report)
         stage = "." + tag
