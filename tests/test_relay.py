@@ -91,6 +91,24 @@ def test_grant_adds_one_line_and_revoke_takes_only_it_out(host_home: Path) -> No
     assert sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]
 
 
+def test_grants_at_the_same_time_keep_every_line(host_home: Path) -> None:
+    (host_home / ".ssh").mkdir(mode=0o700)
+    tags = [new_tag() for _ in range(12)]
+    argvs = [local_argv(command("relay.sh", "grant", STATE, t), host_home) for t in tags]
+    env = {"HOME": str(host_home), "PATH": "/usr/bin:/bin"}
+    procs = [subprocess.Popen(a, stdin=subprocess.PIPE, cwd=host_home, env=env) for a in argvs]
+    for proc, tag in zip(procs, tags, strict=True):  # all waiting on stdin: then all at once
+        assert proc.stdin is not None
+        proc.stdin.write(authorized_line(PUB, tag, None).encode() + b"\nd")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.close()
+    assert [proc.wait() for proc in procs] == [0] * len(procs)
+    lines = (host_home / ".ssh" / "authorized_keys").read_text().splitlines()
+    assert sorted(line.split()[-1] for line in lines) == sorted(tags)
+    assert not (host_home / ".ssh" / ".vmrun-relay.lock").exists()
+
+
 def test_the_stale_sweep_removes_old_transfers_and_leaves_young_ones(host_home: Path) -> None:
     (host_home / ".ssh").mkdir(mode=0o700)
     old, young = new_tag(now=1_000_000), new_tag()

@@ -35,6 +35,16 @@ keys_file() {  # ~/.ssh/authorized_keys, through a symlink to the file it names
   printf %s "$k"
 }
 
+lk=$HOME/.ssh/.vmrun-relay.lock
+lock() {  # one rewrite of authorized_keys at a time; after 10 s the lock counts as stale
+  i=0
+  while ! mkdir -- "$lk" 2>/dev/null; do
+    i=$((i + 1))
+    if [ "$i" -ge 100 ]; then rm -rf -- "$lk"; mkdir -- "$lk" 2>/dev/null; break; fi
+    sleep 0.1
+  done
+}
+
 case $act in
 key)
   mkdir -p -- "$d" && chmod 700 -- "$d" || exit 1
@@ -76,9 +86,13 @@ grant)
   mkdir -p -- "$HOME/.ssh" || exit 1
   ak=$(keys_file)
   new=$ak.$tag
-  if [ -e "$ak" ]; then cp -p -- "$ak" "$new" || exit 1; else : >"$new" || exit 1; fi
-  if [ -s "$new" ] && [ -n "$(tail -c 1 -- "$new")" ]; then printf '\n' >>"$new"; fi
-  printf '%s\n' "$line" >>"$new" && mv -f -- "$new" "$ak"
+  lock
+  if [ -e "$ak" ]; then cp -p -- "$ak" "$new"; else : >"$new"; fi &&
+    if [ -s "$new" ] && [ -n "$(tail -c 1 -- "$new")" ]; then printf '\n' >>"$new"; fi &&
+    printf '%s\n' "$line" >>"$new" && mv -f -- "$new" "$ak"
+  r=$?
+  rmdir -- "$lk" 2>/dev/null
+  exit "$r"
   ;;
 receive)
   [ -f "$d/dest" ] || { echo "vmrun-relay: no transfer $tag on this host" >&2; exit 1; }
@@ -97,6 +111,7 @@ revoke)
   age=$1 now=$(date +%s) n=0
   ak=$(keys_file)
   if [ -f "$ak" ]; then
+    lock
     new=$ak.vmrun-revoke-$$
     if cp -p -- "$ak" "$new"; then
       # shellcheck disable=SC2016  # awk's own $NF
@@ -115,6 +130,7 @@ revoke)
       fi
       rm -f -- "$new.n"
     fi
+    rmdir -- "$lk" 2>/dev/null
   fi
   for f in "$state"/vmrun-relay-*; do
     [ -d "$f" ] || continue

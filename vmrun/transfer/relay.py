@@ -96,8 +96,9 @@ def transfer_key() -> tuple[bytes, str]:
 
 
 def receive_command(tag: str) -> str:
-    """The forced command of the transfer's key line (run by B's login shell in the home)."""
-    return quoting.join(hostside.command("relay.sh", "receive", STATE, tag))
+    """The forced command of the transfer's key line (run by B's login shell in the home),
+    counted as vmrun's work while it runs (autostop leaves a receiving host up)."""
+    return quoting.plain_command(hostside.command("relay.sh", "receive", STATE, tag))
 
 
 def authorized_line(public_key: str, tag: str, from_addr: str | None) -> str:
