@@ -328,6 +328,11 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
         "rendezvous-unreachable",
         "the other hosts cannot reach the master's rendezvous port",
     ),
+    (
+        UnreachableError,
+        "relay-unreachable",
+        "a host could not open SSH to another's private address (push sends from here instead)",
+    ),
     (RemoteError, "run-start-failed", "the host could not start the run"),
     (RemoteError, "stop-failed", "the run's processes could not be stopped"),
     (RemoteError, "transfer-failed", "files did not arrive intact (upload, sync or a fetch round)"),
