@@ -220,3 +220,73 @@ def test_a_link_cut_mid_push_leaves_no_half_file_and_the_next_push_resumes(
     assert {n: (there / n).read_bytes() for n in made} == made
     assert not list(there.glob(f"*{PART_SUFFIX}"))
     shutil.rmtree(root)
+
+
+def _private_hosts(client: Client, cluster: dict[str, TestHost], names: list[str],
+                   bogus: str = "") -> None:  # fmt: skip
+    """vmrun.toml: `names` with their inner addresses as private_addr; `bogus` with an
+    inner address nobody has (its private network is out of everyone's reach)."""
+    toml = "".join(
+        f'[[hosts]]\naddress = "{n}"\nprivate_addr = "{cluster[n].addr_on("inner")}"\n\n'
+        for n in names
+    )
+    if bogus:
+        nobody = cluster["n1"].addr_on("inner").rsplit(".", 1)[0] + ".250"
+        toml += f'[[hosts]]\naddress = "{bogus}"\nprivate_addr = "{nobody}"\n'
+    (client.cwd / "vmrun.toml").write_text(toml)
+
+
+@pytest.fixture
+def inner(bed_client: Client, cluster: dict[str, TestHost], bed: NetnsBed) -> Iterator[Client]:
+    yield bed_client
+    (bed_client.cwd / "vmrun.toml").unlink(missing_ok=True)
+    for host in [*cluster.values(), bed.host("h1")]:
+        shutil.rmtree(host.home / "pushed", ignore_errors=True)
+
+
+def _clean(host: TestHost) -> None:
+    keys = (host.home / ".ssh" / "authorized_keys").read_text()
+    state = host.home / ".vmrun" / "relay"
+    assert "vmrun-relay-" not in keys and not (state.exists() and any(state.iterdir()))
+
+
+def test_folders_cross_once_then_go_host_to_host(
+    inner: Client, cluster: dict[str, TestHost], data: tuple[Path, dict[str, bytes]]
+) -> None:
+    _root, made = data
+    _private_hosts(inner, cluster, ["n1", "n2", "n3"])
+    done = inner.vmrun("push", "data", "--to", "~/pushed", "--json", timeout=180)
+    assert done.returncode == 0, done.stderr
+    via = {h["host"]: h["via"] for h in json.loads(done.stdout)["hosts"]}
+    first = [h for h, v in via.items() if v is None]
+    assert len(first) == 1, (via, done.stderr)  # one got it from here, the others host to host
+    assert all(v in ("n1", "n2", "n3") for h, v in via.items() if h not in first)
+    for host in cluster.values():
+        assert _arrived_in(host, made) == made, host.name
+        _clean(host)
+    again = inner.vmrun("push", "data", "--to", "~/pushed", "--json", timeout=120)
+    sent = [p["sent"] for h in json.loads(again.stdout)["hosts"] for p in h["paths"]]
+    assert sent == [0, 0, 0], again.stdout
+
+
+def test_a_host_out_of_reach_host_to_host_gets_the_data_from_here(
+    inner: Client, cluster: dict[str, TestHost], bed: NetnsBed,
+    data: tuple[Path, dict[str, bytes]],
+) -> None:  # fmt: skip
+    _root, made = data
+    _private_hosts(inner, cluster, ["n1"], bogus="h1")
+    done = inner.vmrun("push", "data", "--to", "~/pushed", "--json", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "not reachable host to host" in done.stderr
+    assert {h["host"]: h["via"] for h in json.loads(done.stdout)["hosts"]} == {
+        "n1": None,
+        "h1": None,
+    }
+    for host in (cluster["n1"], bed.host("h1")):
+        assert _arrived_in(host, made) == made, host.name
+        _clean(host)
+
+
+def _arrived_in(host: TestHost, made: dict[str, bytes]) -> dict[str, bytes]:
+    base = host.home / "pushed" / "data"
+    return {rel: (base / rel).read_bytes() for rel in made if (base / rel).is_file()}

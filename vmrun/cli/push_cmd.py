@@ -53,6 +53,14 @@ def register(app: typer.Typer) -> None:
                 "--bwlimit", metavar="RATE", help="At most this many bytes/s per host (20M)."
             ),
         ] = None,
+        relay: Annotated[
+            bool,
+            typer.Option(
+                "--relay/--no-relay",
+                help="With several hosts that list a private_addr: send folders once, to the"
+                " nearest host, and from there host to host [default: relay].",
+            ),
+        ] = True,
         dry_run: Annotated[
             bool, typer.Option("--dry-run", help="Say what would be sent; send nothing.")
         ] = False,
@@ -75,6 +83,7 @@ def register(app: typer.Typer) -> None:
             dry_run=dry_run,
             delete=delete,
             bwlimit=parse_rate(bwlimit),
+            relay=relay,
         )
         live = sys.stderr.isatty() and not as_json
         done = push(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))
@@ -105,9 +114,10 @@ def render(done: Pushed) -> None:
                     f" {human_bytes(plan.nbytes)}){gone}"
                 )
             continue
+        via = f" (from {pushed.via}, host to host)" if pushed.via else ""
         for rep, plan in zip(pushed.reports, pushed.planned, strict=False):
             line = summary(rep, prefix=False).replace("fetched", "sent", 1)
-            print(f"{head}{plan.local} -> {plan.remote}: {line}", flush=True)
+            print(f"{head}{plan.local} -> {plan.remote}: {line}{via}", flush=True)
             for path, why in rep.failed.items():
                 code = "checksum-mismatch" if path in rep.mismatched else "transfer-failed"
                 error_line(f"{pushed.host}: {path}: {why}", code=code)
@@ -148,5 +158,6 @@ def to_json(done: Pushed) -> dict[str, Any]:
                 item["paths"].append(entry)
         if outcome.value is not None:
             item["deleted"] = outcome.value.deleted
+            item["via"] = outcome.value.via or None
         hosts.append(item)
     return {"dest": done.dest, "dry_run": done.dry_run, "hosts": hosts}

@@ -41,6 +41,7 @@ class Planned:
 @dataclass
 class HostPush:
     host: str
+    via: str = ""  # the host it came from over the private network ("": from here)
     planned: list[Planned] = field(default_factory=list)
     reports: list[Report] = field(default_factory=list)
     free_kib: int | None = None
