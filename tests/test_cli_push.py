@@ -290,3 +290,18 @@ def test_a_host_out_of_reach_host_to_host_gets_the_data_from_here(
 def _arrived_in(host: TestHost, made: dict[str, bytes]) -> dict[str, bytes]:
     base = host.home / "pushed" / "data"
     return {rel: (base / rel).read_bytes() for rel in made if (base / rel).is_file()}
+
+
+def test_doctor_removes_a_host_to_host_key_a_killed_push_left(
+    bed_client: Client, hosts2: tuple[TestHost, TestHost]
+) -> None:
+    from vmrun.transfer.relay import authorized_line, new_tag, transfer_key
+
+    h1 = hosts2[0]
+    keys = h1.home / ".ssh" / "authorized_keys"
+    before = keys.read_text()
+    _private, public = transfer_key()
+    keys.write_text(before + authorized_line(public, new_tag(), "10.231.9.9") + "\n")
+    done = bed_client.vmrun("doctor", "-H", "h1", "--no-allreduce")
+    assert re.search(r"^relay\s+h1\s+WARN\s+removed 1 ", done.stdout, re.M), done.stdout
+    assert keys.read_text() == before

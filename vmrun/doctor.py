@@ -45,7 +45,9 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # ssh, python, versions, gpus, disk, clock, data, network, rendezvous, allreduce
+    name: (
+        str  # ssh, python, versions, gpus, disk, clock, relay, data, network, rendezvous, allreduce
+    )
     where: str  # a host, "a -> b", or "all"
     verdict: Verdict
     detail: str
@@ -253,12 +255,32 @@ def diagnose(
                     add(check)
         for check in _same_versions(hosts):
             add(check)
+        for check in _stale_relay_keys(group, hosts):
+            add(check)
         for folder in data:
             add(_same_data(group, hosts, folder, workdir))
         layout = _network(group, hosts, rdzv_port, add) if len(hosts) >= 2 else None
         if allreduce:
             add(_allreduce(group, ordered, hosts, checks, size_mib, layout))
     return checks
+
+
+def _stale_relay_keys(group: Group, hosts: Sequence[_Host]) -> list[Check]:
+    """A host-to-host key a killed `vmrun push` left in authorized_keys: removed, and said."""
+    from vmrun.transfer.relay import remove_stale_relay_keys
+
+    found = group.map(lambda entry, conn: remove_stale_relay_keys(conn),
+                      only={h.entry.label for h in hosts})  # fmt: skip
+    return [
+        Check(
+            "relay",
+            o.host,
+            Verdict.WARN,
+            f"removed {o.value} host-to-host key(s) a killed push left in authorized_keys",
+        )
+        for o in found
+        if o.value
+    ]
 
 
 def _same_data(group: Group, hosts: Sequence[_Host], folder: str, workdir: str) -> Check:
