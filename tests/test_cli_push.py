@@ -12,6 +12,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Client, error_in, errors_in, wait_for
@@ -305,3 +306,20 @@ def test_doctor_removes_a_host_to_host_key_a_killed_push_left(
     done = bed_client.vmrun("doctor", "-H", "h1", "--no-allreduce")
     assert re.search(r"^relay\s+h1\s+WARN\s+removed 1 ", done.stdout, re.M), done.stdout
     assert keys.read_text() == before
+
+
+def test_a_cluster_gets_the_data_once_on_its_shared_filesystem(
+    slurm_cluster: Any, slurm_client: Client
+) -> None:
+    made = _tree(slurm_client.cwd / "data")
+    done = slurm_client.vmrun("push", "data", "-C", "bed", "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    (host,) = json.loads(done.stdout)["hosts"]
+    remote = host["paths"][0]["remote"]
+    base = Path(remote) if remote.startswith("/") else slurm_cluster.login.home / remote
+    from vmrun.remote_paths import remote_workdir
+
+    assert remote.endswith(f"/{remote_workdir(slurm_client.cwd)}/data"), remote  # the jobs' cwd
+    assert {rel: (base / rel).read_bytes() for rel in made} == made
+    both = slurm_client.vmrun("push", "data", "-C", "bed", "-H", "login")
+    assert (both.returncode, error_in(both.stderr)[0]) == (2, "flags-conflict")

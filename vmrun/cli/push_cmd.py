@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import (
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    Hosts,
+    settings_from,
+)
 
 if TYPE_CHECKING:
     from vmrun.operations.push import Pushed
@@ -39,6 +45,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         host: Hosts = None,
+        cluster: ClusterName = None,
         delete: Annotated[
             bool,
             typer.Option(
@@ -84,6 +91,7 @@ def register(app: typer.Typer) -> None:
             delete=delete,
             bwlimit=parse_rate(bwlimit),
             relay=relay,
+            cluster=cluster,
         )
         live = sys.stderr.isatty() and not as_json
         done = push(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmrun.config import Settings
+from vmrun.errors import UsageError
 from vmrun.operations.hostlist import Hosts, entries_for
 from vmrun.reporting import QUIET, Reporter
 from vmrun.ssh.connection import Connection
@@ -36,6 +37,7 @@ class PushJob:
     delete: bool = False  # files under a pushed folder there that are not here go
     bwlimit: float | None = None  # bytes per second, per host
     relay: bool = True  # folders cross the slow link once, then go host to host
+    cluster: str | None = None  # a Slurm cluster: once, through its login node
 
 
 @dataclass
@@ -72,6 +74,8 @@ def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = No
     (vmrun.transfer.relay: a key for that transfer alone, removed in every ending); a host
     that cannot be reached that way gets it from here."""
     paths = check_sources(job.paths)
+    if job.cluster:
+        return _to_cluster(job, paths, out, progress)
     dest = destination(job)
     entries = entries_for(job.hosts, job.settings)
     several = len(entries) > 1
@@ -91,6 +95,38 @@ def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = No
         relayed = _Relayed(group, paths, dest, shown, out, direct)
         outcomes = relayed.run(entries, private)
     return Pushed(dest, outcomes, job.dry_run, job.delete)
+
+
+def _to_cluster(
+    job: PushJob, paths: list[Path], out: Reporter, progress: MakeProgress | None
+) -> Pushed:
+    """Once, through the login node, onto the cluster's shared filesystem: by default the
+    folder its jobs run the project in (`<workdir>/<project's work directory>`), where a
+    job's `data/` is looked for; never once per compute node."""
+    from vmrun.backends.slurm.backend import SlurmBackend
+    from vmrun.backends.slurm.cluster import find_cluster
+    from vmrun.remote_paths import remote_workdir
+    from vmrun.transfer.manifest import normalize_remote
+
+    if job.hosts:
+        raise UsageError("-H and -C: push to hosts or to a cluster", code="flags-conflict")
+    cluster = find_cluster(job.settings, job.cluster or "")
+    shown = progress(False) if progress is not None else Progress()
+    with Group([cluster.entry], job.settings) as group:
+        conn = group.connections[cluster.entry.label]
+        shared = SlurmBackend(conn, cluster).facts().workdir
+        code = f"{shared}/{remote_workdir(job.settings.project_dir or Path.cwd())}"
+        dest = (
+            code
+            if job.to is None
+            else normalize_remote(job.to, base=code, where="the cluster's project folder")
+        )
+
+        def once(entry: HostEntry, conn: Connection) -> HostPush:
+            return push_host(conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine,
+                             delete=job.delete, bwlimit=job.bwlimit)  # fmt: skip
+
+        return Pushed(dest, group.map(once), job.dry_run, job.delete)
 
 
 def _sweep(group: Group) -> None:
