@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 F = TypeVar("F", bound=Callable[..., object])
 
 cleanup_on_sigterm()  # a `timeout pytest` that fires still tears the test hosts down
-# a real Slurm in the bed; runs made here; a real Docker Engine on test hosts
-pytest_plugins = ["slurm_fixtures", "results_fixtures", "docker_fixtures"]
+# a real Slurm in the bed; runs made here; a real Docker Engine on test hosts; moto
+pytest_plugins = ["slurm_fixtures", "results_fixtures", "docker_fixtures", "aws_fakes"]
 
 ERROR_LINE = re.compile(r"vmrun: error\[([a-z0-9-]+)\]: (.*)")
 

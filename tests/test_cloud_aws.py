@@ -27,12 +27,11 @@ REGION = "us-east-1"
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
+def aws(monkeypatch: pytest.MonkeyPatch, fresh_moto: Any) -> Any:
     use_test_credentials(monkeypatch)
-    with moto.mock_aws():
-        provider = AwsProvider(Session())
-        placement_groups_on(provider.ec2(REGION))
-        yield provider
+    provider = AwsProvider(Session())
+    placement_groups_on(provider.ec2(REGION))
+    yield provider
 
 
 def _ami(provider: AwsProvider) -> str:

@@ -38,7 +38,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def aws(project: Path) -> Any:
+def aws(project: Path, fresh_moto: Any) -> Any:
     import boto3
     from aws_fakes import placement_groups_on
 
@@ -49,7 +49,7 @@ def aws(project: Path) -> Any:
         placement_groups_on(provider.ec2(REGION))  # type: ignore[attr-defined]
         return provider
 
-    with moto.mock_aws(), pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cloud, "provider_for", provider_for)
         ec2 = boto3.client("ec2", region_name=REGION)
         yield ec2.register_image(Name="gpu", RootDeviceName="/dev/sda1")["ImageId"]
