@@ -111,3 +111,20 @@ def _delayed_pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
 
     for fn in (reader, writer):
         threading.Thread(target=fn, daemon=True).start()
+
+
+def host_block(host: object, identity: Path, rtt_ms: float) -> tuple[str, list[str], object]:
+    """The ssh_config block (alias `bench`) every tool reaches `host` by, and the names its
+    known_hosts lines need: with `rtt_ms`, through a delay_relay on 127.0.0.1 (returned, to
+    terminate() afterwards; None without)."""
+    block = host.ssh_config_block(alias="bench", identity=identity)  # type: ignore[attr-defined]
+    if not rtt_ms:
+        return block, [], None
+    target = (host.addr, host.port)  # type: ignore[attr-defined]
+    port, relay = delay_relay(target, rtt_ms / 1000)
+    block = "".join(
+        "    HostName 127.0.0.1\n" if ln.strip().startswith("HostName") else
+        f"    Port {port}\n" if ln.strip().startswith("Port") else ln
+        for ln in block.splitlines(keepends=True)
+    )  # fmt: skip
+    return block, [f"[127.0.0.1]:{port}"], relay

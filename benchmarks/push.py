@@ -92,7 +92,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from bench_common import delay_relay, parse_size  # noqa: E402
+from bench_common import host_block, parse_size  # noqa: E402
 
 GCM = "aes128-gcm@openssh.com"
 Result = tuple[float, float, float]  # median s, min s, median CPUs busy
@@ -306,17 +306,7 @@ def body(work: Path, bed, host, keys, kind: str, size: int, args) -> None:  # ty
     b = Bench(work, host, args.vmrun.resolve() if args.vmrun else None)
     (b.home / ".ssh").mkdir(parents=True, mode=0o700)
     known = b.home / ".ssh" / "known_hosts"
-    block = host.ssh_config_block(alias="bench", identity=keys.private)
-    names: list[str] = []
-    relay = None
-    if args.rtt:  # every tool reaches the host through the same delaying relay
-        port, relay = delay_relay((host.addr, host.port), args.rtt / 1000)
-        names = [f"[127.0.0.1]:{port}"]
-        block = "".join(
-            "    HostName 127.0.0.1\n" if ln.strip().startswith("HostName") else
-            f"    Port {port}\n" if ln.strip().startswith("Port") else ln
-            for ln in block.splitlines(keepends=True)
-        )  # fmt: skip
+    block, names, relay = host_block(host, keys.private, args.rtt)
     lines = host.known_hosts_lines(names)
     if bed is not None and args.fan:
         others = [bed.add_host(f"h{i}") for i in (2, 3, 4)]

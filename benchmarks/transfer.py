@@ -72,7 +72,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from bench_common import delay_relay, parse_size  # noqa: E402
+from bench_common import host_block, parse_size  # noqa: E402
 
 GCM = "aes128-gcm@openssh.com"
 
@@ -225,16 +225,7 @@ def bench_body(
     b = Bench(work, host, "bench", args.vmrun.resolve() if args.vmrun else None)
     (b.home / ".ssh").mkdir(parents=True, mode=0o700)
     known = b.home / ".ssh" / "known_hosts"
-    block = host.ssh_config_block(alias="bench", identity=keys.private)
-    names: list[str] = []
-    if args.rtt:  # every tool reaches the host through the same delaying relay
-        port, _relay = delay_relay((host.addr, host.port), args.rtt / 1000)
-        names = [f"[127.0.0.1]:{port}"]
-        block = "".join(
-            "    HostName 127.0.0.1\n" if ln.strip().startswith("HostName") else
-            f"    Port {port}\n" if ln.strip().startswith("Port") else ln
-            for ln in block.splitlines(keepends=True)
-        )  # fmt: skip
+    block, names, _relay = host_block(host, keys.private, args.rtt)
     known.write_text("".join(line + "\n" for line in host.known_hosts_lines(names)))
     b.cfg.write_text(
         block + f"    UserKnownHostsFile {known}\n    StrictHostKeyChecking yes\n"
