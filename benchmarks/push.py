@@ -22,7 +22,9 @@ and, for the large file, vmrun's upload in this process with each engine forced.
         [--no-big] [--no-tree] [--no-scp-tree] [--fan RATE] [--vmrun DIR [--skip-tree-cli]]
 
 `--rtt MS` reaches the host through a relay here that holds each chunk MS/2 each way
-(bench_common.delay_relay: this kernel has no netem). The fan-out runs without the relay.
+(bench_common.delay_relay: this kernel has no netem). The fan-out runs without the relay;
+its third row pushes the same bytes as a folder with the hosts' private_addr in vmrun.toml,
+so it crosses this machine's limited link once and goes host to host.
 `--vmrun DIR` adds the CLI of another copy of vmrun to the same rounds (an A/B: a commit via
 `git archive COMMIT vmrun | tar -x -C DIR`, or a patched copy); `--skip-tree-cli` leaves
 this checkout's CLI out of the tree's first push.
@@ -71,6 +73,8 @@ would hold the bed too long (1 GiB at 80 ms: ~15 min); each run took 1.5-4 minut
   each ~2 s of pathlib at 100k files; the remote listing ~1.4 s.
 
     --fan 400mbit, 256 MiB    1 host 6.57 s (41 MB/s)   4 hosts 23.49 s: 3.58x (goal <= 1.3x)
+    (at d263cc1, host to host: 1 host 6.37 s, 4 hosts from here 23.47 s (3.68x), 4 hosts
+     with the folder crossing once and going host to host 9.30 s: 1.46x)
 
 push is a star from here: each host's copy crosses the limited link (tc tbf on the bed's
 veth from the root namespace; the hosts' bridge unlimited).
@@ -151,13 +155,18 @@ class Bench:
         return self.run(["rsync", "-a", "-e", ssh, str(src), f"{self.alias}:{dest}/"])
 
     def vmrun_cli(
-        self, src: Path, dest: str, hosts: list[str] | None = None, root: Path = ROOT
+        self,
+        src: Path,
+        dest: str,
+        hosts: list[str] | None = None,
+        root: Path = ROOT,
+        extra: tuple[str, ...] = (),
     ) -> Callable[[], None]:
         """The whole `vmrun push` process, as a user runs it (the engine it picks itself);
         `root`: the copy of vmrun it runs."""
         flags = [w for h in hosts or [self.alias] for w in ("-H", h)]
         return self.run([sys.executable, "-m", "vmrun", "push", str(src), "--to", f"~/{dest}",
-                         *flags], root)  # fmt: skip
+                         *flags, *extra], root)  # fmt: skip
 
     def vmrun_engine(self, src: Path, dest: str, engine: str) -> Callable[[], None]:
         """vmrun's upload in this process with `engine` forced: connect, list, stream,
@@ -434,6 +443,17 @@ def fan(b: Bench, bed: object, big: Path, size: int, args: argparse.Namespace) -
         return
     d = "pb/fan"
     hosts = ["h1", "h2", "h3", "h4"]
+    # host to host: the same bytes as a folder, the hosts' bed addresses as private_addr
+    # (their bridge is not limited, only this machine's link is)
+    folder = big.parent / "bigdir"
+    folder.mkdir(exist_ok=True)
+    if not (folder / big.name).exists():
+        os.link(big, folder / big.name)
+    addrs = {h.name: h.addr for h in bed.hosts()}  # type: ignore[attr-defined]
+    addrs["h1"] = b.host.addr  # type: ignore[attr-defined]  # the benchmark's own host
+    (b.project / "vmrun.toml").write_text("".join(
+        f'[[hosts]]\naddress = "{h}"\nprivate_addr = "{addrs[h]}"\n\n' for h in hosts
+    ))  # fmt: skip
 
     def clear_all() -> None:
         for h in bed.hosts():  # type: ignore[attr-defined]
@@ -441,18 +461,23 @@ def fan(b: Bench, bed: object, big: Path, size: int, args: argparse.Namespace) -
 
     try:
         results = rounds(
-            {"vmrun push, 1 host": b.vmrun_cli(big, d, hosts[:1]),
-             "vmrun push, 4 hosts": b.vmrun_cli(big, d, hosts)},
+            {"vmrun push, 1 host": b.vmrun_cli(big, d, hosts[:1], extra=("--no-relay",)),
+             "vmrun push, 4 hosts": b.vmrun_cli(big, d, hosts, extra=("--no-relay",)),
+             "vmrun push, 4 hosts, host to host": b.vmrun_cli(folder, d, hosts)},
             args.rounds,
             clear_all,
         )  # fmt: skip
     finally:
+        (b.project / "vmrun.toml").unlink(missing_ok=True)
         subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], check=False)
         for h in bed.hosts():  # type: ignore[attr-defined]
             h.run(["rm", "-rf", "pb"], as_user=True, timeout=600)
     table(f"large file ({size / 2**20:.0f} MiB) to 1 and to 4 hosts, this link at {args.fan}"
           " (MB/s: per host)", results, size, {})  # fmt: skip
     verdict("4 hosts, time vs 1 host", results["vmrun push, 4 hosts"][0]
+            / results["vmrun push, 1 host"][0], 1.3, "<=")  # fmt: skip
+    verdict("4 hosts host to host, time vs 1 host",
+            results["vmrun push, 4 hosts, host to host"][0]
             / results["vmrun push, 1 host"][0], 1.3, "<=")  # fmt: skip
 
 
