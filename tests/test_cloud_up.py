@@ -199,6 +199,17 @@ def test_up_of_a_running_cluster_makes_nothing_new(
     known = load_settings().known_hosts
     pinned = known.read_text()
     known.unlink()  # another machine, or a lost known_hosts: the key comes from the user data
+    from vmrun.ssh.inventory import record_hosts
+
+    record_hosts(
+        project,
+        [
+            (e := first.hosts[0]).__class__(
+                e.spec, e.name, e.groups, {**e.vars, "python": "/env/python"}
+            )
+        ],
+    )
     again = cloud.up(load_settings(), _ask(aws), Recorder())
     assert again.already and [i.id for i in again.instances] == [i.id for i in first.instances]
     assert known.read_text() == pinned
+    assert cloud_hosts(load_settings())[0].vars["python"] == "/env/python"  # setup's, kept

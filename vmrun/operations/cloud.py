@@ -462,8 +462,15 @@ def _record(
     if ask.profile:
         table["profile"] = ask.profile
     record_table(project, "clouds", table)
-    forget_group(project, ask.name)  # addresses change when VMs start again
-    record_hosts(project, entries)
+    # addresses change when VMs start again; what else a host says (the python `vmrun setup`
+    # recorded, the user's own keys) stays with its name
+    from vmrun.ssh.inventory import HostEntry, project_hosts
+
+    kept = {e.name: e.vars for e in project_hosts(settings) if e.groups == (ask.name,)}
+    forget_group(project, ask.name)
+    record_hosts(project, [
+        HostEntry(e.spec, e.name, e.groups, {**kept.get(e.name, {}), **e.vars}) for e in entries
+    ])  # fmt: skip
     return project / PROJECT_FILE
 
 
