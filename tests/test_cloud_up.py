@@ -199,16 +199,11 @@ def test_up_of_a_running_cluster_makes_nothing_new(
     known = load_settings().known_hosts
     pinned = known.read_text()
     known.unlink()  # another machine, or a lost known_hosts: the key comes from the user data
-    from vmrun.ssh.inventory import record_hosts
+    from vmrun.ssh.inventory import HostEntry, record_hosts
 
-    record_hosts(
-        project,
-        [
-            (e := first.hosts[0]).__class__(
-                e.spec, e.name, e.groups, {**e.vars, "python": "/env/python"}
-            )
-        ],
-    )
+    node = first.hosts[0]  # as `vmrun setup @w251` leaves it
+    setup = HostEntry(node.spec, node.name, node.groups, {**node.vars, "python": "/env/python"})
+    record_hosts(project, [setup])
     again = cloud.up(load_settings(), _ask(aws), Recorder())
     assert again.already and [i.id for i in again.instances] == [i.id for i in first.instances]
     assert known.read_text() == pinned
