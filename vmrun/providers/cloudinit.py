@@ -34,21 +34,9 @@ class HostKey:
 
 
 def new_host_key(comment: str) -> HostKey:
-    """A fresh ed25519 host key (cryptography, which paramiko already needs)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from vmrun.ssh.hostkeys import new_ed25519
 
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    ).decode("ascii")
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        .decode("ascii")
-    )
+    private, public = new_ed25519()
     return HostKey(private, f"{public} {comment}")
 
 

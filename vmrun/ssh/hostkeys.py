@@ -70,3 +70,22 @@ def changed_key_error(
             f" `ssh-keygen -R '{name}' -f FILE` (FILE: {where}) and connect again"
         ),
     )
+
+
+def new_ed25519() -> tuple[str, str]:
+    """A fresh ed25519 pair made here (cryptography, which paramiko already needs): the
+    private half in OpenSSH's format and the public "ssh-ed25519 base64" (a cloud VM's host
+    key, a one-transfer key between hosts)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode("ascii")
+    return private, public

@@ -80,19 +80,10 @@ def new_tag(now: float | None = None) -> str:
 def transfer_key() -> tuple[bytes, str]:
     """A fresh ed25519 pair: the private half in OpenSSH's format (for A's ssh -i, sent
     through stdin only) and the public "ssh-ed25519 base64" (for B's authorized_keys)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from vmrun.ssh.hostkeys import new_ed25519
 
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    return private, public.decode("ascii")
+    private, public = new_ed25519()
+    return private.encode("ascii"), public
 
 
 def receive_command(tag: str) -> str:
