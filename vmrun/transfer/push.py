@@ -18,7 +18,7 @@ from pathlib import Path
 
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh.connection import Connection
-from vmrun.transfer.manifest import PART_SUFFIX
+from vmrun.transfer.manifest import PART_SUFFIX, Entry
 from vmrun.transfer.types import Options, Progress, Report
 
 CHECK = "push_check.sh"  # vmrun/hostside: the folder can be written, the disk has room
@@ -109,13 +109,9 @@ def push_host(
     return done
 
 
-def _plan(local: Path, remote: str, entries: Sequence[object]) -> Planned:
+def _plan(local: Path, remote: str, entries: Sequence[Entry]) -> Planned:
     """What would be sent, by size and mtime against the host's listing."""
-    there: dict[str, tuple[int, int]] = {}
-    for entry in entries:
-        rel, kind = getattr(entry, "rel", ""), getattr(entry, "kind", "")
-        if kind in ("f", "l") and rel:
-            there[rel] = (getattr(entry, "size", -1), getattr(entry, "mtime_ns", -1))
+    there = {e.rel: (e.size, e.mtime_ns) for e in entries if e.kind in ("f", "l") and e.rel}
     files = nbytes = to_send = bytes_to_send = 0
     here = _names(local)
     extra = tuple(sorted(rel for rel in there if rel not in here and not rel.endswith(PART_SUFFIX)))
