@@ -89,24 +89,22 @@ def rounds(
     """Round after round with job.watch (each `interval` apart, until Ctrl-C), else one.
     `progress` makes the transfers' Progress; one that is a context manager (a live view)
     is entered around each round."""
-    import os
-
     from vmrun.runs.outputs import WHATS, specs_for
     from vmrun.transfer.download import download
     from vmrun.transfer.streams import stop_all_streams
-    from vmrun.transfer.types import Options
+    from vmrun.transfer.types import Options, env_tuning
 
     check(job)
     entries = _entries(job)
     dest = _destination(job)
+    engine, streams = env_tuning()
     options = Options(
         verify=job.verify,
         settle=WATCH_SETTLE if job.watch else 0.0,
-        engine=os.environ.get("VMRUN_TRANSFER_ENGINE", "auto").strip().lower() or "auto",
+        engine=engine,
         bwlimit=job.bwlimit,
+        streams=streams,
     )
-    if options.engine not in ("auto", "openssh", "paramiko"):
-        raise UsageError("VMRUN_TRANSFER_ENGINE must be auto, openssh or paramiko")
     workdir = remote_workdir(job.settings.project_dir or Path.cwd())
     stop = threading.Event()
     with Group(entries, job.settings) as group:

@@ -19,7 +19,7 @@ from pathlib import Path
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.manifest import PART_SUFFIX, Entry
-from vmrun.transfer.types import Options, Progress, Report
+from vmrun.transfer.types import Options, Progress, Report, env_tuning
 
 CHECK = "push_check.sh"  # vmrun/hostside: the folder can be written, the disk has room
 
@@ -96,7 +96,9 @@ def push_host(
     done.free_kib = _check(conn, dest, needed)
     if dry_run:
         return done
-    options = Options(engine=engine, bwlimit=bwlimit)
+    wanted, streams = env_tuning()
+    engine = wanted if engine == "auto" else engine
+    options = Options(engine=engine, bwlimit=bwlimit, streams=streams)
     for path, remote, root in zip(paths, remotes, listing.roots, strict=True):
         report = upload(conn, path, remote, options, progress or Progress(),
                         listing=root if path.is_dir() else None)  # fmt: skip

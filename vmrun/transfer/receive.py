@@ -65,7 +65,7 @@ class _Held:
         self.stream, self.cancel = stream, cancel
         self.token = cancel.hold(stream.kill)
 
-    def send(self, data: bytes | memoryview) -> None:
+    def send(self, data: bytes | bytearray | memoryview) -> None:
         self.stream.send(data)
 
     def close_input(self) -> None:

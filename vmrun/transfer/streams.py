@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import select
 import subprocess
@@ -54,7 +55,7 @@ def stop_all_streams() -> None:
 class Stream(Protocol):
     """A running remote command: its stdin, its stdout, and how it ended."""
 
-    def send(self, data: bytes | memoryview) -> None: ...
+    def send(self, data: bytes | bytearray | memoryview) -> None: ...
     def close_input(self) -> None: ...
     def read(self, size: int) -> bytes: ...
     def copy_to(self, fd: int, count: int, on_chunk: Callable[[int], None]) -> int: ...
@@ -134,7 +135,7 @@ class OpenSshStream:
         while data := self.proc.stderr.read(65536):
             self._err.feed(data)
 
-    def send(self, data: bytes | memoryview) -> None:
+    def send(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(self._in, view) :]
@@ -227,7 +228,7 @@ class ParamikoStream:
         # paramiko's own buffer deletes from its front on every recv (slow for small reads)
         self._ahead = _ReadAhead(self.chan.recv)
 
-    def send(self, data: bytes | memoryview) -> None:
+    def send(self, data: bytes | bytearray | memoryview) -> None:
         try:
             self.chan.sendall(bytes(data))
         except (OSError, EOFError):  # paramiko: EOFError once the transport is closed
@@ -329,7 +330,9 @@ def relayed(conn: Connection) -> bool:
     return target is not None and bool(target.proxy_jump or target.proxy_command)
 
 
-def choose_engine(conn: Connection, *, wanted: str, nbytes: int) -> Engine:
+def choose_engine(
+    conn: Connection, *, wanted: str, nbytes: int, rtt: float | None = None
+) -> Engine:
     """`auto` picks by the measured path and the size (benchmarks/transfer.py's docstring):
 
     - direct and near (RTT < FAR_RTT): OpenSSH's client from BIG_TRANSFER bytes (1.5x
@@ -339,6 +342,8 @@ def choose_engine(conn: Connection, *, wanted: str, nbytes: int) -> Engine:
     - through a jump host or ProxyCommand: OpenSSH from RELAYED_TRANSFER bytes while the RTT
       is under RELAYED_FAR_RTT: paramiko relays in this process, every byte decrypted twice
       in Python (23 MB/s against OpenSSH's 35 MB/s on a 50 MiB fetch).
+
+    `rtt`, when the caller measured it already, saves measuring it again.
     """
     from vmrun.ssh.openssh import ssh_binary
 
@@ -351,14 +356,59 @@ def choose_engine(conn: Connection, *, wanted: str, nbytes: int) -> Engine:
     if ssh_binary() is None:
         return ParamikoEngine(conn)
     if relayed(conn):
-        if nbytes >= RELAYED_TRANSFER and measure_rtt(conn) < RELAYED_FAR_RTT:
+        if nbytes >= RELAYED_TRANSFER and (rtt or measure_rtt(conn)) < RELAYED_FAR_RTT:
             return OpenSshEngine(conn)
         return ParamikoEngine(conn)
-    if nbytes >= BIG_TRANSFER and measure_rtt(conn) < FAR_RTT:
+    if nbytes >= BIG_TRANSFER and (rtt or measure_rtt(conn)) < FAR_RTT:
         return OpenSshEngine(conn)
     return ParamikoEngine(conn)
+
+
+def plan_streams(
+    conn: Connection, *, wanted: str, nbytes: int, streams: int = 0
+) -> tuple[Engine, int]:
+    """The engine and how many streams to run at once for `nbytes` of big files.
+
+    One SSH channel carries at most its window per round trip (sshd's and OpenSSH's 2 MiB:
+    88 MB/s at 20 ms, 22 MB/s at 80 ms), so a far host gets one stream per STREAM_RTT of
+    round trip, each over an OpenSSH connection of its own (its own process: the ciphers
+    run on several cores), as many as the host's MaxStartups lets start at once (a
+    paramiko engine opens channels on its one connection instead: MaxSessions), at most
+    MAX_STREAMS. `streams` (VMRUN_TRANSFER_STREAMS) asks for a number instead.
+    """
+    from vmrun.ssh.openssh import ssh_binary
+
+    if streams <= 0 and nbytes < PARALLEL_BYTES:
+        return choose_engine(conn, wanted=wanted, nbytes=nbytes), 1
+    rtt = measure_rtt(conn) if streams <= 0 else None
+    if rtt is not None and rtt < FAR_RTT:
+        return choose_engine(conn, wanted=wanted, nbytes=nbytes, rtt=rtt), 1
+    several = wanted == "openssh" or (wanted == "auto" and ssh_binary() is not None)
+    engine = choose_engine(conn, wanted="openssh" if several else "paramiko", nbytes=nbytes)
+    if streams > 0:
+        return engine, min(streams, MAX_STREAMS)
+    startups, sessions = server_limits(conn)
+    room = startups - 2 if several else sessions - 1
+    want = math.ceil((rtt or 0) / STREAM_RTT)
+    return engine, max(1, min(want, room, MAX_STREAMS))
+
+
+def server_limits(conn: Connection) -> tuple[int, int]:
+    """(MaxStartups' first number, MaxSessions) of the host's sshd, as far as it shows them."""
+    from vmrun import hostside
+    from vmrun.ssh import quoting
+
+    command = quoting.plain_command(hostside.command("transfer_limits.sh"))
+    status, out, _err = capture(conn, command, what="reading sshd's limits")
+    words = out.split()
+    if status != 0 or len(words) != 2 or not all(w.isdigit() for w in words):
+        return 10, 10  # sshd's defaults
+    return int(words[0]), int(words[1])
 
 
 FAR_RTT = 0.005
 RELAYED_TRANSFER = 32 << 20  # the two engines are even here through a jump (1.4-1.6 s)
 RELAYED_FAR_RTT = 0.05  # OpenSSH's 2 MiB window: 40 MB/s at 50 ms, paramiko's relay ceiling
+PARALLEL_BYTES = 64 << 20  # files this big are cut into ranges (vmrun.transfer.records.RANGED)
+STREAM_RTT = 0.005  # one more stream for every this much round trip
+MAX_STREAMS = 8

@@ -4,12 +4,13 @@ receive and their callers, kept apart so none of them imports another for its vo
 from __future__ import annotations
 
 import fnmatch
+import os
 import posixpath
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vmrun.errors import Interrupted
+from vmrun.errors import Interrupted, UsageError
 
 BIG_TRANSFER = 128 << 20  # from here on OpenSSH's client pays for its own handshake
 
@@ -71,7 +72,20 @@ class Options:
     settle: float = 0.0  # skip files modified less than this many seconds ago (--watch)
     engine: str = "auto"  # "auto", "openssh" or "paramiko"
     bwlimit: float | None = None  # bytes per second
+    streams: int = 0  # streams at once for big transfers (0: chosen from the round trip)
     cancel: Cancel | None = field(default=None, compare=False)  # stops it from elsewhere
+
+
+def env_tuning() -> tuple[str, int]:
+    """VMRUN_TRANSFER_ENGINE (auto, openssh, paramiko) and VMRUN_TRANSFER_STREAMS (a count;
+    0 or unset: chosen from the round trip), checked."""
+    engine = os.environ.get("VMRUN_TRANSFER_ENGINE", "auto").strip().lower() or "auto"
+    if engine not in ("auto", "openssh", "paramiko"):
+        raise UsageError("VMRUN_TRANSFER_ENGINE must be auto, openssh or paramiko")
+    streams = os.environ.get("VMRUN_TRANSFER_STREAMS", "").strip() or "0"
+    if not streams.isdigit() or not 0 <= int(streams) <= 64:
+        raise UsageError("VMRUN_TRANSFER_STREAMS must be a number of streams from 0 to 64")
+    return engine, int(streams)
 
 
 class Progress:
@@ -91,6 +105,7 @@ class Progress:
 class Report:
     host: str
     engine: str = ""
+    streams: int = 1  # streams at once (several for big files on a far host)
     fetched: list[str] = field(default_factory=list)  # local paths, relative to the dest
     fetched_bytes: int = 0  # sizes of the fetched files
     wire_bytes: int = 0  # file bytes actually moved (less than fetched_bytes on resume)

@@ -20,7 +20,6 @@ import tarfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from vmrun import hostside
@@ -37,28 +36,17 @@ from vmrun.transfer.manifest import (
     remote_arg,
     remote_hashes,
 )
-from vmrun.transfer.streams import CHUNK, capture, choose_engine
+from vmrun.transfer.records import Outgoing, send_lanes
+from vmrun.transfer.streams import CHUNK, Engine, capture, plan_streams
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
-
-
-@dataclass
-class _Up:
-    rel: str  # relative to the remote directory
-    path: Path
-    size: int
-    mtime_ns: int
-    mode: int
-    temp: str = ""
-    digest: str | None = None
-    sent: int = 0
 
 
 def _scan(
     local: Path, spec: FetchSpec, report: Report, files: Sequence[str] | None = None
-) -> list[_Up]:
+) -> list[Outgoing]:
     st = os.stat(local)
     if stat.S_ISREG(st.st_mode):
-        return [_Up(local.name, local, st.st_size, st.st_mtime_ns, st.st_mode)]
+        return [Outgoing(local.name, local, st.st_size, st.st_mtime_ns, st.st_mode)]
     if files is not None:  # the caller's list (vmrun.sync.project): no walk
         candidates = [(local / rel, rel) for rel in files]
     else:
@@ -68,7 +56,7 @@ def _scan(
             for name in sorted(names):
                 path = Path(folder) / name
                 candidates.append((path, path.relative_to(local).as_posix()))
-    found: list[_Up] = []
+    found: list[Outgoing] = []
     for path, rel in candidates:
         if path.name.endswith(PART_SUFFIX) or not selected(rel, spec):
             continue
@@ -81,21 +69,20 @@ def _scan(
             report.skipped.append(f"{rel}: a symlink, not followed")
             continue
         if stat.S_ISREG(lst.st_mode):
-            found.append(_Up(rel, path, lst.st_size, lst.st_mtime_ns, lst.st_mode))
+            found.append(Outgoing(rel, path, lst.st_size, lst.st_mtime_ns, lst.st_mode))
     return found
 
 
-def _send(
+def _send_tar(
     conn: Connection,
+    engine: Engine,
     remote_dir: str,
-    items: list[_Up],
-    options: Options,
+    items: list[Outgoing],
     progress: Progress,
     report: Report,
 ) -> None:
-    engine = choose_engine(conn, wanted=options.engine, nbytes=sum(i.size for i in items))
-    report.engine = engine.name
-    progress.begin(conn.label, len(items), sum(i.size for i in items))
+    """The path for a host without python3: one tar stream, then a checksum round trip and
+    a renaming one (_check_tar)."""
     receive = [*hostside.command("transfer_receive.sh"), remote_dir]
     stream = engine.open(quoting.plain_command(receive))
 
@@ -108,8 +95,6 @@ def _send(
     reader.start()
     try:
         for item in items:
-            folder, name = posixpath.split(item.rel)
-            item.temp = posixpath.join(folder, part_name(name, item.size, item.mtime_ns))
             info = tarfile.TarInfo(item.temp)
             info.size = item.size
             info.mode = item.mode & 0o777
@@ -195,11 +180,11 @@ def upload(
 def _changed(
     conn: Connection,
     remote_dir: str,
-    items: list[_Up],
+    items: list[Outgoing],
     root: RootListing,
     options: Options,
     report: Report,
-) -> list[_Up]:
+) -> list[Outgoing]:
     """The files the host lacks or holds otherwise: a differing size says so at once, the
     same size and mtime say it holds them (unless `options.verify`), checksums settle the rest."""
     there: dict[str, Entry] = {e.rel: e for e in root.entries if e.kind == "f"}
@@ -228,11 +213,11 @@ def _changed(
 def _adopt_arrived(
     conn: Connection,
     remote_dir: str,
-    todo: list[_Up],
+    todo: list[Outgoing],
     root: RootListing,
     progress: Progress,
     report: Report,
-) -> list[_Up]:
+) -> list[Outgoing]:
     """What an upload cut short left whole on the host: a temporary copy of this very version
     (its name carries size and mtime) with every byte there is placed if its SHA-256 is this
     file's, and not sent again; the rest are still to send."""
@@ -264,33 +249,59 @@ def _adopt_arrived(
 def _send_verified(
     conn: Connection,
     remote_dir: str,
-    todo: list[_Up],
+    todo: list[Outgoing],
     options: Options,
     progress: Progress,
     report: Report,
 ) -> None:
-    """Send, then place each file whose SHA-256 on the host is the one sent; a mismatch is
-    sent once more, then reported as failed."""
+    """Send, and place each file whose SHA-256 on the host is the one read here; a file that
+    fails is sent once more, then reported as failed. Records (vmrun.transfer.records) where
+    the host has python3, else a tar stream."""
+    if not todo:
+        return
+    nbytes = sum(i.size for i in todo)
+    engine, streams = plan_streams(
+        conn, wanted=options.engine, nbytes=nbytes, streams=options.streams
+    )
+    report.engine, report.streams = engine.name, streams
+    progress.begin(conn.label, len(todo), nbytes)
+    for item in todo:
+        folder, name = posixpath.split(item.rel)
+        item.temp = posixpath.join(folder, part_name(name, item.size, item.mtime_ns))
+    records = True
     for attempt in (1, 2):
         if not todo:
             break
-        _send(conn, remote_dir, todo, options, progress, report)
-        sums = remote_hashes(conn, [join_remote(remote_dir, i.temp) for i in todo])
-        good = [i for i in todo if sums.get(join_remote(remote_dir, i.temp)) == i.digest]
-        placed = {id(i) for i in good}  # by identity: `i not in good` made 100k files O(n²)
-        bad = [i for i in todo if id(i) not in placed]
-        pairs = [p for i in good for p in (i.temp, i.rel)]
-        run_over(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
-        for item in good:
-            report.fetched.append(item.rel)
-            report.fetched_bytes += item.size
-            progress.file_end(conn.label, item.rel, True)
-        if bad:
-            run_over(conn, "transfer_drop.sh", remote_dir, [i.temp for i in bad])
-        if attempt == 2:
-            for item in bad:
-                report.failed[item.rel] = "SHA-256 on the host differs from the one sent"
+        if records:
+            records = send_lanes(
+                conn, engine, remote_dir, todo, streams, options.bwlimit, progress, report
+            )
+        if not records:
+            _send_tar(conn, engine, remote_dir, todo, progress, report)
+            _check_tar(conn, remote_dir, todo)
+        for item in todo:
+            if not item.why:
+                report.fetched.append(item.rel)
+                report.fetched_bytes += item.size
+                progress.file_end(conn.label, item.rel, True)
+            elif attempt == 2:
+                report.failed[item.rel] = item.why
+        bad = [i for i in todo if i.why]
+        for item in bad:
+            item.why, item.sent = "", 0
         todo = bad
+
+
+def _check_tar(conn: Connection, remote_dir: str, todo: list[Outgoing]) -> None:
+    """After a tar stream: the host's SHA-256 of each temporary copy, then the good ones
+    renamed into place and the others removed."""
+    sums = remote_hashes(conn, [join_remote(remote_dir, i.temp) for i in todo])
+    for item in todo:
+        if sums.get(join_remote(remote_dir, item.temp)) != item.digest:
+            item.why = "SHA-256 on the host differs from the one sent"
+    pairs = [p for i in todo if not i.why for p in (i.temp, i.rel)]
+    run_over(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
+    run_over(conn, "transfer_drop.sh", remote_dir, [i.temp for i in todo if i.why])
 
 
 def run_over(conn: Connection, script: str, remote_dir: str, words: list[str], *extra: str) -> None:

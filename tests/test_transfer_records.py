@@ -1,0 +1,188 @@
+"""Uploads as records (vmrun.transfer.records, hostside/transfer_recv.py), driven locally: the
+host's receiver runs here with a temporary folder as its destination, fed by the real sender
+through plain pipes instead of SSH (the netns tier proves the SSH path: test_cli_push.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vmrun import hostside
+from vmrun.transfer import records
+from vmrun.transfer.manifest import part_name
+from vmrun.transfer.records import Outgoing, Piece, header, lanes_for, send_lanes
+from vmrun.transfer.streams import OpenSshStream
+from vmrun.transfer.types import Progress, Report
+
+RECV = str(hostside.HERE / "transfer_recv.py")
+HOSTILE = ["plain.txt", "with space", "new\nline", "-dash", "sub/deep/x.bin", "bad\udcffbyte"]
+
+
+def receive(dest: Path, data: bytes) -> tuple[int, dict[bytes, str], str]:
+    proc = subprocess.run([sys.executable, RECV, str(dest)], input=data, capture_output=True)
+    lane = records.Lane()
+    records._parse(proc.stdout, lane)
+    return proc.returncode, lane.results, proc.stderr.decode()
+
+
+def outgoing(
+    root: Path, rel: str, data: bytes, mtime_ns: int = 1_600_000_000_123_456_789
+) -> Outgoing:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    st = path.stat()
+    folder, name = os.path.split(rel)
+    temp = os.path.join(folder, part_name(name, st.st_size, st.st_mtime_ns))
+    return Outgoing(rel, path, st.st_size, st.st_mtime_ns, 0o100754, temp=temp)
+
+
+def whole(item: Outgoing, digest: bytes | None = None) -> bytes:
+    data = item.path.read_bytes()
+    return header(b"F", item, 0, item.size) + data + (digest or hashlib.sha256(data).digest())
+
+
+def test_whole_files_arrive_exact_under_hostile_names(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    items = [outgoing(src, rel, os.urandom(100 * i + 1)) for i, rel in enumerate(HOSTILE)]
+    status, results, err = receive(dest, b"".join(whole(i) for i in items))
+    assert status == 0, err
+    assert results == {os.fsencode(rel): "" for rel in HOSTILE}
+    for item in items:
+        there = dest / item.rel
+        assert there.read_bytes() == item.path.read_bytes()
+        assert there.stat().st_mtime_ns == item.mtime_ns
+        assert there.stat().st_mode & 0o777 == 0o754 & ~_umask()
+    assert not [p for p in dest.rglob("*") if p.name.endswith(".vmrun-part")]
+
+
+def test_a_wrong_digest_places_nothing_and_the_stream_goes_on(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    bad, good = outgoing(src, "bad", b"x" * 5000), outgoing(src, "good", b"y" * 10)
+    (dest / "in").mkdir(parents=True)
+    blocked = outgoing(src, "in", b"z")  # a directory of that name is there
+    status, results, _ = receive(dest, whole(bad, bytes(32)) + whole(blocked) + whole(good))
+    assert status == 0
+    assert "SHA-256" in results[b"bad"] and results[b"in"] and results[b"good"] == ""
+    assert not (dest / "bad").exists() and (dest / "in").is_dir()
+    assert sorted(p.name for p in dest.iterdir()) == ["good", "in"]  # no temporary left
+
+
+def test_ranges_from_several_streams_then_placed_by_digest(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    item = outgoing(src, "big/model.bin", data)
+    cuts = [(0, 1 << 20), (1 << 20, 1 << 20), (2 << 20, len(data) - (2 << 20))]
+
+    def piece(at: int, n: int) -> bytes:
+        return header(b"R", item, at, n) + data[at : at + n]
+
+    for chunk in (piece(*cuts[2]) + piece(*cuts[0]), piece(*cuts[1])):  # two streams, any order
+        status, results, err = receive(dest, chunk)
+        assert status == 0 and results == {}, err
+    assert not (dest / "big/model.bin").exists()
+    wrong = header(b"P", item, 0, 0) + bytes(32)
+    assert "SHA-256" in receive(dest, wrong)[1][b"big/model.bin"]
+    assert not (dest / item.temp).exists()  # a copy that is not the file is not kept
+    for chunk in (piece(*cuts[0]), piece(*cuts[1]) + piece(*cuts[2])):
+        receive(dest, chunk)
+    status, results, _ = receive(dest, header(b"P", item, 0, 0) + hashlib.sha256(data).digest())
+    assert status == 0 and results == {b"big/model.bin": ""}
+    assert (dest / "big/model.bin").read_bytes() == data
+    assert (dest / "big/model.bin").stat().st_mtime_ns == item.mtime_ns
+
+
+@pytest.mark.parametrize("name", ["../escape", "/tmp/abs", "a/../../b"])
+def test_an_unsafe_name_stops_the_receiver(tmp_path: Path, name: str) -> None:
+    item = Outgoing(name, tmp_path, 1, 0, 0o644, temp=name)
+    status, _, err = receive(tmp_path / "dest", header(b"F", item, 0, 1) + b"x" + bytes(32))
+    assert status != 0 and "unsafe name" in err
+    assert not (tmp_path / "escape").exists() and not Path("/tmp/abs").exists()
+
+
+def test_a_cut_stream_fails_and_leaves_no_final_name(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    item = outgoing(src, "cut.bin", os.urandom(200_000))
+    status, results, err = receive(dest, whole(item)[:100_000])
+    assert status != 0 and "ended inside a record" in err and results == {}
+    assert not (dest / "cut.bin").exists()
+
+
+def test_lanes_cut_big_files_and_balance_bytes(tmp_path: Path) -> None:
+    big = Outgoing("big", tmp_path, 200 << 20, 0, 0o644)
+    small = [Outgoing(f"s{i}", tmp_path, 1 << 20, 0, 0o644) for i in range(8)]
+    one = lanes_for([big, *small], 1)
+    assert len(one) == 1 and one[0].work == [big, *small]
+    four = lanes_for([big, *small], 4)
+    pieces = [w for lane in four for w in lane.work if isinstance(w, Piece)]
+    assert sorted((p.offset, p.length) for p in pieces) == [
+        (i * (50 << 20), 50 << 20) for i in range(4)
+    ]
+    assert max(lane.nbytes for lane in four) - min(lane.nbytes for lane in four) <= 1 << 20
+
+
+class _PipeEngine:
+    """Runs the receiver here instead of through ssh (the command names the host's copy)."""
+
+    name = "pipe"
+
+    def __init__(self, dest: Path):
+        self.dest = dest
+        self.opened = 0
+
+    def open(self, command: str) -> OpenSshStream:
+        self.opened += 1
+        return OpenSshStream([sys.executable, RECV, str(self.dest)], "local")
+
+
+class _LocalConn:
+    label = "local"
+
+    def __init__(self, dest: Path):
+        self.dest = dest
+
+    def capture(self, command: str, *, stdin: bytes, what: str) -> tuple[int, bytes, str]:
+        proc = subprocess.run(
+            [sys.executable, RECV, str(self.dest)], input=stdin, capture_output=True
+        )
+        return proc.returncode, proc.stdout, proc.stderr.decode()
+
+
+def test_send_lanes_moves_a_tree_over_several_streams(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(records, "PARALLEL_BYTES", 1 << 20)
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    items = [outgoing(src, rel, os.urandom(3000 * (i + 1))) for i, rel in enumerate(HOSTILE)]
+    items.append(outgoing(src, "big.bin", os.urandom((5 << 20) + 3)))
+    engine = _PipeEngine(dest)
+    report = Report("local")
+    ok = send_lanes(_LocalConn(dest), engine, "dest", items, 3, None, Progress(), report)  # type: ignore[arg-type]
+    assert ok and engine.opened == 3
+    assert {i.rel: i.why for i in items} == {i.rel: "" for i in items}
+    for item in items:
+        assert (dest / item.rel).read_bytes() == item.path.read_bytes()
+    assert report.wire_bytes >= sum(i.size for i in items)
+
+
+def test_send_lanes_says_when_the_host_has_no_python(tmp_path: Path) -> None:
+    class NoPython(_PipeEngine):
+        def open(self, command: str) -> OpenSshStream:
+            return OpenSshStream(["sh", "-c", "exec no-such-python3-here"], "local")
+
+    item = outgoing(tmp_path / "src", "a", b"data")
+    report = Report("local")
+    ok = send_lanes(
+        _LocalConn(tmp_path), NoPython(tmp_path), "d", [item], 1, None, Progress(), report
+    )  # type: ignore[arg-type]
+    assert not ok
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,224 @@
+"""python3 THIS DIR < RECORDS (vmrun.transfer.records): files arriving for an upload, in one
+pass. Each record is a header (vmrun.transfer.records.HEADER), its names, then its data:
+
+- F (a whole file): written to its temporary name, hashed as it arrives; when the SHA-256
+  that follows the data is the one computed here, given its mode and mtime and renamed over
+  its final name at once, so no second pass reads it back and no round trip places it;
+- R (a range of a big file sent over several streams at once): written at its offset into the
+  temporary name, which is made the file's full size; nothing else;
+- P (place): hash a temporary file that is whole (its ranges arrived, or an earlier upload was
+  cut after it), and place it as F does when the SHA-256 is the one sent.
+
+Out: `+FINAL\\0` for each file placed, `-FINAL\\0WHY\\0` for each that was not. Names are
+bytes relative to DIR, never absolute, never through `..`.
+"""
+
+import contextlib
+import hashlib
+import os
+import struct
+import sys
+
+HEADER = struct.Struct(
+    ">cIIQQQqI"
+)  # kind, len(temp), len(final), offset, length, size, mtime_ns, mode
+DIGEST = 32
+CHUNK = 1 << 20
+
+
+def umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = umask()
+
+
+def safe(name):
+    return name and not name.startswith(b"/") and b".." not in name.split(b"/")
+
+
+class Reader:
+    """Exact reads from stdin through one big buffer."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = b""
+        self.pos = 0
+
+    def read(self, size):
+        if self.pos + size <= len(self.buf):
+            data = self.buf[self.pos : self.pos + size]
+            self.pos += size
+            return data
+        parts = [self.buf[self.pos :]]
+        have = len(parts[0])
+        self.buf, self.pos = b"", 0
+        while have < size:
+            more = os.read(self.fd, max(CHUNK, size - have))
+            if not more:
+                break
+            if have + len(more) > size:
+                cut = size - have
+                parts.append(more[:cut])
+                self.buf, self.pos = more, cut
+                have = size
+                break
+            parts.append(more)
+            have += len(more)
+        return b"".join(parts)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def make_parent(name):
+    parent = os.path.dirname(name)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+
+
+def place(temp, final, mtime_ns, mode):
+    if os.path.isdir(final) and not os.path.islink(final):
+        raise IsADirectoryError(f"a directory is in the way of {os.fsdecode(final)}")
+    os.chmod(temp, mode & 0o7777 & ~UMASK)
+    os.utime(temp, ns=(mtime_ns, mtime_ns))
+    os.replace(temp, final)
+
+
+def whole(src, temp, final, size, mtime_ns, mode):
+    """An F record: its data and digest are read whatever happens to the file here."""
+    digest, left, why = hashlib.sha256(), size, ""
+    fd = -1
+    try:
+        make_parent(temp)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    while left:
+        data = src.read(min(CHUNK, left))
+        if not data:
+            raise EOFError
+        left -= len(data)
+        digest.update(data)
+        if fd >= 0:
+            try:
+                write_all(fd, data)
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+                os.close(fd)
+                fd = -1
+    sent = src.read(DIGEST)
+    if len(sent) != DIGEST:
+        raise EOFError
+    if fd >= 0:
+        os.close(fd)
+    if not why and digest.digest() != sent:
+        why = "SHA-256 on the host differs from the one sent"
+    if not why:
+        try:
+            place(temp, final, mtime_ns, mode)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    if why:
+        with_suppressed(os.unlink, temp)
+    return why
+
+
+def ranged(src, temp, offset, length, size):
+    """An R record; its data is read whatever happens to the file here."""
+    left, at, why = length, offset, ""
+    fd = -1
+    try:
+        make_parent(temp)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT, 0o600)
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    while left:
+        data = src.read(min(CHUNK, left))
+        if not data:
+            raise EOFError
+        view = memoryview(data)
+        while fd >= 0 and view:
+            try:
+                view = view[os.pwrite(fd, view, at + len(data) - len(view)) :]
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+                os.close(fd)
+                fd = -1
+        at += len(data)
+        left -= len(data)
+    if fd >= 0:
+        os.close(fd)
+    return why
+
+
+def check_and_place(src, temp, final, mtime_ns, mode):
+    sent = src.read(DIGEST)
+    if len(sent) != DIGEST:
+        raise EOFError
+    digest = hashlib.sha256()
+    try:
+        with open(temp, "rb", buffering=0) as fh:
+            while data := fh.read(4 * CHUNK):
+                digest.update(data)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if digest.digest() != sent:
+        with_suppressed(os.unlink, temp)
+        return "SHA-256 on the host differs from the one sent"
+    try:
+        place(temp, final, mtime_ns, mode)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
+
+
+def with_suppressed(func, *args):
+    with contextlib.suppress(OSError):
+        func(*args)
+
+
+def main():
+    target = sys.argv[1]
+    os.makedirs(target, exist_ok=True)
+    os.chdir(target)
+    src, out = Reader(0), sys.stdout.buffer
+    told = set()
+    while True:
+        head = src.read(HEADER.size)
+        if not head:
+            break
+        if len(head) != HEADER.size:
+            raise EOFError
+        kind, tlen, flen, offset, length, size, mtime_ns, mode = HEADER.unpack(head)
+        temp, final = src.read(tlen), src.read(flen)
+        if not (safe(temp) and safe(final)):
+            sys.exit("transfer-recv: an unsafe name in the stream")
+        if kind == b"F":
+            why = whole(src, temp, final, size, mtime_ns, mode)
+        elif kind == b"R":
+            why = ranged(src, temp, offset, length, size)
+            if not why or temp in told:
+                continue
+            told.add(temp)  # one line for a file whatever number of its ranges failed
+        elif kind == b"P":
+            why = check_and_place(src, temp, final, mtime_ns, mode)
+        else:
+            sys.exit("transfer-recv: a bad record in the stream")
+        out.write(b"-" + final + b"\0" + why.encode() + b"\0" if why else b"+" + final + b"\0")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except EOFError:
+        sys.exit("transfer-recv: the stream ended inside a record")
+    except BrokenPipeError:
+        sys.exit(1)

@@ -1,0 +1,318 @@
+"""Uploads as records for the host's transfer_recv.py: verified and placed in one pass, over
+one stream or several at once.
+
+A whole file travels as an F record (header, names, bytes, then the SHA-256 computed here
+while reading it): the host hashes it while writing and renames it into place at once, so
+nothing reads it back and no round trip follows. Small files are packed into 1 MiB writes.
+On a far host a big file is cut into ranges (R records) spread over several streams, each
+with its own SSH window (one stream moves 2 MiB per round trip whatever the bandwidth);
+once every stream has ended, P records ask the host to hash each such file whole and place
+it when its SHA-256 is the one computed here meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from vmrun import hostside
+from vmrun.errors import RemoteError
+from vmrun.ssh import quoting
+from vmrun.transfer.hashing import Throttle, file_sha256
+from vmrun.transfer.streams import CHUNK, PARALLEL_BYTES, Engine, Stream, capture
+
+if TYPE_CHECKING:
+    from vmrun.ssh.connection import Connection
+    from vmrun.transfer.types import Progress, Report
+
+# kind, len(temp), len(final), offset, length, size, mtime_ns, mode (transfer_recv.py's)
+HEADER = struct.Struct(">cIIQQQqI")
+BATCH = 1 << 20  # small records are gathered into writes of about this size
+INLINE = 256 << 10  # files up to this size are read whole (one read, one hash call)
+
+NO_PYTHON = 127  # the host's shell could not find python3: the tar path serves it
+
+
+@dataclass(eq=False)
+class Outgoing:
+    """One file to upload, and what became of it."""
+
+    rel: str  # relative to the remote directory
+    path: Path
+    size: int
+    mtime_ns: int
+    mode: int
+    temp: str = ""
+    digest: str | None = None  # hex SHA-256 of what was read here (None: it changed meanwhile)
+    sent: int = 0
+    why: str = ""  # why the host did not place it
+
+
+@dataclass(eq=False)
+class Piece:
+    """An R record: `length` bytes of a big file from `offset`."""
+
+    item: Outgoing
+    offset: int
+    length: int
+
+
+@dataclass
+class Lane:
+    """What one stream carries, and how it ended."""
+
+    work: list[Outgoing | Piece] = field(default_factory=list)
+    nbytes: int = 0
+    results: dict[bytes, str] = field(default_factory=dict)  # final name -> why ("" placed)
+    status: int = 0
+    err: str = ""
+    error: BaseException | None = None
+
+
+def _names(item: Outgoing) -> tuple[bytes, bytes]:
+    return os.fsencode(item.temp), os.fsencode(item.rel)
+
+
+def header(kind: bytes, item: Outgoing, offset: int, length: int) -> bytes:
+    temp, final = _names(item)
+    fields = (len(temp), len(final), offset, length, item.size, item.mtime_ns, item.mode)
+    return HEADER.pack(kind, *fields) + temp + final
+
+
+def lanes_for(items: list[Outgoing], count: int) -> list[Lane]:
+    """Spread the work over `count` streams, each about as many bytes: with more than one,
+    every file of PARALLEL_BYTES or more is cut into `count` ranges of whole MiBs."""
+    lanes = [Lane() for _ in range(max(1, count))]
+    work: list[Outgoing | Piece] = []
+    for item in items:
+        if count > 1 and item.size >= PARALLEL_BYTES:
+            step = -(-item.size // count // CHUNK) * CHUNK
+            work += [Piece(item, at, min(step, item.size - at)) for at in range(0, item.size, step)]
+        else:
+            work.append(item)
+    if len(lanes) == 1:
+        lanes[0].work = work
+        lanes[0].nbytes = sum(w.length if isinstance(w, Piece) else w.size for w in work)
+        return lanes
+    for w in sorted(work, key=lambda w: -(w.length if isinstance(w, Piece) else w.size)):
+        lane = min(lanes, key=lambda lane: lane.nbytes)
+        lane.work.append(w)
+        lane.nbytes += w.length if isinstance(w, Piece) else w.size
+    return lanes
+
+
+class _Pacer:
+    """Progress, wire bytes and --bwlimit for all of one host's streams."""
+
+    def __init__(self, label: str, progress: Progress, report: Report, bwlimit: float | None):
+        self.label, self.progress, self.report = label, progress, report
+        self.throttle = Throttle(bwlimit)
+        self.lock = threading.Lock()
+
+    def __call__(self, nbytes: int) -> None:
+        with self.lock:
+            self.report.wire_bytes += nbytes
+            self.progress.advance(self.label, nbytes)
+            self.throttle(nbytes)
+
+
+def _send_lane(stream: Stream, lane: Lane, pace: _Pacer) -> None:
+    buf = bytearray()
+
+    def flush() -> None:
+        if buf:
+            stream.send(buf)
+            buf.clear()
+
+    for w in lane.work:
+        item = w.item if isinstance(w, Piece) else w
+        try:
+            fh = open(item.path, "rb", buffering=0)  # noqa: SIM115 (closed below)
+        except OSError as exc:  # never sent: the host has nothing to report about it
+            item.why = f"cannot read it here: {exc.strerror or exc}"
+            continue
+        with fh:
+            if isinstance(w, Piece):
+                buf += header(b"R", item, w.offset, w.length)
+                flush()
+                _send_bytes(stream, fh, w.offset, w.length, None, pace)
+                continue
+            pace.progress.file_begin(pace.label, item.rel, item.size, 0)
+            if item.size <= INLINE:
+                data = fh.read(item.size + 1)
+                good = len(data) == item.size  # else it changed while being sent
+                data = (data + bytes(item.size))[: item.size]
+                item.digest = hashlib.sha256(data).hexdigest() if good else None
+                buf += header(b"F", item, 0, item.size)
+                buf += data
+                buf += bytes.fromhex(item.digest) if item.digest else bytes(32)
+                pace(item.size)  # file bytes, as Report.wire_bytes counts them
+                if len(buf) >= BATCH:
+                    flush()
+                continue
+            buf += header(b"F", item, 0, item.size)
+            flush()
+            digest = hashlib.sha256()
+            shrank = _send_bytes(stream, fh, 0, item.size, digest, pace)
+            item.digest = None if shrank else digest.hexdigest()
+            stream.send(digest.digest() if item.digest else bytes(32))
+    flush()
+
+
+def _send_bytes(
+    stream: Stream,
+    fh: BinaryIO,
+    offset: int,
+    length: int,
+    digest: hashlib._Hash | None,
+    pace: _Pacer,
+) -> bool:
+    """Send `length` bytes of the file from `offset`; True if it was shorter (zeros sent:
+    the digest then fails the host's check)."""
+    shrank = False
+    fh.seek(offset)
+    left = length
+    while left:
+        data = fh.read(min(CHUNK, left))
+        if not data:
+            data, shrank = bytes(min(CHUNK, left)), True
+        if digest is not None:
+            digest.update(data)
+        stream.send(data)
+        left -= len(data)
+        pace(len(data))
+    return shrank
+
+
+def _read_results(stream: Stream, lane: Lane) -> None:
+    """What transfer_recv.py says, once its output ends."""
+    parts = []
+    with contextlib.suppress(Exception):
+        while data := stream.read(65536):
+            parts.append(data)
+    _parse(b"".join(parts), lane)
+
+
+def receive_command(remote_dir: str) -> str:
+    return quoting.plain_command(hostside.command("transfer_recv.py", remote_dir))
+
+
+def _run_lane(engine: Engine, remote_dir: str, lane: Lane, pace: _Pacer) -> None:
+    stream = engine.open(receive_command(remote_dir))
+    reader = threading.Thread(target=_read_results, args=(stream, lane), daemon=True)
+    reader.start()
+    try:
+        _send_lane(stream, lane, pace)
+    except BaseException as exc:  # the host's side ended first: its status says why
+        lane.error = exc
+        stream.kill()
+    stream.close_input()
+    reader.join()
+    lane.status, lane.err = stream.finish()
+
+
+def send_lanes(
+    conn: Connection,
+    engine: Engine,
+    remote_dir: str,
+    items: list[Outgoing],
+    streams: int,
+    bwlimit: float | None,
+    progress: Progress,
+    report: Report,
+) -> bool:
+    """Send `items` over `streams` streams at once and place what arrived whole; each item's
+    `why` says what went wrong with it. False: the host has no python3 (nothing was sent)."""
+    lanes = lanes_for(items, streams)
+    pace = _Pacer(conn.label, progress, report, bwlimit)
+    ranged = list(
+        {id(w.item): w.item for lane in lanes for w in lane.work if isinstance(w, Piece)}.values()
+    )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        sums: dict[int, Future[str]] = {id(i): pool.submit(file_sha256, i.path) for i in ranged}
+        threads = [
+            threading.Thread(target=_run_lane, args=(engine, remote_dir, lane, pace), daemon=True)
+            for lane in lanes
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if all(lane.status == NO_PYTHON for lane in lanes):
+            return False
+        _check_lanes(conn, lanes)
+        for item in ranged:
+            item.digest = _digest_or_none(sums[id(item)])
+    results = {name: why for lane in lanes for name, why in lane.results.items()}
+    whole = [w for lane in lanes for w in lane.work if isinstance(w, Outgoing)]
+    for item in whole:
+        item.why = results.get(_names(item)[1], "the host did not report it")
+    failed_ranges = [i for i in ranged if _names(i)[1] in results]
+    for item in failed_ranges:
+        item.why = results[_names(item)[1]]
+    _place_ranged(conn, remote_dir, [i for i in ranged if not i.why])
+    return True
+
+
+def _digest_or_none(future: Future[str]) -> str | None:
+    try:
+        return future.result()
+    except OSError:
+        return None
+
+
+def _check_lanes(conn: Connection, lanes: list[Lane]) -> None:
+    for lane in lanes:
+        if lane.status == 0:
+            continue
+        err = lane.err.strip()
+        last = err.splitlines()[-1] if err else f"exit status {lane.status}"
+        broke = lane.status == 255 or isinstance(lane.error, (BrokenPipeError, ConnectionError))
+        raise RemoteError(
+            f"the upload stream broke: {last}"
+            if broke
+            else f"receiving on the host failed: {last}",
+            host=conn.label,
+            hint="check the network, free space and permissions there; run the same command "
+            "again (what arrived whole is kept)",
+            code="transfer-failed",
+        )
+
+
+def _place_ranged(conn: Connection, remote_dir: str, items: list[Outgoing]) -> None:
+    """P records: the host hashes each whole file and places it if it is what was read here."""
+    if not items:
+        return
+    data = b"".join(
+        header(b"P", i, 0, 0) + (bytes.fromhex(i.digest) if i.digest else bytes(32)) for i in items
+    )
+    status, out, err = capture(conn, receive_command(remote_dir), stdin=data, what="placing files")
+    lane = Lane()
+    _parse(out, lane)
+    if status != 0:
+        _check_lanes(conn, [Lane(status=status, err=err)])
+    for item in items:
+        item.why = lane.results.get(_names(item)[1], "the host did not report it")
+
+
+def _parse(out: bytes, lane: Lane) -> None:
+    words = out.split(b"\0")
+    while words:
+        word = words.pop(0)
+        if word.startswith(b"+"):
+            lane.results[word[1:]] = ""
+        elif word.startswith(b"-"):
+            lane.results[word[1:]] = (words.pop(0) if words else b"").decode("utf-8", "replace")
+
+
+def place_whole(conn: Connection, remote_dir: str, items: list[Outgoing]) -> None:
+    """Place temporary copies that an earlier, cut upload left whole on the host (P records):
+    each item's `digest` must be set; `why` says what became of it."""
+    _place_ranged(conn, remote_dir, items)
