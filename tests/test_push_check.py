@@ -14,6 +14,7 @@ from vmrun.errors import UsageError
 from vmrun.operations import push
 from vmrun.transfer import push as transfer_push
 from vmrun.transfer.manifest import Entry
+from vmrun.transfer.upload import scan
 
 
 def _check(tmp_path: Path, target: str, needed_kib: int, free_kib: int | None = None) -> str:
@@ -63,5 +64,5 @@ def test_only_files_differing_by_size_or_mtime_would_be_sent(tmp_path: Path) -> 
     (root / "link").symlink_to("/etc/hostname")
     st = (root / "same").stat()
     there = [Entry("same", "f", 5, st.st_mtime_ns, 0o644), Entry("gone", "f", 1, 0, 0o644)]
-    plan = transfer_push._plan(root, "x/data", there)
+    plan = transfer_push._plan(root, "x/data", there, scan(root))
     assert (plan.files, plan.to_send, plan.bytes_to_send) == (2, 1, 3)

@@ -76,27 +76,36 @@ def write_all(fd, data):
         view = view[os.write(fd, view) :]
 
 
+MADE: set = set()  # folders known to exist: one mkdir per folder, not one per file
+
+
 def make_parent(name):
     parent = os.path.dirname(name)
-    if parent:
+    if parent and parent not in MADE:
         os.makedirs(parent, exist_ok=True)
+        MADE.add(parent)
 
 
-def place(temp, final, mtime_ns, mode):
-    if os.path.isdir(final) and not os.path.islink(final):
-        raise IsADirectoryError(f"a directory is in the way of {os.fsdecode(final)}")
-    os.chmod(temp, mode & 0o7777 & ~UMASK)
-    os.utime(temp, ns=(mtime_ns, mtime_ns))
-    os.replace(temp, final)
+def create(temp, mode):
+    """A new file for `temp` (a stale one of that name is replaced) with `mode` less the
+    umask, as tar gives it: no chmod afterwards."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        return os.open(temp, flags, mode)
+    except FileExistsError:
+        os.unlink(temp)
+        return os.open(temp, flags, mode)
 
 
 def whole(src, temp, final, size, mtime_ns, mode):
-    """An F record: its data and digest are read whatever happens to the file here."""
+    """An F record: its data and digest are read whatever happens to the file here. Placed
+    (mtime set on the open file, then renamed: rename(2) refuses to replace a directory)
+    only when the SHA-256 is the one sent."""
     digest, left, why = hashlib.sha256(), size, ""
     fd = -1
     try:
         make_parent(temp)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = create(temp, mode & 0o7777)
     except OSError as exc:
         why = exc.strerror or str(exc)
     while left:
@@ -115,18 +124,34 @@ def whole(src, temp, final, size, mtime_ns, mode):
     sent = src.read(DIGEST)
     if len(sent) != DIGEST:
         raise EOFError
-    if fd >= 0:
-        os.close(fd)
     if not why and digest.digest() != sent:
         why = "SHA-256 on the host differs from the one sent"
+    return settle(fd, temp, final, mtime_ns, why)
+
+
+def settle(fd, temp, final, mtime_ns, why):
+    """Close a received file and place it, unless `why` says it is not good."""
+    if fd >= 0:
+        try:
+            if not why:
+                os.utime(fd, ns=(mtime_ns, mtime_ns))
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        os.close(fd)
     if not why:
         try:
-            place(temp, final, mtime_ns, mode)
+            os.replace(temp, final)
         except OSError as exc:
             why = exc.strerror or str(exc)
     if why:
         with_suppressed(os.unlink, temp)
     return why
+
+
+def place(temp, final, mtime_ns, mode):
+    os.chmod(temp, mode & 0o7777 & ~UMASK)
+    os.utime(temp, ns=(mtime_ns, mtime_ns))
+    os.replace(temp, final)
 
 
 def ranged(src, temp, offset, length, size):
@@ -189,7 +214,7 @@ def main():
     target = sys.argv[1]
     os.makedirs(target, exist_ok=True)
     os.chdir(target)
-    src, out = Reader(0), sys.stdout.buffer
+    src, said = Reader(0), []
     told = set()
     while True:
         head = src.read(HEADER.size)
@@ -212,7 +237,8 @@ def main():
             why = check_and_place(src, temp, final, mtime_ns, mode)
         else:
             sys.exit("transfer-recv: a bad record in the stream")
-        out.write(b"-" + final + b"\0" + why.encode() + b"\0" if why else b"+" + final + b"\0")
+        said.append(b"-" + final + b"\0" + why.encode() + b"\0" if why else b"+" + final + b"\0")
+    sys.stdout.buffer.write(b"".join(said))
 
 
 if __name__ == "__main__":

@@ -9,17 +9,19 @@ size and mtime, which the upload sets exactly) is what `doctor` compares across 
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vmrun.errors import RemoteError, UsageError
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.manifest import PART_SUFFIX, Entry
 from vmrun.transfer.types import Options, Progress, Report, env_tuning
+
+if TYPE_CHECKING:
+    from vmrun.transfer.upload import Scan
 
 CHECK = "push_check.sh"  # vmrun/hostside: the folder can be written, the disk has room
 
@@ -84,14 +86,16 @@ def push_host(
     """Every PATH onto the host under `dest` (normalised remote folder); `delete`: files
     under a pushed folder there that are not in it here go (only when every file arrived)."""
     from vmrun.transfer.manifest import list_remote
-    from vmrun.transfer.upload import run_over, upload
+    from vmrun.transfer.upload import run_over, scan, upload
 
     done = HostPush(conn.label)
     remotes = [posixpath.join(dest, p.resolve().name) for p in paths]
     listing = list_remote(conn, [posixpath.dirname(r) if p.is_file() else r
                                  for p, r in zip(paths, remotes, strict=True)])  # fmt: skip
-    for path, remote, root in zip(paths, remotes, listing.roots, strict=True):
-        done.planned.append(_plan(path, remote, root.entries if root.state == "ok" else []))
+    scans = [scan(p) for p in paths]
+    for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
+        entries = root.entries if root.state == "ok" else []
+        done.planned.append(_plan(path, remote, entries, tree))
     needed = sum(p.bytes_to_send for p in done.planned)
     done.free_kib = _check(conn, dest, needed)
     if dry_run:
@@ -99,9 +103,9 @@ def push_host(
     wanted, streams = env_tuning()
     engine = wanted if engine == "auto" else engine
     options = Options(engine=engine, bwlimit=bwlimit, streams=streams)
-    for path, remote, root in zip(paths, remotes, listing.roots, strict=True):
+    for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
         report = upload(conn, path, remote, options, progress or Progress(),
-                        listing=root if path.is_dir() else None)  # fmt: skip
+                        listing=root if path.is_dir() else None, scanned=tree)  # fmt: skip
         done.reports.append(report)
     if delete:
         for plan, report in zip(done.planned, done.reports, strict=True):
@@ -111,48 +115,22 @@ def push_host(
     return done
 
 
-def _plan(local: Path, remote: str, entries: Sequence[Entry]) -> Planned:
+def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Planned:
     """What would be sent, by size and mtime against the host's listing."""
     there = {e.rel: (e.size, e.mtime_ns) for e in entries if e.kind in ("f", "l") and e.rel}
     files = nbytes = to_send = bytes_to_send = 0
-    here = _names(local)
-    extra = tuple(sorted(rel for rel in there if rel not in here and not rel.endswith(PART_SUFFIX)))
-    extra = extra if local.is_dir() else ()
-    for rel, size, mtime_ns in _walk(local):
+    extra: tuple[str, ...] = ()
+    if local.is_dir():
+        here = {i.rel for i in tree.files}.union(tree.others)
+        extra = tuple(sorted(r for r in there if r not in here and not r.endswith(PART_SUFFIX)))
+    for item in tree.files:
         files += 1
-        nbytes += size
-        key = posixpath.basename(remote) if local.is_file() else rel
-        if there.get(key) != (size, mtime_ns):
+        nbytes += item.size
+        key = posixpath.basename(remote) if local.is_file() else item.rel
+        if there.get(key) != (item.size, item.mtime_ns):
             to_send += 1
-            bytes_to_send += size
+            bytes_to_send += item.size
     return Planned(local, remote, files, nbytes, to_send, bytes_to_send, extra)
-
-
-def _names(local: Path) -> set[str]:
-    """Every path under a folder here, symlinks included (what --delete keeps there)."""
-    if not local.is_dir():
-        return set()
-    found = set()
-    for folder, dirs, names in os.walk(local):
-        for name in [*dirs, *names]:
-            found.add((Path(folder) / name).relative_to(local).as_posix())
-    return found
-
-
-def _walk(local: Path) -> list[tuple[str, int, int]]:
-    """(relative path, size, mtime_ns) of each regular file; symlinks are not followed."""
-    st = local.stat()
-    if stat.S_ISREG(st.st_mode):
-        return [(local.name, st.st_size, st.st_mtime_ns)]
-    found = []
-    for folder, dirs, names in os.walk(local):
-        dirs.sort()
-        for name in sorted(names):
-            path = Path(folder) / name
-            lst = os.lstat(path)
-            if stat.S_ISREG(lst.st_mode):
-                found.append((path.relative_to(local).as_posix(), lst.st_size, lst.st_mtime_ns))
-    return found
 
 
 def _check(conn: Connection, dest: str, needed: int) -> int | None:

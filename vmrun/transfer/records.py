@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from vmrun import hostside
 from vmrun.errors import RemoteError
@@ -45,7 +45,7 @@ class Outgoing:
     """One file to upload, and what became of it."""
 
     rel: str  # relative to the remote directory
-    path: Path
+    path: Path | str
     size: int
     mtime_ns: int
     mode: int
@@ -86,26 +86,36 @@ def header(kind: bytes, item: Outgoing, offset: int, length: int) -> bytes:
     return HEADER.pack(kind, *fields) + temp + final
 
 
+def _size(w: Outgoing | Piece) -> int:
+    return w.length if isinstance(w, Piece) else w.size
+
+
 def lanes_for(items: list[Outgoing], count: int) -> list[Lane]:
     """Spread the work over `count` streams, each about as many bytes: with more than one,
-    every file of PARALLEL_BYTES or more is cut into `count` ranges of whole MiBs."""
+    every file of PARALLEL_BYTES or more is cut into `count` ranges of whole MiBs. The other
+    files go in runs of their order (a folder's files to one stream: several receivers
+    creating files in one folder wait for each other on its lock)."""
     lanes = [Lane() for _ in range(max(1, count))]
     work: list[Outgoing | Piece] = []
+    rest: list[Outgoing | Piece] = []
     for item in items:
         if count > 1 and item.size >= PARALLEL_BYTES:
             step = -(-item.size // count // CHUNK) * CHUNK
             work += [Piece(item, at, min(step, item.size - at)) for at in range(0, item.size, step)]
         else:
-            work.append(item)
-    if len(lanes) == 1:
-        lanes[0].work = work
-        lanes[0].nbytes = sum(w.length if isinstance(w, Piece) else w.size for w in work)
-        return lanes
-    for w in sorted(work, key=lambda w: -(w.length if isinstance(w, Piece) else w.size)):
+            rest.append(item)
+    for piece in work:  # ranges first, each to the least loaded stream
         lane = min(lanes, key=lambda lane: lane.nbytes)
-        lane.work.append(w)
-        lane.nbytes += w.length if isinstance(w, Piece) else w.size
-    return lanes
+        lane.work.append(piece)
+        lane.nbytes += _size(piece)
+    share = (sum(_size(w) for w in work) + sum(_size(w) for w in rest)) / len(lanes)
+    index = 0
+    for w in rest:  # then the files in order, each stream filled up to its share
+        while index < len(lanes) - 1 and lanes[index].nbytes + _size(w) / 2 > share:
+            index += 1
+        lanes[index].work.append(w)
+        lanes[index].nbytes += _size(w)
+    return [lane for lane in lanes if lane.work] or lanes[:1]
 
 
 class _Pacer:
@@ -125,50 +135,58 @@ class _Pacer:
 
 def _send_lane(stream: Stream, lane: Lane, pace: _Pacer) -> None:
     buf = bytearray()
+    pending = 0  # file bytes in `buf`
 
     def flush() -> None:
+        nonlocal pending
         if buf:
             stream.send(buf)
             buf.clear()
+            pace(pending)
+            pending = 0
 
     for w in lane.work:
         item = w.item if isinstance(w, Piece) else w
         try:
-            fh = open(item.path, "rb", buffering=0)  # noqa: SIM115 (closed below)
+            fd = os.open(item.path, os.O_RDONLY)
         except OSError as exc:  # never sent: the host has nothing to report about it
             item.why = f"cannot read it here: {exc.strerror or exc}"
             continue
-        with fh:
-            if isinstance(w, Piece):
-                buf += header(b"R", item, w.offset, w.length)
-                flush()
-                _send_bytes(stream, fh, w.offset, w.length, None, pace)
-                continue
-            pace.progress.file_begin(pace.label, item.rel, item.size, 0)
-            if item.size <= INLINE:
-                data = fh.read(item.size + 1)
+        try:
+            if item.size <= INLINE and not isinstance(w, Piece):
+                data = os.read(fd, item.size + 1) if item.size else b""
                 good = len(data) == item.size  # else it changed while being sent
-                data = (data + bytes(item.size))[: item.size]
+                data = data if good else (data + bytes(item.size))[: item.size]
                 item.digest = hashlib.sha256(data).hexdigest() if good else None
                 buf += header(b"F", item, 0, item.size)
                 buf += data
                 buf += bytes.fromhex(item.digest) if item.digest else bytes(32)
-                pace(item.size)  # file bytes, as Report.wire_bytes counts them
+                pending += item.size  # file bytes, as Report.wire_bytes counts them
                 if len(buf) >= BATCH:
                     flush()
                 continue
+            if isinstance(w, Piece):
+                if w.offset == 0:
+                    pace.progress.file_begin(pace.label, item.rel, item.size, 0)
+                buf += header(b"R", item, w.offset, w.length)
+                flush()
+                _send_bytes(stream, fd, w.offset, w.length, None, pace)
+                continue
+            pace.progress.file_begin(pace.label, item.rel, item.size, 0)
             buf += header(b"F", item, 0, item.size)
             flush()
             digest = hashlib.sha256()
-            shrank = _send_bytes(stream, fh, 0, item.size, digest, pace)
+            shrank = _send_bytes(stream, fd, 0, item.size, digest, pace)
             item.digest = None if shrank else digest.hexdigest()
             stream.send(digest.digest() if item.digest else bytes(32))
+        finally:
+            os.close(fd)
     flush()
 
 
 def _send_bytes(
     stream: Stream,
-    fh: BinaryIO,
+    fd: int,
     offset: int,
     length: int,
     digest: hashlib._Hash | None,
@@ -177,16 +195,16 @@ def _send_bytes(
     """Send `length` bytes of the file from `offset`; True if it was shorter (zeros sent:
     the digest then fails the host's check)."""
     shrank = False
-    fh.seek(offset)
-    left = length
+    at, left = offset, length
     while left:
-        data = fh.read(min(CHUNK, left))
+        data = os.pread(fd, min(CHUNK, left), at)
         if not data:
             data, shrank = bytes(min(CHUNK, left)), True
         if digest is not None:
             digest.update(data)
         stream.send(data)
         left -= len(data)
+        at += len(data)
         pace(len(data))
     return shrank
 

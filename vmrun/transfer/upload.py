@@ -20,6 +20,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmrun import hostside
@@ -41,23 +42,64 @@ from vmrun.transfer.streams import CHUNK, Engine, capture, plan_streams
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
 
-def _scan(
-    local: Path, spec: FetchSpec, report: Report, files: Sequence[str] | None = None
-) -> list[Outgoing]:
+@dataclass
+class Scan:
+    """A local file or tree as one walk saw it (os.scandir: one lstat per file)."""
+
+    files: list[Outgoing]  # regular files, folders' in walk order (each folder's names sorted)
+    others: list[str]  # folders and symlinks, relative (what push --delete keeps there)
+    skipped: list[str]  # symlinks not followed, files that vanished
+
+
+def scan(local: Path) -> Scan:
     st = os.stat(local)
     if stat.S_ISREG(st.st_mode):
-        return [Outgoing(local.name, local, st.st_size, st.st_mtime_ns, st.st_mode)]
-    if files is not None:  # the caller's list (vmrun.sync.project): no walk
-        candidates = [(local / rel, rel) for rel in files]
-    else:
-        candidates = []
-        for folder, dirs, names in os.walk(local):
-            dirs.sort()
-            for name in sorted(names):
-                path = Path(folder) / name
-                candidates.append((path, path.relative_to(local).as_posix()))
+        return Scan([Outgoing(local.name, local, st.st_size, st.st_mtime_ns, st.st_mode)], [], [])
+    found = Scan([], [], [])
+    stack = [("", os.fspath(local))]
+    while stack:
+        prefix, folder = stack.pop()
+        with os.scandir(folder) as listing:
+            entries = sorted(listing, key=lambda e: e.name)
+        below = []
+        for entry in entries:
+            rel = prefix + entry.name
+            try:
+                lst = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                found.skipped.append(f"{rel}: vanished before it could be sent")
+                continue
+            if stat.S_ISREG(lst.st_mode):
+                item = Outgoing(rel, entry.path, lst.st_size, lst.st_mtime_ns, lst.st_mode)
+                found.files.append(item)
+                continue
+            found.others.append(rel)
+            if stat.S_ISDIR(lst.st_mode):
+                below.append((rel + "/", entry.path))
+            elif stat.S_ISLNK(lst.st_mode):
+                found.skipped.append(f"{rel}: a symlink, not followed")
+        stack.extend(reversed(below))
+    return found
+
+
+def _scan(
+    local: Path,
+    spec: FetchSpec,
+    report: Report,
+    files: Sequence[str] | None = None,
+    scanned: Scan | None = None,
+) -> list[Outgoing]:
+    """The files to consider: `scanned` (the caller's walk), or `files` (the caller's list:
+    no walk, vmrun.sync.project), or one walk here."""
+    if files is None:
+        tree = scanned if scanned is not None else scan(local)
+        report.skipped += [s for s in tree.skipped if selected(s.split(": ", 1)[0], spec)]
+        return [
+            i for i in tree.files if not i.rel.endswith(PART_SUFFIX) and selected(i.rel, spec)
+        ]
     found: list[Outgoing] = []
-    for path, rel in candidates:
+    for rel in files:
+        path = local / rel
         if path.name.endswith(PART_SUFFIX) or not selected(rel, spec):
             continue
         try:
@@ -151,10 +193,12 @@ def upload(
     exclude: tuple[str, ...] = (),
     files: Sequence[str] | None = None,
     listing: RootListing | None = None,
+    scanned: Scan | None = None,
 ) -> Report:
     """Make `remote` (normalised remote path) hold what `local` (file or folder) holds;
     `files` (POSIX paths relative to a folder `local`) replaces the walk with a list;
-    `listing`, the remote folder's as the caller listed it just now, saves a round trip."""
+    `listing`, the remote folder's as the caller listed it just now, saves a round trip;
+    `scanned`, the caller's walk of `local` (scan), saves walking it again."""
     options = options or Options()
     progress = progress or Progress()
     started = time.monotonic()
@@ -164,7 +208,7 @@ def upload(
     single = local.is_file()
     remote_dir = (posixpath.dirname(remote) or ".") if single else remote
     spec = FetchSpec(remote, "", include=include, exclude=exclude)
-    items = _scan(local, spec, report, files)
+    items = _scan(local, spec, report, files, scanned)
     if single:
         items[0].rel = posixpath.basename(remote)
     root = listing if listing is not None else list_remote(conn, [remote_dir]).roots[0]
