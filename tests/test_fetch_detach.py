@@ -113,7 +113,7 @@ def test_a_stopped_fetch_ends_at_once_leaving_a_partial_that_resumes(
         hashed.wait(60)  # the host still hashing a big file: not waited for once stopped
         return {"run/big.pt": hashlib.sha256(DATA).hexdigest()}
 
-    monkeypatch.setattr(download_mod, "choose_engine", lambda *a, **kw: engine)
+    monkeypatch.setattr(download_mod, "plan_streams", lambda *a, **kw: (engine, 1))
     monkeypatch.setattr(download_mod, "remote_hashes", slow_hashes)
     cancel = Cancel()
     options = Options(cancel=cancel)

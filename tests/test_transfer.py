@@ -457,6 +457,79 @@ def test_upload_is_incremental_verified_and_keeps_names(
     assert not [p for p in (h1.home / remote_dir).rglob("*") if p.name.endswith(PART_SUFFIX)]
 
 
+@pytest.fixture
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Files from 4 MiB are cut into ranges when several streams run (64 MiB otherwise)."""
+    from vmrun.transfer import download as download_module
+    from vmrun.transfer import records
+
+    for module in (streams, records, download_module):
+        monkeypatch.setattr(module, "PARALLEL_BYTES", 4 << 20)
+    return 4 << 20
+
+
+def test_big_files_go_in_ranges_over_several_streams_both_ways(
+    h1: TestHost, conn: Connection, remote_dir: str, tmp_path: Path, small_ranges: int
+) -> None:
+    big, other = os.urandom((13 << 20) + 5), os.urandom(small_ranges + 1)
+    put(h1, f"{remote_dir}/down/big.bin", big)
+    put(h1, f"{remote_dir}/down/other.bin", other)
+    put(h1, f"{remote_dir}/down/small.txt", b"small")
+    offset = len(h1.sshd_log())
+    got = fetch(conn, f"{remote_dir}/down", tmp_path, streams=3)
+    assert (got.streams, got.engine) == (3, "openssh") and not got.failed
+    assert (tmp_path / remote_dir / "down" / "big.bin").read_bytes() == big
+    assert (tmp_path / remote_dir / "down" / "other.bin").read_bytes() == other
+    assert sessions(h1, offset)[0] >= 3  # a connection of its own for each stream
+
+    src = tmp_path / "up"
+    src.mkdir()
+    (src / "big.bin").write_bytes(big)
+    (src / "small.txt").write_bytes(b"small")
+    sent = upload(conn, src, f"{remote_dir}/up", Options(streams=3))
+    assert sent.streams == 3 and sorted(sent.fetched) == ["big.bin", "small.txt"]
+    there = h1.home / remote_dir / "up"
+    assert (there / "big.bin").read_bytes() == big
+    assert (there / "big.bin").stat().st_mtime_ns == (src / "big.bin").stat().st_mtime_ns
+    assert not [p for p in there.iterdir() if p.name.endswith(PART_SUFFIX)]
+
+
+def test_a_cut_ranged_fetch_keeps_what_arrived_from_the_start_and_resumes(
+    h1: TestHost, bed_client: Client, remote_dir: str, tmp_path: Path, small_ranges: int
+) -> None:
+    data = os.urandom(24 << 20)
+    put(h1, f"{remote_dir}/model.pt", data)
+    box: dict[str, BaseException] = {}
+
+    def slow_fetch() -> None:
+        with Connection(parse_host("h1"), bed_client.settings()) as c:
+            try:
+                fetch(c, remote_dir, tmp_path, bwlimit=6 << 20, streams=3)
+            except BaseException as exc:
+                box["error"] = exc
+
+    worker = threading.Thread(target=slow_fetch)
+    worker.start()
+
+    def partial() -> Path | None:
+        parts = list((tmp_path / remote_dir).glob(f".model.pt.*{PART_SUFFIX}"))
+        return parts[0] if parts and parts[0].stat().st_blocks * 512 >= 10 << 20 else None
+
+    part = wait_for(partial, 30, "10 MiB to arrive over the streams")
+    h1.stop_sshd()
+    worker.join(timeout=30)
+    h1.start_sshd()
+    assert isinstance(box.get("error"), ConnectionLostError), box
+    assert isinstance(part, Path) and not (tmp_path / remote_dir / "model.pt").exists()
+    kept = part.read_bytes()
+    assert 0 < len(kept) < len(data) and kept == data[: len(kept)]  # a prefix, no hole
+
+    with Connection(parse_host("h1"), bed_client.settings()) as c:
+        report = fetch(c, remote_dir, tmp_path)
+    assert report.resumed == 1 and report.wire_bytes == len(data) - len(kept)
+    assert (tmp_path / remote_dir / "model.pt").read_bytes() == data
+
+
 def test_paths_and_checksum_lines_are_parsed_safely() -> None:
     assert normalize_remote("results/r1/") == "results/r1"
     assert normalize_remote("~/a/b") == "a/b"

@@ -186,3 +186,30 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_the_range_sender_answers_each_request_in_order(tmp_path: Path) -> None:
+    from vmrun.transfer.receive import COUNT, REQUEST
+
+    data = os.urandom(3 << 20)
+    (tmp_path / "new\nline").write_bytes(data)
+    name = os.fsencode(str(tmp_path / "new\nline"))
+    asks = [(1 << 20, 1 << 20, name), (0, 10, os.fsencode(str(tmp_path / "none"))),
+            ((3 << 20) - 5, 100, name), (0, 7, name)]  # fmt: skip
+    requests = b"".join(REQUEST.pack(at, n, len(p)) + p for at, n, p in asks)
+    send = str(hostside.HERE / "transfer_send.py")
+    out = subprocess.run([sys.executable, send], input=requests, capture_output=True).stdout
+    answers = []
+    while out:
+        (count,) = COUNT.unpack(out[:8])
+        body, out = out[8 : 8 + max(count, 0)], out[8 + max(count, 0) :]
+        answers.append((count, body))
+    assert (
+        answers
+        == [
+            (1 << 20, data[1 << 20 : 2 << 20]),
+            (-1, b""),  # cannot be read
+            (5, data[-5:]),  # only what the file has
+            (7, data[:7]),
+        ]
+    )

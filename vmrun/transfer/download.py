@@ -47,8 +47,8 @@ from vmrun.transfer.manifest import (
     remote_hashes,
     safe_rel,
 )
-from vmrun.transfer.receive import Item, Receiver
-from vmrun.transfer.streams import choose_engine
+from vmrun.transfer.receive import Item, NoPython, Receiver
+from vmrun.transfer.streams import PARALLEL_BYTES, plan_streams
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
 
@@ -284,14 +284,24 @@ def _transfer(
     if not items:
         return []
     remaining = sum(it.entry.size - it.offset for it in items)
-    engine = choose_engine(conn, wanted=options.engine, nbytes=remaining)
-    report.engine = engine.name
+    engine, streams = plan_streams(
+        conn, wanted=options.engine, nbytes=remaining, streams=options.streams
+    )
+    report.engine, report.streams = engine.name, streams
     progress.begin(conn.label, len(items), remaining)
     hasher = _RemoteHashes(conn, [it.remote for it in items])
     cancel = options.cancel
     receiver = Receiver(conn.label, engine, options.bwlimit, progress, report, cancel)
     try:
         whole = [it for it in items if it.offset == 0]
+        big = [it for it in whole if streams > 1 and it.entry.size >= PARALLEL_BYTES]
+        if big:
+            try:
+                receiver.ranges(big, streams)
+                ranged = {id(it) for it in big}
+                whole = [it for it in whole if id(it) not in ranged]
+            except NoPython:
+                pass
         if whole:
             receiver.tar(whole)
         for it in items:

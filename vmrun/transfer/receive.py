@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from vmrun.errors import AuthError, ConnectionLostError, HostKeyError, RemoteError, VmrunError
 from vmrun.ssh import quoting
-from vmrun.transfer.hashing import Follower, Throttle
+from vmrun.transfer.hashing import Follower, Throttle, file_sha256
 from vmrun.transfer.manifest import Entry, remote_arg
-from vmrun.transfer.streams import Engine, Stream, read_exact
+from vmrun.transfer.streams import CHUNK, Engine, Stream, read_exact
 from vmrun.transfer.tar import TAR_CREATE, TruncatedStream, drain, members, skip
 
 if TYPE_CHECKING:
@@ -214,6 +215,10 @@ class Receiver:
         for item in wanted.values():
             item.why = _tar_complaint(err, item.remote) or "could not be read on the host"
 
+    def ranges(self, items: list[Item], count: int) -> None:
+        """Big files over `count` streams at once; NoPython if the host cannot run them."""
+        _Ranges(self, items, count).run()
+
     def tail(self, item: Item) -> None:
         """Continue a partial copy from its end."""
         assert item.part is not None
@@ -246,6 +251,146 @@ class Receiver:
         status, err = stream.finish()
         if status == 255:
             raise stream_error(status, err, self.host, f"while fetching {item.display}")
+
+
+class NoPython(Exception):
+    """The host could not run python3 (exit 127): the caller fetches in one tar stream."""
+
+
+REQUEST = struct.Struct(">QQI")  # hostside/transfer_send.py's: offset, length, len(path)
+COUNT = struct.Struct(">q")
+
+
+@dataclass(eq=False)
+class _Range:
+    item: Item
+    offset: int
+    length: int
+    done: int = 0
+
+
+class _Ranges:
+    """Big files in ranges over several streams at once (hostside/transfer_send.py on the
+    host, one request per range, all sent up front), each range written at its offset."""
+
+    def __init__(self, receiver: Receiver, items: list[Item], count: int):
+        self.receiver = receiver
+        self.items = items
+        self.lanes: list[list[_Range]] = [[] for _ in range(count)]
+        self.loads = [0] * count
+        self.lock = threading.Lock()
+        for item in items:
+            size = item.entry.size
+            step = -(-size // count // CHUNK) * CHUNK or size
+            for at in range(0, size, step):
+                lane = self.loads.index(min(self.loads))
+                self.lanes[lane].append(_Range(item, at, min(step, size - at)))
+                self.loads[lane] += min(step, size - at)
+        self.errors: list[BaseException] = []
+        self.statuses: list[tuple[int, str]] = []
+
+    def run(self) -> None:
+        for item in self.items:
+            assert item.part is not None
+            fd = os.open(item.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.close(fd)
+            self.receiver.progress.file_begin(self.receiver.host, item.display, item.entry.size, 0)
+        threads = [
+            threading.Thread(target=self._lane, args=(lane,), daemon=True)
+            for lane in self.lanes
+            if lane
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if self.errors or any(status != 0 for status, _ in self.statuses):
+            self._keep_prefixes()
+        if self.statuses and all(status == 127 for status, _ in self.statuses):
+            raise NoPython
+        for error in self.errors:
+            raise error
+        for status, err in self.statuses:
+            if status != 0:
+                raise stream_error(status, err, self.receiver.host, "while fetching big files")
+        for item in self.items:
+            assert item.part is not None
+            item.received = item.entry.size
+            item.digest = file_sha256(item.part)
+
+    def _lane(self, ranges: list[_Range]) -> None:
+        from vmrun import hostside
+
+        command = quoting.plain_command(hostside.command("transfer_send.py"))
+        try:
+            stream = self.receiver.engine.open(command)
+        except BaseException as exc:
+            self.errors.append(exc)
+            return
+        requests = b"".join(
+            REQUEST.pack(r.offset, r.length, len(os.fsencode(remote_arg(r.item.remote))))
+            + os.fsencode(remote_arg(r.item.remote))
+            for r in ranges
+        )
+
+        def feed() -> None:
+            with contextlib.suppress(Exception):
+                stream.send(requests)
+            stream.close_input()
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        try:
+            for r in ranges:
+                self._one(stream, r)
+        except BaseException as exc:
+            stream.kill()
+            if not isinstance(exc, TruncatedStream):
+                self.errors.append(exc)
+        feeder.join(timeout=10)
+        status, err = stream.finish()
+        with self.lock:
+            self.statuses.append((status, err))
+
+    def _one(self, stream: Stream, r: _Range) -> None:
+        head = read_exact(stream, COUNT.size)
+        if len(head) != COUNT.size:
+            raise TruncatedStream("the stream ended before a range")
+        (count,) = COUNT.unpack(head)
+        if count != r.length:
+            r.item.why = "vanished or changed on the host during the transfer"
+        if count <= 0:
+            return
+        assert r.item.part is not None
+        fd = os.open(r.item.part, os.O_WRONLY)
+        try:
+            os.lseek(fd, r.offset, os.SEEK_SET)
+
+            def on_chunk(n: int) -> None:
+                r.done += n
+                with self.lock:
+                    self.receiver._on_chunk(n)
+
+            got = stream.copy_to(fd, count, on_chunk)
+        finally:
+            os.close(fd)
+        if got != count:
+            raise TruncatedStream("the stream ended inside a range")
+
+    def _keep_prefixes(self) -> None:
+        """After a failure: each file cut back to the bytes that arrived from its start, so
+        the next fetch resumes from there (`tail`), never past a hole."""
+        for item in self.items:
+            ranges = sorted(
+                (r for lane in self.lanes for r in lane if r.item is item), key=lambda r: r.offset
+            )
+            prefix = 0
+            for r in ranges:
+                prefix += r.done
+                if r.done < r.length:
+                    break
+            with contextlib.suppress(OSError):
+                os.truncate(item.part, prefix)  # type: ignore[arg-type]
 
 
 def _tar_complaint(err: str, remote: str) -> str:
