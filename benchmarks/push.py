@@ -341,6 +341,7 @@ def body(work: Path, bed, host, keys, kind: str, size: int, args) -> None:  # ty
             big.parent.mkdir()
             make_file(big, size)
             large(b, big, size, args)
+            large_fetch(b, big, size, args)
         if not args.no_tree:
             tree = work / "tree-data" / "tree"
             started = time.perf_counter()
@@ -389,6 +390,45 @@ def large(b: Bench, big: Path, size: int, args: argparse.Namespace) -> None:
     verdict(f"large file at {where}, vmrun push vs scp (gcm)", results["scp (gcm)"][0] / cli,
             goal, ">=")  # fmt: skip
     verdict(f"large file at {where}, vmrun push vs rsync -a", results["rsync -a"][0] / cli,
+            goal, ">=")  # fmt: skip
+
+
+def large_fetch(b: Bench, big: Path, size: int, args: argparse.Namespace) -> None:
+    """The same file back: scp from the host against vmrun's download (its library call, in
+    this process: `vmrun fetch` takes a run's outputs, not any path)."""
+    b.run(["ssh", "-F", str(b.cfg), b.alias, "mkdir -p pb/src"])()
+    b.scp(big, "pb/src")()
+    here = b.work / "fetched"
+
+    def clear() -> None:
+        shutil.rmtree(here, ignore_errors=True)
+        here.mkdir()
+
+    def vmrun_fetch() -> None:
+        from vmrun.config import load_settings
+        from vmrun.ssh.connection import Connection
+        from vmrun.transfer.download import download
+        from vmrun.transfer.types import FetchSpec, Options
+
+        settings = load_settings({}, environ=b.env)
+        with Connection(b.alias, settings) as conn:
+            report = download(conn, [FetchSpec("pb/src/big.bin", "big.bin")], here, Options())
+        if report.failed or not report.fetched:
+            raise SystemExit(f"vmrun download failed: {report.failed}")
+
+    remote = f"{b.alias}:pb/src/{big.name}"
+    cases = {
+        "scp (default cipher)": b.run(["scp", "-q", "-F", str(b.cfg), remote, str(here)]),
+        "scp (gcm)": b.run(["scp", "-q", "-F", str(b.cfg), "-c", GCM, remote, str(here)]),
+        "vmrun download (library)": vmrun_fetch,
+    }
+    results = rounds(cases, args.rounds, clear)
+    table(f"large file ({size / 2**20:.0f} MiB), fetched into an empty folder each time",
+          results, size, {"scp": "scp (default cipher)", "scp(gcm)": "scp (gcm)"})  # fmt: skip
+    goal = 1.0 if not args.rtt else 3.0 if args.rtt <= 20 else 5.0
+    where = f"{args.rtt:g} ms RTT" if args.rtt else "loopback"
+    ours = results["vmrun download (library)"][0]
+    verdict(f"large file at {where}, vmrun fetch vs scp", results["scp (default cipher)"][0] / ours,
             goal, ">=")  # fmt: skip
 
 

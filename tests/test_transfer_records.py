@@ -74,28 +74,40 @@ def test_a_wrong_digest_places_nothing_and_the_stream_goes_on(tmp_path: Path) ->
     assert sorted(p.name for p in dest.iterdir()) == ["good", "in"]  # no temporary left
 
 
-def test_ranges_from_several_streams_then_placed_by_digest(tmp_path: Path) -> None:
+def test_ranges_from_several_streams_each_verified_then_moved(tmp_path: Path) -> None:
     src, dest = tmp_path / "src", tmp_path / "dest"
     data = os.urandom(3 * 1024 * 1024 + 17)
     item = outgoing(src, "big/model.bin", data)
     cuts = [(0, 1 << 20), (1 << 20, 1 << 20), (2 << 20, len(data) - (2 << 20))]
 
-    def piece(at: int, n: int) -> bytes:
-        return header(b"R", item, at, n) + data[at : at + n]
+    def piece(at: int, n: int, digest: bytes | None = None) -> bytes:
+        body = data[at : at + n]
+        return header(b"R", item, at, n) + body + (digest or hashlib.sha256(body).digest())
 
+    status, results, err = receive(dest, piece(*cuts[2]) + piece(*cuts[0], bytes(32)))
+    assert status == 0 and "range from byte 0" in results[b"big/model.bin"], err
     for chunk in (piece(*cuts[2]) + piece(*cuts[0]), piece(*cuts[1])):  # two streams, any order
         status, results, err = receive(dest, chunk)
-        assert status == 0 and results == {}, err
+        assert status == 0 and results == {}, err  # nothing said of ranges that arrived well
     assert not (dest / "big/model.bin").exists()
-    wrong = header(b"P", item, 0, 0) + bytes(32)
-    assert "SHA-256" in receive(dest, wrong)[1][b"big/model.bin"]
-    assert not (dest / item.temp).exists()  # a copy that is not the file is not kept
-    for chunk in (piece(*cuts[0]), piece(*cuts[1]) + piece(*cuts[2])):
-        receive(dest, chunk)
-    status, results, _ = receive(dest, header(b"P", item, 0, 0) + hashlib.sha256(data).digest())
+    status, results, _ = receive(dest, header(b"M", item, 0, 0))
     assert status == 0 and results == {b"big/model.bin": ""}
     assert (dest / "big/model.bin").read_bytes() == data
     assert (dest / "big/model.bin").stat().st_mtime_ns == item.mtime_ns
+
+
+def test_a_whole_copy_left_by_a_cut_upload_is_placed_only_by_its_digest(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    data = os.urandom(10_000)
+    item = outgoing(src, "left.bin", data)
+    dest.mkdir()
+    (dest / item.temp).write_bytes(data)
+    assert "SHA-256" in receive(dest, header(b"P", item, 0, 0) + bytes(32))[1][b"left.bin"]
+    assert not (dest / item.temp).exists() and not (dest / "left.bin").exists()
+    (dest / item.temp).write_bytes(data)
+    good = header(b"P", item, 0, 0) + hashlib.sha256(data).digest()
+    assert receive(dest, good)[1] == {b"left.bin": ""}
+    assert (dest / "left.bin").read_bytes() == data
 
 
 @pytest.mark.parametrize("name", ["../escape", "/tmp/abs", "a/../../b"])

@@ -5,9 +5,12 @@ pass. Each record is a header (vmrun.transfer.records.HEADER), its names, then i
   that follows the data is the one computed here, given its mode and mtime and renamed over
   its final name at once, so no second pass reads it back and no round trip places it;
 - R (a range of a big file sent over several streams at once): written at its offset into the
-  temporary name, which is made the file's full size; nothing else;
-- P (place): hash a temporary file that is whole (its ranges arrived, or an earlier upload was
-  cut after it), and place it as F does when the SHA-256 is the one sent.
+  temporary name, which is made the file's full size, and hashed on the way; the range's
+  SHA-256 follows its data; only a mismatch is reported;
+- M (move): a file whose every range arrived and matched (each stream's receiver reported
+  nothing against it, and all ended well) is given its mode and mtime and placed;
+- P (place): hash a temporary file that is whole (an earlier upload was cut after it), and
+  place it as F does when the SHA-256 is the one sent.
 
 Out: `+FINAL\\0` for each file placed, `-FINAL\\0WHY\\0` for each that was not. Names are
 bytes relative to DIR, never absolute, never through `..`.
@@ -155,9 +158,10 @@ def place(temp, final, mtime_ns, mode):
 
 
 def ranged(src, temp, offset, length, size):
-    """An R record; its data is read whatever happens to the file here."""
+    """An R record: its bytes written at their offset, hashed on the way; its data and the
+    range's SHA-256 after it are read whatever happens to the file here."""
     left, at, why = length, offset, ""
-    fd = -1
+    digest, fd = hashlib.sha256(), -1
     try:
         make_parent(temp)
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -169,6 +173,7 @@ def ranged(src, temp, offset, length, size):
         data = src.read(min(CHUNK, left))
         if not data:
             raise EOFError
+        digest.update(data)
         view = memoryview(data)
         while fd >= 0 and view:
             try:
@@ -179,8 +184,13 @@ def ranged(src, temp, offset, length, size):
                 fd = -1
         at += len(data)
         left -= len(data)
+    sent = src.read(DIGEST)
+    if len(sent) != DIGEST:
+        raise EOFError
     if fd >= 0:
         os.close(fd)
+    if not why and digest.digest() != sent:
+        why = f"SHA-256 on the host of the range from byte {offset} differs from the one sent"
     return why
 
 
@@ -235,6 +245,12 @@ def main():
             told.add(temp)  # one line for a file whatever number of its ranges failed
         elif kind == b"P":
             why = check_and_place(src, temp, final, mtime_ns, mode)
+        elif kind == b"M":  # every range arrived and matched its SHA-256: only place it
+            try:
+                place(temp, final, mtime_ns, mode)
+                why = ""
+            except OSError as exc:
+                why = exc.strerror or str(exc)
         else:
             sys.exit("transfer-recv: a bad record in the stream")
         said.append(b"-" + final + b"\0" + why.encode() + b"\0" if why else b"+" + final + b"\0")

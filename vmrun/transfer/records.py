@@ -6,8 +6,8 @@ while reading it): the host hashes it while writing and renames it into place at
 nothing reads it back and no round trip follows. Small files are packed into 1 MiB writes.
 On a far host a big file is cut into ranges (R records) spread over several streams, each
 with its own SSH window (one stream moves 2 MiB per round trip whatever the bandwidth);
-once every stream has ended, P records ask the host to hash each such file whole and place
-it when its SHA-256 is the one computed here meanwhile.
+each range is hashed on both ends as it travels (its SHA-256 follows its bytes), and once
+every stream has ended well with no range refused, M records place those files.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import hashlib
 import os
 import struct
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING
 from vmrun import hostside
 from vmrun.errors import RemoteError
 from vmrun.ssh import quoting
-from vmrun.transfer.hashing import Throttle, file_sha256
+from vmrun.transfer.hashing import Throttle
 from vmrun.transfer.streams import CHUNK, PARALLEL_BYTES, Engine, Stream, capture
 
 if TYPE_CHECKING:
@@ -170,7 +169,10 @@ def _send_lane(stream: Stream, lane: Lane, pace: _Pacer) -> None:
                     pace.progress.file_begin(pace.label, item.rel, item.size, 0)
                 buf += header(b"R", item, w.offset, w.length)
                 flush()
-                _send_bytes(stream, fd, w.offset, w.length, None, pace)
+                digest = hashlib.sha256()
+                if _send_bytes(stream, fd, w.offset, w.length, digest, pace):
+                    item.digest = None  # shorter now: the zero digest fails the check
+                stream.send(digest.digest() if item.digest is not None else bytes(32))
                 continue
             pace.progress.file_begin(pace.label, item.rel, item.size, 0)
             buf += header(b"F", item, 0, item.size)
@@ -250,40 +252,32 @@ def send_lanes(
     `why` says what went wrong with it. False: the host has no python3 (nothing was sent)."""
     lanes = lanes_for(items, streams)
     pace = _Pacer(conn.label, progress, report, bwlimit)
-    ranged = list(
-        {id(w.item): w.item for lane in lanes for w in lane.work if isinstance(w, Piece)}.values()
-    )
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        sums: dict[int, Future[str]] = {id(i): pool.submit(file_sha256, i.path) for i in ranged}
-        threads = [
-            threading.Thread(target=_run_lane, args=(engine, remote_dir, lane, pace), daemon=True)
-            for lane in lanes
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if all(lane.status == NO_PYTHON for lane in lanes):
-            return False
-        _check_lanes(conn, lanes)
-        for item in ranged:
-            item.digest = _digest_or_none(sums[id(item)])
+    pieces = [w for lane in lanes for w in lane.work if isinstance(w, Piece)]
+    ranged = list({id(p.item): p.item for p in pieces}.values())
+    for item in ranged:
+        item.digest = ""  # "": not read yet; None: it changed while being read
+    threads = [
+        threading.Thread(target=_run_lane, args=(engine, remote_dir, lane, pace), daemon=True)
+        for lane in lanes
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if all(lane.status == NO_PYTHON for lane in lanes):
+        return False
+    _check_lanes(conn, lanes)
     results = {name: why for lane in lanes for name, why in lane.results.items()}
-    whole = [w for lane in lanes for w in lane.work if isinstance(w, Outgoing)]
-    for item in whole:
-        item.why = results.get(_names(item)[1], "the host did not report it")
-    failed_ranges = [i for i in ranged if _names(i)[1] in results]
-    for item in failed_ranges:
-        item.why = results[_names(item)[1]]
-    _place_ranged(conn, remote_dir, [i for i in ranged if not i.why])
+    silent = {id(i) for i in ranged}  # a range that arrived well is not reported
+    for item in items:
+        if not item.why:  # else it could not be read here
+            quiet = "" if id(item) in silent else "the host did not report it"
+            item.why = results.get(_names(item)[1], quiet)
+    for item in ranged:
+        if item.digest is None and not item.why:
+            item.why = "changed here while it was being sent"
+    _move(conn, remote_dir, [i for i in ranged if not i.why])
     return True
-
-
-def _digest_or_none(future: Future[str]) -> str | None:
-    try:
-        return future.result()
-    except OSError:
-        return None
 
 
 def _check_lanes(conn: Connection, lanes: list[Lane]) -> None:
@@ -304,13 +298,12 @@ def _check_lanes(conn: Connection, lanes: list[Lane]) -> None:
         )
 
 
-def _place_ranged(conn: Connection, remote_dir: str, items: list[Outgoing]) -> None:
-    """P records: the host hashes each whole file and places it if it is what was read here."""
+def _move(conn: Connection, remote_dir: str, items: list[Outgoing]) -> None:
+    """M records: files whose every range the host verified, given their mode and mtime and
+    placed, in one round trip."""
     if not items:
         return
-    data = b"".join(
-        header(b"P", i, 0, 0) + (bytes.fromhex(i.digest) if i.digest else bytes(32)) for i in items
-    )
+    data = b"".join(header(b"M", i, 0, 0) for i in items)
     status, out, err = capture(conn, receive_command(remote_dir), stdin=data, what="placing files")
     lane = Lane()
     _parse(out, lane)
@@ -330,7 +323,20 @@ def _parse(out: bytes, lane: Lane) -> None:
             lane.results[word[1:]] = (words.pop(0) if words else b"").decode("utf-8", "replace")
 
 
-def place_whole(conn: Connection, remote_dir: str, items: list[Outgoing]) -> None:
-    """Place temporary copies that an earlier, cut upload left whole on the host (P records):
-    each item's `digest` must be set; `why` says what became of it."""
-    _place_ranged(conn, remote_dir, items)
+def place_whole(conn: Connection, remote_dir: str, items: list[Outgoing]) -> bool:
+    """P records: temporary copies an earlier, cut upload left whole on the host, hashed
+    there and placed when each is what `digest` says (in one round trip); `why` says what
+    became of each. False: the host has no python3 (nothing was done)."""
+    data = b"".join(
+        header(b"P", i, 0, 0) + (bytes.fromhex(i.digest) if i.digest else bytes(32)) for i in items
+    )
+    status, out, err = capture(conn, receive_command(remote_dir), stdin=data, what="placing files")
+    if status == NO_PYTHON:
+        return False
+    lane = Lane()
+    _parse(out, lane)
+    if status != 0:
+        _check_lanes(conn, [Lane(status=status, err=err)])
+    for item in items:
+        item.why = lane.results.get(_names(item)[1], "the host did not report it")
+    return True

@@ -37,7 +37,7 @@ from vmrun.transfer.manifest import (
     remote_arg,
     remote_hashes,
 )
-from vmrun.transfer.records import Outgoing, send_lanes
+from vmrun.transfer.records import Outgoing, place_whole, send_lanes
 from vmrun.transfer.streams import CHUNK, Engine, capture, plan_streams
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
@@ -94,9 +94,7 @@ def _scan(
     if files is None:
         tree = scanned if scanned is not None else scan(local)
         report.skipped += [s for s in tree.skipped if selected(s.split(": ", 1)[0], spec)]
-        return [
-            i for i in tree.files if not i.rel.endswith(PART_SUFFIX) and selected(i.rel, spec)
-        ]
+        return [i for i in tree.files if not i.rel.endswith(PART_SUFFIX) and selected(i.rel, spec)]
     found: list[Outgoing] = []
     for rel in files:
         path = local / rel
@@ -275,12 +273,20 @@ def _adopt_arrived(
             whole.append(item)
     if not whole:
         return todo
-    from vmrun.transfer.hashing import file_sha256
+    from vmrun.transfer.hashing import many_sha256
 
-    sums = remote_hashes(conn, [join_remote(remote_dir, i.temp) for i in whole])
-    good = [i for i in whole if sums.get(join_remote(remote_dir, i.temp)) == file_sha256(i.path)]
-    pairs = [p for i in good for p in (i.temp, i.rel)]
-    run_over(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
+    ours = many_sha256(Path(i.path) for i in whole)
+    for item in whole:
+        item.digest = ours.get(Path(item.path))
+    if place_whole(conn, remote_dir, whole):  # the host hashed and placed them in one go
+        good = [i for i in whole if not i.why]
+        for item in whole:
+            item.why = ""
+    else:  # no python3 there
+        sums = remote_hashes(conn, [join_remote(remote_dir, i.temp) for i in whole])
+        good = [i for i in whole if sums.get(join_remote(remote_dir, i.temp)) == i.digest]
+        pairs = [p for i in good for p in (i.temp, i.rel)]
+        run_over(conn, "transfer_place.sh", remote_dir, pairs, hostside.path("transfer_place.py"))
     for item in good:
         report.fetched.append(item.rel)
         report.fetched_bytes += item.size
