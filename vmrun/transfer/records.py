@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vmrun import hostside
-from vmrun.errors import RemoteError
+from vmrun.errors import RemoteError, VmrunError
 from vmrun.ssh import quoting
 from vmrun.transfer.hashing import Throttle
 from vmrun.transfer.streams import CHUNK, PARALLEL_BYTES, Engine, Stream, capture
@@ -282,10 +282,14 @@ def send_lanes(
 
 def _check_lanes(conn: Connection, lanes: list[Lane]) -> None:
     for lane in lanes:
-        if lane.status == 0:
+        if lane.status == 0 and lane.error is None:
             continue
+        if isinstance(lane.error, VmrunError):  # the connection went: that says it best
+            raise lane.error
         err = lane.err.strip()
         last = err.splitlines()[-1] if err else f"exit status {lane.status}"
+        if not err and lane.error is not None:
+            last += f" ({type(lane.error).__name__}: {lane.error})"
         broke = lane.status == 255 or isinstance(lane.error, (BrokenPipeError, ConnectionError))
         raise RemoteError(
             f"the upload stream broke: {last}"
