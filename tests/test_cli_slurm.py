@@ -4,6 +4,7 @@ No GPUs here: CPU tasks with gloo; the GRES `gpu` has counts only."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -149,6 +150,36 @@ def test_mp_spawn_script_with_the_python_launcher(
     assert done.returncode == 0, done.stderr + done.stdout
     spawned = sorted(re.findall(r"spawned rank (\d) of 2 sum 2", done.stdout))
     assert spawned == ["0", "1"], done.stdout
+
+
+def test_train_data_goes_once_to_the_shared_filesystem_and_the_job_reads_it(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    use_cluster(slurm_client, host_python)
+    data = slurm_client.cwd / "data"
+    made = {f"part{i}.bin": os.urandom(5000 + i) for i in range(3)}
+    (data / "sub").mkdir(parents=True)
+    for name, blob in made.items():
+        (data / "sub" / name).write_bytes(blob)
+    (slurm_client.cwd / "read_data.py").write_text(
+        "import hashlib, pathlib\n"
+        "files = sorted(p for p in pathlib.Path('data').rglob('*') if p.is_file())\n"
+        "print('data', len(files), hashlib.sha256(b''.join(p.read_bytes() for p in files))"
+        ".hexdigest())\n"
+    )
+    (slurm_client.cwd / ".vmrunignore").write_text("data/\n")  # it travels by --data alone
+    args = ["read_data.py", "--launcher", "python", "--data", "data"]
+    dry = slurm_client.vmrun("train", "-C", "bed", *args, "--dry-run", "--")
+    assert dry.returncode == 0 and "# push " in dry.stdout and "/data" in dry.stdout, dry.stderr
+    done = slurm_client.vmrun("train", "-C", "bed", *args, "--", timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    digest = hashlib.sha256(b"".join(made[n] for n in sorted(made))).hexdigest()
+    assert f"data 3 {digest}" in done.stdout and "pushed 3 file(s)" in done.stderr, done.stdout
+    meta = json.loads((record_dir(slurm_cluster, run_id_of(done.stderr)) / "run.json").read_text())
+    (entry,) = meta["data"]
+    assert entry["files"] == 3 and entry["manifest"] and entry["remote"].endswith("/data")
+    again = slurm_client.vmrun("train", "-C", "bed", *args, "--", timeout=300)
+    assert again.returncode == 0 and "pushed" not in again.stderr  # nothing changed: nothing sent
 
 
 def fill_partition(cluster: Any) -> str:

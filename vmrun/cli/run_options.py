@@ -66,8 +66,9 @@ DataOption = Annotated[
         "--data",
         metavar="PATH[:DIR]",
         help="Push this file or folder to every node before the run (as `vmrun push`: only"
-        " what changed, verified) into DIR/<its name> [default DIR: the project's work"
-        " directory there]; recorded in run.json; repeatable.",
+        " what changed, verified; with -C once, onto the cluster's shared filesystem) into"
+        " DIR/<its name> [default DIR: the project's work directory there]; recorded in"
+        " run.json; repeatable.",
     ),
 ]
 Mounts = Annotated[

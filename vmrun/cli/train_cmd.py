@@ -225,6 +225,8 @@ def show_dry_run(dry: Any) -> int:
     typer.echo(f"# and the commands, on the login node ({dry.login}):")
     if dry.sync:
         typer.echo(f"# sync {dry.sync}")
+    for line in dry.data:
+        typer.echo(f"# push {line}")
     typer.echo(join(dry.submit))
     if dry.env_names:
         typer.echo(

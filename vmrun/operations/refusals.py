@@ -20,7 +20,7 @@ SLURM_ONLY = (
 )  # fmt: skip
 HOSTS_ONLY = (
     "-H", "--local", "--master", "--nnodes", "--rdzv-port", "--allow-concurrent", "--fresh",
-    "--resume", "--fetch-every", "--down-after-run", "--data",
+    "--resume", "--fetch-every", "--down-after-run",
 )  # fmt: skip
 WHAT_RUNS = (
     "SCRIPT", "--epochs", "--save-every", "--nproc-per-node", "--max-restarts", "--name",

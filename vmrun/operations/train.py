@@ -116,6 +116,7 @@ class DryRun:
     submit: list[str]  # the sbatch command
     env_names: list[str] = field(default_factory=list)  # sent in env_file, not the script
     env_file: str = ""
+    data: list[str] = field(default_factory=list)  # "PATH -> DEST" for each --data
 
 
 def train(
@@ -208,7 +209,16 @@ def _dry_run(backend: Any, plan: Plan) -> DryRun:
         submit=["sbatch", "--parsable", f"{record}/job.sh"],
         env_names=sorted({*backend.cluster.env, *plan.env}),
         env_file=f"{record}/env",
+        data=[f"{p} -> {_data_dest(where, sub.paths.code)}/{p.name}" for p, where in plan.data],
     )
+
+
+def _data_dest(where: str | None, code: str) -> str:
+    from vmrun.transfer.manifest import normalize_remote
+
+    if not where:
+        return code
+    return normalize_remote(where, base=code, where="the project's work directory")
 
 
 def _on_hosts(

@@ -21,6 +21,7 @@ from vmrun.transfer.manifest import PART_SUFFIX, Entry
 from vmrun.transfer.types import Options, Progress, Report, env_tuning
 
 if TYPE_CHECKING:
+    from vmrun.reporting import Reporter
     from vmrun.transfer.upload import Scan
 
 CHECK = "push_check.sh"  # vmrun/hostside: the folder can be written, the disk has room
@@ -113,6 +114,45 @@ def push_host(
                 run_over(conn, "transfer_drop.sh", plan.remote, list(plan.extra))
                 done.deleted += [f"{plan.remote}/{rel}" for rel in plan.extra]
     return done
+
+
+def push_data(
+    conn: Connection,
+    data: Sequence[tuple[Path, str | None]],
+    base: str,
+    out: Reporter,
+    progress: Progress | None = None,
+) -> list[dict[str, object]]:
+    """A run's `--data PATH[:DIR]`s onto the host (a cluster's login node: its shared
+    filesystem) under `base`, the run's work directory: checked, only what changed,
+    verified. Returns what run.json records of each: where it is and its manifest."""
+    from vmrun.transfer.manifest import normalize_remote
+
+    done_data = []
+    for local, where in data:
+        dest = (
+            normalize_remote(where, base=base, where="the project's work directory")
+            if where
+            else base
+        )
+        done = push_host(conn, [local], dest, progress)
+        report, planned = done.reports[0], done.planned[0]
+        if not report.ok:
+            raise RemoteError(
+                f"--data {local}: {len(report.failed)} file(s) did not arrive intact",
+                host=conn.label,
+                code="transfer-failed",
+            )
+        if report.fetched:
+            out.info(
+                f"{conn.label}: pushed {len(report.fetched)} file(s) of {local.name},"
+                f" {report.wire_bytes / 2**20:.1f} MiB ({report.seconds:.1f} s) to {planned.remote}"
+            )
+        done_data.append({
+            "local": str(local), "remote": planned.remote, "files": planned.files,
+            "bytes": planned.nbytes, "manifest": manifest(conn, planned.remote),
+        })  # fmt: skip
+    return done_data
 
 
 def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Planned:

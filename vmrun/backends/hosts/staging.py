@@ -22,35 +22,9 @@ def stage(node: Node, plan: Plan, out: Reporter, progress: Progress | None = Non
 
 
 def _push_data(node: Node, plan: Plan, out: Reporter, progress: Progress | None) -> None:
-    """Each --data PATH onto the host (vmrun.transfer.push: checked, only what changed,
-    verified), recorded on the node for run.json: where it is and its manifest."""
-    from vmrun.transfer.manifest import normalize_remote
-    from vmrun.transfer.push import manifest, push_host
+    from vmrun.transfer.push import push_data
 
-    conn = node.conn
-    for local, where in plan.data:
-        dest = (
-            normalize_remote(where, base=node.workdir, where="the project's work directory")
-            if where
-            else node.workdir
-        )
-        done = push_host(conn, [local], dest, progress)
-        report, planned = done.reports[0], done.planned[0]
-        if not report.ok:
-            raise RemoteError(
-                f"--data {local}: {len(report.failed)} file(s) did not arrive intact",
-                host=conn.label,
-                code="transfer-failed",
-            )
-        if report.fetched:
-            out.info(
-                f"{conn.label}: pushed {len(report.fetched)} file(s) of {local.name},"
-                f" {report.wire_bytes / 2**20:.1f} MiB ({report.seconds:.1f} s) to {planned.remote}"
-            )
-        node.data.append({
-            "local": str(local), "remote": planned.remote, "files": planned.files,
-            "bytes": planned.nbytes, "manifest": manifest(conn, planned.remote),
-        })  # fmt: skip
+    node.data += push_data(node.conn, plan.data, node.workdir, out, progress)
 
 
 def _stage_code(node: Node, plan: Plan, out: Reporter, progress: Progress | None) -> None:

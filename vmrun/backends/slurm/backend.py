@@ -263,11 +263,16 @@ class SlurmBackend:
     def start(
         self, plan: Plan, how: object, out: Reporter, progress: Progress | None = None
     ) -> RunRef:
-        """Sync the code (a SCRIPT's project; the template travels with the job), submit,
-        and return once the job is queued. A job that can never start is cancelled."""
+        """Sync the code (a SCRIPT's project; the template travels with the job) and push
+        the run's --data, submit, and return once the job is queued. A job that can never
+        start is cancelled."""
         sub = self.prepare(plan)
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
+        if plan.data:  # once, onto the shared filesystem through the login node
+            from vmrun.transfer.push import push_data
+
+            sub.meta["data"] = push_data(self.conn, plan.data, sub.paths.code, out, progress)
         job, state = self._submit(sub)
         ref = self._ref(sub.run_id, {**sub.meta, "job_id": job})
         if state is not None and state.never_starts:
