@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import _thread
 import os
+import shutil
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,10 +20,12 @@ import pytest
 from conftest import Client, local_argv, wait_for
 from testbed import NetnsBed, TestHost
 
+from vmrun import hostside
 from vmrun.errors import VmrunError
 from vmrun.hostside import command
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.hosts import parse_host
+from vmrun.transfer.manifest import PART_SUFFIX
 from vmrun.transfer.relay import (
     STATE,
     authorized_line,
@@ -132,28 +136,37 @@ def test_the_stale_sweep_removes_old_transfers_and_leaves_young_ones(host_home: 
     assert "vmrun-relay" not in (host_home / ".ssh" / "authorized_keys").read_text()
 
 
-def test_receive_unpacks_under_the_staging_folder_only(host_home: Path, tmp_path: Path) -> None:
+def test_the_hop_places_each_file_verified_and_only_while_granted(
+    host_home: Path, tmp_path: Path
+) -> None:
     src = tmp_path / "src"
     for rel in HOSTILE:
         path = src / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.fsencode(rel))
-    names = b"".join(os.fsencode(r) + b"\0" for r in HOSTILE)
-    tar = ["tar", "-c", "-f", "-", "--format=posix", "--null", "--verbatim-files-from",
-           "--no-recursion", "-T", "-"]  # fmt: skip
-    stream = subprocess.run(tar, input=names, cwd=src, capture_output=True, check=True).stdout
+        path.write_bytes(os.fsencode(rel) * 1000)
+    (src / "sub" / "link-in").symlink_to("dir")
+    names = [*HOSTILE, "sub/link-in"]
+    listing = tmp_path / "list"
+    listing.write_bytes(b"".join(os.fsencode(r) + b"\0" for r in names))
+    pack = [sys.executable, str(hostside.HERE / "transfer_pack.py"), str(src), str(listing)]
+    stream = subprocess.run(pack, capture_output=True, check=True).stdout
     tag = new_tag()
     line = authorized_line(PUB, tag, None).encode()
     assert _relay_sh(host_home, "grant", STATE, tag, stdin=line + b"\nto").returncode == 0
     got = _relay_sh(host_home, "receive", STATE, tag, stdin=stream)
     assert got.returncode == 0, got.stderr
+    said = got.stdout.split(b"\0")[:-1]
+    assert sorted(said) == sorted(b"+" + os.fsencode(r) for r in names)
     for rel in HOSTILE:
-        assert (host_home / "to" / f".{tag}" / rel).read_bytes() == os.fsencode(rel)
-    assert os.listdir(host_home / "to") == [f".{tag}"]
+        assert (host_home / "to" / rel).read_bytes() == os.fsencode(rel) * 1000
+        assert (host_home / "to" / rel).stat().st_mtime_ns == (src / rel).stat().st_mtime_ns
+    assert os.readlink(host_home / "to" / "sub" / "link-in") == "dir"
+    assert not [p for p in (host_home / "to").rglob("*") if p.name.endswith(".vmrun-part")]
     # a transfer that was revoked receives nothing
     assert _relay_sh(host_home, "revoke", STATE, tag, "0").returncode == 0
+    shutil.rmtree(host_home / "to")
     refused = _relay_sh(host_home, "receive", STATE, tag, stdin=stream)
-    assert refused.returncode != 0 and os.listdir(host_home / "to") == []
+    assert refused.returncode != 0 and not (host_home / "to").exists()
 
 
 # -- netns tier: two test hosts on an inner network -------------------------------------
@@ -203,11 +216,11 @@ def _tree(root: Path) -> dict[str, object]:
 
 class _Counted(Progress):
     def __init__(self) -> None:
-        self.begun: list[tuple[str, int, int]] = []
+        self.begun: list[tuple[str, int, int, str]] = []
         self.advances: list[int] = []
 
-    def begin(self, host: str, files: int, nbytes: int) -> None:
-        self.begun.append((host, files, nbytes))
+    def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
+        self.begun.append((host, files, nbytes, via))
 
     def advance(self, host: str, nbytes: int) -> None:
         self.advances.append(nbytes)
@@ -248,7 +261,7 @@ def test_a_tree_goes_host_to_host_exact_and_only_what_changed_again(
     report = relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
                    dst_host_key=_host_key(b), progress=progress)  # fmt: skip
     sizes = sum(len(v) for v in _tree(src).values() if isinstance(v, bytes))
-    assert progress.begun == [("n2", len(HOSTILE) + 1 + 2, sizes)]  # files, inside links
+    assert progress.begun == [("n2", len(HOSTILE) + 1 + 2, sizes, "n1")]  # files, inside links
     assert sum(progress.advances) == sizes and len(progress.advances) > 1
     expected = _tree(src)
     del expected["link-out"]
@@ -303,7 +316,7 @@ def test_ctrl_c_mid_copy_leaves_no_key_and_nothing_running(
     def interrupt_once_bytes_arrive() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for part in (b.home / "copy").glob(".vmrun-relay-*/huge.bin"):
+            for part in (b.home / "copy").glob(f".huge.bin.*{PART_SUFFIX}"):
                 try:
                     if part.stat().st_size > 0:
                         fired.set()
@@ -326,6 +339,9 @@ def test_ctrl_c_mid_copy_leaves_no_key_and_nothing_running(
     assert not (b.home / "copy" / "huge.bin").exists()
 
 
+_RELAY_WORDS = (b"relay.sh", b"vmrun-relay", b"transfer_recv", b"transfer_pack")
+
+
 def _relay_processes(host: TestHost) -> list[int]:
     found = []
     for pid in host.user_pids():
@@ -333,7 +349,7 @@ def _relay_processes(host: TestHost) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"relay.sh" in cmdline or b"vmrun-relay" in cmdline:
+        if any(w in cmdline for w in _RELAY_WORDS):
             found.append(pid)
     return found
 

@@ -282,7 +282,7 @@ class Recorder(Progress):
         self.moved = 0
         self.ended: list[str] = []
 
-    def begin(self, host: str, files: int, nbytes: int) -> None:
+    def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
         self.begun.append((files, nbytes))
 
     def advance(self, host: str, nbytes: int) -> None:
@@ -390,7 +390,7 @@ def test_rsync_failing_to_connect_is_exit_12_and_leaves_nothing(
     write(project, "train.py", "x")
 
     class HostGoesDown(Progress):
-        def begin(self, host: str, files: int, nbytes: int) -> None:
+        def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
             h1.stop_sshd()  # after the work dir is made, before rsync connects
 
     try:

@@ -238,7 +238,7 @@ def test_a_file_that_changes_after_the_listing_is_fetched_again(
 
         calls = 0
 
-        def begin(self, host: str, files: int, nbytes: int) -> None:
+        def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
             self.calls += 1
             if self.calls == 1:
                 path.write_bytes(grown)
@@ -261,7 +261,7 @@ def test_a_file_that_keeps_changing_fails_with_a_clear_reason_and_no_final_file(
 
         calls = 0
 
-        def begin(self, host: str, files: int, nbytes: int) -> None:
+        def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
             self.calls += 1
             path.write_bytes(os.urandom((6 + self.calls) << 20))
 
@@ -326,7 +326,7 @@ def test_a_checksum_mismatch_is_sent_once_more_then_fails_with_no_file_left(
             self.attempts = 0
             self.rewritten = 0
 
-        def begin(self, host: str, files: int, nbytes: int) -> None:
+        def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
             self.attempts += 1
 
         def advance(self, host: str, nbytes: int) -> None:

@@ -26,7 +26,7 @@ HOSTILE = ["plain.txt", "with space", "new\nline", "-dash", "sub/deep/x.bin", "b
 def receive(dest: Path, data: bytes) -> tuple[int, dict[bytes, str], str]:
     proc = subprocess.run([sys.executable, RECV, str(dest)], input=data, capture_output=True)
     lane = records.Lane()
-    records._parse(proc.stdout, lane)
+    records.parse_results(proc.stdout, lane)
     return proc.returncode, lane.results, proc.stderr.decode()
 
 
@@ -225,3 +225,16 @@ def test_the_range_sender_answers_each_request_in_order(tmp_path: Path) -> None:
             (7, data[:7]),
         ]
     )
+
+
+def test_the_hop_sender_packs_what_it_can_read_and_says_what_it_could_not(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "a").write_bytes(b"a" * 5000)
+    listing = tmp_path / "list"
+    listing.write_bytes(b"gone\0a\0")
+    pack = [sys.executable, str(hostside.HERE / "transfer_pack.py"), str(src), str(listing)]
+    done = subprocess.run(pack, capture_output=True)
+    assert done.returncode == 3 and b"gone" in done.stderr
+    status, results, _ = receive(dest, done.stdout)
+    assert status == 0 and results == {b"a": ""} and (dest / "a").read_bytes() == b"a" * 5000

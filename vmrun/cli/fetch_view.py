@@ -137,9 +137,10 @@ class LiveProgress(Progress):
     def __exit__(self, *exc: object) -> None:
         self.bars.stop()
 
-    def begin(self, host: str, files: int, nbytes: int) -> None:
+    def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
         with self.lock:
-            text = f"{host}: {files} file{'s' if files != 1 else ''}"
+            hop = f" (from {via})" if via else ""
+            text = f"{host}{hop}: {files} file{'s' if files != 1 else ''}"
             if host in self.tasks:
                 self.bars.update(self.tasks[host], description=text, total=nbytes, completed=0)
             else:

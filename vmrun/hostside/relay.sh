@@ -1,25 +1,28 @@
 # sh relay.sh ACTION STATE TAG [ARG...] (vmrun.transfer.relay): the host-to-host hop, on
 # either host. STATE is the relay folder relative to the home (.vmrun/relay); TAG names one
-# transfer (vmrun-relay-<unix time>-<hex>): its folder STATE/TAG, the comment of its
-# authorized_keys line, its staging folder DEST/.TAG on the receiver.
+# transfer (vmrun-relay-<unix time>-<hex>): its folder STATE/TAG and the comment of its
+# authorized_keys line (and DEST/.TAG, the staging folder of an older vmrun's hop).
 #   key STATE TAG KNOWN ADDR < PRIVATE    sender: the key (0600) and a known_hosts of one
 #                                         line, in a 0700 folder; prints the address this
 #                                         host sends from to ADDR (empty if unknown)
 #   list STATE TAG < "name\0..."          sender: what to send (relative to the source)
 #   send STATE TAG SRC USER ADDR PORT WAIT
-#                                         sender: tar of the list | ssh to the receiver;
-#                                         tar's progress lines on stderr; 3: tar failed
+#                                         sender: the list as records (transfer_pack.py)
+#                                         | ssh to the receiver; progress lines on stderr;
+#                                         3: a file could not be read; 126: no python3
+#   results STATE TAG                     sender: what the receiver said of each file
 #   grant STATE TAG < "LINE\nDEST"        receiver: DEST recorded; LINE appended to
 #                                         ~/.ssh/authorized_keys (a new file renamed over
 #                                         the old one, its mode kept)
 #   receive STATE TAG                     receiver: the forced command of that line: the
-#                                         stream unpacked under DEST/.TAG
+#                                         records verified and placed under DEST
+#                                         (transfer_recv.py)
 #   mkdirs STATE TAG DEST < "dir\0..."    receiver: the directories under DEST
 #   revoke STATE TAG AGE                  either: TAG's line, folder and staging gone; with
 #                                         TAG empty every vmrun-relay one at least AGE
 #                                         seconds old. Prints "removed N".
 umask 077
-act=$1 rel=$2 tag=$3
+act=$1 rel=$2 tag=$3 lib=${0%/*}
 state=$HOME/$rel
 shift 3
 d=$state/$tag
@@ -70,14 +73,17 @@ send)
   if ssh -Q cipher 2>/dev/null | grep -qx 'aes128-gcm@openssh.com'; then
     set -- "$@" -o Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes256-ctr
   fi
-  cd -- "$src" || exit 1
-  # 1 MiB records; every 8 of them a line on stderr: `tar: vmrun-relay-sent RECORDS`
-  { tar -c -f - -b 2048 --checkpoint=8 --checkpoint-action='echo=vmrun-relay-sent %u' \
-      --format=posix --null --verbatim-files-from --no-recursion -T "$d/list"
-    echo $? >"$d/tar.rc"; } | ssh "$@" -- "$addr" vmrun-relay
+  command -v python3 >/dev/null 2>&1 || { echo "vmrun-relay: no python3 on this host" >&2; exit 126; }
+  # records: each file verified (SHA-256) and placed on the receiver as it arrives; its
+  # answers (`+NAME` / `-NAME WHY`, NUL-separated) kept for `results`
+  { python3 "$lib/transfer_pack.py" "$src" "$d/list"; echo $? >"$d/pack.rc"; } |
+    ssh "$@" -- "$addr" vmrun-relay >"$d/results"
   st=$?
   [ "$st" -eq 0 ] || exit "$st"
-  [ "$(cat -- "$d/tar.rc" 2>/dev/null)" = 0 ] || exit 3
+  [ "$(cat -- "$d/pack.rc" 2>/dev/null)" = 0 ] || exit 3
+  ;;
+results)
+  cat -- "$d/results"
   ;;
 grant)
   mkdir -p -- "$d" && chmod 700 -- "$d" || exit 1
@@ -97,12 +103,9 @@ grant)
 receive)
   [ -f "$d/dest" ] || { echo "vmrun-relay: no transfer $tag on this host" >&2; exit 1; }
   dest=$(dest_of "$d") || exit 1
-  stage=$dest/.$tag
-  mkdir -p -- "$dest" && mkdir -p -- "$stage" && cd -- "$stage" || exit 1
-  tar -x -f - -b 2048 --no-same-owner && exit 0
-  rc=$?
-  cd -- "$HOME" && rm -rf -- "$stage"
-  exit "$rc"
+  command -v python3 >/dev/null 2>&1 || { echo "vmrun-relay: no python3 on this host" >&2; exit 126; }
+  mkdir -p -- "$dest" || exit 1
+  exec python3 "$lib/transfer_recv.py" "$dest"
   ;;
 mkdirs)
   mkdir -p -- "$1" && cd -- "$1" && xargs -0 -r mkdir -p --

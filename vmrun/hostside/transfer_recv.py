@@ -9,6 +9,7 @@ pass. Each record is a header (vmrun.transfer.records.HEADER), its names, then i
   SHA-256 follows its data; only a mismatch is reported;
 - M (move): a file whose every range arrived and matched (each stream's receiver reported
   nothing against it, and all ended well) is given its mode and mtime and placed;
+- L (link): a symlink (its target is the data), made beside and renamed over its name;
 - P (place): hash a temporary file that is whole (an earlier upload was cut after it), and
   place it as F does when the SHA-256 is the one sent.
 
@@ -215,6 +216,19 @@ def check_and_place(src, temp, final, mtime_ns, mode):
     return ""
 
 
+def link(target, temp, final):
+    """An L record (a host-to-host hop's symlink inside the tree): made beside, renamed over."""
+    try:
+        make_parent(temp)
+        with_suppressed(os.unlink, temp)
+        os.symlink(target, temp)
+        os.replace(temp, final)
+    except OSError as exc:
+        with_suppressed(os.unlink, temp)
+        return exc.strerror or str(exc)
+    return ""
+
+
 def with_suppressed(func, *args):
     with contextlib.suppress(OSError):
         func(*args)
@@ -245,6 +259,8 @@ def main():
             told.add(temp)  # one line for a file whatever number of its ranges failed
         elif kind == b"P":
             why = check_and_place(src, temp, final, mtime_ns, mode)
+        elif kind == b"L":
+            why = link(src.read(length), temp, final)
         elif kind == b"M":  # every range arrived and matched its SHA-256: only place it
             try:
                 place(temp, final, mtime_ns, mode)

@@ -217,7 +217,7 @@ def _read_results(stream: Stream, lane: Lane) -> None:
     with contextlib.suppress(Exception):
         while data := stream.read(65536):
             parts.append(data)
-    _parse(b"".join(parts), lane)
+    parse_results(b"".join(parts), lane)
 
 
 def receive_command(remote_dir: str) -> str:
@@ -310,14 +310,15 @@ def _move(conn: Connection, remote_dir: str, items: list[Outgoing]) -> None:
     data = b"".join(header(b"M", i, 0, 0) for i in items)
     status, out, err = capture(conn, receive_command(remote_dir), stdin=data, what="placing files")
     lane = Lane()
-    _parse(out, lane)
+    parse_results(out, lane)
     if status != 0:
         _check_lanes(conn, [Lane(status=status, err=err)])
     for item in items:
         item.why = lane.results.get(_names(item)[1], "the host did not report it")
 
 
-def _parse(out: bytes, lane: Lane) -> None:
+def parse_results(out: bytes, lane: Lane) -> None:
+    """transfer_recv.py's answers (`+FINAL\\0`, `-FINAL\\0WHY\\0`) into `lane.results`."""
     words = out.split(b"\0")
     while words:
         word = words.pop(0)
@@ -338,7 +339,7 @@ def place_whole(conn: Connection, remote_dir: str, items: list[Outgoing]) -> boo
     if status == NO_PYTHON:
         return False
     lane = Lane()
-    _parse(out, lane)
+    parse_results(out, lane)
     if status != 0:
         _check_lanes(conn, [Lane(status=status, err=err)])
     for item in items:

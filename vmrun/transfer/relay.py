@@ -6,12 +6,14 @@ private half goes to A through stdin (a 0600 file in a 0700 folder, never on a c
 the public half into B's authorized_keys as `restrict,from="A",command="relay.sh receive"`,
 so it can do nothing but unpack one stream under the destination. A checks B's host key
 against the one vmrun verified (a known_hosts of one line, no trust on first use). Only what
-B lacks or holds otherwise travels (the two listings compared, checksums for the doubtful);
-it lands under B's staging folder `DEST/.TAG/`, every file's SHA-256 there must equal A's,
-and only then is it renamed into place (vmrun/hostside/transfer_place.sh, as uploads do).
-The key line, A's key and the staging folder go in every ending (`finally`); after a
-SIGKILL of vmrun, `remove_stale_relay_keys` finds them by their `vmrun-relay-` mark.
-All host-side work is vmrun/hostside/relay.sh.
+B lacks or holds otherwise travels (the two listings compared, checksums for the doubtful),
+as an upload's records (A's transfer_pack.py into B's transfer_recv.py): each file hashed
+on both ends as it travels and renamed into place on B as soon as it is whole and its
+SHA-256 is A's, so a hop cut short keeps every file that arrived, and the next push sends
+only the rest. The key line and A's key go in every ending (`finally`); after a SIGKILL of
+vmrun, `remove_stale_relay_keys` finds them by their `vmrun-relay-` mark. All host-side
+work is vmrun/hostside/relay.sh (python3 on both hosts; without it the host gets the data
+from here).
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ from vmrun.transfer.streams import capture
 from vmrun.transfer.types import Progress
 
 STATE = f"{STATE_DIR}/relay"  # per transfer: A's key and known_hosts, B's destination
-MARK = "vmrun-relay-"  # every tag, key comment and staging folder starts so
-RECORD = 2048 * 512  # the sender's tar record (-b 2048): its progress counts these
+MARK = "vmrun-relay-"  # every tag and key comment starts so
 CONNECT_TIMEOUT = 5.0  # A's ssh to B: an unreachable private address fails this fast
 
 # what A's ssh says when it never reached B's sshd
@@ -60,7 +61,7 @@ _UNREACHED = (
 
 @dataclass
 class RelayReport:
-    tag: str  # this transfer's name (key comment, staging folder)
+    tag: str  # this transfer's name (key comment, relay folder)
     source: str  # A's label
     dest: str  # B's label
     from_addr: str = ""  # A's address as B sees it (the key's from=), "" if unknown
@@ -133,8 +134,9 @@ def _nul(words: list[str]) -> bytes:
 
 def remove_stale_relay_keys(conn: Connection, *, older_than: float = 0) -> int:
     """Remove every transfer key line (`vmrun-relay-` comment) from the host's
-    authorized_keys, every relay folder (a key, a known_hosts) and staging folder, at least
-    `older_than` seconds old: what a vmrun killed mid-transfer left. How many went."""
+    authorized_keys, every relay folder (a key, a known_hosts) and an older vmrun's staging
+    folder, at least `older_than` seconds old: what a vmrun killed mid-transfer left. How
+    many went."""
     out = _relay_sh(conn, "revoke", "", str(int(older_than)), what="removing stale transfer keys")
     words = out.decode("ascii", "replace").split()
     return int(words[-1]) if words and words[-1].isdigit() else 0
@@ -241,7 +243,7 @@ def _send(
     progress: Progress,
 ) -> None:  # fmt: skip
     """Run the sender on A; its tar's checkpoint lines become `progress` (host: B's label)."""
-    progress.begin(dst.label, files, total)
+    progress.begin(dst.label, files, total, via=src.label)
     said: list[str] = []
     sent = 0
 
@@ -250,7 +252,7 @@ def _send(
         line = data.decode("utf-8", "replace").strip()
         words = line.split()
         if stream == "err" and len(words) == 3 and words[1] == "vmrun-relay-sent":
-            now = min(total, int(words[2]) * RECORD) if words[2].isdigit() else sent
+            now = min(total, int(words[2])) if words[2].isdigit() else sent
             if now > sent:
                 progress.advance(dst.label, now - sent)
                 sent = now
@@ -268,6 +270,13 @@ def _send_error(status: int, err: str, src: Connection, dst_label: str, addr: st
     """What A's `relay.sh send` exit says: B unreachable, refused, or the stream failed."""
     last = err.strip().splitlines()[-1] if err.strip() else f"exit status {status}"
     where = f"{dst_label} at {addr}"
+    if status == 126:  # relay.sh: no python3 on one of the two
+        return UnreachableError(
+            f"no host-to-host hop from {src.label} to {where}: {last}",
+            host=src.label,
+            hint="the data can go from here to that host instead",
+            code="relay-unreachable",
+        )
     if status in (255, 127):
         if "Host key verification failed" in err or "REMOTE HOST IDENTIFICATION" in err:
             return HostKeyError(
@@ -350,16 +359,8 @@ def relay(
         argv = hostside.command("relay.sh", "send", STATE, tag, src_dir, str(user), dst_addr,
                                 str(dst_port), str(max(1, round(connect_timeout))))  # fmt: skip
         _send(src, argv, dst, dst_addr, len(items), total, progress)
-        _check_staged(src, dst, src_dir, dst_dir, tag, plan)
+        _check_placed(src, dst, tag, items)
         _make_dirs(dst, tag, dst_dir, plan, report)
-        stage = "." + tag
-        pairs = [w for e in items for w in (remote_arg(f"{stage}/{e.rel}"), remote_arg(e.rel))]
-        argv = hostside.command("transfer_place.sh", dst_dir, hostside.path("transfer_place.py"))
-        status, _o, err = capture(dst, quoting.plain_command(argv), stdin=_nul(pairs),
-                                  what="renaming into place")  # fmt: skip
-        if status != 0:
-            raise RemoteError(f"placing files on the host failed: {err.strip()}",
-                              host=dst.label, code="transfer-failed")  # fmt: skip
         report.sent = [e.rel for e in items]
         report.sent_bytes = total
     finally:
@@ -376,37 +377,26 @@ def _make_dirs(dst: Connection, tag: str, dst_dir: str, plan: _Plan, report: Rel
         report.dirs = len(plan.dirs)
 
 
-def _check_staged(
-    src: Connection, dst: Connection, src_dir: str, dst_dir: str, tag: str, plan: _Plan
-) -> None:
-    """Every file under B's staging folder has A's SHA-256, every link A's target."""
-    stage = join_remote(dst_dir, "." + tag)
-    listing = list_remote(dst, [stage]).roots[0]
-    there = {e.rel: e for e in listing.entries}
-    bad = [
-        e.rel
-        for e in plan.links
-        if (t := there.get(e.rel)) is None or t.kind != "l" or t.link != e.link
-    ]
-    a, b = _both_hashes(
-        src, [join_remote(src_dir, e.rel) for e in plan.files],
-        dst, [join_remote(stage, e.rel) for e in plan.files],
-    )  # fmt: skip
-    for e in plan.files:
-        mine = a.get(join_remote(src_dir, e.rel))
-        if mine is None or mine != b.get(join_remote(stage, e.rel)):
-            bad.append(e.rel)
+def _check_placed(src: Connection, dst: Connection, tag: str, items: list[Entry]) -> None:
+    """What the receiver said of each file and link: placed (its SHA-256 was A's), or not."""
+    from vmrun.transfer.records import Lane, parse_results
+
+    said = Lane()
+    parse_results(_relay_sh(src, "results", tag, what="reading what arrived"), said)
+    bad = [e.rel for e in items if said.results.get(os.fsencode(e.rel)) != ""]
     if bad:
+        why = said.results.get(os.fsencode(bad[0])) or "not received"
         raise RemoteError(
-            f"{len(bad)} files did not arrive intact from {src.label} (first: {bad[0]!r})",
+            f"{len(bad)} files did not arrive intact from {src.label} (first: {bad[0]!r}: {why})",
             host=dst.label,
-            hint="a file that changed on the source while it was sent differs too",
+            hint="a file that changed on the source while it was sent differs too; the"
+            " next push sends only what is missing",
             code="transfer-failed",
         )
 
 
 def _cleanup(src: Connection, dst: Connection, tag: str, out: Reporter) -> None:
-    """B's key line and staging folder, then A's key: each tried whatever the other did."""
+    """B's key line, then A's key: each tried whatever the other did."""
     for conn in (dst, src):
         try:
             _relay_sh(conn, "revoke", tag, "0", what="removing the transfer key")
