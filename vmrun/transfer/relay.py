@@ -23,7 +23,9 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from vmrun import hostside
 from vmrun.errors import AuthError, HostKeyError, RemoteError, UnreachableError, UsageError
@@ -42,6 +44,9 @@ from vmrun.transfer.manifest import (
 )
 from vmrun.transfer.streams import capture
 from vmrun.transfer.types import Progress
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 STATE = f"{STATE_DIR}/relay"  # per transfer: A's key and known_hosts, B's destination
 MARK = "vmrun-relay-"  # every tag and key comment starts so
@@ -168,11 +173,9 @@ def _plan(
     verify: bool,
 ) -> _Plan:  # fmt: skip
     """What B lacks or holds otherwise: size first, then mtime, then checksums."""
-    ours = _root(list_remote(src, [src_dir]).roots[0], src, src_dir, must_exist=True)
-    theirs = {
-        e.rel: e
-        for e in _root(list_remote(dst, [dst_dir]).roots[0], dst, dst_dir, must_exist=False)
-    }
+    listed = _at_once(lambda: list_remote(src, [src_dir]), lambda: list_remote(dst, [dst_dir]))
+    ours = _root(listed[0].roots[0], src, src_dir, must_exist=True)
+    theirs = {e.rel: e for e in _root(listed[1].roots[0], dst, dst_dir, must_exist=False)}
     inside = links_inside({e.rel: e.link for e in ours if e.kind == "l"})
     plan = _Plan([], [], [])
     doubtful: list[Entry] = []
@@ -214,28 +217,34 @@ def _file(
         doubtful.append(e)
 
 
-def _both_hashes(
-    src: Connection, src_paths: list[str], dst: Connection, dst_paths: list[str]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """SHA-256 on both hosts at once (each hashes its own disk)."""
-    found: dict[str, dict[str, str]] = {}
+def _at_once(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
+    """Two round trips (one on each host, or two on one) at the same time; the first
+    error of either is raised once both have ended."""
+    found: list[T] = []
     failed: list[BaseException] = []
 
-    def on_src() -> None:
+    def run_first() -> None:
         try:
-            found["src"] = remote_hashes(src, src_paths)
+            found.append(first())
         except BaseException as exc:
             failed.append(exc)
 
-    thread = threading.Thread(target=on_src, daemon=True)
+    thread = threading.Thread(target=run_first, daemon=True)
     thread.start()
     try:
-        theirs = remote_hashes(dst, dst_paths)
+        other = second()
     finally:
         thread.join()
     if failed:
         raise failed[0]
-    return found["src"], theirs
+    return found[0], other
+
+
+def _both_hashes(
+    src: Connection, src_paths: list[str], dst: Connection, dst_paths: list[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """SHA-256 on both hosts at once (each hashes its own disk)."""
+    return _at_once(lambda: remote_hashes(src, src_paths), lambda: remote_hashes(dst, dst_paths))
 
 
 def _send(
@@ -343,18 +352,12 @@ def relay(
     )
     private, public = transfer_key()
     try:
-        said = _relay_sh(src, "key", tag, known, dst_addr, stdin=private,
-                         what="placing the transfer key")  # fmt: skip
-        found = src_addr or said.decode("ascii", "replace").strip()
+        found = _place_key(src, dst, tag, known, dst_addr, dst_dir, private, public, src_addr,
+                           items)  # fmt: skip
         try:
             report.from_addr = str(ipaddress.ip_address(found)) if found else ""
         except ValueError:
             report.from_addr = ""
-        _relay_sh(src, "list", tag, stdin=_nul([e.rel for e in items]),
-                  what="listing the files to send")  # fmt: skip
-        line = authorized_line(public, tag, report.from_addr or None)
-        _relay_sh(dst, "grant", tag, stdin=line.encode() + b"\n" + os.fsencode(dst_dir),
-                  what="allowing the transfer key")  # fmt: skip
         user = dst.target.user if dst.target is not None else dst.spec.user
         argv = hostside.command("relay.sh", "send", STATE, tag, src_dir, str(user), dst_addr,
                                 str(dst_port), str(max(1, round(connect_timeout))))  # fmt: skip
@@ -367,6 +370,36 @@ def relay(
         _cleanup(src, dst, tag, out)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _place_key(
+    src: Connection, dst: Connection, tag: str, known: str, dst_addr: str, dst_dir: str,
+    private: bytes, public: str, src_addr: str | None, items: list[Entry],
+) -> str:  # fmt: skip
+    """The key and the list of what to send on A, the key's line on B (at once when A's
+    address is known beforehand: the line's from= needs it). A's address, as found."""
+
+    def on_src() -> str:
+        said = _relay_sh(src, "key", tag, known, dst_addr, stdin=private,
+                         what="placing the transfer key")  # fmt: skip
+        _relay_sh(src, "list", tag, stdin=_nul([e.rel for e in items]),
+                  what="listing the files to send")  # fmt: skip
+        return src_addr or said.decode("ascii", "replace").strip()
+
+    def on_dst(addr: str | None) -> None:
+        try:
+            line = authorized_line(public, tag, str(ipaddress.ip_address(addr)) if addr else None)
+        except ValueError:
+            line = authorized_line(public, tag, None)
+        _relay_sh(dst, "grant", tag, stdin=line.encode() + b"\n" + os.fsencode(dst_dir),
+                  what="allowing the transfer key")  # fmt: skip
+
+    if src_addr:
+        found, _ = _at_once(on_src, lambda: on_dst(src_addr))
+        return found
+    found = on_src()
+    on_dst(found or None)
+    return found
 
 
 def _make_dirs(dst: Connection, tag: str, dst_dir: str, plan: _Plan, report: RelayReport) -> None:
@@ -396,8 +429,9 @@ def _check_placed(src: Connection, dst: Connection, tag: str, items: list[Entry]
 
 
 def _cleanup(src: Connection, dst: Connection, tag: str, out: Reporter) -> None:
-    """B's key line, then A's key: each tried whatever the other did."""
-    for conn in (dst, src):
+    """B's key line and A's key, at once: each tried whatever the other did."""
+
+    def revoke(conn: Connection) -> None:
         try:
             _relay_sh(conn, "revoke", tag, "0", what="removing the transfer key")
         except Exception as exc:
@@ -405,3 +439,5 @@ def _cleanup(src: Connection, dst: Connection, tag: str, out: Reporter) -> None:
                 f"{conn.label}: could not remove transfer key {tag} ({exc}); the next push or"
                 " `vmrun doctor` removes it"
             )
+
+    _at_once(lambda: revoke(dst), lambda: revoke(src))
