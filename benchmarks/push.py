@@ -83,6 +83,7 @@ veth from the root namespace; the hosts' bridge unlimited).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -115,6 +116,8 @@ class Bench:
     def __init__(self, work: Path, host: object, other: Path | None = None):
         self.work = work
         self.other = other  # --vmrun: another copy's CLI, in the same rounds (an A/B)
+        self.profile: Path | None = None  # --profile PATH: cProfile output, PATH.1, PATH.2...
+        self.profiled = 0
         self.host = host
         self.alias = "bench"
         self.home = work / "client-home"
@@ -165,7 +168,11 @@ class Bench:
         """The whole `vmrun push` process, as a user runs it (the engine it picks itself);
         `root`: the copy of vmrun it runs."""
         flags = [w for h in hosts or [self.alias] for w in ("-H", h)]
-        return self.run([sys.executable, "-m", "vmrun", "push", str(src), "--to", f"~/{dest}",
+        python = [sys.executable]
+        if self.profile is not None and root == ROOT:  # --profile: where this CLI's time goes
+            self.profiled += 1
+            python += ["-m", "cProfile", "-o", f"{self.profile}.{self.profiled}"]
+        return self.run([*python, "-m", "vmrun", "push", str(src), "--to", f"~/{dest}",
                          *flags, *extra], root)  # fmt: skip
 
     def vmrun_engine(self, src: Path, dest: str, engine: str) -> Callable[[], None]:
@@ -281,6 +288,10 @@ def main() -> None:
         " (tc tbf syntax: 400mbit)",
     )  # fmt: skip
     parser.add_argument(
+        "--profile", type=Path, default=None, help="write cProfile data of this checkout's"
+        " CLI runs to PATH.1, PATH.2... (`python -m pstats PATH.1`)",
+    )  # fmt: skip
+    parser.add_argument(
         "--vmrun", type=Path, default=None, help="also the CLI of this copy of vmrun"
         " (`git archive COMMIT vmrun | tar -x -C DIR`, or a patched one), in the same rounds",
     )  # fmt: skip
@@ -313,6 +324,7 @@ def main() -> None:
 
 def body(work: Path, bed, host, keys, kind: str, size: int, args) -> None:  # type: ignore[no-untyped-def]
     b = Bench(work, host, args.vmrun.resolve() if args.vmrun else None)
+    b.profile = args.profile.resolve() if args.profile else None
     (b.home / ".ssh").mkdir(parents=True, mode=0o700)
     known = b.home / ".ssh" / "known_hosts"
     block, names, relay = host_block(host, keys.private, args.rtt)
@@ -500,6 +512,19 @@ def fan(b: Bench, bed: object, big: Path, size: int, args: argparse.Namespace) -
             h.run(["sh", "-c", f"rm -rf {d} && mkdir -p {d}"], as_user=True, timeout=600)
 
     try:
+        clear_all()
+        started = time.perf_counter()
+        traced = subprocess.run(
+            [sys.executable, "-m", "vmrun", "push", str(folder), "--to", f"~/{d}",
+             *[w for h in hosts for w in ("-H", h)], "--json"],
+            env=b.env, cwd=b.project, capture_output=True, text=True,
+        )  # fmt: skip
+        whole = time.perf_counter() - started
+        if traced.returncode == 0:  # where the time goes: each host's own seconds
+            print(f"\nhost to host, traced: {whole:.2f} s in all")
+            for item in json.loads(traced.stdout)["hosts"]:
+                secs = sum(p.get("seconds", 0) for p in item["paths"])
+                print(f"  {item['host']}: {secs:.2f} s, from {item['via'] or 'here'}")
         results = rounds(
             {"vmrun push, 1 host": b.vmrun_cli(big, d, hosts[:1], extra=("--no-relay",)),
              "vmrun push, 4 hosts": b.vmrun_cli(big, d, hosts, extra=("--no-relay",)),

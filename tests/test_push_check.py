@@ -66,3 +66,23 @@ def test_only_files_differing_by_size_or_mtime_would_be_sent(tmp_path: Path) -> 
     there = [Entry("same", "f", 5, st.st_mtime_ns, 0o644), Entry("gone", "f", 1, 0, 0o644)]
     plan = transfer_push._plan(root, "x/data", there, scan(root))
     assert (plan.files, plan.to_send, plan.bytes_to_send) == (2, 1, 3)
+
+
+def test_the_check_removes_a_transfer_key_a_killed_push_left(tmp_path: Path) -> None:
+    from vmrun.transfer.relay import STALE_S, STATE, authorized_line, new_tag
+
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    pub = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJ7c2Y0d0yJYwqzCUR4wA1y8vUxHv7iYH3VvS4L7bN1 x"
+    old, young = new_tag(now=1_000_000), new_tag()
+    (ssh / "authorized_keys").write_text(
+        "ssh-ed25519 AAAAmine me\n"
+        + "".join(authorized_line(pub, t, None) + "\n" for t in (old, young))
+    )
+    script = str(hostside.HERE / transfer_push.CHECK)  # beside relay.sh, as on a host
+    env = {**os.environ, "HOME": str(tmp_path)}
+    done = subprocess.run(["sh", script, "d", "1", STATE, str(STALE_S)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.split()[0] == "ok"
+    keys = (ssh / "authorized_keys").read_text()
+    assert old not in keys and young in keys and "AAAAmine me" in keys

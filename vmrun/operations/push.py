@@ -23,7 +23,6 @@ from vmrun.transfer.push import HostPush, check_sources, push_host
 from vmrun.transfer.types import Progress
 
 MakeProgress = Callable[[bool], Progress]
-STALE_RELAY_S = 6 * 3600  # a relay key older than this is a killed push's: removed
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,6 @@ def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = No
         )  # fmt: skip
 
     with Group(entries, job.settings) as group:
-        _sweep(group)
         private = [e for e in entries if e.vars.get("private_addr")]
         if job.dry_run or not job.relay or len(private) < 2 or not all(p.is_dir() for p in paths):
             return Pushed(dest, group.map(direct), job.dry_run, job.delete)
@@ -127,13 +125,6 @@ def _to_cluster(
                              delete=job.delete, bwlimit=job.bwlimit)  # fmt: skip
 
         return Pushed(dest, group.map(once), job.dry_run, job.delete)
-
-
-def _sweep(group: Group) -> None:
-    """A relay key a killed vmrun left (older than any push still going) goes first."""
-    from vmrun.transfer.relay import remove_stale_relay_keys
-
-    group.map(lambda entry, conn: remove_stale_relay_keys(conn, older_than=STALE_RELAY_S))
 
 
 class _Relayed:

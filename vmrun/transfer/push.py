@@ -174,13 +174,15 @@ def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Pla
 
 
 def _check(conn: Connection, dest: str, needed: int) -> int | None:
-    """The folder made and writable, with room for `needed` bytes (one round trip)."""
+    """The folder made and writable, with room for `needed` bytes, and the transfer keys a
+    killed push left removed (one round trip)."""
     from vmrun import hostside
     from vmrun.transfer.manifest import remote_arg
+    from vmrun.transfer.relay import STALE_S, STATE
 
     need_kib = (needed + 1023) // 1024
     result = conn.run(
-        [*hostside.command(CHECK), remote_arg(dest), str(need_kib)],
+        [*hostside.command(CHECK), remote_arg(dest), str(need_kib), STATE, str(STALE_S)],
         check=True,
         what="the push check",
     )

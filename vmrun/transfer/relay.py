@@ -50,6 +50,9 @@ U = TypeVar("U")
 
 STATE = f"{STATE_DIR}/relay"  # per transfer: A's key and known_hosts, B's destination
 MARK = "vmrun-relay-"  # every tag and key comment starts so
+STALE_S = (
+    6 * 3600
+)  # a transfer key older than this is a killed push's: the next push's check removes it
 CONNECT_TIMEOUT = 5.0  # A's ssh to B: an unreachable private address fails this fast
 
 # what A's ssh says when it never reached B's sshd
