@@ -106,7 +106,7 @@ def push_host(
     options = Options(engine=engine, bwlimit=bwlimit, streams=streams)
     for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
         report = upload(conn, path, remote, options, progress or Progress(),
-                        listing=root if path.is_dir() else None, scanned=tree)  # fmt: skip
+                        listing=root, scanned=tree)  # fmt: skip
         done.reports.append(report)
     if delete:
         for plan, report in zip(done.planned, done.reports, strict=True):

@@ -310,7 +310,9 @@ def capture(
 
 
 def measure_rtt(conn: Connection, samples: int = 3) -> float:
-    """The best of a few SSH-level round trips (keepalive requests), in seconds."""
+    """The best of a few SSH-level round trips (keepalive requests), in seconds; one is
+    enough when it is already far beyond FAR_RTT (what it decides does not hang on a few
+    milliseconds there)."""
     transport = conn.transport
     best = float("inf")
     for _ in range(samples):
@@ -320,6 +322,8 @@ def measure_rtt(conn: Connection, samples: int = 3) -> float:
         except Exception:
             raise lost(conn, "while measuring the round-trip time") from None
         best = min(best, time.perf_counter() - started)
+        if best > 4 * FAR_RTT:
+            break
     return best
 
 
@@ -380,16 +384,21 @@ def plan_streams(
 
     if streams <= 0 and nbytes < PARALLEL_BYTES:
         return choose_engine(conn, wanted=wanted, nbytes=nbytes), 1
-    rtt = measure_rtt(conn) if streams <= 0 else None
-    if rtt is not None and rtt < FAR_RTT:
-        return choose_engine(conn, wanted=wanted, nbytes=nbytes, rtt=rtt), 1
     several = wanted == "openssh" or (wanted == "auto" and ssh_binary() is not None)
-    engine = choose_engine(conn, wanted="openssh" if several else "paramiko", nbytes=nbytes)
     if streams > 0:
+        engine = choose_engine(conn, wanted="openssh" if several else "paramiko", nbytes=nbytes)
         return engine, min(streams, MAX_STREAMS)
-    startups, sessions = server_limits(conn)
+    limits: list[tuple[int, int]] = []  # read while the round trip is measured
+    reader = threading.Thread(target=lambda: limits.append(server_limits(conn)), daemon=True)
+    reader.start()
+    rtt = measure_rtt(conn)
+    reader.join()
+    if rtt < FAR_RTT:
+        return choose_engine(conn, wanted=wanted, nbytes=nbytes, rtt=rtt), 1
+    engine = choose_engine(conn, wanted="openssh" if several else "paramiko", nbytes=nbytes)
+    startups, sessions = limits[0] if limits else (10, 10)
     room = startups - 2 if several else sessions - 1
-    want = math.ceil((rtt or 0) / STREAM_RTT)
+    want = math.ceil(rtt / STREAM_RTT)
     return engine, max(1, min(want, room, MAX_STREAMS))
 
 
