@@ -376,9 +376,12 @@ def plan_streams(
     One SSH channel carries at most its window per round trip (sshd's and OpenSSH's 2 MiB:
     88 MB/s at 20 ms, 22 MB/s at 80 ms), so a far host gets one stream per STREAM_RTT of
     round trip, each over an OpenSSH connection of its own (its own process: the ciphers
-    run on several cores), as many as the host's MaxStartups lets start at once (a
-    paramiko engine opens channels on its one connection instead: MaxSessions), at most
-    MAX_STREAMS. `streams` (VMRUN_TRANSFER_STREAMS) asks for a number instead.
+    run on several cores), as many as the host's MaxStartups lets start at once, at most
+    MAX_STREAMS. Without an `ssh` binary (or with VMRUN_TRANSFER_ENGINE=paramiko) one
+    stream: several paramiko channels on one connection twice ended without an exit status
+    in benchmarks/push.py (512 MiB at 20 ms, 1 GiB at 80 ms; cause not found, never in a
+    test), so they run (as many as MaxSessions allows) only when `streams`
+    (VMRUN_TRANSFER_STREAMS) asks for a number.
     """
     from vmrun.ssh.openssh import ssh_binary
 
@@ -387,17 +390,19 @@ def plan_streams(
     several = wanted == "openssh" or (wanted == "auto" and ssh_binary() is not None)
     if streams > 0:
         engine = choose_engine(conn, wanted="openssh" if several else "paramiko", nbytes=nbytes)
-        return engine, min(streams, MAX_STREAMS)
+        if not several:
+            streams = min(streams, server_limits(conn)[1] - 1)  # channels: MaxSessions
+        return engine, max(1, min(streams, MAX_STREAMS))
     limits: list[tuple[int, int]] = []  # read while the round trip is measured
     reader = threading.Thread(target=lambda: limits.append(server_limits(conn)), daemon=True)
     reader.start()
     rtt = measure_rtt(conn)
     reader.join()
-    if rtt < FAR_RTT:
+    if rtt < FAR_RTT or not several:  # paramiko's channels on one connection: see above
         return choose_engine(conn, wanted=wanted, nbytes=nbytes, rtt=rtt), 1
-    engine = choose_engine(conn, wanted="openssh" if several else "paramiko", nbytes=nbytes)
-    startups, sessions = limits[0] if limits else (10, 10)
-    room = startups - 2 if several else sessions - 1
+    engine = choose_engine(conn, wanted="openssh", nbytes=nbytes)
+    startups, _sessions = limits[0] if limits else (10, 10)
+    room = startups - 2
     want = math.ceil(rtt / STREAM_RTT)
     return engine, max(1, min(want, room, MAX_STREAMS))
 
