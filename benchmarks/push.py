@@ -29,55 +29,47 @@ so it crosses this machine's limited link once and goes host to host.
 `git archive COMMIT vmrun | tar -x -C DIR`, or a patched copy); `--skip-tree-cli` leaves
 this checkout's CLI out of the tree's first push.
 
-Measured at 01bd365 on the test bed (NetnsBed host, OpenSSH 9.2, 2 CPUs shared with other
-sessions' work; medians, s; speed = the other tool's time / vmrun push's; "cores": CPUs busy
-of 2, both ends and the relay together). Smaller sizes than the issue's where a full run
-would hold the bed too long (1 GiB at 80 ms: ~15 min); each run took 1.5-4 minutes.
+Measured at 118c006 and the commits just before it on the test bed (NetnsBed host, OpenSSH
+9.2, 2 CPUs that both ends, the relay and this script share; one round each; s; speed = the
+other tool's time / vmrun's; "cores": CPUs busy of 2). vmrun push is the whole CLI process; fetch is vmrun's download in
+this process (`vmrun fetch` takes a run's outputs, not any path).
 
-    large file              loopback 1 GiB     20 ms, 512 MiB    80 ms, 256 MiB
-    scp (default cipher)    3.46  310 MB/s     6.11  88 MB/s     12.20  22 MB/s
-    scp (gcm)               2.13  505 MB/s     6.08  88 MB/s     12.24  22 MB/s
-    rsync -a                3.16  339 MB/s     6.06  89 MB/s     12.03  22 MB/s
-    vmrun push (CLI)        4.11  262 MB/s     6.90  78 MB/s     13.06  21 MB/s
-    ... openssh engine      3.67               6.77              12.83
-    ... paramiko engine     4.40               6.53              12.21
-    vmrun vs scp / gcm      0.84x / 0.52x      0.88x (goal 3x)   0.93x (goal 5x)
-    cores busy              1.4-1.7            0.4-0.7           0.1-0.2
-    4 x ssh cat at once, 256 MiB (another run):  20 ms 1.46 (184 MB/s, 2.33x scp's 3.39;
-                            1.8 cores busy)     80 ms 3.63 (74 MB/s, 3.36x scp's 12.17)
+    1 GiB file                  loopback            20 ms              80 ms
+    scp (default cipher)        3.46                11.83   91 MB/s    44.83   24 MB/s
+    scp (gcm)                   2.34                11.69              44.47
+    rsync -a                    4.04                11.77              44.53
+    vmrun push (CLI)            3.48  0.99x scp     5.63  2.10x        8.57  5.23x (goal 5x)
+    ... library, openssh        3.26                5.16  (4 streams)  7.58  (8 streams)
+    4 x ssh cat, no checksum    2.42                3.57  3.31x        11.72 3.83x
+    cores busy (vmrun push)     1.55                1.60               1.11
+    fetch: scp / vmrun          4.73 / 2.86  1.65x  11.96 / 5.43 2.20x 44.27 / 8.01  5.53x
 
-- Far hosts: every row moves 2 MiB per RTT (88 MB/s at 20 ms, 22 MB/s at 80 ms): sshd's
-  session channel window, which bounds a single upload channel whatever the client
-  (paramiko's own 16 MiB window only helps downloads). vmrun's one channel per host is at
-  that ceiling; only several at once pass it: 4 connections carrying a range each (the
-  "4 x ssh cat" row: no checksum, no reassembly) scale 4x at 80 ms (so the 5x goal wants
-  6-8 there) and are CPU-bound at 2.3x at 20 ms on these 2 shared cores.
-- Loopback: CPU-bound on the 2 shared cores. vmrun hashes every byte here in the thread
-  that sends (hashlib, ~1 GB/s on this CPU) and the host reads and hashes the whole file
-  again after the stream ends (a second, serial pass): ~2 s of its 4.1 s.
+- 80 ms: both goals met (push 5.2x, fetch 5.5x scp): eight OpenSSH connections, each with
+  its own 2 MiB window, where every single-channel tool moves 2 MiB per round trip.
+- 20 ms: 2.1-2.2x (goal 3x). CPU-bound: four streams carry 352 MB/s of windows, the two
+  shared cores do ~200 MB/s with SHA-256 on both ends; four plain `ssh cat` of ranges,
+  nothing verified, reach 3.3x.
+- Loopback: 0.99x scp with its default cipher, 0.67x scp with aes128-gcm; both ends hash
+  every byte (SHA-NI, 1.7 GB/s here) on the same two cores.
 
-    100,000 x 4 KiB tree, 20 ms        first push              re-push, nothing changed
-    rsync -a                           11.3 (7.8 in a run      3.04
-                                       before)
-    vmrun push (CLI)                   not done in 9.5 min     4.92 (1.62x, goal <= 1x)
-    ... quadratic step fixed (--vmrun) 27.1 (0.42x, goal 2x)   4.64
-    at 10,000 files: rsync 3.56, vmrun 15.9 (0.22x), fixed 9.4 (0.38x); nothing changed:
-    rsync 0.72, vmrun 0.90. At 1,000: rsync 1.41, vmrun 3.02, `scp -r` 85.6 (85 ms a
-    file, ~4 RTTs: 100,000 files would take ~2.4 h, so the 100k runs use --no-scp-tree).
+    100,000 x 4 KiB tree, 20 ms           rsync -a     vmrun push
+    first push into an empty folder       9.58         9.82   (0.98x; goal 2x)
+    re-push, nothing changed              3.03         2.29   (0.75x the time; goal <= 1x)
 
-- The first push of a big tree is quadratic: upload._send_verified's `bad = [i for i in
-  todo if i not in good]` compares dataclasses, n^2/2 of them (5*10^9 at 100k).
-- After that: ~0.3 ms a file in upload._send (three paramiko sends per file: header,
-  data, padding; a tarfile PAX header each), then hashing and renaming on the host.
-- Nothing changed: the local tree is walked twice (push._plan's walk, upload._scan's),
-  each ~2 s of pathlib at 100k files; the remote listing ~1.4 s.
+- First push: one record stream per folder run (four at once at 20 ms), each file hashed,
+  written, timed and renamed by the host as it arrives; creating 100,000 files on the
+  host's ext4 bounds both tools (the receiver alone: 2.4 s on tmpfs, 8-50 s on this busy
+  disk). Earlier: 27.1 s (0.42x), 15.4 s with records, 11.3 s with one walk of the tree.
+- Nothing changed: one os.scandir walk shared by the plan and the upload, one listing.
 
-    --fan 400mbit, 256 MiB    1 host 6.57 s (41 MB/s)   4 hosts 23.49 s: 3.58x (goal <= 1.3x)
-    (at d263cc1, host to host: 1 host 6.37 s, 4 hosts from here 23.47 s (3.68x), 4 hosts
-     with the folder crossing once and going host to host 9.30 s: 1.46x)
+    --fan 400mbit, 256 MiB        1 host 6.21 s   4 hosts from here 23.26 s (3.75x)
+    4 hosts, once over the link, then host to host: 9.84-10.1 s (1.55-1.62x; goal 1.3x)
+    traced: the nearest host from here 5.84 s, one hop 1.16 s, then two hops at once
+    2.13 s each (CPU-bound: four hosts and this machine share the two cores), start-up,
+    checks and round-trip measurement 0.7 s.
 
-push is a star from here: each host's copy crosses the limited link (tc tbf on the bed's
-veth from the root namespace; the hosts' bridge unlimited).
+push is a star from here without private addresses: each host's copy crosses the limited
+link (tc tbf on the bed's veth from the root namespace; the hosts' bridge unlimited).
 """
 
 from __future__ import annotations
