@@ -31,8 +31,9 @@ this checkout's CLI out of the tree's first push.
 
 Measured at 118c006 and the commits just before it on the test bed (NetnsBed host, OpenSSH
 9.2, 2 CPUs that both ends, the relay and this script share; one round each; s; speed = the
-other tool's time / vmrun's; "cores": CPUs busy of 2). vmrun push is the whole CLI process; fetch is vmrun's download in
-this process (`vmrun fetch` takes a run's outputs, not any path).
+other tool's time / vmrun's; "cores": CPUs busy of 2). vmrun push is the whole CLI
+process; fetch is vmrun's download in this process (`vmrun fetch` takes a run's outputs,
+not any path).
 
     1 GiB file                  loopback            20 ms              80 ms
     scp (default cipher)        3.46                11.83   91 MB/s    44.83   24 MB/s

@@ -75,12 +75,6 @@ class Reader:
         return b"".join(parts)
 
 
-def write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 MADE: set = set()  # folders known to exist: one mkdir per folder, not one per file
 
 
@@ -102,30 +96,43 @@ def create(temp, mode):
         return os.open(temp, flags, mode)
 
 
-def whole(src, temp, final, size, mtime_ns, mode):
-    """An F record: its data and digest are read whatever happens to the file here. Placed
-    (mtime set on the open file, then renamed: rename(2) refuses to replace a directory)
-    only when the SHA-256 is the one sent."""
-    digest, left, why = hashlib.sha256(), size, ""
-    fd = -1
+def take(src, open_file, at, length):
+    """`length` bytes of the stream, read whatever happens to the file, written at `at` into
+    the file `open_file()` opens, and hashed: (digest, why it failed or "", the open fd or -1)."""
+    digest, why, fd = hashlib.sha256(), "", -1
     try:
-        make_parent(temp)
-        fd = create(temp, mode & 0o7777)
+        fd = open_file()
     except OSError as exc:
         why = exc.strerror or str(exc)
+    left = length
     while left:
         data = src.read(min(CHUNK, left))
         if not data:
             raise EOFError
-        left -= len(data)
         digest.update(data)
-        if fd >= 0:
+        view = memoryview(data)
+        while fd >= 0 and view:
             try:
-                write_all(fd, data)
+                view = view[os.pwrite(fd, view, at + len(data) - len(view)) :]
             except OSError as exc:
                 why = exc.strerror or str(exc)
                 os.close(fd)
                 fd = -1
+        at += len(data)
+        left -= len(data)
+    return digest, why, fd
+
+
+def whole(src, temp, final, size, mtime_ns, mode):
+    """An F record: its data and digest are read whatever happens to the file here. Placed
+    (mtime set on the open file, then renamed: rename(2) refuses to replace a directory)
+    only when the SHA-256 is the one sent."""
+
+    def open_file():
+        make_parent(temp)
+        return create(temp, mode & 0o7777)
+
+    digest, why, fd = take(src, open_file, 0, size)
     sent = src.read(DIGEST)
     if len(sent) != DIGEST:
         raise EOFError
@@ -162,30 +169,15 @@ def place(temp, final, mtime_ns, mode):
 def ranged(src, temp, offset, length, size):
     """An R record: its bytes written at their offset, hashed on the way; its data and the
     range's SHA-256 after it are read whatever happens to the file here."""
-    left, at, why = length, offset, ""
-    digest, fd = hashlib.sha256(), -1
-    try:
+
+    def open_file():
         make_parent(temp)
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT, 0o600)
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-    while left:
-        data = src.read(min(CHUNK, left))
-        if not data:
-            raise EOFError
-        digest.update(data)
-        view = memoryview(data)
-        while fd >= 0 and view:
-            try:
-                view = view[os.pwrite(fd, view, at + len(data) - len(view)) :]
-            except OSError as exc:
-                why = exc.strerror or str(exc)
-                os.close(fd)
-                fd = -1
-        at += len(data)
-        left -= len(data)
+        return fd
+
+    digest, why, fd = take(src, open_file, offset, length)
     sent = src.read(DIGEST)
     if len(sent) != DIGEST:
         raise EOFError

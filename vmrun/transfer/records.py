@@ -305,27 +305,23 @@ def _check_lanes(conn: Connection, lanes: list[Lane]) -> None:
 def _move(conn: Connection, remote_dir: str, items: list[Outgoing]) -> None:
     """M records: files whose every range the host verified, given their mode and mtime and
     placed, in one round trip."""
-    if not items:
-        return
-    data = b"".join(header(b"M", i, 0, 0) for i in items)
-    status, out, err = capture(conn, receive_command(remote_dir), stdin=data, what="placing files")
-    lane = Lane()
-    parse_results(out, lane)
-    if status != 0:
-        _check_lanes(conn, [Lane(status=status, err=err)])
-    for item in items:
-        item.why = lane.results.get(_names(item)[1], "the host did not report it")
+    if items:
+        _ask(conn, remote_dir, b"".join(header(b"M", i, 0, 0) for i in items), items)
 
 
 def parse_results(out: bytes, lane: Lane) -> None:
     """transfer_recv.py's answers (`+FINAL\\0`, `-FINAL\\0WHY\\0`) into `lane.results`."""
     words = out.split(b"\0")
-    while words:
-        word = words.pop(0)
+    at = 0
+    while at < len(words):
+        word = words[at]
         if word.startswith(b"+"):
             lane.results[word[1:]] = ""
         elif word.startswith(b"-"):
-            lane.results[word[1:]] = (words.pop(0) if words else b"").decode("utf-8", "replace")
+            why = words[at + 1] if at + 1 < len(words) else b""
+            lane.results[word[1:]] = why.decode("utf-8", "replace")
+            at += 1
+        at += 1
 
 
 def place_whole(conn: Connection, remote_dir: str, items: list[Outgoing]) -> bool:
@@ -335,13 +331,19 @@ def place_whole(conn: Connection, remote_dir: str, items: list[Outgoing]) -> boo
     data = b"".join(
         header(b"P", i, 0, 0) + (bytes.fromhex(i.digest) if i.digest else bytes(32)) for i in items
     )
+    return _ask(conn, remote_dir, data, items) != NO_PYTHON
+
+
+def _ask(conn: Connection, remote_dir: str, data: bytes, items: list[Outgoing]) -> int:
+    """One receiver run over `data` (M or P records); each item's `why` from its answer.
+    Its exit status (NO_PYTHON: nothing was done)."""
     status, out, err = capture(conn, receive_command(remote_dir), stdin=data, what="placing files")
     if status == NO_PYTHON:
-        return False
+        return status
     lane = Lane()
     parse_results(out, lane)
     if status != 0:
         _check_lanes(conn, [Lane(status=status, err=err)])
     for item in items:
         item.why = lane.results.get(_names(item)[1], "the host did not report it")
-    return True
+    return status
