@@ -184,6 +184,34 @@ def test_what_a_cut_push_left_whole_is_placed_not_sent_again(
     assert not list(there.rglob(f"*{PART_SUFFIX}"))
 
 
+def test_a_big_file_cut_in_its_middle_is_continued_not_sent_again(
+    bed_client: Client, hosts2: tuple[TestHost, TestHost]
+) -> None:
+    from vmrun.transfer.manifest import part_name
+
+    blob = os.urandom(2 << 20)
+    (bed_client.cwd / "one.bin").write_bytes(blob)
+    args = ["push", "one.bin", "--to", "~/pushed", "-H", "h1", "--json"]
+    assert bed_client.vmrun(*args).returncode == 0
+    there = hosts2[0].home / "pushed"
+    st = (bed_client.cwd / "one.bin").stat()
+    part = there / part_name("one.bin", st.st_size, st.st_mtime_ns)
+    (there / "one.bin").rename(part)
+    os.truncate(part, 700_000)  # what a push cut after 700,000 bytes leaves
+    again = bed_client.vmrun(*args)
+    assert again.returncode == 0, again.stderr
+    (path,) = json.loads(again.stdout)["hosts"][0]["paths"]
+    assert (path["sent"], path["resumed"], path["bytes_sent"]) == (1, 1, len(blob) - 700_000)
+    assert (there / "one.bin").read_bytes() == blob and not part.exists()
+    part.write_bytes(b"x" * 700_000)  # a leftover that is not this file's start
+    (there / "one.bin").unlink()
+    third = bed_client.vmrun(*args)
+    assert third.returncode == 0, third.stderr  # refused on arrival, then sent whole
+    assert (there / "one.bin").read_bytes() == blob and not part.exists()
+    shutil.rmtree(there)
+    (bed_client.cwd / "one.bin").unlink()
+
+
 def test_a_link_cut_mid_push_leaves_no_half_file_and_the_next_push_resumes(
     bed: NetnsBed, bed_client: Client, hosts2: tuple[TestHost, TestHost]
 ) -> None:
@@ -215,10 +243,13 @@ def test_a_link_cut_mid_push_leaves_no_half_file_and_the_next_push_resumes(
     placed = [n for n in made if (there / n).exists()]
     assert len(placed) < len(made)  # cut before the end
     assert all((there / n).read_bytes() == made[n] for n in placed)  # never a half file
+    cut = [p for p in there.glob(f"*{PART_SUFFIX}") if 0 < p.stat().st_size < 3 << 20]
+    kept = sum(p.stat().st_size for p in cut)  # a file cut in its middle: continued
     again = bed_client.vmrun("push", "big", "--to", "~/pushed", "-H", "h1", "--json")
     assert again.returncode == 0, again.stderr
     (path,) = json.loads(again.stdout)["hosts"][0]["paths"]
-    assert path["unchanged"] >= 2 and path["bytes_sent"] <= 4 * (3 << 20)
+    assert path["unchanged"] >= 2 and path["resumed"] == len(cut)
+    assert path["bytes_sent"] == (len(made) - len(placed)) * (3 << 20) - kept
     assert {n: (there / n).read_bytes() for n in made} == made
     assert not list(there.glob(f"*{PART_SUFFIX}"))
     shutil.rmtree(root)

@@ -238,3 +238,24 @@ def test_the_hop_sender_packs_what_it_can_read_and_says_what_it_could_not(tmp_pa
     assert done.returncode == 3 and b"gone" in done.stderr
     status, results, _ = receive(dest, done.stdout)
     assert status == 0 and results == {b"a": ""} and (dest / "a").read_bytes() == b"a" * 5000
+
+
+def test_a_file_cut_in_its_middle_continues_from_what_the_host_holds(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    data = os.urandom(3 << 20)
+    item = outgoing(src, "sub/big.bin", data)
+    (dest / "sub").mkdir(parents=True)
+    (dest / item.temp).write_bytes(data[:1_000_000])  # what a cut upload left
+
+    def rest() -> bytes:
+        at = 1_000_000
+        return header(b"F", item, at, len(data) - at) + data[at:] + hashlib.sha256(data).digest()
+
+    status, results, err = receive(dest, rest())
+    assert status == 0 and results == {b"sub/big.bin": ""}, err
+    assert (dest / "sub/big.bin").read_bytes() == data
+    (dest / item.temp).write_bytes(b"x" * 1_000_000)  # a prefix that is not the file's
+    assert "SHA-256" in receive(dest, rest())[1][b"sub/big.bin"]
+    assert not (dest / item.temp).exists()  # refused, and nothing kept to resume from
+    status, results, _ = receive(dest, rest())  # the part gone: said, the stream goes on
+    assert status == 0 and "part to resume from" in results[b"sub/big.bin"]

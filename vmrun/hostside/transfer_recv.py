@@ -3,7 +3,8 @@ pass. Each record is a header (vmrun.transfer.records.HEADER), its names, then i
 
 - F (a whole file): written to its temporary name, hashed as it arrives; when the SHA-256
   that follows the data is the one computed here, given its mode and mtime and renamed over
-  its final name at once, so no second pass reads it back and no round trip places it;
+  its final name at once, so no second pass reads it back and no round trip places it; with
+  an offset, the rest of a temporary copy a cut upload left (its prefix hashed from disk);
 - R (a range of a big file sent over several streams at once): written at its offset into the
   temporary name, which is made the file's full size, and hashed on the way; the range's
   SHA-256 follows its data; only a mismatch is reported;
@@ -96,10 +97,11 @@ def create(temp, mode):
         return os.open(temp, flags, mode)
 
 
-def take(src, open_file, at, length):
+def take(src, open_file, at, length, digest=None):
     """`length` bytes of the stream, read whatever happens to the file, written at `at` into
-    the file `open_file()` opens, and hashed: (digest, why it failed or "", the open fd or -1)."""
-    digest, why, fd = hashlib.sha256(), "", -1
+    the file `open_file()` opens, and hashed (into `digest`, when given: a resumed file's
+    prefix is in it): (digest, why it failed or "", the open fd or -1)."""
+    digest, why, fd = digest or hashlib.sha256(), "", -1
     try:
         fd = open_file()
     except OSError as exc:
@@ -123,16 +125,38 @@ def take(src, open_file, at, length):
     return digest, why, fd
 
 
-def whole(src, temp, final, size, mtime_ns, mode):
+def whole(src, temp, final, offset, size, mtime_ns, mode):
     """An F record: its data and digest are read whatever happens to the file here. Placed
     (mtime set on the open file, then renamed: rename(2) refuses to replace a directory)
-    only when the SHA-256 is the one sent."""
+    only when the SHA-256 is the one sent. From `offset` > 0 it continues the temporary
+    copy an upload cut short left: its first `offset` bytes are hashed from the disk."""
+    digest = hashlib.sha256()
 
     def open_file():
         make_parent(temp)
-        return create(temp, mode & 0o7777)
+        if not offset:
+            return create(temp, mode & 0o7777)
+        try:
+            fd = os.open(temp, os.O_RDWR)
+        except FileNotFoundError:
+            raise FileNotFoundError(2, "the part to resume from is gone") from None
+        try:
+            if os.fstat(fd).st_size < offset:
+                raise FileNotFoundError(2, "the part to resume from is shorter than it was")
+            os.ftruncate(fd, offset)
+            at = 0
+            while at < offset:
+                data = os.pread(fd, min(4 * CHUNK, offset - at), at)
+                if not data:
+                    raise FileNotFoundError(2, "the part to resume from shrank")
+                digest.update(data)
+                at += len(data)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
-    digest, why, fd = take(src, open_file, 0, size)
+    digest, why, fd = take(src, open_file, offset, size - offset, digest)
     sent = src.read(DIGEST)
     if len(sent) != DIGEST:
         raise EOFError
@@ -246,7 +270,7 @@ def main():
         if not (safe(temp) and safe(final)):
             sys.exit("transfer-recv: an unsafe name in the stream")
         if kind == b"F":
-            why = whole(src, temp, final, size, mtime_ns, mode)
+            why = whole(src, temp, final, offset, size, mtime_ns, mode)
         elif kind == b"R":
             why = ranged(src, temp, offset, length, size)
             if not why or temp in told:

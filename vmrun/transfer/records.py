@@ -52,6 +52,7 @@ class Outgoing:
     digest: str | None = None  # hex SHA-256 of what was read here (None: it changed meanwhile)
     sent: int = 0
     why: str = ""  # why the host did not place it
+    resume: int = 0  # bytes a cut upload left on the host (its temporary copy): sent from there
 
 
 @dataclass(eq=False)
@@ -98,7 +99,7 @@ def lanes_for(items: list[Outgoing], count: int) -> list[Lane]:
     work: list[Outgoing | Piece] = []
     rest: list[Outgoing | Piece] = []
     for item in items:
-        if count > 1 and item.size >= PARALLEL_BYTES:
+        if count > 1 and item.size >= PARALLEL_BYTES and not item.resume:
             step = -(-item.size // count // CHUNK) * CHUNK
             work += [Piece(item, at, min(step, item.size - at)) for at in range(0, item.size, step)]
         else:
@@ -174,16 +175,28 @@ def _send_lane(stream: Stream, lane: Lane, pace: _Pacer) -> None:
                     item.digest = None  # shorter now: the zero digest fails the check
                 stream.send(digest.digest() if item.digest is not None else bytes(32))
                 continue
-            pace.progress.file_begin(pace.label, item.rel, item.size, 0)
-            buf += header(b"F", item, 0, item.size)
+            pace.progress.file_begin(pace.label, item.rel, item.size, item.resume)
+            buf += header(b"F", item, item.resume, item.size - item.resume)
             flush()
-            digest = hashlib.sha256()
-            shrank = _send_bytes(stream, fd, 0, item.size, digest, pace)
+            digest = _prefix_digest(fd, item.resume)
+            shrank = _send_bytes(stream, fd, item.resume, item.size - item.resume, digest, pace)
             item.digest = None if shrank else digest.hexdigest()
             stream.send(digest.digest() if item.digest else bytes(32))
         finally:
             os.close(fd)
     flush()
+
+
+def _prefix_digest(fd: int, length: int) -> hashlib._Hash:
+    """SHA-256 of the file's first `length` bytes (what the host holds of a resumed file)."""
+    digest, at = hashlib.sha256(), 0
+    while at < length:
+        data = os.pread(fd, min(4 * CHUNK, length - at), at)
+        if not data:
+            break  # shorter now: the digest will not match, the file is sent again whole
+        digest.update(data)
+        at += len(data)
+    return digest
 
 
 def _send_bytes(

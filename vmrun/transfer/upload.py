@@ -37,7 +37,7 @@ from vmrun.transfer.manifest import (
     remote_arg,
     remote_hashes,
 )
-from vmrun.transfer.records import Outgoing, place_whole, send_lanes
+from vmrun.transfer.records import INLINE, Outgoing, place_whole, send_lanes
 from vmrun.transfer.streams import CHUNK, Engine, capture, plan_streams
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
@@ -260,17 +260,21 @@ def _adopt_arrived(
     progress: Progress,
     report: Report,
 ) -> list[Outgoing]:
-    """What an upload cut short left whole on the host: a temporary copy of this very version
-    (its name carries size and mtime) with every byte there is placed if its SHA-256 is this
-    file's, and not sent again; the rest are still to send."""
+    """What an upload cut short left on the host: a temporary copy of this very version (its
+    name carries size and mtime) with every byte there is placed if its SHA-256 is this
+    file's, and not sent again; one cut in its middle is continued from where it stopped
+    (`resume`); the rest are still to send."""
     sizes = {e.rel: e.size for e in root.entries if e.kind == "f"}
     whole = []
     for item in todo:
         folder, name = posixpath.split(item.rel)
         part = posixpath.join(folder, part_name(name, item.size, item.mtime_ns))
-        if sizes.get(part) == item.size:
+        there = sizes.get(part, 0)
+        if there == item.size:
             item.temp = part
             whole.append(item)
+        elif 0 < there < item.size and item.size > INLINE:  # cut in its middle: continued
+            item.resume = there
     if not whole:
         return todo
     from vmrun.transfer.hashing import many_sha256
@@ -309,7 +313,7 @@ def _send_verified(
     the host has python3, else a tar stream."""
     if not todo:
         return
-    nbytes = sum(i.size for i in todo)
+    nbytes = sum(i.size - i.resume for i in todo)
     engine, streams = plan_streams(
         conn, wanted=options.engine, nbytes=nbytes, streams=options.streams
     )
@@ -327,18 +331,21 @@ def _send_verified(
                 conn, engine, remote_dir, todo, streams, options.bwlimit, progress, report
             )
         if not records:
+            for item in todo:
+                item.resume = 0  # the tar stream sends whole files
             _send_tar(conn, engine, remote_dir, todo, progress, report)
             _check_tar(conn, remote_dir, todo)
         for item in todo:
             if not item.why:
                 report.fetched.append(item.rel)
                 report.fetched_bytes += item.size
+                report.resumed += bool(item.resume)
                 progress.file_end(conn.label, item.rel, True)
             elif attempt == 2:
                 report.failed[item.rel] = item.why
         bad = [i for i in todo if i.why]
-        for item in bad:
-            item.why, item.sent = "", 0
+        for item in bad:  # once more, whole
+            item.why, item.sent, item.resume = "", 0, 0
         todo = bad
 
 
