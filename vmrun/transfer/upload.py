@@ -1,12 +1,14 @@
 """Uploads with the download engine's guarantees: incremental, verified, atomic.
 
-A local file or tree goes to a remote path: one listing round trip; files with the same size
-and mtime there are left alone (checksums settle the ones in doubt); the rest travel in one
-tar stream (PAX headers carry nanosecond mtimes, so the next comparison is exact) into
-temporary names beside their final ones; the host's SHA-256 of each must equal the one
-computed here while sending; then one more round trip renames them all into place. A
-mismatch is sent once more, then reported. Interrupted uploads start the file over (code and
-wheel uploads are small files; downloads are what resume).
+A local file or tree goes to a remote path: one walk here (or the caller's), one listing
+round trip; files with the same size and mtime there are left alone (checksums settle the
+ones in doubt); the rest travel as records (vmrun.transfer.records): each file hashed here
+while read and on the host while written under a temporary name beside its final one, and
+renamed into place there as soon as the two SHA-256 agree, with its mode and nanosecond
+mtime (so the next comparison is exact). A far host gets several streams, big files in
+ranges. A mismatch is sent once more, then reported. What a cut upload left is used: a
+whole temporary copy is placed after the host hashes it, one cut in its middle continues.
+A host without python3 gets one tar stream, then a checksum and a renaming round trip.
 """
 
 from __future__ import annotations
