@@ -16,6 +16,7 @@ COMMANDS = [
     "down",
     "setup",
     "train",
+    "submit",
     "logs",
     "status",
     "stop",

@@ -301,7 +301,8 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     ),
     (UsageError, "sweep-not-found", "`sweep --resume` names no recorded sweep"),
     (UsageError, "sweep-complete", "`sweep --resume` of a sweep whose every size is done"),
-    (UsageError, "script-not-found", "the training script does not exist"),
+    (UsageError, "script-not-found", "the training (or batch) script does not exist"),
+    (UsageError, "script-no-interpreter", "a batch script without its `#!` interpreter line"),
     (
         UsageError,
         "script-not-synced",

@@ -53,11 +53,13 @@ from .slurmconf import (
     ClusterPaths,
     Node,
     cgroup_conf,
+    epilog,
     gres_conf,
     hosts_file,
     make_gpu_devices,
     skip_reason_no_slurm,
     slurm_conf,
+    task_prolog,
     write_munge_key,
 )
 from .testhost import TestHost
@@ -176,6 +178,10 @@ class SlurmCluster:
             raise TestbedError(f"{paths.root} exists: one cluster per login name and bed")
         for d in (paths.root, paths.munge_dir, paths.log_dir, paths.ctld_dir / "state"):
             mkdir_shared(d)
+        mkdir_shared(paths.job_tmp)
+        paths.job_tmp.chmod(0o1777)
+        write_text(paths.task_prolog, task_prolog(paths), 0o755)
+        write_text(paths.epilog, epilog(paths), 0o755)
         paths.munge_private.mkdir(mode=0o700)
         for name in self._names:  # before add_host: see the module docstring
             mkdir_shared(self._etc_slurm(name))

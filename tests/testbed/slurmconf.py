@@ -93,6 +93,18 @@ class ClusterPaths:
     def node_dir(self, node: str) -> Path:  # SlurmdSpoolDir (spool/) and the pid file
         return self.root / "slurmd" / node
 
+    @property
+    def job_tmp(self) -> Path:  # 1777: each job's $SLURM_TMPDIR, made by the task prolog
+        return self.root / "jobtmp"
+
+    @property
+    def task_prolog(self) -> Path:
+        return self.root / "task_prolog.sh"
+
+    @property
+    def epilog(self) -> Path:
+        return self.root / "epilog.sh"
+
     def gpu_devices(self, count: int) -> list[Path]:
         return [self.root / "dev" / f"nvidia{i}" for i in range(count)]
 
@@ -101,6 +113,22 @@ class ClusterPaths:
 class Node:
     name: str  # the host's hostname, vmt-<host name>
     addr: str
+
+
+def task_prolog(paths: ClusterPaths) -> str:
+    """The per-job scratch folder that clusters such as the Alliance's give every job as
+    $SLURM_TMPDIR (their prolog makes it on local disk): made here as the job's user, before
+    each task (a TaskProlog's `export` lines reach the task)."""
+    return (
+        "#!/bin/sh\n"
+        f'd={paths.job_tmp}/"$SLURM_JOB_ID"\n'
+        'mkdir -p "$d" && echo "export SLURM_TMPDIR=$d"\n'
+    )
+
+
+def epilog(paths: ClusterPaths) -> str:
+    """Removes the job's $SLURM_TMPDIR on each node at its end (as root)."""
+    return f'#!/bin/sh\nrm -rf "{paths.job_tmp}/$SLURM_JOB_ID"\n'
 
 
 def slurm_conf(
@@ -148,6 +176,8 @@ def slurm_conf(
         "InactiveLimit=0",
         "KillWait=5",
         f"MinJobAge={min_job_age}",
+        f"TaskProlog={paths.task_prolog}",
+        f"Epilog={paths.epilog}",
         "JobRequeue=1",
         f"EnforcePartLimits={enforce_part_limits}",
         "MpiDefault=none",

@@ -21,6 +21,7 @@ COMMANDS = (
     ("down", "down_cmd", "Terminate a cloud cluster: nothing of it left billing."),
     ("setup", "setup_cmd", "Provision hosts: NVIDIA driver, Python env, PyTorch."),
     ("train", "train_cmd", "Sync the code and run torchrun DDP on the hosts (or --local)."),
+    ("submit", "submit_cmd", "Submit your own sbatch script, synced; follow it like a run."),
     ("logs", "logs_cmd", "Show a run's log; -f follows it live."),
     ("status", "status_cmd", "List the runs on the hosts: state, progress, duration, exit."),
     ("stop", "stop_cmd", "Stop a run on every host; verifies nothing of it remains."),

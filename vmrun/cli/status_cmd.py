@@ -86,22 +86,23 @@ def register(app: typer.Typer) -> None:
 def _rows(
     records: Sequence[Any], autostop: dict[str, str], images: bool = False
 ) -> list[tuple[str, ...]]:
-    """One row per run and host; an AUTOSTOP column where a host has the watchdog, an IMAGE
-    column where a run ran in a container image."""
-    return [
-        (
-            r.id,
-            r.host,
-            _state(r),
-            r.progress or "-",
-            time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-",
-            _duration(r.duration),
-            "-" if r.exit_code is None else str(r.exit_code),
-            *([autostop.get(r.host, "-")] if autostop else []),
-            *([str(r.meta.get("image") or "-")] if images else []),
-        )
-        for r in records
-    ]
+    """One row per run and host (and one per task of an array job, `RUN[INDEX]`); an
+    AUTOSTOP column where a host has the watchdog, an IMAGE column where a run ran in a
+    container image."""
+    rows = []
+    for r in records:
+        extra = [*([autostop.get(r.host, "-")] if autostop else []),
+                 *([str(r.meta.get("image") or "-")] if images else [])]  # fmt: skip
+        started = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
+        code = "-" if r.exit_code is None else str(r.exit_code)
+        rows.append((r.id, r.host, _state(r), r.progress or "-", started, _duration(r.duration),
+                     code, *extra))  # fmt: skip
+        for t in getattr(r, "tasks", []) if r.meta.get("array") else []:
+            state = f"{t.state} ({t.reason})" if t.reason else str(t.state)
+            code = "-" if t.exit_code is None else str(t.exit_code)
+            rows.append((f"{r.id}[{t.key}]", r.host, state, "-", started,
+                         _duration(t.elapsed), code, *extra))  # fmt: skip
+    return rows
 
 
 def _state(run: Any) -> str:

@@ -18,7 +18,7 @@ _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error",
+    "error", "tasks",
 )  # fmt: skip
 
 
@@ -67,7 +67,19 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
         "duration_s": max(durations) if durations else None,
         "exit": code,
         "error": run_error(rid, str(state), code),
+        "tasks": _tasks(first),
     }
+
+
+def _tasks(run: Any) -> list[dict[str, Any]] | None:
+    """An array job's tasks (`vmrun submit` of a script with --array), else null."""
+    if not run.meta.get("array"):
+        return None
+    return [
+        {"task": t.key, "state": str(t.state), "reason": t.reason or None, "exit": t.exit_code,
+         "duration_s": t.elapsed, "nodes": t.nodes or None}
+        for t in getattr(run, "tasks", [])
+    ]  # fmt: skip
 
 
 def run_error(rid: str, state: str, code: int | None) -> dict[str, Any] | None:

@@ -1,13 +1,17 @@
 # slurm_runs.sh RUNS_DIR: every vmrun run on the cluster in one round trip: the user's jobs
-# in squeue (a fixed --format: squeue's JSON changed across versions), then each run's
-# files (run.json, jobid, starts, exit, stopped; the last metrics line) as `==> PATH <==` sections.
+# in squeue, one line per task of an array (a fixed --Format: squeue's JSON changed across
+# versions; a field an older squeue lacks is left out at the end), then each run's files
+# (run.json, jobid, starts, exit, stopped, since, ended; the last metrics line) as
+# `==> PATH <==` sections.
 r=$1
 echo "==> squeue <=="
-squeue -h -u "$(id -un)" --states=all -o '%i|%T|%r|%S|%M|%N' 2>/dev/null
+squeue -h -r -u "$(id -un)" --states=all \
+  -O 'JobArrayID:|,State:|,Reason:|,StartTime:|,TimeUsed:|,NodeList:|,ArrayJobID:|,ArrayTaskID:|,exit_code' \
+  2>/dev/null
 cd "$r" 2>/dev/null || exit 0
 set -- */run.json
 [ -e "$1" ] || exit 0
-tail -v -n +1 -- */run.json */jobid */starts */exit */stopped 2>/dev/null
+tail -v -n +1 -- */run.json */jobid */starts */exit */stopped */since */ended 2>/dev/null
 echo
 # finished jobs leave squeue after MinJobAge: accounting remembers them, where there is any
 echo "==> sacct <=="

@@ -34,9 +34,7 @@ class RunLog:
         if not self.ref.nodes:
             return 0
         try:
-            return int(
-                self.backend.follow(self.ref, out, last=last, verbose=verbose)
-            )
+            return int(self.backend.follow(self.ref, out, last=last, verbose=verbose))
         except KeyboardInterrupt:
             raise Detached(f"stopped following {self.ref.run_id}; the run goes on") from None
 

@@ -209,11 +209,11 @@ def _dry_run(backend: Any, plan: Plan) -> DryRun:
         submit=["sbatch", "--parsable", f"{record}/job.sh"],
         env_names=sorted({*backend.cluster.env, *plan.env}),
         env_file=f"{record}/env",
-        data=[f"{p} -> {_data_dest(where, sub.paths.code)}/{p.name}" for p, where in plan.data],
+        data=[f"{p} -> {data_dest(where, sub.paths.code)}/{p.name}" for p, where in plan.data],
     )
 
 
-def _data_dest(where: str | None, code: str) -> str:
+def data_dest(where: str | None, code: str) -> str:
     from vmrun.transfer.manifest import normalize_remote
 
     if not where:

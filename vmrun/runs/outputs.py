@@ -39,7 +39,6 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-
 @dataclass(frozen=True)
 class RunLocation:
     """Where one run's files are on one host (remote paths relative to the home, or absolute)."""

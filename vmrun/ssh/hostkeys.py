@@ -85,7 +85,9 @@ def new_ed25519() -> tuple[str, str]:
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     ).decode("ascii")
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    ).decode("ascii")
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode("ascii")
+    )
     return private, public

@@ -322,9 +322,7 @@ def _transfer(
     return [it for it in items if not _place(conn.label, it, hashes, progress, report)]
 
 
-def _place(
-    host: str, it: Item, hashes: dict[str, str], progress: Progress, report: Report
-) -> bool:
+def _place(host: str, it: Item, hashes: dict[str, str], progress: Progress, report: Report) -> bool:
     """Put a received file in its place if its hash is the host's; False: it failed."""
     if not it.arrived_as(hashes.get(it.remote)):
         return False

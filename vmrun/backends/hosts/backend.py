@@ -306,6 +306,7 @@ def require_nodes(ref: RunRef, wanted: Sequence[str], entries: Sequence[HostEntr
         {n: e for n, e in ref.unreached.items() if n in chosen},
     )
 
+
 def _pull_images(
     group: Group, nodes: dict[str, Node], out: Reporter, progress: Progress | None
 ) -> None:
@@ -324,9 +325,7 @@ def _pull_images(
     check_same_digest({label: n.image for label, n in nodes.items() if n.image is not None})
 
 
-def _node_argv(
-    node: Node, argv: list[str], env: dict[str, str], rid: str, index: int
-) -> list[str]:
+def _node_argv(node: Node, argv: list[str], env: dict[str, str], rid: str, index: int) -> list[str]:
     """The node's process: `argv` itself, or argv in the node's container."""
     if node.image is None:
         return argv

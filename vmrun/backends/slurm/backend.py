@@ -358,7 +358,11 @@ class SlurmBackend:
                 code="run-not-found",
             )
         run = found[-1]
-        return self._ref(run.id, {**run.meta, "job_id": run.job_id}, run)
+        since = {"since": run.since} if run.since is not None else {}
+        return self._ref(run.id, {**run.meta, "job_id": run.job_id, **since}, run)
+
+    def script_ref(self, rid: str, meta: Mapping[str, Any]) -> RunRef:
+        return self._ref(rid, meta)
 
     def _ref(
         self, rid: str, meta: Mapping[str, Any], run: records.SlurmRun | None = None
@@ -386,6 +390,8 @@ class SlurmBackend:
         # the cluster's clock (the files' times are the cluster's, not this machine's)
         record = ref.records.get(self.cluster.name)
         start = record.first_started if record and record.first_started else meta["submitted"]
+        if meta.get("batch_script"):  # whatever the job wrote since it was submitted
+            start = meta.get("since") or start
         since = 0 if meta.get("template") else int(float(start) * 1e9)
         location = RunLocation(
             run_id=ref.run_id, host=self.cluster.name, record_dir=str(meta["record_dir"]),
@@ -396,6 +402,11 @@ class SlurmBackend:
     # -- logs -------------------------------------------------------------------------
 
     def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
+        if ref.meta.get("batch_script"):
+            from vmrun.backends.slurm import own_script
+
+            own_script.read_log(self, ref, out, last=last)
+            return
         log = f"{ref.meta['record_dir']}/job.log"
         argv = ["tail", "-n", str(last), "--", log] if last else ["cat", "--", log]
         status, text, err = self.conn.capture(plain_command(argv), what="the job's log")
@@ -417,6 +428,10 @@ class SlurmBackend:
     def follow(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> int:
         """The job from now (or its queue wait) to its end: state changes as infos, its
         output as `[node rankN]` lines; 0 when it completed, else raise its failure."""
+        if ref.meta.get("batch_script"):
+            from vmrun.backends.slurm import own_script
+
+            return own_script.Follower(self, ref, out).run(self.poll, self.unanswered_limit)
         from vmrun.backends.slurm.following import Follower
 
         return Follower(self, ref, out, verbose, last).run()

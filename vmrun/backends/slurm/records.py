@@ -21,11 +21,69 @@ _SECTION = re.compile(r"^==> (.*) <==$")
 
 @dataclass(frozen=True)
 class QueueEntry:
-    job: str
+    job: str  # squeue's JobArrayID: the job's id, `ID_INDEX` for a task of an array
     state: JobState
     start: str = ""
     elapsed: str = ""
     nodes: str = ""
+    array_job: str = ""  # the array's id (the job's own outside an array)
+    task: str = ""  # the array index ("" outside an array)
+    wait_status: str = ""  # squeue's exit_code: the batch script's wait status
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a job from the user's own batch script (the job itself outside an
+    array): as squeue lists it, else as the run's `ended` record keeps it."""
+
+    key: str  # the array index; "-" outside an array
+    state: RunState
+    exit_code: int | None
+    reason: str = ""
+    elapsed: float | None = None
+    nodes: str = ""
+
+    @classmethod
+    def listed(cls, entry: QueueEntry) -> Task:
+        state = entry.state.run_state
+        code = exit_code(entry.wait_status) if state in (RunState.DONE, RunState.FAILED) else None
+        reason = entry.state.reason if entry.state.state == "PENDING" else ""
+        return cls(entry.task or "-", state, code, reason, seconds(entry.elapsed), entry.nodes)
+
+    @classmethod
+    def recorded(cls, words: list[str]) -> Task | None:
+        """An `ended` line: KEY STATE EXIT TIME ELAPSED (`-`: not known)."""
+        if len(words) < 3:
+            return None
+        state = JobState(words[1]).run_state if words[1] != "ENDED" else RunState.LOST
+        code = exit_code(words[2])
+        if state is RunState.DONE and code:
+            state = RunState.FAILED
+        return cls(words[0], state, code, elapsed=seconds(words[4]) if len(words) > 4 else None)
+
+
+def exit_code(wait_status: str) -> int | None:
+    """A wait status (squeue's exit_code: 256 is exit 1) as a shell's exit code."""
+    status = _int(wait_status.strip())
+    if status is None:
+        return None
+    return 128 + (status & 0x7F) if status & 0x7F else status >> 8
+
+
+def seconds(elapsed: str) -> float | None:
+    """squeue's times (`M:SS`, `H:MM:SS`, `D-HH:MM:SS`) in seconds."""
+    days, _, clock = elapsed.strip().rpartition("-")
+    parts = clock.split(":")
+    if (
+        not all(p.isdigit() for p in parts)
+        or not 1 <= len(parts) <= 3
+        or (days and not days.isdigit())
+    ):
+        return None
+    total = 0
+    for part in parts:
+        total = total * 60 + int(part)
+    return total + int(days or 0) * 86400
 
 
 @dataclass
@@ -42,13 +100,23 @@ class SlurmRun:
     stopped: bool = False
     accounted: tuple[str, str] | None = None  # sacct's (State, ExitCode)
     last_metrics: Mapping[str, Any] | None = None
+    # a job from the user's own batch script (`vmrun submit`): its tasks, when squeue or
+    # the run's `ended` record knows them; `since` the cluster's clock at submission
+    tasks: list[Task] = field(default_factory=list)
+    since: float | None = None
+
+    @property
+    def own_script(self) -> bool:
+        return bool(self.meta.get("batch_script"))
 
     @property
     def attempts(self) -> int:
-        return len(self.starts)
+        return max(1, len(self.starts)) if self.own_script else len(self.starts)
 
     @property
     def started(self) -> float:
+        if self.own_script and self.since is not None:
+            return self.since
         if self.starts:
             return float(self.starts[0][1])
         return float(self.meta.get("submitted") or 0)
@@ -59,6 +127,9 @@ class SlurmRun:
 
     @property
     def duration(self) -> float | None:
+        if self.own_script:
+            times = [t.elapsed for t in self.tasks if t.elapsed is not None]
+            return max(times) if times else None
         if not self.starts:
             return None
         if self.state in (RunState.RUNNING, RunState.PENDING):
@@ -75,6 +146,8 @@ class SlurmRun:
         return self.state_and_code()[1]
 
     def state_and_code(self) -> tuple[RunState, int | None]:
+        if self.own_script and self.tasks:
+            return _combined(self.tasks, self.stopped)
         code = self._recorded_code()
         if self.job is not None:
             state = self.job.run_state
@@ -93,10 +166,15 @@ class SlurmRun:
         return RunState.LOST, None
 
     def _recorded_code(self) -> int | None:
+        if self.own_script:
+            return None
         return _int(self.exits[-1][1]) if self.exits else None
 
     @property
     def reason(self) -> str:
+        if self.own_script:
+            reasons = sorted({t.reason for t in self.tasks if t.reason})
+            return ", ".join(reasons)
         return self.job.reason if self.job and self.job.state == "PENDING" else ""
 
     @property
@@ -106,6 +184,23 @@ class SlurmRun:
         if done is None:
             return None
         return f"epoch {done}/{epochs}" if epochs else f"epoch {done}"
+
+
+def _combined(tasks: list[Task], stopped: bool) -> tuple[RunState, int | None]:
+    """A job's state from its tasks': running while any runs (pending while all wait),
+    else the worst ending, with the first non-zero exit code; `vmrun stop` ends it stopped."""
+    states = {t.state for t in tasks}
+    if RunState.RUNNING in states:
+        return RunState.RUNNING, None
+    if RunState.PENDING in states:
+        return RunState.PENDING, None
+    codes = [t.exit_code for t in tasks if t.exit_code]
+    if stopped and RunState.STOPPED in states:
+        return RunState.STOPPED, None
+    for state in (RunState.FAILED, RunState.LOST, RunState.STOPPED):
+        if state in states:
+            return state, codes[0] if codes else None
+    return RunState.DONE, 0
 
 
 def _int(text: str) -> int | None:
@@ -130,6 +225,9 @@ def parse_listing(text: str, cluster: str) -> list[SlurmRun]:
             entry = queue.get(run.job_id)
             run.job = entry.state if entry else None
             run.accounted = accounted.get(run.job_id)
+            listed = [e for e in queue.values() if e.array_job == run.job_id or e.job == run.job_id]
+            if run.own_script and listed:
+                run.tasks = sorted((Task.listed(e) for e in listed), key=_task_order)
     return sorted(runs.values(), key=lambda r: (float(r.meta.get("submitted") or 0), r.id))
 
 
@@ -147,15 +245,25 @@ def _sections(text: str) -> dict[str, list[str]]:
 
 
 def _queue(lines: list[str]) -> dict[str, QueueEntry]:
-    """squeue's `JOBID|STATE|REASON|START|ELAPSED|NODES` lines, by job id."""
+    """squeue's `JOBID|STATE|REASON|START|ELAPSED|NODES|ARRAYJOB|TASK|EXIT` lines (the last
+    three where squeue has them), by job id (`ID_INDEX` for an array's task)."""
     queue = {}
     for line in lines:
-        parts = line.split("|")
+        parts = [p.strip() for p in line.split("|")]
         if len(parts) >= 6:
             state = JobState.parse(f"{parts[1]}|{parts[2]}")
             if state is not None:
-                queue[parts[0].strip()] = QueueEntry(parts[0].strip(), state, *parts[3:6])
+                extra = [*parts[6:9], "", "", ""][:3]
+                task = "" if extra[1] in ("N/A", "") else extra[1]
+                queue[parts[0]] = QueueEntry(
+                    parts[0], state, start=parts[3], elapsed=parts[4], nodes=parts[5],
+                    array_job=extra[0] or parts[0], task=task, wait_status=extra[2],
+                )  # fmt: skip
     return queue
+
+
+def _task_order(task: Task) -> tuple[int, str]:
+    return (int(task.key), "") if task.key.isdigit() else (1 << 62, task.key)
 
 
 def _accounted(lines: list[str]) -> dict[str, tuple[str, str]]:
@@ -193,6 +301,11 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.exits = [line.split() for line in lines]
     elif name == "stopped":
         run.stopped = True
+    elif name == "since" and lines:
+        run.since = float(lines[0]) if _int(lines[0].split(".")[0]) is not None else None
+    elif name == "ended" and not run.tasks:  # squeue's view, where it has one, is newer
+        ended = {t.key: t for t in map(Task.recorded, (ln.split() for ln in lines)) if t}
+        run.tasks = sorted(ended.values(), key=_task_order)
     elif run.meta.get("metrics") == path and lines:
         with contextlib.suppress(ValueError):
             run.last_metrics = json.loads(lines[-1])

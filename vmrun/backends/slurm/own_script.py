@@ -1,0 +1,384 @@
+"""Runs from the user's own batch script (`vmrun submit`): the script is submitted as it is,
+from the synced project, and followed, read and fetched where Slurm puts its output: the
+files its `--output`/`--error` patterns name (one per task of an array), expanded on the
+login node as Slurm expands them (vmrun/hostside/_slurm_tasks.sh).
+
+Its state is squeue's per task while the job is listed; the follower (and `status`, when it
+sees an end first) keeps each task's end in the run's `ended` record, since a cluster
+without accounting forgets a job MinJobAge after its end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from vmrun import hostside
+from vmrun.backends.api import RunRef
+from vmrun.backends.slurm import batchfile
+from vmrun.backends.slurm.queue import JobState, explain_failure
+from vmrun.errors import (
+    CommandFailed,
+    Detached,
+    Interrupted,
+    OutcomeUnknown,
+    RemoteError,
+    UsageError,
+)
+from vmrun.remote_paths import remote_workdir
+from vmrun.reporting import Reporter
+from vmrun.ssh.quoting import plain_command, quote
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from vmrun.backends.slurm.cluster import Cluster
+    from vmrun.ssh.connection import Connection
+    from vmrun.transfer.types import Progress
+
+LINE = b"\x1e"  # a task's line: \x1eKEY o|e\x1eTEXT
+MARK = b"\x1dvmrun "
+HEARTBEAT_S = 15.0
+
+
+class SlurmBackend(Protocol):
+    """What a script's run needs of vmrun.backends.slurm.backend.SlurmBackend."""
+
+    conn: Connection
+    cluster: Cluster
+
+    def facts(self) -> Any: ...
+
+    def record_dir(self, run_id: str) -> str: ...
+
+    def script_ref(self, rid: str, meta: Mapping[str, Any]) -> RunRef: ...
+
+    def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ScriptJob:
+    """A batch script made ready to submit: what `--dry-run` shows and `submit` sends."""
+
+    run_id: str
+    batch: batchfile.BatchFile
+    sbatch: list[str]  # sbatch's arguments: vmrun's options, the script, its arguments
+    code_dir: str  # absolute, on the cluster
+    record_dir: str
+    meta: dict[str, Any]
+    env_text: str
+
+
+def prepare(
+    backend: SlurmBackend, batch: batchfile.BatchFile, args: Sequence[str], *,
+    given: list[str], project_name: str, name: str | None, env: dict[str, str],
+) -> ScriptJob:  # fmt: skip
+    """The sbatch command and the run's record. `given`: the options the user gave vmrun,
+    as sbatch words (they override the script); the cluster's defaults fill only what the
+    script and those leave unsaid."""
+    from pathlib import Path
+
+    from vmrun.runs.launch import run_id as new_run_id
+
+    facts = backend.facts()
+    cluster = backend.cluster
+    rid = new_run_id(name or Path(batch.relative).stem)
+    code = f"{facts.workdir}/{remote_workdir(Path(project_name))}"
+    defaults = {"--partition": cluster.partition, "--account": cluster.account,
+                "--qos": cluster.qos}  # fmt: skip
+    fill = batchfile.filled(batch.options, defaults)
+    own = batchfile.parse_words(list(cluster.sbatch_args))
+    fill += [w for (k, _), w in zip(own.pairs, cluster.sbatch_args, strict=False)
+             if k not in batch.options]  # fmt: skip
+    options = batchfile.parse_words(fill) + batch.options
+    batch = batchfile.BatchFile(batch.path, batch.relative, options)
+    sbatch = [*given, *fill, f"./{batch.relative}", *args]
+    record = backend.record_dir(rid)
+    meta: dict[str, Any] = {
+        "run_id": rid,
+        "cluster": cluster.name,
+        "launcher": "sbatch",
+        "batch_script": True,
+        "script": batch.relative,
+        "args": list(args),
+        "sbatch": sbatch,
+        "job_name": batch.job_name,
+        "array": batch.array,
+        "nodes": _number(options.get("--nodes")),
+        "partition": options.get("--partition"),
+        "time": options.get("--time"),
+        "output": batch.output,
+        "error": batch.error,
+        "work_dir": batch.work_dir(code),
+        "submitted": time.time(),
+        "record_dir": record,
+        "code_dir": code,
+        "out_dir": batch.work_dir(code),
+    }
+    env_text = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
+    return ScriptJob(rid, batch, sbatch, code, record, meta, env_text)
+
+
+def submit(backend: SlurmBackend, job: ScriptJob) -> tuple[str, JobState | None]:
+    """Write the record and submit; sbatch's refusal is one line and leaves nothing."""
+    meta = json.dumps(job.meta, indent=1).encode() + b"\n"
+    argv = [*hostside.command("slurm_submit_script.sh"), job.record_dir, str(len(meta)),
+            job.code_dir, *job.sbatch]  # fmt: skip
+    status, out, err = backend.conn.capture(
+        plain_command(argv), stdin=meta + job.env_text.encode(), what="sbatch"
+    )
+    name = backend.cluster.name
+    if status == 2:
+        message = " ".join(err.split())
+        raise UsageError(
+            f"cluster {name} refused the job: {message}",
+            hint="check the script's #SBATCH lines and vmrun's options against `sinfo` there",
+            code="job-refused",
+        )
+    if status != 0:
+        text = " ".join(err.split())
+        raise RemoteError(f"could not submit to {name}: {text or status}", host=name,
+                          code="submit-failed")  # fmt: skip
+    values = dict(
+        line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
+    )
+    return values["job"], JobState.parse(values.get("state", ""))
+
+
+def start(
+    backend: SlurmBackend, job: ScriptJob, project: Any, out: Reporter,
+    progress: Progress | None = None, data: Sequence[tuple[Path, str | None]] = (),
+) -> RunRef:  # fmt: skip
+    """Sync the project (and push --data) to the cluster, submit, and return once the job
+    is queued; a job that can never start is cancelled."""
+    from vmrun.sync.files import project_files
+    from vmrun.sync.project import sync_project
+
+    name = backend.cluster.name
+    files = project_files(project)
+    if job.batch.relative not in files:
+        raise UsageError(
+            f"batch script {job.batch.relative} is excluded from the sync (.gitignore,"
+            " .vmrunignore or vmrun's defaults)",
+            hint=f"add `!{job.batch.relative}` to .vmrunignore",
+            code="script-not-synced",
+        )
+    synced = sync_project(backend.conn, project, job.code_dir, files=files, progress=progress)
+    if progress is None:
+        for text in synced.warnings:
+            out.warn(f"{name}: {text}")
+    meta = dict(job.meta)
+    if data:
+        from vmrun.transfer.push import push_data
+
+        meta["data"] = push_data(backend.conn, list(data), job.code_dir, out, progress)
+    jobid, state = submit(backend, ScriptJob(job.run_id, job.batch, job.sbatch, job.code_dir,
+                                             job.record_dir, meta, job.env_text))  # fmt: skip
+    ref = backend.script_ref(job.run_id, {**meta, "job_id": jobid})
+    if state is not None and state.never_starts:
+        backend.cancel_never(ref, jobid, state, state.never_starts)
+    queued = state.describe() if state else "queued"
+    out.info(f"run {job.run_id} submitted to {name} as job {jobid} ({queued})")
+    return ref
+
+
+def given_words(options: Any, version: str) -> list[str]:
+    """The Slurm options given to vmrun (SlurmOptions: None is not given) as sbatch words,
+    which override the script's #SBATCH lines."""
+    from vmrun.backends.slurm.job import gpu_option, word_problem
+
+    words = []
+    for flag, value in (
+        ("--nodes", options.nodes), ("--time", options.time),
+        ("--cpus-per-task", options.cpus_per_task), ("--mem", options.mem),
+        ("--constraint", options.constraint), ("--partition", options.partition),
+        ("--account", options.account), ("--qos", options.qos),
+    ):  # fmt: skip
+        if value is None:
+            continue
+        if problem := word_problem(str(value)):
+            raise UsageError(f"{flag} {value!r}: {problem}")
+        words.append(f"{flag}={value}")
+    if options.gpus_per_node:
+        words.append(gpu_option(options.gpus_per_node, version))
+    for arg in options.sbatch_args:
+        if word_problem(arg) or not arg.startswith("-"):
+            raise UsageError(
+                f"--sbatch-arg {arg!r}: give one sbatch option, no spaces, e.g. --exclusive"
+            )
+        words.append(arg)
+    return words
+
+
+def _number(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def _tail_args(meta: Any) -> list[str]:
+    return [str(meta["work_dir"]), str(meta["output"]), str(meta["error"])]
+
+
+# -- reading and following --------------------------------------------------------------
+
+
+class TaskStream:
+    """The framed lines of slurm_follow_tasks.sh / slurm_task_files.sh as the user sees
+    them: a task's line as it is outside an array, `[INDEX] line` in one (`[INDEX err]` from
+    a separate error file); `\\x1dvmrun` lines are events."""
+
+    def __init__(self, out: Reporter, array: bool, on_event: Any = None):
+        self.out = out
+        self.array = array
+        self.on_event = on_event
+        self.rest = b""
+        self.lock = threading.Lock()
+
+    def feed(self, data: bytes) -> None:
+        with self.lock:
+            *lines, self.rest = (self.rest + data).split(b"\n")
+            for line in lines:
+                self._line(line)
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.rest:
+                self._line(self.rest)
+                self.rest = b""
+
+    def _line(self, line: bytes) -> None:
+        if line.startswith(MARK):
+            if self.on_event is not None:
+                word, _, rest = line[len(MARK) :].decode("utf-8", "replace").partition(" ")
+                self.on_event(word, rest)
+            return
+        if not line.startswith(LINE):
+            self.out.output(line + b"\n")  # the host script's own words (none expected)
+            return
+        key, _, text = line[1:].partition(LINE)
+        task, _, stream = key.decode("utf-8", "replace").partition(" ")
+        if self.array:
+            head = f"[{task}{' err' if stream == 'e' else ''}] ".encode()
+            text = head + text
+        self.out.output(text + b"\n")
+
+
+def read_log(backend: SlurmBackend, ref: RunRef, out: Reporter, *, last: int = 0) -> None:
+    meta = ref.meta
+    argv = [*hostside.command("slurm_task_files.sh"), str(meta["record_dir"]),
+            str(meta.get("job_id") or ""), *_tail_args(meta), "1" if meta.get("array") else "0",
+            str(meta.get("job_name") or ""), str(last)]  # fmt: skip
+    status, text, err = backend.conn.capture(plain_command(argv), what="the job's output")
+    if status != 0:
+        raise RemoteError(
+            f"cannot read the job's output files: {err.strip()}",
+            host=backend.cluster.name,
+        )
+    stream = TaskStream(out, bool(meta.get("array")))
+    stream.feed(text)
+    stream.flush()
+
+
+class Follower:
+    """A job from the user's own script, from its queue wait to its end: each task's
+    state changes as infos, its files' lines as they are written; 0 when every task
+    completed, else raise the failure."""
+
+    def __init__(self, backend: SlurmBackend, ref: RunRef, out: Reporter):
+        self.backend = backend
+        self.ref = ref
+        self.out = out
+        self.job = str(ref.meta.get("job_id"))
+        self.array = bool(ref.meta.get("array"))
+        self.stream = TaskStream(out, self.array, self.on_event)
+        self.seen: dict[str, tuple[str, ...]] = {}
+        self.ends: list[tuple[str, str, str]] = []
+        self.lost = ""
+        self.ended = False
+
+    def _who(self, key: str) -> str:
+        return f"task {key} of job {self.job}" if key != "-" else f"job {self.job}"
+
+    def on_event(self, word: str, rest: str) -> None:
+        if word == "task":
+            key, _, fields = rest.partition(" ")
+            parts = (fields.split("|") + [""] * 6)[:6]
+            _, state, reason, host, _, _ = parts
+            now = (state, reason, host)
+            if self.seen.get(key) == now:
+                return
+            self.seen[key] = now
+            if state == "PENDING":
+                why = f" ({reason})" if reason and reason != "None" else ""
+                self.out.info(f"{self._who(key)} is PENDING{why}")
+            elif state == "RUNNING":
+                self.out.info(f"{self._who(key)} running on {host}")
+            elif state:
+                self.out.info(f"{self._who(key)} ended: {state}")
+        elif word == "unreachable":
+            error = rest.strip() or "no answer"
+            self.out.info(f"squeue cannot reach the controller ({error}); job {self.job} keeps"
+                          " its last known state until it answers")  # fmt: skip
+        elif word == "reachable":
+            self.out.info("squeue answers again")
+        elif word == "lost":
+            self.lost = rest.strip()
+        elif word == "ended":
+            self.ended = True
+            words = rest.split()
+            self.ends = [
+                (words[i], words[i + 1], words[i + 2]) for i in range(0, len(words) - 2, 3)
+            ]
+
+    def run(self, poll: float, limit: float) -> int:
+        meta = self.ref.meta
+        argv = [*hostside.command("slurm_follow_tasks.sh"), str(meta["record_dir"]), self.job,
+                f"{poll:g}", f"{limit:.0f}", *_tail_args(meta)]  # fmt: skip
+        rid, cluster = self.ref.run_id, self.backend.cluster.name
+        try:
+            self.backend.conn.run(argv, on_output=lambda _s, data: self.stream.feed(data),
+                                  heartbeat=HEARTBEAT_S)  # fmt: skip
+        except (KeyboardInterrupt, Interrupted):
+            raise Detached(
+                f"detached from run {rid}; job {self.job} goes on on cluster {cluster}",
+                hint=f"reattach with `vmrun logs -f {rid} -C {cluster}`, stop it with"
+                f" `vmrun stop {rid} -C {cluster}`",
+            ) from None
+        self.stream.flush()
+        return self.verdict()
+
+    def verdict(self) -> int:
+        rid, cluster = self.ref.run_id, self.backend.cluster.name
+        if self.lost or not self.ended:
+            raise OutcomeUnknown(
+                f"squeue has not answered for {self.lost or '?'} s; job {self.job}"
+                f" (run {rid}) may still be running",
+                host=cluster,
+                hint=f"see `vmrun status -C {cluster}` later",
+            )
+        failed = [(k, s, c) for k, s, c in self.ends if s != "COMPLETED"]
+        if not failed:
+            return 0
+        key, state, wait = failed[0]
+        from vmrun.backends.slurm.records import exit_code
+
+        code = exit_code(wait) if wait != "-" else None
+        if state == "ENDED":
+            raise OutcomeUnknown(
+                f"{self._who(key)} left the queue before vmrun saw how it ended (no accounting"
+                " on this cluster)",
+                host=cluster,
+                hint=f"see its output: `vmrun logs {rid} -C {cluster}`",
+            )
+        detail = f", exit code {code}" if code else ""
+        many = f" ({len(failed)} of {len(self.ends)} tasks)" if self.array else ""
+        raise CommandFailed(
+            f"run {rid} failed: {self._who(key)} {explain_failure(state)}{detail}{many}",
+            host=cluster,
+            exit_status=code if code and 0 < code < 256 else 1,
+            hint=f"see `vmrun logs {rid} -C {cluster}`",
+            code="run-failed",
+        )

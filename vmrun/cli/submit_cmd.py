@@ -1,0 +1,91 @@
+"""`vmrun submit SCRIPT [-- ARGS...]`: the user's own sbatch script, unchanged, with vmrun's
+sync, logs, status, stop and fetch."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from vmrun.cli import run_options as ro
+from vmrun.cli.options import (
+    SLURM_GROUP,
+    AcceptNewHostKey,
+    ClusterName,
+    ConnectTimeout,
+    settings_from,
+    slurm_options,
+    with_group,
+)
+from vmrun.cli.train_cmd import _SCRIPT_ARGS, _DashDashCommand
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "submit",
+        cls=_DashDashCommand,
+        help="Sync the project to the cluster and submit SCRIPT, your own sbatch script, as it"
+        " is, from there (its #SBATCH lines rule; --time, --partition and the other Slurm"
+        " options given here override them, as on sbatch's command line; the words after"
+        " `--` are its arguments). Then follow the job: its output files, wherever its"
+        " --output/--error patterns put them, one per array task. `logs`, `status`, `stop`"
+        " and `fetch results` know it by its run id.",
+    )
+    @with_group(SLURM_GROUP, "slurm", skip=("max_requeues",))
+    def submit_command(
+        ctx: typer.Context,
+        script: Annotated[
+            str, typer.Argument(metavar="SCRIPT", help="Your batch script, in the project.")
+        ],
+        name: ro.RunName = None,
+        env: ro.EnvVars = None,
+        data: ro.DataOption = None,
+        detach: Annotated[
+            bool, typer.Option("--detach", help="Submit and return at once.")
+        ] = False,
+        cluster: ClusterName = None,
+        dry_run: Annotated[
+            bool,
+            typer.Option(
+                "--dry-run",
+                help="Print the sbatch command and the synced directory; submit nothing.",
+            ),
+        ] = False,
+        connect_timeout: ConnectTimeout = None,
+        accept_new_host_key: AcceptNewHostKey = None,
+        slurm: dict[str, Any] | None = None,
+    ) -> int:
+        import sys
+
+        from vmrun.cli.fetch_view import make_progress
+        from vmrun.cli.output import TERMINAL
+        from vmrun.operations.submit import SubmitDryRun, SubmitOptions, submit
+
+        what = SubmitOptions(script=script, args=ctx.meta.get(_SCRIPT_ARGS) or [], name=name,
+                             env=env, data=data)  # fmt: skip
+        done = submit(
+            what, settings_from(connect_timeout, accept_new_host_key), cluster=cluster,
+            slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach,
+            progress=make_progress(prefix=False, live=sys.stderr.isatty()), out=TERMINAL,
+        )  # fmt: skip
+        return show_dry_run(done) if isinstance(done, SubmitDryRun) else done
+
+
+def show_dry_run(dry: Any) -> int:
+    from vmrun.ssh.quoting import join
+
+    typer.echo(f"# on the login node ({dry.login}):")
+    typer.echo(f"# sync {dry.sync}")
+    for line in dry.data:
+        typer.echo(f"# push {line}")
+    typer.echo(f"cd {join([dry.submit[1]])} && {join(dry.submit[3:])}")
+    array = f" (array {dry.array}: one file per task)" if dry.array else ""
+    typer.echo(f"# the job's output: {dry.output}{array}, in {dry.work_dir}")
+    if dry.error != dry.output:
+        typer.echo(f"# its errors: {dry.error}")
+    if dry.env_names:
+        typer.echo(
+            f"# with {', '.join(dry.env_names)} from {dry.env_file} (0600) in sbatch's"
+            " environment, which the job inherits; not on any command line"
+        )
+    return 0

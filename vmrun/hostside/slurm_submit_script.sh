@@ -1,0 +1,39 @@
+# slurm_submit_script.sh RECORD_DIR META_BYTES CODE_DIR SBATCH_ARG...: submits the user's own
+# batch script as it is, from CODE_DIR (the synced project: the job's working directory
+# unless the script says --chdir): `sbatch --parsable SBATCH_ARG...` (vmrun's options, the
+# script, its arguments), in a login shell as the user's own `sbatch` at the prompt runs
+# (the job inherits sbatch's environment: the profile's PATH, conda, the `module` function
+# that scripts call). stdin holds run.json, then the run's environment file (0600: it may
+# hold secrets), read after the profile. Prints `job=ID` and the job's first state, or
+# sbatch's own error on stderr (exit 2); nothing is left of a refused job.
+d=$1 size=$2 code=$3
+shift 3
+mask=$(umask)  # the job's files get the user's umask (sbatch passes it on), not 077
+umask 077
+mkdir -p "$d" || exit 1
+head -c "$size" > "$d/run.json" || exit 1
+cat > "$d/env" || exit 1
+if ! cd "$code" 2>/dev/null; then
+  echo "no directory $code" >&2
+  rm -rf "$d"
+  exit 2
+fi
+umask "$mask"
+date +%s.%N > "$d/since"  # this clock: what the job writes after it is its output (fetch)
+shell='bash'
+command -v bash >/dev/null 2>&1 || shell='sh'
+# shellcheck disable=SC2016  # expanded by the login shell
+if ! out=$("$shell" -l -c '. "$1"; shift; sbatch --parsable "$@"' vmrun-sbatch "$d/env" "$@" \
+  2>"$d/sbatch.err" </dev/null); then
+  cat "$d/sbatch.err" >&2
+  rm -rf "$d"
+  exit 2
+fi
+# the job id is sbatch's last line (a profile may print before it): ID or ID;CLUSTER
+job=$(printf '%s\n' "$out" | sed -n 's/^\([0-9][0-9]*\).*$/\1/p' | tail -n 1)
+if [ -z "$job" ]; then
+  printf 'sbatch printed no job id: %s\n' "$out" >&2
+  exit 1
+fi
+printf '%s\n' "$job" > "$d/jobid"
+printf 'job=%s\nstate=%s\n' "$job" "$(squeue -h -j "$job" -o '%T|%r' 2>/dev/null | head -n 1)"

@@ -1,0 +1,116 @@
+"""`vmrun submit` as a library: the user's own batch script, unchanged, submitted from the
+synced project on a cluster and then followed like any vmrun run (`logs`, `status`, `stop`,
+`fetch` find it by its run id).
+
+    from vmrun.operations.submit import SubmitOptions, submit
+    code = submit(SubmitOptions("job.sh"), cluster="bed")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vmrun.backends.slurm.options import SlurmOptions
+from vmrun.config import Settings, load_settings
+from vmrun.errors import UsageError
+from vmrun.reporting import QUIET, Reporter
+from vmrun.transfer.types import Progress
+
+
+@dataclass
+class SubmitOptions:
+    """What is submitted: the script, the words after `--` (its arguments), the run's
+    name, `--env KEY[=VALUE]` (sbatch's environment, which the job inherits) and `--data`."""
+
+    script: str
+    args: list[str] = field(default_factory=list)
+    name: str | None = None
+    env: list[str] | None = None
+    data: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class SubmitDryRun:
+    """What `submit --dry-run` would do, nothing sent."""
+
+    login: str
+    sync: str  # "PROJECT -> CODE DIR"
+    submit: list[str]  # the sbatch command, run in the code dir
+    work_dir: str
+    output: str  # the output file pattern, relative to work_dir unless absolute
+    error: str
+    array: str | None
+    env_names: list[str]
+    env_file: str
+    data: list[str]
+
+
+def pick_cluster(settings: Settings, cluster: str | None) -> str:
+    """-C's cluster, or the project's only one."""
+    from vmrun.backends.slurm.cluster import project_clusters
+
+    if cluster:
+        return cluster
+    names = [c.name for c in project_clusters(settings)]
+    if len(names) == 1:
+        return names[0]
+    raise UsageError(
+        "say which cluster with -C NAME" + (f" (one of {', '.join(names)})" if names else ""),
+        hint="" if names else "declare it in vmrun.toml: [[clusters]] name = ..., login = ...",
+        code="cluster-not-found",
+    )
+
+
+def submit(
+    what: SubmitOptions,
+    settings: Settings | None = None,
+    *,
+    cluster: str | None = None,
+    slurm: SlurmOptions | None = None,
+    dry_run: bool = False,
+    detach: bool = False,
+    progress: Progress | None = None,
+    out: Reporter = QUIET,
+) -> int | SubmitDryRun:
+    """Submit `what` to `cluster` and follow the job to its end (its exit code; a failure
+    raises), or return once it is queued (`detach`), or the SubmitDryRun asked for."""
+    from vmrun.backends.slurm import batchfile, own_script
+    from vmrun.backends.slurm.session import cluster_backend
+    from vmrun.config import find_project_dir
+    from vmrun.operations.train import data_dest
+    from vmrun.runs.plan import parse_data
+    from vmrun.ssh.envvars import parse_env
+
+    settings = settings or load_settings({})
+    slurm = slurm or SlurmOptions()
+    name = pick_cluster(settings, cluster)
+    project = find_project_dir() or Path.cwd()
+    data = tuple(parse_data(text) for text in what.data or ())
+    env = parse_env(what.env)
+    with cluster_backend(settings, name) as backend:
+        given = own_script.given_words(slurm, backend.facts().version)
+        batch = batchfile.read(Path(what.script), project, batchfile.parse_words(given))
+        job = own_script.prepare(backend, batch, what.args, given=given,
+                                 project_name=str(project), name=what.name,
+                                 env={**backend.cluster.env, **env})  # fmt: skip
+        if dry_run:
+            return SubmitDryRun(
+                login=backend.cluster.login,
+                sync=f"{project} -> {job.code_dir}",
+                submit=["cd", job.code_dir, "&&", "sbatch", "--parsable", *job.sbatch],
+                work_dir=str(job.meta["work_dir"]),
+                output=job.batch.output,
+                error=job.batch.error,
+                array=job.batch.array,
+                env_names=sorted({*backend.cluster.env, *env}),
+                env_file=f"{job.record_dir}/env",
+                data=[f"{p} -> {data_dest(where, job.code_dir)}/{p.name}" for p, where in data],
+            )
+        ref = own_script.start(backend, job, project, out, progress, data)
+        if detach:
+            rid = ref.run_id
+            out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
+                     f" `vmrun stop {rid} -C {name}`")  # fmt: skip
+            return 0
+        return int(backend.follow(ref, out))
