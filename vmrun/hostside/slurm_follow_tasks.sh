@@ -84,6 +84,7 @@ EOT
 done
 kill "$sentinel" 2>/dev/null
 wait
+echo  # a file's last line may have had no newline: the marks start on a line of their own
 t=$(date +%s)
 acc=$(sacct -n -P -X -j "$job" -o JobID,State,ExitCode 2>/dev/null)
 ends=

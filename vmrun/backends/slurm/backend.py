@@ -342,7 +342,19 @@ class SlurmBackend:
         status, out, err = self.conn.capture(plain_command(argv), what="squeue")
         if status != 0:
             return [], [RemoteError(f"listing runs failed: {err.strip()}", host=self.cluster.name)]
-        return records.parse_listing(out.decode(errors="replace"), self.cluster.name), []
+        found = records.parse_listing(out.decode(errors="replace"), self.cluster.name)
+        for run in found:
+            if lines := run.ends_to_record():
+                self._record_ends(run, lines)
+        return found, []
+
+    def _record_ends(self, run: records.SlurmRun, lines: list[str]) -> None:
+        """Keep a script job's ends that squeue shows now and will forget (best effort:
+        the next listing tries again)."""
+        path = f"{run.meta.get('record_dir') or f'{self.runs_dir}/{run.id}'}/ended"
+        argv = ["sh", "-c", '[ -e "$1" ] || cat > "$1"', "vmrun-record", path]
+        self.conn.capture(plain_command(argv), stdin="".join(f"{ln}\n" for ln in lines).encode(),
+                          what="the job's ends")  # fmt: skip
 
     def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef:
         found, _ = self.runs()

@@ -256,7 +256,8 @@ class TaskStream:
                 self.on_event(word, rest)
             return
         if not line.startswith(LINE):
-            self.out.output(line + b"\n")  # the host script's own words (none expected)
+            if line:  # the host script's own words (none expected; an empty line parts)
+                self.out.output(line + b"\n")
             return
         key, _, text = line[1:].partition(LINE)
         task, _, stream = key.decode("utf-8", "replace").partition(" ")

@@ -42,13 +42,16 @@ class Task:
     reason: str = ""
     elapsed: float | None = None
     nodes: str = ""
+    record: str = ""  # squeue's view as an `ended` line, less its time: KEY STATE EXIT
 
     @classmethod
     def listed(cls, entry: QueueEntry) -> Task:
         state = entry.state.run_state
         code = exit_code(entry.wait_status) if state in (RunState.DONE, RunState.FAILED) else None
         reason = entry.state.reason if entry.state.state == "PENDING" else ""
-        return cls(entry.task or "-", state, code, reason, seconds(entry.elapsed), entry.nodes)
+        key = entry.task or "-"
+        record = f"{key} {entry.state.state.split()[0]} {entry.wait_status or '-'}"
+        return cls(key, state, code, reason, seconds(entry.elapsed), entry.nodes, record)
 
     @classmethod
     def recorded(cls, words: list[str]) -> Task | None:
@@ -60,6 +63,13 @@ class Task:
         if state is RunState.DONE and code:
             state = RunState.FAILED
         return cls(words[0], state, code, elapsed=seconds(words[4]) if len(words) > 4 else None)
+
+
+def _clock(elapsed: float | None) -> str:
+    if elapsed is None:
+        return "-"
+    minutes, secs = divmod(int(elapsed), 60)
+    return f"{minutes}:{secs:02d}"
 
 
 def exit_code(wait_status: str) -> int | None:
@@ -104,6 +114,18 @@ class SlurmRun:
     # the run's `ended` record knows them; `since` the cluster's clock at submission
     tasks: list[Task] = field(default_factory=list)
     since: float | None = None
+    ends_recorded: bool = False
+
+    def ends_to_record(self) -> list[str]:
+        """`ended` lines for a job that squeue shows ended and the run's record does not
+        keep yet (nobody followed it): squeue forgets it MinJobAge later."""
+        if not self.own_script or self.ends_recorded or not self.tasks:
+            return []
+        if any(t.state in (RunState.PENDING, RunState.RUNNING) or not t.record
+               for t in self.tasks):  # fmt: skip
+            return []
+        now = int(time.time())
+        return [f"{t.record} {now} {_clock(t.elapsed)}" for t in self.tasks]
 
     @property
     def own_script(self) -> bool:
@@ -303,9 +325,11 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.stopped = True
     elif name == "since" and lines:
         run.since = float(lines[0]) if _int(lines[0].split(".")[0]) is not None else None
-    elif name == "ended" and not run.tasks:  # squeue's view, where it has one, is newer
-        ended = {t.key: t for t in map(Task.recorded, (ln.split() for ln in lines)) if t}
-        run.tasks = sorted(ended.values(), key=_task_order)
+    elif name == "ended":
+        run.ends_recorded = True
+        if not run.tasks:  # squeue's view, where it has one, is newer
+            ended = {t.key: t for t in map(Task.recorded, (ln.split() for ln in lines)) if t}
+            run.tasks = sorted(ended.values(), key=_task_order)
     elif run.meta.get("metrics") == path and lines:
         with contextlib.suppress(ValueError):
             run.last_metrics = json.loads(lines[-1])
