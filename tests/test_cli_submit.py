@@ -64,7 +64,7 @@ def test_princeton_script_runs_unchanged_and_is_fetched(
     assert done.stdout.count("Group initialized? True") == 4
     assert "Training complete" in done.stdout
     row = status_rows(slurm_client)[rid]
-    assert row[1:3] == ["bed", "done"] and row[-1] == "0", row
+    assert row[1:4] == ["bed", "done", "on vmt-c[1-2]"] and row[-1] == "0", row
     fetched = slurm_client.vmrun("fetch", "results", "-C", "bed", "--run", rid)
     assert fetched.returncode == 0, fetched.stderr
     local = slurm_client.cwd / "results" / rid
@@ -148,6 +148,13 @@ def test_array_is_one_run_with_a_row_per_task(slurm_cluster: Any, slurm_client: 
     local = slurm_client.cwd / "results" / rid
     assert (local / "result-1.txt").read_text() == "task 1 result\n"
     assert (local / f"slurm-{job}_0.out").exists()
+    shutil.rmtree(local)
+    logs = slurm_client.vmrun("fetch", "logs", "-C", "bed", "--run", rid)
+    assert logs.returncode == 0, logs.stderr
+    assert sorted(p.name for p in local.iterdir() if p.name.startswith("slurm-")) == [
+        f"slurm-{job}_0.out", f"slurm-{job}_1.out",
+    ]  # fmt: skip
+    assert not (local / "result-1.txt").exists()  # logs only
 
 
 def test_stop_of_a_running_job_and_live_logs(slurm_cluster: Any, slurm_client: Client,
@@ -168,7 +175,7 @@ def test_stop_of_a_running_job_and_live_logs(slurm_cluster: Any, slurm_client: C
         assert follow.poll() is None
         stopped = slurm_client.vmrun("stop", rid, "-C", "bed")
         assert stopped.returncode == 0, stopped.stderr
-        out, err = follow.communicate(timeout=60)
+        _, err = follow.communicate(timeout=60)
     finally:
         if follow.poll() is None:
             follow.kill()

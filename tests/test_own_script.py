@@ -100,6 +100,7 @@ def test_an_array_run_is_its_tasks() -> None:
     assert (run.state, run.reason, run.duration, run.started) == (
         RunState.RUNNING, "JobArrayTaskLimit", 62, 1700000000.5,
     )  # fmt: skip
+    assert run.progress == "on c1,c2"  # where its tasks run: no epochs to tell
     assert [(t.key, t.state) for t in run.tasks] == [
         ("0", RunState.DONE), ("1", RunState.RUNNING), ("2", RunState.PENDING),
     ]  # fmt: skip
@@ -243,6 +244,17 @@ def test_a_job_left_unknown_is_not_called_done(tmp_path: Path) -> None:
     with pytest.raises(OutcomeUnknown):
         fake.follow()
     assert (fake.rec / "ended").read_text().split()[:3] == ["-", "ENDED", "-"]
+
+
+def test_fetch_logs_names_the_output_files_by_their_patterns() -> None:
+    from vmrun.runs.outputs import RunLocation, resolve_what
+
+    assert batchfile.as_glob("logs/%x-%4j.err") == "logs/*-*.err"
+    assert batchfile.as_glob("100%%-%a") == "100%-*"
+    run = RunLocation("r", "bed", "/rec", "/code", since_ns=5, logs=("slurm-*_*.out",))
+    record, outputs = resolve_what("logs", run)
+    assert outputs.remote == "/code" and outputs.select == ("slurm-*_*.out",)
+    assert outputs.newer_than_ns == 5 and "ended" in record.select
 
 
 def test_stream_frames(tmp_path: Path) -> None:

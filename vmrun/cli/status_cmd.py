@@ -100,7 +100,8 @@ def _rows(
         for t in getattr(r, "tasks", []) if r.meta.get("array") else []:
             state = f"{t.state} ({t.reason})" if t.reason else str(t.state)
             code = "-" if t.exit_code is None else str(t.exit_code)
-            rows.append((f"{r.id}[{t.key}]", r.host, state, "-", started,
+            where = f"on {t.nodes}" if t.nodes else "-"
+            rows.append((f"{r.id}[{t.key}]", r.host, state, where, started,
                          _duration(t.elapsed), code, *extra))  # fmt: skip
     return rows
 

@@ -28,7 +28,7 @@ WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
 # a Slurm run's record also keeps `starts` and `exit` (attempt, code, time): its times
-LOGS = ("log", "*.log", "run.json", "exit_code", "starts", "exit")
+LOGS = ("log", "*.log", "run.json", "exit_code", "starts", "exit", "ended")
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -48,6 +48,7 @@ class RunLocation:
     record_dir: str  # ~/.vmrun/runs/<run-id>: run.json, log, exit_code
     out_dir: str  # <workdir>/results/<run-id>: snapshot*.pt, finalmodel.pt, metrics.jsonl
     since_ns: int = 0  # a user script's out_dir is the work dir: only files newer than this
+    logs: tuple[str, ...] = ()  # a batch script's output files in out_dir, as globs
 
 
 def local_run_dir(run_id: str, host_dir: str | None) -> str:
@@ -89,7 +90,7 @@ def resolve_what(
     if what == "metrics":
         return [spec(run.out_dir, METRICS)]
     if what == "logs":
-        return [spec(run.record_dir, LOGS)]
+        return [spec(run.record_dir, LOGS), *([spec(run.out_dir, run.logs)] if run.logs else [])]
     if what == "results":
         return [
             spec(run.out_dir, CHECKPOINTS, newest=True),

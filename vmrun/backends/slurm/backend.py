@@ -405,9 +405,15 @@ class SlurmBackend:
         if meta.get("batch_script"):  # whatever the job wrote since it was submitted
             start = meta.get("since") or start
         since = 0 if meta.get("template") else int(float(start) * 1e9)
+        logs: tuple[str, ...] = ()
+        if meta.get("batch_script"):
+            from vmrun.backends.slurm.batchfile import as_glob
+
+            patterns = {str(meta.get("output") or ""), str(meta.get("error") or "")}
+            logs = tuple(sorted(as_glob(p) for p in patterns if p and not p.startswith("/")))
         location = RunLocation(
             run_id=ref.run_id, host=self.cluster.name, record_dir=str(meta["record_dir"]),
-            out_dir=str(meta["out_dir"]), since_ns=since,
+            out_dir=str(meta["out_dir"]), since_ns=since, logs=logs,
         )  # fmt: skip
         return {self.cluster.name: location}
 

@@ -11,6 +11,7 @@ names another.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,6 +130,14 @@ class BatchFile:
         if not chdir:
             return submit_dir
         return chdir if chdir.startswith("/") else f"{submit_dir}/{chdir}"
+
+
+def as_glob(pattern: str) -> str:
+    """A file name pattern as a glob matching every file it can name (`slurm-%A_%a.out`:
+    `slurm-*_*.out`); a backslash turns replacements off, as in Slurm."""
+    if "\\" in pattern:
+        return pattern.replace("\\", "")
+    return re.sub(r"%%|%[0-9]*[A-Za-z]", lambda m: "%" if m.group() == "%%" else "*", pattern)
 
 
 def read(path: Path, project: Path, command_line: Options) -> BatchFile:

@@ -201,6 +201,9 @@ class SlurmRun:
 
     @property
     def progress(self) -> str | None:
+        if self.own_script:  # no epochs to tell: where it runs (or ran)
+            nodes = list(dict.fromkeys(t.nodes for t in self.tasks if t.nodes))
+            return f"on {','.join(nodes)}" if nodes else None
         epochs = self.meta.get("epochs")
         done = self.last_metrics.get("epoch") if self.last_metrics else None
         if done is None:
