@@ -257,6 +257,18 @@ def test_fetch_logs_names_the_output_files_by_their_patterns() -> None:
     assert outputs.newer_than_ns == 5 and "ended" in record.select
 
 
+def test_a_job_that_can_never_start_is_cancelled(tmp_path: Path, monkeypatch: Any) -> None:
+    """A pending reason no wait clears (more nodes than the partition has): cancelled, one
+    line that says why, not followed for ever."""
+    pend = "40|40|N/A|job|n/a|PENDING|0|x|0:00||PartitionNodeLimit"
+    fake = Fake(tmp_path, [f"echo '{pend}'"], {"output": "o", "error": "o"})
+    stopped: list[str] = []
+    monkeypatch.setattr(SlurmBackend, "stop", lambda self, ref, grace: stopped.append(ref.run_id))
+    with pytest.raises(UsageError) as caught:
+        fake.follow()
+    assert caught.value.code == "job-never-starts" and stopped == ["r"]
+
+
 def test_stream_frames(tmp_path: Path) -> None:
     out = Recorder()
     stream = own_script.TaskStream(out, array=False)

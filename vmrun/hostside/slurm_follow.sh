@@ -6,6 +6,7 @@
 # last state, says so once (`\035vmrun unreachable ERROR`, then `\035vmrun reachable`), and
 # after LIMIT seconds without an answer gives up (`\035vmrun lost SECONDS`): the job may run on.
 d=$1 job=$2 lines=$3 poll=$4 limit=$5
+# vmrun-inline: _slurm_unanswered.sh
 mark() { printf '\035vmrun %s\n' "$*"; }
 final() {  # STATE: whether Slurm's state is an end
   case $1 in
@@ -18,25 +19,19 @@ final() {  # STATE: whether Slurm's state is an end
   err=$(mktemp) || exit 1
   trap 'rm -f "$err"' EXIT
   trap 'exit 1' HUP INT TERM  # through the EXIT trap: the channel went away
-  last='' down=''
+  last=''
   while :; do
     if s=$(squeue -h -j "$job" --states=all -o '%T|%r' 2>"$err"); then
       s=$(printf '%s\n' "$s" | head -n 1)
-    elif ! grep -q 'Invalid job id' "$err"; then  # no answer: the job may well run on
-      now=$(date +%s)
-      if [ -z "$down" ]; then
-        down=$now
-        mark unreachable "$(head -n 1 "$err")"
-      elif [ $((now - down)) -ge "$limit" ]; then
-        mark lost $((now - down))
-        exit 0
-      fi
-      sleep "$poll"
-      continue
     else
-      s=  # the controller no longer knows the job (older Slurm: an error, not an empty list)
+      unanswered "$err" "$limit"
+      case $? in
+        0) s= ;;  # the controller no longer knows the job (older Slurm: an error)
+        1) sleep "$poll"; continue ;;  # no answer: the job may well run on
+        *) exit 0 ;;
+      esac
     fi
-    if [ -n "$down" ]; then down=; mark reachable; fi
+    answered
     if [ -z "$s" ]; then  # no longer listed: it ended; accounting says how, where it exists
       s=$(sacct -n -P -X -j "$job" -o State 2>/dev/null | head -n 1)
       s=${s%% *}

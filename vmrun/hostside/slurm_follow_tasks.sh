@@ -10,6 +10,7 @@
 # without an answer gives up (`\035vmrun lost SECONDS`): the job may run on.
 d=$1 job=$2 poll=$3 limit=$4 work=$5 outpat=$6 errpat=$7
 # vmrun-inline: _slurm_tasks.sh
+# vmrun-inline: _slurm_unanswered.sh
 mark() { printf '\035vmrun %s\n' "$*"; }
 final() {
   case $1 in
@@ -38,25 +39,17 @@ follow() {  # KEY STREAM PATH
   tail -n +1 -F -s 0.3 --pid="$sentinel" -- "$3" 2>/dev/null |
     frame "$(printf '\036%s %s\036' "$1" "$2")" &
 }
-seen=' ' last='' down='' now=''
+seen=' ' last='' now=''
 while :; do
-  if q=$(tasks "$job" 2>"$err"); then
-    :
-  elif ! grep -q 'Invalid job id' "$err"; then  # no answer: the job may well run on
-    now=$(date +%s)
-    if [ -z "$down" ]; then
-      down=$now
-      mark unreachable "$(head -n 1 "$err")"
-    elif [ $((now - down)) -ge "$limit" ]; then
-      mark lost $((now - down))
-      exit 0
-    fi
-    sleep "$poll"
-    continue
-  else
-    q=  # the controller no longer knows the job
+  if ! q=$(tasks "$job" 2>"$err"); then
+    unanswered "$err" "$limit"
+    case $? in
+      0) q= ;;  # the controller no longer knows the job
+      1) sleep "$poll"; continue ;;  # no answer: the job may well run on
+      *) exit 0 ;;
+    esac
   fi
-  if [ -n "$down" ]; then down=; mark reachable; fi
+  answered
   [ -n "$q" ] || break
   open=0
   while IFS= read -r line; do

@@ -26,7 +26,7 @@ from vmrun.backends.slurm.job import (
     tasks_per_node,
     workers_per_node,
 )
-from vmrun.backends.slurm.queue import JobState
+from vmrun.backends.slurm.queue import JobState, submit_refusal
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.containers import runtime as rt
 from vmrun.containers.image import ImageRef, Mount
@@ -308,19 +308,9 @@ class SlurmBackend:
                 paths.code]  # fmt: skip
         stdin = script + meta + sub.trainer + sub.env_text.encode()
         status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what="sbatch")
-        if status == 2:
-            message = " ".join(err.split())
-            raise UsageError(
-                f"cluster {self.cluster.name} refused the job: {message}",
-                hint="check --partition/--account/--qos/--time against `sinfo` there",
-                code="job-refused",
-            )
         if status != 0:
-            raise RemoteError(
-                f"could not submit to {self.cluster.name}: {' '.join(err.split()) or status}",
-                host=self.cluster.name,
-                code="submit-failed",
-            )
+            raise submit_refusal(status, err, self.cluster.name,
+                                 "--partition/--account/--qos/--time")  # fmt: skip
         values = dict(
             line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
         )

@@ -21,6 +21,15 @@ from vmrun.ssh.connection import Connection
 HEARTBEAT_S = 15.0
 
 
+def detached(rid: str, job: str, cluster: str) -> Detached:
+    """What Ctrl-C while following says: the job goes on, and how to come back to it."""
+    return Detached(
+        f"detached from run {rid}; job {job} goes on on cluster {cluster}",
+        hint=f"reattach with `vmrun logs -f {rid} -C {cluster}`, stop it with"
+        f" `vmrun stop {rid} -C {cluster}`",
+    )
+
+
 class NeverStarts(Exception):
     def __init__(self, state: JobState, why: str):
         super().__init__(why)
@@ -103,11 +112,7 @@ class Follower:
             self.stream.flush()
             self.backend.cancel_never(self.ref, self.job, never.state, never.why)
         except (KeyboardInterrupt, Interrupted):
-            raise Detached(
-                f"detached from run {rid}; job {self.job} goes on on cluster {cluster}",
-                hint=f"reattach with `vmrun logs -f {rid} -C {cluster}`, stop it with"
-                f" `vmrun stop {rid} -C {cluster}`",
-            ) from None
+            raise detached(rid, self.job, cluster) from None
         self.stream.flush()
         return self.verdict()
 

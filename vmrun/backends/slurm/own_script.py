@@ -11,7 +11,6 @@ without accounting forgets a job MinJobAge after its end.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vmrun import hostside
 from vmrun.backends.api import RunRef
 from vmrun.backends.slurm import batchfile
-from vmrun.backends.slurm.queue import JobState, explain_failure
+from vmrun.backends.slurm.following import NeverStarts, detached
+from vmrun.backends.slurm.queue import JobState, explain_failure, submit_refusal
+from vmrun.backends.slurm.stream import Lines
 from vmrun.errors import (
     CommandFailed,
-    Detached,
     Interrupted,
     OutcomeUnknown,
     RemoteError,
@@ -131,18 +131,9 @@ def submit(backend: SlurmBackend, job: ScriptJob) -> tuple[str, JobState | None]
     status, out, err = backend.conn.capture(
         plain_command(argv), stdin=meta + job.env_text.encode(), what="sbatch"
     )
-    name = backend.cluster.name
-    if status == 2:
-        message = " ".join(err.split())
-        raise UsageError(
-            f"cluster {name} refused the job: {message}",
-            hint="check the script's #SBATCH lines and vmrun's options against `sinfo` there",
-            code="job-refused",
-        )
     if status != 0:
-        text = " ".join(err.split())
-        raise RemoteError(f"could not submit to {name}: {text or status}", host=name,
-                          code="submit-failed")  # fmt: skip
+        raise submit_refusal(status, err, backend.cluster.name,
+                             "the script's #SBATCH lines and vmrun's options")  # fmt: skip
     values = dict(
         line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
     )
@@ -225,29 +216,16 @@ def _tail_args(meta: Any) -> list[str]:
 # -- reading and following --------------------------------------------------------------
 
 
-class TaskStream:
+class TaskStream(Lines):
     """The framed lines of slurm_follow_tasks.sh / slurm_task_files.sh as the user sees
     them: a task's line as it is outside an array, `[INDEX] line` in one (`[INDEX err]` from
     a separate error file); `\\x1dvmrun` lines are events."""
 
     def __init__(self, out: Reporter, array: bool, on_event: Any = None):
+        super().__init__()
         self.out = out
         self.array = array
         self.on_event = on_event
-        self.rest = b""
-        self.lock = threading.Lock()
-
-    def feed(self, data: bytes) -> None:
-        with self.lock:
-            *lines, self.rest = (self.rest + data).split(b"\n")
-            for line in lines:
-                self._line(line)
-
-    def flush(self) -> None:
-        with self.lock:
-            if self.rest:
-                self._line(self.rest)
-                self.rest = b""
 
     def _line(self, line: bytes) -> None:
         if line.startswith(MARK):
@@ -312,6 +290,9 @@ class Follower:
             if self.seen.get(key) == now:
                 return
             self.seen[key] = now
+            pending = JobState(state, "" if reason == "None" else reason)
+            if pending.never_starts:
+                raise NeverStarts(pending, pending.never_starts)
             if state == "PENDING":
                 why = f" ({reason})" if reason and reason != "None" else ""
                 self.out.info(f"{self._who(key)} is PENDING{why}")
@@ -342,12 +323,11 @@ class Follower:
         try:
             self.backend.conn.run(argv, on_output=lambda _s, data: self.stream.feed(data),
                                   heartbeat=HEARTBEAT_S)  # fmt: skip
+        except NeverStarts as never:
+            self.stream.flush()
+            self.backend.cancel_never(self.ref, self.job, never.state, never.why)
         except (KeyboardInterrupt, Interrupted):
-            raise Detached(
-                f"detached from run {rid}; job {self.job} goes on on cluster {cluster}",
-                hint=f"reattach with `vmrun logs -f {rid} -C {cluster}`, stop it with"
-                f" `vmrun stop {rid} -C {cluster}`",
-            ) from None
+            raise detached(rid, self.job, cluster) from None
         self.stream.flush()
         return self.verdict()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vmrun.errors import RemoteError, UsageError, VmrunError
 from vmrun.runs.state import RunState
 
 _RUNNING = {
@@ -89,3 +90,17 @@ def explain_failure(state: str) -> str:
         "DEADLINE": "passed its deadline",
         "CANCELLED": "was cancelled",
     }.get(state, state.lower())
+
+
+def submit_refusal(status: int, err: str, cluster: str, check: str) -> VmrunError:
+    """sbatch's answer when it did not take a job (the submit scripts' exit 2: its own
+    refusal, printed), as one line; `check`: what the user should check."""
+    text = " ".join(err.split())
+    if status == 2:
+        return UsageError(
+            f"cluster {cluster} refused the job: {text}",
+            hint=f"check {check} against `sinfo` there",
+            code="job-refused",
+        )
+    return RemoteError(f"could not submit to {cluster}: {text or status}", host=cluster,
+                       code="submit-failed")  # fmt: skip

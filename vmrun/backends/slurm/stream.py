@@ -17,19 +17,12 @@ MARK = b"\x1dvmrun "
 _LABEL = re.compile(rb"^ *(\d+): ")
 
 
-class JobStream:
-    def __init__(
-        self, out: Reporter, on_event: OnEvent, *, launcher: str, tasks_per_node: int,
-        verbose: bool = False,
-    ):  # fmt: skip
-        self.out = out
-        self.on_event = on_event
-        self.launcher = launcher
-        self.tasks_per_node = max(1, tasks_per_node)
-        self.verbose = verbose
-        self.nodes: list[str] = []
+class Lines:
+    """Bytes from the login node in pieces, as whole lines to `_line` (a feeder thread and
+    the final flush share it)."""
+
+    def __init__(self) -> None:
         self.rest = b""
-        self.prefixers: dict[int, Prefixer] = {}
         self.lock = threading.Lock()
 
     def feed(self, data: bytes) -> None:
@@ -43,7 +36,31 @@ class JobStream:
             if self.rest:
                 self._line(self.rest)
                 self.rest = b""
-            self._flush_prefixers()
+            self._flushed()
+
+    def _line(self, line: bytes) -> None:
+        raise NotImplementedError
+
+    def _flushed(self) -> None:
+        """After the last line."""
+
+
+class JobStream(Lines):
+    def __init__(
+        self, out: Reporter, on_event: OnEvent, *, launcher: str, tasks_per_node: int,
+        verbose: bool = False,
+    ):  # fmt: skip
+        super().__init__()
+        self.out = out
+        self.on_event = on_event
+        self.launcher = launcher
+        self.tasks_per_node = max(1, tasks_per_node)
+        self.verbose = verbose
+        self.nodes: list[str] = []
+        self.prefixers: dict[int, Prefixer] = {}
+
+    def _flushed(self) -> None:
+        self._flush_prefixers()
 
     def _flush_prefixers(self) -> None:
         for prefixer in self.prefixers.values():
