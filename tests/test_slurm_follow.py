@@ -6,6 +6,7 @@ scheduler's hiccups, its answers, the job's end (the real cluster: test_cli_slur
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,10 +65,14 @@ class LocalConn:
 
     def run(self, argv: list[str], *, on_output: Any = None, **_: Any) -> Result:
         proc = subprocess.Popen(local_argv(argv, self.home), env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+                                stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
         assert proc.stdout is not None and proc.stderr is not None
-        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
-            on_output("stdout", chunk)
+        try:
+            for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
+                on_output("stdout", chunk)
+        finally:  # a reader that raised: its process group goes, as a closed channel's does
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
         self.stderr = proc.stderr.read()
         return Result(proc.wait(timeout=30))
 
