@@ -28,6 +28,7 @@ COMMANDS = [
     "watch-gpus",
     "tensorboard",
     "forward",
+    "notify",
     "autostop",
     "clusters",
     "doctor",
@@ -37,7 +38,7 @@ COMMANDS = [
 ]
 HEAVY = (
     "paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib", "tensorboard", "boto3",
-    "botocore",
+    "botocore", "apprise", "requests",
 )  # fmt: skip
 
 

@@ -117,6 +117,11 @@ FIELDS: dict[str, Field] = {
               "what runs the image: auto (docker, else podman on hosts), or one by name"),
         Field("container_ulimits", kinds.words, lambda env: [],
               "the container's limits, NAME=SOFT[:HARD]; empty: NGC's memlock=-1 and 64 MiB stack"),
+        # `train --notify` (vmrun.notify)
+        Field("notify", kinds.words, lambda env: [],
+              "where runs' ends are told: Apprise URLs (ntfy://TOPIC, slack://A/B/C, json://...)"),
+        Field("notify_on", kinds.events, lambda env: ["end", "fail"],
+              "which events are told: end, fail, all (requeues, stops, autostop's warning too)"),
     )
 }  # fmt: skip
 
@@ -141,6 +146,8 @@ class Settings:
     mounts: list[str]
     container_runtime: str
     container_ulimits: list[str]
+    notify: list[str]
+    notify_on: list[str]
     sources: dict[str, str] = field(default_factory=dict)
     project_dir: Path | None = None
     project_data: dict[str, Any] = field(default_factory=dict)

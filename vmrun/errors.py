@@ -323,6 +323,7 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "metric-not-found", "no run has the metric asked for"),
     (UsageError, "source-not-found", "a path to push is not here, or not a file or folder"),
     (UsageError, "target-not-writable", "the folder to push into cannot be made or written"),
+    (UsageError, "notify-url-bad", "a notify URL that is not one Apprise takes"),
     (UsageError, "missing-dependency", "an optional Python package is not installed here"),
     (
         UnreachableError,
@@ -359,6 +360,7 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (VmrunError, "write-failed", "a file could not be written here"),
     (VmrunError, "metrics-missing", "a finished run brought back no metrics.jsonl"),
     (VmrunError, "tensorboard-missing", "tensorboard is not installed here (`--local`)"),
+    (VmrunError, "notify-failed", "`notify --test`: a service did not take the test message"),
 )
 for _owner, _name, _meaning in _SITE_CODES:
     register(_name, _owner, _meaning)

@@ -161,6 +161,18 @@ def words(name: str, value: Any) -> list[str]:
     raise ConfigError(f"{name} must be a list of strings, got {value!r}")
 
 
+EVENTS = ("end", "fail", "all")
+
+
+def events(name: str, value: Any) -> list[str]:
+    """Which of a run's events are told (`notify_on`): end, fail, all."""
+    found = words(name, value)
+    for word in found:
+        if word not in EVENTS:
+            raise ConfigError(f"{name}: {word!r} is not one of {', '.join(EVENTS)}")
+    return found
+
+
 # -- how each kind must be written in a config file ---------------------------------------------
 
 FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
@@ -176,6 +188,7 @@ FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
     CONTAINER_RUNTIME: ((str,), '"auto", "docker", "podman", "pyxis", "apptainer" or "shifter"'),
     text: ((str,), "a string in quotes"),
     words: ((list,), 'a list of strings, ["a", "b"]'),
+    events: ((list,), 'a list of "end", "fail", "all"'),
 }
 
 

@@ -33,6 +33,7 @@ COMMANDS = (
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
     ("tensorboard", "tensorboard_cmd", "Serve a run's TensorBoard here, from the host."),
     ("forward", "forward_cmd", "Forward a port of a host to 127.0.0.1 here."),
+    ("notify", "notify_cmd", "Where runs' ends are told (ntfy, Slack, mail); --test tries it."),
     ("autostop", "autostop_cmd", "Power idle hosts off by themselves: a watchdog on each."),
     ("clusters", "clusters_cmd", "List what vmrun made in the cloud: state, age, $/h, forgotten."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),

@@ -23,6 +23,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"# project file: {project}")
         for name, fld in FIELDS.items():
             value = getattr(settings, name)
+            if name == "notify":  # the URLs hold tokens: shown as scheme and host only
+                from vmrun.notify.targets import redact
+
+                value = [redact(url) for url in value]
             shown = tomlkit.item(str(value) if isinstance(value, Path) else value).as_string()
             typer.echo(f"{name} = {shown}    # {settings.sources[name]}; env {fld.env}; {fld.doc}")
         return 0

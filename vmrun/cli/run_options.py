@@ -79,3 +79,23 @@ Mounts = Annotated[
         help="With --image: a host path the container sees at DST; repeatable.",
     ),
 ]
+
+NotifyUrls = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--notify",
+        metavar="URL",
+        help="Tell the run's end here: an Apprise URL (ntfy://TOPIC, slack://A/B/C,"
+        " json://HOST/PATH, mailto://...); repeatable; over the `notify` setting. The"
+        " host tells the end itself when vmrun is not attached.",
+    ),
+]
+NotifyOn = Annotated[
+    str | None,
+    typer.Option(
+        "--notify-on",
+        metavar="end|fail|all",
+        help="Which events are told, comma-separated [default: end,fail]; all: requeues and"
+        " stops too.",
+    ),
+]

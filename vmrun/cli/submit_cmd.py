@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
         detach: Annotated[
             bool, typer.Option("--detach", help="Submit and return at once.")
         ] = False,
+        notify: ro.NotifyUrls = None,
+        notify_on: ro.NotifyOn = None,
         cluster: ClusterName = None,
         dry_run: Annotated[
             bool,
@@ -63,8 +65,9 @@ def register(app: typer.Typer) -> None:
 
         what = SubmitOptions(script=script, args=ctx.meta.get(_SCRIPT_ARGS) or [], name=name,
                              env=env, data=data)  # fmt: skip
+        told = {"notify": notify, "notify_on": notify_on}
         done = submit(
-            what, settings_from(connect_timeout, accept_new_host_key), cluster=cluster,
+            what, settings_from(connect_timeout, accept_new_host_key, **told), cluster=cluster,
             slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach,
             progress=make_progress(prefix=False, live=sys.stderr.isatty()), out=TERMINAL,
         )  # fmt: skip

@@ -178,6 +178,8 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         verbose: ro.Verbose = False,
+        notify: ro.NotifyUrls = None,
+        notify_on: ro.NotifyOn = None,
         cluster: ClusterName = None,
         dry_run: Annotated[
             bool,
@@ -204,8 +206,10 @@ def register(app: typer.Typer) -> None:
             allow_concurrent=allow_concurrent, fresh=fresh, fetch_every=fetch_every,
             down_after_run=down_after_run,
         )  # fmt: skip
+        told = {"notify": notify, "notify_on": notify_on}
+        settings = settings_from(connect_timeout, accept_new_host_key, **told)
         done = train(
-            run, None if local else settings_from(connect_timeout, accept_new_host_key),
+            run, None if local else settings,
             local=local, hosts=hosts, resume=resume, cluster=cluster,
             slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach, verbose=verbose,
             progress=lambda prefix, live: make_progress(

@@ -5,7 +5,8 @@
 # after BANNER (when not empty) and clears the last attempt's pid/exit_code/stopped; OUT: the
 # run's output folder (relative to the home, or absolute), for progress from its metrics;
 # LIB: the folder of vmrun's host-side files (absolute): the run's supervising shell is its
-# run_supervise.sh, and run_marks.py, which the host's python3 (if any) runs beside the run,
+# run_supervise.sh (which tells the run's end with notify_send.py when VMRUN_NOTIFY_CONFIG gave
+# the run a notify.json), and run_marks.py, which the host's python3 (if any) runs beside the run,
 # writes log.times (when each log line was written). ALONE: 1 refuses to start while another
 # run recorded beside REC is alive (`BUSY <its id>`, exit 3; alive by run_alive.sh's rule), 0
 # starts anyway (--allow-concurrent). That check and the start hold one lock (flock on
@@ -47,6 +48,13 @@ if [ "$mode" = resume ]; then
   attempt=$(( $(cat "$rec/attempt" 2>/dev/null || echo 1) + 1 ))
 fi
 printf '%s\n' "$meta" > "$rec/run.json.tmp" && mv "$rec/run.json.tmp" "$rec/run.json"
+# the run's notifications (VMRUN_NOTIFY_CONFIG, over stdin like every value): a file only the user
+# reads, never in the run's environment; each attempt's end is told afresh
+rm -rf "$rec"/notified.*
+if [ -n "${VMRUN_NOTIFY_CONFIG:-}" ]; then
+  (umask 077 && printf '%s\n' "$VMRUN_NOTIFY_CONFIG" > "$rec/notify.json") || exit 125
+fi
+unset VMRUN_NOTIFY_CONFIG
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"
 case "$out" in /*) ;; *) out="$HOME/$out" ;; esac

@@ -2,7 +2,8 @@
 #   sh run_supervise.sh REC MODE MARKS CMD...
 # writes pid_start and pid, runs CMD with its output in REC/log (appended for MODE resume)
 # and run_marks.py (MARKS, its path) beside it when the host has python3, then writes
-# exit_code unless the run was stopped.
+# exit_code unless the run was stopped, and tells the run's end to its notify.json's
+# webhooks (notify_send.py, beside MARKS; what it could not send is a line in the log).
 rec=$1; mode=$2; marks=$3; shift 3
 # shellcheck disable=SC2086  # the fields after the command name, split on purpose
 (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
@@ -18,4 +19,7 @@ rc=$?
 if [ -n "$m" ]; then kill -TERM "$m" 2>/dev/null; wait "$m"; fi
 if [ ! -e "$rec/stopped" ]; then
   echo $rc > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
+fi
+if [ -r "$rec/notify.json" ] && command -v python3 > /dev/null 2>&1; then
+  python3 "${marks%/*}/notify_send.py" "$rec" send < /dev/null 2>&1
 fi

@@ -10,13 +10,22 @@
 # words before the task: apptainer's or shifter's, or docker/podman's container_run.sh
 # arguments, VMRUN_RUNNER its text), VMRUN_PULL (array: container_pull.sh's arguments,
 # VMRUN_PULL_SCRIPT its text), VMRUN_CONTAINER_HOME (the HOME docker/podman's container
-# gets). The task script runs inside the image in every case.
+# gets). The task script runs inside the image in every case. VMRUN_NOTIFIER: notify_send.py's
+# text (empty: no notifications), which tells the run's end and requeues to the webhooks of
+# the record's notify.json (once per event: the follower claims them too).
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
 rec=$VMRUN_RECORD_DIR
 mark() { printf '\035vmrun %s\n' "$*"; }
 ended() { printf '%s %s %s\n' "$attempt" "$1" "$(date +%s)" >> "$rec/exit"; }
+tell() {  # EVENT EXIT: "" lets the sender tell an end from the exit code and the record
+  if [ -n "${VMRUN_NOTIFIER:-}" ] && [ -r "$rec/notify.json" ] &&
+    command -v python3 >/dev/null 2>&1; then
+    python3 -c "$VMRUN_NOTIFIER" "$rec" send "$1" "$2" </dev/null 2>&1
+  fi
+}
+rm -rf "$rec"/notified.*  # each attempt's end is told afresh
 nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 printf '%s\n' "$nodes" > "$rec/nodes"
 printf '%s %s\n' "$attempt" "$(date +%s)" >> "$rec/starts"
@@ -46,6 +55,7 @@ if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
   if ! module load "${VMRUN_MODULES[@]}"; then
     mark failed "module load ${VMRUN_MODULES[*]} failed"
     ended 3
+    tell "" 3
     exit 3
   fi
 fi
@@ -54,7 +64,7 @@ export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
 export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"
 rm -f "$VMRUN_REQUEUE_FILE" "$VMRUN_WARNED_FILE"
 mkdir -p "$VMRUN_RUN_DIR"
-trap 'mark terminated "attempt $attempt"; ended terminated; exit 143' TERM
+trap 'mark terminated "attempt $attempt"; ended terminated; tell "" terminated; exit 143' TERM
 # The time-limit warning (--signal=B:USR2@N) comes here: leave a mark that a process still
 # starting up finds at its first epoch's end, and pass the signal on to every step.
 # shellcheck disable=SC2317  # called by the trap
@@ -107,6 +117,7 @@ if [ -e "$VMRUN_REQUEUE_FILE" ]; then
   if [ "${SLURM_RESTART_COUNT:-0}" -lt "$VMRUN_MAX_REQUEUES" ]; then
     ended requeue
     mark requeue "attempt $attempt saved its state; requeueing job $SLURM_JOB_ID"
+    tell requeue ""
     # scontrol requeue can hang; the requeue ends this script
     if timeout 60 scontrol requeue "$SLURM_JOB_ID"; then sleep 60; fi
     mark failed "scontrol requeue $SLURM_JOB_ID did not take"
@@ -118,4 +129,5 @@ if [ -e "$VMRUN_REQUEUE_FILE" ]; then
 fi
 ended "$rc"
 mark exit "$rc"
+tell "" "$rc"
 exit "$rc"

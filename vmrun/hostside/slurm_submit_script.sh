@@ -1,17 +1,19 @@
-# slurm_submit_script.sh RECORD_DIR META_BYTES CODE_DIR SBATCH_ARG...: submits the user's own
+# slurm_submit_script.sh RECORD_DIR META_BYTES NOTIFY_BYTES CODE_DIR SBATCH_ARG...: submits the user's own
 # batch script as it is, from CODE_DIR (the synced project: the job's working directory
 # unless the script says --chdir): `sbatch --parsable SBATCH_ARG...` (vmrun's options, the
 # script, its arguments), in a login shell as the user's own `sbatch` at the prompt runs
 # (the job inherits sbatch's environment: the profile's PATH, conda, the `module` function
-# that scripts call). stdin holds run.json, then the run's environment file (0600: it may
+# that scripts call). stdin holds run.json, the run's notify.json (NOTIFY_BYTES; 0: none:
+# vmrun following the job tells its end), then the run's environment file (0600: it may
 # hold secrets), read after the profile. Prints `job=ID` and the job's first state, or
 # sbatch's own error on stderr (exit 2); nothing is left of a refused job.
-d=$1 size=$2 code=$3
-shift 3
+d=$1 size=$2 told=$3 code=$4
+shift 4
 mask=$(umask)  # the job's files get the user's umask (sbatch passes it on), not 077
 umask 077
 mkdir -p "$d" || exit 1
 head -c "$size" > "$d/run.json" || exit 1
+if [ "$told" -gt 0 ]; then head -c "$told" > "$d/notify.json" || exit 1; fi
 cat > "$d/env" || exit 1
 if ! cd "$code" 2>/dev/null; then
   echo "no directory $code" >&2

@@ -88,12 +88,16 @@ def submit(
     project = find_project_dir() or Path.cwd()
     data = tuple(parse_data(text) for text in what.data or ())
     env = parse_env(what.env)
+    from vmrun.notify.send import Notify
+    from vmrun.operations.train import follow_and_tell
+
+    notify = Notify.from_settings(settings.notify, settings.notify_on) or None
     with cluster_backend(settings, name) as backend:
         given = own_script.given_words(slurm, backend.facts().version)
         batch = batchfile.read(Path(what.script), project, batchfile.parse_words(given))
         job = own_script.prepare(backend, batch, what.args, given=given,
                                  project_name=str(project), name=what.name,
-                                 env={**backend.cluster.env, **env})  # fmt: skip
+                                 env={**backend.cluster.env, **env}, notify=notify)  # fmt: skip
         if dry_run:
             return SubmitDryRun(
                 login=backend.cluster.login,
@@ -113,4 +117,4 @@ def submit(
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
                      f" `vmrun stop {rid} -C {name}`")  # fmt: skip
             return 0
-        return int(backend.follow(ref, out))
+        return follow_and_tell(backend, ref, notify, out)

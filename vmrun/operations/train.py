@@ -159,9 +159,12 @@ def train(
 
         return run_local(plan, verbose=verbose, out=out)
     from vmrun.backends.hosts.node_launch import Launch
+    from vmrun.notify.send import Notify
 
+    notify = Notify.from_settings(settings.notify, settings.notify_on)
     how = Launch(allow_concurrent=hosts.allow_concurrent, wiring=wiring, resume=resume,
-                 fresh=hosts.fresh, down_after_run=hosts.down_after_run)  # fmt: skip
+                 fresh=hosts.fresh, down_after_run=hosts.down_after_run,
+                 notify=notify or None)  # fmt: skip
     return _on_hosts(plan, hosts, settings, how, detach=detach, verbose=verbose,
                      progress=progress, out=out)  # fmt: skip
 
@@ -186,16 +189,37 @@ def _on_cluster(
 
     spec = check_spec(slurm.job_spec(find_cluster(settings, name), nproc_per_node),
                       plan.launcher)  # fmt: skip
+    from vmrun.notify.send import Notify
+
+    notify = Notify.from_settings(settings.notify, settings.notify_on) or None
     with cluster_backend(settings, name, spec) as backend:
         if dry_run:
             return _dry_run(backend, plan)
-        ref = backend.start(plan, None, out, progress(False, True))
+        ref = backend.start(plan, notify, out, progress(False, True))
         if detach:
             rid = ref.run_id
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
                      f" `vmrun stop {rid} -C {name}`")  # fmt: skip
             return 0
-        return int(backend.follow(ref, out, verbose=verbose))
+        return follow_and_tell(backend, ref, notify, out, verbose=verbose)
+
+
+def follow_and_tell(
+    backend: Any, ref: Any, notify: Any, out: Reporter, *, verbose: bool = False
+) -> int:
+    """Follow a cluster's run to its end and tell the end (a detach tells nothing: the
+    job goes on, and tells its own end)."""
+    from vmrun.errors import Detached, Interrupted, VmrunError
+
+    try:
+        code = int(backend.follow(ref, out, verbose=verbose))
+    except (Detached, Interrupted):
+        raise
+    except VmrunError as failure:
+        backend.tell_end(ref, notify, out, failure)
+        raise
+    backend.tell_end(ref, notify, out)
+    return code
 
 
 def _dry_run(backend: Any, plan: Plan) -> DryRun:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.api import NodeRecord, RunRef, StopReport, combined_state
 from vmrun.backends.hosts import records
@@ -36,6 +37,9 @@ from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, Outcome, raise_for_failures
 from vmrun.ssh.inventory import HostEntry, find_entry
 from vmrun.transfer.types import Progress
+
+if TYPE_CHECKING:
+    from vmrun.notify.send import Notify
 
 
 def node_record(rec: records.RunRecord) -> NodeRecord:
@@ -101,7 +105,7 @@ class HostsBackend:
         raise_for_failures(staged, one_as_itself=True)
         started = _start_all(
             self.group, plan, nodes, rid, nproc, layout, how.wiring, how.resume, banner,
-            alone=not how.allow_concurrent,
+            alone=not how.allow_concurrent, notify=how.notify,
         )  # fmt: skip
         names = ", ".join(nodes)
         first = self.entries[0].label
@@ -353,9 +357,12 @@ def _start_all(
     banner: str = "",
     *,
     alone: bool = False,
+    notify: Notify | None = None,
 ) -> dict[str, int]:
     """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
-    each host refuses if another run is alive there (the busy check, under its start lock)."""
+    each host refuses if another run is alive there (the busy check, under its start lock).
+    `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
+    the master tells the run's end itself, with or without vmrun attached."""
     labels = list(nodes)
     meta_base = {
         "name": plan.name,
@@ -378,6 +385,9 @@ def _start_all(
         port = _free_port(conn, node.env.python) if single_env else 0
         argv, env = node_launch(plan, node, rid, nproc, layout, wiring, port, labels)
         argv = _node_argv(node, argv, env, rid, labels.index(entry.label))
+        if notify and entry.label == labels[0]:
+            told = notify.host_config(_notify_facts(plan, rid, labels))
+            env = {**env, "VMRUN_NOTIFY_CONFIG": told}
         meta = {
             **meta_base,
             "script": node.script,
@@ -403,6 +413,13 @@ def _start_all(
         group.map(lambda entry, conn: records.stop(conn, rid, grace=5), only=started)
         raise_for_failures(outcomes, one_as_itself=True)
     return {o.host: int(o.value or 0) for o in outcomes}
+
+
+def _notify_facts(plan: Plan, rid: str, labels: list[str]) -> dict[str, Any]:
+    """What the run's notification says that the host's record does not."""
+    asked = plan.args[0] if plan.is_template and plan.args and plan.args[0].isdigit() else None
+    return {"run": rid, "where": ", ".join(labels), "epochs_asked": asked,
+            "fetch": f"vmrun fetch results --run {rid}"}  # fmt: skip
 
 
 def _free_port(conn: Connection, python: str) -> int:

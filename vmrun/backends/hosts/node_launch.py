@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.hosts import records as runs
 from vmrun.backends.hosts.images import NodeImage
@@ -26,6 +26,9 @@ from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
+
+if TYPE_CHECKING:
+    from vmrun.notify.send import Notify
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
@@ -86,6 +89,7 @@ class Launch:
     layout: Layout | None = None  # the rendezvous decided already, with `nodes`
     fresh: bool = False  # move checkpoints an earlier run left in the run's folder aside
     down_after_run: bool = False  # power the hosts off once it ended and its results are here
+    notify: Notify | None = None  # where the run's end is told (by the master's sender)
 
 
 def meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:

@@ -55,7 +55,28 @@ def run_remote(
             rid = ref.run_id
             out.info(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
-        return _follow(backend, ref, plan, out, fetch_every, verbose, down)
+        try:
+            done = _follow(backend, ref, plan, out, fetch_every, verbose, down)
+        except (Detached, Interrupted):
+            raise  # the run goes on: its master tells its end
+        except VmrunError as failure:
+            _tell_end(conns, ref, how, out, failure)
+            raise
+        _tell_end(conns, ref, how, out)
+        return done
+
+
+def _tell_end(
+    conns: Group, ref: RunRef, how: Launch, out: Reporter, failure: VmrunError | None = None
+) -> None:
+    """The run's end to its notification targets (the master's record claims it)."""
+    if not how.notify or not ref.nodes:
+        return
+    from vmrun.backends.hosts.records import record_dir
+    from vmrun.notify.tell import tell_end
+
+    tell_end(conns.connections.get(ref.nodes[0]), record_dir(ref.run_id), how.notify, out,
+             run_id=ref.run_id, where=", ".join(ref.nodes), failure=failure)  # fmt: skip
 
 
 def _follow(

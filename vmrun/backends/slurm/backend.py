@@ -32,7 +32,8 @@ from vmrun.containers import runtime as rt
 from vmrun.containers.image import ImageRef, Mount
 from vmrun.containers.request import Request
 from vmrun.containers.runtime import SlurmContainer
-from vmrun.errors import RemoteError, UsageError
+from vmrun.errors import RemoteError, UsageError, VmrunError
+from vmrun.notify.send import Notify
 from vmrun.remote_paths import CONTAINER_HOME, STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
 from vmrun.runs.outputs import RunLocation
@@ -88,6 +89,7 @@ class Submission:
     paths: JobPaths
     env_text: str
     trainer: bytes  # the template trainer's text (empty: the run's own script)
+    notify_text: str = ""  # the record's notify.json (empty: no notifications)
 
 
 class SlurmBackend:
@@ -153,8 +155,9 @@ class SlurmBackend:
 
     # -- submitting -------------------------------------------------------------------
 
-    def prepare(self, plan: Plan) -> Submission:
-        """The batch script and the run's record, ready to submit (nothing sent yet)."""
+    def prepare(self, plan: Plan, notify: Notify | None = None) -> Submission:
+        """The batch script and the run's record, ready to submit (nothing sent yet);
+        `notify`: the job tells its end and requeues itself (and the follower claims them)."""
         from vmrun.runs.launch import run_id as new_run_id
         from vmrun.trainer import is_bundled
 
@@ -181,6 +184,7 @@ class SlurmBackend:
             container=image.container if image else None,
             pull=image.pull if image else (),
             container_home=image.home if image else "",
+            notifier=bool(notify),
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
@@ -209,7 +213,13 @@ class SlurmBackend:
         }
         env = {**self.cluster.env, **plan.env}
         env_text = "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
-        return Submission(rid, script, meta, paths, env_text, trainer)
+        told = ""
+        if notify:
+            name = self.cluster.name
+            fetch = f"vmrun fetch results -C {name} --run {rid}"
+            told = notify.host_config({"run": rid, "where": f"cluster {name}",
+                                       "epochs_asked": meta["epochs"], "fetch": fetch})  # fmt: skip
+        return Submission(rid, script, meta, paths, env_text, trainer, told)
 
     def _image(
         self, request: Request, spec: JobSpec, facts: Facts, rid: str, paths: JobPaths, plan: Plan
@@ -266,7 +276,7 @@ class SlurmBackend:
         """Sync the code (a SCRIPT's project; the template travels with the job) and push
         the run's --data, submit, and return once the job is queued. A job that can never
         start is cancelled."""
-        sub = self.prepare(plan)
+        sub = self.prepare(plan, how if isinstance(how, Notify) else None)
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
         if plan.data:  # once, onto the shared filesystem through the login node
@@ -302,11 +312,12 @@ class SlurmBackend:
     def _submit(self, sub: Submission) -> tuple[str, JobState | None]:
         script = sub.script.encode()
         meta = json.dumps(sub.meta, indent=1).encode() + b"\n"
+        told = sub.notify_text.encode()
         sizes = [str(len(script)), str(len(meta)), str(len(sub.trainer))]
         paths = sub.paths
         argv = [*hostside.command("slurm_submit.sh"), paths.record, *sizes,
-                paths.code]  # fmt: skip
-        stdin = script + meta + sub.trainer + sub.env_text.encode()
+                paths.code, str(len(told))]  # fmt: skip
+        stdin = script + meta + sub.trainer + told + sub.env_text.encode()
         status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what="sbatch")
         if status != 0:
             raise submit_refusal(status, err, self.cluster.name,
@@ -443,6 +454,17 @@ class SlurmBackend:
         from vmrun.backends.slurm.following import Follower
 
         return Follower(self, ref, out, verbose, last).run()
+
+    def tell_end(
+        self, ref: RunRef, notify: Notify | None, out: Reporter,
+        failure: VmrunError | None = None,
+    ) -> None:  # fmt: skip
+        """A followed run's end to its notification targets (its record claims it)."""
+        if notify:
+            from vmrun.notify.tell import tell_end
+
+            tell_end(self.conn, str(ref.meta["record_dir"]), notify, out, run_id=ref.run_id,
+                     where=f"cluster {self.cluster.name}", failure=failure)  # fmt: skip
 
     # -- stopping ---------------------------------------------------------------------
 

@@ -148,6 +148,7 @@ class Batch:
     container: SlurmContainer | None = None  # the step inside an image
     pull: Sequence[str] = ()  # docker/podman: container_pull.sh's arguments, once per node
     container_home: str = ""  # docker/podman: the HOME inside (made before the step)
+    notifier: bool = False  # the job tells its end and requeues (the record's notify.json)
 
 
 def sbatch_options(
@@ -208,6 +209,7 @@ def batch_script(
     lines.append(f"VMRUN_PULL=({' '.join(quote(w) for w in batch.pull)})")
     lines.append(f"VMRUN_PULL_SCRIPT={quote(_commands(PULL_SCRIPT)) if batch.pull else ''}")
     lines.append(f"VMRUN_CONTAINER_HOME={quote(batch.container_home)}")
+    lines.append(f"VMRUN_NOTIFIER={quote(source('notify_send.py')) if batch.notifier else ''}")
     return "\n".join(lines) + "\n\n" + source("slurm_job.bash")
 
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from vmrun.backends.slurm.cluster import Cluster
+    from vmrun.notify.send import Notify
     from vmrun.ssh.connection import Connection
     from vmrun.transfer.types import Progress
 
@@ -71,11 +72,13 @@ class ScriptJob:
     record_dir: str
     meta: dict[str, Any]
     env_text: str
+    notify_text: str = ""  # the record's notify.json: the follower renders and claims there
 
 
 def prepare(
     backend: SlurmBackend, batch: batchfile.BatchFile, args: Sequence[str], *,
     given: list[str], project_name: str, name: str | None, env: dict[str, str],
+    notify: Notify | None = None,
 ) -> ScriptJob:  # fmt: skip
     """The sbatch command and the run's record. `given`: the options the user gave vmrun,
     as sbatch words (they override the script); the cluster's defaults fill only what the
@@ -120,16 +123,22 @@ def prepare(
         "out_dir": batch.work_dir(code),
     }
     env_text = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
-    return ScriptJob(rid, batch, sbatch, code, record, meta, env_text)
+    told = ""
+    if notify:
+        fetch = f"vmrun fetch results -C {cluster.name} --run {rid}"
+        told = notify.host_config({"run": rid, "where": f"cluster {cluster.name}",
+                                   "fetch": fetch})  # fmt: skip
+    return ScriptJob(rid, batch, sbatch, code, record, meta, env_text, told)
 
 
 def submit(backend: SlurmBackend, job: ScriptJob) -> tuple[str, JobState | None]:
     """Write the record and submit; sbatch's refusal is one line and leaves nothing."""
     meta = json.dumps(job.meta, indent=1).encode() + b"\n"
+    told = job.notify_text.encode()
     argv = [*hostside.command("slurm_submit_script.sh"), job.record_dir, str(len(meta)),
-            job.code_dir, *job.sbatch]  # fmt: skip
+            str(len(told)), job.code_dir, *job.sbatch]  # fmt: skip
     status, out, err = backend.conn.capture(
-        plain_command(argv), stdin=meta + job.env_text.encode(), what="sbatch"
+        plain_command(argv), stdin=meta + told + job.env_text.encode(), what="sbatch"
     )
     if status != 0:
         raise submit_refusal(status, err, backend.cluster.name,
@@ -168,7 +177,8 @@ def start(
 
         meta["data"] = push_data(backend.conn, list(data), job.code_dir, out, progress)
     jobid, state = submit(backend, ScriptJob(job.run_id, job.batch, job.sbatch, job.code_dir,
-                                             job.record_dir, meta, job.env_text))  # fmt: skip
+                                             job.record_dir, meta, job.env_text,
+                                             job.notify_text))  # fmt: skip
     ref = backend.script_ref(job.run_id, {**meta, "job_id": jobid})
     if state is not None and state.never_starts:
         backend.cancel_never(ref, jobid, state, state.never_starts)

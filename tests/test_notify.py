@@ -1,0 +1,318 @@
+"""Notifications: the URLs vmrun takes, the host's own sender (run here against a real HTTP
+receiver on loopback: the claim that makes one message per event, the retries, a receiver
+that is down), and, on real sshd test hosts with the receiver on the hosts' network, a run's
+end and failure told once, also when the laptop's vmrun is killed, with the URL never on a
+command line, in a log or in run.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Client, clean_host, run_id_of, run_pids, wait_for
+from testbed import NetnsBed
+
+from vmrun import hostside
+from vmrun.errors import UsageError
+from vmrun.notify.send import Notify, send
+from vmrun.notify.targets import parse, redact
+
+SENDER = hostside.HERE / "notify_send.py"
+TOKEN = "s3cr3t-t0ken"
+
+
+class Receiver:
+    """A real HTTP server that keeps every POST (path, headers, body); `status` is what it
+    answers."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        self.posts: list[dict[str, Any]] = []
+        self.status = 200
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.posts.append({"path": self.path, "headers": dict(self.headers),
+                                    "body": body.decode(errors="replace")})  # fmt: skip
+                self.send_response(outer.status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, host: str, path: str = f"/hook/{TOKEN}") -> str:
+        return f"json://{host}:{self.port}{path}"
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [json.loads(p["body"]) for p in self.posts]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+# -- the URLs --------------------------------------------------------------------------
+
+
+def test_urls_map_to_what_a_host_can_post_and_show_no_secret() -> None:
+    ntfy = parse("ntfy://mytopic")
+    assert ntfy.webhook and (ntfy.webhook.url, ntfy.webhook.kind) == ("https://ntfy.sh/mytopic",
+                                                                     "ntfy")  # fmt: skip
+    own = parse("ntfys://user:pw@ntfy.example.org/alerts")
+    assert own.webhook and own.webhook.url == "https://ntfy.example.org/alerts"
+    assert own.webhook.auth.startswith("Basic ")
+    slack = parse("slack://T000/B000/XXXX/#runs")
+    assert slack.webhook and slack.webhook.url == "https://hooks.slack.com/services/T000/B000/XXXX"
+    assert parse("json://10.0.0.1:8080/in").webhook.url == "http://10.0.0.1:8080/in"  # type: ignore[union-attr]
+    assert parse("mailto://me:pw@gmail.com").webhook is None  # this machine only
+    for url in ("ntfy://mytopic", "slack://T000/B000/XXXX", "mailto://me:pw@gmail.com"):
+        shown = redact(url)
+        assert "mytopic" not in shown and "XXXX" not in shown and "pw" not in shown, shown
+    for bad in ("nothing", "foo://x", "slack://a/b", "ntfy://", "json:///path"):
+        with pytest.raises(UsageError) as caught:
+            parse(bad)
+        assert caught.value.code == "notify-url-bad"
+
+
+# -- the host's sender, here -------------------------------------------------------------
+
+
+def _record(tmp_path: Path, receiver: Receiver, *, code: str = "0",
+            on: tuple[str, ...] = ("end", "fail")) -> Path:  # fmt: skip
+    rec = tmp_path / "rec"
+    out = tmp_path / "out"
+    rec.mkdir(parents=True)
+    out.mkdir(parents=True)
+    notify = Notify((parse(receiver.url("127.0.0.1")),), on)
+    facts = {
+        "run": "r1",
+        "where": "h1",
+        "epochs_asked": "3",
+        "fetch": "vmrun fetch results --run r1",
+    }
+    (rec / "notify.json").write_text(notify.host_config(facts))
+    (rec / "exit_code").write_text(code + "\n")
+    (rec / "first_started").write_text(f"{int(time.time()) - 75}\n")
+    (rec / "out_dir").write_text(f"{out}\n")
+    (out / "metrics.jsonl").write_text('{"epoch": 3, "loss": 0.1234567}\n')
+    return rec
+
+
+def _sender(rec: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VMRUN_NOTIFY_PAUSE_S": "0.01"}
+    return subprocess.run([sys.executable, str(SENDER), str(rec), *args], capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+
+
+def test_the_host_sender_tells_the_end_once(tmp_path: Path, receiver: Receiver) -> None:
+    """The message: run, state, exit, where, duration, epochs done/asked, last loss, how to
+    fetch; a second send (or the laptop's render) finds the event claimed."""
+    rec = _record(tmp_path, receiver)
+    assert _sender(rec, "send").returncode == 0
+    (message,) = receiver.messages()
+    assert message["title"] == "vmrun: run r1 done" and message["type"] == "success"
+    body = message["message"]
+    for fact in ("exit 0", "on h1", "duration 0:01:1", "epochs 3/3", "last loss 0.1235",
+                 "vmrun fetch results --run r1"):  # fmt: skip
+        assert fact in body, body
+    assert receiver.posts[0]["path"] == f"/hook/{TOKEN}"
+    assert _sender(rec, "send").returncode == 0
+    rendered = json.loads(_sender(rec, "render").stdout)
+    assert rendered["send"] == "local"  # the host sent: the laptop sends only what it cannot
+    assert json.loads(_sender(rec, "render").stdout)["send"] == "none"
+    assert len(receiver.posts) == 1
+
+
+def test_the_laptop_first_claims_and_the_host_stays_silent(tmp_path: Path,
+                                                           receiver: Receiver) -> None:  # fmt: skip
+    rec = _record(tmp_path, receiver, code="3")
+    rendered = json.loads(_sender(rec, "render").stdout)
+    assert (rendered["send"], rendered["event"]) == ("all", "fail")
+    assert "failed (exit 3)" in rendered["body"]
+    assert _sender(rec, "send").returncode == 0 and receiver.posts == []
+
+
+def test_events_not_wanted_are_not_told(tmp_path: Path, receiver: Receiver) -> None:
+    rec = _record(tmp_path, receiver, on=("fail",))
+    assert _sender(rec, "send").returncode == 0
+    assert json.loads(_sender(rec, "render").stdout)["send"] == "none"
+    assert receiver.posts == []
+
+
+def test_a_receiver_that_is_down_costs_a_bounded_time_and_one_line(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Three tries (1 s, then 2 s apart; shortened here), then one line on stderr (the run's
+    log), exit 0: refused connections, and a receiver answering 503; a 4xx answer is a
+    refusal, not asked again."""
+    receiver.status = 503
+    rec = _record(tmp_path / "a", receiver)
+    done = _sender(rec, "send")
+    assert done.returncode == 0 and len(receiver.posts) == 3
+    (line,) = done.stderr.splitlines()
+    assert "end notification to json://127.0.0.1/... was not sent: HTTP 503" in line
+    assert TOKEN not in line
+    receiver.status = 403
+    done = _sender(_record(tmp_path / "b", receiver), "send")
+    assert "HTTP 403" in done.stderr and len(receiver.posts) == 4
+    rec = _record(tmp_path / "c", receiver)
+    receiver.close()
+    done = _sender(rec, "send")
+    assert done.returncode == 0 and "was not sent" in done.stderr
+
+
+def test_this_machine_sends_through_apprise(receiver: Receiver) -> None:
+    pytest.importorskip("apprise")
+    sent = send([parse(receiver.url("127.0.0.1"))], "vmrun: test", "hello", "test")
+    assert sent.ok and not sent.failed
+    (message,) = receiver.messages()
+    assert (message["title"], message["message"]) == ("vmrun: test", "hello")
+
+
+def test_notify_test_says_what_arrived(client: Client, receiver: Receiver) -> None:
+    good = client.vmrun("notify", "--test", receiver.url("127.0.0.1"))
+    assert good.returncode == 0 and "sent: json://127.0.0.1/..." in good.stdout, good.stderr
+    assert len(receiver.posts) == 1
+    receiver.status = 500
+    bad = client.vmrun("notify", "--test", receiver.url("127.0.0.1"), timeout=60)
+    assert bad.returncode == 1 and "notify-failed" in bad.stderr
+    assert TOKEN not in bad.stderr + bad.stdout
+    wrong = client.vmrun("notify", "--test", "slack://only-one")
+    assert wrong.returncode == 2 and "notify-url-bad" in wrong.stderr
+
+
+# -- on real hosts -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def project(bed: NetnsBed, bed_client: Client, host_python: Path) -> Iterator[Client]:
+    (bed_client.cwd / "vmrun.toml").write_text(
+        f'[[hosts]]\naddress = "h1"\npython = "{host_python}"\n'
+    )
+    bed_client.extra_env["OMP_NUM_THREADS"] = "1"
+    yield bed_client
+    clean_host(bed["h1"])
+
+
+@pytest.fixture
+def bed_receiver(bed: NetnsBed) -> Iterator[Receiver]:
+    """The receiver on the hosts' network (the root namespace's address there)."""
+    r = Receiver(bed.root_addr)
+    yield r
+    r.close()
+
+
+def _settled(host: Any, rid: str) -> None:
+    """The run's shell and its sender have ended (nothing of the run is left)."""
+    wait_for(lambda: not run_pids(host, rid), 60, "the run's shell and its sender to end")
+
+
+def test_a_followed_run_is_told_once_with_no_secret_anywhere(
+    bed: NetnsBed, project: Client, bed_receiver: Receiver
+) -> None:
+    url = bed_receiver.url(bed.root_addr)
+    done = project.vmrun("train", "-H", "h1", "--epochs", "2", "--save-every", "1",
+                         "--notify", url, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    _settled(bed["h1"], rid)
+    (message,) = bed_receiver.messages()
+    assert message["title"] == f"vmrun: run {rid} done"
+    assert "epochs 2/2" in message["message"] and "on h1" in message["message"]
+    rec = bed["h1"].home / ".vmrun" / "runs" / rid
+    assert TOKEN not in (rec / "run.json").read_text() + (rec / "log").read_text()
+    assert TOKEN not in done.stdout + done.stderr
+    assert (rec / "notify.json").stat().st_mode & 0o077 == 0
+
+
+def test_a_failure_is_told_once_with_why(bed: NetnsBed, project: Client,
+                                         bed_receiver: Receiver) -> None:  # fmt: skip
+    (project.cwd / "fails.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
+    done = project.vmrun("train", "fails.py", "-H", "h1", "--launcher", "python",
+                         "--notify", bed_receiver.url(bed.root_addr), timeout=300)  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    rid = run_id_of(done.stderr)
+    _settled(bed["h1"], rid)
+    (message,) = bed_receiver.messages()
+    assert message["title"] == f"vmrun: run {rid} failed" and message["type"] == "failure"
+    assert "exit 3" in message["message"]
+
+
+def test_the_host_tells_the_end_when_the_laptop_is_gone(
+    bed: NetnsBed, project: Client, bed_receiver: Receiver
+) -> None:
+    """vmrun following the run is killed (the laptop closed): the run goes on and its
+    host tells its end, once; no process on the host ever had the URL on its command line."""
+    flag = bed["h1"].home / "go-on"
+    (project.cwd / "waits.py").write_text(
+        "import pathlib, time\nprint('waiting', flush=True)\n"
+        f"while not pathlib.Path({str(flag)!r}).exists():\n    time.sleep(0.2)\n"
+    )
+    follower = project.popen("train", "waits.py", "-H", "h1", "--launcher", "python",
+                             "--notify", bed_receiver.url(bed.root_addr))  # fmt: skip
+    try:
+        assert follower.stdout is not None
+        for _, line in zip(range(200), follower.stdout, strict=False):  # the run's first line
+            if "waiting" in line:
+                break
+        rids = [p.name for p in (bed["h1"].home / ".vmrun" / "runs").iterdir()]
+        assert len(rids) == 1
+        for pid in bed["h1"].user_pids():
+            try:
+                assert TOKEN.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+        os.kill(follower.pid, signal.SIGKILL)
+        follower.wait(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    flag.touch()
+    wait_for(lambda: len(bed_receiver.posts) >= 1, 60, "the host's message")
+    _settled(bed["h1"], rids[0])
+    (message,) = bed_receiver.messages()
+    assert message["title"] == f"vmrun: run {rids[0]} done"
+
+
+def test_a_receiver_down_does_not_hold_the_run(bed: NetnsBed, project: Client) -> None:
+    """Nothing listens at the URL: the run ends as it would, and its log says in one line
+    that the message was not sent."""
+    down = Receiver(bed.root_addr)
+    url = down.url(bed.root_addr)
+    down.close()
+    started = time.monotonic()
+    done = project.vmrun("train", "-H", "h1", "--epochs", "1", "--save-every", "1",
+                         "--notify", url, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    _settled(bed["h1"], rid)
+    assert time.monotonic() - started < 120
+    log = (bed["h1"].home / ".vmrun" / "runs" / rid / "log").read_text()
+    said = [ln for ln in log.splitlines() if "notification" in ln]
+    laptop = [ln for ln in done.stderr.splitlines() if "notification" in ln]
+    assert len(said) + len(laptop) == 1, (said, laptop)
+    assert TOKEN not in log + done.stderr

@@ -1,0 +1,121 @@
+"""What a run's notifications say and how this machine sends them.
+
+A run's `Notify` is its targets and the events wanted. The host's sender gets the webhooks,
+the message's templates and the facts known at the start (`host_config`, in notify.json);
+the words are written here once and filled in where the event happens (on the host, from
+its record; here, by asking the host to render it, which also claims the event: one
+message per event, whoever sees it first). This machine sends through Apprise (the
+`notify` extra, imported only to send); without it, the webhooks go through the host
+sender's own code run here, and the other services are named as not sent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmrun.notify.targets import Target, parse_all
+from vmrun.reporting import Reporter
+
+TITLE = "vmrun: run {run} {state}"
+BODY = (
+    "run {run} {state} (exit {exit}) on {where}\n"
+    "duration {duration}, epochs {epochs}, last loss {loss}\n"
+    "results: {fetch}"
+)
+ALL = ("end", "fail", "stopped", "requeue", "autostop")
+
+
+def events(on: Sequence[str]) -> list[str]:
+    """`notify_on`'s words as the events told (`all`: every one)."""
+    return list(ALL) if "all" in on else [e for e in ALL if e in on]
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Where a run's events are told, and which."""
+
+    targets: tuple[Target, ...] = ()
+    on: tuple[str, ...] = ("end", "fail")
+
+    def __bool__(self) -> bool:
+        return bool(self.targets)
+
+    @classmethod
+    def from_settings(cls, urls: Sequence[str], on: Sequence[str]) -> Notify:
+        return cls(tuple(parse_all(list(urls))), tuple(events(on)))
+
+    @property
+    def local_only(self) -> tuple[Target, ...]:
+        return tuple(t for t in self.targets if t.webhook is None)
+
+    def host_config(self, facts: Mapping[str, Any]) -> str:
+        """notify.json for the host: its webhooks (the URLs: a secret, sent over stdin into
+        a 0600 file), the templates, the events, and the facts known now."""
+        hooks = [{**t.webhook.as_dict(), "shown": t.shown} for t in self.targets if t.webhook]
+        return json.dumps({"webhooks": hooks, "title": TITLE, "body": BODY,
+                           "on": list(self.on), "facts": dict(facts)})  # fmt: skip
+
+
+@dataclass
+class Sent:
+    """What a send did: the targets that took the message, and why the others did not."""
+
+    ok: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+
+def send(targets: Sequence[Target], title: str, body: str, event: str = "end") -> Sent:
+    """Every target, through Apprise where it is installed; bounded, never raising."""
+    sent = Sent()
+    if not targets:
+        return sent
+    try:
+        import apprise  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return _without_apprise(targets, title, body, event)
+    kind = {"end": "success", "fail": "failure", "stopped": "warning", "autostop": "warning"}
+    for target in targets:
+        app = apprise.Apprise()
+        if not app.add(target.url):
+            sent.failed.append((target.shown, "Apprise does not take this URL"))
+        elif app.notify(title=title, body=body, notify_type=kind.get(event, "info")):
+            sent.ok.append(target.shown)
+        else:
+            sent.failed.append((target.shown, "the service did not take it"))
+    return sent
+
+
+def _without_apprise(targets: Sequence[Target], title: str, body: str, event: str) -> Sent:
+    """The webhooks through the host sender's code, run here; the rest named."""
+    from vmrun import hostside
+
+    sent = Sent()
+    hooks = [t for t in targets if t.webhook]
+    for target in targets:
+        if target.webhook is None:
+            sent.failed.append((target.shown, "needs Apprise here: pip install 'vmrun[notify]'"))
+    if hooks:
+        payload = json.dumps({"hooks": [{**t.webhook.as_dict(), "shown": t.shown}  # type: ignore[union-attr]
+                                        for t in hooks], "title": title, "body": body,
+                              "event": event})  # fmt: skip
+        sender = str(hostside.HERE / "notify_send.py")
+        done = subprocess.run([sys.executable, sender, "-", "post"], input=payload,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        for line in done.stdout.splitlines():
+            shown, why = json.loads(line)
+            if why is None:
+                sent.ok.append(shown)
+            else:
+                sent.failed.append((shown, why))
+    return sent
+
+
+def report(sent: Sent, out: Reporter, what: str) -> None:
+    """One line per target that did not take it; never a failure of the command."""
+    for shown, why in sent.failed:
+        out.warn(f"the {what} notification to {shown} was not sent: {why}")
