@@ -316,3 +316,65 @@ def test_a_receiver_down_does_not_hold_the_run(bed: NetnsBed, project: Client) -
     laptop = [ln for ln in done.stderr.splitlines() if "notification" in ln]
     assert len(said) + len(laptop) == 1, (said, laptop)
     assert TOKEN not in log + done.stderr
+
+
+# -- on the bed's Slurm ------------------------------------------------------------------
+
+
+@pytest.fixture
+def slurm_receiver(slurm_cluster: Any) -> Iterator[Receiver]:
+    """The receiver on the cluster's network, where its compute nodes post."""
+    r = Receiver(slurm_cluster.bed.root_addr)
+    yield r
+    r.close()
+
+
+def _cluster_toml(client: Client, python: Path) -> None:
+    (client.cwd / "vmrun.toml").write_text(
+        '[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
+        f'python = "{python}"\nenv = {{ OMP_NUM_THREADS = "1" }}\n'
+    )
+
+
+def test_a_detached_slurm_job_tells_its_own_end(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, slurm_receiver: Receiver
+) -> None:
+    """`train -C --detach`: nothing of vmrun follows the job; its batch script tells the
+    end from the compute node, once; the URL is nowhere in the job's script or log."""
+    _cluster_toml(slurm_client, host_python)
+    url = slurm_receiver.url(slurm_cluster.bed.root_addr)
+    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
+                              "--detach", "--notify", url, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = done.stderr.split("run ", 1)[1].split()[0]
+    wait_for(lambda: slurm_receiver.posts, 180, "the job's own message")
+    wait_for(lambda: not slurm_cluster.squeue_ids(), 60, "the job to leave the queue")
+    (message,) = slurm_receiver.messages()
+    assert message["title"] == f"vmrun: run {rid} done"
+    assert "on cluster bed" in message["message"] and "epochs 1/1" in message["message"]
+    rec = Path(slurm_cluster.login.home) / ".vmrun" / "runs" / rid
+    assert TOKEN not in (rec / "job.sh").read_text() + (rec / "job.log").read_text()
+    assert (rec / "notify.json").stat().st_mode & 0o077 == 0
+
+
+def test_a_followed_slurm_run_and_a_submitted_script_are_told_once(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, slurm_receiver: Receiver
+) -> None:
+    """`train -C` followed: one message (the job's sender or the follower, whichever
+    claimed it). `submit` of the user's own script, which vmrun does not change: the
+    follower tells its failure, with the failing task."""
+    _cluster_toml(slurm_client, host_python)
+    url = slurm_receiver.url(slurm_cluster.bed.root_addr)
+    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
+                              "--notify", url, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: not slurm_cluster.squeue_ids(), 60, "the job to leave the queue")
+    assert [m["type"] for m in slurm_receiver.messages()] == ["success"]
+    (slurm_client.cwd / "fails.sh").write_text("#!/bin/bash\necho failing\nexit 4\n")
+    failed = slurm_client.vmrun("submit", "fails.sh", "-C", "bed", "--notify", url,
+                                timeout=300)  # fmt: skip
+    assert failed.returncode == 4, failed.stderr
+    wait_for(lambda: len(slurm_receiver.posts) == 2, 30, "the failure's message")
+    message = slurm_receiver.messages()[1]
+    assert message["type"] == "failure" and "exit 4" in message["message"]
+    assert "why: " in message["message"]
