@@ -81,10 +81,18 @@ def test_a_local_sweep_runs_each_size_and_records_it(client: Client) -> None:
 
 def test_a_list_of_batch_sizes_is_an_axis_named_in_runs_report_and_plot(client: Client) -> None:
     """--batch-size 8,16 on this machine (--cpus-per-task is Slurm's: -C only): a run per
-    value, each named by it; the report has a BATCH column, the plot's legend says it."""
-    done = client.vmrun(
-        "sweep", "--local", "--batch-size", "16,8", "--epochs", "1", env=TWO_CORES, timeout=300
-    )
+    value, each named by it; the report has a BATCH column, the plot's legend says it; the
+    sweep's end is told once, with its table (its sizes' runs are not told one by one)."""
+    from test_notify import Receiver
+
+    receiver = Receiver()
+    try:
+        done = client.vmrun("sweep", "--local", "--batch-size", "16,8", "--epochs", "1",
+                            "--notify", receiver.url("127.0.0.1"), env=TWO_CORES,
+                            timeout=300)  # fmt: skip
+        messages = receiver.messages()
+    finally:
+        receiver.close()
     assert done.returncode == 0, done.stderr
     sizes = _record(client)["sizes"]
     assert [(s["values"], s["state"]) for s in sizes] == [
@@ -103,6 +111,9 @@ def test_a_list_of_batch_sizes_is_an_axis_named_in_runs_report_and_plot(client: 
     assert table[0].startswith("| RUN | BATCH | NODES |") and f"| {runs[1]} | 16 |" in table[3]
     assert line_colours(folder / "loss.png", COLOURS) == list(COLOURS[:2])
     assert "1 node x 1 process, batch=16" in done.stderr
+    (message,) = messages
+    assert message["title"] == f"vmrun: sweep {folder.name} done"
+    assert f"| {runs[1]} | 16 |" in message["message"]
 
 
 def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(

@@ -88,6 +88,8 @@ def register(app: typer.Typer) -> None:
         host: Hosts = None,
         cluster: ClusterName = None,
         verbose: ro.Verbose = False,
+        notify: ro.NotifyUrls = None,
+        notify_on: ro.NotifyOn = None,
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
         slurm: dict[str, Any] | None = None,
@@ -106,8 +108,9 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         run = RunOptions(script=script, epochs=epochs, save_every=save_every, task=task, name=name,
                          image=image, mounts=mount)  # fmt: skip
+        told = {"notify": notify, "notify_on": notify_on}
         done = sweep(
-            run, grid, settings_from(connect_timeout, accept_new_host_key), resume=resume,
+            run, grid, settings_from(connect_timeout, accept_new_host_key, **told), resume=resume,
             local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),
             verbose=verbose, out=TERMINAL,
             progress=lambda prefix, live: make_progress(

@@ -81,12 +81,29 @@ def run_sweep(job: SweepJob) -> SweepOutcome:
             save(job.project, sweep)
     rows, written = write_results(job.project, sweep, out)
     failed = [s.label for s in sweep.sizes if s.state != RunState.DONE]
+    _tell(job, failed, written)
     if failed:
         out.info(
             f"sweep {sweep.id}: {len(failed)} size(s) did not finish ({', '.join(failed)});"
             f" run them again with `vmrun sweep --resume {sweep.id}`"
         )
     return SweepOutcome(sweep, 1 if failed else 0, rows, written)
+
+
+def _tell(job: SweepJob, failed: list[str], written: list[Path]) -> None:
+    """The sweep's end, with its table, to the notify targets (its sizes' runs are not
+    told one by one)."""
+    from vmrun.notify.send import Notify, report, send
+
+    notify = Notify.from_settings(job.settings.notify, job.settings.notify_on)
+    event = "fail" if failed else "end"
+    if not notify or event not in notify.on:
+        return
+    sweep = job.sweep
+    state = f"ended, {len(failed)} size(s) not done" if failed else "done"
+    table = written[0].read_text() if written and written[0].suffix == ".md" else ""
+    body = f"sweep {sweep.id} {state}\n{table}\nresults: {sweep.folder}/"
+    report(send(notify.targets, f"vmrun: sweep {sweep.id} {state}", body, event), job.out, event)
 
 
 def _size_words(size: Size) -> str:
