@@ -378,3 +378,35 @@ def test_a_followed_slurm_run_and_a_submitted_script_are_told_once(
     message = slurm_receiver.messages()[1]
     assert message["type"] == "failure" and "exit 4" in message["message"]
     assert "why: " in message["message"]
+
+
+def test_a_requeue_and_the_end_are_told_once_each(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path,
+    slurm_receiver: Receiver,
+) -> None:  # fmt: skip
+    """`--notify-on all`: the warning signal makes the template save, the batch script
+    requeues the job and tells it; the second attempt finishes and tells its end: two
+    messages, from the node, nothing following the job."""
+    from train_helpers import hook_env
+
+    env = {"OMP_NUM_THREADS": "1", **hook_env(trainer_hooks, EPOCH_DELAY="0.5")}
+    extra = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    (slurm_client.cwd / "vmrun.toml").write_text(
+        '[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\n'
+        f'python = "{host_python}"\nenv = {{ {extra} }}\n'
+    )
+    url = slurm_receiver.url(slurm_cluster.bed.root_addr)
+    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "8", "--save-every", "100",
+                              "--detach", "--notify", url, "--notify-on", "all")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = done.stderr.split("run ", 1)[1].split()[0]
+    job = done.stderr.split(" as job ", 1)[1].split()[0]
+    metrics = slurm_cluster.login.home / ".vmrun" / "runs" / rid
+    out = json.loads((metrics / "run.json").read_text())["out_dir"]
+    wait_for(lambda: Path(out, "metrics.jsonl").exists(), 120, "a first epoch")
+    signalled = slurm_cluster.run_on_login(["scancel", "--signal=USR2", job])
+    assert signalled.returncode == 0, signalled.stderr
+    wait_for(lambda: len(slurm_receiver.posts) >= 2, 240, "the requeue's and the end's messages")
+    wait_for(lambda: not slurm_cluster.squeue_ids(), 60, "the job to leave the queue")
+    titles = [m["title"] for m in slurm_receiver.messages()]
+    assert titles == [f"vmrun: run {rid} requeued", f"vmrun: run {rid} done"], titles

@@ -88,7 +88,7 @@ def facts_of(rec, config, event, exit_given=""):
     stopped = os.path.exists(os.path.join(rec, "stopped"))
     if not event:
         event = "stopped" if stopped else ("end" if code == "0" else "fail")
-    state = {"end": "done", "fail": "failed", "stopped": "stopped"}.get(event, event)
+    state = {"end": "done", "fail": "failed", "requeue": "requeued"}.get(event, event)
     facts.update(event=event, state=state, exit=code or "-")
     started = first_start(rec)
     if started is not None:

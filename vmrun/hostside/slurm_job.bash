@@ -64,7 +64,11 @@ export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
 export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"
 rm -f "$VMRUN_REQUEUE_FILE" "$VMRUN_WARNED_FILE"
 mkdir -p "$VMRUN_RUN_DIR"
-trap 'mark terminated "attempt $attempt"; ended terminated; tell "" terminated; exit 143' TERM
+requeued=
+# shellcheck disable=SC2016  # expanded when the trap runs
+trap 'mark terminated "attempt $attempt"; ended terminated
+  if [ -z "$requeued" ]; then tell "" terminated; fi  # a requeue ends the attempt so
+  exit 143' TERM
 # The time-limit warning (--signal=B:USR2@N) comes here: leave a mark that a process still
 # starting up finds at its first epoch's end, and pass the signal on to every step.
 # shellcheck disable=SC2317  # called by the trap
@@ -118,6 +122,7 @@ if [ -e "$VMRUN_REQUEUE_FILE" ]; then
     ended requeue
     mark requeue "attempt $attempt saved its state; requeueing job $SLURM_JOB_ID"
     tell requeue ""
+    requeued=1
     # scontrol requeue can hang; the requeue ends this script
     if timeout 60 scontrol requeue "$SLURM_JOB_ID"; then sleep 60; fi
     mark failed "scontrol requeue $SLURM_JOB_ID did not take"
