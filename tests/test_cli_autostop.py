@@ -237,9 +237,7 @@ def apps_replay(*pids: int) -> str:
     return "\n".join([*keep, *rows]) + "\n"
 
 
-def test_an_idle_host_powers_off_after_the_period_warning_first(
-    ac: Client, as1: TestHost
-) -> None:
+def test_an_idle_host_powers_off_after_the_period_warning_first(ac: Client, as1: TestHost) -> None:
     """The default command (sudo -n shutdown -h now) after 4 s idle, a wall warning 2 s
     before; installing twice changes nothing; --status says when; the log says why."""
     install_standin(as1, "sudo", SUDO)
@@ -363,9 +361,7 @@ def test_a_busy_gpu_keeps_it_up_with_one_nvidia_smi_per_check(ac: Client, as1: T
     assert any("--query-compute-apps=pid" in line for line in started), started
 
 
-def test_a_gpu_process_that_is_no_vmrun_run_blocks_the_power_off(
-    ac: Client, as1: TestHost
-) -> None:
+def test_a_gpu_process_that_is_no_vmrun_run_blocks_the_power_off(ac: Client, as1: TestHost) -> None:
     install_standin(as1, "sudo", SUDO)
     other = as1.popen(["sleep", "600"], as_user=True)  # a notebook holding the GPU, say
     try:
@@ -558,7 +554,7 @@ def test_status_and_watch_gpus_show_what_autostop_says(ac: Client, as1: TestHost
     done = ac.vmrun("autostop", "1h", "-H", "as1")
     assert done.returncode == 0, done.stderr
     awake = f"awake: run {rid}, GPU 0 93%, GPU 1 93%"
-    wait_for(lambda: state(as1).get("awake") == awake[len("awake: "):], 10, "the watchdog's view")
+    wait_for(lambda: state(as1).get("awake") == awake[len("awake: ") :], 10, "the watchdog's view")
     status = ac.vmrun("status", "-H", "as1")
     assert status.returncode == 0, status.stderr
     head, row = status.stdout.splitlines()[:2]
@@ -569,7 +565,7 @@ def test_status_and_watch_gpus_show_what_autostop_says(ac: Client, as1: TestHost
     assert lines[1].split()[-1] == "autostop" and lines[2].endswith(awake), watch.stdout
     as_json = ac.vmrun("watch-gpus", "--once", "--json", "-H", "as1")
     said = json.loads(as_json.stdout)["autostop"]
-    assert said["awake"] == awake[len("awake: "):] and said["running"] is True, said
+    assert said["awake"] == awake[len("awake: ") :] and said["running"] is True, said
     stopped = ac.vmrun("stop", rid, "-H", "as1", "--grace", "1")
     assert stopped.returncode == 0, stopped.stderr
     for item in (FIXTURES / "t4_idle").iterdir():
@@ -632,9 +628,7 @@ def test_down_after_run_powers_off_once_the_results_are_here(
     assert f"powering off now (run {rid} ended and its results were fetched" in log(as1)
 
 
-def test_down_after_run_refusals_and_what_keeps_the_host_up(
-    trainer: Client, as1: TestHost
-) -> None:
+def test_down_after_run_refusals_and_what_keeps_the_host_up(trainer: Client, as1: TestHost) -> None:
     for args, said in (
         (["--down-after-run"], "it needs --fetch-every SECONDS, and vmrun following the run"),
         (["--fetch-every", "1", "--detach", "--down-after-run"], "--fetch-every needs"),
@@ -705,9 +699,7 @@ def test_down_after_run_after_a_failed_run_fetches_what_it_made_then_powers_off(
     assert f"as1: powering off (sudo -n shutdown -h now): run {rid} ended" in done.stderr
 
 
-def test_wall_warns_the_terminal_of_a_logged_in_user(
-    ac: Client, as1: TestHost, utmp: Path
-) -> None:
+def test_wall_warns_the_terminal_of_a_logged_in_user(ac: Client, as1: TestHost, utmp: Path) -> None:
     """The real `wall`, seen in a real session's terminal: sessions = "ignore", so the
     session does not keep the host up and its user is warned before the power-off. wall
     writes to every terminal in this machine's utmp, so this runs only where the suite made
@@ -823,3 +815,36 @@ def _pids_running(script: str) -> list[int]:
                 if script.encode() in proc.joinpath("cmdline").read_bytes().split(b"\0"):
                     found.append(int(proc.name))
     return found
+
+
+def test_the_warning_is_told_to_the_notify_targets_once(
+    ac: Client, as1: TestHost, bed: NetnsBed
+) -> None:
+    """With `notify` set, the warning before a power-off also reaches the user wherever they
+    are (the watchdog's copy of the stdlib sender posts to the webhook), once per idle
+    period; its URL is only in a 0600 file, never in the watchdog's CONF or command line;
+    `--cancel` removes it."""
+    from test_notify import TOKEN, Receiver
+
+    install_standin(as1, "sudo", SUDO)
+    install_standin(as1, "wall", WALL)
+    receiver = Receiver(bed.root_addr)
+    try:
+        env = {"VMRUN_AUTOSTOP_WARN": "2s", "VMRUN_NOTIFY": receiver.url(bed.root_addr)}
+        done = ac.vmrun("autostop", "4s", "-H", "as1", env=env)
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: calls(as1), 30, "the STAND-IN power-off")
+        wait_for(lambda: receiver.posts, 30, "the warning's message")
+        (message,) = receiver.messages()
+        assert message["title"].startswith(f"vmrun: {'as1'} powers off at ")
+        assert "has been idle since" in message["message"], message
+        told = as1.home / ".vmrun" / "autostop-notify" / "notify.json"
+        assert told.stat().st_mode & 0o077 == 0
+        assert TOKEN not in (as1.home / ".vmrun" / "autostop.conf").read_text()
+        for pid in watchdogs(as1):
+            assert TOKEN.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cancelled = ac.vmrun("autostop", "--cancel", "-H", "as1")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert not told.parent.exists()
+    finally:
+        receiver.close()

@@ -410,3 +410,15 @@ def test_a_requeue_and_the_end_are_told_once_each(
     wait_for(lambda: not slurm_cluster.squeue_ids(), 60, "the job to leave the queue")
     titles = [m["title"] for m in slurm_receiver.messages()]
     assert titles == [f"vmrun: run {rid} requeued", f"vmrun: run {rid} done"], titles
+
+
+def test_a_local_run_is_told_from_here(client: Client, receiver: Receiver) -> None:
+    done = client.vmrun("train", "--local", "--epochs", "1", "--save-every", "1",
+                        "--nproc-per-node", "1", "--notify", receiver.url("127.0.0.1"),
+                        timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (message,) = receiver.messages()
+    assert message["title"].startswith("vmrun: run template-") and message["title"].endswith(
+        " done"
+    )
+    assert "(--local)" in message["message"] and "epochs 1," in message["message"]

@@ -37,6 +37,8 @@ CONTAINER_HOME = f"{STATE_DIR}/container-home"  # HOME inside a run's container 
 AUTOSTOP_SCRIPT = f"{LIB_DIR}/autostop_watch.sh"
 AUTOSTOP_CONF = f"{STATE_DIR}/autostop.conf"
 AUTOSTOP_STATE = f"{STATE_DIR}/autostop.state"
+# the watchdog's warning notification: its 0600 notify.json and a copy of notify_send.py
+AUTOSTOP_NOTIFY = f"{STATE_DIR}/autostop-notify"
 AUTOSTOP_LOG = f"{STATE_DIR}/autostop.log"
 
 

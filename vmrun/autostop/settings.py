@@ -15,6 +15,7 @@ from vmrun.config import FIELDS, Settings
 from vmrun.remote_paths import (
     ACTIVE_DIR,
     AUTOSTOP_LOG,
+    AUTOSTOP_NOTIFY,
     AUTOSTOP_STATE,
     NVIDIA_PATH,
     RUN_ENV,
@@ -41,6 +42,7 @@ class Autostop:
     sessions: str  # active | any | ignore
     command: str
     nvidia_smi: str = "nvidia-smi"
+    notify: str = ""  # notify.json for the warning's notification ("": none): a secret
 
     @property
     def command_word(self) -> str:
@@ -83,6 +85,7 @@ class Autostop:
             "active": ACTIVE_DIR,
             "state": AUTOSTOP_STATE,
             "log": AUTOSTOP_LOG,
+            "notify": AUTOSTOP_NOTIFY if self.notify else "",
         }
         lines = [f"{k}={quoting.quote(str(v)) if v != '' else ''}" for k, v in values.items()]
         head = "# vmrun autostop: written by `vmrun autostop`, read by the watchdog every tick"
@@ -116,4 +119,22 @@ def for_host(settings: Settings, entry: HostEntry, *, one_off: bool = False) -> 
         sessions=str(values["autostop_sessions"]),
         command=quoting.join(command) if isinstance(command, list) else str(command),
         nvidia_smi=str(nvidia_smi) if isinstance(nvidia_smi, str) and nvidia_smi else "nvidia-smi",
+        notify=_warning_notify(settings, entry.label),
     )
+
+
+def _warning_notify(settings: Settings, host: str) -> str:
+    """The watchdog's notify.json: the warning before a power-off, to the `notify` targets
+    a host can post to (told whatever `notify_on` says: it is about the machine)."""
+    if not settings.notify:
+        return ""
+    from vmrun.notify.send import Notify
+
+    notify = Notify.from_settings(settings.notify, ["all"])
+    notify = Notify(notify.targets, ("autostop",))
+    title = "vmrun: {where} powers off at {off}"
+    body = (
+        "{where} has been idle since {since} and powers off at {off} (vmrun autostop).\n"
+        "To keep it up: start a vmrun run, or `vmrun autostop --cancel -H {where}`."
+    )
+    return notify.host_config({"where": host}, title=title, body=body)

@@ -19,6 +19,7 @@ from vmrun.ssh.connection import Connection
 
 CONF_VAR = "VMRUN_AUTOSTOP_CONF"  # the settings' text (autostop_install.sh, autostop_watch.sh)
 WORD_VAR = "VMRUN_AUTOSTOP_WORD"  # the power-off command's program, which the host must have
+NOTIFY_VAR = "VMRUN_AUTOSTOP_NOTIFY"  # the warning's notify.json (its URLs are secrets)
 _REFUSED = 3  # the scripts' exit status for "FAIL <why>", "BUSY ...", "BLOCKED ..."
 
 
@@ -53,7 +54,7 @@ def _install_argv(mode: str) -> list[str]:
 def conf_env(cfg: Autostop) -> dict[str, str]:
     """The settings go by stdin (the wrapper's environment header), never on the host's
     command line: the power-off command often carries a cloud API key."""
-    return {CONF_VAR: cfg.conf_text(), WORD_VAR: cfg.command_word}
+    return {CONF_VAR: cfg.conf_text(), WORD_VAR: cfg.command_word, NOTIFY_VAR: cfg.notify}
 
 
 def _lines(

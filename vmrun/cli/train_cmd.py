@@ -209,7 +209,7 @@ def register(app: typer.Typer) -> None:
         told = {"notify": notify, "notify_on": notify_on}
         settings = settings_from(connect_timeout, accept_new_host_key, **told)
         done = train(
-            run, None if local else settings,
+            run, settings,
             local=local, hosts=hosts, resume=resume, cluster=cluster,
             slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach, verbose=verbose,
             progress=lambda prefix, live: make_progress(

@@ -12,6 +12,7 @@ sudo=
 if [ "$(id -u)" != 0 ]; then sudo='sudo -n'; fi
 left=
 rm -f "$conf" "$conf.new"
+rm -rf "${conf%/*}/autostop-notify"  # the warning's notification and its secrets
 unit=/etc/systemd/system/vmrun-autostop-$(id -un).service
 if [ -f "$unit" ]; then
   $sudo systemctl disable --now "${unit##*/}" > /dev/null 2>&1

@@ -2,7 +2,8 @@
 #   sh autostop_install.sh MODE CONF STATE SCRIPT WATCH
 # with CONF_TEXT and WORD in $VMRUN_AUTOSTOP_CONF and $VMRUN_AUTOSTOP_WORD (they come by stdin,
 # in the command wrapper's environment header: the power-off command may hold a secret, so
-# it is never on a command line, and CONF is the user's alone, 0600).
+# it is never on a command line, and CONF is the user's alone, 0600); the warning's
+# notify.json (its webhooks) in $VMRUN_AUTOSTOP_NOTIFY, written beside CONF (0600).
 # MODE power: can this user power the machine off (WORD: the power-off command's first word,
 #   "" for the default `sudo -n shutdown -h now`, which needs passwordless sudo unless root)?
 # MODE check: that, and can the watchdog start at boot (a systemd unit where systemd runs and
@@ -16,8 +17,8 @@
 #   `BOOT <how> present|added`, `PID <pid> running|started|restarted`: installing twice
 #   changes nothing. Paths are relative to the home.
 mode=$1 conf=$2 state=$3 script=$4 src=$5
-text=${VMRUN_AUTOSTOP_CONF-} word=${VMRUN_AUTOSTOP_WORD-}
-unset VMRUN_AUTOSTOP_CONF VMRUN_AUTOSTOP_WORD
+text=${VMRUN_AUTOSTOP_CONF-} word=${VMRUN_AUTOSTOP_WORD-} told=${VMRUN_AUTOSTOP_NOTIFY-}
+unset VMRUN_AUTOSTOP_CONF VMRUN_AUTOSTOP_WORD VMRUN_AUTOSTOP_NOTIFY
 cd "$HOME" || exit 1
 path=$PATH
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
@@ -67,6 +68,17 @@ else
   mv -f "$conf.new" "$conf"; echo "CONF new"
 fi
 chmod 600 "$conf" || fail "cannot make $conf the user's alone (chmod 600)"
+# the warning's notification (VMRUN_AUTOSTOP_NOTIFY: its notify.json, 0600) and its sender,
+# copied like SCRIPT so that the watchdog outlives this vmrun's version; none: removed
+notify=${conf%/*}/autostop-notify
+if [ -n "$told" ]; then
+  if ! { (umask 077 && mkdir -p "$notify" && printf '%s\n' "$told" > "$notify/notify.json") \
+    && cat -- "${src%/*}/notify_send.py" > "$notify/notify_send.py"; }; then
+    fail "cannot write $notify"
+  fi
+else
+  rm -rf "$notify"
+fi
 
 if [ "$boot" = cron ]; then
   line="@reboot /bin/sh \"\$HOME/$script\" $conf >/dev/null 2>&1 $tag"

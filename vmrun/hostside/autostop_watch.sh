@@ -29,7 +29,8 @@
 # stale markers removed): $active/PID, $active/.ended.
 
 # CONF sets period interval warn (seconds), threshold (%), sessions, poweroff (shell text; empty:
-# shutdown), nvsmi, nvpath, run_env, runs, active, state, log, path.
+# shutdown), nvsmi, nvpath, run_env, runs, active, state, log, path, notify (a folder with the
+# warning's notify.json and notify_send.py; empty: the warning is not sent anywhere else).
 # shellcheck disable=SC2154,SC1090
 tab=$(printf '\t')
 
@@ -232,6 +233,12 @@ decide() {  # awake, block, since, off: the rule above, and what follows from it
     if [ "$sessions" = active ]; then msg="$msg, or type in your terminal"; fi
     wall "$msg." < /dev/null > /dev/null 2>&1 9>&-
     say "warned logged-in users (wall): powering off at $(hm "$off")"
+    if [ -n "${notify:-}" ] && [ -r "$notify/notify.json" ] && command -v python3 > /dev/null 2>&1
+    then  # the user, wherever they are (notify_send.py: a few bounded tries, in the background)
+      rm -rf "$notify"/notified.*
+      python3 "$notify/notify_send.py" "$notify" send autostop "" "off=$(hm "$off")" \
+        "since=$(hm "$since")" < /dev/null >> "$log" 2>&1 9>&- &
+    fi
   fi
 }
 

@@ -1,7 +1,7 @@
 """A run's notification, from the host (stdlib only): what happened to the run, told to the
 webhooks of the run's 0600 notify.json, once.
 
-    python3 notify_send.py REC send [EVENT [EXIT]]  # the run's shell (or Slurm job), at its end
+    python3 notify_send.py REC send [EVENT [EXIT [NAME=VALUE...]]]  # the run's shell, at its end
     python3 notify_send.py REC render [EVENT]  # vmrun on the laptop, at the end it saw
     python3 notify_send.py - post               # vmrun on the laptop, without Apprise
 
@@ -183,6 +183,9 @@ def main():
         return 0
     facts = facts_of(rec, config, event, exit_given)
     event = facts["event"]
+    for word in sys.argv[5:]:  # more facts, NAME=VALUE (autostop: off=, since=)
+        name, _, value = word.partition("=")
+        facts[name] = value
     title = config.get("title", "vmrun: run {run} {state}").format_map(facts)
     text = config.get("body", "run {run} {state}").format_map(facts)
     if event not in config.get("on", []):

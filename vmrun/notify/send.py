@@ -53,11 +53,11 @@ class Notify:
     def local_only(self) -> tuple[Target, ...]:
         return tuple(t for t in self.targets if t.webhook is None)
 
-    def host_config(self, facts: Mapping[str, Any]) -> str:
+    def host_config(self, facts: Mapping[str, Any], *, title: str = TITLE, body: str = BODY) -> str:
         """notify.json for the host: its webhooks (the URLs: a secret, sent over stdin into
         a 0600 file), the templates, the events, and the facts known now."""
         hooks = [{**t.webhook.as_dict(), "shown": t.shown} for t in self.targets if t.webhook]
-        return json.dumps({"webhooks": hooks, "title": TITLE, "body": BODY,
+        return json.dumps({"webhooks": hooks, "title": title, "body": body,
                            "on": list(self.on), "facts": dict(facts)})  # fmt: skip
 
 

@@ -157,7 +157,11 @@ def train(
     if local:
         from vmrun.runs.local import run_local
 
-        return run_local(plan, verbose=verbose, out=out)
+        started: list[str] = []
+        code = run_local(plan, verbose=verbose, out=out, on_start=started.append)
+        if settings.notify and started:
+            _tell_local(settings, started[0], code, plan.project, out)
+        return code
     from vmrun.backends.hosts.node_launch import Launch
     from vmrun.notify.send import Notify
 
@@ -220,6 +224,40 @@ def follow_and_tell(
         raise
     backend.tell_end(ref, notify, out)
     return code
+
+
+def _tell_local(settings: Settings, rid: str, code: int, project: Any, out: Reporter) -> None:
+    """A run on this machine told from here (nothing else could tell it)."""
+    import json
+    import socket
+
+    from vmrun.notify.send import BODY, TITLE, Notify, report, send
+
+    notify = Notify.from_settings(settings.notify, settings.notify_on)
+    event = "end" if code == 0 else "fail"
+    if event not in notify.on:
+        return
+    folder = project / "results" / rid
+    last: dict[str, Any] = {}
+    lines = (
+        (folder / "metrics.jsonl").read_text().splitlines()
+        if (folder / "metrics.jsonl").exists()
+        else []
+    )
+    for line in reversed(lines):
+        try:
+            last = json.loads(line)
+            break
+        except ValueError:
+            continue
+    loss = last.get("loss")
+    shown = f"{loss:.4g}" if isinstance(loss, float) else "?"
+    facts = {"run": rid, "state": "done" if code == 0 else "failed", "exit": code,
+             "where": f"{socket.gethostname()} (--local)", "duration": "?",
+             "epochs": last.get("epoch", "?"), "loss": shown,
+             "fetch": f"results/{rid}/ here"}  # fmt: skip
+    sent = send(notify.targets, TITLE.format_map(facts), BODY.format_map(facts), event)
+    report(sent, out, event)
 
 
 def _dry_run(backend: Any, plan: Plan) -> DryRun:
