@@ -378,6 +378,21 @@ def test_a_followed_slurm_run_and_a_submitted_script_are_told_once(
     message = slurm_receiver.messages()[1]
     assert message["type"] == "failure" and "exit 4" in message["message"]
     assert "why: " in message["message"]
+    # detached and never followed: `status`, seeing it end first, has the login node tell it
+    detached = slurm_client.vmrun("submit", "fails.sh", "-C", "bed", "--detach", "--notify", url)
+    assert detached.returncode == 0, detached.stderr
+    rid = detached.stderr.split("run ", 1)[1].split()[0]
+
+    def ended() -> bool:
+        listed = json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
+        return any(o["run"] == rid and o["state"] == "failed" for o in listed)
+
+    wait_for(ended, 60, "status to see the job fail")
+    wait_for(lambda: len(slurm_receiver.posts) == 3, 30, "the login node's message")
+    third = slurm_receiver.messages()[2]
+    assert third["title"] == f"vmrun: run {rid} failed" and "exit 4" in third["message"]
+    slurm_client.vmrun("status", "-C", "bed")  # told once: a later listing tells nothing more
+    assert len(slurm_receiver.posts) == 3
 
 
 def test_a_requeue_and_the_end_are_told_once_each(

@@ -350,10 +350,13 @@ class SlurmBackend:
         return found, []
 
     def _record_ends(self, run: records.SlurmRun, lines: list[str]) -> None:
-        """Keep a script job's ends that squeue shows now and will forget (best effort:
-        the next listing tries again)."""
-        path = f"{run.meta.get('record_dir') or f'{self.runs_dir}/{run.id}'}/ended"
-        argv = ["sh", "-c", '[ -e "$1" ] || cat > "$1"', "vmrun-record", path]
+        """Keep a script job's ends that squeue shows now and will forget, and tell its end
+        where the run asked (best effort: the next listing tries again)."""
+        path = str(run.meta.get("record_dir") or f"{self.runs_dir}/{run.id}")
+        state, code = run.state_and_code()
+        event = "end" if state is RunState.DONE else "fail"
+        told = "-" if code is None else str(code)
+        argv = hostside.command("slurm_record_ends.sh", path, event, told)
         self.conn.capture(plain_command(argv), stdin="".join(f"{ln}\n" for ln in lines).encode(),
                           what="the job's ends")  # fmt: skip
 
