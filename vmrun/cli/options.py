@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from vmrun.config import Settings, load_settings
 
@@ -180,3 +181,20 @@ def with_group(
         return command
 
     return decorate
+
+
+SCRIPT_ARGS = "vmrun.runs.plan.script_args"
+
+
+class DashDashCommand(TyperCommand):
+    """Keeps the words after `--` for the script, so `train -- 5 2` is not read as SCRIPT=5."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[SCRIPT_ARGS] = args[cut + 1 :]
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- SCRIPT_ARGS...]"]

@@ -9,21 +9,22 @@ import typer
 
 from vmrun.cli import run_options as ro
 from vmrun.cli.options import (
+    SCRIPT_ARGS,
     SLURM_GROUP,
     AcceptNewHostKey,
     ClusterName,
     ConnectTimeout,
+    DashDashCommand,
     settings_from,
     slurm_options,
     with_group,
 )
-from vmrun.cli.train_cmd import _SCRIPT_ARGS, _DashDashCommand
 
 
 def register(app: typer.Typer) -> None:
     @app.command(
         "submit",
-        cls=_DashDashCommand,
+        cls=DashDashCommand,
         help="Sync the project to the cluster and submit SCRIPT, your own sbatch script, as it"
         " is, from there (its #SBATCH lines rule; --time, --partition and the other Slurm"
         " options given here override them, as on sbatch's command line; the words after"
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.cli.output import TERMINAL
         from vmrun.operations.submit import SubmitDryRun, SubmitOptions, submit
 
-        what = SubmitOptions(script=script, args=ctx.meta.get(_SCRIPT_ARGS) or [], name=name,
+        what = SubmitOptions(script=script, args=ctx.meta.get(SCRIPT_ARGS) or [], name=name,
                              env=env, data=data)  # fmt: skip
         told = {"notify": notify, "notify_on": notify_on}
         done = submit(

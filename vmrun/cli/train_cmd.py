@@ -20,41 +20,26 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
 
 from vmrun.cli import run_options as ro
 from vmrun.cli.options import (
+    SCRIPT_ARGS,
     SLURM_GROUP,
     AcceptNewHostKey,
     ClusterName,
     ConnectTimeout,
+    DashDashCommand,
     Hosts,
     settings_from,
     slurm_options,
     with_group,
 )
 
-_SCRIPT_ARGS = "vmrun.runs.plan.script_args"
-
-
-class _DashDashCommand(TyperCommand):
-    """Keeps the words after `--` for the script, so `train -- 5 2` is not read as SCRIPT=5."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta[_SCRIPT_ARGS] = args[cut + 1 :]
-            args = args[:cut]
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        return [*super().collect_usage_pieces(ctx), "[-- SCRIPT_ARGS...]"]
-
 
 def register(app: typer.Typer) -> None:
     @app.command(
         "train",
-        cls=_DashDashCommand,
+        cls=DashDashCommand,
         help="Launch torchrun DDP training on the host (or --local: this machine), detached"
         " so it survives disconnects, and stream its output; Ctrl-C detaches."
         " SCRIPT (default: vmrun's template trainer) gets `EPOCHS SAVE_EVERY`, or the words"
@@ -196,7 +181,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.operations.train import DryRun, HostOptions, RunOptions, train
 
         run = RunOptions(
-            script=script, script_args=ctx.meta.get(_SCRIPT_ARGS), epochs=epochs,
+            script=script, script_args=ctx.meta.get(SCRIPT_ARGS), epochs=epochs,
             save_every=save_every, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
             env=env, name=name, batch_size=batch_size, lr=lr, task=task, launcher=launcher,
             image=image, mounts=mount, data=data,
