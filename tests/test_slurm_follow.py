@@ -96,9 +96,10 @@ class Fake:
         self.conn = LocalConn(env)
         self.out = Recorder()
 
-    def follow(self, *, last: int = 0, limit: float = 60) -> int:
+    def follow(self, *, last: int = 0, limit: float = 60, notify: Any = None) -> int:
         backend = SlurmBackend(self.conn, Cluster("bed", "login"), poll=0.01,  # type: ignore[arg-type]
                                unanswered_limit=limit)  # fmt: skip
+        backend.notify = notify
         meta = {"record_dir": str(self.rec), "job_id": "7", "launcher": "python",
                 "tasks_per_node": 1, "submitted": 0}  # fmt: skip
         ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
@@ -179,3 +180,19 @@ def test_a_sweep_stops_at_a_size_whose_end_is_unknown(
         sweep_run.run_sweep(job)
     assert ran == ["1x1"]
     assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.LOST, RunState.PENDING]
+
+
+def test_a_requeue_seen_while_following_is_told(tmp_path: Path, monkeypatch: Any) -> None:
+    """The follower tells a requeue it sees (the job's node may have claimed it first: the
+    record decides), beside the log's lines, and waits for it before it returns."""
+    import vmrun.notify.tell
+    from vmrun.notify.send import Notify
+    from vmrun.notify.targets import parse
+
+    told: list[dict[str, Any]] = []
+    monkeypatch.setattr(vmrun.notify.tell, "tell_end", lambda *a, **k: told.append(k))
+    log = "0: epoch 1\\n\x1dvmrun requeue attempt 1 saved its state; requeueing job 7\\n"
+    fake = Fake(tmp_path, ["RUNNING", "gone"], log=log)
+    assert fake.follow(notify=Notify((parse("json://127.0.0.1:9/x"),), ("all",))) == 0
+    assert [(k["event"], k["run_id"]) for k in told] == [("requeue", "r1")]
+    assert "attempt 1 saved its state; requeueing job 7" in fake.notes

@@ -20,19 +20,21 @@ from vmrun.ssh.quoting import plain_command
 
 def tell_end(
     conn: Connection | None, record: str, notify: Notify, out: Reporter, *, run_id: str,
-    where: str, failure: VmrunError | None = None,
+    where: str, failure: VmrunError | None = None, event: str = "",
 ) -> None:  # fmt: skip
-    """Tell run `run_id`'s end (`failure`: why it failed, as the follower saw it); `record`:
-    its record folder on `conn`'s host."""
+    """Tell run `run_id`'s end (`failure`: why it failed, as the follower saw it), or
+    another `event` it saw (`requeue`); `record`: its record folder on `conn`'s host."""
     if not notify:
         return
-    event = "fail" if failure is not None else "end"
     code = "0" if failure is None else str(getattr(failure, "exit_status", None) or "?")
+    if event:
+        code = "-"
+    event = event or ("fail" if failure is not None else "end")
     answer = _render(conn, record, event, code) if conn is not None else {}
     if not answer:  # the host could not say (no python3 there): it told nothing either
         if event not in notify.on:
             return
-        state = "failed" if failure is not None else "done"
+        state = {"fail": "failed", "end": "done", "requeue": "requeued"}.get(event, event)
         fetch = f"vmrun fetch results --run {run_id}"
         facts = {"run": run_id, "state": state, "exit": code, "where": where, "duration": "?",
                  "epochs": "?", "loss": "?", "fetch": fetch}  # fmt: skip

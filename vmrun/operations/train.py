@@ -215,6 +215,7 @@ def follow_and_tell(
     job goes on, and tells its own end)."""
     from vmrun.errors import Detached, Interrupted, VmrunError
 
+    backend.notify = notify
     try:
         code = int(backend.follow(ref, out, verbose=verbose))
     except (Detached, Interrupted):

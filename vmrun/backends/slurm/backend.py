@@ -8,6 +8,7 @@ from whichever node it runs on. Every verb is one command on the login node.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -103,6 +104,8 @@ class SlurmBackend:
         self.poll = poll
         self.unanswered_limit = unanswered_limit
         self._facts: Facts | None = None
+        self.notify: Notify | None = None  # a followed run's requeues are told too
+        self._telling: list[threading.Thread] = []
 
     # -- the cluster ------------------------------------------------------------------
 
@@ -456,7 +459,25 @@ class SlurmBackend:
             return own_script.Follower(self, ref, out).run(self.poll, self.unanswered_limit)
         from vmrun.backends.slurm.following import Follower
 
-        return Follower(self, ref, out, verbose, last).run()
+        try:
+            return Follower(self, ref, out, verbose, last).run()
+        finally:
+            for thread in self._telling:  # a requeue's message, still going out
+                thread.join(timeout=60)
+            self._telling.clear()
+
+    def on_requeue(self, ref: RunRef, out: Reporter) -> None:
+        """A requeue seen while following: told (once: the job's node may have claimed it),
+        beside the log's lines, not in their way."""
+        if self.notify:
+            from vmrun.notify.tell import tell_end
+
+            args = (self.conn, str(ref.meta["record_dir"]), self.notify, out)
+            kwargs = {"run_id": ref.run_id, "where": f"cluster {self.cluster.name}",
+                      "event": "requeue"}  # fmt: skip
+            thread = threading.Thread(target=tell_end, args=args, kwargs=kwargs, daemon=True)
+            thread.start()
+            self._telling.append(thread)
 
     def tell_end(
         self, ref: RunRef, notify: Notify | None, out: Reporter,

@@ -50,6 +50,8 @@ class _Backend(Protocol):
 
     def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None: ...
 
+    def on_requeue(self, ref: RunRef, out: Reporter) -> None: ...
+
 
 class Follower:
     def __init__(self, backend: _Backend, ref: RunRef, out: Reporter, verbose: bool, last: int = 0):
@@ -64,16 +66,19 @@ class Follower:
         self.exits: list[list[str]] = []
         self.lost = ""  # seconds without the controller's answer, when vmrun gave up
 
+    def _state(self, rest: str) -> None:
+        state = JobState.parse(rest)
+        if state is None or state == self.last:
+            return
+        self.last = state
+        if state.never_starts:
+            raise NeverStarts(state, state.never_starts)
+        if state.state == "PENDING" and state.reason:
+            self.out.info(f"job {self.job} is {state.describe()}")
+
     def on_event(self, word: str, rest: str) -> None:
         if word == "state":
-            state = JobState.parse(rest)
-            if state is None or state == self.last:
-                return
-            self.last = state
-            if state.never_starts:
-                raise NeverStarts(state, state.never_starts)
-            if state.state == "PENDING" and state.reason:
-                self.out.info(f"job {self.job} is {state.describe()}")
+            self._state(rest)
         elif word == "attempt":
             number, _, tail = rest.partition(" ")
             nodes = tail.split(" nodes ", 1)[1].split() if " nodes " in tail else []
@@ -81,6 +86,8 @@ class Follower:
             self.out.info(f"{again}job {self.job} running on {', '.join(nodes) or '?'}")
         elif word in ("requeue", "failed", "terminated", "warned"):
             self.out.info(rest)
+            if word == "requeue":
+                self.backend.on_requeue(self.ref, self.out)
         elif word == "unreachable":
             held = self.last.describe() if self.last else "submitted"
             self.out.info(
