@@ -101,12 +101,12 @@ def test_urls_map_to_what_a_host_can_post_and_show_no_secret() -> None:
 
 
 def _record(tmp_path: Path, receiver: Receiver, *, code: str = "0",
-            on: tuple[str, ...] = ("end", "fail")) -> Path:  # fmt: skip
+            on: tuple[str, ...] = ("end", "fail"), url: str = "") -> Path:  # fmt: skip
     rec = tmp_path / "rec"
     out = tmp_path / "out"
     rec.mkdir(parents=True)
     out.mkdir(parents=True)
-    notify = Notify((parse(receiver.url("127.0.0.1")),), on)
+    notify = Notify((parse(url or receiver.url("127.0.0.1")),), on)
     facts = {
         "run": "r1",
         "where": "h1",
@@ -144,6 +144,18 @@ def test_the_host_sender_tells_the_end_once(tmp_path: Path, receiver: Receiver) 
     assert rendered["send"] == "local"  # the host sent: the laptop sends only what it cannot
     assert json.loads(_sender(rec, "render").stdout)["send"] == "none"
     assert len(receiver.posts) == 1
+
+
+def test_an_ntfy_server_gets_ntfys_own_form(tmp_path: Path, receiver: Receiver) -> None:
+    """ntfy://HOST:PORT/TOPIC (a server of one's own, here a real HTTP server): the message
+    as the body, its title in ntfy's Title header, user:password as Basic auth."""
+    url = f"ntfy://me:pw@127.0.0.1:{receiver.port}/{TOKEN}"
+    rec = _record(tmp_path, receiver, code="2", url=url)
+    assert _sender(rec, "send").returncode == 0
+    (post,) = receiver.posts
+    assert post["path"] == f"/{TOKEN}" and post["headers"]["Title"] == "vmrun: run r1 failed"
+    assert post["body"].startswith("run r1 failed (exit 2) on h1")
+    assert post["headers"]["Authorization"] == "Basic bWU6cHc="
 
 
 def test_the_laptop_first_claims_and_the_host_stays_silent(tmp_path: Path,
