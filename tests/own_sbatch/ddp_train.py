@@ -40,4 +40,5 @@ if rank == 0:
     torch.save({"epoch": args.epochs, "world_size": world_size}, f"{args.out}/ckpt.tar")
     print("Training complete", flush=True)
 if world_size > 1:
+    dist.barrier()  # every rank done before any leaves: gloo aborts a rank whose peers left
     dist.destroy_process_group()
