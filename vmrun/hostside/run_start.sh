@@ -50,7 +50,7 @@ fi
 printf '%s\n' "$meta" > "$rec/run.json.tmp" && mv "$rec/run.json.tmp" "$rec/run.json"
 # the run's notifications (VMRUN_NOTIFY_CONFIG, over stdin like every value): a file only the user
 # reads, never in the run's environment; each attempt's end is told afresh
-rm -rf "$rec"/notified.*
+rm -rf "$rec"/notified.* "$rec/notify.json"
 if [ -n "${VMRUN_NOTIFY_CONFIG:-}" ]; then
   (umask 077 && printf '%s\n' "$VMRUN_NOTIFY_CONFIG" > "$rec/notify.json") || exit 125
 fi
