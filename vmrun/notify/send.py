@@ -30,6 +30,17 @@ BODY = (
 ALL = ("end", "fail", "stopped", "requeue", "autostop")
 
 
+STATES = {"end": "done", "fail": "failed", "requeue": "requeued"}
+
+
+def message(event: str, **facts: Any) -> tuple[str, str]:
+    """The title and body for a message this machine composes itself (the host's sender
+    fills the same templates from its record): unknown facts read `?`."""
+    filled = {"state": STATES.get(event, event), "exit": "?", "duration": "?", "epochs": "?",
+              "loss": "?", **{k: v for k, v in facts.items() if v is not None}}  # fmt: skip
+    return TITLE.format_map(filled), BODY.format_map(filled)
+
+
 def events(on: Sequence[str]) -> list[str]:
     """`notify_on`'s words as the events told (`all`: every one)."""
     return list(ALL) if "all" in on else [e for e in ALL if e in on]

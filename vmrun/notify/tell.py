@@ -12,7 +12,7 @@ import json
 
 from vmrun import hostside
 from vmrun.errors import VmrunError
-from vmrun.notify.send import BODY, TITLE, Notify, report, send
+from vmrun.notify.send import Notify, message, report, send
 from vmrun.reporting import Reporter
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.quoting import plain_command
@@ -34,12 +34,9 @@ def tell_end(
     if not answer:  # the host could not say (no python3 there): it told nothing either
         if event not in notify.on:
             return
-        state = {"fail": "failed", "end": "done", "requeue": "requeued"}.get(event, event)
-        fetch = f"vmrun fetch results --run {run_id}"
-        facts = {"run": run_id, "state": state, "exit": code, "where": where, "duration": "?",
-                 "epochs": "?", "loss": "?", "fetch": fetch}  # fmt: skip
-        answer = {"send": "all", "title": TITLE.format_map(facts),
-                  "body": BODY.format_map(facts), "event": event}  # fmt: skip
+        title, body = message(event, run=run_id, exit=code, where=where,
+                              fetch=f"vmrun fetch results --run {run_id}")  # fmt: skip
+        answer = {"send": "all", "title": title, "body": body, "event": event}
     how = answer.get("send", "none")
     if how == "none":
         return

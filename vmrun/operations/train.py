@@ -221,44 +221,32 @@ def follow_and_tell(
     except (Detached, Interrupted):
         raise
     except VmrunError as failure:
-        backend.tell_end(ref, notify, out, failure)
+        backend.tell_end(ref, out, failure)
         raise
-    backend.tell_end(ref, notify, out)
+    backend.tell_end(ref, out)
     return code
 
 
 def _tell_local(settings: Settings, rid: str, code: int, project: Any, out: Reporter) -> None:
     """A run on this machine told from here (nothing else could tell it)."""
-    import json
     import socket
 
-    from vmrun.notify.send import BODY, TITLE, Notify, report, send
+    from vmrun.notify.send import Notify, message, report, send
+    from vmrun.results.history import read_metrics
 
     notify = Notify.from_settings(settings.notify, settings.notify_on)
     event = "end" if code == 0 else "fail"
     if event not in notify.on:
         return
-    folder = project / "results" / rid
-    last: dict[str, Any] = {}
-    lines = (
-        (folder / "metrics.jsonl").read_text().splitlines()
-        if (folder / "metrics.jsonl").exists()
-        else []
-    )
-    for line in reversed(lines):
-        try:
-            last = json.loads(line)
-            break
-        except ValueError:
-            continue
+    metrics = project / "results" / rid / "metrics.jsonl"
+    epochs = read_metrics(metrics) if metrics.exists() else ()
+    last = epochs[-1] if epochs else {}
     loss = last.get("loss")
-    shown = f"{loss:.4g}" if isinstance(loss, float) else "?"
-    facts = {"run": rid, "state": "done" if code == 0 else "failed", "exit": code,
-             "where": f"{socket.gethostname()} (--local)", "duration": "?",
-             "epochs": last.get("epoch", "?"), "loss": shown,
-             "fetch": f"results/{rid}/ here"}  # fmt: skip
-    sent = send(notify.targets, TITLE.format_map(facts), BODY.format_map(facts), event)
-    report(sent, out, event)
+    title, body = message(event, run=rid, exit=code, where=f"{socket.gethostname()} (--local)",
+                          epochs=int(last["epoch"]) if "epoch" in last else None,
+                          loss=f"{loss:.4g}" if loss is not None else None,
+                          fetch=f"results/{rid}/ here")  # fmt: skip
+    report(send(notify.targets, title, body, event), out, event)
 
 
 def _dry_run(backend: Any, plan: Plan) -> DryRun:

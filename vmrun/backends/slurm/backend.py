@@ -466,29 +466,28 @@ class SlurmBackend:
                 thread.join(timeout=60)
             self._telling.clear()
 
+    def tell_end(self, ref: RunRef, out: Reporter, failure: VmrunError | None = None) -> None:
+        """A followed run's end to `self.notify`'s targets (its record claims it)."""
+        self._tell(ref, out, failure=failure)
+
     def on_requeue(self, ref: RunRef, out: Reporter) -> None:
         """A requeue seen while following: told (once: the job's node may have claimed it),
         beside the log's lines, not in their way."""
         if self.notify:
-            from vmrun.notify.tell import tell_end
-
-            args = (self.conn, str(ref.meta["record_dir"]), self.notify, out)
-            kwargs = {"run_id": ref.run_id, "where": f"cluster {self.cluster.name}",
-                      "event": "requeue"}  # fmt: skip
-            thread = threading.Thread(target=tell_end, args=args, kwargs=kwargs, daemon=True)
+            thread = threading.Thread(target=self._tell, args=(ref, out), daemon=True,
+                                      kwargs={"event": "requeue"})  # fmt: skip
             thread.start()
             self._telling.append(thread)
 
-    def tell_end(
-        self, ref: RunRef, notify: Notify | None, out: Reporter,
-        failure: VmrunError | None = None,
-    ) -> None:  # fmt: skip
-        """A followed run's end to its notification targets (its record claims it)."""
-        if notify:
+    def _tell(
+        self, ref: RunRef, out: Reporter, *, failure: VmrunError | None = None, event: str = ""
+    ) -> None:
+        if self.notify:
             from vmrun.notify.tell import tell_end
 
-            tell_end(self.conn, str(ref.meta["record_dir"]), notify, out, run_id=ref.run_id,
-                     where=f"cluster {self.cluster.name}", failure=failure)  # fmt: skip
+            tell_end(self.conn, str(ref.meta["record_dir"]), self.notify, out,
+                     run_id=ref.run_id, where=f"cluster {self.cluster.name}", failure=failure,
+                     event=event)  # fmt: skip
 
     # -- stopping ---------------------------------------------------------------------
 

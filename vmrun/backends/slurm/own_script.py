@@ -94,9 +94,10 @@ def prepare(
     defaults = {"--partition": cluster.partition, "--account": cluster.account,
                 "--qos": cluster.qos}  # fmt: skip
     fill = batchfile.filled(batch.options, defaults)
-    own = batchfile.parse_words(list(cluster.sbatch_args))
-    fill += [w for (k, _), w in zip(own.pairs, cluster.sbatch_args, strict=False)
-             if k not in batch.options]  # fmt: skip
+    for word in cluster.sbatch_args:  # one option each (vmrun.toml's check)
+        pairs = batchfile.parse_words([word]).pairs
+        if pairs and pairs[0][0] not in batch.options:
+            fill.append(word)
     options = batchfile.parse_words(fill) + batch.options
     batch = batchfile.BatchFile(batch.path, batch.relative, options)
     sbatch = [*given, *fill, f"./{batch.relative}", *args]
