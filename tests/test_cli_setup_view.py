@@ -113,3 +113,24 @@ def test_the_watch_shows_a_cluster_as_plain_lines_and_hosts_through_their_status
         ("h2", "connecting"),
     ]
     assert capsys.readouterr().out == "[h1] done\n"
+
+
+def test_64_hosts_in_a_short_terminal_show_failures_and_slowest_steps_first() -> None:
+    """More hosts than lines: the view keeps to the room it has (it never scrolls, so it
+    never flickers), failed hosts first, then the longest steps, and counts the rest."""
+    clock = Clock(0.0)
+    labels = [f"h{i:02d}" for i in range(64)]
+    status = _Status(labels, live=True, clock=clock)
+    for i, label in enumerate(labels):
+        clock.now = float(i)
+        status.event(label, "done" if i < 40 else "torch: applying")
+    clock.now = 100.0
+    status.event("h50", "failed")
+    status.event("h62", "failed")
+    shown, summary = status.visible(12)
+    assert len(shown) == 10
+    assert [r[0] for r in shown[:2]] == ["h50", "h62"]
+    assert [r[0] for r in shown[2:5]] == ["h40", "h41", "h42"]  # on their step longest
+    assert summary is not None and summary.startswith("64 hosts: 2 failed, 22 working, 40 done")
+    assert "54 not shown" in summary
+    assert status.visible(70) == (status.rows(), None)  # room for all: every host, in order

@@ -66,6 +66,18 @@ FIELDS: dict[str, Field] = {
             "seconds to wait for TCP connect, SSH handshake and authentication",
         ),
         Field(
+            "parallel",
+            _positive_int,
+            lambda env: 64,
+            "hosts worked on at once; the rest wait their turn (connections and commands)",
+        ),
+        Field(
+            "jump_handshakes",
+            _positive_int,
+            lambda env: 8,
+            "SSH handshakes at once through one jump host (below sshd's MaxStartups, 10)",
+        ),
+        Field(
             "keepalive_interval",
             _positive_float,
             lambda env: 5.0,
@@ -131,6 +143,8 @@ class Settings:
     """Resolved settings plus, for each, the layer it came from."""
 
     connect_timeout: float
+    parallel: int
+    jump_handshakes: int
     keepalive_interval: float
     keepalive_count_max: int
     accept_new_host_key: bool

@@ -283,6 +283,11 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "run-not-found", "no run with that id (or no run at all) where vmrun looked"),
     (UsageError, "cluster-not-found", "`-C NAME` names no [[clusters]] table"),
     (UsageError, "group-not-found", "`-H @group` names a group no host in vmrun.toml is in"),
+    (
+        UnreachableError,
+        "handshake-refused",
+        "the host's sshd kept dropping handshakes unanswered (MaxStartups)",
+    ),
     (UsageError, "no-hosts", "no host was given and vmrun.toml records none"),
     (UsageError, "host-busy", "a run is already alive on the host (see --allow-concurrent)"),
     (UsageError, "run-still-running", "`--resume` of a run that still runs on every node"),

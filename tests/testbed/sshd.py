@@ -64,14 +64,15 @@ def write_config(
 ) -> None:
     """Write an sshd_config (mode 0600): ``extra`` lines first, so they win.
 
-    sshd keeps the first value it reads for a keyword, so ``extra`` overrides both
-    the host's ``settings`` and COMMON_SETTINGS.
+    sshd keeps the first value it reads for most keywords, so ``extra`` overrides both
+    the host's ``settings`` and COMMON_SETTINGS; a few (MaxStartups) keep the last, so a
+    keyword ``extra`` sets is also left out of the rest.
     """
+    given = {ln.split()[0].lower() for ln in extra.splitlines() if ln.strip()}
     lines = [
         *(f"ListenAddress {a}" for a in listen),
         *(f"HostKey {k}" for k in host_keys),
-        *settings,
-        *COMMON_SETTINGS,
+        *(ln for ln in [*settings, *COMMON_SETTINGS] if ln.split()[0].lower() not in given),
     ]
     text = "\n".join(lines) + "\n"
     if extra:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
 from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.ssh.inventory import select_hosts
@@ -64,7 +65,9 @@ def register(app: typer.Typer) -> None:
             from vmrun.setting_types import period_seconds
 
             period_seconds(period, what="PERIOD")
-        settings = settings_from(connect_timeout, accept_new_host_key, autostop=period)
+        settings = settings_from(
+            connect_timeout, accept_new_host_key, parallel=parallel, autostop=period
+        )
         entries = select_hosts(host, settings)
         if status:
             return _status(entries, settings)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
 
 _COLOURS = {"ok": "32", "warn": "33", "fail": "31", "skip": "2"}
 
@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import use_colour
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.doctor import Check, diagnose
         from vmrun.ssh.inventory import select_hosts
 
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         entries = select_hosts(host, settings)
         colour = use_colour(sys.stdout)
         width = max(len(e.label) for e in entries) * 2 + 4

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
 
 
 def register(app: typer.Typer) -> None:
@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import PrefixedWriter, error_line, report
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.ssh.envvars import parse_env
         from vmrun.ssh.inventory import select_hosts
 
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         entries = select_hosts(host, settings)
         env_map = parse_env(env)
         labels = [e.label for e in entries]

@@ -15,6 +15,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     refuse_with_cluster,
     settings_from,
 )
@@ -100,6 +101,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         cluster: ClusterName = None,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.operations.fetch import FetchJob
@@ -118,7 +120,7 @@ def register(app: typer.Typer) -> None:
             watch=watch,
             interval=interval,
             bwlimit=parse_rate(bwlimit),
-            settings=settings_from(connect_timeout, accept_new_host_key),
+            settings=settings_from(connect_timeout, accept_new_host_key, parallel=parallel),
             cluster=cluster,
         )
         return run_fetch(job)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, settings_from
+from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
 
 
 def register(app: typer.Typer) -> None:
@@ -15,12 +15,13 @@ def register(app: typer.Typer) -> None:
         host: Hosts = None,
         check: Annotated[bool, typer.Option("--check", help="Connect and run `true`.")] = False,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import report
         from vmrun.ssh.inventory import select_hosts
 
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         entries = select_hosts(host, settings)
         if not check:
             for entry in entries:

@@ -18,6 +18,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     refuse_with_cluster,
     settings_from,
 )
@@ -55,6 +56,7 @@ def register(app: typer.Typer) -> None:
         host: Hosts = None,
         cluster: ClusterName = None,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.operations.logs import run_log
@@ -62,7 +64,7 @@ def register(app: typer.Typer) -> None:
         if lines < 0:
             raise UsageError(f"--lines must be >= 0, got {lines}")
         refuse_with_cluster(cluster, host)
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         with run_log(settings, run, hosts=host, cluster=cluster, nodes=node or ()) as log:
             return _show(log, follow, lines, verbose)
 

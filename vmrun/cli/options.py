@@ -31,6 +31,15 @@ ConnectTimeout = Annotated[
         help="Give up connecting after this long [default: 10].",
     ),
 ]
+Parallel = Annotated[
+    int | None,
+    typer.Option(
+        "--parallel",
+        metavar="N",
+        min=1,
+        help="Work on at most N hosts at once; the rest wait their turn [default: 64].",
+    ),
+]
 AcceptNewHostKey = Annotated[
     bool | None,
     typer.Option(

@@ -15,6 +15,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     settings_from,
 )
 
@@ -75,6 +76,7 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--json", help="One JSON object on stdout: per host, what moved.")
         ] = False,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.fetch_cmd import parse_rate
@@ -83,7 +85,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.operations.push import PushJob, push
 
         job = PushJob(
-            settings=settings_from(connect_timeout, accept_new_host_key),
+            settings=settings_from(connect_timeout, accept_new_host_key, parallel=parallel),
             paths=paths,
             to=to,
             hosts=host,

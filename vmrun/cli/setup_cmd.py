@@ -13,6 +13,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     refuse_with_cluster,
     settings_from,
 )
@@ -174,6 +175,7 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--show-playbook", help="Print the playbook and exit.")
         ] = False,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import TERMINAL
@@ -199,7 +201,9 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
         if autostop:
             period_seconds(autostop, what="--autostop")
-        settings = settings_from(connect_timeout, accept_new_host_key, autostop=autostop)
+        settings = settings_from(
+            connect_timeout, accept_new_host_key, parallel=parallel, autostop=autostop
+        )
         request = SetupRequest(
             playbook=playbook, extra=extra or [], env_manager=env_manager, python=python,
             python_version=python_version, env_name=env_name, torch=torch,

@@ -82,17 +82,43 @@ class _Status:
                 out.append((host, text, step, end - self.began[host]))
             return out
 
-    def render(self) -> Any:
+    def render(self, room: int | None = None) -> Any:
+        """The table; with more hosts than `room` lines, the ones worth a look (failed first,
+        then the slowest steps; done hosts last) and a line counting the rest."""
+        from rich.console import Group
         from rich.table import Table
 
+        shown, summary = self.visible(room)
         table = Table(show_header=True, header_style="bold", box=None)
         table.add_column("host")
         table.add_column("now")
         table.add_column("step", justify="right")
         table.add_column("total", justify="right")
-        for host, text, step, total in self.rows():
+        for host, text, step, total in shown:
             table.add_row(host, text, "" if text in self.FINAL else _secs(step), _secs(total))
-        return table
+        return table if summary is None else Group(summary, table)
+
+    def visible(self, room: int | None) -> tuple[list[tuple[str, str, float, float]], str | None]:
+        """The rows that fit in `room` lines (a header and a summary line included), and
+        the summary (None when every host fits)."""
+        rows = self.rows()
+        if room is None or len(rows) + 1 <= room:
+            return rows, None
+
+        def rank(row: tuple[str, str, float, float]) -> tuple[int, float]:
+            text = row[1]
+            return (0 if text == "failed" else 2 if text == "done" else 1, -row[2])
+
+        shown = sorted(rows, key=rank)[: max(1, room - 2)]
+        done = sum(1 for r in rows if r[1] == "done")
+        failed = sum(1 for r in rows if r[1] == "failed")
+        working = len(rows) - done - failed
+        hidden = len(rows) - len(shown)
+        summary = (
+            f"{len(rows)} hosts: {failed} failed, {working} working, {done} done"
+            f" ({hidden} not shown: the longest steps and failures come first)"
+        )
+        return shown, summary
 
 
 def _secs(seconds: float) -> str:
@@ -133,12 +159,16 @@ def _live_table(status: _Status) -> Iterator[None]:
     """A live table of every host's steps, redrawn four times a second while it lasts."""
     from rich.live import Live
 
+    def room() -> int:
+        return max(4, live.console.size.height - 2)  # a 64-host table never scrolls away
+
     with Live(status.render(), refresh_per_second=4, transient=True) as live:
+        live.update(status.render(room()))
         stop = threading.Event()
 
         def refresh() -> None:
             while not stop.wait(0.25):
-                live.update(status.render())
+                live.update(status.render(room()))
 
         ticker = threading.Thread(target=refresh, daemon=True)
         ticker.start()

@@ -14,6 +14,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     refuse_with_cluster,
     settings_from,
 )
@@ -50,6 +51,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import TERMINAL, report
@@ -58,7 +60,7 @@ def register(app: typer.Typer) -> None:
         if last < 0:
             raise UsageError(f"--last must be >= 0, got {last}")
         refuse_with_cluster(cluster, host)
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         found = gather(settings, hosts=host, cluster=cluster, watchdog=not as_json, out=TERMINAL)
         records, errors, autostop = found.records, found.errors, found.autostop
         hidden = 0

@@ -11,6 +11,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     refuse_with_cluster,
     settings_from,
 )
@@ -34,13 +35,14 @@ def register(app: typer.Typer) -> None:
         host: Hosts = None,
         cluster: ClusterName = None,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.output import TERMINAL
         from vmrun.operations.stop import stop
 
         refuse_with_cluster(cluster, host)
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         return render(stop(settings, run, hosts=host, cluster=cluster, grace=grace, out=TERMINAL))
 
 

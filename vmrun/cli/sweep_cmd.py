@@ -15,6 +15,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     settings_from,
     slurm_options,
     with_group,
@@ -91,6 +92,7 @@ def register(app: typer.Typer) -> None:
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
         slurm: dict[str, Any] | None = None,
     ) -> int:
@@ -108,7 +110,7 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         run = RunOptions(script=script, epochs=epochs, save_every=save_every, task=task, name=name,
                          image=image, mounts=mount)  # fmt: skip
-        told = {"notify": notify, "notify_on": notify_on}
+        told = {"notify": notify, "notify_on": notify_on, "parallel": parallel}
         done = sweep(
             run, grid, settings_from(connect_timeout, accept_new_host_key, **told), resume=resume,
             local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),

@@ -30,6 +30,7 @@ from vmrun.cli.options import (
     ConnectTimeout,
     DashDashCommand,
     Hosts,
+    Parallel,
     settings_from,
     slurm_options,
     with_group,
@@ -173,6 +174,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
         slurm: dict[str, Any] | None = None,
     ) -> int:
@@ -192,7 +194,7 @@ def register(app: typer.Typer) -> None:
             down_after_run=down_after_run,
         )  # fmt: skip
         told = {"notify": notify, "notify_on": notify_on}
-        settings = settings_from(connect_timeout, accept_new_host_key, **told)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel, **told)
         done = train(
             run, settings,
             local=local, hosts=hosts, resume=resume, cluster=cluster,

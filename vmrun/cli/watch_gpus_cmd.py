@@ -22,6 +22,7 @@ from vmrun.cli.options import (
     ClusterName,
     ConnectTimeout,
     Hosts,
+    Parallel,
     refuse_with_cluster,
     settings_from,
 )
@@ -87,6 +88,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--job", metavar="ID", help="With -C: only the nodes of this job."),
         ] = None,
         connect_timeout: ConnectTimeout = None,
+        parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         if not interval >= 0.1:
@@ -100,7 +102,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--run and --job pick jobs on a cluster: add -C NAME")
         if run and job:
             raise UsageError("--run and --job both pick the job: use one")
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         view = _View(interval, once, json_out, idle_threshold, idle_window)
         from vmrun.cli.output import TERMINAL
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +33,7 @@ from vmrun.errors import (
 from vmrun.ssh.channel import Channels
 from vmrun.ssh.dial import Dial, tcp_connect, transport_factory
 from vmrun.ssh.hosts import HostSpec, parse_host
+from vmrun.ssh.jumps import Lease
 from vmrun.ssh.sshconfig import Target, resolve
 from vmrun.ssh.watchdog import Watchdog
 
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
     import paramiko
 
 _MAX_JUMPS = 8
+_REFUSED_TRIES = 8  # a handshake sshd dropped unanswered (MaxStartups), tried again ...
+_REFUSED_BACKOFF_S = 0.05  # ... after 0.05, 0.1, 0.2 ... s, with jitter, within the deadline
+_BANNER_FAILED = "Error reading SSH protocol banner"
 # paramiko's words when it has no key and no agent to try: an auth problem, not a network one
 _NO_KEYS = "No authentication methods available"
 _AUTH_HINT = (
@@ -58,7 +64,7 @@ class _Link:
     client: paramiko.SSHClient
     transport: paramiko.Transport
     watchdog: Watchdog
-    jump: Connection | None
+    jump: Lease | None  # the hold on a shared jump host's connection
 
     def close(self) -> None:
         self.watchdog.stopped.set()
@@ -134,6 +140,13 @@ class Connection(Channels):
             raise _lost(self.label, link, "the connection is closed")
         return link.transport
 
+    @property
+    def broken(self) -> bool:
+        """Opened once and lost since (a jump host's connection is then dialed anew)."""
+        with self._lock:
+            link = self._link
+        return link is not None and not link.transport.is_active()
+
     def _lost_error(self, doing: str) -> ConnectionLostError:
         with self._lock:
             link = self._link
@@ -159,36 +172,55 @@ class Connection(Channels):
 
     def _connect(self, dial: Dial) -> _Link:
         """Open the link within ONE connect_timeout for DNS, TCP, banner, key exchange and
-        login together: a timer aborts the dial when it passes, whatever phase it is in."""
+        login together: a timer aborts the dial when it passes, whatever phase it is in.
+        Waiting for a turn behind other handshakes through the same jump host is not counted;
+        a handshake the host's sshd dropped before saying a word (past its MaxStartups) is
+        tried again with backoff, within the same time."""
         settings = self.settings
-        deadline = time.monotonic() + settings.connect_timeout
-        timer = threading.Timer(settings.connect_timeout, dial.abort, args=("timed out",))
-        timer.daemon = True
-        timer.start()
+        clock = _Clock(settings.connect_timeout, lambda: dial.abort("timed out"))
         try:
             target = self.target = resolve(self.spec, settings.ssh_config)
-            sock, jump = self._open_socket(target, settings.connect_timeout, dial)
-            dial.ssh_started = True
-            dial.hold(sock)
-            try:
-                client = self._handshake(target, sock, dial, deadline)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    sock.close()
-                if jump is not None:
-                    jump.close()
-                raise
+            client, jump = self._dial_until_answered(target, dial, clock)
         except BaseException as exc:
             if dial.aborted is None or (not dial.ssh_started and dial.aborted != "closed"):
                 raise  # DNS and TCP say their own timeouts
             raise self._dial_error(dial, exc) from None
         finally:
-            timer.cancel()
+            clock.cancel()
         transport = client.get_transport()
         assert transport is not None
         watchdog = Watchdog(transport, settings.keepalive_interval, settings.keepalive_count_max)
         watchdog.start()
         return _Link(client, transport, watchdog, jump)
+
+    def _dial_until_answered(
+        self, target: Target, dial: Dial, clock: _Clock
+    ) -> tuple[paramiko.SSHClient, Lease | None]:
+        for attempt in range(_REFUSED_TRIES):
+            first = self.settings.connect_timeout  # (what the messages say)
+            sock, jump = self._open_socket(target, clock.left() if attempt else first, dial)
+            dial.ssh_started = True
+            dial.hold(sock)
+            try:
+                if jump is not None:
+                    clock.pause()
+                    if not jump.take_turn(lambda: dial.aborted is not None):
+                        raise EOFError("closed while waiting for a turn")
+                    clock.run()
+                client = self._handshake(target, sock, dial, clock.deadline())
+                return client, jump
+            except _Refused as refused:
+                _close_quietly(sock, jump)
+                if attempt + 1 == _REFUSED_TRIES:
+                    raise refused.error from None
+                _backoff(attempt, dial)
+            except BaseException:
+                _close_quietly(sock, jump)
+                raise
+            finally:
+                if jump is not None:
+                    jump.end_turn()
+        raise AssertionError("unreachable")
 
     def _dial_error(self, dial: Dial, exc: BaseException | None) -> VmrunError:
         """Why an aborted dial failed: closed meanwhile, or out of time."""
@@ -209,16 +241,22 @@ class Connection(Channels):
         the rest unless accept-new is on; also the files it read (for the messages)."""
         import paramiko
 
-        from vmrun.ssh.hostkeys import make_policy
+        from vmrun.ssh.hostkeys import known_keys, make_policy
 
         settings = self.settings
         client = paramiko.SSHClient()
         known_files = [p for p in (*target.known_hosts_files, settings.known_hosts) if p.is_file()]
+        name = target.host_key_name
+        known = client.get_host_keys()  # only this host's keys: checked as the files' would be
         for path in known_files:
             try:
-                client.load_system_host_keys(str(path))
+                found = known_keys(path, name)
             except OSError as exc:
                 raise HostKeyError(f"cannot read {path}: {exc.strerror}", host=self.label) from None
+            have: Any = known.lookup(name) or {}
+            for keytype, key in found.items():
+                if keytype not in have:  # the first file's wins
+                    known.add(name, keytype, key)
         client.set_missing_host_key_policy(
             make_policy(
                 label=self.label,
@@ -284,6 +322,17 @@ class Connection(Channels):
             )
         if isinstance(exc, paramiko.SSHException) and str(exc) == _NO_KEYS:
             return self._no_key_error(target)
+        if _dropped_unanswered(exc):
+            return _Refused(
+                UnreachableError(
+                    f"sshd at {target.hostname} port {target.port} closed {_REFUSED_TRIES}"
+                    " connections before its banner (too many handshakes at once: MaxStartups)",
+                    host=self.label,
+                    hint="lower --parallel (or jump_handshakes), or raise MaxStartups in the"
+                    " host's sshd_config",
+                    code="handshake-refused",
+                )
+            )
         if isinstance(exc, (paramiko.SSHException, EOFError, OSError)):
             return UnreachableError(
                 f"SSH handshake with {target.hostname} port {target.port} failed: "
@@ -311,10 +360,8 @@ class Connection(Channels):
             hint=_AUTH_HINT,
         )
 
-    def _open_socket(
-        self, target: Target, timeout: float, dial: Dial
-    ) -> tuple[Any, Connection | None]:
-        """A byte stream to the host's sshd, and the jump host's connection if it needs one."""
+    def _open_socket(self, target: Target, timeout: float, dial: Dial) -> tuple[Any, Lease | None]:
+        """A byte stream to the host's sshd, and the hold on its jump host's connection."""
         jumps = self._via if self._via is not None else target.proxy_jump
         if jumps:
             dial.ssh_started = True  # the jump host's own dial says its DNS and TCP errors
@@ -332,22 +379,33 @@ class Connection(Channels):
 
     def _open_via_jump(
         self, jumps: tuple[HostSpec, ...], target: Target, timeout: float, dial: Dial
-    ) -> tuple[Any, Connection]:
-        """ProxyJump: a direct-tcpip channel through the last jump host.
+    ) -> tuple[Any, Lease]:
+        """ProxyJump: a direct-tcpip channel through the last jump host, whose connection
+        every host reached through it shares (vmrun.ssh.jumps).
 
         `a,b,c` means: reach c through b through a, so c's own connection gets `via=(a, b)`.
         """
         import paramiko
+
+        from vmrun.ssh import jumps as shared
 
         if self._depth >= _MAX_JUMPS:
             raise UsageError(
                 f"ProxyJump chain longer than {_MAX_JUMPS} hops (a loop?)", host=self.label
             )
         *earlier, last = jumps
-        jump = Connection(last, self.settings, via=tuple(earlier) or None, _depth=self._depth + 1)
+        via = tuple(earlier) or None
+        settings = self.settings
+        jump = shared.lease(
+            (last, via, id(settings), self._depth),
+            settings.jump_handshakes,
+            lambda: Connection(last, settings, via=via, _depth=self._depth + 1),
+        )
         dial.hold(jump)
+        conn = jump.conn
+        assert isinstance(conn, Connection)
         try:
-            transport = jump.transport
+            transport = conn.transport
         except VmrunError as exc:
             jump.close()
             raise type(exc)(
@@ -365,9 +423,79 @@ class Connection(Channels):
                 host=self.label,
                 hint="check HostName/Port as the jump host sees them",
             ) from None
-        except paramiko.SSHException as exc:
+        except (paramiko.SSHException, EOFError, OSError) as exc:
             jump.close()
             raise UnreachableError(f"jump host {last.label}: {exc}", host=self.label) from None
+
+
+class _Refused(Exception):
+    """A handshake the host's sshd dropped before its banner; `error` if it stays so."""
+
+    def __init__(self, error: UnreachableError):
+        super().__init__(error.message)
+        self.error = error
+
+
+def _dropped_unanswered(exc: BaseException) -> bool:
+    """sshd past MaxStartups accepts and closes at once: the banner read meets EOF or a
+    reset, not a timeout."""
+    import paramiko
+
+    return (
+        isinstance(exc, paramiko.SSHException)
+        and str(exc).startswith(_BANNER_FAILED)
+        and isinstance(exc.__context__, (EOFError, ConnectionResetError))
+    )
+
+
+def _backoff(attempt: int, dial: Dial) -> None:
+    """Sleep before another try (0.05 s doubling, jittered), cut short if the dial ends."""
+    pause = _REFUSED_BACKOFF_S * (2**attempt) * random.uniform(0.5, 1.5)
+    end = time.monotonic() + pause
+    while dial.aborted is None and time.monotonic() < end:
+        time.sleep(min(0.05, end - time.monotonic()))
+    if dial.aborted is not None:
+        raise EOFError("the dial ended while waiting to try again")
+
+
+def _close_quietly(sock: Any, jump: Lease | None) -> None:
+    with contextlib.suppress(Exception):
+        sock.close()
+    if jump is not None:
+        jump.close()
+
+
+class _Clock:
+    """connect_timeout as a budget: a timer calls `expire` once it is spent. `pause` stops
+    spending it (waiting for a turn is not the host's slowness), `run` goes on."""
+
+    def __init__(self, seconds: float, expire: Callable[[], None]):
+        self._left = seconds
+        self._expire = expire
+        self._since = 0.0
+        self._timer: threading.Timer | None = None
+        self.run()
+
+    def run(self) -> None:
+        self._since = time.monotonic()
+        self._timer = threading.Timer(max(0.0, self._left), self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def pause(self) -> None:
+        self.cancel()
+        self._left -= time.monotonic() - self._since
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def left(self) -> float:
+        return max(0.05, self._since + self._left - time.monotonic())
+
+    def deadline(self) -> float:
+        return self._since + self._left
 
 
 def _lost(label: str, link: _Link | None, doing: str) -> ConnectionLostError:

@@ -28,6 +28,7 @@ _PREFERRED_CIPHERS = (
     "aes256-ctr",
 )
 WINDOW_SIZE = 16 * 1024 * 1024
+IDLE_CHECK_S = 1.0  # how often an idle transport's thread wakes (paramiko's own: 0.1 s)
 
 
 class Dial:
@@ -82,15 +83,30 @@ def _shut(part: Any) -> None:
 
 
 def transport_factory(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """A transport that prefers AES-GCM (AES-NI makes it 1.4-1.6x faster than chacha20)."""
-    import paramiko
-
-    transport = paramiko.Transport(sock, default_window_size=WINDOW_SIZE, **kwargs)
+    """A transport that prefers AES-GCM (AES-NI makes it 1.4-1.6x faster than chacha20),
+    and whose thread, idle, wakes once a second rather than ten times: 256 open connections
+    waking 2,560 times a second starved the handshakes still under way of the GIL (every
+    one past the 10 s connect deadline)."""
+    transport = _transport_class()(sock, default_window_size=WINDOW_SIZE, **kwargs)
     opts = transport.get_security_options()
     available = list(opts.ciphers)
     first = [c for c in _PREFERRED_CIPHERS if c in available]
     opts.ciphers = first + [c for c in available if c not in first]
     return transport
+
+
+_classes: dict[str, type] = {}
+
+
+def _transport_class() -> type[paramiko.Transport]:
+    if "transport" not in _classes:
+        import paramiko
+
+        class Transport(paramiko.Transport):
+            _active_check_timeout = IDLE_CHECK_S
+
+        _classes["transport"] = Transport
+    return _classes["transport"]
 
 
 def _resolve_address(host: str, port: int, timeout: float, label: str) -> list[Any]:

@@ -6,6 +6,7 @@ decide (usually `raise_for_failures`) how to report them.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -45,18 +46,27 @@ class Group:
         }
 
     def map(
-        self, fn: Callable[[HostEntry, Connection], T], only: Collection[str] | None = None
+        self,
+        fn: Callable[[HostEntry, Connection], T],
+        only: Collection[str] | None = None,
+        *,
+        at_once: int | None = None,
     ) -> list[Outcome[T]]:
-        """Run fn(entry, connection) on every host (or those labelled in `only`) concurrently;
-        outcomes in host order.
+        """Run fn(entry, connection) on every host (or those labelled in `only`), at most
+        `at_once` (default: the `parallel` setting) at a time, taken in host order; outcomes
+        in host order. A host that hangs holds one place until its own deadline, never the
+        others'.
 
         Ctrl-C closes every connection (which stops the remote commands) and raises
-        Interrupted.
+        Interrupted; hosts not started by then are not started.
         """
         outcomes: dict[str, Outcome[T]] = {}
         lock = threading.Lock()
+        chosen = [e for e in self.entries if only is None or e.label in only]
+        waiting = collections.deque(chosen)
+        stopped = threading.Event()
 
-        def work(entry: HostEntry) -> None:
+        def one(entry: HostEntry) -> None:
             started = time.monotonic()
             value: T | None = None
             error: BaseException | None = None
@@ -69,11 +79,17 @@ class Group:
                     entry.label, value, error, time.monotonic() - started
                 )
 
-        chosen = [e for e in self.entries if only is None or e.label in only]
-        threads = [
-            threading.Thread(target=work, args=(e,), daemon=True, name=f"vmrun-{e.label}")
-            for e in chosen
-        ]
+        def worker() -> None:
+            while not stopped.is_set():
+                with lock:
+                    if not waiting:
+                        return
+                    entry = waiting.popleft()
+                threading.current_thread().name = f"vmrun-{entry.label}"
+                one(entry)
+
+        width = max(1, min(at_once or self.settings.parallel, len(chosen)))
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(width)]
         for thread in threads:
             thread.start()
         try:
@@ -81,6 +97,7 @@ class Group:
                 while thread.is_alive():
                     thread.join(0.2)
         except KeyboardInterrupt:
+            stopped.set()
             self.close()
             _settle(threads, _SETTLE_S)
             raise Interrupted(

@@ -1,0 +1,165 @@
+"""Fan-out's own decisions, without sshd: how many hosts at once, handshakes an sshd dropped
+past its MaxStartups tried again, and shared jump connections let go by their last holder."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vmrun.config import Settings, load_settings
+from vmrun.errors import UnreachableError, code_of
+from vmrun.ssh import connection as connection_module
+from vmrun.ssh import jumps
+from vmrun.ssh.connection import Connection
+from vmrun.ssh.group import Group
+from vmrun.ssh.hosts import parse_host
+from vmrun.ssh.inventory import HostEntry
+
+
+def _settings(tmp_path: Path, **flags: object) -> Settings:
+    return load_settings(flags, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+
+
+def test_map_works_on_at_most_parallel_hosts_at_once_in_host_order(tmp_path: Path) -> None:
+    entries = [HostEntry(parse_host(f"u@host{i}")) for i in range(12)]
+    busy, peak, lock = [0], [0], threading.Lock()
+    started: list[str] = []
+
+    def work(entry: HostEntry, conn: object) -> str:
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+            started.append(entry.label)
+        time.sleep(0.02)
+        with lock:
+            busy[0] -= 1
+        return entry.label
+
+    with Group(entries, _settings(tmp_path, parallel=3)) as group:
+        outcomes = group.map(work)
+        assert peak[0] == 3
+        assert [o.value for o in outcomes] == [e.label for e in entries]
+        assert started[:3] == [e.label for e in entries[:3]]  # taken in host order
+        peak[0] = 0
+        group.map(work, at_once=5)
+        assert peak[0] == 5
+
+
+def test_a_hanging_host_holds_only_its_own_place(tmp_path: Path) -> None:
+    """With 2 at a time, one host stuck for 0.25 s: the other 9 go through the other place."""
+    entries = [HostEntry(parse_host(f"u@host{i}")) for i in range(10)]
+    done_at: dict[str, float] = {}
+    began = time.monotonic()
+
+    def work(entry: HostEntry, conn: object) -> None:
+        time.sleep(0.25 if entry.label == "u@host0" else 0.01)
+        done_at[entry.label] = time.monotonic() - began
+
+    with Group(entries, _settings(tmp_path, parallel=2)) as group:
+        group.map(work)
+    others = [t for label, t in done_at.items() if label != "u@host0"]
+    assert max(others) < done_at["u@host0"]
+
+
+@pytest.fixture
+def dropping_server() -> Iterator[tuple[int, list[int], threading.Event]]:
+    """127.0.0.1:PORT answering as sshd past MaxStartups does ("Exceeded MaxStartups", then
+    close) to the first N connections; N is set by the test (list), and counts down."""
+    server = socket.create_server(("127.0.0.1", 0))
+    drops = [0]
+    stop = threading.Event()
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                sock, _ = server.accept()
+            except OSError:
+                return
+            if drops[0] > 0:
+                drops[0] -= 1
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"Exceeded MaxStartups\r\n")
+                sock.close()
+            else:
+                accepted.append(sock)  # then silence: a banner that never comes
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield server.getsockname()[1], drops, stop
+    finally:
+        stop.set()
+        server.close()
+        for sock in accepted:
+            sock.close()
+
+
+def test_dropped_handshakes_are_tried_again_then_named(
+    dropping_server: tuple[int, list[int], threading.Event],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dropped every time: the error says so (handshake-refused, not a dead host) after the
+    tries, well within the deadline; dropped 3 times then silent: the dial went on to a 4th
+    connection and waited there, so it ends at the deadline instead."""
+    port, drops, _ = dropping_server
+    monkeypatch.setattr(connection_module, "_REFUSED_BACKOFF_S", 0.001)
+    settings = _settings(tmp_path, connect_timeout=1, accept_new_host_key=True)
+    drops[0] = 1000
+    began = time.monotonic()
+    with pytest.raises(UnreachableError) as info:
+        Connection(f"u@127.0.0.1:{port}", settings).open()
+    assert time.monotonic() - began < 0.9  # not the deadline: the tries ran out
+    assert code_of(info.value) == "handshake-refused"
+    assert 1000 - drops[0] == connection_module._REFUSED_TRIES
+    drops[0] = 3
+    with pytest.raises(UnreachableError) as info:
+        Connection(f"u@127.0.0.1:{port}", settings).open()
+    assert drops[0] == 0
+    assert code_of(info.value) == "host-unreachable"
+
+
+class _FakeConn:
+    def __init__(self) -> None:
+        self.closed = 0
+        self.broken = False
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_shared_jump_closes_with_its_last_holder_and_turns_are_bounded() -> None:
+    made: list[_FakeConn] = []
+
+    def make() -> _FakeConn:
+        made.append(_FakeConn())
+        return made[-1]
+
+    first = jumps.lease("bastion", 2, make)
+    second = jumps.lease("bastion", 2, make)
+    assert len(made) == 1 and first.conn is second.conn
+    assert first.take_turn(lambda: False) and second.take_turn(lambda: False)
+    third = jumps.lease("bastion", 2, make)
+    waited = time.monotonic()
+    assert not third.take_turn(lambda: time.monotonic() - waited > 0.2)  # both turns taken
+    first.end_turn()
+    assert third.take_turn(lambda: False)
+    first.close()
+    first.close()  # letting go twice counts once
+    second.close()
+    assert made[0].closed == 0  # `third` still holds it
+    third.close()
+    assert made[0].closed == 1 and jumps.open_count() == 0
+    broken = jumps.lease("bastion", 2, make)
+    made[-1].broken = True
+    fresh = jumps.lease("bastion", 2, make)  # a broken one is dialed anew
+    assert fresh.conn is not broken.conn
+    broken.close()
+    fresh.close()
+    assert [c.closed for c in made] == [1, 1, 1] and jumps.open_count() == 0
