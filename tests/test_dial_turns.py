@@ -163,3 +163,42 @@ def test_a_shared_jump_closes_with_its_last_holder_and_turns_are_bounded() -> No
     broken.close()
     fresh.close()
     assert [c.closed for c in made] == [1, 1, 1] and jumps.open_count() == 0
+
+
+class _Relayed:
+    """What the engine choice reads of a connection: reached through a jump host."""
+
+    def __init__(self, fan_out: int) -> None:
+        from vmrun.ssh.sshconfig import Target
+
+        self.fan_out = fan_out
+        self.label = "b1"
+        self.settings = load_settings({}, environ={"HOME": "/nonexistent"})
+        self.target = Target(
+            label="b1", hostname="10.0.0.5", port=22, user="u", identity_files=(),
+            identities_only=False, proxy_jump=(parse_host("bastion"),), proxy_command=None,
+            known_hosts_files=(), key_host="10.0.0.5", key_port=22,
+        )  # fmt: skip
+
+    def open(self) -> _Relayed:
+        return self
+
+    def ensure_lib(self) -> None:
+        """(the engines make sure of the host-side files: nothing to do here)"""
+
+
+def test_hosts_sharing_a_jump_host_never_get_an_openssh_process_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A big transfer through a jump host: OpenSSH when the command works on that host alone
+    (it is faster there), vmrun's shared connection when it works on several (each OpenSSH
+    process would log in to the jump host again, past its MaxStartups)."""
+    from vmrun.transfer import streams
+
+    monkeypatch.setattr(streams, "measure_rtt", lambda conn: 0.001)
+    alone = streams.choose_engine(_Relayed(1), wanted="auto", nbytes=1 << 30)  # type: ignore[arg-type]
+    shared = streams.choose_engine(_Relayed(16), wanted="auto", nbytes=1 << 30)  # type: ignore[arg-type]
+    assert isinstance(alone, streams.OpenSshEngine)
+    assert isinstance(shared, streams.ParamikoEngine)
+    forced = streams.choose_engine(_Relayed(16), wanted="openssh", nbytes=1 << 30)  # type: ignore[arg-type]
+    assert isinstance(forced, streams.OpenSshEngine)  # asked for by name: as asked

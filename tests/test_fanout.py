@@ -3,10 +3,12 @@ OpenSSH's default-sized MaxStartups, and one sshd that drops handshakes past its
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import Client, errors_in, slow_fixture
@@ -159,3 +161,43 @@ def test_parallel_bounds_the_hosts_worked_on_at_once(fleet: NetnsBed, client: Cl
     busiest = max(sum(1 for b, e in spans if b <= t < e) for t, _ in spans)
     assert busiest <= 4
     assert busiest >= 2  # and it did work in parallel
+
+
+def test_check_setup_and_status_over_64_hosts_name_each_failure_once(
+    fleet: NetnsBed, client: Client, tmp_path: Path
+) -> None:
+    """`hosts --check`, `setup --json` and `status --json` over the 64: the 60 good hosts
+    answer; the 2 with a key other than the known one and the 2 refusing logins are each
+    named once, in host order, with their own code (10: host key, 11: login)."""
+    _client_for(fleet, client)
+    names = [f"h{i:02d}" for i in range(WIDE)]
+    failed = {
+        **dict.fromkeys(WRONG_KEY, "host-key-changed"),
+        **dict.fromkeys(NO_LOGIN, "auth-failed"),
+    }
+    good = [n for n in names if n not in failed]
+
+    check = client.vmrun("hosts", "--check", "-H", "@all", timeout=120)
+    assert check.returncode == 11, check.stderr
+    assert sorted(line.split()[0] for line in check.stdout.splitlines()) == good
+    said = errors_in(check.stderr)
+    assert [(msg.split(":")[0], code) for code, msg in said[:-1]] == sorted(failed.items())
+    assert said[-1] == ("hosts-failed", f"{len(failed)} of {WIDE} hosts failed")
+
+    book = tmp_path / "book.yaml"
+    book.write_text('name: tiny\nsteps:\n  - name: mark\n    apply: echo set > "$HOME/marked"\n')
+    done = client.vmrun("setup", "-H", "@all", "--playbook", str(book), "--json", "--no-record",
+                        timeout=600)  # fmt: skip
+    assert done.returncode == 11, done.stderr
+    document = json.loads(done.stdout)  # stdout is the document alone
+    assert [h["host"] for h in document["hosts"]] == names
+    assert {h["host"]: h["error"]["code"] for h in document["hosts"] if not h["ok"]} == failed
+    for item in document["hosts"]:
+        if item["ok"]:
+            assert ("mark", "ran") in [(s["name"], s["status"]) for s in item["steps"]], item
+    assert document["failed"] == len(failed)
+    assert all((fleet[n].home / "marked").exists() for n in good)
+
+    status = client.vmrun("status", "-H", "@all", "--json", timeout=120)
+    places = [o for o in json.loads(status.stdout) if o.get("error")]
+    assert sorted((o["hosts"][0], o["error"]["code"]) for o in places) == sorted(failed.items())

@@ -439,3 +439,32 @@ def test_a_host_that_stops_sending_is_marked_stale() -> None:
     console.print(render(fleet.statuses(), console, 10, interval=2))
     text = console.export_text()
     assert "? a: no new sample for 30 s" in text and "? b:" not in text
+
+
+def test_64_hosts_of_8_gpus_fit_a_terminal_one_row_a_host_news_first() -> None:
+    """512 GPUs in a 40-line terminal: one row per host, as many as fit, the hosts not
+    answering first, then the least busy; the rest counted in one line, never scrolled."""
+    from rich.console import Console
+
+    from vmrun.cli.gpus_view import render
+
+    hosts = [f"g{i:02d}" for i in range(64)]
+    fleet = Fleet(hosts, idle_threshold=10, idle_window=60)
+    now = time.time()
+    for i, host in enumerate(hosts):
+        if host == "g40":
+            fleet.update(HostSample(host, "unreachable", now, message="connection refused"))
+            continue
+        util = 3.0 if host == "g17" else 60.0 + (i % 30)
+        readings = tuple(_reading(f"{host}-{k}", util, index=k) for k in range(8))
+        fleet.update(HostSample(host, "ok", now, readings))
+    console = Console(width=120, height=40, record=True, file=io.StringIO(), color_system=None)
+    console.print(render(fleet.statuses(), console, 10, interval=2, room=40))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 40
+    rows = [line.split()[0] for line in lines[2:] if line[:1] == "g"]
+    assert rows[:2] == ["g40", "g17"]  # not answering, then the least busy
+    assert len(rows) == len(set(rows)) == 36
+    assert any(line.startswith("g17") and "8x T4" in line and "3% " in line for line in lines)
+    assert f"+ {64 - 36} more host(s) not shown (all answering; every GPU on them" in lines[-1]
+    assert len(render(fleet.statuses(), console, 10, interval=2).renderables[1].rows) == 8 * 63 + 1  # type: ignore[attr-defined]

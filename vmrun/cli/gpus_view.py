@@ -110,12 +110,13 @@ def render(
     *,
     interval: float | None,
     fit: bool = True,
+    room: int | None = None,
 ) -> RenderableType:
     """Title, one row per GPU (hosts in the order given, GPUs by index; the host's autostop
     beside its first, when a host has one), then idle alerts; `fit` ellipsizes names to the
-    console's width (a terminal), else nothing is cut."""
+    console's width (a terminal), else nothing is cut. With more GPUs than `room` lines (a
+    terminal's height), one row per host instead, the news first (`_by_host`)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     ascii_only = not console.encoding.lower().startswith("utf")
@@ -126,7 +127,10 @@ def render(
     rows: list[list[Text]] = []
     alerts: list[Text] = []
     state_width = 6  # a host's state ("disconnected") is never ellipsized: it is the news
-    for status in statuses:
+    gpu_rows = sum(max(1, len(s.gpus)) for s in statuses)
+    by_host = room is not None and gpu_rows + 2 > room
+    shown, hidden = _by_host(statuses, room) if by_host and room is not None else (statuses, [])
+    for status in shown:
         sample = status.sample
         host = Text(sample.host, style="bold")
         if sample.state != "ok":
@@ -140,23 +144,36 @@ def render(
         if interval is not None and age > max(3 * interval, 5):  # connected, yet silent
             host.stylize("dim")
             alerts.append(Text(f"? {sample.host}: no new sample for {age:.0f} s", style="yellow"))
+        if by_host:
+            rows.append(
+                [host, *_host_cells(status.gpus, spark, ascii_only), *_autostop(sample, stop)]
+            )
         for i, gpu in enumerate(sorted(status.gpus, key=lambda g: g.reading.index)):
+            if by_host:
+                _alert(alerts, sample.host, gpu, threshold)
+                continue
             cells = _gpu_cells(gpu, spark, ascii_only)
             if i == 0:
                 rows.append([host, *cells, *_autostop(sample, stop)])
             else:
                 rows.append([Text(""), *cells, *[Text("")] * stop])
-            if gpu.alert and gpu.idle_for is not None:
-                owner = next(p.run for p in gpu.processes if p.run)  # the alert needs one
-                alerts.append(
-                    Text(
-                        f"! {sample.host} GPU {gpu.reading.index}: under {threshold:g}% for"
-                        f" {gpu.idle_for:.0f} s while run {owner} holds it (data-loader"
-                        " bottleneck?)",
-                        style="bold red",
-                    )
-                )
+            _alert(alerts, sample.host, gpu, threshold)
     widths = _fit(headers, rows, console.width, state_width) if fit else _natural(headers, rows)
+    n_gpus = sum(len(s.gpus) for s in statuses)
+    when = time.strftime("%H:%M:%S", time.localtime(now))
+    every = f"every {interval:g} s" if interval is not None else "snapshot"
+    title = Text(
+        f"vmrun watch-gpus  {len(statuses)} host(s)  {n_gpus} GPU(s)  {every}  {when}",
+        style="bold",
+    )
+    if hidden:
+        alerts.insert(0, _hidden_line(hidden))
+    return Group(title, _table(headers, widths, rows), *alerts)
+
+
+def _table(headers: list[str], widths: list[int], rows: list[list[Text]]) -> RenderableType:
+    from rich.table import Table
+
     table = Table(
         box=None, collapse_padding=True, pad_edge=False, show_edge=False, header_style="bold"
     )
@@ -171,14 +188,96 @@ def render(
         )
     for row in rows:
         table.add_row(*row)
-    n_gpus = sum(len(s.gpus) for s in statuses)
-    when = time.strftime("%H:%M:%S", time.localtime(now))
-    every = f"every {interval:g} s" if interval is not None else "snapshot"
-    title = Text(
-        f"vmrun watch-gpus  {len(statuses)} host(s)  {n_gpus} GPU(s)  {every}  {when}",
-        style="bold",
+    return table
+
+
+def _hidden_line(hidden: Sequence[HostStatus]) -> Text:
+    """What the hosts left out have in common (or how many of them do not answer)."""
+    from rich.text import Text
+
+    silent = sum(1 for s in hidden if s.sample.state != "ok")
+    if silent:
+        return Text(f"+ {len(hidden)} more host(s) not shown, {silent} of them not answering",
+                    style="bold red")  # fmt: skip
+    lowest = min((u for u in map(_least_util, hidden) if u is not None), default=None)
+    busy = "" if lowest is None else f"; every GPU on them {lowest:.0f}% busy or more"
+    return Text(f"+ {len(hidden)} more host(s) not shown (all answering{busy})")
+
+
+def _alert(alerts: list[Text], host: str, gpu: GpuStatus, threshold: float) -> None:
+    from rich.text import Text
+
+    if gpu.alert and gpu.idle_for is not None:
+        owner = next(p.run for p in gpu.processes if p.run)  # the alert needs one
+        alerts.append(
+            Text(
+                f"! {host} GPU {gpu.reading.index}: under {threshold:g}% for"
+                f" {gpu.idle_for:.0f} s while run {owner} holds it (data-loader"
+                " bottleneck?)",
+                style="bold red",
+            )
+        )
+
+
+def _least_util(status: HostStatus) -> float | None:
+    values = [g.reading.utilization for g in status.gpus if g.reading.utilization is not None]
+    return min(values) if values else None
+
+
+def _by_host(
+    statuses: Sequence[HostStatus], room: int
+) -> tuple[list[HostStatus], list[HostStatus]]:
+    """Hosts as one row each, as many as `room` holds: those not answering first, then
+    those with an idle alert, then the least busy GPUs; the rest (answering, busiest) are
+    only counted."""
+
+    def news(status: HostStatus) -> tuple[int, float]:
+        if status.sample.state != "ok":
+            return (0, 0.0)
+        if any(g.alert for g in status.gpus):
+            return (1, 0.0)
+        lowest = _least_util(status)
+        return (2, lowest if lowest is not None else -1.0)
+
+    ranked = sorted(statuses, key=news)
+    fits = max(1, room - 4)  # the title, the header, the "more" line, an alert
+    if len(ranked) <= fits:
+        return ranked, []
+    return ranked[:fits], ranked[fits:]
+
+
+def _host_cells(gpus: Sequence[GpuStatus], spark: int, ascii_only: bool) -> list[Text]:
+    """A host's GPUs in one row: how many of which model, the least busy one's use (and its
+    history), memory and power summed, the hottest, the runs holding them."""
+    from rich.text import Text
+
+    if not gpus:
+        return [Text("-", style="dim"), *[Text("") for _ in range(5)]]
+    readings = [g.reading for g in gpus]
+    names = sorted({short_gpu_name(r.name) for r in readings})
+    model = Text(f"{len(readings)}x {names[0]}" + (" (mixed)" if len(names) > 1 else ""))
+    lowest = min(gpus, key=lambda g: g.reading.utilization or 0.0)
+    util = _gpu_cells(lowest, spark, ascii_only)[1]
+    util.append(" min")
+
+    def total(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    used, whole = (
+        total([r.memory_used for r in readings]),
+        total([r.memory_total for r in readings]),
     )
-    return Group(title, table, *alerts)
+    memory = Text(f"{_gib(used)}/{_gib(whole)}G")
+    temps = [r.temperature for r in readings if r.temperature is not None]
+    temp = Text(_num(max(temps) if temps else None, "C"))
+    if temps and max(temps) >= 85:
+        temp.stylize("bold red")
+    draw, limit = total([r.power_draw for r in readings]), total([r.power_limit for r in readings])
+    power = Text(f"{_num(draw)}/{_num(limit)}W")
+    runs = sorted({p.run for g in gpus for p in g.processes if p.run})
+    procs = Text(", ".join(runs) or "-", style="" if runs else "dim", no_wrap=True)
+    return [model, util, memory, temp, power, procs]
 
 
 def _autostop(sample: HostSample, shown: bool) -> list[Text]:

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import report
+        from vmrun.cli.output import error_line, report
         from vmrun.ssh.inventory import select_hosts
 
         settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
@@ -30,10 +30,13 @@ def register(app: typer.Typer) -> None:
             return 0
         from vmrun.operations.hostlist import check as check_hosts
 
-        outcomes, code = check_hosts(settings, entries)
-        for outcome in outcomes:
-            if outcome.ok:
-                typer.echo(f"{outcome.host}  ok  {outcome.duration * 1000:.0f} ms")
-            elif outcome.error is not None:
-                report(outcome.error)
+        def answered(label: str, seconds: float) -> None:
+            typer.echo(f"{label}  ok  {seconds * 1000:.0f} ms")  # as each answers
+
+        outcomes, code = check_hosts(settings, entries, answered)
+        failed = [o for o in outcomes if o.error is not None]
+        for outcome in failed:  # then the others, in host order
+            report(outcome.error)
+        if failed and len(outcomes) > 1:
+            error_line(f"{len(failed)} of {len(outcomes)} hosts failed", code="hosts-failed")
         return code

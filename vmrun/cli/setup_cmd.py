@@ -174,6 +174,13 @@ def register(app: typer.Typer) -> None:
         show_playbook: Annotated[
             bool, typer.Option("--show-playbook", help="Print the playbook and exit.")
         ] = False,
+        as_json: Annotated[
+            bool,
+            typer.Option(
+                "--json",
+                help="Each host's steps and outcome as one JSON document; progress goes to stderr.",
+            ),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
@@ -197,6 +204,11 @@ def register(app: typer.Typer) -> None:
                 "--container installs an engine on hosts (-H); a cluster's container runtime is"
                 " its admins' (container_runtime per cluster)"
             )
+        if cluster and as_json:
+            raise UsageError(
+                "--json reports hosts' steps (-H); a cluster's setup (-C) prints its env's report",
+                code="flags-conflict",
+            )
         if cluster and autostop:
             raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
         if autostop:
@@ -213,7 +225,7 @@ def register(app: typer.Typer) -> None:
             installer=installer, index_url=index_url, find_links=find_links or [],
             reboot_timeout=reboot_timeout,
         )  # fmt: skip
-        return _run(settings, request, targets, cluster, gpus_per_node, record)
+        return _run(settings, request, targets, cluster, gpus_per_node, record, as_json=as_json)
 
 
 def _run(
@@ -223,6 +235,8 @@ def _run(
     cluster: str | None,
     gpus_per_node: int,
     record: bool,
+    *,
+    as_json: bool = False,
 ) -> int:
     """One call to vmrun.operations.setup, shown; then the autostop watchdog on the hosts
     that succeeded (--autostop, or autostop in vmrun.toml), its exit code counted in."""
@@ -238,7 +252,7 @@ def _run(
             cluster=cluster,
             gpus_per_node=gpus_per_node,
             record=record,
-            watch=view.Watch(live=sys.stdout.isatty()),
+            watch=view.Watch(live=sys.stdout.isatty() and not as_json, to_stderr=as_json),
         )
     except CommandFailed as exc:  # a cluster's step failed: its last lines say why
         if not cluster:
@@ -246,9 +260,12 @@ def _run(
         return view.cluster_failed(exc)
     if cluster:
         return view.render_cluster(done)
-    code = view.render_hosts(done)
+    code = view.render_json(done) if as_json else view.render_hosts(done)
     if request.dry_run or not done.succeeded:
         return code
+    import contextlib
+
     from vmrun.cli.autostop_cmd import apply as autostop_apply
 
-    return max(code, autostop_apply(done.succeeded, settings=settings, required=False))
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        return max(code, autostop_apply(done.succeeded, settings=settings, required=False))

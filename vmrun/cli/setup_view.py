@@ -33,7 +33,14 @@ class _Status:
 
     FINAL = ("done", "failed")
 
-    def __init__(self, labels: list[str], live: bool, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        labels: list[str],
+        live: bool,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        to_stderr: bool = False,
+    ):
         self.lock = threading.Lock()
         self.clock = clock
         now = clock()
@@ -43,6 +50,7 @@ class _Status:
         self.ended: dict[str, float] = {}  # when it finished (done or failed)
         self.download: dict[str, str] = {}  # a download's progress, while its step lasts
         self.live = live
+        self.to_stderr = to_stderr  # (--json: stdout holds the document alone)
 
     def event(self, host: str, text: str) -> None:
         with self.lock:
@@ -57,7 +65,7 @@ class _Status:
             if text in self.FINAL:
                 self.ended[host] = now
         if not self.live:
-            typer.echo(f"[{host}] {text}")
+            typer.echo(f"[{host}] {text}", err=self.to_stderr)
 
     def progress(self, host: str, text: str, notable: bool) -> None:
         """A download's progress, on the host's row until its step ends; without a terminal,
@@ -67,7 +75,7 @@ class _Status:
                 return
             self.download[host] = text
         if not self.live and notable:
-            typer.echo(f"[{host}] {text}")
+            typer.echo(f"[{host}] {text}", err=self.to_stderr)
 
     def rows(self) -> list[tuple[str, str, float, float]]:
         """(host, now, seconds on the current step, seconds since the host started)."""
@@ -133,12 +141,13 @@ class Watch(SetupWatch):
     """What setup tells about each host, shown: on hosts a `_Status` (live in a terminal,
     else plain lines); on a cluster (never `watching`), plain `[host] text` lines."""
 
-    def __init__(self, live: bool):
+    def __init__(self, live: bool, *, to_stderr: bool = False):
         self.live = live
+        self.to_stderr = to_stderr
         self.status: _Status | None = None
 
     def watching(self, hosts: list[str]) -> AbstractContextManager[object]:
-        self.status = _Status(hosts, live=self.live)
+        self.status = _Status(hosts, live=self.live, to_stderr=self.to_stderr)
         return _live_table(self.status) if self.live else nullcontext()
 
     def event(self, host: str, text: str) -> None:
@@ -187,6 +196,32 @@ def render_hosts(done: SetUp) -> int:
         _print_recorded(done.recorded, done.recorded_in)
     if done.failed and len(done.outcomes) > 1:
         error_line(f"{done.failed} of {len(done.outcomes)} hosts failed", code="hosts-failed")
+    return done.exit_code
+
+
+def render_json(done: SetUp) -> int:
+    """`setup --json`: one document, a host per entry in the order given; the exit code."""
+    import json
+
+    from vmrun.errors import error_json
+
+    hosts = []
+    for outcome in done.outcomes:
+        item: dict[str, Any] = {"host": outcome.host, "ok": outcome.ok,
+                                "seconds": round(outcome.duration, 2)}  # fmt: skip
+        if outcome.error is not None:
+            item["error"] = error_json(outcome.error)
+        if outcome.value is not None:
+            item["steps"] = [
+                {"name": s.name, "status": str(s.status), "seconds": round(s.duration, 2),
+                 **({"detail": s.detail} if s.detail else {})}
+                for s in outcome.value.steps
+            ]  # fmt: skip
+            item["python"] = outcome.value.python
+            item["rebooted"] = outcome.value.rebooted
+        hosts.append(item)
+    document = {"hosts": hosts, "failed": done.failed, "dry_run": done.options.dry_run}
+    typer.echo(json.dumps(document, indent=2))
     return done.exit_code
 
 

@@ -194,7 +194,10 @@ def _live(watch: FleetWatch, interval: float) -> int:
 
     def view() -> RenderableType:
         statuses = watch.fleet.statuses()
-        return render(statuses, console, threshold, interval=interval, fit=console.is_terminal)
+        room = console.size.height if console.is_terminal else None  # 64 hosts never scroll
+        return render(
+            statuses, console, threshold, interval=interval, fit=console.is_terminal, room=room
+        )
 
     with Live(view(), console=console, auto_refresh=False, redirect_stderr=False) as live:
         while not watch.finished:

@@ -94,6 +94,7 @@ class Connection(Channels):
         self._link: _Link | None = None  # read and replaced only under _lock
         self._dial: Dial | None = None  # the dial under way, if any (also under _lock)
         self.target: Target | None = None
+        self.fan_out = 1  # hosts the command works on (vmrun.ssh.group sets it)
 
     def open(self) -> Connection:
         self._current_link()

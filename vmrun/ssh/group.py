@@ -44,6 +44,8 @@ class Group:
         self.connections = {
             e.label: Connection(e.spec, settings, label=e.label) for e in self.entries
         }
+        for conn in self.connections.values():
+            conn.fan_out = len(self.entries)
 
     def map(
         self,

@@ -36,7 +36,9 @@ big file (delta transfer; the two are even at 32-64 MiB). So `auto` is a hybrid:
 engine's listing decides what differs; nothing -> done; then rsync sends the difference when
 both ends have rsync and it is at least RSYNC_FILES files, RSYNC_BYTES bytes, or holds a
 file of RSYNC_DELTA bytes that the host has another version of; else the vmrun engine does.
-`VMRUN_SYNC_ENGINE=rsync|vmrun` forces one engine for the whole sync.
+`VMRUN_SYNC_ENGINE=rsync|vmrun` forces one engine for the whole sync. A host reached
+through a jump host in a command on several hosts never gets rsync from `auto`: its ssh
+would log in to the jump host again, once per host (see vmrun.transfer.streams).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from vmrun.sync.files import project_files
 from vmrun.sync.plan import SyncReport, classify, warn
 from vmrun.sync.rsync import HostRsync, Rsync, parse_version, rsync_command, rsync_send
 from vmrun.transfer.manifest import normalize_remote, remote_arg
-from vmrun.transfer.streams import capture
+from vmrun.transfer.streams import capture, shares_a_jump
 from vmrun.transfer.types import BIG_TRANSFER, Progress
 
 # auto sends changes with rsync from here on (benchmarks/sync.py; module docstring)
@@ -118,7 +120,9 @@ def sync_project(
     warn(report, progress, plan.warnings)
     host_rsync = _prepare(conn, workdir)
     rsync: Rsync | str = "not wanted"
-    if wanted != "vmrun":
+    if wanted == "auto" and shares_a_jump(conn):
+        rsync = "its jump host is shared with other hosts (one login there)"
+    elif wanted != "vmrun":
         rsync = rsync_command(conn, workdir, host_rsync)
         if wanted == "rsync" and isinstance(rsync, str):
             raise UsageError(

@@ -334,6 +334,14 @@ def relayed(conn: Connection) -> bool:
     return target is not None and bool(target.proxy_jump or target.proxy_command)
 
 
+def shares_a_jump(conn: Connection) -> bool:
+    """Reached through a jump host in a command that works on several hosts: each OpenSSH
+    process would log in to the jump host anew, and 16 at once pass its sshd's MaxStartups
+    (10 by default), which drops the rest; vmrun's own connections share one login there
+    (vmrun.ssh.jumps), so the bytes go over them instead."""
+    return conn.fan_out > 1 and relayed(conn)
+
+
 def choose_engine(
     conn: Connection, *, wanted: str, nbytes: int, rtt: float | None = None
 ) -> Engine:
@@ -345,7 +353,8 @@ def choose_engine(
     - direct and far: paramiko (its 16 MiB window beats OpenSSH's 2 MiB one);
     - through a jump host or ProxyCommand: OpenSSH from RELAYED_TRANSFER bytes while the RTT
       is under RELAYED_FAR_RTT: paramiko relays in this process, every byte decrypted twice
-      in Python (23 MB/s against OpenSSH's 35 MB/s on a 50 MiB fetch).
+      in Python (23 MB/s against OpenSSH's 35 MB/s on a 50 MiB fetch); but never when the
+      command works on several hosts (`shares_a_jump`).
 
     `rtt`, when the caller measured it already, saves measuring it again.
     """
@@ -360,6 +369,8 @@ def choose_engine(
     if ssh_binary() is None:
         return ParamikoEngine(conn)
     if relayed(conn):
+        if shares_a_jump(conn):
+            return ParamikoEngine(conn)
         if nbytes >= RELAYED_TRANSFER and (rtt or measure_rtt(conn)) < RELAYED_FAR_RTT:
             return OpenSshEngine(conn)
         return ParamikoEngine(conn)
@@ -387,7 +398,9 @@ def plan_streams(
 
     if streams <= 0 and nbytes < PARALLEL_BYTES:
         return choose_engine(conn, wanted=wanted, nbytes=nbytes), 1
-    several = wanted == "openssh" or (wanted == "auto" and ssh_binary() is not None)
+    several = wanted == "openssh" or (
+        wanted == "auto" and ssh_binary() is not None and not shares_a_jump(conn)
+    )
     if streams > 0:
         engine = choose_engine(conn, wanted="openssh" if several else "paramiko", nbytes=nbytes)
         if not several:

@@ -1,0 +1,149 @@
+"""Eight nodes, 1 process each, on real network-namespace hosts: c10d rendezvous, the merged
+log, a node killed mid-run reported and resumed from the newest snapshot on all eight, and
+doctor's all-reduce over the eight (real torchrun, gloo)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Client, clean_host, error_in, run_id_of, run_pids, template_out, wait_for
+from testbed import NetnsBed, TestHost
+from train_helpers import assert_matches_one_process
+
+NODES = [f"e{i}" for i in range(1, 9)]
+
+
+@pytest.fixture(scope="module")
+def eight(bed: NetnsBed) -> dict[str, TestHost]:
+    hosts = {}
+    for name in NODES:
+        try:
+            hosts[name] = bed[name]
+        except KeyError:
+            hosts[name] = bed.add_host(name, hosts_file_loopback_hostname=True)
+    return hosts
+
+
+@pytest.fixture
+def octet(
+    bed: NetnsBed, eight: dict[str, TestHost], client: Client, host_python: Path
+) -> Iterator[Client]:
+    """A project whose vmrun.toml lists e1..e8; afterwards nothing of a run is left on them."""
+    (client.ssh_dir / "config").write_text(bed.ssh_config_text())
+    (client.ssh_dir / "known_hosts").write_text(bed.known_hosts_text())
+    (client.cwd / "vmrun.toml").write_text(
+        "".join(f'[[hosts]]\naddress = "{n}"\npython = "{host_python}"\n\n' for n in NODES)
+    )
+    client.extra_env["OMP_NUM_THREADS"] = "1"
+    yield client
+    first: BaseException | None = None
+    for host in eight.values():
+        steps: list[Callable[[], object]] = [host.heal_link, functools.partial(clean_host, host)]
+        if host.sshd_pid() is None:
+            steps.insert(0, host.start_sshd)
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:
+                first = first or exc
+    if first is not None:
+        raise first
+
+
+def _ranks(stdout: str) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = {}
+    for line in stdout.splitlines():
+        match = re.match(r"\[(\w+) rank(\d+)\] started: pid \d+ local_rank 0 world_size 8", line)
+        if match:
+            found.setdefault(match.group(1), set()).add(int(match.group(2)))
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_eight_nodes_form_one_world_and_match_one_process(
+    eight: dict[str, TestHost], octet: Client, tmp_path: Path
+) -> None:
+    """8 x 1 process, deterministic: every rank in one merged log, the master (e1) holding
+    rank 0, and the final weights those of one process with the same global batch."""
+    args = ["3", "3", "--batch-size", "4", "--dataset-size", "256", "--deterministic"]
+    done = octet.vmrun("train", "--nproc-per-node", "1", "--", *args, timeout=600)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "8 nodes x 1 process(es)" in done.stderr
+    ranks = _ranks(done.stdout)
+    assert sorted(ranks) == NODES, done.stdout
+    assert sorted(r for found in ranks.values() for r in found) == list(range(8))
+    assert ranks["e1"] == {0}
+    rid = run_id_of(done.stderr)
+    final = template_out(eight["e1"], octet, rid) / "finalmodel.pt"
+    one = ["3", "3", "--batch-size", "32", "--dataset-size", "256", "--deterministic"]
+    assert_matches_one_process(final, one, tmp_path / "single")
+    metrics = [json.loads(x) for x in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    assert [m["world_size"] for m in metrics] == [8, 8, 8]
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_node_is_reported_and_the_resume_continues_on_all_eight(
+    eight: dict[str, TestHost], octet: Client
+) -> None:
+    """e5 dies (every process of the host killed, as a crash does) after a snapshot: the run
+    fails naming e5, within the usual bound, and leaves nothing on the other seven; with e5
+    back, --resume continues from the newest snapshot on every node."""
+    e1, e5 = eight["e1"], eight["e5"]
+    proc = octet.popen("train", "--nproc-per-node", "1", "--", "10", "2",
+                       "--dataset-size", "4096")  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        rid = ""
+        for line in proc.stderr:
+            if "started on" in line:
+                rid = run_id_of(line)
+                break
+        assert rid, "the run did not start"
+        log = e1.home / ".vmrun/runs" / rid / "log"
+        wait_for(lambda: b"snapshot saved at epoch 2" in log.read_bytes(), 300, "a snapshot")
+        e5.stop_sshd()
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=180)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode not in (0, None), err
+    assert took < 60, f"the failure took {took:.0f} s to report"
+    code, said = error_in(err)
+    assert code == "run-failed" and "e5" in said, err
+    for name in NODES:
+        if name != "e5":
+            wait_for(lambda h=eight[name]: run_pids(h, rid) == [], 30, f"no run left on {name}")
+    assert b"epoch 10/10" not in log.read_bytes()
+    e5.start_sshd()
+    again = octet.vmrun("train", "--resume", rid, timeout=600)
+    assert again.returncode == 0, again.stderr + again.stdout
+    resumed = re.findall(r"^\[(e\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout,
+                         re.M)  # fmt: skip
+    assert sorted({h for h, _ in resumed}) == NODES, again.stdout
+    assert len({e for _, e in resumed}) == 1 and int(resumed[0][1]) >= 2
+    metrics = template_out(e1, octet, rid) / "metrics.jsonl"
+    assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 11))
+    assert all(run_pids(h) == [] for h in eight.values())
+
+
+@pytest.mark.timeout(900)
+def test_doctor_all_reduces_over_eight_nodes(octet: Client) -> None:
+    done = octet.vmrun("doctor", "--size-mib", "1", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {}
+    for line in done.stdout.splitlines():
+        match = re.match(r"(\S+)\s+(\S+(?: -> \S+)?)\s+(OK|WARN|FAIL|SKIP)\s+(.*)", line)
+        if match:
+            rows[(match.group(1), match.group(2))] = (match.group(3), match.group(4))
+    assert rows[("network", "all")] == ("OK", "all 56 host pairs connect on port 29400"), rows
+    verdict, detail = rows[("allreduce", "all")]
+    assert verdict == "OK" and re.match(r"world (8|16), 1 MiB x \d+: ", detail), detail
