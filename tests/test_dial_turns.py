@@ -202,3 +202,31 @@ def test_hosts_sharing_a_jump_host_never_get_an_openssh_process_of_their_own(
     assert isinstance(shared, streams.ParamikoEngine)
     forced = streams.choose_engine(_Relayed(16), wanted="openssh", nbytes=1 << 30)  # type: ignore[arg-type]
     assert isinstance(forced, streams.OpenSshEngine)  # asked for by name: as asked
+
+
+def test_a_big_ssh_config_is_looked_up_over_the_blocks_that_apply_with_the_same_answer(
+    tmp_path: Path,
+) -> None:
+    """Per host, only the blocks whose Host patterns match it (and Match blocks) are walked:
+    the answer is paramiko's own over the whole file, negations, wildcards and Match kept."""
+    import paramiko
+
+    from vmrun.ssh import sshconfig
+
+    text = "".join(
+        f"Host h{i}\n    HostName 10.0.{i // 250}.{i % 250}\n    User u\n" for i in range(300)
+    )
+    text += (
+        "Host !h3 h*\n    ProxyJump bastion\nHost *.lab x?y\n    User lab\n"
+        "Match host h5\n    Port 2222\nHost *\n    IdentityFile ~/k\n    UserKnownHostsFile /k\n"
+    )
+    path = tmp_path / "config"
+    path.write_text(text)
+    whole = paramiko.SSHConfig.from_path(str(path))
+    for host in ("h1", "h3", "h5", "a.lab", "xzy", "elsewhere", "h299"):
+        assert dict(sshconfig._lookup(whole, host)) == dict(whole.lookup(host)), host
+    canon = paramiko.SSHConfig.from_text(
+        "Host *\n    CanonicalizeHostname yes\n    CanonicalDomains example.org\n"
+        "    CanonicalizeMaxDots 0\n"
+    )  # (a name with a dot is never looked up: no DNS here)
+    assert sshconfig._lookup(canon, "a.b") == canon.lookup("a.b")  # the whole file, then

@@ -12,7 +12,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vmrun.errors import ConfigError
 from vmrun.ssh.hosts import HostSpec, parse_host
@@ -99,6 +99,27 @@ def _ssh_config(path: Path) -> paramiko.SSHConfig | None:
         return _cache[key]
 
 
+def _lookup(config: paramiko.SSHConfig, host: str) -> Any:
+    """config.lookup(host) over only the blocks that can apply to `host` (its Host patterns
+    match it, or a Match block): paramiko asks the password database for the user once per
+    block, 75% of a lookup in a 256-host config (7 ms, a second of CPU for 256 hosts). The
+    whole config where that cannot be told (CanonicalizeHostname: a second pass under
+    another name) or paramiko keeps its blocks otherwise."""
+    from paramiko import SSHConfig
+
+    blocks = getattr(config, "_config", None)
+    applies = getattr(config, "_pattern_matches", None)
+    if (
+        not isinstance(blocks, list)
+        or applies is None
+        or any("canonicalizehostname" in b.get("config", {}) for b in blocks)
+    ):
+        return config.lookup(host)
+    narrow = SSHConfig()
+    narrow._config = [b for b in blocks if b.get("matches") or applies(b.get("host", []), host)]  # type: ignore[attr-defined]
+    return narrow.lookup(host)
+
+
 def _yes(value: str | None) -> bool:
     return (value or "").strip().lower() in ("yes", "true", "on")
 
@@ -107,7 +128,7 @@ def resolve(spec: HostSpec, ssh_config_path: Path) -> Target:
     # OpenSSH's default known_hosts sit beside the ssh config that is honoured.
     """Fill in a spec from the ssh config: the answer `ssh -G` would give for our fields."""
     config = _ssh_config(ssh_config_path)
-    data = config.lookup(spec.host) if config is not None else {"hostname": spec.host}
+    data = _lookup(config, spec.host) if config is not None else {"hostname": spec.host}
     hostname = data.get("hostname", spec.host)
     try:
         port = spec.port or int(data.get("port", 22))
