@@ -28,6 +28,12 @@ def _record(client: Client) -> dict:
     return json.loads((_sweep_dir(client) / "sweep.json").read_text())
 
 
+def _record_so_far(client: Client) -> dict:
+    """The sweep's record once written (its folder comes first): {} before."""
+    found = sorted((client.cwd / "results").glob("sweep-*/sweep.json"))
+    return json.loads(found[0].read_text()) if found else {}
+
+
 def _world_sizes(client: Client, run: str) -> set[int]:
     metrics = list((client.cwd / "results" / run).rglob("metrics.jsonl"))
     assert len(metrics) == 1, metrics
@@ -125,8 +131,9 @@ def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(
     )  # fmt: skip
     try:
         record = wait_for(
-            lambda: (client.cwd / "results").is_dir()
-            and any(s.get("run") and s["nproc"] == 2 for s in _record(client)["sizes"])
+            lambda: any(
+                s.get("run") and s["nproc"] == 2 for s in _record_so_far(client).get("sizes", [])
+            )
             and _record(client),
             240, "the sweep's second size to start",
         )  # fmt: skip
