@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 _parsed: dict[Path, tuple[tuple[int, int, int], paramiko.HostKeys]] = {}
 _parsed_lock = threading.Lock()
+_parsing: dict[Path, threading.Lock] = {}
 
 
 def known_keys(path: Path, name: str) -> dict[str, paramiko.PKey]:
@@ -34,13 +35,13 @@ def known_keys(path: Path, name: str) -> dict[str, paramiko.PKey]:
     info = path.stat()
     stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
     with _parsed_lock:
+        lock = _parsing.setdefault(path, threading.Lock())
+    with lock:  # 64 hosts dialing at once parse the file once, not 64 times
         cached = _parsed.get(path)
-    if cached is None or cached[0] != stamp:
-        keys = paramiko.HostKeys()
-        keys.load(str(path))
-        cached = (stamp, keys)
-        with _parsed_lock:
-            _parsed[path] = cached
+        if cached is None or cached[0] != stamp:
+            keys = paramiko.HostKeys()
+            keys.load(str(path))
+            cached = _parsed[path] = (stamp, keys)
     found = cached[1].lookup(name)
     return {keytype: found[keytype] for keytype in found} if found else {}
 

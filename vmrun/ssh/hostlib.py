@@ -12,6 +12,8 @@ travel as text: they run before the folder can be trusted.
 
 from __future__ import annotations
 
+import functools
+
 from vmrun.hostside import lib_dir, manifest, manifest_hash, names, source
 from vmrun.ssh import quoting
 
@@ -49,7 +51,14 @@ def install_command() -> str:
 
 
 def bundle(files: list[str]) -> bytes:
-    """A gzipped tar of `files` (their installed texts) and the MANIFEST, mode 0600."""
+    """A gzipped tar of `files` (their installed texts) and the MANIFEST, mode 0600; made
+    once per set of files (each host of a first fan-out needs the same one)."""
+    return _bundle(tuple(files), manifest_hash())
+
+
+@functools.lru_cache(maxsize=8)
+def _bundle(files: tuple[str, ...], version: str) -> bytes:
+    del version  # (part of the key: the files' texts, as the MANIFEST's hash names them)
     import io
     import tarfile  # only for an install: not on every command's path
 
