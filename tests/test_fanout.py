@@ -166,9 +166,10 @@ def test_parallel_bounds_the_hosts_worked_on_at_once(fleet: NetnsBed, client: Cl
 def test_check_setup_and_status_over_64_hosts_name_each_failure_once(
     fleet: NetnsBed, client: Client, tmp_path: Path
 ) -> None:
-    """`hosts --check`, `setup --json` and `status --json` over the 64: the 60 good hosts
-    answer; the 2 with a key other than the known one and the 2 refusing logins are each
-    named once, in host order, with their own code (10: host key, 11: login)."""
+    """`hosts --check`, `setup --json`, `exec --json` and `status --json` over the 64: the 60
+    good hosts answer; the 2 with a key other than the known one and the 2 refusing logins
+    are each named once, in host order, with their own code and exit status (10: host key,
+    11: login)."""
     _client_for(fleet, client)
     names = [f"h{i:02d}" for i in range(WIDE)]
     failed = {
@@ -197,6 +198,20 @@ def test_check_setup_and_status_over_64_hosts_name_each_failure_once(
             assert ("mark", "ran") in [(s["name"], s["status"]) for s in item["steps"]], item
     assert document["failed"] == len(failed)
     assert all((fleet[n].home / "marked").exists() for n in good)
+
+    ran = client.vmrun("exec", "-H", "@all", "--json", "--", "hostname", timeout=120)
+    assert ran.returncode == 11, ran.stderr
+    document = json.loads(ran.stdout)  # the lines went to stderr
+    assert [h["host"] for h in document["hosts"]] == names
+    codes = {"host-key-changed": 10, "auth-failed": 11}
+    for item in document["hosts"]:
+        if item["host"] in failed:
+            assert item["exit_status"] == codes[failed[item["host"]]], item
+            assert item["error"]["code"] == failed[item["host"]]
+        else:
+            assert item["exit_status"] == 0 and item["error"] is None, item
+            assert item["stdout_tail"].strip() == fleet[item["host"]].hostname
+    assert document["failed"] == len(failed) and document["exit_code"] == 11
 
     status = client.vmrun("status", "-H", "@all", "--json", timeout=120)
     places = [o for o in json.loads(status.stdout) if o.get("error")]

@@ -47,6 +47,14 @@ def register(app: typer.Typer) -> None:
                 help="Prefix lines with [host] (default: when there are several hosts).",
             ),
         ] = None,
+        as_json: Annotated[
+            bool,
+            typer.Option(
+                "--json",
+                help="Each host's exit status, error and output tails as one JSON document;"
+                " the live lines go to stderr.",
+            ),
+        ] = False,
         connect_timeout: ConnectTimeout = None,
         parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
@@ -60,10 +68,14 @@ def register(app: typer.Typer) -> None:
         entries = select_hosts(host, settings)
         env_map = parse_env(env)
         labels = [e.label for e in entries]
-        writer = PrefixedWriter(labels, prefix=prefix if prefix is not None else len(labels) > 1)
+        shown = prefix if prefix is not None else len(labels) > 1
+        writer = PrefixedWriter(labels, prefix=shown, to_stderr=as_json)
         ran = run(
             command, settings, entries, env=env_map, cwd=cwd, timeout=timeout, on_output=writer.line
         )
+        if as_json:
+            typer.echo(ran.to_json())
+            return ran.exit_code
         for failed in ran.failures:
             if failed.error is not None:
                 report(failed.error)

@@ -86,14 +86,15 @@ def _warn_line(text: str) -> None:
 class PrefixedWriter:
     """Writes whole lines from many hosts, each prefixed `[host]`, without interleaving."""
 
-    def __init__(self, labels: list[str], *, prefix: bool):
+    def __init__(self, labels: list[str], *, prefix: bool, to_stderr: bool = False):
         self.prefix = prefix
+        self.to_stderr = to_stderr  # (--json: stdout holds the document alone)
         self.width = max((len(label) for label in labels), default=0)
         self.lock = threading.Lock()
         self.colours = {label: _COLOURS[i % len(_COLOURS)] for i, label in enumerate(labels)}
 
     def line(self, label: str, stream: str, data: bytes) -> None:
-        out = sys.stdout if stream == "out" else sys.stderr
+        out = sys.stdout if stream == "out" and not self.to_stderr else sys.stderr
         text = data.decode("utf-8", "replace")
         if not text.endswith("\n"):
             text += "\n"

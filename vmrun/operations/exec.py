@@ -48,6 +48,26 @@ class Ran:
                 failed.append(HostFailure(outcome.host, exit_status=outcome.value.exit_status))
         return failed
 
+    def to_json(self) -> str:
+        """`exec --json`: per host, in host order, its own exit status (the command's, or
+        vmrun's code for its error), the error, and the output's last lines."""
+        import json
+
+        from vmrun.errors import error_json, exit_code_for
+
+        hosts = []
+        for o in self.outcomes:
+            item: dict[str, object] = {"host": o.host, "seconds": round(o.duration, 3)}
+            if o.error is not None:
+                item.update(exit_status=exit_code_for(o.error), error=error_json(o.error))
+            elif o.value is not None:
+                got = o.value
+                item.update(exit_status=got.exit_status, error=None,
+                            stdout_tail=got.stdout_tail, stderr_tail=got.stderr_tail)  # fmt: skip
+            hosts.append(item)
+        failed = len(self.failures)
+        return json.dumps({"hosts": hosts, "failed": failed, "exit_code": self.exit_code}, indent=2)
+
     @property
     def exit_code(self) -> int:
         """0 when it succeeded everywhere; else the worst host's: its exit status, or
