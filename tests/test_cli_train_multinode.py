@@ -23,7 +23,7 @@ from typing import IO
 import pytest
 from conftest import Client, error_in, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
-from train_helpers import assert_matches_one_process
+from train_helpers import assert_matches_one_process, train_then_fault
 
 from vmrun.remote_paths import remote_workdir
 
@@ -179,27 +179,10 @@ def _python(multi: Client) -> str:
 def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
         cluster: dict[str, TestHost], multi: Client) -> None:
     n1, n2 = cluster["n1"], cluster["n2"]
-    proc = multi.popen("train", "--nproc-per-node", "1", "--", "12", "2",
-                         "--dataset-size", "16384")
-    try:
-        assert proc.stderr is not None
-        rid = ""
-        for line in proc.stderr:
-            if "started on" in line:
-                rid = run_id_of(line)
-                break
-        assert rid, "the run did not start"
-        log = n1.home / ".vmrun/runs" / rid / "log"
-        wait_for(lambda: b"snapshot saved at epoch 2" in log.read_bytes(), 120, "a snapshot")
-        n2.cut_link()
-        cut = time.monotonic()
-        _, err = proc.communicate(timeout=120)
-        took = time.monotonic() - cut
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode not in (0, None), err
+    args = ["--nproc-per-node", "1", "--", "12", "2", "--dataset-size", "16384"]
+    run = train_then_fault(multi, n1.home, args, n2.cut_link)
+    rid, log, err, took = run.rid, run.log, run.stderr, run.took
+    assert run.returncode not in (0, None), err
     print(f"node failure reported {took:.1f} s after the cut")
     # keepalive 1 s x 3 notices the cut in ~4 s, then n1's ranks are stopped; unnoticed, the
     # run would hang in gloo (30 min). 60 s: room for 2 torch ranks on a loaded 2-core machine

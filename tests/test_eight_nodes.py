@@ -7,14 +7,13 @@ from __future__ import annotations
 import functools
 import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import Client, clean_host, error_in, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
-from train_helpers import assert_matches_one_process
+from train_helpers import assert_matches_one_process, train_then_fault
 
 NODES = [f"e{i}" for i in range(1, 9)]
 
@@ -95,28 +94,12 @@ def test_a_killed_node_is_reported_and_the_resume_continues_on_all_eight(
     fails naming e5, within the usual bound, and leaves nothing on the other seven; with e5
     back, --resume continues from the newest snapshot on every node."""
     e1, e5 = eight["e1"], eight["e5"]
-    proc = octet.popen("train", "--nproc-per-node", "1", "--", "10", "2",
-                       "--dataset-size", "4096")  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        rid = ""
-        for line in proc.stderr:
-            if "started on" in line:
-                rid = run_id_of(line)
-                break
-        assert rid, "the run did not start"
-        log = e1.home / ".vmrun/runs" / rid / "log"
-        wait_for(lambda: b"snapshot saved at epoch 2" in log.read_bytes(), 300, "a snapshot")
-        e5.stop_sshd()
-        killed = time.monotonic()
-        _, err = proc.communicate(timeout=180)
-        took = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode not in (0, None), err
-    assert took < 60, f"the failure took {took:.0f} s to report"
+    args = ["--nproc-per-node", "1", "--", "10", "2", "--dataset-size", "4096"]
+    run = train_then_fault(octet, e1.home, args, e5.stop_sshd, snapshot_s=300, end_s=180)
+    rid, log, err = run.rid, run.log, run.stderr
+    assert run.returncode not in (0, None), err
+    print(f"e5's death reported {run.took:.1f} s after it")
+    assert run.took < 60, f"the failure took {run.took:.0f} s to report"
     code, said = error_in(err)
     assert code == "run-failed" and "e5" in said, err
     for name in NODES:

@@ -16,9 +16,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from conftest import ROOT
 
@@ -116,6 +118,49 @@ if __name__ == "__main__":
     sys.stdout.flush()
     os._exit(0)
 """
+
+
+@dataclass
+class Faulted:
+    """A `vmrun train` that a fault ended: its run id, the master's log of it, what vmrun
+    said on stderr and its exit code, and how long after the fault vmrun ended."""
+
+    rid: str
+    log: Path
+    stderr: str
+    returncode: int | None
+    took: float
+
+
+def train_then_fault(
+    client: Any, master_home: Path, train_args: list[str], fault: Callable[[], object],
+    *, snapshot_s: float = 120, end_s: float = 120,
+) -> Faulted:  # fmt: skip
+    """Start `vmrun train TRAIN_ARGS`, wait for its snapshot at epoch 2 in the master's log
+    (its home: `master_home`), do `fault`, and wait for vmrun to end; vmrun is killed if
+    it has not by then."""
+    from conftest import run_id_of, wait_for
+
+    proc = client.popen("train", *train_args)
+    try:
+        assert proc.stderr is not None
+        rid = ""
+        for line in proc.stderr:
+            if "started on" in line:
+                rid = run_id_of(line)
+                break
+        assert rid, "the run did not start"
+        log = master_home / ".vmrun/runs" / rid / "log"
+        wait_for(lambda: b"snapshot saved at epoch 2" in log.read_bytes(), snapshot_s, "a snapshot")
+        fault()
+        began = time.monotonic()
+        _, err = proc.communicate(timeout=end_s)
+        took = time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Faulted(rid, log, err, proc.returncode, took)
 
 
 def hook_env(trainer_hooks: Path, **hooks: str) -> dict[str, str]:
