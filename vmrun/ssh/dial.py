@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import socket
 import threading
 import time
@@ -95,18 +96,14 @@ def transport_factory(sock: Any, **kwargs: Any) -> paramiko.Transport:
     return transport
 
 
-_classes: dict[str, type] = {}
-
-
+@functools.cache
 def _transport_class() -> type[paramiko.Transport]:
-    if "transport" not in _classes:
-        import paramiko
+    import paramiko
 
-        class Transport(paramiko.Transport):
-            _active_check_timeout = IDLE_CHECK_S
+    class Transport(paramiko.Transport):
+        _active_check_timeout = IDLE_CHECK_S
 
-        _classes["transport"] = Transport
-    return _classes["transport"]
+    return Transport
 
 
 def _resolve_address(host: str, port: int, timeout: float, label: str) -> list[Any]:
