@@ -279,6 +279,15 @@ def bed_client(bed: NetnsBed, client: Client) -> Client:
     return client
 
 
+def git(cwd: Path, *args: str) -> str:
+    """A git command in `cwd` as a committer named t (a project's history for a test)."""
+    done = subprocess.run(
+        ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+        cwd=cwd, capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
 def wait_for(
     predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
 ) -> object:

@@ -108,12 +108,25 @@ def test_template_over_two_nodes_equals_a_one_process_run(
     local = slurm_client.cwd / "results" / rid
     assert (local / "finalmodel.pt").read_bytes() == final.read_bytes()
     assert (local / "metrics.jsonl").exists()
+    # what made it: each node described itself (hostside/run_provenance.py) beside the record
+    nodes = {}
+    for name in (c1, c2):
+        facts = json.loads((local / f"provenance-{name}.json").read_text())
+        nodes[name] = facts["slurm"]
+        assert facts["hardware"]["hostname"] == name
+        assert facts["environment"]["python"]["executable"] == str(host_python)
+    assert {n["partition"] for n in nodes.values()} == {"debug"}
+    assert nodes[c1]["nodes"] == [c1, c2] and nodes[c1]["job_id"] == job_of(done.stderr)
+    assert "node=2" in (nodes[c1]["alloc_tres"] or "")  # node 0 asked scontrol for the allocation
+    assert (local / "environment.txt").read_text().startswith("# python ")
+    assert json.loads((local / "run.json").read_text())["code"]["files"] == 1  # the template
     # report and status --json read the Slurm record's shape and times
     (row,) = json.loads(slurm_client.vmrun("report", rid, "--json").stdout)
     assert (row["where"], row["nodes"], row["procs_per_node"], row["world_size"]) == (
         "cluster", 2, 1, 2,
     )  # fmt: skip
     assert (row["epochs"], row["epochs_asked"]) == (4, 4) and row["total_time_s"] > 0
+    assert row["versions"]["torch"] and row["versions"]["python"]
     listed = json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
     (obj,) = [o for o in listed if o["run"] == rid]
     assert (obj["cluster"], obj["hosts"], obj["state"], obj["exit"]) == ("bed", None, "done", 0)

@@ -73,6 +73,11 @@ def test_princeton_script_runs_unchanged_and_is_fetched(
     remote = code_dir(slurm_cluster, slurm_client) / "princeton-out" / "ckpt.tar"
     assert (local / "princeton-out" / "ckpt.tar").read_bytes() == remote.read_bytes()
     assert not (local / "princeton.slurm").exists()  # synced, not written by the job
+    # what made it: the script as the job ran it, the job's allocation, the code's hash
+    assert (local / "batch.sh").read_text() == (slurm_client.cwd / "princeton.slurm").read_text()
+    allocation = (local / "allocation").read_text()
+    assert f"JobId={job} " in allocation and "NodeList=vmt-c[1-2]" in allocation
+    assert json.loads((local / "run.json").read_text())["code"]["files"] >= 1
 
 
 def test_nersc_script_followed_live_with_logs(

@@ -16,7 +16,7 @@ T0 = 1_700_000_000.0
 KEYS = [
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "tasks",
+    "error", "tasks", "commit", "dirty", "versions",
 ]  # fmt: skip
 
 
@@ -97,3 +97,16 @@ def test_status_json_names_an_unreachable_host_by_its_code(
     assert obj["run"] is None and obj["hosts"] == ["u@127.0.0.1:1"]
     assert obj["error"]["code"] == error_in(err)[0] == "host-unreachable"
     assert obj["error"]["exit_status"] == 12
+
+
+def test_the_commit_and_main_versions_come_from_the_record_and_versions_json() -> None:
+    """What a script groups runs by: run.json's code facts and the node's versions.json
+    line (the second node's, where the first has none yet)."""
+    a, b = _host("r1", "n1", 0), _host("r1", "n2", 0)
+    a.meta["code"] = {"commit": "c0ffee" * 6 + "beef", "dirty": True}
+    b.versions = {"python": "3.11.2", "torch": "2.13.0", "cuda": None}
+    (obj,) = run_objects([a, b])
+    assert obj["commit"] == "c0ffee" * 6 + "beef" and obj["dirty"] is True
+    assert obj["versions"]["torch"] == "2.13.0"
+    (old,) = run_objects([_host("r0", "n1", 0)])  # an older run: unknown, not wrong
+    assert old["commit"] is None and old["versions"] is None

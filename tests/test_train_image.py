@@ -130,6 +130,15 @@ def test_a_script_in_the_image_writes_the_project_as_the_user_and_reads_a_mount(
     n, uid, version = out.read_text().split()
     assert (n, int(uid)) == ("42", d1.uid) and version.startswith("2.13.0")
     assert (d1.home / ".vmrun" / "container-home" / "cache.txt").read_text() == "ok"
+    # the image's own Python described the image's packages, beside the run (run_in_image.sh)
+    rec = d1.home / ".vmrun" / "runs" / run_id_of(done.stderr)
+    wait_for(lambda: (rec / "versions.json").exists(), 30, "the run's provenance")
+    facts = json.loads((rec / "provenance.json").read_text())
+    assert facts["environment"]["packages"]["torch"].startswith("2.13.0")
+    assert facts["environment"]["python"]["version"] == json.loads(
+        (rec / "versions.json").read_text()
+    )["python"]
+    assert facts["hardware"]["hostname"] == d1.hostname  # host networking: the host's name
     (dclient.cwd / "fail.py").write_text("import sys\nprint('failing', flush=True)\nsys.exit(3)\n")
     failed = dclient.vmrun("train", "fail.py", "-H", d1.name, "--launcher", "python",
                            "--image", docker_hosts.image, timeout=240)  # fmt: skip
@@ -283,6 +292,8 @@ def test_train_local_runs_in_the_image_with_this_machines_engine(
     assert (out / "finalmodel.pt").stat().st_uid == os.getuid()
     assert json.loads((out / "run.json").read_text())["image"] == docker_hosts.image
     assert "epoch 2/2" in done.stdout
+    # this machine's hardware; the image's digest (run.json) names the run's packages
+    assert json.loads((out / "provenance.json").read_text())["environment"] == {"in_image": True}
     assert daemon.containers() == []
 
 

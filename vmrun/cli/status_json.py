@@ -18,7 +18,7 @@ _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "tasks",
+    "error", "tasks", "commit", "dirty", "versions",
 )  # fmt: skip
 
 
@@ -68,7 +68,17 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
         "exit": code,
         "error": run_error(rid, str(state), code),
         "tasks": _tasks(first),
+        **_made_by(recs),
     }
+
+
+def _made_by(recs: list[Any]) -> dict[str, Any]:
+    """The code's commit and whether it had uncommitted changes (run.json), and the main
+    versions the run's first node reported (versions.json): what a script groups runs by."""
+    code = recs[0].meta.get("code")
+    code = code if isinstance(code, dict) else {}
+    versions = next((v for r in recs if (v := getattr(r, "versions", None))), None)
+    return {"commit": code.get("commit"), "dirty": code.get("dirty"), "versions": versions}
 
 
 def _tasks(run: Any) -> list[dict[str, Any]] | None:

@@ -3,7 +3,8 @@
 # the host's clock (FIRST: the first attempt's start, BEGAN: this attempt's). PROGRESS is
 # what this attempt reported: the last line of its metrics.jsonl (METRICS), else its last
 # `epoch N/M` log line; never a line of an earlier attempt. SAVED: the log's last line about a
-# saved snapshot, of any attempt (where a resume starts from).
+# saved snapshot, of any attempt (where a resume starts from). VERSIONS: versions.json's line
+# (hostside/run_provenance.py: python, torch, CUDA, NCCL, GPU, driver).
 base=$1; shift
 # vmrun-inline: run_alive.sh
 cd "$HOME" 2>/dev/null || exit 0
@@ -19,6 +20,7 @@ for id in "$@"; do
   echo "META $(base64 -w0 < "$d/run.json")"
   [ -f "$d/first_started" ] && echo "FIRST $(cat "$d/first_started")"
   [ -f "$d/attempt" ] && echo "ATTEMPT $(cat "$d/attempt")"
+  [ -f "$d/versions.json" ] && echo "VERSIONS $(head -n 1 "$d/versions.json" | head -c 4096)"
   [ -f "$d/pid" ] && echo "BEGAN $(stat -c %Y "$d/pid")"
   if [ -f "$d/exit_code" ]; then
     echo "EXIT $(cat "$d/exit_code")"; echo "ENDED $(stat -c %Y "$d/exit_code")"

@@ -12,6 +12,8 @@
 # starts anyway (--allow-concurrent). That check and the start hold one lock (flock on
 # .start.lock beside the records) until the pid is written, so two starts at once cannot
 # both find the GPUs free.
+# Beside the run (detached): run_provenance.py, which writes provenance.json, environment.txt and
+# versions.json into REC (VMRUN_PROVENANCE, above).
 # Prints the log's line count before this attempt, then the pid of the run's supervising
 # shell: a session leader (setsid), so its pid is the run's session id too; pid_start (its
 # start time in /proc/PID/stat) tells that session from a later one reusing the number.
@@ -55,6 +57,19 @@ if [ -n "${VMRUN_NOTIFY_CONFIG:-}" ]; then
   (umask 077 && printf '%s\n' "$VMRUN_NOTIFY_CONFIG" > "$rec/notify.json") || exit 125
 fi
 unset VMRUN_NOTIFY_CONFIG
+# the run's provenance (vmrun.runs.provenance): the uncommitted diff (VMRUN_CODE_PATCH: base64 of
+# gzip) into code.patch, and who describes its environment and hardware (VMRUN_PROVENANCE: an
+# interpreter for run_provenance.py, VMRUN_PROVENANCE_ARGS its flags); none of them in the run's env
+rm -f "$rec/code.patch"
+if [ -n "${VMRUN_CODE_PATCH:-}" ]; then
+  if printf '%s' "$VMRUN_CODE_PATCH" | base64 -d | gzip -dc > "$rec/code.patch.tmp"; then
+    mv "$rec/code.patch.tmp" "$rec/code.patch"
+  else
+    rm -f "$rec/code.patch.tmp"
+  fi
+fi
+prov=${VMRUN_PROVENANCE:-} prov_args=${VMRUN_PROVENANCE_ARGS:-}
+unset VMRUN_CODE_PATCH VMRUN_PROVENANCE VMRUN_PROVENANCE_ARGS
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"
 case "$out" in /*) ;; *) out="$HOME/$out" ;; esac
@@ -63,6 +78,12 @@ printf '%s\n' "$out" > "$rec/out_dir"
 cd "$wd" 2>/dev/null || { echo "vmrun: the work directory $wd is missing" >&2; exit 126; }
 if [ "$mode" = resume ] && [ -n "$banner" ]; then printf '%s\n' "$banner" >> "$rec/log"; fi
 [ "$mode" = resume ] || : > "$rec/log.times"
+# detached and niced, and not one of the run's processes (no VMRUN_RUN_ID): the run starts now
+if [ -n "$prov" ]; then
+  # shellcheck disable=SC2086  # the collector's flags, split on purpose
+  setsid -f nice -n 10 "$prov" "$lib/run_provenance.py" "$rec" $prov_args \
+    < /dev/null > /dev/null 2>&1 8>&-
+fi
 export VMRUN_RUN_ID="$id" VMRUN_RUN_DIR="$rec"
 setsid -f sh "$lib/run_supervise.sh" "$rec" "$mode" "$lib/run_marks.py" "$@" \
   < /dev/null > /dev/null 2>&1 8>&-

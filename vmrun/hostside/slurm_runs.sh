@@ -1,7 +1,7 @@
 # slurm_runs.sh RUNS_DIR: every vmrun run on the cluster in one round trip: the user's jobs
 # in squeue, one line per task of an array (a fixed --Format: squeue's JSON changed across
 # versions; a field an older squeue lacks is left out at the end), then each run's files
-# (run.json, jobid, starts, exit, stopped, since, ended; the last metrics line) as
+# (run.json, jobid, starts, exit, stopped, since, ended, versions.json; the last metrics line) as
 # `==> PATH <==` sections.
 r=$1
 echo "==> squeue <=="
@@ -11,7 +11,21 @@ squeue -h -r -u "$(id -un)" --states=all \
 cd "$r" 2>/dev/null || exit 0
 set -- */run.json
 [ -e "$1" ] || exit 0
-tail -v -n +1 -- */run.json */jobid */starts */exit */stopped */since */ended 2>/dev/null
+# each job's allocation (`scontrol show job -o`: nodes, partition, TRES), kept once it has its
+# nodes, for the run's provenance (a user's own batch script runs nothing of vmrun's on them);
+# a job Slurm no longer knows gets an empty file, so it is asked about once
+for j in */jobid; do
+  d=${j%/jobid}
+  [ -e "$d/allocation" ] || [ ! -s "$j" ] && continue
+  if a=$(scontrol show job -o "$(head -n 1 "$j")" 2>&1); then
+    case $a in *" NodeList=(null)"*|"") continue ;; esac
+  else
+    case $a in *"nvalid job id"*) a= ;; *) continue ;; esac
+  fi
+  printf '%s\n' "$a" > "$d/allocation.tmp" && mv "$d/allocation.tmp" "$d/allocation"
+done
+tail -v -n +1 -- */run.json */jobid */starts */exit */stopped */since */ended */versions.json \
+  2>/dev/null
 echo
 # finished jobs leave squeue after MinJobAge: accounting remembers them, where there is any
 echo "==> sacct <=="

@@ -1,19 +1,23 @@
-# slurm_submit_script.sh RECORD_DIR META_BYTES NOTIFY_BYTES CODE_DIR SBATCH_ARG...: submits the user's own
+# slurm_submit_script.sh RECORD_DIR META_BYTES NOTIFY_BYTES CODE_DIR SCRIPT PATCH_BYTES SBATCH_ARG...:
+# submits the user's own
 # batch script as it is, from CODE_DIR (the synced project: the job's working directory
 # unless the script says --chdir): `sbatch --parsable SBATCH_ARG...` (vmrun's options, the
 # script, its arguments), in a login shell as the user's own `sbatch` at the prompt runs
 # (the job inherits sbatch's environment: the profile's PATH, conda, the `module` function
 # that scripts call). stdin holds run.json, the run's notify.json (NOTIFY_BYTES; 0: none:
-# vmrun following the job tells its end), then the run's environment file (0600: it may
-# hold secrets), read after the profile. Prints `job=ID` and the job's first state, or
+# vmrun following the job tells its end), the uncommitted diff of the run's code (PATCH_BYTES:
+# the record's code.patch), then the run's environment file (0600: it may hold secrets), read
+# after the profile. SCRIPT (relative to CODE_DIR) is kept in the record as batch.sh: the
+# script as this job ran it, whatever the project's copy becomes. Prints `job=ID` and the job's first state, or
 # sbatch's own error on stderr (exit 2); nothing is left of a refused job.
-d=$1 size=$2 told=$3 code=$4
-shift 4
+d=$1 size=$2 told=$3 code=$4 script=$5 patch=$6
+shift 6
 mask=$(umask)  # the job's files get the user's umask (sbatch passes it on), not 077
 umask 077
 mkdir -p "$d" || exit 1
 head -c "$size" > "$d/run.json" || exit 1
 if [ "$told" -gt 0 ]; then head -c "$told" > "$d/notify.json" || exit 1; fi
+if [ "$patch" -gt 0 ]; then head -c "$patch" > "$d/code.patch" || exit 1; fi
 cat > "$d/env" || exit 1
 if ! cd "$code" 2>/dev/null; then
   echo "no directory $code" >&2
@@ -21,6 +25,7 @@ if ! cd "$code" 2>/dev/null; then
   exit 2
 fi
 umask "$mask"
+cp -- "$script" "$d/batch.sh" 2>/dev/null || true
 date +%s.%N > "$d/since"  # this clock: what the job writes after it is its output (fetch)
 shell='bash'
 command -v bash >/dev/null 2>&1 || shell='sh'

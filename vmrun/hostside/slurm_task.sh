@@ -6,6 +6,12 @@
 # on, and a script that wants it (vmrun's template) sets its own handler: snapshot,
 # $VMRUN_REQUEUE_FILE, exit 0.
 trap '' USR2
+# what this node is and what the run's Python has (run_provenance.py, put beside the record at
+# submission): once per node, detached and niced; its files are provenance-<node>.json
+if [ "${SLURM_LOCALID:-0}" = 0 ] && [ -r "$VMRUN_RECORD_DIR/run_provenance.py" ]; then
+  nice -n 10 "$VMRUN_PYTHON" "$VMRUN_RECORD_DIR/run_provenance.py" "$VMRUN_RECORD_DIR" \
+    --per-node < /dev/null > /dev/null 2>&1 &
+fi
 case $VMRUN_LAUNCHER in
   torchrun)
     # torchrun marks each piece of a worker's output (vmrun.runs.lines joins them again)

@@ -84,12 +84,72 @@ def run_local(
                                 script=plan.script)  # fmt: skip
     record = _record(plan, rid, nproc, argv, run_dir, python)
     record.update(image.meta() if image else {})
+    record["variables"] = _variables(plan, child_env, outer)
+    record["code"] = _code(plan, run_dir)
     write_json_atomic(run_dir / "run.json", record)
     if on_start is not None:
         on_start(rid)
     procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
     out.info(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
-    return _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env, out, verbose)
+    collector = _describe(run_dir, in_image=image is not None)
+    try:
+        code = _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env, out, verbose)
+    except (KeyboardInterrupt, Interrupted):
+        _finish(collector, wait=0.5)  # stopping: at once
+        raise
+    except BaseException:
+        _finish(collector)
+        raise
+    _finish(collector)
+    return code
+
+
+def _variables(
+    plan: Plan, child_env: dict[str, str], outer: dict[str, str]
+) -> dict[str, str | None]:
+    """What vmrun set for the run (values) and what the user gave (--env: names only)."""
+    from vmrun.runs.provenance import variables
+
+    given = {k: v for k, v in child_env.items() if outer.get(k) != v or k in plan.env}
+    return variables(given, list(plan.env))
+
+
+def _code(plan: Plan, run_dir: Path) -> dict[str, Any]:
+    """The code's facts for run.json; its uncommitted diff into the run's code.patch."""
+    from vmrun.runs.provenance import code_of, sent_patch
+
+    code = code_of(plan.project, trainer=plan.script if plan.is_template else None)
+    patch = sent_patch(code.patch)
+    if patch:
+        (run_dir / "code.patch").write_bytes(patch)
+    return code.facts
+
+
+def _describe(run_dir: Path, *, in_image: bool) -> subprocess.Popen[bytes] | None:
+    """hostside/run_provenance.py beside the run, as on a host (vmrun's interpreter is the
+    run's; in an image, the machine's hardware alone)."""
+    from vmrun.hostside import HERE
+
+    argv = [sys.executable, str(HERE / "run_provenance.py"), str(run_dir)]
+    try:
+        return subprocess.Popen(
+            [*argv, *(["--hardware-only"] if in_image else [])],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    except OSError:
+        return None
+
+
+def _finish(collector: subprocess.Popen[bytes] | None, wait: float = 30.0) -> None:
+    """Nothing left behind: the collector has its time, then is killed."""
+    if collector is None:
+        return
+    try:
+        collector.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        collector.kill()
+        collector.wait()
 
 
 def _argv(

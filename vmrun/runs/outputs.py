@@ -24,11 +24,16 @@ from vmrun.transfer.manifest import normalize_remote
 from vmrun.transfer.streams import capture
 from vmrun.transfer.types import FetchSpec
 
+# what made the run (vmrun.runs.provenance, hostside/run_provenance.py): with its logs, so
+# `fetch results` and `report`'s fetch keep it here after the VM is gone
+PROVENANCE = (
+    "provenance*.json", "environment.txt", "versions.json", "code.patch", "batch.sh", "allocation",
+)  # fmt: skip
 WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
 # a Slurm run's record also keeps `starts` and `exit` (attempt, code, time): its times
-LOGS = ("log", "*.log", "run.json", "exit_code", "starts", "exit", "ended")
+LOGS = ("log", "*.log", "run.json", "exit_code", "starts", "exit", "ended", *PROVENANCE)
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -9,10 +9,12 @@ nodes meet (node_launch, rendezvous) and starts every node detached (records).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from vmrun import hostside
 from vmrun.backends.api import NodeRecord, RunRef, StopReport, combined_state
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.netfacts import Layout
@@ -28,7 +30,7 @@ from vmrun.errors import (
     UsageError,
 )
 from vmrun.reporting import Recorder, Reporter
-from vmrun.runs import launch
+from vmrun.runs import launch, provenance
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.outputs import RunLocation, location_of
 from vmrun.runs.plan import STOP_GRACE_S, Plan
@@ -334,9 +336,16 @@ def _node_argv(node: Node, argv: list[str], env: dict[str, str], rid: str, index
     if node.image is None:
         return argv
     from vmrun.backends.hosts.images import container_argv
+    from vmrun.containers.runtime import IMAGE_PYTHON
 
+    home = node.env.home
+    described = [  # the image's Python describes the image's packages, beside the run
+        "sh", f"{home}/{hostside.path('run_in_image.sh')}", IMAGE_PYTHON,
+        f"{home}/{hostside.path('run_provenance.py')}", f"{home}/{records.record_dir(rid)}",
+        *argv,
+    ]  # fmt: skip
     return container_argv(
-        node.image, argv, sorted(env), home=node.env.home, workdir=node.workdir,
+        node.image, described, sorted(env), home=home, workdir=node.workdir,
         record=records.record_dir(rid), run_id=rid, index=index, gpus=node.env.gpus > 0,
     )  # fmt: skip
 
@@ -364,6 +373,7 @@ def _start_all(
     `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
     the master tells the run's end itself, with or without vmrun attached."""
     labels = list(nodes)
+    code = provenance.code_of(plan.project, trainer=plan.script if plan.is_template else None)
     meta_base = {
         "name": plan.name,
         "template": plan.is_template,
@@ -377,6 +387,7 @@ def _start_all(
         "master": labels[0],
         "nnodes": wiring.nnodes or str(len(labels)),
         "rdzv": layout.endpoint if layout else None,
+        "code": code.facts,
     }
 
     def start(entry: HostEntry, conn: Connection) -> int:
@@ -385,6 +396,8 @@ def _start_all(
         port = _free_port(conn, node.env.python) if single_env else 0
         argv, env = node_launch(plan, node, rid, nproc, layout, wiring, port, labels)
         argv = _node_argv(node, argv, env, rid, labels.index(entry.label))
+        given = provenance.variables(env, _users_names(plan, node))
+        env = {**env, **code.host_env(), **_collector(node)}
         if notify and entry.label == labels[0]:
             told = notify.host_config(_notify_facts(plan, rid, labels))
             env = {**env, "VMRUN_NOTIFY_CONFIG": told}
@@ -397,6 +410,7 @@ def _start_all(
             "argv": argv,
             "host": entry.label,
             "ifname": layout.ifnames.get(entry.label, "") if layout else "",
+            "variables": given,
             **(node.image.meta() if node.image else {}),
             **({"data": node.data} if node.data else {}),
         }
@@ -413,6 +427,21 @@ def _start_all(
         group.map(lambda entry, conn: records.stop(conn, rid, grace=5), only=started)
         raise_for_failures(outcomes, one_as_itself=True)
     return {o.host: int(o.value or 0) for o in outcomes}
+
+
+def _users_names(plan: Plan, node: Node) -> set[str]:
+    """The variables the user gave (their values are never recorded): --env, the host's
+    `env` table in vmrun.toml, NCCL_* from this shell."""
+    table = node.entry.vars.get("env")
+    names = set(plan.env) | {k for k in os.environ if k.startswith("NCCL_")}
+    return names | ({str(k) for k in table} if isinstance(table, dict) else set())
+
+
+def _collector(node: Node) -> dict[str, str]:
+    """Who describes the run's environment on the host (hostside/run_provenance.py): the
+    run's interpreter; in an image, nobody here (the image's does, in the container:
+    hostside/run_in_image.sh)."""
+    return {} if node.image is not None else {provenance.COLLECTOR_VAR: node.env.python}
 
 
 def _notify_facts(plan: Plan, rid: str, labels: list[str]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from vmrun import hostside
 from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, UsageError
 from vmrun.remote_paths import RUNS_DIR, run_dir
 from vmrun.reporting import Recorder, Reporter
+from vmrun.runs import provenance
 from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
 from vmrun.ssh import quoting
@@ -50,6 +51,7 @@ class RunRecord:
     first_started: float | None = None  # host clock, first attempt
     began: float | None = None  # host clock, this attempt
     host_now: float | None = None  # host clock when listed
+    versions: dict[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
 
     @property
     def state(self) -> RunState:
@@ -246,6 +248,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "STOPPED": _read_stopped,
     "ALIVE": _set("alive", lambda v: v.strip() == "1"),
     "METRICS": _read_metrics,
+    "VERSIONS": _set("versions", provenance.versions_of),
     "SAVED": _read_saved,
     "PROGRESS": _read_progress,
 }

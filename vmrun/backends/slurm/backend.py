@@ -37,6 +37,7 @@ from vmrun.errors import RemoteError, UsageError, VmrunError
 from vmrun.notify.send import Notify
 from vmrun.remote_paths import CONTAINER_HOME, STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
+from vmrun.runs import provenance
 from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
@@ -91,6 +92,7 @@ class Submission:
     env_text: str
     trainer: bytes  # the template trainer's text (empty: the run's own script)
     notify_text: str = ""  # the record's notify.json (empty: no notifications)
+    patch: bytes = b""  # the code's uncommitted diff (the record's code.patch)
 
 
 class SlurmBackend:
@@ -216,13 +218,17 @@ class SlurmBackend:
         }
         env = {**self.cluster.env, **plan.env}
         env_text = "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
+        made = provenance.code_of(plan.project, trainer=plan.script if trainer else None)
+        meta["code"] = made.facts
+        meta["variables"] = provenance.variables(env, list(env))  # names only: the user's
         told = ""
         if notify:
             name = self.cluster.name
             fetch = f"vmrun fetch results -C {name} --run {rid}"
             told = notify.host_config({"run": rid, "where": f"cluster {name}",
                                        "epochs_asked": meta["epochs"], "fetch": fetch})  # fmt: skip
-        return Submission(rid, script, meta, paths, env_text, trainer, told)
+        patch = provenance.sent_patch(made.patch)
+        return Submission(rid, script, meta, paths, env_text, trainer, told, patch)
 
     def _image(
         self, request: Request, spec: JobSpec, facts: Facts, rid: str, paths: JobPaths, plan: Plan
@@ -316,11 +322,12 @@ class SlurmBackend:
         script = sub.script.encode()
         meta = json.dumps(sub.meta, indent=1).encode() + b"\n"
         told = sub.notify_text.encode()
+        collector = hostside.source("run_provenance.py").encode()
         sizes = [str(len(script)), str(len(meta)), str(len(sub.trainer))]
         paths = sub.paths
-        argv = [*hostside.command("slurm_submit.sh"), paths.record, *sizes,
-                paths.code, str(len(told))]  # fmt: skip
-        stdin = script + meta + sub.trainer + told + sub.env_text.encode()
+        argv = [*hostside.command("slurm_submit.sh"), paths.record, *sizes, paths.code,
+                str(len(told)), str(len(sub.patch)), str(len(collector))]  # fmt: skip
+        stdin = script + meta + sub.trainer + told + sub.patch + collector + sub.env_text.encode()
         status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what="sbatch")
         if status != 0:
             raise submit_refusal(status, err, self.cluster.name,

@@ -31,6 +31,7 @@ from vmrun.errors import (
 )
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Reporter
+from vmrun.runs import provenance
 from vmrun.ssh.quoting import plain_command, quote
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ def prepare(
         "record_dir": record,
         "code_dir": code,
         "out_dir": batch.work_dir(code),
+        "variables": dict.fromkeys(sorted(env)),  # names only: the user's, maybe secrets
     }
     env_text = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
     told = ""
@@ -132,14 +134,18 @@ def prepare(
     return ScriptJob(rid, batch, sbatch, code, record, meta, env_text, told)
 
 
-def submit(backend: SlurmBackend, job: ScriptJob) -> tuple[str, JobState | None]:
-    """Write the record and submit; sbatch's refusal is one line and leaves nothing."""
+def submit(
+    backend: SlurmBackend, job: ScriptJob, patch: bytes = b""
+) -> tuple[str, JobState | None]:
+    """Write the record (with `patch`, the code's uncommitted diff) and submit; sbatch's
+    refusal is one line and leaves nothing."""
     meta = json.dumps(job.meta, indent=1).encode() + b"\n"
     told = job.notify_text.encode()
     argv = [*hostside.command("slurm_submit_script.sh"), job.record_dir, str(len(meta)),
-            str(len(told)), job.code_dir, *job.sbatch]  # fmt: skip
+            str(len(told)), job.code_dir, job.batch.relative, str(len(patch)),
+            *job.sbatch]  # fmt: skip
     status, out, err = backend.conn.capture(
-        plain_command(argv), stdin=meta + told + job.env_text.encode(), what="sbatch"
+        plain_command(argv), stdin=meta + told + patch + job.env_text.encode(), what="sbatch"
     )
     if status != 0:
         raise submit_refusal(status, err, backend.cluster.name,
@@ -173,13 +179,16 @@ def start(
         for text in synced.warnings:
             out.warn(f"{name}: {text}")
     meta = dict(job.meta)
+    code = provenance.code_of(project, files)
+    meta["code"] = code.facts
     if data:
         from vmrun.transfer.push import push_data
 
         meta["data"] = push_data(backend.conn, list(data), job.code_dir, out, progress)
     jobid, state = submit(backend, ScriptJob(job.run_id, job.batch, job.sbatch, job.code_dir,
                                              job.record_dir, meta, job.env_text,
-                                             job.notify_text))  # fmt: skip
+                                             job.notify_text),
+                          provenance.sent_patch(code.patch))  # fmt: skip
     ref = backend.script_ref(job.run_id, {**meta, "job_id": jobid})
     if state is not None and state.never_starts:
         backend.cancel_never(ref, jobid, state, state.never_starts)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmrun.backends.slurm.queue import JobState
+from vmrun.runs import provenance
 from vmrun.runs.state import RunState
 
 _SECTION = re.compile(r"^==> (.*) <==$")
@@ -115,6 +116,7 @@ class SlurmRun:
     tasks: list[Task] = field(default_factory=list)
     since: float | None = None
     ends_recorded: bool = False
+    versions: Mapping[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
 
     def ends_to_record(self) -> list[str]:
         """`ended` lines for a job that squeue shows ended and the run's record does not
@@ -326,6 +328,8 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.exits = [line.split() for line in lines]
     elif name == "stopped":
         run.stopped = True
+    elif name == "versions.json" and lines:
+        run.versions = provenance.versions_of(lines[0])
     elif name == "since" and lines:
         run.since = float(lines[0]) if _int(lines[0].split(".")[0]) is not None else None
     elif name == "ended":
