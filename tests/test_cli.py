@@ -23,6 +23,7 @@ COMMANDS = [
     "push",
     "fetch",
     "report",
+    "diff",
     "plot",
     "sweep",
     "watch-gpus",

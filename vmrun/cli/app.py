@@ -28,6 +28,7 @@ COMMANDS = (
     ("push", "push_cmd", "Send data to every host: only what changed, verified, atomic."),
     ("fetch", "fetch_cmd", "Bring back results: only what is new, verified, atomic."),
     ("report", "report_cmd", "Compare runs: time, samples/s, speed-up, efficiency, loss."),
+    ("diff", "diff_cmd", "Show what differs between runs: code, packages, hardware, launch"),
     ("plot", "plot_cmd", "Plot a metric of runs by epoch or time: terminal, PNG or SVG."),
     ("sweep", "sweep_cmd", "Train at several sizes in turn; a scaling report and plot."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),

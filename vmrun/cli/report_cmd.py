@@ -34,6 +34,14 @@ def register(app: typer.Typer) -> None:
         markdown: Annotated[
             bool, typer.Option("--markdown", help="A GitHub Markdown table.")
         ] = False,
+        diff: Annotated[
+            bool,
+            typer.Option(
+                "--diff",
+                help="Instead of the rows, what differs between the runs (as `vmrun diff`);"
+                " with --json, its JSON.",
+            ),
+        ] = False,
         host: Hosts = None,
         cluster: ClusterName = None,
         connect_timeout: ConnectTimeout = None,
@@ -46,7 +54,21 @@ def register(app: typer.Typer) -> None:
 
         if as_json and markdown:
             raise UsageError("--json and --markdown: give one")
+        if diff and markdown:
+            raise UsageError("--diff and --markdown: give one (--diff prints text, or --json)")
         refuse_with_cluster(cluster, host)
+        if diff:
+            from vmrun.cli.diff_cmd import show_diffs
+
+            show_diffs(
+                runs,
+                flag="--diff",
+                as_json=as_json,
+                host=host,
+                cluster=cluster,
+                settings=lambda: settings_from(connect_timeout, accept_new_host_key),
+            )
+            return 0
         left_out: list[VmrunError] = []
         try:
             histories = gather(

@@ -7,6 +7,9 @@ leave them), so reports and plots work after the VMs are gone. Nothing here conn
 - `history`:  a results folder as a `RunHistory` (`load_run`, `load_runs`, `run_dirs`);
 - `report`:   one row per run, speed-up and efficiency (`report_rows`, `render_markdown`,
               `rows_json`);
+- `provenance`: a run's code, variables, and per node its environment, hardware and Slurm
+              allocation (`load_provenance`);
+- `rundiff`:  what differs between two runs (`diff_runs`, `render_text`);
 - `plotting`: a metric's series per run, labels, and `save_plot` (matplotlib, imported only
               there).
 """

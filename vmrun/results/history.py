@@ -91,13 +91,13 @@ def iso_utc(seconds: float | None) -> str | None:
 
 def is_run_dir(path: Path) -> bool:
     """A run's folder: its record or metrics here, or in a folder per host below it."""
-    return any((d / RECORD).is_file() or (d / METRICS).is_file() for d in (path, *_subdirs(path)))
+    return any((d / RECORD).is_file() or (d / METRICS).is_file() for d in (path, *subdirs(path)))
 
 
 def run_dirs(project: Path) -> list[Path]:
     """Every run under the project's results/, oldest first (by its start, else mtime)."""
     base = project / "results"
-    found = [d for d in _subdirs(base) if is_run_dir(d)]
+    found = [d for d in subdirs(base) if is_run_dir(d)]
     return sorted(found, key=lambda d: (_start_of(d), d.name))
 
 
@@ -134,8 +134,8 @@ def load_run(path: Path) -> RunHistory:
     name = path.name or str(path)
     if not path.is_dir():
         raise RunDataError(name, f"no results folder {path}")
-    places = _places(path)
-    records = {d: _json(d / RECORD) for d in places}
+    places = run_places(path)
+    records = {d: json_object(d / RECORD) for d in places}
     meta = next((m for m in records.values() if m), {})
     metrics_file = _metrics_file(places)
     if metrics_file is None:
@@ -180,18 +180,19 @@ def read_metrics(path: Path) -> tuple[Epoch, ...]:
     return tuple(by_epoch[e] for e in sorted(by_epoch))
 
 
-def _subdirs(path: Path) -> list[Path]:
+def subdirs(path: Path) -> list[Path]:
+    """The folders in `path`, hidden ones left out, sorted; none when it cannot be read."""
     try:
         return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
     except OSError:
         return []
 
 
-def _places(path: Path) -> list[Path]:
+def run_places(path: Path) -> list[Path]:
     """Where the run's files are: the folder itself, or its folders per host."""
     if (path / RECORD).is_file() or (path / METRICS).is_file():
         return [path]
-    return [d for d in _subdirs(path) if (d / RECORD).is_file() or (d / METRICS).is_file()]
+    return [d for d in subdirs(path) if (d / RECORD).is_file() or (d / METRICS).is_file()]
 
 
 def _metrics_file(places: list[Path]) -> Path | None:
@@ -200,7 +201,8 @@ def _metrics_file(places: list[Path]) -> Path | None:
     return max(files, key=lambda f: f.stat().st_size, default=None)
 
 
-def _json(path: Path) -> dict[str, Any]:
+def json_object(path: Path) -> dict[str, Any]:
+    """A file's JSON object; {} when it is missing, not JSON, or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -209,8 +211,8 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _start_of(path: Path) -> float:
-    for place in _places(path):
-        meta = _json(place / RECORD)
+    for place in run_places(path):
+        meta = json_object(place / RECORD)
         started = _times(layout_of(meta), meta, [place])[0]
         if started is not None:
             return started

@@ -8,7 +8,8 @@ first such run named):
 
 samples/s is the template's own figure: samples of every rank in an epoch over its time.
 A sweep that varies more than the size names what its runs differ in (`cpus=2 lr=0.01`):
-those options are columns of their own, after RUN.
+those options are columns of their own, after RUN. The JSON also names each run's commit
+and versions (vmrun.results.provenance), so a number can be traced to the code that made it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from vmrun.errors import VmrunError, error_json
 from vmrun.results.history import RunHistory
+from vmrun.results.provenance import VERSION_KEYS, summary_of
 
 HEADERS = (
     "RUN", "NODES", "PROCS/NODE", "WORLD", "LAUNCHER", "EPOCHS", "TOTAL TIME", "S/EPOCH",
@@ -49,6 +52,9 @@ class ReportRow:
     final_accuracy: float | None  # eval_accuracy, else accuracy, of the last epoch with one
     baseline: str | None  # the run speed-up and efficiency compare with
     varied: dict[str, str] = field(default_factory=dict)  # a sweep's other axes: {"lr": "0.1"}
+    commit: str | None = None  # the code's commit (run.json's `code`)
+    dirty: bool | None = None  # uncommitted changes were synced with it
+    versions: dict[str, str | None] | None = None  # python, torch, cuda, nccl, gpu, driver
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -95,9 +101,22 @@ def report_rows(
                 final_accuracy=accuracy if accuracy is not None else run.last("accuracy"),
                 baseline=base.run_id if speedup is not None and base else None,
                 varied=dict((varied or {}).get(run.run_id, {})),
+                **_provenance(run),
             )
         )
     return rows
+
+
+def _provenance(run: RunHistory) -> dict[str, Any]:
+    """The run's commit, dirty and versions, from its folder (None where unknown): which
+    code and stack a number came from, for the JSON."""
+    found = summary_of(run.path)
+    versions = {k: found[k] for k in VERSION_KEYS}
+    return {
+        "commit": found["commit"],
+        "dirty": found["dirty"],
+        "versions": versions if any(v is not None for v in versions.values()) else None,
+    }
 
 
 def row_dicts(rows: Sequence[ReportRow]) -> list[dict[str, object]]:
