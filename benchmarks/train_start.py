@@ -8,7 +8,10 @@ Needs root (a network-namespace test host) and the test cache's interpreter with
     python benchmarks/train_start.py [--runs 5]
 
 Measured here (2 cores, medians of 5): by hand 5.59 s, vmrun train 5.81 s: 1.04x (an
-earlier, quieter run: 3.31 s and 3.34 s, 1.01x).
+earlier, quieter run: 3.31 s and 3.34 s, 1.01x). It also counts the commands vmrun runs on
+the host per start (the session channels sshd logs at DEBUG1): with each run's provenance
+recorded (vmrun.runs.provenance) 7, as before it (10 for the first start: the host-side
+files' install); medians of 7: 1.07x and 1.10x by hand, against 1.16x and 1.10x before.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ def until_first_epoch(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
         proc.wait(timeout=300)
 
 
+def channels(log: str) -> int:
+    """Session channels sshd opened (each one command, a round trip at least)."""
+    return log.count("input_session_request") or log.count("ctype session")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -57,7 +65,8 @@ def main() -> None:
     try:
         keys = ClientKeys.generate(work / "keys")
         with NetnsBed(work / "bed", keys) as bed:
-            host = bed.add_host("h1")
+            # DEBUG1: sshd logs each channel a client opens (one per command vmrun runs)
+            host = bed.add_host("h1", sshd_extra_config="LogLevel DEBUG1")
             home = work / "home"
             (home / ".ssh").mkdir(parents=True)
             config = home / ".ssh" / "config"
@@ -78,16 +87,19 @@ def main() -> None:
                        "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                        "template.py", "3", "1", "--out-dir"]
             with_vmrun = [sys.executable, "-m", "vmrun", "train", "-H", "h1", "--", "3", "1"]
-            hand, ours = [], []
+            hand, ours, commands = [], [], []
             for i in range(args.runs):  # interleaved, so drift hits both alike
                 hand.append(until_first_epoch([*by_hand, f"by-hand-{i}"], project, env))
+                before = channels(host.sshd_log())
                 ours.append(until_first_epoch(with_vmrun, project, env))
+                commands.append(channels(host.sshd_log()) - before)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     hand_s, ours_s = statistics.median(hand), statistics.median(ours)
     print(f"ssh host torchrun ... (by hand), median: {hand_s:6.2f} s")
     print(f"vmrun train, median:                    {ours_s:6.2f} s")
     print(f"ratio vmrun / by hand: {ours_s / hand_s:.2f} (goal <= 1.2)")
+    print(f"commands (SSH channels) vmrun opened on the host per run: {sorted(set(commands))}")
 
 
 if __name__ == "__main__":
