@@ -221,6 +221,10 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
     assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 13))
     assert (template_out(n2, multi, rid) / "snapshot.pt").exists()
     assert run_pids(n1) == [] and run_pids(n2) == []
+    # the record tells this attempt's code and keeps the first attempt's (a template run)
+    record = json.loads((n2.home / ".vmrun" / "runs" / rid / "run.json").read_text())
+    assert [c["attempt"] for c in record["code_earlier"]] == [1]
+    assert record["code_earlier"][0]["tree_sha256"] == record["code"]["tree_sha256"]
 
 
 FAILING_SCRIPT = """\

@@ -90,3 +90,36 @@ def test_the_users_variables_are_names_only() -> None:
 def test_versions_json_is_read_leniently() -> None:
     assert provenance.versions_of('{"torch": "2.13.0"}') == {"torch": "2.13.0"}
     assert provenance.versions_of("not json") is None and provenance.versions_of("[1]") is None
+
+
+def test_only_what_is_synced_is_dirt_or_diff(repo: Path) -> None:
+    """A results/ folder a fetch left, or a tracked file .vmrunignore keeps here (a secret
+    edited in place), is neither dirty nor in the diff that goes to the host."""
+    proj = repo / "proj"
+    (proj / "secrets.yaml").write_text("token: none\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "secrets")
+    (proj / ".vmrunignore").write_text("secrets.yaml\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "ignore")
+    (proj / "results" / "run-1").mkdir(parents=True)
+    (proj / "results" / "run-1" / "run.json").write_text("{}")
+    (proj / "secrets.yaml").write_text("token: real-token-123\n")
+    clean = provenance.code_of(proj)
+    assert (clean.facts["dirty"], clean.facts["untracked"], clean.patch) == (False, [], b"")
+    git(repo, "mv", "proj/train.py", "proj/main.py")  # a rename: both names are the code's
+    (proj / "data").mkdir()
+    (proj / "data" / "prep.py").write_text("x = 2\n")  # an untracked folder that is synced
+    moved = provenance.code_of(proj)
+    assert moved.facts["dirty"] is True and moved.facts["untracked"] == ["data/"]
+    assert b"rename to proj/main.py" in moved.patch and b"real-token-123" not in moved.patch
+
+
+def test_a_template_run_tells_the_commit_but_nothing_of_the_project_is_synced(repo: Path) -> None:
+    from vmrun.trainer import TEMPLATE_PATH
+
+    (repo / "proj" / "train.py").write_text("print('changed')\n")
+    code = provenance.code_of(repo / "proj", trainer=TEMPLATE_PATH)
+    assert code.facts["commit"] == git(repo, "rev-parse", "HEAD") and code.facts["files"] == 1
+    assert (code.facts["dirty"], code.patch) == (None, b"")
+    assert code.facts["tree_sha256"] == provenance.tree_hash(TEMPLATE_PATH.parent, ["template.py"])

@@ -42,7 +42,8 @@ SCONTROL = """\
 echo "$*" >> "$(dirname "$0")/scontrol.log"
 case "$*" in
   "show hostnames n[1-2]") printf 'n1\\nn2\\n' ;;
-  "show job -o 42") echo "JobId=42 Partition=debug ReqTRES=cpu=1,node=1 AllocTRES=cpu=4,mem=1G,node=2 Nodes=2" ;;
+  "show job -o 42") printf '%s %s\\n' "JobId=42 Partition=debug ReqTRES=cpu=1,node=1" \\
+    "AllocTRES=cpu=4,mem=1G,node=2 Nodes=2" ;;
   *) echo "scontrol stand-in: nothing recorded for: $*" >&2; exit 1 ;;
 esac
 """

@@ -338,3 +338,25 @@ def test_own_batch_scripts_compare_their_script_and_scontrols_allocation(results
     (results / "c" / "run.json").write_text(json.dumps({"id": "c", **meta}))
     (results / "c" / "allocation").write_text("")  # a job Slurm had forgotten: unknown
     assert load_provenance(results / "c").allocation is None
+
+
+def test_a_requeued_job_counts_the_nodes_of_its_last_attempt(results: Path) -> None:
+    """A fetch never deletes: after a requeue onto other nodes the folder holds both
+    attempts' node files; the run's nodes are its last attempt's."""
+    d = results / "rq"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"id": "rq", "cluster": "bed", "nodes": 2}))
+    for node, restarts in (("c1", None), ("c2", None), ("c3", "1"), ("c4", "1")):
+        slurm = {"partition": "gpu", "restart_count": restarts, "nodes": ["x"]}
+        (d / f"provenance-{node}.json").write_text(json.dumps(provenance(node, slurm=slurm)))
+    assert [n.name for n in load_provenance(d).nodes] == ["c3", "c4"]
+
+
+def test_a_resumed_run_that_ran_other_code_before_says_so(results: Path) -> None:
+    earlier = [{**code(COMMIT_B), "tree_sha256": "d" * 64, "attempt": 1}]
+    a = write_run(results, "a", prov=provenance())
+    b = write_run(results, "b", prov=provenance(), meta={"code_earlier": earlier})
+    got = diff_of(a, b)
+    (change,) = [c for c in got.code if c.what == "earlier attempts' code"]
+    assert change.a is None and change.b == ["attempt 1: bbbbbbbbbbbb"]
+    assert "earlier attempts' code" in render_text(got)

@@ -42,7 +42,7 @@ def test_the_diff_and_the_collector_go_beside_the_run_and_not_into_it(tmp_path: 
     assert (rec / "code.patch").read_bytes().endswith(provenance.CUT_MARK)
     ran_with = (rec / "run-env.txt").read_text()
     assert SECRET in ran_with  # the run has its variable...
-    for name in (provenance.PATCH_VAR, provenance.COLLECTOR_VAR, provenance.COLLECTOR_ARGS_VAR):
+    for name in (provenance.PATCH_VAR, provenance.COLLECTOR_VAR):
         assert f"{name}=" not in ran_with  # ...and none of vmrun's own
     facts = json.loads((rec / "provenance.json").read_text())
     assert facts["environment"]["python"]["executable"] == sys.executable

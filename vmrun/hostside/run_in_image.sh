@@ -6,9 +6,9 @@
 # The collector runs detached and niced; CMD replaces this shell.
 py=$1 collector=$2 rec=$3
 shift 3
-if command -v nice > /dev/null 2>&1; then
-  nice -n 10 "$py" "$collector" "$rec" < /dev/null > /dev/null 2>&1 &
-else
-  "$py" "$collector" "$rec" < /dev/null > /dev/null 2>&1 &
-fi
+nice=
+command -v nice > /dev/null 2>&1 && nice="nice -n 10"
+# in a subshell, so that it is not a child of CMD (which may wait for children of its own)
+# shellcheck disable=SC2086  # `nice -n 10`, or nothing
+( $nice "$py" "$collector" "$rec" < /dev/null > /dev/null 2>&1 & )
 exec "$@"

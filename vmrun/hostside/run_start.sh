@@ -59,7 +59,10 @@ fi
 unset VMRUN_NOTIFY_CONFIG
 # the run's provenance (vmrun.runs.provenance): the uncommitted diff (VMRUN_CODE_PATCH: base64 of
 # gzip) into code.patch, and who describes its environment and hardware (VMRUN_PROVENANCE: an
-# interpreter for run_provenance.py, VMRUN_PROVENANCE_ARGS its flags); none of them in the run's env
+# interpreter for run_provenance.py); neither in the run's environment
+if [ "$mode" = resume ] && [ -f "$rec/code.patch" ]; then
+  mv "$rec/code.patch" "$rec/code.patch.$((attempt - 1))"  # the earlier attempt's
+fi
 rm -f "$rec/code.patch"
 if [ -n "${VMRUN_CODE_PATCH:-}" ]; then
   if printf '%s' "$VMRUN_CODE_PATCH" | base64 -d | gzip -dc > "$rec/code.patch.tmp"; then
@@ -68,8 +71,8 @@ if [ -n "${VMRUN_CODE_PATCH:-}" ]; then
     rm -f "$rec/code.patch.tmp"
   fi
 fi
-prov=${VMRUN_PROVENANCE:-} prov_args=${VMRUN_PROVENANCE_ARGS:-}
-unset VMRUN_CODE_PATCH VMRUN_PROVENANCE VMRUN_PROVENANCE_ARGS
+prov=${VMRUN_PROVENANCE:-}
+unset VMRUN_CODE_PATCH VMRUN_PROVENANCE
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"
 case "$out" in /*) ;; *) out="$HOME/$out" ;; esac
@@ -80,9 +83,10 @@ if [ "$mode" = resume ] && [ -n "$banner" ]; then printf '%s\n' "$banner" >> "$r
 [ "$mode" = resume ] || : > "$rec/log.times"
 # detached and niced, and not one of the run's processes (no VMRUN_RUN_ID): the run starts now
 if [ -n "$prov" ]; then
-  # shellcheck disable=SC2086  # the collector's flags, split on purpose
-  setsid -f nice -n 10 "$prov" "$lib/run_provenance.py" "$rec" $prov_args \
-    < /dev/null > /dev/null 2>&1 8>&-
+  nice=
+  command -v nice > /dev/null 2>&1 && nice="nice -n 10"
+  # shellcheck disable=SC2086  # `nice -n 10`, or nothing
+  setsid -f $nice "$prov" "$lib/run_provenance.py" "$rec" < /dev/null > /dev/null 2>&1 8>&-
 fi
 export VMRUN_RUN_ID="$id" VMRUN_RUN_DIR="$rec"
 setsid -f sh "$lib/run_supervise.sh" "$rec" "$mode" "$lib/run_marks.py" "$@" \

@@ -26,6 +26,7 @@ tell() {  # EVENT EXIT: "" lets the sender tell an end from the exit code and th
   fi
 }
 rm -rf "$rec"/notified.*  # each attempt's end is told afresh
+rm -f "$rec"/provenance-*.json  # each attempt's nodes describe themselves (a requeue moves it)
 nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 printf '%s\n' "$nodes" > "$rec/nodes"
 printf '%s %s\n' "$attempt" "$(date +%s)" >> "$rec/starts"

@@ -5,23 +5,28 @@
 # `==> PATH <==` sections.
 r=$1
 echo "==> squeue <=="
-squeue -h -r -u "$(id -un)" --states=all \
+q=$(squeue -h -r -u "$(id -un)" --states=all \
   -O 'JobArrayID:|,State:|,Reason:|,StartTime:|,TimeUsed:|,NodeList:|,ArrayJobID:|,ArrayTaskID:|,exit_code' \
-  2>/dev/null
+  2>/dev/null)
+[ -n "$q" ] && printf '%s\n' "$q"
 cd "$r" 2>/dev/null || exit 0
 set -- */run.json
 [ -e "$1" ] || exit 0
-# each job's allocation (`scontrol show job -o`: nodes, partition, TRES), kept once it has its
-# nodes, for the run's provenance (a user's own batch script runs nothing of vmrun's on them);
-# a job Slurm no longer knows gets an empty file, so it is asked about once
+# each job's allocation (`scontrol show job -o`: nodes, partition, TRES), kept once, for the
+# run's provenance (a user's own batch script runs nothing of vmrun's on its nodes): asked only
+# of jobs squeue lists with nodes now (not pending), each once, by the id sbatch gave
+placed=" $(printf '%s\n' "$q" | awk -F'|' '{ s = $2; j = $7; gsub(/ /, "", s); gsub(/ /, "", j)
+  if (s != "PENDING" && j != "") print j }' | sort -u | tr '\n' ' ')"
+limit=
+command -v timeout > /dev/null 2>&1 && limit="timeout 10"
 for j in */jobid; do
   d=${j%/jobid}
-  [ -e "$d/allocation" ] || [ ! -s "$j" ] && continue
-  if a=$(scontrol show job -o "$(head -n 1 "$j")" 2>&1); then
-    case $a in *" NodeList=(null)"*|"") continue ;; esac
-  else
-    case $a in *"nvalid job id"*) a= ;; *) continue ;; esac
-  fi
+  [ -e "$d/allocation" ] && continue
+  id=$(head -n 1 "$j" 2>/dev/null)
+  case $placed in *" $id "*) ;; *) continue ;; esac
+  # shellcheck disable=SC2086  # `timeout 10`, or nothing
+  a=$($limit scontrol show job -o "$id" 2>/dev/null) || continue
+  case $a in *" NodeList=(null)"*|"") continue ;; esac
   printf '%s\n' "$a" > "$d/allocation.tmp" && mv "$d/allocation.tmp" "$d/allocation"
 done
 tail -v -n +1 -- */run.json */jobid */starts */exit */stopped */since */ended */versions.json \

@@ -8,9 +8,13 @@
 trap '' USR2
 # what this node is and what the run's Python has (run_provenance.py, put beside the record at
 # submission): once per node, detached and niced; its files are provenance-<node>.json
+# (in a subshell: not a child of the launcher this shell becomes)
 if [ "${SLURM_LOCALID:-0}" = 0 ] && [ -r "$VMRUN_RECORD_DIR/run_provenance.py" ]; then
-  nice -n 10 "$VMRUN_PYTHON" "$VMRUN_RECORD_DIR/run_provenance.py" "$VMRUN_RECORD_DIR" \
-    --per-node < /dev/null > /dev/null 2>&1 &
+  nice=
+  command -v nice > /dev/null 2>&1 && nice="nice -n 10"
+  # shellcheck disable=SC2086  # `nice -n 10`, or nothing
+  ( $nice "$VMRUN_PYTHON" "$VMRUN_RECORD_DIR/run_provenance.py" "$VMRUN_RECORD_DIR" \
+    --per-node < /dev/null > /dev/null 2>&1 & )
 fi
 case $VMRUN_LAUNCHER in
   torchrun)

@@ -148,10 +148,23 @@ def _nodes_in(home: Path, run: Path, meta: Mapping[str, Any]) -> list[NodeProven
         matched = _NODE_FILE.fullmatch(file.name)
         label = home.name if per_host else _node_name(data, matched.group(1) if matched else "")
         nodes.append(_node(label or _default_name(meta), data, versions))
+    nodes = _last_attempt(nodes)
     if not nodes and (per_host or versions):
         label = home.name if per_host else _default_name(meta)
         nodes.append(NodeProvenance(label, versions=versions))
     return nodes
+
+
+def _last_attempt(nodes: list[NodeProvenance]) -> list[NodeProvenance]:
+    """A requeued Slurm job's nodes of its last attempt (a fetch here keeps the files of
+    every attempt's nodes: it never deletes)."""
+
+    def attempt(node: NodeProvenance) -> int:
+        count = (node.slurm or {}).get("restart_count")
+        return int(count) if isinstance(count, str) and count.isdigit() else 0
+
+    last = max(map(attempt, nodes), default=0)
+    return [n for n in nodes if attempt(n) == last]
 
 
 def _node(name: str, data: Mapping[str, Any], versions: Mapping[str, Any]) -> NodeProvenance:

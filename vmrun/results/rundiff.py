@@ -135,6 +135,7 @@ def code_changes(a: RunProvenance, b: RunProvenance) -> list[Change]:
     if tree_a != tree_b:
         changes.append(Change("tree_sha256", tree_a, tree_b))
     changes += _patch_change(ca, cb) + _untracked(ca, cb) + _batch_change(a, b)
+    changes += _earlier_change(a, b)
     if changes and tree_a and tree_a == tree_b:
         said = f"same code synced (tree_sha256 {_shown(tree_a)})"
         changes.append(Change("tree_sha256", tree_a, tree_b, note=said))
@@ -158,6 +159,23 @@ def _patch_change(ca: Mapping[str, Any], cb: Mapping[str, Any]) -> list[Change]:
         return []
     pa, pb = facts(ca), facts(cb)
     return [Change("patch", pa, pb, note=f"patch: {said(pa)} -> {said(pb)}")]
+
+
+def _earlier_change(a: RunProvenance, b: RunProvenance) -> list[Change]:
+    """A resumed run whose earlier attempts ran other code (run.json's `code_earlier`)."""
+
+    def other(run: RunProvenance) -> list[str] | None:
+        listed = run.meta.get("code_earlier")
+        now = run.code.get("tree_sha256")
+        found = [
+            f"attempt {c.get('attempt')}: {_shown(c.get('commit'))}"
+            for c in (listed if isinstance(listed, list) else [])
+            if isinstance(c, dict) and c.get("tree_sha256") != now
+        ]
+        return found or None
+
+    ea, eb = other(a), other(b)
+    return [] if ea == eb else [Change("earlier attempts' code", ea, eb)]
 
 
 def _batch_change(a: RunProvenance, b: RunProvenance) -> list[Change]:

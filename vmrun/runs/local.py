@@ -91,14 +91,15 @@ def run_local(
         on_start(rid)
     procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
     out.info(f"run {rid}: {plan.script.name}, {plan.launcher}, {procs}; files in {rel_dir}/")
-    collector = _describe(run_dir, in_image=image is not None)
+    own = {k: v for k, v in child_env.items() if k not in ("VMRUN_RUN_ID", "VMRUN_RUN_DIR")}
+    collector = _describe(run_dir, own, in_image=image is not None)  # not one of the run's
     try:
         code = _supervise(plan, rid, run_dir, rel_dir, record, argv, child_env, out, verbose)
     except (KeyboardInterrupt, Interrupted):
         _finish(collector, wait=0.5)  # stopping: at once
         raise
     except BaseException:
-        _finish(collector)
+        _finish(collector, wait=5.0)
         raise
     _finish(collector)
     return code
@@ -125,15 +126,18 @@ def _code(plan: Plan, run_dir: Path) -> dict[str, Any]:
     return code.facts
 
 
-def _describe(run_dir: Path, *, in_image: bool) -> subprocess.Popen[bytes] | None:
-    """hostside/run_provenance.py beside the run, as on a host (vmrun's interpreter is the
-    run's; in an image, the machine's hardware alone)."""
+def _describe(
+    run_dir: Path, env: dict[str, str], *, in_image: bool
+) -> subprocess.Popen[bytes] | None:
+    """hostside/run_provenance.py beside the run, as on a host: vmrun's interpreter is the
+    run's, with the run's environment (its PYTHONPATH); in an image, the machine's hardware
+    alone. A session of its own, so that what it starts goes with it."""
     from vmrun.hostside import HERE
 
     argv = [sys.executable, str(HERE / "run_provenance.py"), str(run_dir)]
     try:
         return subprocess.Popen(
-            [*argv, *(["--hardware-only"] if in_image else [])],
+            [*argv, *(["--hardware-only"] if in_image else [])], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
@@ -142,13 +146,15 @@ def _describe(run_dir: Path, *, in_image: bool) -> subprocess.Popen[bytes] | Non
 
 
 def _finish(collector: subprocess.Popen[bytes] | None, wait: float = 30.0) -> None:
-    """Nothing left behind: the collector has its time, then is killed."""
+    """Nothing left behind: the collector has its time, then its whole session (a torch
+    or conda child included) is killed."""
     if collector is None:
         return
     try:
         collector.wait(timeout=wait)
     except subprocess.TimeoutExpired:
-        collector.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(collector.pid, signal.SIGKILL)
         collector.wait()
 
 

@@ -27,7 +27,7 @@ from vmrun.transfer.types import FetchSpec
 # what made the run (vmrun.runs.provenance, hostside/run_provenance.py): with its logs, so
 # `fetch results` and `report`'s fetch keep it here after the VM is gone
 PROVENANCE = (
-    "provenance*.json", "environment.txt", "versions.json", "code.patch", "batch.sh", "allocation",
+    "provenance*.json", "environment.txt", "versions.json", "code.patch*", "batch.sh", "allocation",
 )  # fmt: skip
 WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")

@@ -19,7 +19,7 @@ import re
 import stat
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ GIT_TIMEOUT_S = 20.0
 # the host side reads these (hostside/run_start.sh) and takes them out of the run's env
 PATCH_VAR = "VMRUN_CODE_PATCH"
 COLLECTOR_VAR = "VMRUN_PROVENANCE"  # the interpreter that describes the run ("": none)
-COLLECTOR_ARGS_VAR = "VMRUN_PROVENANCE_ARGS"
 CUT_MARK = b"# vmrun: the diff was cut here (too large)\n"
 _CREDENTIALS = re.compile(r"(?<=://)[^/@]*@")
 
@@ -51,15 +50,17 @@ def code_of(
     project: Path, files: Sequence[str] | None = None, *, trainer: Path | None = None
 ) -> Code:
     """The project's git state and the hash of what is synced: `files` (the project's,
-    relative), or the template `trainer` alone when the run is vmrun's template."""
+    relative), or the template `trainer` alone when the run is vmrun's template (then the
+    project's commit is told, but nothing of it is synced: no dirty state, no diff)."""
     from vmrun.sync.files import project_files
 
     if trainer is not None:
         tree, count = tree_hash(trainer.parent, [trainer.name]), 1
+        facts, patch = _git_state(project, None)
     else:
         listed = list(files) if files is not None else project_files(project)
         tree, count = tree_hash(project, listed), len(listed)
-    facts, patch = _git_state(project)
+        facts, patch = _git_state(project, listed)
     return Code({**facts, "tree_sha256": tree, "files": count}, patch)
 
 
@@ -87,6 +88,9 @@ def _entry_hash(path: Path) -> str:
         return "missing"
 
 
+_GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", "GIT_LITERAL_PATHSPECS": "1"}
+
+
 def _git(project: Path, *args: str) -> str | None:
     try:
         done = subprocess.run(
@@ -94,43 +98,94 @@ def _git(project: Path, *args: str) -> str | None:
             capture_output=True,
             timeout=GIT_TIMEOUT_S,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"},
+            env={**os.environ, **_GIT_ENV},
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.decode("utf-8", "surrogateescape") if done.returncode == 0 else None
 
 
-def _git_state(project: Path) -> tuple[dict[str, Any], bytes]:
-    """Commit, branch, dirty, remote, untracked files and the diff against HEAD, of the
-    project's folder in its repository (what is synced); {"git": False} outside one."""
-    status = _git(project, "status", "--porcelain=v2", "--branch", "-z", "--", ".")
-    if status is None:
-        return {"git": False, "commit": None, "dirty": None}, b""
-    head = branch = None
-    changed = 0
-    untracked: list[str] = []
-    for entry in status.split("\0"):
+@dataclass
+class _Status:
+    """`git status --porcelain=v2 -z` of the project's folder, paths as the sync names them
+    (relative to the project)."""
+
+    head: str | None = None
+    branch: str | None = None
+    changed: list[str] = field(default_factory=list)  # tracked, changed (both names of a rename)
+    untracked: list[str] = field(default_factory=list)  # a folder ends with /
+
+
+def _status(text: str, prefix: str) -> _Status:
+    found = _Status()
+    entries = iter(text.split("\0"))
+    cut = len(prefix) + 1 if prefix else 0
+    for entry in entries:
+        kind = entry[:2]
         if entry.startswith("# branch.oid "):
-            head = entry.split()[-1]
+            found.head = entry.split()[-1]
         elif entry.startswith("# branch.head "):
-            branch = entry.split(" ", 2)[-1]
-        elif entry.startswith("? "):
-            untracked.append(entry[2:])
-        elif entry[:2] in ("1 ", "2 ", "u "):
-            changed += 1
-    commit = head if head and head != "(initial)" else None
+            found.branch = entry.split(" ", 2)[-1]
+        elif kind == "? ":
+            found.untracked.append(entry[2:][cut:])
+        elif kind in _PATH_AT:
+            found.changed.append(entry.split(" ", _PATH_AT[kind])[-1][cut:])
+            if kind == "2 ":  # a rename or copy: the original name is the next entry
+                found.changed.append(next(entries, "")[cut:])
+    return found
+
+
+_PATH_AT = {"1 ": 8, "2 ": 9, "u ": 10}  # the path is the field after these many spaces
+
+
+def _synced_only(
+    project: Path, status: _Status, files: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """The changed and untracked paths the sync sends, and tracked files deleted here that
+    it would have sent (a file .vmrunignore or vmrun's defaults leave here, results/ say,
+    is neither dirt nor diff of the run's code)."""
+    from vmrun.sync.files import vmrun_ignores
+
+    synced = set(files)
+    folders = {rel[: i + 1] for rel in synced for i, c in enumerate(rel) if c == "/"}
+    gone = [p for p in status.changed if p not in synced and not os.path.lexists(project / p)]
+    if gone:
+        rules = vmrun_ignores(project)
+        synced |= {p for p in gone if not rules.ignored(p)}
+    changed = [p for p in status.changed if p in synced]
+    untracked = [u for u in status.untracked if u in synced or u in folders]
+    return changed, untracked
+
+
+def _diff(project: Path, paths: list[str], per_call: int = 500) -> bytes:
+    """`git diff HEAD` of these paths (literal), a few hundred to a command line."""
+    parts = []
+    for at in range(0, len(paths), per_call):
+        text = _git(project, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--",
+                    *paths[at : at + per_call])  # fmt: skip
+        parts.append((text or "").encode("utf-8", "surrogateescape"))
+    return b"".join(parts)
+
+
+def _git_state(project: Path, files: Sequence[str] | None) -> tuple[dict[str, Any], bytes]:
+    """Commit, branch, remote, and of the synced `files` (None: none, a template run)
+    whether any differs from the commit, the untracked ones and the diff against HEAD;
+    {"git": False} outside a repository."""
+    text = _git(project, "status", "--porcelain=v2", "--branch", "-z", "--", ".")
+    if text is None:
+        return {"git": False, "commit": None, "dirty": None}, b""
     prefix = (_git(project, "rev-parse", "--show-prefix") or "").strip().rstrip("/")
-    untracked = [u[len(prefix) + 1 :] if prefix else u for u in untracked]  # as synced
+    status = _status(text, prefix)
+    commit = status.head if status.head and status.head != "(initial)" else None
+    changed, untracked = _synced_only(project, status, files or [])
     patch = b""
     if commit and changed:
-        text = _git(project, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--", ".")
-        patch = (text or "").encode("utf-8", "surrogateescape")
+        patch = _diff(project, sorted(set(changed)))
     facts = {
         "git": True,
         "commit": commit,
-        "branch": None if branch in (None, "(detached)") else branch,
-        "dirty": bool(changed or untracked),
+        "branch": None if status.branch in (None, "(detached)") else status.branch,
+        "dirty": None if files is None else bool(changed or untracked),
         "remote": _remote(project),
         "path": prefix,
         "untracked": untracked[:UNTRACKED_LISTED],

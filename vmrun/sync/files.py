@@ -128,6 +128,12 @@ def project_files(project: Path) -> list[str]:
     return sorted(f for f in files if not vmrun.ignored(f))
 
 
+def vmrun_ignores(project: Path) -> ignore.Matcher:
+    """The rules vmrun adds to git's (its defaults, `.vmrunignore`): `.ignored(rel)` tells
+    whether a path, there or not, would be left out of the sync."""
+    return _vmrun_matcher(Path(os.path.abspath(project)))
+
+
 def large_files(
     project: Path, files: Sequence[str], threshold: int = LARGE_FILE
 ) -> list[tuple[str, int]]:

@@ -108,6 +108,7 @@ class HostsBackend:
         started = _start_all(
             self.group, plan, nodes, rid, nproc, layout, how.wiring, how.resume, banner,
             alone=not how.allow_concurrent, notify=how.notify,
+            earlier=_earlier_code(rid, how) if how.resume else [],
         )  # fmt: skip
         names = ", ".join(nodes)
         first = self.entries[0].label
@@ -367,6 +368,7 @@ def _start_all(
     *,
     alone: bool = False,
     notify: Notify | None = None,
+    earlier: list[dict[str, Any]] | None = None,
 ) -> dict[str, int]:
     """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
     each host refuses if another run is alive there (the busy check, under its start lock).
@@ -388,6 +390,7 @@ def _start_all(
         "nnodes": wiring.nnodes or str(len(labels)),
         "rdzv": layout.endpoint if layout else None,
         "code": code.facts,
+        **({"code_earlier": earlier} if earlier else {}),
     }
 
     def start(entry: HostEntry, conn: Connection) -> int:
@@ -427,6 +430,18 @@ def _start_all(
         group.map(lambda entry, conn: records.stop(conn, rid, grace=5), only=started)
         raise_for_failures(outcomes, one_as_itself=True)
     return {o.host: int(o.value or 0) for o in outcomes}
+
+
+def _earlier_code(rid: str, how: Launch) -> list[dict[str, Any]]:
+    """A resumed run's earlier attempts' code (run.json's `code` is this attempt's; each
+    attempt's diff stays as code.patch.<attempt> beside it): what made its first epochs."""
+    recs = [r for recs in (how.listed or {}).values() for r in recs if r.id == rid]
+    if not recs:
+        return []
+    meta = recs[0].meta
+    kept = [c for c in meta.get("code_earlier") or [] if isinstance(c, dict)]
+    code = meta.get("code")
+    return kept + ([{**code, "attempt": recs[0].attempt}] if isinstance(code, dict) else [])
 
 
 def _users_names(plan: Plan, node: Node) -> set[str]:
