@@ -99,15 +99,17 @@ class HostsBackend:
 
             banner = prepare(self.group, list(nodes), rid, out, how.listed)
         live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
+        files = _synced_files(plan)  # once for every host, and for the run's record
         with live:
             _pull_images(self.group, nodes, out, progress)
             staged = self.group.map(
-                lambda entry, conn: stage(nodes[entry.label], plan, out, progress), only=only
+                lambda entry, conn: stage(nodes[entry.label], plan, out, progress, files),
+                only=only,
             )
         raise_for_failures(staged, one_as_itself=True)
         started = _start_all(
             self.group, plan, nodes, rid, nproc, layout, how.wiring, how.resume, banner,
-            alone=not how.allow_concurrent, notify=how.notify,
+            alone=not how.allow_concurrent, notify=how.notify, files=files,
             earlier=_earlier_code(rid, how) if how.resume else [],
         )  # fmt: skip
         names = ", ".join(nodes)
@@ -368,6 +370,7 @@ def _start_all(
     *,
     alone: bool = False,
     notify: Notify | None = None,
+    files: list[str] | None = None,
     earlier: list[dict[str, Any]] | None = None,
 ) -> dict[str, int]:
     """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
@@ -375,7 +378,9 @@ def _start_all(
     `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
     the master tells the run's end itself, with or without vmrun attached."""
     labels = list(nodes)
-    code = provenance.code_of(plan.project, trainer=plan.script if plan.is_template else None)
+    code = provenance.code_of(
+        plan.project, files, trainer=plan.script if plan.is_template else None
+    )
     meta_base = {
         "name": plan.name,
         "template": plan.is_template,
@@ -430,6 +435,14 @@ def _start_all(
         group.map(lambda entry, conn: records.stop(conn, rid, grace=5), only=started)
         raise_for_failures(outcomes, one_as_itself=True)
     return {o.host: int(o.value or 0) for o in outcomes}
+
+
+def _synced_files(plan: Plan) -> list[str] | None:
+    """The project's files the run syncs (None: the template, which syncs none of them)."""
+    from vmrun.sync.files import project_files
+    from vmrun.trainer import is_bundled
+
+    return None if is_bundled(plan.script) else project_files(plan.project)
 
 
 def _earlier_code(rid: str, how: Launch) -> list[dict[str, Any]]:

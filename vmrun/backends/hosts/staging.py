@@ -13,10 +13,17 @@ from vmrun.runs.plan import Plan
 from vmrun.transfer.types import Progress
 
 
-def stage(node: Node, plan: Plan, out: Reporter, progress: Progress | None = None) -> None:
+def stage(
+    node: Node,
+    plan: Plan,
+    out: Reporter,
+    progress: Progress | None = None,
+    files: list[str] | None = None,
+) -> None:
     """Put the code on the host: node.workdir, and node.script as the run will see it;
-    then the run's --data."""
-    _stage_code(node, plan, out, progress)
+    then the run's --data. `files`: the project's files to sync, listed once for every host
+    (None: listed here)."""
+    _stage_code(node, plan, out, progress, files)
     if plan.data:
         _push_data(node, plan, out, progress)
 
@@ -27,7 +34,9 @@ def _push_data(node: Node, plan: Plan, out: Reporter, progress: Progress | None)
     node.data += push_data(node.conn, plan.data, node.workdir, out, progress)
 
 
-def _stage_code(node: Node, plan: Plan, out: Reporter, progress: Progress | None) -> None:
+def _stage_code(
+    node: Node, plan: Plan, out: Reporter, progress: Progress | None, files: list[str] | None
+) -> None:
     from vmrun.sync.files import large_files, project_files
     from vmrun.sync.project import sync_project
     from vmrun.trainer import is_bundled
@@ -54,7 +63,7 @@ def _stage_code(node: Node, plan: Plan, out: Reporter, progress: Progress | None
             hint="run vmrun from the project, or move the script into it",
             code="script-not-synced",
         ) from None
-    files = project_files(plan.project)
+    files = project_files(plan.project) if files is None else files
     if script not in files:
         raise UsageError(
             f"script {script} is excluded from the sync (.gitignore,"
