@@ -165,6 +165,26 @@ def test_mp_spawn_script_with_the_python_launcher(
     assert spawned == ["0", "1"], done.stdout
 
 
+def test_a_failed_worker_s_own_code_and_rank_are_the_run_s(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """Two nodes under torchrun, rank 1 (on the second) exits 3: torchrun and srun say 1,
+    vmrun says 3 and names the rank, and so do the record, status and the job's own exit."""
+    use_cluster(slurm_client, host_python)
+    done = slurm_client.vmrun("train", "-C", "bed", "rank1_fails.py", "--nodes", "2",
+                              "--nproc-per-node", "1", "--", timeout=300)  # fmt: skip
+    assert done.returncode == 3, done.stderr + done.stdout
+    c2 = slurm_cluster.node_names[1]
+    said = rf"exit code 3: rank 1 \(local rank 0\) on {c2}\S* exited with 3"
+    assert re.search(said, done.stderr), done.stderr
+    rid = run_id_of(done.stderr)
+    failure = json.loads((record_dir(slurm_cluster, rid) / "failure.json").read_text())
+    assert (failure["rank"], failure["exit"], failure["launcher_exit"]) == (1, 3, 1), failure
+    status = slurm_client.vmrun("status", "-C", "bed", "--json")
+    (row,) = [r for r in json.loads(status.stdout) if r["run"] == rid]
+    assert (row["state"], row["exit"], row["failure"]["rank"]) == ("failed", 3, 1), row
+
+
 def test_train_data_goes_once_to_the_shared_filesystem_and_the_job_reads_it(
     slurm_cluster: Any, slurm_client: Client, host_python: Path
 ) -> None:

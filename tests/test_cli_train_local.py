@@ -257,6 +257,26 @@ def test_script_args_after_dashdash_and_exit_code(client: Client) -> None:
     assert record["status"] == "failed" and record["exit_code"] == 3
 
 
+def test_a_torchrun_worker_s_own_exit_code_and_rank(client: Client) -> None:
+    """torchrun exits 1 when a worker fails; the run's code is the worker's (3), and which
+    rank it was is said and kept (failure.json beside run.json)."""
+    (client.cwd / "rank1.py").write_text(
+        "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(120)\n"
+    )
+    mark = new_mark()
+    try:
+        done = client.vmrun("train", "--local", "rank1.py", "--nproc-per-node", "2", env=_env(mark))
+    finally:
+        kill_marked(mark)
+    run_dir, record = _only_run(client)
+    assert done.returncode == 3, done.stderr
+    code, said = error_in(done.stderr)
+    assert code == "run-failed" and "exited with 3: rank 1 on " in said, done.stderr
+    assert record["exit_code"] == 3
+    failure = json.loads((run_dir / "failure.json").read_text())
+    assert (failure["rank"], failure["exit"], failure["launcher_exit"]) == (1, 3, 1)
+
+
 # A script that spawns its own workers (torch.multiprocessing.spawn), the `python`
 # launcher's kind: 2 gloo processes on 127.0.0.1 and a free port, one all_reduce.
 SPAWN_SCRIPT = """\

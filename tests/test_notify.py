@@ -33,11 +33,13 @@ TOKEN = "s3cr3t-t0ken"
 
 class Receiver:
     """A real HTTP server that keeps every POST (path, headers, body); `status` is what it
-    answers."""
+    answers; while `hold` is clear, it answers nothing (a sender held in its post)."""
 
     def __init__(self, host: str = "127.0.0.1"):
         self.posts: list[dict[str, Any]] = []
         self.status = 200
+        self.hold = threading.Event()
+        self.hold.set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,6 +47,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 outer.posts.append({"path": self.path, "headers": dict(self.headers),
                                     "body": body.decode(errors="replace")})  # fmt: skip
+                outer.hold.wait(120)
                 self.send_response(outer.status)
                 self.end_headers()
 
@@ -63,6 +66,7 @@ class Receiver:
         return [json.loads(p["body"]) for p in self.posts]
 
     def close(self) -> None:
+        self.hold.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -144,6 +148,18 @@ def test_the_host_sender_tells_the_end_once(tmp_path: Path, receiver: Receiver) 
     assert rendered["send"] == "local"  # the host sent: the laptop sends only what it cannot
     assert json.loads(_sender(rec, "render").stdout)["send"] == "none"
     assert len(receiver.posts) == 1
+
+
+def test_a_failure_names_the_worker_that_failed_first(tmp_path: Path, receiver: Receiver) -> None:
+    """The record's failure.json (hostside/run_failure.py): the message gives the worker's
+    own code and says which rank failed, where."""
+    rec = _record(tmp_path, receiver, code="3")
+    (rec / "failure.json").write_text(json.dumps({"exit": 3, "rank": 5, "local_rank": 1,
+                                                  "host": "gpu-7", "signal": None}))  # fmt: skip
+    assert _sender(rec, "send").returncode == 0
+    (message,) = receiver.messages()
+    assert "exit 3" in message["message"]
+    assert "first to fail: rank 5 (local rank 1) on gpu-7 exited with 3" in message["message"]
 
 
 def test_an_ntfy_server_gets_ntfys_own_form(tmp_path: Path, receiver: Receiver) -> None:
@@ -271,6 +287,31 @@ def test_a_failure_is_told_once_with_why(bed: NetnsBed, project: Client,
     (message,) = bed_receiver.messages()
     assert message["title"] == f"vmrun: run {rid} failed" and message["type"] == "failure"
     assert "exit 3" in message["message"]
+
+
+def test_the_recorded_code_is_read_while_the_host_still_tells_the_end(
+    bed: NetnsBed, project: Client, bed_receiver: Receiver
+) -> None:
+    """The run's shell writes exit_code, then tells the end; here its post is held, so the
+    follower and `status` find that shell alive with the code recorded: both say exit 3
+    (they said 1: a live shell counted as a running run), and so does the message."""
+    bed_receiver.hold.clear()
+    (project.cwd / "fails.py").write_text("import sys\nsys.exit(3)\n")
+    done = project.vmrun("train", "fails.py", "-H", "h1", "--launcher", "python",
+                         "--notify", bed_receiver.url(bed.root_addr), timeout=300)  # fmt: skip
+    rid = run_id_of(done.stderr)
+    try:
+        assert done.returncode == 3, done.stderr
+        assert f"run {rid} exited with 3" in done.stderr
+        status = project.vmrun("status", "-H", "h1", "--json", timeout=120)
+        assert bed_receiver.posts and run_pids(bed["h1"], rid), "the sender was not held"
+        (row,) = [r for r in json.loads(status.stdout) if r["run"] == rid]
+        assert (row["state"], row["exit"]) == ("failed", 3), row
+    finally:
+        bed_receiver.hold.set()
+    _settled(bed["h1"], rid)
+    assert {p["body"] for p in bed_receiver.posts} == {bed_receiver.posts[0]["body"]}
+    assert "exit 3" in bed_receiver.messages()[0]["message"]
 
 
 def test_the_host_tells_the_end_when_the_laptop_is_gone(

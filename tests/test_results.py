@@ -214,3 +214,16 @@ def test_a_sweeps_other_axes_are_columns_after_run(results: Path) -> None:
     assert lines[1].count("|") == len(HEADERS) + 3
     assert [c.strip() for c in lines[3].strip("|").split("|")][:3] == ["b", "2", "0.1"]
     assert headers(report_rows([a]))[0] == HEADERS  # nothing varied: the table as ever
+
+
+def test_a_failed_run_s_own_code_and_first_failed_worker_are_in_the_json(results: Path) -> None:
+    """A two-host run whose rank 3 on h2 exited 3 (h1 was stopped after it, 143): the row
+    has the run's code and which worker failed first, from the fetched failure.json."""
+    d = hosts_run(results, "fail2", epochs(1, world=4), ["h1", "h2"], exits=[143, 3])
+    (d / "h2" / "failure.json").write_text(json.dumps(
+        {"exit": 3, "rank": 3, "local_rank": 1, "host": "h2.lan", "signal": None,
+         "launcher_exit": 1}))  # fmt: skip
+    (row,) = json.loads(rows_json(report_rows([load_run(d)])))
+    assert row["exit"] == 3  # the first node to fail, not the first in host order
+    failure = row["failure"]
+    assert failure["node"] == "h2" and (failure["rank"], failure["exit"]) == (3, 3)

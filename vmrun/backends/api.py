@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vmrun.runs.failure import WorkerFailure
 from vmrun.runs.state import RunState
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class NodeRecord:
     started: float = 0.0  # this machine's clock when it was started
     first_started: float | None = None  # the node's clock when the first attempt began
     ended: float | None = None
+    failure: WorkerFailure | None = None  # torchrun's first failed worker, where it is known
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ from typing import Any
 from vmrun.errors import CommandFailed, error_json
 from vmrun.results.history import iso_utc
 from vmrun.results.layout import CLUSTER, layout_of
+from vmrun.runs.failure import WorkerFailure
 
 _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "tasks", "commit", "dirty", "versions",
+    "error", "failure", "tasks", "commit", "dirty", "versions",
 )  # fmt: skip
 
 
@@ -47,6 +48,8 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
         if match and (done is None or int(match.group(1)) > done):
             done = int(match.group(1))
             asked = int(match.group(2)) if match.group(2) else None
+    failure = _first_failure(recs) if str(state) == "failed" else None
+    first_why = failure[1].describe(failure[0]) if failure else ""
     starts = [float(r.started) for r in recs if r.started]
     durations = [r.duration for r in recs if r.duration is not None]
     return {
@@ -66,10 +69,20 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
         "start": iso_utc(min(starts)) if starts else None,
         "duration_s": max(durations) if durations else None,
         "exit": code,
-        "error": run_error(rid, str(state), code),
+        "error": run_error(rid, str(state), code, first_why),
+        "failure": failure[1].as_json(failure[0]) if failure else None,
         "tasks": _tasks(first),
         **_made_by(recs),
     }
+
+
+def _first_failure(recs: list[Any]) -> tuple[str, WorkerFailure] | None:
+    """The node and worker that failed first (torchrun's summary there), if one is known."""
+    failed = [r for r in recs if getattr(r, "failure", None) is not None]
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: getattr(r, "ended", None) or float("inf"))
+    return first.host, first.failure
 
 
 def _made_by(recs: list[Any]) -> dict[str, Any]:
@@ -92,14 +105,17 @@ def _tasks(run: Any) -> list[dict[str, Any]] | None:
     ]  # fmt: skip
 
 
-def run_error(rid: str, state: str, code: int | None) -> dict[str, Any] | None:
-    """A failed, lost or stopped run's error, with the code following it would raise."""
+def run_error(rid: str, state: str, code: int | None, why_first: str = "") -> dict[str, Any] | None:
+    """A failed, lost or stopped run's error, with the code following it would raise
+    (`why_first`: which worker failed first, where torchrun said)."""
     if state == "stopped":
         return error_json(CommandFailed(f"run {rid} was stopped", exit_status=143,
                                         code="run-stopped"))  # fmt: skip
     if state not in ("failed", "lost"):
         return None
     why = f"exited with {code}" if code is not None else "ended with no exit code (lost)"
+    if why_first and code is not None:
+        why += f": {why_first}"
     status = code if code is not None and 0 < code < 256 else 1
     return error_json(CommandFailed(f"run {rid} {why}", exit_status=status, code="run-failed"))
 

@@ -104,6 +104,35 @@ def facts_of(rec, config, event, exit_given=""):
     return facts
 
 
+def first_failure(rec):
+    """`rank 3 (local rank 1) on gpu2 exited with 3`: torchrun's first failed worker, as
+    run_failure.py kept it in the record; "" when there is none."""
+    try:
+        with open(os.path.join(rec, "failure.json"), encoding="utf-8") as fh:
+            item = json.load(fh)
+        rank, local = item.get("rank"), item.get("local_rank")
+        who = "a worker" if rank is None else f"rank {rank}"
+        if local is not None and local != rank:
+            who += f" (local rank {local})"
+        if item.get("host"):
+            who += f" on {item['host']}"
+        if item.get("signal"):
+            return f"{who} was killed by {item['signal']}"
+        return f"{who} exited with {item['exit']}"
+    except (OSError, ValueError, KeyError, AttributeError):
+        return ""
+
+
+def compose(rec, config, facts, event):
+    """The message's title and body: the templates filled, and a failure's first worker."""
+    title = config.get("title", "vmrun: run {run} {state}").format_map(facts)
+    text = config.get("body", "run {run} {state}").format_map(facts)
+    failed_first = first_failure(rec) if event == "fail" else ""
+    if failed_first:
+        text += f"\nfirst to fail: {failed_first}"
+    return title, text
+
+
 def claim(rec, name):
     try:
         os.mkdir(os.path.join(rec, f"notified.{name}"))
@@ -186,8 +215,7 @@ def main():
     for word in sys.argv[5:]:  # more facts, NAME=VALUE (autostop: off=, since=)
         name, _, value = word.partition("=")
         facts[name] = value
-    title = config.get("title", "vmrun: run {run} {state}").format_map(facts)
-    text = config.get("body", "run {run} {state}").format_map(facts)
+    title, text = compose(rec, config, facts, event)
     if event not in config.get("on", []):
         if mode == "render":
             print(json.dumps({"send": "none", "event": event}))

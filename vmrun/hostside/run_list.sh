@@ -4,7 +4,8 @@
 # what this attempt reported: the last line of its metrics.jsonl (METRICS), else its last
 # `epoch N/M` log line; never a line of an earlier attempt. SAVED: the log's last line about a
 # saved snapshot, of any attempt (where a resume starts from). VERSIONS: versions.json's line
-# (hostside/run_provenance.py: python, torch, CUDA, NCCL, GPU, driver).
+# (hostside/run_provenance.py: python, torch, CUDA, NCCL, GPU, driver). FAILURE: an ended
+# run's failure.json (hostside/run_failure.py: the first failed worker's rank, host, code).
 base=$1; shift
 # vmrun-inline: run_alive.sh
 cd "$HOME" 2>/dev/null || exit 0
@@ -24,6 +25,7 @@ for id in "$@"; do
   [ -f "$d/pid" ] && echo "BEGAN $(stat -c %Y "$d/pid")"
   if [ -f "$d/exit_code" ]; then
     echo "EXIT $(cat "$d/exit_code")"; echo "ENDED $(stat -c %Y "$d/exit_code")"
+    [ -f "$d/failure.json" ] && echo "FAILURE $(head -n 1 "$d/failure.json" | head -c 4096)"
   fi
   if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
   if alive_run "$d"; then echo "ALIVE 1"; else echo "ALIVE 0"; fi

@@ -1,7 +1,8 @@
 # A run's log: sh -c SOURCE vmrun-log RUNS_DIR ID FROM FOLLOW TIMES
 # FROM: "+N" starts at line N, "N" the last N lines (0: all). FOLLOW 1 goes on until the
-# run's supervising shell ends (tail --pid), 0 prints what there is and ends. TIMES 1
-# prints log.times instead (when the log's lines were written; see run_marks.py).
+# run has ended: its exit_code is written (its supervising shell may still be telling the end
+# to webhooks; that is not the run) or that shell is gone; 0 prints what there is and ends.
+# TIMES 1 prints log.times instead (when the log's lines were written; see run_marks.py).
 d="$HOME/$1/$2"; from=$3; follow=$4
 [ -f "$d/run.json" ] || { echo "vmrun: no run $2 on this host" >&2; exit 3; }
 if [ "$5" = 1 ]; then
@@ -15,7 +16,11 @@ if [ "$follow" = 1 ]; then
   pid=$(cat "$d/pid" 2>/dev/null)
   touch "$d/log"
   if [ -n "$pid" ] && [ ! -e "$d/exit_code" ]; then
-    exec tail -n "$from" -F --pid="$pid" "$d/log" 2>/dev/null
+    # tail ends with a process: one that waits for the end, not tail's child (a zombie child
+    # would count as alive to tail), in this command's group (gone when the client is)
+    w=$(sh -c 'while [ ! -e "$1/exit_code" ] && kill -0 "$2" 2>/dev/null; do sleep 0.1; done \
+      > /dev/null 2>&1 & echo $!' vmrun-log-end "$d" "$pid")
+    exec tail -n "$from" -s 0.5 -F --pid="$w" "$d/log" 2>/dev/null
   fi
 fi
 [ -f "$d/log" ] || exit 0

@@ -45,7 +45,7 @@ mkdir -p "$rec" || exit 125
 lines=0
 attempt=1
 if [ "$mode" = resume ]; then
-  rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped"
+  rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped" "$rec/failure.json"
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
   attempt=$(( $(cat "$rec/attempt" 2>/dev/null || echo 1) + 1 ))
 fi

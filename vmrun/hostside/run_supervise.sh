@@ -4,6 +4,10 @@
 # and run_marks.py (MARKS, its path) beside it when the host has python3, then writes
 # exit_code unless the run was stopped, and tells the run's end to its notify.json's
 # webhooks (notify_send.py, beside MARKS; what it could not send is a line in the log).
+# exit_code is the run's own: when torchrun exits 1 because a worker failed, the first failed
+# worker's code (run_failure.py reads torchrun's summary, and writes failure.json: which rank,
+# where). Once exit_code is there the run has ended, for every reader, though this shell
+# may still be telling it.
 rec=$1; mode=$2; marks=$3; shift 3
 # shellcheck disable=SC2086  # the fields after the command name, split on purpose
 (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
@@ -16,9 +20,17 @@ if command -v python3 > /dev/null 2>&1; then
 fi
 "$@" 2>&1 < /dev/null
 rc=$?
-if [ -n "$m" ]; then kill -TERM "$m" 2>/dev/null; wait "$m"; fi
+rm -f "$rec/failure.json"
+if [ -n "$m" ]; then
+  kill -TERM "$m" 2>/dev/null; wait "$m"
+  if [ "$rc" = 1 ]; then
+    c=$(python3 "${marks%/*}/run_failure.py" "$rec" "$rec/log" "$rc" \
+      "$(cat "$rec/log_start" 2>/dev/null)" < /dev/null 2>/dev/null)
+    case $c in '' | *[!0-9]*) ;; *) rc=$c ;; esac
+  fi
+fi
 if [ ! -e "$rec/stopped" ]; then
-  echo $rc > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
+  echo "$rc" > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
 fi
 if [ -r "$rec/notify.json" ] && command -v python3 > /dev/null 2>&1; then
   python3 "${marks%/*}/notify_send.py" "$rec" send < /dev/null 2>&1

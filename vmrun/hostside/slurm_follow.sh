@@ -1,7 +1,8 @@
 # slurm_follow.sh RECORD_DIR JOB LINES POLL LIMIT: a job's log (its last LINES lines, 0: all)
 # as it grows, with its state changes between the lines (`\035vmrun state STATE|REASON`),
 # until the job has ended (`\035vmrun end STATE`: sacct's or squeue's last state; empty when
-# neither knows); then the exit record (`\035vmrun exits ...`).
+# neither knows); then the first failed worker where torchrun named one (`\035vmrun failure
+# JSON`: failure.json, slurm_job.bash) and the exit record (`\035vmrun exits ...`).
 # Only an answer ends it: squeue failing (the controller down, busy, restarting) keeps the
 # last state, says so once (`\035vmrun unreachable ERROR`, then `\035vmrun reachable`), and
 # after LIMIT seconds without an answer gives up (`\035vmrun lost SECONDS`): the job may run on.
@@ -54,4 +55,5 @@ tail -n "$from" -F -s 0.5 --pid="$w" "$d/job.log" 2>/dev/null
 wait "$w"
 exits=
 if [ -r "$d/exit" ]; then exits=$(tr '\n' ' ' < "$d/exit"); fi
+if [ -r "$d/failure.json" ]; then mark failure "$(head -n 1 "$d/failure.json" | head -c 4096)"; fi
 mark exits "$exits"

@@ -12,7 +12,9 @@
 # VMRUN_PULL_SCRIPT its text), VMRUN_CONTAINER_HOME (the HOME docker/podman's container
 # gets). The task script runs inside the image in every case. VMRUN_NOTIFIER: notify_send.py's
 # text (empty: no notifications), which tells the run's end and requeues to the webhooks of
-# the record's notify.json (once per event: the follower claims them too).
+# the record's notify.json (once per event: the follower claims them too). VMRUN_FAILURE:
+# run_failure.py's text for torchrun runs (empty otherwise): a failed worker's own exit code
+# for the job's, read from torchrun's summary in the log, and failure.json (which rank, where).
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
@@ -27,6 +29,7 @@ tell() {  # EVENT EXIT: "" lets the sender tell an end from the exit code and th
 }
 rm -rf "$rec"/notified.*  # each attempt's end is told afresh
 rm -f "$rec"/provenance-*.json  # each attempt's nodes describe themselves (a requeue moves it)
+rm -f "$rec/failure.json"
 nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 printf '%s\n' "$nodes" > "$rec/nodes"
 printf '%s %s\n' "$attempt" "$(date +%s)" >> "$rec/starts"
@@ -118,6 +121,11 @@ while :; do  # a trapped signal ends `wait` early: wait again until srun has end
   rc=$?
   kill -0 "$task" 2>/dev/null || break
 done
+# torchrun exits 1 when a worker fails (srun passes on the worst task's): the worker's code
+if [ "$rc" != 0 ] && [ -n "${VMRUN_FAILURE:-}" ] && command -v python3 >/dev/null 2>&1; then
+  code=$(python3 -c "$VMRUN_FAILURE" "$rec" "$rec/job.log" "$rc" </dev/null 2>/dev/null)
+  case $code in '' | *[!0-9]*) ;; *) rc=$code ;; esac
+fi
 if [ -e "$VMRUN_REQUEUE_FILE" ]; then
   if [ "${SLURM_RESTART_COUNT:-0}" -lt "$VMRUN_MAX_REQUEUES" ]; then
     ended requeue

@@ -20,6 +20,8 @@ from typing import Any
 
 from vmrun.errors import UsageError, VmrunError
 from vmrun.results.layout import CLUSTER, HOSTS, LOCAL, RunLayout, layout_of
+from vmrun.runs.failure import FILE as FAILURE
+from vmrun.runs.failure import WorkerFailure
 
 RECORD = "run.json"
 METRICS = "metrics.jsonl"
@@ -57,6 +59,8 @@ class RunHistory:
     started: float | None  # Unix seconds
     ended: float | None
     exit_code: int | None
+    failure: WorkerFailure | None = None  # torchrun's first failed worker (failure.json)
+    failure_node: str | None = None  # the host folder it was found in, for a hosts run
 
     @property
     def epochs_done(self) -> int:
@@ -155,7 +159,20 @@ def load_run(path: Path) -> RunHistory:
         started=started,
         ended=ended,
         exit_code=code,
+        **_failure(places, multi=len(places) > 1 or path not in places),
     )
+
+
+def _failure(places: list[Path], *, multi: bool) -> dict[str, Any]:
+    """The first failure.json among the run's folders (its host's, for a hosts run)."""
+    for place in places:
+        try:
+            found = WorkerFailure.parse((place / FAILURE).read_text())
+        except OSError:
+            continue
+        if found is not None:
+            return {"failure": found, "failure_node": place.name if multi else None}
+    return {}
 
 
 def read_metrics(path: Path) -> tuple[Epoch, ...]:
@@ -242,7 +259,8 @@ def _times(
             ends.append((place / "exit_code").stat().st_mtime)
         except (OSError, ValueError):
             continue
-    code = next((c for c in codes if c), 0) if codes else None
+    failed = sorted((end, c) for c, end in zip(codes, ends, strict=True) if c)
+    code = (failed[0][1] if failed else 0) if codes else None  # the first node to fail
     return _float(meta.get("started")), max(ends, default=None), code
 
 

@@ -55,6 +55,8 @@ class ReportRow:
     commit: str | None = None  # the code's commit (run.json's `code`)
     dirty: bool | None = None  # uncommitted changes were synced with it
     versions: dict[str, str | None] | None = None  # python, torch, cuda, nccl, gpu, driver
+    exit: int | None = None  # the run's own code (a failed torchrun worker's, not torchrun's)
+    failure: dict[str, Any] | None = None  # which worker failed first (failure.json), if known
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -102,6 +104,8 @@ def report_rows(
                 baseline=base.run_id if speedup is not None and base else None,
                 varied=dict((varied or {}).get(run.run_id, {})),
                 **_provenance(run),
+                exit=run.exit_code,
+                failure=run.failure.as_json(run.failure_node) if run.failure else None,
             )
         )
     return rows

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 from vmrun.containers.runtime import IMAGE_PYTHON
 from vmrun.errors import CommandFailed, Interrupted, UsageError
 from vmrun.reporting import QUIET, Reporter
+from vmrun.runs.failure import WorkerFailure
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import (
     CPU_PROCESSES,
@@ -238,6 +239,9 @@ def _supervise(
         record.update(status="error", end_time=utc_now(), error=f"{type(exc).__name__}: {exc}")
         write_json_atomic(run_dir / "run.json", record)
         raise
+    torchrun = plan.launcher == "torchrun" and not stopped
+    failure = _worker_failure(run_dir, code) if torchrun else None
+    code = failure.exit if failure else code
     record.update(
         status="stopped" if stopped else ("finished" if code == 0 else "failed"),
         end_time=utc_now(),
@@ -248,13 +252,29 @@ def _supervise(
         raise Interrupted(f"run {rid} stopped", hint=f"its files are in {rel_dir}/")
     if code != 0:
         raise CommandFailed(
-            f"run {rid} exited with {code}",
+            f"run {rid} exited with {code}" + (f": {failure.describe()}" if failure else ""),
             hint=f"see {rel_dir}/train.log",
             exit_status=code,
             code="run-failed",
         )
     out.info(f"run {rid} finished; files in {rel_dir}/")
     return 0
+
+
+def _worker_failure(run_dir: Path, code: int) -> WorkerFailure | None:
+    """torchrun exits 1 when a worker fails: which one, and its own code, from torchrun's
+    summary in train.log (hostside/run_failure.py, as on the hosts: failure.json here)."""
+    if code != 1:
+        return None
+    from vmrun import hostside
+
+    script = hostside.HERE / "run_failure.py"
+    argv = [sys.executable, str(script), str(run_dir), str(run_dir / "train.log"), str(code)]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        return WorkerFailure.parse((run_dir / "failure.json").read_text())
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 class _ToFile(Reporter):

@@ -53,6 +53,7 @@ def node_record(rec: records.RunRecord) -> NodeRecord:
         started=rec.started,
         first_started=rec.first_started,
         ended=rec.ended,
+        failure=rec.failure,
     )
 
 
@@ -138,11 +139,15 @@ class HostsBackend:
         return recs, [o.error for o in outcomes if o.error is not None]
 
     def state(self, ref: RunRef) -> tuple[RunState, int | None]:
+        return combined_state(self.node_records(ref))
+
+    def node_records(self, ref: RunRef) -> list[NodeRecord]:
+        """What each node's record says now."""
         outcomes = self.group.map(
             lambda entry, conn: records.list_runs(conn, [ref.run_id]), only=set(ref.nodes)
         )
         raise_for_failures(outcomes)
-        return combined_state([node_record(r) for o in outcomes for r in o.value or []])
+        return [node_record(r) for o in outcomes for r in o.value or []]
 
     # -- the log ---------------------------------------------------------------------------
 
@@ -191,7 +196,8 @@ class HostsBackend:
             ) from None
         finally:
             lines.flush()
-        state, code = self.state(ref)
+        recs = self.node_records(ref)
+        state, code = combined_state(recs)
         if state == RunState.DONE:
             return
         if state == RunState.STOPPED:
@@ -199,8 +205,9 @@ class HostsBackend:
                 f"run {rid} was stopped", host=node, exit_status=143, code="run-stopped"
             )
         code = code if code is not None else 1
+        failure = next((r.failure for r in recs if r.failure), None)
         raise CommandFailed(
-            f"run {rid} exited with {code}",
+            f"run {rid} exited with {code}" + (f": {failure.describe(node)}" if failure else ""),
             host=node,
             exit_status=code if 0 < code < 256 else 1,
             hint=f"see `vmrun logs {rid}`",

@@ -151,6 +151,8 @@ def _failure(event: _Event) -> str | None:
         return "it was stopped"
     if record.exit_code is None:
         return "its launcher vanished without an exit code (killed, or the host rebooted)"
+    if record.failure is not None:
+        return record.failure.describe(record.host)
     return f"its launcher exited with {record.exit_code}"
 
 

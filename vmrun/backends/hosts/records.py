@@ -27,6 +27,7 @@ from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, Usag
 from vmrun.remote_paths import RUNS_DIR, run_dir
 from vmrun.reporting import Recorder, Reporter
 from vmrun.runs import provenance
+from vmrun.runs.failure import WorkerFailure
 from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
 from vmrun.ssh import quoting
@@ -52,10 +53,18 @@ class RunRecord:
     began: float | None = None  # host clock, this attempt
     host_now: float | None = None  # host clock when listed
     versions: dict[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
+    failure: WorkerFailure | None = None  # failure.json: torchrun's first failed worker
+
+    @property
+    def running(self) -> bool:
+        """Its supervising shell lives and has recorded no end. Once exit_code is written
+        the run has ended, though that shell may still be telling it (notify_send.py):
+        every reader takes the recorded code then, never the shell's liveness."""
+        return self.alive and self.exit_code is None
 
     @property
     def state(self) -> RunState:
-        if self.alive:
+        if self.running:
             return RunState.RUNNING
         if self.stopped:
             return RunState.STOPPED
@@ -71,9 +80,9 @@ class RunRecord:
     def duration(self) -> float | None:
         """This attempt's run time, by the host's clock alone when it told (no skew)."""
         if self.began is not None:
-            end = self.host_now if self.alive else self.ended
+            end = self.host_now if self.running else self.ended
             return None if end is None else max(0.0, end - self.began)
-        end = self.ended if not self.alive else time.time()
+        end = self.ended if not self.running else time.time()
         return None if end is None or not self.started else max(0.0, end - self.started)
 
     def total_epochs(self) -> str:
@@ -167,14 +176,19 @@ def list_runs(conn: Connection, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     status, out, err = capture(conn, command, what="the run listing")
     if status != 0:
         raise RemoteError(f"listing the runs failed: {err.strip()[-300:]}", host=conn.label)
+    return parse_listing(out.decode("utf-8", "replace"), conn.label)
+
+
+def parse_listing(text: str, host: str) -> list[RunRecord]:
+    """run_list.sh's `KEY value` lines as records, oldest first."""
     records: list[RunRecord] = []
     now: float | None = None
-    for line in out.decode("utf-8", "replace").split("\n"):  # lines of a log hold \x1e
+    for line in text.split("\n"):  # lines of a log hold \x1e
         key, _, value = line.partition(" ")
         if key == "NOW":
             now = _number(value)
         elif key == "RUN":
-            records.append(RunRecord(value, conn.label, host_now=now))
+            records.append(RunRecord(value, host, host_now=now))
         elif records:
             _read_field(records[-1], key, value)
     for record in records:
@@ -249,6 +263,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "ALIVE": _set("alive", lambda v: v.strip() == "1"),
     "METRICS": _read_metrics,
     "VERSIONS": _set("versions", provenance.versions_of),
+    "FAILURE": _set("failure", WorkerFailure.parse),
     "SAVED": _read_saved,
     "PROGRESS": _read_progress,
 }

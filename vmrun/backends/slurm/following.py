@@ -16,6 +16,7 @@ from vmrun.backends.slurm.queue import JobState, explain_failure
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown
 from vmrun.reporting import Reporter
+from vmrun.runs.failure import WorkerFailure
 from vmrun.ssh.connection import Connection
 
 HEARTBEAT_S = 15.0
@@ -64,6 +65,7 @@ class Follower:
         self.last: JobState | None = None
         self.end = ""
         self.exits: list[list[str]] = []
+        self.failure: WorkerFailure | None = None  # torchrun's first failed worker, if said
         self.lost = ""  # seconds without the controller's answer, when vmrun gave up
 
     def _state(self, rest: str) -> None:
@@ -100,6 +102,8 @@ class Follower:
             self.lost = rest.strip()
         elif word == "end":
             self.end = rest.strip()
+        elif word == "failure":
+            self.failure = WorkerFailure.parse(rest)
         elif word == "exits":
             words = rest.split()
             self.exits = [words[i : i + 3] for i in range(0, len(words) - 2, 3)]
@@ -139,6 +143,8 @@ class Follower:
         code = int(code_text) if code_text.isdigit() else 1
         end = self.end or ("FAILED" if code_text.isdigit() else "ended")
         detail = f", exit code {code_text}" if code_text.isdigit() else ""
+        if code_text.isdigit() and self.failure is not None:
+            detail += f": {self.failure.describe()}"
         raise CommandFailed(
             f"run {rid} failed: job {self.job} {explain_failure(end)}{detail}",
             host=cluster,

@@ -210,6 +210,8 @@ def batch_script(
     lines.append(f"VMRUN_PULL_SCRIPT={quote(_commands(PULL_SCRIPT)) if batch.pull else ''}")
     lines.append(f"VMRUN_CONTAINER_HOME={quote(batch.container_home)}")
     lines.append(f"VMRUN_NOTIFIER={quote(source('notify_send.py')) if batch.notifier else ''}")
+    torchrun = batch.launcher == "torchrun"
+    lines.append(f"VMRUN_FAILURE={quote(source('run_failure.py')) if torchrun else ''}")
     return "\n".join(lines) + "\n\n" + source("slurm_job.bash")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from vmrun.backends.slurm.queue import JobState
 from vmrun.runs import provenance
+from vmrun.runs.failure import WorkerFailure
 from vmrun.runs.state import RunState
 
 _SECTION = re.compile(r"^==> (.*) <==$")
@@ -117,6 +118,7 @@ class SlurmRun:
     since: float | None = None
     ends_recorded: bool = False
     versions: Mapping[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
+    failure: WorkerFailure | None = None  # failure.json: torchrun's first failed worker
 
     def ends_to_record(self) -> list[str]:
         """`ended` lines for a job that squeue shows ended and the run's record does not
@@ -175,6 +177,9 @@ class SlurmRun:
         code = self._recorded_code()
         if self.job is not None:
             state = self.job.run_state
+            if state is RunState.RUNNING and code is not None and self._ended_this_attempt():
+                # the batch shell recorded the end and is still telling it (or leaving)
+                return (RunState.DONE if code == 0 else RunState.FAILED), code
             return state, code if state in (RunState.DONE, RunState.FAILED) else None
         if self.accounted is not None:
             state = JobState(self.accounted[0]).run_state
@@ -188,6 +193,10 @@ class SlurmRun:
         if self.exits and self.exits[-1][1] == "terminated":
             return RunState.FAILED, None  # killed at its time limit, or cancelled by hand
         return RunState.LOST, None
+
+    def _ended_this_attempt(self) -> bool:
+        """The last `exit` line is of the last attempt that started (not a requeued one's)."""
+        return bool(self.exits and self.starts) and self.exits[-1][0] == self.starts[-1][0]
 
     def _recorded_code(self) -> int | None:
         if self.own_script:
@@ -330,6 +339,8 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.stopped = True
     elif name == "versions.json" and lines:
         run.versions = provenance.versions_of(lines[0])
+    elif name == "failure.json" and lines:
+        run.failure = WorkerFailure.parse(lines[0])
     elif name == "since" and lines:
         run.since = float(lines[0]) if _int(lines[0].split(".")[0]) is not None else None
     elif name == "ended":
