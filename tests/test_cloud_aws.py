@@ -202,6 +202,27 @@ def test_terminate_twice_is_fine(aws: AwsProvider) -> None:
     assert second.instances == [] and second.left == []
 
 
+def test_a_placement_lookup_the_cloud_refuses_removes_the_rest_and_says_so(
+    aws: AwsProvider,
+) -> None:
+    """DescribePlacementGroups answering 500 (as moto's server does): the instances and the
+    security group still go, and what was not checked is in `left` (down exits non-zero)."""
+    from botocore.awsrequest import AWSResponse
+
+    request = _request(aws)
+    aws.launch(request, aws.offer(request), Recorder())
+    failing = AWSResponse("https://ec2", 500, {}, None)
+    body = {"Error": {"Code": "InternalError", "Message": "not implemented"}}
+    ec2 = aws.ec2(REGION)
+    ec2.meta.events.register_first("before-call.ec2.DescribePlacementGroups",
+                                   lambda **_: (failing, body))  # fmt: skip
+    removed = aws.terminate("c1", REGION)
+    assert len(removed.instances) == 1 and len(removed.security_groups) == 1
+    assert _live(aws) == {"instances": [], "groups": []}
+    (why,) = removed.left
+    assert why.startswith("its placement groups were not checked") and "InternalError" in why
+
+
 def test_stop_keeps_the_instances(aws: AwsProvider) -> None:
     request = _request(aws)
     aws.launch(request, aws.offer(request), Recorder())

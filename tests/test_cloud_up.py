@@ -101,6 +101,25 @@ def test_flags_win_over_the_clouds_table_over_the_defaults(project: Path) -> Non
         cloud.resolve(cloud.UpAsk("Bad_Name", instance_type="g4dn.xlarge"), settings)
 
 
+def test_no_credentials_is_said_before_the_ssh_source_is_looked_up(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local check first: no credentials is the answer, and this machine's public
+    address is never asked for (no --ssh-from given)."""
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    asked: list[str] = []
+
+    def looked_up(ssh_from: str, timeout: float = 5.0) -> str:
+        asked.append(ssh_from)
+        raise AssertionError("the public address was looked up before the credentials")
+
+    monkeypatch.setattr(cloud, "ssh_source", looked_up)
+    with pytest.raises(CloudError) as refused:
+        cloud.up(load_settings(), _ask("ami-1", ssh_from=None))
+    assert refused.value.code == "cloud-credentials" and asked == []
+
+
 def test_the_ssh_source_is_a_cidr() -> None:
     assert cloud.ssh_source("203.0.113.7") == "203.0.113.7/32"
     assert cloud.ssh_source("10.1.2.0/24") == "10.1.2.0/24"

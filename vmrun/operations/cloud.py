@@ -196,8 +196,9 @@ def provider_for(cloud: str, profile: str) -> Provider:
 def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
     ask = resolve(ask, settings)
     assert ask.instance_type is not None and ask.count is not None
-    cidr = ssh_source(ask.ssh_from or "")
     provider = provider_for(ask.cloud or "aws", ask.profile or "")
+    provider.check_credentials()  # local and more fundamental: before --ssh-from's look-up
+    cidr = ssh_source(ask.ssh_from or "")
     region = ask.region or provider.default_region
     existing = provider.describe(ask.name, region)
     if existing:

@@ -112,6 +112,11 @@ class Provider(Protocol):
         """Where a request without a region goes (the profile's, else the provider's)."""
         ...
 
+    def check_credentials(self) -> None:
+        """Refuse (`cloud-credentials`) when no credentials are found here: a local look,
+        before anything else is asked or dialed."""
+        ...
+
     def offer(self, request: Request) -> Offer: ...
 
     def launch(self, request: Request, offer: Offer, out: Reporter) -> list[Instance]:

@@ -5,10 +5,11 @@ crash, a Ctrl-C or another machine's `vmrun down` can always remove it."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from vmrun.errors import CloudError, UsageError
+from vmrun.errors import CloudError, UsageError, VmrunError
 from vmrun.providers.api import (
     TAG_CLUSTER,
     TAG_CREATED,
@@ -44,6 +45,9 @@ class AwsProvider:
         return self.session.client("ec2", region)
 
     # ------------------------------------------------------------------ offer
+
+    def check_credentials(self) -> None:
+        self.session.check_credentials()
 
     def offer(self, request: Request) -> Offer:
         """The image, the zones to try in order and whether a placement group is made;
@@ -290,9 +294,10 @@ class AwsProvider:
             f"{i.id}: {i.state}"
             for i in self.describe(cluster, region, (*LIVE_STATES, "shutting-down"))
         ]
-        groups = network.find_groups(ec2, cluster)
+        groups = _or_unchecked(lambda: network.find_groups(ec2, cluster), "security groups", left)
         left += [why for why in (network.delete_group(ec2, g) for g in groups) if why]
-        placements = _placement_groups(ec2, cluster)
+        placements = _or_unchecked(lambda: _placement_groups(ec2, cluster), "placement groups",
+                                   left)  # fmt: skip
         left += [why for why in (_delete_placement(ec2, p) for p in placements) if why]
         return Removed(ids, groups, placements, left)
 
@@ -425,6 +430,16 @@ def _instance(raw: dict[str, Any], cluster: str, region: str) -> Instance:
         spot=raw.get("InstanceLifecycle") == "spot",
         index=int(index) if index.isdigit() else 1_000_000,
     )
+
+
+def _or_unchecked(find: Callable[[], list[str]], what: str, left: list[str]) -> list[str]:
+    """The cluster's `what`, or none with a line in `left` when the cloud did not say: the
+    rest of the removal goes on, and what was not checked is said (and fails the command)."""
+    try:
+        return find()
+    except VmrunError as exc:
+        left.append(f"its {what} were not checked ({exc.message})")
+        return []
 
 
 def _placement_groups(ec2: Any, cluster: str) -> list[str]:

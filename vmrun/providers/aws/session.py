@@ -56,6 +56,20 @@ class Session:
     def default_region(self) -> str:
         return self._session.region_name or DEFAULT_REGION
 
+    def check_credentials(self) -> None:
+        """The credential chain resolved here (variables, files, a profile's process; IMDS
+        only on an instance): none found is `cloud-credentials`, before any call is made."""
+        try:
+            found = self._session.get_credentials()
+        except Exception as exc:  # a profile's broken credential_process, and the like
+            raise cloud_error(exc, "looking for AWS credentials") from None
+        if found is None:
+            raise CloudError(
+                "no AWS credentials found",
+                hint="set AWS_PROFILE (or pass --profile), or run `aws configure`",
+                code="cloud-credentials",
+            )
+
     def client(self, service: str, region: str, *, once: bool = False, quick: bool = False) -> Any:
         """The service's client for `region`. `once`: one attempt per call, no retries;
         `quick`: for answers vmrun can do without (prices), one retry and short timeouts,
