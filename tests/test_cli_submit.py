@@ -162,6 +162,37 @@ def test_array_is_one_run_with_a_row_per_task(slurm_cluster: Any, slurm_client: 
     assert not (local / "result-1.txt").exists()  # logs only
 
 
+def test_the_folder_the_script_s_output_names_is_made_and_one_that_cannot_be_is_refused(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """`#SBATCH --output=joblogs/deep/%x-%j.out` with no joblogs/ (an empty folder is not
+    synced; sbatch makes none, and the job would fail with its output lost): vmrun makes
+    it, says so, and the job's line arrives. A folder under a file cannot be made: one
+    line naming it, exit 2, no job and no record."""
+    use_cluster(slurm_cluster, slurm_client, host_python)
+    (slurm_client.cwd / "outdir.sh").write_text(
+        "#!/bin/bash\n#SBATCH --job-name=outdir\n#SBATCH --output=joblogs/deep/%x-%j.out\n"
+        "echo written where asked\n"
+    )
+    done = slurm_client.vmrun("submit", "outdir.sh", "-C", "bed", timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "bed: made joblogs/deep for the job's output" in done.stderr, done.stderr
+    assert "written where asked" in done.stdout
+    _, job = submitted(done.stderr)
+    written = code_dir(slurm_cluster, slurm_client) / "joblogs" / "deep" / f"outdir-{job}.out"
+    assert written.read_text() == "written where asked\n"
+    runs = Path(slurm_cluster.login.home) / ".vmrun" / "runs"
+    before = sorted(runs.iterdir())
+    (slurm_client.cwd / "bad.sh").write_text(
+        "#!/bin/bash\n#SBATCH --output=outdir.sh/under-a-file/%j.out\necho never\n"
+    )
+    bad = slurm_client.vmrun("submit", "bad.sh", "-C", "bed", timeout=120)
+    assert bad.returncode == 2, bad.stderr
+    code, said = error_in(bad.stderr)
+    assert code == "output-folder" and "outdir.sh/under-a-file" in said, bad.stderr
+    assert sorted(runs.iterdir()) == before and "submitted" not in bad.stderr
+
+
 def test_stop_of_a_running_job_and_live_logs(slurm_cluster: Any, slurm_client: Client,
                                              host_python: Path) -> None:  # fmt: skip
     """`logs -f` shows the job's lines while it runs (before it ends), from the files its

@@ -123,6 +123,26 @@ class BatchFile:
     def error(self) -> str:
         return self.options.get("--error") or self.output
 
+    def output_folders(self) -> list[str]:
+        """The folders the --output and --error patterns write in (relative to the job's
+        working directory, or absolute), as sbatch reads them: sbatch makes none, and a job
+        whose folder is missing fails before its first line with its output lost. `%x` is
+        the job's name, `%u` left for the cluster's shell (the user there); a folder whose
+        name needs the job's id or node (`%j`, `%N`...) is left out."""
+        folders = set()
+        for pattern in (self.output, self.error):
+            head, slash, _ = pattern.rpartition("/")
+            if not slash or not head:
+                continue
+            if "\\" in head:
+                folders.add(head.replace("\\", ""))
+                continue
+            named = head.replace("%x", self.job_name).replace("%%", "\0")
+            if re.search(r"%[0-9]*[A-Za-tv-z]", named):
+                continue
+            folders.add(named.replace("\0", "%"))
+        return sorted(folders)
+
     def work_dir(self, submit_dir: str) -> str:
         """The job's working directory: --chdir (relative: to where sbatch ran), else where
         sbatch ran."""

@@ -135,24 +135,37 @@ def prepare(
 
 
 def submit(
-    backend: SlurmBackend, job: ScriptJob, patch: bytes = b""
+    backend: SlurmBackend, job: ScriptJob, patch: bytes = b"", out: Reporter | None = None
 ) -> tuple[str, JobState | None]:
-    """Write the record (with `patch`, the code's uncommitted diff) and submit; sbatch's
-    refusal is one line and leaves nothing."""
+    """Write the record (with `patch`, the code's uncommitted diff), make the folders the
+    script's --output/--error name (sbatch makes none: said in one line) and submit;
+    sbatch's refusal, or a folder that cannot be made, is one line and leaves nothing."""
     meta = json.dumps(job.meta, indent=1).encode() + b"\n"
     told = job.notify_text.encode()
+    folders = job.batch.output_folders()
     argv = [*hostside.command("slurm_submit_script.sh"), job.record_dir, str(len(meta)),
             str(len(told)), job.code_dir, job.batch.relative, str(len(patch)),
+            job.batch.options.get("--chdir") or "", str(len(folders)), *folders,
             *job.sbatch]  # fmt: skip
-    status, out, err = backend.conn.capture(
+    status, said, err = backend.conn.capture(
         plain_command(argv), stdin=meta + told + patch + job.env_text.encode(), what="sbatch"
     )
+    name = backend.cluster.name
+    if status == 3:
+        raise UsageError(
+            f"cluster {name}: cannot make the folder for the job's output: {' '.join(err.split())}",
+            hint="fix the script's --output/--error/--chdir, or make the folder there first",
+            code="output-folder",
+        )
     if status != 0:
-        raise submit_refusal(status, err, backend.cluster.name,
+        raise submit_refusal(status, err, name,
                              "the script's #SBATCH lines and vmrun's options")  # fmt: skip
-    values = dict(
-        line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
-    )
+    lines = [line.split("=", 1) for line in said.decode(errors="replace").splitlines()]
+    made = [v for k, *v in lines if k == "made" and v]
+    if made and out is not None:
+        out.info(f"{name}: made {', '.join(v[0] for v in made)} for the job's output"
+                 " (sbatch makes none: without it the job fails, its output lost)")  # fmt: skip
+    values = {pair[0]: pair[1] for pair in lines if len(pair) == 2}
     return values["job"], JobState.parse(values.get("state", ""))
 
 
@@ -188,7 +201,7 @@ def start(
     jobid, state = submit(backend, ScriptJob(job.run_id, job.batch, job.sbatch, job.code_dir,
                                              job.record_dir, meta, job.env_text,
                                              job.notify_text),
-                          provenance.sent_patch(code.patch))  # fmt: skip
+                          provenance.sent_patch(code.patch), out)  # fmt: skip
     ref = backend.script_ref(job.run_id, {**meta, "job_id": jobid})
     if state is not None and state.never_starts:
         backend.cancel_never(ref, jobid, state, state.never_starts)
