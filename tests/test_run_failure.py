@@ -18,7 +18,7 @@ from vmrun.backends.hosts.records import RunRecord, parse_listing
 from vmrun.backends.slurm.queue import JobState
 from vmrun.backends.slurm.records import SlurmRun
 from vmrun.cli.status_json import run_objects
-from vmrun.runs.failure import WorkerFailure
+from vmrun.results.failure import WorkerFailure
 from vmrun.runs.state import RunState
 
 SCRIPT = hostside.HERE / "run_failure.py"

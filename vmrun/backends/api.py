@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vmrun.runs.failure import WorkerFailure
+from vmrun.results.failure import WorkerFailure
 from vmrun.runs.state import RunState
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from vmrun.errors import CommandFailed, error_json
+from vmrun.results.failure import WorkerFailure
 from vmrun.results.history import iso_utc
 from vmrun.results.layout import CLUSTER, layout_of
-from vmrun.runs.failure import WorkerFailure
 
 _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (

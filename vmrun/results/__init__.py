@@ -10,6 +10,8 @@ leave them), so reports and plots work after the VMs are gone. Nothing here conn
 - `provenance`: a run's code, variables, and per node its environment, hardware and Slurm
               allocation (`load_provenance`);
 - `rundiff`:  what differs between two runs (`diff_runs`, `render_text`);
+- `failure`:  which torchrun worker failed first, with its own code (`WorkerFailure`, from a
+              record's failure.json);
 - `plotting`: a metric's series per run, labels, and `save_plot` (matplotlib, imported only
               there).
 """

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from vmrun.errors import UsageError, VmrunError
+from vmrun.results.failure import FILE as FAILURE
+from vmrun.results.failure import WorkerFailure
 from vmrun.results.layout import CLUSTER, HOSTS, LOCAL, RunLayout, layout_of
-from vmrun.runs.failure import FILE as FAILURE
-from vmrun.runs.failure import WorkerFailure
 
 RECORD = "run.json"
 METRICS = "metrics.jsonl"

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from vmrun.containers.runtime import IMAGE_PYTHON
 from vmrun.errors import CommandFailed, Interrupted, UsageError
 from vmrun.reporting import QUIET, Reporter
-from vmrun.runs.failure import WorkerFailure
+from vmrun.results.failure import WorkerFailure
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import (
     CPU_PROCESSES,

@@ -26,8 +26,8 @@ from vmrun import hostside
 from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, UsageError
 from vmrun.remote_paths import RUNS_DIR, run_dir
 from vmrun.reporting import Recorder, Reporter
+from vmrun.results.failure import WorkerFailure
 from vmrun.runs import provenance
-from vmrun.runs.failure import WorkerFailure
 from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
 from vmrun.ssh import quoting

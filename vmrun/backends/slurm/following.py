@@ -16,7 +16,7 @@ from vmrun.backends.slurm.queue import JobState, explain_failure
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown
 from vmrun.reporting import Reporter
-from vmrun.runs.failure import WorkerFailure
+from vmrun.results.failure import WorkerFailure
 from vmrun.ssh.connection import Connection
 
 HEARTBEAT_S = 15.0

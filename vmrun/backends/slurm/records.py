@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmrun.backends.slurm.queue import JobState
+from vmrun.results.failure import WorkerFailure
 from vmrun.runs import provenance
-from vmrun.runs.failure import WorkerFailure
 from vmrun.runs.state import RunState
 
 _SECTION = re.compile(r"^==> (.*) <==$")
