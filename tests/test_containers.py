@@ -501,7 +501,8 @@ def test_the_pull_runs_on_a_terminal_wide_enough_for_podmans_bars(tmp_path: Path
         pytest.skip("script(1) or stty missing")
     fake = tmp_path / "podman"
     bar = "Copying blob 2fec26bb3f76 [====] 1.5MiB / 1.5MiB"
-    fake.write_text(f'#!/bin/sh\nset -- $(stty size)\necho "{bar} (cols $2)"\n')
+    fake.write_text(f'#!/bin/sh\n[ "$1" = pull ] || exit 1\nset -- $(stty size)\n'
+                    f'echo "{bar} (cols $2)"\n')
     fake.chmod(0o755)
     argv = ["sh", "-c", source("container_pull.sh"), "vmrun-container-pull", str(fake), "x:1"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
@@ -733,7 +734,7 @@ def _pull(fake: tuple[Path, Path], username: str | None, password: str | None, *
     binary, state = fake
     image = parse_image("localhost:5077/vmrun/tiny:1")
     assert isinstance(image, ImageRef)
-    args = pull_script_args(RUNTIMES["docker"], image, username)
+    args = pull_script_args(RUNTIMES["docker"], image, "always", username)
     args[0] = str(binary)
     env = {**os.environ, "FAKE_DOCKER_STATE": str(state), "FAKE_PULL_OUT": RECORDED_PLAIN,
            "FAKE_PASSWORD": "s3cret 'x'", "TMPDIR": str(state), **more}  # fmt: skip
@@ -747,7 +748,8 @@ def _pull(fake: tuple[Path, Path], username: str | None, password: str | None, *
 def test_a_pull_without_login_is_the_runtimes_pull(fake_docker) -> None:
     done = _pull(fake_docker, None, None)
     assert done.returncode == 0
-    assert _calls(fake_docker[1]) == [["pull", "localhost:5077/vmrun/tiny:1"]]
+    inspect = ["image", "inspect", "--format", "{{.Id}}", "localhost:5077/vmrun/tiny:1"]
+    assert _calls(fake_docker[1]) == [inspect, ["pull", "localhost:5077/vmrun/tiny:1"], inspect]
     assert read_pull(done.stdout).digest == RECORDED_DIGEST
 
 
@@ -756,8 +758,8 @@ def test_the_password_goes_through_stdin_into_a_config_removed_after(fake_docker
     done = _pull(fake_docker, "bob", "s3cret 'x'")
     assert done.returncode == 0, done.stderr
     calls = _calls(state)
-    assert calls[0] == ["login", "--username", "bob", "--password-stdin", "localhost:5077"]
-    assert [c[0] for c in calls] == ["login", "pull"]
+    assert calls[1] == ["login", "--username", "bob", "--password-stdin", "localhost:5077"]
+    assert [c[0] for c in calls] == ["image", "login", "pull", "image"]
     assert (state / "login.stdin").read_text() == "s3cret 'x'"
     assert not any("s3cret" in word for call in calls for word in call)
     conf = (state / "login.conf").read_text().strip()
@@ -770,7 +772,7 @@ def test_a_refused_login_is_auth_refused_and_pulls_nothing(fake_docker) -> None:
     done = _pull(fake_docker, "bob", "wrong")
     assert done.returncode == 1
     assert pull_error(done.stderr, "localhost:5077/vmrun/tiny:1").code == "registry-auth-refused"
-    assert [c[0] for c in _calls(state)] == ["login"]
+    assert [c[0] for c in _calls(state)] == ["image", "login"]
     assert not Path((state / "login.conf").read_text().strip()).exists()
     assert _pull(fake_docker, "bob", None).returncode == 2  # no password given
 

@@ -97,7 +97,8 @@ class LocalConn:
         return result
 
 
-TOOLS = ("id", "mkdir", "mktemp", "script", "tr", "sed", "cat", "rm", "sh", "grep")
+TOOLS = ("id", "mkdir", "mktemp", "script", "tr", "sed", "cat", "rm", "sh", "grep", "tee", "cut",
+         "tail")
 
 
 def _tools(where: Path) -> Path:
@@ -206,8 +207,86 @@ def test_nodes_with_different_digests_are_refused() -> None:
     req = Request(parse_image(IMAGE))
     a = images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "a" * 64)
     b = images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "b" * 64)
-    images.check_same_digest({"h1": a, "h2": a})
-    assert _code(images.check_same_digest, {"h1": a, "h2": b}) == "hosts-differ"
+    images.check_same_image({"h1": a, "h2": a})
+    assert _code(images.check_same_image, {"h1": a, "h2": b}) == "images-differ"
+
+
+def test_nodes_are_compared_by_image_id_and_named() -> None:
+    """Two hosts' own builds (no registry digest) differ by ID: refused, the nodes named;
+    the same ID with different digests (pulled from two mirrors) is one image."""
+    req = Request(parse_image(IMAGE))
+    ids = {h: images.NodeImage(req, RUNTIMES["docker"], 1, 1, None, f"sha256:{c * 64}")
+           for h, c in (("h1", "1"), ("h2", "1"), ("h3", "2"))}  # fmt: skip
+    with pytest.raises(VmrunError) as refused:
+        images.check_same_image(ids)
+    said = refused.value.one_line()
+    assert refused.value.code == "images-differ" and "111111111111 on h1, h2" in said
+    assert "222222222222 on h3" in said
+    mirrors = {"h1": images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "a" * 64, "i"),
+               "h2": images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "b" * 64, "i")}
+    images.check_same_image(mirrors)  # fmt: skip
+
+
+# A stand-in docker: `image inspect` answers from $STATE/local (the host's own copy), `pull`
+# as $STATE/registry says (ok, unreachable, denied), each call counted in $STATE/calls.
+FAKE_DOCKER = """echo "$1" >> {state}/calls
+case $1 in
+  image) if [ -f {state}/local ]; then cat {state}/local; else exit 1; fi ;;
+  pull)
+    case $(cat {state}/registry) in
+      ok) printf 'Digest: sha256:%s\\nStatus: Downloaded newer image\\n' {digest}
+          echo sha256:fresh > {state}/local ;;
+      unreachable) echo 'Error response from daemon: Get "https://reg/v2/": dial tcp:'\
+' lookup reg: no such host' >&2; exit 1 ;;
+      denied) echo 'Error response from daemon: unauthorized: authentication required' >&2
+              exit 1 ;;
+    esac ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "local", "registry", "outcome"),
+    [
+        ("newer", True, "unreachable", "kept"),  # air-gapped: the host's own copy
+        ("newer", True, "ok", "fresh"),
+        ("newer", False, "unreachable", "registry-unreachable"),
+        ("newer", True, "denied", "registry-auth-refused"),  # not a reason to keep it
+        ("missing", True, "unreachable", "local"),  # not pulled at all
+        ("missing", False, "ok", "fresh"),
+        ("always", True, "unreachable", "registry-unreachable"),
+        ("never", True, "ok", "local"),
+        ("never", False, "ok", "image-not-here"),
+    ],
+)
+def test_the_pull_policy(host_home: Path, tmp_path: Path, policy: str, local: bool,
+                         registry: str, outcome: str) -> None:  # fmt: skip
+    state = tmp_path / "state"
+    state.mkdir()
+    if local:
+        (state / "local").write_text("sha256:local\n")
+    (state / "registry").write_text(registry)
+    fake = _bin(tmp_path, "docker", body=FAKE_DOCKER.format(state=state, digest="cd" * 32))
+    conn = LocalConn(host_home, fake)
+    node = images.NodeImage(Request(parse_image(IMAGE), pull=policy), RUNTIMES["docker"], 1, 1)
+    out = Recorder()
+    if outcome in ("kept", "fresh", "local"):
+        pulled = images.pull(conn, node, out)  # type: ignore[arg-type]
+        assert pulled.image_id == {"kept": "sha256:local", "local": "sha256:local",
+                                   "fresh": "sha256:fresh"}[outcome]  # fmt: skip
+        said = " ".join(text for _, text in out.said)
+        pulls = (state / "calls").read_text().split().count("pull")
+        assert pulls == (0 if outcome == "local" else 1), said
+        assert ("kept this host's own" in said) == (outcome == "kept"), said
+    else:
+        assert _code(images.pull, conn, node, out) == outcome
+
+
+def test_a_bad_pull_policy_is_refused() -> None:
+    assert _code(Asked("a/b:1", pull="sometimes").check) == "bad-pull"
+    assert _code(Asked("a/b:1", defaults={"pull": "maybe"}).check) == "bad-pull"
+    assert Asked("a/b:1", defaults={"pull": "never"}).resolve({"pull": "missing"}).pull == "missing"
+    assert Asked("a/b:1", pull="always").resolve({"pull": "missing"}).pull == "always"
 
 
 # -- the node's container -------------------------------------------------------------------------

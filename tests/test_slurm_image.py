@@ -136,7 +136,7 @@ def test_docker_and_podman_run_the_task_through_the_runner(engine: str) -> None:
     assert not [w for w in prefix if "=" in w and w.split("=")[0] in passed]  # names only
     assert prefix[-1] == NGC  # the task follows the image
     assert "vmrun.node=0" not in prefix  # added where the task starts
-    assert _array(sub.script, "VMRUN_PULL") == [engine, NGC]
+    assert _array(sub.script, "VMRUN_PULL") == [engine, NGC, "newer"]  # the pull policy last
     assert "pull" in _array(sub.script, "VMRUN_PULL_SCRIPT")[0]
     assert "rm -f" in _array(sub.script, "VMRUN_RUNNER")[0]
     home = _array(sub.script, "VMRUN_CONTAINER_HOME")[0]
@@ -178,7 +178,9 @@ def test_the_step_wrapper_names_each_tasks_container_and_passes_slurms_variables
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     calls = log.read_text().splitlines()
-    assert calls[0] == f"pull {NGC}"  # the image first, once per node
+    pulls = [i for i, c in enumerate(calls) if c.startswith("pull ")]
+    assert [calls[i] for i in pulls] == [f"pull {NGC}"]  # once per node, before the run
+    assert pulls[0] < next(i for i, c in enumerate(calls) if c.startswith("run "))
     run = next(c.split() for c in calls if c.startswith("run "))
     assert run[1:3] == ["--name", f"vmrun-{sub.run_id}-3"]
     assert run[3:5] == ["--label", "vmrun.node=3"]

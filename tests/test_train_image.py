@@ -197,6 +197,48 @@ def test_bad_inputs_are_one_line_before_anything_starts(
     assert daemon.containers() == []
 
 
+@pytest.mark.timeout(400)
+def test_an_image_on_the_hosts_in_no_reachable_registry_and_nodes_on_different_images(
+    docker_hosts: DockerBed, dclient: Client
+) -> None:
+    """The hosts' engines hold an image whose registry does not answer (a test host's closed
+    port: as an air-gapped host's `docker load`): pull = newer (the default) keeps each
+    host's own copy and says so, `--pull never` runs it without asking, `--pull always` is
+    the registry's error. Then d2's copy is another image under the same name: refused with
+    both nodes named, nothing started."""
+    d1, d2 = docker_hosts.hosts
+    gone = f"{d1.addr}:5999/acc/torch:cpu"  # nothing listens there
+    for daemon in docker_hosts.daemons.values():
+        daemon.docker("pull", docker_hosts.image, timeout=300)  # there already, or brought
+        daemon.docker("tag", docker_hosts.image, gone)
+    (dclient.cwd / "hello.py").write_text("print('in the image', flush=True)\n")
+    try:
+        kept = dclient.vmrun("train", "hello.py", "-H", d1.name, "--launcher", "python",
+                             "--image", gone, timeout=240)  # fmt: skip
+        assert kept.returncode == 0, kept.stderr
+        assert "in the image" in kept.stdout
+        assert f"{d1.name}: kept this host's own {gone}" in kept.stderr, kept.stderr
+        never = dclient.vmrun("train", "hello.py", "-H", d1.name, "--launcher", "python",
+                              "--image", gone, "--pull", "never", timeout=240)  # fmt: skip
+        assert never.returncode == 0 and "is on the host; not pulled" in never.stderr
+        always = dclient.vmrun("train", "hello.py", "-H", d1.name, "--launcher", "python",
+                               "--image", gone, "--pull", "always", timeout=240)  # fmt: skip
+        assert always.returncode == 14 and error_in(always.stderr)[0] == "registry-unreachable"
+        other = docker_hosts.daemons[d2.name]
+        made = other.docker("create", gone, "true").stdout.strip()
+        other.docker("commit", made, gone)  # the same name, another image
+        other.docker("rm", made)
+        differ = dclient.vmrun("train", "hello.py", "-H", d1.name, "-H", d2.name,
+                               "--image", gone, timeout=240)  # fmt: skip
+        assert differ.returncode == 2, differ.stderr
+        code, said = error_in(differ.stderr)
+        assert code == "images-differ" and f"on {d1.name}" in said and f"on {d2.name}" in said
+        assert not list((d2.home / ".vmrun" / "runs").glob("hello-*")), "a run was started"
+    finally:
+        for daemon in docker_hosts.daemons.values():
+            daemon.docker("rmi", gone, check=False)
+
+
 def _host_pid(host, rid: str, pid_inside: int) -> int:
     """The host's pid of a run's process that has `pid_inside` in its container."""
     for pid in run_pids(host, rid):

@@ -125,6 +125,9 @@ FIELDS: dict[str, Field] = {
               "train inside this container image (REGISTRY/PATH:TAG or a .sif); empty: no image"),
         Field("mounts", kinds.words, lambda env: [],
               "host paths the image's container sees, SRC:DST[:ro] (with --mount)"),
+        Field("pull", kinds.PULL, lambda env: "newer",
+              "when the image is pulled: newer (the registry's if it answers, else the host's"
+              " own), missing, always, never"),
         Field("container_runtime", kinds.CONTAINER_RUNTIME, lambda env: "auto",
               "what runs the image: auto (docker, else podman on hosts), or one by name"),
         Field("container_ulimits", kinds.words, lambda env: [],
@@ -158,6 +161,7 @@ class Settings:
     autostop_interval: str
     image: str
     mounts: list[str]
+    pull: str
     container_runtime: str
     container_ulimits: list[str]
     notify: list[str]
@@ -241,7 +245,7 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS
-        if key.startswith(("autostop", "image", "mounts", "container_"))
+        if key.startswith(("autostop", "image", "mounts", "pull", "container_"))
     },
 }
 # What a Slurm cluster in vmrun.toml may say (`[[clusters]]`; read by vmrun.backends.slurm.cluster).
@@ -259,7 +263,7 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS
-        if key.startswith(("image", "mounts", "container_"))
+        if key.startswith(("image", "mounts", "pull", "container_"))
     },
 }
 

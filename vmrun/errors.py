@@ -384,6 +384,13 @@ _CONTAINER_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "bad-mount", "a --mount is not `SRC:DST[:ro|rw]` with absolute paths"),
     (UsageError, "mount-source-missing", "a --mount's source path is not on the host"),
     (UsageError, "bad-ulimit", "a container_ulimits entry is not NAME=SOFT[:HARD]"),
+    (UsageError, "bad-pull", "a pull policy that is not newer, missing, always or never"),
+    (UsageError, "image-not-here", "pull = never, and the host (or here) has no such image"),
+    (
+        UsageError,
+        "images-differ",
+        "the nodes would run different images (their image IDs differ); nothing was started",
+    ),
     (UsageError, "container-runtime-missing", "the container runtime asked for is not there"),
     (
         UsageError,

@@ -143,6 +143,7 @@ def choice(*choices: str) -> Callable[[str, Any], str]:
 
 SESSIONS = choice("active", "any", "ignore")
 CONTAINER_RUNTIME = choice("auto", "docker", "podman", "pyxis", "apptainer", "shifter")
+PULL = choice("newer", "missing", "always", "never")
 
 
 def text(name: str, value: Any) -> str:
@@ -186,6 +187,7 @@ FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
     command: ((str, list), "a command line in quotes, or a list of words"),
     SESSIONS: ((str,), '"active", "any" or "ignore"'),
     CONTAINER_RUNTIME: ((str,), '"auto", "docker", "podman", "pyxis", "apptainer" or "shifter"'),
+    PULL: ((str,), '"newer", "missing", "always" or "never"'),
     text: ((str,), "a string in quotes"),
     words: ((list,), 'a list of strings, ["a", "b"]'),
     events: ((list,), 'a list of "end", "fail", "all"'),

@@ -60,6 +60,16 @@ ImageOption = Annotated[
         " once per host [default: vmrun.toml's image, else none].",
     ),
 ]
+PullOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pull",
+        metavar="newer|missing|always|never",
+        help="When the image is pulled: newer (the registry's when it answers, else the"
+        " host's own copy), missing (only when the host has none), always, never"
+        " [default: vmrun.toml's pull, else newer].",
+    ),
+]
 DataOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -158,6 +158,9 @@ class PullReader:
         return self.skipped >= set(self.layers)
 
 
+MARK = b"\x1dvmrun "  # hostside/container_pull.sh's own lines: `image ID`, `kept WHY`
+
+
 class PullLines:
     """A pull's output as it comes, in chunks (a terminal's redraws end in \\r), read line
     by line; `on_change` is told the progress whenever a line changed it. `text` keeps the
@@ -167,11 +170,20 @@ class PullLines:
         self.reader, self.rest = PullReader(), b""
         self.on_change = on_change
         self.text: list[str] = []
+        self.image_id: str | None = None  # the pull script's `image ID`: what the node runs
+        self.kept = ""  # why the host's own copy was kept (pull = newer, registry not there)
 
     def __call__(self, stream: str, data: bytes) -> None:
         lines = (self.rest + data).replace(b"\r", b"\n").split(b"\n")
         self.rest = lines.pop()
         for raw in lines:
+            if raw.startswith(MARK):
+                word, _, rest = raw[len(MARK) :].decode("utf-8", "replace").partition(" ")
+                if word == "image":
+                    self.image_id = rest.strip() or None
+                elif word == "kept":
+                    self.kept = rest.strip()
+                continue
             line = raw.decode("utf-8", "replace").strip()
             if not line:
                 continue
@@ -186,7 +198,12 @@ class PullLines:
         return self.reader.progress()
 
     def summary(self, image: str, seconds: float) -> str:
+        if self.kept:
+            return (f"kept this host's own {image}: its registry did not answer or has no"
+                    f" such image ({self.kept}; pull = newer)")  # fmt: skip
         done = self.reader.progress()
+        if not done.layers_total and not self.text:  # nothing pulled: missing, never
+            return f"image {image} is on the host; not pulled"
         if done.up_to_date:
             return f"image {image} is there already ({seconds:.1f} s)"
         size = f", {done.bytes_total / 2**20:.0f} MiB" if done.bytes_total else ""
@@ -283,4 +300,18 @@ def pull_error(output: str, image: str, host: str | None = None) -> VmrunError:
         host=host,
         hint="run the pull on the host to see why",
         code="pull-failed",
+    )
+
+
+NOT_HERE = 3  # hostside/container_pull.sh: pull = never, and no such image there
+
+
+def not_here(image: str, host: str | None) -> UsageError:
+    """pull = never, and the host (None: this machine) has no such image."""
+    where = f"on {host}" if host else "here"
+    return UsageError(
+        f"no image {image} {where}, and pull = never",
+        host=host,
+        hint="load or build it there (docker load), or allow a pull: --pull missing",
+        code="image-not-here",
     )

@@ -1,9 +1,9 @@
 """What a run asks of containers, and where each part comes from.
 
-`--image` and `--mount` on the command line; `image`, `mounts`, `container_runtime` and
-`container_ulimits` in the user config, vmrun.toml, `VMRUN_*`, and in a host's (or a
-cluster's) own table, which wins over the project's for that host. `--image` wins over
-every table; `--mount`s are added to the table's mounts (a later one with the same
+`--image`, `--mount` and `--pull` on the command line; `image`, `mounts`, `pull`,
+`container_runtime` and `container_ulimits` in the user config, vmrun.toml, `VMRUN_*`, and in
+a host's (or a cluster's) own table, which wins over the project's for that host. `--image`
+wins over every table; `--mount`s are added to the table's mounts (a later one with the same
 destination replaces an earlier one). A run records what it resolved to (`meta`), so
 `--resume` and `status` use what it ran with, not what the files say today.
 """
@@ -19,6 +19,10 @@ from vmrun.containers.image import Image, Mount, parse_image, parse_mount
 from vmrun.errors import UsageError
 
 _ULIMIT = re.compile(r"[a-z]+=-?[0-9]+(?::-?[0-9]+)?")
+# When an image is pulled (hostside/container_pull.sh), as Docker's and Podman's --pull:
+# `newer` (the default) the registry's when it answers, else the host's own copy; `missing`
+# only when the host has none; `always`; `never` (the host's own, or the run is refused).
+PULL_POLICIES = ("newer", "missing", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Request:
     mounts: tuple[Mount, ...] = ()
     runtime: str = "auto"
     ulimits: tuple[str, ...] = ()
+    pull: str = "newer"  # PULL_POLICIES
 
     def meta(self) -> dict[str, Any]:
         """What run.json keeps of it."""
@@ -38,6 +43,7 @@ class Request:
             "mounts": [str(m) for m in self.mounts],
             "container_runtime": self.runtime,
             "container_ulimits": list(self.ulimits),
+            "pull": self.pull,
         }
 
 
@@ -51,7 +57,17 @@ def from_meta(meta: Mapping[str, Any]) -> Request | None:
         tuple(parse_mount(str(m)) for m in meta.get("mounts") or []),
         str(meta.get("container_runtime") or "auto"),
         tuple(str(u) for u in meta.get("container_ulimits") or []),
+        check_pull(str(meta.get("pull") or "newer")),
     )
+
+
+def check_pull(value: str) -> str:
+    """A pull policy (PULL_POLICIES), or `bad-pull`, exit 2."""
+    word = value.strip().lower()
+    if word not in PULL_POLICIES:
+        raise UsageError(f"pull {value!r}: not one of {', '.join(PULL_POLICIES)}",
+                         code="bad-pull")  # fmt: skip
+    return word
 
 
 def check_ulimits(values: Sequence[str]) -> tuple[str, ...]:
@@ -74,6 +90,7 @@ class Asked:
     image: str = ""
     mount_flags: tuple[str, ...] = ()
     defaults: Mapping[str, Any] | None = None
+    pull: str = ""  # --pull (empty: the tables' or the default)
     # a resumed run's (`fixed`): what it ran with, image or none, whatever the tables say now
     recorded: Request | None = None
     fixed: bool = False
@@ -89,6 +106,7 @@ class Asked:
         for mount in [*map(str, merged.get("mounts") or []), *self.mount_flags]:
             parse_mount(mount)
         check_ulimits([str(u) for u in merged.get("container_ulimits") or []])
+        check_pull(self.pull or str(merged.get("pull") or "newer"))
 
     def resolve(self, table: Mapping[str, Any]) -> Request | None:
         """The request for a host or cluster whose own table is `table`; None: no image."""
@@ -111,21 +129,25 @@ class Asked:
             tuple(by_target.values()),
             str(merged.get("container_runtime") or "auto"),
             check_ulimits([str(u) for u in merged.get("container_ulimits") or []]),
+            check_pull(self.pull or str(merged.get("pull") or "newer")),
         )
 
 
-def asked_from(image: str | None, mounts: Sequence[str] | None, settings: Any) -> Asked:
+def asked_from(
+    image: str | None, mounts: Sequence[str] | None, settings: Any, pull: str | None = None
+) -> Asked:
     """The Asked of a command line over `settings` (vmrun.config.Settings)."""
     defaults = {
         "image": settings.image,
         "mounts": settings.mounts,
         "container_runtime": settings.container_runtime,
         "container_ulimits": settings.container_ulimits,
+        "pull": settings.pull,
     }
-    return Asked(image or "", tuple(mounts or ()), defaults)
+    return Asked(image or "", tuple(mounts or ()), defaults, pull=pull or "")
 
 
-TABLE_KEYS = ("image", "mounts", "container_runtime", "container_ulimits")
+TABLE_KEYS = ("image", "mounts", "pull", "container_runtime", "container_ulimits")
 
 
 def table_of(variables: Mapping[str, Any]) -> dict[str, Any]:

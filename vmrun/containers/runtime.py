@@ -294,11 +294,14 @@ def pull_argv(runtime: Runtime, image: ImageRef) -> list[str]:
     return [_binary(runtime), "pull", str(image)]
 
 
-def pull_script_args(runtime: Runtime, image: ImageRef, username: str | None = None) -> list[str]:
-    """The arguments of PULL_SCRIPT: `DOCKER IMAGE [REGISTRY USERNAME]`. With a username it
-    logs in first, the password in the environment as PASSWORD_ENV (sent through stdin by
-    the command wrapper), into a configuration the script removes after the pull."""
-    args = [_binary(runtime), str(image)]
+def pull_script_args(
+    runtime: Runtime, image: ImageRef, policy: str = "always", username: str | None = None
+) -> list[str]:
+    """The arguments of PULL_SCRIPT: `DOCKER IMAGE POLICY [REGISTRY USERNAME]` (POLICY:
+    vmrun.containers.request.PULL_POLICIES). With a username it logs in first, the password
+    in the environment as PASSWORD_ENV (sent through stdin by the command wrapper), into a
+    configuration the script removes after the pull."""
+    args = [_binary(runtime), str(image), policy]
     if username is not None:
         args += [image.domain, username]
     return args

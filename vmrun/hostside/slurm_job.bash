@@ -91,15 +91,26 @@ if [ -n "$VMRUN_RUNNER" ]; then
   export VMRUN_GRACE
   # the HOME inside (caches of torch, pip): made here, or the daemon would make it as root
   if [ -n "$VMRUN_CONTAINER_HOME" ]; then mkdir -p "$VMRUN_CONTAINER_HOME"; fi
-  # the image on every node before the step: a missing image or a refusing registry is
-  # one line here, and every node runs what the tag names now (not an older local copy)
+  # the image on every node before the step, as the run's pull policy says (VMRUN_PULL[2]):
+  # a missing image or a refusing registry is one line here, and every node must run the
+  # same image (its ID, as container_pull.sh says it last), else nothing starts
   if [ "${#VMRUN_PULL[@]}" -gt 0 ]; then
     if ! pulled=$(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \
-      --kill-on-bad-exit=1 sh -c "$VMRUN_PULL_SCRIPT" vmrun-container-pull \
+      --kill-on-bad-exit=1 --label sh -c "$VMRUN_PULL_SCRIPT" vmrun-container-pull \
       "${VMRUN_PULL[@]}" 2>&1); then
       rc=14
-      printf '%s\n' "$pulled" | tail -n 5
-      mark failed "the pull of ${VMRUN_PULL[1]} failed on a node"
+      printf '%s\n' "$pulled" | grep -v "$(printf '\035')vmrun" | tail -n 5
+      mark failed "the pull of ${VMRUN_PULL[1]} (pull = ${VMRUN_PULL[2]}) failed on a node"
+      ended "$rc"
+      exit "$rc"
+    fi
+    printf '%s\n' "$pulled" | sed -n "s/^ *\([0-9]*\): $(printf '\035')vmrun kept /node \1 kept its own image: /p"
+    ids=$(printf '%s\n' "$pulled" | sed -n "s/^ *\([0-9]*\): $(printf '\035')vmrun image //p" | sort -u)
+    if [ "$(printf '%s\n' "$ids" | grep -c .)" -gt 1 ]; then
+      rc=14
+      byn=$(printf '%s\n' "$pulled" | sed -n "s/^ *\([0-9]*\): $(printf '\035')vmrun image sha256:\(.\{12\}\).*/\1:\2/p" \
+        | while IFS=: read -r i id; do printf '%s %s; ' "$(printf '%s\n' "$nodes" | sed -n "$((i + 1))p")" "$id"; done)
+      mark failed "the nodes would run different images of ${VMRUN_PULL[1]} (${byn%; }); nothing was started"
       ended "$rc"
       exit "$rc"
     fi

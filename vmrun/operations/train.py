@@ -49,6 +49,7 @@ class RunOptions:
     launcher: str | None = None  # torchrun (the default), python or env
     image: str | None = None  # None: vmrun.toml's `image`, if any
     mounts: list[str] | None = None  # SRC:DST[:ro], added to vmrun.toml's `mounts`
+    pull: str | None = None  # newer|missing|always|never; None: vmrun.toml's `pull`
     data: list[str] | None = None  # PATH[:DIR], pushed to every node before the run
 
     def flags(self) -> dict[str, Any]:
@@ -58,7 +59,7 @@ class RunOptions:
             "--max-restarts": self.max_restarts, "--env": self.env, "--name": self.name,
             "--batch-size": self.batch_size, "--lr": self.lr, "--task": self.task,
             "--launcher": self.launcher, "--image": self.image, "--mount": self.mounts,
-            "--data": self.data,
+            "--pull": self.pull, "--data": self.data,
         }  # fmt: skip
 
     def plan(self, *, nproc_per_node: str | None, settings: Settings | None = None) -> Plan:
@@ -68,9 +69,9 @@ class RunOptions:
         from vmrun.runs.plan import make_plan
 
         containers = (
-            asked_from(self.image, self.mounts, settings)
+            asked_from(self.image, self.mounts, settings, self.pull)
             if settings is not None
-            else Asked(self.image or "", tuple(self.mounts or ()))
+            else Asked(self.image or "", tuple(self.mounts or ()), pull=self.pull or "")
         )
         return make_plan(
             script=self.script, user_args=self.script_args, epochs=self.epochs,

@@ -18,7 +18,7 @@ from pathlib import Path
 from vmrun import hostside
 from vmrun.containers import runtime as rt
 from vmrun.containers.image import ImageRef, Mount, check_mount_sources
-from vmrun.containers.pull import PullLines, pull_error
+from vmrun.containers.pull import NOT_HERE, PullLines, not_here, pull_error
 from vmrun.containers.request import Request
 from vmrun.reporting import Reporter
 from vmrun.runs.plan import CONTAINER_STOP_GRACE
@@ -32,10 +32,11 @@ class LocalImage:
     runtime: rt.Runtime
     gpus: int
     digest: str | None = None
+    image_id: str | None = None
 
     def meta(self) -> dict[str, object]:
         return {**self.request.meta(), "container_runtime": self.runtime.name,
-                "image_digest": self.digest}  # fmt: skip
+                "image_digest": self.digest, "image_id": self.image_id}  # fmt: skip
 
 
 def prepare(request: Request, out: Reporter) -> LocalImage:
@@ -51,14 +52,17 @@ def prepare(request: Request, out: Reporter) -> LocalImage:
     assert isinstance(image, ImageRef)
     lines = PullLines()
     started = time.monotonic()
-    argv = ["sh", str(hostside.HERE / rt.PULL_SCRIPT), *rt.pull_script_args(runtime, image)]
+    args = rt.pull_script_args(runtime, image, request.pull)
+    argv = ["sh", str(hostside.HERE / rt.PULL_SCRIPT), *args]
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=3600)
     lines("out", done.stdout + b"\n" + done.stderr)
     pulled = lines.close()
+    if done.returncode == NOT_HERE:
+        raise not_here(str(image), None)
     if done.returncode != 0:
         raise pull_error("\n".join(lines.text), str(image), HERE)
     out.info(lines.summary(str(image), time.monotonic() - started))
-    return LocalImage(request, runtime, _gpus(), pulled.digest)
+    return LocalImage(request, runtime, _gpus(), pulled.digest, lines.image_id)
 
 
 def _gpus() -> int:

@@ -330,7 +330,7 @@ def _pull_images(
     wanted = {label for label, n in nodes.items() if n.image is not None}
     if not wanted:
         return
-    from vmrun.backends.hosts.images import check_same_digest, pull
+    from vmrun.backends.hosts.images import check_same_image, pull
 
     def one(entry: HostEntry, conn: Connection) -> None:
         node = nodes[entry.label]
@@ -338,7 +338,7 @@ def _pull_images(
         node.image = pull(conn, node.image, out, progress)
 
     raise_for_failures(group.map(one, only=wanted), one_as_itself=True)
-    check_same_digest({label: n.image for label, n in nodes.items() if n.image is not None})
+    check_same_image({label: n.image for label, n in nodes.items() if n.image is not None})
 
 
 def _node_argv(node: Node, argv: list[str], env: dict[str, str], rid: str, index: int) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from vmrun import hostside
 from vmrun.containers import runtime as rt
 from vmrun.containers.image import ImageRef, Mount, check_mount_sources, mount_probe_args
-from vmrun.containers.pull import PullLines, PullProgress, pull_error
+from vmrun.containers.pull import NOT_HERE, PullLines, PullProgress, not_here, pull_error
 from vmrun.containers.request import Request
 from vmrun.errors import UsageError
 from vmrun.remote_paths import CONTAINER_HOME, LIB_DIR
@@ -43,12 +43,14 @@ class NodeImage:
     uid: int
     gid: int
     digest: str | None = None
+    image_id: str | None = None  # the image's ID on the host (its config's digest)
 
     def meta(self) -> dict[str, object]:
         return {
             **self.request.meta(),
             "container_runtime": self.runtime.name,
             "image_digest": self.digest,
+            "image_id": self.image_id,
         }
 
 
@@ -86,12 +88,13 @@ def credentials(image: ImageRef) -> tuple[str, dict[str, str]] | None:
 def pull(
     conn: Connection, node: NodeImage, out: Reporter, progress: Progress | None = None
 ) -> NodeImage:
-    """Pull the node's image on its host (a second pull of an image already there is one
-    round trip); the node with the digest it was pulled as."""
+    """Pull the node's image on its host as its pull policy says (a second pull of an
+    image already there is one round trip); the node with the image ID it will run and the
+    digest it was pulled as."""
     image = node.request.image
     assert isinstance(image, ImageRef)
     login = credentials(image)
-    args = rt.pull_script_args(node.runtime, image, login[0] if login else None)
+    args = rt.pull_script_args(node.runtime, image, node.request.pull, login[0] if login else None)
     host = conn.label
 
     def show(now: PullProgress) -> None:
@@ -108,6 +111,8 @@ def pull(
         what=f"the pull of {image}",
     )
     done = lines.close()
+    if result.exit_status == NOT_HERE:
+        raise not_here(str(image), host)
     if not result.ok:
         raise pull_error("\n".join(lines.text) or result.output_tail(), str(image), host)
     digest = done.digest
@@ -115,21 +120,29 @@ def pull(
         found = conn.run(rt.digest_argv(node.runtime, image), what="the image's digest")
         digest = rt.parse_digest(found.stdout_tail, image) if found.ok else None
     out.info(f"{host}: {lines.summary(str(image), time.monotonic() - started)}")
-    return replace(node, digest=digest)
+    return replace(node, digest=digest, image_id=lines.image_id)
 
 
-def check_same_digest(images: dict[str, NodeImage]) -> None:
-    """Every node runs the same image: a tag moved between two hosts' pulls is refused."""
+def check_same_image(images: dict[str, NodeImage]) -> None:
+    """Every node runs the same image, by its ID (the same image has the same ID on every
+    host, pulled or loaded); a tag moved between two hosts' pulls, or two hosts' own
+    builds, is refused with the nodes named."""
     seen: dict[str, list[str]] = {}
     for label, node in images.items():
-        seen.setdefault(f"{node.request.image}@{node.digest or '?'}", []).append(label)
+        key = node.image_id or f"{node.request.image}@{node.digest or '?'}"
+        seen.setdefault(key, []).append(label)
     if len(seen) > 1:
-        which = "; ".join(f"{d} on {', '.join(hosts)}" for d, hosts in seen.items())
+        which = "; ".join(f"{_short(i)} on {', '.join(hosts)}" for i, hosts in seen.items())
         raise UsageError(
-            f"the hosts have different images ({which}); nothing was started",
-            hint="give every host the same image (pin it by digest: IMAGE@sha256:...)",
-            code="hosts-differ",
+            f"the nodes would run different images of {next(iter(images.values())).request.image}"
+            f" ({which}); nothing was started",
+            hint="give every host the same image (pull = always, or pin it: IMAGE@sha256:...)",
+            code="images-differ",
         )
+
+
+def _short(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12] if image_id.startswith("sha256:") else image_id
 
 
 def container_argv(

@@ -258,7 +258,7 @@ class SlurmBackend:
         step = rt.slurm_container(runtime, container, GRACE)  # refuses what it cannot do
         pull: tuple[str, ...] = ()
         if engine and isinstance(request.image, ImageRef):
-            pull = tuple(rt.pull_script_args(runtime, request.image))
+            pull = tuple(rt.pull_script_args(runtime, request.image, request.pull))
         meta = {**request.meta(), "container_runtime": runtime.name}
         return StepImage(step, pull, home, meta)
 
