@@ -169,5 +169,7 @@ def to_json(done: Pushed) -> dict[str, Any]:
         if outcome.value is not None:
             item["deleted"] = outcome.value.deleted
             item["via"] = outcome.value.via or None
+            for key, value in (("began_s", outcome.value.began), ("ended_s", outcome.value.ended)):
+                item[key] = None if value is None else round(value, 3)
         hosts.append(item)
     return {"dest": done.dest, "dry_run": done.dry_run, "hosts": hosts}

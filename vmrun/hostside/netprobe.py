@@ -12,6 +12,9 @@ Runs on the host (stdlib only; `facts --versions` imports torch in this process)
                                         probe each target at once; one JSON list of results
                                         (ok, error, ms, and this host's source address and
                                         interface on the route to it)
+    sshd TIMEOUT HOST:PORT...           the same, each target's answer an SSH server's
+                                        banner (`SSH-...`): can this host reach the others'
+                                        sshd (a push's host-to-host hops)
 
 A probe counts only when the listener answers with the nonce, so a port that happens to be
 open elsewhere (the worker's own docker0 address, say) is never mistaken for the master.
@@ -178,6 +181,9 @@ def listen(ports, expect, timeout, nonce):
     return 0
 
 
+SSHD = "SSH-"  # an SSH server's banner starts so (RFC 4253): the `sshd` mode's answer
+
+
 def _probe(target, nonce, label, timeout, table, results, index):
     host, _, port = target.rpartition(":")
     src, ifname = route_to(host, table)
@@ -186,9 +192,10 @@ def _probe(target, nonce, label, timeout, table, results, index):
     try:
         with socket.create_connection((host, int(port)), timeout=timeout) as s:
             s.settimeout(timeout)
-            s.sendall(f"vmrun-probe {label}\n".encode())
+            if nonce != SSHD:
+                s.sendall(f"vmrun-probe {label}\n".encode())
             answer = s.makefile("rb").readline(256).decode(errors="replace").strip()
-        if answer == nonce:
+        if answer == nonce or (nonce == SSHD and answer.startswith(SSHD)):
             result["ok"] = True
         else:
             result["error"] = "another program answered on that port"
@@ -224,6 +231,9 @@ def main(argv):
         return listen(ports, int(args[1]), float(args[2]), args[3])
     if mode == "connect":
         connect(args[0], args[1], float(args[2]), args[3:])
+        return 0
+    if mode == "sshd":
+        connect(SSHD, "", float(args[0]), args[1:])
         return 0
     print(f"netprobe: unknown mode {mode}", file=sys.stderr)
     return 2

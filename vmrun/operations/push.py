@@ -8,6 +8,7 @@ under its final name and the next push sends what is missing.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,11 +68,13 @@ def destination(job: PushJob) -> str:
 
 
 def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = None) -> Pushed:
-    """Every PATH onto every host. With several hosts that list a `private_addr` and only
-    folders to send, the data crosses from here once, to the nearest host (by round trip),
-    and from there host to host over the private addresses, doubling the senders each round
-    (vmrun.transfer.relay: a key for that transfer alone, removed in every ending); a host
-    that cannot be reached that way gets it from here."""
+    """Every PATH onto every host. With several hosts and only folders to send, the data
+    crosses from here once, to the nearest host (by round trip), and from there host to
+    host, doubling the senders each round (vmrun.transfer.relay: a key for that transfer
+    alone, removed in every ending), each host reached at its `private_addr`, else at the
+    address vmrun itself reaches it (its ssh-config HostName): which host reaches which
+    is asked once, beside the round-trip measure. A host that none reaches that way gets
+    it from here, said in a line."""
     paths = check_sources(job.paths)
     if job.cluster:
         return _to_cluster(job, paths, out, progress)
@@ -80,19 +83,77 @@ def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = No
     several = len(entries) > 1
     shown = progress(several) if progress is not None else Progress()
 
+    clock = time.monotonic()
+
     def direct(entry: HostEntry, conn: Connection) -> HostPush:
-        return push_host(
+        began = time.monotonic() - clock
+        done = push_host(
             conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine,
             delete=job.delete, bwlimit=job.bwlimit,
         )  # fmt: skip
+        done.began, done.ended = began, time.monotonic() - clock
+        return done
 
     with Group(entries, job.settings) as group:
-        private = [e for e in entries if e.vars.get("private_addr")]
-        if job.dry_run or not job.relay or len(private) < 2 or not all(p.is_dir() for p in paths):
+        if job.dry_run or not job.relay or len(entries) < 2 or not all(p.is_dir() for p in paths):
             return Pushed(dest, group.map(direct), job.dry_run, job.delete)
-        relayed = _Relayed(group, paths, dest, shown, out, direct)
-        outcomes = relayed.run(entries, private)
+        relayed = _Relayed(group, paths, dest, shown, out, direct, clock)
+        outcomes = relayed.run(entries)
     return Pushed(dest, outcomes, job.dry_run, job.delete)
+
+
+REACH_TIMEOUT_S = 2.0  # a host's TCP connect to another's sshd, in the reachability probe
+# how many hosts one host sends to at once in a round of host-to-host copies: two 256 MiB
+# hops on the hosts' own network took 1.2 + 1.5 s one after the other, 2.35 s side by side,
+# after 11.6 s for the first copy over a 200 Mbit/s link (benchmarks/push.py --fan)
+FAN_OUT = 2
+
+
+def relay_addresses(group: Group, entries: Sequence[HostEntry]) -> dict[str, tuple[str, int]]:
+    """Where the other hosts may reach each host's sshd: its `private_addr` (port 22), else
+    the address and port vmrun's own connection went to (the ssh-config HostName, as
+    resolved here). A host reached through a jump host or a proxy command has none (the
+    others cannot reach it the way vmrun does)."""
+    found: dict[str, tuple[str, int]] = {}
+    for entry in entries:
+        private = str(entry.vars.get("private_addr") or "")
+        conn = group.connections.get(entry.label)
+        target = conn.target if conn is not None else None
+        if private:
+            found[entry.label] = (private, 22)
+        elif conn is not None and target is not None and not target.proxy_jump \
+                and not target.proxy_command:  # fmt: skip
+            try:
+                found[entry.label] = (str(conn.transport.getpeername()[0]), target.port)
+            except (OSError, AttributeError, IndexError):
+                continue
+    return found
+
+
+def reaches(conn: Connection, others: dict[str, tuple[str, int]]) -> set[str]:
+    """Which of `others` (label: address, port) this host opens a TCP connection to and
+    hears an SSH server's banner from (hostside/netprobe.py `sshd`, all at once); none when
+    the host cannot say (no python3)."""
+    import json
+
+    from vmrun import hostside
+    from vmrun.errors import VmrunError
+    from vmrun.ssh.quoting import plain_command
+
+    if not others:
+        return set()
+    labels = list(others)
+    targets = [f"{others[k][0]}:{others[k][1]}" for k in labels]
+    argv = hostside.command("netprobe.py", "sshd", f"{REACH_TIMEOUT_S:g}", *targets)
+    try:
+        status, said, _ = conn.capture(plain_command(argv, activity=False),
+                                       what="the host-to-host reachability probe")  # fmt: skip
+        results = json.loads(said.decode(errors="replace").strip().splitlines()[-1])
+    except (VmrunError, ValueError, IndexError):
+        return set()
+    if status != 0 or not isinstance(results, list):
+        return set()
+    return {k for k, r in zip(labels, results, strict=False) if isinstance(r, dict) and r.get("ok")}
 
 
 def _to_cluster(
@@ -138,13 +199,17 @@ class _Relayed:
         progress: Progress,
         out: Reporter,
         direct: Callable[[HostEntry, Connection], HostPush],
+        clock: float,
     ) -> None:
         self.group, self.paths, self.dest = group, paths, dest
         self.progress, self.out, self.direct = progress, out, direct
+        self.clock = clock  # the push's start (time.monotonic()): each hop's times from it
         self.done: dict[str, Outcome[HostPush]] = {}
         self.checked: dict[str, HostPush] = {}  # each host's plan, from the checks
+        self.addrs: dict[str, tuple[str, int]] = {}  # where the others reach each host
+        self.reach: dict[str, set[str]] = {}  # which hosts each host reaches there
 
-    def run(self, entries: list[HostEntry], private: list[HostEntry]) -> list[Outcome[HostPush]]:
+    def run(self, entries: list[HostEntry]) -> list[Outcome[HostPush]]:
         from vmrun.transfer.streams import measure_rtt
 
         # every host checked first (folder, free space): nothing moves while one cannot take it
@@ -154,40 +219,76 @@ class _Relayed:
         self.checked = {o.host: o.value for o in checked if o.value is not None}
         failed = {o.host: o for o in checked if o.error is not None}
         self.done.update(failed)
-        ready = [e for e in private if e.label not in failed]
-        others = [e for e in entries if e not in ready and e.label not in failed]
-        if ready:
-            rtts = self.group.map(lambda e, c: measure_rtt(c), only={e.label for e in ready})
-            rtt = {o.host: o.value if o.value is not None else float("inf") for o in rtts}
-            first = min(ready, key=lambda e: rtt[e.label])
-            self.done.update({o.host: o for o in self.group.map(self.direct, only={first.label})})
-            if self.done[first.label].ok:
-                self._rounds(first, [e for e in ready if e is not first])
+        live = [e for e in entries if e.label not in failed]
+        self.addrs = relay_addresses(self.group, live)
+        ready = [e for e in live if e.label in self.addrs]
+        others = [e for e in live if e not in ready]
+        if len(ready) > 1:
+            labels = {e.label for e in ready}
+
+            def measure(entry: HostEntry, conn: Connection) -> tuple[float, set[str]]:
+                peers = {k: v for k, v in self.addrs.items() if k != entry.label and k in labels}
+                return measure_rtt(conn), reaches(conn, peers)
+
+            measured = {o.host: o.value for o in self.group.map(measure, only=labels)}
+            rtt = {h: v[0] if v else float("inf") for h, v in measured.items()}
+            self.reach = {h: v[1] if v else set() for h, v in measured.items()}
+            senders = [e for e in ready if self.reach.get(e.label)]
+            if not senders:
+                self.out.info("the hosts do not reach each other's SSH at the addresses vmrun"
+                              " uses (a private network: private_addr in vmrun.toml); each"
+                              " gets the data from here")  # fmt: skip
+                others += ready
             else:
-                others += [e for e in ready if e is not first]
+                first = min(senders, key=lambda e: rtt[e.label])
+                self.done.update({o.host: o for o in self.group.map(
+                    self.direct, only={first.label})})  # fmt: skip
+                if self.done[first.label].ok:
+                    others += self._rounds(first, [e for e in ready if e is not first])
+                else:
+                    others += [e for e in ready if e is not first]
+        else:
+            others += ready
         if others:
             self.done.update({o.host: o for o in self.group.map(
                 self.direct, only={e.label for e in others})})  # fmt: skip
         return [self.done[e.label] for e in entries]
 
-    def _rounds(self, first: HostEntry, targets: list[HostEntry]) -> None:
+    def _rounds(self, first: HostEntry, targets: list[HostEntry]) -> list[HostEntry]:
+        """Host to host in rounds, each host that has the data sending to up to FAN_OUT
+        that lack it and that it reaches (so 1, 3, 9... hosts have it: 3 hosts take one
+        round after the first copy, where one at a time took two); the hosts left to send
+        from here (no host reached them)."""
         senders, pending, fallback = [first], list(targets), []
         while pending:
-            batch, pending = pending[: len(senders)], pending[len(senders) :]
-            source = {dst.label: src for src, dst in zip(senders, batch, strict=False)}
+            source: dict[str, HostEntry] = {}
+            free = [s for s in senders for _ in range(FAN_OUT)]
+            for dst in list(pending):
+                src = next((s for s in free if dst.label in self.reach.get(s.label, ())), None)
+                if src is not None:
+                    source[dst.label] = src
+                    free.remove(src)
+                    pending.remove(dst)
+            if not source:  # none of the hosts that have it reaches these
+                for dst in pending:
+                    addr = self.addrs[dst.label][0]
+                    self.out.warn(f"{dst.label}: no other host reaches its SSH at {addr};"
+                                  " sending from here")  # fmt: skip
+                fallback += pending
+                break
             results = self.group.map(functools.partial(self._relay_from, source), only=set(source))
             for result in results:
+                dst = next(e for e in targets if e.label == result.host)
                 if result.ok:
                     self.done[result.host] = result
-                    senders.append(next(e for e in batch if e.label == result.host))
+                    senders.append(dst)
                 elif _falls_back(result.error):
                     self.out.warn(f"{result.host}: not reachable host to host"
                                   f" ({result.error}); sending from here")  # fmt: skip
-                    fallback.append(result.host)
+                    fallback.append(dst)
                 else:
                     self.done[result.host] = result
-        if fallback:
-            self.done.update({o.host: o for o in self.group.map(self.direct, only=set(fallback))})
+        return fallback
 
     def _relay_from(
         self, source: dict[str, HostEntry], dst: HostEntry, conn: Connection
@@ -200,12 +301,14 @@ class _Relayed:
 
         key = conn.transport.get_remote_server_key()
         done = HostPush(dst.label, via=src.label, planned=list(self.checked[dst.label].planned))
+        done.began = time.monotonic() - self.clock
+        addr, port = self.addrs[dst.label]
         for path in self.paths:
             remote = f"{self.dest.rstrip('/')}/{path.resolve().name}"
             got = relay(
-                self.group.connections[src.label], conn, str(dst.vars["private_addr"]),
-                remote, remote, dst_host_key=f"{key.get_name()} {key.get_base64()}",
-                out=self.out, progress=self.progress,
+                self.group.connections[src.label], conn, addr, remote, remote,
+                dst_host_key=f"{key.get_name()} {key.get_base64()}", out=self.out,
+                progress=self.progress, dst_port=port,
                 src_addr=str(src.vars.get("private_addr") or "") or None,
             )  # fmt: skip
             done.reports.append(Report(
@@ -213,6 +316,7 @@ class _Relayed:
                 fetched_bytes=got.sent_bytes, wire_bytes=got.sent_bytes,
                 unchanged=got.unchanged, skipped=list(got.skipped), seconds=got.seconds,
             ))  # fmt: skip
+        done.ended = time.monotonic() - self.clock
         return done
 
 

@@ -49,6 +49,8 @@ class HostPush:
     reports: list[Report] = field(default_factory=list)
     free_kib: int | None = None
     deleted: list[str] = field(default_factory=list)  # --delete: removed from the host
+    began: float | None = None  # seconds into the push when this host's copy began
+    ended: float | None = None  # and when it ended (where the time goes: push --json)
 
 
 def check_sources(paths: Sequence[Path]) -> list[Path]:
