@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,18 +90,24 @@ def push_host(
     """Every PATH onto the host under `dest` (normalised remote folder); `delete`: files
     under a pushed folder there that are not in it here go (only when every file arrived)."""
     from vmrun.transfer.manifest import list_remote
+    from vmrun.transfer.streams import PARALLEL_BYTES, prefetch_link_facts
     from vmrun.transfer.upload import run_over, scan, upload
 
     done = HostPush(conn.label)
     remotes = [posixpath.join(dest, p.resolve().name) for p in paths]
-    listing = list_remote(conn, [posixpath.dirname(r) if p.is_file() else r
-                                 for p, r in zip(paths, remotes, strict=True)])  # fmt: skip
     scans = [scan(p) for p in paths]
+    if not dry_run and sum(f.size for s in scans for f in s.files) >= PARALLEL_BYTES:
+        prefetch_link_facts(conn)  # for planning the big files' streams, while we list
+    # the folder's check (made, writable, its free space) beside the listing: one round trip
+    with ThreadPoolExecutor(1) as pool:
+        checked = pool.submit(_check, conn, dest)
+        listing = list_remote(conn, [posixpath.dirname(r) if p.is_file() else r
+                                     for p, r in zip(paths, remotes, strict=True)])  # fmt: skip
+        done.free_kib = checked.result()
     for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
         entries = root.entries if root.state == "ok" else []
         done.planned.append(_plan(path, remote, entries, tree))
-    needed = sum(p.bytes_to_send for p in done.planned)
-    done.free_kib = _check(conn, dest, needed)
+    _room(conn, dest, done.free_kib, sum(p.bytes_to_send for p in done.planned))
     if dry_run:
         return done
     wanted, streams = env_tuning()
@@ -175,16 +182,15 @@ def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Pla
     return Planned(local, remote, files, nbytes, to_send, bytes_to_send, extra)
 
 
-def _check(conn: Connection, dest: str, needed: int) -> int | None:
-    """The folder made and writable, with room for `needed` bytes, and the transfer keys a
-    killed push left removed (one round trip)."""
+def _check(conn: Connection, dest: str) -> int | None:
+    """The folder made and writable, and the transfer keys a killed push left removed (one
+    round trip); its filesystem's free KiB (None: not known)."""
     from vmrun import hostside
     from vmrun.transfer.manifest import remote_arg
     from vmrun.transfer.relay import STALE_S, STATE
 
-    need_kib = (needed + 1023) // 1024
     result = conn.run(
-        [*hostside.command(CHECK), remote_arg(dest), str(need_kib), STATE, str(STALE_S)],
+        [*hostside.command(CHECK), remote_arg(dest), "0", STATE, str(STALE_S)],
         check=True,
         what="the push check",
     )
@@ -196,15 +202,19 @@ def _check(conn: Connection, dest: str, needed: int) -> int | None:
             hint="push --to a folder under your home, or make it yours there (sudo chown)",
             code="target-not-writable",
         )
-    if words[:1] == ["nospace"]:
-        free = int(words[1])
+    return int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+
+
+def _room(conn: Connection, dest: str, free_kib: int | None, needed: int) -> None:
+    """Refused before a byte is sent when what must travel does not fit."""
+    need_kib = (needed + 1023) // 1024
+    if free_kib is not None and free_kib < need_kib:
         raise RemoteError(
-            f"{dest} has {free // 1024} MiB free, the push needs {need_kib // 1024} MiB",
+            f"{dest} has {free_kib // 1024} MiB free, the push needs {need_kib // 1024} MiB",
             host=conn.label,
             hint="free space there, or push --to another disk",
             code="no-space-left",
         )
-    return int(words[1]) if len(words) > 1 and words[1].isdigit() else None
 
 
 def manifest(conn: Connection, remote: str) -> str:
