@@ -191,6 +191,16 @@ def test_the_folder_the_script_s_output_names_is_made_and_one_that_cannot_be_is_
     code, said = error_in(bad.stderr)
     assert code == "output-folder" and "outdir.sh/under-a-file" in said, bad.stderr
     assert sorted(runs.iterdir()) == before and "submitted" not in bad.stderr
+    # a folder named by the job's id cannot be made before: the job fails before its first
+    # line, and vmrun says why as Slurm tells it, not a bare code
+    (slurm_client.cwd / "perjob.sh").write_text(
+        "#!/bin/bash\n#SBATCH --output=perjob/%j/out.txt\necho lost\n"
+    )
+    lost = slurm_client.vmrun("submit", "perjob.sh", "-C", "bed", timeout=300)
+    assert lost.returncode != 0, lost.stderr
+    code, said = error_in(lost.stderr)
+    assert code == "run-failed" and "before its first line" in said, lost.stderr
+    assert "perjob/" in said and "does not exist" in said, said
 
 
 def test_stop_of_a_running_job_and_live_logs(slurm_cluster: Any, slurm_client: Client,

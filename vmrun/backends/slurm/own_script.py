@@ -28,6 +28,7 @@ from vmrun.errors import (
     OutcomeUnknown,
     RemoteError,
     UsageError,
+    VmrunError,
 )
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Reporter
@@ -259,6 +260,7 @@ class TaskStream(Lines):
         self.out = out
         self.array = array
         self.on_event = on_event
+        self.wrote: set[str] = set()  # the tasks that wrote a line
 
     def _line(self, line: bytes) -> None:
         if line.startswith(MARK):
@@ -272,6 +274,7 @@ class TaskStream(Lines):
             return
         key, _, text = line[1:].partition(LINE)
         task, _, stream = key.decode("utf-8", "replace").partition(" ")
+        self.wrote.add(task)
         if self.array:
             head = f"[{task}{' err' if stream == 'e' else ''}] ".encode()
             text = head + text
@@ -364,6 +367,30 @@ class Follower:
         self.stream.flush()
         return self.verdict()
 
+    def _silent(self, key: str) -> str:
+        """Why a task that wrote no line failed, as Slurm tells it (hostside/slurm_silent.sh):
+        its output file's folder missing, the file never made, Slurm's reason; "" if no more
+        is known."""
+        job = self.job if key == "-" else f"{self.job}_{key}"
+        try:
+            _, said, _ = self.backend.conn.capture(
+                plain_command(hostside.command("slurm_silent.sh", job)),
+                what="why the job wrote nothing",
+            )
+        except VmrunError:
+            return ""
+        lines = said.decode(errors="replace").splitlines()
+        facts = dict(ln.split(" ", 1) for ln in lines if " " in ln)
+        why = []
+        if "NOFOLDER" in facts:
+            why.append(f"the folder of its output file {facts['NOFOLDER']} does not exist")
+        elif "NOFILE" in facts:
+            why.append(f"its output file {facts['NOFILE']} was never written")
+        reason = facts.get("Reason", "")
+        if reason and reason not in ("None", "(null)"):
+            why.append(f"Slurm's reason: {reason}")
+        return f"; before its first line: {'; '.join(why)}" if why else "; it wrote no line"
+
     def verdict(self) -> int:
         rid, cluster = self.ref.run_id, self.backend.cluster.name
         if self.lost or not self.ended:
@@ -389,6 +416,8 @@ class Follower:
             )
         detail = f", exit code {code}" if code else ""
         many = f" ({len(failed)} of {len(self.ends)} tasks)" if self.array else ""
+        if key not in self.stream.wrote:
+            many += self._silent(key)
         raise CommandFailed(
             f"run {rid} failed: {self._who(key)} {explain_failure(state)}{detail}{many}",
             host=cluster,
