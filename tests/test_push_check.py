@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vmrun import hostside
-from vmrun.errors import UsageError
+from vmrun.errors import UsageError, VmrunError
 from vmrun.operations import push
 from vmrun.transfer import push as transfer_push
 from vmrun.transfer.manifest import Entry
@@ -86,3 +86,17 @@ def test_the_check_removes_a_transfer_key_a_killed_push_left(tmp_path: Path) -> 
     assert done.stdout.split()[0] == "ok"
     keys = (ssh / "authorized_keys").read_text()
     assert old not in keys and young in keys and "AAAAmine me" in keys
+
+
+def test_what_must_travel_is_compared_with_the_free_space_before_a_byte_is_sent() -> None:
+    """The folder's check runs beside the listing (free KiB); what the listing says must
+    travel is compared here: more than fits is `no-space-left`, naming both sizes."""
+
+    class Conn:
+        label = "h1"
+
+    transfer_push._room(Conn(), "data", 10 * 1024, 10 * 1024 * 1024)  # type: ignore[arg-type]
+    transfer_push._room(Conn(), "data", None, 1 << 40)  # type: ignore[arg-type]  # not known
+    with pytest.raises(VmrunError) as full:
+        transfer_push._room(Conn(), "data", 10 * 1024, 11 * 1024 * 1024)  # type: ignore[arg-type]
+    assert full.value.code == "no-space-left" and "10 MiB free" in full.value.message
