@@ -154,12 +154,13 @@ def test_a_failure_names_the_worker_that_failed_first(tmp_path: Path, receiver: 
     """The record's failure.json (hostside/run_failure.py): the message gives the worker's
     own code and says which rank failed, where."""
     rec = _record(tmp_path, receiver, code="3")
-    (rec / "failure.json").write_text(json.dumps({"exit": 3, "rank": 5, "local_rank": 1,
-                                                  "host": "gpu-7", "signal": None}))  # fmt: skip
+    log = Path(__file__).parent / "fixtures" / "torchrun" / "exit3.log"  # torch 2.13's own
+    subprocess.run([sys.executable, str(hostside.HERE / "run_failure.py"), str(rec), str(log),
+                    "1"], check=True, capture_output=True, timeout=30)  # fmt: skip
     assert _sender(rec, "send").returncode == 0
     (message,) = receiver.messages()
     assert "exit 3" in message["message"]
-    assert "first to fail: rank 5 (local rank 1) on gpu-7 exited with 3" in message["message"]
+    assert "first to fail: rank 1 on localhost exited with 3" in message["message"]
 
 
 def test_an_ntfy_server_gets_ntfys_own_form(tmp_path: Path, receiver: Receiver) -> None:

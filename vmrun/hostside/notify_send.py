@@ -105,21 +105,12 @@ def facts_of(rec, config, event, exit_given=""):
 
 
 def first_failure(rec):
-    """`rank 3 (local rank 1) on gpu2 exited with 3`: torchrun's first failed worker, as
-    run_failure.py kept it in the record; "" when there is none."""
+    """torchrun's first failed worker in words (`said`, as run_failure.py kept it in the
+    record's failure.json); "" when there is none."""
     try:
         with open(os.path.join(rec, "failure.json"), encoding="utf-8") as fh:
-            item = json.load(fh)
-        rank, local = item.get("rank"), item.get("local_rank")
-        who = "a worker" if rank is None else f"rank {rank}"
-        if local is not None and local != rank:
-            who += f" (local rank {local})"
-        if item.get("host"):
-            who += f" on {item['host']}"
-        if item.get("signal"):
-            return f"{who} was killed by {item['signal']}"
-        return f"{who} exited with {item['exit']}"
-    except (OSError, ValueError, KeyError, AttributeError):
+            return str(json.load(fh).get("said") or "")
+    except (OSError, ValueError, AttributeError):
         return ""
 
 

@@ -93,6 +93,21 @@ def failure_of(fields, launcher_exit):
     }
 
 
+def said(failure):
+    """`rank 3 (local rank 1) on gpu2 exited with 3`: the failure in words, kept in the
+    record for what reads it on the host (notify_send.py's message); vmrun's own lines say
+    it with the node's name (vmrun.results.failure)."""
+    rank, local = failure["rank"], failure["local_rank"]
+    who = "a worker" if rank is None else f"rank {rank}"
+    if local is not None and local != rank:
+        who += f" (local rank {local})"
+    if failure["host"]:
+        who += f" on {failure['host']}"
+    if failure["signal"]:
+        return f"{who} was killed by {failure['signal']}"
+    return f"{who} exited with {failure['exit']}"
+
+
 def first_failure(text, launcher_exit):
     """The earliest failure of the summaries in `text` (the first printed on a tie: the node
     that ended first), or None."""
@@ -120,7 +135,7 @@ def main(argv):
         if os.path.exists(target):
             os.unlink(target)
         return rc
-    write_json(target, failure)
+    write_json(target, {**failure, "said": said(failure)})
     return str(failure["exit"])
 
 
