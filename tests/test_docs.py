@@ -84,3 +84,10 @@ def test_the_settings_page_names_every_key() -> None:
         k for k in {*FIELDS, *HOST_KEYS, *CLUSTER_KEYS, *CLOUD_KEYS} if f"`{k}`" not in page
     )
     assert not missing, f"keys missing from docs/settings.md: {missing}"
+
+
+def test_the_readme_stays_short() -> None:
+    """What vmrun is, install, the quickstarts and a line per capability; the rest lives on
+    the docs site."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 160, f"README.md has {lines} lines; move details to docs/"
