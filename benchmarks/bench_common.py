@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import socket
+    import threading
 
 
 def parse_size(text: str) -> int:
@@ -55,21 +57,44 @@ def delay_relay(target: tuple[str, int], rtt_s: float) -> tuple[int, object]:
 
 
 def _relay_main(listener: object, target: tuple[str, int], delay: float) -> None:
+    """Each connection in a process of its own (forked), so that eight streams at once are
+    not eight streams through one interpreter's lock: a real network costs the two ends no
+    CPU, and a relay that does becomes the bottleneck a WAN does not have."""
     import signal
     import socket
 
     assert isinstance(listener, socket.socket)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # not the test bed's handler
+    children: set[int] = set()
+
+    def stop(*_: object) -> None:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)  # not the test bed's handler
     while True:
         client, _ = listener.accept()
+        with contextlib.suppress(ChildProcessError):
+            while (done := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+                children.discard(done)
+        pid = os.fork()
+        if pid:
+            children.add(pid)
+            client.close()
+            continue
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        listener.close()
         upstream = socket.create_connection(target)
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _delayed_pipe(client, upstream, delay)
-        _delayed_pipe(upstream, client, delay)
+        threads = [_delayed_pipe(client, upstream, delay), _delayed_pipe(upstream, client, delay)]
+        for thread in threads:
+            thread.join()
+        os._exit(0)
 
 
-def _delayed_pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+def _delayed_pipe(src: socket.socket, dst: socket.socket, delay: float) -> threading.Thread:
     """Copy src to dst in two threads: a reader stamps each chunk with when it is due, a
     writer sends it then (and passes EOF on as a shutdown)."""
     import collections
@@ -109,8 +134,10 @@ def _delayed_pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
             except OSError:
                 return
 
-    for fn in (reader, writer):
-        threading.Thread(target=fn, daemon=True).start()
+    threading.Thread(target=reader, daemon=True).start()
+    writing = threading.Thread(target=writer, daemon=True)
+    writing.start()
+    return writing
 
 
 def host_block(host: object, identity: Path, rtt_ms: float) -> tuple[str, list[str], object]:
