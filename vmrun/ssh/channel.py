@@ -13,7 +13,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vmrun.config import Settings
 from vmrun.errors import CommandFailed, ConnectionLostError, ExitCode, RemoteError, UsageError
@@ -103,7 +103,7 @@ class Channels(abc.ABC):
         chan = self.open_session()
         try:
             try:
-                chan.exec_command(command)
+                start(chan, command)
                 chan.sendall(header)
             except Exception:
                 # the guard, finding the host's files stale, ends without reading the
@@ -279,7 +279,7 @@ class Channels(abc.ABC):
         err = Tail(16 * 1024)
         try:
             try:
-                chan.exec_command(command)
+                start(chan, command)
                 if stdin:
                     chan.sendall(stdin)
                 chan.shutdown_write()
@@ -296,6 +296,27 @@ class Channels(abc.ABC):
         finally:
             chan.close()
         return status, b"".join(out), err.text()
+
+
+def start(chan: paramiko.Channel, command: str) -> None:
+    """Ask the host to run `command` on a new channel without waiting for its answer, so that
+    what follows (stdin, the end of input) leaves in the same round trip, as OpenSSH's client
+    does (paramiko's exec_command waits one round trip for it: 80 ms a command on a far
+    host). A refused request closes the channel with no exit status: `drain` reports it."""
+    import paramiko
+    from paramiko.common import cMSG_CHANNEL_REQUEST
+    from paramiko.message import Message
+
+    transport: Any = chan.transport
+    if chan.closed or chan.eof_sent or not chan.active or transport is None:
+        raise paramiko.SSHException("Channel is not open")
+    request = Message()
+    request.add_byte(cMSG_CHANNEL_REQUEST)
+    request.add_int(chan.remote_chanid)
+    request.add_string("exec")
+    request.add_boolean(True)
+    request.add_string(command)
+    transport._send_user_message(request)
 
 
 def _hide_stale(on_output: OutputCallback) -> OutputCallback:

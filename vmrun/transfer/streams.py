@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from vmrun.errors import ConnectionLostError, RemoteError
+from vmrun.ssh.channel import start
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.result import Tail
 from vmrun.transfer.types import BIG_TRANSFER
@@ -222,7 +223,7 @@ class ParamikoStream:
         self.conn = conn
         self.chan: paramiko.Channel = conn.open_session()
         try:
-            self.chan.exec_command(command)
+            start(self.chan, command)
         except Exception:
             self.chan.close()
             raise lost(conn, "while starting a transfer") from None
