@@ -96,6 +96,18 @@ def test_ranges_from_several_streams_each_verified_then_moved(tmp_path: Path) ->
     assert (dest / "big/model.bin").stat().st_mtime_ns == item.mtime_ns
 
 
+def test_a_move_after_a_range_the_same_receiver_refused_places_nothing(tmp_path: Path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    data = os.urandom(2 << 20)
+    item = outgoing(src, "model.bin", data)
+    bad = header(b"R", item, 0, 1 << 20) + data[: 1 << 20] + bytes(32)
+    good = data[1 << 20 :]
+    good = header(b"R", item, 1 << 20, 1 << 20) + good + hashlib.sha256(good).digest()
+    status, results, err = receive(dest, bad + good + header(b"M", item, 0, 0))
+    assert status == 0 and "did not arrive intact" in results[b"model.bin"], err
+    assert not (dest / "model.bin").exists()
+
+
 def test_a_whole_copy_left_by_a_cut_upload_is_placed_only_by_its_digest(tmp_path: Path) -> None:
     src, dest = tmp_path / "src", tmp_path / "dest"
     data = os.urandom(10_000)
@@ -132,11 +144,15 @@ def test_lanes_cut_big_files_and_balance_bytes(tmp_path: Path) -> None:
     one = lanes_for([big, *small], 1)
     assert len(one) == 1 and one[0].work == [big, *small]
     four = lanes_for([big, *small], 4)
-    pieces = [w for lane in four for w in lane.work if isinstance(w, Piece)]
-    assert sorted((p.offset, p.length) for p in pieces) == [
-        (i * (50 << 20), 50 << 20) for i in range(4)
+    assert len(four) == 4 and all(lane.shared is four[0].shared for lane in four)
+    pieces = list(four[0].shared)  # taken by whichever stream is free: none is fixed
+    assert all(isinstance(p, Piece) and p.item is big for p in pieces)
+    step = -(-(200 << 20) // 16 // (1 << 20)) * (1 << 20)  # 4 ranges a stream, whole MiBs
+    assert [(p.offset, p.length) for p in pieces] == [
+        (at, min(step, (200 << 20) - at)) for at in range(0, 200 << 20, step)
     ]
-    assert max(lane.nbytes for lane in four) - min(lane.nbytes for lane in four) <= 1 << 20
+    assert [lane.nbytes for lane in four] == [2 << 20] * 4  # the small files, in runs
+    assert [w.rel for w in four[0].work] == ["s0", "s1"]
 
 
 class _PipeEngine:
@@ -159,7 +175,10 @@ class _LocalConn:
     def __init__(self, dest: Path):
         self.dest = dest
 
+    asked = 0
+
     def capture(self, command: str, *, stdin: bytes, what: str) -> tuple[int, bytes, str]:
+        self.asked += 1
         proc = subprocess.run(
             [sys.executable, RECV, str(self.dest)], input=stdin, capture_output=True
         )
@@ -173,12 +192,33 @@ def test_send_lanes_moves_a_tree_over_several_streams(tmp_path: Path, monkeypatc
     items.append(outgoing(src, "big.bin", os.urandom((5 << 20) + 3)))
     engine = _PipeEngine(dest)
     report = Report("local")
-    ok = send_lanes(_LocalConn(dest), engine, "dest", items, 3, None, Progress(), report)  # type: ignore[arg-type]
+    conn = _LocalConn(dest)
+    ok = send_lanes(conn, engine, "dest", items, 3, None, Progress(), report)  # type: ignore[arg-type]
     assert ok and engine.opened == 3
+    assert conn.asked == 0  # the big file was placed on the first stream: no round trip after
     assert {i.rel: i.why for i in items} == {i.rel: "" for i in items}
     for item in items:
         assert (dest / item.rel).read_bytes() == item.path.read_bytes()
     assert report.wire_bytes >= sum(i.size for i in items)
+
+
+def test_streams_started_early_are_used_and_the_ones_left_over_end(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(records, "PARALLEL_BYTES", 1 << 20)
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    item = outgoing(src, "big.bin", os.urandom((2 << 20) + 5))
+    engine = _PipeEngine(dest)
+    opened = records.Opened.start(engine, "dest", 4)  # type: ignore[arg-type]
+    early = list(opened.streams)
+    assert engine.opened == 4
+    lanes = len(records.lanes_for([item], 2))
+    report = Report("local")
+    ok = send_lanes(_LocalConn(dest), engine, "dest", [item], 2, None, Progress(), report, opened)  # type: ignore[arg-type]
+    assert ok and item.why == "" and engine.opened == 4  # none opened anew
+    assert (dest / "big.bin").read_bytes() == item.path.read_bytes()
+    assert lanes == 2 and opened.streams == []
+    assert all(s.proc.poll() is not None for s in early)  # the two not needed ended too
 
 
 def test_send_lanes_says_when_the_host_has_no_python(tmp_path: Path) -> None:

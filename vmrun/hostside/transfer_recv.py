@@ -8,8 +8,9 @@ pass. Each record is a header (vmrun.transfer.records.HEADER), its names, then i
 - R (a range of a big file sent over several streams at once): written at its offset into the
   temporary name, which is made the file's full size, and hashed on the way; the range's
   SHA-256 follows its data; only a mismatch is reported;
-- M (move): a file whose every range arrived and matched (each stream's receiver reported
-  nothing against it, and all ended well) is given its mode and mtime and placed;
+- M (move): a file whose every range arrived and matched (each other stream's receiver
+  reported nothing against it, and all ended well; sent on the first stream after its own
+  ranges, which this receiver checked itself) is given its mode and mtime and placed;
 - L (link): a symlink (its target is the data), made beside and renamed over its name;
 - P (place): hash a temporary file that is whole (an earlier upload was cut after it), and
   place it as F does when the SHA-256 is the one sent.
@@ -233,6 +234,18 @@ def check_and_place(src, temp, final, mtime_ns, mode):
     return ""
 
 
+def move(temp, final, mtime_ns, mode, refused):
+    """An M record: place a ranged file, unless this receiver refused one of its ranges (the
+    other streams' refusals the sender knows: it sends no M then)."""
+    if temp in refused:
+        return "a range of it did not arrive intact"
+    try:
+        place(temp, final, mtime_ns, mode)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
+
+
 def link(target, temp, final):
     """An L record (a host-to-host hop's symlink inside the tree): made beside, renamed over."""
     try:
@@ -281,11 +294,7 @@ def main():
         elif kind == b"L":
             why = link(src.read(length), temp, final)
         elif kind == b"M":  # every range arrived and matched its SHA-256: only place it
-            try:
-                place(temp, final, mtime_ns, mode)
-                why = ""
-            except OSError as exc:
-                why = exc.strerror or str(exc)
+            why = move(temp, final, mtime_ns, mode, told)
         else:
             sys.exit("transfer-recv: a bad record in the stream")
         said.append(b"-" + final + b"\0" + why.encode() + b"\0" if why else b"+" + final + b"\0")

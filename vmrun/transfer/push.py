@@ -23,6 +23,7 @@ from vmrun.transfer.types import Options, Progress, Report, env_tuning
 
 if TYPE_CHECKING:
     from vmrun.reporting import Reporter
+    from vmrun.transfer.records import Opened
     from vmrun.transfer.upload import Scan
 
 CHECK = "push_check.sh"  # vmrun/hostside: the folder can be written, the disk has room
@@ -98,25 +99,37 @@ def push_host(
     scans = [scan(p) for p in paths]
     if not dry_run and sum(f.size for s in scans for f in s.files) >= PARALLEL_BYTES:
         prefetch_link_facts(conn)  # for planning the big files' streams, while we list
-    # the folder's check (made, writable, its free space) beside the listing: one round trip
-    with ThreadPoolExecutor(1) as pool:
-        checked = pool.submit(_check, conn, dest)
-        listing = list_remote(conn, [posixpath.dirname(r) if p.is_file() else r
-                                     for p, r in zip(paths, remotes, strict=True)])  # fmt: skip
-        done.free_kib = checked.result()
-    for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
-        entries = root.entries if root.state == "ok" else []
-        done.planned.append(_plan(path, remote, entries, tree))
-    _room(conn, dest, done.free_kib, sum(p.bytes_to_send for p in done.planned))
-    if dry_run:
-        return done
     wanted, streams = env_tuning()
     engine = wanted if engine == "auto" else engine
     options = Options(engine=engine, bwlimit=bwlimit, streams=streams)
-    for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
-        report = upload(conn, path, remote, options, progress or Progress(),
-                        listing=root, scanned=tree)  # fmt: skip
-        done.reports.append(report)
+    # the folder's check (made, writable, its free space) beside the listing: one round trip;
+    # a big file's streams start as soon as the listing says it travels, so that their
+    # logins overlap the check's answer
+    opened = None
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            checked = pool.submit(_check, conn, dest)
+            listing = list_remote(conn, [posixpath.dirname(r) if p.is_file() else r
+                                         for p, r in zip(paths, remotes, strict=True)])  # fmt: skip
+            for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
+                entries = root.entries if root.state == "ok" else []
+                done.planned.append(_plan(path, remote, entries, tree))
+            if not dry_run:
+                opened = _open_early(conn, done.planned, options)
+            done.free_kib = checked.result()
+        _room(conn, dest, done.free_kib, sum(p.bytes_to_send for p in done.planned))
+        if dry_run:
+            return done
+        for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
+            mine = opened if opened is not None and opened.remote_dir == _folder(path, remote) \
+                else None  # fmt: skip
+            report = upload(conn, path, remote, options, progress or Progress(),
+                            listing=root, scanned=tree, opened=mine)  # fmt: skip
+            opened = None if mine is not None else opened
+            done.reports.append(report)
+    finally:
+        if opened is not None:
+            opened.close()
     if delete:
         for plan, report in zip(done.planned, done.reports, strict=True):
             if plan.extra and report.ok:
@@ -162,6 +175,25 @@ def push_data(
             "bytes": planned.nbytes, "manifest": manifest(conn, planned.remote),
         })  # fmt: skip
     return done_data
+
+
+def _folder(local: Path, remote: str) -> str:
+    """The folder an upload of `local` to `remote` writes into (upload's `remote_dir`)."""
+    return (posixpath.dirname(remote) or ".") if local.is_file() else remote
+
+
+def _open_early(conn: Connection, planned: Sequence[Planned], options: Options) -> Opened | None:
+    """The streams for the first PATH with PARALLEL_BYTES or more to send, started now."""
+    from vmrun.transfer.records import Opened
+    from vmrun.transfer.streams import PARALLEL_BYTES, plan_streams
+
+    big = next((p for p in planned if p.bytes_to_send >= PARALLEL_BYTES), None)
+    if big is None:
+        return None
+    engine, count = plan_streams(
+        conn, wanted=options.engine, nbytes=big.bytes_to_send, streams=options.streams
+    )
+    return Opened.start(engine, _folder(big.local, big.remote), count)
 
 
 def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Planned:

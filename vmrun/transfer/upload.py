@@ -39,7 +39,7 @@ from vmrun.transfer.manifest import (
     remote_arg,
     remote_hashes,
 )
-from vmrun.transfer.records import INLINE, Outgoing, place_whole, send_lanes
+from vmrun.transfer.records import INLINE, Opened, Outgoing, place_whole, send_lanes
 from vmrun.transfer.streams import CHUNK, Engine, capture, plan_streams
 from vmrun.transfer.types import FetchSpec, Options, Progress, Report, selected
 
@@ -194,11 +194,34 @@ def upload(
     files: Sequence[str] | None = None,
     listing: RootListing | None = None,
     scanned: Scan | None = None,
+    opened: Opened | None = None,
 ) -> Report:
     """Make `remote` (normalised remote path) hold what `local` (file or folder) holds;
     `files` (POSIX paths relative to a folder `local`) replaces the walk with a list;
     `listing`, the remote folder's as the caller listed it just now, saves a round trip;
-    `scanned`, the caller's walk of `local` (scan), saves walking it again."""
+    `scanned`, the caller's walk of `local` (scan), saves walking it again; `opened`,
+    streams the caller started for it (closed here whatever happens)."""
+    try:
+        return _upload(conn, local, remote, options, progress, include, exclude, files, listing,
+                       scanned, opened)  # fmt: skip
+    finally:
+        if opened is not None:
+            opened.close()
+
+
+def _upload(
+    conn: Connection,
+    local: Path,
+    remote: str,
+    options: Options | None,
+    progress: Progress | None,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    files: Sequence[str] | None,
+    listing: RootListing | None,
+    scanned: Scan | None,
+    opened: Opened | None,
+) -> Report:
     options = options or Options()
     progress = progress or Progress()
     started = time.monotonic()
@@ -216,7 +239,7 @@ def upload(
         raise UsageError(f"{remote_dir} on the host is not a directory", host=conn.label)
     todo = _changed(conn, remote_dir, items, root, options, report)
     todo = _adopt_arrived(conn, remote_dir, todo, root, progress, report)
-    _send_verified(conn, remote_dir, todo, options, progress, report)
+    _send_verified(conn, remote_dir, todo, options, progress, report, opened)
     report.seconds = time.monotonic() - started
     return report
 
@@ -309,16 +332,15 @@ def _send_verified(
     options: Options,
     progress: Progress,
     report: Report,
+    opened: Opened | None = None,
 ) -> None:
     """Send, and place each file whose SHA-256 on the host is the one read here; a file that
     fails is sent once more, then reported as failed. Records (vmrun.transfer.records) where
-    the host has python3, else a tar stream."""
+    the host has python3, else a tar stream. `opened`: streams started for it already."""
     if not todo:
         return
     nbytes = sum(i.size - i.resume for i in todo)
-    engine, streams = plan_streams(
-        conn, wanted=options.engine, nbytes=nbytes, streams=options.streams
-    )
+    engine, streams, opened = _streams_for(conn, remote_dir, nbytes, options, opened)
     report.engine, report.streams = engine.name, streams
     progress.begin(conn.label, len(todo), nbytes)
     for item in todo:
@@ -330,7 +352,7 @@ def _send_verified(
             break
         if records:
             records = send_lanes(
-                conn, engine, remote_dir, todo, streams, options.bwlimit, progress, report
+                conn, engine, remote_dir, todo, streams, options.bwlimit, progress, report, opened
             )
         if not records:
             for item in todo:
@@ -349,6 +371,19 @@ def _send_verified(
         for item in bad:  # once more, whole
             item.why, item.sent, item.resume = "", 0, 0
         todo = bad
+
+
+def _streams_for(
+    conn: Connection, remote_dir: str, nbytes: int, options: Options, opened: Opened | None
+) -> tuple[Engine, int, Opened | None]:
+    """The engine and stream count: those of the streams the caller started for this folder,
+    else planned now."""
+    if opened is not None and opened.remote_dir == remote_dir:
+        return opened.engine, opened.count, opened
+    engine, streams = plan_streams(
+        conn, wanted=options.engine, nbytes=nbytes, streams=options.streams
+    )
+    return engine, streams, None
 
 
 def _check_tar(conn: Connection, remote_dir: str, todo: list[Outgoing]) -> None:
