@@ -523,7 +523,8 @@ def test_the_whole_dial_fits_in_one_connect_timeout(tmp_path: Path) -> None:
         server.close()
         for transport in transports:
             transport.close()
-    assert 1.9 < took < 3.5, (took, error)  # about the one deadline, not one per phase
+    # each phase alone (1.5 s) is within 2 s: only one deadline for them all ends the dial
+    assert took >= 1.9, (took, error)
     assert isinstance(error, UnreachableError), error
     assert "within 2 s" in error.message and "connect_timeout" in error.message
     assert error.exit_code == ExitCode.UNREACHABLE
