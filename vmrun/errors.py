@@ -259,6 +259,21 @@ class CommandFailed(VmrunError, code="command-failed", meaning="a remote command
         self.output_tail = output_tail
 
 
+def run_failed(
+    rid: str, why: str, code: int | None, *, host: str | None = None, hint: str | None = None
+) -> CommandFailed:
+    """A followed run that ended badly, said alike by every backend: `run RID WHY`, code
+    run-failed, vmrun's exit status the run's own code where it fits in one (else 1)."""
+    status = code if code is not None and 0 < code < 256 else 1
+    return CommandFailed(f"run {rid} {why}", host=host, hint=hint, exit_status=status,
+                         code="run-failed")  # fmt: skip
+
+
+def run_stopped(rid: str, *, host: str | None = None) -> CommandFailed:
+    """A followed run that `vmrun stop` ended (exit status 143, as SIGTERM's)."""
+    return CommandFailed(f"run {rid} was stopped", host=host, exit_status=143, code="run-stopped")
+
+
 class HostsFailed(
     VmrunError,
     code="hosts-failed",

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from vmrun.errors import CommandFailed, error_json
+from vmrun.errors import error_json, run_failed, run_stopped
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.history import iso_utc
 from vmrun.results.layout import CLUSTER, layout_of
@@ -109,15 +109,13 @@ def run_error(rid: str, state: str, code: int | None, why_first: str = "") -> di
     """A failed, lost or stopped run's error, with the code following it would raise
     (`why_first`: which worker failed first, where torchrun said)."""
     if state == "stopped":
-        return error_json(CommandFailed(f"run {rid} was stopped", exit_status=143,
-                                        code="run-stopped"))  # fmt: skip
+        return error_json(run_stopped(rid))
     if state not in ("failed", "lost"):
         return None
     why = f"exited with {code}" if code is not None else "ended with no exit code (lost)"
     if why_first and code is not None:
         why += f": {why_first}"
-    status = code if code is not None and 0 < code < 256 else 1
-    return error_json(CommandFailed(f"run {rid} {why}", exit_status=status, code="run-failed"))
+    return error_json(run_failed(rid, why, code))
 
 
 def place_object(err: BaseException, *, host: str | None = None,

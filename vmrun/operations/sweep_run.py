@@ -17,7 +17,13 @@ from typing import Any
 
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings
-from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown, VmrunError
+from vmrun.errors import (
+    Detached,
+    Interrupted,
+    OutcomeUnknown,
+    VmrunError,
+    run_failed,
+)
 from vmrun.operations.train import MakeProgress, no_progress
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
@@ -171,7 +177,7 @@ def _on_this_machine(job: SweepJob, size: Size) -> None:
     if code == 130:
         raise Interrupted("interrupted")
     if code != 0:
-        raise CommandFailed(f"run {size.run} exited with code {code}", code="run-failed")
+        raise run_failed(str(size.run), f"exited with code {code}", code)
     _require_metrics(job, size)
 
 
@@ -196,7 +202,7 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
             size.detail = "stopped"
             raise
         if code != 0:
-            raise CommandFailed(f"run {ref.run_id} exited with code {code}", code="run-failed")
+            raise run_failed(ref.run_id, f"exited with code {code}", code)
         _fetch_results(slurm, ref.run_id, job.project, out)
     _require_metrics(job, size)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from vmrun.containers.runtime import IMAGE_PYTHON
-from vmrun.errors import CommandFailed, Interrupted, UsageError
+from vmrun.errors import Interrupted, UsageError, run_failed
 from vmrun.reporting import QUIET, Reporter
 from vmrun.results.failure import WorkerFailure
 from vmrun.runs.lines import Prefixer
@@ -251,12 +251,8 @@ def _supervise(
     if stopped:
         raise Interrupted(f"run {rid} stopped", hint=f"its files are in {rel_dir}/")
     if code != 0:
-        raise CommandFailed(
-            f"run {rid} exited with {code}" + (f": {failure.describe()}" if failure else ""),
-            hint=f"see {rel_dir}/train.log",
-            exit_status=code,
-            code="run-failed",
-        )
+        why = f"exited with {code}" + (f": {failure.describe()}" if failure else "")
+        raise run_failed(rid, why, code, hint=f"see {rel_dir}/train.log")
     out.info(f"run {rid} finished; files in {rel_dir}/")
     return 0
 

@@ -22,12 +22,13 @@ from vmrun.backends.hosts.node_launch import Launch, Node, Wiring, layout_note, 
 from vmrun.backends.hosts.preflight import check_launcher_hosts, cuda_warning, nproc_for, preflight
 from vmrun.backends.hosts.staging import stage
 from vmrun.errors import (
-    CommandFailed,
     ConnectionLostError,
     Detached,
     HostsFailed,
     Interrupted,
     UsageError,
+    run_failed,
+    run_stopped,
 )
 from vmrun.reporting import Recorder, Reporter
 from vmrun.runs import launch, provenance
@@ -201,18 +202,11 @@ class HostsBackend:
         if state == RunState.DONE:
             return
         if state == RunState.STOPPED:
-            raise CommandFailed(
-                f"run {rid} was stopped", host=node, exit_status=143, code="run-stopped"
-            )
+            raise run_stopped(rid, host=node)
         code = code if code is not None else 1
         failure = next((r.failure for r in recs if r.failure), None)
-        raise CommandFailed(
-            f"run {rid} exited with {code}" + (f": {failure.describe(node)}" if failure else ""),
-            host=node,
-            exit_status=code if 0 < code < 256 else 1,
-            hint=f"see `vmrun logs {rid}`",
-            code="run-failed",
-        )
+        why = f"exited with {code}" + (f": {failure.describe(node)}" if failure else "")
+        raise run_failed(rid, why, code, host=node, hint=f"see `vmrun logs {rid}`")
 
     def _finished(self, ref: RunRef) -> str:
         where = f"run {ref.run_id} finished on {', '.join(ref.nodes)}"

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from vmrun.backends.hosts import records as runs
 from vmrun.errors import (
-    CommandFailed,
     ConnectionLostError,
     Detached,
     Interrupted,
     VmrunError,
+    run_failed,
 )
 from vmrun.reporting import Reporter
 from vmrun.runs.lines import Prefixer
@@ -195,12 +195,12 @@ def _fail(
         left.append(f"{first.host} unreachable: `vmrun stop {rid}` once it is back")
     out.info("; ".join(left))
     code = first.record.exit_code if first.record and first.record.exit_code else 1
-    raise CommandFailed(
-        f"run {rid} failed: node {first.host} was the first to fail ({why})",
+    raise run_failed(
+        rid,
+        f"failed: node {first.host} was the first to fail ({why})",
+        code,
         host=first.host,
-        exit_status=code if 0 < code < 256 else 1,
         hint=f"see `vmrun logs {rid} --node {first.host}`; {_next_step(rid, answered)}",
-        code="run-failed",
     )
 
 

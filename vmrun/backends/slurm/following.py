@@ -14,7 +14,7 @@ from vmrun.backends.api import RunRef
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.queue import JobState, explain_failure
 from vmrun.backends.slurm.stream import JobStream
-from vmrun.errors import CommandFailed, Detached, Interrupted, OutcomeUnknown
+from vmrun.errors import Detached, Interrupted, OutcomeUnknown, run_failed
 from vmrun.reporting import Reporter
 from vmrun.results.failure import WorkerFailure
 from vmrun.ssh.connection import Connection
@@ -145,10 +145,10 @@ class Follower:
         detail = f", exit code {code_text}" if code_text.isdigit() else ""
         if code_text.isdigit() and self.failure is not None:
             detail += f": {self.failure.describe()}"
-        raise CommandFailed(
-            f"run {rid} failed: job {self.job} {explain_failure(end)}{detail}",
+        raise run_failed(
+            rid,
+            f"failed: job {self.job} {explain_failure(end)}{detail}",
+            code,
             host=cluster,
-            exit_status=code if 0 < code < 256 else 1,
             hint=f"see `vmrun logs {rid} -C {cluster}`",
-            code="run-failed",
         )

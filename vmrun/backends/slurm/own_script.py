@@ -23,12 +23,12 @@ from vmrun.backends.slurm.following import NeverStarts, detached
 from vmrun.backends.slurm.queue import JobState, explain_failure, submit_refusal
 from vmrun.backends.slurm.stream import Lines
 from vmrun.errors import (
-    CommandFailed,
     Interrupted,
     OutcomeUnknown,
     RemoteError,
     UsageError,
     VmrunError,
+    run_failed,
 )
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Reporter
@@ -418,10 +418,10 @@ class Follower:
         many = f" ({len(failed)} of {len(self.ends)} tasks)" if self.array else ""
         if key not in self.stream.wrote:
             many += self._silent(key)
-        raise CommandFailed(
-            f"run {rid} failed: {self._who(key)} {explain_failure(state)}{detail}{many}",
+        raise run_failed(
+            rid,
+            f"failed: {self._who(key)} {explain_failure(state)}{detail}{many}",
+            code,
             host=cluster,
-            exit_status=code if code and 0 < code < 256 else 1,
             hint=f"see `vmrun logs {rid} -C {cluster}`",
-            code="run-failed",
         )
