@@ -113,6 +113,26 @@ def test_a_cluster_is_refused_with_hosts_or_a_negative_gpu_count(settings: Setti
         setup(settings, SetupRequest(), cluster="c1", gpus_per_node=-1)
 
 
+def test_what_only_hosts_take_is_refused_for_a_cluster_as_the_cli_does(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The rules between what is asked and where live in the operation: a Python caller is
+    refused alike (a container engine or --autostop for -C, a container that is none of
+    docker, podman, none), before any connection."""
+    with pytest.raises(UsageError, match="use docker, podman or none"):
+        setup(settings, SetupRequest(container="lxc"), ["accA"])
+    with pytest.raises(UsageError, match="container runtime is its admins'"):
+        setup(settings, SetupRequest(container="docker"), cluster="c1")
+    flagged = load_settings({"autostop": "30m"}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    with pytest.raises(UsageError, match="a cluster's nodes are the admins'"):
+        setup(flagged, SetupRequest(), cluster="c1")
+    (tmp_path / "vmrun.toml").write_text('autostop = "30m"\n')  # for its hosts: not refused
+    configured = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    with pytest.raises(Exception) as not_refused:
+        setup(configured, SetupRequest(), cluster="c1")
+    assert "admins'" not in str(not_refused.value)  # it went on (to find cluster c1)
+
+
 def test_params_layer_defaults_setup_section_environment_then_flags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -407,6 +407,9 @@ def _where(path: str, text: str, key: str, *, host: int | None = None, array: st
     return path
 
 
+FLAGS = "command line"  # the layer of flags, in `Settings.sources`
+
+
 def _apply(
     values: dict[str, Any], sources: dict[str, str], layer: Mapping[str, Any], origin: str
 ) -> None:
@@ -415,7 +418,9 @@ def _apply(
         fld = FIELDS.get(key)
         if fld is None or raw is None:
             continue
-        values[key] = fld.parse(f"{key} (from {origin})", raw)
+        # a flag's own name where the user typed it (`--autostop '30x': not a period`)
+        name = f"--{key.replace('_', '-')}" if origin == FLAGS else f"{key} (from {origin})"
+        values[key] = fld.parse(name, raw)
         sources[key] = origin
 
 
@@ -443,7 +448,7 @@ def load_settings(
 
     env_layer = {name: environ[fld.env] for name, fld in FIELDS.items() if fld.env in environ}
     _apply(values, sources, env_layer, "environment")
-    _apply(values, sources, dict(flags or {}), "command line")
+    _apply(values, sources, dict(flags or {}), FLAGS)
     return Settings(
         **values,
         sources=sources,

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from vmrun.config import FIELDS, Settings
+from vmrun.config import FIELDS, FLAGS, Settings
 from vmrun.remote_paths import (
     ACTIVE_DIR,
     AUTOSTOP_LOG,
@@ -27,7 +27,7 @@ from vmrun.ssh.inventory import HostEntry
 
 KEYS = tuple(name for name in FIELDS if name.startswith("autostop"))
 DEFAULT_COMMAND = "sudo -n shutdown -h now"  # as root: `shutdown -h now` (decided on the host)
-_OVERRIDDEN = ("environment", "command line")  # layers above a host's own value
+_OVERRIDDEN = ("environment", FLAGS)  # layers above a host's own value
 
 
 @dataclass(frozen=True)

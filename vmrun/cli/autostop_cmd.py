@@ -15,6 +15,7 @@ from vmrun.errors import UsageError
 if TYPE_CHECKING:
     from vmrun.autostop.watchdog import Installed
     from vmrun.config import Settings
+    from vmrun.operations.autostop import Applied
     from vmrun.ssh.inventory import HostEntry
 
 
@@ -79,10 +80,15 @@ def register(app: typer.Typer) -> None:
 def apply(entries: Sequence[HostEntry], settings: Settings, *, required: bool) -> int:
     """Install (or update) the watchdog where autostop is on (vmrun.operations.autostop's
     `install`) and say what each host got; `vmrun setup` ends with it too."""
-    from vmrun.cli.output import error_line, report
     from vmrun.operations.autostop import install
 
-    applied = install(settings, entries, required=required)
+    return render_applied(install(settings, entries, required=required))
+
+
+def render_applied(applied: Applied) -> int:
+    """What each host got from an install (`vmrun autostop`, the end of `vmrun setup`)."""
+    from vmrun.cli.output import error_line, report
+
     for label in applied.off:
         typer.echo(f'{label}: autostop is off for it (autostop = "off"); left as it is')
     if applied.refused:

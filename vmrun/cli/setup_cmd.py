@@ -18,9 +18,6 @@ from vmrun.cli.options import (
     settings_from,
 )
 from vmrun.errors import UsageError
-from vmrun.setting_types import period_seconds
-
-CONTAINER_ENGINES = ("docker", "podman", "none")  # the playbook's `container` choices
 
 if TYPE_CHECKING:
     from vmrun.config import Settings
@@ -197,22 +194,11 @@ def register(app: typer.Typer) -> None:
             return 0
         targets = [*(hosts or []), *(host or [])]
         refuse_with_cluster(cluster, targets)
-        if container is not None and container not in CONTAINER_ENGINES:
-            raise UsageError(f"--container {container}: use docker, podman or none")
-        if cluster and container not in (None, "none"):
-            raise UsageError(
-                "--container installs an engine on hosts (-H); a cluster's container runtime is"
-                " its admins' (container_runtime per cluster)"
-            )
         if cluster and as_json:
             raise UsageError(
                 "--json reports hosts' steps (-H); a cluster's setup (-C) prints its env's report",
                 code="flags-conflict",
             )
-        if cluster and autostop:
-            raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
-        if autostop:
-            period_seconds(autostop, what="--autostop")
         settings = settings_from(
             connect_timeout, accept_new_host_key, parallel=parallel, autostop=autostop
         )
@@ -261,11 +247,11 @@ def _run(
     if cluster:
         return view.render_cluster(done)
     code = view.render_json(done) if as_json else view.render_hosts(done)
-    if request.dry_run or not done.succeeded:
+    if done.autostop is None:
         return code
     import contextlib
 
-    from vmrun.cli.autostop_cmd import apply as autostop_apply
+    from vmrun.cli.autostop_cmd import render_applied
 
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        return max(code, autostop_apply(done.succeeded, settings=settings, required=False))
+        return max(code, render_applied(done.autostop))

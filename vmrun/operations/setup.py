@@ -16,16 +16,17 @@ from __future__ import annotations
 import os
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vmrun.config import Settings
+from vmrun.config import FLAGS, Settings
 from vmrun.errors import UsageError
 from vmrun.reporting import QUIET, Reporter
 
 if TYPE_CHECKING:
     from vmrun.backends.slurm.setup import ClusterSetup
+    from vmrun.operations.autostop import Applied
     from vmrun.setup.playbook import Playbook
     from vmrun.setup.report import HostReport, SetupOptions
     from vmrun.ssh.group import Outcome
@@ -115,6 +116,7 @@ class SetUp:
     outcomes: list[Outcome[HostReport]] = field(default_factory=list)
     recorded: Recorded | None = None
     recorded_in: Path | None = None  # the vmrun.toml it was recorded in
+    autostop: Applied | None = None  # the watchdog on the hosts set up (autostop is on)
     cluster: str | None = None
     on_cluster: ClusterSetup | None = None
     seconds: float = 0.0  # how long the cluster's setup took
@@ -153,8 +155,7 @@ def setup(
     raises before any connection; one host's failure is in the value; a cluster's failing
     step raises (a CommandFailed with the command's last lines). `record`: remember the hosts
     that succeed in vmrun.toml with their interpreter (never on a dry run)."""
-    if cluster and hosts:
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+    check_selection(settings, request, hosts, cluster)
     options = request.options(settings)
     if cluster:
         return _on_cluster(settings, cluster, options, gpus_per_node, watch)
@@ -162,11 +163,44 @@ def setup(
 
     entries = select_hosts(hosts, settings)
     outcomes = _on_hosts(settings, entries, options, watch)
-    if not (record and not options.dry_run and any(o.ok for o in outcomes)):
-        return SetUp(options, entries, outcomes)
-    project = settings.project_dir or Path.cwd()
-    recorded = _record(project, entries, outcomes)
-    return SetUp(options, entries, outcomes, recorded, project / "vmrun.toml")
+    done = SetUp(options, entries, outcomes)
+    if record and not options.dry_run and done.succeeded:
+        project = settings.project_dir or Path.cwd()
+        done = replace(done, recorded=_record(project, entries, outcomes),
+                       recorded_in=project / "vmrun.toml")  # fmt: skip
+    if not options.dry_run and done.succeeded:
+        from vmrun.operations.autostop import install
+
+        done = replace(done, autostop=install(settings, done.succeeded, required=False))
+    return done
+
+
+CONTAINER_ENGINES = ("docker", "podman", "none")  # the playbook's `container` choices
+
+
+def check_selection(
+    settings: Settings, request: SetupRequest, hosts: list[str] | None, cluster: str | None
+) -> None:
+    """What hosts and clusters each take, before any connection: a container engine and the
+    autostop watchdog are for hosts (-H); a cluster's runtime and nodes are its admins'."""
+    from vmrun.setting_types import period_seconds
+
+    if cluster and hosts:
+        raise UsageError(f"-C {cluster} and -H both say where to work: use one",
+                         code="flags-conflict")  # fmt: skip
+    container = request.container
+    if container is not None and container not in CONTAINER_ENGINES:
+        raise UsageError(f"--container {container}: use docker, podman or none")
+    if cluster and container not in (None, "none"):
+        raise UsageError(
+            "--container installs an engine on hosts (-H); a cluster's container runtime is"
+            " its admins' (container_runtime per cluster)"
+        )
+    if settings.sources.get("autostop") != FLAGS:
+        return  # vmrun.toml's autostop is for its hosts: a cluster's setup leaves it be
+    if cluster:
+        raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
+    period_seconds(settings.autostop, what="--autostop")
 
 
 def _on_hosts(
