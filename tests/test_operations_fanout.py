@@ -207,3 +207,23 @@ def test_a_cluster_with_no_running_job_has_no_gpu_to_watch(
     with watch(_settings(tmp_path), cluster="hpc", run="r7", out=said) as fleet_watch:
         assert fleet_watch is None
     assert "no running run r7 on cluster hpc" in said.lines[0]
+
+
+@pytest.mark.parametrize(
+    ("given", "fact"),
+    [
+        ({"interval": 0.05}, "--interval"),
+        ({"idle_threshold": 101}, "--idle-threshold"),
+        ({"idle_window": -1}, "--idle-window"),
+        ({"run": "r7"}, "add -C NAME"),
+        ({"cluster": "hpc", "run": "r7", "job": "12"}, "use one"),
+    ],
+)
+def test_watch_refuses_bad_input_before_any_connection(
+    tmp_path: Path, given: dict[str, Any], fact: str
+) -> None:
+    from vmrun.operations.gpus import watch
+
+    with pytest.raises(UsageError) as refused, watch(_settings(tmp_path), ["nowhere"], **given):
+        pass
+    assert fact in refused.value.message

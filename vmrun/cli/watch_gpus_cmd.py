@@ -26,7 +26,6 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
-from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -91,17 +90,7 @@ def register(app: typer.Typer) -> None:
         parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        if not interval >= 0.1:
-            raise UsageError(f"--interval must be at least 0.1 seconds, got {interval:g}")
-        if not 0 <= idle_threshold <= 100:
-            raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
-        if not idle_window >= 0:
-            raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
         refuse_with_cluster(cluster, host)
-        if (run or job) and not cluster:
-            raise UsageError("--run and --job pick jobs on a cluster: add -C NAME")
-        if run and job:
-            raise UsageError("--run and --job both pick the job: use one")
         settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         view = _View(interval, once, json_out, idle_threshold, idle_window)
         from vmrun.cli.output import TERMINAL

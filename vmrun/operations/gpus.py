@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from vmrun.config import Settings
+from vmrun.errors import UsageError
 from vmrun.operations.hostlist import Hosts, entries_for
 from vmrun.reporting import QUIET, Reporter
 
@@ -34,7 +35,9 @@ def watch(
     """A started FleetWatch on `hosts` (None: the project's), or with `cluster` on the nodes
     of the user's running jobs there (or of `run`'s, or `job`'s); leaving the block closes
     every channel. None when the cluster has no such job (`out.info` says so). With `once`,
-    one reading per host; `watch.fleet.exit_code()` is then the worst host's."""
+    one reading per host; `watch.fleet.exit_code()` is then the worst host's. Bad input
+    raises UsageError before any connection."""
+    check_watch(hosts, cluster, run, job, interval, idle_threshold, idle_window)
     with _targets(settings, hosts, cluster, run, job, out) as targets:
         if targets is None:
             yield None
@@ -48,6 +51,31 @@ def watch(
             yield fleet_watch.start()
         finally:
             fleet_watch.stop()
+
+
+def check_watch(
+    hosts: Hosts,
+    cluster: str | None,
+    run: str | None,
+    job: str | None,
+    interval: float,
+    idle_threshold: float,
+    idle_window: float,
+) -> None:
+    """What `watch` takes: a sampling period nvidia-smi can keep, a threshold in percent,
+    and jobs picked on a cluster only, one way."""
+    if not interval >= 0.1:
+        raise UsageError(f"--interval must be at least 0.1 seconds, got {interval:g}")
+    if not 0 <= idle_threshold <= 100:
+        raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
+    if not idle_window >= 0:
+        raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
+    if cluster and hosts:
+        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+    if (run or job) and not cluster:
+        raise UsageError("--run and --job pick jobs on a cluster: add -C NAME")
+    if run and job:
+        raise UsageError("--run and --job both pick the job: use one")
 
 
 @contextmanager

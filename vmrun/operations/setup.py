@@ -186,8 +186,7 @@ def check_selection(
     from vmrun.setting_types import period_seconds
 
     if cluster and hosts:
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one",
-                         code="flags-conflict")  # fmt: skip
+        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
     container = request.container
     if container is not None and container not in CONTAINER_ENGINES:
         raise UsageError(f"--container {container}: use docker, podman or none")
