@@ -17,7 +17,7 @@ from vmrun import hostside
 from vmrun.backends.hosts.records import RunRecord, parse_listing
 from vmrun.backends.slurm.queue import JobState
 from vmrun.backends.slurm.records import SlurmRun
-from vmrun.cli.status_json import run_objects
+from vmrun.operations.status_runs import run_objects
 from vmrun.results.failure import WorkerFailure
 from vmrun.runs.state import RunState
 

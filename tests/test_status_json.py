@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vmrun.backends.hosts.records import RunRecord
 from vmrun.backends.slurm.records import SlurmRun
-from vmrun.cli.status_json import render, run_objects
+from vmrun.operations.status_runs import run_objects
 
 T0 = 1_700_000_000.0
 KEYS = [
@@ -18,6 +19,11 @@ KEYS = [
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
     "error", "failure", "tasks", "commit", "dirty", "versions",
 ]  # fmt: skip
+
+
+def render(records: list[Any], failures: list[dict[str, Any]] | None = None) -> str:
+    """As `vmrun status --json` writes them."""
+    return json.dumps([*run_objects(records), *(failures or [])])
 
 
 def _host(rid: str, host: str, code: int | None, progress: str = "") -> RunRecord:
@@ -67,9 +73,9 @@ def test_a_stopped_or_lost_run_has_its_code() -> None:
 
 
 def test_a_place_that_did_not_answer_is_an_object_with_its_error() -> None:
-    from vmrun.cli.status_json import KEYS as KEPT
-    from vmrun.cli.status_json import place_object
     from vmrun.errors import UnreachableError
+    from vmrun.operations.status_runs import KEYS as KEPT
+    from vmrun.operations.status_runs import place_object
 
     obj = place_object(UnreachableError("connection refused", host="h9"), host="h9")
     assert list(obj) == KEYS == list(KEPT)
@@ -110,3 +116,17 @@ def test_the_commit_and_main_versions_come_from_the_record_and_versions_json() -
     assert obj["versions"]["torch"] == "2.13.0"
     (old,) = run_objects([_host("r0", "n1", 0)])  # an older run: unknown, not wrong
     assert old["commit"] is None and old["versions"] is None
+
+
+def test_gather_refuses_a_negative_last_and_two_places_before_any_connection(
+    tmp_path: Path,
+) -> None:
+    from vmrun.config import load_settings
+    from vmrun.errors import UsageError
+    from vmrun.operations.status import gather
+
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    with pytest.raises(UsageError, match="--last must be >= 0"):
+        gather(settings, hosts=["nowhere"], last=-1)
+    with pytest.raises(UsageError, match="use one"):
+        gather(settings, hosts=["nowhere"], cluster="hpc")

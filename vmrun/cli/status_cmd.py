@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
-from vmrun.errors import UsageError, exit_code_for
+from vmrun.errors import exit_code_for
 
 
 def _duration(seconds: float | None) -> str:
@@ -57,29 +58,19 @@ def register(app: typer.Typer) -> None:
         from vmrun.cli.output import TERMINAL, report
         from vmrun.operations.status import gather
 
-        if last < 0:
-            raise UsageError(f"--last must be >= 0, got {last}")
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
-        found = gather(settings, hosts=host, cluster=cluster, watchdog=not as_json, out=TERMINAL)
+        found = gather(settings, hosts=host, cluster=cluster, watchdog=not as_json,
+                       last=0 if show_all else last, out=TERMINAL)  # fmt: skip
         records, errors, autostop = found.records, found.errors, found.autostop
-        hidden = 0
-        if last and not show_all:
-            ids = list(dict.fromkeys(r.id for r in records))
-            keep = set(ids[-last:])
-            hidden = len(ids) - len(keep)
-            records = [r for r in records if r.id in keep]
         if as_json:
-            from vmrun.cli.status_json import place_object, render
-
-            failed = [place_object(f.error, host=f.host, cluster=f.cluster) for f in errors]
-            sys.stdout.write(render(records, failed) + "\n")
+            sys.stdout.write(json.dumps([*found.runs(), *found.places()], indent=2) + "\n")
             sys.stdout.flush()
         else:
             images = any(r.meta.get("image") for r in records)
             _render(_rows(records, autostop, images), autostop=bool(autostop), images=images)
-        if hidden:
-            TERMINAL.info(f"{hidden} older run(s) not shown (--last N / --all)")
+        if found.hidden:
+            TERMINAL.info(f"{found.hidden} older run(s) not shown (--last N / --all)")
         for failure in errors:
             report(failure.error)
         return max((exit_code_for(f.error) for f in errors), default=0)

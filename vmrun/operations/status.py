@@ -29,6 +29,19 @@ class Status:
     records: list[Any] = field(default_factory=list)
     errors: list[Failure] = field(default_factory=list)
     autostop: dict[str, str] = field(default_factory=dict)
+    hidden: int = 0  # older runs left out (`last`)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """One object per run, the same keys in each (vmrun.operations.status_runs)."""
+        from vmrun.operations.status_runs import run_objects
+
+        return run_objects(self.records)
+
+    def places(self) -> list[dict[str, Any]]:
+        """One object per host or cluster that did not answer (every run key, null)."""
+        from vmrun.operations.status_runs import place_object
+
+        return [place_object(f.error, host=f.host, cluster=f.cluster) for f in self.errors]
 
 
 def gather(
@@ -37,11 +50,19 @@ def gather(
     hosts: list[str] | None = None,
     cluster: str | None = None,
     watchdog: bool = True,
+    last: int = 0,
     out: Reporter = QUIET,
 ) -> Status:
     """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
-    every cluster in vmrun.toml (one command on each login node), oldest first; and what
-    the autostop watchdog says on each host that has one (`watchdog`: the table shows it)."""
+    every cluster in vmrun.toml (one command on each login node), oldest first (`last`:
+    only the newest N runs, 0: all); and what the autostop watchdog says on each host that
+    has one (`watchdog`: the table shows it)."""
+    from vmrun.errors import UsageError
+
+    if last < 0:
+        raise UsageError(f"--last must be >= 0, got {last}")
+    if cluster and hosts:
+        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
     from vmrun.backends.slurm.cluster import project_clusters
     from vmrun.backends.slurm.session import cluster_backend
     from vmrun.errors import VmrunError
@@ -77,7 +98,9 @@ def gather(
         records += jobs
         errors += [Failure(exc, cluster=name) for exc in failed]
     records.sort(key=lambda r: float(r.started or 0))
-    return Status(records, errors, autostop)
+    ids = list(dict.fromkeys(r.id for r in records))
+    keep = set(ids[-last:]) if last else set(ids)
+    return Status([r for r in records if r.id in keep], errors, autostop, len(ids) - len(keep))
 
 
 def _listing(conn: Any, watchdog: bool) -> tuple[list[Any], Any]:

@@ -1,11 +1,11 @@
-"""`vmrun status --json`: one object per run (a run on several hosts is one object), the
-same keys in every object, null where unknown, for scripts to read. A run that failed has
+"""What `vmrun status` gathered, per run (`vmrun status --json`, a Python caller's
+`Status.runs()`): one object per run (a run on several hosts is one object), the same keys
+in every object, null where unknown, for scripts to read. A run that failed has
 its `error` (vmrun.errors.error_object); so has an object for each host or cluster that
 did not answer (`run` null), so a reader sees every failure, grouped by code, on stdout."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -123,8 +123,3 @@ def place_object(err: BaseException, *, host: str | None = None,
     """A host or cluster that did not answer, as an object with every run key (null)."""
     return {**dict.fromkeys(KEYS), "hosts": [host] if host else None, "cluster": cluster,
             "error": error_json(err)}  # fmt: skip
-
-
-def render(records: Sequence[Any], failures: Sequence[dict[str, Any]] = ()) -> str:
-    """The runs, then an object per place that failed (`place_object`)."""
-    return json.dumps([*run_objects(records), *failures], indent=2)
