@@ -10,7 +10,7 @@ run's record, and hands the plan to the backend's flow.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from vmrun.backends.slurm.options import SlurmOptions
@@ -28,6 +28,10 @@ MakeProgress = Callable[[bool, bool], Progress | None]
 
 def no_progress(prefix: bool, live: bool) -> Progress | None:
     return None
+
+
+# where a RunOptions field's flag is not its name with dashes
+_FLAG_NAMES = {"script": "SCRIPT", "script_args": "-- SCRIPT_ARGS", "mounts": "--mount"}
 
 
 @dataclass
@@ -53,14 +57,9 @@ class RunOptions:
     data: list[str] | None = None  # PATH[:DIR], pushed to every node before the run
 
     def flags(self) -> dict[str, Any]:
-        return {
-            "SCRIPT": self.script, "-- SCRIPT_ARGS": self.script_args, "--epochs": self.epochs,
-            "--save-every": self.save_every, "--nproc-per-node": self.nproc_per_node,
-            "--max-restarts": self.max_restarts, "--env": self.env, "--name": self.name,
-            "--batch-size": self.batch_size, "--lr": self.lr, "--task": self.task,
-            "--launcher": self.launcher, "--image": self.image, "--mount": self.mounts,
-            "--pull": self.pull, "--data": self.data,
-        }  # fmt: skip
+        """Each option under the name the user gave it by (`--save-every`), in field order."""
+        return {_FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-")): getattr(self, f.name)
+                for f in fields(self)}  # fmt: skip
 
     def plan(self, *, nproc_per_node: str | None, settings: Settings | None = None) -> Plan:
         """Every value checked (UsageError before anything starts), as a Plan; `settings`
