@@ -501,6 +501,46 @@ def test_big_files_go_in_ranges_over_several_streams_both_ways(
     assert not [p for p in there.iterdir() if p.name.endswith(PART_SUFFIX)]
 
 
+def test_a_push_starts_its_streams_during_the_check_and_leaves_none_when_refused(
+    h1: TestHost,
+    conn: Connection,
+    remote_dir: str,
+    tmp_path: Path,
+    small_ranges: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """push_host starts a big file's OpenSSH streams while its folder check is out: the file
+    goes over them, none more is opened, and the first places it (no round trip after the
+    data); a refused check leaves no stream and no folder behind."""
+    from vmrun.transfer import push as push_module
+    from vmrun.transfer import records
+
+    monkeypatch.setenv("VMRUN_TRANSFER_STREAMS", "3")
+    monkeypatch.setenv("VMRUN_TRANSFER_ENGINE", "openssh")
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom((9 << 20) + 7))
+    started: list[records.Opened] = []
+    real_start = records.Opened.start.__func__  # type: ignore[attr-defined]
+
+    def start(cls: type[records.Opened], *args: object) -> records.Opened:
+        started.append(real_start(cls, *args))
+        return started[-1]
+
+    monkeypatch.setattr(records.Opened, "start", classmethod(start))
+    moved: list[object] = []
+    monkeypatch.setattr(records, "_move", lambda conn, d, items: moved.extend(items))
+    done = push_module.push_host(conn, [big], remote_dir)
+    (report,) = done.reports
+    assert report.streams == 3 and report.fetched == ["big.bin"] and not report.failed
+    assert (h1.home / remote_dir / "big.bin").read_bytes() == big.read_bytes()
+    assert len(started) == 1 and started[0].streams == [] and moved == []
+    with pytest.raises(UsageError) as refused:
+        push_module.push_host(conn, [big], "/proc/vmrun-push-refused")
+    assert refused.value.code == "target-not-writable"
+    assert len(started) == 2 and started[1].streams == [] and started[1].unused == []
+    assert not streams._live  # every ssh started for it has ended
+
+
 def test_a_cut_ranged_fetch_keeps_what_arrived_from_the_start_and_resumes(
     h1: TestHost, bed_client: Client, remote_dir: str, tmp_path: Path, small_ranges: int
 ) -> None:

@@ -8,6 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -209,16 +210,77 @@ def test_streams_started_early_are_used_and_the_ones_left_over_end(
     src, dest = tmp_path / "src", tmp_path / "dest"
     item = outgoing(src, "big.bin", os.urandom((2 << 20) + 5))
     engine = _PipeEngine(dest)
-    opened = records.Opened.start(engine, "dest", 4)  # type: ignore[arg-type]
+    opened = records.Opened.start(engine, str(item.path), "dest", 4)  # type: ignore[arg-type]
     early = list(opened.streams)
-    assert engine.opened == 4
-    lanes = len(records.lanes_for([item], 2))
+    assert engine.opened == 4 and len(records.lanes_for([item], 2)) == 2
     report = Report("local")
     ok = send_lanes(_LocalConn(dest), engine, "dest", [item], 2, None, Progress(), report, opened)  # type: ignore[arg-type]
     assert ok and item.why == "" and engine.opened == 4  # none opened anew
     assert (dest / "big.bin").read_bytes() == item.path.read_bytes()
-    assert lanes == 2 and opened.streams == []
-    assert all(s.proc.poll() is not None for s in early)  # the two not needed ended too
+    assert opened.streams == [] and opened.unused == early[2:]  # not waited for meanwhile
+    opened.close()
+    assert all(s.proc.poll() is not None for s in early) and opened.unused == []
+
+
+def test_a_stream_started_early_and_not_needed_makes_nothing(tmp_path: Path) -> None:
+    dest = tmp_path / "not-yet"
+    opened = records.Opened.start(_PipeEngine(dest), "x", "d", 3)  # type: ignore[arg-type]
+    streams = list(opened.streams)
+    assert opened.take(0) == [] and len(opened.unused) == 3
+    opened.close()
+    assert [s.proc.returncode for s in streams] == [0, 0, 0]
+    assert not dest.exists()  # its receiver makes DIR only when a record comes
+
+
+class _Delaying(_PipeEngine):
+    """The first stream sends nothing until the second has sent a range, and the second
+    flips a byte of every range it carries: the second stream surely refuses one."""
+
+    def __init__(self, dest: Path):
+        super().__init__(dest)
+        self.second_sent = threading.Event()
+
+    def open(self, command: str) -> OpenSshStream:
+        stream = super().open(command)
+        plain, index = stream.send, self.opened
+
+        def send(data: bytes | bytearray | memoryview) -> None:
+            if index == 1:
+                assert self.second_sent.wait(30)
+            elif index == 2 and len(data) >= 1 << 20:
+                data = bytes([data[0] ^ 1]) + bytes(data[1:])
+                plain(data)
+                self.second_sent.set()
+                return
+            plain(data)
+
+        stream.send = send  # type: ignore[method-assign]
+        return stream
+
+
+def test_a_range_another_stream_refused_keeps_the_file_from_being_placed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(records, "PARALLEL_BYTES", 1 << 20)
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    item = outgoing(src, "big.bin", os.urandom((4 << 20) + 9))
+    conn, engine = _LocalConn(dest), _Delaying(dest)
+    ok = send_lanes(conn, engine, "dest", [item], 2, None, Progress(), Report("local"))  # type: ignore[arg-type]
+    assert ok and "SHA-256" in item.why, item.why
+    assert not (dest / "big.bin").exists() and conn.asked == 0  # no M, here or after
+
+
+def test_a_file_changed_here_while_its_ranges_went_is_not_placed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(records, "PARALLEL_BYTES", 1 << 20)
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    item = outgoing(src, "big.bin", os.urandom((3 << 20) + 1))
+    os.utime(item.path, ns=(item.mtime_ns + 10**9, item.mtime_ns + 10**9))  # same size, edited
+    conn = _LocalConn(dest)
+    ok = send_lanes(conn, _PipeEngine(dest), "dest", [item], 3, None, Progress(), Report("l"))  # type: ignore[arg-type]
+    assert ok and item.why == "changed here while it was being sent"
+    assert not (dest / "big.bin").exists() and conn.asked == 0
 
 
 def test_send_lanes_says_when_the_host_has_no_python(tmp_path: Path) -> None:

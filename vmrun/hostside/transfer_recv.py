@@ -264,40 +264,50 @@ def with_suppressed(func, *args):
         func(*args)
 
 
+def record(src, head, told):
+    """One record, whose header is `head`: (its final name, why it failed; "" when it was
+    placed; None when nothing is to be said: a range that arrived well, or a second range
+    of a file already told)."""
+    if len(head) != HEADER.size:
+        raise EOFError
+    kind, tlen, flen, offset, length, size, mtime_ns, mode = HEADER.unpack(head)
+    temp, final = src.read(tlen), src.read(flen)
+    if not (safe(temp) and safe(final)):
+        sys.exit("transfer-recv: an unsafe name in the stream")
+    if kind == b"F":
+        return final, whole(src, temp, final, offset, size, mtime_ns, mode)
+    if kind == b"R":
+        why = ranged(src, temp, offset, length, size)
+        if not why or temp in told:
+            return final, None
+        told.add(temp)  # one line for a file whatever number of its ranges failed
+        return final, why
+    if kind == b"P":
+        return final, check_and_place(src, temp, final, mtime_ns, mode)
+    if kind == b"L":
+        return final, link(src.read(length), temp, final)
+    if kind == b"M":  # every range arrived and matched its SHA-256: only place it
+        return final, move(temp, final, mtime_ns, mode, told)
+    sys.exit("transfer-recv: a bad record in the stream")
+
+
 def main():
     with contextlib.suppress(OSError):  # 1 MiB at a time through the pipe, not 64 KiB
         fcntl.fcntl(0, 1031, 1 << 20)  # F_SETPIPE_SZ
-    target = sys.argv[1]
-    os.makedirs(target, exist_ok=True)
-    os.chdir(target)
     src, said = Reader(0), []
-    told = set()
-    while True:
+    told: set = set()
+    head = src.read(HEADER.size)
+    if not head:  # a stream started early and not needed: nothing made, not even DIR
+        return
+    os.makedirs(sys.argv[1], exist_ok=True)
+    os.chdir(sys.argv[1])
+    while head:
+        final, why = record(src, head, told)
+        if why is not None:
+            said.append(
+                b"-" + final + b"\0" + why.encode() + b"\0" if why else b"+" + final + b"\0"
+            )
         head = src.read(HEADER.size)
-        if not head:
-            break
-        if len(head) != HEADER.size:
-            raise EOFError
-        kind, tlen, flen, offset, length, size, mtime_ns, mode = HEADER.unpack(head)
-        temp, final = src.read(tlen), src.read(flen)
-        if not (safe(temp) and safe(final)):
-            sys.exit("transfer-recv: an unsafe name in the stream")
-        if kind == b"F":
-            why = whole(src, temp, final, offset, size, mtime_ns, mode)
-        elif kind == b"R":
-            why = ranged(src, temp, offset, length, size)
-            if not why or temp in told:
-                continue
-            told.add(temp)  # one line for a file whatever number of its ranges failed
-        elif kind == b"P":
-            why = check_and_place(src, temp, final, mtime_ns, mode)
-        elif kind == b"L":
-            why = link(src.read(length), temp, final)
-        elif kind == b"M":  # every range arrived and matched its SHA-256: only place it
-            why = move(temp, final, mtime_ns, mode, told)
-        else:
-            sys.exit("transfer-recv: a bad record in the stream")
-        said.append(b"-" + final + b"\0" + why.encode() + b"\0" if why else b"+" + final + b"\0")
     sys.stdout.buffer.write(b"".join(said))
 
 

@@ -121,8 +121,7 @@ def push_host(
         if dry_run:
             return done
         for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
-            mine = opened if opened is not None and opened.remote_dir == _folder(path, remote) \
-                else None  # fmt: skip
+            mine = opened if opened is not None and opened.source == str(path) else None
             report = upload(conn, path, remote, options, progress or Progress(),
                             listing=root, scanned=tree, opened=mine)  # fmt: skip
             opened = None if mine is not None else opened
@@ -193,7 +192,7 @@ def _open_early(conn: Connection, planned: Sequence[Planned], options: Options) 
     engine, count = plan_streams(
         conn, wanted=options.engine, nbytes=big.bytes_to_send, streams=options.streams
     )
-    return Opened.start(engine, _folder(big.local, big.remote), count)
+    return Opened.start(engine, str(big.local), _folder(big.local, big.remote), count)
 
 
 def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Planned:

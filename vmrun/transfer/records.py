@@ -255,16 +255,19 @@ def receive_command(remote_dir: str) -> str:
 @dataclass
 class Opened:
     """Streams started before an upload needs them (a push starts them while its check of the
-    host is still out: their logins overlap it), for the files going to `remote_dir`."""
+    host is still out: their logins overlap it), for the upload of `source` into
+    `remote_dir`."""
 
+    source: str
     remote_dir: str
     engine: Engine
     count: int
     streams: list[Stream] = field(default_factory=list)
+    unused: list[Stream] = field(default_factory=list)  # input closed; reaped by close()
 
     @classmethod
-    def start(cls, engine: Engine, remote_dir: str, count: int) -> Opened:
-        opened = cls(remote_dir, engine, count)
+    def start(cls, engine: Engine, source: str, remote_dir: str, count: int) -> Opened:
+        opened = cls(source, remote_dir, engine, count)
         try:
             for _ in range(count):
                 opened.streams.append(engine.open(receive_command(remote_dir)))
@@ -274,22 +277,24 @@ class Opened:
         return opened
 
     def take(self, count: int) -> list[Stream]:
-        """Up to `count` of the streams, once; the others are closed."""
+        """Up to `count` of the streams, once; the others get their input closed (their
+        receivers end with nothing done), and are waited for only by close(), so that their
+        logins, maybe still under way, hold up nothing."""
         taken, rest = self.streams[:count], self.streams[count:]
         self.streams = []
         for stream in rest:
-            _close_unused(stream)
+            with contextlib.suppress(Exception):
+                stream.close_input()
+        self.unused += rest
         return taken
 
     def close(self) -> None:
-        """The streams not taken: their receivers see an empty input and end."""
+        """The streams not taken, ended (their receivers saw an empty input)."""
         self.take(0)
-
-
-def _close_unused(stream: Stream) -> None:
-    with contextlib.suppress(Exception):
-        stream.close_input()
-        stream.finish()
+        unused, self.unused = self.unused, []
+        for stream in unused:
+            with contextlib.suppress(Exception):
+                stream.finish()
 
 
 class _Closer:
@@ -318,10 +323,25 @@ class _Closer:
         ready = [
             i for i in self.ranged
             if i.digest is not None and not i.why and _names(i)[1] not in refused
+            and _unchanged(i)
         ]  # fmt: skip
         if ready:
             stream.send(b"".join(header(b"M", i, 0, 0) for i in ready))
             self.moved = ready
+
+
+def _unchanged(item: Outgoing) -> bool:
+    """The file here has the size and mtime it was sent with (an edit in place while its
+    ranges were read would else be placed half old, half new); `why` says so otherwise."""
+    try:
+        st = os.stat(item.path)
+    except OSError as exc:
+        item.why = f"cannot read it here: {exc.strerror or exc}"
+        return False
+    if (st.st_size, st.st_mtime_ns) != (item.size, item.mtime_ns):
+        item.why = "changed here while it was being sent"
+        return False
+    return True
 
 
 def _run_lane(
@@ -385,8 +405,7 @@ def send_lanes(
         )
         for i, lane in enumerate(lanes)
     ]
-    for thread in threads:
-        thread.start()
+    _start_all(threads, closer, early)
     for thread in threads:
         thread.join()
     if all(lane.status == NO_PYTHON for lane in lanes):
@@ -404,6 +423,27 @@ def send_lanes(
     moved = {id(i) for i in closer.moved} if closer is not None else set()
     _move(conn, remote_dir, [i for i in ranged if not i.why and id(i) not in moved])
     return True
+
+
+def _start_all(
+    threads: list[threading.Thread], closer: _Closer | None, early: list[Stream]
+) -> None:
+    """Start every lane; when one cannot start (no thread to be had), the ones not started
+    count as ended for the first lane, their early streams are killed, and the started ones
+    are waited for before the error goes up."""
+    for i, thread in enumerate(threads):
+        try:
+            thread.start()
+        except BaseException:
+            for j in range(i, len(threads)):
+                if closer is not None and j > 0:
+                    closer.lane_ended()
+                if j < len(early):
+                    early[j].kill()
+                    early[j].finish()
+            for started in threads[:i]:
+                started.join()
+            raise
 
 
 def _check_lanes(conn: Connection, lanes: list[Lane]) -> None:
