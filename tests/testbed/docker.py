@@ -366,8 +366,11 @@ class ImageRegistry:
     returns once ``GET /v2/`` answers 200.  ``address`` is what image references start
     with."""
 
-    def __init__(self, host: TestHost, *, port: int = 5000, timeout: float = 30.0) -> None:
+    def __init__(
+        self, host: TestHost, *, port: int = 5000, timeout: float = 30.0, seed: Path | None = None
+    ) -> None:
         self.host = host
+        self._seed = seed  # a storage folder to start from (a copy: pushes must not reach it)
         bed = host._bed
         self.root = bed.home_root / bed.prefix / f"registry-{host.name}"
         self.address = f"{host.addr}:{port}"
@@ -386,7 +389,11 @@ class ImageRegistry:
         return self._proc.pid if self._proc else None
 
     def _start(self, timeout: float) -> None:
-        mkdir_shared(self.root / "storage", 0o700)
+        if self._seed is not None:
+            mkdir_shared(self.root, 0o700)
+            subprocess.run(["cp", "-a", str(self._seed), str(self.root / "storage")], check=True)
+        else:
+            mkdir_shared(self.root / "storage", 0o700)
         config = self.root / "config.yml"
         write_text(
             config,
@@ -482,12 +489,48 @@ def push_test_image(
     return ref, times
 
 
+def _snapshot_stamp(rootfs_tar: Path) -> str:
+    """What a registry holding the pushed test image was made from: the rootfs's stamp and
+    the build step."""
+    stamp = rootfs_tar.with_name("stamp")
+    rootfs = stamp.read_text().strip() if stamp.is_file() else str(rootfs_tar.stat().st_mtime_ns)
+    return hashlib.sha256(f"{rootfs}\n{BUILD_STEP}".encode()).hexdigest()[:16]
+
+
+def registry_snapshot(rootfs_tar: Path) -> Path | None:
+    """The storage of a registry the test image was pushed to, kept beside the rootfs by the
+    first DockerBed of a machine (and current), else None: later beds start their registry
+    from a copy of it instead of a builder daemon, an import, a build and a push (about a
+    minute on 2 cores)."""
+    snap = rootfs_tar.with_name("registry")
+    done = snap / ".stamp"
+    if done.is_file() and done.read_text().strip() == _snapshot_stamp(rootfs_tar):
+        return snap
+    return None
+
+
+def _keep_snapshot(registry: ImageRegistry, rootfs_tar: Path) -> None:
+    """Copy the registry's storage beside the rootfs (whole or not at all: a temporary name,
+    renamed into place once complete)."""
+    snap = rootfs_tar.with_name("registry")
+    part = rootfs_tar.with_name(f"registry.part-{os.getpid()}")
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        subprocess.run(["cp", "-a", str(registry.root / "storage"), str(part)], check=True)
+        write_text(part / ".stamp", _snapshot_stamp(rootfs_tar) + "\n")
+        shutil.rmtree(snap, ignore_errors=True)
+        os.rename(part, snap)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+
+
 class DockerBed:
     """On ``bed``: a registry host (``registry_name``) serving the test image, pushed once
     from ``rootfs_tar`` by a builder daemon there (stopped after the push, freeing its
-    disk), and one dockerd per host in ``names`` that pulls from it over http; or, given
-    ``hosts``, one on each of those hosts the bed has already (a Slurm cluster's compute
-    hosts), their sockets' group ``group`` (see DockerDaemon).
+    disk; the registry's storage is then kept beside the rootfs, and the next bed's
+    registry starts from a copy of it), and one dockerd per host in ``names`` that pulls
+    from it over http; or, given ``hosts``, one on each of those hosts the bed has already
+    (a Slurm cluster's compute hosts), their sockets' group ``group`` (see DockerDaemon).
 
     ``hosts``, ``daemons`` (host name -> DockerDaemon), ``image`` (the reference),
     ``registry``, ``timings`` (seconds: import, build, push, daemon start), ``image_bytes``
@@ -511,11 +554,18 @@ class DockerBed:
         try:
             reg_host = bed.add_host(registry_name)
             self.hosts = list(hosts) if hosts is not None else [bed.add_host(n) for n in names]
-            self.registry = ImageRegistry(reg_host)
-            with DockerDaemon(reg_host, insecure_registries=[self.registry.address]) as builder:
-                self.timings["daemon start"] = builder.started_in
-                self.image, steps = push_test_image(builder, self.registry, rootfs_tar)
-                self.timings.update(steps)
+            seed = registry_snapshot(rootfs_tar)
+            started = time.monotonic()
+            self.registry = ImageRegistry(reg_host, seed=seed)
+            if seed is not None:
+                self.image = f"{self.registry.address}/{IMAGE_REPO}:{IMAGE_TAG}"
+                self.timings["registry from its snapshot"] = time.monotonic() - started
+            else:
+                with DockerDaemon(reg_host, insecure_registries=[self.registry.address]) as builder:
+                    self.timings["daemon start"] = builder.started_in
+                    self.image, steps = push_test_image(builder, self.registry, rootfs_tar)
+                    self.timings.update(steps)
+                _keep_snapshot(self.registry, rootfs_tar)
             self.image_bytes = self.registry.stored_bytes()  # compressed, as pulled
             for host in self.hosts:
                 self.daemons[host.name] = DockerDaemon(
