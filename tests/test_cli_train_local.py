@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import ROOT, Client, error_in, wait_for
 from train_helpers import (
     SEED_SCRIPT,
@@ -25,8 +24,6 @@ from train_helpers import (
     pieces_script,
     rank_lines,
 )
-
-from vmrun.trainer.template import build_model
 
 RUN_ID = re.compile(r"^(?P<name>.+)-\d{8}-\d{6}-[0-9a-f]{4}$")
 
@@ -137,8 +134,11 @@ def test_missing_torch_is_reported_with_a_pinned_install_hint(
     assert not (client.cwd / "results").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_nproc_gpu_without_a_gpu_is_a_usage_error(client: Client) -> None:
+    import torch  # here, not at collection: the quick tier never pays for it
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
     mark = new_mark()
     try:
         done = client.vmrun("train", "--local", "--nproc-per-node", "gpu", env=_env(mark))
@@ -152,6 +152,10 @@ def test_nproc_gpu_without_a_gpu_is_a_usage_error(client: Client) -> None:
 
 
 def test_task_classify_reaches_the_template(client: Client) -> None:
+    import torch
+
+    from vmrun.trainer.template import build_model
+
     mark = new_mark()
     try:
         done = client.vmrun(
@@ -175,6 +179,10 @@ def test_task_classify_reaches_the_template(client: Client) -> None:
 
 
 def test_template_runs_two_process_ddp_and_records_the_run(client: Client) -> None:
+    import torch
+
+    from vmrun.trainer.template import build_model
+
     mark = new_mark()
     try:
         done = client.vmrun(
@@ -417,7 +425,6 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
-
 
 
 def test_local_lines_arrive_whole_and_prefixed_and_torchruns_banner_only_in_the_log(

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import wait_for
 from train_helpers import (
     TEMPLATE,
@@ -96,12 +95,18 @@ def signal_run(
     return output
 
 
+def _snapshot_epoch(out: Path) -> int:
+    import torch  # here, not at collection: the quick tier never pays for it
+
+    return int(torch.load(out / "snapshot.pt", weights_only=True)["epoch"])
+
+
 def assert_stopped_for_requeue(out: Path, requeue: Path, output: str, name: str) -> int:
     """The run stopped after some epoch E < 30 with a snapshot of E; returns E."""
     note = json.loads(requeue.read_text())
     epoch = note["epoch"]
     assert note == {"epoch": epoch, "signal": name} and 2 <= epoch < 30, output
-    assert torch.load(out / "snapshot.pt", weights_only=True)["epoch"] == epoch
+    assert _snapshot_epoch(out) == epoch
     assert [m["epoch"] for m in read_metrics(out)] == list(range(1, epoch + 1))
     assert not (out / "finalmodel.pt").exists()
     stop = f"stopping after epoch {epoch} for requeue ({name})"
@@ -130,7 +135,7 @@ def test_sigusr2_to_one_worker_stops_both_and_the_rerun_resumes(
     assert again.returncode == 0, again.stdout
     assert f"[rank 0] resumed from snapshot at epoch {epoch + 1} " in again.stdout
     assert [m["epoch"] for m in read_metrics(out)] == list(range(1, 31))
-    assert torch.load(out / "snapshot.pt", weights_only=True)["epoch"] == epoch
+    assert _snapshot_epoch(out) == epoch
     assert (out / "finalmodel.pt").exists()
     assert not requeue.exists()  # the stop it resumed from is over
     assert len(list(out.glob("events.out.tfevents.*"))) == 2  # one per attempt
