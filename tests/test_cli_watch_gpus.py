@@ -532,12 +532,13 @@ def test_live_table_in_a_terminal_ends_cleanly_on_ctrl_c(
 
 
 def test_bad_input_is_one_line_exit_2_before_any_connection(client: Client) -> None:
-    (client.cwd / "vmrun.toml").write_text('[[hosts]]\naddress = "u@h"\nnvidia_smi = 5\n')
-    for args, needle in (
-        (["-H", "a@b", "--interval", "0"], "--interval must be at least 0.1"),
-        (["-H", "a@b", "--idle-threshold", "101"], "--idle-threshold must be 0-100"),
-        ([], "vmrun.toml line 3: nvidia_smi of host #1 must be a path"),  # checked on load
+    broken = '[[hosts]]\naddress = "u@h"\nnvidia_smi = 5\n'
+    for args, toml, needle in (
+        (["-H", "a@b", "--interval", "0"], "", "--interval must be at least 0.1"),
+        (["-H", "a@b", "--idle-threshold", "101"], "", "--idle-threshold must be 0-100"),
+        ([], broken, "vmrun.toml line 3: nvidia_smi of host #1 must be a path"),  # on load
     ):
+        (client.cwd / "vmrun.toml").write_text(toml)
         done = client.vmrun("watch-gpus", *args)
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
