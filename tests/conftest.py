@@ -127,14 +127,25 @@ def _runs_training(module: object) -> bool:
     )
 
 
+# With `-n 2` (pytest-xdist, `--dist loadgroup`): the tests of one of these beds run in one
+# worker, so that each bed is started once (the Slurm cluster and its Docker nodes; the
+# Docker hosts and podman); the other tests go to whichever worker is free.
+BED_GROUPS = {
+    "slurm_cluster": "slurm", "slurm_client": "slurm", "slurm_docker": "slurm",
+    "docker_hosts": "docker", "podman_hosts": "docker",
+}  # fmt: skip
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = getattr(item, "module", None)
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or (
-            module is not None and _runs_training(module)
-        ):
+        names = getattr(item, "fixturenames", ())
+        if SLOW_FIXTURES.intersection(names) or (module is not None and _runs_training(module)):
             item.add_marker(pytest.mark.netns)
+        group = next((BED_GROUPS[n] for n in names if n in BED_GROUPS), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _tier_guard(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
