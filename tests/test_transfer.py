@@ -522,8 +522,11 @@ def test_a_push_starts_its_streams_during_the_check_and_leaves_none_when_refused
     started: list[records.Opened] = []
     real_start = records.Opened.start.__func__  # type: ignore[attr-defined]
 
+    sshs: list[list[streams.OpenSshStream]] = []  # each Opened's streams, as started
+
     def start(cls: type[records.Opened], *args: object) -> records.Opened:
         started.append(real_start(cls, *args))
+        sshs.append(list(started[-1].streams))  # type: ignore[arg-type]
         return started[-1]
 
     monkeypatch.setattr(records.Opened, "start", classmethod(start))
@@ -538,7 +541,7 @@ def test_a_push_starts_its_streams_during_the_check_and_leaves_none_when_refused
         push_module.push_host(conn, [big], "/proc/vmrun-push-refused")
     assert refused.value.code == "target-not-writable"
     assert len(started) == 2 and started[1].streams == [] and started[1].unused == []
-    assert not streams._live  # every ssh started for it has ended
+    assert len(sshs[1]) == 3 and all(s.proc.poll() is not None for s in sshs[1])  # all ended
 
 
 def test_a_cut_ranged_fetch_keeps_what_arrived_from_the_start_and_resumes(

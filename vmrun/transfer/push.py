@@ -124,7 +124,6 @@ def push_host(
             mine = opened if opened is not None and opened.source == str(path) else None
             report = upload(conn, path, remote, options, progress or Progress(),
                             listing=root, scanned=tree, opened=mine)  # fmt: skip
-            opened = None if mine is not None else opened
             done.reports.append(report)
     finally:
         if opened is not None:
@@ -176,15 +175,11 @@ def push_data(
     return done_data
 
 
-def _folder(local: Path, remote: str) -> str:
-    """The folder an upload of `local` to `remote` writes into (upload's `remote_dir`)."""
-    return (posixpath.dirname(remote) or ".") if local.is_file() else remote
-
-
 def _open_early(conn: Connection, planned: Sequence[Planned], options: Options) -> Opened | None:
     """The streams for the first PATH with PARALLEL_BYTES or more to send, started now."""
     from vmrun.transfer.records import Opened
     from vmrun.transfer.streams import PARALLEL_BYTES, plan_streams
+    from vmrun.transfer.upload import remote_folder
 
     big = next((p for p in planned if p.bytes_to_send >= PARALLEL_BYTES), None)
     if big is None:
@@ -192,7 +187,7 @@ def _open_early(conn: Connection, planned: Sequence[Planned], options: Options) 
     engine, count = plan_streams(
         conn, wanted=options.engine, nbytes=big.bytes_to_send, streams=options.streams
     )
-    return Opened.start(engine, str(big.local), _folder(big.local, big.remote), count)
+    return Opened.start(engine, str(big.local), remote_folder(big.local, big.remote), count)
 
 
 def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Planned:

@@ -255,11 +255,9 @@ def receive_command(remote_dir: str) -> str:
 @dataclass
 class Opened:
     """Streams started before an upload needs them (a push starts them while its check of the
-    host is still out: their logins overlap it), for the upload of `source` into
-    `remote_dir`."""
+    host is still out: their logins overlap it), for the upload of `source`."""
 
     source: str
-    remote_dir: str
     engine: Engine
     count: int
     streams: list[Stream] = field(default_factory=list)
@@ -267,7 +265,7 @@ class Opened:
 
     @classmethod
     def start(cls, engine: Engine, source: str, remote_dir: str, count: int) -> Opened:
-        opened = cls(source, remote_dir, engine, count)
+        opened = cls(source, engine, count)
         try:
             for _ in range(count):
                 opened.streams.append(engine.open(receive_command(remote_dir)))

@@ -200,28 +200,7 @@ def upload(
     `files` (POSIX paths relative to a folder `local`) replaces the walk with a list;
     `listing`, the remote folder's as the caller listed it just now, saves a round trip;
     `scanned`, the caller's walk of `local` (scan), saves walking it again; `opened`,
-    streams the caller started for it (closed here whatever happens)."""
-    try:
-        return _upload(conn, local, remote, options, progress, include, exclude, files, listing,
-                       scanned, opened)  # fmt: skip
-    finally:
-        if opened is not None:
-            opened.close()
-
-
-def _upload(
-    conn: Connection,
-    local: Path,
-    remote: str,
-    options: Options | None,
-    progress: Progress | None,
-    include: tuple[str, ...],
-    exclude: tuple[str, ...],
-    files: Sequence[str] | None,
-    listing: RootListing | None,
-    scanned: Scan | None,
-    opened: Opened | None,
-) -> Report:
+    streams the caller started for it (the caller closes what is left of them)."""
     options = options or Options()
     progress = progress or Progress()
     started = time.monotonic()
@@ -229,7 +208,7 @@ def _upload(
     if not local.exists():
         raise UsageError(f"{local} does not exist")
     single = local.is_file()
-    remote_dir = (posixpath.dirname(remote) or ".") if single else remote
+    remote_dir = remote_folder(local, remote)
     spec = FetchSpec(remote, "", include=include, exclude=exclude)
     items = _scan(local, spec, report, files, scanned)
     if single:
@@ -340,7 +319,7 @@ def _send_verified(
     if not todo:
         return
     nbytes = sum(i.size - i.resume for i in todo)
-    engine, streams, opened = _streams_for(conn, remote_dir, nbytes, options, opened)
+    engine, streams = _streams_for(conn, nbytes, options, opened)
     report.engine, report.streams = engine.name, streams
     progress.begin(conn.label, len(todo), nbytes)
     for item in todo:
@@ -374,16 +353,17 @@ def _send_verified(
 
 
 def _streams_for(
-    conn: Connection, remote_dir: str, nbytes: int, options: Options, opened: Opened | None
-) -> tuple[Engine, int, Opened | None]:
-    """The engine and stream count: those of the streams the caller started for this folder,
-    else planned now."""
-    if opened is not None and opened.remote_dir == remote_dir:
-        return opened.engine, opened.count, opened
-    engine, streams = plan_streams(
-        conn, wanted=options.engine, nbytes=nbytes, streams=options.streams
-    )
-    return engine, streams, None
+    conn: Connection, nbytes: int, options: Options, opened: Opened | None
+) -> tuple[Engine, int]:
+    """The engine and stream count: those of the streams the caller started, else planned."""
+    if opened is not None:
+        return opened.engine, opened.count
+    return plan_streams(conn, wanted=options.engine, nbytes=nbytes, streams=options.streams)
+
+
+def remote_folder(local: Path, remote: str) -> str:
+    """The folder an upload of `local` (a file or a folder) to `remote` writes into."""
+    return (posixpath.dirname(remote) or ".") if local.is_file() else remote
 
 
 def _check_tar(conn: Connection, remote_dir: str, todo: list[Outgoing]) -> None:
