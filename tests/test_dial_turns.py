@@ -139,6 +139,24 @@ def test_dropped_handshakes_are_tried_again_then_named(
     assert code_of(info.value) == "host-unreachable"
 
 
+def test_waiting_to_try_a_dropped_handshake_again_is_not_connect_timeouts(
+    dropping_server: tuple[int, list[int], threading.Event],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five drops cost at least 0.78 s of backoff, more than the 0.5 s connect_timeout: every
+    drop is still tried again (the host answered; it was busy), and only the silent sixth
+    connection spends the time."""
+    port, drops, _ = dropping_server
+    monkeypatch.setattr(connection_module, "_REFUSED_BACKOFF_S", 0.05)
+    settings = _settings(tmp_path, connect_timeout=0.5, accept_new_host_key=True)
+    drops[0] = 5
+    with pytest.raises(UnreachableError) as info:
+        Connection(f"u@127.0.0.1:{port}", settings).open()
+    assert drops[0] == 0
+    assert code_of(info.value) == "host-unreachable"
+
+
 class _FakeConn:
     def __init__(self) -> None:
         self.closed = 0

@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     import paramiko
 
 _MAX_JUMPS = 8
-_REFUSED_TRIES = 8  # a handshake sshd dropped unanswered (MaxStartups), tried again ...
-_REFUSED_BACKOFF_S = 0.05  # ... after 0.05, 0.1, 0.2 ... s, with jitter, within the deadline
+_REFUSED_TRIES = 12  # a handshake sshd dropped unanswered (MaxStartups), tried again ...
+_REFUSED_BACKOFF_S = 0.05  # ... after 0.05, 0.1, 0.2 ... s, with jitter, ...
+_REFUSED_BACKOFF_MAX_S = 1.0  # ... at most this long each; the waits are not connect_timeout's
 _BANNER_FAILED = "Error reading SSH protocol banner"
 # paramiko's words when it has no key and no agent to try: an auth problem, not a network one
 _NO_KEYS = "No authentication methods available"
@@ -176,7 +177,8 @@ class Connection(Channels):
         login together: a timer aborts the dial when it passes, whatever phase it is in.
         Waiting for a turn behind other handshakes through the same jump host is not counted;
         a handshake the host's sshd dropped before saying a word (past its MaxStartups) is
-        tried again with backoff, within the same time."""
+        tried again with backoff, and the backoff is not counted either: the host answered at
+        once, it is busy with other handshakes (often this run's own), not slow."""
         settings = self.settings
         clock = _Clock(settings.connect_timeout, lambda: dial.abort("timed out"))
         try:
@@ -214,7 +216,9 @@ class Connection(Channels):
                 _close_quietly(sock, jump)
                 if attempt + 1 == _REFUSED_TRIES:
                     raise refused.error from None
+                clock.pause()
                 _backoff(attempt, dial)
+                clock.run()
             except BaseException:
                 _close_quietly(sock, jump)
                 raise
@@ -450,8 +454,10 @@ def _dropped_unanswered(exc: BaseException) -> bool:
 
 
 def _backoff(attempt: int, dial: Dial) -> None:
-    """Sleep before another try (0.05 s doubling, jittered), cut short if the dial ends."""
-    pause = _REFUSED_BACKOFF_S * (2**attempt) * random.uniform(0.5, 1.5)
+    """Sleep before another try (0.05 s doubling up to 1 s, jittered), cut short if the dial
+    ends."""
+    pause = min(_REFUSED_BACKOFF_S * (2**attempt), _REFUSED_BACKOFF_MAX_S)
+    pause *= random.uniform(0.5, 1.5)
     end = time.monotonic() + pause
     while dial.aborted is None and time.monotonic() < end:
         time.sleep(min(0.05, end - time.monotonic()))
