@@ -48,7 +48,8 @@ def _rows(stdout: str) -> dict[str, list[str]]:
 
 def test_progress_is_the_latest_attempts_own(bed_client: Client, h1: TestHost) -> None:
     """A run resumed at line 3 of its log shows that attempt's `epoch 43/60`, not the first
-    attempt's `epoch 40/40`; one whose new attempt trained nothing yet shows `-`."""
+    attempt's `epoch 40/40`; one whose new attempt trained nothing yet shows `-`. Its state
+    says which attempt it is, as a requeued job's does."""
     first = "epoch 39/40 loss 0.2\nepoch 40/40 loss 0.1\n"
     banner = "--- attempt 2, resumed from epoch 41 (snapshot.pt) ---\n"
     again = {"attempt": "2\n", "log_start": "2\n"}
@@ -57,8 +58,9 @@ def test_progress_is_the_latest_attempts_own(bed_client: Client, h1: TestHost) -
     shown = bed_client.vmrun("status", "-H", "h1")
     assert shown.returncode == 0, shown.stderr
     rows = _rows(shown.stdout)
-    assert rows["res-1"][2:4] == ["done", "epoch"] and rows["res-1"][4] == "43/60", shown.stdout
-    assert rows["res-2"][2:4] == ["done", "-"], shown.stdout
+    assert rows["res-1"][2:6] == ["done,", "attempt", "2", "epoch"], shown.stdout
+    assert rows["res-1"][6] == "43/60", shown.stdout
+    assert rows["res-2"][2:6] == ["done,", "attempt", "2", "-"], shown.stdout
     assert "40/40" not in shown.stdout
 
 

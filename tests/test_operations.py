@@ -41,7 +41,7 @@ def test_stop_returns_what_it_stopped_and_the_node_it_could_not(
     said = Recorder()
     stopped = stop(settings, "r1", grace=0.0, out=said)
     assert stopped.run_id == "r1"
-    assert [(o.host, o.value and o.value.killed) for o in stopped.outcomes] == [("accA", (12,))]
+    assert [(o.host, o.value and o.value.killed) for o in stopped.outcomes] == [("accA", 1)]
     assert list(stopped.ref.unreached) == ["accB"]
     assert stopped.exit_code == ExitCode.UNREACHABLE
     assert said.said == [] and not said.data  # the value says it all

@@ -91,6 +91,7 @@ def test_the_backends_stop_raises_naming_the_unreached_node(
     group: FakeGroup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What `sweep` calls on Ctrl-C: the reachable node is stopped, the other one named."""
+    from vmrun.backends.api import stopped_everywhere
     from vmrun.backends.hosts.backend import HostsBackend
     from vmrun.errors import HostsFailed
 
@@ -102,7 +103,8 @@ def test_the_backends_stop_raises_naming_the_unreached_node(
 
     monkeypatch.setattr(records, "stop", stop)
     backend = HostsBackend(group)  # type: ignore[arg-type]
+    ref = backend.find("r1")
     with pytest.raises(HostsFailed) as failed:
-        backend.stop(backend.find("r1"))
+        stopped_everywhere(ref, backend.stop(ref))
     assert stopped == ["accA"] and list(failed.value.failures) == ["accB"]
     assert failed.value.exit_code == ExitCode.UNREACHABLE

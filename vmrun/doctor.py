@@ -374,7 +374,8 @@ def _allreduce(
     busy = [f"{h.entry.label} ({', '.join(h.busy)})" for h in hosts if h.busy]
     if busy:
         return Check("allreduce", where, Verdict.SKIP, f"a run is active on {'; '.join(busy)}")
-    from vmrun.backends.hosts.node_launch import Launch, Node, Wiring
+    from vmrun.backends.api import StartOptions
+    from vmrun.backends.hosts.node_launch import Node, Placement, Wiring
     from vmrun.runs import launch
     from vmrun.runs.plan import make_plan
     from vmrun.trainer import ALLREDUCE_PATH
@@ -391,16 +392,15 @@ def _allreduce(
         for h in hosts
         if h.env is not None
     }
-    how = Launch(
-        allow_concurrent=True,
+    how = StartOptions(allow_concurrent=True, run_id=launch.run_id(plan.name))
+    place = Placement(
         wiring=Wiring(master=entries[0].label if len(entries) > 1 else None),
-        run_id=launch.run_id(plan.name),
         nodes=checked,
         layout=layout,
     )
     shown = Recorder()  # the run's lines, for its verdict (or the last of them, if it failed)
     try:
-        backend = HostsBackend(group, entries)
+        backend = HostsBackend(group, entries, place)
         ref = backend.start(plan, how, QUIET)
         verdict, detail = _await_allreduce(backend, ref, shown)
     except VmrunError as exc:

@@ -4,32 +4,57 @@ and `--resume` ask of a run, whatever runs it.
 The peers: SSH hosts (`vmrun.backends.hosts`: detached process trees recorded under
 ~/.vmrun/runs/ on each host) and a Slurm cluster through its login node
 (`vmrun.backends.slurm`: sbatch/squeue/sacct/scancel); the commands do not care which.
-Each call is one verb of a run's life (`start`'s `how` is the backend's own launch options):
+Each call is one verb of a run's life; what a backend needs beyond these (the hosts' wiring,
+a cluster's sbatch options) it is given when it is made (vmrun.backends.select):
 
-- `start`   a plan, detached, and return at once with a `RunRef` (the run outlives vmrun);
-- `find`    a recorded run by id (or the newest), as a `RunRef`;
-- `runs`    every recorded run (`status`), and the places that did not answer;
+- `start`   a plan, detached, with `StartOptions`; return at once with a `RunRef` (the run
+            outlives vmrun);
+- `find`    a recorded run by id (or the newest), as a `RunRef` (`nodes`: narrowed to those);
+- `runs`    every recorded run (`status`) as `RunRow`s, and the places that did not answer;
 - `state`   PENDING / RUNNING / DONE / FAILED / STOPPED / LOST, with the exit code;
 - `follow`  its log from a point to the end, every node merged and prefixed, applying the
             failure rule (a failed node stops the others); return 0 or raise its failure;
 - `read_log` the log as it is now;
-- `stop`    every process of the run, verified: nothing left;
-- `outputs` where its files are, per node, for fetch and resume.
+- `stop`    every process of the run, verified: nothing left; each node's outcome, a node's
+            failure in it (not raised);
+- `outputs` where its files are, per node, for fetch and resume;
+- `files_at` the node whose files a command over the whole run reads (tensorboard), reached;
+- `code_dir` where a project's code lives on the backend (relative paths of fetch and push).
+
+A new backend passes tests/test_backend_contract.py: the same scenarios on every backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vmrun.results.failure import WorkerFailure
 from vmrun.runs.state import RunState
 
 if TYPE_CHECKING:
+    from vmrun.notify.send import Notify
     from vmrun.reporting import Reporter
+    from vmrun.runs.outputs import RunLocation
     from vmrun.runs.plan import Plan
+    from vmrun.ssh.connection import Connection
+    from vmrun.ssh.group import Outcome
     from vmrun.transfer.types import Progress
+
+
+@dataclass(frozen=True)
+class StartOptions:
+    """How a run starts, beside its plan, on any backend (a backend refuses what it cannot
+    do with a UsageError before anything starts)."""
+
+    run_id: str | None = None  # the new run's id, where the caller needs it beforehand
+    resume: str | None = None  # continue this run (its id) from its newest snapshot
+    fresh: bool = False  # move checkpoints an earlier run left in the run's folder aside
+    allow_concurrent: bool = False  # start beside another run of this user
+    down_after_run: bool = False  # power the hosts off once it ended and its results are here
+    notify: Notify | None = None  # where the run's end is told (from where it runs)
 
 
 @dataclass(frozen=True)
@@ -68,9 +93,57 @@ class RunRef:
 
 @dataclass(frozen=True)
 class StopReport:
+    """What stopping did on one node (a cluster's job is one node: the cluster)."""
+
     node: str
-    signalled: int  # processes sent SIGTERM (0: the run had already ended there)
+    signalled: int  # processes (a job: 1) sent SIGTERM (0: the run had already ended there)
     killed: int  # of those, how many needed SIGKILL
+
+
+@dataclass(frozen=True)
+class FilesAt:
+    """Where a command over a run's files runs: the node that has them all (a multi-node
+    run's master; a cluster's shared filesystem through its login node), a connection
+    there, the Python that ran the run, and how the user names that place (`-H accA`)."""
+
+    node: str
+    conn: Connection
+    python: str
+    location: RunLocation
+    selector: str
+
+
+class RunRow(Protocol):
+    """One run on one node as `runs` lists it: what `status` shows for any run."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def host(self) -> str: ...  # the node (a cluster's name)
+    @property
+    def meta(self) -> Mapping[str, Any]: ...  # its run.json
+    @property
+    def state(self) -> RunState: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def ended(self) -> float | None: ...
+    @property
+    def duration(self) -> float | None: ...
+    @property
+    def progress(self) -> str | None: ...  # "epoch 7/10"
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def reason(self) -> str: ...  # why it waits or ended, where the backend knows
+    @property
+    def failure(self) -> WorkerFailure | None: ...
+    @property
+    def versions(self) -> Mapping[str, Any] | None: ...
+    @property
+    def tasks(self) -> Sequence[Any]: ...  # an array job's tasks (a cluster's), else empty
 
 
 class Backend(Protocol):
@@ -78,12 +151,14 @@ class Backend(Protocol):
     verb says goes to its `out`: steps as infos, the run's own lines as `out.output`."""
 
     def start(
-        self, plan: Plan, how: Any, out: Reporter, progress: Progress | None = None
+        self, plan: Plan, how: StartOptions, out: Reporter, progress: Progress | None = None
     ) -> RunRef: ...
 
-    def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef: ...
+    def find(
+        self, run_id: str | None, *, running_only: bool = False, nodes: Sequence[str] = ()
+    ) -> RunRef: ...
 
-    def runs(self) -> tuple[Sequence[Any], Sequence[BaseException]]: ...
+    def runs(self) -> tuple[Sequence[RunRow], Sequence[BaseException]]: ...
 
     def state(self, ref: RunRef) -> tuple[RunState, int | None]: ...
 
@@ -95,12 +170,23 @@ class Backend(Protocol):
         self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False
     ) -> None: ...
 
-    def stop(self, ref: RunRef, *, grace: float) -> list[StopReport]: ...
+    def stop(self, ref: RunRef, *, grace: float) -> list[Outcome[StopReport]]: ...
 
-    def outputs(self, ref: RunRef) -> Mapping[str, Any]: ...
+    def outputs(self, ref: RunRef) -> Mapping[str, RunLocation]: ...
+
+    def files_at(self, ref: RunRef) -> FilesAt: ...
+
+    def code_dir(self, project: Path) -> str: ...
 
 
-def combined_state(records: Sequence[NodeRecord]) -> tuple[RunState, int | None]:
+class _Ended(Protocol):
+    @property
+    def state(self) -> RunState: ...
+    @property
+    def exit_code(self) -> int | None: ...
+
+
+def combined_state(records: Sequence[_Ended]) -> tuple[RunState, int | None]:
     """A multi-node run's state: running while any node runs; else the worst ending (a
     failure, then a lost node, then a stop), with the first non-zero exit code."""
     states = {r.state for r in records}
@@ -112,3 +198,14 @@ def combined_state(records: Sequence[NodeRecord]) -> tuple[RunState, int | None]
         if state in states:
             return state, codes[0] if codes else None
     return RunState.DONE, 0
+
+
+def stopped_everywhere(ref: RunRef, outcomes: Sequence[Outcome[StopReport]]) -> None:
+    """Raise HostsFailed naming each node not stopped (a failure, or not reached): for a
+    caller that must know the run is gone before it goes on."""
+    from vmrun.errors import HostsFailed
+
+    failures = {o.host: o.error for o in outcomes if o.error is not None}
+    failures.update(ref.unreached)
+    if failures:
+        raise HostsFailed(failures, total=len(outcomes) + len(ref.unreached))

@@ -75,10 +75,9 @@ ClusterName = Annotated[
 
 def refuse_with_cluster(cluster: str | None, host: list[str] | None) -> None:
     """-C and -H name different places to work; one command works in one."""
-    from vmrun.errors import UsageError
+    from vmrun.backends.select import one_place
 
-    if cluster and host:
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+    one_place(host, cluster)
 
 
 Runs = Annotated[

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from vmrun.cli.options import (
     settings_from,
 )
 from vmrun.errors import exit_code_for
+
+if TYPE_CHECKING:
+    from vmrun.backends.api import RunRow
 
 
 def _duration(seconds: float | None) -> str:
@@ -90,7 +93,7 @@ def _rows(
         code = "-" if r.exit_code is None else str(r.exit_code)
         rows.append((r.id, r.host, _state(r), r.progress or "-", started, _duration(r.duration),
                      code, *extra))  # fmt: skip
-        for t in getattr(r, "tasks", []) if r.meta.get("array") else []:
+        for t in r.tasks if r.meta.get("array") else []:
             state = f"{t.state} ({t.reason})" if t.reason else str(t.state)
             code = "-" if t.exit_code is None else str(t.exit_code)
             where = f"on {t.nodes}" if t.nodes else "-"
@@ -99,12 +102,10 @@ def _rows(
     return rows
 
 
-def _state(run: Any) -> str:
+def _state(run: RunRow) -> str:
     """The state, and for a queued job why it waits (squeue's reason)."""
-    reason = getattr(run, "reason", "")
-    attempts = getattr(run, "attempts", 1)
-    text = f"{run.state} ({reason})" if reason else str(run.state)
-    return f"{text}, attempt {attempts}" if attempts > 1 else text
+    text = f"{run.state} ({run.reason})" if run.reason else str(run.state)
+    return f"{text}, attempt {run.attempts}" if run.attempts > 1 else text
 
 
 def _render(

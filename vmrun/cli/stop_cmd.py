@@ -52,13 +52,7 @@ def render(stopped: Stopped) -> int:
     from vmrun.cli.output import report, unreached
 
     run_id = stopped.run_id
-    if stopped.cluster:
-        job = f"job {stopped.job}"
-        if stopped.signalled:
-            typer.echo(f"{stopped.cluster}: stopped run {run_id}: {job} cancelled; no step left")
-        else:
-            typer.echo(f"{stopped.cluster}: run {run_id} ({job}) had already ended")
-        return 0
+    job = f" (job {stopped.job})" if stopped.cluster else ""
     for outcome in stopped.outcomes:
         if outcome.error is not None:
             report(outcome.error)
@@ -66,11 +60,14 @@ def render(stopped: Stopped) -> int:
         res = outcome.value
         assert res is not None
         if not res.signalled:
-            typer.echo(f"{res.host}: run {run_id} had already ended")
-            continue
-        killed = f", {len(res.killed)} needed SIGKILL" if res.killed else ""
-        typer.echo(
-            f"{res.host}: stopped run {run_id}: {len(res.signalled)} process(es){killed}; none left"
-        )
+            typer.echo(f"{res.node}: run {run_id}{job} had already ended")
+        elif stopped.cluster:
+            typer.echo(f"{res.node}: stopped run {run_id}: job {stopped.job} cancelled;"
+                       " no step left")  # fmt: skip
+        else:
+            killed = f", {res.killed} needed SIGKILL" if res.killed else ""
+            typer.echo(
+                f"{res.node}: stopped run {run_id}: {res.signalled} process(es){killed}; none left"
+            )
     unreached(stopped.ref, "was not stopped there; its processes may still hold its GPUs")
     return stopped.exit_code

@@ -6,16 +6,16 @@ paths come from the chosen hosts. Each round's per-host reports come back as a v
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vmrun.backends.api import RunRef
+from vmrun.backends.api import Backend, RunRef
+from vmrun.backends.select import backend_on, selected_entries
 from vmrun.config import Settings
 from vmrun.errors import ExitCode, Interrupted, UsageError, exit_code_for
-from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.group import Group, Outcome
@@ -105,16 +105,14 @@ def rounds(
         bwlimit=job.bwlimit,
         streams=streams,
     )
-    workdir = remote_workdir(job.settings.project_dir or Path.cwd())
     stop = threading.Event()
     with Group(entries, job.settings) as group:
         run, only, ref = job.run, None, None
-        where: dict[str, RunLocation] = {}
-        slurm = _cluster_backend(job, group)
-        if slurm is not None:  # the code's folder on the cluster's shared filesystem
-            workdir = f"{slurm.facts().workdir}/{workdir}"
+        where: Mapping[str, RunLocation] = {}
+        backend = backend_on(group, job.settings, cluster=job.cluster)
+        workdir = backend.code_dir(job.settings.project_dir or Path.cwd())
         if run is not None or any(item in WHATS for item in job.items):
-            run, where, ref = _the_run(group, run, slurm)
+            run, where, ref = _the_run(group, run, backend)
             only = set(where)
         multi = job.all_hosts or len(only or entries) > 1
         shown = progress(multi) if progress is not None else Progress()
@@ -171,18 +169,14 @@ def check(job: FetchJob) -> None:
 
 
 def _entries(job: FetchJob) -> list[HostEntry]:
-    from vmrun.ssh.inventory import project_hosts, select_hosts
-
-    if job.cluster:
-        from vmrun.backends.slurm.cluster import find_cluster
-
-        return [find_cluster(job.settings, job.cluster).entry]
     if job.all_hosts:
+        from vmrun.ssh.inventory import project_hosts
+
         entries = project_hosts(job.settings)
         if not entries:
             raise UsageError("--all-hosts: vmrun.toml lists no hosts", code="no-hosts")
         return entries
-    return select_hosts(job.hosts, job.settings)
+    return selected_entries(job.settings, hosts=job.hosts, cluster=job.cluster)
 
 
 def _destination(job: FetchJob) -> Path:
@@ -191,25 +185,12 @@ def _destination(job: FetchJob) -> Path:
     return job.settings.project_dir or Path.cwd()
 
 
-def _cluster_backend(job: FetchJob, group: Group) -> Any:
-    if not job.cluster:
-        return None
-    from vmrun.backends.slurm.backend import SlurmBackend
-    from vmrun.backends.slurm.cluster import find_cluster
-
-    cluster = find_cluster(job.settings, job.cluster)
-    return SlurmBackend(group.connections[cluster.entry.label], cluster)
-
-
 def _the_run(
-    group: Group, run: str | None, slurm: Any = None
-) -> tuple[str, dict[str, RunLocation], RunRef]:
+    group: Group, run: str | None, backend: Backend
+) -> tuple[str, Mapping[str, RunLocation], RunRef]:
     """The run (the newest across the hosts unless named) and where its files are on each
     node it ran on, as the run's backend says: a run's files come from its nodes alone,
     every node agrees on which run that is, and this one listing replaces a lookup per host."""
-    from vmrun.backends.hosts.backend import HostsBackend
-
-    backend = slurm or HostsBackend(group)
     try:
         ref = backend.find(run)
     except UsageError as exc:

@@ -70,8 +70,9 @@ def check_watch(
         raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
     if not idle_window >= 0:
         raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
-    if cluster and hosts:
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+    from vmrun.backends.select import one_place
+
+    one_place(hosts, cluster)
     if (run or job) and not cluster:
         raise UsageError("--run and --job pick jobs on a cluster: add -C NAME")
     if run and job:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from vmrun.backends.api import Backend, RunRef
 from vmrun.config import Settings
-from vmrun.errors import Detached, UsageError
+from vmrun.errors import Detached
 from vmrun.reporting import QUIET, Reporter
 
 
@@ -50,22 +50,7 @@ def run_log(
 ) -> Iterator[RunLog]:
     """The run (the newest unless named) on its backend, open until the block ends;
     `nodes` narrows a run on hosts to some of its nodes (matched as -H matches a host)."""
-    if cluster:
-        if nodes:
-            raise UsageError("--node picks a host's log; a cluster's job has one log")
-        from vmrun.backends.slurm.session import cluster_backend
+    from vmrun.backends.select import open_backend
 
-        with cluster_backend(settings, cluster) as slurm:
-            yield RunLog(slurm, slurm.find(run))
-        return
-    from vmrun.backends.hosts.backend import HostsBackend, require_nodes
-    from vmrun.ssh.group import Group
-    from vmrun.ssh.inventory import select_hosts
-
-    entries = select_hosts(hosts, settings)
-    with Group(entries, settings) as group:
-        backend = HostsBackend(group)
-        ref = backend.find(run)
-        if nodes:
-            ref = require_nodes(ref, nodes, entries)
-        yield RunLog(backend, ref)
+    with open_backend(settings, hosts=hosts, cluster=cluster) as backend:
+        yield RunLog(backend, backend.find(run, nodes=nodes))

@@ -183,10 +183,10 @@ def check_selection(
 ) -> None:
     """What hosts and clusters each take, before any connection: a container engine and the
     autostop watchdog are for hosts (-H); a cluster's runtime and nodes are its admins'."""
+    from vmrun.backends.select import one_place
     from vmrun.setting_types import period_seconds
 
-    if cluster and hosts:
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+    one_place(hosts, cluster)
     container = request.container
     if container is not None and container not in CONTAINER_ENGINES:
         raise UsageError(f"--container {container}: use docker, podman or none")

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmrun.backends.api import RunRow
 from vmrun.config import Settings
 from vmrun.reporting import QUIET, Reporter
 
@@ -22,11 +23,11 @@ class Failure:
 
 @dataclass
 class Status:
-    """The runs found (one record per run and host, oldest first: a hosts' `RunRecord` or a
-    cluster's job), the hosts and clusters that did not answer, and the watchdog's short
+    """The runs found (one `RunRow` per run and node, oldest first: a hosts' `RunRecord` or
+    a cluster's job), the hosts and clusters that did not answer, and the watchdog's short
     state on each host that has one installed."""
 
-    records: list[Any] = field(default_factory=list)
+    records: list[RunRow] = field(default_factory=list)
     errors: list[Failure] = field(default_factory=list)
     autostop: dict[str, str] = field(default_factory=dict)
     hidden: int = 0  # older runs left out (`last`)
@@ -61,16 +62,15 @@ def gather(
 
     if last < 0:
         raise UsageError(f"--last must be >= 0, got {last}")
-    if cluster and hosts:
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+    from vmrun.backends.select import one_place, open_backend
     from vmrun.backends.slurm.cluster import project_clusters
-    from vmrun.backends.slurm.session import cluster_backend
     from vmrun.errors import VmrunError
     from vmrun.ssh.inventory import project_hosts
 
+    one_place(hosts, cluster)
     chosen = bool(hosts) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
     names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
-    records: list[Any] = []
+    records: list[RunRow] = []
     errors: list[Failure] = []
     autostop: dict[str, str] = {}
     if not cluster and (chosen or project_hosts(settings) or not names):
@@ -88,8 +88,8 @@ def gather(
                     autostop[outcome.host] = state.short()
     for name in names:
         try:
-            with cluster_backend(settings, name) as slurm:
-                jobs, failed = slurm.runs()
+            with open_backend(settings, cluster=name) as backend:
+                jobs, failed = backend.runs()
         except VmrunError as exc:
             if cluster:
                 raise

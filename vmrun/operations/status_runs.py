@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from vmrun.backends.api import RunRow
 from vmrun.errors import error_json, run_failed, run_stopped
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.history import iso_utc
@@ -23,23 +24,22 @@ KEYS = (
 )  # fmt: skip
 
 
-def run_objects(records: Sequence[Any]) -> list[dict[str, Any]]:
+def run_objects(records: Sequence[RunRow]) -> list[dict[str, Any]]:
     """The records `status` gathered (one per run and host), as one object per run."""
-    by_run: dict[str, list[Any]] = {}
+    by_run: dict[str, list[RunRow]] = {}
     for record in records:
         by_run.setdefault(record.id, []).append(record)
     return [_one(rid, recs) for rid, recs in by_run.items()]
 
 
-def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
+def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
     from vmrun.backends.api import combined_state
-    from vmrun.backends.hosts.backend import node_record
 
     first = recs[0]
     layout = layout_of(first.meta)
     on_cluster = layout.where == CLUSTER
     if len(recs) > 1:
-        state, code = combined_state([node_record(r) for r in recs])
+        state, code = combined_state(recs)
     else:
         state, code = first.state, first.exit_code
     done = asked = None
@@ -57,8 +57,8 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
         "hosts": None if on_cluster else list(layout.hosts or [r.host for r in recs]),
         "cluster": (layout.cluster or first.host) if on_cluster else None,
         "state": str(state),
-        "reason": getattr(first, "reason", "") or None,
-        "attempts": max(getattr(r, "attempts", getattr(r, "attempt", 1)) for r in recs),
+        "reason": first.reason or None,
+        "attempts": max(r.attempts for r in recs),
         "launcher": layout.launcher,
         "image": first.meta.get("image") or None,  # the container image it ran in, if any
         "nodes": layout.nodes,
@@ -76,32 +76,32 @@ def _one(rid: str, recs: list[Any]) -> dict[str, Any]:
     }
 
 
-def _first_failure(recs: list[Any]) -> tuple[str, WorkerFailure] | None:
+def _first_failure(recs: list[RunRow]) -> tuple[str, WorkerFailure] | None:
     """The node and worker that failed first (torchrun's summary there), if one is known."""
-    failed = [r for r in recs if getattr(r, "failure", None) is not None]
+    failed = [(r.ended or float("inf"), r.host, r.failure) for r in recs if r.failure]
     if not failed:
         return None
-    first = min(failed, key=lambda r: getattr(r, "ended", None) or float("inf"))
-    return first.host, first.failure
+    _, host, failure = min(failed, key=lambda f: f[0])
+    return host, failure
 
 
-def _made_by(recs: list[Any]) -> dict[str, Any]:
+def _made_by(recs: list[RunRow]) -> dict[str, Any]:
     """The code's commit and whether it had uncommitted changes (run.json), and the main
     versions the run's first node reported (versions.json): what a script groups runs by."""
     code = recs[0].meta.get("code")
     code = code if isinstance(code, dict) else {}
-    versions = next((v for r in recs if (v := getattr(r, "versions", None))), None)
+    versions = next((v for r in recs if (v := r.versions)), None)
     return {"commit": code.get("commit"), "dirty": code.get("dirty"), "versions": versions}
 
 
-def _tasks(run: Any) -> list[dict[str, Any]] | None:
+def _tasks(run: RunRow) -> list[dict[str, Any]] | None:
     """An array job's tasks (`vmrun submit` of a script with --array), else null."""
     if not run.meta.get("array"):
         return None
     return [
         {"task": t.key, "state": str(t.state), "reason": t.reason or None, "exit": t.exit_code,
          "duration_s": t.elapsed, "nodes": t.nodes or None}
-        for t in getattr(run, "tasks", [])
+        for t in run.tasks
     ]  # fmt: skip
 
 

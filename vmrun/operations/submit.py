@@ -89,7 +89,6 @@ def submit(
     data = tuple(parse_data(text) for text in what.data or ())
     env = parse_env(what.env)
     from vmrun.notify.send import Notify
-    from vmrun.operations.train import follow_and_tell
 
     notify = Notify.from_settings(settings.notify, settings.notify_on) or None
     with cluster_backend(settings, name) as backend:
@@ -117,4 +116,4 @@ def submit(
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
                      f" `vmrun stop {rid} -C {name}`")  # fmt: skip
             return 0
-        return follow_and_tell(backend, ref, notify, out)
+        return backend.follow_and_tell(ref, notify, out)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vmrun.backends.api import Backend
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings
 from vmrun.errors import (
@@ -182,9 +183,10 @@ def _on_this_machine(job: SweepJob, size: Size) -> None:
 
 
 def _on_cluster(job: SweepJob, size: Size) -> None:
+    from vmrun.backends.api import StartOptions
+    from vmrun.backends.select import open_backend
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
-    from vmrun.backends.slurm.session import cluster_backend
 
     name, out = str(job.cluster), job.out
     plan = _size_plan(job, size)
@@ -192,39 +194,38 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
         size_options(job, size).job_spec(find_cluster(job.settings, name), str(size.nproc)),
         plan.launcher,
     )
-    with cluster_backend(job.settings, name, spec) as slurm:
-        ref = slurm.start(plan, None, out, job.progress(False, False))
+    with open_backend(job.settings, cluster=name, spec=spec) as backend:
+        ref = backend.start(plan, StartOptions(), out, job.progress(False, False))
         _started(job, size)(ref.run_id)
         try:
-            code = slurm.follow(ref, out, verbose=job.verbose)
+            code = backend.follow(ref, out, verbose=job.verbose)
         except (KeyboardInterrupt, Detached, Interrupted):
-            slurm.stop(ref, grace=10.0)
+            backend.stop(ref, grace=10.0)
             size.detail = "stopped"
             raise
         if code != 0:
             raise run_failed(ref.run_id, f"exited with code {code}", code)
-        _fetch_results(slurm, ref.run_id, job.project, out)
+        _fetch_results(backend, ref.run_id, job.project, out)
     _require_metrics(job, size)
 
 
-def _fetch_results(slurm: Any, rid: str, project: Path, out: Reporter) -> None:
+def _fetch_results(backend: Backend, rid: str, project: Path, out: Reporter) -> None:
     """The run's results from the cluster's shared filesystem into results/<run-id>/, as
     `vmrun fetch RUN results -C NAME` would, on the connection the run was followed on."""
     from vmrun.runs.outputs import resolve_what
     from vmrun.transfer.download import download
     from vmrun.transfer.types import Options
 
-    ref = slurm.find(rid)
-    for location in slurm.outputs(ref).values():
-        specs = resolve_what("results", location)
-        report = download(slurm.conn, specs, project, Options(verify=True))
-        if report.failed or report.missing:
-            why = next(iter(report.failed.values()), "not found on the cluster")
-            raise VmrunError(
-                f"fetching run {rid} from {slurm.cluster.name} failed: {why}",
-                hint=f"fetch it with `vmrun fetch {rid} results -C {slurm.cluster.name}`",
-                code="file-not-fetched",
-            )
+    at = backend.files_at(backend.find(rid))
+    specs = resolve_what("results", at.location)
+    report = download(at.conn, specs, project, Options(verify=True))
+    if report.failed or report.missing:
+        why = next(iter(report.failed.values()), "not found there")
+        raise VmrunError(
+            f"fetching run {rid} from {at.node} failed: {why}",
+            hint=f"fetch it with `vmrun fetch {rid} results {at.selector}`",
+            code="file-not-fetched",
+        )
         out.info(f"run {rid}: fetched {len(report.fetched)} file(s) into results/{rid}/")
 
 
@@ -251,16 +252,16 @@ def _stop_size(job: SweepJob, size: Size) -> None:
     size.state, size.detail = RunState.STOPPED, "interrupted"
     if size.run is None or job.cluster or job.sweep.where.get("local"):
         return
-    from vmrun.backends.hosts.backend import HostsBackend
-    from vmrun.ssh.group import Group
+    from vmrun.backends.api import stopped_everywhere
+    from vmrun.backends.select import open_backend
     from vmrun.ssh.inventory import select_hosts
 
     job.out.info(f"sweep {job.sweep.id}: stopping run {size.run}")
-    entries = select_hosts(job.hosts, job.settings)[: size.nodes]
+    nodes = [e.label for e in select_hosts(job.hosts, job.settings)[: size.nodes]]
     try:
-        with Group(entries, job.settings) as group:
-            backend = HostsBackend(group, entries)
-            backend.stop(backend.find(size.run))
+        with open_backend(job.settings, hosts=nodes) as backend:
+            ref = backend.find(size.run)
+            stopped_everywhere(ref, backend.stop(ref, grace=10.0))
     except VmrunError as exc:
         job.out.info(f"could not stop run {size.run}: {exc.one_line()}; `vmrun stop {size.run}`")
 

@@ -63,30 +63,14 @@ def place(
 ) -> Iterator[Place]:
     """The run (the newest unless named) and the node with its files: a multi-node run's
     master; on a cluster, the login node (the files are on the shared filesystem)."""
-    if cluster:
-        from vmrun.backends.slurm.session import cluster_backend
+    from vmrun.backends.select import open_backend
 
-        with cluster_backend(settings, cluster) as slurm:
-            ref = slurm.find(run)
-            fix = f"`vmrun setup -C {cluster} --pip tensorboard`"
-            yield Place(slurm.conn, ref.run_id, slurm.python(), ref.meta,
-                        slurm.outputs(ref)[cluster], _fix(fix, ref.run_id))  # fmt: skip
-        return
-    from vmrun.backends.hosts.backend import HostsBackend
-    from vmrun.ssh.group import Group
-    from vmrun.ssh.inventory import select_hosts
-
-    entries = select_hosts(hosts, settings)
-    with Group(entries, settings) as group:
-        backend = HostsBackend(group)
+    with open_backend(settings, hosts=hosts, cluster=cluster) as backend:
         ref = backend.find(run)
-        node = str(ref.meta.get("master") or ref.nodes[0])
-        if node not in ref.records:
-            node = ref.nodes[0]
-        meta = ref.records[node].meta
-        fix = f"`vmrun setup --pip tensorboard -H {node}`"
-        yield Place(backend.conn(node), ref.run_id, str(meta.get("python") or "python3"),
-                    meta, backend.outputs(ref)[node], _fix(fix, ref.run_id))  # fmt: skip
+        at = backend.files_at(ref)
+        fix = f"`vmrun setup --pip tensorboard {at.selector}`"
+        meta = ref.records[at.node].meta if at.node in ref.records else ref.meta
+        yield Place(at.conn, ref.run_id, at.python, meta, at.location, _fix(fix, ref.run_id))
 
 
 def _fix(setup: str, run_id: str) -> str:

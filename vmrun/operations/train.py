@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings, load_settings
@@ -20,6 +20,11 @@ from vmrun.operations import refusals
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
 from vmrun.transfer.types import Progress
+
+if TYPE_CHECKING:
+    from vmrun.backends.api import StartOptions
+    from vmrun.backends.hosts.node_launch import Placement
+    from vmrun.backends.slurm.backend import SlurmBackend
 
 # How the caller draws transfer progress: (prefix lines with the host, may draw live) ->
 # a Progress, or None for none (the default: a library caller sees no progress).
@@ -162,15 +167,16 @@ def train(
         if settings.notify and started:
             _tell_local(settings, started[0], code, plan.project, out)
         return code
-    from vmrun.backends.hosts.node_launch import Launch
+    from vmrun.backends.api import StartOptions
+    from vmrun.backends.hosts.node_launch import Placement
     from vmrun.notify.send import Notify
 
     notify = Notify.from_settings(settings.notify, settings.notify_on)
-    how = Launch(allow_concurrent=hosts.allow_concurrent, wiring=wiring, resume=resume,
-                 fresh=hosts.fresh, down_after_run=hosts.down_after_run,
-                 notify=notify or None)  # fmt: skip
-    return _on_hosts(plan, hosts, settings, how, detach=detach, verbose=verbose,
-                     progress=progress, out=out)  # fmt: skip
+    how = StartOptions(allow_concurrent=hosts.allow_concurrent, resume=resume,
+                       fresh=hosts.fresh, down_after_run=hosts.down_after_run,
+                       notify=notify or None)  # fmt: skip
+    return _on_hosts(plan, hosts, settings, how, Placement(wiring), detach=detach,
+                     verbose=verbose, progress=progress, out=out)  # fmt: skip
 
 
 def _on_cluster(
@@ -187,6 +193,7 @@ def _on_cluster(
     out: Reporter,
 ) -> int | DryRun:
     """Submit through the cluster's login node, then follow the job (or leave it, detach)."""
+    from vmrun.backends.api import StartOptions
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
     from vmrun.backends.slurm.session import cluster_backend
@@ -199,32 +206,13 @@ def _on_cluster(
     with cluster_backend(settings, name, spec) as backend:
         if dry_run:
             return _dry_run(backend, plan)
-        ref = backend.start(plan, notify, out, progress(False, True))
+        ref = backend.start(plan, StartOptions(notify=notify), out, progress(False, True))
         if detach:
             rid = ref.run_id
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
                      f" `vmrun stop {rid} -C {name}`")  # fmt: skip
             return 0
-        return follow_and_tell(backend, ref, notify, out, verbose=verbose)
-
-
-def follow_and_tell(
-    backend: Any, ref: Any, notify: Any, out: Reporter, *, verbose: bool = False
-) -> int:
-    """Follow a cluster's run to its end and tell the end (a detach tells nothing: the
-    job goes on, and tells its own end)."""
-    from vmrun.errors import Detached, Interrupted, VmrunError
-
-    backend.notify = notify
-    try:
-        code = int(backend.follow(ref, out, verbose=verbose))
-    except (Detached, Interrupted):
-        raise
-    except VmrunError as failure:
-        backend.tell_end(ref, out, failure)
-        raise
-    backend.tell_end(ref, out)
-    return code
+        return backend.follow_and_tell(ref, notify, out, verbose=verbose)
 
 
 def _tell_local(settings: Settings, rid: str, code: int, project: Any, out: Reporter) -> None:
@@ -249,7 +237,7 @@ def _tell_local(settings: Settings, rid: str, code: int, project: Any, out: Repo
     report(send(notify.targets, title, body, event), out, event)
 
 
-def _dry_run(backend: Any, plan: Plan) -> DryRun:
+def _dry_run(backend: SlurmBackend, plan: Plan) -> DryRun:
     sub = backend.prepare(plan)
     record = sub.paths.record
     return DryRun(
@@ -276,7 +264,8 @@ def _on_hosts(
     plan: Plan,
     hosts: HostOptions,
     settings: Settings,
-    how: Any,
+    how: StartOptions,
+    place: Placement,
     *,
     detach: bool,
     verbose: bool,
@@ -295,18 +284,18 @@ def _on_hosts(
             from vmrun.backends.hosts.resume import load
 
             resumed = load(group, how.resume, plan.env)
-            plan, how.listed = resumed.plan, resumed.listed
+            plan, place.listed = resumed.plan, resumed.listed
             entries = _nodes(entries, resumed.nodes, settings)
-            if how.wiring.master is None and len(entries) > 1:
-                w = how.wiring
+            if place.wiring.master is None and len(entries) > 1:
+                w = place.wiring
                 recorded = resumed.meta.get("nnodes") if hosts.nnodes is None else hosts.nnodes
-                how.wiring = _wiring(
+                place.wiring = _wiring(
                     str(resumed.meta.get("master")), recorded, w.rdzv_port, w.nccl_debug
                 )
             if any(e.label not in group.connections for e in entries):
                 group = Group(entries, settings)  # a node the search did not include
-        if how.wiring.nnodes is not None and len(entries) > 1:
-            check_nnodes(how.wiring.nnodes, len(entries))
+        if place.wiring.nnodes is not None and len(entries) > 1:
+            check_nnodes(place.wiring.nnodes, len(entries))
         return run_remote(
             plan,
             entries,
@@ -314,6 +303,7 @@ def _on_hosts(
             detach=detach,
             out=out,
             how=how,
+            place=place,
             fetch_every=hosts.fetch_every,
             progress=progress(len(entries) > 1, True),
             group=group,

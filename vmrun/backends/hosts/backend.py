@@ -12,24 +12,39 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vmrun import hostside
-from vmrun.backends.api import NodeRecord, RunRef, StopReport, combined_state
+from vmrun.backends.api import (
+    FilesAt,
+    NodeRecord,
+    RunRef,
+    StartOptions,
+    StopReport,
+    combined_state,
+)
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.netfacts import Layout
-from vmrun.backends.hosts.node_launch import Launch, Node, Wiring, layout_note, meet, node_launch
+from vmrun.backends.hosts.node_launch import (
+    Node,
+    Placement,
+    Wiring,
+    layout_note,
+    meet,
+    node_launch,
+)
 from vmrun.backends.hosts.preflight import check_launcher_hosts, cuda_warning, nproc_for, preflight
 from vmrun.backends.hosts.staging import stage
 from vmrun.errors import (
     ConnectionLostError,
     Detached,
-    HostsFailed,
     Interrupted,
     UsageError,
     run_failed,
     run_stopped,
 )
+from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Recorder, Reporter
 from vmrun.runs import launch, provenance
 from vmrun.runs.lines import Prefixer
@@ -72,34 +87,46 @@ def ref_of(
 
 
 class HostsBackend:
-    def __init__(self, group: Group, entries: Sequence[HostEntry] | None = None):
+    """On `group`'s connections; `entries`: the run's hosts (default: the group's), master
+    first; `place`: the multi-node flags and what the caller checked already."""
+
+    def __init__(
+        self,
+        group: Group,
+        entries: Sequence[HostEntry] | None = None,
+        place: Placement | None = None,
+    ):
         self.group = group
         self.entries = list(entries if entries is not None else group.entries)
+        self.place = place or Placement()
 
     def conn(self, node: str) -> Connection:
         return self.group.connections[node]
 
     def start(
-        self, plan: Plan, how: Launch, out: Reporter, progress: Progress | None = None
+        self, plan: Plan, how: StartOptions, out: Reporter, progress: Progress | None = None
     ) -> RunRef:
         """Preflight, stage and start the run on this backend's hosts (master first),
         detached; its RunRef (the nodes, and the lines of earlier attempts to skip)."""
-        check_launcher_hosts(plan, len(self.entries), how.wiring)
+        place = self.place
+        check_launcher_hosts(plan, len(self.entries), place.wiring)
         multi = len(self.entries) > 1
         only = {e.label for e in self.entries}
-        nodes = how.nodes or preflight(self.group, plan, out, multi=multi, how=how, only=only)
+        nodes = place.nodes or preflight(
+            self.group, plan, out, multi=multi, how=how, listed=place.listed, only=only
+        )
         nodes = {e.label: nodes[e.label] for e in self.entries}  # the node order: the master first
         nproc = nproc_for(plan, list(nodes.values()))
         warning = cuda_warning(plan, list(nodes.values()))
         if warning:
             out.warn(warning)
-        layout = (how.layout or meet(self.group, nodes, how.wiring)) if multi else None
+        layout = (place.layout or meet(self.group, nodes, place.wiring)) if multi else None
         rid = how.resume or how.run_id or launch.run_id(plan.name)
         banner = ""
         if how.resume:
             from vmrun.backends.hosts.resume import prepare
 
-            banner = prepare(self.group, list(nodes), rid, out, how.listed)
+            banner = prepare(self.group, list(nodes), rid, out, place.listed)
         live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
         files = _synced_files(plan)  # once for every host, and for the run's record
         with live:
@@ -110,9 +137,9 @@ class HostsBackend:
             )
         raise_for_failures(staged, one_as_itself=True)
         started = _start_all(
-            self.group, plan, nodes, rid, nproc, layout, how.wiring, how.resume, banner,
+            self.group, plan, nodes, rid, nproc, layout, place.wiring, how.resume, banner,
             alone=not how.allow_concurrent, notify=how.notify, files=files,
-            earlier=_earlier_code(rid, how) if how.resume else [],
+            earlier=_earlier_code(rid, place.listed) if how.resume else [],
         )  # fmt: skip
         names = ", ".join(nodes)
         first = self.entries[0].label
@@ -127,9 +154,12 @@ class HostsBackend:
 
     # -- finding runs --------------------------------------------------------------------
 
-    def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef:
+    def find(
+        self, run_id: str | None, *, running_only: bool = False, nodes: Sequence[str] = ()
+    ) -> RunRef:
         rid, found, unreached = records.find_run(self.group, run_id, running_only=running_only)
-        return ref_of(rid, [rec for _, rec in found], unreached=unreached)
+        ref = ref_of(rid, [rec for _, rec in found], unreached=unreached)
+        return require_nodes(ref, nodes, self.entries) if nodes else ref
 
     def runs(self) -> tuple[list[records.RunRecord], list[BaseException]]:
         """Every run on every host, oldest first, and the errors of hosts that did not
@@ -246,23 +276,11 @@ class HostsBackend:
 
     # -- stopping and outputs ----------------------------------------------------------------
 
-    def stop(self, ref: RunRef, *, grace: float = STOP_GRACE_S) -> list[StopReport]:
-        outcomes = self.stop_outcomes(ref, grace=grace)
-        failures = {o.host: o.error for o in outcomes if o.error is not None}
-        failures.update(ref.unreached)  # nodes of the run that did not answer: not stopped
-        if failures:
-            raise HostsFailed(failures, total=len(outcomes) + len(ref.unreached))
-        return [
-            StopReport(o.host, len(o.value.signalled), len(o.value.killed))
-            for o in outcomes
-            if o.value is not None
-        ]
+    def stop(self, ref: RunRef, *, grace: float = STOP_GRACE_S) -> list[Outcome[StopReport]]:
+        """Each reached node's stop, failures included (the others are in `ref.unreached`);
+        a run in an image leaves no container behind."""
 
-    def stop_outcomes(self, ref: RunRef, *, grace: float) -> list[Outcome[records.StopResult]]:
-        """Each node's stop, failures included (for a per-host report); a run in an image
-        leaves no container behind."""
-
-        def one(entry: HostEntry, conn: Connection) -> records.StopResult:
+        def one(entry: HostEntry, conn: Connection) -> StopReport:
             result = records.stop(conn, ref.run_id, grace=grace)
             rec = ref.records.get(entry.label)
             runtime = rec.meta.get("container_runtime") if rec is not None else None
@@ -270,9 +288,22 @@ class HostsBackend:
                 from vmrun.backends.hosts.images import remove_leftovers
 
                 remove_leftovers(conn, str(runtime), ref.run_id)
-            return result
+            return StopReport(entry.label, len(result.signalled), len(result.killed))
 
         return self.group.map(one, only=set(ref.nodes))
+
+    def files_at(self, ref: RunRef) -> FilesAt:
+        """The run's master (whose record the others share), or its first node reached."""
+        node = str(ref.meta.get("master") or ref.nodes[0])
+        if node not in ref.records:
+            node = ref.nodes[0]
+        meta = ref.records[node].meta
+        location = self.outputs(ref)[node]
+        python = str(meta.get("python") or "python3")
+        return FilesAt(node, self.conn(node), python, location, f"-H {node}")
+
+    def code_dir(self, project: Path) -> str:
+        return remote_workdir(project)
 
     def outputs(self, ref: RunRef) -> dict[str, RunLocation]:
         return {
@@ -446,10 +477,12 @@ def _synced_files(plan: Plan) -> list[str] | None:
     return None if is_bundled(plan.script) else project_files(plan.project)
 
 
-def _earlier_code(rid: str, how: Launch) -> list[dict[str, Any]]:
+def _earlier_code(
+    rid: str, listed: dict[str, list[records.RunRecord]] | None
+) -> list[dict[str, Any]]:
     """A resumed run's earlier attempts' code (run.json's `code` is this attempt's; each
     attempt's diff stays as code.patch.<attempt> beside it): what made its first epochs."""
-    recs = [r for recs in (how.listed or {}).values() for r in recs if r.id == rid]
+    recs = [r for recs in (listed or {}).values() for r in recs if r.id == rid]
     if not recs:
         return []
     meta = recs[0].meta

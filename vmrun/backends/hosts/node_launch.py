@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vmrun.backends.hosts import records as runs
 from vmrun.backends.hosts.images import NodeImage
@@ -26,9 +26,6 @@ from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
-
-if TYPE_CHECKING:
-    from vmrun.notify.send import Notify
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
@@ -76,20 +73,14 @@ class Wiring:
 
 
 @dataclass
-class Launch:
-    """How the run is started, beside its plan: the hosts' flags and, for --resume, what
-    the resumed run's record already told (so nothing is listed twice)."""
+class Placement:
+    """Where the run goes on the hosts, beside the shared StartOptions: the multi-node flags,
+    and what the caller already knows (so nothing is probed or listed twice)."""
 
-    allow_concurrent: bool = False
     wiring: Wiring = field(default_factory=Wiring)
-    resume: str | None = None
     listed: dict[str, list[runs.RunRecord]] | None = None  # every run per host, if known
-    run_id: str | None = None  # the new run's id, where the caller needs it beforehand
     nodes: dict[str, Node] | None = None  # checked already (doctor): no second preflight
     layout: Layout | None = None  # the rendezvous decided already, with `nodes`
-    fresh: bool = False  # move checkpoints an earlier run left in the run's folder aside
-    down_after_run: bool = False  # power the hosts off once it ended and its results are here
-    notify: Notify | None = None  # where the run's end is told (by the master's sender)
 
 
 def meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:

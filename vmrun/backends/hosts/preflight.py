@@ -11,9 +11,10 @@ import re
 from typing import Any
 
 from vmrun import hostside
+from vmrun.backends.api import StartOptions
 from vmrun.backends.hosts import records as runs
 from vmrun.backends.hosts import stale
-from vmrun.backends.hosts.node_launch import HostEnv, Launch, Node, Wiring
+from vmrun.backends.hosts.node_launch import HostEnv, Node, Wiring
 from vmrun.containers.request import table_of
 from vmrun.errors import UsageError
 from vmrun.remote_paths import HOST_RECORD, remote_workdir
@@ -143,7 +144,14 @@ def order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
 
 
 def preflight(
-    group: Group, plan: Plan, out: Reporter, *, multi: bool, how: Launch, only: set[str]
+    group: Group,
+    plan: Plan,
+    out: Reporter,
+    *,
+    multi: bool,
+    how: StartOptions,
+    listed: dict[str, list[runs.RunRecord]] | None,
+    only: set[str],
 ) -> dict[str, Node]:
     """On every host at once: its interpreter, not busy (or a warning where a concurrent run
     shares the work directory), (several hosts) its network and torch facts, and (a new
@@ -157,8 +165,8 @@ def preflight(
     def check(entry: HostEntry, conn: Connection) -> tuple[Node, stale.Found | None]:
         request = plan.containers.resolve(table_of(entry.vars))
         env, found = probe(conn, entry, where, in_image=request is not None)
-        listed = None if how.listed is None else how.listed.get(entry.label, [])
-        busy = check_not_busy(conn, how.allow_concurrent, how.resume, listed)
+        known = None if listed is None else listed.get(entry.label, [])
+        busy = check_not_busy(conn, how.allow_concurrent, how.resume, known)
         warning = shared_workdir_warning(plan, busy, workdir)
         if warning:
             out.warn(f"{entry.label}: {warning}")

@@ -77,6 +77,18 @@ class RunRecord:
         return float(self.meta.get("started", 0))
 
     @property
+    def attempts(self) -> int:
+        return self.attempt
+
+    @property
+    def reason(self) -> str:
+        return ""  # a host runs a run at once: nothing to wait for
+
+    @property
+    def tasks(self) -> tuple[()]:
+        return ()  # an array job's tasks: only a cluster's
+
+    @property
     def duration(self) -> float | None:
         """This attempt's run time, by the host's clock alone when it told (no skew)."""
         if self.began is not None:

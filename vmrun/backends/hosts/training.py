@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vmrun.backends.api import RunRef
+from vmrun.backends.api import RunRef, StartOptions
 from vmrun.backends.hosts.backend import HostsBackend
 from vmrun.backends.hosts.down_after import DownAfterRun
-from vmrun.backends.hosts.node_launch import Launch
+from vmrun.backends.hosts.node_launch import Placement
 from vmrun.backends.hosts.preflight import order
 from vmrun.config import Settings
 from vmrun.errors import Detached, Interrupted, VmrunError
@@ -26,7 +26,8 @@ def run_remote(
     *,
     detach: bool,
     out: Reporter = QUIET,
-    how: Launch | None = None,
+    how: StartOptions | None = None,
+    place: Placement | None = None,
     fetch_every: float | None = None,
     progress: Progress | None = None,
     group: Group | None = None,
@@ -37,17 +38,19 @@ def run_remote(
     end (`fetch_every`: pulling its checkpoints meanwhile); return 0 or raise with the run's
     failure. `out`: what it says, and the run's lines as they come. `group`: connections to
     use (else this opens its own); closed at the end. `verbose`: torchrun's banner and
-    c10d's host name warnings too. `how.down_after_run`: power the hosts
+    c10d's host name warnings too. `place`: the hosts' wiring (HostsBackend's).
+    `how.down_after_run`: power the hosts
     off once it has ended and its results are here (vmrun.backends.hosts.down_after).
     `on_start`: told the run once it has started (a sweep stops it by id if it is interrupted)."""
-    how = how or Launch()
-    entries = order(entries, how.wiring)
+    how = how or StartOptions()
+    place = place or Placement()
+    entries = order(entries, place.wiring)
     with group or Group(entries, settings) as conns:
         down = None
         if how.down_after_run:
             down = DownAfterRun(conns, entries, settings)
             down.preflight()
-        backend = HostsBackend(conns, entries)
+        backend = HostsBackend(conns, entries, place)
         ref = backend.start(plan, how, out, progress)
         if on_start is not None:
             on_start(ref)
@@ -67,7 +70,7 @@ def run_remote(
 
 
 def _tell_end(
-    conns: Group, ref: RunRef, how: Launch, out: Reporter, failure: VmrunError | None = None
+    conns: Group, ref: RunRef, how: StartOptions, out: Reporter, failure: VmrunError | None = None
 ) -> None:
     """The run's end to its notification targets (the master's record claims it)."""
     if not how.notify or not ref.nodes:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vmrun import hostside
-from vmrun.backends.api import NodeRecord, RunRef, StopReport
+from vmrun.backends.api import FilesAt, NodeRecord, RunRef, StartOptions, StopReport
 from vmrun.backends.slurm import records
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.job import (
@@ -33,7 +34,7 @@ from vmrun.containers import runtime as rt
 from vmrun.containers.image import ImageRef, Mount
 from vmrun.containers.request import Request
 from vmrun.containers.runtime import SlurmContainer
-from vmrun.errors import RemoteError, UsageError, VmrunError
+from vmrun.errors import Detached, Interrupted, RemoteError, UsageError, VmrunError
 from vmrun.notify.send import Notify
 from vmrun.remote_paths import CONTAINER_HOME, STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
@@ -42,6 +43,7 @@ from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
+from vmrun.ssh.group import Outcome
 from vmrun.ssh.quoting import plain_command, quote
 from vmrun.transfer.types import Progress
 
@@ -160,7 +162,9 @@ class SlurmBackend:
 
     # -- submitting -------------------------------------------------------------------
 
-    def prepare(self, plan: Plan, notify: Notify | None = None) -> Submission:
+    def prepare(
+        self, plan: Plan, notify: Notify | None = None, run_id: str | None = None
+    ) -> Submission:
         """The batch script and the run's record, ready to submit (nothing sent yet);
         `notify`: the job tells its end and requeues itself (and the follower claims them)."""
         from vmrun.runs.launch import run_id as new_run_id
@@ -168,7 +172,7 @@ class SlurmBackend:
 
         spec = check_spec(self.spec, plan.launcher)
         facts = self.facts()
-        rid = new_run_id(plan.name)
+        rid = run_id or new_run_id(plan.name)
         code = f"{facts.workdir}/{remote_workdir(plan.project)}"
         paths = JobPaths(record=self.record_dir(rid), code=code, out=f"{code}/results/{rid}")
         request = plan.containers.resolve(self.cluster.containers)
@@ -280,12 +284,21 @@ class SlurmBackend:
         return runtime
 
     def start(
-        self, plan: Plan, how: object, out: Reporter, progress: Progress | None = None
+        self, plan: Plan, how: StartOptions, out: Reporter, progress: Progress | None = None
     ) -> RunRef:
         """Sync the code (a SCRIPT's project; the template travels with the job) and push
         the run's --data, submit, and return once the job is queued. A job that can never
-        start is cancelled."""
-        sub = self.prepare(plan, how if isinstance(how, Notify) else None)
+        start is cancelled. A job is requeued and resumed by Slurm itself: `how.resume`,
+        `fresh` and `down_after_run` are the hosts' and refused here."""
+        unsupported = [flag for flag, given in (("--resume", how.resume), ("--fresh", how.fresh),
+                       ("--down-after-run", how.down_after_run)) if given]  # fmt: skip
+        if unsupported:
+            raise UsageError(
+                f"{', '.join(unsupported)}: not on a cluster (-C {self.cluster.name})",
+                hint="Slurm requeues and resumes a job itself; drop them, or run on hosts (-H)",
+                code="flags-conflict",
+            )
+        sub = self.prepare(plan, how.notify, how.run_id)
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
         if plan.data:  # once, onto the shared filesystem through the login node
@@ -338,7 +351,7 @@ class SlurmBackend:
         return values["job"], JobState.parse(values.get("state", ""))
 
     def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None:
-        self.stop(ref, grace=0)
+        self._cancel(ref, grace=0)
         raise UsageError(
             f"job {job} can never start on {self.cluster.name}: {state.reason} ({why});"
             " it was cancelled",
@@ -370,7 +383,15 @@ class SlurmBackend:
         self.conn.capture(plain_command(argv), stdin="".join(f"{ln}\n" for ln in lines).encode(),
                           what="the job's ends")  # fmt: skip
 
-    def find(self, run_id: str | None, *, running_only: bool = False) -> RunRef:
+    def find(
+        self, run_id: str | None, *, running_only: bool = False, nodes: Sequence[str] = ()
+    ) -> RunRef:
+        if nodes:
+            raise UsageError(
+                f"--node picks one host of a run on hosts; a job on {self.cluster.name} is one"
+                " log and one node",
+                hint="drop --node",
+            )
         found, _ = self.runs()
         if running_only:
             found = [r for r in found if r.state in (RunState.PENDING, RunState.RUNNING)]
@@ -433,6 +454,14 @@ class SlurmBackend:
 
     # -- logs -------------------------------------------------------------------------
 
+    def files_at(self, ref: RunRef) -> FilesAt:
+        """The shared filesystem, through the login node, with the cluster's Python."""
+        name = self.cluster.name
+        return FilesAt(name, self.conn, self.python(), self.outputs(ref)[name], f"-C {name}")
+
+    def code_dir(self, project: Path) -> str:
+        return f"{self.facts().workdir}/{remote_workdir(project)}"
+
     def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
         if ref.meta.get("batch_script"):
             from vmrun.backends.slurm import own_script
@@ -473,6 +502,22 @@ class SlurmBackend:
                 thread.join(timeout=60)
             self._telling.clear()
 
+    def follow_and_tell(
+        self, ref: RunRef, notify: Notify | None, out: Reporter, *, verbose: bool = False
+    ) -> int:
+        """Follow the run to its end and tell the end (a detach tells nothing: the job goes
+        on, and tells its own end)."""
+        self.notify = notify
+        try:
+            code = int(self.follow(ref, out, verbose=verbose))
+        except (Detached, Interrupted):
+            raise
+        except VmrunError as failure:
+            self.tell_end(ref, out, failure)
+            raise
+        self.tell_end(ref, out)
+        return code
+
     def tell_end(self, ref: RunRef, out: Reporter, failure: VmrunError | None = None) -> None:
         """A followed run's end to `self.notify`'s targets (its record claims it)."""
         self._tell(ref, out, failure=failure)
@@ -498,8 +543,17 @@ class SlurmBackend:
 
     # -- stopping ---------------------------------------------------------------------
 
-    def stop(self, ref: RunRef, *, grace: float) -> list[StopReport]:
-        """scancel, then wait (bounded) until the job and every step of it are gone."""
+    def stop(self, ref: RunRef, *, grace: float) -> list[Outcome[StopReport]]:
+        """scancel, then wait (bounded) until the job and every step of it are gone: the
+        cluster's one outcome (signalled 1: cancelled; 0: it had ended)."""
+        began = time.monotonic()
+        try:
+            report = self._cancel(ref, grace)
+        except VmrunError as exc:
+            return [Outcome(self.cluster.name, None, exc, time.monotonic() - began)]
+        return [Outcome(self.cluster.name, report, None, time.monotonic() - began)]
+
+    def _cancel(self, ref: RunRef, grace: float) -> StopReport:
         job = str(ref.meta.get("job_id") or "")
         if not job:
             raise UsageError(f"run {ref.run_id} has no job id on {self.cluster.name}")
@@ -521,7 +575,7 @@ class SlurmBackend:
                 host=self.cluster.name,
                 code="stop-failed",
             )
-        return [StopReport(node=self.cluster.name, signalled=1 if before else 0, killed=0)]
+        return StopReport(node=self.cluster.name, signalled=1 if before else 0, killed=0)
 
 
 def _relative(plan: Plan) -> str:
