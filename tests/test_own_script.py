@@ -263,7 +263,9 @@ def test_a_job_that_can_never_start_is_cancelled(tmp_path: Path, monkeypatch: An
     pend = "40|40|N/A|job|n/a|PENDING|0|x|0:00||PartitionNodeLimit"
     fake = Fake(tmp_path, [f"echo '{pend}'"], {"output": "o", "error": "o"})
     stopped: list[str] = []
-    monkeypatch.setattr(SlurmBackend, "_cancel", lambda self, ref, grace: stopped.append(ref.run_id))
+    monkeypatch.setattr(
+        SlurmBackend, "_cancel", lambda self, ref, grace: stopped.append(ref.run_id)
+    )
     with pytest.raises(UsageError) as caught:
         fake.follow()
     assert caught.value.code == "job-never-starts" and stopped == ["r"]

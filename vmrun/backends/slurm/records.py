@@ -184,6 +184,8 @@ class SlurmRun:
         if self.accounted is not None:
             state = JobState(self.accounted[0]).run_state
             if state not in (RunState.PENDING, RunState.RUNNING):
+                if code is None and state is RunState.STOPPED:
+                    return state, None  # sacct's 0:15 is a signal, not an exit code
                 sacct_code = self.accounted[1].split(":")[0]
                 return state, code if code is not None else _int(sacct_code)
         if code is not None:
