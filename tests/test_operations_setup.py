@@ -14,8 +14,8 @@ from fake_group import FakeGroup
 
 from vmrun.config import Settings, load_settings
 from vmrun.errors import ExitCode, UnreachableError, UsageError
-from vmrun.operations.setup import SetupRequest, SetupWatch, env_manager_flag, setup
-from vmrun.reporting import Recorder
+from vmrun.operations.setup import SetupRequest, env_manager_flag, setup
+from vmrun.reporting import HostSteps, Recorder
 from vmrun.setup.facts import parse as parse_facts
 from vmrun.setup.report import HostReport, StepStatus
 
@@ -41,10 +41,16 @@ def group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGroup:
     return fake
 
 
-class Watched(SetupWatch):
+class Watched(HostSteps):
     def __init__(self) -> None:
         self.hosts: list[str] = []
         self.events: list[tuple[str, str]] = []
+
+    def told(self) -> Recorder:
+        """An output object whose host-steps part is this one."""
+        recorder = Recorder()
+        recorder.host_steps = lambda: self  # type: ignore[method-assign]
+        return recorder
 
     def watching(self, hosts: list[str]) -> AbstractContextManager[object]:
         self.hosts = hosts
@@ -62,12 +68,12 @@ def host_setup(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     seen: list[Any] = []
 
     class Standin:
-        def __init__(self, conn: Any, options: Any, on_event: Any, on_progress: Any):
-            self.conn, self.on_event = conn, on_event
+        def __init__(self, conn: Any, options: Any, steps: HostSteps):
+            self.conn, self.steps = conn, steps
             seen.append(options)
 
         def run(self) -> HostReport:
-            self.on_event(self.conn.label, "done")
+            self.steps.event(self.conn.label, "done")
             return HostReport(self.conn.label, parse_facts(FACTS, "h"), python="/env/bin/python")
 
     monkeypatch.setattr(vmrun.setup.host_setup, "HostSetup", Standin)
@@ -168,7 +174,7 @@ def test_setup_on_hosts_returns_each_outcome_and_records_those_that_succeeded(
     settings: Settings, group: FakeGroup, host_setup: list[Any], tmp_path: Path
 ) -> None:
     watched = Watched()
-    done = setup(settings, SetupRequest(torch="torch==2.0"), ["accA", "accB"], watch=watched)
+    done = setup(settings, SetupRequest(torch="torch==2.0"), ["accA", "accB"], out=watched.told())
     assert watched.hosts == ["accA", "accB"] and watched.events == [("accA", "done")]
     assert host_setup[0].params["torch"] == "torch==2.0"
     assert [(o.host, type(o.error)) for o in done.outcomes] == [
@@ -207,7 +213,7 @@ def test_a_host_setup_that_fails_is_watched_failing(
     monkeypatch.setattr(vmrun.setup.host_setup, "HostSetup", Broken)
     group.down.clear()
     watched = Watched()
-    done = setup(settings, SetupRequest(), ["accA", "accB"], watch=watched)
+    done = setup(settings, SetupRequest(), ["accA", "accB"], out=watched.told())
     assert watched.events == [("accA", "failed"), ("accB", "failed")]
     assert done.succeeded == [] and done.recorded is None
     assert done.exit_code == ExitCode.USAGE

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from vmrun.errors import CommandFailed, ConnectionLostError, ExitCode, RemoteError
+from vmrun.reporting import HostSteps
 from vmrun.setup import reboot as reboot_mod
 from vmrun.setup.hostlog import HostLog
 from vmrun.ssh.result import CommandResult
@@ -52,6 +53,14 @@ def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reboot_mod.time, "sleep", lambda s: real_sleep(0.01))  # no back-off
 
 
+class _Heard(HostSteps):
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def event(self, host: str, text: str) -> None:
+        self.events.append(text)
+
+
 def _forever(first: list[str | BaseException], then: str) -> Iterator[str | BaseException]:
     yield from first
     while True:
@@ -63,7 +72,7 @@ def test_a_slow_status_on_the_old_boot_is_not_a_reboot() -> None:
     same boot, until the reboot wait is over: setup stops there, saying so in one line."""
     host = _Host(_forever([_slow_status()], OLD))
     events: list[str] = []
-    log = HostLog("acc1", None, on_event=lambda h, text: events.append(text))
+    log = HostLog("acc1", None, _Heard(events))
     with pytest.raises(RemoteError) as info:
         reboot_mod.reboot(host, {}, log, timeout=1.5)  # type: ignore[arg-type]
     assert info.value.exit_code == ExitCode.REMOTE and info.value.code == "reboot-failed"
@@ -75,7 +84,7 @@ def test_the_reboot_counts_once_the_host_answers_from_a_new_boot() -> None:
     lost = ConnectionLostError("connection lost", host="acc1")
     host = _Host(_forever([OLD, _slow_status(), lost, OLD, NEW], NEW))
     events: list[str] = []
-    log = HostLog("acc1", None, on_event=lambda h, text: events.append(text))
+    log = HostLog("acc1", None, _Heard(events))
     reboot_mod.reboot(host, {}, log, timeout=30)  # type: ignore[arg-type]
     assert events[-1].startswith("back after"), events
     assert next(host.answers) == NEW  # it asked until the new boot answered, no further

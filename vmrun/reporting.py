@@ -4,13 +4,49 @@ down (the CLI makes a terminal one; a library user takes the quiet default or th
 Every library function that speaks takes `out: Reporter` rather than callbacks: `info` for a
 step worth knowing, `warn` for something the user should act on, `output` for a run's own
 output (bytes of whole lines, as the run printed them), `failure` for one host's or node's
-error in a fan-out that goes on. Calls may come from several threads at once (one per host);
-an implementation keeps each call's text whole.
+error in a fan-out that goes on; and two parts for what goes on at once on many hosts:
+`progress()`, the bytes and steps of transfers and pulls, and `host_steps()`, each host's
+step in a setup. Calls may come from several threads at once (one per host); an
+implementation keeps each call's text whole.
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager, nullcontext
+
+
+class Progress:
+    """Transfers and long steps as they go, per host (all no-ops here); called from one
+    thread per host. One that is also a context manager (a live view) is entered around
+    the work."""
+
+    def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
+        """A transfer to (or from) `host` starts; `via`: the host it comes from, when not here."""
+
+    def file_begin(self, host: str, path: str, size: int, offset: int) -> None: ...
+    def advance(self, host: str, nbytes: int) -> None: ...
+    def file_end(self, host: str, path: str, ok: bool) -> None: ...
+    def warn(self, host: str, text: str) -> None: ...
+    def step(self, host: str, what: str, done: int, total: int | None) -> None:
+        """A step before the transfer that is not one (an image pull): `done` of `total`
+        bytes (None: not known yet)."""
+
+
+class HostSteps:
+    """Each host's step while setup works on many at once (calls come from one thread per
+    host): the CLI's live table is one. This one hears nothing."""
+
+    def watching(self, hosts: list[str]) -> AbstractContextManager[object]:
+        """Around the hosts' parallel work: a live view draws while it lasts."""
+        return nullcontext()
+
+    def event(self, host: str, text: str) -> None:
+        """The host's step now ("connecting", a step's name, "done", "failed", ...)."""
+
+    def progress(self, host: str, text: str, notable: bool) -> None:
+        """A download's progress within the current step; `notable`: its end, or one line
+        every few seconds (what a log without a live view keeps)."""
 
 
 class Reporter:
@@ -28,6 +64,24 @@ class Reporter:
 
     def failure(self, error: BaseException) -> None:
         """One place's failure in a fan-out that goes on (the summary raises, if any)."""
+
+    def progress(self, *, several: bool = False, live: bool = True) -> Progress:
+        """What reports the transfers and pulls about to start: `several` hosts at once (a
+        line names its host), `live`: a view that redraws is welcome (not between a run's
+        own lines). Here: only their warnings, as `warn`s."""
+        return _Warnings(self)
+
+    def host_steps(self) -> HostSteps:
+        """What hears each host's step in a setup. Quiet here."""
+        return HostSteps()
+
+
+class _Warnings(Progress):
+    def __init__(self, out: Reporter):
+        self.out = out
+
+    def warn(self, host: str, text: str) -> None:
+        self.out.warn(f"{host}: {text}")
 
 
 QUIET = Reporter()

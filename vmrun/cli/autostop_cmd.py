@@ -169,7 +169,7 @@ def _cancel(entries: Sequence[HostEntry], settings: Settings) -> int:
 
 def _table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     if not rows:
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
 
         TERMINAL.info("no host answered")
         return

@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
 
 def render(found: Listing, *, as_json: bool, now: datetime | None = None) -> int:
     """Print the listing (a table, or --json) and its gaps; the exit code."""
-    from vmrun.cli.output import TERMINAL, report
+    from vmrun.cli.output import report
+    from vmrun.cli.terminal import TERMINAL
 
     now = now or datetime.now(timezone.utc)
     if as_json:

@@ -76,7 +76,7 @@ def show_diffs(
     text, or one JSON object on stdout."""
     import json
 
-    from vmrun.cli.output import TERMINAL
+    from vmrun.cli.terminal import TERMINAL
     from vmrun.operations.histories import run_diffs
     from vmrun.results.rundiff import render_text
 

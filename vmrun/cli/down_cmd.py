@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         profile: Annotated[str | None, typer.Option("--profile", help="The AWS profile.")] = None,
     ) -> int:
-        from vmrun.cli.output import Terminal
+        from vmrun.cli.terminal import Terminal
         from vmrun.operations.cloud import GP3_GB_MONTH, down
 
         done = down(

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -129,15 +128,12 @@ def register(app: typer.Typer) -> None:
 def run_fetch(job: FetchJob) -> int:
     """Fetch, showing each round as it ends (a live view on a terminal, unless --watch);
     the exit code of the last round."""
-    from vmrun.cli.fetch_view import make_progress
-    from vmrun.cli.output import TERMINAL, unreached
+    from vmrun.cli.output import unreached
+    from vmrun.cli.terminal import TERMINAL
     from vmrun.operations.fetch import rounds
 
-    live = sys.stderr.isatty() and not job.watch
     code = 0
-    for n, fetched in enumerate(
-        rounds(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))
-    ):
+    for n, fetched in enumerate(rounds(job, TERMINAL)):
         if n == 0 and fetched.ref is not None:
             unreached(fetched.ref, "has no files fetched from there")
         _report(fetched.outcomes, prefix=fetched.several, quiet=job.watch)
@@ -149,7 +145,8 @@ def _report(outcomes: list[Outcome[Report]], *, prefix: bool, quiet: bool) -> No
     """Each host's summary line (with --watch, only when something happened), what it
     skipped, and a coded error line for each failure."""
     from vmrun.cli.fetch_view import summary
-    from vmrun.cli.output import TERMINAL, error_line, report
+    from vmrun.cli.output import error_line, report
+    from vmrun.cli.terminal import TERMINAL
 
     for outcome in outcomes:
         if outcome.error is not None:

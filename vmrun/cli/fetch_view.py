@@ -77,9 +77,9 @@ class PlainProgress(Progress):
             sys.stderr.flush()
 
     def warn(self, host: str, text: str) -> None:
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.output import warn_line
 
-        TERMINAL.warn(f"{host}: {text}")
+        warn_line(f"{host}: {text}")
 
 
 def _speed_column() -> Any:

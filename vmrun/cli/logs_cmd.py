@@ -72,10 +72,12 @@ def register(app: typer.Typer) -> None:
 def _show(log: RunLog, follow: bool, lines: int, verbose: bool) -> int:
     """The log of every node that answered; the others are named (before following, after
     a listing: where they are seen), and the exit status is then not 0."""
+    from vmrun.cli.terminal import TERMINAL
+
     if not log.ref.nodes:
         return output.unreached(log.ref, "has no log shown from there")
     if not follow:
-        log.read(output.TERMINAL, last=lines, verbose=verbose)
+        log.read(TERMINAL, last=lines, verbose=verbose)
         return output.unreached(log.ref, "has no log shown from there")
     left = output.unreached(log.ref, "is not followed there")
-    return max(log.follow(output.TERMINAL, last=lines, verbose=verbose), left)
+    return max(log.follow(TERMINAL, last=lines, verbose=verbose), left)

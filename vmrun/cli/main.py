@@ -55,7 +55,7 @@ def run(args: list[str]) -> int:
         _error_line("interrupted", code="interrupted")
         return exit_code_for(exc)
     except Detached as exc:  # Ctrl-C left a run going on: say how to come back, no error
-        output.TERMINAL.info(exc.one_line())
+        output.info_line(exc.one_line())
         return 0
     except VmrunError as exc:
         output.report(exc)

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         test: Annotated[bool, typer.Option("--test", help="Send a test message to each.")] = False,
     ) -> int:
         from vmrun.cli.options import settings_from
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.errors import UsageError, VmrunError
         from vmrun.operations import notify
 

@@ -11,8 +11,6 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from vmrun.reporting import Reporter
-
 DEBUG = False  # set by main() for --debug / VMRUN_DEBUG
 
 _COLOURS = ("36", "35", "33", "32", "34", "96", "95", "93", "92", "94")
@@ -72,12 +70,12 @@ def show(data: bytes) -> None:
     sys.stdout.flush()
 
 
-def _info_line(text: str) -> None:
+def info_line(text: str) -> None:
     sys.stderr.write(f"vmrun: {text}\n")
     sys.stderr.flush()
 
 
-def _warn_line(text: str) -> None:
+def warn_line(text: str) -> None:
     prefix = "\033[33mvmrun: warning:\033[0m" if use_colour(sys.stderr) else "vmrun: warning:"
     sys.stderr.write(f"{prefix} {text}\n")
     sys.stderr.flush()
@@ -106,23 +104,3 @@ class PrefixedWriter:
         with self.lock:
             out.write(text)
             out.flush()
-
-
-class Terminal(Reporter):
-    """The CLI's Reporter: infos and warnings to stderr as `vmrun: ...` lines, a run's output
-    to stdout as it comes, a host's failure as its error line (with --debug, its traceback)."""
-
-    def info(self, text: str) -> None:
-        _info_line(text)
-
-    def warn(self, text: str) -> None:
-        _warn_line(text)
-
-    def output(self, data: bytes) -> None:
-        show(data)
-
-    def failure(self, error: BaseException) -> None:
-        report(error)
-
-
-TERMINAL = Terminal()

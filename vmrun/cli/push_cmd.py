@@ -4,7 +4,6 @@ parses and renders)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -80,8 +79,7 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
         from vmrun.cli.fetch_cmd import parse_rate
-        from vmrun.cli.fetch_view import make_progress
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import Terminal
         from vmrun.operations.push import PushJob, push
 
         job = PushJob(
@@ -95,8 +93,7 @@ def register(app: typer.Typer) -> None:
             relay=relay,
             cluster=cluster,
         )
-        live = sys.stderr.isatty() and not as_json
-        done = push(job, TERMINAL, lambda several: make_progress(prefix=several, live=live))
+        done = push(job, Terminal(json=as_json))
         if as_json:
             print(json.dumps(to_json(done), indent=2))
         else:

@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.errors import VmrunError
         from vmrun.operations.histories import gather
         from vmrun.results.report import render_markdown, report_rows, rows_json

@@ -182,7 +182,7 @@ def register(app: typer.Typer) -> None:
         parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.setup import SetupRequest, env_manager_flag
 
         env_manager = env_manager_flag(env_manager, env, TERMINAL)
@@ -227,6 +227,7 @@ def _run(
     """One call to vmrun.operations.setup, shown; then the autostop watchdog on the hosts
     that succeeded (--autostop, or autostop in vmrun.toml), its exit code counted in."""
     from vmrun.cli import setup_view as view
+    from vmrun.cli.terminal import Terminal
     from vmrun.errors import CommandFailed
     from vmrun.operations.setup import setup
 
@@ -238,7 +239,7 @@ def _run(
             cluster=cluster,
             gpus_per_node=gpus_per_node,
             record=record,
-            watch=view.Watch(live=sys.stdout.isatty() and not as_json, to_stderr=as_json),
+            out=Terminal(json=as_json),
         )
     except CommandFailed as exc:  # a cluster's step failed: its last lines say why
         if not cluster:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from vmrun.cli.output import TERMINAL, error_line, report
+from vmrun.cli.output import error_line, report, warn_line
 from vmrun.errors import CommandFailed
-from vmrun.operations.setup import SetUp, SetupWatch
+from vmrun.operations.setup import SetUp
+from vmrun.reporting import HostSteps
 from vmrun.setup.report import HostReport, SetupOptions, StepStatus
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ def _secs(seconds: float) -> str:
     return f"{minutes}:{seconds:02d}"
 
 
-class Watch(SetupWatch):
+class Watch(HostSteps):
     """What setup tells about each host, shown: on hosts a `_Status` (live in a terminal,
     else plain lines); on a cluster (never `watching`), plain `[host] text` lines."""
 
@@ -274,7 +275,7 @@ def _print_recorded(done: Recorded, where: Path) -> None:
         labels = ", ".join(e.label for e in done.updated)
         typer.echo(f"updated the python of {labels} in {where}")
     for line in done.not_applied:
-        TERMINAL.warn(f"{line}; make that change by hand")
+        warn_line(f"{line}; make that change by hand")
 
 
 def _print_plan(host_report: HostReport) -> None:

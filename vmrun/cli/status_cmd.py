@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import TERMINAL, report
+        from vmrun.cli.output import report
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.status import gather
 
         refuse_with_cluster(cluster, host)
@@ -114,7 +115,7 @@ def _render(
     headers: tuple[str, ...] = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
     headers += ("AUTOSTOP",) * autostop + ("IMAGE",) * images
     if not rows:
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
 
         TERMINAL.info("no runs")
         return

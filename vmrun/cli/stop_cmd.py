@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         parallel: Parallel = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.stop import stop
 
         refuse_with_cluster(cluster, host)

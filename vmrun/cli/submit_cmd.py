@@ -58,10 +58,8 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
         slurm: dict[str, Any] | None = None,
     ) -> int:
-        import sys
 
-        from vmrun.cli.fetch_view import make_progress
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.submit import SubmitDryRun, SubmitOptions, submit
 
         what = SubmitOptions(script=script, args=ctx.meta.get(SCRIPT_ARGS) or [], name=name,
@@ -70,7 +68,7 @@ def register(app: typer.Typer) -> None:
         done = submit(
             what, settings_from(connect_timeout, accept_new_host_key, **told), cluster=cluster,
             slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach,
-            progress=make_progress(prefix=False, live=sys.stderr.isatty()), out=TERMINAL,
+            out=TERMINAL,
         )  # fmt: skip
         return show_dry_run(done) if isinstance(done, SubmitDryRun) else done
 

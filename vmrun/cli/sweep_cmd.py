@@ -3,7 +3,6 @@ then a scaling report and a plot in `results/sweep-<id>/`; `--resume ID` continu
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -96,9 +95,8 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
         slurm: dict[str, Any] | None = None,
     ) -> int:
-        from vmrun.cli.fetch_view import make_progress
-        from vmrun.cli.output import TERMINAL
         from vmrun.cli.report_cmd import show_table
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.sweep import Grid, sweep
         from vmrun.operations.train import RunOptions
 
@@ -115,9 +113,6 @@ def register(app: typer.Typer) -> None:
             run, grid, settings_from(connect_timeout, accept_new_host_key, **told), resume=resume,
             local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),
             verbose=verbose, out=TERMINAL,
-            progress=lambda prefix, live: make_progress(
-                prefix=prefix, live=live and sys.stderr.isatty()
-            ),
         )  # fmt: skip
         if done.rows:
             show_table(done.rows)

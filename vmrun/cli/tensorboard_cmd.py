@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeout = None,
         accept_new_host_key: AcceptNewHostKey = None,
     ) -> int:
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.tensorboard import check, serving
         from vmrun.operations.tensorboard import place as find_place
 
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
 def _serve(board: Serving) -> int:
     """Start it, say where, print its URL on stdout; serve until Ctrl-C."""
-    from vmrun.cli.output import TERMINAL
+    from vmrun.cli.terminal import TERMINAL
 
     try:
         board.start()

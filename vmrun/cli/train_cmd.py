@@ -16,7 +16,6 @@ current directory):
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -179,8 +178,7 @@ def register(app: typer.Typer) -> None:
         accept_new_host_key: AcceptNewHostKey = None,
         slurm: dict[str, Any] | None = None,
     ) -> int:
-        from vmrun.cli.fetch_view import make_progress
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.train import DryRun, HostOptions, RunOptions, train
 
         run = RunOptions(
@@ -200,9 +198,6 @@ def register(app: typer.Typer) -> None:
             run, settings,
             local=local, hosts=hosts, resume=resume, cluster=cluster,
             slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach, verbose=verbose,
-            progress=lambda prefix, live: make_progress(
-                prefix=prefix, live=live and sys.stderr.isatty()
-            ),
             out=TERMINAL,
         )  # fmt: skip
         return show_dry_run(done) if isinstance(done, DryRun) else done

@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--list", help="List what vmrun made in the cloud (`vmrun clusters`)."),
         ] = False,
     ) -> int:
-        from vmrun.cli.output import Terminal
+        from vmrun.cli.terminal import Terminal
         from vmrun.operations.cloud import UpAsk, up
 
         if list_:

@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         refuse_with_cluster(cluster, host)
         settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         view = _View(interval, once, json_out, idle_threshold, idle_window)
-        from vmrun.cli.output import TERMINAL
+        from vmrun.cli.terminal import TERMINAL
 
         return _watch(settings, host, cluster, run, job, view, TERMINAL)
 

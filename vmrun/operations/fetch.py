@@ -6,7 +6,7 @@ paths come from the chosen hosts. Each round's per-host reports come back as a v
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +20,7 @@ from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.group import Group, Outcome
 from vmrun.ssh.inventory import HostEntry
-from vmrun.transfer.types import Progress, Report
+from vmrun.transfer.types import Report
 
 WATCH_SETTLE = 2.0  # --watch leaves files alone until they are this old (still being written)
 
@@ -74,17 +74,16 @@ class Fetched:
         return max(codes)
 
 
-MakeProgress = Callable[[bool], Progress]  # given `several`: what reports the transfers
 
 
-def fetch(job: FetchJob, out: Reporter = QUIET, progress: MakeProgress | None = None) -> Fetched:
+def fetch(job: FetchJob, out: Reporter = QUIET) -> Fetched:
     """One round (job.watch is not looked at)."""
-    (fetched,) = rounds(replace(job, watch=False), out, progress)
+    (fetched,) = rounds(replace(job, watch=False), out)
     return fetched
 
 
 def rounds(
-    job: FetchJob, out: Reporter = QUIET, progress: MakeProgress | None = None
+    job: FetchJob, out: Reporter = QUIET
 ) -> Iterator[Fetched]:
     """Round after round with job.watch (each `interval` apart, until Ctrl-C), else one.
     `progress` makes the transfers' Progress; one that is a context manager (a live view)
@@ -115,7 +114,7 @@ def rounds(
             run, where, ref = _the_run(group, run, backend)
             only = set(where)
         multi = job.all_hosts or len(only or entries) > 1
-        shown = progress(multi) if progress is not None else Progress()
+        shown = out.progress(several=multi, live=not job.watch)
 
         def work(entry: HostEntry, conn: Any) -> Report:
             specs = specs_for(

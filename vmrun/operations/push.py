@@ -23,8 +23,6 @@ from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.push import HostPush, check_sources, push_host
 from vmrun.transfer.types import Progress
 
-MakeProgress = Callable[[bool], Progress]
-
 
 @dataclass(frozen=True)
 class PushJob:
@@ -67,7 +65,7 @@ def destination(job: PushJob) -> str:
     return normalize_remote(job.to, base=workdir, where="the project's work directory")
 
 
-def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = None) -> Pushed:
+def push(job: PushJob, out: Reporter = QUIET) -> Pushed:
     """Every PATH onto every host. With several hosts and only folders to send, the data
     crosses from here once, to the nearest host (by round trip), and from there host to
     host, doubling the senders each round (vmrun.transfer.relay: a key for that transfer
@@ -77,11 +75,11 @@ def push(job: PushJob, out: Reporter = QUIET, progress: MakeProgress | None = No
     it from here, said in a line."""
     paths = check_sources(job.paths)
     if job.cluster:
-        return _to_cluster(job, paths, out, progress)
+        return _to_cluster(job, paths, out)
     dest = destination(job)
     entries = entries_for(job.hosts, job.settings)
     several = len(entries) > 1
-    shown = progress(several) if progress is not None else Progress()
+    shown = out.progress(several=several)
 
     clock = time.monotonic()
 
@@ -157,7 +155,7 @@ def reaches(conn: Connection, others: dict[str, tuple[str, int]]) -> set[str]:
 
 
 def _to_cluster(
-    job: PushJob, paths: list[Path], out: Reporter, progress: MakeProgress | None
+    job: PushJob, paths: list[Path], out: Reporter
 ) -> Pushed:
     """Once, through the login node, onto the cluster's shared filesystem: by default the
     folder its jobs run the project in (`<workdir>/<project's work directory>`), where a
@@ -170,7 +168,7 @@ def _to_cluster(
     if job.hosts:
         raise UsageError("-H and -C: push to hosts or to a cluster", code="flags-conflict")
     cluster = find_cluster(job.settings, job.cluster or "")
-    shown = progress(False) if progress is not None else Progress()
+    shown = out.progress()
     with Group([cluster.entry], job.settings) as group:
         conn = group.connections[cluster.entry.label]
         shared = SlurmBackend(conn, cluster).facts().workdir

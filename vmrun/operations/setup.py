@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vmrun.config import FLAGS, Settings
 from vmrun.errors import UsageError
-from vmrun.reporting import QUIET, Reporter
+from vmrun.reporting import QUIET, HostSteps, Reporter
 
 if TYPE_CHECKING:
     from vmrun.backends.slurm.setup import ClusterSetup
@@ -88,23 +87,6 @@ class SetupRequest:
         )
 
 
-class SetupWatch:
-    """Hears what each host is doing while setup works (calls come from one thread per
-    host): the CLI's live table is one. This one hears nothing."""
-
-    def watching(self, hosts: list[str]) -> AbstractContextManager[object]:
-        """Around the hosts' parallel work (not called on a cluster): a live view draws
-        while it lasts."""
-        return nullcontext()
-
-    def event(self, host: str, text: str) -> None:
-        """The host's step now ("connecting", a step's name, "done", "failed", ...)."""
-
-    def progress(self, host: str, text: str, notable: bool) -> None:
-        """A download's progress within the current step; `notable`: its end, or one line
-        every few seconds (what a log without a live view keeps)."""
-
-
 @dataclass(frozen=True)
 class SetUp:
     """What `setup` did. On hosts: each host's outcome (its HostReport, or its error) in the
@@ -137,7 +119,6 @@ class SetUp:
         return worst_exit_code(self.outcomes)
 
 
-QUIET_WATCH = SetupWatch()
 
 
 def setup(
@@ -148,21 +129,22 @@ def setup(
     cluster: str | None = None,
     gpus_per_node: int = 0,
     record: bool = True,
-    watch: SetupWatch = QUIET_WATCH,
+    out: Reporter = QUIET,
 ) -> SetUp:
     """Set up `hosts` (None or []: $VMRUN_HOSTS, else vmrun.toml's) in parallel, or the env
     on `cluster` (then checked on a compute node, asking `gpus_per_node` GPUs). Bad input
     raises before any connection; one host's failure is in the value; a cluster's failing
     step raises (a CommandFailed with the command's last lines). `record`: remember the hosts
-    that succeed in vmrun.toml with their interpreter (never on a dry run)."""
+    that succeed in vmrun.toml with their interpreter (never on a dry run). Each host's
+    steps go to `out.host_steps()`."""
     check_selection(settings, request, hosts, cluster)
     options = request.options(settings)
     if cluster:
-        return _on_cluster(settings, cluster, options, gpus_per_node, watch)
+        return _on_cluster(settings, cluster, options, gpus_per_node, out.host_steps())
     from vmrun.ssh.inventory import select_hosts
 
     entries = select_hosts(hosts, settings)
-    outcomes = _on_hosts(settings, entries, options, watch)
+    outcomes = _on_hosts(settings, entries, options, out.host_steps())
     done = SetUp(options, entries, outcomes)
     if record and not options.dry_run and done.succeeded:
         project = settings.project_dir or Path.cwd()
@@ -203,24 +185,24 @@ def check_selection(
 
 
 def _on_hosts(
-    settings: Settings, entries: list[HostEntry], options: SetupOptions, watch: SetupWatch
+    settings: Settings, entries: list[HostEntry], options: SetupOptions, steps: HostSteps
 ) -> list[Outcome[HostReport]]:
     from vmrun.setup.host_setup import HostSetup
     from vmrun.ssh.group import Group
 
     def work(entry: HostEntry, conn: Any) -> HostReport:
         try:
-            return HostSetup(conn, options, watch.event, watch.progress).run()
+            return HostSetup(conn, options, steps).run()
         except BaseException:
-            watch.event(entry.label, "failed")
+            steps.event(entry.label, "failed")
             raise
 
-    with Group(entries, settings) as group, watch.watching([e.label for e in entries]):
+    with Group(entries, settings) as group, steps.watching([e.label for e in entries]):
         return group.map(work)
 
 
 def _on_cluster(
-    settings: Settings, name: str, options: SetupOptions, gpus_per_node: int, watch: SetupWatch
+    settings: Settings, name: str, options: SetupOptions, gpus_per_node: int, steps: HostSteps
 ) -> SetUp:
     """The env on the cluster's shared filesystem, built on its login node and checked on a
     compute node (vmrun.backends.slurm.setup)."""
@@ -234,8 +216,7 @@ def _on_cluster(
         name,
         options,
         gpus_per_node=gpus_per_node,
-        on_event=watch.event,
-        on_progress=watch.progress,
+        steps=steps,
     )
     return SetUp(options, cluster=name, on_cluster=done, seconds=time.monotonic() - started)
 

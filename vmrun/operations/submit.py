@@ -15,7 +15,6 @@ from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings, load_settings
 from vmrun.errors import UsageError
 from vmrun.reporting import QUIET, Reporter
-from vmrun.transfer.types import Progress
 
 
 @dataclass
@@ -70,7 +69,6 @@ def submit(
     slurm: SlurmOptions | None = None,
     dry_run: bool = False,
     detach: bool = False,
-    progress: Progress | None = None,
     out: Reporter = QUIET,
 ) -> int | SubmitDryRun:
     """Submit `what` to `cluster` and follow the job to its end (its exit code; a failure
@@ -110,7 +108,7 @@ def submit(
                 env_file=f"{job.record_dir}/env",
                 data=[f"{p} -> {data_dest(where, job.code_dir)}/{p.name}" for p, where in data],
             )
-        ref = own_script.start(backend, job, project, out, progress, data)
+        ref = own_script.start(backend, job, project, out, out.progress(), data)
         if detach:
             rid = ref.run_id
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"

@@ -19,7 +19,7 @@ from vmrun.config import Settings, load_settings
 from vmrun.errors import UsageError
 from vmrun.operations import refusals
 from vmrun.operations.sweep_run import SweepJob, SweepOutcome, run_sweep
-from vmrun.operations.train import MakeProgress, RunOptions, no_progress
+from vmrun.operations.train import RunOptions
 from vmrun.reporting import QUIET, Reporter
 
 GRID_FLAGS = {"cpus_per_task": "--cpus-per-task", "gpus_per_node": "--gpus-per-node",
@@ -58,7 +58,6 @@ def sweep(
     cluster: str | None = None,
     slurm: SlurmOptions | None = None,
     verbose: bool = False,
-    progress: MakeProgress = no_progress,
     out: Reporter = QUIET,
 ) -> SweepOutcome:
     """Plan the sweep (or load `resume`'s record) and run every size not done yet. Of `run`,
@@ -87,8 +86,7 @@ def sweep(
         parts = _new(given, grid, env, _where(local, hosts, cluster), axes, gpus, settings)
         parts["sweep"].options["slurm"] = slurm.given()  # a resumed sweep asks Slurm the same
     recorded = SlurmOptions.from_record(parts["sweep"].options.get("slurm") or {})
-    job = SweepJob(**parts, settings=settings, slurm=recorded, verbose=verbose,
-                   progress=progress, out=out)  # fmt: skip
+    job = SweepJob(**parts, settings=settings, slurm=recorded, verbose=verbose, out=out)
     _check_hosts(job)
     return run_sweep(job)
 

@@ -25,7 +25,6 @@ from vmrun.errors import (
     VmrunError,
     run_failed,
 )
-from vmrun.operations.train import MakeProgress, no_progress
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
@@ -45,7 +44,6 @@ class SweepJob:
     slurm: SlurmOptions = field(default_factory=SlurmOptions)  # a size's own go over these
     verbose: bool = False
     plans: dict[str, Plan] | None = None  # by label: a point's own plan (its lr, -e values)
-    progress: MakeProgress = no_progress
     out: Reporter = QUIET
 
 
@@ -163,7 +161,7 @@ def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
         detach=False,
         out=job.out,
         fetch_every=FINAL_FETCH_ONLY,
-        progress=job.progress(size.nodes > 1, True),
+        progress=job.out.progress(several=size.nodes > 1),
         verbose=job.verbose,
         on_start=lambda ref: started(ref.run_id),
     )
@@ -195,7 +193,7 @@ def _on_cluster(job: SweepJob, size: Size) -> None:
         plan.launcher,
     )
     with open_backend(job.settings, cluster=name, spec=spec) as backend:
-        ref = backend.start(plan, StartOptions(), out, job.progress(False, False))
+        ref = backend.start(plan, StartOptions(), out, out.progress(live=False))
         _started(job, size)(ref.run_id)
         try:
             code = backend.follow(ref, out, verbose=job.verbose)

@@ -9,7 +9,6 @@ run's record, and hands the plan to the backend's flow.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -19,21 +18,11 @@ from vmrun.errors import UsageError
 from vmrun.operations import refusals
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
-from vmrun.transfer.types import Progress
 
 if TYPE_CHECKING:
     from vmrun.backends.api import StartOptions
     from vmrun.backends.hosts.node_launch import Placement
     from vmrun.backends.slurm.backend import SlurmBackend
-
-# How the caller draws transfer progress: (prefix lines with the host, may draw live) ->
-# a Progress, or None for none (the default: a library caller sees no progress).
-MakeProgress = Callable[[bool, bool], Progress | None]
-
-
-def no_progress(prefix: bool, live: bool) -> Progress | None:
-    return None
-
 
 # where a RunOptions field's flag is not its name with dashes
 _FLAG_NAMES = {"script": "SCRIPT", "script_args": "-- SCRIPT_ARGS", "mounts": "--mount"}
@@ -136,7 +125,6 @@ def train(
     dry_run: bool = False,
     detach: bool = False,
     verbose: bool = False,
-    progress: MakeProgress = no_progress,
     out: Reporter = QUIET,
 ) -> int | DryRun:
     """Train `run` on this machine (`local`), a Slurm `cluster`, or SSH hosts (the default);
@@ -153,7 +141,7 @@ def train(
     plan = run.plan(nproc_per_node=None if cluster else run.nproc_per_node, settings=settings)
     if cluster:
         return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
-                           detach=detach, verbose=verbose, progress=progress, out=out)  # fmt: skip
+                           detach=detach, verbose=verbose, out=out)  # fmt: skip
     if hosts.fetch_every is not None and hosts.fetch_every <= 0:
         raise UsageError(
             "--fetch-every needs seconds > 0 and a run that vmrun follows"
@@ -176,7 +164,7 @@ def train(
                        fresh=hosts.fresh, down_after_run=hosts.down_after_run,
                        notify=notify or None)  # fmt: skip
     return _on_hosts(plan, hosts, settings, how, Placement(wiring), detach=detach,
-                     verbose=verbose, progress=progress, out=out)  # fmt: skip
+                     verbose=verbose, out=out)  # fmt: skip
 
 
 def _on_cluster(
@@ -189,7 +177,6 @@ def _on_cluster(
     dry_run: bool,
     detach: bool,
     verbose: bool,
-    progress: MakeProgress,
     out: Reporter,
 ) -> int | DryRun:
     """Submit through the cluster's login node, then follow the job (or leave it, detach)."""
@@ -206,7 +193,7 @@ def _on_cluster(
     with cluster_backend(settings, name, spec) as backend:
         if dry_run:
             return _dry_run(backend, plan)
-        ref = backend.start(plan, StartOptions(notify=notify), out, progress(False, True))
+        ref = backend.start(plan, StartOptions(notify=notify), out, out.progress())
         if detach:
             rid = ref.run_id
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
@@ -269,7 +256,6 @@ def _on_hosts(
     *,
     detach: bool,
     verbose: bool,
-    progress: MakeProgress,
     out: Reporter,
 ) -> int:
     """Open the hosts once; for --resume, find the run there (one listing per host) and take
@@ -305,7 +291,7 @@ def _on_hosts(
             how=how,
             place=place,
             fetch_every=hosts.fetch_every,
-            progress=progress(len(entries) > 1, True),
+            progress=out.progress(several=len(entries) > 1),
             group=group,
             verbose=verbose,
         )

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from vmrun import hostside, remote_paths
 from vmrun.errors import RemoteError
+from vmrun.reporting import HostSteps
 from vmrun.setup import facts as facts_mod
 from vmrun.setup.environment import environment, python_path
 from vmrun.setup.execution import StepRunner
@@ -22,9 +23,7 @@ from vmrun.setup.planning import Plan, PlanInputs, dry_run_report, make_plan
 from vmrun.setup.playbook import Step
 from vmrun.setup.reboot import reboot
 from vmrun.setup.report import (
-    EventCallback,
     HostReport,
-    ProgressCallback,
     SetupOptions,
     StepOutcome,
     StepStatus,
@@ -44,12 +43,11 @@ class HostSetup:
         self,
         conn: Connection,
         options: SetupOptions,
-        on_event: EventCallback | None = None,
-        on_progress: ProgressCallback | None = None,
+        steps: HostSteps | None = None,
     ):
         self.conn = conn
         self.opts = options
-        self.log = HostLog(conn.label, options.log_dir, on_event, on_progress)
+        self.log = HostLog(conn.label, options.log_dir, steps)
         self.run_token = f"{time.time_ns()}"  # `apt-get update` once per run (setup_apt.sh)
         self.report: HostReport | None = None
         self.runner = StepRunner(conn, self.log, self._reboot)

@@ -6,8 +6,8 @@ import re
 import time
 from pathlib import Path
 
+from vmrun.reporting import HostSteps
 from vmrun.setup.progress import Progress
-from vmrun.setup.report import EventCallback, ProgressCallback
 
 PROGRESS_EVERY = 10.0  # seconds between the download progress lines of the log
 
@@ -19,12 +19,10 @@ class HostLog:
         self,
         label: str,
         log_dir: Path | None,
-        on_event: EventCallback | None = None,
-        on_progress: ProgressCallback | None = None,
+        steps: HostSteps | None = None,
     ):
         self.label = label
-        self.on_event = on_event or (lambda host, text: None)
-        self.on_progress = on_progress or (lambda host, text, notable: None)
+        self.steps = steps or HostSteps()
         self._progress_said = (time.monotonic(), "")  # when the log last had one, and which
         self.path: Path | None = None
         if log_dir is not None:
@@ -41,7 +39,7 @@ class HostLog:
         """A change of what the host is doing: logged with the time, and shown live."""
         self.write(f"== {time.strftime('%H:%M:%S')} {text}")
         self._progress_said = (time.monotonic(), "")
-        self.on_event(self.label, text)
+        self.steps.event(self.label, text)
 
     def progress(self, progress: Progress) -> None:
         """A download's progress: shown live each time, and logged when it ends and every
@@ -52,4 +50,4 @@ class HostLog:
         if notable:
             self.write(f".. {time.strftime('%H:%M:%S')} {text}")
             self._progress_said = (now, text)
-        self.on_progress(self.label, text, notable)
+        self.steps.progress(self.label, text, notable)

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmrun.compat import StrEnum
 from vmrun.setup.facts import Facts
 from vmrun.setup.playbook import Playbook
-
-EventCallback = Callable[[str, str], None]  # (host label, what it is doing now)
-# (host label, a download's progress, whether it is notable: a download's end, or the first
-# line in PROGRESS_EVERY seconds; the log and plain output show only those)
-ProgressCallback = Callable[[str, str, bool], None]
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vmrun.errors import Interrupted, UsageError
+from vmrun.reporting import Progress as Progress  # the transfers' own name for it
 
 BIG_TRANSFER = 128 << 20  # from here on OpenSSH's client pays for its own handshake
 
@@ -86,21 +87,6 @@ def env_tuning() -> tuple[str, int]:
     if not streams.isdigit() or not 0 <= int(streams) <= 64:
         raise UsageError("VMRUN_TRANSFER_STREAMS must be a number of streams from 0 to 64")
     return engine, int(streams)
-
-
-class Progress:
-    """Callbacks from the engine (all no-ops here); called from one thread per host."""
-
-    def begin(self, host: str, files: int, nbytes: int, via: str = "") -> None:
-        """A transfer to (or from) `host` starts; `via`: the host it comes from, when not here."""
-
-    def file_begin(self, host: str, path: str, size: int, offset: int) -> None: ...
-    def advance(self, host: str, nbytes: int) -> None: ...
-    def file_end(self, host: str, path: str, ok: bool) -> None: ...
-    def warn(self, host: str, text: str) -> None: ...
-    def step(self, host: str, what: str, done: int, total: int | None) -> None:
-        """A step before the transfer that is not one (an image pull): `done` of `total`
-        bytes (None: not known yet)."""
 
 
 @dataclass

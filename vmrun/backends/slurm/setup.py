@@ -31,7 +31,8 @@ from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.job import gpu_option
 from vmrun.config import Settings
 from vmrun.errors import RemoteError
-from vmrun.setup.report import EventCallback, HostReport, ProgressCallback, SetupOptions
+from vmrun.reporting import HostSteps
+from vmrun.setup.report import HostReport, SetupOptions
 from vmrun.ssh.quoting import quote
 
 CHECK_TIMEOUT_S = 300.0  # the srun check: a short job, but it may wait for a free node
@@ -72,8 +73,7 @@ def setup_cluster(
     options: SetupOptions,
     *,
     gpus_per_node: int = 0,
-    on_event: EventCallback | None = None,
-    on_progress: ProgressCallback | None = None,
+    steps: HostSteps | None = None,
 ) -> ClusterSetup:
     """Set up the env on cluster `name` (one connection to its login node), then check it on
     a compute node; a failing step or check raises a VmrunError."""
@@ -83,12 +83,12 @@ def setup_cluster(
     with cluster_backend(settings, name) as backend:
         workdir = backend.facts().workdir
         opts = replace(options, cluster=True, root=workdir)
-        report = HostSetup(backend.conn, opts, on_event, on_progress).run()
+        steps = steps or HostSteps()
+        report = HostSetup(backend.conn, opts, steps).run()
         report.host = name
         if options.dry_run:
             return ClusterSetup(report, workdir, None)
-        if on_event is not None:
-            on_event(name, "checking the env on a compute node (srun)")
+        steps.event(name, "checking the env on a compute node (srun)")
         check = check_on_compute_node(backend, report.python, gpus_per_node)
         return ClusterSetup(report, workdir, check)
 
