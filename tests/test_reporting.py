@@ -70,6 +70,29 @@ def test_the_library_never_writes_to_the_terminal_itself() -> None:
     assert not stray, f"say it through `out: Reporter` (vmrun.reporting): {stray}"
 
 
+def test_the_cli_writes_one_way() -> None:
+    """In cli/, only output.py writes (say, show, info_line, warn_line, error_line) or makes
+    a rich Console (make_console): no typer.echo, print, sys.std* writes or Console() of
+    a command's own. A live view may print through the console it was given."""
+    stray = []
+    for rel, tree in _trees(()):
+        if not rel.startswith("cli/") or rel == "cli/output.py":
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            owner = getattr(getattr(func, "value", None), "id", None)
+            if (
+                (name in ("print", "Console") and isinstance(func, ast.Name))
+                or (name == "echo" and owner == "typer")
+                or (name == "write" and getattr(func.value, "attr", None) in ("stdout", "stderr"))
+            ):
+                stray.append(f"{rel}:{node.lineno} {name}")
+    assert not stray, f"write through vmrun.cli.output: {stray}"
+
+
 @pytest.fixture
 def one_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HostsBackend:
     """A hosts backend on a fake group of one host, accA, whose run r1 prints two ranks'

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from vmrun import __version__
+from vmrun.cli.output import say
 
 # Every command: its name, its module, and the line `vmrun --help` shows for it, in the
 # order listed there (tests check that each module registers exactly this name).
@@ -47,7 +48,7 @@ _ROOT_FLAGS = {"--debug", "--version", "-V", "--help", "-h"}
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"vmrun {__version__}")
+        say(f"vmrun {__version__}")
         raise typer.Exit()
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.output import say
 from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def render_applied(applied: Applied) -> int:
     from vmrun.cli.output import error_line, report
 
     for label in applied.off:
-        typer.echo(f'{label}: autostop is off for it (autostop = "off"); left as it is')
+        say(f'{label}: autostop is off for it (autostop = "off"); left as it is')
     if applied.refused:
         for failed in applied.checked:
             if failed.error is not None:
@@ -107,7 +108,7 @@ def render_applied(applied: Applied) -> int:
         elif outcome.value is not None:
             said = _installed(outcome.value)
             cfg = applied.configs[outcome.host]
-            typer.echo(f"{outcome.host}: autostop {cfg.describe()}; {said}")
+            say(f"{outcome.host}: autostop {cfg.describe()}; {said}")
     return applied.exit_code
 
 
@@ -158,12 +159,12 @@ def _cancel(entries: Sequence[HostEntry], settings: Settings) -> int:
         if outcome.error is not None:
             report(outcome.error)
         elif done is not None and not (done.removed or done.killed):
-            typer.echo(f"{done.host}: autostop was not installed; nothing to remove")
+            say(f"{done.host}: autostop was not installed; nothing to remove")
         elif done is not None:
             pids = ", ".join(map(str, done.killed))
             stopped = [f"watchdog pid {pids} stopped"] if done.killed else []
             said = ", ".join([*stopped, *(f"{what} removed" for what in done.removed)])
-            typer.echo(f"{done.host}: autostop removed: {said}")
+            say(f"{done.host}: autostop removed: {said}")
     return cancelled.exit_code
 
 
@@ -175,4 +176,4 @@ def _table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
         return
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for row in (headers, *rows):
-        typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        say("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

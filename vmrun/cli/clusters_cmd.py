@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from vmrun.cli.options import settings_from
+from vmrun.cli.output import say
 from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -77,13 +78,13 @@ def render(found: Listing, *, as_json: bool, now: datetime | None = None) -> int
 
     now = now or datetime.now(timezone.utc)
     if as_json:
-        sys.stdout.write(json.dumps(to_json(found, now), indent=1) + "\n")
+        say(json.dumps(to_json(found, now), indent=1))
         sys.stdout.flush()
         return found.exit_code
     if found.resources:
         _table(rows(found, now))
         for line in closing(found):
-            typer.echo(line)
+            say(line)
     else:
         TERMINAL.info(f"nothing vmrun made in {', '.join(found.regions) or 'no region'}")
     for gap in found.gaps:
@@ -178,4 +179,4 @@ def to_json(found: Listing, now: datetime) -> dict[str, Any]:
 def _table(table: list[tuple[str, ...]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(HEADERS)]
     for row in (HEADERS, *table):
-        typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        say("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from vmrun.cli.output import say
+
 
 def register(app: typer.Typer) -> None:
     @app.command("config", help="Show the resolved settings and where each one came from.")
@@ -17,10 +19,10 @@ def register(app: typer.Typer) -> None:
         from vmrun.config import FIELDS, load_settings, user_config_path
 
         settings = load_settings()
-        typer.echo("# defaults < user config < project vmrun.toml < VMRUN_* < flags")
-        typer.echo(f"# user config: {user_config_path()}")
+        say("# defaults < user config < project vmrun.toml < VMRUN_* < flags")
+        say(f"# user config: {user_config_path()}")
         project = settings.project_dir / "vmrun.toml" if settings.project_dir else "(none)"
-        typer.echo(f"# project file: {project}")
+        say(f"# project file: {project}")
         for name, fld in FIELDS.items():
             value = getattr(settings, name)
             if name == "notify":  # the URLs hold tokens: shown as scheme and host only
@@ -28,5 +30,5 @@ def register(app: typer.Typer) -> None:
 
                 value = [redact(url) for url in value]
             shown = tomlkit.item(str(value) if isinstance(value, Path) else value).as_string()
-            typer.echo(f"{name} = {shown}    # {settings.sources[name]}; env {fld.env}; {fld.doc}")
+            say(f"{name} = {shown}    # {settings.sources[name]}; env {fld.env}; {fld.doc}")
         return 0

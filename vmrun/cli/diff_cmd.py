@@ -3,7 +3,6 @@ prints the same."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,6 +16,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import say
 
 if TYPE_CHECKING:
     from vmrun.config import Settings
@@ -85,6 +85,6 @@ def show_diffs(
     )
     if as_json:
         data = {"runs": [r.run_id for r in found], "diffs": [d.to_json() for d in diffs]}
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        say(json.dumps(data, indent=2))
         return
-    sys.stdout.write("\n".join(render_text(d) for d in diffs))
+    say("\n".join(render_text(d) for d in diffs), end="")

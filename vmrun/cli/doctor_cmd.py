@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.output import say
 
 _COLOURS = {"ok": "32", "warn": "33", "fail": "31", "skip": "2"}
 
@@ -65,7 +66,7 @@ def register(app: typer.Typer) -> None:
             verdict = check.verdict.upper()
             if colour:
                 verdict = f"\033[{_COLOURS[check.verdict]}m{verdict:<4}\033[0m"
-            typer.echo(f"{check.name:<10} {check.where:<{width}} {verdict:<4}  {check.detail}")
+            say(f"{check.name:<10} {check.where:<{width}} {verdict:<4}  {check.detail}")
 
         from pathlib import Path
 
@@ -83,5 +84,5 @@ def register(app: typer.Typer) -> None:
         failed = [c for c in checks if c.verdict == "fail"]
         warned = [c for c in checks if c.verdict == "warn"]
         summary = f"{len(failed)} failed, {len(warned)} warning(s), {len(checks)} checks"
-        typer.echo(summary, err=True)
+        say(summary, err=True)
         return 1 if failed else 0

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import settings_from
+from vmrun.cli.output import say
 
 
 def register(app: typer.Typer) -> None:
@@ -35,21 +36,21 @@ def register(app: typer.Typer) -> None:
         removed = done.removed
         if done.stopped:
             count = len(removed.instances) if removed else 0
-            typer.echo(f"{name}: {count} instance(s) stopped in {done.region}")
+            say(f"{name}: {count} instance(s) stopped in {done.region}")
             cost = f" (about ${done.disk_gb * GP3_GB_MONTH:.0f}/month)" if done.disk_gb else ""
-            typer.echo(
+            say(
                 f"their disks are kept and billed{cost}; `vmrun up {name}` starts them again,"
                 f" `vmrun down {name}` ends them"
             )
             return 0
         if removed is None or not (removed.instances or removed.security_groups):
-            typer.echo(f"{name}: nothing of it in {done.region}")
+            say(f"{name}: nothing of it in {done.region}")
             return 0
-        typer.echo(
+        say(
             f"{name}: terminated {len(removed.instances)} instance(s), deleted"
             f" {len(removed.security_groups)} security group(s) and"
             f" {len(removed.placement_groups)} placement group(s) in {done.region}"
         )
         if done.forgotten:
-            typer.echo(f"removed from vmrun.toml: {', '.join(done.forgotten)}")
+            say(f"removed from vmrun.toml: {', '.join(done.forgotten)}")
         return 0

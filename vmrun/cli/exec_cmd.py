@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.output import say
 
 
 def register(app: typer.Typer) -> None:
@@ -74,7 +75,7 @@ def register(app: typer.Typer) -> None:
             command, settings, entries, env=env_map, cwd=cwd, timeout=timeout, on_output=writer.line
         )
         if as_json:
-            typer.echo(ran.to_json())
+            say(ran.to_json())
             return ran.exit_code
         for failed in ran.failures:
             if failed.error is not None:

@@ -18,6 +18,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import say
 from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def _report(outcomes: list[Outcome[Report]], *, prefix: bool, quiet: bool) -> No
         assert rep is not None
         busy = rep.fetched or rep.failed or rep.missing or rep.replaced
         if not quiet or busy:
-            print(summary(rep, prefix=prefix), flush=True)
+            say(summary(rep, prefix=prefix))
         if not quiet:
             for text in rep.skipped:
                 TERMINAL.warn(f"{rep.host}: skipped {text}")

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from vmrun.cli.output import say
 from vmrun.transfer.types import Progress, Report
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class PlainProgress(Progress):
             size = self.sizes.pop((host, path), None)
         if size is not None and ok:
             head = f"[{host}] " if self.prefix else ""
-            sys.stderr.write(f"{head}{path} ({human_bytes(size)}) verified\n")
+            say(f"{head}{path} ({human_bytes(size)}) verified", err=True)
             sys.stderr.flush()
 
     def warn(self, host: str, text: str) -> None:

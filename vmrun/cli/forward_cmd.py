@@ -16,6 +16,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import say
 from vmrun.errors import UsageError
 
 PortArg = Annotated[str, typer.Argument(metavar="[LOCAL:]PORT", show_default=False)]
@@ -84,7 +85,7 @@ def register(app: typer.Typer) -> None:
                     TERMINAL.info(moved)
                 if not fwd.probe():
                     TERMINAL.info(f"nothing answers at {fwd.where} yet; forwarding anyway")
-                print(f"http://127.0.0.1:{fwd.port}/", flush=True)
+                say(f"http://127.0.0.1:{fwd.port}/")
                 TERMINAL.info(f"forwarding to {fwd.where}; Ctrl-C to stop")
                 fwd.wait()
             except KeyboardInterrupt:

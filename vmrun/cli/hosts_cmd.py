@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.output import say
 
 
 def register(app: typer.Typer) -> None:
@@ -26,12 +27,12 @@ def register(app: typer.Typer) -> None:
         if not check:
             for entry in entries:
                 groups = f"  groups={','.join(entry.groups)}" if entry.groups else ""
-                typer.echo(f"{entry.label}  {entry.spec.label}{groups}")
+                say(f"{entry.label}  {entry.spec.label}{groups}")
             return 0
         from vmrun.operations.hostlist import check as check_hosts
 
         def answered(label: str, seconds: float) -> None:
-            typer.echo(f"{label}  ok  {seconds * 1000:.0f} ms")  # as each answers
+            say(f"{label}  ok  {seconds * 1000:.0f} ms")  # as each answers
 
         outcomes, code = check_hosts(settings, entries, answered)
         failed = [o for o in outcomes if o.error is not None]

@@ -9,6 +9,7 @@ import os
 import sys
 
 from vmrun import __version__
+from vmrun.cli.output import say
 
 
 def _debug_requested(argv: list[str]) -> bool:
@@ -25,7 +26,7 @@ def _debug_requested(argv: list[str]) -> bool:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["--version"], ["-V"]):
-        print(f"vmrun {__version__}")
+        say(f"vmrun {__version__}")
         sys.exit(0)
     sys.exit(run(args))
 

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from vmrun.cli.output import say
+
 
 def register(app: typer.Typer) -> None:
     @app.command(
@@ -37,11 +39,11 @@ def register(app: typer.Typer) -> None:
         if not test:
             for target in found:
                 where = "from the hosts and here" if target.webhook else "from this machine only"
-                typer.echo(f"{target.shown}  ({where})")
+                say(f"{target.shown}  ({where})")
             return 0
         sent = notify.test(found)
         for shown in sent.ok:
-            typer.echo(f"sent: {shown}")
+            say(f"sent: {shown}")
         for shown, why in sent.failed:
             TERMINAL.warn(f"not sent: {shown}: {why}")
         if sent.failed:

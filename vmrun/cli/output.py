@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEBUG = False  # set by main() for --debug / VMRUN_DEBUG
 
@@ -62,6 +65,22 @@ def unreached(ref: Any, undone: str) -> int:
         )
         code = max(code, exit_code_for(error))
     return code
+
+
+def say(text: object = "", *, err: bool = False, end: str = "\n") -> None:
+    """A line of a command's own result: to stdout (`err`: stderr, as with --json, where
+    stdout holds the document alone), written whole and flushed. With `show`, `info_line`,
+    `warn_line`, `error_line` and `make_console`, the only ways the CLI writes."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(f"{text}{end}")
+    stream.flush()
+
+
+def make_console(*, err: bool = False, **options: Any) -> Console:
+    """A rich Console for a table or a live view (rich is imported only here, when drawn)."""
+    from rich.console import Console
+
+    return Console(stderr=err, **options)
 
 
 def show(data: bytes) -> None:

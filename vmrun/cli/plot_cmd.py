@@ -17,6 +17,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import make_console
 from vmrun.errors import UsageError
 
 
@@ -124,12 +125,11 @@ def _check_output(output: Path) -> None:
 
 
 def _draw(runs: list, metric: str, x: str) -> None:
-    from rich.console import Console
 
     from vmrun.cli.plot_term import render
     from vmrun.results import plotting
 
-    console = Console()
+    console = make_console()
     looks = plotting.COLOURS * (len(runs) // len(plotting.COLOURS) + 1)
     text = render(
         [plotting.series(r, metric, x) for r in runs],

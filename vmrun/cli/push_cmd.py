@@ -17,6 +17,7 @@ from vmrun.cli.options import (
     Parallel,
     settings_from,
 )
+from vmrun.cli.output import say
 
 if TYPE_CHECKING:
     from vmrun.operations.push import Pushed
@@ -95,7 +96,7 @@ def register(app: typer.Typer) -> None:
         )
         done = push(job, Terminal(json=as_json))
         if as_json:
-            print(json.dumps(to_json(done), indent=2))
+            say(json.dumps(to_json(done), indent=2))
         else:
             render(done)
         return done.exit_code
@@ -115,7 +116,7 @@ def render(done: Pushed) -> None:
         if done.dry_run:
             for plan in pushed.planned:
                 gone = f"; --delete would remove {len(plan.extra)}" if done.delete else ""
-                print(
+                say(
                     f"{head}{plan.local} -> {plan.remote}: would send {plan.to_send} of"
                     f" {plan.files} files ({human_bytes(plan.bytes_to_send)} of"
                     f" {human_bytes(plan.nbytes)}){gone}"
@@ -124,12 +125,12 @@ def render(done: Pushed) -> None:
         via = f" (from {pushed.via}, host to host)" if pushed.via else ""
         for rep, plan in zip(pushed.reports, pushed.planned, strict=False):
             line = summary(rep, prefix=False).replace("fetched", "sent", 1)
-            print(f"{head}{plan.local} -> {plan.remote}: {line}{via}", flush=True)
+            say(f"{head}{plan.local} -> {plan.remote}: {line}{via}")
             for path, why in rep.failed.items():
                 code = "checksum-mismatch" if path in rep.mismatched else "transfer-failed"
                 error_line(f"{pushed.host}: {path}: {why}", code=code)
         if pushed.deleted:
-            print(f"{head}removed {len(pushed.deleted)} file(s) not here (--delete)")
+            say(f"{head}removed {len(pushed.deleted)} file(s) not here (--delete)")
 
 
 def to_json(done: Pushed) -> dict[str, Any]:

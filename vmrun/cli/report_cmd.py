@@ -16,6 +16,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import make_console, say
 from vmrun.errors import UsageError
 
 
@@ -82,13 +83,13 @@ def register(app: typer.Typer) -> None:
             )
         except UsageError:
             if as_json and left_out:  # every run named was left out: the JSON says why
-                sys.stdout.write(rows_json([], left_out) + "\n")
+                say(rows_json([], left_out))
             raise
         rows = report_rows(histories)
         if as_json:
-            sys.stdout.write(rows_json(rows, left_out) + "\n")
+            say(rows_json(rows, left_out))
         elif markdown:
-            sys.stdout.write(render_markdown(rows))
+            say(render_markdown(rows), end="")
         else:
             show_table(rows)
         return 0
@@ -102,7 +103,6 @@ def show_table(rows: list) -> None:
     table = [cells(r, keys) for r in rows]
     note = baseline_note(rows)
     if sys.stdout.isatty():
-        from rich.console import Console
         from rich.table import Table
 
         view = Table(box=None, header_style="bold")
@@ -110,7 +110,7 @@ def show_table(rows: list) -> None:
             view.add_column(header, justify="right" if i in numeric else "left")
         for row in table:
             view.add_row(*row)
-        console = Console()
+        console = make_console()
         console.print(view)
         if note:
             console.print(note, style="dim", highlight=False)
@@ -121,6 +121,6 @@ def show_table(rows: list) -> None:
             v.rjust(w) if i in numeric else v.ljust(w)
             for i, (v, w) in enumerate(zip(row, widths, strict=True))
         )
-        sys.stdout.write(text.rstrip() + "\n")
+        say(text.rstrip())
     if note:
-        sys.stdout.write(f"\n{note}\n")
+        say(f"\n{note}")

@@ -17,6 +17,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import say
 from vmrun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ def register(app: typer.Typer) -> None:
             from vmrun.setup import playbook as playbook_mod
 
             book = playbook_mod.load(playbook)
-            typer.echo(Path(book.source).read_text(encoding="utf-8"), nl=False)
+            say(Path(book.source).read_text(encoding="utf-8"), end="")
             return 0
         targets = [*(hosts or []), *(host or [])]
         refuse_with_cluster(cluster, targets)

@@ -3,7 +3,6 @@ host's plan or summary; a cluster's env (`-C NAME`) as plain lines."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,9 +10,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import typer
-
-from vmrun.cli.output import error_line, report, warn_line
+from vmrun.cli.output import error_line, report, say, warn_line
 from vmrun.errors import CommandFailed
 from vmrun.operations.setup import SetUp
 from vmrun.reporting import HostSteps
@@ -66,7 +63,7 @@ class _Status:
             if text in self.FINAL:
                 self.ended[host] = now
         if not self.live:
-            typer.echo(f"[{host}] {text}", err=self.to_stderr)
+            say(f"[{host}] {text}", err=self.to_stderr)
 
     def progress(self, host: str, text: str, notable: bool) -> None:
         """A download's progress, on the host's row until its step ends; without a terminal,
@@ -76,7 +73,7 @@ class _Status:
                 return
             self.download[host] = text
         if not self.live and notable:
-            typer.echo(f"[{host}] {text}", err=self.to_stderr)
+            say(f"[{host}] {text}", err=self.to_stderr)
 
     def rows(self) -> list[tuple[str, str, float, float]]:
         """(host, now, seconds on the current step, seconds since the host started)."""
@@ -155,13 +152,13 @@ class Watch(HostSteps):
         if self.status is not None:
             self.status.event(host, text)
         else:
-            typer.echo(f"[{host}] {text}")
+            say(f"[{host}] {text}")
 
     def progress(self, host: str, text: str, notable: bool) -> None:
         if self.status is not None:
             self.status.progress(host, text, notable)
         elif notable:
-            typer.echo(f"[{host}] {text}")
+            say(f"[{host}] {text}")
 
 
 @contextmanager
@@ -222,7 +219,7 @@ def render_json(done: SetUp) -> int:
             item["rebooted"] = outcome.value.rebooted
         hosts.append(item)
     document = {"hosts": hosts, "failed": done.failed, "dry_run": done.options.dry_run}
-    typer.echo(json.dumps(document, indent=2))
+    say(json.dumps(document, indent=2))
     return done.exit_code
 
 
@@ -231,15 +228,13 @@ def render_cluster(done: SetUp) -> int:
     assert done.on_cluster is not None and done.cluster is not None
     if done.options.dry_run:
         _print_plan(done.on_cluster.report)
-        typer.echo("  then: the env's python checked on a compute node (srun)")
+        say("  then: the env's python checked on a compute node (srun)")
         return 0
     _print_summary(done.on_cluster.report, done.seconds, done.options.params)
     if not done.on_cluster.report.ran:
-        typer.echo(
-            f"  {done.cluster}: nothing changed (the env in {done.on_cluster.workdir} was ready)"
-        )
+        say(f"  {done.cluster}: nothing changed (the env in {done.on_cluster.workdir} was ready)")
     assert done.on_cluster.check is not None
-    typer.echo(f"  {done.on_cluster.check.line()}")
+    say(f"  {done.on_cluster.check.line()}")
     return 0
 
 
@@ -247,7 +242,7 @@ def cluster_failed(exc: CommandFailed) -> int:
     """A cluster's step failed: its error, and the failed command's last lines say why."""
     report(exc)
     for line in exc.output_tail.splitlines()[-8:]:
-        sys.stderr.write(f"    {line}\n")
+        say(f"    {line}", err=True)
     return 1
 
 
@@ -258,7 +253,7 @@ def _print_outcome(outcome: Outcome[HostReport], options: SetupOptions) -> None:
         report(outcome.error)
         if isinstance(outcome.error, CommandFailed) and outcome.error.output_tail:
             for line in outcome.error.output_tail.splitlines()[-8:]:
-                sys.stderr.write(f"    {line}\n")
+                say(f"    {line}", err=True)
         return
     host_report = outcome.value
     assert host_report is not None
@@ -270,10 +265,10 @@ def _print_outcome(outcome: Outcome[HostReport], options: SetupOptions) -> None:
 
 def _print_recorded(done: Recorded, where: Path) -> None:
     if done.added:
-        typer.echo(f"recorded {len(done.added)} host(s) in {where}")
+        say(f"recorded {len(done.added)} host(s) in {where}")
     if done.updated:
         labels = ", ".join(e.label for e in done.updated)
-        typer.echo(f"updated the python of {labels} in {where}")
+        say(f"updated the python of {labels} in {where}")
     for line in done.not_applied:
         warn_line(f"{line}; make that change by hand")
 
@@ -281,18 +276,16 @@ def _print_recorded(done: Recorded, where: Path) -> None:
 def _print_plan(host_report: HostReport) -> None:
     facts = host_report.facts
     gpu = f"{facts.gpus} NVIDIA GPU(s)" if facts.has_gpu else "no NVIDIA GPU"
-    typer.echo(
-        f"{host_report.host}: {facts.os_name or 'unknown OS'}, {gpu}; python {host_report.python}"
-    )
+    say(f"{host_report.host}: {facts.os_name or 'unknown OS'}, {gpu}; python {host_report.python}")
     for note in host_report.notes:
-        typer.echo(f"  note: {note}")
+        say(f"  note: {note}")
     for step in host_report.steps:
         if step.status == StepStatus.WOULD_RUN:
-            typer.echo(f"  would run {step.name} ({step.detail})")
+            say(f"  would run {step.name} ({step.detail})")
             for line in step.script.rstrip().splitlines():
-                typer.echo(f"      {line}")
+                say(f"      {line}")
         else:
-            typer.echo(f"  skip {step.name}: {step.detail or step.status}")
+            say(f"  skip {step.name}: {step.detail or step.status}")
 
 
 TORCH_RECORDS = ("torch", "cuda", "cuda_available", "gpus", "nccl", "gpu_names")  # verify's
@@ -322,13 +315,13 @@ def _print_summary(host_report: HostReport, seconds: float, params: dict[str, st
         if k in rec
     ]
     reboot = ", rebooted" if host_report.rebooted else ""
-    typer.echo(
+    say(
         f"{host_report.host}: ok in {seconds:.1f} s{reboot}: ran {len(ran)}"
         f" ({', '.join(ran) or 'nothing'}), {len(skipped)} already done{gpu_note}"
     )
-    typer.echo(f"  {' '.join(parts)}")
+    say(f"  {' '.join(parts)}")
     if params.get("env") == "conda":
-        typer.echo(f"  {conda_channels_note(params.get('conda_channels', ''))}")
+        say(f"  {conda_channels_note(params.get('conda_channels', ''))}")
 
 
 def conda_channels_note(channels: str) -> str:

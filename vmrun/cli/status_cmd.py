@@ -19,6 +19,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import make_console, say
 from vmrun.errors import exit_code_for
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
                        last=0 if show_all else last, out=TERMINAL)  # fmt: skip
         records, errors, autostop = found.records, found.errors, found.autostop
         if as_json:
-            sys.stdout.write(json.dumps([*found.runs(), *found.places()], indent=2) + "\n")
+            say(json.dumps([*found.runs(), *found.places()], indent=2))
             sys.stdout.flush()
         else:
             images = any(r.meta.get("image") for r in records)
@@ -120,7 +121,6 @@ def _render(
         TERMINAL.info("no runs")
         return
     if sys.stdout.isatty():
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(*headers, box=None, header_style="bold")
@@ -134,8 +134,8 @@ def _render(
         for row in rows:
             colour = colours.get(row[2].split()[0].rstrip(","), "")
             table.add_row(*row[:2], f"[{colour}]{row[2]}[/]", *row[3:])
-        Console().print(table)
+        make_console().print(table)
         return
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     for row in (headers, *rows):
-        typer.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        say("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

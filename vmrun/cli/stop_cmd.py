@@ -15,6 +15,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import say
 
 if TYPE_CHECKING:
     from vmrun.operations.stop import Stopped
@@ -60,14 +61,12 @@ def render(stopped: Stopped) -> int:
         res = outcome.value
         assert res is not None
         if not res.signalled:
-            typer.echo(f"{res.node}: run {run_id}{job} had already ended")
+            say(f"{res.node}: run {run_id}{job} had already ended")
         elif stopped.cluster:
-            typer.echo(f"{res.node}: stopped run {run_id}: job {stopped.job} cancelled;"
+            say(f"{res.node}: stopped run {run_id}: job {stopped.job} cancelled;"
                        " no step left")  # fmt: skip
         else:
             killed = f", {res.killed} needed SIGKILL" if res.killed else ""
-            typer.echo(
-                f"{res.node}: stopped run {run_id}: {res.signalled} process(es){killed}; none left"
-            )
+            say(f"{res.node}: stopped run {run_id}: {res.signalled} process(es){killed}; none left")
     unreached(stopped.ref, "was not stopped there; its processes may still hold its GPUs")
     return stopped.exit_code

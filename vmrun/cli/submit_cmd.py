@@ -19,6 +19,7 @@ from vmrun.cli.options import (
     slurm_options,
     with_group,
 )
+from vmrun.cli.output import say
 
 
 def register(app: typer.Typer) -> None:
@@ -76,17 +77,17 @@ def register(app: typer.Typer) -> None:
 def show_dry_run(dry: Any) -> int:
     from vmrun.ssh.quoting import join
 
-    typer.echo(f"# on the login node ({dry.login}):")
-    typer.echo(f"# sync {dry.sync}")
+    say(f"# on the login node ({dry.login}):")
+    say(f"# sync {dry.sync}")
     for line in dry.data:
-        typer.echo(f"# push {line}")
-    typer.echo(f"cd {join([dry.submit[1]])} && {join(dry.submit[3:])}")
+        say(f"# push {line}")
+    say(f"cd {join([dry.submit[1]])} && {join(dry.submit[3:])}")
     array = f" (array {dry.array}: one file per task)" if dry.array else ""
-    typer.echo(f"# the job's output: {dry.output}{array}, in {dry.work_dir}")
+    say(f"# the job's output: {dry.output}{array}, in {dry.work_dir}")
     if dry.error != dry.output:
-        typer.echo(f"# its errors: {dry.error}")
+        say(f"# its errors: {dry.error}")
     if dry.env_names:
-        typer.echo(
+        say(
             f"# with {', '.join(dry.env_names)} from {dry.env_file} (0600) in sbatch's"
             " environment, which the job inherits; not on any command line"
         )

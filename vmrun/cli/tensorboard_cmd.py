@@ -22,6 +22,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import say
 from vmrun.operations.tensorboard import DEFAULT_PORT
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def _serve(board: Serving) -> int:
         if board.moved:
             TERMINAL.info(board.moved)
         TERMINAL.info(f"{board.what}; Ctrl-C to stop")
-        print(board.url, flush=True)
+        say(board.url)
         board.wait()
     except KeyboardInterrupt:
         TERMINAL.info(board.stop())

@@ -34,6 +34,7 @@ from vmrun.cli.options import (
     slurm_options,
     with_group,
 )
+from vmrun.cli.output import say
 
 
 def register(app: typer.Typer) -> None:
@@ -207,16 +208,14 @@ def show_dry_run(dry: Any) -> int:
     """The batch script and the commands `train -C --dry-run` would send."""
     from vmrun.ssh.quoting import join
 
-    typer.echo(f"# the batch script vmrun would write to {dry.job_file}:")
-    typer.echo(dry.script)
-    typer.echo(f"# and the commands, on the login node ({dry.login}):")
+    say(f"# the batch script vmrun would write to {dry.job_file}:")
+    say(dry.script)
+    say(f"# and the commands, on the login node ({dry.login}):")
     if dry.sync:
-        typer.echo(f"# sync {dry.sync}")
+        say(f"# sync {dry.sync}")
     for line in dry.data:
-        typer.echo(f"# push {line}")
-    typer.echo(join(dry.submit))
+        say(f"# push {line}")
+    say(join(dry.submit))
     if dry.env_names:
-        typer.echo(
-            f"# with {', '.join(dry.env_names)} from {dry.env_file} (0600), not in the script"
-        )
+        say(f"# with {', '.join(dry.env_names)} from {dry.env_file} (0600), not in the script")
     return 0

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import settings_from
+from vmrun.cli.output import say
 from vmrun.errors import UsageError
 
 
@@ -129,12 +130,12 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         done = up(settings_from(), ask, Terminal())
         what = "already up" if done.already else "started again" if done.started else "up"
-        typer.echo(f"{done.name}: {what} in {done.region}: {len(done.hosts)} host(s) as @{name}")
+        say(f"{done.name}: {what} in {done.region}: {len(done.hosts)} host(s) as @{name}")
         for entry in done.hosts:
-            typer.echo(f"  {entry.label}  {entry.spec.label}  private {entry.vars['private_addr']}")
+            say(f"  {entry.label}  {entry.spec.label}  private {entry.vars['private_addr']}")
         if done.per_hour is not None:
-            typer.echo(f"  about ${done.per_hour:.2f} an hour while it runs")
+            say(f"  about ${done.per_hour:.2f} an hour while it runs")
         if done.autostop:
-            typer.echo(f"  autostop: each powers off after {done.autostop} idle")
-        typer.echo(f"next: vmrun setup @{name}; vmrun train -H @{name} ...; vmrun down {name}")
+            say(f"  autostop: each powers off after {done.autostop} idle")
+        say(f"next: vmrun setup @{name}; vmrun train -H @{name} ...; vmrun down {name}")
         return 0

@@ -26,6 +26,7 @@ from vmrun.cli.options import (
     refuse_with_cluster,
     settings_from,
 )
+from vmrun.cli.output import make_console, say
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -171,7 +172,7 @@ def _json_lines(watch: FleetWatch) -> int:
 
 
 def _print_json(status: HostStatus) -> None:
-    sys.stdout.write(json.dumps(status.to_json()) + "\n")
+    say(json.dumps(status.to_json()))
     sys.stdout.flush()
 
 
@@ -197,9 +198,8 @@ def _live(watch: FleetWatch, interval: float) -> int:
 
 def _console() -> Console:
     """The terminal's width; a pipe or file gets whole rows (grep and scripts read them)."""
-    from rich.console import Console
 
-    console = Console(highlight=False)
+    console = make_console(highlight=False)
     if not console.is_terminal:
-        console = Console(highlight=False, width=_UNBOUNDED)
+        console = make_console(highlight=False, width=_UNBOUNDED)
     return console
