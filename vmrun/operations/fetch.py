@@ -74,17 +74,13 @@ class Fetched:
         return max(codes)
 
 
-
-
 def fetch(job: FetchJob, out: Reporter = QUIET) -> Fetched:
     """One round (job.watch is not looked at)."""
     (fetched,) = rounds(replace(job, watch=False), out)
     return fetched
 
 
-def rounds(
-    job: FetchJob, out: Reporter = QUIET
-) -> Iterator[Fetched]:
+def rounds(job: FetchJob, out: Reporter = QUIET) -> Iterator[Fetched]:
     """Round after round with job.watch (each `interval` apart, until Ctrl-C), else one.
     `progress` makes the transfers' Progress; one that is a context manager (a live view)
     is entered around each round."""

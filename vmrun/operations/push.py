@@ -154,9 +154,7 @@ def reaches(conn: Connection, others: dict[str, tuple[str, int]]) -> set[str]:
     return {k for k, r in zip(labels, results, strict=False) if isinstance(r, dict) and r.get("ok")}
 
 
-def _to_cluster(
-    job: PushJob, paths: list[Path], out: Reporter
-) -> Pushed:
+def _to_cluster(job: PushJob, paths: list[Path], out: Reporter) -> Pushed:
     """Once, through the login node, onto the cluster's shared filesystem: by default the
     folder its jobs run the project in (`<workdir>/<project's work directory>`), where a
     job's `data/` is looked for; never once per compute node."""

@@ -119,8 +119,6 @@ class SetUp:
         return worst_exit_code(self.outcomes)
 
 
-
-
 def setup(
     settings: Settings,
     request: SetupRequest,
