@@ -74,17 +74,6 @@ def test_a_run_is_found_followed_to_its_end_and_its_files_are_located(harness: H
     assert harness.exists(backend.code_dir(harness.project))
 
 
-def test_a_failed_run_raises_its_exit_code_and_says_so_in_its_state(harness: Harness) -> None:
-    backend = harness.backend
-    ref = _started(harness)
-    _running(harness, ref)
-    harness.release(3)
-    with pytest.raises(VmrunError) as failed:
-        backend.follow(backend.find(ref.run_id), Recorder())
-    assert code_of(failed.value) == "run-failed"
-    assert backend.state(backend.find(ref.run_id)) == (RunState.FAILED, 3)
-
-
 def test_a_stopped_run_leaves_nothing_running_and_a_second_stop_finds_it_ended(
     harness: Harness,
 ) -> None:
@@ -110,15 +99,17 @@ def test_an_unknown_run_is_not_found(harness: Harness) -> None:
     assert code_of(none.value) == "run-not-found"
 
 
-def test_resume_continues_the_same_run_or_is_refused_before_anything_starts(
+def test_a_failed_run_raises_its_code_and_resume_continues_it_or_is_refused_up_front(
     harness: Harness,
 ) -> None:
     backend = harness.backend
     ref = _started(harness)
     _running(harness, ref)
     harness.release(3)
-    with pytest.raises(VmrunError):
+    with pytest.raises(VmrunError) as failed:
         backend.follow(backend.find(ref.run_id), Recorder())
+    assert code_of(failed.value) == "run-failed"
+    assert backend.state(backend.find(ref.run_id)) == (RunState.FAILED, 3)
     if not harness.resumes:
         with pytest.raises(UsageError) as refused:
             backend.start(harness.plan(), StartOptions(resume=ref.run_id), Recorder())
