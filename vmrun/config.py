@@ -132,6 +132,10 @@ FIELDS: dict[str, Field] = {
               "what runs the image: auto (docker, else podman on hosts), or one by name"),
         Field("container_ulimits", kinds.words, lambda env: [],
               "the container's limits, NAME=SOFT[:HARD]; empty: NGC's memlock=-1 and 64 MiB stack"),
+        # buckets (vmrun.stores): `push s3://...`
+        Field("store_credentials", kinds.STORE_CREDENTIALS, lambda env: "auto",
+              "what the hosts read a bucket with: auto (yours from here if found, else the"
+              " host's own), host (an instance profile), mine"),
         # `train --notify` (vmrun.notify)
         Field("notify", kinds.words, lambda env: [],
               "where runs' ends are told: Apprise URLs (ntfy://TOPIC, slack://A/B/C, json://...)"),
@@ -164,6 +168,7 @@ class Settings:
     pull: str
     container_runtime: str
     container_ulimits: list[str]
+    store_credentials: str
     notify: list[str]
     notify_on: list[str]
     sources: dict[str, str] = field(default_factory=dict)

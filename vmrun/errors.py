@@ -438,6 +438,17 @@ _CLOUD_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
 )
 for _owner, _name, _meaning in _CLOUD_CODES:
     register(_name, _owner, _meaning)
+# -- buckets (vmrun.stores): `push s3://...`, the mover on the hosts ------------------------
+_STORE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
+    (UsageError, "bad-store", "a bucket address is not s3://BUCKET/PREFIX, or mixes with paths"),
+    (UsageError, "store-empty", "nothing in the bucket under that prefix"),
+    (UsageError, "store-tool-missing", "the host has no rclone 1.63 or later (the bucket mover)"),
+    (RemoteError, "store-denied", "the bucket refused the credentials, or has no such bucket"),
+    (RemoteError, "store-unreachable", "the host could not reach the bucket's endpoint"),
+    (RemoteError, "store-copy-failed", "objects did not arrive whole and verified from the bucket"),
+)
+for _owner, _name, _meaning in _STORE_CODES:
+    register(_name, _owner, _meaning)
 register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
 register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)
 register("run-stopped", CommandFailed, "the run was stopped (`vmrun stop`) while followed", 143)

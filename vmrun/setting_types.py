@@ -144,6 +144,7 @@ def choice(*choices: str) -> Callable[[str, Any], str]:
 SESSIONS = choice("active", "any", "ignore")
 CONTAINER_RUNTIME = choice("auto", "docker", "podman", "pyxis", "apptainer", "shifter")
 PULL = choice("newer", "missing", "always", "never")
+STORE_CREDENTIALS = choice("auto", "host", "mine")
 
 
 def text(name: str, value: Any) -> str:
@@ -188,6 +189,7 @@ FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
     SESSIONS: ((str,), '"active", "any" or "ignore"'),
     CONTAINER_RUNTIME: ((str,), '"auto", "docker", "podman", "pyxis", "apptainer" or "shifter"'),
     PULL: ((str,), '"newer", "missing", "always" or "never"'),
+    STORE_CREDENTIALS: ((str,), '"auto", "host" or "mine"'),
     text: ((str,), "a string in quotes"),
     words: ((list,), 'a list of strings, ["a", "b"]'),
     events: ((list,), 'a list of "end", "fail", "all"'),

@@ -30,11 +30,15 @@ def register(app: typer.Typer) -> None:
         " DIR/<its name>, DIR being --to or the project's work directory there (where a"
         " run's `data/` is looked for). Only what is new or changed travels; every file is"
         " verified by SHA-256 on the host and renamed into place only when whole; each host's"
-        " folder and free space are checked first.",
+        " folder and free space are checked first. A bucket prefix (s3://BUCKET/PREFIX) instead:"
+        " every host copies it straight from the bucket.",
     )
     def push_command(
         paths: Annotated[
-            list[Path], typer.Argument(metavar="PATH...", help="Files or folders to send.")
+            list[str],
+            typer.Argument(
+                metavar="PATH...", help="Files or folders to send, or s3://BUCKET/PREFIX."
+            ),
         ],
         to: Annotated[
             str | None,
@@ -82,10 +86,14 @@ def register(app: typer.Typer) -> None:
         from vmrun.cli.fetch_cmd import parse_rate
         from vmrun.cli.terminal import Terminal
         from vmrun.operations.push import PushJob, push
+        from vmrun.stores.url import is_store, parse_store
 
+        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
         job = PushJob(
-            settings=settings_from(connect_timeout, accept_new_host_key, parallel=parallel),
-            paths=paths,
+            settings=settings,
+            paths=[Path(p) for p in paths if not is_store(p)],
+            stores=[parse_store(p) for p in paths if is_store(p)],
+            store_credentials=settings.store_credentials,
             to=to,
             hosts=host,
             dry_run=dry_run,
@@ -124,10 +132,12 @@ def render(done: Pushed) -> None:
             continue
         via = f" (from {pushed.via}, host to host)" if pushed.via else ""
         for rep, plan in zip(pushed.reports, pushed.planned, strict=False):
-            line = summary(rep, prefix=False).replace("fetched", "sent", 1)
+            verb = "copied" if rep.engine == "rclone" else "sent"  # from a bucket, or from here
+            line = summary(rep, prefix=False).replace("fetched", verb, 1)
             say(f"{head}{plan.local} -> {plan.remote}: {line}{via}")
             for path, why in rep.failed.items():
                 code = "checksum-mismatch" if path in rep.mismatched else "transfer-failed"
+                code = "store-copy-failed" if rep.engine == "rclone" else code
                 error_line(f"{pushed.host}: {path}: {why}", code=code)
         if pushed.deleted:
             say(f"{head}removed {len(pushed.deleted)} file(s) not here (--delete)")

@@ -3,11 +3,15 @@ DIR/<its name> (DIR: `--to`, else the project's work directory there, so a scrip
 is where it looks). Each host's push is vmrun.transfer.push's: checked first, then only what
 changed, verified and renamed into place when whole, so a cut push never leaves half a file
 under its final name and the next push sends what is missing.
+
+A bucket prefix (`s3://BUCKET/PREFIX`) instead of paths: every host copies it straight from
+the bucket, all at once (vmrun.stores.mover); this machine sends only commands.
 """
 
 from __future__ import annotations
 
 import functools
+import posixpath
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +24,8 @@ from vmrun.reporting import QUIET, Reporter
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, Outcome, worst_exit_code
 from vmrun.ssh.inventory import HostEntry
-from vmrun.transfer.push import HostPush, check_sources, push_host
+from vmrun.stores.url import StoreURL
+from vmrun.transfer.push import HostPush, Planned, check_sources, push_host
 from vmrun.transfer.types import Progress
 
 
@@ -36,6 +41,8 @@ class PushJob:
     bwlimit: float | None = None  # bytes per second, per host
     relay: bool = True  # folders cross the slow link once, then go host to host
     cluster: str | None = None  # a Slurm cluster: once, through its login node
+    stores: Sequence[StoreURL] = ()  # bucket prefixes, instead of paths
+    store_credentials: str = "auto"  # auto, host or mine (vmrun.stores.access)
 
 
 @dataclass
@@ -51,7 +58,12 @@ class Pushed:
 
     @property
     def exit_code(self) -> int:
-        return worst_exit_code(self.outcomes)
+        """0 when every host has everything; else the worst host's failure, or FAILED for
+        files (objects) that did not arrive intact."""
+        from vmrun.errors import ExitCode
+
+        failed = any(r.failed for o in self.outcomes if o.value for r in o.value.reports)
+        return max(worst_exit_code(self.outcomes), ExitCode.FAILED if failed else 0)
 
 
 def destination(job: PushJob) -> str:
@@ -73,6 +85,8 @@ def push(job: PushJob, out: Reporter = QUIET) -> Pushed:
     address vmrun itself reaches it (its ssh-config HostName): which host reaches which
     is asked once, beside the round-trip measure. A host that none reaches that way gets
     it from here, said in a line."""
+    if job.stores:
+        return _from_stores(job, out)
     paths = check_sources(job.paths)
     if job.cluster:
         return _to_cluster(job, paths, out)
@@ -182,6 +196,63 @@ def _to_cluster(job: PushJob, paths: list[Path], out: Reporter) -> Pushed:
                              delete=job.delete, bwlimit=job.bwlimit)  # fmt: skip
 
         return Pushed(dest, group.map(once), job.dry_run, job.delete)
+
+
+def _from_stores(job: PushJob, out: Reporter) -> Pushed:
+    """Every host copies each prefix from the bucket at once (a cluster: once, from its
+    login node onto the shared filesystem), each arriving as DIR/<its last part>."""
+    from vmrun.stores.access import resolve
+    from vmrun.stores.mover import copy_from_store
+
+    if job.paths:
+        raise UsageError("push files here and bucket prefixes in separate commands",
+                         code="bad-store")  # fmt: skip
+    if job.delete:
+        raise UsageError("--delete is for pushes from here, not from a bucket", code="bad-store")
+    access = resolve(job.store_credentials)
+    entries, dest, python = _store_targets(job)
+    shown = out.progress(several=len(entries) > 1)
+    clock = time.monotonic()
+
+    def one(entry: HostEntry, conn: Connection) -> HostPush:
+        done = HostPush(conn.label, began=time.monotonic() - clock)
+        where = str(entry.vars.get("python") or python)
+        for url in job.stores:
+            remote = posixpath.join(dest, url.name)
+            got = copy_from_store(conn, url, remote, access, shown, python=where,
+                                  dry_run=job.dry_run)  # fmt: skip
+            wanted = got.would if job.dry_run else [(k, 0) for k in got.report.fetched]
+            done.planned.append(Planned(str(url), remote, got.objects, got.nbytes, len(wanted),
+                                        sum(size for _, size in wanted)))  # fmt: skip
+            done.reports.append(got.report)
+        done.ended = time.monotonic() - clock
+        return done
+
+    with Group(entries, job.settings) as group:
+        return Pushed(dest, group.map(one), job.dry_run)
+
+
+def _store_targets(job: PushJob) -> tuple[list[HostEntry], str, str]:
+    """Who copies (the hosts, or a cluster's login node), into where, with which python's
+    env holding the mover ("": the host's recorded one)."""
+    if not job.cluster:
+        return entries_for(job.hosts, job.settings), destination(job), ""
+    from vmrun.backends.slurm.session import cluster_backend
+
+    if job.hosts:
+        raise UsageError("-H and -C: push to hosts or to a cluster", code="flags-conflict")
+    with cluster_backend(job.settings, job.cluster) as backend:
+        code = backend.code_dir(job.settings.project_dir or Path.cwd())
+        python = backend.python()
+        entry = backend.cluster.entry
+    dest = code if job.to is None else _under(job.to, code)
+    return [entry], dest, python
+
+
+def _under(to: str, base: str) -> str:
+    from vmrun.transfer.manifest import normalize_remote
+
+    return normalize_remote(to, base=base, where="the cluster's project folder")
 
 
 class _Relayed:

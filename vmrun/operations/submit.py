@@ -77,7 +77,7 @@ def submit(
     from vmrun.backends.slurm.session import cluster_backend
     from vmrun.config import find_project_dir
     from vmrun.operations.train import data_dest
-    from vmrun.runs.plan import parse_data
+    from vmrun.runs.plan import data_access, parse_data
     from vmrun.ssh.envvars import parse_env
 
     settings = settings or load_settings({})
@@ -85,6 +85,7 @@ def submit(
     name = pick_cluster(settings, cluster)
     project = find_project_dir() or Path.cwd()
     data = tuple(parse_data(text) for text in what.data or ())
+    access = data_access(data, settings.store_credentials)  # before anything starts
     env = parse_env(what.env)
     from vmrun.notify.send import Notify
 
@@ -108,7 +109,7 @@ def submit(
                 env_file=f"{job.record_dir}/env",
                 data=[f"{p} -> {data_dest(where, job.code_dir)}/{p.name}" for p, where in data],
             )
-        ref = own_script.start(backend, job, project, out, out.progress(), data)
+        ref = own_script.start(backend, job, project, out, out.progress(), data, access)
         if detach:
             rid = ref.run_id
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"

@@ -72,6 +72,7 @@ class RunOptions:
             max_restarts=self.max_restarts or 0, env=self.env, name=self.name,
             batch_size=self.batch_size, lr=self.lr, launcher=self.launcher or "torchrun",
             task=self.task, containers=containers, data=self.data,
+            store_credentials=settings.store_credentials if settings else "auto",
         )  # fmt: skip
 
 

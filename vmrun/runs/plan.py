@@ -8,13 +8,18 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.containers.request import Asked
 from vmrun.errors import UsageError, VmrunError
+
+if TYPE_CHECKING:
+    from vmrun.stores.access import Access
+    from vmrun.stores.url import StoreURL
 
 DEFAULT_EPOCHS = 10
 DEFAULT_SAVE_EVERY = 5
@@ -47,7 +52,9 @@ class Plan:
     env: dict[str, str]
     project: Path
     containers: Asked = field(default_factory=Asked)  # --image, --mount and their settings
-    data: tuple[tuple[Path, str | None], ...] = ()  # --data PATH[:DIR]: pushed before the run
+    # --data PATH[:DIR] (or s3://BUCKET/PREFIX[:DIR]): on the nodes before the run
+    data: tuple[tuple[Path | StoreURL, str | None], ...] = ()
+    store_access: Access | None = None  # who reads a --data bucket (never recorded)
 
 
 def make_plan(
@@ -66,6 +73,7 @@ def make_plan(
     task: str | None = None,
     containers: Asked | None = None,
     data: list[str] | None = None,
+    store_credentials: str = "auto",
 ) -> Plan:
     """Validate every flag; raise UsageError (exit 2) before anything is started."""
     from vmrun.config import find_project_dir
@@ -142,6 +150,7 @@ def make_plan(
         env=env_map,
         project=find_project_dir() or Path.cwd(),
         data=data_specs,
+        store_access=data_access(data_specs, store_credentials),
         containers=containers,
     )
 
@@ -197,6 +206,18 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def data_access(data: Sequence[tuple[Path | StoreURL, str | None]], mode: str) -> Access | None:
+    """Who the nodes read a --data bucket with, found before anything starts (None: no
+    bucket among the data)."""
+    from vmrun.stores.url import StoreURL
+
+    if not any(isinstance(source, StoreURL) for source, _ in data):
+        return None
+    from vmrun.stores.access import resolve
+
+    return resolve(mode)
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Temp file in the same directory, fsync, rename: readers never see half a record."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -208,15 +229,25 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def parse_data(text: str) -> tuple[Path, str | None]:
-    """`--data PATH[:DIR]`: a local file or folder, and where on the hosts it goes (DIR/<its
-    name>; None: the project's work directory, where a script's `data/` is looked for). The
-    last `:` splits only when what is before it exists here (a path may hold a `:`)."""
+def parse_data(text: str) -> tuple[Path | StoreURL, str | None]:
+    """`--data PATH[:DIR]`: a local file or folder, or a bucket prefix (s3://BUCKET/PREFIX),
+    and where on the hosts it goes (DIR/<its name>; None: the project's work directory,
+    where a script's `data/` is looked for). The last `:` splits only when what is before it
+    exists here (a path may hold a `:`), or, after a bucket address, names a folder."""
+    from vmrun.stores.url import is_store, parse_store
+
+    if is_store(text):
+        scheme, _, rest = text.partition("://")
+        head, sep, folder = rest.rpartition(":")
+        if sep and head and folder:
+            return parse_store(f"{scheme}://{head}"), folder
+        return parse_store(text), None
     local, sep, remote = text.rpartition(":")
+    where: str | None = None
     if sep and local and remote and Path(local).expanduser().exists():
         path, where = Path(local).expanduser(), remote
     else:
-        path, where = Path(text).expanduser(), None
+        path = Path(text).expanduser()
     if not path.exists():
         raise UsageError(f"--data {text}: {path} does not exist", code="source-not-found")
     if not (path.is_file() or path.is_dir()):

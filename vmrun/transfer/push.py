@@ -34,7 +34,7 @@ class Planned:
     """One PATH on one host: where it lands, and what a push would send (by size and mtime:
     files in doubt are settled by checksum only when sending)."""
 
-    local: Path
+    local: Path | str  # a path here, or a bucket address (`push s3://...`)
     remote: str
     files: int
     nbytes: int
@@ -187,7 +187,7 @@ def _open_early(conn: Connection, planned: Sequence[Planned], options: Options) 
     engine, count = plan_streams(
         conn, wanted=options.engine, nbytes=big.bytes_to_send, streams=options.streams
     )
-    return Opened.start(engine, str(big.local), remote_folder(big.local, big.remote), count)
+    return Opened.start(engine, str(big.local), remote_folder(Path(big.local), big.remote), count)
 
 
 def _plan(local: Path, remote: str, entries: Sequence[Entry], tree: Scan) -> Planned:

@@ -29,9 +29,9 @@ def stage(
 
 
 def _push_data(node: Node, plan: Plan, out: Reporter, progress: Progress | None) -> None:
-    from vmrun.transfer.push import push_data
+    from vmrun.stores.data import place_data
 
-    node.data += push_data(node.conn, plan.data, node.workdir, out, progress)
+    node.data += place_data(node.conn, plan.data, node.workdir, out, progress, plan.store_access)
 
 
 def _stage_code(

@@ -302,9 +302,10 @@ class SlurmBackend:
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
         if plan.data:  # once, onto the shared filesystem through the login node
-            from vmrun.transfer.push import push_data
+            from vmrun.stores.data import place_data
 
-            sub.meta["data"] = push_data(self.conn, plan.data, sub.paths.code, out, progress)
+            sub.meta["data"] = place_data(self.conn, plan.data, sub.paths.code, out, progress,
+                                          plan.store_access)  # fmt: skip
         job, state = self._submit(sub)
         ref = self._ref(sub.run_id, {**sub.meta, "job_id": job})
         if state is not None and state.never_starts:

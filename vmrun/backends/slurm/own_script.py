@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from vmrun.backends.slurm.cluster import Cluster
     from vmrun.notify.send import Notify
     from vmrun.ssh.connection import Connection
+    from vmrun.stores.access import Access
+    from vmrun.stores.url import StoreURL
     from vmrun.transfer.types import Progress
 
 LINE = b"\x1e"  # a task's line: \x1eKEY o|e\x1eTEXT
@@ -172,7 +174,8 @@ def submit(
 
 def start(
     backend: SlurmBackend, job: ScriptJob, project: Any, out: Reporter,
-    progress: Progress | None = None, data: Sequence[tuple[Path, str | None]] = (),
+    progress: Progress | None = None, data: Sequence[tuple[Path | StoreURL, str | None]] = (),
+    access: Access | None = None,
 ) -> RunRef:  # fmt: skip
     """Sync the project (and push --data) to the cluster, submit, and return once the job
     is queued; a job that can never start is cancelled."""
@@ -196,9 +199,9 @@ def start(
     code = provenance.code_of(project, files)
     meta["code"] = code.facts
     if data:
-        from vmrun.transfer.push import push_data
+        from vmrun.stores.data import place_data
 
-        meta["data"] = push_data(backend.conn, list(data), job.code_dir, out, progress)
+        meta["data"] = place_data(backend.conn, list(data), job.code_dir, out, progress, access)
     jobid, state = submit(backend, ScriptJob(job.run_id, job.batch, job.sbatch, job.code_dir,
                                              job.record_dir, meta, job.env_text,
                                              job.notify_text),

@@ -1,0 +1,78 @@
+"""A bucket for the tests: moto's S3 server (real HTTP, S3's own answers) on an address the
+test picks, and what a test puts in it. moto keeps its buckets in this process, so a test
+makes its own bucket (a fresh name) and removes nothing else's."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+KEY = "testing"  # moto takes any key; the secret is what the tests look for where it must not be
+SECRET = "vmrun-test-secret-" + "7" * 20
+
+
+@contextmanager
+def s3_server(address: str = "127.0.0.1") -> Iterator[str]:
+    """moto's S3 server on `address` (any free port); its endpoint URL."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address=address, port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """What vmrun reads the bucket's access from (no ~/.aws, no metadata service)."""
+    return {
+        "AWS_ACCESS_KEY_ID": KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+def client(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
+                        aws_secret_access_key=SECRET, region_name="us-east-1")  # fmt: skip
+
+
+def new_bucket(endpoint: str) -> str:
+    name = f"vmrun-{secrets.token_hex(4)}"
+    client(endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def put(endpoint: str, bucket: str, key: str, data: bytes) -> None:
+    client(endpoint).put_object(Bucket=bucket, Key=key, Body=data)
+
+
+def put_corrupted(endpoint: str, bucket: str, key: str, data: bytes) -> None:
+    """An object whose recorded checksum is not its bytes' (bit rot, a bad copy): uploaded
+    in two parts (so its ETag is no MD5) with the `md5chksum` metadata rclone checks set to
+    another content's."""
+    from boto3.s3.transfer import TransferConfig
+
+    other = hashlib.md5(data + b"x").digest()
+    client(endpoint).upload_fileobj(
+        io.BytesIO(data), bucket, key,
+        ExtraArgs={"Metadata": {"md5chksum": base64.b64encode(other).decode()}},
+        Config=TransferConfig(multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20),
+    )  # fmt: skip
