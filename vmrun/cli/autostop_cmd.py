@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.options import (
+    NO_FLAGS,
+    Hosts,
+    Reach,
+    reaching,
+)
 from vmrun.cli.output import say
 from vmrun.errors import UsageError
 
@@ -27,6 +32,7 @@ def register(app: typer.Typer) -> None:
         " autostop_command) once it has been idle for PERIOD: no vmrun run alive, every GPU"
         " under the threshold, no login session in use. It starts again at boot.",
     )
+    @reaching()
     def autostop_command(
         period: Annotated[
             str | None,
@@ -52,9 +58,7 @@ def register(app: typer.Typer) -> None:
                 "--cancel", help="Remove the watchdog completely (process, boot entry, files)."
             ),
         ] = False,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.ssh.inventory import select_hosts
 
@@ -67,9 +71,7 @@ def register(app: typer.Typer) -> None:
             from vmrun.setting_types import period_seconds
 
             period_seconds(period, what="PERIOD")
-        settings = settings_from(
-            connect_timeout, accept_new_host_key, parallel=parallel, autostop=period
-        )
+        settings = reach.settings(autostop=period)
         entries = select_hosts(host, settings)
         if status:
             return _status(entries, settings)

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import say
 
@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         " stack and --env variables, each node's hardware and Slurm allocation, and how"
         " the run was launched. Nothing is said of what is equal; exit 0 either way.",
     )
+    @reaching(parallel=False)
     def diff_command(
         runs: DiffRuns = None,
         as_json: Annotated[
@@ -48,8 +49,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         host: Hosts = None,
         cluster: ClusterName = None,
-        connect_timeout: ConnectTimeout = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         refuse_with_cluster(cluster, host)
         show_diffs(
@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
             as_json=as_json,
             host=host,
             cluster=cluster,
-            settings=lambda: settings_from(connect_timeout, accept_new_host_key),
+            settings=lambda: reach.settings(),
         )
         return 0
 

@@ -7,7 +7,12 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.options import (
+    NO_FLAGS,
+    Hosts,
+    Reach,
+    reaching,
+)
 from vmrun.cli.output import say
 
 _COLOURS = {"ok": "32", "warn": "33", "fail": "31", "skip": "2"}
@@ -21,6 +26,7 @@ def register(app: typer.Typer) -> None:
         " rendezvous port, the rendezvous address, and a short all-reduce across all nodes"
         " (bus bandwidth). Exits 1 if a check fails.",
     )
+    @reaching()
     def doctor_command(
         host: Hosts = None,
         master: Annotated[
@@ -48,16 +54,14 @@ def register(app: typer.Typer) -> None:
                 " relative to the project's work directory, ~/DIR or absolute; repeatable.",
             ),
         ] = None,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.output import use_colour
         from vmrun.config import find_project_dir
         from vmrun.doctor import Check, diagnose
         from vmrun.ssh.inventory import select_hosts
 
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         entries = select_hosts(host, settings)
         colour = use_colour(sys.stdout)
         width = max(len(e.label) for e in entries) * 2 + 4

@@ -6,7 +6,12 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.options import (
+    NO_FLAGS,
+    Hosts,
+    Reach,
+    reaching,
+)
 from vmrun.cli.output import say
 
 
@@ -17,6 +22,7 @@ def register(app: typer.Typer) -> None:
         help="Run a command on one or all hosts in parallel; output is prefixed by host and"
         " the exit code is the worst host's.",
     )
+    @reaching()
     def exec_command(
         command: Annotated[
             list[str], typer.Argument(metavar="-- CMD [ARGS]...", show_default=False)
@@ -56,16 +62,14 @@ def register(app: typer.Typer) -> None:
                 " the live lines go to stderr.",
             ),
         ] = False,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.output import PrefixedWriter, error_line, report
         from vmrun.operations.exec import run
         from vmrun.ssh.envvars import parse_env
         from vmrun.ssh.inventory import select_hosts
 
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         entries = select_hosts(host, settings)
         env_map = parse_env(env)
         labels = [e.label for e in entries]

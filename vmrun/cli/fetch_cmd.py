@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import say
 from vmrun.errors import UsageError
@@ -48,6 +47,7 @@ def register(app: typer.Typer) -> None:
         " on), or a path on the host: relative to the project's work directory there,"
         " ~/PATH in the home, or absolute; with --run, relative to the run's folder.",
     )
+    @reaching()
     def fetch_command(
         what: Annotated[
             list[str] | None,
@@ -100,9 +100,7 @@ def register(app: typer.Typer) -> None:
             typer.Option("--bwlimit", metavar="RATE", help="At most this many bytes/s (20M)."),
         ] = None,
         cluster: ClusterName = None,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.operations.fetch import FetchJob
 
@@ -120,7 +118,7 @@ def register(app: typer.Typer) -> None:
             watch=watch,
             interval=interval,
             bwlimit=parse_rate(bwlimit),
-            settings=settings_from(connect_timeout, accept_new_host_key, parallel=parallel),
+            settings=reach.settings(),
             cluster=cluster,
         )
         return run_fetch(job)

@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import say
 from vmrun.errors import UsageError
@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         " With -C CLUSTER --node NODE, to NODE:PORT through the login node (Jupyter in a"
         " job). Prints the URL; runs until Ctrl-C.",
     )
+    @reaching(parallel=False)
     def forward_command(
         ports: PortArg,
         host: Hosts = None,
@@ -54,8 +55,7 @@ def register(app: typer.Typer) -> None:
                 help="The port here [default: PORT; the next free one if it is taken].",
             ),
         ] = None,
-        connect_timeout: ConnectTimeout = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.forward import forwarding
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"{ports} names the local port already; drop --local-port")
         if node is not None and (not node.strip() or any(c.isspace() for c in node)):
             raise UsageError(f"--node {node!r}: expected a host name or address")
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = reach.settings()
         wanted = local if local is not None else port if local_port is None else local_port
         with forwarding(
             settings,

@@ -6,23 +6,27 @@ from typing import Annotated
 
 import typer
 
-from vmrun.cli.options import AcceptNewHostKey, ConnectTimeout, Hosts, Parallel, settings_from
+from vmrun.cli.options import (
+    NO_FLAGS,
+    Hosts,
+    Reach,
+    reaching,
+)
 from vmrun.cli.output import say
 
 
 def register(app: typer.Typer) -> None:
     @app.command("hosts", help="List the selected hosts; --check connects to each.")
+    @reaching()
     def hosts_command(
         host: Hosts = None,
         check: Annotated[bool, typer.Option("--check", help="Connect and run `true`.")] = False,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.output import error_line, report
         from vmrun.ssh.inventory import select_hosts
 
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         entries = select_hosts(host, settings)
         if not check:
             for entry in entries:

@@ -14,13 +14,12 @@ import typer
 
 from vmrun.cli import output
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.errors import UsageError
 
@@ -35,6 +34,7 @@ def register(app: typer.Typer) -> None:
         " the run ends and exits with the run's exit code. A multi-node run shows every"
         " node, lines prefixed [host rankN]; --node picks one.",
     )
+    @reaching()
     def logs_command(
         run: Annotated[str | None, typer.Argument(metavar="[RUN]", show_default=False)] = None,
         follow: Annotated[
@@ -55,16 +55,14 @@ def register(app: typer.Typer) -> None:
         ] = False,
         host: Hosts = None,
         cluster: ClusterName = None,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.operations.logs import run_log
 
         if lines < 0:
             raise UsageError(f"--lines must be >= 0, got {lines}")
         refuse_with_cluster(cluster, host)
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         with run_log(settings, run, hosts=host, cluster=cluster, nodes=node or ()) as log:
             return _show(log, follow, lines, verbose)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperCommand
@@ -60,6 +63,52 @@ def settings_from(
         **extra,
     }
     return load_settings({k: v for k, v in flags.items() if v is not None})
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How a command reaches its hosts, from its connection flags (None: not given)."""
+
+    connect_timeout: float | None = None
+    accept_new_host_key: bool | None = None
+    parallel: int | None = None
+
+    def settings(self, **extra: Any) -> Settings:
+        return settings_from(self.connect_timeout, self.accept_new_host_key,
+                             parallel=self.parallel, **extra)  # fmt: skip
+
+
+NO_FLAGS = Reach()  # a command function's default (`reaching` always passes its own)
+
+
+def reaching(*, parallel: bool = True) -> Callable[[F], F]:
+    """Give a command the connection flags (--connect-timeout, --parallel unless `parallel`
+    is False, --accept-new-host-key/--strict-host-key), declared here once, as one
+    `reach: Reach` parameter of its function. Put it under @app.command(...)."""
+    flags: dict[str, Any] = {"connect_timeout": ConnectTimeout}
+    if parallel:
+        flags["parallel"] = Parallel
+    flags["accept_new_host_key"] = AcceptNewHostKey
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn, eval_str=True)  # Typer reads the objects, not strings
+        kept = [p for name, p in sig.parameters.items() if name != "reach"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation=kind) for name, kind in flags.items()]  # fmt: skip
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name, None) for name in flags}
+            return fn(*args, reach=Reach(**given), **kwargs)
+
+        command.__signature__ = sig.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in [*kept, *added]}
+        return command  # type: ignore[return-value]
+
+    return decorate
 
 
 ClusterName = Annotated[

@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
+    Reach,
     Runs,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import make_console
 from vmrun.errors import UsageError
@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         " and launcher): in the terminal, or with -o to a PNG or SVG file (needs matplotlib:"
         " pip install 'vmrun[plot]').",
     )
+    @reaching(parallel=False)
     def plot_command(
         runs: Runs = None,
         output: Annotated[
@@ -56,8 +57,7 @@ def register(app: typer.Typer) -> None:
         ] = "epoch",
         host: Hosts = None,
         cluster: ClusterName = None,
-        connect_timeout: ConnectTimeout = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.histories import gather
@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
             runs,
             hosts=host,
             cluster=cluster,
-            settings=lambda: settings_from(connect_timeout, accept_new_host_key),
+            settings=lambda: reach.settings(),
             verb="plot",
             out=TERMINAL,
         )

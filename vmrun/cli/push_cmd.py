@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
-    settings_from,
+    Reach,
+    reaching,
 )
 from vmrun.cli.output import say
 
@@ -33,6 +32,7 @@ def register(app: typer.Typer) -> None:
         " folder and free space are checked first. A bucket prefix (s3://BUCKET/PREFIX) instead:"
         " every host copies it straight from the bucket.",
     )
+    @reaching()
     def push_command(
         paths: Annotated[
             list[str],
@@ -79,16 +79,14 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[
             bool, typer.Option("--json", help="One JSON object on stdout: per host, what moved.")
         ] = False,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.fetch_cmd import parse_rate
         from vmrun.cli.terminal import Terminal
         from vmrun.operations.push import PushJob, push
         from vmrun.stores.url import is_store, parse_store
 
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         job = PushJob(
             settings=settings,
             paths=[Path(p) for p in paths if not is_store(p)],

@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
+    Reach,
     Runs,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import make_console, say
 from vmrun.errors import UsageError
@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
         " epochs, total time, median time per epoch and samples/s, speed-up and scaling"
         " efficiency against the run with the smallest world size, final loss and accuracy.",
     )
+    @reaching(parallel=False)
     def report_command(
         runs: Runs = None,
         as_json: Annotated[
@@ -45,8 +46,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         host: Hosts = None,
         cluster: ClusterName = None,
-        connect_timeout: ConnectTimeout = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.errors import VmrunError
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
                 as_json=as_json,
                 host=host,
                 cluster=cluster,
-                settings=lambda: settings_from(connect_timeout, accept_new_host_key),
+                settings=lambda: reach.settings(),
             )
             return 0
         left_out: list[VmrunError] = []
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
                 runs,
                 hosts=host,
                 cluster=cluster,
-                settings=lambda: settings_from(connect_timeout, accept_new_host_key),
+                settings=lambda: reach.settings(),
                 verb="report",
                 out=TERMINAL,
                 left_out=left_out,

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import say
 from vmrun.errors import UsageError
@@ -32,6 +31,7 @@ def register(app: typer.Typer) -> None:
         " Python environment and PyTorch, then verify torch sees the"
         " GPUs. A second run skips what is done.",
     )
+    @reaching()
     def setup_command(
         hosts: Annotated[
             list[str] | None,
@@ -179,9 +179,7 @@ def register(app: typer.Typer) -> None:
                 help="Each host's steps and outcome as one JSON document; progress goes to stderr.",
             ),
         ] = False,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.setup import SetupRequest, env_manager_flag
@@ -200,9 +198,7 @@ def register(app: typer.Typer) -> None:
                 "--json reports hosts' steps (-H); a cluster's setup (-C) prints its env's report",
                 code="flags-conflict",
             )
-        settings = settings_from(
-            connect_timeout, accept_new_host_key, parallel=parallel, autostop=autostop
-        )
+        settings = reach.settings(autostop=autostop)
         request = SetupRequest(
             playbook=playbook, extra=extra or [], env_manager=env_manager, python=python,
             python_version=python_version, env_name=env_name, torch=torch,

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import make_console, say
 from vmrun.errors import exit_code_for
@@ -40,6 +39,7 @@ def register(app: typer.Typer) -> None:
         help="List the runs on the hosts (or a cluster's, -C): state, progress, start, duration"
         " and exit code.",
     )
+    @reaching()
     def status_command(
         host: Hosts = None,
         cluster: ClusterName = None,
@@ -55,16 +55,14 @@ def register(app: typer.Typer) -> None:
                 " launcher, nodes, processes, world size, epochs, start, duration, exit.",
             ),
         ] = False,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.output import report
         from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.status import gather
 
         refuse_with_cluster(cluster, host)
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         found = gather(settings, hosts=host, cluster=cluster, watchdog=not as_json,
                        last=0 if show_all else last, out=TERMINAL)  # fmt: skip
         records, errors, autostop = found.records, found.errors, found.autostop

@@ -7,13 +7,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import say
 
@@ -28,6 +27,7 @@ def register(app: typer.Typer) -> None:
         " SIGTERM to all its processes, SIGKILL after the grace period,"
         " then check that none is left.",
     )
+    @reaching()
     def stop_command(
         run: Annotated[str | None, typer.Argument(metavar="[RUN]", show_default=False)] = None,
         grace: Annotated[
@@ -35,15 +35,13 @@ def register(app: typer.Typer) -> None:
         ] = 10.0,
         host: Hosts = None,
         cluster: ClusterName = None,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.stop import stop
 
         refuse_with_cluster(cluster, host)
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         return render(stop(settings, run, hosts=host, cluster=cluster, grace=grace, out=TERMINAL))
 
 

@@ -9,13 +9,13 @@ import typer
 
 from vmrun.cli import run_options as ro
 from vmrun.cli.options import (
+    NO_FLAGS,
     SCRIPT_ARGS,
     SLURM_GROUP,
-    AcceptNewHostKey,
     ClusterName,
-    ConnectTimeout,
     DashDashCommand,
-    settings_from,
+    Reach,
+    reaching,
     slurm_options,
     with_group,
 )
@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
         " and `fetch results` know it by its run id.",
     )
     @with_group(SLURM_GROUP, "slurm", skip=("max_requeues",))
+    @reaching(parallel=False)
     def submit_command(
         ctx: typer.Context,
         script: Annotated[
@@ -55,8 +56,7 @@ def register(app: typer.Typer) -> None:
                 help="Print the sbatch command and the synced directory; submit nothing.",
             ),
         ] = False,
-        connect_timeout: ConnectTimeout = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
         slurm: dict[str, Any] | None = None,
     ) -> int:
 
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
                              env=env, data=data)  # fmt: skip
         told = {"notify": notify, "notify_on": notify_on}
         done = submit(
-            what, settings_from(connect_timeout, accept_new_host_key, **told), cluster=cluster,
+            what, reach.settings(**told), cluster=cluster,
             slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach,
             out=TERMINAL,
         )  # fmt: skip

@@ -9,13 +9,12 @@ import typer
 
 from vmrun.cli import run_options as ro
 from vmrun.cli.options import (
+    NO_FLAGS,
     SLURM_GROUP,
-    AcceptNewHostKey,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
-    settings_from,
+    Reach,
+    reaching,
     slurm_options,
     with_group,
 )
@@ -57,6 +56,7 @@ def register(app: typer.Typer) -> None:
     )
     @with_group(SLURM_GROUP, "slurm", skip=("nodes", "max_requeues"),
                 cpus_per_task=CpusPerTask, gpus_per_node=GpusPerNode)  # fmt: skip
+    @reaching()
     def sweep_command(
         script: ro.Script = None,
         nodes: Annotated[
@@ -90,9 +90,7 @@ def register(app: typer.Typer) -> None:
         verbose: ro.Verbose = False,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
         slurm: dict[str, Any] | None = None,
     ) -> int:
         from vmrun.cli.report_cmd import show_table
@@ -108,9 +106,9 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         run = RunOptions(script=script, epochs=epochs, save_every=save_every, task=task, name=name,
                          image=image, mounts=mount)  # fmt: skip
-        told = {"notify": notify, "notify_on": notify_on, "parallel": parallel}
+        told = {"notify": notify, "notify_on": notify_on}
         done = sweep(
-            run, grid, settings_from(connect_timeout, accept_new_host_key, **told), resume=resume,
+            run, grid, reach.settings(**told), resume=resume,
             local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),
             verbose=verbose, out=TERMINAL,
         )  # fmt: skip

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import say
 from vmrun.operations.tensorboard import DEFAULT_PORT
@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         " directory, and every --logdir. --local fetches the event files and serves"
         " them from this machine instead.",
     )
+    @reaching(parallel=False)
     def tensorboard_command(
         run: Annotated[str | None, typer.Argument(metavar="[RUN]", show_default=False)] = None,
         logdir: Annotated[
@@ -75,8 +76,7 @@ def register(app: typer.Typer) -> None:
         ] = 10.0,
         host: Hosts = None,
         cluster: ClusterName = None,
-        connect_timeout: ConnectTimeout = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.tensorboard import check, serving
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         refuse_with_cluster(cluster, host)
         extra = list(logdir or [])
         check(extra, local=local)
-        settings = settings_from(connect_timeout, accept_new_host_key)
+        settings = reach.settings()
         with find_place(settings, run, hosts=host, cluster=cluster) as place:
             board = serving(
                 settings, place, extra, port=port, local=local, every=every, out=TERMINAL

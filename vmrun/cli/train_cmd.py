@@ -22,15 +22,14 @@ import typer
 
 from vmrun.cli import run_options as ro
 from vmrun.cli.options import (
+    NO_FLAGS,
     SCRIPT_ARGS,
     SLURM_GROUP,
-    AcceptNewHostKey,
     ClusterName,
-    ConnectTimeout,
     DashDashCommand,
     Hosts,
-    Parallel,
-    settings_from,
+    Reach,
+    reaching,
     slurm_options,
     with_group,
 )
@@ -49,6 +48,7 @@ def register(app: typer.Typer) -> None:
         " directory and writes where it always does.",
     )
     @with_group(SLURM_GROUP, "slurm")
+    @reaching()
     def train_command(
         ctx: typer.Context,
         script: ro.Script = None,
@@ -174,9 +174,7 @@ def register(app: typer.Typer) -> None:
                 "--dry-run", help="-C: print the batch script and the commands; submit nothing."
             ),
         ] = False,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
         slurm: dict[str, Any] | None = None,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
@@ -194,7 +192,7 @@ def register(app: typer.Typer) -> None:
             down_after_run=down_after_run,
         )  # fmt: skip
         told = {"notify": notify, "notify_on": notify_on}
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel, **told)
+        settings = reach.settings(**told)
         done = train(
             run, settings,
             local=local, hosts=hosts, resume=resume, cluster=cluster,

@@ -18,13 +18,12 @@ import typer
 
 from vmrun.cli.gpus_view import render
 from vmrun.cli.options import (
-    AcceptNewHostKey,
+    NO_FLAGS,
     ClusterName,
-    ConnectTimeout,
     Hosts,
-    Parallel,
+    Reach,
+    reaching,
     refuse_with_cluster,
-    settings_from,
 )
 from vmrun.cli.output import make_console, say
 
@@ -46,6 +45,7 @@ def register(app: typer.Typer) -> None:
         " processes. One SSH channel per host streams nvidia-smi; nothing is started per"
         " refresh.",
     )
+    @reaching()
     def watch_gpus_command(
         host: Hosts = None,
         interval: Annotated[
@@ -87,12 +87,10 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--job", metavar="ID", help="With -C: only the nodes of this job."),
         ] = None,
-        connect_timeout: ConnectTimeout = None,
-        parallel: Parallel = None,
-        accept_new_host_key: AcceptNewHostKey = None,
+        reach: Reach = NO_FLAGS,
     ) -> int:
         refuse_with_cluster(cluster, host)
-        settings = settings_from(connect_timeout, accept_new_host_key, parallel=parallel)
+        settings = reach.settings()
         view = _View(interval, once, json_out, idle_threshold, idle_window)
         from vmrun.cli.terminal import TERMINAL
 
