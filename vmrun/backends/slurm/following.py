@@ -37,6 +37,40 @@ class NeverStarts(Exception):
         self.state, self.why = state, why
 
 
+def run_follower(
+    backend: _Cancels,
+    ref: RunRef,
+    job: str,
+    argv: list[str],
+    on_output: Callable[[str, bytes], None],
+    stream: _Flushes,
+) -> None:
+    """A follower script on the login node, until the job ends (both followers: a generated
+    job's and a user's own script's): a job that can never start is cancelled (which
+    raises), Ctrl-C detaches (the job goes on); what it said is flushed either way."""
+    try:
+        backend.conn.run(argv, on_output=on_output, heartbeat=HEARTBEAT_S)
+    except NeverStarts as never:
+        stream.flush()
+        backend.cancel_never(ref, job, never.state, never.why)
+    except (KeyboardInterrupt, Interrupted):
+        raise detached(ref.run_id, job, backend.cluster.name) from None
+    stream.flush()
+
+
+class _Flushes(Protocol):
+    def flush(self) -> None: ...
+
+
+class _Cancels(Protocol):
+    """What run_follower needs of a backend: the login node, its name, a cancel."""
+
+    conn: Connection
+    cluster: Cluster
+
+    def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None: ...
+
+
 class _Backend(Protocol):
     """What following needs of vmrun.backends.slurm.backend.SlurmBackend."""
 
@@ -112,19 +146,11 @@ class Follower:
         self.stream.feed(data)
 
     def run(self) -> int:
-        rid, cluster = self.ref.run_id, self.backend.cluster.name
         record, poll = str(self.ref.meta["record_dir"]), f"{self.backend.poll:g}"
         limit = f"{self.backend.unanswered_limit:.0f}"
         argv = [*hostside.command("slurm_follow.sh"), record, self.job,
                 str(self.lines), poll, limit]  # fmt: skip
-        try:
-            self.backend.conn.run(argv, on_output=self._output, heartbeat=HEARTBEAT_S)
-        except NeverStarts as never:
-            self.stream.flush()
-            self.backend.cancel_never(self.ref, self.job, never.state, never.why)
-        except (KeyboardInterrupt, Interrupted):
-            raise detached(rid, self.job, cluster) from None
-        self.stream.flush()
+        run_follower(self.backend, self.ref, self.job, argv, self._output, self.stream)
         return self.verdict()
 
     def verdict(self) -> int:

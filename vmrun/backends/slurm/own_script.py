@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vmrun import hostside
 from vmrun.backends.api import RunRef
 from vmrun.backends.slurm import batchfile
-from vmrun.backends.slurm.following import NeverStarts, detached
+from vmrun.backends.slurm.following import NeverStarts, run_follower
 from vmrun.backends.slurm.queue import JobState, explain_failure, submit_refusal
 from vmrun.backends.slurm.stream import Lines
 from vmrun.errors import (
-    Interrupted,
     OutcomeUnknown,
     RemoteError,
     UsageError,
@@ -358,16 +357,8 @@ class Follower:
         meta = self.ref.meta
         argv = [*hostside.command("slurm_follow_tasks.sh"), str(meta["record_dir"]), self.job,
                 f"{poll:g}", f"{limit:.0f}", *_tail_args(meta)]  # fmt: skip
-        rid, cluster = self.ref.run_id, self.backend.cluster.name
-        try:
-            self.backend.conn.run(argv, on_output=lambda _s, data: self.stream.feed(data),
-                                  heartbeat=HEARTBEAT_S)  # fmt: skip
-        except NeverStarts as never:
-            self.stream.flush()
-            self.backend.cancel_never(self.ref, self.job, never.state, never.why)
-        except (KeyboardInterrupt, Interrupted):
-            raise detached(rid, self.job, cluster) from None
-        self.stream.flush()
+        run_follower(self.backend, self.ref, self.job, argv,
+                     lambda _s, data: self.stream.feed(data), self.stream)  # fmt: skip
         return self.verdict()
 
     def _silent(self, key: str) -> str:
