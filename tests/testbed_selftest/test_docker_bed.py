@@ -188,8 +188,12 @@ def test_a_rebooted_host_leaves_close_nothing_to_stop(docker_hosts: DockerBed) -
         assert daemon.pid is not None and not pid_alive(daemon.pid)
         # a killed process leaves its namespaces before its cgroups: wait for it to end
         wait_until(lambda: not daemon.leftover_pids(), 5, "the container to end")
-        cgroups = Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}/*")
-        assert any(p.is_dir() for p in cgroups)  # the dead container's, left for close()
+        # the dead container's cgroups are usually left for close(); a shim that saw the
+        # container end before it was killed may have removed them itself (then close() has
+        # only the daemon's own to remove): either way none may be left after close()
+        left = [p for p in Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}/*")
+                if p.is_dir()]  # fmt: skip
+        print(f"\ncgroups the dead daemon left: {len(left)}")
     finally:
         daemon.close()
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}"))
