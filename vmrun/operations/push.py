@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vmrun.config import Settings
 from vmrun.errors import UsageError
@@ -27,6 +28,10 @@ from vmrun.ssh.inventory import HostEntry
 from vmrun.stores.url import StoreURL
 from vmrun.transfer.push import HostPush, Planned, check_sources, push_host
 from vmrun.transfer.types import Progress
+
+if TYPE_CHECKING:
+    from vmrun.backends.slurm.backend import SlurmBackend
+    from vmrun.backends.slurm.cluster import Cluster
 
 
 @dataclass(frozen=True)
@@ -172,24 +177,10 @@ def _to_cluster(job: PushJob, paths: list[Path], out: Reporter) -> Pushed:
     """Once, through the login node, onto the cluster's shared filesystem: by default the
     folder its jobs run the project in (`<workdir>/<project's work directory>`), where a
     job's `data/` is looked for; never once per compute node."""
-    from vmrun.backends.slurm.backend import SlurmBackend
-    from vmrun.backends.slurm.cluster import find_cluster
-    from vmrun.remote_paths import remote_workdir
-    from vmrun.transfer.manifest import normalize_remote
-
-    if job.hosts:
-        raise UsageError("-H and -C: push to hosts or to a cluster", code="flags-conflict")
-    cluster = find_cluster(job.settings, job.cluster or "")
+    cluster = _cluster_of(job)
     shown = out.progress()
     with Group([cluster.entry], job.settings) as group:
-        conn = group.connections[cluster.entry.label]
-        shared = SlurmBackend(conn, cluster).facts().workdir
-        code = f"{shared}/{remote_workdir(job.settings.project_dir or Path.cwd())}"
-        dest = (
-            code
-            if job.to is None
-            else normalize_remote(job.to, base=code, where="the cluster's project folder")
-        )
+        dest = _cluster_dest(job, _login(group, cluster))
 
         def once(entry: HostEntry, conn: Connection) -> HostPush:
             return push_host(conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine,
@@ -210,49 +201,57 @@ def _from_stores(job: PushJob, out: Reporter) -> Pushed:
     if job.delete:
         raise UsageError("--delete is for pushes from here, not from a bucket", code="bad-store")
     access = resolve(job.store_credentials)
-    entries, dest, python = _store_targets(job)
+    cluster = _cluster_of(job) if job.cluster else None
+    entries = [cluster.entry] if cluster else entries_for(job.hosts, job.settings)
     shown = out.progress(several=len(entries) > 1)
     clock = time.monotonic()
-
-    def one(entry: HostEntry, conn: Connection) -> HostPush:
-        done = HostPush(conn.label, began=time.monotonic() - clock)
-        where = str(entry.vars.get("python") or python)
-        for url in job.stores:
-            remote = posixpath.join(dest, url.name)
-            got = copy_from_store(conn, url, remote, access, shown, python=where,
-                                  dry_run=job.dry_run)  # fmt: skip
-            wanted = got.would if job.dry_run else [(k, 0) for k in got.report.fetched]
-            done.planned.append(Planned(str(url), remote, got.objects, got.nbytes, len(wanted),
-                                        sum(size for _, size in wanted)))  # fmt: skip
-            done.reports.append(got.report)
-        done.ended = time.monotonic() - clock
-        return done
-
     with Group(entries, job.settings) as group:
+        dest, python = destination(job), ""  # "": the mover beside the host's recorded python
+        if cluster is not None:  # on the login connection the copy then uses
+            login = _login(group, cluster)
+            dest, python = _cluster_dest(job, login), login.python()
+
+        def one(entry: HostEntry, conn: Connection) -> HostPush:
+            done = HostPush(conn.label, began=time.monotonic() - clock)
+            where = str(entry.vars.get("python") or python)
+            for url in job.stores:
+                remote = posixpath.join(dest, url.name)
+                got = copy_from_store(conn, url, remote, access, shown, python=where,
+                                      dry_run=job.dry_run)  # fmt: skip
+                wanted = got.would if job.dry_run else [(k, 0) for k in got.report.fetched]
+                sizes = sum(size for _, size in wanted)
+                done.planned.append(
+                    Planned(str(url), remote, got.objects, got.nbytes, len(wanted), sizes)
+                )
+                done.reports.append(got.report)
+            done.ended = time.monotonic() - clock
+            return done
+
         return Pushed(dest, group.map(one), job.dry_run)
 
 
-def _store_targets(job: PushJob) -> tuple[list[HostEntry], str, str]:
-    """Who copies (the hosts, or a cluster's login node), into where, with which python's
-    env holding the mover ("": the host's recorded one)."""
-    if not job.cluster:
-        return entries_for(job.hosts, job.settings), destination(job), ""
-    from vmrun.backends.slurm.session import cluster_backend
+def _cluster_of(job: PushJob) -> Cluster:
+    from vmrun.backends.slurm.cluster import find_cluster
 
     if job.hosts:
         raise UsageError("-H and -C: push to hosts or to a cluster", code="flags-conflict")
-    with cluster_backend(job.settings, job.cluster) as backend:
-        code = backend.code_dir(job.settings.project_dir or Path.cwd())
-        python = backend.python()
-        entry = backend.cluster.entry
-    dest = code if job.to is None else _under(job.to, code)
-    return [entry], dest, python
+    return find_cluster(job.settings, job.cluster or "")
 
 
-def _under(to: str, base: str) -> str:
+def _login(group: Group, cluster: Cluster) -> SlurmBackend:
+    from vmrun.backends.slurm.backend import SlurmBackend
+
+    return SlurmBackend(group.connections[cluster.entry.label], cluster)
+
+
+def _cluster_dest(job: PushJob, login: SlurmBackend) -> str:
+    """`--to` under the project's folder on the shared filesystem (by default that folder)."""
     from vmrun.transfer.manifest import normalize_remote
 
-    return normalize_remote(to, base=base, where="the cluster's project folder")
+    code = login.code_dir(job.settings.project_dir or Path.cwd())
+    if job.to is None:
+        return code
+    return normalize_remote(job.to, base=code, where="the cluster's project folder")
 
 
 class _Relayed:
