@@ -574,6 +574,19 @@ def run_pids(host: TestHost, rid: str | None = None) -> list[int]:
     return found
 
 
+def copier_pids(host: TestHost) -> list[int]:
+    """Live bucket copiers of `train --store` on the host (store_sync.sh and its rclone)."""
+    found = []
+    for pid in host.user_pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"store_sync.sh" in argv or b"/rclone\0" in argv:
+            found.append(pid)
+    return found
+
+
 @pytest.fixture
 def multi(
     bed: NetnsBed, cluster: dict[str, TestHost], client: Client, host_python: Path
@@ -607,11 +620,13 @@ def multi(
 
 
 def clean_host(host: TestHost) -> None:
-    """A training test's leftovers on a host: run processes (killed by PID), vmrun's files."""
-    for pid in run_pids(host):
+    """A training test's leftovers on a host: run processes and bucket copiers (killed by
+    PID), vmrun's files."""
+    for pid in run_pids(host) + copier_pids(host):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not run_pids(host), 10, f"no run process left on {host.name}")
+    wait_for(lambda: not run_pids(host) and not copier_pids(host), 10,
+             f"no run process left on {host.name}")  # fmt: skip
     shutil.rmtree(host.home / ".vmrun", ignore_errors=True)
     shutil.rmtree(host.home / "vmrun", ignore_errors=True)
 

@@ -63,6 +63,18 @@ def s3_server_on(host: Any, port: int = 9000) -> Iterator[str]:
         server.wait(timeout=30)
 
 
+@contextmanager
+def bed_bucket(bed: Any) -> Iterator[tuple[str, Any]]:
+    """moto's S3 server on the bed's own test host, "bucket", reached by the hosts and this
+    machine alike: its endpoint, and that host (to take the bucket down)."""
+    try:
+        host = bed.host("bucket")
+    except KeyError:
+        host = bed.add_host("bucket")
+    with s3_server_on(host) as endpoint:
+        yield endpoint, host
+
+
 def install_mover(host: Any, rclone: Path) -> Path:
     """rclone where vmrun looks for its own copy on a host (~/.vmrun/bin), owned by the
     host's user; its path there."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import Client, errors_in
-from store_fixtures import SECRET, install_mover, new_bucket, put, s3_env, s3_server_on
+from store_fixtures import SECRET, bed_bucket, install_mover, new_bucket, put, s3_env, s3_server_on
 from testbed import NetnsBed, TestHost
 
 pytest.importorskip("moto")
@@ -26,11 +26,7 @@ pytest.importorskip("moto")
 def bucket(bed: NetnsBed) -> Iterator[str]:
     """moto's S3 server on its own test host, reached by the hosts and this machine alike;
     its endpoint."""
-    try:
-        host = bed.host("bucket")
-    except KeyError:
-        host = bed.add_host("bucket")
-    with s3_server_on(host) as endpoint:
+    with bed_bucket(bed) as (endpoint, _host):
         yield endpoint
 
 

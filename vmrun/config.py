@@ -132,7 +132,10 @@ FIELDS: dict[str, Field] = {
               "what runs the image: auto (docker, else podman on hosts), or one by name"),
         Field("container_ulimits", kinds.words, lambda env: [],
               "the container's limits, NAME=SOFT[:HARD]; empty: NGC's memlock=-1 and 64 MiB stack"),
-        # buckets (vmrun.stores): `push s3://...`
+        # buckets (vmrun.stores): `push s3://...`, `train --store`
+        Field("store", kinds.store, lambda env: "",
+              "where runs' outputs go as they are written: s3://BUCKET/PREFIX (each run in"
+              " PREFIX/RUN_ID); empty: nowhere"),
         Field("store_credentials", kinds.STORE_CREDENTIALS, lambda env: "auto",
               "what the hosts read a bucket with: auto (yours from here if found, else the"
               " host's own), host (an instance profile), mine"),
@@ -168,6 +171,7 @@ class Settings:
     pull: str
     container_runtime: str
     container_ulimits: list[str]
+    store: str
     store_credentials: str
     notify: list[str]
     notify_on: list[str]

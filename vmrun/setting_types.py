@@ -154,6 +154,20 @@ def text(name: str, value: Any) -> str:
     return value.strip()
 
 
+def store(name: str, value: Any) -> str:
+    """A bucket place, s3://BUCKET/PREFIX, checked as written ("" for none)."""
+    from vmrun.errors import UsageError
+    from vmrun.stores.url import parse_store
+
+    place = text(name, value)
+    if place:
+        try:
+            parse_store(place)
+        except UsageError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+    return place
+
+
 def words(name: str, value: Any) -> list[str]:
     """A list of strings; from the environment or a flag, one string of comma-separated ones."""
     if isinstance(value, str):

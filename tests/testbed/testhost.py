@@ -102,6 +102,7 @@ class TestHost(SshdHost):
         self._closing = bed._closing
         self._threads = bed._threads
         self._blocked: set[int] = set()
+        self._refused: set[int] = set()
         self._cut: set[str] = set()
         # sh run as root inside the host before each of its commands and its sshd (so every
         # SSH session too), ending in `exec "$@"`: mounts only the host sees (podman.py)
@@ -249,14 +250,19 @@ class TestHost(SshdHost):
         # add+delete first so the script works whether or not the table exists (nft 1.0.6
         # has no "destroy"); the whole file is one atomic transaction.
         script = f"add table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n"
-        if self._blocked:
-            ports = ", ".join(str(p) for p in sorted(self._blocked))
+        if self._blocked or self._refused:
+            rules = [
+                f"    tcp dport {{ {', '.join(str(p) for p in sorted(ports))} }} {verdict}\n"
+                for ports, verdict in ((self._blocked, "drop"),
+                                       (self._refused, "reject with tcp reset"))
+                if ports
+            ]  # fmt: skip
             script += (
                 f"table inet {NFT_TABLE} {{\n"
                 "  chain input {\n"
                 "    type filter hook input priority filter; policy accept;\n"
-                f"    tcp dport {{ {ports} }} drop\n"
-                "  }\n"
+                + "".join(rules)
+                + "  }\n"
                 "}\n"
             )
         proc = run_process(
@@ -278,6 +284,12 @@ class TestHost(SshdHost):
 
     def unblock_port(self, port: int) -> None:
         self._blocked.discard(int(port))
+        self._refused.discard(int(port))
+        self._apply_nft()
+
+    def refuse_port(self, port: int) -> None:
+        """Refuse incoming TCP to ``port`` inside the host (a reset: a service that is down)."""
+        self._refused.add(int(port))
         self._apply_nft()
 
     # ---------------------------------------------------------------- sshd

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from vmrun.runs.plan import Plan
     from vmrun.ssh.connection import Connection
     from vmrun.ssh.group import Outcome
+    from vmrun.stores.sync import StoreState
     from vmrun.transfer.types import Progress
 
 
@@ -142,6 +143,8 @@ class RunRow(Protocol):
     def failure(self) -> WorkerFailure | None: ...
     @property
     def versions(self) -> Mapping[str, Any] | None: ...
+    @property
+    def store(self) -> StoreState | None: ...  # where its copy to a bucket stands (--store)
     @property
     def tasks(self) -> Sequence[Any]: ...  # an array job's tasks (a cluster's), else empty
 

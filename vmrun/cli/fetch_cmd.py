@@ -99,6 +99,16 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--bwlimit", metavar="RATE", help="At most this many bytes/s (20M)."),
         ] = None,
+        store: Annotated[
+            str | None,
+            typer.Option("--store", metavar="s3://BUCKET/PREFIX",
+                         help="From the run's copy in this bucket place (`train --store`),"
+                         " not its hosts: straight here, when the hosts are gone."),
+        ] = None,
+        from_store: Annotated[
+            bool,
+            typer.Option("--from-store", help="As --store, from vmrun.toml's `store`."),
+        ] = False,
         cluster: ClusterName = None,
         reach: Reach = NO_FLAGS,
     ) -> int:
@@ -120,6 +130,7 @@ def register(app: typer.Typer) -> None:
             bwlimit=parse_rate(bwlimit),
             settings=reach.settings(),
             cluster=cluster,
+            store=store if store is not None else ("" if from_store else None),
         )
         return run_fetch(job)
 

@@ -81,6 +81,17 @@ DataOption = Annotated[
         " run.json; repeatable.",
     ),
 ]
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        metavar="s3://BUCKET/PREFIX",
+        help="Copy the run's outputs to PREFIX/<run id>/ in the bucket from the host as they"
+        " are written (each snapshot once complete; logs, metrics, provenance at the end);"
+        " with --resume, where to find a run whose hosts are gone [default: vmrun.toml's"
+        " store].",
+    ),
+]
 Mounts = Annotated[
     list[str] | None,
     typer.Option(

@@ -71,7 +71,12 @@ def register(app: typer.Typer) -> None:
             sys.stdout.flush()
         else:
             images = any(r.meta.get("image") for r in records)
-            _render(_rows(records, autostop, images), autostop=bool(autostop), images=images)
+            stores = any(r.store for r in records)
+            _render(_rows(records, autostop, images, stores), autostop=bool(autostop),
+                    images=images, stores=stores)  # fmt: skip
+            for r in records:
+                if r.store is not None and r.store.state in ("failing", "gave-up"):
+                    TERMINAL.warn(f"run {r.id}: {r.store.describe(getattr(r, 'host_now', None))}")
         if found.hidden:
             TERMINAL.info(f"{found.hidden} older run(s) not shown (--last N / --all)")
         for failure in errors:
@@ -80,15 +85,16 @@ def register(app: typer.Typer) -> None:
 
 
 def _rows(
-    records: Sequence[Any], autostop: dict[str, str], images: bool = False
+    records: Sequence[Any], autostop: dict[str, str], images: bool = False, stores: bool = False
 ) -> list[tuple[str, ...]]:
     """One row per run and host (and one per task of an array job, `RUN[INDEX]`); an
     AUTOSTOP column where a host has the watchdog, an IMAGE column where a run ran in a
-    container image."""
+    container image, a BUCKET column where a run is copied to one (--store)."""
     rows = []
     for r in records:
         extra = [*([autostop.get(r.host, "-")] if autostop else []),
-                 *([str(r.meta.get("image") or "-")] if images else [])]  # fmt: skip
+                 *([str(r.meta.get("image") or "-")] if images else []),
+                 *([_bucket(r)] if stores else [])]  # fmt: skip
         started = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
         code = "-" if r.exit_code is None else str(r.exit_code)
         rows.append((r.id, r.host, _state(r), r.progress or "-", started, _duration(r.duration),
@@ -102,6 +108,19 @@ def _rows(
     return rows
 
 
+def _bucket(run: Any) -> str:
+    """The copy to the run's bucket in a few words: up to date, 40 s behind, all there."""
+    store = run.store
+    if store is None:
+        return "-"
+    behind = store.behind(getattr(run, "host_now", None))
+    words = {"ok": "up to date", "done": "all there", "syncing": "copying",
+             "gave-up": "gave up"}  # fmt: skip
+    if store.state == "failing" and behind is not None:
+        return f"{behind:.0f} s behind"
+    return words.get(store.state, "behind" if store.state == "failing" else store.state)
+
+
 def _state(run: RunRow) -> str:
     """The state, and for a queued job why it waits (squeue's reason)."""
     text = f"{run.state} ({run.reason})" if run.reason else str(run.state)
@@ -109,10 +128,14 @@ def _state(run: RunRow) -> str:
 
 
 def _render(
-    rows: Sequence[tuple[str, ...]], *, autostop: bool = False, images: bool = False
+    rows: Sequence[tuple[str, ...]],
+    *,
+    autostop: bool = False,
+    images: bool = False,
+    stores: bool = False,
 ) -> None:
     headers: tuple[str, ...] = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
-    headers += ("AUTOSTOP",) * autostop + ("IMAGE",) * images
+    headers += ("AUTOSTOP",) * autostop + ("IMAGE",) * images + ("BUCKET",) * stores
     if not rows:
         from vmrun.cli.terminal import TERMINAL
 

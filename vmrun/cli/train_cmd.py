@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
         mount: ro.Mounts = None,
         pull: ro.PullOption = None,
         data: ro.DataOption = None,
+        store: ro.StoreOption = None,
         host: Hosts = None,
         detach: Annotated[
             bool, typer.Option("--detach", help="Start the run and return at once.")
@@ -184,7 +185,7 @@ def register(app: typer.Typer) -> None:
             script=script, script_args=ctx.meta.get(SCRIPT_ARGS), epochs=epochs,
             save_every=save_every, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
             env=env, name=name, batch_size=batch_size, lr=lr, task=task, launcher=launcher,
-            image=image, mounts=mount, pull=pull, data=data,
+            image=image, mounts=mount, pull=pull, data=data, store=store,
         )  # fmt: skip
         hosts = HostOptions(
             hosts=host, master=master, nnodes=nnodes, rdzv_port=rdzv_port, nccl_debug=nccl_debug,

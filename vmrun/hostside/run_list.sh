@@ -6,6 +6,7 @@
 # saved snapshot, of any attempt (where a resume starts from). VERSIONS: versions.json's line
 # (hostside/run_provenance.py: python, torch, CUDA, NCCL, GPU, driver). FAILURE: an ended
 # run's failure.json (hostside/run_failure.py: the first failed worker's rank, host, code).
+# STORE: where its copy to a bucket stands (store_sync.sh's store.json), on the node copying.
 base=$1; shift
 # vmrun-inline: run_alive.sh
 cd "$HOME" 2>/dev/null || exit 0
@@ -28,6 +29,7 @@ for id in "$@"; do
     [ -f "$d/failure.json" ] && echo "FAILURE $(head -n 1 "$d/failure.json" | head -c 4096)"
   fi
   if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
+  [ -f "$d/store.json" ] && echo "STORE $(head -n 1 "$d/store.json" | head -c 4096)"
   if alive_run "$d"; then echo "ALIVE 1"; else echo "ALIVE 0"; fi
   out=$(cat "$d/out_dir" 2>/dev/null)
   if [ -n "$out" ] && [ -f "$out/metrics.jsonl" ] && [ -f "$d/pid" ] \

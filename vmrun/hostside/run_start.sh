@@ -12,6 +12,12 @@
 # starts anyway (--allow-concurrent). That check and the start hold one lock (flock on
 # .start.lock beside the records) until the pid is written, so two starts at once cannot
 # both find the GPUs free.
+# The run's bucket copy (`train --store`, on the node that holds its outputs): VMRUN_STORE_TO
+# (bucket/prefix/RUN_ID), VMRUN_STORE_URL (the same as shown), VMRUN_STORE_PYTHON (where
+# the mover is looked for), VMRUN_STORE_SINCE (1: OUT is the work directory, so only what
+# changed since the run first started is the run's) and VMRUN_STORE_CONFIG (rclone's
+# config, credentials maybe): none in the run's environment; store_sync.sh's copier starts
+# once the pid is written (an earlier attempt's copier is replaced).
 # Beside the run (detached): run_provenance.py, which writes provenance.json, environment.txt and
 # versions.json into REC (VMRUN_PROVENANCE, above).
 # Prints the log's line count before this attempt, then the pid of the run's supervising
@@ -73,6 +79,9 @@ if [ -n "${VMRUN_CODE_PATCH:-}" ]; then
 fi
 prov=${VMRUN_PROVENANCE:-}
 unset VMRUN_CODE_PATCH VMRUN_PROVENANCE
+store_to=${VMRUN_STORE_TO:-} store_url=${VMRUN_STORE_URL:-} store_py=${VMRUN_STORE_PYTHON:-}
+store_since=${VMRUN_STORE_SINCE:-} store_cfg=${VMRUN_STORE_CONFIG:-}
+unset VMRUN_STORE_TO VMRUN_STORE_URL VMRUN_STORE_PYTHON VMRUN_STORE_SINCE VMRUN_STORE_CONFIG
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"
 case "$out" in /*) ;; *) out="$HOME/$out" ;; esac
@@ -93,5 +102,13 @@ setsid -f sh "$lib/run_supervise.sh" "$rec" "$mode" "$lib/run_marks.py" "$@" \
   < /dev/null > /dev/null 2>&1 8>&-
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+[ -s "$rec/pid" ] || { echo "vmrun: the run did not start" >&2; exit 125; }
+if [ -n "$store_to" ]; then
+  since=''
+  [ "$store_since" = 1 ] && since=$(cat "$rec/first_started")
+  env -u VMRUN_RUN_ID -u VMRUN_RUN_DIR VMRUN_STORE_CONFIG="$store_cfg" sh "$lib/store_sync.sh" \
+    start "$rec" "$out" "$store_to" "$store_url" "$since" "$store_py" < /dev/null > /dev/null 2>&1 8>&- \
+    || printf 'vmrun: the copy to %s did not start\n' "$store_url" >> "$rec/log"
+fi
 echo "$lines"
-cat "$rec/pid" 2>/dev/null || { echo "vmrun: the run did not start" >&2; exit 125; }
+cat "$rec/pid"

@@ -12,7 +12,9 @@ rec=$1; mode=$2; marks=$3; shift 3
 # shellcheck disable=SC2086  # the fields after the command name, split on purpose
 (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
 echo $$ > "$rec/pid.tmp" && mv "$rec/pid.tmp" "$rec/pid"
-if [ "$mode" = resume ]; then exec >> "$rec/log"; else exec > "$rec/log"; fi
+# appended either way (O_APPEND): the bucket copier (store_sync.sh) adds its lines beside
+[ "$mode" = resume ] || : > "$rec/log"
+exec >> "$rec/log"
 m=
 if command -v python3 > /dev/null 2>&1; then
   python3 "$marks" "$rec" $$ < /dev/null > /dev/null 2>&1 &

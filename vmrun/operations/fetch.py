@@ -6,6 +6,7 @@ paths come from the chosen hosts. Each round's per-host reports come back as a v
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -41,6 +42,7 @@ class FetchJob:
     interval: float = 10.0
     bwlimit: float | None = None
     cluster: str | None = None  # -C: from the cluster's shared filesystem
+    store: str | None = None  # from this bucket place (s3://...; "" for vmrun.toml's store)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ def rounds(job: FetchJob, out: Reporter = QUIET) -> Iterator[Fetched]:
     from vmrun.transfer.types import Options, env_tuning
 
     check(job)
+    if job.store is not None:
+        yield _from_store(job, out)
+        return
     entries = _entries(job)
     dest = _destination(job)
     engine, streams = env_tuning()
@@ -149,10 +154,40 @@ def rounds(job: FetchJob, out: Reporter = QUIET) -> Iterator[Fetched]:
                 return
 
 
+def _from_store(job: FetchJob, out: Reporter) -> Fetched:
+    """The run's files from its place in the bucket (`train --store`), straight here: its
+    hosts may be gone. One outcome, named by the run's place."""
+    from vmrun.ssh.group import Outcome
+    from vmrun.stores.access import resolve
+    from vmrun.stores.bucket import client, fetch_run, newest_run
+    from vmrun.stores.sync import run_place
+    from vmrun.stores.url import parse_store
+
+    store = parse_store(job.store or job.settings.store)
+    s3 = client(resolve(job.settings.store_credentials))
+    place = run_place(store, job.run or newest_run(s3, store))
+    shown = out.progress(several=False, live=True)
+    live = shown if isinstance(shown, AbstractContextManager) else nullcontext()
+    began = time.monotonic()
+    with live:
+        report = fetch_run(s3, place, job.items, _destination(job), shown, latest=job.latest,
+                           include=job.include, exclude=job.exclude)  # fmt: skip
+    return Fetched([Outcome(str(place), report, None, time.monotonic() - began)])
+
+
 def check(job: FetchJob) -> None:
     """What is refused before any connection: places that do not go together, a bad path
     or run id."""
     from vmrun.runs.outputs import check_paths, check_run_id
+
+    if job.store is not None:
+        if job.hosts or job.all_hosts or job.cluster or job.watch:
+            raise UsageError("--store fetches from the bucket alone: drop -H, --all-hosts, -C"
+                             " and --watch", code="flags-conflict")  # fmt: skip
+        if not (job.store or job.settings.store):
+            raise UsageError("--from-store: vmrun.toml names no store",
+                             hint="give the place: --store s3://BUCKET/PREFIX",
+                             code="bad-store")  # fmt: skip
 
     if job.cluster and job.all_hosts:
         raise UsageError(f"--all-hosts is for hosts; -C {job.cluster} fetches from its login node")

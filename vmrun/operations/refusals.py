@@ -76,6 +76,12 @@ RULES: tuple[Rule, ...] = (
          code="flags-conflict", says="{flags} {are}" + _LOCAL_STAYS),
     Rule(("--data",), when="--local", code="flags-conflict",
          says="--data pushes to hosts (-H); a --local run reads the data where it is"),
+    Rule(("--store",), when="--local", code="flags-conflict",
+         says="--store copies a run on hosts (-H) to the bucket; a --local run's files are"
+         " here already"),
+    Rule(("--store",), when="-C", code="flags-conflict",
+         says="--store copies a run on hosts (-H) to the bucket; a Slurm run's files stay on"
+         " the cluster's shared filesystem (`vmrun fetch -C`)"),
     Rule(("--master", "--nnodes", "--rdzv-port"), when="--local", code="flags-conflict",
          says="{flags} {are} for several hosts (-H); drop {them} with --local"),
     Rule(("--down-after-run",), unless="--fetch-every", code="flags-conflict", says=_DOWN_NEEDS),

@@ -20,7 +20,7 @@ _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "failure", "tasks", "commit", "dirty", "versions",
+    "error", "failure", "tasks", "commit", "dirty", "versions", "store",
 )  # fmt: skip
 
 
@@ -73,7 +73,16 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         "failure": failure[1].as_json(failure[0]) if failure else None,
         "tasks": _tasks(first),
         **_made_by(recs),
+        "store": _store(recs),
     }
+
+
+def _store(recs: list[RunRow]) -> dict[str, Any] | None:
+    """Where the run's copy to its bucket stands (--store), by the copying node's clock."""
+    for rec in recs:
+        if rec.store is not None:
+            return rec.store.as_json(getattr(rec, "host_now", None))
+    return None
 
 
 def _first_failure(recs: list[RunRow]) -> tuple[str, WorkerFailure] | None:

@@ -49,6 +49,7 @@ class RunOptions:
     mounts: list[str] | None = None  # SRC:DST[:ro], added to vmrun.toml's `mounts`
     pull: str | None = None  # newer|missing|always|never; None: vmrun.toml's `pull`
     data: list[str] | None = None  # PATH[:DIR], pushed to every node before the run
+    store: str | None = None  # s3://BUCKET/PREFIX; None: vmrun.toml's `store`, "" none
 
     def flags(self) -> dict[str, Any]:
         """Each option under the name the user gave it by (`--save-every`), in field order."""
@@ -73,6 +74,7 @@ class RunOptions:
             batch_size=self.batch_size, lr=self.lr, launcher=self.launcher or "torchrun",
             task=self.task, containers=containers, data=self.data,
             store_credentials=settings.store_credentials if settings else "auto",
+            store=self.store if self.store is not None else (settings.store if settings else ""),
         )  # fmt: skip
 
 
@@ -181,6 +183,9 @@ def _on_cluster(
     out: Reporter,
 ) -> int | DryRun:
     """Submit through the cluster's login node, then follow the job (or leave it, detach)."""
+    if plan.store is not None:  # vmrun.toml's (a --store flag is refused with -C)
+        out.warn(f"store = {plan.store} is for runs on hosts; this Slurm run's files stay on"
+                 f" the cluster's shared filesystem (`vmrun fetch -C {name}`)")  # fmt: skip
     from vmrun.backends.api import StartOptions
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
@@ -270,10 +275,10 @@ def _on_hosts(
         if how.resume is not None:
             from vmrun.backends.hosts.resume import load
 
-            resumed = load(group, how.resume, plan.env)
-            plan, place.listed = resumed.plan, resumed.listed
+            resumed = load(group, how.resume, plan.env, plan.store, settings.store_credentials)
+            plan, place.listed, place.restore = resumed.plan, resumed.listed, resumed.restore
             entries = _nodes(entries, resumed.nodes, settings)
-            if place.wiring.master is None and len(entries) > 1:
+            if place.wiring.master is None and len(entries) > 1 and not resumed.restore:
                 w = place.wiring
                 recorded = resumed.meta.get("nnodes") if hosts.nnodes is None else hosts.nnodes
                 place.wiring = _wiring(

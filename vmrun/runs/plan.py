@@ -54,7 +54,8 @@ class Plan:
     containers: Asked = field(default_factory=Asked)  # --image, --mount and their settings
     # --data PATH[:DIR] (or s3://BUCKET/PREFIX[:DIR]): on the nodes before the run
     data: tuple[tuple[Path | StoreURL, str | None], ...] = ()
-    store_access: Access | None = None  # who reads a --data bucket (never recorded)
+    store_access: Access | None = None  # who reads or writes the buckets (never recorded)
+    store: StoreURL | None = None  # --store: the run's outputs go to STORE/RUN_ID as written
 
 
 def make_plan(
@@ -74,6 +75,7 @@ def make_plan(
     containers: Asked | None = None,
     data: list[str] | None = None,
     store_credentials: str = "auto",
+    store: str = "",
 ) -> Plan:
     """Validate every flag; raise UsageError (exit 2) before anything is started."""
     from vmrun.config import find_project_dir
@@ -132,6 +134,9 @@ def make_plan(
         nproc = None
     env_map = parse_env(env)
     data_specs = tuple(parse_data(text) for text in data or ())
+    from vmrun.stores.url import parse_store
+
+    store_url = parse_store(store) if store else None
     containers = containers or Asked()
     containers.check()
     run_name = (
@@ -150,7 +155,8 @@ def make_plan(
         env=env_map,
         project=find_project_dir() or Path.cwd(),
         data=data_specs,
-        store_access=data_access(data_specs, store_credentials),
+        store_access=data_access(data_specs, store_credentials, store_url),
+        store=store_url,
         containers=containers,
     )
 
@@ -206,12 +212,14 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def data_access(data: Sequence[tuple[Path | StoreURL, str | None]], mode: str) -> Access | None:
-    """Who the nodes read a --data bucket with, found before anything starts (None: no
-    bucket among the data)."""
+def data_access(
+    data: Sequence[tuple[Path | StoreURL, str | None]], mode: str, store: StoreURL | None = None
+) -> Access | None:
+    """Who the nodes read a --data bucket (and write --store's) with, found before anything
+    starts (None: no bucket at all)."""
     from vmrun.stores.url import StoreURL
 
-    if not any(isinstance(source, StoreURL) for source, _ in data):
+    if store is None and not any(isinstance(source, StoreURL) for source, _ in data):
         return None
     from vmrun.stores.access import resolve
 

@@ -50,14 +50,16 @@ def copy_from_store(
     *,
     python: str = "",
     dry_run: bool = False,
+    exclude: str = "",
 ) -> StoreCopy:
     """Every object under `source` into `dest` on the host (as `dest`/<relative key>);
-    unchanged ones stay. A failed object is in the report; the bucket refusing, being out
-    of reach, or the host lacking room or the mover raise."""
+    unchanged ones stay (`exclude`: an rclone filter of keys left out). A failed object is in
+    the report; the bucket refusing, being out of reach, or the host lacking room or the
+    mover raise."""
     done = StoreCopy(source, dest, report=Report(conn.label, engine="rclone"))
     log = _Log(conn.label, done, progress, str(source))
     argv = hostside.command("store_copy.sh", "dry" if dry_run else "copy", source.path, dest,
-                            python)  # fmt: skip
+                            python, exclude)  # fmt: skip
     began = time.monotonic()
     result = conn.run(argv, env={"VMRUN_STORE_CONFIG": access.mover_config()},
                       on_output=log.feed, what=f"the copy from {source}")  # fmt: skip
@@ -67,7 +69,7 @@ def copy_from_store(
     if status in (5, 6, 7, 8):
         raise _refusal(status, log.words, conn.label, source, dest)
     if status != 0 and not done.report.failed:
-        raise _store_error(log.errors or log.words or [result.output_tail(3)], conn.label, source)
+        raise store_error(log.errors or log.words or [result.output_tail(3)], conn.label, source)
     done.report.unchanged = max(0, done.objects - len(done.report.fetched)
                                 - len(done.report.failed) - len(done.would))  # fmt: skip
     return done
@@ -168,7 +170,7 @@ def _refusal(status: int, words: list[str], host: str, source: StoreURL, dest: s
     return UsageError(f"nothing under {source}", host=host, code="store-empty")
 
 
-def _store_error(errors: list[str], host: str, source: StoreURL) -> VmrunError:
+def store_error(errors: list[str], host: str, source: StoreURL) -> VmrunError:
     text = " | ".join(e for e in errors[-3:] if e) or "the copy failed"
     if "directory not found" in text:  # S3's NoSuchBucket, as rclone says it
         return UsageError(

@@ -57,9 +57,10 @@ def parse_store(text: str) -> StoreURL:
         )
     prefix = prefix.strip("/")
     parts = prefix.split("/") if prefix else []
-    if any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 for c in prefix):
+    if any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 or c in '"\\' for c in prefix):
         raise UsageError(
-            f"{text!r}: the prefix has an empty, `.` or `..` part, or a control character",
+            f"{text!r}: the prefix has an empty, `.` or `..` part, a quote, a backslash or a"
+            " control character",
             code="bad-store",
         )
     return StoreURL(scheme, bucket, prefix)

@@ -33,6 +33,7 @@ from vmrun.backends.hosts.node_launch import (
     layout_note,
     meet,
     node_launch,
+    rank0_node,
 )
 from vmrun.backends.hosts.preflight import check_launcher_hosts, cuda_warning, nproc_for, preflight
 from vmrun.backends.hosts.staging import stage
@@ -123,7 +124,7 @@ class HostsBackend:
         layout = (place.layout or meet(self.group, nodes, place.wiring)) if multi else None
         rid = how.resume or how.run_id or launch.run_id(plan.name)
         banner = ""
-        if how.resume:
+        if how.resume and place.restore is None:
             from vmrun.backends.hosts.resume import prepare
 
             banner = prepare(self.group, list(nodes), rid, out, place.listed)
@@ -136,10 +137,24 @@ class HostsBackend:
                 only=only,
             )
         raise_for_failures(staged, one_as_itself=True)
+        if how.resume and place.restore is not None:  # its hosts are gone: from its bucket
+            from vmrun.backends.hosts.resume import restore
+
+            assert plan.store_access is not None
+            out_dirs = {label: _out_dir(plan, n.workdir, rid) for label, n in nodes.items()}
+            banner, place.listed = restore(self.group, out_dirs, rid, place.restore,
+                                           plan.store_access, out, progress)  # fmt: skip
+        holder = rank0_node(layout, nodes, plan.launcher)  # where the outputs are written
+        if plan.store is not None:
+            from vmrun.stores.sync import check_store, run_place
+
+            assert plan.store_access is not None
+            check_store(self.conn(holder), run_place(plan.store, rid), plan.store_access,
+                        nodes[holder].env.python)  # fmt: skip
         started = _start_all(
             self.group, plan, nodes, rid, nproc, layout, place.wiring, how.resume, banner,
             alone=not how.allow_concurrent, notify=how.notify, files=files,
-            earlier=_earlier_code(rid, place.listed) if how.resume else [],
+            earlier=_earlier_code(rid, place.listed) if how.resume else [], holder=holder,
         )  # fmt: skip
         names = ", ".join(nodes)
         first = self.entries[0].label
@@ -404,12 +419,19 @@ def _start_all(
     notify: Notify | None = None,
     files: list[str] | None = None,
     earlier: list[dict[str, Any]] | None = None,
+    holder: str = "",
 ) -> dict[str, int]:
     """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
     each host refuses if another run is alive there (the busy check, under its start lock).
     `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
-    the master tells the run's end itself, with or without vmrun attached."""
+    the master tells the run's end itself, with or without vmrun attached. `holder`: the
+    node whose outputs a --store run copies to its bucket."""
     labels = list(nodes)
+    place = None
+    if plan.store is not None:
+        from vmrun.stores.sync import copy_env, run_place
+
+        place = run_place(plan.store, rid)
     code = provenance.code_of(
         plan.project, files, trainer=plan.script if plan.is_template else None
     )
@@ -428,6 +450,7 @@ def _start_all(
         "rdzv": layout.endpoint if layout else None,
         "code": code.facts,
         **({"code_earlier": earlier} if earlier else {}),
+        **({"store": str(place), "store_node": holder} if place else {}),
     }
 
     def start(entry: HostEntry, conn: Connection) -> int:
@@ -441,6 +464,10 @@ def _start_all(
         if notify and entry.label == labels[0]:
             told = notify.host_config(_notify_facts(plan, rid, labels))
             env = {**env, "VMRUN_NOTIFY_CONFIG": told}
+        if place is not None and entry.label == holder:
+            assert plan.store_access is not None
+            env = {**env, **copy_env(place, plan.store_access, node.env.python,
+                                     since_start=not plan.is_template)}  # fmt: skip
         meta = {
             **meta_base,
             "script": node.script,

@@ -26,6 +26,7 @@ from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
+from vmrun.stores.url import StoreURL
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
@@ -81,6 +82,7 @@ class Placement:
     listed: dict[str, list[runs.RunRecord]] | None = None  # every run per host, if known
     nodes: dict[str, Node] | None = None  # checked already (doctor): no second preflight
     layout: Layout | None = None  # the rendezvous decided already, with `nodes`
+    restore: StoreURL | None = None  # --resume of a run whose hosts are gone: its bucket copy
 
 
 def meet(group: Group, nodes: dict[str, Node], wiring: Wiring) -> Layout:
@@ -200,14 +202,20 @@ def _network_env(node: Node, layout: Layout, wiring: Wiring) -> dict[str, str]:
     return env
 
 
+def rank0_node(layout: Layout | None, nodes: dict[str, Node], launcher: str = "torchrun") -> str:
+    """The node where global rank 0 runs: where the template writes its snapshots."""
+    if layout is None:
+        return next(iter(nodes))
+    if launcher == "env":  # vmrun ranks the nodes itself: the master is rank 0
+        return layout.master
+    return min(nodes.values(), key=lambda n: _advertised(n, layout)).label
+
+
 def layout_note(
     layout: Layout, nodes: dict[str, Node], nproc: str, launcher: str = "torchrun"
 ) -> str:
     ifs = ", ".join(f"{label} {i or '?'}" for label, i in layout.ifnames.items())
-    if launcher == "env":  # vmrun ranks the nodes itself: the master is rank 0
-        rank0 = layout.master
-    else:
-        rank0 = min(nodes.values(), key=lambda n: _advertised(n, layout)).label
+    rank0 = rank0_node(layout, nodes, launcher)
     where = "" if rank0 == layout.master else f"; torch's c10d puts global rank 0 on {rank0}"
     return (
         f"{len(nodes)} nodes x {nproc} process(es), rendezvous at {layout.endpoint} on"

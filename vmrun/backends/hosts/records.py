@@ -32,6 +32,7 @@ from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
+from vmrun.stores.sync import StoreState
 
 _PROGRESS = re.compile(r"\bepoch[ :=]+(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
 _EPOCH = re.compile(r"\bepoch\s*[:=]?\s*(\d+)", re.IGNORECASE)
@@ -54,6 +55,7 @@ class RunRecord:
     host_now: float | None = None  # host clock when listed
     versions: dict[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
     failure: WorkerFailure | None = None  # failure.json: torchrun's first failed worker
+    store: StoreState | None = None  # store.json: the copy to the run's bucket (--store)
 
     @property
     def running(self) -> bool:
@@ -276,6 +278,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "METRICS": _read_metrics,
     "VERSIONS": _set("versions", provenance.versions_of),
     "FAILURE": _set("failure", WorkerFailure.parse),
+    "STORE": _set("store", StoreState.parse),
     "SAVED": _read_saved,
     "PROGRESS": _read_progress,
 }

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.hosts import records as runs
 from vmrun.errors import RemoteError, UsageError
@@ -32,6 +32,11 @@ from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.manifest import PART_SUFFIX, list_remote
 
+if TYPE_CHECKING:
+    from vmrun.stores.access import Access
+    from vmrun.stores.url import StoreURL
+    from vmrun.transfer.types import Progress
+
 
 @dataclass
 class Resumed:
@@ -42,22 +47,40 @@ class Resumed:
     nodes: list[str]
     meta: dict[str, Any]
     listed: dict[str, list[runs.RunRecord]]
+    restore: StoreURL | None = None  # from its copy in this bucket place: its hosts are gone
 
 
-def load(group: Group, rid: str, env: dict[str, str]) -> Resumed:
-    """The recorded plan of run `rid`, found on the group's hosts in one listing each."""
+def load(
+    group: Group,
+    rid: str,
+    env: dict[str, str],
+    store: StoreURL | None = None,
+    store_credentials: str = "auto",
+) -> Resumed:
+    """The recorded plan of run `rid`, found on the group's hosts in one listing each, else
+    (with `store`) in its copy in the bucket, to resume on the group's hosts."""
     runs.check_run_id(rid)
     outcomes = group.map(lambda entry, conn: runs.list_runs(conn))
     listed = {o.host: o.value or [] for o in outcomes if o.ok}
     found = [r for recs in listed.values() for r in recs if r.id == rid]
-    if not found:
+    restore = None
+    if found:
+        meta = max(found, key=lambda r: r.started).meta
+    elif store is not None:
+        from vmrun.stores.access import resolve
+        from vmrun.stores.bucket import client, run_meta
+        from vmrun.stores.sync import run_place
+
+        restore = run_place(store, rid)
+        meta = run_meta(client(resolve(store_credentials)), restore)
+    else:
         raise_for_failures(outcomes)
         raise UsageError(
             f"no run {rid} on {', '.join(listed)}",
-            hint="`vmrun status` lists the runs",
+            hint="`vmrun status` lists the runs; a run copied to a bucket resumes from there"
+            " with --store s3://BUCKET/PREFIX",
             code="run-not-found",
         )
-    meta = max(found, key=lambda r: r.started).meta
     if not meta.get("launcher") or "args" not in meta:
         raise UsageError(
             f"run {rid} was started by an older vmrun and cannot be resumed",
@@ -72,13 +95,23 @@ def load(group: Group, rid: str, env: dict[str, str]) -> Resumed:
             code="env-value-missing",
         )
     nodes = [str(x) for x in meta.get("nodes") or [meta.get("host")]]
-    return Resumed(_plan(rid, meta, env), nodes, dict(meta), listed)
+    if restore is not None:  # its hosts are gone: the ones given now, in their order
+        nodes = [e.label for e in group.entries]
+    plan = _plan(rid, meta, env, store_credentials)
+    return Resumed(plan, nodes, dict(meta), listed, restore)
 
 
-def _plan(rid: str, meta: dict[str, Any], env: dict[str, str]) -> Plan:
+def _plan(rid: str, meta: dict[str, Any], env: dict[str, str], store_credentials: str) -> Plan:
     from vmrun.config import find_project_dir
     from vmrun.containers.request import Asked, from_meta
+    from vmrun.stores.access import resolve
+    from vmrun.stores.url import StoreURL, parse_store
     from vmrun.trainer import TEMPLATE_PATH
+
+    store = None
+    if isinstance(meta.get("store"), str):  # its copy goes on, to the same place
+        place = parse_store(meta["store"])
+        store = StoreURL(place.scheme, place.bucket, posixpath.dirname(place.prefix))
 
     project = find_project_dir() or Path.cwd()
     if meta.get("template"):
@@ -102,6 +135,8 @@ def _plan(rid: str, meta: dict[str, Any], env: dict[str, str]) -> Plan:
         env=env,
         project=project,
         containers=Asked(recorded=from_meta(meta), fixed=True),
+        store=store,
+        store_access=resolve(store_credentials) if store is not None else None,
     )
 
 
@@ -132,6 +167,48 @@ def prepare(
     out_dirs = {h: str(r.meta.get("out_dir") or "") for h, r in records.items()}
     newest = _spread_checkpoints(group, labels, out_dirs, out)
     return _banner(list(records.values()), newest)
+
+
+def restore(
+    group: Group,
+    out_dirs: dict[str, str],
+    rid: str,
+    place: StoreURL,
+    access: Access,
+    out: Reporter,
+    progress: Progress | None = None,
+) -> tuple[str, dict[str, list[runs.RunRecord]]]:
+    """A run whose hosts are gone, from its copy in the bucket: every node (`out_dirs`:
+    its output folder) copies the run's outputs straight from the bucket, the first node
+    its record too (log, attempts, provenance), so the new attempt goes on from the newest
+    snapshot with the run's history. The line that opens the new attempt, and the record
+    as the first node now lists it."""
+    from vmrun.stores.bucket import client, objects
+    from vmrun.stores.mover import copy_from_store
+    from vmrun.stores.sync import RECORD
+    from vmrun.transfer.types import Progress
+
+    shown = progress or Progress()
+    labels = list(out_dirs)
+    first = labels[0]
+
+    def one(entry: HostEntry, conn: Connection) -> None:
+        got = copy_from_store(conn, place, out_dirs[entry.label], access, shown,
+                              exclude=f"/{RECORD}/**")  # fmt: skip
+        if entry.label == first:
+            copy_from_store(conn, place.join(RECORD), runs.record_dir(rid), access, shown)
+        if got.report.failed:
+            raise RemoteError(f"{len(got.report.failed)} file(s) of run {rid} did not arrive"
+                              f" intact from {place}", host=entry.label,
+                              code="store-copy-failed")  # fmt: skip
+
+    raise_for_failures(group.map(one, only=set(labels)), one_as_itself=True)
+    out.info(f"run {rid}: its files and record copied from {place} to {', '.join(labels)}")
+    found = objects(client(access), place)
+    points = [o for o in found if "/" not in o.key and _is_checkpoint(o.key)]
+    newest = max(points, key=lambda o: o.modified).key if points else None
+    listed = {first: runs.list_runs(group.connections[first], [rid])}
+    return _banner(listed[first], newest), listed
 
 
 def _banner(records: Sequence[runs.RunRecord], checkpoint: str | None) -> str:

@@ -1,0 +1,198 @@
+# A run's copy to its bucket (`train --store`, vmrun.stores.sync), on the node that holds
+# its outputs:
+#   sh store_sync.sh check DEST [PYTHON]     before the run: the mover is here and the
+#     bucket takes a write (DEST/.vmrun/started); exit 5 "tool VERSION" without the mover,
+#     3 with rclone's words when the bucket refuses or is out of reach
+#   sh store_sync.sh start REC OUT DEST URL SINCE [PYTHON]     run_start.sh, once the run's
+#     pid is written: stops this record's earlier copier (an earlier attempt's), writes the
+#     config to a 0600 file and leaves the copier running detached (its own session, niced)
+# DEST: bucket/prefix/RUN_ID as rclone names it after its remote; URL: the same as shown
+# (s3://...); OUT: the run's output folder; SINCE: empty when OUT is the run's own folder,
+# else the run's first start (epoch seconds): only files changed since then are the run's.
+# VMRUN_STORE_CONFIG (from vmrun's command wrapper, never an argument): rclone's config of
+# one remote, `store`; it may hold credentials, so it lives only in a 0600 file that the
+# copier removes in every ending.
+# The copier: every few seconds, the files of OUT whose status changed since the last copy
+# that went through (a renamed snapshot counts when it is renamed: its ctime) go to DEST,
+# never a temporary name (.NAME.tmp-*, *.partial, *.tmp); the record's files (log, run.json,
+# provenance, exit_code) to DEST/.vmrun every 30 s, with outputs and in the round after
+# (the log's line about a snapshot goes with it), and at the end. A copy that fails is tried
+# again (backing off to 15 s) and said once in the run's log, as is catching up; it never
+# touches the run. REC/store.json says where it stands (`vmrun status`). After the run ends:
+# one last copy of everything changed, then it exits; it gives up 30 min after the end if the
+# bucket stays out of reach (said in the log, the files stay on the host).
+# vmrun-inline: store_tool.sh
+# vmrun-inline: run_alive.sh
+mode=$1
+shift
+conf_file() {  # $1: the folder; the config from the environment in a new 0600 file there
+  mkdir -p "$1" || return 1
+  _old=$(umask)
+  umask 077
+  _cfg=$(mktemp "$1/store.XXXXXX") || return 1
+  printf '%s' "${VMRUN_STORE_CONFIG:-}" > "$_cfg" || { rm -f "$_cfg"; return 1; }
+  umask "$_old"
+  unset VMRUN_STORE_CONFIG
+  echo "$_cfg"
+}
+case $mode in
+  check)
+    dest=$1 py=${2:-}
+    if ! store_tool "$py"; then
+      echo "tool ${_st_version:-none}"
+      exit 5
+    fi
+    cfg=$(conf_file "$HOME/.vmrun/tmp") || exit 1
+    trap 'rm -f "$cfg"' EXIT
+    trap 'rm -f "$cfg"; exit 130' INT
+    trap 'rm -f "$cfg"; exit 143' TERM HUP
+    # shellcheck disable=SC2154  # store_tool.sh's, inlined above
+    date +%s | "$_st_rclone" --config "$cfg" rcat "store:$dest/.vmrun/started" \
+      --retries 1 --low-level-retries 2 --contimeout 10s --timeout 30s 2>&1 || exit 3
+    exit 0
+    ;;
+  start)
+    rec=$1 out=$2 dest=$3 url=$4 since=$5 py=${6:-}
+    case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
+    store_tool "$py" || exit 5
+    if [ -f "$rec/store.pid" ]; then  # an earlier attempt's copier: this one takes over
+      read -r old < "$rec/store.pid"
+      case $old in '' | *[!0-9]*) old='' ;; esac
+      case $(tr '\0' ' ' < "/proc/${old:-0}/cmdline" 2>/dev/null) in
+        *store_sync.sh\ watch\ "$rec"\ *)
+          kill -TERM "$old" 2>/dev/null
+          i=0
+          while kill -0 "$old" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+          ;;
+      esac
+    fi
+    cfg=$(conf_file "$rec") || exit 1
+    nice=
+    command -v nice > /dev/null 2>&1 && nice="nice -n 10"
+    # shellcheck disable=SC2086  # `nice -n 10`, or nothing
+    setsid -f $nice sh "$0" watch "$rec" "$out" "$dest" "$url" "$since" "$cfg" "$_st_rclone" \
+      < /dev/null > /dev/null 2>&1
+    exit 0
+    ;;
+  watch) ;;
+  *) echo "store_sync.sh: unknown mode $mode" >&2; exit 2 ;;
+esac
+
+rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7
+echo $$ > "$rec/store.pid"
+trap 'rm -f "$cfg"' EXIT
+trap 'rm -f "$cfg"; exit 143' TERM HUP INT
+every=2 logs_every=30 final_wait=1800 backoff_max=15 stage_max=67108864
+tab=$(printf '\t')
+synced='' failing_since='' error='' pending_files=0 pending_bytes=0 last_logs=0 ended_at=''
+moving=0
+state() {  # $1: the state word; store.json in one rename
+  printf '{"to": "%s", "state": "%s", "at": %s, "synced": %s, "failing_since": %s, "files": %s, "bytes": %s, "error": "%s"}\n' \
+    "$url" "$1" "$(date +%s)" "${synced:-null}" "${failing_since:-null}" "$pending_files" \
+    "$pending_bytes" "$error" > "$rec/store.json.tmp" && mv "$rec/store.json.tmp" "$rec/store.json"
+}
+say() {  # a line in the run's log (appended: the run's own output goes on beside it)
+  printf 'vmrun: %s\n' "$1" >> "$rec/log"
+}
+changed() {  # $1: folder, $2: mark, $3: max depth (or empty), $4: only files changed since
+  # then (epoch seconds, or empty); NAME<TAB>SIZE lines of what changed since the mark
+  # (everything without one): no hidden or temporary name, nothing under a hidden folder
+  newer=''
+  [ -e "$2" ] && newer=$2
+  find "$1" -mindepth 1 ${3:+-maxdepth "$3"} -name '.*' -prune -o -type f \
+    ${newer:+-cnewer "$newer"} ${4:+-newermt "@$4"} ! -name '*.partial' ! -name '*.tmp' \
+    ! -name '*.tmp-*' ! -name pid ! -name pid_start ! -name 'notify*' ! -name 'notified*' \
+    ! -name 'store.*' -printf '%P\t%s\n' 2>/dev/null
+}
+copy() {  # $1: folder, $2: mark, $3: where in DEST, $4: max depth, $5: since; 0 when all went.
+  # A file up to 64 MiB (a log, metrics being appended) goes from a copy made first, so what
+  # is checked on arrival is what was sent; a bigger one (a snapshot, renamed into place
+  # whole) goes as it is, and one still being written fails and goes next round
+  touch "$rec/.store.next"
+  changed "$1" "$2" "$4" "$5" > "$rec/.store.list"
+  if [ -s "$rec/.store.list" ]; then
+    stage=$rec/.store.stage
+    rm -rf "$stage" && mkdir -p "$stage" || return 1
+    : > "$rec/.store.names"
+    while IFS="$tab" read -r name size; do
+      if [ "$size" -le $stage_max ] 2>/dev/null; then
+        case $name in */*) sub=${name%/*} ;; *) sub=. ;; esac
+        mkdir -p "$stage/$sub" && cp -p "$1/$name" "$stage/$name" 2>/dev/null
+      else
+        printf '%s\n' "$name" >> "$rec/.store.names"
+      fi
+    done < "$rec/.store.list"
+    : > "$rec/.store.err"
+    for from in "$stage" "$1"; do
+      if [ "$from" = "$stage" ]; then
+        [ -n "$(ls -A "$stage")" ] || continue
+        list=''
+      else
+        [ -s "$rec/.store.names" ] || continue
+        list=$rec/.store.names
+      fi
+      "$rclone" --config "$cfg" copy "$from" "store:$dest$3" ${list:+--files-from-raw "$list"} \
+        --no-traverse --no-check-dest --retries 1 --low-level-retries 3 --contimeout 10s \
+        --timeout 60s --log-level ERROR 2>> "$rec/.store.err" || return 1
+    done
+  fi
+  mv "$rec/.store.next" "$2"
+}
+round() {  # $1: 1 to copy the record's files too; 0 when everything went. The record
+  # also goes with outputs and in the round after (the log says which snapshot it is)
+  copy "$out" "$rec/.store.synced" "" "" "$since" || return 1
+  moved=$moving
+  moving=0
+  [ -s "$rec/.store.list" ] && moving=1
+  now=$(date +%s)
+  if [ "$1" = 1 ] || [ "$moving$moved" != 00 ] || [ $((now - last_logs)) -ge $logs_every ]; then
+    copy "$rec" "$rec/.store.logs" "/.vmrun" 1 "" || return 1
+    last_logs=$now
+  fi
+}
+failed() {  # what went wrong, and how much waits: the same find, sizes summed
+  error=$(grep -v '^[[:space:]]*$' "$rec/.store.err" 2>/dev/null | tail -n 1 \
+    | sed 's/^[0-9/]* [0-9:]* *//; s/^ERROR : //; s/^Attempt [0-9/]* failed with [0-9]* errors and: //' | tr -d '"\134' | tr -c '[:print:]' ' ' | cut -c1-300)
+  error=${error:-the copy failed}
+  pending_files=$(wc -l < "$rec/.store.list" 2>/dev/null || echo 0)
+  pending_bytes=$(awk -F '\t' '{ s += $NF } END { print s + 0 }' "$rec/.store.list" 2>/dev/null)
+}
+ended() {
+  [ -e "$rec/exit_code" ] || [ -e "$rec/stopped" ] || ! alive_run "$rec"
+}
+wait_s=$every
+state syncing
+while [ -d "$rec" ]; do
+  end=0
+  ended && end=1
+  if round "$end"; then
+    synced=$(date +%s) pending_files=0 pending_bytes=0
+    if [ -n "$failing_since" ]; then
+      say "the copy to $url caught up"
+      failing_since='' error=''
+    fi
+    wait_s=$every
+    if [ $end = 1 ]; then state 'done'; break; fi
+    state ok
+  else
+    failed
+    if [ -z "$failing_since" ]; then
+      failing_since=$(date +%s)
+      say "the copy to $url failed ($error); the run goes on, and the copy is tried again"
+    fi
+    if [ $end = 1 ]; then
+      ended_at=${ended_at:-$(date +%s)}
+      if [ $(($(date +%s) - ended_at)) -ge $final_wait ]; then
+        say "gave up copying to $url, $final_wait s after the run ended ($error); its files are on this host"
+        state gave-up
+        break
+      fi
+    fi
+    state failing
+    wait_s=$((wait_s * 2))
+    [ $wait_s -le $backoff_max ] || wait_s=$backoff_max
+  fi
+  sleep "$wait_s"
+done
+rm -rf "$rec/.store.next" "$rec/.store.list" "$rec/.store.names" "$rec/.store.err" \
+  "$rec/.store.stage" "$rec/store.pid"
