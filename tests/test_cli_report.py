@@ -73,7 +73,10 @@ def test_bad_runs_are_named_and_left_out(local_runs: Path, client: Client) -> No
     warned = done.stderr.splitlines()
     assert len(warned) == 2 and "Traceback" not in done.stderr, done.stderr
     results = client.cwd / "results"
-    why = "and there are no hosts or clusters to fetch it from (-H, -C, or vmrun.toml); left out"
+    why = (
+        "and there are no hosts, clusters or store to fetch it from (-H, -C, --store, or"
+        " vmrun.toml); left out"
+    )
     assert warned == [
         f"vmrun: warning: run bare-1: no metrics.jsonl in {results / 'bare-1'} here, {why}",
         f"vmrun: warning: run nope-1: not in {results}/ here, {why}",

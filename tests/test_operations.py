@@ -114,7 +114,7 @@ def test_a_run_that_cannot_be_fetched_is_warned_of_and_left_out(
     with pytest.raises(UsageError):
         gather(["nope-1"], settings=lambda: settings, verb="report", out=said)
     ((kind, text),) = said.said
-    assert kind == "warn" and "nope-1" in text and "no hosts or clusters" in text
+    assert kind == "warn" and "nope-1" in text and "no hosts, clusters or store" in text
 
 
 def test_tensorboard_is_placed_on_a_node_of_the_run_that_answered(

@@ -173,6 +173,10 @@ def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_buck
         shutil.rmtree(h1.home / "vmrun", ignore_errors=True)
         assert not copier_pids(h1)
 
+        report = project.vmrun("report", rid, "--store", store, "--json", env=env, timeout=120)
+        assert report.returncode == 0, report.stderr + report.stdout
+        (row,) = json.loads(report.stdout)  # its metrics and logs, from the bucket
+        assert row["run"] == rid and row["error"] is None, row
         fetched = project.vmrun("fetch", "results", "--run", rid, "--store", store, env=env,
                                 timeout=120)  # fmt: skip
         assert fetched.returncode == 0, fetched.stderr + fetched.stdout

@@ -13,6 +13,7 @@ from vmrun.cli.options import (
     ClusterName,
     Hosts,
     Reach,
+    StoreFrom,
     reaching,
     refuse_with_cluster,
 )
@@ -49,6 +50,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         host: Hosts = None,
         cluster: ClusterName = None,
+        store: StoreFrom = None,
         reach: Reach = NO_FLAGS,
     ) -> int:
         refuse_with_cluster(cluster, host)
@@ -58,7 +60,7 @@ def register(app: typer.Typer) -> None:
             as_json=as_json,
             host=host,
             cluster=cluster,
-            settings=lambda: reach.settings(),
+            settings=lambda: reach.settings(**({"store": store} if store else {})),
         )
         return 0
 

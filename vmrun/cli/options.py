@@ -26,6 +26,15 @@ Hosts = Annotated[
         " repeatable. Default: $VMRUN_HOSTS, else the hosts in vmrun.toml.",
     ),
 ]
+StoreFrom = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        metavar="s3://BUCKET/PREFIX",
+        help="Where runs that are not here are also looked for (those trained with --store),"
+        " after the hosts [default: vmrun.toml's store].",
+    ),
+]
 ConnectTimeout = Annotated[
     float | None,
     typer.Option(

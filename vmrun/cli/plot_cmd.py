@@ -14,6 +14,7 @@ from vmrun.cli.options import (
     Hosts,
     Reach,
     Runs,
+    StoreFrom,
     reaching,
     refuse_with_cluster,
 )
@@ -57,6 +58,7 @@ def register(app: typer.Typer) -> None:
         ] = "epoch",
         host: Hosts = None,
         cluster: ClusterName = None,
+        store: StoreFrom = None,
         reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
@@ -77,7 +79,7 @@ def register(app: typer.Typer) -> None:
             runs,
             hosts=host,
             cluster=cluster,
-            settings=lambda: reach.settings(),
+            settings=lambda: reach.settings(**({"store": store} if store else {})),
             verb="plot",
             out=TERMINAL,
         )

@@ -13,6 +13,7 @@ from vmrun.cli.options import (
     Hosts,
     Reach,
     Runs,
+    StoreFrom,
     reaching,
     refuse_with_cluster,
 )
@@ -46,6 +47,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         host: Hosts = None,
         cluster: ClusterName = None,
+        store: StoreFrom = None,
         reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
@@ -67,7 +69,7 @@ def register(app: typer.Typer) -> None:
                 as_json=as_json,
                 host=host,
                 cluster=cluster,
-                settings=lambda: reach.settings(),
+                settings=lambda: reach.settings(**({"store": store} if store else {})),
             )
             return 0
         left_out: list[VmrunError] = []
@@ -76,7 +78,7 @@ def register(app: typer.Typer) -> None:
                 runs,
                 hosts=host,
                 cluster=cluster,
-                settings=lambda: reach.settings(),
+                settings=lambda: reach.settings(**({"store": store} if store else {})),
                 verb="report",
                 out=TERMINAL,
                 left_out=left_out,

@@ -2,8 +2,9 @@
 
 A run named by id that is not here, or has no metrics here, is fetched first (its `metrics`
 and `logs`, as `vmrun fetch metrics logs --run RUN` would) from -H's hosts, -C's cluster, or
-else the project's hosts and then each of its clusters; once its files are here, nothing
-connects again, so reports and plots outlive the VMs. A run that still cannot be read gets
+else the project's hosts and then each of its clusters, and then the bucket runs are copied
+to (`store`, or --store); once its files are here, nothing connects again, so reports and
+plots outlive the VMs. A run that still cannot be read gets
 a warning naming it and is left out; with none left, the call fails.
 
 `vmrun diff` (and `report --diff`) gathers runs the same way, needing a run's record or
@@ -176,20 +177,23 @@ def _warn(problems: list[VmrunError], out: Reporter) -> None:
         out.warn(f"{problem.one_line()}; left out")
 
 
-Place = tuple[list[str] | None, str | None]  # -H's hosts (None: the project's), a cluster
+Place = tuple[list[str] | None, str | None, str | None]  # -H's hosts, a cluster, a bucket
 
 
 def _places(hosts: list[str] | None, cluster: str | None, settings: Settings) -> list[Place]:
-    """Where to look for a run, in order."""
+    """Where to look for a run, in order: -C's cluster, else -H's hosts (or the project's
+    hosts and clusters); then the bucket runs are copied to (`store`), where a run outlives
+    its hosts."""
+    store: list[Place] = [(None, None, settings.store)] if settings.store else []
     if cluster:
-        return [(None, cluster)]
+        return [(None, cluster, None), *store]
     if hosts or os.environ.get("VMRUN_HOSTS", "").strip():
-        return [(hosts, None)]
+        return [(hosts, None, None), *store]
     from vmrun.backends.slurm.cluster import project_clusters
     from vmrun.ssh.inventory import project_hosts
 
-    places: list[Place] = [(None, None)] if project_hosts(settings) else []
-    return places + [(None, c.name) for c in project_clusters(settings)]
+    places: list[Place] = [(None, None, None)] if project_hosts(settings) else []
+    return places + [(None, c.name, None) for c in project_clusters(settings)] + store
 
 
 def _fetch(
@@ -205,15 +209,19 @@ def _fetch(
     resolved = settings()
     places = _places(hosts, cluster, resolved)
     if not places:
-        return "there are no hosts or clusters to fetch it from (-H, -C, or vmrun.toml)"
+        return (
+            "there are no hosts, clusters or store to fetch it from (-H, -C, --store, or"
+            " vmrun.toml)"
+        )
     reasons = []
-    for where_hosts, where_cluster in places:
+    for where_hosts, where_cluster, where_store in places:
         job = FetchJob(
             items=["metrics", "logs"],
             settings=resolved,
             run=run,
             hosts=where_hosts,
             cluster=where_cluster,
+            store=where_store,
         )
         try:
             fetched = fetch(job, out)
