@@ -82,7 +82,11 @@ rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7
 echo $$ > "$rec/store.pid"
 trap 'rm -f "$cfg"' EXIT
 trap 'rm -f "$cfg"; exit 143' TERM HUP INT
-every=2 logs_every=30 final_wait=1800 backoff_max=15 stage_max=67108864
+# the pace (seconds; a test sets them shorter): a look every 2 s, the record every 30 s, a
+# failed copy again after 1, 2, 4... up to 15 s; 30 min after the run's end it gives up
+every=${VMRUN_STORE_EVERY:-2} logs_every=${VMRUN_STORE_LOGS_EVERY:-30}
+backoff_max=${VMRUN_STORE_BACKOFF:-15} final_wait=${VMRUN_STORE_FINAL_WAIT:-1800}
+stage_max=67108864
 tab=$(printf '\t')
 synced='' failing_since='' error='' pending_files=0 pending_bytes=0 last_logs=0 ended_at=''
 moving=0
@@ -145,7 +149,7 @@ round() {  # $1: 1 to copy the record's files too; 0 when everything went. The r
   moving=0
   [ -s "$rec/.store.list" ] && moving=1
   now=$(date +%s)
-  if [ "$1" = 1 ] || [ "$moving$moved" != 00 ] || [ $((now - last_logs)) -ge $logs_every ]; then
+  if [ "$1" = 1 ] || [ "$moving$moved" != 00 ] || [ $((now - last_logs)) -ge "$logs_every" ]; then
     copy "$rec" "$rec/.store.logs" "/.vmrun" 1 "" || return 1
     last_logs=$now
   fi
@@ -160,7 +164,7 @@ failed() {  # what went wrong, and how much waits: the same find, sizes summed
 ended() {
   [ -e "$rec/exit_code" ] || [ -e "$rec/stopped" ] || ! alive_run "$rec"
 }
-wait_s=$every
+backoff=0
 state syncing
 while [ -d "$rec" ]; do
   end=0
@@ -171,7 +175,7 @@ while [ -d "$rec" ]; do
       say "the copy to $url caught up"
       failing_since='' error=''
     fi
-    wait_s=$every
+    backoff=0
     if [ $end = 1 ]; then state 'done'; break; fi
     state ok
   else
@@ -182,17 +186,18 @@ while [ -d "$rec" ]; do
     fi
     if [ $end = 1 ]; then
       ended_at=${ended_at:-$(date +%s)}
-      if [ $(($(date +%s) - ended_at)) -ge $final_wait ]; then
+      if [ $(($(date +%s) - ended_at)) -ge "$final_wait" ]; then
         say "gave up copying to $url, $final_wait s after the run ended ($error); its files are on this host"
         state gave-up
         break
       fi
     fi
     state failing
-    wait_s=$((wait_s * 2))
-    [ $wait_s -le $backoff_max ] || wait_s=$backoff_max
+    backoff=$((backoff * 2))
+    [ "$backoff" -ge 1 ] || backoff=1
+    [ "$backoff" -le "$backoff_max" ] || backoff=$backoff_max
   fi
-  sleep "$wait_s"
+  if [ "$backoff" -gt 0 ]; then sleep "$backoff"; else sleep "$every"; fi
 done
 rm -rf "$rec/.store.next" "$rec/.store.list" "$rec/.store.names" "$rec/.store.err" \
   "$rec/.store.stage" "$rec/store.pid"

@@ -1,0 +1,160 @@
+"""A run's bucket copy as vmrun decides about it (quick tier, fakes): where the copy stands
+as `status` shows it, the flags refused with --store, `fetch --store`'s choice and
+placement of a run's objects (the record beside the outputs, the newest checkpoints), each
+object checked on arrival and one that is not what the bucket says refused, and the run's
+record read back (moto's S3 in this process)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vmrun.errors import UsageError
+from vmrun.operations import refusals
+from vmrun.stores.bucket import Object, _wanted, fetch_run, newest_run, run_meta
+from vmrun.stores.sync import StoreState
+from vmrun.stores.url import parse_store
+from vmrun.transfer.types import Progress
+
+
+def test_where_the_copy_stands_is_read_and_said() -> None:
+    failing = StoreState.parse(
+        '{"to": "s3://bkt/r/x", "state": "failing", "at": 100, "synced": 40, "failing_since": 60,'
+        ' "files": 3, "bytes": 50331648, "error": "connection refused"}'
+    )
+    assert failing is not None and failing.behind(now=100) == 60
+    said = failing.describe(now=100)
+    assert "3 file(s) (48.0 MiB) behind for 40 s" in said and "connection refused" in said
+    assert failing.as_json(now=100)["behind_s"] == 60
+    ok = StoreState.parse('{"to": "s3://bkt/r/x", "state": "ok", "at": 5, "synced": 5}')
+    assert ok is not None and ok.behind(now=500) == 0.0
+    assert StoreState.parse("not json") is None and StoreState.parse('{"x": 1}') is None
+
+
+def test_the_status_table_says_how_far_behind() -> None:
+    from vmrun.cli.status_cmd import _bucket
+
+    @dataclass
+    class Row:
+        store: StoreState | None
+        host_now: float = 100.0
+
+    failing = StoreState("s3://bkt/x", "failing", 100.0, synced=70.0, failing_since=80.0)
+    assert _bucket(Row(failing)) == "30 s behind"
+    assert _bucket(Row(StoreState("s3://bkt/x", "done", 1.0, synced=1.0))) == "all there"
+    assert _bucket(Row(None)) == "-"
+
+
+@pytest.mark.parametrize("where", ["--local", "-C"])
+def test_store_is_refused_where_it_cannot_copy(where: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        refusals.check("train", {"--store": "s3://bkt/p", where: "c" if where == "-C" else True})
+    assert caught.value.code == "flags-conflict" and "--store" in str(caught.value)
+
+
+def test_a_store_prefix_with_a_quote_is_refused() -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_store('s3://bucket/a"b')
+    assert caught.value.code == "bad-store"
+
+
+def test_fetch_from_the_store_refuses_hosts_and_needs_a_place(tmp_path: Path) -> None:
+    from vmrun.config import load_settings
+    from vmrun.operations.fetch import FetchJob, check
+
+    settings = load_settings({})
+    with pytest.raises(UsageError) as caught:
+        check(FetchJob(["results"], settings, store="s3://bkt/p", hosts=["h1"]))
+    assert caught.value.code == "flags-conflict"
+    with pytest.raises(UsageError) as caught:
+        check(FetchJob(["results"], settings, store=""))  # --from-store, no store configured
+    assert caught.value.code == "bad-store"
+
+
+def _obj(key: str, size: int = 1, at: float = 0.0) -> Object:
+    return Object(key, size, "", at)
+
+
+def test_a_runs_objects_land_as_a_fetch_from_its_hosts_lays_them_out() -> None:
+    found = [_obj("snapshot_e10.pt", at=1), _obj("snapshot_e20.pt", at=2), _obj("metrics.jsonl"),
+             _obj("sub/events.out.tfevents.1"), _obj(".vmrun/log"), _obj(".vmrun/run.json"),
+             _obj(".vmrun/started"), _obj(".vmrun/workers/x.log")]  # fmt: skip
+    local = {o.key: path for o, path in _wanted(found, "r1", ["results"], 1, (), ())}
+    assert local == {
+        "snapshot_e20.pt": "results/r1/snapshot_e20.pt",  # --latest 1
+        "metrics.jsonl": "results/r1/metrics.jsonl",
+        "sub/events.out.tfevents.1": "results/r1/sub/events.out.tfevents.1",
+        ".vmrun/log": "results/r1/log",  # the record beside the outputs
+        ".vmrun/run.json": "results/r1/run.json",
+    }
+    logs = {o.key for o, _ in _wanted(found, "r1", ["logs"], None, (), ())}
+    assert logs == {".vmrun/log", ".vmrun/run.json"}
+    some = {o.key for o, _ in _wanted(found, "r1", ["sub"], None, (), ())}
+    assert some == {"sub/events.out.tfevents.1"}
+
+
+class FakeS3:
+    """list_objects_v2's pages and get_object's bodies from a dict; one object's ETag may
+    be another content's (what arrives is not what the bucket says it holds)."""
+
+    def __init__(self, objects: dict[str, bytes], lying: str = "") -> None:
+        self.objects, self.lying = objects, lying
+
+    def get_paginator(self, name: str) -> Any:
+        fake = self
+
+        class Pages:
+            def paginate(self, Bucket: str, Prefix: str) -> list[dict[str, Any]]:
+                when = datetime(2026, 11, 1, tzinfo=timezone.utc)
+                listed = []
+                for key, body in fake.objects.items():
+                    told = body + b"x" if fake.lying and key.endswith(fake.lying) else body
+                    etag = f'"{hashlib.md5(told).hexdigest()}"'
+                    if key.startswith(Prefix):
+                        listed.append({"Key": key, "Size": len(body), "LastModified": when,
+                                       "ETag": etag})  # fmt: skip
+                return [{"Contents": listed}]
+
+        return Pages()
+
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        return {"Body": io.BytesIO(self.objects[Key])}
+
+
+def test_each_object_is_checked_on_arrival_and_a_second_fetch_moves_nothing(
+    tmp_path: Path,
+) -> None:
+    s3 = FakeS3({"runs/r1/snapshot.pt": b"s" * 5000, "runs/r1/.vmrun/log": b"epoch 1\n",
+                 "runs/r1/metrics.jsonl": b'{"epoch": 1}\n'}, lying="metrics.jsonl")  # fmt: skip
+    place = parse_store("s3://bkt/runs/r1")
+    got = fetch_run(s3, place, ["results"], tmp_path, Progress())
+    assert sorted(got.fetched) == ["results/r1/log", "results/r1/snapshot.pt"]
+    assert got.mismatched == ["results/r1/metrics.jsonl"], got.failed
+    assert not (tmp_path / "results" / "r1" / "metrics.jsonl").exists()  # nothing half-true
+    assert not list((tmp_path / "results" / "r1").glob(".*"))  # no temporary file left
+    again = fetch_run(s3, place, ["results"], tmp_path, Progress())
+    assert again.fetched == [] and again.unchanged == 2
+
+
+def test_a_runs_record_and_the_newest_run_are_read_from_the_bucket() -> None:
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="bkt")
+        for rid in ("r1", "r2"):
+            s3.put_object(Bucket="bkt", Key=f"runs/{rid}/.vmrun/started", Body=b"1")
+        s3.put_object(Bucket="bkt", Key="runs/r1/.vmrun/run.json", Body=json.dumps({"id": "r1"}))
+        assert run_meta(s3, parse_store("s3://bkt/runs/r1")) == {"id": "r1"}
+        with pytest.raises(UsageError) as caught:
+            run_meta(s3, parse_store("s3://bkt/runs/nope"))
+        assert caught.value.code == "run-not-found" and "s3://bkt/runs" in str(caught.value)
+        assert newest_run(s3, parse_store("s3://bkt/runs")) == "r2"
