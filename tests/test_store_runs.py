@@ -59,6 +59,18 @@ def test_store_is_refused_where_it_cannot_copy(where: str) -> None:
     assert caught.value.code == "flags-conflict" and "--store" in str(caught.value)
 
 
+def test_a_store_in_vmrun_toml_is_checked_as_it_is_read(tmp_path: Path) -> None:
+    from vmrun.config import load_settings
+    from vmrun.errors import ConfigError
+
+    (tmp_path / "vmrun.toml").write_text('store = "s3://bkt/runs"\n')
+    assert load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)}).store == "s3://bkt/runs"
+    (tmp_path / "vmrun.toml").write_text('store = "gs://bkt/runs"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    assert "store" in str(caught.value) and "s3://BUCKET/PREFIX" in str(caught.value)
+
+
 def test_a_store_prefix_with_a_quote_is_refused() -> None:
     with pytest.raises(UsageError) as caught:
         parse_store('s3://bucket/a"b')

