@@ -322,3 +322,71 @@ def test_the_host_key_goes_into_the_user_data() -> None:
     assert data["ssh_genkeytypes"] == [] and data["ssh_authorized_keys"] == [
         "ssh-ed25519 AAAAkey me@laptop"
     ]
+
+
+def _iam(provider: AwsProvider) -> Any:
+    return provider.session.client("iam", REGION)
+
+
+def test_a_store_gives_the_vms_a_role_for_that_prefix_alone_and_down_removes_it(
+    aws: AwsProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from vmrun.providers.aws import roles
+
+    settle = roles.wait_profile
+    monkeypatch.setattr(roles, "wait_profile", lambda: settle(pause=0))
+    first = [True]
+
+    def settling(params: dict[str, Any], **_: Any) -> Any:  # EC2 does not know it at first
+        from botocore.awsrequest import AWSResponse
+
+        if first.pop() if first else False:
+            message = "Value (vmrun-c1) for parameter iamInstanceProfile.name is invalid."
+            error = {"Error": {"Code": "InvalidParameterValue", "Message": message}}
+            return AWSResponse("https://ec2", 400, {}, None), error
+        return None
+
+    _launcher(aws).meta.events.register("before-call.ec2.RunInstances", settling)
+    request = _request(aws, store="s3://bkt/runs")
+    out = Recorder()
+    (instance,) = aws.launch(request, aws.offer(request), out)
+    iam = _iam(aws)
+    policy = iam.get_role_policy(RoleName="vmrun-c1", PolicyName=roles.POLICY)["PolicyDocument"]
+    policy = json.loads(policy) if isinstance(policy, str) else policy
+    resources = {r for s in policy["Statement"] for r in [s["Resource"]]}
+    assert resources == {"arn:aws:s3:::bkt", "arn:aws:s3:::bkt/runs/*"}  # nothing wider
+    listing = next(s for s in policy["Statement"] if s["Action"] == ["s3:ListBucket"])
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == ["runs", "runs/*"]
+    (profile,) = iam.list_instance_profiles()["InstanceProfiles"]
+    assert [r["RoleName"] for r in profile["Roles"]] == ["vmrun-c1"]
+    raw = aws.ec2(REGION).describe_instances(InstanceIds=[instance.id])["Reservations"][0]
+    assert raw["Instances"][0]["IamInstanceProfile"]["Arn"] == profile["Arn"]
+    assert any("reach s3://bkt/runs and nothing else" in text for _, text in out.said)
+
+    removed = aws.terminate("c1", REGION)
+    assert removed.roles == ["vmrun-c1"] and not removed.left
+    assert iam.list_instance_profiles()["InstanceProfiles"] == []
+    assert iam.list_roles()["Roles"] == []
+    assert aws.terminate("c1", REGION).roles == []  # twice is fine
+    assert first == []  # the launch refused while the profile settled went again
+
+
+def test_a_failed_launch_with_a_store_leaves_no_role(aws: AwsProvider) -> None:
+    request = _request(aws, store="s3://bkt")
+    _refuse(aws, {"*": "InsufficientInstanceCapacity"})
+    with pytest.raises(CloudError):
+        aws.launch(request, aws.offer(request), Recorder())
+    assert _iam(aws).list_roles()["Roles"] == []
+
+
+def test_a_host_with_its_own_role_uses_it_under_auto() -> None:
+    from vmrun.stores.access import Access
+
+    mine = Access("AKIA1", "secret", region="eu-west-1", auto=True)
+    assert mine.on({"store_role": "s3://bkt/runs"}).from_host
+    assert mine.on({"store_role": "s3://bkt/runs"}).secret == ""
+    assert mine.on({}) is mine  # no role there: the user's
+    told = Access("AKIA1", "secret", auto=False)  # store_credentials = "mine"
+    assert told.on({"store_role": "s3://bkt/runs"}) is told

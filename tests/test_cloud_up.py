@@ -161,6 +161,23 @@ def test_up_pins_the_key_and_records_the_cluster(
     assert cloud.table_for(again, "w251")["count"] == 2
 
 
+def test_up_with_a_store_records_the_role_its_hosts_use(
+    aws: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _stand_in_ssh(monkeypatch)
+    settings = load_settings()
+    settings.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    cloud.up(settings, _ask(aws, store="s3://bkt/runs"), Recorder())
+    again = load_settings()
+    (host,) = cloud_hosts(again)
+    assert host.vars["store_role"] == "s3://bkt/runs"  # "auto" credentials: the host's own
+    assert cloud.table_for(again, "w251")["store"] == "s3://bkt/runs"
+    down = cloud.down(again, "w251")
+    assert down.removed is not None and down.removed.roles == ["vmrun-w251"]
+    with pytest.raises(UsageError):
+        cloud.resolve(_ask(aws, store="gs://bkt"), settings)
+
+
 def cloud_hosts(settings: Any) -> list[Any]:
     from vmrun.ssh.inventory import select_hosts
 

@@ -251,6 +251,7 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "nvidia_smi": (_is_str, "a path in quotes"),
     "instance": (_is_str, "a cloud instance id (`vmrun up` records it)"),
+    "store_role": (_is_str, "the bucket place the host's own role reaches (`vmrun up --store`)"),
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS
@@ -307,6 +308,7 @@ CLOUD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ssh_from": (_is_cidr, 'an address range in quotes, such as "203.0.113.7/32"'),
     "profile": (_is_str, "an AWS profile name in quotes"),
     "placement": _BOOL,
+    "store": (kinds.accepts(kinds.store), kinds.FILE_TYPES[kinds.store][1]),
 }
 _ARRAYS = {
     "hosts": ("host", HOST_KEYS),

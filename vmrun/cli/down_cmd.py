@@ -43,13 +43,14 @@ def register(app: typer.Typer) -> None:
                 f" `vmrun down {name}` ends them"
             )
             return 0
-        if removed is None or not (removed.instances or removed.security_groups):
+        if removed is None or not (removed.instances or removed.security_groups or removed.roles):
             say(f"{name}: nothing of it in {done.region}")
             return 0
+        role = f", and its role {removed.roles[0]}" if removed.roles else ""
         say(
             f"{name}: terminated {len(removed.instances)} instance(s), deleted"
             f" {len(removed.security_groups)} security group(s) and"
-            f" {len(removed.placement_groups)} placement group(s) in {done.region}"
+            f" {len(removed.placement_groups)} placement group(s) in {done.region}{role}"
         )
         if done.forgotten:
             say(f"removed from vmrun.toml: {', '.join(done.forgotten)}")

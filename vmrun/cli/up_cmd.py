@@ -96,6 +96,15 @@ def register(app: typer.Typer) -> None:
         keep: Annotated[
             bool, typer.Option("--keep", help="Keep what was made when `up` fails.")
         ] = False,
+        store: Annotated[
+            str | None,
+            typer.Option(
+                "--store",
+                metavar="s3://BUCKET/PREFIX",
+                help="Give the VMs a role of their own that reaches this bucket prefix and"
+                " nothing else (runs' --store, push s3://...): no key of yours on them.",
+            ),
+        ] = None,
         ssh_timeout: Annotated[
             float,
             typer.Option("--ssh-timeout", metavar="SECONDS", help="How long to wait for SSH."),
@@ -126,7 +135,7 @@ def register(app: typer.Typer) -> None:
             zone=zone, spot=spot, spot_fallback=spot_fallback, disk=disk, image=image, user=user,
             autostop=autostop, autostop_terminate=autostop_terminate, ssh_from=ssh_from,
             profile=profile, placement=placement, ssh_key=ssh_key, keep=keep,
-            ssh_timeout=ssh_timeout,
+            ssh_timeout=ssh_timeout, store=store,
         )  # fmt: skip
         done = up(settings_from(), ask, Terminal())
         what = "already up" if done.already else "started again" if done.started else "up"
@@ -137,5 +146,7 @@ def register(app: typer.Typer) -> None:
             say(f"  about ${done.per_hour:.2f} an hour while it runs")
         if done.autostop:
             say(f"  autostop: each powers off after {done.autostop} idle")
+        if ask.store:
+            say(f"  role: the VMs reach {ask.store} with their own credentials")
         say(f"next: vmrun setup @{name}; vmrun train -H @{name} ...; vmrun down {name}")
         return 0

@@ -63,6 +63,7 @@ class UpAsk:
     profile: str | None = None
     placement: bool | None = None
     ssh_key: Path | None = None
+    store: str | None = None  # s3://BUCKET/PREFIX: a role for the VMs that reaches it alone
     keep: bool = False  # keep what was made when `up` fails
     ssh_timeout: float = 600.0
 
@@ -83,6 +84,7 @@ _DEFAULTS: dict[str, Any] = {
     "ssh_from": "",
     "profile": "",
     "placement": True,
+    "store": "",
 }
 # [[clouds]] keys -> UpAsk fields (the table says `type` and `disk` as the flags do)
 _TABLE_KEYS = {"type": "instance_type", **{k: k for k in _DEFAULTS if k != "instance_type"}}
@@ -152,6 +154,10 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
         raise UsageError(f"-n {done.count}: the number of instances is 1 or more")
     if done.spot_fallback and not done.spot:
         raise UsageError("--spot-fallback only goes with --spot", code="flags-conflict")
+    if done.store:
+        from vmrun.stores.url import parse_store
+
+        parse_store(str(done.store))
     if done.autostop:
         from vmrun.setting_types import OFF, period_or_off
 
@@ -224,6 +230,7 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         placement=bool(ask.placement),
         creator=f"{getpass.getuser()}@{socket.gethostname()}",
         user=ask.user or "",
+        store=ask.store or "",
     )
     offer = provider.offer(request)
     out.info(
@@ -237,7 +244,7 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         for inst in instances:
             out.info(f"{ask.name}: node {inst.index} {inst.id} running: {inst.public_addr}"
                      f" (private {inst.private_addr})")  # fmt: skip
-        entries = _entries(ask.name, offer.user, instances, ask.autostop or "")
+        entries = _entries(ask.name, offer.user, instances, ask.autostop or "", ask.store or "")
         _pin(settings, entries, host_key)
         _wait_ssh(entries, settings, ask.ssh_timeout, out)
         done = Up(ask.name, region, offer.image_name, instances, entries)
@@ -277,7 +284,7 @@ def _again(
     elif any(i.state == "pending" for i in existing):
         existing = provider.wait_running(ask.name, region, [i.id for i in existing], 600)
     user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
-    entries = _entries(ask.name, user, existing, ask.autostop or "")
+    entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "")
     _repin(settings, entries, ask.name, provider.host_key(existing[0]))
     _wait_ssh(entries, settings, ask.ssh_timeout, out)
     done = Up(ask.name, region, instances=existing, hosts=entries, already=not started)
@@ -306,7 +313,11 @@ def _note_region(cloud: str, region: str) -> None:
     note_region(cloud, region)
 
 
-def _entries(name: str, user: str, instances: list[Instance], autostop: str) -> list[HostEntry]:
+def _entries(
+    name: str, user: str, instances: list[Instance], autostop: str, store: str = ""
+) -> list[HostEntry]:
+    """The cluster's hosts as vmrun.toml records them (`store_role`: the bucket place the
+    VMs' own role reaches, which "auto" credentials then use)."""
     from vmrun.ssh.hosts import parse_host
 
     entries = []
@@ -319,6 +330,8 @@ def _entries(name: str, user: str, instances: list[Instance], autostop: str) -> 
         values: dict[str, Any] = {"private_addr": inst.private_addr, "instance": inst.id}
         if autostop:
             values["autostop"] = autostop
+        if store:
+            values["store_role"] = store
         entries.append(
             HostEntry(
                 parse_host(f"{user}@{inst.public_addr}"), f"{name}-{position}", (name,), values
@@ -452,7 +465,8 @@ def _record(
             "region": region,
         }
     )
-    for key in ("zone", "image", "disk", "spot", "spot_fallback", "autostop", "autostop_terminate"):
+    for key in ("zone", "image", "disk", "spot", "spot_fallback", "autostop", "autostop_terminate",
+                "store"):  # fmt: skip
         value = getattr(ask, key)
         if value not in (None, "", 0, False) and not (key == "image" and value == "dlami"):
             table[key] = value

@@ -216,8 +216,8 @@ def _from_stores(job: PushJob, out: Reporter) -> Pushed:
             where = str(entry.vars.get("python") or python)
             for url in job.stores:
                 remote = posixpath.join(dest, url.name)
-                got = copy_from_store(conn, url, remote, access, shown, python=where,
-                                      dry_run=job.dry_run)  # fmt: skip
+                got = copy_from_store(conn, url, remote, access.on(entry.vars), shown,
+                                      python=where, dry_run=job.dry_run)  # fmt: skip
                 wanted = got.would if job.dry_run else [(k, 0) for k in got.report.fetched]
                 sizes = sum(size for _, size in wanted)
                 done.planned.append(

@@ -42,6 +42,7 @@ class Request:
     placement: bool = True  # a cluster placement group when count > 1 and the type allows
     creator: str = ""
     user: str = ""  # the image's login user when vmrun cannot know it (a custom AMI)
+    store: str = ""  # s3://BUCKET/PREFIX: the VMs get a role that reaches that prefix alone
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Removed:
     security_groups: list[str] = field(default_factory=list)
     placement_groups: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)  # the VMs' own role (up --store)
 
 
 class Provider(Protocol):

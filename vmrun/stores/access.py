@@ -2,9 +2,9 @@
 boto3 finds them (AWS_* variables, AWS_PROFILE and ~/.aws files), the endpoint by boto3's
 convention (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, a profile's endpoint_url: MinIO, R2),
 or, with none here or `store_credentials = "host"`, the host's own (an instance profile,
-its environment). They reach a host only as the mover's config on stdin (store_copy.sh
-writes it to a 0600 file and removes it in every ending): never on a command line, in a log
-or in a run's record."""
+its environment; under "auto" also a host that `vmrun up --store` gave a role). They reach
+a host only as the mover's config on stdin (store_copy.sh writes it to a 0600 file and
+removes it in every ending): never on a command line, in a log or in a run's record."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ class Access:
     region: str = DEFAULT_REGION
     endpoint: str = ""
     from_host: bool = False  # the host's own credentials (rclone's env_auth)
+    auto: bool = False  # store_credentials = "auto": a host with a role of its own uses it
+
+    def on(self, host_vars: Mapping[str, object]) -> Access:
+        """What one host gets: under "auto", a host `vmrun up --store` gave a role that
+        reaches the bucket (`store_role` in its [[hosts]] entry) uses its own."""
+        if self.auto and not self.from_host and host_vars.get("store_role"):
+            return Access(region=self.region, endpoint=self.endpoint, from_host=True, auto=True)
+        return self
 
     def __repr__(self) -> str:  # never the secret, in a traceback or a log
         who = "the host's" if self.from_host else f"key {self.key_id[:4]}..."
@@ -63,7 +71,7 @@ def resolve(mode: str = "auto") -> Access:
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or endpoint
     region = region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
     if mode == "host" or (found is None and mode == "auto"):
-        return Access(region=region, endpoint=endpoint, from_host=True)
+        return Access(region=region, endpoint=endpoint, from_host=True, auto=mode == "auto")
     if found is None:
         raise UsageError(
             "no AWS credentials here for the bucket",
@@ -72,7 +80,7 @@ def resolve(mode: str = "auto") -> Access:
             code="bad-store",
         )
     key_id, secret, token = found
-    return Access(key_id, secret, token, region, endpoint)
+    return Access(key_id, secret, token, region, endpoint, auto=mode == "auto")
 
 
 def _from_variables(env: Mapping[str, str]) -> tuple[str, str, str] | None:

@@ -149,7 +149,8 @@ class HostsBackend:
             from vmrun.stores.sync import check_store, run_place
 
             assert plan.store_access is not None
-            check_store(self.conn(holder), run_place(plan.store, rid), plan.store_access,
+            check_store(self.conn(holder), run_place(plan.store, rid),
+                        plan.store_access.on(nodes[holder].entry.vars),
                         nodes[holder].env.python)  # fmt: skip
         started = _start_all(
             self.group, plan, nodes, rid, nproc, layout, place.wiring, how.resume, banner,
@@ -466,7 +467,7 @@ def _start_all(
             env = {**env, "VMRUN_NOTIFY_CONFIG": told}
         if place is not None and entry.label == holder:
             assert plan.store_access is not None
-            env = {**env, **copy_env(place, plan.store_access, node.env.python,
+            env = {**env, **copy_env(place, plan.store_access.on(entry.vars), node.env.python,
                                      since_start=not plan.is_template)}  # fmt: skip
         meta = {
             **meta_base,

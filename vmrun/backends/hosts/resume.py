@@ -193,10 +193,11 @@ def restore(
     first = labels[0]
 
     def one(entry: HostEntry, conn: Connection) -> None:
-        got = copy_from_store(conn, place, out_dirs[entry.label], access, shown,
+        mine = access.on(entry.vars)
+        got = copy_from_store(conn, place, out_dirs[entry.label], mine, shown,
                               exclude=f"/{RECORD}/**")  # fmt: skip
         if entry.label == first:
-            copy_from_store(conn, place.join(RECORD), runs.record_dir(rid), access, shown)
+            copy_from_store(conn, place.join(RECORD), runs.record_dir(rid), mine, shown)
         if got.report.failed:
             raise RemoteError(f"{len(got.report.failed)} file(s) of run {rid} did not arrive"
                               f" intact from {place}", host=entry.label,

@@ -31,7 +31,8 @@ def stage(
 def _push_data(node: Node, plan: Plan, out: Reporter, progress: Progress | None) -> None:
     from vmrun.stores.data import place_data
 
-    node.data += place_data(node.conn, plan.data, node.workdir, out, progress, plan.store_access)
+    access = plan.store_access.on(node.entry.vars) if plan.store_access else None
+    node.data += place_data(node.conn, plan.data, node.workdir, out, progress, access)
 
 
 def _stage_code(

@@ -128,8 +128,9 @@ class AwsProvider:
             )
             out.info(f"{request.cluster}: security group {group}: SSH from {request.ssh_cidr} only")
             placement = self._placement_group(ec2, request, tags) if offer.placement else ""
+            profile = self._role(request, offer.region, tags, out) if request.store else ""
             ids = self._run_in_zones(
-                ec2, request, offer, zones, subnets, group, placement, token, out
+                ec2, request, offer, zones, subnets, group, (placement, profile), token, out
             )
             for index, instance_id in enumerate(ids):
                 _tag(ec2, instance_id, request.cluster, index)
@@ -137,6 +138,17 @@ class AwsProvider:
         except BaseException:
             self._undo(request.cluster, offer.region, token, out)
             raise
+
+    def _role(
+        self, request: Request, region: str, tags: list[dict[str, str]], out: Reporter
+    ) -> str:
+        from vmrun.providers.aws import roles
+        from vmrun.stores.url import parse_store
+
+        store = parse_store(request.store)
+        profile = roles.make_role(self.session.client("iam", region), request.cluster, store, tags)
+        out.info(f"{request.cluster}: role {profile}: the VMs reach {store} and nothing else")
+        return profile
 
     def _placement_group(self, ec2: Any, request: Request, tags: list[dict[str, str]]) -> str:
         name = f"vmrun-{request.cluster}"
@@ -158,24 +170,23 @@ class AwsProvider:
         zones: list[str],
         subnets: dict[str, str],
         group: str,
-        placement: str,
+        placed: tuple[str, str],
         token: str,
         out: Reporter,
     ) -> list[str]:
         """Each zone in turn until one gives all `count` instances; spot first when asked,
-        on-demand after every zone said no only with spot_fallback."""
+        on-demand after every zone said no only with spot_fallback. `placed`: the placement
+        group and the instance profile ("" for none)."""
         markets = [request.spot] + ([False] if request.spot and request.spot_fallback else [])
         refusals: list[str] = []
         for spot in markets:
             if not spot and request.spot:
                 out.warn(f"{request.cluster}: no spot capacity anywhere: on-demand instead")
             for zone in zones:
-                params = _run_params(request, offer, zone, subnets[zone], group, placement, spot)
+                params = _run_params(request, offer, zone, subnets[zone], group, placed, spot)
                 params["ClientToken"] = f"{token}-{zone}-{'spot' if spot else 'od'}"
                 try:
-                    reply = self.session.client("ec2", offer.region, once=True).run_instances(
-                        **params
-                    )
+                    reply = self._run(offer.region, params)
                 except Exception as exc:
                     code = error_code(exc)
                     if code in capacity.QUOTA_CODES:
@@ -205,6 +216,20 @@ class AwsProvider:
             ),
             code="cloud-no-capacity",
         )
+
+    def _run(self, region: str, params: dict[str, Any]) -> Any:
+        """RunInstances, tried again while a new instance profile settles (bounded)."""
+        from vmrun.providers.aws import roles
+
+        again = roles.wait_profile()
+        attempt = 0
+        while True:
+            try:
+                return self.session.client("ec2", region, once=True).run_instances(**params)
+            except Exception as exc:
+                attempt += 1
+                if not (roles.profile_not_ready(exc) and again(attempt)):
+                    raise
 
     # ------------------------------------------------------------------ find, wait
 
@@ -299,7 +324,20 @@ class AwsProvider:
         placements = _or_unchecked(lambda: _placement_groups(ec2, cluster), "placement groups",
                                    left)  # fmt: skip
         left += [why for why in (_delete_placement(ec2, p) for p in placements) if why]
-        return Removed(ids, groups, placements, left)
+        roles = _or_unchecked(lambda: self._roles(cluster, region), "role", left)
+        left += [why for why in (self._remove_role(cluster, region) for _ in roles) if why]
+        return Removed(ids, groups, placements, left, roles)
+
+    def _roles(self, cluster: str, region: str) -> list[str]:
+        from vmrun.providers.aws import roles
+
+        iam = self.session.client("iam", region)
+        return [roles.role_name(cluster)] if roles.has_role(iam, cluster) else []
+
+    def _remove_role(self, cluster: str, region: str) -> str:
+        from vmrun.providers.aws import roles
+
+        return roles.remove_role(self.session.client("iam", region), cluster)
 
     def hourly_price(self, instance: Instance) -> float | None:
         """USD per hour for one instance like this (None where the price list is silent)."""
@@ -358,9 +396,10 @@ def _run_params(
     zone: str,
     subnet: str,
     group: str,
-    placement: str,
+    placed: tuple[str, str],
     spot: bool,
 ) -> dict[str, Any]:
+    placement, profile = placed
     tags = _tags(request)
     params: dict[str, Any] = {
         "ImageId": offer.image_id,
@@ -379,6 +418,8 @@ def _run_params(
             {"ResourceType": "volume", "Tags": tags},
         ],
     }
+    if profile:
+        params["IamInstanceProfile"] = {"Name": profile}
     if request.disk_gb:
         params["BlockDeviceMappings"] = [
             {
