@@ -77,6 +77,19 @@ def keys(endpoint: str, bucket: str, prefix: str) -> dict[str, bytes]:
     }
 
 
+def _showing(host: TestHost, secret: str) -> list[int]:
+    """The host's processes whose command line or environment holds `secret`."""
+    found = []
+    for pid in host.user_pids():
+        for part in ("cmdline", "environ"):
+            try:
+                if secret.encode() in Path(f"/proc/{pid}/{part}").read_bytes():
+                    found.append(pid)
+            except OSError:
+                continue
+    return found
+
+
 def store_state(record: Path) -> dict[str, Any]:
     try:
         return dict(json.loads((record / "store.json").read_text()))
@@ -107,6 +120,7 @@ def test_snapshots_reach_the_bucket_as_written_and_a_bucket_down_mid_run_catches
         return keys(endpoint, name, prefix).get("ckpt/snapshot.pt") == bytes([n]) * 100000
 
     wait_for(lambda: snapshot(1), 60, "the first snapshot in the bucket while the run waits")
+    assert copier_pids(h1) and not _showing(h1, SECRET)  # not in any argv or environment
     stored = keys(endpoint, name, prefix)
     assert "gate.py" not in stored, sorted(stored)  # the code is not the run's output
     assert not [k for k in stored if ".tmp-" in k or k.endswith(".partial")], sorted(stored)

@@ -106,8 +106,13 @@ while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
 if [ -n "$store_to" ]; then
   since=''
   [ "$store_since" = 1 ] && since=$(cat "$rec/first_started")
-  env -u VMRUN_RUN_ID -u VMRUN_RUN_DIR VMRUN_STORE_CONFIG="$store_cfg" sh "$lib/store_sync.sh" \
-    start "$rec" "$out" "$store_to" "$store_url" "$since" "$store_py" < /dev/null > /dev/null 2>&1 8>&- \
+  # the config by the environment of a subshell, never an argument (`env NAME=...` would be)
+  (
+    unset VMRUN_RUN_ID VMRUN_RUN_DIR
+    VMRUN_STORE_CONFIG=$store_cfg
+    export VMRUN_STORE_CONFIG
+    exec sh "$lib/store_sync.sh" start "$rec" "$out" "$store_to" "$store_url" "$since" "$store_py"
+  ) < /dev/null > /dev/null 2>&1 8>&- \
     || printf 'vmrun: the copy to %s did not start\n' "$store_url" >> "$rec/log"
 fi
 echo "$lines"

@@ -43,6 +43,7 @@ case $mode in
       exit 5
     fi
     cfg=$(conf_file "$HOME/.vmrun/tmp") || exit 1
+    unset VMRUN_STORE_CONFIG
     trap 'rm -f "$cfg"' EXIT
     trap 'rm -f "$cfg"; exit 130' INT
     trap 'rm -f "$cfg"; exit 143' TERM HUP
@@ -67,6 +68,7 @@ case $mode in
       esac
     fi
     cfg=$(conf_file "$rec") || exit 1
+    unset VMRUN_STORE_CONFIG  # (conf_file's own unset is its subshell's): not the copier's
     nice=
     command -v nice > /dev/null 2>&1 && nice="nice -n 10"
     # shellcheck disable=SC2086  # `nice -n 10`, or nothing
