@@ -91,7 +91,7 @@ backoff_max=${VMRUN_STORE_BACKOFF:-15} final_wait=${VMRUN_STORE_FINAL_WAIT:-1800
 stage_max=67108864
 tab=$(printf '\t')
 synced='' failing_since='' error='' pending_files=0 pending_bytes=0 last_logs=0 ended_at=''
-moving=0
+moved=0
 state() {  # $1: the state word; store.json in one rename
   printf '{"to": "%s", "state": "%s", "at": %s, "synced": %s, "failing_since": %s, "files": %s, "bytes": %s, "error": "%s"}\n' \
     "$url" "$1" "$(date +%s)" "${synced:-null}" "${failing_since:-null}" "$pending_files" \
@@ -110,58 +110,68 @@ changed() {  # $1: folder, $2: mark, $3: max depth (or empty), $4: only files ch
     ! -name '*.tmp-*' ! -name pid ! -name pid_start ! -name 'notify*' ! -name 'notified*' \
     ! -name 'store.*' -printf '%P\t%s\n' 2>/dev/null
 }
-copy() {  # $1: folder, $2: mark, $3: where in DEST, $4: max depth, $5: since; 0 when all went.
-  # A file up to 64 MiB (a log, metrics being appended) goes from a copy made first, so what
-  # is checked on arrival is what was sent; a bigger one (a snapshot, renamed into place
-  # whole) goes as it is, and one still being written fails and goes next round
+stage_from() {  # $1: the folder, $2: its list, $3: where under the stage, $4: the list of
+  # the big ones. A file up to 64 MiB (a log, metrics being appended) goes from a copy
+  # made first, so what is checked on arrival is what was sent; a bigger one (a snapshot,
+  # renamed into place whole) goes as it is, and one still being written fails and goes
+  # next round
+  [ -s "$2" ] || return 0
+  while IFS="$tab" read -r name size; do
+    if [ "$size" -le $stage_max ] 2>/dev/null; then
+      to=$stage/$3$name
+      mkdir -p "${to%/*}" && cp -p "$1/$name" "$to" 2>/dev/null
+    else
+      printf '%s\n' "$name" >> "$4"
+    fi
+  done < "$2"
+}
+send() {  # $1: source, $2: where in DEST, $3: a list of names in $1 (or empty: all of it)
+  "$rclone" --config "$cfg" copy "$1" "store:$dest$2" ${3:+--files-from-raw "$3"} \
+    --no-traverse --no-check-dest --retries 1 --low-level-retries 3 --contimeout 10s \
+    --timeout 60s --log-level ERROR 2>> "$rec/.store.err"
+}
+round() {  # $1: 1 at the end (the record too, whatever the time); 0 when everything went.
+  # One rclone for what changed (outputs, and the record when due: with outputs, in the
+  # round after them, the log then saying which snapshot it is, and every 30 s), one
+  # more only for a big file
   touch "$rec/.store.next"
-  changed "$1" "$2" "$4" "$5" > "$rec/.store.list"
-  if [ -s "$rec/.store.list" ]; then
+  changed "$out" "$rec/.store.synced" "" "$since" > "$rec/.store.list"
+  : > "$rec/.store.rlist"
+  now=$(date +%s)
+  logs=0
+  if [ "$1" = 1 ] || [ "$moved" = 1 ] || [ -s "$rec/.store.list" ] \
+    || [ $((now - last_logs)) -ge "$logs_every" ]; then
+    logs=1
+    changed "$rec" "$rec/.store.logs" 1 "" > "$rec/.store.rlist"
+  fi
+  moved=0
+  [ -s "$rec/.store.list" ] && moved=1
+  if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
     stage=$rec/.store.stage
     rm -rf "$stage" && mkdir -p "$stage" || return 1
-    : > "$rec/.store.names"
-    while IFS="$tab" read -r name size; do
-      if [ "$size" -le $stage_max ] 2>/dev/null; then
-        case $name in */*) sub=${name%/*} ;; *) sub=. ;; esac
-        mkdir -p "$stage/$sub" && cp -p "$1/$name" "$stage/$name" 2>/dev/null
-      else
-        printf '%s\n' "$name" >> "$rec/.store.names"
-      fi
-    done < "$rec/.store.list"
+    : > "$rec/.store.big"
+    : > "$rec/.store.bigrec"
     : > "$rec/.store.err"
-    for from in "$stage" "$1"; do
-      if [ "$from" = "$stage" ]; then
-        [ -n "$(ls -A "$stage")" ] || continue
-        list=''
-      else
-        [ -s "$rec/.store.names" ] || continue
-        list=$rec/.store.names
-      fi
-      "$rclone" --config "$cfg" copy "$from" "store:$dest$3" ${list:+--files-from-raw "$list"} \
-        --no-traverse --no-check-dest --retries 1 --low-level-retries 3 --contimeout 10s \
-        --timeout 60s --log-level ERROR 2>> "$rec/.store.err" || return 1
-    done
+    stage_from "$out" "$rec/.store.list" "" "$rec/.store.big"
+    stage_from "$rec" "$rec/.store.rlist" ".vmrun/" "$rec/.store.bigrec"
+    if [ -n "$(ls -A "$stage")" ]; then send "$stage" "" "" || return 1; fi
+    if [ -s "$rec/.store.big" ]; then send "$out" "" "$rec/.store.big" || return 1; fi
+    if [ -s "$rec/.store.bigrec" ]; then send "$rec" /.vmrun "$rec/.store.bigrec" || return 1; fi
   fi
-  mv "$rec/.store.next" "$2"
-}
-round() {  # $1: 1 to copy the record's files too; 0 when everything went. The record
-  # also goes with outputs and in the round after (the log says which snapshot it is)
-  copy "$out" "$rec/.store.synced" "" "" "$since" || return 1
-  moved=$moving
-  moving=0
-  [ -s "$rec/.store.list" ] && moving=1
-  now=$(date +%s)
-  if [ "$1" = 1 ] || [ "$moving$moved" != 00 ] || [ $((now - last_logs)) -ge "$logs_every" ]; then
-    copy "$rec" "$rec/.store.logs" "/.vmrun" 1 "" || return 1
+  if [ $logs = 1 ]; then
+    touch -r "$rec/.store.next" "$rec/.store.logs"
     last_logs=$now
   fi
+  mv "$rec/.store.next" "$rec/.store.synced"
 }
-failed() {  # what went wrong, and how much waits: the same find, sizes summed
+failed() {  # what went wrong, and how much waits: the lists' sizes summed
   error=$(grep -v '^[[:space:]]*$' "$rec/.store.err" 2>/dev/null | tail -n 1 \
-    | sed 's/^[0-9/]* [0-9:]* *//; s/^ERROR : //; s/^Attempt [0-9/]* failed with [0-9]* errors and: //' | tr -d '"\134' | tr -c '[:print:]' ' ' | cut -c1-300)
+    | sed 's/^[0-9/]* [0-9:]* *//; s/^ERROR : //; s/^Attempt [0-9/]* failed with [0-9]* errors and: //' \
+    | tr -d '"\134' | tr -c '[:print:]' ' ' | cut -c1-300)
   error=${error:-the copy failed}
-  pending_files=$(wc -l < "$rec/.store.list" 2>/dev/null || echo 0)
-  pending_bytes=$(awk -F '\t' '{ s += $NF } END { print s + 0 }' "$rec/.store.list" 2>/dev/null)
+  pending_files=$(cat "$rec/.store.list" "$rec/.store.rlist" 2>/dev/null | wc -l)
+  pending_bytes=$(cat "$rec/.store.list" "$rec/.store.rlist" 2>/dev/null \
+    | awk -F '\t' '{ s += $NF } END { print s + 0 }')
 }
 ended() {
   [ -e "$rec/exit_code" ] || [ -e "$rec/stopped" ] || ! alive_run "$rec"
@@ -201,5 +211,5 @@ while [ -d "$rec" ]; do
   fi
   if [ "$backoff" -gt 0 ]; then sleep "$backoff"; else sleep "$every"; fi
 done
-rm -rf "$rec/.store.next" "$rec/.store.list" "$rec/.store.names" "$rec/.store.err" \
-  "$rec/.store.stage" "$rec/store.pid"
+rm -rf "$rec/.store.next" "$rec/.store.list" "$rec/.store.rlist" "$rec/.store.big" \
+  "$rec/.store.bigrec" "$rec/.store.err" "$rec/.store.stage" "$rec/store.pid"
