@@ -495,6 +495,22 @@ def rclone_binary() -> Path:
     return _build_once(CACHE / "rclone-1.75.2", build) / "rclone"
 
 
+@pytest.fixture(scope="session")
+def supervisor_wheels() -> Path:
+    """The packages a run's supervisor runs with (`train --recover`), as wheels for the
+    hosts' interpreter (.ci/run fills the folder; vmrun sends it as VMRUN_SUPERVISOR_WHEELS)."""
+    from vmrun.recovery.deploy import requirements, wheels_key
+
+    reqs = requirements(True)
+
+    def wheel(target: Path) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
+                        *host_wheels(), *reqs, "-d", str(target)],
+                       check=True, timeout=900)  # fmt: skip
+
+    return _build_once(CACHE / f"wheelhouse-supervisor-{wheels_key(reqs)}", wheel)
+
+
 def standin_miniconda(python: str, calls: str) -> str:
     """A STAND-IN Miniconda installer (no download is possible here), as shell text: it
     honours -b -u -p PREFIX and installs a STAND-IN `conda` whose `create -n NAME` makes

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 KEY = "testing"  # moto takes any key; the secret is what the tests look for where it must not be
 SECRET = "vmrun-test-secret-" + "7" * 20
 
@@ -73,6 +75,13 @@ def bed_bucket(bed: Any) -> Iterator[tuple[str, Any]]:
         host = bed.add_host("bucket")
     with s3_server_on(host) as endpoint:
         yield endpoint, host
+
+
+@pytest.fixture(scope="module", name="bucket")
+def bucket_fixture(bed: Any) -> Iterator[tuple[str, Any]]:
+    """The bed's bucket for a test module (import it there): its endpoint and host."""
+    with bed_bucket(bed) as found:
+        yield found
 
 
 def install_mover(host: Any, rclone: Path) -> Path:

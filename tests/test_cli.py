@@ -36,6 +36,7 @@ COMMANDS = [
     "exec",
     "hosts",
     "config",
+    "supervise",
 ]
 HEAVY = (
     "paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib", "tensorboard", "boto3",

@@ -18,9 +18,10 @@ import pytest
 
 from vmrun.errors import UsageError
 from vmrun.operations import refusals
-from vmrun.stores.bucket import Object, _wanted, fetch_run, newest_run, run_meta
+from vmrun.runs.store_fetch import _wanted, fetch_run
+from vmrun.store_url import parse_store
+from vmrun.stores.bucket import Object, newest_run, run_meta
 from vmrun.stores.sync import StoreState
-from vmrun.stores.url import parse_store
 from vmrun.transfer.types import Progress
 
 

@@ -17,9 +17,9 @@ from store_fixtures import SECRET, new_bucket, put, put_corrupted, s3_env, s3_se
 
 from vmrun.errors import UsageError, VmrunError, code_of
 from vmrun.reporting import Progress
+from vmrun.store_url import parse_store
 from vmrun.stores.access import Access, resolve
 from vmrun.stores.mover import copy_from_store
-from vmrun.stores.url import parse_store
 
 pytest.importorskip("moto")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import Client, clean_host, copier_pids, run_id_of, template_out, wait_for
-from store_fixtures import SECRET, bed_bucket, client, install_mover, new_bucket, s3_env
+from store_fixtures import SECRET, bucket_fixture, client, install_mover, new_bucket, s3_env  # noqa: F401
 from testbed import NetnsBed, TestHost
 
 from vmrun.remote_paths import remote_workdir
@@ -43,12 +43,6 @@ save(2)
 wait("go2")
 print("all done", flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def bucket(bed: NetnsBed) -> Iterator[tuple[str, TestHost]]:
-    with bed_bucket(bed) as found:
-        yield found
 
 
 @pytest.fixture

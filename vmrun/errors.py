@@ -449,6 +449,8 @@ _STORE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
 )
 for _owner, _name, _meaning in _STORE_CODES:
     register(_name, _owner, _meaning)
+register("supervisor-failed", RemoteError,
+         "a run's supervisor (train --recover) could not be put on its host or started")
 register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
 register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)
 register("run-stopped", CommandFailed, "the run was stopped (`vmrun stop`) while followed", 143)

@@ -49,7 +49,12 @@ def run_dir(run_id: str) -> str:
 
 def remote_workdir(project: Path) -> str:
     """`vmrun/<dir name slug>-<6 hex of sha256(absolute path)>` relative to the remote home:
-    stable per local project, no collisions between two projects of the same name."""
+    stable per local project, no collisions between two projects of the same name.
+    VMRUN_HOST_WORKDIR names it instead: a run's supervisor (vmrun.recovery) works from a
+    copy of the project elsewhere, on the folder the run was started in."""
+    given = os.environ.get("VMRUN_HOST_WORKDIR", "").strip()
+    if given:
+        return given
     path = Path(os.path.abspath(project)).resolve()
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.name).strip("-.")[:40].strip("-.")
     digest = hashlib.sha256(os.fsencode(str(path))).hexdigest()[:6]

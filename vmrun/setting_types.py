@@ -157,7 +157,7 @@ def text(name: str, value: Any) -> str:
 def store(name: str, value: Any) -> str:
     """A bucket place, s3://BUCKET/PREFIX, checked as written ("" for none)."""
     from vmrun.errors import UsageError
-    from vmrun.stores.url import parse_store
+    from vmrun.store_url import parse_store
 
     place = text(name, value)
     if place:

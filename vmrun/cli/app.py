@@ -42,6 +42,7 @@ COMMANDS = (
     ("exec", "exec_cmd", "Run a command on one or all hosts in parallel."),
     ("hosts", "hosts_cmd", "List the selected hosts; --check connects to each."),
     ("config", "config_cmd", "Show the resolved settings and where each came from."),
+    ("supervise", "supervise_cmd", "A run's supervisor on its host (started by train --recover)."),
 )
 _ROOT_FLAGS = {"--debug", "--version", "-V", "--help", "-h"}
 

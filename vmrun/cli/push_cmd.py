@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.cli.fetch_cmd import parse_rate
         from vmrun.cli.terminal import Terminal
         from vmrun.operations.push import PushJob, push
-        from vmrun.stores.url import is_store, parse_store
+        from vmrun.store_url import is_store, parse_store
 
         settings = reach.settings()
         job = PushJob(

@@ -165,6 +165,30 @@ def register(app: typer.Typer) -> None:
                 " hosts aside (into .vmrun-stale-<time>/ there) instead of loading them.",
             ),
         ] = False,
+        recover: Annotated[
+            bool,
+            typer.Option(
+                "--recover",
+                help="A supervisor brings the run back by itself, laptop or not: on the same"
+                " nodes when a rank crashes, with a --spare in a lost node's place (needs"
+                " --store: the snapshots must outlive their node). Starts detached.",
+            ),
+        ] = False,
+        max_recoveries: Annotated[
+            int | None,
+            typer.Option("--max-recoveries", metavar="N",
+                         help="--recover: give up after N recoveries [default: 5]."),
+        ] = None,
+        spare: Annotated[
+            list[str] | None,
+            typer.Option("--spare", metavar="HOST",
+                         help="--recover: a host to take a lost node's place; repeatable."),
+        ] = None,
+        supervisor: Annotated[
+            str | None,
+            typer.Option("--supervisor", metavar="HOST",
+                         help="--recover: where the supervisor runs [default: the master]."),
+        ] = None,
         verbose: ro.Verbose = False,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
@@ -190,7 +214,8 @@ def register(app: typer.Typer) -> None:
         hosts = HostOptions(
             hosts=host, master=master, nnodes=nnodes, rdzv_port=rdzv_port, nccl_debug=nccl_debug,
             allow_concurrent=allow_concurrent, fresh=fresh, fetch_every=fetch_every,
-            down_after_run=down_after_run,
+            down_after_run=down_after_run, recover=recover, max_recoveries=max_recoveries,
+            spares=spare, supervisor=supervisor,
         )  # fmt: skip
         told = {"notify": notify, "notify_on": notify_on}
         settings = reach.settings(**told)

@@ -155,7 +155,7 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
     if done.spot_fallback and not done.spot:
         raise UsageError("--spot-fallback only goes with --spot", code="flags-conflict")
     if done.store:
-        from vmrun.stores.url import parse_store
+        from vmrun.store_url import parse_store
 
         parse_store(str(done.store))
     if done.autostop:

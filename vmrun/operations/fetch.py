@@ -157,11 +157,12 @@ def rounds(job: FetchJob, out: Reporter = QUIET) -> Iterator[Fetched]:
 def _from_store(job: FetchJob, out: Reporter) -> Fetched:
     """The run's files from its place in the bucket (`train --store`), straight here: its
     hosts may be gone. One outcome, named by the run's place."""
+    from vmrun.runs.store_fetch import fetch_run
     from vmrun.ssh.group import Outcome
+    from vmrun.store_url import parse_store
     from vmrun.stores.access import resolve
-    from vmrun.stores.bucket import client, fetch_run, newest_run
+    from vmrun.stores.bucket import client, newest_run
     from vmrun.stores.sync import run_place
-    from vmrun.stores.url import parse_store
 
     store = parse_store(job.store or job.settings.store)
     s3 = client(resolve(job.settings.store_credentials))

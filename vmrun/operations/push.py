@@ -25,7 +25,7 @@ from vmrun.reporting import QUIET, Reporter
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, Outcome, worst_exit_code
 from vmrun.ssh.inventory import HostEntry
-from vmrun.stores.url import StoreURL
+from vmrun.store_url import StoreURL
 from vmrun.transfer.push import HostPush, Planned, check_sources, push_host
 from vmrun.transfer.types import Progress
 

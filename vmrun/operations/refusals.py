@@ -20,8 +20,10 @@ SLURM_ONLY = (
 )  # fmt: skip
 HOSTS_ONLY = (
     "-H", "--local", "--master", "--nnodes", "--rdzv-port", "--allow-concurrent", "--fresh",
-    "--resume", "--fetch-every", "--down-after-run",
+    "--resume", "--fetch-every", "--down-after-run", "--recover", "--spare", "--supervisor",
+    "--max-recoveries",
 )  # fmt: skip
+RECOVERY = ("--spare", "--supervisor", "--max-recoveries")
 WHAT_RUNS = (
     "SCRIPT", "--epochs", "--save-every", "--nproc-per-node", "--max-restarts", "--name",
     "--batch-size", "--lr", "--task", "-- SCRIPT_ARGS", "--local", "--launcher",
@@ -85,6 +87,13 @@ RULES: tuple[Rule, ...] = (
     Rule(("--master", "--nnodes", "--rdzv-port"), when="--local", code="flags-conflict",
          says="{flags} {are} for several hosts (-H); drop {them} with --local"),
     Rule(("--down-after-run",), unless="--fetch-every", code="flags-conflict", says=_DOWN_NEEDS),
+    Rule(RECOVERY, unless="--recover", commands=("train",), code="flags-conflict",
+         says="{flags} {are} --recover's: add --recover, or drop {them}"),
+    Rule(("--recover",), when="--local", commands=("train",), code="flags-conflict",
+         says="--recover brings back a run on hosts (-H); a --local run stays in this"
+         " terminal"),
+    Rule(("--recover",), when="--resume", commands=("train",), code="resume-conflict",
+         says="--recover starts a run with its supervisor; a resumed run keeps its own"),
 )  # fmt: skip
 
 

@@ -91,6 +91,15 @@ class HostOptions:
     fresh: bool = False
     fetch_every: float | None = None
     down_after_run: bool = False
+    # --resume by the supervisor (vmrun.recovery): lost node -> the host taking its place,
+    # and the outputs from the run's bucket (its master, with the snapshots, is gone)
+    replace: dict[str, str] = field(default_factory=dict)
+    from_store: bool = False
+    # --recover: a supervisor brings the run back by itself (vmrun.recovery)
+    recover: bool = False
+    max_recoveries: int | None = None
+    spares: list[str] | None = None
+    supervisor: str | None = None
 
     def flags(self) -> dict[str, Any]:
         return {
@@ -98,6 +107,8 @@ class HostOptions:
             "--rdzv-port": self.rdzv_port, "--nccl-debug": self.nccl_debug,
             "--allow-concurrent": self.allow_concurrent, "--fresh": self.fresh,
             "--fetch-every": self.fetch_every, "--down-after-run": self.down_after_run,
+            "--recover": self.recover, "--max-recoveries": self.max_recoveries,
+            "--spare": self.spares, "--supervisor": self.supervisor,
         }  # fmt: skip
 
 
@@ -277,22 +288,36 @@ def _on_hosts(
 
             resumed = load(group, how.resume, plan.env, plan.store, settings.store_credentials)
             plan, place.listed, place.restore = resumed.plan, resumed.listed, resumed.restore
-            entries = _nodes(entries, resumed.nodes, settings)
+            if hosts.from_store and place.restore is None and plan.store is not None:
+                from vmrun.stores.sync import run_place
+
+                place.restore = run_place(plan.store, how.resume)
+            swap = hosts.replace
+            entries = _nodes(entries, [swap.get(n, n) for n in resumed.nodes], settings)
             if place.wiring.master is None and len(entries) > 1 and not resumed.restore:
                 w = place.wiring
                 recorded = resumed.meta.get("nnodes") if hosts.nnodes is None else hosts.nnodes
+                master = str(resumed.meta.get("master"))
                 place.wiring = _wiring(
-                    str(resumed.meta.get("master")), recorded, w.rdzv_port, w.nccl_debug
+                    swap.get(master, master), recorded, w.rdzv_port, w.nccl_debug
                 )
             if any(e.label not in group.connections for e in entries):
                 group = Group(entries, settings)  # a node the search did not include
         if place.wiring.nnodes is not None and len(entries) > 1:
             check_nnodes(place.wiring.nnodes, len(entries))
-        return run_remote(
+        supervised = None
+        if hosts.recover:
+            from vmrun.recovery.deploy import Supervised
+
+            supervised = Supervised.check(
+                plan, entries, settings, spares=hosts.spares or (),
+                supervisor=hosts.supervisor, max_recoveries=hosts.max_recoveries,
+            )  # fmt: skip
+        code = run_remote(
             plan,
             entries,
             settings,
-            detach=detach,
+            detach=detach or supervised is not None,
             out=out,
             how=how,
             place=place,
@@ -300,7 +325,9 @@ def _on_hosts(
             progress=out.progress(several=len(entries) > 1),
             group=group,
             verbose=verbose,
+            on_start=supervised.start(out) if supervised else None,
         )
+        return code
 
 
 def _nodes(entries: list[Any], labels: list[str], settings: Settings) -> list[Any]:

@@ -18,8 +18,8 @@ from vmrun.containers.request import Asked
 from vmrun.errors import UsageError, VmrunError
 
 if TYPE_CHECKING:
+    from vmrun.store_url import StoreURL
     from vmrun.stores.access import Access
-    from vmrun.stores.url import StoreURL
 
 DEFAULT_EPOCHS = 10
 DEFAULT_SAVE_EVERY = 5
@@ -134,7 +134,7 @@ def make_plan(
         nproc = None
     env_map = parse_env(env)
     data_specs = tuple(parse_data(text) for text in data or ())
-    from vmrun.stores.url import parse_store
+    from vmrun.store_url import parse_store
 
     store_url = parse_store(store) if store else None
     containers = containers or Asked()
@@ -217,7 +217,7 @@ def data_access(
 ) -> Access | None:
     """Who the nodes read a --data bucket (and write --store's) with, found before anything
     starts (None: no bucket at all)."""
-    from vmrun.stores.url import StoreURL
+    from vmrun.store_url import StoreURL
 
     if store is None and not any(isinstance(source, StoreURL) for source, _ in data):
         return None
@@ -242,7 +242,7 @@ def parse_data(text: str) -> tuple[Path | StoreURL, str | None]:
     and where on the hosts it goes (DIR/<its name>; None: the project's work directory,
     where a script's `data/` is looked for). The last `:` splits only when what is before it
     exists here (a path may hold a `:`), or, after a bucket address, names a folder."""
-    from vmrun.stores.url import is_store, parse_store
+    from vmrun.store_url import is_store, parse_store
 
     if is_store(text):
         scheme, _, rest = text.partition("://")

@@ -11,8 +11,8 @@ from pathlib import Path
 from vmrun.errors import RemoteError, UsageError
 from vmrun.reporting import Reporter
 from vmrun.ssh.connection import Connection
+from vmrun.store_url import StoreURL
 from vmrun.stores.access import Access
-from vmrun.stores.url import StoreURL
 from vmrun.transfer.types import Progress
 
 

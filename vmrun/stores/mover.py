@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError, VmrunError
 from vmrun.ssh.connection import Connection
+from vmrun.store_url import StoreURL
 from vmrun.stores.access import Access
-from vmrun.stores.url import StoreURL
 from vmrun.transfer.types import Progress, Report
 
 MIN_VERSION = "1.63"

@@ -15,8 +15,8 @@ from typing import Any
 from vmrun import hostside
 from vmrun.errors import UsageError
 from vmrun.ssh.connection import Connection
+from vmrun.store_url import StoreURL
 from vmrun.stores.access import Access
-from vmrun.stores.url import StoreURL
 
 RECORD = ".vmrun"  # the run's record under its place in the bucket
 

@@ -124,9 +124,11 @@ class HostsBackend:
         layout = (place.layout or meet(self.group, nodes, place.wiring)) if multi else None
         rid = how.resume or how.run_id or launch.run_id(plan.name)
         banner = ""
-        if how.resume and place.restore is None:
+        if how.resume and (place.restore is None or place.listed):
             from vmrun.backends.hosts.resume import prepare
 
+            # the run's leftovers stopped; its newest checkpoints on every node (a host
+            # taking a lost node's place too), unless they come from its bucket below
             banner = prepare(self.group, list(nodes), rid, out, place.listed)
         live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
         files = _synced_files(plan)  # once for every host, and for the run's record

@@ -26,7 +26,7 @@ from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
-from vmrun.stores.url import StoreURL
+from vmrun.store_url import StoreURL
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 

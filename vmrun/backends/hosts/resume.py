@@ -33,8 +33,8 @@ from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.manifest import PART_SUFFIX, list_remote
 
 if TYPE_CHECKING:
+    from vmrun.store_url import StoreURL
     from vmrun.stores.access import Access
-    from vmrun.stores.url import StoreURL
     from vmrun.transfer.types import Progress
 
 
@@ -104,8 +104,8 @@ def load(
 def _plan(rid: str, meta: dict[str, Any], env: dict[str, str], store_credentials: str) -> Plan:
     from vmrun.config import find_project_dir
     from vmrun.containers.request import Asked, from_meta
+    from vmrun.store_url import StoreURL, parse_store
     from vmrun.stores.access import resolve
-    from vmrun.stores.url import StoreURL, parse_store
     from vmrun.trainer import TEMPLATE_PATH
 
     store = None

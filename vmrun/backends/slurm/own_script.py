@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from vmrun.backends.slurm.cluster import Cluster
     from vmrun.notify.send import Notify
     from vmrun.ssh.connection import Connection
+    from vmrun.store_url import StoreURL
     from vmrun.stores.access import Access
-    from vmrun.stores.url import StoreURL
     from vmrun.transfer.types import Progress
 
 LINE = b"\x1e"  # a task's line: \x1eKEY o|e\x1eTEXT

@@ -143,7 +143,7 @@ class AwsProvider:
         self, request: Request, region: str, tags: list[dict[str, str]], out: Reporter
     ) -> str:
         from vmrun.providers.aws import roles
-        from vmrun.stores.url import parse_store
+        from vmrun.store_url import parse_store
 
         store = parse_store(request.store)
         profile = roles.make_role(self.session.client("iam", region), request.cluster, store, tags)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vmrun.providers.aws.session import cloud_error, error_code
-from vmrun.stores.url import StoreURL
+from vmrun.store_url import StoreURL
 
 ASSUME = {
     "Version": "2012-10-17",

@@ -1,0 +1,79 @@
+"""What a run's supervisor decides when the run fails (vmrun.recovery.policy), and what it
+keeps of it (vmrun.recovery.journal), quick: a crash on nodes that answer is run again
+there, a lost node takes a spare, a lost master needs the bucket, the same failure at the
+same epoch three times is a crash loop, and the recoveries end at --max-recoveries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmrun.errors import UsageError
+from vmrun.operations import refusals
+from vmrun.recovery.journal import Event, Journal, Spec, failures_of
+from vmrun.recovery.policy import Failure, decide
+
+NODES = ("h1", "h2")
+
+
+def test_a_crash_where_every_node_answers_runs_again_there() -> None:
+    got = decide(Failure(NODES, exit_code=3, where="rank 1 on h2", epoch=4), [], ["s1"])
+    assert got.action == "restart" and got.nodes == NODES and not got.swap
+
+
+def test_a_lost_node_takes_a_spare_and_keeps_its_place() -> None:
+    got = decide(Failure(NODES, lost=("h2",), epoch=4), [], ["h2", "s1", "s2"])
+    assert got.action == "replace" and got.swap == {"h2": "s1"} and got.nodes == ("h1", "s1")
+
+
+def test_a_lost_master_needs_the_bucket_and_a_lost_node_a_spare() -> None:
+    lost_master = Failure(NODES, lost=("h1",), epoch=4)
+    assert decide(lost_master, [], ["s1"]).gives_up
+    moved = decide(lost_master, [], ["s1"], has_store=True)
+    assert moved.nodes == ("s1", "h2")  # the spare is the new master
+    none_left = decide(Failure(NODES, lost=("h2",)), [], [])
+    assert none_left.gives_up and "no spare" in none_left.why
+
+
+def test_the_same_failure_at_the_same_epoch_three_times_is_a_crash_loop() -> None:
+    crash = Failure(NODES, exit_code=3, where="rank 0", epoch=2)
+    assert decide(crash, [crash], []).action == "restart"
+    looped = decide(crash, [crash, crash], [])
+    assert looped.gives_up and "crash loop" in looped.why
+    further = Failure(NODES, exit_code=3, where="rank 0", epoch=5)  # it got further
+    assert decide(further, [crash, crash], []).action == "restart"
+
+
+def test_the_recoveries_end_at_the_limit() -> None:
+    earlier = [Failure(NODES, exit_code=1, epoch=n) for n in range(3)]
+    got = decide(Failure(NODES, exit_code=1, epoch=9), earlier, [], max_recoveries=3)
+    assert got.gives_up and "--max-recoveries" in got.why
+
+
+def test_what_was_done_is_read_back_after_a_restart(tmp_path: Path) -> None:
+    spec = Spec(run_id="r1", nodes=["h1", "h2"], spares=["s1"], store="s3://bkt/runs")
+    spec.save(tmp_path / "spec.json")
+    assert Spec.load(tmp_path / "spec.json") == spec
+    journal = Journal(tmp_path / "events.jsonl")
+    failure = {"nodes": ["h1", "h2"], "lost": ["h2"], "exit_code": None, "where": "",
+               "epoch": 4}  # fmt: skip
+    journal.add(Event(1.0, failure, "replace", "lost h2", ["h1", "s1"], {"h2": "s1"}))
+    (back,) = Journal(tmp_path / "events.jsonl").events()
+    assert back.nodes == ["h1", "s1"] and back.swap == {"h2": "s1"}
+    assert failures_of([back]) == [Failure(("h1", "h2"), ("h2",), None, "", 4)]
+
+
+@pytest.mark.parametrize(
+    ("flags", "code"),
+    [
+        ({"--spare": ["s1"]}, "flags-conflict"),  # without --recover
+        ({"--recover": True, "--local": True}, "flags-conflict"),
+        ({"--recover": True, "--resume": "r1"}, "resume-conflict"),
+        ({"--recover": True, "-C": "della"}, "flags-conflict"),
+    ],
+)
+def test_recover_flags_that_do_not_go_together_are_refused(flags: dict, code: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        refusals.check("train", flags)
+    assert caught.value.code == code

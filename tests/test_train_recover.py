@@ -1,0 +1,149 @@
+"""`vmrun train --recover` on real sshd hosts: the run's supervisor (vmrun itself, put on a
+host of its own by vmrun: an env from the wheels this machine sends, vmrun's code, a key
+made there) brings the run back without the laptop, whose vmrun is gone once the run has
+started: a rank that crashes is started again on the same node from its newest snapshot,
+the same crash again and again is given up, and the supervisor's key is off every host at
+the end. The run copies to a bucket (moto's S3 on a test host of its own)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Client, clean_host, run_id_of, wait_for
+from store_fixtures import bucket_fixture, install_mover, new_bucket, s3_env  # noqa: F401
+from testbed import NetnsBed, TestHost
+
+from vmrun.remote_paths import remote_workdir
+
+pytest.importorskip("moto")
+
+CRASHY = """\
+import json, os, pathlib, sys, time
+out = pathlib.Path("out")
+out.mkdir(exist_ok=True)
+snap = out / "snapshot.pt"
+start = int(snap.read_text()) + 1 if snap.exists() else 1
+total, crash_at, always = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "always"
+crashed = pathlib.Path("crashed")
+for epoch in range(start, total + 1):
+    time.sleep(0.2)
+    if always and epoch == crash_at:  # every time, before its snapshot: a crash loop
+        sys.exit(3)
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"epoch": epoch}) + "\\n")
+    tmp = out / f".snapshot.pt.tmp-{os.getpid()}"
+    tmp.write_text(str(epoch))
+    os.replace(tmp, snap)
+    print(f"epoch {epoch}/{total}", flush=True)
+    print(f"snapshot saved at epoch {epoch}", flush=True)
+    if epoch == crash_at and not crashed.exists():
+        crashed.touch()
+        sys.exit(3)
+print("all done", flush=True)
+"""
+
+
+@pytest.fixture
+def project(
+    bed: NetnsBed,
+    bed_client: Client,
+    host_python: Path,
+    rclone_binary: Path,
+    supervisor_wheels: Path,
+    bucket: tuple[str, TestHost],
+) -> Iterator[Client]:
+    """h1..h3 in vmrun.toml with the mover; the bucket's store; the supervisor's wheels."""
+    endpoint, _ = bucket
+    name = new_bucket(endpoint)
+    hosts = [f'[[hosts]]\naddress = "{h}"\npython = "{host_python}"\n' for h in ("h1", "h2", "h3")]
+    (bed_client.cwd / "vmrun.toml").write_text(f'store = "s3://{name}/runs"\n\n' + "\n".join(hosts))
+    (bed_client.cwd / "crashy.py").write_text(CRASHY)
+    bed_client.extra_env.update(s3_env(endpoint))
+    bed_client.extra_env["VMRUN_SUPERVISOR_WHEELS"] = str(supervisor_wheels)
+    for host in ("h1", "h2", "h3"):
+        install_mover(bed[host], rclone_binary)
+    yield bed_client
+    for host in ("h1", "h2", "h3"):
+        _stop_supervisor(bed[host])
+        clean_host(bed[host])
+
+
+def _stop_supervisor(host: TestHost) -> None:
+    import os
+    import signal
+
+    for pid in host.user_pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"vmrun\0supervise" in argv:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _events(host: TestHost, rid: str) -> list[dict[str, Any]]:
+    path = host.home / ".vmrun" / "supervisor" / "runs" / rid / "events.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _supervising(host: TestHost) -> bool:
+    return any(b"vmrun\0supervise" in Path(f"/proc/{p}/cmdline").read_bytes()
+               for p in host.user_pids() if Path(f"/proc/{p}/cmdline").exists())  # fmt: skip
+
+
+def _allowed(host: TestHost) -> str:
+    keys = host.home / ".ssh" / "authorized_keys"
+    return keys.read_text() if keys.is_file() else ""
+
+
+def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
+    bed: NetnsBed, project: Client
+) -> None:
+    h1, h3 = bed["h1"], bed["h3"]
+    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
+                         "--supervisor", "h3", "--", "8", "3", "once", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    assert "its supervisor runs on h3" in done.stderr, done.stderr
+    assert "vmrun-supervisor:" in _allowed(h1)  # its own key, not the user's
+    out = h1.home / remote_workdir(project.cwd) / "out"
+    wait_for(lambda: "all done" in (h1.home / ".vmrun" / "runs" / rid / "log").read_text(), 180,
+             "the run to finish after its crash")  # fmt: skip
+    epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == list(range(1, 9))  # none missing, none twice
+    events = _events(h3, rid)
+    assert [e["action"] for e in events] == ["restart"], events
+    assert events[0]["failure"]["exit_code"] == 3 and events[0]["failure"]["epoch"] == 3
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
+    assert "vmrun-supervisor:" not in _allowed(h1)  # its key is gone again
+    status = project.vmrun("status", "-H", "h1", "--json")
+    (run,) = [r for r in json.loads(status.stdout) if r.get("run") == rid]
+    assert run["state"] == "done" and run["attempts"] == 2, run
+
+
+def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Client) -> None:
+    h1, h3 = bed["h1"], bed["h3"]
+    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
+                         "--supervisor", "h3", "--", "8", "2", "always", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    deadline = time.monotonic() + 240
+    while _supervising(h3) or not _events(h3, rid):
+        assert time.monotonic() < deadline, _events(h3, rid)
+        time.sleep(0.5)
+    actions = [e["action"] for e in _events(h3, rid)]
+    assert actions == ["restart", "restart", "give-up"], _events(h3, rid)
+    assert {e["failure"]["epoch"] for e in _events(h3, rid)} == {1}  # never further
+    assert "crash loop" in _events(h3, rid)[-1]["why"]
+    log = (h3.home / ".vmrun" / "supervisor" / "runs" / rid / "log").read_text()
+    assert log.count("gave up") == 1, log
+    said = project.vmrun("logs", rid, "-H", "h1")  # why, with the run's own lines
+    assert said.stdout.count("the supervisor gave up: a crash loop") == 1, said.stdout
+    assert "vmrun-supervisor:" not in _allowed(h1)

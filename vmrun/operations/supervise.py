@@ -1,0 +1,186 @@
+"""A run's supervisor (`vmrun supervise`, started by `train --recover` on its host): it
+follows the run; when the run fails it finds which nodes still answer, decides
+(vmrun.recovery.policy) and resumes the run (`train --resume`, the lost nodes replaced by
+spares, the outputs from the run's bucket when the master is gone), again and again within
+the limits; when the run ends, either way, it takes its key off the hosts and stops. What
+it is asked and what it did are in its folder (vmrun.recovery.journal)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from vmrun.config import Settings
+from vmrun.errors import UsageError, VmrunError
+from vmrun.recovery.journal import TAG, Event, Journal, Spec, failures_of
+from vmrun.recovery.policy import Failure, Recovery, decide
+from vmrun.reporting import Reporter
+
+
+def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") -> int:
+    """Follow and recover the run described in `state` until it ends; 0 when it finished,
+    1 when it was given up."""
+    spec = Spec.load(state / "spec.json")
+    if run_id and run_id != spec.run_id:
+        raise UsageError(f"{state} supervises run {spec.run_id}, not {run_id}")
+    if spec.workdir:  # the hosts' folder is the laptop project's, not this copy's
+        os.environ["VMRUN_HOST_WORKDIR"] = spec.workdir
+    _mark_pid(state)
+    _load_secrets(state / "secrets.env")
+    journal = Journal(state / "events.jsonl")
+    events = journal.events()
+    nodes = list(events[-1].nodes) if events else list(spec.nodes)
+    if events and events[-1].action == "give-up":
+        out.info(f"run {spec.run_id}: given up already ({events[-1].why})")
+        return _finish(spec, settings, nodes, out, 1)
+    out.info(
+        f"supervising run {spec.run_id} on {', '.join(nodes)}"
+        f" (spares: {', '.join(spec.spares) or 'none'})"
+    )
+    while True:
+        failure = _follow(spec.run_id, nodes, settings, out)
+        if failure is None:
+            out.info(f"run {spec.run_id} finished")
+            return _finish(spec, settings, nodes, out, 0)
+        used = {n for e in events for n in e.nodes} | set(spec.nodes)
+        spares = [s for s in spec.spares if s not in used]
+        recovery = decide(
+            failure,
+            failures_of(events),
+            spares,
+            max_recoveries=spec.max_recoveries,
+            has_store=bool(spec.store),
+        )
+        event = Event(
+            time.time(),
+            _as_dict(failure),
+            recovery.action,
+            recovery.why,
+            list(recovery.nodes or nodes),
+            dict(recovery.swap),
+        )
+        journal.add(event)
+        events.append(event)
+        count = len(events)
+        if recovery.gives_up:
+            out.warn(f"run {spec.run_id}: gave up: {recovery.why}")
+            _note(spec.run_id, nodes, settings, f"the supervisor gave up: {recovery.why}")
+            return _finish(spec, settings, nodes, out, 1)
+        said = f"recovery {count} of {spec.max_recoveries}: {recovery.why}"
+        out.info(f"run {spec.run_id}: {said}")
+        nodes = _resume(spec, nodes, recovery, settings, out)
+        _note(spec.run_id, nodes, settings, said)
+
+
+def _follow(rid: str, nodes: list[str], settings: Settings, out: Reporter) -> Failure | None:
+    """Follow the run to its end on `nodes`: None when it finished well, else how it
+    failed (which nodes do not answer, its exit code, the newest snapshot's epoch)."""
+    from vmrun.backends.hosts.backend import HostsBackend
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    entries = select_hosts(nodes, settings)
+    with Group(entries, settings) as group:
+        backend = HostsBackend(group, entries)
+        try:
+            ref = backend.find(rid)
+            backend.follow(ref, out, announce=False)
+            return None
+        except VmrunError as exc:
+            out.info(f"run {rid}: {exc.one_line()}")
+    return _failure(rid, nodes, settings)
+
+
+def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
+    """Which nodes answer now (each asked afresh), and what the run's records say."""
+    from vmrun.backends.hosts import records
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    entries = select_hosts(nodes, settings)
+    with Group(entries, settings) as group:
+        outcomes = group.map(lambda entry, conn: records.list_runs(conn, [rid]))
+    lost = tuple(o.host for o in outcomes if not o.ok)
+    found = [r for o in outcomes if o.ok for r in o.value or []]
+    codes = [r.exit_code for r in found if r.exit_code not in (None, 0)]
+    failed = next((r for r in found if r.failure is not None), None)
+    saved = [r.saved_epoch for r in found if r.saved_epoch is not None]
+    where = failed.failure.describe(failed.host) if failed and failed.failure else ""
+    return Failure(
+        tuple(nodes), lost, codes[0] if codes else None, where, max(saved) if saved else None
+    )
+
+
+def _resume(
+    spec: Spec, nodes: list[str], recovery: Recovery, settings: Settings, out: Reporter
+) -> list[str]:
+    """The run's next attempt, detached, on the decided nodes; those nodes."""
+    from vmrun.operations.train import HostOptions, RunOptions, train
+
+    new = list(recovery.nodes or nodes)
+    master_lost = nodes[0] in recovery.swap
+    hosts = HostOptions(hosts=new, replace=dict(recovery.swap), from_store=master_lost)
+    for attempt in range(3):  # a resume that itself fails (a spare's hiccup) is tried again
+        try:
+            train(RunOptions(), settings, hosts=hosts, resume=spec.run_id, detach=True, out=out)
+            return new
+        except VmrunError as exc:
+            out.warn(f"run {spec.run_id}: the resume failed ({exc.one_line()})")
+            if attempt == 2:
+                raise
+            time.sleep(5)
+    return new
+
+
+def _note(rid: str, nodes: list[str], settings: Settings, text: str) -> None:
+    """A line in the run's log on the nodes that answer: why it went on, or did not."""
+    from vmrun import hostside
+    from vmrun.remote_paths import RUNS_DIR
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    with Group(select_hosts(nodes, settings), settings) as group:
+        group.map(lambda e, conn: conn.run(hostside.command("run_note.sh", RUNS_DIR, rid, text)))
+
+
+def _finish(spec: Spec, settings: Settings, nodes: list[str], out: Reporter, code: int) -> int:
+    """The supervisor's key off every host that allowed it (those that answer)."""
+    from vmrun import hostside
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    tag = TAG.format(run=spec.run_id)
+    hosts = list(dict.fromkeys([*spec.nodes, *nodes, *spec.spares]))
+    with Group(select_hosts(hosts, settings), settings) as group:
+        group.map(lambda e, conn: conn.run(hostside.command("supervisor_keys.sh", "forget", tag)))
+    out.info(f"run {spec.run_id}: the supervisor's key is off {', '.join(hosts)}; done")
+    return code
+
+
+def _as_dict(failure: Failure) -> dict[str, Any]:
+    return {
+        "nodes": list(failure.nodes),
+        "lost": list(failure.lost),
+        "exit_code": failure.exit_code,
+        "where": failure.where,
+        "epoch": failure.epoch,
+    }
+
+
+def _mark_pid(state: Path) -> None:
+    """pid and its start time (field 22 of /proc/PID/stat): supervisor_start.sh's check."""
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text()
+    started = stat.rsplit(")", 1)[1].split()[19]
+    (state / "pid").write_text(f"{os.getpid()} {started}\n")
+
+
+def _load_secrets(path: Path) -> None:
+    """NAME=VALUE lines (the bucket's keys) into this process's environment."""
+    if not path.is_file():
+        return
+    for line in path.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.replace("_", "").isalnum():
+            os.environ[name] = value

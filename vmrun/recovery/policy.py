@@ -1,0 +1,90 @@
+"""What the supervisor does when a run fails (`train --recover`), decided from facts alone so
+each case can be driven in the quick tier: restart on the same nodes when every node still
+answers (a crashed rank), replace the nodes that are gone by spares when some are lost, or
+give up, with one line saying why: the recoveries are spent (`--max-recoveries`), the same
+failure came back without the run getting further (a crash loop), no spare is left, or the
+master is lost and its snapshots with it (no store)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_RECOVERIES = 5
+LOOP = 3  # the same failure this many times in a row at the same epoch is a crash loop
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one attempt ended, as the supervisor found it."""
+
+    nodes: tuple[str, ...]  # the attempt's nodes, master first
+    lost: tuple[str, ...] = ()  # of them, those that do not answer
+    exit_code: int | None = None  # the run's own, where it ended by itself
+    where: str = ""  # the failed node or rank, as the run's failure names it
+    epoch: int | None = None  # the newest saved snapshot's epoch when it failed
+
+    @property
+    def signature(self) -> str:
+        """What a crash loop repeats: the same way of failing."""
+        if self.lost:
+            return f"lost {','.join(sorted(self.lost))}"
+        return f"exit {self.exit_code} {self.where}".strip()
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What was decided: `restart` (the same nodes), `replace` (`swap`: lost node -> spare),
+    or `give-up` (`why` says it)."""
+
+    action: str
+    why: str
+    swap: dict[str, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()  # the next attempt's nodes, master first
+
+    @property
+    def gives_up(self) -> bool:
+        return self.action == "give-up"
+
+
+def decide(
+    failure: Failure,
+    earlier: Sequence[Failure],
+    spares: Sequence[str],
+    *,
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+    has_store: bool = False,
+) -> Recovery:
+    """The next step after `failure`, the recoveries before it being `earlier` (oldest
+    first) and `spares` the hosts still free to take a lost node's place."""
+    if len(earlier) >= max_recoveries:
+        return Recovery(
+            "give-up", f"{len(earlier)} recoveries already, the most allowed (--max-recoveries)"
+        )
+    looped = [f for f in earlier[-(LOOP - 1) :] if f.signature == failure.signature]
+    if len(looped) == LOOP - 1 and all(f.epoch == failure.epoch for f in looped):
+        at = "" if failure.epoch is None else f" at epoch {failure.epoch}"
+        return Recovery(
+            "give-up",
+            f"a crash loop: {failure.signature}{at}, {LOOP} times in a row without getting further",
+        )
+    if not failure.lost:
+        return Recovery(
+            "restart",
+            f"{failure.signature or 'it failed'}: again on the same nodes",
+            nodes=failure.nodes,
+        )
+    master = failure.nodes[0]
+    if master in failure.lost and not has_store:
+        return Recovery(
+            "give-up", f"the master {master} is lost, and the run's snapshots with it (no --store)"
+        )
+    free = [s for s in spares if s not in failure.nodes]
+    if len(free) < len(failure.lost):
+        return Recovery(
+            "give-up", f"{', '.join(failure.lost)} lost and {len(free) or 'no'} spare(s) left"
+        )
+    swap = dict(zip(failure.lost, free, strict=False))
+    nodes = tuple(swap.get(n, n) for n in failure.nodes)
+    said = ", ".join(f"{old} by {new}" for old, new in swap.items())
+    return Recovery("replace", f"lost {', '.join(failure.lost)}: replaced {said}", swap, nodes)
