@@ -48,6 +48,9 @@ print("all done", flush=True)
 """
 
 
+HOSTS = ("h1", "h2", "h3", "bastion")
+
+
 @pytest.fixture
 def project(
     bed: NetnsBed,
@@ -60,15 +63,16 @@ def project(
     """h1..h3 in vmrun.toml with the mover; the bucket's store; the supervisor's wheels."""
     endpoint, _ = bucket
     name = new_bucket(endpoint)
-    hosts = [f'[[hosts]]\naddress = "{h}"\npython = "{host_python}"\n' for h in ("h1", "h2", "h3")]
+    hosts = [f'[[hosts]]\naddress = "{h}"\npython = "{host_python}"\n' for h in HOSTS]
     (bed_client.cwd / "vmrun.toml").write_text(f'store = "s3://{name}/runs"\n\n' + "\n".join(hosts))
     (bed_client.cwd / "crashy.py").write_text(CRASHY)
     bed_client.extra_env.update(s3_env(endpoint))
     bed_client.extra_env["VMRUN_SUPERVISOR_WHEELS"] = str(supervisor_wheels)
-    for host in ("h1", "h2", "h3"):
+    bed_client.extra_env["OMP_NUM_THREADS"] = "1"
+    for host in HOSTS:
         install_mover(bed[host], rclone_binary)
     yield bed_client
-    for host in ("h1", "h2", "h3"):
+    for host in HOSTS:
         _stop_supervisor(bed[host])
         clean_host(bed[host])
 
@@ -147,3 +151,78 @@ def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Clie
     said = project.vmrun("logs", rid, "-H", "h1")  # why, with the run's own lines
     assert said.stdout.count("the supervisor gave up: a crash loop") == 1, said.stdout
     assert "vmrun-supervisor:" not in _allowed(h1)
+
+
+def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]
+) -> None:
+    """Two nodes, h2 then lost entirely (every process killed, no sshd): the supervisor (on
+    h3) puts the spare in its place; h1 gives it the newest snapshot; the run ends with
+    every epoch once."""
+    from store_fixtures import client
+
+    h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
+    endpoint, _ = bucket
+    name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
+    done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
+                         "120", "--save-every", "5", "--recover", "--supervisor", "h3",
+                         "--spare", "bastion", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    s3 = client(endpoint)
+
+    def saved() -> bool:
+        listed = s3.list_objects_v2(Bucket=name, Prefix=f"runs/{rid}/").get("Contents", [])
+        return any(o["Key"].endswith("/snapshot.pt") for o in listed)
+
+    wait_for(saved, 120, "a snapshot in the bucket")
+    h2.stop_sshd()  # the node is gone
+    try:
+        log = h1.home / ".vmrun" / "runs" / rid / "log"
+        wait_for(lambda: "final model saved" in log.read_text(), 300, "the run to end")
+        events = _events(h3, rid)
+        assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h2": "bastion"})]
+        out = h1.home / remote_workdir(project.cwd) / "results" / rid
+        epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert epochs == list(range(1, 121))  # every epoch once, after the snapshot it went on
+        assert "recovery 1 of 5: lost h2: replaced h2 by bastion" in log.read_text()
+        wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
+    finally:
+        h2.start_sshd()
+
+
+def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]
+) -> None:
+    """The master h1 lost entirely, with its snapshots: the spare becomes the master and
+    every node copies the newest snapshot from the run's bucket."""
+    from store_fixtures import client
+
+    h1, h3, spare = bed["h1"], bed["h3"], bed["bastion"]
+    endpoint, _ = bucket
+    name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
+    done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
+                         "120", "--save-every", "5", "--recover", "--supervisor", "h3",
+                         "--spare", "bastion", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    s3 = client(endpoint)
+
+    def saved() -> bool:
+        listed = s3.list_objects_v2(Bucket=name, Prefix=f"runs/{rid}/").get("Contents", [])
+        return any(o["Key"].endswith("/snapshot.pt") for o in listed)
+
+    wait_for(saved, 120, "a snapshot in the bucket")
+    h1.stop_sshd()
+    try:
+        log = spare.home / ".vmrun" / "runs" / rid / "log"
+        wait_for(lambda: log.is_file() and "final model saved" in log.read_text(), 300,
+                 "the run to end on the new master")  # fmt: skip
+        events = _events(h3, rid)
+        assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h1": "bastion"})]
+        out = spare.home / remote_workdir(project.cwd) / "results" / rid
+        epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert epochs == list(range(1, 121))
+        wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
+    finally:
+        h1.start_sshd()
