@@ -17,7 +17,7 @@ T0 = 1_700_000_000.0
 KEYS = [
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "failure", "tasks", "commit", "dirty", "versions", "store",
+    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries",
 ]  # fmt: skip
 
 

@@ -130,6 +130,7 @@ def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
     status = project.vmrun("status", "-H", "h1", "--json")
     (run,) = [r for r in json.loads(status.stdout) if r.get("run") == rid]
     assert run["state"] == "done" and run["attempts"] == 2, run
+    assert run["recoveries"]["count"] == 1 and not run["recoveries"]["gave_up"], run
 
 
 def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Client) -> None:
@@ -150,6 +151,10 @@ def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Clie
     assert log.count("gave up") == 1, log
     said = project.vmrun("logs", rid, "-H", "h1")  # why, with the run's own lines
     assert said.stdout.count("the supervisor gave up: a crash loop") == 1, said.stdout
+    status = project.vmrun("status", "-H", "h1", "--json")
+    (run,) = [r for r in json.loads(status.stdout) if r.get("run") == rid]
+    assert run["state"] == "failed" and run["recoveries"]["gave_up"], run
+    assert run["recoveries"]["count"] == 3 and "crash loop" in run["recoveries"]["last"]
     assert "vmrun-supervisor:" not in _allowed(h1)
 
 

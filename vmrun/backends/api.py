@@ -146,6 +146,12 @@ class RunRow(Protocol):
     @property
     def store(self) -> StoreState | None: ...  # where its copy to a bucket stands (--store)
     @property
+    def recoveries(self) -> int: ...  # how many times its supervisor acted (--recover)
+    @property
+    def recovery(self) -> str: ...  # the last of them, as the run's log says it
+    @property
+    def gave_up(self) -> bool: ...  # ... and whether that was giving up
+    @property
     def tasks(self) -> Sequence[Any]: ...  # an array job's tasks (a cluster's), else empty
 
 

@@ -124,7 +124,10 @@ def _bucket(run: Any) -> str:
 def _state(run: RunRow) -> str:
     """The state, and for a queued job why it waits (squeue's reason)."""
     text = f"{run.state} ({run.reason})" if run.reason else str(run.state)
-    return f"{text}, attempt {run.attempts}" if run.attempts > 1 else text
+    text = f"{text}, attempt {run.attempts}" if run.attempts > 1 else text
+    if run.gave_up:  # its supervisor's (--recover)
+        return f"{text}, supervisor gave up"
+    return f"{text}, recovered {run.recoveries}x" if run.recoveries else text
 
 
 def _render(

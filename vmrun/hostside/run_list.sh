@@ -7,6 +7,8 @@
 # (hostside/run_provenance.py: python, torch, CUDA, NCCL, GPU, driver). FAILURE: an ended
 # run's failure.json (hostside/run_failure.py: the first failed worker's rank, host, code).
 # STORE: where its copy to a bucket stands (store_sync.sh's store.json), on the node copying.
+# RECOVERIES: how many times its supervisor brought it back or gave up (run_note.sh), and the
+# last of them (KIND<TAB>TIME<TAB>TEXT).
 base=$1; shift
 # vmrun-inline: run_alive.sh
 cd "$HOME" 2>/dev/null || exit 0
@@ -30,6 +32,9 @@ for id in "$@"; do
   fi
   if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
   [ -f "$d/store.json" ] && echo "STORE $(head -n 1 "$d/store.json" | head -c 4096)"
+  if [ -s "$d/recoveries" ]; then
+    echo "RECOVERIES $(wc -l < "$d/recoveries") $(tail -n 1 "$d/recoveries" | head -c 4096)"
+  fi
   if alive_run "$d"; then echo "ALIVE 1"; else echo "ALIVE 0"; fi
   out=$(cat "$d/out_dir" 2>/dev/null)
   if [ -n "$out" ] && [ -f "$out/metrics.jsonl" ] && [ -f "$d/pid" ] \

@@ -20,7 +20,7 @@ _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "failure", "tasks", "commit", "dirty", "versions", "store",
+    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries",
 )  # fmt: skip
 
 
@@ -74,7 +74,16 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         "tasks": _tasks(first),
         **_made_by(recs),
         "store": _store(recs),
+        "recoveries": _recoveries(recs),
     }
+
+
+def _recoveries(recs: list[RunRow]) -> dict[str, Any] | None:
+    """What its supervisor did (--recover): how many times, the last, whether it gave up."""
+    told = max(recs, key=lambda r: r.recoveries)
+    if not told.recoveries:
+        return None
+    return {"count": told.recoveries, "last": told.recovery, "gave_up": told.gave_up}
 
 
 def _store(recs: list[RunRow]) -> dict[str, Any] | None:

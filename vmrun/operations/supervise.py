@@ -66,12 +66,14 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         count = len(events)
         if recovery.gives_up:
             out.warn(f"run {spec.run_id}: gave up: {recovery.why}")
-            _note(spec.run_id, nodes, settings, f"the supervisor gave up: {recovery.why}")
+            _note(
+                spec.run_id, nodes, settings, "gave-up", f"the supervisor gave up: {recovery.why}"
+            )
             return _finish(spec, settings, nodes, out, 1)
         said = f"recovery {count} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
         nodes = _resume(spec, nodes, recovery, settings, out)
-        _note(spec.run_id, nodes, settings, said)
+        _note(spec.run_id, nodes, settings, "recovery", said)
 
 
 def _follow(rid: str, nodes: list[str], settings: Settings, out: Reporter) -> Failure | None:
@@ -134,15 +136,18 @@ def _resume(
     return new
 
 
-def _note(rid: str, nodes: list[str], settings: Settings, text: str) -> None:
-    """A line in the run's log on the nodes that answer: why it went on, or did not."""
+def _note(rid: str, nodes: list[str], settings: Settings, kind: str, text: str) -> None:
+    """A line in the run's log on the nodes that answer, and its `recoveries`: why it went
+    on, or did not."""
     from vmrun import hostside
     from vmrun.remote_paths import RUNS_DIR
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
     with Group(select_hosts(nodes, settings), settings) as group:
-        group.map(lambda e, conn: conn.run(hostside.command("run_note.sh", RUNS_DIR, rid, text)))
+        group.map(
+            lambda e, conn: conn.run(hostside.command("run_note.sh", RUNS_DIR, rid, kind, text))
+        )
 
 
 def _finish(spec: Spec, settings: Settings, nodes: list[str], out: Reporter, code: int) -> int:

@@ -56,6 +56,9 @@ class RunRecord:
     versions: dict[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
     failure: WorkerFailure | None = None  # failure.json: torchrun's first failed worker
     store: StoreState | None = None  # store.json: the copy to the run's bucket (--store)
+    recoveries: int = 0  # what its supervisor did (--recover): how many times,
+    recovery: str = ""  # and the last: "recovery 1 of 5: ..." or "... gave up: ..."
+    gave_up: bool = False
 
     @property
     def running(self) -> bool:
@@ -262,6 +265,14 @@ def _read_progress(record: RunRecord, value: str) -> None:
         record.progress = f"epoch {match.group(1)}{total}"
 
 
+def _read_recoveries(record: RunRecord, value: str) -> None:
+    count, _, last = value.partition(" ")
+    kind, _, rest = last.partition("\t")
+    record.recoveries = int(count) if count.isdigit() else 0
+    record.recovery = rest.partition("\t")[2]
+    record.gave_up = kind == "gave-up"
+
+
 def _set(name: str, parse: Callable[[str], Any]) -> Callable[[RunRecord, str], None]:
     return lambda record, value: setattr(record, name, parse(value))
 
@@ -279,6 +290,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "VERSIONS": _set("versions", provenance.versions_of),
     "FAILURE": _set("failure", WorkerFailure.parse),
     "STORE": _set("store", StoreState.parse),
+    "RECOVERIES": _read_recoveries,
     "SAVED": _read_saved,
     "PROGRESS": _read_progress,
 }

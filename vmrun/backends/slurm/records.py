@@ -120,6 +120,9 @@ class SlurmRun:
     versions: Mapping[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
     failure: WorkerFailure | None = None  # failure.json: torchrun's first failed worker
     store: None = None  # a cluster's runs are not copied to a bucket (`train --store`: hosts)
+    recoveries: int = 0  # Slurm requeues a job itself (`--max-requeues`); no supervisor
+    recovery: str = ""
+    gave_up: bool = False
 
     def ends_to_record(self) -> list[str]:
         """`ended` lines for a job that squeue shows ended and the run's record does not
