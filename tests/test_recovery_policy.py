@@ -77,3 +77,30 @@ def test_recover_flags_that_do_not_go_together_are_refused(flags: dict, code: st
     with pytest.raises(UsageError) as caught:
         refusals.check("train", flags)
     assert caught.value.code == code
+
+
+def test_each_recovery_and_giving_up_is_told_once_where_failures_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vmrun.notify.send as sending
+    from vmrun.config import load_settings
+    from vmrun.operations import supervise
+    from vmrun.reporting import Recorder
+
+    told: list[tuple[str, str]] = []
+
+    def send(targets: object, title: str, body: str, event: str = "end") -> sending.Sent:
+        told.append((title, event))
+        return sending.Sent()
+
+    monkeypatch.setattr(sending, "send", send)
+    home = {"HOME": str(tmp_path)}
+    url = ["json://127.0.0.1:9/hook"]
+    settings = load_settings({"notify": url}, cwd=tmp_path, environ=home)
+    supervise._tell(settings, "r1", "requeue", "recovered (recovery 1 of 5)", ["h1"], Recorder())
+    supervise._tell(settings, "r1", "fail", "failed: a crash loop", ["h1"], Recorder())
+    assert told == [("vmrun: run r1 recovered (recovery 1 of 5)", "requeue"),
+                    ("vmrun: run r1 failed: a crash loop", "fail")]  # fmt: skip
+    ends_only = load_settings({"notify": url, "notify_on": ["end"]}, cwd=tmp_path, environ=home)
+    supervise._tell(ends_only, "r1", "requeue", "recovered", ["h1"], Recorder())
+    assert len(told) == 2

@@ -42,6 +42,8 @@ for epoch in range(start, total + 1):
     print(f"epoch {epoch}/{total}", flush=True)
     print(f"snapshot saved at epoch {epoch}", flush=True)
     if epoch == crash_at and not crashed.exists():
+        while sys.argv[3] == "gated" and not pathlib.Path("go").exists():
+            time.sleep(0.05)  # the test says when
         crashed.touch()
         sys.exit(3)
 print("all done", flush=True)
@@ -88,6 +90,7 @@ def _stop_supervisor(host: TestHost) -> None:
             continue
         if b"vmrun\0supervise" in argv:
             os.kill(pid, signal.SIGKILL)
+    host.run(["crontab", "-r"], as_user=True, check=False)  # a boot entry a failure left
 
 
 def _events(host: TestHost, rid: str) -> list[dict[str, Any]]:
@@ -231,3 +234,35 @@ def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
         h1.start_sshd()
+
+
+def test_a_supervisor_started_again_goes_on_from_its_journal(
+    bed: NetnsBed, project: Client
+) -> None:
+    """The supervisor killed mid-run and started again by its @reboot line (as its host's
+    boot would): it follows the run again, and the crash after it is recovered."""
+    import os
+    import signal
+
+    h1, h3 = bed["h1"], bed["h3"]
+    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
+                         "--supervisor", "h3", "--", "6", "3", "gated", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    folder = h3.home / ".vmrun" / "supervisor" / "runs" / rid
+    (line,) = [x for x in h3.run(["crontab", "-l"], as_user=True, text=True).stdout.splitlines()
+               if f"vmrun-supervisor:{rid}" in x]  # fmt: skip
+    first = int((folder / "pid").read_text().split()[0])
+    os.kill(first, signal.SIGKILL)  # its host went down
+    wait_for(lambda: not _supervising(h3), 30, "the supervisor to be gone")
+    boot = line.removeprefix("@reboot ").split(" > ")[0]
+    h3.run(["sh", "-c", boot], as_user=True, timeout=60)  # what cron runs at boot
+    wait_for(lambda: _supervising(h3), 30, "the supervisor to be back")
+    assert int((folder / "pid").read_text().split()[0]) != first
+    (h1.home / remote_workdir(project.cwd) / "go").touch()  # now the rank crashes
+    log = h1.home / ".vmrun" / "runs" / rid / "log"
+    wait_for(lambda: "all done" in log.read_text(), 180, "the run to finish after its crash")
+    assert [e["action"] for e in _events(h3, rid)] == ["restart"]
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
+    left = h3.run(["crontab", "-l"], as_user=True, text=True, check=False).stdout
+    assert f"vmrun-supervisor:{rid}" not in left  # no boot entry left behind

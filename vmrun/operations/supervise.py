@@ -28,13 +28,16 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
     if spec.workdir:  # the hosts' folder is the laptop project's, not this copy's
         os.environ["VMRUN_HOST_WORKDIR"] = spec.workdir
     _mark_pid(state)
-    _load_secrets(state / "secrets.env")
+    if _load_secrets(state / "secrets.env"):  # the bucket's keys, where runs are told
+        from vmrun.config import load_settings
+
+        settings = load_settings({})
     journal = Journal(state / "events.jsonl")
     events = journal.events()
     nodes = list(events[-1].nodes) if events else list(spec.nodes)
     if events and events[-1].action == "give-up":
         out.info(f"run {spec.run_id}: given up already ({events[-1].why})")
-        return _finish(spec, settings, nodes, out, 1)
+        return _finish(state, spec, settings, nodes, out, 1)
     out.info(
         f"supervising run {spec.run_id} on {', '.join(nodes)}"
         f" (spares: {', '.join(spec.spares) or 'none'})"
@@ -43,7 +46,7 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         failure = _follow(spec.run_id, nodes, settings, out)
         if failure is None:
             out.info(f"run {spec.run_id} finished")
-            return _finish(spec, settings, nodes, out, 0)
+            return _finish(state, spec, settings, nodes, out, 0)
         used = {n for e in events for n in e.nodes} | set(spec.nodes)
         spares = [s for s in spec.spares if s not in used]
         recovery = decide(
@@ -66,14 +69,15 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         count = len(events)
         if recovery.gives_up:
             out.warn(f"run {spec.run_id}: gave up: {recovery.why}")
-            _note(
-                spec.run_id, nodes, settings, "gave-up", f"the supervisor gave up: {recovery.why}"
-            )
-            return _finish(spec, settings, nodes, out, 1)
+            why = f"the supervisor gave up: {recovery.why}"
+            _note(spec.run_id, nodes, settings, "gave-up", why)
+            _tell(settings, spec.run_id, "fail", f"failed: {why}", nodes, out)
+            return _finish(state, spec, settings, nodes, out, 1)
         said = f"recovery {count} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
         nodes = _resume(spec, nodes, recovery, settings, out)
         _note(spec.run_id, nodes, settings, "recovery", said)
+        _tell(settings, spec.run_id, "requeue", f"recovered ({said})", nodes, out)
 
 
 def _follow(rid: str, nodes: list[str], settings: Settings, out: Reporter) -> Failure | None:
@@ -136,6 +140,23 @@ def _resume(
     return new
 
 
+def _tell(
+    settings: Settings, rid: str, event: str, state: str, nodes: list[str], out: Reporter
+) -> None:
+    """One notification per recovery, and one when it gives up (the notify settings: a
+    recovery is told where failures are)."""
+    from vmrun.notify.send import Notify, message, send
+
+    notify = Notify.from_settings(settings.notify, settings.notify_on)
+    if not notify or not (set(notify.on) & {"fail", "requeue"}):
+        return
+    title, body = message(event, run=rid, state=state, where=", ".join(nodes),
+                          fetch=f"vmrun fetch --run {rid}")  # fmt: skip
+    sent = send(notify.targets, title, body, "fail" if event == "fail" else "requeue")
+    for target, why in sent.failed:
+        out.warn(f"run {rid}: not told to {target}: {why}")
+
+
 def _note(rid: str, nodes: list[str], settings: Settings, kind: str, text: str) -> None:
     """A line in the run's log on the nodes that answer, and its `recoveries`: why it went
     on, or did not."""
@@ -150,8 +171,16 @@ def _note(rid: str, nodes: list[str], settings: Settings, kind: str, text: str) 
         )
 
 
-def _finish(spec: Spec, settings: Settings, nodes: list[str], out: Reporter, code: int) -> int:
-    """The supervisor's key off every host that allowed it (those that answer)."""
+def _finish(
+    state: Path, spec: Spec, settings: Settings, nodes: list[str], out: Reporter, code: int
+) -> int:
+    """Its boot entry gone, and its key off every host that allowed it (those that answer)."""
+    import subprocess
+
+    script = state / "supervisor_start.sh"
+    if script.is_file():
+        subprocess.run(["sh", str(script), "forget", str(state), TAG.format(run=spec.run_id)],
+                       check=False, capture_output=True, timeout=60)  # fmt: skip
     from vmrun import hostside
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
@@ -181,11 +210,13 @@ def _mark_pid(state: Path) -> None:
     (state / "pid").write_text(f"{os.getpid()} {started}\n")
 
 
-def _load_secrets(path: Path) -> None:
-    """NAME=VALUE lines (the bucket's keys) into this process's environment."""
+def _load_secrets(path: Path) -> bool:
+    """NAME=VALUE lines (the bucket's keys, where runs are told) into this process's
+    environment; whether there were any."""
     if not path.is_file():
-        return
+        return False
     for line in path.read_text().splitlines():
         name, sep, value = line.partition("=")
         if sep and name.replace("_", "").isalnum():
             os.environ[name] = value
+    return True

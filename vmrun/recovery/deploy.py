@@ -416,8 +416,9 @@ class Supervised:
                     " lost, nothing brings the run back (--supervisor HOST: one that stays)"
                 )
             try:
+                told = _secrets(self.plan) | _notify(self.settings)
                 placed = deploy(self.settings, spec, self.supervisor,
-                                [*self.nodes, *self.spares], out, secrets=_secrets(self.plan),
+                                [*self.nodes, *self.spares], out, secrets=told,
                                 files=_synced_files(self.plan) or ())  # fmt: skip
             except BaseException:  # asked to be recovered, it must not run unsupervised
                 out.warn(f"run {ref.run_id}: no supervisor, so the run is stopped")
@@ -438,6 +439,15 @@ class Supervised:
         nodes = [n for n in self.nodes if n.label in ref.nodes]
         with Group(nodes, self.settings) as group:
             group.map(lambda e, conn: records.stop(conn, ref.run_id, grace=5))
+
+
+def _notify(settings: Settings) -> dict[str, str]:
+    """Where the run's recoveries are told (the notify settings: its URLs may hold tokens,
+    so they travel with the secrets, not in the supervisor's vmrun.toml)."""
+    if not settings.notify:
+        return {}
+    return {"VMRUN_NOTIFY": ",".join(settings.notify),
+            "VMRUN_NOTIFY_ON": ",".join(settings.notify_on)}  # fmt: skip
 
 
 def _secrets(plan: Plan) -> dict[str, str]:
