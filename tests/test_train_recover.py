@@ -266,3 +266,17 @@ def test_a_supervisor_started_again_goes_on_from_its_journal(
     wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     left = h3.run(["crontab", "-l"], as_user=True, text=True, check=False).stdout
     assert f"vmrun-supervisor:{rid}" not in left  # no boot entry left behind
+
+
+def test_a_run_stopped_by_the_user_is_not_brought_back(bed: NetnsBed, project: Client) -> None:
+    h1, h3 = bed["h1"], bed["h3"]
+    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
+                         "--supervisor", "h3", "--", "6", "3", "gated", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    wait_for(lambda: _supervising(h3), 30, "the supervisor")
+    stopped = project.vmrun("stop", rid, "-H", "h1", timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end with the run")
+    assert _events(h3, rid) == []  # nothing recovered
+    assert "vmrun-supervisor:" not in _allowed(h1)

@@ -47,6 +47,9 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         if failure is None:
             out.info(f"run {spec.run_id} finished")
             return _finish(state, spec, settings, nodes, out, 0)
+        if failure.stopped:  # the user's own `vmrun stop`: the run is meant to end
+            out.info(f"run {spec.run_id} was stopped (vmrun stop): nothing to bring back")
+            return _finish(state, spec, settings, nodes, out, 0)
         used = {n for e in events for n in e.nodes} | set(spec.nodes)
         spares = [s for s in spec.spares if s not in used]
         recovery = decide(
@@ -113,10 +116,10 @@ def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
     codes = [r.exit_code for r in found if r.exit_code not in (None, 0)]
     failed = next((r for r in found if r.failure is not None), None)
     saved = [r.saved_epoch for r in found if r.saved_epoch is not None]
+    stopped = any(r.stopped for r in found)
     where = failed.failure.describe(failed.host) if failed and failed.failure else ""
-    return Failure(
-        tuple(nodes), lost, codes[0] if codes else None, where, max(saved) if saved else None
-    )
+    return Failure(tuple(nodes), lost, codes[0] if codes else None, where,
+                   max(saved) if saved else None, stopped)  # fmt: skip
 
 
 def _resume(

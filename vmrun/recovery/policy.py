@@ -23,6 +23,7 @@ class Failure:
     exit_code: int | None = None  # the run's own, where it ended by itself
     where: str = ""  # the failed node or rank, as the run's failure names it
     epoch: int | None = None  # the newest saved snapshot's epoch when it failed
+    stopped: bool = False  # `vmrun stop` ended it: nothing to recover
 
     @property
     def signature(self) -> str:
