@@ -78,7 +78,11 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
             return _finish(state, spec, settings, nodes, out, 1)
         said = f"recovery {count} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
-        nodes = _resume(spec, nodes, recovery, settings, out)
+        try:
+            nodes = _resume(spec, nodes, recovery, settings, out)
+        except VmrunError:  # a spare that failed too: the next round finds it lost, and
+            nodes = list(recovery.nodes or nodes)  # counts it against the limit
+            continue
         _note(spec.run_id, nodes, settings, "recovery", said)
         _tell(settings, spec.run_id, "requeue", f"recovered ({said})", nodes, out)
 
@@ -131,13 +135,13 @@ def _resume(
     new = list(recovery.nodes or nodes)
     master_lost = nodes[0] in recovery.swap
     hosts = HostOptions(hosts=new, replace=dict(recovery.swap), from_store=master_lost)
-    for attempt in range(3):  # a resume that itself fails (a spare's hiccup) is tried again
+    for attempt in range(2):  # a resume that itself fails (a hiccup) is tried once more
         try:
             train(RunOptions(), settings, hosts=hosts, resume=spec.run_id, detach=True, out=out)
             return new
         except VmrunError as exc:
             out.warn(f"run {spec.run_id}: the resume failed ({exc.one_line()})")
-            if attempt == 2:
+            if attempt == 1:
                 raise
             time.sleep(5)
     return new
