@@ -104,3 +104,19 @@ def test_each_recovery_and_giving_up_is_told_once_where_failures_are(
     ends_only = load_settings({"notify": url, "notify_on": ["end"]}, cwd=tmp_path, environ=home)
     supervise._tell(ends_only, "r1", "requeue", "recovered", ["h1"], Recorder())
     assert len(told) == 2
+
+
+def test_recover_without_a_bucket_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    from vmrun.config import load_settings
+    from vmrun.recovery.deploy import Supervised
+    from vmrun.runs.plan import make_plan
+
+    (tmp_path / "vmrun.toml").write_text("recover = true\nmax_recoveries = 3\n")
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    assert settings.recover and settings.max_recoveries == 3
+    plan = make_plan(script=None, user_args=None, epochs=2, save_every=1, nproc_per_node=None,
+                     max_restarts=0, env=None, name=None, batch_size=None, lr=None,
+                     launcher="torchrun")  # fmt: skip
+    with pytest.raises(UsageError) as caught:
+        Supervised.check(plan, [], settings)
+    assert caught.value.code == "flags-conflict" and "--store" in (caught.value.hint or "")

@@ -144,6 +144,15 @@ FIELDS: dict[str, Field] = {
               "where runs' ends are told: Apprise URLs (ntfy://TOPIC, slack://A/B/C, json://...)"),
         Field("notify_on", kinds.events, lambda env: ["end", "fail"],
               "which events are told: end, fail, all (requeues, stops, autostop's warning too)"),
+        # `train --recover` (vmrun.recovery): a supervisor brings runs on hosts back
+        Field("recover", _boolean, lambda env: False,
+              "every run on hosts gets a supervisor that brings it back (needs a store)"),
+        Field("max_recoveries", _positive_int, lambda env: 5,
+              "the supervisor gives up after this many recoveries"),
+        Field("spares", kinds.words, lambda env: [],
+              "hosts that take a lost node's place (vmrun.toml names, aliases, user@host)"),
+        Field("supervisor", kinds.text, lambda env: "",
+              "where the supervisor runs; empty: the run's master"),
     )
 }  # fmt: skip
 
@@ -175,6 +184,10 @@ class Settings:
     store_credentials: str
     notify: list[str]
     notify_on: list[str]
+    recover: bool
+    max_recoveries: int
+    spares: list[str]
+    supervisor: str
     sources: dict[str, str] = field(default_factory=dict)
     project_dir: Path | None = None
     project_data: dict[str, Any] = field(default_factory=dict)

@@ -306,12 +306,14 @@ def _on_hosts(
         if place.wiring.nnodes is not None and len(entries) > 1:
             check_nnodes(place.wiring.nnodes, len(entries))
         supervised = None
-        if hosts.recover:
+        if (hosts.recover or settings.recover) and how.resume is None:
             from vmrun.recovery.deploy import Supervised
 
             supervised = Supervised.check(
-                plan, entries, settings, spares=hosts.spares or (),
-                supervisor=hosts.supervisor, max_recoveries=hosts.max_recoveries,
+                plan, entries, settings,
+                spares=hosts.spares if hosts.spares is not None else settings.spares,
+                supervisor=hosts.supervisor or settings.supervisor or None,
+                max_recoveries=hosts.max_recoveries or settings.max_recoveries,
             )  # fmt: skip
         code = run_remote(
             plan,
