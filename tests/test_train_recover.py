@@ -134,6 +134,10 @@ def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
     (run,) = [r for r in json.loads(status.stdout) if r.get("run") == rid]
     assert run["state"] == "done" and run["attempts"] == 2, run
     assert run["recoveries"]["count"] == 1 and not run["recoveries"]["gave_up"], run
+    fetched = project.vmrun("fetch", "logs", "--run", rid, "-H", "h1")
+    assert fetched.returncode == 0, fetched.stderr
+    kept = (project.cwd / "results" / rid / "recoveries").read_text()
+    assert kept.startswith("recovery\t") and "recovery 1 of 5" in kept  # with the run's logs
 
 
 def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Client) -> None:

@@ -33,8 +33,9 @@ WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
 # a Slurm run's record also keeps `starts` and `exit` (attempt, code, time): its times
+# `recoveries`: what a run's supervisor did (train --recover), kept with the run's logs
 LOGS = ("log", "*.log", "run.json", "exit_code", "failure.json", "starts", "exit", "ended",
-        *PROVENANCE)
+        "recoveries", *PROVENANCE)
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
