@@ -196,6 +196,8 @@ def _finish(
     hosts = list(dict.fromkeys([*spec.nodes, *nodes, *spec.spares]))
     with Group(select_hosts(hosts, settings), settings) as group:
         group.map(lambda e, conn: conn.run(hostside.command("supervisor_keys.sh", "forget", tag)))
+    for name in ("id_ed25519", "id_ed25519.pub"):  # a host that did not answer may still
+        (state / name).unlink(missing_ok=True)  # allow it: nothing holds the key any more
     out.info(f"run {spec.run_id}: the supervisor's key is off {', '.join(hosts)}; done")
     return code
 
