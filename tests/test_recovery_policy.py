@@ -5,6 +5,7 @@ same epoch three times is a crash loop, and the recoveries end at --max-recoveri
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,20 @@ def test_recover_without_a_bucket_is_refused_before_anything_starts(tmp_path: Pa
     with pytest.raises(UsageError) as caught:
         Supervised.check(plan, [], settings)
     assert caught.value.code == "flags-conflict" and "--store" in (caught.value.hint or "")
+
+
+def test_a_report_row_says_what_the_supervisor_did(tmp_path: Path) -> None:
+    from vmrun.results.history import load_runs
+    from vmrun.results.report import report_rows, rows_json
+
+    run = tmp_path / "results" / "r1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "loss": 1.0}\n{"epoch": 2, "loss": 0.5}\n')
+    (run / "recoveries").write_text("recovery\t100\trecovery 1 of 5: lost h2: replaced h2 by s1\n")
+    plain = tmp_path / "results" / "r2"
+    plain.mkdir()
+    (plain / "metrics.jsonl").write_text('{"epoch": 1, "loss": 1.0}\n')
+    rows = report_rows(load_runs([run, plain]))
+    assert rows[0].recoveries == ["recovery 1 of 5: lost h2: replaced h2 by s1"]
+    assert rows[1].recoveries is None
+    assert [r["recoveries"] for r in json.loads(rows_json(rows))] == [rows[0].recoveries, None]

@@ -18,6 +18,7 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from vmrun.errors import VmrunError, error_json
@@ -57,6 +58,7 @@ class ReportRow:
     versions: dict[str, str | None] | None = None  # python, torch, cuda, nccl, gpu, driver
     exit: int | None = None  # the run's own code (a failed torchrun worker's, not torchrun's)
     failure: dict[str, Any] | None = None  # which worker failed first (failure.json), if known
+    recoveries: list[str] | None = None  # what its supervisor did (train --recover), in turn
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -106,6 +108,7 @@ def report_rows(
                 **_provenance(run),
                 exit=run.exit_code,
                 failure=run.failure.as_json(run.failure_node) if run.failure else None,
+                recoveries=_recoveries(run.path),
             )
         )
     return rows
@@ -121,6 +124,14 @@ def _provenance(run: RunHistory) -> dict[str, Any]:
         "dirty": found["dirty"],
         "versions": versions if any(v is not None for v in versions.values()) else None,
     }
+
+
+def _recoveries(path: Path) -> list[str] | None:
+    """The supervisor's lines (the `recoveries` file fetched with the run's logs: KIND<TAB>
+    TIME<TAB>TEXT), as the run's log says them; None when it had none."""
+    found = sorted(path.glob("recoveries")) + sorted(path.glob("*/recoveries"))
+    lines = [x.split("\t", 2)[-1] for f in found[:1] for x in f.read_text().splitlines() if x]
+    return lines or None
 
 
 def row_dicts(rows: Sequence[ReportRow]) -> list[dict[str, object]]:
