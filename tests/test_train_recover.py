@@ -142,6 +142,10 @@ def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
     assert fetched.returncode == 0, fetched.stderr
     kept = (project.cwd / "results" / rid / "recoveries").read_text()
     assert kept.startswith("recovery\t") and "recovery 1 of 5" in kept  # with the run's logs
+    (out / "metrics.jsonl").replace(project.cwd / "results" / rid / "metrics.jsonl")
+    report = project.vmrun("report", rid, "--json")
+    (row,) = json.loads(report.stdout)
+    assert row["recoveries"] == ["recovery 1 of 5: exit 3: again on the same nodes"], row
 
 
 def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Client) -> None:
