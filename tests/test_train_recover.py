@@ -185,7 +185,7 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
     endpoint, _ = bucket
     name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
     done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
-                         "120", "--save-every", "5", "--recover", "--supervisor", "h3",
+                         "300", "--save-every", "5", "--recover", "--supervisor", "h3",
                          "--spare", "bastion", timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
@@ -196,15 +196,16 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
         return any(o["Key"].endswith("/snapshot.pt") for o in listed)
 
     wait_for(saved, 120, "a snapshot in the bucket")
+    log = h1.home / ".vmrun" / "runs" / rid / "log"
+    assert "final model saved" not in log.read_text()  # still training when the node goes
     h2.stop_sshd()  # the node is gone
     try:
-        log = h1.home / ".vmrun" / "runs" / rid / "log"
-        wait_for(lambda: "final model saved" in log.read_text(), 300, "the run to end")
+        wait_for(lambda: "final model saved" in log.read_text(), 240, "the run to end")
         events = _events(h3, rid)
         assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h2": "bastion"})]
         out = h1.home / remote_workdir(project.cwd) / "results" / rid
         epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-        assert epochs == list(range(1, 121))  # every epoch once, after the snapshot it went on
+        assert epochs == list(range(1, 301))  # every epoch once, after the snapshot it went on
         assert "recovery 1 of 5: lost h2: replaced h2 by bastion" in log.read_text()
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
@@ -222,7 +223,7 @@ def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
     endpoint, _ = bucket
     name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
     done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
-                         "120", "--save-every", "5", "--recover", "--supervisor", "h3",
+                         "300", "--save-every", "5", "--recover", "--supervisor", "h3",
                          "--spare", "bastion", timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
@@ -233,6 +234,7 @@ def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
         return any(o["Key"].endswith("/snapshot.pt") for o in listed)
 
     wait_for(saved, 120, "a snapshot in the bucket")
+    assert "final model saved" not in (h1.home / ".vmrun" / "runs" / rid / "log").read_text()
     h1.stop_sshd()
     try:
         log = spare.home / ".vmrun" / "runs" / rid / "log"
@@ -246,7 +248,7 @@ def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
         assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h1": "bastion"})]
         out = spare.home / remote_workdir(project.cwd) / "results" / rid
         epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-        assert epochs == list(range(1, 121))
+        assert epochs == list(range(1, 301))
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
         h1.start_sshd()
