@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 FAKE_RCLONE = r"""#!/bin/sh
 # rclone --config CFG copy SRC store:DEST [--files-from-raw LIST] ...: files into $BUCKET/DEST
 if [ -e "$BUCKET.down" ]; then
+  echo refused >> "$BUCKET.refused"
   echo "2026/11/29 07:00:00 ERROR : dial tcp 10.9.9.9:9000: connect: connection refused" >&2
   exit 1
 fi
@@ -135,7 +136,9 @@ def test_snapshots_go_once_whole_a_bucket_down_is_said_once_and_the_end_takes_th
     state = c.state()
     assert state["files"] >= 1 and state["bytes"] >= 2000, state
     assert "connection refused" in state["error"] and "ERROR" not in state["error"], state
-    time.sleep(1.5)  # a retry or two, still down: said once
+    refused = Path(f"{c.bucket}.refused")
+    wait_for(lambda: refused.is_file() and len(refused.read_text().split()) >= 3, 20,
+             "two tries more while the bucket is down")  # fmt: skip
     Path(f"{c.bucket}.down").unlink()
     wait_for(lambda: c.stored("snapshot.pt") == b"2" * 2000, 20, "the copy to catch up")
     wait_for(lambda: "caught up" in (c.rec / "log").read_text(), 20, "the catching up said")

@@ -173,15 +173,11 @@ def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Clie
     assert f"vmrun-supervisor:{rid}" not in _allowed(h1)
 
 
-def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
-    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]
-) -> None:
-    """Two nodes, h2 then lost entirely (every process killed, no sshd): the supervisor (on
-    h3) puts the spare in its place; h1 gives it the newest snapshot; the run ends with
-    every epoch once."""
+def _two_nodes_saving(bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]) -> str:
+    """The template on h1 and h2 with its supervisor on h3 and the spare bastion, once its
+    first snapshot is in the bucket (and it still trains); its run id."""
     from store_fixtures import client
 
-    h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
     endpoint, _ = bucket
     name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
     done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
@@ -196,16 +192,40 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
         return any(o["Key"].endswith("/snapshot.pt") for o in listed)
 
     wait_for(saved, 120, "a snapshot in the bucket")
-    log = h1.home / ".vmrun" / "runs" / rid / "log"
+    log = bed["h1"].home / ".vmrun" / "runs" / rid / "log"
     assert "final model saved" not in log.read_text()  # still training when the node goes
+    return rid
+
+
+def _ended(log: Path, supervisor: TestHost, rid: str) -> None:
+    """Until the run's log says it ended; past the deadline, what the supervisor did."""
+    said = supervisor.home / ".vmrun" / "supervisor" / "runs" / rid / "log"
+    deadline = time.monotonic() + 200
+    while not (log.is_file() and "final model saved" in log.read_text()):
+        assert time.monotonic() < deadline, said.read_text()[-3000:] if said.is_file() else ""
+        time.sleep(0.2)
+
+
+def _epochs(host: TestHost, project: Client, rid: str) -> list[int]:
+    out = host.home / remote_workdir(project.cwd) / "results" / rid / "metrics.jsonl"
+    return [json.loads(x)["epoch"] for x in out.read_text().splitlines()]
+
+
+def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]
+) -> None:
+    """Two nodes, h2 then lost entirely (every process killed, no sshd): the supervisor (on
+    h3) puts the spare in its place; h1 gives it the newest snapshot; the run ends with
+    every epoch once."""
+    h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
+    rid = _two_nodes_saving(bed, project, bucket)
     h2.stop_sshd()  # the node is gone
     try:
-        wait_for(lambda: "final model saved" in log.read_text(), 240, "the run to end")
+        log = h1.home / ".vmrun" / "runs" / rid / "log"
+        _ended(log, h3, rid)
         events = _events(h3, rid)
         assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h2": "bastion"})]
-        out = h1.home / remote_workdir(project.cwd) / "results" / rid
-        epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-        assert epochs == list(range(1, 301))  # every epoch once, after the snapshot it went on
+        assert _epochs(h1, project, rid) == list(range(1, 301))  # every epoch once
         assert "recovery 1 of 5: lost h2: replaced h2 by bastion" in log.read_text()
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
@@ -217,38 +237,14 @@ def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
 ) -> None:
     """The master h1 lost entirely, with its snapshots: the spare becomes the master and
     every node copies the newest snapshot from the run's bucket."""
-    from store_fixtures import client
-
     h1, h3, spare = bed["h1"], bed["h3"], bed["bastion"]
-    endpoint, _ = bucket
-    name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
-    done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
-                         "300", "--save-every", "5", "--recover", "--supervisor", "h3",
-                         "--spare", "bastion", timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr + done.stdout
-    rid = run_id_of(done.stderr)
-    s3 = client(endpoint)
-
-    def saved() -> bool:
-        listed = s3.list_objects_v2(Bucket=name, Prefix=f"runs/{rid}/").get("Contents", [])
-        return any(o["Key"].endswith("/snapshot.pt") for o in listed)
-
-    wait_for(saved, 120, "a snapshot in the bucket")
-    assert "final model saved" not in (h1.home / ".vmrun" / "runs" / rid / "log").read_text()
+    rid = _two_nodes_saving(bed, project, bucket)
     h1.stop_sshd()
     try:
-        log = spare.home / ".vmrun" / "runs" / rid / "log"
-        supervisor = h3.home / ".vmrun" / "supervisor" / "runs" / rid / "log"
-        deadline = time.monotonic() + 200
-        while not (log.is_file() and "final model saved" in log.read_text()):
-            said = supervisor.read_text() if supervisor.is_file() else ""
-            assert time.monotonic() < deadline, said[-3000:]  # what the supervisor did
-            time.sleep(0.2)
+        _ended(spare.home / ".vmrun" / "runs" / rid / "log", h3, rid)
         events = _events(h3, rid)
         assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h1": "bastion"})]
-        out = spare.home / remote_workdir(project.cwd) / "results" / rid
-        epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-        assert epochs == list(range(1, 301))
+        assert _epochs(spare, project, rid) == list(range(1, 301))
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
         h1.start_sshd()

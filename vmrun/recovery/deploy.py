@@ -141,13 +141,14 @@ def deploy(
     out: Reporter,
     secrets: dict[str, str] | None = None,
     files: Sequence[str] = (),
+    reached: list[Reached] | None = None,
 ) -> Placed:
     """Put the supervisor of `spec`'s run on `supervisor` and start it; `hosts`: the run's
     nodes and spares, which its key is allowed on; `files`: the project's files a script's
     run syncs (none for the template)."""
     from vmrun.transfer.upload import upload
 
-    reached = _reach(settings, hosts)
+    reached = reached if reached is not None else _reach(settings, hosts)
     project = settings.project_dir or Path.cwd()
     everyone = list({e.label: e for e in [supervisor, *hosts]}.values())
     with Group(everyone, settings) as group:
@@ -363,6 +364,7 @@ class Supervised:
     supervisor: HostEntry
     settings: Settings
     max_recoveries: int
+    reached: list[Reached]  # the nodes and spares as the supervisor reaches them
 
     @classmethod
     def check(
@@ -392,8 +394,8 @@ class Supervised:
             raise UsageError(f"--spare {', '.join(both)}: already a node of the run",
                              code="flags-conflict")  # fmt: skip
         chosen = select_hosts([supervisor], settings)[0] if supervisor else nodes[0]
-        _reach(settings, [*nodes, *spared])  # a host it could not reach is refused now
-        return cls(plan, list(nodes), spared, chosen, settings, limit)
+        reached = _reach(settings, [*nodes, *spared])  # one it could not reach: refused now
+        return cls(plan, list(nodes), spared, chosen, settings, limit, reached)
 
     def start(self, out: Reporter) -> Callable[[RunRef], None]:
         def started(ref: RunRef) -> None:
@@ -419,7 +421,8 @@ class Supervised:
                 told = _secrets(self.plan) | _notify(self.settings)
                 placed = deploy(self.settings, spec, self.supervisor,
                                 [*self.nodes, *self.spares], out, secrets=told,
-                                files=_synced_files(self.plan) or ())  # fmt: skip
+                                files=_synced_files(self.plan) or (),
+                                reached=self.reached)  # fmt: skip
             except BaseException:  # asked to be recovered, it must not run unsupervised
                 out.warn(f"run {ref.run_id}: no supervisor, so the run is stopped")
                 self._stop(ref)
