@@ -37,6 +37,18 @@ def test_a_lost_master_needs_the_bucket_and_a_lost_node_a_spare() -> None:
     assert none_left.gives_up and "no spare" in none_left.why
 
 
+def test_a_node_with_a_spot_notice_is_moved_off_though_it_still_answers() -> None:
+    """The run stopped after its snapshot because h2 goes soon: a spare takes h2's place
+    (not a restart on the node about to vanish); the master noticed moves with the bucket."""
+    noticed = Failure(NODES, exit_code=75, epoch=6, noticed=("h2",))
+    got = decide(noticed, [], ["s1"], has_store=True)
+    assert got.action == "replace" and got.swap == {"h2": "s1"}, got
+    assert got.why.startswith("spot notice on h2")
+    master = decide(Failure(NODES, exit_code=75, epoch=6, noticed=("h1",)), [], ["s1"])
+    assert master.gives_up and "no --store" in master.why
+    assert decide(noticed, [], []).gives_up  # nowhere to go
+
+
 def test_the_same_failure_at_the_same_epoch_three_times_is_a_crash_loop() -> None:
     crash = Failure(NODES, exit_code=3, where="rank 0", epoch=2)
     assert decide(crash, [crash], []).action == "restart"
@@ -138,3 +150,43 @@ def test_a_report_row_says_what_the_supervisor_did(tmp_path: Path) -> None:
     assert rows[0].recoveries == ["recovery 1 of 5: lost h2: replaced h2 by s1"]
     assert rows[1].recoveries is None
     assert [r["recoveries"] for r in json.loads(rows_json(rows))] == [rows[0].recoveries, None]
+
+
+def test_the_runs_env_goes_with_each_resume_and_a_refused_resume_gives_up_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--env values are never recorded, so a resume needs them again: the supervisor gets
+    them with its secrets and passes them; a resume refused outright (bad input) is not
+    asked again and again: one gave-up line with why."""
+    from vmrun.config import load_settings
+    from vmrun.operations import supervise
+    from vmrun.operations import train as training
+    from vmrun.recovery.deploy import RUN_ENV, run_env
+    from vmrun.reporting import Recorder
+
+    state = tmp_path / "state"
+    state.mkdir()
+    Spec(run_id="r1", nodes=["h1"], store="s3://b/runs").save(state / "spec.json")
+    monkeypatch.setenv(RUN_ENV, run_env({"A": "x y", "B": "=="}))
+    failures = iter(
+        [Failure(("h1",), exit_code=3, epoch=1), Failure(("h1",), exit_code=3, epoch=2)]
+    )
+    monkeypatch.setattr(supervise, "_follow", lambda *args: next(failures))
+    asked: list[list[str] | None] = []
+
+    def train(options: training.RunOptions, settings: object, **kw: object) -> int:
+        asked.append(options.env)
+        if len(asked) > 1:
+            raise UsageError("run r1 is busy on h1", code="host-busy")
+        return 0
+
+    notes: list[tuple[str, str]] = []
+    monkeypatch.setattr(training, "train", train)
+    monkeypatch.setattr(supervise, "_note", lambda r, n, s, kind, text: notes.append((kind, text)))
+    monkeypatch.setattr(supervise, "_tell", lambda *args: None)
+    monkeypatch.setattr(supervise, "_finish", lambda st, sp, se, nodes, out, code: code)
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    assert supervise.supervise(state, settings, Recorder()) == 1
+    assert asked == [["A=x y", "B==="], ["A=x y", "B==="]]  # once each: refused is final
+    assert [kind for kind, _ in notes] == ["recovery", "gave-up"]
+    assert "its resume was refused (run r1 is busy on h1" in notes[-1][1]

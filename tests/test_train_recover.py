@@ -3,11 +3,18 @@ host of its own by vmrun: an env from the wheels this machine sends, vmrun's cod
 made there) brings the run back without the laptop, whose vmrun is gone once the run has
 started: a rank that crashes is started again on the same node from its newest snapshot,
 the same crash again and again is given up, and the supervisor's key is off every host at
-the end. The run copies to a bucket (moto's S3 on a test host of its own)."""
+the end. The run copies to a bucket (moto's S3 on a test host of its own). A spot VM's
+warnings come from the STAND-IN metadata service (tests/standins/imds.py: IMDS exists only
+on EC2) in that node's own namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,3 +302,66 @@ def test_a_run_stopped_by_the_user_is_not_brought_back(bed: NetnsBed, project: C
     assert _events(h3, rid) == []  # nothing recovered
     assert f"vmrun-supervisor:{rid}" not in _allowed(h1)
     assert not (h3.home / ".vmrun" / "supervisor" / "runs" / rid / "id_ed25519").exists()
+
+
+IMDS = Path(__file__).parent / "standins" / "imds.py"
+METADATA = "169.254.169.254"
+
+
+@contextlib.contextmanager
+def _metadata(host: TestHost, folder: Path) -> Iterator[tuple[Path, Path]]:
+    """The STAND-IN metadata service at its real address in `host`'s own namespace (no
+    other host reaches it); yields its state file (what it says) and its request log."""
+    state, requests = folder / "imds.json", folder / "imds.log"
+    state.write_text("{}")
+    host.run(["ip", "addr", "add", f"{METADATA}/32", "dev", "lo"])
+    argv = [sys.executable, str(IMDS), METADATA, "80", str(state), str(requests)]
+    proc = host.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: host.can_connect(METADATA, 80), 20, "the metadata stand-in")
+        yield state, requests
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        host.run(["ip", "addr", "del", f"{METADATA}/32", "dev", "lo"], check=False)
+
+
+def test_a_spot_notice_saves_the_epoch_and_a_spare_takes_the_node(
+    bed: NetnsBed, project: Client, tmp_path: Path
+) -> None:
+    """h2 is a spot VM: its rebalance recommendation makes the run snapshot and go on; its
+    interruption notice makes the run snapshot the epoch under way and stop, and the
+    supervisor resumes it on the spare at the next epoch: nothing redone, every epoch once."""
+    h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
+    with _metadata(h2, tmp_path) as (state, requests):
+        done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1",
+                             "--epochs", "300", "--save-every", "300", "--recover",
+                             "--supervisor", "h3", "--spare", "bastion",
+                             "--env", "VMRUN_SPOT_EVERY=0.5",  # the resume needs it again
+                             timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr + done.stdout
+        rid = run_id_of(done.stderr)
+        log, noted = (host.home / ".vmrun" / "runs" / rid / "log" for host in (h1, h2))
+        wait_for(lambda: len(_epochs(h1, project, rid)) >= 3, 120, "three epochs")
+        state.write_text(json.dumps({"rebalance": {"noticeTime": "2026-11-29T10:00:00Z"}}))
+        wait_for(lambda: "snapshot saved at epoch" in log.read_text(), 60, "the asked snapshot")
+        assert "spot rebalance recommendation" in noted.read_text()
+        assert "for requeue" not in log.read_text()  # it goes on
+        action = {"action": "terminate", "time": "2026-11-29T10:02:00Z"}
+        state.write_text(json.dumps({"instance-action": action}))
+        _ended(log, h3, rid)
+    text = log.read_text()
+    stops = [x for x in text.splitlines() if "for requeue (SIGUSR2): snapshot saved" in x]
+    assert len(stops) == 1, text[-3000:]
+    epoch = int(stops[0].split("stopping after epoch ")[1].split()[0])
+    assert f"resumed from snapshot at epoch {epoch + 1} " in text, text[-3000:]
+    assert _epochs(h1, project, rid) == list(range(1, 301))  # none missing, none twice
+    assert noted.read_text().count("spot interruption notice (terminate at 2026-11-29") == 1
+    events = _events(h3, rid)
+    assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h2": "bastion"})]
+    assert events[0]["failure"]["noticed"] == ["h2"] and events[0]["failure"]["exit_code"] == 75
+    assert "recovery 1 of 5: spot notice on h2: replaced h2 by bastion" in text
+    asked = requests.read_text().splitlines()
+    assert asked[0].startswith("PUT /latest/api/token ok"), asked[:3]  # IMDSv2: a token first
+    assert all(x.endswith(" ok") for x in asked), [x for x in asked if not x.endswith(" ok")]
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")

@@ -203,3 +203,22 @@ def test_a_signal_in_the_last_epoch_finishes_the_run(tmp_path: Path, trainer_hoo
     assert f"[rank 0] final model saved -> {out / 'finalmodel.pt'}" in output
     assert [m["epoch"] for m in read_metrics(out)] == [1, 2, 3]
     assert not requeue.exists()
+
+
+def test_sigusr1_to_one_worker_snapshots_that_epoch_and_training_goes_on(
+    tmp_path: Path, trainer_hooks: Path
+) -> None:
+    """SIGUSR1 (a cloud's early warning) to rank 1 alone: rank 0 snapshots the epoch the
+    ranks agree on, nobody stops, the run finishes; no requeue file."""
+    out, requeue = tmp_path / "out", tmp_path / "requeue.json"
+    env = {"VMRUN_REQUEUE_FILE": str(requeue)}
+    argv = torchrun_argv(["12", "100", "--out-dir", str(out)])
+    output = signal_run(
+        tmp_path, trainer_hooks, env, argv, 2, signal.SIGUSR1, delay="0.3", to_ranks=(1,)
+    )
+    assert "[rank 1] got SIGUSR1: will snapshot after this epoch\n" in output, output
+    epoch = _snapshot_epoch(out)
+    assert 2 <= epoch < 12 and output.count("snapshot saved at epoch") == 1, output
+    assert [m["epoch"] for m in read_metrics(out)] == list(range(1, 13))
+    assert (out / "finalmodel.pt").exists() and not requeue.exists()
+    assert "for requeue" not in output, output

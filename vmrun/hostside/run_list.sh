@@ -7,6 +7,8 @@
 # (hostside/run_provenance.py: python, torch, CUDA, NCCL, GPU, driver). FAILURE: an ended
 # run's failure.json (hostside/run_failure.py: the first failed worker's rank, host, code).
 # STORE: where its copy to a bucket stands (store_sync.sh's store.json), on the node copying.
+# NOTICE: a cloud's notice that the node goes (spot_watch.py's notice), REQUEUE: the run stopped
+# after its snapshot to go on elsewhere (the template's requeue file: its epoch).
 # RECOVERIES: how many times its supervisor brought it back or gave up (run_note.sh), and the
 # last of them (KIND<TAB>TIME<TAB>TEXT).
 base=$1; shift
@@ -31,6 +33,8 @@ for id in "$@"; do
     [ -f "$d/failure.json" ] && echo "FAILURE $(head -n 1 "$d/failure.json" | head -c 4096)"
   fi
   if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
+  [ -s "$d/notice" ] && echo "NOTICE $(head -n 1 "$d/notice" | head -c 4096)"
+  [ -s "$d/requeue" ] && echo "REQUEUE $(head -n 1 "$d/requeue" | head -c 4096)"
   [ -f "$d/store.json" ] && echo "STORE $(head -n 1 "$d/store.json" | head -c 4096)"
   if [ -s "$d/recoveries" ]; then
     echo "RECOVERIES $(wc -l < "$d/recoveries") $(tail -n 1 "$d/recoveries" | head -c 4096)"

@@ -18,6 +18,10 @@
 # changed since the run first started is the run's) and VMRUN_STORE_CONFIG (rclone's
 # config, credentials maybe): none in the run's environment; store_sync.sh's copier starts
 # once the pid is written (an earlier attempt's copier is replaced).
+# A run its supervisor watches (`train --recover`: VMRUN_SPOT_WATCH=1): spot_watch.py beside it,
+# started once the pid is written, tells it a cloud's warning; the run's ranks get
+# VMRUN_REQUEUE_FILE (REC/requeue: the template's preemption protocol, which ends such a run with
+# exit code 75, run_supervise.sh). Every run is told VMRUN_SNAPSHOT_SIGNAL (SIGUSR1: snapshot now).
 # Beside the run (detached): run_provenance.py, which writes provenance.json, environment.txt and
 # versions.json into REC (VMRUN_PROVENANCE, above).
 # Prints the log's line count before this attempt, then the pid of the run's supervising
@@ -51,7 +55,8 @@ mkdir -p "$rec" || exit 125
 lines=0
 attempt=1
 if [ "$mode" = resume ]; then
-  rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped" "$rec/failure.json"
+  rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped" "$rec/failure.json" \
+    "$rec/notice" "$rec/requeue"
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
   attempt=$(( $(cat "$rec/attempt" 2>/dev/null || echo 1) + 1 ))
 fi
@@ -82,6 +87,10 @@ unset VMRUN_CODE_PATCH VMRUN_PROVENANCE
 store_to=${VMRUN_STORE_TO:-} store_url=${VMRUN_STORE_URL:-} store_py=${VMRUN_STORE_PYTHON:-}
 store_since=${VMRUN_STORE_SINCE:-} store_cfg=${VMRUN_STORE_CONFIG:-}
 unset VMRUN_STORE_TO VMRUN_STORE_URL VMRUN_STORE_PYTHON VMRUN_STORE_SINCE VMRUN_STORE_CONFIG
+spot=${VMRUN_SPOT_WATCH:-}
+unset VMRUN_SPOT_WATCH
+if [ "$spot" = 1 ]; then export VMRUN_REQUEUE_FILE="$rec/requeue"; fi
+export VMRUN_SNAPSHOT_SIGNAL=SIGUSR1
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"
 case "$out" in /*) ;; *) out="$HOME/$out" ;; esac
@@ -103,6 +112,14 @@ setsid -f sh "$lib/run_supervise.sh" "$rec" "$mode" "$lib/run_marks.py" "$@" \
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
 [ -s "$rec/pid" ] || { echo "vmrun: the run did not start" >&2; exit 125; }
+if [ "$spot" = 1 ]; then
+  if command -v python3 > /dev/null 2>&1; then
+    (unset VMRUN_RUN_ID VMRUN_RUN_DIR; exec setsid -f python3 "$lib/spot_watch.py" "$rec" \
+      "$(cat "$rec/pid")") < /dev/null > /dev/null 2>&1 8>&-
+  else
+    echo "vmrun: no python3 on this host: spot interruption notices are not watched" >> "$rec/log"
+  fi
+fi
 if [ -n "$store_to" ]; then
   since=''
   [ "$store_since" = 1 ] && since=$(cat "$rec/first_started")

@@ -80,6 +80,12 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         out.info(f"run {spec.run_id}: {said}")
         try:
             nodes = _resume(spec, nodes, recovery, settings, out)
+        except UsageError as exc:  # the resume itself is refused: no next round can do better
+            why = f"the supervisor gave up: its resume was refused ({exc.one_line()})"
+            out.warn(f"run {spec.run_id}: {why}")
+            _note(spec.run_id, nodes, settings, "gave-up", why)
+            _tell(settings, spec.run_id, "fail", f"failed: {why}", nodes, out)
+            return _finish(state, spec, settings, nodes, out, 1)
         except VmrunError:  # a spare that failed too: the next round finds it lost, and
             nodes = list(recovery.nodes or nodes)  # counts it against the limit
             continue
@@ -121,9 +127,10 @@ def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
     failed = next((r for r in found if r.failure is not None), None)
     saved = [r.saved_epoch for r in found if r.saved_epoch is not None]
     stopped = any(r.stopped for r in found)
+    noticed = tuple(r.host for r in found if r.notice is not None)
     where = failed.failure.describe(failed.host) if failed and failed.failure else ""
     return Failure(tuple(nodes), lost, codes[0] if codes else None, where,
-                   max(saved) if saved else None, stopped)  # fmt: skip
+                   max(saved) if saved else None, stopped, noticed)  # fmt: skip
 
 
 def _resume(
@@ -131,14 +138,18 @@ def _resume(
 ) -> list[str]:
     """The run's next attempt, detached, on the decided nodes; those nodes."""
     from vmrun.operations.train import HostOptions, RunOptions, train
+    from vmrun.recovery.deploy import RUN_ENV, run_env_of
 
     new = list(recovery.nodes or nodes)
     master_lost = nodes[0] in recovery.swap
     hosts = HostOptions(hosts=new, replace=dict(recovery.swap), from_store=master_lost)
+    given = RunOptions(env=run_env_of(os.environ.get(RUN_ENV, "")) or None)
     for attempt in range(2):  # a resume that itself fails (a hiccup) is tried once more
         try:
-            train(RunOptions(), settings, hosts=hosts, resume=spec.run_id, detach=True, out=out)
+            train(given, settings, hosts=hosts, resume=spec.run_id, detach=True, out=out)
             return new
+        except UsageError:
+            raise  # refused as asked: asking again changes nothing
         except VmrunError as exc:
             out.warn(f"run {spec.run_id}: the resume failed ({exc.one_line()})")
             if attempt == 1:
@@ -209,6 +220,7 @@ def _as_dict(failure: Failure) -> dict[str, Any]:
         "exit_code": failure.exit_code,
         "where": failure.where,
         "epoch": failure.epoch,
+        "noticed": list(failure.noticed),
     }
 
 

@@ -9,7 +9,7 @@ run's record, and hands the plan to the backend's flow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.slurm.options import SlurmOptions
@@ -315,6 +315,7 @@ def _on_hosts(
                 supervisor=hosts.supervisor or settings.supervisor or None,
                 max_recoveries=hosts.max_recoveries or settings.max_recoveries,
             )  # fmt: skip
+            plan = replace(plan, recover=True)
         code = run_remote(
             plan,
             entries,

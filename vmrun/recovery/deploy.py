@@ -444,6 +444,29 @@ class Supervised:
             group.map(lambda e, conn: records.stop(conn, ref.run_id, grace=5))
 
 
+RUN_ENV = "VMRUN_RUN_ENV"  # the run's --env values, for its resumes (one secret line)
+
+
+def run_env(env: dict[str, str]) -> str:
+    """--env values as one line (base64 of JSON: a value may hold anything)."""
+    import base64
+    import json
+
+    return base64.b64encode(json.dumps(env).encode()).decode()
+
+
+def run_env_of(text: str) -> list[str]:
+    """run_env's line back as --env KEY=VALUE items."""
+    import base64
+    import json
+
+    try:
+        env = json.loads(base64.b64decode(text))
+    except ValueError:
+        return []
+    return [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else []
+
+
 def _notify(settings: Settings) -> dict[str, str]:
     """Where the run's recoveries are told (the notify settings: its URLs may hold tokens,
     so they travel with the secrets, not in the supervisor's vmrun.toml)."""
@@ -454,12 +477,14 @@ def _notify(settings: Settings) -> dict[str, str]:
 
 
 def _secrets(plan: Plan) -> dict[str, str]:
-    """What the supervisor reads the run's bucket with: the user's keys, when the run's
-    copy uses them (else the host's own, nothing sent)."""
+    """The run's --env values (never recorded, and a resume needs them again) and what the
+    supervisor reads the run's bucket with: the user's keys, when the run's copy uses them
+    (else the host's own, nothing sent)."""
+    told = {RUN_ENV: run_env(plan.env)} if plan.env else {}
     access = plan.store_access
     if access is None:
-        return {}
-    told = {"AWS_DEFAULT_REGION": access.region}
+        return told
+    told["AWS_DEFAULT_REGION"] = access.region
     if access.endpoint:
         told["AWS_ENDPOINT_URL"] = access.endpoint
     if not access.from_host:

@@ -89,6 +89,7 @@ def failures_of(events: list[Event]) -> list[Failure]:
                 **e.failure,
                 "nodes": tuple(e.failure.get("nodes", ())),
                 "lost": tuple(e.failure.get("lost", ())),
+                "noticed": tuple(e.failure.get("noticed", ())),
             }
         )
         for e in events

@@ -1,6 +1,7 @@
 """What the supervisor does when a run fails (`train --recover`), decided from facts alone so
 each case can be driven in the quick tier: restart on the same nodes when every node still
-answers (a crashed rank), replace the nodes that are gone by spares when some are lost, or
+answers (a crashed rank), replace the nodes that are gone by spares when some are lost
+(or are about to be: a spot VM's interruption notice, after the run saved its work), or
 give up, with one line saying why: the recoveries are spent (`--max-recoveries`), the same
 failure came back without the run getting further (a crash loop), no spare is left, or the
 master is lost and its snapshots with it (no store)."""
@@ -24,12 +25,20 @@ class Failure:
     where: str = ""  # the failed node or rank, as the run's failure names it
     epoch: int | None = None  # the newest saved snapshot's epoch when it failed
     stopped: bool = False  # `vmrun stop` ended it: nothing to recover
+    noticed: tuple[str, ...] = ()  # of them, those a cloud said will go (a spot notice)
+
+    @property
+    def gone(self) -> tuple[str, ...]:
+        """The nodes the next attempt must do without: lost, or about to be."""
+        return (*self.lost, *(n for n in self.noticed if n not in self.lost))
 
     @property
     def signature(self) -> str:
         """What a crash loop repeats: the same way of failing."""
         if self.lost:
             return f"lost {','.join(sorted(self.lost))}"
+        if self.noticed:
+            return f"spot notice on {','.join(sorted(self.noticed))}"
         return f"exit {self.exit_code} {self.where}".strip()
 
 
@@ -69,23 +78,20 @@ def decide(
             "give-up",
             f"a crash loop: {failure.signature}{at}, {LOOP} times in a row without getting further",
         )
-    if not failure.lost:
+    gone = failure.gone
+    if not gone:
         return Recovery(
             "restart",
             f"{failure.signature or 'it failed'}: again on the same nodes",
             nodes=failure.nodes,
         )
-    master = failure.nodes[0]
-    if master in failure.lost and not has_store:
-        return Recovery(
-            "give-up", f"the master {master} is lost, and the run's snapshots with it (no --store)"
-        )
+    master, what = failure.nodes[0], failure.signature
+    if master in gone and not has_store:
+        return Recovery("give-up", f"{what}: the master's snapshots go with it (no --store)")
     free = [s for s in spares if s not in failure.nodes]
-    if len(free) < len(failure.lost):
-        return Recovery(
-            "give-up", f"{', '.join(failure.lost)} lost and {len(free) or 'no'} spare(s) left"
-        )
-    swap = dict(zip(failure.lost, free, strict=False))
+    if len(free) < len(gone):
+        return Recovery("give-up", f"{what} and {len(free) or 'no'} spare(s) left")
+    swap = dict(zip(gone, free, strict=False))
     nodes = tuple(swap.get(n, n) for n in failure.nodes)
     said = ", ".join(f"{old} by {new}" for old, new in swap.items())
-    return Recovery("replace", f"lost {', '.join(failure.lost)}: replaced {said}", swap, nodes)
+    return Recovery("replace", f"{what}: replaced {said}", swap, nodes)

@@ -56,6 +56,7 @@ class Plan:
     data: tuple[tuple[Path | StoreURL, str | None], ...] = ()
     store_access: Access | None = None  # who reads or writes the buckets (never recorded)
     store: StoreURL | None = None  # --store: the run's outputs go to STORE/RUN_ID as written
+    recover: bool = False  # --recover: its nodes watch for a cloud's notice (spot_watch.py)
 
 
 def make_plan(

@@ -70,6 +70,10 @@ Conventions (the CLI and the tests rely on them):
   protocol: catch SIGUSR2 (and SIGTERM if VMRUN_REQUEUE_FILE is set), save at the next safe
   point, write the file, exit 0. $VMRUN_WARNED_FILE existing counts as a SIGUSR2 (vmrun's
   batch script writes it on the warning, which a process still starting up would miss).
+- Snapshot now, go on: SIGUSR1 (vmrun names it in $VMRUN_SNAPSHOT_SIGNAL; it sends it on a
+  cloud's early warning, such as a spot VM's rebalance recommendation) is agreed the same way
+  (the stopping signals win); rank 0 snapshots that epoch unless it just did, and training
+  goes on.
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ EVENT_TAGS = {
     "eval_loss": "eval/loss",
     "eval_accuracy": "eval/accuracy",
 }
-_caught = {"signum": 0}  # set by the preemption handler, read at the end of each epoch
+_caught = {"signum": 0, "snapshot": 0}  # set by the signal handlers, read after each epoch
 
 
 def build_model(task: str = "regress") -> nn.Module:
@@ -474,7 +478,12 @@ def install_preemption_handlers() -> None:
         name = signal.Signals(signum).name
         os.write(2, f"{prefix}got {name}: will stop after this epoch\n".encode())
 
+    def snapshot(signum: int, _frame: object) -> None:
+        _caught["snapshot"] = signum
+        os.write(2, f"{prefix}got SIGUSR1: will snapshot after this epoch\n".encode())
+
     signal.signal(signal.SIGUSR2, note)
+    signal.signal(signal.SIGUSR1, snapshot)
     if os.environ.get(REQUEUE_FILE_ENV):
         signal.signal(signal.SIGTERM, note)
 
@@ -483,7 +492,7 @@ def agreed_signal(ctx: Ctx) -> int:
     """The signal some rank caught (0: none), the same on every rank. $VMRUN_WARNED_FILE
     existing counts as SIGUSR2: the batch script writes it when the warning came before
     this process could catch it (while it was still importing torch)."""
-    caught = _caught["signum"]
+    caught = _caught["signum"] or _caught["snapshot"]
     warned = os.environ.get(WARNED_FILE_ENV)
     if not caught and warned and os.path.exists(warned):
         caught = int(signal.SIGUSR2)
@@ -700,6 +709,9 @@ def train_epochs(job: Job, start: int) -> bool:
         if epoch < total and (signum := agreed_signal(ctx)):
             if ctx.rank == 0 and not saved:
                 save_snapshot(ctx, args, job.bare, job.optimizer, epoch)
+            if signum == signal.SIGUSR1:  # asked for a snapshot: it is there; go on
+                _caught["snapshot"] = 0
+                continue
             stop_for_requeue(ctx, epoch, signum)
             return False
     return True

@@ -454,6 +454,7 @@ def _start_all(
         "code": code.facts,
         **({"code_earlier": earlier} if earlier else {}),
         **({"store": str(place), "store_node": holder} if place else {}),
+        **({"recover": True} if plan.recover else {}),
     }
 
     def start(entry: HostEntry, conn: Connection) -> int:
@@ -467,6 +468,8 @@ def _start_all(
         if notify and entry.label == labels[0]:
             told = notify.host_config(_notify_facts(plan, rid, labels))
             env = {**env, "VMRUN_NOTIFY_CONFIG": told}
+        if plan.recover:  # spot_watch.py beside it (hostside/run_start.sh)
+            env = {**env, "VMRUN_SPOT_WATCH": "1"}
         if place is not None and entry.label == holder:
             assert plan.store_access is not None
             env = {**env, **copy_env(place, plan.store_access.on(entry.vars), node.env.python,

@@ -149,6 +149,8 @@ def _failure(event: _Event) -> str | None:
         return None
     if record.state == "stopped":
         return "it was stopped"
+    if record.requeued is not None:
+        return f"it stopped after epoch {record.requeued}'s snapshot to go on elsewhere"
     if record.exit_code is None:
         return "its launcher vanished without an exit code (killed, or the host rebooted)"
     if record.failure is not None:

@@ -59,6 +59,8 @@ class RunRecord:
     recoveries: int = 0  # what its supervisor did (--recover): how many times,
     recovery: str = ""  # and the last: "recovery 1 of 5: ..." or "... gave up: ..."
     gave_up: bool = False
+    notice: dict[str, Any] | None = None  # a cloud said the node goes (spot_watch.py)
+    requeued: int | None = None  # stopped after this epoch's snapshot, to go on elsewhere
 
     @property
     def running(self) -> bool:
@@ -273,6 +275,26 @@ def _read_recoveries(record: RunRecord, value: str) -> None:
     record.gave_up = kind == "gave-up"
 
 
+def _read_json(name: str) -> Callable[[RunRecord, str], None]:
+    def read(record: RunRecord, value: str) -> None:
+        try:
+            raw = json.loads(value)
+        except ValueError:
+            return
+        if isinstance(raw, dict):
+            setattr(record, name, raw)
+
+    return read
+
+
+def _read_requeue(record: RunRecord, value: str) -> None:
+    try:
+        epoch = json.loads(value).get("epoch")
+    except (ValueError, AttributeError):
+        return
+    record.requeued = epoch if isinstance(epoch, int) else None
+
+
 def _set(name: str, parse: Callable[[str], Any]) -> Callable[[RunRecord, str], None]:
     return lambda record, value: setattr(record, name, parse(value))
 
@@ -291,6 +313,8 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "FAILURE": _set("failure", WorkerFailure.parse),
     "STORE": _set("store", StoreState.parse),
     "RECOVERIES": _read_recoveries,
+    "NOTICE": _read_json("notice"),
+    "REQUEUE": _read_requeue,
     "SAVED": _read_saved,
     "PROGRESS": _read_progress,
 }

@@ -137,6 +137,7 @@ def _plan(rid: str, meta: dict[str, Any], env: dict[str, str], store_credentials
         containers=Asked(recorded=from_meta(meta), fixed=True),
         store=store,
         store_access=resolve(store_credentials) if store is not None else None,
+        recover=bool(meta.get("recover")),
     )
 
 
