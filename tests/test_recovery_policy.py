@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,13 @@ def test_a_node_with_a_spot_notice_is_moved_off_though_it_still_answers() -> Non
     master = decide(Failure(NODES, exit_code=75, epoch=6, noticed=("h1",)), [], ["s1"])
     assert master.gives_up and "no --store" in master.why
     assert decide(noticed, [], []).gives_up  # nowhere to go
+
+
+def test_the_epochs_redone_are_those_past_the_newest_snapshot() -> None:
+    assert Failure(NODES, exit_code=3, epoch=5, reached=9).redone == 4
+    assert Failure(NODES, exit_code=75, epoch=9, reached=9, noticed=("h2",)).redone == 0
+    assert Failure(NODES, lost=("h2",), reached=2).redone == 2  # no snapshot yet
+    assert Failure(NODES, lost=("h2",)).redone is None
 
 
 def test_the_same_failure_at_the_same_epoch_three_times_is_a_crash_loop() -> None:
@@ -137,19 +145,31 @@ def test_recover_without_a_bucket_is_refused_before_anything_starts(tmp_path: Pa
 
 def test_a_report_row_says_what_the_supervisor_did(tmp_path: Path) -> None:
     from vmrun.results.history import load_runs
-    from vmrun.results.report import report_rows, rows_json
+    from vmrun.results.report import report_rows, rows_json, table
 
     run = tmp_path / "results" / "r1"
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"epoch": 1, "loss": 1.0}\n{"epoch": 2, "loss": 0.5}\n')
-    (run / "recoveries").write_text("recovery\t100\trecovery 1 of 5: lost h2: replaced h2 by s1\n")
     plain = tmp_path / "results" / "r2"
     plain.mkdir()
     (plain / "metrics.jsonl").write_text('{"epoch": 1, "loss": 1.0}\n')
+    facts = {"downtime_s": 21.4, "epochs_redone": 3, "swap": {"h2": "s1"}, "action": "replace"}
+    (run / "recoveries").write_text(
+        "recovery\t100\trecovery 1 of 5: lost h2: replaced h2 by s1 (21 s down)\t"
+        + json.dumps(facts) + "\n"
+        "recovery\t200\trecovery 2 of 5: exit 3: again on the same nodes\n"  # an older line
+    )  # fmt: skip
     rows = report_rows(load_runs([run, plain]))
-    assert rows[0].recoveries == ["recovery 1 of 5: lost h2: replaced h2 by s1"]
+    first, second = rows[0].recoveries or []
+    assert first["text"].startswith("recovery 1 of 5: lost h2") and first["at"] == 100
+    assert (first["downtime_s"], first["epochs_redone"], first["swap"]) == (21.4, 3, {"h2": "s1"})
+    assert second["downtime_s"] is None and second["kind"] == "recovery"
     assert rows[1].recoveries is None
     assert [r["recoveries"] for r in json.loads(rows_json(rows))] == [rows[0].recoveries, None]
+    heads, _, shown = table(rows)
+    assert heads[-1] == "RECOVERIES" and shown[0][-1] == "2 (21.4 s down, 3 redone)"
+    assert shown[1][-1] == ""
+    assert table([rows[1]])[0][-1] == "FINAL ACC"  # no column where no run had one
 
 
 def test_the_runs_env_goes_with_each_resume_and_a_refused_resume_gives_up_at_once(
@@ -180,13 +200,16 @@ def test_the_runs_env_goes_with_each_resume_and_a_refused_resume_gives_up_at_onc
             raise UsageError("run r1 is busy on h1", code="host-busy")
         return 0
 
-    notes: list[tuple[str, str]] = []
     monkeypatch.setattr(training, "train", train)
-    monkeypatch.setattr(supervise, "_note", lambda r, n, s, kind, text: notes.append((kind, text)))
+    notes: list[tuple[str, str, dict[str, Any] | None]] = []
+    monkeypatch.setattr(supervise, "_note", lambda r, n, s, kind, text, facts=None:
+                        notes.append((kind, text, facts)))  # fmt: skip
     monkeypatch.setattr(supervise, "_tell", lambda *args: None)
     monkeypatch.setattr(supervise, "_finish", lambda st, sp, se, nodes, out, code: code)
     settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
     assert supervise.supervise(state, settings, Recorder()) == 1
     assert asked == [["A=x y", "B==="], ["A=x y", "B==="]]  # once each: refused is final
-    assert [kind for kind, _ in notes] == ["recovery", "gave-up"]
+    assert [kind for kind, _, _ in notes] == ["recovery", "gave-up"]
     assert "its resume was refused (run r1 is busy on h1" in notes[-1][1]
+    facts = notes[0][2]  # the first recovery's cost: its failure had no time or epoch reached
+    assert facts is not None and facts["epochs_redone"] is None and facts["action"] == "restart"

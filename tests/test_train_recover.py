@@ -152,7 +152,9 @@ def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
     (out / "metrics.jsonl").replace(project.cwd / "results" / rid / "metrics.jsonl")
     report = project.vmrun("report", rid, "--json")
     (row,) = json.loads(report.stdout)
-    assert row["recoveries"] == ["recovery 1 of 5: exit 3: again on the same nodes"], row
+    (done,) = row["recoveries"]
+    assert done["text"].startswith("recovery 1 of 5: exit 3: again on the same nodes"), row
+    assert done["epochs_redone"] == 0 and 0 < done["downtime_s"] < 60, row  # saved, then crashed
 
 
 def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Client) -> None:

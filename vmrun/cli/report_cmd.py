@@ -98,11 +98,9 @@ def register(app: typer.Typer) -> None:
 
 
 def show_table(rows: list) -> None:
-    from vmrun.results.report import baseline_note, cells, headers, varied_keys
+    from vmrun.results.report import baseline_note, table
 
-    heads, numeric = headers(rows)
-    keys = varied_keys(rows)
-    table = [cells(r, keys) for r in rows]
+    heads, numeric, shown = table(rows)
     note = baseline_note(rows)
     if sys.stdout.isatty():
         from rich.table import Table
@@ -110,15 +108,15 @@ def show_table(rows: list) -> None:
         view = Table(box=None, header_style="bold")
         for i, header in enumerate(heads):
             view.add_column(header, justify="right" if i in numeric else "left")
-        for row in table:
+        for row in shown:
             view.add_row(*row)
         console = make_console()
         console.print(view)
         if note:
             console.print(note, style="dim", highlight=False)
         return
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(heads)]
-    for row in (heads, *table):
+    widths = [max(len(h), *(len(r[i]) for r in shown)) for i, h in enumerate(heads)]
+    for row in (heads, *shown):
         text = "  ".join(
             v.rjust(w) if i in numeric else v.ljust(w)
             for i, (v, w) in enumerate(zip(row, widths, strict=True))

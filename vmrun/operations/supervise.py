@@ -7,7 +7,9 @@ it is asked and what it did are in its folder (vmrun.recovery.journal)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -50,47 +52,49 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         if failure.stopped:  # the user's own `vmrun stop`: the run is meant to end
             out.info(f"run {spec.run_id} was stopped (vmrun stop): nothing to bring back")
             return _finish(state, spec, settings, nodes, out, 0)
-        used = {n for e in events for n in e.nodes} | set(spec.nodes)
-        spares = [s for s in spec.spares if s not in used]
-        recovery = decide(
-            failure,
-            failures_of(events),
-            spares,
-            max_recoveries=spec.max_recoveries,
-            has_store=bool(spec.store),
-        )
-        event = Event(
-            time.time(),
-            _as_dict(failure),
-            recovery.action,
-            recovery.why,
-            list(recovery.nodes or nodes),
-            dict(recovery.swap),
-        )
-        journal.add(event)
-        events.append(event)
-        count = len(events)
+        recovery = _decide(spec, journal, events, failure, nodes)
         if recovery.gives_up:
-            out.warn(f"run {spec.run_id}: gave up: {recovery.why}")
-            why = f"the supervisor gave up: {recovery.why}"
-            _note(spec.run_id, nodes, settings, "gave-up", why)
-            _tell(settings, spec.run_id, "fail", f"failed: {why}", nodes, out)
-            return _finish(state, spec, settings, nodes, out, 1)
-        said = f"recovery {count} of {spec.max_recoveries}: {recovery.why}"
+            return _give_up(state, spec, settings, nodes, out, recovery.why)
+        said = f"recovery {len(events)} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
         try:
             nodes = _resume(spec, nodes, recovery, settings, out)
         except UsageError as exc:  # the resume itself is refused: no next round can do better
-            why = f"the supervisor gave up: its resume was refused ({exc.one_line()})"
-            out.warn(f"run {spec.run_id}: {why}")
-            _note(spec.run_id, nodes, settings, "gave-up", why)
-            _tell(settings, spec.run_id, "fail", f"failed: {why}", nodes, out)
-            return _finish(state, spec, settings, nodes, out, 1)
+            why = f"its resume was refused ({exc.one_line()})"
+            return _give_up(state, spec, settings, nodes, out, why)
         except VmrunError:  # a spare that failed too: the next round finds it lost, and
             nodes = list(recovery.nodes or nodes)  # counts it against the limit
             continue
-        _note(spec.run_id, nodes, settings, "recovery", said)
+        facts = _facts(failure, recovery)
+        said += _cost(facts)
+        _note(spec.run_id, nodes, settings, "recovery", said, facts)
         _tell(settings, spec.run_id, "requeue", f"recovered ({said})", nodes, out)
+
+
+def _decide(
+    spec: Spec, journal: Journal, events: list[Event], failure: Failure, nodes: list[str]
+) -> Recovery:
+    """The policy's answer to this failure, kept in the journal (and `events`)."""
+    used = {n for e in events for n in e.nodes} | set(spec.nodes)
+    spares = [s for s in spec.spares if s not in used]
+    recovery = decide(failure, failures_of(events), spares,
+                      max_recoveries=spec.max_recoveries, has_store=bool(spec.store))  # fmt: skip
+    event = Event(time.time(), _as_dict(failure), recovery.action, recovery.why,
+                  list(recovery.nodes or nodes), dict(recovery.swap))  # fmt: skip
+    journal.add(event)
+    events.append(event)
+    return recovery
+
+
+def _give_up(
+    state: Path, spec: Spec, settings: Settings, nodes: list[str], out: Reporter, why: str
+) -> int:
+    """One line in the run's log and one notification saying why; then the end."""
+    out.warn(f"run {spec.run_id}: gave up: {why}")
+    said = f"the supervisor gave up: {why}"
+    _note(spec.run_id, nodes, settings, "gave-up", said)
+    _tell(settings, spec.run_id, "fail", f"failed: {said}", nodes, out)
+    return _finish(state, spec, settings, nodes, out, 1)
 
 
 def _follow(rid: str, nodes: list[str], settings: Settings, out: Reporter) -> Failure | None:
@@ -121,6 +125,7 @@ def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
     entries = select_hosts(nodes, settings)
     with Group(entries, settings) as group:
         outcomes = group.map(lambda entry, conn: records.list_runs(conn, [rid]))
+    now = time.time()
     lost = tuple(o.host for o in outcomes if not o.ok)
     found = [r for o in outcomes if o.ok for r in o.value or []]
     codes = [r.exit_code for r in found if r.exit_code not in (None, 0)]
@@ -129,8 +134,12 @@ def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
     stopped = any(r.stopped for r in found)
     noticed = tuple(r.host for r in found if r.notice is not None)
     where = failed.failure.describe(failed.host) if failed and failed.failure else ""
+    reached = [int(m.group(1)) for r in found if (m := re.match(r"epoch (\d+)", r.progress))]
+    ends = [now - (r.host_now - r.ended) for r in found if r.ended and r.host_now]  # our clock
+    at = min(ends) if ends and not lost else now  # a lost node: when it was found gone
     return Failure(tuple(nodes), lost, codes[0] if codes else None, where,
-                   max(saved) if saved else None, stopped, noticed)  # fmt: skip
+                   max(saved) if saved else None, stopped, noticed,
+                   max(reached) if reached else None, at)  # fmt: skip
 
 
 def _resume(
@@ -175,17 +184,47 @@ def _tell(
         out.warn(f"run {rid}: not told to {target}: {why}")
 
 
-def _note(rid: str, nodes: list[str], settings: Settings, kind: str, text: str) -> None:
+def _facts(failure: Failure, recovery: Recovery) -> dict[str, Any]:
+    """What a recovery cost, for `report`: seconds from the failure to the next attempt's
+    start (now), the epochs done again, which node took which one's place."""
+    return {
+        "downtime_s": round(time.time() - failure.at, 1) if failure.at else None,
+        "epochs_redone": failure.redone,
+        "swap": dict(recovery.swap),
+        "action": recovery.action,
+    }
+
+
+def _cost(facts: dict[str, Any]) -> str:
+    parts = []
+    if facts["downtime_s"] is not None:
+        parts.append(f"{facts['downtime_s']:.0f} s down")
+    if facts["epochs_redone"] is not None:
+        parts.append(f"{facts['epochs_redone']} epoch(s) redone")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _note(
+    rid: str,
+    nodes: list[str],
+    settings: Settings,
+    kind: str,
+    text: str,
+    facts: dict[str, Any] | None = None,
+) -> None:
     """A line in the run's log on the nodes that answer, and its `recoveries`: why it went
-    on, or did not."""
+    on, or did not (with `facts`, what it cost)."""
     from vmrun import hostside
     from vmrun.remote_paths import RUNS_DIR
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
+    env = {"VMRUN_NOTE_FACTS": json.dumps(facts)} if facts else None
     with Group(select_hosts(nodes, settings), settings) as group:
         group.map(
-            lambda e, conn: conn.run(hostside.command("run_note.sh", RUNS_DIR, rid, kind, text))
+            lambda e, conn: conn.run(
+                hostside.command("run_note.sh", RUNS_DIR, rid, kind, text), env=env
+            )
         )
 
 
@@ -221,6 +260,8 @@ def _as_dict(failure: Failure) -> dict[str, Any]:
         "where": failure.where,
         "epoch": failure.epoch,
         "noticed": list(failure.noticed),
+        "reached": failure.reached,
+        "at": failure.at,
     }
 
 

@@ -83,14 +83,11 @@ class Journal:
 
 
 def failures_of(events: list[Event]) -> list[Failure]:
-    return [
-        Failure(
-            **{
-                **e.failure,
-                "nodes": tuple(e.failure.get("nodes", ())),
-                "lost": tuple(e.failure.get("lost", ())),
-                "noticed": tuple(e.failure.get("noticed", ())),
-            }
-        )
-        for e in events
-    ]
+    known = Failure.__dataclass_fields__
+    found = []
+    for e in events:
+        raw = {k: v for k, v in e.failure.items() if k in known}
+        for key in ("nodes", "lost", "noticed"):
+            raw[key] = tuple(raw.get(key, ()))
+        found.append(Failure(**raw))
+    return found

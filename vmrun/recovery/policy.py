@@ -26,6 +26,15 @@ class Failure:
     epoch: int | None = None  # the newest saved snapshot's epoch when it failed
     stopped: bool = False  # `vmrun stop` ended it: nothing to recover
     noticed: tuple[str, ...] = ()  # of them, those a cloud said will go (a spot notice)
+    reached: int | None = None  # the newest epoch it completed (past `epoch`: redone)
+    at: float | None = None  # when it failed (its end as a node recorded it, else when found)
+
+    @property
+    def redone(self) -> int | None:
+        """Epochs the next attempt does again: those after the newest snapshot."""
+        if self.reached is None:
+            return None
+        return max(0, self.reached - (self.epoch or 0))
 
     @property
     def gone(self) -> tuple[str, ...]:

@@ -58,7 +58,9 @@ class ReportRow:
     versions: dict[str, str | None] | None = None  # python, torch, cuda, nccl, gpu, driver
     exit: int | None = None  # the run's own code (a failed torchrun worker's, not torchrun's)
     failure: dict[str, Any] | None = None  # which worker failed first (failure.json), if known
-    recoveries: list[str] | None = None  # what its supervisor did (train --recover), in turn
+    # what its supervisor did (train --recover), in turn: kind, at, text, downtime_s,
+    # epochs_redone, swap (which node took which one's place)
+    recoveries: list[dict[str, Any]] | None = None
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -126,12 +128,40 @@ def _provenance(run: RunHistory) -> dict[str, Any]:
     }
 
 
-def _recoveries(path: Path) -> list[str] | None:
+def _recoveries(path: Path) -> list[dict[str, Any]] | None:
     """The supervisor's lines (the `recoveries` file fetched with the run's logs: KIND<TAB>
-    TIME<TAB>TEXT), as the run's log says them; None when it had none."""
+    TIME<TAB>TEXT<TAB>FACTS), each with what it cost; None when it had none."""
     found = sorted(path.glob("recoveries")) + sorted(path.glob("*/recoveries"))
-    lines = [x.split("\t", 2)[-1] for f in found[:1] for x in f.read_text().splitlines() if x]
-    return lines or None
+    lines = [x for f in found[:1] for x in f.read_text().splitlines() if x]
+    return [_recovery(x) for x in lines] or None
+
+
+def _recovery(line: str) -> dict[str, Any]:
+    kind, at, text, told = [*line.split("\t", 3), "", "", ""][:4]
+    try:
+        facts = json.loads(told) if told else {}
+    except ValueError:
+        facts = {}
+    facts = facts if isinstance(facts, dict) else {}
+    return {
+        "kind": kind,
+        "at": float(at) if at.isdigit() else None,
+        "text": text,
+        "downtime_s": facts.get("downtime_s"),
+        "epochs_redone": facts.get("epochs_redone"),
+        "swap": facts.get("swap") or {},
+    }
+
+
+def recovered_text(recoveries: Sequence[dict[str, Any]] | None) -> str:
+    """The RECOVERIES cell: how many, their downtime and epochs redone, or that it gave up."""
+    if not recoveries:
+        return ""
+    done = [r for r in recoveries if r["kind"] == "recovery"]
+    down = sum(r["downtime_s"] or 0 for r in done)
+    redone = sum(r["epochs_redone"] or 0 for r in done)
+    text = f"{len(done)} ({duration_text(down)} down, {redone} redone)" if done else "0"
+    return text + (", gave up" if recoveries[-1]["kind"] == "gave-up" else "")
 
 
 def row_dicts(rows: Sequence[ReportRow]) -> list[dict[str, object]]:
@@ -159,15 +189,31 @@ def varied_keys(rows: Sequence[ReportRow]) -> list[str]:
 
 
 def headers(rows: Sequence[ReportRow]) -> tuple[tuple[str, ...], frozenset[int]]:
-    """The table's headers (a column per varied option after RUN) and which are numeric."""
+    """The table's headers (a column per varied option after RUN, RECOVERIES last when a
+    run had a supervisor at work) and which are numeric."""
     keys = varied_keys(rows)
     shift = len(keys)
     numeric = frozenset(i + shift for i in NUMERIC) | frozenset(range(1, shift + 1))
-    return (HEADERS[0], *(k.upper() for k in keys), *HEADERS[1:]), numeric
+    last = ("RECOVERIES",) if _recovered(rows) else ()
+    return (HEADERS[0], *(k.upper() for k in keys), *HEADERS[1:], *last), numeric
 
 
-def cells(row: ReportRow, keys: Sequence[str] = ()) -> tuple[str, ...]:
-    """The row as the table shows it ("" where unknown); `keys`: the varied columns."""
+def table(
+    rows: Sequence[ReportRow],
+) -> tuple[tuple[str, ...], frozenset[int], list[tuple[str, ...]]]:
+    """Headers, numeric columns and each row's cells, as every rendering shows them."""
+    heads, numeric = headers(rows)
+    keys, recovered = varied_keys(rows), _recovered(rows)
+    return heads, numeric, [cells(r, keys, recovered=recovered) for r in rows]
+
+
+def _recovered(rows: Sequence[ReportRow]) -> bool:
+    return any(r.recoveries for r in rows)
+
+
+def cells(row: ReportRow, keys: Sequence[str] = (), *, recovered: bool = False) -> tuple[str, ...]:
+    """The row as the table shows it ("" where unknown); `keys`: the varied columns;
+    `recovered`: with the RECOVERIES column."""
     epochs = f"{row.epochs}/{row.epochs_asked}" if row.epochs_asked else str(row.epochs)
     return (
         row.run,
@@ -184,6 +230,7 @@ def cells(row: ReportRow, keys: Sequence[str] = ()) -> tuple[str, ...]:
         "" if row.efficiency is None else f"{row.efficiency:.0%}",
         "" if row.final_loss is None else f"{row.final_loss:.4g}",
         "" if row.final_accuracy is None else f"{row.final_accuracy:.4g}",
+        *((recovered_text(row.recoveries),) if recovered else ()),
     )
 
 
@@ -200,13 +247,12 @@ def baseline_note(rows: Sequence[ReportRow]) -> str:
 
 def render_markdown(rows: Sequence[ReportRow]) -> str:
     """A GitHub table (numbers right-aligned), then the baseline note."""
-    heads, numeric = headers(rows)
-    keys = varied_keys(rows)
+    heads, numeric, shown = table(rows)
     lines = [
         "| " + " | ".join(heads) + " |",
         "|" + "|".join("---:" if i in numeric else "---" for i in range(len(heads))) + "|",
     ]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r, keys)) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in shown]
     note = baseline_note(rows)
     return "\n".join(lines) + (f"\n\n{note}\n" if note else "\n")
 

@@ -269,9 +269,9 @@ def _read_progress(record: RunRecord, value: str) -> None:
 
 def _read_recoveries(record: RunRecord, value: str) -> None:
     count, _, last = value.partition(" ")
-    kind, _, rest = last.partition("\t")
+    kind, _, text = [*last.split("\t"), "", ""][:3]
     record.recoveries = int(count) if count.isdigit() else 0
-    record.recovery = rest.partition("\t")[2]
+    record.recovery = text
     record.gave_up = kind == "gave-up"
 
 
