@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from vmrun.reporting import QUIET, Reporter
 from vmrun.ssh.inventory import HostEntry
 
 if TYPE_CHECKING:
-    from vmrun.providers.api import Instance, Provider, Removed
+    from vmrun.providers.api import Instance, Offer, Provider, Removed, Request
 
 CLOUDS = ("aws",)
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -541,3 +542,186 @@ def down(
             code="cloud-leftovers",
         )
     return Down(name, where, removed, forgotten=forgotten)
+
+
+# ---------------------------------------------------------------------------------- replace
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """What `replace_node` did: the host as vmrun.toml now records it (new address,
+    instance and private address), the lost instance ("" when none was found) and the new."""
+
+    host: HostEntry
+    old_instance: str
+    new_instance: str
+
+    @property
+    def address(self) -> str:
+        return self.host.spec.host
+
+
+def replace_node(
+    settings: Settings,
+    name: str,
+    label: str,
+    out: Reporter = QUIET,
+    *,
+    extra_keys: Sequence[str] = (),
+    ssh_timeout: float = 600.0,
+) -> Replaced:
+    """A new VM in place of the lost node `label` (e.g. NAME-1) of the cluster `vmrun up
+    NAME` made: its type, image, zone first, groups, role, node index and host key (the key
+    pinned already, read from a surviving VM's user data, so nothing new is trusted). The
+    lost instance is terminated first (it still counts against the quota). It does not run
+    `vmrun setup` on the new VM: the caller replays that. A failure after the launch
+    terminates the new VM alone. `extra_keys`: more public key lines the VM lets in."""
+    check_name(name)
+    table = table_for(settings, name)
+    entry = _cluster_host(settings, name, label, table)
+    provider = provider_for(str(table.get("cloud", "aws")), str(table.get("profile", "")))
+    region = str(table.get("region", "")) or provider.default_region
+    lost, source = _lost_and_source(provider, name, region, str(entry.vars.get("instance", "")))
+    index = _lost_index(lost, name, label)
+    key = _cluster_key(provider, source, name)
+    request = _replacement(table, source, _with_keys(provider.user_data(source), extra_keys))
+    offer = provider.offer(request)  # nothing made yet: a refusal here leaves all as it was
+    offer = replace(offer, zones=sorted(offer.zones, key=lambda z: z != source.zone))
+    if lost is not None and lost.state not in ("shutting-down", "terminated"):
+        out.info(f"{label}: terminating the lost {lost.id}")
+        provider.terminate_ids(region, [lost.id])
+    new = provider.add(request, offer, index, out)
+    host = _bring_up(settings, provider, entry, new, key, offer, ssh_timeout, out)
+    return Replaced(host, lost.id if lost else "", new.id)
+
+
+def _cluster_host(settings: Settings, name: str, label: str, table: dict[str, Any]) -> HostEntry:
+    from vmrun.ssh.inventory import project_hosts
+
+    if not table:
+        raise UsageError(
+            f"vmrun.toml has no [[clouds]] table {name!r}",
+            hint=f"a cluster `vmrun up {name}` made here, or its vmrun.toml",
+        )
+    for entry in project_hosts(settings):
+        if entry.label == label and name in entry.groups:
+            return entry
+    raise UsageError(
+        f"{label} is no host of {name} in vmrun.toml", hint=f"its hosts: `vmrun hosts -H @{name}`"
+    )
+
+
+def _lost_and_source(
+    provider: Provider, name: str, region: str, lost_id: str
+) -> tuple[Instance | None, Instance]:
+    """The lost instance (None when the cloud no longer lists it) and the one whose user
+    data, image and zone the replacement takes: a running survivor, else any left."""
+    from vmrun.providers.api import EVERY_STATE
+
+    every = provider.describe(name, region, EVERY_STATE)
+    lost = next((i for i in every if lost_id and i.id == lost_id), None)
+    others = [i for i in every if i is not lost and i.state != "terminated"]
+    left = [i for i in others if i.state == "running"] + [i for i in others if i.state != "running"]
+    if lost is not None and lost.state != "terminated":
+        left.append(lost)
+    if not left:
+        raise CloudError(
+            f"no instance of {name} is left to copy a replacement from (its user data holds"
+            " the cluster's host key)",
+            hint=f"`vmrun down {name}` and `vmrun up {name}` again",
+        )
+    return lost, left[0]
+
+
+def _cluster_key(provider: Provider, source: Instance, name: str) -> str:
+    key = provider.host_key(source)
+    if not key:
+        raise CloudError(
+            f"{source.id}'s user data holds no host key to pin a replacement's by",
+            hint=f"`vmrun down {name}` and `vmrun up {name}` again",
+        )
+    return key
+
+
+def _lost_index(lost: Instance | None, name: str, label: str) -> int:
+    """The lost node's place: its instance's tag, else its host name's number."""
+    if lost is not None and lost.index < 1_000_000:
+        return lost.index
+    number = label.removeprefix(f"{name}-")
+    if not number.isdigit():
+        raise UsageError(f"{label}: which node of {name} it was is not known")
+    return int(number)
+
+
+def _with_keys(user_data: str, keys: Sequence[str]) -> str:
+    """The cluster's cloud-config with more login keys (one public key line each)."""
+    for key in keys:
+        if "\n" in key.strip() or not key.strip().startswith(("ssh-", "ecdsa-", "sk-")):
+            raise UsageError(f"{key[:40]!r} is not an OpenSSH public key line")
+    lines = "".join(f"  - {key.strip()}\n" for key in keys)
+    head = "\nssh_authorized_keys:\n"
+    if not lines or head in user_data:
+        return user_data.replace(head, head + lines, 1)
+    return user_data.rstrip("\n") + head + lines
+
+
+def _replacement(table: dict[str, Any], source: Instance, user_data: str) -> Request:
+    """One more instance as the cluster's [[clouds]] table asks, booting what the survivor
+    booted (not a newer release of the image)."""
+    from vmrun.providers.api import Request
+
+    return Request(
+        cluster=str(table["name"]),
+        instance_type=source.instance_type or str(table.get("type", "")),
+        region=source.region,
+        zone=str(table.get("zone", "")),
+        image=source.image_id or str(table.get("image", "dlami")),
+        disk_gb=int(table.get("disk", 0) or 0),
+        spot=bool(table.get("spot", False)),
+        spot_fallback=bool(table.get("spot_fallback", False)),
+        user_data=user_data,
+        power_off="terminate" if table.get("autostop_terminate") else "stop",
+        placement=False,  # `add` takes the cluster's own, if it has one
+        creator=f"{getpass.getuser()}@{socket.gethostname()}",
+        user=str(table.get("user", "")),
+        store=str(table.get("store", "")),
+    )
+
+
+def _bring_up(
+    settings: Settings,
+    provider: Provider,
+    entry: HostEntry,
+    new: Instance,
+    key: str,
+    offer: Offer,
+    ssh_timeout: float,
+    out: Reporter,
+) -> HostEntry:
+    """Pin the cluster's key for the new address, wait for SSH, put autostop back, record
+    the host; on any failure, or Ctrl-C, terminate the new instance alone."""
+    from vmrun.providers.cloudinit import HostKey
+    from vmrun.ssh.inventory import move_host
+
+    spec = replace(entry.spec, host=new.public_addr, user=entry.spec.user or offer.user)
+    values = {**entry.vars, "instance": new.id, "private_addr": new.private_addr}
+    host = HostEntry(spec, entry.name, entry.groups, values)
+    out.info(f"{host.label}: {new.id} running: {new.public_addr} (private {new.private_addr})")
+    try:
+        if not new.public_addr:
+            raise CloudError(f"{new.id} has no public address")
+        _pin(settings, [host], HostKey("", key))
+        _wait_ssh([host], settings, ssh_timeout, out)
+        _autostop(settings, [host], str(host.vars.get("autostop", "")))
+        move_host(settings.project_dir or Path.cwd(), host)
+    except BaseException:
+        out.warn(f"{host.label}: terminating the new {new.id}")
+        _drop_known(settings.known_hosts, [new.public_addr])
+        try:
+            provider.terminate_ids(new.region, [new.id])
+        except Exception as exc:  # the failure that brought us here is the one to raise
+            out.warn(f"{host.label}: could not terminate {new.id}: {exc}")
+        raise
+    if entry.spec.host != new.public_addr:
+        _drop_known(settings.known_hosts, [entry.spec.host])
+    return host

@@ -18,6 +18,8 @@ from vmrun.reporting import Reporter
 TAG_CLUSTER = "vmrun-cluster"
 TAG_CREATOR = "vmrun-creator"  # user@machine that ran `vmrun up`
 TAG_CREATED = "vmrun-created"  # ISO 8601, UTC
+# An instance's states, all of them: `describe` lists the live ones unless asked for more.
+EVERY_STATE = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Instance:
     launched: datetime | None = None
     spot: bool = False
     index: int = 0  # its place in the cluster (0: the first node)
+    image_id: str = ""  # what it booted: a replacement boots the same, not a newer release
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,16 @@ class Provider(Protocol):
         Ctrl-C, remove what this call made before raising."""
         ...
 
-    def describe(self, cluster: str, region: str) -> list[Instance]: ...
+    def add(self, request: Request, offer: Offer, index: int, out: Reporter) -> Instance:
+        """One instance more for a cluster that is there (a lost node's replacement, node
+        `index`), in its network rules, placement and role; on any failure, or Ctrl-C,
+        terminate the instance this call made, and nothing else, before raising."""
+        ...
+
+    def describe(self, cluster: str, region: str, states: tuple[str, ...] = ...) -> list[Instance]:
+        """The cluster's instances in node order; `states`: which (the live ones unless
+        asked, see EVERY_STATE)."""
+        ...
 
     def wait_running(
         self, cluster: str, region: str, ids: list[str], timeout: float
@@ -138,10 +150,19 @@ class Provider(Protocol):
 
     def terminate(self, cluster: str, region: str) -> Removed: ...
 
+    def terminate_ids(self, region: str, ids: list[str]) -> list[str]:
+        """Terminate these instances alone, not waiting; the ids asked. An id already gone
+        is no error."""
+        ...
+
     def resources(self, regions: list[str]) -> list[Resource]: ...
 
     def hourly_price(self, instance: Instance) -> float | None: ...
 
     def host_key(self, instance: Instance) -> str:
         """The public host key vmrun gave the instance at launch ("" if none)."""
+        ...
+
+    def user_data(self, instance: Instance) -> str:
+        """The cloud-init document the instance was launched with ("" if none)."""
         ...

@@ -355,6 +355,24 @@ def forget_group(project_dir: Path, group: str) -> list[str]:
     return [e.label for e in gone]
 
 
+def move_host(project_dir: Path, entry: HostEntry) -> None:
+    """Give the host named `entry.name` the entry's address and values where it stands in
+    vmrun.toml (a replaced VM): its other values, its place among the hosts and the file's
+    comments stay. record_hosts never changes an address; forget and add would move it."""
+    path = project_dir / PROJECT_FILE
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    entries = parse_entries(_load(text).get("hosts", []), str(path))
+    known = next((e for e in entries if entry.name is not None and e.name == entry.name), None)
+    if known is None:
+        raise ConfigError(f"{path} has no host named {entry.name!r}")
+    values: dict[str, Any] = {"address": entry.spec.label}
+    values.update({k: v for k, v in entry.vars.items() if known.vars.get(k) != v})
+    edited = _unless_unwritable(partial(_with_values, text, known.spec, values))
+    if edited is None:
+        raise ConfigError(f"{path}: could not set {_describe(values)} for {known.label}")
+    _replace_file(path, edited)
+
+
 def record_table(project_dir: Path, array: str, values: Mapping[str, Any]) -> None:
     """Add (or replace) the `[[array]]` table whose name is values["name"], keeping the rest
     of vmrun.toml as it is (`vmrun up` records its `[[clouds]]` table so)."""

@@ -1,16 +1,18 @@
-"""EC2 behind the provider seam: offer, launch (zone by zone), describe, wait, stop, start,
-terminate. Everything it makes carries the cluster's tags and is found again by them, so a
-crash, a Ctrl-C or another machine's `vmrun down` can always remove it."""
+"""EC2 behind the provider seam: offer, launch (zone by zone), add one more, describe, wait,
+stop, start, terminate. Everything it makes carries the cluster's tags and is found again by
+them, so a crash, a Ctrl-C or another machine's `vmrun down` can always remove it."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from vmrun.errors import CloudError, UsageError, VmrunError
 from vmrun.providers.api import (
+    EVERY_STATE,
     TAG_CLUSTER,
     TAG_CREATED,
     TAG_CREATOR,
@@ -116,12 +118,7 @@ class AwsProvider:
         token = secrets.token_hex(8)
         try:
             subnets = network.default_subnets(ec2, offer.region)
-            zones = [z for z in offer.zones if z in subnets]
-            if not zones:
-                raise CloudError(
-                    f"the default VPC of {offer.region} has no subnet in " + ", ".join(offer.zones),
-                    hint="create default subnets (`aws ec2 create-default-subnet`) or pass --zone",
-                )
+            zones = _with_subnets(offer, subnets)
             vpc = network.vpc_of(ec2, subnets[zones[0]])
             group = network.create_group(
                 ec2, f"vmrun-{request.cluster}", vpc, request.ssh_cidr, tags
@@ -138,6 +135,63 @@ class AwsProvider:
         except BaseException:
             self._undo(request.cluster, offer.region, token, out)
             raise
+
+    def add(self, request: Request, offer: Offer, index: int, out: Reporter) -> Instance:
+        """One instance, node `index`, for a cluster that is there (a lost node's
+        replacement): its security group, placement group and role, zones in turn as
+        `launch` tries them. A failure or Ctrl-C terminates what this call made and nothing
+        else: `_undo` would end the whole cluster, which is still working."""
+        ec2 = self.ec2(offer.region)
+        before = {i.id for i in self.describe(request.cluster, offer.region, EVERY_STATE)}
+        ids: list[str] = []
+        try:
+            subnets, group, placed = self._existing(ec2, request.cluster, offer.region)
+            # a cluster placement group lies in one zone: the first (the cluster's) alone
+            zones = _with_subnets(offer, subnets)[: 1 if placed[0] else None]
+            one = replace(request, count=1)
+            token = secrets.token_hex(8)
+            ids = self._run_in_zones(ec2, one, offer, zones, subnets, group, placed, token, out)
+            _tag(ec2, ids[0], request.cluster, index)
+            running = self.wait_running(request.cluster, offer.region, ids, timeout=600)
+            if not running:
+                raise CloudError(f"{ids[0]} ended before it ran", code="cloud-no-capacity")
+            return running[0]
+        except BaseException:
+            self._drop_new(request.cluster, offer.region, ids, before, out)
+            raise
+
+    def _existing(
+        self, ec2: Any, cluster: str, region: str
+    ) -> tuple[dict[str, str], str, tuple[str, str]]:
+        """The cluster's subnets, security group, and (placement group, instance profile),
+        "" for none: what its first launch made, found by its tag."""
+        from vmrun.providers.aws import roles
+
+        subnets = network.default_subnets(ec2, region)
+        groups = network.find_groups(ec2, cluster)
+        if not groups:
+            raise CloudError(
+                f"{cluster} has no security group any more (vmrun-{cluster})",
+                hint=f"`vmrun down {cluster}` and `vmrun up {cluster}` again",
+            )
+        placements = _placement_groups(ec2, cluster)
+        profile = roles.role_name(cluster) if self._roles(cluster, region) else ""
+        return subnets, groups[0], (placements[0] if placements else "", profile)
+
+    def _drop_new(
+        self, cluster: str, region: str, ids: list[str], before: set[str], out: Reporter
+    ) -> None:
+        """After a failed `add`: terminate its instance; one whose id never came back (Ctrl-C
+        during the launch) is the cluster's instance that was not there before."""
+        try:
+            if not ids:
+                ids = [i.id for i in self.describe(cluster, region) if i.id not in before]
+            if ids:
+                out.warn(f"{cluster}: terminating the new {', '.join(ids)}")
+                self.terminate_ids(region, ids)
+        except Exception as exc:  # the failure that brought us here is the one to raise
+            what = ", ".join(ids) or "the new instance"
+            out.warn(f"{cluster}: could not terminate {what}: {exc} (`vmrun clusters` lists it)")
 
     def _role(
         self, request: Request, region: str, tags: list[dict[str, str]], out: Reporter
@@ -328,6 +382,21 @@ class AwsProvider:
         left += [why for why in (self._remove_role(cluster, region) for _ in roles) if why]
         return Removed(ids, groups, placements, left, roles)
 
+    def terminate_ids(self, region: str, ids: list[str]) -> list[str]:
+        """These instances alone, not waited for (a replaced node; an `add` that failed).
+        An id AWS no longer knows is gone already."""
+        if not ids:
+            return []
+        try:
+            self.ec2(region).terminate_instances(InstanceIds=ids)
+        except Exception as exc:
+            if error_code(exc) != "InvalidInstanceID.NotFound":
+                raise cloud_error(exc, f"terminating {', '.join(ids)}") from None
+            if len(ids) > 1:  # one unknown id refuses them all: each on its own then
+                for one in ids:
+                    self.terminate_ids(region, [one])
+        return ids
+
     def _roles(self, cluster: str, region: str) -> list[str]:
         from vmrun.providers.aws import roles
 
@@ -351,6 +420,15 @@ class AwsProvider:
     def host_key(self, instance: Instance) -> str:
         """The public host key vmrun handed the instance at launch ("ssh-ed25519 AAAA..."),
         read back from its user data: how another machine, or a lost known_hosts, pins it."""
+        for line in self.user_data(instance).splitlines():
+            key, _, value = line.strip().partition(": ")
+            if key == "ed25519_public":
+                return " ".join(value.split()[:2])
+        return ""
+
+    def user_data(self, instance: Instance) -> str:
+        """The cloud-init document the instance was launched with: a replacement gets the
+        same (the cluster's host key, the user's key)."""
         import base64
 
         try:
@@ -360,11 +438,7 @@ class AwsProvider:
         except Exception as exc:
             raise cloud_error(exc, f"reading {instance.id}'s user data") from None
         data = base64.b64decode(answer.get("UserData", {}).get("Value", "") or b"")
-        for line in data.decode("utf-8", "replace").splitlines():
-            key, _, value = line.strip().partition(": ")
-            if key == "ed25519_public":
-                return " ".join(value.split()[:2])
-        return ""
+        return data.decode("utf-8", "replace")
 
     def resources(self, regions: list[str]) -> list[Resource]:
         from vmrun.providers.aws.listing import resources
@@ -378,6 +452,17 @@ class AwsProvider:
         removed = self.terminate(cluster, region)
         if removed.left:
             out.warn(f"{cluster}: still there: {'; '.join(removed.left)} (`vmrun down {cluster}`)")
+
+
+def _with_subnets(offer: Offer, subnets: dict[str, str]) -> list[str]:
+    """The offer's zones that have a default subnet, in its order."""
+    zones = [z for z in offer.zones if z in subnets]
+    if not zones:
+        raise CloudError(
+            f"the default VPC of {offer.region} has no subnet in " + ", ".join(offer.zones),
+            hint="create default subnets (`aws ec2 create-default-subnet`) or pass --zone",
+        )
+    return zones
 
 
 def _tags(request: Request) -> list[dict[str, str]]:
@@ -470,6 +555,7 @@ def _instance(raw: dict[str, Any], cluster: str, region: str) -> Instance:
         launched=raw.get("LaunchTime"),
         spot=raw.get("InstanceLifecycle") == "spot",
         index=int(index) if index.isdigit() else 1_000_000,
+        image_id=raw.get("ImageId", "") or "",
     )
 
 
