@@ -5,20 +5,24 @@ The test bed: nodes h1 (master) and h2, the supervisor on h3, the spare h4 (alre
 new VM's boot is not counted here), and a bucket (moto's S3 on a test host of its own). The
 template trains on both nodes (one process each); once a snapshot is in the bucket, the
 lost node has every process killed and its sshd gone (--kill node: h2; --kill master: h1,
-the spare then the master, every node from the bucket). Times from this machine's clock,
+the spare then the master, every node from the bucket; --kill notice: a spot interruption
+notice on h2 from the STAND-IN metadata service in h2's namespace, tests/standins/imds.py,
+the run then snapshotting the epoch under way and stopping). Times from this machine's clock,
 the run's lines timed by the host's log.times (the same clock here):
 
-- detection: the loss -> the supervisor's decision (its events.jsonl);
+- detection: the loss (the notice) -> the supervisor's decision (its events.jsonl; for a
+  notice this includes the epoch finished and saved before the stop);
 - resume: the decision -> the new attempt's banner in the log (leftovers stopped, the
   newest snapshot given to the spare or copied from the bucket, the code staged, started);
 - first epoch: the banner -> the first epoch line after it (torchrun, rendezvous, load).
 
-    sudo python benchmarks/recovery.py [--kill node|master] [--rounds 1]
+    sudo python benchmarks/recovery.py [--kill node|master|notice] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -39,7 +43,7 @@ CACHED_PYTHON = "/opt/vmrun-test-cache/venv-py3-torch-2.13.0/bin/python"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kill", choices=("node", "master"), default="node")
+    parser.add_argument("--kill", choices=("node", "master", "notice"), default="node")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
 
@@ -55,7 +59,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n--recover, the {args.kill} lost ({args.rounds} round(s), medians):")
-    for key in ("detection", "resume", "first epoch", "fault to first epoch"):
+    for key in ("detection", "resume", "first epoch", "fault to first epoch", "epochs redone"):
         print(f"  {key:<22} {statistics.median(r[key] for r in rows):7.2f} s")
 
 
@@ -76,7 +80,12 @@ def measure(bed: object, work: Path, kill: str, n: int) -> dict[str, float]:
     )
     wheels = CACHE / f"wheelhouse-supervisor-{wheels_key(requirements(True))}"
     env |= {"OMP_NUM_THREADS": "1", "VMRUN_SUPERVISOR_WHEELS": str(wheels)}
-    with s3_server_on(bucket_host) as endpoint:
+    with s3_server_on(bucket_host) as endpoint, contextlib.ExitStack() as stack:
+        state = None
+        if kill == "notice":  # up before the run: the watcher asks it from the start
+            from imds_fixtures import metadata
+
+            state, _ = stack.enter_context(metadata(hosts[1], work))
         env |= s3_env(endpoint)
         name = new_bucket(endpoint)
         h1, h2, h3, h4 = hosts
@@ -98,16 +107,23 @@ def measure(bed: object, work: Path, kill: str, n: int) -> dict[str, float]:
             if time.monotonic() > deadline:
                 raise SystemExit("no snapshot in the bucket")
             time.sleep(0.2)  # fmt: skip
-        lost, master = (h2, h1) if kill == "node" else (h1, h4)
+        lost, master = (h1, h4) if kill == "master" else (h2, h1)
         fault = time.time()
-        lost.stop_sshd()
+        if state is None:
+            lost.stop_sshd()
+        else:  # the notice comes; the VM itself would go two minutes later
+            action = {"action": "terminate", "time": "2026-11-29T12:00:00Z"}
+            state.write_text(json.dumps({"instance-action": action}))
         events = h3.home / ".vmrun" / "supervisor" / "runs" / rid / "events.jsonl"
         record = master.home / ".vmrun" / "runs" / rid
         found = _wait(lambda: _first_epoch_after_banner(record), 600)
-        decided = json.loads(events.read_text().splitlines()[0])["at"]
+        event = json.loads(events.read_text().splitlines()[0])
         banner, first = found
-        return {"detection": decided - fault, "resume": banner - decided,
-                "first epoch": first - banner, "fault to first epoch": first - fault}  # fmt: skip
+        failed = event["failure"]
+        redone = max(0, (failed.get("reached") or 0) - (failed.get("epoch") or 0))
+        return {"detection": event["at"] - fault, "resume": banner - event["at"],
+                "first epoch": first - banner, "fault to first epoch": first - fault,
+                "epochs redone": redone}  # fmt: skip
 
 
 def _first_epoch_after_banner(record: Path) -> tuple[float, float] | None:

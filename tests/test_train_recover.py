@@ -9,12 +9,9 @@ on EC2) in that node's own namespace."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import Client, clean_host, run_id_of, wait_for
+from imds_fixtures import metadata
 from store_fixtures import bucket_fixture, install_mover, new_bucket, s3_env  # noqa: F401
 from testbed import NetnsBed, TestHost
 
@@ -87,8 +85,6 @@ def project(
 
 
 def _stop_supervisor(host: TestHost) -> None:
-    import os
-    import signal
 
     for pid in host.user_pids():
         try:
@@ -264,8 +260,6 @@ def test_a_supervisor_started_again_goes_on_from_its_journal(
 ) -> None:
     """The supervisor killed mid-run and started again by its @reboot line (as its host's
     boot would): it follows the run again, and the crash after it is recovered."""
-    import os
-    import signal
 
     h1, h3 = bed["h1"], bed["h3"]
     done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
@@ -306,28 +300,6 @@ def test_a_run_stopped_by_the_user_is_not_brought_back(bed: NetnsBed, project: C
     assert not (h3.home / ".vmrun" / "supervisor" / "runs" / rid / "id_ed25519").exists()
 
 
-IMDS = Path(__file__).parent / "standins" / "imds.py"
-METADATA = "169.254.169.254"
-
-
-@contextlib.contextmanager
-def _metadata(host: TestHost, folder: Path) -> Iterator[tuple[Path, Path]]:
-    """The STAND-IN metadata service at its real address in `host`'s own namespace (no
-    other host reaches it); yields its state file (what it says) and its request log."""
-    state, requests = folder / "imds.json", folder / "imds.log"
-    state.write_text("{}")
-    host.run(["ip", "addr", "add", f"{METADATA}/32", "dev", "lo"])
-    argv = [sys.executable, str(IMDS), METADATA, "80", str(state), str(requests)]
-    proc = host.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: host.can_connect(METADATA, 80), 20, "the metadata stand-in")
-        yield state, requests
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        host.run(["ip", "addr", "del", f"{METADATA}/32", "dev", "lo"], check=False)
-
-
 def test_a_spot_notice_saves_the_epoch_and_a_spare_takes_the_node(
     bed: NetnsBed, project: Client, tmp_path: Path
 ) -> None:
@@ -335,7 +307,7 @@ def test_a_spot_notice_saves_the_epoch_and_a_spare_takes_the_node(
     interruption notice makes the run snapshot the epoch under way and stop, and the
     supervisor resumes it on the spare at the next epoch: nothing redone, every epoch once."""
     h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
-    with _metadata(h2, tmp_path) as (state, requests):
+    with metadata(h2, tmp_path) as (state, requests):
         done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1",
                              "--epochs", "300", "--save-every", "300", "--recover",
                              "--supervisor", "h3", "--spare", "bastion",
