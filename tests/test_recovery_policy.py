@@ -50,6 +50,19 @@ def test_a_node_with_a_spot_notice_is_moved_off_though_it_still_answers() -> Non
     assert decide(noticed, [], []).gives_up  # nowhere to go
 
 
+def test_a_lost_vm_of_an_up_cluster_gets_a_new_one_once_the_spares_are_spent() -> None:
+    lost = Failure(("c-0", "c-1", "c-2"), lost=("c-1", "c-2"), epoch=4)
+    got = decide(lost, [], ["s1"], renewable=["c-0", "c-1", "c-2"])
+    assert got.swap == {"c-1": "s1", "c-2": "c-2"} and got.renew == ("c-2",), got
+    assert got.nodes == ("c-0", "s1", "c-2") and "c-2 by a new VM" in got.why
+    master = decide(Failure(("c-0", "c-1"), lost=("c-0",)), [], [], renewable=["c-0", "c-1"])
+    assert master.gives_up  # its snapshots went with it: no --store
+    stored = decide(Failure(("c-0", "c-1"), lost=("c-0",)), [], [], has_store=True,
+                    renewable=["c-0", "c-1"])  # fmt: skip
+    assert stored.renew == ("c-0",) and stored.nodes == ("c-0", "c-1")
+    assert decide(Failure(("h1", "h2"), lost=("h2",)), [], [], renewable=["c-0"]).gives_up
+
+
 def test_the_epochs_redone_are_those_past_the_newest_snapshot() -> None:
     assert Failure(NODES, exit_code=3, epoch=5, reached=9).redone == 4
     assert Failure(NODES, exit_code=75, epoch=9, reached=9, noticed=("h2",)).redone == 0
@@ -213,3 +226,100 @@ def test_the_runs_env_goes_with_each_resume_and_a_refused_resume_gives_up_at_onc
     assert "its resume was refused (run r1 is busy on h1" in notes[-1][1]
     facts = notes[0][2]  # the first recovery's cost: its failure had no time or epoch reached
     assert facts is not None and facts["epochs_redone"] is None and facts["action"] == "restart"
+
+
+def test_a_lost_vm_of_an_up_cluster_is_made_again_before_the_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spare: the supervisor has the cloud make a new VM in the lost one's place (its
+    own key allowed there), reads the settings again, and resumes with the node renamed to
+    itself (the new VM gets the snapshot as a spare would)."""
+    from vmrun.config import load_settings
+    from vmrun.operations import cloud, supervise
+    from vmrun.operations import train as training
+    from vmrun.reporting import Recorder
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "id_ed25519.pub").write_text("ssh-ed25519 AAAAkey vmrun-supervisor:r1\n")
+    spec = Spec(run_id="r1", nodes=["c-0", "c-1"], store="s3://b/runs", cluster="c",
+                renewable=["c-0", "c-1"])  # fmt: skip
+    spec.save(state / "spec.json")
+    failures = iter([Failure(("c-0", "c-1"), lost=("c-1",), epoch=3, reached=4), None])
+    monkeypatch.setattr(supervise, "_follow", lambda *args: next(failures))
+    made: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def replace_node(settings: object, name: str, label: str, out: object, *,
+                     extra_keys: tuple[str, ...] = ()) -> object:  # fmt: skip
+        made.append((name, label, extra_keys))
+
+        class Made:
+            new_instance, old_instance, address = "i-new", "i-old", "203.0.113.9"
+
+        return Made()
+
+    resumed: list[training.HostOptions] = []
+
+    def train(
+        options: object, settings: object, *, hosts: training.HostOptions, **kw: object
+    ) -> int:
+        resumed.append(hosts)
+        return 0
+
+    set_up: list[str] = []
+    monkeypatch.setattr(cloud, "replace_node", replace_node)
+    monkeypatch.setattr(
+        supervise, "_set_up", lambda settings, spec, label, out: set_up.append(label)
+    )
+    monkeypatch.setattr(training, "train", train)
+    monkeypatch.setattr(supervise, "_note", lambda *args: None)
+    monkeypatch.setattr(supervise, "_tell", lambda *args: None)
+    monkeypatch.setattr(supervise, "_finish", lambda st, sp, se, nodes, out, code: code)
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    assert supervise.supervise(state, settings, Recorder()) == 0
+    assert made == [("c", "c-1", ("ssh-ed25519 AAAAkey vmrun-supervisor:r1",))]
+    assert set_up == ["c-1"]  # before the resume
+    (hosts,) = resumed
+    assert hosts.hosts == ["c-0", "c-1"] and hosts.replace == {"c-1": "c-1"}
+    assert not hosts.from_store  # the master answers: it gives the new VM the snapshot
+    (event,) = Journal(state / "events.jsonl").events()
+    assert event.action == "replace" and "c-1 by a new VM" in event.why
+
+
+def test_the_supervisors_settings_keep_the_cluster_it_may_make_vms_of() -> None:
+    from vmrun.config import tomllib
+    from vmrun.recovery.deploy import Reached, supervisor_toml
+
+    spec = Spec(run_id="r1", nodes=["c-0"], store="s3://b/runs", cluster="c", renewable=["c-0"])
+    node = Reached("c-0", "203.0.113.7", 22, "ubuntu", "203.0.113.7", {},
+                   {"groups": ["c"], "instance": "i-1", "python": "/p"})  # fmt: skip
+    spare = Reached("s1", "10.0.0.5", 22, "me", "10.0.0.5", {}, {})
+    table = {"name": "c", "cloud": "aws", "type": "g4dn.xlarge", "profile": "lab"}
+    doc = tomllib.loads(supervisor_toml(spec, [node, spare], table))
+    assert doc["clouds"] == [{"name": "c", "cloud": "aws", "type": "g4dn.xlarge"}]  # no profile
+    first, second = doc["hosts"]
+    assert first["groups"] == ["c"] and first["instance"] == "i-1" and "groups" not in second
+    assert "clouds" not in tomllib.loads(supervisor_toml(spec, [node], None))
+
+
+def test_setup_on_a_clusters_vms_keeps_what_a_new_vm_is_set_up_with(tmp_path: Path) -> None:
+    """`vmrun setup @c` keeps its request in c's [[clouds]] table (what the supervisor
+    replays on a new VM); one that needs this machine's files is not kept."""
+    from vmrun.config import load_settings
+    from vmrun.operations.setup import SetupRequest, _record_for_clusters, replay, replayable
+    from vmrun.ssh.inventory import project_hosts
+
+    (tmp_path / "vmrun.toml").write_text(
+        '[[clouds]]\nname = "c"\ncloud = "aws"\ntype = "g4dn.xlarge"\n\n'
+        '[[hosts]]\nname = "c-0"\naddress = "ubuntu@203.0.113.7"\ngroups = ["c"]\n'
+        'instance = "i-1"\n\n[[hosts]]\naddress = "me@lab1"\n'
+    )
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    asked = SetupRequest(python="/usr/bin/python3.11", torch="2.13.0", params=["pip=einops"])
+    _record_for_clusters(settings, tmp_path, asked, project_hosts(settings))
+    again = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    (table,) = again.project_data["clouds"]
+    assert table["setup"] == {"python": "/usr/bin/python3.11", "torch": "2.13.0",
+                              "params": ["pip=einops"]}  # fmt: skip
+    assert replay(table["setup"]).torch == "2.13.0"
+    assert replayable(SetupRequest(playbook=tmp_path / "mine.yaml")) is None

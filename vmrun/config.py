@@ -322,6 +322,9 @@ CLOUD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "profile": (_is_str, "an AWS profile name in quotes"),
     "placement": _BOOL,
     "store": (kinds.accepts(kinds.store), kinds.FILE_TYPES[kinds.store][1]),
+    # what `vmrun setup` was asked on its VMs (vmrun.operations.setup.replayable): a new VM
+    # in a lost one's place is set up so
+    "setup": (lambda v: isinstance(v, dict), "a table of `vmrun setup`'s options"),
 }
 _ARRAYS = {
     "hosts": ("host", HOST_KEYS),

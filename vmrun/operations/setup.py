@@ -160,6 +160,7 @@ def setup(
         project = settings.project_dir or Path.cwd()
         done = replace(done, recorded=_record(project, entries, outcomes),
                        recorded_in=project / "vmrun.toml")  # fmt: skip
+        _record_for_clusters(settings, project, request, done.succeeded)
     if not options.dry_run and done.succeeded:
         from vmrun.operations.autostop import install
 
@@ -385,6 +386,38 @@ def setup_options(
         reboot_timeout=reboot_timeout,
         log_dir=log_dir,
     )
+
+
+REPLAYED = ("env_manager", "python", "python_version", "env_name", "torch", "torch_index",
+            "driver", "pip", "container", "params", "index_url", "find_links")  # fmt: skip
+
+
+def replayable(request: SetupRequest) -> dict[str, Any] | None:
+    """What a new VM in a lost one's place is set up with again (train --recover): the
+    request as given, None when it needs files of this machine's (a playbook, extra steps,
+    a wheelhouse or installer), which the supervisor's host does not have."""
+    if request.playbook or request.extra or request.wheelhouse or request.installer:
+        return None
+    asked = {k: getattr(request, k) for k in REPLAYED}
+    return {k: v for k, v in asked.items() if v not in (None, [], "")}
+
+
+def replay(recorded: dict[str, Any]) -> SetupRequest:
+    return SetupRequest(**{k: v for k, v in recorded.items() if k in REPLAYED})
+
+
+def _record_for_clusters(
+    settings: Settings, project: Path, request: SetupRequest, hosts: list[HostEntry]
+) -> None:
+    """Each `vmrun up` cluster set up here keeps the request in its `[[clouds]]` table."""
+    from vmrun.operations.cloud import table_for
+    from vmrun.ssh.inventory import record_table
+
+    asked = replayable(request)
+    for name in sorted({g for e in hosts if e.vars.get("instance") for g in e.groups}):
+        table = table_for(settings, name)
+        if table and asked is not None and table.get("setup") != asked:
+            record_table(project, "clouds", {**table, "setup": asked})
 
 
 def _record(

@@ -58,6 +58,7 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         said = f"recovery {len(events)} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
         try:
+            settings = _renew(state, spec, recovery, settings, out)
             nodes = _resume(spec, nodes, recovery, settings, out)
         except UsageError as exc:  # the resume itself is refused: no next round can do better
             why = f"its resume was refused ({exc.one_line()})"
@@ -77,13 +78,53 @@ def _decide(
     """The policy's answer to this failure, kept in the journal (and `events`)."""
     used = {n for e in events for n in e.nodes} | set(spec.nodes)
     spares = [s for s in spec.spares if s not in used]
-    recovery = decide(failure, failures_of(events), spares,
-                      max_recoveries=spec.max_recoveries, has_store=bool(spec.store))  # fmt: skip
+    recovery = decide(failure, failures_of(events), spares, max_recoveries=spec.max_recoveries,
+                      has_store=bool(spec.store), renewable=spec.renewable)  # fmt: skip
     event = Event(time.time(), _as_dict(failure), recovery.action, recovery.why,
                   list(recovery.nodes or nodes), dict(recovery.swap))  # fmt: skip
     journal.add(event)
     events.append(event)
     return recovery
+
+
+def _renew(
+    state: Path, spec: Spec, recovery: Recovery, settings: Settings, out: Reporter
+) -> Settings:
+    """A new VM of the cluster's spec in each renewed node's place (vmrun.operations.cloud:
+    the same name, type, image and pinned host key, this supervisor's key allowed on it),
+    set up as the cluster's `vmrun setup` recorded; the settings read again, the node's
+    address being new. A failure raises: the next round finds the node lost again and
+    counts it."""
+    if not recovery.renew:
+        return settings
+    from vmrun.config import load_settings
+    from vmrun.operations import cloud
+
+    key = (state / "id_ed25519.pub").read_text().strip()
+    for label in recovery.renew:
+        made = cloud.replace_node(settings, spec.cluster, label, out, extra_keys=(key,))
+        out.info(f"run {spec.run_id}: {label} is a new VM now ({made.new_instance},"
+                 f" {made.address}; {made.old_instance or 'the lost one'} terminated)")  # fmt: skip
+        settings = load_settings({})
+        _set_up(settings, spec, label, out)
+    return settings
+
+
+def _set_up(settings: Settings, spec: Spec, label: str, out: Reporter) -> None:
+    """The new VM set up as the cluster's hosts were (their recorded request)."""
+    from vmrun.errors import RemoteError
+    from vmrun.operations import setup as setting_up
+    from vmrun.operations.cloud import table_for
+
+    recorded = table_for(settings, spec.cluster).get("setup")
+    if not isinstance(recorded, dict):
+        out.warn(f"run {spec.run_id}: no setup recorded for {spec.cluster}: {label} is used as"
+                 " it booted")  # fmt: skip
+        return
+    done = setting_up.setup(settings, setting_up.replay(recorded), [label], out=out)
+    if not done.succeeded:
+        raise RemoteError(f"the setup of the new VM {label} failed", host=label,
+                          code="supervisor-failed")  # fmt: skip
 
 
 def _give_up(

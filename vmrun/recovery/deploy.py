@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vmrun import hostside
 from vmrun.config import Settings
@@ -168,7 +168,7 @@ def deploy(
                     host=conn.label,
                     code="supervisor-failed",
                 )
-        _write_folder(conn, folder, home, spec, reached)
+        _write_folder(conn, folder, home, spec, reached, _cluster_table(settings, spec.cluster))
         tag = TAG.format(run=spec.run_id)
         made = conn.run(
             hostside.command("supervisor_keys.sh", "make", tag, f"{home}/{folder}"),
@@ -294,27 +294,65 @@ def _install_env(conn: Connection, python: str, found: str, reqs: list[str], out
 
 
 def _install_code(conn: Connection) -> str:
-    """This vmrun's package files, under a folder named by their hash."""
+    """This vmrun's package files (and the built-in playbooks, beside the package in a
+    checkout: a new VM's setup replays them), under a folder named by their hash."""
+    from vmrun.setup.playbook import builtin_dir
     from vmrun.transfer.upload import upload
 
     package = Path(__file__).resolve().parent.parent
-    files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    parts = {"vmrun": package}
+    if builtin_dir().parent != package:
+        parts["playbooks"] = builtin_dir()
     digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    for name, top in parts.items():
+        files = (p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        for path in sorted(files):
+            digest.update(f"{name}/{path.relative_to(top)}".encode() + b"\0" + path.read_bytes())
     code = f"{HOME_DIR}/code/{digest.hexdigest()[:12]}"
-    sent = upload(conn, package, f"{code}/vmrun", exclude=("__pycache__",))
-    if not sent.ok:
-        raise RemoteError("could not send vmrun's code", host=conn.label, code="supervisor-failed")
+    for name, top in parts.items():
+        if not upload(conn, top, f"{code}/{name}", exclude=("__pycache__",)).ok:
+            raise RemoteError("could not send vmrun's code", host=conn.label,
+                              code="supervisor-failed")  # fmt: skip
     return code
 
 
-def _write_folder(
-    conn: Connection, folder: str, home: str, spec: Spec, reached: list[Reached]
-) -> None:
-    """spec.json, the settings (config.toml, project/vmrun.toml), ssh_config, known_hosts."""
+def supervisor_toml(spec: Spec, reached: list[Reached], clouds: dict[str, Any] | None) -> str:
+    """The supervisor's vmrun.toml: the store, the hosts as it reaches them and, for a
+    `vmrun up` cluster, its table and the hosts' group (what a new VM in a lost one's place
+    is made from; the profile left out: the credentials come with the secrets)."""
     import tomlkit
 
+    doc = tomlkit.document()
+    if spec.store:
+        doc["store"] = spec.store
+    hosts = tomlkit.aot()
+    for r in reached:
+        table = tomlkit.table()
+        table["name"] = r.label
+        table["address"] = f"{r.user}@{r.host}:{r.port}"
+        for key, value in r.vars.items():
+            if key not in ("name", "address", "groups"):
+                table[key] = value
+        if clouds and r.label in spec.renewable:
+            table["groups"] = [spec.cluster]
+        hosts.append(table)
+    doc["hosts"] = hosts
+    if clouds:
+        cluster = tomlkit.aot()
+        cluster.append({k: v for k, v in clouds.items() if k != "profile"})
+        doc["clouds"] = cluster
+    return tomlkit.dumps(doc)
+
+
+def _write_folder(
+    conn: Connection,
+    folder: str,
+    home: str,
+    spec: Spec,
+    reached: list[Reached],
+    clouds: dict[str, Any] | None = None,
+) -> None:
+    """spec.json, the settings (config.toml, project/vmrun.toml), ssh_config, known_hosts."""
     from vmrun.transfer.upload import upload
 
     at = f"{home}/{folder}"
@@ -332,20 +370,7 @@ def _write_folder(
         (local / "config.toml").write_text(
             f'ssh_config = "{at}/ssh_config"\nknown_hosts = "{at}/known_hosts"\n'
         )
-        doc = tomlkit.document()
-        if spec.store:
-            doc["store"] = spec.store
-        hosts = tomlkit.aot()
-        for r in reached:
-            table = tomlkit.table()
-            table["name"] = r.label
-            table["address"] = f"{r.user}@{r.host}:{r.port}"
-            for key, value in r.vars.items():
-                if key not in ("name", "address", "groups"):
-                    table[key] = value
-            hosts.append(table)
-        doc["hosts"] = hosts
-        (local / "project" / "vmrun.toml").write_text(tomlkit.dumps(doc))
+        (local / "project" / "vmrun.toml").write_text(supervisor_toml(spec, reached, clouds))
         sent = upload(conn, local, folder)
         if not sent.ok:
             raise RemoteError(
@@ -402,6 +427,7 @@ class Supervised:
             from vmrun.backends.hosts.backend import _synced_files
             from vmrun.remote_paths import remote_workdir
 
+            cluster = cluster_of(self.nodes, self.settings)
             spec = Spec(
                 run_id=ref.run_id,
                 nodes=list(ref.nodes),
@@ -410,6 +436,8 @@ class Supervised:
                 store=str(self.plan.store),
                 workdir=remote_workdir(self.plan.project),
                 started=time.time(),
+                cluster=cluster,
+                renewable=[n.label for n in self.nodes] if cluster else [],
             )
             where = self.supervisor.label
             if where == ref.nodes[0]:
@@ -418,7 +446,8 @@ class Supervised:
                     " lost, nothing brings the run back (--supervisor HOST: one that stays)"
                 )
             try:
-                told = _secrets(self.plan) | _notify(self.settings)
+                told = (_secrets(self.plan) | _cloud_secrets(self.settings, spec.cluster)
+                        | _notify(self.settings))  # fmt: skip
                 placed = deploy(self.settings, spec, self.supervisor,
                                 [*self.nodes, *self.spares], out, secrets=told,
                                 files=_synced_files(self.plan) or (),
@@ -465,6 +494,46 @@ def run_env_of(text: str) -> list[str]:
     except ValueError:
         return []
     return [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else []
+
+
+def _cluster_table(settings: Settings, name: str) -> dict[str, Any] | None:
+    """Its `[[clouds]]` table in vmrun.toml (as `vmrun up` recorded it), if any."""
+    for table in settings.project_data.get("clouds", []) or [] if name else []:
+        if isinstance(table, dict) and table.get("name") == name:
+            return dict(table)
+    return None
+
+
+def cluster_of(nodes: Sequence[HostEntry], settings: Settings) -> str:
+    """The `vmrun up` cluster whose VMs every node is ("" if they are not): a lost one
+    may then be replaced by a new VM of the same spec."""
+    groups = {tuple(n.vars.get("groups") or ()) for n in nodes}
+    if len(groups) != 1 or any(not n.vars.get("instance") for n in nodes):
+        return ""
+    (names,) = groups
+    found = [g for g in names if _cluster_table(settings, str(g))]
+    return str(found[0]) if len(found) == 1 else ""
+
+
+def _cloud_secrets(settings: Settings, cluster: str) -> dict[str, str]:
+    """What the supervisor makes a VM with: the credentials this machine makes them with
+    (the cluster's profile, resolved here: the supervisor's host has no such profile),
+    frozen; a session token's expiry bounds how long it can."""
+    table = _cluster_table(settings, cluster)
+    if table is None:
+        return {}
+    from vmrun.providers.aws.session import Session
+
+    session = Session(str(table.get("profile") or "") or None)
+    session.check_credentials()
+    frozen = session.frozen_credentials()
+    told = {"AWS_ACCESS_KEY_ID": frozen[0], "AWS_SECRET_ACCESS_KEY": frozen[1]}
+    if frozen[2]:
+        told["AWS_SESSION_TOKEN"] = frozen[2]
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):  # a stand-in's, in tests
+        if os.environ.get(name):
+            told[name] = os.environ[name]
+    return told
 
 
 def _notify(settings: Settings) -> dict[str, str]:

@@ -35,6 +35,8 @@ class Spec:
     max_recoveries: int = DEFAULT_MAX_RECOVERIES
     store: str = ""  # the run's bucket place (its snapshots outlive its master there)
     workdir: str = ""  # the project's folder on the hosts (as the run's start made it)
+    cluster: str = ""  # the `vmrun up` cluster the nodes are VMs of, if they all are
+    renewable: list[str] = field(default_factory=list)  # its nodes a new VM may replace
     started: float = 0.0
 
     @classmethod

@@ -60,6 +60,7 @@ class Recovery:
     why: str
     swap: dict[str, str] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()  # the next attempt's nodes, master first
+    renew: tuple[str, ...] = ()  # of the swapped, those a new VM replaces (same name)
 
     @property
     def gives_up(self) -> bool:
@@ -73,9 +74,12 @@ def decide(
     *,
     max_recoveries: int = DEFAULT_MAX_RECOVERIES,
     has_store: bool = False,
+    renewable: Sequence[str] = (),
 ) -> Recovery:
     """The next step after `failure`, the recoveries before it being `earlier` (oldest
-    first) and `spares` the hosts still free to take a lost node's place."""
+    first) and `spares` the hosts still free to take a lost node's place; `renewable`: the
+    nodes a new VM of the same spec may replace (a `vmrun up` cluster's), once the spares
+    are spent."""
     if len(earlier) >= max_recoveries:
         return Recovery(
             "give-up", f"{len(earlier)} recoveries already, the most allowed (--max-recoveries)"
@@ -98,9 +102,12 @@ def decide(
     if master in gone and not has_store:
         return Recovery("give-up", f"{what}: the master's snapshots go with it (no --store)")
     free = [s for s in spares if s not in failure.nodes]
-    if len(free) < len(gone):
-        return Recovery("give-up", f"{what} and {len(free) or 'no'} spare(s) left")
     swap = dict(zip(gone, free, strict=False))
+    renew = tuple(n for n in gone if n not in swap and n in renewable)
+    if len(swap) + len(renew) < len(gone):
+        return Recovery("give-up", f"{what} and {len(free) or 'no'} spare(s) left")
+    swap |= {n: n for n in renew}
     nodes = tuple(swap.get(n, n) for n in failure.nodes)
-    said = ", ".join(f"{old} by {new}" for old, new in swap.items())
-    return Recovery("replace", f"{what}: replaced {said}", swap, nodes)
+    said = ", ".join(f"{old} by a new VM" if old in renew else f"{old} by {new}"
+                     for old, new in swap.items())  # fmt: skip
+    return Recovery("replace", f"{what}: replaced {said}", swap, nodes, renew)

@@ -70,6 +70,11 @@ class Session:
                 code="cloud-credentials",
             )
 
+    def frozen_credentials(self) -> tuple[str, str, str]:
+        """The resolved credentials as they are now: key id, secret, session token ("")."""
+        frozen = self._session.get_credentials().get_frozen_credentials()
+        return frozen.access_key, frozen.secret_key, frozen.token or ""
+
     def client(self, service: str, region: str, *, once: bool = False, quick: bool = False) -> Any:
         """The service's client for `region`. `once`: one attempt per call, no retries;
         `quick`: for answers vmrun can do without (prices), one retry and short timeouts,
