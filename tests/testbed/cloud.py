@@ -14,12 +14,15 @@ into one of the bed's test hosts:
 * faults: RunInstances answers AWS's own error responses per zone or everywhere;
 * placement groups, which moto lacks: create/describe/delete with AWS's error codes;
 * security groups (``enforce_security_groups``): each instance's groups become nftables
-  rules inside its host.
+  rules inside its host;
+* losses (:meth:`CloudBed.lose`): a VM gone for real, its host powered off and retired.
 
 moto runs in this process, its listening socket in the laptop's network namespace (the
 server thread is started from a thread that entered it with ``setns``), so vmrun, run
 there with :meth:`CloudBed.argv`, reaches moto on 127.0.0.1 and nothing but loopback and
-the test hosts: any other address fails at once with "Network is unreachable".
+the test hosts: any other address fails at once with "Network is unreachable".  With
+``listen="main"`` moto listens on the laptop's address on "main" instead, which the
+instances reach too (a program on an instance that calls EC2, e.g. a recovery supervisor).
 """
 
 from __future__ import annotations
@@ -178,6 +181,7 @@ class _Machine:
     user_data: UserData = field(default_factory=UserData)
     groups: list[str] = field(default_factory=list)  # security group ids
     backend: Any = None  # moto's EC2 backend that holds the instance
+    retired: bool = False  # lost (CloudBed.lose): off for good, never handed out again
 
 
 class _InNamespace:
@@ -207,8 +211,13 @@ class CloudBed:
     """moto's EC2 server in the laptop's namespace, instances mapped onto bed hosts.
 
     ``instances`` names the hosts (on "main" and "vpc") that launched instances become,
-    in launch order; a terminated instance's host is free again (a fresh disk).  Open one
-    at a time per process (moto's backends and the patches are global).
+    in launch order; a terminated instance's host is free again (a fresh disk), a lost
+    one's never.  Open one at a time per process (moto's backends and the patches are
+    global).  ``listen``: where moto listens, "loopback" (127.0.0.1: the laptop alone
+    reaches it) or "main" (the laptop's address on "main": the instances too).
+    ``on_boot(host)`` runs on every first boot of an instance, after its fresh disk and
+    before its sshd starts (as root, in a bed thread: chown what it writes to the host's
+    user); if it raises, the boot fails (printed; ``wait_booted`` times out).
     """
 
     def __init__(
@@ -222,10 +231,14 @@ class CloudBed:
         boot_s: float = 0.2,
         refuse_s: float = 0.3,
         enforce_security_groups: bool = False,
+        listen: str = "loopback",
+        on_boot: Callable[[TestHost], None] | None = None,
     ) -> None:
         global _active
         if user in instances or "laptop" in instances:
             raise ValueError("instance names may not be 'laptop' or the login user")
+        if listen not in ("loopback", "main"):
+            raise ValueError(f"listen must be 'loopback' or 'main': {listen!r}")
         with _active_lock:
             if _active is not None:
                 raise TestbedError("a CloudBed is open already (one per process)")
@@ -237,6 +250,8 @@ class CloudBed:
         self.boot_s = boot_s
         self.refuse_s = refuse_s
         self.enforce_security_groups = enforce_security_groups
+        self.listen = listen
+        self.on_boot = on_boot
         self.images: dict[str, str] = {}
         self.api_calls: list[str] = []  # every EC2 action moto answered, in order
         self.poweroff_command = ""  # the machines' power-off (an absolute path), see below
@@ -278,8 +293,14 @@ class CloudBed:
     # ---------------------------------------------------------------- public API
 
     @property
+    def listen_addr(self) -> str:
+        """The address moto listens on: 127.0.0.1, or the laptop's on "main"."""
+        return self.laptop.addr_on("main") if self.listen == "main" else "127.0.0.1"
+
+    @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """moto's URL (``AWS_ENDPOINT_URL``); with listen="main" the instances' too."""
+        return f"http://{self.listen_addr}:{self.port}"
 
     @property
     def ssh_cidr(self) -> str:
@@ -352,6 +373,24 @@ class CloudBed:
     def host_of(self, instance_id: str) -> TestHost:
         return self._by_id[instance_id].host
 
+    def lose(self, instance_id: str, *, terminate: bool) -> TestHost:
+        """The instance's VM is gone for real: its host powered off (every process killed,
+        sshd too: connections to it are refused) and retired, never handed to a later
+        instance.  ``terminate``: moto terminates the instance too (a reclaimed spot VM);
+        else it stays as it was there, "running" but unreachable (a dead VM), and a later
+        start or reboot of it does not bring the host back.  Returns the lost host."""
+        with self._lock:
+            machine = self._by_id.get(instance_id)
+            if machine is None or machine.instance_id != instance_id:
+                raise TestbedError(f"{instance_id} is not a live instance of this bed")
+            machine.retired = True
+            self._power_off(machine)
+            if terminate:
+                machine.backend.terminate_instances([instance_id])
+                machine.instance_id = None
+                self._apply_security_groups()  # one member fewer
+            return machine.host
+
     def wait_booted(self, count: int, timeout: float = 10.0) -> list[TestHost]:
         """Wait until ``count`` instances accept logins; returns their hosts."""
 
@@ -421,7 +460,7 @@ class CloudBed:
         _reset_moto()
         _install_patches()
         self._seed_images()
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server = ThreadedMotoServer(ip_address=self.listen_addr, port=0, verbose=False)
         self.call(self._server.start)  # its thread (and request threads) in the laptop ns
         self.port = int(self._server.get_host_and_port()[1])
 
@@ -450,7 +489,7 @@ class CloudBed:
     # ---------------------------------------------------------------- STAND-IN: instances
 
     def _free_machines(self) -> list[_Machine]:
-        return [m for m in self._machines if m.instance_id is None]
+        return [m for m in self._machines if m.instance_id is None and not m.retired]
 
     def _on_run_instances(self, resp: Any, original: Callable[[Any], Any]) -> Any:
         count = int(resp._get_param("MinCount", if_none="1"))
@@ -504,7 +543,7 @@ class CloudBed:
                 if action == "terminate":
                     machine.instance_id = None  # the host is free for a new instance
                     self._apply_security_groups()  # one member fewer
-                if action in ("start", "reboot"):
+                if action in ("start", "reboot") and not machine.retired:
                     self._set_addresses(resp.ec2_backend.get_instance(instance_id), machine)
                     self._power_on(machine, first=False)
         return result
@@ -536,6 +575,8 @@ class CloudBed:
         try:
             if first:
                 self._fresh_disk(machine)
+                if self.on_boot is not None:
+                    self.on_boot(host)
             if self._closing.wait(self.boot_s):
                 return
             with self._lock:
