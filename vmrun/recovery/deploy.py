@@ -507,7 +507,7 @@ def _cluster_table(settings: Settings, name: str) -> dict[str, Any] | None:
 def cluster_of(nodes: Sequence[HostEntry], settings: Settings) -> str:
     """The `vmrun up` cluster whose VMs every node is ("" if they are not): a lost one
     may then be replaced by a new VM of the same spec."""
-    groups = {tuple(n.vars.get("groups") or ()) for n in nodes}
+    groups = {tuple(n.groups) for n in nodes}
     if len(groups) != 1 or any(not n.vars.get("instance") for n in nodes):
         return ""
     (names,) = groups
