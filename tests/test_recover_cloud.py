@@ -28,6 +28,7 @@ from conftest import TORCH_SPEC, slow_fixture, wait_for
 from store_fixtures import install_mover, new_bucket
 from testbed import ClientKeys, CloudBed, NetnsBed, TestHost, skip_reason_no_netns
 
+from vmrun.config import tomllib
 from vmrun.remote_paths import remote_workdir
 
 pytest.importorskip("moto")
@@ -65,6 +66,7 @@ def laptop(
     keys = ClientKeys.generate(tmp_path / "keys")
     with NetnsBed(tmp_path / "bed", keys) as bed:
         watcher = bed.add_host("watcher")
+
         def boot(host: TestHost) -> None:
             install_mover(host, rclone_binary)
 
@@ -159,3 +161,23 @@ def test_a_lost_vm_of_an_up_cluster_is_made_again_and_the_run_goes_on(
     assert epochs == list(range(1, 301))  # none missing, none twice
     assert (n3.home / ".vmrun" / "runs" / run_id / "log").is_file()  # it trained there
     wait_for(lambda: not (said.parent / "id_ed25519").exists(), 120, "the supervisor's end")
+    again = laptop.vmrun(
+        "up",
+        "c1",
+        "--type",
+        "g4dn.2xlarge",
+        "--user",
+        cloud.user,
+        "-n",
+        "2",
+        "--ssh-from",
+        str(bed_net),
+        timeout=240,
+    )  # the laptop learns the new VM
+    assert again.returncode == 0, again.stderr + again.stdout
+    hosts = tomllib.loads((laptop.cwd / "vmrun.toml").read_text())["hosts"]
+    (renewed_host,) = [h for h in hosts if h.get("name") == "c1-1"]
+    assert renewed_host["address"].endswith(f"@{n3.addr_on('main')}"), hosts
+    status = laptop.vmrun("status", "-H", "@c1", "--json")
+    (row,) = [r for r in json.loads(status.stdout) if r.get("run") == run_id]
+    assert row["state"] == "done" and row["recoveries"]["count"] == 1, row
