@@ -116,7 +116,7 @@ def measure(bed: object, work: Path, kill: str, n: int) -> dict[str, float]:
             state.write_text(json.dumps({"instance-action": action}))
         events = h3.home / ".vmrun" / "supervisor" / "runs" / rid / "events.jsonl"
         record = master.home / ".vmrun" / "runs" / rid
-        found = _wait(lambda: _first_epoch_after_banner(record), 600)
+        found = wait_for_value(lambda: first_epoch_after_banner(record), 600)
         event = json.loads(events.read_text().splitlines()[0])
         banner, first = found
         failed = event["failure"]
@@ -126,7 +126,7 @@ def measure(bed: object, work: Path, kill: str, n: int) -> dict[str, float]:
                 "epochs redone": redone}  # fmt: skip
 
 
-def _first_epoch_after_banner(record: Path) -> tuple[float, float] | None:
+def first_epoch_after_banner(record: Path) -> tuple[float, float] | None:
     """When the new attempt's banner and the first epoch line after it were written."""
     try:
         lines = (record / "log").read_text(errors="replace").splitlines()
@@ -148,7 +148,7 @@ def _first_epoch_after_banner(record: Path) -> tuple[float, float] | None:
     return (banner, first) if banner is not None and first is not None else None
 
 
-def _wait(probe, timeout: float):  # type: ignore[no-untyped-def]
+def wait_for_value(probe, timeout: float):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while True:
         got = probe()

@@ -59,7 +59,9 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         said = f"recovery {len(events)} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
         try:
+            began = time.time()
             settings = _renew(state, spec, recovery, settings, out)
+            renewed = round(time.time() - began, 1) if recovery.renew else None
             nodes = _resume(spec, nodes, recovery, settings, out)
         except UsageError as exc:  # the resume itself is refused: no next round can do better
             why = f"its resume was refused ({exc.one_line()})"
@@ -72,7 +74,7 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
 
                 settings = load_settings({})
             continue
-        facts = _facts(failure, recovery)
+        facts = {**_facts(failure, recovery), "new_vm_s": renewed}
         said += _cost(facts)
         _note(spec.run_id, nodes, settings, "recovery", said, facts)
         _tell(settings, spec.run_id, "requeue", f"recovered ({said})", nodes, out)
@@ -242,7 +244,8 @@ def _tell(
 
 def _facts(failure: Failure, recovery: Recovery) -> dict[str, Any]:
     """What a recovery cost, for `report`: seconds from the failure to the next attempt's
-    start (now), the epochs done again, which node took which one's place."""
+    start (now), the epochs done again, which node took which one's place (and, beside
+    it, `new_vm_s`: of the downtime, the new VMs' making and setup)."""
     return {
         "downtime_s": round(time.time() - failure.at, 1) if failure.at else None,
         "epochs_redone": failure.redone,

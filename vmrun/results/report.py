@@ -150,6 +150,7 @@ def _recovery(line: str) -> dict[str, Any]:
         "downtime_s": facts.get("downtime_s"),
         "epochs_redone": facts.get("epochs_redone"),
         "swap": facts.get("swap") or {},
+        "new_vm_s": facts.get("new_vm_s"),
     }
 
 
