@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -390,6 +390,8 @@ class Supervised:
     settings: Settings
     max_recoveries: int
     reached: list[Reached]  # the nodes and spares as the supervisor reaches them
+    cluster: str = ""  # the `vmrun up` cluster the nodes are VMs of (a lost one: a new VM)
+    cloud: dict[str, str] = field(default_factory=dict)  # what it makes VMs with (secrets)
 
     @classmethod
     def check(
@@ -420,14 +422,16 @@ class Supervised:
                              code="flags-conflict")  # fmt: skip
         chosen = select_hosts([supervisor], settings)[0] if supervisor else nodes[0]
         reached = _reach(settings, [*nodes, *spared])  # one it could not reach: refused now
-        return cls(plan, list(nodes), spared, chosen, settings, limit, reached)
+        cluster = cluster_of(nodes, settings)  # its credentials found now, or refused now
+        cloud = _cloud_secrets(settings, cluster)
+        return cls(plan, list(nodes), spared, chosen, settings, limit, reached, cluster, cloud)
 
     def start(self, out: Reporter) -> Callable[[RunRef], None]:
         def started(ref: RunRef) -> None:
             from vmrun.backends.hosts.backend import _synced_files
             from vmrun.remote_paths import remote_workdir
 
-            cluster = cluster_of(self.nodes, self.settings)
+            cluster = self.cluster
             spec = Spec(
                 run_id=ref.run_id,
                 nodes=list(ref.nodes),
@@ -446,8 +450,7 @@ class Supervised:
                     " lost, nothing brings the run back (--supervisor HOST: one that stays)"
                 )
             try:
-                told = (_secrets(self.plan) | _cloud_secrets(self.settings, spec.cluster)
-                        | _notify(self.settings))  # fmt: skip
+                told = _secrets(self.plan) | self.cloud | _notify(self.settings)
                 placed = deploy(self.settings, spec, self.supervisor,
                                 [*self.nodes, *self.spares], out, secrets=told,
                                 files=_synced_files(self.plan) or (),
