@@ -271,6 +271,8 @@ def test_a_lost_vm_of_an_up_cluster_is_made_again_before_the_resume(
     monkeypatch.setattr(
         supervise, "_set_up", lambda settings, spec, label, out: set_up.append(label)
     )
+    confirmed: list[tuple[str, ...]] = []
+    monkeypatch.setattr(supervise, "_confirm_lost", lambda sp, labels, se: confirmed.append(labels))
     monkeypatch.setattr(training, "train", train)
     monkeypatch.setattr(supervise, "_note", lambda *args: None)
     monkeypatch.setattr(supervise, "_tell", lambda *args: None)
@@ -278,7 +280,7 @@ def test_a_lost_vm_of_an_up_cluster_is_made_again_before_the_resume(
     settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
     assert supervise.supervise(state, settings, Recorder()) == 0
     assert made == [("c", "c-1", ("ssh-ed25519 AAAAkey vmrun-supervisor:r1",))]
-    assert set_up == ["c-1"]  # before the resume
+    assert set_up == ["c-1"] and confirmed == [("c-1",)]  # asked again, set up, resumed
     (hosts,) = resumed
     assert hosts.hosts == ["c-0", "c-1"] and hosts.replace == {"c-1": "c-1"}
     assert not hosts.from_store  # the master answers: it gives the new VM the snapshot

@@ -89,7 +89,7 @@ store_since=${VMRUN_STORE_SINCE:-} store_cfg=${VMRUN_STORE_CONFIG:-}
 unset VMRUN_STORE_TO VMRUN_STORE_URL VMRUN_STORE_PYTHON VMRUN_STORE_SINCE VMRUN_STORE_CONFIG
 spot=${VMRUN_SPOT_WATCH:-}
 unset VMRUN_SPOT_WATCH
-if [ "$spot" = 1 ]; then export VMRUN_REQUEUE_FILE="$rec/requeue"; fi
+if [ "$spot" = 1 ]; then export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_REQUEUE_ON_TERM=0; fi
 export VMRUN_SNAPSHOT_SIGNAL=SIGUSR1
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"

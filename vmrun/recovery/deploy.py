@@ -423,6 +423,8 @@ class Supervised:
         chosen = select_hosts([supervisor], settings)[0] if supervisor else nodes[0]
         reached = _reach(settings, [*nodes, *spared])  # one it could not reach: refused now
         cluster = cluster_of(nodes, settings)  # its credentials found now, or refused now
+        if cluster and chosen.label in {n.label for n in nodes}:
+            cluster = ""  # a supervisor on a node of it would make VMs in its own place
         cloud = _cloud_secrets(settings, cluster)
         return cls(plan, list(nodes), spared, chosen, settings, limit, reached, cluster, cloud)
 
@@ -477,6 +479,7 @@ class Supervised:
 
 
 RUN_ENV = "VMRUN_RUN_ENV"  # the run's --env values, for its resumes (one secret line)
+CLOUD_PREFIX = "VMRUN_CLOUD_"  # + AWS_*: what the supervisor makes VMs with
 
 
 def run_env(env: dict[str, str]) -> str:
@@ -530,13 +533,12 @@ def _cloud_secrets(settings: Settings, cluster: str) -> dict[str, str]:
     session = Session(str(table.get("profile") or "") or None)
     session.check_credentials()
     frozen = session.frozen_credentials()
-    told = {"AWS_ACCESS_KEY_ID": frozen[0], "AWS_SECRET_ACCESS_KEY": frozen[1]}
-    if frozen[2]:
-        told["AWS_SESSION_TOKEN"] = frozen[2]
+    told = {"AWS_ACCESS_KEY_ID": frozen[0], "AWS_SECRET_ACCESS_KEY": frozen[1],
+            "AWS_SESSION_TOKEN": frozen[2]}  # fmt: skip
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):  # a stand-in's, in tests
-        if os.environ.get(name):
-            told[name] = os.environ[name]
-    return told
+        told[name] = os.environ.get(name, "")
+    # names of their own: the bucket's keys and endpoint (the run's store) are not these
+    return {f"{CLOUD_PREFIX}{k}": v for k, v in told.items() if v}
 
 
 def _notify(settings: Settings) -> dict[str, str]:

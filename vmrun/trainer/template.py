@@ -66,10 +66,12 @@ Conventions (the CLI and the tests rely on them):
   without finalmodel.pt. The requeued job runs the same command and resumes at E+1 (rank 0
   removes a leftover requeue file at start, so one exists after exit only if the run stopped
   for requeue). Without VMRUN_REQUEUE_FILE, SIGTERM keeps its default: the process ends at
-  once, as `vmrun stop` on SSH hosts expects. A script of your own can follow the same
-  protocol: catch SIGUSR2 (and SIGTERM if VMRUN_REQUEUE_FILE is set), save at the next safe
-  point, write the file, exit 0. $VMRUN_WARNED_FILE existing counts as a SIGUSR2 (vmrun's
-  batch script writes it on the warning, which a process still starting up would miss).
+  once, as `vmrun stop` on SSH hosts expects (VMRUN_REQUEUE_ON_TERM=0 keeps it so with the
+  file: a `--recover` run on hosts stops for requeue on SIGUSR2 alone). A script of your
+  own can follow the same protocol: catch SIGUSR2 (and SIGTERM if VMRUN_REQUEUE_FILE is
+  set), save at the next safe point, write the file, exit 0. $VMRUN_WARNED_FILE existing
+  counts as a SIGUSR2 (vmrun's batch script writes it on the warning, which a process still
+  starting up would miss).
 - Snapshot now, go on: SIGUSR1 (vmrun names it in $VMRUN_SNAPSHOT_SIGNAL; it sends it on a
   cloud's early warning, such as a spot VM's rebalance recommendation) is agreed the same way
   (the stopping signals win); rank 0 snapshots that epoch unless it just did, and training
@@ -484,7 +486,7 @@ def install_preemption_handlers() -> None:
 
     signal.signal(signal.SIGUSR2, note)
     signal.signal(signal.SIGUSR1, snapshot)
-    if os.environ.get(REQUEUE_FILE_ENV):
+    if os.environ.get(REQUEUE_FILE_ENV) and os.environ.get("VMRUN_REQUEUE_ON_TERM") != "0":
         signal.signal(signal.SIGTERM, note)
 
 

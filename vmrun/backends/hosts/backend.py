@@ -468,7 +468,8 @@ def _start_all(
         if notify and entry.label == labels[0]:
             told = notify.host_config(_notify_facts(plan, rid, labels))
             env = {**env, "VMRUN_NOTIFY_CONFIG": told}
-        if plan.recover:  # spot_watch.py beside it (hostside/run_start.sh)
+        if plan.recover and not node.image:  # spot_watch.py beside it (run_start.sh); in an
+            # image the ranks are the engine's, out of its reach
             env = {**env, "VMRUN_SPOT_WATCH": "1"}
         if place is not None and entry.label == holder:
             assert plan.store_access is not None
