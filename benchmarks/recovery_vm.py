@@ -12,7 +12,8 @@ clock, the run's lines timed by the host's log.times:
 
 - detection: the loss -> the supervisor's decision (its events.jsonl);
 - new VM: the lost one terminated, the new one launched, SSH up, set up as recorded;
-- resume: the rest up to the new attempt's banner (snapshot to the new VM, started);
+- second look + resume: the rest up to the new attempt's banner (the node asked once more
+  after a 15 s pause before its VM is replaced; the snapshot to the new VM; started);
 - first epoch: the banner -> the first epoch line after it.
 
     sudo python benchmarks/recovery_vm.py
@@ -88,7 +89,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     new_vm = facts["new_vm_s"]
     rows = {"detection": decided - fault, "new VM (launch, SSH, setup)": new_vm,
-            "resume": banner - decided - new_vm, "first epoch": first - banner,
+            "second look + resume": banner - decided - new_vm, "first epoch": first - banner,
             "fault to first epoch": first - fault}  # fmt: skip
     print("\n--recover, a VM of an up cluster lost, a new VM in its place:")
     for key, value in rows.items():
