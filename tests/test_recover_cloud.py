@@ -55,6 +55,11 @@ class Laptop:
         return subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
 
+    def up(self, ssh_from: object) -> subprocess.CompletedProcess[str]:
+        """`vmrun up c1 -n 2` (again: the cluster read back from the cloud)."""
+        return self.vmrun("up", "c1", "--type", "g4dn.2xlarge", "--user", self.cloud.user,
+                          "-n", "2", "--ssh-from", str(ssh_from), timeout=240)  # fmt: skip
+
 
 @pytest.fixture
 @slow_fixture
@@ -111,19 +116,7 @@ def test_a_lost_vm_of_an_up_cluster_is_made_again_and_the_run_goes_on(
 ) -> None:
     cloud, watcher = laptop.cloud, laptop.watcher
     bed_net = ipaddress.ip_network(f"{watcher.addr_on('main')}/16", strict=False)
-    up = laptop.vmrun(
-        "up",
-        "c1",
-        "--type",
-        "g4dn.2xlarge",
-        "--user",
-        cloud.user,
-        "-n",
-        "2",
-        "--ssh-from",
-        str(bed_net),
-        timeout=240,
-    )  # the supervisor's host too
+    up = laptop.up(bed_net)  # --ssh-from covers the supervisor's host too
     assert up.returncode == 0, up.stderr + up.stdout
     setup = laptop.vmrun("setup", "@c1", "--python", str(host_python), "--torch", TORCH_SPEC,
                          timeout=300)  # fmt: skip
@@ -161,19 +154,7 @@ def test_a_lost_vm_of_an_up_cluster_is_made_again_and_the_run_goes_on(
     assert epochs == list(range(1, 301))  # none missing, none twice
     assert (n3.home / ".vmrun" / "runs" / run_id / "log").is_file()  # it trained there
     wait_for(lambda: not (said.parent / "id_ed25519").exists(), 120, "the supervisor's end")
-    again = laptop.vmrun(
-        "up",
-        "c1",
-        "--type",
-        "g4dn.2xlarge",
-        "--user",
-        cloud.user,
-        "-n",
-        "2",
-        "--ssh-from",
-        str(bed_net),
-        timeout=240,
-    )  # the laptop learns the new VM
+    again = laptop.up(bed_net)  # the laptop learns the new VM
     assert again.returncode == 0, again.stderr + again.stdout
     hosts = tomllib.loads((laptop.cwd / "vmrun.toml").read_text())["hosts"]
     (renewed_host,) = [h for h in hosts if h.get("name") == "c1-1"]
