@@ -104,13 +104,19 @@ def test_what_was_done_is_read_back_after_a_restart(tmp_path: Path) -> None:
         ({"--spare": ["s1"]}, "flags-conflict"),  # without --recover
         ({"--recover": True, "--local": True}, "flags-conflict"),
         ({"--recover": True, "--resume": "r1"}, "resume-conflict"),
-        ({"--recover": True, "-C": "della"}, "flags-conflict"),
+        ({"--recover": True, "--spare": ["s1"], "-C": "della"}, "flags-conflict"),
+        ({"--recover": True, "--supervisor": "w", "-C": "della"}, "flags-conflict"),
     ],
 )
 def test_recover_flags_that_do_not_go_together_are_refused(flags: dict, code: str) -> None:
     with pytest.raises(UsageError) as caught:
         refusals.check("train", flags)
     assert caught.value.code == code
+
+
+def test_a_cluster_run_may_recover_within_a_limit() -> None:
+    """Slurm picks the nodes (no --spare, no --supervisor); the job brings itself back."""
+    refusals.check("train", {"--recover": True, "--max-recoveries": 2, "-C": "della"})
 
 
 def test_each_recovery_and_giving_up_is_told_once_where_failures_are(

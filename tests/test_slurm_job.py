@@ -84,6 +84,34 @@ def test_the_batch_script_is_valid_bash() -> None:
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
+def test_recover_puts_its_functions_and_limit_into_the_batch_script_only_when_asked() -> None:
+    plain = _script(JobSpec(), "torchrun", ["t.py"])
+    assert "recover_start()" not in plain and "VMRUN_MAX_RECOVERIES=0" in plain
+    batch = Batch(run_id="r1", launcher="torchrun", python="python3", command=["t.py"],
+                  max_recoveries=4)  # fmt: skip
+    text = batch_script(JobSpec(), batch, PATHS, "23.02", job_name="r1")
+    assert "VMRUN_MAX_RECOVERIES=4" in text and text.index("recover_start()") < text.index(
+        "recover_start; fi"
+    )
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_the_jobs_own_recoveries_are_counted_and_a_give_up_shown() -> None:
+    meta = {"run_id": "a", "submitted": 5}
+    listing = "\n".join([
+        "==> a/run.json <==", json.dumps(meta),
+        "==> a/jobid <==", "11",
+        "==> a/starts <==", "1 100", "2 200", "3 300",
+        "==> a/exit <==", "1 requeue 150", "2 requeue 250", "3 5 350",
+        "==> a/recoveries <==", "recovery\t200\tattempt 1 failed (exit 5)\t{}",
+        "recovery\t300\tattempt 2 failed (node(s) c2 lost)\t{}",
+        "gave-up\t350\tgave up: attempt 3 failed (exit 5)\t{}",
+    ])  # fmt: skip
+    (a,) = parse_listing(listing, "bed")
+    assert (a.state, a.exit_code, a.recoveries, a.gave_up) == (RunState.FAILED, 5, 2, True)
+    assert a.recovery == "attempt 2 failed (node(s) c2 lost)"
+
+
 def test_squeue_states_map_to_run_states() -> None:
     pending = JobState.parse("PENDING|Resources")
     assert pending and pending.run_state is RunState.PENDING and not pending.never_starts

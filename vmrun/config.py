@@ -144,11 +144,13 @@ FIELDS: dict[str, Field] = {
               "where runs' ends are told: Apprise URLs (ntfy://TOPIC, slack://A/B/C, json://...)"),
         Field("notify_on", kinds.events, lambda env: ["end", "fail"],
               "which events are told: end, fail, all (requeues, stops, autostop's warning too)"),
-        # `train --recover` (vmrun.recovery): a supervisor brings runs on hosts back
+        # `train --recover`: a supervisor brings runs on hosts back (vmrun.recovery); a
+        # Slurm job requeues itself (slurm_recover.bash)
         Field("recover", _boolean, lambda env: False,
-              "every run on hosts gets a supervisor that brings it back (needs a store)"),
+              "every run is brought back after a failure: on hosts by a supervisor (needs a"
+              " store), on a cluster by its job"),
         Field("max_recoveries", _positive_int, lambda env: 5,
-              "the supervisor gives up after this many recoveries"),
+              "a run gives up after this many recoveries"),
         Field("spares", kinds.words, lambda env: [],
               "hosts that take a lost node's place (vmrun.toml names, aliases, user@host)"),
         Field("supervisor", kinds.text, lambda env: "",

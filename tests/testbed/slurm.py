@@ -321,6 +321,39 @@ class SlurmCluster:
         self._start(self.login, "slurmctld", [SLURMCTLD, "-D"])
         self._wait(self._ctld_up, timeout, "slurmctld to answer")
 
+    def lose_node(self, host: TestHost) -> None:
+        """A compute host gone as a dead machine goes: its slurmd, its jobs' steps and
+        tasks killed at once by pid (its sshd, the bed's, stays), and the controller told
+        that the node is down, as it decides by itself SlurmdTimeout (300 s) later."""
+        what = f"slurmd-{host.hostname}"
+        for name, proc in self._daemons:
+            if name == what:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._daemons = [d for d in self._daemons if d[0] != what]
+        uid = self.login.uid
+        for pid in host.pids():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/exe") in DAEMON_EXES or (
+                    os.stat(f"/proc/{pid}").st_uid == uid
+                ):
+                    os.kill(pid, signal.SIGKILL)
+        down = ["scontrol", "update", f"NodeName={host.hostname}", "State=DOWN",
+                "Reason=lost"]  # fmt: skip
+        proc = self.login.run(down, check=False, text=True)
+        if proc.returncode != 0:
+            raise TestbedError(f"scontrol could not set {host.hostname} down: {proc.stderr}")
+
+    def bring_back(self, host: TestHost, timeout: float = 30) -> None:
+        """The host's slurmd again (unless it runs): the node returns to service as it
+        registers (ReturnToService=2); returns once sinfo no longer shows it down."""
+        what = f"slurmd-{host.hostname}"
+        if not any(name == what and proc.poll() is None for name, proc in self._daemons):
+            self._start(host, what, [SLURMD, "-D", "-N", host.hostname])
+        self._wait(lambda: "down" not in self.node_states().get(host.hostname, "down"),
+                   timeout, f"{host.hostname} back in service")  # fmt: skip
+
     def ssh_config_text(self, identity: Path | None = None) -> str:
         """Host blocks for the cluster's hosts; aliases are the host names (``login``...)."""
         return "\n".join(h.ssh_config_block(identity=identity) for h in self._hosts)

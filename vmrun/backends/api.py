@@ -56,6 +56,9 @@ class StartOptions:
     allow_concurrent: bool = False  # start beside another run of this user
     down_after_run: bool = False  # power the hosts off once it ended and its results are here
     notify: Notify | None = None  # where the run's end is told (from where it runs)
+    # --recover where the backend's scheduler brings the run back (Slurm: the job requeues
+    # itself); 0: not asked. On hosts a supervisor does it (vmrun.recovery).
+    max_recoveries: int = 0
 
 
 @dataclass(frozen=True)

@@ -125,8 +125,8 @@ def _state(run: RunRow) -> str:
     """The state, and for a queued job why it waits (squeue's reason)."""
     text = f"{run.state} ({run.reason})" if run.reason else str(run.state)
     text = f"{text}, attempt {run.attempts}" if run.attempts > 1 else text
-    if run.gave_up:  # its supervisor's (--recover)
-        return f"{text}, supervisor gave up"
+    if run.gave_up:  # --recover's limit, or a failure it cannot bring back
+        return f"{text}, gave up after {run.recoveries} recoveries"
     return f"{text}, recovered {run.recoveries}x" if run.recoveries else text
 
 

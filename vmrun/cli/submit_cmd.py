@@ -46,6 +46,19 @@ def register(app: typer.Typer) -> None:
         detach: Annotated[
             bool, typer.Option("--detach", help="Submit and return at once.")
         ] = False,
+        recover: Annotated[
+            bool,
+            typer.Option(
+                "--recover",
+                help="Submit a copy of SCRIPT (a bash script) with vmrun's lines after its"
+                " header: a failed attempt requeues the job, never again on a lost node.",
+            ),
+        ] = False,
+        max_recoveries: Annotated[
+            int | None,
+            typer.Option("--max-recoveries", metavar="N",
+                         help="--recover: give up after N recoveries [default: 5]."),
+        ] = None,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
         cluster: ClusterName = None,
@@ -64,7 +77,8 @@ def register(app: typer.Typer) -> None:
         from vmrun.operations.submit import SubmitDryRun, SubmitOptions, submit
 
         what = SubmitOptions(script=script, args=ctx.meta.get(SCRIPT_ARGS) or [], name=name,
-                             env=env, data=data)  # fmt: skip
+                             env=env, data=data, recover=recover,
+                             max_recoveries=max_recoveries)  # fmt: skip
         told = {"notify": notify, "notify_on": notify_on}
         done = submit(
             what, reach.settings(**told), cluster=cluster,

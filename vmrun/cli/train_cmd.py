@@ -171,7 +171,8 @@ def register(app: typer.Typer) -> None:
                 "--recover",
                 help="A supervisor brings the run back by itself, laptop or not: on the same"
                 " nodes when a rank crashes, with a --spare in a lost node's place (needs"
-                " --store: the snapshots must outlive their node). Starts detached.",
+                " --store: the snapshots must outlive their node). Starts detached. On a"
+                " cluster (-C) the job requeues itself, never again on a lost node.",
             ),
         ] = False,
         max_recoveries: Annotated[

@@ -15,6 +15,7 @@
 # the record's notify.json (once per event: the follower claims them too). VMRUN_FAILURE:
 # run_failure.py's text for torchrun runs (empty otherwise): a failed worker's own exit code
 # for the job's, read from torchrun's summary in the log, and failure.json (which rank, where).
+# VMRUN_MAX_RECOVERIES: --recover's limit (0: none; slurm_recover.bash then comes first).
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
@@ -31,6 +32,10 @@ rm -rf "$rec"/notified.*  # each attempt's end is told afresh
 rm -f "$rec"/provenance-*.json  # each attempt's nodes describe themselves (a requeue moves it)
 rm -f "$rec/failure.json"
 nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+requeued=
+# --recover (slurm_recover.bash, above this when asked): the last attempt's failure said,
+# the limit kept, never on a node that was lost
+if [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ]; then recover_start; fi
 printf '%s\n' "$nodes" > "$rec/nodes"
 printf '%s %s\n' "$attempt" "$(date +%s)" >> "$rec/starts"
 MASTER_ADDR=$(printf '%s\n' "$nodes" | head -n 1)
@@ -68,11 +73,21 @@ export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
 export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"
 rm -f "$VMRUN_REQUEUE_FILE" "$VMRUN_WARNED_FILE"
 mkdir -p "$VMRUN_RUN_DIR"
-requeued=
-# shellcheck disable=SC2016  # expanded when the trap runs
-trap 'mark terminated "attempt $attempt"; ended terminated
-  if [ -z "$requeued" ]; then tell "" terminated; fi  # a requeue ends the attempt so
-  exit 143' TERM
+# Slurm ends the attempt: a requeue (vmrun's own ends the attempt so, and is told already),
+# a node it holds down (--recover: Slurm requeues the job, kept off that node), or a stop
+# shellcheck disable=SC2317  # called by the trap
+terminated() {
+  if [ -z "$requeued" ] && [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ] && lost_on_term; then
+    requeued=1
+    mark requeue "attempt $attempt: a node was lost; Slurm requeues job $SLURM_JOB_ID"
+    tell requeue ""
+  fi
+  mark terminated "attempt $attempt"
+  ended terminated
+  if [ -z "$requeued" ]; then tell "" terminated; fi
+  exit 143
+}
+trap terminated TERM
 # The time-limit warning (--signal=B:USR2@N) comes here: leave a mark that a process still
 # starting up finds at its first epoch's end, and pass the signal on to every step.
 # shellcheck disable=SC2317  # called by the trap
@@ -151,6 +166,9 @@ if [ -e "$VMRUN_REQUEUE_FILE" ]; then
     mark failed "the run asked to be requeued again, but --max-requeues $VMRUN_MAX_REQUEUES is spent"
     rc=75
   fi
+fi
+if [ ! -e "$VMRUN_REQUEUE_FILE" ] && [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ]; then
+  recover_end "$rc"  # returns only when the run is not brought back
 fi
 ended "$rc"
 mark exit "$rc"

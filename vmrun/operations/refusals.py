@@ -20,8 +20,7 @@ SLURM_ONLY = (
 )  # fmt: skip
 HOSTS_ONLY = (
     "-H", "--local", "--master", "--nnodes", "--rdzv-port", "--allow-concurrent", "--fresh",
-    "--resume", "--fetch-every", "--down-after-run", "--recover", "--spare", "--supervisor",
-    "--max-recoveries",
+    "--resume", "--fetch-every", "--down-after-run", "--spare", "--supervisor",
 )  # fmt: skip
 RECOVERY = ("--spare", "--supervisor", "--max-recoveries")
 WHAT_RUNS = (

@@ -79,7 +79,8 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
 
 
 def _recoveries(recs: list[RunRow]) -> dict[str, Any] | None:
-    """What its supervisor did (--recover): how many times, the last, whether it gave up."""
+    """What --recover did (a supervisor on hosts, the job on Slurm): how many times, the
+    last, whether it gave up."""
     told = max(recs, key=lambda r: r.recoveries)
     if not told.recoveries:
         return None

@@ -27,6 +27,10 @@ class SubmitOptions:
     name: str | None = None
     env: list[str] | None = None
     data: list[str] | None = None
+    # --recover: a copy of the script that requeues its job after a failure (consent: the
+    # script is changed, so vmrun.toml's `recover` does not ask it)
+    recover: bool = False
+    max_recoveries: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,13 @@ def submit(
 
     settings = settings or load_settings({})
     slurm = slurm or SlurmOptions()
+    if what.max_recoveries is not None and not what.recover:
+        raise UsageError("--max-recoveries is --recover's: add --recover, or drop it",
+                         code="flags-conflict")  # fmt: skip
+    if what.max_recoveries is not None and what.max_recoveries < 1:
+        raise UsageError(f"--max-recoveries must be >= 1, got {what.max_recoveries}",
+                         code="flags-conflict")  # fmt: skip
+    recoveries = (what.max_recoveries or settings.max_recoveries) if what.recover else 0
     name = pick_cluster(settings, cluster)
     project = find_project_dir() or Path.cwd()
     data = tuple(parse_data(text) for text in what.data or ())
@@ -95,7 +106,8 @@ def submit(
         batch = batchfile.read(Path(what.script), project, batchfile.parse_words(given))
         job = own_script.prepare(backend, batch, what.args, given=given,
                                  project_name=str(project), name=what.name,
-                                 env={**backend.cluster.env, **env}, notify=notify)  # fmt: skip
+                                 env={**backend.cluster.env, **env}, notify=notify,
+                                 recoveries=recoveries)  # fmt: skip
         if dry_run:
             return SubmitDryRun(
                 login=backend.cluster.login,

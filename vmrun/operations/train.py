@@ -154,8 +154,12 @@ def train(
     settings = settings or load_settings({})
     plan = run.plan(nproc_per_node=None if cluster else run.nproc_per_node, settings=settings)
     if cluster:
+        recoveries = 0
+        if hosts.recover or settings.recover:  # the job brings itself back (slurm_recover.bash)
+            recoveries = hosts.max_recoveries or settings.max_recoveries
         return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
-                           detach=detach, verbose=verbose, out=out)  # fmt: skip
+                           detach=detach, verbose=verbose, out=out,
+                           recoveries=recoveries)  # fmt: skip
     if hosts.fetch_every is not None and hosts.fetch_every <= 0:
         raise UsageError(
             "--fetch-every needs seconds > 0 and a run that vmrun follows"
@@ -192,8 +196,10 @@ def _on_cluster(
     detach: bool,
     verbose: bool,
     out: Reporter,
+    recoveries: int = 0,
 ) -> int | DryRun:
-    """Submit through the cluster's login node, then follow the job (or leave it, detach)."""
+    """Submit through the cluster's login node, then follow the job (or leave it, detach);
+    `recoveries`: --recover's limit (0: not asked)."""
     if plan.store is not None:  # vmrun.toml's (a --store flag is refused with -C)
         out.warn(f"store = {plan.store} is for runs on hosts; this Slurm run's files stay on"
                  f" the cluster's shared filesystem (`vmrun fetch -C {name}`)")  # fmt: skip
@@ -208,9 +214,10 @@ def _on_cluster(
 
     notify = Notify.from_settings(settings.notify, settings.notify_on) or None
     with cluster_backend(settings, name, spec) as backend:
+        how = StartOptions(notify=notify, max_recoveries=recoveries)
         if dry_run:
-            return _dry_run(backend, plan)
-        ref = backend.start(plan, StartOptions(notify=notify), out, out.progress())
+            return _dry_run(backend, plan, how)
+        ref = backend.start(plan, how, out, out.progress())
         if detach:
             rid = ref.run_id
             out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
@@ -241,8 +248,8 @@ def _tell_local(settings: Settings, rid: str, code: int, project: Any, out: Repo
     report(send(notify.targets, title, body, event), out, event)
 
 
-def _dry_run(backend: SlurmBackend, plan: Plan) -> DryRun:
-    sub = backend.prepare(plan)
+def _dry_run(backend: SlurmBackend, plan: Plan, how: StartOptions) -> DryRun:
+    sub = backend.prepare(plan, how)
     record = sub.paths.record
     return DryRun(
         login=backend.cluster.login,

@@ -162,11 +162,12 @@ class SlurmBackend:
 
     # -- submitting -------------------------------------------------------------------
 
-    def prepare(
-        self, plan: Plan, notify: Notify | None = None, run_id: str | None = None
-    ) -> Submission:
+    def prepare(self, plan: Plan, how: StartOptions | None = None) -> Submission:
         """The batch script and the run's record, ready to submit (nothing sent yet);
-        `notify`: the job tells its end and requeues itself (and the follower claims them)."""
+        `how.notify`: the job tells its end and requeues itself (and the follower claims
+        them); `how.max_recoveries`: it brings itself back after a failure (--recover)."""
+        how = how or StartOptions()
+        notify, run_id, recoveries = how.notify, how.run_id, how.max_recoveries
         from vmrun.runs.launch import run_id as new_run_id
         from vmrun.trainer import is_bundled
 
@@ -194,6 +195,7 @@ class SlurmBackend:
             pull=image.pull if image else (),
             container_home=image.home if image else "",
             notifier=bool(notify),
+            max_recoveries=recoveries,
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
@@ -213,6 +215,7 @@ class SlurmBackend:
             "partition": spec.partition,
             "time": spec.time,
             "max_requeues": spec.max_requeues,
+            **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
             "submitted": time.time(),
             "record_dir": paths.record,
             "code_dir": paths.code,
@@ -298,7 +301,7 @@ class SlurmBackend:
                 hint="Slurm requeues and resumes a job itself; drop them, or run on hosts (-H)",
                 code="flags-conflict",
             )
-        sub = self.prepare(plan, how.notify, how.run_id)
+        sub = self.prepare(plan, how)
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
         if plan.data:  # once, onto the shared filesystem through the login node

@@ -149,6 +149,7 @@ class Batch:
     pull: Sequence[str] = ()  # docker/podman: container_pull.sh's arguments, once per node
     container_home: str = ""  # docker/podman: the HOME inside (made before the step)
     notifier: bool = False  # the job tells its end and requeues (the record's notify.json)
+    max_recoveries: int = 0  # --recover: failed attempts requeued by the job itself
 
 
 def sbatch_options(
@@ -212,7 +213,9 @@ def batch_script(
     lines.append(f"VMRUN_NOTIFIER={quote(source('notify_send.py')) if batch.notifier else ''}")
     torchrun = batch.launcher == "torchrun"
     lines.append(f"VMRUN_FAILURE={quote(source('run_failure.py')) if torchrun else ''}")
-    return "\n".join(lines) + "\n\n" + source("slurm_job.bash")
+    lines.append(f"VMRUN_MAX_RECOVERIES={batch.max_recoveries}")
+    recover = source("slurm_recover.bash") + "\n" if batch.max_recoveries else ""
+    return "\n".join(lines) + "\n\n" + recover + source("slurm_job.bash")
 
 
 def _commands(name: str) -> str:

@@ -11,9 +11,10 @@ without accounting forgets a job MinJobAge after its end.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vmrun import hostside
@@ -76,16 +77,18 @@ class ScriptJob:
     meta: dict[str, Any]
     env_text: str
     notify_text: str = ""  # the record's notify.json: the follower renders and claims there
+    recover_text: str = ""  # --recover: the lines put into the submitted copy (batch.sh)
 
 
 def prepare(
     backend: SlurmBackend, batch: batchfile.BatchFile, args: Sequence[str], *,
     given: list[str], project_name: str, name: str | None, env: dict[str, str],
-    notify: Notify | None = None,
+    notify: Notify | None = None, recoveries: int = 0,
 ) -> ScriptJob:  # fmt: skip
     """The sbatch command and the run's record. `given`: the options the user gave vmrun,
     as sbatch words (they override the script); the cluster's defaults fill only what the
-    script and those leave unsaid."""
+    script and those leave unsaid. `recoveries` (--recover's limit, 0: not asked): a copy
+    of the script that brings its job back is submitted (recover_lines)."""
     from pathlib import Path
 
     from vmrun.runs.launch import run_id as new_run_id
@@ -103,8 +106,14 @@ def prepare(
             fill.append(word)
     options = batchfile.parse_words(fill) + batch.options
     batch = batchfile.BatchFile(batch.path, batch.relative, options)
-    sbatch = [*given, *fill, f"./{batch.relative}", *args]
     record = backend.record_dir(rid)
+    sbatch = [*given, *fill, f"./{batch.relative}", *args]
+    lines = ""
+    if recoveries:
+        check_recoverable(batch)
+        name_it = [] if batch.options.get("--job-name") else [f"--job-name={batch.path.name}"]
+        sbatch = [*given, *fill, "--requeue", *name_it, f"{record}/batch.sh", *args]
+        lines = recover_lines(record, recoveries, notifier=bool(notify))
     meta: dict[str, Any] = {
         "run_id": rid,
         "cluster": cluster.name,
@@ -126,6 +135,7 @@ def prepare(
         "code_dir": code,
         "out_dir": batch.work_dir(code),
         "variables": dict.fromkeys(sorted(env)),  # names only: the user's, maybe secrets
+        **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
     }
     env_text = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
     told = ""
@@ -133,7 +143,43 @@ def prepare(
         fetch = f"vmrun fetch results -C {cluster.name} --run {rid}"
         told = notify.host_config({"run": rid, "where": f"cluster {cluster.name}",
                                    "fetch": fetch})  # fmt: skip
-    return ScriptJob(rid, batch, sbatch, code, record, meta, env_text, told)
+    return ScriptJob(rid, batch, sbatch, code, record, meta, env_text, told, lines)
+
+
+def check_recoverable(batch: batchfile.BatchFile) -> None:
+    """--recover puts bash into the script, and keeps one record per job: a bash script,
+    not an array."""
+    first = batch.path.read_bytes().split(b"\n", 1)[0]
+    if not re.fullmatch(rb"#!\s*(/usr)?/bin/(env\s+)?bash(\s.*)?", first.strip()):
+        raise UsageError(
+            f"--recover puts bash lines into {batch.relative}, which is not a bash script"
+            f" ({first.decode(errors='replace')})",
+            hint="make its first line #!/bin/bash, or submit it without --recover",
+            code="flags-conflict",
+        )
+    if batch.array:
+        raise UsageError(
+            "--recover brings back one job; an array's tasks would share its record",
+            hint="submit the array without --recover (Slurm requeues a task whose node fails)",
+            code="flags-conflict",
+        )
+
+
+def recover_lines(record: str, limit: int, *, notifier: bool) -> str:
+    """What `submit --recover` puts after the script's header: its variables,
+    slurm_recover.bash and slurm_own_recover.bash."""
+    from vmrun.hostside import source
+
+    told = quote(source("notify_send.py")) if notifier else "''"
+    head = [
+        "# --- vmrun submit --recover: the job brings itself back; the script's own lines",
+        "# follow this block unchanged ---",
+        f"VMRUN_RECORD_DIR={quote(record)}",
+        f"VMRUN_MAX_RECOVERIES={limit}",
+        f"VMRUN_NOTIFIER={told}",
+    ]
+    body = source("slurm_recover.bash") + "\n" + source("slurm_own_recover.bash")
+    return "\n".join(head) + "\n" + body + "# --- the script's own lines ---\n"
 
 
 def submit(
@@ -144,13 +190,15 @@ def submit(
     sbatch's refusal, or a folder that cannot be made, is one line and leaves nothing."""
     meta = json.dumps(job.meta, indent=1).encode() + b"\n"
     told = job.notify_text.encode()
+    added = job.recover_text.encode()
     folders = job.batch.output_folders()
     argv = [*hostside.command("slurm_submit_script.sh"), job.record_dir, str(len(meta)),
-            str(len(told)), job.code_dir, job.batch.relative, str(len(patch)),
+            str(len(told)), job.code_dir, job.batch.relative, str(len(patch)), str(len(added)),
             job.batch.options.get("--chdir") or "", str(len(folders)), *folders,
             *job.sbatch]  # fmt: skip
     status, said, err = backend.conn.capture(
-        plain_command(argv), stdin=meta + told + patch + job.env_text.encode(), what="sbatch"
+        plain_command(argv), stdin=meta + told + patch + added + job.env_text.encode(),
+        what="sbatch",
     )
     name = backend.cluster.name
     if status == 3:
@@ -201,10 +249,8 @@ def start(
         from vmrun.stores.data import place_data
 
         meta["data"] = place_data(backend.conn, list(data), job.code_dir, out, progress, access)
-    jobid, state = submit(backend, ScriptJob(job.run_id, job.batch, job.sbatch, job.code_dir,
-                                             job.record_dir, meta, job.env_text,
-                                             job.notify_text),
-                          provenance.sent_patch(code.patch), out)  # fmt: skip
+    jobid, state = submit(backend, replace(job, meta=meta), provenance.sent_patch(code.patch),
+                          out)  # fmt: skip
     ref = backend.script_ref(job.run_id, {**meta, "job_id": jobid})
     if state is not None and state.never_starts:
         backend.cancel_never(ref, jobid, state, state.never_starts)

@@ -120,7 +120,9 @@ class SlurmRun:
     versions: Mapping[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
     failure: WorkerFailure | None = None  # failure.json: torchrun's first failed worker
     store: None = None  # a cluster's runs are not copied to a bucket (`train --store`: hosts)
-    recoveries: int = 0  # Slurm requeues a job itself (`--max-requeues`); no supervisor
+    # --recover: the job's own recoveries (slurm_recover.bash's `recoveries`), the last
+    # one's text, and whether it gave up
+    recoveries: int = 0
     recovery: str = ""
     gave_up: bool = False
 
@@ -347,6 +349,11 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.versions = provenance.versions_of(lines[0])
     elif name == "failure.json" and lines:
         run.failure = WorkerFailure.parse(lines[0])
+    elif name == "recoveries":
+        kinds = [[*ln.split("\t"), "", "", ""][:3] for ln in lines]
+        done = [text for kind, _, text in kinds if kind == "recovery"]
+        run.recoveries, run.recovery = len(done), done[-1] if done else ""
+        run.gave_up = any(kind == "gave-up" for kind, _, _ in kinds)
     elif name == "since" and lines:
         run.since = float(lines[0]) if _int(lines[0].split(".")[0]) is not None else None
     elif name == "ended":

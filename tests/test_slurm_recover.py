@@ -1,0 +1,131 @@
+"""`vmrun train -C --recover` on a real Slurm (tests/testbed/slurm.py): a failed attempt
+brings the job back by itself, with nothing of vmrun's running anywhere but the job (the
+run is submitted with --detach; the follower comes only to read the end), never again on a
+node that was lost, within --max-recoveries."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from conftest import Client, wait_for
+from test_cli_slurm import (
+    epochs_in,
+    follow_to_the_end,
+    job_of,
+    out_dir,
+    record_dir,
+    run_id_of,
+    status_rows,
+    use_cluster,
+)
+from train_helpers import hook_env
+
+
+def recoveries_of(rec: Path) -> list[list[str]]:
+    path = rec / "recoveries"
+    return [ln.split("\t") for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
+) -> None:
+    """The batch host dies with everything on it (slurmd, the step, the batch shell: nothing
+    of the attempt is left to say so) and the controller marks it down; Slurm requeues the
+    job. The node comes back at once, before the job may start again: only the job's own
+    record keeps it off. The run goes on from its snapshot on the other node, epochs 1..N
+    each once, and says what the recovery cost."""
+    use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
+    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--nproc-per-node", "2",
+                              "--epochs", "24", "--save-every", "2", "--detach")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid, job = run_id_of(done.stderr), job_of(done.stderr)
+    metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(epochs_in(metrics)) >= 5, 120, "five epochs")
+    rec = record_dir(slurm_cluster, rid)
+    lost = (rec / "nodes").read_text().split()[0]
+    host = next(h for h in slurm_cluster.computes if h.hostname == lost)
+    try:
+        slurm_cluster.lose_node(host)
+        slurm_cluster.bring_back(host)
+        code, out, err = follow_to_the_end(slurm_client, rid)
+    finally:
+        slurm_cluster.bring_back(host)
+    assert code == 0, err + out
+    assert epochs_in(metrics) == list(range(1, 25))
+    assert "resumed from snapshot at epoch" in out, out
+    assert lost not in (rec / "nodes").read_text().split()
+    shown = slurm_cluster.run_on_login(["scontrol", "show", "job", job]).stdout
+    assert re.search(rf"ExcNodeList=\S*{lost}", shown), shown
+    told = [r for r in recoveries_of(rec) if r[0] == "recovery"]
+    assert len(told) == 1 and f"node(s) {lost} lost" in told[0][2], told
+    assert f'"lost": ["{lost}"]' in told[0][3] and '"downtime_s": ' in told[0][3], told
+    assert f"attempt 1 failed (node(s) {lost} lost)" in out, out
+    assert status_rows(slurm_client)[rid][2].endswith("recovered 1x")
+
+
+def test_a_node_that_slurm_takes_down_under_the_job_is_kept_off_the_next_attempt(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """A health check (or an admin) sets the job's node down while its slurmd lives: Slurm
+    aborts the step and requeues the job itself, srun says "Node failure" (and exits 0); the
+    batch shell keeps the node off the job while it waits, so the node's return (its slurmd
+    registers again within seconds) changes nothing."""
+    use_cluster(slurm_client, host_python)
+    flag = slurm_cluster.shared / "go"
+    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "wait_for_file.py",
+                              "--launcher", "python", "--detach", "--", str(flag))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid, job = run_id_of(done.stderr), job_of(done.stderr)
+    rec = record_dir(slurm_cluster, rid)
+    log = rec / "job.log"
+    wait_for(lambda: log.exists() and "waiting for the flag" in log.read_text(), 60, "a start")
+    node = (rec / "nodes").read_text().split()[0]
+    update = ["scontrol", "update", f"NodeName={node}"]
+    try:
+        down = slurm_cluster.login.run([*update, "State=DOWN", "Reason=gpu"], check=False)
+        assert down.returncode == 0
+        wait_for(lambda: (rec / "lost").exists(), 30, "the node remembered as lost")
+    finally:
+        slurm_cluster.login.run([*update, "State=RESUME"], check=False)
+    wait_for(lambda: log.read_text().count("waiting for the flag") == 2, 60, "attempt 2")
+    flag.touch()
+    code, out, err = follow_to_the_end(slurm_client, rid)
+    assert code == 0, err + out
+    assert (rec / "nodes").read_text().split() != [node]
+    assert (rec / "lost").read_text().split() == [node]
+    told = [r for r in recoveries_of(rec) if r[0] == "recovery"]
+    assert len(told) == 1 and f"node(s) {node} lost" in told[0][2], told
+
+
+def test_a_crash_is_requeued_and_a_crash_loop_stops_at_the_limit(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """A step that fails on nodes that all still answer: the job is requeued on any nodes
+    (none is left out); the same failure again and again ends after --max-recoveries, with
+    one line saying why and the script's own exit code."""
+    use_cluster(slurm_client, host_python)
+    once = slurm_cluster.shared / "once"
+    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "fails_times.py",
+                              "--launcher", "python", "--", str(once), "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "run 2: done" in done.stdout, done.stdout
+    rid = run_id_of(done.stderr)
+    rec = record_dir(slurm_cluster, rid)
+    assert not (rec / "lost").exists()
+    assert [r[0] for r in recoveries_of(rec)] == ["recovery"]
+    assert "attempt 1 failed (exit 5)" in recoveries_of(rec)[0][2]
+
+    loop = slurm_cluster.shared / "loop"
+    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--max-recoveries", "2",
+                              "fails_times.py", "--launcher", "python", "--",
+                              str(loop), "99")  # fmt: skip
+    assert done.returncode == 5, done.stderr + done.stdout
+    assert len(list(loop.iterdir())) == 3  # the first attempt and two recoveries
+    rid = run_id_of(done.stderr)
+    kinds = [r[0] for r in recoveries_of(record_dir(slurm_cluster, rid))]
+    assert kinds == ["recovery", "recovery", "gave-up"], kinds
+    said = done.stdout + done.stderr
+    assert said.count("--max-recoveries 2 spent") == 1, said
+    assert status_rows(slurm_client)[rid][2] == "failed, attempt 3, gave up after 2 recoveries"
