@@ -454,6 +454,9 @@ def test_env_launcher_on_two_nodes_forms_one_world(
         assert not (cluster[host].home / ".vmrun" / "runs").exists()
         assert not (cluster[host].home / remote_workdir(multi.cwd)).exists()
 
+    toml = multi.cwd / "vmrun.toml"  # each host's price goes into the run's record
+    toml.write_text(toml.read_text().replace('address = "n1"\n', 'address = "n1"\nprice = 0.25\n')
+                    .replace('address = "n2"\n', 'address = "n2"\nprice = 0.5\n'))  # fmt: skip
     done = multi.vmrun("train", "envworld.py", "--launcher", "env", "--", "x", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
@@ -463,6 +466,7 @@ def test_env_launcher_on_two_nodes_forms_one_world(
     for host in ("n1", "n2"):
         meta = json.loads((cluster[host].home / ".vmrun/runs" / rid / "run.json").read_text())
         assert meta["launcher"] == "env" and meta["nnodes"] == "2", meta
+        assert meta["price_per_hour"] == 0.75 and meta["prices"]["n2"] == 0.5, meta
         assert run_pids(cluster[host], rid) == []
 
 

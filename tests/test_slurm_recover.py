@@ -5,6 +5,7 @@ node that was lost, within --max-recoveries."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere
     record keeps it off. The run goes on from its snapshot on the other node, epochs 1..N
     each once, and says what the recovery cost."""
     use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
+    toml = slurm_client.cwd / "vmrun.toml"  # $1.50 a node an hour: what the run cost
+    toml.write_text(toml.read_text().replace('partition = "debug"\n',
+                                             'partition = "debug"\nprice = 1.5\n'))  # fmt: skip
     done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--nproc-per-node", "2",
                               "--epochs", "24", "--save-every", "2", "--detach")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -63,6 +67,13 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere
     assert f'"lost": ["{lost}"]' in told[0][3] and '"downtime_s": ' in told[0][3], told
     assert f"attempt 1 failed (node(s) {lost} lost)" in out, out
     assert status_rows(slurm_client)[rid][2].endswith("recovered 1x")
+    fetched = slurm_client.vmrun("fetch", "results", "-C", "bed", "--run", rid)
+    assert fetched.returncode == 0, fetched.stderr
+    (row,) = json.loads(slurm_client.vmrun("report", rid, "--json").stdout)
+    assert row["cost_usd"] is not None and row["cost_usd"] >= 0, row
+    (recovery,) = row["recoveries"]
+    assert recovery["cost_s"] >= recovery["downtime_s"] > 0, recovery
+    assert recovery["cost_usd"] == round(recovery["cost_s"] / 3600 * 1.5, 2), recovery
 
 
 def test_a_node_that_slurm_takes_down_under_the_job_is_kept_off_the_next_attempt(
@@ -77,7 +88,7 @@ def test_a_node_that_slurm_takes_down_under_the_job_is_kept_off_the_next_attempt
     done = slurm_client.vmrun("train", "-C", "bed", "--recover", "wait_for_file.py",
                               "--launcher", "python", "--detach", "--", str(flag))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    rid, job = run_id_of(done.stderr), job_of(done.stderr)
+    rid = run_id_of(done.stderr)
     rec = record_dir(slurm_cluster, rid)
     log = rec / "job.log"
     wait_for(lambda: log.exists() and "waiting for the flag" in log.read_text(), 60, "a start")
@@ -129,3 +140,38 @@ def test_a_crash_is_requeued_and_a_crash_loop_stops_at_the_limit(
     said = done.stdout + done.stderr
     assert said.count("--max-recoveries 2 spent") == 1, said
     assert status_rows(slurm_client)[rid][2] == "failed, attempt 3, gave up after 2 recoveries"
+
+
+def test_submit_recover_brings_back_a_bash_scripts_job_and_refuses_other_scripts(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """The user's own bash script, submitted with --recover: a copy with vmrun's lines after
+    its header runs; its failure requeues the job, which then ends well. A script in
+    another language is refused before anything is submitted."""
+    use_cluster(slurm_client, host_python)
+    (slurm_client.cwd / "again.sh").write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --output=again-%j.out\n\n"
+        'set -euo pipefail\n"$1" fails_times.py "$2" 1\necho "the script ends"\n'
+    )
+    times = slurm_cluster.shared / "times"
+    done = slurm_client.vmrun("submit", "again.sh", "-C", "bed", "--recover", "--",
+                              str(host_python), str(times))  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "run 2: done" in done.stdout and "the script ends" in done.stdout, done.stdout
+    rid = run_id_of(done.stderr)
+    rec = record_dir(slurm_cluster, rid)
+    ran = (rec / "batch.sh").read_text()
+    assert (
+        ran.index("#SBATCH --output")
+        < ran.index("VMRUN_MAX_RECOVERIES=5")
+        < ran.index("set -euo pipefail")
+    )
+    told = recoveries_of(rec)
+    assert [r[0] for r in told] == ["recovery"] and "attempt 1 failed (exit 5)" in told[0][2]
+    assert status_rows(slurm_client)[rid][2].endswith("recovered 1x")
+
+    (slurm_client.cwd / "job.py").write_text("#!/usr/bin/env python3\n#SBATCH --nodes=1\n")
+    refused = slurm_client.vmrun("submit", "job.py", "-C", "bed", "--recover")
+    assert refused.returncode == 2 and "error[flags-conflict]" in refused.stderr, refused.stderr
+    assert "not a bash script" in refused.stderr
+    assert slurm_cluster.squeue_ids() == []

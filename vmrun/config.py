@@ -249,6 +249,13 @@ def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def _is_price(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+_PRICE = (_is_price, "USD per hour, a number such as 0.526 (`vmrun up` records the cloud's)")
+
+
 def _is_env_table(value: Any) -> bool:
     scalars = (str, int, float, bool)
     return isinstance(value, dict) and all(isinstance(v, scalars) for v in value.values())
@@ -267,6 +274,7 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "nvidia_smi": (_is_str, "a path in quotes"),
     "instance": (_is_str, "a cloud instance id (`vmrun up` records it)"),
     "store_role": (_is_str, "the bucket place the host's own role reaches (`vmrun up --store`)"),
+    "price": _PRICE,  # what the machine costs an hour (vmrun.results.cost)
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS
@@ -285,6 +293,7 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "python": (_is_str, "a path in quotes"),
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "sbatch_args": (_is_str_list, "a list of strings"),
+    "price": _PRICE,  # per node an hour (vmrun.results.cost)
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS

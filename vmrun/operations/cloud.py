@@ -245,13 +245,15 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         for inst in instances:
             out.info(f"{ask.name}: node {inst.index} {inst.id} running: {inst.public_addr}"
                      f" (private {inst.private_addr})")  # fmt: skip
-        entries = _entries(ask.name, offer.user, instances, ask.autostop or "", ask.store or "")
+        price = _price(provider, instances)
+        entries = _entries(ask.name, offer.user, instances, ask.autostop or "",
+                           ask.store or "", price)  # fmt: skip
         _pin(settings, entries, host_key)
         _wait_ssh(entries, settings, ask.ssh_timeout, out)
         done = Up(ask.name, region, offer.image_name, instances, entries)
         done.project_file = _record(settings, ask, region, offer.user, entries)
         done.autostop = _autostop(settings, entries, ask.autostop or "")
-        done.per_hour = _per_hour(provider, instances)
+        done.per_hour = None if price is None else price * len(instances)
         return done
     except BaseException:
         if ask.keep:
@@ -285,21 +287,22 @@ def _again(
     elif any(i.state == "pending" for i in existing):
         existing = provider.wait_running(ask.name, region, [i.id for i in existing], 600)
     user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
-    entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "")
+    price = _price(provider, existing)
+    entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "", price)
     _repin(settings, entries, ask.name, provider.host_key(existing[0]))
     _wait_ssh(entries, settings, ask.ssh_timeout, out)
     done = Up(ask.name, region, instances=existing, hosts=entries, already=not started)
     done.started = started
     done.project_file = _record(settings, ask, region, user, entries)
-    done.per_hour = _per_hour(provider, existing)
+    done.per_hour = None if price is None else price * len(existing)
     return done
 
 
-def _per_hour(provider: Provider, instances: list[Instance]) -> float | None:
+def _price(provider: Provider, instances: list[Instance]) -> float | None:
+    """USD an hour for one VM (they are alike), where the price list answers: recorded as
+    each host's `price`, for what runs on them cost (vmrun.results.cost)."""
     prices = [provider.hourly_price(i) for i in instances[:1]]
-    if not prices or prices[0] is None:
-        return None
-    return prices[0] * len(instances)
+    return prices[0] if prices else None
 
 
 def _recorded_user(settings: Settings, name: str) -> str:
@@ -315,8 +318,9 @@ def _note_region(cloud: str, region: str) -> None:
 
 
 def _entries(
-    name: str, user: str, instances: list[Instance], autostop: str, store: str = ""
-) -> list[HostEntry]:
+    name: str, user: str, instances: list[Instance], autostop: str, store: str = "",
+    price: float | None = None,
+) -> list[HostEntry]:  # fmt: skip
     """The cluster's hosts as vmrun.toml records them (`store_role`: the bucket place the
     VMs' own role reaches, which "auto" credentials then use)."""
     from vmrun.ssh.hosts import parse_host
@@ -333,6 +337,8 @@ def _entries(
             values["autostop"] = autostop
         if store:
             values["store_role"] = store
+        if price is not None:
+            values["price"] = round(price, 6)
         entries.append(
             HostEntry(
                 parse_host(f"{user}@{inst.public_addr}"), f"{name}-{position}", (name,), values

@@ -61,6 +61,7 @@ class RunHistory:
     exit_code: int | None
     failure: WorkerFailure | None = None  # torchrun's first failed worker (failure.json)
     failure_node: str | None = None  # the host folder it was found in, for a hosts run
+    price_per_hour: float | None = None  # USD for all its nodes (run.json's; results.cost)
 
     @property
     def epochs_done(self) -> int:
@@ -160,6 +161,7 @@ def load_run(path: Path) -> RunHistory:
         ended=ended,
         exit_code=code,
         **_failure(places, multi=len(places) > 1 or path not in places),
+        price_per_hour=_float(meta.get("price_per_hour")),
     )
 
 

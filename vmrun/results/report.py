@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vmrun.errors import VmrunError, error_json
+from vmrun.results.cost import dollars, recovery_seconds
 from vmrun.results.history import RunHistory
 from vmrun.results.provenance import VERSION_KEYS, summary_of
 
@@ -58,9 +59,11 @@ class ReportRow:
     versions: dict[str, str | None] | None = None  # python, torch, cuda, nccl, gpu, driver
     exit: int | None = None  # the run's own code (a failed torchrun worker's, not torchrun's)
     failure: dict[str, Any] | None = None  # which worker failed first (failure.json), if known
-    # what its supervisor did (train --recover), in turn: kind, at, text, downtime_s,
-    # epochs_redone, swap (which node took which one's place)
+    # what --recover did, in turn: kind, at, text, downtime_s, epochs_redone, swap (which
+    # node took which one's place), new_vm_s, and what each cost: cost_s (the downtime and
+    # the epochs done again), cost_usd (at the nodes' prices, where known)
     recoveries: list[dict[str, Any]] | None = None
+    cost_usd: float | None = None  # the run's time at its nodes' prices (run.json's)
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -88,6 +91,7 @@ def report_rows(
             speedup = rate / base_rate
             efficiency = speedup / (run.world_size / (base.world_size or 1))
         accuracy = run.last("eval_accuracy")
+        epoch_s = _median(run, "epoch_time_s")
         rows.append(
             ReportRow(
                 run=run.run_id,
@@ -99,7 +103,7 @@ def report_rows(
                 epochs=run.epochs_done,
                 epochs_asked=run.epochs_asked,
                 total_time_s=run.duration,
-                epoch_time_s=_median(run, "epoch_time_s"),
+                epoch_time_s=epoch_s,
                 samples_per_s=rate,
                 speedup=speedup,
                 efficiency=efficiency,
@@ -110,7 +114,8 @@ def report_rows(
                 **_provenance(run),
                 exit=run.exit_code,
                 failure=run.failure.as_json(run.failure_node) if run.failure else None,
-                recoveries=_recoveries(run.path),
+                recoveries=_costed(_recoveries(run.path), epoch_s, run.price_per_hour),
+                cost_usd=dollars(run.duration, run.price_per_hour),
             )
         )
     return rows
@@ -134,6 +139,19 @@ def _recoveries(path: Path) -> list[dict[str, Any]] | None:
     found = sorted(path.glob("recoveries")) + sorted(path.glob("*/recoveries"))
     lines = [x for f in found[:1] for x in f.read_text().splitlines() if x]
     return [_recovery(x) for x in lines] or None
+
+
+def _costed(
+    recoveries: list[dict[str, Any]] | None, epoch_s: float | None, per_hour: float | None
+) -> list[dict[str, Any]] | None:
+    """Each recovery with the time it cost and, at the run's prices, the dollars."""
+    if recoveries is None:
+        return None
+    done = []
+    for rec in recoveries:
+        seconds = recovery_seconds(rec, epoch_s) if rec["kind"] == "recovery" else None
+        done.append({**rec, "cost_s": seconds, "cost_usd": dollars(seconds, per_hour)})
+    return done
 
 
 def _recovery(line: str) -> dict[str, Any]:
@@ -161,7 +179,9 @@ def recovered_text(recoveries: Sequence[dict[str, Any]] | None) -> str:
     done = [r for r in recoveries if r["kind"] == "recovery"]
     down = sum(r["downtime_s"] or 0 for r in done)
     redone = sum(r["epochs_redone"] or 0 for r in done)
-    text = f"{len(done)} ({duration_text(down)} down, {redone} redone)" if done else "0"
+    usd = [r["cost_usd"] for r in done if r.get("cost_usd") is not None]
+    paid = f", ${sum(usd):,.2f}" if usd else ""
+    text = f"{len(done)} ({duration_text(down)} down, {redone} redone{paid})" if done else "0"
     return text + (", gave up" if recoveries[-1]["kind"] == "gave-up" else "")
 
 
@@ -195,8 +215,11 @@ def headers(rows: Sequence[ReportRow]) -> tuple[tuple[str, ...], frozenset[int]]
     keys = varied_keys(rows)
     shift = len(keys)
     numeric = frozenset(i + shift for i in NUMERIC) | frozenset(range(1, shift + 1))
+    cost = ("COST",) if _paid(rows) else ()
+    if cost:
+        numeric |= {len(HEADERS) + shift}
     last = ("RECOVERIES",) if _recovered(rows) else ()
-    return (HEADERS[0], *(k.upper() for k in keys), *HEADERS[1:], *last), numeric
+    return (HEADERS[0], *(k.upper() for k in keys), *HEADERS[1:], *cost, *last), numeric
 
 
 def table(
@@ -204,17 +227,23 @@ def table(
 ) -> tuple[tuple[str, ...], frozenset[int], list[tuple[str, ...]]]:
     """Headers, numeric columns and each row's cells, as every rendering shows them."""
     heads, numeric = headers(rows)
-    keys, recovered = varied_keys(rows), _recovered(rows)
-    return heads, numeric, [cells(r, keys, recovered=recovered) for r in rows]
+    keys, recovered, paid = varied_keys(rows), _recovered(rows), _paid(rows)
+    return heads, numeric, [cells(r, keys, recovered=recovered, paid=paid) for r in rows]
 
 
 def _recovered(rows: Sequence[ReportRow]) -> bool:
     return any(r.recoveries for r in rows)
 
 
-def cells(row: ReportRow, keys: Sequence[str] = (), *, recovered: bool = False) -> tuple[str, ...]:
+def _paid(rows: Sequence[ReportRow]) -> bool:
+    return any(r.cost_usd is not None for r in rows)
+
+
+def cells(
+    row: ReportRow, keys: Sequence[str] = (), *, recovered: bool = False, paid: bool = False
+) -> tuple[str, ...]:
     """The row as the table shows it ("" where unknown); `keys`: the varied columns;
-    `recovered`: with the RECOVERIES column."""
+    `recovered`, `paid`: with the RECOVERIES, COST columns."""
     epochs = f"{row.epochs}/{row.epochs_asked}" if row.epochs_asked else str(row.epochs)
     return (
         row.run,
@@ -231,6 +260,7 @@ def cells(row: ReportRow, keys: Sequence[str] = (), *, recovered: bool = False) 
         "" if row.efficiency is None else f"{row.efficiency:.0%}",
         "" if row.final_loss is None else f"{row.final_loss:.4g}",
         "" if row.final_accuracy is None else f"{row.final_accuracy:.4g}",
+        *(("" if row.cost_usd is None else f"${row.cost_usd:,.2f}",) if paid else ()),
         *((recovered_text(row.recoveries),) if recovered else ()),
     )
 

@@ -47,6 +47,7 @@ from vmrun.errors import (
 )
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Recorder, Reporter
+from vmrun.results.cost import prices
 from vmrun.runs import launch, provenance
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.outputs import RunLocation, location_of
@@ -455,6 +456,7 @@ def _start_all(
         **({"code_earlier": earlier} if earlier else {}),
         **({"store": str(place), "store_node": holder} if place else {}),
         **({"recover": True} if plan.recover else {}),
+        **prices({e.label: e.vars.get("price") for e in group.entries if e.label in nodes}),
     }
 
     def start(entry: HostEntry, conn: Connection) -> int:

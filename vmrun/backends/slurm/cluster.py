@@ -38,6 +38,7 @@ class Cluster:
     sbatch_args: tuple[str, ...] = ()
     # its own image, mounts, container_runtime, container_ulimits (over the project's)
     containers: Mapping[str, Any] = field(default_factory=dict)
+    price: float | None = None  # USD per node an hour (`price`), for what a run cost
 
     @property
     def entry(self) -> HostEntry:
@@ -98,6 +99,7 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         env=_env(item.get("env", {}), here),
         sbatch_args=tuple(item.get("sbatch_args", ())),
         containers=table_of(item),
+        price=item.get("price"),
     )
 
 

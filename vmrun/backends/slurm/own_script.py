@@ -197,7 +197,8 @@ def submit(
             job.batch.options.get("--chdir") or "", str(len(folders)), *folders,
             *job.sbatch]  # fmt: skip
     status, said, err = backend.conn.capture(
-        plain_command(argv), stdin=meta + told + patch + added + job.env_text.encode(),
+        plain_command(argv),
+        stdin=meta + told + patch + added + job.env_text.encode(),
         what="sbatch",
     )
     name = backend.cluster.name

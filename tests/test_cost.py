@@ -1,0 +1,75 @@
+"""What a run and its recoveries cost: the nodes' prices recorded as a run starts
+(vmrun.results.cost), read back by `report` with no price service."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vmrun.config import load_settings
+from vmrun.errors import ConfigError
+from vmrun.results.cost import dollars, prices, recovery_seconds
+
+
+def test_prices_are_recorded_only_when_every_node_has_one() -> None:
+    assert prices({"h1": 0.5, "h2": 1}) == {"prices": {"h1": 0.5, "h2": 1.0},
+                                           "price_per_hour": 1.5}  # fmt: skip
+    assert prices({"h1": 0.5, "h2": None}) == {}  # a partial sum would mislead
+    assert prices({}) == {}
+    assert dollars(1800, 3.0) == 1.5 and dollars(None, 3.0) is None and dollars(60, None) is None
+    assert recovery_seconds({"downtime_s": 30, "epochs_redone": 3}, 10.0) == 60
+    assert recovery_seconds({"downtime_s": None, "epochs_redone": 0}, 10.0) is None
+
+
+@pytest.mark.parametrize("value", ["0.5", -1, True])
+def test_a_price_that_is_not_a_number_is_refused_naming_the_key(
+    tmp_path: Path, value: object
+) -> None:
+    shown = json.dumps(value) if not isinstance(value, bool) else "true"
+    (tmp_path / "vmrun.toml").write_text(f'[[hosts]]\naddress = "u@h1"\nprice = {shown}\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings({}, cwd=tmp_path, environ={})
+    assert "price" in caught.value.message and "USD per hour" in caught.value.message
+
+
+def test_a_report_gives_the_runs_cost_and_each_recoverys(tmp_path: Path) -> None:
+    from vmrun.results.history import load_runs
+    from vmrun.results.report import report_rows, rows_json, table
+
+    run = tmp_path / "results" / "r1"
+    run.mkdir(parents=True)
+    meta = {"run_id": "r1", "cluster": "bed", "nodes": 2, "nproc_per_node": 1,
+            "prices": {"node 0": 1.0, "node 1": 1.0}, "price_per_hour": 2.0}  # fmt: skip
+    (run / "run.json").write_text(json.dumps(meta))
+    (run / "starts").write_text("1 1000\n2 1530\n")
+    (run / "exit").write_text("1 requeue 1500\n2 0 4600\n")
+    epochs = [{"epoch": e, "loss": 1 / e, "epoch_time_s": 10.0} for e in range(1, 5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
+    facts = {"downtime_s": 30, "epochs_redone": 3, "lost": ["c1"]}
+    (run / "recoveries").write_text(
+        f"recovery\t1530\tattempt 1 failed (node(s) c1 lost)\t{json.dumps(facts)}\n"
+    )
+    (row,) = report_rows(load_runs([run]))
+    assert row.cost_usd == 2.0  # an hour, two nodes at $1
+    (told,) = row.recoveries or []
+    assert (told["cost_s"], told["cost_usd"]) == (60.0, 0.03)
+    assert json.loads(rows_json([row]))[0]["cost_usd"] == 2.0
+    heads, numeric, (cells,) = table([row])
+    assert heads[-2:] == ("COST", "RECOVERIES") and heads.index("COST") in numeric
+    assert cells[-2] == "$2.00" and cells[-1] == "1 (30.0 s down, 3 redone, $0.03)"
+
+
+def test_up_records_each_vms_price_on_its_host() -> None:
+    from vmrun.operations.cloud import _entries
+    from vmrun.providers.api import Instance
+
+    made = [
+        Instance(f"i-{n}", "c1", "running", "g4dn.xlarge", "us-east-1a", "us-east-1",
+                 f"198.51.100.{n + 1}", f"10.0.0.{n + 1}", index=n)
+        for n in range(2)
+    ]  # fmt: skip
+    hosts = _entries("c1", "ubuntu", made, "", price=0.526)
+    assert [h.vars["price"] for h in hosts] == [0.526, 0.526]
+    assert "price" not in _entries("c1", "ubuntu", made, "")[0].vars
