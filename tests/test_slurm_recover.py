@@ -170,6 +170,23 @@ def test_submit_recover_brings_back_a_bash_scripts_job_and_refuses_other_scripts
     assert [r[0] for r in told] == ["recovery"] and "attempt 1 failed (exit 5)" in told[0][2]
     assert status_rows(slurm_client)[rid][2].endswith("recovered 1x")
 
+    # a stop is no failure to recover from: the job ends, nothing is requeued or left out
+    (slurm_client.cwd / "waits.sh").write_text(
+        '#!/bin/bash -e\n#SBATCH --nodes=1\n  # an indented comment\n"$1" wait_for_file.py "$2"\n'
+    )
+    flag = slurm_cluster.shared / "never"
+    done = slurm_client.vmrun("submit", "waits.sh", "-C", "bed", "--recover", "--detach", "--",
+                              str(host_python), str(flag))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    rec = record_dir(slurm_cluster, rid)
+    wait_for(lambda: (rec / "starts").exists(), 60, "the job's start")
+    stopped = slurm_client.vmrun("stop", rid, "-C", "bed")
+    assert stopped.returncode == 0, stopped.stderr
+    wait_for(lambda: not slurm_cluster.squeue_ids(), 60, "the job gone from the queue")
+    assert not (rec / "recoveries").exists() and not (rec / "lost").exists()
+    assert (rec / "exit").read_text().split()[1] == "terminated"
+
     (slurm_client.cwd / "job.py").write_text("#!/usr/bin/env python3\n#SBATCH --nodes=1\n")
     refused = slurm_client.vmrun("submit", "job.py", "-C", "bed", "--recover")
     assert refused.returncode == 2 and "error[flags-conflict]" in refused.stderr, refused.stderr

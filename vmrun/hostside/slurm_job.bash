@@ -32,10 +32,36 @@ rm -rf "$rec"/notified.*  # each attempt's end is told afresh
 rm -f "$rec"/provenance-*.json  # each attempt's nodes describe themselves (a requeue moves it)
 rm -f "$rec/failure.json"
 nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-requeued=
+# Slurm ends the attempt: a requeue (vmrun's own ends the attempt so, and is told already),
+# a node lost (--recover: Slurm requeues the job, kept off that node), or a stop
+# shellcheck disable=SC2317  # called by the trap
+terminated() {
+  if [ -z "${vmrun_requeued:-}" ] && [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ] &&
+    vmrun_lost_on_term; then
+    mark requeue "attempt $attempt: a node was lost; Slurm requeues job $SLURM_JOB_ID"
+    ended recovery
+    tell requeue ""
+    exit 143
+  fi
+  mark terminated "attempt $attempt"
+  ended terminated
+  if [ -z "${vmrun_requeued:-}" ]; then tell "" terminated; fi
+  exit 143
+}
 # --recover (slurm_recover.bash, above this when asked): the last attempt's failure said,
 # the limit kept, never on a node that was lost
-if [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ]; then recover_start; fi
+if [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ]; then
+  # shellcheck disable=SC2034  # slurm_recover.bash's
+  vmrun_rec=$rec vmrun_attempt=$attempt vmrun_nodes=$nodes
+  # shellcheck disable=SC2317  # called by slurm_recover.bash
+  vmrun_mark() { mark "$@"; }
+  # shellcheck disable=SC2317
+  vmrun_ended() { ended "$@"; }
+  # shellcheck disable=SC2317
+  vmrun_tell() { tell "$@"; }
+fi
+trap terminated TERM
+if [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ]; then vmrun_recover_start; fi
 printf '%s\n' "$nodes" > "$rec/nodes"
 printf '%s %s\n' "$attempt" "$(date +%s)" >> "$rec/starts"
 MASTER_ADDR=$(printf '%s\n' "$nodes" | head -n 1)
@@ -73,21 +99,6 @@ export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
 export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"
 rm -f "$VMRUN_REQUEUE_FILE" "$VMRUN_WARNED_FILE"
 mkdir -p "$VMRUN_RUN_DIR"
-# Slurm ends the attempt: a requeue (vmrun's own ends the attempt so, and is told already),
-# a node it holds down (--recover: Slurm requeues the job, kept off that node), or a stop
-# shellcheck disable=SC2317  # called by the trap
-terminated() {
-  if [ -z "$requeued" ] && [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ] && lost_on_term; then
-    requeued=1
-    mark requeue "attempt $attempt: a node was lost; Slurm requeues job $SLURM_JOB_ID"
-    tell requeue ""
-  fi
-  mark terminated "attempt $attempt"
-  ended terminated
-  if [ -z "$requeued" ]; then tell "" terminated; fi
-  exit 143
-}
-trap terminated TERM
 # The time-limit warning (--signal=B:USR2@N) comes here: leave a mark that a process still
 # starting up finds at its first epoch's end, and pass the signal on to every step.
 # shellcheck disable=SC2317  # called by the trap
@@ -153,11 +164,13 @@ if [ "$rc" != 0 ] && [ -n "${VMRUN_FAILURE:-}" ] && command -v python3 >/dev/nul
   case $code in '' | *[!0-9]*) ;; *) rc=$code ;; esac
 fi
 if [ -e "$VMRUN_REQUEUE_FILE" ]; then
-  if [ "${SLURM_RESTART_COUNT:-0}" -lt "$VMRUN_MAX_REQUEUES" ]; then
+  # the time limit's requeues so far (--recover's are `recovery` ends: not counted here)
+  requeues=$(awk '$2 == "requeue" { n++ } END { print n + 0 }' "$rec/exit" 2>/dev/null)
+  if [ "${requeues:-0}" -lt "$VMRUN_MAX_REQUEUES" ]; then
     ended requeue
     mark requeue "attempt $attempt saved its state; requeueing job $SLURM_JOB_ID"
     tell requeue ""
-    requeued=1
+    vmrun_requeued=1
     # scontrol requeue can hang; the requeue ends this script
     if timeout 60 scontrol requeue "$SLURM_JOB_ID"; then sleep 60; fi
     mark failed "scontrol requeue $SLURM_JOB_ID did not take"
@@ -168,7 +181,9 @@ if [ -e "$VMRUN_REQUEUE_FILE" ]; then
   fi
 fi
 if [ ! -e "$VMRUN_REQUEUE_FILE" ] && [ "${VMRUN_MAX_RECOVERIES:-0}" -gt 0 ]; then
-  recover_end "$rc"  # returns only when the run is not brought back
+  vmrun_recover_end "$rc"  # returns only when the run is not brought back
+  # shellcheck disable=SC2154  # slurm_recover.bash's
+  rc=$vmrun_rc
 fi
 ended "$rc"
 mark exit "$rc"

@@ -3,36 +3,59 @@
 # script (after its #! and #SBATCH header; the script's own lines follow unchanged), below
 # the variables (VMRUN_RECORD_DIR, VMRUN_MAX_RECOVERIES, VMRUN_NOTIFIER) and
 # slurm_recover.bash. What slurm_job.bash does for vmrun's own jobs, around the user's: the
-# last attempt's failure said with what it cost (recover_start), and at the script's exit
-# (an EXIT trap: a script that sets its own replaces it) a failure, or a node lost under
-# it, requeues the job without the nodes lost, within the limit (recover_end). Its lines go
-# to the job's output as `vmrun: ...`, among the script's.
-# shellcheck disable=SC2034  # attempt, nodes, requeued: slurm_recover.bash's
-attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
-rec=$VMRUN_RECORD_DIR
+# last attempt's failure said with what it cost (vmrun_recover_start); at the script's exit
+# (an EXIT trap) a failure, or a node lost under it, requeues the job without the nodes
+# lost, within the limit (vmrun_recover_end); a SIGTERM (a stop, the time limit, a
+# preemption, Slurm's own requeue after a node failure) only notes a node lost. A script
+# that sets its own EXIT or TERM trap replaces these. Every name is vmrun_'s; the lines
+# run without the shebang's -e (restored after them), and say what they do in the job's
+# output as `vmrun: ...`.
+# shellcheck disable=SC2034,SC2154,SC2317  # slurm_recover.bash's names; the traps' functions
+case $- in *e*) vmrun_errexit=1; set +e ;; *) vmrun_errexit= ;; esac
+vmrun_attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
+vmrun_rec=$VMRUN_RECORD_DIR
 VMRUN_RUN_DIR=  # no metrics of vmrun's template here
-VMRUN_JOB_LOG=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p')
-mark() { shift; printf 'vmrun: %s\n' "$*"; }
-ended() { printf '%s %s %s\n' "$attempt" "$1" "$(date +%s)" >> "$rec/exit"; }
-tell() {  # EVENT EXIT: the record's notify.json, as slurm_job.bash tells
-  if [ -n "${VMRUN_NOTIFIER:-}" ] && [ -r "$rec/notify.json" ] &&
+vmrun_job=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null)
+VMRUN_JOB_LOG=$(printf '%s\n' "$vmrun_job" | sed -n 's/^ *StdOut=//p')
+VMRUN_JOB_ERR=$(printf '%s\n' "$vmrun_job" | sed -n 's/^ *StdErr=//p')
+vmrun_mark() { shift; printf 'vmrun: %s\n' "$*"; }
+vmrun_ended() {
+  printf '%s %s %s\n' "$vmrun_attempt" "$1" "$(date +%s)" >> "$vmrun_rec/exit"
+}
+vmrun_tell() {  # EVENT EXIT: the record's notify.json, as slurm_job.bash tells
+  if [ -n "${VMRUN_NOTIFIER:-}" ] && [ -r "$vmrun_rec/notify.json" ] &&
     command -v python3 >/dev/null 2>&1; then
-    python3 -c "$VMRUN_NOTIFIER" "$rec" send "$1" "$2" </dev/null 2>&1
+    python3 -c "$VMRUN_NOTIFIER" "$vmrun_rec" send "$1" "$2" </dev/null 2>&1
   fi
 }
-rm -rf "$rec"/notified.*
-nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-requeued=
-recover_start
-printf '%s\n' "$nodes" > "$rec/nodes"
-printf '%s %s\n' "$attempt" "$(date +%s)" >> "$rec/starts"
+rm -rf "$vmrun_rec"/notified.*
+vmrun_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+vmrun_requeued=
 vmrun_exit() {
-  rc=$?
-  trap - EXIT
+  local rc=$?
+  trap - EXIT TERM
   set +eu
   set +o pipefail 2>/dev/null
-  recover_end "$rc"
-  ended "$rc"
-  exit "$rc"
+  vmrun_recover_end "$rc"
+  vmrun_ended "$vmrun_rc"
+  exit "$vmrun_rc"
 }
+vmrun_term() {
+  trap - EXIT TERM
+  set +eu
+  set +o pipefail 2>/dev/null
+  if [ -z "$vmrun_requeued" ] && vmrun_lost_on_term; then
+    vmrun_mark requeue "attempt $vmrun_attempt: a node was lost; Slurm requeues job $SLURM_JOB_ID"
+    vmrun_ended recovery
+    vmrun_tell requeue ""
+  else
+    vmrun_ended terminated
+  fi
+  exit 143
+}
+trap vmrun_term TERM
+vmrun_recover_start
+printf '%s\n' "$vmrun_nodes" > "$vmrun_rec/nodes"
+printf '%s %s\n' "$vmrun_attempt" "$(date +%s)" >> "$vmrun_rec/starts"
 trap vmrun_exit EXIT
+if [ -n "$vmrun_errexit" ]; then set -e; fi

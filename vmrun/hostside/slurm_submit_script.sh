@@ -65,7 +65,7 @@ done
 if [ "$recover" -gt 0 ]; then
   # shellcheck disable=SC2016  # awk's own fields
   awk -v lines="$d/recover.bash" 'function put(l) { while ((getline l < lines) > 0) print l }
-    head && !(NR == 1 || /^#/ || /^[ \t]*$/) { put(); head = 0 }
+    head && !(NR == 1 || /^[ \t]*#/ || /^[ \t]*$/) { put(); head = 0 }
     { print } END { if (head) put() }' head=1 "$script" > "$d/batch.sh" || exit 1
   rm -f "$d/recover.bash"
 else
