@@ -4,6 +4,7 @@
 
 1. vmrun's nvidia-smi command (vmrun/hostside/gpus_watch.bash, the argv watch-gpus and
    autostop run on every host) against the real nvidia-smi, its rows read by vmrun's parser;
+   then `nvidia-smi -q` and the kernel log through vmrun.gpus.health;
 2. `vmrun train --local` with the template trainer on CUDA (torchrun, nccl), to its results;
 3. `vmrun doctor`'s all-reduce (vmrun/trainer/allreduce.py) under torchrun, on nccl.
 Prints one line per step and exits non-zero on the first that fails; without nvidia-smi or
@@ -36,6 +37,28 @@ def step(name: str, argv: list[str], cwd: Path, timeout: float = 600) -> str:
     return done.stdout + done.stderr
 
 
+def health(smi: str, count: int) -> None:
+    """`nvidia-smi -q` and the kernel log through vmrun.gpus.health (the parsers the test
+    suite checks on recorded outputs): each GPU's problems and the Xids, printed."""
+    from vmrun.gpus.health import parse_query, parse_xids
+
+    text = step("nvidia-smi -q", [smi, "-q"], ROOT, 60)
+    found = parse_query(text)
+    if len(found) != count:
+        raise SystemExit(f"gpu_path: vmrun.gpus.health read {len(found)} GPU(s), not {count}")
+    for gpu in found:
+        said = "; ".join(f"{p.level}: {p.text}" for p in gpu.problems()) or "no problem"
+        print(f"gpu_path: health {gpu.bus} {gpu.name} pcie gen {gpu.pcie_gen} width"
+              f" {gpu.pcie_width} persistence {gpu.persistence}: {said}")  # fmt: skip
+    log = subprocess.run(["dmesg"], capture_output=True, text=True)
+    if log.returncode != 0:
+        print(f"gpu_path: dmesg not readable here ({log.stderr.strip()[:100]}): no Xids read")
+        return
+    xids = parse_xids(log.stdout)
+    print(f"gpu_path: {len(xids)} kind(s) of Xid in the kernel log"
+          + "".join(f"; Xid {x.code} x{x.count} on {x.bus} ({x.level})" for x in xids))
+
+
 def main() -> int:
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -56,6 +79,7 @@ def main() -> int:
         raise SystemExit(f"gpu_path: vmrun's parser read no GPU from:\n{rows}")
     for g in gpus:
         print(f"gpu_path: parsed {json.dumps(g.to_json())}")
+    health(smi, len(gpus))
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
