@@ -42,11 +42,11 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere
     toml.write_text(toml.read_text().replace('partition = "debug"\n',
                                              'partition = "debug"\nprice = 1.5\n'))  # fmt: skip
     done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--nproc-per-node", "2",
-                              "--epochs", "24", "--save-every", "2", "--detach")  # fmt: skip
+                              "--epochs", "14", "--save-every", "2", "--detach")  # fmt: skip
     assert done.returncode == 0, done.stderr
     rid, job = run_id_of(done.stderr), job_of(done.stderr)
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
-    wait_for(lambda: metrics.exists() and len(epochs_in(metrics)) >= 5, 120, "five epochs")
+    wait_for(lambda: metrics.exists() and len(epochs_in(metrics)) >= 3, 120, "three epochs")
     rec = record_dir(slurm_cluster, rid)
     lost = (rec / "nodes").read_text().split()[0]
     host = next(h for h in slurm_cluster.computes if h.hostname == lost)
@@ -57,7 +57,7 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere
     finally:
         slurm_cluster.bring_back(host)
     assert code == 0, err + out
-    assert epochs_in(metrics) == list(range(1, 25))
+    assert epochs_in(metrics) == list(range(1, 15))
     assert "resumed from snapshot at epoch" in out, out
     assert lost not in (rec / "nodes").read_text().split()
     shown = slurm_cluster.run_on_login(["scontrol", "show", "job", job]).stdout
@@ -66,6 +66,9 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere
     assert len(told) == 1 and f"node(s) {lost} lost" in told[0][2], told
     assert f'"lost": ["{lost}"]' in told[0][3] and '"downtime_s": ' in told[0][3], told
     assert f"attempt 1 failed (node(s) {lost} lost)" in out, out
+    # said where the run went on, with the whole downtime (an attempt placed on the lost
+    # node again, back in service, left at once)
+    assert f" on {lost} " not in told[0][2], told
     assert status_rows(slurm_client)[rid][2].endswith("recovered 1x")
     fetched = slurm_client.vmrun("fetch", "results", "-C", "bed", "--run", rid)
     assert fetched.returncode == 0, fetched.stderr
@@ -129,17 +132,17 @@ def test_a_crash_is_requeued_and_a_crash_loop_stops_at_the_limit(
     assert "attempt 1 failed (exit 5)" in recoveries_of(rec)[0][2]
 
     loop = slurm_cluster.shared / "loop"
-    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--max-recoveries", "2",
+    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--max-recoveries", "1",
                               "fails_times.py", "--launcher", "python", "--",
                               str(loop), "99")  # fmt: skip
     assert done.returncode == 5, done.stderr + done.stdout
-    assert len(list(loop.iterdir())) == 3  # the first attempt and two recoveries
+    assert len(list(loop.iterdir())) == 2  # the first attempt and one recovery
     rid = run_id_of(done.stderr)
     kinds = [r[0] for r in recoveries_of(record_dir(slurm_cluster, rid))]
-    assert kinds == ["recovery", "recovery", "gave-up"], kinds
+    assert kinds == ["recovery", "gave-up"], kinds
     said = done.stdout + done.stderr
-    assert said.count("--max-recoveries 2 spent") == 1, said
-    assert status_rows(slurm_client)[rid][2] == "failed, attempt 3, gave up after 2 recoveries"
+    assert said.count("--max-recoveries 1 spent") == 1, said
+    assert status_rows(slurm_client)[rid][2] == "failed, attempt 2, gave up after 1 recovery"
 
 
 def test_submit_recover_brings_back_a_bash_scripts_job_and_refuses_other_scripts(

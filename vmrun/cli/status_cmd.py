@@ -126,7 +126,8 @@ def _state(run: RunRow) -> str:
     text = f"{run.state} ({run.reason})" if run.reason else str(run.state)
     text = f"{text}, attempt {run.attempts}" if run.attempts > 1 else text
     if run.gave_up:  # --recover's limit, or a failure it cannot bring back
-        return f"{text}, gave up after {run.recoveries} recoveries"
+        n = run.recoveries
+        return f"{text}, gave up after {n} recover{'y' if n == 1 else 'ies'}"
     return f"{text}, recovered {run.recoveries}x" if run.recoveries else text
 
 

@@ -20,7 +20,7 @@
 # - Past VMRUN_MAX_RECOVERIES, or a requeue that does not take: the job ends, said once
 #   (a job held and not released is cancelled: nothing waits for ever).
 # Files in the record: `lost` (one node a line, never used again by this job),
-# `recovering` (the failure's TIME SAVED REACHED WHY, until the next attempt starts) and
+# `recovering` (the failure's TIME SAVED REACHED ATTEMPT WHY, until an attempt goes on) and
 # `recoveries` (KIND<TAB>TIME<TAB>TEXT<TAB>FACTS, as run_note.sh writes them on hosts:
 # `status` counts them, `report` reads downtime and epochs redone). The attempt's end in
 # `exit` is `recovery` for these requeues (`requeue` is the time limit's, which
@@ -103,12 +103,13 @@ vmrun_recovery_note() {
   vmrun_recorded "$@"
 }
 
-# WHY [TIME]: what the next attempt needs to say what this failure cost
+# WHY [TIME [ATTEMPT]]: what the attempt where the run goes on needs to say what this
+# failure cost (this attempt's, unless ATTEMPT)
 vmrun_failing() {
   local saved reached
   saved=$(vmrun_saved_epoch) reached=$(vmrun_reached_epoch)
-  printf '%s %s %s %s\n' "${2:-$(date +%s)}" "${saved:--}" "${reached:--}" "$1" \
-    > "$vmrun_rec/recovering"
+  printf '%s %s %s %s %s\n' "${2:-$(date +%s)}" "${saved:--}" "${reached:--}" \
+    "${3:-$vmrun_attempt}" "$1" > "$vmrun_rec/recovering"
 }
 
 vmrun_remember_lost() {
@@ -177,7 +178,7 @@ vmrun_give_up() {
 
 # the last attempt's failure said with what it cost; the limit kept; never on a lost node
 vmrun_recover_start() {
-  local prev last time saved reached why gone placed count facts down
+  local prev last time saved reached failed why gone placed count facts down
   vmrun_log_from=$(vmrun_size "${VMRUN_JOB_LOG:-$vmrun_rec/job.log}")
   vmrun_err_from=$(vmrun_size "${VMRUN_JOB_ERR:-/dev/null}")
   [ "$vmrun_attempt" -gt 1 ] || return 0
@@ -199,15 +200,30 @@ vmrun_recover_start() {
     # shellcheck disable=SC2086  # one word per node
     vmrun_remember_lost $gone
     vmrun_failing "node(s) $(vmrun_spaced "$gone") lost" \
-      "$(stat -c %Y "${VMRUN_JOB_LOG:-$vmrun_rec/job.log}" 2>/dev/null)"
+      "$(stat -c %Y "${VMRUN_JOB_LOG:-$vmrun_rec/job.log}" 2>/dev/null)" "$prev"
     vmrun_tell requeue ""  # the other failures were told as they happened
   fi
+  # placed on a lost node again (it came back): away first; the recovery is said by the
+  # attempt where the run goes on, with the whole downtime
+  placed=
+  if [ -s "$vmrun_rec/lost" ]; then
+    placed=$(printf '%s\n' "$vmrun_nodes" | grep -xF -f "$vmrun_rec/lost")
+  fi
+  if [ -n "$placed" ]; then
+    echo "vmrun: attempt $vmrun_attempt was placed on $(vmrun_spaced "$placed"), lost before: requeued without it"
+    vmrun_requeued=1
+    vmrun_ended recovery
+    if vmrun_requeue_without; then exit 0; fi
+    vmrun_give_up "job $SLURM_JOB_ID could not be requeued without $(vmrun_spaced "$placed")"
+    vmrun_ended 75
+    exit 75
+  fi
   if [ -s "$vmrun_rec/recovering" ]; then
-    read -r time saved reached why < "$vmrun_rec/recovering"
+    read -r time saved reached failed why < "$vmrun_rec/recovering"
     rm -f "$vmrun_rec/recovering"
     count=$(( $(vmrun_recoveries_so_far) + 1 ))
     if [ "$count" -gt "$VMRUN_MAX_RECOVERIES" ]; then
-      vmrun_give_up "attempt $prev failed ($why); --max-recoveries $VMRUN_MAX_RECOVERIES spent"
+      vmrun_give_up "attempt $failed failed ($why); --max-recoveries $VMRUN_MAX_RECOVERIES spent"
       vmrun_ended 75
       vmrun_tell "" 75
       exit 75
@@ -223,18 +239,8 @@ vmrun_recover_start() {
     if [ -s "$vmrun_rec/lost" ]; then
       facts="$facts, \"lost\": [$(sed 's/.*/"&"/' "$vmrun_rec/lost" | paste -sd, -)]"
     fi
-    vmrun_recovery_note recovery "attempt $prev failed ($why); attempt $vmrun_attempt on $(vmrun_spaced "$vmrun_nodes") ($down s down, recovery $count of $VMRUN_MAX_RECOVERIES)" "$facts}"
+    vmrun_recovery_note recovery "attempt $failed failed ($why); attempt $vmrun_attempt on $(vmrun_spaced "$vmrun_nodes") ($down s down, recovery $count of $VMRUN_MAX_RECOVERIES)" "$facts}"
   fi
-  [ -s "$vmrun_rec/lost" ] || return 0
-  placed=$(printf '%s\n' "$vmrun_nodes" | grep -xF -f "$vmrun_rec/lost")
-  [ -n "$placed" ] || return 0
-  echo "vmrun: attempt $vmrun_attempt was placed on $(vmrun_spaced "$placed"), lost before: requeued without it"
-  vmrun_requeued=1
-  vmrun_ended recovery
-  if vmrun_requeue_without; then exit 0; fi
-  vmrun_give_up "job $SLURM_JOB_ID could not be requeued without $(vmrun_spaced "$placed")"
-  vmrun_ended 75
-  exit 75
 }
 
 # RC: the step ended: a failure (or a node lost under it, whatever srun's code) requeues
