@@ -117,6 +117,16 @@ def test_recover_flags_that_do_not_go_together_are_refused(flags: dict, code: st
 def test_a_cluster_run_may_recover_within_a_limit() -> None:
     """Slurm picks the nodes (no --spare, no --supervisor); the job brings itself back."""
     refusals.check("train", {"--recover": True, "--max-recoveries": 2, "-C": "della"})
+    with pytest.raises(UsageError) as caught:  # submit's limit is --recover's too
+        refusals.check("submit", {"--recover": False, "--max-recoveries": 2})
+    assert caught.value.code == "flags-conflict" and "--recover" in caught.value.message
+
+
+def test_a_limit_of_zero_is_refused_not_taken_for_the_default() -> None:
+    assert refusals.recovery_limit(None, 5) == 5 and refusals.recovery_limit(2, 5) == 2
+    with pytest.raises(UsageError) as caught:
+        refusals.recovery_limit(0, 5)
+    assert caught.value.code == "flags-conflict" and "got 0" in caught.value.message
 
 
 def test_each_recovery_and_giving_up_is_told_once_where_failures_are(

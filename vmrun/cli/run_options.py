@@ -101,6 +101,12 @@ Mounts = Annotated[
     ),
 ]
 
+MaxRecoveries = Annotated[
+    int | None,
+    typer.Option("--max-recoveries", metavar="N",
+                 help="--recover: give up after N recoveries [default: 5]."),
+]  # fmt: skip
+
 NotifyUrls = Annotated[
     list[str] | None,
     typer.Option(

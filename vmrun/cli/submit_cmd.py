@@ -54,11 +54,7 @@ def register(app: typer.Typer) -> None:
                 " header: a failed attempt requeues the job, never again on a lost node.",
             ),
         ] = False,
-        max_recoveries: Annotated[
-            int | None,
-            typer.Option("--max-recoveries", metavar="N",
-                         help="--recover: give up after N recoveries [default: 5]."),
-        ] = None,
+        max_recoveries: ro.MaxRecoveries = None,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
         cluster: ClusterName = None,

@@ -175,11 +175,7 @@ def register(app: typer.Typer) -> None:
                 " cluster (-C) the job requeues itself, never again on a lost node.",
             ),
         ] = False,
-        max_recoveries: Annotated[
-            int | None,
-            typer.Option("--max-recoveries", metavar="N",
-                         help="--recover: give up after N recoveries [default: 5]."),
-        ] = None,
+        max_recoveries: ro.MaxRecoveries = None,
         spare: Annotated[
             list[str] | None,
             typer.Option("--spare", metavar="HOST",

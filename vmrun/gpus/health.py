@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 ERROR, WARN, INFO = "error", "warn", "info"  # error: do not train on it until it is fixed
@@ -297,32 +297,22 @@ class Xid:
         return XID.get(self.code, (WARN, "see NVIDIA's Xid catalog"))[1]
 
 
-@dataclass
-class _Counter:
-    seen: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
-
-    def add(self, bus: str, code: int, text: str) -> None:
-        key = (bus, code)
-        if key in self.seen:
-            self.seen[key][1] += 1
-        else:
-            self.seen[key] = [text, 1]
-
-
 def parse_xids(text: str) -> list[Xid]:
     """The Xid events in a kernel log (any of dmesg's time formats, journalctl's), one per
     GPU and code with how many lines said it, in the order first seen; a GPU "fallen off
     the bus" without an Xid line (the driver's message over several lines) counts as 79."""
-    counter = _Counter()
+    seen: dict[tuple[str, int], Xid] = {}
     for line in _joined(text):
-        match = _XID.search(line)
+        match, off = _XID.search(line), _OFF_BUS.search(line)
         if match:
-            counter.add(_bus(match.group(1)), int(match.group(2)), _words(match.group(3)))
+            found = Xid(_bus(match.group(1)), int(match.group(2)), _words(match.group(3)))
+        elif off:
+            found = Xid(_bus(off.group(1)), 79, "fallen off the bus")
+        else:
             continue
-        off = _OFF_BUS.search(line)
-        if off:
-            counter.add(_bus(off.group(1)), 79, "fallen off the bus")
-    return [Xid(bus, code, text, count) for (bus, code), (text, count) in counter.seen.items()]
+        key = (found.bus, found.code)
+        seen[key] = replace(seen[key], count=seen[key].count + 1) if key in seen else found
+    return list(seen.values())
 
 
 def _joined(text: str) -> list[str]:

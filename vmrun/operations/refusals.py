@@ -86,7 +86,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("--master", "--nnodes", "--rdzv-port"), when="--local", code="flags-conflict",
          says="{flags} {are} for several hosts (-H); drop {them} with --local"),
     Rule(("--down-after-run",), unless="--fetch-every", code="flags-conflict", says=_DOWN_NEEDS),
-    Rule(RECOVERY, unless="--recover", commands=("train",), code="flags-conflict",
+    Rule(RECOVERY, unless="--recover", commands=("train", "submit"), code="flags-conflict",
          says="{flags} {are} --recover's: add --recover, or drop {them}"),
     Rule(("--recover",), when="--local", commands=("train",), code="flags-conflict",
          says="--recover brings back a run on hosts (-H); a --local run stays in this"
@@ -94,6 +94,14 @@ RULES: tuple[Rule, ...] = (
     Rule(("--recover",), when="--resume", commands=("train",), code="resume-conflict",
          says="--recover starts a run with its supervisor; a resumed run keeps its own"),
 )  # fmt: skip
+
+
+def recovery_limit(given: int | None, default: int) -> int:
+    """--max-recoveries as given (0 is given, and refused), else the settings' default."""
+    limit = default if given is None else given
+    if limit < 1:
+        raise UsageError(f"--max-recoveries must be >= 1, got {limit}", code="flags-conflict")
+    return limit
 
 
 def given(value: Any) -> bool:

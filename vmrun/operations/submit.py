@@ -14,6 +14,7 @@ from pathlib import Path
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings, load_settings
 from vmrun.errors import UsageError
+from vmrun.operations import refusals
 from vmrun.reporting import QUIET, Reporter
 
 
@@ -86,13 +87,10 @@ def submit(
 
     settings = settings or load_settings({})
     slurm = slurm or SlurmOptions()
-    if what.max_recoveries is not None and not what.recover:
-        raise UsageError("--max-recoveries is --recover's: add --recover, or drop it",
-                         code="flags-conflict")  # fmt: skip
-    if what.max_recoveries is not None and what.max_recoveries < 1:
-        raise UsageError(f"--max-recoveries must be >= 1, got {what.max_recoveries}",
-                         code="flags-conflict")  # fmt: skip
-    recoveries = (what.max_recoveries or settings.max_recoveries) if what.recover else 0
+    refusals.check("submit", {"--recover": what.recover, "--max-recoveries": what.max_recoveries})
+    recoveries = 0
+    if what.recover:
+        recoveries = refusals.recovery_limit(what.max_recoveries, settings.max_recoveries)
     name = pick_cluster(settings, cluster)
     project = find_project_dir() or Path.cwd()
     data = tuple(parse_data(text) for text in what.data or ())

@@ -156,7 +156,7 @@ def train(
     if cluster:
         recoveries = 0
         if hosts.recover or settings.recover:  # the job brings itself back (slurm_recover.bash)
-            recoveries = hosts.max_recoveries or settings.max_recoveries
+            recoveries = refusals.recovery_limit(hosts.max_recoveries, settings.max_recoveries)
         return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
                            detach=detach, verbose=verbose, out=out,
                            recoveries=recoveries)  # fmt: skip
@@ -320,7 +320,8 @@ def _on_hosts(
                 plan, entries, settings,
                 spares=hosts.spares if hosts.spares is not None else settings.spares,
                 supervisor=hosts.supervisor or settings.supervisor or None,
-                max_recoveries=hosts.max_recoveries or settings.max_recoveries,
+                max_recoveries=refusals.recovery_limit(hosts.max_recoveries,
+                                                       settings.max_recoveries),
             )  # fmt: skip
             plan = replace(plan, recover=True)
         code = run_remote(

@@ -18,6 +18,11 @@ def prices(by_node: Mapping[str, Any]) -> dict[str, Any]:
     return {"prices": known, "price_per_hour": round(sum(known.values()), 6)}
 
 
+def alike(price: float | None, nodes: int) -> dict[str, Any]:
+    """`prices` for `nodes` nodes of one price (a cluster's `price`, per node)."""
+    return prices({f"node {i}": price for i in range(nodes)})
+
+
 def dollars(seconds: float | None, per_hour: float | None) -> float | None:
     """USD for `seconds` at `per_hour` (None where either is unknown), to the cent."""
     if seconds is None or per_hour is None:

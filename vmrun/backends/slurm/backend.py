@@ -38,7 +38,7 @@ from vmrun.errors import Detached, Interrupted, RemoteError, UsageError, VmrunEr
 from vmrun.notify.send import Notify
 from vmrun.remote_paths import CONTAINER_HOME, STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
-from vmrun.results.cost import prices
+from vmrun.results.cost import alike
 from vmrun.runs import provenance
 from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
@@ -217,7 +217,7 @@ class SlurmBackend:
             "time": spec.time,
             "max_requeues": spec.max_requeues,
             **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
-            **prices({f"node {i}": self.cluster.price for i in range(spec.nodes)}),
+            **alike(self.cluster.price, spec.nodes),
             "submitted": time.time(),
             "record_dir": paths.record,
             "code_dir": paths.code,

@@ -150,12 +150,10 @@ def prepare(
 def _prices(price: float | None, nodes: str | None, array: str | None) -> dict[str, Any]:
     """The cluster's price for each node the job asks for (`--nodes N`, else 1); none for
     an array (its tasks' times are their own) or a node range."""
-    from vmrun.results.cost import prices
+    from vmrun.results.cost import alike
 
     count = 1 if nodes is None else _number(nodes)
-    if array or count is None:
-        return {}
-    return prices({f"node {i}": price for i in range(count)})
+    return {} if array or count is None else alike(price, count)
 
 
 def check_recoverable(batch: batchfile.BatchFile) -> None:
