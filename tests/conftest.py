@@ -270,6 +270,8 @@ def _client(tmp_path: Path) -> Client:
         "VMRUN_KEEPALIVE_INTERVAL": "1",
         "VMRUN_KEEPALIVE_COUNT_MAX": "3",
         "VMRUN_CONNECT_TIMEOUT": "5",
+        # py-spy's wheel for the hosts (.ci/run fills it): never downloaded by a test
+        "VMRUN_TOOL_WHEELS": str(CACHE / "wheelhouse-py-spy"),
     }
     return Client(home=home, env=env, cwd=cwd)
 

@@ -20,6 +20,7 @@ COMMANDS = [
     "logs",
     "status",
     "stop",
+    "stacks",
     "push",
     "fetch",
     "report",

@@ -116,3 +116,28 @@ def test_an_xid_names_the_gpu_as_nvidia_smi_does() -> None:
     xid_buses = {x.bus for x in parse_xids((HERE / "xid_lines.txt").read_text())}
     assert gpu.bus == "0000:10:1c" and gpu.bus in xid_buses
     assert parse_query("") == [] and parse_xids("") == []
+
+
+def test_a_hosts_health_joins_its_gpus_and_xids_worst_first() -> None:
+    from vmrun.doctor import Verdict, gpu_health_check
+    from vmrun.gpus.health import ERROR, parse_host
+
+    query = (HERE / "nvsmi_q_h100x8_535.161.08_hw_slowdown.txt").read_text()
+    xid = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
+    health = parse_host(f"== nvidia-smi -q\n{query}\n== kernel dmesg\n{xid}\n{xid}\n"
+                        "== rdma\nmlx5_0\nmlx5_1\n")  # fmt: skip
+    assert len(health.gpus) == 8 and health.rdma == ("mlx5_0", "mlx5_1")
+    assert health.worst == ERROR
+    said = health.lines()
+    assert said[0] == "GPU 0000:02:00: Xid 79 x2 in the kernel log: the GPU has fallen off the bus"
+    assert any("clocks held down: HW Slowdown" in line for line in said)
+    check = gpu_health_check("h", health)
+    assert check.verdict == Verdict.FAIL and check.detail.startswith("GPU 0000:02:00: Xid 79")
+    quiet = parse_host(f"== nvidia-smi -q\n{query}\n== kernel unreadable\n== rdma\n")
+    assert gpu_health_check("h", quiet).verdict == Verdict.WARN
+    assert "Xids not checked" in gpu_health_check("h", quiet).detail
+    none = parse_host("== nvidia-smi none\n== kernel dmesg\n== rdma\n")
+    assert none.gpus == () and none.worst == ""
+    broken = parse_host("== nvidia-smi failed 9\nNVIDIA-SMI has failed because it couldn't"
+                        " communicate with the NVIDIA driver.\n== kernel unreadable\n== rdma\n")
+    assert broken.worst == ERROR and broken.lines()[0].startswith("nvidia-smi: failed 9: NVIDIA")

@@ -155,6 +155,13 @@ FIELDS: dict[str, Field] = {
               "hosts that take a lost node's place (vmrun.toml names, aliases, user@host)"),
         Field("supervisor", kinds.text, lambda env: "",
               "where the supervisor runs; empty: the run's master"),
+        # `train --hang-timeout`: each node's hang watcher (hostside/hang_watch.py)
+        Field("hang_timeout", kinds.period_or_off, lambda env: "20m",
+              "a run with no progress this long (no heartbeat, no line from a rank) is hung:"
+              " said once, every rank's stacks taken; off: not watched"),
+        Field("on_hang", kinds.ON_HANG, lambda env: "auto",
+              "what a hung run does: wait, stop (a --recover run then restarts from its"
+              " snapshot), auto (stop with --recover, else wait)"),
     )
 }  # fmt: skip
 
@@ -190,6 +197,8 @@ class Settings:
     max_recoveries: int
     spares: list[str]
     supervisor: str
+    hang_timeout: str
+    on_hang: str
     sources: dict[str, str] = field(default_factory=dict)
     project_dir: Path | None = None
     project_data: dict[str, Any] = field(default_factory=dict)

@@ -65,6 +65,7 @@ class _Host:
     env: HostEnv | None = None
     image: Any = None  # the run's container (a NodeImage), where it trains in an image
     image_error: str = ""
+    health: Any = None  # its GPUs' health (a vmrun.gpus.health.HostHealth)
 
 
 def _inspect(entry: HostEntry, conn: Connection, workdir: str, asked: Any = None) -> _Host:
@@ -98,6 +99,10 @@ def _inspect(entry: HostEntry, conn: Connection, workdir: str, asked: Any = None
     clock = host.facts.data.get("time")
     host.skew_s = float(clock) - (arrived - rtt / 2) if isinstance(clock, (int, float)) else 0.0
     host.busy = [r.id for r in runs.list_runs(conn) if r.state == RunState.RUNNING]
+    from vmrun.gpus.health import read_host
+    from vmrun.gpus.targets import nvidia_smi_for
+
+    host.health = read_host(conn, nvidia_smi_for(entry))
     return host
 
 
@@ -133,6 +138,9 @@ def _host_checks(host: _Host) -> list[Check]:
         names = data.get("gpu_names") or []
         gpus = f"{len(names)} x {names[0]}" if names else "none: CPU processes, gloo"
         checks.append(Check("gpus", label, Verdict.OK, gpus))
+    health = host.health
+    if health is not None and (health.gpus or health.smi != "none"):
+        checks.append(gpu_health_check(label, health))
     free = data.get("disk_free")
     if isinstance(free, int):
         verdict = (
@@ -145,6 +153,23 @@ def _host_checks(host: _Host) -> list[Check]:
     verdict = Verdict.OK if abs(host.skew_s) <= CLOCK_WARN_S else Verdict.WARN
     checks.append(Check("clock", label, verdict, f"{abs(host.skew_s):.2f} s {ahead} this machine"))
     return checks
+
+
+def gpu_health_check(label: str, health: Any) -> Check:
+    """ECC, retired pages, remapped rows, Xids, clocks held down, a narrow PCIe link: FAIL
+    for what makes the GPU unfit to train on, WARN for what slows it; the worst first."""
+    from vmrun.gpus.health import ERROR, WARN
+
+    worst, said = health.worst, health.lines()
+    unread = "" if health.kernel != "unreadable" else "; the kernel log is not readable here:" \
+        " Xids not checked"  # fmt: skip
+    if worst in (ERROR, WARN):
+        more = f" (and {len(said) - 3} more)" if len(said) > 3 else ""
+        verdict = Verdict.FAIL if worst == ERROR else Verdict.WARN
+        return Check("gpu-health", label, verdict, "; ".join(said[:3]) + more + unread)
+    return Check("gpu-health", label, Verdict.OK,
+                 f"{len(health.gpus)} GPU(s): no ECC, page, row, Xid, clock or PCIe problem"
+                 + unread)  # fmt: skip
 
 
 def _image_checks(host: _Host) -> list[Check]:

@@ -451,6 +451,11 @@ for _owner, _name, _meaning in _STORE_CODES:
     register(_name, _owner, _meaning)
 register("supervisor-failed", RemoteError,
          "a run's supervisor (train --recover) could not be put on its host or started")
+register("stack-tool-missing", RemoteError,
+         "py-spy could not be found on the host nor sent there (vmrun stacks, hang dumps)")
+register("gpu-unhealthy", UsageError,
+         "a GPU of the host is unfit to train on (ECC, a pending retirement or remap, an Xid)")
+register("not-running", UsageError, "the command needs a live run, and this one has ended")
 register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
 register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)
 register("run-stopped", CommandFailed, "the run was stopped (`vmrun stop`) while followed", 143)

@@ -145,6 +145,7 @@ SESSIONS = choice("active", "any", "ignore")
 CONTAINER_RUNTIME = choice("auto", "docker", "podman", "pyxis", "apptainer", "shifter")
 PULL = choice("newer", "missing", "always", "never")
 STORE_CREDENTIALS = choice("auto", "host", "mine")
+ON_HANG = choice("auto", "wait", "stop")
 
 
 def text(name: str, value: Any) -> str:

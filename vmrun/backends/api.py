@@ -59,6 +59,7 @@ class StartOptions:
     # --recover where the backend's scheduler brings the run back (Slurm: the job requeues
     # itself); 0: not asked. On hosts a supervisor does it (vmrun.recovery).
     max_recoveries: int = 0
+    ignore_gpu_health: bool = False  # start on a host whose GPU health check fails
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ COMMANDS = (
     ("logs", "logs_cmd", "Show a run's log; -f follows it live."),
     ("status", "status_cmd", "List the runs on the hosts: state, progress, duration, exit."),
     ("stop", "stop_cmd", "Stop a run on every host; verifies nothing of it remains."),
+    ("stacks", "stacks_cmd", "Show where every rank of a live run is: stacks, grouped."),
     ("push", "push_cmd", "Send data to every host: only what changed, verified, atomic."),
     ("fetch", "fetch_cmd", "Bring back results: only what is new, verified, atomic."),
     ("report", "report_cmd", "Compare runs: time, samples/s, speed-up, efficiency, loss."),

@@ -97,7 +97,8 @@ def _rows(
                  *([_bucket(r)] if stores else [])]  # fmt: skip
         started = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
         code = "-" if r.exit_code is None else str(r.exit_code)
-        rows.append((r.id, r.host, _state(r), r.progress or "-", started, _duration(r.duration),
+        progress = ", ".join(p for p in (r.progress, getattr(r, "slow", "")) if p) or "-"
+        rows.append((r.id, r.host, _state(r), progress, started, _duration(r.duration),
                      code, *extra))  # fmt: skip
         for t in r.tasks if r.meta.get("array") else []:
             state = f"{t.state} ({t.reason})" if t.reason else str(t.state)
@@ -125,6 +126,9 @@ def _state(run: RunRow) -> str:
     """The state, and for a queued job why it waits (squeue's reason)."""
     text = f"{run.state} ({run.reason})" if run.reason else str(run.state)
     text = f"{text}, attempt {run.attempts}" if run.attempts > 1 else text
+    hung = getattr(run, "hung", None)
+    if hung:  # its hang watcher found it stuck (and stopped it, or it waits)
+        text += ", hung (stopped)" if hung.get("action") == "stop" else ", hung"
     if run.gave_up:  # --recover's limit, or a failure it cannot bring back
         n = run.recoveries
         return f"{text}, gave up after {n} recover{'y' if n == 1 else 'ies'}"

@@ -186,6 +186,33 @@ def register(app: typer.Typer) -> None:
             typer.Option("--supervisor", metavar="HOST",
                          help="--recover: where the supervisor runs [default: the master]."),
         ] = None,
+        ignore_gpu_health: Annotated[
+            bool,
+            typer.Option(
+                "--ignore-gpu-health",
+                help="Start even where a GPU fails its health check (uncorrectable ECC errors,"
+                " a pending page retirement or row remapping, an Xid that needs a reset).",
+            ),
+        ] = False,
+        hang_timeout: Annotated[
+            str | None,
+            typer.Option(
+                "--hang-timeout",
+                metavar="PERIOD",
+                help="No progress this long (no heartbeat, no line from a rank) while the run's"
+                " processes live: the run is hung; said once, every rank's stacks taken (`vmrun"
+                " stacks RUN --hang`). 10m, 1h..., or off [default: 20m].",
+            ),
+        ] = None,
+        on_hang: Annotated[
+            str | None,
+            typer.Option(
+                "--on-hang",
+                metavar="wait|stop",
+                help="What a hung run does: wait, or stop (failed, exit 124; a --recover run"
+                " restarts from its snapshot) [default: stop with --recover, else wait].",
+            ),
+        ] = None,
         verbose: ro.Verbose = False,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
@@ -212,9 +239,10 @@ def register(app: typer.Typer) -> None:
             hosts=host, master=master, nnodes=nnodes, rdzv_port=rdzv_port, nccl_debug=nccl_debug,
             allow_concurrent=allow_concurrent, fresh=fresh, fetch_every=fetch_every,
             down_after_run=down_after_run, recover=recover, max_recoveries=max_recoveries,
-            spares=spare, supervisor=supervisor,
+            spares=spare, supervisor=supervisor, ignore_gpu_health=ignore_gpu_health,
         )  # fmt: skip
-        told = {"notify": notify, "notify_on": notify_on}
+        told = {"notify": notify, "notify_on": notify_on, "hang_timeout": hang_timeout,
+                "on_hang": on_hang}  # fmt: skip
         settings = reach.settings(**told)
         done = train(
             run, settings,

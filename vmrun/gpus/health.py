@@ -16,7 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vmrun.ssh.connection import Connection
 
 ERROR, WARN, INFO = "error", "warn", "info"  # error: do not train on it until it is fixed
 
@@ -336,3 +339,79 @@ def _words(rest: str) -> str:
     """The driver's words, without `pid=..., name=...,` and with runs of spaces as one."""
     rest = re.sub(r"^pid=[^,]*, (name=[^,]*, )?", "", rest)
     return re.sub(r"\s+", " ", rest).strip()
+
+
+# -- one host: its GPUs, its kernel log's Xids, its RDMA devices (hostside/gpu_health.sh) --
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    """What gpu_health.sh found on a host."""
+
+    gpus: tuple[GpuHealth, ...] = ()
+    xids: tuple[Xid, ...] = ()
+    smi: str = "ok"  # ok, none (no nvidia-smi), or `failed N: its last words`
+    kernel: str = ""  # where the kernel log came from, "unreadable", or ""
+    rdma: tuple[str, ...] = ()  # RDMA devices (mlx5_0: InfiniBand/RoCE, efa_0: AWS EFA)
+
+    def problems(self) -> list[tuple[str, Problem]]:
+        """(the GPU, the problem) for every GPU's problems and every Xid, worst first; an
+        Xid on a GPU names it by its bus id."""
+        names = {g.bus: g.name for g in self.gpus}
+        found = [(f"GPU {g.bus}", p) for g in self.gpus for p in g.problems()]
+        for xid in self.xids:
+            gpu = f"GPU {xid.bus}" + (f" ({names[xid.bus]})" if xid.bus in names else "")
+            times = f" x{xid.count}" if xid.count > 1 else ""
+            found.append((gpu, Problem(xid.level, "xid",
+                                       f"Xid {xid.code}{times} in the kernel log: {xid.meaning}")))
+        if self.smi.startswith("failed"):
+            found.append(("nvidia-smi", Problem(ERROR, "driver", self.smi)))  # the driver
+        order = {ERROR: 0, WARN: 1, INFO: 2}
+        return sorted(found, key=lambda item: order[item[1].level])
+
+    @property
+    def worst(self) -> str:
+        """ERROR, WARN, INFO, or "" when nothing is wrong."""
+        found = self.problems()
+        return found[0][1].level if found else ""
+
+    def lines(self, at_least: str = WARN) -> list[str]:
+        """Each problem at `at_least` or worse, as said: `GPU 0000:19:00: Xid 79 ...`."""
+        rank = {ERROR: 0, WARN: 1, INFO: 2}
+        return [f"{gpu}: {p.text}" for gpu, p in self.problems()
+                if rank[p.level] <= rank[at_least]]  # fmt: skip
+
+
+def parse_host(text: str) -> HostHealth:
+    """gpu_health.sh's output."""
+    sections: dict[str, list[str]] = {}
+    heads: dict[str, str] = {}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("== "):
+            word, _, rest = line[3:].partition(" ")
+            current, heads[word] = word, rest
+            sections[word] = []
+        elif current:
+            sections[current].append(line)
+    smi = heads.get("nvidia-smi", "none")
+    gpus: list[GpuHealth] = []
+    if smi == "-q":
+        gpus, smi = parse_query("\n".join(sections["nvidia-smi"])), "ok"
+    elif smi.startswith("failed"):
+        said = " ".join(x.strip() for x in sections.get("nvidia-smi", []) if x.strip())
+        smi = f"{smi}: {said}".strip()
+    kernel = heads.get("kernel", "")
+    xids = parse_xids("\n".join(sections.get("kernel", []))) if kernel != "unreadable" else []
+    rdma = tuple(x.strip() for x in sections.get("rdma", []) if x.strip())
+    return HostHealth(tuple(gpus), tuple(xids), smi, kernel, rdma)
+
+
+def read_host(conn: Connection, nvidia_smi: str = "nvidia-smi") -> HostHealth:
+    """The host's health, in one round trip (hostside/gpu_health.sh)."""
+    from vmrun import hostside
+    from vmrun.ssh.channel import run_for_output
+
+    argv = hostside.command("gpu_health.sh", nvidia_smi)
+    _, text = run_for_output(conn, argv, what="the GPUs' health", activity=False)
+    return parse_host(text)

@@ -22,6 +22,9 @@
 # started once the pid is written, tells it a cloud's warning; the run's ranks get
 # VMRUN_REQUEUE_FILE (REC/requeue: the template's preemption protocol, which ends such a run with
 # exit code 75, run_supervise.sh). Every run is told VMRUN_SNAPSHOT_SIGNAL (SIGUSR1: snapshot now).
+# A run watched for hangs (`train --hang-timeout`: VMRUN_HANG_WATCH="SECONDS ACTION RANKED"):
+# hang_watch.py beside it, started once the pid is written; every run's ranks get
+# VMRUN_BEAT_DIR (REC/beat: the trainer's heartbeats, progress the watcher reads).
 # Beside the run (detached): run_provenance.py, which writes provenance.json, environment.txt and
 # versions.json into REC (VMRUN_PROVENANCE, above).
 # Prints the log's line count before this attempt, then the pid of the run's supervising
@@ -56,7 +59,8 @@ lines=0
 attempt=1
 if [ "$mode" = resume ]; then
   rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped" "$rec/failure.json" \
-    "$rec/notice" "$rec/requeue"
+    "$rec/notice" "$rec/requeue" "$rec/hang" "$rec/hang_stopped"
+  rm -rf "$rec/beat"
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
   attempt=$(( $(cat "$rec/attempt" 2>/dev/null || echo 1) + 1 ))
 fi
@@ -88,9 +92,10 @@ store_to=${VMRUN_STORE_TO:-} store_url=${VMRUN_STORE_URL:-} store_py=${VMRUN_STO
 store_since=${VMRUN_STORE_SINCE:-} store_cfg=${VMRUN_STORE_CONFIG:-}
 unset VMRUN_STORE_TO VMRUN_STORE_URL VMRUN_STORE_PYTHON VMRUN_STORE_SINCE VMRUN_STORE_CONFIG
 spot=${VMRUN_SPOT_WATCH:-}
-unset VMRUN_SPOT_WATCH
+hang=${VMRUN_HANG_WATCH:-}
+unset VMRUN_SPOT_WATCH VMRUN_HANG_WATCH
 if [ "$spot" = 1 ]; then export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_REQUEUE_ON_TERM=0; fi
-export VMRUN_SNAPSHOT_SIGNAL=SIGUSR1
+export VMRUN_SNAPSHOT_SIGNAL=SIGUSR1 VMRUN_BEAT_DIR="$rec/beat"
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"
 case "$out" in /*) ;; *) out="$HOME/$out" ;; esac
@@ -118,6 +123,18 @@ if [ "$spot" = 1 ]; then
       "$(cat "$rec/pid")") < /dev/null > /dev/null 2>&1 8>&-
   else
     echo "vmrun: no python3 on this host: spot interruption notices are not watched" >> "$rec/log"
+  fi
+fi
+if [ -n "$hang" ]; then
+  if command -v python3 > /dev/null 2>&1; then
+    (
+      # shellcheck disable=SC2086  # SECONDS ACTION RANKED, a word each
+      set -- $hang
+      unset VMRUN_RUN_ID VMRUN_RUN_DIR
+      exec setsid -f python3 "$lib/hang_watch.py" "$rec" "$(cat "$rec/pid")" "$1" "$2" "$id" "$3"
+    ) < /dev/null > /dev/null 2>&1 8>&-
+  else
+    echo "vmrun: no python3 on this host: hangs are not watched" >> "$rec/log"
   fi
 fi
 if [ -n "$store_to" ]; then

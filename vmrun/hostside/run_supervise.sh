@@ -8,7 +8,7 @@
 # worker's code (run_failure.py reads torchrun's summary, and writes failure.json: which rank,
 # where). Once exit_code is there the run has ended, for every reader, though this shell
 # may still be telling it. 75: the run stopped after its snapshot to go on elsewhere (REC/requeue,
-# written on a spot interruption notice: spot_watch.py).
+# written on a spot interruption notice: spot_watch.py). 124: its hang watcher stopped it.
 rec=$1; mode=$2; marks=$3; shift 3
 # shellcheck disable=SC2086  # the fields after the command name, split on purpose
 (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
@@ -34,6 +34,8 @@ if [ -n "$m" ]; then
 fi
 # stopped after a snapshot to go on elsewhere (a spot notice: the template wrote the requeue file)
 if [ "$rc" = 0 ] && [ -s "$rec/requeue" ]; then rc=75; fi
+# stopped by its hang watcher (--on-hang stop, hang_watch.py): 124, as timeout(1) says it
+if [ "$rc" != 0 ] && [ -e "$rec/hang_stopped" ]; then rc=124; fi
 if [ ! -e "$rec/stopped" ]; then
   echo "$rc" > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
 fi

@@ -21,6 +21,7 @@ SLURM_ONLY = (
 HOSTS_ONLY = (
     "-H", "--local", "--master", "--nnodes", "--rdzv-port", "--allow-concurrent", "--fresh",
     "--resume", "--fetch-every", "--down-after-run", "--spare", "--supervisor",
+    "--ignore-gpu-health",
 )  # fmt: skip
 RECOVERY = ("--spare", "--supervisor", "--max-recoveries")
 WHAT_RUNS = (
@@ -73,7 +74,8 @@ RULES: tuple[Rule, ...] = (
          says="--local trains on this machine; drop -H or --local"),
     Rule(("-H",), when="--local", commands=("sweep",), code="flags-conflict",
          says="--local sweeps on this machine; drop -H or --local"),
-    Rule(("--detach", "--allow-concurrent", "--down-after-run"), when="--local",
+    Rule(("--detach", "--allow-concurrent", "--down-after-run", "--ignore-gpu-health"),
+         when="--local",
          code="flags-conflict", says="{flags} {are}" + _LOCAL_STAYS),
     Rule(("--data",), when="--local", code="flags-conflict",
          says="--data pushes to hosts (-H); a --local run reads the data where it is"),

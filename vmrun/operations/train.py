@@ -100,6 +100,7 @@ class HostOptions:
     max_recoveries: int | None = None
     spares: list[str] | None = None
     supervisor: str | None = None
+    ignore_gpu_health: bool = False  # start where a GPU's health check fails
 
     def flags(self) -> dict[str, Any]:
         return {
@@ -109,6 +110,7 @@ class HostOptions:
             "--fetch-every": self.fetch_every, "--down-after-run": self.down_after_run,
             "--recover": self.recover, "--max-recoveries": self.max_recoveries,
             "--spare": self.spares, "--supervisor": self.supervisor,
+            "--ignore-gpu-health": self.ignore_gpu_health,
         }  # fmt: skip
 
 
@@ -180,7 +182,8 @@ def train(
     notify = Notify.from_settings(settings.notify, settings.notify_on)
     how = StartOptions(allow_concurrent=hosts.allow_concurrent, resume=resume,
                        fresh=hosts.fresh, down_after_run=hosts.down_after_run,
-                       notify=notify or None)  # fmt: skip
+                       notify=notify or None,
+                       ignore_gpu_health=hosts.ignore_gpu_health)  # fmt: skip
     return _on_hosts(plan, hosts, settings, how, Placement(wiring), detach=detach,
                      verbose=verbose, out=out)  # fmt: skip
 
@@ -324,6 +327,8 @@ def _on_hosts(
                                                        settings.max_recoveries),
             )  # fmt: skip
             plan = replace(plan, recover=True)
+        if how.resume is None:  # a resumed run keeps its own (its run.json's)
+            plan = _watched(plan, settings)
         code = run_remote(
             plan,
             entries,
@@ -339,6 +344,18 @@ def _on_hosts(
             on_start=supervised.start(out) if supervised else None,
         )
         return code
+
+
+def _watched(plan: Plan, settings: Settings) -> Plan:
+    """The plan with its hang watch (`hang_timeout`, `on_hang`: flags over vmrun.toml)."""
+    from vmrun.setting_types import OFF, period_seconds
+
+    if settings.hang_timeout == OFF:
+        return replace(plan, hang_timeout=0)
+    action = settings.on_hang
+    if action == "auto":
+        action = "stop" if plan.recover else "wait"
+    return replace(plan, hang_timeout=period_seconds(settings.hang_timeout), on_hang=action)
 
 
 def _nodes(entries: list[Any], labels: list[str], settings: Settings) -> list[Any]:

@@ -57,6 +57,15 @@ class Plan:
     store_access: Access | None = None  # who reads or writes the buckets (never recorded)
     store: StoreURL | None = None  # --store: the run's outputs go to STORE/RUN_ID as written
     recover: bool = False  # --recover: its nodes watch for a cloud's notice (spot_watch.py)
+    hang_timeout: int = 0  # seconds without progress that make it hung (0: not watched)
+    on_hang: str = "wait"  # what then: wait, or stop (hostside/hang_watch.py)
+
+    def hang_watch(self) -> str:
+        """run_start.sh's VMRUN_HANG_WATCH (`SECONDS ACTION RANKED`), "" when not watched:
+        RANKED, torchrun's ranks' lines carry their prefix (its banner is not progress)."""
+        if not self.hang_timeout:
+            return ""
+        return f"{self.hang_timeout} {self.on_hang} {int(self.launcher == 'torchrun')}"
 
 
 def make_plan(

@@ -345,6 +345,21 @@ def describe(argv: tuple[str, ...]) -> str:
     return command_line(argv)
 
 
+def run_for_output(
+    conn: Channels, argv: Iterable[str], **options: Any
+) -> tuple[CommandResult, str]:
+    """`conn.run`, and its whole standard output (a result keeps only the last 64 KiB:
+    `nvidia-smi -q` of eight GPUs, or many ranks' stacks, are longer)."""
+    chunks: list[bytes] = []
+
+    def keep(stream: str, data: bytes) -> None:
+        if stream == "out":
+            chunks.append(data)
+
+    result = conn.run(argv, on_output=keep, **options)
+    return result, b"".join(chunks).decode(errors="replace")
+
+
 def command_line(argv: tuple[str, ...]) -> str:
     """A user's command as it is shown in messages: quoted, at most 60 characters."""
     line = quoting.join(argv)

@@ -72,6 +72,15 @@ Conventions (the CLI and the tests rely on them):
   set), save at the next safe point, write the file, exit 0. $VMRUN_WARNED_FILE existing
   counts as a SIGUSR2 (vmrun's batch script writes it on the warning, which a process still
   starting up would miss).
+- Heartbeats and step times: with $VMRUN_BEAT_DIR set (vmrun sets it), every rank rewrites
+  `rank-R` there at most once a second while it steps (JSON: rank, epoch, step, t): vmrun's
+  hang watcher reads them as progress. Each rank times its steps' own work (waiting for the
+  batch, then the forward pass and loss: on CUDA by events, read once an epoch; never the
+  backward, where DDP's all_reduce makes every rank wait for the slowest); after each epoch
+  one all_reduce gathers the mean per rank into metrics.jsonl's `rank_step_s` (indexed by
+  rank) and, where torchrun says it, `rank_node` (each rank's node, GROUP_RANK). A rank
+  slower than the median of the others by SLOW_RATIO is named in the log once, when the slow
+  ranks change.
 - Snapshot now, go on: SIGUSR1 (vmrun names it in $VMRUN_SNAPSHOT_SIGNAL; it sends it on a
   cloud's early warning, such as a spot VM's rebalance recommendation) is agreed the same way
   (the stopping signals win); rank 0 snapshots that epoch unless it just did, and training
@@ -111,6 +120,11 @@ SNAPSHOT = "snapshot.pt"
 FINAL_MODEL = "finalmodel.pt"
 METRICS = "metrics.jsonl"
 REQUEUE_FILE_ENV = "VMRUN_REQUEUE_FILE"
+BEAT_DIR_ENV = "VMRUN_BEAT_DIR"
+# a rank is slow when its step takes this much longer than the median of the others' and at
+# least SLOW_GAP_S more (vmrun.results.stragglers keeps the same rule for status and report)
+SLOW_RATIO = 1.2
+SLOW_GAP_S = 0.002
 WARNED_FILE_ENV = "VMRUN_WARNED_FILE"
 # metrics.jsonl key -> TensorBoard tag (step: the epoch)
 EVENT_TAGS = {
@@ -417,6 +431,80 @@ class EpochStats:
     samples: int
     seconds: float
     accuracy: float | None  # classify only: the fraction of training samples right
+    rank_step_s: list[float] | None = None  # each rank's mean step work (distributed runs)
+    rank_node: list[int] | None = None  # each rank's node, where torchrun says it
+
+
+class StepTimer:
+    """This rank's own work per step: waiting for its batch (wall clock) plus the forward
+    pass and loss (CUDA events on a GPU, read at the epoch's end so no step waits for them;
+    wall clock on the CPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.seconds, self.steps = 0.0, 0
+        self.events: list[tuple[Any, Any]] = []
+        self.began = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self.events.append((torch.cuda.Event(enable_timing=True),
+                                torch.cuda.Event(enable_timing=True)))  # fmt: skip
+            self.events[-1][0].record()
+        else:
+            self.began = time.perf_counter()
+
+    def stop(self) -> None:
+        self.steps += 1
+        if self.cuda:
+            self.events[-1][1].record()
+        else:
+            self.seconds += time.perf_counter() - self.began
+
+    def mean(self) -> float:
+        """Seconds per step (call after the epoch's last step: it may wait for the GPU)."""
+        gpu = 0.0
+        if self.events:
+            self.events[-1][1].synchronize()
+            gpu = sum(a.elapsed_time(b) for a, b in self.events) / 1000
+        return (self.seconds + gpu) / max(self.steps, 1)
+
+
+class Beat:
+    """This rank's heartbeat in $VMRUN_BEAT_DIR/rank-R, rewritten at most once a second."""
+
+    def __init__(self, rank: int):
+        folder = os.environ.get(BEAT_DIR_ENV)
+        self.path = Path(folder) / f"rank-{rank}" if folder else None
+        self.rank, self.due = rank, 0.0
+
+    def step(self, epoch: int, step: int) -> None:
+        now = time.time()
+        if self.path is None or now < self.due:
+            return
+        self.due = now + 1.0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text(json.dumps({"rank": self.rank, "epoch": epoch, "step": step, "t": now}))
+            os.replace(tmp, self.path)
+        except OSError:
+            self.path = None  # a heartbeat is never worth failing the run for
+
+
+def slow_ranks(step_s: Sequence[float]) -> list[tuple[int, float, float]]:
+    """(rank, its step time, the median of the others') for each rank slower than the
+    others by SLOW_RATIO and SLOW_GAP_S."""
+    slow = []
+    for rank, mine in enumerate(step_s):
+        others = sorted(t for r, t in enumerate(step_s) if r != rank)
+        if not others:
+            continue
+        middle = len(others) // 2
+        typical = others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
+        if typical > 0 and mine >= SLOW_RATIO * typical and mine - typical >= SLOW_GAP_S:
+            slow.append((rank, mine, typical))
+    return slow
 
 
 def run_epoch(
@@ -425,15 +513,29 @@ def run_epoch(
     model: nn.Module,
     loader: DataLoader,
     optimizer: torch.optim.Optimizer,
+    epoch: int = 0,
+    beat: Beat | None = None,
 ) -> EpochStats:
-    """One pass over this rank's shard; the global mean loss (and accuracy) as trained."""
+    """One pass over this rank's shard; the global mean loss (and accuracy) as trained, and
+    each rank's step time (see StepTimer)."""
     model.train()
     began = time.perf_counter()
+    timer = StepTimer(ctx.device)
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, samples, right
-    for x, y in loader:
+    batches = iter(loader)
+    step = 0
+    while True:
+        waited = time.perf_counter()
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            break
+        timer.seconds += time.perf_counter() - waited
+        timer.start()
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         out = model(x)
         loss = loss_of(task, out, y)
+        timer.stop()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -441,11 +543,30 @@ def run_epoch(
         totals[1] += x.shape[0]
         if task == "classify":
             totals[2] += (out.detach().argmax(dim=1) == y).sum()
+        step += 1
+        if beat is not None:
+            beat.step(epoch, step)
+    step_s, nodes = None, None
     if ctx.distributed:
         dist.all_reduce(totals)
+        step_s, nodes = gather_step_times(ctx, timer.mean())
     elapsed = time.perf_counter() - began
     accuracy = (totals[2] / totals[1]).item() if task == "classify" else None
-    return EpochStats((totals[0] / totals[1]).item(), int(totals[1].item()), elapsed, accuracy)
+    return EpochStats((totals[0] / totals[1]).item(), int(totals[1].item()), elapsed, accuracy,
+                      step_s, nodes)  # fmt: skip
+
+
+def gather_step_times(ctx: Ctx, mine: float) -> tuple[list[float], list[int] | None]:
+    """Every rank's step time (and node, where GROUP_RANK says it), on every rank: one
+    all_reduce of a tensor in which each rank fills its own places."""
+    node = os.environ.get("GROUP_RANK", "")
+    table = torch.zeros(2 * ctx.world_size, dtype=torch.float64, device=ctx.device)
+    table[ctx.rank] = mine
+    table[ctx.world_size + ctx.rank] = int(node) if node.isdigit() else -1
+    dist.all_reduce(table)
+    values = table.tolist()
+    nodes = [int(n) for n in values[ctx.world_size :]]
+    return values[: ctx.world_size], nodes if min(nodes) >= 0 else None
 
 
 def evaluate(
@@ -547,6 +668,10 @@ def log_epoch(
     )
     if eval_accuracy is not None:
         line["eval_accuracy"] = eval_accuracy
+    if stats.rank_step_s is not None:
+        line["rank_step_s"] = [round(t, 6) for t in stats.rank_step_s]
+    if stats.rank_node is not None:
+        line["rank_node"] = stats.rank_node
     with open(Path(args.out_dir) / METRICS, "a") as fh:
         fh.write(json.dumps(line) + "\n")
     accuracies = (
@@ -650,6 +775,8 @@ class Job:
     loader: DataLoader
     eval_shard: tuple[torch.Tensor, torch.Tensor]
     events: Events
+    beat: Beat | None = None
+    slow: tuple[int, ...] = ()  # the slow ranks last named in the log
 
 
 def train(args: argparse.Namespace, ctx: Ctx) -> None:
@@ -684,7 +811,8 @@ def train(args: argparse.Namespace, ctx: Ctx) -> None:
             f" global), {len(loader)} steps/epoch, lr {args.lr}, {args.eval_size} held out"
         )
     events = Events.open(ctx, out_dir, start) if start <= total else Events()
-    job = Job(args, ctx, bare, model, optimizer, sampler, loader, eval_shard, events)
+    job = Job(args, ctx, bare, model, optimizer, sampler, loader, eval_shard, events,
+              Beat(ctx.rank))  # fmt: skip
     try:
         if start == 1:  # a new trajectory: a resumed one has its settings already
             classify = ["train/accuracy", "eval/accuracy"] if args.task == "classify" else []
@@ -705,8 +833,9 @@ def train_epochs(job: Job, start: int) -> bool:
     args, ctx, total = job.args, job.ctx, job.args.total_epochs
     for epoch in range(start, total + 1):
         job.sampler.set_epoch(epoch)
-        stats = run_epoch(ctx, args.task, job.model, job.loader, job.optimizer)
+        stats = run_epoch(ctx, args.task, job.model, job.loader, job.optimizer, epoch, job.beat)
         evaluated = evaluate(ctx, args.task, job.bare, job.eval_shard)
+        say_slow_ranks(job, stats)
         saved = record_epoch(job, epoch, stats, evaluated)
         if epoch < total and (signum := agreed_signal(ctx)):
             if ctx.rank == 0 and not saved:
@@ -717,6 +846,24 @@ def train_epochs(job: Job, start: int) -> bool:
             stop_for_requeue(ctx, epoch, signum)
             return False
     return True
+
+
+def say_slow_ranks(job: Job, stats: EpochStats) -> None:
+    """Rank 0 names the slow ranks (by step time) when they change."""
+    if stats.rank_step_s is None:
+        return
+    slow = slow_ranks(stats.rank_step_s)
+    if tuple(r for r, *_ in slow) == job.slow:
+        return
+    job.slow = tuple(r for r, *_ in slow)
+    if not slow:
+        job.ctx.say("no rank is slow any more")
+        return
+    nodes = stats.rank_node
+    for rank, mine, typical in slow:
+        where = f" (node {nodes[rank]})" if nodes else ""
+        job.ctx.say(f"slow rank {rank}{where}: {mine / typical:.1f}x the others' step time"
+                    f" ({mine:.3f}s vs {typical:.3f}s)")  # fmt: skip
 
 
 def record_epoch(

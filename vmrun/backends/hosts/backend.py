@@ -42,6 +42,7 @@ from vmrun.errors import (
     Detached,
     Interrupted,
     UsageError,
+    VmrunError,
     run_failed,
     run_stopped,
 )
@@ -136,7 +137,7 @@ class HostsBackend:
         with live:
             _pull_images(self.group, nodes, out, progress)
             staged = self.group.map(
-                lambda entry, conn: stage(nodes[entry.label], plan, out, progress, files),
+                lambda entry, conn: _stage(conn, nodes[entry.label], plan, out, progress, files),
                 only=only,
             )
         raise_for_failures(staged, one_as_itself=True)
@@ -404,6 +405,27 @@ def _node_argv(node: Node, argv: list[str], env: dict[str, str], rid: str, index
     )  # fmt: skip
 
 
+def _stage(
+    conn: Connection,
+    node: Node,
+    plan: Plan,
+    out: Reporter,
+    progress: Progress | None,
+    files: list[str] | None,
+) -> None:
+    """The node's code and script in place; py-spy there too for a run watched for hangs
+    (its watcher takes the ranks' stacks; without py-spy a hang is told without them)."""
+    stage(node, plan, out, progress, files)
+    if plan.hang_timeout and node.image is None:
+        from vmrun.runs.stack_tool import ensure
+
+        try:
+            ensure(conn, node.env.python)
+        except VmrunError as exc:
+            out.warn(f"{node.label}: a hang would be told without the ranks' stacks:"
+                     f" {exc.one_line()}")  # fmt: skip
+
+
 def _out_dir(plan: Plan, workdir: str, rid: str) -> str:
     return f"{workdir}/results/{rid}" if plan.is_template else workdir
 
@@ -456,6 +478,8 @@ def _start_all(
         **({"code_earlier": earlier} if earlier else {}),
         **({"store": str(place), "store_node": holder} if place else {}),
         **({"recover": True} if plan.recover else {}),
+        **({"hang_timeout": plan.hang_timeout, "on_hang": plan.on_hang}
+           if plan.hang_timeout else {}),
         **prices({e.label: e.vars.get("price") for e in group.entries if e.label in nodes}),
     }
 
@@ -470,6 +494,8 @@ def _start_all(
         if notify and entry.label == labels[0]:
             told = notify.host_config(_notify_facts(plan, rid, labels))
             env = {**env, "VMRUN_NOTIFY_CONFIG": told}
+        if plan.hang_watch():  # hang_watch.py beside it (run_start.sh)
+            env = {**env, "VMRUN_HANG_WATCH": plan.hang_watch()}
         if plan.recover and not node.image:  # spot_watch.py beside it (run_start.sh); in an
             # image the ranks are the engine's, out of its reach
             env = {**env, "VMRUN_SPOT_WATCH": "1"}

@@ -143,6 +143,33 @@ def order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
     return [master, *(e for e in entries if e is not master)]
 
 
+def check_gpu_health(conn: Connection, entry: HostEntry, gpus: int, out: Reporter) -> None:
+    """A host with GPUs (or a `nvidia_smi` named for it) is refused when a GPU is unfit to
+    train on (ECC errors since the driver loaded, a pending page retirement or row
+    remapping, an Xid that needs a reset); what only slows it (clocks held down, a narrow
+    PCIe link) is said."""
+    if not gpus and not entry.vars.get("nvidia_smi"):
+        return
+    from vmrun.gpus.health import ERROR, WARN, read_host
+    from vmrun.gpus.targets import nvidia_smi_for
+
+    health = read_host(conn, nvidia_smi_for(entry))
+    if health.worst == ERROR:
+        said = health.lines(ERROR)
+        more = ""
+        if len(said) > 1:
+            more = f" (and {len(said) - 1} more: `vmrun doctor -H {entry.label}`)"
+        raise UsageError(
+            f"{said[0]}{more}; nothing was started",
+            host=entry.label,
+            hint="fix or reset that GPU, leave the host out, or start anyway with"
+            " --ignore-gpu-health",
+            code="gpu-unhealthy",
+        )
+    for line in health.lines(WARN):
+        out.warn(f"{entry.label}: {line}")
+
+
 def preflight(
     group: Group,
     plan: Plan,
@@ -171,6 +198,8 @@ def preflight(
         if warning:
             out.warn(f"{entry.label}: {warning}")
         node = Node(entry, conn, env)
+        if not how.ignore_gpu_health:
+            check_gpu_health(conn, entry, env.gpus, out)
         if request is not None:
             from vmrun.backends.hosts.images import probe as probe_image
 

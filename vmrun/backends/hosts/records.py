@@ -61,6 +61,8 @@ class RunRecord:
     gave_up: bool = False
     notice: dict[str, Any] | None = None  # a cloud said the node goes (spot_watch.py)
     requeued: int | None = None  # stopped after this epoch's snapshot, to go on elsewhere
+    slow: str = ""  # the slow ranks of its last epoch (vmrun.results.stragglers), if any
+    hung: dict[str, Any] | None = None  # its hang watcher found it stuck (REC/hang)
 
     @property
     def running(self) -> bool:
@@ -245,13 +247,26 @@ def _read_stopped(record: RunRecord, value: str) -> None:
 
 
 def _read_metrics(record: RunRecord, value: str) -> None:
-    """This attempt's metrics.jsonl: its last epoch wins over the log."""
+    """This attempt's metrics.jsonl: its last epoch wins over the log; its slow ranks."""
+    from vmrun.results.stragglers import from_metrics, summary
+
     try:
-        epoch = json.loads(value).get("epoch")
-    except (ValueError, AttributeError):
-        epoch = None
-    if isinstance(epoch, int):
-        record.progress = f"epoch {epoch}"
+        line = json.loads(value)
+    except ValueError:
+        return
+    if not isinstance(line, dict):
+        return
+    if isinstance(line.get("epoch"), int):
+        record.progress = f"epoch {line['epoch']}"
+    record.slow = summary(from_metrics(line))
+
+
+def _read_hang(record: RunRecord, value: str) -> None:
+    try:
+        seen = json.loads(value)
+    except ValueError:
+        return
+    record.hung = seen if isinstance(seen, dict) else None
 
 
 def _read_saved(record: RunRecord, value: str) -> None:
@@ -317,6 +332,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "REQUEUE": _read_requeue,
     "SAVED": _read_saved,
     "PROGRESS": _read_progress,
+    "HANG": _read_hang,
 }
 
 

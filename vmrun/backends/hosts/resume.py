@@ -138,6 +138,8 @@ def _plan(rid: str, meta: dict[str, Any], env: dict[str, str], store_credentials
         store=store,
         store_access=resolve(store_credentials) if store is not None else None,
         recover=bool(meta.get("recover")),
+        hang_timeout=int(meta.get("hang_timeout") or 0),
+        on_hang=str(meta.get("on_hang") or "wait"),
     )
 
 

@@ -1,0 +1,127 @@
+"""The control logic of hangs, stacks and slow ranks, driven with made-up inputs: where a
+rank is read from py-spy's JSON, ranks in one place grouped, the slow-rank rule (the same in
+vmrun and in the template), and the hang watcher's sense of progress."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+
+from vmrun.results.stragglers import SLOW_GAP_S, SLOW_RATIO, from_metrics, slow_ranks, summary
+from vmrun.runs.stacks import group, lines, parse, spans
+from vmrun.trainer import template
+
+HERE = Path(__file__).resolve().parent
+LIB = "/venv/lib/python3.12/site-packages"
+
+
+def frame(name: str, path: str, line: int) -> dict[str, object]:
+    return {"name": name, "filename": path, "short_filename": Path(path).name, "line": line}
+
+
+def rank_line(rank: int, frames: list[dict[str, object]], **extra: object) -> str:
+    threads = [{"thread_name": "MainThread", "frames": frames},
+               {"thread_name": "Thread-1", "frames": [frame("run", f"{LIB}/x/w.py", 5)]}]
+    return json.dumps({"rank": rank, "pid": 100 + rank, "threads": threads, **extra})
+
+
+IN_ALL_REDUCE = [
+    frame("all_reduce", f"{LIB}/torch/distributed/distributed_c10d.py", 2950),
+    frame("wrapper", f"{LIB}/torch/distributed/c10d_logger.py", 81),
+    frame("train_step", "/home/u/vmrun/p/train.py", 88),
+    frame("<module>", "/home/u/vmrun/p/train.py", 120),
+]
+IN_OWN_CODE = [frame("load", "/home/u/vmrun/p/data.py", 41),
+               frame("<module>", "/home/u/vmrun/p/train.py", 120)]  # fmt: skip
+
+
+def test_ranks_in_one_place_print_once_and_the_odd_rank_stands_out() -> None:
+    text = "\n".join([
+        *(rank_line(r, IN_ALL_REDUCE) for r in (0, 1)), '{"done": 2, "tool": "/x/py-spy"}',
+    ])  # fmt: skip
+    other = "\n".join([rank_line(2, IN_ALL_REDUCE), rank_line(3, IN_OWN_CODE)])
+    stacks = parse(text, "n1") + parse(other, "n2")
+    assert [(g.ranks, g.place) for g in group(stacks)] == [
+        ([0, 1, 2], "all_reduce at train.py:88"), ([3], "in load at data.py:41")]
+    said = lines(stacks)
+    assert said == ["ranks 0-2 (n1, n2): all_reduce at train.py:88",
+                    "rank 3 (n2): in load at data.py:41"]  # fmt: skip
+    full = lines(stacks, full=True)
+    assert "    all_reduce (distributed_c10d.py:2950)" in full
+    assert any(line.startswith("  thread Thread-1: run") for line in full)
+
+
+def test_a_rank_without_a_stack_says_why_and_library_only_stacks_name_the_innermost() -> None:
+    stacks = parse("\n".join([
+        json.dumps({"rank": 0, "pid": 7, "error": "Operation not permitted"}),
+        rank_line(1, [frame("wait", f"{LIB}/threading.py", 320)]),
+        "not json", json.dumps({"done": 2}),
+    ]), "h")  # fmt: skip
+    assert [s.place for s in stacks] == ["no stack: Operation not permitted",
+                                          "in wait at threading.py:320"]  # fmt: skip
+
+
+def test_spans() -> None:
+    assert spans([5, 0, 1, 2, 2]) == "0-2,5"
+    assert spans([3]) == "3"
+
+
+def test_the_slow_rank_rule_and_the_template_agree() -> None:
+    assert (SLOW_RATIO, SLOW_GAP_S) == (template.SLOW_RATIO, template.SLOW_GAP_S)
+    cases = [[0.1, 0.1, 0.1, 0.21], [0.1, 0.11, 0.1, 0.1], [0.001, 0.001, 0.0011, 0.0025],
+             [0.2, 0.1], [0.5], [0.1, 0.1, 0.3, 0.3]]  # fmt: skip
+    for times in cases:
+        ours = [(s.rank, s.seconds, s.typical) for s in slow_ranks(times)]
+        assert ours == template.slow_ranks(times), times
+    assert [s.rank for s in slow_ranks(cases[0])] == [3]
+    assert slow_ranks(cases[1]) == []  # 10% is within the margin
+    assert slow_ranks(cases[2]) == [] or [s.rank for s in slow_ranks(cases[2])] == [3]
+    assert [s.rank for s in slow_ranks(cases[3])] == [0]
+
+
+def test_metrics_name_the_slow_rank_and_its_node() -> None:
+    line = {"epoch": 3, "rank_step_s": [0.1, 0.1, 0.1, 0.25], "rank_node": [0, 0, 1, 1]}
+    assert summary(from_metrics(line)) == "rank 3 (node 1) slow: 2.5x"
+    assert from_metrics({"epoch": 3}) == []
+    assert summary(from_metrics({"rank_step_s": [0.1, 0.3], "rank_node": [0]})) == (
+        "rank 1 slow: 3.0x")
+
+
+def _watch_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(
+        "hang_watch", HERE.parent / "vmrun" / "hostside" / "hang_watch.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_progress_is_a_ranks_line_or_a_heartbeat_never_torchruns_banner(tmp_path: Path) -> None:
+    watch = _watch_module()
+    rec = tmp_path
+    (rec / "log").write_bytes(b"an earlier attempt's line\n")
+    progress = watch.Progress(str(rec), ranked=True)
+    assert progress.seen() is None
+    with open(rec / "log", "ab") as log:
+        log.write(b"W1129 torchrun's banner\n")
+    assert progress.seen() is None  # no rank's line yet: silence is no news
+    with open(rec / "log", "ab") as log:
+        log.write(b"\x1e[rank2]:step 1\n[rank3]:half a li")
+    first = progress.seen()
+    assert first is not None
+    (rec / "beat").mkdir()
+    (rec / "beat" / "rank-0").write_text("{}")
+    later = time.time() + 100
+    os.utime(rec / "beat" / "rank-0", (later, later))
+    assert progress.seen() == later
+    plain = watch.Progress(str(rec), ranked=False)
+    with open(rec / "log", "ab") as log:
+        log.write(b"ne\nany line\n")
+    assert plain.seen() is not None
+
+
+def test_the_watchers_spans_match_vmruns() -> None:
+    assert _watch_module().spans([0, 1, 3, 4, 5, 9]) == spans([0, 1, 3, 4, 5, 9]) == "0-1,3-5,9"

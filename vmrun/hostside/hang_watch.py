@@ -1,0 +1,181 @@
+"""Beside a run on each node: a run that stops moving while its processes live (a collective
+that waits for a rank that never comes, a dead data loader), found and told once.
+
+    python3 hang_watch.py REC PID TIMEOUT ACTION RUN_ID RANKED
+
+Progress is a rank's heartbeat (REC/beat/rank-R, which vmrun's trainer writes every second
+while it steps; a script of its own may touch such a file too) or a new line in the run's
+log from a rank (RANKED=1: torchrun's output, whose ranks' lines carry their prefix, so its
+own banner is not progress; 0: any line). A node judges only once it has seen progress:
+on a node whose ranks print nothing and beat nothing, silence is no news. When none came
+for TIMEOUT seconds, once per stall:
+
+- every rank's stacks on this node go to REC/stacks/hang-N/ (stacks.py, py-spy);
+- REC/hang holds what was seen (JSON: since, seen, timeout, host, ranks, stacks, action)
+  and the log gets one line naming the host, the ranks and where the stacks are;
+- ACTION stop: the ranks get SIGTERM, SIGKILL 10 s later, and REC/hang_stopped is written,
+  so the run ends failed (exit 124, run_supervise.sh) and a --recover run's supervisor
+  brings it back from its snapshot; ACTION wait: it goes on watching, and says so when
+  progress comes again (the next stall is a new one).
+
+PID is the run's supervising shell; the watch ends with it. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings on the host
+from spot_watch import alive  # type: ignore[import-not-found]
+from stacks import ranks  # type: ignore[import-not-found]
+
+RANK_LINE = re.compile(rb"^\x1e?\[rank\d+\]:", re.MULTILINE)
+
+
+def tell(rec: str, text: str) -> None:
+    with open(os.path.join(rec, "log"), "a") as log:  # O_APPEND, beside the run's own lines
+        log.write(f"vmrun: {text}\n")
+
+
+def period(seconds: float) -> str:
+    seconds = int(seconds)
+    parts = [(seconds // 3600, "h"), (seconds // 60 % 60, "m"), (seconds % 60, "s")]
+    return "".join(f"{n}{u}" for n, u in parts if n) or "0s"
+
+
+def spans(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> `0-2,5`."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
+
+
+class Progress:
+    """The newest sign of progress on this node (this host's clock), None before the first."""
+
+    def __init__(self, rec: str, ranked: bool):
+        self.rec, self.ranked = rec, ranked
+        self.offset = 0
+        with contextlib.suppress(OSError):  # an earlier attempt's lines are not this one's
+            self.offset = os.path.getsize(os.path.join(rec, "log"))
+        self.last: float | None = None
+
+    def seen(self) -> float | None:
+        try:
+            with open(os.path.join(self.rec, "log"), "rb") as log:
+                log.seek(self.offset)
+                new = log.read(1 << 22)
+            cut = new.rfind(b"\n") + 1  # whole lines only; the rest is read again
+            if cut and (not self.ranked or RANK_LINE.search(new[:cut])):
+                self.last = time.time()
+            self.offset += cut
+        except OSError:
+            pass
+        beat = os.path.join(self.rec, "beat")
+        try:
+            for name in os.listdir(beat):
+                when = os.stat(os.path.join(beat, name)).st_mtime
+                if self.last is None or when > self.last:
+                    self.last = when
+        except OSError:
+            pass
+        return self.last
+
+
+def stacks(rec: str, run_id: str, folder: str) -> list[int]:
+    """Every rank's stacks here into `folder` (stacks.py beside this file); their ranks."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    python = sys.executable
+    try:
+        with open(os.path.join(rec, "run.json")) as fh:
+            python = json.load(fh).get("python") or python
+    except (OSError, ValueError):
+        pass
+    try:
+        done = subprocess.run([python, os.path.join(here, "stacks.py"), run_id, folder],
+                              capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in done.stdout.splitlines():
+        try:
+            said = json.loads(line)
+        except ValueError:
+            continue
+        if "rank" in said:
+            found.append(int(said["rank"]))
+    return found
+
+
+def stop_ranks(run_id: str) -> None:
+    """SIGTERM to the run's ranks here, SIGKILL to those left after 10 s: torchrun sees its
+    workers fail and ends the run."""
+    pids = [int(r["pid"]) for r in ranks(run_id)]
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        until = time.time() + wait
+        while wait and time.time() < until and any(os.path.exists(f"/proc/{p}") for p in pids):
+            time.sleep(0.2)
+
+
+def write_json(path: str, value: object) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(value, fh)
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    rec, pid, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    action, run_id, ranked = sys.argv[4], sys.argv[5], sys.argv[6] == "1"
+    every = max(0.2, min(5.0, timeout / 10))
+    progress = Progress(rec, ranked)
+    host = socket.gethostname()
+    stalls, hung = 0, False
+    while alive(rec, pid):
+        last = progress.seen()
+        now = time.time()
+        if last is not None and hung and now - last < timeout:
+            hung = False
+            tell(rec, f"progress again on {host}")
+        elif last is not None and not hung and now - last >= timeout:
+            hung, stalls = True, stalls + 1
+            folder = os.path.join(rec, "stacks", f"hang-{stalls}")
+            tell(rec, f"no progress for {period(now - last)} on {host} (--hang-timeout"
+                      f" {period(timeout)}): taking every rank's stacks")  # fmt: skip
+            found = stacks(rec, run_id, folder)
+            write_json(os.path.join(rec, "hang"), {
+                "since": last, "seen": now, "timeout": timeout, "host": host,
+                "ranks": sorted(found), "stacks": os.path.relpath(folder, rec),
+                "action": action, "stall": stalls,
+            })  # fmt: skip
+            where = f"ranks {spans(found)}" if found else "no rank found"
+            then = "stopping the run" if action == "stop" else "waiting (--on-hang wait)"
+            tell(rec, f"hung on {host}: {where}; stacks in {folder}"
+                      f" (`vmrun stacks {run_id} --hang`); {then}")  # fmt: skip
+            if action == "stop":
+                write_json(os.path.join(rec, "hang_stopped"), {"seen": now})
+                stop_ranks(run_id)
+                return 0
+        time.sleep(every)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

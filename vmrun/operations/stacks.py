@@ -1,0 +1,114 @@
+"""`vmrun stacks [RUN]`: every rank's Python stack on every node of a live run, now (py-spy
+on each host, all at once; vmrun sends py-spy where there is none), or with `hang` those
+its hang watcher took when it found the run stuck. Each taking is kept under
+results/RUN/stacks/ here: a JSON file per rank and the grouped summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vmrun.config import Settings
+from vmrun.errors import UsageError, VmrunError
+from vmrun.runs.stacks import RankStack, as_json, lines, parse
+from vmrun.runs.state import RunState
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """What was found: each rank's stack, the nodes that gave none (and why), where the
+    stacks were kept, and for `hang` what each node's watcher saw (its REC/hang)."""
+
+    run_id: str
+    stacks: list[RankStack]
+    failed: dict[str, str] = field(default_factory=dict)
+    saved: Path | None = None
+    hangs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed or not self.stacks else 0
+
+    def lines(self, *, full: bool = False) -> list[str]:
+        return lines(self.stacks, full=full)
+
+
+def take(
+    settings: Settings,
+    run: str | None = None,
+    *,
+    hosts: list[str] | None = None,
+    cluster: str | None = None,
+    hang: bool = False,
+    keep: bool = True,
+) -> Stacks:
+    """The stacks of `run` (the newest running one when not named) on -H's hosts; `hang`:
+    the last ones its hang watcher took instead (the run may have ended since)."""
+    from vmrun.backends.hosts.backend import HostsBackend
+    from vmrun.backends.hosts.records import record_dir
+    from vmrun.backends.select import open_backend
+    from vmrun.hostside import HostPath, command
+    from vmrun.runs.stack_tool import ensure
+    from vmrun.ssh.channel import run_for_output
+
+    began = time.monotonic()
+    with open_backend(settings, hosts=hosts, cluster=cluster) as backend:
+        if not isinstance(backend, HostsBackend):
+            raise UsageError("vmrun stacks reads runs on SSH hosts (-H); a cluster's ranks"
+                             " are not reached yet", code="flags-conflict")  # fmt: skip
+        ref = backend.find(run, running_only=run is None and not hang)
+        running = any(r.state == RunState.RUNNING for r in ref.records.values())
+        if not hang and not running:
+            raise UsageError(f"run {ref.run_id} is not running: its stacks are gone with it",
+                             hint=f"`vmrun stacks {ref.run_id} --hang` shows those its hang"
+                                  " watcher took", code="not-running")  # fmt: skip
+        found: list[RankStack] = []
+        failed: dict[str, str] = {}
+        hangs: dict[str, dict[str, Any]] = {}
+
+        def one(entry: Any, conn: Any) -> str:
+            python = str(ref.records[entry.label].meta.get("python") or "python3")
+            if hang:
+                rec = HostPath(record_dir(ref.run_id))
+                return run_for_output(conn, command("stacks.py", "--saved", rec, python=python),
+                                      what="the hang's stacks", activity=False)[1]  # fmt: skip
+            spy = ensure(conn, python)
+            return run_for_output(conn, command("stacks.py", ref.run_id, python=python),
+                                  env={"VMRUN_PY_SPY": spy}, what="the ranks' stacks",
+                                  activity=False)[1]  # fmt: skip
+
+        for outcome in backend.group.map(one, only=set(ref.nodes)):
+            if not outcome.ok:
+                error = outcome.error
+                failed[outcome.host] = (error.one_line() if isinstance(error, VmrunError)
+                                        else str(error))  # fmt: skip
+                continue
+            text = str(outcome.value or "")
+            got = parse(text, outcome.host)
+            found += got
+            for line in text.splitlines():
+                if line.startswith('{"hang": {'):
+                    hangs[outcome.host] = json.loads(line)["hang"]
+            if not got and not hang:
+                failed[outcome.host] = "no rank of the run found there"
+    taken = Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), failed, None, hangs,
+                   time.monotonic() - began)  # fmt: skip
+    if keep and found:
+        taken = _keep(taken, settings, "hang" if hang else time.strftime("%Y%m%dT%H%M%S"))
+    return taken
+
+
+def _keep(taken: Stacks, settings: Settings, name: str) -> Stacks:
+    """results/RUN/stacks/NAME/: rank-R.json each, stacks.txt the summary."""
+    from dataclasses import replace
+
+    folder = (settings.project_dir or Path.cwd()) / "results" / taken.run_id / "stacks" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for stack in taken.stacks:
+        (folder / f"rank-{stack.rank}.json").write_text(json.dumps(as_json(stack), indent=1))
+    (folder / "stacks.txt").write_text("\n".join(taken.lines(full=True)) + "\n")
+    return replace(taken, saved=folder)

@@ -1,0 +1,168 @@
+"""Every rank's Python stack, read on its host (hostside/stacks.py: py-spy's JSON), and
+where each rank is: ranks in the same place print once, so a hang's odd rank stands out
+("ranks 0-2: all_reduce at train.py:88; rank 3: in load at data.py:41").
+
+A rank's place is its main thread's innermost frame in the user's own code (not the
+standard library's or an installed package's), with the call it is in there: the
+innermost frame inside that call that is not a wrapper (torch's c10d logger wraps each
+collective), so `dist.all_reduce(t)` on line 88 reads `all_reduce at train.py:88`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# frames that only pass a call through: the callee named is the next one in
+_WRAPPERS = frozenset({
+    "wrapper", "inner", "_fn", "decorate_context", "__call__", "_call_impl",
+    "_wrapped_call_impl", "wrapped", "_wrap",
+})  # fmt: skip
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    file: str  # py-spy's short name: the path within its package, or the script's name
+    path: str
+    line: int
+
+    @property
+    def own(self) -> bool:
+        """The user's code, not Python's or a package's."""
+        return not any(part in self.path for part in _LIBRARY) and not self.path.startswith("<")
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One rank's stacks (its threads, each innermost frame first), or why there are none."""
+
+    rank: int
+    node: str
+    pid: int = 0
+    threads: tuple[tuple[str, tuple[Frame, ...]], ...] = ()  # (thread name, frames)
+    error: str = ""
+
+    @property
+    def main(self) -> tuple[Frame, ...]:
+        """The main thread's frames (else the first thread's)."""
+        for name, frames in self.threads:
+            if name == "MainThread":
+                return frames
+        return self.threads[0][1] if self.threads else ()
+
+    @property
+    def place(self) -> str:
+        """Where the rank is, as printed."""
+        if self.error:
+            return f"no stack: {self.error}"
+        frames = self.main
+        if not frames:
+            return "no Python frames"
+        mine = next((i for i, f in enumerate(frames) if f.own), None)
+        if mine is None:
+            top = frames[0]
+            return f"in {top.short_name} at {top.file}:{top.line}"
+        at = frames[mine]
+        callee = next((f for f in reversed(frames[:mine]) if f.short_name not in _WRAPPERS), None)
+        if callee is None:
+            return f"in {at.short_name} at {at.file}:{at.line}"
+        return f"{callee.short_name} at {at.file}:{at.line}"
+
+
+def parse_line(line: str, node: str) -> RankStack | None:
+    """One line of hostside/stacks.py's output (None: not a rank's)."""
+    try:
+        said = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(said, dict) or "rank" not in said:
+        return None
+    threads = []
+    for thread in said.get("threads") or ():
+        frames = tuple(
+            Frame(str(f.get("name") or "?"), str(f.get("short_filename") or f.get("filename")),
+                  str(f.get("filename") or ""), int(f.get("line") or 0))
+            for f in thread.get("frames") or ()
+        )  # fmt: skip
+        threads.append((str(thread.get("thread_name") or thread.get("thread_id")), frames))
+    return RankStack(int(said["rank"]), node, int(said.get("pid") or 0), tuple(threads),
+                     str(said.get("error") or ""))  # fmt: skip
+
+
+def parse(text: str, node: str) -> list[RankStack]:
+    return [s for line in text.splitlines() if (s := parse_line(line, node)) is not None]
+
+
+def spans(numbers: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> `0-2,5`."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Ranks in one place."""
+
+    place: str
+    stacks: tuple[RankStack, ...] = field(default_factory=tuple)
+
+    @property
+    def ranks(self) -> list[int]:
+        return [s.rank for s in self.stacks]
+
+    @property
+    def label(self) -> str:
+        ranks = self.ranks
+        word = "ranks" if len(ranks) > 1 else "rank"
+        nodes = list(dict.fromkeys(s.node for s in self.stacks))
+        return f"{word} {spans(ranks)} ({', '.join(nodes)})"
+
+
+def group(stacks: Sequence[RankStack]) -> list[Group]:
+    """Ranks by place; the place with the lowest rank first."""
+    by_place: dict[str, list[RankStack]] = {}
+    for stack in sorted(stacks, key=lambda s: s.rank):
+        by_place.setdefault(stack.place, []).append(stack)
+    return [Group(place, tuple(found)) for place, found in by_place.items()]
+
+
+def lines(stacks: Sequence[RankStack], *, full: bool = False) -> list[str]:
+    """What `vmrun stacks` prints: a line per place; `full`: each place's main-thread
+    stack (its first rank's) and the other threads' innermost frames beneath it."""
+    out = []
+    for found in group(stacks):
+        out.append(f"{found.label}: {found.place}")
+        first = found.stacks[0]
+        if not full or first.error:
+            continue
+        for frame in first.main:
+            out.append(f"    {frame.name} ({frame.file}:{frame.line})")
+        for name, frames in first.threads:
+            if frames is not first.main and frames:
+                out.append(f"  thread {name}: {frames[0].name} ({frames[0].file}:{frames[0].line})")
+    return out
+
+
+def as_json(stack: RankStack) -> dict[str, Any]:
+    return {
+        "rank": stack.rank, "node": stack.node, "pid": stack.pid, "place": stack.place,
+        **({"error": stack.error} if stack.error else {}),
+        "threads": [
+            {"name": name, "frames": [{"name": f.name, "file": f.file, "path": f.path,
+                                       "line": f.line} for f in frames]}
+            for name, frames in stack.threads
+        ],
+    }  # fmt: skip
