@@ -77,9 +77,16 @@ def install(host: TestHost, fixture: str, *, apps: str | None = None, bin_dir: s
 
 
 def starts(replay: Path) -> list[tuple[int, str]]:
-    """(pid, arguments) of every stand-in start so far."""
+    """(pid, arguments) of every streaming stand-in start so far (not the health reads'
+    `nvidia-smi -q`, once a minute: health_reads)."""
     lines = replay.joinpath("starts.log").read_text().splitlines()
-    return [(int(pid), args) for pid, _, args in (line.partition(" ") for line in lines)]
+    found = [(int(pid), args) for pid, _, args in (line.partition(" ") for line in lines)]
+    return [(pid, args) for pid, args in found if args != "-q"]
+
+
+def health_reads(replay: Path) -> int:
+    lines = replay.joinpath("starts.log").read_text().splitlines()
+    return sum(1 for line in lines if line.partition(" ")[2] == "-q")
 
 
 def alive(pid: int) -> bool:
@@ -198,8 +205,31 @@ def test_once_table_piped_keeps_whole_rows_and_names_hosts_without_gpus(
     assert "h3 no GPU no NVIDIA driver loaded (NVIDIA-SMI has failed" in text
     assert len(starts(replay)) == 2  # one --query-gpu and one --query-compute-apps ...
     assert all("--loop" not in args for _, args in starts(replay))
-    assert sessions(hosts["h1"]) - channels == 1  # ... on one channel
+    # ... on one channel, beside one `nvidia-smi -q` for the GPUs' health
+    assert health_reads(replay) == 1 and sessions(hosts["h1"]) - channels == 2
     assert_nothing_left(hosts["h1"], replay)
+
+
+def test_a_sick_gpu_is_flagged_beside_its_use_and_memory(
+    hosts: dict[str, TestHost], bed_client: Client
+) -> None:
+    """GPU 1 with a row remapping pending (`nvidia-smi -q` recorded on a real A100, from
+    tests/fixtures/gpu_health, replayed by the stand-in): REMAP beside it, in the table and
+    in --json, and a line below the table saying where to look."""
+    replay = install(hosts["h1"], "t4x2_training")
+    shutil.copy(ROOT / "tests" / "fixtures" / "gpu_health" /
+                "nvsmi_q_a100x4_555.42.02_remap_pending_dram_ce.txt", replay / "q.txt")
+    _chown_tree(replay, hosts["h1"])
+    project(bed_client, {"h1": True})
+    done = bed_client.vmrun("watch-gpus", "--once", env={"COLUMNS": "120"})
+    assert done.returncode == 0, done.stderr
+    rows = [re.sub(r"\s+", " ", line).strip() for line in done.stdout.splitlines()]
+    assert any(r.startswith("1 REMAP T4 93%") for r in rows), done.stdout
+    assert any(r.startswith("h1 0 T4 93%") for r in rows), done.stdout
+    assert "! h1 GPU 1: REMAP (`vmrun doctor -H h1`" in _squeeze(done.stdout), done.stdout
+    as_json = bed_client.vmrun("watch-gpus", "--once", "--json")
+    (h1,) = (json.loads(line) for line in as_json.stdout.splitlines())
+    assert [g["health"] for g in h1["gpus"]] == [[], ["REMAP"]]
 
 
 def test_once_piped_never_cuts_gpu_names(hosts: dict[str, TestHost], bed_client: Client) -> None:
@@ -232,6 +262,7 @@ def test_once_json_one_object_per_host(hosts: dict[str, TestHost], bed_client: C
         "power_limit_w": 70.0,
         "idle_for_s": None,
         "idle_alert": False,
+        "health": [],
     }
     assert [g["index"] for g in h2["gpus"]] == [0, 1]
     assert [(p["gpu_index"], p["pid"], p["memory_used_mib"]) for p in h2["processes"]] == [
@@ -274,7 +305,9 @@ def test_live_json_streams_every_refresh_on_one_channel(
     assert all(args.endswith("--loop-ms=200") for _, args in started)
     assert all(alive(pid) for pid, _ in started)
     assert accepted(h1) - connections == 1
-    assert sessions(h1) - channels == 1
+    # and one more channel for the GPUs' health when it starts (`nvidia-smi -q`, then once
+    # a minute at most: HEALTH_EVERY)
+    assert health_reads(replay) == 1 and sessions(h1) - channels == 2
     assert seen == baseline, user_commands(h1)  # no grep or anything per refresh
     code, err = reader.interrupt()
     assert code == 0 and err == ""

@@ -356,3 +356,26 @@ def test_concurrent_user_script_in_the_same_workdir_is_warned_about() -> None:
     template = _plan("torchrun", template=True)
     assert preflight.shared_workdir_warning(template, busy, "vmrun/p-abc123") is None
     assert preflight.shared_workdir_warning(_plan("torchrun"), busy[1:], "vmrun/p-abc123") is None
+
+
+def test_nccls_debug_lines_go_to_the_record_unless_the_user_asks_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every run: torch's flight recorder dumps into the record's nccl/ folder; NCCL's INIT
+    and NET lines into files there (the log stays the script's), unless NCCL_DEBUG is
+    asked for (--nccl-debug, this shell, --env), which then has them in the log."""
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    rec = "/home/u/.vmrun/runs/r1/nccl"
+    _, env = node_launch.node_launch(_plan("torchrun"), _node("n1"), "r1", "1", None,
+                                     node_launch.Wiring())  # fmt: skip
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and env["TORCH_FR_DUMP_TEMP_FILE"] == (
+        f"{rec}/fr_rank_")
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert env["NCCL_DEBUG_FILE"] == f"{rec}/%h.%p.log"
+    _, asked = node_launch.node_launch(_plan("torchrun"), _node("n1"), "r1", "1", None,
+                                       node_launch.Wiring(nccl_debug="WARN"))  # fmt: skip
+    assert asked["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_FILE" not in asked
+    plan = _plan("torchrun")
+    plan.env["NCCL_DEBUG"] = "TRACE"
+    _, given = node_launch.node_launch(plan, _node("n1"), "r1", "1", None, node_launch.Wiring())
+    assert given["NCCL_DEBUG"] == "TRACE" and "NCCL_DEBUG_FILE" not in given

@@ -125,3 +125,26 @@ def test_progress_is_a_ranks_line_or_a_heartbeat_never_torchruns_banner(tmp_path
 
 def test_the_watchers_spans_match_vmruns() -> None:
     assert _watch_module().spans([0, 1, 3, 4, 5, 9]) == spans([0, 1, 3, 4, 5, 9]) == "0-1,3-5,9"
+
+
+def test_nccl_on_sockets_beside_rdma_devices_is_said_and_ib_is_not(tmp_path: Path) -> None:
+    """NCCL's lines as real runs printed them (tests/fixtures/nccl, STAND-IN: no GPU here),
+    with an RDMA device folder made here in place of /sys/class/infiniband."""
+    watch = _watch_module()
+    fixtures = HERE / "fixtures" / "nccl"
+    rdma = tmp_path / "infiniband"
+    rdma.mkdir()
+    (rdma / "mlx5_0").mkdir()
+    expected = {"socket_libibverbs_missing.log": "Socket", "socket_accelerate.log": "Socket",
+                "ib.log": "IB", "old_nccl_ib_sideband_then_socket.log": "Socket"}  # fmt: skip
+    for name, network in expected.items():
+        rec = tmp_path / name
+        (rec / "nccl").mkdir(parents=True)
+        transport = watch.Transport(str(rec), str(rdma))
+        assert transport.seen() == ""
+        (rec / "nccl" / "host.123.log").write_bytes((fixtures / name).read_bytes())
+        assert transport.seen() == network, name
+        said = transport.warning()
+        assert ("mlx5_0" in said and "NET/Socket" in said) == (network == "Socket"), said
+    no_rdma = watch.Transport(str(tmp_path / "socket_accelerate.log"), str(tmp_path / "none"))
+    assert no_rdma.seen() == "Socket" and no_rdma.warning() == ""

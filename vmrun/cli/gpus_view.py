@@ -99,8 +99,20 @@ def _gpu_cells(gpu: GpuStatus, spark: int, ascii_only: bool) -> list[Text]:
     if len(gpu.processes) > 3:
         lines.append(f"+{len(gpu.processes) - 3} more")
     procs = Text("\n".join(lines) or "-", style="" if lines else "dim", no_wrap=True)
-    name = Text(f"{r.index} {short_gpu_name(r.name)}")
-    return [name, util, memory, temp, power, procs]
+    return [_name(gpu), util, memory, temp, power, procs]
+
+
+def _name(gpu: GpuStatus) -> Text:
+    """Index and name; its health flags between them (vmrun.gpus.health), so a narrow
+    terminal cuts the name, never the flags."""
+    from rich.text import Text
+
+    r = gpu.reading
+    name = Text(f"{r.index} ")
+    if gpu.flags:
+        name.append(" ".join(gpu.flags) + " ", style="bold red")
+    name.append(short_gpu_name(r.name))
+    return name
 
 
 def render(
@@ -207,6 +219,10 @@ def _hidden_line(hidden: Sequence[HostStatus]) -> Text:
 def _alert(alerts: list[Text], host: str, gpu: GpuStatus, threshold: float) -> None:
     from rich.text import Text
 
+    if gpu.flags:
+        alerts.append(Text(f"! {host} GPU {gpu.reading.index}: {', '.join(gpu.flags)}"
+                           f" (`vmrun doctor -H {host}` says what and what to do)",
+                           style="bold red"))  # fmt: skip
     if gpu.alert and gpu.idle_for is not None:
         owner = next(p.run for p in gpu.processes if p.run)  # the alert needs one
         alerts.append(

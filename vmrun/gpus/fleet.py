@@ -8,6 +8,7 @@ here: rendering lives in `vmrun.cli.gpus_view`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -29,6 +30,7 @@ from vmrun.errors import (
     error_object,
     exit_code_for,
 )
+from vmrun.gpus.health import HostHealth, read_host
 from vmrun.gpus.nvidia_smi import (
     APP_TAG,
     HEARTBEAT,
@@ -46,6 +48,7 @@ from vmrun.gpus.targets import Target
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
 HISTORY = 8  # utilisation samples kept per GPU: the table's sparkline
+HEALTH_EVERY = 60.0  # seconds between two reads of a host's GPU health (`nvidia-smi -q`)
 
 
 # -- samples and the fleet model --------------------------------------------------------------
@@ -75,6 +78,7 @@ class HostSample:
     exit_code: int = 0  # what this host adds to the exit code when the watch ends here
     code: str | None = None  # the error code (vmrun.errors.CODES) when the state is a failure
     autostop: AutostopStatus | None = None  # its autostop watchdog, when it has one
+    health: HostHealth | None = None  # its GPUs' health (`nvidia-smi -q`, Xids), once a minute
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class GpuStatus:
     history: tuple[float | None, ...]
     idle_for: float | None  # seconds under the idle threshold while a vmrun run holds it
     alert: bool
+    flags: tuple[str, ...] = ()  # what is wrong with it or slows it (vmrun.gpus.health)
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,8 @@ class HostStatus:
         gpus = []
         for g in self.gpus:
             idle = None if g.idle_for is None else round(g.idle_for, 1)
-            gpus.append({**g.reading.to_json(), "idle_for_s": idle, "idle_alert": g.alert})
+            gpus.append({**g.reading.to_json(), "idle_for_s": idle, "idle_alert": g.alert,
+                         "health": list(g.flags)})  # fmt: skip
         return {
             "host": s.host,
             "time": round(s.time, 3),
@@ -153,7 +159,8 @@ class Fleet:
             track.idle_since = None
         idle_for = None if track.idle_since is None else sample.time - track.idle_since
         alert = idle_for is not None and idle_for >= self.idle_window
-        return GpuStatus(reading, procs, tuple(track.history), idle_for, alert)
+        flags = sample.health.flags().get(reading.index, ()) if sample.health else ()
+        return GpuStatus(reading, procs, tuple(track.history), idle_for, alert, flags)
 
     def statuses(self) -> list[HostStatus]:
         """Every host in the order given; a host not heard from yet is "connecting"."""
@@ -199,6 +206,8 @@ class HostWatcher:
         self._delay = BACKOFF_FIRST
         self._connected_once = False
         self.autostop: AutostopStatus | None = None
+        self.health: HostHealth | None = None
+        self._health_due = 0.0
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"gpus-{self.label}")
 
     def _say(self, state: HostState, message: str | None = None, exit_code: int = 0,
@@ -206,7 +215,7 @@ class HostWatcher:
         self.deliver(
             HostSample(
                 self.label, state, time.time(), message=message, exit_code=exit_code, code=code,
-                autostop=self.autostop,
+                autostop=self.autostop, health=self.health,
             )
         )  # fmt: skip
 
@@ -248,6 +257,7 @@ class HostWatcher:
     def _stream(self) -> str | None:
         """Run the watch script on one channel; return why to retry, or None when done."""
         out = _WatchOutput(self)
+        self._read_health()
         argv = self.target.command(None if self.once else self.interval)
         try:
             timeout = self.once_timeout if self.once else None
@@ -300,8 +310,20 @@ class HostWatcher:
             for p in processes
         )
         self._delay = BACKOFF_FIRST  # healthy again: the next drop retries quickly
+        if not self.once and time.monotonic() >= self._health_due:
+            threading.Thread(target=self._read_health, daemon=True,
+                             name=f"health-{self.label}").start()  # fmt: skip
         sample = HostSample(self.label, HostState.OK, time.time(), tuple(batch), owned)
-        self.deliver(replace(sample, autostop=self.autostop))
+        self.deliver(replace(sample, autostop=self.autostop, health=self.health))
+
+    def _read_health(self) -> None:
+        """The host's GPU health, on a channel of its own (once a minute at most): a failed
+        read keeps the last one, and never stops the watch."""
+        self._health_due = time.monotonic() + HEALTH_EVERY
+        if self.target.nvidia_smi is None:
+            return
+        with contextlib.suppress(VmrunError):
+            self.health = read_host(self.conn, self.target.nvidia_smi)
 
 
 # -- watching the fleet -----------------------------------------------------------------------

@@ -369,6 +369,27 @@ class HostHealth:
         order = {ERROR: 0, WARN: 1, INFO: 2}
         return sorted(found, key=lambda item: order[item[1].level])
 
+    def flags(self) -> dict[int, tuple[str, ...]]:
+        """Short flags per GPU index (`-q` lists the GPUs in nvidia-smi's index order) for
+        what is wrong or slows it: ECC, PAGES, REMAP, XID 79, SLOW, PCIe x8 (watch-gpus)."""
+        short = {"ecc": "ECC", "retired-pages": "PAGES", "remapped-rows": "REMAP",
+                 "clocks": "SLOW"}  # fmt: skip
+        by_bus: dict[str, list[str]] = {}
+        for gpu in self.gpus:
+            found = by_bus.setdefault(gpu.bus, [])
+            for p in gpu.problems():
+                if p.level == INFO:
+                    continue
+                flag = short.get(p.what, p.what.upper())
+                if p.what == "pcie" and gpu.pcie_width:
+                    flag = f"PCIe x{gpu.pcie_width[0]}"
+                if flag not in found:
+                    found.append(flag)
+        for xid in self.xids:
+            if xid.level != INFO and xid.bus in by_bus:
+                by_bus[xid.bus].append(f"XID {xid.code}")
+        return {i: tuple(by_bus[g.bus]) for i, g in enumerate(self.gpus) if by_bus[g.bus]}
+
     @property
     def worst(self) -> str:
         """ERROR, WARN, INFO, or "" when nothing is wrong."""

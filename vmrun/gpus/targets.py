@@ -26,6 +26,7 @@ class Target:
     conn: Connection
     command: Callable[[float | None], list[str]]
     shared: bool = False
+    nvidia_smi: str | None = None  # where the host's GPU health is read (None: not read)
 
 
 def host_targets(entries: Sequence[HostEntry], settings: Settings) -> list[Target]:
@@ -35,7 +36,7 @@ def host_targets(entries: Sequence[HostEntry], settings: Settings) -> list[Targe
         nvidia_smi = nvidia_smi_for(entry)
         conn = Connection(entry.spec, settings, label=entry.label)
         command = partial(watch_argv, nvidia_smi, autostop_state=AUTOSTOP_STATE)
-        targets.append(Target(entry.label, conn, command))
+        targets.append(Target(entry.label, conn, command, nvidia_smi=nvidia_smi))
     return targets
 
 

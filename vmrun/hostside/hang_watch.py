@@ -18,6 +18,11 @@ for TIMEOUT seconds, once per stall:
   brings it back from its snapshot; ACTION wait: it goes on watching, and says so when
   progress comes again (the next stall is a new one).
 
+It also reads which network NCCL chose (the INIT/NET lines vmrun has NCCL write to
+REC/nccl/*.log): REC/nccl/transport records it, and when NCCL fell back to TCP sockets on a
+host that has RDMA devices (InfiniBand, RoCE, AWS EFA in /sys/class/infiniband) the log
+says so once: such a multi-node run can be slower than one node.
+
 PID is the run's supervising shell; the watch ends with it. Stdlib only.
 """
 
@@ -93,6 +98,61 @@ class Progress:
         return self.last
 
 
+NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$", re.MULTILINE)
+NET_DEVICES = re.compile(r"NCCL INFO NET/(\w+) : Using \[")  # the same, in its device line
+
+
+class Transport:
+    """The network NCCL chose on this node, read from its debug files as they grow."""
+
+    def __init__(self, rec: str, rdma_dir: str = "/sys/class/infiniband"):
+        self.folder = os.path.join(rec, "nccl")
+        self.rdma_dir = rdma_dir
+        self.read: dict[str, int] = {}
+        self.network = ""
+
+    def seen(self) -> str:
+        """The network (IB, Socket, AWS Libfabric...) once NCCL has said it, else ""."""
+        if self.network:
+            return self.network
+        try:
+            names = [n for n in os.listdir(self.folder) if n.endswith(".log")]
+        except OSError:
+            return ""
+        for name in names:
+            path = os.path.join(self.folder, name)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.read.get(name, 0))
+                    text = fh.read(1 << 20)
+            except OSError:
+                continue
+            cut = text.rfind(b"\n") + 1
+            self.read[name] = self.read.get(name, 0) + cut
+            lines = text[:cut].decode(errors="replace")
+            match = NETWORK.search(lines) or NET_DEVICES.search(lines)
+            if match:
+                self.network = match.group(1).strip()
+                return self.network
+        return ""
+
+    def rdma(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.rdma_dir))
+        except OSError:
+            return []
+
+    def warning(self) -> str:
+        """What to say when NCCL fell back to sockets beside RDMA devices, else ""."""
+        devices = self.rdma()
+        if self.network.lower() != "socket" or not devices:
+            return ""
+        return (f"NCCL chose TCP sockets (NET/Socket) though this host has RDMA devices"
+                f" ({', '.join(devices)}): a multi-node run may crawl; look for NCCL_IB_DISABLE"
+                f" or NCCL_NET in the environment, a missing IB/EFA plugin (aws-ofi-nccl), or"
+                f" `Failed to open libibverbs` in {self.folder}")  # fmt: skip
+
+
 def stacks(rec: str, run_id: str, folder: str) -> list[int]:
     """Every rank's stacks here into `folder` (stacks.py beside this file); their ranks."""
     import subprocess
@@ -148,7 +208,14 @@ def main() -> int:
     progress = Progress(rec, ranked)
     host = socket.gethostname()
     stalls, hung = 0, False
+    transport, told = Transport(rec), False
     while alive(rec, pid):
+        if not told and transport.seen():
+            told = True
+            write_json(os.path.join(rec, "nccl", "transport"),
+                       {"network": transport.network, "rdma": transport.rdma(), "host": host})
+            if transport.warning():
+                tell(rec, f"{host}: {transport.warning()}")
         last = progress.seen()
         now = time.time()
         if last is not None and hung and now - last < timeout:

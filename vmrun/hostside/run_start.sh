@@ -96,6 +96,7 @@ hang=${VMRUN_HANG_WATCH:-}
 unset VMRUN_SPOT_WATCH VMRUN_HANG_WATCH
 if [ "$spot" = 1 ]; then export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_REQUEUE_ON_TERM=0; fi
 export VMRUN_SNAPSHOT_SIGNAL=SIGUSR1 VMRUN_BEAT_DIR="$rec/beat"
+mkdir -p "$rec/nccl"  # NCCL's debug files, torch's flight recorder dumps (node_launch.py)
 echo "$attempt" > "$rec/attempt"
 echo "$lines" > "$rec/log_start"
 case "$out" in /*) ;; *) out="$HOME/$out" ;; esac

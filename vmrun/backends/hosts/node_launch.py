@@ -159,6 +159,7 @@ def node_launch(
                     ranked, node.label, master_addr=layout.addr, master_port=layout.port
                 )
             )
+    env.update(_debug_env(node, rid, wiring, plan.env))
     if layout is not None:
         env.update(_network_env(node, layout, wiring))
     env.update(plan.env)  # the user's --env wins over everything vmrun sets
@@ -183,6 +184,31 @@ def _advertised(node: Node, layout: Layout) -> str:
         return layout.addr
     assert node.facts is not None
     return _worker_addr(node, layout) or node.facts.fqdn
+
+
+def _debug_env(
+    node: Node, rid: str, wiring: Wiring, given: dict[str, str]
+) -> dict[str, str]:
+    """What a stuck or slow NCCL run is read from afterwards, in the record's nccl/ folder:
+    torch's flight recorder (each rank's last collectives, dumped when one times out: who
+    had not arrived), and NCCL's INIT and NET lines in files of their own, so the log stays
+    the script's and the run's watcher reads which transport NCCL chose (hang_watch.py).
+    --nccl-debug (or NCCL_DEBUG set by the user) puts NCCL's lines in the log instead."""
+    folder = f"{node.env.home}/{runs.record_dir(rid)}/nccl"
+    env = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr_rank_",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/fr_rank_",  # its name before torch 2.7
+    }
+    table = node.entry.vars.get("env")
+    asked = [os.environ, given, table if isinstance(table, dict) else {}]
+    if wiring.nccl_debug:  # one host too
+        env["NCCL_DEBUG"] = wiring.nccl_debug
+    elif not any("NCCL_DEBUG" in where for where in asked):
+        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
+                   NCCL_DEBUG_FILE=f"{folder}/%h.%p.log")  # fmt: skip
+    return env
 
 
 def _network_env(node: Node, layout: Layout, wiring: Wiring) -> dict[str, str]:
