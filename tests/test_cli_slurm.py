@@ -414,3 +414,32 @@ def test_the_clusters_modules_are_loaded_before_the_run(
     failed = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
                                 timeout=300)  # fmt: skip
     assert failed.returncode != 0 and "module load nosuch/9 failed" in failed.stderr
+
+
+def test_stacks_of_a_running_job_come_from_every_node_through_srun_overlap(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """`vmrun stacks -C`: one task per node of the job beside its step (srun --overlap),
+    py-spy from the shared home (vmrun sends it to the login node), every rank of a 2 x 2
+    torchrun job found in the user's file, named by its node."""
+    use_cluster(slurm_client, host_python)
+    shutil.copy(Path(__file__).parent / "hang_scripts" / "hang_rank.py", slurm_client.cwd)
+    done = slurm_client.vmrun("train", "-C", "bed", "hang_rank.py", "--nodes", "2",
+                              "--nproc-per-node", "2", "--env", "HANG_RANK=-1", "--detach",
+                              timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rid = run_id_of(done.stderr)
+    log = record_dir(slurm_cluster, rid) / "job.log"
+    try:
+        wait_for(lambda: log.exists() and "step 2 " in log.read_text(), 120, "the job's steps")
+        shown = slurm_client.vmrun("stacks", "-C", "bed", rid, timeout=120)
+        assert shown.returncode == 0, shown.stderr + shown.stdout
+        c1, c2 = slurm_cluster.node_names
+        places = [line for line in shown.stdout.splitlines() if "hang_rank.py:" in line]
+        ranks = {int(n) for line in places
+                 for part in line.split(" (")[0].split()[1].split(",")
+                 for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}  # fmt: skip
+        assert ranks == {0, 1, 2, 3}, shown.stdout
+        assert c1 in shown.stdout and c2 in shown.stdout, shown.stdout
+    finally:
+        slurm_client.vmrun("stop", rid, "-C", "bed", timeout=120)

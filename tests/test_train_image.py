@@ -358,3 +358,36 @@ def test_doctor_checks_the_image_and_runs_its_all_reduce_in_it(
         assert ("python", host.name) not in found
     verdict, detail = found[("allreduce", "all")]
     assert verdict == "OK" and detail.startswith("world 4,"), detail
+
+
+@pytest.mark.timeout(300)
+def test_stacks_of_a_run_in_the_image_are_read_from_the_host(
+    docker_hosts: DockerBed, dclient: Client
+) -> None:
+    """`vmrun stacks` on a live 2 x 2 run in the image: py-spy runs on each host against
+    the container's processes (they are the user's), every rank found in the user's file;
+    a stall there is found by the hang watcher as on bare hosts."""
+    shutil.copy(Path(__file__).parent / "hang_scripts" / "hang_rank.py", dclient.cwd)
+    done = dclient.vmrun("train", "hang_rank.py", "--image", docker_hosts.image,
+                         "--nproc-per-node", "2", "--detach", "--env", "HANG_RANK=3",
+                         "--env", "HANG_AT=4", "--hang-timeout", "5s", timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    d1, d2 = docker_hosts.hosts
+    hang = d2.home / ".vmrun" / "runs" / rid / "hang"
+    try:
+        log = d1.home / ".vmrun" / "runs" / rid / "log"
+        wait_for(lambda: log.exists() and "step 2 " in log.read_text(), 120, "the run's steps")
+        live = dclient.vmrun("stacks", rid, timeout=60)
+        assert live.returncode == 0, live.stderr + live.stdout
+        assert "hang_rank.py:" in live.stdout, live.stdout
+        ranks = [int(n) for n in re.findall(r"\d+", " ".join(re.findall(
+            r"^ranks? ([\d,-]+)", live.stdout, re.M)).replace("-", " ").replace(",", " "))]
+        assert set(ranks) >= {0, 3}, live.stdout
+        wait_for(hang.exists, 60, "the hang watcher in the image's run")
+        shown = dclient.vmrun("stacks", rid, "--hang", timeout=60)
+        assert shown.returncode == 0, shown.stderr + shown.stdout
+        assert re.search(r"rank 3 \(d2\): in wait_forever at hang_rank\.py:\d+", shown.stdout), \
+            shown.stdout
+    finally:
+        dclient.vmrun("stop", rid, timeout=60)

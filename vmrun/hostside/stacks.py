@@ -10,13 +10,14 @@ prints one JSON line per rank: {"rank", "local_rank", "pid", "host", "threads"} 
 "threads". With FOLDER, each line is also written there as rank-R.json. The last line is
 {"done": N, "tool": PATH or ""}.
 
-A rank is a process carrying the run's id (VMRUN_RUN_ID, as every process of the run does)
-and a RANK (torchrun's workers, `--launcher env`) whose parent is not one of them (a data
-loader's workers are their rank's children); a run with no RANK (one plain process) has its
-topmost Python process as rank 0. py-spy is found as VMRUN_PY_SPY, beside the run's Python
-(`pip install py-spy` in the env), in ~/.vmrun/tools (what vmrun sends), then on PATH. Where
-the kernel lets only a process's ancestors trace it (Yama's ptrace_scope 1, Ubuntu's default)
-and this user is not root, py-spy runs under `sudo -n` when plain py-spy is refused.
+A rank is a process carrying the run's id (VMRUN_RUN_ID, as every process of the run does;
+in a Slurm task, of this node: the same SLURMD_NODENAME) and a RANK (torchrun's workers,
+`--launcher env`) whose parent is not one of them (a data loader's workers are their rank's
+children); a run with no RANK (one plain process) has its topmost Python process as rank 0.
+py-spy is found as VMRUN_PY_SPY, beside the run's Python (`pip install py-spy` in the env),
+in ~/.vmrun/tools (what vmrun sends), then on PATH. Where the kernel lets only a process's
+ancestors trace it (Yama's ptrace_scope 1, Ubuntu's default) and this user is not root,
+py-spy runs under `sudo -n` when plain py-spy is refused.
 py-spy rather than faulthandler or gdb: it reads a process from outside (nothing installed
 in it, no signal it might not survive), works while the process sits in C code such as a
 collective, and gives every thread of any Python 3 as JSON. Stdlib only.
@@ -64,10 +65,11 @@ def is_python(pid: str) -> bool:
 def ranks(run_id: str) -> list[dict[str, object]]:
     """The run's rank processes here, by global rank."""
     mine: dict[str, dict[str, str]] = {}
+    node = os.environ.get("SLURMD_NODENAME")  # a Slurm task: this node's ranks only
     for path in glob.glob("/proc/[0-9]*"):
         pid = path[6:]
         env = environ(pid)
-        if env.get("VMRUN_RUN_ID") == run_id:
+        if env.get("VMRUN_RUN_ID") == run_id and env.get("SLURMD_NODENAME") == node:
             mine[pid] = env
     ranked = {p: e for p, e in mine.items() if e.get("RANK", "").isdigit()}
     if not ranked:  # one plain process: the topmost Python one

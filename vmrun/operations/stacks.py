@@ -58,8 +58,11 @@ def take(
     began = time.monotonic()
     with open_backend(settings, hosts=hosts, cluster=cluster) as backend:
         if not isinstance(backend, HostsBackend):
-            raise UsageError("vmrun stacks reads runs on SSH hosts (-H); a cluster's ranks"
-                             " are not reached yet", code="flags-conflict")  # fmt: skip
+            if hang:
+                raise UsageError("--hang reads what a hang watcher on SSH hosts took; on a"
+                                 " cluster take the stacks of the live job",
+                                 code="flags-conflict")  # fmt: skip
+            return _keep_if(_on_cluster(backend, run, began), settings, keep)
         ref = backend.find(run, running_only=run is None and not hang)
         running = any(r.state == RunState.RUNNING for r in ref.records.values())
         if not hang and not running:
@@ -97,8 +100,40 @@ def take(
                 failed[outcome.host] = "no rank of the run found there"
     taken = Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), failed, None, hangs,
                    time.monotonic() - began)  # fmt: skip
-    if keep and found:
-        taken = _keep(taken, settings, "hang" if hang else time.strftime("%Y%m%dT%H%M%S"))
+    return _keep_if(taken, settings, keep, "hang" if hang else "")
+
+
+def _on_cluster(backend: Any, run: str | None, began: float) -> Stacks:
+    """A Slurm job's ranks, through its login node: one task per node of the job, in its
+    allocation beside the running step (`srun --overlap`), each running stacks.py from the
+    shared home (py-spy there too: ~/.vmrun/tools, sent to the login node)."""
+    from vmrun.hostside import command
+    from vmrun.runs.stack_tool import ensure
+    from vmrun.ssh.channel import run_for_output
+
+    ref = backend.find(run, running_only=run is None)
+    state, _ = backend.state(ref)
+    job = str(ref.meta.get("job_id") or "")
+    if state != RunState.RUNNING or not job:
+        raise UsageError(f"run {ref.run_id} is not running (job {job or '?'}, {state}): its"
+                         " stacks are gone with it", code="not-running")  # fmt: skip
+    python = backend.python()
+    spy = ensure(backend.conn, python)
+    nodes = str(ref.meta.get("nodes") or 1)
+    argv = ["srun", "--overlap", f"--jobid={job}", f"--nodes={nodes}", f"--ntasks={nodes}",
+            "--ntasks-per-node=1", *command("stacks.py", ref.run_id, python=python)]  # fmt: skip
+    result, text = run_for_output(backend.conn, argv, env={"VMRUN_PY_SPY": spy},
+                                  what="the job's stacks (srun --overlap)",
+                                  activity=False)  # fmt: skip
+    found = parse(text, None)
+    failed = {} if found else {backend.cluster.name: (result.output_tail(3) or "no rank found")}
+    return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), failed, None, {},
+                  time.monotonic() - began)  # fmt: skip
+
+
+def _keep_if(taken: Stacks, settings: Settings, keep: bool, name: str = "") -> Stacks:
+    if keep and taken.stacks:
+        return _keep(taken, settings, name or time.strftime("%Y%m%dT%H%M%S"))
     return taken
 
 

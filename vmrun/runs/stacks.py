@@ -77,8 +77,9 @@ class RankStack:
         return f"{callee.short_name} at {at.file}:{at.line}"
 
 
-def parse_line(line: str, node: str) -> RankStack | None:
-    """One line of hostside/stacks.py's output (None: not a rank's)."""
+def parse_line(line: str, node: str | None) -> RankStack | None:
+    """One line of hostside/stacks.py's output (None: not a rank's); `node` None: the host
+    name the line carries (a cluster's nodes, all reached through its login node)."""
     try:
         said = json.loads(line)
     except ValueError:
@@ -93,11 +94,12 @@ def parse_line(line: str, node: str) -> RankStack | None:
             for f in thread.get("frames") or ()
         )  # fmt: skip
         threads.append((str(thread.get("thread_name") or thread.get("thread_id")), frames))
-    return RankStack(int(said["rank"]), node, int(said.get("pid") or 0), tuple(threads),
+    where = node if node is not None else str(said.get("host") or "?")
+    return RankStack(int(said["rank"]), where, int(said.get("pid") or 0), tuple(threads),
                      str(said.get("error") or ""))  # fmt: skip
 
 
-def parse(text: str, node: str) -> list[RankStack]:
+def parse(text: str, node: str | None) -> list[RankStack]:
     return [s for line in text.splitlines() if (s := parse_line(line, node)) is not None]
 
 

@@ -414,9 +414,10 @@ def _stage(
     files: list[str] | None,
 ) -> None:
     """The node's code and script in place; py-spy there too for a run watched for hangs
-    (its watcher takes the ranks' stacks; without py-spy a hang is told without them)."""
+    (its watcher takes the ranks' stacks, in an image too: py-spy runs on the host; without
+    py-spy a hang is told without them)."""
     stage(node, plan, out, progress, files)
-    if plan.hang_timeout and node.image is None:
+    if plan.hang_timeout:
         from vmrun.runs.stack_tool import ensure
 
         try:

@@ -172,7 +172,7 @@ def container_argv(
         run_id=run_id,
         node=index,
         mounts=rt.with_own_mounts(own, f"{home}/{workdir}", node.request.mounts),
-        env=(*env_names, "VMRUN_RUN_DIR"),
+        env=(*env_names, "VMRUN_RUN_DIR", "VMRUN_BEAT_DIR"),
         uid=node.uid,
         gid=node.gid,
         gpus=gpus,
