@@ -6,33 +6,12 @@ their sources in its SOURCES.md); the rest is real: sshd, the host script, vmrun
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 
 import pytest
-from conftest import ROOT, Client
+from conftest import Client
+from gpu_standins import FIXTURES, HEALTHY, SICK, install
 from testbed import TestHost
-
-STANDINS = ROOT / "tests" / "standins"
-FIXTURES = ROOT / "tests" / "fixtures" / "gpu_health"
-SICK = "nvsmi_q_a100x4_555.42.02_remap_pending_dram_ce.txt"  # a row remapping pending
-HEALTHY = "nvsmi_q_h100x8_565.57.01.txt"
-
-
-def install(host: TestHost, query: str, kernel_lines: list[str]) -> None:
-    """The stand-ins in ~/.vmrun/bin: `nvidia-smi -q` replays `query`, `dmesg` the lines."""
-    where = host.home / ".vmrun" / "bin"
-    host.run(["mkdir", "-p", str(where)], as_user=True)
-    replay = where / "nvidia-smi-replay"
-    replay.mkdir(exist_ok=True)
-    shutil.copy(STANDINS / "nvidia-smi", where / "nvidia-smi")
-    shutil.copy(FIXTURES / query, replay / "q.txt")
-    (replay / "starts.log").touch()
-    shutil.copy(STANDINS / "dmesg", where / "dmesg")
-    (where / "dmesg-replay.txt").write_text("".join(f"{x}\n" for x in kernel_lines))
-    for path in [where, *where.rglob("*")]:
-        os.chown(path, host.uid, host.gid)
 
 
 def rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:

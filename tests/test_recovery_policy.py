@@ -341,3 +341,34 @@ def test_setup_on_a_clusters_vms_keeps_what_a_new_vm_is_set_up_with(tmp_path: Pa
                               "params": ["pip=einops"]}  # fmt: skip
     assert replay(table["setup"]).torch == "2.13.0"
     assert replayable(SetupRequest(playbook=tmp_path / "mine.yaml")) is None
+
+
+def test_recover_puts_a_fit_spare_in_place_of_a_node_whose_gpu_is_unfit() -> None:
+    """--recover: the unfit node (its GPU health check fails) is replaced by the first fit
+    spare, in its place in the node order; with no fit spare left it stays (the run's
+    preflight then refuses it by name)."""
+    from pathlib import Path
+
+    from vmrun.config import load_settings
+    from vmrun.operations.train import swap_unfit
+    from vmrun.reporting import Recorder
+    from vmrun.ssh.hosts import parse_host
+    from vmrun.ssh.inventory import HostEntry
+
+    settings = load_settings({}, cwd=Path("/"), environ={"HOME": "/nonexistent"})
+    entries = [HostEntry(parse_host(h)) for h in ("u@a", "u@b", "u@c")]
+    sick = {"u@a": "GPU 0000:07:00: a row remapping is pending", "u@s1": "GPU x: Xid 79",
+            "u@c": "GPU 0000:19:00: 3 uncorrectable ECC error(s)"}  # fmt: skip
+    said = Recorder()
+    nodes, left = swap_unfit(entries, ["u@s1", "u@s2", "u@s3"], settings, said,
+                             unfit=lambda e: sick.get(e.label, ""))  # fmt: skip
+    assert [n.label for n in nodes] == ["u@s2", "u@b", "u@s3"]
+    assert left == ["u@s1"]  # the unfit spare is no help, and stays a spare
+    assert [t for _, t in said.said] == [
+        "u@a: GPU 0000:07:00: a row remapping is pending; --recover puts the spare u@s2 in its"
+        " place",
+        "u@c: GPU 0000:19:00: 3 uncorrectable ECC error(s); --recover puts the spare u@s3 in its"
+        " place"]  # fmt: skip
+    nodes, left = swap_unfit(entries, ["u@s1"], settings, Recorder(),
+                             unfit=lambda e: sick.get(e.label, ""))  # fmt: skip
+    assert [n.label for n in nodes] == ["u@a", "u@b", "u@c"] and left == ["u@s1"]

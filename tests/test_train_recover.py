@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -339,3 +340,27 @@ def test_a_spot_notice_saves_the_epoch_and_a_spare_takes_the_node(
     assert asked[0].startswith("PUT /latest/api/token ok"), asked[:3]  # IMDSv2: a token first
     assert all(x.endswith(" ok") for x in asked), [x for x in asked if not x.endswith(" ok")]
     wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
+
+
+def test_a_node_whose_gpu_is_unfit_is_replaced_by_a_spare_before_the_run_starts(
+    bed: NetnsBed, project: Client
+) -> None:
+    """h2's GPU has a row remapping pending (the STAND-IN `nvidia-smi -q`, recorded on a
+    real A100): with --recover the run starts on h1 and the spare in h2's place, said."""
+    from gpu_standins import SICK, install
+
+    install(bed["h2"], SICK, [])
+    toml = project.cwd / "vmrun.toml"
+    toml.write_text(toml.read_text().replace(
+        'address = "h2"\n', 'address = "h2"\nnvidia_smi = "~/.vmrun/bin/nvidia-smi"\n'))
+    done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
+                         "300", "--save-every", "5", "--recover", "--supervisor", "h3",
+                         "--spare", "bastion", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    assert re.search(r"h2: GPU 0000:\S+ a row remapping is pending.*; --recover puts the spare"
+                     r" bastion in its place", done.stderr), done.stderr
+    assert f"run {rid} started on h1, bastion" in done.stderr, done.stderr
+    assert not (bed["h2"].home / ".vmrun" / "runs" / rid).exists()
+    stopped = project.vmrun("stop", rid, "-H", "h1", "-H", "bastion", timeout=120)
+    assert stopped.returncode == 0, stopped.stderr

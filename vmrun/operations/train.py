@@ -319,9 +319,14 @@ def _on_hosts(
         if (hosts.recover or settings.recover) and how.resume is None:
             from vmrun.recovery.deploy import Supervised
 
+            spares = hosts.spares if hosts.spares is not None else settings.spares
+            if spares and not how.ignore_gpu_health:
+                entries, spares = swap_unfit(entries, spares, settings, out)
+                if any(e.label not in group.connections for e in entries):
+                    group = Group(entries, settings)
             supervised = Supervised.check(
                 plan, entries, settings,
-                spares=hosts.spares if hosts.spares is not None else settings.spares,
+                spares=spares,
                 supervisor=hosts.supervisor or settings.supervisor or None,
                 max_recoveries=refusals.recovery_limit(hosts.max_recoveries,
                                                        settings.max_recoveries),
@@ -356,6 +361,39 @@ def _watched(plan: Plan, settings: Settings) -> Plan:
     if action == "auto":
         action = "stop" if plan.recover else "wait"
     return replace(plan, hang_timeout=period_seconds(settings.hang_timeout), on_hang=action)
+
+
+def swap_unfit(
+    entries: list[Any], spares: list[str], settings: Settings, out: Reporter,
+    unfit: Any = None,
+) -> tuple[list[Any], list[str]]:
+    """--recover: a node whose GPU is unfit to train on (its health check fails) is not
+    used; the first fit spare takes its place, and is no spare any more. Where no spare is
+    fit, the node stays, and the run's preflight refuses it by name. `unfit(entry) -> why`
+    (the tests' stand-in; else each host's health, read at once)."""
+    from vmrun.ssh.inventory import select_hosts
+
+    spared = select_hosts(list(spares), settings)
+    if unfit is None:
+        from vmrun.backends.hosts.preflight import unfit_gpu
+        from vmrun.ssh.group import Group
+
+        with Group([*entries, *spared], settings) as group:
+            found = group.map(lambda entry, conn: unfit_gpu(conn, entry))
+        said = {o.host: str(o.value or "") if o.ok else "" for o in found}
+        unfit = lambda entry: said.get(entry.label, "")  # noqa: E731
+    free = [s for s in spared if not unfit(s)]
+    nodes = []
+    for entry in entries:
+        why = unfit(entry)
+        if why and free:
+            spare = free.pop(0)
+            out.info(f"{entry.label}: {why}; --recover puts the spare {spare.label} in its"
+                     " place")  # fmt: skip
+            spared = [e for e in spared if e.label != spare.label]
+            entry = spare
+        nodes.append(entry)
+    return nodes, [e.label for e in spared]
 
 
 def _nodes(entries: list[Any], labels: list[str], settings: Settings) -> list[Any]:

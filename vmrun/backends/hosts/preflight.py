@@ -143,6 +143,16 @@ def order(entries: list[HostEntry], wiring: Wiring) -> list[HostEntry]:
     return [master, *(e for e in entries if e is not master)]
 
 
+def unfit_gpu(conn: Connection, entry: HostEntry) -> str:
+    """What makes a GPU of the host unfit to train on (its health check's first ERROR),
+    or "" (no GPU, or nothing wrong): for --recover, which puts a spare in its place."""
+    from vmrun.gpus.health import ERROR, read_host
+    from vmrun.gpus.targets import nvidia_smi_for
+
+    health = read_host(conn, nvidia_smi_for(entry))
+    return health.lines(ERROR)[0] if health.worst == ERROR else ""
+
+
 def check_gpu_health(conn: Connection, entry: HostEntry, gpus: int, out: Reporter) -> None:
     """A host with GPUs (or a `nvidia_smi` named for it) is refused when a GPU is unfit to
     train on (ECC errors since the driver loaded, a pending page retirement or row
