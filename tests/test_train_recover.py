@@ -51,6 +51,8 @@ for epoch in range(start, total + 1):
         while sys.argv[3] == "gated" and not pathlib.Path("go").exists():
             time.sleep(0.05)  # the test says when
         crashed.touch()
+        while sys.argv[3] == "hang":
+            time.sleep(1)  # stuck: no line, no exit
         sys.exit(3)
 print("all done", flush=True)
 """
@@ -152,6 +154,33 @@ def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
     (done,) = row["recoveries"]
     assert done["text"].startswith("recovery 1 of 5: exit 3: again on the same nodes"), row
     assert done["epochs_redone"] == 0 and 0 < done["downtime_s"] < 60, row  # saved, then crashed
+
+
+def test_a_hung_run_is_stopped_with_its_stacks_and_started_again_from_its_snapshot(
+    bed: NetnsBed, project: Client
+) -> None:
+    """After its 3rd epoch's snapshot the script hangs (no line, no exit): the hang watcher
+    takes its stack and stops it (exit 124, --on-hang stop being --recover's default), the
+    supervisor starts it again from the snapshot, and it ends with every epoch once."""
+    h1, h3 = bed["h1"], bed["h3"]
+    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
+                         "--supervisor", "h3", "--hang-timeout", "4s", "--", "8", "3", "hang",
+                         timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    rec = h1.home / ".vmrun" / "runs" / rid
+    wait_for(lambda: "all done" in (rec / "log").read_text(), 180, "the run to finish")
+    log = (rec / "log").read_text()
+    assert "hung on" in log and "stopping the run" in log, log
+    events = _events(h3, rid)
+    assert [e["action"] for e in events] == ["restart"], events
+    assert events[0]["failure"]["exit_code"] == 124 and events[0]["failure"]["epoch"] == 3
+    out = h1.home / remote_workdir(project.cwd) / "out"
+    epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == list(range(1, 9))
+    (stack,) = (rec / "stacks" / "hang-1").glob("rank-*.json")
+    assert "crashy.py" in stack.read_text()
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
 
 
 def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Client) -> None:

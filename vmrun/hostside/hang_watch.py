@@ -207,7 +207,10 @@ def main() -> int:
     every = max(0.2, min(5.0, timeout / 10))
     progress = Progress(rec, ranked)
     host = socket.gethostname()
-    stalls, hung = 0, False
+    try:  # an earlier attempt's stalls keep their folders
+        stalls, hung = len(os.listdir(os.path.join(rec, "stacks"))), False
+    except OSError:
+        stalls, hung = 0, False
     transport, told = Transport(rec), False
     while alive(rec, pid):
         if not told and transport.seen():
