@@ -443,3 +443,28 @@ def test_stacks_of_a_running_job_come_from_every_node_through_srun_overlap(
         assert c1 in shown.stdout and c2 in shown.stdout, shown.stdout
     finally:
         slurm_client.vmrun("stop", rid, "-C", "bed", timeout=120)
+
+
+def test_a_hung_job_is_found_its_stacks_taken_on_every_node_and_stopped(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
+    """2 nodes x 2 ranks, rank 3 waiting before its 3rd all_reduce: the job's hang watcher
+    (in its batch script) sees no rank's line and no heartbeat for --hang-timeout, takes
+    every node's ranks' stacks (srun --overlap), and --on-hang stop ends the job with 124;
+    `vmrun stacks -C --hang` reads them from the record."""
+    use_cluster(slurm_client, host_python)
+    shutil.copy(Path(__file__).parent / "hang_scripts" / "hang_rank.py", slurm_client.cwd)
+    done = slurm_client.vmrun("train", "-C", "bed", "hang_rank.py", "--nodes", "2",
+                              "--nproc-per-node", "2", "--env", "HANG_RANK=3", "--hang-timeout",
+                              "6s", "--on-hang", "stop", timeout=300)  # fmt: skip
+    assert done.returncode == 124, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    assert re.search(r"hung on job \d+: ranks 0-3; stacks in", done.stdout), done.stdout
+    seen = json.loads((record_dir(slurm_cluster, rid) / "hang").read_text())
+    assert 6 <= seen["seen"] - seen["since"] <= 12, seen
+    shown = slurm_client.vmrun("stacks", "-C", "bed", rid, "--hang", timeout=60)
+    assert shown.returncode == 0, shown.stderr + shown.stdout
+    assert re.search(r"^ranks 0-2 \(.+\): all_reduce at hang_rank\.py:\d+$", shown.stdout, re.M), \
+        shown.stdout
+    assert re.search(r"^rank 3 \(.+\): in wait_forever at hang_rank\.py:\d+$", shown.stdout,
+                     re.M), shown.stdout

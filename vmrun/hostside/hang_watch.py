@@ -1,7 +1,7 @@
 """Beside a run on each node: a run that stops moving while its processes live (a collective
 that waits for a rank that never comes, a dead data loader), found and told once.
 
-    python3 hang_watch.py REC PID TIMEOUT ACTION RUN_ID RANKED
+    python3 hang_watch.py REC PID TIMEOUT ACTION RUN_ID RANKED [slurm]
 
 Progress is a rank's heartbeat (REC/beat/rank-R, which vmrun's trainer writes every second
 while it steps; a script of its own may touch such a file too) or a new line in the run's
@@ -24,6 +24,12 @@ host that has RDMA devices (InfiniBand, RoCE, AWS EFA in /sys/class/infiniband) 
 says so once: such a multi-node run can be slower than one node.
 
 PID is the run's supervising shell; the watch ends with it. Stdlib only.
+
+`slurm`: beside a Slurm job's step, in its batch script (slurm_job.bash, from the copies of
+this file and its siblings the job writes into REC/.watch): PID is the step's srun, the log
+REC/job.log (each line labelled by srun), the heartbeats REC/beat on the shared filesystem
+(every node's ranks), the stacks taken on every node of the job at once (`srun --overlap`,
+one task per node), and `stop` sends the step's srun SIGTERM, which it passes to every task.
 """
 
 from __future__ import annotations
@@ -41,11 +47,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings o
 from spot_watch import alive  # type: ignore[import-not-found]
 from stacks import ranks  # type: ignore[import-not-found]
 
-RANK_LINE = re.compile(rb"^\x1e?\[rank\d+\]:", re.MULTILINE)
+RANK_LINE = re.compile(rb"^(?:\s*\d+: )?\x1e?\[rank\d+\]:", re.MULTILINE)  # srun's label first
+
+
+LOG = "log"  # the run's log in REC (a Slurm job's: job.log)
 
 
 def tell(rec: str, text: str) -> None:
-    with open(os.path.join(rec, "log"), "a") as log:  # O_APPEND, beside the run's own lines
+    with open(os.path.join(rec, LOG), "a") as log:  # O_APPEND, beside the run's own lines
         log.write(f"vmrun: {text}\n")
 
 
@@ -69,16 +78,16 @@ def spans(numbers: list[int]) -> str:
 class Progress:
     """The newest sign of progress on this node (this host's clock), None before the first."""
 
-    def __init__(self, rec: str, ranked: bool):
-        self.rec, self.ranked = rec, ranked
+    def __init__(self, rec: str, ranked: bool, log: str = "log"):
+        self.rec, self.ranked, self.log = rec, ranked, log
         self.offset = 0
         with contextlib.suppress(OSError):  # an earlier attempt's lines are not this one's
-            self.offset = os.path.getsize(os.path.join(rec, "log"))
+            self.offset = os.path.getsize(os.path.join(rec, log))
         self.last: float | None = None
 
     def seen(self) -> float | None:
         try:
-            with open(os.path.join(self.rec, "log"), "rb") as log:
+            with open(os.path.join(self.rec, self.log), "rb") as log:
                 log.seek(self.offset)
                 new = log.read(1 << 22)
             cut = new.rfind(b"\n") + 1  # whole lines only; the rest is read again
@@ -153,38 +162,37 @@ class Transport:
                 f" `Failed to open libibverbs` in {self.folder}")  # fmt: skip
 
 
-def stacks(rec: str, run_id: str, folder: str) -> list[int]:
-    """Every rank's stacks here into `folder` (stacks.py beside this file); their ranks."""
+def stacks(rec: str, run_id: str, folder: str, slurm: bool = False) -> list[int]:
+    """Every rank's stacks here (`slurm`: on every node of the job) into `folder`
+    (stacks.py beside this file); their ranks."""
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
-    python = sys.executable
+    python = os.environ.get("VMRUN_PYTHON") or sys.executable
+    with contextlib.suppress(OSError, ValueError), open(os.path.join(rec, "run.json")) as fh:
+        python = json.load(fh).get("python") or python
+    argv = [python, os.path.join(here, "stacks.py"), run_id, folder]
+    if slurm:
+        nodes = os.environ.get("SLURM_NNODES", "1")
+        argv = ["srun", "--overlap", f"--jobid={os.environ.get('SLURM_JOB_ID', '')}",
+                f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *argv]
     try:
-        with open(os.path.join(rec, "run.json")) as fh:
-            python = json.load(fh).get("python") or python
-    except (OSError, ValueError):
-        pass
-    try:
-        done = subprocess.run([python, os.path.join(here, "stacks.py"), run_id, folder],
-                              capture_output=True, text=True, timeout=120,
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                               stdin=subprocess.DEVNULL, check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return []
-    found = []
-    for line in done.stdout.splitlines():
-        try:
-            said = json.loads(line)
-        except ValueError:
-            continue
-        if "rank" in said:
-            found.append(int(said["rank"]))
-    return found
+    del done  # the ranks are the files written (several nodes' output is mixed by srun)
+    with contextlib.suppress(OSError):
+        names = os.listdir(folder)
+        return sorted(int(n[5:-5]) for n in names if n.startswith("rank-") and n.endswith(".json"))
+    return []
 
 
-def stop_ranks(run_id: str) -> None:
+def stop_ranks(run_id: str, srun: int = 0) -> None:
     """SIGTERM to the run's ranks here, SIGKILL to those left after 10 s: torchrun sees its
-    workers fail and ends the run."""
-    pids = [int(r["pid"]) for r in ranks(run_id)]
+    workers fail and ends the run. On Slurm (`srun`: the step's) srun passes it to every
+    task of the step."""
+    pids = [srun] if srun else [int(r["pid"]) for r in ranks(run_id)]
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
         for pid in pids:
             with contextlib.suppress(OSError):
@@ -201,18 +209,33 @@ def write_json(path: str, value: object) -> None:
     os.replace(tmp, path)
 
 
+def running(pid: int) -> bool:
+    """A Slurm step's srun, alive and no zombie (its batch shell waits for it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def main() -> int:
+    global LOG
     rec, pid, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     action, run_id, ranked = sys.argv[4], sys.argv[5], sys.argv[6] == "1"
+    slurm = sys.argv[7:8] == ["slurm"]
+    if slurm:
+        LOG = "job.log"
     every = max(0.2, min(5.0, timeout / 10))
-    progress = Progress(rec, ranked)
-    host = socket.gethostname()
+    progress = Progress(rec, ranked, LOG)
+    live = (lambda: running(pid)) if slurm else (lambda: alive(rec, pid))
+    host = socket.gethostname() if not slurm else f"job {os.environ.get('SLURM_JOB_ID', '?')}"
     try:  # an earlier attempt's stalls keep their folders
-        stalls, hung = len(os.listdir(os.path.join(rec, "stacks"))), False
+        kept = os.listdir(os.path.join(rec, "stacks"))
     except OSError:
-        stalls, hung = 0, False
+        kept = []
+    stalls, hung = sum(1 for name in kept if name.startswith("hang-")), False
     transport, told = Transport(rec), False
-    while alive(rec, pid):
+    while live():
         if not told and transport.seen():
             told = True
             write_json(os.path.join(rec, "nccl", "transport"),
@@ -229,7 +252,7 @@ def main() -> int:
             folder = os.path.join(rec, "stacks", f"hang-{stalls}")
             tell(rec, f"no progress for {period(now - last)} on {host} (--hang-timeout"
                       f" {period(timeout)}): taking every rank's stacks")  # fmt: skip
-            found = stacks(rec, run_id, folder)
+            found = stacks(rec, run_id, folder, slurm)
             write_json(os.path.join(rec, "hang"), {
                 "since": last, "seen": now, "timeout": timeout, "host": host,
                 "ranks": sorted(found), "stacks": os.path.relpath(folder, rec),
@@ -241,7 +264,7 @@ def main() -> int:
                       f" (`vmrun stacks {run_id} --hang`); {then}")  # fmt: skip
             if action == "stop":
                 write_json(os.path.join(rec, "hang_stopped"), {"seen": now})
-                stop_ranks(run_id)
+                stop_ranks(run_id, pid if slurm else 0)
                 return 0
         time.sleep(every)
     return 0

@@ -16,6 +16,9 @@
 # run_failure.py's text for torchrun runs (empty otherwise): a failed worker's own exit code
 # for the job's, read from torchrun's summary in the log, and failure.json (which rank, where).
 # VMRUN_MAX_RECOVERIES: --recover's limit (0: none; slurm_recover.bash then comes first).
+# VMRUN_HANG: --hang-timeout's `SECONDS ACTION RANKED` (empty: not watched), with the texts
+# of hang_watch.py and its siblings (VMRUN_HANG_WATCH, VMRUN_SPOT_WATCH, VMRUN_STACKS), which
+# watch the step from here (the ranks' heartbeats in $rec/beat, their lines in job.log).
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
@@ -30,7 +33,8 @@ tell() {  # EVENT EXIT: "" lets the sender tell an end from the exit code and th
 }
 rm -rf "$rec"/notified.*  # each attempt's end is told afresh
 rm -f "$rec"/provenance-*.json  # each attempt's nodes describe themselves (a requeue moves it)
-rm -f "$rec/failure.json"
+rm -f "$rec/failure.json" "$rec/hang" "$rec/hang_stopped"
+rm -rf "$rec/beat"
 nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 # Slurm ends the attempt: a requeue (vmrun's own ends the attempt so, and is told already),
 # a node lost (--recover: Slurm requeues the job, kept off that node), or a stop
@@ -97,6 +101,7 @@ fi
 export PYTHONUNBUFFERED=1 VMRUN_RUN_ID VMRUN_RUN_DIR VMRUN_LAUNCHER VMRUN_NPROC
 export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
 export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"
+export VMRUN_BEAT_DIR="$rec/beat"
 rm -f "$VMRUN_REQUEUE_FILE" "$VMRUN_WARNED_FILE"
 mkdir -p "$VMRUN_RUN_DIR"
 # The time-limit warning (--signal=B:USR2@N) comes here: leave a mark that a process still
@@ -153,16 +158,30 @@ elif [ "${#VMRUN_PREFIX[@]}" -gt 0 ]; then
 fi
 srun --kill-on-bad-exit=1 --label ${VMRUN_SRUN[@]+"${VMRUN_SRUN[@]}"} "${step[@]}" &
 task=$!
+watcher=
+if [ -n "${VMRUN_HANG:-}" ] && command -v python3 >/dev/null 2>&1; then
+  mkdir -p "$rec/.watch"
+  printf '%s\n' "$VMRUN_HANG_WATCH" > "$rec/.watch/hang_watch.py"
+  printf '%s\n' "$VMRUN_SPOT_WATCH" > "$rec/.watch/spot_watch.py"
+  printf '%s\n' "$VMRUN_STACKS" > "$rec/.watch/stacks.py"
+  read -r hang_s hang_action hang_ranked <<< "$VMRUN_HANG"
+  python3 "$rec/.watch/hang_watch.py" "$rec" "$task" "$hang_s" "$hang_action" "$VMRUN_RUN_ID" \
+    "$hang_ranked" slurm </dev/null >/dev/null 2>&1 &
+  watcher=$!
+fi
 while :; do  # a trapped signal ends `wait` early: wait again until srun has ended
   wait "$task"
   rc=$?
   kill -0 "$task" 2>/dev/null || break
 done
+if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
 # torchrun exits 1 when a worker fails (srun passes on the worst task's): the worker's code
 if [ "$rc" != 0 ] && [ -n "${VMRUN_FAILURE:-}" ] && command -v python3 >/dev/null 2>&1; then
   code=$(python3 -c "$VMRUN_FAILURE" "$rec" "$rec/job.log" "$rc" </dev/null 2>/dev/null)
   case $code in '' | *[!0-9]*) ;; *) rc=$code ;; esac
 fi
+# stopped by its hang watcher (--on-hang stop): 124, as on hosts (run_supervise.sh)
+if [ "$rc" != 0 ] && [ -e "$rec/hang_stopped" ]; then rc=124; fi
 if [ -e "$VMRUN_REQUEUE_FILE" ]; then
   # the time limit's requeues so far (--recover's are `recovery` ends: not counted here)
   requeues=$(awk '$2 == "requeue" { n++ } END { print n + 0 }' "$rec/exit" 2>/dev/null)

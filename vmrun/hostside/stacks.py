@@ -4,6 +4,8 @@
     python3 stacks.py --tool        # where py-spy is (a line, empty if nowhere), the machine, $HOME
     python3 stacks.py --saved REC   # the newest hang's stacks (REC/stacks/hang-N), then
                                     # {"hang": REC/hang's JSON or null}
+    python3 stacks.py --read FOLDER # the stacks kept in FOLDER (several nodes' tasks wrote
+                                    # there: their output, mixed by srun, is not read)
 
 prints one JSON line per rank: {"rank", "local_rank", "pid", "host", "threads"} (py-spy's
 `dump --json`: each thread's frames, innermost first), or the same with "error" in place of
@@ -130,6 +132,12 @@ def dump(spy: str, pid: int) -> tuple[list[object] | None, str]:
     return None, why
 
 
+def read(folder: str) -> None:
+    for name in sorted(glob.glob(os.path.join(folder, "rank-*.json"))):
+        with open(name) as fh:
+            print(fh.read().strip(), flush=True)
+
+
 def saved(rec: str) -> int:
     hang = None
     try:
@@ -141,9 +149,7 @@ def saved(rec: str) -> int:
     if folders:
         newest = max(folders, key=lambda f: int(f.rsplit("-", 1)[1]) if f.rsplit("-", 1)[1]
                      .isdigit() else 0)  # fmt: skip
-        for name in sorted(glob.glob(os.path.join(newest, "rank-*.json"))):
-            with open(name) as fh:
-                print(fh.read().strip(), flush=True)
+        read(newest)
     print(json.dumps({"hang": hang}), flush=True)
     return 0
 
@@ -158,6 +164,9 @@ def main() -> int:
         return 0
     if sys.argv[1] == "--saved":
         return saved(sys.argv[2])
+    if sys.argv[1] == "--read":
+        read(sys.argv[2])
+        return 0
     run_id = sys.argv[1]
     folder = sys.argv[2] if len(sys.argv) > 2 else ""
     found = ranks(run_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +58,9 @@ def take(
     began = time.monotonic()
     with open_backend(settings, hosts=hosts, cluster=cluster) as backend:
         if not isinstance(backend, HostsBackend):
-            if hang:
-                raise UsageError("--hang reads what a hang watcher on SSH hosts took; on a"
-                                 " cluster take the stacks of the live job",
-                                 code="flags-conflict")  # fmt: skip
-            return _keep_if(_on_cluster(backend, run, began), settings, keep)
+            taken = _hang_on_cluster(backend, run) if hang else _on_cluster(backend, run)
+            taken = replace(taken, seconds=time.monotonic() - began)
+            return _keep_if(taken, settings, keep, "hang" if hang else "")
         ref = backend.find(run, running_only=run is None and not hang)
         running = any(r.state == RunState.RUNNING for r in ref.records.values())
         if not hang and not running:
@@ -103,7 +101,22 @@ def take(
     return _keep_if(taken, settings, keep, "hang" if hang else "")
 
 
-def _on_cluster(backend: Any, run: str | None, began: float) -> Stacks:
+def _hang_on_cluster(backend: Any, run: str | None) -> Stacks:
+    """What a Slurm job's hang watcher took, read from its record through the login node."""
+    from vmrun.hostside import command
+    from vmrun.ssh.channel import run_for_output
+
+    ref = backend.find(run)
+    argv = command("stacks.py", "--saved", str(ref.meta["record_dir"]), python=backend.python())
+    _, text = run_for_output(backend.conn, argv, what="the hang's stacks", activity=False)
+    said = [json.loads(line)["hang"] for line in text.splitlines()
+            if line.startswith('{"hang": {')]  # fmt: skip
+    hangs = {backend.cluster.name: said[-1]} if said else {}
+    found = parse(text, None)
+    return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), {}, None, hangs)
+
+
+def _on_cluster(backend: Any, run: str | None) -> Stacks:
     """A Slurm job's ranks, through its login node: one task per node of the job, in its
     allocation beside the running step (`srun --overlap`), each running stacks.py from the
     shared home (py-spy there too: ~/.vmrun/tools, sent to the login node)."""
@@ -120,15 +133,19 @@ def _on_cluster(backend: Any, run: str | None, began: float) -> Stacks:
     python = backend.python()
     spy = ensure(backend.conn, python)
     nodes = str(ref.meta.get("nodes") or 1)
+    # each node's task writes its ranks' files into one folder of the record (on the shared
+    # filesystem): srun mixes the tasks' output, and a rank's JSON is long
+    folder = f"{ref.meta['record_dir']}/stacks/live-{time.strftime('%Y%m%dT%H%M%S')}"
     argv = ["srun", "--overlap", f"--jobid={job}", f"--nodes={nodes}", f"--ntasks={nodes}",
-            "--ntasks-per-node=1", *command("stacks.py", ref.run_id, python=python)]  # fmt: skip
-    result, text = run_for_output(backend.conn, argv, env={"VMRUN_PY_SPY": spy},
-                                  what="the job's stacks (srun --overlap)",
-                                  activity=False)  # fmt: skip
+            "--ntasks-per-node=1",
+            *command("stacks.py", ref.run_id, folder, python=python)]  # fmt: skip
+    result = backend.conn.run(argv, env={"VMRUN_PY_SPY": spy}, activity=False,
+                              what="the job's stacks (srun --overlap)")  # fmt: skip
+    _, text = run_for_output(backend.conn, command("stacks.py", "--read", folder, python=python),
+                             what="the job's stacks", activity=False)  # fmt: skip
     found = parse(text, None)
     failed = {} if found else {backend.cluster.name: (result.output_tail(3) or "no rank found")}
-    return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), failed, None, {},
-                  time.monotonic() - began)  # fmt: skip
+    return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), failed)
 
 
 def _keep_if(taken: Stacks, settings: Settings, keep: bool, name: str = "") -> Stacks:
@@ -139,8 +156,6 @@ def _keep_if(taken: Stacks, settings: Settings, keep: bool, name: str = "") -> S
 
 def _keep(taken: Stacks, settings: Settings, name: str) -> Stacks:
     """results/RUN/stacks/NAME/: rank-R.json each, stacks.txt the summary."""
-    from dataclasses import replace
-
     folder = (settings.project_dir or Path.cwd()) / "results" / taken.run_id / "stacks" / name
     folder.mkdir(parents=True, exist_ok=True)
     for stack in taken.stacks:

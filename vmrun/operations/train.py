@@ -159,6 +159,7 @@ def train(
         recoveries = 0
         if hosts.recover or settings.recover:  # the job brings itself back (slurm_recover.bash)
             recoveries = refusals.recovery_limit(hosts.max_recoveries, settings.max_recoveries)
+        plan = _watched(plan, settings, recover=recoveries > 0)
         return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
                            detach=detach, verbose=verbose, out=out,
                            recoveries=recoveries)  # fmt: skip
@@ -351,15 +352,16 @@ def _on_hosts(
         return code
 
 
-def _watched(plan: Plan, settings: Settings) -> Plan:
-    """The plan with its hang watch (`hang_timeout`, `on_hang`: flags over vmrun.toml)."""
+def _watched(plan: Plan, settings: Settings, *, recover: bool = False) -> Plan:
+    """The plan with its hang watch (`hang_timeout`, `on_hang`: flags over vmrun.toml);
+    `recover`: brought back by other means than plan.recover (a Slurm job)."""
     from vmrun.setting_types import OFF, period_seconds
 
     if settings.hang_timeout == OFF:
         return replace(plan, hang_timeout=0)
     action = settings.on_hang
     if action == "auto":
-        action = "stop" if plan.recover else "wait"
+        action = "stop" if plan.recover or recover else "wait"
     return replace(plan, hang_timeout=period_seconds(settings.hang_timeout), on_hang=action)
 
 

@@ -197,6 +197,7 @@ class SlurmBackend:
             container_home=image.home if image else "",
             notifier=bool(notify),
             max_recoveries=recoveries,
+            hang=plan.hang_watch(),
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
@@ -306,6 +307,13 @@ class SlurmBackend:
         sub = self.prepare(plan, how)
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
+        if plan.hang_timeout:  # the hang watcher's stacks: py-spy in the shared home
+            from vmrun.runs.stack_tool import ensure
+
+            try:
+                ensure(self.conn, self.python())
+            except VmrunError as exc:
+                out.warn(f"a hang would be told without the ranks' stacks: {exc.one_line()}")
         if plan.data:  # once, onto the shared filesystem through the login node
             from vmrun.stores.data import place_data
 

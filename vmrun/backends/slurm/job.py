@@ -150,6 +150,7 @@ class Batch:
     container_home: str = ""  # docker/podman: the HOME inside (made before the step)
     notifier: bool = False  # the job tells its end and requeues (the record's notify.json)
     max_recoveries: int = 0  # --recover: failed attempts requeued by the job itself
+    hang: str = ""  # --hang-timeout's `SECONDS ACTION RANKED` (hang_watch.py), "" not watched
 
 
 def sbatch_options(
@@ -214,6 +215,10 @@ def batch_script(
     torchrun = batch.launcher == "torchrun"
     lines.append(f"VMRUN_FAILURE={quote(source('run_failure.py')) if torchrun else ''}")
     lines.append(f"VMRUN_MAX_RECOVERIES={batch.max_recoveries}")
+    lines.append(f"VMRUN_HANG={quote(batch.hang)}")
+    for name, text in (("VMRUN_HANG_WATCH", "hang_watch.py"), ("VMRUN_SPOT_WATCH", "spot_watch.py"),
+                       ("VMRUN_STACKS", "stacks.py")):  # fmt: skip
+        lines.append(f"{name}={quote(source(text)) if batch.hang else ''}")
     recover = source("slurm_recover.bash") + "\n" if batch.max_recoveries else ""
     return "\n".join(lines) + "\n\n" + recover + source("slurm_job.bash")
 
