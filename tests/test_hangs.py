@@ -63,7 +63,14 @@ def test_a_rank_that_stops_before_all_reduce_is_found_hung_with_every_ranks_stac
     assert sorted(p.name for p in kept.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
     # the status tells why it failed
     status = multi.vmrun("status")
-    assert re.search(rf"{rid}\s+n1\s+failed", status.stdout), status.stdout
+    assert re.search(rf"{rid}\s+n1\s+failed, hung \(stopped\)", status.stdout), status.stdout
+    # the dumps come with the run's logs
+    fetched = multi.vmrun("fetch", "logs", "--run", rid, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    local = multi.cwd / "results" / rid
+    assert (local / "n2" / "stacks" / "hang-1" / "rank-3.json").is_file(), sorted(
+        str(p.relative_to(local)) for p in local.rglob("*"))
+    assert json.loads((local / "n1" / "hang").read_text())["action"] == "stop"
 
 
 @pytest.mark.timeout(300)

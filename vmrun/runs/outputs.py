@@ -33,9 +33,12 @@ WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
 # a Slurm run's record also keeps `starts` and `exit` (attempt, code, time): its times
-# `recoveries`: what a run's supervisor did (train --recover), kept with the run's logs
+# `recoveries`: what a run's supervisor did (train --recover), kept with the run's logs; a
+# hang's record and its stacks (stacks/hang-N/rank-R.json), NCCL's flight recorder dumps and
+# the network it chose (nccl/: vmrun.backends.hosts.node_launch, hostside/hang_watch.py)
 LOGS = ("log", "*.log", "run.json", "exit_code", "failure.json", "starts", "exit", "ended",
-        "recoveries", *PROVENANCE)
+        "recoveries", "hang", "hang_stopped", "rank-*.json", "fr_rank_*", "transport",
+        *PROVENANCE)
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
