@@ -59,6 +59,7 @@ def test_a_rank_that_stops_before_all_reduce_is_found_hung_with_every_ranks_stac
         shown.stdout
     assert f"rank 3 (n2): in wait_forever at hang_rank.py:{hang_line}" in shown.stdout, \
         shown.stdout
+    assert "ranks 0-2 wait in all_reduce for rank 3" in shown.stdout, shown.stdout
     kept = multi.cwd / "results" / rid / "stacks" / "hang"
     assert sorted(p.name for p in kept.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
     # the status tells why it failed
@@ -119,6 +120,11 @@ def test_a_slow_rank_is_named_in_the_log_metrics_and_status(
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(len(m["rank_step_s"]) == 4 and m["rank_node"] == [0, 0, 1, 1] for m in lines)
     assert all(max(m["rank_step_s"]) == m["rank_step_s"][3] for m in lines), lines
+    fetched = multi.vmrun("fetch", "metrics", "--run", rid, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    report = multi.vmrun("report", rid, "--json")
+    (row,) = json.loads(report.stdout)
+    assert [(s["rank"], s["node"]) for s in row["slow_ranks"]] == [(3, 1)], row
     status = multi.vmrun("status")
     assert re.search(rf"{rid}\s+n1\s+done\s+epoch 3\S*, rank 3 \(node 1\) slow: [\d.]+x",
                      status.stdout), status.stdout

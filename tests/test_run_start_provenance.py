@@ -46,5 +46,6 @@ def test_the_diff_and_the_collector_go_beside_the_run_and_not_into_it(tmp_path: 
         assert f"{name}=" not in ran_with  # ...and none of vmrun's own
     facts = json.loads((rec / "provenance.json").read_text())
     assert facts["environment"]["python"]["executable"] == sys.executable
-    leaks = [p.name for p in rec.iterdir() if p.name != "run-env.txt" and SECRET in p.read_text()]
+    leaks = [p.name for p in rec.iterdir()
+             if p.is_file() and p.name != "run-env.txt" and SECRET in p.read_text()]
     assert not leaks, leaks  # ...which nothing else vmrun wrote holds

@@ -48,7 +48,8 @@ def test_ranks_in_one_place_print_once_and_the_odd_rank_stands_out() -> None:
         ([0, 1, 2], "all_reduce at train.py:88"), ([3], "in load at data.py:41")]
     said = lines(stacks)
     assert said == ["ranks 0-2 (n1, n2): all_reduce at train.py:88",
-                    "rank 3 (n2): in load at data.py:41"]  # fmt: skip
+                    "rank 3 (n2): in load at data.py:41",
+                    "ranks 0-2 wait in all_reduce for rank 3"]  # fmt: skip
     full = lines(stacks, full=True)
     assert "    all_reduce (distributed_c10d.py:2950)" in full
     assert any(line.startswith("  thread Thread-1: run") for line in full)
@@ -148,3 +149,23 @@ def test_nccl_on_sockets_beside_rdma_devices_is_said_and_ib_is_not(tmp_path: Pat
         assert ("mlx5_0" in said and "NET/Socket" in said) == (network == "Socket"), said
     no_rdma = watch.Transport(str(tmp_path / "socket_accelerate.log"), str(tmp_path / "none"))
     assert no_rdma.seen() == "Socket" and no_rdma.warning() == ""
+
+
+def test_report_names_the_slow_rank_from_each_ranks_median_step_time(tmp_path: Path) -> None:
+    from vmrun.results.history import load_run
+    from vmrun.results.report import report_rows, table
+
+    run = tmp_path / "results" / "r1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"id": "r1", "nodes": ["a", "b"], "nproc": "2"}))
+    lines = [{"epoch": e, "loss": 1.0 / e, "samples_per_s": 100.0, "epoch_time_s": 1.0,
+              "world_size": 4, "rank_step_s": [0.10, 0.11, 0.10, 0.30 if e > 1 else 0.1],
+              "rank_node": [0, 0, 1, 1]} for e in (1, 2, 3)]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    history = load_run(run)
+    assert history.rank_step_s == (0.10, 0.11, 0.10, 0.30) and history.rank_node == (0, 0, 1, 1)
+    (row,) = report_rows([history])
+    assert row.slow_ranks == [{"rank": 3, "node": 1, "step_s": 0.3, "others_step_s": 0.1,
+                               "ratio": 3.0}]  # fmt: skip
+    heads, _, cells = table([row])
+    assert heads[-1] == "SLOW RANKS" and cells[0][-1] == "r3 (node 1) 3.0x"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -62,6 +63,10 @@ class RunHistory:
     failure: WorkerFailure | None = None  # torchrun's first failed worker (failure.json)
     failure_node: str | None = None  # the host folder it was found in, for a hosts run
     price_per_hour: float | None = None  # USD for all its nodes (run.json's; results.cost)
+    # each rank's step time, the median over its epochs, and its node (the template's
+    # rank_step_s and rank_node in metrics.jsonl), where it says them
+    rank_step_s: tuple[float, ...] | None = None
+    rank_node: tuple[int, ...] | None = None
 
     @property
     def epochs_done(self) -> int:
@@ -162,7 +167,34 @@ def load_run(path: Path) -> RunHistory:
         exit_code=code,
         **_failure(places, multi=len(places) > 1 or path not in places),
         price_per_hour=_float(meta.get("price_per_hour")),
+        **read_rank_times(metrics_file),
     )
+
+
+def read_rank_times(path: Path) -> dict[str, Any]:
+    """Each rank's median step time over the epochs that report them all, and its node."""
+    per_epoch: list[list[float]] = []
+    nodes = None
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            times = item.get("rank_step_s") if isinstance(item, dict) else None
+            if isinstance(times, list) and times and all(
+                isinstance(t, (int, float)) for t in times
+            ):
+                if per_epoch and len(times) != len(per_epoch[0]):
+                    per_epoch = []  # another world size (a resume on fewer nodes): anew
+                per_epoch.append([float(t) for t in times])
+                found = item.get("rank_node")
+                nodes = tuple(int(n) for n in found) if isinstance(found, list) else None
+    if not per_epoch:
+        return {}
+    medians = tuple(statistics.median(column) for column in zip(*per_epoch, strict=True))
+    return {"rank_step_s": medians,
+            "rank_node": nodes if nodes and len(nodes) == len(medians) else None}  # fmt: skip
 
 
 def _failure(places: list[Path], *, multi: bool) -> dict[str, Any]:

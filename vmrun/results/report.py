@@ -64,6 +64,9 @@ class ReportRow:
     # the epochs done again), cost_usd (at the nodes' prices, where known)
     recoveries: list[dict[str, Any]] | None = None
     cost_usd: float | None = None  # the run's time at its nodes' prices (run.json's)
+    # ranks slower than the others (vmrun.results.stragglers, on each rank's median step
+    # time): rank, node, seconds, typical (the others' median), ratio
+    slow_ranks: list[dict[str, Any]] | None = None
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -116,9 +119,20 @@ def report_rows(
                 failure=run.failure.as_json(run.failure_node) if run.failure else None,
                 recoveries=_costed(_recoveries(run.path), epoch_s, run.price_per_hour),
                 cost_usd=dollars(run.duration, run.price_per_hour),
+                slow_ranks=_slow(run),
             )
         )
     return rows
+
+
+def _slow(run: RunHistory) -> list[dict[str, Any]] | None:
+    if run.rank_step_s is None:
+        return None
+    from vmrun.results.stragglers import slow_ranks
+
+    return [{"rank": s.rank, "node": s.node, "step_s": round(s.seconds, 6),
+             "others_step_s": round(s.typical, 6), "ratio": round(s.ratio, 3)}
+            for s in slow_ranks(run.rank_step_s, run.rank_node)]  # fmt: skip
 
 
 def _provenance(run: RunHistory) -> dict[str, Any]:
@@ -218,8 +232,9 @@ def headers(rows: Sequence[ReportRow]) -> tuple[tuple[str, ...], frozenset[int]]
     cost = ("COST",) if _paid(rows) else ()
     if cost:
         numeric |= {len(HEADERS) + shift}
+    slow = ("SLOW RANKS",) if _slowed(rows) else ()
     last = ("RECOVERIES",) if _recovered(rows) else ()
-    return (HEADERS[0], *(k.upper() for k in keys), *HEADERS[1:], *cost, *last), numeric
+    return (HEADERS[0], *(k.upper() for k in keys), *HEADERS[1:], *cost, *slow, *last), numeric
 
 
 def table(
@@ -227,8 +242,19 @@ def table(
 ) -> tuple[tuple[str, ...], frozenset[int], list[tuple[str, ...]]]:
     """Headers, numeric columns and each row's cells, as every rendering shows them."""
     heads, numeric = headers(rows)
-    keys, recovered, paid = varied_keys(rows), _recovered(rows), _paid(rows)
-    return heads, numeric, [cells(r, keys, recovered=recovered, paid=paid) for r in rows]
+    keys, recovered, paid, slow = varied_keys(rows), _recovered(rows), _paid(rows), _slowed(rows)
+    return heads, numeric, [cells(r, keys, recovered=recovered, paid=paid, slow=slow)
+                            for r in rows]  # fmt: skip
+
+
+def _slowed(rows: Sequence[ReportRow]) -> bool:
+    return any(r.slow_ranks for r in rows)
+
+
+def slow_text(slow: Sequence[dict[str, Any]] | None) -> str:
+    """The SLOW RANKS cell: `r3 (node 1) 1.9x`, each slow rank."""
+    return ", ".join(f"r{s['rank']}" + (f" (node {s['node']})" if s.get("node") is not None
+                                        else "") + f" {s['ratio']:.1f}x" for s in slow or ())
 
 
 def _recovered(rows: Sequence[ReportRow]) -> bool:
@@ -240,10 +266,11 @@ def _paid(rows: Sequence[ReportRow]) -> bool:
 
 
 def cells(
-    row: ReportRow, keys: Sequence[str] = (), *, recovered: bool = False, paid: bool = False
+    row: ReportRow, keys: Sequence[str] = (), *, recovered: bool = False, paid: bool = False,
+    slow: bool = False,
 ) -> tuple[str, ...]:
     """The row as the table shows it ("" where unknown); `keys`: the varied columns;
-    `recovered`, `paid`: with the RECOVERIES, COST columns."""
+    `recovered`, `paid`, `slow`: with the RECOVERIES, COST, SLOW RANKS columns."""
     epochs = f"{row.epochs}/{row.epochs_asked}" if row.epochs_asked else str(row.epochs)
     return (
         row.run,
@@ -261,6 +288,7 @@ def cells(
         "" if row.final_loss is None else f"{row.final_loss:.4g}",
         "" if row.final_accuracy is None else f"{row.final_accuracy:.4g}",
         *(("" if row.cost_usd is None else f"${row.cost_usd:,.2f}",) if paid else ()),
+        *((slow_text(row.slow_ranks),) if slow else ()),
         *((recovered_text(row.recoveries),) if recovered else ()),
     )
 

@@ -21,6 +21,12 @@ _WRAPPERS = frozenset({
     "_wrapped_call_impl", "wrapped", "_wrap",
 })  # fmt: skip
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+# torch.distributed's calls a rank waits in for the others
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
+    "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,20 @@ class RankStack:
                 return frames
         return self.threads[0][1] if self.threads else ()
 
+    def _mine_and_callee(self) -> tuple[Frame | None, Frame | None]:
+        frames = self.main
+        mine = next((i for i, f in enumerate(frames) if f.own), None)
+        if mine is None:
+            return None, None
+        inner = reversed(frames[:mine])
+        return frames[mine], next((f for f in inner if f.short_name not in _WRAPPERS), None)
+
+    @property
+    def call(self) -> str:
+        """The call the rank is in from its own code (`all_reduce`), "" if none."""
+        _, callee = self._mine_and_callee()
+        return callee.short_name if callee is not None and not self.error else ""
+
     @property
     def place(self) -> str:
         """Where the rank is, as printed."""
@@ -66,12 +86,10 @@ class RankStack:
         frames = self.main
         if not frames:
             return "no Python frames"
-        mine = next((i for i, f in enumerate(frames) if f.own), None)
-        if mine is None:
+        at, callee = self._mine_and_callee()
+        if at is None:
             top = frames[0]
             return f"in {top.short_name} at {top.file}:{top.line}"
-        at = frames[mine]
-        callee = next((f for f in reversed(frames[:mine]) if f.short_name not in _WRAPPERS), None)
         if callee is None:
             return f"in {at.short_name} at {at.file}:{at.line}"
         return f"{callee.short_name} at {at.file}:{at.line}"
@@ -141,9 +159,25 @@ def group(stacks: Sequence[RankStack]) -> list[Group]:
     return [Group(place, tuple(found)) for place, found in by_place.items()]
 
 
+def waiting(stacks: Sequence[RankStack]) -> str:
+    """Who holds a collective up: `ranks 0-2 wait in all_reduce for rank 3`, when some ranks
+    sit in one collective and the others (with a stack) are somewhere else; else ""."""
+    known = [s for s in stacks if not s.error and s.main]
+    inside = [s for s in known if s.call in COLLECTIVES]
+    calls = {s.call for s in inside}
+    away = [s for s in known if s.call not in COLLECTIVES]
+    if len(calls) != 1 or not away:
+        return ""
+    word = "ranks" if len(inside) > 1 else "rank"
+    late = "ranks" if len(away) > 1 else "rank"
+    return (f"{word} {spans(s.rank for s in inside)} wait in {calls.pop()} for {late}"
+            f" {spans(s.rank for s in away)}")
+
+
 def lines(stacks: Sequence[RankStack], *, full: bool = False) -> list[str]:
-    """What `vmrun stacks` prints: a line per place; `full`: each place's main-thread
-    stack (its first rank's) and the other threads' innermost frames beneath it."""
+    """What `vmrun stacks` prints: a line per place, then who holds a collective up;
+    `full`: each place's main-thread stack (its first rank's) and the other threads'
+    innermost frames beneath it."""
     out = []
     for found in group(stacks):
         out.append(f"{found.label}: {found.place}")
@@ -155,7 +189,8 @@ def lines(stacks: Sequence[RankStack], *, full: bool = False) -> list[str]:
         for name, frames in first.threads:
             if frames is not first.main and frames:
                 out.append(f"  thread {name}: {frames[0].name} ({frames[0].file}:{frames[0].line})")
-    return out
+    held = waiting(stacks)
+    return [*out, held] if held else out
 
 
 def as_json(stack: RankStack) -> dict[str, Any]:
