@@ -45,6 +45,10 @@ def test_a_rank_that_stops_before_all_reduce_is_found_hung_with_every_ranks_stac
     rid = run_id_of(done.stderr)
     assert re.search(r"hung on \S+: ranks 0-1; stacks in", done.stdout), done.stdout
     assert re.search(r"hung on \S+: ranks 2-3; stacks in", done.stdout), done.stdout
+    # the follower took every node's stacks too, before the stop
+    assert "every rank's stacks now" in done.stderr, done.stderr
+    live = multi.cwd / "results" / rid / "stacks" / "hang-live-1"
+    assert sorted(p.name for p in live.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
     for host in ("n1", "n2"):
         seen = json.loads((_record(cluster[host], rid) / "hang").read_text())
         assert TIMEOUT_S <= seen["seen"] - seen["since"] <= 2 * TIMEOUT_S, seen

@@ -87,6 +87,26 @@ class _Warnings(Progress):
 QUIET = Reporter()
 
 
+class Passing(Reporter):
+    """Passes what it hears to `out`: the base of a Reporter that adds to a run's output
+    (a prefixer, a watcher of its lines) and says the rest as told."""
+
+    def __init__(self, out: Reporter):
+        self.out = out
+
+    def info(self, text: str) -> None:
+        self.out.info(text)
+
+    def warn(self, text: str) -> None:
+        self.out.warn(text)
+
+    def failure(self, error: BaseException) -> None:
+        self.out.failure(error)
+
+    def output(self, data: bytes) -> None:
+        self.out.output(data)
+
+
 class Recorder(Reporter):
     """Keeps what was said, in order, for tests and for callers that render it later."""
 

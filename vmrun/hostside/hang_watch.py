@@ -13,7 +13,9 @@ for TIMEOUT seconds, once per stall:
 - every rank's stacks on this node go to REC/stacks/hang-N/ (stacks.py, py-spy);
 - REC/hang holds what was seen (JSON: since, seen, timeout, host, ranks, stacks, action)
   and the log gets one line naming the host, the ranks and where the stacks are;
-- ACTION stop: the ranks get SIGTERM, SIGKILL 10 s later, and REC/hang_stopped is written,
+- ACTION stop: after a grace (a quarter of TIMEOUT, 5 to 30 s: the other nodes' watchers
+  and a follower take their stacks meanwhile, the silent nodes' too), the ranks get
+  SIGTERM, SIGKILL 10 s later, and REC/hang_stopped is written,
   so the run ends failed (exit 124, run_supervise.sh) and a --recover run's supervisor
   brings it back from its snapshot; ACTION wait: it goes on watching, and says so when
   progress comes again (the next stall is a new one).
@@ -259,10 +261,17 @@ def main() -> int:
                 "action": action, "stall": stalls,
             })  # fmt: skip
             where = f"ranks {spans(found)}" if found else "no rank found"
-            then = "stopping the run" if action == "stop" else "waiting (--on-hang wait)"
+            grace = min(30.0, max(5.0, timeout / 4))
+            then = (f"stopping the run in {grace:.0f} s" if action == "stop"
+                    else "waiting (--on-hang wait)")  # fmt: skip
             tell(rec, f"hung on {host}: {where}; stacks in {folder}"
                       f" (`vmrun stacks {run_id} --hang`); {then}")  # fmt: skip
             if action == "stop":
+                time.sleep(grace)
+                if (progress.seen() or 0) > last:  # it moved after all: not stopped
+                    hung = False
+                    tell(rec, f"progress again on {host}: the run is not stopped")
+                    continue
                 write_json(os.path.join(rec, "hang_stopped"), {"seen": now})
                 stop_ranks(run_id, pid if slurm else 0)
                 return 0

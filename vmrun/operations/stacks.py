@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from vmrun.config import Settings
-from vmrun.errors import UsageError, VmrunError
-from vmrun.runs.stacks import RankStack, as_json, lines, parse
+from vmrun.errors import UsageError
+from vmrun.runs.stacks import RankStack, keep, lines, parse
 from vmrun.runs.state import RunState
 
 
@@ -49,11 +49,8 @@ def take(
     """The stacks of `run` (the newest running one when not named) on -H's hosts; `hang`:
     the last ones its hang watcher took instead (the run may have ended since)."""
     from vmrun.backends.hosts.backend import HostsBackend
-    from vmrun.backends.hosts.records import record_dir
+    from vmrun.backends.hosts.stacks import take_on_nodes
     from vmrun.backends.select import open_backend
-    from vmrun.hostside import HostPath, command
-    from vmrun.runs.stack_tool import ensure
-    from vmrun.ssh.channel import run_for_output
 
     began = time.monotonic()
     with open_backend(settings, hosts=hosts, cluster=cluster) as backend:
@@ -67,36 +64,8 @@ def take(
             raise UsageError(f"run {ref.run_id} is not running: its stacks are gone with it",
                              hint=f"`vmrun stacks {ref.run_id} --hang` shows those its hang"
                                   " watcher took", code="not-running")  # fmt: skip
-        found: list[RankStack] = []
-        failed: dict[str, str] = {}
-        hangs: dict[str, dict[str, Any]] = {}
-
-        def one(entry: Any, conn: Any) -> str:
-            python = str(ref.records[entry.label].meta.get("python") or "python3")
-            if hang:
-                rec = HostPath(record_dir(ref.run_id))
-                return run_for_output(conn, command("stacks.py", "--saved", rec, python=python),
-                                      what="the hang's stacks", activity=False)[1]  # fmt: skip
-            spy = ensure(conn, python)
-            return run_for_output(conn, command("stacks.py", ref.run_id, python=python),
-                                  env={"VMRUN_PY_SPY": spy}, what="the ranks' stacks",
-                                  activity=False)[1]  # fmt: skip
-
-        for outcome in backend.group.map(one, only=set(ref.nodes)):
-            if not outcome.ok:
-                error = outcome.error
-                failed[outcome.host] = (error.one_line() if isinstance(error, VmrunError)
-                                        else str(error))  # fmt: skip
-                continue
-            text = str(outcome.value or "")
-            got = parse(text, outcome.host)
-            found += got
-            for line in text.splitlines():
-                if line.startswith('{"hang": {'):
-                    hangs[outcome.host] = json.loads(line)["hang"]
-            if not got and not hang:
-                failed[outcome.host] = "no rank of the run found there"
-    taken = Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), failed, None, hangs,
+        got = take_on_nodes(backend.group, ref, hang=hang)
+    taken = Stacks(ref.run_id, got.stacks, got.failed, None, got.hangs,
                    time.monotonic() - began)  # fmt: skip
     return _keep_if(taken, settings, keep, "hang" if hang else "")
 
@@ -156,9 +125,6 @@ def _keep_if(taken: Stacks, settings: Settings, keep: bool, name: str = "") -> S
 
 def _keep(taken: Stacks, settings: Settings, name: str) -> Stacks:
     """results/RUN/stacks/NAME/: rank-R.json each, stacks.txt the summary."""
-    folder = (settings.project_dir or Path.cwd()) / "results" / taken.run_id / "stacks" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    for stack in taken.stacks:
-        (folder / f"rank-{stack.rank}.json").write_text(json.dumps(as_json(stack), indent=1))
-    (folder / "stacks.txt").write_text("\n".join(taken.lines(full=True)) + "\n")
-    return replace(taken, saved=folder)
+    project = settings.project_dir or Path.cwd()
+    return replace(taken, saved=keep(taken.stacks, project / "results" / taken.run_id /
+                                     "stacks" / name))  # fmt: skip

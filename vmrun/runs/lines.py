@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 
-from vmrun.reporting import Reporter
+from vmrun.reporting import Passing, Reporter
 from vmrun.runs.launch import RANK_PREFIX
 
 _MARK = b"\x1e"
@@ -46,28 +46,19 @@ def is_c10d_noise(text: bytes) -> bool:
     return _C10D_NOISE.match(text) is not None
 
 
-class Prefixer(Reporter):
+class Prefixer(Passing):
     """Cuts one node's output into whole lines, each prefixed, and hands them to `out`;
     `host` None on one host. A Reporter itself, so a log reader can stream into it: its
     `output` takes the bytes as they come (any cut); the rest passes on to `out`."""
 
     def __init__(self, host: str | None, out: Reporter, *, verbose: bool = True):
+        super().__init__(out)
         self.host = host.encode() if host else None
-        self.out = out
         self.verbose = verbose
         self.rest = b""
         self.pending: dict[int | None, bytes] = {}  # each rank's line so far
         self.held: list[bytes] = []  # torchrun's lines so far that may be its banner
         self.lock = threading.Lock()
-
-    def info(self, text: str) -> None:
-        self.out.info(text)
-
-    def warn(self, text: str) -> None:
-        self.out.warn(text)
-
-    def failure(self, error: BaseException) -> None:
-        self.out.failure(error)
 
     def output(self, data: bytes) -> None:
         self.feed(data)

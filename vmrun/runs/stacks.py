@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # frames that only pass a call through: the callee named is the next one in
@@ -203,3 +204,13 @@ def as_json(stack: RankStack) -> dict[str, Any]:
             for name, frames in stack.threads
         ],
     }  # fmt: skip
+
+
+def keep(stacks: Sequence[RankStack], folder: Path) -> Path:
+    """rank-R.json for each rank and stacks.txt (the grouped summary, whole stacks) in
+    `folder`, made if need be; the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stack in stacks:
+        (folder / f"rank-{stack.rank}.json").write_text(json.dumps(as_json(stack), indent=1))
+    (folder / "stacks.txt").write_text("\n".join(lines(stacks, full=True)) + "\n")
+    return folder

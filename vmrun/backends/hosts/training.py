@@ -3,7 +3,9 @@ to the end, fetching its checkpoints meanwhile (`--fetch-every`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from vmrun.backends.api import RunRef, StartOptions
 from vmrun.backends.hosts.backend import HostsBackend
@@ -12,11 +14,11 @@ from vmrun.backends.hosts.node_launch import Placement
 from vmrun.backends.hosts.preflight import order
 from vmrun.config import Settings
 from vmrun.errors import Detached, Interrupted, VmrunError
-from vmrun.reporting import QUIET, Reporter
+from vmrun.reporting import QUIET, Passing, Progress, Reporter
 from vmrun.runs.plan import Plan
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
-from vmrun.transfer.types import Progress
+from vmrun.transfer.types import Progress as TransferProgress
 
 
 def run_remote(
@@ -29,7 +31,7 @@ def run_remote(
     how: StartOptions | None = None,
     place: Placement | None = None,
     fetch_every: float | None = None,
-    progress: Progress | None = None,
+    progress: TransferProgress | None = None,
     group: Group | None = None,
     verbose: bool = False,
     on_start: Callable[[RunRef], None] | None = None,
@@ -91,6 +93,8 @@ def _follow(
     verbose: bool = False,
     down: DownAfterRun | None = None,
 ) -> int:
+    if plan.hang_timeout:
+        out = HangSpotter(out, backend, ref, plan.project)
     fetcher = None
     if fetch_every:
         from vmrun.backends.hosts.fetching import Fetcher
@@ -122,3 +126,52 @@ def _follow(
         if down:
             down.after(rid, failed, out)
     return 0
+
+
+class HangSpotter(Passing):
+    """The follower's part when a node says the run hung (hostside/hang_watch.py): every
+    rank's stacks on every node taken from here at once, the silent nodes' too (a node
+    whose ranks print nothing and beat nothing never judges itself), shown grouped and kept
+    in results/RUN/stacks/hang-live-N. Everything else passes through to `out`."""
+
+    MARK = b"vmrun: hung on "
+    AGAIN = b"vmrun: progress again on "
+
+    def __init__(self, out: Reporter, backend: HostsBackend, ref: RunRef, project: Path):
+        super().__init__(out)
+        self.backend, self.ref, self.project = backend, ref, project
+        self.taken = 0
+        self._lock = threading.Lock()
+        self._armed = True  # once per stall: the other nodes say the same one
+
+    def progress(self, *, several: bool = False, live: bool = True) -> Progress:
+        return self.out.progress(several=several, live=live)
+
+    def output(self, data: bytes) -> None:
+        self.out.output(data)
+        with self._lock:
+            if self.AGAIN in data:
+                self._armed = True
+                return
+            if self.MARK not in data or not self._armed:
+                return
+            self._armed = False
+        threading.Thread(target=self._take, daemon=True, name="hang-stacks").start()
+
+    def _take(self) -> None:
+        from vmrun.backends.hosts.stacks import take_on_nodes
+        from vmrun.runs.stacks import keep, lines
+
+        try:
+            got = take_on_nodes(self.backend.group, self.ref)
+            if got.stacks:
+                self.taken += 1
+                folder = keep(got.stacks, self.project / "results" / self.ref.run_id /
+                              "stacks" / f"hang-live-{self.taken}")  # fmt: skip
+                self.out.info(f"every rank's stacks now (kept in {folder}):")
+                for line in lines(got.stacks):
+                    self.out.info(f"  {line}")
+            for node, why in got.failed.items():
+                self.out.warn(f"{node}: no stacks taken: {why}")
+        except VmrunError as exc:
+            self.out.warn(f"the stacks were not taken from here: {exc.one_line()}")
