@@ -6,7 +6,11 @@
    autostop run on every host) against the real nvidia-smi, its rows read by vmrun's parser;
    then `nvidia-smi -q` and the kernel log through vmrun.gpus.health;
 2. `vmrun train --local` with the template trainer on CUDA (torchrun, nccl), to its results;
-3. `vmrun doctor`'s all-reduce (vmrun/trainer/allreduce.py) under torchrun, on nccl.
+3. `vmrun doctor`'s all-reduce (vmrun/trainer/allreduce.py) under torchrun, on nccl, with
+   NCCL's INIT/NET lines in a file as vmrun's runs have them, read by the hang watcher's
+   reader (the network NCCL chose; the RDMA devices here);
+4. the host's health as `doctor` and `train` read it (vmrun/hostside/gpu_health.sh), and
+   a live NCCL rank's stack by hostside/stacks.py (py-spy: `pip install py-spy` first).
 Prints one line per step and exits non-zero on the first that fails; without nvidia-smi or
 a CUDA torch it says so in one line and exits 0.
 """
@@ -97,9 +101,62 @@ def main() -> int:
         allreduce = ROOT / "vmrun" / "trainer" / "allreduce.py"
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         n = str(len(gpus))
+        nccl = work / "nccl"
+        nccl.mkdir()
+        os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
+                          NCCL_DEBUG_FILE=f"{nccl}/%h.%p.log")  # fmt: skip
         out = step("all-reduce (nccl)", [*torchrun, "--nproc-per-node", n, str(allreduce)], work)
         print("\n".join(f"gpu_path:   {x}" for x in out.splitlines() if "allreduce" in x))
+        network(work)
+    host_health()
+    live_stack()
     return 0
+
+
+def network(work: Path) -> None:
+    """NCCL's network as the run's watcher reads it from NCCL's debug files."""
+    sys.path.insert(0, str(ROOT / "vmrun" / "hostside"))
+    import hang_watch  # type: ignore[import-not-found]
+
+    transport = hang_watch.Transport(str(work))
+    print(f"gpu_path: NCCL's network {transport.seen() or '(not said)'}; RDMA devices here:"
+          f" {transport.rdma() or 'none'}; {transport.warning() or 'no warning'}")
+
+
+def host_health() -> None:
+    """The host's health as vmrun reads it on every host (gpu_health.sh, parse_host)."""
+    from vmrun.gpus.health import parse_host
+
+    text = step("gpu_health.sh", ["sh", str(ROOT / "vmrun/hostside/gpu_health.sh")], ROOT, 60)
+    health = parse_host(text)
+    print(f"gpu_path: host health: {len(health.gpus)} GPU(s), kernel log {health.kernel},"
+          f" worst {health.worst or 'none'}, flags {health.flags()}; "
+          + ("; ".join(health.lines()) or "no problem"))
+
+
+def live_stack() -> None:
+    """A rank in an NCCL all_reduce loop, its stack read as `vmrun stacks` reads it."""
+    if shutil.which("py-spy") is None:
+        print("gpu_path: no py-spy here (pip install py-spy): live stacks not read")
+        return
+    loop = ("import os, time, torch, torch.distributed as dist\n"
+            "dist.init_process_group('nccl'); torch.cuda.set_device(0)\n"
+            "t = torch.ones(1 << 20, device='cuda')\n"
+            "end = time.time() + 20\n"
+            "while time.time() < end: dist.all_reduce(t); torch.cuda.synchronize()\n")
+    env = dict(os.environ, VMRUN_RUN_ID="gpu-path", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", loop], env=env)
+    try:
+        time.sleep(8)
+        said = step("stacks.py (py-spy)", [sys.executable, str(ROOT / "vmrun/hostside/stacks.py"),
+                                          "gpu-path"], ROOT, 60)  # fmt: skip
+        from vmrun.runs.stacks import lines, parse
+
+        print("\n".join(f"gpu_path:   {x}" for x in lines(parse(said, "here"))))
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":

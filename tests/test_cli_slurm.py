@@ -416,50 +416,40 @@ def test_the_clusters_modules_are_loaded_before_the_run(
     assert failed.returncode != 0 and "module load nosuch/9 failed" in failed.stderr
 
 
-def test_stacks_of_a_running_job_come_from_every_node_through_srun_overlap(
+def test_live_stacks_of_a_job_then_its_hang_found_on_every_node_and_stopped(
     slurm_cluster: Any, slurm_client: Client, host_python: Path
 ) -> None:
-    """`vmrun stacks -C`: one task per node of the job beside its step (srun --overlap),
-    py-spy from the shared home (vmrun sends it to the login node), every rank of a 2 x 2
-    torchrun job found in the user's file, named by its node."""
+    """2 nodes x 2 ranks. `vmrun stacks -C` on the live job: one task per node beside its
+    step (srun --overlap), py-spy from the shared home (vmrun sends it to the login node),
+    every rank in the user's file, named by its node. Then rank 3 waits before its 30th
+    all_reduce: the job's hang watcher (in its batch script) sees no rank's line and no
+    heartbeat for --hang-timeout, takes every node's ranks' stacks, and --on-hang stop ends
+    the job with 124; `vmrun stacks -C --hang` reads them from the record."""
     use_cluster(slurm_client, host_python)
     shutil.copy(Path(__file__).parent / "hang_scripts" / "hang_rank.py", slurm_client.cwd)
     done = slurm_client.vmrun("train", "-C", "bed", "hang_rank.py", "--nodes", "2",
-                              "--nproc-per-node", "2", "--env", "HANG_RANK=-1", "--detach",
-                              timeout=120)  # fmt: skip
+                              "--nproc-per-node", "2", "--env", "HANG_RANK=3", "--env",
+                              "HANG_AT=30", "--hang-timeout", "6s", "--on-hang", "stop",
+                              "--detach", timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     log = record_dir(slurm_cluster, rid) / "job.log"
     try:
         wait_for(lambda: log.exists() and "step 2 " in log.read_text(), 120, "the job's steps")
-        shown = slurm_client.vmrun("stacks", "-C", "bed", rid, timeout=120)
-        assert shown.returncode == 0, shown.stderr + shown.stdout
+        live = slurm_client.vmrun("stacks", "-C", "bed", rid, timeout=120)
+        assert live.returncode == 0, live.stderr + live.stdout
         c1, c2 = slurm_cluster.node_names
-        places = [line for line in shown.stdout.splitlines() if "hang_rank.py:" in line]
+        places = [line for line in live.stdout.splitlines() if "hang_rank.py:" in line]
         ranks = {int(n) for line in places
                  for part in line.split(" (")[0].split()[1].split(",")
                  for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}  # fmt: skip
-        assert ranks == {0, 1, 2, 3}, shown.stdout
-        assert c1 in shown.stdout and c2 in shown.stdout, shown.stdout
+        assert ranks == {0, 1, 2, 3}, live.stdout
+        assert c1 in live.stdout and c2 in live.stdout, live.stdout
+        ended = slurm_client.vmrun("logs", "-f", rid, "-C", "bed", timeout=180)
+        assert ended.returncode == 124, ended.stderr + ended.stdout
     finally:
         slurm_client.vmrun("stop", rid, "-C", "bed", timeout=120)
-
-
-def test_a_hung_job_is_found_its_stacks_taken_on_every_node_and_stopped(
-    slurm_cluster: Any, slurm_client: Client, host_python: Path
-) -> None:
-    """2 nodes x 2 ranks, rank 3 waiting before its 3rd all_reduce: the job's hang watcher
-    (in its batch script) sees no rank's line and no heartbeat for --hang-timeout, takes
-    every node's ranks' stacks (srun --overlap), and --on-hang stop ends the job with 124;
-    `vmrun stacks -C --hang` reads them from the record."""
-    use_cluster(slurm_client, host_python)
-    shutil.copy(Path(__file__).parent / "hang_scripts" / "hang_rank.py", slurm_client.cwd)
-    done = slurm_client.vmrun("train", "-C", "bed", "hang_rank.py", "--nodes", "2",
-                              "--nproc-per-node", "2", "--env", "HANG_RANK=3", "--hang-timeout",
-                              "6s", "--on-hang", "stop", timeout=300)  # fmt: skip
-    assert done.returncode == 124, done.stderr + done.stdout
-    rid = run_id_of(done.stderr)
-    assert re.search(r"hung on job \d+: ranks 0-3; stacks in", done.stdout), done.stdout
+    assert re.search(r"hung on job \d+: ranks 0-3; stacks in", log.read_text()), log.read_text()
     seen = json.loads((record_dir(slurm_cluster, rid) / "hang").read_text())
     assert 6 <= seen["seen"] - seen["since"] <= 12, seen
     shown = slurm_client.vmrun("stacks", "-C", "bed", rid, "--hang", timeout=60)

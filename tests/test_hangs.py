@@ -30,33 +30,51 @@ def _record(host: TestHost, rid: str) -> Path:
 
 
 @pytest.mark.timeout(300)
-def test_a_rank_that_stops_before_all_reduce_is_found_hung_with_every_ranks_stack(
+def test_live_stacks_then_a_rank_that_stops_before_all_reduce_is_found_hung(
     cluster: dict[str, TestHost], multi: Client
 ) -> None:
-    """Rank 3 waits for a file before its 3rd all_reduce, the others wait in it: each node's
-    watcher finds the stall within 2x --hang-timeout, takes its ranks' stacks (naming the
-    right file and line), and --on-hang stop ends the run with 124; `vmrun stacks --hang`
-    groups the four ranks into the two places."""
+    """2 x 2 ranks; first `vmrun stacks` on the live run: every rank in the user's file, in
+    under 3 s. Then rank 3 waits for a file before its 30th all_reduce, the others wait in
+    it: each node's watcher finds the stall within 2x --hang-timeout and takes its ranks'
+    stacks (naming the right file and line), the follower takes every node's, and
+    --on-hang stop ends the run with 124; `vmrun stacks --hang` groups the four ranks into
+    the two places and names who holds the collective up."""
     _copy(multi, "hang_rank.py")
-    done = multi.vmrun("train", "hang_rank.py", "--nproc-per-node", "2", "--hang-timeout",
+    runs = cluster["n1"].home / ".vmrun" / "runs"
+    proc = multi.popen("train", "hang_rank.py", "--nproc-per-node", "2", "--hang-timeout",
                        f"{TIMEOUT_S}s", "--on-hang", "stop", "--env", "HANG_RANK=3",
-                       timeout=240)  # fmt: skip
-    assert done.returncode == 124, done.stderr + done.stdout
-    rid = run_id_of(done.stderr)
-    assert re.search(r"hung on \S+: ranks 0-1; stacks in", done.stdout), done.stdout
-    assert re.search(r"hung on \S+: ranks 2-3; stacks in", done.stdout), done.stdout
+                       "--env", "HANG_AT=30")  # fmt: skip
+    try:
+        wait_for(lambda: runs.is_dir() and any(p.is_dir() for p in runs.iterdir()), 120,
+                 "the run's record")  # fmt: skip
+        (rid,) = [p.name for p in runs.iterdir() if p.is_dir()]
+        log = _record(cluster["n2"], rid) / "log"
+        wait_for(lambda: log.exists() and "step 2 " in log.read_text(), 120, "the run's steps")
+        live = multi.vmrun("stacks", rid, timeout=60)
+        assert live.returncode == 0, live.stderr + live.stdout
+        assert "hang_rank.py:" in live.stdout, live.stdout
+        assert _ranks(live.stdout) == {0, 1, 2, 3}, live.stdout
+        took = float(re.search(r"\(([\d.]+) s\)", live.stderr).group(1))
+        assert took < 3.0, live.stderr
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 124, stderr + stdout
+    assert re.search(r"hung on \S+: ranks 0-1; stacks in", stdout), stdout
+    assert re.search(r"hung on \S+: ranks 2-3; stacks in", stdout), stdout
     # the follower took every node's stacks too, before the stop
-    assert "every rank's stacks now" in done.stderr, done.stderr
-    live = multi.cwd / "results" / rid / "stacks" / "hang-live-1"
-    assert sorted(p.name for p in live.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
+    assert "every rank's stacks now" in stderr, stderr
+    kept = multi.cwd / "results" / rid / "stacks" / "hang-live-1"
+    assert sorted(p.name for p in kept.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
     for host in ("n1", "n2"):
         seen = json.loads((_record(cluster[host], rid) / "hang").read_text())
         assert TIMEOUT_S <= seen["seen"] - seen["since"] <= 2 * TIMEOUT_S, seen
         assert seen["action"] == "stop"
-    hang_line = next(i for i, line in enumerate(Path(SCRIPTS / "hang_rank.py").read_text()
-                                                .splitlines(), 1) if "the place its stack" in line)
-    reduce_line = next(i for i, line in enumerate(Path(SCRIPTS / "hang_rank.py").read_text()
-                                                  .splitlines(), 1) if "the others wait" in line)
+    text = Path(SCRIPTS / "hang_rank.py").read_text().splitlines()
+    hang_line = next(i for i, line in enumerate(text, 1) if "the place its stack" in line)
+    reduce_line = next(i for i, line in enumerate(text, 1) if "the others wait" in line)
     shown = multi.vmrun("stacks", rid, "--hang", timeout=60)
     assert shown.returncode == 0, shown.stderr + shown.stdout
     assert f"ranks 0-2 (n1, n2): all_reduce at hang_rank.py:{reduce_line}" in shown.stdout, \
@@ -78,31 +96,14 @@ def test_a_rank_that_stops_before_all_reduce_is_found_hung_with_every_ranks_stac
     assert json.loads((local / "n1" / "hang").read_text())["action"] == "stop"
 
 
-@pytest.mark.timeout(300)
-def test_stacks_of_a_live_run_are_grouped_and_quick(
-    cluster: dict[str, TestHost], multi: Client
-) -> None:
-    """`vmrun stacks` on a healthy 2 x 2 run: every rank found, in the user's file, taken in
-    under 3 s once py-spy is on the hosts; the run is not disturbed."""
-    _copy(multi, "hang_rank.py")
-    started = multi.vmrun("train", "hang_rank.py", "--nproc-per-node", "2", "--detach",
-                          "--env", "HANG_RANK=-1", timeout=120)  # fmt: skip
-    assert started.returncode == 0, started.stderr + started.stdout
-    rid = run_id_of(started.stderr)
-    try:
-        log = _record(cluster["n2"], rid) / "log"
-        wait_for(lambda: log.exists() and "step 2" in log.read_text(), 120, "the run's steps")
-        shown = multi.vmrun("stacks", rid, timeout=60)
-        assert shown.returncode == 0, shown.stderr + shown.stdout
-        ranks = {int(r) for line in shown.stdout.splitlines()
-                 for r in re.findall(r"\d+", line.split("(")[0])}  # fmt: skip
-        assert ranks >= {0, 1, 2, 3} or "ranks 0-3" in shown.stdout, shown.stdout
-        assert "hang_rank.py:" in shown.stdout, shown.stdout
-        took = float(re.search(r"\(([\d.]+) s\)", shown.stderr).group(1))
-        assert took < 3.0, shown.stderr
-        assert "no progress" not in log.read_text()
-    finally:
-        multi.vmrun("stop", rid, timeout=60)
+def _ranks(said: str) -> set[int]:
+    """The ranks `vmrun stacks` names, from its `rank(s) 0-2,5 (hosts): place` lines."""
+    found: set[int] = set()
+    for spans in re.findall(r"^ranks? ([\d,-]+) \(", said, re.M):
+        for part in spans.split(","):
+            low, _, high = part.partition("-")
+            found.update(range(int(low), int(high or low) + 1))
+    return found
 
 
 @pytest.mark.timeout(300)

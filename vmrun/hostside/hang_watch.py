@@ -93,8 +93,9 @@ class Progress:
                 log.seek(self.offset)
                 new = log.read(1 << 22)
             cut = new.rfind(b"\n") + 1  # whole lines only; the rest is read again
-            if cut and (not self.ranked or RANK_LINE.search(new[:cut])):
-                self.last = time.time()
+            lines = [x for x in new[:cut].split(b"\n") if x and not x.startswith(b"vmrun: ")]
+            if lines and (not self.ranked or RANK_LINE.search(b"\n".join(lines))):
+                self.last = time.time()  # vmrun's own lines (this watcher's) are no progress
             self.offset += cut
         except OSError:
             pass

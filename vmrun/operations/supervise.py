@@ -262,7 +262,9 @@ def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
     codes = [r.exit_code for r in found if r.exit_code not in (None, 0)]
     failed = next((r for r in found if r.failure is not None), None)
     saved = [r.saved_epoch for r in found if r.saved_epoch is not None]
-    stopped = any(r.stopped for r in found)
+    # a node lost: the others' stop is the follower's (its failure rule stops the nodes
+    # still running when one is gone, which marks them stopped), not the user's
+    stopped = any(r.stopped for r in found) and not lost
     noticed = tuple(r.host for r in found if r.notice is not None)
     where = failed.failure.describe(failed.host) if failed and failed.failure else ""
     reached = [int(m.group(1)) for r in found if (m := re.match(r"epoch (\d+)", r.progress))]
