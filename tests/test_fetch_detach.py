@@ -196,6 +196,7 @@ def test_detaching_from_fetch_every_does_not_wait_for_the_round(
 
     class Plan:
         project = tmp_path
+        hang_timeout = 0  # not watched: no hang spotter between the follow and `said`
 
     ref = RunRef(run_id="r1", nodes=("h1",))
     said = Recorder()
