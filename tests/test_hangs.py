@@ -43,7 +43,7 @@ def test_live_stacks_then_a_rank_that_stops_before_all_reduce_is_found_hung(
     runs = cluster["n1"].home / ".vmrun" / "runs"
     proc = multi.popen("train", "hang_rank.py", "--nproc-per-node", "2", "--hang-timeout",
                        f"{TIMEOUT_S}s", "--on-hang", "stop", "--env", "HANG_RANK=3",
-                       "--env", "HANG_AT=30")  # fmt: skip
+                       "--env", "HANG_AT=30", "--env", "HANG_FR=1")  # fmt: skip
     try:
         wait_for(lambda: runs.is_dir() and any(p.is_dir() for p in runs.iterdir()), 120,
                  "the run's record")  # fmt: skip
@@ -82,6 +82,10 @@ def test_live_stacks_then_a_rank_that_stops_before_all_reduce_is_found_hung(
     assert f"rank 3 (n2): in wait_forever at hang_rank.py:{hang_line}" in shown.stdout, \
         shown.stdout
     assert "ranks 0-2 wait in all_reduce for rank 3" in shown.stdout, shown.stdout
+    # torch's flight recorder dumps (real gloo records; the dump's trigger is the STAND-IN
+    # for NCCL's watchdog): rank 3 never reached the 30th collective
+    assert ("flight recorder: ranks 0-2 reached collective #30 (gloo:all_reduce); rank 3 did"
+            " not (last: #29)") in shown.stdout, shown.stdout
     kept = multi.cwd / "results" / rid / "stacks" / "hang"
     assert sorted(p.name for p in kept.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
     # the status tells why it failed

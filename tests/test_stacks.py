@@ -169,3 +169,39 @@ def test_report_names_the_slow_rank_from_each_ranks_median_step_time(tmp_path: P
                                "ratio": 3.0}]  # fmt: skip
     heads, _, cells = table([row])
     assert heads[-1] == "SLOW RANKS" and cells[0][-1] == "r3 (node 1) 3.0x"
+
+
+def test_flight_recorder_dumps_say_which_ranks_did_not_reach_the_collective(
+    tmp_path: Path,
+) -> None:
+    """Each rank's dump (the shape torch writes: pg_status, entries) read by the host
+    script into a line; the lines together say who stopped short."""
+    import pickle
+    import subprocess
+    import sys
+
+    from vmrun.runs.stacks import flight_verdict, parse_flights
+
+    rec = tmp_path / "rec"
+    (rec / "nccl").mkdir(parents=True)
+    for rank, last in ((0, 30), (1, 30), (2, 30), (3, 29)):
+        entries = [{"pg_id": 0, "collective_seq_id": n, "profiling_name": "nccl:all_reduce"}
+                   for n in range(1, last + 1)]  # fmt: skip
+        dump = {"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": last,
+                "last_started_collective": last, "last_completed_collective": last - 1}},
+                "entries": entries}  # fmt: skip
+        (rec / "nccl" / f"fr_rank_{rank}").write_bytes(pickle.dumps(dump))
+    (rec / "nccl" / "fr_rank_4").write_bytes(b"cut short")
+    said = subprocess.run(
+        [sys.executable, str(HERE.parent / "vmrun" / "hostside" / "stacks.py"), "--saved",
+         str(rec)], capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    flights = parse_flights(said, "n1")
+    assert [(f.rank, f.enqueued, f.op) for f in flights[:4]] == [
+        (0, 30, "nccl:all_reduce"), (1, 30, "nccl:all_reduce"), (2, 30, "nccl:all_reduce"),
+        (3, 29, "nccl:all_reduce")]  # fmt: skip
+    assert flights[4].rank == 4 and flights[4].error
+    assert flight_verdict(flights) == ("flight recorder: ranks 0-2 reached collective #30"
+                                       " (nccl:all_reduce); rank 3 did not (last: #29)")
+    assert flight_verdict(flights[:3]).endswith("every rank with a dump")
+    assert flight_verdict([]) == ""

@@ -43,8 +43,12 @@ def register(app: typer.Typer) -> None:
         refuse_with_cluster(cluster, host)
         taken = take(reach.settings(), run, hosts=host, cluster=cluster, hang=hang)
         if as_json:
+            from dataclasses import asdict
+
             say(json.dumps({"run": taken.run_id, "ranks": [stack_json(s) for s in taken.stacks],
-                            "failed": taken.failed, "hangs": taken.hangs}, indent=1))  # fmt: skip
+                            "failed": taken.failed, "hangs": taken.hangs,
+                            "flight_recorder": [asdict(f) for f in taken.flights]},
+                           indent=1))  # fmt: skip
             return taken.exit_code
         for node, seen in taken.hangs.items():
             if seen:

@@ -98,6 +98,13 @@ if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
     exit 3
   fi
 fi
+# torch's flight recorder, dumped into the record when an NCCL collective times out (as on
+# hosts: vmrun.backends.hosts.node_launch), unless the run's own variables say otherwise
+mkdir -p "$rec/nccl"
+export TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
+export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
+export TORCH_FR_DUMP_TEMP_FILE="${TORCH_FR_DUMP_TEMP_FILE:-$rec/nccl/fr_rank_}"
+export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$rec/nccl/fr_rank_}"
 export PYTHONUNBUFFERED=1 VMRUN_RUN_ID VMRUN_RUN_DIR VMRUN_LAUNCHER VMRUN_NPROC
 export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
 export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"

@@ -2,8 +2,9 @@
 
     python3 stacks.py RUN_ID [FOLDER]
     python3 stacks.py --tool        # where py-spy is (a line, empty if nowhere), the machine, $HOME
-    python3 stacks.py --saved REC   # the newest hang's stacks (REC/stacks/hang-N), then
-                                    # {"hang": REC/hang's JSON or null}
+    python3 stacks.py --saved REC   # the newest hang's stacks (REC/stacks/hang-N), each
+                                    # rank's flight recorder dump in REC/nccl ({"fr": ...}),
+                                    # then {"hang": REC/hang's JSON or null}
     python3 stacks.py --read FOLDER # the stacks kept in FOLDER (several nodes' tasks wrote
                                     # there: their output, mixed by srun, is not read)
 
@@ -138,6 +139,32 @@ def read(folder: str) -> None:
             print(fh.read().strip(), flush=True)
 
 
+def flight(rec: str) -> None:
+    """Each rank's torch flight recorder dump here (REC/nccl/fr_rank_R: written by NCCL's
+    watchdog when a collective times out, TORCH_NCCL_DUMP_ON_TIMEOUT) as a line: the
+    default group's last collective it enqueued and completed, and that one's name."""
+    import pickle
+
+    for path in sorted(glob.glob(os.path.join(rec, "nccl", "fr_rank_*"))):
+        rank = path.rsplit("_", 1)[-1]
+        if not rank.isdigit():
+            continue
+        try:
+            with open(path, "rb") as fh:
+                dump = pickle.load(fh)  # this host's own run's file
+            status = (dump.get("pg_status") or {}).get("0") or {}
+            enqueued = int(status.get("last_enqueued_collective", -1))
+            ops = {e.get("collective_seq_id"): e.get("profiling_name")
+                   for e in dump.get("entries") or () if str(e.get("pg_id")) == "0"}
+        except Exception as exc:  # a dump cut short, another torch's format
+            print(json.dumps({"fr": {"rank": int(rank), "error": str(exc)[:200]}}), flush=True)
+            continue
+        print(json.dumps({"fr": {
+            "rank": int(rank), "enqueued": enqueued, "op": ops.get(enqueued) or "",
+            "completed": int(status.get("last_completed_collective", -1)),
+        }}), flush=True)  # fmt: skip
+
+
 def saved(rec: str) -> int:
     hang = None
     try:
@@ -150,6 +177,7 @@ def saved(rec: str) -> int:
         newest = max(folders, key=lambda f: int(f.rsplit("-", 1)[1]) if f.rsplit("-", 1)[1]
                      .isdigit() else 0)  # fmt: skip
         read(newest)
+    flight(rec)
     print(json.dumps({"hang": hang}), flush=True)
     return 0
 

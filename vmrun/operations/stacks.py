@@ -13,7 +13,15 @@ from typing import Any
 
 from vmrun.config import Settings
 from vmrun.errors import UsageError
-from vmrun.runs.stacks import RankStack, keep, lines, parse
+from vmrun.runs.stacks import (
+    Flight,
+    RankStack,
+    flight_verdict,
+    keep,
+    lines,
+    parse,
+    parse_flights,
+)
 from vmrun.runs.state import RunState
 
 
@@ -28,13 +36,15 @@ class Stacks:
     saved: Path | None = None
     hangs: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
+    flights: list[Flight] = field(default_factory=list)  # torch's flight recorder (`hang`)
 
     @property
     def exit_code(self) -> int:
         return 1 if self.failed or not self.stacks else 0
 
     def lines(self, *, full: bool = False) -> list[str]:
-        return lines(self.stacks, full=full)
+        verdict = flight_verdict(self.flights)
+        return [*lines(self.stacks, full=full), *([verdict] if verdict else [])]
 
 
 def take(
@@ -66,7 +76,7 @@ def take(
                                   " watcher took", code="not-running")  # fmt: skip
         got = take_on_nodes(backend.group, ref, hang=hang)
     taken = Stacks(ref.run_id, got.stacks, got.failed, None, got.hangs,
-                   time.monotonic() - began)  # fmt: skip
+                   time.monotonic() - began, got.flights)  # fmt: skip
     return _keep_if(taken, settings, keep, "hang" if hang else "")
 
 
@@ -82,7 +92,8 @@ def _hang_on_cluster(backend: Any, run: str | None) -> Stacks:
             if line.startswith('{"hang": {')]  # fmt: skip
     hangs = {backend.cluster.name: said[-1]} if said else {}
     found = parse(text, None)
-    return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), {}, None, hangs)
+    return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), {}, None, hangs,
+                  flights=parse_flights(text, backend.cluster.name))  # fmt: skip
 
 
 def _on_cluster(backend: Any, run: str | None) -> Stacks:

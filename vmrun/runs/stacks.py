@@ -214,3 +214,50 @@ def keep(stacks: Sequence[RankStack], folder: Path) -> Path:
         (folder / f"rank-{stack.rank}.json").write_text(json.dumps(as_json(stack), indent=1))
     (folder / "stacks.txt").write_text("\n".join(lines(stacks, full=True)) + "\n")
     return folder
+
+
+@dataclass(frozen=True)
+class Flight:
+    """One rank's flight recorder dump, as read on its host (hostside/stacks.py): the
+    default group's last collective it enqueued (its number and name) and completed."""
+
+    rank: int
+    node: str
+    enqueued: int = -1
+    op: str = ""
+    completed: int = -1
+    error: str = ""
+
+
+def parse_flights(text: str, node: str | None) -> list[Flight]:
+    found = []
+    for line in text.splitlines():
+        if not line.startswith('{"fr": '):
+            continue
+        try:
+            fr = json.loads(line)["fr"]
+            found.append(Flight(int(fr["rank"]), node or str(fr.get("host") or "?"),
+                                int(fr.get("enqueued", -1)), str(fr.get("op") or ""),
+                                int(fr.get("completed", -1)), str(fr.get("error") or "")))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return sorted(found, key=lambda f: f.rank)
+
+
+def flight_verdict(flights: Sequence[Flight]) -> str:
+    """Who has not arrived, from the dumps: `ranks 0-2 reached collective #30 (gloo:
+    all_reduce); rank 3 did not (its last: #29)`; "" when every rank is at the same one."""
+    known = [f for f in flights if not f.error and f.enqueued >= 0]
+    if not known:
+        return ""
+    last = max(f.enqueued for f in known)
+    there = [f.rank for f in known if f.enqueued == last]
+    behind = [f for f in known if f.enqueued < last]
+    op = next((f.op for f in known if f.enqueued == last and f.op), "")
+    head = (f"flight recorder: {'ranks' if len(there) > 1 else 'rank'} {spans(there)} reached"
+            f" collective #{last}" + (f" ({op})" if op else ""))
+    if not behind:
+        return f"{head}, every rank with a dump"
+    lasts = ", ".join(f"#{f.enqueued}" for f in behind)
+    word = "ranks" if len(behind) > 1 else "rank"
+    return f"{head}; {word} {spans(f.rank for f in behind)} did not (last: {lasts})"

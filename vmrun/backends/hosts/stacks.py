@@ -12,7 +12,7 @@ from vmrun.backends.api import RunRef
 from vmrun.backends.hosts.records import record_dir
 from vmrun.errors import VmrunError
 from vmrun.hostside import HostPath, command
-from vmrun.runs.stacks import RankStack, parse
+from vmrun.runs.stacks import Flight, RankStack, parse, parse_flights
 from vmrun.ssh.channel import run_for_output
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -27,6 +27,7 @@ class Taken:
     stacks: list[RankStack] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     hangs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    flights: list[Flight] = field(default_factory=list)  # flight recorder dumps (`hang`)
 
 
 def take_on_nodes(group: Group, ref: RunRef, *, hang: bool = False) -> Taken:
@@ -55,10 +56,12 @@ def take_on_nodes(group: Group, ref: RunRef, *, hang: bool = False) -> Taken:
         text = str(outcome.value or "")
         got = parse(text, outcome.host)
         taken.stacks += got
+        taken.flights += parse_flights(text, outcome.host)
         for line in text.splitlines():
             if line.startswith('{"hang": {'):
                 taken.hangs[outcome.host] = json.loads(line)["hang"]
         if not got and not hang:
             taken.failed[outcome.host] = "no rank of the run found there"
     taken.stacks.sort(key=lambda s: s.rank)
+    taken.flights.sort(key=lambda f: f.rank)
     return taken
