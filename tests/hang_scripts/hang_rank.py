@@ -2,10 +2,11 @@
 that never comes) at step HANG_AT, while the other ranks wait in that all_reduce (gloo).
 Every rank prints each step, so each node's log shows progress until the hang.
 
-STAND-IN for NCCL's watchdog (no GPU here): with HANG_FR=1, once the run's hang watcher has
-written its record (VMRUN_RUN_DIR/hang), each rank dumps torch's flight recorder (real: torch
-records gloo's collectives too) where vmrun points TORCH_FR_DUMP_TEMP_FILE, as NCCL's
-watchdog does on a collective's timeout with TORCH_NCCL_DUMP_ON_TIMEOUT."""
+STAND-IN for NCCL's watchdog (no GPU here): with HANG_FR=1, a second after the hang's step
+began (rank 3 in its wait, the others in the all_reduce it never joins), each rank dumps
+torch's flight recorder (real: torch records gloo's collectives too) where vmrun points
+TORCH_FR_DUMP_TEMP_FILE, as NCCL's watchdog does on a collective's timeout with
+TORCH_NCCL_DUMP_ON_TIMEOUT."""
 
 import os
 import threading
@@ -20,10 +21,12 @@ def wait_forever() -> None:
         time.sleep(0.5)  # the place its stack names
 
 
+reached = threading.Event()  # the hang's step began
+
+
 def dump_when_hung(rank: int) -> None:
-    hang = os.path.join(os.environ["VMRUN_RUN_DIR"], "hang")
-    while not os.path.exists(hang):
-        time.sleep(0.2)
+    reached.wait()
+    time.sleep(1)
     data = torch._C._distributed_c10d._dump_fr_trace()
     path = f"{os.environ['TORCH_FR_DUMP_TEMP_FILE']}{rank}"
     with open(f"{path}.tmp", "wb") as fh:
@@ -38,6 +41,8 @@ def main() -> None:
         threading.Thread(target=dump_when_hung, args=(rank,), daemon=True).start()
     hang_rank, hang_at = int(os.environ.get("HANG_RANK", "3")), int(os.environ.get("HANG_AT", "3"))
     for step in range(1, 10_000):
+        if step == hang_at:
+            reached.set()
         if rank == hang_rank and step == hang_at:
             wait_forever()
         t = torch.ones(4)
