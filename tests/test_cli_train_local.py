@@ -170,7 +170,7 @@ def test_task_classify_reaches_the_template(client: Client) -> None:
     assert record["argv"][-6:] == ["2", "2", "--task", "classify", "--out-dir", rel]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = {"epoch", "loss", "accuracy", "samples_per_s", "epoch_time_s", "world_size", "lr",
-            "eval_loss", "eval_accuracy"}  # fmt: skip
+            "eval_loss", "eval_accuracy", "rank_step_s", "rank_node"}  # fmt: skip
     assert [set(m) for m in metrics] == [keys] * 2
     assert list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard's, beside them
     build_model("classify").load_state_dict(

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 DDP_ARGS = ["4", "2", "--batch-size", "8", "--deterministic", "--seed", "0"]
 KEYS = {"epoch", "loss", "samples_per_s", "epoch_time_s", "world_size", "lr", "eval_loss"}
+RANKED = {"rank_step_s", "rank_node"}  # a distributed run's: each rank's step time, node
 CLASSIFY_KEYS = KEYS | {"accuracy", "eval_accuracy"}
 TAGS = {  # metrics.jsonl key -> TensorBoard tag
     "loss": "train/loss",
@@ -73,8 +74,9 @@ def test_loss_falls_and_metrics_are_complete(ddp_run: tuple[Path, str]) -> None:
     assert metrics[-1]["loss"] < 0.5 * metrics[0]["loss"], metrics
     assert metrics[-1]["eval_loss"] < 0.5 * metrics[0]["eval_loss"], metrics  # it generalises
     for m in metrics:
-        assert set(m) == KEYS
+        assert set(m) == KEYS | RANKED
         assert m["world_size"] == 2 and m["lr"] == pytest.approx(0.1)
+        assert len(m["rank_step_s"]) == 2 and m["rank_node"] == [0, 0]
         assert m["samples_per_s"] > 0 and m["epoch_time_s"] > 0
 
 
@@ -197,7 +199,7 @@ def test_without_tensorboard_it_trains_and_says_so_once(tmp_path: Path) -> None:
     assert "pip install tensorboard" in said[0]
     assert "[rank 0] final model saved" in done.stdout
     assert not list(out.glob("events.out.tfevents.*"))
-    assert [set(m) for m in read_metrics(out)] == [KEYS] * 3
+    assert [set(m) for m in read_metrics(out)] == [KEYS | RANKED] * 3
 
 
 def test_resume_when_only_rank_0_has_the_snapshot(
@@ -347,7 +349,7 @@ def classify_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_classify_accuracy_rises(classify_run: Path) -> None:
     metrics = read_metrics(classify_run)
-    assert [set(m) for m in metrics] == [CLASSIFY_KEYS] * 10
+    assert [set(m) for m in metrics] == [CLASSIFY_KEYS | RANKED] * 10
     first, last = metrics[0], metrics[-1]
     assert first["accuracy"] < 0.65 and last["accuracy"] > 0.85, metrics  # chance: 0.25
     assert last["eval_accuracy"] > max(0.8, first["eval_accuracy"] + 0.15), metrics
