@@ -205,6 +205,7 @@ FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
     CONTAINER_RUNTIME: ((str,), '"auto", "docker", "podman", "pyxis", "apptainer" or "shifter"'),
     PULL: ((str,), '"newer", "missing", "always" or "never"'),
     STORE_CREDENTIALS: ((str,), '"auto", "host" or "mine"'),
+    ON_HANG: ((str,), '"auto", "wait" or "stop"'),
     text: ((str,), "a string in quotes"),
     store: ((str,), 'a bucket place in quotes, "s3://BUCKET/PREFIX"'),
     words: ((list,), 'a list of strings, ["a", "b"]'),

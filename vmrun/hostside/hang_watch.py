@@ -44,6 +44,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings on the host
 from spot_watch import alive  # type: ignore[import-not-found]
@@ -212,6 +213,22 @@ def write_json(path: str, value: object) -> None:
     os.replace(tmp, path)
 
 
+def waiter(pid: int) -> Callable[[float], None]:
+    """A way to sleep that ends the moment `pid` exits (a pidfd, Linux 5.3+), so nothing of
+    the watch outlives the run by a poll's length; else a plain sleep."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return time.sleep
+
+    def wait(seconds: float) -> None:
+        select.select([fd], [], [], seconds)
+
+    return wait
+
+
 def running(pid: int) -> bool:
     """A Slurm step's srun, alive and no zombie (its batch shell waits for it)."""
     try:
@@ -229,6 +246,7 @@ def main() -> int:
     if slurm:
         LOG = "job.log"
     every = max(0.2, min(5.0, timeout / 10))
+    pause = waiter(pid)
     progress = Progress(rec, ranked, LOG)
     live = (lambda: running(pid)) if slurm else (lambda: alive(rec, pid))
     host = socket.gethostname() if not slurm else f"job {os.environ.get('SLURM_JOB_ID', '?')}"
@@ -276,7 +294,7 @@ def main() -> int:
                 write_json(os.path.join(rec, "hang_stopped"), {"seen": now})
                 stop_ranks(run_id, pid if slurm else 0)
                 return 0
-        time.sleep(every)
+        pause(every)
     return 0
 
 

@@ -11,7 +11,7 @@ from statistics import median
 from typing import Any
 
 SLOW_RATIO = 1.2
-SLOW_GAP_S = 0.002
+SLOW_GAP_S = 0.005
 
 
 @dataclass(frozen=True)

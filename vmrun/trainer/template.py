@@ -124,7 +124,7 @@ BEAT_DIR_ENV = "VMRUN_BEAT_DIR"
 # a rank is slow when its step takes this much longer than the median of the others' and at
 # least SLOW_GAP_S more (vmrun.results.stragglers keeps the same rule for status and report)
 SLOW_RATIO = 1.2
-SLOW_GAP_S = 0.002
+SLOW_GAP_S = 0.005
 WARNED_FILE_ENV = "VMRUN_WARNED_FILE"
 # metrics.jsonl key -> TensorBoard tag (step: the epoch)
 EVENT_TAGS = {
