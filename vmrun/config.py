@@ -303,6 +303,8 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "sbatch_args": (_is_str_list, "a list of strings"),
     "price": _PRICE,  # per node an hour (vmrun.results.cost)
+    # the hosts vmrun made this cluster of (`setup --slurm`; vmrun.operations.queue)
+    "nodes": (_is_str_list, "a list of hosts"),
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS

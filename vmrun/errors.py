@@ -338,6 +338,7 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "checkpoints-differ", "the nodes hold different checkpoints; nothing was started"),
     (UsageError, "port-busy", "the port asked for (or every port tried) is in use"),
     (UsageError, "sbatch-missing", "the cluster's login host has no sbatch"),
+    (UsageError, "bad-cluster-name", "a cluster name Slurm cannot take (lower case, letter first)"),
     (UsageError, "job-refused", "Slurm refused the job (partition, account, qos, time)"),
     (
         UsageError,
@@ -366,6 +367,14 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (RemoteError, "remote-path-not-found", "a path asked for is not on the host"),
     (RemoteError, "submit-failed", "sbatch failed for a reason other than refusing the job"),
     (RemoteError, "needs-root", "setup steps need root and sudo cannot give it"),
+    (
+        RemoteError,
+        "slurm-host-unfit",
+        "a host cannot be a Slurm node (no root, no systemd, another Slurm, packages missing)",
+    ),
+    (RemoteError, "slurm-nodes-down", "the cluster's nodes did not come into service in time"),
+    (RemoteError, "slurm-not-shared", "the --shared folder is not one folder on every host"),
+    (RemoteError, "slurm-busy", "the cluster to remove still has jobs in its queue"),
     (RemoteError, "reboot-needed", "a setup step needs a reboot to take effect"),
     (RemoteError, "reboot-failed", "the host still answers from the same boot after a reboot"),
     (RemoteError, "driver-too-old", "the NVIDIA driver is too old for the torch wheels"),

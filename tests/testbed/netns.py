@@ -16,7 +16,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import registry
@@ -235,6 +235,8 @@ class NetnsBed:
         hosts_file_loopback_hostname: bool = False,
         sshd_extra_config: str = "",
         login_user: str | None = None,
+        root_login: bool = False,
+        mounts: Sequence[tuple[Path, str]] = (),
     ) -> TestHost:
         """Create a host and start its sshd; returns once port 22 accepts connections.
 
@@ -242,6 +244,9 @@ class NetnsBed:
         before the bed's defaults, so they override them.  ``login_user``: the host's
         user is ``<prefix>-<login_user>``, shared with every host given the same name,
         each with its own home (like one image's user on separate machines).
+        ``root_login``: the host is reached as root, whose /root is the host's own home
+        (sshd_extra_config must permit it).  ``mounts``: (source, target) pairs bound in
+        the host's mount namespace before its sshd and each of its commands.
         """
         with self._lock:
             if self._closed:
@@ -266,6 +271,8 @@ class NetnsBed:
                 hosts_file_loopback_hostname=hosts_file_loopback_hostname,
                 sshd_extra_config=sshd_extra_config,
                 login_user=login_user,
+                root_login=root_login,
+                mounts=mounts,
             )
             try:
                 host._create(authorized)

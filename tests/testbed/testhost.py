@@ -65,6 +65,8 @@ class TestHost(SshdHost):
         hosts_file_loopback_hostname: bool,
         sshd_extra_config: str,
         login_user: str | None = None,
+        root_login: bool = False,
+        mounts: Sequence[tuple[Path, str]] = (),
     ) -> None:
         self._bed = bed
         self.name = name
@@ -85,6 +87,14 @@ class TestHost(SshdHost):
         if login_user is not None:
             self.user = f"{bed.prefix}-{login_user}"
             self.login_home = bed.home_root / bed.prefix / f"{login_user}.home"
+        # A VM reached as root (services.py): root's /root is this host's own ``home`` (the
+        # prelude binds it), and like a shared user's, root's processes elsewhere are not
+        # this host's.
+        self.root_login = root_login
+        if root_login:
+            self.shared_user = True
+            self.user = "root"
+            self.login_home = Path("/root")
         self.addrs = [n.addr(octet) for n in networks]
         self.macs = [bed._mac(n.index, octet) for n in networks]
         self.ifnames = [f"eth{i}" for i in range(len(networks))]
@@ -107,8 +117,11 @@ class TestHost(SshdHost):
         # sh run as root inside the host before each of its commands and its sshd (so every
         # SSH session too), ending in `exec "$@"`: mounts only the host sees (podman.py)
         self.prelude: str | None = None
-        if self.shared_user:
-            self.prelude = f'{MOUNT} --bind "{self.home}" "{self.login_home}" && exec "$@"'
+        binds = [(self.home, str(self.login_home))] if self.shared_user else []
+        binds += list(mounts)  # (source, target): folders or files only this host sees
+        if binds:
+            steps = [f'{MOUNT} --bind "{src}" "{dst}"' for src, dst in binds]
+            self.prelude = " && ".join([*steps, 'exec "$@"'])
 
     def __repr__(self) -> str:
         return f"TestHost({self.name!r}, addr={self.addr}, user={self.user})"
@@ -335,6 +348,9 @@ class TestHost(SshdHost):
 
     def _create_shared_user(self) -> None:
         """The shared user, made by the first host that has it; the mount point of homes."""
+        if self.root_login:
+            self.uid = self.gid = 0
+            return
         try:
             pw = pwd.getpwnam(self.user)
         except KeyError:

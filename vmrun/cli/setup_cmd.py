@@ -169,6 +169,35 @@ def register(app: typer.Typer) -> None:
                 " hosts set up. Default: autostop in vmrun.toml.",
             ),
         ] = None,
+        slurm: Annotated[
+            str | None,
+            typer.Option(
+                "--slurm",
+                metavar="NAME",
+                help="Then make the hosts one Slurm cluster NAME (the first, or --controller,"
+                " runs slurmctld; every host slurmd) and record it for -C NAME.",
+            ),
+        ] = None,
+        controller: Annotated[
+            str | None,
+            typer.Option("--controller", metavar="HOST", help="With --slurm: the controller."),
+        ] = None,
+        shared: Annotated[
+            str | None,
+            typer.Option(
+                "--shared",
+                metavar="PATH",
+                help="With --slurm: a folder every host mounts, where jobs run (checked).",
+            ),
+        ] = None,
+        slurm_remove: Annotated[
+            bool,
+            typer.Option(
+                "--slurm-remove",
+                help="With --slurm NAME: take the cluster down on its hosts and forget it"
+                " (packages stay).",
+            ),
+        ] = False,
         show_playbook: Annotated[
             bool, typer.Option("--show-playbook", help="Print the playbook and exit.")
         ] = False,
@@ -199,6 +228,17 @@ def register(app: typer.Typer) -> None:
                 code="flags-conflict",
             )
         settings = reach.settings(autostop=autostop)
+        if slurm is None and (controller or shared or slurm_remove):
+            raise UsageError("--controller, --shared and --slurm-remove go with --slurm NAME",
+                             code="flags-conflict")  # fmt: skip
+        if slurm is not None and (cluster or as_json):
+            raise UsageError("--slurm makes a cluster of hosts (-H); it takes no -C or --json",
+                             code="flags-conflict")  # fmt: skip
+        if slurm is not None and slurm_remove:
+            from vmrun.cli.queue_view import render_removed
+            from vmrun.operations.queue import remove_cluster
+
+            return render_removed(remove_cluster(settings, slurm, targets or None))
         request = SetupRequest(
             playbook=playbook, extra=extra or [], env_manager=env_manager, python=python,
             python_version=python_version, env_name=env_name, torch=torch,
@@ -208,7 +248,31 @@ def register(app: typer.Typer) -> None:
             installer=installer, index_url=index_url, find_links=find_links or [],
             reboot_timeout=reboot_timeout,
         )  # fmt: skip
+        if slurm is not None:
+            return _make_cluster(settings, request, targets, slurm, controller, shared)
         return _run(settings, request, targets, cluster, gpus_per_node, record, as_json=as_json)
+
+
+def _make_cluster(
+    settings: Settings,
+    request: SetupRequest,
+    targets: list[str],
+    name: str,
+    controller: str | None,
+    shared: str | None,
+) -> int:
+    """The hosts' setup shown as always, then the cluster made of them."""
+    from vmrun.cli import setup_view as view
+    from vmrun.cli.queue_view import render_made
+    from vmrun.cli.terminal import Terminal
+    from vmrun.operations.queue import make_cluster
+
+    done = make_cluster(settings, request, targets or None, name, controller=controller,
+                        shared=shared, out=Terminal())  # fmt: skip
+    code = view.render_hosts(done.setup)
+    if done.made is None:
+        return code
+    return max(code, render_made(done.made, done.recorded_in))
 
 
 def _run(

@@ -39,6 +39,7 @@ class Cluster:
     # its own image, mounts, container_runtime, container_ulimits (over the project's)
     containers: Mapping[str, Any] = field(default_factory=dict)
     price: float | None = None  # USD per node an hour (`price`), for what a run cost
+    nodes: tuple[str, ...] = ()  # the hosts vmrun made it of (`setup --slurm`); else ()
 
     @property
     def entry(self) -> HostEntry:
@@ -100,6 +101,7 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         sbatch_args=tuple(item.get("sbatch_args", ())),
         containers=table_of(item),
         price=item.get("price"),
+        nodes=tuple(item.get("nodes", ())),
     )
 
 

@@ -1,0 +1,119 @@
+"""`vmrun setup --slurm NAME`: test hosts made a real Slurm cluster by vmrun itself.
+
+The hosts are service hosts (tests/testbed/services.py): reached as root, each with its own
+/etc/slurm, /etc/munge, /var/lib/{slurm,munge}, /var/log/{slurm,munge} and /run, so vmrun
+writes their files and starts their daemons as on VMs. STAND-IN: systemctl (no init system
+runs in a network namespace; the stand-in runs the Debian units' argv). Real: Debian's
+slurmctld, slurmd and munged, the munge key and every file vmrun sends, the jobs (torchrun
+over gloo, as root, the hosts' user). The shared folder is one folder of the machine that
+every host sees, as an NFS mount would be.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Client
+from testbed import ClientKeys, NetnsBed
+from testbed.services import add_service_host, private_dir, skip_reason_no_service_hosts
+
+from vmrun.config import tomllib
+
+NAME = "lab"
+
+
+class Lab:
+    """The bed, its hosts and the shared folder."""
+
+    def __init__(self, bed: NetnsBed) -> None:
+        self.bed = bed
+        self.shared = bed.home_root / bed.prefix / "lab-shared"
+
+    def host(self, name: str) -> Any:
+        return self.bed.host(name)
+
+    def sinfo(self, on: str = "q1") -> dict[str, str]:
+        proc = self.host(on).run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False, text=True)
+        return dict(ln.split(maxsplit=1) for ln in proc.stdout.splitlines() if " " in ln)
+
+    def daemons(self, name: str) -> dict[str, int]:
+        """munged, slurmctld, slurmd running in host `name`: executable name -> pid."""
+        found = {}
+        for pid in self.host(name).pids():
+            try:
+                exe = os.path.basename(os.readlink(f"/proc/{pid}/exe")).removesuffix("-wlm")
+            except OSError:
+                continue
+            if exe in ("munged", "slurmctld", "slurmd"):
+                found[exe] = pid
+        return found
+
+    def etc(self, name: str, path: str) -> Path:
+        """A file of host `name` under one of its own folders (/etc/slurm/slurm.conf...)."""
+        for target in ("/etc/slurm", "/etc/munge", "/var/lib/slurm", "/run"):
+            if path.startswith(target + "/"):
+                return private_dir(self.bed, name, target) / path[len(target) + 1 :]
+        raise ValueError(path)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory, client_keys: ClientKeys) -> Iterator[Lab]:
+    reason = skip_reason_no_service_hosts()
+    if reason:
+        pytest.skip(f"service hosts unavailable: {reason}")
+    with NetnsBed(tmp_path_factory.mktemp("queue-bed"), client_keys) as bed:
+        for name in ("q1", "q2", "q3"):
+            add_service_host(bed, name)
+        the_lab = Lab(bed)
+        the_lab.shared.mkdir(mode=0o755)
+        yield the_lab
+
+
+def _client(lab: Lab, client: Client) -> Client:
+    (client.ssh_dir / "config").write_text(lab.bed.ssh_config_text())
+    (client.ssh_dir / "known_hosts").write_text(lab.bed.known_hosts_text())
+    return client
+
+
+def _make(client: Client, lab: Lab, host_python: Path, *hosts: str, timeout: float = 180) -> Any:
+    args = [a for h in hosts for a in ("-H", h)]
+    return client.vmrun("setup", *args, "--slurm", NAME, "--shared", str(lab.shared),
+                        "--env-manager", "python", "--python", str(host_python),
+                        timeout=timeout)  # fmt: skip
+
+
+def _recorded(client: Client) -> dict[str, Any]:
+    data = tomllib.loads((client.cwd / "vmrun.toml").read_text())
+    return next(c for c in data.get("clusters", []) if c["name"] == NAME)
+
+
+def test_three_hosts_become_a_cluster_once(lab: Lab, client: Client, host_python: Path) -> None:
+    """3 hosts made one cluster: all idle in sinfo, the controller's slurmctld on q1, a
+    slurmd on each, one munge key everywhere (0400, munge's), the cluster recorded; a second
+    run changes nothing (no file written, no daemon restarted)."""
+    _client(lab, client)
+    done = _make(client, lab, host_python, "q1", "q2", "q3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert lab.sinfo() == {"vmt-q1": "idle", "vmt-q2": "idle", "vmt-q3": "idle"}
+    assert set(lab.daemons("q1")) == {"munged", "slurmctld", "slurmd"}
+    assert set(lab.daemons("q2")) == set(lab.daemons("q3")) == {"munged", "slurmd"}
+    keys = {lab.etc(h, "/etc/munge/munge.key").read_bytes() for h in ("q1", "q2", "q3")}
+    assert len(keys) == 1 and len(keys.pop()) == 1024
+    key = lab.etc("q2", "/etc/munge/munge.key")
+    assert oct(key.stat().st_mode & 0o777) == "0o400" and key.stat().st_uid != 0
+    recorded = _recorded(client)
+    assert recorded["login"] == "q1" and recorded["nodes"] == ["q1", "q2", "q3"]
+    assert recorded["workdir"] == str(lab.shared) and recorded["python"] == str(host_python)
+    assert f"cluster {NAME}: 3 node(s) in service" in done.stdout
+    # the key never on a command line or in vmrun's output
+    assert "munge.key" not in done.stderr
+    conf = lab.etc("q3", "/etc/slurm/slurm.conf")
+    before = (conf.stat().st_mtime_ns, {h: lab.daemons(h) for h in ("q1", "q2", "q3")})
+    again = _make(client, lab, host_python, "q1", "q2", "q3")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "nothing changed" in again.stdout, again.stdout
+    assert (conf.stat().st_mtime_ns, {h: lab.daemons(h) for h in ("q1", "q2", "q3")}) == before

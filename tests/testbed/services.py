@@ -1,0 +1,97 @@
+"""Service hosts: bed hosts that are VMs to `vmrun setup --slurm` (a Slurm made by vmrun).
+
+A VM runs Slurm's and munge's daemons as the distribution ships them: as root, from its own
+``/etc/slurm``, ``/etc/munge``, ``/var/lib/*``, ``/var/log/*`` and ``/run``, started by its
+init system.  Bed hosts share the machine's filesystem, so a service host gets:
+
+* **root**: it is reached as root over SSH (``PermitRootLogin prohibit-password``); root's
+  ``/root`` is the host's own home.  (A VM's user would run ``sudo -n``: this machine has no
+  sudo, and vmrun runs the same scripts with an empty prefix as root.)
+* **its own system folders**: each of :data:`PRIVATE` is a folder of the host's, bound over
+  the machine's in the host's mount namespace (the prelude, before its sshd and each of its
+  commands), made with the machine's owner and mode and empty, as on a fresh VM where the
+  packages are installed but nothing is configured.  The machine's own are never written.
+* **STAND-IN for systemd**: ``systemctl_standin.sh`` bound over ``/usr/bin/systemctl``, and
+  ``/run/systemd/system`` (what tells a script that systemd runs).  No init system runs in a
+  network namespace; the stand-in runs the units' own argv (munged as ``munge``,
+  ``slurmctld -D``, ``slurmd -D``) in the background and stops them by pid.  The daemons
+  themselves are Debian's ``slurm-wlm`` and ``munge``, real.
+
+Every process runs in the host's network namespace, so the bed's close() kills them by pid
+with the rest; a host's system folders go with the bed's prefix folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from .netns import NetnsBed
+from .testhost import TestHost
+
+PRIVATE = ("/run", "/etc/slurm", "/etc/munge", "/var/lib/slurm", "/var/log/slurm",
+           "/var/lib/munge", "/var/log/munge")  # fmt: skip
+STANDIN = Path(__file__).with_name("systemctl_standin.sh")
+SYSTEMCTL = "/usr/bin/systemctl"
+
+
+def skip_reason_no_service_hosts() -> str | None:
+    """Why service hosts cannot be made here (a pytest skip reason), or None."""
+    from .slurmconf import skip_reason_no_slurm
+
+    if reason := skip_reason_no_slurm():
+        return reason
+    for path in (*PRIVATE[1:], SYSTEMCTL):
+        if not os.path.exists(path):
+            return f"service hosts need {path} (apt-get install slurm-wlm munge systemd)"
+    try:
+        with open("/etc/shadow") as shadow:
+            locked = any(line.startswith("root:!") for line in shadow)
+    except OSError:
+        locked = True
+    if locked:  # sshd without PAM refuses a locked account, keys or not
+        return "root's password field is locked ('!'): sshd would refuse root's key"
+    return None
+
+
+def system_dir(bed: NetnsBed, name: str) -> Path:
+    """Where host ``name``'s own system folders are (``run``, ``etc_slurm`` ...)."""
+    return bed.home_root / bed.prefix / f"{name}.sys"
+
+
+def private_dir(bed: NetnsBed, name: str, target: str) -> Path:
+    """The host's own folder that is ``target`` (one of PRIVATE) inside it."""
+    return system_dir(bed, name) / target.strip("/").replace("/", "_")
+
+
+def add_service_host(bed: NetnsBed, name: str, **kwargs: object) -> TestHost:
+    """A host reached as root, with its own system folders and the systemctl stand-in."""
+    mounts: list[tuple[Path, str]] = []
+    for target in PRIVATE:
+        src = private_dir(bed, name, target)
+        src.mkdir(parents=True)
+        st = os.stat(target)
+        os.chown(src, st.st_uid, st.st_gid)
+        src.chmod(stat.S_IMODE(st.st_mode))
+        mounts.append((src, target))
+    run = private_dir(bed, name, "/run")
+    (run / "sshd").mkdir(mode=0o755)  # sshd's privilege separation folder
+    (run / "systemd" / "system").mkdir(parents=True)
+    standin = system_dir(bed, name) / "systemctl"
+    shutil.copyfile(STANDIN, standin)
+    standin.chmod(0o755)
+    mounts.append((standin, SYSTEMCTL))
+    return bed.add_host(
+        name,
+        root_login=True,
+        sshd_extra_config="PermitRootLogin prohibit-password\n",
+        mounts=mounts,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def standin_log(bed: NetnsBed, name: str, unit: str) -> Path:
+    """What a unit's daemon printed (the stand-in's log of it)."""
+    return private_dir(bed, name, "/run") / "vmrun-standin" / f"{unit}.log"

@@ -1,0 +1,210 @@
+#!/bin/sh
+# One host of a Slurm cluster that vmrun makes of SSH hosts (vmrun.hostcluster).
+#   slurm_node.sh facts NAME   what the host is: KEY=VALUE lines, changes nothing
+#   slurm_node.sh key NAME     the cluster's munge key, base64 (the controller's, to reuse)
+#   slurm_node.sh apply NAME   make the host a node (and, with VMRUN_SLURM_CTLD=1, the
+#                              controller); what to write comes in the environment (stdin)
+#   slurm_node.sh remove NAME  stop and remove what apply made; packages stay
+#   slurm_node.sh shared NAME DIR [TOKEN]  with TOKEN: make DIR and leave TOKEN in it (the
+#                              controller); without: print the token this host sees there
+# Root comes from `sudo -n` unless the user is root. Files are written only when their text
+# differs (a second apply changes nothing), each to a new name and then moved over the old.
+# One `FAIL why` line and exit 1 when the host cannot be made a node.
+set -u
+mode=$1
+name=$2
+mark="# vmrun-cluster: $name"
+state=/var/lib/slurm/vmrun-$name
+conf=/etc/slurm/slurm.conf
+
+fail() { echo "FAIL $*"; exit 1; }
+if [ "$(id -u)" = 0 ]; then
+  as_root() { "$@"; }
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null </dev/null; then
+  as_root() { sudo -n "$@"; }
+else
+  [ "$mode" = facts ] || fail "needs root: run as root or allow this user passwordless sudo"
+  as_root() { return 1; }
+fi
+
+ours() {  # is the host's slurm.conf this cluster's? (its first lines carry the mark)
+  [ -f "$conf" ] && head -n 3 "$conf" | grep -qxF "$mark"
+}
+
+active() { as_root systemctl is-active --quiet "$1"; }
+
+# put PATH MODE OWNER: $text to PATH when it differs; says CHANGED PATH when it did
+put() {
+  tmp=$(mktemp) || fail "mktemp failed"
+  printf '%s' "$text" >"$tmp"
+  if as_root cmp -s "$tmp" "$1"; then rm -f "$tmp"; return 0; fi
+  if ! { as_root install -m "$2" -o "${3%:*}" -g "${3#*:}" "$tmp" "$1.vmrun-new" &&
+    as_root mv -f "$1.vmrun-new" "$1"; }; then rm -f "$tmp"; fail "could not write $1"; fi
+  rm -f "$tmp"
+  echo "CHANGED $1"
+}
+
+# the /etc/hosts lines between this cluster's marks, written in place (same file: a
+# container's /etc/hosts is a mount point that a rename cannot replace)
+hosts_block() {
+  tmp=$(mktemp) || fail "mktemp failed"
+  awk -v b="$mark begin" -v e="$mark end" '$0 == b {skip = 1} !skip {print} $0 == e {skip = 0}' \
+    /etc/hosts >"$tmp"
+  if [ -n "$1" ]; then printf '%s begin\n%s\n%s end\n' "$mark" "$1" "$mark" >>"$tmp"; fi
+  if ! cmp -s "$tmp" /etc/hosts; then
+    # shellcheck disable=SC2016  # $1 is the inner shell's
+    as_root sh -c 'cat "$1" >/etc/hosts' sh "$tmp" || { rm -f "$tmp"; fail "could not write /etc/hosts"; }
+    echo "CHANGED /etc/hosts"
+  fi
+  rm -f "$tmp"
+}
+
+# service UNIT CHANGED: start it (and at boot) unless it runs; restart it when its files changed
+service() {
+  if ! active "$1"; then
+    as_root systemctl enable --now "$1" >/dev/null 2>&1 || fail "systemctl could not start $1: $(as_root systemctl is-active "$1" 2>&1)"
+    echo "SERVICE $1 started"
+  elif [ "$2" = 1 ]; then
+    as_root systemctl restart "$1" || fail "systemctl could not restart $1"
+    echo "SERVICE $1 restarted"
+  else
+    echo "SERVICE $1 running"
+  fi
+}
+
+facts() {
+  echo "hostname=$(hostname -s 2>/dev/null || hostname)"
+  # the address this SSH session arrived at: the private one, through a jump host too
+  # shellcheck disable=SC2086  # SSH_CONNECTION's four words
+  set -- ${SSH_CONNECTION:-}
+  echo "addr=${3:-$(hostname -I 2>/dev/null | cut -d' ' -f1)}"
+  [ -d /run/systemd/system ] && echo "systemd=1"
+  for tool in munged slurmd slurmctld sinfo; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] && echo "has_$tool=1"
+  done
+  command -v apt-get >/dev/null 2>&1 && echo "apt=1"
+  if command -v dpkg-query >/dev/null 2>&1; then
+    echo "versions=$(dpkg-query -W -f '${Package} ${Version},' slurmd slurmctld munge 2>/dev/null)"
+  fi
+  echo "cpus=$(nproc --all 2>/dev/null)"
+  echo "mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo 2>/dev/null)"
+  slurmd=$(command -v slurmd || echo /usr/sbin/slurmd)
+  [ -x "$slurmd" ] && echo "slurmd_c=$("$slurmd" -C 2>/dev/null | head -n 1)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu_names=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | tr '\n' ',')"
+  fi
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then echo "cgroup=v2"
+  elif [ -d /sys/fs/cgroup/cpuset ]; then echo "cgroup=v1"
+  else echo "cgroup=none"; fi
+  id slurm >/dev/null 2>&1 && echo "slurm_user=1"
+  if ours; then echo "conf=ours"
+  elif [ -f "$conf" ]; then echo "conf=other $(grep -m1 -o '^# vmrun-cluster: .*' "$conf" | cut -d' ' -f3)"
+  else echo "conf=none"; fi
+  if [ "$(id -u)" = 0 ]; then echo "root=root"
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null </dev/null; then echo "root=sudo"
+  else echo "root=none"; fi
+}
+
+apply() {
+  [ -d /run/systemd/system ] || fail "systemd does not run this host's services: start munge and slurmd by hand, or use a VM with systemd"
+  if [ -f "$conf" ] && ! ours; then
+    fail "$conf is not vmrun's (another Slurm is configured here): remove it or leave this host out"
+  fi
+  # the distribution's packages, installed once; offline hosts must have them already
+  need=""
+  for pair in munged:munge slurmd:slurmd sinfo:slurm-client; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || need="$need ${pair#*:}"
+  done
+  if [ "${VMRUN_SLURM_CTLD:-0}" = 1 ]; then
+    command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need="$need slurmctld"
+  fi
+  if [ -n "$need" ]; then
+    command -v apt-get >/dev/null 2>&1 || fail "packages$need are missing and there is no apt-get: install them"
+    # shellcheck disable=SC2086  # the package names, a word each
+    said=$(as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $need 2>&1) ||
+      fail "packages$need are missing and apt-get could not install them (offline?): $(printf '%s\n' "$said" | tail -n 1)"
+    echo "INSTALLED$need"
+  fi
+  as_root install -d -m 0755 "$state" || fail "could not make $state"
+  echo "$name" | as_root tee "$state/name" >/dev/null
+  # the host's own munge key, kept to put back on remove
+  if [ -f /etc/munge/munge.key ] && ! [ -f "$state/munge.key.before" ]; then
+    as_root cp -p /etc/munge/munge.key "$state/munge.key.before"
+    active munge && as_root touch "$state/munge.was-active"
+  fi
+  key_changed=0
+  tmp=$(mktemp) || fail "mktemp failed"  # 0600: the key is never in a file others can read
+  printf '%s' "$VMRUN_MUNGE_KEY" | base64 -d >"$tmp"
+  if ! as_root cmp -s "$tmp" /etc/munge/munge.key; then
+    if ! { as_root install -m 0400 -o munge -g munge "$tmp" /etc/munge/munge.key.vmrun-new &&
+      as_root mv -f /etc/munge/munge.key.vmrun-new /etc/munge/munge.key; }; then
+      rm -f "$tmp"; fail "could not write the munge key"
+    fi
+    key_changed=1
+    echo "CHANGED /etc/munge/munge.key"
+  fi
+  rm -f "$tmp"
+  conf_changed=0
+  for file in slurm.conf gres.conf cgroup.conf; do
+    case $file in
+      slurm.conf) text=$VMRUN_SLURM_CONF ;;
+      gres.conf) text=$VMRUN_SLURM_GRES ;;
+      cgroup.conf) text=$VMRUN_SLURM_CGROUP ;;
+    esac
+    said=$(put "/etc/slurm/$file" 0644 root:root) || { echo "$said"; exit 1; }
+    [ -n "$said" ] && { echo "$said"; conf_changed=1; }
+  done
+  hosts_block "${VMRUN_SLURM_HOSTS:-}"
+  owner=root
+  id slurm >/dev/null 2>&1 && owner=slurm
+  if ! { as_root install -d -o "$owner" -g "$owner" -m 0755 "$state/ctld" "$state/log" &&
+    as_root install -d -m 0755 "$state/spool"; }; then fail "could not make Slurm's folders under $state"; fi
+  service munge "$key_changed"
+  if [ "${VMRUN_SLURM_CTLD:-0}" = 1 ]; then service slurmctld "$conf_changed"; fi
+  service slurmd "$conf_changed"
+}
+
+remove() {
+  if ! [ -d "$state" ]; then echo "GONE"; return 0; fi
+  for unit in slurmd slurmctld; do
+    if active "$unit"; then as_root systemctl disable --now "$unit" >/dev/null 2>&1; echo "STOPPED $unit"; fi
+  done
+  if ours; then
+    for file in slurm.conf gres.conf cgroup.conf; do as_root rm -f "/etc/slurm/$file"; done
+    echo "REMOVED /etc/slurm"
+  fi
+  hosts_block ""
+  if [ -f "$state/munge.key.before" ]; then
+    as_root mv -f "$state/munge.key.before" /etc/munge/munge.key
+  else
+    as_root rm -f /etc/munge/munge.key
+  fi
+  if [ -e "$state/munge.was-active" ]; then
+    as_root systemctl restart munge >/dev/null 2>&1
+  elif active munge; then
+    as_root systemctl disable --now munge >/dev/null 2>&1
+    echo "STOPPED munge"
+  fi
+  as_root rm -rf "$state"
+  echo "KEPT $(dpkg-query -W -f '${Package} ' slurmd slurmctld slurm-client munge 2>/dev/null)"
+}
+
+case $mode in
+  facts) facts ;;
+  key)
+    ours || fail "this host is not the controller of cluster $name"
+    as_root base64 -w0 /etc/munge/munge.key || fail "could not read the munge key"
+    echo ;;
+  apply) apply ;;
+  remove) remove ;;
+  shared)
+    check="$3/.vmrun-shared-$name"
+    if [ $# -gt 3 ]; then
+      if ! { mkdir -p "$3" && printf '%s\n' "$4" >"$check"; }; then
+        fail "could not write in $3 (it must be the user's to write)"
+      fi
+    else
+      cat "$check" 2>/dev/null || echo "none"
+    fi ;;
+  *) fail "unknown mode $mode" ;;
+esac

@@ -1,0 +1,156 @@
+"""`vmrun setup -H a -H b --slurm NAME`: hosts set up as always, then made one Slurm cluster
+(vmrun.queue) and recorded in vmrun.toml as `[[clusters]] NAME` with the controller as its
+login node, so `train -C NAME`, `submit`, `sweep -C` and the rest work as on any cluster.
+`--slurm-remove` takes it down again and forgets it.
+
+    from vmrun.operations.queue import make_cluster
+    done = make_cluster(settings, SetupRequest(), ["a", "b", "c"], "lab", shared="/srv/lab")
+    print(done.made.states)   # {"a": "idle", ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vmrun.config import PROJECT_FILE, Settings
+from vmrun.errors import UsageError
+from vmrun.reporting import QUIET, Reporter
+
+if TYPE_CHECKING:
+    from vmrun.backends.slurm.cluster import Cluster
+    from vmrun.operations.setup import SetUp, SetupRequest
+    from vmrun.queue.making import Made, Removed
+    from vmrun.ssh.inventory import HostEntry
+
+
+@dataclass(frozen=True)
+class ClusterMade:
+    """The hosts' setup, then the cluster (None when a host's setup failed: nothing made)."""
+
+    setup: SetUp
+    made: Made | None
+    recorded_in: Path | None = None
+
+
+def make_cluster(
+    settings: Settings,
+    request: SetupRequest,
+    hosts: list[str] | None,
+    name: str,
+    *,
+    controller: str | None = None,
+    shared: str | None = None,
+    out: Reporter = QUIET,
+) -> ClusterMade:
+    """Set up `hosts` (None: the cluster's recorded nodes), then make them cluster `name`
+    with `controller` (default: the first host, or the recorded one) running slurmctld.
+    `shared`: a folder every host sees, the jobs' workdir (checked)."""
+    from vmrun.operations.setup import setup
+    from vmrun.queue.conf import check_name
+    from vmrun.queue.making import make
+
+    check_name(name)
+    known = _recorded(settings, name)
+    if not hosts and known is None:
+        raise UsageError(f"--slurm {name}: give its hosts with -H (it is not in vmrun.toml yet)",
+                         code="no-hosts")  # fmt: skip
+    words = hosts or list(known.nodes if known else ())
+    if shared is not None and not shared.startswith("/"):
+        raise UsageError(f"--shared {shared}: give an absolute path")
+    shared = shared or (known.workdir if known and known.workdir != "~" else None)
+    if shared is None:
+        raise UsageError(
+            f"--slurm {name} needs --shared PATH: a folder every host mounts (NFS...), where"
+            " jobs find the project and write their results",
+            code="flags-conflict",
+        )
+    entries = _entries(settings, words)
+    ctl = _controller(settings, entries, controller, known)
+    done = setup(settings, request, words, record=True, out=out)
+    if done.failed or request.dry_run:
+        return ClusterMade(done, None)
+    dropped = []
+    if known is not None:
+        given = {e.spec.label for e in entries}
+        dropped = [e for e in _entries(settings, list(known.nodes)) if e.spec.label not in given]
+    made = make(settings, name, entries, ctl, shared=shared, dropped=dropped, out=out)
+    python = next((o.value.python for e, o in zip(done.entries, done.outcomes, strict=True)
+                   if e.label == ctl.label and o.value is not None), "")  # fmt: skip
+    project = settings.project_dir or Path.cwd()
+    _record(settings, project, name, ctl, entries, shared, python)
+    return ClusterMade(done, made, project / PROJECT_FILE)
+
+
+def remove_cluster(settings: Settings, name: str, hosts: list[str] | None) -> Removed:
+    """Take down the cluster vmrun made of hosts, and forget it in vmrun.toml."""
+    from vmrun.queue.making import remove
+    from vmrun.ssh.inventory import forget_table
+
+    known = _recorded(settings, name)
+    if known is None or not known.nodes:
+        raise UsageError(
+            f"--slurm-remove: vmrun.toml has no cluster {name} that vmrun made of hosts",
+            code="cluster-not-found",
+        )
+    entries = _entries(settings, hosts or list(known.nodes))
+    ctl = _controller(settings, entries, None, known)
+    removed = remove(settings, name, entries, ctl)
+    forget_table(settings.project_dir or Path.cwd(), "clusters", name)
+    return removed
+
+
+def _recorded(settings: Settings, name: str) -> Cluster | None:
+    from vmrun.backends.slurm.cluster import project_clusters
+
+    return next((c for c in project_clusters(settings) if c.name == name), None)
+
+
+def _entries(settings: Settings, words: list[str]) -> list[HostEntry]:
+    from vmrun.ssh.inventory import select_hosts
+
+    return select_hosts(words, settings, environ={})
+
+
+def _controller(
+    settings: Settings, entries: list[HostEntry], given: str | None, known: Cluster | None
+) -> HostEntry:
+    """--controller, else the recorded login node, else the first host."""
+    word = given or (known.login if known else None)
+    if word is None:
+        return entries[0]
+    for entry in entries:
+        if word in (entry.label, entry.spec.label, entry.name):
+            return entry
+    raise UsageError(
+        f"--controller {word} is not one of the hosts ({', '.join(e.label for e in entries)})",
+        code="flags-conflict",
+    )
+
+
+def _record(
+    settings: Settings,
+    project: Path,
+    name: str,
+    ctl: HostEntry,
+    entries: list[HostEntry],
+    shared: str,
+    python: str,
+) -> None:
+    """`[[clusters]] NAME`: the controller as login node, the shared folder as workdir, the
+    interpreter setup made, and the nodes (so a second run and --slurm-remove know them);
+    what the user added to an existing table (partition, env, price...) stays."""
+    from vmrun.ssh.inventory import record_table
+
+    tables = settings.project_data.get("clusters", [])
+    table = dict(next((t for t in tables if t.get("name") == name), {}))
+    table.update(
+        name=name,
+        login=ctl.spec.label,
+        workdir=shared,
+        nodes=[e.spec.label for e in entries],
+    )
+    if python:
+        table["python"] = python
+    record_table(project, "clusters", table)
