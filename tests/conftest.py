@@ -132,7 +132,7 @@ def _runs_training(module: object) -> bool:
 # Docker hosts and podman); the other tests go to whichever worker is free.
 BED_GROUPS = {
     "slurm_cluster": "slurm", "slurm_client": "slurm", "slurm_docker": "slurm",
-    "docker_hosts": "docker", "podman_hosts": "docker",
+    "docker_hosts": "docker", "podman_hosts": "docker", "lab": "queue",
 }  # fmt: skip
 
 

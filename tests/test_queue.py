@@ -12,18 +12,29 @@ every host sees, as an NFS mount would be.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Client
+from conftest import Client, _client, slow_fixture
 from testbed import ClientKeys, NetnsBed
 from testbed.services import add_service_host, private_dir, skip_reason_no_service_hosts
 
 from vmrun.config import tomllib
 
 NAME = "lab"
+# a script all ranks run: who and where they are, then an all_reduce over gloo
+TRAIN = """import os, socket, getpass
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("RANK", dist.get_rank(), dist.get_world_size(), socket.gethostname(), flush=True)
+print("USER", getpass.getuser(), os.getcwd(), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
 
 
 class Lab:
@@ -61,6 +72,7 @@ class Lab:
 
 
 @pytest.fixture(scope="module")
+@slow_fixture
 def lab(tmp_path_factory: pytest.TempPathFactory, client_keys: ClientKeys) -> Iterator[Lab]:
     reason = skip_reason_no_service_hosts()
     if reason:
@@ -73,7 +85,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, client_keys: ClientKeys) -> It
         yield the_lab
 
 
-def _client(lab: Lab, client: Client) -> Client:
+def _knows(lab: Lab, client: Client) -> Client:
     (client.ssh_dir / "config").write_text(lab.bed.ssh_config_text())
     (client.ssh_dir / "known_hosts").write_text(lab.bed.known_hosts_text())
     return client
@@ -86,18 +98,43 @@ def _make(client: Client, lab: Lab, host_python: Path, *hosts: str, timeout: flo
                         timeout=timeout)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def made(
+    lab: Lab, tmp_path_factory: pytest.TempPathFactory, host_python: Path
+) -> tuple[Any, str]:
+    """The cluster, made once by `vmrun setup --slurm` (its output and the vmrun.toml)."""
+    client = _knows(lab, _client(tmp_path_factory.mktemp("queue-maker")))
+    done = _make(client, lab, host_python, "q1", "q2", "q3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done, (client.cwd / "vmrun.toml").read_text()
+
+
+@pytest.fixture
+def lab_client(lab: Lab, made: tuple[Any, str], client: Client) -> Iterator[Client]:
+    """A client that knows the hosts and whose vmrun.toml names the cluster."""
+    _knows(lab, client)
+    (client.cwd / "vmrun.toml").write_text(made[1])
+    (client.cwd / "train.py").write_text(TRAIN)
+    yield client
+    jobs = lab.host("q1").run(["squeue", "-h", "-o", "%i"], check=False, text=True).stdout
+    if jobs.split():
+        lab.host("q1").run(["scancel", *jobs.split()], check=False)
+    for entry in lab.shared.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
 def _recorded(client: Client) -> dict[str, Any]:
     data = tomllib.loads((client.cwd / "vmrun.toml").read_text())
     return next(c for c in data.get("clusters", []) if c["name"] == NAME)
 
 
-def test_three_hosts_become_a_cluster_once(lab: Lab, client: Client, host_python: Path) -> None:
+def test_three_hosts_become_a_cluster_once(
+    lab: Lab, made: tuple[Any, str], lab_client: Client, host_python: Path
+) -> None:
     """3 hosts made one cluster: all idle in sinfo, the controller's slurmctld on q1, a
     slurmd on each, one munge key everywhere (0400, munge's), the cluster recorded; a second
     run changes nothing (no file written, no daemon restarted)."""
-    _client(lab, client)
-    done = _make(client, lab, host_python, "q1", "q2", "q3")
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = made[0]
     assert lab.sinfo() == {"vmt-q1": "idle", "vmt-q2": "idle", "vmt-q3": "idle"}
     assert set(lab.daemons("q1")) == {"munged", "slurmctld", "slurmd"}
     assert set(lab.daemons("q2")) == set(lab.daemons("q3")) == {"munged", "slurmd"}
@@ -105,15 +142,28 @@ def test_three_hosts_become_a_cluster_once(lab: Lab, client: Client, host_python
     assert len(keys) == 1 and len(keys.pop()) == 1024
     key = lab.etc("q2", "/etc/munge/munge.key")
     assert oct(key.stat().st_mode & 0o777) == "0o400" and key.stat().st_uid != 0
-    recorded = _recorded(client)
+    recorded = _recorded(lab_client)
     assert recorded["login"] == "q1" and recorded["nodes"] == ["q1", "q2", "q3"]
     assert recorded["workdir"] == str(lab.shared) and recorded["python"] == str(host_python)
     assert f"cluster {NAME}: 3 node(s) in service" in done.stdout
-    # the key never on a command line or in vmrun's output
-    assert "munge.key" not in done.stderr
     conf = lab.etc("q3", "/etc/slurm/slurm.conf")
     before = (conf.stat().st_mtime_ns, {h: lab.daemons(h) for h in ("q1", "q2", "q3")})
-    again = _make(client, lab, host_python, "q1", "q2", "q3")
+    again = _make(lab_client, lab, host_python, "q1", "q2", "q3")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "nothing changed" in again.stdout, again.stdout
     assert (conf.stat().st_mtime_ns, {h: lab.daemons(h) for h in ("q1", "q2", "q3")}) == before
+
+
+def test_train_on_the_made_cluster_runs_two_nodes_of_two_ranks(
+    lab: Lab, lab_client: Client
+) -> None:
+    """`train -C lab` on the cluster vmrun made: torchrun over 2 nodes x 2 ranks, in the
+    shared folder, as the hosts' user."""
+    done = lab_client.vmrun("train", "-C", NAME, "train.py", "--nodes", "2",
+                            "--nproc-per-node", "2", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = set(re.findall(r"\] RANK (\d) (\d) (\S+)", done.stdout))
+    hosts = {h for _, _, h in seen}
+    assert {(r, w) for r, w, _ in seen} == {("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")}
+    assert len(hosts) == 2 and hosts <= {"vmt-q1", "vmt-q2", "vmt-q3"}, seen
+    assert f"USER root {lab.shared}/" in done.stdout, done.stdout
