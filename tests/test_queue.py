@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Client, _client, slow_fixture
+from conftest import Client, _client, error_in, slow_fixture, wait_for
 from testbed import ClientKeys, NetnsBed
 from testbed.services import add_service_host, private_dir, skip_reason_no_service_hosts
 
@@ -99,9 +99,7 @@ def _make(client: Client, lab: Lab, host_python: Path, *hosts: str, timeout: flo
 
 
 @pytest.fixture(scope="module")
-def made(
-    lab: Lab, tmp_path_factory: pytest.TempPathFactory, host_python: Path
-) -> tuple[Any, str]:
+def made(lab: Lab, tmp_path_factory: pytest.TempPathFactory, host_python: Path) -> tuple[Any, str]:
     """The cluster, made once by `vmrun setup --slurm` (its output and the vmrun.toml)."""
     client = _knows(lab, _client(tmp_path_factory.mktemp("queue-maker")))
     done = _make(client, lab, host_python, "q1", "q2", "q3")
@@ -167,3 +165,62 @@ def test_train_on_the_made_cluster_runs_two_nodes_of_two_ranks(
     assert {(r, w) for r, w, _ in seen} == {("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")}
     assert len(hosts) == 2 and hosts <= {"vmt-q1", "vmt-q2", "vmt-q3"}, seen
     assert f"USER root {lab.shared}/" in done.stdout, done.stdout
+
+
+def test_a_host_of_another_cluster_is_refused_and_nothing_changes(
+    lab: Lab, made: tuple[Any, str], lab_client: Client, host_python: Path
+) -> None:
+    """q3 is cluster lab's node: making it a node of another cluster is refused in one line
+    before anything is written (the hosts' setup included), naming the host and why."""
+    conf = lab.etc("q3", "/etc/slurm/slurm.conf")
+    before = (conf.read_bytes(), lab.daemons("q3"))
+    done = lab_client.vmrun("setup", "-H", "q3", "--slurm", "other", "--shared", str(lab.shared),
+                            "--env-manager", "python", "--python", str(host_python))  # fmt: skip
+    assert done.returncode != 0
+    assert error_in(done.stderr)[0] == "slurm-host-unfit", done.stderr
+    assert "q3: /etc/slurm/slurm.conf is vmrun's cluster lab" in done.stderr, done.stderr
+    assert (conf.read_bytes(), lab.daemons("q3")) == before
+    assert (lab_client.cwd / "vmrun.toml").read_text() == made[1]  # no host, no cluster added
+
+
+def test_a_node_added_while_a_job_runs_then_the_cluster_removed(
+    lab: Lab, lab_client: Client, host_python: Path
+) -> None:
+    """A fourth host joins while a job runs: the job goes on (same id, still running), the
+    new node is idle. Then `--slurm-remove` while the queue is empty: no Slurm or munge
+    daemon is left in any host, vmrun's files are gone, the cluster is forgotten, and
+    `train -H` runs on the hosts again."""
+    q1 = lab.host("q1")
+    job = q1.run(["sbatch", "--parsable", "-N", "1", "-w", "vmt-q2", "--wrap", "sleep 300"],
+                 text=True).stdout.strip()  # fmt: skip
+    wait_for(lambda: _job_state(q1, job) == "RUNNING", 30, "the job to run")
+    add_service_host(lab.bed, "q4")
+    _knows(lab, lab_client)
+    added = _make(lab_client, lab, host_python, "q1", "q2", "q3", "q4")
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert "q4: node vmt-q4 idle" in added.stdout, added.stdout
+    assert _job_state(q1, job) == "RUNNING"
+    assert lab.sinfo()["vmt-q4"] == "idle" and lab.sinfo()["vmt-q2"] in ("mixed", "allocated")
+    assert _recorded(lab_client)["nodes"] == ["q1", "q2", "q3", "q4"]
+    busy = lab_client.vmrun("setup", "--slurm", NAME, "--slurm-remove")
+    assert busy.returncode != 0 and error_in(busy.stderr)[0] == "slurm-busy", busy.stderr
+    q1.run(["scancel", job])
+    wait_for(lambda: not q1.run(["squeue", "-h"], text=True).stdout.strip(), 60, "an empty queue")
+    gone = lab_client.vmrun("setup", "--slurm", NAME, "--slurm-remove")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    kept = re.findall(r"packages kept: (.*)", gone.stdout)
+    assert len(kept) == 4 and set(kept[0].split()) >= {"slurmd", "slurmctld", "munge"}, gone.stdout
+    for name in ("q1", "q2", "q3", "q4"):
+        assert lab.daemons(name) == {}, name
+        assert not lab.etc(name, "/etc/slurm/slurm.conf").exists()
+        assert not lab.etc(name, "/etc/munge/munge.key").exists()
+        assert not lab.etc(name, f"/var/lib/slurm/vmrun-{NAME}/name").exists()
+        assert "vmrun-cluster" not in lab.host(name).run(["cat", "/etc/hosts"], text=True).stdout
+    assert "clusters" not in tomllib.loads((lab_client.cwd / "vmrun.toml").read_text())
+    done = lab_client.vmrun("train", "-H", "q1", "train.py", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "] RANK 0 2 vmt-q1" in done.stdout, done.stdout + done.stderr
+
+
+def _job_state(host: Any, job: str) -> str:
+    return host.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False, text=True).stdout.strip()

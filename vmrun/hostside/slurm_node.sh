@@ -125,12 +125,13 @@ apply() {
       fail "packages$need are missing and apt-get could not install them (offline?): $(printf '%s\n' "$said" | tail -n 1)"
     echo "INSTALLED$need"
   fi
-  as_root install -d -m 0755 "$state" || fail "could not make $state"
-  echo "$name" | as_root tee "$state/name" >/dev/null
-  # the host's own munge key, kept to put back on remove
-  if [ -f /etc/munge/munge.key ] && ! [ -f "$state/munge.key.before" ]; then
-    as_root cp -p /etc/munge/munge.key "$state/munge.key.before"
-    active munge && as_root touch "$state/munge.was-active"
+  if ! [ -f "$state/name" ]; then  # the first apply: the host's own munge, to put back
+    as_root install -d -m 0755 "$state" || fail "could not make $state"
+    if [ -f /etc/munge/munge.key ]; then
+      as_root cp -p /etc/munge/munge.key "$state/munge.key.before"
+      if active munge; then as_root touch "$state/munge.was-active"; fi
+    fi
+    echo "$name" | as_root tee "$state/name" >/dev/null
   fi
   key_changed=0
   tmp=$(mktemp) || fail "mktemp failed"  # 0600: the key is never in a file others can read

@@ -49,7 +49,7 @@ def make_cluster(
     `shared`: a folder every host sees, the jobs' workdir (checked)."""
     from vmrun.operations.setup import setup
     from vmrun.queue.conf import check_name
-    from vmrun.queue.making import make
+    from vmrun.queue.making import check, make
 
     check_name(name)
     known = _recorded(settings, name)
@@ -68,6 +68,7 @@ def make_cluster(
         )
     entries = _entries(settings, words)
     ctl = _controller(settings, entries, controller, known)
+    check(settings, name, entries, ctl)  # a host that cannot be a node: refused before setup
     done = setup(settings, request, words, record=True, out=out)
     if done.failed or request.dry_run:
         return ClusterMade(done, None)

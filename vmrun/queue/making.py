@@ -122,6 +122,26 @@ def fitness(facts: NodeFacts, name: str, controller: bool) -> str:
     return ""
 
 
+def check(
+    settings: Settings, name: str, entries: Sequence[HostEntry], controller: HostEntry
+) -> dict[str, NodeFacts]:
+    """Every host's facts, once each can be a node (the controller: the controller); else
+    one error naming each host that cannot and why. Changes nothing."""
+    if controller.label not in [e.label for e in entries]:
+        raise UsageError(f"--controller {controller.label} is not one of the hosts",
+                         code="flags-conflict")  # fmt: skip
+    with Group(entries, settings) as group:
+        outcomes = group.map(lambda _e, conn: read_facts(conn, name))
+    raise_for_failures(outcomes)
+    facts = {o.host: o.value for o in outcomes if o.value is not None}
+    problems = [f"{h}: {why}" for h, f in facts.items()
+                if (why := fitness(f, name, h == controller.label))]  # fmt: skip
+    if problems:
+        raise RemoteError("; ".join(problems) + " (nothing was changed)",
+                          code="slurm-host-unfit")  # fmt: skip
+    return facts
+
+
 def make(
     settings: Settings,
     name: str,
@@ -138,18 +158,8 @@ def make(
     configuration). Raises before anything changes when a host cannot be a node."""
     started = time.monotonic()
     labels = [e.label for e in entries]
-    if controller.label not in labels:
-        raise UsageError(f"--controller {controller.label} is not one of the hosts",
-                         code="flags-conflict")  # fmt: skip
+    facts = check(settings, name, entries, controller)
     with Group([*entries, *dropped], settings) as group:
-        outcomes = group.map(lambda _e, conn: read_facts(conn, name), only=labels)
-        raise_for_failures(outcomes)
-        facts = {o.host: o.value for o in outcomes if o.value is not None}
-        problems = [f"{h}: {why}" for h, f in facts.items()
-                    if (why := fitness(f, name, h == controller.label))]  # fmt: skip
-        if problems:
-            raise RemoteError("; ".join(problems) + " (nothing was changed)",
-                              code="slurm-host-unfit")  # fmt: skip
         ctl = facts[controller.label]
         the_plan = make_plan(name, ctl, [facts[label] for label in labels])
         conns = group.connections
