@@ -50,6 +50,7 @@ def _world_sizes(client: Client, run: str) -> set[int]:
         (["--partition", "p"], "--partition: Slurm options; name the cluster with -C NAME"),
         (["--nodes", "3", "-H", "a@h1", "-H", "b@h2"], "up to 3 nodes but 2 host(s) are given"),
         (["--local", "-H", "a@h1"], "--local sweeps on this machine; drop -H or --local"),
+        (["-H", "a@h1", "--detach"], "--detach queues a sweep on a cluster (-C NAME)"),
     ],
 )
 def test_bad_input_is_one_line_and_starts_nothing(

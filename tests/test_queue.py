@@ -11,6 +11,7 @@ every host sees, as an NFS mount would be.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -165,6 +166,38 @@ def test_train_on_the_made_cluster_runs_two_nodes_of_two_ranks(
     assert {(r, w) for r, w, _ in seen} == {("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")}
     assert len(hosts) == 2 and hosts <= {"vmt-q1", "vmt-q2", "vmt-q3"}, seen
     assert f"USER root {lab.shared}/" in done.stdout, done.stdout
+
+
+def test_a_six_point_sweep_is_queued_at_once_and_runs_three_at_a_time(
+    lab: Lab, lab_client: Client
+) -> None:
+    """6 points on 3 nodes, each asking a whole node (2 CPUs): `--detach` puts all 6 in the
+    queue and returns; Slurm runs 3 at once and starts the rest as nodes free up; `--resume`
+    then follows them, fetches each and writes the report of all 6."""
+    grid = ["--lr", "0.1,0.05,0.02", "--batch-size", "8,16", "--epochs", "1"]
+    done = lab_client.vmrun("sweep", "-C", NAME, *grid, "--cpus-per-task", "2", "--detach",
+                            timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    sweep_id = re.search(r"sweep (\S+): 6 size\(s\) in the queue of lab", done.stderr)
+    assert sweep_id, done.stderr
+    q1, most, pending = lab.host("q1"), 0, False
+
+    def all_ended() -> bool:
+        nonlocal most, pending
+        rows = q1.run(["squeue", "-h", "-t", "all", "-o", "%T"], text=True).stdout.split()
+        assert len(rows) == 6, rows  # every point queued at once
+        most = max(most, rows.count("RUNNING"))
+        pending = pending or "PENDING" in rows
+        return all(r in ("COMPLETED", "FAILED", "CANCELLED") for r in rows)
+
+    wait_for(all_ended, 240, "the sweep's 6 jobs to end", interval=0.2)
+    assert most == 3 and pending, (most, pending)
+    states = q1.run(["squeue", "-h", "-t", "all", "-o", "%T"], text=True).stdout.split()
+    assert states == ["COMPLETED"] * 6, states
+    follow = lab_client.vmrun("sweep", "--resume", sweep_id.group(1), timeout=300)
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    report = list((lab_client.cwd / "results").glob("sweep-*/report.json"))
+    assert len(report) == 1 and len(json.loads(report[0].read_text())) == 6
 
 
 def test_a_host_of_another_cluster_is_refused_and_nothing_changes(

@@ -88,6 +88,14 @@ def register(app: typer.Typer) -> None:
         host: Hosts = None,
         cluster: ClusterName = None,
         verbose: ro.Verbose = False,
+        detach: Annotated[
+            bool,
+            typer.Option(
+                "--detach",
+                help="On a cluster (-C): queue every size and return; `--resume SWEEP_ID`"
+                " follows them and writes the report.",
+            ),
+        ] = False,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
         reach: Reach = NO_FLAGS,
@@ -110,7 +118,7 @@ def register(app: typer.Typer) -> None:
         done = sweep(
             run, grid, reach.settings(**told), resume=resume,
             local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),
-            verbose=verbose, out=TERMINAL,
+            verbose=verbose, detach=detach, out=TERMINAL,
         )  # fmt: skip
         if done.rows:
             show_table(done.rows)

@@ -58,11 +58,13 @@ def sweep(
     cluster: str | None = None,
     slurm: SlurmOptions | None = None,
     verbose: bool = False,
+    detach: bool = False,
     out: Reporter = QUIET,
 ) -> SweepOutcome:
     """Plan the sweep (or load `resume`'s record) and run every size not done yet. Of `run`,
     the sweep takes script, epochs, save_every, task and name (the rest are the grid's).
-    `slurm`: the sbatch options besides the grid's (on `cluster`)."""
+    `slurm`: the sbatch options besides the grid's (on `cluster`). `detach`: on a cluster,
+    queue every size and return (`resume` later follows them and writes the report)."""
     slurm = slurm or SlurmOptions()
     given = {"script": run.script, "epochs": run.epochs, "save_every": run.save_every,
              "batch_size": None, "lr": None, "task": run.task, "name": run.name,
@@ -86,7 +88,11 @@ def sweep(
         parts = _new(given, grid, env, _where(local, hosts, cluster), axes, gpus, settings)
         parts["sweep"].options["slurm"] = slurm.given()  # a resumed sweep asks Slurm the same
     recorded = SlurmOptions.from_record(parts["sweep"].options.get("slurm") or {})
-    job = SweepJob(**parts, settings=settings, slurm=recorded, verbose=verbose, out=out)
+    if detach and not parts.get("cluster"):
+        raise UsageError("--detach queues a sweep on a cluster (-C NAME); on hosts the sweep"
+                         " runs its sizes one after another", code="flags-conflict")  # fmt: skip
+    job = SweepJob(**parts, settings=settings, slurm=recorded, verbose=verbose, out=out,
+                   detach=detach)  # fmt: skip
     _check_hosts(job)
     return run_sweep(job)
 

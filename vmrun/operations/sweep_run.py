@@ -45,6 +45,7 @@ class SweepJob:
     verbose: bool = False
     plans: dict[str, Plan] | None = None  # by label: a point's own plan (its lr, -e values)
     out: Reporter = QUIET
+    detach: bool = False  # on a cluster: queue every size and return
 
 
 @dataclass
@@ -59,7 +60,12 @@ class SweepOutcome:
 
 
 def run_sweep(job: SweepJob) -> SweepOutcome:
-    """Run every size not done yet; then write the report and plot."""
+    """Run every size not done yet; then write the report and plot. On a cluster every size
+    goes into its queue at once (Slurm runs what fits), then each is followed to its end."""
+    if job.cluster:
+        if not _queue_all(job):
+            return SweepOutcome(job.sweep, 0, [], [])
+        return _finish(job)
     sweep, out = job.sweep, job.out
     runner = _runner(job)
     todo = sweep.left()
@@ -84,6 +90,12 @@ def run_sweep(job: SweepJob) -> SweepOutcome:
             size.state = RunState.DONE
         finally:
             save(job.project, sweep)
+    return _finish(job)
+
+
+def _finish(job: SweepJob) -> SweepOutcome:
+    """The report and plot of what is done, told to the notify targets."""
+    sweep, out = job.sweep, job.out
     rows, written = write_results(job.project, sweep, out)
     failed = [s.label for s in sweep.sizes if s.state != RunState.DONE]
     _tell(job, failed, written)
@@ -140,8 +152,6 @@ def _started(job: SweepJob, size: Size) -> Callable[[str], None]:
 
 
 def _runner(job: SweepJob) -> Callable[[Size], None]:
-    if job.cluster:
-        return lambda size: _on_cluster(job, size)
     if job.sweep.where.get("local"):
         return lambda size: _on_this_machine(job, size)
     from vmrun.ssh.inventory import select_hosts
@@ -180,30 +190,74 @@ def _on_this_machine(job: SweepJob, size: Size) -> None:
     _require_metrics(job, size)
 
 
-def _on_cluster(job: SweepJob, size: Size) -> None:
+def _queue_all(job: SweepJob) -> bool:
+    """Every size left into the cluster's queue (one sbatch each, its own options), then,
+    unless detached, each followed in turn and fetched: Slurm starts what fits and the
+    rest as nodes free up. A size submitted before (a detached sweep) is followed, not
+    submitted again. Ctrl-C leaves the queue as it is. False: detached."""
+    sweep, out = job.sweep, job.out
+    todo = sweep.left()
+    for size in todo:
+        if size.run and size.state == RunState.RUNNING:
+            continue  # queued by an earlier, detached, call
+        size.run, size.state, size.detail = None, RunState.RUNNING, ""
+        with _cluster_backend(job, size) as backend:
+            ref = backend.start(_size_plan(job, size), _start_options(), out,
+                                out.progress(live=False))  # fmt: skip
+        _started(job, size)(ref.run_id)
+    out.info(f"sweep {sweep.id}: {len(todo)} size(s) in the queue of {job.cluster}")
+    if job.detach:
+        out.info(f"sweep {sweep.id}: `vmrun sweep --resume {sweep.id}` follows them and writes"
+                 " the report")  # fmt: skip
+        return False
+    for size in todo:
+        number = sweep.sizes.index(size) + 1
+        out.info(f"sweep {sweep.id}: size {number}/{len(sweep.sizes)}: {_size_words(size)}"
+                 f" (run {size.run})")  # fmt: skip
+        try:
+            _follow_queued(job, size)
+        except (KeyboardInterrupt, Detached, Interrupted):
+            raise Interrupted(
+                f"sweep {sweep.id}: stopped following; its runs stay in the queue of"
+                f" {job.cluster}: `vmrun sweep --resume {sweep.id}` follows them again,"
+                " `vmrun stop RUN` stops one"
+            ) from None
+        except VmrunError as exc:
+            size.state, size.detail = RunState.FAILED, exc.one_line()
+            out.info(f"sweep {sweep.id}: size {size.label} failed: {size.detail}")
+        else:
+            size.state = RunState.DONE
+        finally:
+            save(job.project, sweep)
+    return True
+
+
+def _start_options() -> Any:
     from vmrun.backends.api import StartOptions
+
+    return StartOptions()
+
+
+def _cluster_backend(job: SweepJob, size: Size) -> Any:
     from vmrun.backends.select import open_backend
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
 
-    name, out = str(job.cluster), job.out
-    plan = _size_plan(job, size)
+    name = str(job.cluster)
     spec = check_spec(
         size_options(job, size).job_spec(find_cluster(job.settings, name), str(size.nproc)),
-        plan.launcher,
+        _size_plan(job, size).launcher,
     )
-    with open_backend(job.settings, cluster=name, spec=spec) as backend:
-        ref = backend.start(plan, StartOptions(), out, out.progress(live=False))
-        _started(job, size)(ref.run_id)
-        try:
-            code = backend.follow(ref, out, verbose=job.verbose)
-        except (KeyboardInterrupt, Detached, Interrupted):
-            backend.stop(ref, grace=10.0)
-            size.detail = "stopped"
-            raise
+    return open_backend(job.settings, cluster=name, spec=spec)
+
+
+def _follow_queued(job: SweepJob, size: Size) -> None:
+    with _cluster_backend(job, size) as backend:
+        ref = backend.find(str(size.run))
+        code = backend.follow(ref, job.out, verbose=job.verbose)
         if code != 0:
             raise run_failed(ref.run_id, f"exited with code {code}", code)
-        _fetch_results(backend, ref.run_id, job.project, out)
+        _fetch_results(backend, ref.run_id, job.project, job.out)
     _require_metrics(job, size)
 
 
