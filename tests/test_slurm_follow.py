@@ -160,26 +160,51 @@ def test_follow_with_lines_starts_at_the_last_n_lines(tmp_path: Path) -> None:
     assert fake.text.splitlines() == ["line 8", "line 9", "line 10"]
 
 
-def test_a_sweep_stops_at_a_size_whose_end_is_unknown(
+def test_a_queued_size_whose_end_is_unknown_is_followed_again_never_resubmitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The next size is never submitted beside a job that may still run."""
+    """On a cluster every size is queued at once; one whose end nobody can confirm is LOST
+    (it may still run), the others are followed on, and `--resume` follows it again rather
+    than queueing it a second time."""
+    import contextlib
+
     from vmrun.operations import sweep_run
     from vmrun.runs.sweep import Sweep, load, plan_sizes
 
     sweep = Sweep("sweep-20260101-000000-abcd", {"cluster": "bed"}, {}, plan_sizes([1, 2], [1]))
-    ran: list[str] = []
+    started: list[str] = []
+    unknown = {"r1"}
 
-    def runner(size: Any) -> None:
-        ran.append(size.label)
-        raise OutcomeUnknown("job 7 may still be running", host="bed")
+    class Backend:
+        def start(self, plan: Any, *_: Any) -> Any:
+            started.append(plan.name)
+            return RunRef(f"r{len(started)}", ("bed",))
 
-    monkeypatch.setattr(sweep_run, "_runner", lambda job: runner)
-    job = sweep_run.SweepJob(sweep, None, tmp_path, None, cluster="bed")  # type: ignore[arg-type]
-    with pytest.raises(OutcomeUnknown):
-        sweep_run.run_sweep(job)
-    assert ran == ["1x1"]
-    assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.LOST, RunState.PENDING]
+        def find(self, rid: str) -> Any:
+            return RunRef(rid, ("bed",))
+
+        def follow(self, ref: Any, *_: Any, **__: Any) -> int:
+            if ref.run_id in unknown:
+                raise OutcomeUnknown(f"job of {ref.run_id} may still be running", host="bed")
+            return 0
+
+    monkeypatch.setattr(sweep_run, "_cluster_backend",
+                        lambda job, size: contextlib.nullcontext(Backend()))  # fmt: skip
+    monkeypatch.setattr(sweep_run, "_fetch_results", lambda *a: None)
+    monkeypatch.setattr(sweep_run, "_require_metrics", lambda *a: None)
+    monkeypatch.setattr(sweep_run, "_finish", lambda job: None)
+    plan = type("P", (), {"name": "t"})()
+    job = sweep_run.SweepJob(sweep, plan, tmp_path, None, cluster="bed")  # type: ignore[arg-type]
+    monkeypatch.setattr(sweep_run, "_size_plan", lambda job, size: plan)
+    sweep_run.run_sweep(job)
+    assert len(started) == 2
+    assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.LOST, RunState.DONE]
+    unknown.clear()  # the scheduler answers again
+    resumed = sweep_run.SweepJob(load(tmp_path, sweep.id), plan, tmp_path, None,  # type: ignore[arg-type]
+                                 cluster="bed")  # fmt: skip
+    sweep_run.run_sweep(resumed)
+    assert len(started) == 2  # followed again, not queued again
+    assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.DONE, RunState.DONE]
 
 
 def test_a_requeue_seen_while_following_is_told(tmp_path: Path, monkeypatch: Any) -> None:

@@ -198,8 +198,8 @@ def _queue_all(job: SweepJob) -> bool:
     sweep, out = job.sweep, job.out
     todo = sweep.left()
     for size in todo:
-        if size.run and size.state == RunState.RUNNING:
-            continue  # queued by an earlier, detached, call
+        if size.run and size.state in (RunState.RUNNING, RunState.LOST):
+            continue  # queued by an earlier call (detached, or its end unknown): followed
         size.run, size.state, size.detail = None, RunState.RUNNING, ""
         with _cluster_backend(job, size) as backend:
             ref = backend.start(_size_plan(job, size), _start_options(), out,
@@ -222,6 +222,9 @@ def _queue_all(job: SweepJob) -> bool:
                 f" {job.cluster}: `vmrun sweep --resume {sweep.id}` follows them again,"
                 " `vmrun stop RUN` stops one"
             ) from None
+        except OutcomeUnknown as exc:  # it may still run: --resume follows it, never twice
+            size.state, size.detail = RunState.LOST, exc.one_line()
+            out.info(f"sweep {sweep.id}: size {size.label}: {size.detail}")
         except VmrunError as exc:
             size.state, size.detail = RunState.FAILED, exc.one_line()
             out.info(f"sweep {sweep.id}: size {size.label} failed: {size.detail}")
