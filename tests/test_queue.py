@@ -224,9 +224,10 @@ def test_a_node_added_while_a_job_runs_then_the_cluster_removed(
     lab: Lab, lab_client: Client, host_python: Path
 ) -> None:
     """A fourth host joins while a job runs: the job goes on (same id, still running), the
-    new node is idle; left out again, it is taken out, the job still running. Then `--slurm-remove` while the queue is empty: no Slurm or munge
-    daemon is left in any host, vmrun's files are gone, the cluster is forgotten, and
-    `train -H` runs on the hosts again."""
+    new node is idle; left out again, it is taken out, the job still running. Then
+    `--slurm-remove` while the queue is empty: no Slurm or munge daemon is left in any
+    host, vmrun's files are gone, the cluster is forgotten, and `train -H` runs on the
+    hosts again."""
     q1 = lab.host("q1")
     job = q1.run(["sbatch", "--parsable", "-N", "1", "-w", "vmt-q2", "--wrap", "sleep 300"],
                  text=True).stdout.strip()  # fmt: skip
