@@ -84,13 +84,18 @@ def run_sweep(job: SweepJob) -> SweepOutcome:
             size.state, size.detail = RunState.LOST, exc.one_line()
             raise
         except VmrunError as exc:
-            size.state, size.detail = RunState.FAILED, exc.one_line()
-            out.info(f"sweep {sweep.id}: size {size.label} failed: {size.detail}")
+            _failed(job, size, exc)
         else:
             size.state = RunState.DONE
         finally:
             save(job.project, sweep)
     return _finish(job)
+
+
+def _failed(job: SweepJob, size: Size, exc: VmrunError) -> None:
+    """A size that failed is recorded, and the sweep goes on with the next."""
+    size.state, size.detail = RunState.FAILED, exc.one_line()
+    job.out.info(f"sweep {job.sweep.id}: size {size.label} failed: {size.detail}")
 
 
 def _finish(job: SweepJob) -> SweepOutcome:
@@ -226,8 +231,7 @@ def _queue_all(job: SweepJob) -> bool:
             size.state, size.detail = RunState.LOST, exc.one_line()
             out.info(f"sweep {sweep.id}: size {size.label}: {size.detail}")
         except VmrunError as exc:
-            size.state, size.detail = RunState.FAILED, exc.one_line()
-            out.info(f"sweep {sweep.id}: size {size.label} failed: {size.detail}")
+            _failed(job, size, exc)
         else:
             size.state = RunState.DONE
         finally:
