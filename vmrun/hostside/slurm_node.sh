@@ -2,6 +2,7 @@
 # One host of a Slurm cluster that vmrun makes of SSH hosts (vmrun.hostcluster).
 #   slurm_node.sh facts NAME   what the host is: KEY=VALUE lines, changes nothing
 #   slurm_node.sh key NAME     the cluster's munge key, base64 (the controller's, to reuse)
+#   slurm_node.sh install NAME the distribution's packages, where missing (apt-get)
 #   slurm_node.sh apply NAME   make the host a node (and, with VMRUN_SLURM_CTLD=1, the
 #                              controller); what to write comes in the environment (stdin)
 #   slurm_node.sh remove NAME  stop and remove what apply made; packages stay
@@ -105,12 +106,8 @@ facts() {
   else echo "root=none"; fi
 }
 
-apply() {
-  [ -d /run/systemd/system ] || fail "systemd does not run this host's services: start munge and slurmd by hand, or use a VM with systemd"
-  if [ -f "$conf" ] && ! ours; then
-    fail "$conf is not vmrun's (another Slurm is configured here): remove it or leave this host out"
-  fi
-  # the distribution's packages, installed once; offline hosts must have them already
+# the distribution's packages, installed once; offline hosts must have them already
+install_packages() {
   need=""
   for pair in munged:munge slurmd:slurmd sinfo:slurm-client; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || need="$need ${pair#*:}"
@@ -118,13 +115,20 @@ apply() {
   if [ "${VMRUN_SLURM_CTLD:-0}" = 1 ]; then
     command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need="$need slurmctld"
   fi
-  if [ -n "$need" ]; then
-    command -v apt-get >/dev/null 2>&1 || fail "packages$need are missing and there is no apt-get: install them"
-    # shellcheck disable=SC2086  # the package names, a word each
-    said=$(as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $need 2>&1) ||
-      fail "packages$need are missing and apt-get could not install them (offline?): $(printf '%s\n' "$said" | tail -n 1)"
-    echo "INSTALLED$need"
+  [ -n "$need" ] || return 0
+  command -v apt-get >/dev/null 2>&1 || fail "packages$need are missing and there is no apt-get: install them"
+  # shellcheck disable=SC2086  # the package names, a word each
+  said=$(as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $need 2>&1) ||
+    fail "packages$need are missing and apt-get could not install them (offline?): $(printf '%s\n' "$said" | tail -n 1)"
+  echo "INSTALLED$need"
+}
+
+apply() {
+  [ -d /run/systemd/system ] || fail "systemd does not run this host's services: start munge and slurmd by hand, or use a VM with systemd"
+  if [ -f "$conf" ] && ! ours; then
+    fail "$conf is not vmrun's (another Slurm is configured here): remove it or leave this host out"
   fi
+  install_packages
   if ! [ -f "$state/name" ]; then  # the first apply: the host's own munge, to put back
     as_root install -d -m 0755 "$state" || fail "could not make $state"
     if [ -f /etc/munge/munge.key ]; then
@@ -196,6 +200,7 @@ case $mode in
     ours || fail "this host is not the controller of cluster $name"
     as_root base64 -w0 /etc/munge/munge.key || fail "could not read the munge key"
     echo ;;
+  install) install_packages ;;
   apply) apply ;;
   remove) remove ;;
   shared)

@@ -17,7 +17,7 @@ import os
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vmrun import hostside
 from vmrun.config import Settings
@@ -160,6 +160,7 @@ def make(
     labels = [e.label for e in entries]
     facts = check(settings, name, entries, controller)
     with Group([*entries, *dropped], settings) as group:
+        installed = _install(group, facts, name, controller.label)
         ctl = facts[controller.label]
         the_plan = make_plan(name, ctl, [facts[label] for label in labels])
         conns = group.connections
@@ -185,7 +186,7 @@ def make(
     return Made(
         name=name,
         controller=controller.label,
-        nodes=tuple(done[label] for label in labels),
+        nodes=tuple(replace(done[label], installed=installed.get(label, ())) for label in labels),
         states=states,
         versions=ctl.versions,
         partitions=the_plan.partitions,
@@ -193,6 +194,29 @@ def make(
         taken_out=tuple(taken_out),
         seconds=time.monotonic() - started,
     )
+
+
+def _install(
+    group: Group, facts: dict[str, NodeFacts], name: str, controller: str
+) -> dict[str, tuple[str, ...]]:
+    """The distribution's packages where a host lacks them, before the files are made from
+    its facts (read again then: `slurmd -C`'s topology, the slurm user), so that the files
+    of a first run are those of every later one. Host -> what it installed."""
+    lacking = [h for h, f in facts.items()
+               if f.missing or (h == controller and "slurmctld" not in f.tools)]  # fmt: skip
+    if not lacking:
+        return {}
+
+    def install(_entry: HostEntry, conn: Connection) -> tuple[str, ...]:
+        env = {"VMRUN_SLURM_CTLD": "1" if conn.label == controller else "0"}
+        lines = _run(conn, ["install", name], env, what="installing Slurm's packages")
+        facts[conn.label] = read_facts(conn, name)
+        said = next((ln for ln in lines if ln.startswith("INSTALLED ")), "")
+        return tuple(said.split()[1:])
+
+    outcomes = group.map(install, only=lacking)
+    raise_for_failures(outcomes)
+    return {o.host: o.value or () for o in outcomes}
 
 
 def _key(conn: Connection, ctl: NodeFacts, name: str) -> bytes:
@@ -221,15 +245,12 @@ def _apply(conn: Connection, p: Plan, node: NodeFacts, key: bytes, ctld: bool) -
     lines = _run(conn, ["apply", p.name], env, what="making the host a Slurm node")
     changed = tuple(line[8:] for line in lines if line.startswith("CHANGED "))
     services = {}
-    installed: tuple[str, ...] = ()
     for line in lines:
         word, _, rest = line.partition(" ")
         if word == "SERVICE":
             unit, _, how = rest.partition(" ")
             services[unit] = how
-        elif word == "INSTALLED":
-            installed = tuple(rest.split())
-    return NodeDone(conn.label, node.hostname, changed, services, installed)
+    return NodeDone(conn.label, node.hostname, changed, services)
 
 
 def node_states(conn: Connection) -> dict[str, str]:
