@@ -170,6 +170,25 @@ def test_train_on_the_made_cluster_runs_two_nodes_of_two_ranks(
     assert status.returncode == 0 and " done " in status.stdout, status.stdout + status.stderr
 
 
+def test_logs_and_stop_of_a_detached_run_on_the_made_cluster(lab: Lab, lab_client: Client) -> None:
+    """A detached run on the made cluster: `logs` reads it, `stop` cancels its job and
+    leaves no step, as on any cluster."""
+    (lab_client.cwd / "tick.py").write_text(
+        "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
+    )
+    done = lab_client.vmrun("train", "-C", NAME, "tick.py", "--detach", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.search(r"run (\S+) submitted to lab as job (\d+)", done.stderr)
+    assert found, done.stderr
+    rid, job = found.groups()
+    wait_for(lambda: "tick 3" in lab_client.vmrun("logs", rid, "-C", NAME).stdout, 60,
+             "the run's first lines in `vmrun logs`")  # fmt: skip
+    stopped = lab_client.vmrun("stop", rid, "-C", NAME)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"job {job} cancelled; no step left" in stopped.stdout, stopped.stdout
+    assert _job_state(lab.host("q1"), job) == ""
+
+
 def test_a_six_point_sweep_is_queued_at_once_and_runs_three_at_a_time(
     lab: Lab, lab_client: Client
 ) -> None:
