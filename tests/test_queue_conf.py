@@ -88,7 +88,7 @@ def test_slurm_conf_names_every_node_at_its_address_with_its_gpus() -> None:
     assert "SlurmctldHost=gpu1(10.0.0.5)" in conf and "SlurmUser=slurm" in conf
     assert (
         "NodeName=gpu1 NodeAddr=10.0.0.5 CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=4"
-        " ThreadsPerCore=2 RealMemory=64000 Gres=gpu:t4:4 State=UNKNOWN"
+        " ThreadsPerCore=2 RealMemory=62720 Gres=gpu:t4:4 State=UNKNOWN"
     ) in conf
     assert "NodeName=cpu1 NodeAddr=10.0.0.7 CPUs=8" in conf and "Gres=gpu:a100:1" in conf
     # one partition of all (default), one per GPU type where types differ
@@ -154,3 +154,24 @@ def test_what_keeps_a_host_from_being_a_node(
 ) -> None:
     said = fitness(facts("n1", "10.0.0.1", **edits), "lab", controller)  # type: ignore[arg-type]
     assert (why in said) if why else said == "", said
+
+
+def test_a_slurmd_newer_than_the_controller_is_refused() -> None:
+    """Slurm's daemons talk to older releases only: hosts of two distribution releases."""
+    from vmrun.queue.making import skew
+
+    old = facts("ctl", "10.0.0.1", versions="slurmd 22.05.8-4,slurmctld 22.05.8-4,")
+    same = facts("n1", "10.0.0.2", versions="slurmd 22.05.11-1,")
+    newer = facts("n2", "10.0.0.3", versions="slurmd 23.11.4-1,")
+    found = skew({"ctl": old, "n1": same, "n2": newer}, "ctl")  # type: ignore[dict-item]
+    assert len(found) == 1 and found[0].startswith("n2: slurmd 23.11.4-1 is newer"), found
+    assert skew({"ctl": newer, "n1": old}, "ctl") == []  # type: ignore[dict-item]
+
+
+def test_an_old_distributions_slurm_folder_is_refused() -> None:
+    said = fitness(facts("n1", "10.0.0.1", conf="none"), "lab", False)  # type: ignore[arg-type]
+    assert said == ""
+    text = FACTS.format(name="n1", addr="10.0.0.1", gpus="", cgroup="v2")
+    text += "conf_dir=/etc/slurm-llnl\n"
+    said = fitness(parse_facts(text, "n1"), "lab", False)
+    assert "/etc/slurm-llnl" in said, said

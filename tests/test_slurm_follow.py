@@ -221,3 +221,54 @@ def test_a_requeue_seen_while_following_is_told(tmp_path: Path, monkeypatch: Any
     assert fake.follow(notify=Notify((parse("json://127.0.0.1:9/x"),), ("all",))) == 0
     assert [(k["event"], k["run_id"]) for k in told] == [("requeue", "r1")]
     assert "attempt 1 saved its state; requeueing job 7" in fake.notes
+
+
+def test_a_size_slurm_refuses_is_failed_and_the_others_are_queued_and_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch refuses one point (its partition, its GPUs): that point is FAILED, every other
+    is queued and followed all the same; --resume queues only the refused one again."""
+    import contextlib
+
+    from vmrun.errors import UsageError
+    from vmrun.operations import sweep_run
+    from vmrun.runs.sweep import Sweep, load, plan_sizes
+
+    sweep = Sweep("sweep-20260101-000000-abcd", {"cluster": "bed"}, {}, plan_sizes([1, 2], [1]))
+    started: list[str] = []
+    refuse = {"1x1"}
+
+    class Backend:
+        def __init__(self, size: Any) -> None:
+            self.size = size
+
+        def start(self, *_: Any) -> Any:
+            if self.size.label in refuse:
+                raise UsageError("sbatch: invalid partition specified: nosuch", code="job-refused")
+            started.append(self.size.label)
+            return RunRef(f"r-{self.size.label}", ("bed",))
+
+        def find(self, rid: str) -> Any:
+            return RunRef(rid, ("bed",))
+
+        def follow(self, *_: Any, **__: Any) -> int:
+            return 0
+
+    monkeypatch.setattr(sweep_run, "_cluster_backend",
+                        lambda job, size: contextlib.nullcontext(Backend(size)))  # fmt: skip
+    for name in ("_fetch_results", "_require_metrics", "_finish"):
+        monkeypatch.setattr(sweep_run, name, lambda *a: None)
+    monkeypatch.setattr(sweep_run, "_size_plan", lambda job, size: None)
+    out = Recorder()
+    sweep_run.run_sweep(sweep_run.SweepJob(sweep, None, tmp_path, None, cluster="bed",  # type: ignore[arg-type]
+                                           out=out))  # fmt: skip
+    assert started == ["2x1"]
+    sizes = load(tmp_path, sweep.id).sizes
+    assert [s.state for s in sizes] == [RunState.FAILED, RunState.DONE]
+    assert "invalid partition" in sizes[0].detail
+    assert any("1 size(s) in the queue of bed" in line for line in out.lines())
+    refuse.clear()
+    sweep_run.run_sweep(sweep_run.SweepJob(load(tmp_path, sweep.id), None, tmp_path, None,  # type: ignore[arg-type]
+                                           cluster="bed"))  # fmt: skip
+    assert started == ["2x1", "1x1"]
+    assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.DONE, RunState.DONE]

@@ -1,5 +1,5 @@
 #!/bin/sh
-# One host of a Slurm cluster that vmrun makes of SSH hosts (vmrun.hostcluster).
+# One host of a Slurm cluster that vmrun makes of SSH hosts (vmrun.queue).
 #   slurm_node.sh facts NAME   what the host is: KEY=VALUE lines, changes nothing
 #   slurm_node.sh key NAME     the cluster's munge key, base64 (the controller's, to reuse)
 #   slurm_node.sh install NAME the distribution's packages, where missing (apt-get)
@@ -19,6 +19,12 @@ state=/var/lib/slurm/vmrun-$name
 conf=/etc/slurm/slurm.conf
 
 fail() { echo "FAIL $*"; exit 1; }
+# the key comes in the environment (from stdin): kept in a variable of this shell only, never
+# handed to the commands it runs (apt-get's scripts...); its temp file goes at any exit
+key_b64=${VMRUN_MUNGE_KEY:-}
+unset VMRUN_MUNGE_KEY
+tmp=""
+trap 'rm -f "$tmp"' EXIT
 if [ "$(id -u)" = 0 ]; then
   as_root() { "$@"; }
 elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null </dev/null; then
@@ -45,16 +51,20 @@ put() {
   echo "CHANGED $1"
 }
 
-# the /etc/hosts lines between this cluster's marks, written in place (same file: a
-# container's /etc/hosts is a mount point that a rename cannot replace)
+# the /etc/hosts lines between this cluster's marks: a new file moved over the old, or,
+# where /etc/hosts is a mount point a rename cannot replace (a container's), written in place
 hosts_block() {
   tmp=$(mktemp) || fail "mktemp failed"
   awk -v b="$mark begin" -v e="$mark end" '$0 == b {skip = 1} !skip {print} $0 == e {skip = 0}' \
     /etc/hosts >"$tmp"
   if [ -n "$1" ]; then printf '%s begin\n%s\n%s end\n' "$mark" "$1" "$mark" >>"$tmp"; fi
   if ! cmp -s "$tmp" /etc/hosts; then
-    # shellcheck disable=SC2016  # $1 is the inner shell's
-    as_root sh -c 'cat "$1" >/etc/hosts' sh "$tmp" || { rm -f "$tmp"; fail "could not write /etc/hosts"; }
+    if ! { as_root install -m 0644 "$tmp" /etc/hosts.vmrun-new &&
+      as_root mv -f /etc/hosts.vmrun-new /etc/hosts 2>/dev/null; }; then
+      as_root rm -f /etc/hosts.vmrun-new
+      # shellcheck disable=SC2016  # $1 is the inner shell's
+      as_root sh -c 'cat "$1" >/etc/hosts' sh "$tmp" || fail "could not write /etc/hosts"
+    fi
     echo "CHANGED /etc/hosts"
   fi
   rm -f "$tmp"
@@ -63,14 +73,19 @@ hosts_block() {
 # service UNIT CHANGED: start it (and at boot) unless it runs; restart it when its files changed
 service() {
   if ! active "$1"; then
-    as_root systemctl enable --now "$1" >/dev/null 2>&1 || fail "systemctl could not start $1: $(as_root systemctl is-active "$1" 2>&1)"
+    as_root systemctl enable --now "$1" >/dev/null 2>&1 || fail "systemctl could not start $1: $(why "$1")"
     echo "SERVICE $1 started"
   elif [ "$2" = 1 ]; then
-    as_root systemctl restart "$1" || fail "systemctl could not restart $1"
+    as_root systemctl restart "$1" >/dev/null 2>&1 || fail "systemctl could not restart $1: $(why "$1")"
     echo "SERVICE $1 restarted"
   else
     echo "SERVICE $1 running"
   fi
+}
+
+why() {  # a unit's state and its journal's last lines, on one line
+  printf '%s; %s' "$(as_root systemctl is-active "$1" 2>&1)" \
+    "$(as_root journalctl -u "$1" -n 3 --no-pager -q 2>/dev/null | tr '\n' ' ')"
 }
 
 facts() {
@@ -91,13 +106,15 @@ facts() {
   echo "mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo 2>/dev/null)"
   slurmd=$(command -v slurmd || echo /usr/sbin/slurmd)
   [ -x "$slurmd" ] && echo "slurmd_c=$("$slurmd" -C 2>/dev/null | head -n 1)"
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    echo "gpu_names=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | tr '\n' ',')"
+  # the GPUs' names only from an nvidia-smi that works ("No devices were found" is no GPU)
+  if names=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null); then
+    echo "gpu_names=$(printf '%s\n' "$names" | tr '\n' ',')"
   fi
   if [ -f /sys/fs/cgroup/cgroup.controllers ]; then echo "cgroup=v2"
   elif [ -d /sys/fs/cgroup/cpuset ]; then echo "cgroup=v1"
   else echo "cgroup=none"; fi
   id slurm >/dev/null 2>&1 && echo "slurm_user=1"
+  [ -d /etc/slurm-llnl ] && ! [ -d /etc/slurm ] && echo "conf_dir=/etc/slurm-llnl"
   if ours; then echo "conf=ours"
   elif [ -f "$conf" ]; then echo "conf=other $(grep -m1 -o '^# vmrun-cluster: .*' "$conf" | cut -d' ' -f3)"
   else echo "conf=none"; fi
@@ -117,8 +134,11 @@ install_packages() {
   fi
   [ -n "$need" ] || return 0
   command -v apt-get >/dev/null 2>&1 || fail "packages$need are missing and there is no apt-get: install them"
-  # shellcheck disable=SC2086  # the package names, a word each
-  said=$(as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $need 2>&1) ||
+  # a fresh image's package lists may be empty, and its first boot's upgrades hold dpkg's lock
+  apt="apt-get -q -o DPkg::Lock::Timeout=600"
+  # shellcheck disable=SC2086  # apt-get's words, the package names, a word each
+  said=$(as_root env DEBIAN_FRONTEND=noninteractive $apt update 2>&1 &&
+    as_root env DEBIAN_FRONTEND=noninteractive $apt install -y --no-install-recommends $need 2>&1) ||
     fail "packages$need are missing and apt-get could not install them (offline?): $(printf '%s\n' "$said" | tail -n 1)"
   echo "INSTALLED$need"
 }
@@ -131,7 +151,7 @@ apply() {
   install_packages
   if ! [ -f "$state/name" ]; then  # the first apply: the host's own munge, to put back
     as_root install -d -m 0755 "$state" || fail "could not make $state"
-    if [ -f /etc/munge/munge.key ]; then
+    if as_root test -f /etc/munge/munge.key; then  # /etc/munge is munge's, 0700
       as_root cp -p /etc/munge/munge.key "$state/munge.key.before"
       if active munge; then as_root touch "$state/munge.was-active"; fi
     fi
@@ -139,7 +159,7 @@ apply() {
   fi
   key_changed=0
   tmp=$(mktemp) || fail "mktemp failed"  # 0600: the key is never in a file others can read
-  printf '%s' "$VMRUN_MUNGE_KEY" | base64 -d >"$tmp"
+  printf '%s' "$key_b64" | base64 -d >"$tmp"
   if ! as_root cmp -s "$tmp" /etc/munge/munge.key; then
     if ! { as_root install -m 0400 -o munge -g munge "$tmp" /etc/munge/munge.key.vmrun-new &&
       as_root mv -f /etc/munge/munge.key.vmrun-new /etc/munge/munge.key; }; then
@@ -165,7 +185,12 @@ apply() {
   if ! { as_root install -d -o "$owner" -g "$owner" -m 0755 "$state/ctld" "$state/log" &&
     as_root install -d -m 0755 "$state/spool"; }; then fail "could not make Slurm's folders under $state"; fi
   service munge "$key_changed"
-  if [ "${VMRUN_SLURM_CTLD:-0}" = 1 ]; then service slurmctld "$conf_changed"; fi
+  if [ "${VMRUN_SLURM_CTLD:-0}" = 1 ]; then
+    service slurmctld "$conf_changed"
+  elif active slurmctld; then  # the controller moved away from this host
+    as_root systemctl disable --now slurmctld >/dev/null 2>&1
+    echo "SERVICE slurmctld stopped"
+  fi
   service slurmd "$conf_changed"
 }
 

@@ -68,7 +68,14 @@ def make_cluster(
         )
     entries = _entries(settings, words)
     ctl = _controller(settings, entries, controller, known)
-    check(settings, name, entries, ctl)  # a host that cannot be a node: refused before setup
+    if known is not None and known.nodes and ctl.spec.label != known.login:
+        raise UsageError(
+            f"--controller {ctl.label}: cluster {name}'s controller is {known.login}, whose"
+            " state holds the queue; to move it, --slurm-remove the cluster and make it again",
+            code="flags-conflict",
+        )
+    # a host that cannot be a node, a folder not shared: refused before the hosts' setup
+    check(settings, name, entries, ctl, shared)
     done = setup(settings, request, words, record=True, out=out)
     if done.failed or request.dry_run:
         return ClusterMade(done, None)
@@ -76,11 +83,15 @@ def make_cluster(
     if known is not None:
         given = {e.spec.label for e in entries}
         dropped = [e for e in _entries(settings, list(known.nodes)) if e.spec.label not in given]
-    made = make(settings, name, entries, ctl, shared=shared, dropped=dropped, out=out)
     python = next((o.value.python for e, o in zip(done.entries, done.outcomes, strict=True)
                    if e.label == ctl.label and o.value is not None), "")  # fmt: skip
     project = settings.project_dir or Path.cwd()
-    _record(settings, project, name, ctl, entries, shared, python)
+    # recorded first: a cluster half made (a node that never comes up) is one that
+    # --slurm-remove knows and takes down; the nodes left out are kept until they are out
+    _record(settings, project, name, ctl, [*entries, *dropped], shared, python)
+    made = make(settings, name, entries, ctl, shared=shared, dropped=dropped, out=out)
+    if dropped:
+        _record(settings, project, name, ctl, entries, shared, python)
     return ClusterMade(done, made, project / PROJECT_FILE)
 
 
@@ -95,7 +106,14 @@ def remove_cluster(settings: Settings, name: str, hosts: list[str] | None) -> Re
             f"--slurm-remove: vmrun.toml has no cluster {name} that vmrun made of hosts",
             code="cluster-not-found",
         )
-    entries = _entries(settings, hosts or list(known.nodes))
+    entries = _entries(settings, list(known.nodes))
+    if hosts and {e.spec.label for e in _entries(settings, hosts)} != {e.spec.label for e in
+                                                                         entries}:  # fmt: skip
+        raise UsageError(
+            f"--slurm-remove takes all of cluster {name} down ({', '.join(known.nodes)}); to"
+            f" take some hosts out, give the others: vmrun setup -H ... --slurm {name}",
+            code="flags-conflict",
+        )
     ctl = _controller(settings, entries, None, known)
     removed = remove(settings, name, entries, ctl)
     forget_table(settings.project_dir or Path.cwd(), "clusters", name)

@@ -206,10 +206,24 @@ def _queue_all(job: SweepJob) -> bool:
         if size.run and size.state in (RunState.RUNNING, RunState.LOST):
             continue  # queued by an earlier call (detached, or its end unknown): followed
         size.run, size.state, size.detail = None, RunState.RUNNING, ""
-        with _cluster_backend(job, size) as backend:
-            ref = backend.start(_size_plan(job, size), _start_options(), out,
-                                out.progress(live=False))  # fmt: skip
+        try:
+            with _cluster_backend(job, size) as backend:
+                ref = backend.start(_size_plan(job, size), _start_options(), out,
+                                    out.progress(live=False))  # fmt: skip
+        except (KeyboardInterrupt, Detached, Interrupted):
+            size.state, size.detail = RunState.PENDING, ""
+            save(job.project, sweep)
+            raise Interrupted(
+                f"sweep {sweep.id} interrupted while queueing; the sizes queued stay in the"
+                f" queue of {job.cluster}: `vmrun sweep --resume {sweep.id}` queues the rest"
+                " and follows them all"
+            ) from None
+        except VmrunError as exc:  # refused by Slurm: the others are queued all the same
+            _failed(job, size, exc)
+            save(job.project, sweep)
+            continue
         _started(job, size)(ref.run_id)
+    todo = [s for s in todo if s.state != RunState.FAILED]
     out.info(f"sweep {sweep.id}: {len(todo)} size(s) in the queue of {job.cluster}")
     if job.detach:
         out.info(f"sweep {sweep.id}: `vmrun sweep --resume {sweep.id}` follows them and writes"

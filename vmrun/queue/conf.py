@@ -8,8 +8,9 @@ Choices, and why (docs/queue.md):
 * nodes are named by their hostnames (slurmd finds itself so) and reached at the address the
   SSH session arrived at (the private one, through a jump host too); /etc/hosts gets the
   names, because a job's MASTER_ADDR is the first node's name;
-* CPUs and memory as `slurmd -C` reads them, GPUs as GRES (`gres.conf` names each device
-  file); one partition of every node (default), and one per GPU type where types differ;
+* CPUs and memory as `slurmd -C` reads them (memory a little under), GPUs as GRES
+  (`gres.conf` names each device file); one partition of every node (default), and one
+  per GPU type where types differ;
 * cgroups confine jobs where the hosts have them (v2 or v1); a host without a cgroup
   filesystem makes the cluster track processes without (Slurm 22.05 loads a cgroup plugin
   anyway: cgroup/v1 loads where none is mounted);
@@ -60,6 +61,7 @@ class NodeFacts:
     slurm_user: bool
     conf: str  # ours | other NAME | other | none
     root: str  # root | sudo | none
+    conf_dir: str = "/etc/slurm"  # where this distribution's Slurm reads slurm.conf
 
     @property
     def gpus(self) -> int:
@@ -115,6 +117,7 @@ def parse_facts(text: str, host: str) -> NodeFacts:
         slurm_user=values.get("slurm_user") == "1",
         conf=values.get("conf", "none"),
         root=values.get("root", "none"),
+        conf_dir=values.get("conf_dir", "/etc/slurm"),
     )
 
 
@@ -217,7 +220,7 @@ def slurm_conf(p: Plan) -> str:
     ]
     for node in p.nodes:
         words = [f"NodeName={node.hostname}", f"NodeAddr={node.addr}"]
-        words += [f"{k}={node.topology[k]}" for k in _TOPOLOGY if k in node.topology]
+        words += [f"{k}={_value(k, node.topology[k])}" for k in _TOPOLOGY if k in node.topology]
         if node.gpus:
             kind = node.gpu_type
             words.append(f"Gres=gpu:{kind}:{node.gpus}" if kind else f"Gres=gpu:{node.gpus}")
@@ -227,6 +230,13 @@ def slurm_conf(p: Plan) -> str:
         lines.append(f"PartitionName={part} Nodes={','.join(names)} Default={default}"
                      " MaxTime=INFINITE State=UP")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _value(key: str, value: int) -> int:
+    """RealMemory a little under what the node has now: MemTotal drops a few MB after a
+    kernel update, and a node with less than its RealMemory is drained. 98%, to 256 MB, so
+    that such a drop changes nothing here either."""
+    return (value * 98 // 100) // 256 * 256 if key == "RealMemory" else value
 
 
 def gres_conf(p: Plan) -> str:

@@ -111,6 +111,8 @@ def fitness(facts: NodeFacts, name: str, controller: bool) -> str:
         return "needs root: log in as root or allow the user passwordless sudo"
     if not facts.systemd:
         return "systemd does not run its services (a container or WSL?): use a VM"
+    if facts.conf_dir != "/etc/slurm":
+        return f"its Slurm reads {facts.conf_dir} (an older distribution): use Slurm 21.08 or later"
     if facts.conf.startswith("other"):
         other = facts.conf[6:].strip()
         what = f"vmrun's cluster {other}" if other else "a Slurm vmrun did not write"
@@ -123,23 +125,51 @@ def fitness(facts: NodeFacts, name: str, controller: bool) -> str:
 
 
 def check(
-    settings: Settings, name: str, entries: Sequence[HostEntry], controller: HostEntry
+    settings: Settings,
+    name: str,
+    entries: Sequence[HostEntry],
+    controller: HostEntry,
+    shared: str | None = None,
 ) -> dict[str, NodeFacts]:
     """Every host's facts, once each can be a node (the controller: the controller); else
-    one error naming each host that cannot and why. Changes nothing."""
+    one error naming each host that cannot and why. With `shared`: that folder must be one
+    on every host (a token file is all it leaves there)."""
     if controller.label not in [e.label for e in entries]:
         raise UsageError(f"--controller {controller.label} is not one of the hosts",
                          code="flags-conflict")  # fmt: skip
     with Group(entries, settings) as group:
         outcomes = group.map(lambda _e, conn: read_facts(conn, name))
-    raise_for_failures(outcomes)
+        raise_for_failures(outcomes)
+        if shared:
+            check_shared(group, name, shared, controller.label, [e.label for e in entries])
     facts = {o.host: o.value for o in outcomes if o.value is not None}
     problems = [f"{h}: {why}" for h, f in facts.items()
                 if (why := fitness(f, name, h == controller.label))]  # fmt: skip
+    problems += skew(facts, controller.label)
     if problems:
         raise RemoteError("; ".join(problems) + " (nothing was changed)",
                           code="slurm-host-unfit")  # fmt: skip
     return facts
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """A Slurm package version's release: "22.05.8-4+deb12u3" -> (22, 5)."""
+    parts = version.split(".")[:2]
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+
+
+def skew(facts: dict[str, NodeFacts], controller: str) -> list[str]:
+    """Slurm's daemons talk to older releases, never newer ones: a slurmd newer than the
+    controller's slurmctld is refused (hosts of different distribution releases)."""
+    ctld = _release(facts[controller].versions.get("slurmctld", ""))
+    if not ctld:
+        return []
+    return [
+        f"{h}: slurmd {f.versions['slurmd']} is newer than the controller's slurmctld"
+        f" {facts[controller].versions['slurmctld']}: give every host one release"
+        for h, f in facts.items()
+        if _release(f.versions.get("slurmd", "")) > ctld
+    ]
 
 
 def make(
@@ -148,7 +178,7 @@ def make(
     entries: Sequence[HostEntry],
     controller: HostEntry,
     *,
-    shared: str | None = None,
+    shared: str | None = None,  # recorded in the result; operations checks it first
     dropped: Sequence[HostEntry] = (),
     out: Reporter = QUIET,
     idle_timeout: float = IDLE_TIMEOUT_S,
@@ -175,14 +205,15 @@ def make(
             raise_for_failures(applied)
             done.update({o.host: o.value for o in applied if o.value is not None})
         taken_out = []
-        if dropped:
+        if dropped:  # often a host that is gone: what cannot be reached is said, not fatal
             removed = group.map(lambda _e, conn: _run(conn, ["remove", name]),
                                 only=[e.label for e in dropped])  # fmt: skip
-            raise_for_failures(removed)
+            for o in removed:
+                if o.error is not None:
+                    out.warn(f"{o.host}: left out of cluster {name}, but not taken down there"
+                             f" ({o.error}); its slurmd may still run")  # fmt: skip
             taken_out = [e.label for e in dropped]
         states = wait_ready(conns[controller.label], the_plan, idle_timeout)
-        if shared:
-            check_shared(group, name, shared, controller.label, labels)
     return Made(
         name=name,
         controller=controller.label,
@@ -254,10 +285,11 @@ def _apply(conn: Connection, p: Plan, node: NodeFacts, key: bytes, ctld: bool) -
 
 
 def node_states(conn: Connection) -> dict[str, str]:
-    """Slurm node name -> sinfo's long state ("idle", "down*", "mixed"...)."""
+    """Slurm node name -> sinfo's long state ("idle", "down*", "mixed"...); {"": why} when
+    sinfo itself failed."""
     result = conn.run(["sinfo", "-h", "-N", "-o", "%N %T"], what="sinfo", activity=False)
     if not result.ok:
-        return {}
+        return {"": result.output_tail(1)}
     pairs = (line.split(maxsplit=1) for line in result.stdout_tail.splitlines())
     return {p[0]: p[1].strip() for p in pairs if len(p) == 2}
 
@@ -270,15 +302,16 @@ def wait_ready(conn: Connection, p: Plan, timeout: float) -> dict[str, str]:
     states: dict[str, str] = {}
     while True:
         states = node_states(conn)
-        if all(states.get(n, "").rstrip("*~#") in READY for n in names):
+        if all(states.get(n, "") in READY for n in names):  # "idle*": not responding
             return {n: states[n] for n in names}
         if time.monotonic() > deadline:
             break
         time.sleep(0.5)
     result = conn.run(["sinfo", "-h", "-R", "-o", "%N: %E"], what="sinfo -R", activity=False)
     reasons = "; ".join(result.stdout_tail.split("\n")).strip("; ") if result.ok else ""
-    late = [f"{n} {states.get(n, 'unknown')}" for n in names
-            if states.get(n, "").rstrip("*~#") not in READY]  # fmt: skip
+    late = [f"{n} {states.get(n, 'unknown')}" for n in names if states.get(n, "") not in READY]
+    if "" in states:
+        reasons = f"sinfo: {states['']}"
     raise RemoteError(
         f"Slurm nodes not in service after {timeout:.0f}s: {', '.join(late)}"
         + (f" ({reasons})" if reasons else ""),
