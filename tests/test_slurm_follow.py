@@ -266,7 +266,7 @@ def test_a_size_slurm_refuses_is_failed_and_the_others_are_queued_and_followed(
     sizes = load(tmp_path, sweep.id).sizes
     assert [s.state for s in sizes] == [RunState.FAILED, RunState.DONE]
     assert "invalid partition" in sizes[0].detail
-    assert any("1 size(s) in the queue of bed" in line for line in out.lines())
+    assert any("1 size(s) in the queue of bed" in line for line in out.lines)
     refuse.clear()
     sweep_run.run_sweep(sweep_run.SweepJob(load(tmp_path, sweep.id), None, tmp_path, None,  # type: ignore[arg-type]
                                            cluster="bed"))  # fmt: skip
