@@ -237,6 +237,20 @@ def test_a_host_of_another_cluster_is_refused_and_nothing_changes(
     assert "q3: /etc/slurm/slurm.conf is vmrun's cluster lab" in done.stderr, done.stderr
     assert (conf.read_bytes(), lab.daemons("q3")) == before
     assert (lab_client.cwd / "vmrun.toml").read_text() == made[1]  # no host, no cluster added
+    # a folder each host has its own of (here: under its own /var/lib/slurm) is not shared
+    apart = lab_client.vmrun("setup", "-H", "q1", "-H", "q2", "-H", "q3", "--slurm", NAME,
+                             "--shared", "/var/lib/slurm/apart", "--env-manager", "python",
+                             "--python", str(host_python))  # fmt: skip
+    assert error_in(apart.stderr)[0] == "slurm-not-shared", apart.stderr
+    assert "q2, q3 see another folder" in apart.stderr, apart.stderr
+    assert (conf.read_bytes(), lab.daemons("q3")) == before
+    assert (lab_client.cwd / "vmrun.toml").read_text() == made[1]
+    # the controller stays where its queue is; a removal is of the whole cluster
+    moved = lab_client.vmrun("setup", "--slurm", NAME, "--controller", "q2")
+    assert error_in(moved.stderr)[0] == "flags-conflict" and "controller is q1" in moved.stderr
+    part = lab_client.vmrun("setup", "-H", "q2", "--slurm", NAME, "--slurm-remove")
+    assert error_in(part.stderr)[0] == "flags-conflict" and "all of cluster lab" in part.stderr
+    assert lab.sinfo() == {"vmt-q1": "idle", "vmt-q2": "idle", "vmt-q3": "idle"}
 
 
 def test_a_node_added_while_a_job_runs_then_the_cluster_removed(
