@@ -75,7 +75,7 @@ def make_cluster(
             code="flags-conflict",
         )
     # a host that cannot be a node, a folder not shared: refused before the hosts' setup
-    check(settings, name, entries, ctl, shared)
+    facts = check(settings, name, entries, ctl, shared)
     done = setup(settings, request, words, record=True, out=out)
     if done.failed or request.dry_run:
         return ClusterMade(done, None)
@@ -89,7 +89,8 @@ def make_cluster(
     # recorded first: a cluster half made (a node that never comes up) is one that
     # --slurm-remove knows and takes down; the nodes left out are kept until they are out
     _record(settings, project, name, ctl, [*entries, *dropped], shared, python)
-    made = make(settings, name, entries, ctl, shared=shared, dropped=dropped, out=out)
+    made = make(settings, name, entries, ctl, shared=shared, dropped=dropped, facts=facts,
+                out=out)  # the facts read before the setup: Slurm's files are untouched by it
     if dropped:
         _record(settings, project, name, ctl, entries, shared, python)
     return ClusterMade(done, made, project / PROJECT_FILE)

@@ -323,7 +323,7 @@ def _require_metrics(job: SweepJob, size: Size) -> None:
 def _stop_size(job: SweepJob, size: Size) -> None:
     """Ctrl-C during a size: stop its run where it runs (a local run stopped itself)."""
     size.state, size.detail = RunState.STOPPED, "interrupted"
-    if size.run is None or job.cluster or job.sweep.where.get("local"):
+    if size.run is None or job.sweep.where.get("local"):
         return
     from vmrun.backends.api import stopped_everywhere
     from vmrun.backends.select import open_backend

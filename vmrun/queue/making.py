@@ -180,6 +180,7 @@ def make(
     *,
     shared: str | None = None,  # recorded in the result; operations checks it first
     dropped: Sequence[HostEntry] = (),
+    facts: dict[str, NodeFacts] | None = None,  # check()'s, when the caller has them
     out: Reporter = QUIET,
     idle_timeout: float = IDLE_TIMEOUT_S,
 ) -> Made:
@@ -188,7 +189,7 @@ def make(
     configuration). Raises before anything changes when a host cannot be a node."""
     started = time.monotonic()
     labels = [e.label for e in entries]
-    facts = check(settings, name, entries, controller)
+    facts = dict(facts) if facts is not None else check(settings, name, entries, controller)
     with Group([*entries, *dropped], settings) as group:
         installed = _install(group, facts, name, controller.label)
         ctl = facts[controller.label]
