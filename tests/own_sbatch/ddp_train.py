@@ -42,3 +42,4 @@ if rank == 0:
 if world_size > 1:
     dist.barrier()  # every rank done before any leaves: gloo aborts a rank whose peers left
     dist.destroy_process_group()
+    os._exit(0)  # gloo's threads can abort a normal interpreter exit (torch 2.13)

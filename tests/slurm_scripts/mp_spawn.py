@@ -15,7 +15,9 @@ def work(rank: int, world: int) -> None:
     total = torch.ones(1)
     dist.all_reduce(total)
     sys.stdout.write(f"spawned rank {rank} of {world} sum {total.item():g}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
+    os._exit(0)  # gloo's threads can abort a normal interpreter exit (torch 2.13)
 
 
 if __name__ == "__main__":

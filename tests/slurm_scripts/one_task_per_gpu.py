@@ -12,5 +12,7 @@ dist.init_process_group("gloo", rank=rank, world_size=world)
 total = torch.tensor([float(rank)])
 dist.all_reduce(total)
 local = os.environ["LOCAL_RANK"]
-print(f"rank {rank} local {local} of {world} on {socket.gethostname()} sum {total.item():g}")
+host = socket.gethostname()
+print(f"rank {rank} local {local} of {world} on {host} sum {total.item():g}", flush=True)
 dist.destroy_process_group()
+os._exit(0)  # gloo's threads can abort a normal interpreter exit (torch 2.13)
