@@ -200,3 +200,20 @@ def test_a_misplaced_setting_exits_2_before_connecting(client: Client) -> None:
     assert code == "bad-config" and said.startswith(f"{toml} line 3: "), done.stderr
     assert "'connect_timeout'" in said and "host #1" in said, said
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_cluster_without_a_shared_folder_refuses_submit_and_a_shared_false_alone(
+    client: Client,
+) -> None:
+    """`submit` on a cluster made without a shared folder is refused before connecting (a
+    batch script writes where it says, on whichever node); `shared = false` without the
+    nodes it means is refused as a setting."""
+    toml = client.cwd / "vmrun.toml"
+    toml.write_text('[[clusters]]\nname = "lab"\nlogin = "u@192.0.2.1"\nshared = false\n'
+                    'nodes = ["u@192.0.2.1", "u@192.0.2.2"]\n')  # fmt: skip
+    (client.cwd / "job.sh").write_text("#!/bin/bash\n#SBATCH -N 1\necho hi\n")
+    done = client.vmrun("submit", "job.sh", "-C", "lab", timeout=20)
+    assert done.returncode == 2 and errors_in(done.stderr)[0][0] == "no-shared-folder", done.stderr
+    toml.write_text('[[clusters]]\nname = "lab"\nlogin = "u@192.0.2.1"\nshared = false\n')
+    alone = client.vmrun("status", "-C", "lab", timeout=20)
+    assert alone.returncode == 2 and "shared = false needs nodes" in alone.stderr, alone.stderr

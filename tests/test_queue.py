@@ -15,6 +15,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -308,3 +310,141 @@ def _jobs(host: Any) -> dict[str, str]:
     """Every job the controller still lists (ended ones too): id -> state."""
     out = host.run(["squeue", "-h", "-t", "all", "-o", "%i %T"], text=True).stdout
     return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+SOLO = "solo"
+
+
+@pytest.fixture(scope="module")
+def solo(lab: Lab, tmp_path_factory: pytest.TempPathFactory, host_python: Path) -> Iterator[Any]:
+    """Cluster solo of two more hosts, q5 (its controller) and q6, made without --shared:
+    each has its own home, and nothing else is shared."""
+    for name in ("q5", "q6"):
+        add_service_host(lab.bed, name)
+    client = _knows(lab, _client(tmp_path_factory.mktemp("solo-maker")))
+    done = client.vmrun("setup", "-H", "q5", "-H", "q6", "--slurm", SOLO, "--env-manager",
+                        "python", "--python", str(host_python), timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    yield done, (client.cwd / "vmrun.toml").read_text()
+    q5 = lab.host("q5")
+    jobs = q5.run(["squeue", "-h", "-o", "%i"], check=False, text=True).stdout.split()
+    if jobs:
+        q5.run(["scancel", *jobs], check=False)
+
+
+def test_without_a_shared_folder_each_node_gets_the_project_and_a_run_is_read_where_it_ran(
+    lab: Lab, solo: Any, client: Client
+) -> None:
+    """No shared folder: `train -C` syncs the project to both nodes (2 nodes x 2 ranks, each
+    in its own home); a run placed on q6 (q5 kept busy) is followed there, and `status`,
+    `logs` and `fetch` read it on q6; then the cluster is removed."""
+    made, toml = solo
+    assert "no shared folder" in made.stdout, made.stdout
+    _knows(lab, client)
+    (client.cwd / "vmrun.toml").write_text(toml)
+    recorded = _recorded_as(client, SOLO)
+    assert recorded["shared"] is False and recorded["workdir"] == "~", recorded
+    (client.cwd / "train.py").write_text(TRAIN)
+    done = client.vmrun("train", "-C", SOLO, "train.py", "--nodes", "2", "--nproc-per-node", "2",
+                        timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = set(re.findall(r"\] RANK (\d) 4 (\S+)", done.stdout))
+    assert seen == {("0", "vmt-q5"), ("1", "vmt-q5"), ("2", "vmt-q6"), ("3", "vmt-q6")}, seen
+    assert "USER root /root/" in done.stdout, done.stdout
+    # q5 busy: the next run goes to q6, and everything about it is read there
+    q5 = lab.host("q5")
+    blocker = q5.run(["sbatch", "--parsable", "-w", "vmt-q5", "--exclusive", "--wrap",
+                      "sleep 300"], text=True).stdout.strip()  # fmt: skip
+    wait_for(lambda: _job_state(q5, blocker) == "RUNNING", 30, "q5 to be taken")
+    run = client.vmrun("train", "-C", SOLO, "--nproc-per-node", "1", "--epochs", "2",
+                       "--save-every", "1", timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "running on vmt-q6" in run.stderr and "epoch 2/2" in run.stdout, run.stdout + run.stderr
+    rid = re.search(r"run (\S+) submitted to solo", run.stderr).group(1)  # type: ignore[union-attr]
+    q5.run(["scancel", blocker])
+    status = client.vmrun("status", "-C", SOLO)
+    row = next(line for line in status.stdout.splitlines() if rid in line)
+    assert " done " in row and "epoch 2/2" in row, status.stdout
+    logs = client.vmrun("logs", rid, "-C", SOLO)
+    assert logs.returncode == 0 and "epoch 2/2" in logs.stdout, logs.stdout + logs.stderr
+    fetched = client.vmrun("fetch", "results", "-C", SOLO, "--run", rid)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    local = client.cwd / "results" / rid
+    assert (local / "finalmodel.pt").is_file() and (local / "metrics.jsonl").is_file()
+    log = f"/root/.vmrun/runs/{rid}/job.log"  # each host's own /root
+    assert [lab.host(h).run(["test", "-e", log], check=False).returncode
+            for h in ("q5", "q6")] == [1, 0]  # fmt: skip
+    # a sweep of 2 points, a whole node each: one on each node, each fetched from its own
+    swept = client.vmrun("sweep", "-C", SOLO, "--lr", "0.1,0.05", "--epochs", "1",
+                         "--cpus-per-task", "2", timeout=300)  # fmt: skip
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert {"running on vmt-q5", "running on vmt-q6"} <= set(
+        re.findall(r"running on vmt-q\d", swept.stderr)), swept.stderr  # fmt: skip
+    (report,) = (client.cwd / "results").glob("sweep-*/report.json")
+    rows = json.loads(report.read_text())
+    assert len(rows) == 2 and all((client.cwd / "results" / r["run"] / "finalmodel.pt").is_file()
+                                  for r in rows), rows  # fmt: skip
+    gone = client.vmrun("setup", "--slurm", SOLO, "--slurm-remove")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert lab.daemons("q5") == lab.daemons("q6") == {}
+
+
+def _recorded_as(client: Client, name: str) -> dict[str, Any]:
+    data = tomllib.loads((client.cwd / "vmrun.toml").read_text())
+    return next(c for c in data.get("clusters", []) if c["name"] == name)
+
+
+def test_up_slurm_makes_the_vms_a_queue_on_their_private_addresses_and_down_forgets_it(
+    lab: Lab, tmp_path: Path, host_python: Path
+) -> None:
+    """`vmrun up vq -n 2 --slurm` against moto's EC2 (STAND-IN at the cloud's boundary: each
+    instance a service host of this bed, booted from vmrun's user data): the VMs, their
+    setup ([setup] in vmrun.toml) and cluster vq of them, without a shared folder, its nodes
+    on their private addresses; `train -C vq` on both; `down vq` forgets the cluster too."""
+    pytest.importorskip("moto")
+    pytest.importorskip("flask")
+    from conftest import TORCH_SPEC
+    from testbed import CloudBed
+
+    keys = lab.bed.client_keys
+    with CloudBed(lab.bed, tmp_path / "cloud", instances=["vm1", "vm2"], service_hosts=True,
+                  enforce_security_groups=True) as cloud:  # fmt: skip
+        home, cwd = tmp_path / "home", tmp_path / "project"
+        (home / ".ssh").mkdir(parents=True, mode=0o700)
+        cwd.mkdir()
+        shutil.copy(keys.private, home / ".ssh" / "id_ed25519")
+        (home / ".ssh" / "id_ed25519").chmod(0o600)
+        (home / ".ssh" / "id_ed25519.pub").write_text(keys.public_line + "\n")
+        env = {**cloud.env(), "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
+
+        def vmrun(*args: str, timeout: float = 300) -> Any:
+            argv = cloud.argv([sys.executable, "-m", "vmrun", *args], env=env)
+            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+
+        (cwd / "vmrun.toml").write_text(
+            f'[setup]\nenv = "python"\npython = "{host_python}"\ntorch = "{TORCH_SPEC}"\n'
+        )
+        (cwd / "train.py").write_text(TRAIN)
+        up = vmrun("up", "vq", "--type", "g4dn.2xlarge", "-n", "2", "--user", "root",
+                   "--ssh-from", cloud.ssh_cidr, "--slurm")  # fmt: skip
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "cluster vq: 2 node(s) in service" in up.stdout, up.stdout
+        recorded = tomllib.loads((cwd / "vmrun.toml").read_text())
+        (table,) = recorded["clusters"]
+        assert (table["login"], table["nodes"], table["shared"]) == ("vq-0", ["vq-0", "vq-1"],
+                                                                     False)  # fmt: skip
+        vm1, vm2 = cloud.hosts
+        nodes = vm1.run(["scontrol", "show", "node", "-o"], text=True).stdout
+        addrs = set(re.findall(r"NodeAddr=(\S+)", nodes))
+        assert addrs == {vm1.addr_on("vpc"), vm2.addr_on("vpc")}, nodes
+        done = vmrun("train", "-C", "vq", "train.py", "--nodes", "2", "--nproc-per-node", "1")
+        assert done.returncode == 0, done.stdout + done.stderr
+        seen = set(re.findall(r"\] RANK (\d) 2 (\S+)", done.stdout))
+        assert seen == {("0", vm1.hostname), ("1", vm2.hostname)}, done.stdout
+        down = vmrun("down", "vq", timeout=180)
+        assert down.returncode == 0, down.stdout + down.stderr
+        left = tomllib.loads((cwd / "vmrun.toml").read_text())
+        assert "clusters" not in left and "hosts" not in left, left

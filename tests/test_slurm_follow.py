@@ -39,6 +39,7 @@ case $step in
     if [ "$step" = invalid ]; then
       echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1
     fi ;;
+  *@*) echo "${step%@*}|None|${step#*@}" ;;  # STATE@NODE: where it runs (%B asked)
   *) echo "$step|None" ;;
 esac
 """
@@ -65,7 +66,8 @@ class LocalConn:
 
     def run(self, argv: list[str], *, on_output: Any = None, **_: Any) -> Result:
         proc = subprocess.Popen(local_argv(argv, self.home), env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                cwd=self.home)  # fmt: skip
         assert proc.stdout is not None and proc.stderr is not None
         try:
             for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
@@ -272,3 +274,24 @@ def test_a_size_slurm_refuses_is_failed_and_the_others_are_queued_and_followed(
                                            cluster="bed"))  # fmt: skip
     assert started == ["2x1", "1x1"]
     assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.DONE, RunState.DONE]
+
+
+def test_without_a_shared_folder_the_job_is_followed_on_the_node_it_is_placed_on(
+    tmp_path: Path,
+) -> None:
+    """A cluster without a shared folder: the follower waits on the login node while the
+    job is queued; once squeue places it on node b it follows there, where its log is (the
+    login node's log folder stays empty), and the end is read there."""
+    here = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    login = Fake(tmp_path / "login", ["PENDING", "RUNNING@vmt-b"], log="")
+    node = Fake(tmp_path / "b", [f"RUNNING@{here}", "gone"], log="0: epoch 1\\n")
+    cluster = Cluster("bed", "login", nodes=("login", "b"), shared=False)
+    backend = SlurmBackend(login.conn, cluster, poll=0.01,  # type: ignore[arg-type]
+                           nodes={"bed": login.conn, "b": node.conn})  # type: ignore[dict-item]
+    backend._names = {"vmt-b": "b"}
+    meta = {"record_dir": "../rec", "job_id": "7", "launcher": "python",  # each node's own
+            "tasks_per_node": 1, "submitted": 0}  # fmt: skip
+    ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
+    assert backend.follow(ref, login.out) == 0
+    assert login.calls == ["PENDING", "RUNNING@vmt-b"] and node.calls == [f"RUNNING@{here}", "gone"]
+    assert login.text.splitlines() == ["epoch 1", "the last line"]

@@ -11,7 +11,7 @@ import pytest
 
 from vmrun.backends.slurm.job import Batch, JobPaths, JobSpec, batch_script, check_spec, gpu_option
 from vmrun.backends.slurm.queue import JobState
-from vmrun.backends.slurm.records import parse_listing
+from vmrun.backends.slurm.records import parse_listing, parse_listings
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import ConfigError, UsageError
 from vmrun.reporting import Recorder
@@ -143,6 +143,33 @@ def test_listing_gives_state_from_squeue_then_the_exit_record() -> None:
                                                                      "epoch 10/10")  # fmt: skip
     assert a.duration == 200
     assert (b.state, b.reason) == (RunState.PENDING, "Priority")
+
+
+def test_listings_of_a_cluster_without_a_shared_folder_take_each_run_from_where_it_ran() -> None:
+    """Every node lists its own records: a run is read from the node it last started on
+    (its starts, exit and metrics), its job id from the login node's record (sbatch ran
+    there), the queue from the login node; a run never started is the login node's."""
+    meta = {"run_id": "a", "epochs": 4, "metrics": "/w/out/a/metrics.jsonl", "submitted": 5}
+    run_b = json.dumps({"run_id": "b", "submitted": 70})
+    login = "\n".join([
+        "==> squeue <==", "12|PENDING|Priority|N/A|0:00|",
+        "==> a/run.json <==", json.dumps(meta), "==> a/jobid <==", "11",
+        "==> b/run.json <==", run_b, "==> b/jobid <==", "12",
+        "==> a/starts <==", "1 100",  # the first attempt ran here; its requeue went to n3
+        "==> a/exit <==", "1 requeue 150",
+        "==> /w/out/a/metrics.jsonl <==", json.dumps({"epoch": 1}),
+    ])  # fmt: skip
+    n2 = "\n".join(["==> squeue <==", "==> a/run.json <==", json.dumps(meta),
+                    "==> b/run.json <==", run_b])  # fmt: skip
+    n3 = "\n".join([
+        "==> squeue <==", "==> a/run.json <==", json.dumps(meta),
+        "==> a/starts <==", "2 200", "==> a/exit <==", "2 0 300",
+        "==> /w/out/a/metrics.jsonl <==", json.dumps({"epoch": 4}),
+    ])  # fmt: skip
+    a, b = parse_listings([("bed", login), ("n2", n2), ("n3", n3)], "bed")
+    assert (a.files_on, a.job_id, a.state, a.exit_code, a.progress) == (
+        "n3", "11", RunState.DONE, 0, "epoch 4/4")  # fmt: skip
+    assert (b.files_on, b.job_id, b.state, b.reason) == ("", "12", RunState.PENDING, "Priority")
 
 
 def test_stream_prefixes_ranks_by_node_and_reports_events() -> None:

@@ -305,6 +305,8 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "price": _PRICE,  # per node an hour (vmrun.results.cost)
     # the hosts vmrun made this cluster of (`setup --slurm`; vmrun.operations.queue)
     "nodes": (_is_str_list, "a list of hosts"),
+    # false: no folder every node sees; each run's project is synced to every node
+    "shared": (lambda v: isinstance(v, bool), "true or false"),
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS

@@ -215,6 +215,9 @@ class CloudBed:
     one's never.  Open one at a time per process (moto's backends and the patches are
     global).  ``listen``: where moto listens, "loopback" (127.0.0.1: the laptop alone
     reaches it) or "main" (the laptop's address on "main": the instances too).
+    ``service_hosts``: each machine is a service host (services.py: reached as root, its
+    own Slurm and munge folders, which a fresh disk empties, and the systemctl stand-in),
+    for `vmrun up --slurm`; the login user is then root.
     ``on_boot(host)`` runs on every first boot of an instance, after its fresh disk and
     before its sshd starts (as root, in a bed thread: chown what it writes to the host's
     user); if it raises, the boot fails (printed; ``wait_booted`` times out).
@@ -233,6 +236,7 @@ class CloudBed:
         enforce_security_groups: bool = False,
         listen: str = "loopback",
         on_boot: Callable[[TestHost], None] | None = None,
+        service_hosts: bool = False,
     ) -> None:
         global _active
         if user in instances or "laptop" in instances:
@@ -272,12 +276,9 @@ class CloudBed:
         try:
             self.laptop = bed.add_host("laptop")
             self.laptop.stop_sshd()  # the laptop only runs vmrun
+            self.service_hosts = service_hosts
             for name in instances:
-                host = bed.add_host(
-                    name, networks=("main", "vpc"), authorized=False, login_user=user
-                )
-                host.stop_sshd()  # powered off until an instance boots on it
-                self._machines.append(_Machine(host))
+                self._machines.append(_Machine(self._machine_host(name, user)))
             self.user = self._machines[0].host.user if self._machines else f"{bed.prefix}-{user}"
             self._executor = ThreadPoolExecutor(
                 1, thread_name_prefix="cloudbed-laptop", initializer=self._init_thread
@@ -289,6 +290,19 @@ class CloudBed:
         except BaseException:
             self.close()
             raise
+
+    def _machine_host(self, name: str, user: str) -> TestHost:
+        """A machine's test host, powered off until an instance boots on it."""
+        if self.service_hosts:
+            from .services import add_service_host
+
+            host = add_service_host(self.bed, name, networks=("main", "vpc"), authorized=False)
+        else:
+            host = self.bed.add_host(
+                name, networks=("main", "vpc"), authorized=False, login_user=user
+            )
+        host.stop_sshd()
+        return host
 
     # ---------------------------------------------------------------- public API
 
@@ -657,6 +671,10 @@ class CloudBed:
                 shutil.rmtree(child)
             else:
                 child.unlink()
+        if self.service_hosts:
+            from .services import fresh_system
+
+            fresh_system(self.bed, host.name)
         ssh_dir = host.home / ".ssh"
         ssh_dir.mkdir(mode=0o700)
         (ssh_dir / "authorized_keys").write_text("")

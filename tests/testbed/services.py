@@ -68,17 +68,8 @@ def private_dir(bed: NetnsBed, name: str, target: str) -> Path:
 
 def add_service_host(bed: NetnsBed, name: str, **kwargs: object) -> TestHost:
     """A host reached as root, with its own system folders and the systemctl stand-in."""
-    mounts: list[tuple[Path, str]] = []
-    for target in PRIVATE:
-        src = private_dir(bed, name, target)
-        src.mkdir(parents=True)
-        st = os.stat(target)
-        os.chown(src, st.st_uid, st.st_gid)
-        src.chmod(stat.S_IMODE(st.st_mode))
-        mounts.append((src, target))
-    run = private_dir(bed, name, "/run")
-    (run / "sshd").mkdir(mode=0o755)  # sshd's privilege separation folder
-    (run / "systemd" / "system").mkdir(parents=True)
+    mounts = [(private_dir(bed, name, target), target) for target in PRIVATE]
+    fresh_system(bed, name)
     standin = system_dir(bed, name) / "systemctl"
     shutil.copyfile(STANDIN, standin)
     standin.chmod(0o755)
@@ -90,6 +81,22 @@ def add_service_host(bed: NetnsBed, name: str, **kwargs: object) -> TestHost:
         mounts=mounts,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def fresh_system(bed: NetnsBed, name: str) -> None:
+    """The host's system folders as a fresh VM has them: empty, with the machine's owner and
+    mode (its processes gone first: a VM that boots again)."""
+    for target in PRIVATE:
+        src = private_dir(bed, name, target)
+        src.mkdir(parents=True, exist_ok=True)
+        for child in list(src.iterdir()):  # emptied in place: the folder stays bound
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        st = os.stat(target)
+        os.chown(src, st.st_uid, st.st_gid)
+        src.chmod(stat.S_IMODE(st.st_mode))
+    run = private_dir(bed, name, "/run")
+    (run / "sshd").mkdir(mode=0o755)  # sshd's privilege separation folder
+    (run / "systemd" / "system").mkdir(parents=True)
 
 
 def standin_log(bed: NetnsBed, name: str, unit: str) -> Path:

@@ -35,7 +35,7 @@ def selected_entries(
     if cluster:
         from vmrun.backends.slurm.cluster import find_cluster
 
-        return [find_cluster(settings, cluster).entry]
+        return find_cluster(settings, cluster).entries
     from vmrun.ssh.inventory import select_hosts
 
     return select_hosts(hosts, settings)
@@ -51,11 +51,10 @@ def backend_on(
 ) -> Backend:
     """The backend over connections the caller opened (`selected_entries`' hosts)."""
     if cluster:
-        from vmrun.backends.slurm.backend import SlurmBackend
         from vmrun.backends.slurm.cluster import find_cluster
+        from vmrun.backends.slurm.session import backend_in
 
-        found = find_cluster(settings, cluster)
-        return SlurmBackend(group.connections[found.entry.label], found, spec)
+        return backend_in(group, find_cluster(settings, cluster), spec)
     from vmrun.backends.hosts.backend import HostsBackend
 
     return HostsBackend(group, place=place)

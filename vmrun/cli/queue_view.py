@@ -36,8 +36,12 @@ def render_made(made: Made, recorded_in: object) -> int:
         + ("" if made.changed else "; nothing changed")
         + f" ({made.seconds:.1f}s)"
     )
-    say(f"jobs work in {made.shared} (one folder on every host); recorded as [[clusters]]"
-        f" {made.name} in {recorded_in}")  # fmt: skip
+    if made.shared:
+        where = f"jobs work in {made.shared} (one folder on every host)"
+    else:
+        where = ("no shared folder (--shared PATH names one): each run's project is synced to"
+                 " every node, and its log and results stay on the node its job ran on")
+    say(f"{where}; recorded as [[clusters]] {made.name} in {recorded_in}")
     say(f"use it: vmrun train -C {made.name} ...  |  vmrun sweep -C {made.name} ...")
     return 0
 

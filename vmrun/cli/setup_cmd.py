@@ -187,7 +187,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--shared",
                 metavar="PATH",
-                help="With --slurm: a folder every host mounts, where jobs run (checked).",
+                help="With --slurm: a folder every host mounts, where jobs run (checked);"
+                " without it each run's project is synced to every node.",
             ),
         ] = None,
         slurm_remove: Annotated[

@@ -4,13 +4,16 @@ vmrun.operations.cloud's; this module parses and renders)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from vmrun.cli.options import settings_from
 from vmrun.cli.output import say
 from vmrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from vmrun.operations.cloud import Up, UpAsk
 
 
 def register(app: typer.Typer) -> None:
@@ -113,6 +116,14 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--list", help="List what vmrun made in the cloud (`vmrun clusters`)."),
         ] = False,
+        slurm: Annotated[
+            bool,
+            typer.Option(
+                "--slurm",
+                help="Then set the VMs up ([setup] in vmrun.toml) and make them a Slurm"
+                " cluster NAME (train -C NAME, sweep -C NAME): the queue for your VMs.",
+            ),
+        ] = False,
     ) -> int:
         from vmrun.cli.terminal import Terminal
         from vmrun.operations.cloud import UpAsk, up
@@ -137,16 +148,40 @@ def register(app: typer.Typer) -> None:
             profile=profile, placement=placement, ssh_key=ssh_key, keep=keep,
             ssh_timeout=ssh_timeout, store=store,
         )  # fmt: skip
+        if slurm:
+            return _up_cluster(ask)
         done = up(settings_from(), ask, Terminal())
-        what = "already up" if done.already else "started again" if done.started else "up"
-        say(f"{done.name}: {what} in {done.region}: {len(done.hosts)} host(s) as @{name}")
-        for entry in done.hosts:
-            say(f"  {entry.label}  {entry.spec.label}  private {entry.vars['private_addr']}")
-        if done.per_hour is not None:
-            say(f"  about ${done.per_hour:.2f} an hour while it runs")
-        if done.autostop:
-            say(f"  autostop: each powers off after {done.autostop} idle")
-        if ask.store:
-            say(f"  role: the VMs reach {ask.store} with their own credentials")
+        _render(done, ask)
         say(f"next: vmrun setup @{name}; vmrun train -H @{name} ...; vmrun down {name}")
         return 0
+
+
+def _up_cluster(ask: UpAsk) -> int:
+    """The VMs shown as `up` shows them, their setup as `setup` does, then the cluster."""
+    from vmrun.cli import setup_view as view
+    from vmrun.cli.queue_view import render_made
+    from vmrun.cli.terminal import Terminal
+    from vmrun.operations.queue import up_cluster
+    from vmrun.operations.setup import SetupRequest
+
+    done, made = up_cluster(settings_from(), ask, SetupRequest(), Terminal())
+    _render(done, ask)
+    code = view.render_hosts(made.setup)
+    if made.made is None:
+        return code
+    return max(code, render_made(made.made, made.recorded_in))
+
+
+def _render(done: Up, ask: UpAsk) -> None:
+    """What `up` made or found, and what it costs."""
+    name = ask.name
+    what = "already up" if done.already else "started again" if done.started else "up"
+    say(f"{done.name}: {what} in {done.region}: {len(done.hosts)} host(s) as @{name}")
+    for entry in done.hosts:
+        say(f"  {entry.label}  {entry.spec.label}  private {entry.vars['private_addr']}")
+    if done.per_hour is not None:
+        say(f"  about ${done.per_hour:.2f} an hour while it runs")
+    if done.autostop:
+        say(f"  autostop: each powers off after {done.autostop} idle")
+    if ask.store:
+        say(f"  role: the VMs reach {ask.store} with their own credentials")

@@ -6,7 +6,14 @@
 # Only an answer ends it: squeue failing (the controller down, busy, restarting) keeps the
 # last state, says so once (`\035vmrun unreachable ERROR`, then `\035vmrun reachable`), and
 # after LIMIT seconds without an answer gives up (`\035vmrun lost SECONDS`): the job may run on.
-d=$1 job=$2 lines=$3 poll=$4 limit=$5
+# HERE (a cluster without a shared folder: 1): the job's log is on its batch node; once the
+# job is placed on another node than this one, say which (`\035vmrun moved NODE`) and end.
+d=$1 job=$2 lines=$3 poll=$4 limit=$5 here=${6:-}
+fmt='%T|%r'
+if [ -n "$here" ]; then
+  fmt='%T|%r|%B'
+  names=" $(hostname -s 2>/dev/null) $(hostname 2>/dev/null) "
+fi
 # vmrun-inline: _slurm_unanswered.sh
 mark() { printf '\035vmrun %s\n' "$*"; }
 final() {  # STATE: whether Slurm's state is an end
@@ -20,10 +27,20 @@ final() {  # STATE: whether Slurm's state is an end
   err=$(mktemp) || exit 1
   trap 'rm -f "$err"' EXIT
   trap 'exit 1' HUP INT TERM  # through the EXIT trap: the channel went away
-  last=''
+  last='' at=''
+  away() {  # whether the job's batch node is another than this one (it says so, and ends)
+    [ -n "$at" ] || return 1
+    case $names in *" $at "*) return 1 ;; esac
+    mark moved "$at"
+  }
   while :; do
-    if s=$(squeue -h -j "$job" --states=all -o '%T|%r' 2>"$err"); then
+    if s=$(squeue -h -j "$job" --states=all -o "$fmt" 2>"$err"); then
       s=$(printf '%s\n' "$s" | head -n 1)
+      if [ -n "$here" ] && [ -n "$s" ]; then
+        b=${s##*|} s=${s%|*}
+        case $b in ''|n/a|N/A|'(null)'|None) ;; *) at=$b ;; esac
+        away && exit 3
+      fi
     else
       unanswered "$err" "$limit"
       case $? in
@@ -34,6 +51,7 @@ final() {  # STATE: whether Slurm's state is an end
     fi
     answered
     if [ -z "$s" ]; then  # no longer listed: it ended; accounting says how, where it exists
+      away && exit 3
       s=$(sacct -n -P -X -j "$job" -o State 2>/dev/null | head -n 1)
       s=${s%% *}
       final "$s" || s=
@@ -53,6 +71,7 @@ w=$!
 if [ "$lines" -gt 0 ]; then from=$lines; else from=+1; fi
 tail -n "$from" -F -s 0.5 --pid="$w" "$d/job.log" 2>/dev/null
 wait "$w"
+[ $? -eq 3 ] && exit 0  # moved: its node says how it ended
 exits=
 if [ -r "$d/exit" ]; then exits=$(tr '\n' ' ' < "$d/exit"); fi
 if [ -r "$d/failure.json" ]; then mark failure "$(head -n 1 "$d/failure.json" | head -c 4096)"; fi

@@ -1,6 +1,7 @@
 #!/bin/sh
 # One host of a Slurm cluster that vmrun makes of SSH hosts (vmrun.queue).
-#   slurm_node.sh facts NAME   what the host is: KEY=VALUE lines, changes nothing
+#   slurm_node.sh facts NAME [ADDR]  what the host is: KEY=VALUE lines, changes nothing
+#                              (ADDR: its address for the others, where vmrun knows it)
 #   slurm_node.sh key NAME     the cluster's munge key, base64 (the controller's, to reuse)
 #   slurm_node.sh install NAME the distribution's packages, where missing (apt-get)
 #   slurm_node.sh apply NAME   make the host a node (and, with VMRUN_SLURM_CTLD=1, the
@@ -51,13 +52,16 @@ put() {
   echo "CHANGED $1"
 }
 
-# the /etc/hosts lines between this cluster's marks: a new file moved over the old, or,
-# where /etc/hosts is a mount point a rename cannot replace (a container's), written in place
+# the /etc/hosts lines between this cluster's marks, first in the file: a lookup takes the
+# first line that names a host, and the nodes' names must be the addresses they reach each
+# other at, not the host's own line for itself (Debian's `127.0.1.1 HOSTNAME`, a public
+# address); a new file moved over the old, or, where /etc/hosts is a mount point a rename
+# cannot replace (a container's), written in place
 hosts_block() {
   tmp=$(mktemp) || fail "mktemp failed"
+  if [ -n "$1" ]; then printf '%s begin\n%s\n%s end\n' "$mark" "$1" "$mark" >"$tmp"; fi
   awk -v b="$mark begin" -v e="$mark end" '$0 == b {skip = 1} !skip {print} $0 == e {skip = 0}' \
-    /etc/hosts >"$tmp"
-  if [ -n "$1" ]; then printf '%s begin\n%s\n%s end\n' "$mark" "$1" "$mark" >>"$tmp"; fi
+    /etc/hosts >>"$tmp"
   if ! cmp -s "$tmp" /etc/hosts; then
     if ! { as_root install -m 0644 "$tmp" /etc/hosts.vmrun-new &&
       as_root mv -f /etc/hosts.vmrun-new /etc/hosts 2>/dev/null; }; then
@@ -88,12 +92,14 @@ why() {  # a unit's state and its journal's last lines, on one line
     "$(as_root journalctl -u "$1" -n 3 --no-pager -q 2>/dev/null | tr '\n' ' ')"
 }
 
-facts() {
+facts() {  # [ADDR]
   echo "hostname=$(hostname -s 2>/dev/null || hostname)"
-  # the address this SSH session arrived at: the private one, through a jump host too
+  # the address given (a cloud's private one), else the one this SSH session arrived at
+  # (the private one, through a jump host too)
+  given=${1:-}
   # shellcheck disable=SC2086  # SSH_CONNECTION's four words
   set -- ${SSH_CONNECTION:-}
-  echo "addr=${3:-$(hostname -I 2>/dev/null | cut -d' ' -f1)}"
+  echo "addr=${given:-${3:-$(hostname -I 2>/dev/null | cut -d' ' -f1)}}"
   [ -d /run/systemd/system ] && echo "systemd=1"
   for tool in munged slurmd slurmctld sinfo; do
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] && echo "has_$tool=1"
@@ -220,7 +226,7 @@ remove() {
 }
 
 case $mode in
-  facts) facts ;;
+  facts) facts "${3:-}" ;;
   key)
     ours || fail "this host is not the controller of cluster $name"
     as_root base64 -w0 /etc/munge/munge.key || fail "could not read the munge key"

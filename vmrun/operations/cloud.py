@@ -540,6 +540,8 @@ def down(
     addrs = [e.spec.host for e in project_hosts(settings) if e.groups == (name,)]
     forgotten = forget_group(project, name)
     forget_table(project, "clouds", name)
+    if _made_cluster(settings, name):  # `up --slurm`'s queue went with its VMs
+        forget_table(project, "clusters", name)
     _drop_known(settings.known_hosts, addrs)
     if removed.left:
         raise CloudError(
@@ -548,6 +550,16 @@ def down(
             code="cloud-leftovers",
         )
     return Down(name, where, removed, forgotten=forgotten)
+
+
+def _made_cluster(settings: Settings, name: str) -> bool:
+    """Whether vmrun.toml has a cluster NAME that vmrun made of the VMs @NAME."""
+    from vmrun.ssh.inventory import project_hosts
+
+    tables = settings.project_data.get("clusters", [])
+    table = next((t for t in tables if isinstance(t, dict) and t.get("name") == name), {})
+    ours = {e.name for e in project_hosts(settings) if e.groups == (name,)}
+    return bool(table.get("nodes")) and set(table["nodes"]) <= ours
 
 
 # ---------------------------------------------------------------------------------- replace

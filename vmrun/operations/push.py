@@ -176,10 +176,11 @@ def reaches(conn: Connection, others: dict[str, tuple[str, int]]) -> set[str]:
 def _to_cluster(job: PushJob, paths: list[Path], out: Reporter) -> Pushed:
     """Once, through the login node, onto the cluster's shared filesystem: by default the
     folder its jobs run the project in (`<workdir>/<project's work directory>`), where a
-    job's `data/` is looked for; never once per compute node."""
+    job's `data/` is looked for; never once per compute node (but to every node of a
+    cluster vmrun made without a shared folder: its jobs read their own disk)."""
     cluster = _cluster_of(job)
-    shown = out.progress()
-    with Group([cluster.entry], job.settings) as group:
+    shown = out.progress(several=len(cluster.entries) > 1)
+    with Group(cluster.entries, job.settings) as group:
         dest = _cluster_dest(job, _login(group, cluster))
 
         def once(entry: HostEntry, conn: Connection) -> HostPush:
@@ -202,7 +203,7 @@ def _from_stores(job: PushJob, out: Reporter) -> Pushed:
         raise UsageError("--delete is for pushes from here, not from a bucket", code="bad-store")
     access = resolve(job.store_credentials)
     cluster = _cluster_of(job) if job.cluster else None
-    entries = [cluster.entry] if cluster else entries_for(job.hosts, job.settings)
+    entries = cluster.entries if cluster else entries_for(job.hosts, job.settings)
     shown = out.progress(several=len(entries) > 1)
     clock = time.monotonic()
     with Group(entries, job.settings) as group:

@@ -20,6 +20,7 @@ from vmrun.reporting import QUIET, Reporter
 
 if TYPE_CHECKING:
     from vmrun.backends.slurm.cluster import Cluster
+    from vmrun.operations.cloud import Up, UpAsk
     from vmrun.operations.setup import SetUp, SetupRequest
     from vmrun.queue.making import Made, Removed
     from vmrun.ssh.inventory import HostEntry
@@ -46,7 +47,8 @@ def make_cluster(
 ) -> ClusterMade:
     """Set up `hosts` (None: the cluster's recorded nodes), then make them cluster `name`
     with `controller` (default: the first host, or the recorded one) running slurmctld.
-    `shared`: a folder every host sees, the jobs' workdir (checked)."""
+    `shared`: a folder every host sees, the jobs' workdir (checked); None: each run's
+    project is synced to every node and its files stay on the node it ran on."""
     from vmrun.operations.setup import setup
     from vmrun.queue.conf import check_name
     from vmrun.queue.making import check, make
@@ -59,11 +61,12 @@ def make_cluster(
     words = hosts or list(known.nodes if known else ())
     if shared is not None and not shared.startswith("/"):
         raise UsageError(f"--shared {shared}: give an absolute path")
-    shared = shared or (known.workdir if known and known.workdir != "~" else None)
-    if shared is None:
+    if shared is None and known is not None and known.shared and known.nodes:
+        shared = known.workdir  # as it was made (a cluster changes its folder by remaking)
+    if shared is not None and known is not None and known.nodes and not known.shared:
         raise UsageError(
-            f"--slurm {name} needs --shared PATH: a folder every host mounts (NFS...), where"
-            " jobs find the project and write their results",
+            f"--shared {shared}: cluster {name} was made without a shared folder; to give it"
+            " one, --slurm-remove it and make it again",
             code="flags-conflict",
         )
     entries = _entries(settings, words)
@@ -94,6 +97,27 @@ def make_cluster(
     if dropped:
         _record(settings, project, name, ctl, entries, shared, python)
     return ClusterMade(done, made, project / PROJECT_FILE)
+
+
+def up_cluster(
+    settings: Settings, ask: UpAsk, request: SetupRequest, out: Reporter = QUIET
+) -> tuple[Up, ClusterMade]:
+    """`vmrun up NAME --slurm`: the VMs as `up` makes them (hosts @NAME), then their setup
+    (`[setup]` in vmrun.toml says how) and one Slurm cluster NAME of them, without a shared
+    folder: the project goes to every node. Their private addresses are the nodes'. A
+    cluster already made is made again, which changes nothing."""
+    from dataclasses import replace
+
+    from vmrun.config import read_toml
+    from vmrun.operations.cloud import up
+
+    done = up(settings, ask, out)
+    path = done.project_file or (settings.project_dir or Path.cwd()) / PROJECT_FILE
+    fresh = replace(settings, project_dir=path.parent, project_data=read_toml(path, project=True))
+    known = _recorded(fresh, ask.name)
+    shared = known.workdir if known is not None and known.nodes and known.shared else None
+    return done, make_cluster(fresh, request, [f"@{ask.name}"], ask.name, shared=shared,
+                              out=out)  # fmt: skip
 
 
 def remove_cluster(settings: Settings, name: str, hosts: list[str] | None) -> Removed:
@@ -155,21 +179,23 @@ def _record(
     name: str,
     ctl: HostEntry,
     entries: list[HostEntry],
-    shared: str,
+    shared: str | None,
     python: str,
 ) -> None:
-    """`[[clusters]] NAME`: the controller as login node, the shared folder as workdir, the
-    interpreter setup made, and the nodes (so a second run and --slurm-remove know them);
+    """`[[clusters]] NAME`: the controller as login node, the shared folder as workdir (or
+    the home folders, `shared = false`), the interpreter setup made, and the nodes (so a
+    second run and --slurm-remove know them);
     what the user added to an existing table (partition, env, price...) stays."""
     from vmrun.ssh.inventory import record_table
 
     tables = settings.project_data.get("clusters", [])
     table = dict(next((t for t in tables if t.get("name") == name), {}))
-    table.update(
-        name=name,
-        login=ctl.spec.label,
-        workdir=shared,
-        nodes=[e.spec.label for e in entries],
+    table.update(  # hosts by their names in vmrun.toml where they have one (`up`'s VMs,
+        name=name,  # whose addresses change when they start again), else as given
+        login=ctl.name or ctl.spec.label,
+        workdir=shared or "~",
+        nodes=[e.name or e.spec.label for e in entries],
+        shared=shared is not None,
     )
     if python:
         table["python"] = python

@@ -66,6 +66,20 @@ def pick_cluster(settings: Settings, cluster: str | None) -> str:
     )
 
 
+def _needs_shared(settings: Settings, name: str) -> None:
+    """A batch script writes where it says, on whichever node runs it: vmrun reads it back
+    only from a folder every node sees."""
+    from vmrun.backends.slurm.cluster import find_cluster
+
+    if find_cluster(settings, name).synced:
+        raise UsageError(
+            f"submit needs a folder every node sees; cluster {name} was made without one",
+            hint=f"run it with `vmrun train -C {name} SCRIPT`, or make the cluster again"
+            f" with `vmrun setup --slurm {name} --shared PATH`",
+            code="no-shared-folder",
+        )
+
+
 def submit(
     what: SubmitOptions,
     settings: Settings | None = None,
@@ -92,6 +106,7 @@ def submit(
     if what.recover:
         recoveries = refusals.recovery_limit(what.max_recoveries, settings.max_recoveries)
     name = pick_cluster(settings, cluster)
+    _needs_shared(settings, name)
     project = find_project_dir() or Path.cwd()
     data = tuple(parse_data(text) for text in what.data or ())
     access = data_access(data, settings.store_credentials)  # before anything starts

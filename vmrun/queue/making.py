@@ -101,8 +101,12 @@ def _run(conn: Connection, args: Sequence[str], env: dict[str, str] | None = Non
     return lines
 
 
-def read_facts(conn: Connection, name: str) -> NodeFacts:
-    return parse_facts("\n".join(_run(conn, ["facts", name])), conn.label)
+def read_facts(conn: Connection, name: str, entry: HostEntry | None = None) -> NodeFacts:
+    """The host's facts; its address for the other nodes is the private one vmrun.toml
+    records (`up`'s VMs), else the one the SSH session arrived at."""
+    private = str(entry.vars.get("private_addr") or "") if entry else ""
+    return parse_facts("\n".join(_run(conn, ["facts", name, *([private] if private else [])])),
+                       conn.label)  # fmt: skip
 
 
 def fitness(facts: NodeFacts, name: str, controller: bool) -> str:
@@ -138,7 +142,7 @@ def check(
         raise UsageError(f"--controller {controller.label} is not one of the hosts",
                          code="flags-conflict")  # fmt: skip
     with Group(entries, settings) as group:
-        outcomes = group.map(lambda _e, conn: read_facts(conn, name))
+        outcomes = group.map(lambda entry, conn: read_facts(conn, name, entry))
         raise_for_failures(outcomes)
         if shared:
             check_shared(group, name, shared, controller.label, [e.label for e in entries])
@@ -239,10 +243,10 @@ def _install(
     if not lacking:
         return {}
 
-    def install(_entry: HostEntry, conn: Connection) -> tuple[str, ...]:
+    def install(entry: HostEntry, conn: Connection) -> tuple[str, ...]:
         env = {"VMRUN_SLURM_CTLD": "1" if conn.label == controller else "0"}
         lines = _run(conn, ["install", name], env, what="installing Slurm's packages")
-        facts[conn.label] = read_facts(conn, name)
+        facts[conn.label] = read_facts(conn, name, entry)
         said = next((ln for ln in lines if ln.startswith("INSTALLED ")), "")
         return tuple(said.split()[1:])
 

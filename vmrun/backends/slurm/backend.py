@@ -3,14 +3,22 @@ connection to the login node. Code and outputs live on the cluster's shared file
 (the `workdir` of `[[clusters]]`); each run's files sit in `<workdir>/.vmrun/runs/<id>/`
 (job.sh, run.json, env, jobid, job.log, starts, exit), where the batch script writes them
 from whichever node it runs on. Every verb is one command on the login node.
+
+A cluster vmrun made of hosts without a shared folder (`shared = false`) has the project
+synced to every node and the run's record written on each before sbatch; its job then
+writes on the node it runs on. Every node is a login node there (Slurm's commands and munge
+everywhere), so a verb on a run is the same command on that node (`_at`), and `status`
+reads every node's listing at once (records.parse_listings).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +68,7 @@ GRACE = 10
 POLL_S = 2.0  # squeue while following: one cheap query per poll, on the login node only
 # how long a follower rides out a controller that does not answer (a restart, a failover)
 UNANSWERED_LIMIT_S = 900.0
+MOVES = 20  # a followed job placed on another node (without a shared folder), at most
 
 
 @dataclass(frozen=True)
@@ -102,9 +111,15 @@ class SlurmBackend:
     def __init__(
         self, conn: Connection, cluster: Cluster, spec: JobSpec | None = None,
         poll: float = POLL_S, unanswered_limit: float = UNANSWERED_LIMIT_S,
+        nodes: Mapping[str, Connection] | None = None,
     ):  # fmt: skip
         self.conn = conn
         self.cluster = cluster
+        # without a shared folder: every node by its label (the login node's: the
+        # cluster's name), each a place a run's files may be
+        self.nodes = dict(nodes or {})
+        self._on = ""  # the node this view's `conn` is (see `_at`)
+        self._names: dict[str, str] = {}
         self.spec = spec or JobSpec()
         self.poll = poll
         self.unanswered_limit = unanswered_limit
@@ -137,6 +152,60 @@ class SlurmBackend:
                 _number(values.get("gid")),
             )
         return self._facts
+
+    # -- a cluster without a shared folder ------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self.cluster.synced and len(self.nodes) > 0
+
+    def _at(self, ref: RunRef) -> SlurmBackend:
+        """This backend on the node that holds the run's files (a cluster without a shared
+        folder; `files_on` from the listing), else itself."""
+        return self._on_node(str(ref.meta.get("files_on") or ""))
+
+    def _on_node(self, node: str) -> SlurmBackend:
+        if not self.synced or not node or node == (self._on or self.cluster.name):
+            return self
+        conn = self.nodes.get(node)
+        if conn is None:
+            raise RemoteError(
+                f"cluster {self.cluster.name}: the run's files are on {node}, which is not"
+                " one of its nodes in vmrun.toml",
+                host=self.cluster.name,
+                hint=f"add it back with `vmrun setup -H ... --slurm {self.cluster.name}`",
+                code="node-not-found",
+            )
+        view = copy.copy(self)
+        view.conn, view._on = conn, node
+        return view
+
+    def _each_node(self, fn: Callable[[str, Connection], Any]) -> dict[str, Any]:
+        """fn on every node at once: its value, or the exception it raised, per node."""
+
+        def one(item: tuple[str, Connection]) -> Any:
+            try:
+                return fn(*item)
+            except Exception as exc:  # reported per node
+                return exc
+
+        with ThreadPoolExecutor(max_workers=min(16, len(self.nodes))) as pool:
+            return dict(zip(self.nodes, pool.map(one, self.nodes.items()), strict=True))
+
+    def _node_named(self, name: str) -> str:
+        """The node whose Slurm name (its short hostname) is `name`."""
+        if name not in self._names:
+            argv = ["hostname", "-s"]
+            found = self._each_node(lambda _n, conn: conn.run(argv, check=True).stdout_tail)
+            self._names.update({str(v).strip(): n for n, v in found.items()
+                                if not isinstance(v, Exception)})  # fmt: skip
+        if name not in self._names:
+            raise RemoteError(
+                f"job placed on {name}, which none of cluster {self.cluster.name}'s nodes is",
+                host=self.cluster.name,
+                code="node-not-found",
+            )
+        return self._names[name]
 
     @property
     def runs_dir(self) -> str:
@@ -305,6 +374,28 @@ class SlurmBackend:
                 code="flags-conflict",
             )
         sub = self.prepare(plan, how)
+        if self.synced:  # every node gets what one would on a shared folder
+            try:
+                self._each_place(lambda node: node._place(plan, sub, out, None))
+            except BaseException:
+                self._forget(sub.paths.record)
+                raise
+        else:
+            self._place(plan, sub, out, progress)
+        job, state = self._submit(sub)
+        ref = self._ref(sub.run_id, {**sub.meta, "job_id": job})
+        if state is not None and state.never_starts:
+            self.cancel_never(ref, job, state, state.never_starts)
+        where = f"{self.cluster.name} as job {job}"
+        queued = state.describe() if state else "queued"
+        out.info(f"run {sub.run_id} submitted to {where} ({queued})")
+        return ref
+
+    def _place(
+        self, plan: Plan, sub: Submission, out: Reporter, progress: Progress | None
+    ) -> None:
+        """The code (a SCRIPT's project; the template travels with the job), py-spy for the
+        hang watcher and the run's --data, onto the shared filesystem (or this node)."""
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
         if plan.hang_timeout:  # the hang watcher's stacks: py-spy in the shared home
@@ -314,19 +405,24 @@ class SlurmBackend:
                 ensure(self.conn, self.python())
             except VmrunError as exc:
                 out.warn(f"a hang would be told without the ranks' stacks: {exc.one_line()}")
-        if plan.data:  # once, onto the shared filesystem through the login node
+        if plan.data:
             from vmrun.stores.data import place_data
 
             sub.meta["data"] = place_data(self.conn, plan.data, sub.paths.code, out, progress,
                                           plan.store_access)  # fmt: skip
-        job, state = self._submit(sub)
-        ref = self._ref(sub.run_id, {**sub.meta, "job_id": job})
-        if state is not None and state.never_starts:
-            self.cancel_never(ref, job, state, state.never_starts)
-        where = f"{self.cluster.name} as job {job}"
-        queued = state.describe() if state else "queued"
-        out.info(f"run {sub.run_id} submitted to {where} ({queued})")
-        return ref
+        if self.synced and self._on:  # the record, where the job may run (not submitted)
+            self._send(sub, record_only=True)
+
+    def _each_place(self, fn: Callable[[SlurmBackend], None]) -> None:
+        """fn on every node's view at once; the first failure raised, naming its node
+        (the records already written are removed: no run is listed that was not queued)."""
+        failed = {node: exc for node, exc in self._each_node(
+            lambda node, _conn: fn(self._on_node(node))).items() if exc is not None}  # fmt: skip
+        if failed:
+            node, exc = next(iter(failed.items()))
+            if isinstance(exc, VmrunError) and not exc.host:
+                exc.host = node
+            raise exc
 
     def _sync(self, plan: Plan, code: str, out: Reporter, progress: Progress | None) -> None:
         from vmrun.sync.files import project_files
@@ -346,6 +442,25 @@ class SlurmBackend:
                 out.warn(f"{self.cluster.name}: {text}")
 
     def _submit(self, sub: Submission) -> tuple[str, JobState | None]:
+        status, out, err = self._send(sub)
+        if status != 0:
+            if self.synced:  # the other nodes' copies of a record sbatch refused
+                self._forget(sub.paths.record)
+            raise submit_refusal(status, err, self.cluster.name,
+                                 "--partition/--account/--qos/--time")  # fmt: skip
+        values = dict(
+            line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
+        )
+        return values["job"], JobState.parse(values.get("state", ""))
+
+    def _forget(self, record: str) -> None:
+        """The record of a run never queued, off every other node (best effort)."""
+        argv = plain_command(["rm", "-rf", "--", record])
+        self._each_node(lambda node, conn: None if node == self.cluster.name
+                        else conn.capture(argv, what="removing the record"))  # fmt: skip
+
+    def _send(self, sub: Submission, *, record_only: bool = False) -> tuple[int, bytes, str]:
+        """The run's files into its record folder and, unless `record_only`, sbatch."""
         script = sub.script.encode()
         meta = json.dumps(sub.meta, indent=1).encode() + b"\n"
         told = sub.notify_text.encode()
@@ -353,16 +468,14 @@ class SlurmBackend:
         sizes = [str(len(script)), str(len(meta)), str(len(sub.trainer))]
         paths = sub.paths
         argv = [*hostside.command("slurm_submit.sh"), paths.record, *sizes, paths.code,
-                str(len(told)), str(len(sub.patch)), str(len(collector))]  # fmt: skip
+                str(len(told)), str(len(sub.patch)), str(len(collector)),
+                *(["record"] if record_only else [])]  # fmt: skip
         stdin = script + meta + sub.trainer + told + sub.patch + collector + sub.env_text.encode()
-        status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what="sbatch")
-        if status != 0:
-            raise submit_refusal(status, err, self.cluster.name,
-                                 "--partition/--account/--qos/--time")  # fmt: skip
-        values = dict(
-            line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
-        )
-        return values["job"], JobState.parse(values.get("state", ""))
+        what = "the run's record" if record_only else "sbatch"
+        status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what=what)
+        if record_only and status != 0:
+            raise RemoteError(f"writing the run's record failed: {err.strip()}", host=self._on)
+        return status, out, err
 
     def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None:
         self._cancel(ref, grace=0)
@@ -376,15 +489,44 @@ class SlurmBackend:
     # -- finding runs -----------------------------------------------------------------
 
     def runs(self) -> tuple[list[records.SlurmRun], list[BaseException]]:
-        argv = [*hostside.command("slurm_runs.sh"), self.runs_dir]
-        status, out, err = self.conn.capture(plain_command(argv), what="squeue")
-        if status != 0:
-            return [], [RemoteError(f"listing runs failed: {err.strip()}", host=self.cluster.name)]
-        found = records.parse_listing(out.decode(errors="replace"), self.cluster.name)
+        if self.synced:
+            return self._runs_everywhere()
+        text, error = self._listing(self.conn)
+        if error is not None:
+            return [], [error]
+        found = records.parse_listing(text, self.cluster.name)
         for run in found:
             if lines := run.ends_to_record():
                 self._record_ends(run, lines)
         return found, []
+
+    def _listing(self, conn: Connection) -> tuple[str, RemoteError | None]:
+        argv = [*hostside.command("slurm_runs.sh"), self.runs_dir]
+        status, out, err = conn.capture(plain_command(argv), what="squeue")
+        if status != 0:
+            return "", RemoteError(f"listing runs failed: {err.strip()}", host=self.cluster.name)
+        return out.decode(errors="replace"), None
+
+    def _runs_everywhere(self) -> tuple[list[records.SlurmRun], list[BaseException]]:
+        """Every node's listing at once, merged (the login node's first: its queue); a
+        node that does not answer is named, the rest listed."""
+        found = self._each_node(lambda _node, conn: self._listing(conn))
+        listings: list[tuple[str, str]] = []
+        errors: list[BaseException] = []
+        for node in sorted(found, key=lambda n: n != self.cluster.name):
+            value = found[node]
+            error = value if isinstance(value, BaseException) else value[1]
+            if error is not None:
+                if node == self.cluster.name:
+                    return [], [error]
+                errors.append(RemoteError(f"{node}: {_line(error)}", host=self.cluster.name))
+            else:
+                listings.append((node, value[0]))
+        runs = records.parse_listings(listings, self.cluster.name)
+        for run in runs:
+            if lines := run.ends_to_record():
+                self._on_node(run.files_on)._record_ends(run, lines)
+        return runs, errors
 
     def _record_ends(self, run: records.SlurmRun, lines: list[str]) -> None:
         """Keep a script job's ends that squeue shows now and will forget, and tell its end
@@ -420,7 +562,8 @@ class SlurmBackend:
             )
         run = found[-1]
         since = {"since": run.since} if run.since is not None else {}
-        return self._ref(run.id, {**run.meta, "job_id": run.job_id, **since}, run)
+        on = {"files_on": run.files_on} if run.files_on else {}
+        return self._ref(run.id, {**run.meta, "job_id": run.job_id, **since, **on}, run)
 
     def script_ref(self, rid: str, meta: Mapping[str, Any]) -> RunRef:
         return self._ref(rid, meta)
@@ -460,23 +603,27 @@ class SlurmBackend:
 
             patterns = {str(meta.get("output") or ""), str(meta.get("error") or "")}
             logs = tuple(sorted(as_glob(p) for p in patterns if p and not p.startswith("/")))
+        node = str(meta.get("files_on") or self.cluster.name) if self.synced else self.cluster.name
         location = RunLocation(
-            run_id=ref.run_id, host=self.cluster.name, record_dir=str(meta["record_dir"]),
+            run_id=ref.run_id, host=node, record_dir=str(meta["record_dir"]),
             out_dir=str(meta["out_dir"]), since_ns=since, logs=logs,
         )  # fmt: skip
-        return {self.cluster.name: location}
+        return {node: location}
 
     # -- logs -------------------------------------------------------------------------
 
     def files_at(self, ref: RunRef) -> FilesAt:
         """The shared filesystem, through the login node, with the cluster's Python."""
-        name = self.cluster.name
-        return FilesAt(name, self.conn, self.python(), self.outputs(ref)[name], f"-C {name}")
+        name, at = self.cluster.name, self._at(ref)
+        (location,) = self.outputs(ref).values()
+        return FilesAt(at._on or name, at.conn, self.python(), location, f"-C {name}")
 
     def code_dir(self, project: Path) -> str:
         return f"{self.facts().workdir}/{remote_workdir(project)}"
 
     def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
+        if (at := self._at(ref)) is not self:
+            return at.read_log(ref, out, last=last, verbose=verbose)
         if ref.meta.get("batch_script"):
             from vmrun.backends.slurm import own_script
 
@@ -506,15 +653,36 @@ class SlurmBackend:
         if ref.meta.get("batch_script"):
             from vmrun.backends.slurm import own_script
 
-            return own_script.Follower(self, ref, out).run(self.poll, self.unanswered_limit)
+            at = self._at(ref)
+            return own_script.Follower(at, ref, out).run(self.poll, self.unanswered_limit)
         from vmrun.backends.slurm.following import Follower
 
         try:
+            if self.synced:
+                return self._follow_nodes(ref, out, last, verbose)
             return Follower(self, ref, out, verbose, last).run()
         finally:
             for thread in self._telling:  # a requeue's message, still going out
                 thread.join(timeout=60)
             self._telling.clear()
+
+    def _follow_nodes(self, ref: RunRef, out: Reporter, last: int, verbose: bool) -> int:
+        """Without a shared folder the log is on the job's batch node: followed where the
+        run's files are (the login node while it waits), and again on each node the job is
+        placed on (a requeue may move it), its whole log there."""
+        from vmrun.backends.slurm.following import Follower
+
+        at = self._at(ref)
+        for _ in range(MOVES):
+            follower = Follower(at, ref, out, verbose, last)
+            follower.watch(here=True)
+            if not follower.moved:
+                return follower.verdict()
+            node = self._node_named(follower.moved)
+            ref = replace_meta(ref, files_on=node)
+            at, last = self._on_node(node), 0
+        raise RemoteError(f"job {ref.meta.get('job_id')} moved {MOVES} times; stopped following",
+                          host=self.cluster.name)  # fmt: skip
 
     def follow_and_tell(
         self, ref: RunRef, notify: Notify | None, out: Reporter, *, verbose: bool = False
@@ -551,7 +719,7 @@ class SlurmBackend:
         if self.notify:
             from vmrun.notify.tell import tell_end
 
-            tell_end(self.conn, str(ref.meta["record_dir"]), self.notify, out,
+            tell_end(self._at(ref).conn, str(ref.meta["record_dir"]), self.notify, out,
                      run_id=ref.run_id, where=f"cluster {self.cluster.name}", failure=failure,
                      event=event)  # fmt: skip
 
@@ -562,7 +730,7 @@ class SlurmBackend:
         cluster's one outcome (signalled 1: cancelled; 0: it had ended)."""
         began = time.monotonic()
         try:
-            report = self._cancel(ref, grace)
+            report = self._at(ref)._cancel(ref, grace)
         except VmrunError as exc:
             return [Outcome(self.cluster.name, None, exc, time.monotonic() - began)]
         return [Outcome(self.cluster.name, report, None, time.monotonic() - began)]
@@ -590,6 +758,18 @@ class SlurmBackend:
                 code="stop-failed",
             )
         return StopReport(node=self.cluster.name, signalled=1 if before else 0, killed=0)
+
+
+def replace_meta(ref: RunRef, **changes: Any) -> RunRef:
+    """The ref with its record's meta changed (where its files are, found later)."""
+    from dataclasses import replace
+
+    records_ = {n: replace(r, meta={**r.meta, **changes}) for n, r in ref.records.items()}
+    return replace(ref, records=records_)
+
+
+def _line(error: BaseException) -> str:
+    return error.one_line() if isinstance(error, VmrunError) else str(error) or repr(error)
 
 
 def _relative(plan: Plan) -> str:

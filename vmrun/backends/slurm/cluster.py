@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vmrun.backends.slurm.job import word_problem
@@ -14,7 +14,7 @@ from vmrun.config import PROJECT_FILE, Settings
 from vmrun.containers.request import table_of
 from vmrun.errors import ConfigError, UsageError
 from vmrun.ssh.hosts import parse_host
-from vmrun.ssh.inventory import HostEntry
+from vmrun.ssh.inventory import HostEntry, project_hosts
 from vmrun.ssh.quoting import check_env_name
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -40,6 +40,22 @@ class Cluster:
     containers: Mapping[str, Any] = field(default_factory=dict)
     price: float | None = None  # USD per node an hour (`price`), for what a run cost
     nodes: tuple[str, ...] = ()  # the hosts vmrun made it of (`setup --slurm`); else ()
+    # whether `workdir` is one folder every node sees; false (a cluster vmrun made of
+    # `nodes` without one): each run's project is synced to every node, and its files stay
+    # on the node its job ran on, read there over SSH
+    shared: bool = True
+
+    @property
+    def synced(self) -> bool:
+        return not self.shared
+
+    @property
+    def entries(self) -> list[HostEntry]:
+        """What a command opens: the login node; without a shared folder, every other node
+        too (each reached directly, as `setup --slurm` reached it; opened on first use)."""
+        login = parse_host(self.login).label
+        others = [HostEntry(spec=parse_host(n)) for n in self.nodes if self.synced]
+        return [self.entry, *(e for e in others if e.label != login)]
 
     @property
     def entry(self) -> HostEntry:
@@ -51,8 +67,10 @@ def project_clusters(settings: Settings) -> list[Cluster]:
     where = f"{settings.project_dir / PROJECT_FILE}" if settings.project_dir else PROJECT_FILE
     raw = settings.project_data.get("clusters", [])
     clusters: list[Cluster] = []
+    made = any(isinstance(c, dict) and c.get("nodes") for c in raw)
+    hosts = project_hosts(settings) if made else []
     for index, item in enumerate(raw, start=1):
-        cluster = _cluster(index, item, where)
+        cluster = _addressed(_cluster(index, item, where), hosts)
         if any(c.name == cluster.name for c in clusters):
             raise ConfigError(f"cluster {cluster.name!r} appears twice in {where}")
         clusters.append(cluster)
@@ -85,6 +103,8 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
             raise ConfigError(f"{here}: {key} {value!r} {problem}")
         if key.startswith("sbatch_args") and not str(value).startswith("-"):
             raise ConfigError(f"{here}: {key} {value!r} is not an sbatch option (e.g. --exclusive)")
+    if item.get("shared") is False and not item.get("nodes"):
+        raise ConfigError(f"{here}: shared = false needs nodes (the hosts its jobs run on)")
     python = item.get("python")
     if python is not None and _CONTROL.search(python):
         raise ConfigError(f"{here}: python must be a path, got {python!r}")
@@ -102,7 +122,22 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         containers=table_of(item),
         price=item.get("price"),
         nodes=tuple(item.get("nodes", ())),
+        shared=item.get("shared", True),
     )
+
+
+def _addressed(cluster: Cluster, hosts: list[HostEntry]) -> Cluster:
+    """A cluster vmrun made names its hosts as vmrun.toml does (`up`'s `NAME-0`...): each
+    is reached at its recorded address, which changes when a VM starts again."""
+    if not cluster.nodes:
+        return cluster
+
+    def address(word: str) -> str:
+        found = [e for e in hosts if word == e.name]
+        return found[0].spec.label if len(found) == 1 else word
+
+    return replace(cluster, login=address(cluster.login),
+                   nodes=tuple(address(n) for n in cluster.nodes))  # fmt: skip
 
 
 def _words(item: Mapping[str, Any], key: str) -> dict[str, Any]:

@@ -101,6 +101,7 @@ class Follower:
         self.exits: list[list[str]] = []
         self.failure: WorkerFailure | None = None  # torchrun's first failed worker, if said
         self.lost = ""  # seconds without the controller's answer, when vmrun gave up
+        self.moved = ""  # the node the job went to, when its log is there (no shared folder)
 
     def _state(self, rest: str) -> None:
         state = JobState.parse(rest)
@@ -136,6 +137,8 @@ class Follower:
             self.lost = rest.strip()
         elif word == "end":
             self.end = rest.strip()
+        elif word == "moved":
+            self.moved = rest.strip()
         elif word == "failure":
             self.failure = WorkerFailure.parse(rest)
         elif word == "exits":
@@ -146,12 +149,17 @@ class Follower:
         self.stream.feed(data)
 
     def run(self) -> int:
+        self.watch()
+        return self.verdict()
+
+    def watch(self, here: bool = False) -> None:
+        """The job's log and states on this node until it ends; `here` (a cluster without
+        a shared folder): or until it is placed on another node (`moved` names it)."""
         record, poll = str(self.ref.meta["record_dir"]), f"{self.backend.poll:g}"
         limit = f"{self.backend.unanswered_limit:.0f}"
         argv = [*hostside.command("slurm_follow.sh"), record, self.job,
-                str(self.lines), poll, limit]  # fmt: skip
+                str(self.lines), poll, limit, *(["1"] if here else [])]  # fmt: skip
         run_follower(self.backend, self.ref, self.job, argv, self._output, self.stream)
-        return self.verdict()
 
     def verdict(self) -> int:
         rid, cluster = self.ref.run_id, self.backend.cluster.name

@@ -9,7 +9,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,7 @@ class SlurmRun:
     since: float | None = None
     ends_recorded: bool = False
     versions: Mapping[str, Any] | None = None  # versions.json (hostside/run_provenance.py)
+    files_on: str = ""  # the node its files are on (a cluster without a shared folder)
     failure: WorkerFailure | None = None  # failure.json: torchrun's first failed worker
     store: None = None  # a cluster's runs are not copied to a bucket (`train --store`: hosts)
     # --recover: the job's own recoveries (slurm_recover.bash's `recoveries`), the last
@@ -256,7 +257,63 @@ def _int(text: str) -> int | None:
 
 def parse_listing(text: str, cluster: str) -> list[SlurmRun]:
     """slurm_runs.sh's output as runs, oldest first."""
-    sections = _sections(text)
+    return _parse(_sections(text), cluster)
+
+
+def parse_listings(listings: Sequence[tuple[str, str]], cluster: str) -> list[SlurmRun]:
+    """Every node's listing of a cluster without a shared folder (the login node's first:
+    its queue, and the job id only its record has) as one. Each run's files are taken from
+    the node its job started on last (the newest `starts`), where its log and outputs are;
+    what that node lacks, from the first node that has it; `files_on` names that node."""
+    per_node = [(node, _sections(text)) for node, text in listings]
+    merged: dict[str, list[str]] = {}
+    for _, sections in reversed(per_node):  # the first node's wins where none is the live one
+        merged.update(sections)
+    live = _live_nodes(per_node)
+    owner = _metrics_owners(merged)
+    for node, sections in per_node:
+        for path, lines in sections.items():
+            rid = owner.get(path) or path.partition("/")[0]
+            if live.get(rid) == node:
+                merged[path] = lines
+    runs = _parse(merged, cluster)
+    for run in runs:
+        run.files_on = live.get(run.id, "")
+    return runs
+
+
+def _live_nodes(per_node: Sequence[tuple[str, Mapping[str, list[str]]]]) -> dict[str, str]:
+    """Each run's node whose `starts` has the newest start (ties: the first such node)."""
+    newest: dict[str, tuple[float, str]] = {}
+    for node, sections in per_node:
+        for path, lines in sections.items():
+            rid, _, name = path.partition("/")
+            words = lines[-1].split() if name == "starts" and lines else []
+            when = _float(words[1]) if len(words) > 1 else None
+            if when is not None and (rid not in newest or when > newest[rid][0]):
+                newest[rid] = (when, node)
+    return {rid: node for rid, (_, node) in newest.items()}
+
+
+def _metrics_owners(sections: Mapping[str, list[str]]) -> dict[str, str]:
+    """A run's metrics file (an absolute path its run.json names) -> the run's id."""
+    owners = {}
+    for path, lines in sections.items():
+        rid, _, name = path.partition("/")
+        if name == "run.json":
+            with contextlib.suppress(ValueError, AttributeError):
+                owners[str(json.loads("\n".join(lines)).get("metrics"))] = rid
+    return owners
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _parse(sections: dict[str, list[str]], cluster: str) -> list[SlurmRun]:
     queue = _queue(sections.pop("squeue", []))
     accounted = _accounted(sections.pop("sacct", []))
     runs = _runs(sections, cluster)

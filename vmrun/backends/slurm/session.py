@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from vmrun.backends.slurm.backend import SlurmBackend
-from vmrun.backends.slurm.cluster import find_cluster
+from vmrun.backends.slurm.cluster import Cluster, find_cluster
 from vmrun.backends.slurm.job import JobSpec
 from vmrun.config import Settings
 from vmrun.ssh.group import Group
@@ -18,6 +18,13 @@ def cluster_backend(
     settings: Settings, name: str, spec: JobSpec | None = None
 ) -> Iterator[SlurmBackend]:
     cluster = find_cluster(settings, name)
-    entry = cluster.entry
-    with Group([entry], settings) as group:
-        yield SlurmBackend(group.connections[entry.label], cluster, spec)
+    with Group(cluster.entries, settings) as group:
+        yield backend_in(group, cluster, spec)
+
+
+def backend_in(group: Group, cluster: Cluster, spec: JobSpec | None = None) -> SlurmBackend:
+    """The cluster's backend over the group's connections (its `entries`): the login node,
+    and every node by label where the cluster has no shared folder."""
+    conns = group.connections
+    nodes = {e.label: conns[e.label] for e in cluster.entries} if cluster.synced else {}
+    return SlurmBackend(conns[cluster.entry.label], cluster, spec, nodes=nodes)
