@@ -45,6 +45,7 @@ class Request:
     creator: str = ""
     user: str = ""  # the image's login user when vmrun cannot know it (a custom AMI)
     store: str = ""  # s3://BUCKET/PREFIX: the VMs get a role that reaches that prefix alone
+    public_key: str = ""  # the user's, for a cloud that takes it apart from user data
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class Instance:
     spot: bool = False
     index: int = 0  # its place in the cluster (0: the first node)
     image_id: str = ""  # what it booted: a replacement boots the same, not a newer release
+    ssh_port: int = 22  # where its sshd answers (UCloud: a port of its gateway)
+    login_user: str = ""  # the user its SSH line names, where the cloud says one
 
 
 @dataclass(frozen=True)

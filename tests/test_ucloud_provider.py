@@ -1,0 +1,95 @@
+"""vmrun.providers.ucloud.provider against the UCloud STAND-IN (tests/testbed/ucloud.py) as
+its transport (quick tier): VMs as jobs that queue before they run, their SSH line, the
+user's key registered once, tokens that expire mid-`up`, UCloud's refusals, a job that never
+announces SSH (terminated, refused), describe / stop / start / terminate by label."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from testbed.ucloud import API_TOKEN, REFRESH, FakeUCloud
+
+from vmrun.errors import CloudError, UsageError
+from vmrun.providers.api import Request
+from vmrun.providers.ucloud.provider import UCloudProvider
+from vmrun.providers.ucloud.session import Session
+from vmrun.reporting import Recorder
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9k0test user@laptop"
+
+
+def provider(fake: FakeUCloud, token: str = REFRESH, **kw: float) -> UCloudProvider:
+    session = Session(token, url="http://ucloud.test", project="p-lab", transport=fake)
+    return UCloudProvider(session, poll=0.0, **kw)  # type: ignore[arg-type]
+
+
+def request(count: int = 2, **kw: object) -> Request:
+    return Request(cluster="uc", instance_type="u1-standard-2", count=count, public_key=KEY,
+                   creator="me@laptop", **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_up_makes_a_job_per_node_waits_through_the_queue_and_reads_each_ssh_line() -> None:
+    fake = FakeUCloud(queue_polls=2, boot=lambda job: (f"130.225.0.{job['id'][-1]}", 2200))
+    cloud = provider(fake)
+    out = Recorder()
+    offer = cloud.offer(request())
+    assert (offer.region, offer.image_id, offer.user) == ("ucloud", "vm-ubuntu/24.04", "ucloud")
+    made = cloud.launch(request(), offer, out)
+    assert [(i.index, i.state, i.ssh_port) for i in made] == [(0, "running", 2200),
+                                                               (1, "running", 2200)]  # fmt: skip
+    assert made[0].public_addr.startswith("130.225.0.") and made[0].login_user == "ucloud"
+    assert sum("is queued at UCloud" in line for line in out.lines) == 2, out.lines
+    specs = [job["specification"] for job in fake.jobs.values()]
+    assert [s["name"] for s in specs] == ["uc-0", "uc-1"]
+    assert specs[0]["labels"]["vmrun-cluster"] == "uc" and specs[0]["sshEnabled"] is True
+    assert [k["specification"]["key"] for k in fake.keys] == [KEY]  # registered once
+    other = cloud.launch(replace(request(count=1), cluster="uc2"), offer, Recorder())
+    assert len(fake.keys) == 1  # found again by its text, not added twice
+    assert set(fake.projects) == {"p-lab"}
+    # found by label, stopped (suspended), started (a new SSH line), terminated
+    assert [i.id for i in cloud.describe("uc", "")] == [i.id for i in made]
+    cloud.stop("uc", "")
+    assert [i.state for i in cloud.describe("uc", "", ("stopped",))] == ["stopped"] * 2
+    again = cloud.start("uc", "", Recorder())
+    assert len(again) == 2 and all(i.state == "running" for i in again)
+    gone = cloud.terminate("uc", "")
+    assert len(gone.instances) == 2 and gone.left == [] and fake.live() == [other[0].id]
+
+
+def test_access_tokens_that_expire_mid_up_are_refreshed_and_an_api_token_is_used_as_is() -> None:
+    fake = FakeUCloud(access_ttl=0.0)  # every access token has expired when it is used
+    with pytest.raises(CloudError) as refused:
+        provider(fake).launch(request(count=1), provider(fake).offer(request()), Recorder())
+    assert refused.value.code == "cloud-credentials"  # refreshed once per call, still 403
+    live = FakeUCloud(access_ttl=0.3)
+    cloud = provider(live)
+    cloud.launch(request(count=1), cloud.offer(request()), Recorder())
+    assert live.refreshed >= 1 and live.live()
+    api = FakeUCloud()
+    by_token = provider(api, token=API_TOKEN)
+    by_token.launch(request(count=1), by_token.offer(request()), Recorder())
+    assert api.refreshed == 0 and ("POST", "/auth/refresh") not in api.calls
+
+
+def test_a_job_that_never_says_where_ssh_is_is_terminated_and_refused_in_one_line() -> None:
+    fake = FakeUCloud(announce_ssh=False)
+    cloud = provider(fake, ssh_timeout=0.2)
+    with pytest.raises(CloudError) as never:
+        cloud.launch(request(), cloud.offer(request()), Recorder())
+    assert never.value.code == "cloud-ssh-never-up" and "ssh ucloud@" in never.value.one_line()
+    assert fake.live() == []  # both jobs terminated
+
+
+def test_ucloud_s_refusals_and_an_unknown_type_are_one_line_and_leave_nothing() -> None:
+    fake = FakeUCloud()
+    cloud = provider(fake)
+    with pytest.raises(UsageError) as unknown:
+        cloud.offer(Request(cluster="uc", instance_type="u9-huge"))
+    assert unknown.value.code == "cloud-type-not-offered" and "u1-standard-2" in unknown.value.hint
+    fake.refuse("/api/jobs", 400, "Not enough credits in the project")
+    fake.jobs.clear()
+    with pytest.raises(CloudError) as refused:
+        cloud.launch(request(), cloud.offer(request()), Recorder())
+    assert "400 Not enough credits in the project" in refused.value.one_line()
+    assert fake.live() == []

@@ -1,0 +1,269 @@
+"""STAND-IN for UCloud's API (cloud.sdu.dk): UCloud cannot be reached from here and has no
+official fake, so this serves the calls vmrun makes, in the shapes of UCloud's own source
+(SDU-eScience/UCloud: shared/pkg/orchestrators/jobs.go and ssh.go, shared/pkg/accounting/
+products.go, core2/pkg/foundation/auth_tokens.go, shared/pkg/util/http.go).
+
+- tokens: refresh tokens exchanged at POST /auth/refresh (the refresh token as the bearer)
+  for access tokens that expire after `access_ttl` seconds; an expired or unknown bearer
+  is a guest, answered 403 `{"statusCode": 403, "why": "Forbidden"}` as UCloud does;
+  personal API tokens (`uc...`) are bearers themselves;
+- jobs: created IN_QUEUE, RUNNING after `queue_polls` reads, then (unless `announce_ssh`
+  is off) an update `SSH: Connected! Available at: ssh ucloud@HOST -p PORT`, HOST and PORT
+  from `boot(job)` (a test host, where the e2e tests map VMs); suspend, unsuspend,
+  terminate (SUCCESS); browse with labels; retrieveProducts with VM support and prices;
+- SSH keys: /api/ssh (the e2e tests' `boot` installs them in the test host);
+- a refusal queued with `refuse(path, status, why)`: UCloud's error body.
+
+`FakeUCloud` is a transport (vmrun.providers.ucloud.session.Transport) for quick tests, and
+`serve()` puts it on a loopback port (a real HTTP server) for the CLI.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+REFRESH = "refresh.token.of-the-test-user"
+API_TOKEN = "uc7-testsecret"
+PRODUCTS = [  # (provider, category, name, gpus, price in millionths of DKK a minute)
+    ("ucloud", "u1-standard", "u1-standard-2", 0, 35_000),
+    ("ucloud", "u1-standard", "u1-standard-8", 0, 140_000),
+    ("aau", "uc-t4", "uc-t4-1", 1, 250_000),
+]
+
+
+class FakeUCloud:
+    def __init__(
+        self,
+        *,
+        access_ttl: float = 600.0,
+        queue_polls: int = 1,
+        announce_ssh: bool = True,
+        boot: Callable[[dict[str, Any]], tuple[str, int]] | None = None,
+    ) -> None:
+        self.access_ttl = access_ttl
+        self.queue_polls = queue_polls
+        self.announce_ssh = announce_ssh
+        self.boot = boot or (lambda job: (f"10.99.0.{int(job['id']) % 250}", 22))
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.keys: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, str]] = []  # (method, path)
+        self.projects: list[str] = []  # the Project header of each authenticated call
+        self.refreshed = 0
+        self._access: dict[str, float] = {}
+        self._refusals: dict[str, list[tuple[int, str]]] = {}
+        self._ids = itertools.count(48920)
+        self._lock = threading.RLock()
+
+    # -- test controls --------------------------------------------------------------------
+
+    def refuse(self, path: str, status: int, why: str) -> None:
+        """The next call to `path` is refused with UCloud's error body."""
+        self._refusals.setdefault(path, []).append((status, why))
+
+    def live(self) -> list[str]:
+        return [j for j, job in self.jobs.items() if job["status"]["state"] not in
+                ("SUCCESS", "FAILURE", "EXPIRED")]  # fmt: skip
+
+    # -- the transport --------------------------------------------------------------------
+
+    def __call__(self, method: str, url: str, headers: Mapping[str, str],
+                 body: bytes | None) -> tuple[int, bytes]:  # fmt: skip
+        parts = urllib.parse.urlsplit(url)
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        data = json.loads(body) if body else None
+        status, answer = self.handle(method, parts.path, query, headers, data)
+        return status, json.dumps(answer).encode()
+
+    def handle(self, method: str, path: str, query: Mapping[str, str],
+               headers: Mapping[str, str], body: Any) -> tuple[int, Any]:  # fmt: skip
+        with self._lock:
+            self.calls.append((method, path))
+            bearer = headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if path == "/auth/refresh" and method == "POST":
+                if bearer != REFRESH:
+                    return _error(401, "Unauthorized")
+                token = f"access-{next(self._ids)}"
+                self._access[token] = time.monotonic() + self.access_ttl
+                self.refreshed += 1
+                return 200, {"accessToken": token, "csrfToken": "csrf"}
+            if not (bearer == API_TOKEN or self._access.get(bearer, 0) > time.monotonic()):
+                return _error(403, "Forbidden")
+            self.projects.append(headers.get("Project", ""))
+            if self._refusals.get(path):
+                return _error(*self._refusals[path].pop(0))
+            route = _ROUTES.get((method, path))
+            if route is None:
+                return 404, "404 page not found"
+            return route(self, query, body)
+
+    # -- the API --------------------------------------------------------------------------
+
+    def _products(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        by: dict[str, list[Any]] = {}
+        for provider, category, name, gpus, price in PRODUCTS:
+            product = {
+                "type": "compute", "name": name, "productType": "COMPUTE", "price": price,
+                "cpu": 2, "memoryInGigs": 8, "gpu": gpus,
+                "category": {"name": category, "provider": provider, "productType": "COMPUTE",
+                             "accountingUnit": {"name": "DKK", "floatingPoint": True},
+                             "accountingFrequency": "PERIODIC_MINUTE", "freeToUse": False},
+            }  # fmt: skip
+            support = {"product": {"id": name, "category": category, "provider": provider},
+                       "virtualMachine": {"enabled": True}}  # fmt: skip
+            by.setdefault(provider, []).append({"product": product, "support": support})
+        return 200, {"productsByProvider": by}
+
+    def _create(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        responses = []
+        for spec in body.get("items", []):
+            known = {(p[0], p[2]) for p in PRODUCTS}
+            product = spec.get("product") or {}
+            if (product.get("provider"), product.get("id")) not in known:
+                return _error(400, "invalid product requested")
+            if (spec.get("application") or {}).get("name") != "vm-ubuntu":
+                return _error(400, "unknown application requested")
+            job_id = str(next(self._ids))
+            now = int(time.time() * 1000)
+            self.jobs[job_id] = {
+                "id": job_id, "createdAt": now, "owner": {"createdBy": "user", "project": None},
+                "specification": spec, "reads": 0,
+                "status": {"state": "IN_QUEUE", "startedAt": None},
+                "updates": [{"state": "IN_QUEUE", "status": "Your job is now in the queue",
+                             "timestamp": now}],
+            }  # fmt: skip
+            responses.append({"id": job_id})
+        return 200, {"responses": responses}
+
+    def _advance(self, job: dict[str, Any]) -> None:
+        """A read moves a queued job on: RUNNING after `queue_polls` reads, then its SSH line."""
+        job["reads"] += 1
+        if job["status"]["state"] == "IN_QUEUE" and job["reads"] > self.queue_polls:
+            self._run(job)
+
+    def _run(self, job: dict[str, Any]) -> None:
+        now = int(time.time() * 1000)
+        job["status"]["state"] = "RUNNING"
+        job["updates"].append({"state": "RUNNING", "status": "Your job is now running!",
+                               "timestamp": now})  # fmt: skip
+        if self.announce_ssh:
+            host, port = self.boot(job)
+            job["updates"].append({"status": "SSH: Connected! Available at:"
+                                   f" ssh ucloud@{host} -p {port}", "timestamp": now})  # fmt: skip
+
+    def _view(self, job: dict[str, Any], query: Mapping[str, str]) -> dict[str, Any]:
+        shown = {k: v for k, v in job.items() if k != "reads"}
+        if query.get("includeUpdates") != "true":
+            shown["updates"] = []
+        return shown
+
+    def _retrieve(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        job = self.jobs.get(query.get("id", ""))
+        if job is None:
+            return _error(404, "not found")
+        self._advance(job)
+        return 200, self._view(job, query)
+
+    def _browse(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        for job in self.jobs.values():
+            self._advance(job)
+        items = [self._view(j, query) for j in self.jobs.values()]
+        return 200, {"items": items, "next": None, "itemsPerPage": 250}
+
+    def _each(self, body: Any, change: Callable[[dict[str, Any]], None]) -> tuple[int, Any]:
+        for item in body.get("items", []):
+            job = self.jobs.get(str(item.get("id")))
+            if job is None:
+                return _error(404, "not found")
+            change(job)
+        return 200, {"responses": [{} for _ in body.get("items", [])]}
+
+    def _set(self, job: dict[str, Any], state: str, text: str) -> None:
+        job["status"]["state"] = state
+        job["updates"].append({"state": state, "status": text,
+                               "timestamp": int(time.time() * 1000)})  # fmt: skip
+
+    def _terminate(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return self._each(body, lambda j: self._set(j, "SUCCESS", "Your job has been cancelled"))
+
+    def _suspend(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return self._each(body, lambda j: self._set(j, "SUSPENDED", "Your job was suspended"))
+
+    def _unsuspend(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return self._each(body, self._run)
+
+    def _ssh_browse(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, {"items": list(self.keys), "next": None, "itemsPerPage": 250}
+
+    def _ssh_create(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        ids = []
+        for item in body.get("items", []):
+            key_id = str(next(self._ids))
+            self.keys.append({"id": key_id, "specification": dict(item)})
+            ids.append({"id": key_id})
+        return 200, {"responses": ids}
+
+    # -- over HTTP ------------------------------------------------------------------------
+
+    def serve(self, host: str = "127.0.0.1") -> Served:
+        return Served(self, host)
+
+
+_ROUTES: dict[tuple[str, str], Callable[[FakeUCloud, Mapping[str, str], Any], tuple[int, Any]]] = {
+    ("GET", "/api/jobs/retrieveProducts"): FakeUCloud._products,
+    ("POST", "/api/jobs"): FakeUCloud._create,
+    ("GET", "/api/jobs/retrieve"): FakeUCloud._retrieve,
+    ("GET", "/api/jobs/browse"): FakeUCloud._browse,
+    ("POST", "/api/jobs/terminate"): FakeUCloud._terminate,
+    ("POST", "/api/jobs/suspend"): FakeUCloud._suspend,
+    ("POST", "/api/jobs/unsuspend"): FakeUCloud._unsuspend,
+    ("GET", "/api/ssh/browse"): FakeUCloud._ssh_browse,
+    ("POST", "/api/ssh"): FakeUCloud._ssh_create,
+}
+
+
+def _error(status: int, why: str) -> tuple[int, Any]:
+    return status, {"statusCode": status, "why": why, "errorCode": "", "detailedCode": 0}
+
+
+class Served:
+    """The fake on a loopback port (plain HTTP), until closed: `url` for VMRUN_UCLOUD_URL."""
+
+    def __init__(self, fake: FakeUCloud, host: str) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def _do(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else None
+                status, answer = fake(self.command, self.path, dict(self.headers), raw)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            do_GET = do_POST = do_DELETE = _do
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
