@@ -24,7 +24,12 @@ from typing import Any
 import pytest
 from conftest import Client, _client, error_in, slow_fixture, wait_for
 from testbed import ClientKeys, NetnsBed
-from testbed.services import add_service_host, private_dir, skip_reason_no_service_hosts
+from testbed.services import (
+    add_service_host,
+    private_dir,
+    skip_reason_no_accounting,
+    skip_reason_no_service_hosts,
+)
 
 from vmrun.config import tomllib
 
@@ -56,14 +61,15 @@ class Lab:
         return dict(ln.split(maxsplit=1) for ln in proc.stdout.splitlines() if " " in ln)
 
     def daemons(self, name: str) -> dict[str, int]:
-        """munged, slurmctld, slurmd running in host `name`: executable name -> pid."""
+        """munged, slurmctld, slurmd (slurmdbd, mariadbd) running in host `name`:
+        executable name -> pid."""
         found = {}
         for pid in self.host(name).pids():
             try:
                 exe = os.path.basename(os.readlink(f"/proc/{pid}/exe")).removesuffix("-wlm")
             except OSError:
                 continue
-            if exe in ("munged", "slurmctld", "slurmd"):
+            if exe in ("munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd"):
                 found[exe] = pid
         return found
 
@@ -317,13 +323,16 @@ SOLO = "solo"
 
 @pytest.fixture(scope="module")
 def solo(lab: Lab, tmp_path_factory: pytest.TempPathFactory, host_python: Path) -> Iterator[Any]:
-    """Cluster solo of two more hosts, q5 (its controller) and q6, made without --shared:
-    each has its own home, and nothing else is shared."""
-    for name in ("q5", "q6"):
-        add_service_host(lab.bed, name)
+    """Cluster solo of two more hosts, q5 (its controller, with accounting: slurmdbd and
+    MariaDB) and q6, made without --shared: each has its own home, nothing else is shared."""
+    if reason := skip_reason_no_accounting():
+        pytest.skip(reason)
+    add_service_host(lab.bed, "q5", database=True)
+    add_service_host(lab.bed, "q6")
     client = _knows(lab, _client(tmp_path_factory.mktemp("solo-maker")))
-    done = client.vmrun("setup", "-H", "q5", "-H", "q6", "--slurm", SOLO, "--env-manager",
-                        "python", "--python", str(host_python), timeout=180)  # fmt: skip
+    done = client.vmrun("setup", "-H", "q5", "-H", "q6", "--slurm", SOLO, "--slurmdbd",
+                        "--env-manager", "python", "--python", str(host_python),
+                        timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     yield done, (client.cwd / "vmrun.toml").read_text()
     q5 = lab.host("q5")
@@ -337,13 +346,16 @@ def test_without_a_shared_folder_each_node_gets_the_project_and_a_run_is_read_wh
 ) -> None:
     """No shared folder: `train -C` syncs the project to both nodes (2 nodes x 2 ranks, each
     in its own home); a run placed on q6 (q5 kept busy) is followed there, and `status`,
-    `logs` and `fetch` read it on q6; then the cluster is removed."""
+    `logs` and `fetch` read it on q6; a 2-point sweep; sacct (slurmdbd on q5) keeps every
+    job; a second run changes nothing; then the cluster is removed, MariaDB stopped again."""
     made, toml = solo
-    assert "no shared folder" in made.stdout, made.stdout
+    assert "no shared folder" in made.stdout and "accounting: slurmdbd on q5" in made.stdout
+    assert {"slurmdbd", "mariadbd"} <= set(lab.daemons("q5")), lab.daemons("q5")
     _knows(lab, client)
     (client.cwd / "vmrun.toml").write_text(toml)
     recorded = _recorded_as(client, SOLO)
     assert recorded["shared"] is False and recorded["workdir"] == "~", recorded
+    assert recorded["accounting"] is True
     (client.cwd / "train.py").write_text(TRAIN)
     done = client.vmrun("train", "-C", SOLO, "train.py", "--nodes", "2", "--nproc-per-node", "2",
                         timeout=300)  # fmt: skip
@@ -374,7 +386,17 @@ def test_without_a_shared_folder_each_node_gets_the_project_and_a_run_is_read_wh
     log = f"/root/.vmrun/runs/{rid}/job.log"  # each host's own /root
     assert [lab.host(h).run(["test", "-e", log], check=False).returncode
             for h in ("q5", "q6")] == [1, 0]  # fmt: skip
-    # a sweep of 2 points, a whole node each: one on each node, each fetched from its own
+
+
+def test_without_a_shared_folder_a_sweep_runs_on_both_and_accounting_keeps_every_job(
+    lab: Lab, solo: Any, client: Client, host_python: Path
+) -> None:
+    """A 2-point sweep, a whole node each: one point on each node, each fetched from its
+    own; sacct (slurmdbd on q5) keeps every job; a second `setup --slurm` changes nothing;
+    `--slurm-remove` drops the database and stops the MariaDB it started."""
+    _knows(lab, client)
+    (client.cwd / "vmrun.toml").write_text(solo[1])
+    q5 = lab.host("q5")
     swept = client.vmrun("sweep", "-C", SOLO, "--lr", "0.1,0.05", "--epochs", "1",
                          "--cpus-per-task", "2", timeout=300)  # fmt: skip
     assert swept.returncode == 0, swept.stdout + swept.stderr
@@ -384,8 +406,30 @@ def test_without_a_shared_folder_each_node_gets_the_project_and_a_run_is_read_wh
     rows = json.loads(report.read_text())
     assert len(rows) == 2 and all((client.cwd / "results" / r["run"] / "finalmodel.pt").is_file()
                                   for r in rows), rows  # fmt: skip
+    # a detached run: `logs` reads it where it runs, `stop` cancels it there
+    (client.cwd / "tick.py").write_text(
+        "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
+    )
+    detached = client.vmrun("train", "-C", SOLO, "tick.py", "--detach", timeout=120)
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    rid, job = re.search(r"run (\S+) submitted to solo as job (\d+)", detached.stderr).groups()  # type: ignore[union-attr]
+    wait_for(lambda: "tick 3" in client.vmrun("logs", rid, "-C", SOLO).stdout, 60,
+             "the detached run's lines in `vmrun logs`")  # fmt: skip
+    stopped = client.vmrun("stop", rid, "-C", SOLO)
+    assert f"job {job} cancelled; no step left" in stopped.stdout, stopped.stdout + stopped.stderr
+    # accounting kept every job (sacct answers from slurmdbd's database)
+    accounted = q5.run(["sacct", "-n", "-X", "-P", "-a", "-o", "JobID,State"], text=True).stdout
+    states = dict(line.split("|", 1) for line in accounted.splitlines() if "|" in line)
+    assert list(states.values()).count("COMPLETED") >= 2, accounted  # the sweep's 2 points
+    assert states[job].startswith("CANCELLED"), accounted
+    pids = (lab.daemons("q5"), lab.daemons("q6"))
+    again = client.vmrun("setup", "-H", "q5", "-H", "q6", "--slurm", SOLO, "--env-manager",
+                         "python", "--python", str(host_python), timeout=180)  # fmt: skip
+    assert again.returncode == 0 and "nothing changed" in again.stdout, again.stdout + again.stderr
+    assert (lab.daemons("q5"), lab.daemons("q6")) == pids
     gone = client.vmrun("setup", "--slurm", SOLO, "--slurm-remove")
     assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert "removed database slurm_acct_solo" in gone.stdout, gone.stdout
     assert lab.daemons("q5") == lab.daemons("q6") == {}
 
 

@@ -16,6 +16,7 @@ from vmrun.queue.conf import (
     parse_facts,
     plan,
     slurm_conf,
+    slurmdbd_conf,
 )
 from vmrun.queue.making import fitness
 
@@ -175,3 +176,23 @@ def test_an_old_distributions_slurm_folder_is_refused() -> None:
     text += "conf_dir=/etc/slurm-llnl\n"
     said = fitness(parse_facts(text, "n1"), "lab", False)
     assert "/etc/slurm-llnl" in said, said
+
+
+def test_accounting_is_slurmdbd_on_the_controller_with_no_password_from_here() -> None:
+    """--slurmdbd: slurm.conf sends accounting to slurmdbd on the controller and gathers
+    jobs' use; slurmdbd.conf names the cluster's database and user and leaves the password
+    to the controller (it never travels); the controller, and only it, needs the packages."""
+    nodes = [facts("gpu1", "10.0.0.5"), facts("gpu2", "10.0.0.6")]
+    p = plan("lab-2", nodes[0], nodes, accounting=True)  # type: ignore[arg-type]
+    conf = slurm_conf(p)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
+    assert "AccountingStorageHost=gpu1" in conf and "JobAcctGatherType=jobacct_gather/linux" in conf
+    dbd = slurmdbd_conf(p)
+    assert dbd.startswith("# vmrun-cluster: lab-2\n") and "DbdHost=gpu1" in dbd
+    assert "StorageLoc=slurm_acct_lab_2" in dbd and "StorageUser=slurm_lab_2" in dbd
+    assert "StoragePass" not in dbd and "SlurmUser=slurm" in dbd
+    assert "accounting_storage/none" in slurm_conf(plan("lab", nodes[0], nodes))  # type: ignore[arg-type]
+    bare = facts("n1", "10.0.0.1", apt="0")
+    assert "packages slurmdbd mariadb-server are missing" in fitness(
+        bare, "lab", True, accounting=True)  # type: ignore[arg-type]  # fmt: skip
+    assert fitness(bare, "lab", False, accounting=True) == ""  # type: ignore[arg-type]

@@ -307,6 +307,7 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "nodes": (_is_str_list, "a list of hosts"),
     # false: no folder every node sees; each run's project is synced to every node
     "shared": (lambda v: isinstance(v, bool), "true or false"),
+    "accounting": (lambda v: isinstance(v, bool), "true or false"),  # slurmdbd (setup --slurm)
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS
@@ -324,7 +325,7 @@ def _is_cidr(value: Any) -> bool:
         return False
 
 
-CLOUDS = ("aws",)  # the providers vmrun.providers builds
+CLOUDS = ("aws", "ucloud")  # the providers vmrun.providers builds
 _BOOL = (kinds.accepts(kinds.boolean), "true or false")
 # What a cloud cluster in vmrun.toml may say (`[[clouds]]`, as `vmrun up` writes and reads
 # it: the flags of `vmrun up NAME`; read by vmrun.operations.cloud and `vmrun clusters`).

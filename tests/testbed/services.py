@@ -26,11 +26,13 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 from .netns import NetnsBed
 from .testhost import TestHost
 
+DATABASE = "/var/lib/mysql"  # MariaDB's data, a host's own where it runs one (slurmdbd)
 PRIVATE = ("/run", "/etc/slurm", "/etc/munge", "/var/lib/slurm", "/var/log/slurm",
            "/var/lib/munge", "/var/log/munge")  # fmt: skip
 STANDIN = Path(__file__).with_name("systemctl_standin.sh")
@@ -66,10 +68,33 @@ def private_dir(bed: NetnsBed, name: str, target: str) -> Path:
     return system_dir(bed, name) / target.strip("/").replace("/", "_")
 
 
-def add_service_host(bed: NetnsBed, name: str, **kwargs: object) -> TestHost:
-    """A host reached as root, with its own system folders and the systemctl stand-in."""
-    mounts = [(private_dir(bed, name, target), target) for target in PRIVATE]
+def skip_reason_no_accounting() -> str | None:
+    """Why a service host cannot run slurmdbd and MariaDB here, or None."""
+    for path in ("/usr/sbin/slurmdbd", "/usr/sbin/mariadbd", "/usr/bin/mariadb-install-db",
+                 DATABASE):  # fmt: skip
+        if not os.path.exists(path):
+            return f"accounting needs {path} (apt-get install slurmdbd mariadb-server)"
+    return None
+
+
+def add_service_host(
+    bed: NetnsBed, name: str, *, database: bool = False, **kwargs: object
+) -> TestHost:
+    """A host reached as root, with its own system folders and the systemctl stand-in;
+    `database`: its own MariaDB data folder too, made as the package's install makes it."""
+    targets = (*PRIVATE, DATABASE) if database else PRIVATE
+    mounts = [(private_dir(bed, name, target), target) for target in targets]
     fresh_system(bed, name)
+    if database:
+        data = private_dir(bed, name, DATABASE)
+        data.mkdir(parents=True, exist_ok=True)
+        made = subprocess.run(
+            ["mariadb-install-db", "--user=mysql", f"--datadir={data}", "--skip-test-db",
+             "--auth-root-authentication-method=socket"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if made.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db for {name}: {made.stderr[-400:]}")
     standin = system_dir(bed, name) / "systemctl"
     shutil.copyfile(STANDIN, standin)
     standin.chmod(0o755)

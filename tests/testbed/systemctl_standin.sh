@@ -2,8 +2,9 @@
 # STAND-IN for systemctl on a test host (tests/testbed/services.py): no init system runs in
 # a network namespace, so this starts, stops and reports the units `vmrun setup --slurm`
 # uses, with the argv and user of their Debian unit files (munge.service, slurmctld.service,
-# slurmd.service), each in the background with its pid in a file, and stops each by that
-# pid. Anything else is refused (exit 1), so an unexpected call shows in a test.
+# slurmd.service, slurmdbd.service, mariadb.service), each in the background with its pid in
+# a file, and stops each by that pid. Anything else is refused (exit 1), so an unexpected
+# call shows in a test.
 set -u
 dir=/run/vmrun-standin
 mkdir -p "$dir"
@@ -13,6 +14,8 @@ unit_argv() {  # the unit's ExecStart, run in the foreground (Type=simple, or mu
     munge) echo "/usr/bin/setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged --foreground" ;;
     slurmctld) echo "/usr/sbin/slurmctld -D -s" ;;
     slurmd) echo "/usr/sbin/slurmd -D -s" ;;
+    slurmdbd) echo "/usr/sbin/slurmdbd -D -s" ;;
+    mariadb) echo "/usr/bin/setpriv --reuid=mysql --regid=mysql --init-groups /usr/sbin/mariadbd" ;;
     *) return 1 ;;
   esac
 }
@@ -26,14 +29,20 @@ start() {
   if [ "$1" = munge ]; then  # RuntimeDirectory=munge
     install -d -o munge -g munge -m 0755 /run/munge
   fi
+  if [ "$1" = mariadb ]; then  # its ExecStartPre
+    install -d -o mysql -g root -m 0755 /run/mysqld
+  fi
   # shellcheck disable=SC2086  # the unit's argv, a word each
   setsid $argv >>"$dir/$1.log" 2>&1 </dev/null &
   echo $! >"$dir/$1.pid"
-  if [ "$1" = munge ]; then  # Type=forking: start returns once munged answers
-    i=0
-    while [ $i -lt 100 ] && ! [ -S /run/munge/munge.socket.2 ]; do sleep 0.05; i=$((i + 1)); done
-    [ -S /run/munge/munge.socket.2 ] || { echo "STAND-IN systemctl: munged did not start" >&2; return 1; }
-  fi
+  case $1 in  # Type=forking (munged), Type=notify (mariadbd): start returns once it answers
+    munge) socket=/run/munge/munge.socket.2 ;;
+    mariadb) socket=/run/mysqld/mysqld.sock ;;
+    *) return 0 ;;
+  esac
+  i=0
+  while [ $i -lt 300 ] && ! [ -S "$socket" ]; do sleep 0.05; i=$((i + 1)); done
+  [ -S "$socket" ] || { echo "STAND-IN systemctl: $1 did not start" >&2; return 1; }
 }
 
 stop() {

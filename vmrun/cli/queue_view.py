@@ -42,6 +42,9 @@ def render_made(made: Made, recorded_in: object) -> int:
         where = ("no shared folder (--shared PATH names one): each run's project is synced to"
                  " every node, and its log and results stay on the node its job ran on")
     say(f"{where}; recorded as [[clusters]] {made.name} in {recorded_in}")
+    if made.accounting:
+        say(f"accounting: slurmdbd on {made.controller} (its database in MariaDB there);"
+            " `sacct` lists every job")  # fmt: skip
     say(f"use it: vmrun train -C {made.name} ...  |  vmrun sweep -C {made.name} ...")
     return 0
 

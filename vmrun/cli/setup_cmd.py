@@ -191,6 +191,14 @@ def register(app: typer.Typer) -> None:
                 " without it each run's project is synced to every node.",
             ),
         ] = None,
+        slurmdbd: Annotated[
+            bool,
+            typer.Option(
+                "--slurmdbd",
+                help="With --slurm: accounting too (slurmdbd and MariaDB on the controller):"
+                " sacct keeps every job.",
+            ),
+        ] = False,
         slurm_remove: Annotated[
             bool,
             typer.Option(
@@ -229,9 +237,9 @@ def register(app: typer.Typer) -> None:
                 code="flags-conflict",
             )
         settings = reach.settings(autostop=autostop)
-        if slurm is None and (controller or shared or slurm_remove):
-            raise UsageError("--controller, --shared and --slurm-remove go with --slurm NAME",
-                             code="flags-conflict")  # fmt: skip
+        if slurm is None and (controller or shared or slurm_remove or slurmdbd):
+            raise UsageError("--controller, --shared, --slurmdbd and --slurm-remove go with"
+                             " --slurm NAME", code="flags-conflict")  # fmt: skip
         if slurm is not None and (cluster or as_json):
             raise UsageError("--slurm makes a cluster of hosts (-H); it takes no -C or --json",
                              code="flags-conflict")  # fmt: skip
@@ -250,7 +258,8 @@ def register(app: typer.Typer) -> None:
             reboot_timeout=reboot_timeout,
         )  # fmt: skip
         if slurm is not None:
-            return _make_cluster(settings, request, targets, slurm, controller, shared)
+            return _make_cluster(settings, request, targets, slurm, controller, shared,
+                                 accounting=slurmdbd)  # fmt: skip
         return _run(settings, request, targets, cluster, gpus_per_node, record, as_json=as_json)
 
 
@@ -261,6 +270,8 @@ def _make_cluster(
     name: str,
     controller: str | None,
     shared: str | None,
+    *,
+    accounting: bool = False,
 ) -> int:
     """The hosts' setup shown as always, then the cluster made of them."""
     from vmrun.cli import setup_view as view
@@ -269,7 +280,7 @@ def _make_cluster(
     from vmrun.operations.queue import make_cluster
 
     done = make_cluster(settings, request, targets or None, name, controller=controller,
-                        shared=shared, out=Terminal())  # fmt: skip
+                        shared=shared, accounting=accounting, out=Terminal())  # fmt: skip
     code = view.render_hosts(done.setup)
     if done.made is None:
         return code

@@ -5,7 +5,8 @@
 #   slurm_node.sh key NAME     the cluster's munge key, base64 (the controller's, to reuse)
 #   slurm_node.sh install NAME the distribution's packages, where missing (apt-get)
 #   slurm_node.sh apply NAME   make the host a node (and, with VMRUN_SLURM_CTLD=1, the
-#                              controller); what to write comes in the environment (stdin)
+#                              controller; with VMRUN_SLURM_DBD=1 too, its slurmdbd and
+#                              MariaDB); what to write comes in the environment (stdin)
 #   slurm_node.sh remove NAME  stop and remove what apply made; packages stay
 #   slurm_node.sh shared NAME DIR [TOKEN]  with TOKEN: make DIR and leave TOKEN in it (the
 #                              controller); without: print the token this host sees there
@@ -101,7 +102,7 @@ facts() {  # [ADDR]
   set -- ${SSH_CONNECTION:-}
   echo "addr=${given:-${3:-$(hostname -I 2>/dev/null | cut -d' ' -f1)}}"
   [ -d /run/systemd/system ] && echo "systemd=1"
-  for tool in munged slurmd slurmctld sinfo; do
+  for tool in munged slurmd slurmctld sinfo slurmdbd mariadbd; do
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] && echo "has_$tool=1"
   done
   command -v apt-get >/dev/null 2>&1 && echo "apt=1"
@@ -137,6 +138,11 @@ install_packages() {
   done
   if [ "${VMRUN_SLURM_CTLD:-0}" = 1 ]; then
     command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need="$need slurmctld"
+  fi
+  if [ "${VMRUN_SLURM_DBD:-0}" = 1 ]; then
+    for pair in slurmdbd:slurmdbd mariadbd:mariadb-server; do
+      command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || need="$need ${pair#*:}"
+    done
   fi
   [ -n "$need" ] || return 0
   command -v apt-get >/dev/null 2>&1 || fail "packages$need are missing and there is no apt-get: install them"
@@ -191,6 +197,7 @@ apply() {
   if ! { as_root install -d -o "$owner" -g "$owner" -m 0755 "$state/ctld" "$state/log" &&
     as_root install -d -m 0755 "$state/spool"; }; then fail "could not make Slurm's folders under $state"; fi
   service munge "$key_changed"
+  if [ "${VMRUN_SLURM_DBD:-0}" = 1 ]; then accounting "$owner"; fi
   if [ "${VMRUN_SLURM_CTLD:-0}" = 1 ]; then
     service slurmctld "$conf_changed"
   elif active slurmctld; then  # the controller moved away from this host
@@ -200,11 +207,72 @@ apply() {
   service slurmd "$conf_changed"
 }
 
+# accounting OWNER: slurmdbd with its database in the host's MariaDB (started if it was not,
+# and stopped again on removal). The database user's password is made here once and kept
+# in slurmdbd.conf (0600, Slurm's user): it never leaves the host, and goes to MariaDB on
+# stdin, never in a command line. Then the cluster is registered, as slurmctld needs.
+dbconf=/etc/slurm/slurmdbd.conf
+accounting() {
+  db=$(printf '%s' "$name" | tr '-' '_')
+  if ! [ -f "$state/mariadb.before" ]; then
+    if active mariadb; then echo active; else echo inactive; fi | as_root tee "$state/mariadb.before" >/dev/null
+  fi
+  service mariadb 0
+  i=0
+  until printf 'SELECT 1;\n' | as_root mariadb >/dev/null 2>&1; do
+    i=$((i + 1))
+    [ "$i" -lt 150 ] || fail "MariaDB does not answer: $(why mariadb)"
+    sleep 0.2
+  done
+  pass=$(as_root sed -n 's/^StoragePass=//p' "$dbconf" 2>/dev/null | head -n 1)
+  [ -n "$pass" ] || pass=$(head -c 64 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 32)
+  user="slurm_$db"
+  printf "CREATE DATABASE IF NOT EXISTS \`slurm_acct_%s\`;
+CREATE USER IF NOT EXISTS '%s'@'localhost' IDENTIFIED BY '%s';
+ALTER USER '%s'@'localhost' IDENTIFIED BY '%s';
+GRANT ALL ON \`slurm_acct_%s\`.* TO '%s'@'localhost';\n" \
+    "$db" "$user" "$pass" "$user" "$pass" "$db" "$user" | as_root mariadb ||
+    fail "could not make the accounting database in MariaDB"
+  text="${VMRUN_SLURMDBD_CONF}StoragePass=$pass
+"
+  said=$(put "$dbconf" 0600 "$1:$1") || { echo "$said"; exit 1; }
+  changed=0
+  [ -n "$said" ] && { echo "CHANGED $dbconf"; changed=1; }
+  service slurmdbd "$changed"
+  i=0
+  until sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; do
+    i=$((i + 1))
+    [ "$i" -lt 150 ] || fail "slurmdbd does not answer: $(why slurmdbd); see $state/log/slurmdbd.log"
+    sleep 0.2
+  done
+  if ! sacctmgr -n -P show cluster format=cluster 2>/dev/null | grep -qxF "$name"; then
+    as_root sacctmgr -i add cluster "$name" >/dev/null 2>&1 || fail "sacctmgr could not add cluster $name"
+    echo "CHANGED accounting: cluster $name"
+  fi
+}
+
+# slurmdbd and the accounting database gone; MariaDB stopped again where vmrun started it
+no_accounting() {
+  as_root head -n 1 "$dbconf" 2>/dev/null | grep -qxF "$mark" || return 0  # 0600: Slurm's
+  db=$(printf '%s' "$name" | tr '-' '_')
+  if active slurmdbd; then as_root systemctl disable --now slurmdbd >/dev/null 2>&1; echo "STOPPED slurmdbd"; fi
+  if active mariadb; then
+    printf "DROP DATABASE IF EXISTS \`slurm_acct_%s\`;\nDROP USER IF EXISTS 'slurm_%s'@'localhost';\n" \
+      "$db" "$db" | as_root mariadb >/dev/null 2>&1 && echo "REMOVED database slurm_acct_$db"
+    if [ "$(cat "$state/mariadb.before" 2>/dev/null)" = inactive ]; then
+      as_root systemctl disable --now mariadb >/dev/null 2>&1
+      echo "STOPPED mariadb"
+    fi
+  fi
+  as_root rm -f "$dbconf"
+}
+
 remove() {
   if ! [ -d "$state" ]; then echo "GONE"; return 0; fi
   for unit in slurmd slurmctld; do
     if active "$unit"; then as_root systemctl disable --now "$unit" >/dev/null 2>&1; echo "STOPPED $unit"; fi
   done
+  no_accounting
   if ours; then
     for file in slurm.conf gres.conf cgroup.conf; do as_root rm -f "/etc/slurm/$file"; done
     echo "REMOVED /etc/slurm"
@@ -222,7 +290,8 @@ remove() {
     echo "STOPPED munge"
   fi
   as_root rm -rf "$state"
-  echo "KEPT $(dpkg-query -W -f '${Package} ' slurmd slurmctld slurm-client munge 2>/dev/null)"
+  echo "KEPT $(dpkg-query -W -f '${Package} ' slurmd slurmctld slurm-client munge slurmdbd \
+    mariadb-server 2>/dev/null)"
 }
 
 case $mode in

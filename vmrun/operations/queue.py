@@ -43,12 +43,14 @@ def make_cluster(
     *,
     controller: str | None = None,
     shared: str | None = None,
+    accounting: bool = False,
     out: Reporter = QUIET,
 ) -> ClusterMade:
     """Set up `hosts` (None: the cluster's recorded nodes), then make them cluster `name`
     with `controller` (default: the first host, or the recorded one) running slurmctld.
     `shared`: a folder every host sees, the jobs' workdir (checked); None: each run's
-    project is synced to every node and its files stay on the node it ran on."""
+    project is synced to every node and its files stay on the node it ran on.
+    `accounting`: slurmdbd and MariaDB on the controller (sacct); once asked, it stays."""
     from vmrun.operations.setup import setup
     from vmrun.queue.conf import check_name
     from vmrun.queue.making import check, make
@@ -77,8 +79,9 @@ def make_cluster(
             " state holds the queue; to move it, --slurm-remove the cluster and make it again",
             code="flags-conflict",
         )
+    accounting = accounting or bool(known and known.accounting)
     # a host that cannot be a node, a folder not shared: refused before the hosts' setup
-    facts = check(settings, name, entries, ctl, shared)
+    facts = check(settings, name, entries, ctl, shared, accounting)
     done = setup(settings, request, words, record=True, out=out)
     if done.failed or request.dry_run:
         return ClusterMade(done, None)
@@ -91,11 +94,11 @@ def make_cluster(
     project = settings.project_dir or Path.cwd()
     # recorded first: a cluster half made (a node that never comes up) is one that
     # --slurm-remove knows and takes down; the nodes left out are kept until they are out
-    _record(settings, project, name, ctl, [*entries, *dropped], shared, python)
+    _record(settings, project, name, ctl, [*entries, *dropped], shared, python, accounting)
     made = make(settings, name, entries, ctl, shared=shared, dropped=dropped, facts=facts,
-                out=out)  # the facts read before the setup: Slurm's files are untouched by it
-    if dropped:
-        _record(settings, project, name, ctl, entries, shared, python)
+                accounting=accounting, out=out)  # facts from before the setup: Slurm's
+    if dropped:  # files are untouched by it
+        _record(settings, project, name, ctl, entries, shared, python, accounting)
     return ClusterMade(done, made, project / PROJECT_FILE)
 
 
@@ -181,6 +184,7 @@ def _record(
     entries: list[HostEntry],
     shared: str | None,
     python: str,
+    accounting: bool = False,
 ) -> None:
     """`[[clusters]] NAME`: the controller as login node, the shared folder as workdir (or
     the home folders, `shared = false`), the interpreter setup made, and the nodes (so a
@@ -199,4 +203,6 @@ def _record(
     )
     if python:
         table["python"] = python
+    if accounting:
+        table["accounting"] = True
     record_table(project, "clusters", table)

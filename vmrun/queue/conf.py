@@ -76,8 +76,16 @@ class NodeFacts:
 
     @property
     def missing(self) -> list[str]:
-        """Packages a node (with `controller`: the controller) still needs."""
+        """Packages a node still needs."""
+        return self.needs(controller=False, accounting=False)
+
+    def needs(self, *, controller: bool, accounting: bool) -> list[str]:
+        """Packages this host still needs as a node, the controller, and its accounting."""
         need = {"munged": "munge", "slurmd": "slurmd", "sinfo": "slurm-client"}
+        if controller:
+            need["slurmctld"] = "slurmctld"
+            if accounting:
+                need.update(slurmdbd="slurmdbd", mariadbd="mariadb-server")
         return [pkg for tool, pkg in need.items() if tool not in self.tools]
 
 
@@ -145,6 +153,7 @@ class Plan:
     controller: NodeFacts
     nodes: tuple[NodeFacts, ...]
     partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    accounting: bool = False  # slurmdbd (and its MariaDB) on the controller: sacct
 
     @property
     def state(self) -> str:
@@ -156,7 +165,9 @@ class Plan:
         return all(n.cgroup in ("v1", "v2") for n in self.nodes)
 
 
-def plan(name: str, controller: NodeFacts, nodes: list[NodeFacts]) -> Plan:
+def plan(
+    name: str, controller: NodeFacts, nodes: list[NodeFacts], accounting: bool = False
+) -> Plan:
     """The cluster, checked: unique hostnames and addresses; partitions by GPU type."""
     check_name(name)
     for attr, what in (("hostname", "hostname"), ("addr", "address")):
@@ -179,7 +190,7 @@ def plan(name: str, controller: NodeFacts, nodes: list[NodeFacts]) -> Plan:
     if len(types) > 1:
         for kind in sorted(types):
             partitions[kind] = tuple(n.hostname for n in nodes if n.gpu_type == kind)
-    return Plan(name, controller, tuple(nodes), partitions)
+    return Plan(name, controller, tuple(nodes), partitions, accounting)
 
 
 def slurm_conf(p: Plan) -> str:
@@ -203,8 +214,7 @@ def slurm_conf(p: Plan) -> str:
         f"SlurmdLogFile={p.state}/log/slurmd.log",
         f"ProctrackType=proctrack/{'cgroup' if cgroups else 'linuxproc'}",
         f"TaskPlugin={'task/cgroup,task/affinity' if cgroups else 'task/none'}",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *_accounting_lines(p),
         "JobCompType=jobcomp/none",
         "SchedulerType=sched/backfill",
         "SchedulerParameters=batch_sched_delay=0",  # a few machines: start what fits at once
@@ -230,6 +240,42 @@ def slurm_conf(p: Plan) -> str:
         lines.append(f"PartitionName={part} Nodes={','.join(names)} Default={default}"
                      " MaxTime=INFINITE State=UP")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _accounting_lines(p: Plan) -> list[str]:
+    if not p.accounting:
+        return ["JobAcctGatherType=jobacct_gather/none",
+                "AccountingStorageType=accounting_storage/none"]  # fmt: skip
+    return [
+        "JobAcctGatherType=jobacct_gather/linux",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={p.controller.hostname}",
+    ]
+
+
+def slurmdbd_conf(p: Plan) -> str:
+    """slurmdbd.conf on the controller, less its StoragePass: the password of its database
+    user is made on the controller and never leaves it (the host script adds the line)."""
+    user = "slurm" if p.controller.slurm_user else "root"
+    return "\n".join([
+        f"# vmrun-cluster: {p.name}",
+        f"# Written by `vmrun setup --slurm {p.name} --slurmdbd`, which rewrites it.",
+        "AuthType=auth/munge",
+        f"DbdHost={p.controller.hostname}",
+        f"SlurmUser={user}",
+        f"LogFile={p.state}/log/slurmdbd.log",
+        "PidFile=/run/slurmdbd.pid",  # as the unit's PIDFile=
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=localhost",
+        f"StorageUser={db_names(p.name)[1]}",
+        f"StorageLoc={db_names(p.name)[0]}",
+    ]) + "\n"  # fmt: skip
+
+
+def db_names(name: str) -> tuple[str, str]:
+    """The cluster's accounting database and its MariaDB user (`check_name`'s words)."""
+    word = name.replace("-", "_")  # an SQL word without quoting
+    return f"slurm_acct_{word}", f"slurm_{word}"[:32]
 
 
 def _value(key: str, value: int) -> int:

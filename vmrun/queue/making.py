@@ -30,6 +30,7 @@ from vmrun.queue.conf import (
     hosts_lines,
     parse_facts,
     slurm_conf,
+    slurmdbd_conf,
 )
 from vmrun.queue.conf import plan as make_plan
 from vmrun.reporting import QUIET, Reporter
@@ -70,6 +71,7 @@ class Made:
     versions: dict[str, str]  # package -> version, on the controller
     partitions: dict[str, tuple[str, ...]]
     shared: str | None
+    accounting: bool = False
     taken_out: tuple[str, ...] = ()  # hosts that were nodes and are no more
     seconds: float = 0.0
 
@@ -109,7 +111,7 @@ def read_facts(conn: Connection, name: str, entry: HostEntry | None = None) -> N
                        conn.label)  # fmt: skip
 
 
-def fitness(facts: NodeFacts, name: str, controller: bool) -> str:
+def fitness(facts: NodeFacts, name: str, controller: bool, accounting: bool = False) -> str:
     """Why this host cannot be a node of cluster `name` (empty when it can)."""
     if facts.root == "none":
         return "needs root: log in as root or allow the user passwordless sudo"
@@ -121,8 +123,7 @@ def fitness(facts: NodeFacts, name: str, controller: bool) -> str:
         other = facts.conf[6:].strip()
         what = f"vmrun's cluster {other}" if other else "a Slurm vmrun did not write"
         return f"/etc/slurm/slurm.conf is {what}: remove it first or leave this host out"
-    missing = facts.missing + ([] if "slurmctld" in facts.tools or not controller
-                               else ["slurmctld"])  # fmt: skip
+    missing = facts.needs(controller=controller, accounting=accounting)
     if missing and not facts.apt:
         return f"packages {' '.join(missing)} are missing and there is no apt-get: install them"
     return ""
@@ -134,6 +135,7 @@ def check(
     entries: Sequence[HostEntry],
     controller: HostEntry,
     shared: str | None = None,
+    accounting: bool = False,
 ) -> dict[str, NodeFacts]:
     """Every host's facts, once each can be a node (the controller: the controller); else
     one error naming each host that cannot and why. With `shared`: that folder must be one
@@ -148,7 +150,7 @@ def check(
             check_shared(group, name, shared, controller.label, [e.label for e in entries])
     facts = {o.host: o.value for o in outcomes if o.value is not None}
     problems = [f"{h}: {why}" for h, f in facts.items()
-                if (why := fitness(f, name, h == controller.label))]  # fmt: skip
+                if (why := fitness(f, name, h == controller.label, accounting))]  # fmt: skip
     problems += skew(facts, controller.label)
     if problems:
         raise RemoteError("; ".join(problems) + " (nothing was changed)",
@@ -185,6 +187,7 @@ def make(
     shared: str | None = None,  # recorded in the result; operations checks it first
     dropped: Sequence[HostEntry] = (),
     facts: dict[str, NodeFacts] | None = None,  # check()'s, when the caller has them
+    accounting: bool = False,  # slurmdbd and MariaDB on the controller
     out: Reporter = QUIET,
     idle_timeout: float = IDLE_TIMEOUT_S,
 ) -> Made:
@@ -193,11 +196,13 @@ def make(
     configuration). Raises before anything changes when a host cannot be a node."""
     started = time.monotonic()
     labels = [e.label for e in entries]
-    facts = dict(facts) if facts is not None else check(settings, name, entries, controller)
+    if facts is None:
+        facts = check(settings, name, entries, controller, accounting=accounting)
+    facts = dict(facts)
     with Group([*entries, *dropped], settings) as group:
-        installed = _install(group, facts, name, controller.label)
+        installed = _install(group, facts, name, controller.label, accounting)
         ctl = facts[controller.label]
-        the_plan = make_plan(name, ctl, [facts[label] for label in labels])
+        the_plan = make_plan(name, ctl, [facts[label] for label in labels], accounting)
         conns = group.connections
         key = _key(conns[controller.label], ctl, name)
         out.info(f"slurm: {name}: controller {ctl.hostname}, {len(labels)} node(s)")
@@ -227,24 +232,27 @@ def make(
         versions=ctl.versions,
         partitions=the_plan.partitions,
         shared=shared,
+        accounting=accounting,
         taken_out=tuple(taken_out),
         seconds=time.monotonic() - started,
     )
 
 
 def _install(
-    group: Group, facts: dict[str, NodeFacts], name: str, controller: str
+    group: Group, facts: dict[str, NodeFacts], name: str, controller: str, accounting: bool
 ) -> dict[str, tuple[str, ...]]:
     """The distribution's packages where a host lacks them, before the files are made from
     its facts (read again then: `slurmd -C`'s topology, the slurm user), so that the files
     of a first run are those of every later one. Host -> what it installed."""
     lacking = [h for h, f in facts.items()
-               if f.missing or (h == controller and "slurmctld" not in f.tools)]  # fmt: skip
+               if f.needs(controller=h == controller, accounting=accounting)]  # fmt: skip
     if not lacking:
         return {}
 
     def install(entry: HostEntry, conn: Connection) -> tuple[str, ...]:
-        env = {"VMRUN_SLURM_CTLD": "1" if conn.label == controller else "0"}
+        ctld = conn.label == controller
+        env = {"VMRUN_SLURM_CTLD": "1" if ctld else "0",
+               "VMRUN_SLURM_DBD": "1" if ctld and accounting else "0"}  # fmt: skip
         lines = _run(conn, ["install", name], env, what="installing Slurm's packages")
         facts[conn.label] = read_facts(conn, name, entry)
         said = next((ln for ln in lines if ln.startswith("INSTALLED ")), "")
@@ -277,6 +285,8 @@ def _apply(conn: Connection, p: Plan, node: NodeFacts, key: bytes, ctld: bool) -
         "VMRUN_SLURM_CGROUP": cgroup_conf(p, node),
         "VMRUN_SLURM_HOSTS": hosts_lines(p),
         "VMRUN_MUNGE_KEY": base64.b64encode(key).decode("ascii"),
+        "VMRUN_SLURM_DBD": "1" if ctld and p.accounting else "0",
+        **({"VMRUN_SLURMDBD_CONF": slurmdbd_conf(p)} if ctld and p.accounting else {}),
     }
     lines = _run(conn, ["apply", p.name], env, what="making the host a Slurm node")
     changed = tuple(line[8:] for line in lines if line.startswith("CHANGED "))

@@ -44,6 +44,7 @@ class Cluster:
     # `nodes` without one): each run's project is synced to every node, and its files stay
     # on the node its job ran on, read there over SSH
     shared: bool = True
+    accounting: bool = False  # slurmdbd on its controller (`setup --slurm --slurmdbd`)
 
     @property
     def synced(self) -> bool:
@@ -123,6 +124,7 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         price=item.get("price"),
         nodes=tuple(item.get("nodes", ())),
         shared=item.get("shared", True),
+        accounting=item.get("accounting", False),
     )
 
 
