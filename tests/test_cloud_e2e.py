@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TORCH_SPEC, error_in, slow_fixture, wait_for
@@ -245,3 +246,60 @@ def test_a_power_off_from_inside_stops_the_vm_and_up_starts_it_again(user: Lapto
     gone = user.vmrun("down", "c1", timeout=180)
     assert gone.returncode == 0, gone.stderr
     assert user.live() == {"instances": [], "groups": [], "placement": []}
+
+
+@pytest.mark.timeout(600)
+def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
+    user: Laptop, host_python: Path
+) -> None:
+    """`vmrun up uc --cloud ucloud -n 2` against the UCloud STAND-IN (tests/testbed/ucloud.py,
+    served in the laptop's namespace: UCloud is never dialed): two VM jobs queue, run and
+    announce their SSH line; each is a test host that gets the account's SSH keys; vmrun pins
+    the host key it first sees (said once), then setup, train on both, fetch, down."""
+    from testbed.ucloud import REFRESH, FakeUCloud
+
+    bed = user.cloud.bed
+    machines = [bed.add_host(n, login_user="ucloud", authorized=False) for n in ("u1", "u2")]
+    free = list(machines)
+
+    def boot(job: dict[str, Any]) -> tuple[str, str, int]:
+        host = free.pop(0)
+        for item in fake.keys:  # UCloud's provider puts the account's keys in the VM
+            host.add_authorized_key(item["specification"]["key"])
+        return host.user, host.addr_on("main"), host.port
+
+    fake = FakeUCloud(queue_polls=2, access_ttl=5.0, boot=boot)
+    served = user.cloud.call(fake.serve)
+    env = {**user.env, "VMRUN_UCLOUD_URL": served.url, "VMRUN_UCLOUD_TOKEN": REFRESH,
+           "VMRUN_UCLOUD_PROJECT": "p-lab"}  # fmt: skip
+    try:
+        run = replace(user, env=env)
+        up = run.vmrun("up", "uc", "--cloud", "ucloud", "--type", "u1-standard-2", "-n", "2",
+                       timeout=180)  # fmt: skip
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert "trust on first use" in up.stderr and "queued at UCloud" in up.stderr, up.stderr
+        assert len(fake.live()) == 2 and set(fake.projects) == {"p-lab"}
+        toml = run.toml()
+        assert 'cloud = "ucloud"' in toml and 'groups = ["uc"]' in toml, toml
+        for host in machines:  # the login the job's SSH line gave (its port when not 22)
+            port = f":{host.port}" if host.port != 22 else ""
+            assert f'address = "{host.user}@{host.addr_on("main")}{port}"' in toml, toml
+        setup = run.vmrun("setup", "@uc", "--python", str(host_python), "--torch", TORCH_SPEC,
+                          timeout=300)  # fmt: skip
+        assert setup.returncode == 0, setup.stderr + setup.stdout
+        train = run.vmrun("train", "-H", "@uc", "--epochs", "1", "--save-every", "1",
+                          timeout=300)  # fmt: skip
+        assert train.returncode == 0, train.stderr + train.stdout
+        rid = re.search(r"run (\S+) finished", train.stderr)
+        assert rid, train.stderr
+        fetch = run.vmrun("fetch", "results", "--run", rid.group(1), timeout=120)
+        assert fetch.returncode == 0, fetch.stderr + fetch.stdout
+        assert (user.cwd / "results" / rid.group(1) / "uc-0" / "finalmodel.pt").is_file()
+        down = run.vmrun("down", "uc", timeout=120)
+        assert down.returncode == 0, down.stderr + down.stdout
+        assert fake.live() == [] and "[[hosts]]" not in run.toml()
+    finally:
+        fake.terminate_all()  # what a failed test left
+        user.cloud.call(served.close)
+        for host in machines:
+            host.stop_sshd()

@@ -30,7 +30,9 @@ def request(count: int = 2, **kw: object) -> Request:
 
 
 def test_up_makes_a_job_per_node_waits_through_the_queue_and_reads_each_ssh_line() -> None:
-    fake = FakeUCloud(queue_polls=2, boot=lambda job: (f"130.225.0.{job['id'][-1]}", 2200))
+    fake = FakeUCloud(
+        queue_polls=2, boot=lambda job: ("ucloud", f"130.225.0.{job['id'][-1]}", 2200)
+    )
     cloud = provider(fake)
     out = Recorder()
     offer = cloud.offer(request())

@@ -8,8 +8,9 @@ products.go, core2/pkg/foundation/auth_tokens.go, shared/pkg/util/http.go).
   is a guest, answered 403 `{"statusCode": 403, "why": "Forbidden"}` as UCloud does;
   personal API tokens (`uc...`) are bearers themselves;
 - jobs: created IN_QUEUE, RUNNING after `queue_polls` reads, then (unless `announce_ssh`
-  is off) an update `SSH: Connected! Available at: ssh ucloud@HOST -p PORT`, HOST and PORT
-  from `boot(job)` (a test host, where the e2e tests map VMs); suspend, unsuspend,
+  is off) an update `SSH: Connected! Available at: ssh USER@HOST -p PORT`, from `boot(job)`
+  (the e2e tests boot a test host there, with the account's SSH keys; its user is the
+  bed's, not `ucloud`); suspend, unsuspend,
   terminate (SUCCESS); browse with labels; retrieveProducts with VM support and prices;
 - SSH keys: /api/ssh (the e2e tests' `boot` installs them in the test host);
 - a refusal queued with `refuse(path, status, why)`: UCloud's error body.
@@ -45,12 +46,12 @@ class FakeUCloud:
         access_ttl: float = 600.0,
         queue_polls: int = 1,
         announce_ssh: bool = True,
-        boot: Callable[[dict[str, Any]], tuple[str, int]] | None = None,
+        boot: Callable[[dict[str, Any]], tuple[str, str, int]] | None = None,
     ) -> None:
         self.access_ttl = access_ttl
         self.queue_polls = queue_polls
         self.announce_ssh = announce_ssh
-        self.boot = boot or (lambda job: (f"10.99.0.{int(job['id']) % 250}", 22))
+        self.boot = boot or (lambda job: ("ucloud", f"10.99.0.{int(job['id']) % 250}", 22))
         self.jobs: dict[str, dict[str, Any]] = {}
         self.keys: list[dict[str, Any]] = []
         self.calls: list[tuple[str, str]] = []  # (method, path)
@@ -66,6 +67,12 @@ class FakeUCloud:
     def refuse(self, path: str, status: int, why: str) -> None:
         """The next call to `path` is refused with UCloud's error body."""
         self._refusals.setdefault(path, []).append((status, why))
+
+    def terminate_all(self) -> None:
+        with self._lock:
+            for job in self.jobs.values():
+                if job["status"]["state"] not in ("SUCCESS", "FAILURE", "EXPIRED"):
+                    self._set(job, "SUCCESS", "Your job has been cancelled")
 
     def live(self) -> list[str]:
         return [j for j, job in self.jobs.items() if job["status"]["state"] not in
@@ -153,9 +160,9 @@ class FakeUCloud:
         job["updates"].append({"state": "RUNNING", "status": "Your job is now running!",
                                "timestamp": now})  # fmt: skip
         if self.announce_ssh:
-            host, port = self.boot(job)
+            user, host, port = self.boot(job)
             job["updates"].append({"status": "SSH: Connected! Available at:"
-                                   f" ssh ucloud@{host} -p {port}", "timestamp": now})  # fmt: skip
+                                   f" ssh {user}@{host} -p {port}", "timestamp": now})  # fmt: skip
 
     def _view(self, job: dict[str, Any], query: Mapping[str, str]) -> dict[str, Any]:
         shown = {k: v for k, v in job.items() if k != "reads"}

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     @app.command(
         "up",
-        help="Make NAME's VMs in the cloud (AWS), pin their host keys, wait until SSH logs in,"
-        " and record them in vmrun.toml as hosts @NAME (setup, train -H @NAME, doctor,"
+        help="Make NAME's VMs in the cloud (AWS, UCloud), pin their host keys, wait until SSH"
+        " logs in, and record them in vmrun.toml as hosts @NAME (setup, train -H @NAME, doctor,"
         " watch-gpus then work on them). Values not given come from the [[clouds]] table NAME."
         " Ctrl-C or a failure removes everything made (unless --keep).",
     )
@@ -29,7 +29,9 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Argument(metavar="NAME", help="The cluster's name.", show_default=False),
         ] = None,
-        cloud: Annotated[str | None, typer.Option("--cloud", help="aws (the default).")] = None,
+        cloud: Annotated[
+            str | None, typer.Option("--cloud", help="aws (the default) or ucloud.")
+        ] = None,
         instance_type: Annotated[
             str | None, typer.Option("--type", "-t", help="The instance type: g4dn.2xlarge...")
         ] = None,

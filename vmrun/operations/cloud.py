@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vmrun.config import Settings
+from vmrun.config import CLOUDS, Settings
 from vmrun.errors import (
     AuthError,
     CloudError,
@@ -35,7 +35,6 @@ from vmrun.ssh.inventory import HostEntry
 if TYPE_CHECKING:
     from vmrun.providers.api import Instance, Offer, Provider, Removed, Request
 
-CLOUDS = ("aws",)
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 # What a stopped disk still costs (gp3, us-east-1, per GB-month): said at `down --stop`.
 GP3_GB_MONTH = 0.08
@@ -153,6 +152,9 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
         )
     if not isinstance(done.count, int) or done.count < 1:
         raise UsageError(f"-n {done.count}: the number of instances is 1 or more")
+    if done.cloud == "ucloud" and (done.spot or done.store or done.zone):
+        raise UsageError("--spot, --store and --zone are AWS's; UCloud has none of them",
+                         code="flags-conflict")  # fmt: skip
     if done.spot_fallback and not done.spot:
         raise UsageError("--spot-fallback only goes with --spot", code="flags-conflict")
     if done.store:
@@ -191,10 +193,20 @@ def ssh_source(ssh_from: str, timeout: float = 5.0) -> str:
 
 
 def provider_for(cloud: str, profile: str) -> Provider:
+    if cloud == "ucloud":
+        from vmrun.providers.ucloud.provider import UCloudProvider
+
+        return UCloudProvider()  # its own Session, from the environment
     from vmrun.providers.aws.provider import AwsProvider
     from vmrun.providers.aws.session import Session
 
     return AwsProvider(Session(profile or None))
+
+
+def _gives_host_key(provider: Provider) -> bool:
+    """Whether the cloud takes the host key vmrun makes (user data); else vmrun pins the key
+    each VM first shows (trust on first use, said once)."""
+    return bool(getattr(provider, "gives_host_key", True))
 
 
 # ---------------------------------------------------------------------------------- up
@@ -205,7 +217,7 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
     assert ask.instance_type is not None and ask.count is not None
     provider = provider_for(ask.cloud or "aws", ask.profile or "")
     provider.check_credentials()  # local and more fundamental: before --ssh-from's look-up
-    cidr = ssh_source(ask.ssh_from or "")
+    cidr = ssh_source(ask.ssh_from or "") if getattr(provider, "needs_ssh_cidr", True) else ""
     region = ask.region or provider.default_region
     existing = provider.describe(ask.name, region)
     if existing:
@@ -215,6 +227,7 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
 
     home = Path(os.environ.get("HOME") or os.path.expanduser("~"))
     host_key = cloudinit.new_host_key(f"vmrun-{ask.name}-host")
+    public_key = cloudinit.user_public_key(ask.ssh_key, home)
     request = Request(
         cluster=ask.name,
         instance_type=ask.instance_type,
@@ -226,7 +239,9 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         spot=bool(ask.spot),
         spot_fallback=bool(ask.spot_fallback),
         ssh_cidr=cidr,
-        user_data=cloudinit.user_data(host_key, cloudinit.user_public_key(ask.ssh_key, home)),
+        user_data=cloudinit.user_data(host_key, public_key),
+        public_key=public_key,
+        boot_timeout=ask.ssh_timeout,
         power_off="terminate" if ask.autostop_terminate else "stop",
         placement=bool(ask.placement),
         creator=f"{getpass.getuser()}@{socket.gethostname()}",
@@ -234,6 +249,9 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         store=ask.store or "",
     )
     offer = provider.offer(request)
+    if not region:  # where the type is (UCloud's providers are its regions)
+        region = offer.region
+        request = replace(request, region=region)
     out.info(
         f"{ask.name}: {ask.count} x {ask.instance_type} in {region}"
         f"{' (spot)' if ask.spot else ''}, image {offer.image_name} ({offer.image_id})"
@@ -248,8 +266,11 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         price = _price(provider, instances)
         entries = _entries(ask.name, offer.user, instances, ask.autostop or "",
                            ask.store or "", price)  # fmt: skip
-        _pin(settings, entries, host_key)
-        _wait_ssh(entries, settings, ask.ssh_timeout, out)
+        if _gives_host_key(provider):
+            _pin(settings, entries, host_key)
+        else:
+            _first_use(settings, entries, provider.name, out)
+        _wait_ssh(entries, _trusting(settings, provider), ask.ssh_timeout, out)
         done = Up(ask.name, region, offer.image_name, instances, entries)
         done.project_file = _record(settings, ask, region, offer.user, entries)
         done.autostop = _autostop(settings, entries, ask.autostop or "")
@@ -289,8 +310,12 @@ def _again(
     user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
     price = _price(provider, existing)
     entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "", price)
-    _repin(settings, entries, ask.name, provider.host_key(existing[0]))
-    _wait_ssh(entries, settings, ask.ssh_timeout, out)
+    if _gives_host_key(provider):
+        _repin(settings, entries, ask.name, provider.host_key(existing[0]))
+    else:  # the same VMs (their keys pinned), maybe at new ports: a new place is pinned
+        out.info(f"{ask.name}: {provider.name} hands a VM no host key: a new address's key is"
+                 " pinned on first use")  # fmt: skip
+    _wait_ssh(entries, _trusting(settings, provider), ask.ssh_timeout, out)
     done = Up(ask.name, region, instances=existing, hosts=entries, already=not started)
     done.started = started
     done.project_file = _record(settings, ask, region, user, entries)
@@ -333,6 +358,8 @@ def _entries(
                 hint="the default subnet must map public addresses (MapPublicIpOnLaunch)",
             )
         values: dict[str, Any] = {"private_addr": inst.private_addr, "instance": inst.id}
+        port = f":{inst.ssh_port}" if inst.ssh_port and inst.ssh_port != 22 else ""
+        host = f"[{inst.public_addr}]" if ":" in inst.public_addr else inst.public_addr
         if autostop:
             values["autostop"] = autostop
         if store:
@@ -341,7 +368,10 @@ def _entries(
             values["price"] = round(price, 6)
         entries.append(
             HostEntry(
-                parse_host(f"{user}@{inst.public_addr}"), f"{name}-{position}", (name,), values
+                parse_host(f"{inst.login_user or user}@{host}{port}"),
+                f"{name}-{position}",
+                (name,),
+                values,
             )
         )
     return entries
@@ -364,6 +394,30 @@ def _pin(settings: Settings, entries: list[HostEntry], host_key: Any) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with os.fdopen(fd, "a") as fh:
         fh.write(lines)
+
+
+def _first_use(settings: Settings, entries: list[HostEntry], cloud: str, out: Reporter) -> None:
+    """A cloud that takes no host key from vmrun: what an earlier VM left for the same
+    address goes, and the user is told once that the first key seen is the one pinned."""
+    _drop_known(settings.known_hosts, [_known_name(e) for e in entries])
+    out.warn(
+        f"{cloud} hands a VM no host key: vmrun pins the key each VM shows first (trust on"
+        " first use: a machine in the middle now would go unnoticed; a key that changes"
+        " later is refused)"
+    )
+
+
+def _trusting(settings: Settings, provider: Provider) -> Settings:
+    """The settings to reach new VMs with: strict where vmrun pinned their key already."""
+    if _gives_host_key(provider):
+        return settings
+    return replace(settings, accept_new_host_key=True)
+
+
+def _known_name(entry: HostEntry) -> str:
+    """How known_hosts names the host: `addr`, or `[addr]:port` off port 22."""
+    port = entry.spec.port
+    return f"[{entry.spec.host}]:{port}" if port and port != 22 else entry.spec.host
 
 
 def _repin(settings: Settings, entries: list[HostEntry], name: str, launched: str) -> None:
@@ -537,7 +591,7 @@ def down(
     removed = provider.terminate(name, where)
     from vmrun.ssh.inventory import forget_group, forget_table, project_hosts
 
-    addrs = [e.spec.host for e in project_hosts(settings) if e.groups == (name,)]
+    addrs = [_known_name(e) for e in project_hosts(settings) if e.groups == (name,)]
     forgotten = forget_group(project, name)
     forget_table(project, "clouds", name)
     if _made_cluster(settings, name):  # `up --slurm`'s queue went with its VMs

@@ -46,6 +46,7 @@ class Request:
     user: str = ""  # the image's login user when vmrun cannot know it (a custom AMI)
     store: str = ""  # s3://BUCKET/PREFIX: the VMs get a role that reaches that prefix alone
     public_key: str = ""  # the user's, for a cloud that takes it apart from user data
+    boot_timeout: float = 600.0  # how long a VM may take to say where SSH is (UCloud)
 
 
 @dataclass(frozen=True)

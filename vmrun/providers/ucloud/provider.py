@@ -129,7 +129,7 @@ class UCloudProvider:
         try:
             for index in range(request.count):
                 made.append(self._create(request, offer, index, out))
-            return self._wait_ssh(request.cluster, made, out)
+            return self._wait_ssh(request.cluster, made, out, request.boot_timeout)
         except BaseException:
             if made:
                 self.terminate_ids(offer.region, made)
@@ -139,7 +139,7 @@ class UCloudProvider:
         self._register_key(request.public_key, request.cluster, out)
         made = self._create(request, offer, index, out)
         try:
-            (inst,) = self._wait_ssh(request.cluster, [made], out)
+            (inst,) = self._wait_ssh(request.cluster, [made], out, request.boot_timeout)
             return inst
         except BaseException:
             self.terminate_ids(offer.region, [made])
@@ -190,10 +190,13 @@ class UCloudProvider:
         out.info(f"{request.cluster}: node {index} job {job} requested ({product.name})")
         return job
 
-    def _wait_ssh(self, cluster: str, ids: list[str], out: Reporter) -> list[Instance]:
+    def _wait_ssh(
+        self, cluster: str, ids: list[str], out: Reporter, timeout: float | None = None
+    ) -> list[Instance]:
         """Until each job runs and has said where SSH is; a job that ends is refused with
         its last words, one that runs without an SSH line past the limit too."""
-        deadline = time.monotonic() + self.ssh_timeout
+        limit = min(timeout, self.ssh_timeout) if timeout is not None else self.ssh_timeout
+        deadline = time.monotonic() + limit
         told: set[str] = set()
         done: dict[str, Instance] = {}
         while True:
@@ -220,7 +223,7 @@ class UCloudProvider:
                 waiting = [i for i in ids if i not in done]
                 raise CloudError(
                     f"UCloud job(s) {', '.join(waiting)} of {cluster} announced no SSH address"
-                    f" within {self.ssh_timeout:.0f} s (no `ssh ucloud@...` update)",
+                    f" within {limit:.0f} s (no `ssh ucloud@...` update)",
                     hint="the VM application must have SSH enabled; see the job's page at"
                     " UCloud; the jobs were terminated",
                     code="cloud-ssh-never-up",
@@ -288,7 +291,7 @@ class UCloudProvider:
 
     def wait_running(self, cluster: str, region: str, ids: list[str],
                      timeout: float) -> list[Instance]:  # fmt: skip
-        return self._wait_ssh(cluster, ids, QUIET)
+        return self._wait_ssh(cluster, ids, QUIET, timeout)
 
     def stop(self, cluster: str, region: str) -> Removed:
         ids = [i.id for i in self.describe(cluster, region, ("pending", "running"))]
