@@ -198,6 +198,20 @@ def test_logs_and_stop_of_a_detached_run_on_the_made_cluster(lab: Lab, lab_clien
     assert _job_state(lab.host("q1"), job) == ""
 
 
+def test_submit_runs_a_batch_script_of_one_s_own_on_the_made_cluster(
+    lab: Lab, lab_client: Client
+) -> None:
+    """`vmrun submit` of the user's own batch script (2 nodes, srun), followed to its end
+    from the files Slurm writes in the shared folder, as on any cluster."""
+    (lab_client.cwd / "job.sh").write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+        "srun bash -c 'echo NODE $(hostname -s)'\n"
+    )
+    done = lab_client.vmrun("submit", "job.sh", "-C", NAME, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(set(re.findall(r"NODE (vmt-q\d)", done.stdout))) == 2, done.stdout
+
+
 def test_a_six_point_sweep_is_queued_at_once_and_runs_three_at_a_time(
     lab: Lab, lab_client: Client
 ) -> None:
