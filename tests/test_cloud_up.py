@@ -244,3 +244,32 @@ def test_up_of_a_running_cluster_makes_nothing_new(
     assert again.already and [i.id for i in again.instances] == [i.id for i in first.instances]
     assert known.read_text() == pinned
     assert cloud_hosts(load_settings())[0].vars["python"] == "/env/python"  # setup's, kept
+
+
+def test_the_hourly_cost_is_said_first_and_a_dearer_cluster_is_refused_before_it_is_made(
+    aws: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` says what the cluster costs an hour before it makes anything (the price list's
+    price, here 0.752 USD a VM); above --max-hourly-cost it is refused then, and nothing is
+    made; an unknown price with a limit given is refused too."""
+    from vmrun.providers.aws.provider import AwsProvider
+
+    _stand_in_ssh(monkeypatch)
+    price: list[float | None] = [0.752]
+    monkeypatch.setattr(AwsProvider, "hourly_price", lambda self, inst: price[0])
+    settings = load_settings()
+    with pytest.raises(UsageError) as dear:
+        cloud.up(settings, _ask(aws, count=2, placement=False, max_hourly_cost=1.0), Recorder())
+    assert dear.value.code == "over-budget" and "$1.50 an hour" in dear.value.message
+    assert _live() == []  # nothing made: no instance, no security group
+    price[0] = None
+    with pytest.raises(UsageError) as unknown:
+        cloud.up(settings, _ask(aws, count=2, placement=False, max_hourly_cost=9.0), Recorder())
+    assert unknown.value.code == "over-budget" and "no price" in unknown.value.message
+    price[0] = 0.752
+    out = Recorder()
+    done = cloud.up(settings, _ask(aws, count=2, placement=False, max_hourly_cost=2.0), out)
+    said = next(i for i, line in enumerate(out.lines) if "about $1.50 an hour" in line)
+    made = next(i for i, line in enumerate(out.lines) if "requested" in line or "running" in line)
+    assert said < made, out.lines
+    assert done.per_hour == pytest.approx(1.504)

@@ -118,6 +118,14 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--list", help="List what vmrun made in the cloud (`vmrun clusters`)."),
         ] = False,
+        max_hourly_cost: Annotated[
+            float | None,
+            typer.Option(
+                "--max-hourly-cost",
+                metavar="USD",
+                help="Refuse (before anything is made) a cluster dearer than this an hour.",
+            ),
+        ] = None,
         slurm: Annotated[
             bool,
             typer.Option(
@@ -148,7 +156,7 @@ def register(app: typer.Typer) -> None:
             zone=zone, spot=spot, spot_fallback=spot_fallback, disk=disk, image=image, user=user,
             autostop=autostop, autostop_terminate=autostop_terminate, ssh_from=ssh_from,
             profile=profile, placement=placement, ssh_key=ssh_key, keep=keep,
-            ssh_timeout=ssh_timeout, store=store,
+            ssh_timeout=ssh_timeout, store=store, max_hourly_cost=max_hourly_cost,
         )  # fmt: skip
         if slurm:
             return _up_cluster(ask)

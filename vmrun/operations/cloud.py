@@ -66,6 +66,7 @@ class UpAsk:
     store: str | None = None  # s3://BUCKET/PREFIX: a role for the VMs that reaches it alone
     keep: bool = False  # keep what was made when `up` fails
     ssh_timeout: float = 600.0
+    max_hourly_cost: float | None = None  # USD an hour for the whole cluster: dearer is refused
 
 
 _DEFAULTS: dict[str, Any] = {
@@ -252,6 +253,7 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
     if not region:  # where the type is (UCloud's providers are its regions)
         region = offer.region
         request = replace(request, region=region)
+    _say_the_cost(provider, ask, request, offer, out)  # before anything is made
     out.info(
         f"{ask.name}: {ask.count} x {ask.instance_type} in {region}"
         f"{' (spot)' if ask.spot else ''}, image {offer.image_name} ({offer.image_id})"
@@ -321,6 +323,40 @@ def _again(
     done.project_file = _record(settings, ask, region, user, entries)
     done.per_hour = None if price is None else price * len(existing)
     return done
+
+
+def _say_the_cost(
+    provider: Provider, ask: UpAsk, request: Request, offer: Offer, out: Reporter
+) -> None:
+    """What the cluster costs an hour, said before anything is made, where the price list
+    answers; above `--max-hourly-cost` (or unknown with one given) it is refused here."""
+    from vmrun.providers.api import Instance
+
+    probe = Instance(id="", cluster=ask.name, state="pending", instance_type=request.instance_type,
+                     zone=offer.zones[0] if offer.zones else "", region=request.region,
+                     public_addr="", private_addr="", spot=request.spot)  # fmt: skip
+    per_vm = provider.hourly_price(probe)
+    total = None if per_vm is None else per_vm * request.count
+    if total is not None:
+        out.info(f"{ask.name}: about ${total:.2f} an hour while it runs ({request.count} x"
+                 f" ${per_vm:.4g}{' spot' if request.spot else ''})")  # fmt: skip
+    limit = ask.max_hourly_cost
+    if limit is None:
+        return
+    if total is None:
+        raise UsageError(
+            f"--max-hourly-cost {limit:g}: the price list gives no price for"
+            f" {request.instance_type} in {request.region}, so the limit cannot be kept",
+            hint="drop --max-hourly-cost, or put the price in vmrun.toml yourself after `up`",
+            code="over-budget",
+        )
+    if total > limit:
+        raise UsageError(
+            f"{request.count} x {request.instance_type} costs ${total:.2f} an hour, above"
+            f" --max-hourly-cost {limit:g}; nothing was made",
+            hint="a smaller --type, fewer nodes (-n), --spot, or a higher limit",
+            code="over-budget",
+        )
 
 
 def _price(provider: Provider, instances: list[Instance]) -> float | None:
