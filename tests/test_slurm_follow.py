@@ -10,6 +10,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -286,8 +287,8 @@ def test_without_a_shared_folder_the_job_is_followed_on_the_node_it_is_placed_on
     login = Fake(tmp_path / "login", ["PENDING", "RUNNING@vmt-b"], log="")
     node = Fake(tmp_path / "b", [f"RUNNING@{here}", "gone"], log="0: epoch 1\\n")
     cluster = Cluster("bed", "login", nodes=("login", "b"), shared=False)
-    backend = SlurmBackend(login.conn, cluster, poll=0.01,  # type: ignore[arg-type]
-                           nodes={"bed": login.conn, "b": node.conn})  # type: ignore[dict-item]
+    group = SimpleNamespace(connections={"bed": login.conn, "b": node.conn})
+    backend = SlurmBackend(login.conn, cluster, poll=0.01, group=group)  # type: ignore[arg-type]
     backend._names = {"vmt-b": "b"}
     meta = {"record_dir": "../rec", "job_id": "7", "launcher": "python",  # each node's own
             "tasks_per_node": 1, "submitted": 0}  # fmt: skip

@@ -18,7 +18,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
 from vmrun.ssh.connection import Connection
-from vmrun.ssh.group import Outcome
+from vmrun.ssh.group import Group, Outcome
 from vmrun.ssh.quoting import plain_command, quote
 from vmrun.transfer.types import Progress
 
@@ -111,13 +110,14 @@ class SlurmBackend:
     def __init__(
         self, conn: Connection, cluster: Cluster, spec: JobSpec | None = None,
         poll: float = POLL_S, unanswered_limit: float = UNANSWERED_LIMIT_S,
-        nodes: Mapping[str, Connection] | None = None,
+        group: Group | None = None,
     ):  # fmt: skip
         self.conn = conn
         self.cluster = cluster
-        # without a shared folder: every node by its label (the login node's: the
-        # cluster's name), each a place a run's files may be
-        self.nodes = dict(nodes or {})
+        # without a shared folder: the group of every node (the cluster's `entries`), by
+        # label (the login node's: the cluster's name), each a place a run's files may be
+        self.group = group if cluster.synced else None
+        self.nodes: dict[str, Connection] = dict(group.connections) if group and self.group else {}
         self._on = ""  # the node this view's `conn` is (see `_at`)
         self._names: dict[str, str] = {}
         self.spec = spec or JobSpec()
@@ -181,16 +181,11 @@ class SlurmBackend:
         return view
 
     def _each_node(self, fn: Callable[[str, Connection], Any]) -> dict[str, Any]:
-        """fn on every node at once: its value, or the exception it raised, per node."""
-
-        def one(item: tuple[str, Connection]) -> Any:
-            try:
-                return fn(*item)
-            except Exception as exc:  # reported per node
-                return exc
-
-        with ThreadPoolExecutor(max_workers=min(16, len(self.nodes))) as pool:
-            return dict(zip(self.nodes, pool.map(one, self.nodes.items()), strict=True))
+        """fn on every node at once (the group's map): its value, or the exception it
+        raised, per node."""
+        assert self.group is not None
+        outcomes = self.group.map(lambda entry, conn: fn(entry.label, conn))
+        return {o.host: o.value if o.error is None else o.error for o in outcomes}
 
     def _node_named(self, name: str) -> str:
         """The node whose Slurm name (its short hostname) is `name`."""

@@ -25,6 +25,4 @@ def cluster_backend(
 def backend_in(group: Group, cluster: Cluster, spec: JobSpec | None = None) -> SlurmBackend:
     """The cluster's backend over the group's connections (its `entries`): the login node,
     and every node by label where the cluster has no shared folder."""
-    conns = group.connections
-    nodes = {e.label: conns[e.label] for e in cluster.entries} if cluster.synced else {}
-    return SlurmBackend(conns[cluster.entry.label], cluster, spec, nodes=nodes)
+    return SlurmBackend(group.connections[cluster.entry.label], cluster, spec, group=group)
