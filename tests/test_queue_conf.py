@@ -55,11 +55,11 @@ def test_facts_are_read_as_the_script_prints_them() -> None:
     assert (f.hostname, f.addr, f.systemd, f.root) == ("gpu1", "10.0.0.5", True, "sudo")
     assert f.topology == {"CPUs": 8, "Boards": 1, "SocketsPerBoard": 1, "CoresPerSocket": 4,
                           "ThreadsPerCore": 2, "RealMemory": 64000}  # fmt: skip
-    assert (f.gpus, f.gpu_type, f.missing) == (2, "a100", [])
+    assert (f.gpus, f.gpu_type, f.needs(controller=True, accounting=False)) == (2, "a100", [])
     assert f.versions["slurmd"] == "22.05.8-4"
     bare = facts("n1", "10.0.0.6", slurmd_c="", has_slurmd="0")
     assert bare.topology == {"CPUs": 2, "RealMemory": 24105}  # nproc and MemTotal
-    assert bare.missing == ["slurmd"]
+    assert bare.needs(controller=False, accounting=False) == ["slurmd"]
 
 
 @pytest.mark.parametrize(

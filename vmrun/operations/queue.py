@@ -117,10 +117,7 @@ def up_cluster(
     done = up(settings, ask, out)
     path = done.project_file or (settings.project_dir or Path.cwd()) / PROJECT_FILE
     fresh = replace(settings, project_dir=path.parent, project_data=read_toml(path, project=True))
-    known = _recorded(fresh, ask.name)
-    shared = known.workdir if known is not None and known.nodes and known.shared else None
-    return done, make_cluster(fresh, request, [f"@{ask.name}"], ask.name, shared=shared,
-                              out=out)  # fmt: skip
+    return done, make_cluster(fresh, request, [f"@{ask.name}"], ask.name, out=out)
 
 
 def remove_cluster(settings: Settings, name: str, hosts: list[str] | None) -> Removed:

@@ -74,11 +74,6 @@ class NodeFacts:
         kinds = {gpu_type(n) for n in self.gpu_names}
         return kinds.pop() if len(kinds) == 1 else None
 
-    @property
-    def missing(self) -> list[str]:
-        """Packages a node still needs."""
-        return self.needs(controller=False, accounting=False)
-
     def needs(self, *, controller: bool, accounting: bool) -> list[str]:
         """Packages this host still needs as a node, the controller, and its accounting."""
         need = {"munged": "munge", "slurmd": "slurmd", "sinfo": "slurm-client"}
