@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from testbed import (
@@ -341,6 +341,21 @@ def trainer_hooks() -> Iterator[Path]:
         shutil.copy(ROOT / "tests" / "trainer_hooks" / "sitecustomize.py", folder)
         subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
         yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def gate(trainer_hooks: Path) -> Iterator[Any]:
+    """A train_helpers.Gate: a run that cannot end before the test says so."""
+    import uuid
+
+    from train_helpers import Gate
+
+    folder = trainer_hooks / f"gate-{uuid.uuid4().hex}"
+    folder.mkdir(mode=0o755)
+    try:
+        yield Gate(trainer_hooks, folder / "open")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

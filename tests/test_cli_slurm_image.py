@@ -31,7 +31,7 @@ from test_cli_slurm import (
     status_rows,
 )
 from testbed.docker import DockerBed, memlock_hard_limit
-from train_helpers import assert_matches_one_process, hook_env
+from train_helpers import Gate, assert_matches_one_process, hook_env
 
 
 def _toml(python: Path, env: dict[str, str], mounts: list[str] = ()) -> str:  # type: ignore[assignment]
@@ -179,24 +179,27 @@ def test_usr2_in_the_image_snapshots_requeues_and_resumes(
 @pytest.mark.timeout(900)
 def test_a_job_in_the_image_at_its_time_limit_is_requeued_and_finishes(
     slurm_docker: DockerBed, slurm_cluster: Any, dslurm: Client, host_python: Path,
-    trainer_hooks: Path,
+    gate: Gate,
 ) -> None:  # fmt: skip
     """A real --time limit: Slurm's warning reaches the batch shell, which marks it and
     passes it on to the step; the template in the container saves, the job is requeued,
-    and the epochs run 1..N once each."""
-    hooks = hook_env(trainer_hooks, EPOCH_DELAY="1")
+    and the epochs run 1..N once each. The first attempt holds after epoch 6 (a trainer
+    hook that the warning ends) so the warning finds it however slow the machine."""
+    hooks = gate.env(6)
     (dslurm.cwd / "vmrun.toml").write_text(
-        _toml(host_python, hooks, [f"{trainer_hooks}:{trainer_hooks}:ro"])
+        _toml(host_python, hooks, [f"{gate.hooks}:{gate.hooks}:ro"])
     )
-    done = dslurm.vmrun("train", "-C", "bed", "--image", slurm_docker.image, "--epochs", "60",
+    done = dslurm.vmrun("train", "-C", "bed", "--image", slurm_docker.image, "--epochs", "12",
                         "--save-every", "100", "--nproc-per-node", "1", "--time", "1",
                         "--max-requeues", "10", "--sbatch-arg=--signal=B:USR2@50",
                         "--detach")  # fmt: skip
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
+    metrics = out_dir(slurm_cluster, dslurm, rid) / "metrics.jsonl"
+    wait_for(lambda: (metrics.parent / "snapshot.pt").exists(), 240, "the warned attempt's save")
+    gate.open()
     code, out, err = follow_to_the_end(dslurm, rid)
     assert code == 0, err + out
     assert "(requeued)" in err, err
-    metrics = out_dir(slurm_cluster, dslurm, rid) / "metrics.jsonl"
-    assert epochs_in(metrics) == list(range(1, 61))
+    assert epochs_in(metrics) == list(range(1, 13))
     assert _no_container(slurm_docker) == {c.name: [] for c in slurm_cluster.computes}

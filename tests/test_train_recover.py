@@ -23,6 +23,7 @@ from conftest import Client, clean_host, run_id_of, wait_for
 from imds_fixtures import metadata
 from store_fixtures import bucket_fixture, install_mover, new_bucket, s3_env  # noqa: F401
 from testbed import NetnsBed, TestHost
+from train_helpers import Gate
 
 from vmrun.remote_paths import remote_workdir
 
@@ -208,16 +209,19 @@ def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Clie
     assert f"vmrun-supervisor:{rid}" not in _allowed(h1)
 
 
-def _two_nodes_saving(bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]) -> str:
+def _two_nodes_saving(
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
+) -> str:
     """The template on h1 and h2 with its supervisor on h3 and the spare bastion, once its
-    first snapshot is in the bucket (and it still trains); its run id."""
+    first snapshot is in the bucket; its run id. It holds after epoch 17 of 20 until `gate`
+    exists (a trainer hook), so it still trains when the test loses a node."""
     from store_fixtures import client
 
     endpoint, _ = bucket
     name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
     done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
-                         "300", "--save-every", "5", "--recover", "--supervisor", "h3",
-                         "--spare", "bastion", timeout=600)  # fmt: skip
+                         "20", "--save-every", "5", "--recover", "--supervisor", "h3",
+                         "--spare", "bastion", *gate.options(17), timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     s3 = client(endpoint)
@@ -227,9 +231,14 @@ def _two_nodes_saving(bed: NetnsBed, project: Client, bucket: tuple[str, TestHos
         return any(o["Key"].endswith("/snapshot.pt") for o in listed)
 
     wait_for(saved, 120, "a snapshot in the bucket")
-    log = bed["h1"].home / ".vmrun" / "runs" / rid / "log"
-    assert "final model saved" not in log.read_text()  # still training when the node goes
     return rid
+
+
+def _replaced(supervisor: TestHost, rid: str, gate: Gate) -> list[dict[str, Any]]:
+    """Once the supervisor has recorded its recovery, the gate opened: the run may end."""
+    wait_for(lambda: _events(supervisor, rid), 240, "the supervisor's recovery")
+    gate.open()
+    return _events(supervisor, rid)
 
 
 def _ended(log: Path, supervisor: TestHost, rid: str) -> None:
@@ -247,20 +256,20 @@ def _epochs(host: TestHost, project: Client, rid: str) -> list[int]:
 
 
 def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
-    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
 ) -> None:
     """Two nodes, h2 then lost entirely (every process killed, no sshd): the supervisor (on
     h3) puts the spare in its place; h1 gives it the newest snapshot; the run ends with
     every epoch once."""
     h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
-    rid = _two_nodes_saving(bed, project, bucket)
+    rid = _two_nodes_saving(bed, project, bucket, gate)
     h2.stop_sshd()  # the node is gone
     try:
         log = h1.home / ".vmrun" / "runs" / rid / "log"
+        events = _replaced(h3, rid, gate)
         _ended(log, h3, rid)
-        events = _events(h3, rid)
         assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h2": "bastion"})]
-        assert _epochs(h1, project, rid) == list(range(1, 301))  # every epoch once
+        assert _epochs(h1, project, rid) == list(range(1, 21))  # every epoch once
         assert "recovery 1 of 5: lost h2: replaced h2 by bastion" in log.read_text()
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
@@ -268,18 +277,18 @@ def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(
 
 
 def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
-    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
 ) -> None:
     """The master h1 lost entirely, with its snapshots: the spare becomes the master and
     every node copies the newest snapshot from the run's bucket."""
     h1, h3, spare = bed["h1"], bed["h3"], bed["bastion"]
-    rid = _two_nodes_saving(bed, project, bucket)
+    rid = _two_nodes_saving(bed, project, bucket, gate)
     h1.stop_sshd()
     try:
+        events = _replaced(h3, rid, gate)
         _ended(spare.home / ".vmrun" / "runs" / rid / "log", h3, rid)
-        events = _events(h3, rid)
         assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h1": "bastion"})]
-        assert _epochs(spare, project, rid) == list(range(1, 301))
+        assert _epochs(spare, project, rid) == list(range(1, 21))
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
         h1.start_sshd()
@@ -331,18 +340,20 @@ def test_a_run_stopped_by_the_user_is_not_brought_back(bed: NetnsBed, project: C
 
 
 def test_a_spot_notice_saves_the_epoch_and_a_spare_takes_the_node(
-    bed: NetnsBed, project: Client, tmp_path: Path
+    bed: NetnsBed, project: Client, tmp_path: Path, gate: Gate
 ) -> None:
     """h2 is a spot VM: its rebalance recommendation makes the run snapshot and go on; its
     interruption notice makes the run snapshot the epoch under way and stop, and the
-    supervisor resumes it on the spare at the next epoch: nothing redone, every epoch once."""
+    supervisor resumes it on the spare at the next epoch: nothing redone, every epoch once.
+    The run (epochs paced at 0.2 s) holds after its epoch 58 of 60 until the test has seen
+    the recovery."""
     h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
     with metadata(h2, tmp_path) as (state, requests):
         done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1",
-                             "--epochs", "300", "--save-every", "300", "--recover",
+                             "--epochs", "60", "--save-every", "60", "--recover",
                              "--supervisor", "h3", "--spare", "bastion",
                              "--env", "VMRUN_SPOT_EVERY=0.5",  # the resume needs it again
-                             timeout=600)  # fmt: skip
+                             *gate.options(58, EPOCH_DELAY="0.2"), timeout=600)  # fmt: skip
         assert done.returncode == 0, done.stderr + done.stdout
         rid = run_id_of(done.stderr)
         log, noted = (host.home / ".vmrun" / "runs" / rid / "log" for host in (h1, h2))
@@ -353,15 +364,15 @@ def test_a_spot_notice_saves_the_epoch_and_a_spare_takes_the_node(
         assert "for requeue" not in log.read_text()  # it goes on
         action = {"action": "terminate", "time": "2026-11-29T10:02:00Z"}
         state.write_text(json.dumps({"instance-action": action}))
+        events = _replaced(h3, rid, gate)
         _ended(log, h3, rid)
     text = log.read_text()
     stops = [x for x in text.splitlines() if "for requeue (SIGUSR2): snapshot saved" in x]
     assert len(stops) == 1, text[-3000:]
     epoch = int(stops[0].split("stopping after epoch ")[1].split()[0])
     assert f"resumed from snapshot at epoch {epoch + 1} " in text, text[-3000:]
-    assert _epochs(h1, project, rid) == list(range(1, 301))  # none missing, none twice
+    assert _epochs(h1, project, rid) == list(range(1, 61))  # none missing, none twice
     assert noted.read_text().count("spot interruption notice (terminate at 2026-11-29") == 1
-    events = _events(h3, rid)
     assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h2": "bastion"})]
     assert events[0]["failure"]["noticed"] == ["h2"] and events[0]["failure"]["exit_code"] == 75
     assert "recovery 1 of 5: spot notice on h2: replaced h2 by bastion" in text

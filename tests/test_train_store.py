@@ -17,6 +17,7 @@ import pytest
 from conftest import Client, clean_host, copier_pids, run_id_of, template_out, wait_for
 from store_fixtures import SECRET, bucket_fixture, client, install_mover, new_bucket, s3_env  # noqa: F401
 from testbed import NetnsBed, TestHost
+from train_helpers import Gate
 
 from vmrun.remote_paths import remote_workdir
 
@@ -165,15 +166,17 @@ def _fetched_from_the_bucket_twice(project: Client, store: str, rid: str, env: A
 
 
 def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_bucket(
-    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost]
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
 ) -> None:
+    """The run holds after its epoch 20 of 40 (a trainer hook) until the node is gone."""
     endpoint, _ = bucket
     name = new_bucket(endpoint)
     h1, h2 = bed["h1"], bed["h2"]
     env = s3_env(endpoint)
     store = f"s3://{name}/runs"
-    done = project.vmrun("train", "-H", "h1", "--epochs", "300", "--save-every", "10",
-                         "--store", store, "--detach", env=env, timeout=300)  # fmt: skip
+    done = project.vmrun("train", "-H", "h1", "--epochs", "40", "--save-every", "10",
+                         "--store", store, "--detach", *gate.options(20), env=env,
+                         timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
 
@@ -200,15 +203,16 @@ def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_buck
         saved = [json.loads(x)["epoch"] for x in (local / "metrics.jsonl").read_text().splitlines()]
         assert saved and saved == list(range(1, len(saved) + 1))
 
+        gate.open()
         resumed = project.vmrun("train", "--resume", rid, "--store", store, "-H", "h2",
-                                env=env, timeout=600)  # fmt: skip
+                                *gate.options(20), env=env, timeout=600)  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
         said = [x for x in resumed.stdout.splitlines() if x.startswith(("vmrun", "---"))]
         assert "attempt 2, resumed from epoch" in resumed.stdout, "\n".join(said)
         assert not [line for line in said if "failed" in line], "\n".join(said)
         out = template_out(h2, project, rid)
         epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-        assert epochs == list(range(1, 301))  # the metrics go on, each epoch once
+        assert epochs == list(range(1, 41))  # the metrics go on, each epoch once
         record = h2.home / ".vmrun" / "runs" / rid
         assert (record / "attempt").read_text().strip() == "2"
         wait_for(lambda: store_state(record).get("state") == "done", 60, "the last copy")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 from vmrun.trainer import TEMPLATE_PATH
 
@@ -28,3 +30,25 @@ def test_the_hooks_leave_every_other_process_alone() -> None:
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 0 and done.stdout == "[]", done.stdout + done.stderr
+
+
+def test_a_gated_run_waits_after_its_epoch_until_the_gate_opens(tmp_path: Path) -> None:
+    """VMRUN_TEST_HOOK_GATE: the recovery tests' run cannot end before they lose a node."""
+    gate = tmp_path / "gate"
+    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
+           "VMRUN_TEST_HOOK_GATE": str(gate), "VMRUN_TEST_HOOK_GATE_AT": "1"}  # fmt: skip
+    argv = [sys.executable, str(TEMPLATE_PATH), "2", "10", "--dataset-size", "64",
+            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    metrics = tmp_path / "metrics.jsonl"
+    with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True) as run:  # fmt: skip
+        try:
+            wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") == 1, 60,
+                     "the first epoch")  # fmt: skip
+            time.sleep(0.5)  # held: a second epoch would take a few milliseconds
+            assert run.poll() is None and metrics.read_text().count("\n") == 1
+            gate.touch()
+            assert run.wait(timeout=60) == 0, run.stderr.read() if run.stderr else ""
+        finally:
+            run.kill()
+    assert metrics.read_text().count("\n") == 2

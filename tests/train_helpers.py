@@ -171,6 +171,25 @@ def hook_env(trainer_hooks: Path, **hooks: str) -> dict[str, str]:
     }
 
 
+@dataclass
+class Gate:
+    """A gated run (the trainer hook GATE) holds after epoch `at` until `path` exists: the
+    `gate` fixture's, in a folder every test host user can read."""
+
+    hooks: Path
+    path: Path
+
+    def env(self, at: int, **more: str) -> dict[str, str]:
+        """The variables that gate the template's run (with other hooks: EPOCH_DELAY=...)."""
+        return hook_env(self.hooks, GATE=str(self.path), GATE_AT=str(at), **more)
+
+    def options(self, at: int, **more: str) -> list[str]:
+        return env_options(self.env(at, **more))
+
+    def open(self) -> None:
+        self.path.touch()
+
+
 def env_options(env: Mapping[str, str]) -> list[str]:
     """`-e NAME=VALUE` for each variable."""
     return [word for name, value in env.items() for word in ("-e", f"{name}={value}")]

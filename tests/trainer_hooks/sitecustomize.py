@@ -16,6 +16,12 @@ conftest fixture `trainer_hooks` gives a copy every test host user can read.
   the file written, having written `save-paused.pid` to the out dir.
 - VMRUN_TEST_HOOK_EPOCH_DELAY=S: every rank sleeps S seconds after each epoch's metrics and
   snapshot, before the preemption check, so a test can signal or stop a run mid-way.
+- VMRUN_TEST_HOOK_GATE=PATH with VMRUN_TEST_HOOK_GATE_AT=N: every rank, having recorded
+  epoch N or a later one, waits there until PATH exists, so a run cannot end before the test
+  has done what it must mid-run (lose a node, see the recovery) however slow the machine.
+  A signal the template notes (its preemption handlers, or Slurm's warned file) ends the
+  wait, so its epoch's preemption check still comes (every rank must get it: the check is
+  collective).
 
 A block lasts at most WAIT_S, so a forgotten hook never hangs a test.
 """
@@ -60,15 +66,37 @@ class PausingWriter:
         self.fh.flush()
 
 
+def paced(template: ModuleType, delay: float, gate: str | None, gate_at: int) -> Any:
+    """record_epoch, then the epoch's delay, then (from epoch `gate_at`) the gate."""
+    record_epoch = template.record_epoch
+    warned = os.environ.get(template.WARNED_FILE_ENV) or ""
+
+    def asked() -> bool:
+        caught = template._caught  # what the template's signal handlers noted
+        return bool(caught["signum"] or caught["snapshot"] or (warned and os.path.exists(warned)))
+
+    def record_epoch_hooked(job: Any, epoch: int, *rest: Any) -> bool:
+        saved = record_epoch(job, epoch, *rest)
+        time.sleep(delay)
+        if gate and epoch >= gate_at:
+            deadline = time.monotonic() + WAIT_S
+            while not (os.path.exists(gate) or asked()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return bool(saved)
+
+    return record_epoch_hooked
+
+
 def install(template: ModuleType, env: dict[str, str]) -> None:
     """Wrap the template's functions for the hooks set in `env`."""
     pid_dir = env.get(PREFIX + "PID_DIR")
     stall_at = env.get(PREFIX + "STALL_AT_EPOCH")
     pause_at = int(env.get(PREFIX + "PAUSE_IN_SAVE") or 0)
     delay = min(float(env.get(PREFIX + "EPOCH_DELAY") or 0), WAIT_S)
+    gate, gate_at = env.get(PREFIX + "GATE"), int(env.get(PREFIX + "GATE_AT") or 0)
     out_dir = Path(".")
     train, run_epoch = template.train, template.run_epoch
-    save_snapshot, record_epoch = template.save_snapshot, template.record_epoch
+    save_snapshot = template.save_snapshot
 
     def train_hooked(args: Any, ctx: Any) -> None:
         nonlocal out_dir
@@ -105,18 +133,13 @@ def install(template: ModuleType, env: dict[str, str]) -> None:
         finally:
             torch.save = real_save
 
-    def record_epoch_hooked(*args: Any) -> bool:
-        saved = record_epoch(*args)
-        time.sleep(delay)
-        return bool(saved)
-
     template.train = train_hooked
     if stall_at:
         template.run_epoch = run_epoch_hooked
     if pause_at:
         template.save_snapshot = save_snapshot_hooked
-    if delay > 0:
-        template.record_epoch = record_epoch_hooked
+    if delay > 0 or gate:
+        template.record_epoch = paced(template, delay, gate, gate_at)
 
 
 def run(path: str) -> None:
