@@ -295,6 +295,10 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
         fetch = run.vmrun("fetch", "results", "--run", rid.group(1), timeout=120)
         assert fetch.returncode == 0, fetch.stderr + fetch.stdout
         assert (user.cwd / "results" / rid.group(1) / "uc-0" / "finalmodel.pt").is_file()
+        assert "about 4.20 DKK an hour" in up.stderr + up.stdout, up.stderr + up.stdout
+        report = run.vmrun("report", rid.group(1), "--json")
+        (row,) = json.loads(report.stdout)  # its cost kept in UCloud's currency
+        assert row["currency"] == "DKK" and row["cost"] is not None, row
         down = run.vmrun("down", "uc", timeout=120)
         assert down.returncode == 0, down.stderr + down.stdout
         assert fake.live() == [] and "[[hosts]]" not in run.toml()

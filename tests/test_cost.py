@@ -4,21 +4,22 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from vmrun.config import load_settings
 from vmrun.errors import ConfigError
-from vmrun.results.cost import dollars, prices, recovery_seconds
+from vmrun.results.cost import alike, charge, money, prices, recovery_seconds
 
 
 def test_prices_are_recorded_only_when_every_node_has_one() -> None:
     assert prices({"h1": 0.5, "h2": 1}) == {"prices": {"h1": 0.5, "h2": 1.0},
-                                           "price_per_hour": 1.5}  # fmt: skip
+                                           "price_per_hour": 1.5, "currency": "USD"}  # fmt: skip
     assert prices({"h1": 0.5, "h2": None}) == {}  # a partial sum would mislead
     assert prices({}) == {}
-    assert dollars(1800, 3.0) == 1.5 and dollars(None, 3.0) is None and dollars(60, None) is None
+    assert charge(1800, 3.0) == 1.5 and charge(None, 3.0) is None and charge(60, None) is None
     assert recovery_seconds({"downtime_s": 30, "epochs_redone": 3}, 10.0) == 60
     assert recovery_seconds({"downtime_s": None, "epochs_redone": 0}, 10.0) is None
 
@@ -31,7 +32,23 @@ def test_a_price_that_is_not_a_number_is_refused_naming_the_key(
     (tmp_path / "vmrun.toml").write_text(f'[[hosts]]\naddress = "u@h1"\nprice = {shown}\n')
     with pytest.raises(ConfigError) as caught:
         load_settings({}, cwd=tmp_path, environ={})
-    assert "price" in caught.value.message and "USD per hour" in caught.value.message
+    assert "price" in caught.value.message and "an amount per hour" in caught.value.message
+
+
+def test_prices_in_another_currency_are_kept_in_it_and_never_added_to_dollars() -> None:
+    assert alike(3.6, 2, "DKK") == {"prices": {"node 0": 3.6, "node 1": 3.6},
+                                    "price_per_hour": 7.2, "currency": "DKK"}  # fmt: skip
+    assert prices({"h1": 0.5, "h2": 3.6}, {"h2": "DKK"}) == {}  # no rate to trust offline
+    assert prices({"h1": 0.5}, {"h1": "USD"})["currency"] == "USD"
+    assert (money(2, "USD"), money(1234.5, "DKK"), money(None)) == ("$2.00", "1,234.50 DKK", "-")
+
+
+@pytest.mark.parametrize("value", ['"dkk"', '"KRONER"', "45"])
+def test_a_currency_that_is_not_an_iso_code_is_refused(tmp_path: Path, value: str) -> None:
+    (tmp_path / "vmrun.toml").write_text(f'[[hosts]]\naddress = "u@h1"\ncurrency = {value}\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings({}, cwd=tmp_path, environ={})
+    assert "currency" in caught.value.message and "ISO 4217" in caught.value.message
 
 
 def test_a_report_gives_the_runs_cost_and_each_recoverys(tmp_path: Path) -> None:
@@ -52,10 +69,10 @@ def test_a_report_gives_the_runs_cost_and_each_recoverys(tmp_path: Path) -> None
         f"recovery\t1530\tattempt 1 failed (node(s) c1 lost)\t{json.dumps(facts)}\n"
     )
     (row,) = report_rows(load_runs([run]))
-    assert row.cost_usd == 2.0  # an hour, two nodes at $1
+    assert (row.cost, row.currency) == (2.0, "USD")  # an hour, two nodes at $1
     (told,) = row.recoveries or []
-    assert (told["cost_s"], told["cost_usd"]) == (60.0, 0.03)
-    assert json.loads(rows_json([row]))[0]["cost_usd"] == 2.0
+    assert (told["cost_s"], told["cost"]) == (60.0, 0.03)
+    assert json.loads(rows_json([row]))[0]["cost"] == 2.0
     heads, numeric, (cells,) = table([row])
     assert heads[-2:] == ("COST", "RECOVERIES") and heads.index("COST") in numeric
     assert cells[-2] == "$2.00" and cells[-1] == "1 (30.0 s down, 3 redone, $0.03)"
@@ -73,3 +90,23 @@ def test_up_records_each_vms_price_on_its_host() -> None:
     hosts = _entries("c1", "ubuntu", made, "", price=0.526)
     assert [h.vars["price"] for h in hosts] == [0.526, 0.526]
     assert "price" not in _entries("c1", "ubuntu", made, "")[0].vars
+
+
+def test_a_sweeps_runs_are_added_up_under_the_report_each_currency_apart(tmp_path: Path) -> None:
+    from vmrun.results.history import load_runs
+    from vmrun.results.report import notes, report_rows, table
+
+    for name, per_hour, currency in (("r1", 2.0, "USD"), ("r2", 4.0, "USD"), ("r3", 30.0, "DKK")):
+        run = tmp_path / name
+        run.mkdir()
+        meta = {"run_id": name, "nodes": ["h1"], "nproc_per_node": 1,
+                "prices": {"h1": per_hour}, "price_per_hour": per_hour, "currency": currency}
+        (run / "run.json").write_text(json.dumps({**meta, "started": 1000}))
+        (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "loss": 0.5}) + "\n")
+        (run / "exit_code").write_text("0\n")
+        os.utime(run / "exit_code", (2800, 2800))  # half an hour after its start
+    rows = report_rows(load_runs(sorted(tmp_path.iterdir())))
+    assert [(r.cost, r.currency) for r in rows] == [(1.0, "USD"), (2.0, "USD"), (15.0, "DKK")]
+    heads, _, shown = table(rows)
+    assert [c[heads.index("COST")] for c in shown] == ["$1.00", "$2.00", "15.00 DKK"]
+    assert notes(rows).endswith("cost in all: $3.00 (2 runs), 15.00 DKK (1 runs)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -143,11 +144,22 @@ def test_the_host_sender_tells_the_end_once(tmp_path: Path, receiver: Receiver) 
                  "vmrun fetch results --run r1"):  # fmt: skip
         assert fact in body, body
     assert receiver.posts[0]["path"] == f"/hook/{TOKEN}"
+    assert "cost" not in body  # its machines' prices are unknown: no made-up figure
     assert _sender(rec, "send").returncode == 0
     rendered = json.loads(_sender(rec, "render").stdout)
     assert rendered["send"] == "local"  # the host sent: the laptop sends only what it cannot
     assert json.loads(_sender(rec, "render").stdout)["send"] == "none"
     assert len(receiver.posts) == 1
+
+
+def test_the_end_says_what_the_run_cost_at_its_recorded_prices(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    rec = _record(tmp_path, receiver)
+    (rec / "first_started").write_text(f"{int(time.time()) - 1800}\n")  # half an hour ago
+    (rec / "run.json").write_text(json.dumps({"price_per_hour": 7.2, "currency": "DKK"}))
+    rendered = json.loads(_sender(rec, "render").stdout)
+    assert re.search(r"duration 0:30:0\d, cost 3\.60 DKK, epochs 3/3", rendered["body"]), rendered
 
 
 def test_a_failure_names_the_worker_that_failed_first(tmp_path: Path, receiver: Receiver) -> None:

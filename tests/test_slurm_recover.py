@@ -73,10 +73,10 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere
     fetched = slurm_client.vmrun("fetch", "results", "-C", "bed", "--run", rid)
     assert fetched.returncode == 0, fetched.stderr
     (row,) = json.loads(slurm_client.vmrun("report", rid, "--json").stdout)
-    assert row["cost_usd"] is not None and row["cost_usd"] >= 0, row
+    assert row["cost"] is not None and row["cost"] >= 0 and row["currency"] == "USD", row
     (recovery,) = row["recoveries"]
     assert recovery["cost_s"] >= recovery["downtime_s"] > 0, recovery
-    assert recovery["cost_usd"] == round(recovery["cost_s"] / 3600 * 1.5, 2), recovery
+    assert recovery["cost"] == round(recovery["cost_s"] / 3600 * 1.5, 2), recovery
 
 
 def test_a_node_that_slurm_takes_down_under_the_job_is_kept_off_the_next_attempt(

@@ -17,7 +17,7 @@ T0 = 1_700_000_000.0
 KEYS = [
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries",
+    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries", "cost",
 ]  # fmt: skip
 
 
@@ -130,3 +130,23 @@ def test_gather_refuses_a_negative_last_and_two_places_before_any_connection(
         gather(settings, hosts=["nowhere"], last=-1)
     with pytest.raises(UsageError, match="use one"):
         gather(settings, hosts=["nowhere"], cluster="hpc")
+
+
+def test_a_runs_cost_so_far_is_its_time_at_the_prices_it_started_with(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """run.json's prices (recorded as the run started): the whole run's time, on the
+    master's row of the table; a run whose prices are unknown costs null, never 0."""
+    from vmrun.cli.status_cmd import _render, _rows
+
+    a, b = _host("r1", "n1", 0), _host("r1", "n2", 0)
+    for rec in (a, b):
+        rec.meta.update(master="n1", prices={"n1": 30.0, "n2": 30.0}, price_per_hour=60.0,
+                        currency="DKK")  # fmt: skip
+    (obj,) = run_objects([a, b])
+    assert obj["cost"] == {"amount": 1.52, "currency": "DKK", "per_hour": 60.0}  # 91 s
+    assert run_objects([_host("r0", "n1", 0)])[0]["cost"] is None
+    _render(_rows([a, b], {}, costs=True), costs=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "COST"
+    assert lines[1].endswith("1.50 DKK") and lines[2].endswith("-"), lines  # 90 s on n1

@@ -6,6 +6,7 @@ announces SSH (terminated, refused), describe / stop / start / terminate by labe
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from testbed.ucloud import API_TOKEN, REFRESH, FakeUCloud
@@ -95,3 +96,40 @@ def test_ucloud_s_refusals_and_an_unknown_type_are_one_line_and_leave_nothing() 
         cloud.launch(request(), cloud.offer(request()), Recorder())
     assert "400 Not enough credits in the project" in refused.value.one_line()
     assert fake.live() == []
+
+
+def test_up_says_the_hourly_cost_in_dkk_first_records_it_and_keeps_a_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UCloud prices in DKK (a ProductV2's price a minute, in millionths): `up` says the
+    cluster's hourly cost in DKK before it makes a job, records each host's `price` with
+    `currency = "DKK"` (a run's cost is then kept in DKK, never added to dollars), and
+    --max-hourly-cost is in the cloud's currency."""
+    from vmrun.config import load_settings
+    from vmrun.operations import cloud
+
+    fake = FakeUCloud(boot=lambda job: ("ucloud", f"130.225.0.{job['id'][-1]}", 22))
+    monkeypatch.setattr(cloud, "provider_for", lambda name, profile: provider(fake))
+    monkeypatch.setattr(cloud, "_wait_ssh", lambda *a: None)  # STAND-IN: no sshd here
+    monkeypatch.setattr(cloud, "_first_use", lambda *a: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / ".config"))
+    key = tmp_path / "id.pub"
+    key.write_text(KEY + "\n")
+    settings = load_settings({}, cwd=tmp_path, environ={})
+    ask = cloud.UpAsk("uc", cloud="ucloud", instance_type="u1-standard-2", count=2,
+                      ssh_key=key, max_hourly_cost=4.0)  # fmt: skip
+    with pytest.raises(UsageError) as dear:
+        cloud.up(settings, ask, Recorder())
+    assert dear.value.code == "over-budget" and "4.20 DKK an hour" in dear.value.message
+    assert fake.jobs == {}  # nothing made
+    out = Recorder()
+    done = cloud.up(settings, replace(ask, max_hourly_cost=5.0), out)
+    said = next(i for i, line in enumerate(out.lines) if "about 4.20 DKK an hour" in line)
+    assert said < next(i for i, line in enumerate(out.lines) if "running" in line), out.lines
+    assert (done.per_hour, done.currency) == (pytest.approx(4.2), "DKK")
+    from vmrun.ssh.inventory import select_hosts
+
+    hosts = select_hosts(["@uc"], load_settings({}, cwd=tmp_path, environ={}))
+    assert [(h.vars["price"], h.vars["currency"]) for h in hosts] == [(2.1, "DKK")] * 2

@@ -262,7 +262,15 @@ def _is_price(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
-_PRICE = (_is_price, "USD per hour, a number such as 0.526 (`vmrun up` records the cloud's)")
+_PRICE = (_is_price, "an amount per hour, a number such as 0.526 (USD unless `currency` says;"
+          " `vmrun up` records the cloud's)")  # fmt: skip
+
+
+def _is_currency(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 3 and value.isascii() and value.isupper()
+
+
+_CURRENCY = (_is_currency, 'a currency\'s ISO 4217 code, such as "DKK" (prices are USD without it)')
 
 
 def _is_env_table(value: Any) -> bool:
@@ -284,6 +292,7 @@ HOST_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "instance": (_is_str, "a cloud instance id (`vmrun up` records it)"),
     "store_role": (_is_str, "the bucket place the host's own role reaches (`vmrun up --store`)"),
     "price": _PRICE,  # what the machine costs an hour (vmrun.results.cost)
+    "currency": _CURRENCY,  # the price's (`vmrun up --cloud ucloud` records DKK)
     **{
         key: (kinds.accepts(FIELDS[key].parse), kinds.FILE_TYPES[FIELDS[key].parse][1])
         for key in FIELDS
@@ -303,6 +312,7 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "env": (_is_env_table, 'a table of NAME = "value"'),
     "sbatch_args": (_is_str_list, "a list of strings"),
     "price": _PRICE,  # per node an hour (vmrun.results.cost)
+    "currency": _CURRENCY,
     # the hosts vmrun made this cluster of (`setup --slurm`; vmrun.operations.queue)
     "nodes": (_is_str_list, "a list of hosts"),
     # false: no folder every node sees; each run's project is synced to every node

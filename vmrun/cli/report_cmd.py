@@ -98,10 +98,10 @@ def register(app: typer.Typer) -> None:
 
 
 def show_table(rows: list) -> None:
-    from vmrun.results.report import baseline_note, table
+    from vmrun.results.report import notes, table
 
     heads, numeric, shown = table(rows)
-    note = baseline_note(rows)
+    note = notes(rows)
     if sys.stdout.isatty():
         from rich.table import Table
 

@@ -36,8 +36,8 @@ def _duration(seconds: float | None) -> str:
 def register(app: typer.Typer) -> None:
     @app.command(
         "status",
-        help="List the runs on the hosts (or a cluster's, -C): state, progress, start, duration"
-        " and exit code.",
+        help="List the runs on the hosts (or a cluster's, -C): state, progress, start, duration,"
+        " exit code and, where the machines' prices are known, what each has cost.",
     )
     @reaching()
     def status_command(
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--json",
                 help="A JSON list on stdout, one object per run: run, hosts or cluster, state,"
-                " launcher, nodes, processes, world size, epochs, start, duration, exit.",
+                " launcher, nodes, processes, world size, epochs, start, duration, exit, cost.",
             ),
         ] = False,
         reach: Reach = NO_FLAGS,
@@ -72,8 +72,9 @@ def register(app: typer.Typer) -> None:
         else:
             images = any(r.meta.get("image") for r in records)
             stores = any(r.store for r in records)
-            _render(_rows(records, autostop, images, stores), autostop=bool(autostop),
-                    images=images, stores=stores)  # fmt: skip
+            costs = any(r.meta.get("price_per_hour") is not None for r in records)
+            _render(_rows(records, autostop, images, stores, costs), autostop=bool(autostop),
+                    images=images, stores=stores, costs=costs)  # fmt: skip
             for r in records:
                 if r.store is not None and r.store.state in ("failing", "gave-up"):
                     TERMINAL.warn(f"run {r.id}: {r.store.describe(getattr(r, 'host_now', None))}")
@@ -85,16 +86,19 @@ def register(app: typer.Typer) -> None:
 
 
 def _rows(
-    records: Sequence[Any], autostop: dict[str, str], images: bool = False, stores: bool = False
+    records: Sequence[Any], autostop: dict[str, str], images: bool = False, stores: bool = False,
+    costs: bool = False,
 ) -> list[tuple[str, ...]]:
     """One row per run and host (and one per task of an array job, `RUN[INDEX]`); an
     AUTOSTOP column where a host has the watchdog, an IMAGE column where a run ran in a
-    container image, a BUCKET column where a run is copied to one (--store)."""
+    container image, a BUCKET column where a run is copied to one (--store), a COST column
+    where a run's prices are known (on its master's row: the whole run's, so far)."""
     rows = []
     for r in records:
         extra = [*([autostop.get(r.host, "-")] if autostop else []),
                  *([str(r.meta.get("image") or "-")] if images else []),
-                 *([_bucket(r)] if stores else [])]  # fmt: skip
+                 *([_bucket(r)] if stores else []),
+                 *([_cost(r)] if costs else [])]  # fmt: skip
         started = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
         code = "-" if r.exit_code is None else str(r.exit_code)
         progress = ", ".join(p for p in (r.progress, getattr(r, "slow", "")) if p) or "-"
@@ -107,6 +111,16 @@ def _rows(
             rows.append((f"{r.id}[{t.key}]", r.host, state, where, started,
                          _duration(t.elapsed), code, *extra))  # fmt: skip
     return rows
+
+
+def _cost(run: Any) -> str:
+    from vmrun.operations.status_runs import cost_of
+    from vmrun.results.cost import money
+
+    if run.meta.get("master") not in (None, run.host):
+        return "-"  # the run's cost is on its master's row
+    found = cost_of(run.meta, run.duration)
+    return money(found["amount"], found["currency"]) if found else "-"
 
 
 def _bucket(run: Any) -> str:
@@ -141,9 +155,11 @@ def _render(
     autostop: bool = False,
     images: bool = False,
     stores: bool = False,
+    costs: bool = False,
 ) -> None:
     headers: tuple[str, ...] = ("RUN", "HOST", "STATE", "PROGRESS", "STARTED", "DURATION", "EXIT")
     headers += ("AUTOSTOP",) * autostop + ("IMAGE",) * images + ("BUCKET",) * stores
+    headers += ("COST",) * costs
     if not rows:
         from vmrun.cli.terminal import TERMINAL
 

@@ -122,8 +122,9 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(
                 "--max-hourly-cost",
-                metavar="USD",
-                help="Refuse (before anything is made) a cluster dearer than this an hour.",
+                metavar="AMOUNT",
+                help="Refuse (before anything is made) a cluster dearer than this an hour, in"
+                " the cloud's currency (USD on AWS, DKK on UCloud).",
             ),
         ] = None,
         slurm: Annotated[
@@ -190,7 +191,9 @@ def _render(done: Up, ask: UpAsk) -> None:
     for entry in done.hosts:
         say(f"  {entry.label}  {entry.spec.label}  private {entry.vars['private_addr']}")
     if done.per_hour is not None:
-        say(f"  about ${done.per_hour:.2f} an hour while it runs")
+        from vmrun.results.cost import money
+
+        say(f"  about {money(done.per_hour, done.currency)} an hour while it runs")
     if done.autostop:
         say(f"  autostop: each powers off after {done.autostop} idle")
     if ask.store:

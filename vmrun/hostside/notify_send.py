@@ -70,15 +70,29 @@ def first_start(rec):
     return int(started) if started.isdigit() else None
 
 
+def record_of(rec):
+    try:
+        with open(os.path.join(rec, "run.json"), encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def out_dir_of(rec):
-    where = read(os.path.join(rec, "out_dir"))
-    if not where:
-        try:
-            with open(os.path.join(rec, "run.json"), encoding="utf-8") as fh:
-                where = str(json.load(fh).get("out_dir") or "")
-        except (OSError, ValueError, AttributeError):
-            where = ""
-    return where
+    return read(os.path.join(rec, "out_dir")) or str(record_of(rec).get("out_dir") or "")
+
+
+def cost_text(rec, seconds):
+    """", cost $1.23" (or "12.30 DKK"): the run's time at the prices run.json recorded as it
+    started (vmrun.results.cost); "" where they are unknown."""
+    meta = record_of(rec)
+    per_hour = meta.get("price_per_hour")
+    if not isinstance(per_hour, (int, float)) or isinstance(per_hour, bool):
+        return ""
+    amount = round(seconds / 3600 * per_hour, 2)
+    currency = str(meta.get("currency") or "USD")
+    return f", cost ${amount:,.2f}" if currency == "USD" else f", cost {amount:,.2f} {currency}"
 
 
 def facts_of(rec, config, event, exit_given=""):
@@ -91,8 +105,10 @@ def facts_of(rec, config, event, exit_given=""):
     state = {"end": "done", "fail": "failed", "requeue": "requeued"}.get(event, event)
     facts.update(event=event, state=state, exit=code or "-")
     started = first_start(rec)
+    facts["cost"] = ""
     if started is not None:
         facts["duration"] = clock(time.time() - started)
+        facts["cost"] = cost_text(rec, time.time() - started)
     metrics = last_metrics(out_dir_of(rec))
     epoch = metrics.get("epoch")
     asked = facts.get("epochs_asked")

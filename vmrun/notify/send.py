@@ -24,7 +24,7 @@ from vmrun.reporting import Reporter
 TITLE = "vmrun: run {run} {state}"
 BODY = (
     "run {run} {state} (exit {exit}) on {where}\n"
-    "duration {duration}, epochs {epochs}, last loss {loss}\n"
+    "duration {duration}{cost}, epochs {epochs}, last loss {loss}\n"
     "results: {fetch}"
 )
 ALL = ("end", "fail", "stopped", "requeue", "autostop")
@@ -35,9 +35,10 @@ STATES = {"end": "done", "fail": "failed", "requeue": "requeued"}
 
 def message(event: str, **facts: Any) -> tuple[str, str]:
     """The title and body for a message this machine composes itself (the host's sender
-    fills the same templates from its record): unknown facts read `?`."""
+    fills the same templates from its record): unknown facts read `?` (a cost: nothing)."""
+    known = {k: v for k, v in facts.items() if v is not None}
     filled = {"state": STATES.get(event, event), "exit": "?", "duration": "?", "epochs": "?",
-              "loss": "?", **{k: v for k, v in facts.items() if v is not None}}  # fmt: skip
+              "loss": "?", "cost": "", **known}  # fmt: skip
     return TITLE.format_map(filled), BODY.format_map(filled)
 
 

@@ -66,7 +66,8 @@ class UpAsk:
     store: str | None = None  # s3://BUCKET/PREFIX: a role for the VMs that reaches it alone
     keep: bool = False  # keep what was made when `up` fails
     ssh_timeout: float = 600.0
-    max_hourly_cost: float | None = None  # USD an hour for the whole cluster: dearer is refused
+    # an hour for the whole cluster, in the cloud's currency (USD, DKK): dearer is refused
+    max_hourly_cost: float | None = None
 
 
 _DEFAULTS: dict[str, Any] = {
@@ -106,7 +107,8 @@ class Up:
     started: bool = False
     autostop: str = ""
     project_file: Path | None = None
-    per_hour: float | None = None  # USD for the whole cluster, where the price list answers
+    per_hour: float | None = None  # for the whole cluster, where the price list answers
+    currency: str = "USD"  # per_hour's
 
 
 @dataclass
@@ -265,9 +267,9 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         for inst in instances:
             out.info(f"{ask.name}: node {inst.index} {inst.id} running: {inst.public_addr}"
                      f" (private {inst.private_addr})")  # fmt: skip
-        price = _price(provider, instances)
+        price, currency = _price(provider, instances)
         entries = _entries(ask.name, offer.user, instances, ask.autostop or "",
-                           ask.store or "", price)  # fmt: skip
+                           ask.store or "", price, currency)  # fmt: skip
         if _gives_host_key(provider):
             _pin(settings, entries, host_key)
         else:
@@ -277,6 +279,7 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         done.project_file = _record(settings, ask, region, offer.user, entries)
         done.autostop = _autostop(settings, entries, ask.autostop or "")
         done.per_hour = None if price is None else price * len(instances)
+        done.currency = currency
         return done
     except BaseException:
         if ask.keep:
@@ -310,8 +313,9 @@ def _again(
     elif any(i.state == "pending" for i in existing):
         existing = provider.wait_running(ask.name, region, [i.id for i in existing], 600)
     user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
-    price = _price(provider, existing)
-    entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "", price)
+    price, currency = _price(provider, existing)
+    entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "", price,
+                       currency)  # fmt: skip
     if _gives_host_key(provider):
         _repin(settings, entries, ask.name, provider.host_key(existing[0]))
     else:  # the same VMs (their keys pinned), maybe at new ports: a new place is pinned
@@ -322,6 +326,7 @@ def _again(
     done.started = started
     done.project_file = _record(settings, ask, region, user, entries)
     done.per_hour = None if price is None else price * len(existing)
+    done.currency = currency
     return done
 
 
@@ -329,17 +334,21 @@ def _say_the_cost(
     provider: Provider, ask: UpAsk, request: Request, offer: Offer, out: Reporter
 ) -> None:
     """What the cluster costs an hour, said before anything is made, where the price list
-    answers; above `--max-hourly-cost` (or unknown with one given) it is refused here."""
+    answers; above `--max-hourly-cost` (in the cloud's currency; or unknown with one
+    given) it is refused here."""
     from vmrun.providers.api import Instance
+    from vmrun.results.cost import money, price_text
 
     probe = Instance(id="", cluster=ask.name, state="pending", instance_type=request.instance_type,
                      zone=offer.zones[0] if offer.zones else "", region=request.region,
                      public_addr="", private_addr="", spot=request.spot)  # fmt: skip
     per_vm = provider.hourly_price(probe)
     total = None if per_vm is None else per_vm * request.count
+    currency = provider.price_currency(probe) if per_vm is not None else ""
     if total is not None:
-        out.info(f"{ask.name}: about ${total:.2f} an hour while it runs ({request.count} x"
-                 f" ${per_vm:.4g}{' spot' if request.spot else ''})")  # fmt: skip
+        out.info(f"{ask.name}: about {money(total, currency)} an hour while it runs"
+                 f" ({request.count} x {price_text(per_vm or 0, currency)}"
+                 f"{' spot' if request.spot else ''})")  # fmt: skip
     limit = ask.max_hourly_cost
     if limit is None:
         return
@@ -352,18 +361,23 @@ def _say_the_cost(
         )
     if total > limit:
         raise UsageError(
-            f"{request.count} x {request.instance_type} costs ${total:.2f} an hour, above"
-            f" --max-hourly-cost {limit:g}; nothing was made",
+            f"{request.count} x {request.instance_type} costs {money(total, currency)} an"
+            f" hour, above --max-hourly-cost {limit:g} ({currency}, the cloud's currency);"
+            " nothing was made",
             hint="a smaller --type, fewer nodes (-n), --spot, or a higher limit",
             code="over-budget",
         )
 
 
-def _price(provider: Provider, instances: list[Instance]) -> float | None:
-    """USD an hour for one VM (they are alike), where the price list answers: recorded as
-    each host's `price`, for what runs on them cost (vmrun.results.cost)."""
-    prices = [provider.hourly_price(i) for i in instances[:1]]
-    return prices[0] if prices else None
+def _price(provider: Provider, instances: list[Instance]) -> tuple[float | None, str]:
+    """What one VM costs an hour (they are alike), where the price list answers, and in
+    which currency: recorded as each host's `price` (and `currency`, where not USD), for
+    what runs on them cost (vmrun.results.cost)."""
+    for inst in instances[:1]:
+        price = provider.hourly_price(inst)
+        if price is not None:
+            return price, provider.price_currency(inst) or "USD"
+    return None, "USD"
 
 
 def _recorded_user(settings: Settings, name: str) -> str:
@@ -380,7 +394,7 @@ def _note_region(cloud: str, region: str) -> None:
 
 def _entries(
     name: str, user: str, instances: list[Instance], autostop: str, store: str = "",
-    price: float | None = None,
+    price: float | None = None, currency: str = "USD",
 ) -> list[HostEntry]:  # fmt: skip
     """The cluster's hosts as vmrun.toml records them (`store_role`: the bucket place the
     VMs' own role reaches, which "auto" credentials then use)."""
@@ -402,6 +416,8 @@ def _entries(
             values["store_role"] = store
         if price is not None:
             values["price"] = round(price, 6)
+            if currency != "USD":
+                values["currency"] = currency
         entries.append(
             HostEntry(
                 parse_host(f"{inst.login_user or user}@{host}{port}"),

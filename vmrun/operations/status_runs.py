@@ -7,11 +7,12 @@ did not answer (`run` null), so a reader sees every failure, grouped by code, on
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vmrun.backends.api import RunRow
 from vmrun.errors import error_json, run_failed, run_stopped
+from vmrun.results.cost import USD, charge
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.history import iso_utc
 from vmrun.results.layout import CLUSTER, layout_of
@@ -20,7 +21,7 @@ _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
     "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
     "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries",
+    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries", "cost",
 )  # fmt: skip
 
 
@@ -75,7 +76,18 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         **_made_by(recs),
         "store": _store(recs),
         "recoveries": _recoveries(recs),
+        "cost": cost_of(first.meta, max(durations) if durations else None),
     }
+
+
+def cost_of(meta: Mapping[str, Any], seconds: float | None) -> dict[str, Any] | None:
+    """What the run has cost so far (its whole time, at the prices run.json recorded as it
+    started): `amount`, `currency`, `per_hour`; None where a node's price is unknown."""
+    per_hour = meta.get("price_per_hour")
+    if not isinstance(per_hour, (int, float)) or seconds is None:
+        return None
+    currency = str(meta.get("currency") or USD)
+    return {"amount": charge(seconds, per_hour), "currency": currency, "per_hour": per_hour}
 
 
 def _recoveries(recs: list[RunRow]) -> dict[str, Any] | None:

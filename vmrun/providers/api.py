@@ -161,7 +161,13 @@ class Provider(Protocol):
 
     def resources(self, regions: list[str]) -> list[Resource]: ...
 
-    def hourly_price(self, instance: Instance) -> float | None: ...
+    def hourly_price(self, instance: Instance) -> float | None:
+        """What one instance like this costs an hour, in `price_currency` (None: unknown)."""
+        ...
+
+    def price_currency(self, instance: Instance) -> str:
+        """The currency of `hourly_price` (ISO 4217: USD on AWS, DKK on UCloud)."""
+        ...
 
     def host_key(self, instance: Instance) -> str:
         """The public host key vmrun gave the instance at launch ("" if none)."""

@@ -62,7 +62,8 @@ class RunHistory:
     exit_code: int | None
     failure: WorkerFailure | None = None  # torchrun's first failed worker (failure.json)
     failure_node: str | None = None  # the host folder it was found in, for a hosts run
-    price_per_hour: float | None = None  # USD for all its nodes (run.json's; results.cost)
+    price_per_hour: float | None = None  # for all its nodes (run.json's; results.cost)
+    currency: str = "USD"  # the prices' (run.json's)
     # each rank's step time, the median over its epochs, and its node (the template's
     # rank_step_s and rank_node in metrics.jsonl), where it says them
     rank_step_s: tuple[float, ...] | None = None
@@ -167,6 +168,7 @@ def load_run(path: Path) -> RunHistory:
         exit_code=code,
         **_failure(places, multi=len(places) > 1 or path not in places),
         price_per_hour=_float(meta.get("price_per_hour")),
+        currency=str(meta.get("currency") or "USD"),
         **read_rank_times(metrics_file),
     )
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vmrun.errors import VmrunError, error_json
-from vmrun.results.cost import dollars, recovery_seconds
+from vmrun.results.cost import charge, money, recovery_seconds
 from vmrun.results.history import RunHistory
 from vmrun.results.provenance import VERSION_KEYS, summary_of
 
@@ -61,9 +61,10 @@ class ReportRow:
     failure: dict[str, Any] | None = None  # which worker failed first (failure.json), if known
     # what --recover did, in turn: kind, at, text, downtime_s, epochs_redone, swap (which
     # node took which one's place), new_vm_s, and what each cost: cost_s (the downtime and
-    # the epochs done again), cost_usd (at the nodes' prices, where known)
+    # the epochs done again), cost (at the nodes' prices, where known, in `currency`)
     recoveries: list[dict[str, Any]] | None = None
-    cost_usd: float | None = None  # the run's time at its nodes' prices (run.json's)
+    cost: float | None = None  # the run's time at its nodes' prices (run.json's)
+    currency: str | None = None  # the prices' (USD unless the hosts' `currency` said)
     # ranks slower than the others (vmrun.results.stragglers, on each rank's median step
     # time): rank, node, seconds, typical (the others' median), ratio
     slow_ranks: list[dict[str, Any]] | None = None
@@ -118,7 +119,8 @@ def report_rows(
                 exit=run.exit_code,
                 failure=run.failure.as_json(run.failure_node) if run.failure else None,
                 recoveries=_costed(_recoveries(run.path), epoch_s, run.price_per_hour),
-                cost_usd=dollars(run.duration, run.price_per_hour),
+                cost=charge(run.duration, run.price_per_hour),
+                currency=run.currency if run.price_per_hour is not None else None,
                 slow_ranks=_slow(run),
             )
         )
@@ -158,13 +160,13 @@ def _recoveries(path: Path) -> list[dict[str, Any]] | None:
 def _costed(
     recoveries: list[dict[str, Any]] | None, epoch_s: float | None, per_hour: float | None
 ) -> list[dict[str, Any]] | None:
-    """Each recovery with the time it cost and, at the run's prices, the dollars."""
+    """Each recovery with the time it cost and, at the run's prices, the money."""
     if recoveries is None:
         return None
     done = []
     for rec in recoveries:
         seconds = recovery_seconds(rec, epoch_s) if rec["kind"] == "recovery" else None
-        done.append({**rec, "cost_s": seconds, "cost_usd": dollars(seconds, per_hour)})
+        done.append({**rec, "cost_s": seconds, "cost": charge(seconds, per_hour)})
     return done
 
 
@@ -186,15 +188,15 @@ def _recovery(line: str) -> dict[str, Any]:
     }
 
 
-def recovered_text(recoveries: Sequence[dict[str, Any]] | None) -> str:
+def recovered_text(recoveries: Sequence[dict[str, Any]] | None, currency: str | None = None) -> str:
     """The RECOVERIES cell: how many, their downtime and epochs redone, or that it gave up."""
     if not recoveries:
         return ""
     done = [r for r in recoveries if r["kind"] == "recovery"]
     down = sum(r["downtime_s"] or 0 for r in done)
     redone = sum(r["epochs_redone"] or 0 for r in done)
-    usd = [r["cost_usd"] for r in done if r.get("cost_usd") is not None]
-    paid = f", ${sum(usd):,.2f}" if usd else ""
+    spent = [r["cost"] for r in done if r.get("cost") is not None]
+    paid = f", {money(sum(spent), currency)}" if spent else ""
     text = f"{len(done)} ({duration_text(down)} down, {redone} redone{paid})" if done else "0"
     return text + (", gave up" if recoveries[-1]["kind"] == "gave-up" else "")
 
@@ -253,8 +255,12 @@ def _slowed(rows: Sequence[ReportRow]) -> bool:
 
 def slow_text(slow: Sequence[dict[str, Any]] | None) -> str:
     """The SLOW RANKS cell: `r3 (node 1) 1.9x`, each slow rank."""
-    return ", ".join(f"r{s['rank']}" + (f" (node {s['node']})" if s.get("node") is not None
-                                        else "") + f" {s['ratio']:.1f}x" for s in slow or ())
+    return ", ".join(
+        f"r{s['rank']}"
+        + (f" (node {s['node']})" if s.get("node") is not None else "")
+        + f" {s['ratio']:.1f}x"
+        for s in slow or ()
+    )
 
 
 def _recovered(rows: Sequence[ReportRow]) -> bool:
@@ -262,11 +268,28 @@ def _recovered(rows: Sequence[ReportRow]) -> bool:
 
 
 def _paid(rows: Sequence[ReportRow]) -> bool:
-    return any(r.cost_usd is not None for r in rows)
+    return any(r.cost is not None for r in rows)
+
+
+def total_note(rows: Sequence[ReportRow]) -> str:
+    """What the runs cost together (a sweep's bill), per currency, for under the table;
+    "" for fewer than two priced runs."""
+    by_currency: dict[str, list[float]] = {}
+    for row in rows:
+        if row.cost is not None:
+            by_currency.setdefault(row.currency or "USD", []).append(row.cost)
+    if sum(len(v) for v in by_currency.values()) < 2:
+        return ""
+    parts = [f"{money(sum(v), c)} ({len(v)} runs)" for c, v in by_currency.items()]
+    return "cost in all: " + ", ".join(parts)
 
 
 def cells(
-    row: ReportRow, keys: Sequence[str] = (), *, recovered: bool = False, paid: bool = False,
+    row: ReportRow,
+    keys: Sequence[str] = (),
+    *,
+    recovered: bool = False,
+    paid: bool = False,
     slow: bool = False,
 ) -> tuple[str, ...]:
     """The row as the table shows it ("" where unknown); `keys`: the varied columns;
@@ -287,9 +310,9 @@ def cells(
         "" if row.efficiency is None else f"{row.efficiency:.0%}",
         "" if row.final_loss is None else f"{row.final_loss:.4g}",
         "" if row.final_accuracy is None else f"{row.final_accuracy:.4g}",
-        *(("" if row.cost_usd is None else f"${row.cost_usd:,.2f}",) if paid else ()),
+        *(("" if row.cost is None else money(row.cost, row.currency),) if paid else ()),
         *((slow_text(row.slow_ranks),) if slow else ()),
-        *((recovered_text(row.recoveries),) if recovered else ()),
+        *((recovered_text(row.recoveries, row.currency),) if recovered else ()),
     )
 
 
@@ -304,15 +327,20 @@ def baseline_note(rows: Sequence[ReportRow]) -> str:
     )
 
 
+def notes(rows: Sequence[ReportRow]) -> str:
+    """What goes under the table: the baseline, and what the runs cost together."""
+    return "\n".join(n for n in (baseline_note(rows), total_note(rows)) if n)
+
+
 def render_markdown(rows: Sequence[ReportRow]) -> str:
-    """A GitHub table (numbers right-aligned), then the baseline note."""
+    """A GitHub table (numbers right-aligned), then the notes."""
     heads, numeric, shown = table(rows)
     lines = [
         "| " + " | ".join(heads) + " |",
         "|" + "|".join("---:" if i in numeric else "---" for i in range(len(heads))) + "|",
     ]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in shown]
-    note = baseline_note(rows)
+    note = notes(rows).replace("\n", "\n\n")
     return "\n".join(lines) + (f"\n\n{note}\n" if note else "\n")
 
 

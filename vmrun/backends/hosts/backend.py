@@ -481,7 +481,8 @@ def _start_all(
         **({"recover": True} if plan.recover else {}),
         **({"hang_timeout": plan.hang_timeout, "on_hang": plan.on_hang}
            if plan.hang_timeout else {}),
-        **prices({e.label: e.vars.get("price") for e in group.entries if e.label in nodes}),
+        **prices({e.label: e.vars.get("price") for e in group.entries if e.label in nodes},
+                 {e.label: e.vars.get("currency") for e in group.entries if e.label in nodes}),
     }
 
     def start(entry: HostEntry, conn: Connection) -> int:

@@ -282,7 +282,7 @@ class SlurmBackend:
             "time": spec.time,
             "max_requeues": spec.max_requeues,
             **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
-            **alike(self.cluster.price, spec.nodes),
+            **alike(self.cluster.price, spec.nodes, self.cluster.currency),
             "submitted": time.time(),
             "record_dir": paths.record,
             "code_dir": paths.code,

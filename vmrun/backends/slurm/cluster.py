@@ -38,7 +38,8 @@ class Cluster:
     sbatch_args: tuple[str, ...] = ()
     # its own image, mounts, container_runtime, container_ulimits (over the project's)
     containers: Mapping[str, Any] = field(default_factory=dict)
-    price: float | None = None  # USD per node an hour (`price`), for what a run cost
+    price: float | None = None  # per node an hour (`price`), for what a run cost
+    currency: str | None = None  # the price's; None: USD
     nodes: tuple[str, ...] = ()  # the hosts vmrun made it of (`setup --slurm`); else ()
     # whether `workdir` is one folder every node sees; false (a cluster vmrun made of
     # `nodes` without one): each run's project is synced to every node, and its files stay
@@ -122,6 +123,7 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         sbatch_args=tuple(item.get("sbatch_args", ())),
         containers=table_of(item),
         price=item.get("price"),
+        currency=item.get("currency"),
         nodes=tuple(item.get("nodes", ())),
         shared=item.get("shared", True),
         accounting=item.get("accounting", False),

@@ -136,7 +136,7 @@ def prepare(
         "out_dir": batch.work_dir(code),
         "variables": dict.fromkeys(sorted(env)),  # names only: the user's, maybe secrets
         **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
-        **_prices(cluster.price, options.get("--nodes"), batch.array),
+        **_prices(cluster, options.get("--nodes"), batch.array),
     }
     env_text = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
     told = ""
@@ -147,13 +147,13 @@ def prepare(
     return ScriptJob(rid, batch, sbatch, code, record, meta, env_text, told, lines)
 
 
-def _prices(price: float | None, nodes: str | None, array: str | None) -> dict[str, Any]:
+def _prices(cluster: Cluster, nodes: str | None, array: str | None) -> dict[str, Any]:
     """The cluster's price for each node the job asks for (`--nodes N`, else 1); none for
     an array (its tasks' times are their own) or a node range."""
     from vmrun.results.cost import alike
 
     count = 1 if nodes is None else _number(nodes)
-    return {} if array or count is None else alike(price, count)
+    return {} if array or count is None else alike(cluster.price, count, cluster.currency)
 
 
 def check_recoverable(batch: batchfile.BatchFile) -> None:

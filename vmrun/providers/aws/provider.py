@@ -417,6 +417,9 @@ class AwsProvider:
         prices.save()
         return price
 
+    def price_currency(self, instance: Instance) -> str:
+        return "USD"  # the Price List's and the spot history's
+
     def host_key(self, instance: Instance) -> str:
         """The public host key vmrun handed the instance at launch ("ssh-ed25519 AAAA..."),
         read back from its user data: how another machine, or a lost known_hosts, pins it."""

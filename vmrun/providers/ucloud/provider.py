@@ -337,8 +337,22 @@ class UCloudProvider:
         return found
 
     def hourly_price(self, instance: Instance) -> float | None:
-        """None: UCloud prices in its own unit (DKK), not the USD vmrun's costs add up."""
-        return None
+        """The product's price an hour, where its unit is money (DKK on UCloud's own
+        providers); None for core-hours and the like, which no run's cost can add up."""
+        price = self._price(instance)
+        return price.per_hour if price is not None else None
+
+    def price_currency(self, instance: Instance) -> str:
+        price = self._price(instance)
+        return price.unit if price is not None else ""
+
+    def _price(self, instance: Instance) -> ucjobs.Price | None:
+        found = [p for p in self.products() if p.name == instance.instance_type
+                 and instance.region in ("", p.provider)]  # fmt: skip
+        price = found[0].price if found else None
+        unit = price.unit if price is not None else ""
+        currency = len(unit) == 3 and unit.isascii() and unit.isupper()
+        return price if currency else None
 
     def host_key(self, instance: Instance) -> str:
         return ""
