@@ -35,7 +35,7 @@ def _start_time(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
 
 
-def _wait(what: str, check: object, timeout: float = 10) -> None:
+def _wait(what: str, check: object, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

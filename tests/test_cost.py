@@ -110,3 +110,30 @@ def test_a_sweeps_runs_are_added_up_under_the_report_each_currency_apart(tmp_pat
     heads, _, shown = table(rows)
     assert [c[heads.index("COST")] for c in shown] == ["$1.00", "$2.00", "15.00 DKK"]
     assert notes(rows).endswith("cost in all: $3.00 (2 runs), 15.00 DKK (1 runs)")
+
+
+@pytest.mark.parametrize("value", ["lots", "-5", "inf"])
+def test_a_max_cost_that_is_not_an_amount_is_refused(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"max_cost": value}, cwd=tmp_path, environ={})
+    assert "--max-cost" in caught.value.message and "an amount" in caught.value.message
+    assert load_settings({"max_cost": "off"}, cwd=tmp_path, environ={}).max_cost == 0.0
+    assert load_settings({}, cwd=tmp_path, environ={"VMRUN_MAX_COST": "7.5"}).max_cost == 7.5
+
+
+@pytest.mark.parametrize("where", [["--local"], ["-C", "bed"]])
+def test_max_cost_where_no_price_holds_is_refused_before_anything_starts(
+    where: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from conftest import error_in
+
+    from vmrun.cli.main import run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "vmrun.toml").write_text('[[clusters]]\nname = "bed"\nlogin = "u@login"\n')
+    assert run(["train", *where, "--max-cost", "5", "--epochs", "1"]) == 2
+    code, said = error_in(capsys.readouterr().err)
+    assert code == "over-budget" and "--max-cost cannot cap" in said, said
+    assert not (tmp_path / "results").exists()

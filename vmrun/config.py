@@ -162,6 +162,10 @@ FIELDS: dict[str, Field] = {
         Field("on_hang", kinds.ON_HANG, lambda env: "auto",
               "what a hung run does: wait, stop (a --recover run then restarts from its"
               " snapshot), auto (stop with --recover, else wait)"),
+        # `train --max-cost`: each node's budget watcher (hostside/budget_watch.py)
+        Field("max_cost", kinds.amount_or_off, lambda env: 0.0,
+              "a run that has cost this much (its nodes' prices, in their currency) snapshots"
+              " and stops; 0 or off: no cap"),
     )
 }  # fmt: skip
 
@@ -199,6 +203,7 @@ class Settings:
     supervisor: str
     hang_timeout: str
     on_hang: str
+    max_cost: float
     sources: dict[str, str] = field(default_factory=dict)
     project_dir: Path | None = None
     project_data: dict[str, Any] = field(default_factory=dict)

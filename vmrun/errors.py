@@ -274,6 +274,16 @@ def run_stopped(rid: str, *, host: str | None = None) -> CommandFailed:
     return CommandFailed(f"run {rid} was stopped", host=host, exit_status=143, code="run-stopped")
 
 
+def run_over_budget(rid: str, cap: str, *, host: str | None = None) -> CommandFailed:
+    """A followed run that its budget watcher stopped at `train --max-cost` (its work
+    saved): exit status 143, as a stop's."""
+    return CommandFailed(
+        f"run {rid} was stopped at --max-cost {cap}, its work saved", host=host,
+        exit_status=143, code="run-over-budget",
+        hint=f"`vmrun train --resume {rid} --max-cost MORE` goes on from its snapshot",
+    )  # fmt: skip
+
+
 class HostsFailed(
     VmrunError,
     code="hosts-failed",
@@ -473,6 +483,8 @@ register("not-running", UsageError, "the command needs a live run, and this one 
 register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
 register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)
 register("run-stopped", CommandFailed, "the run was stopped (`vmrun stop`) while followed", 143)
+register("run-over-budget", CommandFailed,
+         "the run reached its --max-cost and was stopped, its work saved", 143)  # fmt: skip
 register("setup-step-failed", CommandFailed, "a setup step's script failed", 1)
 register("internal", ExitCode.FAILED, "a bug in vmrun: re-run with --debug for the traceback")
 

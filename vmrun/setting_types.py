@@ -106,6 +106,19 @@ def period_or_off(name: str, value: Any) -> str:
     return period(name, value)
 
 
+def amount_or_off(name: str, value: Any) -> float:
+    """A sum of money (in the machines' prices' currency), or `off`/0 (no cap): 0.0."""
+    if isinstance(value, str) and value.strip().lower() in (OFF, ""):
+        return 0.0
+    try:
+        number = float(value) if not isinstance(value, bool) else -1.0
+    except (TypeError, ValueError):
+        number = -1.0
+    if number < 0 or number != number or number == float("inf"):
+        raise ConfigError(f"{name} must be an amount such as 25 or 7.5 (or off), got {value!r}")
+    return number
+
+
 def percent(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{name} must be a percentage 1-100, got {value!r}")
@@ -200,6 +213,7 @@ FILE_TYPES: dict[Callable[[str, Any], Any], tuple[tuple[type, ...], str]] = {
     period: ((str, int), 'a period in quotes, such as "30m"'),
     period_or_off: ((str, int), 'a period in quotes, such as "30m", or "off"'),
     percent: ((int, float), "a percentage, 1-100"),
+    amount_or_off: ((int, float, str), 'an amount, such as 25 or 7.5, or "off"'),
     command: ((str, list), "a command line in quotes, or a list of words"),
     SESSIONS: ((str,), '"active", "any" or "ignore"'),
     CONTAINER_RUNTIME: ((str,), '"auto", "docker", "podman", "pyxis", "apptainer" or "shifter"'),

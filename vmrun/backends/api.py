@@ -74,6 +74,7 @@ class NodeRecord:
     first_started: float | None = None  # the node's clock when the first attempt began
     ended: float | None = None
     failure: WorkerFailure | None = None  # torchrun's first failed worker, where it is known
+    budget: Mapping[str, Any] | None = None  # its budget watcher stopped it (--max-cost)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,17 @@ MaxRecoveries = Annotated[
                  help="--recover: give up after N recoveries [default: 5]."),
 ]  # fmt: skip
 
+MaxCost = Annotated[
+    str | None,
+    typer.Option(
+        "--max-cost",
+        metavar="AMOUNT",
+        help="Snapshot and stop the run once it has cost this much at its machines' prices"
+        " (each host's `price` in vmrun.toml, in its currency; `vmrun up` records them), with"
+        " vmrun attached or not; off: no cap [default: the max_cost setting, off].",
+    ),
+]
+
 NotifyUrls = Annotated[
     list[str] | None,
     typer.Option(

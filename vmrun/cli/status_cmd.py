@@ -140,6 +140,9 @@ def _state(run: RunRow) -> str:
     """The state, and for a queued job why it waits (squeue's reason)."""
     text = f"{run.state} ({run.reason})" if run.reason else str(run.state)
     text = f"{text}, attempt {run.attempts}" if run.attempts > 1 else text
+    budget = getattr(run, "budget", None)
+    if budget and run.state == "stopped":  # its budget watcher stopped it (--max-cost)
+        text += f", at --max-cost {budget.get('cap', '?')}"
     hung = getattr(run, "hung", None)
     if hung:  # its hang watcher found it stuck (and stopped it, or it waits)
         text += ", hung (stopped)" if hung.get("action") == "stop" else ", hung"

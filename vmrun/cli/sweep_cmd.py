@@ -96,6 +96,16 @@ def register(app: typer.Typer) -> None:
                 " follows them and writes the report.",
             ),
         ] = False,
+        max_cost: Annotated[
+            str | None,
+            typer.Option(
+                "--max-cost",
+                metavar="AMOUNT",
+                help="On hosts: the sweep's sizes together may cost this much at the hosts'"
+                " prices: each gets what is left as its own --max-cost, and none starts once it"
+                " is spent [default: the max_cost setting, off].",
+            ),
+        ] = None,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
         reach: Reach = NO_FLAGS,
@@ -114,7 +124,7 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         run = RunOptions(script=script, epochs=epochs, save_every=save_every, task=task, name=name,
                          image=image, mounts=mount)  # fmt: skip
-        told = {"notify": notify, "notify_on": notify_on}
+        told = {"notify": notify, "notify_on": notify_on, "max_cost": max_cost}
         done = sweep(
             run, grid, reach.settings(**told), resume=resume,
             local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),

@@ -213,6 +213,7 @@ def register(app: typer.Typer) -> None:
                 " restarts from its snapshot) [default: stop with --recover, else wait].",
             ),
         ] = None,
+        max_cost: ro.MaxCost = None,
         verbose: ro.Verbose = False,
         notify: ro.NotifyUrls = None,
         notify_on: ro.NotifyOn = None,
@@ -242,7 +243,7 @@ def register(app: typer.Typer) -> None:
             spares=spare, supervisor=supervisor, ignore_gpu_health=ignore_gpu_health,
         )  # fmt: skip
         told = {"notify": notify, "notify_on": notify_on, "hang_timeout": hang_timeout,
-                "on_hang": on_hang}  # fmt: skip
+                "on_hang": on_hang, "max_cost": max_cost}  # fmt: skip
         settings = reach.settings(**told)
         done = train(
             run, settings,

@@ -197,7 +197,13 @@ def stop_ranks(run_id: str, srun: int = 0) -> None:
     workers fail and ends the run. On Slurm (`srun`: the step's) srun passes it to every
     task of the step."""
     pids = [srun] if srun else [int(r["pid"]) for r in ranks(run_id)]
+    terminate(lambda: pids)
+
+
+def terminate(pids_of: Callable[[], list[int]]) -> None:
+    """SIGTERM to these processes, SIGKILL to those left (asked again) after 10 s."""
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+        pids = pids_of()
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)

@@ -11,7 +11,7 @@
 # after its snapshot to go on elsewhere (the template's requeue file: its epoch).
 # RECOVERIES: how many times its supervisor brought it back or gave up (run_note.sh), and the
 # last of them (KIND<TAB>TIME<TAB>TEXT). HANG: its hang watcher found it stuck (hang_watch.py's
-# hang: since, seen, ranks, action).
+# hang: since, seen, ranks, action). BUDGET: it reached its --max-cost (budget_watch.py's budget).
 base=$1; shift
 # vmrun-inline: run_alive.sh
 cd "$HOME" 2>/dev/null || exit 0
@@ -36,6 +36,7 @@ for id in "$@"; do
   if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
   [ -s "$d/notice" ] && echo "NOTICE $(head -n 1 "$d/notice" | head -c 4096)"
   [ -s "$d/hang" ] && echo "HANG $(head -n 1 "$d/hang" | head -c 4096)"
+  [ -s "$d/budget" ] && echo "BUDGET $(head -n 1 "$d/budget" | head -c 4096)"
   [ -s "$d/requeue" ] && echo "REQUEUE $(head -n 1 "$d/requeue" | head -c 4096)"
   [ -f "$d/store.json" ] && echo "STORE $(head -n 1 "$d/store.json" | head -c 4096)"
   if [ -s "$d/recoveries" ]; then

@@ -25,6 +25,9 @@
 # A run watched for hangs (`train --hang-timeout`: VMRUN_HANG_WATCH="SECONDS ACTION RANKED"):
 # hang_watch.py beside it, started once the pid is written; every run's ranks get
 # VMRUN_BEAT_DIR (REC/beat: the trainer's heartbeats, progress the watcher reads).
+# A run with a cap on its cost (`train --max-cost`: VMRUN_BUDGET_WATCH="SECONDS CAP"):
+# budget_watch.py beside it, started once the pid is written, stops it after SECONDS with its
+# work saved; its ranks get VMRUN_REQUEUE_FILE, as a --recover run's do.
 # Beside the run (detached): run_provenance.py, which writes provenance.json, environment.txt and
 # versions.json into REC (VMRUN_PROVENANCE, above).
 # Prints the log's line count before this attempt, then the pid of the run's supervising
@@ -59,7 +62,7 @@ lines=0
 attempt=1
 if [ "$mode" = resume ]; then
   rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped" "$rec/failure.json" \
-    "$rec/notice" "$rec/requeue" "$rec/hang" "$rec/hang_stopped"
+    "$rec/notice" "$rec/requeue" "$rec/hang" "$rec/hang_stopped" "$rec/budget"
   rm -rf "$rec/beat"
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
   attempt=$(( $(cat "$rec/attempt" 2>/dev/null || echo 1) + 1 ))
@@ -93,8 +96,11 @@ store_since=${VMRUN_STORE_SINCE:-} store_cfg=${VMRUN_STORE_CONFIG:-}
 unset VMRUN_STORE_TO VMRUN_STORE_URL VMRUN_STORE_PYTHON VMRUN_STORE_SINCE VMRUN_STORE_CONFIG
 spot=${VMRUN_SPOT_WATCH:-}
 hang=${VMRUN_HANG_WATCH:-}
-unset VMRUN_SPOT_WATCH VMRUN_HANG_WATCH
-if [ "$spot" = 1 ]; then export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_REQUEUE_ON_TERM=0; fi
+budget=${VMRUN_BUDGET_WATCH:-}
+unset VMRUN_SPOT_WATCH VMRUN_HANG_WATCH VMRUN_BUDGET_WATCH
+if [ "$spot" = 1 ] || [ -n "$budget" ]; then
+  export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_REQUEUE_ON_TERM=0
+fi
 export VMRUN_SNAPSHOT_SIGNAL=SIGUSR1 VMRUN_BEAT_DIR="$rec/beat"
 mkdir -p "$rec/nccl"  # NCCL's debug files, torch's flight recorder dumps (node_launch.py)
 echo "$attempt" > "$rec/attempt"
@@ -136,6 +142,14 @@ if [ -n "$hang" ]; then
     ) < /dev/null > /dev/null 2>&1 8>&-
   else
     echo "vmrun: no python3 on this host: hangs are not watched" >> "$rec/log"
+  fi
+fi
+if [ -n "$budget" ]; then
+  if command -v python3 > /dev/null 2>&1; then
+    (unset VMRUN_RUN_ID VMRUN_RUN_DIR; exec setsid -f python3 "$lib/budget_watch.py" "$rec" \
+      "$(cat "$rec/pid")" "${budget%% *}" "${budget#* }") < /dev/null > /dev/null 2>&1 8>&-
+  else
+    echo "vmrun: no python3 on this host: --max-cost cannot stop the run here" >> "$rec/log"
   fi
 fi
 if [ -n "$store_to" ]; then

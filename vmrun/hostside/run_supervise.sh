@@ -9,6 +9,7 @@
 # where). Once exit_code is there the run has ended, for every reader, though this shell
 # may still be telling it. 75: the run stopped after its snapshot to go on elsewhere (REC/requeue,
 # written on a spot interruption notice: spot_watch.py). 124: its hang watcher stopped it.
+# A run its budget watcher stopped (REC/budget) is recorded as stopped.
 rec=$1; mode=$2; marks=$3; shift 3
 # shellcheck disable=SC2086  # the fields after the command name, split on purpose
 (read -r l < /proc/$$/stat; set -- ${l##*) }; echo "${20}") > "$rec/pid_start"
@@ -36,6 +37,8 @@ fi
 if [ "$rc" = 0 ] && [ -s "$rec/requeue" ]; then rc=75; fi
 # stopped by its hang watcher (--on-hang stop, hang_watch.py): 124, as timeout(1) says it
 if [ "$rc" != 0 ] && [ -e "$rec/hang_stopped" ]; then rc=124; fi
+# stopped at its --max-cost (budget_watch.py), unless it finished meanwhile: stopped, as by the user
+if [ "$rc" != 0 ] && [ -e "$rec/budget" ]; then : > "$rec/stopped"; fi
 if [ ! -e "$rec/stopped" ]; then
   echo "$rc" > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
 fi

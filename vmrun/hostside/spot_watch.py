@@ -108,17 +108,22 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
-def ranks(top: int, signum: int) -> list[int]:
-    """The run's processes on this node that catch `signum`: below `top` in the process
-    tree (torchrun starts its workers in sessions of their own)."""
+def below(top: int) -> list[int]:
+    """Every process under `top` in the process tree (torchrun starts its workers in
+    sessions of their own: the tree, not the session, holds them)."""
     parents = _parents()
-    below, todo = [], [top]
+    found, todo = [], [top]
     while todo:
         pid = todo.pop()
         kids = [p for p, parent in parents.items() if parent == pid]
-        below += kids
+        found += kids
         todo += kids
-    return [pid for pid in below if catches(pid, signum)]
+    return found
+
+
+def ranks(top: int, signum: int) -> list[int]:
+    """The run's processes on this node that catch `signum`."""
+    return [pid for pid in below(top) if catches(pid, signum)]
 
 
 def tell(rec: str, text: str) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vmrun.backends.api import RunRow
-from vmrun.errors import error_json, run_failed, run_stopped
+from vmrun.errors import error_json, run_failed, run_over_budget, run_stopped
 from vmrun.results.cost import USD, charge
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.history import iso_utc
@@ -70,7 +70,7 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         "start": iso_utc(min(starts)) if starts else None,
         "duration_s": max(durations) if durations else None,
         "exit": code,
-        "error": run_error(rid, str(state), code, first_why),
+        "error": run_error(rid, str(state), code, first_why, _cap(recs)),
         "failure": failure[1].as_json(failure[0]) if failure else None,
         "tasks": _tasks(first),
         **_made_by(recs),
@@ -136,11 +136,20 @@ def _tasks(run: RunRow) -> list[dict[str, Any]] | None:
     ]  # fmt: skip
 
 
-def run_error(rid: str, state: str, code: int | None, why_first: str = "") -> dict[str, Any] | None:
+def _cap(recs: list[RunRow]) -> str:
+    """The --max-cost a node's budget watcher stopped the run at ("" if none did)."""
+    found = next((b for r in recs if isinstance(b := getattr(r, "budget", None), dict)), None)
+    return str(found.get("cap") or "?") if found else ""
+
+
+def run_error(
+    rid: str, state: str, code: int | None, why_first: str = "", cap: str = ""
+) -> dict[str, Any] | None:
     """A failed, lost or stopped run's error, with the code following it would raise
-    (`why_first`: which worker failed first, where torchrun said)."""
+    (`why_first`: which worker failed first, where torchrun said; `cap`: the --max-cost it
+    was stopped at)."""
     if state == "stopped":
-        return error_json(run_stopped(rid))
+        return error_json(run_over_budget(rid, cap) if cap else run_stopped(rid))
     if state not in ("failed", "lost"):
         return None
     why = f"exited with {code}" if code is not None else "ended with no exit code (lost)"

@@ -46,6 +46,8 @@ class SweepJob:
     plans: dict[str, Plan] | None = None  # by label: a point's own plan (its lr, -e values)
     out: Reporter = QUIET
     detach: bool = False  # on a cluster: queue every size and return
+    left: float = 0.0  # of the sweep's --max-cost, what its next size may cost (hosts)
+    capped: bool = False  # a size was stopped at its cap: the sweep's is spent
 
 
 @dataclass
@@ -71,6 +73,8 @@ def run_sweep(job: SweepJob) -> SweepOutcome:
     todo = sweep.left()
     total = len(sweep.sizes)
     for size in todo:
+        if job.settings.max_cost and not _budget_left(job):
+            break
         number = sweep.sizes.index(size) + 1
         out.info(f"sweep {sweep.id}: size {number}/{total}: {_size_words(size)}")
         size.run, size.state, size.detail = None, RunState.RUNNING, ""
@@ -92,9 +96,34 @@ def run_sweep(job: SweepJob) -> SweepOutcome:
     return _finish(job)
 
 
+def _budget_left(job: SweepJob) -> bool:
+    """Whether the sweep's --max-cost leaves anything for its next size (whose own cap is
+    then what is left: `job.left`); said once when it does not."""
+    from vmrun.results.cost import charge
+    from vmrun.results.history import RunDataError, load_run
+
+    spent = 0.0
+    for size in job.sweep.sizes:
+        if not size.run or size.state == RunState.RUNNING:
+            continue
+        try:
+            run = load_run(job.project / "results" / size.run)
+        except RunDataError:
+            continue
+        spent += charge(run.duration, run.price_per_hour) or 0.0
+    job.left = job.settings.max_cost - spent
+    if job.left >= 0.01 and not job.capped:
+        return True
+    job.out.info(f"sweep {job.sweep.id}: its --max-cost {job.settings.max_cost:g} is spent;"
+                 f" `vmrun sweep --resume {job.sweep.id} --max-cost MORE` runs the sizes"
+                 " left")  # fmt: skip
+    return False
+
+
 def _failed(job: SweepJob, size: Size, exc: VmrunError) -> None:
     """A size that failed is recorded, and the sweep goes on with the next."""
     size.state, size.detail = RunState.FAILED, exc.one_line()
+    job.capped = job.capped or exc.code == "run-over-budget"
     job.out.info(f"sweep {job.sweep.id}: size {size.label} failed: {size.detail}")
 
 
@@ -169,8 +198,9 @@ def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
     from vmrun.backends.hosts.training import run_remote
 
     started = _started(job, size)
+    plan = _size_plan(job, size)
     run_remote(
-        _size_plan(job, size),
+        replace(plan, max_cost=job.left) if job.settings.max_cost else plan,
         entries[: size.nodes],
         job.settings,
         detach=False,

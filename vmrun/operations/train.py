@@ -154,6 +154,9 @@ def train(
     })  # fmt: skip
     wiring = _wiring(hosts.master, hosts.nnodes, hosts.rdzv_port, hosts.nccl_debug)
     settings = settings or load_settings({})
+    if settings.max_cost and (cluster or local):
+        refuse_uncapped(settings, "a Slurm cluster's run (its --time is Slurm's limit)" if cluster
+                  else "a --local run (this machine has no price)", out)  # fmt: skip
     plan = run.plan(nproc_per_node=None if cluster else run.nproc_per_node, settings=settings)
     if cluster:
         recoveries = 0
@@ -335,6 +338,8 @@ def _on_hosts(
             plan = replace(plan, recover=True)
         if how.resume is None:  # a resumed run keeps its own (its run.json's)
             plan = _watched(plan, settings)
+        if settings.max_cost or how.resume is None:  # a resumed run's own cap, unless given
+            plan = replace(plan, max_cost=settings.max_cost)
         code = run_remote(
             plan,
             entries,
@@ -350,6 +355,16 @@ def _on_hosts(
             on_start=supervised.start(out) if supervised else None,
         )
         return code
+
+
+def refuse_uncapped(settings: Settings, what: str, out: Reporter) -> None:
+    """--max-cost where it cannot be kept: refused when asked on the command line, said
+    once when it comes from vmrun.toml or the environment (the setting is for hosts)."""
+    if settings.sources.get("max_cost") == "command line":
+        raise UsageError(f"--max-cost cannot cap {what}; nothing started",
+                         hint="drop --max-cost", code="over-budget")  # fmt: skip
+    out.warn(f"max_cost {settings.max_cost:g} ({settings.sources.get('max_cost')}) does not cap"
+             f" {what}")  # fmt: skip
 
 
 def _watched(plan: Plan, settings: Settings, *, recover: bool = False) -> Plan:

@@ -56,6 +56,12 @@ def price_text(amount: float, currency: str | None = USD) -> str:
     return f"${amount:.4g}" if (currency or USD) == USD else f"{amount:.4g} {currency}"
 
 
+def budget_seconds(max_cost: float, per_hour: float, spent_s: float = 0.0) -> float:
+    """How much longer a run at `per_hour` may go before it has cost `max_cost`, having run
+    `spent_s` already (its earlier attempts)."""
+    return max_cost / per_hour * 3600 - spent_s if per_hour > 0 else float("inf")
+
+
 def recovery_seconds(recovery: Mapping[str, Any], epoch_s: float | None) -> float | None:
     """The time a recovery cost the run: its downtime and the epochs it did again."""
     down = recovery.get("downtime_s")

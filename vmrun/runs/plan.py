@@ -59,6 +59,7 @@ class Plan:
     recover: bool = False  # --recover: its nodes watch for a cloud's notice (spot_watch.py)
     hang_timeout: int = 0  # seconds without progress that make it hung (0: not watched)
     on_hang: str = "wait"  # what then: wait, or stop (hostside/hang_watch.py)
+    max_cost: float = 0.0  # --max-cost: at this cost it snapshots and stops (0: no cap)
 
     def hang_watch(self) -> str:
         """run_start.sh's VMRUN_HANG_WATCH (`SECONDS ACTION RANKED`), "" when not watched:

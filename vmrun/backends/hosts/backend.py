@@ -44,6 +44,7 @@ from vmrun.errors import (
     UsageError,
     VmrunError,
     run_failed,
+    run_over_budget,
     run_stopped,
 )
 from vmrun.remote_paths import remote_workdir
@@ -73,6 +74,7 @@ def node_record(rec: records.RunRecord) -> NodeRecord:
         first_started=rec.first_started,
         ended=rec.ended,
         failure=rec.failure,
+        budget=rec.budget,
     )
 
 
@@ -113,6 +115,7 @@ class HostsBackend:
         detached; its RunRef (the nodes, and the lines of earlier attempts to skip)."""
         place = self.place
         check_launcher_hosts(plan, len(self.entries), place.wiring)
+        budget = _budget(plan, self.entries, how.resume, place.listed)  # before anything runs
         multi = len(self.entries) > 1
         only = {e.label for e in self.entries}
         nodes = place.nodes or preflight(
@@ -160,6 +163,7 @@ class HostsBackend:
             self.group, plan, nodes, rid, nproc, layout, place.wiring, how.resume, banner,
             alone=not how.allow_concurrent, notify=how.notify, files=files,
             earlier=_earlier_code(rid, place.listed) if how.resume else [], holder=holder,
+            budget=budget,
         )  # fmt: skip
         names = ", ".join(nodes)
         first = self.entries[0].label
@@ -252,6 +256,9 @@ class HostsBackend:
         if state == RunState.DONE:
             return
         if state == RunState.STOPPED:
+            budget = next((r.budget for r in recs if r.budget), None)
+            if budget:
+                raise run_over_budget(rid, str(budget.get("cap") or "?"), host=node)
             raise run_stopped(rid, host=node)
         code = code if code is not None else 1
         failure = next((r.failure for r in recs if r.failure), None)
@@ -447,12 +454,14 @@ def _start_all(
     files: list[str] | None = None,
     earlier: list[dict[str, Any]] | None = None,
     holder: str = "",
+    budget: str = "",
 ) -> dict[str, int]:
     """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
     each host refuses if another run is alive there (the busy check, under its start lock).
     `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
     the master tells the run's end itself, with or without vmrun attached. `holder`: the
-    node whose outputs a --store run copies to its bucket."""
+    node whose outputs a --store run copies to its bucket. `budget`: run_start.sh's
+    VMRUN_BUDGET_WATCH (`train --max-cost`), "" for none."""
     labels = list(nodes)
     place = None
     if plan.store is not None:
@@ -481,6 +490,7 @@ def _start_all(
         **({"recover": True} if plan.recover else {}),
         **({"hang_timeout": plan.hang_timeout, "on_hang": plan.on_hang}
            if plan.hang_timeout else {}),
+        **({"max_cost": plan.max_cost} if plan.max_cost else {}),
         **prices({e.label: e.vars.get("price") for e in group.entries if e.label in nodes},
                  {e.label: e.vars.get("currency") for e in group.entries if e.label in nodes}),
     }
@@ -498,6 +508,8 @@ def _start_all(
             env = {**env, "VMRUN_NOTIFY_CONFIG": told}
         if plan.hang_watch():  # hang_watch.py beside it (run_start.sh)
             env = {**env, "VMRUN_HANG_WATCH": plan.hang_watch()}
+        if budget:  # budget_watch.py beside it (run_start.sh): every node stops its own ranks
+            env = {**env, "VMRUN_BUDGET_WATCH": budget}
         if plan.recover and not node.image:  # spot_watch.py beside it (run_start.sh); in an
             # image the ranks are the engine's, out of its reach
             env = {**env, "VMRUN_SPOT_WATCH": "1"}
@@ -531,6 +543,46 @@ def _start_all(
         group.map(lambda entry, conn: records.stop(conn, rid, grace=5), only=started)
         raise_for_failures(outcomes, one_as_itself=True)
     return {o.host: int(o.value or 0) for o in outcomes}
+
+
+def _budget(
+    plan: Plan, entries: Sequence[HostEntry], resume: str | None,
+    listed: dict[str, list[records.RunRecord]] | None,
+) -> str:  # fmt: skip
+    """run_start.sh's VMRUN_BUDGET_WATCH for `--max-cost` (`SECONDS CAP`: how much longer
+    the run may go at its nodes' prices, less what its earlier attempts ran), "" without a
+    cap; refused before anything starts where a node's price is unknown or the cap is spent."""
+    if not plan.max_cost:
+        return ""
+    from vmrun.results.cost import budget_seconds, money
+
+    labels = [e.label for e in entries]
+    priced = prices({e.label: e.vars.get("price") for e in entries},
+                    {e.label: e.vars.get("currency") for e in entries})  # fmt: skip
+    if not priced:
+        unknown = [e.label for e in entries if not isinstance(e.vars.get("price"), (int, float))]
+        why = f"no price for {', '.join(unknown)}" if unknown else "prices in different currencies"
+        raise UsageError(
+            f"--max-cost {plan.max_cost:g}: {why}, so the cap cannot be kept; nothing started",
+            hint="give each host its `price` an hour in vmrun.toml (`vmrun up` records the"
+            " cloud's), or drop --max-cost",
+            code="over-budget",
+        )
+    recs = [r for found in (listed or {}).values() for r in found if resume and r.id == resume]
+    spans = [r.ended - r.first_started for r in recs if r.ended and r.first_started]
+    spent = max(spans, default=0.0)
+    per_hour, currency = priced["price_per_hour"], priced["currency"]
+    cap = money(plan.max_cost, currency)
+    left = budget_seconds(plan.max_cost, per_hour, spent)
+    if left <= 0:
+        paid = money(spent / 3600 * per_hour, currency)
+        raise UsageError(
+            f"run {resume} has already cost {paid} of --max-cost {cap} on {', '.join(labels)};"
+            " nothing started",
+            hint="a higher --max-cost lets it go on",
+            code="over-budget",
+        )
+    return f"{left:.0f} {cap}"
 
 
 def _synced_files(plan: Plan) -> list[str] | None:

@@ -24,6 +24,7 @@ from vmrun.errors import (
     Interrupted,
     VmrunError,
     run_failed,
+    run_over_budget,
 )
 from vmrun.reporting import Reporter
 from vmrun.runs.lines import Prefixer
@@ -88,6 +89,7 @@ def follow_nodes(
         t.start()
         threads.append(t)
     pending = {c.label for c in conns}
+    capped: list[_Event] = []  # nodes its budget watcher stopped: the others stop by theirs
     try:
         while pending:
             try:
@@ -95,6 +97,9 @@ def follow_nodes(
             except queue.Empty:
                 continue
             pending.discard(event.host)
+            if event.record is not None and event.record.budget and event.record.stopped:
+                capped.append(event)
+                continue
             if _failure(event) is None:
                 continue
             event = _first(event, events, pending)
@@ -113,6 +118,9 @@ def follow_nodes(
             f"detached from run {rid}; it goes on running on {len(conns)} hosts",
             hint=f"reattach with `vmrun logs -f {rid}`, stop it with `vmrun stop {rid}`",
         ) from None
+    if capped:
+        budget = capped[0].record.budget if capped[0].record else None
+        raise run_over_budget(rid, str((budget or {}).get("cap") or "?"), host=capped[0].host)
 
 
 def _first(event: _Event, events: queue.Queue[_Event], pending: set[str]) -> _Event:

@@ -63,6 +63,7 @@ class RunRecord:
     requeued: int | None = None  # stopped after this epoch's snapshot, to go on elsewhere
     slow: str = ""  # the slow ranks of its last epoch (vmrun.results.stragglers), if any
     hung: dict[str, Any] | None = None  # its hang watcher found it stuck (REC/hang)
+    budget: dict[str, Any] | None = None  # it reached its --max-cost (REC/budget: seen, cap)
 
     @property
     def running(self) -> bool:
@@ -333,6 +334,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "SAVED": _read_saved,
     "PROGRESS": _read_progress,
     "HANG": _read_hang,
+    "BUDGET": _read_json("budget"),
 }
 
 

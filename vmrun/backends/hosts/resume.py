@@ -140,6 +140,7 @@ def _plan(rid: str, meta: dict[str, Any], env: dict[str, str], store_credentials
         recover=bool(meta.get("recover")),
         hang_timeout=int(meta.get("hang_timeout") or 0),
         on_hang=str(meta.get("on_hang") or "wait"),
+        max_cost=float(meta.get("max_cost") or 0),
     )
 
 

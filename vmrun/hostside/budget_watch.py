@@ -1,0 +1,79 @@
+"""Beside a `train --max-cost` run on each node: the run stopped when it has cost what it
+may, with its work saved, whether or not vmrun follows it.
+
+    python3 budget_watch.py REC PID SECONDS SPENT_TEXT
+
+SECONDS: how much longer the run may go (vmrun computed it from the run's prices, its cap
+and the time its earlier attempts took); SPENT_TEXT: the cap as the user wrote it ($5.00).
+When the time is up and the run still runs:
+
+- REC/budget is written (JSON: seen, cap) and the log gets one line;
+- the run's ranks on this node that catch SIGUSR2 get it (the template's preemption
+  protocol: the ranks agree after the epoch, rank 0 snapshots it, every rank exits); ranks
+  still starting (importing torch) are waited for, a minute at most;
+- after a grace (VMRUN_BUDGET_GRACE_S, 300 s: an epoch's end, its snapshot), what is left
+  of the run here (every process below PID: a script that ignores SIGUSR2) gets SIGTERM,
+  then SIGKILL 10 s later, REC/stopped written first.
+
+run_supervise.sh then records the run as stopped, not failed: a --recover run's supervisor
+does not bring it back, as after `vmrun stop`. PID is the run's supervising shell; the watch
+ends with it (a pidfd: nothing outlives the run). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings on the host
+from hang_watch import tell, terminate, waiter, write_json  # type: ignore[import-not-found]
+from spot_watch import alive, below, send  # type: ignore[import-not-found]
+
+# how long ranks that catch no SIGUSR2 yet may still be starting (VMRUN_BUDGET_STARTING_S)
+STARTING_S = 60.0
+
+
+def stop(rec: str, top: int) -> None:
+    """Recorded as stopped, then SIGTERM to what runs under `top`, SIGKILL after 10 s."""
+    open(os.path.join(rec, "stopped"), "a").close()
+    terminate(lambda: below(top))
+
+
+def main() -> int:
+    rec, pid, seconds, cap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    grace = float(os.environ.get("VMRUN_BUDGET_GRACE_S") or 300)
+    pause = waiter(pid)
+    deadline = time.monotonic() + max(0.0, seconds)
+    while alive(rec, pid) and time.monotonic() < deadline:
+        pause(min(5.0, max(0.05, deadline - time.monotonic())))
+    if not alive(rec, pid):
+        return 0
+    write_json(os.path.join(rec, "budget"), {"seen": time.time(), "cap": cap})
+    starting_s = float(os.environ.get("VMRUN_BUDGET_STARTING_S") or STARTING_S)
+    sent, starting = 0, time.monotonic() + starting_s
+    while alive(rec, pid) and not (sent := send(pid, signal.SIGUSR2)):
+        if time.monotonic() > starting:
+            break
+        pause(1.0)  # its ranks may still be starting: none has its handler yet
+    if not alive(rec, pid):
+        return 0
+    if sent:
+        tell(rec, f"the run has cost --max-cost {cap}: snapshot and stop after this epoch"
+                  f" (SIGUSR2 to {sent} rank(s))")  # fmt: skip
+    else:
+        tell(rec, f"the run has cost --max-cost {cap}: no process of the run catches SIGUSR2;"
+                  " stopping it")  # fmt: skip
+        grace = 0.0
+    until = time.monotonic() + grace
+    while alive(rec, pid) and time.monotonic() < until:
+        pause(min(1.0, max(0.05, until - time.monotonic())))
+    if alive(rec, pid):
+        tell(rec, f"the run did not stop within {grace:.0f} s of --max-cost: stopping it")
+        stop(rec, pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
