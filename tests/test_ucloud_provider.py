@@ -133,3 +133,51 @@ def test_up_says_the_hourly_cost_in_dkk_first_records_it_and_keeps_a_limit(
 
     hosts = select_hosts(["@uc"], load_settings({}, cwd=tmp_path, environ={}))
     assert [(h.vars["price"], h.vars["currency"]) for h in hosts] == [(2.1, "DKK")] * 2
+
+
+def test_clusters_lists_what_vmrun_made_at_ucloud_with_its_price_in_dkk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`vmrun clusters --cloud ucloud`: the live VM jobs vmrun labelled (a terminated one
+    gone), the running ones at their product's price an hour in DKK, a suspended one free
+    now; a cluster no vmrun.toml here names is marked possibly forgotten."""
+    from vmrun.cli.clusters_cmd import render
+    from vmrun.config import load_settings
+    from vmrun.operations.clusters import list_ucloud, project_cloud
+
+    fake = FakeUCloud(boot=lambda job: ("ucloud", f"130.225.0.{job['id'][-1]}", 22))
+    cloud = provider(fake)
+    offer = cloud.offer(request())
+    cloud.launch(request(), offer, Recorder())  # uc: 2 x u1-standard-2 (2.1 DKK/h each)
+    cloud.launch(replace(request(count=1), cluster="old"), offer, Recorder())
+    cloud.stop("old", "")
+    cloud.launch(replace(request(count=1), cluster="gone"), offer, Recorder())
+    cloud.terminate("gone", "")
+    (tmp_path / "vmrun.toml").write_text('[[clouds]]\nname = "uc"\ncloud = "ucloud"\n'
+                                         'type = "u1-standard-2"\n')  # fmt: skip
+    settings = load_settings({}, cwd=tmp_path, environ={})
+    assert project_cloud(settings.project_data) == "ucloud"
+    found = list_ucloud(settings, cloud)
+    assert sorted((r.cluster, r.state) for r in found.resources) == [
+        ("old", "stopped"), ("uc", "running"), ("uc", "running")]  # fmt: skip
+    assert (found.per_hour, found.currency, found.forgotten) == (4.2, "DKK", ["old"])
+    assert render(found, as_json=False) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[-1] == "DKK/H" and "old (forgotten?)" in out
+    assert "billing: 2 instance(s) running: 4.20 DKK/h" in out
+
+
+def test_clusters_refuses_awss_flags_for_ucloud_before_asking_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import error_in
+
+    from vmrun.cli.main import run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("VMRUN_UCLOUD_TOKEN", raising=False)
+    assert run(["clusters", "--cloud", "ucloud", "--region", "eu-west-1"]) == 2
+    assert error_in(capsys.readouterr().err)[0] == "flags-conflict"
+    assert run(["clusters", "--cloud", "gcp"]) == 2
+    assert "aws or ucloud" in capsys.readouterr().err

@@ -60,13 +60,34 @@ def register(app: typer.Typer) -> None:
                 " forgotten clusters, the total per hour, errors.",
             ),
         ] = False,
+        cloud: Annotated[
+            str | None,
+            typer.Option(
+                "--cloud",
+                metavar="aws|ucloud",
+                help="Where to look [default: ucloud when every [[clouds]] table of the"
+                " project says so, else aws].",
+            ),
+        ] = None,
     ) -> int:
-        from vmrun.operations.clusters import list_clusters
+        from vmrun.operations.clusters import list_clusters, list_ucloud, project_cloud
 
         if region and all_regions:
             raise UsageError("--region and --all-regions: use one")
+        settings = settings_from()
+        where = cloud or project_cloud(settings.project_data)
+        if where not in ("aws", "ucloud"):
+            raise UsageError(f"--cloud {where!r}: aws or ucloud")
+        if where == "ucloud":
+            if region or all_regions or profile:
+                raise UsageError(
+                    "--region, --all-regions and --profile are AWS's; UCloud lists every job"
+                    " vmrun made there",
+                    code="flags-conflict",
+                )
+            return render(list_ucloud(settings), as_json=as_json)
         found = list_clusters(
-            settings_from(), profile=profile, regions=region, all_regions=all_regions
+            settings, profile=profile, regions=region, all_regions=all_regions
         )
         return render(found, as_json=as_json)
 
@@ -82,9 +103,12 @@ def render(found: Listing, *, as_json: bool, now: datetime | None = None) -> int
         sys.stdout.flush()
         return found.exit_code
     if found.resources:
-        _table(rows(found, now))
+        per_hour = "$/H" if found.currency == "USD" else f"{found.currency}/H"
+        _table(rows(found, now), (*HEADERS[:-1], per_hour))
         for line in closing(found):
             say(line)
+    elif found.cloud == "ucloud":
+        TERMINAL.info("nothing vmrun made at UCloud")
     else:
         TERMINAL.info(f"nothing vmrun made in {', '.join(found.regions) or 'no region'}")
     for gap in found.gaps:
@@ -119,8 +143,10 @@ def closing(found: Listing) -> list[str]:
     """The lines under the table: what runs costs, and how to remove a cluster."""
     left = f", {found.volumes_left} volume(s) left behind" if found.volumes_left else ""
     unpriced = f" ({found.unpriced} without a price)" if found.unpriced else ""
+    from vmrun.results.cost import money
+
     billing = f"billing: {found.running} instance(s) running{left}"
-    lines = [f"{billing}: ${found.per_hour:.2f}/h{unpriced}"]
+    lines = [f"{billing}: {money(found.per_hour, found.currency)}/h{unpriced}"]
     if found.forgotten:
         lines.append(
             f"possibly forgotten (in no vmrun.toml here): {', '.join(found.forgotten)};"
@@ -171,12 +197,13 @@ def to_json(found: Listing, now: datetime) -> dict[str, Any]:
         ],
         "forgotten": found.forgotten,
         "per_hour": found.per_hour,
+        "currency": found.currency,
         "unpriced": found.unpriced,
         "errors": [{"region": g.region, "kind": g.kind, **error_json(g.error)} for g in found.gaps],
     }
 
 
-def _table(table: list[tuple[str, ...]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(HEADERS)]
-    for row in (HEADERS, *table):
+def _table(table: list[tuple[str, ...]], headers: tuple[str, ...] = HEADERS) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
+    for row in (headers, *table):
         say("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vmrun.config import Settings
@@ -30,6 +30,8 @@ class Listing:
     gaps: list[Gap] = field(default_factory=list)
     per_hour: float = 0.0
     unpriced: int = 0
+    currency: str = "USD"  # the prices' (UCloud's: DKK)
+    cloud: str = PROVIDER
 
     @property
     def clusters(self) -> list[str]:
@@ -81,6 +83,47 @@ def project_profile(project_data: Mapping[str, Any]) -> str | None:
         if isinstance(t, dict) and isinstance(t.get("profile"), str) and t["profile"]
     }
     return named.pop() if len(named) == 1 else None
+
+
+def project_cloud(project_data: Mapping[str, Any]) -> str:
+    """The cloud `vmrun clusters` looks in by default: UCloud when every `[[clouds]]` table
+    the project has says so, else AWS."""
+    named = {str(t.get("cloud") or PROVIDER) for t in project_data.get("clouds") or ()
+             if isinstance(t, dict)}  # fmt: skip
+    return "ucloud" if named == {"ucloud"} else PROVIDER
+
+
+def list_ucloud(settings: Settings, provider: Any = None) -> Listing:
+    """What vmrun made at UCloud: its live VM jobs (labelled vmrun-cluster), each running
+    one at its product's price an hour, in DKK. `provider`: a UCloudProvider (None: one
+    from the environment's token)."""
+    from vmrun.providers.api import Instance
+    from vmrun.providers.ucloud.provider import UCloudProvider
+
+    provider = provider or UCloudProvider()
+    provider.check_credentials()
+    priced, currencies = [], set()
+    for res in provider.resources([]):
+        price = None
+        if res.state in BILLING_STATES:
+            probe = Instance(id=res.id, cluster=res.cluster, state=res.state,
+                             instance_type=res.instance_type, zone="", region=res.region,
+                             public_addr="", private_addr="")  # fmt: skip
+            price = provider.hourly_price(probe)
+            if price is not None:
+                currencies.add(provider.price_currency(probe))
+        priced.append(replace(res, price=price))
+    billing = [r for r in priced if r.kind == "instance" and r.state in BILLING_STATES]
+    known = recorded_clusters(settings.project_data)
+    return Listing(
+        regions=sorted({r.region for r in priced if r.region}),
+        resources=priced,
+        forgotten=sorted({r.cluster for r in priced} - known),
+        per_hour=round(sum(r.price for r in billing if r.price is not None), 4),
+        unpriced=sum(r.price is None for r in billing),
+        currency=currencies.pop() if len(currencies) == 1 else "DKK",
+        cloud="ucloud",
+    )
 
 
 def list_clusters(
