@@ -372,6 +372,39 @@ def test_a_job_at_its_time_limit_snapshots_is_requeued_and_finishes(
     assert epochs_in(metrics) == list(range(1, 13))
 
 
+def test_a_run_at_its_max_cost_saves_and_stops_and_is_never_requeued(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
+) -> None:
+    """The cluster's `price` (3600 a node an hour: a unit a second) and its own `max_cost`
+    (6: six seconds from the job's start): the batch shell's timer sends the warning as at
+    a time limit, the template saves its epoch, and the job ends stopped, not requeued
+    (--max-requeues 3 notwithstanding); the follower says run-over-budget. Without a
+    price, --max-cost is refused before anything is submitted."""
+    use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
+    toml = slurm_client.cwd / "vmrun.toml"
+    toml.write_text(toml.read_text() + "price = 3600\nmax_cost = 6\n")
+    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "100", "--save-every", "100",
+                              "--nproc-per-node", "1", "--max-requeues", "3",
+                              timeout=300)  # fmt: skip
+    code, said = error_in(done.stderr)
+    assert done.returncode == 143 and code == "run-over-budget", done.stderr
+    assert "--max-cost $6.00" in said and "(requeued)" not in done.stderr, done.stderr
+    rid = run_id_of(done.stderr)
+    metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
+    assert (metrics.parent / "snapshot.pt").exists() and 0 < len(epochs_in(metrics)) < 100
+    row = status_rows(slurm_client)[rid]
+    assert row[2].startswith("stopped"), row
+    (listed,) = [r for r in json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
+                 if r["run"] == rid]  # fmt: skip
+    assert listed["error"]["code"] == "run-over-budget" and listed["cost"]["currency"] == "USD"
+    toml.write_text(toml.read_text().replace("price = 3600\nmax_cost = 6\n", ""))
+    refused = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
+                                 "--max-cost", "5")  # fmt: skip
+    code, said = error_in(refused.stderr)
+    assert refused.returncode == 2 and code == "over-budget" and "no `price`" in said, said
+    assert not slurm_cluster.squeue_ids()
+
+
 def test_max_requeues_bounds_the_requeues(
     slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
 ) -> None:

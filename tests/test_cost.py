@@ -121,7 +121,7 @@ def test_a_max_cost_that_is_not_an_amount_is_refused(tmp_path: Path, value: str)
     assert load_settings({}, cwd=tmp_path, environ={"VMRUN_MAX_COST": "7.5"}).max_cost == 7.5
 
 
-@pytest.mark.parametrize("where", [["--local"], ["-C", "bed"]])
+@pytest.mark.parametrize("where", [["--local"]])
 def test_max_cost_where_no_price_holds_is_refused_before_anything_starts(
     where: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

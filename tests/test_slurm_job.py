@@ -145,6 +145,35 @@ def test_listing_gives_state_from_squeue_then_the_exit_record() -> None:
     assert (b.state, b.reason) == (RunState.PENDING, "Priority")
 
 
+def test_a_job_stopped_at_its_max_cost_is_stopped_whatever_sacct_says() -> None:
+    """The batch shell's `budget` end (slurm_job.bash): the job completed as far as Slurm
+    knows, and the run was stopped at its cap; the cap is read for `status`."""
+    meta = {"run_id": "a", "epochs": 10, "submitted": 5, "max_cost": 6, "currency": "USD"}
+    listing = "\n".join([
+        "==> squeue <==",
+        "==> a/run.json <==", json.dumps(meta),
+        "==> a/jobid <==", "11",
+        "==> a/starts <==", "1 100",
+        "==> a/exit <==", "1 budget 160",
+        "==> a/stopped <==", "160",
+        "==> a/budget <==", json.dumps({"seen": 159, "cap": "$6.00"}),
+        "==> sacct <==", "11|COMPLETED|0:0",
+    ])  # fmt: skip
+    (a,) = parse_listing(listing, "bed")
+    assert (a.state, a.exit_code) == (RunState.STOPPED, None)
+    assert a.budget == {"seen": 159, "cap": "$6.00"}
+
+
+def test_the_batch_script_carries_the_budget_only_when_asked() -> None:
+    paths = JobPaths(record="/w/rec", code="/w/code", out="/w/out")
+    batch = Batch(run_id="r1", launcher="torchrun", python="python3", command=["t.py"])
+    assert "VMRUN_BUDGET=''" in batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
+    capped = batch_script(JobSpec(), Batch(run_id="r1", launcher="torchrun", python="python3",
+                                           command=["t.py"], budget="21600 $6.00"),
+                          paths, "22.05", job_name="r1")  # fmt: skip
+    assert "VMRUN_BUDGET='21600 $6.00'" in capped
+
+
 def test_listings_of_a_cluster_without_a_shared_folder_take_each_run_from_where_it_ran() -> None:
     """Every node lists its own records: a run is read from the node it last started on
     (its starts, exit and metrics), its job id from the login node's record (sbatch ran

@@ -318,6 +318,8 @@ CLUSTER_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sbatch_args": (_is_str_list, "a list of strings"),
     "price": _PRICE,  # per node an hour (vmrun.results.cost)
     "currency": _CURRENCY,
+    # each run's --max-cost on this cluster, unless given (hostside/slurm_job.bash)
+    "max_cost": (_is_price, "an amount, a number such as 25, in the price's currency"),
     # the hosts vmrun made this cluster of (`setup --slurm`; vmrun.operations.queue)
     "nodes": (_is_str_list, "a list of hosts"),
     # false: no folder every node sees; each run's project is synced to every node

@@ -16,6 +16,10 @@
 # run_failure.py's text for torchrun runs (empty otherwise): a failed worker's own exit code
 # for the job's, read from torchrun's summary in the log, and failure.json (which rank, where).
 # VMRUN_MAX_RECOVERIES: --recover's limit (0: none; slurm_recover.bash then comes first).
+# VMRUN_BUDGET: --max-cost's `SECONDS CAP` (empty: none): SECONDS after the first attempt's
+# start (queue waits between attempts count, as the run's cost does) the batch shell gets
+# SIGUSR2 as at its time limit, the ranks save their epoch, and the job ends stopped (never
+# requeued): $rec/budget, an `exit` line `budget`, $rec/stopped.
 # VMRUN_HANG: --hang-timeout's `SECONDS ACTION RANKED` (empty: not watched), with the texts
 # of hang_watch.py and its siblings (VMRUN_HANG_WATCH, VMRUN_SPOT_WATCH, VMRUN_STACKS), which
 # watch the step from here (the ranks' heartbeats in $rec/beat, their lines in job.log).
@@ -33,7 +37,7 @@ tell() {  # EVENT EXIT: "" lets the sender tell an end from the exit code and th
 }
 rm -rf "$rec"/notified.*  # each attempt's end is told afresh
 rm -f "$rec"/provenance-*.json  # each attempt's nodes describe themselves (a requeue moves it)
-rm -f "$rec/failure.json" "$rec/hang" "$rec/hang_stopped"
+rm -f "$rec/failure.json" "$rec/hang" "$rec/hang_stopped" "$rec/budget"
 rm -rf "$rec/beat"
 nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 # Slurm ends the attempt: a requeue (vmrun's own ends the attempt so, and is told already),
@@ -74,6 +78,30 @@ MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 export MASTER_ADDR MASTER_PORT
 # shellcheck disable=SC2086  # one word per node
 mark attempt "$attempt" job "$SLURM_JOB_ID" start "$(date +%s)" nodes $nodes
+budget_timer=
+if [ -n "${VMRUN_BUDGET:-}" ]; then
+  budget_cap=${VMRUN_BUDGET#* }
+  # shellcheck disable=SC2317  # called by the timer and below
+  budget_spent() { printf '{"seen": %s, "cap": "%s"}\n' "$(date +%s)" "$budget_cap" > "$rec/budget"; }
+  first=$(awk 'NR == 1 { print $2; exit }' "$rec/starts")
+  left=$(( ${first:-$(date +%s)} + ${VMRUN_BUDGET%% *} - $(date +%s) ))
+  if [ "$left" -le 0 ]; then
+    budget_spent
+    mark budget "the run had cost --max-cost $budget_cap before attempt $attempt: stopped"
+    date +%s > "$rec/stopped"
+    ended budget
+    tell stopped ""
+    exit 0
+  fi
+  (
+    sleep "$left" &
+    pause=$!
+    # shellcheck disable=SC2064  # this sleep's pid, now
+    trap "kill $pause 2>/dev/null; exit 0" TERM
+    wait "$pause" && budget_spent && kill -USR2 $$
+  ) </dev/null >/dev/null 2>&1 &
+  budget_timer=$!
+fi
 # srun in Slurm >= 22.05 no longer takes --cpus-per-task from the allocation
 if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 # the run's own variables (--env, the cluster's env): a 0600 file, never a command
@@ -116,7 +144,11 @@ mkdir -p "$VMRUN_RUN_DIR"
 # shellcheck disable=SC2317  # called by the trap
 warned() {
   : > "$VMRUN_WARNED_FILE"
-  mark warned "the time limit is near (SIGUSR2): the run saves and is requeued"
+  if [ -e "$rec/budget" ]; then
+    mark warned "the run has cost --max-cost ${budget_cap:-?} (SIGUSR2): it saves and stops"
+  else
+    mark warned "the time limit is near (SIGUSR2): the run saves and is requeued"
+  fi
   scancel --signal=USR2 "$SLURM_JOB_ID" 2>/dev/null
 }
 trap warned USR2
@@ -182,6 +214,7 @@ while :; do  # a trapped signal ends `wait` early: wait again until srun has end
   kill -0 "$task" 2>/dev/null || break
 done
 if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
+if [ -n "$budget_timer" ]; then kill "$budget_timer" 2>/dev/null; wait "$budget_timer" 2>/dev/null; fi
 # torchrun exits 1 when a worker fails (srun passes on the worst task's): the worker's code
 if [ "$rc" != 0 ] && [ -n "${VMRUN_FAILURE:-}" ] && command -v python3 >/dev/null 2>&1; then
   code=$(python3 -c "$VMRUN_FAILURE" "$rec" "$rec/job.log" "$rc" </dev/null 2>/dev/null)
@@ -189,6 +222,14 @@ if [ "$rc" != 0 ] && [ -n "${VMRUN_FAILURE:-}" ] && command -v python3 >/dev/nul
 fi
 # stopped by its hang watcher (--on-hang stop): 124, as on hosts (run_supervise.sh)
 if [ "$rc" != 0 ] && [ -e "$rec/hang_stopped" ]; then rc=124; fi
+# stopped at its --max-cost (it saved, or caught nothing), unless it finished meanwhile
+if [ -e "$rec/budget" ] && { [ "$rc" != 0 ] || [ -e "$VMRUN_REQUEUE_FILE" ]; }; then
+  mark budget "the run has cost --max-cost $budget_cap: stopped, its work saved"
+  date +%s > "$rec/stopped"
+  ended budget
+  tell stopped ""
+  exit 0
+fi
 if [ -e "$VMRUN_REQUEUE_FILE" ]; then
   # the time limit's requeues so far (--recover's are `recovery` ends: not counted here)
   requeues=$(awk '$2 == "requeue" { n++ } END { print n + 0 }' "$rec/exit" 2>/dev/null)

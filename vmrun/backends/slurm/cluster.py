@@ -40,6 +40,7 @@ class Cluster:
     containers: Mapping[str, Any] = field(default_factory=dict)
     price: float | None = None  # per node an hour (`price`), for what a run cost
     currency: str | None = None  # the price's; None: USD
+    max_cost: float | None = None  # each run's --max-cost there, unless given
     nodes: tuple[str, ...] = ()  # the hosts vmrun made it of (`setup --slurm`); else ()
     # whether `workdir` is one folder every node sees; false (a cluster vmrun made of
     # `nodes` without one): each run's project is synced to every node, and its files stay
@@ -124,6 +125,7 @@ def _cluster(index: int, item: Any, where: str) -> Cluster:
         containers=table_of(item),
         price=item.get("price"),
         currency=item.get("currency"),
+        max_cost=item.get("max_cost"),
         nodes=tuple(item.get("nodes", ())),
         shared=item.get("shared", True),
         accounting=item.get("accounting", False),

@@ -6,15 +6,15 @@ state holds (as submitit does), and past a limit vmrun says it cannot tell, neve
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from vmrun import hostside
 from vmrun.backends.api import RunRef
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.queue import JobState, explain_failure
 from vmrun.backends.slurm.stream import JobStream
-from vmrun.errors import Detached, Interrupted, OutcomeUnknown, run_failed
+from vmrun.errors import Detached, Interrupted, OutcomeUnknown, run_failed, run_over_budget
 from vmrun.reporting import Reporter
 from vmrun.results.failure import WorkerFailure
 from vmrun.ssh.connection import Connection
@@ -29,6 +29,14 @@ def detached(rid: str, job: str, cluster: str) -> Detached:
         hint=f"reattach with `vmrun logs -f {rid} -C {cluster}`, stop it with"
         f" `vmrun stop {rid} -C {cluster}`",
     )
+
+
+def cap_text(meta: Mapping[str, Any]) -> str:
+    """The run's --max-cost as run.json recorded it, in its prices' currency."""
+    from vmrun.results.cost import money
+
+    cap = meta.get("max_cost")
+    return money(float(cap), meta.get("currency")) if isinstance(cap, (int, float)) else "?"
 
 
 class NeverStarts(Exception):
@@ -121,7 +129,7 @@ class Follower:
             nodes = tail.split(" nodes ", 1)[1].split() if " nodes " in tail else []
             again = f"--- attempt {number} (requeued) --- " if number != "1" else ""
             self.out.info(f"{again}job {self.job} running on {', '.join(nodes) or '?'}")
-        elif word in ("requeue", "failed", "terminated", "warned"):
+        elif word in ("requeue", "failed", "terminated", "warned", "budget"):
             self.out.info(rest)
             if word == "requeue":
                 self.backend.on_requeue(self.ref, self.out)
@@ -172,6 +180,8 @@ class Follower:
                 f" `vmrun logs -f {rid} -C {cluster}`",
             )
         code_text = self.exits[-1][1] if self.exits else ""
+        if code_text == "budget":  # the job stopped itself at --max-cost, its work saved
+            raise run_over_budget(rid, cap_text(self.ref.meta), host=cluster)
         if self.end == "COMPLETED" or (not self.end and code_text == "0"):
             return 0
         code = int(code_text) if code_text.isdigit() else 1

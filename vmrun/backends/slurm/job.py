@@ -151,6 +151,7 @@ class Batch:
     notifier: bool = False  # the job tells its end and requeues (the record's notify.json)
     max_recoveries: int = 0  # --recover: failed attempts requeued by the job itself
     hang: str = ""  # --hang-timeout's `SECONDS ACTION RANKED` (hang_watch.py), "" not watched
+    budget: str = ""  # --max-cost's `SECONDS CAP`: from the first attempt's start; "" none
 
 
 def sbatch_options(
@@ -216,6 +217,7 @@ def batch_script(
     lines.append(f"VMRUN_FAILURE={quote(source('run_failure.py')) if torchrun else ''}")
     lines.append(f"VMRUN_MAX_RECOVERIES={batch.max_recoveries}")
     lines.append(f"VMRUN_HANG={quote(batch.hang)}")
+    lines.append(f"VMRUN_BUDGET={quote(batch.budget)}")
     for name, text in (("VMRUN_HANG_WATCH", "hang_watch.py"), ("VMRUN_SPOT_WATCH", "spot_watch.py"),
                        ("VMRUN_STACKS", "stacks.py")):  # fmt: skip
         lines.append(f"{name}={quote(source(text)) if batch.hang else ''}")

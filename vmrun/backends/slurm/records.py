@@ -110,6 +110,7 @@ class SlurmRun:
     exits: list[list[str]] = field(default_factory=list)  # [attempt, code|requeue|..., time]
     starts: list[list[str]] = field(default_factory=list)  # [attempt, time]
     stopped: bool = False
+    budget: dict[str, Any] | None = None  # the job stopped itself at --max-cost (REC/budget)
     accounted: tuple[str, str] | None = None  # sacct's (State, ExitCode)
     last_metrics: Mapping[str, Any] | None = None
     # a job from the user's own batch script (`vmrun submit`): its tasks, when squeue or
@@ -181,6 +182,8 @@ class SlurmRun:
     def state_and_code(self) -> tuple[RunState, int | None]:
         if self.own_script and self.tasks:
             return _combined(self.tasks, self.stopped)
+        if self.exits and self.exits[-1][1] == "budget" and self._ended_this_attempt():
+            return RunState.STOPPED, None  # at its --max-cost, its work saved
         code = self._recorded_code()
         if self.job is not None:
             state = self.job.run_state
@@ -402,25 +405,43 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.exits = [line.split() for line in lines]
     elif name == "stopped":
         run.stopped = True
+    elif name == "budget" and lines:
+        run.budget = _json_object(lines[0])
     elif name == "versions.json" and lines:
         run.versions = provenance.versions_of(lines[0])
     elif name == "failure.json" and lines:
         run.failure = WorkerFailure.parse(lines[0])
     elif name == "recoveries":
-        kinds = [[*ln.split("\t"), "", "", ""][:3] for ln in lines]
-        done = [text for kind, _, text in kinds if kind == "recovery"]
-        run.recoveries, run.recovery = len(done), done[-1] if done else ""
-        run.gave_up = any(kind == "gave-up" for kind, _, _ in kinds)
+        _read_recoveries(run, lines)
     elif name == "since" and lines:
         run.since = float(lines[0]) if _int(lines[0].split(".")[0]) is not None else None
     elif name == "ended":
-        run.ends_recorded = True
-        if not run.tasks:  # squeue's view, where it has one, is newer
-            ended = {t.key: t for t in map(Task.recorded, (ln.split() for ln in lines)) if t}
-            run.tasks = sorted(ended.values(), key=_task_order)
+        _read_ended(run, lines)
     elif run.meta.get("metrics") == path and lines:
         with contextlib.suppress(ValueError):
             run.last_metrics = json.loads(lines[-1])
+
+
+def _read_recoveries(run: SlurmRun, lines: list[str]) -> None:
+    kinds = [[*ln.split("\t"), "", "", ""][:3] for ln in lines]
+    done = [text for kind, _, text in kinds if kind == "recovery"]
+    run.recoveries, run.recovery = len(done), done[-1] if done else ""
+    run.gave_up = any(kind == "gave-up" for kind, _, _ in kinds)
+
+
+def _read_ended(run: SlurmRun, lines: list[str]) -> None:
+    run.ends_recorded = True
+    if not run.tasks:  # squeue's view, where it has one, is newer
+        ended = {t.key: t for t in map(Task.recorded, (ln.split() for ln in lines)) if t}
+        run.tasks = sorted(ended.values(), key=_task_order)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _by_metrics(runs: Mapping[str, SlurmRun], path: str) -> SlurmRun | None:
