@@ -5,15 +5,17 @@ tests/test_cli_autostop.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import install_hostlib
+from conftest import install_hostlib, wait_for
 
 from vmrun.autostop.settings import for_host
 from vmrun.autostop.status import AutostopStatus, from_status_output
@@ -205,3 +207,53 @@ def test_the_autostop_scripts_are_shellcheck_clean_posix_sh() -> None:
     proc = subprocess.run(["shellcheck", "--shell=sh", *names], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
     assert os.path.basename(names[-1]) == "autostop_watch.sh"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_spent_budget_stops_the_runs_with_their_work_saved_then_powers_off(
+    tmp_path: Path,
+) -> None:
+    """autostop_budget (`up --max-cost`'s share of a VM): the watchdog adds up the running
+    time; at the budget the run alive gets SIGUSR2 from budget_watch.py (its snapshot), and
+    once it has ended the power-off runs, idle period or not (none here: 0)."""
+    home, env = _home(tmp_path)
+    settings = load_settings({"autostop_command": ["poweroff-standin", "--budget"],
+                              "autostop_interval": "1s"}, cwd=tmp_path, environ=env)  # fmt: skip
+    cfg = for_host(settings, HostEntry(parse_host("x"), vars={"autostop_budget": "2s"}))
+    assert cfg is not None and (cfg.period, cfg.budget) == (0, 2)
+    assert cfg.describe().startswith("powers off after 2s running in all, its runs saved first")
+    conf = home / ".vmrun" / "autostop.conf"
+    conf.write_text(cfg.conf_text() + "\n")
+    said = tmp_path / "said"
+    catcher = (f"import pathlib, signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *_: ("
+               f"pathlib.Path({str(said)!r}).write_text('usr2'), sys.exit(0)))\ntime.sleep(60)\n")
+    record = home / ".vmrun" / "runs" / "r1"
+    record.mkdir()
+    run = subprocess.Popen(["sh", "-c", f'{sys.executable} -c "$1"; true', "sh", catcher],
+                           start_new_session=True)  # fmt: skip
+    watchdog = None
+    try:
+        start = Path(f"/proc/{run.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        (record / "pid").write_text(f"{run.pid}\n")
+        (record / "pid_start").write_text(f"{start}\n")
+        (record / "log").write_text("")
+        lib = install_hostlib(home)
+        watchdog = subprocess.Popen(["sh", str(lib / "autostop_watch.sh"), ".vmrun/autostop.conf"],
+                                    env=env, cwd=home)  # fmt: skip
+        wait_for(lambda: (home / "calls").exists(), 60, "the power-off")
+    finally:
+        conf.unlink(missing_ok=True)  # the watchdog ends at its next tick
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        if watchdog is not None:
+            try:
+                watchdog.wait(timeout=30)  # `setsid` runs it in place: the same process
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
+                watchdog.wait()
+                raise
+    assert said.read_text() == "usr2"  # the run was told first: its epoch, its snapshot
+    assert (record / "budget").exists() and (home / "calls").read_text() == "called --budget\n"
+    log = (home / ".vmrun" / "autostop.log").read_text()
+    assert "its budget of 2 s running time is spent" in log, log

@@ -215,6 +215,40 @@ def test_ctrl_c_while_the_vms_boot_leaves_nothing(user: Laptop) -> None:
     assert not (user.cwd / "vmrun.toml").exists()
 
 
+def test_a_clusters_max_cost_powers_its_vm_off_from_inside_at_its_share(user: Laptop) -> None:
+    """`up --max-cost 20` at 3600 USD an hour (the price list's answer seeded in this
+    laptop's price cache: moto has no Price List): the VM's watchdog gets a budget of 20 s
+    running time, adds it up, and powers the VM off from inside once it is spent (no run on
+    it: at once); EC2 then stops it. The runs' side (saved first) is test_autostop's."""
+    cloud = user.cloud
+    cache = user.home / ".cache" / "vmrun" / "prices.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({f"on-demand/{cloud.region}/g4dn.2xlarge": [3600.0, time.time()]}))
+    (user.cwd / "vmrun.toml").write_text(
+        f'autostop_command = "{cloud.poweroff_command}"\nautostop_interval = "2s"\n'
+    )
+    up = user.vmrun(*_up(user, "--max-cost", "20"), timeout=180)
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert "about $3,600.00 an hour" in up.stderr + up.stdout, up.stderr + up.stdout
+    assert "powers off after 20s running in all" in up.stdout, up.stdout
+    assert "max_cost = 20" in user.toml() and 'autostop_budget = "20s"' in user.toml()
+    ec2 = cloud.client("ec2")
+    (instance,) = [i for i, _ in cloud.instance_hosts().items()]
+
+    def state() -> str:
+        found = ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]
+        return str(found["Instances"][0]["State"]["Name"])
+
+    wait_for(lambda: state() == "stopped", 120, "the VM powered off at its budget")
+    refused = user.vmrun("up", "c9", "--type", "g4dn.xlarge", "--user", cloud.user,
+                         "--ssh-from", cloud.ssh_cidr, "--max-cost", "5")  # fmt: skip
+    code, said = error_in(refused.stderr)  # no price known for that type: nothing made
+    assert "no price for g4dn.xlarge" in said, said
+    assert refused.returncode == 2 and code == "over-budget", refused.stderr
+    tagged = [{"Name": "tag:vmrun-cluster", "Values": ["c9"]}]
+    assert ec2.describe_instances(Filters=tagged)["Reservations"] == []
+
+
 def test_a_power_off_from_inside_stops_the_vm_and_up_starts_it_again(user: Laptop) -> None:
     cloud = user.cloud
     (user.cwd / "vmrun.toml").write_text(f'autostop_command = "{cloud.poweroff_command}"\n')

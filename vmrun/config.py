@@ -120,6 +120,9 @@ FIELDS: dict[str, Field] = {
               "warn logged-in users (wall) this long before powering off, or off"),
         Field("autostop_interval", kinds.period, lambda env: "1m",
               "how often the watchdog checks; it starts nothing more often than this"),
+        Field("autostop_budget", kinds.period_or_off, lambda env: kinds.OFF,
+              "power a host off once it has run this long in all, its runs stopped with their"
+              " work saved first (`vmrun up --max-cost` sets it per VM from the price), or off"),
         # `train --image` (vmrun.containers): each may also be given per host in vmrun.toml
         Field("image", kinds.text, lambda env: "",
               "train inside this container image (REGISTRY/PATH:TAG or a .sif); empty: no image"),
@@ -188,6 +191,7 @@ class Settings:
     autostop_gpu_threshold: int
     autostop_warn: str
     autostop_interval: str
+    autostop_budget: str
     image: str
     mounts: list[str]
     pull: str
@@ -364,6 +368,8 @@ CLOUD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "profile": (_is_str, "an AWS profile name in quotes"),
     "placement": _BOOL,
     "store": (kinds.accepts(kinds.store), kinds.FILE_TYPES[kinds.store][1]),
+    # the cluster's cap (`up --max-cost`): each VM powers off once it has run its share
+    "max_cost": (_is_price, "an amount, a number such as 25, in the cloud's currency"),
     # what `vmrun setup` was asked on its VMs (vmrun.operations.setup.replayable): a new VM
     # in a lost one's place is set up so
     "setup": (lambda v: isinstance(v, dict), "a table of `vmrun setup`'s options"),

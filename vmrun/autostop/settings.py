@@ -43,6 +43,7 @@ class Autostop:
     command: str
     nvidia_smi: str = "nvidia-smi"
     notify: str = ""  # notify.json for the warning's notification ("": none): a secret
+    budget: int = 0  # seconds of running time in all, then off (`up --max-cost`); 0: none
 
     @property
     def command_word(self) -> str:
@@ -63,11 +64,12 @@ class Autostop:
         return word if self.command.strip() == word else f"{word} ..."
 
     def describe(self) -> str:
-        how = self.shown
-        return (
-            f"powers off after {format_period(self.period)} idle (checked every"
-            f" {format_period(self.interval)}; {how})"
-        )
+        how, every = self.shown, format_period(self.interval)
+        budget = f"after {format_period(self.budget)} running in all" if self.budget else ""
+        if not self.period:
+            return f"powers off {budget}, its runs saved first (checked every {every}; {how})"
+        idle = f"after {format_period(self.period)} idle" + (f", or {budget}" if budget else "")
+        return f"powers off {idle} (checked every {every}; {how})"
 
     def conf_text(self) -> str:
         """CONF for vmrun/hostside/autostop_watch.sh: shell assignments, quoted here."""
@@ -86,6 +88,7 @@ class Autostop:
             "state": AUTOSTOP_STATE,
             "log": AUTOSTOP_LOG,
             "notify": AUTOSTOP_NOTIFY if self.notify else "",
+            "budget": self.budget,
         }
         lines = [f"{k}={quoting.quote(str(v)) if v != '' else ''}" for k, v in values.items()]
         head = "# vmrun autostop: written by `vmrun autostop`, read by the watchdog every tick"
@@ -107,12 +110,15 @@ def for_host(settings: Settings, entry: HostEntry, *, one_off: bool = False) -> 
         if key in entry.vars and settings.sources[key] not in _OVERRIDDEN:
             value = FIELDS[key].parse(f"{key} of host {entry.label}", entry.vars[key])
         values[key] = value
-    if values["autostop"] == OFF and not one_off:
+    budget = values["autostop_budget"]
+    if values["autostop"] == OFF and budget == OFF and not one_off:
         return None
     command = values["autostop_command"]
     nvidia_smi = entry.vars.get("nvidia_smi", "nvidia-smi")
+    idle = 0 if budget != OFF else 1  # a budget alone: never off for idleness
     return Autostop(
-        period=1 if values["autostop"] == OFF else period_seconds(values["autostop"]),
+        period=idle if values["autostop"] == OFF else period_seconds(values["autostop"]),
+        budget=0 if budget == OFF else period_seconds(budget),
         interval=period_seconds(values["autostop_interval"]),
         warn=0 if values["autostop_warn"] == OFF else period_seconds(values["autostop_warn"]),
         gpu_threshold=int(values["autostop_gpu_threshold"]),

@@ -127,6 +127,16 @@ def register(app: typer.Typer) -> None:
                 " the cloud's currency (USD on AWS, DKK on UCloud).",
             ),
         ] = None,
+        max_cost: Annotated[
+            float | None,
+            typer.Option(
+                "--max-cost",
+                metavar="AMOUNT",
+                help="The cluster's cap, in the cloud's currency: each VM's watchdog stops its"
+                " runs (their work saved) and powers it off once it has run its share at the"
+                " price list's price (recorded in its [[clouds]] table).",
+            ),
+        ] = None,
         slurm: Annotated[
             bool,
             typer.Option(
@@ -158,6 +168,7 @@ def register(app: typer.Typer) -> None:
             autostop=autostop, autostop_terminate=autostop_terminate, ssh_from=ssh_from,
             profile=profile, placement=placement, ssh_key=ssh_key, keep=keep,
             ssh_timeout=ssh_timeout, store=store, max_hourly_cost=max_hourly_cost,
+            max_cost=max_cost,
         )  # fmt: skip
         if slurm:
             return _up_cluster(ask)
@@ -196,5 +207,8 @@ def _render(done: Up, ask: UpAsk) -> None:
         say(f"  about {money(done.per_hour, done.currency)} an hour while it runs")
     if done.autostop:
         say(f"  autostop: each powers off after {done.autostop} idle")
+    if done.budget:
+        say(f"  --max-cost: each VM saves and stops its runs and powers off after {done.budget}"
+            " running in all")
     if ask.store:
         say(f"  role: the VMs reach {ask.store} with their own credentials")

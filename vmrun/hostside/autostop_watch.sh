@@ -28,6 +28,12 @@
 # watchdog per user: flock), .m0/.m1 (tick marks: runs started since), .tmp; $log. Read (and
 # stale markers removed): $active/PID, $active/.ended.
 
+# A budget (CONF's `budget`, seconds; 0: none; `vmrun up --max-cost` sets it per VM from the
+# price): the machine's running time is added up in $state.spent at every tick (kept across
+# power-offs and boots); once it reaches the budget, every vmrun run alive is stopped with its
+# work saved (budget_watch.py beside this file: SIGUSR2 to its ranks, their epoch's snapshot)
+# and the machine powers off as soon as none is left (5 minutes at most), idle or not.
+# period 0: no idle power-off (a budget alone).
 # CONF sets period interval warn (seconds), threshold (%), sessions, poweroff (shell text; empty:
 # shutdown), nvsmi, nvpath, run_env, runs, active, state, log, path, notify (a folder with the
 # warning's notify.json and notify_send.py; empty: the warning is not sent anywhere else).
@@ -200,6 +206,34 @@ power_off() {  # $1: why
   fi
 }
 
+budget() {  # spent: the running time so far; at the budget, the runs stopped, then off
+  [ "${budget:-0}" -gt 0 ] || return 0
+  spent=0
+  read -r spent 2>/dev/null < "$state.spent" 9>&-
+  case $spent in '' | *[!0-9]*) spent=0 ;; esac
+  spent=$((spent + now - ${ticked:-$now}))
+  ticked=$now
+  echo "$spent" > "$state.spent" 9>&-
+  [ "$spent" -ge "$budget" ] || return 0
+  if [ -z "$spent_at" ]; then
+    spent_at=$now
+    say "its budget of $budget s running time is spent (--max-cost): stopping the runs, then powering off"
+    wall "vmrun: $host has run its budget (--max-cost): its runs save and stop, then it powers off." \
+      < /dev/null > /dev/null 2>&1 9>&-
+    for r in $found; do
+      if command -v python3 > /dev/null 2>&1 && [ -s "$runs/$r/pid" ]; then
+        (exec setsid python3 "$lib/budget_watch.py" "$runs/$r" "$(cat "$runs/$r/pid")" 0 \
+          "the machine's budget") < /dev/null > /dev/null 2>&1 9>&- &
+      fi
+    done
+  fi
+  if [ -n "$budget_off" ] && [ "$now" -lt $((budget_off + 300)) ]; then return 0; fi
+  if [ -z "$found" ] || [ "$now" -ge $((spent_at + 300)) ]; then
+    power_off "its budget of $budget s running time is spent (--max-cost)"
+    budget_off=$now  # again in 5 minutes if the machine is still up
+  fi
+}
+
 decide() {  # awake, block, since, off: the rule above, and what follows from it
   awake=
   for r in $found; do awake="$awake, run $r"; done
@@ -214,7 +248,7 @@ decide() {  # awake, block, since, off: the rule above, and what follows from it
   if [ -n "$foreign" ]; then block="non-vmrun GPU process pid$foreign"; fi
   if [ -n "$awake" ]; then since='' warned=''; else since=${since:-$now}; fi
   off=
-  [ -n "$since" ] || return 0
+  [ -n "$since" ] && [ "$period" -gt 0 ] || return 0
   off=$((since + period))
   # powering off needs a look at the GPUs' processes since the machine went idle
   if [ -n "$block" ] || { [ -z "$gpu_none" ] && [ "${apps_at:-0}" -lt "$since" ]; }; then
@@ -256,7 +290,9 @@ report() {  # the state line, and a log line when the decision changed
   else
     gpu="every GPU under $threshold %"
     if [ -n "$gpu_none" ]; then gpu="no GPU"; fi
-    say "idle: no vmrun run, $gpu, no login session that counts ($sessions): powers off at $(hm "$off")"
+    when="powers off at $(hm "${off:-$now}")"
+    if [ "$period" -eq 0 ]; then when="no idle power-off"; fi
+    say "idle: no vmrun run, $gpu, no login session that counts ($sessions): $when"
   fi
 }
 
@@ -267,6 +303,7 @@ tick() {
   echo "$now" > "$state.m$((n % 2))"
   n=$((n + 1))
   runs
+  budget
   commands
   gpus
   count_sessions
@@ -293,8 +330,9 @@ watch() {  # $1: CONF, relative to the home
   echo $$ > "$state.pid"
   logged=$(wc -c 2>/dev/null < "$log" 9>&-)
   logged=${logged:-0} n=0 ask=gpu since='' warned='' note='' last_st='' last_key='' apps_at=''
-  foreign='' own=''
-  say "started (pid $$): powers off after ${period} s idle; checks every ${interval} s"
+  foreign='' own='' ticked='' spent_at='' budget_off=''
+  lib=${0%/*}
+  say "started (pid $$): powers off after ${period} s idle (0: never), after ${budget:-0} s running in all (0: no budget); checks every ${interval} s"
   while [ -f "$conf" ]; do
     . "./$conf"
     set_path

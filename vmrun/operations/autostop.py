@@ -64,7 +64,8 @@ def install(settings: Settings, hosts: Hosts = None, *, required: bool) -> Appli
     entries = entries_for(hosts, settings)
     configs = {e.label: for_host(settings, e) for e in entries}
     unset = settings.sources["autostop"] == "default"
-    missing = [e.label for e in entries if unset and "autostop" not in e.vars]
+    own = ("autostop", "autostop_budget")  # a budget alone (`up --max-cost`) needs no period
+    missing = [e.label for e in entries if unset and not any(k in e.vars for k in own)]
     if required and missing:
         raise UsageError(
             f"no autostop period for {', '.join(missing)}",

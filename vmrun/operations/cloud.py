@@ -68,6 +68,9 @@ class UpAsk:
     ssh_timeout: float = 600.0
     # an hour for the whole cluster, in the cloud's currency (USD, DKK): dearer is refused
     max_hourly_cost: float | None = None
+    # the whole cluster's cap, in the cloud's currency: each VM's watchdog stops its runs
+    # (saved) and powers it off once it has run its share (autostop_budget)
+    max_cost: float | None = None
 
 
 _DEFAULTS: dict[str, Any] = {
@@ -87,6 +90,7 @@ _DEFAULTS: dict[str, Any] = {
     "profile": "",
     "placement": True,
     "store": "",
+    "max_cost": 0.0,
 }
 # [[clouds]] keys -> UpAsk fields (the table says `type` and `disk` as the flags do)
 _TABLE_KEYS = {"type": "instance_type", **{k: k for k in _DEFAULTS if k != "instance_type"}}
@@ -109,6 +113,7 @@ class Up:
     project_file: Path | None = None
     per_hour: float | None = None  # for the whole cluster, where the price list answers
     currency: str = "USD"  # per_hour's
+    budget: str = ""  # --max-cost: each VM's running time until its watchdog powers it off
 
 
 @dataclass
@@ -158,6 +163,14 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
     if done.cloud == "ucloud" and (done.spot or done.store or done.zone):
         raise UsageError("--spot, --store and --zone are AWS's; UCloud has none of them",
                          code="flags-conflict")  # fmt: skip
+    if done.cloud == "ucloud" and done.max_cost:
+        raise UsageError(
+            "--max-cost on a UCloud cluster: its VMs cannot yet power themselves off there"
+            " (a job ends only by `vmrun down`)",
+            hint="give each run its own --max-cost (`train --max-cost`): the hosts' prices"
+            " are recorded",
+            code="flags-conflict",
+        )
     if done.spot_fallback and not done.spot:
         raise UsageError("--spot-fallback only goes with --spot", code="flags-conflict")
     if done.store:
@@ -269,7 +282,8 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
                      f" (private {inst.private_addr})")  # fmt: skip
         price, currency = _price(provider, instances)
         entries = _entries(ask.name, offer.user, instances, ask.autostop or "",
-                           ask.store or "", price, currency)  # fmt: skip
+                           ask.store or "", price, currency,
+                           _budget(ask, price, len(instances)))  # fmt: skip
         if _gives_host_key(provider):
             _pin(settings, entries, host_key)
         else:
@@ -277,7 +291,8 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
         _wait_ssh(entries, _trusting(settings, provider), ask.ssh_timeout, out)
         done = Up(ask.name, region, offer.image_name, instances, entries)
         done.project_file = _record(settings, ask, region, offer.user, entries)
-        done.autostop = _autostop(settings, entries, ask.autostop or "")
+        done.autostop = _autostop(settings, entries, ask.autostop or "", bool(ask.max_cost))
+        done.budget = str(entries[0].vars.get("autostop_budget", "")) if entries else ""
         done.per_hour = None if price is None else price * len(instances)
         done.currency = currency
         return done
@@ -315,7 +330,7 @@ def _again(
     user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
     price, currency = _price(provider, existing)
     entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "", price,
-                       currency)  # fmt: skip
+                       currency, _budget(ask, price, len(existing)))  # fmt: skip
     if _gives_host_key(provider):
         _repin(settings, entries, ask.name, provider.host_key(existing[0]))
     else:  # the same VMs (their keys pinned), maybe at new ports: a new place is pinned
@@ -325,6 +340,9 @@ def _again(
     done = Up(ask.name, region, instances=existing, hosts=entries, already=not started)
     done.started = started
     done.project_file = _record(settings, ask, region, user, entries)
+    if ask.max_cost:  # the cap as asked now (a higher one lets stopped VMs run again)
+        _autostop(settings, entries, ask.autostop or "", True)
+        done.budget = str(entries[0].vars.get("autostop_budget", ""))
     done.per_hour = None if price is None else price * len(existing)
     done.currency = currency
     return done
@@ -349,6 +367,13 @@ def _say_the_cost(
         out.info(f"{ask.name}: about {money(total, currency)} an hour while it runs"
                  f" ({request.count} x {price_text(per_vm or 0, currency)}"
                  f"{' spot' if request.spot else ''})")  # fmt: skip
+    if ask.max_cost and total is None:
+        raise UsageError(
+            f"--max-cost {ask.max_cost:g}: the price list gives no price for"
+            f" {request.instance_type} in {request.region}, so the cap cannot be kept",
+            hint="drop --max-cost; nothing was made",
+            code="over-budget",
+        )
     limit = ask.max_hourly_cost
     if limit is None:
         return
@@ -394,7 +419,7 @@ def _note_region(cloud: str, region: str) -> None:
 
 def _entries(
     name: str, user: str, instances: list[Instance], autostop: str, store: str = "",
-    price: float | None = None, currency: str = "USD",
+    price: float | None = None, currency: str = "USD", budget: str = "",
 ) -> list[HostEntry]:  # fmt: skip
     """The cluster's hosts as vmrun.toml records them (`store_role`: the bucket place the
     VMs' own role reaches, which "auto" credentials then use)."""
@@ -418,6 +443,8 @@ def _entries(
             values["price"] = round(price, 6)
             if currency != "USD":
                 values["currency"] = currency
+        if budget:
+            values["autostop_budget"] = budget
         entries.append(
             HostEntry(
                 parse_host(f"{inst.login_user or user}@{host}{port}"),
@@ -579,7 +606,7 @@ def _record(
         }
     )
     for key in ("zone", "image", "disk", "spot", "spot_fallback", "autostop", "autostop_terminate",
-                "store"):  # fmt: skip
+                "store", "max_cost"):  # fmt: skip
         value = getattr(ask, key)
         if value not in (None, "", 0, False) and not (key == "image" and value == "dlami"):
             table[key] = value
@@ -602,8 +629,28 @@ def _record(
     return project / PROJECT_FILE
 
 
-def _autostop(settings: Settings, entries: list[HostEntry], period: str) -> str:
-    if not period:
+def _budget(ask: UpAsk, price: float | None, count: int) -> str:
+    """`--max-cost`: each VM's share of the cluster's cap as running time (its watchdog's
+    autostop_budget, recorded on its host); "" without a cap."""
+    if not ask.max_cost:
+        return ""
+    if price is None or price <= 0:
+        raise UsageError(
+            f"--max-cost {ask.max_cost:g}: the price list gives no price for"
+            f" {ask.instance_type}, so the cap cannot be kept",
+            hint="drop --max-cost (a run's own --max-cost needs the hosts' `price`)",
+            code="over-budget",
+        )
+    from vmrun.results.cost import budget_seconds
+
+    share = budget_seconds(ask.max_cost, price * count)
+    return f"{max(1, int(share))}s"
+
+
+def _autostop(
+    settings: Settings, entries: list[HostEntry], period: str, budget: bool = False
+) -> str:
+    if not period and not budget:
         return ""
     from vmrun.operations.autostop import install
 
