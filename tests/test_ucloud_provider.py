@@ -181,3 +181,20 @@ def test_clusters_refuses_awss_flags_for_ucloud_before_asking_it(
     assert error_in(capsys.readouterr().err)[0] == "flags-conflict"
     assert run(["clusters", "--cloud", "gcp"]) == 2
     assert "aws or ucloud" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("asked", [{"autostop": "30m"}, {"max_cost": 10.0}])
+def test_autostop_and_a_clusters_cap_are_refused_on_ucloud(
+    tmp_path: Path, asked: dict[str, object]
+) -> None:
+    """A guest that powers itself off is booted again by UCloud (KubeVirt's RunStrategy
+    Always) and its job stays charged: refused before anything is asked of UCloud."""
+    from vmrun.config import load_settings
+    from vmrun.operations import cloud
+
+    settings = load_settings({}, cwd=tmp_path, environ={})
+    ask = cloud.UpAsk("uc", cloud="ucloud", instance_type="u1-standard-2", count=1,
+                      **asked)  # type: ignore[arg-type]  # fmt: skip
+    with pytest.raises(UsageError) as refused:
+        cloud.resolve(ask, settings)
+    assert refused.value.code == "flags-conflict" and "boots a guest" in refused.value.message

@@ -163,12 +163,15 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
     if done.cloud == "ucloud" and (done.spot or done.store or done.zone):
         raise UsageError("--spot, --store and --zone are AWS's; UCloud has none of them",
                          code="flags-conflict")  # fmt: skip
-    if done.cloud == "ucloud" and done.max_cost:
+    if done.cloud == "ucloud" and (done.max_cost or done.autostop):
+        # UCloud runs a VM job with KubeVirt's RunStrategy Always: a guest that powers
+        # itself off is booted again, and its job stays RUNNING and charged
         raise UsageError(
-            "--max-cost on a UCloud cluster: its VMs cannot yet power themselves off there"
-            " (a job ends only by `vmrun down`)",
-            hint="give each run its own --max-cost (`train --max-cost`): the hosts' prices"
-            " are recorded",
+            f"{'--max-cost' if done.max_cost else '--autostop'} on a UCloud cluster: a VM"
+            " there cannot power itself off (UCloud boots a guest that shuts down again, and"
+            " keeps charging its job)",
+            hint="`vmrun down NAME --stop` suspends the jobs (not charged); a run's own"
+            " `train --max-cost` stops the run at its cap",
             code="flags-conflict",
         )
     if done.spot_fallback and not done.spot:
