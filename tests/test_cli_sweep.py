@@ -213,6 +213,30 @@ def test_a_sweep_on_a_slurm_cluster_submits_each_size_and_fetches_it(
     assert [_world_sizes(slurm_client, s["run"]) for s in sizes] == [{1}, {2}]
 
 
+def test_a_sweeps_cap_on_a_slurm_cluster_is_split_between_the_sizes_it_queues(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
+) -> None:
+    """Every size is queued at once on a cluster: `--max-cost 8` at 3600 a node an hour
+    gives each of the 2 sizes 4 (seconds, here) as its own cap; each job saves and stops."""
+    (slurm_client.cwd / "vmrun.toml").write_text(
+        f'[[clusters]]\nname = "bed"\nlogin = "login"\npartition = "debug"\nprice = 3600\n'
+        f'python = "{host_python}"\nenv = {{ OMP_NUM_THREADS = "1", PYTHONPATH = "{trainer_hooks}",'
+        f' VMRUN_TEST_HOOK_EPOCH_DELAY = "0.5" }}\n'
+    )
+    done = slurm_client.vmrun(
+        "sweep", "-C", "bed", "--nproc-per-node", "1,2", "--epochs", "100", "--max-cost", "8",
+        "--time", "0:05:00", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "each of 2 size(s) may cost 4.00 of its --max-cost 8" in done.stderr, done.stderr
+    sizes = _record(slurm_client)["sizes"]
+    assert [s["state"] for s in sizes] == ["failed", "failed"], sizes
+    for size in sizes:
+        assert "--max-cost $4.00" in size["detail"], size
+        job = slurm_cluster.login.home / ".vmrun" / "runs" / size["run"] / "job.sh"
+        assert "VMRUN_BUDGET='4 $4.00'" in job.read_text()
+
+
 def test_a_cpus_per_task_axis_on_a_slurm_cluster_asks_sbatch_for_each(
     slurm_cluster: Any, slurm_client: Client, host_python: Path
 ) -> None:

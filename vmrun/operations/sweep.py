@@ -87,11 +87,10 @@ def sweep(
         slurm = replace(slurm, cpus_per_task=fixed.get("cpus_per_task"), gpus_per_node=gpus)
         parts = _new(given, grid, env, _where(local, hosts, cluster), axes, gpus, settings)
         parts["sweep"].options["slurm"] = slurm.given()  # a resumed sweep asks Slurm the same
-    if settings.max_cost and (parts["sweep"].where.get("local") or parts.get("cluster")):
+    if settings.max_cost and parts["sweep"].where.get("local"):
         from vmrun.operations.train import refuse_uncapped
 
-        where = "a sweep on a cluster" if parts.get("cluster") else "a --local sweep"
-        refuse_uncapped(settings, where, out)
+        refuse_uncapped(settings, "a --local sweep", out)
     recorded = SlurmOptions.from_record(parts["sweep"].options.get("slurm") or {})
     if detach and not parts.get("cluster"):
         raise UsageError("--detach queues a sweep on a cluster (-C NAME); on hosts the sweep"

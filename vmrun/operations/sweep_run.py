@@ -22,6 +22,7 @@ from vmrun.errors import (
     Detached,
     Interrupted,
     OutcomeUnknown,
+    UsageError,
     VmrunError,
     run_failed,
 )
@@ -232,14 +233,16 @@ def _queue_all(job: SweepJob) -> bool:
     submitted again. Ctrl-C leaves the queue as it is. False: detached."""
     sweep, out = job.sweep, job.out
     todo = sweep.left()
+    share = _cluster_share(job, todo)
     for size in todo:
         if size.run and size.state in (RunState.RUNNING, RunState.LOST):
             continue  # queued by an earlier call (detached, or its end unknown): followed
         size.run, size.state, size.detail = None, RunState.RUNNING, ""
+        plan = _size_plan(job, size)
         try:
             with _cluster_backend(job, size) as backend:
-                ref = backend.start(_size_plan(job, size), _start_options(), out,
-                                    out.progress(live=False))  # fmt: skip
+                ref = backend.start(replace(plan, max_cost=share) if share else plan,
+                                    _start_options(), out, out.progress(live=False))  # fmt: skip
         except (KeyboardInterrupt, Detached, Interrupted):
             size.state, size.detail = RunState.PENDING, ""
             save(job.project, sweep)
@@ -281,6 +284,30 @@ def _queue_all(job: SweepJob) -> bool:
         finally:
             save(job.project, sweep)
     return True
+
+
+def _cluster_share(job: SweepJob, todo: list[Size]) -> float:
+    """Each size's cap on a cluster, where every size is queued at once: the sweep's
+    --max-cost less what its sizes done so far cost, split evenly between the sizes queued
+    now (else the cluster's own `max_cost` for each); 0 for none."""
+    from vmrun.backends.slurm.cluster import find_cluster
+
+    cap = job.settings.max_cost
+    if not cap:
+        return float(find_cluster(job.settings, str(job.cluster)).max_cost or 0)
+    fresh = [s for s in todo if not (s.run and s.state in (RunState.RUNNING, RunState.LOST))]
+    if not fresh or not _budget_left(job):
+        if fresh:
+            raise UsageError(
+                f"sweep {job.sweep.id}: its --max-cost {cap:g} is spent; nothing queued",
+                hint=f"`vmrun sweep --resume {job.sweep.id} --max-cost MORE` queues the rest",
+                code="over-budget",
+            )
+        return 0.0
+    share = job.left / len(fresh)
+    job.out.info(f"sweep {job.sweep.id}: each of {len(fresh)} size(s) may cost {share:.2f}"
+                 f" of its --max-cost {cap:g}")  # fmt: skip
+    return share
 
 
 def _start_options() -> Any:
