@@ -194,7 +194,7 @@ def test_a_reclaimed_node_comes_back_with_autostop_and_more_keys(
 ) -> None:
     import boto3
 
-    monkeypatch.setattr(cloud, "_autostop", lambda settings, entries, period: period)
+    monkeypatch.setattr(cloud, "_autostop", lambda settings, entries, period, budget=False: period)
     first = _up(monkeypatch, launches.work, autostop="30m")
     lost = first.instances[1]
     boto3.client("ec2", region_name=REGION).terminate_instances(InstanceIds=[lost.id])
