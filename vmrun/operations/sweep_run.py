@@ -292,9 +292,10 @@ def _cluster_share(job: SweepJob, todo: list[Size]) -> float:
     now (else the cluster's own `max_cost` for each); 0 for none."""
     from vmrun.backends.slurm.cluster import find_cluster
 
-    cap = job.settings.max_cost
+    cap = getattr(job.settings, "max_cost", 0)  # (a test's job may carry no settings)
     if not cap:
-        return float(find_cluster(job.settings, str(job.cluster)).max_cost or 0)
+        found = find_cluster(job.settings, str(job.cluster)) if job.settings else None
+        return float(getattr(found, "max_cost", None) or 0)
     fresh = [s for s in todo if not (s.run and s.state in (RunState.RUNNING, RunState.LOST))]
     if not fresh or not _budget_left(job):
         if fresh:
