@@ -289,13 +289,10 @@ def _queue_all(job: SweepJob) -> bool:
 def _cluster_share(job: SweepJob, todo: list[Size]) -> float:
     """Each size's cap on a cluster, where every size is queued at once: the sweep's
     --max-cost less what its sizes done so far cost, split evenly between the sizes queued
-    now (else the cluster's own `max_cost` for each); 0 for none."""
-    from vmrun.backends.slurm.cluster import find_cluster
-
+    now; 0 without one (each job then keeps the cluster's own `max_cost`: its backend)."""
     cap = getattr(job.settings, "max_cost", 0)  # (a test's job may carry no settings)
     if not cap:
-        found = find_cluster(job.settings, str(job.cluster)) if job.settings else None
-        return float(getattr(found, "max_cost", None) or 0)
+        return 0.0
     fresh = [s for s in todo if not (s.run and s.state in (RunState.RUNNING, RunState.LOST))]
     if not fresh or not _budget_left(job):
         if fresh:

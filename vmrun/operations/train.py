@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings, load_settings
-from vmrun.errors import UsageError, VmrunError
+from vmrun.errors import UsageError
 from vmrun.operations import refusals
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
@@ -162,7 +162,7 @@ def train(
         if hosts.recover or settings.recover:  # the job brings itself back (slurm_recover.bash)
             recoveries = refusals.recovery_limit(hosts.max_recoveries, settings.max_recoveries)
         plan = _watched(plan, settings, recover=recoveries > 0)
-        plan = replace(plan, max_cost=settings.max_cost or _cluster_cap(settings, cluster))
+        plan = replace(plan, max_cost=settings.max_cost)  # else the cluster's (its backend)
         return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
                            detach=detach, verbose=verbose, out=out,
                            recoveries=recoveries)  # fmt: skip
@@ -355,16 +355,6 @@ def _on_hosts(
             on_start=supervised.start(out) if supervised else None,
         )
         return code
-
-
-def _cluster_cap(settings: Settings, name: str) -> float:
-    """The cluster's own `max_cost` in vmrun.toml (each run's cap there), 0 for none."""
-    from vmrun.backends.slurm.cluster import find_cluster
-
-    try:
-        return float(find_cluster(settings, name).max_cost or 0)
-    except VmrunError:
-        return 0.0  # an unknown cluster: refused where it is looked up, with its own words
 
 
 def refuse_uncapped(settings: Settings, what: str, out: Reporter) -> None:

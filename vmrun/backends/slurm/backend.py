@@ -225,25 +225,29 @@ class SlurmBackend:
     def record_dir(self, run_id: str) -> str:
         return f"{self.facts().workdir}/{STATE_DIR}/runs/{run_id}"
 
-    def _budget(self, plan: Plan, spec: JobSpec) -> str:
-        """The batch script's VMRUN_BUDGET for `--max-cost` (`SECONDS CAP`: the job's time
-        from its first attempt's start at the cluster's price per node); refused where the
-        cluster has no `price`."""
-        if not plan.max_cost:
+    def _cap(self, plan: Plan) -> float:
+        """The run's --max-cost, else the cluster's own `max_cost` (0: none)."""
+        return plan.max_cost or float(self.cluster.max_cost or 0)
+
+    def _budget(self, cap: float, spec: JobSpec) -> str:
+        """The batch script's VMRUN_BUDGET for a cap (`SECONDS CAP`: the job's time from its
+        first attempt's start at the cluster's price per node); refused where the cluster
+        has no `price`."""
+        if not cap:
             return ""
         from vmrun.results.cost import budget_seconds, money
 
         priced = alike(self.cluster.price, spec.nodes, self.cluster.currency)
         if not priced:
             raise UsageError(
-                f"--max-cost {plan.max_cost:g}: cluster {self.cluster.name} has no `price`,"
-                " so the cap cannot be kept; nothing submitted",
+                f"--max-cost {cap:g}: cluster {self.cluster.name} has no `price`, so the cap"
+                " cannot be kept; nothing submitted",
                 hint=f"give [[clusters]] {self.cluster.name} its `price` per node an hour in"
                 " vmrun.toml, or drop --max-cost",
                 code="over-budget",
             )
-        left = budget_seconds(plan.max_cost, priced["price_per_hour"])
-        return f"{left:.0f} {money(plan.max_cost, priced['currency'])}"
+        left = budget_seconds(cap, priced["price_per_hour"])
+        return f"{left:.0f} {money(cap, priced['currency'])}"
 
     # -- submitting -------------------------------------------------------------------
 
@@ -282,7 +286,7 @@ class SlurmBackend:
             notifier=bool(notify),
             max_recoveries=recoveries,
             hang=plan.hang_watch(),
-            budget=self._budget(plan, spec),
+            budget=self._budget(self._cap(plan), spec),
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
@@ -304,7 +308,7 @@ class SlurmBackend:
             "max_requeues": spec.max_requeues,
             **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
             **alike(self.cluster.price, spec.nodes, self.cluster.currency),
-            **({"max_cost": plan.max_cost} if plan.max_cost else {}),
+            **({"max_cost": self._cap(plan)} if self._cap(plan) else {}),
             "submitted": time.time(),
             "record_dir": paths.record,
             "code_dir": paths.code,
