@@ -119,9 +119,14 @@ def test_allow_concurrent_starts_both_and_a_resumed_run_does_not_refuse_itself(
         records.start(LocalHost(home), "c-20260101-000000-0003", "work", ["true"], {}, alone=True)  # type: ignore[arg-type]
     for pid_file in home.glob(".vmrun/runs/b-*/pid"):
         os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-    again = records.start(LocalHost(home), ids[0], "work", ["sleep", "60"], {}, resume=True,  # type: ignore[arg-type]
-                          alone=True)  # fmt: skip
-    assert isinstance(again, records.Started)
+    first = int((home / ".vmrun" / "runs" / ids[0] / "pid").read_text())
+    try:
+        again = records.start(LocalHost(home), ids[0], "work", ["sleep", "60"], {},  # type: ignore[arg-type]
+                              resume=True, alone=True)  # fmt: skip
+        assert isinstance(again, records.Started)
+    finally:  # the first attempt's session: its pid file is the resumed attempt's now
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first, signal.SIGKILL)
 
 
 def test_a_run_whose_exit_code_is_written_does_not_refuse_the_next(home: Path) -> None:
