@@ -664,6 +664,11 @@ def clean_host(host: TestHost) -> None:
     shutil.rmtree(host.home / "vmrun", ignore_errors=True)
 
 
+def sshd_tails(hosts: Sequence[TestHost], chars: int = 1500) -> str:
+    """The end of each host's sshd log, for a failure's message (why a connection dropped)."""
+    return "".join(f"\n--- {h.name} sshd.log ---\n{h.sshd_log()[-chars:]}" for h in hosts)
+
+
 def run_id_of(text: str) -> str:
     """The run id `vmrun train` reports when it starts (or resumes) a run."""
     import re

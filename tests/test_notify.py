@@ -34,7 +34,8 @@ TOKEN = "s3cr3t-t0ken"
 
 class Receiver:
     """A real HTTP server that keeps every POST (path, headers, body); `status` is what it
-    answers; while `hold` is clear, it answers nothing (a sender held in its post)."""
+    answers; while `hold` is clear, its answer's headers come a byte a second (a sender held
+    in its post for as long as the test needs, each byte within the sender's own timeout)."""
 
     def __init__(self, host: str = "127.0.0.1"):
         self.posts: list[dict[str, Any]] = []
@@ -48,9 +49,16 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 outer.posts.append({"path": self.path, "headers": dict(self.headers),
                                     "body": body.decode(errors="replace")})  # fmt: skip
-                outer.hold.wait(120)
-                self.send_response(outer.status)
-                self.end_headers()
+                if outer.hold.is_set():
+                    self.send_response(outer.status)
+                    self.end_headers()
+                    return
+                self.wfile.write(f"HTTP/1.0 {outer.status} Held\r\nX-Held: ".encode())
+                for _ in range(300):
+                    if outer.hold.wait(1):
+                        break
+                    self.wfile.write(b".")
+                self.wfile.write(b"\r\nContent-Length: 0\r\n\r\n")
 
             def log_message(self, *args: Any) -> None:
                 pass

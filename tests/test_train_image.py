@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, error_in, run_id_of, run_pids, template_out, wait_for
+from conftest import Client, error_in, run_id_of, run_pids, sshd_tails, template_out, wait_for
 from testbed.docker import DockerBed, memlock_hard_limit
 from train_helpers import assert_matches_one_process, env_options, hook_env
 
@@ -350,7 +350,7 @@ def test_doctor_checks_the_image_and_runs_its_all_reduce_in_it(
     toml = dclient.cwd / "vmrun.toml"
     toml.write_text(f'image = "{docker_hosts.image}"\n' + toml.read_text())
     done = dclient.vmrun("doctor", timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr + sshd_tails(docker_hosts.hosts)
     found = rows(done.stdout)
     for host in docker_hosts.hosts:
         verdict, detail = found[("image", host.name)]
