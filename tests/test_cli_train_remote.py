@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Client, clean_host, error_in, run_id_of, run_pids, template_out, wait_for
 from testbed import NetnsBed
-from train_helpers import env_options, hook_env
+from train_helpers import Gate, env_options, hook_env
 
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Recorder
@@ -233,11 +233,14 @@ def test_bad_input_starts_nothing(bed: NetnsBed, project: Client) -> None:
 
 
 @pytest.mark.timeout(900)  # its own deadlines: 120 + 120 + 300 s, and more
-def test_fetch_every_brings_snapshots_while_the_run_goes_on(bed: NetnsBed, project: Client) -> None:
+def test_fetch_every_brings_snapshots_while_the_run_goes_on(
+    bed: NetnsBed, project: Client, gate: Gate
+) -> None:
+    """The run holds after epoch 4's snapshot (a trainer hook) until that snapshot is here,
+    so it is fetched mid-run however slow the machine; then the end fetches the rest."""
     h1 = bed["h1"]
-    proc = project.popen(
-        "train", "-H", "h1", "--fetch-every", "0.5", "--", "16", "4", "--dataset-size", "65536"
-    )
+    proc = project.popen("train", "-H", "h1", "--fetch-every", "0.5", *gate.options(4),
+                         "--", "8", "4")  # fmt: skip
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore
     try:
@@ -250,6 +253,7 @@ def test_fetch_every_brings_snapshots_while_the_run_goes_on(bed: NetnsBed, proje
         remote_log = h1.home / ".vmrun/runs" / rid / "log"
         wait_for(lambda: (local / "snapshot.pt").exists(), 120, "a snapshot fetched mid-run")
         assert b"final model saved" not in remote_log.read_bytes(), "".join(err)  # still going
+        gate.open()
         _, rest = proc.communicate(timeout=300)  # what the reader thread did not take
         reader.join(10)
         err.append(rest)
