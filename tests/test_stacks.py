@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from vmrun.results.stragglers import SLOW_GAP_S, SLOW_RATIO, from_metrics, slow_ranks, summary
 from vmrun.runs.stacks import group, lines, parse, spans
 from vmrun.trainer import template
@@ -205,3 +207,22 @@ def test_flight_recorder_dumps_say_which_ranks_did_not_reach_the_collective(
                                        " (nccl:all_reduce); rank 3 did not (last: #29)")
     assert flight_verdict(flights[:3]).endswith("every rank with a dump")
     assert flight_verdict([]) == ""
+
+
+def test_the_wheels_sent_on_are_those_of_this_version_from_the_given_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a supervisor gets (recovery.deploy): this machine's py-spy wheels of vmrun's
+    version, every machine's, from VMRUN_TOOL_WHEELS when given, else the cache."""
+    from vmrun.runs import stack_tool
+
+    names = [f"py_spy-{stack_tool.VERSION}-py2.py3-none-manylinux1_x86_64.whl",
+             f"py_spy-{stack_tool.VERSION}-py2.py3-none-manylinux2014_aarch64.whl",
+             "py_spy-0.3.14-py2.py3-none-manylinux1_x86_64.whl"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setenv(stack_tool.WHEELS_ENV, str(tmp_path))
+    assert [p.name for p in stack_tool.wheels()] == sorted(names[:2])
+    monkeypatch.delenv(stack_tool.WHEELS_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "none"))
+    assert stack_tool.wheels() == []

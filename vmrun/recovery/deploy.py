@@ -36,6 +36,7 @@ from vmrun.errors import RemoteError, UnknownHostKeyError, UsageError
 from vmrun.recovery.journal import TAG, Spec
 from vmrun.recovery.policy import DEFAULT_MAX_RECOVERIES
 from vmrun.reporting import Reporter
+from vmrun.setting_types import OFF
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, raise_for_failures
 from vmrun.ssh.inventory import HostEntry
@@ -142,10 +143,13 @@ def deploy(
     secrets: dict[str, str] | None = None,
     files: Sequence[str] = (),
     reached: list[Reached] | None = None,
+    tools: bool = False,
 ) -> Placed:
     """Put the supervisor of `spec`'s run on `supervisor` and start it; `hosts`: the run's
     nodes and spares, which its key is allowed on; `files`: the project's files a script's
-    run syncs (none for the template)."""
+    run syncs (none for the template); `tools`: the run is watched for hangs, so the
+    supervisor gets the py-spy wheels this machine sent the nodes (a node it brings in
+    needs one, and the supervisor's host may have no package index)."""
     from vmrun.transfer.upload import upload
 
     reached = reached if reached is not None else _reach(settings, hosts)
@@ -157,6 +161,8 @@ def deploy(
         reqs = requirements(bool(spec.store))
         env = _install_env(conn, python, machine, reqs, out)
         code = _install_code(conn)
+        if tools:
+            _send_tools(conn)
         folder = f"{HOME_DIR}/runs/{spec.run_id}"
         if files:  # a script's run: its project, where a resume finds the script
             sent = upload(
@@ -291,6 +297,18 @@ def _install_env(conn: Connection, python: str, found: str, reqs: list[str], out
     if made.stdout_tail.strip().endswith("MADE"):
         out.info(f"{conn.label}: the supervisor's env made ({len(reqs)} packages)")
     return env
+
+
+def _send_tools(conn: Connection) -> None:
+    """py-spy's wheels, as this machine has them, into the cache where the supervisor's
+    vmrun looks first (vmrun.runs.stack_tool): none there, it would try a download."""
+    from vmrun.runs import stack_tool
+    from vmrun.transfer.upload import upload
+
+    for wheel in stack_tool.wheels():
+        if not upload(conn, wheel, f".cache/vmrun/tools/{wheel.name}").ok:
+            raise RemoteError("could not send py-spy's wheel to the supervisor",
+                              host=conn.label, code="supervisor-failed")  # fmt: skip
 
 
 def _install_code(conn: Connection) -> str:
@@ -456,7 +474,8 @@ class Supervised:
                 placed = deploy(self.settings, spec, self.supervisor,
                                 [*self.nodes, *self.spares], out, secrets=told,
                                 files=_synced_files(self.plan) or (),
-                                reached=self.reached)  # fmt: skip
+                                reached=self.reached,
+                                tools=self.settings.hang_timeout != OFF)  # fmt: skip
             except BaseException:  # asked to be recovered, it must not run unsupervised
                 out.warn(f"run {ref.run_id}: no supervisor, so the run is stopped")
                 self._stop(ref)

@@ -30,6 +30,13 @@ def _cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vmrun" / "tools"
 
 
+def wheels() -> list[Path]:
+    """py-spy's wheels this machine has, for any machine (what it sent hosts)."""
+    given = os.environ.get(WHEELS_ENV)
+    folder = Path(given) if given else _cache()
+    return sorted(folder.glob(f"py_spy-{VERSION}-*.whl"))
+
+
 def wheel_for(machine: str) -> Path:
     """py-spy's wheel for `machine` (x86_64, aarch64)."""
     given = os.environ.get(WHEELS_ENV)
