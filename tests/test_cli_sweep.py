@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import Client, error_in, wait_for
 from results_fixtures import line_colours
-from train_helpers import env_options, hook_env, pids_with_env
+from train_helpers import Gate, pids_with_env
 
 from vmrun.results.plotting import COLOURS
 
@@ -124,11 +124,13 @@ def test_a_list_of_batch_sizes_is_an_axis_named_in_runs_report_and_plot(client: 
 
 
 def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(
-    client: Client, trainer_hooks: Path
+    client: Client, gate: Gate
 ) -> None:
+    """The second size (2 ranks) holds after its first epoch (a trainer hook) until Ctrl-C;
+    the first runs through."""
     proc = client.popen(
-        "sweep", "--local", "--nproc-per-node", "1,2", "--epochs", "200",
-        *env_options(hook_env(trainer_hooks, EPOCH_DELAY="0.05")), env=TWO_CORES,
+        "sweep", "--local", "--nproc-per-node", "1,2", "--epochs", "4",
+        *gate.options(1, GATE_WORLD="2"), env=TWO_CORES,
     )  # fmt: skip
     try:
         record = wait_for(
@@ -157,11 +159,10 @@ def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(
     refused = client.vmrun("sweep", "--resume", sweep_id)
     assert refused.returncode == 2
     code, said = error_in(refused.stderr)
-    assert code == "env-value-missing" and "VMRUN_TEST_HOOK_EPOCH_DELAY" in said, refused.stderr
-    again = client.vmrun(
-        "sweep", "--resume", sweep_id, "-e", "VMRUN_TEST_HOOK_EPOCH_DELAY=0", env=TWO_CORES,
-        timeout=300,
-    )  # fmt: skip
+    assert code == "env-value-missing" and "VMRUN_TEST_HOOK_GATE_WORLD" in said, refused.stderr
+    gate.open()
+    again = client.vmrun("sweep", "--resume", sweep_id, *gate.options(1, GATE_WORLD="2"),
+                         env=TWO_CORES, timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "size 1/2" not in again.stderr and "size 2/2" in again.stderr
     sizes = _record(client)["sizes"]

@@ -52,3 +52,16 @@ def test_a_gated_run_waits_after_its_epoch_until_the_gate_opens(tmp_path: Path) 
         finally:
             run.kill()
     assert metrics.read_text().count("\n") == 2
+
+
+def test_a_gate_for_another_world_size_holds_nothing(tmp_path: Path) -> None:
+    """VMRUN_TEST_HOOK_GATE_WORLD: a sweep's other sizes run through a closed gate."""
+    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
+           "VMRUN_TEST_HOOK_GATE": str(tmp_path / "gate"), "VMRUN_TEST_HOOK_GATE_AT": "1",
+           "VMRUN_TEST_HOOK_GATE_WORLD": "2"}  # fmt: skip
+    env.pop("WORLD_SIZE", None)  # one process: a world of 1
+    argv = [sys.executable, str(TEMPLATE_PATH), "2", "10", "--dataset-size", "64",
+            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2

@@ -21,7 +21,8 @@ conftest fixture `trainer_hooks` gives a copy every test host user can read.
   has done what it must mid-run (lose a node, see the recovery) however slow the machine.
   A signal the template notes (its preemption handlers, or Slurm's warned file) ends the
   wait, so its epoch's preemption check still comes (every rank must get it: the check is
-  collective).
+  collective). With VMRUN_TEST_HOOK_GATE_WORLD=W only a run of W ranks is held (one size of
+  a sweep).
 
 A block lasts at most WAIT_S, so a forgotten hook never hangs a test.
 """
@@ -94,6 +95,9 @@ def install(template: ModuleType, env: dict[str, str]) -> None:
     pause_at = int(env.get(PREFIX + "PAUSE_IN_SAVE") or 0)
     delay = min(float(env.get(PREFIX + "EPOCH_DELAY") or 0), WAIT_S)
     gate, gate_at = env.get(PREFIX + "GATE"), int(env.get(PREFIX + "GATE_AT") or 0)
+    world = env.get(PREFIX + "GATE_WORLD")
+    if world and world != (env.get("WORLD_SIZE") or "1"):
+        gate = None
     out_dir = Path(".")
     train, run_epoch = template.train, template.run_epoch
     save_snapshot = template.save_snapshot
