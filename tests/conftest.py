@@ -171,6 +171,17 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         return (yield)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """VMRUN_TEST_TIMELINE=DIR: each worker's phases (when each ended, how long it took) in
+    DIR/<worker>.tsv, to see how the workers' shares of a full run balance."""
+    folder = os.environ.get("VMRUN_TEST_TIMELINE")
+    worker = os.environ.get("PYTEST_XDIST_WORKER") or "main"
+    if folder and not (worker == "main" and hasattr(report, "node")):  # xdist's: the workers'
+        with open(Path(folder) / f"{worker}.tsv", "a", encoding="utf-8") as fh:
+            fh.write(f"{time.time():.1f}\t{report.duration:.1f}\t{report.when}\t"
+                     f"{report.outcome}\t{report.nodeid}\n")  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def client_keys(tmp_path_factory: pytest.TempPathFactory) -> ClientKeys:
     return ClientKeys.generate(tmp_path_factory.mktemp("client-keys"))
