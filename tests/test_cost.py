@@ -101,15 +101,16 @@ def test_a_sweeps_runs_are_added_up_under_the_report_each_currency_apart(tmp_pat
         run.mkdir()
         meta = {"run_id": name, "nodes": ["h1"], "nproc_per_node": 1,
                 "prices": {"h1": per_hour}, "price_per_hour": per_hour, "currency": currency}
-        (run / "run.json").write_text(json.dumps({**meta, "started": 1000}))
+        before = {"ran_before_s": 1800} if name == "r1" else {}  # resumed: its first attempt
+        (run / "run.json").write_text(json.dumps({**meta, "started": 1000, **before}))
         (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "loss": 0.5}) + "\n")
         (run / "exit_code").write_text("0\n")
         os.utime(run / "exit_code", (2800, 2800))  # half an hour after its start
     rows = report_rows(load_runs(sorted(tmp_path.iterdir())))
-    assert [(r.cost, r.currency) for r in rows] == [(1.0, "USD"), (2.0, "USD"), (15.0, "DKK")]
+    assert [(r.cost, r.currency) for r in rows] == [(2.0, "USD"), (2.0, "USD"), (15.0, "DKK")]
     heads, _, shown = table(rows)
-    assert [c[heads.index("COST")] for c in shown] == ["$1.00", "$2.00", "15.00 DKK"]
-    assert notes(rows).endswith("cost in all: $3.00 (2 runs), 15.00 DKK (1 runs)")
+    assert [c[heads.index("COST")] for c in shown] == ["$2.00", "$2.00", "15.00 DKK"]
+    assert notes(rows).endswith("cost in all: $4.00 (2 runs), 15.00 DKK (1 runs)")
 
 
 @pytest.mark.parametrize("value", ["lots", "-5", "inf"])

@@ -170,6 +170,22 @@ def test_the_end_says_what_the_run_cost_at_its_recorded_prices(
     assert re.search(r"duration 0:30:0\d, cost 3\.60 DKK, epochs 3/3", rendered["body"]), rendered
 
 
+def test_a_resumed_runs_end_counts_its_attempts_not_the_time_between_them(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Attempt 1 ran 20 min (run.json's ran_before_s), attempt 2 began 10 min ago (its pid
+    file), the first start was 2 hours ago: 30 min charged, the gap is not."""
+    rec = _record(tmp_path, receiver)
+    (rec / "first_started").write_text(f"{int(time.time()) - 7200}\n")
+    (rec / "pid").write_text("1\n")
+    began = time.time() - 600
+    os.utime(rec / "pid", (began, began))
+    (rec / "run.json").write_text(json.dumps({"price_per_hour": 7.2, "currency": "DKK",
+                                              "ran_before_s": 1200}))  # fmt: skip
+    rendered = json.loads(_sender(rec, "render").stdout)
+    assert re.search(r"duration 0:30:0\d, cost 3\.60 DKK", rendered["body"]), rendered
+
+
 def test_a_failure_names_the_worker_that_failed_first(tmp_path: Path, receiver: Receiver) -> None:
     """The record's failure.json (hostside/run_failure.py): the message gives the worker's
     own code and says which rank failed, where."""

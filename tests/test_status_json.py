@@ -150,3 +150,7 @@ def test_a_runs_cost_so_far_is_its_time_at_the_prices_it_started_with(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[-1] == "COST"
     assert lines[1].endswith("1.50 DKK") and lines[2].endswith("-"), lines  # 90 s on n1
+    for rec in (a, b):  # a resumed attempt: the earlier ones' 3600 s count, not the gap
+        rec.meta["ran_before_s"] = 3600
+    (obj,) = run_objects([a, b])
+    assert obj["cost"]["amount"] == 61.52 and obj["duration_s"] == 91.0  # this attempt's

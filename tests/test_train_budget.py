@@ -72,6 +72,10 @@ def test_a_detached_run_stops_at_its_cap_with_its_work_saved_and_goes_on_with_a_
     assert f"resumed from snapshot at epoch {epoch + 1} " in more.stdout, more.stdout
     metrics = template_out(bed["h1"], project, rid) / "metrics.jsonl"
     assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 41))
+    # its cost counts both attempts (at $1 a second: the first's seconds are its dollars)
+    meta = json.loads((bed["h1"].home / ".vmrun" / "runs" / rid / "run.json").read_text())
+    assert abs(meta["ran_before_s"] - row["cost"]["amount"]) < 2, (meta, row)
+    assert _status(project, rid, "h1")["cost"]["amount"] > row["cost"]["amount"] + 1
 
 
 def test_a_followed_run_on_two_nodes_ends_with_its_code_and_a_cap_without_prices_is_refused(

@@ -139,6 +139,8 @@ class RunRow(Protocol):
     @property
     def duration(self) -> float | None: ...
     @property
+    def ran_s(self) -> float | None: ...  # every attempt's time: what the run is charged
+    @property
     def progress(self) -> str | None: ...  # "epoch 7/10"
     @property
     def attempts(self) -> int: ...

@@ -119,7 +119,7 @@ def _cost(run: Any) -> str:
 
     if run.meta.get("master") not in (None, run.host):
         return "-"  # the run's cost is on its master's row
-    found = cost_of(run.meta, run.duration)
+    found = cost_of(run.meta, run.ran_s)
     return money(found["amount"], found["currency"]) if found else "-"
 
 

@@ -70,6 +70,20 @@ def first_start(rec):
     return int(started) if started.isdigit() else None
 
 
+def ran_so_far(rec):
+    """The run's time so far, what it is charged: a hosts run's earlier attempts (run.json's
+    ran_before_s) and this one (since its pid file); a Slurm job's since its first start."""
+    try:
+        began = os.stat(os.path.join(rec, "pid")).st_mtime
+    except OSError:
+        started = first_start(rec)
+        return None if started is None else time.time() - started
+    before = record_of(rec).get("ran_before_s")
+    if not isinstance(before, (int, float)) or isinstance(before, bool):
+        before = 0
+    return before + time.time() - began
+
+
 def record_of(rec):
     try:
         with open(os.path.join(rec, "run.json"), encoding="utf-8") as fh:
@@ -104,11 +118,11 @@ def facts_of(rec, config, event, exit_given=""):
         event = "stopped" if stopped else ("end" if code == "0" else "fail")
     state = {"end": "done", "fail": "failed", "requeue": "requeued"}.get(event, event)
     facts.update(event=event, state=state, exit=code or "-")
-    started = first_start(rec)
+    ran = ran_so_far(rec)
     facts["cost"] = ""
-    if started is not None:
-        facts["duration"] = clock(time.time() - started)
-        facts["cost"] = cost_text(rec, time.time() - started)
+    if ran is not None:
+        facts["duration"] = clock(ran)
+        facts["cost"] = cost_text(rec, ran)
     metrics = last_metrics(out_dir_of(rec))
     epoch = metrics.get("epoch")
     asked = facts.get("epochs_asked")

@@ -76,13 +76,15 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         **_made_by(recs),
         "store": _store(recs),
         "recoveries": _recoveries(recs),
-        "cost": cost_of(first.meta, max(durations) if durations else None),
+        "cost": cost_of(first.meta, max(ran) if (ran := [r.ran_s for r in recs
+                                                             if r.ran_s is not None]) else None),
     }
 
 
 def cost_of(meta: Mapping[str, Any], seconds: float | None) -> dict[str, Any] | None:
-    """What the run has cost so far (its whole time, at the prices run.json recorded as it
-    started): `amount`, `currency`, `per_hour`; None where a node's price is unknown."""
+    """What the run has cost so far (`seconds`: its time over every attempt, at the prices
+    run.json recorded as it started): `amount`, `currency`, `per_hour`; None where a node's
+    price is unknown."""
     per_hour = meta.get("price_per_hour")
     if not isinstance(per_hour, (int, float)) or seconds is None:
         return None

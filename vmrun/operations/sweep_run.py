@@ -111,7 +111,7 @@ def _budget_left(job: SweepJob) -> bool:
             run = load_run(job.project / "results" / size.run)
         except RunDataError:
             continue
-        spent += charge(run.duration, run.price_per_hour) or 0.0
+        spent += charge(run.ran_s, run.price_per_hour) or 0.0
     job.left = job.settings.max_cost - spent
     if job.left >= 0.01 and not job.capped:
         return True

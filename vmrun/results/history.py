@@ -64,6 +64,7 @@ class RunHistory:
     failure_node: str | None = None  # the host folder it was found in, for a hosts run
     price_per_hour: float | None = None  # for all its nodes (run.json's; results.cost)
     currency: str = "USD"  # the prices' (run.json's)
+    ran_before_s: float = 0.0  # a resumed run's earlier attempts, in all (run.json's)
     # each rank's step time, the median over its epochs, and its node (the template's
     # rank_step_s and rank_node in metrics.jsonl), where it says them
     rank_step_s: tuple[float, ...] | None = None
@@ -78,6 +79,11 @@ class RunHistory:
         if self.started is None or self.ended is None:
             return None
         return max(0.0, self.ended - self.started)
+
+    @property
+    def ran_s(self) -> float | None:
+        """Every attempt's time: what the run cost, at its prices (recoveries apart)."""
+        return None if self.duration is None else self.ran_before_s + self.duration
 
     @property
     def metric_names(self) -> list[str]:
@@ -169,6 +175,7 @@ def load_run(path: Path) -> RunHistory:
         **_failure(places, multi=len(places) > 1 or path not in places),
         price_per_hour=_float(meta.get("price_per_hour")),
         currency=str(meta.get("currency") or "USD"),
+        ran_before_s=_float(meta.get("ran_before_s")) or 0.0,
         **read_rank_times(metrics_file),
     )
 

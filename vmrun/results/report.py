@@ -119,7 +119,7 @@ def report_rows(
                 exit=run.exit_code,
                 failure=run.failure.as_json(run.failure_node) if run.failure else None,
                 recoveries=_costed(_recoveries(run.path), epoch_s, run.price_per_hour),
-                cost=charge(run.duration, run.price_per_hour),
+                cost=charge(run.ran_s, run.price_per_hour),
                 currency=run.currency if run.price_per_hour is not None else None,
                 slow_ranks=_slow(run),
             )

@@ -163,7 +163,7 @@ class HostsBackend:
             self.group, plan, nodes, rid, nproc, layout, place.wiring, how.resume, banner,
             alone=not how.allow_concurrent, notify=how.notify, files=files,
             earlier=_earlier_code(rid, place.listed) if how.resume else [], holder=holder,
-            budget=budget,
+            budget=budget, ran=ran_before(rid, place.listed) if how.resume else 0.0,
         )  # fmt: skip
         names = ", ".join(nodes)
         first = self.entries[0].label
@@ -455,13 +455,15 @@ def _start_all(
     earlier: list[dict[str, Any]] | None = None,
     holder: str = "",
     budget: str = "",
+    ran: float = 0.0,
 ) -> dict[str, int]:
     """Start every node; if any fails to start, stop the ones that did and raise. `alone`:
     each host refuses if another run is alive there (the busy check, under its start lock).
     `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
     the master tells the run's end itself, with or without vmrun attached. `holder`: the
     node whose outputs a --store run copies to its bucket. `budget`: run_start.sh's
-    VMRUN_BUDGET_WATCH (`train --max-cost`), "" for none."""
+    VMRUN_BUDGET_WATCH (`train --max-cost`), "" for none. `ran`: what a resumed run's
+    earlier attempts ran, kept in run.json (ran_before_s) for its cost."""
     labels = list(nodes)
     place = None
     if plan.store is not None:
@@ -486,6 +488,7 @@ def _start_all(
         "rdzv": layout.endpoint if layout else None,
         "code": code.facts,
         **({"code_earlier": earlier} if earlier else {}),
+        **({"ran_before_s": round(ran, 1)} if ran else {}),
         **({"store": str(place), "store_node": holder} if place else {}),
         **({"recover": True} if plan.recover else {}),
         **({"hang_timeout": plan.hang_timeout, "on_hang": plan.on_hang}
@@ -568,9 +571,7 @@ def _budget(
             " cloud's), or drop --max-cost",
             code="over-budget",
         )
-    recs = [r for found in (listed or {}).values() for r in found if resume and r.id == resume]
-    spans = [r.ended - r.first_started for r in recs if r.ended and r.first_started]
-    spent = max(spans, default=0.0)
+    spent = ran_before(resume, listed) if resume else 0.0
     per_hour, currency = priced["price_per_hour"], priced["currency"]
     cap = money(plan.max_cost, currency)
     left = budget_seconds(plan.max_cost, per_hour, spent)
@@ -583,6 +584,12 @@ def _budget(
             code="over-budget",
         )
     return f"{left:.0f} {cap}"
+
+
+def ran_before(rid: str, listed: dict[str, list[records.RunRecord]] | None) -> float:
+    """What a resumed run's earlier attempts ran, in all (the cost of the run so far)."""
+    recs = [r for found in (listed or {}).values() for r in found if r.id == rid]
+    return max((r.ran_s or 0.0 for r in recs), default=0.0)
 
 
 def _synced_files(plan: Plan) -> list[str] | None:

@@ -107,6 +107,14 @@ class RunRecord:
         end = self.ended if not self.running else time.time()
         return None if end is None or not self.started else max(0.0, end - self.started)
 
+    @property
+    def ran_s(self) -> float | None:
+        """The run's time on this node over its attempts: the earlier ones' (run.json's
+        ran_before_s, written as this one started) and this one's. What it costs: the time
+        between attempts (a recovery's downtime) is told apart, never charged twice."""
+        now = self.duration
+        return None if now is None else float(self.meta.get("ran_before_s") or 0) + now
+
     def total_epochs(self) -> str:
         """The template's epoch count (its first argument), for `epoch N/TOTAL`."""
         args = self.meta.get("args") or []

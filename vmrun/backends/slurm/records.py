@@ -160,6 +160,10 @@ class SlurmRun:
         return float(self.exits[-1][2]) if self.exits and len(self.exits[-1]) > 2 else None
 
     @property
+    def ran_s(self) -> float | None:
+        return self.duration  # from the job's first start: its requeues are one job
+
+    @property
     def duration(self) -> float | None:
         if self.own_script:
             times = [t.elapsed for t in self.tasks if t.elapsed is not None]
