@@ -658,10 +658,11 @@ def test_the_containers_exit_code_is_the_scripts(fake_docker, code: int) -> None
     assert _script(fake_docker, f"exit:{code}").wait(timeout=20) == code
     calls = _calls(fake_docker[1])
     verbs = [c[0] for c in calls]
-    assert verbs == ["rm", "run", "inspect", "rm", "removed"]  # removed after its status is read
+    assert verbs == ["rm", "run", "inspect", "rm", "removed"]  # its status read where it can be
     run = calls[1]
     name = "vmrun-20261125-184500-1"
-    assert run[:3] == ["run", "--name", name] and run[-1] == "train.py"
+    # --rm: the engine removes it even when this shell is killed before it could
+    assert run[:4] == ["run", "--rm", "--name", name] and run[-1] == "train.py"
     assert calls[2][-1] == name and calls[3] == ["rm", "-f", name]
 
 

@@ -182,8 +182,8 @@ def test_the_step_wrapper_names_each_tasks_container_and_passes_slurms_variables
     assert [calls[i] for i in pulls] == [f"pull {NGC}"]  # once per node, before the run
     assert pulls[0] < next(i for i, c in enumerate(calls) if c.startswith("run "))
     run = next(c.split() for c in calls if c.startswith("run "))
-    assert run[1:3] == ["--name", f"vmrun-{sub.run_id}-3"]
-    assert run[3:5] == ["--label", "vmrun.node=3"]
+    assert run[1:4] == ["--rm", "--name", f"vmrun-{sub.run_id}-3"]
+    assert run[4:6] == ["--label", "vmrun.node=3"]
     passed = {run[i + 1] for i, word in enumerate(run) if word == "-e"}
     assert {"SLURM_PROCID", "SLURM_JOB_ID", "SLURM_NNODES"} <= passed
     assert "stop" not in " ".join(calls) and calls[-1] == f"rm -f vmrun-{sub.run_id}-3"

@@ -280,7 +280,8 @@ def run_options(runtime: Runtime, spec: ContainerSpec, *, node_label: bool = Tru
 
 
 def run_argv(runtime: Runtime, spec: ContainerSpec) -> list[str]:
-    """The whole `docker run` line (kept after exit until its status is read: no --rm)."""
+    """The whole `docker run` line, for one that reads its status itself (no --rm; a run's
+    container goes through hostside/container_run.sh, which adds it)."""
     return [_binary(runtime), "run", "--name", spec.name, *run_options(runtime, spec)]
 
 

@@ -4,9 +4,12 @@
 # OPTS: everything `run` takes after --name (options, image, command).
 # The container runs in the foreground of this shell, which is the run's process: a TERM,
 # INT or HUP here (`vmrun stop`) becomes `DOCKER stop -t GRACE NAME`, so stopping the run
-# stops the container. The container is kept until its exit status is read, then removed,
-# and this script exits with that status (the run's). A container of the same name left by
-# an earlier attempt (a killed supervisor, a restart) is removed first.
+# stops the container. The engine removes the container once it has exited (--rm): this
+# shell may be killed before it could (Slurm's SIGKILL KillWait after its SIGTERM, while a
+# loaded machine's `docker stop` still runs), and a stopped run must leave no container.
+# The script exits with the container's status (the run's), read before the removal where
+# it can be, else the client's (the same code, but 125-127 for the engine's own errors). A
+# container of the same name left by an earlier attempt (a killed supervisor) goes first.
 docker=$1; name=$2; grace=$3
 shift 3
 "$docker" rm -f "$name" >/dev/null 2>&1 || true
@@ -27,7 +30,7 @@ trap forward USR2
 [ -n "$stopping" ] && exit 143  # stopped before the container started
 # In the background so that `wait` returns when a signal arrives (a trap does not run while
 # a foreground command runs); `run` without -i reads no input.
-"$docker" run --name "$name" "$@" &
+"$docker" run --rm --name "$name" "$@" &
 child=$!
 status=0
 while :; do
