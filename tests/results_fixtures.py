@@ -123,10 +123,27 @@ def slurm_run(
 @slow_fixture
 def local_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A project with two real template runs made by `vmrun train --local`: 1 and 2
-    processes (in that order), 3 epochs each. Its results/ is copied by the tests."""
+    processes (in that order), 3 epochs each. Its results/ is copied by the tests. Made
+    once a session: under xdist, the first worker to ask makes it for both (a lock)."""
+    import fcntl
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this session's
+    project = shared / "local-runs"
+    with open(shared / ".local-runs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (project / ".complete").exists():
+            shutil.rmtree(project, ignore_errors=True)
+            project.mkdir()
+            _make_local_runs(project)
+            (project / ".complete").touch()
+    yield project
+
+
+def _make_local_runs(project: Path) -> None:
     from train_helpers import base_env, kill_marked, new_mark
 
-    project = tmp_path_factory.mktemp("local-runs")
     for nproc in ("1", "2"):
         mark = new_mark()
         env = base_env(mark, {"PYTHONPATH": str(ROOT), "NO_COLOR": "1"})
@@ -139,7 +156,6 @@ def local_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         finally:
             kill_marked(mark)
         assert done.returncode == 0, done.stderr + done.stdout
-    yield project
 
 
 def line_colours(png: Path, palette: Sequence[str], least: int = 30) -> list[str]:
