@@ -84,8 +84,9 @@ def test_a_multinode_log_is_merged_by_time_and_following_it_says_it_finished(
     shown = multi.vmrun("logs", rid)
     assert shown.returncode == 0, shown.stderr
     assert [ln for ln in shown.stdout.splitlines() if " tick " in ln] == expected
-    last = multi.vmrun("logs", rid, "-n", "3")
-    assert last.stdout.splitlines() == expected[-3:]
+    last = multi.vmrun("logs", rid, "-n", "3")  # the merged log's last lines, whatever they
+    # are (torchrun's agents may add lines after the ranks' last, on a loaded machine)
+    assert last.stdout.splitlines() == shown.stdout.splitlines()[-3:]
 
     followed = multi.vmrun("logs", "-f", rid)
     assert followed.returncode == 0, followed.stderr
