@@ -173,13 +173,17 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """VMRUN_TEST_TIMELINE=DIR: each worker's phases (when each ended, how long it took) in
-    DIR/<worker>.tsv, to see how the workers' shares of a full run balance."""
+    DIR/<worker>.tsv, to see how the workers' shares of a full run balance; a slow test's
+    steps in DIR/<worker>-slow.txt."""
     folder = os.environ.get("VMRUN_TEST_TIMELINE")
     worker = os.environ.get("PYTEST_XDIST_WORKER") or "main"
     if folder and not (worker == "main" and hasattr(report, "node")):  # xdist's: the workers'
         with open(Path(folder) / f"{worker}.tsv", "a", encoding="utf-8") as fh:
             fh.write(f"{time.time():.1f}\t{report.duration:.1f}\t{report.when}\t"
                      f"{report.outcome}\t{report.nodeid}\n")  # fmt: skip
+        if report.when == "call" and report.duration >= 60:  # its steps (_took), to see why
+            with open(Path(folder) / f"{worker}-slow.txt", "a", encoding="utf-8") as fh:
+                fh.write(f"== {report.nodeid} {report.duration:.0f} s\n{report.capstdout}\n")
 
 
 @pytest.fixture(scope="session")
@@ -244,7 +248,8 @@ class Client:
             if reason:
                 pytest.skip(reason)
             argv = offline_argv(argv)
-        return subprocess.run(
+        began = time.monotonic()
+        done = subprocess.run(
             argv,
             cwd=self.cwd,
             env=self.environ(**(env or {})),
@@ -253,6 +258,8 @@ class Client:
             timeout=timeout,
             input=input,
         )
+        _took(began, f"vmrun {' '.join(args)[:80]} (exit {done.returncode})")
+        return done
 
     def popen(self, *args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -312,14 +319,24 @@ def git(cwd: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+def _took(began: float, what: str) -> None:
+    """A step of a test that took a while, in its captured output (a failure's report, and
+    VMRUN_TEST_TIMELINE's slow.txt): where a slow test spends its time."""
+    took = time.monotonic() - began
+    if took >= 2:
+        print(f"[{time.strftime('%H:%M:%S')}] {took:6.1f} s  {what}", flush=True)
+
+
 def wait_for(
     predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
 ) -> object:
     """Poll until predicate() is truthy; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = began + timeout
     while True:
         value = predicate()
         if value:
+            _took(began, f"waited for {what}")
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
