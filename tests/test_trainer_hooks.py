@@ -65,3 +65,31 @@ def test_a_gate_for_another_world_size_holds_nothing(tmp_path: Path) -> None:
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_a_signal_noted_on_another_node_ends_this_epochs_hold_only(tmp_path: Path) -> None:
+    """PATH.asked-EPOCH (left by a rank whose node got the notice) ends that epoch's hold
+    here too, so the collective check comes on every node; the next epoch holds again."""
+    gate = tmp_path / "gate"
+    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
+           "VMRUN_TEST_HOOK_GATE": str(gate), "VMRUN_TEST_HOOK_GATE_AT": "1"}  # fmt: skip
+    argv = [sys.executable, str(TEMPLATE_PATH), "3", "10", "--dataset-size", "64",
+            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    metrics = tmp_path / "metrics.jsonl"
+
+    def epochs() -> int:
+        return metrics.read_text().count("\n") if metrics.is_file() else 0
+
+    with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True) as run:  # fmt: skip
+        try:
+            wait_for(lambda: epochs() == 1, 60, "the first epoch")
+            Path(f"{gate}.asked-1").touch()
+            wait_for(lambda: epochs() == 2, 60, "the second epoch, the first hold ended")
+            time.sleep(0.5)  # held again: a third epoch would take a few milliseconds
+            assert run.poll() is None and epochs() == 2
+            gate.touch()
+            assert run.wait(timeout=60) == 0, run.stderr.read() if run.stderr else ""
+        finally:
+            run.kill()
+    assert epochs() == 3

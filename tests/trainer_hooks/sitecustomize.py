@@ -20,15 +20,16 @@ conftest fixture `trainer_hooks` gives a copy every test host user can read.
   epoch N or a later one, waits there until PATH exists, so a run cannot end before the test
   has done what it must mid-run (lose a node, see the recovery) however slow the machine.
   A signal the template notes (its preemption handlers, or Slurm's warned file) ends the
-  wait, so its epoch's preemption check still comes (every rank must get it: the check is
-  collective). With VMRUN_TEST_HOOK_GATE_WORLD=W only a run of W ranks is held (one size of
-  a sweep).
+  wait, so its epoch's preemption check still comes: on every node, since the check is
+  collective (the rank that noted it leaves PATH.asked-EPOCH beside the gate). With
+  VMRUN_TEST_HOOK_GATE_WORLD=W only a run of W ranks is held (one size of a sweep).
 
 A block lasts at most WAIT_S, so a forgotten hook never hangs a test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -80,8 +81,17 @@ def paced(template: ModuleType, delay: float, gate: str | None, gate_at: int) ->
         saved = record_epoch(job, epoch, *rest)
         time.sleep(delay)
         if gate and epoch >= gate_at:
+            # a signal noted on one node (a spot notice reaches only its own ranks) ends this
+            # epoch's hold on every node: the epoch's check is collective
+            told = f"{gate}.asked-{epoch}"
             deadline = time.monotonic() + WAIT_S
-            while not (os.path.exists(gate) or asked()) and time.monotonic() < deadline:
+            while not (os.path.exists(gate) or os.path.exists(told)):
+                if asked():
+                    with contextlib.suppress(OSError):
+                        open(told, "a").close()
+                    break
+                if time.monotonic() >= deadline:
+                    break
                 time.sleep(0.1)
         return bool(saved)
 
