@@ -16,6 +16,18 @@ from vmrun.trainer import TEMPLATE_PATH
 HOOKS = ROOT / "tests" / "trainer_hooks"
 
 
+def _gated(tmp_path: Path, epochs: int, **more: str) -> tuple[dict[str, str], list[str]]:
+    """A one-process template run of `epochs` tiny epochs gated after its first (GATE at
+    tmp_path/gate), with `more` hooks: its environment and argv."""
+    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
+           "VMRUN_TEST_HOOK_GATE": str(tmp_path / "gate"), "VMRUN_TEST_HOOK_GATE_AT": "1",
+           **{f"VMRUN_TEST_HOOK_{k}": v for k, v in more.items()}}  # fmt: skip
+    env.pop("WORLD_SIZE", None)  # one process: a world of 1
+    argv = [sys.executable, str(TEMPLATE_PATH), str(epochs), "10", "--dataset-size", "64",
+            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    return env, argv
+
+
 def test_the_shipped_template_has_no_test_hook() -> None:
     text = TEMPLATE_PATH.read_text()
     for trace in ("VMRUN_TEST_HOOK", "VMRUN_TEMPLATE_", "sleep("):
@@ -35,10 +47,7 @@ def test_the_hooks_leave_every_other_process_alone() -> None:
 def test_a_gated_run_waits_after_its_epoch_until_the_gate_opens(tmp_path: Path) -> None:
     """VMRUN_TEST_HOOK_GATE: the recovery tests' run cannot end before they lose a node."""
     gate = tmp_path / "gate"
-    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
-           "VMRUN_TEST_HOOK_GATE": str(gate), "VMRUN_TEST_HOOK_GATE_AT": "1"}  # fmt: skip
-    argv = [sys.executable, str(TEMPLATE_PATH), "2", "10", "--dataset-size", "64",
-            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    env, argv = _gated(tmp_path, 2)
     metrics = tmp_path / "metrics.jsonl"
     with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True) as run:  # fmt: skip
@@ -56,12 +65,7 @@ def test_a_gated_run_waits_after_its_epoch_until_the_gate_opens(tmp_path: Path) 
 
 def test_a_gate_for_another_world_size_holds_nothing(tmp_path: Path) -> None:
     """VMRUN_TEST_HOOK_GATE_WORLD: a sweep's other sizes run through a closed gate."""
-    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
-           "VMRUN_TEST_HOOK_GATE": str(tmp_path / "gate"), "VMRUN_TEST_HOOK_GATE_AT": "1",
-           "VMRUN_TEST_HOOK_GATE_WORLD": "2"}  # fmt: skip
-    env.pop("WORLD_SIZE", None)  # one process: a world of 1
-    argv = [sys.executable, str(TEMPLATE_PATH), "2", "10", "--dataset-size", "64",
-            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    env, argv = _gated(tmp_path, 2, GATE_WORLD="2")
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
@@ -71,10 +75,7 @@ def test_a_signal_noted_on_another_node_ends_this_epochs_hold_only(tmp_path: Pat
     """PATH.asked-EPOCH (left by a rank whose node got the notice) ends that epoch's hold
     here too, so the collective check comes on every node; the next epoch holds again."""
     gate = tmp_path / "gate"
-    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
-           "VMRUN_TEST_HOOK_GATE": str(gate), "VMRUN_TEST_HOOK_GATE_AT": "1"}  # fmt: skip
-    argv = [sys.executable, str(TEMPLATE_PATH), "3", "10", "--dataset-size", "64",
-            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    env, argv = _gated(tmp_path, 3)
     metrics = tmp_path / "metrics.jsonl"
 
     def epochs() -> int:

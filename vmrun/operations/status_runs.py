@@ -53,6 +53,7 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
     first_why = failure[1].describe(failure[0]) if failure else ""
     starts = [float(r.started) for r in recs if r.started]
     durations = [r.duration for r in recs if r.duration is not None]
+    ran = [r.ran_s for r in recs if r.ran_s is not None]  # every attempt's: what it cost
     return {
         "run": rid,
         "hosts": None if on_cluster else list(layout.hosts or [r.host for r in recs]),
@@ -76,8 +77,7 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         **_made_by(recs),
         "store": _store(recs),
         "recoveries": _recoveries(recs),
-        "cost": cost_of(first.meta, max(ran) if (ran := [r.ran_s for r in recs
-                                                             if r.ran_s is not None]) else None),
+        "cost": cost_of(first.meta, max(ran) if ran else None),
     }
 
 

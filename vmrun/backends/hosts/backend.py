@@ -115,7 +115,8 @@ class HostsBackend:
         detached; its RunRef (the nodes, and the lines of earlier attempts to skip)."""
         place = self.place
         check_launcher_hosts(plan, len(self.entries), place.wiring)
-        budget = _budget(plan, self.entries, how.resume, place.listed)  # before anything runs
+        ran = ran_before(how.resume, place.listed) if how.resume else 0.0  # earlier attempts
+        budget = _budget(plan, self.entries, how.resume, ran)  # before anything runs
         multi = len(self.entries) > 1
         only = {e.label for e in self.entries}
         nodes = place.nodes or preflight(
@@ -163,7 +164,7 @@ class HostsBackend:
             self.group, plan, nodes, rid, nproc, layout, place.wiring, how.resume, banner,
             alone=not how.allow_concurrent, notify=how.notify, files=files,
             earlier=_earlier_code(rid, place.listed) if how.resume else [], holder=holder,
-            budget=budget, ran=ran_before(rid, place.listed) if how.resume else 0.0,
+            budget=budget, ran=ran,
         )  # fmt: skip
         names = ", ".join(nodes)
         first = self.entries[0].label
@@ -548,13 +549,11 @@ def _start_all(
     return {o.host: int(o.value or 0) for o in outcomes}
 
 
-def _budget(
-    plan: Plan, entries: Sequence[HostEntry], resume: str | None,
-    listed: dict[str, list[records.RunRecord]] | None,
-) -> str:  # fmt: skip
+def _budget(plan: Plan, entries: Sequence[HostEntry], resume: str | None, spent: float) -> str:
     """run_start.sh's VMRUN_BUDGET_WATCH for `--max-cost` (`SECONDS CAP`: how much longer
-    the run may go at its nodes' prices, less what its earlier attempts ran), "" without a
-    cap; refused before anything starts where a node's price is unknown or the cap is spent."""
+    the run may go at its nodes' prices, less `spent`, what its earlier attempts ran), ""
+    without a cap; refused before anything starts where a node's price is unknown or the cap
+    is spent."""
     if not plan.max_cost:
         return ""
     from vmrun.results.cost import budget_seconds, money
@@ -571,7 +570,6 @@ def _budget(
             " cloud's), or drop --max-cost",
             code="over-budget",
         )
-    spent = ran_before(resume, listed) if resume else 0.0
     per_hour, currency = priced["price_per_hour"], priced["currency"]
     cap = money(plan.max_cost, currency)
     left = budget_seconds(plan.max_cost, per_hour, spent)

@@ -261,6 +261,7 @@ class SlurmBackend:
         from vmrun.trainer import is_bundled
 
         spec = check_spec(self.spec, plan.launcher)
+        cap = self._cap(plan)
         facts = self.facts()
         rid = run_id or new_run_id(plan.name)
         code = f"{facts.workdir}/{remote_workdir(plan.project)}"
@@ -286,7 +287,7 @@ class SlurmBackend:
             notifier=bool(notify),
             max_recoveries=recoveries,
             hang=plan.hang_watch(),
-            budget=self._budget(self._cap(plan), spec),
+            budget=self._budget(cap, spec),
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
@@ -308,7 +309,7 @@ class SlurmBackend:
             "max_requeues": spec.max_requeues,
             **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
             **alike(self.cluster.price, spec.nodes, self.cluster.currency),
-            **({"max_cost": self._cap(plan)} if self._cap(plan) else {}),
+            **({"max_cost": cap} if cap else {}),
             "submitted": time.time(),
             "record_dir": paths.record,
             "code_dir": paths.code,
