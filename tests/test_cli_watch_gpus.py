@@ -281,6 +281,7 @@ def test_live_json_streams_every_refresh_on_one_channel(
     h1 = hosts["h1"]
     replay = install(h1, "t4x2_training")
     project(bed_client, {"h1": True})
+    place_hostlib(h1)  # as an earlier command leaves it: h1's sessions are the watch's
     connections, channels = accepted(h1), sessions(h1)
     reader = watch("--interval", "0.2")
     reader.until(lambda s: s["state"] == "ok" and s["processes"], 20, "processes")
