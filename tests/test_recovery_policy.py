@@ -372,3 +372,39 @@ def test_recover_puts_a_fit_spare_in_place_of_a_node_whose_gpu_is_unfit() -> Non
     nodes, left = swap_unfit(entries, ["u@s1"], settings, Recorder(),
                              unfit=lambda e: sick.get(e.label, ""))  # fmt: skip
     assert [n.label for n in nodes] == ["u@a", "u@b", "u@c"] and left == ["u@s1"]
+
+
+def test_the_supervisors_host_is_prepared_beside_the_staging_and_its_failure_told_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Ahead` runs `prepare` in a thread of its own (the run's staging goes on meanwhile);
+    `wait` gives what it made, or raises its failure in the caller's thread."""
+    import threading
+
+    from vmrun.config import load_settings
+    from vmrun.errors import RemoteError
+    from vmrun.recovery import deploy
+    from vmrun.ssh.hosts import parse_host
+    from vmrun.ssh.inventory import HostEntry
+
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    entry = HostEntry(parse_host("u@192.0.2.1"), vars={"python": "/opt/py/bin/python3"})
+    release, seen = threading.Event(), []
+
+    def prepare(conn: Any, python: str, *, store: bool, tools: bool) -> deploy.Prepared:
+        seen.append((threading.current_thread().name, python, store, tools))
+        assert release.wait(10)
+        if tools:
+            raise RemoteError("could not send py-spy's wheel", code="supervisor-failed")
+        return deploy.Prepared("/home/u", ".vmrun/supervisor/env-1", "code/1", made=5)
+
+    monkeypatch.setattr(deploy, "prepare", prepare)
+    ahead = deploy.Ahead(settings, entry, store=True, tools=False)
+    failing = deploy.Ahead(settings, entry, store=True, tools=True)
+    release.set()  # the caller went on while both were held
+    assert ahead.wait().made == 5
+    with pytest.raises(RemoteError) as caught:
+        failing.wait()
+    assert caught.value.code == "supervisor-failed"
+    assert sorted(seen) == [("supervisor-prepare", "/opt/py/bin/python3", True, False),
+                            ("supervisor-prepare", "/opt/py/bin/python3", True, True)]  # fmt: skip

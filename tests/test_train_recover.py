@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Client, clean_host, run_id_of, wait_for
+from conftest import Client, clean_host, run_id_of, supervisor_envs, wait_for
 from imds_fixtures import metadata
 from store_fixtures import bucket_fixture, install_mover, new_bucket, s3_env  # noqa: F401
 from testbed import NetnsBed, TestHost
@@ -125,11 +126,14 @@ def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
     bed: NetnsBed, project: Client
 ) -> None:
     h1, h3 = bed["h1"], bed["h3"]
+    for env in supervisor_envs(h3.home):  # made by this run (the others find it there)
+        shutil.rmtree(env)
     done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
                          "--supervisor", "h3", "--", "8", "3", "once", timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     assert "its supervisor runs on h3" in done.stderr, done.stderr
+    assert "h3: the supervisor's env made" in done.stderr
     assert "vmrun-supervisor:" in _allowed(h1)  # its own key, not the user's
     out = h1.home / remote_workdir(project.cwd) / "out"
     wait_for(lambda: "all done" in (h1.home / ".vmrun" / "runs" / rid / "log").read_text(), 180,
@@ -251,8 +255,11 @@ def _ended(log: Path, supervisor: TestHost, rid: str) -> None:
 
 
 def _epochs(host: TestHost, project: Client, rid: str) -> list[int]:
+    """The epochs in the run's metrics.jsonl (none before its first: a detached run's
+    start returns as soon as its supervisor runs)."""
     out = host.home / remote_workdir(project.cwd) / "results" / rid / "metrics.jsonl"
-    return [json.loads(x)["epoch"] for x in out.read_text().splitlines()]
+    text = out.read_text() if out.is_file() else ""
+    return [json.loads(x)["epoch"] for x in text.splitlines()]
 
 
 def test_a_lost_node_is_replaced_by_a_spare_and_the_metrics_go_on(

@@ -335,6 +335,7 @@ def _on_hosts(
                 max_recoveries=refusals.recovery_limit(hosts.max_recoveries,
                                                        settings.max_recoveries),
             )  # fmt: skip
+            supervised.begin()  # its host made ready while the run is staged
             plan = replace(plan, recover=True)
         if how.resume is None:  # a resumed run keeps its own (its run.json's)
             plan = _watched(plan, settings)

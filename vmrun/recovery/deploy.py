@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,28 @@ class Placed:
     host: str
     folder: str  # the run's supervisor folder there, relative to its home
     pid: int
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a supervisor needs on its host whatever the run (its env, vmrun's code, the
+    tools): made while the run is staged, so the run is supervised soon after it starts."""
+
+    home: str
+    env: str  # relative to the home
+    code: str
+    made: int  # packages installed now (0: the env was there already)
+
+
+def prepare(conn: Connection, python: str, *, store: bool, tools: bool) -> Prepared:
+    """The supervisor's env, vmrun's code and (`tools`) py-spy's wheels on `conn`'s host."""
+    home, interpreter, machine = _probe(conn, python)
+    reqs = requirements(store)
+    env, made = _install_env(conn, interpreter, machine, reqs)
+    code = _install_code(conn)
+    if tools:
+        _send_tools(conn)
+    return Prepared(home, env, code, len(reqs) if made else 0)
 
 
 def requirements(store: bool) -> list[str]:
@@ -144,12 +167,14 @@ def deploy(
     files: Sequence[str] = (),
     reached: list[Reached] | None = None,
     tools: bool = False,
+    prepared: Prepared | None = None,
 ) -> Placed:
     """Put the supervisor of `spec`'s run on `supervisor` and start it; `hosts`: the run's
     nodes and spares, which its key is allowed on; `files`: the project's files a script's
     run syncs (none for the template); `tools`: the run is watched for hangs, so the
     supervisor gets the py-spy wheels this machine sent the nodes (a node it brings in
-    needs one, and the supervisor's host may have no package index)."""
+    needs one, and the supervisor's host may have no package index); `prepared`: what
+    `prepare` made there already (else it is made now)."""
     from vmrun.transfer.upload import upload
 
     reached = reached if reached is not None else _reach(settings, hosts)
@@ -157,12 +182,11 @@ def deploy(
     everyone = list({e.label: e for e in [supervisor, *hosts]}.values())
     with Group(everyone, settings) as group:
         conn = group.connections[supervisor.label]
-        home, python, machine = _probe(conn, str(supervisor.vars.get("python") or "python3"))
-        reqs = requirements(bool(spec.store))
-        env = _install_env(conn, python, machine, reqs, out)
-        code = _install_code(conn)
-        if tools:
-            _send_tools(conn)
+        if prepared is None:
+            prepared = prepare(conn, _python_of(supervisor), store=bool(spec.store), tools=tools)
+        if prepared.made:
+            out.info(f"{conn.label}: the supervisor's env made ({prepared.made} packages)")
+        home, env, code = prepared.home, prepared.env, prepared.code
         folder = f"{HOME_DIR}/runs/{spec.run_id}"
         if files:  # a script's run: its project, where a resume finds the script
             sent = upload(
@@ -272,7 +296,8 @@ def _probe(conn: Connection, python: str) -> tuple[str, str, str]:
     return lines[0], lines[1], f"{version} {machine}"
 
 
-def _install_env(conn: Connection, python: str, found: str, reqs: list[str], out: Reporter) -> str:
+def _install_env(conn: Connection, python: str, found: str, reqs: list[str]) -> tuple[str, bool]:
+    """The env's path (relative to the home) and whether it was made now."""
     from vmrun.transfer.upload import upload
 
     version, machine = found.split()
@@ -294,9 +319,7 @@ def _install_env(conn: Connection, python: str, found: str, reqs: list[str], out
             host=conn.label,
             code="supervisor-failed",
         )
-    if made.stdout_tail.strip().endswith("MADE"):
-        out.info(f"{conn.label}: the supervisor's env made ({len(reqs)} packages)")
-    return env
+    return env, made.stdout_tail.strip().endswith("MADE")
 
 
 def _send_tools(conn: Connection) -> None:
@@ -410,6 +433,7 @@ class Supervised:
     reached: list[Reached]  # the nodes and spares as the supervisor reaches them
     cluster: str = ""  # the `vmrun up` cluster the nodes are VMs of (a lost one: a new VM)
     cloud: dict[str, str] = field(default_factory=dict)  # what it makes VMs with (secrets)
+    ahead: Ahead | None = None  # its host prepared while the run is staged (`begin`)
 
     @classmethod
     def check(
@@ -446,6 +470,12 @@ class Supervised:
         cloud = _cloud_secrets(settings, cluster)
         return cls(plan, list(nodes), spared, chosen, settings, limit, reached, cluster, cloud)
 
+    def begin(self) -> None:
+        """Start preparing the supervisor's host (its env, vmrun's code: 15 s and more the
+        first time) beside the run's staging rather than after the run has started."""
+        tools = self.settings.hang_timeout != OFF
+        self.ahead = Ahead(self.settings, self.supervisor, store=True, tools=tools)
+
     def start(self, out: Reporter) -> Callable[[RunRef], None]:
         def started(ref: RunRef) -> None:
             from vmrun.backends.hosts.backend import _synced_files
@@ -475,7 +505,8 @@ class Supervised:
                                 [*self.nodes, *self.spares], out, secrets=told,
                                 files=_synced_files(self.plan) or (),
                                 reached=self.reached,
-                                tools=self.settings.hang_timeout != OFF)  # fmt: skip
+                                tools=self.settings.hang_timeout != OFF,
+                                prepared=self.ahead.wait() if self.ahead else None)  # fmt: skip
             except BaseException:  # asked to be recovered, it must not run unsupervised
                 out.warn(f"run {ref.run_id}: no supervisor, so the run is stopped")
                 self._stop(ref)
@@ -495,6 +526,41 @@ class Supervised:
         nodes = [n for n in self.nodes if n.label in ref.nodes]
         with Group(nodes, self.settings) as group:
             group.map(lambda e, conn: records.stop(conn, ref.run_id, grace=5))
+
+
+class Ahead:
+    """`prepare` on a connection of its own, in a thread of its own; `wait` gives what it
+    made or raises what stopped it. A run that never starts leaves it unfinished: the env
+    is recorded made only once it is whole (supervisor_install.sh), so nothing half made is
+    ever used."""
+
+    def __init__(self, settings: Settings, entry: HostEntry, *, store: bool, tools: bool):
+        self._made: Prepared | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(settings, entry, store, tools),
+                                        daemon=True, name="supervisor-prepare")  # fmt: skip
+        self._thread.start()
+
+    def _main(self, settings: Settings, entry: HostEntry, store: bool, tools: bool) -> None:
+        conn = Connection(entry.spec, settings, label=entry.label)
+        try:
+            self._made = prepare(conn, _python_of(entry), store=store, tools=tools)
+        except BaseException as exc:  # told by `wait`, in the caller's thread
+            self._error = exc
+        finally:
+            conn.close()
+
+    def wait(self) -> Prepared:
+        while self._thread.is_alive():  # in steps: Ctrl-C is heard while waiting
+            self._thread.join(0.5)
+        if self._error is not None:
+            raise self._error
+        assert self._made is not None
+        return self._made
+
+
+def _python_of(entry: HostEntry) -> str:
+    return str(entry.vars.get("python") or "python3")
 
 
 RUN_ENV = "VMRUN_RUN_ENV"  # the run's --env values, for its resumes (one secret line)

@@ -920,4 +920,4 @@ if __name__ == "__main__":
     # finished. Every file is closed and fsynced by now; flush the streams and go.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(code or 0)  # `record` turns --help's SystemExit(0) into None
