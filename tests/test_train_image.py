@@ -97,10 +97,12 @@ def test_template_on_two_hosts_in_the_image_equals_one_process(
     local = dclient.cwd / "results" / rid / d1.name / "finalmodel.pt"  # per node: two nodes
     assert local.read_bytes() == final.read_bytes()
 
-    again = dclient.vmrun("train", "--image", image, "-H", d1.name, "--epochs", "1",
-                          timeout=300)  # fmt: skip
+    (dclient.cwd / "hello.py").write_text("print('hello from the image')\n")  # no torch: quick
+    again = dclient.vmrun("train", "hello.py", "--launcher", "python", "--image", image,
+                          "-H", d1.name, timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr + again.stdout
     assert f"{d1.name}: image {image} is there already" in again.stderr
+    assert "hello from the image" in again.stdout
 
 
 @pytest.mark.timeout(300)

@@ -112,10 +112,12 @@ def test_podman_runs_the_template_on_two_hosts_as_the_user(
     one = ["3", "1", "--batch-size", "16", "--dataset-size", "256", "--deterministic"]
     assert_matches_one_process(final, one, tmp_path / "single")
 
-    again = pclient.vmrun("train", "--image", image, "-H", p1.name, "--epochs", "1",
-                          timeout=300)  # fmt: skip
+    (pclient.cwd / "hello.py").write_text("print('hello from the image')\n")  # no torch: quick
+    again = pclient.vmrun("train", "hello.py", "--launcher", "python", "--image", image,
+                          "-H", p1.name, timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr + again.stdout
     assert f"{p1.name}: image {image} is there already" in again.stderr
+    assert "hello from the image" in again.stdout
 
 
 @pytest.mark.timeout(300)
