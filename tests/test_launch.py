@@ -379,3 +379,31 @@ def test_nccls_debug_lines_go_to_the_record_unless_the_user_asks_for_them(
     plan.env["NCCL_DEBUG"] = "TRACE"
     _, given = node_launch.node_launch(plan, _node("n1"), "r1", "1", None, node_launch.Wiring())
     assert given["NCCL_DEBUG"] == "TRACE" and "NCCL_DEBUG_FILE" not in given
+
+
+@pytest.mark.parametrize(
+    ("cuda", "expected"),
+    [("None", (0, False)), ("'12.4'", (3, True))],
+)
+def test_a_local_runs_torch_probe_imports_only_a_build_that_may_see_gpus(
+    tmp_path: Path, cuda: str, expected: tuple[int, bool]
+) -> None:
+    """A CPU build's version.py says it sees no GPU (torch is not imported: 2-3 s of CPU
+    before each local run); a CUDA build is imported and asked."""
+    import os
+
+    from vmrun.runs.plan import probe_torch
+
+    torch = tmp_path / "site" / "torch"
+    (torch / "cuda").mkdir(parents=True)
+    (torch / "version.py").write_text(
+        f"from typing import Optional\n__version__ = '9.9.0'\ncuda: Optional[str] = {cuda}\n"
+        "hip: Optional[str] = None\n"
+    )
+    imported = tmp_path / "imported"
+    (torch / "__init__.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\n__version__ = '9.9.0'\nfrom . import cuda\n"
+    )
+    (torch / "cuda" / "__init__.py").write_text("def device_count():\n    return 3\n")
+    env = {**os.environ, "PYTHONPATH": str(torch.parent)}
+    assert (probe_torch(sys.executable, env), imported.exists()) == expected

@@ -28,7 +28,30 @@ STOP_GRACE_S = 10.0
 # `docker stop`'s wait for a run in a container: less than the stop's own, so the container
 # is stopped and removed by its script (hostside/container_run.sh) before the stop kills it
 CONTAINER_STOP_GRACE = max(1, int(STOP_GRACE_S) - 3)
-_TORCH_PROBE = "import torch; print(torch.__version__); print(torch.cuda.device_count())"
+# torch's version and CUDA device count. A CPU build (torch/version.py: `cuda` and `hip` both
+# None) sees no GPU: said from that file, without importing torch (2-3 s of CPU before each
+# local run); any other build, or no readable file, is imported and asked.
+_TORCH_PROBE = """
+import ast, importlib.util, os, re
+spec = importlib.util.find_spec("torch")
+text = ""
+for folder in (spec.submodule_search_locations or []) if spec else []:
+    try:
+        with open(os.path.join(folder, "version.py")) as fh:
+            text = fh.read()
+    except OSError:
+        pass
+    break
+pattern = r"^(__version__|cuda|hip)[ \\t]*(?::[^=\\n]*)?=[ \\t]*(.+?)[ \\t]*$"
+said = {k: v for k, v in re.findall(pattern, text, re.M)}
+if said.get("__version__") and said.get("cuda") == "None" and said.get("hip") == "None":
+    print(ast.literal_eval(said["__version__"]))
+    print(0)
+else:
+    import torch
+    print(torch.__version__)
+    print(torch.cuda.device_count())
+"""
 _PIN_HINT = (
     "install it: without an NVIDIA GPU, `pip install torch --index-url"
     " https://download.pytorch.org/whl/cpu` (PyPI's Linux torch, pinned or not, is the"
