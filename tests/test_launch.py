@@ -381,10 +381,28 @@ def test_nccls_debug_lines_go_to_the_record_unless_the_user_asks_for_them(
     assert given["NCCL_DEBUG"] == "TRACE" and "NCCL_DEBUG_FILE" not in given
 
 
-@pytest.mark.parametrize(
-    ("cuda", "expected"),
-    [("None", (0, False)), ("'12.4'", (3, True))],
-)
+
+def _fake_torch(site: Path, cuda: str) -> Path:
+    """A torch package whose version.py says `cuda`; importing it leaves a file `imported`
+    beside `site`; it sees 3 GPUs."""
+    torch = site / "torch"
+    (torch / "cuda").mkdir(parents=True)
+    (torch / "version.py").write_text(
+        f"from typing import Optional\n__version__ = '9.9.0'\ncuda: Optional[str] = {cuda}\n"
+        "hip: Optional[str] = None\n"
+    )
+    imported = site.parent / "imported"
+    (torch / "__init__.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\n__version__ = '9.9.0'\nfrom . import cuda\n"
+    )
+    (torch / "cuda" / "__init__.py").write_text(
+        "def device_count():\n    return 3\ndef is_available():\n    return True\n"
+        "def get_device_name(i):\n    return 'T4'\nclass nccl:\n    version = lambda: (2, 21, 5)\n"
+    )
+    return imported
+
+
+@pytest.mark.parametrize(("cuda", "expected"), [("None", (0, False)), ("'12.4'", (3, True))])
 def test_a_local_runs_torch_probe_imports_only_a_build_that_may_see_gpus(
     tmp_path: Path, cuda: str, expected: tuple[int, bool]
 ) -> None:
@@ -394,16 +412,30 @@ def test_a_local_runs_torch_probe_imports_only_a_build_that_may_see_gpus(
 
     from vmrun.runs.plan import probe_torch
 
-    torch = tmp_path / "site" / "torch"
-    (torch / "cuda").mkdir(parents=True)
-    (torch / "version.py").write_text(
-        f"from typing import Optional\n__version__ = '9.9.0'\ncuda: Optional[str] = {cuda}\n"
-        "hip: Optional[str] = None\n"
-    )
-    imported = tmp_path / "imported"
-    (torch / "__init__.py").write_text(
-        f"open({str(imported)!r}, 'w').close()\n__version__ = '9.9.0'\nfrom . import cuda\n"
-    )
-    (torch / "cuda" / "__init__.py").write_text("def device_count():\n    return 3\n")
-    env = {**os.environ, "PYTHONPATH": str(torch.parent)}
+    imported = _fake_torch(tmp_path / "site", cuda)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     assert (probe_torch(sys.executable, env), imported.exists()) == expected
+
+
+@pytest.mark.parametrize(
+    ("cuda", "expected"),
+    [("None", ("9.9.0", None, 0, None, False)), ("'12.4'", ("9.9.0", "12.4", 3, "2.21.5", True))],
+)
+def test_a_hosts_versions_probe_imports_only_a_build_that_may_see_gpus(
+    tmp_path: Path, cuda: str, expected: tuple[object, ...]
+) -> None:
+    """netprobe's `facts --versions` (each node of a multi-node run): the same rule."""
+    import json
+    import os
+
+    imported = _fake_torch(tmp_path / "site", cuda)
+    init = tmp_path / "site" / "torch" / "__init__.py"
+    init.write_text(init.read_text() + "from . import version\n")  # torch.version.cuda
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "vmrun" / "hostside" / "netprobe.py"), "facts", "--versions"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True,
+        text=True, timeout=60, check=True,
+    )  # fmt: skip
+    facts = json.loads(done.stdout)
+    got = (facts["torch"], facts["cuda"], facts["gpus"], facts["nccl"], imported.exists())
+    assert got == expected, facts
