@@ -100,10 +100,12 @@ def cpu_build():
 
     try:
         spec = importlib.util.find_spec("torch")
-        folder = next(iter(spec.submodule_search_locations or [])) if spec else None
-        with open(os.path.join(folder, "version.py")) as fh:
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        if not folders:
+            return None
+        with open(os.path.join(folders[0], "version.py")) as fh:
             text = fh.read()
-    except (ImportError, ValueError, OSError, StopIteration, TypeError):
+    except (ImportError, ValueError, OSError):
         return None
     pattern = r"^(__version__|cuda|hip)[ \t]*(?::[^=\n]*)?=[ \t]*(.+?)[ \t]*$"
     said = dict(re.findall(pattern, text, re.M))
