@@ -1,6 +1,7 @@
 """Eight nodes, 1 process each, on real network-namespace hosts: c10d rendezvous, the merged
-log, a node killed mid-run reported and resumed from the newest snapshot on all eight, and
-doctor's all-reduce over the eight (real torchrun, gloo)."""
+log, a node killed mid-run reported and resumed from the newest snapshot on all eight (the
+final weights those of one uninterrupted process), and doctor's all-reduce over the eight
+(real torchrun, gloo)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, clean_host, error_in, run_id_of, run_pids, template_out, wait_for
+from conftest import Client, clean_host, error_in, run_pids, template_out, wait_for
 from testbed import NetnsBed, TestHost
 from train_helpers import Gate, assert_matches_one_process, train_then_fault
 
@@ -64,39 +65,21 @@ def _ranks(stdout: str) -> dict[str, set[int]]:
     return found
 
 
-@pytest.mark.timeout(900)
-def test_eight_nodes_form_one_world_and_match_one_process(
-    eight: dict[str, TestHost], octet: Client, tmp_path: Path
-) -> None:
-    """8 x 1 process, deterministic: every rank in one merged log, the master (e1) holding
-    rank 0, and the final weights those of one process with the same global batch."""
-    args = ["3", "3", "--batch-size", "4", "--dataset-size", "256", "--deterministic"]
-    done = octet.vmrun("train", "--nproc-per-node", "1", "--", *args, timeout=600)
-    assert done.returncode == 0, done.stderr + done.stdout
-    assert "8 nodes x 1 process(es)" in done.stderr
-    ranks = _ranks(done.stdout)
-    assert sorted(ranks) == NODES, done.stdout
-    assert sorted(r for found in ranks.values() for r in found) == list(range(8))
-    assert ranks["e1"] == {0}
-    rid = run_id_of(done.stderr)
-    final = template_out(eight["e1"], octet, rid) / "finalmodel.pt"
-    one = ["3", "3", "--batch-size", "32", "--dataset-size", "256", "--deterministic"]
-    assert_matches_one_process(final, one, tmp_path / "single")
-    metrics = [json.loads(x) for x in (final.parent / "metrics.jsonl").read_text().splitlines()]
-    assert [m["world_size"] for m in metrics] == [8, 8, 8]
-
-
 @pytest.mark.timeout(1200)
-def test_a_killed_node_is_reported_and_the_resume_continues_on_all_eight(
-    eight: dict[str, TestHost], octet: Client, gate: Gate
+def test_a_killed_node_is_reported_and_the_resume_on_all_eight_matches_one_process(
+    eight: dict[str, TestHost], octet: Client, gate: Gate, tmp_path: Path
 ) -> None:
-    """e5 dies (every process of the host killed, as a crash does) after a snapshot: the run
-    fails naming e5, within the usual bound, and leaves nothing on the other seven; with e5
-    back, --resume continues from the newest snapshot on every node. The ranks hold after
-    epoch 2's snapshot (a trainer hook) until the resume, so the run cannot end first."""
+    """8 x 1 process, deterministic. e5 dies (every process of the host killed, as a crash
+    does) after a snapshot: the run fails naming e5, within the usual bound, and leaves
+    nothing on the other seven; with e5 back, --resume continues from the newest snapshot on
+    every node: one world of eight in one merged log, the master (e1) holding rank 0, and
+    the final weights those of one uninterrupted process with the same global batch. The
+    ranks hold after epoch 2's snapshot (a trainer hook) until the resume, so the run
+    cannot end first."""
     e1, e5 = eight["e1"], eight["e5"]
-    args = ["--nproc-per-node", "1", *gate.options(2), "--", "4", "2"]
-    run = train_then_fault(octet, e1.home, args, e5.stop_sshd, snapshot_s=300, end_s=180)
+    args = ["4", "2", "--batch-size", "4", "--dataset-size", "256", "--deterministic"]
+    train = ["--nproc-per-node", "1", *gate.options(2), "--", *args]
+    run = train_then_fault(octet, e1.home, train, e5.stop_sshd, snapshot_s=300, end_s=180)
     rid, log, err = run.rid, run.log, run.stderr
     assert run.returncode not in (0, None), err
     print(f"e5's death reported {run.took:.1f} s after it")
@@ -111,12 +94,21 @@ def test_a_killed_node_is_reported_and_the_resume_continues_on_all_eight(
     e5.start_sshd()
     again = octet.vmrun("train", "--resume", rid, *gate.options(2), timeout=600)
     assert again.returncode == 0, again.stderr + again.stdout
+    assert "8 nodes x 1 process(es)" in again.stderr
     resumed = re.findall(r"^\[(e\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout,
                          re.M)  # fmt: skip
     assert sorted({h for h, _ in resumed}) == NODES, again.stdout
     assert len({e for _, e in resumed}) == 1 and int(resumed[0][1]) >= 2
-    metrics = template_out(e1, octet, rid) / "metrics.jsonl"
-    assert [json.loads(x)["epoch"] for x in metrics.read_text().splitlines()] == list(range(1, 5))
+    ranks = _ranks(again.stdout)
+    assert sorted(ranks) == NODES, again.stdout
+    assert sorted(r for found in ranks.values() for r in found) == list(range(8))
+    assert ranks["e1"] == {0}
+    final = template_out(e1, octet, rid) / "finalmodel.pt"
+    metrics = [json.loads(x) for x in (final.parent / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == list(range(1, 5))
+    assert {m["world_size"] for m in metrics} == {8}
+    one = ["4", "2", "--batch-size", "32", "--dataset-size", "256", "--deterministic"]
+    assert_matches_one_process(final, one, tmp_path / "single")
     assert all(run_pids(h) == [] for h in eight.values())
 
 
