@@ -92,29 +92,6 @@ def route_to(host, table):
     return src, ""
 
 
-def cpu_build():
-    """torch's version when its version.py says a CPU build (no CUDA, no HIP: no GPU, no
-    NCCL to ask about), so it need not be imported (2-3 s of CPU a node); else None."""
-    import importlib.util
-    import re
-
-    try:
-        spec = importlib.util.find_spec("torch")
-        folders = list(spec.submodule_search_locations or []) if spec else []
-        if not folders:
-            return None
-        with open(os.path.join(folders[0], "version.py")) as fh:
-            text = fh.read()
-    except (ImportError, ValueError, OSError):
-        return None
-    pattern = r"^(__version__|cuda|hip)[ \t]*(?::[^=\n]*)?=[ \t]*(.+?)[ \t]*$"
-    said = dict(re.findall(pattern, text, re.M))
-    version = said.get("__version__", "")
-    if said.get("cuda") != "None" or said.get("hip") != "None" or len(version) < 3:
-        return None
-    return version.strip("'\"")
-
-
 def versions():
     info: dict = {
         "torch": None,
@@ -124,7 +101,10 @@ def versions():
         "gpus": 0,
         "gpu_names": [],
     }
-    info["torch"] = cpu_build()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings on the host
+    from run_provenance import cpu_build  # type: ignore[import-not-found]
+
+    info["torch"] = cpu_build()  # a CPU build's version, read without importing torch
     if info["torch"] is not None:
         return info
     try:

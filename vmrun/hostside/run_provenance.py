@@ -195,6 +195,17 @@ def torch_dir() -> str | None:
     return os.path.dirname(spec.origin) if spec.origin else None
 
 
+def cpu_build():
+    """torch's version where its version.py says a CPU build (`cuda` and `hip` both None:
+    it sees no GPU and has no NCCL), read without importing torch (2-3 s of CPU); else None
+    (no torch, no readable file, or a build that may see GPUs: import it to ask)."""
+    where = torch_dir()
+    text = read_text(os.path.join(where, "version.py")) if where else None
+    if not text or len(re.findall(r"^(?:cuda|hip)\s*(?::[^=\n]*)?=\s*None\s*$", text, re.M)) < 2:
+        return None
+    return version_py(text)["version"]
+
+
 def torch_child() -> dict:
     """NCCL and cuDNN versions, from a child that imports torch (this process never does)."""
     try:

@@ -28,29 +28,18 @@ STOP_GRACE_S = 10.0
 # `docker stop`'s wait for a run in a container: less than the stop's own, so the container
 # is stopped and removed by its script (hostside/container_run.sh) before the stop kills it
 CONTAINER_STOP_GRACE = max(1, int(STOP_GRACE_S) - 3)
-# torch's version and CUDA device count. A CPU build (torch/version.py: `cuda` and `hip` both
-# None) sees no GPU: said from that file, without importing torch (2-3 s of CPU before each
-# local run); any other build, or no readable file, is imported and asked.
+# torch's version and CUDA device count; a CPU build's version is read from its version.py
+# and it sees no GPU (hostside/run_provenance.py: cpu_build), any other build is imported.
 _TORCH_PROBE = """
-import ast, importlib.util, os, re
-spec = importlib.util.find_spec("torch")
-text = ""
-for folder in (spec.submodule_search_locations or []) if spec else []:
-    try:
-        with open(os.path.join(folder, "version.py")) as fh:
-            text = fh.read()
-    except OSError:
-        pass
-    break
-pattern = r"^(__version__|cuda|hip)[ \\t]*(?::[^=\\n]*)?=[ \\t]*(.+?)[ \\t]*$"
-said = {k: v for k, v in re.findall(pattern, text, re.M)}
-if said.get("__version__") and said.get("cuda") == "None" and said.get("hip") == "None":
-    print(ast.literal_eval(said["__version__"]))
-    print(0)
-else:
+import sys
+sys.path.insert(0, sys.argv[1])
+from run_provenance import cpu_build
+version, gpus = cpu_build(), 0
+if version is None:
     import torch
-    print(torch.__version__)
-    print(torch.cuda.device_count())
+    version, gpus = torch.__version__, torch.cuda.device_count()
+print(version)
+print(gpus)
 """
 _PIN_HINT = (
     "install it: without an NVIDIA GPU, `pip install torch --index-url"
@@ -216,10 +205,12 @@ def _template_args(batch_size: int | None, lr: float | None, task: str | None) -
 
 
 def probe_torch(python: str, env: dict[str, str]) -> int:
-    """Import torch in a child (never here) and return its CUDA device count."""
+    """Ask a child (torch is never imported here) for torch's CUDA device count."""
+    from vmrun.hostside import HERE
+
     try:
         done = subprocess.run(
-            [python, "-c", _TORCH_PROBE],
+            [python, "-c", _TORCH_PROBE, str(HERE)],
             env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
