@@ -1,9 +1,11 @@
-"""The wheel carries what an installed vmrun needs: playbooks, the bundled trainer, host tools."""
+"""The wheel carries what an installed vmrun needs: playbooks, the bundled trainer, host tools,
+its type marker and its licence; the sdist carries the licence too."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -38,3 +40,19 @@ def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> Non
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "vmrun = vmrun.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "vmrun/py.typed" in names  # PEP 561: a user's mypy reads vmrun's annotations
+    licences = [n for n in names if ".dist-info/" in n and n.endswith("/LICENSE")]
+    assert licences, "LICENSE missing from the wheel's metadata"
+    assert zipfile.ZipFile(wheel).read(licences[0]) == (ROOT / "LICENSE").read_bytes()
+
+
+@pytest.mark.slow
+def test_the_sdist_ships_the_licence_and_the_type_marker(tmp_path: Path) -> None:
+    built = subprocess.run(
+        [sys.executable, "-c", "import sys; from hatchling.build import build_sdist; "
+         "print(build_sdist(sys.argv[1]))", str(tmp_path)],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    with tarfile.open(tmp_path / built.stdout.split()[-1]) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    assert {"LICENSE", "vmrun/py.typed", "pyproject.toml", "README.md"} <= names
