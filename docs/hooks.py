@@ -31,9 +31,10 @@ def cli_reference() -> str:
     """One section per command, in `vmrun --help`'s order: what it does and its whole help."""
     import typer
 
-    from vmrun.cli.app import COMMANDS, build
+    from vmrun.cli.app import COMMANDS, HIDDEN, build
 
     root = build(None)
+    listed = [(name, short) for name, _, short in COMMANDS if name not in HIDDEN]
     ctx = typer.core.TyperCommand.context_class(
         root, info_name="vmrun", terminal_width=WIDTH, max_content_width=WIDTH
     )
@@ -45,7 +46,7 @@ def cli_reference() -> str:
         "",
         "| command | what it does |",
         "|---|---|",
-        *(f"| [`{name}`](#vmrun-{name}) | {short} |" for name, _, short in COMMANDS),
+        *(f"| [`{name}`](#vmrun-{name}) | {short} |" for name, short in listed),
         "",
         "## vmrun",
         "",
@@ -53,7 +54,7 @@ def cli_reference() -> str:
         root.get_help(ctx).rstrip(),
         "```",
     ]
-    for name, _, short in COMMANDS:
+    for name, short in listed:
         sub = root.commands[name]
         sub_ctx = sub.context_class(
             sub, info_name=name, parent=ctx, terminal_width=WIDTH, max_content_width=WIDTH

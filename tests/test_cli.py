@@ -39,6 +39,7 @@ COMMANDS = [
     "config",
     "supervise",
 ]
+HIDDEN = {"supervise"}  # vmrun starts it on a host (train --recover); it runs, unlisted
 HEAVY = (
     "paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib", "tensorboard", "boto3",
     "botocore", "apprise", "requests",
@@ -113,7 +114,21 @@ def test_a_bare_vmrun_shows_its_commands(client: Client) -> None:
     done = client.vmrun()
     assert done.returncode == 0, done.stderr
     for command in COMMANDS:
-        assert f"\n  {command} " in done.stdout
+        assert (f"\n  {command} " in done.stdout) is (command not in HIDDEN)
+
+
+def test_supervise_is_left_out_of_the_help_and_still_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vmrun.cli.app import HIDDEN as UNLISTED
+    from vmrun.cli.main import run
+
+    assert UNLISTED == HIDDEN
+    assert run(["--help"]) == 0
+    listing = capsys.readouterr().out
+    assert "\n  train " in listing and "supervise" not in listing
+    assert run(["supervise", "--help"]) == 0
+    assert "Usage: vmrun supervise " in capsys.readouterr().out
 
 
 def test_each_command_builds_alone() -> None:

@@ -45,6 +45,9 @@ COMMANDS = (
     ("config", "config_cmd", "Show the resolved settings and where each came from."),
     ("supervise", "supervise_cmd", "A run's supervisor on its host (started by train --recover)."),
 )
+# Commands that vmrun starts itself (on a host), not a user: they run when named, and
+# `vmrun --help` and the command reference leave them out.
+HIDDEN = frozenset({"supervise"})
 _ROOT_FLAGS = {"--debug", "--version", "-V", "--help", "-h"}
 
 
@@ -97,6 +100,7 @@ def build(args: list[str] | None = None) -> Any:
         sub = command.commands.get(name)  # type: ignore[attr-defined]
         if sub is not None:
             sub.short_help = short
+            sub.hidden = name in HIDDEN
     return command
 
 
