@@ -117,3 +117,5 @@ def test_summary_names_files_bytes_rate_and_what_was_not_fetched() -> None:
     assert summary(Report(host="h", unchanged=3), prefix=False) == (
         "fetched 0 files, 3 unchanged in 0.00 s"
     )
+    bucket = Report(host="s3://bkt/runs/r1", fetched=["x"], unchanged=1)
+    assert summary(bucket, prefix=True).startswith("fetched 1 file from s3://bkt/runs/r1/ (")

@@ -171,3 +171,107 @@ def test_a_runs_record_and_the_newest_run_are_read_from_the_bucket() -> None:
             run_meta(s3, parse_store("s3://bkt/runs/nope"))
         assert caught.value.code == "run-not-found" and "s3://bkt/runs" in str(caught.value)
         assert newest_run(s3, parse_store("s3://bkt/runs")) == "r2"
+
+
+# -- `vmrun fetch` of a run whose files its hosts lack: from its bucket copy ---------------
+
+BUCKET_RUN = {"runs/r1/snapshot.pt": b"s" * 100, "runs/r1/.vmrun/run.json": b"{}"}
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """r1 ran on accA (which copies it to s3://bkt/runs/r1) and accB, both answering; each
+    node's download is `downloads[node]` (a Report); the bucket is a FakeS3 of BUCKET_RUN."""
+    from fake_group import run_on_two_nodes_one_down
+
+    import vmrun.stores.bucket
+    import vmrun.transfer.download
+    from vmrun.backends.hosts import records
+    from vmrun.transfer.types import Report
+
+    group = run_on_two_nodes_one_down(tmp_path, monkeypatch)
+    group.down.clear()
+    meta = {"nodes": ["accA", "accB"], "master": "accA", "workdir": "w", "template": True,
+            "store": "s3://bkt/runs/r1", "store_node": "accA"}  # fmt: skip
+    monkeypatch.setattr(records, "list_runs", lambda conn, ids=(): [
+        records.RunRecord("r1", conn.label, meta=meta) for r in ids or ["r1"] if r == "r1"])
+    group.downloads = {n: Report(n, fetched=[f"results/r1/{n}/log"]) for n in ("accA", "accB")}
+    monkeypatch.setattr(vmrun.transfer.download, "download",
+                        lambda conn, specs, dest, *a: group.downloads[conn.label])  # fmt: skip
+    group.bucket = FakeS3(dict(BUCKET_RUN))
+    monkeypatch.setattr(vmrun.stores.bucket, "client", lambda access: group.bucket)
+    return group
+
+
+def _fetch(tmp_path: Path, **settings: Any) -> tuple[Any, Any]:
+    from vmrun.config import load_settings
+    from vmrun.operations.fetch import FetchJob, fetch
+    from vmrun.reporting import Recorder
+
+    said = Recorder()
+    job = FetchJob(["results"], load_settings(settings, cwd=tmp_path,
+                                              environ={"HOME": str(tmp_path)}),
+                   run="r1", to=str(tmp_path))  # fmt: skip
+    return fetch(job, said), said
+
+
+def test_a_run_its_copying_node_lacks_comes_from_the_bucket_its_record_names(
+    two_nodes: Any, tmp_path: Path
+) -> None:
+    from vmrun.transfer.types import Report
+
+    two_nodes.downloads["accA"] = Report("accA", missing=["results of run r1"])
+    fetched, said = _fetch(tmp_path)
+    assert [o.host for o in fetched.outcomes] == ["accB", "s3://bkt/runs/r1"]  # accA's place
+    assert fetched.exit_code == 0
+    assert (tmp_path / "results" / "r1" / "snapshot.pt").read_bytes() == b"s" * 100
+    ((kind, text),) = said.said
+    assert kind == "info" and "not found on accA" in text and "from the bucket" in text
+
+
+def test_a_run_whose_hosts_do_not_answer_comes_from_the_bucket_its_fetched_record_names(
+    two_nodes: Any, tmp_path: Path
+) -> None:
+    two_nodes.down.update({"accA", "accB"})
+    (tmp_path / "results" / "r1").mkdir(parents=True)
+    (tmp_path / "results" / "r1" / "run.json").write_text('{"store": "s3://bkt/runs/r1"}')
+    fetched, _ = _fetch(tmp_path)
+    assert [o.host for o in fetched.outcomes] == ["s3://bkt/runs/r1"]
+    assert fetched.exit_code == 0 and (tmp_path / "results" / "r1" / "snapshot.pt").is_file()
+
+
+def test_with_no_record_anywhere_the_projects_store_is_where_the_run_is_looked_for(
+    two_nodes: Any, tmp_path: Path
+) -> None:
+    from vmrun.errors import ExitCode
+
+    two_nodes.down.update({"accA", "accB"})
+    two_nodes.bucket.objects = {"other/r1/snapshot.pt": b"x"}
+    fetched, _ = _fetch(tmp_path, store="s3://bkt/runs")
+    (bucket,) = fetched.outcomes  # asked of the bucket, which does not have it
+    assert bucket.host == "s3://bkt/runs/r1" and bucket.value.missing == ["results of run r1"]
+    assert fetched.exit_code == ExitCode.REMOTE
+
+
+def test_a_run_not_copied_to_a_bucket_is_not_looked_for_there(
+    two_nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vmrun.stores.bucket
+    from vmrun.backends.hosts import records
+    from vmrun.errors import ExitCode, HostsFailed
+    from vmrun.transfer.types import Report
+
+    def no_bucket(access: Any) -> Any:
+        raise AssertionError("the bucket was asked")
+
+    monkeypatch.setattr(vmrun.stores.bucket, "client", no_bucket)
+    meta = {"nodes": ["accA"], "master": "accA", "workdir": "w", "template": True}
+    monkeypatch.setattr(records, "list_runs", lambda conn, ids=(): [
+        records.RunRecord("r1", conn.label, meta=meta)] if conn.label == "accA" else [])
+    two_nodes.downloads["accA"] = Report("accA", missing=["results of run r1"])
+    fetched, said = _fetch(tmp_path, store="s3://bkt/runs")  # its record names no store
+    assert [o.host for o in fetched.outcomes] == ["accA"] and said.said == []
+    assert fetched.exit_code == ExitCode.REMOTE
+    two_nodes.down.add("accA")  # no record reached, no copy known: the hosts' failure
+    with pytest.raises(HostsFailed):
+        _fetch(tmp_path)

@@ -3,7 +3,8 @@ real rclone) puts each snapshot in the bucket (moto's S3 server on its own test 
 soon as it is renamed into place, while the run goes on; a bucket that goes down mid-run
 is said once in the run's log, the run goes on, and the copy catches up; the run's record
 follows at the end. A run whose node is then gone entirely comes back from the bucket
-alone: `fetch --store`, and `train --resume` on another host, its metrics going on."""
+alone: `report --store`, then a plain `fetch` (the record it brought names the copy), and
+`train --resume` on another host, its metrics going on."""
 
 from __future__ import annotations
 
@@ -195,9 +196,10 @@ def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_buck
         assert report.returncode == 0, report.stderr + report.stdout
         (row,) = json.loads(report.stdout)  # its metrics and logs, from the bucket
         assert row["run"] == rid and row["error"] is None, row
-        fetched = project.vmrun("fetch", "results", "--run", rid, "--store", store, env=env,
-                                timeout=120)  # fmt: skip
+        # no --store: its record, which `report` brought here, names its copy
+        fetched = project.vmrun("fetch", "results", "--run", rid, env=env, timeout=120)
         assert fetched.returncode == 0, fetched.stderr + fetched.stdout
+        assert f"from {store}/{rid}/" in fetched.stdout, fetched.stdout
         local = project.cwd / "results" / rid
         assert (local / "snapshot.pt").stat().st_size > 0 and (local / "run.json").is_file()
         saved = [json.loads(x)["epoch"] for x in (local / "metrics.jsonl").read_text().splitlines()]

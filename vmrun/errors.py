@@ -374,7 +374,11 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (RemoteError, "run-start-failed", "the host could not start the run"),
     (RemoteError, "stop-failed", "the run's processes could not be stopped"),
     (RemoteError, "transfer-failed", "files did not arrive intact (upload, sync or a fetch round)"),
-    (RemoteError, "remote-path-not-found", "a path asked for is not on the host"),
+    (
+        RemoteError,
+        "remote-path-not-found",
+        "a path asked for is not on the host (or in the bucket, fetching a run's copy there)",
+    ),
     (RemoteError, "submit-failed", "sbatch failed for a reason other than refusing the job"),
     (RemoteError, "needs-root", "setup steps need root and sudo cannot give it"),
     (

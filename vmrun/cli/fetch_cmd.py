@@ -45,7 +45,9 @@ def register(app: typer.Typer) -> None:
         " on both ends and renamed into place only when complete. WHAT is results,"
         " checkpoints, logs or metrics (of the newest run, or --run, from the hosts it ran"
         " on), or a path on the host: relative to the project's work directory there,"
-        " ~/PATH in the home, or absolute; with --run, relative to the run's folder.",
+        " ~/PATH in the home, or absolute; with --run, relative to the run's folder. A run"
+        " copied to a bucket (`train --store`) whose files its hosts lack, or that do not"
+        " answer, comes from its copy there.",
     )
     @reaching()
     def fetch_command(
@@ -157,6 +159,7 @@ def _report(outcomes: list[Outcome[Report]], *, prefix: bool, quiet: bool) -> No
     from vmrun.cli.fetch_view import summary
     from vmrun.cli.output import error_line, report
     from vmrun.cli.terminal import TERMINAL
+    from vmrun.store_url import is_store
 
     for outcome in outcomes:
         if outcome.error is not None:
@@ -175,10 +178,10 @@ def _report(outcomes: list[Outcome[Report]], *, prefix: bool, quiet: bool) -> No
                 error_line(f"{rep.host}: {path}: {why}", code="checksum-mismatch")
             else:
                 error_line(f"{rep.host}: {path}: {why}", code="file-not-fetched")
+        where = "not in the bucket" if is_store(rep.host) else "not found on the host"
         for name in rep.missing:
             error_line(
-                f"{rep.host}: {name}: not found on the host{_tilde_hint(name)}",
-                code="remote-path-not-found",
+                f"{rep.host}: {name}: {where}{_tilde_hint(name)}", code="remote-path-not-found"
             )
 
 

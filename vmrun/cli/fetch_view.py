@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from vmrun.cli.output import say
+from vmrun.store_url import is_store
 from vmrun.transfer.types import Progress, Report
 
 if TYPE_CHECKING:
@@ -29,9 +30,12 @@ def human_bytes(n: float) -> str:
 
 
 def summary(report: Report, *, prefix: bool) -> str:
-    """One line: files fetched, bytes, time, rate, and what was not fetched and why."""
-    head = f"[{report.host}] " if prefix else ""
-    parts = [f"fetched {len(report.fetched)} file{'s' if len(report.fetched) != 1 else ''}"]
+    """One line: files fetched (from a bucket: named), bytes, time, rate, and what was not
+    fetched and why."""
+    bucket = f" from {report.host}/" if is_store(report.host) else ""
+    head = f"[{report.host}] " if prefix and not bucket else ""
+    count = len(report.fetched)
+    parts = [f"fetched {count} file{'s' if count != 1 else ''}{bucket}"]
     if report.fetched:
         rate = report.wire_bytes / report.seconds if report.seconds > 0 else 0.0
         parts[0] += (

@@ -1,7 +1,9 @@
 """Fetching results: from every host in parallel (or a cluster's login node), once or
 (--watch) round after round, each file verified and renamed into place only when complete.
 A run's outputs come from the nodes it ran on, where its backend says they are; explicit
-paths come from the chosen hosts. Each round's per-host reports come back as a value."""
+paths come from the chosen hosts. A run copied to a bucket (`train --store`) whose files
+are not on its hosts (removed, the host gone or not answering) comes from its copy there
+instead. Each round's per-host reports come back as a value."""
 
 from __future__ import annotations
 
@@ -16,12 +18,20 @@ from typing import Any
 from vmrun.backends.api import Backend, RunRef
 from vmrun.backends.select import backend_on, selected_entries
 from vmrun.config import Settings
-from vmrun.errors import ExitCode, Interrupted, UsageError, exit_code_for
+from vmrun.errors import (
+    ExitCode,
+    HostsFailed,
+    Interrupted,
+    RemoteError,
+    UsageError,
+    exit_code_for,
+)
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.group import Group, Outcome
 from vmrun.ssh.inventory import HostEntry
-from vmrun.transfer.types import Report
+from vmrun.store_url import StoreURL
+from vmrun.transfer.types import Options, Report
 
 WATCH_SETTLE = 2.0  # --watch leaves files alone until they are this old (still being written)
 
@@ -86,79 +96,97 @@ def rounds(job: FetchJob, out: Reporter = QUIET) -> Iterator[Fetched]:
     """Round after round with job.watch (each `interval` apart, until Ctrl-C), else one.
     `progress` makes the transfers' Progress; one that is a context manager (a live view)
     is entered around each round."""
-    from vmrun.runs.outputs import WHATS, specs_for
-    from vmrun.transfer.download import download
-    from vmrun.transfer.streams import stop_all_streams
-    from vmrun.transfer.types import Options, env_tuning
-
     check(job)
     if job.store is not None:
         yield _from_store(job, out)
         return
-    entries = _entries(job)
-    dest = _destination(job)
+    try:
+        entries = _entries(job)
+    except UsageError as exc:
+        if exc.code != "no-hosts":
+            raise
+        yield _instead(job, exc, out)
+        return
+    with Group(entries, job.settings) as group:
+        yield from _host_rounds(job, group, out)
+
+
+def _host_rounds(job: FetchJob, group: Group, out: Reporter) -> Iterator[Fetched]:
+    """The rounds from the group's hosts (a run's: from its nodes, or its bucket copy)."""
+    from vmrun.runs.outputs import WHATS, specs_for
+    from vmrun.transfer.download import download
+    from vmrun.transfer.streams import stop_all_streams
+
+    dest, options, stop = _destination(job), _options(job), threading.Event()
+    run, only, ref = job.run, None, None
+    where: Mapping[str, RunLocation] = {}
+    backend = backend_on(group, job.settings, cluster=job.cluster)
+    workdir = backend.code_dir(job.settings.project_dir or Path.cwd())
+    if run is not None or any(item in WHATS for item in job.items):
+        try:
+            run, where, ref = _the_run(group, run, backend)
+        except (UsageError, HostsFailed) as exc:
+            yield _instead(job, exc, out)
+            return
+        only = set(where)
+    multi = job.all_hosts or len(only or group.entries) > 1
+    shown = out.progress(several=multi, live=not job.watch)
+
+    def work(entry: HostEntry, conn: Any) -> Report:
+        specs = specs_for(
+            conn,
+            job.items,
+            run=run,
+            location=where.get(entry.label),
+            workdir=workdir,
+            host_dir=entry.label.replace("/", "_") if multi else None,
+            include=job.include,
+            exclude=job.exclude,
+            latest=job.latest,
+        )
+        return download(conn, specs, dest, options, shown)
+
+    if job.watch:
+        out.info(f"watching {len(group.entries)} host(s) every {job.interval:g} s; Ctrl-C to stop")
+    while True:
+        live = shown if isinstance(shown, AbstractContextManager) else nullcontext()
+        try:
+            with live:
+                outcomes = group.map(work, only=only)
+        except Interrupted:
+            stop_all_streams()  # partial copies stay, under temporary names: resumable
+            if not job.watch:
+                raise
+            out.info("stopped watching (the interrupted files resume next time)")
+            return
+        if not job.watch:
+            yield _or_bucket(job, Fetched(outcomes, ref, multi), out)
+            return
+        yield Fetched(outcomes, ref, multi)
+        try:
+            stop.wait(job.interval)
+        except KeyboardInterrupt:
+            out.info("stopped watching")
+            return
+
+
+def _options(job: FetchJob) -> Options:
+    """How each host's files travel (--watch leaves those still being written)."""
+    from vmrun.transfer.types import env_tuning
+
     engine, streams = env_tuning()
-    options = Options(
+    return Options(
         verify=job.verify,
         settle=WATCH_SETTLE if job.watch else 0.0,
         engine=engine,
         bwlimit=job.bwlimit,
         streams=streams,
     )
-    stop = threading.Event()
-    with Group(entries, job.settings) as group:
-        run, only, ref = job.run, None, None
-        where: Mapping[str, RunLocation] = {}
-        backend = backend_on(group, job.settings, cluster=job.cluster)
-        workdir = backend.code_dir(job.settings.project_dir or Path.cwd())
-        if run is not None or any(item in WHATS for item in job.items):
-            run, where, ref = _the_run(group, run, backend)
-            only = set(where)
-        multi = job.all_hosts or len(only or entries) > 1
-        shown = out.progress(several=multi, live=not job.watch)
-
-        def work(entry: HostEntry, conn: Any) -> Report:
-            specs = specs_for(
-                conn,
-                job.items,
-                run=run,
-                location=where.get(entry.label),
-                workdir=workdir,
-                host_dir=entry.label.replace("/", "_") if multi else None,
-                include=job.include,
-                exclude=job.exclude,
-                latest=job.latest,
-            )
-            return download(conn, specs, dest, options, shown)
-
-        if job.watch:
-            out.info(f"watching {len(entries)} host(s) every {job.interval:g} s; Ctrl-C to stop")
-        while True:
-            live = shown if isinstance(shown, AbstractContextManager) else nullcontext()
-            try:
-                with live:
-                    outcomes = group.map(work, only=only)
-            except Interrupted:
-                stop_all_streams()  # partial copies stay, under temporary names: resumable
-                if not job.watch:
-                    raise
-                out.info("stopped watching (the interrupted files resume next time)")
-                return
-            yield Fetched(outcomes, ref, multi)
-            if not job.watch:
-                return
-            try:
-                stop.wait(job.interval)
-            except KeyboardInterrupt:
-                out.info("stopped watching")
-                return
 
 
 def _from_store(job: FetchJob, out: Reporter) -> Fetched:
     """The run's files from its place in the bucket (`train --store`), straight here: its
     hosts may be gone. One outcome, named by the run's place."""
-    from vmrun.runs.store_fetch import fetch_run
-    from vmrun.ssh.group import Outcome
     from vmrun.store_url import parse_store
     from vmrun.stores.access import resolve
     from vmrun.stores.bucket import client, newest_run
@@ -166,7 +194,16 @@ def _from_store(job: FetchJob, out: Reporter) -> Fetched:
 
     store = parse_store(job.store or job.settings.store)
     s3 = client(resolve(job.settings.store_credentials))
-    place = run_place(store, job.run or newest_run(s3, store))
+    return _from_place(job, run_place(store, job.run or newest_run(s3, store)), out, s3)
+
+
+def _from_place(job: FetchJob, place: StoreURL, out: Reporter, s3: Any = None) -> Fetched:
+    """The run's files from its place in the bucket (`s3`: a client, else one is made)."""
+    from vmrun.runs.store_fetch import fetch_run
+    from vmrun.stores.access import resolve
+    from vmrun.stores.bucket import client
+
+    s3 = s3 if s3 is not None else client(resolve(job.settings.store_credentials))
     shown = out.progress(several=False, live=True)
     live = shown if isinstance(shown, AbstractContextManager) else nullcontext()
     began = time.monotonic()
@@ -174,6 +211,75 @@ def _from_store(job: FetchJob, out: Reporter) -> Fetched:
         report = fetch_run(s3, place, job.items, _destination(job), shown, latest=job.latest,
                            include=job.include, exclude=job.exclude)  # fmt: skip
     return Fetched([Outcome(str(place), report, None, time.monotonic() - began)])
+
+
+def run_copy(job: FetchJob, meta: Mapping[str, Any]) -> StoreURL | None:
+    """Where the run's copy is in a bucket, where that is known: its record's `store` (the
+    run's `meta`, else the record fetched here before: results/RUN/run.json); with no
+    record at all, RUN under the project's `store`, where its runs are copied. None: the
+    run was not copied (its record names no store), or nothing says where."""
+    from vmrun.results.history import RECORD, json_object, run_places
+    from vmrun.store_url import parse_store
+    from vmrun.stores.sync import run_place
+
+    if not meta and job.run:
+        kept = run_places(_destination(job) / "results" / job.run)
+        meta = next((m for m in (json_object(p / RECORD) for p in kept) if m), {})
+    if meta:
+        copy = meta.get("store")
+        return parse_store(copy) if isinstance(copy, str) and copy else None
+    if job.settings.store and job.run:
+        return run_place(parse_store(job.settings.store), job.run)
+    return None
+
+
+def _instead(job: FetchJob, exc: UsageError | HostsFailed, out: Reporter) -> Fetched:
+    """The named run from its bucket copy when no host has its record (`exc` says why);
+    `exc` itself where no copy is known (or the fetch is a cluster's, or --watch)."""
+    place = None if job.cluster or job.watch else run_copy(job, {})
+    if place is None:
+        raise exc
+    out.info(f"{exc.message}; fetching run {job.run}'s copy from the bucket instead")
+    return _from_place(job, place, out)
+
+
+def _or_bucket(job: FetchJob, fetched: Fetched, out: Reporter) -> Fetched:
+    """The round, with the run's files from its bucket copy where the node that copies them
+    there lacks them or did not answer; the bucket's outcome takes that node's place when
+    it has the run, else is added beside it."""
+    ref = fetched.ref
+    if ref is None:
+        return fetched
+    holder = str(ref.meta.get("store_node") or ref.meta.get("master") or ref.nodes[0])
+    why = _lacking(fetched, holder)
+    place = run_copy(job, ref.meta) if why else None
+    if place is None:
+        return fetched
+    out.info(f"{why}; fetching run {ref.run_id}'s copy from the bucket instead")
+    try:
+        (bucket,) = _from_place(job, place, out).outcomes
+    except (UsageError, RemoteError) as exc:
+        bucket = Outcome(str(place), None, exc, 0.0)
+    if bucket.value is None or bucket.value.missing:
+        return replace(fetched, outcomes=[*fetched.outcomes, bucket])
+    kept = [o for o in fetched.outcomes if o.host != holder]
+    unreached = {n: e for n, e in ref.unreached.items() if n != holder}
+    return replace(fetched, outcomes=[*kept, bucket], ref=replace(ref, unreached=unreached))
+
+
+def _lacking(fetched: Fetched, node: str) -> str:
+    """What kept the node's files from this round, naming it ("" when they all came)."""
+    assert fetched.ref is not None
+    if node in fetched.ref.unreached:
+        return f"{node} did not answer"
+    for outcome in fetched.outcomes:
+        if outcome.host != node:
+            continue
+        if outcome.error is not None:
+            return f"{node}: {getattr(outcome.error, 'message', None) or outcome.error}"
+        if outcome.value is not None and outcome.value.missing:
+            return f"{', '.join(dict.fromkeys(outcome.value.missing))} not found on {node}"
+    return ""
 
 
 def check(job: FetchJob) -> None:
@@ -228,7 +334,8 @@ def _the_run(
         raise UsageError(
             f"no record of {f'run {run}' if run else 'any run'}"
             f" on {', '.join(e.label for e in group.entries)}",
-            hint="`vmrun status` lists the runs; or fetch an explicit path",
+            hint="`vmrun status` lists the runs; a run copied to a bucket (train --store) comes"
+            " from there with --store s3://BUCKET/PREFIX; or fetch an explicit path",
             code="run-not-found",
         ) from exc
     return ref.run_id, backend.outputs(ref), ref
