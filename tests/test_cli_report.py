@@ -94,6 +94,7 @@ def test_no_runs_at_all(client: Client) -> None:
     assert done.returncode == 2 and done.stdout == ""
     code, said = error_in(done.stderr)
     assert code == "run-not-found" and "vmrun train --local" in said, done.stderr
+    assert "vmrun fetch" in said  # runs on hosts are here once fetched
 
 
 def test_differing_metrics_leave_blank_cells(client: Client) -> None:

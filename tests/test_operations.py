@@ -117,6 +117,18 @@ def test_a_run_that_cannot_be_fetched_is_warned_of_and_left_out(
     assert kind == "warn" and "nope-1" in text and "no hosts, clusters or store" in text
 
 
+def test_no_runs_here_says_that_runs_on_hosts_come_with_fetch(
+    tmp_path: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmrun.operations.histories import gather
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as refused:
+        gather(None, settings=lambda: settings, verb="plot")
+    assert refused.value.code == "run-not-found"
+    assert "vmrun fetch" in str(refused.value.hint) and "vmrun plot RUN" in str(refused.value.hint)
+
+
 def test_tensorboard_is_placed_on_a_node_of_the_run_that_answered(
     group: FakeGroup, settings: Settings
 ) -> None:

@@ -99,7 +99,8 @@ def find_runs(
         if not paths:
             raise UsageError(
                 f"no runs in {project / 'results'}",
-                hint=f"name them (vmrun {verb} RUN...), or make one: vmrun train --local",
+                hint="`vmrun fetch` brings runs here from the hosts (`vmrun status` lists"
+                f" them), as `vmrun {verb} RUN...` does; or train here: vmrun train --local",
                 code="run-not-found",
             )
         return paths
