@@ -816,3 +816,52 @@ def test_a_failed_pull_on_a_terminal_keeps_its_status(fake_docker) -> None:
     assert done.returncode == 3
     assert pull_error(done.stdout, "x:1").code == "image-not-found"
     assert not list(fake_docker[1].glob("vmrun-pull-status.*"))  # its status file removed
+
+
+# -- a container its runtime refused to start -------------------------------------------------
+
+# what a run's log holds when the daemon may not raise NGC's memlock=-1 (docker 24, runc 1.1;
+# an older runc; crun under podman)
+RUNC = (b"docker: Error response from daemon: failed to create task for container: failed to"
+        b" create shim task: OCI runtime create failed: runc create failed: unable to start"
+        b" container process: error during container init: error setting rlimits for ready"
+        b" process: error setting rlimit type 8: operation not permitted: unknown.\n")  # fmt: skip
+OLD_RUNC = (b'container_linux.go:349: starting container process caused "process_linux.go:449:'
+            b' container init caused \\"setting rlimits for ready process: error setting rlimit'
+            b' type 3: operation not permitted\\"": unknown\n')  # fmt: skip
+CRUN = b"Error: crun: setrlimit `RLIMIT_NOFILE`: Operation not permitted: OCI permission denied\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [(RUNC, "memlock"), (OLD_RUNC, "stack"), (CRUN, "nofile"),
+     (b"PermissionError: [Errno 1] Operation not permitted: 'x'\n", None),
+     (b"docker: Error response from daemon: pull access denied\n", None)],
+)  # fmt: skip
+def test_the_runtimes_refusal_of_a_limit_is_read_with_the_limits_name(
+    text: bytes, limit: str | None
+) -> None:
+    from vmrun.containers.refusals import refused_limit
+
+    assert refused_limit(text) == limit
+
+
+def test_a_run_failed_after_the_refusal_is_container_rlimits_with_the_setting_that_fixes_it() -> (
+    None
+):
+    from vmrun.containers.refusals import naming_refusals
+    from vmrun.errors import CommandFailed, exit_code_for, run_failed
+    from vmrun.reporting import Recorder
+
+    said = Recorder()
+    with pytest.raises(CommandFailed) as caught, naming_refusals(said) as watched:
+        watched.output(b"[h1] " + RUNC)
+        raise run_failed("r1", "exited with 125", 125, host="h1", hint="see logs")
+    named = caught.value
+    assert named.code == "container-rlimits" and exit_code_for(named) == 125
+    assert "memlock" in named.message and "container_ulimits" in str(named.hint)
+    assert said.data == b"[h1] " + RUNC  # the run's lines go on to the caller
+    with pytest.raises(CommandFailed) as plain, naming_refusals(Recorder()) as watched:
+        watched.output(b"Traceback (most recent call last):\n")
+        raise run_failed("r1", "exited with 125", 125, host="h1")
+    assert plain.value.code == "run-failed"

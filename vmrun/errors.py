@@ -449,6 +449,12 @@ _CONTAINER_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
         "the container daemon is not running, or the user may not use it",
     ),
     (RemoteError, "pull-failed", "an image pull failed for a reason vmrun does not know"),
+    (
+        CommandFailed,
+        "container-rlimits",
+        "the run's container did not start: its runtime may not set a limit it asks for"
+        " (container_ulimits; a daemon without CAP_SYS_RESOURCE)",
+    ),
 )
 for _owner, _name, _meaning in _CONTAINER_CODES:
     register(_name, _owner, _meaning)

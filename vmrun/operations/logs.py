@@ -33,8 +33,11 @@ class RunLog:
         `Detached`: the run goes on."""
         if not self.ref.nodes:
             return 0
+        from vmrun.containers.refusals import naming_refusals
+
         try:
-            return int(self.backend.follow(self.ref, out, last=last, verbose=verbose))
+            with naming_refusals(out) as watched:  # a container its runtime would not start
+                return int(self.backend.follow(self.ref, watched, last=last, verbose=verbose))
         except KeyboardInterrupt:
             raise Detached(f"stopped following {self.ref.run_id}; the run goes on") from None
 

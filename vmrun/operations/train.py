@@ -172,10 +172,12 @@ def train(
             " (not --detach or --local; use `vmrun fetch --watch` for a detached run)"
         )
     if local:
+        from vmrun.containers.refusals import naming_refusals
         from vmrun.runs.local import run_local
 
         started: list[str] = []
-        code = run_local(plan, verbose=verbose, out=out, on_start=started.append)
+        with naming_refusals(out) as watched:  # a container its runtime would not start
+            code = run_local(plan, verbose=verbose, out=watched, on_start=started.append)
         if settings.notify and started:
             _tell_local(settings, started[0], code, plan.project, out)
         return code

@@ -13,6 +13,7 @@ from vmrun.backends.hosts.down_after import DownAfterRun
 from vmrun.backends.hosts.node_launch import Placement
 from vmrun.backends.hosts.preflight import order
 from vmrun.config import Settings
+from vmrun.containers.refusals import naming_refusals
 from vmrun.errors import Detached, Interrupted, VmrunError
 from vmrun.reporting import QUIET, Passing, Progress, Reporter
 from vmrun.runs.plan import Plan
@@ -61,7 +62,8 @@ def run_remote(
             out.info(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
             return 0
         try:
-            done = _follow(backend, ref, plan, out, fetch_every, verbose, down)
+            with naming_refusals(out) as watched:  # a container its runtime would not start
+                done = _follow(backend, ref, plan, watched, fetch_every, verbose, down)
         except (Detached, Interrupted):
             raise  # the run goes on: its master tells its end
         except VmrunError as failure:
