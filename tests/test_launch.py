@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 from vmrun.backends.hosts import node_launch, preflight, training
-from vmrun.backends.hosts.netfacts import Layout
+from vmrun.backends.hosts.netfacts import Layout, NodeFacts
 from vmrun.backends.hosts.node_launch import HostEnv, Node
 from vmrun.backends.hosts.records import RunRecord
 from vmrun.config import load_settings
@@ -380,6 +380,45 @@ def test_nccls_debug_lines_go_to_the_record_unless_the_user_asks_for_them(
     _, given = node_launch.node_launch(plan, _node("n1"), "r1", "1", None, node_launch.Wiring())
     assert given["NCCL_DEBUG"] == "TRACE" and "NCCL_DEBUG_FILE" not in given
 
+
+
+# What torch 2.8+ still reads but warns about on every rank when set (c10d's getCvar*):
+# each has a TORCH_FR_* name now.
+DEPRECATED = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+              "TORCH_NCCL_TRACE_CPP_STACK"}  # fmt: skip
+
+
+def _rank_env(torch: str | None, *, recorded: bool = False, given: dict | None = None) -> dict:
+    node = _node("n1")
+    if recorded:  # setup's record for the Python the run uses
+        node.env = HostEnv("/home/u", "/venv/bin/python", {"python": "/venv/bin/python",
+                                                           "torch": torch})  # fmt: skip
+    elif torch is not None:  # the multi-node probe's answer
+        node.facts = NodeFacts("n1", data={"torch": torch})
+    plan = _plan("torchrun")
+    plan.env.update(given or {})
+    return node_launch.node_launch(plan, node, "r1", "1", None, node_launch.Wiring())[1]
+
+
+def test_a_ranks_flight_recorder_names_suit_the_nodes_torch() -> None:
+    """torch 2.8 renamed the flight recorder's settings (TORCH_FR_*; the old names warn on
+    every rank of torch 2.8+): a new torch gets only the new names, one known to be older
+    the old names as well (it reads only those), an unknown one the new names alone."""
+    rec = "/home/u/.vmrun/runs/r1/nccl/fr_rank_"
+    for torch in ("2.13.0+cu130", "2.8.0", "3.0.1"):
+        env = _rank_env(torch)
+        assert not DEPRECATED & env.keys(), torch
+        assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_FR_DUMP_TEMP_FILE"] == rec
+        assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert not DEPRECATED & _rank_env("2.13.0", recorded=True).keys()
+    assert not DEPRECATED & _rank_env(None).keys()
+    for old in (_rank_env("2.7.1+cu126"), _rank_env("2.5.1", recorded=True)):
+        assert old["TORCH_NCCL_TRACE_BUFFER_SIZE"] == old["TORCH_FR_BUFFER_SIZE"] == "2000"
+        assert old["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == old["TORCH_FR_DUMP_TEMP_FILE"] == rec
+    # a buffer size of the run's own, under the old name, is not overridden by the new one
+    own = _rank_env("2.13.0", given={"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"})
+    assert own["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and "TORCH_FR_BUFFER_SIZE" not in own
+    assert own["TORCH_FR_DUMP_TEMP_FILE"] == rec
 
 
 def _fake_torch(site: Path, cuda: str) -> Path:

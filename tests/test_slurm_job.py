@@ -84,6 +84,31 @@ def test_the_batch_script_is_valid_bash() -> None:
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
+def _flight_recorder(torch: str, own_env: tuple[str, ...] = ()) -> dict[str, str]:
+    """The job's flight-recorder settings, as bash reads the batch script's array."""
+    batch = Batch("r1", "torchrun", "python3", ["t.py"], torch=torch, own_env=own_env)
+    text = batch_script(JobSpec(), batch, PATHS, "23.02", job_name="r1")
+    [line] = [x for x in text.splitlines() if x.startswith("VMRUN_FLIGHT_RECORDER=(")]
+    show = f'{line}\nprintf "%s\\n" "${{VMRUN_FLIGHT_RECORDER[@]}}"'
+    shown = subprocess.run(["bash", "-c", show], capture_output=True, text=True, check=True)
+    return dict(word.split("=", 1) for word in shown.stdout.splitlines())
+
+
+def test_the_jobs_flight_recorder_is_named_for_its_torch() -> None:
+    """torch 2.8+ (or a torch setup did not record): the TORCH_FR_* names only (the old
+    ones warn on every rank); an older torch recorded by setup: the old names as well."""
+    dump = f"{PATHS.record}/nccl/fr_rank_"
+    for torch in ("2.13.0", ""):
+        new = _flight_recorder(torch)
+        assert new == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": dump,
+                       "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}  # fmt: skip
+    old = _flight_recorder("2.6.0+cu124")
+    assert old["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert old["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == dump
+    own = _flight_recorder("2.13.0", ("TORCH_FR_DUMP_TEMP_FILE",))  # the run's own wins
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in own and "TORCH_FR_BUFFER_SIZE" in own
+
+
 def test_recover_puts_its_functions_and_limit_into_the_batch_script_only_when_asked() -> None:
     plain = _script(JobSpec(), "torchrun", ["t.py"])
     assert "recover_start()" not in plain and "VMRUN_MAX_RECOVERIES=0" in plain

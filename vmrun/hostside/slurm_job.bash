@@ -127,12 +127,13 @@ if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
   fi
 fi
 # torch's flight recorder, dumped into the record when an NCCL collective times out (as on
-# hosts: vmrun.backends.hosts.node_launch), unless the run's own variables say otherwise
+# hosts): VMRUN_FLIGHT_RECORDER's NAME=VALUE words, named for the job's torch
+# (vmrun.runs.launch.flight_recorder_env), unless the run's own variables say otherwise
 mkdir -p "$rec/nccl"
-export TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
-export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
-export TORCH_FR_DUMP_TEMP_FILE="${TORCH_FR_DUMP_TEMP_FILE:-$rec/nccl/fr_rank_}"
-export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$rec/nccl/fr_rank_}"
+for setting in ${VMRUN_FLIGHT_RECORDER[@]+"${VMRUN_FLIGHT_RECORDER[@]}"}; do
+  name=${setting%%=*}
+  [ -n "${!name+set}" ] || export "${setting?}"
+done
 export PYTHONUNBUFFERED=1 VMRUN_RUN_ID VMRUN_RUN_DIR VMRUN_LAUNCHER VMRUN_NPROC
 export VMRUN_MAX_RESTARTS VMRUN_PYTHON VMRUN_RECORD_DIR
 export VMRUN_REQUEUE_FILE="$rec/requeue" VMRUN_WARNED_FILE="$rec/warned"

@@ -208,6 +208,43 @@ def torchrun_env(max_restarts: int) -> dict[str, str]:
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
 
 
+# torch's flight recorder: each rank's last collectives, dumped when one times out. torch 2.8
+# named its settings TORCH_FR_* (c10d reads them first) and keeps the TORCH_NCCL_* names as
+# aliases that print a deprecation warning on every rank when set; torch 2.7 and older read
+# only the TORCH_NCCL_* names. NEW: OLD.
+FR_RENAMED_IN = (2, 8)
+FR_NAMES = {
+    "TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+}
+FR_BUFFER = "2000"  # collectives kept per rank (torch's own suggestion)
+
+
+def flight_recorder_env(
+    dump_prefix: str, torch_version: str | None, given: Sequence[str] = ()
+) -> dict[str, str]:
+    """The flight recorder on, each rank dumping to `dump_prefix`RANK when a collective times
+    out: torch 2.8's names, and the old ones as well only where the node's torch is known to
+    be older (where it is unknown, torch as vmrun sets it up: the new names alone). A setting
+    the run gives itself (`given`: its variables' names), under either name, is left to it."""
+    env = {"TORCH_FR_BUFFER_SIZE": FR_BUFFER, "TORCH_FR_DUMP_TEMP_FILE": dump_prefix}
+    release = _release(torch_version or "")
+    if release is not None and release < FR_RENAMED_IN:
+        env.update({old: env[new] for new, old in FR_NAMES.items()})
+    env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"  # torch 2.13 has no other name for it
+    for new, old in FR_NAMES.items():
+        if new in given or old in given:
+            env.pop(new)
+            env.pop(old, None)
+    return {name: value for name, value in env.items() if name not in given}
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version such as `2.7.1+cu126`; None when it is not one."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found[1]), int(found[2])) if found else None
+
+
 def python_argv(python: str, script: str, script_args: Sequence[str]) -> list[str]:
     """Launch modes `python` and `env`: the script itself is the only process vmrun starts."""
     return [python, script, *script_args]

@@ -195,20 +195,30 @@ def _debug_env(
     the script's and the run's watcher reads which transport NCCL chose (hang_watch.py).
     --nccl-debug (or NCCL_DEBUG set by the user) puts NCCL's lines in the log instead."""
     folder = f"{node.env.home}/{runs.record_dir(rid)}/nccl"
-    env = {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr_rank_",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/fr_rank_",  # its name before torch 2.7
-    }
     table = node.entry.vars.get("env")
-    asked = [os.environ, given, table if isinstance(table, dict) else {}]
+    own = table if isinstance(table, dict) else {}  # the host's `env` in vmrun.toml
+    env = launch.flight_recorder_env(f"{folder}/fr_rank_", _torch_of(node), [*given, *own])
+    asked = [os.environ, given, own]
     if wiring.nccl_debug:  # one host too
         env["NCCL_DEBUG"] = wiring.nccl_debug
     elif not any("NCCL_DEBUG" in where for where in asked):
         env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
                    NCCL_DEBUG_FILE=f"{folder}/%h.%p.log")  # fmt: skip
     return env
+
+
+def _torch_of(node: Node) -> str | None:
+    """The node's torch version, where vmrun knows it: the multi-node probe's, else what
+    setup recorded for the Python the run uses; None in an image (its own torch)."""
+    if node.image is not None:
+        return None
+    probed = node.facts.data.get("torch") if node.facts is not None else None
+    if probed:
+        return str(probed)
+    record = node.env.record
+    if record.get("torch") and record.get("python") == node.env.python:
+        return str(record["torch"])
+    return None
 
 
 def _network_env(node: Node, layout: Layout, wiring: Wiring) -> dict[str, str]:

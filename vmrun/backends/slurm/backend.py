@@ -79,6 +79,7 @@ class Facts:
     setup_python: str = ""  # the env `vmrun setup -C` built (<workdir>/.vmrun/host.json)
     uid: int | None = None  # a docker/podman container's --user
     gid: int | None = None
+    setup_torch: str = ""  # that env's torch version, as setup's record has it
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,10 @@ class SlurmBackend:
                 values["home"],
                 values["workdir"],
                 values.get("version", ""),
-                _recorded_python(values.get("setup_record", "")),
+                _recorded(values.get("setup_record", ""), "python"),
                 _number(values.get("uid")),
                 _number(values.get("gid")),
+                _recorded(values.get("setup_record", ""), "torch"),
             )
         return self._facts
 
@@ -222,6 +224,11 @@ class SlurmBackend:
         finds the workdir, so it costs no round trip), else python3 from the PATH."""
         return self.cluster.python or self.facts().setup_python or "python3"
 
+    def _torch(self) -> str:
+        """The jobs' torch version where vmrun knows it: setup's record, when the jobs run
+        the env setup built (not a `python` of the cluster's own)."""
+        return "" if self.cluster.python else self.facts().setup_torch
+
     def record_dir(self, run_id: str) -> str:
         return f"{self.facts().workdir}/{STATE_DIR}/runs/{run_id}"
 
@@ -288,6 +295,8 @@ class SlurmBackend:
             max_recoveries=recoveries,
             hang=plan.hang_watch(),
             budget=self._budget(cap, spec),
+            torch=self._torch() if image is None else "",
+            own_env=(*self.cluster.env, *plan.env),
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
@@ -810,8 +819,9 @@ def _number(text: str | None) -> int | None:
     return int(text) if text and text.strip().isdigit() else None
 
 
-def _recorded_python(encoded: str) -> str:
-    """The python of setup's record on the cluster (base64 JSON); "" when there is none."""
+def _recorded(encoded: str, key: str) -> str:
+    """`key` (python, torch) of setup's record on the cluster (base64 JSON); "" when there
+    is none."""
     import base64
     import binascii
 
@@ -819,5 +829,5 @@ def _recorded_python(encoded: str) -> str:
         record = json.loads(base64.b64decode(encoded)) if encoded else {}
     except (binascii.Error, ValueError):
         return ""
-    python = record.get("python") if isinstance(record, dict) else None
-    return python if isinstance(python, str) else ""
+    value = record.get(key) if isinstance(record, dict) else None
+    return value if isinstance(value, str) else ""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from vmrun.containers.runtime import PULL_SCRIPT, SlurmContainer
 from vmrun.errors import UsageError
 from vmrun.hostside import source
+from vmrun.runs.launch import flight_recorder_env
 from vmrun.runs.plan import CPU_PROCESSES
 from vmrun.ssh.quoting import quote
 
@@ -152,6 +153,8 @@ class Batch:
     max_recoveries: int = 0  # --recover: failed attempts requeued by the job itself
     hang: str = ""  # --hang-timeout's `SECONDS ACTION RANKED` (hang_watch.py), "" not watched
     budget: str = ""  # --max-cost's `SECONDS CAP`: from the first attempt's start; "" none
+    torch: str = ""  # the job's torch version where vmrun knows it (setup's record); "" not
+    own_env: Sequence[str] = ()  # the names of the run's own variables (--env, the cluster's)
 
 
 def sbatch_options(
@@ -218,6 +221,9 @@ def batch_script(
     lines.append(f"VMRUN_MAX_RECOVERIES={batch.max_recoveries}")
     lines.append(f"VMRUN_HANG={quote(batch.hang)}")
     lines.append(f"VMRUN_BUDGET={quote(batch.budget)}")
+    recorder = flight_recorder_env(f"{paths.record}/nccl/fr_rank_", batch.torch, batch.own_env)
+    settings = " ".join(quote(f"{name}={value}") for name, value in recorder.items())
+    lines.append(f"VMRUN_FLIGHT_RECORDER=({settings})")
     for name, text in (("VMRUN_HANG_WATCH", "hang_watch.py"), ("VMRUN_SPOT_WATCH", "spot_watch.py"),
                        ("VMRUN_STACKS", "stacks.py")):  # fmt: skip
         lines.append(f"{name}={quote(source(text)) if batch.hang else ''}")
