@@ -4,7 +4,8 @@ from the bed's registry for real, and run the run's processes in it with host ne
 
 The bed's daemons cannot raise `memlock` above this machine's hard limit (no
 CAP_SYS_RESOURCE here), so the project sets `container_ulimits` to that limit; NGC's
-`memlock=-1` is what a GPU host's daemon gets by default (tested as a value).
+`memlock=-1` is what a GPU host's daemon gets by default (tested as a value, and here as
+the refusal it meets: `container-rlimits`).
 """
 
 from __future__ import annotations
@@ -146,6 +147,14 @@ def test_a_script_in_the_image_writes_the_project_as_the_user_and_reads_a_mount(
                            "--image", docker_hosts.image, timeout=240)  # fmt: skip
     assert failed.returncode == 3, failed.stderr  # the container's exit code is the run's
     assert error_in(failed.stderr)[0] == "run-failed" and "failing" in failed.stdout
+    if memlock_hard_limit() is None:  # a machine whose daemon may raise memlock: no refusal
+        return
+    refused = dclient.vmrun("train", "fail.py", "-H", d1.name, "--launcher", "python",
+                            "--image", docker_hosts.image, timeout=240,
+                            env={"VMRUN_CONTAINER_ULIMITS": "memlock=-1"})  # NGC's; fmt: skip
+    assert refused.returncode == 125, refused.stderr  # runc refused it: the client's status
+    code, said = error_in(refused.stderr)
+    assert code == "container-rlimits" and "memlock" in said, refused.stderr
 
 
 @pytest.mark.timeout(300)
