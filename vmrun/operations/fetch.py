@@ -213,7 +213,7 @@ def _from_place(job: FetchJob, place: StoreURL, out: Reporter, s3: Any = None) -
     return Fetched([Outcome(str(place), report, None, time.monotonic() - began)])
 
 
-def run_copy(job: FetchJob, meta: Mapping[str, Any]) -> StoreURL | None:
+def _run_copy(job: FetchJob, meta: Mapping[str, Any]) -> StoreURL | None:
     """Where the run's copy is in a bucket, where that is known: its record's `store` (the
     run's `meta`, else the record fetched here before: results/RUN/run.json); with no
     record at all, RUN under the project's `store`, where its runs are copied. None: the
@@ -236,7 +236,7 @@ def run_copy(job: FetchJob, meta: Mapping[str, Any]) -> StoreURL | None:
 def _instead(job: FetchJob, exc: UsageError | HostsFailed, out: Reporter) -> Fetched:
     """The named run from its bucket copy when no host has its record (`exc` says why);
     `exc` itself where no copy is known (or the fetch is a cluster's, or --watch)."""
-    place = None if job.cluster or job.watch else run_copy(job, {})
+    place = None if job.cluster or job.watch else _run_copy(job, {})
     if place is None:
         raise exc
     out.info(f"{exc.message}; fetching run {job.run}'s copy from the bucket instead")
@@ -252,7 +252,7 @@ def _or_bucket(job: FetchJob, fetched: Fetched, out: Reporter) -> Fetched:
         return fetched
     holder = str(ref.meta.get("store_node") or ref.meta.get("master") or ref.nodes[0])
     why = _lacking(fetched, holder)
-    place = run_copy(job, ref.meta) if why else None
+    place = _run_copy(job, ref.meta) if why else None
     if place is None:
         return fetched
     out.info(f"{why}; fetching run {ref.run_id}'s copy from the bucket instead")
