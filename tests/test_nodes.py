@@ -39,9 +39,11 @@ class _Host:
     def __init__(self, label: str, *, silent: bool = False, honours_timeout: bool = True):
         self.label, self.silent, self.honours_timeout = label, silent, honours_timeout
         self.timeouts: list[float | None] = []
+        self.argvs: list[object] = []
 
     def run(self, argv: object, *, timeout: float | None = None, **kw: object) -> CommandResult:
         self.timeouts.append(timeout)
+        self.argvs.append(argv)
         if self.silent:
             if not self.honours_timeout:
                 threading.Event().wait(3)  # the test's bound on "forever"
@@ -90,3 +92,20 @@ def test_the_failure_rule_names_a_node_that_never_confirms_its_stop(quick_stops:
     (summary,) = [n for n in said.lines if "accC" in n]
     assert "accB stopped 1 process(es)" in summary
     assert "accC did not confirm the stop within 0.6 s" in summary, summary
+
+
+def test_a_lost_master_is_not_said_to_have_failed_before_its_first_epoch(
+    quick_stops: None,
+) -> None:
+    """The master (whose rank 0 reports the epochs) stopped answering: the worker's record
+    shows no epoch, which says nothing of the master's. The hint says what is known, and
+    the worker's stop is recorded as vmrun's own (`failure`), not the user's."""
+    hosts = [_Host("accA"), _Host("accB")]
+    first = nodes._Event("accA", error=ConnectionLostError("silent", host="accA"))
+    with pytest.raises(CommandFailed) as info:
+        nodes._fail(hosts, "r1", first, "its host stopped answering", [], Recorder(), 0.1)  # type: ignore[arg-type]
+    assert "before its first epoch" not in (info.value.hint or "")
+    assert "--resume r1" in (info.value.hint or "") and "accA" in (info.value.hint or "")
+    (stop, *_) = hosts[1].argvs
+    assert list(stop)[-1] == "failure"  # type: ignore[call-overload]
+    assert hosts[0].argvs == []  # nothing asked of the lost node

@@ -38,6 +38,72 @@ def test_a_lost_master_needs_the_bucket_and_a_lost_node_a_spare() -> None:
     assert none_left.gives_up and "no spare" in none_left.why
 
 
+def test_a_node_silent_for_a_while_that_answers_again_runs_again_on_the_same_nodes() -> None:
+    """A blip: h2 was found silent (the others stopped by vmrun for it, exit 143), then
+    answered again before the supervisor looked: the same nodes, the spare kept for a node
+    that stays gone; the same blip again and again without progress is a crash loop."""
+    blip = Failure(NODES, exit_code=143, epoch=4, returned=("h2",))
+    got = decide(blip, [], ["s1"])
+    assert got.action == "restart" and got.nodes == NODES and not got.swap, got
+    assert got.why.startswith("h2 stopped answering, then answered again")
+    assert decide(blip, [blip, blip], ["s1"]).gives_up
+    assert not decide(blip, [Failure(NODES, exit_code=143, epoch=2, returned=("h2",))] * 2,
+                      ["s1"]).gives_up  # fmt: skip  (it got further each time)
+    still = decide(Failure(NODES, lost=("h2",), epoch=4, returned=()), [], ["s1"])
+    assert still.swap == {"h2": "s1"}  # silent and still silent: lost, a spare takes it
+
+
+def test_only_the_users_stop_or_the_runs_budget_ends_a_supervised_run() -> None:
+    """run_list.sh says who stopped a run (run_stop.sh's WHY): the follower's own stop of
+    the other nodes after a failure is not the user's, however the failed node answers."""
+    from vmrun.backends.hosts.records import parse_listing
+
+    def listed(stopped: str) -> bool:
+        text = f"NOW 100\nRUN r1\nEXIT 143\nENDED 90\n{stopped}\nALIVE 0\n"
+        (rec,) = parse_listing(text, "h1")
+        return rec.meant_to_end
+
+    assert listed("STOPPED 90 user") and listed("STOPPED 90 budget")
+    assert listed("STOPPED 90 ")  # an older vmrun's stop, reason unrecorded: as before
+    for vmrun_own in ("failure", "start", "resume", "replaced"):
+        assert not listed(f"STOPPED 90 {vmrun_own}"), vmrun_own
+
+
+def test_the_supervisor_takes_a_followers_stop_after_a_blip_for_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The blip as the supervisor met it: h2 silent, its follower stopped h1 (`failure`),
+    then h2 answered again. What it finds is a failure to bring back, not the user's stop,
+    and h2 is named as back."""
+    from vmrun.backends.hosts import records
+    from vmrun.operations import supervise
+
+    listing = {"h1": "NOW 100\nRUN r1\nEXIT 143\nENDED 90\nSTOPPED 90 failure\nALIVE 0\n",
+               "h2": "NOW 100\nRUN r1\nALIVE 1\n"}  # fmt: skip
+
+    class _Group:
+        def __init__(self, entries: list[Any], settings: object) -> None:
+            self.entries = entries
+
+        def __enter__(self) -> _Group:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def map(self, fn: Any) -> list[Any]:
+            from vmrun.ssh.group import Outcome
+
+            return [Outcome(e, records.parse_listing(listing[e], e), None, 0.0)
+                    for e in self.entries]  # fmt: skip
+
+    monkeypatch.setattr("vmrun.ssh.group.Group", _Group)
+    monkeypatch.setattr("vmrun.ssh.inventory.select_hosts", lambda nodes, settings: list(nodes))
+    got = supervise._failure("r1", ["h1", "h2"], object(), silent="h2")  # type: ignore[arg-type]
+    assert not got.stopped and got.returned == ("h2",) and not got.lost, got
+    assert decide(got, [], []).action == "restart"
+
+
 def test_a_node_with_a_spot_notice_is_moved_off_though_it_still_answers() -> None:
     """The run stopped after its snapshot because h2 goes soon: a spare takes h2's place
     (not a restart on the node about to vanish); the master noticed moves with the bucket."""
@@ -238,9 +304,11 @@ def test_the_runs_env_goes_with_each_resume_and_a_refused_resume_gives_up_at_onc
     settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
     assert supervise.supervise(state, settings, Recorder()) == 1
     assert asked == [["A=x y", "B==="], ["A=x y", "B==="]]  # once each: refused is final
-    assert [kind for kind, _, _ in notes] == ["recovery", "gave-up"]
+    # each recovery is said under way first (`status`: recovering), then done or given up
+    assert [kind for kind, _, _ in notes] == ["recovering", "recovery", "recovering", "gave-up"]
+    assert notes[0][1].startswith("1 of 5: exit 3")
     assert "its resume was refused (run r1 is busy on h1" in notes[-1][1]
-    facts = notes[0][2]  # the first recovery's cost: its failure had no time or epoch reached
+    facts = notes[1][2]  # the first recovery's cost: its failure had no time or epoch reached
     assert facts is not None and facts["epochs_redone"] is None and facts["action"] == "restart"
 
 
@@ -408,3 +476,36 @@ def test_the_supervisors_host_is_prepared_beside_the_staging_and_its_failure_tol
     assert caught.value.code == "supervisor-failed"
     assert sorted(seen) == [("supervisor-prepare", "/opt/py/bin/python3", True, False),
                             ("supervisor-prepare", "/opt/py/bin/python3", True, True)]  # fmt: skip
+
+
+def test_the_supervisor_follows_every_node_or_names_the_one_it_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that did not answer when the follow began was left unfollowed, and its later
+    loss went unseen: every node is asked again within the silence rule, and one still
+    missing is a failure naming it, never a run followed on its master alone."""
+    from types import SimpleNamespace
+
+    from vmrun.errors import RemoteError
+    from vmrun.operations import supervise
+
+    settings = SimpleNamespace(keepalive_interval=0.01, keepalive_count_max=3)
+    answers = iter([(("h1",), {"h2": OSError()}), (("h1", "h2"), {})])
+
+    class _Backend:
+        def __init__(self, answers: Any) -> None:
+            self.answers, self.asked = answers, 0
+
+        def find(self, rid: str) -> Any:
+            self.asked += 1
+            nodes, unreached = next(self.answers)
+            return SimpleNamespace(nodes=nodes, unreached=unreached)
+
+    late = _Backend(answers)
+    ref = supervise._found_everywhere(late, "r1", ["h1", "h2"], settings)  # type: ignore[arg-type]
+    assert ref.nodes == ("h1", "h2") and late.asked == 2
+    never = _Backend(iter([(("h1",), {"h2": OSError()})] * 100))
+    with pytest.raises(RemoteError) as info:
+        supervise._found_everywhere(never, "r1", ["h1", "h2"], settings)  # type: ignore[arg-type]
+    assert info.value.host == "h2" and "did not answer" in info.value.message
+    assert never.asked >= 2

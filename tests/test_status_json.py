@@ -72,6 +72,27 @@ def test_a_stopped_or_lost_run_has_its_code() -> None:
     assert [lost[0]["state"], lost[0]["error"]["code"]] == ["lost", "run-failed"]
 
 
+def test_a_run_its_supervisor_is_bringing_back_says_so_not_stopped() -> None:
+    """Between a failure and the next attempt the nodes' records say `recovering`
+    (run_note.sh): the table's state and --json's recoveries.under_way tell it."""
+    from vmrun.cli.status_cmd import _state
+
+    under_way = "1 of 5: h2 stopped answering, then answered again: again on the same nodes"
+    halted = RunRecord("r4", "n1", meta={"id": "r4"}, exit_code=143, stopped=True,
+                       stopped_by="failure", recovering=under_way)  # fmt: skip
+    assert _state(halted) == "recovering, 1 of 5"
+    (obj,) = run_objects([halted])
+    assert obj["recoveries"] == {"count": 0, "last": None, "gave_up": False,
+                                 "under_way": under_way}  # fmt: skip
+    halted.alive = True  # the next attempt runs: no longer said
+    halted.exit_code = None
+    assert _state(halted) == "running"
+    done = RunRecord("r5", "n1", meta={"id": "r5"}, exit_code=0, recoveries=1,
+                     recovery="recovery 1 of 5: ...")  # fmt: skip
+    assert _state(done) == "done, recovered 1x"
+    assert run_objects([done])[0]["recoveries"]["under_way"] is None
+
+
 def test_a_place_that_did_not_answer_is_an_object_with_its_error() -> None:
     from vmrun.errors import UnreachableError
     from vmrun.operations.status_runs import KEYS as KEPT

@@ -9,6 +9,7 @@ on EC2) in that node's own namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -235,6 +236,8 @@ def _two_nodes_saving(
         return any(o["Key"].endswith("/snapshot.pt") for o in listed)
 
     wait_for(saved, 120, "a snapshot in the bucket")
+    following = lambda: all(f"[{n} " in _said(bed["h3"], rid) for n in ("h1", "h2"))  # noqa: E731
+    wait_for(following, 60, "the supervisor to follow both nodes' logs")  # before any fault
     return rid
 
 
@@ -302,6 +305,76 @@ def test_a_lost_master_is_replaced_and_the_run_goes_on_from_the_bucket(
         wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
     finally:
         h1.start_sshd()
+
+
+def _said(supervisor: TestHost, rid: str) -> str:
+    path = supervisor.home / ".vmrun" / "supervisor" / "runs" / rid / "log"
+    return path.read_text() if path.is_file() else ""
+
+
+def _found_gone(supervisor: TestHost, rid: str, node: str) -> None:
+    """Until the supervisor's follower says the node failed; past the deadline, its log."""
+    deadline = time.monotonic() + 60
+    while f"node {node} failed" not in _said(supervisor, rid):
+        own = [x for x in _said(supervisor, rid).splitlines() if x.startswith("vmrun:")]
+        assert time.monotonic() < deadline, "\n".join(own)[-3000:]
+        time.sleep(0.1)
+
+
+def test_a_network_blip_is_recovered_on_the_same_nodes_not_taken_for_a_stop(
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
+) -> None:
+    """h2's link cut (no reset: its packets vanish) until the supervisor has found it
+    silent and its follower has stopped h1, then healed: the follower's own stop is not the
+    user's, so the run is brought back, on the same nodes (h2 answers again; the spare is
+    kept for a node that stays gone), and ends with every epoch once."""
+    h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
+    rid = _two_nodes_saving(bed, project, bucket, gate)
+    cut = time.monotonic()
+    h2.cut_link()
+    try:
+        _found_gone(h3, rid, "h2")
+        print(f"h2 found silent {time.monotonic() - cut:.1f} s after the cut")
+    finally:
+        h2.heal_link()
+    log = h1.home / ".vmrun" / "runs" / rid / "log"
+    events = _replaced(h3, rid, gate)
+    _ended(log, h3, rid)
+    assert [(e["action"], e["nodes"]) for e in events] == [("restart", ["h1", "h2"])], events
+    assert events[0]["failure"]["returned"] == ["h2"]
+    assert "was stopped (vmrun stop)" not in _said(h3, rid)
+    assert _epochs(h1, project, rid) == list(range(1, 11))  # every epoch once
+    assert "recovery 1 of 5: h2 stopped answering, then answered again" in log.read_text()
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
+
+
+def test_a_paused_node_is_found_silent_within_30_s_and_replaced(
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
+) -> None:
+    """h2 paused (SIGSTOP of its sshd, its sessions and the run's processes: nothing is
+    killed, no socket closed, as a VM its hypervisor froze): the supervisor's own checks
+    find it silent within 30 s, whatever its log stream does, and the spare takes its
+    place."""
+    h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
+    rid = _two_nodes_saving(bed, project, bucket, gate)
+    paused = h2.pids()
+    began = time.monotonic()
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        _found_gone(h3, rid, "h2")
+        found = time.monotonic() - began
+        print(f"the paused h2 found silent {found:.1f} s after the pause")
+        assert found < 30, _said(h3, rid)[-2000:]
+        events = _replaced(h3, rid, gate)
+        _ended(h1.home / ".vmrun" / "runs" / rid / "log", h3, rid)
+        assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h2": "bastion"})]
+        assert _epochs(h1, project, rid) == list(range(1, 11))
+    finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
 
 
 def test_a_supervisor_started_again_goes_on_from_its_journal(

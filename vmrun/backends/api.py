@@ -159,6 +159,8 @@ class RunRow(Protocol):
     @property
     def gave_up(self) -> bool: ...  # ... and whether that was giving up
     @property
+    def recovering(self) -> str: ...  # a recovery under way: "1 of 5: lost h2: ...", else ""
+    @property
     def tasks(self) -> Sequence[Any]: ...  # an array job's tasks (a cluster's), else empty
 
 

@@ -146,6 +146,8 @@ def _state(run: RunRow) -> str:
     hung = getattr(run, "hung", None)
     if hung:  # its hang watcher found it stuck (and stopped it, or it waits)
         text += ", hung (stopped)" if hung.get("action") == "stop" else ", hung"
+    if run.recovering and run.state != "running":  # its supervisor is bringing it back
+        return f"recovering, {run.recovering.split(':')[0]}"
     if run.gave_up:  # --recover's limit, or a failure it cannot bring back
         n = run.recoveries
         return f"{text}, gave up after {n} recover{'y' if n == 1 else 'ies'}"

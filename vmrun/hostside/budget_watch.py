@@ -37,7 +37,8 @@ STARTING_S = 60.0
 
 def stop(rec: str, top: int) -> None:
     """Recorded as stopped, then SIGTERM to what runs under `top`, SIGKILL after 10 s."""
-    open(os.path.join(rec, "stopped"), "a").close()
+    with open(os.path.join(rec, "stopped"), "w") as fh:
+        fh.write("budget\n")  # run_stop.sh's WHY: meant to end, as the user's stop
     terminate(lambda: below(top))
 
 

@@ -9,7 +9,8 @@
 # STORE: where its copy to a bucket stands (store_sync.sh's store.json), on the node copying.
 # NOTICE: a cloud's notice that the node goes (spot_watch.py's notice), REQUEUE: the run stopped
 # after its snapshot to go on elsewhere (the template's requeue file: its epoch).
-# RECOVERIES: how many times its supervisor brought it back or gave up (run_note.sh), and the
+# STOPPED: when, and by what (run_stop.sh's WHY). RECOVERING: its supervisor is bringing it
+# back (run_note.sh). RECOVERIES: how many times its supervisor brought it back or gave up (run_note.sh), and the
 # last of them (KIND<TAB>TIME<TAB>TEXT). HANG: its hang watcher found it stuck (hang_watch.py's
 # hang: since, seen, ranks, action). BUDGET: it reached its --max-cost (budget_watch.py's budget).
 base=$1; shift
@@ -33,12 +34,15 @@ for id in "$@"; do
     echo "EXIT $(cat "$d/exit_code")"; echo "ENDED $(stat -c %Y "$d/exit_code")"
     [ -f "$d/failure.json" ] && echo "FAILURE $(head -n 1 "$d/failure.json" | head -c 4096)"
   fi
-  if [ -f "$d/stopped" ]; then echo "STOPPED $(stat -c %Y "$d/stopped")"; fi
+  if [ -f "$d/stopped" ]; then
+    echo "STOPPED $(stat -c %Y "$d/stopped") $(head -n 1 "$d/stopped" | head -c 32)"
+  fi
   [ -s "$d/notice" ] && echo "NOTICE $(head -n 1 "$d/notice" | head -c 4096)"
   [ -s "$d/hang" ] && echo "HANG $(head -n 1 "$d/hang" | head -c 4096)"
   [ -s "$d/budget" ] && echo "BUDGET $(head -n 1 "$d/budget" | head -c 4096)"
   [ -s "$d/requeue" ] && echo "REQUEUE $(head -n 1 "$d/requeue" | head -c 4096)"
   [ -f "$d/store.json" ] && echo "STORE $(head -n 1 "$d/store.json" | head -c 4096)"
+  [ -s "$d/recovering" ] && echo "RECOVERING $(head -n 1 "$d/recovering" | head -c 4096)"
   if [ -s "$d/recoveries" ]; then
     echo "RECOVERIES $(wc -l < "$d/recoveries") $(tail -n 1 "$d/recoveries" | head -c 4096)"
   fi

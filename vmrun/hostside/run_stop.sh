@@ -1,11 +1,15 @@
-# Stop a run: sh -c SOURCE vmrun-stop RUNS_DIR ID GRACE_CS
-# TERM every process of the run, KILL what is left after GRACE_CS hundredths of a second of
+# Stop a run: sh -c SOURCE vmrun-stop RUNS_DIR ID GRACE_CS [WHY]
+# WHY (kept in REC/stopped, read back by run_list.sh): `user` (vmrun stop, the default), or
+# vmrun's own reason: `failure` (another node failed), `start` (a start that failed on
+# another node), `resume` (a leftover before the next attempt), `replaced` (an attempt
+# another one took over). Only the user's stop (and budget_watch.py's `budget`) means the
+# run is to end: a --recover supervisor brings back the others. TERM every process of the run, KILL what is left after GRACE_CS hundredths of a second of
 # wall-clock time, and verify none is left. Prints TERM/KILL/LEFT lines with the pids
 # concerned. The whole process table is read by three processes at a time (before TERM,
 # while killing, at the end); during the grace only the run's own pids are watched, so a
 # host with thousands of processes keeps the grace.
 # shellcheck disable=SC2086,SC2046  # pid lists and /proc stat fields are split on purpose
-base=$1; id=$2; grace=$3
+base=$1; id=$2; grace=$3; why=${4:-user}
 d="$HOME/$base/$id"
 [ -f "$d/run.json" ] || { echo "vmrun: no run $id on this host" >&2; exit 3; }
 # vmrun-inline: run_alive.sh
@@ -44,7 +48,7 @@ wait_gone() {  # wait_gone CENTISECONDS PID...: until none runs, or the time is 
   while [ -n "$(running "$@")" ] && [ "$(centis)" -lt "$until" ]; do sleep 0.1; done
 }
 pids=$(running $(members))
-[ -e "$d/exit_code" ] || touch "$d/stopped"
+[ -e "$d/exit_code" ] || echo "$why" > "$d/stopped"
 if [ -n "$pids" ]; then
   echo TERM $pids
   kill -TERM $pids 2>/dev/null

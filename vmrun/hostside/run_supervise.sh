@@ -38,7 +38,7 @@ if [ "$rc" = 0 ] && [ -s "$rec/requeue" ]; then rc=75; fi
 # stopped by its hang watcher (--on-hang stop, hang_watch.py): 124, as timeout(1) says it
 if [ "$rc" != 0 ] && [ -e "$rec/hang_stopped" ]; then rc=124; fi
 # stopped at its --max-cost (budget_watch.py), unless it finished meanwhile: stopped, as by the user
-if [ "$rc" != 0 ] && [ -e "$rec/budget" ]; then : > "$rec/stopped"; fi
+if [ "$rc" != 0 ] && [ -e "$rec/budget" ]; then echo budget > "$rec/stopped"; fi
 if [ ! -e "$rec/stopped" ]; then
   echo "$rc" > "$rec/exit_code.tmp" && mv "$rec/exit_code.tmp" "$rec/exit_code"
 fi

@@ -96,9 +96,11 @@ def _recoveries(recs: list[RunRow]) -> dict[str, Any] | None:
     """What --recover did (a supervisor on hosts, the job on Slurm): how many times, the
     last, whether it gave up."""
     told = max(recs, key=lambda r: r.recoveries)
-    if not told.recoveries:
+    under_way = next((r.recovering for r in recs if r.recovering), None)
+    if not told.recoveries and not under_way:
         return None
-    return {"count": told.recoveries, "last": told.recovery, "gave_up": told.gave_up}
+    return {"count": told.recoveries, "last": told.recovery or None, "gave_up": told.gave_up,
+            "under_way": under_way}  # fmt: skip
 
 
 def _store(recs: list[RunRow]) -> dict[str, Any] | None:

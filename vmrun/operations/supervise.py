@@ -60,6 +60,9 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
             return _give_up(state, spec, settings, nodes, out, recovery.why)
         said = f"recovery {len(events)} of {spec.max_recoveries}: {recovery.why}"
         out.info(f"run {spec.run_id}: {said}")
+        under_way = f"{len(events)} of {spec.max_recoveries}: {recovery.why}"
+        answering = [n for n in dict.fromkeys([*nodes, *recovery.nodes]) if n not in failure.lost]
+        _note(spec.run_id, answering, settings, "recovering", under_way)
         step = _bring_back(state, spec, nodes, recovery, settings, out)
         if step.why_not:  # refused outright: no next round can do better
             return _give_up(state, spec, settings, nodes, out, step.why_not)
@@ -230,25 +233,92 @@ def _give_up(
 
 def _follow(rid: str, nodes: list[str], settings: Settings, out: Reporter) -> Failure | None:
     """Follow the run to its end on `nodes`: None when it finished well, else how it
-    failed (which nodes do not answer, its exit code, the newest snapshot's epoch)."""
+    failed (which nodes do not answer, its exit code, the newest snapshot's epoch). Every
+    node is followed, and asked on a connection of its own all along (vmrun.recovery.
+    heartbeat): a node silent for the connections' keepalive rule is lost, whatever its
+    log stream does."""
     from vmrun.backends.hosts.backend import HostsBackend
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
     entries = select_hosts(nodes, settings)
-    with Group(entries, settings) as group:
+    with Group(entries, settings) as group, _heartbeat(entries, settings, group, rid, out):
         backend = HostsBackend(group, entries)
         try:
-            ref = backend.find(rid)
+            ref = _found_everywhere(backend, rid, nodes, settings)
             backend.follow(ref, out, announce=False)
             return None
         except VmrunError as exc:
             out.info(f"run {rid}: {exc.one_line()}")
-    return _failure(rid, nodes, settings)
+            from vmrun.backends.hosts.nodes import SILENT
+
+            silent = exc.host if SILENT in exc.message and exc.host in nodes else ""
+    return _failure(rid, nodes, settings, silent)
 
 
-def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
-    """Which nodes answer now (each asked afresh), and what the run's records say."""
+def _found_everywhere(backend: Any, rid: str, nodes: list[str], settings: Settings) -> Any:
+    """The run as every one of its nodes records it, asked again for as long as a node may
+    be silent before it counts as lost: a node not followed would be a loss nobody sees."""
+    from vmrun.errors import RemoteError
+
+    deadline = time.monotonic() + _silent_s(settings)
+    while True:
+        ref = backend.find(rid)
+        missing = [n for n in nodes if n not in ref.nodes]
+        if not missing:
+            return ref
+        if time.monotonic() >= deadline:
+            why = "did not answer" if set(missing) & set(ref.unreached) else "has no record of it"
+            raise RemoteError(f"{', '.join(missing)} {why}", host=missing[0],
+                              code="supervisor-failed")  # fmt: skip
+        time.sleep(settings.keepalive_interval)
+
+
+def _silent_s(settings: Settings) -> float:
+    """How long a node may be silent before it is lost: every connection's own rule."""
+    return settings.keepalive_interval * settings.keepalive_count_max
+
+
+@contextlib.contextmanager
+def _heartbeat(
+    entries: list[Any], settings: Settings, group: Any, rid: str, out: Reporter
+) -> Iterator[None]:
+    """Each node asked `true` on a connection of its own every keepalive_interval; one
+    silent past the keepalive rule has its log stream closed with the reason, so the
+    follow's failure rule takes it as lost."""
+    from vmrun.recovery.heartbeat import Heartbeat
+    from vmrun.ssh.connection import Connection
+
+    conns: dict[str, Connection] = {}
+
+    def ask(node: str, timeout: float) -> None:
+        entry = next(e for e in entries if e.label == node)
+        conn = conns.setdefault(node, Connection(entry.spec, settings, label=node))
+        if not conn.run(["true"], timeout=timeout).ok:
+            raise RuntimeError(f"{node}: `true` failed")
+
+    def forget(node: str) -> None:
+        if (conn := conns.pop(node, None)) is not None:
+            conn.close()
+
+    def lost(node: str, why: str) -> None:
+        out.info(f"run {rid}: {node}: {why}")
+        group.connections[node].lose(why)
+
+    every, silent = settings.keepalive_interval, _silent_s(settings)
+    labels = [e.label for e in entries]
+    beats = Heartbeat(labels, ask, lost, forget=forget, period=every, lost_after=silent)
+    try:
+        with beats:
+            yield
+    finally:
+        for node in list(conns):
+            forget(node)
+
+
+def _failure(rid: str, nodes: list[str], settings: Settings, silent: str = "") -> Failure:
+    """Which nodes answer now (each asked afresh), and what the run's records say;
+    `silent`: the node the follow found silent (it may answer again: a blip)."""
     from vmrun.backends.hosts import records
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
@@ -262,17 +332,19 @@ def _failure(rid: str, nodes: list[str], settings: Settings) -> Failure:
     codes = [r.exit_code for r in found if r.exit_code not in (None, 0)]
     failed = next((r for r in found if r.failure is not None), None)
     saved = [r.saved_epoch for r in found if r.saved_epoch is not None]
-    # a node lost: the others' stop is the follower's (its failure rule stops the nodes
-    # still running when one is gone, which marks them stopped), not the user's
-    stopped = any(r.stopped for r in found) and not lost
+    # only the user's stop (or the run's --max-cost) ends it: the follower's own stop of the
+    # other nodes when one is lost is recorded as vmrun's (`failure`), however soon the lost
+    # node answers again (a blip)
+    stopped = any(r.meant_to_end for r in found)
     noticed = tuple(r.host for r in found if r.notice is not None)
     where = failed.failure.describe(failed.host) if failed and failed.failure else ""
     reached = [int(m.group(1)) for r in found if (m := re.match(r"epoch (\d+)", r.progress))]
     ends = [now - (r.host_now - r.ended) for r in found if r.ended and r.host_now]  # our clock
     at = min(ends) if ends and not lost else now  # a lost node: when it was found gone
+    returned = (silent,) if silent and silent not in lost else ()
     return Failure(tuple(nodes), lost, codes[0] if codes else None, where,
                    max(saved) if saved else None, stopped, noticed,
-                   max(reached) if reached else None, at)  # fmt: skip
+                   max(reached) if reached else None, at, returned)  # fmt: skip
 
 
 def _resume(
@@ -396,6 +468,7 @@ def _as_dict(failure: Failure) -> dict[str, Any]:
         "noticed": list(failure.noticed),
         "reached": failure.reached,
         "at": failure.at,
+        "returned": list(failure.returned),
     }
 
 

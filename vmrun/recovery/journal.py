@@ -89,7 +89,7 @@ def failures_of(events: list[Event]) -> list[Failure]:
     found = []
     for e in events:
         raw = {k: v for k, v in e.failure.items() if k in known}
-        for key in ("nodes", "lost", "noticed"):
+        for key in ("nodes", "lost", "noticed", "returned"):
             raw[key] = tuple(raw.get(key, ()))
         found.append(Failure(**raw))
     return found

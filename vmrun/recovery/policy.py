@@ -1,10 +1,11 @@
 """What the supervisor does when a run fails (`train --recover`), decided from facts alone so
 each case can be driven in the quick tier: restart on the same nodes when every node still
-answers (a crashed rank), replace the nodes that are gone by spares when some are lost
-(or are about to be: a spot VM's interruption notice, after the run saved its work), or
-give up, with one line saying why: the recoveries are spent (`--max-recoveries`), the same
-failure came back without the run getting further (a crash loop), no spare is left, or the
-master is lost and its snapshots with it (no store)."""
+answers (a crashed rank, or a node that went silent and answers again: a blip), replace
+the nodes that are gone by spares when some are lost (or are about to be: a spot VM's
+interruption notice, after the run saved its work), or give up, with one line saying why:
+the recoveries are spent (`--max-recoveries`), the same failure came back without the run
+getting further (a crash loop), no spare is left, or the master is lost and its snapshots
+with it (no store)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class Failure:
     noticed: tuple[str, ...] = ()  # of them, those a cloud said will go (a spot notice)
     reached: int | None = None  # the newest epoch it completed (past `epoch`: redone)
     at: float | None = None  # when it failed (its end as a node recorded it, else when found)
+    returned: tuple[str, ...] = ()  # of them, those found silent that answer again (a blip)
 
     @property
     def redone(self) -> int | None:
@@ -48,6 +50,8 @@ class Failure:
             return f"lost {','.join(sorted(self.lost))}"
         if self.noticed:
             return f"spot notice on {','.join(sorted(self.noticed))}"
+        if self.returned:
+            return f"{','.join(sorted(self.returned))} silent, then back"
         return f"exit {self.exit_code} {self.where}".strip()
 
 
@@ -92,6 +96,13 @@ def decide(
             f"a crash loop: {failure.signature}{at}, {LOOP} times in a row without getting further",
         )
     gone = failure.gone
+    if not gone and failure.returned:  # a blip: the node, its env and its files are back
+        back = ", ".join(failure.returned)
+        return Recovery(
+            "restart",
+            f"{back} stopped answering, then answered again: again on the same nodes",
+            nodes=failure.nodes,
+        )
     if not gone:
         return Recovery(
             "restart",

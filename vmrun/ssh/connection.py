@@ -154,6 +154,15 @@ class Connection(Channels):
             link = self._link
         return _lost(self.label, link, doing)
 
+    def lose(self, reason: str) -> None:
+        """Declare it lost as its watchdog would (`reason` said by every command on it): a
+        check of its own (vmrun.recovery.heartbeat) found the host silent."""
+        with self._lock:
+            link = self._link
+        if link is not None:
+            link.watchdog.lost_reason = reason
+            link.transport.close()
+
     def close(self) -> None:
         """Close it now; a dial under way is aborted (it fails with ConnectionLostError)."""
         with self._lock:

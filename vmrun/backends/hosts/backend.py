@@ -544,7 +544,7 @@ def _start_all(
     outcomes = group.map(start, only=set(labels))  # the run's nodes, not every host listed
     if any(not o.ok for o in outcomes):
         started = {o.host for o in outcomes if o.ok}
-        group.map(lambda entry, conn: records.stop(conn, rid, grace=5), only=started)
+        group.map(lambda entry, conn: records.stop(conn, rid, grace=5, why="start"), only=started)
         raise_for_failures(outcomes, one_as_itself=True)
     return {o.host: int(o.value or 0) for o in outcomes}
 

@@ -31,6 +31,7 @@ from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import STOP_GRACE_S
 from vmrun.ssh.connection import Connection
 
+SILENT = "its host stopped answering"  # a node's failure when it went quiet (no reset)
 ALIVE_CHECK_S = 10.0  # how long a quick command may take on a host thought alive
 STOP_SLACK_S = 10.0  # beyond a stop's own deadline: opening its channel, on a loaded host
 LOGS_END_S = 10.0  # for the other nodes' logs to end once their runs are stopped
@@ -147,7 +148,7 @@ def _failure(event: _Event) -> str | None:
     """Why this node's end is a failure of the run, or None when it finished cleanly."""
     if event.error is not None:
         if isinstance(event.error, ConnectionLostError):
-            return "its host stopped answering"
+            return SILENT
         if isinstance(event.error, VmrunError):
             return event.error.message
         return f"{type(event.error).__name__}: {event.error}"
@@ -181,7 +182,7 @@ def _fail(
 
     def stop(conn: Connection) -> None:
         try:
-            res = runs.stop(conn, rid, grace=grace)
+            res = runs.stop(conn, rid, grace=grace, why="failure")
             results[conn.label] = (
                 f"stopped {len(res.signalled)} process(es)" if res.signalled else "had ended"
             )
@@ -210,7 +211,7 @@ def _fail(
         f"failed: node {first.host} was the first to fail ({why})",
         code,
         host=first.host,
-        hint=f"see `vmrun logs {rid} --node {first.host}`; {_next_step(rid, answered)}",
+        hint=f"see `vmrun logs {rid} --node {first.host}`; {_next_step(rid, answered, conns)}",
     )
 
 
@@ -221,11 +222,16 @@ def _join_all(threads: Sequence[threading.Thread], seconds: float) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _next_step(rid: str, conns: Sequence[Connection]) -> str:
+def _next_step(rid: str, answered: Sequence[Connection], nodes: Sequence[Connection]) -> str:
     """Resume only helps a run that trained (rank 0's node reports epochs): one that failed
-    before its first epoch (a missing module, CUDA on a CPU host) fails the same way again."""
+    before its first epoch (a missing module, CUDA on a CPU host) fails the same way again.
+    Said only when the node that would have reported epochs answered: a lost master's epochs
+    are with it."""
+    if nodes and nodes[0] not in answered:
+        lost = nodes[0].label
+        return f"resume with `vmrun train --resume {rid}` ({lost}, its master, did not answer)"
     trained = False
-    for conn in conns:
+    for conn in answered:
         try:
             trained = trained or any(r.progress for r in runs.list_runs(conn, [rid]))
         except VmrunError:

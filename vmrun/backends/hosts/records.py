@@ -46,6 +46,7 @@ class RunRecord:
     exit_code: int | None = None
     ended: float | None = None
     stopped: bool = False
+    stopped_by: str = ""  # run_stop.sh's WHY: user, budget, or vmrun's own (failure, ...)
     alive: bool = False
     progress: str = ""  # what this attempt reported: "epoch 7/10", or ""
     saved_epoch: int | None = None  # the epoch of the newest snapshot the log reports
@@ -59,6 +60,7 @@ class RunRecord:
     recoveries: int = 0  # what its supervisor did (--recover): how many times,
     recovery: str = ""  # and the last: "recovery 1 of 5: ..." or "... gave up: ..."
     gave_up: bool = False
+    recovering: str = ""  # its supervisor is bringing it back: "1 of 5: lost h2: ..."
     notice: dict[str, Any] | None = None  # a cloud said the node goes (spot_watch.py)
     requeued: int | None = None  # stopped after this epoch's snapshot, to go on elsewhere
     slow: str = ""  # the slow ranks of its last epoch (vmrun.results.stragglers), if any
@@ -71,6 +73,13 @@ class RunRecord:
         the run has ended, though that shell may still be telling it (notify_send.py):
         every reader takes the recorded code then, never the shell's liveness."""
         return self.alive and self.exit_code is None
+
+    @property
+    def meant_to_end(self) -> bool:
+        """Stopped to end: by the user (`vmrun stop`) or at its --max-cost; not a stop
+        vmrun made itself because a node failed (the run is then brought back, with
+        --recover). A stop recorded without its reason (an older vmrun's) counts as meant."""
+        return self.stopped and self.stopped_by in ("", "user", "budget")
 
     @property
     def state(self) -> RunState:
@@ -251,8 +260,10 @@ def _read_meta(record: RunRecord, value: str) -> None:
 
 
 def _read_stopped(record: RunRecord, value: str) -> None:
+    when, _, why = value.partition(" ")
     record.stopped = True
-    record.ended = record.ended or float(value)
+    record.stopped_by = why.strip()
+    record.ended = record.ended or float(when)
 
 
 def _read_metrics(record: RunRecord, value: str) -> None:
@@ -337,6 +348,7 @@ _FIELDS: dict[str, Callable[[RunRecord, str], None]] = {
     "FAILURE": _set("failure", WorkerFailure.parse),
     "STORE": _set("store", StoreState.parse),
     "RECOVERIES": _read_recoveries,
+    "RECOVERING": _set("recovering", str.strip),
     "NOTICE": _read_json("notice"),
     "REQUEUE": _read_requeue,
     "SAVED": _read_saved,
@@ -417,15 +429,22 @@ def stop_deadline(grace: float) -> float:
     return grace + STOP_KILL_S + STOP_MARGIN_S
 
 
-def stop(conn: Connection, run_id: str, *, grace: float = 10.0) -> StopResult:
+STOP_REASONS = ("user", "failure", "start", "resume", "replaced")
+
+
+def stop(conn: Connection, run_id: str, *, grace: float = 10.0, why: str = "user") -> StopResult:
     """TERM every process of the run, KILL what is left after the grace (wall-clock), and
     verify none is left; within `stop_deadline(grace)`, as the Slurm stop has one, else
-    CommandFailed (exit 124) naming the host."""
+    CommandFailed (exit 124) naming the host. `why` is recorded (STOP_REASONS): only the
+    user's stop means the run is to end; the others are vmrun's own, after a failure."""
+    assert why in STOP_REASONS, why
     centis = str(max(10, round(grace * 100)))
     deadline = stop_deadline(grace)
     argv = [*hostside.command("run_stop.sh"), RUNS_DIR, check_run_id(run_id)]
     try:
-        result = conn.run([*argv, centis], timeout=deadline, what=f"the stop of run {run_id}")
+        result = conn.run(
+            [*argv, centis, why], timeout=deadline, what=f"the stop of run {run_id}"
+        )
     except CommandFailed as exc:
         if exc.exit_status != ExitCode.TIMEOUT:
             raise

@@ -166,7 +166,7 @@ def prepare(
             code="run-still-running",
         )
     for host in alive:
-        res = runs.stop(group.connections[host], rid)
+        res = runs.stop(group.connections[host], rid, why="resume")
         out.info(f"{host}: stopped {len(res.signalled)} leftover process(es) of run {rid}")
     out_dirs = {h: str(r.meta.get("out_dir") or "") for h, r in records.items()}
     newest = _spread_checkpoints(group, labels, out_dirs, out)

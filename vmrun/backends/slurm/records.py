@@ -127,6 +127,7 @@ class SlurmRun:
     recoveries: int = 0
     recovery: str = ""
     gave_up: bool = False
+    recovering: str = ""  # the job requeues itself: never a recovery under way to tell apart
 
     def ends_to_record(self) -> list[str]:
         """`ended` lines for a job that squeue shows ended and the run's record does not

@@ -1,0 +1,71 @@
+"""The supervisor's own check of a run's nodes, independent of the log streams it follows.
+
+A VM that is lost sends no reset: its peers' sockets and the supervisor's log stream just go
+quiet, and a stream that was never opened (a node that did not answer when the follow began)
+would notice nothing at all. So every node is asked a trivial command every `period` seconds
+on a connection of its own; one that has not answered for `lost_after` seconds (the
+`keepalive_interval` x `keepalive_count_max` rule every connection keeps) is declared lost
+through `on_lost`, once. The supervisor closes that node's log stream with the reason, and
+the failure rule runs as for any loss."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+Ask = Callable[[str, float], None]  # ask(node, timeout): returns when it answered, else raises
+
+
+class Heartbeat:
+    """Threads asking each node in turn (`ask`), until the block ends or the node is lost.
+    `lost`: the nodes declared lost, with how long they were silent."""
+
+    def __init__(
+        self,
+        nodes: Sequence[str],
+        ask: Ask,
+        on_lost: Callable[[str, str], None],
+        *,
+        period: float,
+        lost_after: float,
+        forget: Callable[[str], None] = lambda node: None,
+    ):
+        self.nodes = list(nodes)
+        self.ask, self.on_lost, self.forget = ask, on_lost, forget
+        self.period, self.lost_after = period, lost_after
+        self.lost: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._beat, args=(n,), daemon=True, name=f"vmrun-beat-{n}")
+            for n in self.nodes
+        ]
+
+    def __enter__(self) -> Heartbeat:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        for t in self._threads:  # each ask is bounded by lost_after; the threads are daemons
+            t.join(timeout=1.0)
+
+    def _beat(self, node: str) -> None:
+        answered = time.monotonic()
+        while not self._stop.wait(self.period):
+            left = answered + self.lost_after - time.monotonic()
+            try:
+                self.ask(node, max(1.0, left))
+                answered = time.monotonic()
+                continue
+            except Exception:  # any failure to answer is silence
+                self.forget(node)  # its connection is asked anew next time
+            silent = time.monotonic() - answered
+            if silent >= self.lost_after and not self._stop.is_set():
+                self.lost[node] = silent
+                self.on_lost(node, f"it did not answer the supervisor for {silent:.0f} s")
+                return
