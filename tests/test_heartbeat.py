@@ -95,3 +95,20 @@ def test_leaving_the_block_stops_the_checks() -> None:
     nodes.silent.add("a")
     time.sleep(0.4)
     assert nodes.lost == {}
+
+
+def test_a_replaced_node_that_answers_again_is_told_once_and_never_lost() -> None:
+    """A node an earlier recovery replaced (`retired`) is asked until it answers: then
+    `on_back` (the supervisor stops its replaced attempt), once; its silence is no loss."""
+    nodes = _Nodes()
+    nodes.silent.add("old")
+    back: list[str] = []
+    with Heartbeat(["a"], nodes.ask, nodes.on_lost, period=0.02, lost_after=0.1,
+                   retired=["old"], on_back=back.append):  # fmt: skip
+        _wait(lambda: nodes.asked.get("old", 0) >= 10, 5)  # 0.2 s of silence: past the rule
+        assert back == [] and nodes.lost == {}
+        nodes.silent.discard("old")
+        _wait(lambda: back, 5)
+        asked = nodes.asked["old"]
+        _wait(lambda: nodes.asked["a"] >= 20, 5)
+    assert back == ["old"] and nodes.asked["old"] == asked  # told once, then left alone

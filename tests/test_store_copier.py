@@ -27,7 +27,8 @@ from vmrun.hostside import source
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
 FAKE_RCLONE = r"""#!/bin/sh
-# rclone --config CFG copy SRC store:DEST [--files-from-raw LIST] ...: files into $BUCKET/DEST
+# rclone --config CFG copy SRC store:DEST [--files-from-raw LIST] ...: files into $BUCKET/DEST;
+# rclone ... cat store:PATH / rcat store:PATH: one object out, or in from stdin
 if [ -e "$BUCKET.down" ]; then
   echo refused >> "$BUCKET.refused"
   echo "2026/11/29 07:00:00 ERROR : dial tcp 10.9.9.9:9000: connect: connection refused" >&2
@@ -36,6 +37,8 @@ fi
 list=
 while [ $# -gt 0 ]; do
   case $1 in
+    cat) f=$BUCKET/${2#store:}; [ -f "$f" ] || exit 3; exec cat "$f" ;;
+    rcat) f=$BUCKET/${2#store:}; mkdir -p "${f%/*}" && exec cat > "$f" ;;
     copy) src=$2 dest=$3; shift 3 ;;
     --files-from-raw) list=$2; shift 2 ;;
     --config) cat "$2" >> "$BUCKET.configs"; shift 2 ;;
@@ -93,6 +96,10 @@ def copier(tmp_path: Path) -> Iterator[Any]:
     run = subprocess.Popen(["sleep", "120"], start_new_session=True)
     (rec / "pid_start").write_text(_start_time(run.pid) + "\n")
     (rec / "pid").write_text(f"{run.pid}\n")
+    lib = tmp_path / "lib"  # as installed on a host: the copier stops a replaced run by path
+    lib.mkdir()
+    for name in ("store_sync.sh", "run_stop.sh"):
+        (lib / name).write_text(source(name))
     fake = tmp_path / "rclone"
     fake.write_text(FAKE_RCLONE)
     fake.chmod(0o755)
@@ -106,7 +113,7 @@ def copier(tmp_path: Path) -> Iterator[Any]:
                "VMRUN_STORE_EVERY": "0.1", "VMRUN_STORE_LOGS_EVERY": "1",
                "VMRUN_STORE_BACKOFF": "1", "VMRUN_STORE_FINAL_WAIT": final_wait}  # fmt: skip
         made.proc = subprocess.Popen(
-            ["sh", "-c", source("store_sync.sh"), "store_sync.sh", "watch", str(rec), str(out),
+            ["sh", str(lib / "store_sync.sh"), "watch", str(rec), str(out),
              "b/runs/r1", "s3://b/runs/r1", since, str(cfg), str(fake)],
             env=env, stdin=subprocess.DEVNULL,
         )  # fmt: skip
@@ -186,3 +193,31 @@ def test_a_bucket_that_stays_down_after_the_end_is_given_up_and_said(copier: Any
     assert c.state()["state"] == "gave-up"
     assert "gave up copying to s3://b/runs/r1" in (c.rec / "log").read_text()
     assert not (c.rec / "store.abc123").exists()
+
+
+def test_an_attempt_a_newer_one_replaced_is_stopped_and_copies_nothing_more(
+    copier: Any,
+) -> None:
+    """The copier claims its attempt's generation before its first copy (a copy of the
+    bucket's, restored into the record, is never sent back over it); once a newer attempt
+    claims the run, this one's run is stopped as `replaced`, and nothing more is sent, the
+    last pass included."""
+    started: Copier = copier()
+    (started.rec / "attempt").write_text("1\n")
+    (started.rec / "generation").write_text("9\n")  # as a restore from the bucket brings it
+    (started.out / "snapshot.pt").write_bytes(b"1" * 100)
+    wait_for(lambda: started.stored("snapshot.pt") == b"1" * 100, 20, "the first snapshot")
+    wait_for(lambda: started.stored(".vmrun/log") is not None, 20, "the record")
+    assert started.stored(".vmrun/generation") == b"1\n"
+
+    claimed = started.bucket / "b" / "runs" / "r1" / ".vmrun" / "generation"
+    claimed.write_text("2\n")  # a newer attempt elsewhere took the run over
+    (started.out / "snapshot.pt").write_bytes(b"2" * 100)
+    assert started.proc is not None
+    wait_for(lambda: started.proc.poll() is not None, 20, "the replaced copier to end")  # type: ignore[union-attr]
+    wait_for(lambda: started.run.poll() is not None, 20, "the replaced run to be stopped")
+    assert started.stored("snapshot.pt") == b"1" * 100  # the newer attempt's to write
+    assert (started.rec / "stopped").read_text().strip() == "replaced"
+    assert "replaced by attempt 2" in (started.rec / "log").read_text()
+    assert started.state()["state"] == "replaced"
+    assert not (started.rec / "store.pid").exists()

@@ -377,6 +377,52 @@ def test_a_paused_node_is_found_silent_within_30_s_and_replaced(
     wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
 
 
+def _objects(endpoint: str, bucket: str, rid: str) -> dict[str, bytes]:
+    """Every object of the run's bucket copy, by key, with its bytes."""
+    from store_fixtures import client
+
+    s3 = client(endpoint)
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{rid}/").get("Contents", [])
+    return {o["Key"]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
+
+
+def test_a_replaced_master_that_comes_back_is_fenced_and_its_bucket_stays_the_newer_attempts(
+    bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
+) -> None:
+    """The master h1 (the node copying to the bucket) cut and left cut: the spare becomes
+    the master from the bucket and the run ends there. Then h1 comes back with its old
+    attempt still running (its ranks, torchrun, its copier): the old attempt learns from
+    the bucket that a newer one took the run over, stops, and copies nothing; every object
+    of the run's bucket copy stays the newer attempt's, byte for byte."""
+    from conftest import run_pids
+
+    h1, h3, spare = bed["h1"], bed["h3"], bed["bastion"]
+    endpoint, _ = bucket
+    name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
+    rid = _two_nodes_saving(bed, project, bucket, gate)
+    h1.cut_link()
+    try:
+        events = _replaced(h3, rid, gate)
+        _ended(spare.home / ".vmrun" / "runs" / rid / "log", h3, rid)
+        assert [(e["action"], e["swap"]) for e in events] == [("replace", {"h1": "bastion"})]
+        copied = spare.home / ".vmrun" / "runs" / rid / "store.json"
+        wait_for(lambda: '"state": "done"' in copied.read_text(), 120, "the newer attempt's copy")
+        newer = _objects(endpoint, name, rid)
+        assert newer[f"runs/{rid}/.vmrun/generation"] == b"2\n"
+        assert run_pids(h1, rid), "h1's old attempt should still run while it is cut off"
+    finally:
+        h1.heal_link()
+    record = h1.home / ".vmrun" / "runs" / rid
+    wait_for(lambda: not run_pids(h1, rid), 60, "the old attempt to be gone from h1")
+    wait_for(lambda: not (record / "store.pid").exists(), 60, "the old copier to end")
+    now = _objects(endpoint, name, rid)
+    assert {k for k in now if now[k] != newer.get(k)} == set()  # nothing of the old attempt's
+    assert now == newer
+    assert "replaced by attempt 2" in (record / "log").read_text()
+    assert (record / "stopped").read_text().strip() == "replaced"
+    wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
+
+
 def test_a_supervisor_started_again_goes_on_from_its_journal(
     bed: NetnsBed, project: Client
 ) -> None:

@@ -130,7 +130,7 @@ def _bucket(run: Any) -> str:
         return "-"
     behind = store.behind(getattr(run, "host_now", None))
     words = {"ok": "up to date", "done": "all there", "syncing": "copying",
-             "gave-up": "gave up"}  # fmt: skip
+             "gave-up": "gave up", "replaced": "newer attempt's"}  # fmt: skip
     if store.state == "failing" and behind is not None:
         return f"{behind:.0f} s behind"
     return words.get(store.state, "behind" if store.state == "failing" else store.state)

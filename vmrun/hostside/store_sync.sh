@@ -21,6 +21,12 @@
 # touches the run. REC/store.json says where it stands (`vmrun status`). After the run ends:
 # one last copy of everything changed, then it exits; it gives up 30 min after the end if the
 # bucket stays out of reach (said in the log, the files stay on the host).
+# Fencing: each attempt is a generation (REC/attempt, which a resume from the bucket carries
+# on), claimed in DEST/.vmrun/generation before its first copy. Before every copy the copier
+# reads it back (a record restored from the bucket brings a copy of it: never sent back): once
+# a newer attempt has claimed the run (a node that was replaced and came
+# back), this attempt is stopped (run_stop.sh, `replaced`) and copies nothing more, its last
+# pass included; a run stopped as `replaced` makes no last pass either.
 # vmrun-inline: store_tool.sh
 # vmrun-inline: run_alive.sh
 mode=$1
@@ -82,6 +88,9 @@ esac
 
 rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7
 echo $$ > "$rec/store.pid"
+gen=$(cat "$rec/attempt" 2>/dev/null)
+case $gen in '' | *[!0-9]*) gen=1 ;; esac
+claimed=0
 trap 'rm -f "$cfg"' EXIT
 trap 'rm -f "$cfg"; exit 143' TERM HUP INT
 # the pace (seconds; a test sets them shorter): a look every 2 s, the record every 30 s, a
@@ -108,7 +117,7 @@ changed() {  # $1: folder, $2: mark, $3: max depth (or empty), $4: only files ch
   find "$1" -mindepth 1 ${3:+-maxdepth "$3"} -name '.*' -prune -o -type f \
     ${newer:+-cnewer "$newer"} ${4:+-newermt "@$4"} ! -name '*.partial' ! -name '*.tmp' \
     ! -name '*.tmp-*' ! -name pid ! -name pid_start ! -name 'notify*' ! -name 'notified*' \
-    ! -name 'store.*' -printf '%P\t%s\n' 2>/dev/null
+    ! -name 'store.*' ! -name generation -printf '%P\t%s\n' 2>/dev/null
 }
 stage_from() {  # $1: the folder, $2: its list, $3: where under the stage, $4: the list of
   # the big ones. A file up to 64 MiB (a log, metrics being appended) goes from a copy
@@ -124,6 +133,26 @@ stage_from() {  # $1: the folder, $2: its list, $3: where under the stage, $4: t
       printf '%s\n' "$name" >> "$4"
     fi
   done < "$2"
+}
+newest() {  # the generation the bucket holds: the newest attempt that claimed the run (0: none)
+  _g=$("$rclone" --config "$cfg" cat "store:$dest/.vmrun/generation" --retries 1 \
+    --low-level-retries 2 --contimeout 10s --timeout 30s 2>/dev/null | head -c 16)
+  case $_g in '' | *[!0-9]*) echo 0 ;; *) echo "$_g" ;; esac
+}
+fenced() {  # 0 when a newer attempt has claimed the run: this one is stopped, nothing sent
+  newer=$(newest)
+  [ "$newer" -gt "$gen" ] || return 1
+  say "attempt $gen of this run was replaced by attempt $newer (its bucket says so): stopped here, and nothing more is copied from this host"
+  base=${rec%/*}
+  sh "${0%/*}/run_stop.sh" "${base#"$HOME"/}" "${rec##*/}" 1000 replaced > /dev/null 2>&1
+  return 0
+}
+claim() {  # this attempt's generation in the bucket, once, before its first copy
+  [ "$claimed" = 1 ] && return 0
+  printf '%s\n' "$gen" | "$rclone" --config "$cfg" rcat "store:$dest/.vmrun/generation" \
+    --retries 1 --low-level-retries 3 --contimeout 10s --timeout 30s 2>> "$rec/.store.err" \
+    || return 1
+  claimed=1
 }
 send() {  # $1: source, $2: where in DEST, $3: a list of names in $1 (or empty: all of it)
   "$rclone" --config "$cfg" copy "$1" "store:$dest$2" ${3:+--files-from-raw "$3"} \
@@ -147,11 +176,13 @@ round() {  # $1: 1 at the end (the record too, whatever the time); 0 when everyt
   moved=0
   [ -s "$rec/.store.list" ] && moved=1
   if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
+    : > "$rec/.store.err"
+    fenced && return 3
+    claim || return 1
     stage=$rec/.store.stage
     rm -rf "$stage" && mkdir -p "$stage" || return 1
     : > "$rec/.store.big"
     : > "$rec/.store.bigrec"
-    : > "$rec/.store.err"
     stage_from "$out" "$rec/.store.list" "" "$rec/.store.big"
     stage_from "$rec" "$rec/.store.rlist" ".vmrun/" "$rec/.store.bigrec"
     if [ -n "$(ls -A "$stage")" ]; then send "$stage" "" "" || return 1; fi
@@ -176,12 +207,19 @@ failed() {  # what went wrong, and how much waits: the lists' sizes summed
 ended() {
   [ -e "$rec/exit_code" ] || [ -e "$rec/stopped" ] || ! alive_run "$rec"
 }
+replaced() {  # stopped because a newer attempt took the run over: no last pass
+  [ "$(head -n 1 "$rec/stopped" 2>/dev/null)" = replaced ]
+}
 backoff=0
 state syncing
 while [ -d "$rec" ]; do
   end=0
   ended && end=1
-  if round "$end"; then
+  if replaced; then state replaced; break; fi
+  round "$end"
+  sent=$?
+  if [ "$sent" = 3 ]; then state replaced; break; fi
+  if [ "$sent" = 0 ]; then
     synced=$(date +%s) pending_files=0 pending_bytes=0
     if [ -n "$failing_since" ]; then
       say "the copy to $url caught up"

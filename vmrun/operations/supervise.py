@@ -12,7 +12,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,8 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
         f" (spares: {', '.join(spec.spares) or 'none'})"
     )
     while True:
-        failure = _follow(spec.run_id, nodes, settings, out)
+        retired = [n for e in events for n in e.swap if n not in nodes]  # replaced: may return
+        failure = _follow(spec.run_id, nodes, settings, out, retired)
         if failure is None:
             out.info(f"run {spec.run_id} finished")
             return _finish(state, spec, settings, nodes, out, 0)
@@ -231,18 +232,22 @@ def _give_up(
     return _finish(state, spec, settings, nodes, out, 1)
 
 
-def _follow(rid: str, nodes: list[str], settings: Settings, out: Reporter) -> Failure | None:
+def _follow(
+    rid: str, nodes: list[str], settings: Settings, out: Reporter, retired: Sequence[str] = ()
+) -> Failure | None:
     """Follow the run to its end on `nodes`: None when it finished well, else how it
     failed (which nodes do not answer, its exit code, the newest snapshot's epoch). Every
     node is followed, and asked on a connection of its own all along (vmrun.recovery.
     heartbeat): a node silent for the connections' keepalive rule is lost, whatever its
-    log stream does."""
+    log stream does; a `retired` node (one an earlier recovery replaced) that answers again
+    has its replaced attempt stopped."""
     from vmrun.backends.hosts.backend import HostsBackend
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
     entries = select_hosts(nodes, settings)
-    with Group(entries, settings) as group, _heartbeat(entries, settings, group, rid, out):
+    gone = select_hosts(list(dict.fromkeys(retired)), settings) if retired else []
+    with Group(entries, settings) as group, _heartbeat(entries, settings, group, rid, out, gone):
         backend = HostsBackend(group, entries)
         try:
             ref = _found_everywhere(backend, rid, nodes, settings)
@@ -281,18 +286,20 @@ def _silent_s(settings: Settings) -> float:
 
 @contextlib.contextmanager
 def _heartbeat(
-    entries: list[Any], settings: Settings, group: Any, rid: str, out: Reporter
-) -> Iterator[None]:
+    entries: list[Any], settings: Settings, group: Any, rid: str, out: Reporter,
+    retired: list[Any],
+) -> Iterator[None]:  # fmt: skip
     """Each node asked `true` on a connection of its own every keepalive_interval; one
     silent past the keepalive rule has its log stream closed with the reason, so the
-    follow's failure rule takes it as lost."""
+    follow's failure rule takes it as lost. A retired node that answers again has the
+    run's replaced attempt stopped there (`replaced`: it uploads nothing more either)."""
     from vmrun.recovery.heartbeat import Heartbeat
     from vmrun.ssh.connection import Connection
 
     conns: dict[str, Connection] = {}
 
     def ask(node: str, timeout: float) -> None:
-        entry = next(e for e in entries if e.label == node)
+        entry = next(e for e in [*entries, *retired] if e.label == node)
         conn = conns.setdefault(node, Connection(entry.spec, settings, label=node))
         if not conn.run(["true"], timeout=timeout).ok:
             raise RuntimeError(f"{node}: `true` failed")
@@ -305,9 +312,23 @@ def _heartbeat(
         out.info(f"run {rid}: {node}: {why}")
         group.connections[node].lose(why)
 
+    def back(node: str) -> None:
+        from vmrun.backends.hosts import records
+
+        try:
+            done = records.stop(conns[node], rid, grace=5, why="replaced")
+        except VmrunError as exc:
+            if exc.code != "run-not-found":
+                out.warn(f"run {rid}: {node} answers again; its replaced attempt: {exc.one_line()}")
+            return
+        if done.signalled:
+            out.info(f"run {rid}: {node} answers again: its replaced attempt is stopped there"
+                     f" ({len(done.signalled)} process(es))")  # fmt: skip
+
     every, silent = settings.keepalive_interval, _silent_s(settings)
     labels = [e.label for e in entries]
-    beats = Heartbeat(labels, ask, lost, forget=forget, period=every, lost_after=silent)
+    beats = Heartbeat(labels, ask, lost, forget=forget, period=every, lost_after=silent,
+                      retired=[e.label for e in retired], on_back=back)  # fmt: skip
     try:
         with beats:
             yield

@@ -6,7 +6,9 @@ would notice nothing at all. So every node is asked a trivial command every `per
 on a connection of its own; one that has not answered for `lost_after` seconds (the
 `keepalive_interval` x `keepalive_count_max` rule every connection keeps) is declared lost
 through `on_lost`, once. The supervisor closes that node's log stream with the reason, and
-the failure rule runs as for any loss."""
+the failure rule runs as for any loss. The nodes an earlier recovery replaced (`retired`)
+are asked too, until one answers again: `on_back` is told, once (the supervisor stops the
+replaced attempt that may still run there)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ Ask = Callable[[str, float], None]  # ask(node, timeout): returns when it answer
 
 
 class Heartbeat:
-    """Threads asking each node in turn (`ask`), until the block ends or the node is lost.
-    `lost`: the nodes declared lost, with how long they were silent."""
+    """Threads asking each node in turn (`ask`), until the block ends or the node is lost
+    (a retired node: until it answers). `lost`: the nodes declared lost, with how long they
+    were silent."""
 
     def __init__(
         self,
@@ -31,15 +34,21 @@ class Heartbeat:
         period: float,
         lost_after: float,
         forget: Callable[[str], None] = lambda node: None,
+        retired: Sequence[str] = (),
+        on_back: Callable[[str], None] = lambda node: None,
     ):
         self.nodes = list(nodes)
-        self.ask, self.on_lost, self.forget = ask, on_lost, forget
+        self.ask, self.on_lost, self.forget, self.on_back = ask, on_lost, forget, on_back
         self.period, self.lost_after = period, lost_after
         self.lost: dict[str, float] = {}
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._beat, args=(n,), daemon=True, name=f"vmrun-beat-{n}")
             for n in self.nodes
+        ] + [
+            threading.Thread(target=self._back, args=(n,), daemon=True, name=f"vmrun-back-{n}")
+            for n in retired
+            if n not in self.nodes
         ]
 
     def __enter__(self) -> Heartbeat:
@@ -69,3 +78,14 @@ class Heartbeat:
                 self.lost[node] = silent
                 self.on_lost(node, f"it did not answer the supervisor for {silent:.0f} s")
                 return
+
+    def _back(self, node: str) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.ask(node, self.lost_after)
+            except Exception:  # still gone
+                self.forget(node)
+                continue
+            if not self._stop.is_set():
+                self.on_back(node)
+            return

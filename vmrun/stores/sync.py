@@ -65,7 +65,7 @@ class StoreState:
     """Where a run's copy to its bucket stands, from the node's store.json (host clock)."""
 
     to: str
-    state: str  # syncing, ok, failing, done, gave-up
+    state: str  # syncing, ok, failing, done, gave-up, replaced (a newer attempt copies now)
     at: float  # when the copier last wrote this
     synced: float | None = None  # the last copy that went through
     failing_since: float | None = None
@@ -114,6 +114,8 @@ class StoreState:
             return f"{self.to}: all there"
         if self.state == "gave-up":
             return f"{self.to}: gave up ({self.error}); the files are on the host"
+        if self.state == "replaced":
+            return f"{self.to}: a newer attempt copies there now; nothing more from this host"
         if self.state == "failing":
             since = (now or time.time()) - (self.failing_since or self.at)
             return (
