@@ -175,9 +175,11 @@ round() {  # $1: 1 at the end (the record too, whatever the time); 0 when everyt
   fi
   moved=0
   [ -s "$rec/.store.list" ] && moved=1
-  if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
+  if [ $logs = 1 ]; then  # with outputs, the record, every 30 s and at the end
     : > "$rec/.store.err"
     fenced && return 3
+  fi
+  if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
     claim || return 1
     stage=$rec/.store.stage
     rm -rf "$stage" && mkdir -p "$stage" || return 1
