@@ -65,10 +65,22 @@ def rss_kib(pid: int) -> int:
 def traced(pid: int, seconds: float, out: Path) -> collections.Counter[str]:
     """Programs the process and its children exec'd while traced (strace -f)."""
     proc = subprocess.Popen(
-        ["strace", "-f", "-qq", "-e", "trace=execve", "-e", "signal=none", "-o", str(out),
-         "-p", str(pid)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=execve",
+            "-e",
+            "signal=none",
+            "-o",
+            str(out),
+            "-p",
+            str(pid),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(seconds)
     proc.send_signal(signal.SIGINT)
     proc.wait(10)
@@ -123,8 +135,12 @@ def main() -> None:
             (host.home / ".vmrun/runs/bench-1/pid").write_text("1\n")
             done = subprocess.run(
                 [sys.executable, "-m", "vmrun", "autostop", "1h", "-H", "w1"],
-                cwd=cwd, env=env, capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if done.returncode != 0:
                 sys.exit(done.stderr)
             [watchdog] = watchdogs(host)
@@ -142,20 +158,26 @@ def main() -> None:
             marked.wait()
             subprocess.run(  # the watchdog, its crontab line (outlives the bed's user), files
                 [sys.executable, "-m", "vmrun", "autostop", "--cancel", "-H", "w1"],
-                cwd=cwd, env=env, capture_output=True, check=False,
-            )  # fmt: skip
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                check=False,
+            )
         checks = counts["sleep"] or args.checks  # each check ends in one `sleep INTERVAL`
         own = (after[0] - before[0]) / CLK_TCK * 1000 / checks
         children = (after[1] - before[1]) / CLK_TCK * 1000 / checks
-        print(f"autostop watchdog, {seconds} s at --interval {args.interval}: {checks} checks"
-              f" ({how})")  # fmt: skip
+        print(
+            f"autostop watchdog, {seconds} s at --interval {args.interval}: {checks} checks ({how})"
+        )
         print(f"  resident processes: {resident} (sh), RSS {rss / 1024:.1f} MiB")
         total = sum(counts.values())
         print(f"  processes started per check: {total / checks:.2f}")
         for program, n in counts.most_common():
             print(f"    {program:<12} {n / checks:.2f} per check ({n} in all)")
-        print(f"  CPU per check: {own:.1f} ms the shell, {children:.1f} ms its children"
-              " (the nvidia-smi stand-in is a Python script)")  # fmt: skip
+        print(
+            f"  CPU per check: {own:.1f} ms the shell, {children:.1f} ms its children"
+            " (the nvidia-smi stand-in is a Python script)"
+        )
 
 
 if __name__ == "__main__":

@@ -150,8 +150,11 @@ def host_block(host: object, identity: Path, rtt_ms: float) -> tuple[str, list[s
     target = (host.addr, host.port)  # type: ignore[attr-defined]
     port, relay = delay_relay(target, rtt_ms / 1000)
     block = "".join(
-        "    HostName 127.0.0.1\n" if ln.strip().startswith("HostName") else
-        f"    Port {port}\n" if ln.strip().startswith("Port") else ln
+        "    HostName 127.0.0.1\n"
+        if ln.strip().startswith("HostName")
+        else f"    Port {port}\n"
+        if ln.strip().startswith("Port")
+        else ln
         for ln in block.splitlines(keepends=True)
-    )  # fmt: skip
+    )
     return block, [f"[127.0.0.1]:{port}"], relay

@@ -115,9 +115,12 @@ def _measure(image: str, runs: int, count: int) -> int:
     rows = []
     for run in range(runs):
         ask = cloud.UpAsk(
-            name=f"bench{run}", instance_type="g4dn.2xlarge", count=count, image=image,
+            name=f"bench{run}",
+            instance_type="g4dn.2xlarge",
+            count=count,
+            image=image,
             ssh_from="198.51.100.7/32",
-        )  # fmt: skip
+        )
         for what, work in (
             ("up", lambda a=ask: cloud.up(load_settings(), a)),
             ("down", lambda a=ask: cloud.down(load_settings(), a.name)),

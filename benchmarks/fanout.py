@@ -130,8 +130,10 @@ def _report(fleet: Fleet, rounds: int) -> float:
     _timed(fleet.vmrun(), fleet.env, fleet.cwd)  # the rest of the first time, if any
     mine = _median(fleet, fleet.vmrun(), rounds)
     late = f"; {missed.group(1)} hosts past the connect deadline" if missed else ""
-    print(f"{n} hosts: vmrun exec -- true   {mine:6.2f} s"
-          f"   (first time: {cold:.2f} s, installing vmrun's host-side files{late})")  # fmt: skip
+    print(
+        f"{n} hosts: vmrun exec -- true   {mine:6.2f} s"
+        f"   (first time: {cold:.2f} s, installing vmrun's host-side files{late})"
+    )
     for name, argv in (
         ("pdsh -R ssh (fan-out 32)", fleet.pdsh()),
         (f"pdsh -R ssh -f {n}", fleet.pdsh(n)),
@@ -169,8 +171,10 @@ def main() -> None:
                 rss_one = _timed(one, fleet.env, fleet.cwd)[1]
                 rss_all = _timed(fleet.vmrun(), fleet.env, fleet.cwd)[1]
                 per = (rss_all - rss_one) / max(1, count - 1)
-                print(f"{count} hosts: vmrun peak RSS {rss_all / 1024:.0f} MiB"
-                      f" (1 host: {rss_one / 1024:.0f} MiB; {per:.0f} KiB a host)")  # fmt: skip
+                print(
+                    f"{count} hosts: vmrun peak RSS {rss_all / 1024:.0f} MiB"
+                    f" (1 host: {rss_one / 1024:.0f} MiB; {per:.0f} KiB a host)"
+                )
             finally:
                 fleet.close()
         if args.bastion:
@@ -180,8 +184,10 @@ def main() -> None:
                 took = _median(fleet, fleet.vmrun(), args.rounds)
                 plain = direct.get(args.bastion)
                 ratio = f"   {took / plain:.2f}x direct" if plain else ""
-                print(f"{args.bastion} hosts behind one bastion (MaxStartups 10:30:100):"
-                      f" all reached, {took:.2f} s{ratio}")  # fmt: skip
+                print(
+                    f"{args.bastion} hosts behind one bastion (MaxStartups 10:30:100):"
+                    f" all reached, {took:.2f} s{ratio}"
+                )
             finally:
                 fleet.close()
 

@@ -83,8 +83,12 @@ def start_vmrun(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], 
     started = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "vmrun", "forward", str(PORT), "-H", "h1", "--local-port", "0"],
-        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     took = time.perf_counter() - started
@@ -112,9 +116,13 @@ def main() -> None:
                 fh.write(os.urandom(size))
             for path in (www, www / "small.txt", www / "big.bin"):
                 os.chown(path, host.uid, host.gid)
-            server = host.popen(["/usr/bin/python3", "-m", "http.server", "--bind", "0.0.0.0",
-                                 str(PORT)], as_user=True, cwd=str(www),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            server = host.popen(
+                ["/usr/bin/python3", "-m", "http.server", "--bind", "0.0.0.0", str(PORT)],
+                as_user=True,
+                cwd=str(www),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             procs.append(server)
             deadline = time.monotonic() + 30
             while not host.can_connect("127.0.0.1", PORT):
@@ -122,11 +130,23 @@ def main() -> None:
                     raise RuntimeError("the HTTP server did not start")
             ssh_port = free_port()
             known = home / ".ssh" / "known_hosts"
-            ssh = subprocess.Popen(["ssh", "-F", str(home / ".ssh" / "config"), "-o",
-                                    f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "-N",
-                                    "-L", f"127.0.0.1:{ssh_port}:127.0.0.1:{PORT}", "h1"],
-                                   env={**env, "HOME": str(home)},
-                                   stderr=subprocess.DEVNULL)  # fmt: skip
+            ssh = subprocess.Popen(
+                [
+                    "ssh",
+                    "-F",
+                    str(home / ".ssh" / "config"),
+                    "-o",
+                    f"UserKnownHostsFile={known}",
+                    "-o",
+                    "BatchMode=yes",
+                    "-N",
+                    "-L",
+                    f"127.0.0.1:{ssh_port}:127.0.0.1:{PORT}",
+                    "h1",
+                ],
+                env={**env, "HOME": str(home)},
+                stderr=subprocess.DEVNULL,
+            )
             procs.append(ssh)
             wait_port(ssh_port)
             to_url = []
@@ -153,12 +173,10 @@ def main() -> None:
             proc.terminate()
             proc.wait()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"vmrun forward to URL printed, median of {args.runs}: "
-          f"{statistics.median(to_url):.2f} s")  # fmt: skip
+    print(f"vmrun forward to URL printed, median of {args.runs}: {statistics.median(to_url):.2f} s")
     print(f"{'':18} {'requests/s (1 KiB, 8 at once)':>30} {'MiB/s (' + args.size + ')':>14}")
     for way in ways:
-        print(f"{way:18} {statistics.median(small[way]):30.0f} "
-              f"{statistics.median(big[way]):14.1f}")  # fmt: skip
+        print(f"{way:18} {statistics.median(small[way]):30.0f} {statistics.median(big[way]):14.1f}")
 
 
 if __name__ == "__main__":

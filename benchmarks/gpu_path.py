@@ -52,15 +52,19 @@ def health(smi: str, count: int) -> None:
         raise SystemExit(f"gpu_path: vmrun.gpus.health read {len(found)} GPU(s), not {count}")
     for gpu in found:
         said = "; ".join(f"{p.level}: {p.text}" for p in gpu.problems()) or "no problem"
-        print(f"gpu_path: health {gpu.bus} {gpu.name} pcie gen {gpu.pcie_gen} width"
-              f" {gpu.pcie_width} persistence {gpu.persistence}: {said}")  # fmt: skip
+        print(
+            f"gpu_path: health {gpu.bus} {gpu.name} pcie gen {gpu.pcie_gen} width"
+            f" {gpu.pcie_width} persistence {gpu.persistence}: {said}"
+        )
     log = subprocess.run(["dmesg"], capture_output=True, text=True)
     if log.returncode != 0:
         print(f"gpu_path: dmesg not readable here ({log.stderr.strip()[:100]}): no Xids read")
         return
     xids = parse_xids(log.stdout)
-    print(f"gpu_path: {len(xids)} kind(s) of Xid in the kernel log"
-          + "".join(f"; Xid {x.code} x{x.count} on {x.bus} ({x.level})" for x in xids))
+    print(
+        f"gpu_path: {len(xids)} kind(s) of Xid in the kernel log"
+        + "".join(f"; Xid {x.code} x{x.count} on {x.bus} ({x.level})" for x in xids)
+    )
 
 
 def main() -> int:
@@ -103,8 +107,9 @@ def main() -> int:
         n = str(len(gpus))
         nccl = work / "nccl"
         nccl.mkdir()
-        os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
-                          NCCL_DEBUG_FILE=f"{nccl}/%h.%p.log")  # fmt: skip
+        os.environ.update(
+            NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{nccl}/%h.%p.log"
+        )
         out = step("all-reduce (nccl)", [*torchrun, "--nproc-per-node", n, str(allreduce)], work)
         print("\n".join(f"gpu_path:   {x}" for x in out.splitlines() if "allreduce" in x))
         network(work)
@@ -119,8 +124,10 @@ def network(work: Path) -> None:
     import hang_watch  # type: ignore[import-not-found]
 
     transport = hang_watch.Transport(str(work))
-    print(f"gpu_path: NCCL's network {transport.seen() or '(not said)'}; RDMA devices here:"
-          f" {transport.rdma() or 'none'}; {transport.warning() or 'no warning'}")
+    print(
+        f"gpu_path: NCCL's network {transport.seen() or '(not said)'}; RDMA devices here:"
+        f" {transport.rdma() or 'none'}; {transport.warning() or 'no warning'}"
+    )
 
 
 def host_health() -> None:
@@ -129,9 +136,11 @@ def host_health() -> None:
 
     text = step("gpu_health.sh", ["sh", str(ROOT / "vmrun/hostside/gpu_health.sh")], ROOT, 60)
     health = parse_host(text)
-    print(f"gpu_path: host health: {len(health.gpus)} GPU(s), kernel log {health.kernel},"
-          f" worst {health.worst or 'none'}, flags {health.flags()}; "
-          + ("; ".join(health.lines()) or "no problem"))
+    print(
+        f"gpu_path: host health: {len(health.gpus)} GPU(s), kernel log {health.kernel},"
+        f" worst {health.worst or 'none'}, flags {health.flags()}; "
+        + ("; ".join(health.lines()) or "no problem")
+    )
 
 
 def live_stack() -> None:
@@ -139,18 +148,31 @@ def live_stack() -> None:
     if shutil.which("py-spy") is None:
         print("gpu_path: no py-spy here (pip install py-spy): live stacks not read")
         return
-    loop = ("import os, time, torch, torch.distributed as dist\n"
-            "dist.init_process_group('nccl'); torch.cuda.set_device(0)\n"
-            "t = torch.ones(1 << 20, device='cuda')\n"
-            "end = time.time() + 20\n"
-            "while time.time() < end: dist.all_reduce(t); torch.cuda.synchronize()\n")
-    env = dict(os.environ, VMRUN_RUN_ID="gpu-path", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")  # fmt: skip
+    loop = (
+        "import os, time, torch, torch.distributed as dist\n"
+        "dist.init_process_group('nccl'); torch.cuda.set_device(0)\n"
+        "t = torch.ones(1 << 20, device='cuda')\n"
+        "end = time.time() + 20\n"
+        "while time.time() < end: dist.all_reduce(t); torch.cuda.synchronize()\n"
+    )
+    env = dict(
+        os.environ,
+        VMRUN_RUN_ID="gpu-path",
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29517",
+    )
     proc = subprocess.Popen([sys.executable, "-c", loop], env=env)
     try:
         time.sleep(8)
-        said = step("stacks.py (py-spy)", [sys.executable, str(ROOT / "vmrun/hostside/stacks.py"),
-                                          "gpu-path"], ROOT, 60)  # fmt: skip
+        said = step(
+            "stacks.py (py-spy)",
+            [sys.executable, str(ROOT / "vmrun/hostside/stacks.py"), "gpu-path"],
+            ROOT,
+            60,
+        )
         from vmrun.runs.stacks import lines, parse
 
         print("\n".join(f"gpu_path:   {x}" for x in lines(parse(said, "here"))))

@@ -54,8 +54,12 @@ def main() -> None:
             _home, cwd, env = client_dirs(bed, work)
             env["VMRUN_TOOL_WHEELS"] = WHEELS
             env["OMP_NUM_THREADS"] = "1"
-            (cwd / "vmrun.toml").write_text("".join(
-                f'[[hosts]]\naddress = "{h.name}"\npython = "{CACHED_PYTHON}"\n\n' for h in hosts))
+            (cwd / "vmrun.toml").write_text(
+                "".join(
+                    f'[[hosts]]\naddress = "{h.name}"\npython = "{CACHED_PYTHON}"\n\n'
+                    for h in hosts
+                )
+            )
             shutil.copy(ROOT / "tests" / "hang_scripts" / "hang_rank.py", cwd)
             stacks = measure_stacks(hosts, cwd, env, args.rounds)
             epochs = measure_epochs(cwd, env, args.rounds)
@@ -65,17 +69,34 @@ def main() -> None:
 
 
 def vmrun(cwd: Path, env: dict[str, str], *args: str, timeout: float = 600) -> str:
-    done = subprocess.run([sys.executable, "-m", "vmrun", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vmrun", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"vmrun {' '.join(args)}: {done.stderr[-2000:]}")
     return done.stderr + done.stdout
 
 
-def measure_stacks(hosts: list, cwd: Path, env: dict[str, str],
-                   rounds: int) -> dict[str, object]:  # fmt: skip
-    said = vmrun(cwd, env, "train", "hang_rank.py", "--nproc-per-node", "2", "--detach",
-                 "--hang-timeout", "off", "--env", "HANG_RANK=-1")  # fmt: skip
+def measure_stacks(hosts: list, cwd: Path, env: dict[str, str], rounds: int) -> dict[str, object]:
+    said = vmrun(
+        cwd,
+        env,
+        "train",
+        "hang_rank.py",
+        "--nproc-per-node",
+        "2",
+        "--detach",
+        "--hang-timeout",
+        "off",
+        "--env",
+        "HANG_RANK=-1",
+    )
     rid = re.search(r"run (\S+) started on", said).group(1)  # type: ignore[union-attr]
     log = hosts[1].home / ".vmrun" / "runs" / rid / "log"
     deadline = time.monotonic() + 120
@@ -98,21 +119,33 @@ def measure_stacks(hosts: list, cwd: Path, env: dict[str, str],
     finally:
         vmrun(cwd, env, "stop", rid)
     w, h = statistics.median(warm), statistics.median(by_hand)
-    return {"stacks_first_s": round(first, 2), "stacks_warm_s": round(w, 2),
-            "by_hand_ssh_pyspy_s": round(h, 2), "stacks_vs_by_hand": round(w / h, 2)}
+    return {
+        "stacks_first_s": round(first, 2),
+        "stacks_warm_s": round(w, 2),
+        "by_hand_ssh_pyspy_s": round(h, 2),
+        "stacks_vs_by_hand": round(w / h, 2),
+    }
 
 
 def manual(cwd: Path, hosts: list, rid: str) -> None:
     """By hand: on each host at once, the run's python processes, each dumped by py-spy."""
     spy = "$(ls ~/.vmrun/tools/py-spy-*/py-spy | tail -n 1)"
-    line = (f"for p in $(pgrep -u $(id -u) -f hang_rank.py); do grep -qz VMRUN_RUN_ID={rid}"
-            f" /proc/$p/environ && grep -qz '^RANK=' /proc/$p/environ && {spy} dump --pid $p;"
-            " done")
+    line = (
+        f"for p in $(pgrep -u $(id -u) -f hang_rank.py); do grep -qz VMRUN_RUN_ID={rid}"
+        f" /proc/$p/environ && grep -qz '^RANK=' /proc/$p/environ && {spy} dump --pid $p;"
+        " done"
+    )
 
     def one(host: object) -> None:
-        ssh = ["ssh", "-F", str(cwd.parent / "home" / ".ssh" / "config"), "-o",
-               f"UserKnownHostsFile={cwd.parent / 'home' / '.ssh' / 'known_hosts'}",
-               host.name, line]  # fmt: skip
+        ssh = [
+            "ssh",
+            "-F",
+            str(cwd.parent / "home" / ".ssh" / "config"),
+            "-o",
+            f"UserKnownHostsFile={cwd.parent / 'home' / '.ssh' / 'known_hosts'}",
+            host.name,
+            line,
+        ]
         subprocess.run(ssh, capture_output=True, text=True, timeout=120, check=False)
 
     with ThreadPoolExecutor(len(hosts)) as pool:
@@ -123,19 +156,34 @@ def measure_epochs(cwd: Path, env: dict[str, str], rounds: int) -> dict[str, obj
     on: list[float] = []
     off: list[float] = []
     for n in range(rounds):
-        for watched, into in ((True, on), (False, off)) if n % 2 == 0 else ((False, off),
-                                                                              (True, on)):
+        for watched, into in (
+            ((True, on), (False, off)) if n % 2 == 0 else ((False, off), (True, on))
+        ):
             timeout = "10m" if watched else "off"
-            said = vmrun(cwd, env, "train", "--nproc-per-node", "2", "--epochs", "12",
-                         "--save-every", "6", "--hang-timeout", timeout)  # fmt: skip
+            said = vmrun(
+                cwd,
+                env,
+                "train",
+                "--nproc-per-node",
+                "2",
+                "--epochs",
+                "12",
+                "--save-every",
+                "6",
+                "--hang-timeout",
+                timeout,
+            )
             rid = re.search(r"run (\S+) started on", said).group(1)  # type: ignore[union-attr]
             vmrun(cwd, env, "fetch", "metrics", "--run", rid)
             found = next((cwd / "results" / rid).rglob("metrics.jsonl"))
             times = [json.loads(x)["epoch_time_s"] for x in found.read_text().splitlines()]
             into.append(statistics.median(times[1:]))  # the first epoch warms up
     a, b = statistics.median(on), statistics.median(off)
-    return {"epoch_s_watched": round(a, 4), "epoch_s_unwatched": round(b, 4),
-            "watched_vs_unwatched": round(a / b, 3)}
+    return {
+        "epoch_s_watched": round(a, 4),
+        "epoch_s_unwatched": round(b, 4),
+        "watched_vs_unwatched": round(a / b, 3),
+    }
 
 
 if __name__ == "__main__":

@@ -119,13 +119,42 @@ def main() -> None:
             host.run(["chown", f"{host.uid}:{host.gid}", str(template)])
             known = home / ".ssh" / "known_hosts"
             by_hand = [
-                "ssh", "-F", str(home / ".ssh" / "config"), "-o", f"UserKnownHostsFile={known}",
-                "-o", "BatchMode=yes", "d1", "docker", "run", "--rm", "--net=host", "--ipc=host",
-                "--ulimit", limit, "--ulimit", "stack=67108864", "--user",
-                f"{host.uid}:{host.gid}", "-v", f"{host.home}:{host.home}", "-w", str(host.home),
-                "-e", "OMP_NUM_THREADS=1", image, "python3", "-m", "torch.distributed.run",
-                "--standalone", "--nproc-per-node=2", "template.py", "3", "1", "--out-dir",
-            ]  # fmt: skip
+                "ssh",
+                "-F",
+                str(home / ".ssh" / "config"),
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                "d1",
+                "docker",
+                "run",
+                "--rm",
+                "--net=host",
+                "--ipc=host",
+                "--ulimit",
+                limit,
+                "--ulimit",
+                "stack=67108864",
+                "--user",
+                f"{host.uid}:{host.gid}",
+                "-v",
+                f"{host.home}:{host.home}",
+                "-w",
+                str(host.home),
+                "-e",
+                "OMP_NUM_THREADS=1",
+                image,
+                "python3",
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                "template.py",
+                "3",
+                "1",
+                "--out-dir",
+            ]
             bare = [sys.executable, "-m", "vmrun", "train", "-H", "d1", "--", "3", "1"]
             in_image = [*bare[:4], "--image", image, *bare[4:]]
             times: dict[str, list[float]] = {"bare": [], "image": [], "hand": []}
@@ -142,9 +171,11 @@ def main() -> None:
     print(f"ssh host docker run ... (by hand):      {med['hand']:6.2f} s")
     print(f"the image's start-up cost: {med['image'] / med['bare']:.2f}x the bare run")
     print(f"vmrun --image / docker run by hand: {med['image'] / med['hand']:.2f}")
-    print(f"second pull: vmrun {pull_s * 1000:.0f} ms (one command), `docker pull -q` over the"
-          f" same connection {docker_s * 1000:.0f} ms, `true` {true_s * 1000:.0f} ms")
-    print(f"vmrun's second pull / a bare docker pull: {pull_s / docker_s:.2f}")  # fmt: skip
+    print(
+        f"second pull: vmrun {pull_s * 1000:.0f} ms (one command), `docker pull -q` over the"
+        f" same connection {docker_s * 1000:.0f} ms, `true` {true_s * 1000:.0f} ms"
+    )
+    print(f"vmrun's second pull / a bare docker pull: {pull_s / docker_s:.2f}")
 
 
 if __name__ == "__main__":

@@ -104,8 +104,7 @@ def walk(edges: list[list], layers: list[list[str]]) -> dict[str, object]:
     rooms = sorted({callee for _, callee, _ in edges})
     pairs = {(caller, callee) for caller, callee, _ in edges if caller and caller != callee}
     up = sorted(f"{a} -> {b}" for a, b in pairs if rank(b, layers) < rank(a, layers))
-    return {"rooms": len(rooms), "climbs": len(up), "edges": len(pairs), "path": rooms,
-            "up": up}  # fmt: skip
+    return {"rooms": len(rooms), "climbs": len(up), "edges": len(pairs), "path": rooms, "up": up}
 
 
 def plan_walk(calls: list[list[str]], layers: list[list[str]]) -> dict[str, object]:
@@ -150,12 +149,26 @@ def main() -> None:
             _, project, env = client_dirs(bed, work)
             env["PYTHONPATH"] = str(tree)
             (project / "vmrun.toml").write_text(
-                f'[[hosts]]\naddress = "h1"\npython = "{args.python}"\n')
+                f'[[hosts]]\naddress = "h1"\npython = "{args.python}"\n'
+            )
             out = work / "calls.json"
-            argv = [sys.executable, "-c", TRACER, str(out), args.entry,
-                    "train", "-H", "h1", "--detach", "--", "1", "1"]  # fmt: skip
-            done = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True,
-                                  timeout=300)  # fmt: skip
+            argv = [
+                sys.executable,
+                "-c",
+                TRACER,
+                str(out),
+                args.entry,
+                "train",
+                "-H",
+                "h1",
+                "--detach",
+                "--",
+                "1",
+                "1",
+            ]
+            done = subprocess.run(
+                argv, cwd=project, env=env, capture_output=True, text=True, timeout=300
+            )
             if not out.exists() or "started" not in done.stderr + done.stdout:
                 sys.stderr.write(done.stdout[-2000:] + done.stderr[-2000:])
                 raise SystemExit("plan_walk: the train did not start (see above)")
@@ -167,12 +180,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"the plan's own walk: rooms {own['rooms']}, climbs {own['climbs']},"
-          f" re-entries {own['reentries']}")  # fmt: skip
+    print(
+        f"the plan's own walk: rooms {own['rooms']}, climbs {own['climbs']},"
+        f" re-entries {own['reentries']}"
+    )
     for step in own["steps"]:  # type: ignore[attr-defined]
         print(f"  {step}")
-    print(f"everything it calls: rooms {result['rooms']}, climbs {result['climbs']},"
-          f" module pairs {result['edges']}")  # fmt: skip
+    print(
+        f"everything it calls: rooms {result['rooms']}, climbs {result['climbs']},"
+        f" module pairs {result['edges']}"
+    )
     for room in result["path"]:  # type: ignore[attr-defined]
         print(f"  {room}")
     for climb in result["up"]:  # type: ignore[attr-defined]

@@ -172,8 +172,9 @@ class Bench:
         if self.profile is not None and root == ROOT:  # --profile: where this CLI's time goes
             self.profiled += 1
             python += ["-m", "cProfile", "-o", f"{self.profile}.{self.profiled}"]
-        return self.run([*python, "-m", "vmrun", "push", str(src), "--to", f"~/{dest}",
-                         *flags, *extra], root)  # fmt: skip
+        return self.run(
+            [*python, "-m", "vmrun", "push", str(src), "--to", f"~/{dest}", *flags, *extra], root
+        )
 
     def vmrun_engine(self, src: Path, dest: str, engine: str) -> Callable[[], None]:
         """vmrun's upload in this process with `engine` forced: connect, list, stream,
@@ -280,23 +281,38 @@ def main() -> None:
     parser.add_argument("--no-tree", action="store_true", help="skip the tree")
     parser.add_argument("--no-scp-tree", action="store_true", help="no `scp -r` of the tree")
     parser.add_argument(
-        "--skip-tree-cli", action="store_true", help="leave this checkout's CLI out of the"
+        "--skip-tree-cli",
+        action="store_true",
+        help="leave this checkout's CLI out of the"
         " tree's first push (with --vmrun DIR: a copy without its quadratic step)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--fan", default=None, metavar="RATE", help="also 1 vs 4 hosts, this link at RATE"
-        " (tc tbf syntax: 400mbit)",
-    )  # fmt: skip
-    parser.add_argument("--fan-hosts", type=int, default=4, choices=(2, 3, 4),
-                        help="how many hosts the fan-out sends to")  # fmt: skip
+        "--fan",
+        default=None,
+        metavar="RATE",
+        help="also 1 vs 4 hosts, this link at RATE (tc tbf syntax: 400mbit)",
+    )
     parser.add_argument(
-        "--profile", type=Path, default=None, help="write cProfile data of this checkout's"
+        "--fan-hosts",
+        type=int,
+        default=4,
+        choices=(2, 3, 4),
+        help="how many hosts the fan-out sends to",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write cProfile data of this checkout's"
         " CLI runs to PATH.1, PATH.2... (`python -m pstats PATH.1`)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--vmrun", type=Path, default=None, help="also the CLI of this copy of vmrun"
+        "--vmrun",
+        type=Path,
+        default=None,
+        help="also the CLI of this copy of vmrun"
         " (`git archive COMMIT vmrun | tar -x -C DIR`, or a patched one), in the same rounds",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     size = parse_size(args.size)
 
@@ -407,12 +423,18 @@ def large(b: Bench, big: Path, size: int, args: argparse.Namespace) -> None:
     goal = _goal(args.rtt, size)
     cli = results["vmrun push (CLI)"][0]
     where = f"{args.rtt:g} ms RTT" if args.rtt else "loopback"
-    verdict(f"large file at {where}, vmrun push vs scp", results["scp (default cipher)"][0] / cli,
-            goal, ">=")  # fmt: skip
-    verdict(f"large file at {where}, vmrun push vs scp (gcm)", results["scp (gcm)"][0] / cli,
-            goal, ">=")  # fmt: skip
-    verdict(f"large file at {where}, vmrun push vs rsync -a", results["rsync -a"][0] / cli,
-            goal, ">=")  # fmt: skip
+    verdict(
+        f"large file at {where}, vmrun push vs scp",
+        results["scp (default cipher)"][0] / cli,
+        goal,
+        ">=",
+    )
+    verdict(
+        f"large file at {where}, vmrun push vs scp (gcm)", results["scp (gcm)"][0] / cli, goal, ">="
+    )
+    verdict(
+        f"large file at {where}, vmrun push vs rsync -a", results["rsync -a"][0] / cli, goal, ">="
+    )
 
 
 def large_fetch(b: Bench, big: Path, size: int, args: argparse.Namespace) -> None:
@@ -445,13 +467,21 @@ def large_fetch(b: Bench, big: Path, size: int, args: argparse.Namespace) -> Non
         "vmrun download (library)": vmrun_fetch,
     }
     results = rounds(cases, args.rounds, clear)
-    table(f"large file ({size / 2**20:.0f} MiB), fetched into an empty folder each time",
-          results, size, {"scp": "scp (default cipher)", "scp(gcm)": "scp (gcm)"})  # fmt: skip
+    table(
+        f"large file ({size / 2**20:.0f} MiB), fetched into an empty folder each time",
+        results,
+        size,
+        {"scp": "scp (default cipher)", "scp(gcm)": "scp (gcm)"},
+    )
     goal = _goal(args.rtt, size)
     where = f"{args.rtt:g} ms RTT" if args.rtt else "loopback"
     ours = results["vmrun download (library)"][0]
-    verdict(f"large file at {where}, vmrun fetch vs scp", results["scp (default cipher)"][0] / ours,
-            goal, ">=")  # fmt: skip
+    verdict(
+        f"large file at {where}, vmrun fetch vs scp",
+        results["scp (default cipher)"][0] / ours,
+        goal,
+        ">=",
+    )
 
 
 def small(b: Bench, tree: Path, args: argparse.Namespace) -> None:
@@ -472,22 +502,33 @@ def small(b: Bench, tree: Path, args: argparse.Namespace) -> None:
     )
     mine = [name for name in first if "CLI" in name]
     for name in mine:
-        verdict(f"tree first push, {name} vs rsync -a", first["rsync -a"][0] / first[name][0],
-                2.0, ">=")  # fmt: skip
+        verdict(
+            f"tree first push, {name} vs rsync -a", first["rsync -a"][0] / first[name][0], 2.0, ">="
+        )
     rs, vm = "pb/again-rsync", "pb/again-vmrun"
     b.clear(rs, vm)()
     b.rsync(tree, rs)()
     b.vmrun_cli(tree, vm, root=b.other if args.skip_tree_cli and b.other else ROOT)()
-    cases = {"rsync -a (nothing to send)": b.rsync(tree, rs),
-             "vmrun push (nothing to send)": b.vmrun_cli(tree, vm)}  # fmt: skip
+    cases = {
+        "rsync -a (nothing to send)": b.rsync(tree, rs),
+        "vmrun push (nothing to send)": b.vmrun_cli(tree, vm),
+    }
     if b.other:
         cases[f"... CLI of {b.other.name} (nothing to send)"] = b.vmrun_cli(tree, vm, root=b.other)
     again = rounds(cases, args.rounds, lambda: None)
-    table(f"{args.files}-file tree re-pushed, nothing changed", again, 0,
-          {"rsync": "rsync -a (nothing to send)"})  # fmt: skip
+    table(
+        f"{args.files}-file tree re-pushed, nothing changed",
+        again,
+        0,
+        {"rsync": "rsync -a (nothing to send)"},
+    )
     for name in list(again)[1:]:
-        verdict(f"no-change re-push, {name}, time vs rsync -a",
-                again[name][0] / again["rsync -a (nothing to send)"][0], 1.0, "<=")  # fmt: skip
+        verdict(
+            f"no-change re-push, {name}, time vs rsync -a",
+            again[name][0] / again["rsync -a (nothing to send)"][0],
+            1.0,
+            "<=",
+        )
 
 
 def fan(b: Bench, bed: object, big: Path, size: int, args: argparse.Namespace) -> None:
@@ -497,8 +538,21 @@ def fan(b: Bench, bed: object, big: Path, size: int, args: argparse.Namespace) -
         big.parent.mkdir(exist_ok=True)
         make_file(big, size)
     link = bed.root_link  # type: ignore[attr-defined]
-    limit = ["tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", args.fan,
-             "burst", "256k", "latency", "200ms"]  # fmt: skip
+    limit = [
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        link,
+        "root",
+        "tbf",
+        "rate",
+        args.fan,
+        "burst",
+        "256k",
+        "latency",
+        "200ms",
+    ]
     done = subprocess.run(limit, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"\nfan-out skipped: `tc ... tbf` failed here: {done.stderr.strip()}")
@@ -515,8 +569,7 @@ def fan(b: Bench, bed: object, big: Path, size: int, args: argparse.Namespace) -
         os.link(big, folder / big.name)
     addrs = {h.name: h.addr for h in bed.hosts()}  # type: ignore[attr-defined]
     addrs["h1"] = b.host.addr  # type: ignore[attr-defined]  # the benchmark's own host
-    private = "".join(f'[[hosts]]\naddress = "{h}"\nprivate_addr = "{addrs[h]}"\n\n'
-                      for h in hosts)  # fmt: skip
+    private = "".join(f'[[hosts]]\naddress = "{h}"\nprivate_addr = "{addrs[h]}"\n\n' for h in hosts)
     toml = b.project / "vmrun.toml"
 
     def clear_all() -> None:
@@ -537,34 +590,56 @@ def fan(b: Bench, bed: object, big: Path, size: int, args: argparse.Namespace) -
         clear_all()
         started = time.perf_counter()
         traced = subprocess.run(
-            [sys.executable, "-m", "vmrun", "push", str(folder), "--to", f"~/{d}",
-             *[w for h in hosts for w in ("-H", h)], "--json"],
-            env=b.env, cwd=b.project, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vmrun",
+                "push",
+                str(folder),
+                "--to",
+                f"~/{d}",
+                *[w for h in hosts for w in ("-H", h)],
+                "--json",
+            ],
+            env=b.env,
+            cwd=b.project,
+            capture_output=True,
+            text=True,
+        )
         whole = time.perf_counter() - started
         if traced.returncode == 0:  # where the time goes: each hop's start and end
             print(f"\nhost to host, no setting, traced: {whole:.2f} s in all")
             for item in json.loads(traced.stdout)["hosts"]:
-                print(f"  {item['host']}: from {item['via'] or 'here'},"
-                      f" {item.get('began_s')} s to {item.get('ended_s')} s")  # fmt: skip
+                print(
+                    f"  {item['host']}: from {item['via'] or 'here'},"
+                    f" {item.get('began_s')} s to {item.get('ended_s')} s"
+                )
         else:
             print(f"\nhost to host, traced: failed: {traced.stderr.strip()[-300:]}")
         results = rounds(
-            {"vmrun push, 1 host": b.vmrun_cli(big, d, hosts[:1], extra=("--no-relay",)),
-             f"vmrun push, {n} hosts": b.vmrun_cli(big, d, hosts, extra=("--no-relay",)),
-             f"vmrun push, {n} hosts, host to host": b.vmrun_cli(folder, d, hosts),
-             f"vmrun push, {n} hosts, host to host, private_addr":
-                 with_toml(private, b.vmrun_cli(folder, d, hosts))},
+            {
+                "vmrun push, 1 host": b.vmrun_cli(big, d, hosts[:1], extra=("--no-relay",)),
+                f"vmrun push, {n} hosts": b.vmrun_cli(big, d, hosts, extra=("--no-relay",)),
+                f"vmrun push, {n} hosts, host to host": b.vmrun_cli(folder, d, hosts),
+                f"vmrun push, {n} hosts, host to host, private_addr": with_toml(
+                    private, b.vmrun_cli(folder, d, hosts)
+                ),
+            },
             args.rounds,
             clear_all,
-        )  # fmt: skip
+        )
     finally:
         toml.unlink(missing_ok=True)
         subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], check=False)
         for h in bed.hosts():  # type: ignore[attr-defined]
             h.run(["rm", "-rf", "pb"], as_user=True, timeout=600)
-    table(f"large file ({size / 2**20:.0f} MiB) to 1 and to {n} hosts, this link at {args.fan}"
-          " (MB/s: per host)", results, size, {})  # fmt: skip
+    table(
+        f"large file ({size / 2**20:.0f} MiB) to 1 and to {n} hosts, this link at {args.fan}"
+        " (MB/s: per host)",
+        results,
+        size,
+        {},
+    )
     one = results["vmrun push, 1 host"][0]
     verdict(f"{n} hosts, time vs 1 host", results[f"vmrun push, {n} hosts"][0] / one, 1.3, "<=")
     for row in (f"{n} hosts, host to host", f"{n} hosts, host to host, private_addr"):

@@ -76,9 +76,11 @@ def run(bed: object, work: Path, size: int, args: argparse.Namespace) -> None:
         finally:
             subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], check=False)
     n = len(hosts)
-    print(f"\n{size / 2**20:.0f} MiB to {n} host(s); this machine's link at {args.rate};"
-          f" bucket: moto's S3 server on the hosts' network ({args.rounds} round(s),"
-          " medians)")  # fmt: skip
+    print(
+        f"\n{size / 2**20:.0f} MiB to {n} host(s); this machine's link at {args.rate};"
+        f" bucket: moto's S3 server on the hosts' network ({args.rounds} round(s),"
+        " medians)"
+    )
     for row, (median, _) in results.items():
         print(f"  {row:<48} {median:8.2f} s")
     here = results[f"vmrun push data/, {n} hosts, all from here"][0]
@@ -100,23 +102,51 @@ def _measure(
     (data / "big.bin").write_bytes(os.urandom(size))
     name = new_bucket(endpoint)
     client(endpoint).upload_file(str(data / "big.bin"), name, "ds/big.bin")
-    subprocess.run(["tc", "qdisc", "add", "dev", bed.root_link, "root", "tbf", "rate",  # type: ignore[attr-defined]
-                    args.rate, "burst", "256k", "latency", "200ms"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            bed.root_link,
+            "root",
+            "tbf",
+            "rate",  # type: ignore[attr-defined]
+            args.rate,
+            "burst",
+            "256k",
+            "latency",
+            "200ms",
+        ],
+        check=True,
+    )
     flags = [w for h in hosts for w in ("-H", h.name)]
     first = hosts[0]
     conf = first.home / "bench.conf"  # rclone by hand, as a user would configure it
-    conf.write_text(f"[store]\ntype = s3\nprovider = Other\naccess_key_id = {KEY}\n"
-                    f"secret_access_key = {SECRET}\nendpoint = {endpoint}\n")  # fmt: skip
+    conf.write_text(
+        f"[store]\ntype = s3\nprovider = Other\naccess_key_id = {KEY}\n"
+        f"secret_access_key = {SECRET}\nendpoint = {endpoint}\n"
+    )
     os.chown(conf, first.uid, first.gid)
 
     def vmrun(*argv: str) -> Callable[[], None]:
-        return _run([sys.executable, "-m", "vmrun", "push", *argv, "--to", "~/pb", *flags],
-                    env, project)  # fmt: skip
+        return _run(
+            [sys.executable, "-m", "vmrun", "push", *argv, "--to", "~/pb", *flags], env, project
+        )
 
     def by_hand() -> None:
-        first.run([str(first.home / ".vmrun" / "bin" / "rclone"), "--config", str(conf),
-                   "copy", f"store:{name}/ds", str(first.home / "pb" / "ds")],
-                  as_user=True, timeout=3600)  # fmt: skip
+        first.run(
+            [
+                str(first.home / ".vmrun" / "bin" / "rclone"),
+                "--config",
+                str(conf),
+                "copy",
+                f"store:{name}/ds",
+                str(first.home / "pb" / "ds"),
+            ],
+            as_user=True,
+            timeout=3600,
+        )
 
     def clear() -> None:
         for host in hosts:

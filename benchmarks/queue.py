@@ -66,16 +66,38 @@ def main() -> None:
 
 
 def vmrun(cwd: Path, env: dict[str, str], *args: str, timeout: float = 600) -> str:
-    done = subprocess.run([sys.executable, "-m", "vmrun", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vmrun", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"vmrun {' '.join(args)}: {done.stderr[-2000:]}")
     return done.stdout + done.stderr
 
 
 def measure_make(cwd: Path, env: dict[str, str], shared: Path) -> dict[str, object]:
-    argv = ["setup", "-H", "b1", "-H", "b2", "-H", "b3", "--slurm", "bench", "--shared",
-            str(shared), "--env-manager", "python", "--python", CACHED_PYTHON]  # fmt: skip
+    argv = [
+        "setup",
+        "-H",
+        "b1",
+        "-H",
+        "b2",
+        "-H",
+        "b3",
+        "--slurm",
+        "bench",
+        "--shared",
+        str(shared),
+        "--env-manager",
+        "python",
+        "--python",
+        CACHED_PYTHON,
+    ]
     results: dict[str, object] = {}
     for key in ("make_first", "make_again"):
         started = time.monotonic()
@@ -89,9 +111,14 @@ def measure_make(cwd: Path, env: dict[str, str], shared: Path) -> dict[str, obje
 def first_line_after(cwd: Path, env: dict[str, str], *args: str) -> float:
     """Seconds from the command's start to the script's first output line."""
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "vmrun", "train", *args, "first_line.py"],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vmrun", "train", *args, "first_line.py"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     seen = None
     for line in proc.stdout:

@@ -90,11 +90,35 @@ def measure(bed: object, work: Path, kill: str, n: int) -> dict[str, float]:
         name = new_bucket(endpoint)
         h1, h2, h3, h4 = hosts
         done = subprocess.run(
-            [sys.executable, "-m", "vmrun", "train", "-H", h1.name, "-H", h2.name,
-             "--nproc-per-node", "1", "--epochs", "400", "--save-every", "5", "--store",
-             f"s3://{name}/runs", "--recover", "--supervisor", h3.name, "--spare", h4.name],
-            env=env, cwd=project, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vmrun",
+                "train",
+                "-H",
+                h1.name,
+                "-H",
+                h2.name,
+                "--nproc-per-node",
+                "1",
+                "--epochs",
+                "400",
+                "--save-every",
+                "5",
+                "--store",
+                f"s3://{name}/runs",
+                "--recover",
+                "--supervisor",
+                h3.name,
+                "--spare",
+                h4.name,
+            ],
+            env=env,
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if done.returncode != 0:
             raise SystemExit(done.stderr[-3000:])
         rid = re.search(r"run (\S+) (?:started|resumed) on", done.stderr).group(1)  # type: ignore[union-attr]
@@ -106,7 +130,7 @@ def measure(bed: object, work: Path, kill: str, n: int) -> dict[str, float]:
         ):
             if time.monotonic() > deadline:
                 raise SystemExit("no snapshot in the bucket")
-            time.sleep(0.2)  # fmt: skip
+            time.sleep(0.2)
         lost, master = (h1, h4) if kill == "master" else (h2, h1)
         fault = time.time()
         if state is None:
@@ -121,9 +145,13 @@ def measure(bed: object, work: Path, kill: str, n: int) -> dict[str, float]:
         banner, first = found
         failed = event["failure"]
         redone = max(0, (failed.get("reached") or 0) - (failed.get("epoch") or 0))
-        return {"detection": event["at"] - fault, "resume": banner - event["at"],
-                "first epoch": first - banner, "fault to first epoch": first - fault,
-                "epochs redone": redone}  # fmt: skip
+        return {
+            "detection": event["at"] - fault,
+            "resume": banner - event["at"],
+            "first epoch": first - banner,
+            "fault to first epoch": first - fault,
+            "epochs redone": redone,
+        }
 
 
 def first_epoch_after_banner(record: Path) -> tuple[float, float] | None:

@@ -53,26 +53,55 @@ def main() -> None:
         keys = ClientKeys.generate(work / "keys")
         with NetnsBed(work / "bed", keys) as bed:
             watcher = bed.add_host("watcher")
-            with CloudBed(bed, work / "cloud", instances=["n1", "n2", "n3"], listen="main",
-                          on_boot=lambda h: install_mover(h, rclone)) as cloud:  # fmt: skip
+            with CloudBed(
+                bed,
+                work / "cloud",
+                instances=["n1", "n2", "n3"],
+                listen="main",
+                on_boot=lambda h: install_mover(h, rclone),
+            ) as cloud:
                 cwd, env = _laptop(work, keys, watcher, cloud)
 
                 def vmrun(*args: str) -> str:
                     argv = cloud.argv([sys.executable, "-m", "vmrun", *args], env=env)
-                    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
-                                          text=True, timeout=600)  # fmt: skip
+                    done = subprocess.run(
+                        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+                    )
                     if done.returncode != 0:
                         raise SystemExit(f"vmrun {args[0]}: {done.stderr[-3000:]}")
                     return done.stderr
 
                 net = ipaddress.ip_network(f"{watcher.addr_on('main')}/16", strict=False)
-                vmrun("up", "c1", "--type", "g4dn.2xlarge", "--user", cloud.user, "-n", "2",
-                      "--ssh-from", str(net))  # fmt: skip
+                vmrun(
+                    "up",
+                    "c1",
+                    "--type",
+                    "g4dn.2xlarge",
+                    "--user",
+                    cloud.user,
+                    "-n",
+                    "2",
+                    "--ssh-from",
+                    str(net),
+                )
                 vmrun("setup", "@c1", "--python", CACHED_PYTHON, "--torch", TORCH_SPEC)
                 bucket = new_bucket(cloud.endpoint)
-                said = vmrun("train", "-H", "@c1", "--nproc-per-node", "1", "--epochs", "400",
-                             "--save-every", "5", "--store", f"s3://{bucket}/runs",
-                             "--recover", "--supervisor", "watcher")  # fmt: skip
+                said = vmrun(
+                    "train",
+                    "-H",
+                    "@c1",
+                    "--nproc-per-node",
+                    "1",
+                    "--epochs",
+                    "400",
+                    "--save-every",
+                    "5",
+                    "--store",
+                    f"s3://{bucket}/runs",
+                    "--recover",
+                    "--supervisor",
+                    "watcher",
+                )
                 rid = re.search(r"run (\S+) started on", said).group(1)  # type: ignore[union-attr]
                 n1, n2, _ = cloud.hosts
                 record = n1.home / ".vmrun" / "runs" / rid
@@ -88,9 +117,13 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     new_vm = facts["new_vm_s"]
-    rows = {"detection": decided - fault, "new VM (launch, SSH, setup)": new_vm,
-            "second look + resume": banner - decided - new_vm, "first epoch": first - banner,
-            "fault to first epoch": first - fault}  # fmt: skip
+    rows = {
+        "detection": decided - fault,
+        "new VM (launch, SSH, setup)": new_vm,
+        "second look + resume": banner - decided - new_vm,
+        "first epoch": first - banner,
+        "fault to first epoch": first - fault,
+    }
     print("\n--recover, a VM of an up cluster lost, a new VM in its place:")
     for key, value in rows.items():
         print(f"  {key:<30} {value:7.2f} s")
@@ -116,10 +149,16 @@ def _laptop(work: Path, keys: Any, watcher: Any, cloud: Any) -> tuple[Path, dict
         f'[[hosts]]\nname = "watcher"\naddress = "{address}"\npython = "{CACHED_PYTHON}"\n'
     )
     wheels = CACHE / f"wheelhouse-supervisor-{wheels_key(requirements(True))}"
-    env = {**cloud.env(), "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT),
-           "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-           "VMRUN_SUPERVISOR_WHEELS": str(wheels)}  # fmt: skip
+    env = {
+        **cloud.env(),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(ROOT),
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "VMRUN_SUPERVISOR_WHEELS": str(wheels),
+    }
     return cwd, env
 
 

@@ -39,11 +39,21 @@ def _lines(world: int, seed: int) -> str:
     for e in range(1, EPOCHS + 1):
         wobble = 1 + 0.03 * ((e * 7 + seed) % 5 - 2)
         loss = 2.3 * 0.93**e + 0.05
-        out.append(json.dumps({
-            "epoch": e, "loss": loss, "samples_per_s": rate * wobble,
-            "epoch_time_s": 65536 / (rate * wobble), "world_size": world, "lr": 0.1,
-            "eval_loss": loss * 1.1, "accuracy": 1 - loss / 2.5, "eval_accuracy": 1 - loss / 2.4,
-        }))  # fmt: skip
+        out.append(
+            json.dumps(
+                {
+                    "epoch": e,
+                    "loss": loss,
+                    "samples_per_s": rate * wobble,
+                    "epoch_time_s": 65536 / (rate * wobble),
+                    "world_size": world,
+                    "lr": 0.1,
+                    "eval_loss": loss * 1.1,
+                    "accuracy": 1 - loss / 2.5,
+                    "eval_accuracy": 1 - loss / 2.4,
+                }
+            )
+        )
     return "\n".join(out) + "\n"
 
 
@@ -59,21 +69,41 @@ def build(project: Path) -> list[str]:
             (run / "metrics.jsonl").write_text(_lines(world, i))
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(start))
             end = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(start + 300))
-            (run / "run.json").write_text(json.dumps({
-                "id": rid, "template": True, "launcher": "torchrun", "args": [str(EPOCHS), "5"],
-                "nproc": str(world), "start_time": stamp, "end_time": end, "exit_code": 0,
-            }))  # fmt: skip
+            (run / "run.json").write_text(
+                json.dumps(
+                    {
+                        "id": rid,
+                        "template": True,
+                        "launcher": "torchrun",
+                        "args": [str(EPOCHS), "5"],
+                        "nproc": str(world),
+                        "start_time": stamp,
+                        "end_time": end,
+                        "exit_code": 0,
+                    }
+                )
+            )
         else:
             for h, host in enumerate(("n1", "n2")):
                 place = run / host
                 place.mkdir(parents=True)
                 if h == 0:
                     (place / "metrics.jsonl").write_text(_lines(world, i))
-                (place / "run.json").write_text(json.dumps({
-                    "id": rid, "template": True, "launcher": "torchrun", "host": host,
-                    "args": [str(EPOCHS), "5"], "nproc": str(world // 2),
-                    "nodes": ["n1", "n2"], "nnodes": "2", "started": start,
-                }))  # fmt: skip
+                (place / "run.json").write_text(
+                    json.dumps(
+                        {
+                            "id": rid,
+                            "template": True,
+                            "launcher": "torchrun",
+                            "host": host,
+                            "args": [str(EPOCHS), "5"],
+                            "nproc": str(world // 2),
+                            "nodes": ["n1", "n2"],
+                            "nnodes": "2",
+                            "started": start,
+                        }
+                    )
+                )
                 (place / "exit_code").write_text("0\n")
                 os.utime(place / "exit_code", (start + 300, start + 300))
         ids.append(rid)

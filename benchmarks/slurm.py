@@ -63,8 +63,9 @@ def until_first_epoch_in_file(argv: list[str], out: Path, env: dict[str, str]) -
 
 def until_first_epoch(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -107,25 +108,57 @@ def main() -> None:
             shutil.copy(ROOT / "vmrun" / "trainer" / "template.py", template)
             os.chown(template, login.uid, login.gid)
             config, known = home / ".ssh" / "config", home / ".ssh" / "known_hosts"
-            ssh = ["ssh", "-F", str(config), "-o", f"UserKnownHostsFile={known}", "-o",
-                   "BatchMode=yes", "login"]  # fmt: skip
+            ssh = [
+                "ssh",
+                "-F",
+                str(config),
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                "login",
+            ]
             hand, ours = [], []
             for i in range(args.runs):  # interleaved, so drift hits both alike
                 out = login.home / f"hand-{i}.out"
                 job = login.home / f"hand-{i}.sh"
-                job.write_text(HAND_JOB.format(out=out, python=args.python, template=template,
-                                               results=login.home / f"hand-{i}"))  # fmt: skip
+                job.write_text(
+                    HAND_JOB.format(
+                        out=out,
+                        python=args.python,
+                        template=template,
+                        results=login.home / f"hand-{i}",
+                    )
+                )
                 os.chown(job, login.uid, login.gid)
                 hand.append(until_first_epoch_in_file([*ssh, "sbatch", str(job)], out, env))
                 cluster.cancel_all_and_wait(timeout=120)
-                vmrun = [sys.executable, "-m", "vmrun", "train", "-C", "bed", "--nodes", "2",
-                         "--nproc-per-node", "1", "--", "3", "1"]  # fmt: skip
+                vmrun = [
+                    sys.executable,
+                    "-m",
+                    "vmrun",
+                    "train",
+                    "-C",
+                    "bed",
+                    "--nodes",
+                    "2",
+                    "--nproc-per-node",
+                    "1",
+                    "--",
+                    "3",
+                    "1",
+                ]
                 ours.append(until_first_epoch(vmrun, project, env))
                 cluster.cancel_all_and_wait(timeout=120)
             held = cluster.run_on_login(
-                ["sh", "-c", f'i=0; while [ $i -lt {args.queued} ]; do sbatch -H --wrap true'
-                 ' >/dev/null || exit 1; i=$((i+1)); done'], timeout=600,
-            )  # fmt: skip
+                [
+                    "sh",
+                    "-c",
+                    f"i=0; while [ $i -lt {args.queued} ]; do sbatch -H --wrap true"
+                    " >/dev/null || exit 1; i=$((i+1)); done",
+                ],
+                timeout=600,
+            )
             assert held.returncode == 0, held.stderr
             before = sessions(cluster)
             t0 = time.perf_counter()

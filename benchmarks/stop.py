@@ -62,8 +62,12 @@ def main() -> None:
         def vmrun(*argv: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [sys.executable, "-m", "vmrun", *argv, "-H", host.name],
-                cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
 
         from vmrun.backends.hosts import records
         from vmrun.ssh.connection import Connection

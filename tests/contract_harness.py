@@ -55,9 +55,17 @@ class Gate:
 
     def plan(self) -> Plan:
         env = {"CONTRACT_GATE": str(self.gate), "CONTRACT_BEGAN": str(self.began_file)}
-        return Plan(script=self.project / "train.py", is_template=False, name="contract",
-                    args=[], launcher="python", nproc=None, max_restarts=0, env=env,
-                    project=self.project)  # fmt: skip
+        return Plan(
+            script=self.project / "train.py",
+            is_template=False,
+            name="contract",
+            args=[],
+            launcher="python",
+            nproc=None,
+            max_restarts=0,
+            env=env,
+            project=self.project,
+        )
 
     def began(self) -> bool:
         return self.began_file.exists()

@@ -38,8 +38,13 @@ class SlurmHarness(Gate):
         self.conn = LocalConnection("bed", self.home, self.slurm / "bin")
         cluster = Cluster("bed", "login", python=sys.executable)
         spec = check_spec(SlurmOptions().job_spec(cluster, None), "python")
-        self.backend = SlurmBackend(self.conn, cluster, spec, poll=0.05,  # type: ignore[arg-type]
-                                    unanswered_limit=30)  # fmt: skip
+        self.backend = SlurmBackend(
+            self.conn,
+            cluster,
+            spec,
+            poll=0.05,  # type: ignore[arg-type]
+            unanswered_limit=30,
+        )
         self.backend._sync = self._copy  # type: ignore[method-assign]
 
     def _copy(self, plan: Plan, code: str, out: Reporter, progress: Progress | None) -> None:

@@ -68,11 +68,21 @@ class Job:
         used = int((s.get("end") or time.time()) - s["start"]) if s.get("start") else 0
         started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(s.get("start") or 0))
         on = NODE if s["state"] != "PENDING" else ""
-        return {"JobID": self.id, "JobArrayID": self.id, "ArrayJobID": self.id,
-                "ArrayTaskID": "N/A", "State": s["state"], "Reason": "None",
-                "StartTime": started if s.get("start") else "N/A", "NodeList": on,
-                "TimeUsed": f"{used // 60}:{used % 60:02d}", "BatchHost": on, "Name": s["name"],
-                "ExitCode": s.get("exit", "0:0"), "exit_code": "0"}  # fmt: skip
+        return {
+            "JobID": self.id,
+            "JobArrayID": self.id,
+            "ArrayJobID": self.id,
+            "ArrayTaskID": "N/A",
+            "State": s["state"],
+            "Reason": "None",
+            "StartTime": started if s.get("start") else "N/A",
+            "NodeList": on,
+            "TimeUsed": f"{used // 60}:{used % 60:02d}",
+            "BatchHost": on,
+            "Name": s["name"],
+            "ExitCode": s.get("exit", "0:0"),
+            "exit_code": "0",
+        }
 
 
 def jobs(state: Path, ids: str | None) -> list[Job]:
@@ -107,11 +117,21 @@ def sbatch(state: Path, args: list[str]) -> int:
     shutil.copy(script, job.dir / "script")  # a queued job runs the script as submitted
     chdir = os.path.abspath(opts.get("chdir") or os.getcwd())
     output = os.path.join(chdir, opts.get("output", "slurm-%j.out").replace("%j", jid))
-    job.write(state="PENDING", name=opts.get("job-name") or script.name, chdir=chdir,
-              output=output, append=opts.get("open-mode") == "append", args=rest[1:])  # fmt: skip
-    supervisor = subprocess.Popen([sys.executable, "-I", __file__, str(state), "job", jid],
-                                  start_new_session=True, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    job.write(
+        state="PENDING",
+        name=opts.get("job-name") or script.name,
+        chdir=chdir,
+        output=output,
+        append=opts.get("open-mode") == "append",
+        args=rest[1:],
+    )
+    supervisor = subprocess.Popen(
+        [sys.executable, "-I", __file__, str(state), "job", jid],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     (job.dir / "supervisor").write_text(str(supervisor.pid))  # state.json is the job's now
     print(jid if "parsable" in opts else f"Submitted batch job {jid}")
     return 0
@@ -121,13 +141,28 @@ def run_job(state: Path, args: list[str]) -> int:
     """The job's supervisor (slurmd's part): the batch script, then the job's end."""
     job = Job(state, jid := args[0])
     s = job.read()
-    env = {**os.environ, "SLURM_JOB_ID": jid, "SLURM_JOBID": jid, "SLURM_JOB_NAME": s["name"],
-           "SLURM_JOB_NODELIST": NODE, "SLURM_NODELIST": NODE, "SLURM_NNODES": "1",
-           "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": NODE, "SLURM_NTASKS": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": jid,
+        "SLURM_JOBID": jid,
+        "SLURM_JOB_NAME": s["name"],
+        "SLURM_JOB_NODELIST": NODE,
+        "SLURM_NODELIST": NODE,
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURMD_NODENAME": NODE,
+        "SLURM_NTASKS": "1",
+    }
     with open(s["output"], "ab" if s["append"] else "wb") as log:
-        proc = subprocess.Popen(["bash", job.dir / "script", *s["args"]], cwd=s["chdir"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            ["bash", job.dir / "script", *s["args"]],
+            cwd=s["chdir"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     job.write(pgid=proc.pid, state="RUNNING", start=time.time())
     if (job.dir / "cancelled").exists():  # scancel came before the pgid was known
         os.killpg(proc.pid, signal.SIGTERM)
@@ -181,8 +216,10 @@ def scontrol(state: Path, args: list[str]) -> int:
         return 0
     if args[:3] == ["show", "job", "-o"] and (state / "jobs" / args[3]).is_dir():
         v = Job(state, args[3]).fields()
-        print(f"JobId={v['JobID']} JobName={v['Name']} JobState={v['State']} Reason=None"
-              f" ExitCode={v['ExitCode']} NodeList={v['NodeList'] or '(null)'}")  # fmt: skip
+        print(
+            f"JobId={v['JobID']} JobName={v['Name']} JobState={v['State']} Reason=None"
+            f" ExitCode={v['ExitCode']} NodeList={v['NodeList'] or '(null)'}"
+        )
         return 0
     return unfaked("scontrol", args)
 
@@ -202,8 +239,13 @@ def scancel(state: Path, args: list[str]) -> int:
 def srun(_state: Path, args: list[str]) -> int:
     """One task, here, its lines labelled `0: ` with --label."""
     opts, command = options(list(args))
-    env = {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-           "SLURM_STEP_ID": "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_ID": "0",
+    }
     if "label" not in opts:
         status = subprocess.call(command, env=env)
     else:
@@ -228,8 +270,16 @@ def sinfo(_state: Path, args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"sbatch": sbatch, "squeue": squeue, "sacct": sacct, "scontrol": scontrol,
-                "scancel": scancel, "srun": srun, "sinfo": sinfo, "job": run_job}  # fmt: skip
+    commands = {
+        "sbatch": sbatch,
+        "squeue": squeue,
+        "sacct": sacct,
+        "scontrol": scontrol,
+        "scancel": scancel,
+        "srun": srun,
+        "sinfo": sinfo,
+        "job": run_job,
+    }
     return commands[argv[1]](Path(argv[0]), argv[2:])
 
 

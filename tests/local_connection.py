@@ -55,10 +55,15 @@ class LocalConnection:
     ) -> CommandResult:
         started = time.monotonic()
         with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(local_argv(argv, self.home), env={**self.env, **(env or {})},
-                                    cwd=self.home, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=err,
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                local_argv(argv, self.home),
+                env={**self.env, **(env or {})},
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
             fired = threading.Event()  # the command ran past its timeout, and was ended
 
             def expire() -> None:
@@ -80,10 +85,19 @@ class LocalConnection:
             errors = _Lines("err", on_output)
             errors.feed(err.read())
         if fired.is_set():
-            raise CommandFailed(f"{what or argv[0]} timed out after {timeout or 120:g} s",
-                                host=self.label, code="timeout")  # fmt: skip
-        result = CommandResult(self.label, tuple(argv), status if status >= 0 else 128 - status,
-                               out.text(), errors.text(), time.monotonic() - started)  # fmt: skip
+            raise CommandFailed(
+                f"{what or argv[0]} timed out after {timeout or 120:g} s",
+                host=self.label,
+                code="timeout",
+            )
+        result = CommandResult(
+            self.label,
+            tuple(argv),
+            status if status >= 0 else 128 - status,
+            out.text(),
+            errors.text(),
+            time.monotonic() - started,
+        )
         if check and not result.ok:
             raise command_failed(result, what)
         return result
@@ -91,8 +105,15 @@ class LocalConnection:
     def capture(
         self, command: str, *, stdin: bytes = b"", what: str = "", **_: Any
     ) -> tuple[int, bytes, str]:
-        done = subprocess.run(["sh", "-c", command], env=self.env, cwd=self.home, input=stdin,
-                              capture_output=True, timeout=120, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["sh", "-c", command],
+            env=self.env,
+            cwd=self.home,
+            input=stdin,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
         return done.returncode, done.stdout, done.stderr.decode(errors="replace")
 
 

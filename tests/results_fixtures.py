@@ -52,14 +52,29 @@ def local_run(
     """As `train --local` leaves it: run.json, metrics.jsonl, train.log."""
     d = results / rid
     write_metrics(d, lines)
-    (d / "run.json").write_text(json.dumps({
-        "id": rid, "status": "finished", "script": "/x/vmrun/trainer/template.py",
-        "template": True, "launcher": "torchrun", "args": [str(epochs_asked), "5"],
-        "nproc": nproc, "max_restarts": 0, "argv": [], "cwd": str(results.parent),
-        "run_dir": str(d), "env_keys": [], "python": sys.executable, "pid": 1,
-        "start_time": "2023-11-14T22:13:20+00:00", "end_time": "2023-11-14T22:14:05+00:00",
-        "exit_code": 0,
-    }))  # fmt: skip
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "id": rid,
+                "status": "finished",
+                "script": "/x/vmrun/trainer/template.py",
+                "template": True,
+                "launcher": "torchrun",
+                "args": [str(epochs_asked), "5"],
+                "nproc": nproc,
+                "max_restarts": 0,
+                "argv": [],
+                "cwd": str(results.parent),
+                "run_dir": str(d),
+                "env_keys": [],
+                "python": sys.executable,
+                "pid": 1,
+                "start_time": "2023-11-14T22:13:20+00:00",
+                "end_time": "2023-11-14T22:14:05+00:00",
+                "exit_code": 0,
+            }
+        )
+    )
     (d / "train.log").write_text("[rank0] epoch 1/3 ...\n")
     return d
 
@@ -83,14 +98,33 @@ def hosts_run(
         place.mkdir(parents=True, exist_ok=True)
         if i == 0:
             write_metrics(place, lines)
-        (place / "run.json").write_text(json.dumps({
-            "name": "template", "template": True, "launcher": "torchrun", "args": ["3", "5"],
-            "nproc_requested": None, "nproc": nproc, "max_restarts": 0, "env_keys": [],
-            "nodes": list(hosts), "master": hosts[0], "nnodes": str(len(hosts)),
-            "rdzv": None, "script": "template.py", "workdir": "vmrun/p-1", "host": host,
-            "out_dir": f"vmrun/p-1/results/{rid}", "python": "python3", "argv": [],
-            "ifname": "", "id": rid, "started": T0,
-        }))  # fmt: skip
+        (place / "run.json").write_text(
+            json.dumps(
+                {
+                    "name": "template",
+                    "template": True,
+                    "launcher": "torchrun",
+                    "args": ["3", "5"],
+                    "nproc_requested": None,
+                    "nproc": nproc,
+                    "max_restarts": 0,
+                    "env_keys": [],
+                    "nodes": list(hosts),
+                    "master": hosts[0],
+                    "nnodes": str(len(hosts)),
+                    "rdzv": None,
+                    "script": "template.py",
+                    "workdir": "vmrun/p-1",
+                    "host": host,
+                    "out_dir": f"vmrun/p-1/results/{rid}",
+                    "python": "python3",
+                    "argv": [],
+                    "ifname": "",
+                    "id": rid,
+                    "started": T0,
+                }
+            )
+        )
         (place / "log").write_text("epoch 1/3\n")
         if exits is not None:
             (place / "exit_code").write_text(f"{exits[i]}\n")
@@ -105,14 +139,32 @@ def slurm_run(
     folder; the job was requeued once (two starts, the last exit is the run's)."""
     d = results / rid
     write_metrics(d, lines)
-    (d / "run.json").write_text(json.dumps({
-        "run_id": rid, "cluster": "bed", "launcher": "torchrun", "script": "template.py",
-        "template": True, "args": ["4", "2"], "epochs": 4, "nodes": nodes,
-        "tasks_per_node": 1, "nproc_per_node": per_node, "world_size": nodes * per_node,
-        "gpus_per_node": None, "partition": None, "time": None, "max_requeues": 3,
-        "submitted": T0 - 30, "record_dir": "r", "code_dir": "c", "out_dir": "o",
-        "metrics": "o/metrics.jsonl",
-    }))  # fmt: skip
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "run_id": rid,
+                "cluster": "bed",
+                "launcher": "torchrun",
+                "script": "template.py",
+                "template": True,
+                "args": ["4", "2"],
+                "epochs": 4,
+                "nodes": nodes,
+                "tasks_per_node": 1,
+                "nproc_per_node": per_node,
+                "world_size": nodes * per_node,
+                "gpus_per_node": None,
+                "partition": None,
+                "time": None,
+                "max_requeues": 3,
+                "submitted": T0 - 30,
+                "record_dir": "r",
+                "code_dir": "c",
+                "out_dir": "o",
+                "metrics": "o/metrics.jsonl",
+            }
+        )
+    )
     (d / "starts").write_text(f"1 {int(T0)}\n2 {int(T0) + 50}\n")
     (d / "exit").write_text(f"1 requeue {int(T0) + 40}\n2 0 {int(T0) + 95}\n")
     (d / "job.log").write_text("[c1 rank0] epoch 1/4\n")
@@ -149,10 +201,23 @@ def _make_local_runs(project: Path) -> None:
         env = base_env(mark, {"PYTHONPATH": str(ROOT), "NO_COLOR": "1"})
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "vmrun", "train", "--local", "--epochs", "3",
-                 "--nproc-per-node", nproc],
-                cwd=project, env=env, capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "vmrun",
+                    "train",
+                    "--local",
+                    "--epochs",
+                    "3",
+                    "--nproc-per-node",
+                    nproc,
+                ],
+                cwd=project,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
         finally:
             kill_marked(mark)
         assert done.returncode == 0, done.stderr + done.stdout

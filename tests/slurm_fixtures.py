@@ -57,8 +57,9 @@ def slurm_docker(slurm_cluster: SlurmCluster) -> Iterator[DockerBed]:
     tar = image_tarball(CACHE)
     assert tar is not None
     computes = slurm_cluster.computes
-    with DockerBed(slurm_cluster.bed, tar, hosts=computes,
-                   group=str(slurm_cluster.login.gid)) as docker_bed:  # fmt: skip
+    with DockerBed(
+        slurm_cluster.bed, tar, hosts=computes, group=str(slurm_cluster.login.gid)
+    ) as docker_bed:
         links = [slurm_cluster.etc_slurm(host) / "docker.sock" for host in computes]
         try:
             for host, link in zip(computes, links, strict=True):

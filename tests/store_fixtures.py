@@ -47,8 +47,11 @@ def s3_server_on(host: Any, port: int = 9000) -> Iterator[str]:
     import sys
     import time
 
-    server = host.popen([sys.executable, "-m", "moto.server", "-H", host.addr, "-p", str(port)],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    server = host.popen(
+        [sys.executable, "-m", "moto.server", "-H", host.addr, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -111,8 +114,13 @@ def s3_env(endpoint: str) -> dict[str, str]:
 def client(endpoint: str) -> Any:
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
-                        aws_secret_access_key=SECRET, region_name="us-east-1")  # fmt: skip
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
 
 
 def new_bucket(endpoint: str) -> str:
@@ -133,7 +141,9 @@ def put_corrupted(endpoint: str, bucket: str, key: str, data: bytes) -> None:
 
     other = hashlib.md5(data + b"x").digest()
     client(endpoint).upload_fileobj(
-        io.BytesIO(data), bucket, key,
+        io.BytesIO(data),
+        bucket,
+        key,
         ExtraArgs={"Metadata": {"md5chksum": base64.b64encode(other).decode()}},
         Config=TransferConfig(multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20),
-    )  # fmt: skip
+    )

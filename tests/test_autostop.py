@@ -30,9 +30,17 @@ from vmrun.ssh.inventory import HostEntry, project_hosts
 
 @pytest.mark.parametrize(
     ("text", "seconds", "shown"),
-    [("30m", 1800, "30m"), ("2h", 7200, "2h"), ("90s", 90, "1m30s"), ("1h30m", 5400, "1h30m"),
-     ("1d", 86400, "1d"), ("45", 45, "45s"), (3600, 3600, "1h"), (" 10 M ", 600, "10m")],
-)  # fmt: skip
+    [
+        ("30m", 1800, "30m"),
+        ("2h", 7200, "2h"),
+        ("90s", 90, "1m30s"),
+        ("1h30m", 5400, "1h30m"),
+        ("1d", 86400, "1d"),
+        ("45", 45, "45s"),
+        (3600, 3600, "1h"),
+        (" 10 M ", 600, "10m"),
+    ],
+)
 def test_periods(text: str | int, seconds: int, shown: str) -> None:
     assert period_seconds(text) == seconds
     assert format_period(seconds) == shown
@@ -55,10 +63,13 @@ def _project(tmp_path: Path, text: str) -> Path:
 def test_a_hosts_own_value_wins_over_the_file_and_loses_to_the_environment(
     tmp_path: Path,
 ) -> None:
-    cwd = _project(tmp_path, 'autostop = "1h"\nautostop_interval = "30s"\n\n'
-                   '[[hosts]]\naddress = "a"\nautostop = "10m"\nautostop_command = ["aws", "ec2",'
-                   ' "stop-instances", "--instance-ids", "i-1"]\n\n[[hosts]]\naddress = "b"\n\n'
-                   '[[hosts]]\naddress = "c"\nautostop = "off"\n')  # fmt: skip
+    cwd = _project(
+        tmp_path,
+        'autostop = "1h"\nautostop_interval = "30s"\n\n'
+        '[[hosts]]\naddress = "a"\nautostop = "10m"\nautostop_command = ["aws", "ec2",'
+        ' "stop-instances", "--instance-ids", "i-1"]\n\n[[hosts]]\naddress = "b"\n\n'
+        '[[hosts]]\naddress = "c"\nautostop = "off"\n',
+    )
     environ = {"HOME": str(tmp_path)}
     settings = load_settings({}, cwd=cwd, environ=environ)
     a, b, c = project_hosts(settings)
@@ -79,13 +90,18 @@ def test_a_hosts_own_value_wins_over_the_file_and_loses_to_the_environment(
 
 @pytest.mark.parametrize(
     ("line", "said"),
-    [('autostop = "30x"', "vmrun.toml line 1) '30x': not a period; write it as 30m, 2h"),
-     ('autostop_sessions = "some"', "line 1) must be one of active, any, ignore, got 'some'"),
-     ("autostop_gpu_threshold = 0", "line 1) must be a percentage 1-100, got 0"),
-     ("autostop_command = 5", "must be a command line in quotes, or a list of words"),
-     ('[[hosts]]\naddress = "a"\nautostop = true', "line 3: autostop of host #1 must be a period"),
-     ('[[hosts]]\naddress = "a"\nautostop_warn = "soon"', "autostop_warn of host #1 must be")],
-)  # fmt: skip
+    [
+        ('autostop = "30x"', "vmrun.toml line 1) '30x': not a period; write it as 30m, 2h"),
+        ('autostop_sessions = "some"', "line 1) must be one of active, any, ignore, got 'some'"),
+        ("autostop_gpu_threshold = 0", "line 1) must be a percentage 1-100, got 0"),
+        ("autostop_command = 5", "must be a command line in quotes, or a list of words"),
+        (
+            '[[hosts]]\naddress = "a"\nautostop = true',
+            "line 3: autostop of host #1 must be a period",
+        ),
+        ('[[hosts]]\naddress = "a"\nautostop_warn = "soon"', "autostop_warn of host #1 must be"),
+    ],
+)
 def test_bad_settings_in_vmrun_toml_are_named_by_line(tmp_path: Path, line: str, said: str) -> None:
     cwd = _project(tmp_path, line + "\n")
     with pytest.raises(ConfigError) as caught:
@@ -94,18 +110,24 @@ def test_bad_settings_in_vmrun_toml_are_named_by_line(tmp_path: Path, line: str,
 
 
 def test_the_conf_file_is_shell_the_watchdog_reads_back(tmp_path: Path) -> None:
-    cwd = _project(tmp_path, "[[hosts]]\naddress = \"a\"\nautostop = \"30m\"\n"
-                   "autostop_command = \"gcloud compute instances stop vm-1 --zone 'eu west'\"\n"
-                   'nvidia_smi = "~/bin/nvidia-smi"\n')  # fmt: skip
+    cwd = _project(
+        tmp_path,
+        '[[hosts]]\naddress = "a"\nautostop = "30m"\n'
+        "autostop_command = \"gcloud compute instances stop vm-1 --zone 'eu west'\"\n"
+        'nvidia_smi = "~/bin/nvidia-smi"\n',
+    )
     settings = load_settings({}, cwd=cwd, environ={"HOME": str(tmp_path)})
     cfg = for_host(settings, project_hosts(settings)[0])
     assert cfg is not None
     script = cfg.conf_text() + '\nprintf "%s|" "$period" "$interval" "$poweroff" "$nvsmi" "$state"'
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.split("|")[:5] == [
-        "1800", "60", "gcloud compute instances stop vm-1 --zone 'eu west'", "~/bin/nvidia-smi",
+        "1800",
+        "60",
+        "gcloud compute instances stop vm-1 --zone 'eu west'",
+        "~/bin/nvidia-smi",
         ".vmrun/autostop.state",
-    ]  # fmt: skip
+    ]
     # shown by its program alone: the arguments of a power-off command often hold a key
     assert cfg.describe() == "powers off after 30m idle (checked every 1m; gcloud ...)"
 
@@ -115,28 +137,36 @@ def test_what_the_state_line_says() -> None:
     host_now = now - 100  # the host's clock is 100 s behind this one
     since, off = int(host_now - 300), int(host_now + 1500)
     idle = AutostopStatus.from_state(
-        "h", f"pid=7\tperiod=1800\tinterval=60\tsince={since}\toff={off}\tawake=\tblock=",
-        alive=True, host_now=host_now,
-    )  # fmt: skip
+        "h",
+        f"pid=7\tperiod=1800\tinterval=60\tsince={since}\toff={off}\tawake=\tblock=",
+        alive=True,
+        host_now=host_now,
+    )
     assert idle.period_text() == "30m" and idle.keeping_awake() == "-"
     assert 299 <= (idle.idle_for(now) or 0) <= 301
     assert abs((idle.off_at() or 0) - (now + 1500)) <= 1  # in this machine's time
     assert idle.short(now).startswith("idle 5m, off ")
     busy = AutostopStatus.from_state(
-        "h", "pid=7\tperiod=60\tsince=\toff=\tawake=run r1, GPU 0 93%\tblock=", alive=True,
+        "h",
+        "pid=7\tperiod=60\tsince=\toff=\tawake=run r1, GPU 0 93%\tblock=",
+        alive=True,
         host_now=now,
-    )  # fmt: skip
+    )
     assert busy.short() == "awake: run r1, GPU 0 93%" and busy.idle_for() is None
     blocked = AutostopStatus.from_state(
-        "h", "pid=7\tperiod=60\tsince=1\toff=61\tawake=\tblock=non-vmrun GPU process pid 9",
-        alive=True, host_now=now,
-    )  # fmt: skip
+        "h",
+        "pid=7\tperiod=60\tsince=1\toff=61\tawake=\tblock=non-vmrun GPU process pid 9",
+        alive=True,
+        host_now=now,
+    )
     assert blocked.short() == "blocked: non-vmrun GPU process pid 9"
     assert blocked.keeping_awake() == "non-vmrun GPU process pid 9: never powers off while it runs"
     failing = AutostopStatus.from_state(
-        "h", "pid=7\tperiod=60\tsince=1\toff=61\tnote=power-off command failed (exit 1) at 61",
-        alive=True, host_now=now,
-    )  # fmt: skip
+        "h",
+        "pid=7\tperiod=60\tsince=1\toff=61\tnote=power-off command failed (exit 1) at 61",
+        alive=True,
+        host_now=now,
+    )
     assert failing.keeping_awake() == "-; its last power-off command failed (see the log)"
     dead = AutostopStatus.from_state("h", "pid=7\tperiod=60", alive=False, host_now=now)
     assert dead.short() == "not running"
@@ -155,8 +185,9 @@ def _home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (home / ".vmrun" / "runs").mkdir(parents=True)
     (home / "bin").mkdir()
     poweroff = home / "bin" / "poweroff-standin"
-    poweroff.write_text('#!/bin/sh\n# STAND-IN power-off: records the call\necho "called $*" '
-                        '>> "$HOME/calls"\n')  # fmt: skip
+    poweroff.write_text(
+        '#!/bin/sh\n# STAND-IN power-off: records the call\necho "called $*" >> "$HOME/calls"\n'
+    )
     poweroff.chmod(0o755)
     env = {"HOME": str(home), "PATH": f"{home / 'bin'}:/usr/bin:/bin"}
     install_hostlib(home)
@@ -170,8 +201,12 @@ def _now(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str
     cfg = for_host(settings, HostEntry(parse_host("x")), one_off=True)
     return subprocess.run(
         ["sh", "-c", source("autostop_watch.sh"), "vmrun-autostop", "now", "a test"],
-        env={**env, **conf_env(cfg)}, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        env={**env, **conf_env(cfg)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -217,20 +252,26 @@ def test_a_spent_budget_stops_the_runs_with_their_work_saved_then_powers_off(
     time; at the budget the run alive gets SIGUSR2 from budget_watch.py (its snapshot), and
     once it has ended the power-off runs, idle period or not (none here: 0)."""
     home, env = _home(tmp_path)
-    settings = load_settings({"autostop_command": ["poweroff-standin", "--budget"],
-                              "autostop_interval": "1s"}, cwd=tmp_path, environ=env)  # fmt: skip
+    settings = load_settings(
+        {"autostop_command": ["poweroff-standin", "--budget"], "autostop_interval": "1s"},
+        cwd=tmp_path,
+        environ=env,
+    )
     cfg = for_host(settings, HostEntry(parse_host("x"), vars={"autostop_budget": "2s"}))
     assert cfg is not None and (cfg.period, cfg.budget) == (0, 2)
     assert cfg.describe().startswith("powers off after 2s running in all, its runs saved first")
     conf = home / ".vmrun" / "autostop.conf"
     conf.write_text(cfg.conf_text() + "\n")
     said = tmp_path / "said"
-    catcher = (f"import pathlib, signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *_: ("
-               f"pathlib.Path({str(said)!r}).write_text('usr2'), sys.exit(0)))\ntime.sleep(60)\n")
+    catcher = (
+        f"import pathlib, signal, sys, time\nsignal.signal(signal.SIGUSR2, lambda *_: ("
+        f"pathlib.Path({str(said)!r}).write_text('usr2'), sys.exit(0)))\ntime.sleep(60)\n"
+    )
     record = home / ".vmrun" / "runs" / "r1"
     record.mkdir()
-    run = subprocess.Popen(["sh", "-c", f'{sys.executable} -c "$1"; true', "sh", catcher],
-                           start_new_session=True)  # fmt: skip
+    run = subprocess.Popen(
+        ["sh", "-c", f'{sys.executable} -c "$1"; true', "sh", catcher], start_new_session=True
+    )
     watchdog = None
     try:
         start = Path(f"/proc/{run.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -238,8 +279,9 @@ def test_a_spent_budget_stops_the_runs_with_their_work_saved_then_powers_off(
         (record / "pid_start").write_text(f"{start}\n")
         (record / "log").write_text("")
         lib = install_hostlib(home)
-        watchdog = subprocess.Popen(["sh", str(lib / "autostop_watch.sh"), ".vmrun/autostop.conf"],
-                                    env=env, cwd=home)  # fmt: skip
+        watchdog = subprocess.Popen(
+            ["sh", str(lib / "autostop_watch.sh"), ".vmrun/autostop.conf"], env=env, cwd=home
+        )
         wait_for(lambda: (home / "calls").exists(), 60, "the power-off")
     finally:
         conf.unlink(missing_ok=True)  # the watchdog ends at its next tick

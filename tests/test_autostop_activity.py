@@ -106,8 +106,12 @@ def _now(env: dict[str, str], command: list[str]) -> subprocess.CompletedProcess
     )
     return subprocess.run(
         ["sh", "-c", source("autostop_watch.sh"), "vmrun-autostop", "now", "a test"],
-        env={**env, **conf_env(cfg)}, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        env={**env, **conf_env(cfg)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 def test_a_live_vmrun_command_keeps_the_host_up_and_a_stale_marker_is_ignored(
@@ -137,8 +141,12 @@ def test_without_its_settings_the_one_off_never_powers_off(tmp_path: Path) -> No
     _home_dir, env = _home(tmp_path)
     done = subprocess.run(
         ["sh", "-c", source("autostop_watch.sh"), "vmrun-autostop", "now", "a test"],
-        env=env, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert done.returncode == 3 and done.stdout.startswith("UNSURE"), done
 
 
@@ -158,9 +166,15 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
     crontab.chmod(0o755)
     command = ["poweroff-standin", "--token", SECRET]
     settings = load_settings(
-        {"autostop_command": command, "autostop": "2s", "autostop_interval": "1s",
-         "autostop_sessions": "ignore"}, cwd=home, environ=env,
-    )  # fmt: skip
+        {
+            "autostop_command": command,
+            "autostop": "2s",
+            "autostop_interval": "1s",
+            "autostop_sessions": "ignore",
+        },
+        cwd=home,
+        environ=env,
+    )
     cfg = for_host(settings, HostEntry(parse_host("x")))
     assert cfg is not None
     argv = _install_argv("install")
@@ -170,8 +184,13 @@ def test_the_power_off_command_is_never_on_a_command_line_in_the_log_or_readable
     assert SECRET not in env_header(conf_env(cfg)).decode()  # base64, on stdin
 
     def install() -> str:  # as the wrapper runs it, with the header's variables exported
-        done = subprocess.run(local_argv(argv, home), env={**env, **conf_env(cfg)},
-                              capture_output=True, timeout=30, check=False)  # fmt: skip
+        done = subprocess.run(
+            local_argv(argv, home),
+            env={**env, **conf_env(cfg)},
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
         assert done.returncode == 0, done
         return done.stdout.decode()
 

@@ -46,9 +46,17 @@ def run(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes], Path]]:
         rec, said = tmp_path / "rec", tmp_path / "said"
         rec.mkdir()
         (tmp_path / "rank.py").write_text(script)
-        shell = subprocess.Popen(["sh", "-c", f'{sys.executable} "$1" "$2"; echo ended', "sh",
-                                  str(tmp_path / "rank.py"), str(said)],
-                                 start_new_session=True)  # fmt: skip
+        shell = subprocess.Popen(
+            [
+                "sh",
+                "-c",
+                f'{sys.executable} "$1" "$2"; echo ended',
+                "sh",
+                str(tmp_path / "rank.py"),
+                str(said),
+            ],
+            start_new_session=True,
+        )
         started.append(shell)
         stat = Path(f"/proc/{shell.pid}/stat").read_text().rsplit(")", 1)[1].split()
         (rec / "pid_start").write_text(stat[19] + "\n")
@@ -72,8 +80,11 @@ def _end(shell: subprocess.Popen[bytes]) -> None:
 def _watch(rec: Path, pid: int, seconds: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(HERE / "budget_watch.py"), str(rec), str(pid), seconds, "$8.00"],
-        env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_at_the_cap_the_ranks_that_catch_sigusr2_are_told_and_it_is_recorded(run) -> None:  # type: ignore[no-untyped-def]
@@ -88,8 +99,7 @@ def test_at_the_cap_the_ranks_that_catch_sigusr2_are_told_and_it_is_recorded(run
 
 def test_what_catches_nothing_is_stopped_after_the_grace_and_recorded_as_stopped(run) -> None:  # type: ignore[no-untyped-def]
     rec, shell, _ = run(IGNORES)
-    done = _watch(rec, shell.pid, "0.2", VMRUN_BUDGET_STARTING_S="0.5",
-                  VMRUN_BUDGET_GRACE_S="0.5")  # fmt: skip
+    done = _watch(rec, shell.pid, "0.2", VMRUN_BUDGET_STARTING_S="0.5", VMRUN_BUDGET_GRACE_S="0.5")
     assert done.returncode == 0, done.stderr
     assert (rec / "stopped").exists() and (rec / "budget").exists()
     assert "no process of the run catches SIGUSR2; stopping it" in (rec / "log").read_text()

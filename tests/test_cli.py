@@ -41,9 +41,18 @@ COMMANDS = [
 ]
 HIDDEN = {"supervise"}  # vmrun starts it on a host (train --recover); it runs, unlisted
 HEAVY = (
-    "paramiko", "fabric", "torch", "rich", "pydantic", "matplotlib", "tensorboard", "boto3",
-    "botocore", "apprise", "requests",
-)  # fmt: skip
+    "paramiko",
+    "fabric",
+    "torch",
+    "rich",
+    "pydantic",
+    "matplotlib",
+    "tensorboard",
+    "boto3",
+    "botocore",
+    "apprise",
+    "requests",
+)
 
 
 def _imports_after(args: list[str]) -> set[str]:
@@ -85,10 +94,13 @@ def test_usage_errors_are_one_line_exit_2(client: Client) -> None:
         (["nope"], "usage", "'nope'"),
         (["exec", "-H", "user@host:0", "--", "true"], "bad-host-spec", "1-65535"),
         (["exec", "-H", "a@b", "--env", "1BAD=x", "--", "true"], "usage", "1BAD"),
-        (["exec", "-H", "a@b", "--env", "NOT_SET_ANYWHERE_X", "--", "true"],
-         "env-value-missing", "NOT_SET_ANYWHERE_X"),
+        (
+            ["exec", "-H", "a@b", "--env", "NOT_SET_ANYWHERE_X", "--", "true"],
+            "env-value-missing",
+            "NOT_SET_ANYWHERE_X",
+        ),
         (["exec", "--", "true"], "no-hosts", "-H"),
-    ):  # fmt: skip
+    ):
         done = client.vmrun(*args)
         assert done.returncode == 2, (args, done.stderr)
         [(said, line)] = errors_in(done.stderr)
@@ -224,8 +236,10 @@ def test_a_cluster_without_a_shared_folder_refuses_submit_and_a_shared_false_alo
     batch script writes where it says, on whichever node); `shared = false` without the
     nodes it means is refused as a setting."""
     toml = client.cwd / "vmrun.toml"
-    toml.write_text('[[clusters]]\nname = "lab"\nlogin = "u@192.0.2.1"\nshared = false\n'
-                    'nodes = ["u@192.0.2.1", "u@192.0.2.2"]\n')  # fmt: skip
+    toml.write_text(
+        '[[clusters]]\nname = "lab"\nlogin = "u@192.0.2.1"\nshared = false\n'
+        'nodes = ["u@192.0.2.1", "u@192.0.2.2"]\n'
+    )
     (client.cwd / "job.sh").write_text("#!/bin/bash\n#SBATCH -N 1\necho hi\n")
     done = client.vmrun("submit", "job.sh", "-C", "lab", timeout=20)
     assert done.returncode == 2 and errors_in(done.stderr)[0][0] == "no-shared-folder", done.stderr

@@ -275,10 +275,20 @@ def test_an_idle_host_powers_off_after_the_period_warning_first(ac: Client, as1:
     assert warned and called_at - 4 <= warned[0][0] <= called_at, (warned, called_at)
     assert "powers off at" in warned[0][1] and "vmrun autostop --cancel" in warned[0][1]
     # the watchdog logs the command's exit once it has returned: a moment after the call
-    text = str(wait_for(lambda: "the power-off command ran" in log(as1) and log(as1), 30,
-                        "the power-off's exit in the log"))  # fmt: skip
-    for said in ("started (pid", "idle: no vmrun run, no GPU", "warned logged-in users",
-                 "powering off: idle since", "the power-off command ran (exit 0)"):  # fmt: skip
+    text = str(
+        wait_for(
+            lambda: "the power-off command ran" in log(as1) and log(as1),
+            30,
+            "the power-off's exit in the log",
+        )
+    )
+    for said in (
+        "started (pid",
+        "idle: no vmrun run, no GPU",
+        "warned logged-in users",
+        "powering off: idle since",
+        "the power-off command ran (exit 0)",
+    ):
         assert said in text, text
     assert watchdogs(as1) == [pid]  # still there: a real shutdown takes it down
 
@@ -400,12 +410,22 @@ def test_a_vmrun_runs_process_on_a_gpu_does_not_block(ac: Client, as1: TestHost)
 def ssh_session(client: Client, host: str) -> subprocess.Popen[bytes]:
     """A real interactive session: OpenSSH's client with a terminal (-tt), held open."""
     return subprocess.Popen(
-        ["ssh", "-tt", "-F", str(client.ssh_dir / "config"),
-         "-o", f"UserKnownHostsFile={client.ssh_dir / 'known_hosts'}", "-o", "BatchMode=yes",
-         host],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            "ssh",
+            "-tt",
+            "-F",
+            str(client.ssh_dir / "config"),
+            "-o",
+            f"UserKnownHostsFile={client.ssh_dir / 'known_hosts'}",
+            "-o",
+            "BatchMode=yes",
+            host,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
+    )
 
 
 def test_an_interactive_session_keeps_it_up_until_it_ends(
@@ -438,9 +458,15 @@ def boot_like_cron(host: TestHost) -> list[subprocess.Popen[bytes]]:
     for line in crontab(host).splitlines():
         if line.startswith("@reboot "):
             env = {"SHELL": "/bin/sh", "PATH": "/usr/bin:/bin"}
-            started.append(host.popen(["/bin/sh", "-c", line[len("@reboot "):]], as_user=True,
-                                      env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))  # fmt: skip
+            started.append(
+                host.popen(
+                    ["/bin/sh", "-c", line[len("@reboot ") :]],
+                    as_user=True,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
     return started
 
 
@@ -587,9 +613,16 @@ def test_setup_installs_autostop_after_it_succeeds(
     assert code == "bad-config" and said.startswith("--autostop '30x'"), bad.stderr
     assert not (as1.home / ".vmrun" / "setup").exists()  # nothing ran
     done = ac.vmrun(
-        "setup", "as1", "--python", str(host_python), "--torch", TORCH_SPEC, "--autostop", "3s",
+        "setup",
+        "as1",
+        "--python",
+        str(host_python),
+        "--torch",
+        TORCH_SPEC,
+        "--autostop",
+        "3s",
         timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "as1: autostop powers off after 3s idle" in done.stdout, done.stdout
     assert installed_pid(done.stdout, "as1") in watchdogs(as1)
@@ -610,9 +643,18 @@ def test_down_after_run_powers_off_once_the_results_are_here(
 ) -> None:
     install_standin(as1, "sudo", SUDO)
     done = trainer.vmrun(
-        "train", "-H", "as1", "--epochs", "2", "--save-every", "1", "--fetch-every", "1",
-        "--down-after-run", timeout=300,
-    )  # fmt: skip
+        "train",
+        "-H",
+        "as1",
+        "--epochs",
+        "2",
+        "--save-every",
+        "1",
+        "--fetch-every",
+        "1",
+        "--down-after-run",
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     local = trainer.cwd / "results" / rid / "finalmodel.pt"
@@ -650,9 +692,19 @@ def test_down_after_run_refusals_and_what_keeps_the_host_up(trainer: Client, as1
     with Connection("as1", trainer.settings()) as conn:
         records.start(conn, other, ".", ["sleep", "600"], {})
     done = trainer.vmrun(
-        "train", "-H", "as1", "--epochs", "1", "--save-every", "1", "--fetch-every", "1",
-        "--down-after-run", "--allow-concurrent", timeout=300,
-    )  # fmt: skip
+        "train",
+        "-H",
+        "as1",
+        "--epochs",
+        "1",
+        "--save-every",
+        "1",
+        "--fetch-every",
+        "1",
+        "--down-after-run",
+        "--allow-concurrent",
+        timeout=300,
+    )
     assert done.returncode == 14, done.stderr
     rid = run_id_of(done.stderr)
     assert (trainer.cwd / "results" / rid / "finalmodel.pt").exists()
@@ -670,9 +722,17 @@ def test_down_after_run_never_powers_off_when_the_final_fetch_failed(
         "import pathlib\np = pathlib.Path('out.bin')\np.write_bytes(b'x' * 64)\np.chmod(0)\n"
     )
     done = trainer.vmrun(
-        "train", "unreadable.py", "--launcher", "python", "-H", "as1", "--fetch-every", "1",
-        "--down-after-run", timeout=300,
-    )  # fmt: skip
+        "train",
+        "unreadable.py",
+        "--launcher",
+        "python",
+        "-H",
+        "as1",
+        "--fetch-every",
+        "1",
+        "--down-after-run",
+        timeout=300,
+    )
     rid = run_id_of(done.stderr)
     assert done.returncode == 14, done.stderr
     code, said = error_in(done.stderr)
@@ -688,9 +748,17 @@ def test_down_after_run_after_a_failed_run_fetches_what_it_made_then_powers_off(
         "import pathlib, sys\npathlib.Path('partial.txt').write_text('epoch 1')\nsys.exit(3)\n"
     )
     done = trainer.vmrun(
-        "train", "crash.py", "--launcher", "python", "-H", "as1", "--fetch-every", "1",
-        "--down-after-run", timeout=300,
-    )  # fmt: skip
+        "train",
+        "crash.py",
+        "--launcher",
+        "python",
+        "-H",
+        "as1",
+        "--fetch-every",
+        "1",
+        "--down-after-run",
+        timeout=300,
+    )
     rid = run_id_of(done.stderr)
     assert done.returncode != 0, done.stderr  # the run's failure, as without the flag
     assert (trainer.cwd / "results" / rid / "partial.txt").read_text() == "epoch 1"
@@ -771,8 +839,15 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
     install_hostlib(home)
     cfg = Autostop(3600, 1, 300, 10, "ignore", "true")
     install = local_argv(_install_argv("install"), home)[1:]  # after `sh`
-    cancel = [source("autostop_cancel.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_LOG,
-              ".vmrun/lib", "autostop_watch.sh"]  # fmt: skip
+    cancel = [
+        source("autostop_cancel.sh"),
+        "x",
+        AUTOSTOP_CONF,
+        AUTOSTOP_STATE,
+        AUTOSTOP_LOG,
+        ".vmrun/lib",
+        "autostop_watch.sh",
+    ]
     status = [source("autostop_status.sh"), "x", AUTOSTOP_CONF, AUTOSTOP_STATE, SCRIPT]
     steps = (
         "mount -t tmpfs none /run/systemd && mkdir /run/systemd/system"
@@ -780,13 +855,25 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
         'sh "$I" "$@"; echo ==; sh "$I" "$@"; echo ==; cat /etc/systemd/system/*.service;'
         ' echo ==; sh -c "$S" $SA; echo ==; sh -c "$C" $CA; echo ==; ls /etc/systemd/system'
     )
-    env = {"HOME": str(home), "PATH": f"{home / 'bin'}:/usr/bin:/bin", "I": install[0],
-           "S": status[0], "SA": " ".join(status[1:]), "C": cancel[0],
-           "CA": " ".join(cancel[1:]), **conf_env(cfg)}  # fmt: skip
+    env = {
+        "HOME": str(home),
+        "PATH": f"{home / 'bin'}:/usr/bin:/bin",
+        "I": install[0],
+        "S": status[0],
+        "SA": " ".join(status[1:]),
+        "C": cancel[0],
+        "CA": " ".join(cancel[1:]),
+        **conf_env(cfg),
+    }
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", steps, "ns", *install[1:]],
-        env=env, cwd=home, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        env=env,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     left = _pids_running(str(home / SCRIPT))
     for pid in left:
         os.killpg(pid, signal.SIGKILL)
@@ -800,10 +887,13 @@ def test_where_systemd_runs_a_unit_starts_the_watchdog(tmp_path: Path) -> None:
     assert "UNIT removed" in gone and "LEFT" not in gone, gone
     assert listing.strip() == "" and left == []
     calls = (home / "systemctl.calls").read_text().splitlines()
-    assert calls == ["systemctl daemon-reload", "systemctl enable vmrun-autostop-root.service",
-                     "systemctl restart vmrun-autostop-root.service",
-                     "systemctl disable --now vmrun-autostop-root.service",
-                     "systemctl daemon-reload"], calls  # fmt: skip
+    assert calls == [
+        "systemctl daemon-reload",
+        "systemctl enable vmrun-autostop-root.service",
+        "systemctl restart vmrun-autostop-root.service",
+        "systemctl disable --now vmrun-autostop-root.service",
+        "systemctl daemon-reload",
+    ], calls
 
 
 def _pids_running(script: str) -> list[int]:

@@ -394,8 +394,9 @@ def test_a_scripts_offline_wandb_folder_comes_back_as_the_readme_says(
     (bed_client.cwd / "train.py").write_text(WANDB_LIKE)
     (bed_client.cwd / "vmrun.toml").write_text('[[hosts]]\naddress = "h1"\npython = "python3"\n')
     try:
-        done = bed_client.vmrun("train", "train.py", "--launcher", "python",
-                                "-e", "WANDB_MODE=offline", timeout=120)  # fmt: skip
+        done = bed_client.vmrun(
+            "train", "train.py", "--launcher", "python", "-e", "WANDB_MODE=offline", timeout=120
+        )
         assert done.returncode == 0, done.stderr
         fetched = bed_client.vmrun("fetch", "wandb", "-H", "h1")
         assert fetched.returncode == 0, fetched.stderr
@@ -403,5 +404,6 @@ def test_a_scripts_offline_wandb_folder_comes_back_as_the_readme_says(
         assert (run / "run-abc123.wandb").read_bytes() == b"W&B" * 100
         assert (run / "files" / "wandb-summary.json").read_text() == '{"loss": 0.25}'
     finally:
-        subprocess.run(["rm", "-rf", str(bed["h1"].home / remote_workdir(bed_client.cwd))],
-                       check=False)  # fmt: skip
+        subprocess.run(
+            ["rm", "-rf", str(bed["h1"].home / remote_workdir(bed_client.cwd))], check=False
+        )

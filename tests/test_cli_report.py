@@ -68,8 +68,10 @@ def test_bad_runs_are_named_and_left_out(local_runs: Path, client: Client) -> No
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
     assert [(r["run"], r["error"] and r["error"]["code"]) for r in rows] == [
-        (one, None), ("bare-1", "run-data-missing"), ("nope-1", "run-data-missing"),
-    ]  # fmt: skip
+        (one, None),
+        ("bare-1", "run-data-missing"),
+        ("nope-1", "run-data-missing"),
+    ]
     warned = done.stderr.splitlines()
     assert len(warned) == 2 and "Traceback" not in done.stderr, done.stderr
     results = client.cwd / "results"
@@ -119,8 +121,11 @@ def test_a_two_host_run_is_fetched_then_reported_with_the_hosts_gone(
     assert status.returncode == 0, status.stderr
     (obj,) = [o for o in json.loads(status.stdout) if o["run"] == rid]
     assert (obj["hosts"], obj["cluster"], obj["state"], obj["exit"]) == (
-        ["n1", "n2"], None, "done", 0,
-    )  # fmt: skip
+        ["n1", "n2"],
+        None,
+        "done",
+        0,
+    )
     assert (obj["nodes"], obj["procs_per_node"], obj["world_size"]) == (2, 1, 2)
     assert (obj["epochs_done"], obj["epochs_asked"]) == (3, 3) and obj["duration_s"] > 0
 

@@ -79,8 +79,11 @@ def test_a_downloads_progress_shows_on_its_hosts_row_until_the_step_ends(
     status.event("h1", "torch: applying")
     status.progress("h1", "torch: 91.8/182.9 MiB 36.7 MiB/s", False)
     clock.now = 3.0
-    assert _render(status)["h1"] == ["torch: applying | torch: 91.8/182.9 MiB 36.7 MiB/s",
-                                     "3 s", "3 s"]  # fmt: skip
+    assert _render(status)["h1"] == [
+        "torch: applying | torch: 91.8/182.9 MiB 36.7 MiB/s",
+        "3 s",
+        "3 s",
+    ]
     assert _render(status)["h2"] == ["connecting", "3 s", "3 s"]
     status.event("h1", "verify: applying")  # the next step: the download is over
     assert _render(status)["h1"][0] == "verify: applying"

@@ -85,13 +85,28 @@ def test_template_over_two_nodes_equals_a_one_process_run(
     use_cluster(slurm_client, host_python)
     args = ["4", "2", "--batch-size", "16", "--dataset-size", "512", "--deterministic"]
     # --cpus-per-task: srun in Slurm 22.05+ takes it only from SRUN_CPUS_PER_TASK
-    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
-                              "--cpus-per-task", "2", "--", *args, timeout=300)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--cpus-per-task",
+        "2",
+        "--",
+        *args,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     c1, c2 = slurm_cluster.node_names
-    ranks = {re.match(r"\[(\S+) rank(\d)\]", ln).groups()  # type: ignore[union-attr]
-             for ln in done.stdout.splitlines() if "started: pid" in ln}  # fmt: skip
+    ranks = {
+        re.match(r"\[(\S+) rank(\d)\]", ln).groups()  # type: ignore[union-attr]
+        for ln in done.stdout.splitlines()
+        if "started: pid" in ln
+    }
     assert ranks == {(c1, "0"), (c2, "1")}, done.stdout
     final = out_dir(slurm_cluster, slurm_client, rid) / "finalmodel.pt"
     one = ["4", "2", "--batch-size", "32", "--dataset-size", "512", "--deterministic"]
@@ -123,8 +138,11 @@ def test_template_over_two_nodes_equals_a_one_process_run(
     # report and status --json read the Slurm record's shape and times
     (row,) = json.loads(slurm_client.vmrun("report", rid, "--json").stdout)
     assert (row["where"], row["nodes"], row["procs_per_node"], row["world_size"]) == (
-        "cluster", 2, 1, 2,
-    )  # fmt: skip
+        "cluster",
+        2,
+        1,
+        2,
+    )
     assert (row["epochs"], row["epochs_asked"]) == (4, 4) and row["total_time_s"] > 0
     assert row["versions"]["torch"] and row["versions"]["python"]
     listed = json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
@@ -150,16 +168,19 @@ def test_one_task_per_gpu_script_with_the_env_launcher(
         f"[{c2} rank2] rank 2 local 0 of 4 on {c2} sum 6",
         f"[{c2} rank3] rank 3 local 1 of 4 on {c2} sum 6",
     ], done.stdout
-    assert "--gpus-per-node=2" in (record_dir(slurm_cluster, run_id_of(done.stderr))
-                                   / "job.sh").read_text()  # fmt: skip
+    assert (
+        "--gpus-per-node=2"
+        in (record_dir(slurm_cluster, run_id_of(done.stderr)) / "job.sh").read_text()
+    )
 
 
 def test_mp_spawn_script_with_the_python_launcher(
     slurm_cluster: Any, slurm_client: Client, host_python: Path
 ) -> None:
     use_cluster(slurm_client, host_python)
-    done = slurm_client.vmrun("train", "-C", "bed", "mp_spawn.py", "--launcher", "python",
-                              "--", "2", timeout=300)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train", "-C", "bed", "mp_spawn.py", "--launcher", "python", "--", "2", timeout=300
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     spawned = sorted(re.findall(r"spawned rank (\d) of 2 sum 2", done.stdout))
     assert spawned == ["0", "1"], done.stdout
@@ -171,8 +192,18 @@ def test_a_failed_worker_s_own_code_and_rank_are_the_run_s(
     """Two nodes under torchrun, rank 1 (on the second) exits 3: torchrun and srun say 1,
     vmrun says 3 and names the rank, and so do the record, status and the job's own exit."""
     use_cluster(slurm_client, host_python)
-    done = slurm_client.vmrun("train", "-C", "bed", "rank1_fails.py", "--nodes", "2",
-                              "--nproc-per-node", "1", "--", timeout=300)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "rank1_fails.py",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--",
+        timeout=300,
+    )
     assert done.returncode == 3, done.stderr + done.stdout
     c2 = slurm_cluster.node_names[1]
     said = rf"exit code 3: rank 1 \(local rank 0\) on {c2}\S* exited with 3"
@@ -217,12 +248,16 @@ def test_train_data_goes_once_to_the_shared_filesystem_and_the_job_reads_it(
 
 def fill_partition(cluster: Any) -> str:
     """A job of the login user that holds every node of `debug` until cancelled."""
-    held = cluster.run_on_login(["sbatch", "--parsable", "-p", "debug", "-N", "2",
-                                 "--exclusive", "--wrap", "sleep 600"])  # fmt: skip
+    held = cluster.run_on_login(
+        ["sbatch", "--parsable", "-p", "debug", "-N", "2", "--exclusive", "--wrap", "sleep 600"]
+    )
     assert held.returncode == 0, held.stderr
     job = held.stdout.strip()
-    wait_for(lambda: "RUNNING" in cluster.run_on_login(["squeue", "-h", "-j", job, "-o", "%T"])
-             .stdout, 30, "the blocking job to run")  # fmt: skip
+    wait_for(
+        lambda: "RUNNING" in cluster.run_on_login(["squeue", "-h", "-j", job, "-o", "%T"]).stdout,
+        30,
+        "the blocking job to run",
+    )
     return job
 
 
@@ -231,8 +266,20 @@ def test_pending_with_its_reason_then_running_then_done_and_logs_f_prints_each_l
 ) -> None:
     use_cluster(slurm_client, host_python)
     blocker = fill_partition(slurm_cluster)
-    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
-                              "--epochs", "3", "--save-every", "1", "--detach")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "3",
+        "--save-every",
+        "1",
+        "--detach",
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     row = status_rows(slurm_client)[rid]
@@ -261,8 +308,9 @@ def test_stop_cancels_the_job_and_leaves_no_step_and_no_process(
     slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
 ) -> None:
     use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="1"))
-    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--epochs", "300",
-                              "--save-every", "100", "--detach")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train", "-C", "bed", "--nodes", "2", "--epochs", "300", "--save-every", "100", "--detach"
+    )
     assert done.returncode == 0, done.stderr
     rid, job = run_id_of(done.stderr), job_of(done.stderr)
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
@@ -294,8 +342,20 @@ def test_bad_input_gets_one_line_and_exit_2_with_nothing_submitted(
         assert done.returncode == 2 and said[0][0] == code and words in said[0][1], (args, said)
         assert not slurm_cluster.squeue_ids()
     # more nodes than the partition has: cancelled and said so, never followed forever
-    done = slurm_client.vmrun("train", "-C", "bed", "--partition", "one", "--nodes", "2",
-                              "--epochs", "1", "--save-every", "1", timeout=120)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--partition",
+        "one",
+        "--nodes",
+        "2",
+        "--epochs",
+        "1",
+        "--save-every",
+        "1",
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     code, said = error_in(done.stderr)
     assert code == "job-never-starts" and "it was cancelled" in said, done.stderr
@@ -306,8 +366,20 @@ def test_dry_run_prints_the_batch_script_and_submits_nothing(
     slurm_cluster: Any, slurm_client: Client, host_python: Path
 ) -> None:
     use_cluster(slurm_client, host_python, WANDB_API_KEY="s3cret-value")
-    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--time", "00:10:00",
-                              "--dry-run", "--epochs", "2", "--save-every", "1")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--nodes",
+        "2",
+        "--time",
+        "00:10:00",
+        "--dry-run",
+        "--epochs",
+        "2",
+        "--save-every",
+        "1",
+    )
     assert done.returncode == 0, done.stderr
     assert "#SBATCH --nodes=2" in done.stdout and "#SBATCH --time=00:10:00" in done.stdout
     assert "sbatch --parsable" in done.stdout and "WANDB_API_KEY" in done.stdout
@@ -332,8 +404,20 @@ def test_usr2_snapshots_requeues_and_resumes_at_the_next_epoch(
     it before the time limit) makes the template snapshot and exit; the batch script requeues
     the job, which resumes at the next epoch: one run, two attempts, epochs 1..N once each."""
     use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
-    done = slurm_client.vmrun("train", "-C", "bed", "--nodes", "2", "--nproc-per-node", "1",
-                              "--epochs", "16", "--save-every", "100", "--detach")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "16",
+        "--save-every",
+        "100",
+        "--detach",
+    )
     assert done.returncode == 0, done.stderr
     rid, job = run_id_of(done.stderr), job_of(done.stderr)
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
@@ -358,9 +442,23 @@ def test_a_job_at_its_time_limit_snapshots_is_requeued_and_finishes(
     6 (a trainer hook: the warning ends the hold) so the warning finds it however slow the
     machine; the gate opens once it has saved."""
     use_cluster(slurm_client, host_python, **gate.env(6))
-    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "12", "--save-every", "100",
-                              "--nproc-per-node", "1", "--time", "1", "--max-requeues", "10",
-                              "--sbatch-arg=--signal=B:USR2@50", "--detach")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--epochs",
+        "12",
+        "--save-every",
+        "100",
+        "--nproc-per-node",
+        "1",
+        "--time",
+        "1",
+        "--max-requeues",
+        "10",
+        "--sbatch-arg=--signal=B:USR2@50",
+        "--detach",
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
@@ -383,9 +481,20 @@ def test_a_run_at_its_max_cost_saves_and_stops_and_is_never_requeued(
     use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
     toml = slurm_client.cwd / "vmrun.toml"
     toml.write_text(toml.read_text() + "price = 3600\nmax_cost = 6\n")
-    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "100", "--save-every", "100",
-                              "--nproc-per-node", "1", "--max-requeues", "3",
-                              timeout=300)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--epochs",
+        "100",
+        "--save-every",
+        "100",
+        "--nproc-per-node",
+        "1",
+        "--max-requeues",
+        "3",
+        timeout=300,
+    )
     code, said = error_in(done.stderr)
     assert done.returncode == 143 and code == "run-over-budget", done.stderr
     assert "--max-cost $6.00" in said and "(requeued)" not in done.stderr, done.stderr
@@ -394,12 +503,16 @@ def test_a_run_at_its_max_cost_saves_and_stops_and_is_never_requeued(
     assert (metrics.parent / "snapshot.pt").exists() and 0 < len(epochs_in(metrics)) < 100
     row = status_rows(slurm_client)[rid]
     assert row[2].startswith("stopped"), row
-    (listed,) = [r for r in json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
-                 if r["run"] == rid]  # fmt: skip
+    (listed,) = [
+        r
+        for r in json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
+        if r["run"] == rid
+    ]
     assert listed["error"]["code"] == "run-over-budget" and listed["cost"]["currency"] == "USD"
     toml.write_text(toml.read_text().replace("price = 3600\nmax_cost = 6\n", ""))
-    refused = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
-                                 "--max-cost", "5")  # fmt: skip
+    refused = slurm_client.vmrun(
+        "train", "-C", "bed", "--epochs", "1", "--save-every", "1", "--max-cost", "5"
+    )
     code, said = error_in(refused.stderr)
     assert refused.returncode == 2 and code == "over-budget" and "no `price`" in said, said
     assert not slurm_cluster.squeue_ids()
@@ -442,14 +555,25 @@ def test_the_clusters_modules_are_loaded_before_the_run(
         'modules = ["torchenv/1.0"]\n'
         f'env = {{ MODULEPATH = "{modules}", OMP_NUM_THREADS = "1" }}\n'
     )
-    done = slurm_client.vmrun("train", "-C", "bed", "--nproc-per-node", "1", "--epochs", "1",
-                              "--save-every", "1", timeout=300)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "1",
+        "--save-every",
+        "1",
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "epoch 1/1" in done.stdout
     text = (slurm_client.cwd / "vmrun.toml").read_text().replace("torchenv/1.0", "nosuch/9")
     (slurm_client.cwd / "vmrun.toml").write_text(text)
-    failed = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
-                                timeout=300)  # fmt: skip
+    failed = slurm_client.vmrun(
+        "train", "-C", "bed", "--epochs", "1", "--save-every", "1", timeout=300
+    )
     assert failed.returncode != 0 and "module load nosuch/9 failed" in failed.stderr
 
 
@@ -464,10 +588,26 @@ def test_live_stacks_of_a_job_then_its_hang_found_on_every_node_and_stopped(
     the job with 124; `vmrun stacks -C --hang` reads them from the record."""
     use_cluster(slurm_client, host_python)
     shutil.copy(Path(__file__).parent / "hang_scripts" / "hang_rank.py", slurm_client.cwd)
-    done = slurm_client.vmrun("train", "-C", "bed", "hang_rank.py", "--nodes", "2",
-                              "--nproc-per-node", "2", "--env", "HANG_RANK=3", "--env",
-                              "HANG_AT=30", "--hang-timeout", "6s", "--on-hang", "stop",
-                              "--detach", timeout=120)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "hang_rank.py",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--env",
+        "HANG_RANK=3",
+        "--env",
+        "HANG_AT=30",
+        "--hang-timeout",
+        "6s",
+        "--on-hang",
+        "stop",
+        "--detach",
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     log = record_dir(slurm_cluster, rid) / "job.log"
@@ -477,9 +617,12 @@ def test_live_stacks_of_a_job_then_its_hang_found_on_every_node_and_stopped(
         assert live.returncode == 0, live.stderr + live.stdout
         c1, c2 = slurm_cluster.node_names
         places = [line for line in live.stdout.splitlines() if "hang_rank.py:" in line]
-        ranks = {int(n) for line in places
-                 for part in line.split(" (")[0].split()[1].split(",")
-                 for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}  # fmt: skip
+        ranks = {
+            int(n)
+            for line in places
+            for part in line.split(" (")[0].split()[1].split(",")
+            for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
+        }
         assert ranks == {0, 1, 2, 3}, live.stdout
         assert c1 in live.stdout and c2 in live.stdout, live.stdout
         ended = slurm_client.vmrun("logs", "-f", rid, "-C", "bed", timeout=180)
@@ -491,7 +634,9 @@ def test_live_stacks_of_a_job_then_its_hang_found_on_every_node_and_stopped(
     assert 6 <= seen["seen"] - seen["since"] <= 12, seen
     shown = slurm_client.vmrun("stacks", "-C", "bed", rid, "--hang", timeout=60)
     assert shown.returncode == 0, shown.stderr + shown.stdout
-    assert re.search(r"^ranks 0-2 \(.+\): all_reduce at hang_rank\.py:\d+$", shown.stdout, re.M), \
+    assert re.search(r"^ranks 0-2 \(.+\): all_reduce at hang_rank\.py:\d+$", shown.stdout, re.M), (
         shown.stdout
-    assert re.search(r"^rank 3 \(.+\): in wait_forever at hang_rank\.py:\d+$", shown.stdout,
-                     re.M), shown.stdout
+    )
+    assert re.search(
+        r"^rank 3 \(.+\): in wait_forever at hang_rank\.py:\d+$", shown.stdout, re.M
+    ), shown.stdout

@@ -80,14 +80,30 @@ def test_template_over_two_nodes_in_the_image_equals_one_process(
     one-process run's; the outputs belong to the job's user; no container is left."""
     image = slurm_docker.image
     args = ["4", "2", "--batch-size", "16", "--dataset-size", "512", "--deterministic"]
-    done = dslurm.vmrun("train", "-C", "bed", "--image", image, "--nodes", "2",
-                        "--nproc-per-node", "1", "--cpus-per-task", "2", "--", *args,
-                        timeout=600)  # fmt: skip
+    done = dslurm.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--image",
+        image,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--cpus-per-task",
+        "2",
+        "--",
+        *args,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     c1, c2 = slurm_cluster.node_names
-    ranks = {re.match(r"\[(\S+) rank(\d)\]", ln).groups()  # type: ignore[union-attr]
-             for ln in done.stdout.splitlines() if "started: pid" in ln}  # fmt: skip
+    ranks = {
+        re.match(r"\[(\S+) rank(\d)\]", ln).groups()  # type: ignore[union-attr]
+        for ln in done.stdout.splitlines()
+        if "started: pid" in ln
+    }
     assert ranks == {(c1, "0"), (c2, "1")}, done.stdout
     out = out_dir(slurm_cluster, dslurm, rid)
     final = out / "finalmodel.pt"
@@ -109,9 +125,22 @@ def test_env_launcher_tasks_each_run_in_their_own_container(
 ) -> None:
     """2 nodes x 2 tasks: four containers, two per daemon, each with its task's Slurm
     variables (rank from SLURM_PROCID inside), the script unchanged."""
-    done = dslurm.vmrun("train", "-C", "bed", "--image", slurm_docker.image,
-                        "one_task_per_gpu.py", "--launcher", "env", "--nodes", "2",
-                        "--nproc-per-node", "2", "--", timeout=600)  # fmt: skip
+    done = dslurm.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--image",
+        slurm_docker.image,
+        "one_task_per_gpu.py",
+        "--launcher",
+        "env",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     c1, c2 = slurm_cluster.node_names
     lines = sorted(ln for ln in done.stdout.splitlines() if " sum " in ln)
@@ -125,15 +154,30 @@ def test_env_launcher_tasks_each_run_in_their_own_container(
 
 @pytest.mark.timeout(900)
 def test_stop_leaves_no_container(
-    slurm_docker: DockerBed, slurm_cluster: Any, dslurm: Client, host_python: Path,
+    slurm_docker: DockerBed,
+    slurm_cluster: Any,
+    dslurm: Client,
+    host_python: Path,
     trainer_hooks: Path,
-) -> None:  # fmt: skip
+) -> None:
     hooks = hook_env(trainer_hooks, EPOCH_DELAY="1")
     (dslurm.cwd / "vmrun.toml").write_text(
         _toml(host_python, hooks, [f"{trainer_hooks}:{trainer_hooks}:ro"])
     )
-    done = dslurm.vmrun("train", "-C", "bed", "--image", slurm_docker.image, "--nodes", "2",
-                        "--epochs", "300", "--save-every", "100", "--detach")  # fmt: skip
+    done = dslurm.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--image",
+        slurm_docker.image,
+        "--nodes",
+        "2",
+        "--epochs",
+        "300",
+        "--save-every",
+        "100",
+        "--detach",
+    )
     assert done.returncode == 0, done.stderr
     rid, job = run_id_of(done.stderr), job_of(done.stderr)
     metrics = out_dir(slurm_cluster, dslurm, rid) / "metrics.jsonl"
@@ -152,9 +196,12 @@ def test_stop_leaves_no_container(
 
 @pytest.mark.timeout(900)
 def test_usr2_in_the_image_snapshots_requeues_and_resumes(
-    slurm_docker: DockerBed, slurm_cluster: Any, dslurm: Client, host_python: Path,
+    slurm_docker: DockerBed,
+    slurm_cluster: Any,
+    dslurm: Client,
+    host_python: Path,
     trainer_hooks: Path,
-) -> None:  # fmt: skip
+) -> None:
     """The time-limit warning (scancel --signal=USR2, as Slurm sends it) reaches the
     processes in the containers; the template snapshots into the run's folder, the batch
     script requeues the job, and the next attempt's containers resume at the next epoch."""
@@ -162,9 +209,22 @@ def test_usr2_in_the_image_snapshots_requeues_and_resumes(
     (dslurm.cwd / "vmrun.toml").write_text(
         _toml(host_python, hooks, [f"{trainer_hooks}:{trainer_hooks}:ro"])
     )
-    done = dslurm.vmrun("train", "-C", "bed", "--image", slurm_docker.image, "--nodes", "2",
-                        "--nproc-per-node", "1", "--epochs", "16", "--save-every", "100",
-                        "--detach")  # fmt: skip
+    done = dslurm.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--image",
+        slurm_docker.image,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "16",
+        "--save-every",
+        "100",
+        "--detach",
+    )
     assert done.returncode == 0, done.stderr
     rid, job = run_id_of(done.stderr), job_of(done.stderr)
     metrics = out_dir(slurm_cluster, dslurm, rid) / "metrics.jsonl"
@@ -181,9 +241,12 @@ def test_usr2_in_the_image_snapshots_requeues_and_resumes(
 
 @pytest.mark.timeout(900)
 def test_a_job_in_the_image_at_its_time_limit_is_requeued_and_finishes(
-    slurm_docker: DockerBed, slurm_cluster: Any, dslurm: Client, host_python: Path,
+    slurm_docker: DockerBed,
+    slurm_cluster: Any,
+    dslurm: Client,
+    host_python: Path,
     gate: Gate,
-) -> None:  # fmt: skip
+) -> None:
     """A real --time limit: Slurm's warning reaches the batch shell, which marks it and
     passes it on to the step; the template in the container saves, the job is requeued,
     and the epochs run 1..N once each. The first attempt holds after epoch 6 (a trainer
@@ -192,10 +255,25 @@ def test_a_job_in_the_image_at_its_time_limit_is_requeued_and_finishes(
     (dslurm.cwd / "vmrun.toml").write_text(
         _toml(host_python, hooks, [f"{gate.hooks}:{gate.hooks}:ro"])
     )
-    done = dslurm.vmrun("train", "-C", "bed", "--image", slurm_docker.image, "--epochs", "12",
-                        "--save-every", "100", "--nproc-per-node", "1", "--time", "1",
-                        "--max-requeues", "10", "--sbatch-arg=--signal=B:USR2@50",
-                        "--detach")  # fmt: skip
+    done = dslurm.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--image",
+        slurm_docker.image,
+        "--epochs",
+        "12",
+        "--save-every",
+        "100",
+        "--nproc-per-node",
+        "1",
+        "--time",
+        "1",
+        "--max-requeues",
+        "10",
+        "--sbatch-arg=--signal=B:USR2@50",
+        "--detach",
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     metrics = out_dir(slurm_cluster, dslurm, rid) / "metrics.jsonl"

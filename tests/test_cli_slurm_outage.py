@@ -16,8 +16,9 @@ def test_a_controller_outage_during_a_run_is_ridden_out_and_the_run_finishes(
 ) -> None:
     use_cluster(slurm_client, host_python)
     flag = slurm_cluster.shared / "go"  # the job runs until it exists
-    train = slurm_client.popen("train", "-C", "bed", "wait_for_file.py", "--launcher", "python",
-                               "--", str(flag))  # fmt: skip
+    train = slurm_client.popen(
+        "train", "-C", "bed", "wait_for_file.py", "--launcher", "python", "--", str(flag)
+    )
     out: list[str] = []
     notes: list[str] = []
     readers = [

@@ -32,8 +32,9 @@ def test_setup_builds_the_env_on_the_shared_filesystem_and_train_uses_it(
     assert python.exists()
     assert "nvidia-driver" not in done.stdout.split("ran ", 1)[1].split(")")[0]
     assert f"python={python}" in done.stdout and "torch=2.13.0" in done.stdout
-    check = re.search(r"on compute node (\S+): torch=(\S+) cuda_available=(\S+) gpus=(\S+)",
-                      done.stdout)  # fmt: skip
+    check = re.search(
+        r"on compute node (\S+): torch=(\S+) cuda_available=(\S+) gpus=(\S+)", done.stdout
+    )
     assert check, done.stdout
     assert check.group(1) in slurm_cluster.node_names
     assert check.group(2).startswith("2.13.0") and check.groups()[2:] == ("False", "0")
@@ -46,8 +47,9 @@ def test_setup_builds_the_env_on_the_shared_filesystem_and_train_uses_it(
     assert "ran 0 (nothing)" in again.stdout and "nothing changed" in again.stdout
     assert "on compute node" in again.stdout
 
-    trained = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
-                                 timeout=300)  # fmt: skip
+    trained = slurm_client.vmrun(
+        "train", "-C", "bed", "--epochs", "1", "--save-every", "1", timeout=300
+    )
     assert trained.returncode == 0, trained.stdout + trained.stderr
     runs = list((home / ".vmrun" / "runs").iterdir())
     assert len(runs) == 1
@@ -69,11 +71,10 @@ def test_dry_run_skips_the_root_steps_and_changes_nothing(
 def test_an_unknown_partition_is_one_line(
     slurm_cluster: Any, slurm_client: Client, host_python: Path
 ) -> None:
-    (slurm_client.cwd / "vmrun.toml").write_text(
-        NO_PYTHON_TOML.replace('"debug"', '"nosuchpart"')
+    (slurm_client.cwd / "vmrun.toml").write_text(NO_PYTHON_TOML.replace('"debug"', '"nosuchpart"'))
+    done = slurm_client.vmrun(
+        "setup", "-C", "bed", "--python", str(host_python), "--torch", TORCH_SPEC
     )
-    done = slurm_client.vmrun("setup", "-C", "bed", "--python", str(host_python),
-                              "--torch", TORCH_SPEC)  # fmt: skip
     assert done.returncode == 14, done.stdout + done.stderr  # a remote error
     [(code, said)] = errors_in(done.stderr)
     assert code == "remote-failed" and "check on a compute node failed" in said, done.stderr

@@ -112,8 +112,7 @@ def test_servers_script_venv_in_slurm_tmpdir(
     done = slurm_client.vmrun("submit", "pytorch-test.sh", "-C", "bed", "--detach")
     assert done.returncode == 0, done.stderr
     rid, job = submitted(done.stderr)
-    wait_for(lambda: status_rows(slurm_client)[rid][2] in ("done", "failed"), 120,
-             "the job to end")  # fmt: skip
+    wait_for(lambda: status_rows(slurm_client)[rid][2] in ("done", "failed"), 120, "the job to end")
     assert status_rows(slurm_client)[rid][2] == "done"
     ended = Path(slurm_cluster.login.home) / ".vmrun" / "runs" / rid / "ended"
     assert ended.read_text().split()[:3] == ["-", "COMPLETED", "0"]
@@ -125,8 +124,9 @@ def test_servers_script_venv_in_slurm_tmpdir(
     assert len(files) == 1 and files[0].read_text() == logs.stdout
 
 
-def test_array_is_one_run_with_a_row_per_task(slurm_cluster: Any, slurm_client: Client,
-                                              host_python: Path) -> None:  # fmt: skip
+def test_array_is_one_run_with_a_row_per_task(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
     """A 2-task array with an argument after `--`: one run; each task's file streamed with
     its index; task 1 exits 1, so the run fails with that code; a row per task in status
     (and in --json); logs reads both files; fetch brings what the tasks wrote."""
@@ -144,8 +144,9 @@ def test_array_is_one_run_with_a_row_per_task(slurm_cluster: Any, slurm_client: 
     listed = json.loads(slurm_client.vmrun("status", "-C", "bed", "--json").stdout)
     (obj,) = [o for o in listed if o["run"] == rid]
     assert [(t["task"], t["state"], t["exit"]) for t in obj["tasks"]] == [
-        ("0", "done", 0), ("1", "failed", 1),
-    ]  # fmt: skip
+        ("0", "done", 0),
+        ("1", "failed", 1),
+    ]
     logs = slurm_client.vmrun("logs", rid, "-C", "bed")
     assert "[0] task 0" in logs.stdout and "[1] task 1" in logs.stdout, logs.stderr
     fetched = slurm_client.vmrun("fetch", "results", "-C", "bed", "--run", rid)
@@ -157,8 +158,9 @@ def test_array_is_one_run_with_a_row_per_task(slurm_cluster: Any, slurm_client: 
     logs = slurm_client.vmrun("fetch", "logs", "-C", "bed", "--run", rid)
     assert logs.returncode == 0, logs.stderr
     assert sorted(p.name for p in local.iterdir() if p.name.startswith("slurm-")) == [
-        f"slurm-{job}_0.out", f"slurm-{job}_1.out",
-    ]  # fmt: skip
+        f"slurm-{job}_0.out",
+        f"slurm-{job}_1.out",
+    ]
     assert not (local / "result-1.txt").exists()  # logs only
 
 
@@ -203,8 +205,9 @@ def test_the_folder_the_script_s_output_names_is_made_and_one_that_cannot_be_is_
     assert "perjob/" in said and "does not exist" in said, said
 
 
-def test_stop_of_a_running_job_and_live_logs(slurm_cluster: Any, slurm_client: Client,
-                                             host_python: Path) -> None:  # fmt: skip
+def test_stop_of_a_running_job_and_live_logs(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
     """`logs -f` shows the job's lines while it runs (before it ends), from the files its
     --output/--error name (logs/%x-%j.out and .err); `stop` cancels it and no process of it
     is left; status says stopped."""
@@ -233,14 +236,16 @@ def test_stop_of_a_running_job_and_live_logs(slurm_cluster: Any, slurm_client: C
     assert "started on" in logs.stdout and "to stderr" in logs.stdout
 
 
-def test_dry_run_overrides_and_bad_input(slurm_cluster: Any, slurm_client: Client,
-                                         host_python: Path) -> None:  # fmt: skip
+def test_dry_run_overrides_and_bad_input(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path
+) -> None:
     """--dry-run shows the sbatch command (a flag given to vmrun overrides the script; the
     cluster's partition only where the script is silent); a missing script, one with no #!,
     and sbatch's own refusal each get one line and exit 2, and nothing is submitted."""
     use_cluster(slurm_cluster, slurm_client, host_python)
-    dry = slurm_client.vmrun("submit", "waits.sh", "-C", "bed", "--time", "7", "--dry-run",
-                             "--", "a b")  # fmt: skip
+    dry = slurm_client.vmrun(
+        "submit", "waits.sh", "-C", "bed", "--time", "7", "--dry-run", "--", "a b"
+    )
     assert dry.returncode == 0, dry.stderr
     assert "sbatch --parsable --time=7 --partition=debug ./waits.sh 'a b'" in dry.stdout
     assert "logs/%x-%j.out" in dry.stdout

@@ -70,8 +70,9 @@ def test_a_local_sweep_runs_each_size_and_records_it(client: Client) -> None:
     assert done.returncode == 0, done.stderr
     record = _record(client)
     assert [(s["nodes"], s["nproc"], s["state"]) for s in record["sizes"]] == [
-        (1, 1, "done"), (1, 2, "done"),
-    ]  # fmt: skip
+        (1, 1, "done"),
+        (1, 2, "done"),
+    ]
     runs = [s["run"] for s in record["sizes"]]
     assert runs[0].startswith("template-1x1-") and runs[1].startswith("template-1x2-")
     assert [_world_sizes(client, run) for run in runs] == [{1}, {2}]
@@ -94,17 +95,27 @@ def test_a_list_of_batch_sizes_is_an_axis_named_in_runs_report_and_plot(client: 
 
     receiver = Receiver()
     try:
-        done = client.vmrun("sweep", "--local", "--batch-size", "16,8", "--epochs", "1",
-                            "--notify", receiver.url("127.0.0.1"), env=TWO_CORES,
-                            timeout=300)  # fmt: skip
+        done = client.vmrun(
+            "sweep",
+            "--local",
+            "--batch-size",
+            "16,8",
+            "--epochs",
+            "1",
+            "--notify",
+            receiver.url("127.0.0.1"),
+            env=TWO_CORES,
+            timeout=300,
+        )
         messages = receiver.messages()
     finally:
         receiver.close()
     assert done.returncode == 0, done.stderr
     sizes = _record(client)["sizes"]
     assert [(s["values"], s["state"]) for s in sizes] == [
-        ({"batch_size": 8}, "done"), ({"batch_size": 16}, "done"),
-    ]  # fmt: skip
+        ({"batch_size": 8}, "done"),
+        ({"batch_size": 16}, "done"),
+    ]
     runs = [s["run"] for s in sizes]
     assert runs[0].startswith("template-1x1-batch8-")
     assert runs[1].startswith("template-1x1-batch16-")
@@ -129,17 +140,27 @@ def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(
     """The second size (2 ranks) holds after its first epoch (a trainer hook) until Ctrl-C;
     the first runs through."""
     proc = client.popen(
-        "sweep", "--local", "--nproc-per-node", "1,2", "--epochs", "4",
-        *gate.options(1, GATE_WORLD="2"), env=TWO_CORES,
-    )  # fmt: skip
+        "sweep",
+        "--local",
+        "--nproc-per-node",
+        "1,2",
+        "--epochs",
+        "4",
+        *gate.options(1, GATE_WORLD="2"),
+        env=TWO_CORES,
+    )
     try:
         record = wait_for(
-            lambda: any(
-                s.get("run") and s["nproc"] == 2 for s in _record_so_far(client).get("sizes", [])
-            )
-            and _record(client),
-            240, "the sweep's second size to start",
-        )  # fmt: skip
+            lambda: (
+                any(
+                    s.get("run") and s["nproc"] == 2
+                    for s in _record_so_far(client).get("sizes", [])
+                )
+                and _record(client)
+            ),
+            240,
+            "the sweep's second size to start",
+        )
         first, second = (s["run"] for s in record["sizes"])  # type: ignore[index]
         metrics = client.cwd / "results" / second / "metrics.jsonl"
         wait_for(metrics.exists, 120, "the second size's first epoch")
@@ -161,8 +182,9 @@ def test_ctrl_c_stops_the_size_in_progress_and_resume_runs_what_is_left(
     code, said = error_in(refused.stderr)
     assert code == "env-value-missing" and "VMRUN_TEST_HOOK_GATE_WORLD" in said, refused.stderr
     gate.open()
-    again = client.vmrun("sweep", "--resume", sweep_id, *gate.options(1, GATE_WORLD="2"),
-                         env=TWO_CORES, timeout=300)  # fmt: skip
+    again = client.vmrun(
+        "sweep", "--resume", sweep_id, *gate.options(1, GATE_WORLD="2"), env=TWO_CORES, timeout=300
+    )
     assert again.returncode == 0, again.stderr
     assert "size 1/2" not in again.stderr and "size 2/2" in again.stderr
     sizes = _record(client)["sizes"]
@@ -202,9 +224,19 @@ def test_a_sweep_on_a_slurm_cluster_submits_each_size_and_fetches_it(
         f'python = "{host_python}"\nenv = {{ OMP_NUM_THREADS = "1" }}\n'
     )
     done = slurm_client.vmrun(
-        "sweep", "-C", "bed", "--nodes", "1,2", "--nproc-per-node", "1", "--epochs", "2",
-        "--time", "0:05:00", timeout=600,
-    )  # fmt: skip
+        "sweep",
+        "-C",
+        "bed",
+        "--nodes",
+        "1,2",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "2",
+        "--time",
+        "0:05:00",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     record = _record(slurm_client)
     assert record["where"] == {"cluster": "bed"}
@@ -225,9 +257,19 @@ def test_a_sweeps_cap_on_a_slurm_cluster_is_split_between_the_sizes_it_queues(
         f' VMRUN_TEST_HOOK_EPOCH_DELAY = "0.5" }}\n'
     )
     done = slurm_client.vmrun(
-        "sweep", "-C", "bed", "--nproc-per-node", "1,2", "--epochs", "100", "--max-cost", "8",
-        "--time", "0:05:00", timeout=600,
-    )  # fmt: skip
+        "sweep",
+        "-C",
+        "bed",
+        "--nproc-per-node",
+        "1,2",
+        "--epochs",
+        "100",
+        "--max-cost",
+        "8",
+        "--time",
+        "0:05:00",
+        timeout=600,
+    )
     assert done.returncode == 1, done.stderr
     assert "each of 2 size(s) may cost 4.00 of its --max-cost 8" in done.stderr, done.stderr
     sizes = _record(slurm_client)["sizes"]
@@ -247,14 +289,23 @@ def test_a_cpus_per_task_axis_on_a_slurm_cluster_asks_sbatch_for_each(
         f'python = "{host_python}"\nenv = {{ OMP_NUM_THREADS = "1" }}\n'
     )
     done = slurm_client.vmrun(
-        "sweep", "-C", "bed", "--cpus-per-task", "1,2", "--epochs", "1", "--time", "0:05:00",
+        "sweep",
+        "-C",
+        "bed",
+        "--cpus-per-task",
+        "1,2",
+        "--epochs",
+        "1",
+        "--time",
+        "0:05:00",
         timeout=600,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     sizes = _record(slurm_client)["sizes"]
     assert [(s["values"], s["state"]) for s in sizes] == [
-        ({"cpus_per_task": 1}, "done"), ({"cpus_per_task": 2}, "done"),
-    ]  # fmt: skip
+        ({"cpus_per_task": 1}, "done"),
+        ({"cpus_per_task": 2}, "done"),
+    ]
     for size, cpus in zip(sizes, (1, 2), strict=True):
         assert size["run"].startswith(f"template-1x1-cpus{cpus}-")
         job = slurm_cluster.login.home / ".vmrun" / "runs" / size["run"] / "job.sh"

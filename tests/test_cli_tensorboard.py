@@ -67,8 +67,15 @@ class Runs:
     python_tb: Path
 
 
-def write_events(host: TestHost, python: Path, out: Path, tag: str, first: int, n: int,
-                 append_to: Path | None = None) -> None:  # fmt: skip
+def write_events(
+    host: TestHost,
+    python: Path,
+    out: Path,
+    tag: str,
+    first: int,
+    n: int,
+    append_to: Path | None = None,
+) -> None:
     argv = [str(python), "-c", WRITER, str(out), tag, str(first), str(n)]
     host.run([*argv, *([str(append_to)] if append_to else [])], as_user=True, timeout=120)
 
@@ -97,8 +104,9 @@ def runs(
     (client.cwd / "quiet.py").write_text(RUN_SCRIPT)
     h1, h2 = bed["h1"], bed["h2"]
     try:
-        done = client.vmrun("train", "-H", "h1", "--epochs", "1", "--nproc-per-node", "1",
-                            timeout=300)  # fmt: skip
+        done = client.vmrun(
+            "train", "-H", "h1", "--epochs", "1", "--nproc-per-node", "1", timeout=300
+        )
         assert done.returncode == 0, done.stderr
         template = run_id_of(done.stderr)
         out = template_out(h1, client, template)
@@ -230,8 +238,9 @@ def test_local_serves_fetched_events_and_refetches_a_file_that_grew(
     them; events appended to the same file on the host appear after a refetch."""
     h2 = bed["h2"]
     rid = runs.h2_script
-    lines = Lines(runs.client.popen("tensorboard", rid, "-H", "h2", "--local", "--every", "1",
-                                    "--port", "0"))  # fmt: skip
+    lines = Lines(
+        runs.client.popen("tensorboard", rid, "-H", "h2", "--local", "--every", "1", "--port", "0")
+    )
     url = lines.url(120)
     port = port_of(url)
     local = runs.client.cwd / "results" / rid / "runs" / "exp2"
@@ -240,8 +249,11 @@ def test_local_serves_fetched_events_and_refetches_a_file_that_grew(
     assert len(scalars(port, "runs/exp2", "check/local_loss")) == 5
     remote = h2.home / remote_workdir(runs.client.cwd) / "runs" / "exp2" / events.name
     write_events(h2, runs.python_tb, remote.parent, "check/local_loss", 5, 7, append_to=remote)
-    wait_for(lambda: len(scalars(port, "runs/exp2", "check/local_loss")) == 12, 60,
-             "the grown file's new events, fetched and reloaded")  # fmt: skip
+    wait_for(
+        lambda: len(scalars(port, "runs/exp2", "check/local_loss")) == 12,
+        60,
+        "the grown file's new events, fetched and reloaded",
+    )
     mine = lambda: processes(all_pids(), str(runs.client.cwd / "results" / rid))  # noqa: E731
     assert mine(), "TensorBoard runs here"
     code, err = lines.finish(signal.SIGINT)
@@ -280,8 +292,7 @@ def test_on_a_cluster_tensorboard_runs_on_the_login_node(
     login = slurm_cluster.login
     (slurm_client.cwd / "vmrun.toml").write_text(cluster_toml(host_python_tb))
     (slurm_client.cwd / "quiet.py").write_text(RUN_SCRIPT)
-    done = slurm_client.vmrun("train", "-C", "bed", "quiet.py", "--launcher", "python",
-                              timeout=300)  # fmt: skip
+    done = slurm_client.vmrun("train", "-C", "bed", "quiet.py", "--launcher", "python", timeout=300)
     assert done.returncode == 0, done.stderr
     code_dir = login.home / remote_workdir(slurm_client.cwd)
     write_events(login, host_python_tb, code_dir / "runs" / "exp3", "check/cluster_loss", 0, 5)

@@ -159,9 +159,17 @@ def test_task_classify_reaches_the_template(client: Client) -> None:
     mark = new_mark()
     try:
         done = client.vmrun(
-            "train", "--local", "--task", "classify", "--epochs", "2", "--save-every", "2",
-            env=_env(mark), timeout=120,
-        )  # fmt: skip
+            "train",
+            "--local",
+            "--task",
+            "classify",
+            "--epochs",
+            "2",
+            "--save-every",
+            "2",
+            env=_env(mark),
+            timeout=120,
+        )
     finally:
         kill_marked(mark)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -169,8 +177,19 @@ def test_task_classify_reaches_the_template(client: Client) -> None:
     rel = f"results/{run_dir.name}"
     assert record["argv"][-6:] == ["2", "2", "--task", "classify", "--out-dir", rel]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    keys = {"epoch", "loss", "accuracy", "samples_per_s", "epoch_time_s", "world_size", "lr",
-            "eval_loss", "eval_accuracy", "rank_step_s", "rank_node"}  # fmt: skip
+    keys = {
+        "epoch",
+        "loss",
+        "accuracy",
+        "samples_per_s",
+        "epoch_time_s",
+        "world_size",
+        "lr",
+        "eval_loss",
+        "eval_accuracy",
+        "rank_step_s",
+        "rank_node",
+    }
     assert [set(m) for m in metrics] == [keys] * 2
     assert list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard's, beside them
     build_model("classify").load_state_dict(

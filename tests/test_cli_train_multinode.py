@@ -33,20 +33,25 @@ def node_lines(stdout: str, host: str) -> list[str]:
 
 
 def test_two_nodes_one_process_each_match_a_single_process_run(
-        cluster: dict[str, TestHost], multi: Client, tmp_path: Path) -> None:
+    cluster: dict[str, TestHost], multi: Client, tmp_path: Path
+) -> None:
     """The final weights of a deterministic 2-node run equal a 1-process run with the same
     global batch: real DDP across the nodes, not two independent runs."""
     args = ["4", "2", "--batch-size", "16", "--dataset-size", "512", "--deterministic"]
-    done = multi.vmrun("train", "-H", "n1", "-H", "n2", "--nproc-per-node", "1", "--",
-                         *args, timeout=300)
+    done = multi.vmrun(
+        "train", "-H", "n1", "-H", "n2", "--nproc-per-node", "1", "--", *args, timeout=300
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     assert "2 nodes x 1 process(es)" in done.stderr
     for host in ("n1", "n2"):
         started = [ln for ln in node_lines(done.stdout, host) if "started: pid" in ln]
         assert len(started) == 1 and "world_size 2" in started[0], done.stdout
-    ranks = {re.match(r"\[(\w+) rank(\d)\]", ln).groups()
-             for ln in done.stdout.splitlines() if "started: pid" in ln}
+    ranks = {
+        re.match(r"\[(\w+) rank(\d)\]", ln).groups()
+        for ln in done.stdout.splitlines()
+        if "started: pid" in ln
+    }
     assert ranks == {("n1", "0"), ("n2", "1")}, done.stdout  # the master holds rank 0
     final = template_out(cluster["n1"], multi, rid) / "finalmodel.pt"
     assert final.exists()
@@ -62,8 +67,9 @@ def test_two_nodes_one_process_each_match_a_single_process_run(
 def ranks_by_host(stdout: str) -> dict[str, set[int]]:
     found: dict[str, set[int]] = {}
     for line in stdout.splitlines():
-        match = re.match(r"\[(\w+) rank(\d+)\] started: pid \d+ local_rank (\d+) world_size (\d+)",
-                         line)
+        match = re.match(
+            r"\[(\w+) rank(\d+)\] started: pid \d+ local_rank (\d+) world_size (\d+)", line
+        )
         if match:
             found.setdefault(match.group(1), set()).add(int(match.group(2)))
     return found
@@ -72,7 +78,8 @@ def ranks_by_host(stdout: str) -> dict[str, set[int]]:
 # its own deadlines: train 300 s, fetch 2 x 120 s, logs/status 3 x 120 s
 @pytest.mark.timeout(900)
 def test_two_nodes_two_processes_merged_log_and_node_filter(
-        cluster: dict[str, TestHost], multi: Client) -> None:
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
     done = multi.vmrun("train", "--epochs", "3", "--save-every", "1", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
@@ -138,7 +145,8 @@ os._exit(0)
 
 
 def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
-        bed: NetnsBed, cluster: dict[str, TestHost], multi: Client) -> None:
+    bed: NetnsBed, cluster: dict[str, TestHost], multi: Client
+) -> None:
     """n3 is reached over SSH through the bastion; the rendezvous must use n1's inner address
     (its main one is not on n3's network), and each node the interface on that route, which
     reaches the workers' environment with the user's NCCL settings."""
@@ -150,8 +158,10 @@ def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
     assert done.returncode == 2 and code == "host-not-set-up" and said.startswith("n3: ")
     assert not (cluster["n1"].home / ".vmrun" / "runs").exists()
     toml = multi.cwd / "vmrun.toml"
-    toml.write_text(toml.read_text() + f'[[hosts]]\naddress = "n3"\npython = '
-                    f'"{_python(multi)}"\nenv = {{ NCCL_IB_DISABLE = "1" }}\n')
+    toml.write_text(
+        toml.read_text() + f'[[hosts]]\naddress = "n3"\npython = '
+        f'"{_python(multi)}"\nenv = {{ NCCL_IB_DISABLE = "1" }}\n'
+    )
     done = multi.vmrun(*args, "--", "x", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
@@ -162,10 +172,14 @@ def test_a_node_behind_a_bastion_meets_the_others_on_the_inner_network(
         meta = json.loads((cluster[name].home / ".vmrun/runs" / rid / "run.json").read_text())
         assert meta["rdzv"].startswith(f"{inner}:") and meta["ifname"] == ifname, (name, meta)
         ib = "1" if name == "n3" else "None"
-        line = (f"env GLOO_SOCKET_IFNAME={ifname} NCCL_SOCKET_IFNAME=={ifname} NCCL_DEBUG=INFO"
-                f" NCCL_IB_DISABLE={ib} sum=6")
+        line = (
+            f"env GLOO_SOCKET_IFNAME={ifname} NCCL_SOCKET_IFNAME=={ifname} NCCL_DEBUG=INFO"
+            f" NCCL_IB_DISABLE={ib} sum=6"
+        )
         assert re.search(rf"^\[{name} rank\d\] {re.escape(line)}$", done.stdout, re.M), (
-            name, done.stdout)
+            name,
+            done.stdout,
+        )
 
 
 def _python(multi: Client) -> str:
@@ -177,7 +191,8 @@ def _python(multi: Client) -> str:
 # its own deadlines: 120 + 120 + 60 + the resume's 300 s, and more
 @pytest.mark.timeout(900)
 def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
-        cluster: dict[str, TestHost], multi: Client, gate: Gate) -> None:
+    cluster: dict[str, TestHost], multi: Client, gate: Gate
+) -> None:
     """n2's link cut after epoch 2's snapshot (the ranks held there by a trainer hook, so
     the run cannot have ended however fast the machine): the run fails fast naming n2."""
     n1, n2 = cluster["n1"], cluster["n2"]
@@ -215,8 +230,9 @@ def test_a_cut_worker_fails_the_run_fast_and_resume_continues_on_every_node(
         r"^\[n1\] --- attempt 2, resumed from epoch (\d+) \(snapshot\.pt\) ---$", again.stdout, re.M
     )
     assert banner is not None, again.stdout
-    resumed = re.findall(r"^\[(n\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout,
-                         re.M)
+    resumed = re.findall(
+        r"^\[(n\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout, re.M
+    )
     assert {h for h, _ in resumed} == {"n1", "n2"}, again.stdout  # every node, same epoch
     assert len({e for _, e in resumed}) == 1 and int(resumed[0][1]) >= 3
     assert banner.group(1) == resumed[0][1]  # the separator names the epoch it resumed at
@@ -361,15 +377,17 @@ if __name__ == "__main__":
 
 
 def test_a_multinode_tutorial_script_runs_unchanged(
-        cluster: dict[str, TestHost], multi: Client) -> None:
+    cluster: dict[str, TestHost], multi: Client
+) -> None:
     (multi.cwd / "multinode.py").write_text(MULTINODE_SCRIPT)
-    done = multi.vmrun("train", "multinode.py", "--epochs", "3", "--save-every", "1",
-                         timeout=300)
+    done = multi.vmrun("train", "multinode.py", "--epochs", "3", "--save-every", "1", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     for epoch in range(3):
         for rank, host in ((0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")):
-            assert f"[{host} rank{rank}] [GPU{rank}] Epoch {epoch} | Batchsize: 32 | Steps: 2" \
-                in done.stdout, done.stdout
+            assert (
+                f"[{host} rank{rank}] [GPU{rank}] Epoch {epoch} | Batchsize: 32 | Steps: 2"
+                in done.stdout
+            ), done.stdout
     workdir = remote_workdir(multi.cwd)
     assert (cluster["n1"].home / workdir / "snapshot.pt").exists()
     assert not (cluster["n2"].home / workdir / "snapshot.pt").exists()  # global rank 0 only
@@ -382,7 +400,8 @@ def test_a_multinode_tutorial_script_runs_unchanged(
 
 
 def test_bad_multinode_input_starts_nothing(
-        bed: NetnsBed, cluster: dict[str, TestHost], multi: Client, tmp_path: Path) -> None:
+    bed: NetnsBed, cluster: dict[str, TestHost], multi: Client, tmp_path: Path
+) -> None:
     for args, needle in (
         (["--master", "h9"], "--master h9: not one of the run's hosts"),
         (["--nnodes", "3"], "--nnodes 3 but 2 hosts were given"),
@@ -409,10 +428,13 @@ def test_bad_multinode_input_starts_nothing(
         (site / "torch").mkdir()
         (site / "torch" / "__init__.py").write_text(
             "# STAND-IN for another torch build: a version string (there is no second torch)\n"
-            "__version__ = '1.13.1+stub'\n")
+            "__version__ = '1.13.1+stub'\n"
+        )
         subprocess.run(["chmod", "-R", "a+rX", str(stub)], check=True)
-        toml.write_text(f'[[hosts]]\naddress = "n1"\npython = "{_python(multi)}"\n\n'
-                        f'[[hosts]]\naddress = "n2"\npython = "{stub}/bin/python"\n')
+        toml.write_text(
+            f'[[hosts]]\naddress = "n1"\npython = "{_python(multi)}"\n\n'
+            f'[[hosts]]\naddress = "n2"\npython = "{stub}/bin/python"\n'
+        )
         mixed = multi.vmrun("train", "--epochs", "1", timeout=120)
     finally:
         shutil.rmtree(stub, ignore_errors=True)
@@ -458,8 +480,11 @@ def test_env_launcher_on_two_nodes_forms_one_world(
         assert not (cluster[host].home / remote_workdir(multi.cwd)).exists()
 
     toml = multi.cwd / "vmrun.toml"  # each host's price goes into the run's record
-    toml.write_text(toml.read_text().replace('address = "n1"\n', 'address = "n1"\nprice = 0.25\n')
-                    .replace('address = "n2"\n', 'address = "n2"\nprice = 0.5\n'))  # fmt: skip
+    toml.write_text(
+        toml.read_text()
+        .replace('address = "n1"\n', 'address = "n1"\nprice = 0.25\n')
+        .replace('address = "n2"\n', 'address = "n2"\nprice = 0.5\n')
+    )
     done = multi.vmrun("train", "envworld.py", "--launcher", "env", "--", "x", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)

@@ -239,8 +239,9 @@ def test_fetch_every_brings_snapshots_while_the_run_goes_on(
     """The run holds after epoch 4's snapshot (a trainer hook) until that snapshot is here,
     so it is fetched mid-run however slow the machine; then the end fetches the rest."""
     h1 = bed["h1"]
-    proc = project.popen("train", "-H", "h1", "--fetch-every", "0.5", *gate.options(4),
-                         "--", "8", "4")  # fmt: skip
+    proc = project.popen(
+        "train", "-H", "h1", "--fetch-every", "0.5", *gate.options(4), "--", "8", "4"
+    )
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore
     try:
@@ -288,9 +289,16 @@ def test_ctrl_c_with_fetch_every_detaches_at_once_mid_fetch(bed: NetnsBed, proje
     )
     slow_keepalive = {"VMRUN_KEEPALIVE_INTERVAL": "20", "VMRUN_KEEPALIVE_COUNT_MAX": "3"}
     proc = project.popen(
-        "train", "stall.py", "-H", "h1", "--launcher", "python", "--fetch-every", "0.2",
+        "train",
+        "stall.py",
+        "-H",
+        "h1",
+        "--launcher",
+        "python",
+        "--fetch-every",
+        "0.2",
         env=slow_keepalive,
-    )  # fmt: skip
+    )
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore
     workdir = h1.home / remote_workdir(project.cwd)
@@ -357,14 +365,16 @@ def test_concurrent_user_scripts_are_warned_about_their_shared_directory(
     (project.cwd / "wait.py").write_text(
         "import sys, time\nprint('waiting', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
     )
-    first = project.vmrun("train", "wait.py", "-H", "h1", "--launcher", "python", "--detach",
-                          "--", "120")  # fmt: skip
+    first = project.vmrun(
+        "train", "wait.py", "-H", "h1", "--launcher", "python", "--detach", "--", "120"
+    )
     assert first.returncode == 0, first.stderr
     rid_a = run_id_of(first.stderr)
     log = h1.home / ".vmrun/runs" / rid_a / "log"
     wait_for(lambda: log.exists() and b"waiting" in log.read_bytes(), 60, "the first run")
-    second = project.vmrun("train", "wait.py", "-H", "h1", "--launcher", "python",
-                           "--allow-concurrent", "--", "0")  # fmt: skip
+    second = project.vmrun(
+        "train", "wait.py", "-H", "h1", "--launcher", "python", "--allow-concurrent", "--", "0"
+    )
     assert second.returncode == 0, second.stderr
     workdir = remote_workdir(project.cwd)
     warnings = [ln for ln in second.stderr.splitlines() if "warning:" in ln]

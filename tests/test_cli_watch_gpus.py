@@ -217,8 +217,14 @@ def test_a_sick_gpu_is_flagged_beside_its_use_and_memory(
     tests/fixtures/gpu_health, replayed by the stand-in): REMAP beside it, in the table and
     in --json, and a line below the table saying where to look."""
     replay = install(hosts["h1"], "t4x2_training")
-    shutil.copy(ROOT / "tests" / "fixtures" / "gpu_health" /
-                "nvsmi_q_a100x4_555.42.02_remap_pending_dram_ce.txt", replay / "q.txt")
+    shutil.copy(
+        ROOT
+        / "tests"
+        / "fixtures"
+        / "gpu_health"
+        / "nvsmi_q_a100x4_555.42.02_remap_pending_dram_ce.txt",
+        replay / "q.txt",
+    )
     _chown_tree(replay, hosts["h1"])
     project(bed_client, {"h1": True})
     done = bed_client.vmrun("watch-gpus", "--once", env={"COLUMNS": "120"})
@@ -363,9 +369,7 @@ def test_a_watch_ended_while_the_link_is_down_leaves_nothing_on_the_host(
         assert code == 0 and err == ""
         cut = time.monotonic()
         # silence for HEARTBEAT s, then TERM, KILL 5 s later; + 15 s: room for a loaded machine
-        wait_for(
-            lambda: not any(alive(p) for p in pids), HEARTBEAT + 5 + 15, "nvidia-smi to stop"
-        )
+        wait_for(lambda: not any(alive(p) for p in pids), HEARTBEAT + 5 + 15, "nvidia-smi to stop")
         print(f"nvidia-smi stopped {time.monotonic() - cut:.1f} s after the watch ended")
         assert not any("nvidia-smi" in c for c in user_commands(h3))
     finally:
@@ -412,9 +416,10 @@ def test_idle_alert_for_a_gpu_a_run_holds_but_does_not_use(
         # the first sample that sees the run's GPU idle starts the window: no alert yet (the
         # sample the wait above returns may already be a window later on a loaded machine)
         first_idle = next(
-            s["gpus"][1] for s in reader.seen
+            s["gpus"][1]
+            for s in reader.seen
             if s["host"] == "h2" and s["state"] == "ok" and s["gpus"][1]["idle_for_s"] is not None
-        )  # fmt: skip
+        )
         assert (first_idle["idle_for_s"], first_idle["idle_alert"]) == (0, False)
         alert = reader.until(
             lambda s: s["host"] == "h2" and s["state"] == "ok" and s["gpus"][1]["idle_alert"],

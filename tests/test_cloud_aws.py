@@ -214,8 +214,9 @@ def test_a_placement_lookup_the_cloud_refuses_removes_the_rest_and_says_so(
     failing = AWSResponse("https://ec2", 500, {}, None)
     body = {"Error": {"Code": "InternalError", "Message": "not implemented"}}
     ec2 = aws.ec2(REGION)
-    ec2.meta.events.register_first("before-call.ec2.DescribePlacementGroups",
-                                   lambda **_: (failing, body))  # fmt: skip
+    ec2.meta.events.register_first(
+        "before-call.ec2.DescribePlacementGroups", lambda **_: (failing, body)
+    )
     removed = aws.terminate("c1", REGION)
     assert len(removed.instances) == 1 and len(removed.security_groups) == 1
     assert _live(aws) == {"instances": [], "groups": []}

@@ -50,9 +50,14 @@ class Laptop:
 
     def vmrun(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.argv(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
-            timeout=timeout, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            self.argv(*args),
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def toml(self) -> str:
         path = self.cwd / "vmrun.toml"
@@ -113,8 +118,17 @@ def user(laptop: Laptop) -> Iterator[Laptop]:
 
 
 def _up(user: Laptop, *args: str) -> list[str]:
-    return ["up", "c1", "--type", "g4dn.2xlarge", "--user", user.cloud.user,
-            "--ssh-from", user.cloud.ssh_cidr, *args]  # fmt: skip
+    return [
+        "up",
+        "c1",
+        "--type",
+        "g4dn.2xlarge",
+        "--user",
+        user.cloud.user,
+        "--ssh-from",
+        user.cloud.ssh_cidr,
+        *args,
+    ]
 
 
 @pytest.mark.timeout(600)
@@ -144,8 +158,9 @@ def test_up_setup_train_fetch_down_over_real_ssh(user: Laptop, host_python: Path
     kinds = sorted(r["kind"] for r in found["resources"] if r["cluster"] == "c1")
     assert kinds.count("instance") == 2 and "security-group" in kinds, kinds
 
-    setup = user.vmrun("setup", "@c1", "--python", str(host_python), "--torch", TORCH_SPEC,
-                       timeout=300)  # fmt: skip
+    setup = user.vmrun(
+        "setup", "@c1", "--python", str(host_python), "--torch", TORCH_SPEC, timeout=300
+    )
     assert setup.returncode == 0, setup.stderr + setup.stdout
 
     train = user.vmrun("train", "-H", "@c1", "--epochs", "2", "--save-every", "1", timeout=300)
@@ -198,9 +213,14 @@ def test_a_quota_refusal_is_one_line_and_leaves_nothing(user: Laptop) -> None:
 def test_ctrl_c_while_the_vms_boot_leaves_nothing(user: Laptop) -> None:
     user.cloud.boot_s = 60.0  # the VMs run but do not let anyone in for a minute
     proc = subprocess.Popen(
-        user.argv(*_up(user, "-n", "2")), cwd=user.cwd, env=user.env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        user.argv(*_up(user, "-n", "2")),
+        cwd=user.cwd,
+        env=user.env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: len(user.cloud.instance_hosts()) == 2, 60, "both instances launched")
         time.sleep(0)  # the SSH wait is under way: nothing can log in yet
@@ -240,8 +260,18 @@ def test_a_clusters_max_cost_powers_its_vm_off_from_inside_at_its_share(user: La
         return str(found["Instances"][0]["State"]["Name"])
 
     wait_for(lambda: state() == "stopped", 120, "the VM powered off at its budget")
-    refused = user.vmrun("up", "c9", "--type", "g4dn.xlarge", "--user", cloud.user,
-                         "--ssh-from", cloud.ssh_cidr, "--max-cost", "5")  # fmt: skip
+    refused = user.vmrun(
+        "up",
+        "c9",
+        "--type",
+        "g4dn.xlarge",
+        "--user",
+        cloud.user,
+        "--ssh-from",
+        cloud.ssh_cidr,
+        "--max-cost",
+        "5",
+    )
     code, said = error_in(refused.stderr)  # no price known for that type: nothing made
     assert "no price for g4dn.xlarge" in said, said
     assert refused.returncode == 2 and code == "over-budget", refused.stderr
@@ -304,12 +334,17 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
 
     fake = FakeUCloud(queue_polls=2, access_ttl=5.0, boot=boot)
     served = user.cloud.call(fake.serve)
-    env = {**user.env, "VMRUN_UCLOUD_URL": served.url, "VMRUN_UCLOUD_TOKEN": REFRESH,
-           "VMRUN_UCLOUD_PROJECT": "p-lab"}  # fmt: skip
+    env = {
+        **user.env,
+        "VMRUN_UCLOUD_URL": served.url,
+        "VMRUN_UCLOUD_TOKEN": REFRESH,
+        "VMRUN_UCLOUD_PROJECT": "p-lab",
+    }
     try:
         run = replace(user, env=env)
-        up = run.vmrun("up", "uc", "--cloud", "ucloud", "--type", "u1-standard-2", "-n", "2",
-                       timeout=180)  # fmt: skip
+        up = run.vmrun(
+            "up", "uc", "--cloud", "ucloud", "--type", "u1-standard-2", "-n", "2", timeout=180
+        )
         assert up.returncode == 0, up.stderr + up.stdout
         assert "trust on first use" in up.stderr and "queued at UCloud" in up.stderr, up.stderr
         assert len(fake.live()) == 2 and set(fake.projects) == {"p-lab"}
@@ -318,11 +353,11 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
         for host in machines:  # the login the job's SSH line gave (its port when not 22)
             port = f":{host.port}" if host.port != 22 else ""
             assert f'address = "{host.user}@{host.addr_on("main")}{port}"' in toml, toml
-        setup = run.vmrun("setup", "@uc", "--python", str(host_python), "--torch", TORCH_SPEC,
-                          timeout=300)  # fmt: skip
+        setup = run.vmrun(
+            "setup", "@uc", "--python", str(host_python), "--torch", TORCH_SPEC, timeout=300
+        )
         assert setup.returncode == 0, setup.stderr + setup.stdout
-        train = run.vmrun("train", "-H", "@uc", "--epochs", "1", "--save-every", "1",
-                          timeout=300)  # fmt: skip
+        train = run.vmrun("train", "-H", "@uc", "--epochs", "1", "--save-every", "1", timeout=300)
         assert train.returncode == 0, train.stderr + train.stdout
         rid = re.search(r"run (\S+) finished", train.stderr)
         assert rid, train.stderr

@@ -77,9 +77,14 @@ def _seed_dlami(day: str) -> str:
     name = f"Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) {day.replace('-', '')}"
     created = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
     backend.amis[ami] = Ami(
-        backend, ami, name=name, owner_id=DLAMI_OWNER, architecture="x86_64",
-        creation_date=created, virtualization_type="hvm",
-    )  # fmt: skip
+        backend,
+        ami,
+        name=name,
+        owner_id=DLAMI_OWNER,
+        architecture="x86_64",
+        creation_date=created,
+        virtualization_type="hvm",
+    )
     return ami
 
 
@@ -105,8 +110,9 @@ def _up(monkeypatch: pytest.MonkeyPatch, work: Path, **kw: Any) -> cloud.Up:
     seeded = _seed_dlami("2025-06-01")
     done = cloud.up(load_settings(), _ask(kw.pop("image", seeded), count=2, **kw), Recorder())
     node = done.hosts[1]
-    record_hosts(work, [HostEntry(node.spec, node.name, node.groups,
-                                     {**node.vars, "python": "/env/python"})])  # fmt: skip
+    record_hosts(
+        work, [HostEntry(node.spec, node.name, node.groups, {**node.vars, "python": "/env/python"})]
+    )
     return done
 
 

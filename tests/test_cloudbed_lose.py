@@ -32,9 +32,10 @@ def cloud(tmp_path: Path) -> Iterator[CloudBed]:
     keys = ClientKeys.generate(tmp_path / "keys")
     with (
         NetnsBed(tmp_path / "bed", keys) as bed,
-        CloudBed(bed, tmp_path / "cloud", instances=["n1", "n2", "n3"], listen="main",
-                 on_boot=_mark) as cloud,
-    ):  # fmt: skip
+        CloudBed(
+            bed, tmp_path / "cloud", instances=["n1", "n2", "n3"], listen="main", on_boot=_mark
+        ) as cloud,
+    ):
         yield cloud
 
 
@@ -43,8 +44,12 @@ def test_lost_vm_is_replaced_on_another_host(cloud: CloudBed) -> None:
     ec2 = cloud.client("ec2")
 
     def launch(count: int) -> list[str]:
-        out = ec2.run_instances(ImageId=cloud.images["ubuntu"], InstanceType="g4dn.2xlarge",
-                                MinCount=count, MaxCount=count)  # fmt: skip
+        out = ec2.run_instances(
+            ImageId=cloud.images["ubuntu"],
+            InstanceType="g4dn.2xlarge",
+            MinCount=count,
+            MaxCount=count,
+        )
         return [i["InstanceId"] for i in out["Instances"]]
 
     def state(instance_id: str) -> str:

@@ -99,9 +99,16 @@ def _stub_pricing(session: Session, answers: dict[str, float | None]) -> Stubber
     """The Price List API, for the instance types in `answers` (in the order asked)."""
     stub = Stubber(session.client("pricing", prices.PRICING_REGION, quick=True))
     for _, price in answers.items():
-        stub.add_response("get_products", _price_list(price), {
-            "ServiceCode": "AmazonEC2", "Filters": ANY, "FormatVersion": "aws_v1", "MaxResults": 10,
-        })  # fmt: skip
+        stub.add_response(
+            "get_products",
+            _price_list(price),
+            {
+                "ServiceCode": "AmazonEC2",
+                "Filters": ANY,
+                "FormatVersion": "aws_v1",
+                "MaxResults": 10,
+            },
+        )
     stub.activate()
     return stub
 
@@ -179,9 +186,13 @@ def test_on_demand_price_from_the_price_list_and_cached(aws_env: dict[str, str])
 def test_the_price_list_filters_name_the_product_vmrun_launches() -> None:
     filters = {f["Field"]: f["Value"] for f in prices.on_demand_filters("p3.2xlarge", "eu-west-1")}
     assert filters == {
-        "instanceType": "p3.2xlarge", "regionCode": "eu-west-1", "operatingSystem": "Linux",
-        "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used",
-    }  # fmt: skip
+        "instanceType": "p3.2xlarge",
+        "regionCode": "eu-west-1",
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+    }
     assert prices.parse_on_demand(_price_list(3.06)["PriceList"]) == pytest.approx(3.06)
     assert prices.parse_on_demand([]) is None
 
@@ -212,16 +223,26 @@ def test_a_volume_left_behind_is_priced_by_its_size(aws_env: dict[str, str]) -> 
     session = Session(None)
     stub = Stubber(session.client("pricing", prices.PRICING_REGION, quick=True))
     per_gb = {
-        "terms": {"OnDemand": {"T": {"priceDimensions": {
-            "D": {"unit": "GB-Mo", "pricePerUnit": {"USD": "0.0800000000"}}
-        }}}}
-    }  # fmt: skip
+        "terms": {
+            "OnDemand": {
+                "T": {
+                    "priceDimensions": {
+                        "D": {"unit": "GB-Mo", "pricePerUnit": {"USD": "0.0800000000"}}
+                    }
+                }
+            }
+        }
+    }
     stub.add_response(
         "get_products",
         {"PriceList": [json.dumps(per_gb)], "FormatVersion": "aws_v1"},
-        {"ServiceCode": "AmazonEC2", "Filters": prices.volume_filters("gp3", "us-east-1"),
-         "FormatVersion": "aws_v1", "MaxResults": 10},
-    )  # fmt: skip
+        {
+            "ServiceCode": "AmazonEC2",
+            "Filters": prices.volume_filters("gp3", "us-east-1"),
+            "FormatVersion": "aws_v1",
+            "MaxResults": 10,
+        },
+    )
     stub.activate()
     found = prices.Prices(session)
     assert found.volume("gp3", 500, "us-east-1") == pytest.approx(0.08 * 500 / 730)
@@ -234,19 +255,39 @@ def test_spot_price_is_the_zones_latest(aws_env: dict[str, str]) -> None:
     stub = Stubber(session.client("ec2", "us-west-2", quick=True))
     now = datetime.now(timezone.utc)
     history = [
-        {"AvailabilityZone": "us-west-2b", "InstanceType": "g5.xlarge", "SpotPrice": "0.9000",
-         "Timestamp": now - timedelta(hours=1), "ProductDescription": "Linux/UNIX"},
-        {"AvailabilityZone": "us-west-2a", "InstanceType": "g5.xlarge", "SpotPrice": "0.4000",
-         "Timestamp": now - timedelta(hours=2), "ProductDescription": "Linux/UNIX"},
-        {"AvailabilityZone": "us-west-2a", "InstanceType": "g5.xlarge", "SpotPrice": "0.4100",
-         "Timestamp": now - timedelta(minutes=5), "ProductDescription": "Linux/UNIX"},
-    ]  # fmt: skip
+        {
+            "AvailabilityZone": "us-west-2b",
+            "InstanceType": "g5.xlarge",
+            "SpotPrice": "0.9000",
+            "Timestamp": now - timedelta(hours=1),
+            "ProductDescription": "Linux/UNIX",
+        },
+        {
+            "AvailabilityZone": "us-west-2a",
+            "InstanceType": "g5.xlarge",
+            "SpotPrice": "0.4000",
+            "Timestamp": now - timedelta(hours=2),
+            "ProductDescription": "Linux/UNIX",
+        },
+        {
+            "AvailabilityZone": "us-west-2a",
+            "InstanceType": "g5.xlarge",
+            "SpotPrice": "0.4100",
+            "Timestamp": now - timedelta(minutes=5),
+            "ProductDescription": "Linux/UNIX",
+        },
+    ]
     stub.add_response(
         "describe_spot_price_history",
         {"SpotPriceHistory": history},
-        {"InstanceTypes": ["g5.xlarge"], "AvailabilityZone": "us-west-2a",
-         "ProductDescriptions": ANY, "StartTime": ANY, "MaxResults": 20},
-    )  # fmt: skip
+        {
+            "InstanceTypes": ["g5.xlarge"],
+            "AvailabilityZone": "us-west-2a",
+            "ProductDescriptions": ANY,
+            "StartTime": ANY,
+            "MaxResults": 20,
+        },
+    )
     stub.activate()
     found = prices.Prices(session)
     assert found.hourly("g5.xlarge", "us-west-2", "us-west-2a", spot=True) == pytest.approx(0.41)
@@ -261,11 +302,15 @@ def test_placement_groups_are_listed_by_tag(aws_env: dict[str, str]) -> None:
     ec2 = session.client("ec2", "us-east-1")
     stub = Stubber(ec2)
     group = {
-        "GroupName": "vmrun-w251", "GroupId": "pg-0123", "State": "available",
+        "GroupName": "vmrun-w251",
+        "GroupId": "pg-0123",
+        "State": "available",
         "Strategy": "cluster",
-        "Tags": [{"Key": TAG_CLUSTER, "Value": "w251"},
-                 {"Key": TAG_CREATED, "Value": "2026-01-02T03:04:05Z"}],
-    }  # fmt: skip
+        "Tags": [
+            {"Key": TAG_CLUSTER, "Value": "w251"},
+            {"Key": TAG_CREATED, "Value": "2026-01-02T03:04:05Z"},
+        ],
+    }
     stub.add_response(
         "describe_placement_groups",
         {"PlacementGroups": [group]},
@@ -299,9 +344,11 @@ def test_every_tagged_resource_is_listed_sorted(ec2_mock: None) -> None:
     )["GroupId"]
     ec2.create_security_group(GroupName="other", Description="not vmrun's")
     volume = ec2.create_volume(
-        Size=500, AvailabilityZone="us-east-1a", VolumeType="gp3",
+        Size=500,
+        AvailabilityZone="us-east-1a",
+        VolumeType="gp3",
         TagSpecifications=_tags("volume", "w251"),
-    )["VolumeId"]  # fmt: skip
+    )["VolumeId"]
     session = Session(None)
     for region in ("us-east-1", "us-west-2"):
         _no_placement_groups(session, region)
@@ -427,14 +474,42 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 def _canned(gaps: list[Gap] | None = None) -> Listing:
     res = [
-        Resource("instance", "i-1", "w251", "us-east-1", "running", "g4dn.2xlarge",
-                 NOW - timedelta(hours=3, minutes=12), price=0.752, zone="us-east-1a"),
-        Resource("instance", "i-2", "w251", "us-east-1", "running", "g4dn.2xlarge",
-                 NOW - timedelta(days=2, hours=1), spot=True, zone="us-east-1a"),
+        Resource(
+            "instance",
+            "i-1",
+            "w251",
+            "us-east-1",
+            "running",
+            "g4dn.2xlarge",
+            NOW - timedelta(hours=3, minutes=12),
+            price=0.752,
+            zone="us-east-1a",
+        ),
+        Resource(
+            "instance",
+            "i-2",
+            "w251",
+            "us-east-1",
+            "running",
+            "g4dn.2xlarge",
+            NOW - timedelta(days=2, hours=1),
+            spot=True,
+            zone="us-east-1a",
+        ),
         Resource("security-group", "sg-1", "w251", "us-east-1"),
-        Resource("volume", "vol-9", "zombie", "eu-west-1", "available", "gp3",
-                 NOW - timedelta(minutes=7), zone="eu-west-1b", size_gb=500, price=0.0548),
-    ]  # fmt: skip
+        Resource(
+            "volume",
+            "vol-9",
+            "zombie",
+            "eu-west-1",
+            "available",
+            "gp3",
+            NOW - timedelta(minutes=7),
+            zone="eu-west-1b",
+            size_gb=500,
+            price=0.0548,
+        ),
+    ]
     return Listing(
         ["eu-west-1", "us-east-1"], res, ["zombie"], gaps or [], per_hour=0.8068, unpriced=1
     )
@@ -530,8 +605,9 @@ def test_clouds_tables_are_checked(tmp_path: Path) -> None:
             load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
         assert info.value.code == "bad-config", bad
         assert f"line {line}:" in info.value.message and key in info.value.message, (
-            bad, info.value.message
-        )  # fmt: skip
+            bad,
+            info.value.message,
+        )
 
 
 # -- the command in a child process (the netns tier: the `client` fixture) ------------------
@@ -580,17 +656,26 @@ def test_a_cluster_made_by_hand_is_listed_as_forgotten(client: Client, moto_serv
     import boto3
 
     env = _aws_client_env(
-        client, AWS_ENDPOINT_URL=moto_server, AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing", XDG_CACHE_HOME=str(client.home / "cache"),
-    )  # fmt: skip
+        client,
+        AWS_ENDPOINT_URL=moto_server,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        XDG_CACHE_HOME=str(client.home / "cache"),
+    )
     ec2 = boto3.client(
-        "ec2", region_name="us-east-1", endpoint_url=moto_server,
-        aws_access_key_id="testing", aws_secret_access_key="testing",
-    )  # fmt: skip
+        "ec2",
+        region_name="us-east-1",
+        endpoint_url=moto_server,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     made = ec2.run_instances(
-        ImageId=AMI, MinCount=1, MaxCount=1, InstanceType="g4dn.xlarge",
+        ImageId=AMI,
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="g4dn.xlarge",
         TagSpecifications=_tags("instance", "by-hand"),
-    )["Instances"][0]["InstanceId"]  # fmt: skip
+    )["Instances"][0]["InstanceId"]
     (client.cwd / "vmrun.toml").write_text('[[clouds]]\nname = "w251"\ncloud = "aws"\n')
     done = client.vmrun("clusters", "--json", env=env)
     data = json.loads(done.stdout)

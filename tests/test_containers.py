@@ -308,13 +308,23 @@ def test_the_detect_script_names_the_runtimes_on_the_path(tmp_path: Path) -> Non
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = {"PATH": str(bin_dir)}
-    done = subprocess.run(["/bin/sh", "-c", source(DETECT_SCRIPT), "vmrun-container-detect"],
-                          env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        ["/bin/sh", "-c", source(DETECT_SCRIPT), "vmrun-container-detect"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.split() == ["pyxis", "podman"]
     assert detect(done.stdout.split()) == RUNTIMES["pyxis"]
     (bin_dir / "srun").write_text("#!/bin/sh\necho '  --nodes=N'\n")  # srun without pyxis
-    done = subprocess.run(["/bin/sh", "-c", source(DETECT_SCRIPT), "vmrun-container-detect"],
-                          env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        ["/bin/sh", "-c", source(DETECT_SCRIPT), "vmrun-container-detect"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.split() == ["podman"]
 
 
@@ -440,8 +450,10 @@ def test_a_recorded_pull_reads_the_same_from_a_pipe_and_from_the_api() -> None:
 
 def test_a_refused_api_pull_is_its_error() -> None:
     reader = PullReader()
-    reader.feed('{"message":"manifest for localhost:5077/vmrun/tiny:9 not found: manifest '
-                'unknown: manifest unknown"}')  # fmt: skip
+    reader.feed(
+        '{"message":"manifest for localhost:5077/vmrun/tiny:9 not found: manifest '
+        'unknown: manifest unknown"}'
+    )
     assert pull_error("\n".join(reader.errors), "localhost:5077/vmrun/tiny:9").code == (
         "image-not-found"
     )
@@ -501,8 +513,9 @@ def test_the_pull_runs_on_a_terminal_wide_enough_for_podmans_bars(tmp_path: Path
         pytest.skip("script(1) or stty missing")
     fake = tmp_path / "podman"
     bar = "Copying blob 2fec26bb3f76 [====] 1.5MiB / 1.5MiB"
-    fake.write_text(f'#!/bin/sh\n[ "$1" = pull ] || exit 1\nset -- $(stty size)\n'
-                    f'echo "{bar} (cols $2)"\n')
+    fake.write_text(
+        f'#!/bin/sh\n[ "$1" = pull ] || exit 1\nset -- $(stty size)\necho "{bar} (cols $2)"\n'
+    )
     fake.chmod(0o755)
     argv = ["sh", "-c", source("container_pull.sh"), "vmrun-container-pull", str(fake), "x:1"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
@@ -536,7 +549,7 @@ def test_the_pull_runs_on_a_terminal_wide_enough_for_podmans_bars(tmp_path: Path
             "registry-auth-refused",
         ),
         (
-            "Error response from daemon: Get \"https://localhost:5000/v2/\": unauthorized: "
+            'Error response from daemon: Get "https://localhost:5000/v2/": unauthorized: '
             "incorrect username or password",
             "registry-auth-refused",
         ),
@@ -562,7 +575,7 @@ def test_the_pull_runs_on_a_terminal_wide_enough_for_podmans_bars(tmp_path: Path
         ),
         (
             "permission denied while trying to connect to the Docker daemon socket at "
-            "unix:///var/run/docker.sock: Head \"http://%2Fvar%2Frun%2Fdocker.sock/_ping\"",
+            'unix:///var/run/docker.sock: Head "http://%2Fvar%2Frun%2Fdocker.sock/_ping"',
             "container-runtime-unavailable",
         ),
         (  # recorded, as the three below
@@ -644,8 +657,9 @@ def _script(fake: tuple[Path, Path], behaviour: str, *, stale: bool = False) -> 
     args = script_args(RUNTIMES["docker"], _spec(), 5)
     args[0] = str(binary)
     env = {**os.environ, "FAKE_DOCKER_STATE": str(state), "FAKE_RUN": behaviour}
-    return subprocess.Popen(["sh", "-c", source("container_run.sh"), "vmrun-container", *args],
-                            env=env)  # fmt: skip
+    return subprocess.Popen(
+        ["sh", "-c", source("container_run.sh"), "vmrun-container", *args], env=env
+    )
 
 
 def _calls(state: Path) -> list[list[str]]:
@@ -723,8 +737,9 @@ def test_usr2_goes_to_every_process_in_the_container(fake_docker) -> None:
 def test_container_run_is_shellcheck_clean_posix_sh() -> None:
     from vmrun.hostside import HERE
 
-    done = subprocess.run(["shellcheck", "-s", "sh", str(HERE / "container_run.sh")],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["shellcheck", "-s", "sh", str(HERE / "container_run.sh")], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout
 
 
@@ -737,8 +752,14 @@ def _pull(fake: tuple[Path, Path], username: str | None, password: str | None, *
     assert isinstance(image, ImageRef)
     args = pull_script_args(RUNTIMES["docker"], image, "always", username)
     args[0] = str(binary)
-    env = {**os.environ, "FAKE_DOCKER_STATE": str(state), "FAKE_PULL_OUT": RECORDED_PLAIN,
-           "FAKE_PASSWORD": "s3cret 'x'", "TMPDIR": str(state), **more}  # fmt: skip
+    env = {
+        **os.environ,
+        "FAKE_DOCKER_STATE": str(state),
+        "FAKE_PULL_OUT": RECORDED_PLAIN,
+        "FAKE_PASSWORD": "s3cret 'x'",
+        "TMPDIR": str(state),
+        **more,
+    }
     env.pop(PASSWORD_ENV, None)
     if password is not None:
         env[PASSWORD_ENV] = password
@@ -811,8 +832,9 @@ def test_a_pull_on_a_terminal_gives_its_byte_counts_as_plain_lines(fake_docker) 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="script(1) is not installed")
 def test_a_failed_pull_on_a_terminal_keeps_its_status(fake_docker) -> None:
-    done = _pull(fake_docker, None, None, FAKE_PULL_TTY="Error: manifest unknown\\n",
-                 FAKE_PULL_EXIT="3")  # fmt: skip
+    done = _pull(
+        fake_docker, None, None, FAKE_PULL_TTY="Error: manifest unknown\\n", FAKE_PULL_EXIT="3"
+    )
     assert done.returncode == 3
     assert pull_error(done.stdout, "x:1").code == "image-not-found"
     assert not list(fake_docker[1].glob("vmrun-pull-status.*"))  # its status file removed
@@ -822,22 +844,30 @@ def test_a_failed_pull_on_a_terminal_keeps_its_status(fake_docker) -> None:
 
 # what a run's log holds when the daemon may not raise NGC's memlock=-1 (docker 24, runc 1.1;
 # an older runc; crun under podman)
-RUNC = (b"docker: Error response from daemon: failed to create task for container: failed to"
-        b" create shim task: OCI runtime create failed: runc create failed: unable to start"
-        b" container process: error during container init: error setting rlimits for ready"
-        b" process: error setting rlimit type 8: operation not permitted: unknown.\n")  # fmt: skip
-OLD_RUNC = (b'container_linux.go:349: starting container process caused "process_linux.go:449:'
-            b' container init caused \\"setting rlimits for ready process: error setting rlimit'
-            b' type 3: operation not permitted\\"": unknown\n')  # fmt: skip
+RUNC = (
+    b"docker: Error response from daemon: failed to create task for container: failed to"
+    b" create shim task: OCI runtime create failed: runc create failed: unable to start"
+    b" container process: error during container init: error setting rlimits for ready"
+    b" process: error setting rlimit type 8: operation not permitted: unknown.\n"
+)
+OLD_RUNC = (
+    b'container_linux.go:349: starting container process caused "process_linux.go:449:'
+    b' container init caused \\"setting rlimits for ready process: error setting rlimit'
+    b' type 3: operation not permitted\\"": unknown\n'
+)
 CRUN = b"Error: crun: setrlimit `RLIMIT_NOFILE`: Operation not permitted: OCI permission denied\n"
 
 
 @pytest.mark.parametrize(
     ("text", "limit"),
-    [(RUNC, "memlock"), (OLD_RUNC, "stack"), (CRUN, "nofile"),
-     (b"PermissionError: [Errno 1] Operation not permitted: 'x'\n", None),
-     (b"docker: Error response from daemon: pull access denied\n", None)],
-)  # fmt: skip
+    [
+        (RUNC, "memlock"),
+        (OLD_RUNC, "stack"),
+        (CRUN, "nofile"),
+        (b"PermissionError: [Errno 1] Operation not permitted: 'x'\n", None),
+        (b"docker: Error response from daemon: pull access denied\n", None),
+    ],
+)
 def test_the_runtimes_refusal_of_a_limit_is_read_with_the_limits_name(
     text: bytes, limit: str | None
 ) -> None:

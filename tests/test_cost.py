@@ -15,8 +15,11 @@ from vmrun.results.cost import alike, charge, money, prices, recovery_seconds
 
 
 def test_prices_are_recorded_only_when_every_node_has_one() -> None:
-    assert prices({"h1": 0.5, "h2": 1}) == {"prices": {"h1": 0.5, "h2": 1.0},
-                                           "price_per_hour": 1.5, "currency": "USD"}  # fmt: skip
+    assert prices({"h1": 0.5, "h2": 1}) == {
+        "prices": {"h1": 0.5, "h2": 1.0},
+        "price_per_hour": 1.5,
+        "currency": "USD",
+    }
     assert prices({"h1": 0.5, "h2": None}) == {}  # a partial sum would mislead
     assert prices({}) == {}
     assert charge(1800, 3.0) == 1.5 and charge(None, 3.0) is None and charge(60, None) is None
@@ -36,8 +39,11 @@ def test_a_price_that_is_not_a_number_is_refused_naming_the_key(
 
 
 def test_prices_in_another_currency_are_kept_in_it_and_never_added_to_dollars() -> None:
-    assert alike(3.6, 2, "DKK") == {"prices": {"node 0": 3.6, "node 1": 3.6},
-                                    "price_per_hour": 7.2, "currency": "DKK"}  # fmt: skip
+    assert alike(3.6, 2, "DKK") == {
+        "prices": {"node 0": 3.6, "node 1": 3.6},
+        "price_per_hour": 7.2,
+        "currency": "DKK",
+    }
     assert prices({"h1": 0.5, "h2": 3.6}, {"h2": "DKK"}) == {}  # no rate to trust offline
     assert prices({"h1": 0.5}, {"h1": "USD"})["currency"] == "USD"
     assert (money(2, "USD"), money(1234.5, "DKK"), money(None)) == ("$2.00", "1,234.50 DKK", "-")
@@ -57,8 +63,14 @@ def test_a_report_gives_the_runs_cost_and_each_recoverys(tmp_path: Path) -> None
 
     run = tmp_path / "results" / "r1"
     run.mkdir(parents=True)
-    meta = {"run_id": "r1", "cluster": "bed", "nodes": 2, "nproc_per_node": 1,
-            "prices": {"node 0": 1.0, "node 1": 1.0}, "price_per_hour": 2.0}  # fmt: skip
+    meta = {
+        "run_id": "r1",
+        "cluster": "bed",
+        "nodes": 2,
+        "nproc_per_node": 1,
+        "prices": {"node 0": 1.0, "node 1": 1.0},
+        "price_per_hour": 2.0,
+    }
     (run / "run.json").write_text(json.dumps(meta))
     (run / "starts").write_text("1 1000\n2 1530\n")
     (run / "exit").write_text("1 requeue 1500\n2 0 4600\n")
@@ -83,10 +95,19 @@ def test_up_records_each_vms_price_on_its_host() -> None:
     from vmrun.providers.api import Instance
 
     made = [
-        Instance(f"i-{n}", "c1", "running", "g4dn.xlarge", "us-east-1a", "us-east-1",
-                 f"198.51.100.{n + 1}", f"10.0.0.{n + 1}", index=n)
+        Instance(
+            f"i-{n}",
+            "c1",
+            "running",
+            "g4dn.xlarge",
+            "us-east-1a",
+            "us-east-1",
+            f"198.51.100.{n + 1}",
+            f"10.0.0.{n + 1}",
+            index=n,
+        )
         for n in range(2)
-    ]  # fmt: skip
+    ]
     hosts = _entries("c1", "ubuntu", made, "", price=0.526)
     assert [h.vars["price"] for h in hosts] == [0.526, 0.526]
     assert "price" not in _entries("c1", "ubuntu", made, "")[0].vars
@@ -99,8 +120,14 @@ def test_a_sweeps_runs_are_added_up_under_the_report_each_currency_apart(tmp_pat
     for name, per_hour, currency in (("r1", 2.0, "USD"), ("r2", 4.0, "USD"), ("r3", 30.0, "DKK")):
         run = tmp_path / name
         run.mkdir()
-        meta = {"run_id": name, "nodes": ["h1"], "nproc_per_node": 1,
-                "prices": {"h1": per_hour}, "price_per_hour": per_hour, "currency": currency}
+        meta = {
+            "run_id": name,
+            "nodes": ["h1"],
+            "nproc_per_node": 1,
+            "prices": {"h1": per_hour},
+            "price_per_hour": per_hour,
+            "currency": currency,
+        }
         before = {"ran_before_s": 1800} if name == "r1" else {}  # resumed: its first attempt
         (run / "run.json").write_text(json.dumps({**meta, "started": 1000, **before}))
         (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "loss": 0.5}) + "\n")
@@ -124,9 +151,11 @@ def test_a_max_cost_that_is_not_an_amount_is_refused(tmp_path: Path, value: str)
 
 @pytest.mark.parametrize("where", [["--local"]])
 def test_max_cost_where_no_price_holds_is_refused_before_anything_starts(
-    where: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    where: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     from conftest import error_in
 
     from vmrun.cli.main import run

@@ -212,10 +212,18 @@ class _Relayed:
         self.label = "b1"
         self.settings = load_settings({}, environ={"HOME": "/nonexistent"})
         self.target = Target(
-            label="b1", hostname="10.0.0.5", port=22, user="u", identity_files=(),
-            identities_only=False, proxy_jump=(parse_host("bastion"),), proxy_command=None,
-            known_hosts_files=(), key_host="10.0.0.5", key_port=22,
-        )  # fmt: skip
+            label="b1",
+            hostname="10.0.0.5",
+            port=22,
+            user="u",
+            identity_files=(),
+            identities_only=False,
+            proxy_jump=(parse_host("bastion"),),
+            proxy_command=None,
+            known_hosts_files=(),
+            key_host="10.0.0.5",
+            key_port=22,
+        )
 
     def open(self) -> _Relayed:
         return self

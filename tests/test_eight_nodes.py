@@ -95,8 +95,9 @@ def test_a_killed_node_is_reported_and_the_resume_on_all_eight_matches_one_proce
     again = octet.vmrun("train", "--resume", rid, *gate.options(2), timeout=600)
     assert again.returncode == 0, again.stderr + again.stdout
     assert "8 nodes x 1 process(es)" in again.stderr
-    resumed = re.findall(r"^\[(e\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout,
-                         re.M)  # fmt: skip
+    resumed = re.findall(
+        r"^\[(e\d) rank\d\] resumed from snapshot at epoch (\d+)", again.stdout, re.M
+    )
     assert sorted({h for h, _ in resumed}) == NODES, again.stdout
     assert len({e for _, e in resumed}) == 1 and int(resumed[0][1]) >= 2
     ranks = _ranks(again.stdout)

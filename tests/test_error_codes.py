@@ -148,8 +148,9 @@ def test_hosts_failed_has_the_hosts_code_when_they_share_one() -> None:
 def test_watch_gpus_json_carries_the_code() -> None:
     from vmrun.gpus.fleet import HostSample, HostState, HostStatus
 
-    sample = HostSample("h1", HostState.UNREACHABLE, 0.0, message="no answer", exit_code=12,
-                        code="host-unreachable")  # fmt: skip
+    sample = HostSample(
+        "h1", HostState.UNREACHABLE, 0.0, message="no answer", exit_code=12, code="host-unreachable"
+    )
     data = json.loads(json.dumps(HostStatus(sample).to_json()))
     assert data["state"] == "unreachable" and data["code"] == "host-unreachable"
     assert data["error"] == {"code": "host-unreachable", "message": "no answer", "exit_status": 12}
@@ -157,19 +158,24 @@ def test_watch_gpus_json_carries_the_code() -> None:
     assert fine["code"] is None
 
     assert fine["error"] is None
-    lost = HostSample("h1", HostState.DISCONNECTED, 0.0, message="dropped; retrying",
-                      code="connection-lost")  # fmt: skip
+    lost = HostSample(
+        "h1", HostState.DISCONNECTED, 0.0, message="dropped; retrying", code="connection-lost"
+    )
     assert HostStatus(lost).to_json()["error"] == {
-        "code": "connection-lost", "message": "dropped; retrying", "exit_status": 13,
-    }  # a retried failure adds nothing to the exit yet: the code's own status  # fmt: skip
+        "code": "connection-lost",
+        "message": "dropped; retrying",
+        "exit_status": 13,
+    }  # a retried failure adds nothing to the exit yet: the code's own status
 
 
 def test_error_json_is_one_shape_for_any_failure() -> None:
     from vmrun.errors import CommandFailed, UsageError, error_json
 
     assert error_json(UsageError("bad", host="h1", code="run-not-found")) == {
-        "code": "run-not-found", "message": "h1: bad", "exit_status": 2,
-    }  # fmt: skip
+        "code": "run-not-found",
+        "message": "h1: bad",
+        "exit_status": 2,
+    }
     assert error_json(CommandFailed("x", exit_status=7))["exit_status"] == 7
     assert error_json(RuntimeError("boom"))["code"] == "internal"
 
@@ -192,8 +198,10 @@ def test_report_json_carries_each_left_out_run_with_its_code(
     out, err = capsys.readouterr()
     rows = json.loads(out)
     assert [(r["run"], r["error"] and r["error"]["code"]) for r in rows] == [
-        ("good-1", None), ("bare-1", "run-data-missing"), ("nope-1", "run-data-missing"),
-    ]  # fmt: skip
+        ("good-1", None),
+        ("bare-1", "run-data-missing"),
+        ("nope-1", "run-data-missing"),
+    ]
     assert [list(r) for r in rows[1:]] == [list(rows[0])] * 2 and rows[2]["epochs"] is None
     assert "nope-1" in rows[2]["error"]["message"] and rows[2]["error"]["exit_status"] == 2
     assert errors_in(err) == []  # on stderr they are warnings: the report went on

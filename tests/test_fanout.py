@@ -55,8 +55,11 @@ def _client_for(fleet: NetnsBed, client: Client) -> Client:
         keys = other if host.name in WRONG_KEY else host.host_key_pub_lines
         known += [f"{host.addr} {key}" for key in keys]
     (client.ssh_dir / "known_hosts").write_text("\n".join(known) + "\n")
-    groups = {"all": [f"h{i:02d}" for i in range(WIDE)],
-              "behind": [f"b{i:02d}" for i in range(BEHIND)], "crowd": aliases}  # fmt: skip
+    groups = {
+        "all": [f"h{i:02d}" for i in range(WIDE)],
+        "behind": [f"b{i:02d}" for i in range(BEHIND)],
+        "crowd": aliases,
+    }
     toml = "".join(
         f'[[hosts]]\naddress = "{name}"\ngroups = ["{group}"]\n'
         for group, names in groups.items()
@@ -89,8 +92,9 @@ def test_64_hosts_with_faults_each_named_once(fleet: NetnsBed, client: Client) -
         fleet[name].cut_link()
     try:
         began = time.monotonic()
-        proc = client.popen("exec", "-H", "@all", "--connect-timeout", str(deadline),
-                            "--", "hostname")  # fmt: skip
+        proc = client.popen(
+            "exec", "-H", "@all", "--connect-timeout", str(deadline), "--", "hostname"
+        )
         lines, err = _timed_lines(proc)
         took = time.monotonic() - began
     finally:
@@ -105,8 +109,11 @@ def test_64_hosts_with_faults_each_named_once(fleet: NetnsBed, client: Client) -
     # streamed as they answered: the last good host well before the dead ones gave up
     assert max(at for at, _ in answered.values()) < deadline - 1, lines
     assert took < deadline * 2, f"took {took:.1f} s: dead hosts waited in turn"
-    codes = {"host-unreachable": BLACK_HOLED, "host-key-changed": WRONG_KEY,
-             "auth-failed": NO_LOGIN}  # fmt: skip
+    codes = {
+        "host-unreachable": BLACK_HOLED,
+        "host-key-changed": WRONG_KEY,
+        "auth-failed": NO_LOGIN,
+    }
     per_host = [(code, msg.split(":", 1)[0]) for code, msg in errors_in(err)]
     named = [host for _, host in per_host if host.startswith("h")]
     assert named == sorted(failed), err  # each once, in host order
@@ -151,8 +158,17 @@ def test_parallel_bounds_the_hosts_worked_on_at_once(fleet: NetnsBed, client: Cl
     _client_for(fleet, client)
     names = [f"h{i:02d}" for i in range(40, 52)]
     script = "date +%s.%N > began; sleep 0.3; date +%s.%N > ended"
-    done = client.vmrun("exec", *[a for n in names for a in ("-H", n)], "--parallel", "4",
-                        "--", "sh", "-c", script, timeout=120)  # fmt: skip
+    done = client.vmrun(
+        "exec",
+        *[a for n in names for a in ("-H", n)],
+        "--parallel",
+        "4",
+        "--",
+        "sh",
+        "-c",
+        script,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     spans = [
         (float((fleet[n].home / "began").read_text()), float((fleet[n].home / "ended").read_text()))
@@ -187,8 +203,9 @@ def test_check_setup_and_status_over_64_hosts_name_each_failure_once(
 
     book = tmp_path / "book.yaml"
     book.write_text('name: tiny\nsteps:\n  - name: mark\n    apply: echo set > "$HOME/marked"\n')
-    done = client.vmrun("setup", "-H", "@all", "--playbook", str(book), "--json", "--no-record",
-                        timeout=600)  # fmt: skip
+    done = client.vmrun(
+        "setup", "-H", "@all", "--playbook", str(book), "--json", "--no-record", timeout=600
+    )
     assert done.returncode == 11, done.stderr
     document = json.loads(done.stdout)  # stdout is the document alone
     assert [h["host"] for h in document["hosts"]] == names

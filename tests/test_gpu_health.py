@@ -124,8 +124,9 @@ def test_a_hosts_health_joins_its_gpus_and_xids_worst_first() -> None:
 
     query = (HERE / "nvsmi_q_h100x8_535.161.08_hw_slowdown.txt").read_text()
     xid = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
-    health = parse_host(f"== nvidia-smi -q\n{query}\n== kernel dmesg\n{xid}\n{xid}\n"
-                        "== rdma\nmlx5_0\nmlx5_1\n")  # fmt: skip
+    health = parse_host(
+        f"== nvidia-smi -q\n{query}\n== kernel dmesg\n{xid}\n{xid}\n== rdma\nmlx5_0\nmlx5_1\n"
+    )
     assert len(health.gpus) == 8 and health.rdma == ("mlx5_0", "mlx5_1")
     assert health.worst == ERROR
     said = health.lines()
@@ -138,6 +139,8 @@ def test_a_hosts_health_joins_its_gpus_and_xids_worst_first() -> None:
     assert "Xids not checked" in gpu_health_check("h", quiet).detail
     none = parse_host("== nvidia-smi none\n== kernel dmesg\n== rdma\n")
     assert none.gpus == () and none.worst == ""
-    broken = parse_host("== nvidia-smi failed 9\nNVIDIA-SMI has failed because it couldn't"
-                        " communicate with the NVIDIA driver.\n== kernel unreadable\n== rdma\n")
+    broken = parse_host(
+        "== nvidia-smi failed 9\nNVIDIA-SMI has failed because it couldn't"
+        " communicate with the NVIDIA driver.\n== kernel unreadable\n== rdma\n"
+    )
     assert broken.worst == ERROR and broken.lines()[0].startswith("nvidia-smi: failed 9: NVIDIA")

@@ -27,15 +27,19 @@ def _project(multi: Client) -> None:
     """n1 and n2, each pointed at the stand-in as a host with GPUs would be found."""
     text = (multi.cwd / "vmrun.toml").read_text()
     (multi.cwd / "vmrun.toml").write_text(
-        text.replace('python = ', 'nvidia_smi = "~/.vmrun/bin/nvidia-smi"\npython = '))
+        text.replace("python = ", 'nvidia_smi = "~/.vmrun/bin/nvidia-smi"\npython = ')
+    )
 
 
 @pytest.mark.timeout(300)
 def test_doctor_names_the_sick_gpu_and_train_will_not_start_on_it(
     cluster: dict[str, TestHost], multi: Client
 ) -> None:
-    xids = [line for line in (FIXTURES / "xid_lines.txt").read_text().splitlines()
-            if "Xid (PCI:0000:19:00): 48" in line][:1]  # fmt: skip
+    xids = [
+        line
+        for line in (FIXTURES / "xid_lines.txt").read_text().splitlines()
+        if "Xid (PCI:0000:19:00): 48" in line
+    ][:1]
     install(cluster["n1"], HEALTHY, [])
     install(cluster["n2"], SICK, xids)
     _project(multi)
@@ -53,10 +57,10 @@ def test_doctor_names_the_sick_gpu_and_train_will_not_start_on_it(
     assert "error[gpu-unhealthy]" in refused.stderr and "n2" in refused.stderr, refused.stderr
     assert "nothing was started" in refused.stderr
     assert not (cluster["n2"].home / ".vmrun" / "runs").exists() or not any(
-        (cluster["n2"].home / ".vmrun" / "runs").iterdir())
+        (cluster["n2"].home / ".vmrun" / "runs").iterdir()
+    )
 
-    anyway = multi.vmrun("train", "-H", "n2", "--epochs", "1", "--ignore-gpu-health",
-                         timeout=240)  # fmt: skip
+    anyway = multi.vmrun("train", "-H", "n2", "--epochs", "1", "--ignore-gpu-health", timeout=240)
     assert anyway.returncode == 0, anyway.stdout + anyway.stderr
 
 

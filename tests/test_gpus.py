@@ -361,8 +361,16 @@ def test_statuses_keep_host_order_and_json_maps_processes_to_gpus() -> None:
         "run": "r1",
     }
     assert set(doc) == {
-        "host", "time", "state", "message", "code", "error", "gpus", "processes", "autostop",
-    }  # fmt: skip
+        "host",
+        "time",
+        "state",
+        "message",
+        "code",
+        "error",
+        "gpus",
+        "processes",
+        "autostop",
+    }
     assert doc["autostop"] is None  # no watchdog on the host
 
 

@@ -41,12 +41,28 @@ def test_live_stacks_then_a_rank_that_stops_before_all_reduce_is_found_hung(
     the two places and names who holds the collective up."""
     _copy(multi, "hang_rank.py")
     runs = cluster["n1"].home / ".vmrun" / "runs"
-    proc = multi.popen("train", "hang_rank.py", "--nproc-per-node", "2", "--hang-timeout",
-                       f"{TIMEOUT_S}s", "--on-hang", "stop", "--env", "HANG_RANK=3",
-                       "--env", "HANG_AT=30", "--env", "HANG_FR=1")  # fmt: skip
+    proc = multi.popen(
+        "train",
+        "hang_rank.py",
+        "--nproc-per-node",
+        "2",
+        "--hang-timeout",
+        f"{TIMEOUT_S}s",
+        "--on-hang",
+        "stop",
+        "--env",
+        "HANG_RANK=3",
+        "--env",
+        "HANG_AT=30",
+        "--env",
+        "HANG_FR=1",
+    )
     try:
-        wait_for(lambda: runs.is_dir() and any(p.is_dir() for p in runs.iterdir()), 120,
-                 "the run's record")  # fmt: skip
+        wait_for(
+            lambda: runs.is_dir() and any(p.is_dir() for p in runs.iterdir()),
+            120,
+            "the run's record",
+        )
         (rid,) = [p.name for p in runs.iterdir() if p.is_dir()]
         log = _record(cluster["n2"], rid) / "log"
         wait_for(lambda: log.exists() and "step 2 " in log.read_text(), 120, "the run's steps")
@@ -77,15 +93,17 @@ def test_live_stacks_then_a_rank_that_stops_before_all_reduce_is_found_hung(
     reduce_line = next(i for i, line in enumerate(text, 1) if "the others wait" in line)
     shown = multi.vmrun("stacks", rid, "--hang", timeout=60)
     assert shown.returncode == 0, shown.stderr + shown.stdout
-    assert f"ranks 0-2 (n1, n2): all_reduce at hang_rank.py:{reduce_line}" in shown.stdout, \
+    assert f"ranks 0-2 (n1, n2): all_reduce at hang_rank.py:{reduce_line}" in shown.stdout, (
         shown.stdout
-    assert f"rank 3 (n2): in wait_forever at hang_rank.py:{hang_line}" in shown.stdout, \
-        shown.stdout
+    )
+    assert f"rank 3 (n2): in wait_forever at hang_rank.py:{hang_line}" in shown.stdout, shown.stdout
     assert "ranks 0-2 wait in all_reduce for rank 3" in shown.stdout, shown.stdout
     # torch's flight recorder dumps (real gloo records; the dump's trigger is the STAND-IN
     # for NCCL's watchdog): rank 3 never reached the 30th collective
-    assert ("flight recorder: ranks 0-2 reached collective #30 (gloo:all_reduce); rank 3 did"
-            " not (last: #29)") in shown.stdout, shown.stdout
+    assert (
+        "flight recorder: ranks 0-2 reached collective #30 (gloo:all_reduce); rank 3 did"
+        " not (last: #29)"
+    ) in shown.stdout, shown.stdout
     kept = multi.cwd / "results" / rid / "stacks" / "hang"
     assert sorted(p.name for p in kept.glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
     # the status tells why it failed
@@ -96,7 +114,8 @@ def test_live_stacks_then_a_rank_that_stops_before_all_reduce_is_found_hung(
     assert fetched.returncode == 0, fetched.stderr
     local = multi.cwd / "results" / rid
     assert (local / "n2" / "stacks" / "hang-1" / "rank-3.json").is_file(), sorted(
-        str(p.relative_to(local)) for p in local.rglob("*"))
+        str(p.relative_to(local)) for p in local.rglob("*")
+    )
     assert json.loads((local / "n1" / "hang").read_text())["action"] == "stop"
 
 
@@ -118,12 +137,23 @@ def test_a_slow_rank_is_named_in_the_log_metrics_and_status(
     (node 1) as slow, metrics.jsonl has every rank's step time, status names it."""
     _copy(multi, "slow_rank.py")
     shutil.copy(template_module.__file__, multi.cwd / "template.py")
-    done = multi.vmrun("train", "slow_rank.py", "--nproc-per-node", "2", "--env", "SLOW_RANK=3",
-                       "--", "3", "3", timeout=240)  # fmt: skip
+    done = multi.vmrun(
+        "train",
+        "slow_rank.py",
+        "--nproc-per-node",
+        "2",
+        "--env",
+        "SLOW_RANK=3",
+        "--",
+        "3",
+        "3",
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
-    assert re.search(r"slow rank 3 \(node 1\): [\d.]+x the others' step time", done.stdout), \
+    assert re.search(r"slow rank 3 \(node 1\): [\d.]+x the others' step time", done.stdout), (
         done.stdout
+    )
     assert not re.search(r"slow rank [012]", done.stdout), done.stdout
     out = cluster["n1"].home / remote_workdir(multi.cwd)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -135,5 +165,6 @@ def test_a_slow_rank_is_named_in_the_log_metrics_and_status(
     (row,) = json.loads(report.stdout)
     assert [(s["rank"], s["node"]) for s in row["slow_ranks"]] == [(3, 1)], row
     status = multi.vmrun("status")
-    assert re.search(rf"{rid}\s+n1\s+done\s+epoch 3\S*, rank 3 \(node 1\) slow: [\d.]+x",
-                     status.stdout), status.stdout
+    assert re.search(
+        rf"{rid}\s+n1\s+done\s+epoch 3\S*, rank 3 \(node 1\) slow: [\d.]+x", status.stdout
+    ), status.stdout

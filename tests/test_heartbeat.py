@@ -47,8 +47,14 @@ def _wait(condition: object, seconds: float) -> None:
 
 def test_a_node_that_goes_silent_is_lost_once_within_the_rule() -> None:
     nodes = _Nodes()
-    beat = Heartbeat(["a", "b"], nodes.ask, nodes.on_lost, period=0.05, lost_after=0.3,
-                     forget=nodes.forgotten.append)  # fmt: skip
+    beat = Heartbeat(
+        ["a", "b"],
+        nodes.ask,
+        nodes.on_lost,
+        period=0.05,
+        lost_after=0.3,
+        forget=nodes.forgotten.append,
+    )
     with beat:
         _wait(lambda: nodes.asked.get("b", 0) >= 2, 5)
         went = time.monotonic()
@@ -103,8 +109,15 @@ def test_a_replaced_node_that_answers_again_is_told_once_and_never_lost() -> Non
     nodes = _Nodes()
     nodes.silent.add("old")
     back: list[str] = []
-    with Heartbeat(["a"], nodes.ask, nodes.on_lost, period=0.02, lost_after=0.1,
-                   retired=["old"], on_back=back.append):  # fmt: skip
+    with Heartbeat(
+        ["a"],
+        nodes.ask,
+        nodes.on_lost,
+        period=0.02,
+        lost_after=0.1,
+        retired=["old"],
+        on_back=back.append,
+    ):
         _wait(lambda: nodes.asked.get("old", 0) >= 10, 5)  # 0.2 s of silence: past the rule
         assert back == [] and nodes.lost == {}
         nodes.silent.discard("old")

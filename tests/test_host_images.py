@@ -80,25 +80,56 @@ class LocalConn:
         self.ran: list[list[str]] = []
         self.envs: list[Mapping[str, str] | None] = []
 
-    def run(self, argv: Sequence[str], *, env=None, on_output=None, check=False, what=None,
-            activity=True) -> CommandResult:  # fmt: skip
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env=None,
+        on_output=None,
+        check=False,
+        what=None,
+        activity=True,
+    ) -> CommandResult:
         self.ran.append(list(argv))
         self.envs.append(env)
-        environ = {"PATH": f"{self.path}:{_tools(self.home.parent)}", "HOME": str(self.home),
-                   **(env or {})}  # fmt: skip
-        done = subprocess.run(local_argv(argv, self.home), env=environ, capture_output=True,
-                              cwd=self.home, timeout=20)  # fmt: skip
+        environ = {
+            "PATH": f"{self.path}:{_tools(self.home.parent)}",
+            "HOME": str(self.home),
+            **(env or {}),
+        }
+        done = subprocess.run(
+            local_argv(argv, self.home), env=environ, capture_output=True, cwd=self.home, timeout=20
+        )
         if on_output is not None:
             on_output("out", done.stdout)
-        result = CommandResult(self.label, tuple(argv), done.returncode,
-                               done.stdout.decode(), done.stderr.decode(), 0.0)  # fmt: skip
+        result = CommandResult(
+            self.label,
+            tuple(argv),
+            done.returncode,
+            done.stdout.decode(),
+            done.stderr.decode(),
+            0.0,
+        )
         if check and not result.ok:
             raise AssertionError(result.stderr_tail)
         return result
 
 
-TOOLS = ("id", "mkdir", "mktemp", "script", "tr", "sed", "cat", "rm", "sh", "grep", "tee", "cut",
-         "tail")
+TOOLS = (
+    "id",
+    "mkdir",
+    "mktemp",
+    "script",
+    "tr",
+    "sed",
+    "cat",
+    "rm",
+    "sh",
+    "grep",
+    "tee",
+    "cut",
+    "tail",
+)
 
 
 def _tools(where: Path) -> Path:
@@ -215,16 +246,20 @@ def test_nodes_are_compared_by_image_id_and_named() -> None:
     """Two hosts' own builds (no registry digest) differ by ID: refused, the nodes named;
     the same ID with different digests (pulled from two mirrors) is one image."""
     req = Request(parse_image(IMAGE))
-    ids = {h: images.NodeImage(req, RUNTIMES["docker"], 1, 1, None, f"sha256:{c * 64}")
-           for h, c in (("h1", "1"), ("h2", "1"), ("h3", "2"))}  # fmt: skip
+    ids = {
+        h: images.NodeImage(req, RUNTIMES["docker"], 1, 1, None, f"sha256:{c * 64}")
+        for h, c in (("h1", "1"), ("h2", "1"), ("h3", "2"))
+    }
     with pytest.raises(VmrunError) as refused:
         images.check_same_image(ids)
     said = refused.value.one_line()
     assert refused.value.code == "images-differ" and "111111111111 on h1, h2" in said
     assert "222222222222 on h3" in said
-    mirrors = {"h1": images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "a" * 64, "i"),
-               "h2": images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "b" * 64, "i")}
-    images.check_same_image(mirrors)  # fmt: skip
+    mirrors = {
+        "h1": images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "a" * 64, "i"),
+        "h2": images.NodeImage(req, RUNTIMES["docker"], 1, 1, "sha256:" + "b" * 64, "i"),
+    }
+    images.check_same_image(mirrors)
 
 
 # A stand-in docker: `image inspect` answers from $STATE/local (the host's own copy), `pull`
@@ -259,8 +294,9 @@ esac
         ("never", False, "ok", "image-not-here"),
     ],
 )
-def test_the_pull_policy(host_home: Path, tmp_path: Path, policy: str, local: bool,
-                         registry: str, outcome: str) -> None:  # fmt: skip
+def test_the_pull_policy(
+    host_home: Path, tmp_path: Path, policy: str, local: bool, registry: str, outcome: str
+) -> None:
     state = tmp_path / "state"
     state.mkdir()
     if local:
@@ -272,8 +308,10 @@ def test_the_pull_policy(host_home: Path, tmp_path: Path, policy: str, local: bo
     out = Recorder()
     if outcome in ("kept", "fresh", "local"):
         pulled = images.pull(conn, node, out)  # type: ignore[arg-type]
-        assert pulled.image_id == {"kept": "sha256:local", "local": "sha256:local",
-                                   "fresh": "sha256:fresh"}[outcome]  # fmt: skip
+        assert (
+            pulled.image_id
+            == {"kept": "sha256:local", "local": "sha256:local", "fresh": "sha256:fresh"}[outcome]
+        )
         said = " ".join(text for _, text in out.said)
         pulls = (state / "calls").read_text().split().count("pull")
         assert pulls == (0 if outcome == "local" else 1), said
@@ -294,15 +332,25 @@ def test_a_bad_pull_policy_is_refused() -> None:
 
 def test_the_nodes_process_is_the_runner_with_the_runs_folders_mounted() -> None:
     node = images.NodeImage(
-        Request(parse_image(IMAGE), (parse_mount("/scratch:/home/u/vmrun/p"),
-                                     parse_mount("/data:/data:ro"))),
-        RUNTIMES["docker"], 1000, 1001,
-    )  # fmt: skip
+        Request(
+            parse_image(IMAGE),
+            (parse_mount("/scratch:/home/u/vmrun/p"), parse_mount("/data:/data:ro")),
+        ),
+        RUNTIMES["docker"],
+        1000,
+        1001,
+    )
     argv = images.container_argv(
-        node, ["python3", "-m", "torch.distributed.run", "train.py"], ["NCCL_SOCKET_IFNAME"],
-        home="/home/u", workdir="vmrun/p", record=".vmrun/runs/r1", run_id="r1", index=1,
+        node,
+        ["python3", "-m", "torch.distributed.run", "train.py"],
+        ["NCCL_SOCKET_IFNAME"],
+        home="/home/u",
+        workdir="vmrun/p",
+        record=".vmrun/runs/r1",
+        run_id="r1",
+        index=1,
         gpus=True,
-    )  # fmt: skip
+    )
     assert argv[1].endswith("container_run.sh")
     docker, name, grace = argv[2:5]
     assert (docker, name, int(grace)) == ("docker", "vmrun-r1-1", images.GRACE)

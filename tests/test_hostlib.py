@@ -47,9 +47,15 @@ class LocalChannels(Channels):
         else:
             guarded = command.startswith("exec /bin/sh -c ") and "vmrun-lib " in command
             self.calls.append("guarded" if guarded else "plain")
-        done = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True,
-                              env={"HOME": str(self.home), "PATH": os.environ["PATH"]},
-                              cwd=self.home, timeout=30, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["sh", "-c", command],
+            input=stdin,
+            capture_output=True,
+            env={"HOME": str(self.home), "PATH": os.environ["PATH"]},
+            cwd=self.home,
+            timeout=30,
+            check=False,
+        )
         return done.returncode, done.stdout, done.stderr.decode()
 
 
@@ -153,8 +159,13 @@ def test_a_host_path_is_absolute_whatever_the_cwd(home: Path) -> None:
     word = hostside.path("run_list.sh")
     assert quoting.quote(word) == f'"$HOME"/{hostside.lib_dir()}/run_list.sh'
     line = quoting.join(["printf", "%s", word])
-    done = subprocess.run(["sh", "-c", f"cd / && {line}"], env={"HOME": str(home)},
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        ["sh", "-c", f"cd / && {line}"],
+        env={"HOME": str(home)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout == f"{home}/{hostside.lib_dir()}/run_list.sh"
 
 

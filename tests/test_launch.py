@@ -293,9 +293,16 @@ def test_node_env_wiring_ranks_the_nodes_master_first() -> None:
 
 def _plan(launcher: str, *, template: bool = False) -> Plan:
     return Plan(
-        script=Path("/p/show.py"), is_template=template, name="show", args=["x"],
-        launcher=launcher, nproc=None, max_restarts=0, env={"FOO": "bar"}, project=Path("/p"),
-    )  # fmt: skip
+        script=Path("/p/show.py"),
+        is_template=template,
+        name="show",
+        args=["x"],
+        launcher=launcher,
+        nproc=None,
+        max_restarts=0,
+        env={"FOO": "bar"},
+        project=Path("/p"),
+    )
 
 
 def _node(label: str) -> Node:
@@ -366,14 +373,17 @@ def test_nccls_debug_lines_go_to_the_record_unless_the_user_asks_for_them(
     asked for (--nccl-debug, this shell, --env), which then has them in the log."""
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
     rec = "/home/u/.vmrun/runs/r1/nccl"
-    _, env = node_launch.node_launch(_plan("torchrun"), _node("n1"), "r1", "1", None,
-                                     node_launch.Wiring())  # fmt: skip
+    _, env = node_launch.node_launch(
+        _plan("torchrun"), _node("n1"), "r1", "1", None, node_launch.Wiring()
+    )
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and env["TORCH_FR_DUMP_TEMP_FILE"] == (
-        f"{rec}/fr_rank_")
+        f"{rec}/fr_rank_"
+    )
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert env["NCCL_DEBUG_FILE"] == f"{rec}/%h.%p.log"
-    _, asked = node_launch.node_launch(_plan("torchrun"), _node("n1"), "r1", "1", None,
-                                       node_launch.Wiring(nccl_debug="WARN"))  # fmt: skip
+    _, asked = node_launch.node_launch(
+        _plan("torchrun"), _node("n1"), "r1", "1", None, node_launch.Wiring(nccl_debug="WARN")
+    )
     assert asked["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_FILE" not in asked
     plan = _plan("torchrun")
     plan.env["NCCL_DEBUG"] = "TRACE"
@@ -381,18 +391,21 @@ def test_nccls_debug_lines_go_to_the_record_unless_the_user_asks_for_them(
     assert given["NCCL_DEBUG"] == "TRACE" and "NCCL_DEBUG_FILE" not in given
 
 
-
 # What torch 2.8+ still reads but warns about on every rank when set (c10d's getCvar*):
 # each has a TORCH_FR_* name now.
-DEPRECATED = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-              "TORCH_NCCL_TRACE_CPP_STACK"}  # fmt: skip
+DEPRECATED = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_TRACE_CPP_STACK",
+}
 
 
 def _rank_env(torch: str | None, *, recorded: bool = False, given: dict | None = None) -> dict:
     node = _node("n1")
     if recorded:  # setup's record for the Python the run uses
-        node.env = HostEnv("/home/u", "/venv/bin/python", {"python": "/venv/bin/python",
-                                                           "torch": torch})  # fmt: skip
+        node.env = HostEnv(
+            "/home/u", "/venv/bin/python", {"python": "/venv/bin/python", "torch": torch}
+        )
     elif torch is not None:  # the multi-node probe's answer
         node.facts = NodeFacts("n1", data={"torch": torch})
     plan = _plan("torchrun")
@@ -472,9 +485,12 @@ def test_a_hosts_versions_probe_imports_only_a_build_that_may_see_gpus(
     init.write_text(init.read_text() + "from . import version\n")  # torch.version.cuda
     done = subprocess.run(
         [sys.executable, str(ROOT / "vmrun" / "hostside" / "netprobe.py"), "facts", "--versions"],
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True,
-        text=True, timeout=60, check=True,
-    )  # fmt: skip
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     facts = json.loads(done.stdout)
     got = (facts["torch"], facts["cuda"], facts["gpus"], facts["nccl"], imported.exists())
     assert got == expected, facts

@@ -31,11 +31,17 @@ def run(host: str | None, chunks: list[bytes], verbose: bool = False) -> list[by
 def test_a_line_torchrun_copied_in_two_pieces_is_whole_again() -> None:
     assert RANK_PREFIX_TEMPLATE.startswith("\x1e")
     # rank 0's line was half written when torchrun looked; rank 1's whole line came between
-    chunks = [b"\x1e[rank0]:epoch 1 ", b"\x1e[rank1]:epoch 1 loss 0.5\n\x1e[ra",
-              b"nk0]:loss 0.4\n", b"\x1e[rank1]:no newline"]  # fmt: skip
+    chunks = [
+        b"\x1e[rank0]:epoch 1 ",
+        b"\x1e[rank1]:epoch 1 loss 0.5\n\x1e[ra",
+        b"nk0]:loss 0.4\n",
+        b"\x1e[rank1]:no newline",
+    ]
     assert run(None, chunks) == [
-        b"[rank1] epoch 1 loss 0.5\n", b"[rank0] epoch 1 loss 0.4\n", b"[rank1] no newline\n"
-    ]  # fmt: skip
+        b"[rank1] epoch 1 loss 0.5\n",
+        b"[rank0] epoch 1 loss 0.4\n",
+        b"[rank1] no newline\n",
+    ]
     assert run("gpu2", chunks)[:1] == [b"[gpu2 rank1] epoch 1 loss 0.5\n"]
 
 
@@ -50,14 +56,20 @@ def test_torchruns_banner_and_c10d_host_warnings_are_hidden_unless_verbose() -> 
 
 def test_lines_that_only_look_like_part_of_the_banner_are_shown() -> None:
     chunks = [b"\n", b"****************************************\n", b"done\n", b"\n"]
-    assert run(None, chunks) == [b"\n", b"****************************************\n",
-                                 b"done\n", b"\n"]  # fmt: skip
+    assert run(None, chunks) == [
+        b"\n",
+        b"****************************************\n",
+        b"done\n",
+        b"\n",
+    ]
     user = b"\x1e[rank0]:The IPv6 network addresses of (me, 1) cannot be retrieved\n"
-    assert run(None, [user]) == [b"[rank0] The IPv6 network addresses of (me, 1) cannot be"
-                                 b" retrieved\n"]  # fmt: skip
+    assert run(None, [user]) == [
+        b"[rank0] The IPv6 network addresses of (me, 1) cannot be retrieved\n"
+    ]
 
 
 def test_logs_of_older_runs_without_the_separator_are_still_prefixed() -> None:
     assert run("gpu2", [b"[rank3]:epoch 1/5\nW1123 torchrun\n"]) == [
-        b"[gpu2 rank3] epoch 1/5\n", b"[gpu2] W1123 torchrun\n"
-    ]  # fmt: skip
+        b"[gpu2 rank3] epoch 1/5\n",
+        b"[gpu2] W1123 torchrun\n",
+    ]

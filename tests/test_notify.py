@@ -47,8 +47,13 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.posts.append({"path": self.path, "headers": dict(self.headers),
-                                    "body": body.decode(errors="replace")})  # fmt: skip
+                outer.posts.append(
+                    {
+                        "path": self.path,
+                        "headers": dict(self.headers),
+                        "body": body.decode(errors="replace"),
+                    }
+                )
                 if outer.hold.is_set():
                     self.send_response(outer.status)
                     self.end_headers()
@@ -92,8 +97,10 @@ def receiver() -> Iterator[Receiver]:
 
 def test_urls_map_to_what_a_host_can_post_and_show_no_secret() -> None:
     ntfy = parse("ntfy://mytopic")
-    assert ntfy.webhook and (ntfy.webhook.url, ntfy.webhook.kind) == ("https://ntfy.sh/mytopic",
-                                                                     "ntfy")  # fmt: skip
+    assert ntfy.webhook and (ntfy.webhook.url, ntfy.webhook.kind) == (
+        "https://ntfy.sh/mytopic",
+        "ntfy",
+    )
     own = parse("ntfys://user:pw@ntfy.example.org/alerts")
     assert own.webhook and own.webhook.url == "https://ntfy.example.org/alerts"
     assert own.webhook.auth.startswith("Basic ")
@@ -113,8 +120,14 @@ def test_urls_map_to_what_a_host_can_post_and_show_no_secret() -> None:
 # -- the host's sender, here -------------------------------------------------------------
 
 
-def _record(tmp_path: Path, receiver: Receiver, *, code: str = "0",
-            on: tuple[str, ...] = ("end", "fail"), url: str = "") -> Path:  # fmt: skip
+def _record(
+    tmp_path: Path,
+    receiver: Receiver,
+    *,
+    code: str = "0",
+    on: tuple[str, ...] = ("end", "fail"),
+    url: str = "",
+) -> Path:
     rec = tmp_path / "rec"
     out = tmp_path / "out"
     rec.mkdir(parents=True)
@@ -136,8 +149,13 @@ def _record(tmp_path: Path, receiver: Receiver, *, code: str = "0",
 
 def _sender(rec: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VMRUN_NOTIFY_PAUSE_S": "0.01"}
-    return subprocess.run([sys.executable, str(SENDER), str(rec), *args], capture_output=True,
-                          text=True, timeout=60, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(SENDER), str(rec), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def test_the_host_sender_tells_the_end_once(tmp_path: Path, receiver: Receiver) -> None:
@@ -148,8 +166,14 @@ def test_the_host_sender_tells_the_end_once(tmp_path: Path, receiver: Receiver) 
     (message,) = receiver.messages()
     assert message["title"] == "vmrun: run r1 done" and message["type"] == "success"
     body = message["message"]
-    for fact in ("exit 0", "on h1", "duration 0:01:1", "epochs 3/3", "last loss 0.1235",
-                 "vmrun fetch results --run r1"):  # fmt: skip
+    for fact in (
+        "exit 0",
+        "on h1",
+        "duration 0:01:1",
+        "epochs 3/3",
+        "last loss 0.1235",
+        "vmrun fetch results --run r1",
+    ):
         assert fact in body, body
     assert receiver.posts[0]["path"] == f"/hook/{TOKEN}"
     assert "cost" not in body  # its machines' prices are unknown: no made-up figure
@@ -180,8 +204,9 @@ def test_a_resumed_runs_end_counts_its_attempts_not_the_time_between_them(
     (rec / "pid").write_text("1\n")
     began = time.time() - 600
     os.utime(rec / "pid", (began, began))
-    (rec / "run.json").write_text(json.dumps({"price_per_hour": 7.2, "currency": "DKK",
-                                              "ran_before_s": 1200}))  # fmt: skip
+    (rec / "run.json").write_text(
+        json.dumps({"price_per_hour": 7.2, "currency": "DKK", "ran_before_s": 1200})
+    )
     rendered = json.loads(_sender(rec, "render").stdout)
     assert re.search(r"duration 0:30:0\d, cost 3\.60 DKK", rendered["body"]), rendered
 
@@ -191,8 +216,12 @@ def test_a_failure_names_the_worker_that_failed_first(tmp_path: Path, receiver: 
     own code and says which rank failed, where."""
     rec = _record(tmp_path, receiver, code="3")
     log = Path(__file__).parent / "fixtures" / "torchrun" / "exit3.log"  # torch 2.13's own
-    subprocess.run([sys.executable, str(hostside.HERE / "run_failure.py"), str(rec), str(log),
-                    "1"], check=True, capture_output=True, timeout=30)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(hostside.HERE / "run_failure.py"), str(rec), str(log), "1"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     assert _sender(rec, "send").returncode == 0
     (message,) = receiver.messages()
     assert "exit 3" in message["message"]
@@ -211,8 +240,9 @@ def test_an_ntfy_server_gets_ntfys_own_form(tmp_path: Path, receiver: Receiver) 
     assert post["headers"]["Authorization"] == "Basic bWU6cHc="
 
 
-def test_the_laptop_first_claims_and_the_host_stays_silent(tmp_path: Path,
-                                                           receiver: Receiver) -> None:  # fmt: skip
+def test_the_laptop_first_claims_and_the_host_stays_silent(
+    tmp_path: Path, receiver: Receiver
+) -> None:
     rec = _record(tmp_path, receiver, code="3")
     rendered = json.loads(_sender(rec, "render").stdout)
     assert (rendered["send"], rendered["event"]) == ("all", "fail")
@@ -299,8 +329,9 @@ def test_a_followed_run_is_told_once_with_no_secret_anywhere(
     bed: NetnsBed, project: Client, bed_receiver: Receiver
 ) -> None:
     url = bed_receiver.url(bed.root_addr)
-    done = project.vmrun("train", "-H", "h1", "--epochs", "2", "--save-every", "1",
-                         "--notify", url, timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train", "-H", "h1", "--epochs", "2", "--save-every", "1", "--notify", url, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     _settled(bed["h1"], rid)
@@ -313,11 +344,21 @@ def test_a_followed_run_is_told_once_with_no_secret_anywhere(
     assert (rec / "notify.json").stat().st_mode & 0o077 == 0
 
 
-def test_a_failure_is_told_once_with_why(bed: NetnsBed, project: Client,
-                                         bed_receiver: Receiver) -> None:  # fmt: skip
+def test_a_failure_is_told_once_with_why(
+    bed: NetnsBed, project: Client, bed_receiver: Receiver
+) -> None:
     (project.cwd / "fails.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
-    done = project.vmrun("train", "fails.py", "-H", "h1", "--launcher", "python",
-                         "--notify", bed_receiver.url(bed.root_addr), timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "fails.py",
+        "-H",
+        "h1",
+        "--launcher",
+        "python",
+        "--notify",
+        bed_receiver.url(bed.root_addr),
+        timeout=300,
+    )
     assert done.returncode == 3, done.stderr
     rid = run_id_of(done.stderr)
     _settled(bed["h1"], rid)
@@ -334,8 +375,17 @@ def test_the_recorded_code_is_read_while_the_host_still_tells_the_end(
     (they said 1: a live shell counted as a running run), and so does the message."""
     bed_receiver.hold.clear()
     (project.cwd / "fails.py").write_text("import sys\nsys.exit(3)\n")
-    done = project.vmrun("train", "fails.py", "-H", "h1", "--launcher", "python",
-                         "--notify", bed_receiver.url(bed.root_addr), timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "fails.py",
+        "-H",
+        "h1",
+        "--launcher",
+        "python",
+        "--notify",
+        bed_receiver.url(bed.root_addr),
+        timeout=300,
+    )
     rid = run_id_of(done.stderr)
     try:
         assert done.returncode == 3, done.stderr
@@ -361,8 +411,16 @@ def test_the_host_tells_the_end_when_the_laptop_is_gone(
         "import pathlib, time\nprint('waiting', flush=True)\n"
         f"while not pathlib.Path({str(flag)!r}).exists():\n    time.sleep(0.2)\n"
     )
-    follower = project.popen("train", "waits.py", "-H", "h1", "--launcher", "python",
-                             "--notify", bed_receiver.url(bed.root_addr))  # fmt: skip
+    follower = project.popen(
+        "train",
+        "waits.py",
+        "-H",
+        "h1",
+        "--launcher",
+        "python",
+        "--notify",
+        bed_receiver.url(bed.root_addr),
+    )
     try:
         assert follower.stdout is not None
         for _, line in zip(range(200), follower.stdout, strict=False):  # the run's first line
@@ -395,8 +453,9 @@ def test_a_receiver_down_does_not_hold_the_run(bed: NetnsBed, project: Client) -
     url = down.url(bed.root_addr)
     down.close()
     started = time.monotonic()
-    done = project.vmrun("train", "-H", "h1", "--epochs", "1", "--save-every", "1",
-                         "--notify", url, timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train", "-H", "h1", "--epochs", "1", "--save-every", "1", "--notify", url, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     _settled(bed["h1"], rid)
@@ -433,8 +492,19 @@ def test_a_detached_slurm_job_tells_its_own_end(
     end from the compute node, once; the URL is nowhere in the job's script or log."""
     _cluster_toml(slurm_client, host_python)
     url = slurm_receiver.url(slurm_cluster.bed.root_addr)
-    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
-                              "--detach", "--notify", url, timeout=120)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--epochs",
+        "1",
+        "--save-every",
+        "1",
+        "--detach",
+        "--notify",
+        url,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     rid = done.stderr.split("run ", 1)[1].split()[0]
     wait_for(lambda: slurm_receiver.posts, 180, "the job's own message")
@@ -455,14 +525,14 @@ def test_a_followed_slurm_run_and_a_submitted_script_are_told_once(
     follower tells its failure, with the failing task."""
     _cluster_toml(slurm_client, host_python)
     url = slurm_receiver.url(slurm_cluster.bed.root_addr)
-    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "1", "--save-every", "1",
-                              "--notify", url, timeout=300)  # fmt: skip
+    done = slurm_client.vmrun(
+        "train", "-C", "bed", "--epochs", "1", "--save-every", "1", "--notify", url, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     wait_for(lambda: not slurm_cluster.squeue_ids(), 60, "the job to leave the queue")
     assert [m["type"] for m in slurm_receiver.messages()] == ["success"]
     (slurm_client.cwd / "fails.sh").write_text("#!/bin/bash\necho failing\nexit 4\n")
-    failed = slurm_client.vmrun("submit", "fails.sh", "-C", "bed", "--notify", url,
-                                timeout=300)  # fmt: skip
+    failed = slurm_client.vmrun("submit", "fails.sh", "-C", "bed", "--notify", url, timeout=300)
     assert failed.returncode == 4, failed.stderr
     wait_for(lambda: len(slurm_receiver.posts) == 2, 30, "the failure's message")
     message = slurm_receiver.messages()[1]
@@ -486,9 +556,12 @@ def test_a_followed_slurm_run_and_a_submitted_script_are_told_once(
 
 
 def test_a_requeue_and_the_end_are_told_once_each(
-    slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path,
+    slurm_cluster: Any,
+    slurm_client: Client,
+    host_python: Path,
+    trainer_hooks: Path,
     slurm_receiver: Receiver,
-) -> None:  # fmt: skip
+) -> None:
     """`--notify-on all`: the warning signal makes the template save, the batch script
     requeues the job and tells it; the second attempt finishes and tells its end: two
     messages, from the node, nothing following the job."""
@@ -501,8 +574,20 @@ def test_a_requeue_and_the_end_are_told_once_each(
         f'python = "{host_python}"\nenv = {{ {extra} }}\n'
     )
     url = slurm_receiver.url(slurm_cluster.bed.root_addr)
-    done = slurm_client.vmrun("train", "-C", "bed", "--epochs", "8", "--save-every", "100",
-                              "--detach", "--notify", url, "--notify-on", "all")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--epochs",
+        "8",
+        "--save-every",
+        "100",
+        "--detach",
+        "--notify",
+        url,
+        "--notify-on",
+        "all",
+    )
     assert done.returncode == 0, done.stderr
     rid = done.stderr.split("run ", 1)[1].split()[0]
     job = done.stderr.split(" as job ", 1)[1].split()[0]
@@ -518,9 +603,19 @@ def test_a_requeue_and_the_end_are_told_once_each(
 
 
 def test_a_local_run_is_told_from_here(client: Client, receiver: Receiver) -> None:
-    done = client.vmrun("train", "--local", "--epochs", "1", "--save-every", "1",
-                        "--nproc-per-node", "1", "--notify", receiver.url("127.0.0.1"),
-                        timeout=300)  # fmt: skip
+    done = client.vmrun(
+        "train",
+        "--local",
+        "--epochs",
+        "1",
+        "--save-every",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--notify",
+        receiver.url("127.0.0.1"),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     (message,) = receiver.messages()
     assert message["title"].startswith("vmrun: run template-") and message["title"].endswith(

@@ -55,8 +55,11 @@ def test_command_line_overrides_and_defaults_fill_only_silence(tmp_path: Path) -
     assert words == ["--time=5", "--exclusive", "-J", "mine"]
     batch = batchfile.read(tmp_path / "job.sh", tmp_path, given)
     assert (batch.options.get("--time"), batch.job_name) == ("5", "mine")
-    assert (batch.relative, batch.output, batch.error) == ("job.sh", "out/%x-%j.out",
-                                                           "out/%x-%j.out")  # fmt: skip
+    assert (batch.relative, batch.output, batch.error) == (
+        "job.sh",
+        "out/%x-%j.out",
+        "out/%x-%j.out",
+    )
     defaults = {"--partition": "debug", "--account": "proj", "--qos": None}
     assert batchfile.filled(batch.options, defaults) == ["--account=proj"]
     assert batch.work_dir("/w/code") == "/w/code"
@@ -81,8 +84,16 @@ def test_default_output_names_and_refusals(tmp_path: Path) -> None:
 
 
 def _listing(meta: dict[str, Any], squeue: list[str], ended: list[str] | None = None) -> str:
-    lines = ["==> squeue <==", *squeue, "==> r/run.json <==", json.dumps(meta),
-             "==> r/jobid <==", "40", "==> r/since <==", "1700000000.5"]  # fmt: skip
+    lines = [
+        "==> squeue <==",
+        *squeue,
+        "==> r/run.json <==",
+        json.dumps(meta),
+        "==> r/jobid <==",
+        "40",
+        "==> r/since <==",
+        "1700000000.5",
+    ]
     if ended is not None:
         lines += ["==> r/ended <==", *ended]
     return "\n".join([*lines, "==> sacct <=="])
@@ -93,35 +104,49 @@ def test_an_array_run_is_its_tasks() -> None:
     EXIT`): running while a task runs; once all ended, the worst ending with its exit code
     (a wait status: 256 is exit 1); after squeue forgets the job, the `ended` record."""
     meta = {"run_id": "r", "batch_script": True, "array": "0-2", "submitted": 1}
-    queue = ["40_0|COMPLETED|None|x|0:05|c1|40|0|0", "40_1|RUNNING|None|x|1:02|c2|40|1|0",
-             "40_2|PENDING|JobArrayTaskLimit|N/A|0:00||40|2|0",
-             "41|RUNNING|None|x|0:01|c1|41|N/A|0"]  # fmt: skip
+    queue = [
+        "40_0|COMPLETED|None|x|0:05|c1|40|0|0",
+        "40_1|RUNNING|None|x|1:02|c2|40|1|0",
+        "40_2|PENDING|JobArrayTaskLimit|N/A|0:00||40|2|0",
+        "41|RUNNING|None|x|0:01|c1|41|N/A|0",
+    ]
     (run,) = parse_listing(_listing(meta, queue), "bed")
     assert (run.state, run.reason, run.duration, run.started) == (
-        RunState.RUNNING, "JobArrayTaskLimit", 62, 1700000000.5,
-    )  # fmt: skip
+        RunState.RUNNING,
+        "JobArrayTaskLimit",
+        62,
+        1700000000.5,
+    )
     assert run.progress == "on c1,c2"  # where its tasks run: no epochs to tell
     assert [(t.key, t.state) for t in run.tasks] == [
-        ("0", RunState.DONE), ("1", RunState.RUNNING), ("2", RunState.PENDING),
-    ]  # fmt: skip
-    ended = ["40_0|COMPLETED|None|x|0:05|c1|40|0|0",
-             "40_1|FAILED|NonZeroExitCode|x|1:02|c2|40|1|256",
-             "40_2|CANCELLED|None|x|0:00||40|2|15"]  # fmt: skip
+        ("0", RunState.DONE),
+        ("1", RunState.RUNNING),
+        ("2", RunState.PENDING),
+    ]
+    ended = [
+        "40_0|COMPLETED|None|x|0:05|c1|40|0|0",
+        "40_1|FAILED|NonZeroExitCode|x|1:02|c2|40|1|256",
+        "40_2|CANCELLED|None|x|0:00||40|2|15",
+    ]
     (run,) = parse_listing(_listing(meta, ended), "bed")
     assert (run.state, run.exit_code) == (RunState.FAILED, 1)
     assert [t.exit_code for t in run.tasks] == [0, 1, None]
     # nobody followed it: `status` keeps what squeue shows before squeue forgets it
     assert [ln.split()[:3] + ln.split()[4:] for ln in run.ends_to_record()] == [
-        ["0", "COMPLETED", "0", "0:05"], ["1", "FAILED", "256", "1:02"],
+        ["0", "COMPLETED", "0", "0:05"],
+        ["1", "FAILED", "256", "1:02"],
         ["2", "CANCELLED", "15", "0:00"],
-    ]  # fmt: skip
+    ]
     (kept,) = parse_listing(_listing(meta, ended, ["0 COMPLETED 0 9 0:05"]), "bed")
     assert kept.ends_to_record() == []
-    (run,) = parse_listing(_listing(meta, [], ["0 COMPLETED 0 9 0:05", "1 FAILED 512 9 1:02"]),
-                           "bed")  # fmt: skip
+    (run,) = parse_listing(
+        _listing(meta, [], ["0 COMPLETED 0 9 0:05", "1 FAILED 512 9 1:02"]), "bed"
+    )
     assert (run.state, run.exit_code, [t.elapsed for t in run.tasks]) == (
-        RunState.FAILED, 2, [5, 62],
-    )  # fmt: skip
+        RunState.FAILED,
+        2,
+        [5, 62],
+    )
     (run,) = parse_listing(_listing(meta, [], []), "bed")
     assert run.state is RunState.LOST  # neither squeue nor a record: vmrun cannot tell
 
@@ -150,8 +175,13 @@ class Conn(LocalConn):
     def capture(self, command: str, **_: Any) -> tuple[int, bytes, str]:
         import subprocess
 
-        proc = subprocess.run(["sh", "-c", command], env={**self.env, "HOME": str(self.home)},
-                              capture_output=True, cwd=self.home, timeout=30)  # fmt: skip
+        proc = subprocess.run(
+            ["sh", "-c", command],
+            env={**self.env, "HOME": str(self.home)},
+            capture_output=True,
+            cwd=self.home,
+            timeout=30,
+        )
         return proc.returncode, proc.stdout, proc.stderr.decode()
 
 
@@ -167,13 +197,23 @@ class Fake:
         for i, step in enumerate(steps):
             (self.fake / f"step-{i}").write_text(step)
         (self.rec / "run.json").write_text("{}")
-        env = {**os.environ, "PATH": f"{self.fake / 'bin'}:{os.environ['PATH']}",
-               "FAKE": str(self.fake), "WORK": str(self.work),
-               "HOME": str(tmp_path / "home")}  # fmt: skip
+        env = {
+            **os.environ,
+            "PATH": f"{self.fake / 'bin'}:{os.environ['PATH']}",
+            "FAKE": str(self.fake),
+            "WORK": str(self.work),
+            "HOME": str(tmp_path / "home"),
+        }
         self.conn = Conn(env)
         self.out = Recorder()
-        meta = {"record_dir": str(self.rec), "job_id": "40", "batch_script": True,
-                "work_dir": str(self.work), "submitted": 0, **meta}  # fmt: skip
+        meta = {
+            "record_dir": str(self.rec),
+            "job_id": "40",
+            "batch_script": True,
+            "work_dir": str(self.work),
+            "submitted": 0,
+            **meta,
+        }
         self.ref = RunRef("r", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
         self.backend = SlurmBackend(self.conn, Cluster("bed", "login"), poll=0.01)  # type: ignore[arg-type]
 
@@ -191,8 +231,10 @@ def test_follower_expands_patterns_streams_files_and_records_ends(tmp_path: Path
     runs; a separate `.err`) streamed with its index from its first line, as it grows;
     the files and the ends recorded; task 1's exit 3 fails the run with that code."""
     line = "{id}|40|{t}|arr|{host}|{state}|{code}|x|0:0{t}|{host}|{reason}"
-    pend = "\n".join(line.format(id=40, t=t, host="n/a", state="PENDING", code=0,
-                                 reason="Priority") for t in (0, 1))  # fmt: skip
+    pend = "\n".join(
+        line.format(id=40, t=t, host="n/a", state="PENDING", code=0, reason="Priority")
+        for t in (0, 1)
+    )
     run0 = line.format(id=41, t=0, host="c1.cluster", state="RUNNING", code=0, reason="None")
     run1 = line.format(id=42, t=1, host="c2", state="RUNNING", code=0, reason="None")
     end0 = line.format(id=41, t=0, host="c1.cluster", state="COMPLETED", code=0, reason="None")
@@ -204,8 +246,16 @@ def test_follower_expands_patterns_streams_files_and_records_ends(tmp_path: Path
         f" echo '{run0}'; echo '{run1}'",
         f"printf 'last' >> arr-40_001-c2.out; echo '{end0}'; echo '{end1}'",
     ]
-    fake = Fake(tmp_path, steps, {"array": "0-1", "output": "%x-%A_%3a-%N.out",
-                                  "error": "%x-%A_%3a-%N.err", "job_name": "arr"})  # fmt: skip
+    fake = Fake(
+        tmp_path,
+        steps,
+        {
+            "array": "0-1",
+            "output": "%x-%A_%3a-%N.out",
+            "error": "%x-%A_%3a-%N.err",
+            "job_name": "arr",
+        },
+    )
     with pytest.raises(CommandFailed) as caught:
         fake.follow()
     assert caught.value.exit_status == 3 and "task 1 of job 40" in str(caught.value)
@@ -224,8 +274,7 @@ def test_follower_expands_patterns_streams_files_and_records_ends(tmp_path: Path
 def test_reader_finds_files_by_pattern_when_nothing_recorded_them(tmp_path: Path) -> None:
     """A detached job squeue has forgotten and nobody followed: its files are found by its
     pattern (`%N` any node) among those newer than its record; older ones are not its."""
-    fake = Fake(tmp_path, [""], {"output": "%N-%j.out", "error": "%N-%j.out",
-                                 "job_name": "job.sh"})  # fmt: skip
+    fake = Fake(tmp_path, [""], {"output": "%N-%j.out", "error": "%N-%j.out", "job_name": "job.sh"})
     old = fake.work / "c9-40.out"
     old.write_text("x")
     os.utime(fake.rec / "run.json", (1, 1))
@@ -239,8 +288,9 @@ def test_a_job_left_unknown_is_not_called_done(tmp_path: Path) -> None:
     """The job leaves squeue while running and no accounting knows it: vmrun says it
     cannot tell how it ended, never that it completed."""
     run = "40|40|N/A|job|c1|RUNNING|0|x|0:01|c1|None"
-    fake = Fake(tmp_path, [f"echo '{run}'", "true"], {"output": "slurm-%j.out",
-                                                       "error": "slurm-%j.out"})  # fmt: skip
+    fake = Fake(
+        tmp_path, [f"echo '{run}'", "true"], {"output": "slurm-%j.out", "error": "slurm-%j.out"}
+    )
     with pytest.raises(OutcomeUnknown):
         fake.follow()
     assert (fake.rec / "ended").read_text().split()[:3] == ["-", "ENDED", "-"]

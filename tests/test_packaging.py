@@ -18,10 +18,22 @@ pytest.importorskip("hatchling", reason="the build backend (pip install -e '.[de
 @pytest.mark.slow
 def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-         "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (wheel,) = tmp_path.glob("vmrun-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for playbook in (ROOT / "playbooks").glob("*.yaml"):
@@ -49,10 +61,17 @@ def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_the_sdist_ships_the_licence_and_the_type_marker(tmp_path: Path) -> None:
     built = subprocess.run(
-        [sys.executable, "-c", "import sys; from hatchling.build import build_sdist; "
-         "print(build_sdist(sys.argv[1]))", str(tmp_path)],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from hatchling.build import build_sdist; print(build_sdist(sys.argv[1]))",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     with tarfile.open(tmp_path / built.stdout.split()[-1]) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert {"LICENSE", "vmrun/py.typed", "pyproject.toml", "README.md"} <= names

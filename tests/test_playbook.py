@@ -274,20 +274,26 @@ def test_on_a_cluster_root_steps_do_not_apply_unless_when_cluster_says() -> None
 
     def why(name: str, cluster: bool) -> str | None:
         step = book.step(name).resolved(params)
-        return applies(step, gpu=True, env="venv", os_release="22.04", params=params,
-                       cluster=cluster)  # fmt: skip
+        return applies(
+            step, gpu=True, env="venv", os_release="22.04", params=params, cluster=cluster
+        )
 
     for name in ("nvidia-driver", "python-venv-package"):
         assert why(name, cluster=True) == "needs root: a cluster's nodes are the admins'"
         assert why(name, cluster=False) is None
     assert why("python-env", cluster=True) is None and why("torch", cluster=True) is None
-    steps = parse_steps([
-        {"name": "site", "when": {"cluster": True}, "sudo": True, "apply": "true"},
-        {"name": "hosts", "when": {"cluster": False}, "apply": "true"},
-    ], "t")  # fmt: skip
+    steps = parse_steps(
+        [
+            {"name": "site", "when": {"cluster": True}, "sudo": True, "apply": "true"},
+            {"name": "hosts", "when": {"cluster": False}, "apply": "true"},
+        ],
+        "t",
+    )
+
     def on(step_index: int, cluster: bool) -> str | None:
-        return applies(steps[step_index], gpu=False, env="venv", os_release="", params={},
-                       cluster=cluster)  # fmt: skip
+        return applies(
+            steps[step_index], gpu=False, env="venv", os_release="", params={}, cluster=cluster
+        )
 
     assert on(0, cluster=True) is None and on(0, cluster=False) == "not a cluster"
     assert on(1, cluster=True) == "a cluster's login node" and on(1, cluster=False) is None

@@ -127,8 +127,13 @@ def test_bad_choices_are_one_line_naming_file_and_param(
 
 
 def test_extra_steps_may_branch_on_the_playbooks_choices() -> None:
-    book = parse({"params": {"mode": {"default": "a", "choices": ["a", "b"]}},
-                  "steps": [{"name": "one", "apply": "true"}]}, "t")  # fmt: skip
+    book = parse(
+        {
+            "params": {"mode": {"default": "a", "choices": ["a", "b"]}},
+            "steps": [{"name": "one", "apply": "true"}],
+        },
+        "t",
+    )
     from vmrun.setup.playbook import parse_steps
 
     (extra,) = parse_steps(

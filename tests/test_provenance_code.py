@@ -83,8 +83,10 @@ def test_a_large_diff_is_cut_to_fit_the_environment_and_says_so(repo: Path) -> N
 def test_the_users_variables_are_names_only() -> None:
     given = {"PYTHONUNBUFFERED": "1", "TOKEN": "s3cret", "NCCL_IB_HCA": "mlx5"}
     assert provenance.variables(given, ["TOKEN", "NCCL_IB_HCA"]) == {
-        "NCCL_IB_HCA": None, "PYTHONUNBUFFERED": "1", "TOKEN": None,
-    }  # fmt: skip
+        "NCCL_IB_HCA": None,
+        "PYTHONUNBUFFERED": "1",
+        "TOKEN": None,
+    }
 
 
 def test_versions_json_is_read_leniently() -> None:

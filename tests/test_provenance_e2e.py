@@ -24,15 +24,19 @@ SCRIPT = "import os\nprint('epoch 1/1', 'token set' if os.environ.get('TOKEN') e
 def _old_torch_python(where: Path) -> Path:
     """A venv whose torch is 2.12.0 by its metadata (no torch code: the script does not
     import it); what a host set up with another torch looks like to the record."""
-    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(where)], check=True,
-                   timeout=60)  # fmt: skip
+    subprocess.run(
+        ["/usr/bin/python3", "-m", "venv", "--without-pip", str(where)], check=True, timeout=60
+    )
     purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
     site = Path(
         subprocess.run(
             [str(where / "bin" / "python"), "-c", purelib],
-            capture_output=True, text=True, check=True, timeout=30,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
         ).stdout.strip()
-    )  # fmt: skip
+    )
     (site / "torch").mkdir(parents=True)
     (site / "torch" / "__init__.py").write_text("raise ImportError('a record of torch only')\n")
     (site / "torch" / "version.py").write_text(

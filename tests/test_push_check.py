@@ -31,8 +31,12 @@ def _check(tmp_path: Path, target: str, needed_kib: int, free_kib: int | None = 
         env["PATH"] = f"{bin_dir}:{env['PATH']}"
     done = subprocess.run(
         ["sh", "-c", hostside.source(transfer_push.CHECK), "push_check", target, str(needed_kib)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -81,8 +85,14 @@ def test_the_check_removes_a_transfer_key_a_killed_push_left(tmp_path: Path) -> 
     )
     script = str(hostside.HERE / transfer_push.CHECK)  # beside relay.sh, as on a host
     env = {**os.environ, "HOME": str(tmp_path)}
-    done = subprocess.run(["sh", script, "d", "1", STATE, str(STALE_S)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        ["sh", script, "d", "1", STATE, str(STALE_S)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.split()[0] == "ok"
     keys = (ssh / "authorized_keys").read_text()
     assert old not in keys and young in keys and "AAAAmine me" in keys

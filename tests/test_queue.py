@@ -103,9 +103,19 @@ def _knows(lab: Lab, client: Client) -> Client:
 
 def _make(client: Client, lab: Lab, host_python: Path, *hosts: str, timeout: float = 180) -> Any:
     args = [a for h in hosts for a in ("-H", h)]
-    return client.vmrun("setup", *args, "--slurm", NAME, "--shared", str(lab.shared),
-                        "--env-manager", "python", "--python", str(host_python),
-                        timeout=timeout)  # fmt: skip
+    return client.vmrun(
+        "setup",
+        *args,
+        "--slurm",
+        NAME,
+        "--shared",
+        str(lab.shared),
+        "--env-manager",
+        "python",
+        "--python",
+        str(host_python),
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +177,9 @@ def test_train_on_the_made_cluster_runs_two_nodes_of_two_ranks(
 ) -> None:
     """`train -C lab` on the cluster vmrun made: torchrun over 2 nodes x 2 ranks, in the
     shared folder, as the hosts' user."""
-    done = lab_client.vmrun("train", "-C", NAME, "train.py", "--nodes", "2",
-                            "--nproc-per-node", "2", timeout=300)  # fmt: skip
+    done = lab_client.vmrun(
+        "train", "-C", NAME, "train.py", "--nodes", "2", "--nproc-per-node", "2", timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     seen = set(re.findall(r"\] RANK (\d) (\d) (\S+)", done.stdout))
     hosts = {h for _, _, h in seen}
@@ -190,8 +201,11 @@ def test_logs_and_stop_of_a_detached_run_on_the_made_cluster(lab: Lab, lab_clien
     found = re.search(r"run (\S+) submitted to lab as job (\d+)", done.stderr)
     assert found, done.stderr
     rid, job = found.groups()
-    wait_for(lambda: "tick 3" in lab_client.vmrun("logs", rid, "-C", NAME).stdout, 60,
-             "the run's first lines in `vmrun logs`")  # fmt: skip
+    wait_for(
+        lambda: "tick 3" in lab_client.vmrun("logs", rid, "-C", NAME).stdout,
+        60,
+        "the run's first lines in `vmrun logs`",
+    )
     stopped = lab_client.vmrun("stop", rid, "-C", NAME)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert f"job {job} cancelled; no step left" in stopped.stdout, stopped.stdout
@@ -221,8 +235,9 @@ def test_a_six_point_sweep_is_queued_at_once_and_runs_three_at_a_time(
     grid = ["--lr", "0.1,0.05,0.02", "--batch-size", "8,16", "--epochs", "1"]
     q1 = lab.host("q1")
     before = set(_jobs(q1))  # ended jobs of earlier tests stay listed (MinJobAge)
-    done = lab_client.vmrun("sweep", "-C", NAME, *grid, "--cpus-per-task", "2", "--detach",
-                            timeout=120)  # fmt: skip
+    done = lab_client.vmrun(
+        "sweep", "-C", NAME, *grid, "--cpus-per-task", "2", "--detach", timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     sweep_id = re.search(r"sweep (\S+): 6 size\(s\) in the queue of lab", done.stderr)
     assert sweep_id, done.stderr
@@ -253,17 +268,42 @@ def test_a_host_of_another_cluster_is_refused_and_nothing_changes(
     before anything is written (the hosts' setup included), naming the host and why."""
     conf = lab.etc("q3", "/etc/slurm/slurm.conf")
     before = (conf.read_bytes(), lab.daemons("q3"))
-    done = lab_client.vmrun("setup", "-H", "q3", "--slurm", "other", "--shared", str(lab.shared),
-                            "--env-manager", "python", "--python", str(host_python))  # fmt: skip
+    done = lab_client.vmrun(
+        "setup",
+        "-H",
+        "q3",
+        "--slurm",
+        "other",
+        "--shared",
+        str(lab.shared),
+        "--env-manager",
+        "python",
+        "--python",
+        str(host_python),
+    )
     assert done.returncode != 0
     assert error_in(done.stderr)[0] == "slurm-host-unfit", done.stderr
     assert "q3: /etc/slurm/slurm.conf is vmrun's cluster lab" in done.stderr, done.stderr
     assert (conf.read_bytes(), lab.daemons("q3")) == before
     assert (lab_client.cwd / "vmrun.toml").read_text() == made[1]  # no host, no cluster added
     # a folder each host has its own of (here: under its own /var/lib/slurm) is not shared
-    apart = lab_client.vmrun("setup", "-H", "q1", "-H", "q2", "-H", "q3", "--slurm", NAME,
-                             "--shared", "/var/lib/slurm/apart", "--env-manager", "python",
-                             "--python", str(host_python))  # fmt: skip
+    apart = lab_client.vmrun(
+        "setup",
+        "-H",
+        "q1",
+        "-H",
+        "q2",
+        "-H",
+        "q3",
+        "--slurm",
+        NAME,
+        "--shared",
+        "/var/lib/slurm/apart",
+        "--env-manager",
+        "python",
+        "--python",
+        str(host_python),
+    )
     assert error_in(apart.stderr)[0] == "slurm-not-shared", apart.stderr
     assert "q2, q3 see another folder" in apart.stderr, apart.stderr
     assert (conf.read_bytes(), lab.daemons("q3")) == before
@@ -285,8 +325,9 @@ def test_a_node_added_while_a_job_runs_then_the_cluster_removed(
     host, vmrun's files are gone, the cluster is forgotten, and `train -H` runs on the
     hosts again."""
     q1 = lab.host("q1")
-    job = q1.run(["sbatch", "--parsable", "-N", "1", "-w", "vmt-q2", "--wrap", "sleep 300"],
-                 text=True).stdout.strip()  # fmt: skip
+    job = q1.run(
+        ["sbatch", "--parsable", "-N", "1", "-w", "vmt-q2", "--wrap", "sleep 300"], text=True
+    ).stdout.strip()
     wait_for(lambda: _job_state(q1, job) == "RUNNING", 30, "the job to run")
     add_service_host(lab.bed, "q4")
     _knows(lab, lab_client)
@@ -344,9 +385,21 @@ def solo(lab: Lab, tmp_path_factory: pytest.TempPathFactory, host_python: Path) 
     add_service_host(lab.bed, "q5", database=True)
     add_service_host(lab.bed, "q6")
     client = _knows(lab, _client(tmp_path_factory.mktemp("solo-maker")))
-    done = client.vmrun("setup", "-H", "q5", "-H", "q6", "--slurm", SOLO, "--slurmdbd",
-                        "--env-manager", "python", "--python", str(host_python),
-                        timeout=180)  # fmt: skip
+    done = client.vmrun(
+        "setup",
+        "-H",
+        "q5",
+        "-H",
+        "q6",
+        "--slurm",
+        SOLO,
+        "--slurmdbd",
+        "--env-manager",
+        "python",
+        "--python",
+        str(host_python),
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     yield done, (client.cwd / "vmrun.toml").read_text()
     q5 = lab.host("q5")
@@ -371,19 +424,31 @@ def test_without_a_shared_folder_each_node_gets_the_project_and_a_run_is_read_wh
     assert recorded["shared"] is False and recorded["workdir"] == "~", recorded
     assert recorded["accounting"] is True
     (client.cwd / "train.py").write_text(TRAIN)
-    done = client.vmrun("train", "-C", SOLO, "train.py", "--nodes", "2", "--nproc-per-node", "2",
-                        timeout=300)  # fmt: skip
+    done = client.vmrun(
+        "train", "-C", SOLO, "train.py", "--nodes", "2", "--nproc-per-node", "2", timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     seen = set(re.findall(r"\] RANK (\d) 4 (\S+)", done.stdout))
     assert seen == {("0", "vmt-q5"), ("1", "vmt-q5"), ("2", "vmt-q6"), ("3", "vmt-q6")}, seen
     assert "USER root /root/" in done.stdout, done.stdout
     # q5 busy: the next run goes to q6, and everything about it is read there
     q5 = lab.host("q5")
-    blocker = q5.run(["sbatch", "--parsable", "-w", "vmt-q5", "--exclusive", "--wrap",
-                      "sleep 300"], text=True).stdout.strip()  # fmt: skip
+    blocker = q5.run(
+        ["sbatch", "--parsable", "-w", "vmt-q5", "--exclusive", "--wrap", "sleep 300"], text=True
+    ).stdout.strip()
     wait_for(lambda: _job_state(q5, blocker) == "RUNNING", 30, "q5 to be taken")
-    run = client.vmrun("train", "-C", SOLO, "--nproc-per-node", "1", "--epochs", "2",
-                       "--save-every", "1", timeout=300)  # fmt: skip
+    run = client.vmrun(
+        "train",
+        "-C",
+        SOLO,
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "2",
+        "--save-every",
+        "1",
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "running on vmt-q6" in run.stderr and "epoch 2/2" in run.stdout, run.stdout + run.stderr
     rid = re.search(r"run (\S+) submitted to solo", run.stderr).group(1)  # type: ignore[union-attr]
@@ -398,8 +463,10 @@ def test_without_a_shared_folder_each_node_gets_the_project_and_a_run_is_read_wh
     local = client.cwd / "results" / rid
     assert (local / "finalmodel.pt").is_file() and (local / "metrics.jsonl").is_file()
     log = f"/root/.vmrun/runs/{rid}/job.log"  # each host's own /root
-    assert [lab.host(h).run(["test", "-e", log], check=False).returncode
-            for h in ("q5", "q6")] == [1, 0]  # fmt: skip
+    assert [lab.host(h).run(["test", "-e", log], check=False).returncode for h in ("q5", "q6")] == [
+        1,
+        0,
+    ]
 
 
 def test_without_a_shared_folder_a_sweep_runs_on_both_and_accounting_keeps_every_job(
@@ -411,15 +478,27 @@ def test_without_a_shared_folder_a_sweep_runs_on_both_and_accounting_keeps_every
     _knows(lab, client)
     (client.cwd / "vmrun.toml").write_text(solo[1])
     q5 = lab.host("q5")
-    swept = client.vmrun("sweep", "-C", SOLO, "--lr", "0.1,0.05", "--epochs", "1",
-                         "--cpus-per-task", "2", timeout=300)  # fmt: skip
+    swept = client.vmrun(
+        "sweep",
+        "-C",
+        SOLO,
+        "--lr",
+        "0.1,0.05",
+        "--epochs",
+        "1",
+        "--cpus-per-task",
+        "2",
+        timeout=300,
+    )
     assert swept.returncode == 0, swept.stdout + swept.stderr
     assert {"running on vmt-q5", "running on vmt-q6"} <= set(
-        re.findall(r"running on vmt-q\d", swept.stderr)), swept.stderr  # fmt: skip
+        re.findall(r"running on vmt-q\d", swept.stderr)
+    ), swept.stderr
     (report,) = (client.cwd / "results").glob("sweep-*/report.json")
     rows = json.loads(report.read_text())
-    assert len(rows) == 2 and all((client.cwd / "results" / r["run"] / "finalmodel.pt").is_file()
-                                  for r in rows), rows  # fmt: skip
+    assert len(rows) == 2 and all(
+        (client.cwd / "results" / r["run"] / "finalmodel.pt").is_file() for r in rows
+    ), rows
     # a detached run: `logs` reads it where it runs, `stop` cancels it there
     (client.cwd / "tick.py").write_text(
         "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
@@ -427,8 +506,11 @@ def test_without_a_shared_folder_a_sweep_runs_on_both_and_accounting_keeps_every
     detached = client.vmrun("train", "-C", SOLO, "tick.py", "--detach", timeout=120)
     assert detached.returncode == 0, detached.stdout + detached.stderr
     rid, job = re.search(r"run (\S+) submitted to solo as job (\d+)", detached.stderr).groups()  # type: ignore[union-attr]
-    wait_for(lambda: "tick 3" in client.vmrun("logs", rid, "-C", SOLO).stdout, 60,
-             "the detached run's lines in `vmrun logs`")  # fmt: skip
+    wait_for(
+        lambda: "tick 3" in client.vmrun("logs", rid, "-C", SOLO).stdout,
+        60,
+        "the detached run's lines in `vmrun logs`",
+    )
     stopped = client.vmrun("stop", rid, "-C", SOLO)
     assert f"job {job} cancelled; no step left" in stopped.stdout, stopped.stdout + stopped.stderr
     # accounting kept every job (sacct answers from slurmdbd's database)
@@ -437,8 +519,20 @@ def test_without_a_shared_folder_a_sweep_runs_on_both_and_accounting_keeps_every
     assert list(states.values()).count("COMPLETED") >= 2, accounted  # the sweep's 2 points
     assert states[job].startswith("CANCELLED"), accounted
     pids = (lab.daemons("q5"), lab.daemons("q6"))
-    again = client.vmrun("setup", "-H", "q5", "-H", "q6", "--slurm", SOLO, "--env-manager",
-                         "python", "--python", str(host_python), timeout=180)  # fmt: skip
+    again = client.vmrun(
+        "setup",
+        "-H",
+        "q5",
+        "-H",
+        "q6",
+        "--slurm",
+        SOLO,
+        "--env-manager",
+        "python",
+        "--python",
+        str(host_python),
+        timeout=180,
+    )
     assert again.returncode == 0 and "nothing changed" in again.stdout, again.stdout + again.stderr
     assert (lab.daemons("q5"), lab.daemons("q6")) == pids
     gone = client.vmrun("setup", "--slurm", SOLO, "--slurm-remove")
@@ -465,35 +559,66 @@ def test_up_slurm_makes_the_vms_a_queue_on_their_private_addresses_and_down_forg
     from testbed import CloudBed
 
     keys = lab.bed.client_keys
-    with CloudBed(lab.bed, tmp_path / "cloud", instances=["vm1", "vm2"], service_hosts=True,
-                  enforce_security_groups=True) as cloud:  # fmt: skip
+    with CloudBed(
+        lab.bed,
+        tmp_path / "cloud",
+        instances=["vm1", "vm2"],
+        service_hosts=True,
+        enforce_security_groups=True,
+    ) as cloud:
         home, cwd = tmp_path / "home", tmp_path / "project"
         (home / ".ssh").mkdir(parents=True, mode=0o700)
         cwd.mkdir()
         shutil.copy(keys.private, home / ".ssh" / "id_ed25519")
         (home / ".ssh" / "id_ed25519").chmod(0o600)
         (home / ".ssh" / "id_ed25519.pub").write_text(keys.public_line + "\n")
-        env = {**cloud.env(), "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
+        env = {
+            **cloud.env(),
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        }
 
         def vmrun(*args: str, timeout: float = 300) -> Any:
             argv = cloud.argv([sys.executable, "-m", "vmrun", *args], env=env)
-            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+            return subprocess.run(
+                argv,
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
 
         (cwd / "vmrun.toml").write_text(
             f'[setup]\nenv = "python"\npython = "{host_python}"\ntorch = "{TORCH_SPEC}"\n'
         )
         (cwd / "train.py").write_text(TRAIN)
-        up = vmrun("up", "vq", "--type", "g4dn.2xlarge", "-n", "2", "--user", "root",
-                   "--ssh-from", cloud.ssh_cidr, "--slurm")  # fmt: skip
+        up = vmrun(
+            "up",
+            "vq",
+            "--type",
+            "g4dn.2xlarge",
+            "-n",
+            "2",
+            "--user",
+            "root",
+            "--ssh-from",
+            cloud.ssh_cidr,
+            "--slurm",
+        )
         assert up.returncode == 0, up.stdout + up.stderr
         assert "cluster vq: 2 node(s) in service" in up.stdout, up.stdout
         recorded = tomllib.loads((cwd / "vmrun.toml").read_text())
         (table,) = recorded["clusters"]
-        assert (table["login"], table["nodes"], table["shared"]) == ("vq-0", ["vq-0", "vq-1"],
-                                                                     False)  # fmt: skip
+        assert (table["login"], table["nodes"], table["shared"]) == (
+            "vq-0",
+            ["vq-0", "vq-1"],
+            False,
+        )
         vm1, vm2 = cloud.hosts
         nodes = vm1.run(["scontrol", "show", "node", "-o"], text=True).stdout
         addrs = set(re.findall(r"NodeAddr=(\S+)", nodes))

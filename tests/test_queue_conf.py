@@ -45,16 +45,23 @@ root=sudo
 def facts(name: str, addr: str, gpus: str = "", cgroup: str = "v2", **edits: str) -> object:
     text = FACTS.format(name=name, addr=addr, gpus=gpus, cgroup=cgroup)
     for key, value in edits.items():
-        text = "\n".join(f"{key}={value}" if ln.startswith(f"{key}=") else ln
-                         for ln in text.splitlines())  # fmt: skip
+        text = "\n".join(
+            f"{key}={value}" if ln.startswith(f"{key}=") else ln for ln in text.splitlines()
+        )
     return parse_facts(text, name.replace("gpu", "h"))
 
 
 def test_facts_are_read_as_the_script_prints_them() -> None:
     f = facts("gpu1", "10.0.0.5", "NVIDIA A100-SXM4-80GB,NVIDIA A100-SXM4-80GB,")
     assert (f.hostname, f.addr, f.systemd, f.root) == ("gpu1", "10.0.0.5", True, "sudo")
-    assert f.topology == {"CPUs": 8, "Boards": 1, "SocketsPerBoard": 1, "CoresPerSocket": 4,
-                          "ThreadsPerCore": 2, "RealMemory": 64000}  # fmt: skip
+    assert f.topology == {
+        "CPUs": 8,
+        "Boards": 1,
+        "SocketsPerBoard": 1,
+        "CoresPerSocket": 4,
+        "ThreadsPerCore": 2,
+        "RealMemory": 64000,
+    }
     assert (f.gpus, f.gpu_type, f.needs(controller=True, accounting=False)) == (2, "a100", [])
     assert f.versions["slurmd"] == "22.05.8-4"
     bare = facts("n1", "10.0.0.6", slurmd_c="", has_slurmd="0")
@@ -107,8 +114,7 @@ def test_slurm_conf_names_every_node_at_its_address_with_its_gpus() -> None:
 
 
 def test_one_gpu_type_is_one_partition_and_a_host_without_cgroups_sets_the_rule() -> None:
-    nodes = [facts("a", "10.0.0.1", "Tesla T4"), facts("b", "10.0.0.2", "Tesla T4",
-                                                       cgroup="none")]  # fmt: skip
+    nodes = [facts("a", "10.0.0.1", "Tesla T4"), facts("b", "10.0.0.2", "Tesla T4", cgroup="none")]
     p = plan("lab", nodes[0], nodes)  # type: ignore[arg-type]
     assert list(p.partitions) == ["main"]
     conf = slurm_conf(p)
@@ -194,5 +200,6 @@ def test_accounting_is_slurmdbd_on_the_controller_with_no_password_from_here() -
     assert "accounting_storage/none" in slurm_conf(plan("lab", nodes[0], nodes))  # type: ignore[arg-type]
     bare = facts("n1", "10.0.0.1", apt="0")
     assert "packages slurmdbd mariadb-server are missing" in fitness(
-        bare, "lab", True, accounting=True)  # type: ignore[arg-type]  # fmt: skip
+        bare, "lab", True, accounting=True
+    )  # type: ignore[arg-type]
     assert fitness(bare, "lab", False, accounting=True) == ""  # type: ignore[arg-type]

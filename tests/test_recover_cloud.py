@@ -53,13 +53,31 @@ class Laptop:
 
     def vmrun(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         argv = self.cloud.argv([sys.executable, "-m", "vmrun", *args], env=self.env)
-        return subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        return subprocess.run(
+            argv,
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def up(self, ssh_from: object) -> subprocess.CompletedProcess[str]:
         """`vmrun up c1 -n 2` (again: the cluster read back from the cloud)."""
-        return self.vmrun("up", "c1", "--type", "g4dn.2xlarge", "--user", self.cloud.user,
-                          "-n", "2", "--ssh-from", str(ssh_from), timeout=240)  # fmt: skip
+        return self.vmrun(
+            "up",
+            "c1",
+            "--type",
+            "g4dn.2xlarge",
+            "--user",
+            self.cloud.user,
+            "-n",
+            "2",
+            "--ssh-from",
+            str(ssh_from),
+            timeout=240,
+        )
 
 
 @pytest.fixture
@@ -76,8 +94,14 @@ def laptop(
         def boot(host: TestHost) -> None:
             install_mover(host, rclone_binary)
 
-        with CloudBed(bed, tmp_path / "cloud", instances=["n1", "n2", "n3"], listen="main",
-                      enforce_security_groups=True, on_boot=boot) as cloud:  # fmt: skip
+        with CloudBed(
+            bed,
+            tmp_path / "cloud",
+            instances=["n1", "n2", "n3"],
+            listen="main",
+            enforce_security_groups=True,
+            on_boot=boot,
+        ) as cloud:
             home = tmp_path / "home"
             (home / ".ssh").mkdir(parents=True, mode=0o700)
             shutil.copy(keys.private, home / ".ssh" / "id_ed25519")
@@ -120,22 +144,41 @@ def test_a_lost_vm_of_an_up_cluster_is_made_again_and_the_run_goes_on(
     bed_net = ipaddress.ip_network(f"{watcher.addr_on('main')}/16", strict=False)
     up = laptop.up(bed_net)  # --ssh-from covers the supervisor's host too
     assert up.returncode == 0, up.stderr + up.stdout
-    setup = laptop.vmrun("setup", "@c1", "--python", str(host_python), "--torch", TORCH_SPEC,
-                         timeout=300)  # fmt: skip
+    setup = laptop.vmrun(
+        "setup", "@c1", "--python", str(host_python), "--torch", TORCH_SPEC, timeout=300
+    )
     assert setup.returncode == 0, setup.stderr + setup.stdout
     assert "[clouds.setup]" in (laptop.cwd / "vmrun.toml").read_text()  # what a new VM gets
     bucket = new_bucket(cloud.endpoint)
-    train = laptop.vmrun("train", "-H", "@c1", "--nproc-per-node", "1", "--epochs", "10",
-                         "--save-every", "5", "--store", f"s3://{bucket}/runs", "--recover",
-                         "--supervisor", "watcher", *gate.options(7), timeout=300)  # fmt: skip
+    train = laptop.vmrun(
+        "train",
+        "-H",
+        "@c1",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "10",
+        "--save-every",
+        "5",
+        "--store",
+        f"s3://{bucket}/runs",
+        "--recover",
+        "--supervisor",
+        "watcher",
+        *gate.options(7),
+        timeout=300,
+    )
     assert train.returncode == 0, train.stderr + train.stdout
     rid = re.search(r"run (\S+) started on", train.stderr)
     assert rid, train.stderr
     run_id = rid.group(1)
     n1, n2, n3 = cloud.hosts
     log = n1.home / ".vmrun" / "runs" / run_id / "log"
-    wait_for(lambda: log.is_file() and "snapshot saved at epoch" in log.read_text(), 180,
-             "a first snapshot")  # fmt: skip
+    wait_for(
+        lambda: log.is_file() and "snapshot saved at epoch" in log.read_text(),
+        180,
+        "a first snapshot",
+    )
     (lost,) = [i for i, h in cloud.instance_hosts().items() if h is n2]
     cloud.lose(lost, terminate=False)  # dead, not reclaimed: the supervisor must end it
     said = watcher.home / ".vmrun" / "supervisor" / "runs" / run_id / "log"

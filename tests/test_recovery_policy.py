@@ -47,8 +47,9 @@ def test_a_node_silent_for_a_while_that_answers_again_runs_again_on_the_same_nod
     assert got.action == "restart" and got.nodes == NODES and not got.swap, got
     assert got.why.startswith("h2 stopped answering, then answered again")
     assert decide(blip, [blip, blip], ["s1"]).gives_up
-    assert not decide(blip, [Failure(NODES, exit_code=143, epoch=2, returned=("h2",))] * 2,
-                      ["s1"]).gives_up  # fmt: skip  (it got further each time)
+    assert not decide(
+        blip, [Failure(NODES, exit_code=143, epoch=2, returned=("h2",))] * 2, ["s1"]
+    ).gives_up  # it got further each time
     still = decide(Failure(NODES, lost=("h2",), epoch=4, returned=()), [], ["s1"])
     assert still.swap == {"h2": "s1"}  # silent and still silent: lost, a spare takes it
 
@@ -78,8 +79,10 @@ def test_the_supervisor_takes_a_followers_stop_after_a_blip_for_a_failure(
     from vmrun.backends.hosts import records
     from vmrun.operations import supervise
 
-    listing = {"h1": "NOW 100\nRUN r1\nEXIT 143\nENDED 90\nSTOPPED 90 failure\nALIVE 0\n",
-               "h2": "NOW 100\nRUN r1\nALIVE 1\n"}  # fmt: skip
+    listing = {
+        "h1": "NOW 100\nRUN r1\nEXIT 143\nENDED 90\nSTOPPED 90 failure\nALIVE 0\n",
+        "h2": "NOW 100\nRUN r1\nALIVE 1\n",
+    }
 
     class _Group:
         def __init__(self, entries: list[Any], settings: object) -> None:
@@ -94,8 +97,9 @@ def test_the_supervisor_takes_a_followers_stop_after_a_blip_for_a_failure(
         def map(self, fn: Any) -> list[Any]:
             from vmrun.ssh.group import Outcome
 
-            return [Outcome(e, records.parse_listing(listing[e], e), None, 0.0)
-                    for e in self.entries]  # fmt: skip
+            return [
+                Outcome(e, records.parse_listing(listing[e], e), None, 0.0) for e in self.entries
+            ]
 
     monkeypatch.setattr("vmrun.ssh.group.Group", _Group)
     monkeypatch.setattr("vmrun.ssh.inventory.select_hosts", lambda nodes, settings: list(nodes))
@@ -123,8 +127,9 @@ def test_a_lost_vm_of_an_up_cluster_gets_a_new_one_once_the_spares_are_spent() -
     assert got.nodes == ("c-0", "s1", "c-2") and "c-2 by a new VM" in got.why
     master = decide(Failure(("c-0", "c-1"), lost=("c-0",)), [], [], renewable=["c-0", "c-1"])
     assert master.gives_up  # its snapshots went with it: no --store
-    stored = decide(Failure(("c-0", "c-1"), lost=("c-0",)), [], [], has_store=True,
-                    renewable=["c-0", "c-1"])  # fmt: skip
+    stored = decide(
+        Failure(("c-0", "c-1"), lost=("c-0",)), [], [], has_store=True, renewable=["c-0", "c-1"]
+    )
     assert stored.renew == ("c-0",) and stored.nodes == ("c-0", "c-1")
     assert decide(Failure(("h1", "h2"), lost=("h2",)), [], [], renewable=["c-0"]).gives_up
 
@@ -156,8 +161,7 @@ def test_what_was_done_is_read_back_after_a_restart(tmp_path: Path) -> None:
     spec.save(tmp_path / "spec.json")
     assert Spec.load(tmp_path / "spec.json") == spec
     journal = Journal(tmp_path / "events.jsonl")
-    failure = {"nodes": ["h1", "h2"], "lost": ["h2"], "exit_code": None, "where": "",
-               "epoch": 4}  # fmt: skip
+    failure = {"nodes": ["h1", "h2"], "lost": ["h2"], "exit_code": None, "where": "", "epoch": 4}
     journal.add(Event(1.0, failure, "replace", "lost h2", ["h1", "s1"], {"h2": "s1"}))
     (back,) = Journal(tmp_path / "events.jsonl").events()
     assert back.nodes == ["h1", "s1"] and back.swap == {"h2": "s1"}
@@ -215,8 +219,10 @@ def test_each_recovery_and_giving_up_is_told_once_where_failures_are(
     settings = load_settings({"notify": url}, cwd=tmp_path, environ=home)
     supervise._tell(settings, "r1", "requeue", "recovered (recovery 1 of 5)", ["h1"], Recorder())
     supervise._tell(settings, "r1", "fail", "failed: a crash loop", ["h1"], Recorder())
-    assert told == [("vmrun: run r1 recovered (recovery 1 of 5)", "requeue"),
-                    ("vmrun: run r1 failed: a crash loop", "fail")]  # fmt: skip
+    assert told == [
+        ("vmrun: run r1 recovered (recovery 1 of 5)", "requeue"),
+        ("vmrun: run r1 failed: a crash loop", "fail"),
+    ]
     ends_only = load_settings({"notify": url, "notify_on": ["end"]}, cwd=tmp_path, environ=home)
     supervise._tell(ends_only, "r1", "requeue", "recovered", ["h1"], Recorder())
     assert len(told) == 2
@@ -230,9 +236,19 @@ def test_recover_without_a_bucket_is_refused_before_anything_starts(tmp_path: Pa
     (tmp_path / "vmrun.toml").write_text("recover = true\nmax_recoveries = 3\n")
     settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
     assert settings.recover and settings.max_recoveries == 3
-    plan = make_plan(script=None, user_args=None, epochs=2, save_every=1, nproc_per_node=None,
-                     max_restarts=0, env=None, name=None, batch_size=None, lr=None,
-                     launcher="torchrun")  # fmt: skip
+    plan = make_plan(
+        script=None,
+        user_args=None,
+        epochs=2,
+        save_every=1,
+        nproc_per_node=None,
+        max_restarts=0,
+        env=None,
+        name=None,
+        batch_size=None,
+        lr=None,
+        launcher="torchrun",
+    )
     with pytest.raises(UsageError) as caught:
         Supervised.check(plan, [], settings)
     assert caught.value.code == "flags-conflict" and "--store" in (caught.value.hint or "")
@@ -251,9 +267,10 @@ def test_a_report_row_says_what_the_supervisor_did(tmp_path: Path) -> None:
     facts = {"downtime_s": 21.4, "epochs_redone": 3, "swap": {"h2": "s1"}, "action": "replace"}
     (run / "recoveries").write_text(
         "recovery\t100\trecovery 1 of 5: lost h2: replaced h2 by s1 (21 s down)\t"
-        + json.dumps(facts) + "\n"
+        + json.dumps(facts)
+        + "\n"
         "recovery\t200\trecovery 2 of 5: exit 3: again on the same nodes\n"  # an older line
-    )  # fmt: skip
+    )
     rows = report_rows(load_runs([run, plain]))
     first, second = rows[0].recoveries or []
     assert first["text"].startswith("recovery 1 of 5: lost h2") and first["at"] == 100
@@ -297,8 +314,11 @@ def test_the_runs_env_goes_with_each_resume_and_a_refused_resume_gives_up_at_onc
 
     monkeypatch.setattr(training, "train", train)
     notes: list[tuple[str, str, dict[str, Any] | None]] = []
-    monkeypatch.setattr(supervise, "_note", lambda r, n, s, kind, text, facts=None:
-                        notes.append((kind, text, facts)))  # fmt: skip
+    monkeypatch.setattr(
+        supervise,
+        "_note",
+        lambda r, n, s, kind, text, facts=None: notes.append((kind, text, facts)),
+    )
     monkeypatch.setattr(supervise, "_tell", lambda *args: None)
     monkeypatch.setattr(supervise, "_finish", lambda st, sp, se, nodes, out, code: code)
     settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
@@ -326,15 +346,21 @@ def test_a_lost_vm_of_an_up_cluster_is_made_again_before_the_resume(
     state = tmp_path / "state"
     state.mkdir()
     (state / "id_ed25519.pub").write_text("ssh-ed25519 AAAAkey vmrun-supervisor:r1\n")
-    spec = Spec(run_id="r1", nodes=["c-0", "c-1"], store="s3://b/runs", cluster="c",
-                renewable=["c-0", "c-1"])  # fmt: skip
+    spec = Spec(
+        run_id="r1",
+        nodes=["c-0", "c-1"],
+        store="s3://b/runs",
+        cluster="c",
+        renewable=["c-0", "c-1"],
+    )
     spec.save(state / "spec.json")
     failures = iter([Failure(("c-0", "c-1"), lost=("c-1",), epoch=3, reached=4), None])
     monkeypatch.setattr(supervise, "_follow", lambda *args: next(failures))
     made: list[tuple[str, str, tuple[str, ...]]] = []
 
-    def replace_node(settings: object, name: str, label: str, out: object, *,
-                     extra_keys: tuple[str, ...] = ()) -> object:  # fmt: skip
+    def replace_node(
+        settings: object, name: str, label: str, out: object, *, extra_keys: tuple[str, ...] = ()
+    ) -> object:
         made.append((name, label, extra_keys))
 
         class Made:
@@ -377,8 +403,15 @@ def test_the_supervisors_settings_keep_the_cluster_it_may_make_vms_of() -> None:
     from vmrun.recovery.deploy import Reached, supervisor_toml
 
     spec = Spec(run_id="r1", nodes=["c-0"], store="s3://b/runs", cluster="c", renewable=["c-0"])
-    node = Reached("c-0", "203.0.113.7", 22, "ubuntu", "203.0.113.7", {},
-                   {"groups": ["c"], "instance": "i-1", "python": "/p"})  # fmt: skip
+    node = Reached(
+        "c-0",
+        "203.0.113.7",
+        22,
+        "ubuntu",
+        "203.0.113.7",
+        {},
+        {"groups": ["c"], "instance": "i-1", "python": "/p"},
+    )
     spare = Reached("s1", "10.0.0.5", 22, "me", "10.0.0.5", {}, {})
     table = {"name": "c", "cloud": "aws", "type": "g4dn.xlarge", "profile": "lab"}
     doc = tomllib.loads(supervisor_toml(spec, [node, spare], table))
@@ -405,8 +438,11 @@ def test_setup_on_a_clusters_vms_keeps_what_a_new_vm_is_set_up_with(tmp_path: Pa
     _record_for_clusters(settings, tmp_path, asked, project_hosts(settings))
     again = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
     (table,) = again.project_data["clouds"]
-    assert table["setup"] == {"python": "/usr/bin/python3.11", "torch": "2.13.0",
-                              "params": ["pip=einops"]}  # fmt: skip
+    assert table["setup"] == {
+        "python": "/usr/bin/python3.11",
+        "torch": "2.13.0",
+        "params": ["pip=einops"],
+    }
     assert replay(table["setup"]).torch == "2.13.0"
     assert replayable(SetupRequest(playbook=tmp_path / "mine.yaml")) is None
 
@@ -425,20 +461,26 @@ def test_recover_puts_a_fit_spare_in_place_of_a_node_whose_gpu_is_unfit() -> Non
 
     settings = load_settings({}, cwd=Path("/"), environ={"HOME": "/nonexistent"})
     entries = [HostEntry(parse_host(h)) for h in ("u@a", "u@b", "u@c")]
-    sick = {"u@a": "GPU 0000:07:00: a row remapping is pending", "u@s1": "GPU x: Xid 79",
-            "u@c": "GPU 0000:19:00: 3 uncorrectable ECC error(s)"}  # fmt: skip
+    sick = {
+        "u@a": "GPU 0000:07:00: a row remapping is pending",
+        "u@s1": "GPU x: Xid 79",
+        "u@c": "GPU 0000:19:00: 3 uncorrectable ECC error(s)",
+    }
     said = Recorder()
-    nodes, left = swap_unfit(entries, ["u@s1", "u@s2", "u@s3"], settings, said,
-                             unfit=lambda e: sick.get(e.label, ""))  # fmt: skip
+    nodes, left = swap_unfit(
+        entries, ["u@s1", "u@s2", "u@s3"], settings, said, unfit=lambda e: sick.get(e.label, "")
+    )
     assert [n.label for n in nodes] == ["u@s2", "u@b", "u@s3"]
     assert left == ["u@s1"]  # the unfit spare is no help, and stays a spare
     assert [t for _, t in said.said] == [
         "u@a: GPU 0000:07:00: a row remapping is pending; --recover puts the spare u@s2 in its"
         " place",
         "u@c: GPU 0000:19:00: 3 uncorrectable ECC error(s); --recover puts the spare u@s3 in its"
-        " place"]  # fmt: skip
-    nodes, left = swap_unfit(entries, ["u@s1"], settings, Recorder(),
-                             unfit=lambda e: sick.get(e.label, ""))  # fmt: skip
+        " place",
+    ]
+    nodes, left = swap_unfit(
+        entries, ["u@s1"], settings, Recorder(), unfit=lambda e: sick.get(e.label, "")
+    )
     assert [n.label for n in nodes] == ["u@a", "u@b", "u@c"] and left == ["u@s1"]
 
 
@@ -474,8 +516,10 @@ def test_the_supervisors_host_is_prepared_beside_the_staging_and_its_failure_tol
     with pytest.raises(RemoteError) as caught:
         failing.wait()
     assert caught.value.code == "supervisor-failed"
-    assert sorted(seen) == [("supervisor-prepare", "/opt/py/bin/python3", True, False),
-                            ("supervisor-prepare", "/opt/py/bin/python3", True, True)]  # fmt: skip
+    assert sorted(seen) == [
+        ("supervisor-prepare", "/opt/py/bin/python3", True, False),
+        ("supervisor-prepare", "/opt/py/bin/python3", True, True),
+    ]
 
 
 def test_the_supervisor_follows_every_node_or_names_the_one_it_cannot(

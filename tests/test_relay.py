@@ -67,8 +67,14 @@ def test_known_hosts_line_pins_the_key_under_the_address() -> None:
 
 def _relay_sh(home: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     argv = local_argv(command("relay.sh", *args), home)
-    return subprocess.run(argv, input=stdin, cwd=home, env={"HOME": str(home),
-                          "PATH": "/usr/bin:/bin"}, capture_output=True, check=False)  # fmt: skip
+    return subprocess.run(
+        argv,
+        input=stdin,
+        cwd=home,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        check=False,
+    )
 
 
 def test_grant_adds_one_line_and_revoke_takes_only_it_out(host_home: Path) -> None:
@@ -117,8 +123,18 @@ def test_the_stale_sweep_removes_old_transfers_and_leaves_young_ones(host_home: 
     (host_home / ".ssh").mkdir(mode=0o700)
     old, young = new_tag(now=1_000_000), new_tag()
     for tag in (old, young):
-        assert _relay_sh(host_home, "key", STATE, tag, "10.0.0.1 ssh-ed25519 AAAA", "10.0.0.1",
-                         stdin=b"PRIVATE\n").returncode == 0  # fmt: skip
+        assert (
+            _relay_sh(
+                host_home,
+                "key",
+                STATE,
+                tag,
+                "10.0.0.1 ssh-ed25519 AAAA",
+                "10.0.0.1",
+                stdin=b"PRIVATE\n",
+            ).returncode
+            == 0
+        )
         line = authorized_line(PUB, tag, None)
         assert (
             _relay_sh(host_home, "grant", STATE, tag, stdin=line.encode() + b"\nd").returncode == 0
@@ -258,8 +274,15 @@ def test_a_tree_goes_host_to_host_exact_and_only_what_changed_again(
     a, b = cluster["n1"], cluster["n2"]
     src = _make_source(a, big=20 << 20)
     progress = _Counted()
-    report = relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-                   dst_host_key=_host_key(b), progress=progress)  # fmt: skip
+    report = relay(
+        hosts["n1"],
+        hosts["n2"],
+        b.addr_on("inner"),
+        "src",
+        "copy",
+        dst_host_key=_host_key(b),
+        progress=progress,
+    )
     sizes = sum(len(v) for v in _tree(src).values() if isinstance(v, bytes))
     assert progress.begun == [("n2", len(HOSTILE) + 1 + 2, sizes, "n1")]  # files, inside links
     assert sum(progress.advances) == sizes and len(progress.advances) > 1
@@ -274,12 +297,14 @@ def test_a_tree_goes_host_to_host_exact_and_only_what_changed_again(
     mtime = os.stat(src / "big.bin").st_mtime_ns
     assert os.stat(b.home / "copy" / "big.bin").st_mtime_ns == mtime
 
-    again = relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-                  dst_host_key=_host_key(b))  # fmt: skip
+    again = relay(
+        hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy", dst_host_key=_host_key(b)
+    )
     assert again.sent == [] and again.unchanged == len(HOSTILE) + 1
     (src / "with space").write_bytes(b"changed")
-    third = relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-                  dst_host_key=_host_key(b))  # fmt: skip
+    third = relay(
+        hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy", dst_host_key=_host_key(b)
+    )
     assert third.sent == ["with space"]
     assert (b.home / "copy" / "with space").read_bytes() == b"changed"
     _no_key_left(a, b)
@@ -294,8 +319,9 @@ def test_a_failure_on_the_receiver_leaves_no_key(
     _own(b, b.home / "copy")
     (b.home / "copy").chmod(0o500)  # the staging folder cannot be made
     with pytest.raises(VmrunError) as caught:
-        relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-              dst_host_key=_host_key(b))  # fmt: skip
+        relay(
+            hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy", dst_host_key=_host_key(b)
+        )
     assert caught.value.code == "transfer-failed"
     (b.home / "copy").chmod(0o700)
     _no_key_left(a, b)
@@ -329,13 +355,17 @@ def test_ctrl_c_mid_copy_leaves_no_key_and_nothing_running(
     watcher = threading.Thread(target=interrupt_once_bytes_arrive, daemon=True)
     watcher.start()
     with pytest.raises(KeyboardInterrupt):
-        relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-              dst_host_key=_host_key(b))  # fmt: skip
+        relay(
+            hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy", dst_host_key=_host_key(b)
+        )
     watcher.join()
     assert fired.is_set()
     _no_key_left(a, b)
-    wait_for(lambda: not _relay_processes(a) and not _relay_processes(b), 15,
-             "the sender and receiver to end")  # fmt: skip
+    wait_for(
+        lambda: not _relay_processes(a) and not _relay_processes(b),
+        15,
+        "the sender and receiver to end",
+    )
     assert not (b.home / "copy" / "huge.bin").exists()
 
 
@@ -363,8 +393,9 @@ def test_a_killed_transfer_is_swept_by_remove_stale_relay_keys(
 
     a, b = cluster["n1"], cluster["n2"]
     tag = new_tag()
-    mod._relay_sh(hosts["n1"], "key", tag, "x ssh-ed25519 AAAA", "10.0.0.1",
-                  stdin=b"PRIVATE\n", what="k")  # fmt: skip
+    mod._relay_sh(
+        hosts["n1"], "key", tag, "x ssh-ed25519 AAAA", "10.0.0.1", stdin=b"PRIVATE\n", what="k"
+    )
     line = authorized_line(PUB, tag, None).encode()
     mod._relay_sh(hosts["n2"], "grant", tag, stdin=line + b"\ncopy", what="g")
     (b.home / "copy" / f".{tag}").mkdir(parents=True)
@@ -384,16 +415,30 @@ def test_a_private_address_the_sender_cannot_reach_fails_fast_with_its_code(
     _make_source(bed.host("h1"), big=1024)
     started = time.monotonic()
     with pytest.raises(VmrunError) as caught:  # h1 is on main only: no route to inner
-        relay(hosts["h1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-              dst_host_key=_host_key(b), connect_timeout=2)  # fmt: skip
+        relay(
+            hosts["h1"],
+            hosts["n2"],
+            b.addr_on("inner"),
+            "src",
+            "copy",
+            dst_host_key=_host_key(b),
+            connect_timeout=2,
+        )
     assert caught.value.code == "relay-unreachable"
     assert time.monotonic() - started < 10
     b.cut_link("inner")  # silent: the connect times out
     try:
         started = time.monotonic()
         with pytest.raises(VmrunError) as caught:
-            relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-                  dst_host_key=_host_key(b), connect_timeout=2)  # fmt: skip
+            relay(
+                hosts["n1"],
+                hosts["n2"],
+                b.addr_on("inner"),
+                "src",
+                "copy",
+                dst_host_key=_host_key(b),
+                connect_timeout=2,
+            )
         assert caught.value.code == "relay-unreachable"
         assert time.monotonic() - started < 15
     finally:
@@ -407,7 +452,13 @@ def test_a_wrong_host_key_is_refused(
     a, b = cluster["n1"], cluster["n2"]
     _make_source(a, big=1024)
     with pytest.raises(VmrunError) as caught:
-        relay(hosts["n1"], hosts["n2"], b.addr_on("inner"), "src", "copy",
-              dst_host_key=_host_key(cluster["n1"]))  # fmt: skip
+        relay(
+            hosts["n1"],
+            hosts["n2"],
+            b.addr_on("inner"),
+            "src",
+            "copy",
+            dst_host_key=_host_key(cluster["n1"]),
+        )
     assert caught.value.code == "host-key-rejected"
     _no_key_left(a, b)

@@ -41,10 +41,13 @@ def test_a_local_run(results: Path) -> None:
 def test_an_older_local_record_gives_its_epochs_in_argv() -> None:
     """Records written before `args` was kept: the template's first argument after it."""
     meta = {
-        "template": True, "launcher": "torchrun", "nproc": "2", "script": "/t/template.py",
+        "template": True,
+        "launcher": "torchrun",
+        "nproc": "2",
+        "script": "/t/template.py",
         "argv": ["python", "-m", "torch.distributed.run", "/t/template.py", "7", "5"],
         "start_time": "2023-11-14T22:13:20+00:00",
-    }  # fmt: skip
+    }
     assert layout_of(meta).epochs_asked == 7
     assert layout_of({**meta, "template": False}).epochs_asked is None  # a SCRIPT's own count
 
@@ -54,8 +57,12 @@ def test_a_run_of_two_hosts_fetched_into_a_folder_each(results: Path) -> None:
     assert sorted(p.name for p in d.iterdir()) == ["n1", "n2"]
     run = load_run(d)
     assert (run.where, run.hosts, run.nodes, run.procs_per_node, run.world_size) == (
-        "hosts", ("n1", "n2"), 2, 2, 4,
-    )  # fmt: skip
+        "hosts",
+        ("n1", "n2"),
+        2,
+        2,
+        4,
+    )
     assert run.epochs_done == 3 and run.epochs_asked == 3
     assert run.started == T0 and run.ended == T0 + 60 and run.duration == 60.0
     assert run.exit_code == 0
@@ -123,10 +130,16 @@ def test_runs_under_results_oldest_first_and_names(tmp_path: Path, results: Path
 
 def _run(results: Path, rid: str, world: int, rates: list[float], **extra: float):
     lines = [
-        {"epoch": i, "loss": 1.0 / i, "samples_per_s": r, "epoch_time_s": 1000 / r,
-         "world_size": world, **extra}
+        {
+            "epoch": i,
+            "loss": 1.0 / i,
+            "samples_per_s": r,
+            "epoch_time_s": 1000 / r,
+            "world_size": world,
+            **extra,
+        }
         for i, r in enumerate(rates, 1)
-    ]  # fmt: skip
+    ]
     return load_run(local_run(results, rid, lines, nproc=str(world)))
 
 
@@ -168,8 +181,12 @@ def test_differing_metrics_leave_cells_blank(results: Path) -> None:
 
 
 def test_json_keys_are_stable_and_numbers_are_numbers(results: Path) -> None:
-    rows = report_rows([_run(results, "a", 1, [100]), load_run(local_run(results, "b", [
-        {"epoch": 1, "loss": 0.5}]))])  # fmt: skip
+    rows = report_rows(
+        [
+            _run(results, "a", 1, [100]),
+            load_run(local_run(results, "b", [{"epoch": 1, "loss": 0.5}])),
+        ]
+    )
     data = json.loads(rows_json(rows))
     fields = [*ReportRow.__dataclass_fields__, "error"]
     assert [list(d) for d in data] == [fields, fields]
@@ -220,9 +237,18 @@ def test_a_failed_run_s_own_code_and_first_failed_worker_are_in_the_json(results
     """A two-host run whose rank 3 on h2 exited 3 (h1 was stopped after it, 143): the row
     has the run's code and which worker failed first, from the fetched failure.json."""
     d = hosts_run(results, "fail2", epochs(1, world=4), ["h1", "h2"], exits=[143, 3])
-    (d / "h2" / "failure.json").write_text(json.dumps(
-        {"exit": 3, "rank": 3, "local_rank": 1, "host": "h2.lan", "signal": None,
-         "launcher_exit": 1}))  # fmt: skip
+    (d / "h2" / "failure.json").write_text(
+        json.dumps(
+            {
+                "exit": 3,
+                "rank": 3,
+                "local_rank": 1,
+                "host": "h2.lan",
+                "signal": None,
+                "launcher_exit": 1,
+            }
+        )
+    )
     (row,) = json.loads(rows_json(report_rows([load_run(d)])))
     assert row["exit"] == 3  # the first node to fail, not the first in host order
     failure = row["failure"]

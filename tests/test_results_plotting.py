@@ -130,16 +130,23 @@ def test_legend_labels_name_what_a_sweep_varied(tmp_path: Path) -> None:
         "1 node x 2 procs (torchrun) cpus=2 lr=0.1",
     ]
     assert plotting.labels(runs) == [
-        "1 node x 2 procs (torchrun) a", "1 node x 2 procs (torchrun) b",
-    ]  # fmt: skip
+        "1 node x 2 procs (torchrun) a",
+        "1 node x 2 procs (torchrun) b",
+    ]
 
 
 def test_the_terminal_plot_says_which_line_is_under_another() -> None:
     from vmrun.cli.plot_term import render
 
     same = [(1.0, 1.0), (2.0, 0.5)]
-    text = render([same, list(same), [(1.0, 2.0), (2.0, 1.0)]], ["a", "b", "c"],
-                  ["red", "green", "blue"], title="t", x_label="epoch", y_label="loss",
-                  width=60).plain  # fmt: skip
+    text = render(
+        [same, list(same), [(1.0, 2.0), (2.0, 1.0)]],
+        ["a", "b", "c"],
+        ["red", "green", "blue"],
+        title="t",
+        x_label="epoch",
+        y_label="loss",
+        width=60,
+    ).plain
     legend = text.splitlines()[-3:]
     assert legend == ["  ━━ a", "  ━━ b (the same line as a, over it)", "  ━━ c"]

@@ -76,8 +76,12 @@ def record(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Pat
 def _listed(env: dict) -> bool:
     out = subprocess.run(
         ["sh", "-c", source("run_list.sh"), "vmrun-list", ".vmrun/runs", "r1"],
-        env=env, capture_output=True, text=True, timeout=30, check=True,
-    ).stdout  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     (alive,) = [line for line in out.splitlines() if line.startswith("ALIVE ")]
     return alive == "ALIVE 1"
 
@@ -85,8 +89,12 @@ def _listed(env: dict) -> bool:
 def _stopped_as_its_session(env: dict, pid: int) -> bool:
     out = subprocess.run(
         ["sh", "-c", source("run_stop.sh"), "vmrun-stop", ".vmrun/runs", "r1", "50"],
-        env=env, capture_output=True, text=True, timeout=30, check=True,
-    ).stdout  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     term = [line for line in out.splitlines() if line.startswith("TERM ")]  # none: none to stop
     return any(str(pid) in line.split()[1:] for line in term)
 
@@ -96,10 +104,27 @@ def _start_refused(env: dict) -> bool:
     and started (with vmrun's host-side files in place) when it is not."""
     lib = install_hostlib(Path(env["HOME"]))
     done = subprocess.run(
-        ["sh", "-c", source("run_start.sh"), "vmrun-start", ".vmrun/runs/r2", env["HOME"], "r2",
-         "{}", "new", "", "r2-out", str(lib), "1", "true"],
-        env=env, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [
+            "sh",
+            "-c",
+            source("run_start.sh"),
+            "vmrun-start",
+            ".vmrun/runs/r2",
+            env["HOME"],
+            "r2",
+            "{}",
+            "new",
+            "",
+            "r2-out",
+            str(lib),
+            "1",
+            "true",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode == 0:
         return False
     assert done.returncode == 3, done.stderr  # refused, not failed
@@ -118,8 +143,11 @@ def _keeps_marking(rec: Path, env: dict, pid: int) -> bool:
             return False
         with open(rec / "log", "a") as log:
             log.write("a line\n")
-        wait_until(lambda: times.read_text().startswith("0 ") and "\n1 " in times.read_text(),
-                   10, "a mark for the new line")  # fmt: skip
+        wait_until(
+            lambda: times.read_text().startswith("0 ") and "\n1 " in times.read_text(),
+            10,
+            "a mark for the new line",
+        )
         return marks.poll() is None
     finally:
         marks.kill()

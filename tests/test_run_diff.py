@@ -30,34 +30,68 @@ def provenance(
 ) -> dict[str, Any]:
     """A provenance.json as hostside/run_provenance.py writes it."""
     return {
-        "schema": 1, "recorded": 1.7e9, "node": node,
+        "schema": 1,
+        "recorded": 1.7e9,
+        "node": node,
         "environment": {
-            "python": {"executable": "/venv/bin/python", "version": "3.12.3",
-                       "implementation": "CPython", "prefix": "/venv", "virtualenv": True},
+            "python": {
+                "executable": "/venv/bin/python",
+                "version": "3.12.3",
+                "implementation": "CPython",
+                "prefix": "/venv",
+                "virtualenv": True,
+            },
             "manager": "pip",
             "packages": {"torch": torch, "numpy": "2.1.0", **(packages or {})},
-            "torch": {"version": torch, "cuda": "12.4", "hip": None, "git_version": "x",
-                      "nccl": [2, 21, 5], "cudnn": 90100},
+            "torch": {
+                "version": torch,
+                "cuda": "12.4",
+                "hip": None,
+                "git_version": "x",
+                "nccl": [2, 21, 5],
+                "cudnn": 90100,
+            },
         },
         "hardware": {
-            "hostname": node, "fqdn": f"{node}.lan", "os": "Ubuntu 24.04", "kernel": "6.8.0",
-            "arch": "x86_64", "cpu": {"model": "EPYC 9654", "count": 96, "usable": 96},
-            "memory_bytes": 512 * 2**30, "driver": "550.54",
-            "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559,
-                      "driver": "550.54", "uuid": f"GPU-{i}"} for i in range(gpus)],
+            "hostname": node,
+            "fqdn": f"{node}.lan",
+            "os": "Ubuntu 24.04",
+            "kernel": "6.8.0",
+            "arch": "x86_64",
+            "cpu": {"model": "EPYC 9654", "count": 96, "usable": 96},
+            "memory_bytes": 512 * 2**30,
+            "driver": "550.54",
+            "gpus": [
+                {
+                    "index": i,
+                    "name": "NVIDIA H100 80GB HBM3",
+                    "memory_mib": 81559,
+                    "driver": "550.54",
+                    "uuid": f"GPU-{i}",
+                }
+                for i in range(gpus)
+            ],
         },
         "slurm": slurm,
-    }  # fmt: skip
+    }
 
 
 def code(commit: str = COMMIT_A, *, patch: str = "", untracked: tuple[str, ...] = ()) -> dict:
     return {
-        "git": True, "commit": commit, "branch": "main", "dirty": bool(patch),
-        "remote": "git@github.com:me/p.git", "path": "", "untracked": list(untracked),
-        "untracked_count": len(untracked), "tree_sha256": "c" * 64, "files": 12,
-        "patch_bytes": len(patch), "patch_truncated": False,
+        "git": True,
+        "commit": commit,
+        "branch": "main",
+        "dirty": bool(patch),
+        "remote": "git@github.com:me/p.git",
+        "path": "",
+        "untracked": list(untracked),
+        "untracked_count": len(untracked),
+        "tree_sha256": "c" * 64,
+        "files": 12,
+        "patch_bytes": len(patch),
+        "patch_truncated": False,
         "patch_sha256": sha256(patch.encode()).hexdigest() if patch else None,
-    }  # fmt: skip
+    }
 
 
 def write_run(
@@ -71,8 +105,15 @@ def write_run(
     """A one-folder run (a local run, or a run of one host): run.json, provenance.json."""
     d = results / rid
     d.mkdir(parents=True, exist_ok=True)
-    record = {"id": rid, "launcher": "torchrun", "args": ["3", "5"], "nproc": "2",
-              "code": code(), "variables": {"LR": "0.1"}, **(meta or {})}  # fmt: skip
+    record = {
+        "id": rid,
+        "launcher": "torchrun",
+        "args": ["3", "5"],
+        "nproc": "2",
+        "code": code(),
+        "variables": {"LR": "0.1"},
+        **(meta or {}),
+    }
     (d / "run.json").write_text(json.dumps(record))
     if prov is not None:
         (d / "provenance.json").write_text(json.dumps(prov))
@@ -110,17 +151,30 @@ def test_packages_added_and_removed(results: Path) -> None:
     b = write_run(results, "b-1", prov=provenance(packages={"scipy": "1.14.0"}))
     data = diff_of(a, b).to_json()
     assert data["packages"] == {
-        "added": {"scipy": "1.14.0"}, "removed": {"pandas": "2.2.1"}, "changed": {}, "notes": [],
-    }  # fmt: skip
+        "added": {"scipy": "1.14.0"},
+        "removed": {"pandas": "2.2.1"},
+        "changed": {},
+        "notes": [],
+    }
     text = render_text(diff_of(a, b))
     assert "  + scipy 1.14.0" in text and "  - pandas 2.2.1" in text
 
 
 def test_another_commit_and_a_dirty_patch(results: Path) -> None:
-    a = write_run(results, "a-1", prov=provenance(), patch="--- x\n+++ x\n+one\n",
-                  meta={"code": code(COMMIT_A, patch="+one\n", untracked=("old.py",))})  # fmt: skip
-    b = write_run(results, "b-1", prov=provenance(), patch="--- x\n+++ x\n+two\n",
-                  meta={"code": code(COMMIT_B, patch="+two\n", untracked=("new.py",))})  # fmt: skip
+    a = write_run(
+        results,
+        "a-1",
+        prov=provenance(),
+        patch="--- x\n+++ x\n+one\n",
+        meta={"code": code(COMMIT_A, patch="+one\n", untracked=("old.py",))},
+    )
+    b = write_run(
+        results,
+        "b-1",
+        prov=provenance(),
+        patch="--- x\n+++ x\n+two\n",
+        meta={"code": code(COMMIT_B, patch="+two\n", untracked=("new.py",))},
+    )
     diff = diff_of(a, b)
     by_what = {(c.what, c.change): c for c in diff.code}
     assert (by_what["commit", ""].a, by_what["commit", ""].b) == (COMMIT_A, COMMIT_B)
@@ -152,8 +206,12 @@ def test_two_hosts_in_a_folder_each_against_one_folder(results: Path) -> None:
     two = results / "two-1"
     for host in ("gpu-2", "gpu-1"):  # the record's order, rank 0's host first
         extra = {"triton": "3.1.0"} if host == "gpu-1" else {}
-        write_run(two, host, prov=provenance(f"host-{host}", gpus=8, packages=extra),
-                  meta={"id": "two-1", "nodes": ["gpu-2", "gpu-1"], "host": host})  # fmt: skip
+        write_run(
+            two,
+            host,
+            prov=provenance(f"host-{host}", gpus=8, packages=extra),
+            meta={"id": "two-1", "nodes": ["gpu-2", "gpu-1"], "host": host},
+        )
     run = load_provenance(two)
     assert run.run_id == "two-1" and [n.name for n in run.nodes] == ["gpu-2", "gpu-1"]
     diff = diff_of(one, two)
@@ -161,8 +219,10 @@ def test_two_hosts_in_a_folder_each_against_one_folder(results: Path) -> None:
     assert (nodes.a, nodes.b) == (1, 2)
     gpus = next(c for c in diff.hardware if c.what == "gpus")
     assert (gpus.a, gpus.b, gpus.node) == (
-        "2x NVIDIA H100 80GB HBM3", "8x NVIDIA H100 80GB HBM3", (1, "gpu-1", "gpu-2"),
-    )  # fmt: skip
+        "2x NVIDIA H100 80GB HBM3",
+        "8x NVIDIA H100 80GB HBM3",
+        (1, "gpu-1", "gpu-2"),
+    )
     launch = {c.what: (c.a, c.b) for c in diff.launch}
     assert launch["where"] == ("local", "hosts") and launch["nodes"] == (1, 2)
     assert not diff.packages.added  # the first node's packages; the other's are a note
@@ -177,8 +237,14 @@ def test_a_slurm_run_has_a_node_per_provenance_file(results: Path) -> None:
     def slurm_run(rid: str, partition: str) -> Path:
         d = write_run(results, rid, meta={"cluster": "bed", "nodes": 2, "nproc_per_node": 1})
         for i, node in enumerate(("n2", "n10")):
-            job = {"job_id": "7", "partition": partition, "nodes": ["n2", "n10"],
-                   "num_nodes": 2, "node_id": i, "alloc_tres": "cpu=2"}  # fmt: skip
+            job = {
+                "job_id": "7",
+                "partition": partition,
+                "nodes": ["n2", "n10"],
+                "num_nodes": 2,
+                "node_id": i,
+                "alloc_tres": "cpu=2",
+            }
             (d / f"provenance-{node}.json").write_text(json.dumps(provenance(node, slurm=job)))
         return d
 
@@ -195,8 +261,9 @@ def test_an_older_run_without_provenance_is_said_once(results: Path) -> None:
     new = write_run(results, "new-1", prov=provenance())
     old = results / "old-1"
     old.mkdir(parents=True)
-    (old / "run.json").write_text(json.dumps({"id": "old-1", "launcher": "torchrun",
-                                              "args": ["3", "5"], "nproc": "2"}))  # fmt: skip
+    (old / "run.json").write_text(
+        json.dumps({"id": "old-1", "launcher": "torchrun", "args": ["3", "5"], "nproc": "2"})
+    )
     (old / "versions.json").write_text(json.dumps({"python": "3.11.9", "torch": "2.3.0"}))
     assert load_provenance(old).summary()["torch"] == "2.3.0"  # versions.json, the fallback
     diff = diff_of(new, old)
@@ -261,8 +328,16 @@ def test_diff_json_and_text_and_report_diff(
     data = json.loads(capsys.readouterr().out)
     assert data["runs"] == ["a-1", "b-1"] and len(data["diffs"]) == 1
     assert set(data["diffs"][0]) == {
-        "a", "b", "same", "code", "packages", "environment", "hardware", "launch", "patch_diff",
-    }  # fmt: skip
+        "a",
+        "b",
+        "same",
+        "code",
+        "packages",
+        "environment",
+        "hardware",
+        "launch",
+        "patch_diff",
+    }
     assert data["diffs"][0]["packages"]["changed"] == {"torch": ["2.13.0", "2.12.0"]}
 
     assert run(["diff", "a-1", "b-1"]) == 0
@@ -308,12 +383,18 @@ def test_report_json_names_commit_dirty_and_versions(
     rows = {r["run"]: r for r in json.loads(capsys.readouterr().out)}
     assert (rows["loc-1"]["commit"], rows["loc-1"]["dirty"]) == (COMMIT_B, True)
     assert rows["loc-1"]["versions"] == {
-        "python": "3.12.3", "torch": "2.13.0", "cuda": "12.4", "nccl": "2.21.5",
-        "gpu": "NVIDIA H100 80GB HBM3", "driver": "550.54",
-    }  # fmt: skip
+        "python": "3.12.3",
+        "torch": "2.13.0",
+        "cuda": "12.4",
+        "nccl": "2.21.5",
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "driver": "550.54",
+    }
     assert (rows["old-1"]["commit"], rows["old-1"]["dirty"], rows["old-1"]["versions"]) == (
-        None, None, None,
-    )  # fmt: skip
+        None,
+        None,
+        None,
+    )
 
 
 def test_own_batch_scripts_compare_their_script_and_scontrols_allocation(results: Path) -> None:

@@ -26,8 +26,13 @@ FIXTURES = Path(__file__).parent / "fixtures" / "torchrun"
 
 
 def _parse(tmp_path: Path, log: Path, rc: str = "1", *skip: str) -> tuple[str, dict | None]:
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), str(log), rc, *skip],
-                          capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), str(log), rc, *skip],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     found = tmp_path / "failure.json"
     return done.stdout.strip(), json.loads(found.read_text()) if found.exists() else None
 
@@ -72,10 +77,12 @@ def test_a_slurm_log_labelled_by_srun_takes_the_last_attempt_s_earliest_failure(
     one = (FIXTURES / "exit3.log").read_text()
     log = tmp_path / "job.log"
     log.write_text(
-        "\035vmrun attempt 1 job 7\n" + labelled(one, 0, "2026-11-28_20:00:00", 1, 9)
-        + "\035vmrun attempt 2 job 7\n" + labelled(one, 1, "2026-11-28_21:27:05", 3, 1)
+        "\035vmrun attempt 1 job 7\n"
+        + labelled(one, 0, "2026-11-28_20:00:00", 1, 9)
+        + "\035vmrun attempt 2 job 7\n"
+        + labelled(one, 1, "2026-11-28_21:27:05", 3, 1)
         + labelled(one, 0, "2026-11-28_21:27:02", 1, 3)
-    )  # fmt: skip
+    )
     code, failure = _parse(tmp_path, log, "137")
     assert code == "3"
     assert failure is not None and failure["rank"] == 1 and failure["launcher_exit"] == 137
@@ -101,12 +108,26 @@ def test_a_recorded_exit_code_ends_the_run_while_its_shell_still_tells_it() -> N
 
 
 def test_the_listing_carries_the_failure_into_status_json() -> None:
-    failure = {"exit": 3, "rank": 5, "local_rank": 1, "host": "gpu-7", "signal": None,
-               "launcher_exit": 1, "pid": 9}  # fmt: skip
-    listing = "\n".join([
-        "NOW 1000", "RUN r1", "META " + __import__("base64").b64encode(b'{"id": "r1"}').decode(),
-        "EXIT 3", "ENDED 990", "FAILURE " + json.dumps(failure), "ALIVE 1",
-    ])  # fmt: skip
+    failure = {
+        "exit": 3,
+        "rank": 5,
+        "local_rank": 1,
+        "host": "gpu-7",
+        "signal": None,
+        "launcher_exit": 1,
+        "pid": 9,
+    }
+    listing = "\n".join(
+        [
+            "NOW 1000",
+            "RUN r1",
+            "META " + __import__("base64").b64encode(b'{"id": "r1"}').decode(),
+            "EXIT 3",
+            "ENDED 990",
+            "FAILURE " + json.dumps(failure),
+            "ALIVE 1",
+        ]
+    )
     (rec,) = parse_listing(listing, "h2")
     assert rec.state == RunState.FAILED and rec.failure == WorkerFailure.of(failure)
     (obj,) = run_objects([rec])
@@ -129,10 +150,12 @@ def test_worker_failure_words() -> None:
 def test_a_slurm_job_still_listed_reads_its_recorded_end() -> None:
     """The batch shell has written `exit` and is still telling the end: squeue says RUNNING,
     the record says failed with 3; a requeued attempt's old end does not count."""
-    run = SlurmRun("r1", "bed", {}, job=JobState("RUNNING"), starts=[["1", "100"]],
-                   exits=[["1", "3", "200"]])  # fmt: skip
+    run = SlurmRun(
+        "r1", "bed", {}, job=JobState("RUNNING"), starts=[["1", "100"]], exits=[["1", "3", "200"]]
+    )
     assert run.state_and_code() == (RunState.FAILED, 3)
     starts = [["1", "100"], ["2", "300"]]
-    again = SlurmRun("r1", "bed", {}, job=JobState("RUNNING"), starts=starts,
-                     exits=[["1", "requeue", "200"]])  # fmt: skip
+    again = SlurmRun(
+        "r1", "bed", {}, job=JobState("RUNNING"), starts=starts, exits=[["1", "requeue", "200"]]
+    )
     assert again.state_and_code() == (RunState.RUNNING, None)

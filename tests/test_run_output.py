@@ -79,8 +79,11 @@ def test_a_multinode_log_is_merged_by_time_and_following_it_says_it_finished(
     done = multi.vmrun("train", "ticks.py", "--nproc-per-node", "1", "--", "x", timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
-    expected = [f"[{host} rank{r}] tick {i} from rank {r}"
-                for i in range(4) for r, host in ((0, "n1"), (1, "n2"))]  # fmt: skip
+    expected = [
+        f"[{host} rank{r}] tick {i} from rank {r}"
+        for i in range(4)
+        for r, host in ((0, "n1"), (1, "n2"))
+    ]
     shown = multi.vmrun("logs", rid)
     assert shown.returncode == 0, shown.stderr
     assert [ln for ln in shown.stdout.splitlines() if " tick " in ln] == expected

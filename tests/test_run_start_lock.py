@@ -43,17 +43,37 @@ class LocalHost:
             self.barrier.wait(10)
         environ = {"HOME": str(self.home), "PATH": "/usr/bin:/bin", **(env or {})}
         started = time.monotonic()
-        done = subprocess.run(local_argv(argv, self.home), env=environ, cwd=self.home,
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-        return CommandResult(self.label, tuple(argv), done.returncode, done.stdout, done.stderr,
-                             time.monotonic() - started)  # fmt: skip
+        done = subprocess.run(
+            local_argv(argv, self.home),
+            env=environ,
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return CommandResult(
+            self.label,
+            tuple(argv),
+            done.returncode,
+            done.stdout,
+            done.stderr,
+            time.monotonic() - started,
+        )
 
     def capture(
         self, command: str, *, stdin: bytes = b"", what: str = ""
     ) -> tuple[int, bytes, str]:
         environ = {"HOME": str(self.home), "PATH": "/usr/bin:/bin"}
-        done = subprocess.run(["sh", "-c", command], env=environ, cwd=self.home, input=stdin,
-                              capture_output=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["sh", "-c", command],
+            env=environ,
+            cwd=self.home,
+            input=stdin,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         return done.returncode, done.stdout, done.stderr.decode()
 
 
@@ -121,8 +141,15 @@ def test_allow_concurrent_starts_both_and_a_resumed_run_does_not_refuse_itself(
         os.killpg(int(pid_file.read_text()), signal.SIGKILL)
     first = int((home / ".vmrun" / "runs" / ids[0] / "pid").read_text())
     try:
-        again = records.start(LocalHost(home), ids[0], "work", ["sleep", "60"], {},  # type: ignore[arg-type]
-                              resume=True, alone=True)  # fmt: skip
+        again = records.start(
+            LocalHost(home),
+            ids[0],
+            "work",
+            ["sleep", "60"],
+            {},  # type: ignore[arg-type]
+            resume=True,
+            alone=True,
+        )
         assert isinstance(again, records.Started)
     finally:  # the first attempt's session: its pid file is the resumed attempt's now
         with contextlib.suppress(ProcessLookupError):
@@ -135,6 +162,12 @@ def test_a_run_whose_exit_code_is_written_does_not_refuse_the_next(home: Path) -
     first = "a-20260101-000000-0001"
     records.start(LocalHost(home), first, "work", ["sleep", "60"], {}, alone=True)  # type: ignore[arg-type]
     (home / ".vmrun/runs" / first / "exit_code").write_text("0\n")  # its shell still lives
-    nxt = records.start(LocalHost(home), "b-20260101-000000-0002", "work", ["true"], {},  # type: ignore[arg-type]
-                        alone=True)  # fmt: skip
+    nxt = records.start(
+        LocalHost(home),
+        "b-20260101-000000-0002",
+        "work",
+        ["true"],
+        {},  # type: ignore[arg-type]
+        alone=True,
+    )
     assert isinstance(nxt, records.Started)

@@ -25,15 +25,36 @@ def test_the_diff_and_the_collector_go_beside_the_run_and_not_into_it(tmp_path: 
     sent = provenance.encode_patch(diff)
     assert len(sent) > 64 << 10  # near the limit: every exec of the start carries it
     env = {
-        "PATH": os.environ["PATH"], "HOME": str(home), "TOKEN": SECRET,
-        provenance.PATCH_VAR: sent, provenance.COLLECTOR_VAR: sys.executable,
-    }  # fmt: skip
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "TOKEN": SECRET,
+        provenance.PATCH_VAR: sent,
+        provenance.COLLECTOR_VAR: sys.executable,
+    }
     meta = json.dumps({"id": "r1", "variables": {"TOKEN": None}})
     started = subprocess.run(
-        ["sh", str(lib / "run_start.sh"), ".vmrun/runs/r1", str(home), "r1", meta, "new", "",
-         "out", str(lib), "0", "sh", "-c", 'env > "$VMRUN_RUN_DIR/run-env.txt"'],
-        env=env, cwd=home, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [
+            "sh",
+            str(lib / "run_start.sh"),
+            ".vmrun/runs/r1",
+            str(home),
+            "r1",
+            meta,
+            "new",
+            "",
+            "out",
+            str(lib),
+            "0",
+            "sh",
+            "-c",
+            'env > "$VMRUN_RUN_DIR/run-env.txt"',
+        ],
+        env=env,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert started.returncode == 0, started.stderr
     rec = home / ".vmrun" / "runs" / "r1"
     wait_for(lambda: (rec / "exit_code").exists(), 20, "the run's end")
@@ -46,6 +67,9 @@ def test_the_diff_and_the_collector_go_beside_the_run_and_not_into_it(tmp_path: 
         assert f"{name}=" not in ran_with  # ...and none of vmrun's own
     facts = json.loads((rec / "provenance.json").read_text())
     assert facts["environment"]["python"]["executable"] == sys.executable
-    leaks = [p.name for p in rec.iterdir()
-             if p.is_file() and p.name != "run-env.txt" and SECRET in p.read_text()]
+    leaks = [
+        p.name
+        for p in rec.iterdir()
+        if p.is_file() and p.name != "run-env.txt" and SECRET in p.read_text()
+    ]
     assert not leaks, leaks  # ...which nothing else vmrun wrote holds

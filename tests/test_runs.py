@@ -37,8 +37,9 @@ def h1(bed: NetnsBed) -> TestHost:
 
 def test_a_run_finishes_and_records_its_exit_code(bed_client: Client, h1: TestHost) -> None:
     with Connection("h1", bed_client.settings()) as conn:
-        runs.start(conn, "ok-1", ".", ["sh", "-c", "echo one; echo two; echo epoch 2/2"],
-                   {"name": "ok"})
+        runs.start(
+            conn, "ok-1", ".", ["sh", "-c", "echo one; echo two; echo epoch 2/2"], {"name": "ok"}
+        )
         shown = Recorder()
         runs.follow(conn, "ok-1", shown)
         runs.start(conn, "bad-1", ".", ["sh", "-c", "echo oops >&2; exit 7"], {})
@@ -52,12 +53,16 @@ def test_a_run_finishes_and_records_its_exit_code(bed_client: Client, h1: TestHo
 
 
 def test_a_run_survives_its_connection_and_the_log_has_every_line(
-        bed_client: Client, h1: TestHost) -> None:
+    bed_client: Client, h1: TestHost
+) -> None:
     script = 'i=0; while [ $i -lt 120 ]; do echo "line $i"; i=$((i+1)); sleep 0.02; done'
     conn = Connection("h1", bed_client.settings())
     runs.start(conn, "survivor-1", ".", ["sh", "-c", script], {})
-    wait_for(lambda: (h1.home / ".vmrun/runs/survivor-1/log").stat().st_size > 0, 10,
-             "the first log line")
+    wait_for(
+        lambda: (h1.home / ".vmrun/runs/survivor-1/log").stat().st_size > 0,
+        10,
+        "the first log line",
+    )
     conn.close()  # the client goes away mid-run
     with Connection("h1", bed_client.settings()) as again:
         shown = Recorder()
@@ -68,18 +73,28 @@ def test_a_run_survives_its_connection_and_the_log_has_every_line(
 
 
 def test_stop_kills_torchrun_and_its_workers_in_their_own_sessions(
-        bed_client: Client, h1: TestHost, host_python: Path) -> None:
+    bed_client: Client, h1: TestHost, host_python: Path
+) -> None:
     worker = h1.home / "sleepy.py"
-    worker.write_text("import os, time\nprint('worker', os.environ['LOCAL_RANK'], flush=True)\n"
-                      "time.sleep(600)\n")
-    argv = [str(host_python), "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node=2", str(worker)]
+    worker.write_text(
+        "import os, time\nprint('worker', os.environ['LOCAL_RANK'], flush=True)\ntime.sleep(600)\n"
+    )
+    argv = [
+        str(host_python),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(worker),
+    ]
     with Connection("h1", bed_client.settings()) as conn:
         runs.start(conn, "sleepy-1", ".", argv, {}, env={"OMP_NUM_THREADS": "1"})
         # torchrun + 2 workers (each in a session of its own) + the supervising shell
         wait_for(lambda: len(run_members(h1, "sleepy-1")) >= 4, 60, "torchrun's two workers")
-        sessions = {Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[3]
-                    for p in run_members(h1, "sleepy-1")}
+        sessions = {
+            Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[3]
+            for p in run_members(h1, "sleepy-1")
+        }
         assert len(sessions) >= 3  # so a process-group kill alone would miss workers
         outcome = runs.stop(conn, "sleepy-1", grace=5)
         (record,) = runs.list_runs(conn, ["sleepy-1"])
@@ -89,8 +104,7 @@ def test_stop_kills_torchrun_and_its_workers_in_their_own_sessions(
     assert record.state == "stopped" and record.exit_code == 143
 
 
-def test_stop_kills_a_child_that_cleared_its_environment(
-        bed_client: Client, h1: TestHost) -> None:
+def test_stop_kills_a_child_that_cleared_its_environment(bed_client: Client, h1: TestHost) -> None:
     """A process without the run's id in its environment is still in the run's session."""
     log = h1.home / ".vmrun/runs/bare-1/log"
     child = None
@@ -115,10 +129,18 @@ def test_stop_kills_a_child_that_cleared_its_environment(
 
 def test_stop_escalates_to_sigkill(bed_client: Client, h1: TestHost) -> None:
     with Connection("h1", bed_client.settings()) as conn:
-        runs.start(conn, "stubborn-1", ".",
-                   ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"], {})
-        wait_for(lambda: b"ready" in (h1.home / ".vmrun/runs/stubborn-1/log").read_bytes(),
-                 10, "the run to start")
+        runs.start(
+            conn,
+            "stubborn-1",
+            ".",
+            ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"],
+            {},
+        )
+        wait_for(
+            lambda: b"ready" in (h1.home / ".vmrun/runs/stubborn-1/log").read_bytes(),
+            10,
+            "the run to start",
+        )
         outcome = runs.stop(conn, "stubborn-1", grace=1)
     assert outcome.killed and outcome.left == ()
     assert run_members(h1, "stubborn-1") == []
@@ -143,7 +165,8 @@ def _clean_runs(bed: NetnsBed):
 
 
 def test_every_run_is_listed_however_many_and_durations_use_the_hosts_clock(
-        bed_client: Client, h1: TestHost) -> None:
+    bed_client: Client, h1: TestHost
+) -> None:
     """200 records of 2 KiB each: more than any output tail keeps."""
     import json
     import os

@@ -168,11 +168,17 @@ def gpu_host(
     (client.ssh_dir / "config").write_text(bed.ssh_config_text())
     (client.ssh_dir / "known_hosts").write_text(bed.known_hosts_text())
     for name, script in (
-        ("sudo", SUDO), ("apt-get", APT_GET), ("dpkg-query", DPKG_QUERY), ("curl", CURL),
-        ("systemctl", SYSTEMCTL), ("nvidia-ctk", NVIDIA_CTK), ("usermod", USERMOD),
-        ("lspci", T4_LSPCI), ("nvidia-smi", T4_SMI),
+        ("sudo", SUDO),
+        ("apt-get", APT_GET),
+        ("dpkg-query", DPKG_QUERY),
+        ("curl", CURL),
+        ("systemctl", SYSTEMCTL),
+        ("nvidia-ctk", NVIDIA_CTK),
+        ("usermod", USERMOD),
+        ("lspci", T4_LSPCI),
+        ("nvidia-smi", T4_SMI),
         ("docker", DOCKER_GPUS.replace("@DOCKER@", DOCKER)),
-    ):  # fmt: skip
+    ):
         install_standin(host, name, script)
     for folder in ("standin-root", "standin-gpu", "etc"):
         host.run(["mkdir", "-p", str(host.home / folder)], as_user=True)
@@ -185,19 +191,39 @@ def gpu_host(
     yield host, client, done
     stop.set()
     agent.join()
-    host.run(["rm", "-rf", *(str(host.home / n) for n in (
-        ".vmrun", "standin-root", "standin-gpu", "etc", "standin-calls", "standin-dpkg",
-        "standin-docker-enabled"))], as_user=True)  # fmt: skip
+    host.run(
+        [
+            "rm",
+            "-rf",
+            *(
+                str(host.home / n)
+                for n in (
+                    ".vmrun",
+                    "standin-root",
+                    "standin-gpu",
+                    "etc",
+                    "standin-calls",
+                    "standin-dpkg",
+                    "standin-docker-enabled",
+                )
+            ),
+        ],
+        as_user=True,
+    )
 
 
 def _params(host: TestHost, image: str) -> list[str]:
     etc = host.home / "etc"
     return [
-        "--param", f"container_test_image={image}",
-        "--param", f"apt_keyrings={etc}/keyrings",
-        "--param", f"apt_sources={etc}/sources.list.d",
-        "--param", f"docker_config={etc}/docker/daemon.json",
-    ]  # fmt: skip
+        "--param",
+        f"container_test_image={image}",
+        "--param",
+        f"apt_keyrings={etc}/keyrings",
+        "--param",
+        f"apt_sources={etc}/sources.list.d",
+        "--param",
+        f"docker_config={etc}/docker/daemon.json",
+    ]
 
 
 @pytest.mark.timeout(300)
@@ -206,11 +232,19 @@ def test_docker_on_a_gpu_host_in_order_the_group_counts_and_a_rerun_skips_it_all
 ) -> None:
     host, client, root_acts = gpu_host
     only = [w for s in STEPS for w in ("--only", s)]
-    args = ["setup", "d3", "--container", "docker", *only, *_params(host, docker_hosts.image),
-            "--no-record"]  # fmt: skip
+    args = [
+        "setup",
+        "d3",
+        "--container",
+        "docker",
+        *only,
+        *_params(host, docker_hosts.image),
+        "--no-record",
+    ]
     # outside the group, the real daemon refuses the user: the check says which and why
-    refused = client.vmrun(*args[:4], "--only", "container-check", *args[4 + len(only) :],
-                           timeout=120)  # fmt: skip
+    refused = client.vmrun(
+        *args[:4], "--only", "container-check", *args[4 + len(only) :], timeout=120
+    )
     assert refused.returncode == 1, refused.stderr + refused.stdout
     code, said = error_in(refused.stderr)
     assert code == "setup-step-failed" and said.startswith("d3: step container-check failed")

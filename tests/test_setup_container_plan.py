@@ -42,7 +42,10 @@ def test_the_container_steps_come_last_and_do_nothing_unless_asked() -> None:
     book = load()
     assert [s.name for s in book.steps][-4:] == CONTAINER_STEPS
     assert book.params["container"] == "none" and book.choices["container"] == (
-        "none", "docker", "podman")  # fmt: skip
+        "none",
+        "docker",
+        "podman",
+    )
     for name in CONTAINER_STEPS:
         assert _why(name, _params(), gpu=True) == "container=none"
 
@@ -53,10 +56,13 @@ def test_the_container_steps_come_last_and_do_nothing_unless_asked() -> None:
         ("docker", True, {}),
         ("docker", False, {"nvidia-container-toolkit": "no NVIDIA GPU"}),
         ("podman", True, {"docker-group": "container=podman"}),
-        ("podman", False, {"nvidia-container-toolkit": "no NVIDIA GPU",
-                           "docker-group": "container=podman"}),
+        (
+            "podman",
+            False,
+            {"nvidia-container-toolkit": "no NVIDIA GPU", "docker-group": "container=podman"},
+        ),
     ],
-)  # fmt: skip
+)
 def test_which_container_steps_a_host_gets(
     container: str, gpu: bool, skipped: dict[str, str]
 ) -> None:
@@ -77,8 +83,9 @@ def test_the_gpu_checks_hand_the_gpus_over_as_train_image_does() -> None:
     for engine in ("docker", "podman"):
         script = apply_script(step.resolved(_params(container=engine)))
         flags = " ".join(RUNTIMES[engine].gpus)
-        assert f"{engine} run --rm {flags} \"$VMRUN_CONTAINER_TEST_IMAGE\"" in script.replace(
-            "\\\n", "").replace("  ", " ")  # fmt: skip
+        assert f'{engine} run --rm {flags} "$VMRUN_CONTAINER_TEST_IMAGE"' in script.replace(
+            "\\\n", ""
+        ).replace("  ", " ")
 
 
 def test_docker_configures_the_runtime_and_podman_writes_a_cdi_spec() -> None:
@@ -100,8 +107,11 @@ def _plan(params: dict[str, str], state: SetupState, passing: set[str]) -> dict[
     book = load()
     facts = parse_facts("home=/home/u\nuser=u\nsudo=nopasswd\ngpus=1\nos_release=24.04\n", "h")
     opts = SetupOptions(book, params, only=frozenset(CONTAINER_STEPS))
-    plan = make_plan(opts, PlanInputs(facts, params, state.steps, state.stamps),
-                     lambda steps: {s.name for s in steps} & passing)  # fmt: skip
+    plan = make_plan(
+        opts,
+        PlanInputs(facts, params, state.steps, state.stamps),
+        lambda steps: {s.name for s in steps} & passing,
+    )
     return {s.name: o.status for s, o in plan if s.name in CONTAINER_STEPS}
 
 
@@ -134,11 +144,17 @@ def test_done_steps_skip_and_a_changed_input_reruns_what_follows_it() -> None:
 
 
 def test_relogin_and_param_is_are_checked_and_older_steps_hash_as_before() -> None:
-    steps = parse_steps([
-        {"name": "g", "relogin": True, "apply": "true", "when": {"param_is": {"p": "x"}}},
-    ], "t", {"p"})  # fmt: skip
-    assert steps[0].relogin and applies(steps[0], gpu=False, env="venv", os_release="",
-                                        params={"p": "y"}) == "p=y"  # fmt: skip
+    steps = parse_steps(
+        [
+            {"name": "g", "relogin": True, "apply": "true", "when": {"param_is": {"p": "x"}}},
+        ],
+        "t",
+        {"p"},
+    )
+    assert (
+        steps[0].relogin
+        and applies(steps[0], gpu=False, env="venv", os_release="", params={"p": "y"}) == "p=y"
+    )
     for raw, needle in (
         ({"name": "g", "relogin": "yes", "apply": "true"}, "relogin must be true or false"),
         ({"name": "g", "apply": "true", "when": {"param_is": "p"}}, "when.param_is must be"),

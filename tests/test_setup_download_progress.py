@@ -100,22 +100,39 @@ def test_the_live_view_shows_torchs_download_with_bytes_and_rate(
 ) -> None:
     version = subprocess.run(
         ["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     status, screen = _in_a_terminal(
         bed_client,
-        "setup", "h1", "--only", "python-env", "--only", "torch", "--no-record",
-        "--env-manager", "uv", "--python-version", version, "--torch", TORCH_SPEC,
-        "--index-url", f"{paced_index}/none/",
-        "--find-links", f"{paced_index}/wheelhouse-uv-pip/",
-        "--find-links", f"{paced_index}/{Path(str(CACHE / 'wheelhouse-torch-2.13.0')).name}/",
+        "setup",
+        "h1",
+        "--only",
+        "python-env",
+        "--only",
+        "torch",
+        "--no-record",
+        "--env-manager",
+        "uv",
+        "--python-version",
+        version,
+        "--torch",
+        TORCH_SPEC,
+        "--index-url",
+        f"{paced_index}/none/",
+        "--find-links",
+        f"{paced_index}/wheelhouse-uv-pip/",
+        "--find-links",
+        f"{paced_index}/{Path(str(CACHE / 'wheelhouse-torch-2.13.0')).name}/",
         timeout=600,
-    )  # fmt: skip
+    )
     assert status == 0, screen[-3000:]
     assert "ran 2 (python-env, torch)" in screen, screen[-3000:]
     # on h1's row while torch downloads: bytes so far, of all, and the rate
-    during = re.findall(rf"torch: applying \| torch: (\d+\.\d)/{TORCH_MIB} MiB (\d+\.\d) MiB/s",
-                        screen)  # fmt: skip
+    during = re.findall(
+        rf"torch: applying \| torch: (\d+\.\d)/{TORCH_MIB} MiB (\d+\.\d) MiB/s", screen
+    )
     assert during, screen[-3000:]
     assert any(0 < float(done) < float(TORCH_MIB) and float(rate) > 0 for done, rate in during)
     log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h1.log")
@@ -137,9 +154,16 @@ def test_vmrun_fetch_shows_curls_progress_live(
         f'      vmrun_fetch "{paced_index}/wheelhouse-torch-2.13.0/{wheel}" "$HOME/t.whl"\n'
     )
     status, screen = _in_a_terminal(
-        bed_client, "setup", "h1", "--extra", str(extra), "--only", "fetch", "--no-record",
+        bed_client,
+        "setup",
+        "h1",
+        "--extra",
+        str(extra),
+        "--only",
+        "fetch",
+        "--no-record",
         timeout=300,
-    )  # fmt: skip
+    )
     assert status == 0, screen[-3000:]
     # curl's meter, in its binary units: 182M of the wheel's 182.9 MiB
     during = re.findall(r"fetch: applying \| torch: (\d+\.\d)/182\.0 MiB (\d+\.\d) MiB/s", screen)

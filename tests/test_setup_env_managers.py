@@ -80,8 +80,10 @@ def test_uv_manager_reruns_for_a_new_name_and_when_forced(
 ) -> None:
     version = subprocess.run(
         ["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     args = ["--env-manager", "uv", "--wheelhouse", str(uv_wheelhouse), "--python-version", version]
     _setup_ok(bed_client, *args)
     _setup_ok(bed_client, *args, "--env-name", "other")

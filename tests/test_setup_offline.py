@@ -28,9 +28,17 @@ def test_no_route_to_the_index_is_one_line_naming_the_ways_forward(
     bed_client: Client, h3: TestHost, host_python: Path
 ) -> None:
     done = bed_client.vmrun(
-        "setup", "h3", "--python", str(host_python), "--only", "extra-packages",
-        "--pip", "vmrun-offline-probe", "--no-record", timeout=180,
-    )  # fmt: skip
+        "setup",
+        "h3",
+        "--python",
+        str(host_python),
+        "--only",
+        "extra-packages",
+        "--pip",
+        "vmrun-offline-probe",
+        "--no-record",
+        timeout=180,
+    )
     assert done.returncode == 1, done.stderr + done.stdout
     code, first = errors_in(done.stderr)[0]
     assert code == "setup-step-failed" and first.startswith("h3: step extra-packages"), first

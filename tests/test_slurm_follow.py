@@ -66,9 +66,14 @@ class LocalConn:
         install_hostlib(self.home)
 
     def run(self, argv: list[str], *, on_output: Any = None, **_: Any) -> Result:
-        proc = subprocess.Popen(local_argv(argv, self.home), env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                cwd=self.home)  # fmt: skip
+        proc = subprocess.Popen(
+            local_argv(argv, self.home),
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            cwd=self.home,
+        )
         assert proc.stdout is not None and proc.stderr is not None
         try:
             for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
@@ -81,8 +86,15 @@ class LocalConn:
 
 
 class Fake:
-    def __init__(self, tmp_path: Path, plan: list[str], *, code: int = 0,
-                 sacct: str | None = None, log: str = "0: epoch 1\\n"):  # fmt: skip
+    def __init__(
+        self,
+        tmp_path: Path,
+        plan: list[str],
+        *,
+        code: int = 0,
+        sacct: str | None = None,
+        log: str = "0: epoch 1\\n",
+    ):
         self.dir, self.rec = tmp_path / "fake", tmp_path / "rec"
         bin_dir = self.dir / "bin"
         bin_dir.mkdir(parents=True)
@@ -94,17 +106,32 @@ class Fake:
         if sacct is not None:
             (self.dir / "sacct").write_text(sacct + "\n")
         (self.rec / "job.log").write_text(log.replace("\\n", "\n"))
-        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE": str(self.dir),
-               "REC": str(self.rec), "CODE": str(code), "HOME": str(tmp_path / "home")}  # fmt: skip
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "FAKE": str(self.dir),
+            "REC": str(self.rec),
+            "CODE": str(code),
+            "HOME": str(tmp_path / "home"),
+        }
         self.conn = LocalConn(env)
         self.out = Recorder()
 
     def follow(self, *, last: int = 0, limit: float = 60, notify: Any = None) -> int:
-        backend = SlurmBackend(self.conn, Cluster("bed", "login"), poll=0.01,  # type: ignore[arg-type]
-                               unanswered_limit=limit)  # fmt: skip
+        backend = SlurmBackend(
+            self.conn,
+            Cluster("bed", "login"),
+            poll=0.01,  # type: ignore[arg-type]
+            unanswered_limit=limit,
+        )
         backend.notify = notify
-        meta = {"record_dir": str(self.rec), "job_id": "7", "launcher": "python",
-                "tasks_per_node": 1, "submitted": 0}  # fmt: skip
+        meta = {
+            "record_dir": str(self.rec),
+            "job_id": "7",
+            "launcher": "python",
+            "tasks_per_node": 1,
+            "submitted": 0,
+        }
         ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
         return backend.follow(ref, self.out, last=last)
 
@@ -191,8 +218,9 @@ def test_a_queued_size_whose_end_is_unknown_is_followed_again_never_resubmitted(
                 raise OutcomeUnknown(f"job of {ref.run_id} may still be running", host="bed")
             return 0
 
-    monkeypatch.setattr(sweep_run, "_cluster_backend",
-                        lambda job, size: contextlib.nullcontext(Backend()))  # fmt: skip
+    monkeypatch.setattr(
+        sweep_run, "_cluster_backend", lambda job, size: contextlib.nullcontext(Backend())
+    )
     monkeypatch.setattr(sweep_run, "_fetch_results", lambda *a: None)
     monkeypatch.setattr(sweep_run, "_require_metrics", lambda *a: None)
     monkeypatch.setattr(sweep_run, "_finish", lambda job: None)
@@ -203,8 +231,13 @@ def test_a_queued_size_whose_end_is_unknown_is_followed_again_never_resubmitted(
     assert len(started) == 2
     assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.LOST, RunState.DONE]
     unknown.clear()  # the scheduler answers again
-    resumed = sweep_run.SweepJob(load(tmp_path, sweep.id), plan, tmp_path, None,  # type: ignore[arg-type]
-                                 cluster="bed")  # fmt: skip
+    resumed = sweep_run.SweepJob(
+        load(tmp_path, sweep.id),
+        plan,
+        tmp_path,
+        None,  # type: ignore[arg-type]
+        cluster="bed",
+    )
     sweep_run.run_sweep(resumed)
     assert len(started) == 2  # followed again, not queued again
     assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.DONE, RunState.DONE]
@@ -257,22 +290,38 @@ def test_a_size_slurm_refuses_is_failed_and_the_others_are_queued_and_followed(
         def follow(self, *_: Any, **__: Any) -> int:
             return 0
 
-    monkeypatch.setattr(sweep_run, "_cluster_backend",
-                        lambda job, size: contextlib.nullcontext(Backend(size)))  # fmt: skip
+    monkeypatch.setattr(
+        sweep_run, "_cluster_backend", lambda job, size: contextlib.nullcontext(Backend(size))
+    )
     for name in ("_fetch_results", "_require_metrics", "_finish"):
         monkeypatch.setattr(sweep_run, name, lambda *a: None)
     monkeypatch.setattr(sweep_run, "_size_plan", lambda job, size: None)
     out = Recorder()
-    sweep_run.run_sweep(sweep_run.SweepJob(sweep, None, tmp_path, None, cluster="bed",  # type: ignore[arg-type]
-                                           out=out))  # fmt: skip
+    sweep_run.run_sweep(
+        sweep_run.SweepJob(
+            sweep,
+            None,
+            tmp_path,
+            None,
+            cluster="bed",  # type: ignore[arg-type]
+            out=out,
+        )
+    )
     assert started == ["2x1"]
     sizes = load(tmp_path, sweep.id).sizes
     assert [s.state for s in sizes] == [RunState.FAILED, RunState.DONE]
     assert "invalid partition" in sizes[0].detail
     assert any("1 size(s) in the queue of bed" in line for line in out.lines)
     refuse.clear()
-    sweep_run.run_sweep(sweep_run.SweepJob(load(tmp_path, sweep.id), None, tmp_path, None,  # type: ignore[arg-type]
-                                           cluster="bed"))  # fmt: skip
+    sweep_run.run_sweep(
+        sweep_run.SweepJob(
+            load(tmp_path, sweep.id),
+            None,
+            tmp_path,
+            None,  # type: ignore[arg-type]
+            cluster="bed",
+        )
+    )
     assert started == ["2x1", "1x1"]
     assert [s.state for s in load(tmp_path, sweep.id).sizes] == [RunState.DONE, RunState.DONE]
 
@@ -290,8 +339,13 @@ def test_without_a_shared_folder_the_job_is_followed_on_the_node_it_is_placed_on
     group = SimpleNamespace(connections={"bed": login.conn, "b": node.conn})
     backend = SlurmBackend(login.conn, cluster, poll=0.01, group=group)  # type: ignore[arg-type]
     backend._names = {"vmt-b": "b"}
-    meta = {"record_dir": "../rec", "job_id": "7", "launcher": "python",  # each node's own
-            "tasks_per_node": 1, "submitted": 0}  # fmt: skip
+    meta = {
+        "record_dir": "../rec",
+        "job_id": "7",
+        "launcher": "python",  # each node's own
+        "tasks_per_node": 1,
+        "submitted": 0,
+    }
     ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
     assert backend.follow(ref, login.out) == 0
     assert login.calls == ["PENDING", "RUNNING@vmt-b"] and node.calls == [f"RUNNING@{here}", "gone"]

@@ -51,16 +51,27 @@ class _Login:
 
 def _plan(image: str = NGC, mounts: Sequence[str] = ("/data:/data",), **kw: Any) -> Plan:
     return make_plan(
-        script=None, user_args=None, epochs=2, save_every=1, nproc_per_node=None,
-        max_restarts=0, env=["NCCL_DEBUG=INFO"], name=None, batch_size=None, lr=None,
-        launcher=kw.pop("launcher", "torchrun"), containers=Asked(image, tuple(mounts), kw),
-    )  # fmt: skip
+        script=None,
+        user_args=None,
+        epochs=2,
+        save_every=1,
+        nproc_per_node=None,
+        max_restarts=0,
+        env=["NCCL_DEBUG=INFO"],
+        name=None,
+        batch_size=None,
+        lr=None,
+        launcher=kw.pop("launcher", "torchrun"),
+        containers=Asked(image, tuple(mounts), kw),
+    )
 
 
 def _prepare(
-    found: Sequence[str], table: dict[str, Any] | None = None, plan: Plan | None = None,
+    found: Sequence[str],
+    table: dict[str, Any] | None = None,
+    plan: Plan | None = None,
     spec: JobSpec | None = None,
-) -> tuple[Submission, _Login]:  # fmt: skip
+) -> tuple[Submission, _Login]:
     login = _Login(found)
     cluster = Cluster("bed", "login", containers=table or {}, env={"HF_HOME": "/scratch/hf"})
     backend = SlurmBackend(login, cluster, spec or JobSpec(nodes=2, gpus_per_node=4))  # type: ignore[arg-type]
@@ -101,8 +112,7 @@ def test_apptainer_execs_the_task_with_nv_and_binds() -> None:
     assert prefix[:3] == ["apptainer", "exec", "--nv"]
     assert prefix[3:5] == ["--bind", f"{code}:{code},{record}:{record},/data:/data"]
     assert prefix[-1] == f"docker://{NGC}"
-    sif, _ = _prepare(["apptainer"], plan=_plan("/images/pt.sif", ()),
-                      spec=JobSpec(nodes=1))  # fmt: skip
+    sif, _ = _prepare(["apptainer"], plan=_plan("/images/pt.sif", ()), spec=JobSpec(nodes=1))
     prefix = _array(sif.script, "VMRUN_PREFIX")
     assert prefix[-1] == "/images/pt.sif" and "--nv" not in prefix  # no GPUs asked
 
@@ -120,8 +130,9 @@ def test_shifter_is_an_sbatch_image_and_volumes_before_the_task() -> None:
 
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_docker_and_podman_run_the_task_through_the_runner(engine: str) -> None:
-    sub, _ = _prepare(["pyxis", engine], {"container_runtime": engine,
-                                          "container_ulimits": ["stack=67108864"]})  # fmt: skip
+    sub, _ = _prepare(
+        ["pyxis", engine], {"container_runtime": engine, "container_ulimits": ["stack=67108864"]}
+    )
     prefix = _array(sub.script, "VMRUN_PREFIX")
     code, record = sub.paths.code, sub.paths.record
     assert prefix[:2] == [engine, f"vmrun-{sub.run_id}"]  # + -$SLURM_PROCID on each node
@@ -150,8 +161,9 @@ def test_the_step_wrapper_names_each_tasks_container_and_passes_slurms_variables
 ) -> None:
     """The job script's docker/podman branch run with a stand-in srun (one task, as Slurm's
     PROCID 3) and docker (records its argv): the container's name and node, SLURM_*."""
-    sub, _ = _prepare(["docker"], {"container_runtime": "docker"}, plan=_plan(mounts=()),
-                      spec=JobSpec(nodes=1))  # fmt: skip
+    sub, _ = _prepare(
+        ["docker"], {"container_runtime": "docker"}, plan=_plan(mounts=()), spec=JobSpec(nodes=1)
+    )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "docker.log"
@@ -167,15 +179,21 @@ def test_the_step_wrapper_names_each_tasks_container_and_passes_slurms_variables
         (bin_dir / name).chmod(0o755)
     record = tmp_path / "rec"
     record.mkdir()
-    script = sub.script.replace(f"VMRUN_RECORD_DIR={sub.paths.record}",
-                                f"VMRUN_RECORD_DIR={record}")  # fmt: skip
+    script = sub.script.replace(
+        f"VMRUN_RECORD_DIR={sub.paths.record}", f"VMRUN_RECORD_DIR={record}"
+    )
     script = script.replace(f"VMRUN_RUN_DIR={sub.paths.out}", f"VMRUN_RUN_DIR={tmp_path / 'out'}")
     script = script.replace(f"VMRUN_CONTAINER_HOME={WORK}", f"VMRUN_CONTAINER_HOME={tmp_path}")
     (tmp_path / "job.sh").write_text(script)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c1",
-           "SLURM_NNODES": "1"}  # fmt: skip
-    done = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "c1",
+        "SLURM_NNODES": "1",
+    }
+    done = subprocess.run(
+        ["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     calls = log.read_text().splitlines()
     pulls = [i for i, c in enumerate(calls) if c.startswith("pull ")]

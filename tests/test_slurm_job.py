@@ -100,8 +100,11 @@ def test_the_jobs_flight_recorder_is_named_for_its_torch() -> None:
     dump = f"{PATHS.record}/nccl/fr_rank_"
     for torch in ("2.13.0", ""):
         new = _flight_recorder(torch)
-        assert new == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": dump,
-                       "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}  # fmt: skip
+        assert new == {
+            "TORCH_FR_BUFFER_SIZE": "2000",
+            "TORCH_FR_DUMP_TEMP_FILE": dump,
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        }
     old = _flight_recorder("2.6.0+cu124")
     assert old["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
     assert old["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == dump
@@ -112,8 +115,9 @@ def test_the_jobs_flight_recorder_is_named_for_its_torch() -> None:
 def test_recover_puts_its_functions_and_limit_into_the_batch_script_only_when_asked() -> None:
     plain = _script(JobSpec(), "torchrun", ["t.py"])
     assert "recover_start()" not in plain and "VMRUN_MAX_RECOVERIES=0" in plain
-    batch = Batch(run_id="r1", launcher="torchrun", python="python3", command=["t.py"],
-                  max_recoveries=4)  # fmt: skip
+    batch = Batch(
+        run_id="r1", launcher="torchrun", python="python3", command=["t.py"], max_recoveries=4
+    )
     text = batch_script(JobSpec(), batch, PATHS, "23.02", job_name="r1")
     assert "VMRUN_MAX_RECOVERIES=4" in text and text.index("recover_start()") < text.index(
         "recover_start; fi"
@@ -123,15 +127,26 @@ def test_recover_puts_its_functions_and_limit_into_the_batch_script_only_when_as
 
 def test_the_jobs_own_recoveries_are_counted_and_a_give_up_shown() -> None:
     meta = {"run_id": "a", "submitted": 5}
-    listing = "\n".join([
-        "==> a/run.json <==", json.dumps(meta),
-        "==> a/jobid <==", "11",
-        "==> a/starts <==", "1 100", "2 200", "3 300",
-        "==> a/exit <==", "1 requeue 150", "2 requeue 250", "3 5 350",
-        "==> a/recoveries <==", "recovery\t200\tattempt 1 failed (exit 5)\t{}",
-        "recovery\t300\tattempt 2 failed (node(s) c2 lost)\t{}",
-        "gave-up\t350\tgave up: attempt 3 failed (exit 5)\t{}",
-    ])  # fmt: skip
+    listing = "\n".join(
+        [
+            "==> a/run.json <==",
+            json.dumps(meta),
+            "==> a/jobid <==",
+            "11",
+            "==> a/starts <==",
+            "1 100",
+            "2 200",
+            "3 300",
+            "==> a/exit <==",
+            "1 requeue 150",
+            "2 requeue 250",
+            "3 5 350",
+            "==> a/recoveries <==",
+            "recovery\t200\tattempt 1 failed (exit 5)\t{}",
+            "recovery\t300\tattempt 2 failed (node(s) c2 lost)\t{}",
+            "gave-up\t350\tgave up: attempt 3 failed (exit 5)\t{}",
+        ]
+    )
     (a,) = parse_listing(listing, "bed")
     assert (a.state, a.exit_code, a.recoveries, a.gave_up) == (RunState.FAILED, 5, 2, True)
     assert a.recovery == "attempt 2 failed (node(s) c2 lost)"
@@ -143,29 +158,50 @@ def test_squeue_states_map_to_run_states() -> None:
     assert pending.describe() == "PENDING (Resources)"
     never = JobState.parse("PENDING|PartitionNodeLimit")
     assert never and never.never_starts
-    for text, state in (("RUNNING|None", RunState.RUNNING), ("COMPLETED|None", RunState.DONE),
-                        ("TIMEOUT|TimeLimit", RunState.FAILED), ("CANCELLED|None",
-                        RunState.STOPPED), ("REQUEUED|None", RunState.RUNNING)):  # fmt: skip
+    for text, state in (
+        ("RUNNING|None", RunState.RUNNING),
+        ("COMPLETED|None", RunState.DONE),
+        ("TIMEOUT|TimeLimit", RunState.FAILED),
+        ("CANCELLED|None", RunState.STOPPED),
+        ("REQUEUED|None", RunState.RUNNING),
+    ):
         parsed = JobState.parse(text)
         assert parsed and parsed.run_state is state, text
 
 
 def test_listing_gives_state_from_squeue_then_the_exit_record() -> None:
     meta = {"run_id": "a", "epochs": 10, "metrics": "/w/out/a/metrics.jsonl", "submitted": 5}
-    listing = "\n".join([
-        "==> squeue <==", "12|PENDING|Priority|N/A|0:00|",
-        "==> a/run.json <==", json.dumps(meta),
-        "==> a/jobid <==", "11",
-        "==> a/starts <==", "1 100", "2 200",
-        "==> a/exit <==", "1 requeue 150", "2 0 300",
-        "==> b/run.json <==", json.dumps({"run_id": "b", "submitted": 70}),
-        "==> b/jobid <==", "12",
-        "==> sacct <==",
-        "==> /w/out/a/metrics.jsonl <==", json.dumps({"epoch": 10, "loss": 0.1}),
-    ])  # fmt: skip
+    listing = "\n".join(
+        [
+            "==> squeue <==",
+            "12|PENDING|Priority|N/A|0:00|",
+            "==> a/run.json <==",
+            json.dumps(meta),
+            "==> a/jobid <==",
+            "11",
+            "==> a/starts <==",
+            "1 100",
+            "2 200",
+            "==> a/exit <==",
+            "1 requeue 150",
+            "2 0 300",
+            "==> b/run.json <==",
+            json.dumps({"run_id": "b", "submitted": 70}),
+            "==> b/jobid <==",
+            "12",
+            "==> sacct <==",
+            "==> /w/out/a/metrics.jsonl <==",
+            json.dumps({"epoch": 10, "loss": 0.1}),
+        ]
+    )
     a, b = parse_listing(listing, "bed")
-    assert (a.id, a.state, a.exit_code, a.attempts, a.progress) == ("a", RunState.DONE, 0, 2,
-                                                                     "epoch 10/10")  # fmt: skip
+    assert (a.id, a.state, a.exit_code, a.attempts, a.progress) == (
+        "a",
+        RunState.DONE,
+        0,
+        2,
+        "epoch 10/10",
+    )
     assert a.duration == 200
     assert (b.state, b.reason) == (RunState.PENDING, "Priority")
 
@@ -174,16 +210,25 @@ def test_a_job_stopped_at_its_max_cost_is_stopped_whatever_sacct_says() -> None:
     """The batch shell's `budget` end (slurm_job.bash): the job completed as far as Slurm
     knows, and the run was stopped at its cap; the cap is read for `status`."""
     meta = {"run_id": "a", "epochs": 10, "submitted": 5, "max_cost": 6, "currency": "USD"}
-    listing = "\n".join([
-        "==> squeue <==",
-        "==> a/run.json <==", json.dumps(meta),
-        "==> a/jobid <==", "11",
-        "==> a/starts <==", "1 100",
-        "==> a/exit <==", "1 budget 160",
-        "==> a/stopped <==", "160",
-        "==> a/budget <==", json.dumps({"seen": 159, "cap": "$6.00"}),
-        "==> sacct <==", "11|COMPLETED|0:0",
-    ])  # fmt: skip
+    listing = "\n".join(
+        [
+            "==> squeue <==",
+            "==> a/run.json <==",
+            json.dumps(meta),
+            "==> a/jobid <==",
+            "11",
+            "==> a/starts <==",
+            "1 100",
+            "==> a/exit <==",
+            "1 budget 160",
+            "==> a/stopped <==",
+            "160",
+            "==> a/budget <==",
+            json.dumps({"seen": 159, "cap": "$6.00"}),
+            "==> sacct <==",
+            "11|COMPLETED|0:0",
+        ]
+    )
     (a,) = parse_listing(listing, "bed")
     assert (a.state, a.exit_code) == (RunState.STOPPED, None)
     assert a.budget == {"seen": 159, "cap": "$6.00"}
@@ -193,9 +238,19 @@ def test_the_batch_script_carries_the_budget_only_when_asked() -> None:
     paths = JobPaths(record="/w/rec", code="/w/code", out="/w/out")
     batch = Batch(run_id="r1", launcher="torchrun", python="python3", command=["t.py"])
     assert "VMRUN_BUDGET=''" in batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
-    capped = batch_script(JobSpec(), Batch(run_id="r1", launcher="torchrun", python="python3",
-                                           command=["t.py"], budget="21600 $6.00"),
-                          paths, "22.05", job_name="r1")  # fmt: skip
+    capped = batch_script(
+        JobSpec(),
+        Batch(
+            run_id="r1",
+            launcher="torchrun",
+            python="python3",
+            command=["t.py"],
+            budget="21600 $6.00",
+        ),
+        paths,
+        "22.05",
+        job_name="r1",
+    )
     assert "VMRUN_BUDGET='21600 $6.00'" in capped
 
 
@@ -205,38 +260,65 @@ def test_listings_of_a_cluster_without_a_shared_folder_take_each_run_from_where_
     there), the queue from the login node; a run never started is the login node's."""
     meta = {"run_id": "a", "epochs": 4, "metrics": "/w/out/a/metrics.jsonl", "submitted": 5}
     run_b = json.dumps({"run_id": "b", "submitted": 70})
-    login = "\n".join([
-        "==> squeue <==", "12|PENDING|Priority|N/A|0:00|",
-        "==> a/run.json <==", json.dumps(meta), "==> a/jobid <==", "11",
-        "==> b/run.json <==", run_b, "==> b/jobid <==", "12",
-        "==> a/starts <==", "1 100",  # the first attempt ran here; its requeue went to n3
-        "==> a/exit <==", "1 requeue 150",
-        "==> /w/out/a/metrics.jsonl <==", json.dumps({"epoch": 1}),
-    ])  # fmt: skip
-    n2 = "\n".join(["==> squeue <==", "==> a/run.json <==", json.dumps(meta),
-                    "==> b/run.json <==", run_b])  # fmt: skip
-    n3 = "\n".join([
-        "==> squeue <==", "==> a/run.json <==", json.dumps(meta),
-        "==> a/starts <==", "2 200", "==> a/exit <==", "2 0 300",
-        "==> /w/out/a/metrics.jsonl <==", json.dumps({"epoch": 4}),
-    ])  # fmt: skip
+    login = "\n".join(
+        [
+            "==> squeue <==",
+            "12|PENDING|Priority|N/A|0:00|",
+            "==> a/run.json <==",
+            json.dumps(meta),
+            "==> a/jobid <==",
+            "11",
+            "==> b/run.json <==",
+            run_b,
+            "==> b/jobid <==",
+            "12",
+            "==> a/starts <==",
+            "1 100",  # the first attempt ran here; its requeue went to n3
+            "==> a/exit <==",
+            "1 requeue 150",
+            "==> /w/out/a/metrics.jsonl <==",
+            json.dumps({"epoch": 1}),
+        ]
+    )
+    n2 = "\n".join(
+        ["==> squeue <==", "==> a/run.json <==", json.dumps(meta), "==> b/run.json <==", run_b]
+    )
+    n3 = "\n".join(
+        [
+            "==> squeue <==",
+            "==> a/run.json <==",
+            json.dumps(meta),
+            "==> a/starts <==",
+            "2 200",
+            "==> a/exit <==",
+            "2 0 300",
+            "==> /w/out/a/metrics.jsonl <==",
+            json.dumps({"epoch": 4}),
+        ]
+    )
     a, b = parse_listings([("bed", login), ("n2", n2), ("n3", n3)], "bed")
     assert (a.files_on, a.job_id, a.state, a.exit_code, a.progress) == (
-        "n3", "11", RunState.DONE, 0, "epoch 4/4")  # fmt: skip
+        "n3",
+        "11",
+        RunState.DONE,
+        0,
+        "epoch 4/4",
+    )
     assert (b.files_on, b.job_id, b.state, b.reason) == ("", "12", RunState.PENDING, "Priority")
 
 
 def test_stream_prefixes_ranks_by_node_and_reports_events() -> None:
     out = Recorder()
     events: list[tuple[str, str]] = []
-    stream = JobStream(out, lambda w, r: events.append((w, r)), launcher="env",
-                       tasks_per_node=2)  # fmt: skip
+    stream = JobStream(out, lambda w, r: events.append((w, r)), launcher="env", tasks_per_node=2)
     stream.feed(b"\x1dvmrun attempt 1 job 7 start 1 nodes c1 c2\n0: hello\n3: wor")
     stream.feed(b"ld\nsrun: error: something\n")
     stream.flush()
     assert out.outputs == [
-        b"[c1 rank0] hello\n", b"[c2 rank3] world\n", b"srun: error: something\n"
-    ]  # fmt: skip
+        b"[c1 rank0] hello\n",
+        b"[c2 rank3] world\n",
+        b"srun: error: something\n",
+    ]
     assert events == [("attempt", "1 job 7 start 1 nodes c1 c2")]
 
 
@@ -299,9 +381,14 @@ def test_train_refuses_such_values_before_connecting(
         f'[[clusters]]\nname = "bed"\nlogin = "nosuch.invalid"\n{toml}'
     )
     env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "vmrun", "train", "-C", "bed", *flags,
-                           "--epochs", "1"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vmrun", "train", "-C", "bed", *flags, "--epochs", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
@@ -325,12 +412,28 @@ def test_a_scripts_outputs_are_what_it_wrote_since_its_job_started_by_the_cluste
 
     submitted = time.time()  # this machine's clock
     start = int(submitted) - 3600  # the cluster's clock is an hour behind it
-    meta = {"run_id": "a", "template": False, "submitted": submitted, "record_dir": "/w/rec/a",
-            "out_dir": "/w/p", "metrics": "/w/p/metrics.jsonl"}  # fmt: skip
-    listing = "\n".join([
-        "==> squeue <==", "==> a/run.json <==", json.dumps(meta), "==> a/jobid <==", "11",
-        "==> a/starts <==", f"1 {start}", "==> a/exit <==", f"1 0 {start + 60}", "==> sacct <==",
-    ])  # fmt: skip
+    meta = {
+        "run_id": "a",
+        "template": False,
+        "submitted": submitted,
+        "record_dir": "/w/rec/a",
+        "out_dir": "/w/p",
+        "metrics": "/w/p/metrics.jsonl",
+    }
+    listing = "\n".join(
+        [
+            "==> squeue <==",
+            "==> a/run.json <==",
+            json.dumps(meta),
+            "==> a/jobid <==",
+            "11",
+            "==> a/starts <==",
+            f"1 {start}",
+            "==> a/exit <==",
+            f"1 0 {start + 60}",
+            "==> sacct <==",
+        ]
+    )
     backend = SlurmBackend(_ListingConn(listing), Cluster("bed", "login"))  # type: ignore[arg-type]
     location = backend.outputs(backend.find("a"))["bed"]
     written = (start + 5) * 10**9  # a file the job wrote 5 s into its run, by the cluster's clock

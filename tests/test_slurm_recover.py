@@ -39,10 +39,22 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_snapshot_elsewhere
     each once, and says what the recovery cost."""
     use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
     toml = slurm_client.cwd / "vmrun.toml"  # $1.50 a node an hour: what the run cost
-    toml.write_text(toml.read_text().replace('partition = "debug"\n',
-                                             'partition = "debug"\nprice = 1.5\n'))  # fmt: skip
-    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--nproc-per-node", "2",
-                              "--epochs", "14", "--save-every", "2", "--detach")  # fmt: skip
+    toml.write_text(
+        toml.read_text().replace('partition = "debug"\n', 'partition = "debug"\nprice = 1.5\n')
+    )
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--recover",
+        "--nproc-per-node",
+        "2",
+        "--epochs",
+        "14",
+        "--save-every",
+        "2",
+        "--detach",
+    )
     assert done.returncode == 0, done.stderr
     rid, job = run_id_of(done.stderr), job_of(done.stderr)
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
@@ -88,8 +100,18 @@ def test_a_node_that_slurm_takes_down_under_the_job_is_kept_off_the_next_attempt
     registers again within seconds) changes nothing."""
     use_cluster(slurm_client, host_python)
     flag = slurm_cluster.shared / "go"
-    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "wait_for_file.py",
-                              "--launcher", "python", "--detach", "--", str(flag))  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--recover",
+        "wait_for_file.py",
+        "--launcher",
+        "python",
+        "--detach",
+        "--",
+        str(flag),
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     rec = record_dir(slurm_cluster, rid)
@@ -121,8 +143,18 @@ def test_a_crash_is_requeued_and_a_crash_loop_stops_at_the_limit(
     one line saying why and the script's own exit code."""
     use_cluster(slurm_client, host_python)
     once = slurm_cluster.shared / "once"
-    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "fails_times.py",
-                              "--launcher", "python", "--", str(once), "1")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--recover",
+        "fails_times.py",
+        "--launcher",
+        "python",
+        "--",
+        str(once),
+        "1",
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "run 2: done" in done.stdout, done.stdout
     rid = run_id_of(done.stderr)
@@ -132,9 +164,20 @@ def test_a_crash_is_requeued_and_a_crash_loop_stops_at_the_limit(
     assert "attempt 1 failed (exit 5)" in recoveries_of(rec)[0][2]
 
     loop = slurm_cluster.shared / "loop"
-    done = slurm_client.vmrun("train", "-C", "bed", "--recover", "--max-recoveries", "1",
-                              "fails_times.py", "--launcher", "python", "--",
-                              str(loop), "99")  # fmt: skip
+    done = slurm_client.vmrun(
+        "train",
+        "-C",
+        "bed",
+        "--recover",
+        "--max-recoveries",
+        "1",
+        "fails_times.py",
+        "--launcher",
+        "python",
+        "--",
+        str(loop),
+        "99",
+    )
     assert done.returncode == 5, done.stderr + done.stdout
     assert len(list(loop.iterdir())) == 2  # the first attempt and one recovery
     rid = run_id_of(done.stderr)
@@ -157,8 +200,9 @@ def test_submit_recover_brings_back_a_bash_scripts_job_and_refuses_other_scripts
         'set -euo pipefail\n"$1" fails_times.py "$2" 1\necho "the script ends"\n'
     )
     times = slurm_cluster.shared / "times"
-    done = slurm_client.vmrun("submit", "again.sh", "-C", "bed", "--recover", "--",
-                              str(host_python), str(times))  # fmt: skip
+    done = slurm_client.vmrun(
+        "submit", "again.sh", "-C", "bed", "--recover", "--", str(host_python), str(times)
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "run 2: done" in done.stdout and "the script ends" in done.stdout, done.stdout
     rid = run_id_of(done.stderr)
@@ -178,8 +222,17 @@ def test_submit_recover_brings_back_a_bash_scripts_job_and_refuses_other_scripts
         '#!/bin/bash -e\n#SBATCH --nodes=1\n  # an indented comment\n"$1" wait_for_file.py "$2"\n'
     )
     flag = slurm_cluster.shared / "never"
-    done = slurm_client.vmrun("submit", "waits.sh", "-C", "bed", "--recover", "--detach", "--",
-                              str(host_python), str(flag))  # fmt: skip
+    done = slurm_client.vmrun(
+        "submit",
+        "waits.sh",
+        "-C",
+        "bed",
+        "--recover",
+        "--detach",
+        "--",
+        str(host_python),
+        str(flag),
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     rec = record_dir(slurm_cluster, rid)

@@ -56,8 +56,9 @@ def run(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes], Path]]:
     rec.mkdir()
     (rec / "log").write_text("")
     script = f'exec {sys.executable} -c "$0" "$1" "$2"'
-    shell = subprocess.Popen(["sh", "-c", f"{script} & wait", AGENT, RANK, str(got)],
-                             start_new_session=True)  # fmt: skip
+    shell = subprocess.Popen(
+        ["sh", "-c", f"{script} & wait", AGENT, RANK, str(got)], start_new_session=True
+    )
     stat = Path(f"/proc/{shell.pid}/stat").read_text().rsplit(")", 1)[1].split()
     (rec / "pid_start").write_text(stat[19] + "\n")
     try:
@@ -91,8 +92,10 @@ def metadata(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     port = _port()
     state, log = tmp_path / "imds.json", tmp_path / "imds.log"
     state.write_text("{}")
-    server = subprocess.Popen([sys.executable, str(IMDS), "127.0.0.1", str(port), str(state),
-                               str(log)], stdout=subprocess.PIPE)  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, str(IMDS), "127.0.0.1", str(port), str(state), str(log)],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert server.stdout is not None and server.stdout.readline() == b"listening\n"
         yield f"http://127.0.0.1:{port}", state, log
@@ -155,7 +158,10 @@ def test_the_watch_ends_with_the_run(
     rec, shell, _ = run
     url, _, requests = metadata
     with _watch(rec, shell.pid, url) as watcher:
-        wait_for(lambda: requests.is_file() and "instance-action" in requests.read_text(), 10,
-                 "the watch")  # fmt: skip
+        wait_for(
+            lambda: requests.is_file() and "instance-action" in requests.read_text(),
+            10,
+            "the watch",
+        )
         (rec / "exit_code").write_text("0\n")
         assert watcher.wait(timeout=10) == 0

@@ -14,8 +14,9 @@ def test_match_exec_still_runs_its_command(tmp_path: Path) -> None:
     of its own: invoke reads stdin, which pytest's capture refuses)."""
     config = tmp_path / "config"
     flag = tmp_path / "flag"
-    config.write_text(f'Match exec "test -e {flag}"\n  HostName flagged.example\n'
-                      "Host *\n  Port 2222\n")  # fmt: skip
+    config.write_text(
+        f'Match exec "test -e {flag}"\n  HostName flagged.example\nHost *\n  Port 2222\n'
+    )
     probe = (
         "import sys\nfrom pathlib import Path\nfrom vmrun.ssh.hosts import parse_host\n"
         "from vmrun.ssh.sshconfig import resolve\n"
@@ -24,9 +25,13 @@ def test_match_exec_still_runs_its_command(tmp_path: Path) -> None:
 
     def lookup() -> str:
         return subprocess.run(
-            [sys.executable, "-c", probe, str(config)], stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, cwd=ROOT, check=True,
-        ).stdout.strip()  # fmt: skip
+            [sys.executable, "-c", probe, str(config)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        ).stdout.strip()
 
     assert lookup() == "box 2222"
     flag.touch()

@@ -124,9 +124,17 @@ def test_fresh_on_one_host_moves_its_checkpoints_and_is_refused_with_resume(
     (multi.cwd / "stale.py").write_text(SCRIPT)
     _put(n1, multi, "snapshot.pt", b"epoch 40 of an earlier run")
     done = multi.vmrun(
-        "train", "stale.py", "-H", "n1", "--fresh", "--nproc-per-node", "1", "--", "x",
+        "train",
+        "stale.py",
+        "-H",
+        "n1",
+        "--fresh",
+        "--nproc-per-node",
+        "1",
+        "--",
+        "x",
         timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     workdir = n1.home / remote_workdir(multi.cwd)
     assert "n1: moved 1 checkpoint file(s) (snapshot.pt) aside" in done.stderr

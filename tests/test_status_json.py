@@ -15,10 +15,32 @@ from vmrun.operations.status_runs import run_objects
 
 T0 = 1_700_000_000.0
 KEYS = [
-    "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
-    "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries", "cost",
-]  # fmt: skip
+    "run",
+    "hosts",
+    "cluster",
+    "state",
+    "reason",
+    "attempts",
+    "launcher",
+    "image",
+    "nodes",
+    "procs_per_node",
+    "world_size",
+    "epochs_done",
+    "epochs_asked",
+    "start",
+    "duration_s",
+    "exit",
+    "error",
+    "failure",
+    "tasks",
+    "commit",
+    "dirty",
+    "versions",
+    "store",
+    "recoveries",
+    "cost",
+]
 
 
 def render(records: list[Any], failures: list[dict[str, Any]] | None = None) -> str:
@@ -27,10 +49,25 @@ def render(records: list[Any], failures: list[dict[str, Any]] | None = None) -> 
 
 
 def _host(rid: str, host: str, code: int | None, progress: str = "") -> RunRecord:
-    meta = {"id": rid, "started": T0, "template": True, "args": ["10", "5"],
-            "launcher": "torchrun", "nproc": "2", "nodes": ["n1", "n2"], "host": host}  # fmt: skip
-    return RunRecord(rid, host, meta=meta, exit_code=code, progress=progress,
-                     began=T0, ended=T0 + (90 if host == "n1" else 91))  # fmt: skip
+    meta = {
+        "id": rid,
+        "started": T0,
+        "template": True,
+        "args": ["10", "5"],
+        "launcher": "torchrun",
+        "nproc": "2",
+        "nodes": ["n1", "n2"],
+        "host": host,
+    }
+    return RunRecord(
+        rid,
+        host,
+        meta=meta,
+        exit_code=code,
+        progress=progress,
+        began=T0,
+        ended=T0 + (90 if host == "n1" else 91),
+    )
 
 
 def test_a_run_on_two_hosts_is_one_object() -> None:
@@ -42,17 +79,33 @@ def test_a_run_on_two_hosts_is_one_object() -> None:
     assert (obj["epochs_done"], obj["epochs_asked"]) == (10, 10)
     assert obj["start"] == "2023-11-14T22:13:20+00:00" and obj["duration_s"] == 91.0
     assert obj["launcher"] == "torchrun" and obj["attempts"] == 1
-    assert obj["error"] == {"code": "run-failed", "message": "run r1 exited with 1",
-                            "exit_status": 1}  # fmt: skip
+    assert obj["error"] == {
+        "code": "run-failed",
+        "message": "run r1 exited with 1",
+        "exit_status": 1,
+    }
 
 
 def test_a_slurm_run_and_json_text() -> None:
-    meta = {"run_id": "s1", "cluster": "bed", "launcher": "env", "template": False,
-            "epochs": None, "nodes": 2, "nproc_per_node": 2, "world_size": 4,
-            "submitted": T0}  # fmt: skip
-    run = SlurmRun("s1", "bed", meta, starts=[["1", str(int(T0))], ["2", str(int(T0) + 60)]],
-                   exits=[["1", "requeue", str(int(T0) + 50)], ["2", "0", str(int(T0) + 120)]],
-                   last_metrics={"epoch": 3})  # fmt: skip
+    meta = {
+        "run_id": "s1",
+        "cluster": "bed",
+        "launcher": "env",
+        "template": False,
+        "epochs": None,
+        "nodes": 2,
+        "nproc_per_node": 2,
+        "world_size": 4,
+        "submitted": T0,
+    }
+    run = SlurmRun(
+        "s1",
+        "bed",
+        meta,
+        starts=[["1", str(int(T0))], ["2", str(int(T0) + 60)]],
+        exits=[["1", "requeue", str(int(T0) + 50)], ["2", "0", str(int(T0) + 120)]],
+        last_metrics={"epoch": 3},
+    )
     data = json.loads(render([run]))
     assert [list(d) for d in data] == [KEYS]
     obj = data[0]
@@ -78,17 +131,24 @@ def test_a_run_its_supervisor_is_bringing_back_says_so_not_stopped() -> None:
     from vmrun.cli.status_cmd import _state
 
     under_way = "1 of 5: h2 stopped answering, then answered again: again on the same nodes"
-    halted = RunRecord("r4", "n1", meta={"id": "r4"}, exit_code=143, stopped=True,
-                       stopped_by="failure", recovering=under_way)  # fmt: skip
+    halted = RunRecord(
+        "r4",
+        "n1",
+        meta={"id": "r4"},
+        exit_code=143,
+        stopped=True,
+        stopped_by="failure",
+        recovering=under_way,
+    )
     assert _state(halted) == "recovering, 1 of 5"
     (obj,) = run_objects([halted])
-    assert obj["recoveries"] == {"count": 0, "last": None, "gave_up": False,
-                                 "under_way": under_way}  # fmt: skip
+    assert obj["recoveries"] == {"count": 0, "last": None, "gave_up": False, "under_way": under_way}
     halted.alive = True  # the next attempt runs: no longer said
     halted.exit_code = None
     assert _state(halted) == "running"
-    done = RunRecord("r5", "n1", meta={"id": "r5"}, exit_code=0, recoveries=1,
-                     recovery="recovery 1 of 5: ...")  # fmt: skip
+    done = RunRecord(
+        "r5", "n1", meta={"id": "r5"}, exit_code=0, recoveries=1, recovery="recovery 1 of 5: ..."
+    )
     assert _state(done) == "done, recovered 1x"
     assert run_objects([done])[0]["recoveries"]["under_way"] is None
 
@@ -162,8 +222,9 @@ def test_a_runs_cost_so_far_is_its_time_at_the_prices_it_started_with(
 
     a, b = _host("r1", "n1", 0), _host("r1", "n2", 0)
     for rec in (a, b):
-        rec.meta.update(master="n1", prices={"n1": 30.0, "n2": 30.0}, price_per_hour=60.0,
-                        currency="DKK")  # fmt: skip
+        rec.meta.update(
+            master="n1", prices={"n1": 30.0, "n2": 30.0}, price_per_hour=60.0, currency="DKK"
+        )
     (obj,) = run_objects([a, b])
     assert obj["cost"] == {"amount": 1.52, "currency": "DKK", "per_hour": 60.0}  # 91 s
     assert run_objects([_host("r0", "n1", 0)])[0]["cost"] is None

@@ -109,14 +109,31 @@ def copier(tmp_path: Path) -> Iterator[Any]:
         cfg = rec / "store.abc123"
         cfg.write_text("[store]\nsecret_access_key = s3cr3t\n")
         cfg.chmod(0o600)
-        env = {"PATH": os.environ["PATH"], "HOME": str(home), "BUCKET": str(made.bucket),
-               "VMRUN_STORE_EVERY": "0.1", "VMRUN_STORE_LOGS_EVERY": "1",
-               "VMRUN_STORE_BACKOFF": "1", "VMRUN_STORE_FINAL_WAIT": final_wait}  # fmt: skip
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "BUCKET": str(made.bucket),
+            "VMRUN_STORE_EVERY": "0.1",
+            "VMRUN_STORE_LOGS_EVERY": "1",
+            "VMRUN_STORE_BACKOFF": "1",
+            "VMRUN_STORE_FINAL_WAIT": final_wait,
+        }
         made.proc = subprocess.Popen(
-            ["sh", str(lib / "store_sync.sh"), "watch", str(rec), str(out),
-             "b/runs/r1", "s3://b/runs/r1", since, str(cfg), str(fake)],
-            env=env, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "sh",
+                str(lib / "store_sync.sh"),
+                "watch",
+                str(rec),
+                str(out),
+                "b/runs/r1",
+                "s3://b/runs/r1",
+                since,
+                str(cfg),
+                str(fake),
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         return made
 
     yield start
@@ -144,8 +161,11 @@ def test_snapshots_go_once_whole_a_bucket_down_is_said_once_and_the_end_takes_th
     assert state["files"] >= 1 and state["bytes"] >= 2000, state
     assert "connection refused" in state["error"] and "ERROR" not in state["error"], state
     refused = Path(f"{c.bucket}.refused")
-    wait_for(lambda: refused.is_file() and len(refused.read_text().split()) >= 3, 20,
-             "two tries more while the bucket is down")  # fmt: skip
+    wait_for(
+        lambda: refused.is_file() and len(refused.read_text().split()) >= 3,
+        20,
+        "two tries more while the bucket is down",
+    )
     Path(f"{c.bucket}.down").unlink()
     wait_for(lambda: c.stored("snapshot.pt") == b"2" * 2000, 20, "the copy to catch up")
     wait_for(lambda: "caught up" in (c.rec / "log").read_text(), 20, "the catching up said")

@@ -96,9 +96,16 @@ def _obj(key: str, size: int = 1, at: float = 0.0) -> Object:
 
 
 def test_a_runs_objects_land_as_a_fetch_from_its_hosts_lays_them_out() -> None:
-    found = [_obj("snapshot_e10.pt", at=1), _obj("snapshot_e20.pt", at=2), _obj("metrics.jsonl"),
-             _obj("sub/events.out.tfevents.1"), _obj(".vmrun/log"), _obj(".vmrun/run.json"),
-             _obj(".vmrun/started"), _obj(".vmrun/workers/x.log")]  # fmt: skip
+    found = [
+        _obj("snapshot_e10.pt", at=1),
+        _obj("snapshot_e20.pt", at=2),
+        _obj("metrics.jsonl"),
+        _obj("sub/events.out.tfevents.1"),
+        _obj(".vmrun/log"),
+        _obj(".vmrun/run.json"),
+        _obj(".vmrun/started"),
+        _obj(".vmrun/workers/x.log"),
+    ]
     local = {o.key: path for o, path in _wanted(found, "r1", ["results"], 1, (), ())}
     assert local == {
         "snapshot_e20.pt": "results/r1/snapshot_e20.pt",  # --latest 1
@@ -131,8 +138,9 @@ class FakeS3:
                     told = body + b"x" if fake.lying and key.endswith(fake.lying) else body
                     etag = f'"{hashlib.md5(told).hexdigest()}"'
                     if key.startswith(Prefix):
-                        listed.append({"Key": key, "Size": len(body), "LastModified": when,
-                                       "ETag": etag})  # fmt: skip
+                        listed.append(
+                            {"Key": key, "Size": len(body), "LastModified": when, "ETag": etag}
+                        )
                 return [{"Contents": listed}]
 
         return Pages()
@@ -144,8 +152,14 @@ class FakeS3:
 def test_each_object_is_checked_on_arrival_and_a_second_fetch_moves_nothing(
     tmp_path: Path,
 ) -> None:
-    s3 = FakeS3({"runs/r1/snapshot.pt": b"s" * 5000, "runs/r1/.vmrun/log": b"epoch 1\n",
-                 "runs/r1/metrics.jsonl": b'{"epoch": 1}\n'}, lying="metrics.jsonl")  # fmt: skip
+    s3 = FakeS3(
+        {
+            "runs/r1/snapshot.pt": b"s" * 5000,
+            "runs/r1/.vmrun/log": b"epoch 1\n",
+            "runs/r1/metrics.jsonl": b'{"epoch": 1}\n',
+        },
+        lying="metrics.jsonl",
+    )
     place = parse_store("s3://bkt/runs/r1")
     got = fetch_run(s3, place, ["results"], tmp_path, Progress())
     assert sorted(got.fetched) == ["results/r1/log", "results/r1/snapshot.pt"]
@@ -191,13 +205,27 @@ def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     group = run_on_two_nodes_one_down(tmp_path, monkeypatch)
     group.down.clear()
-    meta = {"nodes": ["accA", "accB"], "master": "accA", "workdir": "w", "template": True,
-            "store": "s3://bkt/runs/r1", "store_node": "accA"}  # fmt: skip
-    monkeypatch.setattr(records, "list_runs", lambda conn, ids=(): [
-        records.RunRecord("r1", conn.label, meta=meta) for r in ids or ["r1"] if r == "r1"])
+    meta = {
+        "nodes": ["accA", "accB"],
+        "master": "accA",
+        "workdir": "w",
+        "template": True,
+        "store": "s3://bkt/runs/r1",
+        "store_node": "accA",
+    }
+    monkeypatch.setattr(
+        records,
+        "list_runs",
+        lambda conn, ids=(): [
+            records.RunRecord("r1", conn.label, meta=meta) for r in ids or ["r1"] if r == "r1"
+        ],
+    )
     group.downloads = {n: Report(n, fetched=[f"results/r1/{n}/log"]) for n in ("accA", "accB")}
-    monkeypatch.setattr(vmrun.transfer.download, "download",
-                        lambda conn, specs, dest, *a: group.downloads[conn.label])  # fmt: skip
+    monkeypatch.setattr(
+        vmrun.transfer.download,
+        "download",
+        lambda conn, specs, dest, *a: group.downloads[conn.label],
+    )
     group.bucket = FakeS3(dict(BUCKET_RUN))
     monkeypatch.setattr(vmrun.stores.bucket, "client", lambda access: group.bucket)
     return group
@@ -209,9 +237,12 @@ def _fetch(tmp_path: Path, **settings: Any) -> tuple[Any, Any]:
     from vmrun.reporting import Recorder
 
     said = Recorder()
-    job = FetchJob(["results"], load_settings(settings, cwd=tmp_path,
-                                              environ={"HOME": str(tmp_path)}),
-                   run="r1", to=str(tmp_path))  # fmt: skip
+    job = FetchJob(
+        ["results"],
+        load_settings(settings, cwd=tmp_path, environ={"HOME": str(tmp_path)}),
+        run="r1",
+        to=str(tmp_path),
+    )
     return fetch(job, said), said
 
 
@@ -266,8 +297,13 @@ def test_a_run_not_copied_to_a_bucket_is_not_looked_for_there(
 
     monkeypatch.setattr(vmrun.stores.bucket, "client", no_bucket)
     meta = {"nodes": ["accA"], "master": "accA", "workdir": "w", "template": True}
-    monkeypatch.setattr(records, "list_runs", lambda conn, ids=(): [
-        records.RunRecord("r1", conn.label, meta=meta)] if conn.label == "accA" else [])
+    monkeypatch.setattr(
+        records,
+        "list_runs",
+        lambda conn, ids=(): (
+            [records.RunRecord("r1", conn.label, meta=meta)] if conn.label == "accA" else []
+        ),
+    )
     two_nodes.downloads["accA"] = Report("accA", missing=["results of run r1"])
     fetched, said = _fetch(tmp_path, store="s3://bkt/runs")  # its record names no store
     assert [o.host for o in fetched.outcomes] == ["accA"] and said.said == []

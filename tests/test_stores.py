@@ -26,9 +26,12 @@ pytest.importorskip("moto")
 
 @pytest.mark.parametrize(
     ("text", "bucket", "prefix", "name"),
-    [("s3://data/ds", "data", "ds", "ds"), ("s3://my.bucket-1/a/b/", "my.bucket-1", "a/b", "b"),
-     ("s3://data", "data", "", "data")],
-)  # fmt: skip
+    [
+        ("s3://data/ds", "data", "ds", "ds"),
+        ("s3://my.bucket-1/a/b/", "my.bucket-1", "a/b", "b"),
+        ("s3://data", "data", "", "data"),
+    ],
+)
 def test_a_bucket_address_names_a_bucket_and_a_prefix(
     text: str, bucket: str, prefix: str, name: str
 ) -> None:
@@ -123,8 +126,9 @@ def test_a_prefix_arrives_whole_and_a_second_copy_moves_nothing(
     assert heard.begun == [(2, 3 * 2**20 + 6)] and heard.moved == 3 * 2**20 + 6
     assert sorted(heard.ended) == [("a.bin", True), ("sub/b.txt", True)]
     assert list((host.home / ".vmrun" / "tmp").iterdir()) == []  # the credentials' file went
-    again = copy_from_store(host, parse_store(f"s3://{bucket}/ds"), "data/ds", resolve(),
-                            Progress())  # type: ignore[arg-type]  # fmt: skip
+    again = copy_from_store(
+        host, parse_store(f"s3://{bucket}/ds"), "data/ds", resolve(), Progress()
+    )  # type: ignore[arg-type]
     assert again.report.fetched == [] and again.report.unchanged == 2
 
 

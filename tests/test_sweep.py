@@ -42,8 +42,9 @@ def test_sizes_run_smallest_world_first_fewer_nodes_on_ties() -> None:
 
 
 def test_the_record_round_trips_and_keeps_what_is_left(tmp_path: Path) -> None:
-    sweep = Sweep("sweep-20260101-000000-abcd", {"hosts": ["a", "b"]}, {"epochs": 3},
-                  plan_sizes([1, 2], [1]))  # fmt: skip
+    sweep = Sweep(
+        "sweep-20260101-000000-abcd", {"hosts": ["a", "b"]}, {"epochs": 3}, plan_sizes([1, 2], [1])
+    )
     sweep.sizes[0].run, sweep.sizes[0].state = "template-1x1-x", RunState.DONE
     sweep.sizes[1].state, sweep.sizes[1].detail = RunState.STOPPED, "interrupted"
     path = save(tmp_path, sweep)
@@ -81,8 +82,10 @@ def test_a_list_for_other_options_adds_axes_to_the_grid() -> None:
     sizes = plan_sizes([1], [1, 2], axes)
     assert len(sizes) == 2 * 2 * 2 * 2  # the cartesian product
     assert [s.label for s in sizes[:3]] == [
-        "1x1-cpus1-lr0.01-MODE_fast", "1x1-cpus1-lr0.01-MODE_slow", "1x1-cpus1-lr0.1-MODE_fast",
-    ]  # fmt: skip
+        "1x1-cpus1-lr0.01-MODE_fast",
+        "1x1-cpus1-lr0.01-MODE_slow",
+        "1x1-cpus1-lr0.1-MODE_fast",
+    ]
     assert len({s.label for s in sizes}) == len(sizes)
     assert [s.world_size for s in sizes] == [1] * 8 + [2] * 8  # the smallest world first
     assert sizes[0].words() == "cpus=1 lr=0.01 MODE=fast"
@@ -123,8 +126,15 @@ def test_bad_lists_name_the_flag(flag: str, text: str, least: str) -> None:
 def test_each_point_trains_its_own_values_and_the_record_keeps_them(tmp_path: Path) -> None:
     from vmrun.operations.sweep import make_plan, point_plans
 
-    given = {"script": None, "epochs": 2, "save_every": None, "batch_size": None, "lr": 0.5,
-             "task": None, "name": None}  # fmt: skip
+    given = {
+        "script": None,
+        "epochs": 2,
+        "save_every": None,
+        "batch_size": None,
+        "lr": 0.5,
+        "task": None,
+        "name": None,
+    }
     axes = [("batch_size", [8, 16]), ("env:MODE", ["x", "y"])]
     sweep = Sweep("sweep-20260101-000000-abcd", {"local": True}, given, plan_sizes([1], [1], axes))
     plans = point_plans(sweep, given, ["KEEP=1"])
@@ -154,8 +164,14 @@ def test_a_points_slurm_values_reach_its_job(tmp_path: Path) -> None:
 
     sizes = plan_sizes([2], [1], [("cpus_per_task", [1, 2])])
     opts = SlurmOptions(time="0:10:00")
-    job = SweepJob(Sweep("sweep-1", {"cluster": "hpc"}, {}, sizes), plan=None, project=tmp_path,
-                   settings=None, cluster="hpc", slurm=opts)  # type: ignore[arg-type]  # fmt: skip
+    job = SweepJob(
+        Sweep("sweep-1", {"cluster": "hpc"}, {}, sizes),
+        plan=None,
+        project=tmp_path,
+        settings=None,
+        cluster="hpc",
+        slurm=opts,
+    )  # type: ignore[arg-type]
     assert [size_options(job, s).given() for s in sizes] == [
         {"nodes": 2, "cpus_per_task": 1, "time": "0:10:00"},
         {"nodes": 2, "cpus_per_task": 2, "time": "0:10:00"},
@@ -168,8 +184,11 @@ def test_a_cluster_sweep_without_nproc_runs_a_process_per_gpu() -> None:
 
     sizes = one_process_per_gpu(plan_sizes([1, 2], [1], [("gpus_per_node", [2, 1])]), None)
     assert [(s.label, s.world_size) for s in sizes] == [
-        ("1x1-gpus1", 1), ("1x2-gpus2", 2), ("2x1-gpus1", 2), ("2x2-gpus2", 4),
-    ]  # fmt: skip
+        ("1x1-gpus1", 1),
+        ("1x2-gpus2", 2),
+        ("2x1-gpus1", 2),
+        ("2x2-gpus2", 4),
+    ]
     assert [s.nproc for s in one_process_per_gpu(plan_sizes([1], [1]), 4)] == [4]
     assert [s.nproc for s in one_process_per_gpu(plan_sizes([1], [1]), None)] == [1]
 
@@ -181,13 +200,22 @@ def test_resume_of_a_grid_runs_what_is_left_with_each_points_values(
     from vmrun.operations.train import RunOptions
 
     monkeypatch.chdir(tmp_path)
-    options = {"script": None, "epochs": 2, "save_every": None, "batch_size": None, "lr": None,
-               "task": None, "name": None, "env": []}  # fmt: skip
+    options = {
+        "script": None,
+        "epochs": 2,
+        "save_every": None,
+        "batch_size": None,
+        "lr": None,
+        "task": None,
+        "name": None,
+        "env": [],
+    }
     sizes = plan_sizes([1], [1], [("batch_size", [8, 16]), ("env:MODE", ["a", "b"])])
     sizes[0].run, sizes[0].state = "template-1x1-batch8-MODE_a-x", RunState.DONE
     save(tmp_path, Sweep("sweep-20260101-000000-abcd", {"local": True}, options, sizes))
-    given = {k: None for k in ("script", "epochs", "save_every", "batch_size", "lr", "task",
-                               "name")}  # fmt: skip
+    given = {
+        k: None for k in ("script", "epochs", "save_every", "batch_size", "lr", "task", "name")
+    }
     parts = _resumed("sweep-20260101-000000-abcd", given, None)
     left = [s.label for s in parts["sweep"].left()]
     assert left == ["1x1-batch8-MODE_b", "1x1-batch16-MODE_a", "1x1-batch16-MODE_b"]

@@ -137,8 +137,12 @@ def test_project_files_in_a_git_repo_is_gits_view_plus_the_same_filters(tmp_path
     write(tmp_path, ".git/info/exclude", "secret.env\n")
     git(tmp_path, "add", "gone.py", "train.py")
     (tmp_path / "gone.py").unlink()  # tracked, deleted from the work tree: nothing to send
-    assert project_files(tmp_path) == [*EXPECTED[:2], "logs/keep.log", "pkg/.gitignore",
-                                       *EXPECTED[3:]]  # fmt: skip
+    assert project_files(tmp_path) == [
+        *EXPECTED[:2],
+        "logs/keep.log",
+        "pkg/.gitignore",
+        *EXPECTED[3:],
+    ]
     # a project that is a folder inside a repository: paths are relative to the project (and
     # its results/ is now the root one, vmrun's)
     assert project_files(tmp_path / "pkg") == [".gitignore", "model.py"]

@@ -54,8 +54,11 @@ def test_a_script_run_does_not_walk_its_whole_work_dir() -> None:
 
 
 def test_a_slurm_run_uses_its_code_dir_and_absolute_paths() -> None:
-    meta = {"code_dir": "/shared/u/vmrun/p-1", "out_dir": "/shared/u/vmrun/p-1/results/r",
-            "template": False}  # fmt: skip
+    meta = {
+        "code_dir": "/shared/u/vmrun/p-1",
+        "out_dir": "/shared/u/vmrun/p-1/results/r",
+        "template": False,
+    }
     dirs = log_dirs(meta, "/shared/u/vmrun/p-1/results/r")
     assert [(d.path, d.required) for d in dirs] == [
         ("/shared/u/vmrun/p-1/results/r", False),  # a script's: only if it is there
@@ -67,8 +70,10 @@ def test_a_slurm_run_uses_its_code_dir_and_absolute_paths() -> None:
 def test_each_folder_once_and_none_inside_one_always_served() -> None:
     dirs = log_dirs(template_meta(), f"{WORK}/results/{RID}", ["runs", "runs/"])
     assert [(d.name, d.required) for d in dirs] == [
-        (RID, True), ("runs", True), ("lightning_logs", False),
-    ]  # fmt: skip
+        (RID, True),
+        ("runs", True),
+        ("lightning_logs", False),
+    ]
     whole = log_dirs(template_meta(), f"{WORK}/results/{RID}", ["."])
     assert [(d.name, d.path) for d in whole] == [("proj-abc123", WORK)]
 
@@ -126,5 +131,4 @@ def test_the_host_script_gets_its_folders_as_argv_words() -> None:
     board = HostBoard(None, "/env/bin/python", dirs)  # type: ignore[arg-type]
     argv = board.argv()
     assert argv[1].endswith("/tensorboard_serve.sh")
-    assert argv[2:] == ["/env/bin/python", "5",
-                        "need", "a b", "/x y/z", "may", "runs", "w/runs"]  # fmt: skip
+    assert argv[2:] == ["/env/bin/python", "5", "need", "a b", "/x y/z", "may", "runs", "w/runs"]

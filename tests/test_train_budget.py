@@ -22,11 +22,17 @@ HOOKED = ("PYTHONPATH", "VMRUN_TEST_HOOK_EPOCH_DELAY")
 @pytest.fixture
 def project(bed: NetnsBed, bed_client: Client, host_python: Path) -> Iterator[Client]:
     """h1 and h2 at 3600 USD an hour each, h3 in DKK, h4 without a price."""
-    hosts = [("h1", "price = 3600\n"), ("h2", "price = 3600\n"),
-             ("h3", 'price = 3600\ncurrency = "DKK"\n'), ("bastion", "")]  # fmt: skip
-    (bed_client.cwd / "vmrun.toml").write_text("\n".join(
-        f'[[hosts]]\naddress = "{h}"\npython = "{host_python}"\n{extra}' for h, extra in hosts
-    ))  # fmt: skip
+    hosts = [
+        ("h1", "price = 3600\n"),
+        ("h2", "price = 3600\n"),
+        ("h3", 'price = 3600\ncurrency = "DKK"\n'),
+        ("bastion", ""),
+    ]
+    (bed_client.cwd / "vmrun.toml").write_text(
+        "\n".join(
+            f'[[hosts]]\naddress = "{h}"\npython = "{host_python}"\n{extra}' for h, extra in hosts
+        )
+    )
     bed_client.extra_env["OMP_NUM_THREADS"] = "1"
     yield bed_client
     for name in ("h1", "h2", "h3", "bastion"):
@@ -46,8 +52,20 @@ def test_a_detached_run_stops_at_its_cap_with_its_work_saved_and_goes_on_with_a_
     epoch under way finished, its snapshot taken), the laptop gone; the run is stopped,
     not failed; --resume keeps the spent cap and is refused, a higher one lets it finish."""
     paced = env_options(hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
-    done = project.vmrun("train", "-H", "h1", "--epochs", "40", "--save-every", "100",
-                         "--max-cost", "8", "--detach", *paced, timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "-H",
+        "h1",
+        "--epochs",
+        "40",
+        "--save-every",
+        "100",
+        "--max-cost",
+        "8",
+        "--detach",
+        *paced,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     wait_for(lambda: _status(project, rid, "h1")["state"] != "running", 120, "the cap's stop")
@@ -85,19 +103,44 @@ def test_a_followed_run_on_two_nodes_ends_with_its_code_and_a_cap_without_prices
     stopped at its cap (run-over-budget, 143) with how to go on. A host without a price, or
     prices in two currencies, cannot be capped: refused before anything starts."""
     paced = env_options(hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
-    done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1",
-                         "--epochs", "40", "--save-every", "100", "--max-cost", "6", *paced,
-                         timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "-H",
+        "h1",
+        "-H",
+        "h2",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "40",
+        "--save-every",
+        "100",
+        "--max-cost",
+        "6",
+        *paced,
+        timeout=300,
+    )
     code, said = error_in(done.stderr)
     assert done.returncode == 143 and code == "run-over-budget", done.stderr
     assert "--max-cost $6.00" in said and "--resume" in done.stderr, done.stderr
     rid = run_id_of(done.stderr)
     row = _status(project, rid, "h1", "h2")
     assert row["state"] == "stopped" and row["cost"]["per_hour"] == 7200, row
-    for hosts, why in ((["-H", "h1", "-H", "bastion"], "no price for bastion"),
-                       (["-H", "h1", "-H", "h3"], "different currencies")):  # fmt: skip
-        refused = project.vmrun("train", *hosts, "--nproc-per-node", "1", "--epochs", "2",
-                                "--max-cost", "5", timeout=120)  # fmt: skip
+    for hosts, why in (
+        (["-H", "h1", "-H", "bastion"], "no price for bastion"),
+        (["-H", "h1", "-H", "h3"], "different currencies"),
+    ):
+        refused = project.vmrun(
+            "train",
+            *hosts,
+            "--nproc-per-node",
+            "1",
+            "--epochs",
+            "2",
+            "--max-cost",
+            "5",
+            timeout=120,
+        )
         code, said = error_in(refused.stderr)
         assert refused.returncode == 2 and code == "over-budget" and why in said, said
     for host in ("h1", "bastion", "h3"):
@@ -113,8 +156,19 @@ def test_a_sweeps_cap_is_shared_by_its_sizes_and_resume_with_a_higher_one_finish
     stopped at it (its 20 paced epochs take longer); the second is not started. Resumed with
     a higher cap, both finish, and the report adds up what they cost."""
     paced = env_options(hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
-    done = project.vmrun("sweep", "-H", "h1", "--nproc-per-node", "1,2", "--epochs", "20",
-                         "--max-cost", "8", *paced, timeout=600)  # fmt: skip
+    done = project.vmrun(
+        "sweep",
+        "-H",
+        "h1",
+        "--nproc-per-node",
+        "1,2",
+        "--epochs",
+        "20",
+        "--max-cost",
+        "8",
+        *paced,
+        timeout=600,
+    )
     assert done.returncode == 1, done.stderr + done.stdout
     assert "its --max-cost 8 is spent" in done.stderr, done.stderr
     (folder,) = (project.cwd / "results").glob("sweep-*")
@@ -122,7 +176,8 @@ def test_a_sweeps_cap_is_shared_by_its_sizes_and_resume_with_a_higher_one_finish
     assert [s["state"] for s in record["sizes"]] == ["failed", "pending"], record
     assert "--max-cost $8.00" in record["sizes"][0]["detail"], record
     quick = env_options(hook_env(trainer_hooks, EPOCH_DELAY="0"))
-    more = project.vmrun("sweep", "--resume", folder.name, "--max-cost", "1000", *quick,
-                         timeout=600)  # fmt: skip
+    more = project.vmrun(
+        "sweep", "--resume", folder.name, "--max-cost", "1000", *quick, timeout=600
+    )
     assert more.returncode == 0, more.stderr + more.stdout
     assert re.search(r"cost in all: \$[\d.]+ \(2 runs\)", more.stdout), more.stdout

@@ -77,13 +77,15 @@ def test_template_on_two_hosts_in_the_image_equals_one_process(
     for daemon in docker_hosts.daemons.values():  # an earlier test's pull: these are real
         daemon.docker("rmi", image, check=False)
     args = ["4", "2", "--batch-size", "8", "--dataset-size", "512", "--deterministic"]
-    done = dclient.vmrun("train", "--image", image, "--nproc-per-node", "2", "--", *args,
-                         timeout=400)  # fmt: skip
+    done = dclient.vmrun(
+        "train", "--image", image, "--nproc-per-node", "2", "--", *args, timeout=400
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     for host in docker_hosts.hosts:  # the bytes come from the pull's own progress bars
-        assert re.search(rf"{host.name}: pulled {re.escape(image)} \(\d+ layers, \d+ MiB",
-                         done.stderr), done.stderr  # fmt: skip
+        assert re.search(
+            rf"{host.name}: pulled {re.escape(image)} \(\d+ layers, \d+ MiB", done.stderr
+        ), done.stderr
         rec = _record(host, rid)
         assert rec["image"] == image and str(rec["image_digest"]).startswith("sha256:")
         assert rec["container_runtime"] == "docker"
@@ -99,8 +101,9 @@ def test_template_on_two_hosts_in_the_image_equals_one_process(
     assert local.read_bytes() == final.read_bytes()
 
     (dclient.cwd / "hello.py").write_text("print('hello from the image')\n")  # no torch: quick
-    again = dclient.vmrun("train", "hello.py", "--launcher", "python", "--image", image,
-                          "-H", d1.name, timeout=300)  # fmt: skip
+    again = dclient.vmrun(
+        "train", "hello.py", "--launcher", "python", "--image", image, "-H", d1.name, timeout=300
+    )
     assert again.returncode == 0, again.stderr + again.stdout
     assert f"{d1.name}: image {image} is there already" in again.stderr
     assert "hello from the image" in again.stdout
@@ -123,9 +126,19 @@ def test_a_script_in_the_image_writes_the_project_as_the_user_and_reads_a_mount(
         "open('out.txt', 'w').write(f'{n} {os.getuid()} {torch.__version__}')\n"
         "print('wrote', n, flush=True)\n"
     )
-    done = dclient.vmrun("train", "job.py", "-H", d1.name, "--launcher", "python",
-                         "--image", docker_hosts.image, "--mount", f"{data}:/data:ro",
-                         timeout=240)  # fmt: skip
+    done = dclient.vmrun(
+        "train",
+        "job.py",
+        "-H",
+        d1.name,
+        "--launcher",
+        "python",
+        "--image",
+        docker_hosts.image,
+        "--mount",
+        f"{data}:/data:ro",
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "wrote 42" in done.stdout
     out = d1.home / remote_workdir(dclient.cwd) / "out.txt"
@@ -138,20 +151,39 @@ def test_a_script_in_the_image_writes_the_project_as_the_user_and_reads_a_mount(
     wait_for(lambda: (rec / "versions.json").exists(), 30, "the run's provenance")
     facts = json.loads((rec / "provenance.json").read_text())
     assert facts["environment"]["packages"]["torch"].startswith("2.13.0")
-    assert facts["environment"]["python"]["version"] == json.loads(
-        (rec / "versions.json").read_text()
-    )["python"]
+    assert (
+        facts["environment"]["python"]["version"]
+        == json.loads((rec / "versions.json").read_text())["python"]
+    )
     assert facts["hardware"]["hostname"] == d1.hostname  # host networking: the host's name
     (dclient.cwd / "fail.py").write_text("import sys\nprint('failing', flush=True)\nsys.exit(3)\n")
-    failed = dclient.vmrun("train", "fail.py", "-H", d1.name, "--launcher", "python",
-                           "--image", docker_hosts.image, timeout=240)  # fmt: skip
+    failed = dclient.vmrun(
+        "train",
+        "fail.py",
+        "-H",
+        d1.name,
+        "--launcher",
+        "python",
+        "--image",
+        docker_hosts.image,
+        timeout=240,
+    )
     assert failed.returncode == 3, failed.stderr  # the container's exit code is the run's
     assert error_in(failed.stderr)[0] == "run-failed" and "failing" in failed.stdout
     if memlock_hard_limit() is None:  # a machine whose daemon may raise memlock: no refusal
         return
-    refused = dclient.vmrun("train", "fail.py", "-H", d1.name, "--launcher", "python",
-                            "--image", docker_hosts.image, timeout=240,
-                            env={"VMRUN_CONTAINER_ULIMITS": "memlock=-1"})  # NGC's; fmt: skip
+    refused = dclient.vmrun(
+        "train",
+        "fail.py",
+        "-H",
+        d1.name,
+        "--launcher",
+        "python",
+        "--image",
+        docker_hosts.image,
+        timeout=240,
+        env={"VMRUN_CONTAINER_ULIMITS": "memlock=-1"},
+    )  # NGC's
     assert refused.returncode == 125, refused.stderr  # runc refused it: the client's status
     code, said = error_in(refused.stderr)
     assert code == "container-rlimits" and "memlock" in said, refused.stderr
@@ -163,8 +195,19 @@ def test_stop_ends_the_run_and_leaves_no_container(
 ) -> None:
     d1 = docker_hosts.hosts[0]
     daemon = docker_hosts.daemons[d1.name]
-    done = dclient.vmrun("train", "-H", d1.name, "--image", docker_hosts.image, "--epochs",
-                         "100000", "--save-every", "1000", "--detach", timeout=240)  # fmt: skip
+    done = dclient.vmrun(
+        "train",
+        "-H",
+        d1.name,
+        "--image",
+        docker_hosts.image,
+        "--epochs",
+        "100000",
+        "--save-every",
+        "1000",
+        "--detach",
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     wait_for(lambda: len(daemon.containers()) == 1, 60, "the run's container")
@@ -224,23 +267,47 @@ def test_an_image_on_the_hosts_in_no_reachable_registry_and_nodes_on_different_i
         daemon.docker("tag", docker_hosts.image, gone)
     (dclient.cwd / "hello.py").write_text("print('in the image', flush=True)\n")
     try:
-        kept = dclient.vmrun("train", "hello.py", "-H", d1.name, "--launcher", "python",
-                             "--image", gone, timeout=240)  # fmt: skip
+        kept = dclient.vmrun(
+            "train", "hello.py", "-H", d1.name, "--launcher", "python", "--image", gone, timeout=240
+        )
         assert kept.returncode == 0, kept.stderr
         assert "in the image" in kept.stdout
         assert f"{d1.name}: kept this host's own {gone}" in kept.stderr, kept.stderr
-        never = dclient.vmrun("train", "hello.py", "-H", d1.name, "--launcher", "python",
-                              "--image", gone, "--pull", "never", timeout=240)  # fmt: skip
+        never = dclient.vmrun(
+            "train",
+            "hello.py",
+            "-H",
+            d1.name,
+            "--launcher",
+            "python",
+            "--image",
+            gone,
+            "--pull",
+            "never",
+            timeout=240,
+        )
         assert never.returncode == 0 and "is on the host; not pulled" in never.stderr
-        always = dclient.vmrun("train", "hello.py", "-H", d1.name, "--launcher", "python",
-                               "--image", gone, "--pull", "always", timeout=240)  # fmt: skip
+        always = dclient.vmrun(
+            "train",
+            "hello.py",
+            "-H",
+            d1.name,
+            "--launcher",
+            "python",
+            "--image",
+            gone,
+            "--pull",
+            "always",
+            timeout=240,
+        )
         assert always.returncode == 14 and error_in(always.stderr)[0] == "registry-unreachable"
         other = docker_hosts.daemons[d2.name]
         made = other.docker("create", gone, "true").stdout.strip()
         other.docker("commit", made, gone)  # the same name, another image
         other.docker("rm", made)
-        differ = dclient.vmrun("train", "hello.py", "-H", d1.name, "-H", d2.name,
-                               "--image", gone, timeout=240)  # fmt: skip
+        differ = dclient.vmrun(
+            "train", "hello.py", "-H", d1.name, "-H", d2.name, "--image", gone, timeout=240
+        )
         assert differ.returncode == 2, differ.stderr
         code, said = error_in(differ.stderr)
         assert code == "images-differ" and f"on {d1.name}" in said and f"on {d2.name}" in said
@@ -271,10 +338,25 @@ def test_a_killed_worker_restarts_inside_the_container_from_the_last_snapshot(
     mid-epoch 5 first (a trainer hook, mounted read-only), so the kill lands after one."""
     d1 = docker_hosts.hosts[0]
     hooks = hook_env(trainer_hooks, STALL_AT_EPOCH="5")
-    done = dclient.vmrun("train", "-H", d1.name, "--image", docker_hosts.image, "--mount",
-                         f"{trainer_hooks}:{trainer_hooks}:ro", "--detach", "--max-restarts",
-                         "2", *env_options(hooks), "--", "12", "3", "--dataset-size", "8192",
-                         timeout=240)  # fmt: skip
+    done = dclient.vmrun(
+        "train",
+        "-H",
+        d1.name,
+        "--image",
+        docker_hosts.image,
+        "--mount",
+        f"{trainer_hooks}:{trainer_hooks}:ro",
+        "--detach",
+        "--max-restarts",
+        "2",
+        *env_options(hooks),
+        "--",
+        "12",
+        "3",
+        "--dataset-size",
+        "8192",
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     out = template_out(d1, dclient, rid)
@@ -283,8 +365,9 @@ def test_a_killed_worker_restarts_inside_the_container_from_the_last_snapshot(
     os.kill(_host_pid(d1, rid, int(pid_files[1].read_text())), signal.SIGKILL)
     follow = dclient.vmrun("logs", "-f", rid, timeout=300)
     assert follow.returncode == 0, follow.stderr + follow.stdout
-    resumed = re.findall(r"^\[rank(\d)\] resumed from snapshot at epoch (\d+) ", follow.stdout,
-                         re.M)  # fmt: skip
+    resumed = re.findall(
+        r"^\[rank(\d)\] resumed from snapshot at epoch (\d+) ", follow.stdout, re.M
+    )
     assert sorted(resumed) == [("0", "4"), ("1", "4")], follow.stdout
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics] == list(range(1, 13))
@@ -299,9 +382,21 @@ def test_a_cut_link_leaves_the_run_going_and_resume_goes_on_in_the_same_image(
     d1 = docker_hosts.hosts[0]
     hooks = hook_env(trainer_hooks, EPOCH_DELAY="0.3")
     mount = f"{trainer_hooks}:{trainer_hooks}:ro"
-    done = dclient.vmrun("train", "-H", d1.name, "--image", docker_hosts.image, "--mount",
-                         mount, "--detach", *env_options(hooks), "--", "400", "2",
-                         timeout=240)  # fmt: skip
+    done = dclient.vmrun(
+        "train",
+        "-H",
+        d1.name,
+        "--image",
+        docker_hosts.image,
+        "--mount",
+        mount,
+        "--detach",
+        *env_options(hooks),
+        "--",
+        "400",
+        "2",
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     rid = run_id_of(done.stderr)
     log = d1.home / ".vmrun" / "runs" / rid / "log"
@@ -318,8 +413,7 @@ def test_a_cut_link_leaves_the_run_going_and_resume_goes_on_in_the_same_image(
     stopped = dclient.vmrun("stop", rid, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
     assert docker_hosts.daemons[d1.name].containers() == []
-    again = dclient.vmrun("train", "--resume", rid, *env_options(hooks), "--detach",
-                          timeout=240)  # fmt: skip
+    again = dclient.vmrun("train", "--resume", rid, *env_options(hooks), "--detach", timeout=240)
     assert again.returncode == 0, again.stderr
     assert _record(d1, rid)["image"] == docker_hosts.image
     wait_for(lambda: b"resumed from snapshot" in log.read_bytes(), 180, "the resumed attempt")
@@ -336,8 +430,18 @@ def test_train_local_runs_in_the_image_with_this_machines_engine(
     daemon = docker_hosts.daemons[docker_hosts.hosts[1].name]
     daemon.docker("rmi", docker_hosts.image, check=False)  # so that the pull below is real
     env = {"DOCKER_HOST": f"unix://{daemon.socket}"}
-    done = dclient.vmrun("train", "--local", "--image", docker_hosts.image, "--epochs", "2",
-                         "--save-every", "1", env=env, timeout=300)  # fmt: skip
+    done = dclient.vmrun(
+        "train",
+        "--local",
+        "--image",
+        docker_hosts.image,
+        "--epochs",
+        "2",
+        "--save-every",
+        "1",
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     assert f"pulled {docker_hosts.image} (" in done.stderr
     rid = re.search(r"run (\S+): ", done.stderr).group(1)
@@ -379,9 +483,22 @@ def test_stacks_of_a_run_in_the_image_are_read_from_the_host(
     the container's processes (they are the user's), every rank found in the user's file;
     a stall there is found by the hang watcher as on bare hosts."""
     shutil.copy(Path(__file__).parent / "hang_scripts" / "hang_rank.py", dclient.cwd)
-    done = dclient.vmrun("train", "hang_rank.py", "--image", docker_hosts.image,
-                         "--nproc-per-node", "2", "--detach", "--env", "HANG_RANK=3",
-                         "--env", "HANG_AT=4", "--hang-timeout", "5s", timeout=240)  # fmt: skip
+    done = dclient.vmrun(
+        "train",
+        "hang_rank.py",
+        "--image",
+        docker_hosts.image,
+        "--nproc-per-node",
+        "2",
+        "--detach",
+        "--env",
+        "HANG_RANK=3",
+        "--env",
+        "HANG_AT=4",
+        "--hang-timeout",
+        "5s",
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     d1, d2 = docker_hosts.hosts
@@ -392,13 +509,21 @@ def test_stacks_of_a_run_in_the_image_are_read_from_the_host(
         live = dclient.vmrun("stacks", rid, timeout=60)
         assert live.returncode == 0, live.stderr + live.stdout
         assert "hang_rank.py:" in live.stdout, live.stdout
-        ranks = [int(n) for n in re.findall(r"\d+", " ".join(re.findall(
-            r"^ranks? ([\d,-]+)", live.stdout, re.M)).replace("-", " ").replace(",", " "))]
+        ranks = [
+            int(n)
+            for n in re.findall(
+                r"\d+",
+                " ".join(re.findall(r"^ranks? ([\d,-]+)", live.stdout, re.M))
+                .replace("-", " ")
+                .replace(",", " "),
+            )
+        ]
         assert set(ranks) >= {0, 3}, live.stdout
         wait_for(hang.exists, 60, "the hang watcher in the image's run")
         shown = dclient.vmrun("stacks", rid, "--hang", timeout=60)
         assert shown.returncode == 0, shown.stderr + shown.stdout
-        assert re.search(r"rank 3 \(d2\): in wait_forever at hang_rank\.py:\d+", shown.stdout), \
+        assert re.search(r"rank 3 \(d2\): in wait_forever at hang_rank\.py:\d+", shown.stdout), (
             shown.stdout
+        )
     finally:
         dclient.vmrun("stop", rid, timeout=60)

@@ -94,14 +94,16 @@ def test_podman_runs_the_template_on_two_hosts_as_the_user(
     user's (keep-id), no container is left; a second pull finds the image there."""
     image = podman_hosts.image
     args = ["3", "1", "--batch-size", "8", "--dataset-size", "256", "--deterministic"]
-    done = pclient.vmrun("train", "--image", image, "--nproc-per-node", "1", "--", *args,
-                         timeout=500)  # fmt: skip
+    done = pclient.vmrun(
+        "train", "--image", image, "--nproc-per-node", "1", "--", *args, timeout=500
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     assert "2 nodes x 1 process(es)" in done.stderr
     for host in podman_hosts.hosts:  # the bytes come from podman's own progress bars
-        assert re.search(rf"{host.name}: pulled {re.escape(image)} \(\d+ layers, \d+ MiB",
-                         done.stderr), done.stderr  # fmt: skip
+        assert re.search(
+            rf"{host.name}: pulled {re.escape(image)} \(\d+ layers, \d+ MiB", done.stderr
+        ), done.stderr
         rec = _record(host, rid)
         assert rec["container_runtime"] == "podman"
         assert str(rec["image_digest"]).startswith("sha256:")
@@ -113,8 +115,9 @@ def test_podman_runs_the_template_on_two_hosts_as_the_user(
     assert_matches_one_process(final, one, tmp_path / "single")
 
     (pclient.cwd / "hello.py").write_text("print('hello from the image')\n")  # no torch: quick
-    again = pclient.vmrun("train", "hello.py", "--launcher", "python", "--image", image,
-                          "-H", p1.name, timeout=300)  # fmt: skip
+    again = pclient.vmrun(
+        "train", "hello.py", "--launcher", "python", "--image", image, "-H", p1.name, timeout=300
+    )
     assert again.returncode == 0, again.stderr + again.stdout
     assert f"{p1.name}: image {image} is there already" in again.stderr
     assert "hello from the image" in again.stdout
@@ -124,8 +127,19 @@ def test_podman_runs_the_template_on_two_hosts_as_the_user(
 def test_stop_leaves_no_podman_container(podman_hosts: PodmanHosts, pclient: Client) -> None:
     p1 = podman_hosts.hosts[0]
     podman = podman_hosts.podmen[p1.name]
-    done = pclient.vmrun("train", "-H", p1.name, "--image", podman_hosts.image, "--epochs",
-                         "100000", "--save-every", "1000", "--detach", timeout=240)  # fmt: skip
+    done = pclient.vmrun(
+        "train",
+        "-H",
+        p1.name,
+        "--image",
+        podman_hosts.image,
+        "--epochs",
+        "100000",
+        "--save-every",
+        "1000",
+        "--detach",
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     wait_for(lambda: len(podman.containers()) == 1, 60, "the run's container")

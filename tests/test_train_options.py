@@ -45,20 +45,29 @@ def test_every_rule_is_the_first_to_refuse_its_own_flags(rule: refusals.Rule) ->
         (["train", "--local", "-H", "a@h"], "flags-conflict", "drop -H or --local"),
         (["train", "--local", "--fresh"], "flags-conflict", "drop it with --local"),
         (["train", "--resume", "r-20260101-000000-abcd", "--fresh"], "flags-conflict", "use one"),
-        (["train", "--resume", "r-20260101-000000-abcd", "--epochs", "2", "--", "x"],
-         "resume-conflict", "drop --epochs and -- SCRIPT_ARGS"),
-        (["train", "--resume", "r-20260101-000000-abcd", "--launcher", "env"],
-         "resume-conflict", "drop --launcher"),
+        (
+            ["train", "--resume", "r-20260101-000000-abcd", "--epochs", "2", "--", "x"],
+            "resume-conflict",
+            "drop --epochs and -- SCRIPT_ARGS",
+        ),
+        (
+            ["train", "--resume", "r-20260101-000000-abcd", "--launcher", "env"],
+            "resume-conflict",
+            "drop --launcher",
+        ),
         (["train", "--fetch-every", "5", "--detach"], "flags-conflict", "--fetch-every needs"),
         (["train", "--local", "--nnodes", "2"], "flags-conflict", "--nnodes is for several hosts"),
         (["train", "--down-after-run", "--detach"], "flags-conflict", "needs --fetch-every"),
         (["sweep", "--gpus-per-node", "1,2"], "needs-cluster", "--gpus-per-node: Slurm"),
         (["sweep", "-C", "hpc", "-H", "a@h"], "flags-conflict", "-H is for runs on hosts"),
         (["sweep", "--local", "-H", "a@h"], "flags-conflict", "--local sweeps on this machine"),
-        (["sweep", "--resume", "sweep-1-a", "--nodes", "1,2", "-C", "hpc"],
-         "resume-conflict", "drop --nodes and -C"),
+        (
+            ["sweep", "--resume", "sweep-1-a", "--nodes", "1,2", "-C", "hpc"],
+            "resume-conflict",
+            "drop --nodes and -C",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_cli_refuses_by_the_table_before_anything_starts(
     args: list[str], code: str, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -99,8 +108,22 @@ def test_the_flags_become_one_slurm_options_value(
 
     monkeypatch.chdir(tmp_path)
     seen = _called(monkeypatch, "vmrun.operations.train", "train")
-    flags = ["-C", "hpc", "--time", "1:00", "-p", "big", "--sbatch-arg", "--a", "--sbatch-arg",
-             "--b", "--nodes", "2", "--max-requeues", "0"]  # fmt: skip
+    flags = [
+        "-C",
+        "hpc",
+        "--time",
+        "1:00",
+        "-p",
+        "big",
+        "--sbatch-arg",
+        "--a",
+        "--sbatch-arg",
+        "--b",
+        "--nodes",
+        "2",
+        "--max-requeues",
+        "0",
+    ]
     assert run(["train", *flags]) == 0
     assert seen["slurm"] == SlurmOptions(
         nodes=2, time="1:00", partition="big", sbatch_args=("--a", "--b"), max_requeues=0
@@ -149,8 +172,13 @@ def test_a_sweep_called_as_a_library(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     def runner(job: Any) -> Any:
         def one(size: Any) -> None:
             size.run = f"template-{size.label}-20260101-000000-abcd"
-            local_run(tmp_path / "results", size.run, epochs(2, world=size.nproc),
-                      nproc=str(size.nproc), epochs_asked=2)  # fmt: skip
+            local_run(
+                tmp_path / "results",
+                size.run,
+                epochs(2, world=size.nproc),
+                nproc=str(size.nproc),
+                epochs_asked=2,
+            )
 
         return one
 

@@ -114,8 +114,11 @@ def _events(host: TestHost, rid: str) -> list[dict[str, Any]]:
 
 
 def _supervising(host: TestHost) -> bool:
-    return any(b"vmrun\0supervise" in Path(f"/proc/{p}/cmdline").read_bytes()
-               for p in host.user_pids() if Path(f"/proc/{p}/cmdline").exists())  # fmt: skip
+    return any(
+        b"vmrun\0supervise" in Path(f"/proc/{p}/cmdline").read_bytes()
+        for p in host.user_pids()
+        if Path(f"/proc/{p}/cmdline").exists()
+    )
 
 
 def _allowed(host: TestHost) -> str:
@@ -129,16 +132,33 @@ def test_a_crashed_rank_is_started_again_from_its_snapshot_with_the_laptop_gone(
     h1, h3 = bed["h1"], bed["h3"]
     for env in supervisor_envs(h3.home):  # made by this run (the others find it there)
         shutil.rmtree(env)
-    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
-                         "--supervisor", "h3", "--", "8", "3", "once", timeout=600)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "crashy.py",
+        "--launcher",
+        "python",
+        "-H",
+        "h1",
+        "--recover",
+        "--supervisor",
+        "h3",
+        "--",
+        "8",
+        "3",
+        "once",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     assert "its supervisor runs on h3" in done.stderr, done.stderr
     assert "h3: the supervisor's env made" in done.stderr
     assert "vmrun-supervisor:" in _allowed(h1)  # its own key, not the user's
     out = h1.home / remote_workdir(project.cwd) / "out"
-    wait_for(lambda: "all done" in (h1.home / ".vmrun" / "runs" / rid / "log").read_text(), 180,
-             "the run to finish after its crash")  # fmt: skip
+    wait_for(
+        lambda: "all done" in (h1.home / ".vmrun" / "runs" / rid / "log").read_text(),
+        180,
+        "the run to finish after its crash",
+    )
     epochs = [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert epochs == list(range(1, 9))  # none missing, none twice
     events = _events(h3, rid)
@@ -169,9 +189,24 @@ def test_a_hung_run_is_stopped_with_its_stacks_and_started_again_from_its_snapsh
     takes its stack and stops it (exit 124, --on-hang stop being --recover's default), the
     supervisor starts it again from the snapshot, and it ends with every epoch once."""
     h1, h3 = bed["h1"], bed["h3"]
-    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
-                         "--supervisor", "h3", "--hang-timeout", "4s", "--", "8", "3", "hang",
-                         timeout=600)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "crashy.py",
+        "--launcher",
+        "python",
+        "-H",
+        "h1",
+        "--recover",
+        "--supervisor",
+        "h3",
+        "--hang-timeout",
+        "4s",
+        "--",
+        "8",
+        "3",
+        "hang",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     rec = h1.home / ".vmrun" / "runs" / rid
@@ -191,8 +226,22 @@ def test_a_hung_run_is_stopped_with_its_stacks_and_started_again_from_its_snapsh
 
 def test_the_same_crash_again_and_again_is_given_up(bed: NetnsBed, project: Client) -> None:
     h1, h3 = bed["h1"], bed["h3"]
-    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
-                         "--supervisor", "h3", "--", "8", "2", "always", timeout=600)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "crashy.py",
+        "--launcher",
+        "python",
+        "-H",
+        "h1",
+        "--recover",
+        "--supervisor",
+        "h3",
+        "--",
+        "8",
+        "2",
+        "always",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     deadline = time.monotonic() + 240
@@ -224,9 +273,26 @@ def _two_nodes_saving(
 
     endpoint, _ = bucket
     name = project.cwd.joinpath("vmrun.toml").read_text().split("s3://")[1].split("/")[0]
-    done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
-                         "10", "--save-every", "5", "--recover", "--supervisor", "h3",
-                         "--spare", "bastion", *gate.options(7), timeout=600)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "-H",
+        "h1",
+        "-H",
+        "h2",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "10",
+        "--save-every",
+        "5",
+        "--recover",
+        "--supervisor",
+        "h3",
+        "--spare",
+        "bastion",
+        *gate.options(7),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     s3 = client(endpoint)
@@ -396,13 +462,30 @@ def test_a_supervisor_started_again_goes_on_from_its_journal(
     boot would): it follows the run again, and the crash after it is recovered."""
 
     h1, h3 = bed["h1"], bed["h3"]
-    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
-                         "--supervisor", "h3", "--", "6", "3", "gated", timeout=600)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "crashy.py",
+        "--launcher",
+        "python",
+        "-H",
+        "h1",
+        "--recover",
+        "--supervisor",
+        "h3",
+        "--",
+        "6",
+        "3",
+        "gated",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     folder = h3.home / ".vmrun" / "supervisor" / "runs" / rid
-    (line,) = [x for x in h3.run(["crontab", "-l"], as_user=True, text=True).stdout.splitlines()
-               if f"vmrun-supervisor:{rid}" in x]  # fmt: skip
+    (line,) = [
+        x
+        for x in h3.run(["crontab", "-l"], as_user=True, text=True).stdout.splitlines()
+        if f"vmrun-supervisor:{rid}" in x
+    ]
     first = int((folder / "pid").read_text().split()[0])
     os.kill(first, signal.SIGKILL)  # its host went down
     wait_for(lambda: not _supervising(h3), 30, "the supervisor to be gone")
@@ -421,8 +504,22 @@ def test_a_supervisor_started_again_goes_on_from_its_journal(
 
 def test_a_run_stopped_by_the_user_is_not_brought_back(bed: NetnsBed, project: Client) -> None:
     h1, h3 = bed["h1"], bed["h3"]
-    done = project.vmrun("train", "crashy.py", "--launcher", "python", "-H", "h1", "--recover",
-                         "--supervisor", "h3", "--", "6", "3", "gated", timeout=600)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "crashy.py",
+        "--launcher",
+        "python",
+        "-H",
+        "h1",
+        "--recover",
+        "--supervisor",
+        "h3",
+        "--",
+        "6",
+        "3",
+        "gated",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     wait_for(lambda: _supervising(h3), 30, "the supervisor")
@@ -444,11 +541,28 @@ def test_a_spot_notice_saves_the_epoch_and_a_spare_takes_the_node(
     the recovery (a notice, noted by the template, ends a hold: its check still comes)."""
     h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
     with metadata(h2, tmp_path) as (state, requests):
-        done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1",
-                             "--epochs", "16", "--save-every", "16", "--recover",
-                             "--supervisor", "h3", "--spare", "bastion",
-                             "--env", "VMRUN_SPOT_EVERY=0.5",  # the resume needs it again
-                             *gate.options(14, EPOCH_DELAY="0.2"), timeout=600)  # fmt: skip
+        done = project.vmrun(
+            "train",
+            "-H",
+            "h1",
+            "-H",
+            "h2",
+            "--nproc-per-node",
+            "1",
+            "--epochs",
+            "16",
+            "--save-every",
+            "16",
+            "--recover",
+            "--supervisor",
+            "h3",
+            "--spare",
+            "bastion",
+            "--env",
+            "VMRUN_SPOT_EVERY=0.5",  # the resume needs it again
+            *gate.options(14, EPOCH_DELAY="0.2"),
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr + done.stdout
         rid = run_id_of(done.stderr)
         log, noted = (host.home / ".vmrun" / "runs" / rid / "log" for host in (h1, h2))
@@ -486,15 +600,37 @@ def test_a_node_whose_gpu_is_unfit_is_replaced_by_a_spare_before_the_run_starts(
 
     install(bed["h2"], SICK, [])
     toml = project.cwd / "vmrun.toml"
-    toml.write_text(toml.read_text().replace(
-        'address = "h2"\n', 'address = "h2"\nnvidia_smi = "~/.vmrun/bin/nvidia-smi"\n'))
-    done = project.vmrun("train", "-H", "h1", "-H", "h2", "--nproc-per-node", "1", "--epochs",
-                         "300", "--save-every", "5", "--recover", "--supervisor", "h3",
-                         "--spare", "bastion", timeout=600)  # fmt: skip
+    toml.write_text(
+        toml.read_text().replace(
+            'address = "h2"\n', 'address = "h2"\nnvidia_smi = "~/.vmrun/bin/nvidia-smi"\n'
+        )
+    )
+    done = project.vmrun(
+        "train",
+        "-H",
+        "h1",
+        "-H",
+        "h2",
+        "--nproc-per-node",
+        "1",
+        "--epochs",
+        "300",
+        "--save-every",
+        "5",
+        "--recover",
+        "--supervisor",
+        "h3",
+        "--spare",
+        "bastion",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
-    assert re.search(r"h2: GPU 0000:\S+ a row remapping is pending.*; --recover puts the spare"
-                     r" bastion in its place", done.stderr), done.stderr
+    assert re.search(
+        r"h2: GPU 0000:\S+ a row remapping is pending.*; --recover puts the spare"
+        r" bastion in its place",
+        done.stderr,
+    ), done.stderr
     assert f"run {rid} started on h1, bastion" in done.stderr, done.stderr
     assert not (bed["h2"].home / ".vmrun" / "runs" / rid).exists()
     stopped = project.vmrun("stop", rid, "-H", "h1", "-H", "bastion", timeout=120)

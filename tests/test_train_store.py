@@ -104,8 +104,19 @@ def test_snapshots_reach_the_bucket_as_written_and_a_bucket_down_mid_run_catches
     toml = project.cwd / "vmrun.toml"  # the project's store, no flag
     toml.write_text(f'store = "s3://{name}/runs"\n\n' + toml.read_text())
     # the copier sees the run's environment: tried again every 2 s at most, not 15
-    done = project.vmrun("train", "gate.py", "--launcher", "python", "-H", "h1", "--detach",
-                         "--env", "VMRUN_STORE_BACKOFF=2", env=env, timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "gate.py",
+        "--launcher",
+        "python",
+        "-H",
+        "h1",
+        "--detach",
+        "--env",
+        "VMRUN_STORE_BACKOFF=2",
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
     prefix = f"runs/{rid}/"
@@ -124,8 +135,11 @@ def test_snapshots_reach_the_bucket_as_written_and_a_bucket_down_mid_run_catches
     bucket_host.refuse_port(9000)  # the bucket is down
     try:
         (workdir / "go1").touch()
-        wait_for(lambda: store_state(record).get("state") == "failing", 60,
-                 "the copier to find the bucket down")  # fmt: skip
+        wait_for(
+            lambda: store_state(record).get("state") == "failing",
+            60,
+            "the copier to find the bucket down",
+        )
         status = project.vmrun("status", "-H", "h1", "--json", env=env)
         (run,) = [r for r in json.loads(status.stdout) if r.get("run") == rid]
         assert run["state"] == "running"
@@ -145,8 +159,9 @@ def test_snapshots_reach_the_bucket_as_written_and_a_bucket_down_mid_run_catches
     assert stored[".vmrun/exit_code"].strip() == b"0"
     meta = json.loads(stored[".vmrun/run.json"])
     assert meta["store"] == f"s3://{name}/runs/{rid}" and meta["store_node"] == "h1"
-    assert not [f for f in record.iterdir() if f.name.startswith("store.") and f.name not in
-                ("store.json",)], sorted(f.name for f in record.iterdir())  # fmt: skip
+    assert not [
+        f for f in record.iterdir() if f.name.startswith("store.") and f.name not in ("store.json",)
+    ], sorted(f.name for f in record.iterdir())
     for text in (stored[".vmrun/run.json"].decode(), log, (record / "run.json").read_text()):
         assert SECRET not in text
 
@@ -155,14 +170,14 @@ def test_snapshots_reach_the_bucket_as_written_and_a_bucket_down_mid_run_catches
 
 def _fetched_from_the_bucket_twice(project: Client, store: str, rid: str, env: Any) -> None:
     """`fetch results --store`: the run's files straight from the bucket; again, nothing."""
-    fetched = project.vmrun("fetch", "results", "--run", rid, "--store", store, env=env,
-                            timeout=120)  # fmt: skip
+    fetched = project.vmrun(
+        "fetch", "results", "--run", rid, "--store", store, env=env, timeout=120
+    )
     assert fetched.returncode == 0, fetched.stderr + fetched.stdout
     local = project.cwd / "results" / rid
     assert (local / "ckpt" / "snapshot.pt").read_bytes() == bytes([2]) * 100000
     assert "all done" in (local / "log").read_text()
-    again = project.vmrun("fetch", "results", "--run", rid, "--store", store, env=env,
-                          timeout=120)  # fmt: skip
+    again = project.vmrun("fetch", "results", "--run", rid, "--store", store, env=env, timeout=120)
     assert again.returncode == 0 and "unchanged" in again.stdout + again.stderr, again.stdout
 
 
@@ -175,9 +190,21 @@ def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_buck
     h1, h2 = bed["h1"], bed["h2"]
     env = s3_env(endpoint)
     store = f"s3://{name}/runs"
-    done = project.vmrun("train", "-H", "h1", "--epochs", "40", "--save-every", "10",
-                         "--store", store, "--detach", *gate.options(20), env=env,
-                         timeout=300)  # fmt: skip
+    done = project.vmrun(
+        "train",
+        "-H",
+        "h1",
+        "--epochs",
+        "40",
+        "--save-every",
+        "10",
+        "--store",
+        store,
+        "--detach",
+        *gate.options(20),
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     rid = run_id_of(done.stderr)
 
@@ -206,8 +233,18 @@ def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_buck
         assert saved and saved == list(range(1, len(saved) + 1))
 
         gate.open()
-        resumed = project.vmrun("train", "--resume", rid, "--store", store, "-H", "h2",
-                                *gate.options(20), env=env, timeout=600)  # fmt: skip
+        resumed = project.vmrun(
+            "train",
+            "--resume",
+            rid,
+            "--store",
+            store,
+            "-H",
+            "h2",
+            *gate.options(20),
+            env=env,
+            timeout=600,
+        )
         assert resumed.returncode == 0, resumed.stderr + resumed.stdout
         said = [x for x in resumed.stdout.splitlines() if x.startswith(("vmrun", "---"))]
         assert "attempt 2, resumed from epoch" in resumed.stdout, "\n".join(said)

@@ -19,12 +19,27 @@ HOOKS = ROOT / "tests" / "trainer_hooks"
 def _gated(tmp_path: Path, epochs: int, **more: str) -> tuple[dict[str, str], list[str]]:
     """A one-process template run of `epochs` tiny epochs gated after its first (GATE at
     tmp_path/gate), with `more` hooks: its environment and argv."""
-    env = {**os.environ, "PYTHONPATH": str(HOOKS), "OMP_NUM_THREADS": "1",
-           "VMRUN_TEST_HOOK_GATE": str(tmp_path / "gate"), "VMRUN_TEST_HOOK_GATE_AT": "1",
-           **{f"VMRUN_TEST_HOOK_{k}": v for k, v in more.items()}}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(HOOKS),
+        "OMP_NUM_THREADS": "1",
+        "VMRUN_TEST_HOOK_GATE": str(tmp_path / "gate"),
+        "VMRUN_TEST_HOOK_GATE_AT": "1",
+        **{f"VMRUN_TEST_HOOK_{k}": v for k, v in more.items()},
+    }
     env.pop("WORLD_SIZE", None)  # one process: a world of 1
-    argv = [sys.executable, str(TEMPLATE_PATH), str(epochs), "10", "--dataset-size", "64",
-            "--eval-size", "32", "--out-dir", str(tmp_path)]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(TEMPLATE_PATH),
+        str(epochs),
+        "10",
+        "--dataset-size",
+        "64",
+        "--eval-size",
+        "32",
+        "--out-dir",
+        str(tmp_path),
+    ]
     return env, argv
 
 
@@ -49,11 +64,15 @@ def test_a_gated_run_waits_after_its_epoch_until_the_gate_opens(tmp_path: Path) 
     gate = tmp_path / "gate"
     env, argv = _gated(tmp_path, 2)
     metrics = tmp_path / "metrics.jsonl"
-    with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True) as run:  # fmt: skip
+    with subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as run:
         try:
-            wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") == 1, 60,
-                     "the first epoch")  # fmt: skip
+            wait_for(
+                lambda: metrics.is_file() and metrics.read_text().count("\n") == 1,
+                60,
+                "the first epoch",
+            )
             time.sleep(0.5)  # held: a second epoch would take a few milliseconds
             assert run.poll() is None and metrics.read_text().count("\n") == 1
             gate.touch()
@@ -81,8 +100,9 @@ def test_a_signal_noted_on_another_node_ends_this_epochs_hold_only(tmp_path: Pat
     def epochs() -> int:
         return metrics.read_text().count("\n") if metrics.is_file() else 0
 
-    with subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True) as run:  # fmt: skip
+    with subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as run:
         try:
             wait_for(lambda: epochs() == 1, 60, "the first epoch")
             Path(f"{gate}.asked-1").touch()

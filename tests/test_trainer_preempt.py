@@ -160,9 +160,16 @@ def test_a_signal_to_every_process_stops_for_requeue(
     env = {"VMRUN_REQUEUE_FILE": str(requeue)}
     argv = torchrun_argv(["30", "100", "--out-dir", str(out)])
     output = signal_run(
-        tmp_path, trainer_hooks, env, argv, 2, signal.Signals[name],
-        delay="0.3", to_agent=to_agent, shell=shell,
-    )  # fmt: skip
+        tmp_path,
+        trainer_hooks,
+        env,
+        argv,
+        2,
+        signal.Signals[name],
+        delay="0.3",
+        to_agent=to_agent,
+        shell=shell,
+    )
     for rank in (0, 1):
         assert f"[rank {rank}] got {name}: will stop after this epoch\n" in output, output
     assert_stopped_for_requeue(out, requeue, output, name)

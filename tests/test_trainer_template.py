@@ -138,9 +138,16 @@ def test_rank_0_writes_tensorboard_events_of_every_epoch(ddp_run: tuple[Path, st
     assert_events_match_metrics(out, TAGS)
     settings, metric_tags, status = event_hparams(out)
     assert settings == {
-        "task": "regress", "world_size": 2, "nodes": 1, "batch_size": 8,
-        "global_batch_size": 16, "lr": 0.1, "momentum": 0, "dataset_size": 2048, "seed": 0,
-    }  # fmt: skip
+        "task": "regress",
+        "world_size": 2,
+        "nodes": 1,
+        "batch_size": 8,
+        "global_batch_size": 16,
+        "lr": 0.1,
+        "momentum": 0,
+        "dataset_size": 2048,
+        "seed": 0,
+    }
     assert metric_tags == ["train/loss", "eval/loss"] and status == "STATUS_SUCCESS"
 
 
@@ -188,9 +195,14 @@ def test_without_tensorboard_it_trains_and_says_so_once(tmp_path: Path) -> None:
     wrapper, out = tmp_path / "hide_tensorboard.py", tmp_path / "out"
     wrapper.write_text(HIDE_TENSORBOARD)
     argv = launch.torchrun_argv(
-        sys.executable, str(wrapper), [TEMPLATE, "3", "2", "--out-dir", str(out)],
-        nproc_per_node=2, max_restarts=0, rdzv_endpoint="localhost:0", rdzv_id="no-tb",
-    )  # fmt: skip
+        sys.executable,
+        str(wrapper),
+        [TEMPLATE, "3", "2", "--out-dir", str(out)],
+        nproc_per_node=2,
+        max_restarts=0,
+        rdzv_endpoint="localhost:0",
+        rdzv_id="no-tb",
+    )
     with marked() as mark:
         done = run(argv, base_env(mark), tmp_path)
     assert done.returncode == 0, done.stdout

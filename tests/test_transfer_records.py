@@ -308,8 +308,12 @@ def test_the_range_sender_answers_each_request_in_order(tmp_path: Path) -> None:
     data = os.urandom(3 << 20)
     (tmp_path / "new\nline").write_bytes(data)
     name = os.fsencode(str(tmp_path / "new\nline"))
-    asks = [(1 << 20, 1 << 20, name), (0, 10, os.fsencode(str(tmp_path / "none"))),
-            ((3 << 20) - 5, 100, name), (0, 7, name)]  # fmt: skip
+    asks = [
+        (1 << 20, 1 << 20, name),
+        (0, 10, os.fsencode(str(tmp_path / "none"))),
+        ((3 << 20) - 5, 100, name),
+        (0, 7, name),
+    ]
     requests = b"".join(REQUEST.pack(at, n, len(p)) + p for at, n, p in asks)
     send = str(hostside.HERE / "transfer_send.py")
     out = subprocess.run([sys.executable, send], input=requests, capture_output=True).stdout

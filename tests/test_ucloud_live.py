@@ -27,8 +27,14 @@ pytestmark = [
 
 
 def _vmrun(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vmrun", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vmrun", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_up_exec_clusters_down_on_a_real_ucloud_account(tmp_path: Path) -> None:

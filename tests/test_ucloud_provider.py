@@ -26,8 +26,14 @@ def provider(fake: FakeUCloud, token: str = REFRESH, **kw: float) -> UCloudProvi
 
 
 def request(count: int = 2, **kw: object) -> Request:
-    return Request(cluster="uc", instance_type="u1-standard-2", count=count, public_key=KEY,
-                   creator="me@laptop", **kw)  # type: ignore[arg-type]  # fmt: skip
+    return Request(
+        cluster="uc",
+        instance_type="u1-standard-2",
+        count=count,
+        public_key=KEY,
+        creator="me@laptop",
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_up_makes_a_job_per_node_waits_through_the_queue_and_reads_each_ssh_line() -> None:
@@ -39,8 +45,10 @@ def test_up_makes_a_job_per_node_waits_through_the_queue_and_reads_each_ssh_line
     offer = cloud.offer(request())
     assert (offer.region, offer.image_id, offer.user) == ("ucloud", "vm-ubuntu/24.04", "ucloud")
     made = cloud.launch(request(), offer, out)
-    assert [(i.index, i.state, i.ssh_port) for i in made] == [(0, "running", 2200),
-                                                               (1, "running", 2200)]  # fmt: skip
+    assert [(i.index, i.state, i.ssh_port) for i in made] == [
+        (0, "running", 2200),
+        (1, "running", 2200),
+    ]
     assert made[0].public_addr.startswith("130.225.0.") and made[0].login_user == "ucloud"
     assert sum("is queued at UCloud" in line for line in out.lines) == 2, out.lines
     specs = [job["specification"] for job in fake.jobs.values()]
@@ -118,8 +126,14 @@ def test_up_says_the_hourly_cost_in_dkk_first_records_it_and_keeps_a_limit(
     key = tmp_path / "id.pub"
     key.write_text(KEY + "\n")
     settings = load_settings({}, cwd=tmp_path, environ={})
-    ask = cloud.UpAsk("uc", cloud="ucloud", instance_type="u1-standard-2", count=2,
-                      ssh_key=key, max_hourly_cost=4.0)  # fmt: skip
+    ask = cloud.UpAsk(
+        "uc",
+        cloud="ucloud",
+        instance_type="u1-standard-2",
+        count=2,
+        ssh_key=key,
+        max_hourly_cost=4.0,
+    )
     with pytest.raises(UsageError) as dear:
         cloud.up(settings, ask, Recorder())
     assert dear.value.code == "over-budget" and "4.20 DKK an hour" in dear.value.message
@@ -153,13 +167,17 @@ def test_clusters_lists_what_vmrun_made_at_ucloud_with_its_price_in_dkk(
     cloud.stop("old", "")
     cloud.launch(replace(request(count=1), cluster="gone"), offer, Recorder())
     cloud.terminate("gone", "")
-    (tmp_path / "vmrun.toml").write_text('[[clouds]]\nname = "uc"\ncloud = "ucloud"\n'
-                                         'type = "u1-standard-2"\n')  # fmt: skip
+    (tmp_path / "vmrun.toml").write_text(
+        '[[clouds]]\nname = "uc"\ncloud = "ucloud"\ntype = "u1-standard-2"\n'
+    )
     settings = load_settings({}, cwd=tmp_path, environ={})
     assert project_cloud(settings.project_data) == "ucloud"
     found = list_ucloud(settings, cloud)
     assert sorted((r.cluster, r.state) for r in found.resources) == [
-        ("old", "stopped"), ("uc", "running"), ("uc", "running")]  # fmt: skip
+        ("old", "stopped"),
+        ("uc", "running"),
+        ("uc", "running"),
+    ]
     assert (found.per_hour, found.currency, found.forgotten) == (4.2, "DKK", ["old"])
     assert render(found, as_json=False) == 0
     out = capsys.readouterr().out
@@ -193,8 +211,7 @@ def test_autostop_and_a_clusters_cap_are_refused_on_ucloud(
     from vmrun.operations import cloud
 
     settings = load_settings({}, cwd=tmp_path, environ={})
-    ask = cloud.UpAsk("uc", cloud="ucloud", instance_type="u1-standard-2", count=1,
-                      **asked)  # type: ignore[arg-type]  # fmt: skip
+    ask = cloud.UpAsk("uc", cloud="ucloud", instance_type="u1-standard-2", count=1, **asked)  # type: ignore[arg-type]
     with pytest.raises(UsageError) as refused:
         cloud.resolve(ask, settings)
     assert refused.value.code == "flags-conflict" and "boots a guest" in refused.value.message

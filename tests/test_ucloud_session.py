@@ -23,23 +23,37 @@ class Fake:
         self.answers = {k: list(v) for k, v in answers.items()}
         self.seen: list[tuple[str, str, dict[str, str], Any]] = []
 
-    def __call__(self, method: str, url: str, headers: Mapping[str, str],
-                 body: bytes | None) -> tuple[int, bytes]:  # fmt: skip
+    def __call__(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> tuple[int, bytes]:
         path = url.split("example.test", 1)[1].split("?", 1)[0]
-        self.seen.append((method, url.split("example.test", 1)[1], dict(headers),
-                          json.loads(body) if body else None))  # fmt: skip
+        self.seen.append(
+            (
+                method,
+                url.split("example.test", 1)[1],
+                dict(headers),
+                json.loads(body) if body else None,
+            )
+        )
         queue = self.answers[path]
         status, answer = queue.pop(0) if len(queue) > 1 else queue[0]
         return status, json.dumps(answer).encode()
 
 
 def test_an_expired_access_token_is_refreshed_once_and_the_call_made_again() -> None:
-    fake = Fake({
-        "/auth/refresh": [(200, {"accessToken": "a1", "csrfToken": "c"}),
-                          (200, {"accessToken": "a2", "csrfToken": "c"})],
-        "/api/jobs/retrieve": [(200, {"id": "1"}), (403, {"statusCode": 403, "why": "Forbidden"}),
-                               (200, {"id": "1"})],
-    })  # fmt: skip
+    fake = Fake(
+        {
+            "/auth/refresh": [
+                (200, {"accessToken": "a1", "csrfToken": "c"}),
+                (200, {"accessToken": "a2", "csrfToken": "c"}),
+            ],
+            "/api/jobs/retrieve": [
+                (200, {"id": "1"}),
+                (403, {"statusCode": 403, "why": "Forbidden"}),
+                (200, {"id": "1"}),
+            ],
+        }
+    )
     s = Session("refresh-jwt.x.y", url="https://example.test", project="p1", transport=fake)
     query = {"id": 1, "includeUpdates": True}
     assert s.call("GET", "/api/jobs/retrieve", query=query) == {"id": "1"}
@@ -54,8 +68,13 @@ def test_an_expired_access_token_is_refreshed_once_and_the_call_made_again() -> 
 
 
 def test_an_api_token_is_the_bearer_and_ucloud_s_refusal_is_one_line() -> None:
-    fake = Fake({"/api/jobs": [(400, {"statusCode": 400, "why": "unknown application requested",
-                                      "errorCode": ""})]})  # fmt: skip
+    fake = Fake(
+        {
+            "/api/jobs": [
+                (400, {"statusCode": 400, "why": "unknown application requested", "errorCode": ""})
+            ]
+        }
+    )
     s = Session("uc12ab-secret", url="https://example.test", project="p1", transport=fake)
     with pytest.raises(CloudError) as refused:
         s.call("POST", "/api/jobs", {"items": []}, what="creating the VM")
@@ -92,12 +111,17 @@ def test_the_token_file_must_be_the_user_s_alone(tmp_path: Path) -> None:
 
 
 def test_the_newest_ssh_line_of_a_job_is_its_login() -> None:
-    job = {"updates": [
-        {"state": "IN_QUEUE", "status": "Your job is queued"},
-        {"status": "SSH: Connected! Available at: ssh ucloud@130.225.1.2 -p 41231"},
-        {"state": "SUSPENDED", "status": "suspended"},
-        {"status": "SSH: ready\nSSH: Connected! Available at: ssh ucloud@ssh.cloud.sdu.dk -p 2202"},
-    ]}  # fmt: skip
+    job = {
+        "updates": [
+            {"state": "IN_QUEUE", "status": "Your job is queued"},
+            {"status": "SSH: Connected! Available at: ssh ucloud@130.225.1.2 -p 41231"},
+            {"state": "SUSPENDED", "status": "suspended"},
+            {
+                "status": "SSH: ready\n"
+                "SSH: Connected! Available at: ssh ucloud@ssh.cloud.sdu.dk -p 2202"
+            },
+        ]
+    }
     at = ssh_at(job)
     assert at is not None and (at.user, at.host, at.port) == ("ucloud", "ssh.cloud.sdu.dk", 2202)
     old = ssh_at({"updates": [{"status": "SSH Access: ssh ucloud@10.0.0.7"}]})
@@ -107,9 +131,14 @@ def test_the_newest_ssh_line_of_a_job_is_its_login() -> None:
 
 def test_a_product_s_price_an_hour() -> None:
     def product(price: int, freq: str, money: bool = True, free: bool = False) -> dict[str, Any]:
-        return {"price": price, "category": {
-            "accountingUnit": {"name": "DKK", "floatingPoint": money},
-            "accountingFrequency": freq, "freeToUse": free}}  # fmt: skip
+        return {
+            "price": price,
+            "category": {
+                "accountingUnit": {"name": "DKK", "floatingPoint": money},
+                "accountingFrequency": freq,
+                "freeToUse": free,
+            },
+        }
 
     minute = price_of(product(105_000, "PERIODIC_MINUTE"))  # 0.105 DKK a minute
     assert minute is not None and (minute.per_hour, minute.unit) == (6.3, "DKK")

@@ -133,9 +133,14 @@ class Faulted:
 
 
 def train_then_fault(
-    client: Any, master_home: Path, train_args: list[str], fault: Callable[[], object],
-    *, snapshot_s: float = 120, end_s: float = 120,
-) -> Faulted:  # fmt: skip
+    client: Any,
+    master_home: Path,
+    train_args: list[str],
+    fault: Callable[[], object],
+    *,
+    snapshot_s: float = 120,
+    end_s: float = 120,
+) -> Faulted:
     """Start `vmrun train TRAIN_ARGS`, wait for its snapshot at epoch 2 in the master's log
     (its home: `master_home`), do `fault`, and wait for vmrun to end; vmrun is killed if
     it has not by then."""
@@ -328,12 +333,18 @@ def rank_lines(text: str) -> list[tuple[int, int]]:
 def assert_matches_one_process(final: Path, template_args: list[str], work: Path) -> None:
     """`final` (a DDP run's finalmodel.pt) equals what one process makes with
     `template_args` (the same global batch): real DDP, not independent runs."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                            "LOCAL_RANK")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")
+    }
     alone = subprocess.run(
         [sys.executable, TEMPLATE, *template_args, "--out-dir", str(work)],
-        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert alone.returncode == 0, alone.stderr
     import torch
 

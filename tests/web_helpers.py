@@ -34,8 +34,11 @@ def http_server(host: TestHost, port: int, bind: str = "127.0.0.1") -> Iterator[
     os.chown(www / "page.txt", host.uid, host.gid)
     proc = host.popen(
         ["/usr/bin/python3", "-m", "http.server", "--bind", bind, str(port)],
-        as_user=True, cwd=str(www), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        as_user=True,
+        cwd=str(www),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: host.can_connect(bind, port), 20, f"the HTTP server on {host.name}")
         yield "/page.txt"
@@ -105,12 +108,22 @@ def browser_dom(url: str, tmp: Path, budget_ms: int = 20000) -> str:
         pytest.skip("chromium is needed (apt-get install chromium)")
     profile = tmp / "chromium-profile"
     argv = [
-        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--disable-extensions",
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-        f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url,
-    ]  # fmt: skip
+        f"--user-data-dir={profile}",
+        f"--virtual-time-budget={budget_ms}",
+        "--dump-dom",
+        url,
+    ]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
     )

@@ -108,69 +108,161 @@ FIELDS: dict[str, Field] = {
             "vmrun's own known_hosts, read with ~/.ssh/known_hosts; new keys go here",
         ),
         # `vmrun autostop` (vmrun.autostop): each may also be given per host in vmrun.toml
-        Field("autostop", kinds.period_or_off, lambda env: kinds.OFF,
-              "power a host off once idle this long (30m, 2h...), or off"),
-        Field("autostop_command", kinds.command, lambda env: "",
-              "the power-off command (a line, or a list of words); empty: sudo -n shutdown -h now"),
-        Field("autostop_sessions", kinds.SESSIONS, lambda env: "active",
-              "login sessions that keep a host up: active (input within the period), any, ignore"),
-        Field("autostop_gpu_threshold", kinds.percent, lambda env: 10,
-              "a GPU busy this much (%) or more keeps its host up"),
-        Field("autostop_warn", kinds.period_or_off, lambda env: "5m",
-              "warn logged-in users (wall) this long before powering off, or off"),
-        Field("autostop_interval", kinds.period, lambda env: "1m",
-              "how often the watchdog checks; it starts nothing more often than this"),
-        Field("autostop_budget", kinds.period_or_off, lambda env: kinds.OFF,
-              "power a host off once it has run this long in all, its runs stopped with their"
-              " work saved first (`vmrun up --max-cost` sets it per VM from the price), or off"),
+        Field(
+            "autostop",
+            kinds.period_or_off,
+            lambda env: kinds.OFF,
+            "power a host off once idle this long (30m, 2h...), or off",
+        ),
+        Field(
+            "autostop_command",
+            kinds.command,
+            lambda env: "",
+            "the power-off command (a line, or a list of words); empty: sudo -n shutdown -h now",
+        ),
+        Field(
+            "autostop_sessions",
+            kinds.SESSIONS,
+            lambda env: "active",
+            "login sessions that keep a host up: active (input within the period), any, ignore",
+        ),
+        Field(
+            "autostop_gpu_threshold",
+            kinds.percent,
+            lambda env: 10,
+            "a GPU busy this much (%) or more keeps its host up",
+        ),
+        Field(
+            "autostop_warn",
+            kinds.period_or_off,
+            lambda env: "5m",
+            "warn logged-in users (wall) this long before powering off, or off",
+        ),
+        Field(
+            "autostop_interval",
+            kinds.period,
+            lambda env: "1m",
+            "how often the watchdog checks; it starts nothing more often than this",
+        ),
+        Field(
+            "autostop_budget",
+            kinds.period_or_off,
+            lambda env: kinds.OFF,
+            "power a host off once it has run this long in all, its runs stopped with their"
+            " work saved first (`vmrun up --max-cost` sets it per VM from the price), or off",
+        ),
         # `train --image` (vmrun.containers): each may also be given per host in vmrun.toml
-        Field("image", kinds.text, lambda env: "",
-              "train inside this container image (REGISTRY/PATH:TAG or a .sif); empty: no image"),
-        Field("mounts", kinds.words, lambda env: [],
-              "host paths the image's container sees, SRC:DST[:ro] (with --mount)"),
-        Field("pull", kinds.PULL, lambda env: "newer",
-              "when the image is pulled: newer (the registry's if it answers, else the host's"
-              " own), missing, always, never"),
-        Field("container_runtime", kinds.CONTAINER_RUNTIME, lambda env: "auto",
-              "what runs the image: auto (docker, else podman on hosts), or one by name"),
-        Field("container_ulimits", kinds.words, lambda env: [],
-              "the container's limits, NAME=SOFT[:HARD]; empty: NGC's memlock=-1 and 64 MiB stack"),
+        Field(
+            "image",
+            kinds.text,
+            lambda env: "",
+            "train inside this container image (REGISTRY/PATH:TAG or a .sif); empty: no image",
+        ),
+        Field(
+            "mounts",
+            kinds.words,
+            lambda env: [],
+            "host paths the image's container sees, SRC:DST[:ro] (with --mount)",
+        ),
+        Field(
+            "pull",
+            kinds.PULL,
+            lambda env: "newer",
+            "when the image is pulled: newer (the registry's if it answers, else the host's"
+            " own), missing, always, never",
+        ),
+        Field(
+            "container_runtime",
+            kinds.CONTAINER_RUNTIME,
+            lambda env: "auto",
+            "what runs the image: auto (docker, else podman on hosts), or one by name",
+        ),
+        Field(
+            "container_ulimits",
+            kinds.words,
+            lambda env: [],
+            "the container's limits, NAME=SOFT[:HARD]; empty: NGC's memlock=-1 and 64 MiB stack",
+        ),
         # buckets (vmrun.stores): `push s3://...`, `train --store`
-        Field("store", kinds.store, lambda env: "",
-              "where runs' outputs go as they are written: s3://BUCKET/PREFIX (each run in"
-              " PREFIX/RUN_ID); empty: nowhere"),
-        Field("store_credentials", kinds.STORE_CREDENTIALS, lambda env: "auto",
-              "what the hosts read a bucket with: auto (yours from here if found, else the"
-              " host's own), host (an instance profile), mine"),
+        Field(
+            "store",
+            kinds.store,
+            lambda env: "",
+            "where runs' outputs go as they are written: s3://BUCKET/PREFIX (each run in"
+            " PREFIX/RUN_ID); empty: nowhere",
+        ),
+        Field(
+            "store_credentials",
+            kinds.STORE_CREDENTIALS,
+            lambda env: "auto",
+            "what the hosts read a bucket with: auto (yours from here if found, else the"
+            " host's own), host (an instance profile), mine",
+        ),
         # `train --notify` (vmrun.notify)
-        Field("notify", kinds.words, lambda env: [],
-              "where runs' ends are told: Apprise URLs (ntfy://TOPIC, slack://A/B/C, json://...)"),
-        Field("notify_on", kinds.events, lambda env: ["end", "fail"],
-              "which events are told: end, fail, all (requeues, stops, autostop's warning too)"),
+        Field(
+            "notify",
+            kinds.words,
+            lambda env: [],
+            "where runs' ends are told: Apprise URLs (ntfy://TOPIC, slack://A/B/C, json://...)",
+        ),
+        Field(
+            "notify_on",
+            kinds.events,
+            lambda env: ["end", "fail"],
+            "which events are told: end, fail, all (requeues, stops, autostop's warning too)",
+        ),
         # `train --recover`: a supervisor brings runs on hosts back (vmrun.recovery); a
         # Slurm job requeues itself (slurm_recover.bash)
-        Field("recover", _boolean, lambda env: False,
-              "every run is brought back after a failure: on hosts by a supervisor (needs a"
-              " store), on a cluster by its job"),
-        Field("max_recoveries", _positive_int, lambda env: 5,
-              "a run gives up after this many recoveries"),
-        Field("spares", kinds.words, lambda env: [],
-              "hosts that take a lost node's place (vmrun.toml names, aliases, user@host)"),
-        Field("supervisor", kinds.text, lambda env: "",
-              "where the supervisor runs; empty: the run's master"),
+        Field(
+            "recover",
+            _boolean,
+            lambda env: False,
+            "every run is brought back after a failure: on hosts by a supervisor (needs a"
+            " store), on a cluster by its job",
+        ),
+        Field(
+            "max_recoveries",
+            _positive_int,
+            lambda env: 5,
+            "a run gives up after this many recoveries",
+        ),
+        Field(
+            "spares",
+            kinds.words,
+            lambda env: [],
+            "hosts that take a lost node's place (vmrun.toml names, aliases, user@host)",
+        ),
+        Field(
+            "supervisor",
+            kinds.text,
+            lambda env: "",
+            "where the supervisor runs; empty: the run's master",
+        ),
         # `train --hang-timeout`: each node's hang watcher (hostside/hang_watch.py)
-        Field("hang_timeout", kinds.period_or_off, lambda env: "20m",
-              "a run with no progress this long (no heartbeat, no line from a rank) is hung:"
-              " said once, every rank's stacks taken; off: not watched"),
-        Field("on_hang", kinds.ON_HANG, lambda env: "auto",
-              "what a hung run does: wait, stop (a --recover run then restarts from its"
-              " snapshot), auto (stop with --recover, else wait)"),
+        Field(
+            "hang_timeout",
+            kinds.period_or_off,
+            lambda env: "20m",
+            "a run with no progress this long (no heartbeat, no line from a rank) is hung:"
+            " said once, every rank's stacks taken; off: not watched",
+        ),
+        Field(
+            "on_hang",
+            kinds.ON_HANG,
+            lambda env: "auto",
+            "what a hung run does: wait, stop (a --recover run then restarts from its"
+            " snapshot), auto (stop with --recover, else wait)",
+        ),
         # `train --max-cost`: each node's budget watcher (hostside/budget_watch.py)
-        Field("max_cost", kinds.amount_or_off, lambda env: 0.0,
-              "a run that has cost this much (its nodes' prices, in their currency) snapshots"
-              " and stops; 0 or off: no cap"),
+        Field(
+            "max_cost",
+            kinds.amount_or_off,
+            lambda env: 0.0,
+            "a run that has cost this much (its nodes' prices, in their currency) snapshots"
+            " and stops; 0 or off: no cap",
+        ),
     )
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -271,8 +363,11 @@ def _is_price(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
-_PRICE = (_is_price, "an amount per hour, a number such as 0.526 (USD unless `currency` says;"
-          " `vmrun up` records the cloud's)")  # fmt: skip
+_PRICE = (
+    _is_price,
+    "an amount per hour, a number such as 0.526 (USD unless `currency` says;"
+    " `vmrun up` records the cloud's)",
+)
 
 
 def _is_currency(value: Any) -> bool:

@@ -130,11 +130,15 @@ def _host_checks(host: _Host) -> list[Check]:
             )
         )
     else:
-        checks.append(Check(
-            "python", label, Verdict.OK,
-            f"{host.python}: Python {data.get('python')}, torch {data.get('torch')}, CUDA"
-            f" {data.get('cuda') or '-'}, NCCL {data.get('nccl') or '-'}",
-        ))  # fmt: skip
+        checks.append(
+            Check(
+                "python",
+                label,
+                Verdict.OK,
+                f"{host.python}: Python {data.get('python')}, torch {data.get('torch')}, CUDA"
+                f" {data.get('cuda') or '-'}, NCCL {data.get('nccl') or '-'}",
+            )
+        )
         names = data.get("gpu_names") or []
         gpus = f"{len(names)} x {names[0]}" if names else "none: CPU processes, gloo"
         checks.append(Check("gpus", label, Verdict.OK, gpus))
@@ -161,15 +165,21 @@ def gpu_health_check(label: str, health: Any) -> Check:
     from vmrun.gpus.health import ERROR, WARN
 
     worst, said = health.worst, health.lines()
-    unread = "" if health.kernel != "unreadable" else "; the kernel log is not readable here:" \
-        " Xids not checked"  # fmt: skip
+    unread = (
+        ""
+        if health.kernel != "unreadable"
+        else "; the kernel log is not readable here: Xids not checked"
+    )
     if worst in (ERROR, WARN):
         more = f" (and {len(said) - 3} more)" if len(said) > 3 else ""
         verdict = Verdict.FAIL if worst == ERROR else Verdict.WARN
         return Check("gpu-health", label, verdict, "; ".join(said[:3]) + more + unread)
-    return Check("gpu-health", label, Verdict.OK,
-                 f"{len(health.gpus)} GPU(s): no ECC, page, row, Xid, clock or PCIe problem"
-                 + unread)  # fmt: skip
+    return Check(
+        "gpu-health",
+        label,
+        Verdict.OK,
+        f"{len(health.gpus)} GPU(s): no ECC, page, row, Xid, clock or PCIe problem" + unread,
+    )
 
 
 def _image_checks(host: _Host) -> list[Check]:
@@ -180,11 +190,19 @@ def _image_checks(host: _Host) -> list[Check]:
     image = host.image
     gpus = host.env.gpus if host.env is not None else 0
     return [
-        Check("image", label, Verdict.OK,
-              f"{image.request.image} with {image.runtime.name} (its Python and torch run)"),
-        Check("gpus", label, Verdict.OK,
-              f"{gpus} (nvidia-smi)" if gpus else "none: CPU processes, gloo"),
-    ]  # fmt: skip
+        Check(
+            "image",
+            label,
+            Verdict.OK,
+            f"{image.request.image} with {image.runtime.name} (its Python and torch run)",
+        ),
+        Check(
+            "gpus",
+            label,
+            Verdict.OK,
+            f"{gpus} (nvidia-smi)" if gpus else "none: CPU processes, gloo",
+        ),
+    ]
 
 
 def python_series(version: str) -> str:
@@ -294,8 +312,9 @@ def _stale_relay_keys(group: Group, hosts: Sequence[_Host]) -> list[Check]:
     """A host-to-host key a killed `vmrun push` left in authorized_keys: removed, and said."""
     from vmrun.transfer.relay import remove_stale_relay_keys
 
-    found = group.map(lambda entry, conn: remove_stale_relay_keys(conn),
-                      only={h.entry.label for h in hosts})  # fmt: skip
+    found = group.map(
+        lambda entry, conn: remove_stale_relay_keys(conn), only={h.entry.label for h in hosts}
+    )
     return [
         Check(
             "relay",
@@ -320,12 +339,17 @@ def _same_data(group: Group, hosts: Sequence[_Host], folder: str, workdir: str) 
     digests = {o.host: (o.value or "") if o.error is None else "" for o in found}
     missing = [host for host, digest in digests.items() if not digest]
     if missing:
-        return Check("data", "all", Verdict.FAIL, f"{folder}: not on {', '.join(missing)}"
-                     f" (`vmrun push` it)")  # fmt: skip
+        return Check(
+            "data", "all", Verdict.FAIL, f"{folder}: not on {', '.join(missing)} (`vmrun push` it)"
+        )
     if len(set(digests.values())) > 1:
         shown = ", ".join(f"{host} {digest[:8]}" for host, digest in digests.items())
-        return Check("data", "all", Verdict.FAIL, f"{folder} differs: {shown} (`vmrun push`"
-                     " it again: only what differs travels)")  # fmt: skip
+        return Check(
+            "data",
+            "all",
+            Verdict.FAIL,
+            f"{folder} differs: {shown} (`vmrun push` it again: only what differs travels)",
+        )
     return Check("data", "all", Verdict.OK, f"{folder}: the same on {len(digests)} host(s)")
 
 
@@ -371,9 +395,13 @@ def _network(
     master_label = hosts[0].entry.label
     try:
         layout = rendezvous.decide(
-            group, pythons, facts, master_label, port=rdzv_port,
+            group,
+            pythons,
+            facts,
+            master_label,
+            port=rdzv_port,
             override_addr=overrides.get(master_label, ""),
-        )  # fmt: skip
+        )
     except VmrunError as exc:
         add(Check("rendezvous", master_label, Verdict.FAIL, exc.message))
         return None
@@ -406,10 +434,18 @@ def _allreduce(
     from vmrun.trainer import ALLREDUCE_PATH
 
     plan = make_plan(
-        script=str(ALLREDUCE_PATH), user_args=["--size-mib", str(size_mib or 0)],
-        epochs=None, save_every=None, nproc_per_node=None, max_restarts=0, env=None,
-        name="doctor-allreduce", batch_size=None, lr=None, launcher="torchrun",
-    )  # fmt: skip
+        script=str(ALLREDUCE_PATH),
+        user_args=["--size-mib", str(size_mib or 0)],
+        epochs=None,
+        save_every=None,
+        nproc_per_node=None,
+        max_restarts=0,
+        env=None,
+        name="doctor-allreduce",
+        batch_size=None,
+        lr=None,
+        launcher="torchrun",
+    )
     checked = {
         h.entry.label: Node(
             h.entry, group.connections[h.entry.label], h.env, h.facts, image=h.image

@@ -77,8 +77,10 @@ class VmrunError(Exception):
     def __init_subclass__(cls, *, code: str | None = None, meaning: str = "", **kw: Any):
         super().__init_subclass__(**kw)
         if code is None:
-            raise TypeError(f"{cls.__name__} needs its own error code: class {cls.__name__}(...,"
-                            " code=..., meaning=...)")  # fmt: skip
+            raise TypeError(
+                f"{cls.__name__} needs its own error code: class {cls.__name__}(...,"
+                " code=..., meaning=...)"
+            )
         cls.code = register(code, cls, meaning)
 
     def __init__(
@@ -265,8 +267,9 @@ def run_failed(
     """A followed run that ended badly, said alike by every backend: `run RID WHY`, code
     run-failed, vmrun's exit status the run's own code where it fits in one (else 1)."""
     status = code if code is not None and 0 < code < 256 else 1
-    return CommandFailed(f"run {rid} {why}", host=host, hint=hint, exit_status=status,
-                         code="run-failed")  # fmt: skip
+    return CommandFailed(
+        f"run {rid} {why}", host=host, hint=hint, exit_status=status, code="run-failed"
+    )
 
 
 def run_stopped(rid: str, *, host: str | None = None) -> CommandFailed:
@@ -278,10 +281,12 @@ def run_over_budget(rid: str, cap: str, *, host: str | None = None) -> CommandFa
     """A followed run that its budget watcher stopped at `train --max-cost` (its work
     saved): exit status 143, as a stop's."""
     return CommandFailed(
-        f"run {rid} was stopped at --max-cost {cap}, its work saved", host=host,
-        exit_status=143, code="run-over-budget",
+        f"run {rid} was stopped at --max-cost {cap}, its work saved",
+        host=host,
+        exit_status=143,
+        code="run-over-budget",
         hint=f"`vmrun train --resume {rid} --max-cost MORE` goes on from its snapshot",
-    )  # fmt: skip
+    )
 
 
 class HostsFailed(
@@ -389,10 +394,16 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (RemoteError, "slurm-nodes-down", "the cluster's nodes did not come into service in time"),
     (RemoteError, "slurm-not-shared", "the --shared folder is not one folder on every host"),
     (RemoteError, "slurm-busy", "the cluster to remove still has jobs in its queue"),
-    (UsageError, "no-shared-folder",
-     "what was asked needs a folder every node sees; the cluster was made without one"),
-    (RemoteError, "node-not-found",
-     "a run's files are on a node the cluster (made without a shared folder) no longer has"),
+    (
+        UsageError,
+        "no-shared-folder",
+        "what was asked needs a folder every node sees; the cluster was made without one",
+    ),
+    (
+        RemoteError,
+        "node-not-found",
+        "a run's files are on a node the cluster (made without a shared folder) no longer has",
+    ),
     (RemoteError, "reboot-needed", "a setup step needs a reboot to take effect"),
     (RemoteError, "reboot-failed", "the host still answers from the same boot after a reboot"),
     (RemoteError, "driver-too-old", "the NVIDIA driver is too old for the torch wheels"),
@@ -483,18 +494,31 @@ _STORE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
 )
 for _owner, _name, _meaning in _STORE_CODES:
     register(_name, _owner, _meaning)
-register("supervisor-failed", RemoteError,
-         "a run's supervisor (train --recover) could not be put on its host or started")
-register("stack-tool-missing", RemoteError,
-         "py-spy could not be found on the host nor sent there (vmrun stacks, hang dumps)")
-register("gpu-unhealthy", UsageError,
-         "a GPU of the host is unfit to train on (ECC, a pending retirement or remap, an Xid)")
+register(
+    "supervisor-failed",
+    RemoteError,
+    "a run's supervisor (train --recover) could not be put on its host or started",
+)
+register(
+    "stack-tool-missing",
+    RemoteError,
+    "py-spy could not be found on the host nor sent there (vmrun stacks, hang dumps)",
+)
+register(
+    "gpu-unhealthy",
+    UsageError,
+    "a GPU of the host is unfit to train on (ECC, a pending retirement or remap, an Xid)",
+)
 register("not-running", UsageError, "the command needs a live run, and this one has ended")
 register("timeout", CommandFailed, "a remote command hit its --timeout and was stopped", 124)
 register("stop-unconfirmed", CommandFailed, "the stop of a run was not confirmed in time", 124)
 register("run-stopped", CommandFailed, "the run was stopped (`vmrun stop`) while followed", 143)
-register("run-over-budget", CommandFailed,
-         "the run reached its --max-cost and was stopped, its work saved", 143)  # fmt: skip
+register(
+    "run-over-budget",
+    CommandFailed,
+    "the run reached its --max-cost and was stopped, its work saved",
+    143,
+)
 register("setup-step-failed", CommandFailed, "a setup step's script failed", 1)
 register("internal", ExitCode.FAILED, "a bug in vmrun: re-run with --debug for the traceback")
 

@@ -458,8 +458,12 @@ class CloudBed:
                 _active = None
         laptop = getattr(self, "laptop", None)
         if laptop is not None:
-            wait_until(lambda: not threads_in_netns(laptop.netns), 10,
-                       "threads in the laptop namespace to end", interval=0.01)  # fmt: skip
+            wait_until(
+                lambda: not threads_in_netns(laptop.netns),
+                10,
+                "threads in the laptop namespace to end",
+                interval=0.01,
+            )
 
     # ---------------------------------------------------------------- moto
 
@@ -493,11 +497,19 @@ class CloudBed:
         for key, owner, alias, name, date in SEEDED_IMAGES:
             ami_id = "ami-0" + secrets.token_hex(8)[:16]
             backend.amis[ami_id] = Ami(
-                backend, ami_id, name=name, description=name, owner_id=owner,
-                owner_alias=alias, public=True, virtualization_type="hvm",
-                architecture="x86_64", root_device_type="ebs", region_name=self.region,
+                backend,
+                ami_id,
+                name=name,
+                description=name,
+                owner_id=owner,
+                owner_alias=alias,
+                public=True,
+                virtualization_type="hvm",
+                architecture="x86_64",
+                root_device_type="ebs",
+                region_name=self.region,
                 creation_date=datetime.fromisoformat(date).replace(tzinfo=timezone.utc),
-            )  # fmt: skip
+            )
             self.images[key] = ami_id
 
     # ---------------------------------------------------------------- STAND-IN: instances
@@ -773,10 +785,12 @@ class CloudBed:
                     f"The Placement Group ID '{group_id}' does not exist",
                 )
         found = [
-            g for g in groups
-            if (not names or g["GroupName"] in names) and (not ids or g["GroupId"] in ids)
+            g
+            for g in groups
+            if (not names or g["GroupName"] in names)
+            and (not ids or g["GroupId"] in ids)
             and all(_group_matches(g, k, v) for k, v in filters.items())
-        ]  # fmt: skip
+        ]
         return ActionResult({"PlacementGroups": found})
 
     def _delete_placement_group(self, resp: Any) -> Any:
@@ -853,8 +867,12 @@ def _group_matches(group: dict[str, Any], name: str, values: Iterable[str]) -> b
         return tags.get(name[4:]) in values
     if name == "tag-key":
         return any(v in tags for v in values)
-    field_of = {"group-name": "GroupName", "state": "State", "strategy": "Strategy",
-                "group-arn": "GroupArn"}  # fmt: skip
+    field_of = {
+        "group-name": "GroupName",
+        "state": "State",
+        "strategy": "Strategy",
+        "group-arn": "GroupArn",
+    }
     if name in field_of:
         return group.get(field_of[name]) in values
     return True
@@ -893,8 +911,13 @@ def _apply_nft(host: TestHost, rules: list[str] | None) -> None:
         )
     proc = run_process(
         [IP, "netns", "exec", host.netns, NFT, "-f", "-"],
-        env={"PATH": STD_PATH}, cwd="/", input=script, timeout=30, check=False, text=True,
-    )  # fmt: skip
+        env={"PATH": STD_PATH},
+        cwd="/",
+        input=script,
+        timeout=30,
+        check=False,
+        text=True,
+    )
     if proc.returncode != 0:
         raise TestbedError(f"nft failed in {host.netns}: {proc.stderr.strip()}\n{script}")
 
@@ -935,11 +958,18 @@ def _install_patches() -> None:
     from moto.ec2.responses import EC2Response
 
     names = (
-        "call_action", "run_instances", "stop_instances", "start_instances",
-        "terminate_instances", "reboot_instances", "create_placement_group",
-        "describe_placement_groups", "delete_placement_group",
-        "authorize_security_group_ingress", "revoke_security_group_ingress",
-    )  # fmt: skip
+        "call_action",
+        "run_instances",
+        "stop_instances",
+        "start_instances",
+        "terminate_instances",
+        "reboot_instances",
+        "create_placement_group",
+        "describe_placement_groups",
+        "delete_placement_group",
+        "authorize_security_group_ingress",
+        "revoke_security_group_ingress",
+    )
     for name in names:
         if name not in _PATCHED:
             _PATCHED[name] = EC2Response.__dict__.get(name)

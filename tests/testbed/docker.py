@@ -103,13 +103,22 @@ def build_image(cache: Path) -> Path:
         raise TestbedError(f"no pip wheel in {cache / 'wheelhouse-uv-pip'}")
     started = time.monotonic()
     subprocess.run(
-        ["sh", str(IMAGE_SCRIPT), str(wheelhouse), str(pip_wheels[-1]), str(image_cache(cache)),
-         image_stamp(wheelhouse)],
-        check=True, timeout=1800,
-    )  # fmt: skip
+        [
+            "sh",
+            str(IMAGE_SCRIPT),
+            str(wheelhouse),
+            str(pip_wheels[-1]),
+            str(image_cache(cache)),
+            image_stamp(wheelhouse),
+        ],
+        check=True,
+        timeout=1800,
+    )
     tar = image_cache(cache) / "rootfs.tar"
-    print(f"test image rootfs built in {time.monotonic() - started:.0f} s: {tar} "
-          f"({tar.stat().st_size / 2**20:.0f} MiB)")  # fmt: skip
+    print(
+        f"test image rootfs built in {time.monotonic() - started:.0f} s: {tar} "
+        f"({tar.stat().st_size / 2**20:.0f} MiB)"
+    )
     return tar
 
 
@@ -250,8 +259,12 @@ class DockerDaemon:
                 )
             if not self.socket.exists():
                 return False
-            return self.docker("version", "--format", "{{.Server.Version}}", timeout=10,
-                               check=False).returncode == 0  # fmt: skip
+            return (
+                self.docker(
+                    "version", "--format", "{{.Server.Version}}", timeout=10, check=False
+                ).returncode
+                == 0
+            )
 
         try:
             wait_until(answers, timeout, f"dockerd on {self.host.name} to answer", 0.05)
@@ -287,8 +300,12 @@ class DockerDaemon:
         """The docker client as root against this daemon (from the root namespace: the
         daemon itself, inside the host, does the networking, e.g. a pull)."""
         argv = [DOCKER, "-H", f"unix://{self.socket}", *args]
-        env = {"PATH": STD_PATH, "LANG": "C.UTF-8", "DOCKER_CONFIG": str(self.root / "client"),
-               "DOCKER_BUILDKIT": "0"}  # fmt: skip
+        env = {
+            "PATH": STD_PATH,
+            "LANG": "C.UTF-8",
+            "DOCKER_CONFIG": str(self.root / "client"),
+            "DOCKER_BUILDKIT": "0",
+        }
         proc = subprocess.run(
             argv, capture_output=True, text=True, env=env, timeout=timeout, input=input
         )
@@ -410,8 +427,10 @@ class ImageRegistry:
 
         def answers() -> bool:
             if self._proc is not None and self._proc.poll() is not None:
-                raise TestbedError(f"docker-registry exited rc={self._proc.returncode}\n"
-                                   + self.log.read_text(errors="replace")[-2000:])  # fmt: skip
+                raise TestbedError(
+                    f"docker-registry exited rc={self._proc.returncode}\n"
+                    + self.log.read_text(errors="replace")[-2000:]
+                )
             return self.get("/v2/")[0] == 200
 
         wait_until(answers, timeout, "docker-registry to answer", 0.05)
@@ -474,8 +493,7 @@ def push_test_image(
     base = f"vmrun-test/base:{IMAGE_TAG}"
     times: dict[str, float] = {}
     t = time.monotonic()
-    builder.docker("import", "--change", f"ENV PATH={STD_PATH}", str(rootfs_tar), base,
-                   timeout=600)  # fmt: skip
+    builder.docker("import", "--change", f"ENV PATH={STD_PATH}", str(rootfs_tar), base, timeout=600)
     times["import"] = time.monotonic() - t
     context = builder.root / "build"
     context.mkdir()

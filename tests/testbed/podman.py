@@ -87,8 +87,11 @@ class PodmanHost:
         registries = "".join(
             f'[[registry]]\nlocation = "{r}"\ninsecure = true\n\n' for r in insecure_registries
         )
-        for name, text in (("containers.conf", CONTAINERS_CONF), ("storage.conf", STORAGE_CONF),
-                           ("registries.conf", registries)):  # fmt: skip
+        for name, text in (
+            ("containers.conf", CONTAINERS_CONF),
+            ("storage.conf", STORAGE_CONF),
+            ("registries.conf", registries),
+        ):
             mkdir_shared(conf)
             write_text(conf / name, text)
         for path in (host.home / ".config", conf, *conf.iterdir()):
@@ -101,8 +104,7 @@ class PodmanHost:
         self, *args: str, timeout: float = 120, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """The user's podman inside the host."""
-        proc = self.host.run([PODMAN, *args], as_user=True, check=False, timeout=timeout,
-                             text=True)  # fmt: skip
+        proc = self.host.run([PODMAN, *args], as_user=True, check=False, timeout=timeout, text=True)
         if check and proc.returncode != 0:
             raise TestbedError(
                 f"podman {' '.join(args)} on {self.host.name} failed (rc={proc.returncode}):\n"
@@ -131,8 +133,10 @@ class PodmanHost:
         kill_until_gone(self.host.user_pids)  # the pause process, conmons
         for d in self.tmp_dirs():
             shutil.rmtree(d, ignore_errors=True)
-        for d in (self.host.home / ".config" / "containers",
-                  self.host.home / ".local" / "share" / "containers"):  # fmt: skip
+        for d in (
+            self.host.home / ".config" / "containers",
+            self.host.home / ".local" / "share" / "containers",
+        ):
             shutil.rmtree(d, ignore_errors=True)
 
     def __enter__(self) -> PodmanHost:

@@ -198,8 +198,11 @@ def destroy_prefix(
 
 def _left(prefix: str, home_root: Path, idents: set[tuple[int, int]]) -> list[str]:
     """What survived a bed's removal, one line per kind."""
-    problems = [f"{kind} left: {items}" for kind, items in
-                prefix_resources(prefix, home_root).items() if items]  # fmt: skip
+    problems = [
+        f"{kind} left: {items}"
+        for kind, items in prefix_resources(prefix, home_root).items()
+        if items
+    ]
     if route_metric(prefix) in guard_routes():
         problems.append("guard route left")
     if idents and (pids := pids_in_netns_idents(idents)):

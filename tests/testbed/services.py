@@ -33,8 +33,15 @@ from .netns import NetnsBed
 from .testhost import TestHost
 
 DATABASE = "/var/lib/mysql"  # MariaDB's data, a host's own where it runs one (slurmdbd)
-PRIVATE = ("/run", "/etc/slurm", "/etc/munge", "/var/lib/slurm", "/var/log/slurm",
-           "/var/lib/munge", "/var/log/munge")  # fmt: skip
+PRIVATE = (
+    "/run",
+    "/etc/slurm",
+    "/etc/munge",
+    "/var/lib/slurm",
+    "/var/log/slurm",
+    "/var/lib/munge",
+    "/var/log/munge",
+)
 STANDIN = Path(__file__).with_name("systemctl_standin.sh")
 SYSTEMCTL = "/usr/bin/systemctl"
 
@@ -70,8 +77,12 @@ def private_dir(bed: NetnsBed, name: str, target: str) -> Path:
 
 def skip_reason_no_accounting() -> str | None:
     """Why a service host cannot run slurmdbd and MariaDB here, or None."""
-    for path in ("/usr/sbin/slurmdbd", "/usr/sbin/mariadbd", "/usr/bin/mariadb-install-db",
-                 DATABASE):  # fmt: skip
+    for path in (
+        "/usr/sbin/slurmdbd",
+        "/usr/sbin/mariadbd",
+        "/usr/bin/mariadb-install-db",
+        DATABASE,
+    ):
         if not os.path.exists(path):
             return f"accounting needs {path} (apt-get install slurmdbd mariadb-server)"
     return None
@@ -89,10 +100,18 @@ def add_service_host(
         data = private_dir(bed, name, DATABASE)
         data.mkdir(parents=True, exist_ok=True)
         made = subprocess.run(
-            ["mariadb-install-db", "--user=mysql", f"--datadir={data}", "--skip-test-db",
-             "--auth-root-authentication-method=socket"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [
+                "mariadb-install-db",
+                "--user=mysql",
+                f"--datadir={data}",
+                "--skip-test-db",
+                "--auth-root-authentication-method=socket",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         if made.returncode != 0:
             raise RuntimeError(f"mariadb-install-db for {name}: {made.stderr[-400:]}")
     standin = system_dir(bed, name) / "systemctl"

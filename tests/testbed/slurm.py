@@ -339,8 +339,7 @@ class SlurmCluster:
                     os.stat(f"/proc/{pid}").st_uid == uid
                 ):
                     os.kill(pid, signal.SIGKILL)
-        down = ["scontrol", "update", f"NodeName={host.hostname}", "State=DOWN",
-                "Reason=lost"]  # fmt: skip
+        down = ["scontrol", "update", f"NodeName={host.hostname}", "State=DOWN", "Reason=lost"]
         proc = self.login.run(down, check=False, text=True)
         if proc.returncode != 0:
             raise TestbedError(f"scontrol could not set {host.hostname} down: {proc.stderr}")
@@ -351,8 +350,11 @@ class SlurmCluster:
         what = f"slurmd-{host.hostname}"
         if not any(name == what and proc.poll() is None for name, proc in self._daemons):
             self._start(host, what, [SLURMD, "-D", "-N", host.hostname])
-        self._wait(lambda: "down" not in self.node_states().get(host.hostname, "down"),
-                   timeout, f"{host.hostname} back in service")  # fmt: skip
+        self._wait(
+            lambda: "down" not in self.node_states().get(host.hostname, "down"),
+            timeout,
+            f"{host.hostname} back in service",
+        )
 
     def ssh_config_text(self, identity: Path | None = None) -> str:
         """Host blocks for the cluster's hosts; aliases are the host names (``login``...)."""

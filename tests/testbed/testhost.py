@@ -266,10 +266,12 @@ class TestHost(SshdHost):
         if self._blocked or self._refused:
             rules = [
                 f"    tcp dport {{ {', '.join(str(p) for p in sorted(ports))} }} {verdict}\n"
-                for ports, verdict in ((self._blocked, "drop"),
-                                       (self._refused, "reject with tcp reset"))
+                for ports, verdict in (
+                    (self._blocked, "drop"),
+                    (self._refused, "reject with tcp reset"),
+                )
                 if ports
-            ]  # fmt: skip
+            ]
             script += (
                 f"table inet {NFT_TABLE} {{\n"
                 "  chain input {\n"

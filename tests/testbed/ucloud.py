@@ -75,21 +75,31 @@ class FakeUCloud:
                     self._set(job, "SUCCESS", "Your job has been cancelled")
 
     def live(self) -> list[str]:
-        return [j for j, job in self.jobs.items() if job["status"]["state"] not in
-                ("SUCCESS", "FAILURE", "EXPIRED")]  # fmt: skip
+        return [
+            j
+            for j, job in self.jobs.items()
+            if job["status"]["state"] not in ("SUCCESS", "FAILURE", "EXPIRED")
+        ]
 
     # -- the transport --------------------------------------------------------------------
 
-    def __call__(self, method: str, url: str, headers: Mapping[str, str],
-                 body: bytes | None) -> tuple[int, bytes]:  # fmt: skip
+    def __call__(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> tuple[int, bytes]:
         parts = urllib.parse.urlsplit(url)
         query = dict(urllib.parse.parse_qsl(parts.query))
         data = json.loads(body) if body else None
         status, answer = self.handle(method, parts.path, query, headers, data)
         return status, json.dumps(answer).encode()
 
-    def handle(self, method: str, path: str, query: Mapping[str, str],
-               headers: Mapping[str, str], body: Any) -> tuple[int, Any]:  # fmt: skip
+    def handle(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str],
+        headers: Mapping[str, str],
+        body: Any,
+    ) -> tuple[int, Any]:
         with self._lock:
             self.calls.append((method, path))
             bearer = headers.get("Authorization", "").removeprefix("Bearer ").strip()
@@ -116,14 +126,26 @@ class FakeUCloud:
         by: dict[str, list[Any]] = {}
         for provider, category, name, gpus, price in PRODUCTS:
             product = {
-                "type": "compute", "name": name, "productType": "COMPUTE", "price": price,
-                "cpu": 2, "memoryInGigs": 8, "gpu": gpus,
-                "category": {"name": category, "provider": provider, "productType": "COMPUTE",
-                             "accountingUnit": {"name": "DKK", "floatingPoint": True},
-                             "accountingFrequency": "PERIODIC_MINUTE", "freeToUse": False},
-            }  # fmt: skip
-            support = {"product": {"id": name, "category": category, "provider": provider},
-                       "virtualMachine": {"enabled": True}}  # fmt: skip
+                "type": "compute",
+                "name": name,
+                "productType": "COMPUTE",
+                "price": price,
+                "cpu": 2,
+                "memoryInGigs": 8,
+                "gpu": gpus,
+                "category": {
+                    "name": category,
+                    "provider": provider,
+                    "productType": "COMPUTE",
+                    "accountingUnit": {"name": "DKK", "floatingPoint": True},
+                    "accountingFrequency": "PERIODIC_MINUTE",
+                    "freeToUse": False,
+                },
+            }
+            support = {
+                "product": {"id": name, "category": category, "provider": provider},
+                "virtualMachine": {"enabled": True},
+            }
             by.setdefault(provider, []).append({"product": product, "support": support})
         return 200, {"productsByProvider": by}
 
@@ -139,12 +161,20 @@ class FakeUCloud:
             job_id = str(next(self._ids))
             now = int(time.time() * 1000)
             self.jobs[job_id] = {
-                "id": job_id, "createdAt": now, "owner": {"createdBy": "user", "project": None},
-                "specification": spec, "reads": 0,
+                "id": job_id,
+                "createdAt": now,
+                "owner": {"createdBy": "user", "project": None},
+                "specification": spec,
+                "reads": 0,
                 "status": {"state": "IN_QUEUE", "startedAt": None},
-                "updates": [{"state": "IN_QUEUE", "status": "Your job is now in the queue",
-                             "timestamp": now}],
-            }  # fmt: skip
+                "updates": [
+                    {
+                        "state": "IN_QUEUE",
+                        "status": "Your job is now in the queue",
+                        "timestamp": now,
+                    }
+                ],
+            }
             responses.append({"id": job_id})
         return 200, {"responses": responses}
 
@@ -157,12 +187,17 @@ class FakeUCloud:
     def _run(self, job: dict[str, Any]) -> None:
         now = int(time.time() * 1000)
         job["status"]["state"] = "RUNNING"
-        job["updates"].append({"state": "RUNNING", "status": "Your job is now running!",
-                               "timestamp": now})  # fmt: skip
+        job["updates"].append(
+            {"state": "RUNNING", "status": "Your job is now running!", "timestamp": now}
+        )
         if self.announce_ssh:
             user, host, port = self.boot(job)
-            job["updates"].append({"status": "SSH: Connected! Available at:"
-                                   f" ssh {user}@{host} -p {port}", "timestamp": now})  # fmt: skip
+            job["updates"].append(
+                {
+                    "status": f"SSH: Connected! Available at: ssh {user}@{host} -p {port}",
+                    "timestamp": now,
+                }
+            )
 
     def _view(self, job: dict[str, Any], query: Mapping[str, str]) -> dict[str, Any]:
         shown = {k: v for k, v in job.items() if k != "reads"}
@@ -193,8 +228,9 @@ class FakeUCloud:
 
     def _set(self, job: dict[str, Any], state: str, text: str) -> None:
         job["status"]["state"] = state
-        job["updates"].append({"state": state, "status": text,
-                               "timestamp": int(time.time() * 1000)})  # fmt: skip
+        job["updates"].append(
+            {"state": state, "status": text, "timestamp": int(time.time() * 1000)}
+        )
 
     def _terminate(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
         return self._each(body, lambda j: self._set(j, "SUCCESS", "Your job has been cancelled"))

@@ -92,15 +92,33 @@ class Ctx:
         known = self.tmp / f"known_hosts-{addr}"
         known.write_text(f"{addr} {pinned or self.host_public}\n")
         argv = [
-            SSH, "-F", "none", "-i", str(self.keys.private), "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={known}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-            f"{self.cloud.user}@{addr}", command,
-        ]  # fmt: skip
+            SSH,
+            "-F",
+            "none",
+            "-i",
+            str(self.keys.private),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            f"{self.cloud.user}@{addr}",
+            command,
+        ]
         return subprocess.run(
-            self.cloud.argv(argv), capture_output=True, text=True, timeout=30,
+            self.cloud.argv(argv),
+            capture_output=True,
+            text=True,
+            timeout=30,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
 
     def terminate_all(self) -> None:
         ids = list(self.cloud.instance_hosts())
@@ -143,8 +161,9 @@ def test_the_laptop_reaches_nothing_but_the_public_addresses(ctx: Ctx) -> None:
     assert cloud.call(connect_error, "172.31.5.6") == "Network is unreachable"
     assert cloud.call(connect_error, n2.addr_on("vpc")) == "Network is unreachable"
     assert cloud.call(connect_error, n2.addr_on("main")) == "Connection refused"  # off
-    proc = subprocess.run(cloud.argv(["/bin/sh", "-c", "ip -4 route"]), capture_output=True,
-                          text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        cloud.argv(["/bin/sh", "-c", "ip -4 route"]), capture_output=True, text=True, check=True
+    )
     assert "default" not in proc.stdout
 
 
@@ -174,8 +193,9 @@ def test_instances_boot_as_hosts_with_the_pinned_key(ctx: Ctx) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["vmt-n1", cloud.user, "a"]
     # the instance's sshd offers the user data's host key and no other
-    scan = subprocess.run(cloud.argv(["ssh-keyscan", "-T", "5", n1]), capture_output=True,
-                          text=True)  # fmt: skip
+    scan = subprocess.run(
+        cloud.argv(["ssh-keyscan", "-T", "5", n1]), capture_output=True, text=True
+    )
     assert [line.split()[1:] for line in scan.stdout.splitlines()] == [ctx.host_public.split()[:2]]
     # separate machines: n1's file is not on n2
     proc = ctx.ssh(n2, "test -e ~/f && echo shared || echo own; echo $HOME")
@@ -254,8 +274,10 @@ def test_a_process_in_the_laptop_namespace_uses_moto(ctx: Ctx) -> None:
     proc = subprocess.run(
         cloud.argv([sys.executable, "-c", script], env=cloud.env()),
         env={**os.environ, "AWS_PROFILE": "nosuch"},  # env(1) drops it
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == DLAMI_OWNER
 
@@ -268,8 +290,12 @@ def test_security_groups_are_enforced(ctx: Ctx) -> None:
         sg = ec2.create_security_group(
             GroupName="vmrun-sg", Description="vmrun", VpcId=vpc["VpcId"]
         )["GroupId"]
-        ssh_rule = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-                    "IpRanges": [{"CidrIp": cloud.ssh_cidr}]}  # fmt: skip
+        ssh_rule = {
+            "IpProtocol": "tcp",
+            "FromPort": 22,
+            "ToPort": 22,
+            "IpRanges": [{"CidrIp": cloud.ssh_cidr}],
+        }
         members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg}]}
         ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule, members])
         a, b = (cloud.host_of(i["InstanceId"]) for i in ctx.run(2, SecurityGroupIds=[sg]))
@@ -343,9 +369,10 @@ def test_placement_groups(ctx: Ctx) -> None:
     ec2 = ctx.ec2
     tags = [{"Key": "vmrun-cluster", "Value": "c1"}]
     created = ec2.create_placement_group(
-        GroupName="vmrun-c1", Strategy="cluster",
+        GroupName="vmrun-c1",
+        Strategy="cluster",
         TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}],
-    )["PlacementGroup"]  # fmt: skip
+    )["PlacementGroup"]
     assert created["GroupName"] == "vmrun-c1" and created["GroupId"].startswith("pg-")
     found = ec2.describe_placement_groups(
         Filters=[{"Name": "tag:vmrun-cluster", "Values": ["c1"]}]

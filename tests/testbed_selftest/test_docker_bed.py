@@ -34,11 +34,13 @@ def ssh(bed: DockerBed, tmp: Path, host: str, command: str, timeout: float = 180
     known.write_text(bed.bed.known_hosts_text())
     config.write_text(bed.bed.ssh_config_text(known_hosts=known))
     return subprocess.run(
-        ["ssh", "-F", str(config), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host,
-         command],
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        ["ssh", "-F", str(config), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
         env={"PATH": os.environ["PATH"], "HOME": str(tmp)},
-    )  # fmt: skip
+    )
 
 
 def _cmdline(pid: int) -> bytes:
@@ -102,8 +104,10 @@ def test_the_user_pulls_and_runs_the_image_over_ssh(
     assert nodename == host.hostname  # host networking and the host's UTS name
     ps = ssh(docker_hosts, tmp_path, host.name, "docker ps -aq")
     assert ps.returncode == 0 and ps.stdout.strip() == ""
-    print(f"\npull {pulled_in:.1f} s, second pull {second_pull:.2f} s, "
-          f"docker run (ssh + start + import torch) {ran_in:.1f} s")  # fmt: skip
+    print(
+        f"\npull {pulled_in:.1f} s, second pull {second_pull:.2f} s, "
+        f"docker run (ssh + start + import torch) {ran_in:.1f} s"
+    )
 
 
 def test_hosts_reach_each_other_from_containers(docker_hosts: DockerBed, tmp_path: Path) -> None:
@@ -129,13 +133,15 @@ def test_ngc_limits_as_far_as_this_machine_allows(docker_hosts: DockerBed) -> No
     shown = daemon.docker(*base, docker_hosts.image, "sh", "-c", "ulimit -s")
     assert shown.stdout.strip() == "65536"  # KiB
     hard = memlock_hard_limit()
-    unlimited = daemon.docker(*base, "--ulimit", "memlock=-1", docker_hosts.image, "true",
-                              check=False)  # fmt: skip
+    unlimited = daemon.docker(
+        *base, "--ulimit", "memlock=-1", docker_hosts.image, "true", check=False
+    )
     assert (unlimited.returncode == 0) == (hard is None), unlimited.stderr
     if hard is not None:
         assert "error setting rlimit" in unlimited.stderr
-        capped = daemon.docker(*base, "--ulimit", f"memlock={hard}", docker_hosts.image,
-                               "sh", "-c", "ulimit -l")  # fmt: skip
+        capped = daemon.docker(
+            *base, "--ulimit", f"memlock={hard}", docker_hosts.image, "sh", "-c", "ulimit -l"
+        )
         assert capped.stdout.strip() == str(hard // 1024)
     assert daemon.containers() == []
 
@@ -150,8 +156,16 @@ def test_close_stops_daemon_containers_and_registry_by_pid(docker_hosts: DockerB
     registry = ImageRegistry(host, port=5001)
     try:
         daemon.docker("pull", "-q", docker_hosts.image, timeout=300)
-        daemon.docker("run", "-d", "--net=host", "--user", f"{host.uid}:{host.gid}",
-                      docker_hosts.image, "sleep", "600")  # fmt: skip
+        daemon.docker(
+            "run",
+            "-d",
+            "--net=host",
+            "--user",
+            f"{host.uid}:{host.gid}",
+            docker_hosts.image,
+            "sleep",
+            "600",
+        )
 
         def sleeping() -> list[int]:
             return [p for p in daemon.leftover_pids() if b"sleep" in _cmdline(p)]
@@ -182,8 +196,11 @@ def test_a_rebooted_host_leaves_close_nothing_to_stop(docker_hosts: DockerBed) -
     try:
         daemon.docker("pull", "-q", docker_hosts.image, timeout=300)
         daemon.docker("run", "-d", "--net=host", docker_hosts.image, "sleep", "600")
-        wait_until(lambda: any(b"sleep" in _cmdline(p) for p in daemon.leftover_pids()), 10,
-                   "the container's process")  # fmt: skip
+        wait_until(
+            lambda: any(b"sleep" in _cmdline(p) for p in daemon.leftover_pids()),
+            10,
+            "the container's process",
+        )
         host.stop_sshd()
         assert daemon.pid is not None and not pid_alive(daemon.pid)
         # a killed process leaves its namespaces before its cgroups: wait for it to end
@@ -191,8 +208,11 @@ def test_a_rebooted_host_leaves_close_nothing_to_stop(docker_hosts: DockerBed) -
         # the dead container's cgroups are usually left for close(); a shim that saw the
         # container end before it was killed may have removed them itself (then close() has
         # only the daemon's own to remove): either way none may be left after close()
-        left = [p for p in Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}/*")
-                if p.is_dir()]  # fmt: skip
+        left = [
+            p
+            for p in Path("/sys/fs/cgroup").glob(f"*/{daemon.cgroup_parent.lstrip('/')}/*")
+            if p.is_dir()
+        ]
         print(f"\ncgroups the dead daemon left: {len(left)}")
     finally:
         daemon.close()

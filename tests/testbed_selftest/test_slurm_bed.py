@@ -51,12 +51,28 @@ def state_and_reason(cluster: SlurmCluster, job: str) -> str:
 def ssh(client: Client, command: str) -> subprocess.CompletedProcess[str]:
     """The system ssh client, as the test user: ssh config alias `login`, strict keys."""
     return subprocess.run(
-        ["ssh", "-F", str(client.ssh_dir / "config"),
-         "-o", f"UserKnownHostsFile={client.ssh_dir / 'known_hosts'}",
-         "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "login", command],
-        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-F",
+            str(client.ssh_dir / "config"),
+            "-o",
+            f"UserKnownHostsFile={client.ssh_dir / 'known_hosts'}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            "login",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_sbatch_over_ssh_runs_srun_on_both_compute_nodes(
@@ -81,8 +97,16 @@ def test_sbatch_over_ssh_runs_srun_on_both_compute_nodes(
 
 def test_srun_ranks_two_tasks_per_node(cluster: SlurmCluster) -> None:
     out = cluster.shared / "ranks.out"
-    job = sbatch(cluster, "-N", "2", "--ntasks-per-node=2", "-o", str(out), "--wrap",
-                 "srun bash -c 'echo $SLURM_PROCID $SLURM_LOCALID $(hostname)'")  # fmt: skip
+    job = sbatch(
+        cluster,
+        "-N",
+        "2",
+        "--ntasks-per-node=2",
+        "-o",
+        str(out),
+        "--wrap",
+        "srun bash -c 'echo $SLURM_PROCID $SLURM_LOCALID $(hostname)'",
+    )
     finished(cluster, job)
     c1, c2 = cluster.node_names
     assert sorted(out.read_text().splitlines()) == [
@@ -140,8 +164,15 @@ def test_requeue_reruns_the_batch_script_with_restart_count_1(cluster: SlurmClus
     """scontrol requeue: the job is PENDING (BeginTime) for cred_expire + 1 = 6 s, then
     runs again with SLURM_RESTART_COUNT=1 (the output file is appended to)."""
     out = cluster.shared / "requeue.out"
-    job = sbatch(cluster, "--requeue", "--open-mode=append", "-o", str(out), "--wrap",
-                 'echo "restart ${SLURM_RESTART_COUNT:-unset}"; sleep 300')  # fmt: skip
+    job = sbatch(
+        cluster,
+        "--requeue",
+        "--open-mode=append",
+        "-o",
+        str(out),
+        "--wrap",
+        'echo "restart ${SLURM_RESTART_COUNT:-unset}"; sleep 300',
+    )
     wait_for(lambda: out.exists() and out.read_text(), 30, "the first run")
     requeued = cluster.run_on_login(["scontrol", "requeue", job])
     assert requeued.returncode == 0, requeued.stderr
@@ -156,13 +187,19 @@ def test_pending_reasons_when_the_partition_is_full_or_too_small(
     hold = sbatch(cluster, "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 300")
     wait_for(lambda: state_and_reason(cluster, hold) == "RUNNING|None", 30, "the holder")
     waits = sbatch(cluster, "-o", "/dev/null", "--wrap", "true")
-    wait_for(lambda: state_and_reason(cluster, waits) in ("PENDING|Resources", "PENDING|Priority"),
-             10, "PENDING (Resources)")  # fmt: skip
+    wait_for(
+        lambda: state_and_reason(cluster, waits) in ("PENDING|Resources", "PENDING|Priority"),
+        10,
+        "PENDING (Resources)",
+    )
     # more nodes than the partition has: never refused (EnforcePartLimits=NO), pending
     # forever; PartitionConfig at first, PartitionNodeLimit after a scheduler pass
     never = sbatch(cluster, "-p", "one", "-N", "2", "-o", "/dev/null", "--wrap", "true")
-    wait_for(lambda: state_and_reason(cluster, never) == "PENDING|PartitionNodeLimit", 10,
-             "PENDING (PartitionNodeLimit)")  # fmt: skip
+    wait_for(
+        lambda: state_and_reason(cluster, never) == "PENDING|PartitionNodeLimit",
+        10,
+        "PENDING (PartitionNodeLimit)",
+    )
 
 
 def test_refusals_gpus_and_no_accounting(cluster: SlurmCluster) -> None:
@@ -176,8 +213,16 @@ def test_refusals_gpus_and_no_accounting(cluster: SlurmCluster) -> None:
     assert too_many.returncode == 1
     assert "Requested node configuration is not available" in too_many.stderr
     out = cluster.shared / "gpus.out"
-    job = sbatch(cluster, "-N", "2", "--gpus-per-node=2", "-o", str(out), "--wrap",
-                 "srun bash -c 'echo $(hostname) $CUDA_VISIBLE_DEVICES'")  # fmt: skip
+    job = sbatch(
+        cluster,
+        "-N",
+        "2",
+        "--gpus-per-node=2",
+        "-o",
+        str(out),
+        "--wrap",
+        "srun bash -c 'echo $(hostname) $CUDA_VISIBLE_DEVICES'",
+    )
     by_gres = sbatch(cluster, "--gres=gpu:2", "-o", "/dev/null", "--wrap", "true")
     finished(cluster, job)
     finished(cluster, by_gres)

@@ -466,9 +466,10 @@ def test_a_quick_tier_test_cannot_start_sshd(tmp_path: Path, keys: ClientKeys) -
     with pytest.raises(TestbedError, match="not in the netns tier: give the fixture"):
         LoopbackHost(tmp_path, keys)
     started = [
-        pid for pid in os.listdir("/proc")
+        pid
+        for pid in os.listdir("/proc")
         if pid.isdigit() and str(tmp_path).encode() in _cmdline(int(pid))
-    ]  # fmt: skip
+    ]
     assert started == []  # refused before any sshd ran
 
 

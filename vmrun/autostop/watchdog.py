@@ -46,9 +46,13 @@ class Cancelled:
 
 def _install_argv(mode: str) -> list[str]:
     return [
-        *hostside.command("autostop_install.sh"), mode, AUTOSTOP_CONF, AUTOSTOP_STATE,
-        AUTOSTOP_SCRIPT, hostside.path("autostop_watch.sh"),
-    ]  # fmt: skip
+        *hostside.command("autostop_install.sh"),
+        mode,
+        AUTOSTOP_CONF,
+        AUTOSTOP_STATE,
+        AUTOSTOP_SCRIPT,
+        hostside.path("autostop_watch.sh"),
+    ]
 
 
 def conf_env(cfg: Autostop) -> dict[str, str]:
@@ -94,14 +98,17 @@ def install(conn: Connection, cfg: Autostop) -> Installed:
             "the autostop watchdog did not report its pid", host=conn.label, code="autostop-failed"
         )
     return Installed(
-        conn.label, values.get("SCRIPT", "?"), values.get("CONF", "?"), values.get("BOOT", "?"),
-        int(pid), how,
-    )  # fmt: skip
+        conn.label,
+        values.get("SCRIPT", "?"),
+        values.get("CONF", "?"),
+        values.get("BOOT", "?"),
+        int(pid),
+        how,
+    )
 
 
 def read_status(conn: Connection) -> AutostopStatus:
-    argv = [*hostside.command("autostop_status.sh"), AUTOSTOP_CONF,
-            AUTOSTOP_STATE, AUTOSTOP_SCRIPT]  # fmt: skip
+    argv = [*hostside.command("autostop_status.sh"), AUTOSTOP_CONF, AUTOSTOP_STATE, AUTOSTOP_SCRIPT]
     result = conn.run(argv, activity=False)
     if not result.ok:
         raise RemoteError(
@@ -115,8 +122,14 @@ def read_status(conn: Connection) -> AutostopStatus:
 def cancel(conn: Connection) -> Cancelled:
     """Remove the watchdog (unit or cron line, process, files) and check none is left."""
     lib, _, name = AUTOSTOP_SCRIPT.rpartition("/")
-    argv = [*hostside.command("autostop_cancel.sh"), AUTOSTOP_CONF,
-            AUTOSTOP_STATE, AUTOSTOP_LOG, lib, name]  # fmt: skip
+    argv = [
+        *hostside.command("autostop_cancel.sh"),
+        AUTOSTOP_CONF,
+        AUTOSTOP_STATE,
+        AUTOSTOP_LOG,
+        lib,
+        name,
+    ]
     result = conn.run(argv, activity=False)
     removed: list[str] = []
     killed: tuple[int, ...] = ()
@@ -132,8 +145,11 @@ def cancel(conn: Connection) -> Cancelled:
             left = value
     if left or not result.ok:
         why = left or result.output_tail(3)
-        raise RemoteError(f"autostop could not be removed completely: {why} is left",
-                          host=conn.label, code="autostop-failed")  # fmt: skip
+        raise RemoteError(
+            f"autostop could not be removed completely: {why} is left",
+            host=conn.label,
+            code="autostop-failed",
+        )
     return Cancelled(conn.label, tuple(removed), killed)
 
 

@@ -137,13 +137,15 @@ def _status(entries: Sequence[HostEntry], settings: Settings) -> int:
             continue
         idle = st.idle_for() if st.alive and not st.awake else None
         off = st.off_at() if st.alive and not st.awake and not st.block else None
-        rows.append((
-            st.host,
-            st.period_text(),
-            "-" if idle is None else format_period(idle),
-            st.keeping_awake(),
-            "-" if off is None else clock_text(off),
-        ))  # fmt: skip
+        rows.append(
+            (
+                st.host,
+                st.period_text(),
+                "-" if idle is None else format_period(idle),
+                st.keeping_awake(),
+                "-" if off is None else clock_text(off),
+            )
+        )
     _table(("HOST", "PERIOD", "IDLE FOR", "KEEPING AWAKE", "POWERS OFF AT"), rows)
     for outcome in found.outcomes:
         if outcome.error is not None:

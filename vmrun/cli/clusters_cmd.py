@@ -86,9 +86,7 @@ def register(app: typer.Typer) -> None:
                     code="flags-conflict",
                 )
             return render(list_ucloud(settings), as_json=as_json)
-        found = list_clusters(
-            settings, profile=profile, regions=region, all_regions=all_regions
-        )
+        found = list_clusters(settings, profile=profile, regions=region, all_regions=all_regions)
         return render(found, as_json=as_json)
 
 

@@ -103,9 +103,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
         store: Annotated[
             str | None,
-            typer.Option("--store", metavar="s3://BUCKET/PREFIX",
-                         help="From the run's copy in this bucket place (`train --store`),"
-                         " not its hosts: straight here, when the hosts are gone."),
+            typer.Option(
+                "--store",
+                metavar="s3://BUCKET/PREFIX",
+                help="From the run's copy in this bucket place (`train --store`),"
+                " not its hosts: straight here, when the hosts are gone.",
+            ),
         ] = None,
         from_store: Annotated[
             bool,

@@ -209,8 +209,10 @@ def _hidden_line(hidden: Sequence[HostStatus]) -> Text:
 
     silent = sum(1 for s in hidden if s.sample.state != "ok")
     if silent:
-        return Text(f"+ {len(hidden)} more host(s) not shown, {silent} of them not answering",
-                    style="bold red")  # fmt: skip
+        return Text(
+            f"+ {len(hidden)} more host(s) not shown, {silent} of them not answering",
+            style="bold red",
+        )
     lowest = min((u for u in map(_least_util, hidden) if u is not None), default=None)
     busy = "" if lowest is None else f"; every GPU on them {lowest:.0f}% busy or more"
     return Text(f"+ {len(hidden)} more host(s) not shown (all answering{busy})")
@@ -220,9 +222,13 @@ def _alert(alerts: list[Text], host: str, gpu: GpuStatus, threshold: float) -> N
     from rich.text import Text
 
     if gpu.flags:
-        alerts.append(Text(f"! {host} GPU {gpu.reading.index}: {', '.join(gpu.flags)}"
-                           f" (`vmrun doctor -H {host}` says what and what to do)",
-                           style="bold red"))  # fmt: skip
+        alerts.append(
+            Text(
+                f"! {host} GPU {gpu.reading.index}: {', '.join(gpu.flags)}"
+                f" (`vmrun doctor -H {host}` says what and what to do)",
+                style="bold red",
+            )
+        )
     if gpu.alert and gpu.idle_for is not None:
         owner = next(p.run for p in gpu.processes if p.run)  # the alert needs one
         alerts.append(

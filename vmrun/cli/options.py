@@ -86,8 +86,9 @@ class Reach:
     parallel: int | None = None
 
     def settings(self, **extra: Any) -> Settings:
-        return settings_from(self.connect_timeout, self.accept_new_host_key,
-                             parallel=self.parallel, **extra)  # fmt: skip
+        return settings_from(
+            self.connect_timeout, self.accept_new_host_key, parallel=self.parallel, **extra
+        )
 
 
 NO_FLAGS = Reach()  # a command function's default (`reaching` always passes its own)
@@ -105,8 +106,10 @@ def reaching(*, parallel: bool = True) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         sig = inspect.signature(fn, eval_str=True)  # Typer reads the objects, not strings
         kept = [p for name, p in sig.parameters.items() if name != "reach"]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                   annotation=kind) for name, kind in flags.items()]  # fmt: skip
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+            for name, kind in flags.items()
+        ]
 
         @functools.wraps(fn)
         def command(*args: Any, **kwargs: Any) -> Any:

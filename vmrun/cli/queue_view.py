@@ -28,8 +28,9 @@ def render_made(made: Made, recorded_in: object) -> int:
     for host in made.taken_out:
         say(f"{host}: taken out of the cluster")
     versions = ", ".join(f"{p} {v}" for p, v in sorted(made.versions.items()))
-    named = ", ".join(f"{p} ({len(n)} node{'s' if len(n) != 1 else ''})"
-                      for p, n in made.partitions.items())  # fmt: skip
+    named = ", ".join(
+        f"{p} ({len(n)} node{'s' if len(n) != 1 else ''})" for p, n in made.partitions.items()
+    )
     say(
         f"cluster {made.name}: {len(made.nodes)} node(s) in service, partitions {named}"
         + (f"; {versions}" if versions else "")
@@ -39,12 +40,16 @@ def render_made(made: Made, recorded_in: object) -> int:
     if made.shared:
         where = f"jobs work in {made.shared} (one folder on every host)"
     else:
-        where = ("no shared folder (--shared PATH names one): each run's project is synced to"
-                 " every node, and its log and results stay on the node its job ran on")
+        where = (
+            "no shared folder (--shared PATH names one): each run's project is synced to"
+            " every node, and its log and results stay on the node its job ran on"
+        )
     say(f"{where}; recorded as [[clusters]] {made.name} in {recorded_in}")
     if made.accounting:
-        say(f"accounting: slurmdbd on {made.controller} (its database in MariaDB there);"
-            " `sacct` lists every job")  # fmt: skip
+        say(
+            f"accounting: slurmdbd on {made.controller} (its database in MariaDB there);"
+            " `sacct` lists every job"
+        )
     say(f"use it: vmrun train -C {made.name} ...  |  vmrun sweep -C {made.name} ...")
     return 0
 
@@ -54,6 +59,8 @@ def render_removed(removed: Removed) -> int:
         did = ", ".join(line.lower() for line in lines if line != "GONE") or "nothing of it left"
         kept = removed.kept.get(host)
         say(f"{host}: {did}" + (f"; packages kept: {kept}" if kept else ""))
-    say(f"cluster {removed.name} removed and forgotten in vmrun.toml; the hosts take"
-        " `vmrun train -H` again")  # fmt: skip
+    say(
+        f"cluster {removed.name} removed and forgotten in vmrun.toml; the hosts take"
+        " `vmrun train -H` again"
+    )
     return 0

@@ -103,9 +103,10 @@ Mounts = Annotated[
 
 MaxRecoveries = Annotated[
     int | None,
-    typer.Option("--max-recoveries", metavar="N",
-                 help="--recover: give up after N recoveries [default: 5]."),
-]  # fmt: skip
+    typer.Option(
+        "--max-recoveries", metavar="N", help="--recover: give up after N recoveries [default: 5]."
+    ),
+]
 
 MaxCost = Annotated[
     str | None,

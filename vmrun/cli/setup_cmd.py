@@ -238,28 +238,46 @@ def register(app: typer.Typer) -> None:
             )
         settings = reach.settings(autostop=autostop)
         if slurm is None and (controller or shared or slurm_remove or slurmdbd):
-            raise UsageError("--controller, --shared, --slurmdbd and --slurm-remove go with"
-                             " --slurm NAME", code="flags-conflict")  # fmt: skip
+            raise UsageError(
+                "--controller, --shared, --slurmdbd and --slurm-remove go with --slurm NAME",
+                code="flags-conflict",
+            )
         if slurm is not None and (cluster or as_json):
-            raise UsageError("--slurm makes a cluster of hosts (-H); it takes no -C or --json",
-                             code="flags-conflict")  # fmt: skip
+            raise UsageError(
+                "--slurm makes a cluster of hosts (-H); it takes no -C or --json",
+                code="flags-conflict",
+            )
         if slurm is not None and slurm_remove:
             from vmrun.cli.queue_view import render_removed
             from vmrun.operations.queue import remove_cluster
 
             return render_removed(remove_cluster(settings, slurm, targets or None))
         request = SetupRequest(
-            playbook=playbook, extra=extra or [], env_manager=env_manager, python=python,
-            python_version=python_version, env_name=env_name, torch=torch,
-            torch_index=torch_index, driver=driver, pip=pip, container=container,
+            playbook=playbook,
+            extra=extra or [],
+            env_manager=env_manager,
+            python=python,
+            python_version=python_version,
+            env_name=env_name,
+            torch=torch,
+            torch_index=torch_index,
+            driver=driver,
+            pip=pip,
+            container=container,
             params=param or [],
-            force=force or [], only=only or [], dry_run=dry_run, wheelhouse=wheelhouse,
-            installer=installer, index_url=index_url, find_links=find_links or [],
+            force=force or [],
+            only=only or [],
+            dry_run=dry_run,
+            wheelhouse=wheelhouse,
+            installer=installer,
+            index_url=index_url,
+            find_links=find_links or [],
             reboot_timeout=reboot_timeout,
-        )  # fmt: skip
+        )
         if slurm is not None:
-            return _make_cluster(settings, request, targets, slurm, controller, shared,
-                                 accounting=slurmdbd)  # fmt: skip
+            return _make_cluster(
+                settings, request, targets, slurm, controller, shared, accounting=slurmdbd
+            )
         return _run(settings, request, targets, cluster, gpus_per_node, record, as_json=as_json)
 
 
@@ -279,8 +297,16 @@ def _make_cluster(
     from vmrun.cli.terminal import Terminal
     from vmrun.operations.queue import make_cluster
 
-    done = make_cluster(settings, request, targets or None, name, controller=controller,
-                        shared=shared, accounting=accounting, out=Terminal())  # fmt: skip
+    done = make_cluster(
+        settings,
+        request,
+        targets or None,
+        name,
+        controller=controller,
+        shared=shared,
+        accounting=accounting,
+        out=Terminal(),
+    )
     code = view.render_hosts(done.setup)
     if done.made is None:
         return code

@@ -205,16 +205,23 @@ def render_json(done: SetUp) -> int:
 
     hosts = []
     for outcome in done.outcomes:
-        item: dict[str, Any] = {"host": outcome.host, "ok": outcome.ok,
-                                "seconds": round(outcome.duration, 2)}  # fmt: skip
+        item: dict[str, Any] = {
+            "host": outcome.host,
+            "ok": outcome.ok,
+            "seconds": round(outcome.duration, 2),
+        }
         if outcome.error is not None:
             item["error"] = error_json(outcome.error)
         if outcome.value is not None:
             item["steps"] = [
-                {"name": s.name, "status": str(s.status), "seconds": round(s.duration, 2),
-                 **({"detail": s.detail} if s.detail else {})}
+                {
+                    "name": s.name,
+                    "status": str(s.status),
+                    "seconds": round(s.duration, 2),
+                    **({"detail": s.detail} if s.detail else {}),
+                }
                 for s in outcome.value.steps
-            ]  # fmt: skip
+            ]
             item["python"] = outcome.value.python
             item["rebooted"] = outcome.value.rebooted
         hosts.append(item)

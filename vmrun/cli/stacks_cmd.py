@@ -45,15 +45,25 @@ def register(app: typer.Typer) -> None:
         if as_json:
             from dataclasses import asdict
 
-            say(json.dumps({"run": taken.run_id, "ranks": [stack_json(s) for s in taken.stacks],
-                            "failed": taken.failed, "hangs": taken.hangs,
-                            "flight_recorder": [asdict(f) for f in taken.flights]},
-                           indent=1))  # fmt: skip
+            say(
+                json.dumps(
+                    {
+                        "run": taken.run_id,
+                        "ranks": [stack_json(s) for s in taken.stacks],
+                        "failed": taken.failed,
+                        "hangs": taken.hangs,
+                        "flight_recorder": [asdict(f) for f in taken.flights],
+                    },
+                    indent=1,
+                )
+            )
             return taken.exit_code
         for node, seen in taken.hangs.items():
             if seen:
-                say(f"{node}: hung since {_clock(seen.get('since'))}, found"
-                    f" {_clock(seen.get('seen'))}; {seen.get('action', 'wait')}")  # fmt: skip
+                say(
+                    f"{node}: hung since {_clock(seen.get('since'))}, found"
+                    f" {_clock(seen.get('seen'))}; {seen.get('action', 'wait')}"
+                )
         for line in taken.lines(full=full):
             say(line)
         for node, why in taken.failed.items():

@@ -63,8 +63,14 @@ def register(app: typer.Typer) -> None:
 
         refuse_with_cluster(cluster, host)
         settings = reach.settings()
-        found = gather(settings, hosts=host, cluster=cluster, watchdog=not as_json,
-                       last=0 if show_all else last, out=TERMINAL)  # fmt: skip
+        found = gather(
+            settings,
+            hosts=host,
+            cluster=cluster,
+            watchdog=not as_json,
+            last=0 if show_all else last,
+            out=TERMINAL,
+        )
         records, errors, autostop = found.records, found.errors, found.autostop
         if as_json:
             say(json.dumps([*found.runs(), *found.places()], indent=2))
@@ -73,8 +79,13 @@ def register(app: typer.Typer) -> None:
             images = any(r.meta.get("image") for r in records)
             stores = any(r.store for r in records)
             costs = any(r.meta.get("price_per_hour") is not None for r in records)
-            _render(_rows(records, autostop, images, stores, costs), autostop=bool(autostop),
-                    images=images, stores=stores, costs=costs)  # fmt: skip
+            _render(
+                _rows(records, autostop, images, stores, costs),
+                autostop=bool(autostop),
+                images=images,
+                stores=stores,
+                costs=costs,
+            )
             for r in records:
                 if r.store is not None and r.store.state in ("failing", "gave-up"):
                     TERMINAL.warn(f"run {r.id}: {r.store.describe(getattr(r, 'host_now', None))}")
@@ -86,7 +97,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _rows(
-    records: Sequence[Any], autostop: dict[str, str], images: bool = False, stores: bool = False,
+    records: Sequence[Any],
+    autostop: dict[str, str],
+    images: bool = False,
+    stores: bool = False,
     costs: bool = False,
 ) -> list[tuple[str, ...]]:
     """One row per run and host (and one per task of an array job, `RUN[INDEX]`); an
@@ -95,21 +109,34 @@ def _rows(
     where a run's prices are known (on its master's row: the whole run's, so far)."""
     rows = []
     for r in records:
-        extra = [*([autostop.get(r.host, "-")] if autostop else []),
-                 *([str(r.meta.get("image") or "-")] if images else []),
-                 *([_bucket(r)] if stores else []),
-                 *([_cost(r)] if costs else [])]  # fmt: skip
+        extra = [
+            *([autostop.get(r.host, "-")] if autostop else []),
+            *([str(r.meta.get("image") or "-")] if images else []),
+            *([_bucket(r)] if stores else []),
+            *([_cost(r)] if costs else []),
+        ]
         started = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
         code = "-" if r.exit_code is None else str(r.exit_code)
         progress = ", ".join(p for p in (r.progress, getattr(r, "slow", "")) if p) or "-"
-        rows.append((r.id, r.host, _state(r), progress, started, _duration(r.duration),
-                     code, *extra))  # fmt: skip
+        rows.append(
+            (r.id, r.host, _state(r), progress, started, _duration(r.duration), code, *extra)
+        )
         for t in r.tasks if r.meta.get("array") else []:
             state = f"{t.state} ({t.reason})" if t.reason else str(t.state)
             code = "-" if t.exit_code is None else str(t.exit_code)
             where = f"on {t.nodes}" if t.nodes else "-"
-            rows.append((f"{r.id}[{t.key}]", r.host, state, where, started,
-                         _duration(t.elapsed), code, *extra))  # fmt: skip
+            rows.append(
+                (
+                    f"{r.id}[{t.key}]",
+                    r.host,
+                    state,
+                    where,
+                    started,
+                    _duration(t.elapsed),
+                    code,
+                    *extra,
+                )
+            )
     return rows
 
 
@@ -129,8 +156,13 @@ def _bucket(run: Any) -> str:
     if store is None:
         return "-"
     behind = store.behind(getattr(run, "host_now", None))
-    words = {"ok": "up to date", "done": "all there", "syncing": "copying",
-             "gave-up": "gave up", "replaced": "newer attempt's"}  # fmt: skip
+    words = {
+        "ok": "up to date",
+        "done": "all there",
+        "syncing": "copying",
+        "gave-up": "gave up",
+        "replaced": "newer attempt's",
+    }
     if store.state == "failing" and behind is not None:
         return f"{behind:.0f} s behind"
     return words.get(store.state, "behind" if store.state == "failing" else store.state)

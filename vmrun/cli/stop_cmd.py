@@ -61,8 +61,7 @@ def render(stopped: Stopped) -> int:
         if not res.signalled:
             say(f"{res.node}: run {run_id}{job} had already ended")
         elif stopped.cluster:
-            say(f"{res.node}: stopped run {run_id}: job {stopped.job} cancelled;"
-                       " no step left")  # fmt: skip
+            say(f"{res.node}: stopped run {run_id}: job {stopped.job} cancelled; no step left")
         else:
             killed = f", {res.killed} needed SIGKILL" if res.killed else ""
             say(f"{res.node}: stopped run {run_id}: {res.signalled} process(es){killed}; none left")

@@ -72,15 +72,25 @@ def register(app: typer.Typer) -> None:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.operations.submit import SubmitDryRun, SubmitOptions, submit
 
-        what = SubmitOptions(script=script, args=ctx.meta.get(SCRIPT_ARGS) or [], name=name,
-                             env=env, data=data, recover=recover,
-                             max_recoveries=max_recoveries)  # fmt: skip
+        what = SubmitOptions(
+            script=script,
+            args=ctx.meta.get(SCRIPT_ARGS) or [],
+            name=name,
+            env=env,
+            data=data,
+            recover=recover,
+            max_recoveries=max_recoveries,
+        )
         told = {"notify": notify, "notify_on": notify_on}
         done = submit(
-            what, reach.settings(**told), cluster=cluster,
-            slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach,
+            what,
+            reach.settings(**told),
+            cluster=cluster,
+            slurm=slurm_options(slurm or {}),
+            dry_run=dry_run,
+            detach=detach,
             out=TERMINAL,
-        )  # fmt: skip
+        )
         return show_dry_run(done) if isinstance(done, SubmitDryRun) else done
 
 

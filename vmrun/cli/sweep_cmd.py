@@ -54,8 +54,13 @@ def register(app: typer.Typer) -> None:
         " report and a plot to results/sweep-<id>/. Ctrl-C stops the size in progress and"
         " keeps the others; --resume ID runs what is left.",
     )
-    @with_group(SLURM_GROUP, "slurm", skip=("nodes", "max_requeues"),
-                cpus_per_task=CpusPerTask, gpus_per_node=GpusPerNode)  # fmt: skip
+    @with_group(
+        SLURM_GROUP,
+        "slurm",
+        skip=("nodes", "max_requeues"),
+        cpus_per_task=CpusPerTask,
+        gpus_per_node=GpusPerNode,
+    )
     @reaching()
     def sweep_command(
         script: ro.Script = None,
@@ -118,18 +123,37 @@ def register(app: typer.Typer) -> None:
 
         flags = dict(slurm or {})
         grid = Grid(
-            nodes=nodes, nproc_per_node=nproc_per_node, batch_size=batch_size, lr=lr, env=env,
+            nodes=nodes,
+            nproc_per_node=nproc_per_node,
+            batch_size=batch_size,
+            lr=lr,
+            env=env,
             cpus_per_task=flags.pop("cpus_per_task", None),
             gpus_per_node=flags.pop("gpus_per_node", None),
-        )  # fmt: skip
-        run = RunOptions(script=script, epochs=epochs, save_every=save_every, task=task, name=name,
-                         image=image, mounts=mount)  # fmt: skip
+        )
+        run = RunOptions(
+            script=script,
+            epochs=epochs,
+            save_every=save_every,
+            task=task,
+            name=name,
+            image=image,
+            mounts=mount,
+        )
         told = {"notify": notify, "notify_on": notify_on, "max_cost": max_cost}
         done = sweep(
-            run, grid, reach.settings(**told), resume=resume,
-            local=local, hosts=host, cluster=cluster, slurm=slurm_options(flags),
-            verbose=verbose, detach=detach, out=TERMINAL,
-        )  # fmt: skip
+            run,
+            grid,
+            reach.settings(**told),
+            resume=resume,
+            local=local,
+            hosts=host,
+            cluster=cluster,
+            slurm=slurm_options(flags),
+            verbose=verbose,
+            detach=detach,
+            out=TERMINAL,
+        )
         if done.rows:
             show_table(done.rows)
         return done.code

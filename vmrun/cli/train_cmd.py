@@ -178,13 +178,19 @@ def register(app: typer.Typer) -> None:
         max_recoveries: ro.MaxRecoveries = None,
         spare: Annotated[
             list[str] | None,
-            typer.Option("--spare", metavar="HOST",
-                         help="--recover: a host to take a lost node's place; repeatable."),
+            typer.Option(
+                "--spare",
+                metavar="HOST",
+                help="--recover: a host to take a lost node's place; repeatable.",
+            ),
         ] = None,
         supervisor: Annotated[
             str | None,
-            typer.Option("--supervisor", metavar="HOST",
-                         help="--recover: where the supervisor runs [default: the master]."),
+            typer.Option(
+                "--supervisor",
+                metavar="HOST",
+                help="--recover: where the supervisor runs [default: the master].",
+            ),
         ] = None,
         ignore_gpu_health: Annotated[
             bool,
@@ -231,26 +237,61 @@ def register(app: typer.Typer) -> None:
         from vmrun.operations.train import DryRun, HostOptions, RunOptions, train
 
         run = RunOptions(
-            script=script, script_args=ctx.meta.get(SCRIPT_ARGS), epochs=epochs,
-            save_every=save_every, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-            env=env, name=name, batch_size=batch_size, lr=lr, task=task, launcher=launcher,
-            image=image, mounts=mount, pull=pull, data=data, store=store,
-        )  # fmt: skip
+            script=script,
+            script_args=ctx.meta.get(SCRIPT_ARGS),
+            epochs=epochs,
+            save_every=save_every,
+            nproc_per_node=nproc_per_node,
+            max_restarts=max_restarts,
+            env=env,
+            name=name,
+            batch_size=batch_size,
+            lr=lr,
+            task=task,
+            launcher=launcher,
+            image=image,
+            mounts=mount,
+            pull=pull,
+            data=data,
+            store=store,
+        )
         hosts = HostOptions(
-            hosts=host, master=master, nnodes=nnodes, rdzv_port=rdzv_port, nccl_debug=nccl_debug,
-            allow_concurrent=allow_concurrent, fresh=fresh, fetch_every=fetch_every,
-            down_after_run=down_after_run, recover=recover, max_recoveries=max_recoveries,
-            spares=spare, supervisor=supervisor, ignore_gpu_health=ignore_gpu_health,
-        )  # fmt: skip
-        told = {"notify": notify, "notify_on": notify_on, "hang_timeout": hang_timeout,
-                "on_hang": on_hang, "max_cost": max_cost}  # fmt: skip
+            hosts=host,
+            master=master,
+            nnodes=nnodes,
+            rdzv_port=rdzv_port,
+            nccl_debug=nccl_debug,
+            allow_concurrent=allow_concurrent,
+            fresh=fresh,
+            fetch_every=fetch_every,
+            down_after_run=down_after_run,
+            recover=recover,
+            max_recoveries=max_recoveries,
+            spares=spare,
+            supervisor=supervisor,
+            ignore_gpu_health=ignore_gpu_health,
+        )
+        told = {
+            "notify": notify,
+            "notify_on": notify_on,
+            "hang_timeout": hang_timeout,
+            "on_hang": on_hang,
+            "max_cost": max_cost,
+        }
         settings = reach.settings(**told)
         done = train(
-            run, settings,
-            local=local, hosts=hosts, resume=resume, cluster=cluster,
-            slurm=slurm_options(slurm or {}), dry_run=dry_run, detach=detach, verbose=verbose,
+            run,
+            settings,
+            local=local,
+            hosts=hosts,
+            resume=resume,
+            cluster=cluster,
+            slurm=slurm_options(slurm or {}),
+            dry_run=dry_run,
+            detach=detach,
+            verbose=verbose,
             out=TERMINAL,
-        )  # fmt: skip
+        )
         return show_dry_run(done) if isinstance(done, DryRun) else done
 
 

@@ -163,13 +163,29 @@ def register(app: typer.Typer) -> None:
             )
 
         ask = UpAsk(
-            name=name, cloud=cloud, instance_type=instance_type, count=count, region=region,
-            zone=zone, spot=spot, spot_fallback=spot_fallback, disk=disk, image=image, user=user,
-            autostop=autostop, autostop_terminate=autostop_terminate, ssh_from=ssh_from,
-            profile=profile, placement=placement, ssh_key=ssh_key, keep=keep,
-            ssh_timeout=ssh_timeout, store=store, max_hourly_cost=max_hourly_cost,
+            name=name,
+            cloud=cloud,
+            instance_type=instance_type,
+            count=count,
+            region=region,
+            zone=zone,
+            spot=spot,
+            spot_fallback=spot_fallback,
+            disk=disk,
+            image=image,
+            user=user,
+            autostop=autostop,
+            autostop_terminate=autostop_terminate,
+            ssh_from=ssh_from,
+            profile=profile,
+            placement=placement,
+            ssh_key=ssh_key,
+            keep=keep,
+            ssh_timeout=ssh_timeout,
+            store=store,
+            max_hourly_cost=max_hourly_cost,
             max_cost=max_cost,
-        )  # fmt: skip
+        )
         if slurm:
             return _up_cluster(ask)
         done = up(settings_from(), ask, Terminal())
@@ -208,7 +224,9 @@ def _render(done: Up, ask: UpAsk) -> None:
     if done.autostop:
         say(f"  autostop: each powers off after {done.autostop} idle")
     if done.budget:
-        say(f"  --max-cost: each VM saves and stops its runs and powers off after {done.budget}"
-            " running in all")
+        say(
+            f"  --max-cost: each VM saves and stops its runs and powers off after {done.budget}"
+            " running in all"
+        )
     if ask.store:
         say(f"  role: the VMs reach {ask.store} with their own credentials")

@@ -35,8 +35,17 @@ _PODMAN_BLOB = re.compile(r"Copying blob (?:sha256:)?([0-9a-f]{12,64})\s*(.*)")
 _SIZE = re.compile(r"([0-9.]+)\s*([kKMG]?B)/([0-9.]+)\s*([kKMG]?B)")  # a terminal's "12.5MB/45MB"
 # podman's bar on a terminal: "Copying blob 2fec26bb3f76 [=====>---] 1.5MiB / 45.0MiB"
 _PODMAN_SIZE = re.compile(r"([0-9.]+)\s*([KMG]iB|b)\s*/\s*([0-9.]+)\s*([KMG]iB|b)")
-_UNITS = {"B": 1, "kB": 1000, "KB": 1000, "MB": 1000**2, "GB": 1000**3,
-          "b": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}  # fmt: skip
+_UNITS = {
+    "B": 1,
+    "kB": 1000,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "b": 1,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+}
 
 
 @dataclass(frozen=True)
@@ -199,8 +208,10 @@ class PullLines:
 
     def summary(self, image: str, seconds: float) -> str:
         if self.kept:
-            return (f"kept this host's own {image}: its registry did not answer or has no"
-                    f" such image ({self.kept}; pull = newer)")  # fmt: skip
+            return (
+                f"kept this host's own {image}: its registry did not answer or has no"
+                f" such image ({self.kept}; pull = newer)"
+            )
         done = self.reader.progress()
         if not done.layers_total and not self.text:  # nothing pulled: missing, never
             return f"image {image} is on the host; not pulled"
@@ -225,56 +236,80 @@ def read_pull(output: str) -> PullProgress:
 _FAILURES: tuple[tuple[str, Callable[..., VmrunError], str], ...] = (
     (
         r"\b(docker|podman): (command )?not found|executable file not found",
-        partial(UsageError, code="container-runtime-missing",
-                hint="`vmrun setup --container docker` installs it"),
+        partial(
+            UsageError,
+            code="container-runtime-missing",
+            hint="`vmrun setup --container docker` installs it",
+        ),
         "the container runtime is not installed",
     ),
     (
         r"no space left on device",
-        partial(RemoteError, code="no-space-left",
-                hint="free space (docker system prune) or grow the disk"),
+        partial(
+            RemoteError,
+            code="no-space-left",
+            hint="free space (docker system prune) or grow the disk",
+        ),
         "no space left on the host's disk pulling {image}",
     ),
     (
         r"permission denied while trying to connect to the (Docker )?daemon",
-        partial(RemoteError, code="container-runtime-unavailable",
-                hint="`vmrun setup --container docker` adds the user to the docker group"),
+        partial(
+            RemoteError,
+            code="container-runtime-unavailable",
+            hint="`vmrun setup --container docker` adds the user to the docker group",
+        ),
         "the user may not use the Docker daemon",
     ),
     (
         r"Cannot connect to the (Docker|container) daemon|Is the docker daemon running",
-        partial(RemoteError, code="container-runtime-unavailable",
-                hint="start it (systemctl start docker) or run `vmrun setup --container docker`"),
+        partial(
+            RemoteError,
+            code="container-runtime-unavailable",
+            hint="start it (systemctl start docker) or run `vmrun setup --container docker`",
+        ),
         "the Docker daemon is not running",
     ),
     (
         r"invalid reference format|short-name .* did not resolve",
-        partial(UsageError, code="bad-image",
-                hint="give the full name, e.g. docker.io/library/python:3.12"),
+        partial(
+            UsageError,
+            code="bad-image",
+            hint="give the full name, e.g. docker.io/library/python:3.12",
+        ),
         "the runtime refused the reference {image}",
     ),
     (
         r"manifest unknown|manifest for \S+ not found|name unknown|repository does not exist"
         r"|requested access to the resource is denied|: not found\s*$",
-        partial(UsageError, code="image-not-found",
-                hint="check the name and tag (a private repository also needs a login)"),
+        partial(
+            UsageError,
+            code="image-not-found",
+            hint="check the name and tag (a private repository also needs a login)",
+        ),
         "no image {image} in its registry",
     ),
     (
         r"unauthorized|authentication required|incorrect username or password|\bdenied\b",
-        partial(RemoteError, code="registry-auth-refused",
-                hint="check the login (NGC: NGC_API_KEY, username $oauthtoken)"),
+        partial(
+            RemoteError,
+            code="registry-auth-refused",
+            hint="check the login (NGC: NGC_API_KEY, username $oauthtoken)",
+        ),
         "the registry refused the credentials for {image}",
     ),
     (
         r"dial tcp|no such host|connection refused|i/o timeout|TLS handshake timeout"
         r"|Client\.Timeout exceeded|network is unreachable|name resolution"
         r"|server gave HTTP response to HTTPS client|x509:",
-        partial(RemoteError, code="registry-unreachable",
-                hint="check the host's network, DNS, proxy and the registry's certificate"),
+        partial(
+            RemoteError,
+            code="registry-unreachable",
+            hint="check the host's network, DNS, proxy and the registry's certificate",
+        ),
         "the host could not reach the registry of {image}",
     ),
-)  # fmt: skip
+)
 _DETAIL_MAX = 200
 
 

@@ -21,8 +21,24 @@ from vmrun.reporting import Passing, Progress, Reporter
 _REFUSED = re.compile(rb"(?i)(?:error setting rlimit|setrlimit\b)[^\n]*?operation not permitted")
 _WHICH = re.compile(rb"rlimit type (\d+)|RLIMIT_([A-Z]+)")
 # Linux's RLIMIT_* by number (runc names a limit so), as `--ulimit` and container_ulimits do
-_NAMES = ("cpu", "fsize", "data", "stack", "core", "rss", "nproc", "nofile", "memlock", "as",
-          "locks", "sigpending", "msgqueue", "nice", "rtprio", "rttime")  # fmt: skip
+_NAMES = (
+    "cpu",
+    "fsize",
+    "data",
+    "stack",
+    "core",
+    "rss",
+    "nproc",
+    "nofile",
+    "memlock",
+    "as",
+    "locks",
+    "sigpending",
+    "msgqueue",
+    "nice",
+    "rtprio",
+    "rttime",
+)
 
 
 def refused_limit(text: bytes) -> str | None:

@@ -65,8 +65,7 @@ def check_pull(value: str) -> str:
     """A pull policy (PULL_POLICIES), or `bad-pull`, exit 2."""
     word = value.strip().lower()
     if word not in PULL_POLICIES:
-        raise UsageError(f"pull {value!r}: not one of {', '.join(PULL_POLICIES)}",
-                         code="bad-pull")  # fmt: skip
+        raise UsageError(f"pull {value!r}: not one of {', '.join(PULL_POLICIES)}", code="bad-pull")
     return word
 
 

@@ -53,30 +53,54 @@ RUNTIMES: dict[str, Runtime] = {
     r.name: r
     for r in (
         Runtime(
-            "docker", "docker", frozenset({HOSTS, SLURM}), ("--gpus", "all"), "flag",
+            "docker",
+            "docker",
+            frozenset({HOSTS, SLURM}),
+            ("--gpus", "all"),
+            "flag",
             note="NVIDIA Container Toolkit for --gpus",
         ),
         Runtime(
             # CDI names the GPUs (`nvidia-ctk cdi generate`); rootless podman maps the user
             # with --userns=keep-id (see `_user_flags`)
-            "podman", "podman", frozenset({HOSTS, SLURM}), ("--device", "nvidia.com/gpu=all"),
-            "flag", note="GPUs through CDI",
+            "podman",
+            "podman",
+            frozenset({HOSTS, SLURM}),
+            ("--device", "nvidia.com/gpu=all"),
+            "flag",
+            note="GPUs through CDI",
         ),
         Runtime(
-            "pyxis", None, frozenset({SLURM}), (), "caller", pull="on-start",
+            "pyxis",
+            None,
+            frozenset({SLURM}),
+            (),
+            "caller",
+            pull="on-start",
             note="srun --container-*; enroot imports the image on each node",
         ),
         Runtime(
-            "apptainer", "apptainer", frozenset({SLURM}), ("--nv",), "caller", sif=True,
-            pull="on-start", note="docker:// references are converted to a .sif on first use",
+            "apptainer",
+            "apptainer",
+            frozenset({SLURM}),
+            ("--nv",),
+            "caller",
+            sif=True,
+            pull="on-start",
+            note="docker:// references are converted to a .sif on first use",
         ),
         Runtime(
-            "shifter", "shifter", frozenset({SLURM}), ("--module=gpu",), "caller",
-            read_only=False, pull="on-start",
+            "shifter",
+            "shifter",
+            frozenset({SLURM}),
+            ("--module=gpu",),
+            "caller",
+            read_only=False,
+            pull="on-start",
             note="the image must be in the site's shifter store (shifterimg pull)",
         ),
     )
-}  # fmt: skip
+}
 RUNNER = "container_run.sh"  # vmrun/hostside: runs, stops and removes one container
 DETECT_SCRIPT = "container_detect.sh"  # vmrun/hostside: the runtimes a host has, by name
 PULL_SCRIPT = "container_pull.sh"  # vmrun/hostside: login (password from stdin) and pull
@@ -258,7 +282,8 @@ def run_options(runtime: Runtime, spec: ContainerSpec, *, node_label: bool = Tru
     _binary(runtime)
     node = ["--label", f"{LABEL_NODE}={spec.node}"] if node_label else []
     argv = [
-        "--label", f"{LABEL_RUN}={spec.run_id}",
+        "--label",
+        f"{LABEL_RUN}={spec.run_id}",
         *node,
         "--init",  # a PID 1 that passes signals on and reaps (torchrun's workers)
         "--net=host",
@@ -267,9 +292,11 @@ def run_options(runtime: Runtime, spec: ContainerSpec, *, node_label: bool = Tru
         *_ulimits(runtime, spec),
         *(runtime.gpus if spec.gpus else ()),
         *_user_flags(runtime, spec),
-        "-v", f"{spec.workdir}:{spec.workdir}",
-        "-w", spec.workdir,
-    ]  # fmt: skip
+        "-v",
+        f"{spec.workdir}:{spec.workdir}",
+        "-w",
+        spec.workdir,
+    ]
     for mount in spec.mounts:
         argv += ["-v", str(mount)]
     if spec.home is not None:
@@ -338,9 +365,14 @@ def parse_digest(output: str, image: ImageRef) -> str | None:
 def ps_argv(runtime: Runtime, run_id: str) -> list[str]:
     """The run's containers, running or not (`NAME STATE` lines): status, stop, leftovers."""
     return [
-        _binary(runtime), "ps", "-a", "--filter", f"label={LABEL_RUN}={run_id}",
-        "--format", "{{.Names}} {{.State}}",
-    ]  # fmt: skip
+        _binary(runtime),
+        "ps",
+        "-a",
+        "--filter",
+        f"label={LABEL_RUN}={run_id}",
+        "--format",
+        "{{.Names}} {{.State}}",
+    ]
 
 
 def parse_ps(output: str) -> list[tuple[str, str]]:

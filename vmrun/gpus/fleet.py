@@ -102,8 +102,14 @@ class HostStatus:
         gpus = []
         for g in self.gpus:
             idle = None if g.idle_for is None else round(g.idle_for, 1)
-            gpus.append({**g.reading.to_json(), "idle_for_s": idle, "idle_alert": g.alert,
-                         "health": list(g.flags)})  # fmt: skip
+            gpus.append(
+                {
+                    **g.reading.to_json(),
+                    "idle_for_s": idle,
+                    "idle_alert": g.alert,
+                    "health": list(g.flags),
+                }
+            )
         return {
             "host": s.host,
             "time": round(s.time, 3),
@@ -210,14 +216,25 @@ class HostWatcher:
         self._health_due = 0.0
         self.thread = threading.Thread(target=self._main, daemon=True, name=f"gpus-{self.label}")
 
-    def _say(self, state: HostState, message: str | None = None, exit_code: int = 0,
-             code: str | None = None) -> None:  # fmt: skip
+    def _say(
+        self,
+        state: HostState,
+        message: str | None = None,
+        exit_code: int = 0,
+        code: str | None = None,
+    ) -> None:
         self.deliver(
             HostSample(
-                self.label, state, time.time(), message=message, exit_code=exit_code, code=code,
-                autostop=self.autostop, health=self.health,
+                self.label,
+                state,
+                time.time(),
+                message=message,
+                exit_code=exit_code,
+                code=code,
+                autostop=self.autostop,
+                health=self.health,
             )
-        )  # fmt: skip
+        )
 
     def _main(self) -> None:
         try:
@@ -311,8 +328,9 @@ class HostWatcher:
         )
         self._delay = BACKOFF_FIRST  # healthy again: the next drop retries quickly
         if not self.once and time.monotonic() >= self._health_due:
-            threading.Thread(target=self._read_health, daemon=True,
-                             name=f"health-{self.label}").start()  # fmt: skip
+            threading.Thread(
+                target=self._read_health, daemon=True, name=f"health-{self.label}"
+            ).start()
         sample = HostSample(self.label, HostState.OK, time.time(), tuple(batch), owned)
         self.deliver(replace(sample, autostop=self.autostop, health=self.health))
 

@@ -65,30 +65,52 @@ class GpuHealth:
 def _memory(gpu: GpuHealth) -> list[Problem]:
     found = []
     if gpu.uncorrectable_volatile:
-        found.append(Problem(ERROR, "ecc", f"{gpu.uncorrectable_volatile} uncorrectable ECC"
-                                           " error(s) since the driver loaded"))  # fmt: skip
+        found.append(
+            Problem(
+                ERROR,
+                "ecc",
+                f"{gpu.uncorrectable_volatile} uncorrectable ECC error(s) since the driver loaded",
+            )
+        )
     elif gpu.uncorrectable_aggregate:
-        found.append(Problem(WARN, "ecc", f"{gpu.uncorrectable_aggregate} uncorrectable ECC"
-                                          " error(s) in its lifetime"))  # fmt: skip
+        found.append(
+            Problem(
+                WARN,
+                "ecc",
+                f"{gpu.uncorrectable_aggregate} uncorrectable ECC error(s) in its lifetime",
+            )
+        )
     if gpu.retired_pending:
-        found.append(Problem(ERROR, "retired-pages", "a page retirement is pending: reset the"
-                                                     " GPU (or reboot)"))  # fmt: skip
+        found.append(
+            Problem(
+                ERROR, "retired-pages", "a page retirement is pending: reset the GPU (or reboot)"
+            )
+        )
     if gpu.remap_failed:
-        found.append(Problem(ERROR, "remapped-rows", "a row remapping failed: the GPU needs"
-                                                     " replacing"))  # fmt: skip
+        found.append(
+            Problem(ERROR, "remapped-rows", "a row remapping failed: the GPU needs replacing")
+        )
     if gpu.remap_pending:
-        found.append(Problem(ERROR, "remapped-rows", "a row remapping is pending: reset the GPU"
-                                                     " (or reboot)"))  # fmt: skip
+        found.append(
+            Problem(ERROR, "remapped-rows", "a row remapping is pending: reset the GPU (or reboot)")
+        )
     if gpu.retired_dbe:
-        found.append(Problem(WARN, "retired-pages", f"{gpu.retired_dbe} page(s) retired for"
-                                                    " double-bit errors"))  # fmt: skip
+        found.append(
+            Problem(
+                WARN, "retired-pages", f"{gpu.retired_dbe} page(s) retired for double-bit errors"
+            )
+        )
     if gpu.remapped_uncorrectable:
         rows = gpu.remapped_uncorrectable
-        found.append(Problem(WARN, "remapped-rows", f"{rows} row(s) remapped for uncorrectable"
-                                                    " errors"))  # fmt: skip
+        found.append(
+            Problem(WARN, "remapped-rows", f"{rows} row(s) remapped for uncorrectable errors")
+        )
     if gpu.retired_sbe:
-        found.append(Problem(INFO, "retired-pages", f"{gpu.retired_sbe} page(s) retired for"
-                                                    " single-bit errors"))  # fmt: skip
+        found.append(
+            Problem(
+                INFO, "retired-pages", f"{gpu.retired_sbe} page(s) retired for single-bit errors"
+            )
+        )
     return found
 
 
@@ -100,14 +122,28 @@ def _clocks_and_link(gpu: GpuHealth) -> list[Problem]:
         found.append(Problem(INFO, "clocks", "at its power cap (usual under full load)"))
     if gpu.pcie_width and gpu.pcie_width[0] < gpu.pcie_width[1]:
         now, most = gpu.pcie_width
-        found.append(Problem(WARN, "pcie", f"PCIe link x{now} of the GPU's x{most} (a seating"
-                                           " or riser fault)"))  # fmt: skip
+        found.append(
+            Problem(
+                WARN, "pcie", f"PCIe link x{now} of the GPU's x{most} (a seating or riser fault)"
+            )
+        )
     if gpu.pcie_gen and gpu.pcie_gen[0] < gpu.pcie_gen[1]:
-        found.append(Problem(INFO, "pcie", f"PCIe gen {gpu.pcie_gen[0]} of {gpu.pcie_gen[1]}"
-                                           " (usual while idle; not under load)"))  # fmt: skip
+        found.append(
+            Problem(
+                INFO,
+                "pcie",
+                f"PCIe gen {gpu.pcie_gen[0]} of {gpu.pcie_gen[1]}"
+                " (usual while idle; not under load)",
+            )
+        )
     if gpu.persistence is False:
-        found.append(Problem(INFO, "persistence", "persistence mode off (each process waits"
-                                                  " for the driver to start)"))  # fmt: skip
+        found.append(
+            Problem(
+                INFO,
+                "persistence",
+                "persistence mode off (each process waits for the driver to start)",
+            )
+        )
     return found
 
 
@@ -362,8 +398,14 @@ class HostHealth:
         for xid in self.xids:
             gpu = f"GPU {xid.bus}" + (f" ({names[xid.bus]})" if xid.bus in names else "")
             times = f" x{xid.count}" if xid.count > 1 else ""
-            found.append((gpu, Problem(xid.level, "xid",
-                                       f"Xid {xid.code}{times} in the kernel log: {xid.meaning}")))
+            found.append(
+                (
+                    gpu,
+                    Problem(
+                        xid.level, "xid", f"Xid {xid.code}{times} in the kernel log: {xid.meaning}"
+                    ),
+                )
+            )
         if self.smi.startswith("failed"):
             found.append(("nvidia-smi", Problem(ERROR, "driver", self.smi)))  # the driver
         order = {ERROR: 0, WARN: 1, INFO: 2}
@@ -372,8 +414,7 @@ class HostHealth:
     def flags(self) -> dict[int, tuple[str, ...]]:
         """Short flags per GPU index (`-q` lists the GPUs in nvidia-smi's index order) for
         what is wrong or slows it: ECC, PAGES, REMAP, XID 79, SLOW, PCIe x8 (watch-gpus)."""
-        short = {"ecc": "ECC", "retired-pages": "PAGES", "remapped-rows": "REMAP",
-                 "clocks": "SLOW"}  # fmt: skip
+        short = {"ecc": "ECC", "retired-pages": "PAGES", "remapped-rows": "REMAP", "clocks": "SLOW"}
         by_bus: dict[str, list[str]] = {}
         for gpu in self.gpus:
             found = by_bus.setdefault(gpu.bus, [])
@@ -399,8 +440,7 @@ class HostHealth:
     def lines(self, at_least: str = WARN) -> list[str]:
         """Each problem at `at_least` or worse, as said: `GPU 0000:19:00: Xid 79 ...`."""
         rank = {ERROR: 0, WARN: 1, INFO: 2}
-        return [f"{gpu}: {p.text}" for gpu, p in self.problems()
-                if rank[p.level] <= rank[at_least]]  # fmt: skip
+        return [f"{gpu}: {p.text}" for gpu, p in self.problems() if rank[p.level] <= rank[at_least]]
 
 
 def parse_host(text: str) -> HostHealth:

@@ -256,8 +256,16 @@ def watch_argv(
         if inline
         else hostside.command("gpus_watch.bash")
     )
-    argv = [*script, RUN_ENV, EXTRA_PATH, APP_TAG, OWNER_TAG,
-            AUTOSTOP_TAG, autostop_state, nvidia_smi]  # fmt: skip
+    argv = [
+        *script,
+        RUN_ENV,
+        EXTRA_PATH,
+        APP_TAG,
+        OWNER_TAG,
+        AUTOSTOP_TAG,
+        autostop_state,
+        nvidia_smi,
+    ]
     argv += [f"--query-gpu={','.join(GPU_FIELDS)}", f"--query-compute-apps={','.join(APP_FIELDS)}"]
     argv.append(CSV_FORMAT)
     if interval is not None:

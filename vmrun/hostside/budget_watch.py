@@ -61,11 +61,17 @@ def main() -> int:
     if not alive(rec, pid):
         return 0
     if sent:
-        tell(rec, f"the run has cost --max-cost {cap}: snapshot and stop after this epoch"
-                  f" (SIGUSR2 to {sent} rank(s))")  # fmt: skip
+        tell(
+            rec,
+            f"the run has cost --max-cost {cap}: snapshot and stop after this epoch"
+            f" (SIGUSR2 to {sent} rank(s))",
+        )
     else:
-        tell(rec, f"the run has cost --max-cost {cap}: no process of the run catches SIGUSR2;"
-                  " stopping it")  # fmt: skip
+        tell(
+            rec,
+            f"the run has cost --max-cost {cap}: no process of the run catches SIGUSR2;"
+            " stopping it",
+        )
         grace = 0.0
     until = time.monotonic() + grace
     while alive(rec, pid) and time.monotonic() < until:

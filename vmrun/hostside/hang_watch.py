@@ -160,10 +160,12 @@ class Transport:
         devices = self.rdma()
         if self.network.lower() != "socket" or not devices:
             return ""
-        return (f"NCCL chose TCP sockets (NET/Socket) though this host has RDMA devices"
-                f" ({', '.join(devices)}): a multi-node run may crawl; look for NCCL_IB_DISABLE"
-                f" or NCCL_NET in the environment, a missing IB/EFA plugin (aws-ofi-nccl), or"
-                f" `Failed to open libibverbs` in {self.folder}")  # fmt: skip
+        return (
+            f"NCCL chose TCP sockets (NET/Socket) though this host has RDMA devices"
+            f" ({', '.join(devices)}): a multi-node run may crawl; look for NCCL_IB_DISABLE"
+            f" or NCCL_NET in the environment, a missing IB/EFA plugin (aws-ofi-nccl), or"
+            f" `Failed to open libibverbs` in {self.folder}"
+        )
 
 
 def stacks(rec: str, run_id: str, folder: str, slurm: bool = False) -> list[int]:
@@ -178,11 +180,19 @@ def stacks(rec: str, run_id: str, folder: str, slurm: bool = False) -> list[int]
     argv = [python, os.path.join(here, "stacks.py"), run_id, folder]
     if slurm:
         nodes = os.environ.get("SLURM_NNODES", "1")
-        argv = ["srun", "--overlap", f"--jobid={os.environ.get('SLURM_JOB_ID', '')}",
-                f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *argv]
+        argv = [
+            "srun",
+            "--overlap",
+            f"--jobid={os.environ.get('SLURM_JOB_ID', '')}",
+            f"--nodes={nodes}",
+            f"--ntasks={nodes}",
+            "--ntasks-per-node=1",
+            *argv,
+        ]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     del done  # the ranks are the files written (several nodes' output is mixed by srun)
@@ -265,8 +275,10 @@ def main() -> int:
     while live():
         if not told and transport.seen():
             told = True
-            write_json(os.path.join(rec, "nccl", "transport"),
-                       {"network": transport.network, "rdma": transport.rdma(), "host": host})
+            write_json(
+                os.path.join(rec, "nccl", "transport"),
+                {"network": transport.network, "rdma": transport.rdma(), "host": host},
+            )
             if transport.warning():
                 tell(rec, f"{host}: {transport.warning()}")
         last = progress.seen()
@@ -277,20 +289,37 @@ def main() -> int:
         elif last is not None and not hung and now - last >= timeout:
             hung, stalls = True, stalls + 1
             folder = os.path.join(rec, "stacks", f"hang-{stalls}")
-            tell(rec, f"no progress for {period(now - last)} on {host} (--hang-timeout"
-                      f" {period(timeout)}): taking every rank's stacks")  # fmt: skip
+            tell(
+                rec,
+                f"no progress for {period(now - last)} on {host} (--hang-timeout"
+                f" {period(timeout)}): taking every rank's stacks",
+            )
             found = stacks(rec, run_id, folder, slurm)
-            write_json(os.path.join(rec, "hang"), {
-                "since": last, "seen": now, "timeout": timeout, "host": host,
-                "ranks": sorted(found), "stacks": os.path.relpath(folder, rec),
-                "action": action, "stall": stalls,
-            })  # fmt: skip
+            write_json(
+                os.path.join(rec, "hang"),
+                {
+                    "since": last,
+                    "seen": now,
+                    "timeout": timeout,
+                    "host": host,
+                    "ranks": sorted(found),
+                    "stacks": os.path.relpath(folder, rec),
+                    "action": action,
+                    "stall": stalls,
+                },
+            )
             where = f"ranks {spans(found)}" if found else "no rank found"
             grace = min(30.0, max(5.0, timeout / 4))
-            then = (f"stopping the run in {grace:.0f} s" if action == "stop"
-                    else "waiting (--on-hang wait)")  # fmt: skip
-            tell(rec, f"hung on {host}: {where}; stacks in {folder}"
-                      f" (`vmrun stacks {run_id} --hang`); {then}")  # fmt: skip
+            then = (
+                f"stopping the run in {grace:.0f} s"
+                if action == "stop"
+                else "waiting (--on-hang wait)"
+            )
+            tell(
+                rec,
+                f"hung on {host}: {where}; stacks in {folder}"
+                f" (`vmrun stacks {run_id} --hang`); {then}",
+            )
             if action == "stop":
                 time.sleep(grace)
                 if (progress.seen() or 0) > last:  # it moved after all: not stopped

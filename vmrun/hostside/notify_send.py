@@ -98,7 +98,7 @@ def out_dir_of(rec):
 
 
 def cost_text(rec, seconds):
-    """", cost $1.23" (or "12.30 DKK"): the run's time at the prices run.json recorded as it
+    """ ", cost $1.23" (or "12.30 DKK"): the run's time at the prices run.json recorded as it
     started (vmrun.results.cost); "" where they are unknown."""
     meta = record_of(rec)
     per_hour = meta.get("price_per_hour")

@@ -152,11 +152,17 @@ def notice(rec: str, top: int, action: dict[str, str]) -> None:
     what = f"{action.get('action', 'terminate')} at {action.get('time', '?')}"
     sent = send(top, signal.SIGUSR2)
     if sent:
-        tell(rec, f"spot interruption notice ({what}): snapshot and stop after this epoch"
-                  f" (SIGUSR2 to {sent} rank(s)), to go on without this node")  # fmt: skip
+        tell(
+            rec,
+            f"spot interruption notice ({what}): snapshot and stop after this epoch"
+            f" (SIGUSR2 to {sent} rank(s)), to go on without this node",
+        )
     else:
-        tell(rec, f"spot interruption notice ({what}): no process of the run catches SIGUSR2;"
-                  " it goes on until the node goes")  # fmt: skip
+        tell(
+            rec,
+            f"spot interruption notice ({what}): no process of the run catches SIGUSR2;"
+            " it goes on until the node goes",
+        )
 
 
 def main() -> int:
@@ -179,8 +185,11 @@ def main() -> int:
                 sent = send(pid, signal.SIGUSR1)  # none yet (still starting): the next poll
                 if sent:
                     rebalanced = True
-                    tell(rec, f"spot rebalance recommendation: snapshot now (SIGUSR1 to {sent}"
-                              " rank(s)); training goes on")  # fmt: skip
+                    tell(
+                        rec,
+                        f"spot rebalance recommendation: snapshot now (SIGUSR1 to {sent}"
+                        " rank(s)); training goes on",
+                    )
         except (OSError, ValueError):
             pass  # a missed read: the next one, in `every` s
         time.sleep(every)

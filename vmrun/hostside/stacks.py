@@ -82,8 +82,13 @@ def ranks(run_id: str) -> list[dict[str, object]]:
         if parent(pid) in ranked:
             continue
         local = env.get("LOCAL_RANK", "")
-        found.append({"rank": int(env["RANK"]), "local_rank": int(local) if local.isdigit()
-                      else None, "pid": int(pid)})  # fmt: skip
+        found.append(
+            {
+                "rank": int(env["RANK"]),
+                "local_rank": int(local) if local.isdigit() else None,
+                "pid": int(pid),
+            }
+        )
     return sorted(found, key=lambda r: (r["rank"], r["pid"]))  # type: ignore[arg-type]
 
 
@@ -115,8 +120,14 @@ def dump(spy: str, pid: int) -> tuple[list[object] | None, str]:
     why = ""
     for attempt in tries:
         try:
-            done = subprocess.run(attempt, capture_output=True, text=True, timeout=TIMEOUT,
-                                  stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+            done = subprocess.run(
+                attempt,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return None, f"py-spy took more than {TIMEOUT} s"
         except OSError as exc:
@@ -128,8 +139,10 @@ def dump(spy: str, pid: int) -> tuple[list[object] | None, str]:
                 return None, "py-spy's output was not JSON"
         why = (done.stderr.strip().splitlines() or [f"py-spy exited {done.returncode}"])[-1]
     if traced_by_ancestors_only():
-        why += (" (kernel.yama.ptrace_scope lets only a process's parents trace it and sudo"
-                " needs a password: `sudo sysctl kernel.yama.ptrace_scope=0` allows it)")
+        why += (
+            " (kernel.yama.ptrace_scope lets only a process's parents trace it and sudo"
+            " needs a password: `sudo sysctl kernel.yama.ptrace_scope=0` allows it)"
+        )
     return None, why
 
 
@@ -154,15 +167,27 @@ def flight(rec: str) -> None:
                 dump = pickle.load(fh)  # this host's own run's file
             status = (dump.get("pg_status") or {}).get("0") or {}
             enqueued = int(status.get("last_enqueued_collective", -1))
-            ops = {e.get("collective_seq_id"): e.get("profiling_name")
-                   for e in dump.get("entries") or () if str(e.get("pg_id")) == "0"}
+            ops = {
+                e.get("collective_seq_id"): e.get("profiling_name")
+                for e in dump.get("entries") or ()
+                if str(e.get("pg_id")) == "0"
+            }
         except Exception as exc:  # a dump cut short, another torch's format
             print(json.dumps({"fr": {"rank": int(rank), "error": str(exc)[:200]}}), flush=True)
             continue
-        print(json.dumps({"fr": {
-            "rank": int(rank), "enqueued": enqueued, "op": ops.get(enqueued) or "",
-            "completed": int(status.get("last_completed_collective", -1)),
-        }}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "fr": {
+                        "rank": int(rank),
+                        "enqueued": enqueued,
+                        "op": ops.get(enqueued) or "",
+                        "completed": int(status.get("last_completed_collective", -1)),
+                    }
+                }
+            ),
+            flush=True,
+        )
 
 
 def saved(rec: str) -> int:
@@ -174,8 +199,9 @@ def saved(rec: str) -> int:
         pass
     folders = glob.glob(os.path.join(rec, "stacks", "hang-*"))
     if folders:
-        newest = max(folders, key=lambda f: int(f.rsplit("-", 1)[1]) if f.rsplit("-", 1)[1]
-                     .isdigit() else 0)  # fmt: skip
+        newest = max(
+            folders, key=lambda f: int(f.rsplit("-", 1)[1]) if f.rsplit("-", 1)[1].isdigit() else 0
+        )
         read(newest)
     flight(rec)
     print(json.dumps({"hang": hang}), flush=True)
@@ -205,8 +231,11 @@ def main() -> int:
         if not spy:
             return {**rank, "host": host, "error": "no py-spy on this host"}
         threads, why = dump(spy, int(rank["pid"]))  # type: ignore[call-overload]
-        return {**rank, "host": host, **({"threads": threads} if threads is not None
-                                          else {"error": why})}  # fmt: skip
+        return {
+            **rank,
+            "host": host,
+            **({"threads": threads} if threads is not None else {"error": why}),
+        }
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(found)))) as pool:
         lines = list(pool.map(one, found))

@@ -49,12 +49,18 @@ class Out:
 def record(kind, temp, final, size, st, length=None):
     return (
         HEADER.pack(
-            kind, len(temp), len(final), 0, size if length is None else length, size,
-            st.st_mtime_ns, st.st_mode & 0o7777,
+            kind,
+            len(temp),
+            len(final),
+            0,
+            size if length is None else length,
+            size,
+            st.st_mtime_ns,
+            st.st_mode & 0o7777,
         )
         + temp
         + final
-    )  # fmt: skip
+    )
 
 
 def send_file(out, rel, st):

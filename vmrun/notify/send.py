@@ -37,8 +37,15 @@ def message(event: str, **facts: Any) -> tuple[str, str]:
     """The title and body for a message this machine composes itself (the host's sender
     fills the same templates from its record): unknown facts read `?` (a cost: nothing)."""
     known = {k: v for k, v in facts.items() if v is not None}
-    filled = {"state": STATES.get(event, event), "exit": "?", "duration": "?", "epochs": "?",
-              "loss": "?", "cost": "", **known}  # fmt: skip
+    filled = {
+        "state": STATES.get(event, event),
+        "exit": "?",
+        "duration": "?",
+        "epochs": "?",
+        "loss": "?",
+        "cost": "",
+        **known,
+    }
     return TITLE.format_map(filled), BODY.format_map(filled)
 
 
@@ -69,8 +76,15 @@ class Notify:
         """notify.json for the host: its webhooks (the URLs: a secret, sent over stdin into
         a 0600 file), the templates, the events, and the facts known now."""
         hooks = [{**t.webhook.as_dict(), "shown": t.shown} for t in self.targets if t.webhook]
-        return json.dumps({"webhooks": hooks, "title": title, "body": body,
-                           "on": list(self.on), "facts": dict(facts)})  # fmt: skip
+        return json.dumps(
+            {
+                "webhooks": hooks,
+                "title": title,
+                "body": body,
+                "on": list(self.on),
+                "facts": dict(facts),
+            }
+        )
 
 
 @dataclass
@@ -112,12 +126,25 @@ def _without_apprise(targets: Sequence[Target], title: str, body: str, event: st
         if target.webhook is None:
             sent.failed.append((target.shown, "needs Apprise here: pip install 'vmrun[notify]'"))
     if hooks:
-        payload = json.dumps({"hooks": [{**t.webhook.as_dict(), "shown": t.shown}  # type: ignore[union-attr]
-                                        for t in hooks], "title": title, "body": body,
-                              "event": event})  # fmt: skip
+        payload = json.dumps(
+            {
+                "hooks": [
+                    {**t.webhook.as_dict(), "shown": t.shown}  # type: ignore[union-attr]
+                    for t in hooks
+                ],
+                "title": title,
+                "body": body,
+                "event": event,
+            }
+        )
         sender = str(hostside.HERE / "notify_send.py")
-        done = subprocess.run([sys.executable, sender, "-", "post"], input=payload,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, sender, "-", "post"],
+            input=payload,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         for line in done.stdout.splitlines():
             shown, why = json.loads(line)
             if why is None:

@@ -13,13 +13,43 @@ from dataclasses import dataclass
 from vmrun.errors import UsageError
 
 # the services a host's stdlib sender can post to, and the body each takes
-HOST_KINDS = {"json": "json", "jsons": "json", "ntfy": "ntfy", "ntfys": "ntfy",
-              "slack": "slack", "discord": "discord"}  # fmt: skip
+HOST_KINDS = {
+    "json": "json",
+    "jsons": "json",
+    "ntfy": "ntfy",
+    "ntfys": "ntfy",
+    "slack": "slack",
+    "discord": "discord",
+}
 # services that only Apprise on this machine speaks (no plain webhook to post to)
-LOCAL_ONLY = frozenset({"mailto", "mailtos", "tgram", "pover", "msteams", "matrix", "matrixs",
-                        "gotify", "gotifys", "signal", "signals", "pbul", "rocket", "rockets",
-                        "mmost", "mmosts", "form", "forms", "xml", "xmls", "apprise",
-                        "apprises", "ntfys"} - set(HOST_KINDS))  # fmt: skip
+LOCAL_ONLY = frozenset(
+    {
+        "mailto",
+        "mailtos",
+        "tgram",
+        "pover",
+        "msteams",
+        "matrix",
+        "matrixs",
+        "gotify",
+        "gotifys",
+        "signal",
+        "signals",
+        "pbul",
+        "rocket",
+        "rockets",
+        "mmost",
+        "mmosts",
+        "form",
+        "forms",
+        "xml",
+        "xmls",
+        "apprise",
+        "apprises",
+        "ntfys",
+    }
+    - set(HOST_KINDS)
+)
 NTFY_CLOUD = "https://ntfy.sh"
 
 

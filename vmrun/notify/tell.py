@@ -19,9 +19,16 @@ from vmrun.ssh.quoting import plain_command
 
 
 def tell_end(
-    conn: Connection | None, record: str, notify: Notify, out: Reporter, *, run_id: str,
-    where: str, failure: VmrunError | None = None, event: str = "",
-) -> None:  # fmt: skip
+    conn: Connection | None,
+    record: str,
+    notify: Notify,
+    out: Reporter,
+    *,
+    run_id: str,
+    where: str,
+    failure: VmrunError | None = None,
+    event: str = "",
+) -> None:
     """Tell run `run_id`'s end (`failure`: why it failed, as the follower saw it), or
     another `event` it saw (`requeue`); `record`: its record folder on `conn`'s host."""
     if not notify:
@@ -34,8 +41,9 @@ def tell_end(
     if not answer:  # the host could not say (no python3 there): it told nothing either
         if event not in notify.on:
             return
-        title, body = message(event, run=run_id, exit=code, where=where,
-                              fetch=f"vmrun fetch results --run {run_id}")  # fmt: skip
+        title, body = message(
+            event, run=run_id, exit=code, where=where, fetch=f"vmrun fetch results --run {run_id}"
+        )
         answer = {"send": "all", "title": title, "body": body, "event": event}
     how = answer.get("send", "none")
     if how == "none":

@@ -161,8 +161,9 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
     if not isinstance(done.count, int) or done.count < 1:
         raise UsageError(f"-n {done.count}: the number of instances is 1 or more")
     if done.cloud == "ucloud" and (done.spot or done.store or done.zone):
-        raise UsageError("--spot, --store and --zone are AWS's; UCloud has none of them",
-                         code="flags-conflict")  # fmt: skip
+        raise UsageError(
+            "--spot, --store and --zone are AWS's; UCloud has none of them", code="flags-conflict"
+        )
     if done.cloud == "ucloud" and (done.max_cost or done.autostop):
         # UCloud runs a VM job with KubeVirt's RunStrategy Always: a guest that powers
         # itself off is booted again, and its job stays RUNNING and charged
@@ -281,12 +282,21 @@ def up(settings: Settings, ask: UpAsk, out: Reporter = QUIET) -> Up:
     try:
         instances = provider.launch(request, offer, out)
         for inst in instances:
-            out.info(f"{ask.name}: node {inst.index} {inst.id} running: {inst.public_addr}"
-                     f" (private {inst.private_addr})")  # fmt: skip
+            out.info(
+                f"{ask.name}: node {inst.index} {inst.id} running: {inst.public_addr}"
+                f" (private {inst.private_addr})"
+            )
         price, currency = _price(provider, instances)
-        entries = _entries(ask.name, offer.user, instances, ask.autostop or "",
-                           ask.store or "", price, currency,
-                           _budget(ask, price, len(instances)))  # fmt: skip
+        entries = _entries(
+            ask.name,
+            offer.user,
+            instances,
+            ask.autostop or "",
+            ask.store or "",
+            price,
+            currency,
+            _budget(ask, price, len(instances)),
+        )
         if _gives_host_key(provider):
             _pin(settings, entries, host_key)
         else:
@@ -332,13 +342,23 @@ def _again(
         existing = provider.wait_running(ask.name, region, [i.id for i in existing], 600)
     user = ask.user or _recorded_user(settings, ask.name) or "ubuntu"
     price, currency = _price(provider, existing)
-    entries = _entries(ask.name, user, existing, ask.autostop or "", ask.store or "", price,
-                       currency, _budget(ask, price, len(existing)))  # fmt: skip
+    entries = _entries(
+        ask.name,
+        user,
+        existing,
+        ask.autostop or "",
+        ask.store or "",
+        price,
+        currency,
+        _budget(ask, price, len(existing)),
+    )
     if _gives_host_key(provider):
         _repin(settings, entries, ask.name, provider.host_key(existing[0]))
     else:  # the same VMs (their keys pinned), maybe at new ports: a new place is pinned
-        out.info(f"{ask.name}: {provider.name} hands a VM no host key: a new address's key is"
-                 " pinned on first use")  # fmt: skip
+        out.info(
+            f"{ask.name}: {provider.name} hands a VM no host key: a new address's key is"
+            " pinned on first use"
+        )
     _wait_ssh(entries, _trusting(settings, provider), ask.ssh_timeout, out)
     done = Up(ask.name, region, instances=existing, hosts=entries, already=not started)
     done.started = started
@@ -360,16 +380,26 @@ def _say_the_cost(
     from vmrun.providers.api import Instance
     from vmrun.results.cost import money, price_text
 
-    probe = Instance(id="", cluster=ask.name, state="pending", instance_type=request.instance_type,
-                     zone=offer.zones[0] if offer.zones else "", region=request.region,
-                     public_addr="", private_addr="", spot=request.spot)  # fmt: skip
+    probe = Instance(
+        id="",
+        cluster=ask.name,
+        state="pending",
+        instance_type=request.instance_type,
+        zone=offer.zones[0] if offer.zones else "",
+        region=request.region,
+        public_addr="",
+        private_addr="",
+        spot=request.spot,
+    )
     per_vm = provider.hourly_price(probe)
     total = None if per_vm is None else per_vm * request.count
     currency = provider.price_currency(probe) if per_vm is not None else ""
     if total is not None:
-        out.info(f"{ask.name}: about {money(total, currency)} an hour while it runs"
-                 f" ({request.count} x {price_text(per_vm or 0, currency)}"
-                 f"{' spot' if request.spot else ''})")  # fmt: skip
+        out.info(
+            f"{ask.name}: about {money(total, currency)} an hour while it runs"
+            f" ({request.count} x {price_text(per_vm or 0, currency)}"
+            f"{' spot' if request.spot else ''})"
+        )
     if ask.max_cost and total is None:
         raise UsageError(
             f"--max-cost {ask.max_cost:g}: the price list gives no price for"
@@ -421,9 +451,15 @@ def _note_region(cloud: str, region: str) -> None:
 
 
 def _entries(
-    name: str, user: str, instances: list[Instance], autostop: str, store: str = "",
-    price: float | None = None, currency: str = "USD", budget: str = "",
-) -> list[HostEntry]:  # fmt: skip
+    name: str,
+    user: str,
+    instances: list[Instance],
+    autostop: str,
+    store: str = "",
+    price: float | None = None,
+    currency: str = "USD",
+    budget: str = "",
+) -> list[HostEntry]:
     """The cluster's hosts as vmrun.toml records them (`store_role`: the bucket place the
     VMs' own role reaches, which "auto" credentials then use)."""
     from vmrun.ssh.hosts import parse_host
@@ -608,8 +644,17 @@ def _record(
             "region": region,
         }
     )
-    for key in ("zone", "image", "disk", "spot", "spot_fallback", "autostop", "autostop_terminate",
-                "store", "max_cost"):  # fmt: skip
+    for key in (
+        "zone",
+        "image",
+        "disk",
+        "spot",
+        "spot_fallback",
+        "autostop",
+        "autostop_terminate",
+        "store",
+        "max_cost",
+    ):
         value = getattr(ask, key)
         if value not in (None, "", 0, False) and not (key == "image" and value == "dlami"):
             table[key] = value
@@ -626,9 +671,10 @@ def _record(
 
     kept = {e.name: e.vars for e in project_hosts(settings) if e.groups == (ask.name,)}
     forget_group(project, ask.name)
-    record_hosts(project, [
-        HostEntry(e.spec, e.name, e.groups, {**kept.get(e.name, {}), **e.vars}) for e in entries
-    ])  # fmt: skip
+    record_hosts(
+        project,
+        [HostEntry(e.spec, e.name, e.groups, {**kept.get(e.name, {}), **e.vars}) for e in entries],
+    )
     return project / PROJECT_FILE
 
 

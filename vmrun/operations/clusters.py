@@ -88,8 +88,11 @@ def project_profile(project_data: Mapping[str, Any]) -> str | None:
 def project_cloud(project_data: Mapping[str, Any]) -> str:
     """The cloud `vmrun clusters` looks in by default: UCloud when every `[[clouds]]` table
     the project has says so, else AWS."""
-    named = {str(t.get("cloud") or PROVIDER) for t in project_data.get("clouds") or ()
-             if isinstance(t, dict)}  # fmt: skip
+    named = {
+        str(t.get("cloud") or PROVIDER)
+        for t in project_data.get("clouds") or ()
+        if isinstance(t, dict)
+    }
     return "ucloud" if named == {"ucloud"} else PROVIDER
 
 
@@ -106,9 +109,16 @@ def list_ucloud(settings: Settings, provider: Any = None) -> Listing:
     for res in provider.resources([]):
         price = None
         if res.state in BILLING_STATES:
-            probe = Instance(id=res.id, cluster=res.cluster, state=res.state,
-                             instance_type=res.instance_type, zone="", region=res.region,
-                             public_addr="", private_addr="")  # fmt: skip
+            probe = Instance(
+                id=res.id,
+                cluster=res.cluster,
+                state=res.state,
+                instance_type=res.instance_type,
+                zone="",
+                region=res.region,
+                public_addr="",
+                private_addr="",
+            )
             price = provider.hourly_price(probe)
             if price is not None:
                 currencies.add(provider.price_currency(probe))
@@ -183,11 +193,13 @@ def _regions(
         return sorted(r["RegionName"] for r in answer.get("Regions", ()))
     from vmrun.providers.regions import regions_used
 
-    return _unique([
-        *regions_used(PROVIDER, environ=environ),
-        *project_regions(settings.project_data),
-        session.default_region,
-    ])  # fmt: skip
+    return _unique(
+        [
+            *regions_used(PROVIDER, environ=environ),
+            *project_regions(settings.project_data),
+            session.default_region,
+        ]
+    )
 
 
 def _unique(regions: Iterable[str]) -> list[str]:

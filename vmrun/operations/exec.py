@@ -62,8 +62,12 @@ class Ran:
                 item.update(exit_status=exit_code_for(o.error), error=error_json(o.error))
             elif o.value is not None:
                 got = o.value
-                item.update(exit_status=got.exit_status, error=None,
-                            stdout_tail=got.stdout_tail, stderr_tail=got.stderr_tail)  # fmt: skip
+                item.update(
+                    exit_status=got.exit_status,
+                    error=None,
+                    stdout_tail=got.stdout_tail,
+                    stderr_tail=got.stderr_tail,
+                )
             hosts.append(item)
         failed = len(self.failures)
         return json.dumps({"hosts": hosts, "failed": failed, "exit_code": self.exit_code}, indent=2)

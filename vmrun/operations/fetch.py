@@ -208,8 +208,16 @@ def _from_place(job: FetchJob, place: StoreURL, out: Reporter, s3: Any = None) -
     live = shown if isinstance(shown, AbstractContextManager) else nullcontext()
     began = time.monotonic()
     with live:
-        report = fetch_run(s3, place, job.items, _destination(job), shown, latest=job.latest,
-                           include=job.include, exclude=job.exclude)  # fmt: skip
+        report = fetch_run(
+            s3,
+            place,
+            job.items,
+            _destination(job),
+            shown,
+            latest=job.latest,
+            include=job.include,
+            exclude=job.exclude,
+        )
     return Fetched([Outcome(str(place), report, None, time.monotonic() - began)])
 
 
@@ -289,12 +297,16 @@ def check(job: FetchJob) -> None:
 
     if job.store is not None:
         if job.hosts or job.all_hosts or job.cluster or job.watch:
-            raise UsageError("--store fetches from the bucket alone: drop -H, --all-hosts, -C"
-                             " and --watch", code="flags-conflict")  # fmt: skip
+            raise UsageError(
+                "--store fetches from the bucket alone: drop -H, --all-hosts, -C and --watch",
+                code="flags-conflict",
+            )
         if not (job.store or job.settings.store):
-            raise UsageError("--from-store: vmrun.toml names no store",
-                             hint="give the place: --store s3://BUCKET/PREFIX",
-                             code="bad-store")  # fmt: skip
+            raise UsageError(
+                "--from-store: vmrun.toml names no store",
+                hint="give the place: --store s3://BUCKET/PREFIX",
+                code="bad-store",
+            )
 
     if job.cluster and job.all_hosts:
         raise UsageError(f"--all-hosts is for hosts; -C {job.cluster} fetches from its login node")

@@ -67,9 +67,15 @@ def gather(
     there (`report --json` carries it)."""
     problems: list[VmrunError] = [] if left_out is None else left_out
     paths = find_runs(
-        names, need=METRICS_NEEDED, hosts=hosts, cluster=cluster, settings=settings,
-        verb=verb, out=out, problems=problems,
-    )  # fmt: skip
+        names,
+        need=METRICS_NEEDED,
+        hosts=hosts,
+        cluster=cluster,
+        settings=settings,
+        verb=verb,
+        out=out,
+        problems=problems,
+    )
     runs = load_runs(paths, problems)
     _warn(problems, out)
     if not runs:
@@ -135,9 +141,15 @@ def gather_provenance(
 
     problems: list[VmrunError] = []
     paths = find_runs(
-        names, need=RECORD_NEEDED, hosts=hosts, cluster=cluster, settings=settings,
-        verb=verb, out=out, problems=problems,
-    )  # fmt: skip
+        names,
+        need=RECORD_NEEDED,
+        hosts=hosts,
+        cluster=cluster,
+        settings=settings,
+        verb=verb,
+        out=out,
+        problems=problems,
+    )
     runs = []
     for path in paths:
         try:

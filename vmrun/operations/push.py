@@ -105,9 +105,15 @@ def push(job: PushJob, out: Reporter = QUIET) -> Pushed:
     def direct(entry: HostEntry, conn: Connection) -> HostPush:
         began = time.monotonic() - clock
         done = push_host(
-            conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine,
-            delete=job.delete, bwlimit=job.bwlimit,
-        )  # fmt: skip
+            conn,
+            paths,
+            dest,
+            shown,
+            dry_run=job.dry_run,
+            engine=job.engine,
+            delete=job.delete,
+            bwlimit=job.bwlimit,
+        )
         done.began, done.ended = began, time.monotonic() - clock
         return done
 
@@ -138,8 +144,12 @@ def relay_addresses(group: Group, entries: Sequence[HostEntry]) -> dict[str, tup
         target = conn.target if conn is not None else None
         if private:
             found[entry.label] = (private, 22)
-        elif conn is not None and target is not None and not target.proxy_jump \
-                and not target.proxy_command:  # fmt: skip
+        elif (
+            conn is not None
+            and target is not None
+            and not target.proxy_jump
+            and not target.proxy_command
+        ):
             try:
                 found[entry.label] = (str(conn.transport.getpeername()[0]), target.port)
             except (OSError, AttributeError, IndexError):
@@ -163,8 +173,9 @@ def reaches(conn: Connection, others: dict[str, tuple[str, int]]) -> set[str]:
     targets = [f"{others[k][0]}:{others[k][1]}" for k in labels]
     argv = hostside.command("netprobe.py", "sshd", f"{REACH_TIMEOUT_S:g}", *targets)
     try:
-        status, said, _ = conn.capture(plain_command(argv, activity=False),
-                                       what="the host-to-host reachability probe")  # fmt: skip
+        status, said, _ = conn.capture(
+            plain_command(argv, activity=False), what="the host-to-host reachability probe"
+        )
         results = json.loads(said.decode(errors="replace").strip().splitlines()[-1])
     except (VmrunError, ValueError, IndexError):
         return set()
@@ -184,8 +195,16 @@ def _to_cluster(job: PushJob, paths: list[Path], out: Reporter) -> Pushed:
         dest = _cluster_dest(job, _login(group, cluster))
 
         def once(entry: HostEntry, conn: Connection) -> HostPush:
-            return push_host(conn, paths, dest, shown, dry_run=job.dry_run, engine=job.engine,
-                             delete=job.delete, bwlimit=job.bwlimit)  # fmt: skip
+            return push_host(
+                conn,
+                paths,
+                dest,
+                shown,
+                dry_run=job.dry_run,
+                engine=job.engine,
+                delete=job.delete,
+                bwlimit=job.bwlimit,
+            )
 
         return Pushed(dest, group.map(once), job.dry_run, job.delete)
 
@@ -197,8 +216,9 @@ def _from_stores(job: PushJob, out: Reporter) -> Pushed:
     from vmrun.stores.mover import copy_from_store
 
     if job.paths:
-        raise UsageError("push files here and bucket prefixes in separate commands",
-                         code="bad-store")  # fmt: skip
+        raise UsageError(
+            "push files here and bucket prefixes in separate commands", code="bad-store"
+        )
     if job.delete:
         raise UsageError("--delete is for pushes from here, not from a bucket", code="bad-store")
     access = resolve(job.store_credentials)
@@ -217,8 +237,15 @@ def _from_stores(job: PushJob, out: Reporter) -> Pushed:
             where = str(entry.vars.get("python") or python)
             for url in job.stores:
                 remote = posixpath.join(dest, url.name)
-                got = copy_from_store(conn, url, remote, access.on(entry.vars), shown,
-                                      python=where, dry_run=job.dry_run)  # fmt: skip
+                got = copy_from_store(
+                    conn,
+                    url,
+                    remote,
+                    access.on(entry.vars),
+                    shown,
+                    python=where,
+                    dry_run=job.dry_run,
+                )
                 wanted = got.would if job.dry_run else [(k, 0) for k in got.report.fetched]
                 sizes = sum(size for _, size in wanted)
                 done.planned.append(
@@ -280,9 +307,7 @@ class _Relayed:
         from vmrun.transfer.streams import measure_rtt
 
         # every host checked first (folder, free space): nothing moves while one cannot take it
-        checked = self.group.map(
-            lambda e, c: push_host(c, self.paths, self.dest, dry_run=True)
-        )  # fmt: skip
+        checked = self.group.map(lambda e, c: push_host(c, self.paths, self.dest, dry_run=True))
         self.checked = {o.host: o.value for o in checked if o.value is not None}
         failed = {o.host: o for o in checked if o.error is not None}
         self.done.update(failed)
@@ -302,14 +327,17 @@ class _Relayed:
             self.reach = {h: v[1] if v else set() for h, v in measured.items()}
             senders = [e for e in ready if self.reach.get(e.label)]
             if not senders:
-                self.out.info("the hosts do not reach each other's SSH at the addresses vmrun"
-                              " uses (a private network: private_addr in vmrun.toml); each"
-                              " gets the data from here")  # fmt: skip
+                self.out.info(
+                    "the hosts do not reach each other's SSH at the addresses vmrun"
+                    " uses (a private network: private_addr in vmrun.toml); each"
+                    " gets the data from here"
+                )
                 others += ready
             else:
                 first = min(senders, key=lambda e: rtt[e.label])
-                self.done.update({o.host: o for o in self.group.map(
-                    self.direct, only={first.label})})  # fmt: skip
+                self.done.update(
+                    {o.host: o for o in self.group.map(self.direct, only={first.label})}
+                )
                 if self.done[first.label].ok:
                     others += self._rounds(first, [e for e in ready if e is not first])
                 else:
@@ -317,8 +345,9 @@ class _Relayed:
         else:
             others += ready
         if others:
-            self.done.update({o.host: o for o in self.group.map(
-                self.direct, only={e.label for e in others})})  # fmt: skip
+            self.done.update(
+                {o.host: o for o in self.group.map(self.direct, only={e.label for e in others})}
+            )
         return [self.done[e.label] for e in entries]
 
     def _rounds(self, first: HostEntry, targets: list[HostEntry]) -> list[HostEntry]:
@@ -339,8 +368,9 @@ class _Relayed:
             if not source:  # none of the hosts that have it reaches these
                 for dst in pending:
                     addr = self.addrs[dst.label][0]
-                    self.out.warn(f"{dst.label}: no other host reaches its SSH at {addr};"
-                                  " sending from here")  # fmt: skip
+                    self.out.warn(
+                        f"{dst.label}: no other host reaches its SSH at {addr}; sending from here"
+                    )
                 fallback += pending
                 break
             results = self.group.map(functools.partial(self._relay_from, source), only=set(source))
@@ -350,8 +380,10 @@ class _Relayed:
                     self.done[result.host] = result
                     senders.append(dst)
                 elif _falls_back(result.error):
-                    self.out.warn(f"{result.host}: not reachable host to host"
-                                  f" ({result.error}); sending from here")  # fmt: skip
+                    self.out.warn(
+                        f"{result.host}: not reachable host to host"
+                        f" ({result.error}); sending from here"
+                    )
                     fallback.append(dst)
                 else:
                     self.done[result.host] = result
@@ -373,16 +405,29 @@ class _Relayed:
         for path in self.paths:
             remote = f"{self.dest.rstrip('/')}/{path.resolve().name}"
             got = relay(
-                self.group.connections[src.label], conn, addr, remote, remote,
-                dst_host_key=f"{key.get_name()} {key.get_base64()}", out=self.out,
-                progress=self.progress, dst_port=port,
+                self.group.connections[src.label],
+                conn,
+                addr,
+                remote,
+                remote,
+                dst_host_key=f"{key.get_name()} {key.get_base64()}",
+                out=self.out,
+                progress=self.progress,
+                dst_port=port,
                 src_addr=str(src.vars.get("private_addr") or "") or None,
-            )  # fmt: skip
-            done.reports.append(Report(
-                host=dst.label, engine=f"from {src.label}", fetched=list(got.sent),
-                fetched_bytes=got.sent_bytes, wire_bytes=got.sent_bytes,
-                unchanged=got.unchanged, skipped=list(got.skipped), seconds=got.seconds,
-            ))  # fmt: skip
+            )
+            done.reports.append(
+                Report(
+                    host=dst.label,
+                    engine=f"from {src.label}",
+                    fetched=list(got.sent),
+                    fetched_bytes=got.sent_bytes,
+                    wire_bytes=got.sent_bytes,
+                    unchanged=got.unchanged,
+                    skipped=list(got.skipped),
+                    seconds=got.seconds,
+                )
+            )
         done.ended = time.monotonic() - self.clock
         return done
 

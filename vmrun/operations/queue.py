@@ -58,8 +58,9 @@ def make_cluster(
     check_name(name)
     known = _recorded(settings, name)
     if not hosts and known is None:
-        raise UsageError(f"--slurm {name}: give its hosts with -H (it is not in vmrun.toml yet)",
-                         code="no-hosts")  # fmt: skip
+        raise UsageError(
+            f"--slurm {name}: give its hosts with -H (it is not in vmrun.toml yet)", code="no-hosts"
+        )
     words = hosts or list(known.nodes if known else ())
     if shared is not None and not shared.startswith("/"):
         raise UsageError(f"--shared {shared}: give an absolute path")
@@ -89,14 +90,29 @@ def make_cluster(
     if known is not None:
         given = {e.spec.label for e in entries}
         dropped = [e for e in _entries(settings, list(known.nodes)) if e.spec.label not in given]
-    python = next((o.value.python for e, o in zip(done.entries, done.outcomes, strict=True)
-                   if e.label == ctl.label and o.value is not None), "")  # fmt: skip
+    python = next(
+        (
+            o.value.python
+            for e, o in zip(done.entries, done.outcomes, strict=True)
+            if e.label == ctl.label and o.value is not None
+        ),
+        "",
+    )
     project = settings.project_dir or Path.cwd()
     # recorded first: a cluster half made (a node that never comes up) is one that
     # --slurm-remove knows and takes down; the nodes left out are kept until they are out
     _record(settings, project, name, ctl, [*entries, *dropped], shared, python, accounting)
-    made = make(settings, name, entries, ctl, shared=shared, dropped=dropped, facts=facts,
-                accounting=accounting, out=out)  # facts from before the setup: Slurm's
+    made = make(
+        settings,
+        name,
+        entries,
+        ctl,
+        shared=shared,
+        dropped=dropped,
+        facts=facts,
+        accounting=accounting,
+        out=out,
+    )  # facts from before the setup: Slurm's
     if dropped:  # files are untouched by it
         _record(settings, project, name, ctl, entries, shared, python, accounting)
     return ClusterMade(done, made, project / PROJECT_FILE)
@@ -132,8 +148,9 @@ def remove_cluster(settings: Settings, name: str, hosts: list[str] | None) -> Re
             code="cluster-not-found",
         )
     entries = _entries(settings, list(known.nodes))
-    if hosts and {e.spec.label for e in _entries(settings, hosts)} != {e.spec.label for e in
-                                                                         entries}:  # fmt: skip
+    if hosts and {e.spec.label for e in _entries(settings, hosts)} != {
+        e.spec.label for e in entries
+    }:
         raise UsageError(
             f"--slurm-remove takes all of cluster {name} down ({', '.join(known.nodes)}); to"
             f" take some hosts out, give the others: vmrun setup -H ... --slurm {name}",

@@ -15,19 +15,49 @@ from typing import Any
 from vmrun.errors import UsageError
 
 SLURM_ONLY = (
-    "--nodes", "--gpus-per-node", "--time", "--cpus-per-task", "--mem", "--constraint", "--qos",
-    "--partition", "--account", "--sbatch-arg", "--max-requeues", "--dry-run",
-)  # fmt: skip
+    "--nodes",
+    "--gpus-per-node",
+    "--time",
+    "--cpus-per-task",
+    "--mem",
+    "--constraint",
+    "--qos",
+    "--partition",
+    "--account",
+    "--sbatch-arg",
+    "--max-requeues",
+    "--dry-run",
+)
 HOSTS_ONLY = (
-    "-H", "--local", "--master", "--nnodes", "--rdzv-port", "--allow-concurrent", "--fresh",
-    "--resume", "--fetch-every", "--down-after-run", "--spare", "--supervisor",
+    "-H",
+    "--local",
+    "--master",
+    "--nnodes",
+    "--rdzv-port",
+    "--allow-concurrent",
+    "--fresh",
+    "--resume",
+    "--fetch-every",
+    "--down-after-run",
+    "--spare",
+    "--supervisor",
     "--ignore-gpu-health",
-)  # fmt: skip
+)
 RECOVERY = ("--spare", "--supervisor", "--max-recoveries")
 WHAT_RUNS = (
-    "SCRIPT", "--epochs", "--save-every", "--nproc-per-node", "--max-restarts", "--name",
-    "--batch-size", "--lr", "--task", "-- SCRIPT_ARGS", "--local", "--launcher",
-)  # fmt: skip
+    "SCRIPT",
+    "--epochs",
+    "--save-every",
+    "--nproc-per-node",
+    "--max-restarts",
+    "--name",
+    "--batch-size",
+    "--lr",
+    "--task",
+    "-- SCRIPT_ARGS",
+    "--local",
+    "--launcher",
+)
 _LOCAL_STAYS = (
     " for runs on hosts (-H): a --local run stays in this terminal until it ends (Ctrl-C stops"
     " it) and is never refused for another run; drop {them}"
@@ -49,53 +79,137 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule(SLURM_ONLY, unless="-C", code="needs-cluster", commands=("train",),
-         says="{flags}: Slurm options; name the cluster with -C NAME"),
-    Rule(SLURM_ONLY[1:], unless="-C", code="needs-cluster", commands=("sweep",),
-         says="{flags}: Slurm options; name the cluster with -C NAME"),  # --nodes: a grid's
-    Rule(HOSTS_ONLY, when="-C", commands=("train",), code="flags-conflict",
-         says="{flags} {are} for runs on hosts (-H); Slurm runs the job on -C {C}"),
-    Rule(("-H", "--local"), when="-C", commands=("sweep",), code="flags-conflict",
-         says="{flags} {are} for runs on hosts (-H); Slurm runs the job on -C {C}"),
-    Rule(("--resume",), when="--fresh", code="flags-conflict",
-         says="--fresh moves the hosts' old checkpoints aside; --resume continues from them:"
-         " use one"),
-    Rule(("--local",), when="--fresh", code="flags-conflict",
-         says="--fresh moves old checkpoints aside on hosts (-H); drop it with --local"),
-    Rule(WHAT_RUNS, when="--resume", code="resume-conflict", commands=("train",),
-         says="--resume repeats the run as it was recorded; drop {flags}"),
-    Rule((*WHAT_RUNS, "--nodes", "--cpus-per-task", "--gpus-per-node", "-H", "-C"),
-         when="--resume", code="resume-conflict", commands=("sweep",),
-         says="--resume repeats the sweep as it was recorded; drop {flags}"),
-    Rule(("--detach", "--local"), when="--fetch-every", code="flags-conflict",
-         says="--fetch-every needs seconds > 0 and a run that vmrun follows (not --detach or"
-         " --local; use `vmrun fetch --watch` for a detached run)"),
-    Rule(("-H",), when="--local", commands=("train",), code="flags-conflict",
-         says="--local trains on this machine; drop -H or --local"),
-    Rule(("-H",), when="--local", commands=("sweep",), code="flags-conflict",
-         says="--local sweeps on this machine; drop -H or --local"),
-    Rule(("--detach", "--allow-concurrent", "--down-after-run", "--ignore-gpu-health"),
-         when="--local",
-         code="flags-conflict", says="{flags} {are}" + _LOCAL_STAYS),
-    Rule(("--data",), when="--local", code="flags-conflict",
-         says="--data pushes to hosts (-H); a --local run reads the data where it is"),
-    Rule(("--store",), when="--local", code="flags-conflict",
-         says="--store copies a run on hosts (-H) to the bucket; a --local run's files are"
-         " here already"),
-    Rule(("--store",), when="-C", code="flags-conflict",
-         says="--store copies a run on hosts (-H) to the bucket; a Slurm run's files stay on"
-         " the cluster's shared filesystem (`vmrun fetch -C`)"),
-    Rule(("--master", "--nnodes", "--rdzv-port"), when="--local", code="flags-conflict",
-         says="{flags} {are} for several hosts (-H); drop {them} with --local"),
+    Rule(
+        SLURM_ONLY,
+        unless="-C",
+        code="needs-cluster",
+        commands=("train",),
+        says="{flags}: Slurm options; name the cluster with -C NAME",
+    ),
+    Rule(
+        SLURM_ONLY[1:],
+        unless="-C",
+        code="needs-cluster",
+        commands=("sweep",),
+        says="{flags}: Slurm options; name the cluster with -C NAME",
+    ),  # --nodes: a grid's
+    Rule(
+        HOSTS_ONLY,
+        when="-C",
+        commands=("train",),
+        code="flags-conflict",
+        says="{flags} {are} for runs on hosts (-H); Slurm runs the job on -C {C}",
+    ),
+    Rule(
+        ("-H", "--local"),
+        when="-C",
+        commands=("sweep",),
+        code="flags-conflict",
+        says="{flags} {are} for runs on hosts (-H); Slurm runs the job on -C {C}",
+    ),
+    Rule(
+        ("--resume",),
+        when="--fresh",
+        code="flags-conflict",
+        says="--fresh moves the hosts' old checkpoints aside; --resume continues from them:"
+        " use one",
+    ),
+    Rule(
+        ("--local",),
+        when="--fresh",
+        code="flags-conflict",
+        says="--fresh moves old checkpoints aside on hosts (-H); drop it with --local",
+    ),
+    Rule(
+        WHAT_RUNS,
+        when="--resume",
+        code="resume-conflict",
+        commands=("train",),
+        says="--resume repeats the run as it was recorded; drop {flags}",
+    ),
+    Rule(
+        (*WHAT_RUNS, "--nodes", "--cpus-per-task", "--gpus-per-node", "-H", "-C"),
+        when="--resume",
+        code="resume-conflict",
+        commands=("sweep",),
+        says="--resume repeats the sweep as it was recorded; drop {flags}",
+    ),
+    Rule(
+        ("--detach", "--local"),
+        when="--fetch-every",
+        code="flags-conflict",
+        says="--fetch-every needs seconds > 0 and a run that vmrun follows (not --detach or"
+        " --local; use `vmrun fetch --watch` for a detached run)",
+    ),
+    Rule(
+        ("-H",),
+        when="--local",
+        commands=("train",),
+        code="flags-conflict",
+        says="--local trains on this machine; drop -H or --local",
+    ),
+    Rule(
+        ("-H",),
+        when="--local",
+        commands=("sweep",),
+        code="flags-conflict",
+        says="--local sweeps on this machine; drop -H or --local",
+    ),
+    Rule(
+        ("--detach", "--allow-concurrent", "--down-after-run", "--ignore-gpu-health"),
+        when="--local",
+        code="flags-conflict",
+        says="{flags} {are}" + _LOCAL_STAYS,
+    ),
+    Rule(
+        ("--data",),
+        when="--local",
+        code="flags-conflict",
+        says="--data pushes to hosts (-H); a --local run reads the data where it is",
+    ),
+    Rule(
+        ("--store",),
+        when="--local",
+        code="flags-conflict",
+        says="--store copies a run on hosts (-H) to the bucket; a --local run's files are"
+        " here already",
+    ),
+    Rule(
+        ("--store",),
+        when="-C",
+        code="flags-conflict",
+        says="--store copies a run on hosts (-H) to the bucket; a Slurm run's files stay on"
+        " the cluster's shared filesystem (`vmrun fetch -C`)",
+    ),
+    Rule(
+        ("--master", "--nnodes", "--rdzv-port"),
+        when="--local",
+        code="flags-conflict",
+        says="{flags} {are} for several hosts (-H); drop {them} with --local",
+    ),
     Rule(("--down-after-run",), unless="--fetch-every", code="flags-conflict", says=_DOWN_NEEDS),
-    Rule(RECOVERY, unless="--recover", commands=("train", "submit"), code="flags-conflict",
-         says="{flags} {are} --recover's: add --recover, or drop {them}"),
-    Rule(("--recover",), when="--local", commands=("train",), code="flags-conflict",
-         says="--recover brings back a run on hosts (-H); a --local run stays in this"
-         " terminal"),
-    Rule(("--recover",), when="--resume", commands=("train",), code="resume-conflict",
-         says="--recover starts a run with its supervisor; a resumed run keeps its own"),
-)  # fmt: skip
+    Rule(
+        RECOVERY,
+        unless="--recover",
+        commands=("train", "submit"),
+        code="flags-conflict",
+        says="{flags} {are} --recover's: add --recover, or drop {them}",
+    ),
+    Rule(
+        ("--recover",),
+        when="--local",
+        commands=("train",),
+        code="flags-conflict",
+        says="--recover brings back a run on hosts (-H); a --local run stays in this terminal",
+    ),
+    Rule(
+        ("--recover",),
+        when="--resume",
+        commands=("train",),
+        code="resume-conflict",
+        says="--recover starts a run with its supervisor; a resumed run keeps its own",
+    ),
+)
 
 
 def recovery_limit(given: int | None, default: int) -> int:

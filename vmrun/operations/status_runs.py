@@ -19,10 +19,32 @@ from vmrun.results.layout import CLUSTER, layout_of
 
 _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
-    "run", "hosts", "cluster", "state", "reason", "attempts", "launcher", "image", "nodes",
-    "procs_per_node", "world_size", "epochs_done", "epochs_asked", "start", "duration_s", "exit",
-    "error", "failure", "tasks", "commit", "dirty", "versions", "store", "recoveries", "cost",
-)  # fmt: skip
+    "run",
+    "hosts",
+    "cluster",
+    "state",
+    "reason",
+    "attempts",
+    "launcher",
+    "image",
+    "nodes",
+    "procs_per_node",
+    "world_size",
+    "epochs_done",
+    "epochs_asked",
+    "start",
+    "duration_s",
+    "exit",
+    "error",
+    "failure",
+    "tasks",
+    "commit",
+    "dirty",
+    "versions",
+    "store",
+    "recoveries",
+    "cost",
+)
 
 
 def run_objects(records: Sequence[RunRow]) -> list[dict[str, Any]]:
@@ -99,8 +121,12 @@ def _recoveries(recs: list[RunRow]) -> dict[str, Any] | None:
     under_way = next((r.recovering for r in recs if r.recovering), None)
     if not told.recoveries and not under_way:
         return None
-    return {"count": told.recoveries, "last": told.recovery or None, "gave_up": told.gave_up,
-            "under_way": under_way}  # fmt: skip
+    return {
+        "count": told.recoveries,
+        "last": told.recovery or None,
+        "gave_up": told.gave_up,
+        "under_way": under_way,
+    }
 
 
 def _store(recs: list[RunRow]) -> dict[str, Any] | None:
@@ -134,10 +160,16 @@ def _tasks(run: RunRow) -> list[dict[str, Any]] | None:
     if not run.meta.get("array"):
         return None
     return [
-        {"task": t.key, "state": str(t.state), "reason": t.reason or None, "exit": t.exit_code,
-         "duration_s": t.elapsed, "nodes": t.nodes or None}
+        {
+            "task": t.key,
+            "state": str(t.state),
+            "reason": t.reason or None,
+            "exit": t.exit_code,
+            "duration_s": t.elapsed,
+            "nodes": t.nodes or None,
+        }
         for t in run.tasks
-    ]  # fmt: skip
+    ]
 
 
 def _cap(recs: list[RunRow]) -> str:
@@ -162,8 +194,13 @@ def run_error(
     return error_json(run_failed(rid, why, code))
 
 
-def place_object(err: BaseException, *, host: str | None = None,
-                 cluster: str | None = None) -> dict[str, Any]:  # fmt: skip
+def place_object(
+    err: BaseException, *, host: str | None = None, cluster: str | None = None
+) -> dict[str, Any]:
     """A host or cluster that did not answer, as an object with every run key (null)."""
-    return {**dict.fromkeys(KEYS), "hosts": [host] if host else None, "cluster": cluster,
-            "error": error_json(err)}  # fmt: skip
+    return {
+        **dict.fromkeys(KEYS),
+        "hosts": [host] if host else None,
+        "cluster": cluster,
+        "error": error_json(err),
+    }

@@ -117,10 +117,17 @@ def submit(
     with cluster_backend(settings, name) as backend:
         given = own_script.given_words(slurm, backend.facts().version)
         batch = batchfile.read(Path(what.script), project, batchfile.parse_words(given))
-        job = own_script.prepare(backend, batch, what.args, given=given,
-                                 project_name=str(project), name=what.name,
-                                 env={**backend.cluster.env, **env}, notify=notify,
-                                 recoveries=recoveries)  # fmt: skip
+        job = own_script.prepare(
+            backend,
+            batch,
+            what.args,
+            given=given,
+            project_name=str(project),
+            name=what.name,
+            env={**backend.cluster.env, **env},
+            notify=notify,
+            recoveries=recoveries,
+        )
         if dry_run:
             return SubmitDryRun(
                 login=backend.cluster.login,
@@ -137,7 +144,9 @@ def submit(
         ref = own_script.start(backend, job, project, out, out.progress(), data, access)
         if detach:
             rid = ref.run_id
-            out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
-                     f" `vmrun stop {rid} -C {name}`")  # fmt: skip
+            out.info(
+                f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
+                f" `vmrun stop {rid} -C {name}`"
+            )
             return 0
         return backend.follow_and_tell(ref, notify, out)

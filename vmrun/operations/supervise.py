@@ -89,9 +89,13 @@ class _Step:
 
 
 def _bring_back(
-    state: Path, spec: Spec, nodes: list[str], recovery: Recovery, settings: Settings,
+    state: Path,
+    spec: Spec,
+    nodes: list[str],
+    recovery: Recovery,
+    settings: Settings,
     out: Reporter,
-) -> _Step:  # fmt: skip
+) -> _Step:
     """New VMs where decided, then the resume."""
     try:
         _confirm_lost(spec, recovery.renew, settings)
@@ -119,10 +123,22 @@ def _decide(
     """The policy's answer to this failure, kept in the journal (and `events`)."""
     used = {n for e in events for n in e.nodes} | set(spec.nodes)
     spares = [s for s in spec.spares if s not in used]
-    recovery = decide(failure, failures_of(events), spares, max_recoveries=spec.max_recoveries,
-                      has_store=bool(spec.store), renewable=spec.renewable)  # fmt: skip
-    event = Event(time.time(), _as_dict(failure), recovery.action, recovery.why,
-                  list(recovery.nodes or nodes), dict(recovery.swap))  # fmt: skip
+    recovery = decide(
+        failure,
+        failures_of(events),
+        spares,
+        max_recoveries=spec.max_recoveries,
+        has_store=bool(spec.store),
+        renewable=spec.renewable,
+    )
+    event = Event(
+        time.time(),
+        _as_dict(failure),
+        recovery.action,
+        recovery.why,
+        list(recovery.nodes or nodes),
+        dict(recovery.swap),
+    )
     journal.add(event)
     events.append(event)
     return recovery
@@ -145,8 +161,10 @@ def _renew(
     for label in recovery.renew:
         with _cloud_credentials():
             made = cloud.replace_node(settings, spec.cluster, label, out, extra_keys=(key,))
-        out.info(f"run {spec.run_id}: {label} is a new VM now ({made.new_instance},"
-                 f" {made.address}; {made.old_instance or 'the lost one'} terminated)")  # fmt: skip
+        out.info(
+            f"run {spec.run_id}: {label} is a new VM now ({made.new_instance},"
+            f" {made.address}; {made.old_instance or 'the lost one'} terminated)"
+        )
         settings = load_settings({})
         try:
             _set_up(settings, spec, label, out)
@@ -175,8 +193,9 @@ def _confirm_lost(spec: Spec, labels: tuple[str, ...], settings: Settings) -> No
     with Group(select_hosts(list(labels), settings), settings) as group:
         back = [o.host for o in group.map(lambda e, conn: conn.run(["true"], timeout=15)) if o.ok]
     if back:
-        raise RemoteError(f"{', '.join(back)} answer again: not replaced", host=back[0],
-                          code="supervisor-failed")  # fmt: skip
+        raise RemoteError(
+            f"{', '.join(back)} answer again: not replaced", host=back[0], code="supervisor-failed"
+        )
 
 
 @contextlib.contextmanager
@@ -185,8 +204,13 @@ def _cloud_credentials() -> Iterator[None]:
     deploy), not the bucket's, while a VM is made; as they were after."""
     from vmrun.recovery.deploy import CLOUD_PREFIX
 
-    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-             "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2")  # fmt: skip
+    names = (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_EC2",
+    )
     kept = {n: os.environ.get(n) for n in names}
     try:
         for name in names:
@@ -209,16 +233,24 @@ def _set_up(settings: Settings, spec: Spec, label: str, out: Reporter) -> None:
 
     recorded = table_for(settings, spec.cluster).get("setup")
     if not isinstance(recorded, dict):
-        out.warn(f"run {spec.run_id}: no setup recorded for {spec.cluster}: {label} is used as"
-                 " it booted")  # fmt: skip
+        out.warn(
+            f"run {spec.run_id}: no setup recorded for {spec.cluster}: {label} is used as it booted"
+        )
         return
     as_recorded = replace(settings, store="")  # the record says the mover, if it was added
     done = setting_up.setup(as_recorded, setting_up.replay(recorded), [label], out=out)
     if not done.succeeded:
-        why = next((e.one_line() if isinstance(e, VmrunError) else str(e)
-                    for o in done.outcomes if (e := o.error) is not None), "")  # fmt: skip
-        raise RemoteError(f"the setup of the new VM {label} failed: {why}", host=label,
-                          code="supervisor-failed")  # fmt: skip
+        why = next(
+            (
+                e.one_line() if isinstance(e, VmrunError) else str(e)
+                for o in done.outcomes
+                if (e := o.error) is not None
+            ),
+            "",
+        )
+        raise RemoteError(
+            f"the setup of the new VM {label} failed: {why}", host=label, code="supervisor-failed"
+        )
 
 
 def _give_up(
@@ -274,8 +306,9 @@ def _found_everywhere(backend: Any, rid: str, nodes: list[str], settings: Settin
             return ref
         if time.monotonic() >= deadline:
             why = "did not answer" if set(missing) & set(ref.unreached) else "has no record of it"
-            raise RemoteError(f"{', '.join(missing)} {why}", host=missing[0],
-                              code="supervisor-failed")  # fmt: skip
+            raise RemoteError(
+                f"{', '.join(missing)} {why}", host=missing[0], code="supervisor-failed"
+            )
         time.sleep(settings.keepalive_interval)
 
 
@@ -286,9 +319,13 @@ def _silent_s(settings: Settings) -> float:
 
 @contextlib.contextmanager
 def _heartbeat(
-    entries: list[Any], settings: Settings, group: Any, rid: str, out: Reporter,
+    entries: list[Any],
+    settings: Settings,
+    group: Any,
+    rid: str,
+    out: Reporter,
     retired: list[Any],
-) -> Iterator[None]:  # fmt: skip
+) -> Iterator[None]:
     """Each node asked `true` on a connection of its own every keepalive_interval; one
     silent past the keepalive rule has its log stream closed with the reason, so the
     follow's failure rule takes it as lost. A retired node that answers again has the
@@ -322,13 +359,23 @@ def _heartbeat(
                 out.warn(f"run {rid}: {node} answers again; its replaced attempt: {exc.one_line()}")
             return
         if done.signalled:
-            out.info(f"run {rid}: {node} answers again: its replaced attempt is stopped there"
-                     f" ({len(done.signalled)} process(es))")  # fmt: skip
+            out.info(
+                f"run {rid}: {node} answers again: its replaced attempt is stopped there"
+                f" ({len(done.signalled)} process(es))"
+            )
 
     every, silent = settings.keepalive_interval, _silent_s(settings)
     labels = [e.label for e in entries]
-    beats = Heartbeat(labels, ask, lost, forget=forget, period=every, lost_after=silent,
-                      retired=[e.label for e in retired], on_back=back)  # fmt: skip
+    beats = Heartbeat(
+        labels,
+        ask,
+        lost,
+        forget=forget,
+        period=every,
+        lost_after=silent,
+        retired=[e.label for e in retired],
+        on_back=back,
+    )
     try:
         with beats:
             yield
@@ -363,9 +410,18 @@ def _failure(rid: str, nodes: list[str], settings: Settings, silent: str = "") -
     ends = [now - (r.host_now - r.ended) for r in found if r.ended and r.host_now]  # our clock
     at = min(ends) if ends and not lost else now  # a lost node: when it was found gone
     returned = (silent,) if silent and silent not in lost else ()
-    return Failure(tuple(nodes), lost, codes[0] if codes else None, where,
-                   max(saved) if saved else None, stopped, noticed,
-                   max(reached) if reached else None, at, returned)  # fmt: skip
+    return Failure(
+        tuple(nodes),
+        lost,
+        codes[0] if codes else None,
+        where,
+        max(saved) if saved else None,
+        stopped,
+        noticed,
+        max(reached) if reached else None,
+        at,
+        returned,
+    )
 
 
 def _resume(
@@ -403,8 +459,9 @@ def _tell(
     notify = Notify.from_settings(settings.notify, settings.notify_on)
     if not notify or not (set(notify.on) & {"fail", "requeue"}):
         return
-    title, body = message(event, run=rid, state=state, where=", ".join(nodes),
-                          fetch=f"vmrun fetch --run {rid}")  # fmt: skip
+    title, body = message(
+        event, run=rid, state=state, where=", ".join(nodes), fetch=f"vmrun fetch --run {rid}"
+    )
     sent = send(notify.targets, title, body, "fail" if event == "fail" else "requeue")
     for target, why in sent.failed:
         out.warn(f"run {rid}: not told to {target}: {why}")
@@ -463,8 +520,12 @@ def _finish(
 
     script = state / "supervisor_start.sh"
     if script.is_file():
-        subprocess.run(["sh", str(script), "forget", str(state), TAG.format(run=spec.run_id)],
-                       check=False, capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ["sh", str(script), "forget", str(state), TAG.format(run=spec.run_id)],
+            check=False,
+            capture_output=True,
+            timeout=60,
+        )
     from vmrun import hostside
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts

@@ -22,8 +22,12 @@ from vmrun.operations.sweep_run import SweepJob, SweepOutcome, run_sweep
 from vmrun.operations.train import RunOptions
 from vmrun.reporting import QUIET, Reporter
 
-GRID_FLAGS = {"cpus_per_task": "--cpus-per-task", "gpus_per_node": "--gpus-per-node",
-              "batch_size": "--batch-size", "lr": "--lr"}  # fmt: skip
+GRID_FLAGS = {
+    "cpus_per_task": "--cpus-per-task",
+    "gpus_per_node": "--gpus-per-node",
+    "batch_size": "--batch-size",
+    "lr": "--lr",
+}
 
 
 @dataclass
@@ -41,10 +45,14 @@ class Grid:
 
     def flags(self) -> dict[str, Any]:
         return {
-            "--nodes": self.nodes, "--nproc-per-node": self.nproc_per_node,
-            "--cpus-per-task": self.cpus_per_task, "--gpus-per-node": self.gpus_per_node,
-            "--batch-size": self.batch_size, "--lr": self.lr, "--env": self.env,
-        }  # fmt: skip
+            "--nodes": self.nodes,
+            "--nproc-per-node": self.nproc_per_node,
+            "--cpus-per-task": self.cpus_per_task,
+            "--gpus-per-node": self.gpus_per_node,
+            "--batch-size": self.batch_size,
+            "--lr": self.lr,
+            "--env": self.env,
+        }
 
 
 def sweep(
@@ -66,21 +74,45 @@ def sweep(
     `slurm`: the sbatch options besides the grid's (on `cluster`). `detach`: on a cluster,
     queue every size and return (`resume` later follows them and writes the report)."""
     slurm = slurm or SlurmOptions()
-    given = {"script": run.script, "epochs": run.epochs, "save_every": run.save_every,
-             "batch_size": None, "lr": None, "task": run.task, "name": run.name,
-             "image": run.image, "mounts": run.mounts}  # fmt: skip
-    refusals.check("sweep", {
-        **slurm.flags(), "SCRIPT": run.script, "--epochs": run.epochs,
-        "--save-every": run.save_every, "--task": run.task, "--name": run.name, **grid.flags(),
-        "--resume": resume, "--local": local, "-H": hosts, "-C": cluster,
-        "--image": run.image, "--mount": run.mounts,
-    })  # fmt: skip
+    given = {
+        "script": run.script,
+        "epochs": run.epochs,
+        "save_every": run.save_every,
+        "batch_size": None,
+        "lr": None,
+        "task": run.task,
+        "name": run.name,
+        "image": run.image,
+        "mounts": run.mounts,
+    }
+    refusals.check(
+        "sweep",
+        {
+            **slurm.flags(),
+            "SCRIPT": run.script,
+            "--epochs": run.epochs,
+            "--save-every": run.save_every,
+            "--task": run.task,
+            "--name": run.name,
+            **grid.flags(),
+            "--resume": resume,
+            "--local": local,
+            "-H": hosts,
+            "-C": cluster,
+            "--image": run.image,
+            "--mount": run.mounts,
+        },
+    )
     settings = settings or load_settings({})
     if resume is not None:
         parts = _resumed(resume, given, grid.env, settings)
     else:
-        lists = {"cpus_per_task": grid.cpus_per_task, "gpus_per_node": grid.gpus_per_node,
-                 "batch_size": grid.batch_size, "lr": grid.lr}  # fmt: skip
+        lists = {
+            "cpus_per_task": grid.cpus_per_task,
+            "gpus_per_node": grid.gpus_per_node,
+            "batch_size": grid.batch_size,
+            "lr": grid.lr,
+        }
         fixed, axes, env = parse_grid(lists, grid.env)
         given.update((k, fixed.get(k)) for k in ("batch_size", "lr"))
         gpus = fixed.get("gpus_per_node")
@@ -93,10 +125,14 @@ def sweep(
         refuse_uncapped(settings, "a --local sweep", out)
     recorded = SlurmOptions.from_record(parts["sweep"].options.get("slurm") or {})
     if detach and not parts.get("cluster"):
-        raise UsageError("--detach queues a sweep on a cluster (-C NAME); on hosts the sweep"
-                         " runs its sizes one after another", code="flags-conflict")  # fmt: skip
-    job = SweepJob(**parts, settings=settings, slurm=recorded, verbose=verbose, out=out,
-                   detach=detach)  # fmt: skip
+        raise UsageError(
+            "--detach queues a sweep on a cluster (-C NAME); on hosts the sweep"
+            " runs its sizes one after another",
+            code="flags-conflict",
+        )
+    job = SweepJob(
+        **parts, settings=settings, slurm=recorded, verbose=verbose, out=out, detach=detach
+    )
     _check_hosts(job)
     return run_sweep(job)
 
@@ -123,9 +159,10 @@ def parse_grid(
             continue
         flag = GRID_FLAGS[key]
         values: list[Any] = (
-            parse_numbers(flag, text) if key == "lr" else
-            parse_counts(flag, text, least=0 if key == "gpus_per_node" else 1)
-        )  # fmt: skip
+            parse_numbers(flag, text)
+            if key == "lr"
+            else parse_counts(flag, text, least=0 if key == "gpus_per_node" else 1)
+        )
         if len(values) == 1:
             fixed[key] = values[0]
         else:
@@ -182,9 +219,14 @@ def _new(
     if where.get("cluster") and grid.nproc_per_node is None:
         sizes = one_process_per_gpu(sizes, gpus)
     sweep = new_sweep(launch.run_id(PREFIX.rstrip("-")), where, options, sizes)
-    return {"sweep": sweep, "plan": plan, "project": plan.project, "hosts": where.get("hosts"),
-            "cluster": where.get("cluster"),
-            "plans": point_plans(sweep, given, env, settings)}  # fmt: skip
+    return {
+        "sweep": sweep,
+        "plan": plan,
+        "project": plan.project,
+        "hosts": where.get("hosts"),
+        "cluster": where.get("cluster"),
+        "plans": point_plans(sweep, given, env, settings),
+    }
 
 
 def _resumed(
@@ -210,9 +252,14 @@ def _resumed(
         )
     shared = {k: recorded.get(k) for k in given}
     plan = make_plan(shared, [*(env or []), *missing], settings)
-    return {"sweep": sweep, "plan": plan, "project": project,
-            "hosts": sweep.where.get("hosts"), "cluster": sweep.where.get("cluster"),
-            "plans": point_plans(sweep, shared, [*(env or []), *missing], settings)}  # fmt: skip
+    return {
+        "sweep": sweep,
+        "plan": plan,
+        "project": project,
+        "hosts": sweep.where.get("hosts"),
+        "cluster": sweep.where.get("cluster"),
+        "plans": point_plans(sweep, shared, [*(env or []), *missing], settings),
+    }
 
 
 def make_plan(
@@ -221,10 +268,17 @@ def make_plan(
     """A point's plan: `train`'s, from the sweep's options and the point's values (and the
     image settings of `settings` where the sweep gave no --image)."""
     run = RunOptions(
-        script=given["script"], epochs=given["epochs"], save_every=given["save_every"], env=env,
-        name=given["name"], batch_size=given["batch_size"], lr=given["lr"], task=given["task"],
-        image=given.get("image"), mounts=given.get("mounts"),
-    )  # fmt: skip
+        script=given["script"],
+        epochs=given["epochs"],
+        save_every=given["save_every"],
+        env=env,
+        name=given["name"],
+        batch_size=given["batch_size"],
+        lr=given["lr"],
+        task=given["task"],
+        image=given.get("image"),
+        mounts=given.get("mounts"),
+    )
     return run.plan(nproc_per_node=None, settings=settings)
 
 

@@ -115,9 +115,11 @@ def _budget_left(job: SweepJob) -> bool:
     job.left = job.settings.max_cost - spent
     if job.left >= 0.01 and not job.capped:
         return True
-    job.out.info(f"sweep {job.sweep.id}: its --max-cost {job.settings.max_cost:g} is spent;"
-                 f" `vmrun sweep --resume {job.sweep.id} --max-cost MORE` runs the sizes"
-                 " left")  # fmt: skip
+    job.out.info(
+        f"sweep {job.sweep.id}: its --max-cost {job.settings.max_cost:g} is spent;"
+        f" `vmrun sweep --resume {job.sweep.id} --max-cost MORE` runs the sizes"
+        " left"
+    )
     return False
 
 
@@ -241,8 +243,12 @@ def _queue_all(job: SweepJob) -> bool:
         plan = _size_plan(job, size)
         try:
             with _cluster_backend(job, size) as backend:
-                ref = backend.start(replace(plan, max_cost=share) if share else plan,
-                                    _start_options(), out, out.progress(live=False))  # fmt: skip
+                ref = backend.start(
+                    replace(plan, max_cost=share) if share else plan,
+                    _start_options(),
+                    out,
+                    out.progress(live=False),
+                )
         except (KeyboardInterrupt, Detached, Interrupted):
             size.state, size.detail = RunState.PENDING, ""
             save(job.project, sweep)
@@ -259,13 +265,17 @@ def _queue_all(job: SweepJob) -> bool:
     todo = [s for s in todo if s.state != RunState.FAILED]
     out.info(f"sweep {sweep.id}: {len(todo)} size(s) in the queue of {job.cluster}")
     if job.detach:
-        out.info(f"sweep {sweep.id}: `vmrun sweep --resume {sweep.id}` follows them and writes"
-                 " the report")  # fmt: skip
+        out.info(
+            f"sweep {sweep.id}: `vmrun sweep --resume {sweep.id}` follows them and writes"
+            " the report"
+        )
         return False
     for size in todo:
         number = sweep.sizes.index(size) + 1
-        out.info(f"sweep {sweep.id}: size {number}/{len(sweep.sizes)}: {_size_words(size)}"
-                 f" (run {size.run})")  # fmt: skip
+        out.info(
+            f"sweep {sweep.id}: size {number}/{len(sweep.sizes)}: {_size_words(size)}"
+            f" (run {size.run})"
+        )
         try:
             _follow_queued(job, size)
         except (KeyboardInterrupt, Detached, Interrupted):
@@ -303,8 +313,10 @@ def _cluster_share(job: SweepJob, todo: list[Size]) -> float:
             )
         return 0.0
     share = job.left / len(fresh)
-    job.out.info(f"sweep {job.sweep.id}: each of {len(fresh)} size(s) may cost {share:.2f}"
-                 f" of its --max-cost {cap:g}")  # fmt: skip
+    job.out.info(
+        f"sweep {job.sweep.id}: each of {len(fresh)} size(s) may cost {share:.2f}"
+        f" of its --max-cost {cap:g}"
+    )
     return share
 
 

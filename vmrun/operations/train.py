@@ -53,8 +53,10 @@ class RunOptions:
 
     def flags(self) -> dict[str, Any]:
         """Each option under the name the user gave it by (`--save-every`), in field order."""
-        return {_FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-")): getattr(self, f.name)
-                for f in fields(self)}  # fmt: skip
+        return {
+            _FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-")): getattr(self, f.name)
+            for f in fields(self)
+        }
 
     def plan(self, *, nproc_per_node: str | None, settings: Settings | None = None) -> Plan:
         """Every value checked (UsageError before anything starts), as a Plan; `settings`
@@ -68,14 +70,23 @@ class RunOptions:
             else Asked(self.image or "", tuple(self.mounts or ()), pull=self.pull or "")
         )
         return make_plan(
-            script=self.script, user_args=self.script_args, epochs=self.epochs,
-            save_every=self.save_every, nproc_per_node=nproc_per_node,
-            max_restarts=self.max_restarts or 0, env=self.env, name=self.name,
-            batch_size=self.batch_size, lr=self.lr, launcher=self.launcher or "torchrun",
-            task=self.task, containers=containers, data=self.data,
+            script=self.script,
+            user_args=self.script_args,
+            epochs=self.epochs,
+            save_every=self.save_every,
+            nproc_per_node=nproc_per_node,
+            max_restarts=self.max_restarts or 0,
+            env=self.env,
+            name=self.name,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            launcher=self.launcher or "torchrun",
+            task=self.task,
+            containers=containers,
+            data=self.data,
             store_credentials=settings.store_credentials if settings else "auto",
             store=self.store if self.store is not None else (settings.store if settings else ""),
-        )  # fmt: skip
+        )
 
 
 @dataclass
@@ -104,14 +115,21 @@ class HostOptions:
 
     def flags(self) -> dict[str, Any]:
         return {
-            "-H": self.hosts, "--master": self.master, "--nnodes": self.nnodes,
-            "--rdzv-port": self.rdzv_port, "--nccl-debug": self.nccl_debug,
-            "--allow-concurrent": self.allow_concurrent, "--fresh": self.fresh,
-            "--fetch-every": self.fetch_every, "--down-after-run": self.down_after_run,
-            "--recover": self.recover, "--max-recoveries": self.max_recoveries,
-            "--spare": self.spares, "--supervisor": self.supervisor,
+            "-H": self.hosts,
+            "--master": self.master,
+            "--nnodes": self.nnodes,
+            "--rdzv-port": self.rdzv_port,
+            "--nccl-debug": self.nccl_debug,
+            "--allow-concurrent": self.allow_concurrent,
+            "--fresh": self.fresh,
+            "--fetch-every": self.fetch_every,
+            "--down-after-run": self.down_after_run,
+            "--recover": self.recover,
+            "--max-recoveries": self.max_recoveries,
+            "--spare": self.spares,
+            "--supervisor": self.supervisor,
             "--ignore-gpu-health": self.ignore_gpu_health,
-        }  # fmt: skip
+        }
 
 
 @dataclass(frozen=True)
@@ -148,10 +166,19 @@ def train(
     `settings`: None loads the project's (vmrun.toml) when hosts or a cluster need them."""
     hosts = hosts or HostOptions()
     slurm = slurm or SlurmOptions()
-    refusals.check("train", {
-        **run.flags(), **hosts.flags(), **slurm.flags(), "--local": local, "--resume": resume,
-        "-C": cluster, "--dry-run": dry_run, "--detach": detach,
-    })  # fmt: skip
+    refusals.check(
+        "train",
+        {
+            **run.flags(),
+            **hosts.flags(),
+            **slurm.flags(),
+            "--local": local,
+            "--resume": resume,
+            "-C": cluster,
+            "--dry-run": dry_run,
+            "--detach": detach,
+        },
+    )
     wiring = _wiring(hosts.master, hosts.nnodes, hosts.rdzv_port, hosts.nccl_debug)
     settings = settings or load_settings({})
     if settings.max_cost and local:
@@ -163,9 +190,18 @@ def train(
             recoveries = refusals.recovery_limit(hosts.max_recoveries, settings.max_recoveries)
         plan = _watched(plan, settings, recover=recoveries > 0)
         plan = replace(plan, max_cost=settings.max_cost)  # else the cluster's (its backend)
-        return _on_cluster(plan, cluster, slurm, run.nproc_per_node, settings, dry_run=dry_run,
-                           detach=detach, verbose=verbose, out=out,
-                           recoveries=recoveries)  # fmt: skip
+        return _on_cluster(
+            plan,
+            cluster,
+            slurm,
+            run.nproc_per_node,
+            settings,
+            dry_run=dry_run,
+            detach=detach,
+            verbose=verbose,
+            out=out,
+            recoveries=recoveries,
+        )
     if hosts.fetch_every is not None and hosts.fetch_every <= 0:
         raise UsageError(
             "--fetch-every needs seconds > 0 and a run that vmrun follows"
@@ -186,12 +222,17 @@ def train(
     from vmrun.notify.send import Notify
 
     notify = Notify.from_settings(settings.notify, settings.notify_on)
-    how = StartOptions(allow_concurrent=hosts.allow_concurrent, resume=resume,
-                       fresh=hosts.fresh, down_after_run=hosts.down_after_run,
-                       notify=notify or None,
-                       ignore_gpu_health=hosts.ignore_gpu_health)  # fmt: skip
-    return _on_hosts(plan, hosts, settings, how, Placement(wiring), detach=detach,
-                     verbose=verbose, out=out)  # fmt: skip
+    how = StartOptions(
+        allow_concurrent=hosts.allow_concurrent,
+        resume=resume,
+        fresh=hosts.fresh,
+        down_after_run=hosts.down_after_run,
+        notify=notify or None,
+        ignore_gpu_health=hosts.ignore_gpu_health,
+    )
+    return _on_hosts(
+        plan, hosts, settings, how, Placement(wiring), detach=detach, verbose=verbose, out=out
+    )
 
 
 def _on_cluster(
@@ -210,15 +251,16 @@ def _on_cluster(
     """Submit through the cluster's login node, then follow the job (or leave it, detach);
     `recoveries`: --recover's limit (0: not asked)."""
     if plan.store is not None:  # vmrun.toml's (a --store flag is refused with -C)
-        out.warn(f"store = {plan.store} is for runs on hosts; this Slurm run's files stay on"
-                 f" the cluster's shared filesystem (`vmrun fetch -C {name}`)")  # fmt: skip
+        out.warn(
+            f"store = {plan.store} is for runs on hosts; this Slurm run's files stay on"
+            f" the cluster's shared filesystem (`vmrun fetch -C {name}`)"
+        )
     from vmrun.backends.api import StartOptions
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
     from vmrun.backends.slurm.session import cluster_backend
 
-    spec = check_spec(slurm.job_spec(find_cluster(settings, name), nproc_per_node),
-                      plan.launcher)  # fmt: skip
+    spec = check_spec(slurm.job_spec(find_cluster(settings, name), nproc_per_node), plan.launcher)
     from vmrun.notify.send import Notify
 
     notify = Notify.from_settings(settings.notify, settings.notify_on) or None
@@ -229,8 +271,10 @@ def _on_cluster(
         ref = backend.start(plan, how, out, out.progress())
         if detach:
             rid = ref.run_id
-            out.info(f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
-                     f" `vmrun stop {rid} -C {name}`")  # fmt: skip
+            out.info(
+                f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
+                f" `vmrun stop {rid} -C {name}`"
+            )
             return 0
         return backend.follow_and_tell(ref, notify, out, verbose=verbose)
 
@@ -250,10 +294,15 @@ def _tell_local(settings: Settings, rid: str, code: int, project: Any, out: Repo
     epochs = read_metrics(metrics) if metrics.exists() else ()
     last = epochs[-1] if epochs else {}
     loss = last.get("loss")
-    title, body = message(event, run=rid, exit=code, where=f"{socket.gethostname()} (--local)",
-                          epochs=int(last["epoch"]) if "epoch" in last else None,
-                          loss=f"{loss:.4g}" if loss is not None else None,
-                          fetch=f"results/{rid}/ here")  # fmt: skip
+    title, body = message(
+        event,
+        run=rid,
+        exit=code,
+        where=f"{socket.gethostname()} (--local)",
+        epochs=int(last["epoch"]) if "epoch" in last else None,
+        loss=f"{loss:.4g}" if loss is not None else None,
+        fetch=f"results/{rid}/ here",
+    )
     report(send(notify.targets, title, body, event), out, event)
 
 
@@ -331,12 +380,15 @@ def _on_hosts(
                 if any(e.label not in group.connections for e in entries):
                     group = Group(entries, settings)
             supervised = Supervised.check(
-                plan, entries, settings,
+                plan,
+                entries,
+                settings,
                 spares=spares,
                 supervisor=hosts.supervisor or settings.supervisor or None,
-                max_recoveries=refusals.recovery_limit(hosts.max_recoveries,
-                                                       settings.max_recoveries),
-            )  # fmt: skip
+                max_recoveries=refusals.recovery_limit(
+                    hosts.max_recoveries, settings.max_recoveries
+                ),
+            )
             supervised.begin()  # its host made ready while the run is staged
             plan = replace(plan, recover=True)
         if how.resume is None:  # a resumed run keeps its own (its run.json's)
@@ -364,10 +416,14 @@ def refuse_uncapped(settings: Settings, what: str, out: Reporter) -> None:
     """--max-cost where it cannot be kept: refused when asked on the command line, said
     once when it comes from vmrun.toml or the environment (the setting is for hosts)."""
     if settings.sources.get("max_cost") == "command line":
-        raise UsageError(f"--max-cost cannot cap {what}; nothing started",
-                         hint="drop --max-cost", code="over-budget")  # fmt: skip
-    out.warn(f"max_cost {settings.max_cost:g} ({settings.sources.get('max_cost')}) does not cap"
-             f" {what}")  # fmt: skip
+        raise UsageError(
+            f"--max-cost cannot cap {what}; nothing started",
+            hint="drop --max-cost",
+            code="over-budget",
+        )
+    out.warn(
+        f"max_cost {settings.max_cost:g} ({settings.sources.get('max_cost')}) does not cap {what}"
+    )
 
 
 def _watched(plan: Plan, settings: Settings, *, recover: bool = False) -> Plan:
@@ -384,7 +440,10 @@ def _watched(plan: Plan, settings: Settings, *, recover: bool = False) -> Plan:
 
 
 def swap_unfit(
-    entries: list[Any], spares: list[str], settings: Settings, out: Reporter,
+    entries: list[Any],
+    spares: list[str],
+    settings: Settings,
+    out: Reporter,
     unfit: Any = None,
 ) -> tuple[list[Any], list[str]]:
     """--recover: a node whose GPU is unfit to train on (its health check fails) is not
@@ -408,8 +467,7 @@ def swap_unfit(
         why = unfit(entry)
         if why and free:
             spare = free.pop(0)
-            out.info(f"{entry.label}: {why}; --recover puts the spare {spare.label} in its"
-                     " place")  # fmt: skip
+            out.info(f"{entry.label}: {why}; --recover puts the spare {spare.label} in its place")
             spared = [e for e in spared if e.label != spare.label]
             entry = spare
         nodes.append(entry)

@@ -28,8 +28,7 @@ from vmrun.errors import RemoteError, UsageError
 STATE_ROOT = "/var/lib/slurm"  # <root>/vmrun-NAME: state, spool, logs (slurm_node.sh's $state)
 DEFAULT_PARTITION = "main"
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
-_TOPOLOGY = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore",
-             "RealMemory")  # fmt: skip
+_TOPOLOGY = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 
 
@@ -170,8 +169,9 @@ def plan(
         for node in nodes:
             value = getattr(node, attr)
             if not value:
-                raise RemoteError(f"its {what} could not be read", host=node.host,
-                                  code="slurm-host-unfit")  # fmt: skip
+                raise RemoteError(
+                    f"its {what} could not be read", host=node.host, code="slurm-host-unfit"
+                )
             if value in seen:
                 raise RemoteError(
                     f"{seen[value]} and {node.host} have the same {what} {value}: Slurm names"
@@ -232,15 +232,19 @@ def slurm_conf(p: Plan) -> str:
         lines.append(" ".join([*words, "State=UNKNOWN"]))
     for index, (part, names) in enumerate(p.partitions.items()):
         default = "YES" if index == 0 else "NO"
-        lines.append(f"PartitionName={part} Nodes={','.join(names)} Default={default}"
-                     " MaxTime=INFINITE State=UP")  # fmt: skip
+        lines.append(
+            f"PartitionName={part} Nodes={','.join(names)} Default={default}"
+            " MaxTime=INFINITE State=UP"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _accounting_lines(p: Plan) -> list[str]:
     if not p.accounting:
-        return ["JobAcctGatherType=jobacct_gather/none",
-                "AccountingStorageType=accounting_storage/none"]  # fmt: skip
+        return [
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+        ]
     return [
         "JobAcctGatherType=jobacct_gather/linux",
         "AccountingStorageType=accounting_storage/slurmdbd",
@@ -252,19 +256,24 @@ def slurmdbd_conf(p: Plan) -> str:
     """slurmdbd.conf on the controller, less its StoragePass: the password of its database
     user is made on the controller and never leaves it (the host script adds the line)."""
     user = "slurm" if p.controller.slurm_user else "root"
-    return "\n".join([
-        f"# vmrun-cluster: {p.name}",
-        f"# Written by `vmrun setup --slurm {p.name} --slurmdbd`, which rewrites it.",
-        "AuthType=auth/munge",
-        f"DbdHost={p.controller.hostname}",
-        f"SlurmUser={user}",
-        f"LogFile={p.state}/log/slurmdbd.log",
-        "PidFile=/run/slurmdbd.pid",  # as the unit's PIDFile=
-        "StorageType=accounting_storage/mysql",
-        "StorageHost=localhost",
-        f"StorageUser={db_names(p.name)[1]}",
-        f"StorageLoc={db_names(p.name)[0]}",
-    ]) + "\n"  # fmt: skip
+    return (
+        "\n".join(
+            [
+                f"# vmrun-cluster: {p.name}",
+                f"# Written by `vmrun setup --slurm {p.name} --slurmdbd`, which rewrites it.",
+                "AuthType=auth/munge",
+                f"DbdHost={p.controller.hostname}",
+                f"SlurmUser={user}",
+                f"LogFile={p.state}/log/slurmdbd.log",
+                "PidFile=/run/slurmdbd.pid",  # as the unit's PIDFile=
+                "StorageType=accounting_storage/mysql",
+                "StorageHost=localhost",
+                f"StorageUser={db_names(p.name)[1]}",
+                f"StorageLoc={db_names(p.name)[0]}",
+            ]
+        )
+        + "\n"
+    )
 
 
 def db_names(name: str) -> tuple[str, str]:

@@ -89,8 +89,12 @@ class Removed:
     kept: dict[str, str]  # host -> the packages left installed
 
 
-def _run(conn: Connection, args: Sequence[str], env: dict[str, str] | None = None,
-         what: str = "the Slurm node script") -> list[str]:  # fmt: skip
+def _run(
+    conn: Connection,
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    what: str = "the Slurm node script",
+) -> list[str]:
     """slurm_node.sh's lines; its `FAIL why` (or a failure) raised as the host's error."""
     result = conn.run(hostside.command(SCRIPT, *args), env=env, what=what)
     lines = result.stdout_tail.splitlines()
@@ -98,8 +102,9 @@ def _run(conn: Connection, args: Sequence[str], env: dict[str, str] | None = Non
         if line.startswith("FAIL "):
             raise RemoteError(line[5:], host=conn.label, code="slurm-host-unfit")
     if not result.ok:
-        raise RemoteError(f"{what} failed: {result.output_tail(3)}", host=conn.label,
-                          code="slurm-host-unfit")  # fmt: skip
+        raise RemoteError(
+            f"{what} failed: {result.output_tail(3)}", host=conn.label, code="slurm-host-unfit"
+        )
     return lines
 
 
@@ -107,8 +112,9 @@ def read_facts(conn: Connection, name: str, entry: HostEntry | None = None) -> N
     """The host's facts; its address for the other nodes is the private one vmrun.toml
     records (`up`'s VMs), else the one the SSH session arrived at."""
     private = str(entry.vars.get("private_addr") or "") if entry else ""
-    return parse_facts("\n".join(_run(conn, ["facts", name, *([private] if private else [])])),
-                       conn.label)  # fmt: skip
+    return parse_facts(
+        "\n".join(_run(conn, ["facts", name, *([private] if private else [])])), conn.label
+    )
 
 
 def fitness(facts: NodeFacts, name: str, controller: bool, accounting: bool = False) -> str:
@@ -141,20 +147,23 @@ def check(
     one error naming each host that cannot and why. With `shared`: that folder must be one
     on every host (a token file is all it leaves there)."""
     if controller.label not in [e.label for e in entries]:
-        raise UsageError(f"--controller {controller.label} is not one of the hosts",
-                         code="flags-conflict")  # fmt: skip
+        raise UsageError(
+            f"--controller {controller.label} is not one of the hosts", code="flags-conflict"
+        )
     with Group(entries, settings) as group:
         outcomes = group.map(lambda entry, conn: read_facts(conn, name, entry))
         raise_for_failures(outcomes)
         if shared:
             check_shared(group, name, shared, controller.label, [e.label for e in entries])
     facts = {o.host: o.value for o in outcomes if o.value is not None}
-    problems = [f"{h}: {why}" for h, f in facts.items()
-                if (why := fitness(f, name, h == controller.label, accounting))]  # fmt: skip
+    problems = [
+        f"{h}: {why}"
+        for h, f in facts.items()
+        if (why := fitness(f, name, h == controller.label, accounting))
+    ]
     problems += skew(facts, controller.label)
     if problems:
-        raise RemoteError("; ".join(problems) + " (nothing was changed)",
-                          code="slurm-host-unfit")  # fmt: skip
+        raise RemoteError("; ".join(problems) + " (nothing was changed)", code="slurm-host-unfit")
     return facts
 
 
@@ -216,12 +225,15 @@ def make(
             done.update({o.host: o.value for o in applied if o.value is not None})
         taken_out = []
         if dropped:  # often a host that is gone: what cannot be reached is said, not fatal
-            removed = group.map(lambda _e, conn: _run(conn, ["remove", name]),
-                                only=[e.label for e in dropped])  # fmt: skip
+            removed = group.map(
+                lambda _e, conn: _run(conn, ["remove", name]), only=[e.label for e in dropped]
+            )
             for o in removed:
                 if o.error is not None:
-                    out.warn(f"{o.host}: left out of cluster {name}, but not taken down there"
-                             f" ({o.error}); its slurmd may still run")  # fmt: skip
+                    out.warn(
+                        f"{o.host}: left out of cluster {name}, but not taken down there"
+                        f" ({o.error}); its slurmd may still run"
+                    )
             taken_out = [e.label for e in dropped]
         states = wait_ready(conns[controller.label], the_plan, idle_timeout)
     return Made(
@@ -244,15 +256,18 @@ def _install(
     """The distribution's packages where a host lacks them, before the files are made from
     its facts (read again then: `slurmd -C`'s topology, the slurm user), so that the files
     of a first run are those of every later one. Host -> what it installed."""
-    lacking = [h for h, f in facts.items()
-               if f.needs(controller=h == controller, accounting=accounting)]  # fmt: skip
+    lacking = [
+        h for h, f in facts.items() if f.needs(controller=h == controller, accounting=accounting)
+    ]
     if not lacking:
         return {}
 
     def install(entry: HostEntry, conn: Connection) -> tuple[str, ...]:
         ctld = conn.label == controller
-        env = {"VMRUN_SLURM_CTLD": "1" if ctld else "0",
-               "VMRUN_SLURM_DBD": "1" if ctld and accounting else "0"}  # fmt: skip
+        env = {
+            "VMRUN_SLURM_CTLD": "1" if ctld else "0",
+            "VMRUN_SLURM_DBD": "1" if ctld and accounting else "0",
+        }
         lines = _run(conn, ["install", name], env, what="installing Slurm's packages")
         facts[conn.label] = read_facts(conn, name, entry)
         said = next((ln for ln in lines if ln.startswith("INSTALLED ")), "")
@@ -336,8 +351,9 @@ def wait_ready(conn: Connection, p: Plan, timeout: float) -> dict[str, str]:
     )
 
 
-def check_shared(group: Group, name: str, shared: str, controller: str,
-                 labels: Sequence[str]) -> None:  # fmt: skip
+def check_shared(
+    group: Group, name: str, shared: str, controller: str, labels: Sequence[str]
+) -> None:
     """`shared` must be one folder on every host: a token left there by the controller,
     read back on each node."""
     token = f"{os.getpid()}-{secrets.token_hex(8)}"
@@ -378,11 +394,17 @@ def remove(
         # the nodes first, the controller last (its slurmctld would mark them down)
         others = [e.label for e in entries if e.label != controller.label]
         outcomes = group.map(lambda _e, conn: _run(conn, ["remove", name]), only=others)
-        outcomes += group.map(lambda _e, conn: _run(conn, ["remove", name]),
-                              only=[controller.label])  # fmt: skip
+        outcomes += group.map(
+            lambda _e, conn: _run(conn, ["remove", name]), only=[controller.label]
+        )
         raise_for_failures(outcomes)
     lines = {o.host: tuple(o.value or ()) for o in outcomes}
-    kept = {h: next((ln[5:] for ln in ls if ln.startswith("KEPT ")), "").strip()
-            for h, ls in lines.items()}  # fmt: skip
-    return Removed(name, {h: tuple(ln for ln in ls if not ln.startswith("KEPT"))
-                          for h, ls in lines.items()}, kept)  # fmt: skip
+    kept = {
+        h: next((ln[5:] for ln in ls if ln.startswith("KEPT ")), "").strip()
+        for h, ls in lines.items()
+    }
+    return Removed(
+        name,
+        {h: tuple(ln for ln in ls if not ln.startswith("KEPT")) for h, ls in lines.items()},
+        kept,
+    )

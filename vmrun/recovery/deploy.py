@@ -266,8 +266,17 @@ def _reach(settings: Settings, hosts: Sequence[HostEntry]) -> list[Reached]:
         plain: dict[str, object] = {
             k: v for k, v in entry.vars.items() if isinstance(v, (str, int, float, dict))
         }
-        reached.append(Reached(entry.label, target.hostname, target.port, target.user,
-                               target.host_key_name, keys, plain))  # fmt: skip
+        reached.append(
+            Reached(
+                entry.label,
+                target.hostname,
+                target.port,
+                target.user,
+                target.host_key_name,
+                keys,
+                plain,
+            )
+        )
     return reached
 
 
@@ -330,8 +339,11 @@ def _send_tools(conn: Connection) -> None:
 
     for wheel in stack_tool.wheels():
         if not upload(conn, wheel, f".cache/vmrun/tools/{wheel.name}").ok:
-            raise RemoteError("could not send py-spy's wheel to the supervisor",
-                              host=conn.label, code="supervisor-failed")  # fmt: skip
+            raise RemoteError(
+                "could not send py-spy's wheel to the supervisor",
+                host=conn.label,
+                code="supervisor-failed",
+            )
 
 
 def _install_code(conn: Connection) -> str:
@@ -352,8 +364,9 @@ def _install_code(conn: Connection) -> str:
     code = f"{HOME_DIR}/code/{digest.hexdigest()[:12]}"
     for name, top in parts.items():
         if not upload(conn, top, f"{code}/{name}", exclude=("__pycache__",)).ok:
-            raise RemoteError("could not send vmrun's code", host=conn.label,
-                              code="supervisor-failed")  # fmt: skip
+            raise RemoteError(
+                "could not send vmrun's code", host=conn.label, code="supervisor-failed"
+            )
     return code
 
 
@@ -460,8 +473,9 @@ class Supervised:
         spared = select_hosts(list(spares), settings) if spares else []
         both = sorted({s.label for s in spared} & {n.label for n in nodes})
         if both:
-            raise UsageError(f"--spare {', '.join(both)}: already a node of the run",
-                             code="flags-conflict")  # fmt: skip
+            raise UsageError(
+                f"--spare {', '.join(both)}: already a node of the run", code="flags-conflict"
+            )
         chosen = select_hosts([supervisor], settings)[0] if supervisor else nodes[0]
         reached = _reach(settings, [*nodes, *spared])  # one it could not reach: refused now
         cluster = cluster_of(nodes, settings)  # its credentials found now, or refused now
@@ -501,12 +515,18 @@ class Supervised:
                 )
             try:
                 told = _secrets(self.plan) | self.cloud | _notify(self.settings)
-                placed = deploy(self.settings, spec, self.supervisor,
-                                [*self.nodes, *self.spares], out, secrets=told,
-                                files=_synced_files(self.plan) or (),
-                                reached=self.reached,
-                                tools=self.settings.hang_timeout != OFF,
-                                prepared=self.ahead.wait() if self.ahead else None)  # fmt: skip
+                placed = deploy(
+                    self.settings,
+                    spec,
+                    self.supervisor,
+                    [*self.nodes, *self.spares],
+                    out,
+                    secrets=told,
+                    files=_synced_files(self.plan) or (),
+                    reached=self.reached,
+                    tools=self.settings.hang_timeout != OFF,
+                    prepared=self.ahead.wait() if self.ahead else None,
+                )
             except BaseException:  # asked to be recovered, it must not run unsupervised
                 out.warn(f"run {ref.run_id}: no supervisor, so the run is stopped")
                 self._stop(ref)
@@ -537,8 +557,12 @@ class Ahead:
     def __init__(self, settings: Settings, entry: HostEntry, *, store: bool, tools: bool):
         self._made: Prepared | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, args=(settings, entry, store, tools),
-                                        daemon=True, name="supervisor-prepare")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._main,
+            args=(settings, entry, store, tools),
+            daemon=True,
+            name="supervisor-prepare",
+        )
         self._thread.start()
 
     def _main(self, settings: Settings, entry: HostEntry, store: bool, tools: bool) -> None:
@@ -618,8 +642,11 @@ def _cloud_secrets(settings: Settings, cluster: str) -> dict[str, str]:
     session = Session(str(table.get("profile") or "") or None)
     session.check_credentials()
     frozen = session.frozen_credentials()
-    told = {"AWS_ACCESS_KEY_ID": frozen[0], "AWS_SECRET_ACCESS_KEY": frozen[1],
-            "AWS_SESSION_TOKEN": frozen[2]}  # fmt: skip
+    told = {
+        "AWS_ACCESS_KEY_ID": frozen[0],
+        "AWS_SECRET_ACCESS_KEY": frozen[1],
+        "AWS_SESSION_TOKEN": frozen[2],
+    }
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):  # a stand-in's, in tests
         told[name] = os.environ.get(name, "")
     # names of their own: the bucket's keys and endpoint (the run's store) are not these
@@ -631,8 +658,10 @@ def _notify(settings: Settings) -> dict[str, str]:
     so they travel with the secrets, not in the supervisor's vmrun.toml)."""
     if not settings.notify:
         return {}
-    return {"VMRUN_NOTIFY": ",".join(settings.notify),
-            "VMRUN_NOTIFY_ON": ",".join(settings.notify_on)}  # fmt: skip
+    return {
+        "VMRUN_NOTIFY": ",".join(settings.notify),
+        "VMRUN_NOTIFY_ON": ",".join(settings.notify_on),
+    }
 
 
 def _secrets(plan: Plan) -> dict[str, str]:

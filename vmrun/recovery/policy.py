@@ -119,6 +119,7 @@ def decide(
         return Recovery("give-up", f"{what} and {len(free) or 'no'} spare(s) left")
     swap |= {n: n for n in renew}
     nodes = tuple(swap.get(n, n) for n in failure.nodes)
-    said = ", ".join(f"{old} by a new VM" if old in renew else f"{old} by {new}"
-                     for old, new in swap.items())  # fmt: skip
+    said = ", ".join(
+        f"{old} by a new VM" if old in renew else f"{old} by {new}" for old, new in swap.items()
+    )
     return Recovery("replace", f"{what}: replaced {said}", swap, nodes, renew)

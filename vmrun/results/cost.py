@@ -25,8 +25,11 @@ def prices(
     used = {str((currencies or {}).get(node) or USD) for node in by_node}
     if len(used) != 1:
         return {}
-    return {"prices": known, "price_per_hour": round(sum(known.values()), 6),
-            "currency": used.pop()}  # fmt: skip
+    return {
+        "prices": known,
+        "price_per_hour": round(sum(known.values()), 6),
+        "currency": used.pop(),
+    }
 
 
 def alike(price: float | None, nodes: int, currency: str | None = None) -> dict[str, Any]:

@@ -40,9 +40,14 @@ class WorkerFailure:
         if code is None:
             return None
         host, sig = item.get("host"), item.get("signal")
-        return cls(code, number("rank"), number("local_rank"),
-                   str(host) if host else None, str(sig) if sig else None,
-                   number("launcher_exit"))  # fmt: skip
+        return cls(
+            code,
+            number("rank"),
+            number("local_rank"),
+            str(host) if host else None,
+            str(sig) if sig else None,
+            number("launcher_exit"),
+        )
 
     def who(self, node: str | None = None) -> str:
         """`rank 3 (local rank 1) on h2`: the node vmrun knows it by, else torchrun's host."""
@@ -58,6 +63,12 @@ class WorkerFailure:
         return f"{self.who(node)} {how}"
 
     def as_json(self, node: str | None = None) -> dict[str, Any]:
-        return {"node": node, "rank": self.rank, "local_rank": self.local_rank,
-                "host": self.host, "exit": self.exit, "signal": self.signal,
-                "launcher_exit": self.launcher_exit}  # fmt: skip
+        return {
+            "node": node,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "host": self.host,
+            "exit": self.exit,
+            "signal": self.signal,
+            "launcher_exit": self.launcher_exit,
+        }

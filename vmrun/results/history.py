@@ -191,8 +191,10 @@ def read_rank_times(path: Path) -> dict[str, Any]:
             except ValueError:
                 continue
             times = item.get("rank_step_s") if isinstance(item, dict) else None
-            if isinstance(times, list) and times and all(
-                isinstance(t, (int, float)) for t in times
+            if (
+                isinstance(times, list)
+                and times
+                and all(isinstance(t, (int, float)) for t in times)
             ):
                 if per_epoch and len(times) != len(per_epoch[0]):
                     per_epoch = []  # another world size (a resume on fewer nodes): anew
@@ -202,8 +204,10 @@ def read_rank_times(path: Path) -> dict[str, Any]:
     if not per_epoch:
         return {}
     medians = tuple(statistics.median(column) for column in zip(*per_epoch, strict=True))
-    return {"rank_step_s": medians,
-            "rank_node": nodes if nodes and len(nodes) == len(medians) else None}  # fmt: skip
+    return {
+        "rank_step_s": medians,
+        "rank_node": nodes if nodes and len(nodes) == len(medians) else None,
+    }
 
 
 def _failure(places: list[Path], *, multi: bool) -> dict[str, Any]:

@@ -23,9 +23,17 @@ from vmrun.errors import UsageError, VmrunError
 from vmrun.results.history import RunHistory
 
 COLOURS = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-    "#8c564b", "#e377c2", "#393b79", "#bcbd22", "#17becf",
-)  # fmt: skip
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#393b79",
+    "#bcbd22",
+    "#17becf",
+)
 STYLES = ("-", "--", "-.", (0, (6, 2, 1, 2, 1, 2)))  # by line, round and round
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", "*", ">", "h")  # 11: with 10 colours and
 # 4 dashes, no two of the first 44 lines look alike

@@ -211,9 +211,14 @@ def _text(homes: list[Path], name: str) -> str | None:
 
 
 _ALLOCATED = {
-    "job_id": "JobId", "partition": "Partition", "node_list": "NodeList", "num_nodes": "NumNodes",
-    "alloc_tres": "TRES", "account": "Account", "qos": "QOS",
-}  # fmt: skip
+    "job_id": "JobId",
+    "partition": "Partition",
+    "node_list": "NodeList",
+    "num_nodes": "NumNodes",
+    "alloc_tres": "TRES",
+    "account": "Account",
+    "qos": "QOS",
+}
 
 
 def _allocation(text: str | None) -> dict[str, Any] | None:

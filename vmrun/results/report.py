@@ -27,9 +27,20 @@ from vmrun.results.history import RunHistory
 from vmrun.results.provenance import VERSION_KEYS, summary_of
 
 HEADERS = (
-    "RUN", "NODES", "PROCS/NODE", "WORLD", "LAUNCHER", "EPOCHS", "TOTAL TIME", "S/EPOCH",
-    "SAMPLES/S", "SPEED-UP", "EFFICIENCY", "FINAL LOSS", "FINAL ACC",
-)  # fmt: skip
+    "RUN",
+    "NODES",
+    "PROCS/NODE",
+    "WORLD",
+    "LAUNCHER",
+    "EPOCHS",
+    "TOTAL TIME",
+    "S/EPOCH",
+    "SAMPLES/S",
+    "SPEED-UP",
+    "EFFICIENCY",
+    "FINAL LOSS",
+    "FINAL ACC",
+)
 NUMERIC = frozenset(range(1, 4)) | frozenset(range(5, len(HEADERS)))  # right-aligned columns
 
 
@@ -132,9 +143,16 @@ def _slow(run: RunHistory) -> list[dict[str, Any]] | None:
         return None
     from vmrun.results.stragglers import slow_ranks
 
-    return [{"rank": s.rank, "node": s.node, "step_s": round(s.seconds, 6),
-             "others_step_s": round(s.typical, 6), "ratio": round(s.ratio, 3)}
-            for s in slow_ranks(run.rank_step_s, run.rank_node)]  # fmt: skip
+    return [
+        {
+            "rank": s.rank,
+            "node": s.node,
+            "step_s": round(s.seconds, 6),
+            "others_step_s": round(s.typical, 6),
+            "ratio": round(s.ratio, 3),
+        }
+        for s in slow_ranks(run.rank_step_s, run.rank_node)
+    ]
 
 
 def _provenance(run: RunHistory) -> dict[str, Any]:
@@ -245,8 +263,7 @@ def table(
     """Headers, numeric columns and each row's cells, as every rendering shows them."""
     heads, numeric = headers(rows)
     keys, recovered, paid, slow = varied_keys(rows), _recovered(rows), _paid(rows), _slowed(rows)
-    return heads, numeric, [cells(r, keys, recovered=recovered, paid=paid, slow=slow)
-                            for r in rows]  # fmt: skip
+    return heads, numeric, [cells(r, keys, recovered=recovered, paid=paid, slow=slow) for r in rows]
 
 
 def _slowed(rows: Sequence[ReportRow]) -> bool:

@@ -399,9 +399,15 @@ def _gib(value: Any) -> str | None:
 # -- launch -------------------------------------------------------------------------------
 
 LAUNCH_KEYS = (
-    "max_restarts", "max_requeues", "gpus_per_node", "partition", "time", "image",
-    "image_digest", "container_runtime",
-)  # fmt: skip
+    "max_restarts",
+    "max_requeues",
+    "gpus_per_node",
+    "partition",
+    "time",
+    "image",
+    "image_digest",
+    "container_runtime",
+)
 
 
 def launch_changes(a: RunProvenance, b: RunProvenance) -> list[Change]:

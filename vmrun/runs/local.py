@@ -81,8 +81,9 @@ def run_local(
     if image is not None:  # the variables vmrun and --env set, and NCCL_*, by name only
         names = {k for k, v in child_env.items() if outer.get(k) != v} | set(plan.env)
         names |= {k for k in child_env if k.startswith("NCCL_")}
-        argv = local_image.wrap(image, argv, sorted(names), project=plan.project, rid=rid,
-                                script=plan.script)  # fmt: skip
+        argv = local_image.wrap(
+            image, argv, sorted(names), project=plan.project, rid=rid, script=plan.script
+        )
     record = _record(plan, rid, nproc, argv, run_dir, python)
     record.update(image.meta() if image else {})
     record["variables"] = _variables(plan, child_env, outer)
@@ -138,10 +139,13 @@ def _describe(
     argv = [sys.executable, str(HERE / "run_provenance.py"), str(run_dir)]
     try:
         return subprocess.Popen(
-            [*argv, *(["--hardware-only"] if in_image else [])], env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [*argv, *(["--hardware-only"] if in_image else [])],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
     except OSError:
         return None
 

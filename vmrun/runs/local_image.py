@@ -35,8 +35,12 @@ class LocalImage:
     image_id: str | None = None
 
     def meta(self) -> dict[str, object]:
-        return {**self.request.meta(), "container_runtime": self.runtime.name,
-                "image_digest": self.digest, "image_id": self.image_id}  # fmt: skip
+        return {
+            **self.request.meta(),
+            "container_runtime": self.runtime.name,
+            "image_digest": self.digest,
+            "image_id": self.image_id,
+        }
 
 
 def prepare(request: Request, out: Reporter) -> LocalImage:
@@ -44,8 +48,9 @@ def prepare(request: Request, out: Reporter) -> LocalImage:
     sources, then the pull; before anything starts."""
     found = [name for name in ("docker", "podman") if shutil.which(name)]
     runtime = rt.engine_for(request.runtime, found, HERE)
-    rt.check(runtime, rt.ContainerSpec(request.image, (), "/", "check", mounts=request.mounts),
-             rt.HOSTS)  # fmt: skip
+    rt.check(
+        runtime, rt.ContainerSpec(request.image, (), "/", "check", mounts=request.mounts), rt.HOSTS
+    )
     missing = {m.source for m in request.mounts if not os.path.exists(m.source)}
     check_mount_sources(list(request.mounts), missing, HERE)
     image = request.image
@@ -77,9 +82,14 @@ def _gpus() -> int:
 
 
 def wrap(
-    local: LocalImage, argv: list[str], env_names: list[str], *, project: Path, rid: str,
+    local: LocalImage,
+    argv: list[str],
+    env_names: list[str],
+    *,
+    project: Path,
+    rid: str,
     script: Path,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """`argv` run in the image by container_run.sh; `env_names`: the variables it gets."""
     home = Path.home() / ".cache" / "vmrun" / "container-home"
     home.mkdir(parents=True, exist_ok=True)

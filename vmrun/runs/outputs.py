@@ -27,8 +27,13 @@ from vmrun.transfer.types import FetchSpec
 # what made the run (vmrun.runs.provenance, hostside/run_provenance.py): with its logs, so
 # `fetch results` and `report`'s fetch keep it here after the VM is gone
 PROVENANCE = (
-    "provenance*.json", "environment.txt", "versions.json", "code.patch*", "batch.sh", "allocation",
-)  # fmt: skip
+    "provenance*.json",
+    "environment.txt",
+    "versions.json",
+    "code.patch*",
+    "batch.sh",
+    "allocation",
+)
 WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
@@ -36,9 +41,23 @@ METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
 # `recoveries`: what a run's supervisor did (train --recover), kept with the run's logs; a
 # hang's record and its stacks (stacks/hang-N/rank-R.json), NCCL's flight recorder dumps and
 # the network it chose (nccl/: vmrun.backends.hosts.node_launch, hostside/hang_watch.py)
-LOGS = ("log", "*.log", "run.json", "exit_code", "failure.json", "starts", "exit", "ended",
-        "recoveries", "hang", "hang_stopped", "rank-*.json", "fr_rank_*", "transport",
-        *PROVENANCE)
+LOGS = (
+    "log",
+    "*.log",
+    "run.json",
+    "exit_code",
+    "failure.json",
+    "starts",
+    "exit",
+    "ended",
+    "recoveries",
+    "hang",
+    "hang_stopped",
+    "rank-*.json",
+    "fr_rank_*",
+    "transport",
+    *PROVENANCE,
+)
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

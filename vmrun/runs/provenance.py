@@ -161,8 +161,16 @@ def _diff(project: Path, paths: list[str], per_call: int = 500) -> bytes:
     """`git diff HEAD` of these paths (literal), a few hundred to a command line."""
     parts = []
     for at in range(0, len(paths), per_call):
-        text = _git(project, "diff", "HEAD", "--binary", "--no-color", "--no-ext-diff", "--",
-                    *paths[at : at + per_call])  # fmt: skip
+        text = _git(
+            project,
+            "diff",
+            "HEAD",
+            "--binary",
+            "--no-color",
+            "--no-ext-diff",
+            "--",
+            *paths[at : at + per_call],
+        )
         parts.append((text or "").encode("utf-8", "surrogateescape"))
     return b"".join(parts)
 

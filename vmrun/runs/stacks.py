@@ -17,17 +17,42 @@ from pathlib import Path
 from typing import Any
 
 # frames that only pass a call through: the callee named is the next one in
-_WRAPPERS = frozenset({
-    "wrapper", "inner", "_fn", "decorate_context", "__call__", "_call_impl",
-    "_wrapped_call_impl", "wrapped", "_wrap",
-})  # fmt: skip
+_WRAPPERS = frozenset(
+    {
+        "wrapper",
+        "inner",
+        "_fn",
+        "decorate_context",
+        "__call__",
+        "_call_impl",
+        "_wrapped_call_impl",
+        "wrapped",
+        "_wrap",
+    }
+)
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 # torch.distributed's calls a rank waits in for the others
-COLLECTIVES = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
-    "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv",
-})  # fmt: skip
+COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "broadcast_object_list",
+        "barrier",
+        "monitored_barrier",
+        "all_to_all",
+        "all_to_all_single",
+        "reduce",
+        "gather",
+        "scatter",
+        "send",
+        "recv",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -108,14 +133,23 @@ def parse_line(line: str, node: str | None) -> RankStack | None:
     threads = []
     for thread in said.get("threads") or ():
         frames = tuple(
-            Frame(str(f.get("name") or "?"), str(f.get("short_filename") or f.get("filename")),
-                  str(f.get("filename") or ""), int(f.get("line") or 0))
+            Frame(
+                str(f.get("name") or "?"),
+                str(f.get("short_filename") or f.get("filename")),
+                str(f.get("filename") or ""),
+                int(f.get("line") or 0),
+            )
             for f in thread.get("frames") or ()
-        )  # fmt: skip
+        )
         threads.append((str(thread.get("thread_name") or thread.get("thread_id")), frames))
     where = node if node is not None else str(said.get("host") or "?")
-    return RankStack(int(said["rank"]), where, int(said.get("pid") or 0), tuple(threads),
-                     str(said.get("error") or ""))  # fmt: skip
+    return RankStack(
+        int(said["rank"]),
+        where,
+        int(said.get("pid") or 0),
+        tuple(threads),
+        str(said.get("error") or ""),
+    )
 
 
 def parse(text: str, node: str | None) -> list[RankStack]:
@@ -171,8 +205,10 @@ def waiting(stacks: Sequence[RankStack]) -> str:
         return ""
     word = "ranks" if len(inside) > 1 else "rank"
     late = "ranks" if len(away) > 1 else "rank"
-    return (f"{word} {spans(s.rank for s in inside)} wait in {calls.pop()} for {late}"
-            f" {spans(s.rank for s in away)}")
+    return (
+        f"{word} {spans(s.rank for s in inside)} wait in {calls.pop()} for {late}"
+        f" {spans(s.rank for s in away)}"
+    )
 
 
 def lines(stacks: Sequence[RankStack], *, full: bool = False) -> list[str]:
@@ -196,14 +232,21 @@ def lines(stacks: Sequence[RankStack], *, full: bool = False) -> list[str]:
 
 def as_json(stack: RankStack) -> dict[str, Any]:
     return {
-        "rank": stack.rank, "node": stack.node, "pid": stack.pid, "place": stack.place,
+        "rank": stack.rank,
+        "node": stack.node,
+        "pid": stack.pid,
+        "place": stack.place,
         **({"error": stack.error} if stack.error else {}),
         "threads": [
-            {"name": name, "frames": [{"name": f.name, "file": f.file, "path": f.path,
-                                       "line": f.line} for f in frames]}
+            {
+                "name": name,
+                "frames": [
+                    {"name": f.name, "file": f.file, "path": f.path, "line": f.line} for f in frames
+                ],
+            }
             for name, frames in stack.threads
         ],
-    }  # fmt: skip
+    }
 
 
 def keep(stacks: Sequence[RankStack], folder: Path) -> Path:
@@ -236,9 +279,16 @@ def parse_flights(text: str, node: str | None) -> list[Flight]:
             continue
         try:
             fr = json.loads(line)["fr"]
-            found.append(Flight(int(fr["rank"]), node or str(fr.get("host") or "?"),
-                                int(fr.get("enqueued", -1)), str(fr.get("op") or ""),
-                                int(fr.get("completed", -1)), str(fr.get("error") or "")))
+            found.append(
+                Flight(
+                    int(fr["rank"]),
+                    node or str(fr.get("host") or "?"),
+                    int(fr.get("enqueued", -1)),
+                    str(fr.get("op") or ""),
+                    int(fr.get("completed", -1)),
+                    str(fr.get("error") or ""),
+                )
+            )
         except (ValueError, KeyError, TypeError):
             continue
     return sorted(found, key=lambda f: f.rank)
@@ -254,8 +304,10 @@ def flight_verdict(flights: Sequence[Flight]) -> str:
     there = [f.rank for f in known if f.enqueued == last]
     behind = [f for f in known if f.enqueued < last]
     op = next((f.op for f in known if f.enqueued == last and f.op), "")
-    head = (f"flight recorder: {'ranks' if len(there) > 1 else 'rank'} {spans(there)} reached"
-            f" collective #{last}" + (f" ({op})" if op else ""))
+    head = (
+        f"flight recorder: {'ranks' if len(there) > 1 else 'rank'} {spans(there)} reached"
+        f" collective #{last}" + (f" ({op})" if op else "")
+    )
     if not behind:
         return f"{head}, every rank with a dump"
     lasts = ", ".join(f"#{f.enqueued}" for f in behind)

@@ -82,9 +82,16 @@ def _wanted(
             specs += resolve_what(item, where, include=include, exclude=exclude, latest=latest)
         else:
             rel = posixpath.normpath(item).strip("/")
-            specs.append(FetchSpec(remote=".", local=posixpath.join("results", rid), label=item,
-                                   select=(rel, f"{rel}/*"), include=include,
-                                   exclude=exclude))  # fmt: skip
+            specs.append(
+                FetchSpec(
+                    remote=".",
+                    local=posixpath.join("results", rid),
+                    label=item,
+                    select=(rel, f"{rel}/*"),
+                    include=include,
+                    exclude=exclude,
+                )
+            )
     chosen: dict[str, tuple[Object, str]] = {}
     for spec in specs:
         hits: list[tuple[Object, str]] = []

@@ -157,11 +157,15 @@ def plan_sizes(nodes: list[int], nprocs: list[int], axes: list[Axis] | None = No
     tagged = [list(zip(vs, _tags(k, vs), strict=True)) for k, vs in axes]
     points = list(itertools.product(*tagged))
     return [
-        Size(n, p, values=dict(zip(keys, (v for v, _ in point), strict=True)),
-             tag="-".join(t for _, t in point))
+        Size(
+            n,
+            p,
+            values=dict(zip(keys, (v for v, _ in point), strict=True)),
+            tag="-".join(t for _, t in point),
+        )
         for n, p in pairs
         for point in points
-    ]  # fmt: skip
+    ]
 
 
 def one_process_per_gpu(sizes: list[Size], gpus: int | None) -> list[Size]:
@@ -198,10 +202,17 @@ def load(project: Path, sweep_id: str) -> Sweep:
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: unreadable sweep record ({exc})") from None
     sizes = [
-        Size(int(s["nodes"]), int(s["nproc"]), s.get("run"), RunState(s.get("state", "pending")),
-             str(s.get("detail", "")), dict(s.get("values") or {}), str(s.get("tag", "")))
+        Size(
+            int(s["nodes"]),
+            int(s["nproc"]),
+            s.get("run"),
+            RunState(s.get("state", "pending")),
+            str(s.get("detail", "")),
+            dict(s.get("values") or {}),
+            str(s.get("tag", "")),
+        )
         for s in raw.get("sizes", [])
-    ]  # fmt: skip
+    ]
     return Sweep(str(raw["id"]), dict(raw.get("where", {})), dict(raw.get("options", {})), sizes)
 
 

@@ -100,13 +100,15 @@ def _distinct(found: Sequence[LogDir]) -> list[LogDir]:
         if seen is None:
             merged[d.path] = d
         else:
-            merged[d.path] = LogDir(seen.name, d.path, seen.required or d.required,
-                                    seen.own or d.own)  # fmt: skip
+            merged[d.path] = LogDir(
+                seen.name, d.path, seen.required or d.required, seen.own or d.own
+            )
     always = [d.path for d in merged.values() if d.required]
     return [
-        d for d in merged.values()
+        d
+        for d in merged.values()
         if not any(d.path.startswith(top.rstrip("/") + "/") for top in always)
-    ]  # fmt: skip
+    ]
 
 
 def _named(dirs: Sequence[LogDir]) -> list[LogDir]:

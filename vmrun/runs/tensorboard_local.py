@@ -100,15 +100,29 @@ class LocalBoard:
         self.logdir.mkdir(parents=True, exist_ok=True)
         with bind_free(wanted) as probe:
             port = probe.getsockname()[1]
-        argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir),
-                "--host", "127.0.0.1", "--port", str(port), "--load_fast=false",
-                "--reload_interval", str(RELOAD_S)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(self.logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--reload_interval",
+            str(RELOAD_S),
+        ]
         from vmrun.runs.local import die_with_vmrun
 
         self.proc = subprocess.Popen(  # in vmrun's process group: a closed terminal ends it too
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             preexec_fn=die_with_vmrun,  # and a vmrun killed by SIGKILL
-        )  # fmt: skip
+        )
         ready = threading.Event()
         threading.Thread(target=self._read, args=(ready,), daemon=True).start()
         deadline = time.monotonic() + timeout

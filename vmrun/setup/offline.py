@@ -7,15 +7,25 @@ import re
 
 # what the tools print, and what it means; the first that matches a line wins
 _SIGNS = (
-    (re.compile(r"Network is unreachable|No route to host|\[Errno 101\]|\[Errno 113\]"),
-     "no route out"),
-    (re.compile(r"Temporary failure in name resolution|Name or service not known|"
-                r"Could not resolve host|failed to lookup address|\[Errno -[23]\]"),
-     "names do not resolve"),
-    (re.compile(r"Failed to establish a new connection|Connection timed out|"
-                r"ConnectTimeoutError|Connection refused"),
-     "the index does not answer"),
-)  # fmt: skip
+    (
+        re.compile(r"Network is unreachable|No route to host|\[Errno 101\]|\[Errno 113\]"),
+        "no route out",
+    ),
+    (
+        re.compile(
+            r"Temporary failure in name resolution|Name or service not known|"
+            r"Could not resolve host|failed to lookup address|\[Errno -[23]\]"
+        ),
+        "names do not resolve",
+    ),
+    (
+        re.compile(
+            r"Failed to establish a new connection|Connection timed out|"
+            r"ConnectTimeoutError|Connection refused"
+        ),
+        "the index does not answer",
+    ),
+)
 
 WAYS_FORWARD = (
     "give --wheelhouse DIR (wheels uploaded, installed with --no-index), --installer FILE (a"

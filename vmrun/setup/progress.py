@@ -25,8 +25,19 @@ from urllib.parse import unquote
 
 MIB = 2**20
 _DECIMAL = {"B": 1, "bytes": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_BINARY = {"": 1, "B": 1, "k": 2**10, "K": 2**10, "KiB": 2**10, "M": 2**20, "MiB": 2**20,
-           "G": 2**30, "GiB": 2**30, "T": 2**40, "TiB": 2**40}  # fmt: skip
+_BINARY = {
+    "": 1,
+    "B": 1,
+    "k": 2**10,
+    "K": 2**10,
+    "KiB": 2**10,
+    "M": 2**20,
+    "MiB": 2**20,
+    "G": 2**30,
+    "GiB": 2**30,
+    "T": 2**40,
+    "TiB": 2**40,
+}
 _RATE_WINDOW = 3.0  # seconds of raw progress lines the rate is measured over
 
 # pip and uv: "Downloading NAME (SIZE)"; vmrun_fetch: "Downloading NAME" (curl's meter follows)

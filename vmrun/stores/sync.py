@@ -43,8 +43,10 @@ def check_store(conn: Connection, place: StoreURL, access: Access, python: str =
         found = words[1] if len(words) > 1 and words[0] == "tool" else "none"
         raise UsageError(
             f"--store: no rclone {MIN_VERSION} or later on {conn.label} (found: {found})",
-            host=conn.label, hint=TOOL_HINT.format(host=conn.label), code="store-tool-missing",
-        )  # fmt: skip
+            host=conn.label,
+            hint=TOOL_HINT.format(host=conn.label),
+            code="store-tool-missing",
+        )
     raise store_error(said or ["the bucket refused the run's first file"], conn.label, place)
 
 
@@ -87,11 +89,15 @@ class StoreState:
             return float(value) if isinstance(value, (int, float)) else None
 
         return cls(
-            to=str(raw.get("to") or ""), state=raw["state"], at=number("at") or 0.0,
-            synced=number("synced"), failing_since=number("failing_since"),
-            files=int(number("files") or 0), nbytes=int(number("bytes") or 0),
+            to=str(raw.get("to") or ""),
+            state=raw["state"],
+            at=number("at") or 0.0,
+            synced=number("synced"),
+            failing_since=number("failing_since"),
+            files=int(number("files") or 0),
+            nbytes=int(number("bytes") or 0),
             error=str(raw.get("error") or ""),
-        )  # fmt: skip
+        )
 
     def behind(self, now: float | None = None) -> float | None:
         """Seconds since the bucket last had everything (None: never yet)."""
@@ -103,10 +109,13 @@ class StoreState:
 
     def as_json(self, now: float | None = None) -> dict[str, Any]:
         return {
-            "to": self.to, "state": self.state, "behind_s": self.behind(now),
-            "files_waiting": self.files, "bytes_waiting": self.nbytes,
+            "to": self.to,
+            "state": self.state,
+            "behind_s": self.behind(now),
+            "files_waiting": self.files,
+            "bytes_waiting": self.nbytes,
             "error": self.error or None,
-        }  # fmt: skip
+        }
 
     def describe(self, now: float | None = None) -> str:
         """`bucket: up to date`, `bucket: 3 files (48.0 MiB) behind for 40 s: ...`."""

@@ -105,10 +105,18 @@ def rsync_command(conn: Connection, workdir: str, host: HostRsync | None) -> Rsy
     both = min(version, host.version)
     # the host's rsync runs under command_mark.sh: the host's autostop counts it as work
     argv = [
-        path, "-a", "--no-owner", "--no-group", "-8", "--from0", "--files-from=-",
-        f"--out-format={_OUT_FORMAT}", f"--rsync-path={quoting.plain_command([host.path])}",
-        "-e", " ".join(w for w in words if w is not None),
-    ]  # fmt: skip
+        path,
+        "-a",
+        "--no-owner",
+        "--no-group",
+        "-8",
+        "--from0",
+        "--files-from=-",
+        f"--out-format={_OUT_FORMAT}",
+        f"--rsync-path={quoting.plain_command([host.path])}",
+        "-e",
+        " ".join(w for w in words if w is not None),
+    ]
     if version >= (3, 1, 0):
         argv.append("--info=progress2")
     if both >= (3, 1, 3):

@@ -448,8 +448,9 @@ class StepTimer:
 
     def start(self) -> None:
         if self.cuda:
-            self.events.append((torch.cuda.Event(enable_timing=True),
-                                torch.cuda.Event(enable_timing=True)))  # fmt: skip
+            self.events.append(
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            )
             self.events[-1][0].record()
         else:
             self.began = time.perf_counter()
@@ -552,8 +553,9 @@ def run_epoch(
         step_s, nodes = gather_step_times(ctx, timer.mean())
     elapsed = time.perf_counter() - began
     accuracy = (totals[2] / totals[1]).item() if task == "classify" else None
-    return EpochStats((totals[0] / totals[1]).item(), int(totals[1].item()), elapsed, accuracy,
-                      step_s, nodes)  # fmt: skip
+    return EpochStats(
+        (totals[0] / totals[1]).item(), int(totals[1].item()), elapsed, accuracy, step_s, nodes
+    )
 
 
 def gather_step_times(ctx: Ctx, mine: float) -> tuple[list[float], list[int] | None]:
@@ -811,8 +813,9 @@ def train(args: argparse.Namespace, ctx: Ctx) -> None:
             f" global), {len(loader)} steps/epoch, lr {args.lr}, {args.eval_size} held out"
         )
     events = Events.open(ctx, out_dir, start) if start <= total else Events()
-    job = Job(args, ctx, bare, model, optimizer, sampler, loader, eval_shard, events,
-              Beat(ctx.rank))  # fmt: skip
+    job = Job(
+        args, ctx, bare, model, optimizer, sampler, loader, eval_shard, events, Beat(ctx.rank)
+    )
     try:
         if start == 1:  # a new trajectory: a resumed one has its settings already
             classify = ["train/accuracy", "eval/accuracy"] if args.task == "classify" else []
@@ -862,8 +865,10 @@ def say_slow_ranks(job: Job, stats: EpochStats) -> None:
     nodes = stats.rank_node
     for rank, mine, typical in slow:
         where = f" (node {nodes[rank]})" if nodes else ""
-        job.ctx.say(f"slow rank {rank}{where}: {mine / typical:.1f}x the others' step time"
-                    f" ({mine:.3f}s vs {typical:.3f}s)")  # fmt: skip
+        job.ctx.say(
+            f"slow rank {rank}{where}: {mine / typical:.1f}x the others' step time"
+            f" ({mine:.3f}s vs {typical:.3f}s)"
+        )
 
 
 def record_epoch(

@@ -109,8 +109,13 @@ def push_host(
     try:
         with ThreadPoolExecutor(1) as pool:
             checked = pool.submit(_check, conn, dest)
-            listing = list_remote(conn, [posixpath.dirname(r) if p.is_file() else r
-                                         for p, r in zip(paths, remotes, strict=True)])  # fmt: skip
+            listing = list_remote(
+                conn,
+                [
+                    posixpath.dirname(r) if p.is_file() else r
+                    for p, r in zip(paths, remotes, strict=True)
+                ],
+            )
             for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
                 entries = root.entries if root.state == "ok" else []
                 done.planned.append(_plan(path, remote, entries, tree))
@@ -122,8 +127,16 @@ def push_host(
             return done
         for path, remote, root, tree in zip(paths, remotes, listing.roots, scans, strict=True):
             mine = opened if opened is not None and opened.source == str(path) else None
-            report = upload(conn, path, remote, options, progress or Progress(),
-                            listing=root, scanned=tree, opened=mine)  # fmt: skip
+            report = upload(
+                conn,
+                path,
+                remote,
+                options,
+                progress or Progress(),
+                listing=root,
+                scanned=tree,
+                opened=mine,
+            )
             done.reports.append(report)
     finally:
         if opened is not None:
@@ -168,10 +181,15 @@ def push_data(
                 f"{conn.label}: pushed {len(report.fetched)} file(s) of {local.name},"
                 f" {report.wire_bytes / 2**20:.1f} MiB ({report.seconds:.1f} s) to {planned.remote}"
             )
-        done_data.append({
-            "local": str(local), "remote": planned.remote, "files": planned.files,
-            "bytes": planned.nbytes, "manifest": manifest(conn, planned.remote),
-        })  # fmt: skip
+        done_data.append(
+            {
+                "local": str(local),
+                "remote": planned.remote,
+                "files": planned.files,
+                "bytes": planned.nbytes,
+                "manifest": manifest(conn, planned.remote),
+            }
+        )
     return done_data
 
 

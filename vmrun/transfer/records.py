@@ -319,10 +319,10 @@ class _Closer:
             return  # send_lanes says why
         refused = {name for lane in others for name, why in lane.results.items() if why}
         ready = [
-            i for i in self.ranged
-            if i.digest is not None and not i.why and _names(i)[1] not in refused
-            and _unchanged(i)
-        ]  # fmt: skip
+            i
+            for i in self.ranged
+            if i.digest is not None and not i.why and _names(i)[1] not in refused and _unchanged(i)
+        ]
         if ready:
             stream.send(b"".join(header(b"M", i, 0, 0) for i in ready))
             self.moved = ready

@@ -172,9 +172,13 @@ def _root(listing: RootListing, conn: Connection, path: str, *, must_exist: bool
 
 
 def _plan(
-    src: Connection, dst: Connection, src_dir: str, dst_dir: str, report: RelayReport,
+    src: Connection,
+    dst: Connection,
+    src_dir: str,
+    dst_dir: str,
+    report: RelayReport,
     verify: bool,
-) -> _Plan:  # fmt: skip
+) -> _Plan:
     """What B lacks or holds otherwise: size first, then mtime, then checksums."""
     listed = _at_once(lambda: list_remote(src, [src_dir]), lambda: list_remote(dst, [dst_dir]))
     ours = _root(listed[0].roots[0], src, src_dir, must_exist=True)
@@ -196,9 +200,11 @@ def _plan(
             _file(e, there, plan, doubtful, report, verify)
     if doubtful:
         a, b = _both_hashes(
-            src, [join_remote(src_dir, e.rel) for e in doubtful],
-            dst, [join_remote(dst_dir, e.rel) for e in doubtful],
-        )  # fmt: skip
+            src,
+            [join_remote(src_dir, e.rel) for e in doubtful],
+            dst,
+            [join_remote(dst_dir, e.rel) for e in doubtful],
+        )
         for e in doubtful:
             mine = a.get(join_remote(src_dir, e.rel))
             if mine is not None and mine == b.get(join_remote(dst_dir, e.rel)):
@@ -209,9 +215,13 @@ def _plan(
 
 
 def _file(
-    e: Entry, there: Entry | None, plan: _Plan, doubtful: list[Entry], report: RelayReport,
+    e: Entry,
+    there: Entry | None,
+    plan: _Plan,
+    doubtful: list[Entry],
+    report: RelayReport,
     verify: bool,
-) -> None:  # fmt: skip
+) -> None:
     if there is None or there.kind != "f" or there.size != e.size:
         plan.files.append(e)
     elif there.mtime_ns == e.mtime_ns and not verify:
@@ -251,9 +261,14 @@ def _both_hashes(
 
 
 def _send(
-    src: Connection, argv: list[str], dst: Connection, dst_addr: str, files: int, total: int,
+    src: Connection,
+    argv: list[str],
+    dst: Connection,
+    dst_addr: str,
+    files: int,
+    total: int,
     progress: Progress,
-) -> None:  # fmt: skip
+) -> None:
     """Run the sender on A; its tar's checkpoint lines become `progress` (host: B's label)."""
     progress.begin(dst.label, files, total, via=src.label)
     said: list[str] = []
@@ -355,15 +370,25 @@ def relay(
     )
     private, public = transfer_key()
     try:
-        found = _place_key(src, dst, tag, known, dst_addr, dst_dir, private, public, src_addr,
-                           items)  # fmt: skip
+        found = _place_key(
+            src, dst, tag, known, dst_addr, dst_dir, private, public, src_addr, items
+        )
         try:
             report.from_addr = str(ipaddress.ip_address(found)) if found else ""
         except ValueError:
             report.from_addr = ""
         user = dst.target.user if dst.target is not None else dst.spec.user
-        argv = hostside.command("relay.sh", "send", STATE, tag, src_dir, str(user), dst_addr,
-                                str(dst_port), str(max(1, round(connect_timeout))))  # fmt: skip
+        argv = hostside.command(
+            "relay.sh",
+            "send",
+            STATE,
+            tag,
+            src_dir,
+            str(user),
+            dst_addr,
+            str(dst_port),
+            str(max(1, round(connect_timeout))),
+        )
         _send(src, argv, dst, dst_addr, len(items), total, progress)
         _check_placed(src, dst, tag, items)
         _make_dirs(dst, tag, dst_dir, plan, report)
@@ -376,17 +401,27 @@ def relay(
 
 
 def _place_key(
-    src: Connection, dst: Connection, tag: str, known: str, dst_addr: str, dst_dir: str,
-    private: bytes, public: str, src_addr: str | None, items: list[Entry],
-) -> str:  # fmt: skip
+    src: Connection,
+    dst: Connection,
+    tag: str,
+    known: str,
+    dst_addr: str,
+    dst_dir: str,
+    private: bytes,
+    public: str,
+    src_addr: str | None,
+    items: list[Entry],
+) -> str:
     """The key and the list of what to send on A, the key's line on B (at once when A's
     address is known beforehand: the line's from= needs it). A's address, as found."""
 
     def on_src() -> str:
-        said = _relay_sh(src, "key", tag, known, dst_addr, stdin=private,
-                         what="placing the transfer key")  # fmt: skip
-        _relay_sh(src, "list", tag, stdin=_nul([e.rel for e in items]),
-                  what="listing the files to send")  # fmt: skip
+        said = _relay_sh(
+            src, "key", tag, known, dst_addr, stdin=private, what="placing the transfer key"
+        )
+        _relay_sh(
+            src, "list", tag, stdin=_nul([e.rel for e in items]), what="listing the files to send"
+        )
         return src_addr or said.decode("ascii", "replace").strip()
 
     def on_dst(addr: str | None) -> None:
@@ -394,8 +429,13 @@ def _place_key(
             line = authorized_line(public, tag, str(ipaddress.ip_address(addr)) if addr else None)
         except ValueError:
             line = authorized_line(public, tag, None)
-        _relay_sh(dst, "grant", tag, stdin=line.encode() + b"\n" + os.fsencode(dst_dir),
-                  what="allowing the transfer key")  # fmt: skip
+        _relay_sh(
+            dst,
+            "grant",
+            tag,
+            stdin=line.encode() + b"\n" + os.fsencode(dst_dir),
+            what="allowing the transfer key",
+        )
 
     if src_addr:
         found, _ = _at_once(on_src, lambda: on_dst(src_addr))
@@ -408,8 +448,14 @@ def _place_key(
 def _make_dirs(dst: Connection, tag: str, dst_dir: str, plan: _Plan, report: RelayReport) -> None:
     """The directories B lacks (the empty ones too), before anything is renamed into them."""
     if plan.dirs:
-        _relay_sh(dst, "mkdirs", tag, dst_dir, stdin=_nul([remote_arg(d) for d in plan.dirs]),
-                  what="making directories")  # fmt: skip
+        _relay_sh(
+            dst,
+            "mkdirs",
+            tag,
+            dst_dir,
+            stdin=_nul([remote_arg(d) for d in plan.dirs]),
+            what="making directories",
+        )
         report.dirs = len(plan.dirs)
 
 

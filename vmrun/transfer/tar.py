@@ -18,9 +18,21 @@ BLOCK = 512
 # -P keeps names exactly as given; --hard-dereference sends hard-linked files in full;
 # --verbatim-files-from: a name starting with `-` is a name, never an option.
 TAR_CREATE = [
-    "tar", "-c", "-f", "-", "-b", "2048", "--format=gnu", "--null", "--verbatim-files-from",
-    "--no-recursion", "--hard-dereference", "-P", "-T", "-",
-]  # fmt: skip
+    "tar",
+    "-c",
+    "-f",
+    "-",
+    "-b",
+    "2048",
+    "--format=gnu",
+    "--null",
+    "--verbatim-files-from",
+    "--no-recursion",
+    "--hard-dereference",
+    "-P",
+    "-T",
+    "-",
+]
 
 
 class TruncatedStream(Exception):

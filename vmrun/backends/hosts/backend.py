@@ -150,22 +150,38 @@ class HostsBackend:
 
             assert plan.store_access is not None
             out_dirs = {label: _out_dir(plan, n.workdir, rid) for label, n in nodes.items()}
-            banner, place.listed = restore(self.group, out_dirs, rid, place.restore,
-                                           plan.store_access, out, progress)  # fmt: skip
+            banner, place.listed = restore(
+                self.group, out_dirs, rid, place.restore, plan.store_access, out, progress
+            )
         holder = rank0_node(layout, nodes, plan.launcher)  # where the outputs are written
         if plan.store is not None:
             from vmrun.stores.sync import check_store, run_place
 
             assert plan.store_access is not None
-            check_store(self.conn(holder), run_place(plan.store, rid),
-                        plan.store_access.on(nodes[holder].entry.vars),
-                        nodes[holder].env.python)  # fmt: skip
+            check_store(
+                self.conn(holder),
+                run_place(plan.store, rid),
+                plan.store_access.on(nodes[holder].entry.vars),
+                nodes[holder].env.python,
+            )
         started = _start_all(
-            self.group, plan, nodes, rid, nproc, layout, place.wiring, how.resume, banner,
-            alone=not how.allow_concurrent, notify=how.notify, files=files,
-            earlier=_earlier_code(rid, place.listed) if how.resume else [], holder=holder,
-            budget=budget, ran=ran,
-        )  # fmt: skip
+            self.group,
+            plan,
+            nodes,
+            rid,
+            nproc,
+            layout,
+            place.wiring,
+            how.resume,
+            banner,
+            alone=not how.allow_concurrent,
+            notify=how.notify,
+            files=files,
+            earlier=_earlier_code(rid, place.listed) if how.resume else [],
+            holder=holder,
+            budget=budget,
+            ran=ran,
+        )
         names = ", ".join(nodes)
         first = self.entries[0].label
         where = f" on {names}" if multi else f" on {names} (pid {started[first]})"
@@ -403,14 +419,24 @@ def _node_argv(node: Node, argv: list[str], env: dict[str, str], rid: str, index
 
     home = node.env.home
     described = [  # the image's Python describes the image's packages, beside the run
-        "sh", f"{home}/{hostside.path('run_in_image.sh')}", IMAGE_PYTHON,
-        f"{home}/{hostside.path('run_provenance.py')}", f"{home}/{records.record_dir(rid)}",
+        "sh",
+        f"{home}/{hostside.path('run_in_image.sh')}",
+        IMAGE_PYTHON,
+        f"{home}/{hostside.path('run_provenance.py')}",
+        f"{home}/{records.record_dir(rid)}",
         *argv,
-    ]  # fmt: skip
+    ]
     return container_argv(
-        node.image, described, sorted(env), home=home, workdir=node.workdir,
-        record=records.record_dir(rid), run_id=rid, index=index, gpus=node.env.gpus > 0,
-    )  # fmt: skip
+        node.image,
+        described,
+        sorted(env),
+        home=home,
+        workdir=node.workdir,
+        record=records.record_dir(rid),
+        run_id=rid,
+        index=index,
+        gpus=node.env.gpus > 0,
+    )
 
 
 def _stage(
@@ -431,8 +457,9 @@ def _stage(
         try:
             ensure(conn, node.env.python)
         except VmrunError as exc:
-            out.warn(f"{node.label}: a hang would be told without the ranks' stacks:"
-                     f" {exc.one_line()}")  # fmt: skip
+            out.warn(
+                f"{node.label}: a hang would be told without the ranks' stacks: {exc.one_line()}"
+            )
 
 
 def _out_dir(plan: Plan, workdir: str, rid: str) -> str:
@@ -492,11 +519,16 @@ def _start_all(
         **({"ran_before_s": round(ran, 1)} if ran else {}),
         **({"store": str(place), "store_node": holder} if place else {}),
         **({"recover": True} if plan.recover else {}),
-        **({"hang_timeout": plan.hang_timeout, "on_hang": plan.on_hang}
-           if plan.hang_timeout else {}),
+        **(
+            {"hang_timeout": plan.hang_timeout, "on_hang": plan.on_hang}
+            if plan.hang_timeout
+            else {}
+        ),
         **({"max_cost": plan.max_cost} if plan.max_cost else {}),
-        **prices({e.label: e.vars.get("price") for e in group.entries if e.label in nodes},
-                 {e.label: e.vars.get("currency") for e in group.entries if e.label in nodes}),
+        **prices(
+            {e.label: e.vars.get("price") for e in group.entries if e.label in nodes},
+            {e.label: e.vars.get("currency") for e in group.entries if e.label in nodes},
+        ),
     }
 
     def start(entry: HostEntry, conn: Connection) -> int:
@@ -519,8 +551,15 @@ def _start_all(
             env = {**env, "VMRUN_SPOT_WATCH": "1"}
         if place is not None and entry.label == holder:
             assert plan.store_access is not None
-            env = {**env, **copy_env(place, plan.store_access.on(entry.vars), node.env.python,
-                                     since_start=not plan.is_template)}  # fmt: skip
+            env = {
+                **env,
+                **copy_env(
+                    place,
+                    plan.store_access.on(entry.vars),
+                    node.env.python,
+                    since_start=not plan.is_template,
+                ),
+            }
         meta = {
             **meta_base,
             "script": node.script,
@@ -535,9 +574,16 @@ def _start_all(
             **({"data": node.data} if node.data else {}),
         }
         got = records.start(
-            conn, rid, node.workdir, argv, meta, env=env, resume=resume is not None,
-            banner=banner, alone=alone,
-        )  # fmt: skip
+            conn,
+            rid,
+            node.workdir,
+            argv,
+            meta,
+            env=env,
+            resume=resume is not None,
+            banner=banner,
+            alone=alone,
+        )
         node.skip = got.log_lines
         return got.pid
 
@@ -559,8 +605,10 @@ def _budget(plan: Plan, entries: Sequence[HostEntry], resume: str | None, spent:
     from vmrun.results.cost import budget_seconds, money
 
     labels = [e.label for e in entries]
-    priced = prices({e.label: e.vars.get("price") for e in entries},
-                    {e.label: e.vars.get("currency") for e in entries})  # fmt: skip
+    priced = prices(
+        {e.label: e.vars.get("price") for e in entries},
+        {e.label: e.vars.get("currency") for e in entries},
+    )
     if not priced:
         unknown = [e.label for e in entries if not isinstance(e.vars.get("price"), (int, float))]
         why = f"no price for {', '.join(unknown)}" if unknown else "prices in different currencies"
@@ -630,8 +678,12 @@ def _collector(node: Node) -> dict[str, str]:
 def _notify_facts(plan: Plan, rid: str, labels: list[str]) -> dict[str, Any]:
     """What the run's notification says that the host's record does not."""
     asked = plan.args[0] if plan.is_template and plan.args and plan.args[0].isdigit() else None
-    return {"run": rid, "where": ", ".join(labels), "epochs_asked": asked,
-            "fetch": f"vmrun fetch results --run {rid}"}  # fmt: skip
+    return {
+        "run": rid,
+        "where": ", ".join(labels),
+        "epochs_asked": asked,
+        "fetch": f"vmrun fetch results --run {rid}",
+    }
 
 
 def _free_port(conn: Connection, python: str) -> int:

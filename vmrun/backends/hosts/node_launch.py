@@ -128,29 +128,42 @@ def node_launch(
         env.update(launch.torchrun_env(plan.max_restarts))
         if layout is None:
             argv = launch.torchrun_argv(
-                python, script, args, nproc_per_node=nproc, max_restarts=plan.max_restarts,
-                rdzv_endpoint="localhost:0", rdzv_id=rid, log_dir=workers,
-            )  # fmt: skip
+                python,
+                script,
+                args,
+                nproc_per_node=nproc,
+                max_restarts=plan.max_restarts,
+                rdzv_endpoint="localhost:0",
+                rdzv_id=rid,
+                log_dir=workers,
+            )
         else:
             is_master = node.label == layout.master
             argv = launch.torchrun_argv(
-                python, script, args, nproc_per_node=nproc, max_restarts=plan.max_restarts,
+                python,
+                script,
+                args,
+                nproc_per_node=nproc,
+                max_restarts=plan.max_restarts,
                 nnodes=wiring.nnodes or str(len(layout.ifnames)),
-                rdzv_endpoint=layout.endpoint, rdzv_id=rid,
+                rdzv_endpoint=layout.endpoint,
+                rdzv_id=rid,
                 rdzv_conf={"is_host": "true" if is_master else "false"},
                 local_addr=layout.addr if is_master else _worker_addr(node, layout),
                 log_dir=workers,
-            )  # fmt: skip
+            )
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = launch.RANK_PREFIX_TEMPLATE
     else:
         argv = launch.python_argv(python, script, args)
         if plan.launcher == "env" and layout is None:
             env.update(
                 launch.env_wiring(
-                    node_rank=0, nnodes=1, master_addr="127.0.0.1",
+                    node_rank=0,
+                    nnodes=1,
+                    master_addr="127.0.0.1",
                     master_port=port or launch.DEFAULT_MASTER_PORT,
                 )
-            )  # fmt: skip
+            )
         elif plan.launcher == "env":
             assert layout is not None
             ranked = [layout.master, *(x for x in order if x != layout.master)]
@@ -186,9 +199,7 @@ def _advertised(node: Node, layout: Layout) -> str:
     return _worker_addr(node, layout) or node.facts.fqdn
 
 
-def _debug_env(
-    node: Node, rid: str, wiring: Wiring, given: dict[str, str]
-) -> dict[str, str]:
+def _debug_env(node: Node, rid: str, wiring: Wiring, given: dict[str, str]) -> dict[str, str]:
     """What a stuck or slow NCCL run is read from afterwards, in the record's nccl/ folder:
     torch's flight recorder (each rank's last collectives, dumped when one times out: who
     had not arrived), and NCCL's INIT and NET lines in files of their own, so the log stays
@@ -202,8 +213,9 @@ def _debug_env(
     if wiring.nccl_debug:  # one host too
         env["NCCL_DEBUG"] = wiring.nccl_debug
     elif not any("NCCL_DEBUG" in where for where in asked):
-        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
-                   NCCL_DEBUG_FILE=f"{folder}/%h.%p.log")  # fmt: skip
+        env.update(
+            NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{folder}/%h.%p.log"
+        )
     return env
 
 

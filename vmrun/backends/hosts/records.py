@@ -172,11 +172,22 @@ def start(
     mode = "resume" if resume else "new"
     out = str(meta.get("out_dir") or workdir)
     result = conn.run(
-        [*hostside.command("run_start.sh"), record_dir(run_id), workdir, run_id,
-         meta_text, mode, banner, out, hostside.folder(), "1" if alone else "0", *argv],
+        [
+            *hostside.command("run_start.sh"),
+            record_dir(run_id),
+            workdir,
+            run_id,
+            meta_text,
+            mode,
+            banner,
+            out,
+            hostside.folder(),
+            "1" if alone else "0",
+            *argv,
+        ],
         env=env,
         what=f"the start of run {run_id}",
-    )  # fmt: skip
+    )
     said = result.stdout_tail.strip().splitlines()
     if result.exit_status == 3 and said and said[-1].startswith("BUSY "):
         raise busy_error(conn.label, said[-1][5:])
@@ -367,12 +378,18 @@ def _log(
     times: bool = False,
 ) -> None:
     result = conn.run(
-        [*hostside.command("run_log.sh"), RUNS_DIR, check_run_id(run_id), start,
-         "1" if follow else "0", "1" if times else "0"],
+        [
+            *hostside.command("run_log.sh"),
+            RUNS_DIR,
+            check_run_id(run_id),
+            start,
+            "1" if follow else "0",
+            "1" if times else "0",
+        ],
         on_output=lambda stream, data: out.output(data) if stream == "out" else None,
         what=f"the log of run {run_id}",
         activity=False,  # reading a log is looking: the run itself keeps the host up
-    )  # fmt: skip
+    )
     if result.exit_status == 3:
         raise UsageError(f"no run {run_id} on this host", host=conn.label, code="run-not-found")
 
@@ -442,9 +459,7 @@ def stop(conn: Connection, run_id: str, *, grace: float = 10.0, why: str = "user
     deadline = stop_deadline(grace)
     argv = [*hostside.command("run_stop.sh"), RUNS_DIR, check_run_id(run_id)]
     try:
-        result = conn.run(
-            [*argv, centis, why], timeout=deadline, what=f"the stop of run {run_id}"
-        )
+        result = conn.run([*argv, centis, why], timeout=deadline, what=f"the stop of run {run_id}")
     except CommandFailed as exc:
         if exc.exit_status != ExitCode.TIMEOUT:
             raise

@@ -198,14 +198,17 @@ def restore(
 
     def one(entry: HostEntry, conn: Connection) -> None:
         mine = access.on(entry.vars)
-        got = copy_from_store(conn, place, out_dirs[entry.label], mine, shown,
-                              exclude=f"/{RECORD}/**")  # fmt: skip
+        got = copy_from_store(
+            conn, place, out_dirs[entry.label], mine, shown, exclude=f"/{RECORD}/**"
+        )
         if entry.label == first:
             copy_from_store(conn, place.join(RECORD), runs.record_dir(rid), mine, shown)
         if got.report.failed:
-            raise RemoteError(f"{len(got.report.failed)} file(s) of run {rid} did not arrive"
-                              f" intact from {place}", host=entry.label,
-                              code="store-copy-failed")  # fmt: skip
+            raise RemoteError(
+                f"{len(got.report.failed)} file(s) of run {rid} did not arrive intact from {place}",
+                host=entry.label,
+                code="store-copy-failed",
+            )
 
     raise_for_failures(group.map(one, only=set(labels)), one_as_itself=True)
     out.info(f"run {rid}: its files and record copied from {place} to {', '.join(labels)}")

@@ -39,19 +39,28 @@ def take_on_nodes(group: Group, ref: RunRef, *, hang: bool = False) -> Taken:
         python = str(record.meta.get("python") or "python3") if record else "python3"
         if hang:
             rec = HostPath(record_dir(ref.run_id))
-            return run_for_output(conn, command("stacks.py", "--saved", rec, python=python),
-                                  what="the hang's stacks", activity=False)[1]  # fmt: skip
+            return run_for_output(
+                conn,
+                command("stacks.py", "--saved", rec, python=python),
+                what="the hang's stacks",
+                activity=False,
+            )[1]
         spy = ensure(conn, python)
-        return run_for_output(conn, command("stacks.py", ref.run_id, python=python),
-                              env={"VMRUN_PY_SPY": spy}, what="the ranks' stacks",
-                              activity=False)[1]  # fmt: skip
+        return run_for_output(
+            conn,
+            command("stacks.py", ref.run_id, python=python),
+            env={"VMRUN_PY_SPY": spy},
+            what="the ranks' stacks",
+            activity=False,
+        )[1]
 
     taken = Taken()
     for outcome in group.map(one, only=set(ref.nodes)):
         if not outcome.ok:
             error = outcome.error
-            taken.failed[outcome.host] = (error.one_line() if isinstance(error, VmrunError)
-                                          else str(error))  # fmt: skip
+            taken.failed[outcome.host] = (
+                error.one_line() if isinstance(error, VmrunError) else str(error)
+            )
             continue
         text = str(outcome.value or "")
         got = parse(text, outcome.host)

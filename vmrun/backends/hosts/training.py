@@ -82,8 +82,15 @@ def _tell_end(
     from vmrun.backends.hosts.records import record_dir
     from vmrun.notify.tell import tell_end
 
-    tell_end(conns.connections.get(ref.nodes[0]), record_dir(ref.run_id), how.notify, out,
-             run_id=ref.run_id, where=", ".join(ref.nodes), failure=failure)  # fmt: skip
+    tell_end(
+        conns.connections.get(ref.nodes[0]),
+        record_dir(ref.run_id),
+        how.notify,
+        out,
+        run_id=ref.run_id,
+        where=", ".join(ref.nodes),
+        failure=failure,
+    )
 
 
 def _follow(
@@ -168,8 +175,14 @@ class HangSpotter(Passing):
             got = take_on_nodes(self.backend.group, self.ref)
             if got.stacks:
                 self.taken += 1
-                folder = keep(got.stacks, self.project / "results" / self.ref.run_id /
-                              "stacks" / f"hang-live-{self.taken}")  # fmt: skip
+                folder = keep(
+                    got.stacks,
+                    self.project
+                    / "results"
+                    / self.ref.run_id
+                    / "stacks"
+                    / f"hang-live-{self.taken}",
+                )
                 self.out.info(f"every rank's stacks now (kept in {folder}):")
                 for line in lines(got.stacks):
                     self.out.info(f"  {line}")

@@ -58,10 +58,19 @@ from vmrun.transfer.types import Progress
 # the variables the step's task reads inside a docker/podman container, passed by name
 # (Slurm's own, SLURM_*, are passed by the job script on each node: it knows which are set)
 STEP_ENV = (
-    "VMRUN_RUN_DIR", "VMRUN_LAUNCHER", "VMRUN_NPROC", "VMRUN_MAX_RESTARTS", "VMRUN_PYTHON",
-    "VMRUN_RECORD_DIR", "VMRUN_REQUEUE_FILE", "VMRUN_WARNED_FILE", "MASTER_ADDR",
-    "MASTER_PORT", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES",
-)  # fmt: skip
+    "VMRUN_RUN_DIR",
+    "VMRUN_LAUNCHER",
+    "VMRUN_NPROC",
+    "VMRUN_MAX_RESTARTS",
+    "VMRUN_PYTHON",
+    "VMRUN_RECORD_DIR",
+    "VMRUN_REQUEUE_FILE",
+    "VMRUN_WARNED_FILE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYTHONUNBUFFERED",
+    "CUDA_VISIBLE_DEVICES",
+)
 # docker/podman's stop wait in the job's runner where the job cannot read Slurm's KillWait
 GRACE = 10
 POLL_S = 2.0  # squeue while following: one cheap query per poll, on the login node only
@@ -109,10 +118,14 @@ class Submission:
 
 class SlurmBackend:
     def __init__(
-        self, conn: Connection, cluster: Cluster, spec: JobSpec | None = None,
-        poll: float = POLL_S, unanswered_limit: float = UNANSWERED_LIMIT_S,
+        self,
+        conn: Connection,
+        cluster: Cluster,
+        spec: JobSpec | None = None,
+        poll: float = POLL_S,
+        unanswered_limit: float = UNANSWERED_LIMIT_S,
         group: Group | None = None,
-    ):  # fmt: skip
+    ):
         self.conn = conn
         self.cluster = cluster
         # without a shared folder: the group of every node (the cluster's `entries`), by
@@ -194,8 +207,9 @@ class SlurmBackend:
         if name not in self._names:
             argv = ["hostname", "-s"]
             found = self._each_node(lambda _n, conn: conn.run(argv, check=True).stdout_tail)
-            self._names.update({str(v).strip(): n for n, v in found.items()
-                                if not isinstance(v, Exception)})  # fmt: skip
+            self._names.update(
+                {str(v).strip(): n for n, v in found.items() if not isinstance(v, Exception)}
+            )
         if name not in self._names:
             raise RemoteError(
                 f"job placed on {name}, which none of cluster {self.cluster.name}'s nodes is",
@@ -335,8 +349,14 @@ class SlurmBackend:
         if notify:
             name = self.cluster.name
             fetch = f"vmrun fetch results -C {name} --run {rid}"
-            told = notify.host_config({"run": rid, "where": f"cluster {name}",
-                                       "epochs_asked": meta["epochs"], "fetch": fetch})  # fmt: skip
+            told = notify.host_config(
+                {
+                    "run": rid,
+                    "where": f"cluster {name}",
+                    "epochs_asked": meta["epochs"],
+                    "fetch": fetch,
+                }
+            )
         patch = provenance.sent_patch(made.patch)
         return Submission(rid, script, meta, paths, env_text, trainer, told, patch)
 
@@ -396,8 +416,15 @@ class SlurmBackend:
         the run's --data, submit, and return once the job is queued. A job that can never
         start is cancelled. A job is requeued and resumed by Slurm itself: `how.resume`,
         `fresh` and `down_after_run` are the hosts' and refused here."""
-        unsupported = [flag for flag, given in (("--resume", how.resume), ("--fresh", how.fresh),
-                       ("--down-after-run", how.down_after_run)) if given]  # fmt: skip
+        unsupported = [
+            flag
+            for flag, given in (
+                ("--resume", how.resume),
+                ("--fresh", how.fresh),
+                ("--down-after-run", how.down_after_run),
+            )
+            if given
+        ]
         if unsupported:
             raise UsageError(
                 f"{', '.join(unsupported)}: not on a cluster (-C {self.cluster.name})",
@@ -422,9 +449,7 @@ class SlurmBackend:
         out.info(f"run {sub.run_id} submitted to {where} ({queued})")
         return ref
 
-    def _place(
-        self, plan: Plan, sub: Submission, out: Reporter, progress: Progress | None
-    ) -> None:
+    def _place(self, plan: Plan, sub: Submission, out: Reporter, progress: Progress | None) -> None:
         """The code (a SCRIPT's project; the template travels with the job), py-spy for the
         hang watcher and the run's --data, onto the shared filesystem (or this node)."""
         if not sub.trainer:
@@ -439,16 +464,20 @@ class SlurmBackend:
         if plan.data:
             from vmrun.stores.data import place_data
 
-            sub.meta["data"] = place_data(self.conn, plan.data, sub.paths.code, out, progress,
-                                          plan.store_access)  # fmt: skip
+            sub.meta["data"] = place_data(
+                self.conn, plan.data, sub.paths.code, out, progress, plan.store_access
+            )
         if self.synced and self._on:  # the record, where the job may run (not submitted)
             self._send(sub, record_only=True)
 
     def _each_place(self, fn: Callable[[SlurmBackend], None]) -> None:
         """fn on every node's view at once; the first failure raised, naming its node
         (the records already written are removed: no run is listed that was not queued)."""
-        failed = {node: exc for node, exc in self._each_node(
-            lambda node, _conn: fn(self._on_node(node))).items() if exc is not None}  # fmt: skip
+        failed = {
+            node: exc
+            for node, exc in self._each_node(lambda node, _conn: fn(self._on_node(node))).items()
+            if exc is not None
+        }
         if failed:
             node, exc = next(iter(failed.items()))
             if isinstance(exc, VmrunError) and not exc.host:
@@ -477,8 +506,9 @@ class SlurmBackend:
         if status != 0:
             if self.synced:  # the other nodes' copies of a record sbatch refused
                 self._forget(sub.paths.record)
-            raise submit_refusal(status, err, self.cluster.name,
-                                 "--partition/--account/--qos/--time")  # fmt: skip
+            raise submit_refusal(
+                status, err, self.cluster.name, "--partition/--account/--qos/--time"
+            )
         values = dict(
             line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
         )
@@ -487,8 +517,13 @@ class SlurmBackend:
     def _forget(self, record: str) -> None:
         """The record of a run never queued, off every other node (best effort)."""
         argv = plain_command(["rm", "-rf", "--", record])
-        self._each_node(lambda node, conn: None if node == self.cluster.name
-                        else conn.capture(argv, what="removing the record"))  # fmt: skip
+        self._each_node(
+            lambda node, conn: (
+                None
+                if node == self.cluster.name
+                else conn.capture(argv, what="removing the record")
+            )
+        )
 
     def _send(self, sub: Submission, *, record_only: bool = False) -> tuple[int, bytes, str]:
         """The run's files into its record folder and, unless `record_only`, sbatch."""
@@ -498,9 +533,16 @@ class SlurmBackend:
         collector = hostside.source("run_provenance.py").encode()
         sizes = [str(len(script)), str(len(meta)), str(len(sub.trainer))]
         paths = sub.paths
-        argv = [*hostside.command("slurm_submit.sh"), paths.record, *sizes, paths.code,
-                str(len(told)), str(len(sub.patch)), str(len(collector)),
-                *(["record"] if record_only else [])]  # fmt: skip
+        argv = [
+            *hostside.command("slurm_submit.sh"),
+            paths.record,
+            *sizes,
+            paths.code,
+            str(len(told)),
+            str(len(sub.patch)),
+            str(len(collector)),
+            *(["record"] if record_only else []),
+        ]
         stdin = script + meta + sub.trainer + told + sub.patch + collector + sub.env_text.encode()
         what = "the run's record" if record_only else "sbatch"
         status, out, err = self.conn.capture(plain_command(argv), stdin=stdin, what=what)
@@ -567,8 +609,11 @@ class SlurmBackend:
         event = "end" if state is RunState.DONE else "fail"
         told = "-" if code is None else str(code)
         argv = hostside.command("slurm_record_ends.sh", path, event, told)
-        self.conn.capture(plain_command(argv), stdin="".join(f"{ln}\n" for ln in lines).encode(),
-                          what="the job's ends")  # fmt: skip
+        self.conn.capture(
+            plain_command(argv),
+            stdin="".join(f"{ln}\n" for ln in lines).encode(),
+            what="the job's ends",
+        )
 
     def find(
         self, run_id: str | None, *, running_only: bool = False, nodes: Sequence[str] = ()
@@ -604,8 +649,14 @@ class SlurmBackend:
     ) -> RunRef:
         state, code = run.state_and_code() if run else (RunState.PENDING, None)
         first = float(run.starts[0][1]) if run and run.starts else None  # the node's clock
-        record = NodeRecord(self.cluster.name, state, code, meta,
-                            started=meta.get("submitted", 0), first_started=first)  # fmt: skip
+        record = NodeRecord(
+            self.cluster.name,
+            state,
+            code,
+            meta,
+            started=meta.get("submitted", 0),
+            first_started=first,
+        )
         return RunRef(rid, (self.cluster.name,), {self.cluster.name: record})
 
     def state(self, ref: RunRef) -> tuple[RunState, int | None]:
@@ -636,9 +687,13 @@ class SlurmBackend:
             logs = tuple(sorted(as_glob(p) for p in patterns if p and not p.startswith("/")))
         node = str(meta.get("files_on") or self.cluster.name) if self.synced else self.cluster.name
         location = RunLocation(
-            run_id=ref.run_id, host=node, record_dir=str(meta["record_dir"]),
-            out_dir=str(meta["out_dir"]), since_ns=since, logs=logs,
-        )  # fmt: skip
+            run_id=ref.run_id,
+            host=node,
+            record_dir=str(meta["record_dir"]),
+            out_dir=str(meta["out_dir"]),
+            since_ns=since,
+            logs=logs,
+        )
         return {node: location}
 
     # -- logs -------------------------------------------------------------------------
@@ -674,9 +729,12 @@ class SlurmBackend:
     ) -> JobStream:
         meta = ref.meta
         return JobStream(
-            out, on_event, launcher=str(meta.get("launcher", "torchrun")),
-            tasks_per_node=int(meta.get("tasks_per_node") or 1), verbose=verbose,
-        )  # fmt: skip
+            out,
+            on_event,
+            launcher=str(meta.get("launcher", "torchrun")),
+            tasks_per_node=int(meta.get("tasks_per_node") or 1),
+            verbose=verbose,
+        )
 
     def follow(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> int:
         """The job from now (or its queue wait) to its end: state changes as infos, its
@@ -712,8 +770,10 @@ class SlurmBackend:
             node = self._node_named(follower.moved)
             ref = replace_meta(ref, files_on=node)
             at, last = self._on_node(node), 0
-        raise RemoteError(f"job {ref.meta.get('job_id')} moved {MOVES} times; stopped following",
-                          host=self.cluster.name)  # fmt: skip
+        raise RemoteError(
+            f"job {ref.meta.get('job_id')} moved {MOVES} times; stopped following",
+            host=self.cluster.name,
+        )
 
     def follow_and_tell(
         self, ref: RunRef, notify: Notify | None, out: Reporter, *, verbose: bool = False
@@ -739,8 +799,9 @@ class SlurmBackend:
         """A requeue seen while following: told (once: the job's node may have claimed it),
         beside the log's lines, not in their way."""
         if self.notify:
-            thread = threading.Thread(target=self._tell, args=(ref, out), daemon=True,
-                                      kwargs={"event": "requeue"})  # fmt: skip
+            thread = threading.Thread(
+                target=self._tell, args=(ref, out), daemon=True, kwargs={"event": "requeue"}
+            )
             thread.start()
             self._telling.append(thread)
 
@@ -750,9 +811,16 @@ class SlurmBackend:
         if self.notify:
             from vmrun.notify.tell import tell_end
 
-            tell_end(self._at(ref).conn, str(ref.meta["record_dir"]), self.notify, out,
-                     run_id=ref.run_id, where=f"cluster {self.cluster.name}", failure=failure,
-                     event=event)  # fmt: skip
+            tell_end(
+                self._at(ref).conn,
+                str(ref.meta["record_dir"]),
+                self.notify,
+                out,
+                run_id=ref.run_id,
+                where=f"cluster {self.cluster.name}",
+                failure=failure,
+                event=event,
+            )
 
     # -- stopping ---------------------------------------------------------------------
 
@@ -771,8 +839,7 @@ class SlurmBackend:
         if not job:
             raise UsageError(f"run {ref.run_id} has no job id on {self.cluster.name}")
         deadline = str(max(30, int(grace) + 30))
-        argv = [*hostside.command("slurm_stop.sh"), ref.meta["record_dir"], job,
-                deadline]  # fmt: skip
+        argv = [*hostside.command("slurm_stop.sh"), ref.meta["record_dir"], job, deadline]
         result = self.conn.run(argv, timeout=float(deadline) + 30)
         before = result.stdout_tail.split("before=", 1)[-1].split("\n", 1)[0].strip()
         if result.exit_status == 3:

@@ -21,16 +21,49 @@ from vmrun.errors import UsageError
 
 # the options vmrun reads, by every name sbatch takes them under
 _SHORT = {
-    "-J": "--job-name", "-o": "--output", "-e": "--error", "-a": "--array",
-    "-p": "--partition", "-A": "--account", "-q": "--qos", "-t": "--time", "-N": "--nodes",
-    "-n": "--ntasks", "-D": "--chdir", "-c": "--cpus-per-task", "-G": "--gpus",
-}  # fmt: skip
+    "-J": "--job-name",
+    "-o": "--output",
+    "-e": "--error",
+    "-a": "--array",
+    "-p": "--partition",
+    "-A": "--account",
+    "-q": "--qos",
+    "-t": "--time",
+    "-N": "--nodes",
+    "-n": "--ntasks",
+    "-D": "--chdir",
+    "-c": "--cpus-per-task",
+    "-G": "--gpus",
+}
 _FLAGS = frozenset(  # options that take no value (the next word is not theirs)
-    {"--exclusive", "--requeue", "--no-requeue", "--overcommit", "--hold", "--parsable",
-     "--wait", "--test-only", "--contiguous", "--spread-job", "--use-min-nodes",
-     "--ignore-pbs", "--no-kill", "--oversubscribe", "--reboot", "--quiet", "--verbose",
-     "-H", "-O", "-Q", "-W", "-k", "-s", "-v", "-h"}
-)  # fmt: skip
+    {
+        "--exclusive",
+        "--requeue",
+        "--no-requeue",
+        "--overcommit",
+        "--hold",
+        "--parsable",
+        "--wait",
+        "--test-only",
+        "--contiguous",
+        "--spread-job",
+        "--use-min-nodes",
+        "--ignore-pbs",
+        "--no-kill",
+        "--oversubscribe",
+        "--reboot",
+        "--quiet",
+        "--verbose",
+        "-H",
+        "-O",
+        "-Q",
+        "-W",
+        "-k",
+        "-s",
+        "-v",
+        "-h",
+    }
+)
 # what a cluster's vmrun.toml may fill in where the script (and the command line) is silent
 FILLED = ("--partition", "--account", "--qos")
 
@@ -164,8 +197,11 @@ def read(path: Path, project: Path, command_line: Options) -> BatchFile:
     """The script checked as sbatch would check it (it exists, is a file, starts with `#!`)
     and as vmrun needs it (inside the project, so that it is synced), with its options."""
     if not path.exists():
-        raise UsageError(f"no batch script {path}", hint="give the path of your sbatch script",
-                         code="script-not-found")  # fmt: skip
+        raise UsageError(
+            f"no batch script {path}",
+            hint="give the path of your sbatch script",
+            code="script-not-found",
+        )
     if not path.is_file():
         raise UsageError(f"{path} is not a file", code="script-not-found")
     try:
@@ -203,5 +239,8 @@ def command_line(
 def filled(script: Options, defaults: Mapping[str, str | None]) -> list[str]:
     """The cluster's defaults (vmrun.toml's partition, account, qos) for what neither the
     script nor the command line sets: the script rules."""
-    return [f"{name}={value}" for name, value in defaults.items()
-            if value and name in FILLED and name not in script]  # fmt: skip
+    return [
+        f"{name}={value}"
+        for name, value in defaults.items()
+        if value and name in FILLED and name not in script
+    ]

@@ -142,8 +142,9 @@ def _addressed(cluster: Cluster, hosts: list[HostEntry]) -> Cluster:
         found = [e for e in hosts if word == e.name]
         return found[0].spec.label if len(found) == 1 else word
 
-    return replace(cluster, login=address(cluster.login),
-                   nodes=tuple(address(n) for n in cluster.nodes))  # fmt: skip
+    return replace(
+        cluster, login=address(cluster.login), nodes=tuple(address(n) for n in cluster.nodes)
+    )
 
 
 def _words(item: Mapping[str, Any], key: str) -> dict[str, Any]:

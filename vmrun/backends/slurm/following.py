@@ -165,8 +165,15 @@ class Follower:
         a shared folder): or until it is placed on another node (`moved` names it)."""
         record, poll = str(self.ref.meta["record_dir"]), f"{self.backend.poll:g}"
         limit = f"{self.backend.unanswered_limit:.0f}"
-        argv = [*hostside.command("slurm_follow.sh"), record, self.job,
-                str(self.lines), poll, limit, *(["1"] if here else [])]  # fmt: skip
+        argv = [
+            *hostside.command("slurm_follow.sh"),
+            record,
+            self.job,
+            str(self.lines),
+            poll,
+            limit,
+            *(["1"] if here else []),
+        ]
         run_follower(self.backend, self.ref, self.job, argv, self._output, self.stream)
 
     def verdict(self) -> int:

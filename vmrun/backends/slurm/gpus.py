@@ -41,8 +41,11 @@ def running_nodes(slurm: SlurmBackend, run: str | None, job: str | None) -> list
     run_of = {r.job_id: r.id for r in runs if r.job_id}
     if run is not None:
         if run not in {r.id for r in runs}:
-            raise UsageError(f"no run {run} on cluster {slurm.cluster.name}",
-                             hint="see `vmrun status -C`", code="run-not-found")  # fmt: skip
+            raise UsageError(
+                f"no run {run} on cluster {slurm.cluster.name}",
+                hint="see `vmrun status -C`",
+                code="run-not-found",
+            )
         job = next(r.job_id for r in runs if r.id == run)
     return [
         JobNode(j, n, run_of.get(j, ""))

@@ -64,16 +64,22 @@ def word_problem(value: object) -> str | None:
 def check_spec(spec: JobSpec, launcher: str) -> JobSpec:
     """Refuse what sbatch would refuse (or mis-run) before anything is sent, one line each."""
     for flag, value in (
-        ("--partition", spec.partition), ("--account", spec.account), ("--qos", spec.qos),
-        ("--time", spec.time), ("--mem", spec.mem), ("--constraint", spec.constraint),
-    ):  # fmt: skip
+        ("--partition", spec.partition),
+        ("--account", spec.account),
+        ("--qos", spec.qos),
+        ("--time", spec.time),
+        ("--mem", spec.mem),
+        ("--constraint", spec.constraint),
+    ):
         if value is not None and (problem := word_problem(value)):
             raise UsageError(f"{flag} {value!r}: {problem}")
     for flag, count, least in (
-        ("--nodes", spec.nodes, 1), ("--gpus-per-node", spec.gpus_per_node, 0),
-        ("--nproc-per-node", spec.nproc_per_node, 1), ("--cpus-per-task", spec.cpus_per_task, 1),
+        ("--nodes", spec.nodes, 1),
+        ("--gpus-per-node", spec.gpus_per_node, 0),
+        ("--nproc-per-node", spec.nproc_per_node, 1),
+        ("--cpus-per-task", spec.cpus_per_task, 1),
         ("--max-requeues", spec.max_requeues, 0),
-    ):  # fmt: skip
+    ):
         if count is not None and count < least:
             raise UsageError(f"{flag} must be >= {least}, got {count}")
     if spec.time is not None and not _TIME.fullmatch(spec.time.strip()):
@@ -224,8 +230,11 @@ def batch_script(
     recorder = flight_recorder_env(f"{paths.record}/nccl/fr_rank_", batch.torch, batch.own_env)
     settings = " ".join(quote(f"{name}={value}") for name, value in recorder.items())
     lines.append(f"VMRUN_FLIGHT_RECORDER=({settings})")
-    for name, text in (("VMRUN_HANG_WATCH", "hang_watch.py"), ("VMRUN_SPOT_WATCH", "spot_watch.py"),
-                       ("VMRUN_STACKS", "stacks.py")):  # fmt: skip
+    for name, text in (
+        ("VMRUN_HANG_WATCH", "hang_watch.py"),
+        ("VMRUN_SPOT_WATCH", "spot_watch.py"),
+        ("VMRUN_STACKS", "stacks.py"),
+    ):
         lines.append(f"{name}={quote(source(text)) if batch.hang else ''}")
     recover = source("slurm_recover.bash") + "\n" if batch.max_recoveries else ""
     return "\n".join(lines) + "\n\n" + recover + source("slurm_job.bash")

@@ -81,10 +81,17 @@ class ScriptJob:
 
 
 def prepare(
-    backend: SlurmBackend, batch: batchfile.BatchFile, args: Sequence[str], *,
-    given: list[str], project_name: str, name: str | None, env: dict[str, str],
-    notify: Notify | None = None, recoveries: int = 0,
-) -> ScriptJob:  # fmt: skip
+    backend: SlurmBackend,
+    batch: batchfile.BatchFile,
+    args: Sequence[str],
+    *,
+    given: list[str],
+    project_name: str,
+    name: str | None,
+    env: dict[str, str],
+    notify: Notify | None = None,
+    recoveries: int = 0,
+) -> ScriptJob:
     """The sbatch command and the run's record. `given`: the options the user gave vmrun,
     as sbatch words (they override the script); the cluster's defaults fill only what the
     script and those leave unsaid. `recoveries` (--recover's limit, 0: not asked): a copy
@@ -97,8 +104,11 @@ def prepare(
     cluster = backend.cluster
     rid = new_run_id(name or Path(batch.relative).stem)
     code = f"{facts.workdir}/{remote_workdir(Path(project_name))}"
-    defaults = {"--partition": cluster.partition, "--account": cluster.account,
-                "--qos": cluster.qos}  # fmt: skip
+    defaults = {
+        "--partition": cluster.partition,
+        "--account": cluster.account,
+        "--qos": cluster.qos,
+    }
     fill = batchfile.filled(batch.options, defaults)
     for word in cluster.sbatch_args:  # one option each (vmrun.toml's check)
         pairs = batchfile.parse_words([word]).pairs
@@ -142,8 +152,7 @@ def prepare(
     told = ""
     if notify:
         fetch = f"vmrun fetch results -C {cluster.name} --run {rid}"
-        told = notify.host_config({"run": rid, "where": f"cluster {cluster.name}",
-                                   "fetch": fetch})  # fmt: skip
+        told = notify.host_config({"run": rid, "where": f"cluster {cluster.name}", "fetch": fetch})
     return ScriptJob(rid, batch, sbatch, code, record, meta, env_text, told, lines)
 
 
@@ -202,10 +211,20 @@ def submit(
     told = job.notify_text.encode()
     added = job.recover_text.encode()
     folders = job.batch.output_folders()
-    argv = [*hostside.command("slurm_submit_script.sh"), job.record_dir, str(len(meta)),
-            str(len(told)), job.code_dir, job.batch.relative, str(len(patch)), str(len(added)),
-            job.batch.options.get("--chdir") or "", str(len(folders)), *folders,
-            *job.sbatch]  # fmt: skip
+    argv = [
+        *hostside.command("slurm_submit_script.sh"),
+        job.record_dir,
+        str(len(meta)),
+        str(len(told)),
+        job.code_dir,
+        job.batch.relative,
+        str(len(patch)),
+        str(len(added)),
+        job.batch.options.get("--chdir") or "",
+        str(len(folders)),
+        *folders,
+        *job.sbatch,
+    ]
     status, said, err = backend.conn.capture(
         plain_command(argv),
         stdin=meta + told + patch + added + job.env_text.encode(),
@@ -219,22 +238,27 @@ def submit(
             code="output-folder",
         )
     if status != 0:
-        raise submit_refusal(status, err, name,
-                             "the script's #SBATCH lines and vmrun's options")  # fmt: skip
+        raise submit_refusal(status, err, name, "the script's #SBATCH lines and vmrun's options")
     lines = [line.split("=", 1) for line in said.decode(errors="replace").splitlines()]
     made = [v for k, *v in lines if k == "made" and v]
     if made and out is not None:
-        out.info(f"{name}: made {', '.join(v[0] for v in made)} for the job's output"
-                 " (sbatch makes none: without it the job fails, its output lost)")  # fmt: skip
+        out.info(
+            f"{name}: made {', '.join(v[0] for v in made)} for the job's output"
+            " (sbatch makes none: without it the job fails, its output lost)"
+        )
     values = {pair[0]: pair[1] for pair in lines if len(pair) == 2}
     return values["job"], JobState.parse(values.get("state", ""))
 
 
 def start(
-    backend: SlurmBackend, job: ScriptJob, project: Any, out: Reporter,
-    progress: Progress | None = None, data: Sequence[tuple[Path | StoreURL, str | None]] = (),
+    backend: SlurmBackend,
+    job: ScriptJob,
+    project: Any,
+    out: Reporter,
+    progress: Progress | None = None,
+    data: Sequence[tuple[Path | StoreURL, str | None]] = (),
     access: Access | None = None,
-) -> RunRef:  # fmt: skip
+) -> RunRef:
     """Sync the project (and push --data) to the cluster, submit, and return once the job
     is queued; a job that can never start is cancelled."""
     from vmrun.sync.files import project_files
@@ -260,8 +284,7 @@ def start(
         from vmrun.stores.data import place_data
 
         meta["data"] = place_data(backend.conn, list(data), job.code_dir, out, progress, access)
-    jobid, state = submit(backend, replace(job, meta=meta), provenance.sent_patch(code.patch),
-                          out)  # fmt: skip
+    jobid, state = submit(backend, replace(job, meta=meta), provenance.sent_patch(code.patch), out)
     ref = backend.script_ref(job.run_id, {**meta, "job_id": jobid})
     if state is not None and state.never_starts:
         backend.cancel_never(ref, jobid, state, state.never_starts)
@@ -277,11 +300,15 @@ def given_words(options: Any, version: str) -> list[str]:
 
     words = []
     for flag, value in (
-        ("--nodes", options.nodes), ("--time", options.time),
-        ("--cpus-per-task", options.cpus_per_task), ("--mem", options.mem),
-        ("--constraint", options.constraint), ("--partition", options.partition),
-        ("--account", options.account), ("--qos", options.qos),
-    ):  # fmt: skip
+        ("--nodes", options.nodes),
+        ("--time", options.time),
+        ("--cpus-per-task", options.cpus_per_task),
+        ("--mem", options.mem),
+        ("--constraint", options.constraint),
+        ("--partition", options.partition),
+        ("--account", options.account),
+        ("--qos", options.qos),
+    ):
         if value is None:
             continue
         if problem := word_problem(str(value)):
@@ -342,9 +369,15 @@ class TaskStream(Lines):
 
 def read_log(backend: SlurmBackend, ref: RunRef, out: Reporter, *, last: int = 0) -> None:
     meta = ref.meta
-    argv = [*hostside.command("slurm_task_files.sh"), str(meta["record_dir"]),
-            str(meta.get("job_id") or ""), *_tail_args(meta), "1" if meta.get("array") else "0",
-            str(meta.get("job_name") or ""), str(last)]  # fmt: skip
+    argv = [
+        *hostside.command("slurm_task_files.sh"),
+        str(meta["record_dir"]),
+        str(meta.get("job_id") or ""),
+        *_tail_args(meta),
+        "1" if meta.get("array") else "0",
+        str(meta.get("job_name") or ""),
+        str(last),
+    ]
     status, text, err = backend.conn.capture(plain_command(argv), what="the job's output")
     if status != 0:
         raise RemoteError(
@@ -397,8 +430,10 @@ class Follower:
                 self.out.info(f"{self._who(key)} ended: {state}")
         elif word == "unreachable":
             error = rest.strip() or "no answer"
-            self.out.info(f"squeue cannot reach the controller ({error}); job {self.job} keeps"
-                          " its last known state until it answers")  # fmt: skip
+            self.out.info(
+                f"squeue cannot reach the controller ({error}); job {self.job} keeps"
+                " its last known state until it answers"
+            )
         elif word == "reachable":
             self.out.info("squeue answers again")
         elif word == "lost":
@@ -412,10 +447,22 @@ class Follower:
 
     def run(self, poll: float, limit: float) -> int:
         meta = self.ref.meta
-        argv = [*hostside.command("slurm_follow_tasks.sh"), str(meta["record_dir"]), self.job,
-                f"{poll:g}", f"{limit:.0f}", *_tail_args(meta)]  # fmt: skip
-        run_follower(self.backend, self.ref, self.job, argv,
-                     lambda _s, data: self.stream.feed(data), self.stream)  # fmt: skip
+        argv = [
+            *hostside.command("slurm_follow_tasks.sh"),
+            str(meta["record_dir"]),
+            self.job,
+            f"{poll:g}",
+            f"{limit:.0f}",
+            *_tail_args(meta),
+        ]
+        run_follower(
+            self.backend,
+            self.ref,
+            self.job,
+            argv,
+            lambda _s, data: self.stream.feed(data),
+            self.stream,
+        )
         return self.verdict()
 
     def _silent(self, key: str) -> str:

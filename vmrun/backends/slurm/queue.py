@@ -9,12 +9,29 @@ from vmrun.errors import RemoteError, UsageError, VmrunError
 from vmrun.runs.state import RunState
 
 _RUNNING = {
-    "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING",
-    "STAGE_OUT", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT",
-}  # fmt: skip
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "STOPPED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESV_DEL_HOLD",
+    "SPECIAL_EXIT",
+}
 _FAILED = {
-    "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
-}  # fmt: skip
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 ENDED = _FAILED | {"COMPLETED", "CANCELLED"}
 # Pending reasons that no wait will clear: the job asks for more than the partition, account
 # or QOS ever allows, or names what does not exist.
@@ -102,5 +119,6 @@ def submit_refusal(status: int, err: str, cluster: str, check: str) -> VmrunErro
             hint=f"check {check} against `sinfo` there",
             code="job-refused",
         )
-    return RemoteError(f"could not submit to {cluster}: {text or status}", host=cluster,
-                       code="submit-failed")  # fmt: skip
+    return RemoteError(
+        f"could not submit to {cluster}: {text or status}", host=cluster, code="submit-failed"
+    )

@@ -134,8 +134,7 @@ class SlurmRun:
         keep yet (nobody followed it): squeue forgets it MinJobAge later."""
         if not self.own_script or self.ends_recorded or not self.tasks:
             return []
-        if any(t.state in (RunState.PENDING, RunState.RUNNING) or not t.record
-               for t in self.tasks):  # fmt: skip
+        if any(t.state in (RunState.PENDING, RunState.RUNNING) or not t.record for t in self.tasks):
             return []
         now = int(time.time())
         return [f"{t.record} {now} {_clock(t.elapsed)}" for t in self.tasks]
@@ -365,9 +364,15 @@ def _queue(lines: list[str]) -> dict[str, QueueEntry]:
                 extra = [*parts[6:9], "", "", ""][:3]
                 task = "" if extra[1] in ("N/A", "") else extra[1]
                 queue[parts[0]] = QueueEntry(
-                    parts[0], state, start=parts[3], elapsed=parts[4], nodes=parts[5],
-                    array_job=extra[0] or parts[0], task=task, wait_status=extra[2],
-                )  # fmt: skip
+                    parts[0],
+                    state,
+                    start=parts[3],
+                    elapsed=parts[4],
+                    nodes=parts[5],
+                    array_job=extra[0] or parts[0],
+                    task=task,
+                    wait_status=extra[2],
+                )
     return queue
 
 

@@ -47,9 +47,14 @@ class Lines:
 
 class JobStream(Lines):
     def __init__(
-        self, out: Reporter, on_event: OnEvent, *, launcher: str, tasks_per_node: int,
+        self,
+        out: Reporter,
+        on_event: OnEvent,
+        *,
+        launcher: str,
+        tasks_per_node: int,
         verbose: bool = False,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.out = out
         self.on_event = on_event

@@ -375,8 +375,9 @@ class AwsProvider:
         ]
         groups = _or_unchecked(lambda: network.find_groups(ec2, cluster), "security groups", left)
         left += [why for why in (network.delete_group(ec2, g) for g in groups) if why]
-        placements = _or_unchecked(lambda: _placement_groups(ec2, cluster), "placement groups",
-                                   left)  # fmt: skip
+        placements = _or_unchecked(
+            lambda: _placement_groups(ec2, cluster), "placement groups", left
+        )
         left += [why for why in (_delete_placement(ec2, p) for p in placements) if why]
         roles = _or_unchecked(lambda: self._roles(cluster, region), "role", left)
         left += [why for why in (self._remove_role(cluster, region) for _ in roles) if why]

@@ -18,10 +18,13 @@ from vmrun.store_url import StoreURL
 ASSUME = {
     "Version": "2012-10-17",
     "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
-         "Action": "sts:AssumeRole"},
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+        },
     ],
-}  # fmt: skip
+}
 POLICY = "vmrun-store"
 _GONE = ("NoSuchEntity",)
 
@@ -42,11 +45,18 @@ def store_policy(store: StoreURL) -> dict[str, Any]:
         "Statement": [
             listing,
             {"Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": bucket},
-            {"Effect": "Allow", "Resource": under,
-             "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload",
-                        "s3:ListMultipartUploadParts"]},
+            {
+                "Effect": "Allow",
+                "Resource": under,
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts",
+                ],
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 def make_role(iam: Any, cluster: str, store: StoreURL, tags: list[dict[str, str]]) -> str:
@@ -54,10 +64,15 @@ def make_role(iam: Any, cluster: str, store: StoreURL, tags: list[dict[str, str]
     name = role_name(cluster)
     remove_role(iam, cluster)  # an earlier cluster's, if any: its policy may name another place
     try:
-        iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(ASSUME), Tags=tags,
-                        Description=f"vmrun cluster {cluster}: {store} only")  # fmt: skip
-        iam.put_role_policy(RoleName=name, PolicyName=POLICY,
-                            PolicyDocument=json.dumps(store_policy(store)))  # fmt: skip
+        iam.create_role(
+            RoleName=name,
+            AssumeRolePolicyDocument=json.dumps(ASSUME),
+            Tags=tags,
+            Description=f"vmrun cluster {cluster}: {store} only",
+        )
+        iam.put_role_policy(
+            RoleName=name, PolicyName=POLICY, PolicyDocument=json.dumps(store_policy(store))
+        )
         iam.create_instance_profile(InstanceProfileName=name, Tags=tags)
         iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
     except Exception as exc:

@@ -42,8 +42,12 @@ TAG_INDEX = "vmrun-index"
 POLL_S = 2.0
 SSH_LINE_TIMEOUT_S = 600.0
 _LIVE = ("pending", "running", "stopping", "stopped")
-_STATES = {ucjobs.IN_QUEUE: "pending", ucjobs.RUNNING: "running", ucjobs.SUSPENDED: "stopped",
-           **dict.fromkeys(ucjobs.ENDED, "terminated")}  # fmt: skip
+_STATES = {
+    ucjobs.IN_QUEUE: "pending",
+    ucjobs.RUNNING: "running",
+    ucjobs.SUSPENDED: "stopped",
+    **dict.fromkeys(ucjobs.ENDED, "terminated"),
+}
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,13 @@ class UCloudProvider:
     gives_host_key = False  # no user data: the first key seen is pinned
     needs_ssh_cidr = False  # UCloud's provider decides who reaches port 22
 
-    def __init__(self, session: Session | None = None, *, poll: float = POLL_S,
-                 ssh_timeout: float = SSH_LINE_TIMEOUT_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        session: Session | None = None,
+        *,
+        poll: float = POLL_S,
+        ssh_timeout: float = SSH_LINE_TIMEOUT_S,
+    ) -> None:
         self._session = session
         self.poll = poll
         self.ssh_timeout = ssh_timeout
@@ -85,8 +94,9 @@ class UCloudProvider:
     def products(self) -> list[Product]:
         """The machine types that run VMs (jobs.retrieveProducts' support says which)."""
         if self._products is None:
-            found = self.session.call("GET", "/api/jobs/retrieveProducts",
-                                      what="listing the machine types")  # fmt: skip
+            found = self.session.call(
+                "GET", "/api/jobs/retrieveProducts", what="listing the machine types"
+            )
             products = []
             for provider, items in (found or {}).get("productsByProvider", {}).items():
                 for item in items or []:
@@ -94,11 +104,15 @@ class UCloudProvider:
                     product = item.get("product") or {}
                     if vm and product.get("name"):
                         category = product.get("category") or {}
-                        products.append(Product(
-                            product["name"], str(category.get("name") or ""),
-                            str(category.get("provider") or provider), ucjobs.price_of(product),
-                            int(product.get("gpu") or 0),
-                        ))  # fmt: skip
+                        products.append(
+                            Product(
+                                product["name"],
+                                str(category.get("name") or ""),
+                                str(category.get("provider") or provider),
+                                ucjobs.price_of(product),
+                                int(product.get("gpu") or 0),
+                            )
+                        )
             self._products = products
         return self._products
 
@@ -117,9 +131,14 @@ class UCloudProvider:
     def offer(self, request: Request) -> Offer:
         product = self.product(request.instance_type, request.region)
         name, version = _app(request.image)
-        return Offer(region=product.provider, image_id=f"{name}/{version}",
-                     image_name=f"{name} {version}", user=request.user or LOGIN_USER,
-                     zones=[], placement=False)  # fmt: skip
+        return Offer(
+            region=product.provider,
+            image_id=f"{name}/{version}",
+            image_name=f"{name} {version}",
+            user=request.user or LOGIN_USER,
+            zones=[],
+            placement=False,
+        )
 
     # -- making and finding ------------------------------------------------------------
 
@@ -149,8 +168,7 @@ class UCloudProvider:
         """The user's public key among the account's SSH keys (UCloud puts them into each
         VM it starts); added once, found by its text."""
         if not key:
-            raise UsageError("UCloud VMs take the user's public key: none was found",
-                             code="usage")  # fmt: skip
+            raise UsageError("UCloud VMs take the user's public key: none was found", code="usage")
         words = key.split()[:2]
         for item in self._pages("/api/ssh/browse", {}):
             if ((item.get("specification") or {}).get("key") or "").split()[:2] == words:
@@ -163,8 +181,12 @@ class UCloudProvider:
         product = self.product(request.instance_type, offer.region)
         name, version = offer.image_id.split("/", 1)
         created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        labels = {TAG_CLUSTER: request.cluster, TAG_INDEX: str(index),
-                  TAG_CREATOR: request.creator, TAG_CREATED: created}  # fmt: skip
+        labels = {
+            TAG_CLUSTER: request.cluster,
+            TAG_INDEX: str(index),
+            TAG_CREATOR: request.creator,
+            TAG_CREATED: created,
+        }
         spec: dict[str, Any] = {
             "application": {"name": name, "version": version},
             "product": {
@@ -181,12 +203,14 @@ class UCloudProvider:
         }
         if request.disk_gb:
             spec["parameters"]["diskSize"] = {"type": "integer", "value": int(request.disk_gb)}
-        answer = self.session.call("POST", "/api/jobs", {"items": [spec]},
-                                   what=f"starting VM {request.cluster}-{index}")  # fmt: skip
+        answer = self.session.call(
+            "POST", "/api/jobs", {"items": [spec]}, what=f"starting VM {request.cluster}-{index}"
+        )
         job = str(((answer or {}).get("responses") or [{}])[0].get("id") or "")
         if not job:
-            raise CloudError(f"UCloud started no job for {request.cluster}-{index}",
-                             code="cloud-failed")  # fmt: skip
+            raise CloudError(
+                f"UCloud started no job for {request.cluster}-{index}", code="cloud-failed"
+            )
         out.info(f"{request.cluster}: node {index} job {job} requested ({product.name})")
         return job
 
@@ -234,10 +258,15 @@ class UCloudProvider:
                 raise Interrupted("interrupted while the VMs start") from None
 
     def _job(self, job_id: str) -> Mapping[str, Any]:
-        return self.session.call("GET", "/api/jobs/retrieve",
-                                 query={"id": job_id, "includeUpdates": True,
-                                        "includeProduct": True},
-                                 what=f"reading job {job_id}") or {}  # fmt: skip
+        return (
+            self.session.call(
+                "GET",
+                "/api/jobs/retrieve",
+                query={"id": job_id, "includeUpdates": True, "includeProduct": True},
+                what=f"reading job {job_id}",
+            )
+            or {}
+        )
 
     def _instance(self, job: Mapping[str, Any]) -> Instance:
         spec = job.get("specification") or {}
@@ -269,8 +298,10 @@ class UCloudProvider:
         items: list[Mapping[str, Any]] = []
         after = None
         for _ in range(100):  # bounded: 100 pages of 250
-            page = self.session.call("GET", path, query={**query, "itemsPerPage": 250,
-                                                         "next": after}) or {}  # fmt: skip
+            page = (
+                self.session.call("GET", path, query={**query, "itemsPerPage": 250, "next": after})
+                or {}
+            )
             items += page.get("items") or []
             after = page.get("next")
             if not after:
@@ -279,8 +310,9 @@ class UCloudProvider:
 
     def _cluster_jobs(self, cluster: str | None) -> list[Mapping[str, Any]]:
         query = {"filterType": "VMS_ONLY", "includeUpdates": True, "includeProduct": True}
-        found = [j for j in self._pages("/api/jobs/browse", query) if TAG_CLUSTER in
-                 ucjobs.labels_of(j)]  # fmt: skip
+        found = [
+            j for j in self._pages("/api/jobs/browse", query) if TAG_CLUSTER in ucjobs.labels_of(j)
+        ]
         return [j for j in found if cluster is None or ucjobs.labels_of(j)[TAG_CLUSTER] == cluster]
 
     def describe(
@@ -289,23 +321,31 @@ class UCloudProvider:
         found = [self._instance(j) for j in self._cluster_jobs(cluster)]
         return sorted((i for i in found if i.state in states), key=lambda i: i.index)
 
-    def wait_running(self, cluster: str, region: str, ids: list[str],
-                     timeout: float) -> list[Instance]:  # fmt: skip
+    def wait_running(
+        self, cluster: str, region: str, ids: list[str], timeout: float
+    ) -> list[Instance]:
         return self._wait_ssh(cluster, ids, QUIET, timeout)
 
     def stop(self, cluster: str, region: str) -> Removed:
         ids = [i.id for i in self.describe(cluster, region, ("pending", "running"))]
         if ids:
-            self.session.call("POST", "/api/jobs/suspend", {"items": [{"id": i} for i in ids]},
-                              what="suspending the VMs")  # fmt: skip
+            self.session.call(
+                "POST",
+                "/api/jobs/suspend",
+                {"items": [{"id": i} for i in ids]},
+                what="suspending the VMs",
+            )
         return Removed(instances=ids)
 
     def start(self, cluster: str, region: str, out: Reporter) -> list[Instance]:
         ids = [i.id for i in self.describe(cluster, region, ("stopped",))]
         if ids:
-            self.session.call("POST", "/api/jobs/unsuspend",
-                              {"items": [{"id": i} for i in ids]},
-                              what="starting the VMs again")  # fmt: skip
+            self.session.call(
+                "POST",
+                "/api/jobs/unsuspend",
+                {"items": [{"id": i} for i in ids]},
+                what="starting the VMs again",
+            )
         every = [i.id for i in self.describe(cluster, region)]
         return self._wait_ssh(cluster, every, out)
 
@@ -317,9 +357,12 @@ class UCloudProvider:
 
     def terminate_ids(self, region: str, ids: list[str]) -> list[str]:
         if ids:
-            self.session.call("POST", "/api/jobs/terminate",
-                              {"items": [{"id": i} for i in ids]},
-                              what="terminating the VMs")  # fmt: skip
+            self.session.call(
+                "POST",
+                "/api/jobs/terminate",
+                {"items": [{"id": i} for i in ids]},
+                what="terminating the VMs",
+            )
         return ids
 
     def resources(self, regions: list[str]) -> list[Resource]:
@@ -329,11 +372,18 @@ class UCloudProvider:
             if inst.state == "terminated":
                 continue
             labels = ucjobs.labels_of(job)
-            found.append(Resource(
-                kind="instance", id=inst.id, cluster=inst.cluster, region=inst.region,
-                state=inst.state, instance_type=inst.instance_type, created=inst.launched,
-                creator=str(labels.get(TAG_CREATOR) or ""),
-            ))  # fmt: skip
+            found.append(
+                Resource(
+                    kind="instance",
+                    id=inst.id,
+                    cluster=inst.cluster,
+                    region=inst.region,
+                    state=inst.state,
+                    instance_type=inst.instance_type,
+                    created=inst.launched,
+                    creator=str(labels.get(TAG_CREATOR) or ""),
+                )
+            )
         return found
 
     def hourly_price(self, instance: Instance) -> float | None:
@@ -347,8 +397,11 @@ class UCloudProvider:
         return price.unit if price is not None else ""
 
     def _price(self, instance: Instance) -> ucjobs.Price | None:
-        found = [p for p in self.products() if p.name == instance.instance_type
-                 and instance.region in ("", p.provider)]  # fmt: skip
+        found = [
+            p
+            for p in self.products()
+            if p.name == instance.instance_type and instance.region in ("", p.provider)
+        ]
         price = found[0].price if found else None
         unit = price.unit if price is not None else ""
         currency = len(unit) == 3 and unit.isascii() and unit.isupper()

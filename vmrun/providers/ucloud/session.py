@@ -70,8 +70,9 @@ class Reply:
 Transport = Callable[[str, str, Mapping[str, str], bytes | None], tuple[int, bytes]]
 
 
-def urllib_transport(method: str, url: str, headers: Mapping[str, str],
-                     body: bytes | None) -> tuple[int, bytes]:  # fmt: skip
+def urllib_transport(
+    method: str, url: str, headers: Mapping[str, str], body: bytes | None
+) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
@@ -80,8 +81,9 @@ def urllib_transport(method: str, url: str, headers: Mapping[str, str],
         return error.code, error.read()
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise CloudError(f"UCloud at {url.split('/api')[0]} cannot be reached: {reason}",
-                         code="cloud-failed") from None  # fmt: skip
+        raise CloudError(
+            f"UCloud at {url.split('/api')[0]} cannot be reached: {reason}", code="cloud-failed"
+        ) from None
 
 
 class Session:
@@ -111,11 +113,16 @@ class Session:
         self.refreshes = 0  # how many access tokens were fetched (for tests and messages)
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None,
-                         transport: Transport = urllib_transport) -> Session:  # fmt: skip
+    def from_environment(
+        cls, environ: Mapping[str, str] | None = None, transport: Transport = urllib_transport
+    ) -> Session:
         environ = os.environ if environ is None else environ
-        return cls(find_token(environ), url=environ.get(URL_ENV) or DEFAULT_URL,
-                   project=environ.get(PROJECT_ENV, ""), transport=transport)  # fmt: skip
+        return cls(
+            find_token(environ),
+            url=environ.get(URL_ENV) or DEFAULT_URL,
+            project=environ.get(PROJECT_ENV, ""),
+            transport=transport,
+        )
 
     @property
     def personal(self) -> bool:
@@ -162,8 +169,9 @@ class Session:
                 self.refreshes += 1
             return self._access
 
-    def _send(self, method: str, path: str, body: Any, query: Mapping[str, Any] | None,
-              bearer: str) -> Reply:  # fmt: skip
+    def _send(
+        self, method: str, path: str, body: Any, query: Mapping[str, Any] | None, bearer: str
+    ) -> Reply:
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode(
@@ -187,8 +195,11 @@ class Session:
         if 200 <= reply.status < 300:
             return reply.body
         code = "cloud-credentials" if reply.status in (401, 403) else "cloud-failed"
-        hint = ("the token may lack this project, or have expired: see"
-                f" {TOKEN_ENV} / {PROJECT_ENV}") if code == "cloud-credentials" else ""  # fmt: skip
+        hint = (
+            (f"the token may lack this project, or have expired: see {TOKEN_ENV} / {PROJECT_ENV}")
+            if code == "cloud-credentials"
+            else ""
+        )
         raise CloudError(f"UCloud refused {what}: {_why(reply)}", hint=hint, code=code)
 
 
