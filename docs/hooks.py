@@ -32,6 +32,7 @@ def cli_reference() -> str:
     import typer
 
     from vmrun.cli.app import COMMANDS, HIDDEN, build
+    from vmrun.cli.options import HELP_ALL
 
     root = build(None)
     listed = [(name, short) for name, _, short in COMMANDS if name not in HIDDEN]
@@ -41,8 +42,8 @@ def cli_reference() -> str:
     out = [
         "# Command reference",
         "",
-        "Every command's `--help`, generated from the CLI at each build of these pages.",
-        "`vmrun COMMAND --help` prints the same.",
+        "Every command's `--help`, generated from the CLI at each build of these pages, with",
+        "every option (`vmrun train --help` shows the ones most runs need; `--help-all`, this).",
         "",
         "| command | what it does |",
         "|---|---|",
@@ -59,6 +60,7 @@ def cli_reference() -> str:
         sub_ctx = sub.context_class(
             sub, info_name=name, parent=ctx, terminal_width=WIDTH, max_content_width=WIDTH
         )
+        sub_ctx.meta[HELP_ALL] = True  # every option, as `--help-all` shows them
         out += ["", f"## vmrun {name}", "", short, "", "```text", sub.get_help(sub_ctx).rstrip()]
         out.append("```")
     return "\n".join(out) + "\n"

@@ -246,3 +246,32 @@ def test_a_cluster_without_a_shared_folder_refuses_submit_and_a_shared_false_alo
     toml.write_text('[[clusters]]\nname = "lab"\nlogin = "u@192.0.2.1"\nshared = false\n')
     alone = client.vmrun("status", "-C", "lab", timeout=20)
     assert alone.returncode == 2 and "shared = false needs nodes" in alone.stderr, alone.stderr
+
+
+def test_train_help_shows_what_most_runs_need_under_headings_and_help_all_the_rest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`train --help`: at most 30 options, under headings; `--help-all`: every option of the
+    command once, under its heading (none lost to the short form)."""
+    import re
+
+    from vmrun.cli.app import build
+    from vmrun.cli.main import run
+
+    def options(text: str) -> list[str]:
+        return re.findall(r"^  (?:-\w, )?(--[\w-]+)", text, re.MULTILINE)
+
+    assert run(["train", "--help"]) == 0
+    short = capsys.readouterr().out
+    assert len(options(short)) <= 30
+    for heading in ("Run:", "The template trainer:", "Reliability:", "Slurm (-C):"):
+        assert f"\n{heading}\n" in short, heading
+    assert "--help-all" in short and "--connect-timeout" not in short
+    assert run(["train", "--help-all"]) == 0
+    every = options(capsys.readouterr().out)
+    declared = [
+        p.opts[-1] if p.opts[-1].startswith("--") else p.opts[0]
+        for p in build(["train"]).commands["train"].params
+        if p.param_type_name == "option"
+    ]
+    assert sorted(every) == sorted({*declared, "--help", "--help-all"}) and len(every) > 50

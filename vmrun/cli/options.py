@@ -267,3 +267,66 @@ class DashDashCommand(TyperCommand):
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return [*super().collect_usage_pieces(ctx), "[-- SCRIPT_ARGS...]"]
+
+
+HELP_ALL = "help_all"  # ctx.meta: show every option (`--help-all`, the command reference)
+
+
+class SectionedCommand(DashDashCommand):
+    """`--help` under headings, showing only the options most runs need (`brief`); every
+    option under its heading with `--help-all`. A subclass names its `sections` (heading,
+    parameter names in order) and `brief`; an option in no section goes under "Other"."""
+
+    sections: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    brief: frozenset[str] = frozenset()
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        from typer.core import TyperOption
+
+        def show_all(ctx: Any, param: Any, value: bool) -> None:
+            if value and not ctx.resilient_parsing:
+                ctx.meta[HELP_ALL] = True
+                typer.echo(ctx.get_help(), color=ctx.color)
+                ctx.exit()
+
+        every = TyperOption(
+            param_decls=["--help-all"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=show_all,
+            help="Show every option, under its heading, and exit.",
+        )
+        return [*super().get_params(ctx), every]
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        everything = bool(ctx.meta.get(HELP_ALL))
+        params = {p.name: p for p in self.get_params(ctx)}
+        arguments = tuple(n for n, p in params.items() if p.param_type_name == "argument")
+        placed = {name for _, names in self.sections for name in names} | set(arguments)
+        groups = [
+            ("Arguments", arguments),
+            *self.sections,
+            ("Other", tuple(n for n in params if n not in placed)),
+        ]
+        shown = self.brief | set(arguments) | {"help", "help_all"}
+        left = 0
+        for heading, names in groups:
+            rows = []
+            for name in names:
+                param = params.get(name)
+                record = param.get_help_record(ctx) if param is not None else None
+                if record is None:
+                    continue
+                if everything or name in shown:
+                    rows.append(record)
+                else:
+                    left += 1
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)
+        if left:
+            with formatter.section("More"):
+                formatter.write_text(
+                    f"{left} more options (every heading's): `vmrun {ctx.info_name} --help-all`."
+                )

@@ -26,9 +26,9 @@ from vmrun.cli.options import (
     SCRIPT_ARGS,
     SLURM_GROUP,
     ClusterName,
-    DashDashCommand,
     Hosts,
     Reach,
+    SectionedCommand,
     reaching,
     slurm_options,
     with_group,
@@ -36,10 +36,105 @@ from vmrun.cli.options import (
 from vmrun.cli.output import say
 
 
+class TrainCommand(SectionedCommand):
+    """`vmrun train --help`: the options most runs need, under headings; `--help-all`: all."""
+
+    sections = (
+        (
+            "Run",
+            (
+                "local",
+                "host",
+                "cluster",
+                "name",
+                "env",
+                "launcher",
+                "nproc_per_node",
+                "max_restarts",
+                "detach",
+                "resume",
+                "verbose",
+                "dry_run",
+                "fetch_every",
+                "allow_concurrent",
+                "fresh",
+                "down_after_run",
+            ),
+        ),
+        ("The template trainer", ("epochs", "save_every", "batch_size", "lr", "task")),
+        ("Container", ("image", "mount", "pull")),
+        ("Data and outputs", ("data", "store")),
+        ("Several hosts", ("master", "nnodes", "rdzv_port", "nccl_debug")),
+        (
+            "Reliability",
+            (
+                "recover",
+                "spare",
+                "supervisor",
+                "max_recoveries",
+                "hang_timeout",
+                "on_hang",
+                "ignore_gpu_health",
+                "max_cost",
+            ),
+        ),
+        ("Notify", ("notify", "notify_on")),
+        (
+            "Slurm (-C)",
+            (
+                "nodes",
+                "gpus_per_node",
+                "time",
+                "partition",
+                "account",
+                "cpus_per_task",
+                "mem",
+                "constraint",
+                "qos",
+                "sbatch_args",
+                "max_requeues",
+            ),
+        ),
+        ("Connection", ("connect_timeout", "parallel", "accept_new_host_key")),
+    )  # fmt: skip  (a table: one heading a line, its options after it)
+    brief = frozenset(
+        (
+            "local",
+            "host",
+            "cluster",
+            "name",
+            "env",
+            "launcher",
+            "nproc_per_node",
+            "detach",
+            "resume",
+            "verbose",
+            "fetch_every",
+            "epochs",
+            "save_every",
+            "batch_size",
+            "lr",
+            "image",
+            "data",
+            "store",
+            "recover",
+            "spare",
+            "supervisor",
+            "hang_timeout",
+            "max_cost",
+            "notify",
+            "nodes",
+            "gpus_per_node",
+            "time",
+            "partition",
+        )
+    )  # fmt: skip  (names, several a line: what `--help` shows)
+
+
 def register(app: typer.Typer) -> None:
     @app.command(
         "train",
-        cls=DashDashCommand,
+        cls=TrainCommand,
         help="Launch torchrun DDP training on the host (or --local: this machine), detached"
         " so it survives disconnects, and stream its output; Ctrl-C detaches."
         " SCRIPT (default: vmrun's template trainer) gets `EPOCHS SAVE_EVERY`, or the words"
