@@ -52,6 +52,30 @@ def test_each_layer_overrides_the_one_before(layout: dict[str, Path]) -> None:
     assert find_project_dir(cwd) == layout["project"].resolve()
 
 
+def test_set_is_a_layer_over_the_environment_and_under_the_flags(
+    layout: dict[str, Path],
+) -> None:
+    """`--set KEY=VALUE` (git's -c): any setting by its vmrun.toml key, parsed as VMRUN_KEY
+    is; a command's own flag still wins; a word that names no setting is one clear line."""
+    from vmrun.config import parse_sets
+
+    env = {"VMRUN_CONNECT_TIMEOUT": "5", "VMRUN_HANG_TIMEOUT": "30m"}
+    sets = parse_sets(["connect_timeout=7", "hang-timeout=1h", "keepalive_interval=2"])
+    s = load_settings({}, cwd=layout["project"], environ=env, sets=sets)
+    assert (s.connect_timeout, s.sources["connect_timeout"]) == (7.0, "--set")
+    assert s.hang_timeout == "1h" and s.keepalive_interval == 2.0
+    s = load_settings({"connect_timeout": 6}, cwd=layout["project"], environ=env, sets=sets)
+    assert s.connect_timeout == 6  # the command's own flag
+    for word, fact in (("colour=red", "'colour' is no setting"), ("store", "no =")):
+        with pytest.raises(ConfigError) as info:
+            parse_sets([word])
+        assert info.value.code == "bad-config" and fact in info.value.message
+        assert "hang_timeout" in (info.value.hint or "")
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, cwd=layout["project"], environ={}, sets={"hang_timeout": "soon"})
+    assert "hang_timeout (from --set)" in info.value.message
+
+
 def test_vmrun_config_env_points_at_another_user_file(
     layout: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -594,13 +594,35 @@ def _apply(
         sources[key] = origin
 
 
+SET = "--set"  # the layer of `--set KEY=VALUE` (git's -c): over VMRUN_*, under a command's flags
+
+
+def parse_sets(given: Sequence[str]) -> dict[str, str]:
+    """`--set KEY=VALUE` words as {key: value}: KEY a setting (a vmrun.toml key), VALUE as
+    VMRUN_KEY would give it; one clear line for a word that is neither."""
+    found: dict[str, str] = {}
+    for word in given:
+        key, sep, value = word.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in FIELDS:
+            what = f"{key!r} is no setting" if sep else "it has no ="
+            raise ConfigError(
+                f"--set {word!r}: {what}",
+                hint=f"--set KEY=VALUE, KEY one of: {', '.join(FIELDS)} (docs/settings.md)",
+            )
+        found[key] = value
+    return found
+
+
 def load_settings(
     flags: Mapping[str, Any] | None = None,
     *,
     cwd: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    sets: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Resolve every setting through the five layers, later layers winning."""
+    """Resolve every setting through the layers, later layers winning: defaults, the user's
+    config, vmrun.toml, VMRUN_*, `--set`, the command's own flags."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {name: fld.default(environ) for name, fld in FIELDS.items()}
     sources = dict.fromkeys(FIELDS, "default")
@@ -618,6 +640,7 @@ def load_settings(
 
     env_layer = {name: environ[fld.env] for name, fld in FIELDS.items() if fld.env in environ}
     _apply(values, sources, env_layer, "environment")
+    _apply(values, sources, dict(sets or {}), SET)
     _apply(values, sources, dict(flags or {}), FLAGS)
     return Settings(
         **values,

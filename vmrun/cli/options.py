@@ -64,14 +64,32 @@ AcceptNewHostKey = Annotated[
 
 
 def settings_from(
-    connect_timeout: float | None = None, accept_new_host_key: bool | None = None, **extra: Any
+    connect_timeout: float | None = None,
+    accept_new_host_key: bool | None = None,
+    sets: list[str] | None = None,
+    **extra: Any,
 ) -> Settings:
+    from vmrun.config import parse_sets
+
     flags: dict[str, Any] = {
         "connect_timeout": connect_timeout,
         "accept_new_host_key": accept_new_host_key,
         **extra,
     }
-    return load_settings({k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in flags.items() if v is not None}
+    return load_settings(given, sets=parse_sets(sets or []))
+
+
+Sets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="A setting for this command, by its vmrun.toml key (hang_timeout=1h,"
+        " store=s3://b/p): over vmrun.toml and VMRUN_*, under the command's own flags;"
+        " repeatable.",
+    ),
+]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,10 +102,15 @@ class Reach:
     connect_timeout: float | None = None
     accept_new_host_key: bool | None = None
     parallel: int | None = None
+    sets: list[str] | None = None  # --set KEY=VALUE
 
     def settings(self, **extra: Any) -> Settings:
         return settings_from(
-            self.connect_timeout, self.accept_new_host_key, parallel=self.parallel, **extra
+            self.connect_timeout,
+            self.accept_new_host_key,
+            self.sets,
+            parallel=self.parallel,
+            **extra,
         )
 
 
@@ -96,12 +119,13 @@ NO_FLAGS = Reach()  # a command function's default (`reaching` always passes its
 
 def reaching(*, parallel: bool = True) -> Callable[[F], F]:
     """Give a command the connection flags (--connect-timeout, --parallel unless `parallel`
-    is False, --accept-new-host-key/--strict-host-key), declared here once, as one
-    `reach: Reach` parameter of its function. Put it under @app.command(...)."""
+    is False, --accept-new-host-key/--strict-host-key) and `--set KEY=VALUE`, declared here
+    once, as one `reach: Reach` parameter of its function. Put it under @app.command(...)."""
     flags: dict[str, Any] = {"connect_timeout": ConnectTimeout}
     if parallel:
         flags["parallel"] = Parallel
     flags["accept_new_host_key"] = AcceptNewHostKey
+    flags["sets"] = Sets
 
     def decorate(fn: F) -> F:
         sig = inspect.signature(fn, eval_str=True)  # Typer reads the objects, not strings

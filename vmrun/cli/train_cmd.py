@@ -48,6 +48,7 @@ class TrainCommand(SectionedCommand):
                 "cluster",
                 "name",
                 "env",
+                "sets",
                 "launcher",
                 "nproc_per_node",
                 "max_restarts",
@@ -96,7 +97,7 @@ class TrainCommand(SectionedCommand):
             ),
         ),
         ("Connection", ("connect_timeout", "parallel", "accept_new_host_key")),
-    )  # fmt: skip  (a table: one heading a line, its options after it)
+    )
     brief = frozenset(
         (
             "local",
@@ -104,11 +105,11 @@ class TrainCommand(SectionedCommand):
             "cluster",
             "name",
             "env",
+            "sets",
             "launcher",
             "nproc_per_node",
             "detach",
             "resume",
-            "verbose",
             "fetch_every",
             "epochs",
             "save_every",
@@ -128,7 +129,7 @@ class TrainCommand(SectionedCommand):
             "time",
             "partition",
         )
-    )  # fmt: skip  (names, several a line: what `--help` shows)
+    )
 
 
 def register(app: typer.Typer) -> None:
