@@ -553,3 +553,50 @@ def test_the_supervisor_follows_every_node_or_names_the_one_it_cannot(
         supervise._found_everywhere(never, "r1", ["h1", "h2"], settings)  # type: ignore[arg-type]
     assert info.value.host == "h2" and "did not answer" in info.value.message
     assert never.asked >= 2
+
+
+def test_a_follow_that_lost_only_its_streams_is_followed_again_and_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's own network blipped (every stream lost) while the run still runs
+    on every node: no recovery is decided, journaled or counted; it follows again."""
+    from vmrun.backends.hosts import records
+    from vmrun.config import load_settings
+    from vmrun.operations import supervise
+    from vmrun.reporting import Recorder
+
+    alive = "NOW 100\nRUN r1\nBEGAN 50\nALIVE 1\n"
+
+    class _Group:
+        def __init__(self, entries: list[Any], settings: object) -> None:
+            self.entries = entries
+
+        def __enter__(self) -> _Group:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def map(self, fn: Any) -> list[Any]:
+            from vmrun.ssh.group import Outcome
+
+            return [Outcome(e, records.parse_listing(alive, e), None, 0.0) for e in self.entries]
+
+    monkeypatch.setattr("vmrun.ssh.group.Group", _Group)
+    monkeypatch.setattr("vmrun.ssh.inventory.select_hosts", lambda nodes, settings: list(nodes))
+    found = supervise._failure("r1", ["h1", "h2"], object())  # type: ignore[arg-type]
+    assert found.running and not found.lost
+
+    state = tmp_path / "state"
+    state.mkdir()
+    Spec(run_id="r1", nodes=["h1", "h2"], store="s3://b/runs").save(state / "spec.json")
+    follows = iter([found, None])
+    monkeypatch.setattr(supervise, "_follow", lambda *args: next(follows))
+    monkeypatch.setattr(supervise, "_finish", lambda st, sp, se, nodes, out, code: code)
+    settings = load_settings(
+        {"keepalive_interval": 0.01}, cwd=tmp_path, environ={"HOME": str(tmp_path)}
+    )
+    said = Recorder()
+    assert supervise.supervise(state, settings, said) == 0
+    assert Journal(state / "events.jsonl").events() == []
+    assert any("still runs on every node" in line for line in said.lines)

@@ -37,7 +37,8 @@ fi
 list=
 while [ $# -gt 0 ]; do
   case $1 in
-    cat) f=$BUCKET/${2#store:}; [ -f "$f" ] || exit 3; exec cat "$f" ;;
+    cat) [ -e "$BUCKET.noread" ] && { echo "AccessDenied: no read" >&2; exit 1; }
+         f=$BUCKET/${2#store:}; [ -f "$f" ] || exit 3; exec cat "$f" ;;
     rcat) f=$BUCKET/${2#store:}; mkdir -p "${f%/*}" && exec cat > "$f" ;;
     copy) src=$2 dest=$3; shift 3 ;;
     --files-from-raw) list=$2; shift 2 ;;
@@ -241,3 +242,33 @@ def test_an_attempt_a_newer_one_replaced_is_stopped_and_copies_nothing_more(
     assert "replaced by attempt 2" in (started.rec / "log").read_text()
     assert started.state()["state"] == "replaced"
     assert not (started.rec / "store.pid").exists()
+
+
+def test_a_generation_it_cannot_read_holds_the_copy_and_one_as_new_fences_it_at_once(
+    copier: Any,
+) -> None:
+    """A bucket that takes writes but answers no read: nothing is sent (the fence cannot be
+    read, so it is not taken for none), said as the mover's words. Then, readable, it holds
+    this attempt's own number claimed by another node: this attempt is not the newest, so
+    it stops before its first copy. An output named `generation` is no record file."""
+    started: Copier = copier()
+    Path(f"{started.bucket}.noread").touch()
+    (started.out / "generation").write_text("an output of the run's own\n")
+    (started.out / "snapshot.pt").write_bytes(b"1" * 100)
+    wait_for(lambda: started.state().get("state") == "failing", 20, "the copy to wait")
+    assert "AccessDenied" in started.state()["error"] and started.stored("snapshot.pt") is None
+    claimed = started.bucket / "b" / "runs" / "r1" / ".vmrun" / "generation"
+    claimed.parent.mkdir(parents=True, exist_ok=True)
+    claimed.write_text("1\n")  # attempt 1, claimed by another node first
+    Path(f"{started.bucket}.noread").unlink()
+    assert started.proc is not None
+    wait_for(lambda: started.proc.poll() is not None, 20, "the copier to stop")  # type: ignore[union-attr]
+    assert started.stored("snapshot.pt") is None and started.state()["state"] == "replaced"
+    assert (started.rec / "stopped").read_text().strip() == "replaced"
+
+
+def test_an_output_named_generation_is_sent_like_any_other(copier: Any) -> None:
+    started: Copier = copier()
+    (started.out / "generation").write_text("an output of the run's own\n")
+    wait_for(lambda: started.stored("generation") is not None, 20, "the output")
+    assert started.stored(".vmrun/generation") == b"1\n"

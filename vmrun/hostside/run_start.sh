@@ -65,7 +65,14 @@ if [ "$mode" = resume ]; then
     "$rec/notice" "$rec/requeue" "$rec/hang" "$rec/hang_stopped" "$rec/budget"
   rm -rf "$rec/beat"
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
-  attempt=$(( $(cat "$rec/attempt" 2>/dev/null || echo 1) + 1 ))
+  attempt=$(cat "$rec/attempt" 2>/dev/null || echo 1)
+  # a record restored from the bucket may lag the generation the bucket's copy has seen
+  # (store_sync.sh claims it before the record goes): the next attempt is newer than both
+  claimed=$(cat "$rec/generation" 2>/dev/null || echo 0)
+  case $attempt in '' | *[!0-9]*) attempt=1 ;; esac
+  case $claimed in '' | *[!0-9]*) claimed=0 ;; esac
+  [ "$claimed" -gt "$attempt" ] && attempt=$claimed
+  attempt=$((attempt + 1))
 fi
 printf '%s\n' "$meta" > "$rec/run.json.tmp" && mv "$rec/run.json.tmp" "$rec/run.json"
 # the run's notifications (VMRUN_NOTIFY_CONFIG, over stdin like every value): a file only the user

@@ -48,7 +48,11 @@ wait_gone() {  # wait_gone CENTISECONDS PID...: until none runs, or the time is 
   while [ -n "$(running "$@")" ] && [ "$(centis)" -lt "$until" ]; do sleep 0.1; done
 }
 pids=$(running $(members))
-[ -e "$d/exit_code" ] || echo "$why" > "$d/stopped"
+if [ ! -e "$d/exit_code" ]; then  # the first reason stands, but the user's word wins
+  was=$(head -n 1 "$d/stopped" 2>/dev/null)
+  case $why in user | budget) was= ;; esac
+  [ -n "$was" ] || echo "$why" > "$d/stopped"
+fi
 if [ -n "$pids" ]; then
   echo TERM $pids
   kill -TERM $pids 2>/dev/null

@@ -21,12 +21,15 @@
 # touches the run. REC/store.json says where it stands (`vmrun status`). After the run ends:
 # one last copy of everything changed, then it exits; it gives up 30 min after the end if the
 # bucket stays out of reach (said in the log, the files stay on the host).
-# Fencing: each attempt is a generation (REC/attempt, which a resume from the bucket carries
-# on), claimed in DEST/.vmrun/generation before its first copy. Before every copy the copier
-# reads it back (a record restored from the bucket brings a copy of it: never sent back): once
-# a newer attempt has claimed the run (a node that was replaced and came
-# back), this attempt is stopped (run_stop.sh, `replaced`) and copies nothing more, its last
-# pass included; a run stopped as `replaced` makes no last pass either.
+# Fencing: each attempt is a generation (REC/attempt: run_start.sh numbers a resume past
+# both the record's attempts and the generation a record restored from the bucket saw),
+# claimed in DEST/.vmrun/generation before its first copy, unless the bucket already holds
+# one as new (then this attempt is a replaced one). The copier reads it back whenever the
+# record is due (with every copy of outputs, every 30 s, before its last pass); once a newer
+# attempt has claimed the run (a node that was replaced and came back), this attempt is
+# stopped (run_stop.sh, `replaced`) and copies nothing more, its last pass included. A
+# generation that cannot be read is a failed round, never taken as none: the copy waits.
+# The record's own copy of it (a restore brings one) is never sent back.
 # vmrun-inline: store_tool.sh
 # vmrun-inline: run_alive.sh
 mode=$1
@@ -56,6 +59,10 @@ case $mode in
     # shellcheck disable=SC2154  # store_tool.sh's, inlined above
     date +%s | "$_st_rclone" --config "$cfg" rcat "store:$dest/.vmrun/started" \
       --retries 1 --low-level-retries 2 --contimeout 10s --timeout 30s 2>&1 || exit 3
+    # read back too: the copier reads the run's generation there before it writes
+    # shellcheck disable=SC2069  # the mover's words to check's output, the bytes nowhere
+    "$_st_rclone" --config "$cfg" cat "store:$dest/.vmrun/started" --retries 1 \
+      --low-level-retries 2 --contimeout 10s --timeout 30s 2>&1 > /dev/null || exit 3
     exit 0
     ;;
   start)
@@ -90,7 +97,7 @@ rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7
 echo $$ > "$rec/store.pid"
 gen=$(cat "$rec/attempt" 2>/dev/null)
 case $gen in '' | *[!0-9]*) gen=1 ;; esac
-claimed=0
+claimed=0 skip=generation
 trap 'rm -f "$cfg"' EXIT
 trap 'rm -f "$cfg"; exit 143' TERM HUP INT
 # the pace (seconds; a test sets them shorter): a look every 2 s, the record every 30 s, a
@@ -110,14 +117,15 @@ say() {  # a line in the run's log (appended: the run's own output goes on besid
   printf 'vmrun: %s\n' "$1" >> "$rec/log"
 }
 changed() {  # $1: folder, $2: mark, $3: max depth (or empty), $4: only files changed since
-  # then (epoch seconds, or empty); NAME<TAB>SIZE lines of what changed since the mark
+  # then (epoch seconds, or empty), $5: a name to leave out (the record's copy of the
+  # generation); NAME<TAB>SIZE lines of what changed since the mark
   # (everything without one): no hidden or temporary name, nothing under a hidden folder
   newer=''
   [ -e "$2" ] && newer=$2
   find "$1" -mindepth 1 ${3:+-maxdepth "$3"} -name '.*' -prune -o -type f \
     ${newer:+-cnewer "$newer"} ${4:+-newermt "@$4"} ! -name '*.partial' ! -name '*.tmp' \
     ! -name '*.tmp-*' ! -name pid ! -name pid_start ! -name 'notify*' ! -name 'notified*' \
-    ! -name 'store.*' ! -name generation -printf '%P\t%s\n' 2>/dev/null
+    ! -name 'store.*' ! -name "${5:-.}" -printf '%P\t%s\n' 2>/dev/null
 }
 stage_from() {  # $1: the folder, $2: its list, $3: where under the stage, $4: the list of
   # the big ones. A file up to 64 MiB (a log, metrics being appended) goes from a copy
@@ -134,20 +142,28 @@ stage_from() {  # $1: the folder, $2: its list, $3: where under the stage, $4: t
     fi
   done < "$2"
 }
-newest() {  # the generation the bucket holds: the newest attempt that claimed the run (0: none)
+newest() {  # the generation the bucket holds (0: none yet); fails when the bucket said
+  # nothing (rclone's 3 and 4 are "not found": on a bucket, a missing object may also be an
+  # empty answer)
   _g=$("$rclone" --config "$cfg" cat "store:$dest/.vmrun/generation" --retries 1 \
-    --low-level-retries 2 --contimeout 10s --timeout 30s 2>/dev/null | head -c 16)
+    --low-level-retries 2 --contimeout 10s --timeout 30s 2>> "$rec/.store.err")
+  case $? in 0 | 3 | 4) ;; *) return 1 ;; esac
   case $_g in '' | *[!0-9]*) echo 0 ;; *) echo "$_g" ;; esac
 }
-fenced() {  # 0 when a newer attempt has claimed the run: this one is stopped, nothing sent
-  newer=$(newest)
-  [ "$newer" -gt "$gen" ] || return 1
+fenced() {  # 0: a newer attempt has claimed the run (this one is stopped, nothing sent);
+  # 1: not; 2: the bucket could not say
+  newer=$(newest) || return 2
+  # newer than this one; or, before this one claimed, as new (another node numbered alike)
+  if [ "$newer" -lt "$gen" ] || { [ "$newer" = "$gen" ] && [ "$claimed" = 1 ]; }; then
+    return 1
+  fi
   say "attempt $gen of this run was replaced by attempt $newer (its bucket says so): stopped here, and nothing more is copied from this host"
   base=${rec%/*}
   sh "${0%/*}/run_stop.sh" "${base#"$HOME"/}" "${rec##*/}" 1000 replaced > /dev/null 2>&1
   return 0
 }
-claim() {  # this attempt's generation in the bucket, once, before its first copy
+claim() {  # this attempt's generation in the bucket, once, before its first copy (fenced
+  # has just found none as new there)
   [ "$claimed" = 1 ] && return 0
   printf '%s\n' "$gen" | "$rclone" --config "$cfg" rcat "store:$dest/.vmrun/generation" \
     --retries 1 --low-level-retries 3 --contimeout 10s --timeout 30s 2>> "$rec/.store.err" \
@@ -171,13 +187,18 @@ round() {  # $1: 1 at the end (the record too, whatever the time); 0 when everyt
   if [ "$1" = 1 ] || [ "$moved" = 1 ] || [ -s "$rec/.store.list" ] \
     || [ $((now - last_logs)) -ge "$logs_every" ]; then
     logs=1
-    changed "$rec" "$rec/.store.logs" 1 "" > "$rec/.store.rlist"
+    changed "$rec" "$rec/.store.logs" 1 "" "$skip" > "$rec/.store.rlist"
   fi
   moved=0
   [ -s "$rec/.store.list" ] && moved=1
   if [ $logs = 1 ]; then  # with outputs, the record, every 30 s and at the end
     : > "$rec/.store.err"
-    fenced && return 3
+    fenced
+    case $? in
+      0) return 3 ;;
+      2) [ -s "$rec/.store.err" ] || echo "its generation could not be read" > "$rec/.store.err"
+         return 1 ;;
+    esac
   fi
   if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
     claim || return 1

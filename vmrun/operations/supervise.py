@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +51,11 @@ def supervise(state: Path, settings: Settings, out: Reporter, run_id: str = "") 
     while True:
         retired = [n for e in events for n in e.swap if n not in nodes]  # replaced: may return
         failure = _follow(spec.run_id, nodes, settings, out, retired)
+        if failure is not None and failure.running:  # the streams alone were lost (this
+            # host's own network): nothing failed, nothing to count
+            out.info(f"run {spec.run_id}: it still runs on every node; following it again")
+            time.sleep(settings.keepalive_interval)
+            continue
         if failure is None:
             out.info(f"run {spec.run_id} finished")
             return _finish(state, spec, settings, nodes, out, 0)
@@ -334,15 +340,21 @@ def _heartbeat(
     from vmrun.ssh.connection import Connection
 
     conns: dict[str, Connection] = {}
+    lock = threading.Lock()
+    ended = threading.Event()
 
     def ask(node: str, timeout: float) -> None:
         entry = next(e for e in [*entries, *retired] if e.label == node)
-        conn = conns.setdefault(node, Connection(entry.spec, settings, label=node))
-        if not conn.run(["true"], timeout=timeout).ok:
-            raise RuntimeError(f"{node}: `true` failed")
+        with lock:
+            if ended.is_set():
+                raise RuntimeError("the follow ended")
+            conn = conns.setdefault(node, Connection(entry.spec, settings, label=node))
+        conn.ping(timeout)  # sshd's own answer: no process started, no autostop activity
 
     def forget(node: str) -> None:
-        if (conn := conns.pop(node, None)) is not None:
+        with lock:
+            conn = conns.pop(node, None)
+        if conn is not None:
             conn.close()
 
     def lost(node: str, why: str) -> None:
@@ -352,8 +364,11 @@ def _heartbeat(
     def back(node: str) -> None:
         from vmrun.backends.hosts import records
 
+        conn = conns.get(node)
+        if conn is None:  # the follow ended meanwhile
+            return
         try:
-            done = records.stop(conns[node], rid, grace=5, why="replaced")
+            done = records.stop(conn, rid, grace=5, why="replaced")
         except VmrunError as exc:
             if exc.code != "run-not-found":
                 out.warn(f"run {rid}: {node} answers again; its replaced attempt: {exc.one_line()}")
@@ -380,6 +395,7 @@ def _heartbeat(
         with beats:
             yield
     finally:
+        ended.set()
         for node in list(conns):
             forget(node)
 
@@ -410,6 +426,8 @@ def _failure(rid: str, nodes: list[str], settings: Settings, silent: str = "") -
     ends = [now - (r.host_now - r.ended) for r in found if r.ended and r.host_now]  # our clock
     at = min(ends) if ends and not lost else now  # a lost node: when it was found gone
     returned = (silent,) if silent and silent not in lost else ()
+    everywhere = {r.host for r in found} >= set(nodes)
+    running = not lost and everywhere and all(r.running for r in found)
     return Failure(
         tuple(nodes),
         lost,
@@ -421,6 +439,7 @@ def _failure(rid: str, nodes: list[str], settings: Settings, silent: str = "") -
         max(reached) if reached else None,
         at,
         returned,
+        running,
     )
 
 

@@ -30,6 +30,7 @@ class Failure:
     reached: int | None = None  # the newest epoch it completed (past `epoch`: redone)
     at: float | None = None  # when it failed (its end as a node recorded it, else when found)
     returned: tuple[str, ...] = ()  # of them, those found silent that answer again (a blip)
+    running: bool = False  # it still runs on every node: only the follow's streams were lost
 
     @property
     def redone(self) -> int | None:

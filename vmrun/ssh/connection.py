@@ -154,6 +154,25 @@ class Connection(Channels):
             link = self._link
         return _lost(self.label, link, doing)
 
+    def ping(self, timeout: float) -> None:
+        """One keepalive answered by the host's sshd itself within `timeout` (dialing first
+        if need be): no process is started there, so a loaded host still answers, and a
+        paused or cut-off one does not (ConnectionLostError)."""
+        transport = self.transport
+        answered = threading.Event()
+
+        def probe() -> None:
+            try:
+                transport.global_request("keepalive@openssh.com", wait=True)
+            except Exception:  # a closed transport: told below
+                pass
+            finally:
+                answered.set()
+
+        threading.Thread(target=probe, daemon=True, name="vmrun-ping").start()
+        if not answered.wait(timeout) or not transport.is_active():
+            raise self._lost_error(f"while asked for a keepalive ({timeout:g} s)")
+
     def lose(self, reason: str) -> None:
         """Declare it lost as its watchdog would (`reason` said by every command on it): a
         check of its own (vmrun.recovery.heartbeat) found the host silent."""
