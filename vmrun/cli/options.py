@@ -310,7 +310,9 @@ class SectionedCommand(DashDashCommand):
         def show_all(ctx: Any, param: Any, value: bool) -> None:
             if value and not ctx.resilient_parsing:
                 ctx.meta[HELP_ALL] = True
-                typer.echo(ctx.get_help(), color=ctx.color)
+                from vmrun.cli.output import say
+
+                say(ctx.get_help())
                 ctx.exit()
 
         every = TyperOption(
