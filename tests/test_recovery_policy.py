@@ -70,13 +70,27 @@ def test_only_the_users_stop_or_the_runs_budget_ends_a_supervised_run() -> None:
         assert not listed(f"STOPPED 90 {vmrun_own}"), vmrun_own
 
 
+def _listing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, listing: dict[str, str]) -> None:
+    """The supervisor's look at the nodes (supervise._failure) on tests/fake_group.py's hosts,
+    each answering run_list.sh's `listing` of it."""
+    from fake_group import FakeGroup
+
+    from vmrun.backends.hosts import records
+
+    def listed(conn: Any, ids: object = ()) -> list[Any]:
+        return records.parse_listing(listing[conn.label], conn.label)
+
+    monkeypatch.setattr("vmrun.ssh.group.Group", lambda nodes, settings: FakeGroup(nodes, tmp_path))
+    monkeypatch.setattr("vmrun.ssh.inventory.select_hosts", lambda nodes, settings: list(nodes))
+    monkeypatch.setattr(records, "list_runs", listed)
+
+
 def test_the_supervisor_takes_a_followers_stop_after_a_blip_for_a_failure(
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The blip as the supervisor met it: h2 silent, its follower stopped h1 (`failure`),
     then h2 answered again. What it finds is a failure to bring back, not the user's stop,
     and h2 is named as back."""
-    from vmrun.backends.hosts import records
     from vmrun.operations import supervise
 
     listing = {
@@ -84,25 +98,7 @@ def test_the_supervisor_takes_a_followers_stop_after_a_blip_for_a_failure(
         "h2": "NOW 100\nRUN r1\nALIVE 1\n",
     }
 
-    class _Group:
-        def __init__(self, entries: list[Any], settings: object) -> None:
-            self.entries = entries
-
-        def __enter__(self) -> _Group:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def map(self, fn: Any) -> list[Any]:
-            from vmrun.ssh.group import Outcome
-
-            return [
-                Outcome(e, records.parse_listing(listing[e], e), None, 0.0) for e in self.entries
-            ]
-
-    monkeypatch.setattr("vmrun.ssh.group.Group", _Group)
-    monkeypatch.setattr("vmrun.ssh.inventory.select_hosts", lambda nodes, settings: list(nodes))
+    _listing(monkeypatch, tmp_path, listing)
     got = supervise._failure("r1", ["h1", "h2"], object(), silent="h2")  # type: ignore[arg-type]
     assert not got.stopped and got.returned == ("h2",) and not got.lost, got
     assert decide(got, [], []).action == "restart"
@@ -560,30 +556,13 @@ def test_a_follow_that_lost_only_its_streams_is_followed_again_and_not_counted(
 ) -> None:
     """The supervisor's own network blipped (every stream lost) while the run still runs
     on every node: no recovery is decided, journaled or counted; it follows again."""
-    from vmrun.backends.hosts import records
     from vmrun.config import load_settings
     from vmrun.operations import supervise
     from vmrun.reporting import Recorder
 
     alive = "NOW 100\nRUN r1\nBEGAN 50\nALIVE 1\n"
 
-    class _Group:
-        def __init__(self, entries: list[Any], settings: object) -> None:
-            self.entries = entries
-
-        def __enter__(self) -> _Group:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def map(self, fn: Any) -> list[Any]:
-            from vmrun.ssh.group import Outcome
-
-            return [Outcome(e, records.parse_listing(alive, e), None, 0.0) for e in self.entries]
-
-    monkeypatch.setattr("vmrun.ssh.group.Group", _Group)
-    monkeypatch.setattr("vmrun.ssh.inventory.select_hosts", lambda nodes, settings: list(nodes))
+    _listing(monkeypatch, tmp_path, {"h1": alive, "h2": alive})
     found = supervise._failure("r1", ["h1", "h2"], object())  # type: ignore[arg-type]
     assert found.running and not found.lost
 

@@ -3,7 +3,8 @@
 # vmrun's own reason: `failure` (another node failed), `start` (a start that failed on
 # another node), `resume` (a leftover before the next attempt), `replaced` (an attempt
 # another one took over). Only the user's stop (and budget_watch.py's `budget`) means the
-# run is to end: a --recover supervisor brings back the others. TERM every process of the run, KILL what is left after GRACE_CS hundredths of a second of
+# run is to end: a --recover supervisor brings back the others.
+# TERM every process of the run, KILL what is left after GRACE_CS hundredths of a second of
 # wall-clock time, and verify none is left. Prints TERM/KILL/LEFT lines with the pids
 # concerned. The whole process table is read by three processes at a time (before TERM,
 # while killing, at the end); during the grace only the run's own pids are watched, so a

@@ -97,7 +97,7 @@ rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7
 echo $$ > "$rec/store.pid"
 gen=$(cat "$rec/attempt" 2>/dev/null)
 case $gen in '' | *[!0-9]*) gen=1 ;; esac
-claimed=0 skip=generation
+claimed=0
 trap 'rm -f "$cfg"' EXIT
 trap 'rm -f "$cfg"; exit 143' TERM HUP INT
 # the pace (seconds; a test sets them shorter): a look every 2 s, the record every 30 s, a
@@ -187,7 +187,7 @@ round() {  # $1: 1 at the end (the record too, whatever the time); 0 when everyt
   if [ "$1" = 1 ] || [ "$moved" = 1 ] || [ -s "$rec/.store.list" ] \
     || [ $((now - last_logs)) -ge "$logs_every" ]; then
     logs=1
-    changed "$rec" "$rec/.store.logs" 1 "" "$skip" > "$rec/.store.rlist"
+    changed "$rec" "$rec/.store.logs" 1 "" generation > "$rec/.store.rlist"
   fi
   moved=0
   [ -s "$rec/.store.list" ] && moved=1

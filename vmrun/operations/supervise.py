@@ -348,7 +348,9 @@ def _heartbeat(
         with lock:
             if ended.is_set():
                 raise RuntimeError("the follow ended")
-            conn = conns.setdefault(node, Connection(entry.spec, settings, label=node))
+            conn = conns.get(node) or conns.setdefault(
+                node, Connection(entry.spec, settings, label=node)
+            )
         conn.ping(timeout)  # sshd's own answer: no process started, no autostop activity
 
     def forget(node: str) -> None:

@@ -60,8 +60,9 @@ class Heartbeat:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._stop.set()
-        for t in self._threads:  # each ask is bounded by lost_after; the threads are daemons
-            t.join(timeout=1.0)
+        deadline = time.monotonic() + 1.0  # one second for them all: they are daemons
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _beat(self, node: str) -> None:
         answered = time.monotonic()

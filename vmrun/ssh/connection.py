@@ -35,7 +35,7 @@ from vmrun.ssh.dial import Dial, tcp_connect, transport_factory
 from vmrun.ssh.hosts import HostSpec, parse_host
 from vmrun.ssh.jumps import Lease
 from vmrun.ssh.sshconfig import Target, resolve
-from vmrun.ssh.watchdog import Watchdog
+from vmrun.ssh.watchdog import Watchdog, answered
 
 if TYPE_CHECKING:
     import paramiko
@@ -159,18 +159,7 @@ class Connection(Channels):
         if need be): no process is started there, so a loaded host still answers, and a
         paused or cut-off one does not (ConnectionLostError)."""
         transport = self.transport
-        answered = threading.Event()
-
-        def probe() -> None:
-            try:
-                transport.global_request("keepalive@openssh.com", wait=True)
-            except Exception:  # a closed transport: told below
-                pass
-            finally:
-                answered.set()
-
-        threading.Thread(target=probe, daemon=True, name="vmrun-ping").start()
-        if not answered.wait(timeout) or not transport.is_active():
+        if not answered(transport, timeout) or not transport.is_active():
             raise self._lost_error(f"while asked for a keepalive ({timeout:g} s)")
 
     def lose(self, reason: str) -> None:

@@ -9,6 +9,23 @@ if TYPE_CHECKING:
     import paramiko
 
 
+def answered(transport: paramiko.Transport, within: float) -> bool:
+    """One keepalive (`keepalive@openssh.com`, which sshd answers itself, starting no
+    process) answered within `within` seconds; paramiko's own request would wait forever."""
+    done = threading.Event()
+
+    def probe() -> None:
+        try:
+            transport.global_request("keepalive@openssh.com", wait=True)
+        except Exception:  # a closed transport: the caller looks at it
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=probe, daemon=True, name="vmrun-keepalive").start()
+    return done.wait(within)
+
+
 class Watchdog(threading.Thread):
     """Declares a connection lost when a keepalive probe goes unanswered too long.
 
@@ -25,21 +42,11 @@ class Watchdog(threading.Thread):
         self.stopped = threading.Event()
         self.lost_reason: str | None = None
 
-    def _probe(self, answered: threading.Event) -> None:
-        try:
-            self.transport.global_request("keepalive@openssh.com", wait=True)
-        except Exception:
-            pass
-        finally:
-            answered.set()
-
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
             if not self.transport.is_active():
                 return
-            answered = threading.Event()
-            threading.Thread(target=self._probe, args=(answered,), daemon=True).start()
-            if not answered.wait(self.dead_after) and not self.stopped.is_set():
+            if not answered(self.transport, self.dead_after) and not self.stopped.is_set():
                 self.lost_reason = f"the host stopped answering for {self.dead_after:g} s"
                 self.transport.close()
                 return
