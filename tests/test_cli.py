@@ -32,7 +32,7 @@ COMMANDS = [
     "forward",
     "notify",
     "autostop",
-    "clusters",
+    "cloud",
     "doctor",
     "exec",
     "hosts",
@@ -275,3 +275,22 @@ def test_train_help_shows_what_most_runs_need_under_headings_and_help_all_the_re
         if p.param_type_name == "option"
     ]
     assert sorted(every) == sorted({*declared, "--help", "--help-all"}) and len(every) > 50
+
+
+def test_an_old_spelling_still_runs_with_one_notice_of_the_new_one(client: Client) -> None:
+    """`vmrun clusters` is `vmrun cloud` (-C takes Slurm clusters); `up --image` is
+    `up --os-image` (`--image` is a container in train): both still work, named once."""
+    done = client.vmrun("clusters", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "Usage: vmrun cloud " in done.stdout
+    assert done.stderr.count("`vmrun cloud`") == 1
+
+
+def test_old_spellings_are_rewritten_only_where_they_mean_the_old_thing() -> None:
+    from vmrun.cli.app import current_spelling
+
+    assert current_spelling(["--debug", "clusters", "-r", "x"]) == ["--debug", "cloud", "-r", "x"]
+    assert current_spelling(["up", "w", "--image=ubuntu"]) == ["up", "w", "--os-image=ubuntu"]
+    assert current_spelling(["up", "w", "--image", "ami-1"])[2] == "--os-image"
+    assert current_spelling(["train", "--image", "x"]) == ["train", "--image", "x"]
+    assert current_spelling(["up", "w", "--", "--image"])[-1] == "--image"

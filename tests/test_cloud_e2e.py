@@ -151,7 +151,7 @@ def test_up_setup_train_fetch_down_over_real_ssh(user: Laptop, host_python: Path
     assert len(set(pinned.values())) == 1
     assert "--accept-new-host-key" not in up.stderr
     assert user.live()["placement"] == ["vmrun-c1"]  # two nodes: a cluster placement group
-    listed = user.vmrun("clusters", "--json")
+    listed = user.vmrun("cloud", "--json")
     assert listed.returncode == 0, listed.stderr
     found = json.loads(listed.stdout)
     assert found["forgotten"] == [], found  # vmrun.toml here names c1

@@ -1,4 +1,4 @@
-"""`vmrun clusters`: what vmrun tagged, per region, priced, and which clusters no vmrun.toml
+"""`vmrun cloud`: what vmrun tagged, per region, priced, and which clusters no vmrun.toml
 names. The listing runs against moto's in-process EC2 (mock_aws: botocore is patched,
 nothing is dialled); moto has neither placement groups nor the Price List API, so those
 calls are answered by botocore's Stubber or a before-call hook at exactly that point."""
@@ -518,7 +518,7 @@ def _canned(gaps: list[Gap] | None = None) -> Listing:
 def test_the_table_marks_forgotten_clusters_and_says_how_to_remove(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from vmrun.cli.clusters_cmd import FORGOTTEN, HEADERS, render
+    from vmrun.cli.cloud_cmd import FORGOTTEN, HEADERS, render
 
     assert render(_canned(), as_json=False, now=NOW) == 0
     out = capsys.readouterr().out.splitlines()
@@ -533,7 +533,7 @@ def test_the_table_marks_forgotten_clusters_and_says_how_to_remove(
 
 
 def test_json_carries_the_same_facts_and_the_gaps(capsys: pytest.CaptureFixture[str]) -> None:
-    from vmrun.cli.clusters_cmd import render
+    from vmrun.cli.cloud_cmd import render
 
     gap = Gap("eu-west-1", "placement-group", CloudError("listing placement-groups: no"))
     assert render(_canned([gap]), as_json=True, now=NOW) == 15
@@ -557,7 +557,7 @@ def test_json_carries_the_same_facts_and_the_gaps(capsys: pytest.CaptureFixture[
 
 
 def test_a_gap_is_an_error_line_and_exit_15(capsys: pytest.CaptureFixture[str]) -> None:
-    from vmrun.cli.clusters_cmd import render
+    from vmrun.cli.cloud_cmd import render
 
     gap = Gap("eu-west-1", "volume", CloudError("listing volumes in eu-west-1: timed out"))
     assert render(_canned([gap]), as_json=False, now=NOW) == 15
@@ -566,7 +566,7 @@ def test_a_gap_is_an_error_line_and_exit_15(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_nothing_found_says_where_it_looked(capsys: pytest.CaptureFixture[str]) -> None:
-    from vmrun.cli.clusters_cmd import render
+    from vmrun.cli.cloud_cmd import render
 
     assert render(Listing(["us-east-1"], []), as_json=False, now=NOW) == 0
     captured = capsys.readouterr()
@@ -624,13 +624,13 @@ def _aws_client_env(client: Client, **more: str) -> dict[str, str]:
 
 
 def test_region_and_all_regions_are_refused_together(client: Client) -> None:
-    done = client.vmrun("clusters", "--region", "us-east-1", "--all-regions")
+    done = client.vmrun("cloud", "--region", "us-east-1", "--all-regions")
     assert done.returncode == 2, done.stderr
     assert errors_in(done.stderr)[0][0] == "usage"
 
 
 def test_no_credentials_is_one_line_exit_15(client: Client) -> None:
-    done = client.vmrun("clusters", env=_aws_client_env(client), offline=True)
+    done = client.vmrun("cloud", env=_aws_client_env(client), offline=True)
     assert done.returncode == 15, done.stderr
     [(code, _)] = errors_in(done.stderr)
     assert code == "cloud-credentials"
@@ -677,13 +677,13 @@ def test_a_cluster_made_by_hand_is_listed_as_forgotten(client: Client, moto_serv
         TagSpecifications=_tags("instance", "by-hand"),
     )["Instances"][0]["InstanceId"]
     (client.cwd / "vmrun.toml").write_text('[[clouds]]\nname = "w251"\ncloud = "aws"\n')
-    done = client.vmrun("clusters", "--json", env=env)
+    done = client.vmrun("cloud", "--json", env=env)
     data = json.loads(done.stdout)
     assert [(r["id"], r["forgotten"]) for r in data["resources"]] == [(made, True)]
     assert data["regions"] == ["us-east-1"] and data["forgotten"] == ["by-hand"]
     assert [(e["kind"], e["code"]) for e in data["errors"]] == [("placement-group", "cloud-failed")]
     assert done.returncode == 15
-    table = client.vmrun("clusters", env=env)
+    table = client.vmrun("cloud", env=env)
     assert table.returncode == 15
     assert made in table.stdout and "vmrun down NAME" in table.stdout
     assert [code for code, _ in errors_in(table.stderr)] == ["cloud-failed"]

@@ -47,7 +47,7 @@ def test_up_exec_clusters_down_on_a_real_ucloud_account(tmp_path: Path) -> None:
         assert up.returncode == 0, up.stderr + up.stdout
         ran = _vmrun(tmp_path, "exec", "-H", f"@{name}", "--", "uname", "-m", timeout=300)
         assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr + ran.stdout
-        listed = _vmrun(tmp_path, "clusters", "--cloud", "ucloud", timeout=300)
+        listed = _vmrun(tmp_path, "cloud", "--cloud", "ucloud", timeout=300)
         assert listed.returncode == 0 and name in listed.stdout, listed.stderr + listed.stdout
         down = _vmrun(tmp_path, "down", name, timeout=600)
         assert down.returncode == 0, down.stderr + down.stdout

@@ -155,7 +155,7 @@ def test_clusters_lists_what_vmrun_made_at_ucloud_with_its_price_in_dkk(
     """`vmrun clusters --cloud ucloud`: the live VM jobs vmrun labelled (a terminated one
     gone), the running ones at their product's price an hour in DKK, a suspended one free
     now; a cluster no vmrun.toml here names is marked possibly forgotten."""
-    from vmrun.cli.clusters_cmd import render
+    from vmrun.cli.cloud_cmd import render
     from vmrun.config import load_settings
     from vmrun.operations.clusters import list_ucloud, project_cloud
 
@@ -195,9 +195,9 @@ def test_clusters_refuses_awss_flags_for_ucloud_before_asking_it(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("VMRUN_UCLOUD_TOKEN", raising=False)
-    assert run(["clusters", "--cloud", "ucloud", "--region", "eu-west-1"]) == 2
+    assert run(["cloud", "--cloud", "ucloud", "--region", "eu-west-1"]) == 2
     assert error_in(capsys.readouterr().err)[0] == "flags-conflict"
-    assert run(["clusters", "--cloud", "gcp"]) == 2
+    assert run(["cloud", "--cloud", "gcp"]) == 2
     assert "aws or ucloud" in capsys.readouterr().err
 
 

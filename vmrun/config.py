@@ -444,7 +444,7 @@ def _is_cidr(value: Any) -> bool:
 CLOUDS = ("aws", "ucloud")  # the providers vmrun.providers builds
 _BOOL = (kinds.accepts(kinds.boolean), "true or false")
 # What a cloud cluster in vmrun.toml may say (`[[clouds]]`, as `vmrun up` writes and reads
-# it: the flags of `vmrun up NAME`; read by vmrun.operations.cloud and `vmrun clusters`).
+# it: the flags of `vmrun up NAME`; read by vmrun.operations.cloud and `vmrun cloud`).
 CLOUD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "name": (_is_str, "a string"),
     "cloud": (lambda v: v in CLOUDS, " or ".join(f'"{c}"' for c in CLOUDS)),

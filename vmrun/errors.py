@@ -469,7 +469,7 @@ _CONTAINER_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
 )
 for _owner, _name, _meaning in _CONTAINER_CODES:
     register(_name, _owner, _meaning)
-# -- clouds (vmrun.providers): `vmrun up`, `down`, `clusters` -------------------------------
+# -- clouds (vmrun.providers): `vmrun up`, `down`, `cloud` -------------------------------
 _CLOUD_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "cloud-extra-missing", "the cloud's Python package is not installed (vmrun[aws])"),
     (UsageError, "cloud-type-not-offered", "no zone of the region offers the instance type"),

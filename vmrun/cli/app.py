@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from vmrun import __version__
-from vmrun.cli.output import say
+from vmrun.cli.output import say, warn_line
 
 # Every command: its name, its module, and the line `vmrun --help` shows for it, in the
 # order listed there (tests check that each module registers exactly this name).
@@ -38,7 +38,7 @@ COMMANDS = (
     ("forward", "forward_cmd", "Forward a port of a host to 127.0.0.1 here."),
     ("notify", "notify_cmd", "Where runs' ends are told (ntfy, Slack, mail); --test tries it."),
     ("autostop", "autostop_cmd", "Power idle hosts off by themselves: a watchdog on each."),
-    ("clusters", "clusters_cmd", "List what vmrun made in the cloud: state, age, $/h, forgotten."),
+    ("cloud", "cloud_cmd", "List what vmrun made in the cloud: state, age, $/h, forgotten."),
     ("doctor", "doctor_cmd", "Check the hosts before a multi-node run."),
     ("exec", "exec_cmd", "Run a command on one or all hosts in parallel."),
     ("hosts", "hosts_cmd", "List the selected hosts; --check connects to each."),
@@ -48,6 +48,10 @@ COMMANDS = (
 # Commands that vmrun starts itself (on a host), not a user: they run when named, and
 # `vmrun --help` and the command reference leave them out.
 HIDDEN = frozenset({"supervise"})
+# Old spellings that still work, each with a one-line notice of the new one: a command word,
+# and a command's option (`--image` is a container in `train`, an OS image in `up`).
+RENAMED = {"clusters": "cloud"}
+RENAMED_OPTIONS = {("up", "--image"): "--os-image"}
 _ROOT_FLAGS = {"--debug", "--version", "-V", "--help", "-h"}
 
 
@@ -55,6 +59,27 @@ def _version(value: bool) -> None:
     if value:
         say(f"vmrun {__version__}")
         raise typer.Exit()
+
+
+def current_spelling(args: list[str]) -> list[str]:
+    """`args` with each old spelling replaced by its new one, the new one named once."""
+    args = list(args)
+    at = next((i for i, w in enumerate(args) if w not in _ROOT_FLAGS), None)
+    if at is None:
+        return args
+    if args[at] in RENAMED:
+        new = RENAMED[args[at]]
+        warn_line(f"`vmrun {args[at]}` is now `vmrun {new}`; the old name will go")
+        args[at] = new
+    for i, word in enumerate(args[at + 1 :], start=at + 1):
+        if word == "--":
+            break
+        flag, eq, value = word.partition("=")
+        renamed = RENAMED_OPTIONS.get((args[at], flag))
+        if renamed:
+            warn_line(f"`vmrun {args[at]} {flag}` is now `{renamed}`; the old spelling will go")
+            args[i] = renamed + eq + value
+    return args
 
 
 def command_named(args: list[str]) -> str | None:

@@ -44,8 +44,9 @@ def run(args: list[str]) -> int:
     try:
         import typer
 
-        from vmrun.cli.app import build
+        from vmrun.cli.app import build, current_spelling
 
+        args = current_spelling(args)
         command = build(args)
         try:
             result = command.main(args=args, prog_name="vmrun", standalone_mode=False)

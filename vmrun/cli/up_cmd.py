@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         image: Annotated[
             str | None,
             typer.Option(
-                "--image",
+                "--os-image",
                 help="dlami (default: NVIDIA driver preinstalled), ubuntu (`vmrun setup`"
                 " installs it) or ami-...",
             ),
@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         ] = 600.0,
         list_: Annotated[
             bool,
-            typer.Option("--list", help="List what vmrun made in the cloud (`vmrun clusters`)."),
+            typer.Option("--list", help="List what vmrun made in the cloud (`vmrun cloud`)."),
         ] = False,
         max_hourly_cost: Annotated[
             float | None,
@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.operations.cloud import UpAsk, up
 
         if list_:
-            from vmrun.cli.clusters_cmd import render
+            from vmrun.cli.cloud_cmd import render
             from vmrun.operations.clusters import list_clusters
 
             regions = [region] if region else None

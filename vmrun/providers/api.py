@@ -1,4 +1,4 @@
-"""The provider seam: what `vmrun up/down/clusters` ask of a cloud, as values.
+"""The provider seam: what `vmrun up/down/cloud` ask of a cloud, as values.
 
 One protocol (torchx's scheduler API is the model): `offer` turns a request into what will be
 launched (image, zones, login user) without creating anything; `launch` creates; `describe`,
@@ -82,7 +82,7 @@ class Instance:
 
 @dataclass(frozen=True)
 class Resource:
-    """One tagged thing vmrun made, for `vmrun clusters`. `price`: USD per hour where the
+    """One tagged thing vmrun made, for `vmrun cloud`. `price`: USD per hour where the
     price list answered (None: unknown, or free now: a group, a stopped instance)."""
 
     kind: str  # "instance", "security-group", "placement-group", "volume"

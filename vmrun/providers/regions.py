@@ -1,4 +1,4 @@
-"""Which regions `vmrun up` has used, per provider: where `vmrun clusters` looks.
+"""Which regions `vmrun up` has used, per provider: where `vmrun cloud` looks.
 
 A cluster made in a region nobody remembers bills unseen, so `vmrun up` notes its region
 before it creates anything, and the note outlives any vmrun.toml (it is the user's, in

@@ -62,7 +62,7 @@ def find_image(ec2: Any, image: str, arch: str, user: str = "") -> Image:
         where = f"for {arch}" if not image.startswith("ami-") else "in this region"
         raise UsageError(
             f"no {image} image {where} (describe_images found none)",
-            hint="pass --image ami-... for an image you know, or another --region",
+            hint="pass --os-image ami-... for an image you know, or another --region",
             code="cloud-image-not-found",
         )
     newest = max(found, key=lambda i: i.get("CreationDate", ""))

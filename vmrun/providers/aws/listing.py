@@ -18,7 +18,7 @@ from typing import Any
 
 from vmrun.providers.api import TAG_CLUSTER, TAG_CREATED, TAG_CREATOR, Resource
 
-# The order `vmrun clusters` shows a cluster's resources in: what bills first.
+# The order `vmrun cloud` shows a cluster's resources in: what bills first.
 KINDS = ("instance", "volume", "placement-group", "security-group")
 LIVE_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
 BILLING_STATES = ("pending", "running")  # an instance's hours count from pending on

@@ -1,7 +1,7 @@
 """What an instance costs per hour, in USD: on-demand from the AWS Price List API, spot
 from the zone's latest spot price.
 
-A price is a courtesy of `vmrun clusters`, never a reason for it to fail: any failure (no
+A price is a courtesy of `vmrun cloud`, never a reason for it to fail: any failure (no
 `pricing:GetProducts` permission, no answer, an answer vmrun cannot read) is None, shown as
 "-". Answers are cached in `$XDG_CACHE_HOME/vmrun/prices.json` (on-demand a day, spot an
 hour), so listing again is as fast as listing once; failures are not cached.

@@ -191,7 +191,7 @@ class AwsProvider:
                 self.terminate_ids(region, ids)
         except Exception as exc:  # the failure that brought us here is the one to raise
             what = ", ".join(ids) or "the new instance"
-            out.warn(f"{cluster}: could not terminate {what}: {exc} (`vmrun clusters` lists it)")
+            out.warn(f"{cluster}: could not terminate {what}: {exc} (`vmrun cloud` lists it)")
 
     def _role(
         self, request: Request, region: str, tags: list[dict[str, str]], out: Reporter

@@ -1,4 +1,4 @@
-"""`vmrun clusters`: every resource vmrun tagged in the cloud, what it costs per hour, and
+"""`vmrun cloud`: every resource vmrun tagged in the cloud, what it costs per hour, and
 which clusters no vmrun.toml here names (possibly forgotten). The work is
 vmrun.operations.clusters.list_clusters; this module renders its Listing."""
 
@@ -25,12 +25,12 @@ FORGOTTEN = " (forgotten?)"
 
 def register(app: typer.Typer) -> None:
     @app.command(
-        "clusters",
+        "cloud",
         help="List every cloud resource vmrun tagged (instances, disks left behind, security"
         " and placement groups) in every region `vmrun up` used, with state, type, age and"
         " hourly price; clusters that no vmrun.toml here names are marked possibly forgotten.",
     )
-    def clusters_command(
+    def cloud_command(
         region: Annotated[
             list[str] | None,
             typer.Option(
