@@ -298,7 +298,7 @@ def test_folders_cross_once_then_go_host_to_host(
     _root, made = data
     _private_hosts(inner, cluster, ["n1", "n2", "n3"])
     done = inner.vmrun("push", "data", "--to", "~/pushed", "--json", timeout=180)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stderr + done.stdout  # --json: a host's error is in stdout
     via = {h["host"]: h["via"] for h in json.loads(done.stdout)["hosts"]}
     first = [h for h, v in via.items() if v is None]
     assert len(first) == 1, (via, done.stderr)  # one got it from here, the others host to host
@@ -323,7 +323,7 @@ def test_hosts_that_reach_each_other_relay_without_being_told(
         "".join(f'[[hosts]]\naddress = "{n}"\n\n' for n in ("n1", "n2", "n3"))
     )
     done = inner.vmrun("push", "data", "--to", "~/pushed", "--json", timeout=180)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stderr + done.stdout  # --json: a host's error is in stdout
     hosts = json.loads(done.stdout)["hosts"]
     via = {h["host"]: h["via"] for h in hosts}
     assert via["n3"] is None, via
@@ -347,7 +347,7 @@ def test_a_host_out_of_reach_host_to_host_gets_the_data_from_here(
     _root, made = data
     _private_hosts(inner, cluster, ["n1"], bogus="h1")
     done = inner.vmrun("push", "data", "--to", "~/pushed", "--json", timeout=180)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stderr + done.stdout  # --json: a host's error is in stdout
     assert "gets the data from here" in done.stderr or "sending from here" in done.stderr
     assert {h["host"]: h["via"] for h in json.loads(done.stdout)["hosts"]} == {
         "n1": None,
