@@ -7,16 +7,88 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from vmrun.backends.api import Backend
+from vmrun.backends.api import Backend, Capabilities, Prepared, RunRef, StartOptions
 from vmrun.config import Settings
 
 if TYPE_CHECKING:
     from vmrun.backends.hosts.node_launch import Placement
     from vmrun.backends.slurm.job import JobSpec
+    from vmrun.notify.send import Notify
+    from vmrun.reporting import Reporter
+    from vmrun.runs.plan import Plan
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import HostEntry
+    from vmrun.transfer.types import Progress
+
+
+Kind = Literal["local", "hosts", "cluster"]
+
+
+class Training(Protocol):
+    """`train` on any target, one flow: `prepare` (what --dry-run prints, nothing sent) or
+    `start`, then `detached` (how to follow it later) or `follow_and_tell` (follow it to its
+    end, telling the end to `notify`'s targets; a failure raises, told first). The peers:
+    vmrun.backends.local.backend.LocalBackend, hosts.training.HostsTraining,
+    slurm.session.SlurmTraining."""
+
+    capabilities: Capabilities
+
+    def prepare(self, plan: Plan, how: StartOptions | None = None) -> Prepared: ...
+
+    def start(
+        self, plan: Plan, how: StartOptions, out: Reporter, progress: Progress | None = None
+    ) -> RunRef: ...
+
+    def detached(self, ref: RunRef) -> str: ...
+
+    def follow_and_tell(
+        self, ref: RunRef, notify: Notify | None, out: Reporter, *, verbose: bool = False
+    ) -> int: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a command works, read once from `--local`, `-H ...` and `-C NAME`: this
+    machine, SSH hosts (`hosts` None: the project's), or a Slurm cluster by name."""
+
+    kind: Kind = "hosts"
+    hosts: tuple[str, ...] | None = None
+    cluster: str | None = None
+
+    @classmethod
+    def of(
+        cls, *, local: bool = False, hosts: Sequence[str] | None = None, cluster: str | None = None
+    ) -> Target:
+        """The target the flags name (-C over --local over -H; the refusals turned away
+        the flags that name two places already)."""
+        if cluster:
+            return cls("cluster", cluster=cluster)
+        if local:
+            return cls("local")
+        return cls("hosts", hosts=tuple(hosts) if hosts else None)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.kind)
+
+    @property
+    def host_list(self) -> list[str] | None:
+        """-H's hosts as the host selection takes them (None: the project's)."""
+        return list(self.hosts) if self.hosts else None
+
+
+def capabilities_of(kind: Kind) -> Capabilities:
+    """What the backend of `kind` declares it can do (its package's CAPABILITIES; the
+    backend itself is not imported)."""
+    import importlib
+
+    package = {"cluster": "slurm", "local": "local", "hosts": "hosts"}[kind]
+    declared = importlib.import_module(f"vmrun.backends.{package}").CAPABILITIES
+    assert isinstance(declared, Capabilities)
+    return declared
 
 
 def one_place(hosts: Sequence[object] | None, cluster: str | None) -> None:
