@@ -81,3 +81,60 @@ def test_a_cloud_refuses_what_its_provider_lacks() -> None:
     assert "capability: power_off" in caught.value.message
     Done.cloud = "aws"
     _refuse_lacking(Done())
+
+
+# The operations' branches on the target's kind, counted by one rule: an `if` (statement or
+# expression) in vmrun/operations/*.py whose test names the kind: the names `local` or
+# `cluster` (a variable or an attribute), a kind's word as a string ("local", "cluster",
+# "hosts", "slurm", "ucloud", "aws"), or isinstance of a *Backend or *Provider class. What a
+# target can do is asked of its capabilities instead.
+KIND_NAMES = {"local", "cluster", "is_local", "is_cluster", "is_hosts"}
+KIND_WORDS = {"local", "cluster", "hosts", "slurm", "ucloud", "aws"}
+MOST_BRANCHES = 18
+
+
+def _names_a_kind(test: object) -> bool:
+    import ast
+
+    assert isinstance(test, ast.AST)
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name) and node.id in KIND_NAMES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in KIND_NAMES:
+            return True
+        if isinstance(node, ast.Constant) and node.value in KIND_WORDS:
+            return True
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance":
+            for name in ast.walk(node.args[1]) if len(node.args) > 1 else ():
+                if isinstance(name, ast.Name) and name.id.endswith(("Backend", "Provider")):
+                    return True
+    return False
+
+
+def kind_branches() -> list[str]:
+    """Each `if` of the operations that names a target's kind, as FILE:LINE."""
+    import ast
+
+    from conftest import ROOT
+
+    found = []
+    for path in sorted((ROOT / "vmrun" / "operations").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.If, ast.IfExp)) and _names_a_kind(node.test):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_the_rule_sees_a_branch_on_the_kind() -> None:
+    import ast
+
+    for code in ("if local: pass", "if job.cluster: pass", 'if cloud == "ucloud": pass'):
+        assert _names_a_kind(ast.parse(code).body[0].test)  # type: ignore[attr-defined]
+    assert _names_a_kind(ast.parse("x if isinstance(b, HostsBackend) else y").body[0].value.test)  # type: ignore[attr-defined]
+    assert not _names_a_kind(ast.parse("if caps.lacks('spares'): pass").body[0].test)  # type: ignore[attr-defined]
+
+
+def test_the_operations_branch_on_the_target_kind_no_more_than_they_do_now() -> None:
+    """A new branch on the kind belongs in a backend's capabilities or verbs instead."""
+    found = kind_branches()
+    assert len(found) <= MOST_BRANCHES, found

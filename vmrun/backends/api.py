@@ -257,6 +257,9 @@ class Capabilities:
     dry_run: bool = True  # what a start would do, printed, nothing sent (--dry-run)
     queued_sweeps: bool = False  # a sweep's sizes queued at once (sweep --detach)
     own_scripts: bool = False  # the user's own batch script (submit)
+    several_nodes: bool = False  # a run across several machines (a sweep's --nodes)
+    autostop: bool = False  # vmrun's idle watchdog powers the machines off (setup --autostop)
+    container_engine: bool = False  # vmrun installs a container engine there (setup)
 
     def lacks(self, name: str) -> bool:
         return not getattr(self, name)

@@ -5,10 +5,10 @@ here (and a pass of tests/test_backend_contract.py), not one in every command.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from vmrun.backends.api import Backend, Capabilities, Prepared, RunRef, StartOptions
 from vmrun.config import Settings
@@ -69,6 +69,22 @@ class Target:
         if local:
             return cls("local")
         return cls("hosts", hosts=tuple(hosts) if hosts else None)
+
+    @classmethod
+    def recorded(cls, where: Mapping[str, Any]) -> Target:
+        """The target a record keeps (a sweep's `where`: {"local": true}, {"cluster":
+        NAME} or {"hosts": [...] or null})."""
+        hosts = where.get("hosts")
+        return cls.of(local=bool(where.get("local")), hosts=hosts, cluster=where.get("cluster"))
+
+    def record(self) -> dict[str, Any]:
+        """The target as a record keeps it (`recorded` reads it back)."""
+        kept: dict[str, dict[str, Any]] = {
+            "local": {"local": True},
+            "cluster": {"cluster": self.cluster},
+            "hosts": {"hosts": self.host_list},
+        }
+        return kept[self.kind]
 
     @property
     def capabilities(self) -> Capabilities:
@@ -148,3 +164,42 @@ def open_backend(
     entries = selected_entries(settings, hosts=hosts, cluster=cluster)
     with Group(entries, settings) as group:
         yield backend_on(group, settings, cluster=cluster, spec=spec, place=place)
+
+
+@contextmanager
+def open_training(
+    target: Target,
+    settings: Settings,
+    *,
+    entries: Sequence[HostEntry] | None = None,
+    group: Group | None = None,
+    place: Placement | None = None,
+    spec: JobSpec | None = None,
+    fetch_every: float | None = None,
+    on_start: Callable[[RunRef], None] | None = None,
+    verbose: bool = False,
+) -> Iterator[Training]:
+    """The target open for a run (`train`, a sweep's size), until the block ends: this
+    machine; the hosts (`entries`, else -H's; over `group` where the caller opened it,
+    with `place`'s wiring, `fetch_every`, and `on_start` told the started run); or the
+    cluster (`spec`: its sbatch options)."""
+    if target.kind == "local":
+        from vmrun.backends.local.backend import LocalBackend
+
+        yield LocalBackend(settings, verbose=verbose)
+    elif target.kind == "cluster":
+        from vmrun.backends.slurm.session import SlurmTraining, cluster_backend
+
+        with cluster_backend(settings, str(target.cluster), spec) as backend:
+            yield SlurmTraining(backend)
+    else:
+        from vmrun.backends.hosts.node_launch import Placement
+        from vmrun.backends.hosts.preflight import order
+        from vmrun.backends.hosts.training import HostsTraining
+        from vmrun.ssh.group import Group
+        from vmrun.ssh.inventory import select_hosts
+
+        chosen = list(entries) if entries is not None else select_hosts(target.host_list, settings)
+        wiring = (place or Placement()).wiring
+        with group or Group(order(chosen, wiring), settings) as conns:
+            yield HostsTraining(conns, chosen, settings, place, fetch_every, on_start)

@@ -86,8 +86,9 @@ NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "submit": (),
 }
-# the flags that name another place than a cluster, refused beside -C
-NOT_WITH_CLUSTER = ("-H", "--local")
+# the flags that name another place than the target, refused beside it (-H beside --local
+# is a rule of its own: its words are the command's)
+NOT_WITH: dict[str, tuple[str, ...]] = {"cluster": ("-H", "--local")}
 _LOCAL_STAYS = (
     " for runs on hosts (-H): a --local run stays in this terminal until it ends (Ctrl-C stops"
     " it) and is never refused for another run; drop {them}"
@@ -280,11 +281,10 @@ def target_of(flags: Mapping[str, Any]) -> Target:
     """The target the flags name (--local, -H, -C)."""
     from vmrun.backends.select import Target
 
-    cluster = flags.get("-C")
     return Target.of(
         local=given(flags.get("--local")),
         hosts=flags.get("-H") or None,
-        cluster=str(cluster) if given(cluster) else None,
+        cluster=flags.get("-C") or None,
     )
 
 
@@ -302,9 +302,8 @@ def _lacking(
         for flag, cap in NEEDS.get(command, ())
         if given(flags.get(flag)) and caps.lacks(cap) and (check.caps is None or cap in check.caps)
     ]
-    beside = []
-    if target.kind == "cluster" and check.caps is None:
-        beside = [f for f in NOT_WITH_CLUSTER if given(flags.get(f))]
+    others = NOT_WITH.get(target.kind, ()) if check.caps is None else ()
+    beside = [f for f in others if given(flags.get(f))]
     if not lacked and not beside:
         return None
     says = _says(target.kind, lacked[0][1] if lacked else "")

@@ -10,12 +10,12 @@ run's record, and hands the plan to the backend's flow.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from vmrun.backends.api import Prepared, StartOptions
-from vmrun.backends.select import Target, Training
+from vmrun.backends.select import Target, Training, open_training
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings, load_settings
 from vmrun.errors import UsageError
@@ -238,9 +238,8 @@ class _Ready:
 
 @contextmanager
 def _open_local(given: _Given, plan: Plan, how: StartOptions) -> Iterator[_Ready]:
-    from vmrun.backends.local.backend import LocalBackend
-
-    yield _Ready(LocalBackend(given.settings, verbose=given.verbose), plan, how, progress=False)
+    with open_training(given.target, given.settings, verbose=given.verbose) as training:
+        yield _Ready(training, plan, how, progress=False)
 
 
 @contextmanager
@@ -260,12 +259,11 @@ def _open_cluster(given: _Given, plan: Plan, how: StartOptions) -> Iterator[_Rea
         )
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
-    from vmrun.backends.slurm.session import SlurmTraining, cluster_backend
 
     spec = given.slurm.job_spec(find_cluster(settings, name), given.run.nproc_per_node)
     spec = check_spec(spec, plan.launcher)
-    with cluster_backend(settings, name, spec) as backend:
-        yield _Ready(SlurmTraining(backend), plan, replace(how, max_recoveries=recoveries))
+    with open_training(given.target, settings, spec=spec) as training:
+        yield _Ready(training, plan, replace(how, max_recoveries=recoveries))
 
 
 @contextmanager
@@ -274,32 +272,38 @@ def _open_hosts(given: _Given, plan: Plan, how: StartOptions) -> Iterator[_Ready
     its plan and nodes; for --recover, its supervisor and spares; then the run starts on
     those connections. A dry run reaches no host."""
     from vmrun.backends.hosts.node_launch import Placement
-    from vmrun.backends.hosts.training import HostsTraining
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import select_hosts
 
     hosts, settings, out = given.hosts, given.settings, given.out
     place = Placement(given.wiring)
     entries = select_hosts(given.target.host_list, settings)
-    with Group(entries, settings) as first:
-        group, supervised = first, None
-        if not given.dry_run:
-            if how.resume is not None:
-                plan, entries, group = _resumed(plan, hosts, how, place, entries, group, settings)
-            if place.wiring.nnodes is not None and len(entries) > 1:
-                check_nnodes(place.wiring.nnodes, len(entries))
-            if (hosts.recover or settings.recover) and how.resume is None:
-                entries, group, supervised = _supervised(
-                    plan, hosts, how, entries, group, settings, out
-                )
-                plan = replace(plan, recover=True)
+    with Group(entries, settings) as group:
+        supervised = None
+        if how.resume is not None:  # (a dry run resumes nothing: refused)
+            plan, entries, group = _resumed(plan, hosts, how, place, entries, group, settings)
+        if place.wiring.nnodes is not None and len(entries) > 1:
+            check_nnodes(place.wiring.nnodes, len(entries))
+        recover = hosts.recover or settings.recover
+        if recover and how.resume is None and not given.dry_run:  # a supervisor made ready
+            entries, group, supervised = _supervised(
+                plan, hosts, how, entries, group, settings, out
+            )
+            plan = replace(plan, recover=True)
         if how.resume is None:  # a resumed run keeps its own (its run.json's)
             plan = _watched(plan, settings)
         if settings.max_cost or how.resume is None:  # a resumed run's own cap, unless given
             plan = replace(plan, max_cost=settings.max_cost)
         on_start = supervised.start(out) if supervised else None
-        training = HostsTraining(group, entries, settings, place, hosts.fetch_every, on_start)
-        with group if group is not first else nullcontext():  # one made for other nodes
+        with open_training(
+            given.target,
+            settings,
+            entries=entries,
+            group=group,
+            place=place,
+            fetch_every=hosts.fetch_every,
+            on_start=on_start,
+        ) as training:
             several = len(entries) > 1
             yield _Ready(training, plan, how, detached=supervised is not None, several=several)
 

@@ -32,4 +32,7 @@ CAPABILITIES = Capabilities(
     data=True,
     store=True,
     max_cost=True,
+    several_nodes=True,
+    autostop=True,
+    container_engine=True,
 )

@@ -24,4 +24,5 @@ CAPABILITIES = Capabilities(
     max_cost=True,
     queued_sweeps=True,
     own_scripts=True,
+    several_nodes=True,
 )
