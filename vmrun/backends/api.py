@@ -260,6 +260,7 @@ class Capabilities:
     several_nodes: bool = False  # a run across several machines (a sweep's --nodes)
     autostop: bool = False  # vmrun's idle watchdog powers the machines off (setup --autostop)
     container_engine: bool = False  # vmrun installs a container engine there (setup)
+    relay_push: bool = False  # pushed folders relayed machine to machine (push)
 
     def lacks(self, name: str) -> bool:
         return not getattr(self, name)

@@ -107,12 +107,55 @@ def capabilities_of(kind: Kind) -> Capabilities:
     return declared
 
 
-def one_place(hosts: Sequence[object] | None, cluster: str | None) -> None:
-    """-C and -H name different places to work; one command works in one."""
+def one_place(
+    hosts: Sequence[object] | None, cluster: str | None, says: str = "", code: str = "usage"
+) -> None:
+    """-C and -H name different places to work; one command works in one (`says`: the
+    command's own words for it)."""
     if cluster and hosts:
         from vmrun.errors import UsageError
 
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+        raise UsageError(says or f"-C {cluster} and -H both say where to work: use one", code=code)
+
+
+def target_entries(
+    target: Target, settings: Settings, hosts: Sequence[str | HostEntry] | None = None
+) -> list[HostEntry]:
+    """The machines a command on `target` reaches: a cluster's (its login node first), else
+    the hosts (`hosts`: as given, entries kept as they are; None: the project's)."""
+    if target.kind == "cluster":
+        from vmrun.backends.slurm.cluster import find_cluster
+
+        return find_cluster(settings, str(target.cluster)).entries
+    from vmrun.ssh.inventory import HostEntry, select_hosts
+
+    if hosts and all(isinstance(h, HostEntry) for h in hosts):
+        return [h for h in hosts if isinstance(h, HostEntry)]
+    return select_hosts([h for h in hosts or () if isinstance(h, str)], settings)
+
+
+def landing(target: Target, settings: Settings, group: Group, to: str | None) -> tuple[str, str]:
+    """Where data pushed to `target` lands (`to` under the project's folder there, by
+    default that folder) and the Python a copy from a bucket runs with there ("": each
+    host's recorded one): on hosts their work directory; on a cluster its shared
+    filesystem, through the login node (on `group`'s connection)."""
+    from pathlib import Path
+
+    from vmrun.remote_paths import remote_workdir
+    from vmrun.transfer.manifest import normalize_remote
+
+    project = settings.project_dir or Path.cwd()
+    if target.kind == "cluster":
+        from vmrun.backends.slurm.backend import SlurmBackend
+        from vmrun.backends.slurm.cluster import find_cluster
+
+        cluster = find_cluster(settings, str(target.cluster))
+        login = SlurmBackend(group.connections[cluster.entry.label], cluster)
+        base, words, python = login.code_dir(project), "the cluster's project folder", ""
+        python = login.python()
+    else:
+        base, words, python = remote_workdir(project), "the project's work directory", ""
+    return (base if to is None else normalize_remote(to, base=base, where=words)), python
 
 
 def selected_entries(

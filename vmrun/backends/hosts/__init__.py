@@ -35,4 +35,5 @@ CAPABILITIES = Capabilities(
     several_nodes=True,
     autostop=True,
     container_engine=True,
+    relay_push=True,
 )
