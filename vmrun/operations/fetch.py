@@ -299,7 +299,8 @@ def check(job: FetchJob) -> None:
     from vmrun.runs.outputs import check_paths, check_run_id
 
     if job.store is not None:
-        if job.hosts or job.all_hosts or job.cluster or job.watch:
+        places = (job.hosts, job.all_hosts, job.cluster, job.watch)  # -H, --all-hosts, -C
+        if any(places):
             raise UsageError(
                 "--store fetches from the bucket alone: drop -H, --all-hosts, -C and --watch",
                 code="flags-conflict",
