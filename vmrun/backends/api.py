@@ -274,7 +274,9 @@ class Prepared:
     lines: tuple[str, ...]
 
 
-def launch_lines(plan: Plan, *, python: str, nnodes: int = 1) -> list[str]:
+def launch_lines(
+    plan: Plan, *, python: str, nnodes: int = 1, script: str | None = None
+) -> list[str]:
     """The launch a plan makes, as `--dry-run` shows it (a node's own wiring left out:
     where the nodes meet, and the GPUs where no process count was given, are found when
     the run starts)."""
@@ -285,7 +287,7 @@ def launch_lines(plan: Plan, *, python: str, nnodes: int = 1) -> list[str]:
     if plan.launcher == "torchrun":
         argv = launch.torchrun_argv(
             python,
-            str(plan.script),
+            script or str(plan.script),
             args,
             nproc_per_node=plan.nproc or "auto",
             max_restarts=plan.max_restarts,
@@ -294,7 +296,7 @@ def launch_lines(plan: Plan, *, python: str, nnodes: int = 1) -> list[str]:
             rdzv_id="RUN_ID" if nnodes > 1 else None,
         )
     else:
-        argv = launch.python_argv(python, str(plan.script), args)
+        argv = launch.python_argv(python, script or str(plan.script), args)
     lines = [f"# launch ({plan.launcher}):", join(argv)]
     if plan.launcher == "torchrun" and not plan.nproc:
         lines.append("# --nproc-per-node: one process per GPU found there (else CPU processes)")

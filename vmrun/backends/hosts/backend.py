@@ -368,7 +368,11 @@ class HostsBackend:
             lines.append(f"# sync {plan.project} -> ~/{workdir} on each host")
         for path, where in plan.data:
             lines.append(f"# push {path} -> {where or '~/' + workdir} on each host")
-        lines += launch_lines(plan, python="PYTHON", nnodes=len(labels))
+        script = None  # the template trainer: where vmrun stages it
+        if plan.script.is_relative_to(plan.project):  # the project's: from its work directory
+            script = str(plan.script.relative_to(plan.project))
+            lines.append(f"# in ~/{workdir} on each host")
+        lines += launch_lines(plan, python="PYTHON", nnodes=len(labels), script=script)
         lines.append("# detached, recorded under ~/.vmrun/runs/RUN_ID/ on each host")
         if plan.store is not None:
             lines.append(f"# its files copied to {plan.store}/RUN_ID as they are written")
