@@ -59,3 +59,30 @@ def test_a_resumed_run_has_no_dry_run(project: Path, capsys: pytest.CaptureFixtu
     assert run(["train", "-H", "a@h1.invalid", "--resume", "r-1", "--dry-run"]) == 2
     code, message = error_in(capsys.readouterr().err)
     assert code == "resume-conflict" and "--dry-run" in message
+
+
+def test_a_run_here_tells_its_id_once_its_record_exists(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep keeps each size's run id as it starts, here as on hosts (open_training's
+    on_start reaches every target)."""
+    from vmrun.backends.api import RunRef, StartOptions
+    from vmrun.backends.select import Target, open_training
+    from vmrun.config import load_settings
+    from vmrun.operations.train import RunOptions
+    from vmrun.reporting import QUIET
+    from vmrun.runs import local
+
+    def fake_run(plan: object, *, on_start: object = None, **_: object) -> int:
+        assert callable(on_start)
+        on_start("r-here")
+        return 0
+
+    monkeypatch.setattr(local, "run_local", fake_run)
+    settings = load_settings({})
+    told: list[RunRef] = []
+    plan = RunOptions(script="train.py", launcher="python").plan(nproc_per_node=None)
+    with open_training(Target("local"), settings, on_start=told.append) as training:
+        ref = training.start(plan, StartOptions(), QUIET)
+        assert training.follow_and_tell(ref, None, QUIET) == 0
+    assert [r.run_id for r in told] == ["r-here"] and ref.run_id == "r-here"

@@ -229,7 +229,7 @@ def open_training(
     if target.kind == "local":
         from vmrun.backends.local.backend import LocalBackend
 
-        yield LocalBackend(settings, verbose=verbose)
+        yield LocalBackend(settings, verbose=verbose, on_start=on_start)
     elif target.kind == "cluster":
         from vmrun.backends.slurm.session import SlurmTraining, cluster_backend
 

@@ -6,6 +6,7 @@ gives that back, and `follow_and_tell` tells it from here (nothing else could)."
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,13 +26,21 @@ HERE = "this machine"
 
 
 class LocalBackend:
-    """Runs on this machine; `verbose`: torchrun's banner and c10d's warnings shown too."""
+    """Runs on this machine; `verbose`: torchrun's banner and c10d's warnings shown too;
+    `on_start`: told the run once its record exists (a sweep keeps its id)."""
 
     capabilities = CAPABILITIES
 
-    def __init__(self, settings: Settings, *, verbose: bool = False):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        verbose: bool = False,
+        on_start: Callable[[RunRef], None] | None = None,
+    ):
         self.settings = settings
         self.verbose = verbose
+        self.on_start = on_start
         self.project = Path.cwd()
         self.ended: dict[str, int] = {}  # run id -> its exit code (a run here has ended)
 
@@ -55,8 +64,14 @@ class LocalBackend:
         from vmrun.runs.local import run_local
 
         started: list[str] = []
+
+        def note(rid: str) -> None:
+            started.append(rid)
+            if self.on_start is not None:
+                self.on_start(RunRef(rid, (HERE,)))
+
         with naming_refusals(out) as watched:  # a container its runtime would not start
-            code = run_local(plan, verbose=self.verbose, out=watched, on_start=started.append)
+            code = run_local(plan, verbose=self.verbose, out=watched, on_start=note)
         self.project = plan.project
         rid = started[0] if started else ""
         self.ended[rid] = code
