@@ -39,7 +39,12 @@ def test_every_rule_is_the_first_to_refuse_its_own_flags(rule: refusals.Rule) ->
     ("args", "code", "needle"),
     [
         (["train", "-p", "p", "--time", "1:00"], "needs-cluster", "--time and --partition"),
-        (["train", "--dry-run"], "needs-cluster", "--dry-run: Slurm options"),
+        (["train", "--max-requeues", "2"], "needs-cluster", "--max-requeues: Slurm options"),
+        (
+            ["train", "-C", "hpc", "--recover", "--spare", "s1"],
+            "flags-conflict",
+            "(capability: spares, which a Slurm cluster (-C) lacks)",
+        ),
         (["train", "-C", "hpc", "-H", "a@h", "--fresh"], "flags-conflict", "-H and --fresh are"),
         (["train", "-C", "hpc", "--local"], "flags-conflict", "Slurm runs the job on -C hpc"),
         (["train", "--local", "-H", "a@h"], "flags-conflict", "drop -H or --local"),

@@ -227,3 +227,82 @@ def stopped_everywhere(ref: RunRef, outcomes: Sequence[Outcome[StopReport]]) -> 
     failures.update(ref.unreached)
     if failures:
         raise HostsFailed(failures, total=len(outcomes) + len(ref.unreached))
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do for a run, declared by the backend itself: the refusals of
+    `train`, `sweep` and `submit` (vmrun.operations.refusals) are derived from these, so a
+    flag the target cannot honour is refused by the capability's name, before anything
+    starts. `what`: how an error names the target."""
+
+    what: str
+    detach: bool = False  # the run outlives vmrun (--detach)
+    several_hosts: bool = False  # torchrun wired across hosts (--master, --nnodes, ...)
+    concurrent_starts: bool = False  # a start beside another run of the user's
+    fresh: bool = False  # old checkpoints moved aside (--fresh)
+    resume: bool = False  # a recorded run continued from its snapshot (train --resume)
+    fetch_every: bool = False  # checkpoints pulled while the run is followed
+    power_off: bool = False  # the machines powered off after the run (--down-after-run)
+    recovery: bool = False  # a lost run brought back (--recover)
+    spares: bool = False  # spare hosts that take a lost node's place
+    supervisor: bool = False  # a supervisor on a host of the user's choosing
+    self_requeue: bool = False  # the job requeues itself (--max-requeues)
+    scheduler: bool = False  # batch scheduler options (--nodes, --time, --partition, ...)
+    gpu_health: bool = False  # a GPU health check before the start (--ignore-gpu-health)
+    data: bool = False  # --data pushed to the nodes
+    store: bool = False  # the run's files copied to a bucket (--store)
+    images: bool = True  # the run in a container image (--image)
+    max_cost: bool = False  # a price per hour, so --max-cost can cap the run
+    dry_run: bool = True  # what a start would do, printed, nothing sent (--dry-run)
+    queued_sweeps: bool = False  # a sweep's sizes queued at once (sweep --detach)
+    own_scripts: bool = False  # the user's own batch script (submit)
+    several_nodes: bool = False  # a run across several machines (a sweep's --nodes)
+    autostop: bool = False  # vmrun's idle watchdog powers the machines off (setup --autostop)
+    container_engine: bool = False  # vmrun installs a container engine there (setup)
+    relay_push: bool = False  # pushed folders relayed machine to machine (push)
+
+    def lacks(self, name: str) -> bool:
+        return not getattr(self, name)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a start would do, nothing sent: what `train --dry-run` prints (each backend's
+    `prepare(plan, how)`), on every target."""
+
+    lines: tuple[str, ...]
+
+
+def launch_lines(
+    plan: Plan, *, python: str, nnodes: int = 1, script: str | None = None
+) -> list[str]:
+    """The launch a plan makes, as `--dry-run` shows it (a node's own wiring left out:
+    where the nodes meet, and the GPUs where no process count was given, are found when
+    the run starts)."""
+    from vmrun.runs import launch
+    from vmrun.ssh.quoting import join
+
+    args = [*plan.args, *(["--out-dir", "results/RUN_ID"] if plan.is_template else [])]
+    if plan.launcher == "torchrun":
+        argv = launch.torchrun_argv(
+            python,
+            script or str(plan.script),
+            args,
+            nproc_per_node=plan.nproc or "auto",
+            max_restarts=plan.max_restarts,
+            nnodes=str(nnodes),
+            rdzv_endpoint="MASTER:PORT" if nnodes > 1 else None,
+            rdzv_id="RUN_ID" if nnodes > 1 else None,
+        )
+    else:
+        argv = launch.python_argv(python, script or str(plan.script), args)
+    lines = [f"# launch ({plan.launcher}):", join(argv)]
+    if plan.launcher == "torchrun" and not plan.nproc:
+        lines.append("# --nproc-per-node: one process per GPU found there (else CPU processes)")
+    if plan.env:
+        lines.append(f"# with {', '.join(sorted(plan.env))} from --env (values not shown)")
+    image = plan.containers.image or (plan.containers.defaults or {}).get("image")
+    if image:
+        lines.append(f"# in the image {image}")
+    return lines

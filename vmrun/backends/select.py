@@ -5,26 +5,157 @@ here (and a pass of tests/test_backend_contract.py), not one in every command.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from vmrun.backends.api import Backend
+from vmrun.backends.api import Backend, Capabilities, Prepared, RunRef, StartOptions
 from vmrun.config import Settings
 
 if TYPE_CHECKING:
     from vmrun.backends.hosts.node_launch import Placement
     from vmrun.backends.slurm.job import JobSpec
+    from vmrun.notify.send import Notify
+    from vmrun.reporting import Reporter
+    from vmrun.runs.plan import Plan
     from vmrun.ssh.group import Group
     from vmrun.ssh.inventory import HostEntry
+    from vmrun.transfer.types import Progress
 
 
-def one_place(hosts: Sequence[object] | None, cluster: str | None) -> None:
-    """-C and -H name different places to work; one command works in one."""
+Kind = Literal["local", "hosts", "cluster"]
+
+
+class Training(Protocol):
+    """`train` on any target, one flow: `prepare` (what --dry-run prints, nothing sent) or
+    `start`, then `detached` (how to follow it later) or `follow_and_tell` (follow it to its
+    end, telling the end to `notify`'s targets; a failure raises, told first). The peers:
+    vmrun.backends.local.backend.LocalBackend, hosts.training.HostsTraining,
+    slurm.session.SlurmTraining."""
+
+    capabilities: Capabilities
+
+    def prepare(self, plan: Plan, how: StartOptions | None = None) -> Prepared: ...
+
+    def start(
+        self, plan: Plan, how: StartOptions, out: Reporter, progress: Progress | None = None
+    ) -> RunRef: ...
+
+    def detached(self, ref: RunRef) -> str: ...
+
+    def follow_and_tell(
+        self, ref: RunRef, notify: Notify | None, out: Reporter, *, verbose: bool = False
+    ) -> int: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a command works, read once from `--local`, `-H ...` and `-C NAME`: this
+    machine, SSH hosts (`hosts` None: the project's), or a Slurm cluster by name."""
+
+    kind: Kind = "hosts"
+    hosts: tuple[str, ...] | None = None
+    cluster: str | None = None
+
+    @classmethod
+    def of(
+        cls, *, local: bool = False, hosts: Sequence[str] | None = None, cluster: str | None = None
+    ) -> Target:
+        """The target the flags name (-C over --local over -H; the refusals turned away
+        the flags that name two places already)."""
+        if cluster:
+            return cls("cluster", cluster=cluster)
+        if local:
+            return cls("local")
+        return cls("hosts", hosts=tuple(hosts) if hosts else None)
+
+    @classmethod
+    def recorded(cls, where: Mapping[str, Any]) -> Target:
+        """The target a record keeps (a sweep's `where`: {"local": true}, {"cluster":
+        NAME} or {"hosts": [...] or null})."""
+        hosts = where.get("hosts")
+        return cls.of(local=bool(where.get("local")), hosts=hosts, cluster=where.get("cluster"))
+
+    def record(self) -> dict[str, Any]:
+        """The target as a record keeps it (`recorded` reads it back)."""
+        kept: dict[str, dict[str, Any]] = {
+            "local": {"local": True},
+            "cluster": {"cluster": self.cluster},
+            "hosts": {"hosts": self.host_list},
+        }
+        return kept[self.kind]
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.kind)
+
+    @property
+    def host_list(self) -> list[str] | None:
+        """-H's hosts as the host selection takes them (None: the project's)."""
+        return list(self.hosts) if self.hosts else None
+
+
+def capabilities_of(kind: Kind) -> Capabilities:
+    """What the backend of `kind` declares it can do (its package's CAPABILITIES; the
+    backend itself is not imported)."""
+    import importlib
+
+    package = {"cluster": "slurm", "local": "local", "hosts": "hosts"}[kind]
+    declared = importlib.import_module(f"vmrun.backends.{package}").CAPABILITIES
+    assert isinstance(declared, Capabilities)
+    return declared
+
+
+def one_place(
+    hosts: Sequence[object] | None, cluster: str | None, says: str = "", code: str = "usage"
+) -> None:
+    """-C and -H name different places to work; one command works in one (`says`: the
+    command's own words for it)."""
     if cluster and hosts:
         from vmrun.errors import UsageError
 
-        raise UsageError(f"-C {cluster} and -H both say where to work: use one")
+        raise UsageError(says or f"-C {cluster} and -H both say where to work: use one", code=code)
+
+
+def target_entries(
+    target: Target, settings: Settings, hosts: Sequence[str | HostEntry] | None = None
+) -> list[HostEntry]:
+    """The machines a command on `target` reaches: a cluster's (its login node first), else
+    the hosts (`hosts`: as given, entries kept as they are; None: the project's)."""
+    if target.kind == "cluster":
+        from vmrun.backends.slurm.cluster import find_cluster
+
+        return find_cluster(settings, str(target.cluster)).entries
+    from vmrun.ssh.inventory import HostEntry, select_hosts
+
+    if hosts and all(isinstance(h, HostEntry) for h in hosts):
+        return [h for h in hosts if isinstance(h, HostEntry)]
+    return select_hosts([h for h in hosts or () if isinstance(h, str)], settings)
+
+
+def landing(target: Target, settings: Settings, group: Group, to: str | None) -> tuple[str, str]:
+    """Where data pushed to `target` lands (`to` under the project's folder there, by
+    default that folder) and the Python a copy from a bucket runs with there ("": each
+    host's recorded one): on hosts their work directory; on a cluster its shared
+    filesystem, through the login node (on `group`'s connection)."""
+    from pathlib import Path
+
+    from vmrun.remote_paths import remote_workdir
+    from vmrun.transfer.manifest import normalize_remote
+
+    project = settings.project_dir or Path.cwd()
+    if target.kind == "cluster":
+        from vmrun.backends.slurm.backend import SlurmBackend
+        from vmrun.backends.slurm.cluster import find_cluster
+
+        cluster = find_cluster(settings, str(target.cluster))
+        login = SlurmBackend(group.connections[cluster.entry.label], cluster)
+        base, words, python = login.code_dir(project), "the cluster's project folder", ""
+        python = login.python()
+    else:
+        base, words, python = remote_workdir(project), "the project's work directory", ""
+    return (base if to is None else normalize_remote(to, base=base, where=words)), python
 
 
 def selected_entries(
@@ -76,3 +207,42 @@ def open_backend(
     entries = selected_entries(settings, hosts=hosts, cluster=cluster)
     with Group(entries, settings) as group:
         yield backend_on(group, settings, cluster=cluster, spec=spec, place=place)
+
+
+@contextmanager
+def open_training(
+    target: Target,
+    settings: Settings,
+    *,
+    entries: Sequence[HostEntry] | None = None,
+    group: Group | None = None,
+    place: Placement | None = None,
+    spec: JobSpec | None = None,
+    fetch_every: float | None = None,
+    on_start: Callable[[RunRef], None] | None = None,
+    verbose: bool = False,
+) -> Iterator[Training]:
+    """The target open for a run (`train`, a sweep's size), until the block ends: this
+    machine; the hosts (`entries`, else -H's; over `group` where the caller opened it,
+    with `place`'s wiring, `fetch_every`, and `on_start` told the started run); or the
+    cluster (`spec`: its sbatch options)."""
+    if target.kind == "local":
+        from vmrun.backends.local.backend import LocalBackend
+
+        yield LocalBackend(settings, verbose=verbose, on_start=on_start)
+    elif target.kind == "cluster":
+        from vmrun.backends.slurm.session import SlurmTraining, cluster_backend
+
+        with cluster_backend(settings, str(target.cluster), spec) as backend:
+            yield SlurmTraining(backend)
+    else:
+        from vmrun.backends.hosts.node_launch import Placement
+        from vmrun.backends.hosts.preflight import order
+        from vmrun.backends.hosts.training import HostsTraining
+        from vmrun.ssh.group import Group
+        from vmrun.ssh.inventory import select_hosts
+
+        chosen = list(entries) if entries is not None else select_hosts(target.host_list, settings)
+        wiring = (place or Placement()).wiring
+        with group or Group(order(chosen, wiring), settings) as conns:
+            yield HostsTraining(conns, chosen, settings, place, fetch_every, on_start)

@@ -323,14 +323,18 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[
             bool,
             typer.Option(
-                "--dry-run", help="-C: print the batch script and the commands; submit nothing."
+                "--dry-run",
+                help="Print what the start would do (-C: the batch script and the commands;"
+                " -H: the sync and the launch on each host; --local: the launch here);"
+                " send and start nothing.",
             ),
         ] = False,
         reach: Reach = NO_FLAGS,
         slurm: dict[str, Any] | None = None,
     ) -> int:
+        from vmrun.backends.api import Prepared
         from vmrun.cli.terminal import TERMINAL
-        from vmrun.operations.train import DryRun, HostOptions, RunOptions, train
+        from vmrun.operations.train import HostOptions, RunOptions, train
 
         run = RunOptions(
             script=script,
@@ -388,21 +392,11 @@ def register(app: typer.Typer) -> None:
             verbose=verbose,
             out=TERMINAL,
         )
-        return show_dry_run(done) if isinstance(done, DryRun) else done
+        return show_dry_run(done) if isinstance(done, Prepared) else done
 
 
 def show_dry_run(dry: Any) -> int:
-    """The batch script and the commands `train -C --dry-run` would send."""
-    from vmrun.ssh.quoting import join
-
-    say(f"# the batch script vmrun would write to {dry.job_file}:")
-    say(dry.script)
-    say(f"# and the commands, on the login node ({dry.login}):")
-    if dry.sync:
-        say(f"# sync {dry.sync}")
-    for line in dry.data:
-        say(f"# push {line}")
-    say(join(dry.submit))
-    if dry.env_names:
-        say(f"# with {', '.join(dry.env_names)} from {dry.env_file} (0600), not in the script")
+    """What `train --dry-run` would do on its target (its backend's `prepare`)."""
+    for line in dry.lines:
+        say(line)
     return 0

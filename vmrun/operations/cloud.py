@@ -160,21 +160,7 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
         )
     if not isinstance(done.count, int) or done.count < 1:
         raise UsageError(f"-n {done.count}: the number of instances is 1 or more")
-    if done.cloud == "ucloud" and (done.spot or done.store or done.zone):
-        raise UsageError(
-            "--spot, --store and --zone are AWS's; UCloud has none of them", code="flags-conflict"
-        )
-    if done.cloud == "ucloud" and (done.max_cost or done.autostop):
-        # UCloud runs a VM job with KubeVirt's RunStrategy Always: a guest that powers
-        # itself off is booted again, and its job stays RUNNING and charged
-        raise UsageError(
-            f"{'--max-cost' if done.max_cost else '--autostop'} on a UCloud cluster: a VM"
-            " there cannot power itself off (UCloud boots a guest that shuts down again, and"
-            " keeps charging its job)",
-            hint="`vmrun down NAME --stop` suspends the jobs (not charged); a run's own"
-            " `train --max-cost` stops the run at its cap",
-            code="flags-conflict",
-        )
+    _refuse_lacking(done)
     if done.spot_fallback and not done.spot:
         raise UsageError("--spot-fallback only goes with --spot", code="flags-conflict")
     if done.store:
@@ -187,6 +173,31 @@ def resolve(ask: UpAsk, settings: Settings) -> UpAsk:
         if period_or_off("--autostop", done.autostop) == OFF:
             done = replace(done, autostop="")
     return done
+
+
+def _refuse_lacking(done: Any) -> None:
+    """The flags `done`'s cloud lacks the capability of, refused by its name (its provider
+    declares what it can do: vmrun.providers.api.ProviderCapabilities)."""
+    from vmrun.providers.api import capabilities_of
+
+    caps = capabilities_of(done.cloud)
+    asked = {"--spot": "spot", "--store": "store", "--zone": "zones"}
+    lacked = [f for f, cap in asked.items() if getattr(done, f[2:]) and caps.lacks(cap)]
+    if lacked:
+        names = ", ".join(asked[f] for f in lacked)
+        raise UsageError(
+            f"{' and '.join(lacked)}: {caps.what} has no spot instances, bucket role or"
+            f" zones (capability: {names}, which {caps.what} lacks)",
+            code="flags-conflict",
+        )
+    if caps.lacks("power_off") and (done.max_cost or done.autostop):
+        raise UsageError(
+            f"{'--max-cost' if done.max_cost else '--autostop'} on a {caps.what} cluster:"
+            f" {caps.why_no_power_off} (capability: power_off, which {caps.what} lacks)",
+            hint="`vmrun down NAME --stop` suspends the jobs (not charged); a run's own"
+            " `train --max-cost` stops the run at its cap",
+            code="flags-conflict",
+        )
 
 
 def ssh_source(ssh_from: str, timeout: float = 5.0) -> str:
@@ -213,14 +224,11 @@ def ssh_source(ssh_from: str, timeout: float = 5.0) -> str:
 
 
 def provider_for(cloud: str, profile: str) -> Provider:
-    if cloud == "ucloud":
-        from vmrun.providers.ucloud.provider import UCloudProvider
+    """The cloud's provider (its package's `provider`: only that cloud's client loads)."""
+    import importlib
 
-        return UCloudProvider()  # its own Session, from the environment
-    from vmrun.providers.aws.provider import AwsProvider
-    from vmrun.providers.aws.session import Session
-
-    return AwsProvider(Session(profile or None))
+    made: Provider = importlib.import_module(f"vmrun.providers.{cloud}").make(profile)
+    return made
 
 
 def _gives_host_key(provider: Provider) -> bool:

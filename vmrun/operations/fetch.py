@@ -244,7 +244,10 @@ def _run_copy(job: FetchJob, meta: Mapping[str, Any]) -> StoreURL | None:
 def _instead(job: FetchJob, exc: UsageError | HostsFailed, out: Reporter) -> Fetched:
     """The named run from its bucket copy when no host has its record (`exc` says why);
     `exc` itself where no copy is known (or the fetch is a cluster's, or --watch)."""
-    place = None if job.cluster or job.watch else _run_copy(job, {})
+    from vmrun.backends.select import Target
+
+    copied = Target.of(hosts=job.hosts, cluster=job.cluster).capabilities.store  # to a bucket
+    place = _run_copy(job, {}) if copied and not job.watch else None
     if place is None:
         raise exc
     out.info(f"{exc.message}; fetching run {job.run}'s copy from the bucket instead")
@@ -296,7 +299,8 @@ def check(job: FetchJob) -> None:
     from vmrun.runs.outputs import check_paths, check_run_id
 
     if job.store is not None:
-        if job.hosts or job.all_hosts or job.cluster or job.watch:
+        places = (job.hosts, job.all_hosts, job.cluster, job.watch)  # -H, --all-hosts, -C
+        if any(places):
             raise UsageError(
                 "--store fetches from the bucket alone: drop -H, --all-hosts, -C and --watch",
                 code="flags-conflict",

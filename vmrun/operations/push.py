@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from vmrun.backends.select import Target, landing, one_place, target_entries
 from vmrun.config import Settings
 from vmrun.errors import UsageError
-from vmrun.operations.hostlist import Hosts, entries_for
+from vmrun.operations.hostlist import Hosts
 from vmrun.reporting import QUIET, Reporter
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group, Outcome, worst_exit_code
@@ -28,10 +28,6 @@ from vmrun.ssh.inventory import HostEntry
 from vmrun.store_url import StoreURL
 from vmrun.transfer.push import HostPush, Planned, check_sources, push_host
 from vmrun.transfer.types import Progress
-
-if TYPE_CHECKING:
-    from vmrun.backends.slurm.backend import SlurmBackend
-    from vmrun.backends.slurm.cluster import Cluster
 
 
 @dataclass(frozen=True)
@@ -71,17 +67,6 @@ class Pushed:
         return max(worst_exit_code(self.outcomes), ExitCode.FAILED if failed else 0)
 
 
-def destination(job: PushJob) -> str:
-    """The remote folder (normalised: `a/b` under the home, or `/abs`)."""
-    from vmrun.remote_paths import remote_workdir
-    from vmrun.transfer.manifest import normalize_remote
-
-    workdir = remote_workdir(job.settings.project_dir or Path.cwd())
-    if job.to is None:
-        return workdir
-    return normalize_remote(job.to, base=workdir, where="the project's work directory")
-
-
 def push(job: PushJob, out: Reporter = QUIET) -> Pushed:
     """Every PATH onto every host. With several hosts and only folders to send, the data
     crosses from here once, to the nearest host (by round trip), and from there host to
@@ -93,12 +78,10 @@ def push(job: PushJob, out: Reporter = QUIET) -> Pushed:
     if job.stores:
         return _from_stores(job, out)
     paths = check_sources(job.paths)
-    if job.cluster:
-        return _to_cluster(job, paths, out)
-    dest = destination(job)
-    entries = entries_for(job.hosts, job.settings)
+    target, entries = _where(job)
     several = len(entries) > 1
     shown = out.progress(several=several)
+    dest = ""
 
     clock = time.monotonic()
 
@@ -118,7 +101,9 @@ def push(job: PushJob, out: Reporter = QUIET) -> Pushed:
         return done
 
     with Group(entries, job.settings) as group:
-        if job.dry_run or not job.relay or len(entries) < 2 or not all(p.is_dir() for p in paths):
+        dest, _ = landing(target, job.settings, group, job.to)  # a cluster: once, its login's
+        relay = job.relay and target.capabilities.relay_push
+        if job.dry_run or not relay or len(entries) < 2 or not all(p.is_dir() for p in paths):
             return Pushed(dest, group.map(direct), job.dry_run, job.delete)
         relayed = _Relayed(group, paths, dest, shown, out, direct, clock)
         outcomes = relayed.run(entries)
@@ -184,31 +169,6 @@ def reaches(conn: Connection, others: dict[str, tuple[str, int]]) -> set[str]:
     return {k for k, r in zip(labels, results, strict=False) if isinstance(r, dict) and r.get("ok")}
 
 
-def _to_cluster(job: PushJob, paths: list[Path], out: Reporter) -> Pushed:
-    """Once, through the login node, onto the cluster's shared filesystem: by default the
-    folder its jobs run the project in (`<workdir>/<project's work directory>`), where a
-    job's `data/` is looked for; never once per compute node (but to every node of a
-    cluster vmrun made without a shared folder: its jobs read their own disk)."""
-    cluster = _cluster_of(job)
-    shown = out.progress(several=len(cluster.entries) > 1)
-    with Group(cluster.entries, job.settings) as group:
-        dest = _cluster_dest(job, _login(group, cluster))
-
-        def once(entry: HostEntry, conn: Connection) -> HostPush:
-            return push_host(
-                conn,
-                paths,
-                dest,
-                shown,
-                dry_run=job.dry_run,
-                engine=job.engine,
-                delete=job.delete,
-                bwlimit=job.bwlimit,
-            )
-
-        return Pushed(dest, group.map(once), job.dry_run, job.delete)
-
-
 def _from_stores(job: PushJob, out: Reporter) -> Pushed:
     """Every host copies each prefix from the bucket at once (a cluster: once, from its
     login node onto the shared filesystem), each arriving as DIR/<its last part>."""
@@ -222,15 +182,12 @@ def _from_stores(job: PushJob, out: Reporter) -> Pushed:
     if job.delete:
         raise UsageError("--delete is for pushes from here, not from a bucket", code="bad-store")
     access = resolve(job.store_credentials)
-    cluster = _cluster_of(job) if job.cluster else None
-    entries = cluster.entries if cluster else entries_for(job.hosts, job.settings)
+    target, entries = _where(job)
     shown = out.progress(several=len(entries) > 1)
     clock = time.monotonic()
     with Group(entries, job.settings) as group:
-        dest, python = destination(job), ""  # "": the mover beside the host's recorded python
-        if cluster is not None:  # on the login connection the copy then uses
-            login = _login(group, cluster)
-            dest, python = _cluster_dest(job, login), login.python()
+        # a cluster: on the login connection the copy then uses; "": each host's python
+        dest, python = landing(target, job.settings, group, job.to)
 
         def one(entry: HostEntry, conn: Connection) -> HostPush:
             done = HostPush(conn.label, began=time.monotonic() - clock)
@@ -258,28 +215,13 @@ def _from_stores(job: PushJob, out: Reporter) -> Pushed:
         return Pushed(dest, group.map(one), job.dry_run)
 
 
-def _cluster_of(job: PushJob) -> Cluster:
-    from vmrun.backends.slurm.cluster import find_cluster
-
-    if job.hosts:
-        raise UsageError("-H and -C: push to hosts or to a cluster", code="flags-conflict")
-    return find_cluster(job.settings, job.cluster or "")
-
-
-def _login(group: Group, cluster: Cluster) -> SlurmBackend:
-    from vmrun.backends.slurm.backend import SlurmBackend
-
-    return SlurmBackend(group.connections[cluster.entry.label], cluster)
-
-
-def _cluster_dest(job: PushJob, login: SlurmBackend) -> str:
-    """`--to` under the project's folder on the shared filesystem (by default that folder)."""
-    from vmrun.transfer.manifest import normalize_remote
-
-    code = login.code_dir(job.settings.project_dir or Path.cwd())
-    if job.to is None:
-        return code
-    return normalize_remote(job.to, base=code, where="the cluster's project folder")
+def _where(job: PushJob) -> tuple[Target, list[HostEntry]]:
+    """The push's target (hosts, or a cluster: once, through its login node) and the
+    machines it reaches."""
+    one_place(job.hosts, job.cluster, "-H and -C: push to hosts or to a cluster", "flags-conflict")
+    names = [h if isinstance(h, str) else h.label for h in job.hosts or ()]
+    target = Target.of(hosts=names, cluster=job.cluster)
+    return target, target_entries(target, job.settings, job.hosts)
 
 
 class _Relayed:

@@ -24,6 +24,7 @@ from vmrun.errors import UsageError
 from vmrun.reporting import QUIET, HostSteps, Reporter
 
 if TYPE_CHECKING:
+    from vmrun.backends.select import Target
     from vmrun.backends.slurm.setup import ClusterSetup
     from vmrun.operations.autostop import Applied
     from vmrun.setup.playbook import Playbook
@@ -153,10 +154,10 @@ def setup(
     step raises (a CommandFailed with the command's last lines). `record`: remember the hosts
     that succeed in vmrun.toml with their interpreter (never on a dry run). Each host's
     steps go to `out.host_steps()`."""
-    check_selection(settings, request, hosts, cluster)
+    target = check_selection(settings, request, hosts, cluster)
     options = request.options(settings)
-    if cluster:
-        return _on_cluster(settings, cluster, options, gpus_per_node, out.host_steps())
+    if target.capabilities.scheduler:  # the cluster's env, checked on a compute node
+        return _on_cluster(settings, str(cluster), options, gpus_per_node, out.host_steps())
     from vmrun.ssh.inventory import select_hosts
 
     entries = select_hosts(hosts, settings)
@@ -180,26 +181,34 @@ CONTAINER_ENGINES = ("docker", "podman", "none")  # the playbook's `container` c
 
 def check_selection(
     settings: Settings, request: SetupRequest, hosts: list[str] | None, cluster: str | None
-) -> None:
+) -> Target:
     """What hosts and clusters each take, before any connection: a container engine and the
-    autostop watchdog are for hosts (-H); a cluster's runtime and nodes are its admins'."""
-    from vmrun.backends.select import one_place
+    autostop watchdog are for hosts (-H); a cluster's runtime and nodes are its admins'
+    (capabilities: container_engine, autostop). The target set up."""
+    from vmrun.backends.select import Target, one_place
     from vmrun.setting_types import period_seconds
 
     one_place(hosts, cluster)
+    target = Target.of(hosts=hosts, cluster=cluster)
+    caps = target.capabilities
     container = request.container
     if container is not None and container not in CONTAINER_ENGINES:
         raise UsageError(f"--container {container}: use docker, podman or none")
-    if cluster and container not in (None, "none"):
+    if caps.lacks("container_engine") and container not in (None, "none"):
         raise UsageError(
             "--container installs an engine on hosts (-H); a cluster's container runtime is"
-            " its admins' (container_runtime per cluster)"
+            " its admins' (container_runtime per cluster; capability: container_engine,"
+            f" which {caps.what} lacks)"
         )
     if settings.sources.get("autostop") != FLAGS:
-        return  # vmrun.toml's autostop is for its hosts: a cluster's setup leaves it be
-    if cluster:
-        raise UsageError("--autostop powers off hosts (-H); a cluster's nodes are the admins'")
+        return target  # vmrun.toml's autostop is for its hosts: a cluster's setup leaves it
+    if caps.lacks("autostop"):
+        raise UsageError(
+            "--autostop powers off hosts (-H); a cluster's nodes are the admins'"
+            f" (capability: autostop, which {caps.what} lacks)"
+        )
     period_seconds(settings.autostop, what="--autostop")
+    return target
 
 
 def _on_hosts(

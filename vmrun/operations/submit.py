@@ -52,10 +52,12 @@ class SubmitDryRun:
 
 def pick_cluster(settings: Settings, cluster: str | None) -> str:
     """-C's cluster, or the project's only one."""
+    return cluster or _the_only_cluster(settings)
+
+
+def _the_only_cluster(settings: Settings) -> str:
     from vmrun.backends.slurm.cluster import project_clusters
 
-    if cluster:
-        return cluster
     names = [c.name for c in project_clusters(settings)]
     if len(names) == 1:
         return names[0]
@@ -92,8 +94,9 @@ def submit(
 ) -> int | SubmitDryRun:
     """Submit `what` to `cluster` and follow the job to its end (its exit code; a failure
     raises), or return once it is queued (`detach`), or the SubmitDryRun asked for."""
+    from vmrun.backends.select import Target
     from vmrun.backends.slurm import batchfile, own_script
-    from vmrun.backends.slurm.session import cluster_backend
+    from vmrun.backends.slurm.session import SlurmTraining, cluster_backend
     from vmrun.config import find_project_dir
     from vmrun.operations.train import data_dest
     from vmrun.runs.plan import data_access, parse_data
@@ -105,7 +108,8 @@ def submit(
     recoveries = 0
     if what.recover:
         recoveries = refusals.recovery_limit(what.max_recoveries, settings.max_recoveries)
-    name = pick_cluster(settings, cluster)
+    target = Target.of(cluster=pick_cluster(settings, cluster))  # a batch script: Slurm's
+    name = str(target.cluster)
     _needs_shared(settings, name)
     project = find_project_dir() or Path.cwd()
     data = tuple(parse_data(text) for text in what.data or ())
@@ -142,11 +146,8 @@ def submit(
                 data=[f"{p} -> {data_dest(where, job.code_dir)}/{p.name}" for p, where in data],
             )
         ref = own_script.start(backend, job, project, out, out.progress(), data, access)
+        training = SlurmTraining(backend)  # followed as any run on the cluster
         if detach:
-            rid = ref.run_id
-            out.info(
-                f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
-                f" `vmrun stop {rid} -C {name}`"
-            )
+            out.info(training.detached(ref))
             return 0
-        return backend.follow_and_tell(ref, notify, out)
+        return training.follow_and_tell(ref, notify, out)

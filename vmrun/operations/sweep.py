@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from vmrun.backends.select import Target
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings, load_settings
 from vmrun.errors import UsageError
@@ -104,6 +105,7 @@ def sweep(
         },
     )
     settings = settings or load_settings({})
+    target = Target.of(local=local, hosts=hosts, cluster=cluster)
     if resume is not None:
         parts = _resumed(resume, given, grid.env, settings)
     else:
@@ -117,17 +119,19 @@ def sweep(
         given.update((k, fixed.get(k)) for k in ("batch_size", "lr"))
         gpus = fixed.get("gpus_per_node")
         slurm = replace(slurm, cpus_per_task=fixed.get("cpus_per_task"), gpus_per_node=gpus)
-        parts = _new(given, grid, env, _where(local, hosts, cluster), axes, gpus, settings)
+        parts = _new(given, grid, env, target, axes, gpus, settings)
         parts["sweep"].options["slurm"] = slurm.given()  # a resumed sweep asks Slurm the same
-    if settings.max_cost and parts["sweep"].where.get("local"):
+    caps = Target.recorded(parts["sweep"].where).capabilities  # a resumed sweep's own
+    if settings.max_cost and not caps.max_cost:
         from vmrun.operations.train import refuse_uncapped
 
-        refuse_uncapped(settings, "a --local sweep", out)
+        refuse_uncapped(settings, f"a sweep on {caps.what}, which has no price", out)
     recorded = SlurmOptions.from_record(parts["sweep"].options.get("slurm") or {})
-    if detach and not parts.get("cluster"):
+    if detach and not caps.queued_sweeps:
         raise UsageError(
             "--detach queues a sweep on a cluster (-C NAME); on hosts the sweep"
-            " runs its sizes one after another",
+            f" runs its sizes one after another (capability: queued_sweeps, which {caps.what}"
+            " lacks)",
             code="flags-conflict",
         )
     job = SweepJob(
@@ -135,14 +139,6 @@ def sweep(
     )
     _check_hosts(job)
     return run_sweep(job)
-
-
-def _where(local: bool, host: list[str] | None, cluster: str | None) -> dict[str, Any]:
-    if local:
-        return {"local": True}
-    if cluster:
-        return {"cluster": cluster}
-    return {"hosts": list(host) if host else None}
 
 
 def parse_grid(
@@ -200,7 +196,7 @@ def _new(
     given: dict[str, Any],
     grid: Grid,
     env: list[str],
-    where: dict[str, Any],
+    target: Target,
     axes: list[Any],
     gpus: int | None,
     settings: Settings | None = None,
@@ -210,21 +206,25 @@ def _new(
 
     node_counts = parse_counts("--nodes", grid.nodes)
     procs = parse_counts("--nproc-per-node", grid.nproc_per_node)
-    if where.get("local") and node_counts != [1]:
-        raise UsageError("--local runs on this machine alone: --nodes must be 1 (or left out)")
+    caps = target.capabilities
+    if not caps.several_nodes and node_counts != [1]:
+        raise UsageError(
+            "--local runs on this machine alone: --nodes must be 1 (or left out)"
+            f" (capability: several_nodes, which {caps.what} lacks)"
+        )
     plan = make_plan(given, env, settings)
     script = None if plan.is_template else str(plan.script)  # the same file from anywhere
     options = {**given, "script": script, "env": [item.partition("=")[0] for item in env]}
     sizes = plan_sizes(node_counts, procs, axes)
-    if where.get("cluster") and grid.nproc_per_node is None:
+    if caps.scheduler and grid.nproc_per_node is None:  # it allots the GPUs: one process each
         sizes = one_process_per_gpu(sizes, gpus)
-    sweep = new_sweep(launch.run_id(PREFIX.rstrip("-")), where, options, sizes)
+    sweep = new_sweep(launch.run_id(PREFIX.rstrip("-")), target.record(), options, sizes)
     return {
         "sweep": sweep,
         "plan": plan,
         "project": plan.project,
-        "hosts": where.get("hosts"),
-        "cluster": where.get("cluster"),
+        "hosts": target.host_list,
+        "cluster": target.cluster,
         "plans": point_plans(sweep, given, env, settings),
     }
 
@@ -285,7 +285,7 @@ def make_plan(
 def _check_hosts(job: SweepJob) -> None:
     """Enough hosts for the largest size, said before anything starts."""
     most = max(size.nodes for size in job.sweep.left())
-    if job.cluster or job.sweep.where.get("local") or most <= 1:
+    if not job.target.capabilities.several_hosts or most <= 1:  # hosts the user gives
         return
     from vmrun.ssh.inventory import select_hosts
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vmrun.backends.api import Backend
+from vmrun.backends.select import Target
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings
 from vmrun.errors import (
@@ -50,6 +51,12 @@ class SweepJob:
     left: float = 0.0  # of the sweep's --max-cost, what its next size may cost (hosts)
     capped: bool = False  # a size was stopped at its cap: the sweep's is spent
 
+    @property
+    def target(self) -> Target:
+        """Where the sweep runs: this machine (its record says), a cluster, or hosts."""
+        local = bool(self.sweep.where.get("local"))
+        return Target.of(local=local, hosts=self.hosts, cluster=self.cluster)
+
 
 @dataclass
 class SweepOutcome:
@@ -65,7 +72,7 @@ class SweepOutcome:
 def run_sweep(job: SweepJob) -> SweepOutcome:
     """Run every size not done yet; then write the report and plot. On a cluster every size
     goes into its queue at once (Slurm runs what fits), then each is followed to its end."""
-    if job.cluster:
+    if job.target.capabilities.queued_sweeps:  # every size into the queue at once
         if not _queue_all(job):
             return SweepOutcome(job.sweep, 0, [], [])
         return _finish(job)
@@ -189,42 +196,34 @@ def _started(job: SweepJob, size: Size) -> Callable[[str], None]:
 
 
 def _runner(job: SweepJob) -> Callable[[Size], None]:
-    if job.sweep.where.get("local"):
-        return lambda size: _on_this_machine(job, size)
+    """Each size started and followed to its end through its target's training verbs."""
     from vmrun.ssh.inventory import select_hosts
 
-    entries = select_hosts(job.hosts, job.settings)
-    return lambda size: _on_hosts(job, size, entries)
+    target = job.target
+    entries = select_hosts(job.hosts, job.settings) if target.capabilities.several_hosts else []
+    return lambda size: _one_size(job, size, target, entries)
 
 
-def _on_hosts(job: SweepJob, size: Size, entries: list[Any]) -> None:
-    from vmrun.backends.hosts.training import run_remote
+def _one_size(job: SweepJob, size: Size, target: Target, entries: list[Any]) -> None:
+    from vmrun.backends.api import StartOptions
+    from vmrun.backends.select import open_training
 
+    plan = _size_plan(job, size)
     started = _started(job, size)
-    plan = _size_plan(job, size)
-    run_remote(
-        replace(plan, max_cost=job.left) if job.settings.max_cost else plan,
-        entries[: size.nodes],
+    plan = replace(plan, max_cost=job.left) if job.settings.max_cost else plan
+    with open_training(
+        target,
         job.settings,
-        detach=False,
-        out=job.out,
+        entries=entries[: size.nodes],
         fetch_every=FINAL_FETCH_ONLY,
-        progress=job.out.progress(several=size.nodes > 1),
-        verbose=job.verbose,
         on_start=lambda ref: started(ref.run_id),
-    )
-    _require_metrics(job, size)
-
-
-def _on_this_machine(job: SweepJob, size: Size) -> None:
-    from vmrun.runs.local import run_local
-
-    plan = _size_plan(job, size)
-    code = run_local(plan, verbose=job.verbose, on_start=_started(job, size), out=job.out)
-    if code == 130:
-        raise Interrupted("interrupted")
+        verbose=job.verbose,
+    ) as training:
+        progress = job.out.progress(several=size.nodes > 1) if entries else None
+        ref = training.start(plan, StartOptions(), job.out, progress)
+        code = training.follow_and_tell(ref, None, job.out, verbose=job.verbose)
     if code != 0:
-        raise run_failed(str(size.run), f"exited with code {code}", code)
+        raise run_failed(ref.run_id, f"exited with code {code}", code)
     _require_metrics(job, size)
 
 
@@ -390,7 +389,7 @@ def _require_metrics(job: SweepJob, size: Size) -> None:
 def _stop_size(job: SweepJob, size: Size) -> None:
     """Ctrl-C during a size: stop its run where it runs (a local run stopped itself)."""
     size.state, size.detail = RunState.STOPPED, "interrupted"
-    if size.run is None or job.sweep.where.get("local"):
+    if size.run is None or not job.target.capabilities.detach:  # it stopped itself
         return
     from vmrun.backends.api import stopped_everywhere
     from vmrun.backends.select import open_backend

@@ -9,20 +9,19 @@ run's record, and hands the plan to the backend's flow.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from vmrun.backends.api import Prepared, StartOptions
+from vmrun.backends.select import Target, Training, open_training
 from vmrun.backends.slurm.options import SlurmOptions
 from vmrun.config import Settings, load_settings
 from vmrun.errors import UsageError
 from vmrun.operations import refusals
 from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
-
-if TYPE_CHECKING:
-    from vmrun.backends.api import StartOptions
-    from vmrun.backends.hosts.node_launch import Placement
-    from vmrun.backends.slurm.backend import SlurmBackend
 
 # where a RunOptions field's flag is not its name with dashes
 _FLAG_NAMES = {"script": "SCRIPT", "script_args": "-- SCRIPT_ARGS", "mounts": "--mount"}
@@ -132,19 +131,8 @@ class HostOptions:
         }
 
 
-@dataclass(frozen=True)
-class DryRun:
-    """What `train -C --dry-run` would do, nothing sent: the batch script, where it would be
-    written, and the commands on the login node."""
-
-    login: str
-    job_file: str
-    script: str
-    sync: str | None  # "PROJECT -> CODE DIR" when the code would be synced first
-    submit: list[str]  # the sbatch command
-    env_names: list[str] = field(default_factory=list)  # sent in env_file, not the script
-    env_file: str = ""
-    data: list[str] = field(default_factory=list)  # "PATH -> DEST" for each --data
+# what `train --dry-run` returns, on every target: the lines it prints
+DryRun = Prepared
 
 
 def train(
@@ -160,10 +148,13 @@ def train(
     detach: bool = False,
     verbose: bool = False,
     out: Reporter = QUIET,
-) -> int | DryRun:
+) -> int | Prepared:
     """Train `run` on this machine (`local`), a Slurm `cluster`, or SSH hosts (the default);
-    the run's exit code (0 once a detached run has started), or the DryRun asked for.
-    `settings`: None loads the project's (vmrun.toml) when hosts or a cluster need them."""
+    the run's exit code (0 once a detached run has started), or what a start would do
+    (`dry_run`, nothing sent). `settings`: None loads the project's (vmrun.toml).
+
+    One flow whatever the target: refuse what the target lacks, plan, open its backend,
+    then `prepare` (--dry-run) or `start` and follow the run to its end, telling it."""
     hosts = hosts or HostOptions()
     slurm = slurm or SlurmOptions()
     refusals.check(
@@ -179,146 +170,209 @@ def train(
             "--detach": detach,
         },
     )
+    target = Target.of(local=local, hosts=hosts.hosts, cluster=cluster)
+    caps = target.capabilities
     wiring = _wiring(hosts.master, hosts.nnodes, hosts.rdzv_port, hosts.nccl_debug)
     settings = settings or load_settings({})
-    if settings.max_cost and local:
-        refuse_uncapped(settings, "a --local run (this machine has no price)", out)
-    plan = run.plan(nproc_per_node=None if cluster else run.nproc_per_node, settings=settings)
-    if cluster:
-        recoveries = 0
-        if hosts.recover or settings.recover:  # the job brings itself back (slurm_recover.bash)
-            recoveries = refusals.recovery_limit(hosts.max_recoveries, settings.max_recoveries)
-        plan = _watched(plan, settings, recover=recoveries > 0)
-        plan = replace(plan, max_cost=settings.max_cost)  # else the cluster's (its backend)
-        return _on_cluster(
-            plan,
-            cluster,
-            slurm,
-            run.nproc_per_node,
-            settings,
-            dry_run=dry_run,
-            detach=detach,
-            verbose=verbose,
-            out=out,
-            recoveries=recoveries,
-        )
+    if settings.max_cost and not caps.max_cost:
+        refuse_uncapped(settings, f"a run on {caps.what}, which has no price", out)
+    # a scheduler places the processes itself: --nproc-per-node goes to its job
+    plan = run.plan(
+        nproc_per_node=None if caps.scheduler else run.nproc_per_node, settings=settings
+    )
     if hosts.fetch_every is not None and hosts.fetch_every <= 0:
         raise UsageError(
             "--fetch-every needs seconds > 0 and a run that vmrun follows"
             " (not --detach or --local; use `vmrun fetch --watch` for a detached run)"
         )
-    if local:
-        from vmrun.containers.refusals import naming_refusals
-        from vmrun.runs.local import run_local
-
-        started: list[str] = []
-        with naming_refusals(out) as watched:  # a container its runtime would not start
-            code = run_local(plan, verbose=verbose, out=watched, on_start=started.append)
-        if settings.notify and started:
-            _tell_local(settings, started[0], code, plan.project, out)
-        return code
-    from vmrun.backends.api import StartOptions
-    from vmrun.backends.hosts.node_launch import Placement
     from vmrun.notify.send import Notify
 
-    notify = Notify.from_settings(settings.notify, settings.notify_on)
     how = StartOptions(
         allow_concurrent=hosts.allow_concurrent,
         resume=resume,
         fresh=hosts.fresh,
         down_after_run=hosts.down_after_run,
-        notify=notify or None,
+        notify=Notify.from_settings(settings.notify, settings.notify_on) or None,
         ignore_gpu_health=hosts.ignore_gpu_health,
     )
-    return _on_hosts(
-        plan, hosts, settings, how, Placement(wiring), detach=detach, verbose=verbose, out=out
-    )
+    given = _Given(target, run, hosts, slurm, settings, wiring, dry_run, verbose, out)
+    with _OPEN[target.kind](given, plan, how) as ready:
+        if dry_run:
+            return ready.training.prepare(ready.plan, ready.how)
+        progress = out.progress(several=ready.several) if ready.progress else None
+        ref = ready.training.start(ready.plan, ready.how, out, progress)
+        if detach or ready.detached:
+            out.info(ready.training.detached(ref))
+            return 0
+        return ready.training.follow_and_tell(ref, ready.how.notify, out, verbose=verbose)
 
 
-def _on_cluster(
-    plan: Plan,
-    name: str,
-    slurm: SlurmOptions,
-    nproc_per_node: str | None,
-    settings: Settings,
-    *,
-    dry_run: bool,
-    detach: bool,
-    verbose: bool,
-    out: Reporter,
-    recoveries: int = 0,
-) -> int | DryRun:
-    """Submit through the cluster's login node, then follow the job (or leave it, detach);
-    `recoveries`: --recover's limit (0: not asked)."""
+@dataclass(frozen=True)
+class _Given:
+    """What `train` was given, for the step that opens its target."""
+
+    target: Target
+    run: RunOptions
+    hosts: HostOptions
+    slurm: SlurmOptions
+    settings: Settings
+    wiring: Any
+    dry_run: bool
+    verbose: bool
+    out: Reporter
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A target opened for a run: its training verbs, and the plan and options as that
+    target takes them (a resumed run's own plan, a cluster's recovery limit...).
+    `detached`: the run is followed by other means than vmrun here (a supervisor)."""
+
+    training: Training
+    plan: Plan
+    how: StartOptions
+    detached: bool = False
+    several: bool = False
+    progress: bool = True  # the files it sends shown as they go
+
+
+@contextmanager
+def _open_local(given: _Given, plan: Plan, how: StartOptions) -> Iterator[_Ready]:
+    with open_training(given.target, given.settings, verbose=given.verbose) as training:
+        yield _Ready(training, plan, how, progress=False)
+
+
+@contextmanager
+def _open_cluster(given: _Given, plan: Plan, how: StartOptions) -> Iterator[_Ready]:
+    """The cluster's login node, and the plan as a job takes it: its hang watch, its cap,
+    and --recover's limit (the job brings itself back: slurm_recover.bash)."""
+    settings, hosts, name = given.settings, given.hosts, str(given.target.cluster)
+    recoveries = 0
+    if hosts.recover or settings.recover:
+        recoveries = refusals.recovery_limit(hosts.max_recoveries, settings.max_recoveries)
+    plan = _watched(plan, settings, recover=recoveries > 0)
+    plan = replace(plan, max_cost=settings.max_cost)  # else the cluster's (its backend)
     if plan.store is not None:  # vmrun.toml's (a --store flag is refused with -C)
-        out.warn(
+        given.out.warn(
             f"store = {plan.store} is for runs on hosts; this Slurm run's files stay on"
             f" the cluster's shared filesystem (`vmrun fetch -C {name}`)"
         )
-    from vmrun.backends.api import StartOptions
     from vmrun.backends.slurm.cluster import find_cluster
     from vmrun.backends.slurm.job import check_spec
-    from vmrun.backends.slurm.session import cluster_backend
 
-    spec = check_spec(slurm.job_spec(find_cluster(settings, name), nproc_per_node), plan.launcher)
-    from vmrun.notify.send import Notify
+    spec = given.slurm.job_spec(find_cluster(settings, name), given.run.nproc_per_node)
+    spec = check_spec(spec, plan.launcher)
+    with open_training(given.target, settings, spec=spec) as training:
+        yield _Ready(training, plan, replace(how, max_recoveries=recoveries))
 
-    notify = Notify.from_settings(settings.notify, settings.notify_on) or None
-    with cluster_backend(settings, name, spec) as backend:
-        how = StartOptions(notify=notify, max_recoveries=recoveries)
-        if dry_run:
-            return _dry_run(backend, plan, how)
-        ref = backend.start(plan, how, out, out.progress())
-        if detach:
-            rid = ref.run_id
-            out.info(
-                f"follow it with `vmrun logs -f {rid} -C {name}`; stop it with"
-                f" `vmrun stop {rid} -C {name}`"
+
+@contextmanager
+def _open_hosts(given: _Given, plan: Plan, how: StartOptions) -> Iterator[_Ready]:
+    """Open the hosts once; for --resume, find the run there (one listing per host) and take
+    its plan and nodes; for --recover, its supervisor and spares; then the run starts on
+    those connections. A dry run reaches no host."""
+    from vmrun.backends.hosts.node_launch import Placement
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    hosts, settings, out = given.hosts, given.settings, given.out
+    place = Placement(given.wiring)
+    entries = select_hosts(given.target.host_list, settings)
+    with Group(entries, settings) as group:
+        supervised = None
+        if how.resume is not None:  # (a dry run resumes nothing: refused)
+            plan, entries, group = _resumed(plan, hosts, how, place, entries, group, settings)
+        if place.wiring.nnodes is not None and len(entries) > 1:
+            check_nnodes(place.wiring.nnodes, len(entries))
+        recover = hosts.recover or settings.recover
+        if recover and how.resume is None and not given.dry_run:  # a supervisor made ready
+            entries, group, supervised = _supervised(
+                plan, hosts, how, entries, group, settings, out
             )
-            return 0
-        return backend.follow_and_tell(ref, notify, out, verbose=verbose)
+            plan = replace(plan, recover=True)
+        if how.resume is None:  # a resumed run keeps its own (its run.json's)
+            plan = _watched(plan, settings)
+        if settings.max_cost or how.resume is None:  # a resumed run's own cap, unless given
+            plan = replace(plan, max_cost=settings.max_cost)
+        on_start = supervised.start(out) if supervised else None
+        with open_training(
+            given.target,
+            settings,
+            entries=entries,
+            group=group,
+            place=place,
+            fetch_every=hosts.fetch_every,
+            on_start=on_start,
+        ) as training:
+            several = len(entries) > 1
+            yield _Ready(training, plan, how, detached=supervised is not None, several=several)
 
 
-def _tell_local(settings: Settings, rid: str, code: int, project: Any, out: Reporter) -> None:
-    """A run on this machine told from here (nothing else could tell it)."""
-    import socket
+_OPEN = {"local": _open_local, "cluster": _open_cluster, "hosts": _open_hosts}
 
-    from vmrun.notify.send import Notify, message, report, send
-    from vmrun.results.history import read_metrics
 
-    notify = Notify.from_settings(settings.notify, settings.notify_on)
-    event = "end" if code == 0 else "fail"
-    if event not in notify.on:
-        return
-    metrics = project / "results" / rid / "metrics.jsonl"
-    epochs = read_metrics(metrics) if metrics.exists() else ()
-    last = epochs[-1] if epochs else {}
-    loss = last.get("loss")
-    title, body = message(
-        event,
-        run=rid,
-        exit=code,
-        where=f"{socket.gethostname()} (--local)",
-        epochs=int(last["epoch"]) if "epoch" in last else None,
-        loss=f"{loss:.4g}" if loss is not None else None,
-        fetch=f"results/{rid}/ here",
+def _resumed(
+    plan: Plan,
+    hosts: HostOptions,
+    how: StartOptions,
+    place: Any,
+    entries: list[Any],
+    group: Any,
+    settings: Settings,
+) -> tuple[Plan, list[Any], Any]:
+    """--resume on hosts: the run's own plan and nodes, as its record says (a lost node
+    replaced, its outputs from the run's bucket where its master is gone)."""
+    from vmrun.backends.hosts.resume import load
+    from vmrun.ssh.group import Group
+
+    assert how.resume is not None
+    resumed = load(group, how.resume, plan.env, plan.store, settings.store_credentials)
+    plan, place.listed, place.restore = resumed.plan, resumed.listed, resumed.restore
+    if hosts.from_store and place.restore is None and plan.store is not None:
+        from vmrun.stores.sync import run_place
+
+        place.restore = run_place(plan.store, how.resume)
+    swap = hosts.replace
+    entries = _nodes(entries, [swap.get(n, n) for n in resumed.nodes], settings)
+    if place.wiring.master is None and len(entries) > 1 and not resumed.restore:
+        w = place.wiring
+        recorded = resumed.meta.get("nnodes") if hosts.nnodes is None else hosts.nnodes
+        master = str(resumed.meta.get("master"))
+        place.wiring = _wiring(swap.get(master, master), recorded, w.rdzv_port, w.nccl_debug)
+    if any(e.label not in group.connections for e in entries):
+        group = Group(entries, settings)  # a node the search did not include
+    return plan, entries, group
+
+
+def _supervised(
+    plan: Plan,
+    hosts: HostOptions,
+    how: StartOptions,
+    entries: list[Any],
+    group: Any,
+    settings: Settings,
+    out: Reporter,
+) -> tuple[list[Any], Any, Any]:
+    """--recover on hosts: unfit nodes swapped for spares, and the run's supervisor made
+    ready (its host while the run is staged); it follows the run, not vmrun here."""
+    from vmrun.recovery.deploy import Supervised
+    from vmrun.ssh.group import Group
+
+    spares = hosts.spares if hosts.spares is not None else settings.spares
+    if spares and not how.ignore_gpu_health:
+        entries, spares = swap_unfit(entries, spares, settings, out)
+        if any(e.label not in group.connections for e in entries):
+            group = Group(entries, settings)
+    supervised = Supervised.check(
+        plan,
+        entries,
+        settings,
+        spares=spares,
+        supervisor=hosts.supervisor or settings.supervisor or None,
+        max_recoveries=refusals.recovery_limit(hosts.max_recoveries, settings.max_recoveries),
     )
-    report(send(notify.targets, title, body, event), out, event)
-
-
-def _dry_run(backend: SlurmBackend, plan: Plan, how: StartOptions) -> DryRun:
-    sub = backend.prepare(plan, how)
-    record = sub.paths.record
-    return DryRun(
-        login=backend.cluster.login,
-        job_file=f"{record}/job.sh",
-        script=sub.script,
-        sync=None if sub.trainer else f"{plan.project} -> {sub.paths.code}",
-        submit=["sbatch", "--parsable", f"{record}/job.sh"],
-        env_names=sorted({*backend.cluster.env, *plan.env}),
-        env_file=f"{record}/env",
-        data=[f"{p} -> {data_dest(where, sub.paths.code)}/{p.name}" for p, where in plan.data],
-    )
+    supervised.begin()  # its host made ready while the run is staged
+    return entries, group, supervised
 
 
 def data_dest(where: str | None, code: str) -> str:
@@ -327,89 +381,6 @@ def data_dest(where: str | None, code: str) -> str:
     if not where:
         return code
     return normalize_remote(where, base=code, where="the project's work directory")
-
-
-def _on_hosts(
-    plan: Plan,
-    hosts: HostOptions,
-    settings: Settings,
-    how: StartOptions,
-    place: Placement,
-    *,
-    detach: bool,
-    verbose: bool,
-    out: Reporter,
-) -> int:
-    """Open the hosts once; for --resume, find the run there (one listing per host) and take
-    its plan and nodes; then start (and follow) it on those connections."""
-    from vmrun.backends.hosts.training import run_remote
-    from vmrun.ssh.group import Group
-    from vmrun.ssh.inventory import select_hosts
-
-    entries = select_hosts(hosts.hosts, settings)
-    with Group(entries, settings) as group:
-        if how.resume is not None:
-            from vmrun.backends.hosts.resume import load
-
-            resumed = load(group, how.resume, plan.env, plan.store, settings.store_credentials)
-            plan, place.listed, place.restore = resumed.plan, resumed.listed, resumed.restore
-            if hosts.from_store and place.restore is None and plan.store is not None:
-                from vmrun.stores.sync import run_place
-
-                place.restore = run_place(plan.store, how.resume)
-            swap = hosts.replace
-            entries = _nodes(entries, [swap.get(n, n) for n in resumed.nodes], settings)
-            if place.wiring.master is None and len(entries) > 1 and not resumed.restore:
-                w = place.wiring
-                recorded = resumed.meta.get("nnodes") if hosts.nnodes is None else hosts.nnodes
-                master = str(resumed.meta.get("master"))
-                place.wiring = _wiring(
-                    swap.get(master, master), recorded, w.rdzv_port, w.nccl_debug
-                )
-            if any(e.label not in group.connections for e in entries):
-                group = Group(entries, settings)  # a node the search did not include
-        if place.wiring.nnodes is not None and len(entries) > 1:
-            check_nnodes(place.wiring.nnodes, len(entries))
-        supervised = None
-        if (hosts.recover or settings.recover) and how.resume is None:
-            from vmrun.recovery.deploy import Supervised
-
-            spares = hosts.spares if hosts.spares is not None else settings.spares
-            if spares and not how.ignore_gpu_health:
-                entries, spares = swap_unfit(entries, spares, settings, out)
-                if any(e.label not in group.connections for e in entries):
-                    group = Group(entries, settings)
-            supervised = Supervised.check(
-                plan,
-                entries,
-                settings,
-                spares=spares,
-                supervisor=hosts.supervisor or settings.supervisor or None,
-                max_recoveries=refusals.recovery_limit(
-                    hosts.max_recoveries, settings.max_recoveries
-                ),
-            )
-            supervised.begin()  # its host made ready while the run is staged
-            plan = replace(plan, recover=True)
-        if how.resume is None:  # a resumed run keeps its own (its run.json's)
-            plan = _watched(plan, settings)
-        if settings.max_cost or how.resume is None:  # a resumed run's own cap, unless given
-            plan = replace(plan, max_cost=settings.max_cost)
-        code = run_remote(
-            plan,
-            entries,
-            settings,
-            detach=detach or supervised is not None,
-            out=out,
-            how=how,
-            place=place,
-            fetch_every=hosts.fetch_every,
-            progress=out.progress(several=len(entries) > 1),
-            group=group,
-            verbose=verbose,
-            on_start=supervised.start(out) if supervised else None,
-        )
-        return code
 
 
 def refuse_uncapped(settings: Settings, what: str, out: Reporter) -> None:

@@ -176,3 +176,31 @@ class Provider(Protocol):
     def user_data(self, instance: Instance) -> str:
         """The cloud-init document the instance was launched with ("" if none)."""
         ...
+
+
+@dataclass(frozen=True)
+class ProviderCapabilities:
+    """What a cloud can do for `vmrun up`, declared by its provider package: the flags a
+    cloud lacks are refused by the capability's name (vmrun.operations.cloud), before
+    anything is made. `what`: how an error names the cloud; `why_no_power_off`: why its
+    VMs cannot power themselves off, where they cannot."""
+
+    what: str
+    spot: bool = False  # spot instances (--spot)
+    store: bool = False  # a bucket the VMs reach with their own role (--store)
+    zones: bool = False  # an availability zone chosen (--zone)
+    power_off: bool = False  # a VM that powers itself off stops being charged
+    why_no_power_off: str = ""
+
+    def lacks(self, name: str) -> bool:
+        return not getattr(self, name)
+
+
+def capabilities_of(cloud: str) -> ProviderCapabilities:
+    """What the provider of `cloud` declares (its package's CAPABILITIES; the provider and
+    its client library are not imported)."""
+    import importlib
+
+    declared = importlib.import_module(f"vmrun.providers.{cloud}").CAPABILITIES
+    assert isinstance(declared, ProviderCapabilities)
+    return declared

@@ -12,3 +12,28 @@
 - `resume`, `stale`, `fetching`, `down_after`: `--resume`, old checkpoints, `--fetch-every`,
                 `--down-after-run`.
 """
+
+from vmrun.backends.api import Capabilities
+
+# what runs on SSH hosts can do: train's, sweep's and submit's refusals are derived from it
+CAPABILITIES = Capabilities(
+    "SSH hosts (-H)",
+    detach=True,
+    several_hosts=True,
+    concurrent_starts=True,
+    fresh=True,
+    resume=True,
+    fetch_every=True,
+    power_off=True,
+    recovery=True,
+    spares=True,
+    supervisor=True,
+    gpu_health=True,
+    data=True,
+    store=True,
+    max_cost=True,
+    several_nodes=True,
+    autostop=True,
+    container_engine=True,
+    relay_push=True,
+)

@@ -19,12 +19,13 @@ from vmrun import hostside
 from vmrun.backends.api import (
     FilesAt,
     NodeRecord,
+    Prepared,
     RunRef,
     StartOptions,
     StopReport,
     combined_state,
 )
-from vmrun.backends.hosts import records
+from vmrun.backends.hosts import CAPABILITIES, records
 from vmrun.backends.hosts.netfacts import Layout
 from vmrun.backends.hosts.node_launch import (
     Node,
@@ -354,6 +355,32 @@ class HostsBackend:
             node: location_of(ref.run_id, node, dict(rec.meta), rec.first_started)
             for node, rec in ref.records.items()
         }
+
+    def prepare(self, plan: Plan, how: StartOptions | None = None) -> Prepared:
+        """What `start` would do on these hosts, nothing sent (no host is reached: each
+        one's interpreter, GPUs and meeting point are found when the run starts)."""
+        from vmrun.backends.api import launch_lines
+
+        labels = [e.label for e in self.entries]
+        workdir = remote_workdir(plan.project)
+        lines = [f"# on {', '.join(labels)} (the master first), as `vmrun train -H` starts it:"]
+        if _synced_files(plan) is not None:
+            lines.append(f"# sync {plan.project} -> ~/{workdir} on each host")
+        for path, where in plan.data:
+            lines.append(f"# push {path} -> {where or '~/' + workdir} on each host")
+        script = None  # the template trainer: where vmrun stages it
+        if plan.script.is_relative_to(plan.project):  # the project's: from its work directory
+            script = str(plan.script.relative_to(plan.project))
+            lines.append(f"# in ~/{workdir} on each host")
+        lines += launch_lines(plan, python="PYTHON", nnodes=len(labels), script=script)
+        lines.append("# detached, recorded under ~/.vmrun/runs/RUN_ID/ on each host")
+        if plan.store is not None:
+            lines.append(f"# its files copied to {plan.store}/RUN_ID as they are written")
+        if how is not None and how.resume:
+            lines.append(f"# continuing run {how.resume} from its newest snapshot")
+        return Prepared(tuple(lines))
+
+    capabilities = CAPABILITIES  # what runs on hosts can do (the refusals derive from it)
 
 
 def _prefixer(ref: RunRef, node: str, out: Reporter, verbose: bool) -> Prefixer:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vmrun.backends.api import RunRef, StartOptions
+from vmrun.backends.api import Prepared, RunRef, StartOptions
 from vmrun.backends.hosts.backend import HostsBackend
 from vmrun.backends.hosts.down_after import DownAfterRun
 from vmrun.backends.hosts.node_launch import Placement
@@ -20,6 +21,9 @@ from vmrun.runs.plan import Plan
 from vmrun.ssh.group import Group
 from vmrun.ssh.inventory import HostEntry
 from vmrun.transfer.types import Progress as TransferProgress
+
+if TYPE_CHECKING:
+    from vmrun.notify.send import Notify
 
 
 def run_remote(
@@ -46,38 +50,91 @@ def run_remote(
     off once it has ended and its results are here (vmrun.backends.hosts.down_after).
     `on_start`: told the run once it has started (a sweep stops it by id if it is interrupted)."""
     how = how or StartOptions()
-    place = place or Placement()
-    entries = order(entries, place.wiring)
-    with group or Group(entries, settings) as conns:
-        down = None
-        if how.down_after_run:
-            down = DownAfterRun(conns, entries, settings)
-            down.preflight()
-        backend = HostsBackend(conns, entries, place)
-        ref = backend.start(plan, how, out, progress)
-        if on_start is not None:
-            on_start(ref)
+    with group or Group(order(entries, (place or Placement()).wiring), settings) as conns:
+        training = HostsTraining(conns, entries, settings, place, fetch_every, on_start)
+        ref = training.start(plan, how, out, progress)
         if detach:
-            rid = ref.run_id
-            out.info(f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`")
+            out.info(training.detached(ref))
             return 0
+        return training.follow_and_tell(ref, how.notify, out, verbose=verbose)
+
+
+class HostsTraining:
+    """`train` on SSH hosts through the backend's verbs, with what following a run from here
+    adds on hosts: its checkpoints fetched meanwhile (`fetch_every`), the hosts powered off
+    after it (`how.down_after_run`), every rank's stacks taken when it hangs. `on_start`:
+    told the run once it has started (a sweep, a supervisor)."""
+
+    def __init__(
+        self,
+        group: Group,
+        entries: list[HostEntry],
+        settings: Settings,
+        place: Placement | None = None,
+        fetch_every: float | None = None,
+        on_start: Callable[[RunRef], None] | None = None,
+    ):
+        place = place or Placement()
+        self.entries = order(entries, place.wiring)
+        self.group, self.settings = group, settings
+        self.backend = HostsBackend(group, self.entries, place)
+        self.capabilities = self.backend.capabilities
+        self.fetch_every, self.on_start = fetch_every, on_start
+        self.down: DownAfterRun | None = None
+        self.plan: Plan | None = None
+
+    def prepare(self, plan: Plan, how: StartOptions | None = None) -> Prepared:
+        return self.backend.prepare(plan, how)
+
+    def start(
+        self,
+        plan: Plan,
+        how: StartOptions,
+        out: Reporter,
+        progress: TransferProgress | None = None,
+    ) -> RunRef:
+        if how.down_after_run:
+            self.down = DownAfterRun(self.group, self.entries, self.settings)
+            self.down.preflight()
+        self.plan = plan
+        ref = self.backend.start(plan, how, out, progress)
+        if self.on_start is not None:
+            self.on_start(ref)
+        return ref
+
+    def detached(self, ref: RunRef) -> str:
+        rid = ref.run_id
+        return f"follow it with `vmrun logs -f {rid}`; stop it with `vmrun stop {rid}`"
+
+    def follow_and_tell(
+        self, ref: RunRef, notify: Notify | None, out: Reporter, *, verbose: bool = False
+    ) -> int:
+        """Follow the started run to its end and tell the end (a detach tells nothing: the
+        run goes on, and its master tells its own end)."""
+        assert self.plan is not None
         try:
             with naming_refusals(out) as watched:  # a container its runtime would not start
-                done = _follow(backend, ref, plan, watched, fetch_every, verbose, down)
+                done = _follow(
+                    self.backend, ref, self.plan, watched, self.fetch_every, verbose, self.down
+                )
         except (Detached, Interrupted):
             raise  # the run goes on: its master tells its end
         except VmrunError as failure:
-            _tell_end(conns, ref, how, out, failure)
+            _tell_end(self.group, ref, notify, out, failure)
             raise
-        _tell_end(conns, ref, how, out)
+        _tell_end(self.group, ref, notify, out)
         return done
 
 
 def _tell_end(
-    conns: Group, ref: RunRef, how: StartOptions, out: Reporter, failure: VmrunError | None = None
+    conns: Group,
+    ref: RunRef,
+    notify: Notify | None,
+    out: Reporter,
+    failure: VmrunError | None = None,
 ) -> None:
     """The run's end to its notification targets (the master's record claims it)."""
-    if not how.notify or not ref.nodes:
+    if not notify or not ref.nodes:
         return
     from vmrun.backends.hosts.records import record_dir
     from vmrun.notify.tell import tell_end
@@ -85,7 +142,7 @@ def _tell_end(
     tell_end(
         conns.connections.get(ref.nodes[0]),
         record_dir(ref.run_id),
-        how.notify,
+        notify,
         out,
         run_id=ref.run_id,
         where=", ".join(ref.nodes),

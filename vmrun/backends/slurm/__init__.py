@@ -10,3 +10,19 @@ filesystem). The pieces:
 - `stream`   the lines a followed job prints, made into `[node rankN]` output and notes;
 - `backend`  `SlurmBackend`, the backends.api seam over all of the above.
 """
+
+from vmrun.backends.api import Capabilities
+
+# what a Slurm job can do: train's, sweep's and submit's refusals are derived from it
+CAPABILITIES = Capabilities(
+    "a Slurm cluster (-C)",
+    detach=True,
+    recovery=True,
+    self_requeue=True,
+    scheduler=True,
+    data=True,
+    max_cost=True,
+    queued_sweeps=True,
+    own_scripts=True,
+    several_nodes=True,
+)

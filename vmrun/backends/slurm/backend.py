@@ -24,7 +24,7 @@ from typing import Any
 
 from vmrun import hostside
 from vmrun.backends.api import FilesAt, NodeRecord, RunRef, StartOptions, StopReport
-from vmrun.backends.slurm import records
+from vmrun.backends.slurm import CAPABILITIES, records
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.job import (
     Batch,
@@ -856,6 +856,8 @@ class SlurmBackend:
                 code="stop-failed",
             )
         return StopReport(node=self.cluster.name, signalled=1 if before else 0, killed=0)
+
+    capabilities = CAPABILITIES  # what a Slurm job can do (the refusals derive from it)
 
 
 def replace_meta(ref: RunRef, **changes: Any) -> RunRef:
