@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import Client
 from test_trainer_preempt import signal_run
 from train_helpers import TEMPLATE, base_env, marked, read_metrics, run, torchrun_argv
 
@@ -134,3 +135,31 @@ def test_a_stop_mid_run_resumes_from_its_checkpoint_training_every_epoch_once(
     assert f"resumed from checkpoints/epoch-{epoch} (complete: 2 shards)" in rerun.stdout
     assert [m["epoch"] for m in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
     assert not requeue.exists() and (out / "finalmodel.pt").exists()
+
+
+def test_vmrun_train_local_fsdp_runs_end_to_end(client: Client) -> None:
+    import torch
+
+    from vmrun.trainer.template import build_model
+
+    with marked() as mark:
+        done = client.vmrun(
+            *("train", "--local", "--fsdp", "--epochs", "2", "--save-every", "1"),
+            *("--nproc-per-node", "2"),
+            env={"OMP_NUM_THREADS": "1", "VMRUN_TEST_MARK": mark},
+            timeout=180,
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (client.cwd / "results").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["argv"][-5:] == ["2", "1", "--fsdp", "--out-dir", f"results/{run_dir.name}"]
+    assert "[rank0] checkpoint checkpoints/epoch-2 complete: 2 shards" in done.stdout
+    scanned = layout.scan(str(run_dir))
+    assert [(c.path, c.complete, c.shards) for c in scanned.checkpoints] == [
+        ("checkpoints/epoch-2", True, 2),
+        ("checkpoints/epoch-1", True, 2),
+    ]
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [1, 2]
+    build_model().load_state_dict(torch.load(run_dir / "finalmodel.pt", weights_only=True))
+    report = client.vmrun("report", "--json", timeout=60)
+    assert report.returncode == 0 and run_dir.name in report.stdout, report.stderr

@@ -54,6 +54,7 @@ WHAT_RUNS = (
     "--batch-size",
     "--lr",
     "--task",
+    "--fsdp",
     "-- SCRIPT_ARGS",
     "--local",
     "--launcher",
@@ -208,6 +209,14 @@ RULES: tuple[Rule, ...] = (
         commands=("train",),
         code="resume-conflict",
         says="--recover starts a run with its supervisor; a resumed run keeps its own",
+    ),
+    Rule(
+        ("--fsdp",),
+        when="SCRIPT",
+        code="flags-conflict",
+        commands=("train",),
+        says="--fsdp is the template trainer's: your SCRIPT shards its model and writes its"
+        " checkpoints itself (FSDP2 and torch.distributed.checkpoint, see docs/training.md)",
     ),
 )
 
