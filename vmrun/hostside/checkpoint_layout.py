@@ -9,7 +9,8 @@ imported here as `vmrun.hostside.checkpoint_layout`, whose frozen dataclasses re
 document back (`Layout.from_json`), so the two sides cannot disagree on its shape.
 
 A torch.distributed.checkpoint (DCP) checkpoint is a folder: each rank writes its shard
-files (`__<rank>_<n>.distcp`), then rank 0 writes `.metadata` (renamed into place), which
+files (`__<rank>_<n>.distcp`, under their final names: one may be half written), then rank 0
+writes `.metadata` (as `.metadata.tmp`, renamed into place once every rank is done), which
 names every file and where in it each piece lies. So it is complete when `.metadata` is
 there and every file it names is there and at least as long as its last piece ends
 (offset + length). `.metadata` is a pickle: it is read by an Unpickler whose every class is

@@ -896,7 +896,7 @@ class Sharded:
         if self.ctx.local_rank == 0 and folder.exists():  # once per node, .metadata first
             (folder / ".metadata").unlink(missing_ok=True)
             shutil.rmtree(folder, ignore_errors=True)
-        dist.barrier()  # no rank writes into the folder before it is cleared
+        dist.barrier(group=self.group)  # no rank writes into the folder before it is cleared
         folder.mkdir(parents=True, exist_ok=True)
         state = self.state(epoch, args)
         staging = time.perf_counter()
@@ -966,23 +966,27 @@ class Sharded:
         return sorted(found, reverse=True)
 
     def agreed_epoch(self) -> int:
-        """The newest epoch whose checkpoint is complete on every rank (0: none); each newer
-        one is named, once per node, with what it lacks."""
-        candidates = self.candidates()
-        problems = {epoch: checkpoint_problem(folder) for epoch, folder in candidates}
-        newest = torch.tensor([max(problems, default=0)], dtype=torch.int64, device=self.ctx.device)
-        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
-        complete = torch.zeros(int(newest.item()) + 1, dtype=torch.int32, device=self.ctx.device)
-        for epoch, problem in problems.items():
-            complete[epoch] = 0 if problem else 1
-        complete[0] = 1
-        dist.all_reduce(complete, op=dist.ReduceOp.MIN)
-        chosen = max(e for e, ok in enumerate(complete.tolist()) if ok)
-        if self.ctx.local_rank == 0:
-            for epoch, _folder in candidates:
-                if epoch <= chosen:
-                    break
-                why = problems[epoch] or "complete here, not on every node"
+        """The newest of rank 0's epoch-N folders (rank 0 writes every .metadata) that is
+        complete on every rank (0: none), on the checkpoints' gloo group; each newer one is
+        named, once per node, with what it lacks there."""
+        problems = {epoch: checkpoint_problem(folder) for epoch, folder in self.candidates()}
+        count = torch.tensor([len(problems)], dtype=torch.int64)
+        dist.broadcast(count, src=0, group=self.group)
+        epochs = torch.tensor(sorted(problems, reverse=True), dtype=torch.int64)
+        if self.ctx.rank != 0:
+            epochs = torch.zeros(int(count.item()), dtype=torch.int64)
+        dist.broadcast(epochs, src=0, group=self.group)
+        here = [problems.get(e, "not on this node") for e in epochs.tolist()]
+        complete = torch.tensor([0 if why else 1 for why in here], dtype=torch.int32)
+        dist.all_reduce(complete, op=dist.ReduceOp.MIN, group=self.group)
+        chosen = 0
+        agreed = complete.tolist()
+        for index, epoch in enumerate(epochs.tolist()):
+            if agreed[index]:
+                chosen = epoch
+                break
+            if self.ctx.local_rank == 0:
+                why = here[index] or "complete here, not on every node"
                 self.ctx.say(f"skipped {CHECKPOINTS}/epoch-{epoch}: {why}", every_rank=True)
         return chosen
 
