@@ -190,3 +190,25 @@ def test_it_is_python_3_8_and_stdlib_only() -> None:
         for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+def _python38() -> str | None:
+    """A Python 3.8 that runs: on PATH, or one pyenv installed (its shim may not run)."""
+    found = [
+        shutil.which("python3.8"),
+        *map(str, Path.home().glob(".pyenv/versions/3.8*/bin/python3")),
+    ]
+    for python in filter(None, found):
+        if subprocess.run([python, "-c", ""], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def test_an_old_hosts_python_reads_the_checkpoint_as_this_one_does(ckpt: Path) -> None:
+    python = _python38()
+    if python is None:
+        pytest.skip("no Python 3.8 here")
+    old = subprocess.run(
+        [python, str(SCRIPT), "needs", str(ckpt)], capture_output=True, text=True, check=True
+    )
+    assert json.loads(old.stdout) == host_json("needs", str(ckpt))
