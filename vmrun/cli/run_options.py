@@ -47,6 +47,14 @@ Task = Annotated[
         " accuracy) [default: regress].",
     ),
 ]
+Fsdp = Annotated[
+    bool,
+    typer.Option(
+        "--fsdp",
+        help="The template shards its model with FSDP2 and writes sharded checkpoints"
+        " (torch.distributed.checkpoint) to checkpoints/epoch-N/ in place of snapshot.pt.",
+    ),
+]
 Verbose = Annotated[
     bool,
     typer.Option("--verbose", help="Also torchrun's banner and c10d's host name warnings."),

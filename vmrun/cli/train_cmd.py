@@ -62,7 +62,10 @@ class TrainCommand(SectionedCommand):
                 "down_after_run",
             ),
         ),
-        ("The template trainer", ("epochs", "save_every", "batch_size", "lr", "task")),
+        (
+            "The template trainer",
+            ("epochs", "save_every", "batch_size", "lr", "task", "fsdp"),
+        ),
         ("Container", ("image", "mount", "pull")),
         ("Data and outputs", ("data", "store")),
         ("Several hosts", ("master", "nnodes", "rdzv_port", "nccl_debug")),
@@ -171,6 +174,7 @@ def register(app: typer.Typer) -> None:
         batch_size: ro.BatchSize = None,
         lr: ro.Lr = None,
         task: ro.Task = None,
+        fsdp: ro.Fsdp = False,
         launcher: Annotated[
             str | None,
             typer.Option(
@@ -348,6 +352,7 @@ def register(app: typer.Typer) -> None:
             batch_size=batch_size,
             lr=lr,
             task=task,
+            fsdp=fsdp,
             launcher=launcher,
             image=image,
             mounts=mount,

@@ -50,6 +50,7 @@ WHAT_RUNS = (
     "--batch-size",
     "--lr",
     "--task",
+    "--fsdp",
     "-- SCRIPT_ARGS",
     "--local",
     "--launcher",
@@ -229,6 +230,14 @@ ORDER: tuple[Rule | Lacking, ...] = (
         commands=("train",),
         code="resume-conflict",
         says="--recover starts a run with its supervisor; a resumed run keeps its own",
+    ),
+    Rule(
+        ("--fsdp",),
+        when="SCRIPT",
+        code="flags-conflict",
+        commands=("train",),
+        says="--fsdp is the template trainer's: your SCRIPT shards its model and writes its"
+        " checkpoints itself (FSDP2 and torch.distributed.checkpoint, see docs/training.md)",
     ),
 )
 RULES: tuple[Rule, ...] = tuple(r for r in ORDER if isinstance(r, Rule))

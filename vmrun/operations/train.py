@@ -43,6 +43,7 @@ class RunOptions:
     batch_size: int | None = None
     lr: float | None = None
     task: str | None = None
+    fsdp: bool = False  # the template's FSDP2 and sharded checkpoints
     launcher: str | None = None  # torchrun (the default), python or env
     image: str | None = None  # None: vmrun.toml's `image`, if any
     mounts: list[str] | None = None  # SRC:DST[:ro], added to vmrun.toml's `mounts`
@@ -81,6 +82,7 @@ class RunOptions:
             lr=self.lr,
             launcher=self.launcher or "torchrun",
             task=self.task,
+            fsdp=self.fsdp,
             containers=containers,
             data=self.data,
             store_credentials=settings.store_credentials if settings else "auto",

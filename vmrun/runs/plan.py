@@ -99,6 +99,7 @@ def make_plan(
     data: list[str] | None = None,
     store_credentials: str = "auto",
     store: str = "",
+    fsdp: bool = False,
 ) -> Plan:
     """Validate every flag; raise UsageError (exit 2) before anything is started."""
     from vmrun.config import find_project_dir
@@ -113,7 +114,12 @@ def make_plan(
         path, is_template = Path(script).expanduser().absolute(), False
         if not path.is_file():
             raise UsageError(f"script {script}: no such file", code="script-not-found")
-    template_options = (("--batch-size", batch_size), ("--lr", lr), ("--task", task))
+    template_options = (
+        ("--batch-size", batch_size),
+        ("--lr", lr),
+        ("--task", task),
+        ("--fsdp", fsdp or None),
+    )
     template_only = [flag for flag, value in template_options if value is not None]
     if not is_template and template_only:
         raise UsageError(
@@ -130,6 +136,7 @@ def make_plan(
                 ("--batch-size", batch_size),
                 ("--lr", lr),
                 ("--task", task),
+                ("--fsdp", fsdp or None),
             )
             if value is not None
         ]
@@ -143,7 +150,7 @@ def make_plan(
         DEFAULT_SAVE_EVERY if save_every is None else save_every,
         user_args,
     )
-    args += _template_args(batch_size, lr, task)
+    args += _template_args(batch_size, lr, task) + (["--fsdp"] if fsdp else [])
     if launcher == "torchrun":
         nproc = None if nproc_per_node is None else launch.check_nproc_per_node(nproc_per_node)
         if max_restarts < 0:

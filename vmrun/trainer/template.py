@@ -85,6 +85,22 @@ Conventions (the CLI and the tests rely on them):
   cloud's early warning, such as a spot VM's rebalance recommendation) is agreed the same way
   (the stopping signals win); rank 0 snapshots that epoch unless it just did, and training
   goes on.
+- `--fsdp`: the model is sharded with FSDP2 (`fully_shard` on each Linear, then the whole;
+  gloo on CPU), and the checkpoints are torch.distributed.checkpoint (DCP) folders,
+  `checkpoints/epoch-N/` in place of snapshot.pt: every rank writes its own shard file
+  (`__<rank>_<n>.distcp`, on its own node), then rank 0 `.metadata`, which names every file;
+  model and optimizer state from `get_state_dict`, the epoch, task, arguments and RNG state
+  beside them. Where the torch has `dcp.async_save`, training goes on while the files are
+  written (one save at a time: the next one, the stop for requeue and the end wait for it);
+  each save's cost to training is in the log and in `checkpoints.jsonl` (rank 0, one line
+  per save once written: waited_s for the previous save, staged_s in the save call itself,
+  blocked_s the two with the state dict, written_s until the files were all there). The
+  save schedule, SIGUSR1, SIGUSR2/SIGTERM and the requeue file are as above. Resume: the
+  newest folder that is complete on every rank (its `.metadata` there, and every file it
+  names there and as long as its pieces need: vmrun.hostside.checkpoint_layout's rule) is
+  loaded with `dcp.load` on every rank; each newer one is named with what it lacks.
+  finalmodel.pt is the full state dict, gathered to rank 0: the same plain file as without.
+  Without torchrun, `--fsdp` runs a process group of one.
 """
 
 from __future__ import annotations
@@ -94,6 +110,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -119,6 +136,8 @@ EVAL_SEED_OFFSET = 1_000_003  # the eval inputs' generator: never the training s
 SNAPSHOT = "snapshot.pt"
 FINAL_MODEL = "finalmodel.pt"
 METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"  # --fsdp: CHECKPOINTS/epoch-N/, one DCP folder per save
+CHECKPOINT_LOG = "checkpoints.jsonl"  # --fsdp: what each save cost (rank 0)
 REQUEUE_FILE_ENV = "VMRUN_REQUEUE_FILE"
 BEAT_DIR_ENV = "VMRUN_BEAT_DIR"
 # a rank is slow when its step takes this much longer than the median of the others' and at
@@ -193,6 +212,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out-dir", default=".", help="where snapshot/final model/metrics go")
     p.add_argument(
         "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)"
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard the model with FSDP2; sharded DCP checkpoints in checkpoints/epoch-N/",
     )
     args = p.parse_args(argv)
     for name in ("total_epochs", "save_every", "batch_size", "dataset_size", "eval_size"):
@@ -392,6 +416,18 @@ def resume(
         start = int(state["epoch"]) + 1
         done = f"epochs 1-{start - 1}" if start > 2 else "epoch 1"
         ctx.say(f"resumed from snapshot at epoch {start} ({done} done)", every_rank=True)
+    if ctx.rank == 0:
+        truncate_metrics(out_dir / METRICS, start - 1)  # metrics follow the trajectory trained
+    return start
+
+
+def resume_sharded(ctx: Ctx, sharded: Sharded, task: str, out_dir: Path) -> int:
+    """resume() for --fsdp: the same chores, then the newest complete DCP checkpoint."""
+    if ctx.rank == 0:
+        remove_stale_temp_files(out_dir)
+        if os.environ.get(REQUEUE_FILE_ENV):  # a leftover from the stop this run resumes
+            Path(os.environ[REQUEUE_FILE_ENV]).unlink(missing_ok=True)
+    start = sharded.resume(task)
     if ctx.rank == 0:
         truncate_metrics(out_dir / METRICS, start - 1)  # metrics follow the trajectory trained
     return start
@@ -764,6 +800,259 @@ def hparam_values(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
     return values
 
 
+def checkpoint_problem(folder: Path) -> str:
+    """Why the DCP checkpoint in `folder` is not complete here ("": it is): its .metadata
+    (read by torch, which wrote it) names each file and where its pieces end."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(folder)).read_metadata()
+    except FileNotFoundError:
+        return "missing .metadata"
+    except Exception as exc:  # a torn or foreign .metadata
+        return f"unreadable .metadata ({type(exc).__name__})"
+    needs: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needs[info.relative_path] = max(needs.get(info.relative_path, 0), info.offset + info.length)
+    missing, short = [], []
+    for name, size in sorted(needs.items()):
+        try:
+            have = (folder / name).stat().st_size
+        except OSError:
+            missing.append(name)
+            continue
+        if have < size:
+            short.append(f"{name} ({have} of {size} bytes)")
+    return "; ".join(
+        [
+            *(["missing " + ", ".join(missing)] if missing else []),
+            *(["short " + ", ".join(short)] if short else []),
+        ]
+    )
+
+
+def shards(count: int) -> str:
+    return f"{count} shard" if count == 1 else f"{count} shards"
+
+
+def shard_count(folder: Path) -> int:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    storage = FileSystemReader(str(folder)).read_metadata().storage_data
+    return len({info.relative_path for info in storage.values()})
+
+
+class Sharded:
+    """--fsdp's checkpoints: a DCP folder per save, `CHECKPOINTS/epoch-N/`, written by every
+    rank (async_save where this torch has it: one save in flight at a time)."""
+
+    def __init__(self, ctx: Ctx, out_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer):
+        import torch.distributed.checkpoint as dcp
+
+        self.ctx, self.out_dir, self.model, self.optimizer = ctx, out_dir, model, optimizer
+        self.root = out_dir / CHECKPOINTS
+        # the saves' own collectives run beside training's, so on a group of their own;
+        # gloo, as async_save needs a CPU backend
+        self.group = dist.new_group(backend="gloo")
+        self.can_async = hasattr(dcp, "async_save")
+        self.pending: Any = None
+        self.written_at = 0.0
+        self.record: dict[str, Any] = {}
+
+    def state(self, epoch: int, args: argparse.Namespace | None) -> dict[str, Any]:
+        """What a checkpoint holds: DCP-ready model and optimizer state, and `extra` (the
+        epoch, task, arguments and RNG state, as one JSON string) and the torch RNG state."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        extra = ""
+        if args is not None:
+            py_state = random.getstate()
+            extra = json.dumps(
+                {
+                    "epoch": epoch,
+                    "task": args.task,
+                    "world_size": self.ctx.world_size,
+                    "args": {k: v for k, v in vars(args).items() if k != "out_dir"},
+                    "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
+                }
+            )
+        return {
+            "model": model_state,
+            "optim": optim_state,
+            "extra": extra,
+            "rng": torch.get_rng_state(),
+        }
+
+    def save(self, args: argparse.Namespace, epoch: int) -> None:
+        """Every rank: wait for the previous save, clear an older try's files of this
+        epoch, start this one. The time training stood still for it is said."""
+        import torch.distributed.checkpoint as dcp
+
+        began = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - began
+        folder = self.root / f"epoch-{epoch}"
+        if self.ctx.local_rank == 0 and folder.exists():  # once per node, .metadata first
+            (folder / ".metadata").unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+        dist.barrier(group=self.group)  # no rank writes into the folder before it is cleared
+        folder.mkdir(parents=True, exist_ok=True)
+        state = self.state(epoch, args)
+        staging = time.perf_counter()
+        if self.can_async:
+            self.pending = dcp.async_save(
+                state, checkpoint_id=str(folder), process_group=self.group
+            )
+        else:
+            self.pending = dcp.save(state, checkpoint_id=str(folder), process_group=self.group)
+        now = time.perf_counter()
+        self.written_at = 0.0
+        if hasattr(self.pending, "add_done_callback"):  # when the files are all there
+            self.pending.add_done_callback(
+                lambda _: setattr(self, "written_at", time.perf_counter())
+            )
+        self.record = {
+            "epoch": epoch,
+            "path": f"{CHECKPOINTS}/epoch-{epoch}",
+            "async": self.can_async,
+            "waited_s": round(waited, 6),
+            "staged_s": round(now - staging, 6),
+            "blocked_s": round(now - began, 6),
+            "began": now if self.can_async else staging,
+        }
+        how = "writing in the background" if self.can_async else "written"
+        self.ctx.say(
+            f"checkpoint {self.record['path']} {how}: training blocked {now - began:.3f}s"
+            f" ({waited:.3f}s waiting for the previous save, {now - staging:.3f}s in the save)"
+        )
+        if not self.can_async:
+            self.wait()
+
+    def wait(self) -> None:
+        """Every rank: until the save in flight (if any) is written; rank 0 then says so and
+        logs it to checkpoints.jsonl."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        metadata = pending.result() if hasattr(pending, "result") else pending
+        record = self.record
+        written_at = self.written_at or time.perf_counter()
+        record["written_s"] = round(written_at - record.pop("began"), 6)
+        storage = getattr(metadata, "storage_data", None) or {}
+        record["shards"] = len({info.relative_path for info in storage.values()})
+        record["bytes"] = sum(info.length for info in storage.values())
+        if self.ctx.rank == 0:
+            self.ctx.say(
+                f"checkpoint {record['path']} complete: {shards(record['shards'])},"
+                f" {record['bytes']} bytes, written in {record['written_s']:.3f}s"
+            )
+            with open(self.out_dir / CHECKPOINT_LOG, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def poll(self) -> None:
+        """wait() for a save already written (no rank waits here: no collective runs)."""
+        if self.pending is not None and getattr(self.pending, "done", lambda: True)():
+            self.wait()
+
+    def candidates(self) -> list[tuple[int, Path]]:
+        """The epoch-N folders here, newest first."""
+        found = []
+        if self.root.is_dir():
+            for folder in self.root.iterdir():
+                number = folder.name[len("epoch-") :]
+                if folder.is_dir() and folder.name.startswith("epoch-") and number.isdigit():
+                    found.append((int(number), folder))
+        return sorted(found, reverse=True)
+
+    def agreed_epoch(self) -> int:
+        """The newest of rank 0's epoch-N folders (rank 0 writes every .metadata) that is
+        complete on every rank (0: none), on the checkpoints' gloo group; each newer one is
+        named, once per node, with what it lacks there."""
+        problems = {epoch: checkpoint_problem(folder) for epoch, folder in self.candidates()}
+        count = torch.tensor([len(problems)], dtype=torch.int64)
+        dist.broadcast(count, src=0, group=self.group)
+        epochs = torch.tensor(sorted(problems, reverse=True), dtype=torch.int64)
+        if self.ctx.rank != 0:
+            epochs = torch.zeros(int(count.item()), dtype=torch.int64)
+        dist.broadcast(epochs, src=0, group=self.group)
+        here = [problems.get(e, "not on this node") for e in epochs.tolist()]
+        complete = torch.tensor([0 if why else 1 for why in here], dtype=torch.int32)
+        dist.all_reduce(complete, op=dist.ReduceOp.MIN, group=self.group)
+        chosen = 0
+        agreed = complete.tolist()
+        for index, epoch in enumerate(epochs.tolist()):
+            if agreed[index]:
+                chosen = epoch
+                break
+            if self.ctx.local_rank == 0:
+                why = here[index] or "complete here, not on every node"
+                self.ctx.say(f"skipped {CHECKPOINTS}/epoch-{epoch}: {why}", every_rank=True)
+        return chosen
+
+    def resume(self, task: str) -> int:
+        """Load the newest complete checkpoint on every rank; return the first epoch to train."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        epoch = self.agreed_epoch()
+        if epoch == 0:
+            return 1
+        folder = self.root / f"epoch-{epoch}"
+        head = {"extra": ""}  # the task first: another task's tensors would not fit
+        planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
+        dcp.load(head, checkpoint_id=str(folder), planner=planner, process_group=self.group)
+        extra = json.loads(head["extra"])
+        if extra.get("task", "regress") != task:
+            raise SystemExit(
+                f"[rank {self.ctx.rank}] {folder} is from --task {extra.get('task')}, this run"
+                f" is --task {task}: use --task {extra.get('task')}, or another --out-dir"
+            )
+        state = self.state(epoch, None)
+        dcp.load(state, checkpoint_id=str(folder), process_group=self.group)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        torch.set_rng_state(state["rng"])
+        version, inner, gauss = extra["python_rng"]
+        random.setstate((version, tuple(inner), gauss))
+        start = int(extra["epoch"]) + 1
+        done = f"epochs 1-{start - 1}" if start > 2 else "epoch 1"
+        self.ctx.say(
+            f"resumed from {CHECKPOINTS}/epoch-{epoch} (complete: {shards(shard_count(folder))})"
+            f" at epoch {start} ({done} done)",
+            every_rank=True,
+        )
+        return start
+
+    def full_model(self) -> dict[str, torch.Tensor]:
+        """Every rank: the whole model's weights, gathered to rank 0 on the CPU (others: {})."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+
+def shard_model(model: nn.Module) -> None:
+    """FSDP2: each Linear its own unit, then the whole (in place; parameter names unchanged)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+
+
+def group_of_one(ctx: Ctx) -> None:
+    """--fsdp without torchrun: a process group of this process alone, so FSDP and DCP have
+    one (the run is then `distributed`, as a world of 1 under torchrun is)."""
+    dist.init_process_group(backend=ctx.backend, store=dist.HashStore(), rank=0, world_size=1)
+    ctx.distributed = True
+
+
 @dataclass
 class Job:
     """What the epochs work on."""
@@ -779,6 +1068,20 @@ class Job:
     events: Events
     beat: Beat | None = None
     slow: tuple[int, ...] = ()  # the slow ranks last named in the log
+    sharded: Sharded | None = None  # --fsdp's checkpoints (None: snapshot.pt)
+
+
+def setup_sharded(
+    args: argparse.Namespace, ctx: Ctx, bare: nn.Module, out_dir: Path
+) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer, Sharded, int]:
+    """--fsdp: the model sharded in place (no DDP wrapper: FSDP reduces the gradients), its
+    optimizer, the checkpoints, and the first epoch to train."""
+    if not ctx.distributed:
+        group_of_one(ctx)
+    shard_model(bare)  # before the optimizer: it steps the sharded parameters
+    optimizer = torch.optim.SGD(bare.parameters(), lr=args.lr, momentum=args.momentum)
+    sharded = Sharded(ctx, out_dir, bare, optimizer)
+    return bare, bare, optimizer, sharded, resume_sharded(ctx, sharded, args.task, out_dir)
 
 
 def train(args: argparse.Namespace, ctx: Ctx) -> None:
@@ -796,12 +1099,15 @@ def train(args: argparse.Namespace, ctx: Ctx) -> None:
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     bare = build_model(args.task).to(ctx.device)
-    optimizer = torch.optim.SGD(bare.parameters(), lr=args.lr, momentum=args.momentum)
-    start = resume(ctx, args.task, bare, optimizer, out_dir)
-    model: nn.Module = bare
-    if ctx.distributed:
-        device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
-        model = DistributedDataParallel(bare, device_ids=device_ids)
+    if args.fsdp:
+        bare, model, optimizer, sharded, start = setup_sharded(args, ctx, bare, out_dir)
+    else:
+        optimizer = torch.optim.SGD(bare.parameters(), lr=args.lr, momentum=args.momentum)
+        start = resume(ctx, args.task, bare, optimizer, out_dir)
+        model, sharded = bare, None
+        if ctx.distributed:
+            device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+            model = DistributedDataParallel(bare, device_ids=device_ids)
     sampler, loader, eval_shard = make_data(args, ctx)
     total = args.total_epochs
     if start > total:
@@ -816,12 +1122,18 @@ def train(args: argparse.Namespace, ctx: Ctx) -> None:
     job = Job(
         args, ctx, bare, model, optimizer, sampler, loader, eval_shard, events, Beat(ctx.rank)
     )
+    job.sharded = sharded
     try:
         if start == 1:  # a new trajectory: a resumed one has its settings already
             classify = ["train/accuracy", "eval/accuracy"] if args.task == "classify" else []
             events.hparams(hparam_values(args, ctx), ["train/loss", "eval/loss", *classify])
-        if train_epochs(job, start) and ctx.rank == 0:
-            atomic_save(cpu_state_dict(bare), out_dir / FINAL_MODEL)
+        finished = train_epochs(job, start)
+        weights = None
+        if sharded is not None:
+            sharded.wait()  # the last save is whole before the run ends
+            weights = sharded.full_model() if finished else None  # every rank takes part
+        if finished and ctx.rank == 0:
+            atomic_save(cpu_state_dict(bare) if weights is None else weights, out_dir / FINAL_MODEL)
             ctx.say(f"final model saved -> {out_dir / FINAL_MODEL}")
             if start <= total:
                 events.finished(total)
@@ -841,12 +1153,16 @@ def train_epochs(job: Job, start: int) -> bool:
         say_slow_ranks(job, stats)
         saved = record_epoch(job, epoch, stats, evaluated)
         if epoch < total and (signum := agreed_signal(ctx)):
-            if ctx.rank == 0 and not saved:
+            if job.sharded is not None and not saved:
+                job.sharded.save(args, epoch)
+            elif ctx.rank == 0 and not saved:
                 save_snapshot(ctx, args, job.bare, job.optimizer, epoch)
             if signum == signal.SIGUSR1:  # asked for a snapshot: it is there; go on
                 _caught["snapshot"] = 0
                 continue
-            stop_for_requeue(ctx, epoch, signum)
+            if job.sharded is not None:
+                job.sharded.wait()  # the checkpoint is whole before the requeue file says so
+            stop_for_requeue(ctx, epoch, signum, "checkpoint" if job.sharded else "snapshot")
             return False
     return True
 
@@ -878,22 +1194,26 @@ def record_epoch(
     save_every-th epoch; True (on every rank) when this epoch has a snapshot."""
     args, ctx = job.args, job.ctx
     saved = epoch % args.save_every == 0
+    if job.sharded is not None:
+        job.sharded.poll()  # the previous save's line, once it is written
     if ctx.rank == 0:
         lr = job.optimizer.param_groups[0]["lr"]
         job.events.epoch(log_epoch(ctx, args, lr, epoch, stats, evaluated))
-        if saved:
+        if saved and job.sharded is None:
             save_snapshot(ctx, args, job.bare, job.optimizer, epoch)
+    if saved and job.sharded is not None:  # every rank writes its shard
+        job.sharded.save(args, epoch)
     return saved
 
 
-def stop_for_requeue(ctx: Ctx, epoch: int, signum: int) -> None:
+def stop_for_requeue(ctx: Ctx, epoch: int, signum: int, saved: str = "snapshot") -> None:
     """After the snapshot of `epoch`: rank 0 writes the requeue file; every rank says so."""
     name, done = signal.Signals(signum).name, ""
     if ctx.rank == 0:
         if requeue_file := os.environ.get(REQUEUE_FILE_ENV):
             Path(requeue_file).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(requeue_file), json.dumps({"epoch": epoch, "signal": name}))
-        done = ": snapshot saved"
+        done = f": {saved} saved"
     ctx.say(f"stopping after epoch {epoch} for requeue ({name}){done}", every_rank=True)
 
 
