@@ -307,7 +307,7 @@ class RunRecord:
             master=_str(raw.get("master")),
             host=_str(raw.get("host")),
             cluster=_str(raw.get("cluster")),
-            launch=_launch(raw, where),
+            launch=_launch(raw),
             code=_map(raw.get("code")),
             code_earlier=_maps(raw.get("code_earlier")),
             store=_str(raw.get("store")) or None,
@@ -490,7 +490,7 @@ def _where(raw: Mapping[str, Any]) -> str:
 _JOB_ONLY = ("record_dir", "code_dir", "job_id", "batch_script", "submitted", "nproc_per_node")
 
 
-def _launch(raw: Mapping[str, Any], where: str) -> Launch:
+def _launch(raw: Mapping[str, Any]) -> Launch:
     variables = _map(raw.get("variables"))
     return Launch(
         name=_str(raw.get("name")),
