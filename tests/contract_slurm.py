@@ -74,7 +74,7 @@ class SlurmHarness(Gate):
         return super().began()
 
     def alive(self, ref: RunRef) -> bool:
-        state = fake_slurm.Job(self.slurm, str(ref.meta["job_id"])).read()
+        state = fake_slurm.Job(self.slurm, ref.record.job.job_id if ref.record.job else "").read()
         began = int(self.began_file.read_text()) if self.began_file.exists() else 0
         return bool(began and pid_alive(began)) or fake_slurm.group_alive(int(state["pgid"]))
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from vmrun.config import load_settings
 from vmrun.errors import UnreachableError
+from vmrun.results.record import RunRecord
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Outcome
 from vmrun.ssh.hosts import HostSpec
@@ -73,7 +74,7 @@ def run_on_two_nodes_one_down(tmp_path: Path, monkeypatch: Any) -> FakeGroup:
     def list_runs(conn: Connection, run_ids: Any = ()) -> list[records.RunRecord]:
         meta = {"nodes": RUN_NODES, "started": 1.0, "workdir": "w", "template": True}
         return [
-            records.RunRecord(r, conn.label, meta=meta, alive=True)
+            records.RunRecord(r, conn.label, record=RunRecord.from_json(meta), alive=True)
             for r in run_ids or ["r1"]
             if r == "r1"
         ]

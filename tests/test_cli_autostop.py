@@ -46,6 +46,7 @@ from testbed import NetnsBed, TestHost
 
 from vmrun.backends.hosts import records
 from vmrun.hostside import lib_dir
+from vmrun.results.record import RunRecord
 from vmrun.ssh.connection import Connection
 
 STANDIN_SMI = ROOT / "tests" / "standins" / "nvidia-smi"
@@ -299,7 +300,7 @@ def test_a_live_run_keeps_the_host_up_and_a_run_that_starts_resets_the_clock(
     install_standin(as1, "sudo", SUDO)
     rid = "autostop-20250101-000000-abcd"
     with Connection("as1", ac.settings()) as conn:
-        records.start(conn, rid, ".", ["sleep", "600"], {})
+        records.start(conn, rid, ".", ["sleep", "600"], RunRecord())
     done = ac.vmrun("autostop", "3s", "-H", "as1")
     assert done.returncode == 0, done.stderr
     wait_for(lambda: state(as1).get("awake") == f"run {rid}", 10, "the run to keep it awake")
@@ -314,7 +315,7 @@ def test_a_live_run_keeps_the_host_up_and_a_run_that_starts_resets_the_clock(
     time.sleep(1.5)
     with Connection("as1", ac.settings()) as conn:
         short = time.time()
-        records.start(conn, rid + "x", ".", ["true"], {})
+        records.start(conn, rid + "x", ".", ["true"], RunRecord())
     off = wait_for(lambda: calls(as1), 20, "the power-off after the runs")
     assert off[0][0] >= short + 2, (off, short)  # type: ignore[index]
     assert f"awake: run {rid}" in log(as1)
@@ -575,7 +576,7 @@ def test_status_and_watch_gpus_show_what_autostop_says(ac: Client, as1: TestHost
     gpu_standin(as1, "t4x2_training", apps="")
     rid = "autostop-20250101-000000-beef"
     with Connection("as1", ac.settings()) as conn:
-        records.start(conn, rid, ".", ["sleep", "600"], {})
+        records.start(conn, rid, ".", ["sleep", "600"], RunRecord())
     done = ac.vmrun("autostop", "1h", "-H", "as1")
     assert done.returncode == 0, done.stderr
     awake = f"awake: run {rid}, GPU 0 93%, GPU 1 93%"
@@ -690,7 +691,7 @@ def test_down_after_run_refusals_and_what_keeps_the_host_up(trainer: Client, as1
     install_standin(as1, "sudo", SUDO)
     other = "other-20250101-000000-abcd"
     with Connection("as1", trainer.settings()) as conn:
-        records.start(conn, other, ".", ["sleep", "600"], {})
+        records.start(conn, other, ".", ["sleep", "600"], RunRecord())
     done = trainer.vmrun(
         "train",
         "-H",

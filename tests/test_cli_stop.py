@@ -13,6 +13,7 @@ from testbed import NetnsBed
 
 from vmrun.backends.hosts import records
 from vmrun.errors import ExitCode
+from vmrun.results.record import RunRecord
 from vmrun.ssh.connection import Connection
 
 STUBBORN = "trap '' TERM; echo ready; while :; do sleep 0.1; done"
@@ -34,7 +35,7 @@ def test_stop_of_a_run_that_ignores_sigterm_needs_sigkill_and_leaves_nothing(
     pids: list[int] = []
     try:
         with Connection("h1", bed_client.settings()) as conn:
-            records.start(conn, rid, ".", ["sh", "-c", STUBBORN], {})
+            records.start(conn, rid, ".", ["sh", "-c", STUBBORN], RunRecord())
         log = h1.home / ".vmrun/runs" / rid / "log"
         wait_for(lambda: log.exists() and b"ready" in log.read_bytes(), 10, "the run to start")
         pids = run_pids(h1, rid)
@@ -63,7 +64,9 @@ def test_stop_names_a_node_of_the_run_that_does_not_answer_and_exits_unreachable
     try:
         for name in ("h1", "h2"):
             with Connection(name, bed_client.settings()) as conn:
-                records.start(conn, rid, ".", ["sh", "-c", "echo ready; sleep 600"], meta)
+                records.start(
+                    conn, rid, ".", ["sh", "-c", "echo ready; sleep 600"], RunRecord.from_json(meta)
+                )
         for host in (h1, h2):
             wait_for(lambda host=host: run_pids(host, rid), 10, f"the run on {host.name}")
         h2.cut_link()

@@ -17,10 +17,11 @@ from conftest import local_argv
 
 from vmrun.backends.hosts import images
 from vmrun.containers.image import ImageRef, parse_image, parse_mount
-from vmrun.containers.request import Asked, Request, from_meta
+from vmrun.containers.request import Asked, Request
 from vmrun.containers.runtime import PASSWORD_ENV, RUNTIMES
 from vmrun.errors import VmrunError
 from vmrun.reporting import Recorder
+from vmrun.results.record import RunRecord
 from vmrun.ssh.result import CommandResult
 from vmrun.transfer.types import Progress
 
@@ -63,7 +64,9 @@ def test_bad_values_are_refused_before_anything_starts() -> None:
 
 def test_a_resumed_run_keeps_what_it_ran_with_whatever_the_tables_say() -> None:
     ran = Request(parse_image(IMAGE), runtime="docker", ulimits=("stack=1",))
-    back = from_meta(ran.meta())
+    image = RunRecord.from_json(ran.meta()).launch.image  # as run.json keeps it
+    assert image is not None
+    back = image.request()
     assert back == ran
     assert Asked(recorded=back, fixed=True).resolve({"image": "x/y:1"}) == ran
     assert Asked(recorded=None, fixed=True).resolve({"image": "x/y:1"}) is None  # ran bare

@@ -17,6 +17,7 @@ from testbed import NetnsBed, TestHost
 
 from vmrun import hostside
 from vmrun.backends.hosts import records
+from vmrun.results.record import Launch, RunRecord
 from vmrun.ssh.connection import Connection
 
 RID = "hostlib-20260101-000000-0001"
@@ -50,7 +51,9 @@ def test_ps_shows_the_scripts_by_path_and_commands_pay_no_round_trip_for_them(
     shutil.rmtree(h1.home / ".vmrun" / "lib", ignore_errors=True)  # a host vmrun never reached
     offset = len(h1.sshd_log())
     with Connection("h1", bed_client.settings()) as conn:
-        records.start(conn, RID, ".", ["sh", "-c", "echo hello; sleep 60"], {"name": "x"})
+        records.start(
+            conn, RID, ".", ["sh", "-c", "echo hello; sleep 60"], RunRecord(launch=Launch(name="x"))
+        )
     assert _sessions(h1, offset) == 3, "the guarded start, the install, the start again"
     assert (lib / "MANIFEST").read_text() == hostside.manifest()
 

@@ -16,6 +16,7 @@ from vmrun.backends.hosts.node_launch import HostEnv, Node
 from vmrun.backends.hosts.records import RunRecord
 from vmrun.config import load_settings
 from vmrun.errors import UsageError
+from vmrun.results.record import RunRecord as Record
 from vmrun.runs import launch
 from vmrun.runs.plan import Plan
 from vmrun.ssh.hosts import parse_host
@@ -352,10 +353,13 @@ def test_python_launcher_on_several_hosts_is_refused_before_any_connection() -> 
 
 
 def test_concurrent_user_script_in_the_same_workdir_is_warned_about() -> None:
+    def run(rid: str, workdir: str, template: bool) -> RunRecord:
+        return RunRecord(rid, "h1", Record.from_json({"workdir": workdir, "template": template}))
+
     busy = [
-        RunRecord("a-1", "h1", {"workdir": "vmrun/p-abc123", "template": False}),
-        RunRecord("t-1", "h1", {"workdir": "vmrun/p-abc123", "template": True}),
-        RunRecord("o-1", "h1", {"workdir": "vmrun/other-def456", "template": False}),
+        run("a-1", "vmrun/p-abc123", False),
+        run("t-1", "vmrun/p-abc123", True),
+        run("o-1", "vmrun/other-def456", False),
     ]
     text = preflight.shared_workdir_warning(_plan("torchrun"), busy, "vmrun/p-abc123")
     assert text is not None and "\n" not in text

@@ -21,6 +21,7 @@ from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.records import parse_listing
 from vmrun.errors import CommandFailed, OutcomeUnknown, UsageError
 from vmrun.reporting import Recorder
+from vmrun.results.record import RunRecord
 from vmrun.runs.state import RunState
 
 PRINCETON = """#!/bin/bash
@@ -214,7 +215,11 @@ class Fake:
             "submitted": 0,
             **meta,
         }
-        self.ref = RunRef("r", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
+        self.ref = RunRef(
+            "r",
+            ("bed",),
+            {"bed": NodeRecord("bed", RunState.PENDING, None, RunRecord.from_json(meta))},
+        )
         self.backend = SlurmBackend(self.conn, Cluster("bed", "login"), poll=0.01)  # type: ignore[arg-type]
 
     def follow(self) -> int:

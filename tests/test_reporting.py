@@ -105,7 +105,7 @@ def one_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HostsBackend:
             out.output(chunk)
 
     def list_runs(conn: Connection, run_ids: Any = ()) -> list[records.RunRecord]:
-        return [records.RunRecord("r1", conn.label, meta={}, exit_code=0, ended=2.0)]
+        return [records.RunRecord("r1", conn.label, exit_code=0, ended=2.0)]
 
     monkeypatch.setattr(records, "follow", follow)
     monkeypatch.setattr(records, "list_runs", list_runs)

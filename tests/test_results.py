@@ -12,6 +12,7 @@ from results_fixtures import T0, epochs, hosts_run, local_run, slurm_run, write_
 
 from vmrun.results.history import RunDataError, load_run, load_runs, run_dirs, run_path
 from vmrun.results.layout import layout_of
+from vmrun.results.record import RunRecord
 from vmrun.results.report import (
     HEADERS,
     ReportRow,
@@ -48,8 +49,9 @@ def test_an_older_local_record_gives_its_epochs_in_argv() -> None:
         "argv": ["python", "-m", "torch.distributed.run", "/t/template.py", "7", "5"],
         "start_time": "2023-11-14T22:13:20+00:00",
     }
-    assert layout_of(meta).epochs_asked == 7
-    assert layout_of({**meta, "template": False}).epochs_asked is None  # a SCRIPT's own count
+    assert layout_of(RunRecord.from_json(meta)).epochs_asked == 7
+    older = RunRecord.from_json({**meta, "template": False})
+    assert layout_of(older).epochs_asked is None  # a SCRIPT's own count
 
 
 def test_a_run_of_two_hosts_fetched_into_a_folder_each(results: Path) -> None:

@@ -15,6 +15,7 @@ from testbed import NetnsBed, TestHost
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.nodes import follow_nodes
 from vmrun.reporting import QUIET, Recorder
+from vmrun.results.record import RunRecord
 from vmrun.ssh.connection import Connection
 
 EPOCHS = 'i=$1; while [ "$i" -le "$2" ]; do echo "epoch $i/$3 loss 0.1"; i=$((i+1)); done'
@@ -38,7 +39,9 @@ def _start(
     meta: dict | None = None,
 ) -> records.Started:
     argv = ["sh", "-c", script, "x", *args]
-    return records.start(conn, rid, ".", argv, meta or {}, resume=resume, banner=banner)
+    return records.start(
+        conn, rid, ".", argv, RunRecord.from_json(meta or {}), resume=resume, banner=banner
+    )
 
 
 def _progress(conn: Connection, rid: str) -> str:

@@ -19,6 +19,7 @@ from vmrun.backends.slurm.queue import JobState
 from vmrun.backends.slurm.records import SlurmRun
 from vmrun.operations.status_runs import run_objects
 from vmrun.results.failure import WorkerFailure
+from vmrun.results.record import RunRecord as Record
 from vmrun.runs.state import RunState
 
 SCRIPT = hostside.HERE / "run_failure.py"
@@ -151,11 +152,21 @@ def test_a_slurm_job_still_listed_reads_its_recorded_end() -> None:
     """The batch shell has written `exit` and is still telling the end: squeue says RUNNING,
     the record says failed with 3; a requeued attempt's old end does not count."""
     run = SlurmRun(
-        "r1", "bed", {}, job=JobState("RUNNING"), starts=[["1", "100"]], exits=[["1", "3", "200"]]
+        "r1",
+        "bed",
+        Record(),
+        job=JobState("RUNNING"),
+        starts=[["1", "100"]],
+        exits=[["1", "3", "200"]],
     )
     assert run.state_and_code() == (RunState.FAILED, 3)
     starts = [["1", "100"], ["2", "300"]]
     again = SlurmRun(
-        "r1", "bed", {}, job=JobState("RUNNING"), starts=starts, exits=[["1", "requeue", "200"]]
+        "r1",
+        "bed",
+        Record(),
+        job=JobState("RUNNING"),
+        starts=starts,
+        exits=[["1", "requeue", "200"]],
     )
     assert again.state_and_code() == (RunState.RUNNING, None)

@@ -22,6 +22,7 @@ from conftest import install_hostlib, local_argv
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.preflight import check_not_busy
 from vmrun.errors import UsageError, exit_code_for
+from vmrun.results.record import RunRecord
 from vmrun.ssh.result import CommandResult
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -96,7 +97,7 @@ def _start_at_once(home: Path, ids: list[str], alone: bool) -> dict[str, object]
     def start(rid: str) -> None:
         conn = LocalHost(home, barrier)
         try:
-            got[rid] = records.start(conn, rid, "work", ["sleep", "60"], {}, alone=alone)  # type: ignore[arg-type]
+            got[rid] = records.start(conn, rid, "work", ["sleep", "60"], RunRecord(), alone=alone)  # type: ignore[arg-type]
         except UsageError as exc:
             got[rid] = exc
 
@@ -136,7 +137,9 @@ def test_allow_concurrent_starts_both_and_a_resumed_run_does_not_refuse_itself(
     got = _start_at_once(home, ids, alone=False)
     assert all(isinstance(value, records.Started) for value in got.values()), got
     with pytest.raises(UsageError):  # a third, alone, while both run
-        records.start(LocalHost(home), "c-20260101-000000-0003", "work", ["true"], {}, alone=True)  # type: ignore[arg-type]
+        records.start(
+            LocalHost(home), "c-20260101-000000-0003", "work", ["true"], RunRecord(), alone=True
+        )  # type: ignore[arg-type]
     for pid_file in home.glob(".vmrun/runs/b-*/pid"):
         os.killpg(int(pid_file.read_text()), signal.SIGKILL)
     first = int((home / ".vmrun" / "runs" / ids[0] / "pid").read_text())
@@ -146,7 +149,7 @@ def test_allow_concurrent_starts_both_and_a_resumed_run_does_not_refuse_itself(
             ids[0],
             "work",
             ["sleep", "60"],
-            {},  # type: ignore[arg-type]
+            RunRecord(),  # type: ignore[arg-type]
             resume=True,
             alone=True,
         )
@@ -160,14 +163,14 @@ def test_a_run_whose_exit_code_is_written_does_not_refuse_the_next(home: Path) -
     """Between a run's shell writing its exit code and exiting, the preflight already sees
     it ended: the start's own check agrees (a sweep's next size is not refused)."""
     first = "a-20260101-000000-0001"
-    records.start(LocalHost(home), first, "work", ["sleep", "60"], {}, alone=True)  # type: ignore[arg-type]
+    records.start(LocalHost(home), first, "work", ["sleep", "60"], RunRecord(), alone=True)  # type: ignore[arg-type]
     (home / ".vmrun/runs" / first / "exit_code").write_text("0\n")  # its shell still lives
     nxt = records.start(
         LocalHost(home),
         "b-20260101-000000-0002",
         "work",
         ["true"],
-        {},  # type: ignore[arg-type]
+        RunRecord(),  # type: ignore[arg-type]
         alone=True,
     )
     assert isinstance(nxt, records.Started)

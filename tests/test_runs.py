@@ -14,6 +14,7 @@ from testbed import NetnsBed, TestHost
 from vmrun.backends.hosts import records as runs
 from vmrun.errors import UsageError
 from vmrun.reporting import QUIET, Recorder
+from vmrun.results.record import Launch, RunRecord
 from vmrun.ssh.connection import Connection
 
 
@@ -38,11 +39,15 @@ def h1(bed: NetnsBed) -> TestHost:
 def test_a_run_finishes_and_records_its_exit_code(bed_client: Client, h1: TestHost) -> None:
     with Connection("h1", bed_client.settings()) as conn:
         runs.start(
-            conn, "ok-1", ".", ["sh", "-c", "echo one; echo two; echo epoch 2/2"], {"name": "ok"}
+            conn,
+            "ok-1",
+            ".",
+            ["sh", "-c", "echo one; echo two; echo epoch 2/2"],
+            RunRecord(launch=Launch(name="ok")),
         )
         shown = Recorder()
         runs.follow(conn, "ok-1", shown)
-        runs.start(conn, "bad-1", ".", ["sh", "-c", "echo oops >&2; exit 7"], {})
+        runs.start(conn, "bad-1", ".", ["sh", "-c", "echo oops >&2; exit 7"], RunRecord())
         runs.follow(conn, "bad-1", QUIET)
         records = {r.id: r for r in runs.list_runs(conn)}
     assert shown.data == b"one\ntwo\nepoch 2/2\n"
@@ -57,7 +62,7 @@ def test_a_run_survives_its_connection_and_the_log_has_every_line(
 ) -> None:
     script = 'i=0; while [ $i -lt 120 ]; do echo "line $i"; i=$((i+1)); sleep 0.02; done'
     conn = Connection("h1", bed_client.settings())
-    runs.start(conn, "survivor-1", ".", ["sh", "-c", script], {})
+    runs.start(conn, "survivor-1", ".", ["sh", "-c", script], RunRecord())
     wait_for(
         lambda: (h1.home / ".vmrun/runs/survivor-1/log").stat().st_size > 0,
         10,
@@ -88,7 +93,7 @@ def test_stop_kills_torchrun_and_its_workers_in_their_own_sessions(
         str(worker),
     ]
     with Connection("h1", bed_client.settings()) as conn:
-        runs.start(conn, "sleepy-1", ".", argv, {}, env={"OMP_NUM_THREADS": "1"})
+        runs.start(conn, "sleepy-1", ".", argv, RunRecord(), env={"OMP_NUM_THREADS": "1"})
         # torchrun + 2 workers (each in a session of its own) + the supervising shell
         wait_for(lambda: len(run_members(h1, "sleepy-1")) >= 4, 60, "torchrun's two workers")
         sessions = {
@@ -110,7 +115,9 @@ def test_stop_kills_a_child_that_cleared_its_environment(bed_client: Client, h1:
     child = None
     try:
         with Connection("h1", bed_client.settings()) as conn:
-            runs.start(conn, "bare-1", ".", ["sh", "-c", "env -i sleep 600 & echo $!; wait"], {})
+            runs.start(
+                conn, "bare-1", ".", ["sh", "-c", "env -i sleep 600 & echo $!; wait"], RunRecord()
+            )
             wait_for(lambda: log.read_text().strip().isdigit(), 10, "the child's pid")
             child = int(log.read_text())
             leader = int((h1.home / ".vmrun/runs/bare-1/pid").read_text())
@@ -134,7 +141,7 @@ def test_stop_escalates_to_sigkill(bed_client: Client, h1: TestHost) -> None:
             "stubborn-1",
             ".",
             ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"],
-            {},
+            RunRecord(),
         )
         wait_for(
             lambda: b"ready" in (h1.home / ".vmrun/runs/stubborn-1/log").read_bytes(),

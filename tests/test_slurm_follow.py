@@ -21,6 +21,7 @@ from vmrun.backends.slurm.backend import SlurmBackend
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.errors import CommandFailed, ExitCode, OutcomeUnknown, exit_code_for
 from vmrun.reporting import Recorder
+from vmrun.results.record import RunRecord
 from vmrun.runs.state import RunState
 
 # Each call takes the plan's next step (the last one repeats): `fail` (no controller),
@@ -132,7 +133,11 @@ class Fake:
             "tasks_per_node": 1,
             "submitted": 0,
         }
-        ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
+        ref = RunRef(
+            "r1",
+            ("bed",),
+            {"bed": NodeRecord("bed", RunState.PENDING, None, RunRecord.from_json(meta))},
+        )
         return backend.follow(ref, self.out, last=last)
 
     @property
@@ -346,7 +351,11 @@ def test_without_a_shared_folder_the_job_is_followed_on_the_node_it_is_placed_on
         "tasks_per_node": 1,
         "submitted": 0,
     }
-    ref = RunRef("r1", ("bed",), {"bed": NodeRecord("bed", RunState.PENDING, None, meta)})
+    ref = RunRef(
+        "r1",
+        ("bed",),
+        {"bed": NodeRecord("bed", RunState.PENDING, None, RunRecord.from_json(meta))},
+    )
     assert backend.follow(ref, login.out) == 0
     assert login.calls == ["PENDING", "RUNNING@vmt-b"] and node.calls == [f"RUNNING@{here}", "gone"]
     assert login.text.splitlines() == ["epoch 1", "the last line"]

@@ -16,8 +16,9 @@ import pytest
 from vmrun.backends.slurm.backend import SlurmBackend, Submission
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.job import JobSpec
-from vmrun.containers.request import Asked, from_meta
+from vmrun.containers.request import Asked
 from vmrun.errors import VmrunError, exit_code_for
+from vmrun.results.record import RunRecord
 from vmrun.runs.plan import Plan, make_plan
 from vmrun.ssh.result import CommandResult
 
@@ -97,10 +98,11 @@ def test_pyxis_is_srun_options_and_the_task_runs_inside(tmp_path: Path) -> None:
     assert f"--container-workdir={code}" in srun
     assert _array(sub.script, "VMRUN_PREFIX") == [] and _array(sub.script, "VMRUN_PULL") == []
     assert _array(sub.script, "VMRUN_PYTHON") == ["python3"]  # the image's, not the cluster's
-    assert sub.meta["image"] == NGC and sub.meta["container_runtime"] == "pyxis"
-    assert sub.meta["mounts"] == ["/data:/data"]
-    recorded = from_meta(sub.meta)
-    assert recorded is not None and str(recorded.image) == NGC
+    meta = sub.record.to_json()  # what run.json holds
+    assert meta["image"] == NGC and meta["container_runtime"] == "pyxis"
+    assert meta["mounts"] == ["/data:/data"]
+    image = RunRecord.from_json(meta).launch.image
+    assert image is not None and str(image.request().image) == NGC
     (tmp_path / "job.sh").write_text(sub.script)
     subprocess.run(["bash", "-n", str(tmp_path / "job.sh")], check=True)
 
@@ -125,7 +127,7 @@ def test_shifter_is_an_sbatch_image_and_volumes_before_the_task() -> None:
     prefix = _array(sub.script, "VMRUN_PREFIX")
     assert prefix[:2] == ["shifter", "--module=gpu"]
     assert "--volume=/data:/data" in prefix and prefix[-1].startswith("--volume=")
-    assert sub.meta["image"] == nersc
+    assert sub.record.to_json()["image"] == nersc
 
 
 @pytest.mark.parametrize("engine", ["docker", "podman"])
@@ -249,7 +251,7 @@ def test_a_run_without_an_image_is_unchanged() -> None:
     sub, login = _prepare([], plan=_plan("", ()))
     assert login.ran == ["slurm_probe.sh"]  # no detection
     assert _array(sub.script, "VMRUN_PREFIX") == [] and _array(sub.script, "VMRUN_SRUN") == []
-    assert "image" not in sub.meta
+    assert "image" not in sub.record.to_json()
 
 
 def test_a_clusters_table_takes_the_container_keys(tmp_path: Path) -> None:

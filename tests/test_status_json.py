@@ -12,6 +12,7 @@ import pytest
 from vmrun.backends.hosts.records import RunRecord
 from vmrun.backends.slurm.records import SlurmRun
 from vmrun.operations.status_runs import run_objects
+from vmrun.results.record import RunRecord as Record
 
 T0 = 1_700_000_000.0
 KEYS = [
@@ -40,12 +41,18 @@ KEYS = [
     "store",
     "recoveries",
     "cost",
+    "record",
 ]
 
 
 def render(records: list[Any], failures: list[dict[str, Any]] | None = None) -> str:
     """As `vmrun status --json` writes them."""
     return json.dumps([*run_objects(records), *(failures or [])])
+
+
+def _with(record: Record, **keys: Any) -> Record:
+    """The record as if its run.json had these keys too."""
+    return Record.from_json({**record.to_json(), **keys})
 
 
 def _host(rid: str, host: str, code: int | None, progress: str = "") -> RunRecord:
@@ -62,7 +69,7 @@ def _host(rid: str, host: str, code: int | None, progress: str = "") -> RunRecor
     return RunRecord(
         rid,
         host,
-        meta=meta,
+        record=Record.from_json(meta),
         exit_code=code,
         progress=progress,
         began=T0,
@@ -73,6 +80,9 @@ def _host(rid: str, host: str, code: int | None, progress: str = "") -> RunRecor
 def test_a_run_on_two_hosts_is_one_object() -> None:
     (obj,) = run_objects([_host("r1", "n1", 0, "epoch 10/10"), _host("r1", "n2", 1, "")])
     assert list(obj) == KEYS
+    record = obj["record"]  # run.json's typed fields (vmrun.results.record), the first node's
+    assert (record["where"], record["hosts"], record["host"]) == ("hosts", ["n1", "n2"], "n1")
+    assert record["launch"]["nproc"] == "2" and record["launch"]["args"] == ["10", "5"]
     assert obj["hosts"] == ["n1", "n2"] and obj["cluster"] is None
     assert (obj["state"], obj["exit"]) == ("failed", 1)  # one node failed: the run did
     assert (obj["nodes"], obj["procs_per_node"], obj["world_size"]) == (2, 2, 4)
@@ -101,7 +111,7 @@ def test_a_slurm_run_and_json_text() -> None:
     run = SlurmRun(
         "s1",
         "bed",
-        meta,
+        Record.from_json(meta),
         starts=[["1", str(int(T0))], ["2", str(int(T0) + 60)]],
         exits=[["1", "requeue", str(int(T0) + 50)], ["2", "0", str(int(T0) + 120)]],
         last_metrics={"epoch": 3},
@@ -118,8 +128,10 @@ def test_a_slurm_run_and_json_text() -> None:
 
 
 def test_a_stopped_or_lost_run_has_its_code() -> None:
-    stopped = run_objects([RunRecord("r2", "n1", meta={"id": "r2"}, stopped=True)])
-    lost = run_objects([RunRecord("r3", "n1", meta={"id": "r3"}, began=T0, ended=None)])
+    stopped = run_objects([RunRecord("r2", "n1", Record.from_json({"id": "r2"}), stopped=True)])
+    lost = run_objects(
+        [RunRecord("r3", "n1", Record.from_json({"id": "r3"}), began=T0, ended=None)]
+    )
     assert [stopped[0]["state"], stopped[0]["error"]["code"]] == ["stopped", "run-stopped"]
     assert stopped[0]["error"]["exit_status"] == 143
     assert [lost[0]["state"], lost[0]["error"]["code"]] == ["lost", "run-failed"]
@@ -134,7 +146,7 @@ def test_a_run_its_supervisor_is_bringing_back_says_so_not_stopped() -> None:
     halted = RunRecord(
         "r4",
         "n1",
-        meta={"id": "r4"},
+        Record.from_json({"id": "r4"}),
         exit_code=143,
         stopped=True,
         stopped_by="failure",
@@ -147,7 +159,12 @@ def test_a_run_its_supervisor_is_bringing_back_says_so_not_stopped() -> None:
     halted.exit_code = None
     assert _state(halted) == "running"
     done = RunRecord(
-        "r5", "n1", meta={"id": "r5"}, exit_code=0, recoveries=1, recovery="recovery 1 of 5: ..."
+        "r5",
+        "n1",
+        Record.from_json({"id": "r5"}),
+        exit_code=0,
+        recoveries=1,
+        recovery="recovery 1 of 5: ...",
     )
     assert _state(done) == "done, recovered 1x"
     assert run_objects([done])[0]["recoveries"]["under_way"] is None
@@ -190,7 +207,7 @@ def test_the_commit_and_main_versions_come_from_the_record_and_versions_json() -
     """What a script groups runs by: run.json's code facts and the node's versions.json
     line (the second node's, where the first has none yet)."""
     a, b = _host("r1", "n1", 0), _host("r1", "n2", 0)
-    a.meta["code"] = {"commit": "c0ffee" * 6 + "beef", "dirty": True}
+    a.record = _with(a.record, code={"commit": "c0ffee" * 6 + "beef", "dirty": True})
     b.versions = {"python": "3.11.2", "torch": "2.13.0", "cuda": None}
     (obj,) = run_objects([a, b])
     assert obj["commit"] == "c0ffee" * 6 + "beef" and obj["dirty"] is True
@@ -222,8 +239,12 @@ def test_a_runs_cost_so_far_is_its_time_at_the_prices_it_started_with(
 
     a, b = _host("r1", "n1", 0), _host("r1", "n2", 0)
     for rec in (a, b):
-        rec.meta.update(
-            master="n1", prices={"n1": 30.0, "n2": 30.0}, price_per_hour=60.0, currency="DKK"
+        rec.record = _with(
+            rec.record,
+            master="n1",
+            prices={"n1": 30.0, "n2": 30.0},
+            price_per_hour=60.0,
+            currency="DKK",
         )
     (obj,) = run_objects([a, b])
     assert obj["cost"] == {"amount": 1.52, "currency": "DKK", "per_hour": 60.0}  # 91 s
@@ -233,6 +254,6 @@ def test_a_runs_cost_so_far_is_its_time_at_the_prices_it_started_with(
     assert lines[0].split()[-1] == "COST"
     assert lines[1].endswith("1.50 DKK") and lines[2].endswith("-"), lines  # 90 s on n1
     for rec in (a, b):  # a resumed attempt: the earlier ones' 3600 s count, not the gap
-        rec.meta["ran_before_s"] = 3600
+        rec.record = _with(rec.record, ran_before_s=3600)
     (obj,) = run_objects([a, b])
     assert obj["cost"]["amount"] == 61.52 and obj["duration_s"] == 91.0  # this attempt's

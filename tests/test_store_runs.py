@@ -18,6 +18,7 @@ import pytest
 
 from vmrun.errors import UsageError
 from vmrun.operations import refusals
+from vmrun.results.record import RunRecord
 from vmrun.runs.store_fetch import _wanted, fetch_run
 from vmrun.store_url import parse_store
 from vmrun.stores.bucket import Object, newest_run, run_meta
@@ -217,7 +218,9 @@ def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         records,
         "list_runs",
         lambda conn, ids=(): [
-            records.RunRecord("r1", conn.label, meta=meta) for r in ids or ["r1"] if r == "r1"
+            records.RunRecord("r1", conn.label, record=RunRecord.from_json(meta))
+            for r in ids or ["r1"]
+            if r == "r1"
         ],
     )
     group.downloads = {n: Report(n, fetched=[f"results/r1/{n}/log"]) for n in ("accA", "accB")}
@@ -301,7 +304,9 @@ def test_a_run_not_copied_to_a_bucket_is_not_looked_for_there(
         records,
         "list_runs",
         lambda conn, ids=(): (
-            [records.RunRecord("r1", conn.label, meta=meta)] if conn.label == "accA" else []
+            [records.RunRecord("r1", conn.label, record=RunRecord.from_json(meta))]
+            if conn.label == "accA"
+            else []
         ),
     )
     two_nodes.downloads["accA"] = Report("accA", missing=["results of run r1"])

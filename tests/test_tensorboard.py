@@ -12,6 +12,7 @@ import pytest
 
 from vmrun.errors import UsageError
 from vmrun.hostside import source
+from vmrun.results.record import RunRecord
 from vmrun.runs.outputs import location_of
 from vmrun.runs.tensorboard import (
     NO_PYTHON,
@@ -28,8 +29,10 @@ WORK = "vmrun/proj-abc123"
 RID = "template-20260101-000000-abcd"
 
 
-def template_meta() -> dict[str, object]:
-    return {"workdir": WORK, "out_dir": f"{WORK}/results/{RID}", "template": True}
+def template_meta() -> RunRecord:
+    return RunRecord.from_json(
+        {"workdir": WORK, "out_dir": f"{WORK}/results/{RID}", "template": True}
+    )
 
 
 def test_a_template_run_serves_its_output_folder_and_the_usual_log_folders() -> None:
@@ -43,7 +46,7 @@ def test_a_template_run_serves_its_output_folder_and_the_usual_log_folders() -> 
 
 def test_a_script_run_does_not_walk_its_whole_work_dir() -> None:
     meta = {"workdir": WORK, "out_dir": WORK, "template": False}
-    dirs = log_dirs(meta, WORK, ["tb", "~/shared/tb", "/data/tb/"])
+    dirs = log_dirs(RunRecord.from_json(meta), WORK, ["tb", "~/shared/tb", "/data/tb/"])
     assert [(d.name, d.path, d.required) for d in dirs] == [
         ("runs", f"{WORK}/runs", False),
         ("lightning_logs", f"{WORK}/lightning_logs", False),
@@ -59,7 +62,7 @@ def test_a_slurm_run_uses_its_code_dir_and_absolute_paths() -> None:
         "out_dir": "/shared/u/vmrun/p-1/results/r",
         "template": False,
     }
-    dirs = log_dirs(meta, "/shared/u/vmrun/p-1/results/r")
+    dirs = log_dirs(RunRecord.from_json(meta), "/shared/u/vmrun/p-1/results/r")
     assert [(d.path, d.required) for d in dirs] == [
         ("/shared/u/vmrun/p-1/results/r", False),  # a script's: only if it is there
         ("/shared/u/vmrun/p-1/runs", False),
@@ -93,7 +96,9 @@ def test_a_comma_cannot_go_into_tensorboards_list_of_folders() -> None:
     with pytest.raises(UsageError) as info:
         log_dirs(template_meta(), f"{WORK}/results/{RID}", ["a,b"])
     assert info.value.code == "usage" and "a,b" in info.value.message
-    alone = log_dirs({"template": False}, "", ["/x/a,b"])  # the only one: --logdir takes it
+    alone = log_dirs(
+        RunRecord.from_json({"template": False}), "", ["/x/a,b"]
+    )  # the only one: --logdir takes it
     assert [d.path for d in alone] == ["/x/a,b"]
 
 

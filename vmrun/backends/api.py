@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vmrun.results.failure import WorkerFailure
+from vmrun.results.record import RunRecord
 from vmrun.runs.state import RunState
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class NodeRecord:
     node: str
     state: RunState
     exit_code: int | None
-    meta: Mapping[str, Any]
+    record: RunRecord
     started: float = 0.0  # this machine's clock when it was started
     first_started: float | None = None  # the node's clock when the first attempt began
     ended: float | None = None
@@ -90,11 +91,11 @@ class RunRef:
     unreached: Mapping[str, BaseException] = field(default_factory=dict)
 
     @property
-    def meta(self) -> Mapping[str, Any]:
+    def record(self) -> RunRecord:
         """The run's own record (the newest node record: all nodes share the same plan)."""
         if not self.records:
-            return {}
-        return max(self.records.values(), key=lambda r: r.started).meta
+            return RunRecord.from_json({})
+        return max(self.records.values(), key=lambda r: r.started).record
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class RunRow(Protocol):
     @property
     def host(self) -> str: ...  # the node (a cluster's name)
     @property
-    def meta(self) -> Mapping[str, Any]: ...  # its run.json
+    def record(self) -> RunRecord: ...  # its run.json
     @property
     def state(self) -> RunState: ...
     @property

@@ -76,9 +76,9 @@ def register(app: typer.Typer) -> None:
             say(json.dumps([*found.runs(), *found.places()], indent=2))
             sys.stdout.flush()
         else:
-            images = any(r.meta.get("image") for r in records)
+            images = any(r.record.image for r in records)
             stores = any(r.store for r in records)
-            costs = any(r.meta.get("price_per_hour") is not None for r in records)
+            costs = any(r.record.price_per_hour is not None for r in records)
             _render(
                 _rows(records, autostop, images, stores, costs),
                 autostop=bool(autostop),
@@ -111,7 +111,7 @@ def _rows(
     for r in records:
         extra = [
             *([autostop.get(r.host, "-")] if autostop else []),
-            *([str(r.meta.get("image") or "-")] if images else []),
+            *([r.record.image or "-"] if images else []),
             *([_bucket(r)] if stores else []),
             *([_cost(r)] if costs else []),
         ]
@@ -121,7 +121,7 @@ def _rows(
         rows.append(
             (r.id, r.host, _state(r), progress, started, _duration(r.duration), code, *extra)
         )
-        for t in r.tasks if r.meta.get("array") else []:
+        for t in r.tasks if r.record.job and r.record.job.array else []:
             state = f"{t.state} ({t.reason})" if t.reason else str(t.state)
             code = "-" if t.exit_code is None else str(t.exit_code)
             where = f"on {t.nodes}" if t.nodes else "-"
@@ -144,9 +144,9 @@ def _cost(run: Any) -> str:
     from vmrun.operations.status_runs import cost_of
     from vmrun.results.cost import money
 
-    if run.meta.get("master") not in (None, run.host):
+    if run.record.master not in ("", run.host):
         return "-"  # the run's cost is on its master's row
-    found = cost_of(run.meta, run.ran_s)
+    found = cost_of(run.record, run.ran_s)
     return money(found["amount"], found["currency"]) if found else "-"
 
 

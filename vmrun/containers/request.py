@@ -37,7 +37,7 @@ class Request:
     pull: str = "newer"  # PULL_POLICIES
 
     def meta(self) -> dict[str, Any]:
-        """What run.json keeps of it."""
+        """What run.json keeps of it (vmrun.results.record's `Image`, which makes it again)."""
         return {
             "image": str(self.image),
             "mounts": [str(m) for m in self.mounts],
@@ -45,20 +45,6 @@ class Request:
             "container_ulimits": list(self.ulimits),
             "pull": self.pull,
         }
-
-
-def from_meta(meta: Mapping[str, Any]) -> Request | None:
-    """The request a run recorded (`Request.meta`), or None for a run without an image."""
-    image = str(meta.get("image") or "")
-    if not image:
-        return None
-    return Request(
-        parse_image(image),
-        tuple(parse_mount(str(m)) for m in meta.get("mounts") or []),
-        str(meta.get("container_runtime") or "auto"),
-        tuple(str(u) for u in meta.get("container_ulimits") or []),
-        check_pull(str(meta.get("pull") or "newer")),
-    )
 
 
 def check_pull(value: str) -> str:

@@ -27,6 +27,7 @@ from vmrun.errors import (
     exit_code_for,
 )
 from vmrun.reporting import QUIET, Reporter
+from vmrun.results.record import RunRecord
 from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.group import Group, Outcome
 from vmrun.ssh.inventory import HostEntry
@@ -221,21 +222,20 @@ def _from_place(job: FetchJob, place: StoreURL, out: Reporter, s3: Any = None) -
     return Fetched([Outcome(str(place), report, None, time.monotonic() - began)])
 
 
-def _run_copy(job: FetchJob, meta: Mapping[str, Any]) -> StoreURL | None:
+def _run_copy(job: FetchJob, record: RunRecord | None) -> StoreURL | None:
     """Where the run's copy is in a bucket, where that is known: its record's `store` (the
-    run's `meta`, else the record fetched here before: results/RUN/run.json); with no
+    run's `record`, else the record fetched here before: results/RUN/run.json); with no
     record at all, RUN under the project's `store`, where its runs are copied. None: the
     run was not copied (its record names no store), or nothing says where."""
-    from vmrun.results.history import RECORD, json_object, run_places
+    from vmrun.results.history import read_record, run_places
     from vmrun.store_url import parse_store
     from vmrun.stores.sync import run_place
 
-    if not meta and job.run:
+    if not record and job.run:
         kept = run_places(_destination(job) / "results" / job.run)
-        meta = next((m for m in (json_object(p / RECORD) for p in kept) if m), {})
-    if meta:
-        copy = meta.get("store")
-        return parse_store(copy) if isinstance(copy, str) and copy else None
+        record = next((r for r in map(read_record, kept) if r), None)
+    if record:
+        return parse_store(record.store) if record.store else None
     if job.settings.store and job.run:
         return run_place(parse_store(job.settings.store), job.run)
     return None
@@ -247,7 +247,7 @@ def _instead(job: FetchJob, exc: UsageError | HostsFailed, out: Reporter) -> Fet
     from vmrun.backends.select import Target
 
     copied = Target.of(hosts=job.hosts, cluster=job.cluster).capabilities.store  # to a bucket
-    place = _run_copy(job, {}) if copied and not job.watch else None
+    place = _run_copy(job, None) if copied and not job.watch else None
     if place is None:
         raise exc
     out.info(f"{exc.message}; fetching run {job.run}'s copy from the bucket instead")
@@ -261,9 +261,9 @@ def _or_bucket(job: FetchJob, fetched: Fetched, out: Reporter) -> Fetched:
     ref = fetched.ref
     if ref is None:
         return fetched
-    holder = str(ref.meta.get("store_node") or ref.meta.get("master") or ref.nodes[0])
+    holder = ref.record.store_node or ref.record.master or ref.nodes[0]
     why = _lacking(fetched, holder)
-    place = _run_copy(job, ref.meta) if why else None
+    place = _run_copy(job, ref.record) if why else None
     if place is None:
         return fetched
     out.info(f"{why}; fetching run {ref.run_id}'s copy from the bucket instead")

@@ -13,6 +13,7 @@ from typing import Any
 
 from vmrun.config import Settings
 from vmrun.errors import UsageError
+from vmrun.results.record import Job
 from vmrun.runs.stacks import (
     Flight,
     RankStack,
@@ -89,7 +90,8 @@ def _hang_on_cluster(backend: Any, run: str | None) -> Stacks:
     from vmrun.ssh.channel import run_for_output
 
     ref = backend.find(run)
-    argv = command("stacks.py", "--saved", str(ref.meta["record_dir"]), python=backend.python())
+    record_dir = ref.record.job.record_dir if ref.record.job else ""
+    argv = command("stacks.py", "--saved", record_dir, python=backend.python())
     _, text = run_for_output(backend.conn, argv, what="the hang's stacks", activity=False)
     said = [json.loads(line)["hang"] for line in text.splitlines() if line.startswith('{"hang": {')]
     hangs = {backend.cluster.name: said[-1]} if said else {}
@@ -114,7 +116,8 @@ def _on_cluster(backend: Any, run: str | None) -> Stacks:
 
     ref = backend.find(run, running_only=run is None)
     state, _ = backend.state(ref)
-    job = str(ref.meta.get("job_id") or "")
+    recorded = ref.record.job or Job()
+    job = recorded.job_id
     if state != RunState.RUNNING or not job:
         raise UsageError(
             f"run {ref.run_id} is not running (job {job or '?'}, {state}): its"
@@ -123,10 +126,10 @@ def _on_cluster(backend: Any, run: str | None) -> Stacks:
         )
     python = backend.python()
     spy = ensure(backend.conn, python)
-    nodes = str(ref.meta.get("nodes") or 1)
+    nodes = str(recorded.nodes or 1)
     # each node's task writes its ranks' files into one folder of the record (on the shared
     # filesystem): srun mixes the tasks' output, and a rank's JSON is long
-    folder = f"{ref.meta['record_dir']}/stacks/live-{time.strftime('%Y%m%dT%H%M%S')}"
+    folder = f"{recorded.record_dir}/stacks/live-{time.strftime('%Y%m%dT%H%M%S')}"
     argv = [
         "srun",
         "--overlap",

@@ -7,15 +7,16 @@ did not answer (`run` null), so a reader sees every failure, grouped by code, on
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from vmrun.backends.api import RunRow
 from vmrun.errors import error_json, run_failed, run_over_budget, run_stopped
-from vmrun.results.cost import USD, charge
+from vmrun.results.cost import charge
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.history import iso_utc
 from vmrun.results.layout import CLUSTER, layout_of
+from vmrun.results.record import RunRecord
 
 _PROGRESS = re.compile(r"epoch (\d+)(?:/(\d+))?")
 KEYS = (
@@ -44,6 +45,7 @@ KEYS = (
     "store",
     "recoveries",
     "cost",
+    "record",
 )
 
 
@@ -59,7 +61,7 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
     from vmrun.backends.api import combined_state
 
     first = recs[0]
-    layout = layout_of(first.meta)
+    layout = layout_of(first.record)
     on_cluster = layout.where == CLUSTER
     if len(recs) > 1:
         state, code = combined_state(recs)
@@ -84,7 +86,7 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         "reason": first.reason or None,
         "attempts": max(r.attempts for r in recs),
         "launcher": layout.launcher,
-        "image": first.meta.get("image") or None,  # the container image it ran in, if any
+        "image": first.record.image or None,  # the container image it ran in, if any
         "nodes": layout.nodes,
         "procs_per_node": layout.procs_per_node,
         "world_size": layout.world_size,
@@ -99,19 +101,20 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         **_made_by(recs),
         "store": _store(recs),
         "recoveries": _recoveries(recs),
-        "cost": cost_of(first.meta, max(ran) if ran else None),
+        "cost": cost_of(first.record, max(ran) if ran else None),
+        "record": first.record.as_json() if first.record else None,
     }
 
 
-def cost_of(meta: Mapping[str, Any], seconds: float | None) -> dict[str, Any] | None:
+def cost_of(record: RunRecord, seconds: float | None) -> dict[str, Any] | None:
     """What the run has cost so far (`seconds`: its time over every attempt, at the prices
     run.json recorded as it started): `amount`, `currency`, `per_hour`; None where a node's
     price is unknown."""
-    per_hour = meta.get("price_per_hour")
-    if not isinstance(per_hour, (int, float)) or seconds is None:
+    prices = record.prices
+    if prices is None or seconds is None:
         return None
-    currency = str(meta.get("currency") or USD)
-    return {"amount": charge(seconds, per_hour), "currency": currency, "per_hour": per_hour}
+    per_hour = prices.per_hour
+    return {"amount": charge(seconds, per_hour), "currency": prices.currency, "per_hour": per_hour}
 
 
 def _recoveries(recs: list[RunRow]) -> dict[str, Any] | None:
@@ -149,15 +152,14 @@ def _first_failure(recs: list[RunRow]) -> tuple[str, WorkerFailure] | None:
 def _made_by(recs: list[RunRow]) -> dict[str, Any]:
     """The code's commit and whether it had uncommitted changes (run.json), and the main
     versions the run's first node reported (versions.json): what a script groups runs by."""
-    code = recs[0].meta.get("code")
-    code = code if isinstance(code, dict) else {}
+    code = recs[0].record.code or {}
     versions = next((v for r in recs if (v := r.versions)), None)
     return {"commit": code.get("commit"), "dirty": code.get("dirty"), "versions": versions}
 
 
 def _tasks(run: RunRow) -> list[dict[str, Any]] | None:
     """An array job's tasks (`vmrun submit` of a script with --array), else null."""
-    if not run.meta.get("array"):
+    if not (run.record.job and run.record.job.array):
         return None
     return [
         {

@@ -30,8 +30,8 @@ class Stopped:
     @property
     def job(self) -> str | None:
         """A cluster's job id."""
-        job = self.ref.meta.get("job_id")
-        return None if job is None else str(job)
+        job = self.ref.record.job
+        return job.job_id or None if job is not None else None
 
     @property
     def exit_code(self) -> int:

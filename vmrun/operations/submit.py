@@ -137,7 +137,7 @@ def submit(
                 login=backend.cluster.login,
                 sync=f"{project} -> {job.code_dir}",
                 submit=["cd", job.code_dir, "&&", "sbatch", "--parsable", *job.sbatch],
-                work_dir=str(job.meta["work_dir"]),
+                work_dir=job.record.job.work_dir if job.record.job else "",
                 output=job.batch.output,
                 error=job.batch.error,
                 array=job.batch.array,

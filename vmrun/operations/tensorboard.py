@@ -48,7 +48,7 @@ class Place:
     conn: Connection
     run_id: str
     python: str
-    meta: Any
+    record: Any  # its run.json (vmrun.results.record.RunRecord)
     location: RunLocation
     fix: str  # how to get tensorboard into that python
 
@@ -69,8 +69,8 @@ def place(
         ref = backend.find(run)
         at = backend.files_at(ref)
         fix = f"`vmrun setup --pip tensorboard {at.selector}`"
-        meta = ref.records[at.node].meta if at.node in ref.records else ref.meta
-        yield Place(at.conn, ref.run_id, at.python, meta, at.location, _fix(fix, ref.run_id))
+        record = ref.records[at.node].record if at.node in ref.records else ref.record
+        yield Place(at.conn, ref.run_id, at.python, record, at.location, _fix(fix, ref.run_id))
 
 
 def _fix(setup: str, run_id: str) -> str:
@@ -117,7 +117,7 @@ def serving(
     lightning_logs/ of its work directory, and `logdirs` (on the host)."""
     from vmrun.runs.tensorboard import log_dirs
 
-    dirs = log_dirs(place.meta, place.location.out_dir, list(logdirs))
+    dirs = log_dirs(place.record, place.location.out_dir, list(logdirs))
     if local:
         return _Here(settings, place, dirs, port, every, out)
     return _OnHost(place, dirs, port)

@@ -338,8 +338,9 @@ def _resumed(
     entries = _nodes(entries, [swap.get(n, n) for n in resumed.nodes], settings)
     if place.wiring.master is None and len(entries) > 1 and not resumed.restore:
         w = place.wiring
-        recorded = resumed.meta.get("nnodes") if hosts.nnodes is None else hosts.nnodes
-        master = str(resumed.meta.get("master"))
+        nnodes = resumed.record.launch.nnodes
+        recorded = nnodes if hosts.nnodes is None else hosts.nnodes
+        master = resumed.record.master
         place.wiring = _wiring(swap.get(master, master), recorded, w.rdzv_port, w.nccl_debug)
     if any(e.label not in group.connections for e in entries):
         group = Group(entries, settings)  # a node the search did not include

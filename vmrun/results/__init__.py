@@ -3,7 +3,8 @@
 Runs are read from their folders here (`results/<run-id>/`, as `fetch` and `train --local`
 leave them), so reports and plots work after the VMs are gone. Nothing here connects.
 
-- `layout`:   the three forms of run.json (hosts, Slurm, --local) as one `RunLayout`;
+- `record`:   a run's run.json, any form any vmrun wrote, as one typed `RunRecord`;
+- `layout`:   a run's shape (nodes, processes, world size) from its record, as `RunLayout`;
 - `history`:  a results folder as a `RunHistory` (`load_run`, `load_runs`, `run_dirs`);
 - `report`:   one row per run, speed-up and efficiency (`report_rows`, `render_markdown`,
               `rows_json`);

@@ -23,6 +23,7 @@ from vmrun.errors import UsageError, VmrunError
 from vmrun.results.failure import FILE as FAILURE
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.layout import CLUSTER, HOSTS, LOCAL, RunLayout, layout_of
+from vmrun.results.record import LocalEnd, RunRecord
 
 RECORD = "run.json"
 METRICS = "metrics.jsonl"
@@ -69,6 +70,7 @@ class RunHistory:
     # rank_step_s and rank_node in metrics.jsonl), where it says them
     rank_step_s: tuple[float, ...] | None = None
     rank_node: tuple[int, ...] | None = None
+    record: RunRecord | None = None  # its run.json (None: it has none)
 
     @property
     def epochs_done(self) -> int:
@@ -152,8 +154,8 @@ def load_run(path: Path) -> RunHistory:
     if not path.is_dir():
         raise RunDataError(name, f"no results folder {path}")
     places = run_places(path)
-    records = {d: json_object(d / RECORD) for d in places}
-    meta = next((m for m in records.values() if m), {})
+    records = [read_record(d) for d in places]
+    record = next((r for r in records if r), RunRecord.from_json({}))
     metrics_file = _metrics_file(places)
     if metrics_file is None:
         raise RunDataError(name, f"no {METRICS} in {path}", hint="it has nothing to report")
@@ -161,11 +163,11 @@ def load_run(path: Path) -> RunHistory:
     if not epochs:
         raise RunDataError(name, f"{metrics_file} holds no epochs")
     world = [e["world_size"] for e in epochs if "world_size" in e]
-    layout = layout_of(meta, world_size=int(world[-1]) if world else None)
-    started, ended, code = _times(layout, meta, places)
+    layout = layout_of(record, world_size=int(world[-1]) if world else None)
+    started, ended, code = _times(layout, record, places)
     fields = asdict(layout)
     return RunHistory(
-        run_id=str(meta.get("id") or meta.get("run_id") or name),
+        run_id=record.run_id or name,
         path=path,
         **fields,
         epochs=epochs,
@@ -173,10 +175,11 @@ def load_run(path: Path) -> RunHistory:
         ended=ended,
         exit_code=code,
         **_failure(places, multi=len(places) > 1 or path not in places),
-        price_per_hour=_float(meta.get("price_per_hour")),
-        currency=str(meta.get("currency") or "USD"),
-        ran_before_s=_float(meta.get("ran_before_s")) or 0.0,
+        price_per_hour=record.price_per_hour,
+        currency=record.currency,
+        ran_before_s=record.ran_before_s,
         **read_rank_times(metrics_file),
+        record=record or None,
     )
 
 
@@ -265,6 +268,11 @@ def _metrics_file(places: list[Path]) -> Path | None:
     return max(files, key=lambda f: f.stat().st_size, default=None)
 
 
+def read_record(place: Path) -> RunRecord:
+    """The run.json in this folder, any form (empty, `where` "", without a readable one)."""
+    return RunRecord.from_json(json_object(place / RECORD))
+
+
 def json_object(path: Path) -> dict[str, Any]:
     """A file's JSON object; {} when it is missing, not JSON, or not an object."""
     try:
@@ -276,8 +284,8 @@ def json_object(path: Path) -> dict[str, Any]:
 
 def _start_of(path: Path) -> float:
     for place in run_places(path):
-        meta = json_object(place / RECORD)
-        started = _times(layout_of(meta), meta, [place])[0]
+        record = read_record(place)
+        started = _times(layout_of(record), record, [place])[0]
         if started is not None:
             return started
     try:
@@ -287,18 +295,20 @@ def _start_of(path: Path) -> float:
 
 
 def _times(
-    layout: RunLayout, meta: Mapping[str, Any], places: list[Path]
+    layout: RunLayout, record: RunRecord, places: list[Path]
 ) -> tuple[float | None, float | None, int | None]:
     """Start, end and exit code, each as the run's own form records it."""
     if layout.where == LOCAL:
-        return _iso(meta.get("start_time")), _iso(meta.get("end_time")), _int(meta.get("exit_code"))
+        end = record.local or LocalEnd()
+        return _iso(end.start_time), _iso(end.end_time), end.exit_code
     if layout.where == CLUSTER:
         starts = _lines(places, "starts")
         exits = _lines(places, "exit")
         started = _float(starts[0][1]) if starts and len(starts[0]) > 1 else None
         ended = _float(exits[-1][2]) if exits and len(exits[-1]) > 2 else None
         code = _int(exits[-1][1]) if exits and len(exits[-1]) > 1 else None
-        return started if started is not None else _float(meta.get("submitted")), ended, code
+        submitted = record.job.submitted if record.job else None
+        return started if started is not None else submitted, ended, code
     codes, ends = [], []
     for place in places if layout.where == HOSTS else []:
         try:
@@ -308,7 +318,7 @@ def _times(
             continue
     failed = sorted((end, c) for c, end in zip(codes, ends, strict=True) if c)
     code = (failed[0][1] if failed else 0) if codes else None  # the first node to fail
-    return _float(meta.get("started")), max(ends, default=None), code
+    return record.started, max(ends, default=None), code
 
 
 def _lines(places: list[Path], name: str) -> list[list[str]]:

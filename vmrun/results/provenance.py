@@ -17,8 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmrun.results.history import RECORD, RunDataError, json_object, run_places, subdirs
-from vmrun.results.layout import LOCAL, where_of
+from vmrun.results.history import (
+    RECORD,
+    RunDataError,
+    json_object,
+    read_record,
+    run_places,
+    subdirs,
+)
+from vmrun.results.layout import LOCAL
+from vmrun.results.record import RunRecord
 
 PROVENANCE = "provenance.json"
 VERSIONS = "versions.json"
@@ -44,11 +52,11 @@ class NodeProvenance:
 
 @dataclass(frozen=True)
 class RunProvenance:
-    """A run's code, variables and nodes; `meta` is its run.json ({} without one)."""
+    """A run's code, variables and nodes; `record` is its run.json (falsy without one)."""
 
     run_id: str
     path: Path
-    meta: Mapping[str, Any]
+    record: RunRecord
     code: Mapping[str, Any]
     variables: Mapping[str, Any] | None  # None: not recorded (an older run)
     nodes: tuple[NodeProvenance, ...]
@@ -81,22 +89,21 @@ def load_provenance(path: Path, *, with_patch: bool = True) -> RunProvenance:
     name = path.name or str(path)
     if not path.is_dir():
         raise RunDataError(name, f"no results folder {path}")
-    records = [json_object(d / RECORD) for d in run_places(path)]
-    meta = next((m for m in records if m), {})
+    records = [read_record(d) for d in run_places(path)]
+    record = next((r for r in records if r), RunRecord.from_json({}))
     homes = _homes(path)
-    nodes = tuple(n for home in homes for n in _nodes_in(home, path, meta))
-    if not meta and not any(n.recorded for n in nodes):
+    nodes = tuple(n for home in homes for n in _nodes_in(home, path, record))
+    if not record and not any(n.recorded for n in nodes):
         raise RunDataError(
             name, f"no {RECORD} or provenance in {path}", hint="it has nothing to compare"
         )
-    variables = meta.get("variables")
     return RunProvenance(
-        run_id=str(meta.get("id") or meta.get("run_id") or name),
+        run_id=record.run_id or name,
         path=path,
-        meta=meta,
-        code=_dict(meta.get("code")),
-        variables=variables if isinstance(variables, dict) else None,
-        nodes=tuple(_ordered(nodes, meta)),
+        record=record,
+        code=dict(record.code or {}),
+        variables=record.launch.variables,
+        nodes=tuple(_ordered(nodes, record)),
         patch=_text(homes, PATCH) if with_patch else None,
         batch=_text(homes, BATCH),
         allocation=_allocation(_text(homes, ALLOCATION)),
@@ -135,7 +142,7 @@ def _node_files(place: Path) -> list[Path]:
     return own + sorted(per_node, key=lambda p: _natural(p.name))
 
 
-def _nodes_in(home: Path, run: Path, meta: Mapping[str, Any]) -> list[NodeProvenance]:
+def _nodes_in(home: Path, run: Path, record: RunRecord) -> list[NodeProvenance]:
     """A node per provenance file of the folder (a file that is not JSON: none); a folder
     per host is its one node even without one, named by the folder."""
     versions = json_object(home / VERSIONS)
@@ -147,10 +154,10 @@ def _nodes_in(home: Path, run: Path, meta: Mapping[str, Any]) -> list[NodeProven
             continue
         matched = _NODE_FILE.fullmatch(file.name)
         label = home.name if per_host else _node_name(data, matched.group(1) if matched else "")
-        nodes.append(_node(label or _default_name(meta), data, versions))
+        nodes.append(_node(label or _default_name(record), data, versions))
     nodes = _last_attempt(nodes)
     if not nodes and (per_host or versions):
-        label = home.name if per_host else _default_name(meta)
+        label = home.name if per_host else _default_name(record)
         nodes.append(NodeProvenance(label, versions=versions))
     return nodes
 
@@ -186,18 +193,16 @@ def _node_name(data: Mapping[str, Any], from_file: str) -> str:
     return ""
 
 
-def _default_name(meta: Mapping[str, Any]) -> str:
+def _default_name(record: RunRecord) -> str:
     """A node whose files do not name it: the record's host, else `local` or `node`."""
-    host = meta.get("host")
-    if isinstance(host, str) and host:
-        return host
-    return LOCAL if where_of(meta) == LOCAL else "node"
+    if record.host:
+        return record.host
+    return LOCAL if record.where == LOCAL else "node"
 
 
-def _ordered(nodes: tuple[NodeProvenance, ...], meta: Mapping[str, Any]) -> list[NodeProvenance]:
+def _ordered(nodes: tuple[NodeProvenance, ...], record: RunRecord) -> list[NodeProvenance]:
     """In the record's host order (rank 0's first) where it lists them, else as found."""
-    listed = meta.get("nodes")
-    order = [str(n) for n in listed] if isinstance(listed, list) else []
+    order = list(record.hosts)
     return sorted(nodes, key=lambda n: order.index(n.name) if n.name in order else len(order))
 
 

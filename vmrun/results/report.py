@@ -79,6 +79,8 @@ class ReportRow:
     # ranks slower than the others (vmrun.results.stragglers, on each rank's median step
     # time): rank, node, seconds, typical (the others' median), ratio
     slow_ranks: list[dict[str, Any]] | None = None
+    # its run.json, as vmrun.results.record's typed fields (docs/reports.md lists them)
+    record: dict[str, Any] | None = None
 
 
 def _median(run: RunHistory, metric: str) -> float | None:
@@ -133,6 +135,7 @@ def report_rows(
                 cost=charge(run.ran_s, run.price_per_hour),
                 currency=run.currency if run.price_per_hour is not None else None,
                 slow_ranks=_slow(run),
+                record=run.record.as_json() if run.record else None,
             )
         )
     return rows
@@ -182,9 +185,9 @@ def _costed(
     if recoveries is None:
         return None
     done = []
-    for rec in recoveries:
-        seconds = recovery_seconds(rec, epoch_s) if rec["kind"] == "recovery" else None
-        done.append({**rec, "cost_s": seconds, "cost": charge(seconds, per_hour)})
+    for event in recoveries:
+        seconds = recovery_seconds(event, epoch_s) if event["kind"] == "recovery" else None
+        done.append({**event, "cost_s": seconds, "cost": charge(seconds, per_hour)})
     return done
 
 

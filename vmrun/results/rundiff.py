@@ -18,6 +18,7 @@ from typing import Any
 
 from vmrun.results.layout import layout_of
 from vmrun.results.provenance import NodeProvenance, RunProvenance, version_text
+from vmrun.results.record import Job, RunRecord
 
 PATCH_DIFF_LINES = 200
 NO_PROVENANCE = "no provenance recorded"
@@ -165,12 +166,11 @@ def _earlier_change(a: RunProvenance, b: RunProvenance) -> list[Change]:
     """A resumed run whose earlier attempts ran other code (run.json's `code_earlier`)."""
 
     def other(run: RunProvenance) -> list[str] | None:
-        listed = run.meta.get("code_earlier")
         now = run.code.get("tree_sha256")
         found = [
             f"attempt {c.get('attempt')}: {_shown(c.get('commit'))}"
-            for c in (listed if isinstance(listed, list) else [])
-            if isinstance(c, dict) and c.get("tree_sha256") != now
+            for c in run.record.code_earlier
+            if c.get("tree_sha256") != now
         ]
         return found or None
 
@@ -398,43 +398,39 @@ def _gib(value: Any) -> str | None:
 
 # -- launch -------------------------------------------------------------------------------
 
-LAUNCH_KEYS = (
-    "max_restarts",
-    "max_requeues",
-    "gpus_per_node",
-    "partition",
-    "time",
-    "image",
-    "image_digest",
-    "container_runtime",
-)
-
 
 def launch_changes(a: RunProvenance, b: RunProvenance) -> list[Change]:
-    unknown = _unknown(a, b, _lacks(a.meta, "no run.json"), _lacks(b.meta, "no run.json"))
+    unknown = _unknown(a, b, _lacks(a.record, "no run.json"), _lacks(b.record, "no run.json"))
     if unknown:
         return unknown
-    fa, fb = launch_facts(a.meta), launch_facts(b.meta)
+    fa, fb = launch_facts(a.record), launch_facts(b.record)
     return _compared((k, fa[k], fb[k]) for k in fa)
 
 
-def launch_facts(meta: Mapping[str, Any]) -> dict[str, Any]:
+def launch_facts(record: RunRecord) -> dict[str, Any]:
     """How the run was started, from its record, whichever of the three forms it has."""
-    layout = layout_of(meta)
-    env_keys = meta.get("env_keys")
+    layout = layout_of(record)
+    launch, job, image = record.launch, record.job or Job(), record.launch.image
     return {
         "where": layout.where,
         "launcher": layout.launcher,
-        "script": meta.get("script"),
-        "args": meta.get("args"),
+        "script": launch.script or None,
+        "args": list(launch.args) if launch.args is not None else None,
         "nodes": layout.nodes,
         "procs per node": layout.procs_per_node,
         "world size": layout.world_size,
-        "nproc": meta.get("nproc"),
+        "nproc": launch.nproc,
         "hosts": list(layout.hosts) or None,
         "cluster": layout.cluster,
-        **{k: meta.get(k) for k in LAUNCH_KEYS},
-        "env_keys": sorted(map(str, env_keys)) if isinstance(env_keys, list) else None,
+        "max_restarts": launch.max_restarts,
+        "max_requeues": job.max_requeues,
+        "gpus_per_node": job.gpus_per_node,
+        "partition": job.partition,
+        "time": job.time,
+        "image": image.image if image else None,
+        "image_digest": image.digest if image else None,
+        "container_runtime": image.runtime if image else None,
+        "env_keys": sorted(launch.env_keys) if launch.env_keys is not None else None,
     }
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -24,6 +25,7 @@ from vmrun.containers.runtime import IMAGE_PYTHON
 from vmrun.errors import Interrupted, UsageError, run_failed
 from vmrun.reporting import QUIET, Reporter
 from vmrun.results.failure import WorkerFailure
+from vmrun.results.record import LOCAL, Image, Launch, LocalEnd, RunRecord
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.plan import (
     CPU_PROCESSES,
@@ -85,10 +87,16 @@ def run_local(
             image, argv, sorted(names), project=plan.project, rid=rid, script=plan.script
         )
     record = _record(plan, rid, nproc, argv, run_dir, python)
-    record.update(image.meta() if image else {})
-    record["variables"] = _variables(plan, child_env, outer)
-    record["code"] = _code(plan, run_dir)
-    write_json_atomic(run_dir / "run.json", record)
+    record = replace(
+        record,
+        launch=replace(
+            record.launch,
+            image=Image.from_json(image.meta()) if image else None,
+            variables=_variables(plan, child_env, outer),
+        ),
+        code=_code(plan, run_dir),
+    )
+    _write(run_dir, record)
     if on_start is not None:
         on_start(rid)
     procs = f"{nproc} processes" if plan.launcher == "torchrun" else "1 process"
@@ -202,26 +210,34 @@ def _argv(
 
 def _record(
     plan: Plan, rid: str, nproc: str | None, argv: list[str], run_dir: Path, python: str
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "status": "running",
-        "script": str(plan.script),
-        "template": plan.is_template,
-        "launcher": plan.launcher,
-        "args": list(plan.args),
-        "nproc": {"torchrun": nproc, "env": "1"}.get(plan.launcher),  # python: the script's
-        "max_restarts": plan.max_restarts,
-        "argv": argv,
-        "cwd": str(plan.project),
-        "run_dir": str(run_dir),
-        "env_keys": sorted(plan.env),  # names only: values may be secrets
-        "python": python,
-        "pid": None,
-        "start_time": utc_now(),
-        "end_time": None,
-        "exit_code": None,
-    }
+) -> RunRecord:
+    return RunRecord(
+        run_id=rid,
+        where=LOCAL,
+        launch=Launch(
+            script=str(plan.script),
+            template=plan.is_template,
+            launcher=plan.launcher,
+            args=tuple(plan.args),
+            nproc={"torchrun": nproc, "env": "1"}.get(plan.launcher),  # python: the script's
+            max_restarts=plan.max_restarts,
+            argv=tuple(argv),
+            env_keys=tuple(sorted(plan.env)),  # names only: values may be secrets
+            python=python,
+        ),
+        local=LocalEnd(
+            status="running", cwd=str(plan.project), run_dir=str(run_dir), start_time=utc_now()
+        ),
+    )
+
+
+def _write(run_dir: Path, record: RunRecord) -> None:
+    write_json_atomic(run_dir / "run.json", record.to_json())
+
+
+def _ended(record: RunRecord, **how: Any) -> RunRecord:
+    """The record with how the run went (`status`, `end_time`, `exit_code`, ...)."""
+    return replace(record, local=replace(record.local or LocalEnd(), **how))
 
 
 def _supervise(
@@ -229,7 +245,7 @@ def _supervise(
     rid: str,
     run_dir: Path,
     rel_dir: str,
-    record: dict[str, Any],
+    record: RunRecord,
     argv: list[str],
     child_env: dict[str, str],
     out: Reporter,
@@ -240,18 +256,14 @@ def _supervise(
     try:
         code, stopped = supervisor.run(argv, plan.project, child_env)
     except Exception as exc:
-        record.update(status="error", end_time=utc_now(), error=f"{type(exc).__name__}: {exc}")
-        write_json_atomic(run_dir / "run.json", record)
+        why = f"{type(exc).__name__}: {exc}"
+        _write(run_dir, _ended(supervisor.record, status="error", end_time=utc_now(), error=why))
         raise
     torchrun = plan.launcher == "torchrun" and not stopped
     failure = _worker_failure(run_dir, code) if torchrun else None
     code = failure.exit if failure else code
-    record.update(
-        status="stopped" if stopped else ("finished" if code == 0 else "failed"),
-        end_time=utc_now(),
-        exit_code=code,
-    )
-    write_json_atomic(run_dir / "run.json", record)
+    status = "stopped" if stopped else ("finished" if code == 0 else "failed")
+    _write(run_dir, _ended(supervisor.record, status=status, end_time=utc_now(), exit_code=code))
     if stopped:
         raise Interrupted(f"run {rid} stopped", hint=f"its files are in {rel_dir}/")
     if code != 0:
@@ -337,7 +349,7 @@ class _Supervisor:
         self,
         rid: str,
         run_dir: Path,
-        record: dict[str, Any],
+        record: RunRecord,
         out: Reporter,
         *,
         verbose: bool = False,
@@ -367,8 +379,8 @@ class _Supervisor:
                         start_new_session=True,
                         preexec_fn=die_with_vmrun,
                     )
-                    self.record["pid"] = self.proc.pid
-                    write_json_atomic(self.run_dir / "run.json", self.record)
+                    self.record = _ended(self.record, pid=self.proc.pid)
+                    _write(self.run_dir, self.record)
                     while self.pump(None):
                         pass
                     self.to_log.flush()

@@ -13,11 +13,11 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError
 from vmrun.remote_paths import RUNS_DIR
+from vmrun.results.record import RunRecord
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 from vmrun.transfer.manifest import normalize_remote
@@ -159,16 +159,17 @@ def locate_run(conn: Connection, run_id: str | None) -> RunLocation:
     except ValueError:
         meta = {}
     started = float(first) if first.strip().isdigit() else None
-    return location_of(found, conn.label, meta, started)
+    return location_of(found, conn.label, RunRecord.from_json(meta), started)
 
 
 def location_of(
-    run_id: str, host: str, meta: dict[str, Any], first_started: float | None
+    run_id: str, host: str, record: RunRecord, first_started: float | None
 ) -> RunLocation:
     """Where a run's files are, from its run.json and the host-clock time it first started
     (a template's outputs are its own folder; a script's, what it wrote in the work dir)."""
-    out_dir = meta.get("out_dir") or posixpath.join(meta.get("workdir") or ".", "results", run_id)
-    template = meta.get("template", True)
+    launch = record.launch
+    out_dir = launch.out_dir or posixpath.join(launch.workdir or ".", "results", run_id)
+    template = record.template
     since = int(first_started * 10**9) if first_started and not template else 0
     return RunLocation(
         run_id=run_id,

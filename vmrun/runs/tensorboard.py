@@ -17,12 +17,13 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vmrun import hostside
 from vmrun.errors import RemoteError, UsageError, VmrunError
+from vmrun.results.record import RunRecord
 from vmrun.ssh import quoting
 from vmrun.ssh.connection import Connection
 
@@ -63,13 +64,13 @@ def host_path(item: str, workdir: str) -> str:
     return posixpath.normpath(posixpath.join(workdir or ".", item))
 
 
-def log_dirs(meta: Mapping[str, Any], out_dir: str, extra: Sequence[str] = ()) -> list[LogDir]:
+def log_dirs(record: RunRecord, out_dir: str, extra: Sequence[str] = ()) -> list[LogDir]:
     """The folders to serve for a run: its output folder (a template's results/<run-id>; a
     script's outputs are its work dir, too wide to walk, so not that), `runs/` and
     `lightning_logs/` of its work dir when they exist, and every --logdir."""
-    workdir = str(meta.get("workdir") or meta.get("code_dir") or "")
+    workdir = record.launch.workdir or (record.job.code_dir if record.job else "")
     workdir = posixpath.normpath(workdir) if workdir else ""
-    template = bool(meta.get("template", True))
+    template = record.template
     found: list[LogDir] = []
     if out_dir and out_dir != workdir:
         found.append(LogDir(posixpath.basename(out_dir), out_dir, template, own=True))

@@ -24,7 +24,7 @@ class SetupState:
             if isinstance(steps, dict)
             else {}
         )
-        self.stamps = {name: str(rec.get("stamp", "")) for name, rec in self.steps.items()}
+        self.stamps = {name: str(step.get("stamp", "")) for name, step in self.steps.items()}
 
     def done(self, step: Step, params: Mapping[str, str], records: dict[str, str]) -> None:
         """A step succeeded (or was adopted): a new stamp, so steps that need it re-run."""

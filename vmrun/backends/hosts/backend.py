@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ from vmrun.errors import (
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Recorder, Reporter
 from vmrun.results.cost import prices
+from vmrun.results.record import HOSTS, Image, Launch, Policy, Prices, RunRecord
 from vmrun.runs import launch, provenance
 from vmrun.runs.lines import Prefixer
 from vmrun.runs.outputs import RunLocation, location_of
@@ -70,7 +72,7 @@ def node_record(rec: records.RunRecord) -> NodeRecord:
         node=rec.host,
         state=rec.state,
         exit_code=rec.exit_code,
-        meta=rec.meta,
+        record=rec.record,
         started=rec.started,
         first_started=rec.first_started,
         ended=rec.ended,
@@ -87,7 +89,7 @@ def ref_of(
 ) -> RunRef:
     """A RunRef over these node records, in the run's own node order (master first)."""
     by_node = {r.host: node_record(r) for r in recs}
-    order = [str(n) for n in (recs[0].meta.get("nodes") or []) if str(n) in by_node] if recs else []
+    order = [n for n in recs[0].record.hosts if n in by_node] if recs else []
     order += [n for n in by_node if n not in order]
     return RunRef(run_id, tuple(order), by_node, dict(skip), dict(unreached))
 
@@ -328,7 +330,8 @@ class HostsBackend:
         def one(entry: HostEntry, conn: Connection) -> StopReport:
             result = records.stop(conn, ref.run_id, grace=grace)
             rec = ref.records.get(entry.label)
-            runtime = rec.meta.get("container_runtime") if rec is not None else None
+            image = rec.record.launch.image if rec is not None else None
+            runtime = image.runtime if image is not None else None
             if runtime:
                 from vmrun.backends.hosts.images import remove_leftovers
 
@@ -339,12 +342,11 @@ class HostsBackend:
 
     def files_at(self, ref: RunRef) -> FilesAt:
         """The run's master (whose record the others share), or its first node reached."""
-        node = str(ref.meta.get("master") or ref.nodes[0])
+        node = ref.record.master or ref.nodes[0]
         if node not in ref.records:
             node = ref.nodes[0]
-        meta = ref.records[node].meta
         location = self.outputs(ref)[node]
-        python = str(meta.get("python") or "python3")
+        python = ref.records[node].record.launch.python or "python3"
         return FilesAt(node, self.conn(node), python, location, f"-H {node}")
 
     def code_dir(self, project: Path) -> str:
@@ -352,7 +354,7 @@ class HostsBackend:
 
     def outputs(self, ref: RunRef) -> dict[str, RunLocation]:
         return {
-            node: location_of(ref.run_id, node, dict(rec.meta), rec.first_started)
+            node: location_of(ref.run_id, node, rec.record, rec.first_started)
             for node, rec in ref.records.items()
         }
 
@@ -385,7 +387,7 @@ class HostsBackend:
 
 def _prefixer(ref: RunRef, node: str, out: Reporter, verbose: bool) -> Prefixer:
     """Whole lines, `[node rankN]` when the run has several nodes, `[rankN]` on one."""
-    several = len(ref.nodes) > 1 or len(ref.meta.get("nodes") or []) > 1
+    several = len(ref.nodes) > 1 or len(ref.record.hosts) > 1
     return Prefixer(node if several else None, out, verbose=verbose)
 
 
@@ -528,35 +530,40 @@ def _start_all(
     code = provenance.code_of(
         plan.project, files, trainer=plan.script if plan.is_template else None
     )
-    meta_base = {
-        "name": plan.name,
-        "template": plan.is_template,
-        "launcher": plan.launcher,
-        "args": plan.args,
-        "nproc_requested": plan.nproc,
-        "nproc": nproc,
-        "max_restarts": plan.max_restarts,
-        "env_keys": sorted(plan.env),
-        "nodes": labels,
-        "master": labels[0],
-        "nnodes": wiring.nnodes or str(len(labels)),
-        "rdzv": layout.endpoint if layout else None,
-        "code": code.facts,
-        **({"code_earlier": earlier} if earlier else {}),
-        **({"ran_before_s": round(ran, 1)} if ran else {}),
-        **({"store": str(place), "store_node": holder} if place else {}),
-        **({"recover": True} if plan.recover else {}),
-        **(
-            {"hang_timeout": plan.hang_timeout, "on_hang": plan.on_hang}
-            if plan.hang_timeout
-            else {}
+    priced = prices(
+        {e.label: e.vars.get("price") for e in group.entries if e.label in nodes},
+        {e.label: e.vars.get("currency") for e in group.entries if e.label in nodes},
+    )
+    base = RunRecord(
+        run_id=rid,
+        where=HOSTS,
+        hosts=tuple(labels),
+        master=labels[0],
+        launch=Launch(
+            name=plan.name,
+            template=plan.is_template,
+            launcher=plan.launcher,
+            args=tuple(plan.args),
+            nproc_requested=plan.nproc,
+            nproc=nproc,
+            max_restarts=plan.max_restarts,
+            env_keys=tuple(sorted(plan.env)),
+            nnodes=wiring.nnodes or str(len(labels)),
+            rdzv=layout.endpoint if layout else None,
         ),
-        **({"max_cost": plan.max_cost} if plan.max_cost else {}),
-        **prices(
-            {e.label: e.vars.get("price") for e in group.entries if e.label in nodes},
-            {e.label: e.vars.get("currency") for e in group.entries if e.label in nodes},
+        code=code.facts,
+        code_earlier=tuple(earlier or ()),
+        ran_before_s=round(ran, 1),
+        store=str(place) if place else None,
+        store_node=holder if place else "",
+        policy=Policy(
+            recover=plan.recover,
+            hang_timeout=plan.hang_timeout or None,
+            on_hang=plan.on_hang if plan.hang_timeout else None,
+            max_cost=plan.max_cost or None,
         ),
-    }
+        prices=Prices.from_json(priced),
+    )
 
     def start(entry: HostEntry, conn: Connection) -> int:
         node = nodes[entry.label]
@@ -587,25 +594,28 @@ def _start_all(
                     since_start=not plan.is_template,
                 ),
             }
-        meta = {
-            **meta_base,
-            "script": node.script,
-            "workdir": node.workdir,
-            "out_dir": _out_dir(plan, node.workdir, rid),
-            "python": node.env.python,
-            "argv": argv,
-            "host": entry.label,
-            "ifname": layout.ifnames.get(entry.label, "") if layout else "",
-            "variables": given,
-            **(node.image.meta() if node.image else {}),
-            **({"data": node.data} if node.data else {}),
-        }
+        record = replace(
+            base,
+            host=entry.label,
+            launch=replace(
+                base.launch,
+                script=node.script,
+                workdir=node.workdir,
+                out_dir=_out_dir(plan, node.workdir, rid),
+                python=node.env.python,
+                argv=tuple(argv),
+                ifname=layout.ifnames.get(entry.label, "") if layout else "",
+                variables=given,
+                image=Image.from_json(node.image.meta()) if node.image else None,
+                data=tuple(node.data or ()),
+            ),
+        )
         got = records.start(
             conn,
             rid,
             node.workdir,
             argv,
-            meta,
+            record,
             env=env,
             resume=resume is not None,
             banner=banner,
@@ -681,10 +691,10 @@ def _earlier_code(
     recs = [r for recs in (listed or {}).values() for r in recs if r.id == rid]
     if not recs:
         return []
-    meta = recs[0].meta
-    kept = [c for c in meta.get("code_earlier") or [] if isinstance(c, dict)]
-    code = meta.get("code")
-    return kept + ([{**code, "attempt": recs[0].attempt}] if isinstance(code, dict) else [])
+    record = recs[0].record
+    kept = [dict(c) for c in record.code_earlier]
+    code = record.code
+    return kept + ([{**code, "attempt": recs[0].attempt}] if code is not None else [])
 
 
 def _users_names(plan: Plan, node: Node) -> set[str]:

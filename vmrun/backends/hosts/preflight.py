@@ -97,7 +97,7 @@ def shared_workdir_warning(plan: Plan, busy: list[runs.RunRecord], workdir: str)
     others = [
         r.id
         for r in busy
-        if str(r.meta.get("workdir") or workdir) == workdir and r.meta.get("template") is not True
+        if (r.record.launch.workdir or workdir) == workdir and r.record.launch.template is not True
     ]
     if not others:
         return None

@@ -19,7 +19,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vmrun import hostside
@@ -27,6 +27,7 @@ from vmrun.errors import CommandFailed, ExitCode, HostsFailed, RemoteError, Usag
 from vmrun.remote_paths import RUNS_DIR, run_dir
 from vmrun.reporting import Recorder, Reporter
 from vmrun.results.failure import WorkerFailure
+from vmrun.results.record import RunRecord as RecordOfRun
 from vmrun.runs import provenance
 from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
@@ -42,7 +43,7 @@ _EPOCH = re.compile(r"\bepoch\s*[:=]?\s*(\d+)", re.IGNORECASE)
 class RunRecord:
     id: str
     host: str
-    meta: dict[str, Any] = field(default_factory=dict)
+    record: RecordOfRun = field(default_factory=lambda: RecordOfRun.from_json({}))  # run.json
     exit_code: int | None = None
     ended: float | None = None
     stopped: bool = False
@@ -93,7 +94,7 @@ class RunRecord:
 
     @property
     def started(self) -> float:
-        return float(self.meta.get("started", 0))
+        return self.record.started or 0.0
 
     @property
     def attempts(self) -> int:
@@ -122,13 +123,13 @@ class RunRecord:
         ran_before_s, written as this one started) and this one's. What it costs: the time
         between attempts (a recovery's downtime) is told apart, never charged twice."""
         now = self.duration
-        return None if now is None else float(self.meta.get("ran_before_s") or 0) + now
+        return None if now is None else self.record.ran_before_s + now
 
     def total_epochs(self) -> str:
         """The template's epoch count (its first argument), for `epoch N/TOTAL`."""
-        args = self.meta.get("args") or []
-        if self.meta.get("template") and args and str(args[0]).isdigit():
-            return str(args[0])
+        args = self.record.launch.args or ()
+        if self.record.launch.template and args and args[0].isdigit():
+            return args[0]
         return ""
 
 
@@ -156,7 +157,7 @@ def start(
     run_id: str,
     workdir: str,
     argv: Sequence[str],
-    meta: Mapping[str, Any],
+    record: RecordOfRun,
     env: Mapping[str, str] | None = None,
     *,
     resume: bool = False,
@@ -168,9 +169,10 @@ def start(
     refuse if another run is alive there, checked again under the host's start lock (the
     preflight's check is an earlier round trip: two starts at once would both pass it)."""
     now = time.time()
-    meta_text = json.dumps({**meta, "id": run_id, "started": now}, sort_keys=True)
+    written = replace(record, run_id=run_id, started=now).to_json()
+    meta_text = json.dumps(written, sort_keys=True)
     mode = "resume" if resume else "new"
-    out = str(meta.get("out_dir") or workdir)
+    out = record.launch.out_dir or workdir
     result = conn.run(
         [
             *hostside.command("run_start.sh"),
@@ -265,9 +267,9 @@ def _read_field(record: RunRecord, key: str, value: str) -> None:
 
 def _read_meta(record: RunRecord, value: str) -> None:
     try:
-        record.meta = json.loads(base64.b64decode(value))
+        record.record = RecordOfRun.from_json(json.loads(base64.b64decode(value)))
     except ValueError:
-        record.meta = {}
+        record.record = RecordOfRun.from_json({})
 
 
 def _read_stopped(record: RunRecord, value: str) -> None:
@@ -535,5 +537,5 @@ def find_run(
             hint="`vmrun status` lists the runs",
             code="run-not-found",
         )
-    recorded = {str(n) for _, rec in found for n in rec.meta.get("nodes") or []}
+    recorded = {n for _, run in found for n in run.record.hosts}
     return run_id, found, {h: e for h, e in failures.items() if h in recorded}

@@ -19,11 +19,12 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vmrun.backends.hosts import records as runs
 from vmrun.errors import RemoteError, UsageError
 from vmrun.reporting import Reporter
+from vmrun.results.record import RunRecord
 from vmrun.runs.outputs import CHECKPOINTS
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
@@ -45,7 +46,7 @@ class Resumed:
 
     plan: Plan
     nodes: list[str]
-    meta: dict[str, Any]
+    record: RunRecord
     listed: dict[str, list[runs.RunRecord]]
     restore: StoreURL | None = None  # from its copy in this bucket place: its hosts are gone
 
@@ -65,14 +66,14 @@ def load(
     found = [r for recs in listed.values() for r in recs if r.id == rid]
     restore = None
     if found:
-        meta = max(found, key=lambda r: r.started).meta
+        record = max(found, key=lambda r: r.started).record
     elif store is not None:
         from vmrun.stores.access import resolve
         from vmrun.stores.bucket import client, run_meta
         from vmrun.stores.sync import run_place
 
         restore = run_place(store, rid)
-        meta = run_meta(client(resolve(store_credentials)), restore)
+        record = RunRecord.from_json(run_meta(client(resolve(store_credentials)), restore))
     else:
         raise_for_failures(outcomes)
         raise UsageError(
@@ -81,66 +82,67 @@ def load(
             " with --store s3://BUCKET/PREFIX",
             code="run-not-found",
         )
-    if not meta.get("launcher") or "args" not in meta:
+    if not record.launch.launcher or record.launch.args is None:
         raise UsageError(
             f"run {rid} was started by an older vmrun and cannot be resumed",
             hint="start it again with `vmrun train`",
             code="run-not-resumable",
         )
-    missing = sorted(set(meta.get("env_keys") or []) - set(env))
+    missing = sorted(set(record.launch.env_keys or ()) - set(env))
     if missing:
         raise UsageError(
             f"run {rid} was started with --env {', '.join(missing)}; values are never stored",
             hint="pass them again with --env KEY=VALUE",
             code="env-value-missing",
         )
-    nodes = [str(x) for x in meta.get("nodes") or [meta.get("host")]]
+    nodes = list(record.hosts)
     if restore is not None:  # its hosts are gone: the ones given now, in their order
         nodes = [e.label for e in group.entries]
-    plan = _plan(rid, meta, env, store_credentials)
-    return Resumed(plan, nodes, dict(meta), listed, restore)
+    plan = _plan(rid, record, env, store_credentials)
+    return Resumed(plan, nodes, record, listed, restore)
 
 
-def _plan(rid: str, meta: dict[str, Any], env: dict[str, str], store_credentials: str) -> Plan:
+def _plan(rid: str, record: RunRecord, env: dict[str, str], store_credentials: str) -> Plan:
     from vmrun.config import find_project_dir
-    from vmrun.containers.request import Asked, from_meta
+    from vmrun.containers.request import Asked
     from vmrun.store_url import StoreURL, parse_store
     from vmrun.stores.access import resolve
     from vmrun.trainer import TEMPLATE_PATH
 
     store = None
-    if isinstance(meta.get("store"), str):  # its copy goes on, to the same place
-        place = parse_store(meta["store"])
+    launch = record.launch
+    if record.store:  # its copy goes on, to the same place
+        place = parse_store(record.store)
         store = StoreURL(place.scheme, place.bucket, posixpath.dirname(place.prefix))
 
     project = find_project_dir() or Path.cwd()
-    if meta.get("template"):
+    if launch.template:
         script = TEMPLATE_PATH
     else:
-        script = project / str(meta.get("script", ""))
+        script = project / launch.script
         if not script.is_file():
             raise UsageError(
-                f"run {rid} ran {meta.get('script')}, which is not in this project ({project})",
+                f"run {rid} ran {launch.script}, which is not in this project ({project})",
                 hint="resume from the project directory the run was started in",
                 code="run-not-resumable",
             )
     return Plan(
         script=script,
-        is_template=bool(meta.get("template")),
-        name=str(meta.get("name") or "run"),
-        args=[str(a) for a in meta.get("args", [])],
-        launcher=str(meta["launcher"]),
-        nproc=meta.get("nproc_requested"),
-        max_restarts=int(meta.get("max_restarts") or 0),
+        is_template=bool(launch.template),
+        name=launch.name or "run",
+        args=list(launch.args or ()),
+        launcher=launch.launcher,
+        nproc=launch.nproc_requested,
+        max_restarts=launch.max_restarts or 0,
         env=env,
         project=project,
-        containers=Asked(recorded=from_meta(meta), fixed=True),
+        containers=Asked(recorded=launch.image.request() if launch.image else None, fixed=True),
         store=store,
         store_access=resolve(store_credentials) if store is not None else None,
-        recover=bool(meta.get("recover")),
-        hang_timeout=int(meta.get("hang_timeout") or 0),
-        on_hang=str(meta.get("on_hang") or "wait"),
-        max_cost=float(meta.get("max_cost") or 0),
+        recover=record.policy.recover,
+        hang_timeout=record.policy.hang_timeout or 0,
+        on_hang=record.policy.on_hang or "wait",
+        max_cost=record.policy.max_cost or 0.0,
     )
 
 
@@ -168,7 +170,7 @@ def prepare(
     for host in alive:
         res = runs.stop(group.connections[host], rid, why="resume")
         out.info(f"{host}: stopped {len(res.signalled)} leftover process(es) of run {rid}")
-    out_dirs = {h: str(r.meta.get("out_dir") or "") for h, r in records.items()}
+    out_dirs = {h: r.record.launch.out_dir for h, r in records.items()}
     newest = _spread_checkpoints(group, labels, out_dirs, out)
     return _banner(list(records.values()), newest)
 
@@ -225,7 +227,7 @@ def _banner(records: Sequence[runs.RunRecord], checkpoint: str | None) -> str:
     epoch is told as `after epoch N`)."""
     attempt = max((r.attempt for r in records), default=1) + 1
     saved = max((r.saved_epoch for r in records if r.saved_epoch is not None), default=None)
-    template = any(r.meta.get("template") for r in records)
+    template = any(r.record.launch.template for r in records)
     if not checkpoint:
         return f"--- attempt {attempt}, resumed: no checkpoint found, so from the start ---"
     if saved is None:

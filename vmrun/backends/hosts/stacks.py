@@ -36,7 +36,7 @@ def take_on_nodes(group: Group, ref: RunRef, *, hang: bool = False) -> Taken:
 
     def one(entry: HostEntry, conn: Connection) -> str:
         record = ref.records.get(entry.label)
-        python = str(record.meta.get("python") or "python3") if record else "python3"
+        python = (record.record.launch.python if record else "") or "python3"
         if hang:
             rec = HostPath(record_dir(ref.run_id))
             return run_for_output(

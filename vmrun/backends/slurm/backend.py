@@ -17,8 +17,8 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from vmrun.notify.send import Notify
 from vmrun.remote_paths import CONTAINER_HOME, STATE_DIR, remote_workdir
 from vmrun.reporting import Reporter
 from vmrun.results.cost import alike
+from vmrun.results.record import CLUSTER, Image, Job, Launch, Policy, Prices, RunRecord
 from vmrun.runs import provenance
 from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
@@ -99,7 +100,7 @@ class StepImage:
     container: SlurmContainer
     pull: tuple[str, ...]
     home: str
-    meta: dict[str, Any]
+    image: Image
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Submission:
 
     run_id: str
     script: str
-    meta: dict[str, Any]
+    record: RunRecord
     paths: JobPaths
     env_text: str
     trainer: bytes  # the template trainer's text (empty: the run's own script)
@@ -177,7 +178,7 @@ class SlurmBackend:
     def _at(self, ref: RunRef) -> SlurmBackend:
         """This backend on the node that holds the run's files (a cluster without a shared
         folder; `files_on` from the listing), else itself."""
-        return self._on_node(str(ref.meta.get("files_on") or ""))
+        return self._on_node(_job(ref).files_on)
 
     def _on_node(self, node: str) -> SlurmBackend:
         if not self.synced or not node or node == (self._on or self.cluster.name):
@@ -314,37 +315,46 @@ class SlurmBackend:
         )
         script = batch_script(spec, batch, paths, facts.version, job_name=rid)
         per_node = workers_per_node(spec, plan.launcher)
-        meta = {
-            "run_id": rid,
-            "cluster": self.cluster.name,
-            "launcher": plan.launcher,
-            "script": plan.script.name if trainer else _relative(plan),
-            "template": bool(trainer),
-            "args": plan.args,
-            "epochs": int(plan.args[0]) if trainer and plan.args[0].isdigit() else None,
-            "nodes": spec.nodes,
-            "tasks_per_node": tasks_per_node(spec, plan.launcher),
-            "nproc_per_node": per_node,
-            "world_size": per_node * spec.nodes if per_node else None,
-            "gpus_per_node": spec.gpus_per_node,
-            "partition": spec.partition,
-            "time": spec.time,
-            "max_requeues": spec.max_requeues,
-            **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
-            **alike(self.cluster.price, spec.nodes, self.cluster.currency),
-            **({"max_cost": cap} if cap else {}),
-            "submitted": time.time(),
-            "record_dir": paths.record,
-            "code_dir": paths.code,
-            "out_dir": paths.out,
-            "metrics": f"{paths.out}/metrics.jsonl",
-            **(image.meta if image else {}),
-        }
+        epochs = int(plan.args[0]) if trainer and plan.args[0].isdigit() else None
         env = {**self.cluster.env, **plan.env}
         env_text = "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
         made = provenance.code_of(plan.project, trainer=plan.script if trainer else None)
-        meta["code"] = made.facts
-        meta["variables"] = provenance.variables(env, list(env))  # names only: the user's
+        record = RunRecord(
+            run_id=rid,
+            where=CLUSTER,
+            cluster=self.cluster.name,
+            launch=Launch(
+                launcher=plan.launcher,
+                script=plan.script.name if trainer else _relative(plan),
+                template=bool(trainer),
+                args=tuple(plan.args),
+                out_dir=paths.out,
+                image=image.image if image else None,
+                variables=provenance.variables(env, list(env)),  # names only: the user's
+            ),
+            code=made.facts,
+            policy=Policy(
+                recover=bool(recoveries),
+                max_recoveries=recoveries or None,
+                max_cost=cap or None,
+            ),
+            prices=Prices.from_json(alike(self.cluster.price, spec.nodes, self.cluster.currency)),
+            job=Job(
+                epochs=epochs,
+                nodes=spec.nodes,
+                tasks_per_node=tasks_per_node(spec, plan.launcher),
+                nproc_per_node=per_node,
+                world_size=per_node * spec.nodes if per_node else None,
+                gpus_per_node=spec.gpus_per_node,
+                partition=spec.partition,
+                time=spec.time,
+                max_requeues=spec.max_requeues,
+                submitted=time.time(),
+                record_dir=paths.record,
+                code_dir=paths.code,
+                metrics=f"{paths.out}/metrics.jsonl",
+            ),
+        )
         told = ""
         if notify:
             name = self.cluster.name
@@ -353,12 +363,12 @@ class SlurmBackend:
                 {
                     "run": rid,
                     "where": f"cluster {name}",
-                    "epochs_asked": meta["epochs"],
+                    "epochs_asked": epochs,
                     "fetch": fetch,
                 }
             )
         patch = provenance.sent_patch(made.patch)
-        return Submission(rid, script, meta, paths, env_text, trainer, told, patch)
+        return Submission(rid, script, record, paths, env_text, trainer, told, patch)
 
     def _image(
         self, request: Request, spec: JobSpec, facts: Facts, rid: str, paths: JobPaths, plan: Plan
@@ -389,8 +399,9 @@ class SlurmBackend:
         pull: tuple[str, ...] = ()
         if engine and isinstance(request.image, ImageRef):
             pull = tuple(rt.pull_script_args(runtime, request.image, request.pull))
-        meta = {**request.meta(), "container_runtime": runtime.name}
-        return StepImage(step, pull, home, meta)
+        recorded = Image.from_json({**request.meta(), "container_runtime": runtime.name})
+        assert recorded is not None  # a request always names its image
+        return StepImage(step, pull, home, recorded)
 
     def _runtime(self, name: str) -> rt.Runtime:
         """The runtime `container_runtime` names (`auto`: the first the login node has, in
@@ -433,15 +444,17 @@ class SlurmBackend:
             )
         sub = self.prepare(plan, how)
         if self.synced:  # every node gets what one would on a shared folder
+            placed: list[Submission] = []
             try:
-                self._each_place(lambda node: node._place(plan, sub, out, None))
+                self._each_place(lambda node: placed.append(node._place(plan, sub, out, None)))
             except BaseException:
                 self._forget(sub.paths.record)
                 raise
+            sub = placed[0] if placed else sub
         else:
-            self._place(plan, sub, out, progress)
+            sub = self._place(plan, sub, out, progress)
         job, state = self._submit(sub)
-        ref = self._ref(sub.run_id, {**sub.meta, "job_id": job})
+        ref = self._ref(sub.run_id, sub.record.with_job(job_id=job))
         if state is not None and state.never_starts:
             self.cancel_never(ref, job, state, state.never_starts)
         where = f"{self.cluster.name} as job {job}"
@@ -449,9 +462,12 @@ class SlurmBackend:
         out.info(f"run {sub.run_id} submitted to {where} ({queued})")
         return ref
 
-    def _place(self, plan: Plan, sub: Submission, out: Reporter, progress: Progress | None) -> None:
+    def _place(
+        self, plan: Plan, sub: Submission, out: Reporter, progress: Progress | None
+    ) -> Submission:
         """The code (a SCRIPT's project; the template travels with the job), py-spy for the
-        hang watcher and the run's --data, onto the shared filesystem (or this node)."""
+        hang watcher and the run's --data, onto the shared filesystem (or this node); the
+        submission with where its data went."""
         if not sub.trainer:
             self._sync(plan, sub.paths.code, out, progress)
         if plan.hang_timeout:  # the hang watcher's stacks: py-spy in the shared home
@@ -464,11 +480,14 @@ class SlurmBackend:
         if plan.data:
             from vmrun.stores.data import place_data
 
-            sub.meta["data"] = place_data(
+            placed = place_data(
                 self.conn, plan.data, sub.paths.code, out, progress, plan.store_access
             )
+            launch = replace(sub.record.launch, data=tuple(placed))
+            sub = replace(sub, record=replace(sub.record, launch=launch))
         if self.synced and self._on:  # the record, where the job may run (not submitted)
             self._send(sub, record_only=True)
+        return sub
 
     def _each_place(self, fn: Callable[[SlurmBackend], None]) -> None:
         """fn on every node's view at once; the first failure raised, naming its node
@@ -528,7 +547,7 @@ class SlurmBackend:
     def _send(self, sub: Submission, *, record_only: bool = False) -> tuple[int, bytes, str]:
         """The run's files into its record folder and, unless `record_only`, sbatch."""
         script = sub.script.encode()
-        meta = json.dumps(sub.meta, indent=1).encode() + b"\n"
+        meta = json.dumps(sub.record.to_json(), indent=1).encode() + b"\n"
         told = sub.notify_text.encode()
         collector = hostside.source("run_provenance.py").encode()
         sizes = [str(len(script)), str(len(meta)), str(len(sub.trainer))]
@@ -604,7 +623,7 @@ class SlurmBackend:
     def _record_ends(self, run: records.SlurmRun, lines: list[str]) -> None:
         """Keep a script job's ends that squeue shows now and will forget, and tell its end
         where the run asked (best effort: the next listing tries again)."""
-        path = str(run.meta.get("record_dir") or f"{self.runs_dir}/{run.id}")
+        path = (run.record.job.record_dir if run.record.job else "") or f"{self.runs_dir}/{run.id}"
         state, code = run.state_and_code()
         event = "end" if state is RunState.DONE else "fail"
         told = "-" if code is None else str(code)
@@ -637,27 +656,24 @@ class SlurmBackend:
                 code="run-not-found",
             )
         run = found[-1]
-        since = {"since": run.since} if run.since is not None else {}
-        on = {"files_on": run.files_on} if run.files_on else {}
-        return self._ref(run.id, {**run.meta, "job_id": run.job_id, **since, **on}, run)
+        listed = run.record.with_job(job_id=run.job_id, since=run.since, files_on=run.files_on)
+        return self._ref(run.id, listed, run)
 
-    def script_ref(self, rid: str, meta: Mapping[str, Any]) -> RunRef:
-        return self._ref(rid, meta)
+    def script_ref(self, rid: str, record: RunRecord) -> RunRef:
+        return self._ref(rid, record)
 
-    def _ref(
-        self, rid: str, meta: Mapping[str, Any], run: records.SlurmRun | None = None
-    ) -> RunRef:
+    def _ref(self, rid: str, record: RunRecord, run: records.SlurmRun | None = None) -> RunRef:
         state, code = run.state_and_code() if run else (RunState.PENDING, None)
         first = float(run.starts[0][1]) if run and run.starts else None  # the node's clock
-        record = NodeRecord(
+        node = NodeRecord(
             self.cluster.name,
             state,
             code,
-            meta,
-            started=meta.get("submitted", 0),
+            record,
+            started=(record.job.submitted if record.job else None) or 0,
             first_started=first,
         )
-        return RunRef(rid, (self.cluster.name,), {self.cluster.name: record})
+        return RunRef(rid, (self.cluster.name,), {self.cluster.name: node})
 
     def state(self, ref: RunRef) -> tuple[RunState, int | None]:
         found, errors = self.runs()
@@ -671,26 +687,26 @@ class SlurmBackend:
     def outputs(self, ref: RunRef) -> dict[str, RunLocation]:
         """Where the run's files are: its outputs folder and its record (job.log), both on
         the shared filesystem, fetched through the login node."""
-        meta = ref.meta
+        job = _job(ref)
         # a script's outputs are whatever it wrote in the work dir since its job started, by
         # the cluster's clock (the files' times are the cluster's, not this machine's)
         record = ref.records.get(self.cluster.name)
-        start = record.first_started if record and record.first_started else meta["submitted"]
-        if meta.get("batch_script"):  # whatever the job wrote since it was submitted
-            start = meta.get("since") or start
-        since = 0 if meta.get("template") else int(float(start) * 1e9)
+        start = record.first_started if record and record.first_started else job.submitted
+        if job.batch_script:  # whatever the job wrote since it was submitted
+            start = job.since or start
+        since = 0 if ref.record.launch.template else int(float(start or 0) * 1e9)
         logs: tuple[str, ...] = ()
-        if meta.get("batch_script"):
+        if job.batch_script:
             from vmrun.backends.slurm.batchfile import as_glob
 
-            patterns = {str(meta.get("output") or ""), str(meta.get("error") or "")}
+            patterns = {job.output or "", job.error or ""}
             logs = tuple(sorted(as_glob(p) for p in patterns if p and not p.startswith("/")))
-        node = str(meta.get("files_on") or self.cluster.name) if self.synced else self.cluster.name
+        node = (job.files_on or self.cluster.name) if self.synced else self.cluster.name
         location = RunLocation(
             run_id=ref.run_id,
             host=node,
-            record_dir=str(meta["record_dir"]),
-            out_dir=str(meta["out_dir"]),
+            record_dir=job.record_dir,
+            out_dir=ref.record.launch.out_dir,
             since_ns=since,
             logs=logs,
         )
@@ -710,12 +726,12 @@ class SlurmBackend:
     def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
         if (at := self._at(ref)) is not self:
             return at.read_log(ref, out, last=last, verbose=verbose)
-        if ref.meta.get("batch_script"):
+        if _job(ref).batch_script:
             from vmrun.backends.slurm import own_script
 
             own_script.read_log(self, ref, out, last=last)
             return
-        log = f"{ref.meta['record_dir']}/job.log"
+        log = f"{_job(ref).record_dir}/job.log"
         argv = ["tail", "-n", str(last), "--", log] if last else ["cat", "--", log]
         status, text, err = self.conn.capture(plain_command(argv), what="the job's log")
         if status != 0 and "No such file" not in err:
@@ -727,19 +743,18 @@ class SlurmBackend:
     def stream(
         self, ref: RunRef, out: Reporter, on_event: Callable[[str, str], None], verbose: bool
     ) -> JobStream:
-        meta = ref.meta
         return JobStream(
             out,
             on_event,
-            launcher=str(meta.get("launcher", "torchrun")),
-            tasks_per_node=int(meta.get("tasks_per_node") or 1),
+            launcher=ref.record.launch.launcher or "torchrun",
+            tasks_per_node=_job(ref).tasks_per_node or 1,
             verbose=verbose,
         )
 
     def follow(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> int:
         """The job from now (or its queue wait) to its end: state changes as infos, its
         output as `[node rankN]` lines; 0 when it completed, else raise its failure."""
-        if ref.meta.get("batch_script"):
+        if _job(ref).batch_script:
             from vmrun.backends.slurm import own_script
 
             at = self._at(ref)
@@ -768,10 +783,10 @@ class SlurmBackend:
             if not follower.moved:
                 return follower.verdict()
             node = self._node_named(follower.moved)
-            ref = replace_meta(ref, files_on=node)
+            ref = with_job(ref, files_on=node)
             at, last = self._on_node(node), 0
         raise RemoteError(
-            f"job {ref.meta.get('job_id')} moved {MOVES} times; stopped following",
+            f"job {_job(ref).job_id or None} moved {MOVES} times; stopped following",
             host=self.cluster.name,
         )
 
@@ -813,7 +828,7 @@ class SlurmBackend:
 
             tell_end(
                 self._at(ref).conn,
-                str(ref.meta["record_dir"]),
+                _job(ref).record_dir,
                 self.notify,
                 out,
                 run_id=ref.run_id,
@@ -835,11 +850,11 @@ class SlurmBackend:
         return [Outcome(self.cluster.name, report, None, time.monotonic() - began)]
 
     def _cancel(self, ref: RunRef, grace: float) -> StopReport:
-        job = str(ref.meta.get("job_id") or "")
+        job = _job(ref).job_id
         if not job:
             raise UsageError(f"run {ref.run_id} has no job id on {self.cluster.name}")
         deadline = str(max(30, int(grace) + 30))
-        argv = [*hostside.command("slurm_stop.sh"), ref.meta["record_dir"], job, deadline]
+        argv = [*hostside.command("slurm_stop.sh"), _job(ref).record_dir, job, deadline]
         result = self.conn.run(argv, timeout=float(deadline) + 30)
         before = result.stdout_tail.split("before=", 1)[-1].split("\n", 1)[0].strip()
         if result.exit_status == 3:
@@ -860,12 +875,15 @@ class SlurmBackend:
     capabilities = CAPABILITIES  # what a Slurm job can do (the refusals derive from it)
 
 
-def replace_meta(ref: RunRef, **changes: Any) -> RunRef:
-    """The ref with its record's meta changed (where its files are, found later)."""
-    from dataclasses import replace
-
-    records_ = {n: replace(r, meta={**r.meta, **changes}) for n, r in ref.records.items()}
+def with_job(ref: RunRef, **changes: Any) -> RunRef:
+    """The ref with its job's facts changed (where its files are, found later)."""
+    records_ = {n: replace(r, record=r.record.with_job(**changes)) for n, r in ref.records.items()}
     return replace(ref, records=records_)
+
+
+def _job(ref: RunRef) -> Job:
+    """The run's job as its record has it (an empty one for a record without)."""
+    return ref.record.job or Job()
 
 
 def _line(error: BaseException) -> str:

@@ -6,8 +6,8 @@ state holds (as submitit does), and past a limit vmrun says it cannot tell, neve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from vmrun import hostside
 from vmrun.backends.api import RunRef
@@ -17,6 +17,7 @@ from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import Detached, Interrupted, OutcomeUnknown, run_failed, run_over_budget
 from vmrun.reporting import Reporter
 from vmrun.results.failure import WorkerFailure
+from vmrun.results.record import RunRecord
 from vmrun.ssh.connection import Connection
 
 HEARTBEAT_S = 15.0
@@ -31,12 +32,12 @@ def detached(rid: str, job: str, cluster: str) -> Detached:
     )
 
 
-def cap_text(meta: Mapping[str, Any]) -> str:
+def cap_text(record: RunRecord) -> str:
     """The run's --max-cost as run.json recorded it, in its prices' currency."""
     from vmrun.results.cost import money
 
-    cap = meta.get("max_cost")
-    return money(float(cap), meta.get("currency")) if isinstance(cap, (int, float)) else "?"
+    cap = record.policy.max_cost
+    return money(cap, record.prices.currency if record.prices else None) if cap else "?"
 
 
 class NeverStarts(Exception):
@@ -102,7 +103,7 @@ class Follower:
         self.lines = last
         self.ref = ref
         self.out = out
-        self.job = str(ref.meta.get("job_id"))
+        self.job = ref.record.job.job_id if ref.record.job else ""
         self.stream = backend.stream(ref, out, self.on_event, verbose)
         self.last: JobState | None = None
         self.end = ""
@@ -163,7 +164,8 @@ class Follower:
     def watch(self, here: bool = False) -> None:
         """The job's log and states on this node until it ends; `here` (a cluster without
         a shared folder): or until it is placed on another node (`moved` names it)."""
-        record, poll = str(self.ref.meta["record_dir"]), f"{self.backend.poll:g}"
+        job = self.ref.record.job
+        record, poll = job.record_dir if job else "", f"{self.backend.poll:g}"
         limit = f"{self.backend.unanswered_limit:.0f}"
         argv = [
             *hostside.command("slurm_follow.sh"),
@@ -188,7 +190,7 @@ class Follower:
             )
         code_text = self.exits[-1][1] if self.exits else ""
         if code_text == "budget":  # the job stopped itself at --max-cost, its work saved
-            raise run_over_budget(rid, cap_text(self.ref.meta), host=cluster)
+            raise run_over_budget(rid, cap_text(self.ref.record), host=cluster)
         if self.end == "COMPLETED" or (not self.end and code_text == "0"):
             return 0
         code = int(code_text) if code_text.isdigit() else 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,6 +32,7 @@ from vmrun.errors import (
 )
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Reporter
+from vmrun.results.record import CLUSTER, Job, Launch, Policy, Prices, RunRecord
 from vmrun.runs import provenance
 from vmrun.ssh.quoting import plain_command, quote
 
@@ -60,7 +61,7 @@ class SlurmBackend(Protocol):
 
     def record_dir(self, run_id: str) -> str: ...
 
-    def script_ref(self, rid: str, meta: Mapping[str, Any]) -> RunRef: ...
+    def script_ref(self, rid: str, record: RunRecord) -> RunRef: ...
 
     def cancel_never(self, ref: RunRef, job: str, state: JobState, why: str) -> None: ...
 
@@ -74,7 +75,7 @@ class ScriptJob:
     sbatch: list[str]  # sbatch's arguments: vmrun's options, the script, its arguments
     code_dir: str  # absolute, on the cluster
     record_dir: str
-    meta: dict[str, Any]
+    record: RunRecord  # its run.json
     env_text: str
     notify_text: str = ""  # the record's notify.json: the follower renders and claims there
     recover_text: str = ""  # --recover: the lines put into the submitted copy (batch.sh)
@@ -124,36 +125,41 @@ def prepare(
         name_it = [] if batch.options.get("--job-name") else [f"--job-name={batch.path.name}"]
         sbatch = [*given, *fill, "--requeue", *name_it, f"{record}/batch.sh", *args]
         lines = recover_lines(record, recoveries, notifier=bool(notify))
-    meta: dict[str, Any] = {
-        "run_id": rid,
-        "cluster": cluster.name,
-        "launcher": "sbatch",
-        "batch_script": True,
-        "script": batch.relative,
-        "args": list(args),
-        "sbatch": sbatch,
-        "job_name": batch.job_name,
-        "array": batch.array,
-        "nodes": _number(options.get("--nodes")),
-        "partition": options.get("--partition"),
-        "time": options.get("--time"),
-        "output": batch.output,
-        "error": batch.error,
-        "work_dir": batch.work_dir(code),
-        "submitted": time.time(),
-        "record_dir": record,
-        "code_dir": code,
-        "out_dir": batch.work_dir(code),
-        "variables": dict.fromkeys(sorted(env)),  # names only: the user's, maybe secrets
-        **({"recover": True, "max_recoveries": recoveries} if recoveries else {}),
-        **_prices(cluster, options.get("--nodes"), batch.array),
-    }
+    recorded = RunRecord(
+        run_id=rid,
+        where=CLUSTER,
+        cluster=cluster.name,
+        launch=Launch(
+            launcher="sbatch",
+            script=batch.relative,
+            args=tuple(args),
+            out_dir=batch.work_dir(code),
+            variables=dict.fromkeys(sorted(env)),  # names only: the user's, maybe secrets
+        ),
+        policy=Policy(recover=bool(recoveries), max_recoveries=recoveries or None),
+        prices=Prices.from_json(_prices(cluster, options.get("--nodes"), batch.array)),
+        job=Job(
+            batch_script=True,
+            sbatch=tuple(sbatch),
+            job_name=batch.job_name,
+            array=batch.array,
+            nodes=_number(options.get("--nodes")),
+            partition=options.get("--partition"),
+            time=options.get("--time"),
+            output=batch.output,
+            error=batch.error,
+            work_dir=batch.work_dir(code),
+            submitted=time.time(),
+            record_dir=record,
+            code_dir=code,
+        ),
+    )
     env_text = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
     told = ""
     if notify:
         fetch = f"vmrun fetch results -C {cluster.name} --run {rid}"
         told = notify.host_config({"run": rid, "where": f"cluster {cluster.name}", "fetch": fetch})
-    return ScriptJob(rid, batch, sbatch, code, record, meta, env_text, told, lines)
+    return ScriptJob(rid, batch, sbatch, code, record, recorded, env_text, told, lines)
 
 
 def _prices(cluster: Cluster, nodes: str | None, array: str | None) -> dict[str, Any]:
@@ -207,7 +213,7 @@ def submit(
     """Write the record (with `patch`, the code's uncommitted diff), make the folders the
     script's --output/--error name (sbatch makes none: said in one line) and submit;
     sbatch's refusal, or a folder that cannot be made, is one line and leaves nothing."""
-    meta = json.dumps(job.meta, indent=1).encode() + b"\n"
+    meta = json.dumps(job.record.to_json(), indent=1).encode() + b"\n"
     told = job.notify_text.encode()
     added = job.recover_text.encode()
     folders = job.batch.output_folders()
@@ -277,15 +283,16 @@ def start(
     if progress is None:
         for text in synced.warnings:
             out.warn(f"{name}: {text}")
-    meta = dict(job.meta)
     code = provenance.code_of(project, files)
-    meta["code"] = code.facts
+    record = replace(job.record, code=code.facts)
     if data:
         from vmrun.stores.data import place_data
 
-        meta["data"] = place_data(backend.conn, list(data), job.code_dir, out, progress, access)
-    jobid, state = submit(backend, replace(job, meta=meta), provenance.sent_patch(code.patch), out)
-    ref = backend.script_ref(job.run_id, {**meta, "job_id": jobid})
+        placed = place_data(backend.conn, list(data), job.code_dir, out, progress, access)
+        record = replace(record, launch=replace(record.launch, data=tuple(placed)))
+    patch = provenance.sent_patch(code.patch)
+    jobid, state = submit(backend, replace(job, record=record), patch, out)
+    ref = backend.script_ref(job.run_id, record.with_job(job_id=jobid))
     if state is not None and state.never_starts:
         backend.cancel_never(ref, jobid, state, state.never_starts)
     queued = state.describe() if state else "queued"
@@ -329,8 +336,12 @@ def _number(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
 
 
-def _tail_args(meta: Any) -> list[str]:
-    return [str(meta["work_dir"]), str(meta["output"]), str(meta["error"])]
+def _tail_args(job: Job) -> list[str]:
+    return [job.work_dir, str(job.output), str(job.error)]
+
+
+def _job(ref: RunRef) -> Job:
+    return ref.record.job or Job()
 
 
 # -- reading and following --------------------------------------------------------------
@@ -368,14 +379,14 @@ class TaskStream(Lines):
 
 
 def read_log(backend: SlurmBackend, ref: RunRef, out: Reporter, *, last: int = 0) -> None:
-    meta = ref.meta
+    job = _job(ref)
     argv = [
         *hostside.command("slurm_task_files.sh"),
-        str(meta["record_dir"]),
-        str(meta.get("job_id") or ""),
-        *_tail_args(meta),
-        "1" if meta.get("array") else "0",
-        str(meta.get("job_name") or ""),
+        job.record_dir,
+        job.job_id,
+        *_tail_args(job),
+        "1" if job.array else "0",
+        job.job_name or "",
         str(last),
     ]
     status, text, err = backend.conn.capture(plain_command(argv), what="the job's output")
@@ -384,7 +395,7 @@ def read_log(backend: SlurmBackend, ref: RunRef, out: Reporter, *, last: int = 0
             f"cannot read the job's output files: {err.strip()}",
             host=backend.cluster.name,
         )
-    stream = TaskStream(out, bool(meta.get("array")))
+    stream = TaskStream(out, bool(job.array))
     stream.feed(text)
     stream.flush()
 
@@ -398,8 +409,8 @@ class Follower:
         self.backend = backend
         self.ref = ref
         self.out = out
-        self.job = str(ref.meta.get("job_id"))
-        self.array = bool(ref.meta.get("array"))
+        self.job = _job(ref).job_id
+        self.array = bool(_job(ref).array)
         self.stream = TaskStream(out, self.array, self.on_event)
         self.seen: dict[str, tuple[str, ...]] = {}
         self.ends: list[tuple[str, str, str]] = []
@@ -446,14 +457,14 @@ class Follower:
             ]
 
     def run(self, poll: float, limit: float) -> int:
-        meta = self.ref.meta
+        job = _job(self.ref)
         argv = [
             *hostside.command("slurm_follow_tasks.sh"),
-            str(meta["record_dir"]),
+            job.record_dir,
             self.job,
             f"{poll:g}",
             f"{limit:.0f}",
-            *_tail_args(meta),
+            *_tail_args(job),
         ]
         run_follower(
             self.backend,

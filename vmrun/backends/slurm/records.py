@@ -15,6 +15,7 @@ from typing import Any
 
 from vmrun.backends.slurm.queue import JobState
 from vmrun.results.failure import WorkerFailure
+from vmrun.results.record import RunRecord
 from vmrun.runs import provenance
 from vmrun.runs.state import RunState
 
@@ -104,7 +105,7 @@ class SlurmRun:
 
     id: str
     host: str  # the cluster's name
-    meta: Mapping[str, Any]
+    record: RunRecord  # its run.json
     job_id: str = ""
     job: JobState | None = None  # squeue's view while the job is listed
     exits: list[list[str]] = field(default_factory=list)  # [attempt, code|requeue|..., time]
@@ -141,7 +142,17 @@ class SlurmRun:
 
     @property
     def own_script(self) -> bool:
-        return bool(self.meta.get("batch_script"))
+        return bool(self.record.job and self.record.job.batch_script)
+
+    @property
+    def submitted(self) -> float:
+        """This machine's clock when it was submitted (0: not recorded)."""
+        return (self.record.job.submitted if self.record.job else None) or 0.0
+
+    @property
+    def metrics(self) -> str:
+        """Its metrics file, as run.json names it ("" for none)."""
+        return self.record.job.metrics if self.record.job else ""
 
     @property
     def attempts(self) -> int:
@@ -153,7 +164,7 @@ class SlurmRun:
             return self.since
         if self.starts:
             return float(self.starts[0][1])
-        return float(self.meta.get("submitted") or 0)
+        return self.submitted
 
     @property
     def ended(self) -> float | None:
@@ -231,7 +242,7 @@ class SlurmRun:
         if self.own_script:  # no epochs to tell: where it runs (or ran)
             nodes = list(dict.fromkeys(t.nodes for t in self.tasks if t.nodes))
             return f"on {','.join(nodes)}" if nodes else None
-        epochs = self.meta.get("epochs")
+        epochs = self.record.job.epochs if self.record.job else None
         done = self.last_metrics.get("epoch") if self.last_metrics else None
         if done is None:
             return None
@@ -308,8 +319,10 @@ def _metrics_owners(sections: Mapping[str, list[str]]) -> dict[str, str]:
     for path, lines in sections.items():
         rid, _, name = path.partition("/")
         if name == "run.json":
-            with contextlib.suppress(ValueError, AttributeError):
-                owners[str(json.loads("\n".join(lines)).get("metrics"))] = rid
+            with contextlib.suppress(ValueError):
+                job = RunRecord.from_json(json.loads("\n".join(lines))).job
+                if job is not None and job.metrics:
+                    owners[job.metrics] = rid
     return owners
 
 
@@ -336,7 +349,7 @@ def _parse(sections: dict[str, list[str]], cluster: str) -> list[SlurmRun]:
             listed = [e for e in queue.values() if e.array_job == run.job_id or e.job == run.job_id]
             if run.own_script and listed:
                 run.tasks = sorted((Task.listed(e) for e in listed), key=_task_order)
-    return sorted(runs.values(), key=lambda r: (float(r.meta.get("submitted") or 0), r.id))
+    return sorted(runs.values(), key=lambda r: (r.submitted, r.id))
 
 
 def _sections(text: str) -> dict[str, list[str]]:
@@ -400,7 +413,7 @@ def _runs(sections: Mapping[str, list[str]], cluster: str) -> dict[str, SlurmRun
                 meta = json.loads("\n".join(lines))
             except ValueError:
                 continue
-            runs[rid] = SlurmRun(id=rid, host=cluster, meta=meta)
+            runs[rid] = SlurmRun(id=rid, host=cluster, record=RunRecord.from_json(meta))
     return runs
 
 
@@ -427,7 +440,7 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.since = float(lines[0]) if _int(lines[0].split(".")[0]) is not None else None
     elif name == "ended":
         _read_ended(run, lines)
-    elif run.meta.get("metrics") == path and lines:
+    elif run.metrics == path and lines:
         with contextlib.suppress(ValueError):
             run.last_metrics = json.loads(lines[-1])
 
@@ -455,4 +468,4 @@ def _json_object(text: str) -> dict[str, Any] | None:
 
 
 def _by_metrics(runs: Mapping[str, SlurmRun], path: str) -> SlurmRun | None:
-    return next((r for r in runs.values() if r.meta.get("metrics") == path), None)
+    return next((r for r in runs.values() if r.metrics == path), None)
