@@ -857,7 +857,7 @@ class Sharded:
         self.can_async = hasattr(dcp, "async_save")
         self.pending: Any = None
         self.written_at = 0.0
-        self.record: dict[str, Any] = {}
+        self.costs: dict[str, Any] = {}
 
     def state(self, epoch: int, args: argparse.Namespace | None) -> dict[str, Any]:
         """What a checkpoint holds: DCP-ready model and optimizer state, and `extra` (the
@@ -912,7 +912,7 @@ class Sharded:
             self.pending.add_done_callback(
                 lambda _: setattr(self, "written_at", time.perf_counter())
             )
-        self.record = {
+        self.costs = {
             "epoch": epoch,
             "path": f"{CHECKPOINTS}/epoch-{epoch}",
             "async": self.can_async,
@@ -923,7 +923,7 @@ class Sharded:
         }
         how = "writing in the background" if self.can_async else "written"
         self.ctx.say(
-            f"checkpoint {self.record['path']} {how}: training blocked {now - began:.3f}s"
+            f"checkpoint {self.costs['path']} {how}: training blocked {now - began:.3f}s"
             f" ({waited:.3f}s waiting for the previous save, {now - staging:.3f}s in the save)"
         )
         if not self.can_async:
@@ -936,19 +936,19 @@ class Sharded:
             return
         pending, self.pending = self.pending, None
         metadata = pending.result() if hasattr(pending, "result") else pending
-        record = self.record
+        costs = self.costs
         written_at = self.written_at or time.perf_counter()
-        record["written_s"] = round(written_at - record.pop("began"), 6)
+        costs["written_s"] = round(written_at - costs.pop("began"), 6)
         storage = getattr(metadata, "storage_data", None) or {}
-        record["shards"] = len({info.relative_path for info in storage.values()})
-        record["bytes"] = sum(info.length for info in storage.values())
+        costs["shards"] = len({info.relative_path for info in storage.values()})
+        costs["bytes"] = sum(info.length for info in storage.values())
         if self.ctx.rank == 0:
             self.ctx.say(
-                f"checkpoint {record['path']} complete: {shards(record['shards'])},"
-                f" {record['bytes']} bytes, written in {record['written_s']:.3f}s"
+                f"checkpoint {costs['path']} complete: {shards(costs['shards'])},"
+                f" {costs['bytes']} bytes, written in {costs['written_s']:.3f}s"
             )
             with open(self.out_dir / CHECKPOINT_LOG, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(json.dumps(costs) + "\n")
 
     def poll(self) -> None:
         """wait() for a save already written (no rank waits here: no collective runs)."""
