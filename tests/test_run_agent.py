@@ -292,3 +292,18 @@ def test_a_spot_notice_stops_the_run_after_its_snapshot_to_go_on_elsewhere(
     wait_for(lambda: (rec / "exit_code").exists(), 20, "the run's end")
     assert (rec / "exit_code").read_text() == "75\n"  # to go on elsewhere
     assert json.loads((rec / "notice").read_text())["kind"] == "interruption"
+
+
+def test_lines_added_beside_the_run_stay_in_its_log(home: Path) -> None:
+    """The command writes its log appending (O_APPEND), as the watchers and the copier do:
+    a line of theirs between two of the run's is kept, not overwritten."""
+    gate = home / "gate"
+    script = f'echo one; while [ ! -e "{gate}" ]; do sleep 0.05; done; echo two'
+    _start(home, _spec(("sh", "-c", script), home))
+    rec = home / ".vmrun/runs" / RID
+    wait_for(lambda: (rec / "log").read_text() == "one\n", 20, "the run's first line")
+    with open(rec / "log", "a") as log:
+        log.write("vmrun: a watcher's line\n")
+    gate.touch()
+    wait_for(lambda: (rec / "exit_code").exists(), 20, "the run's end")
+    assert (rec / "log").read_text() == "one\nvmrun: a watcher's line\ntwo\n"

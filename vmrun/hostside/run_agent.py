@@ -255,8 +255,9 @@ def run(spec: dict) -> int:
     write_file(os.path.join(rec, "pid_start"), own_start() + "\n")
     write_file(os.path.join(rec, "pid"), f"{os.getpid()}\n")
     # appended either way (O_APPEND): the watchers and the bucket copier add their lines beside
-    mode = "a" if spec["mode"] == "resume" else "w"
-    log = open(os.path.join(rec, "log"), mode)  # noqa: SIM115  # the command's, all its life
+    if spec["mode"] != "resume":
+        write_file(os.path.join(rec, "log"), "")
+    log = open(os.path.join(rec, "log"), "a")  # noqa: SIM115  # the command's, all its life
     # the run's --env values are the watchers' and the copier's too (their pace, in a test)
     os.environ.update(spec.get("env") or {})
     interpreter = (spec["watchers"].get("provenance") or {}).get("interpreter")
