@@ -213,18 +213,25 @@ def test_one_process_beside_the_training_tree_with_every_watcher_on(home: Path) 
         text = (own / where).read_bytes().decode(errors="replace")
         assert KEY not in text and HOOK not in text and LAUNCH_VAR not in text
     assert "run_agent.py" in (own / "cmdline").read_text()
+    # the agent carries the run's id (run_stop.sh finds it so); the copier, which must
+    # outlive a stop for its last pass, does not
+    assert f"VMRUN_RUN_ID={RID}" in (own / "environ").read_bytes().decode().split("\0")
+    copier = Path(f"/proc/{(rec / 'store.pid').read_text().strip()}/environ")
+    assert b"VMRUN_RUN_ID=" not in copier.read_bytes()
 
 
 def test_a_hang_is_found_and_stopped_by_the_agent(home: Path) -> None:
     rank = "import time; print('started', flush=True); time.sleep(60)"
     spec = _spec((sys.executable, "-c", rank), home, hang=Hang(1.0, "stop", False, sys.executable))
-    _start(home, spec)
+    pid = _start(home, spec)
     rec = home / ".vmrun/runs" / RID
     wait_for(lambda: (rec / "exit_code").exists(), 40, "the run stopped by its hang watcher")
     assert (rec / "exit_code").read_text() == "124\n"  # as timeout(1) says it
     hang = json.loads((rec / "hang").read_text())
     assert (hang["action"], hang["timeout"]) == ("stop", 1.0)
     assert (rec / "hang_stopped").exists()
+    (taken,) = (rec / "stacks" / "hang-1").glob("rank-*.json")
+    assert json.loads(taken.read_text())["pid"] != pid  # the rank, never the agent
     assert "no progress for" in (rec / "log").read_text()
 
 

@@ -25,8 +25,10 @@ asks for in this one process while the command runs:
   124 when its hang watcher stopped it; a run its budget watcher stopped is recorded as
   stopped), then the end told to notify.json's webhooks (notify_send.py).
 
-A new watcher is a settings class in vmrun.runs.launch_spec and a part here. The agent keeps
-no VMRUN_RUN_ID in its own environment: it is not one of the run's ranks. Stdlib only.
+A new watcher is a settings class in vmrun.runs.launch_spec and a part here. The agent's own
+environment has the run's id (run_stop.sh finds every process of the run by it) and
+VMRUN_AGENT (stacks.py never takes it for a rank); what it starts beside the run has neither,
+so a copier's last pass outlives a stop. Stdlib only.
 """
 
 from __future__ import annotations
@@ -250,6 +252,8 @@ def run(spec: dict) -> int:
     from run_marks import Marks  # type: ignore[import-not-found]
 
     rec = home_path(spec["rec"])
+    for name in ("VMRUN_RUN_ID", "VMRUN_AGENT"):  # its own (/proc's), not its children's
+        os.environ.pop(name, None)
     with open(os.devnull) as null:
         os.dup2(null.fileno(), 0)
     write_file(os.path.join(rec, "pid_start"), own_start() + "\n")

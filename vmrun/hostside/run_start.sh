@@ -80,8 +80,11 @@ echo "$lines" > "$rec/log_start"
 [ -f "$rec/first_started" ] || date +%s > "$rec/first_started"
 # run.json, notify.json, code.patch, out_dir, the banner; 126: no work directory
 printf '%s' "$spec" | "$py" "$lib/run_agent.py" prepare || exit $?
-# detached, in a session of its own: the run starts now
-printf '%s' "$spec" | setsid -f "$py" "$lib/run_agent.py" run > /dev/null 2>&1 8>&-
+# detached, in a session of its own: the run starts now. The agent carries the run's id, as
+# every process of the run does (run_stop.sh finds them by it), and VMRUN_AGENT, which tells
+# it from the ranks (stacks.py); it passes neither to what it starts beside the run.
+printf '%s' "$spec" \
+  | VMRUN_RUN_ID=$id VMRUN_AGENT=1 setsid -f "$py" "$lib/run_agent.py" run > /dev/null 2>&1 8>&-
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
 [ -s "$rec/pid" ] || { echo "vmrun: the run did not start" >&2; exit 125; }
