@@ -314,3 +314,18 @@ def test_lines_added_beside_the_run_stay_in_its_log(home: Path) -> None:
     gate.touch()
     wait_for(lambda: (rec / "exit_code").exists(), 20, "the run's end")
     assert (rec / "log").read_text() == "one\nvmrun: a watcher's line\ntwo\n"
+
+
+def test_the_host_refuses_a_spec_of_another_version_and_starts_nothing(home: Path) -> None:
+    lib = install_hostlib(home)
+    text = json.dumps({**json.loads(_spec(("true",), home).to_json()), "version": 99})
+    done = subprocess.run(
+        ["sh", str(lib / "run_start.sh")],
+        env={"PATH": os.environ["PATH"], "HOME": str(home), LAUNCH_VAR: text},
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 125 and "launch spec version 99, not 1" in done.stderr
+    assert not (home / ".vmrun" / "runs" / RID).exists()
