@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 from conftest import install_hostlib, wait_for
 
+from vmrun import hostside
 from vmrun.errors import UsageError
+from vmrun.hostside import HostPath
 from vmrun.runs.launch_spec import (
     LAUNCH_VAR,
     Budget,
@@ -80,6 +82,11 @@ def test_the_spec_goes_whole_and_comes_back_the_same() -> None:
         ),
     )
     assert LaunchSpec.from_json(spec.to_json()) == spec
+    tool = LaunchSpec(
+        rec="r/r2", workdir=".", run_id="r2", argv=("sh", hostside.path("run_alive.sh"))
+    )
+    back = LaunchSpec.from_json(tool.to_json())
+    assert back == tool and isinstance(back.argv[1], HostPath)  # the home's, on the host
     bare = LaunchSpec(rec="r/r2", workdir=".", run_id="r2", argv=("true",))
     again = LaunchSpec.from_json(bare.to_json())
     assert again == bare and again.watchers == Watchers()
@@ -329,3 +336,19 @@ def test_the_host_refuses_a_spec_of_another_version_and_starts_nothing(home: Pat
     )
     assert done.returncode == 125 and "launch spec version 99, not 1" in done.stderr
     assert not (home / ".vmrun" / "runs" / RID).exists()
+
+
+def test_a_host_side_file_in_the_command_is_the_homes_whatever_the_work_directory(
+    home: Path,
+) -> None:
+    """A run in an image starts container_run.sh by its path from the home: the work
+    directory is elsewhere."""
+    work = home / "work"
+    work.mkdir()
+    spec = _spec(("sh", hostside.path("run_alive.sh")), home)
+    spec = LaunchSpec.from_json(spec.to_json().replace(f'"{home}"', f'"{work}"'))
+    assert spec.workdir == str(work)
+    _start(home, spec)
+    rec = home / ".vmrun/runs" / RID
+    wait_for(lambda: (rec / "exit_code").exists(), 20, "the run's end")
+    assert (rec / "exit_code").read_text() == "0\n", (rec / "log").read_text()

@@ -268,11 +268,13 @@ def run(spec: dict) -> int:
     interpreter = (spec["watchers"].get("provenance") or {}).get("interpreter")
     if interpreter:
         detached([interpreter, os.path.join(HERE, "run_provenance.py"), rec])
+    # a host-side file by its path from the home (vmrun.hostside.HostPath), whatever the cwd
+    argv = [home_path(w["home"]) if isinstance(w, dict) else w for w in spec["argv"]]
     # before the command: its first lines are progress the hang watcher sees
     watchers(spec, rec, os.getpid())
     try:
         child = subprocess.Popen(
-            list(spec["argv"]),
+            argv,
             cwd=spec["workdir"],
             env=run_env(spec, rec),
             stdin=subprocess.DEVNULL,
@@ -280,7 +282,7 @@ def run(spec: dict) -> int:
             stderr=subprocess.STDOUT,
         )
     except OSError as exc:
-        log.write(f"vmrun: {spec['argv'][0]}: {exc.strerror}\n")
+        log.write(f"vmrun: {argv[0]}: {exc.strerror}\n")
         log.flush()
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
         child = None

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from vmrun.errors import UsageError
+from vmrun.hostside import HostPath
 
 VERSION = 1
 LAUNCH_VAR = "VMRUN_LAUNCH"  # the stdin header's one variable: the document's text
@@ -111,10 +112,11 @@ class Watchers:
 @dataclass(frozen=True)
 class LaunchSpec:
     """One node's start. `rec`: the record folder (relative to the home, or absolute);
-    `meta`: run.json's text; `mode` new, or resume (another attempt, its log going on after
-    `banner`); `out`: the run's output folder; `alone`: refuse while another run is alive
-    beside the record. `env`: the command's own variables (vmrun adds VMRUN_RUN_ID and the
-    few others a run reads on the host)."""
+    `meta`: run.json's text; `argv`: its host-side files (vmrun.hostside.HostPath) are the
+    home's, whatever the work directory; `mode` new, or resume (another attempt, its log
+    going on after `banner`); `out`: the run's output folder; `alone`: refuse while another
+    run is alive beside the record. `env`: the command's own variables (vmrun adds
+    VMRUN_RUN_ID and the few others a run reads on the host)."""
 
     rec: str
     workdir: str
@@ -146,7 +148,8 @@ class LaunchSpec:
     def to_json(self) -> str:
         """The document: every field, the watchers absent when off."""
         data = asdict(self)
-        data["argv"] = list(self.argv)
+        # a host-side file's path (vmrun.hostside.HostPath) is the home's: {"home": PATH}
+        data["argv"] = [{"home": str(w)} if isinstance(w, HostPath) else w for w in self.argv]
         data["watchers"] = self.watchers.as_dict()
         return json.dumps(data, sort_keys=True)
 
@@ -166,7 +169,8 @@ class LaunchSpec:
             )
         try:
             watchers = Watchers.from_dict(data.pop("watchers", {}))
-            return cls(**{**data, "watchers": watchers, "argv": tuple(data.get("argv") or ())})
+            argv = tuple(_word(w) for w in data.pop("argv", None) or ())
+            return cls(**{**data, "watchers": watchers, "argv": argv})
         except TypeError as exc:
             raise UsageError(f"launch spec: {exc}", code="launch-spec") from None
 
@@ -198,6 +202,14 @@ _PARTS: dict[str, type] = {
     "notify": Notify,
     "provenance": Provenance,
 }
+
+
+def _word(word: Any) -> str:
+    if isinstance(word, dict) and set(word) == {"home"}:
+        return HostPath(word["home"])
+    if not isinstance(word, str):
+        raise TypeError(f"argv word {word!r} is not a string")
+    return word
 
 
 def _part(kind: type, value: Any) -> Any:
