@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import Client, user_commands, wait_for
@@ -18,6 +19,7 @@ from testbed import NetnsBed, TestHost
 from vmrun import hostside
 from vmrun.backends.hosts import records
 from vmrun.results.record import Launch, RunRecord
+from vmrun.runs.launch_spec import Budget, Hang, Spot, Store, Watchers
 from vmrun.ssh.connection import Connection
 
 RID = "hostlib-20260101-000000-0001"
@@ -59,12 +61,11 @@ def test_ps_shows_the_scripts_by_path_and_commands_pay_no_round_trip_for_them(
 
     def commands() -> list[str]:
         found = user_commands(h1)
-        return found if any("run_marks.py" in c for c in found) else []
+        return found if any("run_agent.py" in c for c in found) else []
 
-    found = wait_for(commands, 20, "run_marks.py beside the run")
+    found = wait_for(commands, 20, "the run's agent beside the run")
     assert isinstance(found, list)
-    assert any(c.startswith(f"sh {lib}/run_supervise.sh ") for c in found), found
-    assert any(f"{lib}/run_marks.py " in c for c in found), found
+    assert any(c.endswith(f"{lib}/run_agent.py run") for c in found), found
     assert not [c for c in found if "\n" in c], "no script's text on a command line"
 
     status = _timed(bed_client, h1, "status", "-H", "h1")
@@ -92,3 +93,49 @@ def test_a_first_command_whose_input_the_guard_never_reads_still_runs(
     with Connection("h1", bed_client.settings()) as conn:
         done = conn.run(["sh", "-c", count], env=env, check=True)
     assert done.stdout_tail.split() == ["200000"]
+
+
+def _session(sid: int) -> dict[int, tuple[int, str]]:
+    """pid: (parent pid, command line) of every live process of the session."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid and fields[0] != "Z":
+                    line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    found[int(entry.name)] = (int(fields[1]), line.strip())
+    return found
+
+
+def test_a_run_with_every_watcher_has_one_companion_process_on_its_node(
+    bed_client: Client, h1: TestHost
+) -> None:
+    """Hang, budget, spot and the bucket copy on, over SSH: the run's session holds its
+    agent and the command's tree, nothing else; the copier's secret is in no command line."""
+    secret = "s3cret-store-config-5e6f"
+    fake = h1.home / "fake-env" / "rclone"  # the mover beside the run's Python
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\n[ "$1" = version ] && echo "rclone v1.66.0"\nexit 0\n')
+    fake.chmod(0o755)
+    os.chown(fake.parent, h1.uid, h1.uid)
+    os.chown(fake, h1.uid, h1.uid)
+    watchers = Watchers(
+        hang=Hang(600.0, "stop", False, "python3"),
+        budget=Budget(600.0, "$9"),
+        spot=Spot(),
+        store=Store("b/runs/x", "s3://b/runs/x", str(fake.parent / "python"), False, secret),
+    )
+    with Connection("h1", bed_client.settings()) as conn:
+        got = records.start(
+            conn, RID, ".", ["sh", "-c", "sleep 60 & sleep 60; wait"], {}, watchers=watchers
+        )
+    rec = h1.home / ".vmrun" / "runs" / RID
+    wait_for(lambda: len(_session(got.pid)) == 4, 20, "the agent and the command's three")
+    members = _session(got.pid)
+    (command,) = [p for p, (parent, _) in members.items() if parent == got.pid]
+    tree = {command} | {p for p, (parent, _) in members.items() if parent == command}
+    assert set(members) - tree == {got.pid}, members  # one companion: the agent
+    assert members[got.pid][1].endswith("run_agent.py run")
+    wait_for(lambda: (rec / "store.json").exists(), 20, "the bucket copier's state")
+    assert not [c for c in user_commands(h1) if secret in c]

@@ -34,7 +34,7 @@ def test_a_clean_tree_has_its_commit_branch_and_remote_without_credentials(repo:
     assert (facts["dirty"], facts["patch_bytes"], code.patch) == (False, 0, b"")
     assert facts["remote"] == "https://github.com/a/b.git"  # no user, no token
     assert (facts["path"], facts["files"]) == ("proj", 1)
-    assert code.host_env() == {}
+    assert code.sent() == ""
 
 
 def test_an_uncommitted_change_is_the_patch_of_the_project_folder_alone(repo: Path) -> None:
@@ -45,8 +45,8 @@ def test_an_uncommitted_change_is_the_patch_of_the_project_folder_alone(repo: Pa
     assert code.facts["dirty"] is True and code.facts["untracked"] == ["new.py"]
     assert b"+print('two')" in code.patch and b"other.txt" not in code.patch
     assert code.facts["patch_bytes"] == len(code.patch) and not code.facts["patch_truncated"]
-    sent = code.host_env()[provenance.PATCH_VAR]
-    assert gzip.decompress(base64.b64decode(sent)) == code.patch  # what run_start.sh unpacks
+    sent = code.sent()
+    assert gzip.decompress(base64.b64decode(sent)) == code.patch  # what the run's agent unpacks
 
 
 def test_the_tree_hash_follows_content_not_mtimes(repo: Path) -> None:
@@ -73,7 +73,7 @@ def test_a_large_diff_is_cut_to_fit_the_environment_and_says_so(repo: Path) -> N
     lines = "".join(f"print({os.urandom(24).hex()!r})\n" for _ in range(20000))
     (repo / "proj" / "train.py").write_text(lines)
     code = provenance.code_of(repo / "proj")
-    sent = code.host_env()[provenance.PATCH_VAR]
+    sent = code.sent()
     assert len(sent) <= provenance.PATCH_LIMIT and code.facts["patch_truncated"] is True
     kept = provenance.sent_patch(code.patch)
     assert kept.endswith(b"# vmrun: the diff was cut here (too large)\n")

@@ -17,6 +17,7 @@ from test_autostop import _home, _now
 from testbed import wait_until
 
 from vmrun.hostside import source
+from vmrun.runs.launch_spec import LaunchSpec
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
@@ -103,24 +104,17 @@ def _start_refused(env: dict) -> bool:
     """run_start.sh's check under its lock: a second run (r2) is refused while r1 is alive,
     and started (with vmrun's host-side files in place) when it is not."""
     lib = install_hostlib(Path(env["HOME"]))
+    spec = LaunchSpec(
+        rec=".vmrun/runs/r2",
+        workdir=env["HOME"],
+        run_id="r2",
+        argv=("true",),
+        out="r2-out",
+        alone=True,
+    )
     done = subprocess.run(
-        [
-            "sh",
-            "-c",
-            source("run_start.sh"),
-            "vmrun-start",
-            ".vmrun/runs/r2",
-            env["HOME"],
-            "r2",
-            "{}",
-            "new",
-            "",
-            "r2-out",
-            str(lib),
-            "1",
-            "true",
-        ],
-        env=env,
+        ["sh", str(lib / "run_start.sh")],
+        env={**env, **spec.header()},
         capture_output=True,
         text=True,
         timeout=30,

@@ -475,6 +475,7 @@ _CLOUD_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "cloud-type-not-offered", "no zone of the region offers the instance type"),
     (UsageError, "cloud-image-not-found", "no machine image matches what was asked for"),
     (UsageError, "over-budget", "it costs more than the limit given, or its price is unknown"),
+    (UsageError, "launch-spec", "a run's start that cannot go (too large) or be read (version)"),
     (CloudError, "cloud-credentials", "no cloud credentials, or the cloud refused them"),
     (CloudError, "cloud-quota", "the account's quota (vCPUs, instances) is too low for this"),
     (CloudError, "cloud-no-capacity", "no zone had capacity for the type (spot or on-demand)"),

@@ -72,7 +72,7 @@ say() {  # a line in the log, when a decision changes
 
 hm() { date -d "@$1" '+%H:%M' 9>&-; }
 
-# alive_run REC: a run's record; its supervising shell (the same process) still runs
+# alive_run REC: a run's record; its agent (the same process) still runs
 # vmrun-inline: run_alive.sh
 
 runs() {  # found: the runs alive, or started since the tick that wrote $mark

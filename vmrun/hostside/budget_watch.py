@@ -15,9 +15,9 @@ When the time is up and the run still runs:
   of the run here (every process below PID: a script that ignores SIGUSR2) gets SIGTERM,
   then SIGKILL 10 s later, REC/stopped written first.
 
-run_supervise.sh then records the run as stopped, not failed: a --recover run's supervisor
-does not bring it back, as after `vmrun stop`. PID is the run's supervising shell; the watch
-ends with it (a pidfd: nothing outlives the run). Stdlib only.
+The run's agent (run_agent.py) then records the run as stopped, not failed: a --recover
+run's supervisor does not bring it back, as after `vmrun stop`. PID is the run's agent; the
+watch ends with it (a pidfd: nothing outlives the run). Stdlib only.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ def stop(rec: str, top: int) -> None:
 
 def main() -> int:
     rec, pid, seconds, cap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    return watch(rec, pid, seconds, cap)
+
+
+def watch(rec: str, pid: int, seconds: float, cap: str) -> int:
+    """The watch itself (the script's, autostop_watch.sh's; a part of run_agent.py)."""
     grace = float(os.environ.get("VMRUN_BUDGET_GRACE_S") or 300)
     pause = waiter(pid)
     deadline = time.monotonic() + max(0.0, seconds)

@@ -3,6 +3,8 @@ that waits for a rank that never comes, a dead data loader), found and told once
 
     python3 hang_watch.py REC PID TIMEOUT ACTION RUN_ID RANKED [slurm]
 
+(on an SSH host, `watch` is a part of the run's agent, run_agent.py: the same watch)
+
 Progress is a rank's heartbeat (REC/beat/rank-R, which vmrun's trainer writes every second
 while it steps; a script of its own may touch such a file too) or a new line in the run's
 log from a rank (RANKED=1: torchrun's output, whose ranks' lines carry their prefix, so its
@@ -16,7 +18,7 @@ for TIMEOUT seconds, once per stall:
 - ACTION stop: after a grace (a quarter of TIMEOUT, 5 to 30 s: the other nodes' watchers
   and a follower take their stacks meanwhile, the silent nodes' too), the ranks get
   SIGTERM, SIGKILL 10 s later, and REC/hang_stopped is written,
-  so the run ends failed (exit 124, run_supervise.sh) and a --recover run's supervisor
+  so the run ends failed (exit 124, run_agent.py) and a --recover run's supervisor
   brings it back from its snapshot; ACTION wait: it goes on watching, and says so when
   progress comes again (the next stall is a new one).
 
@@ -25,7 +27,7 @@ REC/nccl/*.log): REC/nccl/transport records it, and when NCCL fell back to TCP s
 host that has RDMA devices (InfiniBand, RoCE, AWS EFA in /sys/class/infiniband) the log
 says so once: such a multi-node run can be slower than one node.
 
-PID is the run's supervising shell; the watch ends with it. Stdlib only.
+PID is the run's agent; the watch ends with it. Stdlib only.
 
 `slurm`: beside a Slurm job's step, in its batch script (slurm_job.bash, from the copies of
 this file and its siblings the job writes into REC/.watch): PID is the step's srun, the log
@@ -168,15 +170,14 @@ class Transport:
         )
 
 
-def stacks(rec: str, run_id: str, folder: str, slurm: bool = False) -> list[int]:
+def stacks(rec: str, run_id: str, folder: str, slurm: bool = False, python: str = "") -> list[int]:
     """Every rank's stacks here (`slurm`: on every node of the job) into `folder`
-    (stacks.py beside this file); their ranks."""
+    (stacks.py beside this file, under `python`: the run's, which the launch spec names);
+    their ranks."""
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
-    python = os.environ.get("VMRUN_PYTHON") or sys.executable
-    with contextlib.suppress(OSError, ValueError), open(os.path.join(rec, "run.json")) as fh:
-        python = json.load(fh).get("python") or python
+    python = python or os.environ.get("VMRUN_PYTHON") or sys.executable
     argv = [python, os.path.join(here, "stacks.py"), run_id, folder]
     if slurm:
         nodes = os.environ.get("SLURM_NNODES", "1")
@@ -261,6 +262,24 @@ def main() -> int:
     slurm = sys.argv[7:8] == ["slurm"]
     if slurm:
         LOG = "job.log"
+    python = ""  # a Slurm job's run.json names the run's interpreter
+    with contextlib.suppress(OSError, ValueError), open(os.path.join(rec, "run.json")) as fh:
+        python = json.load(fh).get("python") or ""
+    return watch(rec, pid, timeout, action, run_id, ranked, slurm, python)
+
+
+def watch(
+    rec: str,
+    pid: int,
+    timeout: float,
+    action: str,
+    run_id: str,
+    ranked: bool,
+    slurm: bool = False,
+    python: str = "",
+) -> int:
+    """The watch itself, until PID ends (or the run is stopped): the script's, and a part of
+    the run's agent (run_agent.py) on an SSH host."""
     every = max(0.2, min(5.0, timeout / 10))
     pause = waiter(pid)
     progress = Progress(rec, ranked, LOG)
@@ -294,7 +313,7 @@ def main() -> int:
                 f"no progress for {period(now - last)} on {host} (--hang-timeout"
                 f" {period(timeout)}): taking every rank's stacks",
             )
-            found = stacks(rec, run_id, folder, slurm)
+            found = stacks(rec, run_id, folder, slurm, python)
             write_json(
                 os.path.join(rec, "hang"),
                 {

@@ -5,7 +5,7 @@ webhooks of the run's 0600 notify.json, once.
     python3 notify_send.py REC render [EVENT]  # vmrun on the laptop, at the end it saw
     python3 notify_send.py - post               # vmrun on the laptop, without Apprise
 
-REC is the run's record folder; its notify.json (written from stdin by run_start.sh, never on
+REC is the run's record folder; its notify.json (from the launch spec, by run_agent.py, never on
 a command line) holds the webhooks, the message's templates, the events wanted and the facts
 vmrun knew at the start. EVENT defaults to what the record says: `end` (exit code 0), `fail`
 (another code), `stopped` (vmrun stop). Each event is claimed by making REC/notified.EVENT:

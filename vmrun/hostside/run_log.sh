@@ -1,8 +1,8 @@
 # A run's log: sh -c SOURCE vmrun-log RUNS_DIR ID FROM FOLLOW TIMES
 # FROM: "+N" starts at line N, "N" the last N lines (0: all). FOLLOW 1 goes on until the
-# run has ended: its exit_code is written (its supervising shell may still be telling the end
-# to webhooks; that is not the run) or that shell is gone; 0 prints what there is and ends.
-# TIMES 1 prints log.times instead (when the log's lines were written; see run_marks.py).
+# run has ended: its exit_code is written (its agent may still be telling the end to
+# webhooks; that is not the run) or that agent is gone; 0 prints what there is and ends.
+# TIMES 1 prints log.times instead (when the log's lines were written; see run_agent.py).
 d="$HOME/$1/$2"; from=$3; follow=$4
 [ -f "$d/run.json" ] || { echo "vmrun: no run $2 on this host" >&2; exit 3; }
 if [ "$5" = 1 ]; then

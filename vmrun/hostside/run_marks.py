@@ -1,12 +1,11 @@
 """Beside a run on its host: when each line of its log was written, for merging the logs of
 several hosts by time (`vmrun logs RUN`). The log itself stays exactly what the run printed.
 
-python3 -c SOURCE REC PID: every 0.1 s at most, while PID (the run's supervising shell)
-lives (`alive`: run_alive.sh's rule, the pid started when REC/pid_start says), appends
-`LINES TIME` to REC/log.times when the log has grown: LINES is how many whole lines REC/log
-holds (from its start, earlier attempts included), TIME the host's clock. A last mark
-follows once PID is gone, or at SIGTERM (the supervising shell sends it when the run has
-ended, and waits, so nothing of the run outlives its exit code).
+python3 -c SOURCE REC PID (the run's agent, run_agent.py, marks the same in its loop): every
+0.1 s at most, while PID (the run's agent) lives (`alive`: run_alive.sh's rule, the pid
+started when REC/pid_start says), appends `LINES TIME` to REC/log.times when the log has
+grown: LINES is how many whole lines REC/log holds (from its start, earlier attempts
+included), TIME the host's clock. A last mark follows once PID is gone, or at SIGTERM.
 Stdlib only; one process per run.
 """
 
@@ -29,22 +28,44 @@ def alive(rec: str, pid: int) -> bool:
         return False
 
 
-rec, pid = sys.argv[1], int(sys.argv[2])
-count, marked = 0, -1
-ending: list[bool] = []
-signal.signal(signal.SIGTERM, lambda *_: ending.append(True))
-with open(os.path.join(rec, "log"), "rb") as log, open(os.path.join(rec, "log.times"), "a") as out:
-    while True:
-        running = alive(rec, pid) and not ending
+class Marks:
+    """The log's whole lines and when: one mark per call that finds the log grown (a part of
+    the run's agent, run_agent.py, which calls it every 0.1 s)."""
+
+    def __init__(self, rec: str) -> None:
+        self.log = open(os.path.join(rec, "log"), "rb")  # noqa: SIM115  # open while the run is
+        self.out = open(os.path.join(rec, "log.times"), "a")  # noqa: SIM115
+        self.count, self.marked = 0, -1
+
+    def step(self) -> None:
         while True:
-            data = log.read(1 << 20)
+            data = self.log.read(1 << 20)
             if not data:
                 break
-            count += data.count(b"\n")
-        if count != marked:
-            out.write(f"{count} {time.time():.3f}\n")
-            out.flush()
-            marked = count
+            self.count += data.count(b"\n")
+        if self.count != self.marked:
+            self.out.write(f"{self.count} {time.time():.3f}\n")
+            self.out.flush()
+            self.marked = self.count
+
+    def close(self) -> None:
+        self.log.close()
+        self.out.close()
+
+
+def main() -> None:
+    rec, pid = sys.argv[1], int(sys.argv[2])
+    ending: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: ending.append(True))
+    marks = Marks(rec)
+    while True:
+        running = alive(rec, pid) and not ending
+        marks.step()
         if not running:
             break
         time.sleep(0.1)
+    marks.close()
+
+
+if __name__ == "__main__":
+    main()

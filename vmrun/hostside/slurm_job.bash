@@ -221,7 +221,7 @@ if [ "$rc" != 0 ] && [ -n "${VMRUN_FAILURE:-}" ] && command -v python3 >/dev/nul
   code=$(python3 -c "$VMRUN_FAILURE" "$rec" "$rec/job.log" "$rc" </dev/null 2>/dev/null)
   case $code in '' | *[!0-9]*) ;; *) rc=$code ;; esac
 fi
-# stopped by its hang watcher (--on-hang stop): 124, as on hosts (run_supervise.sh)
+# stopped by its hang watcher (--on-hang stop): 124, as on hosts (run_agent.py)
 if [ "$rc" != 0 ] && [ -e "$rec/hang_stopped" ]; then rc=124; fi
 # stopped at its --max-cost (it saved, or caught nothing), unless it finished meanwhile
 if [ -e "$rec/budget" ] && { [ "$rc" != 0 ] || [ -e "$VMRUN_REQUEUE_FILE" ]; }; then

@@ -10,8 +10,8 @@ first, then the token on every read), polled every 5 s as AWS advises:
 - `events/recommendations/rebalance` (an earlier, softer warning): SIGUSR1, a snapshot
   now, training goes on; said once.
 
-python3 spot_watch.py REC PID: PID is the run's supervising shell; the watch ends with
-it. A host with no metadata service (not a cloud VM, or IMDS turned off) is found at the
+python3 spot_watch.py REC PID: PID is the run's agent (a Slurm job's: its step); the watch
+ends with it. A host with no metadata service (not a cloud VM, or IMDS turned off) is found at the
 first try: the watcher then ends, saying nothing. Told are the processes below PID that
 catch the signal (the template's ranks, a script that follows the protocol): never one it
 would end, such as torchrun's agent or a shell.
@@ -33,7 +33,7 @@ TTL = 21600  # seconds a token lives (the most IMDSv2 allows)
 
 
 def alive(rec: str, pid: int) -> bool:
-    """The run still runs: its supervising shell lives (run_alive.sh's rule) and no exit
+    """The run still runs: its agent lives (run_alive.sh's rule) and no exit
     code or stop is recorded."""
     if os.path.exists(os.path.join(rec, "exit_code")) or os.path.exists(
         os.path.join(rec, "stopped")
@@ -166,7 +166,11 @@ def notice(rec: str, top: int, action: dict[str, str]) -> None:
 
 
 def main() -> int:
-    rec, pid = sys.argv[1], int(sys.argv[2])
+    return watch(sys.argv[1], int(sys.argv[2]))
+
+
+def watch(rec: str, pid: int) -> int:
+    """The watch itself (the script's, a Slurm job's; a part of run_agent.py)."""
     every = float(os.environ.get("VMRUN_SPOT_EVERY") or 5)
     meta = Metadata(os.environ.get("VMRUN_IMDS") or IMDS)
     try:

@@ -16,7 +16,8 @@ prints one JSON line per rank: {"rank", "local_rank", "pid", "host", "threads"} 
 A rank is a process carrying the run's id (VMRUN_RUN_ID, as every process of the run does;
 in a Slurm task, of this node: the same SLURMD_NODENAME) and a RANK (torchrun's workers,
 `--launcher env`) whose parent is not one of them (a data loader's workers are their rank's
-children); a run with no RANK (one plain process) has its topmost Python process as rank 0.
+children); a run with no RANK (one plain process) has its topmost Python process as rank 0;
+the run's agent (VMRUN_AGENT, run_agent.py) is never one.
 py-spy is found as VMRUN_PY_SPY, beside the run's Python (`pip install py-spy` in the env),
 in ~/.vmrun/tools (what vmrun sends), then on PATH. Where the kernel lets only a process's
 ancestors trace it (Yama's ptrace_scope 1, Ubuntu's default) and this user is not root,
@@ -72,6 +73,8 @@ def ranks(run_id: str) -> list[dict[str, object]]:
     for path in glob.glob("/proc/[0-9]*"):
         pid = path[6:]
         env = environ(pid)
+        if env.get("VMRUN_AGENT"):  # the run's agent (run_agent.py): never a rank
+            continue
         if env.get("VMRUN_RUN_ID") == run_id and env.get("SLURMD_NODENAME") == node:
             mine[pid] = env
     ranked = {p: e for p, e in mine.items() if e.get("RANK", "").isdigit()}

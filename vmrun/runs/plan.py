@@ -74,7 +74,7 @@ class Plan:
     max_cost: float = 0.0  # --max-cost: at this cost it snapshots and stops (0: no cap)
 
     def hang_watch(self) -> str:
-        """run_start.sh's VMRUN_HANG_WATCH (`SECONDS ACTION RANKED`), "" when not watched:
+        """A Slurm job's hang setting (`SECONDS ACTION RANKED`), "" when not watched:
         RANKED, torchrun's ranks' lines carry their prefix (its banner is not progress)."""
         if not self.hang_timeout:
             return ""

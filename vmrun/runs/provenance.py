@@ -4,8 +4,8 @@ a content hash of what is synced) and the variables the run is given.
 The host side records the rest beside the run (hostside/run_provenance.py: interpreter,
 packages, torch/CUDA/NCCL, hardware), started by the same command that starts the run, so
 the record costs no round trip. The code facts go in run.json (`code`), the diff itself in
-the record's code.patch: it travels in the start command's environment (over stdin, never
-on a command line), gzipped, and an environment string has a hard limit (MAX_ARG_STRLEN,
+the record's code.patch: it travels in the launch spec (over stdin, never on a command
+line), gzipped, and the spec is one environment string with a hard limit (MAX_ARG_STRLEN,
 128 KiB), hence PATCH_LIMIT.
 """
 
@@ -23,12 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PATCH_LIMIT = 96 << 10  # the encoded patch in the environment (base64 of gzip)
+PATCH_LIMIT = 96 << 10  # the encoded patch in the launch spec (base64 of gzip)
 UNTRACKED_LISTED = 100
 GIT_TIMEOUT_S = 20.0
-# the host side reads these (hostside/run_start.sh) and takes them out of the run's env
-PATCH_VAR = "VMRUN_CODE_PATCH"
-COLLECTOR_VAR = "VMRUN_PROVENANCE"  # the interpreter that describes the run ("": none)
 CUT_MARK = b"# vmrun: the diff was cut here (too large)\n"
 _CREDENTIALS = re.compile(r"(?<=://)[^/@]*@")
 
@@ -40,10 +37,9 @@ class Code:
     facts: dict[str, Any]
     patch: bytes = b""
 
-    def host_env(self) -> dict[str, str]:
-        """The variables that carry the diff to the host's record (none when clean)."""
-        encoded = encode_patch(self.patch)
-        return {PATCH_VAR: encoded} if encoded else {}
+    def sent(self) -> str:
+        """The diff as the launch spec carries it to the host's record ("" when clean)."""
+        return encode_patch(self.patch)
 
 
 def code_of(

@@ -50,18 +50,6 @@ def check_store(conn: Connection, place: StoreURL, access: Access, python: str =
     raise store_error(said or ["the bucket refused the run's first file"], conn.label, place)
 
 
-def copy_env(place: StoreURL, access: Access, python: str, *, since_start: bool) -> dict[str, str]:
-    """What run_start.sh reads to start the node's copier (sent over stdin, never an
-    argument; none of it reaches the run)."""
-    return {
-        "VMRUN_STORE_TO": place.path,
-        "VMRUN_STORE_URL": str(place),
-        "VMRUN_STORE_PYTHON": python,
-        "VMRUN_STORE_SINCE": "1" if since_start else "",
-        "VMRUN_STORE_CONFIG": access.mover_config(),
-    }
-
-
 @dataclass(frozen=True)
 class StoreState:
     """Where a run's copy to its bucket stands, from the node's store.json (host clock)."""

@@ -35,6 +35,7 @@ from vmrun.backends.hosts.node_launch import (
     layout_note,
     meet,
     node_launch,
+    node_watchers,
     rank0_node,
 )
 from vmrun.backends.hosts.preflight import check_launcher_hosts, cuda_warning, nproc_for, preflight
@@ -291,7 +292,7 @@ class HostsBackend:
 
     def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
         """The log as it is now (its last `last` lines); several nodes' merged by when each
-        line was written (the hosts' clocks, hostside/run_marks.py), a node's own in order."""
+        line was written (the hosts' clocks, hostside/run_agent.py), a node's own in order."""
         if len(ref.nodes) == 1:
             lines = _prefixer(ref, ref.nodes[0], out, verbose)
             records.read_log(self.conn(ref.nodes[0]), ref.run_id, lines, last=last)
@@ -518,13 +519,13 @@ def _start_all(
     each host refuses if another run is alive there (the busy check, under its start lock).
     `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
     the master tells the run's end itself, with or without vmrun attached. `holder`: the
-    node whose outputs a --store run copies to its bucket. `budget`: run_start.sh's
-    VMRUN_BUDGET_WATCH (`train --max-cost`), "" for none. `ran`: what a resumed run's
+    node whose outputs a --store run copies to its bucket. `budget`: the budget watcher's
+    `SECONDS CAP` (`train --max-cost`), "" for none. `ran`: what a resumed run's
     earlier attempts ran, kept in run.json (ran_before_s) for its cost."""
     labels = list(nodes)
     place = None
     if plan.store is not None:
-        from vmrun.stores.sync import copy_env, run_place
+        from vmrun.stores.sync import run_place
 
         place = run_place(plan.store, rid)
     code = provenance.code_of(
@@ -572,28 +573,20 @@ def _start_all(
         argv, env = node_launch(plan, node, rid, nproc, layout, wiring, port, labels)
         argv = _node_argv(node, argv, env, rid, labels.index(entry.label))
         given = provenance.variables(env, _users_names(plan, node))
-        env = {**env, **code.host_env(), **_collector(node)}
-        if notify and entry.label == labels[0]:
-            told = notify.host_config(_notify_facts(plan, rid, labels))
-            env = {**env, "VMRUN_NOTIFY_CONFIG": told}
-        if plan.hang_watch():  # hang_watch.py beside it (run_start.sh)
-            env = {**env, "VMRUN_HANG_WATCH": plan.hang_watch()}
-        if budget:  # budget_watch.py beside it (run_start.sh): every node stops its own ranks
-            env = {**env, "VMRUN_BUDGET_WATCH": budget}
-        if plan.recover and not node.image:  # spot_watch.py beside it (run_start.sh); in an
-            # image the ranks are the engine's, out of its reach
-            env = {**env, "VMRUN_SPOT_WATCH": "1"}
-        if place is not None and entry.label == holder:
-            assert plan.store_access is not None
-            env = {
-                **env,
-                **copy_env(
-                    place,
-                    plan.store_access.on(entry.vars),
-                    node.env.python,
-                    since_start=not plan.is_template,
-                ),
-            }
+        master = entry.label == labels[0]
+        told = notify.host_config(_notify_facts(plan, rid, labels)) if notify and master else ""
+        copies = place is not None and entry.label == holder
+        watchers = node_watchers(
+            plan,
+            node,
+            code_patch=code.sent(),
+            notify_config=told,
+            budget=budget,
+            store=place if copies else None,
+            store_config=plan.store_access.on(entry.vars).mover_config()
+            if copies and plan.store_access
+            else "",
+        )
         record = replace(
             base,
             host=entry.label,
@@ -620,6 +613,7 @@ def _start_all(
             resume=resume is not None,
             banner=banner,
             alone=alone,
+            watchers=watchers,
         )
         node.skip = got.log_lines
         return got.pid
@@ -633,7 +627,7 @@ def _start_all(
 
 
 def _budget(plan: Plan, entries: Sequence[HostEntry], resume: str | None, spent: float) -> str:
-    """run_start.sh's VMRUN_BUDGET_WATCH for `--max-cost` (`SECONDS CAP`: how much longer
+    """The budget watcher's setting for `--max-cost` (`SECONDS CAP`: how much longer
     the run may go at its nodes' prices, less `spent`, what its earlier attempts ran), ""
     without a cap; refused before anything starts where a node's price is unknown or the cap
     is spent."""
@@ -703,13 +697,6 @@ def _users_names(plan: Plan, node: Node) -> set[str]:
     table = node.entry.vars.get("env")
     names = set(plan.env) | {k for k in os.environ if k.startswith("NCCL_")}
     return names | ({str(k) for k in table} if isinstance(table, dict) else set())
-
-
-def _collector(node: Node) -> dict[str, str]:
-    """Who describes the run's environment on the host (hostside/run_provenance.py): the
-    run's interpreter; in an image, nobody here (the image's does, in the container:
-    hostside/run_in_image.sh)."""
-    return {} if node.image is not None else {provenance.COLLECTOR_VAR: node.env.python}
 
 
 def _notify_facts(plan: Plan, rid: str, labels: list[str]) -> dict[str, Any]:

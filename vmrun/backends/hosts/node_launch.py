@@ -22,6 +22,7 @@ from vmrun.backends.hosts.images import NodeImage
 from vmrun.backends.hosts.netfacts import Layout, NodeFacts
 from vmrun.containers.runtime import IMAGE_PYTHON
 from vmrun.runs import launch
+from vmrun.runs.launch_spec import Budget, Hang, Notify, Provenance, Spot, Store, Watchers
 from vmrun.runs.plan import Plan
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.group import Group
@@ -268,4 +269,39 @@ def layout_note(
     return (
         f"{len(nodes)} nodes x {nproc} process(es), rendezvous at {layout.endpoint} on"
         f" {layout.master}; interfaces: {ifs}{where}"
+    )
+
+
+def node_watchers(
+    plan: Plan,
+    node: Node,
+    *,
+    code_patch: str = "",
+    notify_config: str = "",
+    budget: str = "",
+    store: StoreURL | None = None,
+    store_config: str = "",
+) -> Watchers:
+    """What the node's agent runs beside the run (hostside/run_agent.py). `budget`: `SECONDS
+    CAP` (`train --max-cost`: every node stops its own ranks); `store`: this node copies the
+    run's outputs there, with the mover's `store_config`."""
+    hang = None
+    if plan.hang_timeout:  # torchrun's ranks' lines carry their prefix: its banner is not progress
+        hang = Hang(
+            float(plan.hang_timeout), plan.on_hang, plan.launcher == "torchrun", node.env.python
+        )
+    seconds, _, cap = budget.partition(" ")
+    return Watchers(
+        hang=hang,
+        budget=Budget(float(seconds), cap) if budget else None,
+        # in an image the ranks are the engine's, out of a spot watcher's reach
+        spot=Spot() if plan.recover and not node.image else None,
+        store=(
+            Store(store.path, str(store), node.env.python, not plan.is_template, store_config)
+            if store is not None
+            else None
+        ),
+        notify=Notify(notify_config) if notify_config else None,
+        # in an image the image's Python describes it (hostside/run_in_image.sh)
+        provenance=Provenance("" if node.image else node.env.python, code_patch),
     )

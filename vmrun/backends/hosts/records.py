@@ -2,7 +2,7 @@
 
 A run is started with `setsid` so it outlives the SSH connection. Its record directory holds
 run.json (what, where, when), pid, log (everything it printed; log.times: when each line was
-written, hostside/run_marks.py), exit_code (written when it ends), first_started (the host's
+written, hostside/run_agent.py), exit_code (written when it ends), first_started (the host's
 clock when the first attempt began: files in the work directory newer than that are the
 run's outputs), attempt and log_start (which attempt this is, and where its lines begin in
 the log), and out_dir (where progress is read from). Every
@@ -29,6 +29,7 @@ from vmrun.reporting import Recorder, Reporter
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.record import RunRecord as RecordOfRun
 from vmrun.runs import provenance
+from vmrun.runs.launch_spec import LaunchSpec, Watchers
 from vmrun.runs.outputs import check_run_id
 from vmrun.runs.state import RunState
 from vmrun.ssh import quoting
@@ -70,9 +71,9 @@ class RunRecord:
 
     @property
     def running(self) -> bool:
-        """Its supervising shell lives and has recorded no end. Once exit_code is written
-        the run has ended, though that shell may still be telling it (notify_send.py):
-        every reader takes the recorded code then, never the shell's liveness."""
+        """Its agent lives and has recorded no end. Once exit_code is written the run has
+        ended, though the agent may still be telling it (notify_send.py): every reader
+        takes the recorded code then, never the agent's liveness."""
         return self.alive and self.exit_code is None
 
     @property
@@ -148,7 +149,7 @@ def record_dir(run_id: str) -> str:
 
 @dataclass(frozen=True)
 class Started:
-    pid: int  # the run's supervising shell
+    pid: int  # the run's agent (hostside/run_agent.py), its session's leader
     log_lines: int  # lines the log already had (earlier attempts of a resumed run)
 
 
@@ -163,32 +164,29 @@ def start(
     resume: bool = False,
     banner: str = "",
     alone: bool = False,
+    watchers: Watchers | None = None,
 ) -> Started:
-    """Start argv detached in workdir. `resume`: another attempt of an existing run, whose
+    """Start argv detached in workdir with `env` and `watchers` beside it (one launch spec,
+    vmrun.runs.launch_spec, over stdin). `resume`: another attempt of an existing run, whose
     log goes on after `banner` (the record keeps the first attempt's start time). `alone`:
     refuse if another run is alive there, checked again under the host's start lock (the
     preflight's check is an earlier round trip: two starts at once would both pass it)."""
     now = time.time()
-    written = replace(record, run_id=run_id, started=now).to_json()
-    meta_text = json.dumps(written, sort_keys=True)
-    mode = "resume" if resume else "new"
-    out = record.launch.out_dir or workdir
+    spec = LaunchSpec(
+        rec=record_dir(run_id),
+        workdir=workdir,
+        run_id=run_id,
+        argv=tuple(argv),
+        meta=json.dumps(replace(record, run_id=run_id, started=now).to_json(), sort_keys=True),
+        env=dict(env or {}),
+        mode="resume" if resume else "new",
+        banner=banner,
+        out=record.launch.out_dir or workdir,
+        alone=alone,
+        watchers=watchers or Watchers(),
+    )
     result = conn.run(
-        [
-            *hostside.command("run_start.sh"),
-            record_dir(run_id),
-            workdir,
-            run_id,
-            meta_text,
-            mode,
-            banner,
-            out,
-            hostside.folder(),
-            "1" if alone else "0",
-            *argv,
-        ],
-        env=env,
-        what=f"the start of run {run_id}",
+        hostside.command("run_start.sh"), env=spec.header(), what=f"the start of run {run_id}"
     )
     said = result.stdout_tail.strip().splitlines()
     if result.exit_status == 3 and said and said[-1].startswith("BUSY "):

@@ -1,0 +1,324 @@
+"""A run's one companion on its host: reads the launch spec (vmrun.runs.launch_spec: one
+JSON document on stdin, from run_start.sh) and supervises the run.
+
+    python3 run_agent.py fields     the words run_start.sh needs: REC ID MODE ALONE
+    python3 run_agent.py prepare    the record's files from the spec (run.json, notify.json
+                                    and code.patch, out_dir, the resume's banner); 126 when
+                                    the work directory is missing
+    python3 run_agent.py run        the run itself (run_start.sh starts it with setsid: a
+                                    session leader, so its pid is the run's session id)
+
+`run` writes pid_start and pid (its own), starts the command in the work directory with its
+output in REC/log (appended for a resume), the spec's `env` and the few variables a run reads
+on the host (VMRUN_RUN_ID, VMRUN_RUN_DIR, VMRUN_BEAT_DIR, VMRUN_SNAPSHOT_SIGNAL; with the spot
+or budget watcher VMRUN_REQUEUE_FILE and VMRUN_REQUEUE_ON_TERM), and runs every part the spec
+asks for in this one process while the command runs:
+
+- marks: REC/log.times (run_marks.py's Marks), every 0.1 s in the main loop;
+- hang (hang_watch.py), budget (budget_watch.py), spot (spot_watch.py): each its watch, a
+  thread of this process that ends with the run;
+- store: the bucket copy (store_sync.sh start: its copier, fenced by generation, the config
+  in a 0600 file only it reads);
+- provenance: run_provenance.py under the run's interpreter, niced, outside the run's session;
+- at the end: exit_code (the run's own; run_failure.py names the failed worker of a torchrun
+  that exited 1; 75 when the run stopped after its snapshot to go on elsewhere, REC/requeue;
+  124 when its hang watcher stopped it; a run its budget watcher stopped is recorded as
+  stopped), then the end told to notify.json's webhooks (notify_send.py).
+
+A new watcher is a settings class in vmrun.runs.launch_spec and a part here. The agent's own
+environment has the run's id (run_stop.sh finds every process of the run by it) and
+VMRUN_AGENT (stacks.py never takes it for a rank); what it starts beside the run has neither,
+so a copier's last pass outlives a stop. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # its siblings on the host
+VERSION = 1  # the launch spec's (vmrun.runs.launch_spec.VERSION)
+
+
+def home_path(path: str) -> str:
+    return path if path.startswith("/") else os.path.join(os.environ.get("HOME", "/"), path)
+
+
+def read_spec() -> dict:
+    spec = json.loads(sys.stdin.read())
+    version = spec.get("version") if isinstance(spec, dict) else None
+    if version != VERSION:  # a vmrun of another version sent it: its own agent reads it
+        raise SystemExit(f"vmrun: launch spec version {version!r}, not {VERSION}")
+    return spec
+
+
+def write_file(path: str, text, private: bool = False) -> None:
+    """`text` (str or bytes) in one rename; `private`: only the user reads it, from its first
+    byte."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o666)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
+    os.replace(tmp, path)
+
+
+def fields(spec: dict) -> int:
+    print(spec["rec"], spec["run_id"], spec["mode"], "1" if spec.get("alone") else "0")
+    return 0
+
+
+def prepare(spec: dict) -> int:
+    """The record's files the spec brings (run_start.sh has numbered the attempt)."""
+    rec, resume = home_path(spec["rec"]), spec["mode"] == "resume"
+    write_file(os.path.join(rec, "run.json"), spec.get("meta", "{}") + "\n")
+    told = spec["watchers"].get("notify")
+    if told:  # the webhooks: a secret, in a file only the user reads
+        write_file(os.path.join(rec, "notify.json"), told["config"] + "\n", private=True)
+    patch = os.path.join(rec, "code.patch")
+    if resume and os.path.exists(patch):  # the earlier attempt's
+        with open(os.path.join(rec, "attempt")) as fh:
+            os.replace(patch, f"{patch}.{int(fh.read().strip() or 2) - 1}")
+    with contextlib.suppress(OSError):
+        os.unlink(patch)
+    sent = (spec["watchers"].get("provenance") or {}).get("code_patch")
+    if sent:
+        with contextlib.suppress(ValueError, OSError, EOFError):
+            write_file(patch, gzip.decompress(base64.b64decode(sent)))
+    write_file(os.path.join(rec, "out_dir"), home_path(spec.get("out") or spec["workdir"]) + "\n")
+    if not os.path.isdir(spec["workdir"]):
+        print(f"vmrun: the work directory {spec['workdir']} is missing", file=sys.stderr)
+        return 126
+    if resume and spec.get("banner"):
+        with open(os.path.join(rec, "log"), "a") as log:
+            log.write(spec["banner"] + "\n")
+    if not resume:
+        write_file(os.path.join(rec, "log.times"), "")
+    return 0
+
+
+def own_start() -> str:
+    """Field 22 of /proc/self/stat: what pid_start holds (run_alive.sh's rule)."""
+    with open(f"/proc/{os.getpid()}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[19]
+
+
+def run_env(spec: dict, rec: str) -> dict:
+    env = dict(os.environ)
+    env.update(
+        VMRUN_RUN_ID=spec["run_id"],
+        VMRUN_RUN_DIR=rec,
+        VMRUN_BEAT_DIR=os.path.join(rec, "beat"),
+        VMRUN_SNAPSHOT_SIGNAL="SIGUSR1",
+    )
+    if spec["watchers"].get("spot") is not None or spec["watchers"].get("budget") is not None:
+        env.update(VMRUN_REQUEUE_FILE=os.path.join(rec, "requeue"), VMRUN_REQUEUE_ON_TERM="0")
+    return env
+
+
+def say(rec: str, text: str) -> None:
+    with open(os.path.join(rec, "log"), "a") as log:
+        log.write(f"vmrun: {text}\n")
+
+
+def part(target, *args) -> None:
+    """A watcher as a thread of this process: it ends with the run (a daemon)."""
+
+    def guarded() -> None:
+        with contextlib.suppress(Exception):
+            target(*args)
+
+    threading.Thread(target=guarded, daemon=True).start()
+
+
+def watchers(spec: dict, rec: str, pid: int) -> None:
+    hang = spec["watchers"].get("hang")
+    if hang:
+        import hang_watch  # type: ignore[import-not-found]
+
+        part(
+            hang_watch.watch,
+            rec,
+            pid,
+            float(hang["seconds"]),
+            hang["action"],
+            spec["run_id"],
+            bool(hang.get("ranked", True)),
+            False,
+            hang.get("python") or "",
+        )
+    budget = spec["watchers"].get("budget")
+    if budget:
+        import budget_watch  # type: ignore[import-not-found]
+
+        part(budget_watch.watch, rec, pid, float(budget["seconds"]), budget["cap"])
+    if spec["watchers"].get("spot") is not None:
+        import spot_watch  # type: ignore[import-not-found]
+
+        part(spot_watch.watch, rec, pid)
+
+
+def detached(argv: list) -> None:
+    """A one-shot beside the run, niced, in a session of its own (setsid -f: not a child)."""
+    nice = ["nice", "-n", "10"] if _which("nice") else []
+    with contextlib.suppress(OSError):
+        subprocess.run(
+            ["setsid", "-f", *nice, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+
+
+def _which(name: str) -> bool:
+    return any(
+        os.access(os.path.join(d, name), os.X_OK) for d in os.environ.get("PATH", "").split(":")
+    )
+
+
+def store(spec: dict, rec: str) -> None:
+    """The bucket copy: store_sync.sh's copier, the config by its environment alone."""
+    to = spec["watchers"].get("store")
+    if not to:
+        return
+    since = ""
+    if to.get("since"):
+        with contextlib.suppress(OSError), open(os.path.join(rec, "first_started")) as fh:
+            since = fh.read().strip()
+    out = home_path(spec.get("out") or spec["workdir"])
+    env = {**os.environ, "VMRUN_STORE_CONFIG": to.get("config") or ""}
+    argv = ["sh", os.path.join(HERE, "store_sync.sh"), "start", rec, out, to["to"], to["url"]]
+    done = subprocess.run(
+        [*argv, since, to.get("python") or ""],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        say(rec, f"the copy to {to['url']} did not start")
+
+
+def exit_code(rec: str, rc: int) -> int:
+    """The run's own code, as its records say it ended."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(rec, "failure.json"))
+    if rc == 1:  # torchrun's: the first failed worker's own code
+        with contextlib.suppress(OSError):
+            with open(os.path.join(rec, "log_start")) as fh:
+                start = fh.read().strip()
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    os.path.join(HERE, "run_failure.py"),
+                    rec,
+                    os.path.join(rec, "log"),
+                    str(rc),
+                    start,
+                ],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            said = done.stdout.strip()
+            if said.isdigit():
+                rc = int(said)
+    requeue = os.path.join(rec, "requeue")
+    if rc == 0 and os.path.exists(requeue) and os.path.getsize(requeue) > 0:
+        rc = 75  # stopped after a snapshot to go on elsewhere (the template wrote it)
+    if rc != 0 and _exists(rec, "hang_stopped"):
+        rc = 124  # stopped by its hang watcher, as timeout(1) says it
+    if rc != 0 and _exists(rec, "budget"):  # at its --max-cost: stopped, as by the user
+        write_file(os.path.join(rec, "stopped"), "budget\n")
+    return rc
+
+
+def _exists(rec: str, name: str) -> bool:
+    return os.path.exists(os.path.join(rec, name))
+
+
+def run(spec: dict) -> int:
+    from run_marks import Marks  # type: ignore[import-not-found]
+
+    rec = home_path(spec["rec"])
+    for name in ("VMRUN_RUN_ID", "VMRUN_AGENT"):  # its own (/proc's), not its children's
+        os.environ.pop(name, None)
+    with open(os.devnull) as null:
+        os.dup2(null.fileno(), 0)
+    write_file(os.path.join(rec, "pid_start"), own_start() + "\n")
+    write_file(os.path.join(rec, "pid"), f"{os.getpid()}\n")
+    # appended either way (O_APPEND): the watchers and the bucket copier add their lines beside
+    if spec["mode"] != "resume":
+        write_file(os.path.join(rec, "log"), "")
+    log = open(os.path.join(rec, "log"), "a")  # noqa: SIM115  # the command's, all its life
+    # the run's --env values are the watchers' and the copier's too (their pace, in a test)
+    os.environ.update(spec.get("env") or {})
+    interpreter = (spec["watchers"].get("provenance") or {}).get("interpreter")
+    if interpreter:
+        detached([interpreter, os.path.join(HERE, "run_provenance.py"), rec])
+    # a host-side file by its path from the home (vmrun.hostside.HostPath), whatever the cwd
+    argv = [home_path(w["home"]) if isinstance(w, dict) else w for w in spec["argv"]]
+    # before the command: its first lines are progress the hang watcher sees
+    watchers(spec, rec, os.getpid())
+    try:
+        child = subprocess.Popen(
+            argv,
+            cwd=spec["workdir"],
+            env=run_env(spec, rec),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    except OSError as exc:
+        log.write(f"vmrun: {argv[0]}: {exc.strerror}\n")
+        log.flush()
+        rc = 127 if isinstance(exc, FileNotFoundError) else 126
+        child = None
+    marks = Marks(rec)
+    if child is not None:
+        store(spec, rec)
+        while child.poll() is None:
+            marks.step()
+            time.sleep(0.1)
+        rc = child.returncode if child.returncode >= 0 else 128 - child.returncode
+    marks.step()
+    marks.close()
+    log.close()
+    rc = exit_code(rec, rc)
+    if not _exists(rec, "stopped"):
+        write_file(os.path.join(rec, "exit_code"), f"{rc}\n")
+    if os.access(os.path.join(rec, "notify.json"), os.R_OK):
+        with open(os.path.join(rec, "log"), "a") as out:
+            subprocess.run(
+                [sys.executable, os.path.join(HERE, "notify_send.py"), rec, "send"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+    return 0
+
+
+def main() -> int:
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    steps = {"fields": fields, "prepare": prepare, "run": run}
+    if mode not in steps:
+        print(f"run_agent.py: unknown mode {mode!r}", file=sys.stderr)
+        return 2
+    return steps[mode](read_spec())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
