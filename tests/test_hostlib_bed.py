@@ -128,7 +128,12 @@ def test_a_run_with_every_watcher_has_one_companion_process_on_its_node(
     )
     with Connection("h1", bed_client.settings()) as conn:
         got = records.start(
-            conn, RID, ".", ["sh", "-c", "sleep 60 & sleep 60; wait"], {}, watchers=watchers
+            conn,
+            RID,
+            ".",
+            ["sh", "-c", "sleep 60 & sleep 60; wait"],
+            RunRecord(launch=Launch(name="x")),
+            watchers=watchers,
         )
     rec = h1.home / ".vmrun" / "runs" / RID
     wait_for(lambda: len(_session(got.pid)) == 4, 20, "the agent and the command's three")
