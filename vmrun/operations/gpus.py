@@ -70,10 +70,11 @@ def check_watch(
         raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
     if not idle_window >= 0:
         raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
-    from vmrun.backends.select import one_place
+    from vmrun.backends.select import Target, one_place
 
     one_place(hosts, cluster)
-    if (run or job) and not cluster:
+    target = Target.of(cluster=cluster)  # what it can do: -H's hosts are hosts either way
+    if (run or job) and target.capabilities.lacks("scheduler"):
         raise UsageError("--run and --job pick jobs on a cluster: add -C NAME")
     if run and job:
         raise UsageError("--run and --job both pick the job: use one")
