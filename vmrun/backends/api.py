@@ -169,6 +169,8 @@ class Backend(Protocol):
     """The verbs of a run's life; see the module docstring. Errors are VmrunErrors. What a
     verb says goes to its `out`: steps as infos, the run's own lines as `out.output`."""
 
+    capabilities: Capabilities  # what it can do for a run (its package's CAPABILITIES)
+
     def start(
         self, plan: Plan, how: StartOptions, out: Reporter, progress: Progress | None = None
     ) -> RunRef: ...
@@ -262,6 +264,9 @@ class Capabilities:
     autostop: bool = False  # vmrun's idle watchdog powers the machines off (setup --autostop)
     container_engine: bool = False  # vmrun installs a container engine there (setup)
     relay_push: bool = False  # pushed folders relayed machine to machine (push)
+    # a run's files are on a machine vmrun reaches over a connection (`files_at`); else
+    # they are here, read where they are
+    files_elsewhere: bool = True
 
     def lacks(self, name: str) -> bool:
         return not getattr(self, name)
