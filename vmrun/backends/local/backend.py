@@ -18,6 +18,7 @@ from vmrun.backends.api import (
     NodeRecord,
     Prepared,
     RunRef,
+    StacksTaken,
     StartOptions,
     StopReport,
     launch_lines,
@@ -242,6 +243,15 @@ class LocalBackend:
     def code_dir(self, project: Path) -> str:
         """The project's code is where it is."""
         return str(project.resolve())
+
+    def stacks(self, run_id: str | None, *, hang: bool = False) -> StacksTaken:
+        """A run here shows its stacks in its own terminal: not taken from another."""
+        from vmrun.errors import UsageError
+
+        raise UsageError(
+            f"a run on {HERE} is not reached by `vmrun stacks`: py-spy dump its processes",
+            code="flags-conflict",
+        )
 
     def _dir(self, run_id: str) -> Path:
         return self.project / "results" / run_id
