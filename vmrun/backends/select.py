@@ -16,6 +16,7 @@ from vmrun.config import Settings
 if TYPE_CHECKING:
     from vmrun.backends.hosts.node_launch import Placement
     from vmrun.backends.slurm.job import JobSpec
+    from vmrun.gpus.targets import Target as GpuTarget
     from vmrun.notify.send import Notify
     from vmrun.reporting import Reporter
     from vmrun.runs.plan import Plan
@@ -249,14 +250,18 @@ def open_training(
 
 
 def listed_targets(
-    settings: Settings, *, hosts: list[str] | None = None, cluster: str | None = None
+    settings: Settings,
+    *,
+    hosts: list[str] | None = None,
+    cluster: str | None = None,
+    or_hosts: bool = True,
 ) -> list[Target]:
-    """The places `status` lists: -C's cluster; -H's hosts (or $VMRUN_HOSTS's); with neither,
-    the project's hosts (where it has some, or no cluster either) and every cluster in
-    vmrun.toml."""
+    """The places a command over recorded runs looks in (`status`, `history`): -C's cluster;
+    -H's hosts (or $VMRUN_HOSTS's); with neither, the project's hosts (where it has some;
+    `or_hosts`: also where it has no cluster either, to say it has no hosts) and every
+    cluster in vmrun.toml."""
     import os
 
-    one_place(hosts, cluster)
     if cluster:
         return [Target("cluster", cluster=cluster)]
     if hosts or os.environ.get("VMRUN_HOSTS", "").strip():
@@ -265,7 +270,7 @@ def listed_targets(
     from vmrun.ssh.inventory import project_hosts
 
     names = [c.name for c in project_clusters(settings)]
-    here = [Target()] if project_hosts(settings) or not names else []
+    here = [Target()] if project_hosts(settings) or (or_hosts and not names) else []
     return [*here, *(Target("cluster", cluster=name) for name in names)]
 
 
@@ -339,3 +344,29 @@ def door_entries(target: Target, settings: Settings) -> list[HostEntry]:
     from vmrun.ssh.inventory import select_hosts
 
     return select_hosts(target.host_list, settings)
+
+
+@contextmanager
+def watched_gpus(
+    target: Target,
+    settings: Settings,
+    hosts: Sequence[str | HostEntry] | None = None,
+    *,
+    run: str | None = None,
+    job: str | None = None,
+) -> Iterator[list[GpuTarget] | None]:
+    """What `watch` samples on `target`: each host's GPUs (`hosts`: as given, None: the
+    project's), or those of the nodes a cluster's running job holds (`run`'s, `job`'s, else
+    the user's), reached through its login connection, open for the block. None: no such
+    job runs there."""
+    if target.kind == "cluster":
+        from vmrun.backends.slurm.gpus import node_targets, running_nodes
+        from vmrun.backends.slurm.session import cluster_backend
+
+        with cluster_backend(settings, str(target.cluster)) as slurm:
+            nodes = running_nodes(slurm, run, job)
+            yield node_targets(slurm, nodes) if nodes else None
+        return
+    from vmrun.gpus.targets import host_targets
+
+    yield host_targets(target_entries(target, settings, hosts), settings)

@@ -61,7 +61,9 @@ def gather(
 
     if last < 0:
         raise UsageError(f"--last must be >= 0, got {last}")
-    from vmrun.backends.select import list_runs_on, listed_targets
+    from vmrun.backends.select import list_runs_on, listed_targets, one_place
+
+    one_place(hosts, cluster)
 
     records: list[RunRow] = []
     errors: list[Failure] = []
