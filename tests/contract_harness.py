@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from vmrun.backends.api import Backend, RunRef
+from vmrun.backends.api import Backend, RunRef, StartOptions
 from vmrun.runs.plan import Plan
 
 # The run's script: says it began, waits for its gate file (bounded), exits with the code in
@@ -40,6 +40,8 @@ class Harness(Protocol):
     def reset_gate(self) -> None: ...  # the next attempt waits again
     def alive(self, ref: RunRef) -> bool: ...  # any process of the run left
     def exists(self, path: str) -> bool: ...  # a path as the backend names it, on its machine
+    # a run going on, started where it lives (a backend that cannot detach: its terminal)
+    def start_elsewhere(self, how: StartOptions) -> RunRef: ...
 
 
 class Gate:
@@ -78,6 +80,9 @@ class Gate:
     def reset_gate(self) -> None:
         self.gate.unlink(missing_ok=True)
         self.began_file.unlink(missing_ok=True)
+
+    def start_elsewhere(self, how: StartOptions) -> RunRef:
+        raise AssertionError("a backend that detaches starts its runs itself")
 
 
 def pid_alive(pid: int) -> bool:

@@ -19,7 +19,9 @@ a cluster's sbatch options) it is given when it is made (vmrun.backends.select):
             failure in it (not raised);
 - `outputs` where its files are, per node, for fetch and resume;
 - `files_at` the node whose files a command over the whole run reads (tensorboard), reached;
-- `code_dir` where a project's code lives on the backend (relative paths of fetch and push).
+- `code_dir` where a project's code lives on the backend (relative paths of fetch and push);
+- `stacks`  every rank's Python stack of a running run now, or with `hang` those its hang
+            watcher took (`vmrun stacks`), as `StacksTaken`.
 
 A new backend passes tests/test_backend_contract.py: the same scenarios on every backend.
 """
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from vmrun.reporting import Reporter
     from vmrun.runs.outputs import RunLocation
     from vmrun.runs.plan import Plan
+    from vmrun.runs.stacks import Flight, RankStack
     from vmrun.ssh.connection import Connection
     from vmrun.ssh.group import Outcome
     from vmrun.stores.sync import StoreState
@@ -120,6 +123,19 @@ class FilesAt:
     selector: str
 
 
+@dataclass(frozen=True)
+class StacksTaken:
+    """A run's ranks' stacks as the backend took them (`stacks`), whatever runs it: each
+    rank's, the nodes that gave none (and why), and for a hang what each node's watcher saw
+    (its REC/hang) and torch's flight recorder."""
+
+    run_id: str
+    stacks: list[RankStack] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    hangs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    flights: list[Flight] = field(default_factory=list)
+
+
 class RunRow(Protocol):
     """One run on one node as `runs` lists it: what `status` shows for any run."""
 
@@ -169,6 +185,8 @@ class Backend(Protocol):
     """The verbs of a run's life; see the module docstring. Errors are VmrunErrors. What a
     verb says goes to its `out`: steps as infos, the run's own lines as `out.output`."""
 
+    capabilities: Capabilities  # what it can do for a run (its package's CAPABILITIES)
+
     def start(
         self, plan: Plan, how: StartOptions, out: Reporter, progress: Progress | None = None
     ) -> RunRef: ...
@@ -196,6 +214,8 @@ class Backend(Protocol):
     def files_at(self, ref: RunRef) -> FilesAt: ...
 
     def code_dir(self, project: Path) -> str: ...
+
+    def stacks(self, run_id: str | None, *, hang: bool = False) -> StacksTaken: ...
 
 
 class _Ended(Protocol):
@@ -262,6 +282,9 @@ class Capabilities:
     autostop: bool = False  # vmrun's idle watchdog powers the machines off (setup --autostop)
     container_engine: bool = False  # vmrun installs a container engine there (setup)
     relay_push: bool = False  # pushed folders relayed machine to machine (push)
+    # a run's files are on a machine vmrun reaches over a connection (`files_at`); else
+    # they are here, read where they are
+    files_elsewhere: bool = True
 
     def lacks(self, name: str) -> bool:
         return not getattr(self, name)

@@ -16,6 +16,7 @@ from vmrun.config import Settings
 if TYPE_CHECKING:
     from vmrun.backends.hosts.node_launch import Placement
     from vmrun.backends.slurm.job import JobSpec
+    from vmrun.gpus.targets import Target as GpuTarget
     from vmrun.notify.send import Notify
     from vmrun.reporting import Reporter
     from vmrun.runs.plan import Plan
@@ -246,3 +247,126 @@ def open_training(
         wiring = (place or Placement()).wiring
         with group or Group(order(chosen, wiring), settings) as conns:
             yield HostsTraining(conns, chosen, settings, place, fetch_every, on_start)
+
+
+def listed_targets(
+    settings: Settings,
+    *,
+    hosts: list[str] | None = None,
+    cluster: str | None = None,
+    or_hosts: bool = True,
+) -> list[Target]:
+    """The places a command over recorded runs looks in (`status`, `history`): -C's cluster;
+    -H's hosts (or $VMRUN_HOSTS's); with neither, the project's hosts (where it has some;
+    `or_hosts`: also where it has no cluster either, to say it has no hosts) and every
+    cluster in vmrun.toml."""
+    import os
+
+    if cluster:
+        return [Target("cluster", cluster=cluster)]
+    if hosts or os.environ.get("VMRUN_HOSTS", "").strip():
+        return [Target.of(hosts=hosts)]
+    from vmrun.backends.slurm.cluster import project_clusters
+    from vmrun.ssh.inventory import project_hosts
+
+    names = [c.name for c in project_clusters(settings)]
+    here = [Target()] if project_hosts(settings) or (or_hosts and not names) else []
+    return [*here, *(Target("cluster", cluster=name) for name in names)]
+
+
+@dataclass
+class Listed:
+    """What one place's runs are, as `status` shows them: its runs (`RunRow`s), the nodes
+    that did not answer (`failed`: (host, cluster, why)), what the autostop watchdog says
+    on each host that has one, and `down`: why the place as a whole did not answer."""
+
+    rows: list[Any]
+    failed: list[tuple[str | None, str | None, BaseException]]
+    autostop: dict[str, str]
+    down: BaseException | None = None
+
+
+def list_runs_on(target: Target, settings: Settings, *, watchdog: bool = True) -> Listed:
+    """Every run recorded on `target` (`runs`); on hosts, with one round trip each, what
+    their autostop watchdog says too (`watchdog`: asked)."""
+    from vmrun.errors import VmrunError
+
+    if target.kind == "cluster":
+        name = str(target.cluster)
+        try:
+            with open_backend(settings, cluster=name) as backend:
+                jobs, failed = backend.runs()
+        except VmrunError as exc:
+            return Listed([], [], {}, down=exc)
+        return Listed(list(jobs), [(None, name, exc) for exc in failed], {})
+    from vmrun.ssh.group import Group
+    from vmrun.ssh.inventory import select_hosts
+
+    listed = Listed([], [], {})
+    with Group(select_hosts(target.host_list, settings), settings) as group:
+        for outcome in group.map(lambda e, conn: _host_listing(conn, watchdog)):
+            if outcome.error is not None:
+                listed.failed.append((outcome.host, None, outcome.error))
+                continue
+            found, state = outcome.value or ([], None)
+            listed.rows += found
+            if state is not None and state.installed:
+                listed.autostop[outcome.host] = state.short()
+    return listed
+
+
+def _host_listing(conn: Any, watchdog: bool) -> tuple[list[Any], Any]:
+    """A host's runs and, on a second channel of the same connection at the same time, what
+    its autostop watchdog says (None: not asked, or unreadable): one round trip, not two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmrun.autostop.watchdog import read_status
+    from vmrun.backends.hosts.records import list_runs
+    from vmrun.errors import VmrunError
+
+    conn.open()  # one dial for both
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read_status, conn) if watchdog else None
+        runs = list_runs(conn)
+        try:
+            return runs, reading.result() if reading else None
+        except VmrunError:
+            return runs, None
+
+
+def door_entries(target: Target, settings: Settings) -> list[HostEntry]:
+    """The machines a connection into `target` goes through: a cluster's login node alone
+    (its nodes are reached from there), else the hosts (None: the project's)."""
+    if target.kind == "cluster":
+        from vmrun.backends.slurm.cluster import find_cluster
+
+        return [find_cluster(settings, str(target.cluster)).entry]
+    from vmrun.ssh.inventory import select_hosts
+
+    return select_hosts(target.host_list, settings)
+
+
+@contextmanager
+def watched_gpus(
+    target: Target,
+    settings: Settings,
+    hosts: Sequence[str | HostEntry] | None = None,
+    *,
+    run: str | None = None,
+    job: str | None = None,
+) -> Iterator[list[GpuTarget] | None]:
+    """What `watch` samples on `target`: each host's GPUs (`hosts`: as given, None: the
+    project's), or those of the nodes a cluster's running job holds (`run`'s, `job`'s, else
+    the user's), reached through its login connection, open for the block. None: no such
+    job runs there."""
+    if target.kind == "cluster":
+        from vmrun.backends.slurm.gpus import node_targets, running_nodes
+        from vmrun.backends.slurm.session import cluster_backend
+
+        with cluster_backend(settings, str(target.cluster)) as slurm:
+            nodes = running_nodes(slurm, run, job)
+            yield node_targets(slurm, nodes) if nodes else None
+        return
+    from vmrun.gpus.targets import host_targets
+
+    yield host_targets(target_entries(target, settings, hosts), settings)

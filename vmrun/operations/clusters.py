@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vmrun.config import Settings
+from vmrun.config import CLOUDS, Settings
 from vmrun.errors import exit_code_for
 from vmrun.providers.api import Resource
 from vmrun.providers.aws.listing import BILLING_STATES, Gap
@@ -86,14 +86,14 @@ def project_profile(project_data: Mapping[str, Any]) -> str | None:
 
 
 def project_cloud(project_data: Mapping[str, Any]) -> str:
-    """The cloud `vmrun clusters` looks in by default: UCloud when every `[[clouds]]` table
-    the project has says so, else AWS."""
+    """The cloud `vmrun clusters` looks in by default: the one every `[[clouds]]` table the
+    project has names, else AWS."""
     named = {
         str(t.get("cloud") or PROVIDER)
         for t in project_data.get("clouds") or ()
         if isinstance(t, dict)
     }
-    return "ucloud" if named == {"ucloud"} else PROVIDER
+    return named.pop() if len(named) == 1 and named <= set(CLOUDS) else PROVIDER
 
 
 def list_ucloud(settings: Settings, provider: Any = None) -> Listing:

@@ -312,7 +312,10 @@ def check(job: FetchJob) -> None:
                 code="bad-store",
             )
 
-    if job.cluster and job.all_hosts:
+    from vmrun.backends.select import Target
+
+    target = Target.of(hosts=job.hosts, cluster=job.cluster)
+    if job.all_hosts and target.capabilities.lacks("several_hosts"):
         raise UsageError(f"--all-hosts is for hosts; -C {job.cluster} fetches from its login node")
     if job.all_hosts and job.hosts:
         raise UsageError("give either --host or --all-hosts, not both")

@@ -51,13 +51,9 @@ def forwarding(
 
 def one_host(settings: Settings, hosts: list[str] | None, cluster: str | None) -> HostEntry:
     """The one place to forward through: the cluster's login node, or exactly one host."""
-    if cluster:
-        from vmrun.backends.slurm.cluster import find_cluster
+    from vmrun.backends.select import Target, door_entries
 
-        return find_cluster(settings, cluster).entry
-    from vmrun.ssh.inventory import select_hosts
-
-    entries = select_hosts(hosts, settings)
+    entries = door_entries(Target.of(hosts=hosts, cluster=cluster), settings)
     if len(entries) != 1:
         names = ", ".join(e.label for e in entries)
         raise UsageError(

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING
 
 from vmrun.config import Settings
 from vmrun.errors import UsageError
-from vmrun.operations.hostlist import Hosts, entries_for
+from vmrun.operations.hostlist import Hosts
 from vmrun.reporting import QUIET, Reporter
 
 if TYPE_CHECKING:
     from vmrun.gpus.fleet import FleetWatch
-    from vmrun.gpus.targets import Target
 
 
 @contextmanager
@@ -37,9 +36,13 @@ def watch(
     every channel. None when the cluster has no such job (`out.info` says so). With `once`,
     one reading per host; `watch.fleet.exit_code()` is then the worst host's. Bad input
     raises UsageError before any connection."""
+    from vmrun.backends.select import Target, watched_gpus
+
     check_watch(hosts, cluster, run, job, interval, idle_threshold, idle_window)
-    with _targets(settings, hosts, cluster, run, job, out) as targets:
+    with watched_gpus(Target.of(cluster=cluster), settings, hosts, run=run, job=job) as targets:
         if targets is None:
+            which = f"run {run}" if run else f"job {job}" if job else "job of yours"
+            out.info(f"no running {which} on cluster {cluster}: no GPU to watch")
             yield None
             return
         from vmrun.gpus.fleet import Fleet, FleetWatch
@@ -70,39 +73,11 @@ def check_watch(
         raise UsageError(f"--idle-threshold must be 0-100, got {idle_threshold:g}")
     if not idle_window >= 0:
         raise UsageError(f"--idle-window must be 0 or more, got {idle_window:g}")
-    from vmrun.backends.select import one_place
+    from vmrun.backends.select import Target, one_place
 
     one_place(hosts, cluster)
-    if (run or job) and not cluster:
+    target = Target.of(cluster=cluster)  # what it can do: -H's hosts are hosts either way
+    if (run or job) and target.capabilities.lacks("scheduler"):
         raise UsageError("--run and --job pick jobs on a cluster: add -C NAME")
     if run and job:
         raise UsageError("--run and --job both pick the job: use one")
-
-
-@contextmanager
-def _targets(
-    settings: Settings,
-    hosts: Hosts,
-    cluster: str | None,
-    run: str | None,
-    job: str | None,
-    out: Reporter,
-) -> Iterator[list[Target] | None]:
-    """What to watch; a cluster's nodes are reached through its login connection, which
-    stays open for the block."""
-    if not cluster:
-        from vmrun.gpus.targets import host_targets
-
-        yield host_targets(entries_for(hosts, settings), settings)
-        return
-    from vmrun.backends.slurm.gpus import node_targets, running_nodes
-    from vmrun.backends.slurm.session import cluster_backend
-
-    with cluster_backend(settings, cluster) as slurm:
-        nodes = running_nodes(slurm, run, job)
-        if not nodes:
-            which = f"run {run}" if run else f"job {job}" if job else "job of yours"
-            out.info(f"no running {which} on cluster {cluster}: no GPU to watch")
-            yield None
-            return
-        yield node_targets(slurm, nodes)

@@ -13,7 +13,6 @@ provenance files rather than its metrics (`gather_provenance`, `run_diffs`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,16 +196,11 @@ def _places(hosts: list[str] | None, cluster: str | None, settings: Settings) ->
     """Where to look for a run, in order: -C's cluster, else -H's hosts (or the project's
     hosts and clusters); then the bucket runs are copied to (`store`), where a run outlives
     its hosts."""
-    store: list[Place] = [(None, None, settings.store)] if settings.store else []
-    if cluster:
-        return [(None, cluster, None), *store]
-    if hosts or os.environ.get("VMRUN_HOSTS", "").strip():
-        return [(hosts, None, None), *store]
-    from vmrun.backends.slurm.cluster import project_clusters
-    from vmrun.ssh.inventory import project_hosts
+    from vmrun.backends.select import listed_targets
 
-    places: list[Place] = [(None, None, None)] if project_hosts(settings) else []
-    return places + [(None, c.name, None) for c in project_clusters(settings)] + store
+    store: list[Place] = [(None, None, settings.store)] if settings.store else []
+    found = listed_targets(settings, hosts=hosts, cluster=cluster, or_hosts=False)
+    return [(t.host_list, t.cluster, None) for t in found] + store
 
 
 def _fetch(

@@ -3,7 +3,6 @@ what the autostop watchdog says on each host, as values."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,61 +61,24 @@ def gather(
 
     if last < 0:
         raise UsageError(f"--last must be >= 0, got {last}")
-    from vmrun.backends.select import one_place, open_backend
-    from vmrun.backends.slurm.cluster import project_clusters
-    from vmrun.errors import VmrunError
-    from vmrun.ssh.inventory import project_hosts
+    from vmrun.backends.select import list_runs_on, listed_targets, one_place
 
     one_place(hosts, cluster)
-    chosen = bool(hosts) or bool(os.environ.get("VMRUN_HOSTS", "").strip())
-    names = [cluster] if cluster else [] if chosen else [c.name for c in project_clusters(settings)]
+
     records: list[RunRow] = []
     errors: list[Failure] = []
     autostop: dict[str, str] = {}
-    if not cluster and (chosen or project_hosts(settings) or not names):
-        from vmrun.ssh.group import Group
-        from vmrun.ssh.inventory import select_hosts
-
-        with Group(select_hosts(hosts, settings), settings) as group:
-            for outcome in group.map(lambda e, conn: _listing(conn, watchdog)):
-                if outcome.error is not None:
-                    errors.append(Failure(outcome.error, host=outcome.host))
-                    continue
-                found, state = outcome.value or ([], None)
-                records += found
-                if state is not None and state.installed:
-                    autostop[outcome.host] = state.short()
-    for name in names:
-        try:
-            with open_backend(settings, cluster=name) as backend:
-                jobs, failed = backend.runs()
-        except VmrunError as exc:
-            if cluster:
-                raise
-            errors.append(Failure(exc, cluster=name))
-            continue
-        records += jobs
-        errors += [Failure(exc, cluster=name) for exc in failed]
+    named = bool(hosts or cluster)  # a place the user named that does not answer: an error
+    for target in listed_targets(settings, hosts=hosts, cluster=cluster):
+        listed = list_runs_on(target, settings, watchdog=watchdog)
+        if listed.down is not None and named:
+            raise listed.down
+        if listed.down is not None:
+            errors.append(Failure(listed.down, cluster=target.cluster))
+        records += listed.rows
+        errors += [Failure(exc, host=host, cluster=name) for host, name, exc in listed.failed]
+        autostop.update(listed.autostop)
     records.sort(key=lambda r: float(r.started or 0))
     ids = list(dict.fromkeys(r.id for r in records))
     keep = set(ids[-last:]) if last else set(ids)
     return Status([r for r in records if r.id in keep], errors, autostop, len(ids) - len(keep))
-
-
-def _listing(conn: Any, watchdog: bool) -> tuple[list[Any], Any]:
-    """A host's runs and, on a second channel of the same connection at the same time, what
-    its autostop watchdog says (None: not asked, or unreadable): one round trip, not two."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from vmrun.autostop.watchdog import read_status
-    from vmrun.backends.hosts.records import list_runs
-    from vmrun.errors import VmrunError
-
-    conn.open()  # one dial for both
-    with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(read_status, conn) if watchdog else None
-        runs = list_runs(conn)
-        try:
-            return runs, reading.result() if reading else None
-        except VmrunError:
-            return runs, None

@@ -65,6 +65,7 @@ from vmrun.ssh.inventory import HostEntry, find_entry
 from vmrun.transfer.types import Progress
 
 if TYPE_CHECKING:
+    from vmrun.backends.api import StacksTaken
     from vmrun.notify.send import Notify
 
 
@@ -384,6 +385,25 @@ class HostsBackend:
         return Prepared(tuple(lines))
 
     capabilities = CAPABILITIES  # what runs on hosts can do (the refusals derive from it)
+
+    def stacks(self, run_id: str | None, *, hang: bool = False) -> StacksTaken:
+        """Each rank's stack on the run's nodes now (None: the newest running run), or with
+        `hang` those each node's hang watcher took (the run may have ended since)."""
+        from vmrun.backends.api import StacksTaken
+        from vmrun.backends.hosts.stacks import take_on_nodes
+        from vmrun.errors import UsageError
+        from vmrun.runs.state import RunState
+
+        ref = self.find(run_id, running_only=run_id is None and not hang)
+        running = any(r.state == RunState.RUNNING for r in ref.records.values())
+        if not hang and not running:
+            raise UsageError(
+                f"run {ref.run_id} is not running: its stacks are gone with it",
+                hint=f"`vmrun stacks {ref.run_id} --hang` shows those its hang watcher took",
+                code="not-running",
+            )
+        got = take_on_nodes(self.group, ref, hang=hang)
+        return StacksTaken(ref.run_id, got.stacks, got.failed, got.hangs, got.flights)
 
 
 def _prefixer(ref: RunRef, node: str, out: Reporter, verbose: bool) -> Prefixer:

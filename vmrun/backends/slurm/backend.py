@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vmrun import hostside
-from vmrun.backends.api import FilesAt, NodeRecord, RunRef, StartOptions, StopReport
+from vmrun.backends.api import FilesAt, NodeRecord, RunRef, StacksTaken, StartOptions, StopReport
 from vmrun.backends.slurm import CAPABILITIES, records
 from vmrun.backends.slurm.cluster import Cluster
 from vmrun.backends.slurm.job import (
@@ -873,6 +873,13 @@ class SlurmBackend:
         return StopReport(node=self.cluster.name, signalled=1 if before else 0, killed=0)
 
     capabilities = CAPABILITIES  # what a Slurm job can do (the refusals derive from it)
+
+    def stacks(self, run_id: str | None, *, hang: bool = False) -> StacksTaken:
+        """The job's ranks' stacks now, through the login node, or with `hang` those its
+        hang watcher took (vmrun.backends.slurm.stacks)."""
+        from vmrun.backends.slurm.stacks import hang_on_cluster, on_cluster
+
+        return hang_on_cluster(self, run_id) if hang else on_cluster(self, run_id)
 
 
 def with_job(ref: RunRef, **changes: Any) -> RunRef:
