@@ -212,3 +212,28 @@ def test_an_old_hosts_python_reads_the_checkpoint_as_this_one_does(ckpt: Path) -
         [python, str(SCRIPT), "needs", str(ckpt)], capture_output=True, text=True, check=True
     )
     assert json.loads(old.stdout) == host_json("needs", str(ckpt))
+
+
+def test_lacks_names_what_a_copy_of_the_folder_misses_or_holds_short(ckpt: Path) -> None:
+    """`lacks DIR < LSJSON` (a bucket copier's question before it sends .metadata): the
+    files the local .metadata names that the listed copy lacks or holds too short."""
+    sizes = {n: (ckpt / n).stat().st_size for n in SHARDS}
+
+    def lacks(listed: list[dict]) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "lacks", str(ckpt)],
+            input=json.dumps(listed),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.splitlines()
+
+    whole = [{"Path": n, "Size": sizes[n]} for n in SHARDS]
+    assert lacks(whole) == []
+    assert lacks(whole[:1]) == ["__1_0.distcp"]
+    cut = [whole[0], {"Path": "__1_0.distcp", "Size": 3}]
+    need = layout.read_needs((ckpt / ".metadata").read_bytes())[0]["__1_0.distcp"]
+    assert lacks(cut) == [f"__1_0.distcp (3 of {need} bytes)"]
+    (ckpt / ".metadata").unlink()
+    assert lacks(whole) == [".metadata"]

@@ -23,23 +23,32 @@ import pytest
 from conftest import wait_for
 
 from vmrun.hostside import source
+from vmrun.stores.sync import StoreState
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
 FAKE_RCLONE = r"""#!/bin/sh
 # rclone --config CFG copy SRC store:DEST [--files-from-raw LIST] ...: files into $BUCKET/DEST;
-# rclone ... cat store:PATH / rcat store:PATH: one object out, or in from stdin
+# rclone ... cat store:PATH / rcat store:PATH: one object out, or in from stdin;
+# rclone ... lsjson store:DIR: its files, [{"Path", "Size"}]; --immutable: a file there with
+# other bytes stays, said as rclone says it ($BUCKET.hold: the name of a file whose upload fails)
 if [ -e "$BUCKET.down" ]; then
   echo refused >> "$BUCKET.refused"
   echo "2026/11/29 07:00:00 ERROR : dial tcp 10.9.9.9:9000: connect: connection refused" >&2
   exit 1
 fi
-list=
+list= immutable=
 while [ $# -gt 0 ]; do
   case $1 in
     cat) [ -e "$BUCKET.noread" ] && { echo "AccessDenied: no read" >&2; exit 1; }
          f=$BUCKET/${2#store:}; [ -f "$f" ] || exit 3; exec cat "$f" ;;
     rcat) f=$BUCKET/${2#store:}; mkdir -p "${f%/*}" && exec cat > "$f" ;;
+    lsjson) d=$BUCKET/${2#store:}; [ -d "$d" ] || { echo "[]"; exit 0; }
+            find "$d" -mindepth 1 -maxdepth 1 -type f -printf '%f\t%s\n' \
+              | awk -F '\t' 'BEGIN { printf "[" } END { print "]" }
+                  { printf "%s{\"Path\": \"%s\", \"Size\": %s}", (NR > 1 ? ", " : ""), $1, $2 }'
+            exit 0 ;;
+    --immutable) immutable=1; shift ;;
     copy) src=$2 dest=$3; shift 3 ;;
     --files-from-raw) list=$2; shift 2 ;;
     --config) cat "$2" >> "$BUCKET.configs"; shift 2 ;;
@@ -48,9 +57,20 @@ while [ $# -gt 0 ]; do
 done
 to=$BUCKET/${dest#store:}
 if [ -z "$list" ]; then list=$(mktemp); (cd "$src" && find . -type f | sed 's|^\./||') > "$list"; fi
+rc=0
 while IFS= read -r f; do
+  if [ -e "$BUCKET.hold" ] && [ "${f##*/}" = "$(cat "$BUCKET.hold")" ]; then
+    echo "2026/11/29 07:00:00 ERROR : $f: upload timed out" >&2; rc=1; continue
+  fi
+  if [ -n "$immutable" ] && [ -f "$to/$f" ] && ! cmp -s "$src/$f" "$to/$f"; then
+    echo "2026/11/29 07:00:00 ERROR : $f: Source and destination exist but do not match:" \
+      "immutable file modified" >&2
+    rc=1
+    continue
+  fi
   mkdir -p "$(dirname "$to/$f")" && cp "$src/$f" "$to/$f" || exit 1
 done < "$list"
+exit $rc
 """
 
 
@@ -83,11 +103,11 @@ def _start_time(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
 
 
-@pytest.fixture
-def copier(tmp_path: Path) -> Iterator[Any]:
-    """A home with run r1 alive (a sleep in its own session) and its output folder; the
-    copier is started by the test (`start(since=...)`), and killed by its pid at the end."""
-    home = tmp_path / "home"
+def _node(tmp_path: Path, name: str, procs: list[subprocess.Popen[bytes]]) -> Any:
+    """A home (tmp_path/name) with run r1 alive (a sleep in its own session) and its output
+    folder, every node's copier writing into the one bucket; the copier is started by the
+    test (`start(since=...)`). What it starts goes into `procs`, to be killed at the end."""
+    home = tmp_path / name
     rec = home / ".vmrun" / "runs" / "r1"
     out = home / "work" / "results" / "r1"
     rec.mkdir(parents=True)
@@ -95,18 +115,21 @@ def copier(tmp_path: Path) -> Iterator[Any]:
     (rec / "run.json").write_text('{"id": "r1"}\n')
     (rec / "log").write_text("epoch 1/2\n")
     run = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    procs.append(run)
     (rec / "pid_start").write_text(_start_time(run.pid) + "\n")
     (rec / "pid").write_text(f"{run.pid}\n")
     lib = tmp_path / "lib"  # as installed on a host: the copier stops a replaced run by path
-    lib.mkdir()
-    for name in ("store_sync.sh", "run_stop.sh"):
-        (lib / name).write_text(source(name))
+    lib.mkdir(exist_ok=True)
+    for script in ("store_sync.sh", "run_stop.sh", "checkpoint_layout.py"):
+        (lib / script).write_text(source(script))
     fake = tmp_path / "rclone"
     fake.write_text(FAKE_RCLONE)
     fake.chmod(0o755)
     made = Copier(home, rec, out, tmp_path / "bucket", run)
 
-    def start(since: str = "", final_wait: str = "60") -> Copier:
+    def start(
+        since: str = "", final_wait: str = "60", role: str = "record", token: str = ""
+    ) -> Copier:
         cfg = rec / "store.abc123"
         cfg.write_text("[store]\nsecret_access_key = s3cr3t\n")
         cfg.chmod(0o600)
@@ -119,29 +142,30 @@ def copier(tmp_path: Path) -> Iterator[Any]:
             "VMRUN_STORE_BACKOFF": "1",
             "VMRUN_STORE_FINAL_WAIT": final_wait,
         }
-        made.proc = subprocess.Popen(
-            [
-                "sh",
-                str(lib / "store_sync.sh"),
-                "watch",
-                str(rec),
-                str(out),
-                "b/runs/r1",
-                "s3://b/runs/r1",
-                since,
-                str(cfg),
-                str(fake),
-            ],
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        argv = ["sh", str(lib / "store_sync.sh"), "watch", str(rec), str(out), "b/runs/r1"]
+        argv += ["s3://b/runs/r1", since, str(cfg), str(fake), role, sys.executable, token]
+        made.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+        procs.append(made.proc)
         return made
 
-    yield start
-    for proc in (made.proc, run):
-        if proc is not None and proc.poll() is None:
+    return start
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Any]:
+    """`nodes(name)`: one more node of run r1 (a home of its own, the same bucket)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield lambda name: _node(tmp_path, name, procs)
+    for proc in reversed(procs):
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def copier(nodes: Any) -> Any:
+    """The one node of a run (its master: it copies the record too)."""
+    return nodes("home")
 
 
 def test_snapshots_go_once_whole_a_bucket_down_is_said_once_and_the_end_takes_the_record(
@@ -272,3 +296,165 @@ def test_an_output_named_generation_is_sent_like_any_other(copier: Any) -> None:
     (started.out / "generation").write_text("an output of the run's own\n")
     wait_for(lambda: started.stored("generation") is not None, 20, "the output")
     assert started.stored(".vmrun/generation") == b"1\n"
+
+
+DCP = Path(__file__).parent / "fixtures" / "dcp" / "two-ranks"  # torch's 2-rank checkpoint
+CKPT = "checkpoints/epoch-2"
+
+
+def _shards_of(node: Copier, *names: str) -> None:
+    """The checkpoint's files this node's ranks wrote (as FSDP on two hosts leaves them)."""
+    folder = node.out / CKPT
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes((DCP / name).read_bytes())
+
+
+def test_every_nodes_shards_arrive_and_the_metadata_only_once_all_it_names_is_there(
+    nodes: Any,
+) -> None:
+    """Two nodes, one attempt (its id in the spec of both): the node that copies outputs
+    only sends nothing before the master claims the attempt, and never claims it itself;
+    then each sends its own shard; the master's .metadata waits, said once in its log,
+    while the bucket lacks the other node's shard; temporary names never go, a hidden file
+    in a checkpoint's folder does, one elsewhere does not."""
+    a = nodes("a")
+    b = nodes("b")
+    other: Copier = b(role="outputs", token="t-1")
+    _shards_of(other, "__1_0.distcp")
+    wait_for(lambda: other.state().get("state") == "waiting", 20, "b to wait for its master")
+    assert other.stored(f"{CKPT}/__1_0.distcp") is None
+    assert other.stored(".vmrun/generation") is None and other.stored(".vmrun/log") is None
+    Path(f"{other.bucket}.hold").write_text("__1_0.distcp")  # b's shard is slow to arrive
+
+    master: Copier = a(token="t-1")
+    _shards_of(master, "__0_0.distcp", ".metadata")
+    folder = master.out / CKPT
+    (folder / ".metadata.tmp").write_bytes(b"half")  # DCP's own, before its rename
+    (folder / ".__0_0.distcp.tmp-9").write_bytes(b"half")
+    (folder / "x.partial").write_bytes(b"half")
+    (folder / ".extra").write_text("a hidden file of the checkpoint's\n")
+    (master.out / ".env").write_text("TOKEN=s3cr3t\n")
+    wait_for(lambda: master.stored(f"{CKPT}/__0_0.distcp") is not None, 20, "a's shard")
+    wait_for(
+        lambda: "waits until the bucket holds" in (master.rec / "log").read_text(),
+        20,
+        "the wait said",
+    )
+    wait_for(lambda: master.state().get("waits") == [f"{CKPT}/.metadata"], 20, "store.json")
+    assert master.stored(f"{CKPT}/.metadata") is None
+    assert "__1_0.distcp" in (master.rec / "log").read_text()
+    assert master.stored(".vmrun/generation") == b"1\n"
+    assert master.stored(".vmrun/generation.id") == b"t-1\n"
+
+    Path(f"{other.bucket}.hold").unlink()
+    wait_for(lambda: master.stored(f"{CKPT}/.metadata") is not None, 20, "the metadata")
+    assert master.stored(f"{CKPT}/.metadata") == (DCP / ".metadata").read_bytes()
+    assert master.stored(f"{CKPT}/__1_0.distcp") == (DCP / "__1_0.distcp").read_bytes()
+    assert master.stored(f"{CKPT}/.extra") is not None
+    for temporary in (".metadata.tmp", ".__0_0.distcp.tmp-9", "x.partial"):
+        assert master.stored(f"{CKPT}/{temporary}") is None, temporary
+    assert master.stored(".env") is None
+    assert (master.rec / "log").read_text().count("waits until the bucket holds") == 1
+    wait_for(lambda: master.state().get("waits") == [], 20, "nothing waits")
+    assert other.state()["role"] == "outputs" and other.state()["state"] == "ok"
+    assert other.stored(".vmrun/generation") == b"1\n"  # the master's claim, as it was
+    assert not (other.rec / "generation").exists()
+
+
+def test_the_end_waits_for_the_shards_the_metadata_names(nodes: Any) -> None:
+    """The run ends while the bucket still lacks another node's shard: the last pass does
+    not send .metadata, and the copier goes on (failing, said) until the shard is there."""
+    master: Copier = nodes("a")(token="t-1")
+    _shards_of(master, "__0_0.distcp", ".metadata")
+    wait_for(lambda: master.stored(f"{CKPT}/__0_0.distcp") is not None, 20, "a's shard")
+    master.end_run(0)
+    wait_for(lambda: master.state().get("state") == "failing", 20, "the end to wait")
+    assert master.stored(f"{CKPT}/.metadata") is None and master.proc is not None
+    assert master.proc.poll() is None
+    late = master.bucket / "b" / "runs" / "r1" / CKPT / "__1_0.distcp"
+    late.write_bytes((DCP / "__1_0.distcp").read_bytes())  # the other node's copy arrives
+    master.proc.wait(timeout=20)
+    assert master.state()["state"] == "done"
+    assert master.stored(f"{CKPT}/.metadata") == (DCP / ".metadata").read_bytes()
+
+
+def test_a_path_two_nodes_wrote_with_other_bytes_is_said_and_not_overwritten(
+    nodes: Any,
+) -> None:
+    """The node that copies outputs only sends a file it never sent before check-first:
+    one the bucket holds with other bytes (the master's) stays, said once in the node's log
+    and in its store.json; its own file, changed, goes again; the rest goes."""
+    master: Copier = nodes("a")(token="t-1")
+    (master.out / "metrics.jsonl").write_text('{"from": "a"}\n')
+    wait_for(lambda: master.stored("metrics.jsonl") is not None, 20, "a's file")
+    other: Copier = nodes("b")(role="outputs", token="t-1")
+    (other.out / "metrics.jsonl").write_text('{"from": "b", "other": "bytes"}\n')
+    (other.out / "b.txt").write_text("1\n")
+    wait_for(lambda: other.stored("b.txt") == b"1\n", 20, "b's own file")
+    wait_for(lambda: "metrics.jsonl" in other.state().get("conflicts", []), 20, "the clash")
+    assert other.stored("metrics.jsonl") == b'{"from": "a"}\n'
+    assert (
+        "metrics.jsonl: the bucket already holds it with other bytes"
+        in (other.rec / "log").read_text()
+    )
+    (other.out / "b.txt").write_text("2\n")
+    (other.out / "metrics.jsonl").write_text('{"from": "b", "more": 1}\n')
+    wait_for(lambda: other.stored("b.txt") == b"2\n", 20, "b's own file again")
+    assert other.stored("metrics.jsonl") == b'{"from": "a"}\n'
+    assert (other.rec / "log").read_text().count("already holds it") == 1
+    assert other.state()["state"] == "ok"
+    said = StoreState.parse((other.rec / "store.json").read_text())
+    assert said is not None and said.role == "outputs" and said.conflicts == ("metrics.jsonl",)
+    assert "not overwritten (another node's there): metrics.jsonl" in said.describe()
+
+
+def test_a_replaced_attempts_other_node_stops_copying(nodes: Any) -> None:
+    """Once a newer attempt's id is in the bucket, the node that follows this attempt's id
+    stops its run (`replaced`) and sends nothing more; it never wrote the generation."""
+    master: Copier = nodes("a")(token="t-1")
+    other: Copier = nodes("b")(role="outputs", token="t-1")
+    (other.out / "b.txt").write_text("1\n")
+    wait_for(lambda: other.stored("b.txt") == b"1\n", 20, "b's file")
+    assert master.proc is not None
+    master.proc.kill()  # a's host is gone; attempt 2 claims the run elsewhere
+    ident = other.bucket / "b" / "runs" / "r1" / ".vmrun" / "generation.id"
+    ident.write_text("t-2\n")
+    (other.bucket / "b" / "runs" / "r1" / ".vmrun" / "generation").write_text("2\n")
+    (other.out / "b.txt").write_text("2\n")
+    assert other.proc is not None
+    wait_for(lambda: other.proc.poll() is not None, 20, "b's copier to end")  # type: ignore[union-attr]
+    wait_for(lambda: other.run.poll() is not None, 20, "b's run to be stopped")
+    assert other.stored("b.txt") == b"1\n"
+    assert (other.rec / "stopped").read_text().strip() == "replaced"
+    assert other.state()["state"] == "replaced"
+    assert "replaced by a newer attempt" in (other.rec / "log").read_text()
+    assert other.stored(".vmrun/generation") == b"2\n"
+
+
+def test_start_hands_the_role_and_the_attempts_id_to_the_copier(tmp_path: Path) -> None:
+    """`start ... PYTHON ROLE ID` (run_agent.py's, from the launch spec's Store): the
+    detached copier runs with them."""
+    home = tmp_path / "home"
+    rec = home / ".vmrun" / "runs" / "r1"
+    rec.mkdir(parents=True)
+    fake = home / "env" / "bin" / "rclone"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/bin/sh\n[ "$1" = version ] && echo "rclone v1.66.0"\nexit 0\n')
+    fake.chmod(0o755)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for script in ("store_sync.sh", "run_stop.sh", "checkpoint_layout.py"):
+        (lib / script).write_text(source(script))
+    python = str(fake.parent / "python")
+    argv = ["sh", str(lib / "store_sync.sh"), "start", str(rec), str(tmp_path / "out")]
+    argv += ["b/runs/r1", "s3://b/runs/r1", "", python, "outputs", "t-9"]
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "VMRUN_STORE_CONFIG": "[store]\n"}
+    subprocess.run(argv, env=env, check=True, timeout=30)
+    wait_for(lambda: (rec / "store.pid").is_file(), 20, "the copier")
+    pid = int((rec / "store.pid").read_text())
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert args[-4:] == [b"outputs", python.encode(), b"t-9", b""], args
+    finally:
+        os.kill(pid, 15)

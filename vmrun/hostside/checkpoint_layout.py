@@ -2,8 +2,9 @@
 
     python3 checkpoint_layout.py scan ROOT    # every checkpoint under ROOT, newest first
     python3 checkpoint_layout.py needs DIR    # the files one DCP checkpoint folder needs
+    python3 checkpoint_layout.py lacks DIR < LSJSON   # what a copy of DIR still lacks
 
-Each prints one JSON document (`version` SCHEMA_VERSION) and exits 0; a bad argument is
+`scan` and `needs` print one JSON document (`version` SCHEMA_VERSION) and exits 0; a bad argument is
 one line on stderr, exit 2. Run on the hosts by their python3 (stdlib only, Python 3.8) and
 imported here as `vmrun.hostside.checkpoint_layout`, whose frozen dataclasses read the
 document back (`Layout.from_json`), so the two sides cannot disagree on its shape.
@@ -385,15 +386,51 @@ def scan(root: str) -> Layout:
     return Layout(root, tuple(found))
 
 
+def lacks(folder: str, listed: Any) -> list[str]:
+    """What a copy of the DCP folder lacks before its .metadata may join it: each file the
+    local .metadata names that the copy (`listed`: rclone lsjson's list of the copy's
+    folder, {"Path", "Size"} each) does not hold at the size it needs, as `NAME` or
+    `NAME (SIZE of NEED bytes)`. A bucket copier sends .metadata only when this is empty,
+    so a bucket never holds a .metadata that points at missing shards."""
+    held: dict[str, int] = {}
+    for item in listed if isinstance(listed, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("Path"), str):
+            size = _whole(item.get("Size"))
+            held[item["Path"]] = size if size is not None else 0
+    try:
+        with open(os.path.join(folder, METADATA), "rb") as fh:
+            needs, how = read_needs(fh.read())
+    except OSError:
+        return [METADATA]  # nothing to compare with: it has not been written here
+    if how == READ_FAILED:
+        return [f"{METADATA} names no file"]
+    out = []
+    for name in sorted(needs):
+        if name not in held:
+            out.append(name)
+        elif held[name] < needs[name]:
+            out.append(f"{name} ({held[name]} of {needs[name]} bytes)")
+    return out
+
+
 def main(argv: list[str]) -> int:
-    usage = "usage: checkpoint_layout.py scan ROOT | needs DIR"
-    if len(argv) != 2 or argv[0] not in ("scan", "needs"):
+    usage = "usage: checkpoint_layout.py scan ROOT | needs DIR | lacks DIR < LSJSON"
+    if len(argv) != 2 or argv[0] not in ("scan", "needs", "lacks"):
         print(usage, file=sys.stderr)
         return 2
     what, where = argv
     if not os.path.isdir(where):
         print(f"checkpoint_layout.py: {where}: no such folder", file=sys.stderr)
         return 2
+    if what == "lacks":
+        try:
+            listed = json.load(sys.stdin)
+        except ValueError:
+            print("checkpoint_layout.py: lacks: stdin is no JSON list", file=sys.stderr)
+            return 2
+        for line in lacks(where, listed):
+            print(line)
+        return 0
     if what == "scan":
         document = scan(where).to_json()
     else:

@@ -199,7 +199,13 @@ def store(spec: dict, rec: str) -> None:
     env = {**os.environ, "VMRUN_STORE_CONFIG": to.get("config") or ""}
     argv = ["sh", os.path.join(HERE, "store_sync.sh"), "start", rec, out, to["to"], to["url"]]
     done = subprocess.run(
-        [*argv, since, to.get("python") or ""],
+        [
+            *argv,
+            since,
+            to.get("python") or "",
+            "record" if to.get("records", True) else "outputs",
+            to.get("attempt") or "",
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

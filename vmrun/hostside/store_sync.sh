@@ -1,11 +1,13 @@
-# A run's copy to its bucket (`train --store`, vmrun.stores.sync), on the node that holds
-# its outputs:
+# A run's copy to its bucket (`train --store`, vmrun.stores.sync), on every node of the run:
+# each sends what its own ranks wrote under the run's one prefix; the master (ROLE record)
+# sends the run's record too and claims the attempt, the others (ROLE outputs) follow it:
 #   sh store_sync.sh check DEST [PYTHON]     before the run: the mover is here and the
 #     bucket takes a write (DEST/.vmrun/started); exit 5 "tool VERSION" without the mover,
 #     3 with rclone's words when the bucket refuses or is out of reach
-#   sh store_sync.sh start REC OUT DEST URL SINCE [PYTHON]     run_start.sh, once the run's
-#     pid is written: stops this record's earlier copier (an earlier attempt's), writes the
-#     config to a 0600 file and leaves the copier running detached (its own session, niced)
+#   sh store_sync.sh start REC OUT DEST URL SINCE [PYTHON [ROLE [ID]]]     run_agent.py, once
+#     the run's pid is written: stops this record's earlier copier (an earlier attempt's),
+#     writes the config to a 0600 file and leaves the copier running detached (its own
+#     session, niced). ID: the attempt's id, the same in every node's launch spec
 # DEST: bucket/prefix/RUN_ID as rclone names it after its remote; URL: the same as shown
 # (s3://...); OUT: the run's output folder; SINCE: empty when OUT is the run's own folder,
 # else the run's first start (epoch seconds): only files changed since then are the run's.
@@ -14,7 +16,16 @@
 # copier removes in every ending.
 # The copier: every few seconds, the files of OUT whose status changed since the last copy
 # that went through (a renamed snapshot counts when it is renamed: its ctime) go to DEST,
-# never a temporary name (.NAME.tmp-*, *.partial, *.tmp); the record's files (log, run.json,
+# never a temporary name (.NAME.tmp-*, *.partial, *.tmp: DCP's .metadata.tmp), nothing under
+# a hidden folder, no hidden file but in a checkpoint's folder (DCP's .metadata: a .env in
+# a work directory stays). A checkpoint's .metadata goes last: only once the bucket holds
+# every file it names at the size it needs (rclone lsjson of its folder, against
+# checkpoint_layout.py lacks), so the bucket never holds one that points at missing shards;
+# until then it waits, said once in the run's log with what it waits for (store.json:
+# waits), and the run's end waits for it as for a failed copy. A node that copies outputs
+# only sends a file it never sent itself check-first (--immutable --checksum): one the
+# bucket holds with other bytes (another node's) is never overwritten, said once in the log
+# and in store.json (conflicts), and left out from then on. The record's files (log, run.json,
 # provenance, exit_code) to DEST/.vmrun every 30 s, with outputs and in the round after
 # (the log's line about a snapshot goes with it), and at the end. A copy that fails is tried
 # again (backing off to 15 s) and said once in the run's log, as is catching up; it never
@@ -29,7 +40,11 @@
 # attempt has claimed the run (a node that was replaced and came back), this attempt is
 # stopped (run_stop.sh, `replaced`) and copies nothing more, its last pass included. A
 # generation that cannot be read is a failed round, never taken as none: the copy waits.
-# The record's own copy of it (a restore brings one) is never sent back.
+# The record's own copy of it (a restore brings one) is never sent back. With ID, the
+# master writes it to DEST/.vmrun/generation.id before the generation; a node that copies
+# outputs only never writes either: it sends nothing until the bucket's id is its attempt's
+# (store.json: waiting; said once after a minute), and once another id follows there, its
+# attempt was replaced: its run is stopped (`replaced`) and nothing more is sent from it.
 # vmrun-inline: store_tool.sh
 # vmrun-inline: run_alive.sh
 mode=$1
@@ -66,7 +81,7 @@ case $mode in
     exit 0
     ;;
   start)
-    rec=$1 out=$2 dest=$3 url=$4 since=$5 py=${6:-}
+    rec=$1 out=$2 dest=$3 url=$4 since=$5 py=${6:-} role=${7:-record} token=${8:-}
     case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
     store_tool "$py" || exit 5
     if [ -f "$rec/store.pid" ]; then  # an earlier attempt's copier: this one takes over
@@ -85,15 +100,18 @@ case $mode in
     nice=
     command -v nice > /dev/null 2>&1 && nice="nice -n 10"
     # shellcheck disable=SC2086  # `nice -n 10`, or nothing
+    # shellcheck disable=SC2154  # store_tool.sh's, inlined above
     setsid -f $nice sh "$0" watch "$rec" "$out" "$dest" "$url" "$since" "$cfg" "$_st_rclone" \
-      < /dev/null > /dev/null 2>&1
+      "$role" "${_st_py:-python3}" "$token" < /dev/null > /dev/null 2>&1
     exit 0
     ;;
   watch) ;;
   *) echo "store_sync.sh: unknown mode $mode" >&2; exit 2 ;;
 esac
 
-rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7
+rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7 role=${8:-record} py=${9:-python3}
+token=${10:-}
+lib=${0%/*}
 echo $$ > "$rec/store.pid"
 gen=$(cat "$rec/attempt" 2>/dev/null)
 case $gen in '' | *[!0-9]*) gen=1 ;; esac
@@ -107,25 +125,49 @@ backoff_max=${VMRUN_STORE_BACKOFF:-15} final_wait=${VMRUN_STORE_FINAL_WAIT:-1800
 stage_max=67108864
 tab=$(printf '\t')
 synced='' failing_since='' error='' pending_files=0 pending_bytes=0 last_logs=0 ended_at=''
-moved=0
+moved=0 seen=0 waited_since=''
+touch "$rec/.store.meta" "$rec/.store.conflicts" "$rec/.store.sent" "$rec/.store.said"
+json_list() {  # $1: a file of lines; a JSON list of its first 20 (no quote or backslash)
+  head -n 20 "$1" 2>/dev/null | tr -d '"\134' \
+    | awk 'BEGIN { printf "[" } { printf "%s\"%s\"", (NR > 1 ? ", " : ""), $0 } END { printf "]" }'
+}
 state() {  # $1: the state word; store.json in one rename
-  printf '{"to": "%s", "state": "%s", "at": %s, "synced": %s, "failing_since": %s, "files": %s, "bytes": %s, "error": "%s"}\n' \
+  printf '{"to": "%s", "state": "%s", "at": %s, "synced": %s, "failing_since": %s, "files": %s, "bytes": %s, "error": "%s", "role": "%s", "waits": %s, "conflicts": %s}\n' \
     "$url" "$1" "$(date +%s)" "${synced:-null}" "${failing_since:-null}" "$pending_files" \
-    "$pending_bytes" "$error" > "$rec/store.json.tmp" && mv "$rec/store.json.tmp" "$rec/store.json"
+    "$pending_bytes" "$error" "$role" "$(json_list "$rec/.store.meta")" \
+    "$(json_list "$rec/.store.conflicts")" > "$rec/store.json.tmp" \
+    && mv "$rec/store.json.tmp" "$rec/store.json"
 }
 say() {  # a line in the run's log (appended: the run's own output goes on beside it)
   printf 'vmrun: %s\n' "$1" >> "$rec/log"
 }
+has_shard() {  # $1: a folder that holds a DCP shard (__R_N.distcp)
+  for _f in "$1"/*.distcp; do [ -f "$_f" ] && return 0; done
+  return 1
+}
 changed() {  # $1: folder, $2: mark, $3: max depth (or empty), $4: only files changed since
-  # then (epoch seconds, or empty), $5: a name to leave out (the record's copy of the
+  # then (epoch seconds, or empty), $5: names to leave out (the record's copy of the
   # generation); NAME<TAB>SIZE lines of what changed since the mark
-  # (everything without one): no hidden or temporary name, nothing under a hidden folder
+  # (everything without one): no temporary name, nothing under a hidden folder (.git, a
+  # tool's cache), no hidden file (a .env) but in a checkpoint's folder (one with
+  # .metadata or a shard: DCP's .metadata); the record: no hidden file at all
   newer=''
   [ -e "$2" ] && newer=$2
-  find "$1" -mindepth 1 ${3:+-maxdepth "$3"} -name '.*' -prune -o -type f \
+  find "$1" -mindepth 1 ${3:+-maxdepth "$3"} -name '.*' -type d -prune -o -type f \
     ${newer:+-cnewer "$newer"} ${4:+-newermt "@$4"} ! -name '*.partial' ! -name '*.tmp' \
     ! -name '*.tmp-*' ! -name pid ! -name pid_start ! -name 'notify*' ! -name 'notified*' \
-    ! -name 'store.*' ! -name "${5:-.}" -printf '%P\t%s\n' 2>/dev/null
+    ! -name 'store.*' ! -name "${5:-.}" -printf '%P\t%s\n' 2>/dev/null \
+    | while IFS="$tab" read -r _n _s; do
+      case ${_n##*/} in
+        .*)
+          [ -n "$3" ] && continue
+          _d=.
+          case $_n in */*) _d=${_n%/*} ;; esac
+          [ -f "$1/$_d/.metadata" ] || has_shard "$1/$_d" || continue
+          ;;
+      esac
+      printf '%s\t%s\n' "$_n" "$_s"
+    done
 }
 stage_from() {  # $1: the folder, $2: its list, $3: where under the stage, $4: the list of
   # the big ones. A file up to 64 MiB (a log, metrics being appended) goes from a copy
@@ -163,60 +205,198 @@ fenced() {  # 0: a newer attempt has claimed the run (this one is stopped, nothi
   return 0
 }
 claim() {  # this attempt's generation in the bucket, once, before its first copy (fenced
-  # has just found none as new there)
+  # has just found none as new there); its id first (generation.id: what the other nodes'
+  # copiers follow)
   [ "$claimed" = 1 ] && return 0
+  if [ -n "$token" ]; then
+    printf '%s\n' "$token" | "$rclone" --config "$cfg" rcat "store:$dest/.vmrun/generation.id" \
+      --retries 1 --low-level-retries 3 --contimeout 10s --timeout 30s 2>> "$rec/.store.err" \
+      || return 1
+  fi
   printf '%s\n' "$gen" | "$rclone" --config "$cfg" rcat "store:$dest/.vmrun/generation" \
     --retries 1 --low-level-retries 3 --contimeout 10s --timeout 30s 2>> "$rec/.store.err" \
     || return 1
   claimed=1
 }
-send() {  # $1: source, $2: where in DEST, $3: a list of names in $1 (or empty: all of it)
+follows() {  # a node that copies outputs only: its master claims the attempt, with this
+  # attempt's id (the launch spec's, the same on every node). 0: the bucket's id is this
+  # attempt's; 1: the bucket could not say; 3: another attempt claimed the run after this
+  # one had (this one was replaced: stopped, nothing more sent); 4: not claimed yet (wait)
+  _t=$("$rclone" --config "$cfg" cat "store:$dest/.vmrun/generation.id" --retries 1 \
+    --low-level-retries 2 --contimeout 10s --timeout 30s 2>> "$rec/.store.err")
+  case $? in 0) ;; 3 | 4) _t='' ;; *) return 1 ;; esac
+  if [ -n "$token" ] && [ "$_t" = "$token" ]; then seen=1 waited_since=''; return 0; fi
+  if [ "$seen" = 1 ]; then
+    say "attempt $gen of this run was replaced by a newer attempt (its bucket says so): stopped here, and nothing more is copied from this host"
+    base=${rec%/*}
+    sh "$lib/run_stop.sh" "${base#"$HOME"/}" "${rec##*/}" 1000 replaced > /dev/null 2>&1
+    return 3
+  fi
+  return 4
+}
+send() {  # $1: source, $2: where in DEST, $3: a list of names in $1 (or empty: all of it),
+  # $4: "immutable": a file the bucket holds with other bytes stays (an error said), so
+  # the bucket is read first
+  if [ -n "${4:-}" ]; then
+    "$rclone" --config "$cfg" copy "$1" "store:$dest$2" ${3:+--files-from-raw "$3"} \
+      --no-traverse --immutable --checksum --retries 1 --low-level-retries 3 \
+      --contimeout 10s --timeout 60s --log-level ERROR 2>> "$rec/.store.err"
+    return
+  fi
   "$rclone" --config "$cfg" copy "$1" "store:$dest$2" ${3:+--files-from-raw "$3"} \
     --no-traverse --no-check-dest --retries 1 --low-level-retries 3 --contimeout 10s \
     --timeout 60s --log-level ERROR 2>> "$rec/.store.err"
 }
+push() {  # $1: a list of outputs, $2: send's $4. Staged (small ones) or as they are (big)
+  [ -s "$1" ] || return 0
+  stage=$rec/.store.stage
+  rm -rf "$stage" && mkdir -p "$stage" || return 1
+  : > "$rec/.store.big"
+  stage_from "$out" "$1" "" "$rec/.store.big"
+  _p=0
+  if [ -n "$(ls -A "$stage")" ]; then send "$stage" "" "" "$2" || _p=1; fi
+  if [ -s "$rec/.store.big" ]; then send "$out" "" "$rec/.store.big" "$2" || _p=1; fi
+  return $_p
+}
+first_push() {  # $1: outputs this node has not sent before: never over another node's
+  # file with other bytes. Such a file is said once in the log and in store.json, and
+  # left out from then on; the others go
+  : > "$rec/.store.err"
+  push "$1" immutable && { cut -f1 "$1" >> "$rec/.store.sent"; return 0; }
+  sed -n 's/^.*ERROR : \(.*\): Source and destination exist but do not match.*$/\1/p' \
+    "$rec/.store.err" > "$rec/.store.clash"
+  [ -s "$rec/.store.clash" ] || return 1
+  while IFS= read -r _c; do
+    grep -qxF "$_c" "$rec/.store.conflicts" && continue
+    printf '%s\n' "$_c" >> "$rec/.store.conflicts"
+    say "$_c: the bucket already holds it with other bytes (another node's): not overwritten, this host's copy stays here"
+  done < "$rec/.store.clash"
+  if grep -v 'Source and destination exist but do not match' "$rec/.store.err" \
+    | grep -q 'ERROR'; then
+    return 1
+  fi
+  cut -f1 "$1" | grep -vxF -f "$rec/.store.conflicts" >> "$rec/.store.sent"
+  : > "$rec/.store.err"
+}
+meta_last() {  # the .metadata of each checkpoint waiting (.store.meta), once the bucket
+  # holds every file it names at the size it needs (checkpoint_layout.py lacks); until
+  # then it waits, said once in the log with the files it waits for. 1: a look failed
+  [ -s "$rec/.store.meta" ] || return 0
+  : > "$rec/.store.meta.next"
+  _bad=0
+  while IFS= read -r _m; do
+    [ -f "$out/$_m" ] || continue  # gone (the run removed an old checkpoint)
+    _d=.
+    case $_m in */*) _d=${_m%/*} ;; esac
+    if ! "$rclone" --config "$cfg" lsjson "store:$dest/$_d" --files-only --retries 1 \
+      --low-level-retries 2 --contimeout 10s --timeout 60s > "$rec/.store.ls" \
+      2>> "$rec/.store.err"; then
+      echo "[]" > "$rec/.store.ls"  # a folder not there yet: nothing of it
+    fi
+    if ! "$py" "$lib/checkpoint_layout.py" lacks "$out/$_d" < "$rec/.store.ls" \
+      > "$rec/.store.lacks" 2>> "$rec/.store.err"; then
+      printf '%s\n' "$_m" >> "$rec/.store.meta.next"
+      _bad=1
+      continue
+    fi
+    if [ -s "$rec/.store.lacks" ]; then
+      printf '%s\n' "$_m" >> "$rec/.store.meta.next"
+      if ! grep -qxF "$_m" "$rec/.store.said"; then
+        printf '%s\n' "$_m" >> "$rec/.store.said"
+        say "$_d: its $(basename "$_m") waits until the bucket holds what it names: $(tr '\n' ' ' < "$rec/.store.lacks" | cut -c1-400)"
+      fi
+      continue
+    fi
+    printf '%s\n' "$_m" > "$rec/.store.one"
+    if send "$out" "" "$rec/.store.one"; then
+      grep -vxF "$_m" "$rec/.store.said" > "$rec/.store.said.next"
+      mv "$rec/.store.said.next" "$rec/.store.said"
+    else
+      printf '%s\n' "$_m" >> "$rec/.store.meta.next"
+      _bad=1
+    fi
+  done < "$rec/.store.meta"
+  mv "$rec/.store.meta.next" "$rec/.store.meta"
+  return $_bad
+}
 round() {  # $1: 1 at the end (the record too, whatever the time); 0 when everything went.
   # One rclone for what changed (outputs, and the record when due: with outputs, in the
   # round after them, the log then saying which snapshot it is, and every 30 s), one
-  # more only for a big file
+  # more only for a big file. A checkpoint's .metadata waits for meta_last; a node that
+  # copies outputs only sends what it never sent before check-first (first_push)
   touch "$rec/.store.next"
-  changed "$out" "$rec/.store.synced" "" "$since" > "$rec/.store.list"
+  changed "$out" "$rec/.store.synced" "" "$since" > "$rec/.store.all"
+  # .metadata: last (meta_last); a file said to clash: never again
+  awk -F '\t' -v meta="$rec/.store.meta.add" 'FILENAME == ARGV[1] { skip[$0] = 1; next }
+    ($1 in skip) { next }
+    { n = split($1, p, "/") } p[n] == ".metadata" { print $1 >> meta; next } { print }' \
+    "$rec/.store.conflicts" "$rec/.store.all" > "$rec/.store.list"
+  if [ -s "$rec/.store.meta.add" ]; then
+    cat "$rec/.store.meta.add" >> "$rec/.store.meta"
+    sort -u -o "$rec/.store.meta" "$rec/.store.meta"
+    rm -f "$rec/.store.meta.add"
+  fi
   : > "$rec/.store.rlist"
   now=$(date +%s)
   logs=0
-  if [ "$1" = 1 ] || [ "$moved" = 1 ] || [ -s "$rec/.store.list" ] \
+  if [ "$1" = 1 ] || [ "$moved" = 1 ] || [ -s "$rec/.store.list" ] || [ -s "$rec/.store.meta" ] \
     || [ $((now - last_logs)) -ge "$logs_every" ]; then
     logs=1
-    changed "$rec" "$rec/.store.logs" 1 "" generation > "$rec/.store.rlist"
+    [ "$role" = record ] && changed "$rec" "$rec/.store.logs" 1 "" 'generation*' > "$rec/.store.rlist"
   fi
   moved=0
   [ -s "$rec/.store.list" ] && moved=1
   if [ $logs = 1 ]; then  # with outputs, the record, every 30 s and at the end
     : > "$rec/.store.err"
-    fenced
-    case $? in
+    if [ "$role" = record ]; then
+      fenced
+      _f=$?
+    else
+      follows
+      case $? in 0) _f=1 ;; 3) _f=0 ;; 4) return 4 ;; *) _f=2 ;; esac
+    fi
+    case $_f in
       0) return 3 ;;
       2) [ -s "$rec/.store.err" ] || echo "its generation could not be read" > "$rec/.store.err"
          return 1 ;;
     esac
   fi
-  if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
-    claim || return 1
-    stage=$rec/.store.stage
-    rm -rf "$stage" && mkdir -p "$stage" || return 1
-    : > "$rec/.store.big"
-    : > "$rec/.store.bigrec"
-    stage_from "$out" "$rec/.store.list" "" "$rec/.store.big"
-    stage_from "$rec" "$rec/.store.rlist" ".vmrun/" "$rec/.store.bigrec"
-    if [ -n "$(ls -A "$stage")" ]; then send "$stage" "" "" || return 1; fi
-    if [ -s "$rec/.store.big" ]; then send "$out" "" "$rec/.store.big" || return 1; fi
-    if [ -s "$rec/.store.bigrec" ]; then send "$rec" /.vmrun "$rec/.store.bigrec" || return 1; fi
+  if [ "$role" = record ]; then
+    if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
+      claim || return 1
+      stage=$rec/.store.stage
+      rm -rf "$stage" && mkdir -p "$stage" || return 1
+      : > "$rec/.store.big"
+      : > "$rec/.store.bigrec"
+      stage_from "$out" "$rec/.store.list" "" "$rec/.store.big"
+      stage_from "$rec" "$rec/.store.rlist" ".vmrun/" "$rec/.store.bigrec"
+      if [ -n "$(ls -A "$stage")" ]; then send "$stage" "" "" || return 1; fi
+      if [ -s "$rec/.store.big" ]; then send "$out" "" "$rec/.store.big" || return 1; fi
+      if [ -s "$rec/.store.bigrec" ]; then send "$rec" /.vmrun "$rec/.store.bigrec" || return 1; fi
+    fi
+  elif [ -s "$rec/.store.list" ]; then
+    rm -f "$rec/.store.own"
+    sort -u -o "$rec/.store.sent" "$rec/.store.sent"
+    awk -F '\t' -v own="$rec/.store.own" 'FILENAME == ARGV[1] { sent[$0] = 1; next }
+      ($1 in sent) { print >> own; next } { print }' \
+      "$rec/.store.sent" "$rec/.store.list" > "$rec/.store.new"
+    if [ -s "$rec/.store.own" ]; then
+      push "$rec/.store.own" "" || return 1
+      rm -f "$rec/.store.own"
+    fi
+    first_push "$rec/.store.new" || return 1
   fi
+  meta_last || return 1
   if [ $logs = 1 ]; then
     touch -r "$rec/.store.next" "$rec/.store.logs"
     last_logs=$now
   fi
   mv "$rec/.store.next" "$rec/.store.synced"
+  if [ "$1" = 1 ] && [ -s "$rec/.store.meta" ]; then  # the end waits for the last shards
+    error="$(head -n 1 "$rec/.store.meta") waits for the files it names"
+    echo "$error" > "$rec/.store.err"
+    return 1
+  fi
 }
 failed() {  # what went wrong, and how much waits: the lists' sizes summed
   error=$(grep -v '^[[:space:]]*$' "$rec/.store.err" 2>/dev/null | tail -n 1 \
@@ -242,6 +422,22 @@ while [ -d "$rec" ]; do
   round "$end"
   sent=$?
   if [ "$sent" = 3 ]; then state replaced; break; fi
+  if [ "$sent" = 4 ]; then  # its master has not claimed this attempt yet: nothing sent
+    waited_since=${waited_since:-$(date +%s)}
+    if [ $end = 1 ]; then
+      echo "the run's master has not claimed this attempt in the bucket" > "$rec/.store.err"
+      sent=1
+    else
+      if [ $(($(date +%s) - waited_since)) -ge $((logs_every * 2)) ] \
+        && ! grep -qxF claim "$rec/.store.said"; then
+        echo claim >> "$rec/.store.said"
+        say "the copy to $url waits for the run's master to claim this attempt in the bucket"
+      fi
+      state waiting
+      sleep "$every"
+      continue
+    fi
+  fi
   if [ "$sent" = 0 ]; then
     synced=$(date +%s) pending_files=0 pending_bytes=0
     if [ -n "$failing_since" ]; then
@@ -273,4 +469,11 @@ while [ -d "$rec" ]; do
   if [ "$backoff" -gt 0 ]; then sleep "$backoff"; else sleep "$every"; fi
 done
 rm -rf "$rec/.store.next" "$rec/.store.list" "$rec/.store.rlist" "$rec/.store.big" \
-  "$rec/.store.bigrec" "$rec/.store.err" "$rec/.store.stage" "$rec/store.pid"
+  "$rec/.store.bigrec" "$rec/.store.err" "$rec/.store.stage" "$rec/store.pid" \
+  "$rec/.store.all" "$rec/.store.new" "$rec/.store.own" "$rec/.store.clash" \
+  "$rec/.store.ls" "$rec/.store.lacks" "$rec/.store.one" "$rec/.store.meta.next" \
+  "$rec/.store.said.next" "$rec/.store.meta.add"
+# what waits, clashed or went (a later attempt's copier goes on from it), when there is any
+for _k in meta conflicts sent said; do
+  [ -s "$rec/.store.$_k" ] || rm -f "$rec/.store.$_k"
+done

@@ -60,13 +60,17 @@ class Store:
     """`train --store`: this node's outputs go to the bucket (`to`: bucket/prefix/RUN_ID as
     the mover names it, `url` as shown). `since`: only what changed since the run first
     started is the run's (its outputs are the work directory). `config`: the mover's config,
-    credentials maybe: a secret."""
+    credentials maybe: a secret. `records`: this node (the master) copies the run's record
+    too and claims the attempt in the bucket; every other node copies its outputs only and
+    follows the claim by `attempt`, the attempt's id, the same on every node."""
 
     to: str
     url: str
     python: str = ""
     since: bool = False
     config: str = field(default="", repr=False)
+    records: bool = True
+    attempt: str = ""
 
 
 @dataclass(frozen=True)

@@ -52,16 +52,22 @@ def check_store(conn: Connection, place: StoreURL, access: Access, python: str =
 
 @dataclass(frozen=True)
 class StoreState:
-    """Where a run's copy to its bucket stands, from the node's store.json (host clock)."""
+    """Where a run's copy to its bucket stands, from the node's store.json (host clock):
+    every node copies what its ranks wrote, so each node says its own."""
 
     to: str
-    state: str  # syncing, ok, failing, done, gave-up, replaced (a newer attempt copies now)
+    # syncing, ok, failing, done, gave-up, replaced (a newer attempt copies now), waiting
+    # (a node that copies outputs only, before its master claimed the attempt)
+    state: str
     at: float  # when the copier last wrote this
     synced: float | None = None  # the last copy that went through
     failing_since: float | None = None
     files: int = 0  # waiting to be copied (while failing)
     nbytes: int = 0
     error: str = ""
+    role: str = "record"  # record (the master: the run's record too) or outputs
+    waits: tuple[str, ...] = ()  # checkpoints' .metadata held until their shards are there
+    conflicts: tuple[str, ...] = ()  # files another node sent with other bytes: kept here
 
     @classmethod
     def parse(cls, text: str) -> StoreState | None:
@@ -76,6 +82,10 @@ class StoreState:
             value = raw.get(key)
             return float(value) if isinstance(value, (int, float)) else None
 
+        def names(key: str) -> tuple[str, ...]:
+            value = raw.get(key)
+            return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
         return cls(
             to=str(raw.get("to") or ""),
             state=raw["state"],
@@ -85,6 +95,9 @@ class StoreState:
             files=int(number("files") or 0),
             nbytes=int(number("bytes") or 0),
             error=str(raw.get("error") or ""),
+            role=str(raw.get("role") or "record"),
+            waits=names("waits"),
+            conflicts=names("conflicts"),
         )
 
     def behind(self, now: float | None = None) -> float | None:
@@ -103,6 +116,9 @@ class StoreState:
             "files_waiting": self.files,
             "bytes_waiting": self.nbytes,
             "error": self.error or None,
+            "role": self.role,
+            "metadata_waiting": list(self.waits),
+            "conflicts": list(self.conflicts),
         }
 
     def describe(self, now: float | None = None) -> str:
@@ -121,4 +137,11 @@ class StoreState:
             )
         if self.state == "syncing":
             return f"{self.to}: first copy under way"
-        return f"{self.to}: up to date"
+        if self.state == "waiting":
+            return f"{self.to}: waits for the run's master to claim this attempt there"
+        notes = []
+        if self.waits:
+            notes.append(f"{len(self.waits)} checkpoint(s) wait for shards before their .metadata")
+        if self.conflicts:
+            notes.append(f"not overwritten (another node's there): {', '.join(self.conflicts)}")
+        return f"{self.to}: up to date" + (f"; {'; '.join(notes)}" if notes else "")

@@ -158,16 +158,21 @@ class HostsBackend:
             banner, place.listed = restore(
                 self.group, out_dirs, rid, place.restore, plan.store_access, out, progress
             )
-        holder = rank0_node(layout, nodes, plan.launcher)  # where the outputs are written
-        if plan.store is not None:
+        holder = rank0_node(layout, nodes, plan.launcher)  # where the record is copied from
+        if plan.store is not None:  # every node copies what its ranks write: each checked
             from vmrun.stores.sync import check_store, run_place
 
-            assert plan.store_access is not None
-            check_store(
-                self.conn(holder),
-                run_place(plan.store, rid),
-                plan.store_access.on(nodes[holder].entry.vars),
-                nodes[holder].env.python,
+            access = plan.store_access
+            assert access is not None
+            to = run_place(plan.store, rid)
+            raise_for_failures(
+                self.group.map(
+                    lambda entry, conn: check_store(
+                        conn, to, access.on(entry.vars), nodes[entry.label].env.python
+                    ),
+                    only=only,
+                ),
+                one_as_itself=True,
             )
         started = _start_all(
             self.group,
@@ -539,15 +544,20 @@ def _start_all(
     each host refuses if another run is alive there (the busy check, under its start lock).
     `notify` (vmrun.notify.send.Notify): the master's record gets the run's notify.json, so
     the master tells the run's end itself, with or without vmrun attached. `holder`: the
-    node whose outputs a --store run copies to its bucket. `budget`: the budget watcher's
+    node that copies a --store run's record to its bucket and claims the attempt there
+    (every node copies its own outputs). `budget`: the budget watcher's
     `SECONDS CAP` (`train --max-cost`), "" for none. `ran`: what a resumed run's
     earlier attempts ran, kept in run.json (ran_before_s) for its cost."""
     labels = list(nodes)
     place = None
+    attempt = ""  # this attempt's id: every node's copier follows the holder's claim by it
     if plan.store is not None:
+        import secrets
+
         from vmrun.stores.sync import run_place
 
         place = run_place(plan.store, rid)
+        attempt = secrets.token_hex(8)
     code = provenance.code_of(
         plan.project, files, trainer=plan.script if plan.is_template else None
     )
@@ -595,7 +605,7 @@ def _start_all(
         given = provenance.variables(env, _users_names(plan, node))
         master = entry.label == labels[0]
         told = notify.host_config(_notify_facts(plan, rid, labels)) if notify and master else ""
-        copies = place is not None and entry.label == holder
+        copies = place is not None  # every node: what its own ranks wrote
         watchers = node_watchers(
             plan,
             node,
@@ -607,6 +617,11 @@ def _start_all(
             if copies and plan.store_access
             else "",
         )
+        if watchers.store is not None:  # the record and the claim: the holder's alone
+            watchers = replace(
+                watchers,
+                store=replace(watchers.store, records=entry.label == holder, attempt=attempt),
+            )
         record = replace(
             base,
             host=entry.label,
