@@ -98,6 +98,26 @@ def install_mover(host: Any, rclone: Path) -> Path:
     return bin_dir / "rclone"
 
 
+@contextmanager
+def two_hosts_with_mover(bed: Any, client: Any, python: Path, rclone: Path) -> Iterator[Any]:
+    """h1 and h2 in the client's vmrun.toml with `python`, each with the mover where vmrun
+    looks for its own copy; both hosts cleaned afterwards."""
+    from conftest import clean_host
+
+    (client.cwd / "vmrun.toml").write_text(
+        f'[[hosts]]\naddress = "h1"\npython = "{python}"\n\n'
+        f'[[hosts]]\naddress = "h2"\npython = "{python}"\n'
+    )
+    client.extra_env["OMP_NUM_THREADS"] = "1"
+    for name in ("h1", "h2"):
+        install_mover(bed[name], rclone)
+    try:
+        yield client
+    finally:
+        for name in ("h1", "h2"):
+            clean_host(bed[name])
+
+
 def s3_env(endpoint: str) -> dict[str, str]:
     """What vmrun reads the bucket's access from (no ~/.aws, no metadata service)."""
     return {

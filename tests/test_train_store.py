@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Client, clean_host, copier_pids, run_id_of, template_out, wait_for
-from store_fixtures import SECRET, bucket_fixture, client, install_mover, new_bucket, s3_env  # noqa: F401
+from conftest import Client, copier_pids, run_id_of, template_out, wait_for
+from store_fixtures import (  # noqa: F401
+    SECRET,
+    bucket_fixture,
+    client,
+    install_mover,
+    new_bucket,
+    s3_env,
+    two_hosts_with_mover,
+)
 from testbed import NetnsBed, TestHost
 from train_helpers import Gate
 
@@ -52,16 +60,8 @@ def project(
     bed: NetnsBed, bed_client: Client, host_python: Path, rclone_binary: Path
 ) -> Iterator[Client]:
     """h1 and h2 in vmrun.toml, each with the mover where vmrun looks for its own copy."""
-    (bed_client.cwd / "vmrun.toml").write_text(
-        f'[[hosts]]\naddress = "h1"\npython = "{host_python}"\n\n'
-        f'[[hosts]]\naddress = "h2"\npython = "{host_python}"\n'
-    )
-    bed_client.extra_env["OMP_NUM_THREADS"] = "1"
-    for name in ("h1", "h2"):
-        install_mover(bed[name], rclone_binary)
-    yield bed_client
-    for name in ("h1", "h2"):
-        clean_host(bed[name])
+    with two_hosts_with_mover(bed, bed_client, host_python, rclone_binary) as client:
+        yield client
 
 
 def keys(endpoint: str, bucket: str, prefix: str) -> dict[str, bytes]:

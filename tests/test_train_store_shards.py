@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, clean_host, run_id_of, template_out, wait_for
-from store_fixtures import bucket_fixture, install_mover, new_bucket, s3_env  # noqa: F401
+from conftest import Client, run_id_of, template_out, wait_for
+from store_fixtures import bucket_fixture, install_mover, new_bucket, s3_env, two_hosts_with_mover  # noqa: F401
 from test_train_store import keys, store_state
 from testbed import NetnsBed, TestHost
 
@@ -28,16 +28,8 @@ def project(
 ) -> Iterator[Client]:
     """h1 and h2 in vmrun.toml with the mover; their torch has numpy (DCP's gather of each
     rank's plan needs it)."""
-    (bed_client.cwd / "vmrun.toml").write_text(
-        f'[[hosts]]\naddress = "h1"\npython = "{host_python_tb}"\n\n'
-        f'[[hosts]]\naddress = "h2"\npython = "{host_python_tb}"\n'
-    )
-    bed_client.extra_env["OMP_NUM_THREADS"] = "1"
-    for name in ("h1", "h2"):
-        install_mover(bed[name], rclone_binary)
-    yield bed_client
-    for name in ("h1", "h2"):
-        clean_host(bed[name])
+    with two_hosts_with_mover(bed, bed_client, host_python_tb, rclone_binary) as client:
+        yield client
 
 
 def test_every_ranks_shard_reaches_the_bucket_and_each_checkpoint_there_is_complete(
