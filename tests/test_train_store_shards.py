@@ -94,4 +94,6 @@ def test_every_ranks_shard_reaches_the_bucket_and_each_checkpoint_there_is_compl
     assert meta["store_node"] == "h1"
     assert stored[".vmrun/generation"].strip() == b"1"
     assert ".vmrun/log" in stored and not (records["h2"] / "generation").exists()
+    # each node's check wrote its own probe (one shared object fails a mover's read-back)
+    assert {".vmrun/started", ".vmrun/started.1"} <= set(stored), sorted(stored)
     assert not [k for k in stored if k.endswith((".tmp", ".partial")) or ".tmp-" in k], stored

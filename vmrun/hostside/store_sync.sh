@@ -1,9 +1,10 @@
 # A run's copy to its bucket (`train --store`, vmrun.stores.sync), on every node of the run:
 # each sends what its own ranks wrote under the run's one prefix; the master (ROLE record)
 # sends the run's record too and claims the attempt, the others (ROLE outputs) follow it:
-#   sh store_sync.sh check DEST [PYTHON]     before the run: the mover is here and the
-#     bucket takes a write (DEST/.vmrun/started); exit 5 "tool VERSION" without the mover,
-#     3 with rclone's words when the bucket refuses or is out of reach
+#   sh store_sync.sh check DEST [PYTHON [PROBE]]     before the run: the mover is here and
+#     the bucket takes a write (DEST/.vmrun/PROBE: the master's `started`, each other node
+#     its own `started.N`, since two nodes writing one object fail the mover's read-back);
+#     exit 5 "tool VERSION" without the mover, 3 with its words when refused or unreachable
 #   sh store_sync.sh start REC OUT DEST URL SINCE [PYTHON [ROLE [ID]]]     run_agent.py, once
 #     the run's pid is written: stops this record's earlier copier (an earlier attempt's),
 #     writes the config to a 0600 file and leaves the copier running detached (its own
@@ -61,7 +62,8 @@ conf_file() {  # $1: the folder; the config from the environment in a new 0600 f
 }
 case $mode in
   check)
-    dest=$1 py=${2:-}
+    dest=$1 py=${2:-} probe=${3:-started}
+    case $probe in started | started.[0-9]*) ;; *) echo "store_sync.sh: bad probe $probe" >&2; exit 2 ;; esac
     if ! store_tool "$py"; then
       echo "tool ${_st_version:-none}"
       exit 5
@@ -72,11 +74,11 @@ case $mode in
     trap 'rm -f "$cfg"; exit 130' INT
     trap 'rm -f "$cfg"; exit 143' TERM HUP
     # shellcheck disable=SC2154  # store_tool.sh's, inlined above
-    date +%s | "$_st_rclone" --config "$cfg" rcat "store:$dest/.vmrun/started" \
+    date +%s | "$_st_rclone" --config "$cfg" rcat "store:$dest/.vmrun/$probe" \
       --retries 1 --low-level-retries 2 --contimeout 10s --timeout 30s 2>&1 || exit 3
     # read back too: the copier reads the run's generation there before it writes
     # shellcheck disable=SC2069  # the mover's words to check's output, the bytes nowhere
-    "$_st_rclone" --config "$cfg" cat "store:$dest/.vmrun/started" --retries 1 \
+    "$_st_rclone" --config "$cfg" cat "store:$dest/.vmrun/$probe" --retries 1 \
       --low-level-retries 2 --contimeout 10s --timeout 30s 2>&1 > /dev/null || exit 3
     exit 0
     ;;

@@ -25,13 +25,17 @@ def run_place(store: StoreURL, run_id: str) -> StoreURL:
     return store.join(run_id)
 
 
-def check_store(conn: Connection, place: StoreURL, access: Access, python: str = "") -> None:
-    """Before the run: the node has the mover and the bucket takes a write (the first
-    object of the run's record, `.vmrun/started`). Refused with the fix, nothing started."""
+def check_store(
+    conn: Connection, place: StoreURL, access: Access, python: str = "", probe: str = "started"
+) -> None:
+    """Before the run: the node has the mover and the bucket takes a write (`.vmrun/PROBE`:
+    the master's is the first object of the run's record, `started`; every other node
+    writes its own, as two writes of one object make a mover's read-back fail). Refused
+    with the fix, nothing started."""
     from vmrun.stores.mover import MIN_VERSION, TOOL_HINT, store_error
 
     result = conn.run(
-        hostside.command("store_sync.sh", "check", place.path, python),
+        hostside.command("store_sync.sh", "check", place.path, python, probe),
         env={"VMRUN_STORE_CONFIG": access.mover_config()},
         what=f"the check of {place}",
     )

@@ -165,10 +165,19 @@ class HostsBackend:
             access = plan.store_access
             assert access is not None
             to = run_place(plan.store, rid)
+            # each node its own probe: two writes of one object race in the mover's check
+            probes = {
+                label: "started" if label == holder else f"started.{i}"
+                for i, label in enumerate(nodes)
+            }
             raise_for_failures(
                 self.group.map(
                     lambda entry, conn: check_store(
-                        conn, to, access.on(entry.vars), nodes[entry.label].env.python
+                        conn,
+                        to,
+                        access.on(entry.vars),
+                        nodes[entry.label].env.python,
+                        probes[entry.label],
                     ),
                     only=only,
                 ),
