@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import install_hostlib, local_argv
+from conftest import install_hostlib, local_argv, wait_for
 
 from vmrun.backends.hosts import records
 from vmrun.backends.hosts.preflight import check_not_busy
@@ -90,6 +90,15 @@ def home(tmp_path: Path) -> Iterator[Path]:
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
 
 
+def _ended(pid_file: Path) -> bool:
+    """The pid names no process, or a zombie (its state letter after the command's name)."""
+    try:
+        stat = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def _start_at_once(home: Path, ids: list[str], alone: bool) -> dict[str, object]:
     barrier = threading.Barrier(len(ids))
     got: dict[str, object] = {}
@@ -142,6 +151,9 @@ def test_allow_concurrent_starts_both_and_a_resumed_run_does_not_refuse_itself(
         )  # type: ignore[arg-type]
     for pid_file in home.glob(".vmrun/runs/b-*/pid"):
         os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+    # a SIGKILL is delivered, not yet done, when kill returns: a loaded machine may take a
+    # while to schedule the death (the host's rule counts a zombie as ended)
+    wait_for(lambda: all(_ended(p) for p in home.glob(".vmrun/runs/b-*/pid")), 30, "b's end")
     first = int((home / ".vmrun" / "runs" / ids[0] / "pid").read_text())
     try:
         again = records.start(
