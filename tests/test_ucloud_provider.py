@@ -272,6 +272,7 @@ def test_a_taken_subdomain_gets_a_suffix_and_a_failed_up_leaves_no_network() -> 
         cloud.launch(request(), cloud.offer(request()), Recorder())
     assert never.value.code == "cloud-ssh-never-up"
     assert fake.live() == [] and list(fake.networks) == ["1"]  # ours made, then deleted
+    assert fake.keys == []  # the key this `up` added, removed with it
     made = [c for c in fake.calls if c == ("POST", "/api/private-networks")]
     assert len(made) == 2  # 409 for vmrun-uc, then vmrun-uc-XXXX
     for taken in ("vm", "j-7", "policy", "ucloud-x"):  # UCloud's reserved subdomains
@@ -297,3 +298,21 @@ def test_several_vms_where_no_private_network_is_offered_are_refused_before_anyt
     assert fake.jobs == {} and fake.keys == [] and fake.networks == {}
     cloud.launch(request(count=1), cloud.offer(request(count=1)), Recorder())  # one VM: fine
     assert len(fake.live()) == 1
+
+
+class Interrupting(Recorder):
+    """A Ctrl-C while the jobs queue."""
+
+    def info(self, text: str) -> None:
+        super().info(text)
+        if "is queued at UCloud" in text:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_up_leaves_no_job_network_or_key() -> None:
+    fake = FakeUCloud(queue_polls=5)
+    cloud = provider(fake)
+    with pytest.raises(KeyboardInterrupt):
+        cloud.launch(request(), cloud.offer(request()), Interrupting())
+    assert fake.jobs and fake.live() == []
+    assert (fake.networks, fake.keys) == ({}, [])

@@ -160,7 +160,7 @@ class UCloudProvider:
     # -- making and finding ------------------------------------------------------------
 
     def launch(self, request: Request, offer: Offer, out: Reporter) -> list[Instance]:
-        self._register_key(request.public_key, request.cluster, out)
+        key = self._register_key(request.public_key, request.cluster, out)
         made: list[str] = []
         network = ""
         try:
@@ -174,6 +174,8 @@ class UCloudProvider:
                 self.terminate_ids(offer.region, made)
             if network:
                 self._delete_network(network, made)
+            if key:  # added for this `up`: nothing of it stays
+                self._delete_keys([key])
             raise
 
     def add(self, request: Request, offer: Offer, index: int, out: Reporter) -> Instance:
@@ -271,18 +273,30 @@ class UCloudProvider:
                 return False
             time.sleep(self.poll)
 
-    def _register_key(self, key: str, cluster: str, out: Reporter) -> None:
+    def _register_key(self, key: str, cluster: str, out: Reporter) -> str:
         """The user's public key among the account's SSH keys (UCloud puts them into each
-        VM it starts); added once, found by its text."""
+        VM it starts); added once, found by its text. The id of the key added, "" when it
+        was there already."""
         if not key:
             raise UsageError("UCloud VMs take the user's public key: none was found", code="usage")
         words = key.split()[:2]
         for item in self._pages("/api/ssh/browse", {}):
             if ((item.get("specification") or {}).get("key") or "").split()[:2] == words:
-                return
+                return ""
         item = {"title": f"vmrun {cluster}", "key": key.strip()}
-        self.session.call("POST", "/api/ssh", {"items": [item]}, what="adding your SSH key")
+        answer = self.session.call(
+            "POST", "/api/ssh", {"items": [item]}, what="adding your SSH key"
+        )
         out.info("ucloud: your public key added to the account's SSH keys (every VM gets it)")
+        return str(((answer or {}).get("responses") or [{}])[0].get("id") or "")
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        self.session.call(
+            "DELETE",
+            "/api/ssh",
+            {"items": [{"id": k} for k in keys]},
+            what="removing the SSH key vmrun added",
+        )
 
     def _create(
         self, request: Request, offer: Offer, index: int, out: Reporter, network: str = ""
@@ -485,12 +499,7 @@ class UCloudProvider:
             if (k.get("specification") or {}).get("title") == f"vmrun {cluster}"
         ]
         if keys:
-            self.session.call(
-                "DELETE",
-                "/api/ssh",
-                {"items": [{"id": k} for k in keys]},
-                what="removing the cluster's SSH key",
-            )
+            self._delete_keys(keys)
         return Removed(instances=ids, networks=networks, keys=keys, left=left)
 
     def terminate_ids(self, region: str, ids: list[str]) -> list[str]:
