@@ -312,27 +312,45 @@ def test_a_power_off_from_inside_stops_the_vm_and_up_starts_it_again(user: Lapto
     assert user.live() == {"instances": [], "groups": [], "placement": []}
 
 
+def _apart_cannot_train(run: Laptop, fake: Any, host_python: Path) -> None:
+    """Two clusters of one VM each (no network): their first rendezvous fails, as every
+    two-VM run at UCloud did before vmrun joined a cluster's VMs."""
+    for name in ("a", "b"):
+        one = run.vmrun("up", name, "--cloud", "ucloud", "--type", "u1-standard-2", timeout=180)
+        assert one.returncode == 0, one.stderr + one.stdout
+    assert fake.networks == {}
+    setup = run.vmrun(
+        "setup", "@a", "@b", "--python", str(host_python), "--torch", TORCH_SPEC, timeout=300
+    )
+    assert setup.returncode == 0, setup.stderr + setup.stdout
+    apart = run.vmrun("train", "-H", "@a", "-H", "@b", "--epochs", "1", timeout=300)
+    assert apart.returncode != 0 and "rendezvous-unreachable" in apart.stderr, apart.stderr
+    for name in ("a", "b"):
+        assert run.vmrun("down", name, timeout=120).returncode == 0
+    assert fake.live() == []
+
+
 @pytest.mark.timeout(600)
 def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
     user: Laptop, host_python: Path
 ) -> None:
     """`vmrun up uc --cloud ucloud -n 2` against the UCloud STAND-IN (tests/testbed/ucloud.py,
     served in the laptop's namespace: UCloud is never dialed): two VM jobs queue, run and
-    announce their SSH line; each is a test host that gets the account's SSH keys; vmrun pins
-    the host key it first sees (said once), then setup, train on both, fetch, down."""
-    from testbed.ucloud import REFRESH, FakeUCloud
+    announce their SSH line; each is a test host that gets the account's SSH keys and, as
+    UCloud's VMs, reaches no other VM unless they share a private network (VmHosts); vmrun
+    makes one for the cluster, pins the host key it first sees (said once), then setup,
+    train on both (meeting at the private names), fetch, down: nothing left. Two single
+    VMs, each a cluster of its own (no network), cannot train together."""
+    from testbed.ucloud import REFRESH, FakeUCloud, VmHosts
 
     bed = user.cloud.bed
-    machines = [bed.add_host(n, login_user="ucloud", authorized=False) for n in ("u1", "u2")]
-    free = list(machines)
-
-    def boot(job: dict[str, Any]) -> tuple[str, str, int]:
-        host = free.pop(0)
-        for item in fake.keys:  # UCloud's provider puts the account's keys in the VM
-            host.add_authorized_key(item["specification"]["key"])
-        return host.user, host.addr_on("main"), host.port
-
-    fake = FakeUCloud(queue_polls=2, access_ttl=5.0, boot=boot)
+    machines = [
+        bed.add_host(n, login_user="ucloud", authorized=False, networks=("main", "ucpn"))
+        for n in ("u1", "u2", "u3", "u4")
+    ]
+    fake = FakeUCloud(queue_polls=2, access_ttl=5.0)
+    vms = VmHosts(fake, machines, user.cloud.laptop)
+    fake.boot = vms.boot
     served = user.cloud.call(fake.serve)
     env = {
         **user.env,
@@ -348,11 +366,17 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
         assert up.returncode == 0, up.stderr + up.stdout
         assert "trust on first use" in up.stderr and "queued at UCloud" in up.stderr, up.stderr
         assert len(fake.live()) == 2 and set(fake.projects) == {"p-lab"}
+        assert [n["specification"]["subdomain"] for n in fake.networks.values()] == ["vmrun-uc"]
         toml = run.toml()
         assert 'cloud = "ucloud"' in toml and 'groups = ["uc"]' in toml, toml
-        for host in machines:  # the login the job's SSH line gave (its port when not 22)
+        u1, u2 = machines[:2]
+        for host, name in ((u1, "uc-0"), (u2, "uc-1")):  # logged in where the SSH line said
             port = f":{host.port}" if host.port != 22 else ""
             assert f'address = "{host.user}@{host.addr_on("main")}{port}"' in toml, toml
+            assert f'private_addr = "{name}"' in toml, toml
+        # the stand-in's rule: not over the SSH address, only inside the network, by name
+        assert not u1.can_connect(u2.addr_on("main"), u2.port)
+        assert u1.can_connect("uc-1", u2.port) and u2.can_connect("uc-0", u1.port)
         setup = run.vmrun(
             "setup", "@uc", "--python", str(host_python), "--torch", TORCH_SPEC, timeout=300
         )
@@ -361,6 +385,9 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
         assert train.returncode == 0, train.stderr + train.stdout
         rid = re.search(r"run (\S+) finished", train.stderr)
         assert rid, train.stderr
+        for host in (u1, u2):  # met at the master's private name, over the network's wire
+            meta = json.loads((host.home / ".vmrun/runs" / rid.group(1) / "run.json").read_text())
+            assert meta["rdzv"].startswith("uc-0:") and meta["ifname"] == "eth1", meta
         fetch = run.vmrun("fetch", "results", "--run", rid.group(1), timeout=120)
         assert fetch.returncode == 0, fetch.stderr + fetch.stdout
         assert (user.cwd / "results" / rid.group(1) / "uc-0" / "finalmodel.pt").is_file()
@@ -370,7 +397,11 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
         assert row["currency"] == "DKK" and row["cost"] is not None, row
         down = run.vmrun("down", "uc", timeout=120)
         assert down.returncode == 0, down.stderr + down.stdout
-        assert fake.live() == [] and "[[hosts]]" not in run.toml()
+        assert "1 private network(s)" in down.stdout, down.stdout
+        # nothing left: jobs, the network, the key vmrun added for the cluster, its hosts
+        assert (fake.live(), fake.networks, fake.keys) == ([], {}, [])
+        assert "[[hosts]]" not in run.toml()
+        _apart_cannot_train(run, fake, host_python)
     finally:
         fake.terminate_all()  # what a failed test left
         user.cloud.call(served.close)

@@ -13,7 +13,7 @@ from testbed.ucloud import API_TOKEN, REFRESH, FakeUCloud
 
 from vmrun.errors import CloudError, UsageError
 from vmrun.providers.api import Request
-from vmrun.providers.ucloud.provider import UCloudProvider
+from vmrun.providers.ucloud.provider import UCloudProvider, subdomain_for
 from vmrun.providers.ucloud.session import Session
 from vmrun.reporting import Recorder
 
@@ -175,9 +175,12 @@ def test_clusters_lists_what_vmrun_made_at_ucloud_with_its_price_in_dkk(
     found = list_ucloud(settings, cloud)
     assert sorted((r.cluster, r.state) for r in found.resources) == [
         ("old", "stopped"),
+        ("uc", "2-vm(s)"),  # its private network, listed with its VMs (and free)
         ("uc", "running"),
         ("uc", "running"),
     ]
+    (net,) = [r for r in found.resources if r.kind == "private-network"]
+    assert net.instance_type == "vmrun-uc" and net.price is None
     assert (found.per_hour, found.currency, found.forgotten) == (4.2, "DKK", ["old"])
     assert render(found, as_json=False) == 0
     out = capsys.readouterr().out
@@ -215,3 +218,101 @@ def test_autostop_and_a_clusters_cap_are_refused_on_ucloud(
     with pytest.raises(UsageError) as refused:
         cloud.resolve(ask, settings)
     assert refused.value.code == "flags-conflict" and "boots a guest" in refused.value.message
+
+
+def test_a_cluster_of_several_vms_is_joined_by_one_private_network_that_down_removes() -> None:
+    """UCloud's VM jobs reach only themselves: `up -n 2` makes one private network (subdomain
+    from the cluster's name), each job joins it with its hostname, which is the node's
+    private address; a replacement joins it too; `down` removes jobs, network and key."""
+    fake = FakeUCloud(
+        boot=lambda job: ("ucloud", "gateway.ucloud.test", 2200 + int(job["id"]) % 100)
+    )
+    cloud = provider(fake)
+    out = Recorder()
+    made = cloud.launch(request(), cloud.offer(request()), out)
+    (net_id,) = fake.networks
+    spec = fake.networks[net_id]["specification"]
+    assert (spec["name"], spec["subdomain"], spec["product"]["id"]) == (
+        "vmrun-uc",
+        "vmrun-uc",
+        "private-network",
+    )
+    jobs = [fake.jobs[i.id]["specification"] for i in made]
+    assert [j["hostname"] for j in jobs] == ["uc-0", "uc-1"]
+    assert all(j["resources"] == [{"type": "private_network", "id": net_id}] for j in jobs)
+    # the SSH line is the shared gateway's: peers meet at the private names instead
+    assert [(i.public_addr, i.private_addr) for i in made] == [
+        ("gateway.ucloud.test", "uc-0"),
+        ("gateway.ucloud.test", "uc-1"),
+    ]
+    assert any("private network vmrun-uc" in line for line in out.lines), out.lines
+    cloud.terminate_ids("", [made[1].id])  # a lost node, and the VM made in its place
+    again = cloud.add(request(count=1), cloud.offer(request(count=1)), 1, Recorder())
+    assert fake.jobs[again.id]["specification"]["resources"][0]["id"] == net_id
+    assert again.private_addr == "uc-1"
+    single = cloud.launch(
+        replace(request(count=1), cluster="one"), cloud.offer(request(count=1)), Recorder()
+    )
+    assert "hostname" not in fake.jobs[single[0].id]["specification"] and len(fake.networks) == 1
+    assert single[0].private_addr == single[0].public_addr  # alone: no network, none needed
+    gone = cloud.terminate("uc", "")
+    assert gone.networks == [net_id] and fake.networks == {} and gone.left == []
+    assert gone.keys and fake.keys == []  # the key vmrun added for uc
+    assert fake.live() == [single[0].id]
+
+
+def test_a_taken_subdomain_gets_a_suffix_and_a_failed_up_leaves_no_network() -> None:
+    fake = FakeUCloud(announce_ssh=False)
+    fake.networks["1"] = {  # another account's, on the same provider
+        "id": "1",
+        "specification": {"name": "theirs", "subdomain": "VMRUN-UC"},
+    }
+    cloud = provider(fake, ssh_timeout=0.2)
+    with pytest.raises(CloudError) as never:
+        cloud.launch(request(), cloud.offer(request()), Recorder())
+    assert never.value.code == "cloud-ssh-never-up"
+    assert fake.live() == [] and list(fake.networks) == ["1"]  # ours made, then deleted
+    assert fake.keys == []  # the key this `up` added, removed with it
+    made = [c for c in fake.calls if c == ("POST", "/api/private-networks")]
+    assert len(made) == 2  # 409 for vmrun-uc, then vmrun-uc-XXXX
+    for taken in ("vm", "j-7", "policy", "ucloud-x"):  # UCloud's reserved subdomains
+        assert (
+            fake.handle(
+                "POST",
+                "/api/private-networks",
+                {},
+                {"Authorization": f"Bearer {API_TOKEN}"},
+                {"items": [{"name": "n", "subdomain": taken, "product": {"provider": "ucloud"}}]},
+            )[0]
+            == 400
+        )
+    assert all(not subdomain_for(c).startswith(("vm-", "j-")) for c in ("vm", "j", "im"))
+
+
+def test_several_vms_where_no_private_network_is_offered_are_refused_before_anything() -> None:
+    fake = FakeUCloud(network_products=())
+    cloud = provider(fake)
+    with pytest.raises(UsageError) as refused:
+        cloud.offer(request())
+    assert refused.value.code == "cloud-no-private-network" and "-n 2" in refused.value.message
+    assert fake.jobs == {} and fake.keys == [] and fake.networks == {}
+    cloud.launch(request(count=1), cloud.offer(request(count=1)), Recorder())  # one VM: fine
+    assert len(fake.live()) == 1
+
+
+class Interrupting(Recorder):
+    """A Ctrl-C while the jobs queue."""
+
+    def info(self, text: str) -> None:
+        super().info(text)
+        if "is queued at UCloud" in text:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_up_leaves_no_job_network_or_key() -> None:
+    fake = FakeUCloud(queue_polls=5)
+    cloud = provider(fake)
+    with pytest.raises(KeyboardInterrupt):
+        cloud.launch(request(), cloud.offer(request()), Interrupting())
+    assert fake.jobs and fake.live() == []
+    assert (fake.networks, fake.keys) == ({}, [])

@@ -473,6 +473,11 @@ for _owner, _name, _meaning in _CONTAINER_CODES:
 _CLOUD_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (UsageError, "cloud-extra-missing", "the cloud's Python package is not installed (vmrun[aws])"),
     (UsageError, "cloud-type-not-offered", "no zone of the region offers the instance type"),
+    (
+        UsageError,
+        "cloud-no-private-network",
+        "several VMs asked of a UCloud provider that offers no private network to join them",
+    ),
     (UsageError, "cloud-image-not-found", "no machine image matches what was asked for"),
     (UsageError, "over-budget", "it costs more than the limit given, or its price is unknown"),
     (UsageError, "launch-spec", "a run's start that cannot go (too large) or be read (version)"),

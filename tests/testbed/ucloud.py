@@ -12,7 +12,14 @@ products.go, core2/pkg/foundation/auth_tokens.go, shared/pkg/util/http.go).
   (the e2e tests boot a test host there, with the account's SSH keys; its user is the
   bed's, not `ucloud`); suspend, unsuspend,
   terminate (SUCCESS); browse with labels; retrieveProducts with VM support and prices;
-- SSH keys: /api/ssh (the e2e tests' `boot` installs them in the test host);
+- SSH keys: /api/ssh (the e2e tests' `boot` installs them in the test host), deleted;
+- private networks (shared/pkg/orchestrators/private_network.go, im2/pkg/integrations/k8s/
+  shared/private_network.go): retrieveProducts (none where `network_products` lacks the
+  provider), create with UCloud's refusals (a subdomain taken, case-insensitive, 409; a
+  reserved one, `j`, `ucloud`, `vm`, `im`, `policy` alone or before `-`, or one with a dot,
+  400), browse with each network's members (its jobs not ended), delete (refused while a
+  job is a member); a job's `hostname` and `private_network` resource join it, and `boot`
+  is told (`VmHosts` below wires the test hosts' isolation from it).
 - a refusal queued with `refuse(path, status, why)`: UCloud's error body.
 
 `FakeUCloud` is a transport (vmrun.providers.ucloud.session.Transport) for quick tests, and
@@ -47,7 +54,10 @@ class FakeUCloud:
         queue_polls: int = 1,
         announce_ssh: bool = True,
         boot: Callable[[dict[str, Any]], tuple[str, str, int]] | None = None,
+        network_products: tuple[str, ...] = ("ucloud",),
     ) -> None:
+        self.network_products = network_products
+        self.networks: dict[str, dict[str, Any]] = {}
         self.access_ttl = access_ttl
         self.queue_polls = queue_polls
         self.announce_ssh = announce_ssh
@@ -158,6 +168,9 @@ class FakeUCloud:
                 return _error(400, "invalid product requested")
             if (spec.get("application") or {}).get("name") != "vm-ubuntu":
                 return _error(400, "unknown application requested")
+            for res in spec.get("resources") or []:
+                if res.get("type") == "private_network" and str(res.get("id")) not in self.networks:
+                    return _error(400, "unknown private network requested")
             job_id = str(next(self._ids))
             now = int(time.time() * 1000)
             self.jobs[job_id] = {
@@ -241,6 +254,89 @@ class FakeUCloud:
     def _unsuspend(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
         return self._each(body, self._run)
 
+    def _network_products(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        by = {
+            provider: [
+                {
+                    "product": {
+                        "type": "private_network",
+                        "name": "private-network",
+                        "productType": "PRIVATE_NETWORK",
+                        "price": 0,
+                        "category": {
+                            "name": "private-network",
+                            "provider": provider,
+                            "productType": "PRIVATE_NETWORK",
+                            "freeToUse": True,
+                        },
+                    },
+                    "support": {
+                        "product": {
+                            "id": "private-network",
+                            "category": "private-network",
+                            "provider": provider,
+                        }
+                    },
+                }
+            ]
+            for provider in self.network_products
+        }
+        return 200, {"productsByProvider": by}
+
+    def _network_create(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        responses = []
+        for spec in body.get("items", []):
+            sub = str(spec.get("subdomain") or "")
+            product = spec.get("product") or {}
+            if product.get("provider") not in self.network_products:
+                return _error(400, "invalid product requested")
+            if not sub or "." in sub or not str(spec.get("name") or "").strip():
+                return _error(400, "invalid name or subdomain")
+            if any(sub == r or sub.startswith(r + "-") for r in RESERVED):
+                return _error(400, "Reserved domain name, try a different one")
+            if any(
+                n["specification"]["subdomain"].lower() == sub.lower()
+                for n in self.networks.values()
+            ):
+                return _error(
+                    409, "a network with this subdomain already exists, try a different one"
+                )
+            net_id = str(next(self._ids))
+            self.networks[net_id] = {"id": net_id, "specification": dict(spec)}
+            responses.append({"id": net_id})
+        return 200, {"responses": responses}
+
+    def members(self, net_id: str) -> list[str]:
+        """The jobs in the network: those not ended (PrivateNetworkStatus.Members)."""
+        return [
+            j
+            for j in self.live()
+            if any(
+                r.get("type") == "private_network" and str(r.get("id")) == net_id
+                for r in self.jobs[j]["specification"].get("resources") or []
+            )
+        ]
+
+    def _network_browse(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        items = [{**n, "status": {"members": self.members(i)}} for i, n in self.networks.items()]
+        return 200, {"items": items, "next": None, "itemsPerPage": 250}
+
+    def _network_delete(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        for item in body.get("items", []):
+            net_id = str(item.get("id"))
+            if net_id not in self.networks:
+                return _error(404, "not found")
+            if self.members(net_id):
+                return _error(400, "the private network is in use by a job")
+        for item in body.get("items", []):
+            del self.networks[str(item.get("id"))]
+        return 200, {}
+
+    def _ssh_delete(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        gone = {str(item.get("id")) for item in body.get("items", [])}
+        self.keys = [k for k in self.keys if k["id"] not in gone]
+        return 200, {}
+
     def _ssh_browse(self, query: Mapping[str, str], body: Any) -> tuple[int, Any]:
         return 200, {"items": list(self.keys), "next": None, "itemsPerPage": 250}
 
@@ -268,7 +364,80 @@ _ROUTES: dict[tuple[str, str], Callable[[FakeUCloud, Mapping[str, str], Any], tu
     ("POST", "/api/jobs/unsuspend"): FakeUCloud._unsuspend,
     ("GET", "/api/ssh/browse"): FakeUCloud._ssh_browse,
     ("POST", "/api/ssh"): FakeUCloud._ssh_create,
+    ("DELETE", "/api/ssh"): FakeUCloud._ssh_delete,
+    ("GET", "/api/private-networks/retrieveProducts"): FakeUCloud._network_products,
+    ("POST", "/api/private-networks"): FakeUCloud._network_create,
+    ("GET", "/api/private-networks/browse"): FakeUCloud._network_browse,
+    ("DELETE", "/api/private-networks"): FakeUCloud._network_delete,
 }
+RESERVED = ("j", "ucloud", "vm", "im", "policy")  # k8s/shared/private_network.go
+
+
+class VmHosts:
+    """STAND-IN for how UCloud's provider isolates VM jobs (im2/pkg/integrations/k8s/kubevirt
+    /00_module.go: a NetworkPolicy per VM that admits only itself; shared/private_network.go:
+    every port open between a private network's members, each reached by its hostname).
+
+    The test hosts given are on "main", where only the laptop may reach their sshd (as
+    through UCloud's SSH gateway: the address a job announces is no peer's), and on
+    `wire`, the private networks' one wire. `boot(job)` takes the next free host for a job,
+    puts the account's SSH keys in it, and rewires every booted host: its firewall
+    (nftables, policy drop) admits the laptop's SSH and, on the wire, only the members of
+    its own networks; its /etc/hosts names every member by the job's hostname (the
+    network's DNS). A job without a network reaches nobody, as on UCloud."""
+
+    def __init__(self, fake: FakeUCloud, hosts: list[Any], laptop: Any, wire: str = "ucpn") -> None:
+        self.fake = fake
+        self.free = list(hosts)
+        self.laptop = laptop
+        self.wire = wire
+        self.booted: dict[str, Any] = {}  # job id -> test host
+        self._hosts_files = {h.netns: _read(h) for h in hosts}
+
+    def boot(self, job: dict[str, Any]) -> tuple[str, str, int]:
+        host = self.free.pop(0)
+        for item in self.fake.keys:  # UCloud's provider puts the account's keys in the VM
+            host.add_authorized_key(item["specification"]["key"])
+        self.booted[str(job["id"])] = host
+        self.rewire()
+        return host.user, host.addr_on("main"), host.port
+
+    def rewire(self) -> None:
+        from .cloud import _apply_nft
+        from .files import write_text
+        from .layout import ETC_NETNS
+
+        live = set(self.fake.live())
+        nets = {
+            job_id: {
+                str(r.get("id"))
+                for r in self.fake.jobs[job_id]["specification"].get("resources") or []
+                if r.get("type") == "private_network"
+            }
+            for job_id in self.booted
+        }
+        for job_id, host in self.booted.items():
+            peers = [
+                (other, self.booted[other])
+                for other in self.booted
+                if other in live and nets[job_id] & nets[other]
+            ]
+            gateway = self.laptop.addr_on("main")
+            rules = [f"ip saddr {gateway} tcp dport {host.port} accept"]
+            rules += [f"ip saddr {p.addr_on(self.wire)} accept" for o, p in peers if p is not host]
+            _apply_nft(host, rules)
+            names = "".join(
+                f"{p.addr_on(self.wire)}\t{self.fake.jobs[o]['specification']['hostname']}\n"
+                for o, p in peers
+                if self.fake.jobs[o]["specification"].get("hostname")
+            )
+            write_text(ETC_NETNS / host.netns / "hosts", self._hosts_files[host.netns] + names)
+
+
+def _read(host: Any) -> str:
+    from .layout import ETC_NETNS
+
+    return (ETC_NETNS / host.netns / "hosts").read_text()
 
 
 def _error(status: int, why: str) -> tuple[int, Any]:

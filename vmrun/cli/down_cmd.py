@@ -43,14 +43,26 @@ def register(app: typer.Typer) -> None:
                 f" `vmrun down {name}` ends them"
             )
             return 0
-        if removed is None or not (removed.instances or removed.security_groups or removed.roles):
+        if removed is None or not (
+            removed.instances or removed.security_groups or removed.roles or removed.networks
+        ):
             say(f"{name}: nothing of it in {done.region}")
             return 0
+        deleted = [
+            f"{len(ids)} {kind}(s)"
+            for kind, ids in (
+                ("security group", removed.security_groups),
+                ("placement group", removed.placement_groups),
+                ("private network", removed.networks),
+                ("account SSH key", removed.keys),
+            )
+            if ids
+        ]
         role = f", and its role {removed.roles[0]}" if removed.roles else ""
         say(
-            f"{name}: terminated {len(removed.instances)} instance(s), deleted"
-            f" {len(removed.security_groups)} security group(s) and"
-            f" {len(removed.placement_groups)} placement group(s) in {done.region}{role}"
+            f"{name}: terminated {len(removed.instances)} instance(s)"
+            + (f", deleted {' and '.join(deleted)}" if deleted else "")
+            + f" in {done.region or 'UCloud'}{role}"
         )
         if done.forgotten:
             say(f"removed from vmrun.toml: {', '.join(done.forgotten)}")

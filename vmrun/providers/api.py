@@ -109,6 +109,8 @@ class Removed:
     placement_groups: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # the VMs' own role (up --store)
+    networks: list[str] = field(default_factory=list)  # a UCloud cluster's private network
+    keys: list[str] = field(default_factory=list)  # SSH keys vmrun added to the account
 
 
 class Provider(Protocol):

@@ -10,11 +10,16 @@ What differs from a cloud of instances, and how vmrun meets it:
   .jobs.ssh_at); a job that runs but never announces one is terminated and refused;
 - no expiry (UCloud drops a VM job's time allocation): `down` is the only end; stop and
   start are UCloud's suspend and unsuspend;
-- regions are UCloud's providers (`ucloud`, `aau`...): where the product is.
+- regions are UCloud's providers (`ucloud`, `aau`...): where the product is;
+- VM jobs do not reach each other (each job's NetworkPolicy admits only itself; the SSH
+  line is a shared gateway's port): a cluster of several VMs gets one private network
+  (`vmrun-NAME`), every job joins it with a hostname of its own (`NAME-0`...) that is its
+  `private_addr`, and `down` deletes the network after the jobs.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +44,10 @@ from vmrun.reporting import QUIET, Reporter
 DEFAULT_APP = ("vm-ubuntu", "24.04")  # UCloud's VM image application (ucxsvc VmImageUbuntu24_04)
 LOGIN_USER = "ucloud"
 TAG_INDEX = "vmrun-index"
+NETWORK_CATEGORY = "private-network"  # the free product VM jobs are joined with
+# subdomains the provider keeps for itself, alone or before a `-` (k8s/shared/private_network.go)
+RESERVED_SUBDOMAINS = ("j", "ucloud", "vm", "im", "policy")
+NETWORK_END_S = 120.0  # how long `down` waits for the jobs to leave the network
 POLL_S = 2.0
 SSH_LINE_TIMEOUT_S = 600.0
 _LIVE = ("pending", "running", "stopping", "stopped")
@@ -130,6 +139,14 @@ class UCloudProvider:
 
     def offer(self, request: Request) -> Offer:
         product = self.product(request.instance_type, request.region)
+        if request.count > 1 and not self._network_product(product.provider):
+            raise UsageError(
+                f"-n {request.count}: UCloud's {product.provider} offers no private network,"
+                " and its VMs reach only themselves without one",
+                hint="ask for one VM, or for a grant of the private-network product at"
+                f" {product.provider}",
+                code="cloud-no-private-network",
+            )
         name, version = _app(request.image)
         return Offer(
             region=product.provider,
@@ -143,20 +160,29 @@ class UCloudProvider:
     # -- making and finding ------------------------------------------------------------
 
     def launch(self, request: Request, offer: Offer, out: Reporter) -> list[Instance]:
-        self._register_key(request.public_key, request.cluster, out)
+        key = self._register_key(request.public_key, request.cluster, out)
         made: list[str] = []
+        network = ""
         try:
+            if request.count > 1:
+                network = self._make_network(request.cluster, offer.region, out)
             for index in range(request.count):
-                made.append(self._create(request, offer, index, out))
+                made.append(self._create(request, offer, index, out, network))
             return self._wait_ssh(request.cluster, made, out, request.boot_timeout)
         except BaseException:
             if made:
                 self.terminate_ids(offer.region, made)
+            if network:
+                self._delete_network(network, made)
+            if key:  # added for this `up`: nothing of it stays
+                self._delete_keys([key])
             raise
 
     def add(self, request: Request, offer: Offer, index: int, out: Reporter) -> Instance:
+        """A VM in place of a lost one: it joins the cluster's network, if it has one."""
         self._register_key(request.public_key, request.cluster, out)
-        made = self._create(request, offer, index, out)
+        found = self._networks(request.cluster)
+        made = self._create(request, offer, index, out, str(found[0].get("id")) if found else "")
         try:
             (inst,) = self._wait_ssh(request.cluster, [made], out, request.boot_timeout)
             return inst
@@ -164,20 +190,117 @@ class UCloudProvider:
             self.terminate_ids(offer.region, [made])
             raise
 
-    def _register_key(self, key: str, cluster: str, out: Reporter) -> None:
+    # -- the cluster's private network -------------------------------------------------
+
+    def _network_product(self, provider: str) -> Mapping[str, Any] | None:
+        """The private-network product at `provider` (retrieveProducts), None without one."""
+        found = self.session.call(
+            "GET", "/api/private-networks/retrieveProducts", what="listing private networks"
+        )
+        for item in ((found or {}).get("productsByProvider") or {}).get(provider) or []:
+            product = (item or {}).get("product") or {}
+            if product.get("name"):
+                return {
+                    "id": product["name"],
+                    "category": str(
+                        (product.get("category") or {}).get("name") or NETWORK_CATEGORY
+                    ),
+                    "provider": provider,
+                }
+        return None
+
+    def _make_network(self, cluster: str, provider: str, out: Reporter) -> str:
+        """One private network for the cluster; its subdomain `vmrun-NAME`, with a suffix
+        when another account holds that one (subdomains are unique per provider)."""
+        product = self._network_product(provider)
+        if product is None:  # offer() refused this already; a product withdrawn since
+            raise UsageError(
+                f"UCloud's {provider} offers no private network", code="cloud-no-private-network"
+            )
+        for attempt in range(4):
+            subdomain = subdomain_for(cluster, attempt)
+            spec = {"name": network_name(cluster), "subdomain": subdomain, "product": product}
+            try:
+                answer = self.session.call(
+                    "POST",
+                    "/api/private-networks",
+                    {"items": [spec]},
+                    what=f"making the private network of {cluster}",
+                )
+            except CloudError as error:
+                if "409" in error.message and attempt < 3:  # the subdomain is taken
+                    continue
+                raise
+            made = str(((answer or {}).get("responses") or [{}])[0].get("id") or "")
+            if not made:
+                raise CloudError(
+                    f"UCloud made no private network for {cluster}", code="cloud-failed"
+                )
+            out.info(f"{cluster}: private network {subdomain} ({made}) joins its VMs")
+            return made
+        raise AssertionError("unreachable")
+
+    def _networks(self, cluster: str | None) -> list[Mapping[str, Any]]:
+        """The private networks vmrun made (for `cluster`, or every one), by their name."""
+
+        def named(network: Mapping[str, Any]) -> str:
+            return str((network.get("specification") or {}).get("name") or "")
+
+        found = self._pages("/api/private-networks/browse", {})
+        if cluster is None:
+            return [n for n in found if named(n).startswith(NETWORK_PREFIX)]
+        return [n for n in found if named(n) == network_name(cluster)]
+
+    def _delete_network(self, network: str, jobs: list[str]) -> bool:
+        """Delete the network once `jobs` have left it (UCloud refuses a network in use);
+        False when it is still there past the wait."""
+        deadline = time.monotonic() + NETWORK_END_S
+        while True:
+            live = [j for j in jobs if ucjobs.state_of(self._job(j)) not in ucjobs.ENDED]
+            if not live:
+                try:
+                    self.session.call(
+                        "DELETE",
+                        "/api/private-networks",
+                        {"items": [{"id": network}]},
+                        what=f"deleting private network {network}",
+                    )
+                    return True
+                except CloudError:
+                    if time.monotonic() > deadline:
+                        return False
+            elif time.monotonic() > deadline:
+                return False
+            time.sleep(self.poll)
+
+    def _register_key(self, key: str, cluster: str, out: Reporter) -> str:
         """The user's public key among the account's SSH keys (UCloud puts them into each
-        VM it starts); added once, found by its text."""
+        VM it starts); added once, found by its text. The id of the key added, "" when it
+        was there already."""
         if not key:
             raise UsageError("UCloud VMs take the user's public key: none was found", code="usage")
         words = key.split()[:2]
         for item in self._pages("/api/ssh/browse", {}):
             if ((item.get("specification") or {}).get("key") or "").split()[:2] == words:
-                return
+                return ""
         item = {"title": f"vmrun {cluster}", "key": key.strip()}
-        self.session.call("POST", "/api/ssh", {"items": [item]}, what="adding your SSH key")
+        answer = self.session.call(
+            "POST", "/api/ssh", {"items": [item]}, what="adding your SSH key"
+        )
         out.info("ucloud: your public key added to the account's SSH keys (every VM gets it)")
+        return str(((answer or {}).get("responses") or [{}])[0].get("id") or "")
 
-    def _create(self, request: Request, offer: Offer, index: int, out: Reporter) -> str:
+    def _delete_keys(self, keys: list[str]) -> None:
+        self.session.call(
+            "DELETE",
+            "/api/ssh",
+            {"items": [{"id": k} for k in keys]},
+            what="removing the SSH key vmrun added",
+        )
+
+    def _create(
+        self, request: Request, offer: Offer, index: int, out: Reporter, network: str = ""
+    ) -> str:
         product = self.product(request.instance_type, offer.region)
         name, version = offer.image_id.split("/", 1)
         created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -201,6 +324,9 @@ class UCloudProvider:
             "parameters": {},
             "resources": [],
         }
+        if network:  # reached by its peers as NAME-i, inside the network only
+            spec["hostname"] = f"{request.cluster}-{index}"
+            spec["resources"] = [{"type": "private_network", "id": network}]
         if request.disk_gb:
             spec["parameters"]["diskSize"] = {"type": "integer", "value": int(request.disk_gb)}
         answer = self.session.call(
@@ -274,6 +400,10 @@ class UCloudProvider:
         product = spec.get("product") or {}
         at = ucjobs.ssh_at(job) if ucjobs.state_of(job) == ucjobs.RUNNING else None
         created = job.get("createdAt")
+        joined = any(
+            (r or {}).get("type") == "private_network" for r in spec.get("resources") or []
+        )
+        private = str(spec.get("hostname") or "") if joined else ""
         return Instance(
             id=str(job.get("id") or ""),
             cluster=str(labels.get(TAG_CLUSTER) or ""),
@@ -282,7 +412,7 @@ class UCloudProvider:
             zone="",
             region=str(product.get("provider") or ""),
             public_addr=at.host if at else "",
-            private_addr=at.host if at else "",
+            private_addr=private or (at.host if at else ""),
             launched=datetime.fromtimestamp(created / 1000, timezone.utc)
             if isinstance(created, int)
             else None,
@@ -350,10 +480,27 @@ class UCloudProvider:
         return self._wait_ssh(cluster, every, out)
 
     def terminate(self, cluster: str, region: str) -> Removed:
+        """The jobs, then the cluster's network once they left it, then the SSH key vmrun
+        added for the cluster (a later `up` or replacement adds it again)."""
         ids = [i.id for i in self.describe(cluster, region)]
         self.terminate_ids(region, ids)
-        left = [i.id for i in self.describe(cluster, region)]
-        return Removed(instances=ids, left=[f"job {i} (still running)" for i in left])
+        left = [f"job {i.id} (still running)" for i in self.describe(cluster, region)]
+        networks = []
+        for network in self._networks(cluster):
+            net_id = str(network.get("id") or "")
+            members = [str(m) for m in (network.get("status") or {}).get("members") or []]
+            if self._delete_network(net_id, sorted(set(members) | set(ids))):
+                networks.append(net_id)
+            else:
+                left.append(f"private network {net_id} (still in use)")
+        keys = [
+            str(k.get("id"))
+            for k in self._pages("/api/ssh/browse", {})
+            if (k.get("specification") or {}).get("title") == f"vmrun {cluster}"
+        ]
+        if keys:
+            self._delete_keys(keys)
+        return Removed(instances=ids, networks=networks, keys=keys, left=left)
 
     def terminate_ids(self, region: str, ids: list[str]) -> list[str]:
         if ids:
@@ -366,7 +513,7 @@ class UCloudProvider:
         return ids
 
     def resources(self, regions: list[str]) -> list[Resource]:
-        found = []
+        found = [network_resource(n) for n in self._networks(None)]
         for job in self._cluster_jobs(None):
             inst = self._instance(job)
             if inst.state == "terminated":
@@ -412,6 +559,39 @@ class UCloudProvider:
 
     def user_data(self, instance: Instance) -> str:
         return ""
+
+
+NETWORK_PREFIX = "vmrun-"
+
+
+def network_resource(network: Mapping[str, Any]) -> Resource:
+    """A cluster's private network as `vmrun cloud` lists it: its subdomain where a VM's
+    type goes, how many VMs are in it where a state goes (it costs nothing)."""
+    spec = network.get("specification") or {}
+    members = (network.get("status") or {}).get("members") or []
+    return Resource(
+        kind="private-network",
+        id=str(network.get("id") or ""),
+        cluster=str(spec.get("name") or "")[len(NETWORK_PREFIX) :],
+        region=str((spec.get("product") or {}).get("provider") or ""),
+        state=f"{len(members)}-vm(s)",
+        instance_type=str(spec.get("subdomain") or ""),
+    )
+
+
+def network_name(cluster: str) -> str:
+    return f"{NETWORK_PREFIX}{cluster}"
+
+
+def subdomain_for(cluster: str, attempt: int = 0) -> str:
+    """A DNS label from the cluster's name (vmrun's names are lower case, digits and -),
+    clear of UCloud's reserved ones; a suffix on later attempts (another holds it)."""
+    label = network_name(cluster)
+    if attempt:
+        label = f"{label}-{secrets.token_hex(2)}"
+    label = label[:63].rstrip("-")
+    assert not any(label == r or label.startswith(r + "-") for r in RESERVED_SUBDOMAINS)
+    return label
 
 
 def _app(image: str) -> tuple[str, str]:
