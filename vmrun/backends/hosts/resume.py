@@ -238,7 +238,9 @@ def restore(
     point = None
     if sharded:
         store = Store(place, access)
-        point = give(group, labels, out_dirs, rid, out, store=store, progress=progress)
+        point = give(
+            group, labels, out_dirs, rid, out, store=store, progress=progress, must_read_bucket=True
+        )
     listed = {first: runs.list_runs(group.connections[first], [rid])}
     return _banner(listed[first], newest, point), listed
 
