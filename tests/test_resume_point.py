@@ -265,3 +265,97 @@ def test_give_reads_no_bucket_where_no_node_holds_a_sharded_checkpoint(
     group = FakeGroup(["h1"], tmp_path)
     store = rp.Store(None, None)  # type: ignore[arg-type]
     assert rp.give(group, ["h1"], {"h1": str(root)}, "r1", Recorder(), store=store) is None  # type: ignore[arg-type]
+
+
+def test_new_hosts_holding_nothing_yet_read_the_bucket_when_told_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume from the bucket: the nodes hold no checkpoint before the copy, so the
+    bucket decides; without must_read_bucket nothing would be asked or copied."""
+    roots = {label: tmp_path / label for label in ("c", "d")}
+    bucket = Bucket({"checkpoints/epoch-2": WHOLE})
+    reads: list[object] = []
+    copies: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(rp, "scan", lambda conn, root, python="": layout.Layout(root))
+
+    def read(store: object) -> tuple[object, ...]:
+        reads.append(store)
+        return bucket.holdings(), {}, bucket.folders()
+
+    monkeypatch.setattr(rp, "_read_bucket", read)
+    monkeypatch.setattr(
+        rp,
+        "_from_bucket",
+        lambda conn, entry, store, source, dest, others, shown: copies.append(
+            (entry.label, tuple(others))
+        ),
+    )
+    from vmrun.store_url import parse_store
+
+    store = rp.Store(parse_store("s3://bkt/runs/r1"), None)  # type: ignore[arg-type]
+    group = FakeGroup(["c", "d"], tmp_path)
+    dirs = {label: str(root) for label, root in roots.items()}
+    args = (group, ["c", "d"], dirs, "r1", Recorder())
+    assert rp.give(*args, store=store) is None and not reads  # type: ignore[arg-type]
+    point = rp.give(*args, store=store, must_read_bucket=True)  # type: ignore[arg-type]
+    assert point is not None and point.path == "checkpoints/epoch-2" and len(reads) == 1
+    assert sorted(copies) == [("c", ()), ("d", ())]  # the whole folder to each
+
+
+def test_a_bucket_that_cannot_be_read_leaves_the_nodes_own_copies_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the same nodes, the bucket out of reach (no boto3 here, say): a warning, and the
+    peers give what they hold."""
+    from vmrun.errors import UsageError
+
+    roots = {
+        "h1": node(tmp_path, "h1", {"checkpoints/epoch-2": (S0, META)}),
+        "h2": node(tmp_path, "h2", {"checkpoints/epoch-2": (S1,)}),
+    }
+    monkeypatch.setattr(rp, "scan", lambda conn, root, python="": layout.scan(root))
+
+    def refused(store: object) -> None:
+        raise UsageError("reading a bucket from here needs boto3", code="bad-store")
+
+    copied: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(rp, "_read_bucket", refused)
+    monkeypatch.setattr(
+        rp,
+        "copy_between",
+        lambda group, src, dests, dirs, base, rel, tmp: copied.extend((src, d, rel) for d in dests),
+    )
+    out = Recorder()
+    group = FakeGroup(["h1", "h2"], tmp_path)
+    dirs = {label: str(root) for label, root in roots.items()}
+    store = rp.Store(None, None)  # type: ignore[arg-type]
+    point = rp.give(group, ["h1", "h2"], dirs, "r1", out, store=store)  # type: ignore[arg-type]
+    assert point is not None and point.path == "checkpoints/epoch-2"
+    assert sorted(copied) == sorted(
+        [
+            ("h1", "h2", f"checkpoints/epoch-2/{S0}"),
+            ("h1", "h2", f"checkpoints/epoch-2/{META}"),
+            ("h2", "h1", f"checkpoints/epoch-2/{S1}"),
+        ]
+    )
+    assert out.said[0] == (
+        "warn",
+        "run r1: the bucket's checkpoints cannot be read here:"
+        " reading a bucket from here needs boto3",
+    )
+
+
+def test_many_skipped_checkpoints_are_named_up_to_a_few_and_counted() -> None:
+    skipped = tuple(rp.Skipped(f"checkpoints/epoch-{n}", "missing x") for n in range(9, 0, -1))
+    lines = rp.Point(None, skipped=skipped).lines("r")
+    assert len(lines) == rp.NAMED + 2
+    assert lines[rp.NAMED] == f"run r: skipped {9 - rp.NAMED} older ones too"
+
+
+def test_checkpoints_moved_aside_by_fresh_are_never_the_runs(tmp_path: Path) -> None:
+    aside = ".vmrun-stale-20260101-000000/checkpoints/epoch-9"
+    h1 = node(tmp_path, "h1", {aside: WHOLE, "checkpoints/epoch-2": WHOLE})
+    bucket = Bucket({aside: WHOLE, "checkpoints/epoch-2": WHOLE})
+    assert sorted(bucket.folders()) == ["checkpoints/epoch-2"]
+    point = rp.choose(["h1"], {"h1": held(h1)}, bucket.holdings())
+    assert point.path == "checkpoints/epoch-2" and point.skipped == ()

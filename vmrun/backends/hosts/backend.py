@@ -165,7 +165,14 @@ class HostsBackend:
             assert plan.store_access is not None
             out_dirs = {label: _out_dir(plan, n.workdir, rid) for label, n in nodes.items()}
             banner, place.listed = restore(
-                self.group, out_dirs, rid, place.restore, plan.store_access, out, progress
+                self.group,
+                out_dirs,
+                rid,
+                place.restore,
+                plan.store_access,
+                out,
+                progress,
+                pythons={label: n.env.python for label, n in nodes.items()},
             )
         holder = rank0_node(layout, nodes, plan.launcher)  # where the record is copied from
         if plan.store is not None:  # every node copies what its ranks write: each checked

@@ -7,8 +7,11 @@ folder on every node in one round trip each, and copies the newest version of ea
 (by mtime; it passes through this machine, verified on both legs) to the nodes that lack it
 or hold an older one. So a script that loads `snapshot.pt` on every rank resumes everywhere
 from the same state, and vmrun's template (which loads on rank 0 and broadcasts) resumes
-wherever c10d puts rank 0. Leftover processes of the run (a node that was cut off and came
-back) are stopped first; a run still alive on every node is not touched.
+wherever c10d puts rank 0. A sharded checkpoint (torch.distributed.checkpoint folders, each
+node holding its own ranks' shards) is made whole on every node from the newest one that
+can be (vmrun.backends.hosts.resume_point: what a node lacks from the run's bucket, else a
+peer). Leftover processes of the run (a node that was cut off and came back) are stopped
+first; a run still alive on every node is not touched.
 """
 
 from __future__ import annotations
@@ -200,6 +203,7 @@ def restore(
     access: Access,
     out: Reporter,
     progress: Progress | None = None,
+    pythons: Mapping[str, str] | None = None,
 ) -> tuple[str, dict[str, list[runs.RunRecord]]]:
     """A run whose hosts are gone, from its copy in the bucket: every node (`out_dirs`:
     its output folder) copies the run's outputs straight from the bucket (of its sharded
@@ -239,7 +243,15 @@ def restore(
     if sharded:
         store = Store(place, access)
         point = give(
-            group, labels, out_dirs, rid, out, store=store, progress=progress, must_read_bucket=True
+            group,
+            labels,
+            out_dirs,
+            rid,
+            out,
+            store=store,
+            pythons=pythons,
+            progress=progress,
+            must_read_bucket=True,
         )
     listed = {first: runs.list_runs(group.connections[first], [rid])}
     return _banner(listed[first], newest, point), listed

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from vmrun.transfer.types import Progress
 
 BUCKET = "the bucket"  # a source that is no node
-NAMED = 4  # files named per skipped checkpoint; the rest are counted
+NAMED = 4  # files named per skipped checkpoint, and checkpoints skipped; the rest counted
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,10 @@ class Point:
         """What the resume says: each skipped checkpoint, then the one it goes on from."""
         said = [
             f"run {rid}: skipped {s.path}, newer but not whole anywhere: {s.why}"
-            for s in self.skipped
+            for s in self.skipped[:NAMED]
         ]
+        if len(self.skipped) > NAMED:
+            said.append(f"run {rid}: skipped {len(self.skipped) - NAMED} older ones too")
         if self.path is None:
             return [*said, f"run {rid}: no sharded checkpoint is whole anywhere: from the start"]
         shards = f"{self.shards} shard" if self.shards == 1 else f"{self.shards} shards"
@@ -116,7 +118,7 @@ def node_holdings(layout: Layout) -> dict[str, Held]:
     """A node's DCP folders as `checkpoint_layout.py scan` found them."""
     found: dict[str, Held] = {}
     for point in layout.checkpoints:
-        if point.kind != "dcp":
+        if point.kind != "dcp" or _aside(point.path):
             continue
         files = {f.name: f.size for f in point.files if f.size is not None}
         readable = point.metadata and point.metadata != READ_FAILED
@@ -133,7 +135,7 @@ def bucket_folders(objects: Sequence[Object]) -> dict[str, dict[str, int]]:
     folders: dict[str, dict[str, int]] = {}
     for obj in objects:
         folder, _, name = obj.key.rpartition("/")
-        if folder == RECORD or folder.startswith(RECORD + "/"):
+        if _aside(folder) or folder == RECORD or folder.startswith(RECORD + "/"):
             continue
         folders.setdefault(folder or ".", {})[name] = obj.size
     return {
@@ -141,6 +143,12 @@ def bucket_folders(objects: Sequence[Object]) -> dict[str, dict[str, int]]:
         for path, files in folders.items()
         if METADATA in files or any(n.endswith(SHARD_SUFFIX) and not is_temporary(n) for n in files)
     }
+
+
+def _aside(path: str) -> bool:
+    """vmrun's own folders (`.vmrun/`, what `--fresh` moved aside into `.vmrun-stale-*/`):
+    no checkpoint there is the run's."""
+    return any(part.startswith(".vmrun") for part in path.split("/"))
 
 
 def bucket_holdings(
