@@ -66,6 +66,7 @@ from vmrun.transfer.types import Progress
 
 if TYPE_CHECKING:
     from vmrun.backends.api import StacksTaken
+    from vmrun.backends.hosts.resume_point import Store
     from vmrun.notify.send import Notify
 
 
@@ -140,7 +141,15 @@ class HostsBackend:
 
             # the run's leftovers stopped; its newest checkpoints on every node (a host
             # taking a lost node's place too), unless they come from its bucket below
-            banner = prepare(self.group, list(nodes), rid, out, place.listed)
+            banner = prepare(
+                self.group,
+                list(nodes),
+                rid,
+                out,
+                place.listed,
+                store=_run_store(plan, rid),
+                pythons={label: n.env.python for label, n in nodes.items()},
+            )
         live = progress if isinstance(progress, AbstractContextManager) else nullcontext()
         files = _synced_files(plan)  # once for every host, and for the run's record
         with live:
@@ -156,7 +165,14 @@ class HostsBackend:
             assert plan.store_access is not None
             out_dirs = {label: _out_dir(plan, n.workdir, rid) for label, n in nodes.items()}
             banner, place.listed = restore(
-                self.group, out_dirs, rid, place.restore, plan.store_access, out, progress
+                self.group,
+                out_dirs,
+                rid,
+                place.restore,
+                plan.store_access,
+                out,
+                progress,
+                pythons={label: n.env.python for label, n in nodes.items()},
             )
         holder = rank0_node(layout, nodes, plan.launcher)  # where the record is copied from
         if plan.store is not None:  # every node copies what its ranks write: each checked
@@ -524,6 +540,16 @@ def _stage(
             out.warn(
                 f"{node.label}: a hang would be told without the ranks' stacks: {exc.one_line()}"
             )
+
+
+def _run_store(plan: Plan, rid: str) -> Store | None:
+    """The run's place in its bucket, where it copies there (a resume reads it)."""
+    if plan.store is None or plan.store_access is None:
+        return None
+    from vmrun.backends.hosts.resume_point import Store
+    from vmrun.stores.sync import run_place
+
+    return Store(run_place(plan.store, rid), plan.store_access)
 
 
 def _out_dir(plan: Plan, workdir: str, rid: str) -> str:

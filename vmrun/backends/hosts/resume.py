@@ -7,8 +7,11 @@ folder on every node in one round trip each, and copies the newest version of ea
 (by mtime; it passes through this machine, verified on both legs) to the nodes that lack it
 or hold an older one. So a script that loads `snapshot.pt` on every rank resumes everywhere
 from the same state, and vmrun's template (which loads on rank 0 and broadcasts) resumes
-wherever c10d puts rank 0. Leftover processes of the run (a node that was cut off and came
-back) are stopped first; a run still alive on every node is not touched.
+wherever c10d puts rank 0. A sharded checkpoint (torch.distributed.checkpoint folders, each
+node holding its own ranks' shards) is made whole on every node from the newest one that
+can be (vmrun.backends.hosts.resume_point: what a node lacks from the run's bucket, else a
+peer). Leftover processes of the run (a node that was cut off and came back) are stopped
+first; a run still alive on every node is not touched.
 """
 
 from __future__ import annotations
@@ -16,12 +19,20 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vmrun.backends.hosts import records as runs
+from vmrun.backends.hosts.resume_point import (
+    Point,
+    Store,
+    bucket_folders,
+    copy_between,
+    exclude_glob,
+    give,
+)
 from vmrun.errors import RemoteError, UsageError
 from vmrun.reporting import Reporter
 from vmrun.results.record import RunRecord
@@ -152,9 +163,13 @@ def prepare(
     rid: str,
     out: Reporter,
     listed: dict[str, list[runs.RunRecord]] | None = None,
+    *,
+    store: Store | None = None,
+    pythons: Mapping[str, str] | None = None,
 ) -> str:
-    """Stop the run's leftovers; give every node the newest checkpoints. Returns the line
-    that opens the new attempt in the run's log."""
+    """Stop the run's leftovers; give every node the newest checkpoints, and the newest
+    sharded one whole (from `store`, the run's bucket, what no node holds). Returns the
+    line that opens the new attempt in the run's log."""
     if listed is None:
         outcomes = group.map(lambda entry, conn: runs.list_runs(conn, [rid]), only=set(labels))
         raise_for_failures(outcomes)
@@ -172,7 +187,12 @@ def prepare(
         out.info(f"{host}: stopped {len(res.signalled)} leftover process(es) of run {rid}")
     out_dirs = {h: r.record.launch.out_dir for h, r in records.items()}
     newest = _spread_checkpoints(group, labels, out_dirs, out)
-    return _banner(list(records.values()), newest)
+    base = next((d for d in out_dirs.values() if d), "")
+    point = None
+    if base:
+        every = {h: out_dirs.get(h) or base for h in labels}
+        point = give(group, labels, every, rid, out, store=store, pythons=pythons)
+    return _banner(list(records.values()), newest, point)
 
 
 def restore(
@@ -183,11 +203,13 @@ def restore(
     access: Access,
     out: Reporter,
     progress: Progress | None = None,
+    pythons: Mapping[str, str] | None = None,
 ) -> tuple[str, dict[str, list[runs.RunRecord]]]:
     """A run whose hosts are gone, from its copy in the bucket: every node (`out_dirs`:
-    its output folder) copies the run's outputs straight from the bucket, the first node
-    its record too (log, attempts, provenance), so the new attempt goes on from the newest
-    snapshot with the run's history. The line that opens the new attempt, and the record
+    its output folder) copies the run's outputs straight from the bucket (of its sharded
+    checkpoints only the newest complete one, whole on every node), the first node its
+    record too (log, attempts, provenance), so the new attempt goes on from the newest
+    checkpoint with the run's history. The line that opens the new attempt, and the record
     as the first node now lists it."""
     from vmrun.stores.bucket import client, objects
     from vmrun.stores.mover import copy_from_store
@@ -200,9 +222,7 @@ def restore(
 
     def one(entry: HostEntry, conn: Connection) -> None:
         mine = access.on(entry.vars)
-        got = copy_from_store(
-            conn, place, out_dirs[entry.label], mine, shown, exclude=f"/{RECORD}/**"
-        )
+        got = copy_from_store(conn, place, out_dirs[entry.label], mine, shown, exclude=leave_out)
         if entry.label == first:
             copy_from_store(conn, place.join(RECORD), runs.record_dir(rid), mine, shown)
         if got.report.failed:
@@ -212,22 +232,43 @@ def restore(
                 code="store-copy-failed",
             )
 
+    found = objects(client(access), place)
+    sharded = [p for p in bucket_folders(found) if p != "."]  # below: only the one chosen
+    leave_out = exclude_glob([RECORD, *sharded], "/**")
     raise_for_failures(group.map(one, only=set(labels)), one_as_itself=True)
     out.info(f"run {rid}: its files and record copied from {place} to {', '.join(labels)}")
-    found = objects(client(access), place)
     points = [o for o in found if "/" not in o.key and _is_checkpoint(o.key)]
     newest = max(points, key=lambda o: o.modified).key if points else None
+    point = None
+    if sharded:
+        store = Store(place, access)
+        point = give(
+            group,
+            labels,
+            out_dirs,
+            rid,
+            out,
+            store=store,
+            pythons=pythons,
+            progress=progress,
+            must_read_bucket=True,
+        )
     listed = {first: runs.list_runs(group.connections[first], [rid])}
-    return _banner(listed[first], newest), listed
+    return _banner(listed[first], newest, point), listed
 
 
-def _banner(records: Sequence[runs.RunRecord], checkpoint: str | None) -> str:
+def _banner(
+    records: Sequence[runs.RunRecord], checkpoint: str | None, point: Point | None = None
+) -> str:
     """`--- attempt 2, resumed from epoch 21 (snapshot.pt) ---`: the epoch after the newest
     snapshot the log reports (the template resumes there; a script that re-runs the saved
-    epoch is told as `after epoch N`)."""
+    epoch is told as `after epoch N`); a sharded checkpoint chosen (`point`) is named with
+    its own epoch."""
     attempt = max((r.attempt for r in records), default=1) + 1
     saved = max((r.saved_epoch for r in records if r.saved_epoch is not None), default=None)
     template = any(r.record.launch.template for r in records)
+    if point is not None and point.path is not None:
+        checkpoint, saved = point.path, point.epoch
     if not checkpoint:
         return f"--- attempt {attempt}, resumed: no checkpoint found, so from the start ---"
     if saved is None:
@@ -271,32 +312,8 @@ def _spread_checkpoints(
         for rel, (src, stat) in sorted(newest.items()):
             dests = [h for h in labels if have.get(h, {}).get(rel) != stat]
             if dests:
-                _copy(group, src, dests, out_dirs, base, rel, Path(tmp))
+                copy_between(group, src, dests, out_dirs, base, rel, Path(tmp))
                 out.info(f"copied {rel} from {src} to {', '.join(dests)} (the newest copy)")
     if not newest:
         return None
     return max(newest, key=lambda rel: newest[rel][1][1])
-
-
-def _copy(
-    group: Group,
-    src: str,
-    dests: Sequence[str],
-    out_dirs: dict[str, str],
-    base: str,
-    rel: str,
-    tmp: Path,
-) -> None:
-    from vmrun.transfer.download import download
-    from vmrun.transfer.types import FetchSpec
-    from vmrun.transfer.upload import upload
-
-    remote = posixpath.join(out_dirs.get(src) or base, rel)
-    got = download(group.connections[src], [FetchSpec(remote=remote, local=rel)], tmp)
-    if not got.ok:
-        raise RemoteError(f"could not fetch {rel} to copy it to the other nodes", host=src)
-    for host in dests:
-        target = posixpath.join(out_dirs.get(host) or base, rel)
-        sent = upload(group.connections[host], tmp / rel, target)
-        if not sent.ok:
-            raise RemoteError(f"could not copy {rel} to the host", host=host)
