@@ -696,28 +696,36 @@ def _environ(pid: int) -> bytes:
 
 
 def run_pids(host: TestHost, rid: str | None = None) -> list[int]:
-    """Live processes of a vmrun run (any run, or `rid`) on the host."""
-    needle = f"VMRUN_RUN_ID={rid}".encode() if rid else b"VMRUN_RUN_ID="
+    """Live processes of a vmrun run (any run, or `rid`) on the host: its agent too (which
+    carries the run's id as VMRUN_AGENT, so that a stop leaves it its last pass)."""
+    needles = tuple(f"{name}={rid or ''}".encode() for name in ("VMRUN_RUN_ID", "VMRUN_AGENT"))
     found = []
     for pid in host.user_pids():
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state != "Z" and any(e.startswith(needle) for e in _environ(pid).split(b"\0")):
+        if state != "Z" and any(e.startswith(needles) for e in _environ(pid).split(b"\0")):
             found.append(pid)
     return found
 
 
 def copier_pids(host: TestHost) -> list[int]:
-    """Live bucket copiers of `train --store` on the host (store_sync.sh and its rclone)."""
+    """Live bucket copiers of `train --store` on the host: the run agents copying (named
+    by a record's store.pid), their passes (store_sync.sh) and their rclone."""
     found = []
+    for named in host.home.glob(".vmrun/runs/*/store.pid"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid, born = named.read_text().split()
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if stat[19] == born and stat[0] != "Z":
+                found.append(int(pid))
     for pid in host.user_pids():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"store_sync.sh" in argv or b"/rclone\0" in argv:
+        if (b"store_sync.sh" in argv or b"/rclone\0" in argv) and pid not in found:
             found.append(pid)
     return found
 

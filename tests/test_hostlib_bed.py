@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Client, user_commands, wait_for
+from conftest import Client, copier_pids, user_commands, wait_for
 from testbed import NetnsBed, TestHost
 
 from vmrun import hostside
@@ -95,6 +95,13 @@ def test_a_first_command_whose_input_the_guard_never_reads_still_runs(
     assert done.stdout_tail.split() == ["200000"]
 
 
+def _live(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _session(sid: int) -> dict[int, tuple[int, str]]:
     """pid: (parent pid, command line) of every live process of the session."""
     found = {}
@@ -111,8 +118,9 @@ def _session(sid: int) -> dict[int, tuple[int, str]]:
 def test_a_run_with_every_watcher_has_one_companion_process_on_its_node(
     bed_client: Client, h1: TestHost
 ) -> None:
-    """Hang, budget, spot and the bucket copy on, over SSH: the run's session holds its
-    agent and the command's tree, nothing else; the copier's secret is in no command line."""
+    """Hang, budget, spot and the bucket copy on, over SSH: the command's session holds the
+    command's tree, nothing else; its agent (in a session of its own, the bucket copy one of
+    its parts) is the one process beside it; the copier's secret is in no command line."""
     secret = "s3cret-store-config-5e6f"
     fake = h1.home / "fake-env" / "rclone"  # the mover beside the run's Python
     fake.parent.mkdir(exist_ok=True)
@@ -136,11 +144,17 @@ def test_a_run_with_every_watcher_has_one_companion_process_on_its_node(
             watchers=watchers,
         )
     rec = h1.home / ".vmrun" / "runs" / RID
-    wait_for(lambda: len(_session(got.pid)) == 4, 20, "the agent and the command's three")
-    members = _session(got.pid)
-    (command,) = [p for p, (parent, _) in members.items() if parent == got.pid]
+    command = int((rec / "session").read_text().split()[0])
+    wait_for(lambda: len(_session(command)) == 3, 20, "the command's three")
+    members = _session(command)
+    assert members[command][0] == got.pid  # the agent's child, in a session of its own
     tree = {command} | {p for p, (parent, _) in members.items() if parent == command}
-    assert set(members) - tree == {got.pid}, members  # one companion: the agent
-    assert members[got.pid][1].endswith("run_agent.py run")
+    assert set(members) == tree, members
+    # the agent is alone in its session but for a pass of the copy now and then
+    wait_for(lambda: set(_session(got.pid)) == {got.pid}, 20, "the agent alone")
+    assert _session(got.pid)[got.pid][1].endswith("run_agent.py run")
+    copying = copier_pids(h1)  # a pass's, then gone, or in the agent's session: none beside
+    beside = [p for p in copying if p not in _session(got.pid) and _live(p)]
+    assert not beside, beside
     wait_for(lambda: (rec / "store.json").exists(), 20, "the bucket copier's state")
     assert not [c for c in user_commands(h1) if secret in c]

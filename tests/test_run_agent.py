@@ -190,9 +190,23 @@ def test_the_run_ends_recorded_as_before_and_its_secrets_stay_in_0600_files(home
     assert leaks == ["notify.json"]
 
 
+def _children(pid: int) -> set[int]:
+    """The live children of `pid`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    found.add(int(entry.name))
+    return found
+
+
 def test_one_process_beside_the_training_tree_with_every_watcher_on(home: Path) -> None:
-    """Hang, budget, spot and the bucket copy on: the session holds the agent and the
-    command's tree, nothing else; neither its argv nor its environment holds a secret."""
+    """Hang, budget, spot and the bucket copy on: the command's session holds the command's
+    tree, nothing else; the agent, in a session of its own, is the one process beside it
+    (the copy's passes its short-lived children); neither its argv nor its environment
+    holds a secret, nor the run's id (so a stop leaves it the copy's last pass)."""
     fake = home / "bin" / "rclone"
     fake.parent.mkdir()
     fake.write_text('#!/bin/sh\n[ "$1" = version ] && echo "rclone v1.66.0"\nexit 0\n')
@@ -208,23 +222,66 @@ def test_one_process_beside_the_training_tree_with_every_watcher_on(home: Path) 
     )
     pid = _start(home, spec)
     rec = home / ".vmrun/runs" / RID
-    wait_for(lambda: len(_session(pid)) == 4, 20, "the agent and the command's three")
-    members = _session(pid)
-    (command,) = [p for p, parent in members.items() if parent == pid]  # the agent's one child
+    command, _ = (rec / "session").read_text().split()
+    wait_for(lambda: len(_session(int(command))) == 3, 20, "the command's three")
+    members = _session(int(command))
     assert Path(f"/proc/{command}/cmdline").read_bytes().startswith(b"sh\0-c\0sleep 30")
-    tree = {command} | {p for p, parent in members.items() if parent == command}
-    assert set(members) - tree == {pid}, members  # the agent alone besides the command's tree
+    assert members[int(command)] == pid  # the agent's child, in a session of its own
+    assert set(members) == {int(command)} | {p for p, up in members.items() if up == int(command)}
     wait_for(lambda: (rec / "store.json").exists(), 20, "the copier's state")
+    # between the copy's passes the agent's one child is the command: nothing else lives
+    wait_for(lambda: _children(pid) == {int(command)}, 20, "the agent's one child")
+    assert set(_session(pid)) == {pid}
     own = Path(f"/proc/{pid}")
     for where in ("cmdline", "environ"):
         text = (own / where).read_bytes().decode(errors="replace")
         assert KEY not in text and HOOK not in text and LAUNCH_VAR not in text
     assert "run_agent.py" in (own / "cmdline").read_text()
-    # the agent carries the run's id (run_stop.sh finds it so); the copier, which must
-    # outlive a stop for its last pass, does not
-    assert f"VMRUN_RUN_ID={RID}" in (own / "environ").read_bytes().decode().split("\0")
-    copier = Path(f"/proc/{(rec / 'store.pid').read_text().strip()}/environ")
-    assert b"VMRUN_RUN_ID=" not in copier.read_bytes()
+    assert b"VMRUN_RUN_ID=" not in (own / "environ").read_bytes()
+    assert (rec / "store.pid").read_text().split()[0] == str(pid)  # the agent copies
+    command_env = Path(f"/proc/{command}/environ").read_bytes().decode().split("\0")
+    assert f"VMRUN_RUN_ID={RID}" in command_env  # run_stop.sh finds the run's processes so
+
+
+def test_a_stop_ends_the_command_and_the_agent_makes_the_last_pass(home: Path) -> None:
+    """run_stop.sh stops the command's session; the agent, left alone, sends the record
+    with the stop in it (the config gone after), and ends."""
+    bucket = home / "bucket"
+    fake = home / "bin" / "rclone"
+    fake.parent.mkdir()
+    fake.write_text(  # copy SRC store:DEST into $BUCKET; no object to `cat`; `rcat` one in
+        '#!/bin/sh\n[ "$1" = version ] && echo "rclone v1.66.0" && exit 0\n'
+        "while [ $# -gt 0 ]; do case $1 in copy) src=$2 dest=$BUCKET/${3#store:}; shift 3 ;;\n"
+        '  cat) exit 3 ;; rcat) f=$BUCKET/${2#store:}; mkdir -p "${f%/*}"; cat > "$f"; exit ;;\n'
+        "  *) shift ;; esac; done\n"
+        '[ -n "$src" ] && mkdir -p "$dest" && cp -r "$src/." "$dest"\n'
+    )
+    fake.chmod(0o755)
+    spec = _spec(
+        ("sh", "-c", "echo started; sleep 60"),
+        home,
+        store=Store("b/runs/r1", "s3://b/runs/r1", str(fake.parent / "python"), False, KEY),
+        env={"BUCKET": str(bucket), "VMRUN_STORE_EVERY": "0.2", "VMRUN_STORE_LOGS_EVERY": "1"},
+    )
+    pid = _start(home, spec)
+    rec = home / ".vmrun/runs" / RID
+    wait_for(lambda: (bucket / "b/runs/r1/.vmrun/log").exists(), 20, "the first copy")
+    lib = home / ".vmrun-lib"
+    done = subprocess.run(
+        ["sh", str(lib / "run_stop.sh"), ".vmrun/runs", RID, "500"],
+        env={"PATH": os.environ["PATH"], "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    left = done.stdout.split("LEFT")[-1].split()
+    assert left == [] and str(pid) not in done.stdout.split("LEFT")[0]  # never the agent
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "the agent's end")
+    assert (bucket / "b/runs/r1/.vmrun/stopped").read_text() == "user\n"
+    assert (bucket / "b/runs/r1/.vmrun/exit_code").read_text() == "143\n"
+    assert json.loads((rec / "store.json").read_text())["state"] == "done"
+    assert not [p for p in rec.iterdir() if p.name.startswith("store.") and p.name != "store.json"]
 
 
 def test_a_hang_is_found_and_stopped_by_the_agent(home: Path) -> None:

@@ -1,4 +1,5 @@
-"""The copier of `train --store` (hostside/store_sync.sh) as it decides, run by sh here
+"""The copier of `train --store` (hostside/store_copier.py's loop of store_sync.sh passes,
+a part of the run's agent) as it decides, run alone here
 against a home of its own (quick tier), with a stand-in for rclone that copies into a
 folder (the bucket) and can be made to refuse: what goes (a snapshot once renamed, never a
 temporary name; only what changed since a run started when the run writes into its work
@@ -9,8 +10,10 @@ tests/test_train_store.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -30,25 +33,34 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 FAKE_RCLONE = r"""#!/bin/sh
 # rclone --config CFG copy SRC store:DEST [--files-from-raw LIST] ...: files into $BUCKET/DEST;
 # rclone ... cat store:PATH / rcat store:PATH: one object out, or in from stdin;
-# rclone ... lsjson store:DIR: its files, [{"Path", "Size"}]; --immutable: a file there with
-# other bytes stays, said as rclone says it ($BUCKET.hold: the name of a file whose upload fails)
+# rclone ... lsjson store:DIR (or a file): its files, [{"Path", "Size", "Metadata"}] (the
+# vmrun-attempt tag a copy with --metadata-set gave it); --immutable: a file there with
+# other bytes stays, said as rclone says it ($BUCKET.hold: a file whose upload fails)
 if [ -e "$BUCKET.down" ]; then
   echo refused >> "$BUCKET.refused"
   echo "2026/11/29 07:00:00 ERROR : dial tcp 10.9.9.9:9000: connect: connection refused" >&2
   exit 1
 fi
-list= immutable=
+list= immutable= tag=
 while [ $# -gt 0 ]; do
   case $1 in
     cat) [ -e "$BUCKET.noread" ] && { echo "AccessDenied: no read" >&2; exit 1; }
          f=$BUCKET/${2#store:}; [ -f "$f" ] || exit 3; exec cat "$f" ;;
     rcat) f=$BUCKET/${2#store:}; mkdir -p "${f%/*}" && exec cat > "$f" ;;
-    lsjson) d=$BUCKET/${2#store:}; [ -d "$d" ] || { echo "[]"; exit 0; }
-            find "$d" -mindepth 1 -maxdepth 1 -type f -printf '%f\t%s\n' \
-              | awk -F '\t' 'BEGIN { printf "[" } END { print "]" }
-                  { printf "%s{\"Path\": \"%s\", \"Size\": %s}", (NR > 1 ? ", " : ""), $1, $2 }'
+    lsjson) d=$BUCKET/${2#store:} m=$BUCKET.meta/${2#store:}
+            [ -e "$d" ] || { echo "[]"; exit 0; }
+            set --
+            [ -d "$d" ] || { set -- -name "${d##*/}"; d=${d%/*} m=${m%/*}; }  # one file
+            printf '['; sep=
+            for f in $(find "$d" -mindepth 1 -maxdepth 1 -type f "$@" -printf '%f\n'); do
+              printf '%s{"Path": "%s", "Size": %s' "$sep" "$f" "$(stat -c %s "$d/$f")"
+              [ -f "$m/$f" ] && printf ', "Metadata": {"vmrun-attempt": "%s"}' "$(cat "$m/$f")"
+              printf '}'; sep=', '
+            done
+            echo ']'
             exit 0 ;;
     --immutable) immutable=1; shift ;;
+    --metadata-set) tag=${2#vmrun-attempt=}; shift 2 ;;
     copy) src=$2 dest=$3; shift 3 ;;
     --files-from-raw) list=$2; shift 2 ;;
     --config) cat "$2" >> "$BUCKET.configs"; shift 2 ;;
@@ -69,6 +81,8 @@ while IFS= read -r f; do
     continue
   fi
   mkdir -p "$(dirname "$to/$f")" && cp "$src/$f" "$to/$f" || exit 1
+  meta=$BUCKET.meta/${dest#store:}/$f  # the object's tag, or none
+  if [ -n "$tag" ]; then mkdir -p "${meta%/*}" && echo "$tag" > "$meta"; else rm -f "$meta"; fi
 done < "$list"
 exit $rc
 """
@@ -120,7 +134,7 @@ def _node(tmp_path: Path, name: str, procs: list[subprocess.Popen[bytes]]) -> An
     (rec / "pid").write_text(f"{run.pid}\n")
     lib = tmp_path / "lib"  # as installed on a host: the copier stops a replaced run by path
     lib.mkdir(exist_ok=True)
-    for script in ("store_sync.sh", "run_stop.sh", "checkpoint_layout.py"):
+    for script in ("store_sync.sh", "store_copier.py", "run_stop.sh", "checkpoint_layout.py"):
         (lib / script).write_text(source(script))
     fake = tmp_path / "rclone"
     fake.write_text(FAKE_RCLONE)
@@ -142,7 +156,7 @@ def _node(tmp_path: Path, name: str, procs: list[subprocess.Popen[bytes]]) -> An
             "VMRUN_STORE_BACKOFF": "1",
             "VMRUN_STORE_FINAL_WAIT": final_wait,
         }
-        argv = ["sh", str(lib / "store_sync.sh"), "watch", str(rec), str(out), "b/runs/r1"]
+        argv = [sys.executable, str(lib / "store_copier.py"), str(rec), str(out), "b/runs/r1"]
         argv += ["s3://b/runs/r1", since, str(cfg), str(fake), role, sys.executable, token]
         made.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         procs.append(made.proc)
@@ -206,8 +220,8 @@ def test_snapshots_go_once_whole_a_bucket_down_is_said_once_and_the_end_takes_th
     assert c.stored(".vmrun/pid") is None and c.stored(".vmrun/store.json") is None
     left = sorted(p.name for p in c.rec.iterdir() if p.name.startswith(("store.", ".store")))
     # the config (credentials) and the work files are gone; the marks stay, so the copier
-    # of a resumed attempt sends only what changed since
-    assert left == [".store.logs", ".store.synced", "store.json"], left
+    # of a resumed attempt sends only what changed since, its own files as its own
+    assert left == [".store.logs", ".store.sent", ".store.synced", "store.json"], left
 
 
 def test_a_run_in_its_work_directory_has_only_what_changed_since_it_started(
@@ -409,6 +423,44 @@ def test_a_path_two_nodes_wrote_with_other_bytes_is_said_and_not_overwritten(
     assert "not overwritten (another node's there): metrics.jsonl" in said.describe()
 
 
+def test_the_master_never_overwrites_a_path_another_node_sent_first(nodes: Any) -> None:
+    """The master too sends a path it never sent before check-first: one another node of
+    this attempt sent first (tagged with the attempt's id) stays, said once in the master's
+    log and in its store.json; what an earlier attempt left there (its master's, untagged,
+    or another node's, tagged with its id) is sent over as it always was."""
+    master: Copier = nodes("a")(token="t-1")
+    run = master.bucket / "b" / "runs" / "r1"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text('{"attempt": 1}\n')  # attempt 1's master's
+    (run / "b-old.txt").write_text("attempt 1's b\n")  # attempt 1's other node's
+    tags = Path(f"{master.bucket}.meta") / "b" / "runs" / "r1"
+    tags.mkdir(parents=True)
+    (tags / "b-old.txt").write_text("t-0\n")
+    (master.out / "first.txt").write_text("a\n")
+    wait_for(lambda: master.stored("first.txt") == b"a\n", 20, "the master's claim and file")
+    other: Copier = nodes("b")(role="outputs", token="t-1")
+    (other.out / "shared.txt").write_text("from b\n")
+    wait_for(lambda: other.stored("shared.txt") == b"from b\n", 20, "b's file")
+    assert (tags / "shared.txt").read_text() == "t-1\n"  # tagged with its attempt's id
+    (master.out / "shared.txt").write_text("from a\n")
+    (master.out / "metrics.jsonl").write_text('{"attempt": 2}\n')
+    (master.out / "b-old.txt").write_text("attempt 2's a\n")
+    wait_for(lambda: "shared.txt" in master.state().get("conflicts", []), 20, "the clash")
+    wait_for(lambda: master.stored("metrics.jsonl") == b'{"attempt": 2}\n', 20, "attempt 2's")
+    assert master.stored("b-old.txt") == b"attempt 2's a\n"
+    assert master.stored("shared.txt") == b"from b\n"
+    log = (master.rec / "log").read_text()
+    assert "shared.txt: the bucket already holds it with other bytes" in log
+    (master.out / "shared.txt").write_text("from a, again\n")
+    (master.out / "metrics.jsonl").write_text('{"attempt": 2, "epoch": 2}\n')
+    wait_for(lambda: b"epoch" in (master.stored("metrics.jsonl") or b""), 20, "its own again")
+    assert master.stored("shared.txt") == b"from b\n"
+    assert (master.rec / "log").read_text().count("already holds it") == 1
+    said = StoreState.parse((master.rec / "store.json").read_text())
+    assert said is not None and said.role == "record" and said.conflicts == ("shared.txt",)
+    assert said.state == "ok"
+
+
 def test_a_replaced_attempts_other_node_stops_copying(nodes: Any) -> None:
     """Once a newer attempt's id is in the bucket, the node that follows this attempt's id
     stops its run (`replaced`) and sends nothing more; it never wrote the generation."""
@@ -432,9 +484,14 @@ def test_a_replaced_attempts_other_node_stops_copying(nodes: Any) -> None:
     assert other.stored(".vmrun/generation") == b"2\n"
 
 
-def test_start_hands_the_role_and_the_attempts_id_to_the_copier(tmp_path: Path) -> None:
-    """`start ... PYTHON ROLE ID` (run_agent.py's, from the launch spec's Store): the
-    detached copier runs with them."""
+def test_start_finds_the_mover_writes_the_config_and_the_passes_take_the_role_and_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's copier (run_agent.py's, from the launch spec's Store): `start` finds the
+    mover beside the run's python and writes the config to a 0600 file of the record's,
+    leaving nothing running; each pass then copies with the role and the attempt's id (a
+    node that copies outputs only waits for its master's claim), and `close` removes the
+    config."""
     home = tmp_path / "home"
     rec = home / ".vmrun" / "runs" / "r1"
     rec.mkdir(parents=True)
@@ -442,19 +499,28 @@ def test_start_hands_the_role_and_the_attempts_id_to_the_copier(tmp_path: Path) 
     fake.parent.mkdir(parents=True)
     fake.write_text('#!/bin/sh\n[ "$1" = version ] && echo "rclone v1.66.0"\nexit 0\n')
     fake.chmod(0o755)
-    lib = tmp_path / "lib"
+    monkeypatch.setenv("HOME", str(home))
+    lib = tmp_path / "lib"  # as installed on a host
     lib.mkdir()
-    for script in ("store_sync.sh", "run_stop.sh", "checkpoint_layout.py"):
+    for script in ("store_sync.sh", "store_copier.py", "run_stop.sh", "checkpoint_layout.py"):
         (lib / script).write_text(source(script))
+    found = importlib.util.spec_from_file_location("store_copier", lib / "store_copier.py")
+    assert found is not None and found.loader is not None
+    store_copier = importlib.util.module_from_spec(found)
+    found.loader.exec_module(store_copier)
     python = str(fake.parent / "python")
-    argv = ["sh", str(lib / "store_sync.sh"), "start", str(rec), str(tmp_path / "out")]
-    argv += ["b/runs/r1", "s3://b/runs/r1", "", python, "outputs", "t-9"]
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "VMRUN_STORE_CONFIG": "[store]\n"}
-    subprocess.run(argv, env=env, check=True, timeout=30)
-    wait_for(lambda: (rec / "store.pid").is_file(), 20, "the copier")
-    pid = int((rec / "store.pid").read_text())
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert args[-4:] == [b"outputs", python.encode(), b"t-9", b""], args
-    finally:
-        os.kill(pid, 15)
+    copier = store_copier.Copier(
+        str(rec), str(tmp_path / "out"), "b/runs/r1", "s3://b/runs/r1", "", "outputs", "t-9", python
+    )
+    assert copier.start("[store]\nkey = s3cr3t\n")
+    config = Path(copier.cfg)
+    assert config.parent == rec and config.read_text() == "[store]\nkey = s3cr3t\n"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert (copier.rclone, copier.python) == (str(fake), python)
+    assert not (rec / "store.pid").exists()  # nothing copies before the agent's loop
+    (tmp_path / "out").mkdir()
+    assert float(copier.one_pass(False)) > 0
+    said = json.loads((rec / "store.json").read_text())
+    assert (said["role"], said["state"]) == ("outputs", "waiting")
+    copier.close()
+    assert not config.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from vmrun import hostside
 from vmrun.errors import UsageError
 from vmrun.operations import refusals
 from vmrun.results.record import RunRecord
@@ -52,6 +54,14 @@ def test_the_status_table_says_how_far_behind() -> None:
     assert _bucket(Row(failing)) == "30 s behind"
     assert _bucket(Row(StoreState("s3://bkt/x", "done", 1.0, synced=1.0))) == "all there"
     assert _bucket(Row(None)) == "-"
+    # every state the copier writes (store_sync.sh's `state WORD`) is said in words
+    code = re.sub(r"(^|\s)#.*", "", hostside.source("store_sync.sh"), flags=re.MULTILINE)
+    written = set(re.findall(r"\bstate '?([a-z-]+)'?", code))
+    assert written >= {"syncing", "ok", "done", "failing", "gave-up", "replaced", "waiting"}
+    for word in written:
+        shown = _bucket(Row(StoreState("s3://bkt/x", word, 100.0, synced=1.0)))
+        assert shown != word and shown != "-", word
+    assert _bucket(Row(StoreState("s3://bkt/x", "waiting", 1.0))) == "waits for its master"
 
 
 @pytest.mark.parametrize("where", ["--local", "-C"])

@@ -162,6 +162,7 @@ def _bucket(run: Any) -> str:
         "syncing": "copying",
         "gave-up": "gave up",
         "replaced": "newer attempt's",
+        "waiting": "waits for its master",
     }
     if store.state == "failing" and behind is not None:
         return f"{behind:.0f} s behind"

@@ -29,26 +29,38 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings on the host
 from hang_watch import tell, terminate, waiter, write_json  # type: ignore[import-not-found]
-from spot_watch import alive, below, send  # type: ignore[import-not-found]
+from spot_watch import alive, send, tree  # type: ignore[import-not-found]
 
 # how long ranks that catch no SIGUSR2 yet may still be starting (VMRUN_BUDGET_STARTING_S)
 STARTING_S = 60.0
 
 
-def stop(rec: str, top: int) -> None:
+def stop(rec: str, top: int, run: int = 0) -> None:
     """Recorded as stopped, then SIGTERM to what runs under `top`, SIGKILL after 10 s."""
     with open(os.path.join(rec, "stopped"), "w") as fh:
         fh.write("budget\n")  # run_stop.sh's WHY: meant to end, as the user's stop
-    terminate(lambda: below(top))
+    terminate(lambda: tree(top, run))
 
 
 def main() -> int:
     rec, pid, seconds, cap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-    return watch(rec, pid, seconds, cap)
+    return watch(rec, pid, seconds, cap, command(rec))
 
 
-def watch(rec: str, pid: int, seconds: float, cap: str) -> int:
-    """The watch itself (the script's, autostop_watch.sh's; a part of run_agent.py)."""
+def command(rec: str) -> int:
+    """The run's command (REC/session: PID START, its agent's), 0 when it is not there."""
+    try:
+        with open(os.path.join(rec, "session")) as fh:
+            pid, born = fh.read().split()
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(pid) if stat.read().rsplit(")", 1)[1].split()[19] == born else 0
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def watch(rec: str, pid: int, seconds: float, cap: str, run: int = 0) -> int:
+    """The watch itself (the script's, autostop_watch.sh's; a part of run_agent.py, which
+    names its command: `run`)."""
     grace = float(os.environ.get("VMRUN_BUDGET_GRACE_S") or 300)
     pause = waiter(pid)
     deadline = time.monotonic() + max(0.0, seconds)
@@ -59,7 +71,7 @@ def watch(rec: str, pid: int, seconds: float, cap: str) -> int:
     write_json(os.path.join(rec, "budget"), {"seen": time.time(), "cap": cap})
     starting_s = float(os.environ.get("VMRUN_BUDGET_STARTING_S") or STARTING_S)
     sent, starting = 0, time.monotonic() + starting_s
-    while alive(rec, pid) and not (sent := send(pid, signal.SIGUSR2)):
+    while alive(rec, pid) and not (sent := send(pid, signal.SIGUSR2, run)):
         if time.monotonic() > starting:
             break
         pause(1.0)  # its ranks may still be starting: none has its handler yet
@@ -83,7 +95,7 @@ def watch(rec: str, pid: int, seconds: float, cap: str) -> int:
         pause(min(1.0, max(0.05, until - time.monotonic())))
     if alive(rec, pid):
         tell(rec, f"the run did not stop within {grace:.0f} s of --max-cost: stopping it")
-        stop(rec, pid)
+        stop(rec, pid, run)
     return 0
 
 

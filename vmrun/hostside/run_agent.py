@@ -5,30 +5,32 @@ JSON document on stdin, from run_start.sh) and supervises the run.
     python3 run_agent.py prepare    the record's files from the spec (run.json, notify.json
                                     and code.patch, out_dir, the resume's banner); 126 when
                                     the work directory is missing
-    python3 run_agent.py run        the run itself (run_start.sh starts it with setsid: a
-                                    session leader, so its pid is the run's session id)
+    python3 run_agent.py run        the run itself (run_start.sh starts it with setsid; its
+                                    pid is the record's pid: the run is alive while it lives)
 
-`run` writes pid_start and pid (its own), starts the command in the work directory with its
-output in REC/log (appended for a resume), the spec's `env` and the few variables a run reads
-on the host (VMRUN_RUN_ID, VMRUN_RUN_DIR, VMRUN_BEAT_DIR, VMRUN_SNAPSHOT_SIGNAL; with the spot
-or budget watcher VMRUN_REQUEUE_FILE and VMRUN_REQUEUE_ON_TERM), and runs every part the spec
-asks for in this one process while the command runs:
+`run` writes pid_start, starts the command in a session of its own (REC/session: PID START,
+what run_stop.sh stops) in the work directory with its output in REC/log (appended for a
+resume), the spec's `env` and the few variables a run reads on the host (VMRUN_RUN_ID,
+VMRUN_RUN_DIR, VMRUN_BEAT_DIR, VMRUN_SNAPSHOT_SIGNAL; with the spot or budget watcher
+VMRUN_REQUEUE_FILE and VMRUN_REQUEUE_ON_TERM), then writes pid (its own), and runs every
+part the spec asks for in this one process while the command runs:
 
 - marks: REC/log.times (run_marks.py's Marks), every 0.1 s in the main loop;
 - hang (hang_watch.py), budget (budget_watch.py), spot (spot_watch.py): each its watch, a
-  thread of this process that ends with the run;
-- store: the bucket copy (store_sync.sh start: its copier, fenced by generation, the config
-  in a 0600 file only it reads);
+  thread of this process that ends with the run; budget and spot signal the command's tree;
+- store: the bucket copy (store_copier.py: a thread running store_sync.sh's passes, fenced
+  by generation, the config in a 0600 file only it reads), its last pass after the end;
 - provenance: run_provenance.py under the run's interpreter, niced, outside the run's session;
 - at the end: exit_code (the run's own; run_failure.py names the failed worker of a torchrun
   that exited 1; 75 when the run stopped after its snapshot to go on elsewhere, REC/requeue;
   124 when its hang watcher stopped it; a run its budget watcher stopped is recorded as
-  stopped), then the end told to notify.json's webhooks (notify_send.py).
+  stopped), then the end told to notify.json's webhooks (notify_send.py). A run that
+  run_stop.sh stopped is that stop's to record: the agent makes the copy's last pass alone.
 
 A new watcher is a settings class in vmrun.runs.launch_spec and a part here. The agent's own
-environment has the run's id (run_stop.sh finds every process of the run by it) and
-VMRUN_AGENT (stacks.py never takes it for a rank); what it starts beside the run has neither,
-so a copier's last pass outlives a stop. Stdlib only.
+environment has neither the run's id (run_stop.sh finds every process of the run by it) nor
+a place in the command's session, so a stop leaves it the copy's last pass; VMRUN_AGENT (the
+run's id) names it, and stacks.py never takes it for a rank. Stdlib only.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import contextlib
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -106,10 +109,15 @@ def prepare(spec: dict) -> int:
     return 0
 
 
-def own_start() -> str:
-    """Field 22 of /proc/self/stat: what pid_start holds (run_alive.sh's rule)."""
-    with open(f"/proc/{os.getpid()}/stat") as fh:
+def started(pid: int) -> str:
+    """Field 22 of /proc/PID/stat: when it started (run_alive.sh's rule)."""
+    with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()[19]
+
+
+def own_start() -> str:
+    """What pid_start holds."""
+    return started(os.getpid())
 
 
 def run_env(spec: dict, rec: str) -> dict:
@@ -141,6 +149,7 @@ def part(target, *args) -> None:
 
 
 def watchers(spec: dict, rec: str, pid: int) -> None:
+    """The hang watch, before the command: its first lines are progress."""
     hang = spec["watchers"].get("hang")
     if hang:
         import hang_watch  # type: ignore[import-not-found]
@@ -156,15 +165,20 @@ def watchers(spec: dict, rec: str, pid: int) -> None:
             False,
             hang.get("python") or "",
         )
+
+
+def tree(spec: dict, rec: str, pid: int, run: int) -> None:
+    """The parts that signal the run's processes: the command `run` and its tree, never the
+    agent's own (a copy pass, its mover)."""
     budget = spec["watchers"].get("budget")
     if budget:
         import budget_watch  # type: ignore[import-not-found]
 
-        part(budget_watch.watch, rec, pid, float(budget["seconds"]), budget["cap"])
+        part(budget_watch.watch, rec, pid, float(budget["seconds"]), budget["cap"], run)
     if spec["watchers"].get("spot") is not None:
         import spot_watch  # type: ignore[import-not-found]
 
-        part(spot_watch.watch, rec, pid)
+        part(spot_watch.watch, rec, pid, run)
 
 
 def detached(argv: list) -> None:
@@ -186,34 +200,31 @@ def _which(name: str) -> bool:
     )
 
 
-def store(spec: dict, rec: str) -> None:
-    """The bucket copy: store_sync.sh's copier, the config by its environment alone."""
+def store(spec: dict, rec: str):
+    """The bucket copy (store_copier.py), or None: the config by its environment alone."""
     to = spec["watchers"].get("store")
     if not to:
-        return
+        return None
+    import store_copier  # type: ignore[import-not-found]
+
     since = ""
     if to.get("since"):
         with contextlib.suppress(OSError), open(os.path.join(rec, "first_started")) as fh:
             since = fh.read().strip()
-    out = home_path(spec.get("out") or spec["workdir"])
-    env = {**os.environ, "VMRUN_STORE_CONFIG": to.get("config") or ""}
-    argv = ["sh", os.path.join(HERE, "store_sync.sh"), "start", rec, out, to["to"], to["url"]]
-    done = subprocess.run(
-        [
-            *argv,
-            since,
-            to.get("python") or "",
-            "record" if to.get("records", True) else "outputs",
-            to.get("attempt") or "",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        check=False,
+    copier = store_copier.Copier(
+        rec,
+        home_path(spec.get("out") or spec["workdir"]),
+        to["to"],
+        to["url"],
+        since,
+        "record" if to.get("records", True) else "outputs",
+        to.get("attempt") or "",
+        to.get("python") or "",
     )
-    if done.returncode != 0:
+    if not copier.start(to.get("config") or ""):
         say(rec, f"the copy to {to['url']} did not start")
+        return None
+    return copier
 
 
 def exit_code(rec: str, rc: int) -> int:
@@ -255,17 +266,26 @@ def _exists(rec: str, name: str) -> bool:
     return os.path.exists(os.path.join(rec, name))
 
 
+def stopped_by_stop(rec: str) -> bool:
+    """Stopped by run_stop.sh (the user, a failure elsewhere, a newer attempt), not by its
+    budget watcher: the end is that stop's to record and tell."""
+    try:
+        with open(os.path.join(rec, "stopped")) as fh:
+            return fh.readline().strip() != "budget"
+    except OSError:
+        return False
+
+
 def run(spec: dict) -> int:
     from run_marks import Marks  # type: ignore[import-not-found]
 
     rec = home_path(spec["rec"])
-    for name in ("VMRUN_RUN_ID", "VMRUN_AGENT"):  # its own (/proc's), not its children's
-        os.environ.pop(name, None)
+    os.environ.pop("VMRUN_AGENT", None)  # its own (/proc's), not its children's
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a later attempt's take-over
     with open(os.devnull) as null:
         os.dup2(null.fileno(), 0)
     write_file(os.path.join(rec, "pid_start"), own_start() + "\n")
-    write_file(os.path.join(rec, "pid"), f"{os.getpid()}\n")
-    # appended either way (O_APPEND): the watchers and the bucket copier add their lines beside
+    # appended either way (O_APPEND): the watchers and the bucket copy add their lines beside
     if spec["mode"] != "resume":
         write_file(os.path.join(rec, "log"), "")
     log = open(os.path.join(rec, "log"), "a")  # noqa: SIM115  # the command's, all its life
@@ -278,7 +298,7 @@ def run(spec: dict) -> int:
     argv = [home_path(w["home"]) if isinstance(w, dict) else w for w in spec["argv"]]
     # before the command: its first lines are progress the hang watcher sees
     watchers(spec, rec, os.getpid())
-    try:
+    try:  # in a session of its own: what run_stop.sh stops, never this agent
         child = subprocess.Popen(
             argv,
             cwd=spec["workdir"],
@@ -286,15 +306,22 @@ def run(spec: dict) -> int:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     except OSError as exc:
         log.write(f"vmrun: {argv[0]}: {exc.strerror}\n")
         log.flush()
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
         child = None
-    marks = Marks(rec)
     if child is not None:
-        store(spec, rec)
+        write_file(os.path.join(rec, "session"), f"{child.pid} {started(child.pid)}\n")
+    write_file(os.path.join(rec, "pid"), f"{os.getpid()}\n")
+    marks, ended, copier = Marks(rec), threading.Event(), None
+    if child is not None:
+        tree(spec, rec, os.getpid(), child.pid)
+        copier = store(spec, rec)
+        if copier is not None:
+            copier.begin(ended.is_set)
         while child.poll() is None:
             marks.step()
             time.sleep(0.1)
@@ -302,10 +329,25 @@ def run(spec: dict) -> int:
     marks.step()
     marks.close()
     log.close()
-    rc = exit_code(rec, rc)
-    if not _exists(rec, "stopped"):
-        write_file(os.path.join(rec, "exit_code"), f"{rc}\n")
-    if os.access(os.path.join(rec, "notify.json"), os.R_OK):
+    end(rec, rc, ended)
+    if copier is not None:
+        copier.join()
+    return 0
+
+
+def end(rec: str, rc: int, ended: threading.Event) -> None:
+    """The run's end recorded and told, then the copy's last pass let go (`ended`)."""
+    told = not stopped_by_stop(rec)
+    if told:
+        rc = exit_code(rec, rc)
+        if not _exists(rec, "stopped"):
+            write_file(os.path.join(rec, "exit_code"), f"{rc}\n")
+    else:  # run_stop.sh writes the exit code once the run's processes are gone
+        until = time.monotonic() + 15
+        while not _exists(rec, "exit_code") and time.monotonic() < until:
+            time.sleep(0.05)
+    ended.set()
+    if told and os.access(os.path.join(rec, "notify.json"), os.R_OK):
         with open(os.path.join(rec, "log"), "a") as out:
             subprocess.run(
                 [sys.executable, os.path.join(HERE, "notify_send.py"), rec, "send"],
@@ -314,7 +356,6 @@ def run(spec: dict) -> int:
                 stderr=subprocess.STDOUT,
                 check=False,
             )
-    return 0
 
 
 def main() -> int:

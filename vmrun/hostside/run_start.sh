@@ -15,9 +15,9 @@
 # .start.lock beside the records) until the pid is written, so two starts at once cannot
 # both find the GPUs free.
 # Each attempt is numbered in REC/attempt (the bucket copy's generation: store_sync.sh).
-# Prints the log's line count before this attempt, then the pid of the run's agent: a session
-# leader (setsid), so its pid is the run's session id too; pid_start (its start time in
-# /proc/PID/stat) tells that session from a later one reusing the number.
+# Prints the log's line count before this attempt, then the pid of the run's agent (REC/pid:
+# the run is alive while it lives, run_alive.sh); pid_start (its start time in
+# /proc/PID/stat) tells it from a later process reusing the number.
 # vmrun-inline: run_alive.sh
 lib=${0%/*}
 case "$lib" in /*) ;; *) lib="$PWD/$lib" ;; esac
@@ -59,7 +59,7 @@ mkdir -p "$rec" || exit 125
 lines=0
 attempt=1
 if [ "$mode" = resume ]; then
-  rm -f "$rec/pid" "$rec/pid_start" "$rec/exit_code" "$rec/stopped" "$rec/failure.json" \
+  rm -f "$rec/pid" "$rec/pid_start" "$rec/session" "$rec/exit_code" "$rec/stopped" "$rec/failure.json" \
     "$rec/notice" "$rec/requeue" "$rec/hang" "$rec/hang_stopped" "$rec/budget"
   rm -rf "$rec/beat"
   [ -f "$rec/log" ] && lines=$(wc -l < "$rec/log")
@@ -80,11 +80,13 @@ echo "$lines" > "$rec/log_start"
 [ -f "$rec/first_started" ] || date +%s > "$rec/first_started"
 # run.json, notify.json, code.patch, out_dir, the banner; 126: no work directory
 printf '%s' "$spec" | "$py" "$lib/run_agent.py" prepare || exit $?
-# detached, in a session of its own: the run starts now. The agent carries the run's id, as
-# every process of the run does (run_stop.sh finds them by it), and VMRUN_AGENT, which tells
-# it from the ranks (stacks.py); it passes neither to what it starts beside the run.
+# detached, in a session of its own: the run starts now. The agent starts the command in
+# a session of its own too (REC/session: what run_stop.sh stops) and carries neither the
+# run's id nor a place in that session, so a stop leaves it its last pass of the bucket
+# copy. VMRUN_AGENT (the run's id) names it as the run's agent, never a rank (stacks.py);
+# it passes that on to nothing.
 printf '%s' "$spec" \
-  | VMRUN_RUN_ID=$id VMRUN_AGENT=1 setsid -f "$py" "$lib/run_agent.py" run > /dev/null 2>&1 8>&-
+  | VMRUN_AGENT=$id setsid -f "$py" "$lib/run_agent.py" run > /dev/null 2>&1 8>&-
 i=0
 while [ ! -s "$rec/pid" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
 [ -s "$rec/pid" ] || { echo "vmrun: the run did not start" >&2; exit 125; }

@@ -14,10 +14,21 @@ base=$1; id=$2; grace=$3; why=${4:-user}
 d="$HOME/$base/$id"
 [ -f "$d/run.json" ] || { echo "vmrun: no run $id on this host" >&2; exit 3; }
 # vmrun-inline: run_alive.sh
-# The run's session: its leader's pid, unless that number now names another process
-# (run_proc; a dead leader's number is not reused while its session has members).
-sess=$(cat "$d/pid" 2>/dev/null)
-if [ -n "$sess" ] && [ -r "/proc/$sess/stat" ] && ! run_proc "$d"; then sess=; fi
+# The run's session: the command's, which its agent started (REC/session: PID START), unless
+# that number now names another process (a dead leader's number is not reused while its
+# session has members). The agent is no member: it makes the bucket copy's last pass. A
+# record without REC/session (an older agent's) has its agent as the session's leader.
+sess='' born=''
+read -r sess born 2>/dev/null < "$d/session"
+case $sess in *[!0-9]*) sess= ;; esac
+if [ -n "$sess" ] && [ -r "/proc/$sess/stat" ]; then
+  read -r l < "/proc/$sess/stat" 2>/dev/null || l=
+  set -- ${l##*) }
+  [ "${20:-}" = "$born" ] || sess=
+elif ! [ -f "$d/session" ]; then
+  sess=$(cat "$d/pid" 2>/dev/null)
+  if [ -n "$sess" ] && [ -r "/proc/$sess/stat" ] && ! run_proc "$d"; then sess=; fi
+fi
 # Members: every process of the run's session, and every process carrying the run's id
 # (torchrun's workers run in sessions of their own; a child that cleared its environment
 # stays in the session). Three processes read the whole table, however large it is: awk over
@@ -73,4 +84,11 @@ fi
 echo LEFT $(running $(members))
 if [ ! -e "$d/exit_code" ]; then
   echo 143 > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
+fi
+# The agent ends once the exit code is there (3 s at most), but for the bucket copy's last
+# pass (REC/store.pid names it then): that goes on without the run.
+if alive_run "$d"; then
+  read -r copying _ 2>/dev/null < "$d/store.pid" || copying=
+  # shellcheck disable=SC2154  # run_alive.sh's, inlined above
+  [ "$copying" = "$_ar_p" ] || wait_gone 300 "$_ar_p"
 fi

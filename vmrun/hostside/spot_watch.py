@@ -121,9 +121,15 @@ def below(top: int) -> list[int]:
     return found
 
 
-def ranks(top: int, signum: int) -> list[int]:
+def tree(top: int, run: int = 0) -> list[int]:
+    """The run's processes: the command `run` and its tree when the run's agent names it
+    (not the agent's copy passes beside it), else every process under `top`."""
+    return [run, *below(run)] if run else below(top)
+
+
+def ranks(top: int, signum: int, run: int = 0) -> list[int]:
     """The run's processes on this node that catch `signum`."""
-    return [pid for pid in below(top) if catches(pid, signum)]
+    return [pid for pid in tree(top, run) if catches(pid, signum)]
 
 
 def tell(rec: str, text: str) -> None:
@@ -131,9 +137,9 @@ def tell(rec: str, text: str) -> None:
         log.write(f"vmrun: {text}\n")
 
 
-def send(top: int, signum: int) -> int:
+def send(top: int, signum: int, run: int = 0) -> int:
     sent = 0
-    for pid in ranks(top, signum):
+    for pid in ranks(top, signum, run):
         try:
             os.kill(pid, signum)
             sent += 1
@@ -142,7 +148,7 @@ def send(top: int, signum: int) -> int:
     return sent
 
 
-def notice(rec: str, top: int, action: dict[str, str]) -> None:
+def notice(rec: str, top: int, action: dict[str, str], run: int = 0) -> None:
     """The VM goes soon: the notice recorded (what the supervisor reads), the ranks told."""
     record = {"kind": "interruption", "seen": time.time(), **action}
     tmp = os.path.join(rec, f".notice.tmp-{os.getpid()}")
@@ -150,7 +156,7 @@ def notice(rec: str, top: int, action: dict[str, str]) -> None:
         json.dump(record, fh)
     os.replace(tmp, os.path.join(rec, "notice"))
     what = f"{action.get('action', 'terminate')} at {action.get('time', '?')}"
-    sent = send(top, signal.SIGUSR2)
+    sent = send(top, signal.SIGUSR2, run)
     if sent:
         tell(
             rec,
@@ -169,8 +175,9 @@ def main() -> int:
     return watch(sys.argv[1], int(sys.argv[2]))
 
 
-def watch(rec: str, pid: int) -> int:
-    """The watch itself (the script's, a Slurm job's; a part of run_agent.py)."""
+def watch(rec: str, pid: int, run: int = 0) -> int:
+    """The watch itself (the script's, a Slurm job's; a part of run_agent.py, which names
+    its command: `run`)."""
     every = float(os.environ.get("VMRUN_SPOT_EVERY") or 5)
     meta = Metadata(os.environ.get("VMRUN_IMDS") or IMDS)
     try:
@@ -183,10 +190,10 @@ def watch(rec: str, pid: int) -> int:
             action = meta.get("spot/instance-action")
             if action is not None:
                 said = json.loads(action)
-                notice(rec, pid, said if isinstance(said, dict) else {})
+                notice(rec, pid, said if isinstance(said, dict) else {}, run)
                 return 0
             if not rebalanced and meta.get("events/recommendations/rebalance") is not None:
-                sent = send(pid, signal.SIGUSR1)  # none yet (still starting): the next poll
+                sent = send(pid, signal.SIGUSR1, run)  # none yet (still starting): the next poll
                 if sent:
                     rebalanced = True
                     tell(

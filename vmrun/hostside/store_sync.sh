@@ -5,16 +5,21 @@
 #     the bucket takes a write (DEST/.vmrun/PROBE: the master's `started`, each other node
 #     its own `started.N`, since two nodes writing one object fail the mover's read-back);
 #     exit 5 "tool VERSION" without the mover, 3 with its words when refused or unreachable
-#   sh store_sync.sh start REC OUT DEST URL SINCE [PYTHON [ROLE [ID]]]     run_agent.py, once
-#     the run's pid is written: stops this record's earlier copier (an earlier attempt's),
-#     writes the config to a 0600 file and leaves the copier running detached (its own
-#     session, niced). ID: the attempt's id, the same in every node's launch spec
+#   sh store_sync.sh start REC [PYTHON]     the run's agent (store_copier.py), once: the
+#     mover found, the config written to a 0600 file in REC; prints the config's path, the
+#     mover's and the python's, one a line (exit 5 without the mover)
+#   sh store_sync.sh pass REC OUT DEST URL SINCE CFG RCLONE ROLE PYTHON ID END     one round
+#     of the copy (store_copier.py's loop in the run's agent runs one every few seconds; END
+#     1 once the run has ended); prints the seconds until the next, or `stop` when the copy
+#     is over (done, replaced, given up: its work files gone). What a pass leaves for the
+#     next is in REC/.store.state. ROLE: record or outputs; ID: the attempt's id, the same
+#     in every node's launch spec
 # DEST: bucket/prefix/RUN_ID as rclone names it after its remote; URL: the same as shown
 # (s3://...); OUT: the run's output folder; SINCE: empty when OUT is the run's own folder,
 # else the run's first start (epoch seconds): only files changed since then are the run's.
 # VMRUN_STORE_CONFIG (from vmrun's command wrapper, never an argument): rclone's config of
 # one remote, `store`; it may hold credentials, so it lives only in a 0600 file that the
-# copier removes in every ending.
+# agent removes in every ending.
 # The copier: every few seconds, the files of OUT whose status changed since the last copy
 # that went through (a renamed snapshot counts when it is renamed: its ctime) go to DEST,
 # never a temporary name (.NAME.tmp-*, *.partial, *.tmp: DCP's .metadata.tmp), nothing under
@@ -23,15 +28,17 @@
 # every file it names at the size it needs (rclone lsjson of its folder, against
 # checkpoint_layout.py lacks), so the bucket never holds one that points at missing shards;
 # until then it waits, said once in the run's log with what it waits for (store.json:
-# waits), and the run's end waits for it as for a failed copy. A node that copies outputs
-# only sends a file it never sent itself check-first (--immutable --checksum): one the
-# bucket holds with other bytes (another node's) is never overwritten, said once in the log
-# and in store.json (conflicts), and left out from then on. The record's files (log, run.json,
+# waits), and the run's end waits for it as for a failed copy. Every node sends a file it
+# never sent itself check-first (--immutable --checksum): one the bucket holds with other
+# bytes (another node's) is never overwritten, said once in the log and in store.json
+# (conflicts), and left out from then on. A node that copies outputs only tags what it
+# sends with the attempt's id (object metadata vmrun-attempt), and the master sends over a
+# clash without this attempt's tag (an earlier attempt's file) as before. The record's files (log, run.json,
 # provenance, exit_code) to DEST/.vmrun every 30 s, with outputs and in the round after
 # (the log's line about a snapshot goes with it), and at the end. A copy that fails is tried
 # again (backing off to 15 s) and said once in the run's log, as is catching up; it never
 # touches the run. REC/store.json says where it stands (`vmrun status`). After the run ends:
-# one last copy of everything changed, then it exits; it gives up 30 min after the end if the
+# one last copy of everything changed, then it is over; it gives up 30 min after the end if the
 # bucket stays out of reach (said in the log, the files stay on the host).
 # Fencing: each attempt is a generation (REC/attempt: run_start.sh numbers a resume past
 # both the record's attempts and the generation a record restored from the bucket saw),
@@ -47,7 +54,6 @@
 # (store.json: waiting; said once after a minute), and once another id follows there, its
 # attempt was replaced: its run is stopped (`replaced`) and nothing more is sent from it.
 # vmrun-inline: store_tool.sh
-# vmrun-inline: run_alive.sh
 mode=$1
 shift
 conf_file() {  # $1: the folder; the config from the environment in a new 0600 file there
@@ -83,52 +89,51 @@ case $mode in
     exit 0
     ;;
   start)
-    rec=$1 out=$2 dest=$3 url=$4 since=$5 py=${6:-} role=${7:-record} token=${8:-}
+    rec=$1 py=${2:-}
     case "$rec" in /*) ;; *) rec="$HOME/$rec" ;; esac
     store_tool "$py" || exit 5
-    if [ -f "$rec/store.pid" ]; then  # an earlier attempt's copier: this one takes over
-      read -r old < "$rec/store.pid"
-      case $old in '' | *[!0-9]*) old='' ;; esac
-      case $(tr '\0' ' ' < "/proc/${old:-0}/cmdline" 2>/dev/null) in
-        *store_sync.sh\ watch\ "$rec"\ *)
-          kill -TERM "$old" 2>/dev/null
-          i=0
-          while kill -0 "$old" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
-          ;;
-      esac
-    fi
+    rm -f "$rec/.store.state"  # an earlier attempt's (its agent taken over mid-way)
     cfg=$(conf_file "$rec") || exit 1
-    unset VMRUN_STORE_CONFIG  # (conf_file's own unset is its subshell's): not the copier's
-    nice=
-    command -v nice > /dev/null 2>&1 && nice="nice -n 10"
-    # shellcheck disable=SC2086  # `nice -n 10`, or nothing
     # shellcheck disable=SC2154  # store_tool.sh's, inlined above
-    setsid -f $nice sh "$0" watch "$rec" "$out" "$dest" "$url" "$since" "$cfg" "$_st_rclone" \
-      "$role" "${_st_py:-python3}" "$token" < /dev/null > /dev/null 2>&1
+    printf '%s\n%s\n%s\n' "$cfg" "$_st_rclone" "${_st_py:-python3}"
     exit 0
     ;;
-  watch) ;;
+  pass) ;;
   *) echo "store_sync.sh: unknown mode $mode" >&2; exit 2 ;;
 esac
 
 rec=$1 out=$2 dest=$3 url=$4 since=$5 cfg=$6 rclone=$7 role=${8:-record} py=${9:-python3}
-token=${10:-}
+token=${10:-} end=${11:-0}
 lib=${0%/*}
-echo $$ > "$rec/store.pid"
 gen=$(cat "$rec/attempt" 2>/dev/null)
 case $gen in '' | *[!0-9]*) gen=1 ;; esac
-claimed=0
-trap 'rm -f "$cfg"' EXIT
-trap 'rm -f "$cfg"; exit 143' TERM HUP INT
 # the pace (seconds; a test sets them shorter): a look every 2 s, the record every 30 s, a
 # failed copy again after 1, 2, 4... up to 15 s; 30 min after the run's end it gives up
 every=${VMRUN_STORE_EVERY:-2} logs_every=${VMRUN_STORE_LOGS_EVERY:-30}
 backoff_max=${VMRUN_STORE_BACKOFF:-15} final_wait=${VMRUN_STORE_FINAL_WAIT:-1800}
 stage_max=67108864
 tab=$(printf '\t')
+# where the earlier passes left it (REC/.store.state, written by keep)
 synced='' failing_since='' error='' pending_files=0 pending_bytes=0 last_logs=0 ended_at=''
-moved=0 seen=0 waited_since=''
+moved=0 seen=0 waited_since='' claimed=0 backoff=0 first=1
+if [ -f "$rec/.store.state" ]; then
+  # shellcheck disable=SC1091  # this copy's own assignments, written by keep
+  . "$rec/.store.state" || exit 1
+  first=0
+fi
 touch "$rec/.store.meta" "$rec/.store.conflicts" "$rec/.store.sent" "$rec/.store.said"
+keep() {  # $1: the seconds until the next pass. What the next pass goes on from, printed
+  # with the pause for the agent's loop
+  {
+    printf "synced='%s' failing_since='%s' pending_files='%s' pending_bytes='%s' last_logs='%s'\n" \
+      "$synced" "$failing_since" "$pending_files" "$pending_bytes" "$last_logs"
+    printf "ended_at='%s' moved='%s' seen='%s' waited_since='%s' claimed='%s' backoff='%s'\n" \
+      "$ended_at" "$moved" "$seen" "$waited_since" "$claimed" "$backoff"
+    printf "error='%s'\n" "$(printf '%s' "$error" | sed "s/'/'\\\\''/g")"
+  } > "$rec/.store.state.tmp" && mv "$rec/.store.state.tmp" "$rec/.store.state"
+  echo "$1"
+  exit 0
+}
 json_list() {  # $1: a file of lines; a JSON list of its first 20 (no quote or backslash)
   head -n 20 "$1" 2>/dev/null | tr -d '"\134' \
     | awk 'BEGIN { printf "[" } { printf "%s\"%s\"", (NR > 1 ? ", " : ""), $0 } END { printf "]" }'
@@ -238,16 +243,21 @@ follows() {  # a node that copies outputs only: its master claims the attempt, w
 }
 send() {  # $1: source, $2: where in DEST, $3: a list of names in $1 (or empty: all of it),
   # $4: "immutable": a file the bucket holds with other bytes stays (an error said), so
-  # the bucket is read first
+  # the bucket is read first. A node that copies outputs only tags what it sends with the
+  # attempt's id (vmrun-attempt: the master reads it on a clash, earlier)
+  _tag=
+  [ "$role" = outputs ] && [ -n "$token" ] && _tag=vmrun-attempt=$token
   if [ -n "${4:-}" ]; then
+    # shellcheck disable=SC2086  # the tag's options, or nothing
     "$rclone" --config "$cfg" copy "$1" "store:$dest$2" ${3:+--files-from-raw "$3"} \
-      --no-traverse --immutable --checksum --retries 1 --low-level-retries 3 \
-      --contimeout 10s --timeout 60s --log-level ERROR 2>> "$rec/.store.err"
+      ${_tag:+-M --metadata-set $_tag} --no-traverse --immutable --checksum --retries 1 \
+      --low-level-retries 3 --contimeout 10s --timeout 60s --log-level ERROR 2>> "$rec/.store.err"
     return
   fi
+  # shellcheck disable=SC2086  # the tag's options, or nothing
   "$rclone" --config "$cfg" copy "$1" "store:$dest$2" ${3:+--files-from-raw "$3"} \
-    --no-traverse --no-check-dest --retries 1 --low-level-retries 3 --contimeout 10s \
-    --timeout 60s --log-level ERROR 2>> "$rec/.store.err"
+    ${_tag:+-M --metadata-set $_tag} --no-traverse --no-check-dest --retries 1 \
+    --low-level-retries 3 --contimeout 10s --timeout 60s --log-level ERROR 2>> "$rec/.store.err"
 }
 push() {  # $1: a list of outputs, $2: send's $4. Staged (small ones) or as they are (big)
   [ -s "$1" ] || return 0
@@ -262,12 +272,14 @@ push() {  # $1: a list of outputs, $2: send's $4. Staged (small ones) or as they
 }
 first_push() {  # $1: outputs this node has not sent before: never over another node's
   # file with other bytes. Such a file is said once in the log and in store.json, and
-  # left out from then on; the others go
+  # left out from then on; the others go. The master sends again over what no other node
+  # of this attempt sent (earlier)
   : > "$rec/.store.err"
   push "$1" immutable && { cut -f1 "$1" >> "$rec/.store.sent"; return 0; }
   sed -n 's/^.*ERROR : \(.*\): Source and destination exist but do not match.*$/\1/p' \
     "$rec/.store.err" > "$rec/.store.clash"
   [ -s "$rec/.store.clash" ] || return 1
+  if [ "$role" = record ]; then earlier "$1" || return 1; fi
   while IFS= read -r _c; do
     grep -qxF "$_c" "$rec/.store.conflicts" && continue
     printf '%s\n' "$_c" >> "$rec/.store.conflicts"
@@ -279,6 +291,36 @@ first_push() {  # $1: outputs this node has not sent before: never over another 
   fi
   cut -f1 "$1" | grep -vxF -f "$rec/.store.conflicts" >> "$rec/.store.sent"
   : > "$rec/.store.err"
+}
+sent_by() {  # $1: a path in DEST; the attempt id its sender tagged it with (a node that
+  # copies outputs only tags what it sends; empty: the master's, or an older vmrun's)
+  "$rclone" --config "$cfg" lsjson "store:$dest/$1" -M --files-only --retries 1 \
+    --low-level-retries 2 --contimeout 10s --timeout 30s 2>> "$rec/.store.err" \
+    | "$py" -c 'import json, sys
+found = json.load(sys.stdin)
+print(((found[0].get("Metadata") if found else None) or {}).get("vmrun-attempt", ""))' \
+    2>> "$rec/.store.err"
+}
+earlier() {  # the master, $1: first_push's list. Of the clashes (.store.clash), a path
+  # another node of this attempt sent (tagged with this attempt's id) stays there; any other
+  # (an earlier attempt's, its master's or another node's) is sent again over it, as the
+  # master always did. 1: the bucket could not say
+  : > "$rec/.store.over"
+  : > "$rec/.store.keep"
+  while IFS= read -r _c; do
+    _by=$(sent_by "$_c") || return 1
+    if [ -n "$token" ] && [ "$_by" = "$token" ]; then
+      printf '%s\n' "$_c" >> "$rec/.store.keep"
+    else
+      printf '%s\n' "$_c" >> "$rec/.store.over"
+    fi
+  done < "$rec/.store.clash"
+  mv "$rec/.store.keep" "$rec/.store.clash"
+  [ -s "$rec/.store.over" ] || return 0
+  awk -F '\t' 'FILENAME == ARGV[1] { over[$0] = 1; next } ($1 in over)' \
+    "$rec/.store.over" "$1" > "$rec/.store.overlist"
+  push "$rec/.store.overlist" "" || return 1
+  cut -f1 "$rec/.store.overlist" >> "$rec/.store.sent"
 }
 meta_last() {  # the .metadata of each checkpoint waiting (.store.meta), once the bucket
   # holds every file it names at the size it needs (checkpoint_layout.py lacks); until
@@ -363,20 +405,18 @@ round() {  # $1: 1 at the end (the record too, whatever the time); 0 when everyt
          return 1 ;;
     esac
   fi
-  if [ "$role" = record ]; then
-    if [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; then
-      claim || return 1
-      stage=$rec/.store.stage
-      rm -rf "$stage" && mkdir -p "$stage" || return 1
-      : > "$rec/.store.big"
-      : > "$rec/.store.bigrec"
-      stage_from "$out" "$rec/.store.list" "" "$rec/.store.big"
-      stage_from "$rec" "$rec/.store.rlist" ".vmrun/" "$rec/.store.bigrec"
-      if [ -n "$(ls -A "$stage")" ]; then send "$stage" "" "" || return 1; fi
-      if [ -s "$rec/.store.big" ]; then send "$out" "" "$rec/.store.big" || return 1; fi
-      if [ -s "$rec/.store.bigrec" ]; then send "$rec" /.vmrun "$rec/.store.bigrec" || return 1; fi
-    fi
-  elif [ -s "$rec/.store.list" ]; then
+  if [ "$role" = record ] && { [ -s "$rec/.store.list" ] || [ -s "$rec/.store.rlist" ]; }; then
+    claim || return 1
+  fi
+  if [ -s "$rec/.store.rlist" ]; then  # the record (the master's)
+    stage=$rec/.store.stage
+    rm -rf "$stage" && mkdir -p "$stage" || return 1
+    : > "$rec/.store.bigrec"
+    stage_from "$rec" "$rec/.store.rlist" ".vmrun/" "$rec/.store.bigrec"
+    if [ -n "$(ls -A "$stage")" ]; then send "$stage" "" "" || return 1; fi
+    if [ -s "$rec/.store.bigrec" ]; then send "$rec" /.vmrun "$rec/.store.bigrec" || return 1; fi
+  fi
+  if [ -s "$rec/.store.list" ]; then  # outputs: its own again as they are, others check-first
     rm -f "$rec/.store.own"
     sort -u -o "$rec/.store.sent" "$rec/.store.sent"
     awk -F '\t' -v own="$rec/.store.own" 'FILENAME == ARGV[1] { sent[$0] = 1; next }
@@ -409,73 +449,71 @@ failed() {  # what went wrong, and how much waits: the lists' sizes summed
   pending_bytes=$(cat "$rec/.store.list" "$rec/.store.rlist" 2>/dev/null \
     | awk -F '\t' '{ s += $NF } END { print s + 0 }')
 }
-ended() {
-  [ -e "$rec/exit_code" ] || [ -e "$rec/stopped" ] || ! alive_run "$rec"
-}
 replaced() {  # stopped because a newer attempt took the run over: no last pass
   [ "$(head -n 1 "$rec/stopped" 2>/dev/null)" = replaced ]
 }
-backoff=0
-state syncing
-while [ -d "$rec" ]; do
-  end=0
-  ended && end=1
-  if replaced; then state replaced; break; fi
-  round "$end"
-  sent=$?
-  if [ "$sent" = 3 ]; then state replaced; break; fi
-  if [ "$sent" = 4 ]; then  # its master has not claimed this attempt yet: nothing sent
-    waited_since=${waited_since:-$(date +%s)}
-    if [ $end = 1 ]; then
-      echo "the run's master has not claimed this attempt in the bucket" > "$rec/.store.err"
-      sent=1
-    else
-      if [ $(($(date +%s) - waited_since)) -ge $((logs_every * 2)) ] \
-        && ! grep -qxF claim "$rec/.store.said"; then
-        echo claim >> "$rec/.store.said"
-        say "the copy to $url waits for the run's master to claim this attempt in the bucket"
-      fi
-      state waiting
-      sleep "$every"
-      continue
-    fi
-  fi
-  if [ "$sent" = 0 ]; then
-    synced=$(date +%s) pending_files=0 pending_bytes=0
-    if [ -n "$failing_since" ]; then
-      say "the copy to $url caught up"
-      failing_since='' error=''
-    fi
-    backoff=0
-    if [ $end = 1 ]; then state 'done'; break; fi
-    state ok
+finish() {  # the copy is over (done, replaced, given up): its work files go
+  rm -rf "$rec/.store.next" "$rec/.store.list" "$rec/.store.rlist" "$rec/.store.big" \
+    "$rec/.store.bigrec" "$rec/.store.err" "$rec/.store.stage" "$rec/.store.state" \
+    "$rec/.store.all" "$rec/.store.new" "$rec/.store.own" "$rec/.store.clash" \
+    "$rec/.store.ls" "$rec/.store.lacks" "$rec/.store.one" "$rec/.store.meta.next" \
+    "$rec/.store.said.next" "$rec/.store.meta.add" "$rec/.store.state.tmp" \
+    "$rec/.store.over" "$rec/.store.keep" "$rec/.store.overlist"
+  # what waits, clashed or went (a later attempt's copier goes on from it), when there is any
+  for _k in meta conflicts sent said; do
+    [ -s "$rec/.store.$_k" ] || rm -f "$rec/.store.$_k"
+  done
+  echo stop
+  exit 0
+}
+# one pass: run_agent.py's copy loop (store_copier.py) runs one every few seconds, with END 1
+# once the run has ended
+[ "$first" = 1 ] && state syncing
+if replaced; then state replaced; finish; fi
+round "$end"
+sent=$?
+if [ "$sent" = 3 ]; then state replaced; finish; fi
+if [ "$sent" = 4 ]; then  # its master has not claimed this attempt yet: nothing sent
+  waited_since=${waited_since:-$(date +%s)}
+  if [ "$end" = 1 ]; then
+    echo "the run's master has not claimed this attempt in the bucket" > "$rec/.store.err"
+    sent=1
   else
-    failed
-    if [ -z "$failing_since" ]; then
-      failing_since=$(date +%s)
-      say "the copy to $url failed ($error); the run goes on, and the copy is tried again"
+    if [ $(($(date +%s) - waited_since)) -ge $((logs_every * 2)) ] \
+      && ! grep -qxF claim "$rec/.store.said"; then
+      echo claim >> "$rec/.store.said"
+      say "the copy to $url waits for the run's master to claim this attempt in the bucket"
     fi
-    if [ $end = 1 ]; then
-      ended_at=${ended_at:-$(date +%s)}
-      if [ $(($(date +%s) - ended_at)) -ge "$final_wait" ]; then
-        say "gave up copying to $url, $final_wait s after the run ended ($error); its files are on this host"
-        state gave-up
-        break
-      fi
-    fi
-    state failing
-    backoff=$((backoff * 2))
-    [ "$backoff" -ge 1 ] || backoff=1
-    [ "$backoff" -le "$backoff_max" ] || backoff=$backoff_max
+    state waiting
+    keep "$every"
   fi
-  if [ "$backoff" -gt 0 ]; then sleep "$backoff"; else sleep "$every"; fi
-done
-rm -rf "$rec/.store.next" "$rec/.store.list" "$rec/.store.rlist" "$rec/.store.big" \
-  "$rec/.store.bigrec" "$rec/.store.err" "$rec/.store.stage" "$rec/store.pid" \
-  "$rec/.store.all" "$rec/.store.new" "$rec/.store.own" "$rec/.store.clash" \
-  "$rec/.store.ls" "$rec/.store.lacks" "$rec/.store.one" "$rec/.store.meta.next" \
-  "$rec/.store.said.next" "$rec/.store.meta.add"
-# what waits, clashed or went (a later attempt's copier goes on from it), when there is any
-for _k in meta conflicts sent said; do
-  [ -s "$rec/.store.$_k" ] || rm -f "$rec/.store.$_k"
-done
+fi
+if [ "$sent" = 0 ]; then
+  synced=$(date +%s) pending_files=0 pending_bytes=0
+  if [ -n "$failing_since" ]; then
+    say "the copy to $url caught up"
+    failing_since='' error=''
+  fi
+  backoff=0
+  if [ "$end" = 1 ]; then state 'done'; finish; fi
+  state ok
+else
+  failed
+  if [ -z "$failing_since" ]; then
+    failing_since=$(date +%s)
+    say "the copy to $url failed ($error); the run goes on, and the copy is tried again"
+  fi
+  if [ "$end" = 1 ]; then
+    ended_at=${ended_at:-$(date +%s)}
+    if [ $(($(date +%s) - ended_at)) -ge "$final_wait" ]; then
+      say "gave up copying to $url, $final_wait s after the run ended ($error); its files are on this host"
+      state gave-up
+      finish
+    fi
+  fi
+  state failing
+  backoff=$((backoff * 2))
+  [ "$backoff" -ge 1 ] || backoff=1
+  [ "$backoff" -le "$backoff_max" ] || backoff=$backoff_max
+fi
+if [ "$backoff" -gt 0 ]; then keep "$backoff"; else keep "$every"; fi

@@ -1,6 +1,7 @@
 """`train --store`: a run's outputs copied to its bucket from the node that holds them, as
-they are written, by hostside/store_sync.sh (rclone, beside the run, never part of it: a
-copy that fails is tried again and said in the run's log, the run goes on). Each run goes
+they are written, by the run's agent on each node (hostside/store_copier.py, passes of
+hostside/store_sync.sh: rclone, beside the run, never part of it: a copy that fails is
+tried again and said in the run's log, the run goes on). Each run goes
 to STORE/RUN_ID/ (its output folder as written) and STORE/RUN_ID/.vmrun/ (its record: log,
 run.json, provenance, exit code), so a run outlives its hosts. Here: the check before a
 run starts, what the node is told, and where the copy stands (`status`)."""

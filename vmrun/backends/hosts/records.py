@@ -149,7 +149,7 @@ def record_dir(run_id: str) -> str:
 
 @dataclass(frozen=True)
 class Started:
-    pid: int  # the run's agent (hostside/run_agent.py), its session's leader
+    pid: int  # the run's agent (hostside/run_agent.py): the run is alive while it lives
     log_lines: int  # lines the log already had (earlier attempts of a resumed run)
 
 
