@@ -2,7 +2,9 @@
 and then `vmrun fetch`: each node wrote its own shard of every checkpoint (rank 0 the
 `.metadata` on the master), and the fetch merges them into one folder here that is a
 complete checkpoint by checkpoint_layout's rule and that torch.distributed.checkpoint
-loads, in this process, into a state dict built from its metadata."""
+loads, in this process, into a state dict built from its metadata. A script whose two
+nodes write one path with other bytes: said, the master's kept, the rest of both nodes'
+files merged."""
 
 from __future__ import annotations
 
@@ -94,3 +96,45 @@ def _load(folder: Path) -> dict[str, object]:
     }
     dcp.load(state, storage_reader=reader, no_dist=True)
     return state
+
+
+SCRIPT = """\
+import os
+rank = int(os.environ["RANK"])
+os.makedirs("outputs", exist_ok=True)
+with open("outputs/same.txt", "w") as fh:
+    fh.write("the same on every node\\n")
+with open("outputs/differs.txt", "w") as fh:
+    fh.write(f"rank {rank}\\n")
+with open(f"outputs/rank-{rank}.txt", "w") as fh:
+    fh.write(f"only rank {rank}\\n")
+"""
+
+
+@pytest.mark.timeout(600)
+def test_one_path_with_other_bytes_on_two_nodes_is_said_and_the_masters_kept(
+    bed: NetnsBed, project: Client
+) -> None:
+    (project.cwd / "writes.py").write_text(SCRIPT)
+    done = project.vmrun(
+        *("train", "writes.py", "-H", "h1", "-H", "h2", "--nproc-per-node", "1"), timeout=300
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    rid = run_id_of(done.stderr)
+    fetched = project.vmrun("fetch", timeout=300)
+    assert fetched.returncode == 1, fetched.stderr + fetched.stdout
+    said = [ln for ln in fetched.stderr.splitlines() if "node-files-differ" in ln]
+    assert said == [
+        f"vmrun: error[node-files-differ]: results/{rid}/outputs/differs.txt: h2 holds other"
+        " bytes than h1; h1's is fetched, h2's left there"
+    ], fetched.stderr
+    out = project.cwd / "results" / rid / "outputs"
+    assert (out / "differs.txt").read_text() == "rank 0\n"  # the master's, never overwritten
+    assert (out / "same.txt").read_text() == "the same on every node\n"
+    assert (out / "rank-0.txt").exists() and (out / "rank-1.txt").exists()  # every node's
+    assert sorted(p.name for p in out.iterdir()) == [
+        "differs.txt",
+        "rank-0.txt",
+        "rank-1.txt",
+        "same.txt",
+    ]  # no other copy under another name
