@@ -347,21 +347,27 @@ def test_relative_paths_are_in_the_projects_work_directory(
 
 
 def test_what_names_map_to_the_run_layout() -> None:
-    from vmrun.runs.outputs import CHECKPOINTS, RunLocation, resolve_what
+    from vmrun.runs.outputs import CHECKPOINTS, FETCHED_CHECKPOINTS, RunLocation, resolve_what
 
     run = RunLocation("r1", "gpu1", ".vmrun/runs/r1", "work/results/r1")
     (ckpt,) = resolve_what("checkpoints", run, latest=3)
     assert (ckpt.remote, ckpt.local, ckpt.select, ckpt.latest) == (
         "work/results/r1",
         "results/r1",
-        CHECKPOINTS,
+        FETCHED_CHECKPOINTS,
         3,
     )
+    assert set(CHECKPOINTS) | {"*.distcp", ".metadata"} == set(FETCHED_CHECKPOINTS)
     (logs,) = resolve_what("logs", run, host_dir="gpu1")
     assert (logs.remote, logs.local) == (".vmrun/runs/r1", "results/r1/gpu1")
     ckpts, rest, record = resolve_what("results", run, latest=1)
     assert ckpts.latest == 1 and rest.latest is None and set(CHECKPOINTS) <= set(rest.exclude)
     assert record.remote == ".vmrun/runs/r1"
+    # a merged fetch of a run's nodes: the outputs into the run's folder, the record of a
+    # node other than the master into one of its own there
+    ckpts, rest, record = resolve_what("results", run, node_dir="gpu2")
+    places = (ckpts.local, rest.local, record.local)
+    assert places == ("results/r1", "results/r1", "results/r1/gpu2")
     (inner,) = resolve_what("sub/metrics.jsonl", run)
     assert (inner.remote, inner.local) == (
         "work/results/r1/sub/metrics.jsonl",

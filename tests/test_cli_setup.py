@@ -227,6 +227,44 @@ def _snapshot(home: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+@pytest.mark.timeout(600)
+def test_setup_installs_numpy_with_torch_and_a_wheelhouse_without_it_leaves_it_out(
+    bed_client: Client,
+    hosts: list[TestHost],
+    wheelhouse: Path,
+    wheelhouse_tensorboard: Path,
+    tmp_path: Path,
+) -> None:
+    """torch's wheel no longer brings numpy, which torch.distributed.checkpoint needs over
+    several ranks (train --fsdp): the torch step installs it from the wheelhouse that has it,
+    and says so where the wheelhouse lacks it (the full setup above: every other step as
+    before)."""
+    h1 = hosts[0]
+    both = tmp_path / "wheels"
+    both.mkdir()
+    for wheel in [*wheelhouse.glob("*.whl"), *wheelhouse_tensorboard.glob("numpy-*.whl")]:
+        try:
+            os.link(wheel, both / wheel.name)
+        except OSError:
+            shutil.copy(wheel, both / wheel.name)
+    args = ["setup", "h1", "--env-manager", "venv", "--torch", TORCH_SPEC, "--wheelhouse"]
+    done = bed_client.vmrun(*args, str(both), timeout=500)
+    assert done.returncode == 0, done.stderr + done.stdout
+    python = f"{h1.home}/.vmrun/envs/vmrun/bin/python"
+    probe = h1.run(
+        [python, "-c", "import numpy; print(numpy.__version__)"], as_user=True, text=True
+    )
+    assert probe.returncode == 0 and probe.stdout.strip(), probe.stderr
+    log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h1.log")
+    assert "numpy is not in the wheelhouse" not in log
+
+    _wipe(h1)
+    done = bed_client.vmrun(*args, str(wheelhouse), timeout=500)  # torch's wheels alone
+    assert done.returncode == 0, done.stderr + done.stdout
+    log = _last_run(bed_client.cwd / ".vmrun" / "logs" / "setup-h1.log")
+    assert "numpy is not in the wheelhouse: left out" in log, log
+
+
 @pytest.mark.timeout(900)  # its own deadlines: setup 600 s, then 120 + 300 s, and more
 def test_full_setup_in_parallel_then_a_second_run_skips_everything(
     bed_client: Client, hosts: list[TestHost], wheelhouse: Path

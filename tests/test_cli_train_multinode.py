@@ -99,30 +99,38 @@ def test_two_nodes_two_processes_merged_log_and_node_filter(
     for host in ("n1", "n2"):
         assert re.search(rf"{rid}\s+{host}\s+done", status.stdout), status.stdout
 
-    # `fetch results` of the newest run: from the hosts it ran on, a folder per host, every
-    # file byte for byte as on the host; then nothing moves the second time.
+    # `fetch results` of the newest run: from the hosts it ran on, merged into one folder
+    # (each node's outputs there, the master's record beside them, the other node's record
+    # in a folder of its own), every file byte for byte as on its host; then nothing moves
+    # the second time.
     fetched = multi.vmrun("fetch", "results", timeout=120)
     assert fetched.returncode == 0, fetched.stderr + fetched.stdout
     local = multi.cwd / "results" / rid
-    assert sorted(os.listdir(local)) == ["n1", "n2"]
+    assert "n2" in os.listdir(local) and "n1" not in os.listdir(local), os.listdir(local)
     n1_files = {"snapshot.pt", "finalmodel.pt", "metrics.jsonl", "log", "run.json", "exit_code"}
-    assert n1_files <= set(os.listdir(local / "n1")), os.listdir(local / "n1")
+    assert n1_files <= set(os.listdir(local)), os.listdir(local)
+    assert {"log", "run.json", "exit_code"} <= set(os.listdir(local / "n2"))
     assert "snapshot.pt" not in os.listdir(local / "n2")  # global rank 0 wrote on n1 alone
-    for host in ("n1", "n2"):
+    got = [p for p in local.rglob("*") if p.is_file()]
+    for host in ("n1", "n2"):  # torchrun's per-rank logs come from every node
+        mine = [p for p in got if (p.relative_to(local).parts[0] == "n2") == (host == "n2")]
+        assert any(p.name == "stdout.log" for p in mine), host
+    for path in got:
+        rel = path.relative_to(local)
+        host = "n2" if rel.parts[0] == "n2" else "n1"
+        rel = Path(*rel.parts[1:]) if host == "n2" else rel
         record = cluster[host].home / ".vmrun/runs" / rid
-        outputs = template_out(cluster[host], multi, rid)
-        got = [p for p in (local / host).rglob("*") if p.is_file()]
-        assert any(p.name == "stdout.log" for p in got)  # torchrun's per-rank logs come too
-        for path in got:
-            rel = path.relative_to(local / host)
-            remote = record / rel if (record / rel).exists() else outputs / rel
-            assert path.read_bytes() == remote.read_bytes(), (host, rel)
+        places = [record / rel, template_out(cluster[host], multi, rid) / rel]
+        if host == "n1":  # an output only the other node wrote
+            places.append(template_out(cluster["n2"], multi, rid) / rel)
+        remote = next(p for p in places if p.exists())
+        assert path.read_bytes() == remote.read_bytes(), (host, rel)
     import torch
 
     from vmrun.trainer.template import build_model
 
-    build_model().load_state_dict(torch.load(local / "n1" / "finalmodel.pt", weights_only=True))
-    again = multi.vmrun("fetch", "--all-hosts", "results", timeout=120)
+    build_model().load_state_dict(torch.load(local / "finalmodel.pt", weights_only=True))
+    again = multi.vmrun("fetch", "results", timeout=120)
     assert again.returncode == 0, again.stderr
     summaries = re.findall(r"^\[(n\d)\] fetched 0 files, \d+ unchanged", again.stdout, re.M)
     assert sorted(summaries) == ["n1", "n2"], again.stdout

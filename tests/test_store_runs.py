@@ -237,8 +237,9 @@ def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(
         vmrun.transfer.download,
         "download",
-        lambda conn, specs, dest, *a: group.downloads[conn.label],
+        lambda conn, specs, dest, *a, **k: group.downloads[conn.label],
     )
+    monkeypatch.setattr(vmrun.transfer.download, "listed", lambda conn, specs, dest, *a: {})
     group.bucket = FakeS3(dict(BUCKET_RUN))
     monkeypatch.setattr(vmrun.stores.bucket, "client", lambda access: group.bucket)
     return group

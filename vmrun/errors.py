@@ -349,6 +349,7 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
         "no Python environment is recorded for the host (`vmrun setup`)",
     ),
     (UsageError, "torch-missing", "torch is not importable by the host's Python"),
+    (UsageError, "numpy-missing", "train --fsdp over several nodes: the host's Python lacks numpy"),
     (UsageError, "hosts-differ", "the hosts differ in torch/CUDA versions or GPU counts"),
     (UsageError, "checkpoints-differ", "the nodes hold different checkpoints; nothing was started"),
     (UsageError, "port-busy", "the port asked for (or every port tried) is in use"),
@@ -526,6 +527,11 @@ register(
     143,
 )
 register("setup-step-failed", CommandFailed, "a setup step's script failed", 1)
+register(
+    "node-files-differ",
+    ExitCode.FAILED,
+    "a run's nodes hold one path with different bytes: the master's fetched, the others' left",
+)
 register("internal", ExitCode.FAILED, "a bug in vmrun: re-run with --debug for the traceback")
 
 

@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
 def run_fetch(job: FetchJob) -> int:
     """Fetch, showing each round as it ends (a live view on a terminal, unless --watch);
     the exit code of the last round."""
-    from vmrun.cli.output import unreached
+    from vmrun.cli.output import error_line, unreached
     from vmrun.cli.terminal import TERMINAL
     from vmrun.operations.fetch import rounds
 
@@ -152,6 +152,8 @@ def run_fetch(job: FetchJob) -> int:
         if n == 0 and fetched.ref is not None:
             unreached(fetched.ref, "has no files fetched from there")
         _report(fetched.outcomes, prefix=fetched.several, quiet=job.watch)
+        for conflict in fetched.conflicts:
+            error_line(conflict.line(), code="node-files-differ")
         code = fetched.exit_code
     return code
 

@@ -21,6 +21,7 @@ A probe counts only when the listener answers with the nonce, so a port that hap
 open elsewhere (the worker's own docker0 address, say) is never mistaken for the master.
 """
 
+import importlib.util
 import json
 import os
 import socket
@@ -101,6 +102,8 @@ def versions():
         "gpus": 0,
         "gpu_names": [],
     }
+    # numpy, found without importing it: torch.distributed.checkpoint needs it over several ranks
+    info["numpy"] = importlib.util.find_spec("numpy") is not None
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings on the host
     from run_provenance import cpu_build  # type: ignore[import-not-found]
 

@@ -1,15 +1,17 @@
 """Fetching results: from every host in parallel (or a cluster's login node), once or
 (--watch) round after round, each file verified and renamed into place only when complete.
-A run's outputs come from the nodes it ran on, where its backend says they are; explicit
-paths come from the chosen hosts. A run copied to a bucket (`train --store`) whose files
-are not on its hosts (removed, the host gone or not answering) comes from its copy there
-instead. Each round's per-host reports come back as a value."""
+A run's outputs come from the nodes it ran on, where its backend says they are, every
+node's into the run's one folder (vmrun.transfer.merge decides which node sends each
+file); explicit paths, and --all-hosts, come from the chosen hosts into a folder each. A
+run copied to a bucket (`train --store`) whose files are not on its hosts (removed, the
+host gone or not answering) comes from its copy there instead. Each round's per-host
+reports come back as a value."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +21,7 @@ from vmrun.backends.api import Backend, RunRef
 from vmrun.backends.select import backend_on, selected_entries
 from vmrun.config import Settings
 from vmrun.errors import (
+    CODES,
     ExitCode,
     HostsFailed,
     Interrupted,
@@ -32,7 +35,8 @@ from vmrun.runs.outputs import RunLocation
 from vmrun.ssh.group import Group, Outcome
 from vmrun.ssh.inventory import HostEntry
 from vmrun.store_url import StoreURL
-from vmrun.transfer.types import Options, Report
+from vmrun.transfer.merge import Conflict
+from vmrun.transfer.types import FetchSpec, Options, Report
 
 WATCH_SETTLE = 2.0  # --watch leaves files alone until they are this old (still being written)
 
@@ -60,11 +64,14 @@ class FetchJob:
 class Fetched:
     """One round: each host's outcome (its transfer Report, or its error), in host order.
     `ref` is the run whose files these are (None: explicit paths only); its nodes that did
-    not answer are in `ref.unreached`. `several`: files went into a folder per host."""
+    not answer are in `ref.unreached`. `several`: files came from several hosts (a run's
+    nodes' merged into one folder, else a folder per host); `conflicts`: the paths that
+    several nodes hold with different bytes (the first node's fetched, the others' left)."""
 
     outcomes: list[Outcome[Report]]
     ref: RunRef | None = None
     several: bool = False
+    conflicts: tuple[Conflict, ...] = ()
 
     @property
     def reports(self) -> list[Report]:
@@ -84,6 +91,7 @@ class Fetched:
                 codes += [ExitCode.REMOTE] * bool(outcome.value.missing)
         if self.ref is not None:
             codes += [exit_code_for(e) for e in self.ref.unreached.values()]
+        codes += [CODES["node-files-differ"].exit_code] * bool(self.conflicts)
         return max(codes)
 
 
@@ -131,21 +139,27 @@ def _host_rounds(job: FetchJob, group: Group, out: Reporter) -> Iterator[Fetched
             return
         only = set(where)
     multi = job.all_hosts or len(only or group.entries) > 1
+    merged = ref is not None and multi and not job.all_hosts  # a run's nodes: one folder
+    order = [n for n in ref.nodes if n in where] if ref is not None else []
     shown = out.progress(several=multi, live=not job.watch)
 
-    def work(entry: HostEntry, conn: Any) -> Report:
-        specs = specs_for(
+    def specs_of(entry: HostEntry, conn: Any) -> list[FetchSpec]:
+        folder = entry.label.replace("/", "_")
+        return specs_for(
             conn,
             job.items,
             run=run,
             location=where.get(entry.label),
             workdir=workdir,
-            host_dir=entry.label.replace("/", "_") if multi else None,
+            host_dir=folder if multi and not merged else None,
             include=job.include,
             exclude=job.exclude,
             latest=job.latest,
+            node_dir=folder if merged and order and entry.label != order[0] else None,
         )
-        return download(conn, specs, dest, options, shown)
+
+    def work(entry: HostEntry, conn: Any) -> Report:
+        return download(conn, specs_of(entry, conn), dest, options, shown)
 
     if job.watch:
         out.info(f"watching {len(group.entries)} host(s) every {job.interval:g} s; Ctrl-C to stop")
@@ -153,7 +167,10 @@ def _host_rounds(job: FetchJob, group: Group, out: Reporter) -> Iterator[Fetched
         live = shown if isinstance(shown, AbstractContextManager) else nullcontext()
         try:
             with live:
-                outcomes = group.map(work, only=only)
+                if merged:
+                    outcomes, conflicts = _merged(group, order, specs_of, dest, options, shown)
+                else:
+                    outcomes, conflicts = group.map(work, only=only), ()
         except Interrupted:
             stop_all_streams()  # partial copies stay, under temporary names: resumable
             if not job.watch:
@@ -161,14 +178,66 @@ def _host_rounds(job: FetchJob, group: Group, out: Reporter) -> Iterator[Fetched
             out.info("stopped watching (the interrupted files resume next time)")
             return
         if not job.watch:
-            yield _or_bucket(job, Fetched(outcomes, ref, multi), out)
+            yield _or_bucket(job, Fetched(outcomes, ref, multi, conflicts), out)
             return
-        yield Fetched(outcomes, ref, multi)
+        yield Fetched(outcomes, ref, multi, conflicts)
         try:
             stop.wait(job.interval)
         except KeyboardInterrupt:
             out.info("stopped watching")
             return
+
+
+def _merged(
+    group: Group,
+    order: list[str],
+    specs_of: Callable[[HostEntry, Any], list[FetchSpec]],
+    dest: Path,
+    options: Options,
+    shown: Any,
+) -> tuple[list[Outcome[Report]], tuple[Conflict, ...]]:
+    """One round from a run's nodes (`order`: the master first) into one folder: each node
+    lists what it would send, the paths several hold at one size are compared by checksum
+    there, then each node sends its share (vmrun.transfer.merge decides), all in parallel.
+    A node that fails a step is that node's outcome; the others go on."""
+    from vmrun.transfer.download import Listed, download, listed
+    from vmrun.transfer.manifest import remote_hashes
+    from vmrun.transfer.merge import in_doubt, merge
+
+    specs: dict[str, list[FetchSpec]] = {}
+
+    def look(entry: HostEntry, conn: Any) -> dict[str, Listed]:
+        specs[entry.label] = specs_of(entry, conn)
+        return listed(conn, specs[entry.label], dest, options)
+
+    looked = group.map(look, only=order)
+    held = {o.host: o.value for o in looked if o.value is not None}
+    doubt = in_doubt(order, held)
+
+    def digests(entry: HostEntry, conn: Any) -> dict[str, str]:
+        mine = held[entry.label]
+        paths = sorted(doubt[entry.label])
+        by_remote = remote_hashes(conn, [mine[p].remote for p in paths])
+        return {p: by_remote[mine[p].remote] for p in paths if mine[p].remote in by_remote}
+
+    hashed = group.map(digests, only=list(doubt)) if doubt else []
+    sums = {o.host: o.value for o in hashed if o.value is not None}
+    lost = {o.host: o for o in hashed if o.error is not None}  # that node's outcome
+    held = {node: files for node, files in held.items() if node not in lost}
+    decided = merge([n for n in order if n in held], held, sums)
+
+    def send(entry: HostEntry, conn: Any) -> Report:
+        share = decided.share(entry.label)
+        return download(conn, specs[entry.label], dest, options, shown, only=share)
+
+    sent = {o.host: o for o in group.map(send, only=list(held))}
+    outcomes: list[Outcome[Report]] = []
+    for looking in looked:  # in the group's order; a node that failed before sending: why
+        failed = lost.get(looking.host, looking)
+        outcomes.append(
+            sent.get(looking.host) or Outcome(looking.host, None, failed.error, failed.duration)
+        )
+    return outcomes, decided.conflicts
 
 
 def _options(job: FetchJob) -> Options:

@@ -3,8 +3,9 @@
 A thin map from names to `FetchSpec`s over a `RunLocation`. The runs code owns where a run
 lives; it only has to produce a RunLocation (`locate_run` below reads the layout
 `~/.vmrun/runs/<run-id>/run.json` + `<workdir>/results/<run-id>/` and is the one function
-to replace if that changes). Locally, a run mirrors to `results/<run-id>/` (with a
-subfolder per host when several hosts are fetched from).
+to replace if that changes). Locally, a run mirrors to `results/<run-id>/`: its nodes'
+outputs merged there, each node's record but the master's in a subfolder of its own (with
+--all-hosts or explicit paths, a subfolder per host).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ PROVENANCE = (
 )
 WHATS = ("results", "checkpoints", "logs", "metrics")
 CHECKPOINTS = ("*.pt", "*.pth", "*.ckpt", "*.safetensors", "ckpt*.tar", "checkpoint*")
+# what `fetch checkpoints` brings: those, and a sharded (torch.distributed.checkpoint) one's
+# files, each rank's shards and the .metadata that names them
+FETCHED_CHECKPOINTS = (*CHECKPOINTS, "*.distcp", ".metadata")
 METRICS = ("*.jsonl", "*.csv", "metrics*", "events.out.tfevents.*")
 # a Slurm run's record also keeps `starts` and `exit` (attempt, code, time): its times
 # `recoveries`: what a run's supervisor did (train --recover), kept with the run's logs; a
@@ -92,10 +96,13 @@ def resolve_what(
     include: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
     latest: int | None = None,
+    node_dir: str | None = None,
 ) -> list[FetchSpec]:
     """The FetchSpecs for a WHAT name, or for a path relative to the run's output folder.
 
     `latest` keeps the newest N checkpoints; with `results` the other files all come too.
+    `node_dir`: the node's record goes into this folder of the run's (a merged fetch of
+    several nodes' outputs, where each node's log and run.json are its own).
     """
     local = local_run_dir(run.run_id, host_dir)
     label = f"{what} of run {run.run_id}"
@@ -103,9 +110,10 @@ def resolve_what(
     def spec(
         remote: str, select: tuple[str, ...], *, drop: tuple[str, ...] = (), newest: bool = False
     ) -> FetchSpec:
+        own = node_dir if remote == run.record_dir else None
         return FetchSpec(
             remote=remote,
-            local=local,
+            local=posixpath.join(local, own) if own else local,
             select=select,
             include=include,
             exclude=exclude + drop,
@@ -115,15 +123,15 @@ def resolve_what(
         )
 
     if what == "checkpoints":
-        return [spec(run.out_dir, CHECKPOINTS, newest=True)]
+        return [spec(run.out_dir, FETCHED_CHECKPOINTS, newest=True)]
     if what == "metrics":
         return [spec(run.out_dir, METRICS)]
     if what == "logs":
         return [spec(run.record_dir, LOGS), *([spec(run.out_dir, run.logs)] if run.logs else [])]
     if what == "results":
         return [
-            spec(run.out_dir, CHECKPOINTS, newest=True),
-            spec(run.out_dir, (), drop=CHECKPOINTS),
+            spec(run.out_dir, FETCHED_CHECKPOINTS, newest=True),
+            spec(run.out_dir, (), drop=FETCHED_CHECKPOINTS),
             spec(run.record_dir, LOGS),
         ]
     remote = normalize_remote(what, base=run.out_dir)
@@ -229,13 +237,20 @@ def specs_for(
     include: tuple[str, ...],
     exclude: tuple[str, ...],
     latest: int | None,
+    node_dir: str | None = None,
 ) -> list[FetchSpec]:
     specs: list[FetchSpec] = []
     for item in items:
         if item in WHATS or run is not None:
             location = location or locate_run(conn, run)
             specs += resolve_what(
-                item, location, host_dir=host_dir, include=include, exclude=exclude, latest=latest
+                item,
+                location,
+                host_dir=host_dir,
+                include=include,
+                exclude=exclude,
+                latest=latest,
+                node_dir=node_dir,
             )
         else:
             specs.append(

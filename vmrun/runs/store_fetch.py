@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vmrun.errors import RemoteError, UsageError
-from vmrun.runs.outputs import CHECKPOINTS, WHATS, RunLocation, resolve_what
+from vmrun.runs.outputs import FETCHED_CHECKPOINTS, WHATS, RunLocation, resolve_what
 from vmrun.store_url import StoreURL
 from vmrun.stores.bucket import Object, calling, objects
 from vmrun.stores.sync import RECORD
@@ -104,7 +104,7 @@ def _wanted(
                 continue
             if selected(rel, spec):
                 hits.append((obj, posixpath.join(spec.local, rel)))
-        if spec.latest is not None and spec.select == CHECKPOINTS:
+        if spec.latest is not None and spec.select == FETCHED_CHECKPOINTS:
             hits = sorted(hits, key=lambda h: h[0].modified)[-spec.latest :]
         for obj, local in hits:
             chosen.setdefault(obj.key, (obj, local))

@@ -30,7 +30,8 @@ import posixpath
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmrun.errors import VmrunError
@@ -67,6 +68,16 @@ _UMASK = _umask()
 
 
 # -- planning --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One file (or symlink) a download would bring: where it is on the host, its size
+    (-1: a symlink, to `link`)."""
+
+    remote: str
+    size: int
+    link: str = ""
 
 
 def _plan(
@@ -353,27 +364,57 @@ def _relist(conn: Connection, items: list[Item], report: Report) -> list[Item]:
 # -- the entry point -------------------------------------------------------------------
 
 
+def listed(
+    conn: Connection, specs: Sequence[FetchSpec], dest: Path, options: Options | None = None
+) -> dict[str, Listed]:
+    """What a download of `specs` would bring from the host, by local path (relative to
+    `dest`), nothing moved: one listing round trip (none for no specs)."""
+    if not specs:
+        return {}
+    items, links = _listing_plan(conn, specs, dest, options or Options(), Report(conn.label))
+    found = {it.display: Listed(it.remote, it.entry.size) for it in items}
+    found.update({shown: Listed("", -1, target) for target, _local, shown in links})
+    return found
+
+
+def _listing_plan(
+    conn: Connection,
+    specs: Sequence[FetchSpec],
+    dest: Path,
+    options: Options,
+    report: Report,
+    progress: Progress | None = None,
+) -> tuple[list[Item], list[tuple[str, Path, str]]]:
+    roots = list(dict.fromkeys(s.remote for s in specs))  # `results` lists one folder twice
+    listing = list_remote(conn, roots)
+    for text in listing.warnings:
+        report.warnings.append(text)
+        if progress is not None:
+            progress.warn(conn.label, text)
+    by_root = dict(zip(roots, listing.roots, strict=True))
+    return _plan([(s, by_root[s.remote]) for s in specs], listing.remote_now, dest, options, report)
+
+
 def download(
     conn: Connection,
     specs: Sequence[FetchSpec],
     dest: Path,
     options: Options | None = None,
     progress: Progress | None = None,
+    *,
+    only: Collection[str] | None = None,
 ) -> Report:
-    """Fetch `specs` from the host into `dest`; see the module docstring for the steps."""
+    """Fetch `specs` from the host into `dest`; see the module docstring for the steps.
+    `only`: just these local paths (relative to `dest`; a merged fetch's share of this
+    node), the rest of what the specs select left on the host."""
     options = options or Options()
     progress = progress or Progress()
     started = time.monotonic()
     report = Report(host=conn.label)
-    roots = list(dict.fromkeys(s.remote for s in specs))  # `results` lists one folder twice
-    listing = list_remote(conn, roots)
-    for text in listing.warnings:
-        report.warnings.append(text)
-        progress.warn(conn.label, text)
-    by_root = dict(zip(roots, listing.roots, strict=True))
-    items, links = _plan(
-        [(s, by_root[s.remote]) for s in specs], listing.remote_now, dest, options, report
-    )
+    items, links = _listing_plan(conn, specs, dest, options, report, progress)
+    if only is not None:
+        items = [it for it in items if it.display in only]
+        links = [link for link in links if link[2] in only]
     _place_links(links, report)
     to_send, to_check = [], []
     for it in items:

@@ -226,6 +226,7 @@ def preflight(
                     hint=f"run `vmrun setup {entry.label}`",
                     code="torch-missing",
                 )
+            check_numpy(plan, node)
         return node, found
 
     outcomes = group.map(check, only=only)
@@ -244,6 +245,24 @@ def preflight(
     elif found and multi:
         stale.check_same(group, found)
     return nodes
+
+
+def check_numpy(plan: Plan, node: Node) -> None:
+    """The template's --fsdp over several nodes saves through torch.distributed.checkpoint,
+    which needs numpy on every node: refused before the start, not at the first checkpoint
+    (a host whose facts do not say, or an image's Python, is not judged)."""
+    assert node.facts is not None
+    fsdp = plan.is_template and "--fsdp" in plan.args
+    if not fsdp or node.image is not None or node.facts.data.get("numpy") is not False:
+        return
+    raise UsageError(
+        f"--fsdp: numpy is not importable by {node.env.python} (torch.distributed.checkpoint"
+        " needs it to save over several ranks); nothing was started",
+        host=node.entry.label,
+        hint=f"run `vmrun setup {node.entry.label}` (it installs numpy), or pip install numpy"
+        " into that Python",
+        code="numpy-missing",
+    )
 
 
 def check_same_env(nodes: dict[str, Node]) -> None:
