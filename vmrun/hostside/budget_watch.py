@@ -75,14 +75,14 @@ def watch(rec: str, pid: int, seconds: float, cap: str, run: int = 0) -> int:
         if time.monotonic() > starting:
             break
         pause(1.0)  # its ranks may still be starting: none has its handler yet
-    if not alive(rec, pid):
-        return 0
-    if sent:
+    if sent:  # said even when the ranks were quick to end: they were told
         tell(
             rec,
             f"the run has cost --max-cost {cap}: snapshot and stop after this epoch"
             f" (SIGUSR2 to {sent} rank(s))",
         )
+    elif not alive(rec, pid):
+        return 0
     else:
         tell(
             rec,
