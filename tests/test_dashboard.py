@@ -62,6 +62,10 @@ class FakeViews:
         self.acted.append(("stop", run_id))
         return {"run": run_id, "nodes": [], "unreached": {}, "exit": 0}
 
+    def gpus(self) -> dict[str, Any]:
+        host = {"host": "a", "state": "ok", "gpus": [{"index": 0, "health": []}], "processes": []}
+        return {"hosts": [host], "error": None}
+
     def follow(self, run_id: str) -> Callable[[Reporter], str]:
         def follow(out: Reporter) -> str:
             out.output(b"[a rank0] epoch 1\n[b rank1] epoch 1\n")
@@ -90,7 +94,15 @@ def served(
 
 def test_without_the_token_every_request_is_refused() -> None:
     async def test(client: TestClient, access: Access, views: FakeViews) -> None:
-        for path in ("/", "/api/runs", "/api/runs/r1", "/api/runs/r1/log", "/static/app.js"):
+        paths = (
+            "/",
+            "/api/runs",
+            "/api/runs/r1",
+            "/api/runs/r1/log",
+            "/api/gpus",
+            "/static/app.js",
+        )
+        for path in paths:
             resp = await client.get(path)
             assert resp.status == 403, path
             assert "token" in (await resp.json())["error"]["message"]
@@ -153,6 +165,8 @@ def test_the_api_shape_and_errors() -> None:
         assert run["state"] == "running" and run["cost"]["amount"] == 1.5
         metrics = await (await client.get("/api/runs/r1/metrics", cookies=jar)).json()
         assert metrics["metrics"]["loss"] == [[1, 2.0], [2, 1.0]]
+        gpus = await (await client.get("/api/gpus", cookies=jar)).json()
+        assert gpus["hosts"][0]["gpus"][0]["index"] == 0 and gpus["error"] is None
         missing = await client.get("/api/runs/nope", cookies=jar)
         assert missing.status == 404
         assert (await missing.json())["error"]["code"] == "run-not-found"

@@ -1,8 +1,8 @@
 """`vmrun dashboard` in a real headless Chromium, over a real two-node torchrun run on the
 test hosts: the runs page lists it with its state, a line a rank writes shows within a
 second, the loss chart has a point per epoch, "stacks now" shows both ranks, stop asks and
-then leaves no process, a request without the token is refused, nothing secret is served,
-and all of it over one SSH connection per host."""
+then leaves no process, the GPUs page has each host, a request without the token is
+refused, nothing secret is served, and all of it over one SSH connection per host."""
 
 from __future__ import annotations
 
@@ -105,6 +105,20 @@ async def _browse(
         await _a_new_line_within_a_second(page, gate, host_log)
         await _stacks_now(page)
         await _stop_asks_first(page, rid, n1, n2)
+        await _gpus(page)
+
+
+async def _gpus(page: Page) -> None:
+    """Each host as `watch-gpus` sees it (these hosts have no GPU: said, not failed)."""
+    await page.value("location.hash = '#/gpus'")
+    for host in ("n1", "n2"):
+        state = await page.until(
+            f"(() => {{ const r = document.querySelector('#gpus tr[data-host=\"{host}\"]');"
+            " return r && r.children[1].textContent; })()",
+            60,
+            f"{host}'s GPUs row",
+        )
+        assert state.startswith(("no-gpu", "ok")), state
 
 
 async def _a_new_line_within_a_second(page: Page, gate: Gate, host_log: Path) -> None:

@@ -49,6 +49,7 @@ def make_app(views: Views, access: Access) -> web.Application:
     app.router.add_get("/", _page)
     app.router.add_get("/static/{name}", _static)
     app.router.add_get("/api/runs", partial(_call, "runs"))
+    app.router.add_get("/api/gpus", partial(_call, "gpus"))
     app.router.add_get("/api/runs/{run}", partial(_call, "run"))
     app.router.add_get("/api/runs/{run}/metrics", partial(_call, "metrics"))
     app.router.add_get("/api/runs/{run}/log", _log)

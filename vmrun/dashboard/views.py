@@ -28,6 +28,7 @@ class Views:
     cluster: str | None = None
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _gpus: GpuWatch | None = None
 
     def runs(self) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
@@ -140,6 +141,52 @@ class Views:
             "unreached": unreached,
             "exit": stopped.exit_code,
         }
+
+    def gpus(self) -> dict[str, Any]:
+        """What `vmrun watch-gpus --json` says of each host now (`hosts`, host order): one
+        watch for the server's life, started by the first ask, shared by every page."""
+        with self._lock:
+            if self._gpus is None:
+                self._gpus = GpuWatch(self.settings, self.hosts, self.cluster).start()
+            watch = self._gpus
+        return watch.now()
+
+
+class GpuWatch:
+    """`watch-gpus`' FleetWatch, drained in a thread: each host's latest status. A watch
+    that could not start (no hosts, no running job on a cluster) says why in `error`."""
+
+    def __init__(self, settings: Settings, hosts: list[str] | None, cluster: str | None):
+        self._args = settings, hosts, cluster
+        self._lock = threading.Lock()
+        self._hosts: list[dict[str, Any]] = []
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True, name="watch-gpus")
+
+    def start(self) -> GpuWatch:
+        self._thread.start()
+        return self
+
+    def now(self) -> dict[str, Any]:
+        with self._lock:
+            return {"hosts": list(self._hosts), "error": self._error}
+
+    def _main(self) -> None:
+        from vmrun.operations.gpus import watch
+
+        settings, hosts, cluster = self._args
+        try:
+            with watch(settings, hosts, cluster=cluster) as fleet_watch:
+                if fleet_watch is None:
+                    raise UsageError(f"no running job on cluster {cluster}: no GPU to watch")
+                while True:
+                    fleet_watch.drain(1.0)
+                    statuses = [s.to_json() for s in fleet_watch.fleet.statuses()]
+                    with self._lock:
+                        self._hosts = statuses
+        except VmrunError as exc:
+            with self._lock:
+                self._error = exc.one_line()
 
 
 def _line(error: BaseException) -> str:

@@ -35,7 +35,10 @@ class Held(Connection):
         return super().transport
 
     def close(self) -> None:
-        """Left open: the pool closes it (`release`)."""
+        """Left open for the others (the pool closes it, `release`); one whose link was
+        lost is reset, so that its next use dials anew (a watch retrying on it)."""
+        if self.broken:
+            super().close()
 
     def release(self) -> None:
         super().close()

@@ -249,13 +249,55 @@ async function stopRun() {
   }
 }
 
+// -- the GPUs page (`watch-gpus`) -------------------------------------------------------
+const GPUS_EVERY_MS = 2000;
+const num = (v, unit) => (v === null || v === undefined ? "-" : `${Math.round(v)}${unit}`);
+
+function gpuRow(host, gpu, procs) {
+  const row = el("tr");
+  row.dataset.host = host.host;
+  row.append(el("td", host.host), el("td", host.state + (host.message ? ` (${host.message})` : ""), `state ${host.state}`));
+  if (!gpu) { for (let i = 0; i < 7; i++) row.append(el("td", "-")); return row; }
+  const mem = gpu.memory_total_mib ? `${num(gpu.memory_used_mib, "")}/${num(gpu.memory_total_mib, " MiB")}` : "-";
+  const flags = [...gpu.health, ...(gpu.idle_alert ? [`idle ${Math.round(gpu.idle_for_s)} s`] : [])];
+  const mine = procs.filter((p) => p.gpu_uuid === gpu.uuid).map((p) => `${p.pid} ${p.name}${p.run ? ` (${p.run})` : ""}`);
+  row.append(el("td", `${gpu.index} ${gpu.name}`), el("td", num(gpu.utilization_pct, " %")), el("td", mem),
+    el("td", num(gpu.temperature_c, " °C")), el("td", num(gpu.power_draw_w, " W")),
+    el("td", flags.join(", ") || "ok"), el("td", mine.join("; ") || "-"));
+  return row;
+}
+
+async function loadGpus() {
+  try {
+    const got = await api("/api/gpus");
+    $("gpus-error").textContent = got.error || "";
+    const body = document.querySelector("#gpus tbody");
+    body.replaceChildren();
+    for (const host of got.hosts) {
+      if (!host.gpus.length) body.append(gpuRow(host, null, []));
+      for (const gpu of host.gpus) body.append(gpuRow(host, gpu, host.processes));
+    }
+    $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (e) {
+    $("gpus-error").textContent = e.message;
+  }
+}
+
 // -- routing ---------------------------------------------------------------------------
 function route() {
   clearInterval(runsTimer); clearInterval(metricsTimer);
   if (source) { source.close(); source = null; }
   const match = /^#\/run\/(.+)$/.exec(location.hash);
-  $("runs-page").hidden = !!match;
+  const gpus = location.hash === "#/gpus";
+  $("runs-page").hidden = !!match || gpus;
   $("run-page").hidden = !match;
+  $("gpus-page").hidden = !gpus;
+  if (gpus) {
+    current = null;
+    loadGpus();
+    runsTimer = setInterval(() => { if (!document.hidden) loadGpus(); }, GPUS_EVERY_MS);
+    return;
+  }
   if (!match) {
     current = null;
     loadRuns();
