@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_for
 
 pytest.importorskip("aiohttp")
 
@@ -244,3 +245,45 @@ def test_without_the_extra_one_line_names_it(tmp_path: Path) -> None:
     assert done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
     assert "pip install 'vmrun[dashboard]'" in line and "aiohttp" in line
+
+
+def test_pages_asking_at_once_share_one_listing_of_the_hosts(monkeypatch: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmrun.config import load_settings
+    from vmrun.dashboard.views import Views
+
+    views = Views(load_settings())
+    asked, release = [], threading.Event()
+
+    def listing() -> dict[str, Any]:
+        asked.append(1)
+        release.wait(10)
+        return {"runs": [RUN], "unreached": []}
+
+    class Counted:
+        """The views' lock, counting who took it: each ask looks at the listing under it."""
+
+        def __init__(self) -> None:
+            self.lock, self.taken = threading.Lock(), 0
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+            self.taken += 1
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    counted = Counted()
+    monkeypatch.setattr(views, "_list", listing)
+    monkeypatch.setattr(views, "_lock", counted)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(views.runs)
+        wait_for(lambda: asked, 10, "the first listing")
+        others = [pool.submit(views.runs) for _ in range(2)]
+        wait_for(lambda: counted.taken >= 3, 10, "two more asks")  # both hold the listing
+        release.set()
+        answers = [first.result(10), *(o.result(10) for o in others)]
+    assert asked == [1] and all(a["runs"] == [RUN] for a in answers)
+    views.runs()  # a later ask lists again (release is still set)
+    assert asked == [1, 1]

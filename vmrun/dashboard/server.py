@@ -66,13 +66,17 @@ async def _serve(
 
     runner = web.AppRunner(make_app(views, access), access_log=None)
     await runner.setup()
+    warming = None
     try:
         await _listen(runner, bind, port)
+        warming = asyncio.get_running_loop().run_in_executor(None, views.warm)
         bound = runner.addresses[0][1]
         host = f"[{bind}]" if ":" in bind else bind
         opened(f"http://{host}:{bound}/?token={access.token}")
         await asyncio.Event().wait()  # until Ctrl-C
     finally:
+        if warming is not None:
+            warming.cancel()
         await runner.cleanup()
 
 

@@ -5,8 +5,10 @@ and `plot` read, `fetch metrics` first while it runs), its stacks (`stacks`) and
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +31,31 @@ class Views:
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _gpus: GpuWatch | None = None
+    _listing: Future[dict[str, Any]] | None = None
 
     def runs(self) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
-        answer, each with its error)."""
+        answer, each with its error). Asked while a listing is under way (several pages,
+        the server's own first one), the answer is that listing's: hosts are asked once."""
+        with self._lock:
+            flight = self._listing
+            mine = flight is None
+            if flight is None:
+                flight = self._listing = Future()
+        if not mine:
+            return flight.result()
+        try:
+            listed = self._list()
+            flight.set_result(listed)
+        except BaseException as exc:
+            flight.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                self._listing = None
+        return listed
+
+    def _list(self) -> dict[str, Any]:
         from vmrun.operations.status import gather
 
         found = gather(self.settings, hosts=self.hosts, cluster=self.cluster, watchdog=False)
@@ -40,6 +63,12 @@ class Views:
         with self._lock:
             self._seen.update({r["run"]: r for r in runs})
         return {"runs": runs, "unreached": found.places()}
+
+    def warm(self) -> None:
+        """The first listing, as the server starts: the hosts are dialed (and listed) while
+        the browser opens, and its first ask joins this listing."""
+        with contextlib.suppress(VmrunError):
+            self.runs()
 
     def run(self, run_id: str) -> dict[str, Any]:
         """One run's object, as the runs listing has it (listed afresh)."""
@@ -82,10 +111,14 @@ class Views:
         note = None
         if self._seen.get(run_id, {}).get("state") in LIVE:
             note = self._fetch_metrics(run_id, place)
+        problems: list[VmrunError] = []
         try:
-            (history,) = gather([run_id], settings=lambda: self.settings, verb="chart", **place)
+            (history,) = gather(
+                [run_id], settings=lambda: self.settings, left_out=problems, **place
+            )
         except VmrunError as exc:
-            return {"run": run_id, "metrics": {}, "rank_step_s": None, "note": exc.one_line()}
+            why = (problems[0] if problems else exc).one_line()
+            return {"run": run_id, "metrics": {}, "rank_step_s": None, "note": why}
         return {
             "run": run_id,
             "metrics": {name: history.values(name) for name in history.metric_names},

@@ -2,7 +2,7 @@
 // (`report`'s metrics), its stacks (`stacks`) and stop (`stop`), from the JSON API here.
 "use strict";
 const $ = (id) => document.getElementById(id);
-const RUNS_EVERY_MS = 5000;
+const RUNS_EVERY_MS = 10000;
 const METRICS_EVERY_MS = 10000;
 let runsTimer = null, metricsTimer = null, source = null, chart = null, current = null;
 let lastRuns = [];
