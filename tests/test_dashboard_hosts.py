@@ -1,8 +1,9 @@
 """`vmrun dashboard` in a real headless Chromium, over a real two-node torchrun run on the
-test hosts: the runs page lists it with its state, a line a rank writes shows within a
-second, the loss chart has a point per epoch, "stacks now" shows both ranks, stop asks and
-then leaves no process, the GPUs page has each host, a request without the token is
-refused, nothing secret is served, and all of it over one SSH connection per host."""
+test hosts: the runs page lists it and a finished one with their states and costs, a line
+a rank writes shows within a second, the loss chart has a point per epoch, "stacks now"
+shows both ranks, stop asks and then leaves no process, the GPUs page has each host, a
+request without the token is refused, nothing secret is served, and all of it over one
+SSH connection per host."""
 
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ def test_the_dashboard_shows_follows_charts_and_stops_a_two_node_run(
     cluster: dict[str, TestHost], multi: Client, gate: Gate, tmp_path: Path
 ) -> None:
     n1, n2 = cluster["n1"], cluster["n2"]
+    project = multi.cwd / "vmrun.toml"  # each host's price: what a run costs so far
+    project.write_text(project.read_text().replace("python = ", "price = 0.5\npython = "))
+    finished = multi.vmrun("train", "--epochs", "1", "--nproc-per-node", "1", timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    done_rid = run_id_of(finished.stderr + finished.stdout)
     hooks = gate.options(2, EPOCH_DELAY="4")  # held after epoch 2; then 4 s an epoch
     started = multi.vmrun(
         "train",
@@ -70,7 +76,7 @@ def test_the_dashboard_shows_follows_charts_and_stops_a_two_node_run(
         status, body = _get(f"{base}/api/runs", {"X-Vmrun-Token": token})
         assert status == 200 and rid in body.decode()
         assert SECRET not in body.decode()
-        asyncio.run(_browse(url, rid, gate, host_log, n1, n2, tmp_path))
+        asyncio.run(_browse(url, (rid, done_rid), gate, host_log, n1, n2, tmp_path))
         status, body = _get(f"{base}/api/runs/{rid}", {"X-Vmrun-Token": token})
         run = json.loads(body)
         assert run["state"] == "stopped", run
@@ -83,18 +89,33 @@ def test_the_dashboard_shows_follows_charts_and_stops_a_two_node_run(
     assert run_pids(n1, rid) == [] and run_pids(n2, rid) == []
 
 
+async def _row(page: Page, rid: str) -> list[str]:
+    """The run's row on the runs page, cell by cell."""
+    return await page.until(
+        f"(() => {{ const r = document.querySelector('tr[data-run=\"{rid}\"]');"
+        " return r && [...r.children].map((c) => c.textContent); })()",
+        30,
+        f"run {rid}'s row",
+    )
+
+
 async def _browse(
-    url: str, rid: str, gate: Gate, host_log: Path, n1: TestHost, n2: TestHost, tmp: Path
+    url: str,
+    runs: tuple[str, str],
+    gate: Gate,
+    host_log: Path,
+    n1: TestHost,
+    n2: TestHost,
+    tmp: Path,
 ) -> None:
+    rid, done_rid = runs
     async with chromium(tmp) as page:
         await page.call("Page.navigate", url=url)
-        state = await page.until(
-            f"(() => {{ const r = document.querySelector('tr[data-run=\"{rid}\"]');"
-            " return r && r.children[2].textContent; })()",
-            30,
-            "the run's row",
-        )
-        assert state.startswith("running"), state
+        running, done = await _row(page, rid), await _row(page, done_rid)
+        assert running[1] == "n1, n2" and running[2].startswith("running"), running
+        assert done[1] == "n1, n2" and done[2] == "done", done
+        for row in (running, done):  # STATE, PROGRESS, STARTED, DURATION, COST, ...
+            assert row[6].startswith("$"), row  # cost so far, at the hosts' prices
         await page.value(f"location.hash = '#/run/{rid}'")
         chart = "document.getElementById('chart').dataset.points === '2'"
         await page.until(chart, 60, "a point for each of 2 epochs")
