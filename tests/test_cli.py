@@ -28,6 +28,7 @@ COMMANDS = [
     "plot",
     "sweep",
     "watch-gpus",
+    "dashboard",
     "tensorboard",
     "forward",
     "notify",
@@ -52,6 +53,7 @@ HEAVY = (
     "botocore",
     "apprise",
     "requests",
+    "aiohttp",
 )
 
 

@@ -52,6 +52,10 @@ def test_the_wheel_ships_playbooks_trainer_and_host_tools(tmp_path: Path) -> Non
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "vmrun = vmrun.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    static = sorted(p.name for p in (ROOT / "vmrun" / "dashboard" / "static").iterdir())
+    assert {"index.html", "app.js", "uPlot.iife.min.js", "uPlot.LICENSE"} <= set(static)
+    missing = [n for n in static if f"vmrun/dashboard/static/{n}" not in names]
+    assert not missing, f"the dashboard's files missing from the wheel: {missing}"
     assert "vmrun/py.typed" in names  # PEP 561: a user's mypy reads vmrun's annotations
     licences = [n for n in names if ".dist-info/" in n and n.endswith("/LICENSE")]
     assert licences, "LICENSE missing from the wheel's metadata"

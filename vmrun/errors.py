@@ -429,6 +429,8 @@ _SITE_CODES: tuple[tuple[type[VmrunError], str, str], ...] = (
     (VmrunError, "metrics-missing", "a finished run brought back no metrics.jsonl"),
     (VmrunError, "tensorboard-missing", "tensorboard is not installed here (`--local`)"),
     (VmrunError, "notify-failed", "`notify --test`: a service did not take the test message"),
+    (UsageError, "dashboard-extra-missing", "`vmrun dashboard` needs aiohttp (vmrun[dashboard])"),
+    (UsageError, "dashboard-port-taken", "`vmrun dashboard --port N`: the port is in use here"),
 )
 for _owner, _name, _meaning in _SITE_CODES:
     register(_name, _owner, _meaning)

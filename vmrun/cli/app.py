@@ -34,6 +34,7 @@ COMMANDS = (
     ("plot", "plot_cmd", "Plot a metric of runs by epoch or time: terminal, PNG or SVG."),
     ("sweep", "sweep_cmd", "Train at several sizes in turn; a scaling report and plot."),
     ("watch-gpus", "watch_gpus_cmd", "Show every host's GPUs live: use, memory, processes."),
+    ("dashboard", "dashboard_cmd", "Every run, its live log, loss and stop on a page here."),
     ("tensorboard", "tensorboard_cmd", "Serve a run's TensorBoard here, from the host."),
     ("forward", "forward_cmd", "Forward a port of a host to 127.0.0.1 here."),
     ("notify", "notify_cmd", "Where runs' ends are told (ntfy, Slack, mail); --test tries it."),

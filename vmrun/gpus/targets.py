@@ -12,6 +12,7 @@ from vmrun.config import Settings
 from vmrun.errors import ConfigError
 from vmrun.gpus.nvidia_smi import watch_argv
 from vmrun.remote_paths import AUTOSTOP_STATE
+from vmrun.ssh import pool
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.inventory import HostEntry
 
@@ -34,7 +35,7 @@ def host_targets(entries: Sequence[HostEntry], settings: Settings) -> list[Targe
     targets = []
     for entry in entries:
         nvidia_smi = nvidia_smi_for(entry)
-        conn = Connection(entry.spec, settings, label=entry.label)
+        conn = pool.connection(entry.spec, settings, entry.label)
         command = partial(watch_argv, nvidia_smi, autostop_state=AUTOSTOP_STATE)
         targets.append(Target(entry.label, conn, command, nvidia_smi=nvidia_smi))
     return targets

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 from vmrun.config import Settings
 from vmrun.errors import HostsFailed, Interrupted
+from vmrun.ssh import pool
 from vmrun.ssh.connection import Connection
 from vmrun.ssh.inventory import HostEntry
 
@@ -42,7 +43,7 @@ class Group:
         self.entries = list(entries)
         self.settings = settings
         self.connections = {
-            e.label: Connection(e.spec, settings, label=e.label) for e in self.entries
+            e.label: pool.connection(e.spec, settings, e.label) for e in self.entries
         }
         for conn in self.connections.values():
             conn.fan_out = len(self.entries)

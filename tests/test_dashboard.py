@@ -1,0 +1,289 @@
+"""`vmrun dashboard`'s own decisions, with fake operations behind it: who may read and act
+(the token, its cookie, the page's own origin), the API's shape, the log's events, what
+the page ships, and that nothing secret reaches a page."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+
+pytest.importorskip("aiohttp")
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from vmrun.dashboard.access import COOKIE, Access, same_origin
+from vmrun.dashboard.app import STATIC, make_app
+from vmrun.errors import UsageError
+from vmrun.reporting import Reporter
+
+RUN = {
+    "run": "r1",
+    "hosts": ["a", "b"],
+    "cluster": None,
+    "state": "running",
+    "epochs_done": 2,
+    "epochs_asked": 4,
+    "cost": {"amount": 1.5, "currency": "USD", "per_hour": 3.0},
+    "recoveries": None,
+    "store": None,
+}
+
+
+class FakeViews:
+    """What the operations would return; records each action asked."""
+
+    def __init__(self) -> None:
+        self.acted: list[tuple[str, str]] = []
+        self.release = threading.Event()
+
+    def runs(self) -> dict[str, Any]:
+        return {"runs": [RUN], "unreached": []}
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        if run_id != "r1":
+            raise UsageError(f"no run {run_id}", code="run-not-found")
+        return RUN
+
+    def metrics(self, run_id: str) -> dict[str, Any]:
+        return {"run": run_id, "metrics": {"loss": [[1, 2.0], [2, 1.0]]}, "note": None}
+
+    def stacks(self, run_id: str) -> dict[str, Any]:
+        self.acted.append(("stacks", run_id))
+        return {"run": run_id, "lines": ["rank 0-1: train.py:10"], "failed": {}}
+
+    def stop(self, run_id: str) -> dict[str, Any]:
+        self.acted.append(("stop", run_id))
+        return {"run": run_id, "nodes": [], "unreached": {}, "exit": 0}
+
+    def gpus(self) -> dict[str, Any]:
+        host = {"host": "a", "state": "ok", "gpus": [{"index": 0, "health": []}], "processes": []}
+        return {"hosts": [host], "error": None}
+
+    def follow(self, run_id: str) -> Callable[[Reporter], str]:
+        def follow(out: Reporter) -> str:
+            out.output(b"[a rank0] epoch 1\n[b rank1] epoch 1\n")
+            self.release.wait(10)
+            out.output(b"[a rank0] a later line\n")
+            return "run r1 ended (exit 0)"
+
+        return follow
+
+
+def served(
+    test: Callable[[TestClient, Access, FakeViews], Awaitable[None]],
+) -> None:
+    async def main() -> None:
+        access, views = Access(), FakeViews()
+        client = TestClient(TestServer(make_app(views, access)))  # type: ignore[arg-type]
+        await client.start_server()
+        try:
+            await test(client, access, views)
+        finally:
+            views.release.set()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_without_the_token_every_request_is_refused() -> None:
+    async def test(client: TestClient, access: Access, views: FakeViews) -> None:
+        paths = (
+            "/",
+            "/api/runs",
+            "/api/runs/r1",
+            "/api/runs/r1/log",
+            "/api/gpus",
+            "/static/app.js",
+        )
+        for path in paths:
+            resp = await client.get(path)
+            assert resp.status == 403, path
+            assert "token" in (await resp.json())["error"]["message"]
+        resp = await client.get("/api/runs", params={"token": "wrong"})
+        assert resp.status == 403
+        resp = await client.post("/api/runs/r1/stop")
+        assert resp.status == 403
+        assert views.acted == []
+
+    served(test)
+
+
+def test_the_token_once_then_a_strict_httponly_cookie() -> None:
+    async def test(client: TestClient, access: Access, views: FakeViews) -> None:
+        resp = await client.get("/", params={"token": access.token}, allow_redirects=False)
+        assert resp.status == 302
+        assert resp.headers["Location"] == "/"  # the token leaves the address bar
+        cookie = resp.headers["Set-Cookie"]
+        assert f"{COOKIE}={access.token}" in cookie
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        page = await client.get("/", cookies={COOKIE: access.token})
+        assert page.status == 200
+        assert "/static/uPlot.iife.min.js" in await page.text()
+        assert page.headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+        runs = await client.get("/api/runs", cookies={COOKIE: access.token})
+        assert (await runs.json())["runs"][0]["run"] == "r1"
+
+    served(test)
+
+
+def test_an_action_needs_the_pages_own_origin() -> None:
+    async def test(client: TestClient, access: Access, views: FakeViews) -> None:
+        jar = {COOKIE: access.token}
+        own = f"http://{client.server.host}:{client.server.port}"
+        refused = [
+            {},  # no Origin, no Referer: not known to be the page's
+            {"Origin": "http://evil.example"},
+            {"Origin": own, "Sec-Fetch-Site": "cross-site"},
+            {"Referer": "http://evil.example/page"},
+        ]
+        for headers in refused:
+            resp = await client.post("/api/runs/r1/stop", cookies=jar, headers=headers)
+            assert resp.status == 403, headers
+        assert views.acted == []
+        same = {"Origin": own, "Sec-Fetch-Site": "same-origin"}
+        resp = await client.post("/api/runs/r1/stop", cookies=jar, headers=same)
+        assert resp.status == 200 and (await resp.json())["exit"] == 0
+        resp = await client.post("/api/runs/r1/stacks", headers={"X-Vmrun-Token": access.token})
+        assert resp.status == 200
+        assert views.acted == [("stop", "r1"), ("stacks", "r1")]
+
+    served(test)
+
+
+def test_the_api_shape_and_errors() -> None:
+    async def test(client: TestClient, access: Access, views: FakeViews) -> None:
+        jar = {COOKIE: access.token}
+        run = await (await client.get("/api/runs/r1", cookies=jar)).json()
+        assert run["state"] == "running" and run["cost"]["amount"] == 1.5
+        metrics = await (await client.get("/api/runs/r1/metrics", cookies=jar)).json()
+        assert metrics["metrics"]["loss"] == [[1, 2.0], [2, 1.0]]
+        gpus = await (await client.get("/api/gpus", cookies=jar)).json()
+        assert gpus["hosts"][0]["gpus"][0]["index"] == 0 and gpus["error"] is None
+        missing = await client.get("/api/runs/nope", cookies=jar)
+        assert missing.status == 404
+        assert (await missing.json())["error"]["code"] == "run-not-found"
+        assert (await client.get("/static/../app.py", cookies=jar)).status in (403, 404)
+        assert (await client.get("/static/secret.txt", cookies=jar)).status == 404
+
+    served(test)
+
+
+def test_the_log_is_every_line_so_far_then_each_new_one() -> None:
+    async def test(client: TestClient, access: Access, views: FakeViews) -> None:
+        resp = await client.get("/api/runs/r1/log", cookies={COOKIE: access.token})
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events: list[dict[str, Any]] = []
+
+        async def read_until(text: str) -> None:
+            while not any(text in e["text"] for e in events):
+                line = await asyncio.wait_for(resp.content.readline(), 10)
+                if line.startswith(b"data: "):
+                    events.append(json.loads(line[6:]))
+
+        await read_until("[b rank1] epoch 1")
+        views.release.set()
+        await read_until("ended")
+        assert [(e["kind"], e["text"]) for e in events] == [
+            ("log", "[a rank0] epoch 1"),
+            ("log", "[b rank1] epoch 1"),
+            ("log", "[a rank0] a later line"),
+            ("end", "run r1 ended (exit 0)"),
+        ]
+
+    served(test)
+
+
+def test_origin_checks() -> None:
+    assert same_origin("http://127.0.0.1:8777", None, "127.0.0.1:8777")
+    assert not same_origin("http://127.0.0.1:8778", None, "127.0.0.1:8777")
+    assert not same_origin(None, None, "127.0.0.1:8777")
+    assert same_origin(None, "http://127.0.0.1:8777/#/run/x", "127.0.0.1:8777")
+    assert not same_origin("null", None, "127.0.0.1:8777")
+    assert Access().token != Access().token and len(Access().token) >= 40
+
+
+def test_the_page_ships_its_files_and_a_chart_library_with_its_license() -> None:
+    from importlib import resources
+
+    static = resources.files("vmrun.dashboard").joinpath("static")
+    for name in ["index.html", *STATIC]:
+        assert static.joinpath(name).read_bytes(), name
+    assert "MIT License" in static.joinpath("uPlot.LICENSE").read_text()
+    page = static.joinpath("index.html").read_text() + static.joinpath("app.js").read_text()
+    assert "http://" not in page.replace("http://www.w3.org", "")  # no CDN
+    assert "https://" not in page
+
+
+def test_without_the_extra_one_line_names_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; sys.modules['aiohttp'] = None\n"
+        "from vmrun.cli.main import main\n"
+        "sys.exit(main(['dashboard', '-H', 'nobody@192.0.2.1']))"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": root, "HOME": str(tmp_path)},
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert "pip install 'vmrun[dashboard]'" in line and "aiohttp" in line
+
+
+def test_pages_asking_at_once_share_one_listing_of_the_hosts(monkeypatch: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vmrun.config import load_settings
+    from vmrun.dashboard.views import Views
+
+    views = Views(load_settings())
+    asked, release = [], threading.Event()
+
+    def listing() -> dict[str, Any]:
+        asked.append(1)
+        release.wait(10)
+        return {"runs": [RUN], "unreached": []}
+
+    class Counted:
+        """The views' lock, counting who took it: each ask looks at the listing under it."""
+
+        def __init__(self) -> None:
+            self.lock, self.taken = threading.Lock(), 0
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+            self.taken += 1
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    counted = Counted()
+    monkeypatch.setattr(views, "_list", listing)
+    monkeypatch.setattr(views, "_lock", counted)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(views.runs)
+        wait_for(lambda: asked, 10, "the first listing")
+        others = [pool.submit(views.runs) for _ in range(2)]
+        wait_for(lambda: counted.taken >= 3, 10, "two more asks")  # both hold the listing
+        release.set()
+        answers = [first.result(10), *(o.result(10) for o in others)]
+    assert asked == [1] and all(a["runs"] == [RUN] for a in answers)
+    views.runs()  # a later ask lists again (release is still set)
+    assert asked == [1, 1]

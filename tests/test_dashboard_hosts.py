@@ -1,0 +1,196 @@
+"""`vmrun dashboard` in a real headless Chromium, over a real two-node torchrun run on the
+test hosts: the runs page lists it and a finished one with their states and costs, a line
+a rank writes shows within a second, the loss chart has a point per epoch, "stacks now"
+shows both ranks, stop asks and then leaves no process, the GPUs page has each host, a
+request without the token is refused, nothing secret is served, and all of it over one
+SSH connection per host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from browser import Page, chromium
+from conftest import Client, run_id_of, run_pids, template_out, wait_for
+from testbed import TestHost
+from train_helpers import Gate
+from web_helpers import Lines
+
+SECRET = "dashboard-secret-4f1c9e"  # a run's --env value: never on a page
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _logins(cluster: dict[str, TestHost]) -> dict[str, int]:
+    return {h: cluster[h].sshd_log().count("Accepted publickey") for h in ("n1", "n2")}
+
+
+def test_the_dashboard_shows_follows_charts_and_stops_a_two_node_run(
+    cluster: dict[str, TestHost], multi: Client, gate: Gate, tmp_path: Path
+) -> None:
+    n1, n2 = cluster["n1"], cluster["n2"]
+    project = multi.cwd / "vmrun.toml"  # each host's price: what a run costs so far
+    project.write_text(project.read_text().replace("python = ", "price = 0.5\npython = "))
+    finished = multi.vmrun("train", "--epochs", "1", "--nproc-per-node", "1", timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    done_rid = run_id_of(finished.stderr + finished.stdout)
+    hooks = gate.options(2, EPOCH_DELAY="4")  # held after epoch 2; then 4 s an epoch
+    started = multi.vmrun(
+        "train",
+        "--epochs",
+        "8",
+        "--nproc-per-node",
+        "1",
+        "--detach",
+        "-e",
+        f"DASH_SECRET={SECRET}",
+        *hooks,
+        timeout=300,
+    )
+    assert started.returncode == 0, started.stderr
+    rid = run_id_of(started.stderr + started.stdout)
+    metrics = template_out(n1, multi, rid) / "metrics.jsonl"
+    two = lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2  # noqa: E731
+    wait_for(two, 180, "epoch 2's metrics on n1")
+    host_log = n1.home / ".vmrun" / "runs" / rid / "log"
+    before = _logins(cluster)
+    lines = Lines(multi.popen("dashboard", "--port", "0"))
+    try:
+        url = lines.url(60)
+        base, token = url.split("/?token=")
+        assert _get(f"{base}/api/runs")[0] == 403  # no token, no cookie
+        assert _get(f"{base}/api/runs", {"Cookie": "vmrun_dashboard=guess"})[0] == 403
+        status, body = _get(f"{base}/api/runs", {"X-Vmrun-Token": token})
+        assert status == 200 and rid in body.decode()
+        assert SECRET not in body.decode()
+        asyncio.run(_browse(url, (rid, done_rid), gate, host_log, n1, n2, tmp_path))
+        status, body = _get(f"{base}/api/runs/{rid}", {"X-Vmrun-Token": token})
+        run = json.loads(body)
+        assert run["state"] == "stopped", run
+        assert SECRET not in body.decode()
+        assert _logins(cluster) == {h: n + 1 for h, n in before.items()}  # one connection each
+    finally:
+        code, err = lines.finish(signal.SIGINT)
+        gate.open()
+    assert code == 0, err
+    assert run_pids(n1, rid) == [] and run_pids(n2, rid) == []
+
+
+async def _row(page: Page, rid: str) -> list[str]:
+    """The run's row on the runs page, cell by cell."""
+    return await page.until(
+        f"(() => {{ const r = document.querySelector('tr[data-run=\"{rid}\"]');"
+        " return r && [...r.children].map((c) => c.textContent); })()",
+        30,
+        f"run {rid}'s row",
+    )
+
+
+async def _browse(
+    url: str,
+    runs: tuple[str, str],
+    gate: Gate,
+    host_log: Path,
+    n1: TestHost,
+    n2: TestHost,
+    tmp: Path,
+) -> None:
+    rid, done_rid = runs
+    async with chromium(tmp) as page:
+        await page.call("Page.navigate", url=url)
+        running, done = await _row(page, rid), await _row(page, done_rid)
+        assert running[1] == "n1, n2" and running[2].startswith("running"), running
+        assert done[1] == "n1, n2" and done[2] == "done", done
+        for row in (running, done):  # STATE, PROGRESS, STARTED, DURATION, COST, ...
+            assert row[6].startswith("$"), row  # cost so far, at the hosts' prices
+        await page.value(f"location.hash = '#/run/{rid}'")
+        chart = "document.getElementById('chart').dataset.points === '2'"
+        await page.until(chart, 60, "a point for each of 2 epochs")
+        log = "document.getElementById('log').textContent.includes('epoch 2/8')"
+        await page.until(log, 30, "the log so far")
+        html = await page.value("document.documentElement.outerHTML")
+        assert SECRET not in html
+        await _a_new_line_within_a_second(page, gate, host_log)
+        await _stacks_now(page)
+        await _stop_asks_first(page, rid, n1, n2)
+        await _gpus(page)
+
+
+async def _gpus(page: Page) -> None:
+    """Each host as `watch-gpus` sees it (these hosts have no GPU: said, not failed)."""
+    await page.value("location.hash = '#/gpus'")
+    for host in ("n1", "n2"):
+        state = await page.until(
+            f"(() => {{ const r = document.querySelector('#gpus tr[data-host=\"{host}\"]');"
+            " return r && r.children[1].textContent; })()",
+            60,
+            f"{host}'s GPUs row",
+        )
+        assert state.startswith(("no-gpu", "ok")), state
+
+
+async def _a_new_line_within_a_second(page: Page, gate: Gate, host_log: Path) -> None:
+    """Epoch 3's line, from when it is in the run's log on the host to when it is on the page."""
+    needle = "epoch 3/8"
+    gate.open()
+    on_host = on_page = None
+    deadline = time.monotonic() + 120
+    while on_page is None and time.monotonic() < deadline:
+        if on_host is None and needle in host_log.read_text(errors="replace"):
+            on_host = time.monotonic()
+        if await page.value(f"document.getElementById('log').textContent.includes('{needle}')"):
+            on_page = time.monotonic()
+        await asyncio.sleep(0.02)
+    assert on_page is not None, "epoch 3's line never reached the page"
+    assert needle in host_log.read_text(errors="replace")  # seen there first, or just now
+    took = on_page - (on_host if on_host is not None else on_page)
+    print(f"a rank's line reached the page {took:.3f} s after it was in the host's log")
+    assert took <= 1.0, took
+
+
+async def _stacks_now(page: Page) -> None:
+    await page.value("document.getElementById('stacks-button').click()")
+    text = await page.until(
+        "(() => { const s = document.getElementById('stacks');"
+        " return !s.hidden && s.textContent; })()",
+        120,
+        "the stacks",
+    )
+    assert "rank 0 on n1" in text and "rank 1 on n2" in text, text
+
+
+async def _stop_asks_first(page: Page, rid: str, n1: TestHost, n2: TestHost) -> None:
+    page.answer = False
+    await page.value("document.getElementById('stop-button').click()")
+    await page.until("document.getElementById('action-note').textContent === 'not stopped'", 10, "")
+    assert len(page.dialogs) == 1 and rid in page.dialogs[0]
+    assert run_pids(n1, rid) and run_pids(n2, rid)  # asked, told no: nothing stopped
+    page.answer = True
+    await page.value("document.getElementById('stop-button').click()")
+    note = await page.until(
+        "(() => { const t = document.getElementById('action-note').textContent;"
+        " return t !== 'stopping...' && t; })()",
+        120,
+        "the stop",
+    )
+    assert note == "stopped", note
+    assert len(page.dialogs) == 2
+    assert run_pids(n1, rid) == [] and run_pids(n2, rid) == []
+    text = await page.value("document.getElementById('stopped').textContent")
+    assert "n1: stopped" in text and "n2: stopped" in text, text
+
+
+pytestmark = pytest.mark.timeout(900)
