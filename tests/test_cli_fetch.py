@@ -277,21 +277,33 @@ def test_watch_pulls_new_files_until_ctrl_c(
     h1 = bed["h1"]
     old = 1_700_000_000  # long finished: no settling wait
     put(h1, f"{remote_dir}/a.txt", b"a", mtime=old)
-    out = bed_client.cwd / remote_dir
-    proc = bed_client.popen("fetch", "--watch", "--interval", "0.2", "-H", "h1", f"~/{remote_dir}")
-    try:
-        wait_for(lambda: (out / "a.txt").exists(), 30, "the first round")
+    args = ("fetch", "--watch", "--interval", "0.2", "-H", "h1", f"~/{remote_dir}")
+    proc = bed_client.popen(*args, env={"PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []  # each round's line as it is printed (quiet rounds print nothing)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:  # Ctrl-C once a round has said what it fetched, not only once its file is here
+        wait_for(lambda: len(lines) >= 1, 30, "the first round")
         put(h1, f"{remote_dir}/b.txt", b"b", mtime=old)
-        wait_for(lambda: (out / "b.txt").exists(), 30, "a new file to be pulled")
+        wait_for(lambda: len(lines) >= 2, 30, "a new file to be pulled")
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
     assert proc.returncode == 0, stderr
-    lines = stdout.splitlines()  # quiet rounds (nothing new) print nothing
     assert len(lines) == 2 and all(ln.startswith("fetched 1 file (1 B") for ln in lines), lines
+    assert (bed_client.cwd / remote_dir / "b.txt").read_bytes() == b"b"
     assert "stopped watching" in stderr
 
 

@@ -169,7 +169,7 @@ def test_up_setup_train_fetch_down_over_real_ssh(user: Laptop, host_python: Path
     assert rid, train.stderr
     fetch = user.vmrun("fetch", "results", "--run", rid.group(1), timeout=120)
     assert fetch.returncode == 0, fetch.stderr + fetch.stdout
-    run_dir = user.cwd / "results" / rid.group(1) / "c1-0"  # the master's files
+    run_dir = user.cwd / "results" / rid.group(1)  # every node's outputs, the master's record
     assert (run_dir / "finalmodel.pt").is_file(), sorted(p.name for p in run_dir.iterdir())
     record = json.loads((run_dir / "run.json").read_text())
     assert n1.addr_on("vpc") in json.dumps(record)  # the nodes met on the private address
@@ -390,7 +390,7 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
             assert meta["rdzv"].startswith("uc-0:") and meta["ifname"] == "eth1", meta
         fetch = run.vmrun("fetch", "results", "--run", rid.group(1), timeout=120)
         assert fetch.returncode == 0, fetch.stderr + fetch.stdout
-        assert (user.cwd / "results" / rid.group(1) / "uc-0" / "finalmodel.pt").is_file()
+        assert (user.cwd / "results" / rid.group(1) / "finalmodel.pt").is_file()
         assert "about 4.20 DKK an hour" in up.stderr + up.stdout, up.stderr + up.stdout
         report = run.vmrun("report", rid.group(1), "--json")
         (row,) = json.loads(report.stdout)  # its cost kept in UCloud's currency

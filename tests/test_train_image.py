@@ -97,7 +97,7 @@ def test_template_on_two_hosts_in_the_image_equals_one_process(
     assert_matches_one_process(final, one, tmp_path / "single")
     fetched = dclient.vmrun("fetch", "--run", rid, timeout=120)
     assert fetched.returncode == 0, fetched.stderr
-    local = dclient.cwd / "results" / rid / d1.name / "finalmodel.pt"  # per node: two nodes
+    local = dclient.cwd / "results" / rid / "finalmodel.pt"  # the nodes' outputs in one folder
     assert local.read_bytes() == final.read_bytes()
 
     (dclient.cwd / "hello.py").write_text("print('hello from the image')\n")  # no torch: quick
