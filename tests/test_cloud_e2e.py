@@ -312,6 +312,14 @@ def test_a_power_off_from_inside_stops_the_vm_and_up_starts_it_again(user: Lapto
     assert user.live() == {"instances": [], "groups": [], "placement": []}
 
 
+def _met_at_the_private_names(hosts: tuple[Any, ...], rid: str) -> None:
+    """Each node's record: the rendezvous at the master's private name, and the interface
+    that carries the network (the wire, eth1 on these hosts), found on the node."""
+    for host in hosts:
+        meta = json.loads((host.home / ".vmrun/runs" / rid / "run.json").read_text())
+        assert meta["rdzv"].startswith("uc-0:") and meta["ifname"] == "eth1", meta
+
+
 def _apart_cannot_train(run: Laptop, fake: Any, host_python: Path) -> None:
     """Two clusters of one VM each (no network): their first rendezvous fails, as every
     two-VM run at UCloud did before vmrun joined a cluster's VMs."""
@@ -336,8 +344,9 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
 ) -> None:
     """`vmrun up uc --cloud ucloud -n 2` against the UCloud STAND-IN (tests/testbed/ucloud.py,
     served in the laptop's namespace: UCloud is never dialed): two VM jobs queue, run and
-    announce their SSH line; each is a test host that gets the account's SSH keys and, as
-    UCloud's VMs, reaches no other VM unless they share a private network (VmHosts); vmrun
+    announce their SSH line (a port of the stand-in's SSH gateway); each is a test host that
+    gets the account's SSH keys and, as UCloud's VMs, reaches no other VM unless they share a
+    private network (VmHosts); vmrun
     makes one for the cluster, pins the host key it first sees (said once), then setup,
     train on both (meeting at the private names), fetch, down: nothing left. Two single
     VMs, each a cluster of its own (no network), cannot train together."""
@@ -370,10 +379,10 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
         toml = run.toml()
         assert 'cloud = "ucloud"' in toml and 'groups = ["uc"]' in toml, toml
         u1, u2 = machines[:2]
+        ports = {vms.booted[j].name: p for j, p in vms.ports.items()}
         for host, name in ((u1, "uc-0"), (u2, "uc-1")):  # logged in where the SSH line said
-            port = f":{host.port}" if host.port != 22 else ""
-            assert f'address = "{host.user}@{host.addr_on("main")}{port}"' in toml, toml
-            assert f'private_addr = "{name}"' in toml, toml
+            at = f"{host.user}@{vms.gateway.addr}:{ports[host.name]}"  # the gateway's port
+            assert f'address = "{at}"' in toml and f'private_addr = "{name}"' in toml, toml
         # the stand-in's rule: not over the SSH address, only inside the network, by name
         assert not u1.can_connect(u2.addr_on("main"), u2.port)
         assert u1.can_connect("uc-1", u2.port) and u2.can_connect("uc-0", u1.port)
@@ -385,9 +394,7 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
         assert train.returncode == 0, train.stderr + train.stdout
         rid = re.search(r"run (\S+) finished", train.stderr)
         assert rid, train.stderr
-        for host in (u1, u2):  # met at the master's private name, over the network's wire
-            meta = json.loads((host.home / ".vmrun/runs" / rid.group(1) / "run.json").read_text())
-            assert meta["rdzv"].startswith("uc-0:") and meta["ifname"] == "eth1", meta
+        _met_at_the_private_names((u1, u2), rid.group(1))
         fetch = run.vmrun("fetch", "results", "--run", rid.group(1), timeout=120)
         assert fetch.returncode == 0, fetch.stderr + fetch.stdout
         assert (user.cwd / "results" / rid.group(1) / "finalmodel.pt").is_file()
@@ -405,5 +412,6 @@ def test_ucloud_up_setup_train_fetch_down_against_its_stand_in(
     finally:
         fake.terminate_all()  # what a failed test left
         user.cloud.call(served.close)
+        vms.close()
         for host in machines:
             host.stop_sshd()

@@ -28,8 +28,10 @@ products.go, core2/pkg/foundation/auth_tokens.go, shared/pkg/util/http.go).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import socket
 import threading
 import time
 import urllib.parse
@@ -378,11 +380,12 @@ class VmHosts:
     /00_module.go: a NetworkPolicy per VM that admits only itself; shared/private_network.go:
     every port open between a private network's members, each reached by its hostname).
 
-    The test hosts given are on "main", where only the laptop may reach their sshd (as
-    through UCloud's SSH gateway: the address a job announces is no peer's), and on
-    `wire`, the private networks' one wire. `boot(job)` takes the next free host for a job,
-    puts the account's SSH keys in it, and rewires every booted host: its firewall
-    (nftables, policy drop) admits the laptop's SSH and, on the wire, only the members of
+    The test hosts given are on "main", where only the SSH gateway may reach their sshd,
+    and on `wire`, the private networks' one wire. `boot(job)` (the fake's, in the laptop's
+    namespace) takes the next free host for a job, puts the account's SSH keys in it, opens
+    the job's port on the gateway (`Gateway`: the laptop's address on "main", a port per
+    job, as UCloud's `ssh ucloud@HOST -p PORT`) and rewires every booted host: its firewall
+    (nftables, policy drop) admits the gateway's SSH and, on the wire, only the members of
     its own networks; its /etc/hosts names every member by the job's hostname (the
     network's DNS). A job without a network reaches nobody, as on UCloud."""
 
@@ -391,16 +394,24 @@ class VmHosts:
         self.free = list(hosts)
         self.laptop = laptop
         self.wire = wire
+        self.gateway = Gateway(laptop.addr_on("main"))
         self.booted: dict[str, Any] = {}  # job id -> test host
+        self.ports: dict[str, int] = {}  # job id -> its port on the gateway
         self._hosts_files = {h.netns: _read(h) for h in hosts}
 
     def boot(self, job: dict[str, Any]) -> tuple[str, str, int]:
-        host = self.free.pop(0)
-        for item in self.fake.keys:  # UCloud's provider puts the account's keys in the VM
-            host.add_authorized_key(item["specification"]["key"])
-        self.booted[str(job["id"])] = host
+        job_id = str(job["id"])
+        if job_id not in self.booted:  # a job run again (unsuspended) keeps its VM
+            host = self.free.pop(0)
+            for item in self.fake.keys:  # UCloud's provider puts the account's keys in it
+                host.add_authorized_key(item["specification"]["key"])
+            self.booted[job_id] = host
+            self.ports[job_id] = self.gateway.open(host.addr_on("main"), host.port)
         self.rewire()
-        return host.user, host.addr_on("main"), host.port
+        return self.booted[job_id].user, self.gateway.addr, self.ports[job_id]
+
+    def close(self) -> None:
+        self.gateway.close()
 
     def rewire(self) -> None:
         from .cloud import _apply_nft
@@ -422,8 +433,7 @@ class VmHosts:
                 for other in self.booted
                 if other in live and nets[job_id] & nets[other]
             ]
-            gateway = self.laptop.addr_on("main")
-            rules = [f"ip saddr {gateway} tcp dport {host.port} accept"]
+            rules = [f"ip saddr {self.gateway.addr} tcp dport {host.port} accept"]
             rules += [f"ip saddr {p.addr_on(self.wire)} accept" for o, p in peers if p is not host]
             _apply_nft(host, rules)
             names = "".join(
@@ -432,6 +442,68 @@ class VmHosts:
                 if self.fake.jobs[o]["specification"].get("hostname")
             )
             write_text(ETC_NETNS / host.netns / "hosts", self._hosts_files[host.netns] + names)
+
+
+class Gateway:
+    """STAND-IN for UCloud's SSH gateway (im2/pkg/integrations/k8s/shared/ssh.go): one
+    address, a port per VM job, each forwarded to that VM's sshd. Open its ports from the
+    laptop's namespace (the fake's `boot` runs there); what it forwards comes from its own
+    address, the only one the VMs' firewalls let reach their sshd."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def open(self, host: str, port: int) -> int:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((self.addr, 0))
+        server.listen(16)
+        self._keep(server)
+        threading.Thread(target=self._accept, args=(server, (host, port)), daemon=True).start()
+        return int(server.getsockname()[1])
+
+    def _keep(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+
+    def _accept(self, server: socket.socket, target: tuple[str, int]) -> None:
+        while True:
+            try:
+                near, _ = server.accept()
+            except OSError:  # closed
+                return
+            try:
+                far = socket.create_connection(target, timeout=10)
+            except OSError:
+                near.close()
+                continue
+            far.settimeout(None)
+            self._keep(near)
+            self._keep(far)
+            for src, dst in ((near, far), (far, near)):
+                threading.Thread(target=_pump, args=(src, dst), daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._sockets.clear()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    """One direction of a forwarded connection, until its end; then the other side hears it."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def _read(host: Any) -> str:
