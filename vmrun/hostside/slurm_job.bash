@@ -206,7 +206,7 @@ if [ -n "${VMRUN_HANG:-}" ] && command -v python3 >/dev/null 2>&1; then
   printf '%s\n' "$VMRUN_STACKS" > "$rec/.watch/stacks.py"
   read -r hang_s hang_action hang_ranked <<< "$VMRUN_HANG"
   python3 "$rec/.watch/hang_watch.py" "$rec" "$task" "$hang_s" "$hang_action" "$VMRUN_RUN_ID" \
-    "$hang_ranked" slurm </dev/null >/dev/null 2>&1 &
+    "$hang_ranked" slurm "$VMRUN_PYTHON" </dev/null >/dev/null 2>&1 &
   watcher=$!
 fi
 while :; do  # a trapped signal ends `wait` early: wait again until srun has ended
