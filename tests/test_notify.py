@@ -234,6 +234,30 @@ def test_a_jobs_sender_finds_its_metrics_and_prices_in_notify_json(
     assert "last loss 0.1235" in rendered["body"]
 
 
+def test_a_jobs_agent_tells_its_end_once_from_the_record(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A Slurm job's agent (run_agent.py tell, as slurm_job.bash runs it): the spec's
+    notify part has no secret; the record's notify.json has the webhooks."""
+    from vmrun.runs.launch_spec import LaunchSpec, Watchers
+    from vmrun.runs.launch_spec import Notify as Told
+
+    rec = _record(tmp_path, receiver)
+    spec = LaunchSpec(
+        rec=str(rec),
+        workdir=str(tmp_path),
+        run_id="r1",
+        argv=("t.py",),
+        watchers=Watchers(notify=Told()),
+    )
+    assert TOKEN not in spec.to_json()
+    agent = [sys.executable, str(hostside.HERE / "run_agent.py"), "tell", "", "0"]
+    for _ in range(2):
+        subprocess.run(agent, input=spec.to_json(), text=True, timeout=60, check=True)
+    (message,) = receiver.messages()
+    assert message["title"] == "vmrun: run r1 done"
+
+
 def test_a_failure_names_the_worker_that_failed_first(tmp_path: Path, receiver: Receiver) -> None:
     """The record's failure.json (hostside/run_failure.py): the message gives the worker's
     own code and says which rank failed, where."""

@@ -75,9 +75,11 @@ class Store:
 
 @dataclass(frozen=True)
 class Notify:
-    """The run's end told by the host itself: notify.json's text (its webhooks: a secret)."""
+    """The run's end told by the host itself: notify.json's text (its webhooks: a secret);
+    "" where the record has its notify.json already (a Slurm job's, written as it was
+    submitted: its batch script, which holds the spec, never holds a secret)."""
 
-    config: str = field(repr=False)
+    config: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
