@@ -25,7 +25,7 @@ from testbed import NetnsBed
 
 from vmrun import hostside
 from vmrun.errors import UsageError
-from vmrun.notify.send import Notify, send
+from vmrun.notify.send import Charge, Notify, send
 from vmrun.notify.targets import parse, redact
 
 SENDER = hostside.HERE / "notify_send.py"
@@ -127,6 +127,7 @@ def _record(
     code: str = "0",
     on: tuple[str, ...] = ("end", "fail"),
     url: str = "",
+    charge: Charge | None = None,
 ) -> Path:
     rec = tmp_path / "rec"
     out = tmp_path / "out"
@@ -139,7 +140,7 @@ def _record(
         "epochs_asked": "3",
         "fetch": "vmrun fetch results --run r1",
     }
-    (rec / "notify.json").write_text(notify.host_config(facts))
+    (rec / "notify.json").write_text(notify.host_config(facts, charge=charge))
     (rec / "exit_code").write_text(code + "\n")
     (rec / "first_started").write_text(f"{int(time.time()) - 75}\n")
     (rec / "out_dir").write_text(f"{out}\n")
@@ -187,9 +188,8 @@ def test_the_host_sender_tells_the_end_once(tmp_path: Path, receiver: Receiver) 
 def test_the_end_says_what_the_run_cost_at_its_recorded_prices(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    rec = _record(tmp_path, receiver)
+    rec = _record(tmp_path, receiver, charge=Charge(7.2, "DKK"))
     (rec / "first_started").write_text(f"{int(time.time()) - 1800}\n")  # half an hour ago
-    (rec / "run.json").write_text(json.dumps({"price_per_hour": 7.2, "currency": "DKK"}))
     rendered = json.loads(_sender(rec, "render").stdout)
     assert re.search(r"duration 0:30:0\d, cost 3\.60 DKK, epochs 3/3", rendered["body"]), rendered
 
@@ -197,18 +197,65 @@ def test_the_end_says_what_the_run_cost_at_its_recorded_prices(
 def test_a_resumed_runs_end_counts_its_attempts_not_the_time_between_them(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    """Attempt 1 ran 20 min (run.json's ran_before_s), attempt 2 began 10 min ago (its pid
-    file), the first start was 2 hours ago: 30 min charged, the gap is not."""
-    rec = _record(tmp_path, receiver)
+    """Attempt 1 ran 20 min (ran_before_s, which vmrun gave this attempt's notify.json),
+    attempt 2 began 10 min ago (its pid file), the first start was 2 hours ago: 30 min
+    charged, the gap is not."""
+    rec = _record(tmp_path, receiver, charge=Charge(7.2, "DKK", ran_before_s=1200))
     (rec / "first_started").write_text(f"{int(time.time()) - 7200}\n")
     (rec / "pid").write_text("1\n")
     began = time.time() - 600
     os.utime(rec / "pid", (began, began))
-    (rec / "run.json").write_text(
-        json.dumps({"price_per_hour": 7.2, "currency": "DKK", "ran_before_s": 1200})
-    )
     rendered = json.loads(_sender(rec, "render").stdout)
     assert re.search(r"duration 0:30:0\d, cost 3\.60 DKK", rendered["body"]), rendered
+
+
+def test_a_jobs_sender_finds_its_metrics_and_prices_in_notify_json(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A Slurm job's record has no out_dir file and no pid: its outputs' folder and prices
+    come with notify.json (vmrun.backends.slurm.records.charge), its time from the job's
+    first start."""
+    from vmrun.backends.slurm.records import charge
+    from vmrun.results.record import CLUSTER, Launch, Prices, RunRecord
+
+    out = tmp_path / "out"
+    record = RunRecord(
+        run_id="r1",
+        where=CLUSTER,
+        launch=Launch(out_dir=str(out)),
+        prices=Prices({"n": 7.2}, 7.2, "DKK"),
+    )
+    rec = _record(tmp_path, receiver, charge=charge(record))
+    (rec / "out_dir").unlink()
+    (rec / "first_started").unlink()
+    (rec / "starts").write_text(f"1 {int(time.time()) - 1800}\n")
+    rendered = json.loads(_sender(rec, "render").stdout)
+    assert re.search(r"duration 0:30:0\d, cost 3\.60 DKK, epochs 3/3", rendered["body"]), rendered
+    assert "last loss 0.1235" in rendered["body"]
+
+
+def test_a_jobs_agent_tells_its_end_once_from_the_record(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A Slurm job's agent (run_agent.py tell, as slurm_job.bash runs it): the spec's
+    notify part has no secret; the record's notify.json has the webhooks."""
+    from vmrun.runs.launch_spec import LaunchSpec, Watchers
+    from vmrun.runs.launch_spec import Notify as Told
+
+    rec = _record(tmp_path, receiver)
+    spec = LaunchSpec(
+        rec=str(rec),
+        workdir=str(tmp_path),
+        run_id="r1",
+        argv=("t.py",),
+        watchers=Watchers(notify=Told()),
+    )
+    assert TOKEN not in spec.to_json()
+    agent = [sys.executable, str(hostside.HERE / "run_agent.py"), "tell", "", "0"]
+    for _ in range(2):
+        subprocess.run(agent, input=spec.to_json(), text=True, timeout=60, check=True)
+    (message,) = receiver.messages()
+    assert message["title"] == "vmrun: run r1 done"
 
 
 def test_a_failure_names_the_worker_that_failed_first(tmp_path: Path, receiver: Receiver) -> None:

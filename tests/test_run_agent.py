@@ -107,6 +107,9 @@ def test_a_spec_of_another_version_or_shape_is_refused() -> None:
         LaunchSpec.from_json(odd)
     with pytest.raises(UsageError, match="one word"):
         LaunchSpec(rec="r/r 1", workdir=".", run_id="r1", argv=("true",))
+    with pytest.raises(UsageError, match="one word"):
+        LaunchSpec(rec="r/r*", workdir=".", run_id="r1", argv=("true",))
+    LaunchSpec(rec="/scratch/u@x+y/.vmrun/runs/r1", workdir=".", run_id="r1", argv=("true",))
 
 
 def test_a_spec_too_large_for_one_start_drops_the_diff_first() -> None:

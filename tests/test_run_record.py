@@ -265,8 +265,8 @@ def test_the_writers_records_round_trip() -> None:
     "key", ["python", "out_dir", "ran_before_s", "price_per_hour", "currency", "metrics"]
 )
 def test_what_the_hosts_scripts_read_stays_at_the_top(key: str) -> None:
-    """hostside/ reads these from run.json by name (hang_watch.py, notify_send.py,
-    slurm_runs.sh's metrics path): the current schema keeps them where they were."""
+    """These keep their names at the top of run.json: slurm_runs.sh reads the metrics path
+    by name, and the host scripts of older vmruns (run.json outlives them) read the rest."""
     record = RunRecord(
         run_id="r",
         where=HOSTS,
@@ -328,6 +328,39 @@ def test_run_json_is_read_by_key_only_in_the_record_module() -> None:
         for read in _reads(path)
     ]
     assert found == [], "\n".join(found)
+
+
+# the host's scripts that read nothing of run.json: what they need comes with the launch
+# spec (run_agent.py writes run.json from it, reads none), notify.json or their arguments
+RECORD_BLIND = (
+    "notify_send.py",
+    "hang_watch.py",
+    "run_agent.py",
+    "budget_watch.py",
+    "spot_watch.py",
+    "store_copier.py",
+    "stacks.py",
+    "run_failure.py",
+)
+OPENS_RUN_JSON = re.compile(r"""["']run\.json["']""")
+
+
+def test_the_hosts_watchers_and_sender_read_no_run_json() -> None:
+    """notify_send.py, hang_watch.py and the agent's other parts name run.json only where
+    the agent writes it: a read of it by key would be a second reader of the record."""
+    found = []
+    for name in RECORD_BLIND:
+        path = ROOT / "vmrun" / "hostside" / name
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if OPENS_RUN_JSON.search(code) and "write_file(" not in code:
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert found == [], "\n".join(found)
+
+
+def test_the_run_json_check_finds_a_read() -> None:
+    read = 'with open(os.path.join(rec, "run.json")) as fh:'
+    assert OPENS_RUN_JSON.search(read) and not OPENS_RUN_JSON.search("rec/run.json's keys")
 
 
 def test_the_check_finds_a_dict_read() -> None:

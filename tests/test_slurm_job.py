@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from vmrun.backends.slurm.queue import JobState
 from vmrun.backends.slurm.records import parse_listing, parse_listings
 from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import ConfigError, UsageError
+from vmrun.hostside import HERE, source
 from vmrun.reporting import Recorder
+from vmrun.runs.launch_spec import Hang, LaunchSpec, Notify, Watchers
 from vmrun.runs.state import RunState
 
 PATHS = JobPaths("/w/.vmrun/runs/r1", "/w/vmrun/p-abc123", "/w/vmrun/p-abc123/results/r1")
@@ -110,6 +113,89 @@ def test_the_jobs_flight_recorder_is_named_for_its_torch() -> None:
     assert old["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == dump
     own = _flight_recorder("2.13.0", ("TORCH_FR_DUMP_TEMP_FILE",))  # the run's own wins
     assert "TORCH_FR_DUMP_TEMP_FILE" not in own and "TORCH_FR_BUFFER_SIZE" in own
+
+
+def _agent(text: str) -> tuple[LaunchSpec, dict[str, str]]:
+    """The batch script's launch spec and agent files, as bash reads them."""
+    header = text.split("\n# shellcheck shell=bash", 1)[0]  # the variables, before the body
+    show = header + '\nprintf "%s\\0" "$VMRUN_LAUNCH" "${VMRUN_AGENT[@]}"'
+    shown = subprocess.run(["bash", "-c", show], capture_output=True, text=True, check=True)
+    spec, *files = shown.stdout.split("\0")[:-1]
+    return LaunchSpec.from_json(spec), dict(zip(files[::2], files[1::2], strict=True))
+
+
+def test_the_job_hands_its_agent_one_launch_spec_and_the_files_it_runs() -> None:
+    """The watchers' settings in one versioned spec (no secret: the webhooks are the
+    record's notify.json), and only the host-side files the agent runs for them."""
+    batch = Batch(
+        "r1", "torchrun", "/envs/p/bin/python", ["t.py", "3"], notifier=True, hang="60 stop 1"
+    )
+    text = batch_script(JobSpec(), batch, PATHS, "23.02", job_name="r1")
+    spec, files = _agent(text)
+    assert (spec.rec, spec.run_id, spec.argv) == (PATHS.record, "r1", ("t.py", "3"))
+    assert spec.watchers == Watchers(
+        hang=Hang(60.0, "stop", True, "/envs/p/bin/python"), notify=Notify()
+    )
+    assert files == {
+        name: source(name)
+        for name in (
+            "run_agent.py",
+            "hang_watch.py",
+            "spot_watch.py",
+            "stacks.py",
+            "run_failure.py",
+            "notify_send.py",
+        )
+    }
+    for gone in (
+        "VMRUN_HANG",
+        "VMRUN_SPOT_WATCH",
+        "VMRUN_STACKS",
+        "VMRUN_FAILURE",
+        "VMRUN_NOTIFIER",
+    ):
+        assert f"{gone}=" not in text
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    plain = batch_script(
+        JobSpec(), Batch("r1", "python", "python3", ["t.py"]), PATHS, "23.02", job_name="r1"
+    )
+    spec, files = _agent(plain)
+    assert spec.watchers == Watchers() and files == {}  # nothing for the agent to do
+    failures = batch_script(
+        JobSpec(), Batch("r1", "torchrun", "python3", ["t.py"]), PATHS, "23.02", job_name="r1"
+    )
+    assert set(_agent(failures)[1]) == {"run_agent.py", "run_failure.py"}
+
+
+def test_the_jobs_agent_gives_a_failed_workers_code_and_tells_nothing_unasked(
+    tmp_path: Path,
+) -> None:
+    """run_agent.py's Slurm modes: `failure` reads torchrun's summary in job.log (the
+    worker's own code, failure.json); `tell` without the spec's notify part sends nothing."""
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    log = Path(__file__).parent / "fixtures" / "torchrun" / "exit3.log"
+    (rec / "job.log").write_text(log.read_text())
+    (rec / "notify.json").write_text('{"webhooks": [{"url": "http://127.0.0.1:9/x"}]}')
+    spec = LaunchSpec(rec=str(rec), workdir=str(tmp_path), run_id="r1", argv=("t.py",))
+    agent = [sys.executable, str(HERE / "run_agent.py")]
+
+    def mode(*args: str) -> str:
+        done = subprocess.run(
+            [*agent, *args],
+            input=spec.to_json(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.strip()
+
+    assert mode("failure", "1") == "3"
+    assert json.loads((rec / "failure.json").read_text())["exit"] == 3
+    (rec / "job.log").write_text("no summary\n")
+    assert mode("failure", "7") == "7" and not (rec / "failure.json").exists()
+    assert mode("tell", "", "0") == "" and not list(rec.glob("notified.*"))
 
 
 def test_recover_puts_its_functions_and_limit_into_the_batch_script_only_when_asked() -> None:

@@ -1,7 +1,7 @@
 """Beside a run on each node: a run that stops moving while its processes live (a collective
 that waits for a rank that never comes, a dead data loader), found and told once.
 
-    python3 hang_watch.py REC PID TIMEOUT ACTION RUN_ID RANKED [slurm]
+    python3 hang_watch.py REC PID TIMEOUT ACTION RUN_ID RANKED [slurm [PYTHON]]
 
 (on an SSH host, `watch` is a part of the run's agent, run_agent.py: the same watch)
 
@@ -34,6 +34,8 @@ this file and its siblings the job writes into REC/.watch): PID is the step's sr
 REC/job.log (each line labelled by srun), the heartbeats REC/beat on the shared filesystem
 (every node's ranks), the stacks taken on every node of the job at once (`srun --overlap`,
 one task per node), and `stop` sends the step's srun SIGTERM, which it passes to every task.
+PYTHON: the run's interpreter, which takes the ranks' stacks (the batch script's
+VMRUN_PYTHON); the watch reads nothing of the run's record (run.json).
 """
 
 from __future__ import annotations
@@ -262,9 +264,7 @@ def main() -> int:
     slurm = sys.argv[7:8] == ["slurm"]
     if slurm:
         LOG = "job.log"
-    python = ""  # a Slurm job's run.json names the run's interpreter
-    with contextlib.suppress(OSError, ValueError), open(os.path.join(rec, "run.json")) as fh:
-        python = json.load(fh).get("python") or ""
+    python = sys.argv[8] if len(sys.argv) > 8 else ""
     return watch(rec, pid, timeout, action, run_id, ranked, slurm, python)
 
 

@@ -7,7 +7,9 @@ webhooks of the run's 0600 notify.json, once.
 
 REC is the run's record folder; its notify.json (from the launch spec, by run_agent.py, never on
 a command line) holds the webhooks, the message's templates, the events wanted and the facts
-vmrun knew at the start. EVENT defaults to what the record says: `end` (exit code 0), `fail`
+vmrun knew at the start (vmrun.notify.send.Charge: the prices, the earlier attempts' time, the
+outputs' folder): the sender reads that file and the record's own few files, never run.json.
+EVENT defaults to what the record says: `end` (exit code 0), `fail`
 (another code), `stopped` (vmrun stop). Each event is claimed by making REC/notified.EVENT:
 whoever makes it first (this sender, or vmrun following the run) sends, so an event is told
 once. `send` posts to each webhook (3 tries, 5 s each, then one line on stderr: the run's log);
@@ -70,42 +72,33 @@ def first_start(rec):
     return int(started) if started.isdigit() else None
 
 
-def ran_so_far(rec):
-    """The run's time so far, what it is charged: a hosts run's earlier attempts (run.json's
-    ran_before_s) and this one (since its pid file); a Slurm job's since its first start."""
+def ran_so_far(rec, config):
+    """The run's time so far, what it is charged: a hosts run's earlier attempts
+    (notify.json's ran_before_s) and this one (since its pid file); a Slurm job's since its
+    first start."""
     try:
         began = os.stat(os.path.join(rec, "pid")).st_mtime
     except OSError:
         started = first_start(rec)
         return None if started is None else time.time() - started
-    before = record_of(rec).get("ran_before_s")
+    before = config.get("ran_before_s")
     if not isinstance(before, (int, float)) or isinstance(before, bool):
         before = 0
     return before + time.time() - began
 
 
-def record_of(rec):
-    try:
-        with open(os.path.join(rec, "run.json"), encoding="utf-8") as fh:
-            meta = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+def out_dir_of(rec, config):
+    return read(os.path.join(rec, "out_dir")) or str(config.get("out_dir") or "")
 
 
-def out_dir_of(rec):
-    return read(os.path.join(rec, "out_dir")) or str(record_of(rec).get("out_dir") or "")
-
-
-def cost_text(rec, seconds):
-    """ ", cost $1.23" (or "12.30 DKK"): the run's time at the prices run.json recorded as it
-    started (vmrun.results.cost); "" where they are unknown."""
-    meta = record_of(rec)
-    per_hour = meta.get("price_per_hour")
+def cost_text(config, seconds):
+    """ ", cost $1.23" (or "12.30 DKK"): the run's time at the prices vmrun knew as it
+    started (notify.json's; vmrun.results.cost); "" where they are unknown."""
+    per_hour = config.get("price_per_hour")
     if not isinstance(per_hour, (int, float)) or isinstance(per_hour, bool):
         return ""
     amount = round(seconds / 3600 * per_hour, 2)
-    currency = str(meta.get("currency") or "USD")
+    currency = str(config.get("currency") or "USD")
     return f", cost ${amount:,.2f}" if currency == "USD" else f", cost {amount:,.2f} {currency}"
 
 
@@ -118,12 +111,12 @@ def facts_of(rec, config, event, exit_given=""):
         event = "stopped" if stopped else ("end" if code == "0" else "fail")
     state = {"end": "done", "fail": "failed", "requeue": "requeued"}.get(event, event)
     facts.update(event=event, state=state, exit=code or "-")
-    ran = ran_so_far(rec)
+    ran = ran_so_far(rec, config)
     facts["cost"] = ""
     if ran is not None:
         facts["duration"] = clock(ran)
-        facts["cost"] = cost_text(rec, ran)
-    metrics = last_metrics(out_dir_of(rec))
+        facts["cost"] = cost_text(config, ran)
+    metrics = last_metrics(out_dir_of(rec, config))
     epoch = metrics.get("epoch")
     asked = facts.get("epochs_asked")
     if epoch is not None:

@@ -8,6 +8,16 @@ JSON document on stdin, from run_start.sh) and supervises the run.
     python3 run_agent.py run        the run itself (run_start.sh starts it with setsid; its
                                     pid is the record's pid: the run is alive while it lives)
 
+A Slurm job's batch script (slurm_job.bash) keeps the job's own steps (srun, requeues,
+recoveries, the budget's timer) and hands the spec to the same parts, from the copies of
+this file and its siblings the job writes into REC/.watch:
+
+    python3 run_agent.py step PID   the watchers beside the job's step (PID: its srun): the
+                                    hang watch over every node, until the step ends
+    python3 run_agent.py failure RC the job's code: torchrun's failed worker's, from job.log
+    python3 run_agent.py tell EVENT EXIT  an event told to the record's notify.json's
+                                    webhooks (EVENT "": the end, from EXIT)
+
 `run` writes pid_start, starts the command in a session of its own (REC/session: PID START,
 what run_stop.sh stops) in the work directory with its output in REC/log (appended for a
 resume), the spec's `env` and the few variables a run reads on the host (VMRUN_RUN_ID,
@@ -85,7 +95,7 @@ def prepare(spec: dict) -> int:
     rec, resume = home_path(spec["rec"]), spec["mode"] == "resume"
     write_file(os.path.join(rec, "run.json"), spec.get("meta", "{}") + "\n")
     told = spec["watchers"].get("notify")
-    if told:  # the webhooks: a secret, in a file only the user reads
+    if told and told.get("config"):  # the webhooks: a secret, in a file only the user reads
         write_file(os.path.join(rec, "notify.json"), told["config"] + "\n", private=True)
     patch = os.path.join(rec, "code.patch")
     if resume and os.path.exists(patch):  # the earlier attempt's
@@ -358,9 +368,69 @@ def end(rec: str, rc: int, ended: threading.Event) -> None:
             )
 
 
+def step(spec: dict) -> int:
+    """A Slurm job's step watched (hang_watch.py's Slurm watch, in this process): its log
+    is job.log, its ranks every node's, its stop the step's srun's."""
+    hang = spec["watchers"].get("hang")
+    if not hang:
+        return 0
+    import hang_watch  # type: ignore[import-not-found,unused-ignore]
+
+    hang_watch.LOG = "job.log"
+    with open(os.devnull) as null:
+        os.dup2(null.fileno(), 0)
+    return hang_watch.watch(
+        home_path(spec["rec"]),
+        int(sys.argv[2]),
+        float(hang["seconds"]),
+        hang["action"],
+        spec["run_id"],
+        bool(hang.get("ranked", True)),
+        True,
+        hang.get("python") or "",
+    )
+
+
+def failure(spec: dict) -> int:
+    """A Slurm job's code (printed): torchrun's first failed worker's, from job.log's last
+    attempt (run_failure.py, which keeps failure.json), else the step's own."""
+    rec, rc = home_path(spec["rec"]), sys.argv[2]
+    try:
+        import run_failure  # type: ignore[import-not-found]
+
+        print(run_failure.main(["run_failure.py", rec, os.path.join(rec, "job.log"), rc]))
+    except Exception:  # a failure's details never cost the run its code
+        print(rc)
+    return 0
+
+
+def tell(spec: dict) -> int:
+    """A Slurm job's event told (notify_send.py, the record's notify.json), its lines the
+    job's log."""
+    rec = home_path(spec["rec"])
+    if spec["watchers"].get("notify") is None or not os.access(
+        os.path.join(rec, "notify.json"), os.R_OK
+    ):
+        return 0
+    subprocess.run(
+        [sys.executable, os.path.join(HERE, "notify_send.py"), rec, "send", *sys.argv[2:4]],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
+    return 0
+
+
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
-    steps = {"fields": fields, "prepare": prepare, "run": run}
+    steps = {
+        "fields": fields,
+        "prepare": prepare,
+        "run": run,
+        "step": step,
+        "failure": failure,
+        "tell": tell,
+    }
     if mode not in steps:
         print(f"run_agent.py: unknown mode {mode!r}", file=sys.stderr)
         return 2

@@ -10,30 +10,37 @@
 # words before the task: apptainer's or shifter's, or docker/podman's container_run.sh
 # arguments, VMRUN_RUNNER its text), VMRUN_PULL (array: container_pull.sh's arguments,
 # VMRUN_PULL_SCRIPT its text), VMRUN_CONTAINER_HOME (the HOME docker/podman's container
-# gets). The task script runs inside the image in every case. VMRUN_NOTIFIER: notify_send.py's
-# text (empty: no notifications), which tells the run's end and requeues to the webhooks of
-# the record's notify.json (once per event: the follower claims them too). VMRUN_FAILURE:
-# run_failure.py's text for torchrun runs (empty otherwise): a failed worker's own exit code
-# for the job's, read from torchrun's summary in the log, and failure.json (which rank, where).
+# gets). The task script runs inside the image in every case. VMRUN_LAUNCH: the launch spec
+# (vmrun.runs.launch_spec, JSON, no secret) that the job's agent reads on its stdin;
+# VMRUN_AGENT (array: NAME TEXT ...): run_agent.py and the parts it runs here, written into
+# $rec/.watch (empty: the agent has nothing to do). The agent tells the run's end and
+# requeues to the webhooks of the record's notify.json (once per event: the follower claims
+# them too), gives a torchrun run's failed worker's own exit code for the job's (torchrun's
+# summary in the log; failure.json: which rank, where), and watches the step for hangs.
 # VMRUN_MAX_RECOVERIES: --recover's limit (0: none; slurm_recover.bash then comes first).
 # VMRUN_BUDGET: --max-cost's `SECONDS CAP` (empty: none): SECONDS after the first attempt's
 # start (queue waits between attempts count, as the run's cost does) the batch shell gets
 # SIGUSR2 as at its time limit, the ranks save their epoch, and the job ends stopped (never
 # requeued): $rec/budget, an `exit` line `budget`, $rec/stopped.
-# VMRUN_HANG: --hang-timeout's `SECONDS ACTION RANKED` (empty: not watched), with the texts
-# of hang_watch.py and its siblings (VMRUN_HANG_WATCH, VMRUN_SPOT_WATCH, VMRUN_STACKS), which
-# watch the step from here (the ranks' heartbeats in $rec/beat, their lines in job.log).
+# The spec's hang watcher (--hang-timeout) watches the step from here (the ranks' heartbeats
+# in $rec/beat, their lines in job.log).
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
 rec=$VMRUN_RECORD_DIR
 mark() { printf '\035vmrun %s\n' "$*"; }
 ended() { printf '%s %s %s\n' "$attempt" "$1" "$(date +%s)" >> "$rec/exit"; }
+agent=  # the job's agent, where it has something to do and python3 is here
+if [ "${#VMRUN_AGENT[@]}" -gt 0 ] && command -v python3 >/dev/null 2>&1 &&
+  mkdir -p "$rec/.watch"; then
+  for (( i = 0; i < ${#VMRUN_AGENT[@]}; i += 2 )); do
+    printf '%s\n' "${VMRUN_AGENT[i + 1]}" > "$rec/.watch/${VMRUN_AGENT[i]}"
+  done
+  agent=$rec/.watch/run_agent.py
+fi
+# shellcheck disable=SC2153  # VMRUN_LAUNCH: the header's
 tell() {  # EVENT EXIT: "" lets the sender tell an end from the exit code and the record
-  if [ -n "${VMRUN_NOTIFIER:-}" ] && [ -r "$rec/notify.json" ] &&
-    command -v python3 >/dev/null 2>&1; then
-    python3 -c "$VMRUN_NOTIFIER" "$rec" send "$1" "$2" </dev/null 2>&1
-  fi
+  if [ -n "$agent" ]; then python3 "$agent" tell "$1" "$2" <<< "$VMRUN_LAUNCH" 2>&1; fi
 }
 rm -rf "$rec"/notified.*  # each attempt's end is told afresh
 rm -f "$rec"/provenance-*.json  # each attempt's nodes describe themselves (a requeue moves it)
@@ -199,14 +206,8 @@ fi
 srun --kill-on-bad-exit=1 --label ${VMRUN_SRUN[@]+"${VMRUN_SRUN[@]}"} "${step[@]}" &
 task=$!
 watcher=
-if [ -n "${VMRUN_HANG:-}" ] && command -v python3 >/dev/null 2>&1; then
-  mkdir -p "$rec/.watch"
-  printf '%s\n' "$VMRUN_HANG_WATCH" > "$rec/.watch/hang_watch.py"
-  printf '%s\n' "$VMRUN_SPOT_WATCH" > "$rec/.watch/spot_watch.py"
-  printf '%s\n' "$VMRUN_STACKS" > "$rec/.watch/stacks.py"
-  read -r hang_s hang_action hang_ranked <<< "$VMRUN_HANG"
-  python3 "$rec/.watch/hang_watch.py" "$rec" "$task" "$hang_s" "$hang_action" "$VMRUN_RUN_ID" \
-    "$hang_ranked" slurm </dev/null >/dev/null 2>&1 &
+if [ -n "$agent" ]; then  # the spec's watchers beside the step, until it ends
+  python3 "$agent" step "$task" <<< "$VMRUN_LAUNCH" >/dev/null 2>&1 &
   watcher=$!
 fi
 while :; do  # a trapped signal ends `wait` early: wait again until srun has ended
@@ -217,8 +218,8 @@ done
 if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
 if [ -n "$budget_timer" ]; then kill "$budget_timer" 2>/dev/null; wait "$budget_timer" 2>/dev/null; fi
 # torchrun exits 1 when a worker fails (srun passes on the worst task's): the worker's code
-if [ "$rc" != 0 ] && [ -n "${VMRUN_FAILURE:-}" ] && command -v python3 >/dev/null 2>&1; then
-  code=$(python3 -c "$VMRUN_FAILURE" "$rec" "$rec/job.log" "$rc" </dev/null 2>/dev/null)
+if [ "$rc" != 0 ] && [ "$VMRUN_LAUNCHER" = torchrun ] && [ -n "$agent" ]; then
+  code=$(python3 "$agent" failure "$rc" <<< "$VMRUN_LAUNCH" 2>/dev/null)
   case $code in '' | *[!0-9]*) ;; *) rc=$code ;; esac
 fi
 # stopped by its hang watcher (--on-hang stop): 124, as on hosts (run_agent.py)

@@ -55,6 +55,27 @@ def events(on: Sequence[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Charge:
+    """What the host's sender says of the run beyond the templates' facts: its time's cost
+    at `per_hour` (None: unknown, no figure) in `currency`, counting `ran_before_s` (a
+    resumed run's earlier attempts), and its outputs' folder (`out_dir`: the last metrics),
+    where the record folder has no out_dir file of its own."""
+
+    per_hour: float | None = None
+    currency: str = "USD"
+    ran_before_s: float = 0.0
+    out_dir: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        told: dict[str, Any] = {"currency": self.currency, "ran_before_s": self.ran_before_s}
+        if self.per_hour is not None:
+            told["price_per_hour"] = self.per_hour
+        if self.out_dir:
+            told["out_dir"] = self.out_dir
+        return told
+
+
+@dataclass(frozen=True)
 class Notify:
     """Where a run's events are told, and which."""
 
@@ -72,19 +93,28 @@ class Notify:
     def local_only(self) -> tuple[Target, ...]:
         return tuple(t for t in self.targets if t.webhook is None)
 
-    def host_config(self, facts: Mapping[str, Any], *, title: str = TITLE, body: str = BODY) -> str:
+    def host_config(
+        self,
+        facts: Mapping[str, Any],
+        *,
+        title: str = TITLE,
+        body: str = BODY,
+        charge: Charge | None = None,
+    ) -> str:
         """notify.json for the host: its webhooks (the URLs: a secret, sent over stdin into
-        a 0600 file), the templates, the events, and the facts known now."""
+        a 0600 file), the templates, the events, the facts known now, and what the sender
+        needs of the run (`charge`): it reads this file, never the run's record."""
         hooks = [{**t.webhook.as_dict(), "shown": t.shown} for t in self.targets if t.webhook]
-        return json.dumps(
-            {
-                "webhooks": hooks,
-                "title": title,
-                "body": body,
-                "on": list(self.on),
-                "facts": dict(facts),
-            }
-        )
+        told: dict[str, Any] = {
+            "webhooks": hooks,
+            "title": title,
+            "body": body,
+            "on": list(self.on),
+            "facts": dict(facts),
+        }
+        if charge is not None:
+            told.update(charge.as_dict())
+        return json.dumps(told)
 
 
 @dataclass

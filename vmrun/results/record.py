@@ -4,10 +4,10 @@ SSH hosts, a Slurm cluster and `train --local` each wrote their own run.json; ol
 wrote older variants of each. `RunRecord.from_json` reads every one of those forms here, in
 one place (a field of the wrong type reads as unknown, never as an error: a record outlives
 the vmrun that wrote it), and `to_json` writes the current schema. The keys each place wrote
-keep their names and meanings, because the scripts beside a run on its host read some of
-them (hostside/: `python`, `out_dir`, `ran_before_s`, `price_per_hour`, `currency`,
-`metrics`). Keys this vmrun does not know (a newer one's) are kept in `extra` and written
-back as they were.
+keep their names and meanings: slurm_runs.sh reads `metrics` by name, and the host scripts
+of older vmruns read `python`, `out_dir`, `ran_before_s`, `price_per_hour` and `currency`
+(this vmrun's get them from the launch spec and notify.json). Keys this vmrun does not know
+(a newer one's) are kept in `extra` and written back as they were.
 
 The fields are the schema `status --json` and `report --json` give as `record`
 (docs/reports.md lists them; a test keeps that list and these fields alike).

@@ -26,7 +26,9 @@ LAUNCH_VAR = "VMRUN_LAUNCH"  # the stdin header's one variable: the document's t
 MODES = ("new", "resume")
 HANG_ACTIONS = ("stop", "wait")
 SPEC_LIMIT = (128 << 10) - len(LAUNCH_VAR) - 2  # MAX_ARG_STRLEN holds `NAME=VALUE` and a NUL
-_WORD = re.compile(r"[A-Za-z0-9._/-]+")  # what the host's sh reads back from the document
+# what the host's sh reads back from the document (`set -- $fields`: no space, no glob); a
+# Slurm job's record is under the cluster's workdir, a path of the user's
+_WORD = re.compile(r"[A-Za-z0-9._/@+~:,%=-]+")
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,11 @@ class Store:
 
 @dataclass(frozen=True)
 class Notify:
-    """The run's end told by the host itself: notify.json's text (its webhooks: a secret)."""
+    """The run's end told by the host itself: notify.json's text (its webhooks: a secret);
+    "" where the record has its notify.json already (a Slurm job's, written as it was
+    submitted: its batch script, which holds the spec, never holds a secret)."""
 
-    config: str = field(repr=False)
+    config: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ from vmrun.transfer.types import Progress
 if TYPE_CHECKING:
     from vmrun.backends.api import StacksTaken
     from vmrun.backends.hosts.resume_point import Store
-    from vmrun.notify.send import Notify
+    from vmrun.notify.send import Charge, Notify
 
 
 def node_record(rec: records.RunRecord) -> NodeRecord:
@@ -630,6 +630,7 @@ def _start_all(
         ),
         prices=Prices.from_json(priced),
     )
+    charge = _charge(base)
 
     def start(entry: HostEntry, conn: Connection) -> int:
         node = nodes[entry.label]
@@ -639,7 +640,9 @@ def _start_all(
         argv = _node_argv(node, argv, env, rid, labels.index(entry.label))
         given = provenance.variables(env, _users_names(plan, node))
         master = entry.label == labels[0]
-        told = notify.host_config(_notify_facts(plan, rid, labels)) if notify and master else ""
+        told = ""
+        if notify and master:
+            told = notify.host_config(_notify_facts(plan, rid, labels), charge=charge)
         copies = place is not None  # every node: what its own ranks wrote
         watchers = node_watchers(
             plan,
@@ -767,6 +770,17 @@ def _users_names(plan: Plan, node: Node) -> set[str]:
     table = node.entry.vars.get("env")
     names = set(plan.env) | {k for k in os.environ if k.startswith("NCCL_")}
     return names | ({str(k) for k in table} if isinstance(table, dict) else set())
+
+
+def _charge(record: RunRecord) -> Charge:
+    """What the master's sender counts in the end's message: the run's prices and what its
+    earlier attempts ran (its outputs' folder is the record's out_dir file)."""
+    from vmrun.notify.send import Charge
+
+    prices = record.prices
+    if prices is None:
+        return Charge(ran_before_s=record.ran_before_s)
+    return Charge(prices.per_hour, prices.currency, record.ran_before_s)
 
 
 def _notify_facts(plan: Plan, rid: str, labels: list[str]) -> dict[str, Any]:

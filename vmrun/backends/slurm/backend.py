@@ -365,7 +365,8 @@ class SlurmBackend:
                     "where": f"cluster {name}",
                     "epochs_asked": epochs,
                     "fetch": fetch,
-                }
+                },
+                charge=records.charge(record),
             )
         patch = provenance.sent_patch(made.patch)
         return Submission(rid, script, record, paths, env_text, trainer, told, patch)

@@ -19,6 +19,7 @@ from vmrun.containers.runtime import PULL_SCRIPT, SlurmContainer
 from vmrun.errors import UsageError
 from vmrun.hostside import source
 from vmrun.runs.launch import flight_recorder_env
+from vmrun.runs.launch_spec import Hang, LaunchSpec, Notify, Watchers
 from vmrun.runs.plan import CPU_PROCESSES
 from vmrun.ssh.quoting import quote
 
@@ -157,7 +158,7 @@ class Batch:
     container_home: str = ""  # docker/podman: the HOME inside (made before the step)
     notifier: bool = False  # the job tells its end and requeues (the record's notify.json)
     max_recoveries: int = 0  # --recover: failed attempts requeued by the job itself
-    hang: str = ""  # --hang-timeout's `SECONDS ACTION RANKED` (hang_watch.py), "" not watched
+    hang: str = ""  # --hang-timeout's `SECONDS ACTION RANKED` (the agent's), "" not watched
     budget: str = ""  # --max-cost's `SECONDS CAP`: from the first attempt's start; "" none
     torch: str = ""  # the job's torch version where vmrun knows it (setup's record); "" not
     own_env: Sequence[str] = ()  # the names of the run's own variables (--env, the cluster's)
@@ -221,23 +222,48 @@ def batch_script(
     lines.append(f"VMRUN_PULL=({' '.join(quote(w) for w in batch.pull)})")
     lines.append(f"VMRUN_PULL_SCRIPT={quote(_commands(PULL_SCRIPT)) if batch.pull else ''}")
     lines.append(f"VMRUN_CONTAINER_HOME={quote(batch.container_home)}")
-    lines.append(f"VMRUN_NOTIFIER={quote(source('notify_send.py')) if batch.notifier else ''}")
-    torchrun = batch.launcher == "torchrun"
-    lines.append(f"VMRUN_FAILURE={quote(source('run_failure.py')) if torchrun else ''}")
     lines.append(f"VMRUN_MAX_RECOVERIES={batch.max_recoveries}")
-    lines.append(f"VMRUN_HANG={quote(batch.hang)}")
     lines.append(f"VMRUN_BUDGET={quote(batch.budget)}")
     recorder = flight_recorder_env(f"{paths.record}/nccl/fr_rank_", batch.torch, batch.own_env)
     settings = " ".join(quote(f"{name}={value}") for name, value in recorder.items())
     lines.append(f"VMRUN_FLIGHT_RECORDER=({settings})")
-    for name, text in (
-        ("VMRUN_HANG_WATCH", "hang_watch.py"),
-        ("VMRUN_SPOT_WATCH", "spot_watch.py"),
-        ("VMRUN_STACKS", "stacks.py"),
-    ):
-        lines.append(f"{name}={quote(source(text)) if batch.hang else ''}")
+    launch = launch_spec(batch, paths)
+    lines.append(f"VMRUN_LAUNCH={quote(launch.to_json())}")
+    agent = " ".join(f"{name} {quote(source(name))}" for name in agent_files(batch, launch))
+    lines.append(f"VMRUN_AGENT=({agent})")
     recover = source("slurm_recover.bash") + "\n" if batch.max_recoveries else ""
     return "\n".join(lines) + "\n\n" + recover + source("slurm_job.bash")
+
+
+def launch_spec(batch: Batch, paths: JobPaths) -> LaunchSpec:
+    """What the job's agent (hostside/run_agent.py's Slurm modes) is handed: the watchers
+    its step wants, with their settings. No secret: the webhooks are the record's
+    notify.json, written as the job was submitted."""
+    hang = None
+    if batch.hang:
+        seconds, action, ranked = batch.hang.split()
+        hang = Hang(float(seconds), action, ranked == "1", batch.python)
+    return LaunchSpec(
+        rec=paths.record,
+        workdir=paths.code,
+        run_id=batch.run_id,
+        argv=tuple(batch.command),
+        out=paths.out,
+        watchers=Watchers(hang=hang, notify=Notify() if batch.notifier else None),
+    )
+
+
+def agent_files(batch: Batch, spec: LaunchSpec) -> list[str]:
+    """The host-side files the job's agent runs (the batch script writes them into
+    REC/.watch): none where it has nothing to do."""
+    wanted = []
+    if spec.watchers.hang is not None:
+        wanted += ["hang_watch.py", "spot_watch.py", "stacks.py"]
+    if batch.launcher == "torchrun":
+        wanted.append("run_failure.py")
+    if spec.watchers.notify is not None:
+        wanted.append("notify_send.py")
+    return ["run_agent.py", *wanted] if wanted else []
 
 
 def _commands(name: str) -> str:

@@ -157,8 +157,13 @@ def prepare(
     env_text = "".join(f"export {k}={quote(v)}\n" for k, v in env.items())
     told = ""
     if notify:
+        from vmrun.backends.slurm.records import charge
+
         fetch = f"vmrun fetch results -C {cluster.name} --run {rid}"
-        told = notify.host_config({"run": rid, "where": f"cluster {cluster.name}", "fetch": fetch})
+        told = notify.host_config(
+            {"run": rid, "where": f"cluster {cluster.name}", "fetch": fetch},
+            charge=charge(recorded),
+        )
     return ScriptJob(rid, batch, sbatch, code, record, recorded, env_text, told, lines)
 
 

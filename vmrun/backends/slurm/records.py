@@ -11,13 +11,16 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.slurm.queue import JobState
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.record import RunRecord
 from vmrun.runs import provenance
 from vmrun.runs.state import RunState
+
+if TYPE_CHECKING:
+    from vmrun.notify.send import Charge
 
 _SECTION = re.compile(r"^==> (.*) <==$")
 
@@ -469,3 +472,14 @@ def _json_object(text: str) -> dict[str, Any] | None:
 
 def _by_metrics(runs: Mapping[str, SlurmRun], path: str) -> SlurmRun | None:
     return next((r for r in runs.values() if r.metrics == path), None)
+
+
+def charge(record: RunRecord) -> Charge:
+    """What the job's sender counts in its messages: the run's prices (its time runs from
+    the job's first start) and its outputs' folder (the last metrics)."""
+    from vmrun.notify.send import Charge
+
+    prices, out_dir = record.prices, record.launch.out_dir or ""
+    if prices is None:
+        return Charge(out_dir=out_dir)
+    return Charge(prices.per_hour, prices.currency, out_dir=out_dir)
