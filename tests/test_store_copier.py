@@ -80,9 +80,10 @@ while IFS= read -r f; do
     rc=1
     continue
   fi
-  mkdir -p "$(dirname "$to/$f")" && cp "$src/$f" "$to/$f" || exit 1
-  meta=$BUCKET.meta/${dest#store:}/$f  # the object's tag, or none
+  meta=$BUCKET.meta/${dest#store:}/$f  # the object's tag, or none: in place before the
+  # object, as one PUT of an object with its metadata is seen whole
   if [ -n "$tag" ]; then mkdir -p "${meta%/*}" && echo "$tag" > "$meta"; else rm -f "$meta"; fi
+  mkdir -p "$(dirname "$to/$f")" && cp "$src/$f" "$to/$f" || exit 1
 done < "$list"
 exit $rc
 """
@@ -440,7 +441,12 @@ def test_the_master_never_overwrites_a_path_another_node_sent_first(nodes: Any) 
     wait_for(lambda: master.stored("first.txt") == b"a\n", 20, "the master's claim and file")
     other: Copier = nodes("b")(role="outputs", token="t-1")
     (other.out / "shared.txt").write_text("from b\n")
-    wait_for(lambda: other.stored("shared.txt") == b"from b\n", 20, "b's file")
+    # the stand-in mover writes an object, then its metadata: both before the check
+    wait_for(
+        lambda: other.stored("shared.txt") == b"from b\n" and (tags / "shared.txt").exists(),
+        20,
+        "b's file and its tag",
+    )
     assert (tags / "shared.txt").read_text() == "t-1\n"  # tagged with its attempt's id
     (master.out / "shared.txt").write_text("from a\n")
     (master.out / "metrics.jsonl").write_text('{"attempt": 2}\n')
