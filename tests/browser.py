@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from web_helpers import CHROMIUM_QUIET
 
 
 class Page:
@@ -83,15 +84,7 @@ async def chromium(tmp: Path) -> AsyncIterator[Page]:
         pytest.skip("chromium is needed (apt-get install chromium)")
     argv = [
         binary,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-extensions",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        *CHROMIUM_QUIET,
         f"--user-data-dir={tmp / 'chromium-profile'}",
         "--remote-debugging-port=0",
         "about:blank",

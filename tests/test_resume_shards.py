@@ -50,6 +50,13 @@ def project(
             clean_host(bed[name])
 
 
+# the template sharded on h1 and h2, a checkpoint every 2 of its 6 epochs
+TWO_HOSTS_SIX_EPOCHS = (
+    *("train", "--fsdp", "-H", "h1", "-H", "h2", "--nproc-per-node", "1"),
+    *("--epochs", "6", "--save-every", "2"),
+)
+
+
 def test_two_new_hosts_resume_a_sharded_run_from_the_newest_checkpoint_whole_in_the_bucket(
     bed: NetnsBed, project: Client, bucket: tuple[str, TestHost], gate: Gate
 ) -> None:
@@ -62,18 +69,7 @@ def test_two_new_hosts_resume_a_sharded_run_from_the_newest_checkpoint_whole_in_
     store = f"s3://{name}/runs"
     h1, h2, h3, bastion = (bed[h] for h in HOSTS)
     started = project.vmrun(
-        "train",
-        "--fsdp",
-        "-H",
-        "h1",
-        "-H",
-        "h2",
-        "--nproc-per-node",
-        "1",
-        "--epochs",
-        "6",
-        "--save-every",
-        "2",
+        *TWO_HOSTS_SIX_EPOCHS,
         "--store",
         store,
         "--detach",
@@ -155,18 +151,7 @@ def test_a_lost_workers_shards_reach_the_spare_from_the_bucket_and_the_run_finis
     project.extra_env["VMRUN_SUPERVISOR_WHEELS"] = str(supervisor_wheels)
     h1, h2, h3, bastion = (bed[h] for h in HOSTS)
     started = project.vmrun(
-        "train",
-        "--fsdp",
-        "-H",
-        "h1",
-        "-H",
-        "h2",
-        "--nproc-per-node",
-        "1",
-        "--epochs",
-        "6",
-        "--save-every",
-        "2",
+        *TWO_HOSTS_SIX_EPOCHS,
         "--recover",
         "--supervisor",
         "h3",

@@ -100,6 +100,15 @@ def port_of(url: str) -> int:
     return int(url.rstrip("/").rsplit(":", 1)[1])
 
 
+# a headless Chromium that reaches no network: every host name but 127.0.0.1 resolves to
+# nothing, and nothing of its own (updates, sync, extensions) runs
+CHROMIUM_QUIET = (
+    *("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"),
+    *("--disable-background-networking", "--disable-component-update", "--disable-sync"),
+    *("--disable-extensions", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
+)
+
+
 def browser_dom(url: str, tmp: Path, budget_ms: int = 20000) -> str:
     """The page as a real headless Chromium renders it (its JavaScript run), as HTML. Every
     host name but 127.0.0.1 resolves to nothing, so the browser reaches no network."""
@@ -109,16 +118,7 @@ def browser_dom(url: str, tmp: Path, budget_ms: int = 20000) -> str:
     profile = tmp / "chromium-profile"
     argv = [
         chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-extensions",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        *CHROMIUM_QUIET,
         f"--user-data-dir={profile}",
         f"--virtual-time-budget={budget_ms}",
         "--dump-dom",
