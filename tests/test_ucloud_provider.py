@@ -246,6 +246,7 @@ def test_a_cluster_of_several_vms_is_joined_by_one_private_network_that_down_rem
         ("gateway.ucloud.test", "uc-1"),
     ]
     assert any("private network vmrun-uc" in line for line in out.lines), out.lines
+    assert fake.calls.count(("GET", "/api/private-networks/retrieveProducts")) == 1
     cloud.terminate_ids("", [made[1].id])  # a lost node, and the VM made in its place
     again = cloud.add(request(count=1), cloud.offer(request(count=1)), 1, Recorder())
     assert fake.jobs[again.id]["specification"]["resources"][0]["id"] == net_id

@@ -84,6 +84,7 @@ class UCloudProvider:
         self.poll = poll
         self.ssh_timeout = ssh_timeout
         self._products: list[Product] | None = None
+        self._network_products: Mapping[str, Any] | None = None
 
     @property
     def session(self) -> Session:
@@ -194,10 +195,12 @@ class UCloudProvider:
 
     def _network_product(self, provider: str) -> Mapping[str, Any] | None:
         """The private-network product at `provider` (retrieveProducts), None without one."""
-        found = self.session.call(
-            "GET", "/api/private-networks/retrieveProducts", what="listing private networks"
-        )
-        for item in ((found or {}).get("productsByProvider") or {}).get(provider) or []:
+        if self._network_products is None:  # asked once: `offer` and `launch` both read it
+            found = self.session.call(
+                "GET", "/api/private-networks/retrieveProducts", what="listing private networks"
+            )
+            self._network_products = (found or {}).get("productsByProvider") or {}
+        for item in self._network_products.get(provider) or []:
             product = (item or {}).get("product") or {}
             if product.get("name"):
                 return {
@@ -213,7 +216,7 @@ class UCloudProvider:
         """One private network for the cluster; its subdomain `vmrun-NAME`, with a suffix
         when another account holds that one (subdomains are unique per provider)."""
         product = self._network_product(provider)
-        if product is None:  # offer() refused this already; a product withdrawn since
+        if product is None:  # offer() refused this already
             raise UsageError(
                 f"UCloud's {provider} offers no private network", code="cloud-no-private-network"
             )
