@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vmrun.backends.slurm.queue import JobState
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.record import RunRecord
+from vmrun.results.stragglers import Slow, from_metrics, summary
 from vmrun.runs import provenance
 from vmrun.runs.state import RunState
 
@@ -250,6 +251,15 @@ class SlurmRun:
         if done is None:
             return None
         return f"epoch {done}/{epochs}" if epochs else f"epoch {done}"
+
+    @property
+    def slow_ranks(self) -> tuple[Slow, ...]:
+        """The slow ranks of its last epoch (metrics.jsonl's step times, as on hosts)."""
+        return tuple(from_metrics(self.last_metrics)) if self.last_metrics else ()
+
+    @property
+    def slow(self) -> str:  # `status`' PROGRESS names them, as a host's run's
+        return summary(self.slow_ranks)
 
 
 def _combined(tasks: list[Task], stopped: bool) -> tuple[RunState, int | None]:
