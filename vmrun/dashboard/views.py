@@ -10,11 +10,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
 from vmrun.reporting import Reporter
+
+if TYPE_CHECKING:
+    from vmrun.dashboard.cluster_gpus import ClusterGpus
 
 LIVE = ("running", "pending", "recovering", "queued", "starting")
 
@@ -32,6 +35,7 @@ class Views:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _gpus: GpuWatch | None = None
     _listing: Future[dict[str, Any]] | None = None
+    _clusters: ClusterGpus | None = None
 
     def runs(self) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
@@ -178,11 +182,50 @@ class Views:
     def gpus(self) -> dict[str, Any]:
         """What `vmrun watch-gpus --json` says of each host now (`hosts`, host order): one
         watch for the server's life, started by the first ask, shared by every page."""
+        if self.cluster:  # its jobs' GPUs: `cluster_gpus`, listed again as jobs come and go
+            return {"hosts": [], "error": None}
         with self._lock:
             if self._gpus is None:
                 self._gpus = GpuWatch(self.settings, self.hosts, self.cluster).start()
             watch = self._gpus
         return watch.now()
+
+    # -- the sweeps page and the GPUs of a cluster's jobs ----------------------------------
+
+    def sweeps(self) -> dict[str, Any]:
+        """Every sweep under results/ here (vmrun.dashboard.sweeps)."""
+        from vmrun.dashboard.sweeps import sweep_list
+        from vmrun.operations.histories import project_dir
+
+        return sweep_list(project_dir())
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        """One sweep's sizes, scaling report and plots, as `vmrun sweep` writes them."""
+        from vmrun.dashboard.sweeps import sweep_page
+        from vmrun.operations.histories import project_dir
+
+        return sweep_page(project_dir(), sweep_id)
+
+    def cluster_gpus(self) -> dict[str, Any]:
+        """`watch-gpus -C NAME` for each cluster this server looks at (-C's, else the
+        project's clusters unless -H named hosts): one watch per cluster for the server's
+        life, started by the first ask (vmrun.dashboard.cluster_gpus)."""
+        from vmrun.dashboard.cluster_gpus import ClusterGpus
+
+        with self._lock:
+            if self._clusters is None:
+                self._clusters = ClusterGpus(self.settings, self._cluster_names()).start()
+            watch = self._clusters
+        return watch.now()
+
+    def _cluster_names(self) -> list[str]:
+        if self.cluster:
+            return [self.cluster]
+        if self.hosts:
+            return []
+        from vmrun.backends.slurm.cluster import project_clusters
+
+        return [c.name for c in project_clusters(self.settings)]
 
 
 class GpuWatch:

@@ -38,6 +38,8 @@ function money(cost) {
 function stateOf(run) {
   const rec = run.recoveries;
   if (rec && rec.under_way && run.state !== "running") return "recovering";
+  if (run.hung && run.state === "running") return "hung";  // its hang watcher found it stuck
+  if (run.error && run.error.code === "run-over-budget") return "over budget";
   return run.state || "unknown";
 }
 
@@ -58,7 +60,8 @@ function recoveries(run) {
 
 // -- the runs page ---------------------------------------------------------------------
 function drawRuns() {
-  const want = $("state-filter").value, host = $("host-filter").value.trim();
+  const { state: want, host } = runFilters();
+  showFilters();
   const body = document.querySelector("#runs tbody");
   body.replaceChildren();
   for (const run of lastRuns.slice().reverse()) {
@@ -78,6 +81,7 @@ function drawRuns() {
     row.append(el("td", money(run.cost)));
     row.append(el("td", recoveries(run)));
     row.append(el("td", run.store ? run.store.state : "-"));
+    moreCells(row, run);
     body.append(row);
   }
 }
@@ -87,7 +91,8 @@ async function loadRuns() {
     const got = await api("/api/runs");
     lastRuns = got.runs;
     const states = new Set(lastRuns.map(stateOf));
-    const select = $("state-filter"), chosen = select.value;
+    const select = $("state-filter"), chosen = runFilters().state;
+    if (chosen) states.add(chosen);
     select.replaceChildren(el("option", "all"));
     select.firstChild.value = "";
     for (const s of [...states].sort()) { const o = el("option", s); o.value = s; select.append(o); }
@@ -283,10 +288,166 @@ async function loadGpus() {
   }
 }
 
+// -- the runs page's filters (kept in the address: a reload keeps them), more cells ------
+let sweepOf = new Map();  // run id -> {sweep, label}: the runs page marks a sweep's runs
+
+function runFilters() {
+  const query = /^#\/\?(.*)$/.exec(location.hash);
+  const params = new URLSearchParams(query ? query[1] : "");
+  return { state: params.get("state") || "", host: (params.get("host") || "").trim() };
+}
+
+function keepFilters() {
+  const params = new URLSearchParams();
+  if ($("state-filter").value) params.set("state", $("state-filter").value);
+  if ($("host-filter").value.trim()) params.set("host", $("host-filter").value.trim());
+  const text = params.toString();
+  history.replaceState(null, "", text ? `#/?${text}` : "#/");
+  drawRuns();
+}
+
+function showFilters() {
+  const { state, host } = runFilters();
+  if ($("host-filter") !== document.activeElement) $("host-filter").value = host;
+  if ($("state-filter").value !== state) $("state-filter").value = state;
+}
+
+function slowRanks(run) {
+  return (run.slow_ranks || []).map((s) => `r${s.rank}${s.node === null ? "" : ` (node ${s.node})`} ${s.ratio}x`).join(", ") || "-";
+}
+
+function moreCells(row, run) {
+  row.append(el("td", slowRanks(run)));
+  const mine = sweepOf.get(run.run), cell = el("td", mine ? null : "-");
+  if (mine) {
+    const link = el("a", `${mine.sweep} ${mine.label}`);
+    link.href = `#/sweep/${encodeURIComponent(mine.sweep)}`;
+    cell.append(link);
+    row.dataset.sweep = mine.sweep;
+  }
+  row.append(cell);
+}
+
+async function loadSweeps() {
+  try {
+    const got = await api("/api/sweeps");
+    sweepOf = new Map();
+    const list = $("sweeps");
+    list.replaceChildren();
+    for (const sw of got.sweeps) {
+      for (const [run, label] of Object.entries(sw.runs || {})) sweepOf.set(run, { sweep: sw.id, label });
+      const item = el("li"), link = el("a", sw.id);
+      link.href = `#/sweep/${encodeURIComponent(sw.id)}`;
+      const states = Object.entries(sw.states || {}).map(([k, n]) => `${n} ${k}`).join(", ");
+      item.append(link, el("span", sw.error ? ` (${sw.error})` : ` on ${sw.where}: ${sw.sizes} size(s), ${states}`));
+      list.append(item);
+    }
+    $("sweeps-box").hidden = !got.sweeps.length;
+    drawRuns();
+  } catch (e) {
+    $("unreached").textContent = `sweeps: ${e.message}`;
+  }
+}
+
+// -- a sweep's page (its report and plots, as `vmrun sweep` writes them) -----------------
+let sweepCharts = [];
+
+function sweepRoute() {
+  const match = /^#\/sweep\/(.+)$/.exec(location.hash);
+  $("sweep-page").hidden = !match;
+  if (!match) return false;
+  $("runs-page").hidden = $("run-page").hidden = $("gpus-page").hidden = true;
+  current = null;
+  loadSweep(decodeURIComponent(match[1]));
+  return true;
+}
+
+function sweepTable(table) {
+  const head = el("tr"), body = $("sweep-report").querySelector("tbody");
+  table.heads.forEach((h, i) => head.append(el("th", h, table.numeric.includes(i) ? "num" : null)));
+  $("sweep-report").querySelector("thead").replaceChildren(head);
+  body.replaceChildren();
+  for (const cells of table.rows) {
+    const row = el("tr");
+    row.dataset.run = cells[0];
+    cells.forEach((c, i) => row.append(el("td", c, table.numeric.includes(i) ? "num" : null)));
+    body.append(row);
+  }
+}
+
+function sweepPlot(plot, i) {
+  const box = el("div", null, "sweep-chart");
+  box.dataset.metric = plot.metric;
+  const epochs = [...new Set(plot.series.flatMap((s) => s.points.map((p) => p[0])))].sort((a, b) => a - b);
+  box.dataset.points = String(epochs.length);
+  box.dataset.series = String(plot.series.length);
+  const data = [epochs, ...plot.series.map((s) => {
+    const by = new Map(s.points);
+    return epochs.map((e) => (by.has(e) ? by.get(e) : null));
+  })];
+  const colours = ["#1971c2", "#e8590c", "#2f9e44", "#9c36b5", "#c92a2a", "#0b7285", "#5c940d", "#862e9c"];
+  const opts = {
+    title: plot.title, width: Math.max(320, $("sweep-plots").clientWidth / 2 - 20 || 480), height: 280,
+    scales: { x: { time: false } },
+    axes: [{ label: "epoch" }, { label: plot.metric }],
+    series: [{ label: "epoch" }, ...plot.series.map((s, j) => ({ label: s.label, stroke: colours[j % colours.length], points: { show: true } }))],
+  };
+  $("sweep-plots").append(box);
+  if (epochs.length) sweepCharts.push(new uPlot(opts, data, box));
+  return i;
+}
+
+async function loadSweep(sweepId) {
+  $("sweep-id").textContent = sweepId;
+  for (const c of sweepCharts) c.destroy();
+  sweepCharts = [];
+  $("sweep-plots").replaceChildren();
+  try {
+    const got = await api(`/api/sweeps/${encodeURIComponent(sweepId)}`);
+    $("sweep-where").textContent = `on ${got.where}`;
+    const sizes = $("sweep-sizes").querySelector("tbody");
+    sizes.replaceChildren();
+    for (const s of got.sizes) {
+      const row = el("tr"), run = el("td");
+      if (s.run) { const a = el("a", s.run); a.href = `#/run/${encodeURIComponent(s.run)}`; run.append(a); } else run.textContent = "-";
+      row.append(el("td", s.label), el("td", s.words || "-"), run, el("td", s.state + (s.detail ? ` (${s.detail})` : ""), `state ${s.state}`));
+      sizes.append(row);
+    }
+    sweepTable(got.table);
+    const left = got.rows.filter((r) => r.error).map((r) => `${r.run}: ${r.error.message}`);
+    $("sweep-note").textContent = [got.note, ...left].filter(Boolean).join("\n");
+    got.plots.forEach(sweepPlot);
+  } catch (e) {
+    $("sweep-note").textContent = e.message;
+  }
+}
+
+// -- the GPUs page's clusters (`watch-gpus -C`: the GPUs of the running jobs' nodes) ------
+async function loadClusterGpus() {
+  try {
+    const got = await api("/api/gpus/clusters");
+    const body = document.querySelector("#cluster-gpus tbody");
+    body.replaceChildren();
+    const notes = [];
+    for (const c of got.clusters) {
+      if (c.error || c.note) notes.push(`cluster ${c.cluster}: ${c.error || c.note}`);
+      for (const host of c.hosts) {
+        const rows = host.gpus.length ? host.gpus.map((g) => gpuRow(host, g, host.processes)) : [gpuRow(host, null, [])];
+        for (const row of rows) { row.dataset.cluster = c.cluster; row.prepend(el("td", c.cluster)); body.append(row); }
+      }
+    }
+    $("clusters-note").textContent = notes.join("\n");
+    $("clusters-box").hidden = !got.clusters.length;
+  } catch (e) {
+    $("clusters-note").textContent = e.message;
+  }
+}
+
 // -- routing ---------------------------------------------------------------------------
 function route() {
   clearInterval(runsTimer); clearInterval(metricsTimer);
   if (source) { source.close(); source = null; }
+  if (sweepRoute()) return;
   const match = /^#\/run\/(.+)$/.exec(location.hash);
   const gpus = location.hash === "#/gpus";
   $("runs-page").hidden = !!match || gpus;
@@ -295,11 +456,13 @@ function route() {
   if (gpus) {
     current = null;
     loadGpus();
-    runsTimer = setInterval(() => { if (!document.hidden) loadGpus(); }, GPUS_EVERY_MS);
+    loadClusterGpus();
+    runsTimer = setInterval(() => { if (!document.hidden) { loadGpus(); loadClusterGpus(); } }, GPUS_EVERY_MS);
     return;
   }
   if (!match) {
     current = null;
+    loadSweeps();
     loadRuns();
     runsTimer = setInterval(() => { if (!document.hidden) loadRuns(); }, RUNS_EVERY_MS);
     return;
@@ -318,8 +481,8 @@ function route() {
   });
 }
 
-$("state-filter").addEventListener("change", drawRuns);
-$("host-filter").addEventListener("input", drawRuns);
+$("state-filter").addEventListener("change", keepFilters);
+$("host-filter").addEventListener("input", keepFilters);
 $("log-filter").addEventListener("change", refilter);
 $("log-search").addEventListener("input", refilter);
 $("stacks-button").addEventListener("click", stacksNow);
