@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from browser import Page, chromium
@@ -116,6 +117,7 @@ async def _browse(
         assert done[1] == "n1, n2" and done[2] == "done", done
         for row in (running, done):  # STATE, PROGRESS, STARTED, DURATION, COST, ...
             assert row[6].startswith("$"), row  # cost so far, at the hosts' prices
+        await _filters(page, rid, done_rid)
         await page.value(f"location.hash = '#/run/{rid}'")
         chart = "document.getElementById('chart').dataset.points === '2'"
         await page.until(chart, 60, "a point for each of 2 epochs")
@@ -127,6 +129,52 @@ async def _browse(
         await _stacks_now(page)
         await _stop_asks_first(page, rid, n1, n2)
         await _gpus(page)
+
+
+ROWS = "[...document.querySelectorAll('#runs tbody tr')].map((r) => r.dataset.run)"
+
+
+async def _filter(page: Page, control: str, value: str, event: str) -> list[str]:
+    """Set a filter of the runs page as a person would; the rows it leaves."""
+    await page.value(
+        f"(() => {{ const c = document.getElementById('{control}'); c.value = '{value}';"
+        f" c.dispatchEvent(new Event('{event}')); }})()"
+    )
+    return list(await page.value(ROWS))
+
+
+async def _reloaded(page: Page, expression: str, timeout: float, what: str) -> Any:
+    """`until` across a reload: while the old page goes, evaluating may fail; retried."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = await page.value(expression)
+        except AssertionError:
+            found = None  # the old document went away mid-call
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _filters(page: Page, rid: str, done_rid: str) -> None:
+    """The state filter hides the finished run and the host filter narrows the rows; both
+    are kept in the address, so a reload keeps them."""
+    shown = await _filter(page, "state-filter", "running", "change")
+    assert rid in shown and done_rid not in shown, shown
+    assert "state=running" in await page.value("location.hash")
+    await page.call("Page.reload")
+    has = f"(() => {{ const r = {ROWS}; return r.includes('{rid}') && r; }})()"
+    shown = await _reloaded(page, has, 30, "the running run's row after a reload")
+    assert done_rid not in shown, shown
+    assert await page.value("document.getElementById('state-filter').value") == "running"
+    assert rid in await _filter(page, "state-filter", "", "change")
+    both = await _filter(page, "host-filter", "n2", "input")
+    assert rid in both and done_rid in both, both
+    assert await _filter(page, "host-filter", "n9", "input") == []  # no run there
+    assert "host=n9" in await page.value("location.hash")
+    assert done_rid in await _filter(page, "host-filter", "", "input")
 
 
 async def _gpus(page: Page) -> None:
