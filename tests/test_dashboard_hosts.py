@@ -48,6 +48,9 @@ def test_the_dashboard_shows_follows_charts_and_stops_a_two_node_run(
     finished = multi.vmrun("train", "--epochs", "1", "--nproc-per-node", "1", timeout=300)
     assert finished.returncode == 0, finished.stderr
     done_rid = run_id_of(finished.stderr + finished.stdout)
+    fetched = multi.vmrun("fetch", "metrics", "--run", done_rid, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr  # as a sweep fetches each of its runs
+    _a_sweep_of(multi.cwd, done_rid)
     hooks = gate.options(2, EPOCH_DELAY="4")  # held after epoch 2; then 4 s an epoch
     started = multi.vmrun(
         "train",
@@ -117,7 +120,10 @@ async def _browse(
         assert done[1] == "n1, n2" and done[2] == "done", done
         for row in (running, done):  # STATE, PROGRESS, STARTED, DURATION, COST, ...
             assert row[6].startswith("$"), row  # cost so far, at the hosts' prices
+        began = time.monotonic()
         await _filters(page, rid, done_rid)
+        await _the_sweeps_page(page, done_rid)
+        print(f"the filters and the sweep's page took {time.monotonic() - began:.2f} s")
         await page.value(f"location.hash = '#/run/{rid}'")
         chart = "document.getElementById('chart').dataset.points === '2'"
         await page.until(chart, 60, "a point for each of 2 epochs")
@@ -175,6 +181,32 @@ async def _filters(page: Page, rid: str, done_rid: str) -> None:
     assert await _filter(page, "host-filter", "n9", "input") == []  # no run there
     assert "host=n9" in await page.value("location.hash")
     assert done_rid in await _filter(page, "host-filter", "", "input")
+
+
+SWEEP = "sweep-20260101-000000-dash"
+
+
+def _a_sweep_of(project: Path, rid: str) -> None:
+    """A sweep's record whose one size is the finished run (its files fetched here)."""
+    from vmrun.runs.state import RunState
+    from vmrun.runs.sweep import Size, Sweep, save
+
+    assert list((project / "results" / rid).rglob("metrics.jsonl"))
+    save(project, Sweep(SWEEP, {"hosts": ["n1", "n2"]}, {}, [Size(2, 1, rid, RunState.DONE)]))
+
+
+async def _the_sweeps_page(page: Page, rid: str) -> None:
+    """The runs page marks the sweep's run and links to the sweep's page: its report's row
+    and its loss plot (a point for the run's one epoch)."""
+    link = f'document.querySelector(\'tr[data-run="{rid}"] a[href^="#/sweep/"]\')'
+    await page.until(f"!!{link}", 30, "the run's sweep, marked on its row")
+    await page.value(f"{link}.click()")
+    row = f"document.querySelector('#sweep-report tr[data-run=\"{rid}\"]')"
+    await page.until(f"!!{row}", 30, "the sweep's report row")
+    plot = "document.querySelector('#sweep-plots .sweep-chart[data-metric=\"loss\"]')"
+    points = await page.until(f"{plot} && {plot}.dataset.points", 30, "the sweep's loss plot")
+    assert points == "1", points
+    assert SWEEP in await page.value("document.getElementById('sweep-id').textContent")
 
 
 async def _gpus(page: Page) -> None:
