@@ -290,3 +290,28 @@ def test_a_hung_run_and_its_slow_ranks_are_in_its_object() -> None:
     assert slurm.slow == "rank 0 slow: 5.0x"
     (calm,) = run_objects([_host("r2", "n1", 0, "epoch 10/10")])
     assert calm["hung"] is None and calm["slow_ranks"] is None
+
+
+def test_a_cluster_runs_hang_is_read_from_its_listing() -> None:
+    """slurm_runs.sh lists REC/hang as it lists REC/budget: the run's `hung`, and the
+    table's STATE says it as for a run on hosts."""
+    from vmrun.backends.slurm.records import parse_listing
+    from vmrun.cli.status_cmd import _state
+
+    meta = {"run_id": "h1", "cluster": "bed", "nodes": 1, "submitted": T0}
+    hang = {"since": T0, "host": "c1", "ranks": [0], "action": "stop"}
+    listing = "\n".join(
+        [
+            "==> squeue <==",
+            "==> h1/run.json <==",
+            json.dumps(meta),
+            "==> h1/hang <==",
+            json.dumps(hang),
+            "==> sacct <==",
+        ]
+    )
+    (run,) = parse_listing(listing, "bed")
+    assert run.hung == hang
+    (obj,) = run_objects([run])
+    assert obj["hung"] == hang
+    assert _state(run).endswith(", hung (stopped)")
