@@ -389,7 +389,7 @@ function sweepPlot(plot, i) {
   const opts = {
     title: plot.title, width: Math.max(320, $("sweep-plots").clientWidth / 2 - 20 || 480), height: 280,
     scales: { x: { time: false } },
-    axes: [{ label: "epoch" }, { label: plot.metric }],
+    axes: [{ label: "epoch", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: plot.metric }],
     series: [{ label: "epoch" }, ...plot.series.map((s, j) => ({ label: s.label, stroke: colours[j % colours.length], points: { show: true } }))],
   };
   $("sweep-plots").append(box);
