@@ -223,3 +223,102 @@ def test_a_clusters_jobs_are_watched_as_they_start_and_end(
         assert all(w.stopped for w in WATCHES)
     finally:
         watch.stop()
+
+
+RUNS = [
+    {
+        "run": "r-slow",
+        "hosts": ["a", "b"],
+        "state": "running",
+        "slow_ranks": [{"rank": 3, "node": 1, "step_s": 0.4, "typical_s": 0.2, "ratio": 2.0}],
+    },
+    {"run": "r-hung", "hosts": ["a"], "state": "running", "hung": {"since": 1.0, "host": "a"}},
+    {
+        "run": "r-budget",
+        "hosts": ["b"],
+        "state": "stopped",
+        "error": {"code": "run-over-budget", "message": "run r-budget stopped at --max-cost 5"},
+    },
+    {
+        "run": "r-back",
+        "hosts": ["b"],
+        "state": "lost",
+        "recoveries": {"count": 1, "last": None, "gave_up": False, "under_way": "1 of 5: lost b"},
+    },
+    {"run": "r-1x2", "cluster": "bed", "state": "done", "cost": {"amount": 2.5, "currency": "EUR"}},
+]
+
+
+class PageViews(FakeViews):
+    """Every view the pages ask for, for a browser."""
+
+    def runs(self) -> dict[str, Any]:
+        keys = ("hosts", "cluster", "error", "recoveries", "hung", "slow_ranks", "store", "cost")
+        return {"runs": [{**dict.fromkeys(keys), **r} for r in RUNS], "unreached": []}
+
+    def gpus(self) -> dict[str, Any]:
+        return {"hosts": [], "error": None}
+
+    def cluster_gpus(self) -> dict[str, Any]:
+        gpu = {"index": 0, "uuid": "G", "name": "H100", "health": ["xid 79"], "idle_alert": False}
+        host = {"host": "c1 (job 7 / r-1x2)", "state": "ok", "gpus": [gpu], "processes": []}
+        return {"clusters": [{"cluster": "bed", "hosts": [host], "note": None, "error": None}]}
+
+
+def test_the_pages_in_a_browser(tmp_path: Path) -> None:
+    """The runs page's states (hung, over budget, recovering), slow ranks, a sweep's runs
+    marked and linked; the sweep's page with its table and plot; a cluster's job's GPUs."""
+    from browser import chromium
+
+    _sweep(tmp_path)
+
+    async def main() -> None:
+        access = Access()
+        server = TestServer(make_app(PageViews(tmp_path), access), host="127.0.0.1")  # type: ignore[arg-type]
+        await server.start_server()
+        try:
+            async with chromium(tmp_path) as page:
+                await page.call("Page.navigate", url=f"{server.make_url('/')}?token={access.token}")
+                cells = (
+                    "(id) => [...document.querySelector(`tr[data-run='${id}']`).children]"
+                    ".map((c) => c.textContent)"
+                )
+                await page.until(
+                    "document.querySelectorAll('#runs tbody tr').length === 5", 20, "5 rows"
+                )
+                row = lambda rid: page.value(f"({cells})('{rid}')")  # noqa: E731
+                assert (await row("r-hung"))[2] == "hung"
+                assert (await row("r-budget"))[2].startswith("over budget")
+                assert (await row("r-back"))[2] == "recovering"
+                assert (await row("r-slow"))[9] == "r3 (node 1) 2x"
+                done = await page.until(
+                    f"(() => {{ const r = ({cells})('r-1x2'); return r[10] !== '-' && r; }})()",
+                    20,
+                    "the sweep's mark",
+                )
+                assert done[10] == f"{SWEEP} 1x2-lr0.1" and done[6] == "2.50 EUR"
+                options = await page.value(
+                    "[...document.getElementById('state-filter').options].map((o) => o.value)"
+                )
+                assert {"hung", "over budget", "recovering", "running", "done"} <= set(options)
+                await page.value(
+                    "document.querySelector(`tr[data-run='r-1x2'] a[href^='#/sweep/']`).click()"
+                )
+                plot = "document.querySelector('.sweep-chart[data-metric=\"loss\"]')"
+                assert (
+                    await page.until(f"{plot} && {plot}.dataset.points", 20, "the loss plot") == "3"
+                )
+                rows = await page.value(
+                    "document.querySelectorAll('#sweep-report tbody tr').length"
+                )
+                assert rows == 2
+                await page.value("location.hash = '#/gpus'")
+                gpu = "document.querySelector('#cluster-gpus tr[data-cluster=\"bed\"]')"
+                got = await page.until(
+                    f"{gpu} && [...{gpu}.children].map((c) => c.textContent)", 20, "the job's GPU"
+                )
+                assert got[:3] == ["bed", "c1 (job 7 / r-1x2)", "ok"] and "xid 79" in got
+        finally:
+            await server.close()
+
+    asyncio.run(main())
