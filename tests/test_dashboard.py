@@ -371,6 +371,13 @@ def test_each_ranks_step_time_by_epoch_a_resumed_epoch_its_last_line(tmp_path: P
     series, nodes = rank_series(tmp_path)
     assert series == {0: [(1, 0.1), (2, 0.2)], 1: [(1, 0.3), (2, 0.5)]} and nodes == (0, 1)
     assert rank_series(tmp_path / "none") == ({}, None)
+    from vmrun.dashboard.views import rank_series_json  # what the page's chart gets
+
+    assert rank_series_json(tmp_path) == {
+        "rank_series": {"0": [[1, 0.1], [2, 0.2]], "1": [[1, 0.3], [2, 0.5]]},
+        "rank_node": [0, 1],
+    }
+    assert rank_series_json(tmp_path / "none") == {"rank_series": None, "rank_node": None}
 
 
 def _views(tmp_path: Path, monkeypatch: Any, hosts: list[str] | None = None) -> Any:
@@ -461,6 +468,7 @@ def test_a_runs_files_are_fetchs_own_listing_with_the_command_to_copy(
             Planned("results/r1/metrics.jsonl", 20, 2.0, ("a",), False),
             Planned("results/r1/b/log", 30, 2.0, ("b",), False),
             Planned("results/r1/notes.txt", 4, 2.0, ("a", "b"), False),
+            Planned("results/r1/versions.json", 4, 2.0, ("a",), False),
         )
         return Listing(files, None, {"b": ConnectionLostError("gone", host="b")})
 
@@ -473,8 +481,10 @@ def test_a_runs_files_are_fetchs_own_listing_with_the_command_to_copy(
         "metrics.jsonl": "metrics",
         "log": "log",
         "notes.txt": "output",
+        "versions.json": "provenance",
     }
-    assert got["bytes"] == 204 and got["files"][1]["here"] and "gone" in got["failed"]["b"]
+    assert list(kinds)[:3] == ["finalmodel.pt", "__0_0.distcp", "metrics.jsonl"]  # in order
+    assert got["bytes"] == 208 and got["files"][0]["here"] and "gone" in got["failed"]["b"]
     assert got["command"] == "vmrun fetch results --run r1"  # the project's hosts find it
     assert asked == [(["results"], "r1", ["a", "b"], None)]
     given = _views(tmp_path, monkeypatch, hosts=["a", "b", "c"]).files("r1")

@@ -10,7 +10,9 @@ refused, nothing secret is served, and all of it over one SSH connection per hos
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import signal
 import time
 import urllib.error
@@ -224,7 +226,12 @@ async def _the_end_on_the_timeline(page: Page) -> None:
 
 async def _a_finished_runs_page(page: Page, rid: str) -> None:
     """A finished run: its start, snapshot and end in order; its final model, snapshot and
-    metrics among the files to fetch; a step-time series per rank."""
+    metrics among the files to fetch; a step-time series per rank. With
+    VMRUN_DASHBOARD_SHOTS=DIR, the page is kept there as dashboard-run-torchrun.png."""
+    shots = os.environ.get("VMRUN_DASHBOARD_SHOTS")
+    if shots:  # the docs' screenshots' width, tall enough for all but the log
+        metrics = {"width": 1280, "height": 1350, "deviceScaleFactor": 1, "mobile": False}
+        await page.call("Emulation.setDeviceMetricsOverride", **metrics)
     await page.value(f"location.hash = '#/run/{rid}'")
     kinds = await page.until(
         "(() => { const k = [...document.querySelectorAll('#events tbody tr')]"
@@ -240,6 +247,11 @@ async def _a_finished_runs_page(page: Page, rid: str) -> None:
     assert files["metrics.jsonl"] == "metrics", files
     ranks = "document.getElementById('chart-ranks').dataset"
     await page.until(f"{ranks}.series === '2' && {ranks}.points === '1'", 60, "2 ranks' series")
+    if shots:
+        paint = "new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
+        await page.call("Runtime.evaluate", expression=paint, awaitPromise=True)
+        got = await page.call("Page.captureScreenshot", format="png")
+        Path(shots, "dashboard-run-torchrun.png").write_bytes(base64.b64decode(got["data"]))
 
 
 async def _gpus(page: Page) -> None:

@@ -21,6 +21,8 @@ from vmrun.errors import UsageError, VmrunError
 from vmrun.reporting import Reporter
 
 LIVE = ("running", "pending", "recovering", "queued", "starting")
+# a run's files by kind, in the order the files to fetch are listed
+KINDS = ("final model", "checkpoint", "metrics", "output", "log", "provenance")
 
 
 @dataclass
@@ -230,6 +232,7 @@ class Views:
             }
             for f in found.files
         ]
+        files.sort(key=lambda f: (KINDS.index(f["kind"]), f["path"]))  # the model first
         failed = {node: _line(e) for node, e in found.failed.items()}
         if found.ref is not None:
             failed.update({node: _line(e) for node, e in found.ref.unreached.items()})
@@ -350,16 +353,21 @@ def _recovered(rows: list[Any]) -> bool:
 
 def file_kind(path: str) -> str:
     """What a run's file is, by its name, as `vmrun fetch`'s categories select them."""
-    from vmrun.runs.outputs import FETCHED_CHECKPOINTS, LOGS, METRICS
+    from vmrun.runs.outputs import FETCHED_CHECKPOINTS, LOGS, METRICS, PROVENANCE
 
     name = path.rsplit("/", 1)[-1]
     if name == "finalmodel.pt":
         return "final model"
-    for kind, patterns in (("checkpoint", FETCHED_CHECKPOINTS), ("metrics", METRICS)):
-        if any(fnmatch.fnmatch(name, p) for p in patterns) or "/checkpoints/" in path:
+    if "/checkpoints/" in path:
+        return "checkpoint"
+    for kind, patterns in (
+        ("checkpoint", FETCHED_CHECKPOINTS),
+        ("metrics", METRICS),
+        ("provenance", PROVENANCE),
+        ("log", LOGS),
+    ):
+        if any(fnmatch.fnmatch(name, p) for p in patterns):
             return kind
-    if any(fnmatch.fnmatch(name, p) for p in LOGS):
-        return "log"
     return "output"
 
 

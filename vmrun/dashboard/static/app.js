@@ -357,7 +357,7 @@ function drawEvents(events) {
   for (const e of timed) {
     const from = e.at - (e.duration_s || 0);
     const mark = el("span", null, `mark ${e.kind}`);
-    mark.style.left = `${(100 * (from - start)) / span}%`;
+    mark.style.left = `${Math.min(99.5, (100 * (from - start)) / span)}%`;
     if (e.duration_s) mark.style.width = `${Math.max(0.4, (100 * e.duration_s) / span)}%`;
     mark.title = `${clock(e.at)} ${e.kind}: ${e.text}`;
     mark.dataset.kind = e.kind;
