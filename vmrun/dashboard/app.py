@@ -52,6 +52,8 @@ def make_app(views: Views, access: Access) -> web.Application:
     app.router.add_get("/api/gpus", partial(_call, "gpus"))
     app.router.add_get("/api/runs/{run}", partial(_call, "run"))
     app.router.add_get("/api/runs/{run}/metrics", partial(_call, "metrics"))
+    app.router.add_get("/api/runs/{run}/events", partial(_call, "events"))
+    app.router.add_get("/api/runs/{run}/files", partial(_call, "files"))
     app.router.add_get("/api/runs/{run}/log", _log)
     app.router.add_post("/api/runs/{run}/stacks", partial(_call, "stacks"))
     app.router.add_post("/api/runs/{run}/stop", partial(_call, "stop"))
