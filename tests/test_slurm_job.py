@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import ConfigError, UsageError
 from vmrun.hostside import HERE, source
 from vmrun.reporting import Recorder
-from vmrun.runs.launch_spec import Hang, LaunchSpec, Notify, Watchers
+from vmrun.runs.launch_spec import Budget, Hang, LaunchSpec, Notify, Watchers
 from vmrun.runs.state import RunState
 
 PATHS = JobPaths("/w/.vmrun/runs/r1", "/w/vmrun/p-abc123", "/w/vmrun/p-abc123/results/r1")
@@ -321,9 +322,12 @@ def test_a_job_stopped_at_its_max_cost_is_stopped_whatever_sacct_says() -> None:
 
 
 def test_the_batch_script_carries_the_budget_only_when_asked() -> None:
+    """--max-cost is the job's agent's: its settings in the launch spec, the files that
+    watch it in the job, and no timer of the batch shell's own."""
     paths = JobPaths(record="/w/rec", code="/w/code", out="/w/out")
     batch = Batch(run_id="r1", launcher="torchrun", python="python3", command=["t.py"])
-    assert "VMRUN_BUDGET=''" in batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
+    plain = batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
+    assert _agent(plain)[0].watchers.budget is None
     capped = batch_script(
         JobSpec(),
         Batch(
@@ -331,13 +335,71 @@ def test_the_batch_script_carries_the_budget_only_when_asked() -> None:
             launcher="torchrun",
             python="python3",
             command=["t.py"],
-            budget="21600 $6.00",
+            budget=Budget(21600.0, "$6.00"),
         ),
         paths,
         "22.05",
         job_name="r1",
     )
-    assert "VMRUN_BUDGET='21600 $6.00'" in capped
+    spec, files = _agent(capped)
+    assert spec.watchers == Watchers(budget=Budget(21600.0, "$6.00"))
+    assert {"run_agent.py", "budget_watch.py", "hang_watch.py", "spot_watch.py"} <= set(files)
+    for text in (plain, capped):
+        assert "VMRUN_BUDGET=" not in text and "kill -USR2" not in text
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_the_jobs_agent_keeps_its_cap_from_the_first_attempts_start(tmp_path: Path) -> None:
+    """run_agent.py's `budget` (before a step: the cap said, REC/budget when spent already)
+    and `step` (beside it: at the cap, REC/budget and SIGUSR2 to the batch shell), the time
+    counted from the first attempt's start (REC/starts), as a requeued job's is."""
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    agent = [sys.executable, str(HERE / "run_agent.py")]
+
+    def spec(seconds: float) -> str:
+        capped = Watchers(budget=Budget(seconds, "$6.00"))
+        return LaunchSpec(
+            rec=str(rec), workdir=str(tmp_path), run_id="r1", argv=("t.py",), watchers=capped
+        ).to_json()
+
+    def said(*args: str, seconds: float) -> str:
+        done = subprocess.run(
+            [*agent, *args], input=spec(seconds), capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    now = time.time()
+    (rec / "starts").write_text(f"1 {now - 100:.0f}\n2 {now:.0f}\n")
+    assert said("budget", seconds=200) == "$6.00" and not (rec / "budget").exists()
+    assert said("budget", seconds=90) == "$6.00"  # the first attempt's 100 s count
+    assert json.loads((rec / "budget").read_text())["cap"] == "$6.00"
+    (rec / "budget").unlink()
+    plain = LaunchSpec(rec=str(rec), workdir=str(tmp_path), run_id="r1", argv=("t.py",))
+    done = subprocess.run([*agent, "budget"], input=plain.to_json().encode(), capture_output=True)
+    assert done.stdout == b"" and not (rec / "budget").exists()
+    shell = subprocess.Popen(
+        ["bash", "-c", f'trap "echo usr2 > {tmp_path}/said; exit 0" USR2; sleep 60 & wait']
+    )
+    srun = subprocess.Popen(["sleep", "60"])
+    try:
+        watch = subprocess.Popen(
+            [*agent, "step", str(srun.pid), str(shell.pid)], stdin=subprocess.PIPE, text=True
+        )
+        assert watch.stdin is not None
+        watch.stdin.write(spec(102))  # 2 s after this attempt's start
+        watch.stdin.close()
+        assert shell.wait(timeout=30) == 0 and (tmp_path / "said").read_text() == "usr2\n"
+        assert json.loads((rec / "budget").read_text())["cap"] == "$6.00"
+        assert watch.poll() is None  # the step's watchers live as long as the step
+        srun.kill()
+        srun.wait()
+        assert watch.wait(timeout=30) == 0
+    finally:
+        for process in (shell, srun):
+            process.kill()
+            process.wait()
 
 
 def test_listings_of_a_cluster_without_a_shared_folder_take_each_run_from_where_it_ran() -> None:

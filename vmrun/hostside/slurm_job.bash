@@ -18,12 +18,12 @@
 # them too), gives a torchrun run's failed worker's own exit code for the job's (torchrun's
 # summary in the log; failure.json: which rank, where), and watches the step for hangs.
 # VMRUN_MAX_RECOVERIES: --recover's limit (0: none; slurm_recover.bash then comes first).
-# VMRUN_BUDGET: --max-cost's `SECONDS CAP` (empty: none): SECONDS after the first attempt's
-# start (queue waits between attempts count, as the run's cost does) the batch shell gets
-# SIGUSR2 as at its time limit, the ranks save their epoch, and the job ends stopped (never
-# requeued): $rec/budget, an `exit` line `budget`, $rec/stopped.
 # The spec's hang watcher (--hang-timeout) watches the step from here (the ranks' heartbeats
-# in $rec/beat, their lines in job.log).
+# in $rec/beat, their lines in job.log). Its budget (--max-cost, budget_watch.py): from the
+# first attempt's start (queue waits between attempts count, as the run's cost does), the
+# agent writes $rec/budget and sends this shell SIGUSR2 as at its time limit, the ranks
+# save their epoch, and the job ends stopped (never requeued): an `exit` line `budget`,
+# $rec/stopped; spent before an attempt, the attempt starts nothing.
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
@@ -85,29 +85,16 @@ MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 export MASTER_ADDR MASTER_PORT
 # shellcheck disable=SC2086  # one word per node
 mark attempt "$attempt" job "$SLURM_JOB_ID" start "$(date +%s)" nodes $nodes
-budget_timer=
-if [ -n "${VMRUN_BUDGET:-}" ]; then
-  budget_cap=${VMRUN_BUDGET#* }
-  # shellcheck disable=SC2317  # called by the timer and below
-  budget_spent() { printf '{"seen": %s, "cap": "%s"}\n' "$(date +%s)" "$budget_cap" > "$rec/budget"; }
-  first=$(awk 'NR == 1 { print $2; exit }' "$rec/starts")
-  left=$(( ${first:-$(date +%s)} + ${VMRUN_BUDGET%% *} - $(date +%s) ))
-  if [ "$left" -le 0 ]; then
-    budget_spent
-    mark budget "the run had cost --max-cost $budget_cap before attempt $attempt: stopped"
-    date +%s > "$rec/stopped"
-    ended budget
-    tell stopped ""
-    exit 0
-  fi
-  (
-    sleep "$left" &
-    pause=$!
-    # shellcheck disable=SC2064  # this sleep's pid, now
-    trap "kill $pause 2>/dev/null; exit 0" TERM
-    wait "$pause" && budget_spent && kill -USR2 $$
-  ) </dev/null >/dev/null 2>&1 &
-  budget_timer=$!
+budget_cap=  # --max-cost as the user wrote it (the agent's: "" none)
+if [ -n "$agent" ]; then
+  budget_cap=$(python3 "$agent" budget <<< "$VMRUN_LAUNCH" 2>/dev/null)
+fi
+if [ -e "$rec/budget" ]; then  # the agent found the cap spent already
+  mark budget "the run had cost --max-cost $budget_cap before attempt $attempt: stopped"
+  date +%s > "$rec/stopped"
+  ended budget
+  tell stopped ""
+  exit 0
 fi
 # srun in Slurm >= 22.05 no longer takes --cpus-per-task from the allocation
 if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
@@ -207,7 +194,7 @@ srun --kill-on-bad-exit=1 --label ${VMRUN_SRUN[@]+"${VMRUN_SRUN[@]}"} "${step[@]
 task=$!
 watcher=
 if [ -n "$agent" ]; then  # the spec's watchers beside the step, until it ends
-  python3 "$agent" step "$task" <<< "$VMRUN_LAUNCH" >/dev/null 2>&1 &
+  python3 "$agent" step "$task" $$ <<< "$VMRUN_LAUNCH" >/dev/null 2>&1 &
   watcher=$!
 fi
 while :; do  # a trapped signal ends `wait` early: wait again until srun has ended
@@ -216,7 +203,6 @@ while :; do  # a trapped signal ends `wait` early: wait again until srun has end
   kill -0 "$task" 2>/dev/null || break
 done
 if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
-if [ -n "$budget_timer" ]; then kill "$budget_timer" 2>/dev/null; wait "$budget_timer" 2>/dev/null; fi
 # torchrun exits 1 when a worker fails (srun passes on the worst task's): the worker's code
 if [ "$rc" != 0 ] && [ "$VMRUN_LAUNCHER" = torchrun ] && [ -n "$agent" ]; then
   code=$(python3 "$agent" failure "$rc" <<< "$VMRUN_LAUNCH" 2>/dev/null)

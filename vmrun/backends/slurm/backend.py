@@ -48,6 +48,7 @@ from vmrun.reporting import Reporter
 from vmrun.results.cost import alike
 from vmrun.results.record import CLUSTER, Image, Job, Launch, Policy, Prices, RunRecord
 from vmrun.runs import provenance
+from vmrun.runs.launch_spec import Budget
 from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
@@ -251,12 +252,12 @@ class SlurmBackend:
         """The run's --max-cost, else the cluster's own `max_cost` (0: none)."""
         return plan.max_cost or float(self.cluster.max_cost or 0)
 
-    def _budget(self, cap: float, spec: JobSpec) -> str:
-        """The batch script's VMRUN_BUDGET for a cap (`SECONDS CAP`: the job's time from its
-        first attempt's start at the cluster's price per node); refused where the cluster
-        has no `price`."""
+    def _budget(self, cap: float, spec: JobSpec) -> Budget | None:
+        """The job's budget watcher for a cap (its seconds: the job's time from its first
+        attempt's start at the cluster's price per node); refused where the cluster has no
+        `price`."""
         if not cap:
-            return ""
+            return None
         from vmrun.results.cost import budget_seconds, money
 
         priced = alike(self.cluster.price, spec.nodes, self.cluster.currency)
@@ -269,7 +270,7 @@ class SlurmBackend:
                 code="over-budget",
             )
         left = budget_seconds(cap, priced["price_per_hour"])
-        return f"{left:.0f} {money(cap, priced['currency'])}"
+        return Budget(float(round(left)), money(cap, priced["currency"]))
 
     # -- submitting -------------------------------------------------------------------
 
