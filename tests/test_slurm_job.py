@@ -588,3 +588,50 @@ def test_a_scripts_outputs_are_what_it_wrote_since_its_job_started_by_the_cluste
     specs = [s for s in resolve_what("results", location) if s.remote == "/w/p"]
     assert specs and all(0 < s.newer_than_ns <= written for s in specs)
     assert location.since_ns == start * 10**9
+
+
+def test_the_listing_finds_each_runs_metrics_by_its_record_an_older_ones_too(
+    tmp_path: Path,
+) -> None:
+    """slurm_runs.sh reads no run.json: a record names its metrics file in metrics.path
+    (written with the record); one an older vmrun wrote without it is given its
+    metrics.path once by vmrun, which read the path in the typed record, and is listed the
+    same, its last metrics line under the file's own path."""
+    import fake_slurm
+    from conftest import install_hostlib
+    from local_connection import LocalConnection
+
+    from vmrun.backends.slurm.backend import SlurmBackend
+    from vmrun.backends.slurm.cluster import Cluster
+    from vmrun.results.record import CLUSTER, Job, RunRecord
+
+    home = tmp_path / "home"
+    install_hostlib(home)
+    fake_slurm.install(tmp_path / "slurm", tmp_path / "slurm" / "bin")
+    runs = home / ".vmrun" / "runs"
+    for rid, epoch, pointed in (("new", 2, True), ("old", 5, False)):
+        metrics = tmp_path / "out" / rid / "metrics.jsonl"
+        metrics.parent.mkdir(parents=True)
+        metrics.write_text(f'{{"epoch": {epoch - 1}}}\n{{"epoch": {epoch}}}\n')
+        (runs / rid).mkdir(parents=True)
+        record = RunRecord(run_id=rid, where=CLUSTER, job=Job(metrics=str(metrics), submitted=5))
+        (runs / rid / "run.json").write_text(json.dumps(record.to_json()))
+        if pointed:
+            (runs / rid / "metrics.path").write_text(f"{metrics}\n")
+    conn = LocalConnection("bed", home, tmp_path / "slurm" / "bin")
+    listings: list[str] = []
+    capture = conn.capture
+
+    def counted(command: str, **kwargs: object) -> tuple[int, bytes, str]:
+        listings.append(command)
+        return capture(command, **kwargs)  # type: ignore[arg-type]
+
+    conn.capture = counted  # type: ignore[method-assign]
+    backend = SlurmBackend(conn, Cluster("bed", "login"))  # type: ignore[arg-type]
+    for _ in range(2):
+        found, errors = backend.runs()
+        assert not errors
+        assert {r.id: (r.last_metrics or {}).get("epoch") for r in found} == {"new": 2, "old": 5}
+    assert (runs / "old" / "metrics.path").read_text() == f"{tmp_path}/out/old/metrics.jsonl\n"
+    assert len(listings) == 3  # the older record's metrics.path written once
+    assert listings[1] != listings[0] == listings[2]  # only the second names the older one
