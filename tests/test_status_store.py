@@ -238,3 +238,46 @@ def test_a_bucket_out_of_reach_is_said_by_its_code(
     (obj,) = json.loads(out)
     assert obj["bucket"] == "s3://bkt/runs" and obj["error"]["code"] == "store-unreachable"
     assert code == obj["error"]["exit_status"] != 0 and "store-unreachable" in err
+
+
+def test_the_dashboard_lists_the_store_and_says_a_bucket_only_run_needs_its_hosts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import vmrun.operations.status as status
+    import vmrun.runs.store_runs as store_runs
+    import vmrun.stores.access as access
+    import vmrun.stores.bucket as bucket
+    from vmrun.config import load_settings
+    from vmrun.dashboard.views import Views
+    from vmrun.errors import UsageError
+    from vmrun.operations.status import Status
+    from vmrun.reporting import Recorder
+
+    (tmp_path / "vmrun.toml").write_text('store = "s3://bkt/runs"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    asked: list[Any] = []
+
+    def gather(settings: Any, **kw: Any) -> Status:
+        asked.append(kw["store"])
+        return Status([_bucket_run("r0", 0)])
+
+    monkeypatch.setattr(status, "gather", gather)
+    views = Views(load_settings({}))
+    (run,) = views.runs()["runs"]
+    assert asked == ["s3://bkt/runs"] and run["bucket"] == "s3://bkt/runs/r0"
+    for act in (views.stop, views.stacks):
+        with pytest.raises(UsageError) as caught:
+            act("r0")
+        said = f"{caught.value} {caught.value.hint}"
+        assert "only in its bucket" in said and "fetch --store s3://bkt/runs --run r0" in said
+    fetched: list[Any] = []
+    monkeypatch.setattr(views, "_fetch_metrics", lambda rid, place: fetched.append(place))
+    views.metrics("r0")  # from the bucket, never the hosts
+    assert fetched == [{"store": "s3://bkt/runs"}]
+    monkeypatch.setattr(bucket, "client", lambda access: object())
+    monkeypatch.setattr(access, "resolve", lambda mode="auto": None)
+    monkeypatch.setattr(store_runs, "read_log", lambda s3, place: b"epoch 1/10\n")
+    out = Recorder()
+    assert "as its bucket copy holds it" in views.follow("r0")(out)
+    assert out.data == b"epoch 1/10\n"

@@ -31,6 +31,7 @@ from vmrun.stores.sync import RECORD, StoreState, run_place
 QUIET_S = 1800.0
 READERS = 8  # objects read at once
 METRICS_TAIL = 65536  # the end of metrics.jsonl read: its last line
+LOG_TAIL = 1 << 20  # the end of a run's log read from its copy (the dashboard shows it)
 # a run's record objects read (those the listing shows); each at most a few KiB
 _READ = (
     "run.json",
@@ -172,6 +173,16 @@ def run_record(s3: Any, place: StoreURL) -> RunRecord:
             code="run-not-found",
         ) from None
     return _record(body.decode("utf-8", "replace"), where)
+
+
+def read_log(s3: Any, place: StoreURL) -> bytes:
+    """The end of the run's log as its copy holds it (LOG_TAIL bytes at most, from a whole
+    line); nothing where it has none yet."""
+    try:
+        body = read(s3, place.join(RECORD, "log"), LOG_TAIL)
+    except UsageError:  # not there
+        return b""
+    return body if len(body) < LOG_TAIL else body[body.find(b"\n") + 1 :]
 
 
 def _record(text: str, where: StoreURL) -> RunRecord:

@@ -107,10 +107,20 @@ def objects(s3: Any, place: StoreURL) -> list[Object]:
 
 
 def read(s3: Any, where: StoreURL, tail: int = 0) -> bytes:
-    """One object's bytes (`tail`: only its last N, as a log or metrics file is read)."""
+    """One object's bytes (`tail`: only its last N, as a log or metrics file is read; an
+    empty object has no range to ask for)."""
+    from botocore.exceptions import ClientError
+
     ranged = {"Range": f"bytes=-{tail}"} if tail else {}
     with calling(where):
-        return bytes(s3.get_object(Bucket=where.bucket, Key=where.prefix, **ranged)["Body"].read())
+        try:
+            return bytes(
+                s3.get_object(Bucket=where.bucket, Key=where.prefix, **ranged)["Body"].read()
+            )
+        except ClientError as exc:
+            if tail and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                return b""
+            raise
 
 
 def newest_run(s3: Any, store: StoreURL) -> str:

@@ -44,6 +44,7 @@ function stateOf(run) {
 }
 
 function where(run) {
+  if (!run.cluster && !run.hosts && run.bucket) return run.bucket;  // only in its bucket
   return run.cluster ? `cluster ${run.cluster}` : (run.hosts || []).join(", ");
 }
 
@@ -98,7 +99,7 @@ async function loadRuns() {
     for (const s of [...states].sort()) { const o = el("option", s); o.value = s; select.append(o); }
     select.value = chosen;
     drawRuns();
-    const lines = got.unreached.map((p) => `${p.cluster || (p.hosts || []).join(",")}: ${p.error && p.error.message}`);
+    const lines = got.unreached.map((p) => `${p.cluster || p.bucket || (p.hosts || []).join(",")}: ${p.error && p.error.message}`);
     $("unreached").textContent = lines.join("\n");
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
