@@ -281,3 +281,14 @@ def test_the_dashboard_lists_the_store_and_says_a_bucket_only_run_needs_its_host
     out = Recorder()
     assert "as its bucket copy holds it" in views.follow("r0")(out)
     assert out.data == b"epoch 1/10\n"
+
+
+def test_a_buckets_run_in_the_table_names_its_store_copy_and_cost() -> None:
+    from vmrun.cli.status_cmd import _rows
+
+    record = RunRecord.from_json(json.loads(_meta("r0", master="h1", price_per_hour=3.6)))
+    run = BucketRun("r0", "s3://bkt/runs", STORE.join("r0"), record, T0 + 50, T0 + 60, 0, T0 + 50)
+    quiet = BucketRun("r9", "s3://bkt/runs", STORE.join("r9"), record, T0, T0 + QUIET_S * 4)
+    (row, lost) = _rows([run, quiet], {}, stores=True, costs=True)
+    assert row[:3] == ("r0", "s3://bkt/runs", "done") and row[-2:] == ("in the bucket", "$0.05")
+    assert lost[2] == "lost (no end in its bucket copy, quiet for 2 h)" and lost[5] == "-"

@@ -161,9 +161,10 @@ def _rows(
 def _cost(run: Any) -> str:
     from vmrun.operations.status_runs import cost_of
     from vmrun.results.cost import money
+    from vmrun.runs.store_runs import BucketRun
 
-    if run.record.master not in ("", run.host):
-        return "-"  # the run's cost is on its master's row
+    if run.record.master not in ("", run.host) and not isinstance(run, BucketRun):
+        return "-"  # the run's cost is on its master's row (a bucket's run has one row)
     found = cost_of(run.record, run.ran_s)
     return money(found["amount"], found["currency"]) if found else "-"
 
