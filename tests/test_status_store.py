@@ -115,11 +115,14 @@ def test_an_earlier_attempts_end_and_a_quiet_copy_are_not_this_runs_end() -> Non
         ".vmrun/run.json": _obj(".vmrun/run.json", T0 + 600),
         ".vmrun/attempt": _obj(".vmrun/attempt", T0 + 600),
         ".vmrun/exit_code": _obj(".vmrun/exit_code", T0 + 100),
+        ".vmrun/failure.json": _obj(".vmrun/failure.json", T0 + 100),
         ".vmrun/log": _obj(".vmrun/log", T0 + 900),
     }
-    texts = {"run.json": meta, "attempt": "2\n", "exit_code": "75\n"}
+    failure = '{"node": "h1", "rank": 1, "exit": 3}'
+    texts = {"run.json": meta, "attempt": "2\n", "exit_code": "75\n", "failure.json": failure}
     run = _run("r1", resumed, texts, STORE, "s3://bkt/runs", now=T0 + 930)
     assert (run.state, run.exit_code, run.attempts) == (RunState.RUNNING, None, 2)
+    assert run.failure is None  # attempt 1's
     assert run.duration == 930.0  # so far, from its record's start
     quiet = _run("r1", resumed, texts, STORE, "s3://bkt/runs", now=T0 + 900 + QUIET_S + 1)
     assert quiet.state == RunState.LOST and quiet.duration is None

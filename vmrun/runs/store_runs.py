@@ -216,7 +216,8 @@ def _run(
     since = attempt.modified - _SLACK_S if attempt is not None else float("-inf")
 
     def end(name: str) -> str | None:
-        """An end object of this attempt (an earlier attempt's stays in the bucket)."""
+        """An object of this attempt's (an earlier attempt's end, failure, hang stay in
+        the bucket, never removed there)."""
         obj = found.get(f"{RECORD}/{name}")
         return texts.get(name, "") if obj is not None and obj.modified >= since else None
 
@@ -238,10 +239,10 @@ def _run(
         stopped_by=stopped.strip() if stopped is not None else None,
         attempts=_int(texts.get("attempt", "")) or 1,
         progress=progress,
-        failure=WorkerFailure.parse(texts["failure.json"]) if "failure.json" in texts else None,
+        failure=WorkerFailure.parse(end("failure.json") or ""),
         versions=versions_of(texts["versions.json"]) if "versions.json" in texts else None,
-        hung=_json_map(texts.get("hang", "")),
-        budget=_json_map(texts.get("budget", "")),
+        hung=_json_map(end("hang") or ""),
+        budget=_json_map(end("budget") or ""),
         recoveries=count,
         recovery=last,
         gave_up=gave_up,
