@@ -295,3 +295,62 @@ def test_a_buckets_run_in_the_table_names_its_store_copy_and_cost() -> None:
     (row, lost) = _rows([run, quiet], {}, stores=True, costs=True)
     assert row[:3] == ("r0", "s3://bkt/runs", "done") and row[-2:] == ("in the bucket", "$0.05")
     assert lost[2] == "lost (no end in its bucket copy, quiet for 2 h)" and lost[5] == "-"
+
+
+def test_a_bucket_only_runs_page_in_a_browser(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The runs page names the run's place in its bucket; its page names how to fetch its
+    files, and its stacks button says it needs the hosts."""
+    pytest.importorskip("aiohttp")
+    import asyncio
+
+    from aiohttp.test_utils import TestServer
+    from browser import chromium
+
+    import vmrun.operations.status as status
+    from vmrun.config import load_settings
+    from vmrun.dashboard.access import Access
+    from vmrun.dashboard.app import make_app
+    from vmrun.dashboard.views import Views
+    from vmrun.operations.status import Status
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(status, "gather", lambda settings, **kw: Status([_bucket_run("r0", 0)]))
+    views = Views(load_settings({}), store="s3://bkt/runs")
+    monkeypatch.setattr(views, "follow", lambda rid: lambda out: "ended")
+    monkeypatch.setattr(views, "metrics", lambda rid: {"run": rid, "metrics": {}, "note": None})
+
+    async def main() -> None:
+        access = Access()
+        server = TestServer(make_app(views, access), host="127.0.0.1")
+        await server.start_server()
+        try:
+            async with chromium(tmp_path) as page:
+                await page.call("Page.navigate", url=f"{server.make_url('/')}?token={access.token}")
+                cell = "document.querySelector(`tr[data-run='r0']`)"
+                got = await page.until(
+                    f"{cell} && [...{cell}.children].map((c) => c.textContent)", 20, "the row"
+                )
+                assert got[1:3] == ["s3://bkt/runs/r0", "done"], got
+                await page.value("location.hash = '#/run/r0'")
+                files = await page.until(
+                    "[...document.querySelectorAll('#provenance dd')].map((d) => d.textContent)"
+                    ".find((t) => t.startsWith('vmrun fetch'))",
+                    20,
+                    "how to fetch its files",
+                )
+                assert files == "vmrun fetch results --store s3://bkt/runs --run r0"
+                await page.value("document.getElementById('stacks-button').click()")
+                note = await page.until(
+                    "(() => { const t = document.getElementById('action-note').textContent;"
+                    " return t.includes('only in its bucket') && t; })()",
+                    20,
+                    "the stacks button's answer",
+                )
+                assert note.startswith("stacks: run r0 is only in its bucket"), note
+        finally:
+            await server.close()
+
+    asyncio.run(main())

@@ -193,6 +193,10 @@ function provenance(run) {
     ["image", run.image], ["versions", run.versions ? Object.entries(run.versions).map(([k, v]) => `${k} ${v}`).join(", ") : null],
     ["cost", money(run.cost)], ["exit", run.exit],
   ];
+  if (!run.cluster && !run.hosts && run.bucket) {  // only in its bucket: its files from there
+    const store = run.bucket.slice(0, run.bucket.lastIndexOf("/"));
+    rows.push(["files", `vmrun fetch results --store ${store} --run ${run.run}`]);
+  }
   for (const [k, v] of rows) {
     if (v === null || v === undefined || v === "") continue;
     dl.append(el("dt", k), el("dd", v));
