@@ -42,9 +42,11 @@ def serve(
     port: int | None = None,
     bind: str = "127.0.0.1",
     opened: Callable[[str], None],
+    store: str | None = None,
 ) -> None:
     """Serve until Ctrl-C (or the task is cancelled). `opened` is told the page's address,
-    token included, once it listens."""
+    token included, once it listens. `store`: a bucket place whose runs are listed too
+    (None: vmrun.toml's `store`, where it has one)."""
     check_extra()
     from vmrun.dashboard.access import Access
     from vmrun.dashboard.views import Views
@@ -52,7 +54,7 @@ def serve(
 
     access = Access()
     with pool.holding():
-        views = Views(settings, hosts=hosts, cluster=cluster)
+        views = Views(settings, hosts=hosts, cluster=cluster, store=store)
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the end asked for
             asyncio.run(_serve(views, access, bind, port, opened))
 
