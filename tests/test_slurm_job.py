@@ -637,9 +637,19 @@ def test_the_listing_finds_each_runs_metrics_by_its_record_an_older_ones_too(
     assert listings[1] != listings[0] == listings[2]  # only the second names the older one
 
 
-def test_a_capped_job_on_a_node_without_python3_starts_nothing(tmp_path: Path) -> None:
-    """The cap is the agent's, which python3 runs: a node without one fails the job with
-    one line and runs no step, rather than spending past the cap unwatched."""
+@pytest.mark.parametrize(
+    "python3",
+    [
+        None,  # none on the PATH
+        "exit 1",  # too old for the agent (3.6: the version check fails)
+        'if [ "$1" = -c ]; then exit 0; fi; exit 1',  # new enough, yet the agent fails
+    ],
+)
+def test_a_capped_job_on_a_node_without_a_python3_for_its_agent_starts_nothing(
+    tmp_path: Path, python3: str | None
+) -> None:
+    """The cap is the agent's, which python3 runs: a node without one that runs it fails
+    the job with one line and runs no step, rather than spending past the cap unwatched."""
     import shutil
 
     rec, out, bin_ = tmp_path / "rec", tmp_path / "out", tmp_path / "bin"
@@ -651,8 +661,11 @@ def test_a_capped_job_on_a_node_without_python3_starts_nothing(tmp_path: Path) -
         (bin_ / tool).symlink_to(found)
     (bin_ / "scontrol").write_text("#!/bin/sh\necho node1\n")
     (bin_ / "srun").write_text(f"#!/bin/sh\ntouch {tmp_path}/stepped\n")
-    for fake in ("scontrol", "srun"):
-        (bin_ / fake).chmod(0o755)
+    if python3 is not None:
+        (bin_ / "python3").write_text(f"#!/bin/sh\n{python3}\n")
+    for fake in ("scontrol", "srun", "python3"):
+        if (bin_ / fake).exists():
+            (bin_ / fake).chmod(0o755)
     batch = Batch("r1", "torchrun", "python3", ["t.py"], budget=Budget(60.0, "$1.00"))
     paths = JobPaths(record=str(rec), code=str(tmp_path), out=str(out))
     text = batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
@@ -661,6 +674,6 @@ def test_a_capped_job_on_a_node_without_python3_starts_nothing(tmp_path: Path) -
     assert bash is not None
     done = subprocess.run([bash, "-c", text], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3, done.stdout + done.stderr
-    assert "--max-cost is kept by python3" in done.stdout
+    assert "--max-cost is kept by the job's agent" in done.stdout
     assert not (tmp_path / "stepped").exists()
     assert (rec / "exit").read_text().split()[:2] == ["1", "3"]

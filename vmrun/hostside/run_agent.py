@@ -395,6 +395,8 @@ def step(spec: dict) -> int:
         return 0
     import hang_watch  # type: ignore[import-not-found,unused-ignore]
 
+    if cap:  # before any part starts: one that cannot load fails the step's agent whole
+        import budget_watch  # type: ignore[import-not-found,unused-ignore]
     rec, srun = home_path(spec["rec"]), int(sys.argv[2])
     with open(os.devnull) as null:
         os.dup2(null.fileno(), 0)
@@ -412,8 +414,6 @@ def step(spec: dict) -> int:
             hang.get("python") or "",
         )
     if cap:
-        import budget_watch  # type: ignore[import-not-found,unused-ignore]
-
         part(budget_watch.job, rec, srun, int(sys.argv[3]), float(cap["seconds"]), cap["cap"])
     pause = hang_watch.waiter(srun)
     while hang_watch.running(srun):

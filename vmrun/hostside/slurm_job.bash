@@ -23,8 +23,8 @@
 # first attempt's start (queue waits between attempts count, as the run's cost does), the
 # agent writes $rec/budget and sends this shell SIGUSR2 as at its time limit, the ranks
 # save their epoch, and the job ends stopped (never requeued): an `exit` line `budget`,
-# $rec/stopped; spent before an attempt, the attempt starts nothing; on a node without
-# python3 (after `module load`), a capped attempt starts nothing either (failed, 3).
+# $rec/stopped; spent before an attempt, the attempt starts nothing; on a node without a
+# python3 >= 3.8 (after `module load`), a capped attempt starts nothing either (failed, 3).
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
@@ -34,6 +34,7 @@ ended() { printf '%s %s %s\n' "$attempt" "$1" "$(date +%s)" >> "$rec/exit"; }
 agent=  # the job's agent, where it has something to do and python3 is here
 find_agent() {  # again after `module load`, which may be what puts python3 on the PATH
   if [ "${#VMRUN_AGENT[@]}" -gt 0 ] && command -v python3 >/dev/null 2>&1 &&
+    python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2>/dev/null &&
     mkdir -p "$rec/.watch"; then
     for (( i = 0; i < ${#VMRUN_AGENT[@]}; i += 2 )); do
       printf '%s\n' "${VMRUN_AGENT[i + 1]}" > "$rec/.watch/${VMRUN_AGENT[i]}"
@@ -114,17 +115,18 @@ if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
   fi
 fi
 if [ -z "$agent" ]; then find_agent; fi
+capped=  # --max-cost asked: its watcher is among the agent's files
+for (( i = 0; i < ${#VMRUN_AGENT[@]}; i += 2 )); do
+  if [ "${VMRUN_AGENT[i]}" = budget_watch.py ]; then capped=1; fi
+done
 budget_cap=  # --max-cost as the user wrote it (the agent's: "" none)
-if [ -n "$agent" ]; then
-  budget_cap=$(python3 "$agent" budget <<< "$VMRUN_LAUNCH" 2>/dev/null)
-else  # a cap no one would keep: never a run that spends past it unwatched
-  for (( i = 0; i < ${#VMRUN_AGENT[@]}; i += 2 )); do
-    if [ "${VMRUN_AGENT[i]}" = budget_watch.py ]; then
-      mark failed "--max-cost is kept by python3 on the node; $(hostname) has none on its PATH: nothing was started"
-      ended 3
-      exit 3
-    fi
-  done
+if [ -n "$agent" ] && budget_cap=$(python3 "$agent" budget <<< "$VMRUN_LAUNCH" 2>/dev/null); then
+  :
+elif [ -n "$capped" ]; then  # a cap no one would keep: never a run spending past it unwatched
+  mark failed "--max-cost is kept by the job's agent, which needs python3 >= 3.8 on the node: $(hostname) has none that runs it; nothing was started"
+  ended 3
+  tell "" 3
+  exit 3
 fi
 if [ -e "$rec/budget" ]; then  # the agent found the cap spent already
   mark budget "the run had cost --max-cost $budget_cap before attempt $attempt: stopped"
