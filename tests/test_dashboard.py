@@ -380,6 +380,30 @@ def test_each_ranks_step_time_by_epoch_a_resumed_epoch_its_last_line(tmp_path: P
     assert rank_series_json(tmp_path / "none") == {"rank_series": None, "rank_node": None}
 
 
+def test_a_malformed_rank_line_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """Lines json reads but that are not a rank's numbers (nodes named, a NaN epoch or step
+    time) are left out: the rest of the run's series and its median still come."""
+    from vmrun.dashboard.views import rank_series_json
+    from vmrun.results.history import read_rank_times
+
+    text = "\n".join(
+        [
+            json.dumps({"epoch": 1, "rank_step_s": [0.1, 0.3], "rank_node": [0, 1]}),
+            json.dumps({"epoch": 2, "rank_step_s": [0.2, 0.4], "rank_node": ["n1", "n2"]}),
+            '{"epoch": NaN, "rank_step_s": [0.1, 0.3]}',
+            '{"epoch": Infinity, "rank_step_s": [0.1, 0.3]}',
+            '{"epoch": 3, "rank_step_s": [NaN, 0.3]}',
+            json.dumps({"epoch": None, "rank_step_s": [0.1, 0.3], "rank_node": [True, 1]}),
+        ]
+    )
+    (tmp_path / "metrics.jsonl").write_text(text + "\n")
+    got = rank_series_json(tmp_path)
+    assert got["rank_node"] is None  # the last line's nodes were not indices
+    assert got["rank_series"]["0"][:2] == [[1, 0.1], [2, 0.2]]
+    json.dumps(got, allow_nan=False)  # what the page parses: no NaN in it
+    assert read_rank_times(tmp_path / "metrics.jsonl")["rank_node"] is None
+
+
 def _views(tmp_path: Path, monkeypatch: Any, hosts: list[str] | None = None) -> Any:
     from dataclasses import replace
 
