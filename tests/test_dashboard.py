@@ -368,7 +368,7 @@ def test_each_ranks_step_time_by_epoch_a_resumed_epoch_its_last_line(tmp_path: P
     series, nodes = rank_series(tmp_path)
     assert series == {0: [(1, 0.1), (2, 0.2)], 1: [(1, 0.3), (2, 0.5)]} and nodes == (0, 1)
     assert rank_series(tmp_path / "none") == ({}, None)
-    from vmrun.dashboard.views import rank_series_json  # what the page's chart gets
+    from vmrun.dashboard.charts import rank_series_json  # what the page's chart gets
 
     assert rank_series_json(tmp_path) == {
         "rank_series": {"0": [[1, 0.1], [2, 0.2]], "1": [[1, 0.3], [2, 0.5]]},
@@ -380,7 +380,7 @@ def test_each_ranks_step_time_by_epoch_a_resumed_epoch_its_last_line(tmp_path: P
 def test_a_malformed_rank_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     """Lines json reads but that are not a rank's numbers (nodes named, a NaN epoch or step
     time) are left out: the rest of the run's series and its median still come."""
-    from vmrun.dashboard.views import rank_series_json
+    from vmrun.dashboard.charts import rank_series_json
     from vmrun.results.history import read_rank_times
 
     text = "\n".join(

@@ -6,10 +6,8 @@ and `plot` read, `fetch metrics` first while it runs), its stacks (`stacks`) and
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import math
 import posixpath
-import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -25,8 +23,6 @@ if TYPE_CHECKING:
     from vmrun.dashboard.cluster_gpus import ClusterGpus
 
 LIVE = ("running", "pending", "recovering", "queued", "starting")
-# a run's files by kind, in the order the files to fetch are listed
-KINDS = ("final model", "checkpoint", "metrics", "output", "log", "provenance")
 
 
 @dataclass
@@ -151,6 +147,7 @@ class Views:
         step time, as `report` reads them from results/RUN here; a live run's metrics
         fetched first (`vmrun fetch metrics --run RUN`), so the chart follows it; a run
         only in its bucket's, from there (`--store`) unless here already."""
+        from vmrun.dashboard.charts import rank_series_json
         from vmrun.operations.histories import gather
 
         copy = self._copy(run_id)
@@ -261,6 +258,7 @@ class Views:
         """What `vmrun fetch results --run RUN` would bring here, nothing moved
         (vmrun.operations.fetch.listing): each file's path, kind, size, nodes and whether it
         is here already; their total; the command to copy; the nodes whose listing failed."""
+        from vmrun.dashboard.files import KINDS, fetch_command, file_kind
         from vmrun.operations.fetch import FetchJob, listing
 
         place = self._place(run_id)
@@ -418,50 +416,6 @@ def _line(error: BaseException) -> str:
     return error.one_line() if isinstance(error, VmrunError) else str(error)
 
 
-def rank_series_json(path: Path) -> dict[str, Any]:
-    """Each rank's step time by epoch (`rank_series`: rank -> [[epoch, s], ...]) and each
-    rank's node (`rank_node`), from the run's metrics here; null where not recorded."""
-    from vmrun.results.history import rank_series
-
-    series, nodes = rank_series(path)
-    return {
-        "rank_series": {str(r): [list(p) for p in s] for r, s in series.items()} or None,
-        "rank_node": list(nodes) if nodes else None,
-    }
-
-
 def _recovered(rows: list[Any]) -> bool:
     """Its supervisor acted at least once (status counts its `recoveries` lines)."""
     return any(getattr(r, "recoveries", 0) for r in rows)
-
-
-def file_kind(path: str) -> str:
-    """What a run's file is, by its name, as `vmrun fetch`'s categories select them."""
-    from vmrun.runs.outputs import FETCHED_CHECKPOINTS, LOGS, METRICS, PROVENANCE
-
-    name = path.rsplit("/", 1)[-1]
-    if name == "finalmodel.pt":
-        return "final model"
-    if "/checkpoints/" in path:
-        return "checkpoint"
-    for kind, patterns in (
-        ("checkpoint", FETCHED_CHECKPOINTS),
-        ("metrics", METRICS),
-        ("provenance", PROVENANCE),
-        ("log", LOGS),
-    ):
-        if any(fnmatch.fnmatch(name, p) for p in patterns):
-            return kind
-    return "output"
-
-
-def fetch_command(run_id: str, place: dict[str, Any], *, given: bool) -> str:
-    """The command that fetches the run's files here: its cluster's, or its hosts' when
-    the dashboard was given them (-H), else the project's hosts (vmrun.toml) find it."""
-    argv = ["vmrun", "fetch", "results", "--run", run_id]
-    if place.get("cluster"):
-        argv += ["-C", place["cluster"]]
-    elif given:
-        for host in place.get("hosts") or []:
-            argv += ["-H", host]
-    return shlex.join(argv)
