@@ -510,3 +510,50 @@ def test_a_runs_files_are_fetchs_own_listing_with_the_command_to_copy(
     assert asked == [(["results"], "r1", ["a", "b"], None)]
     given = _views(tmp_path, monkeypatch, hosts=["a", "b", "c"]).files("r1")
     assert given["command"] == "vmrun fetch results --run r1 -H a -H b"  # the run's hosts
+
+
+def test_the_hosts_gpu_watch_ends_unasked_and_starts_again_at_the_next_ask(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import contextlib
+
+    import vmrun.operations.gpus
+    from vmrun.dashboard import cluster_gpus
+
+    watching: list[str] = []  # "on" as a watch starts, "off" as it stops
+    fail = [False]
+
+    class Fleet:
+        fleet = None
+
+        def drain(self, timeout: float) -> None:
+            threading.Event().wait(0.01)
+            if fail[0]:
+                raise KeyError("not a VmrunError")
+
+        def statuses(self) -> list[Any]:
+            return [self]
+
+        def to_json(self) -> dict[str, Any]:
+            return {"host": "a", "state": "ok", "gpus": [], "processes": []}
+
+    @contextlib.contextmanager
+    def watch(settings: Any, hosts: Any, cluster: Any = None) -> Any:
+        watching.append("on")
+        fleet = Fleet()
+        fleet.fleet = fleet  # type: ignore[assignment]
+        try:
+            yield fleet
+        finally:
+            watching.append("off")
+
+    monkeypatch.setattr(vmrun.operations.gpus, "watch", watch)
+    monkeypatch.setattr(cluster_gpus, "IDLE_S", 0.2)
+    views = _views(tmp_path, monkeypatch, hosts=["a"])
+    wait_for(lambda: views.gpus()["hosts"] != [], 10, "the host's status")
+    wait_for(lambda: watching == ["on", "off"], 10, "the watch ended, no page asking")
+    wait_for(lambda: views.gpus()["hosts"] != [], 10, "watched again")
+    assert watching[:3] == ["on", "off", "on"]
+    fail[0] = True
+    wait_for(lambda: views.gpus()["error"] is not None, 10, "the error shown")
+    assert "KeyError" in views.gpus()["error"] and views.gpus()["hosts"] == []

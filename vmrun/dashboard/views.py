@@ -9,6 +9,7 @@ import contextlib
 import math
 import posixpath
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -332,7 +333,7 @@ class Views:
         if self.cluster:  # its jobs' GPUs: `cluster_gpus`, listed again as jobs come and go
             return {"hosts": [], "error": None}
         with self._lock:
-            if self._gpus is None:
+            if self._gpus is None or self._gpus.ended():  # unasked a while: watched anew
                 self._gpus = GpuWatch(self.settings, self.hosts, self.cluster).start()
             watch = self._gpus
         return watch.now()
@@ -377,13 +378,19 @@ class Views:
 
 class GpuWatch:
     """`watch-gpus`' FleetWatch, drained in a thread: each host's latest status. A watch
-    that could not start (no hosts, no running job on a cluster) says why in `error`."""
+    that could not start (no hosts, no running job on a cluster) says why in `error`. No
+    page asking for IDLE_S, it ends (its watches stopped); `ended()`, a new one is due."""
 
     def __init__(self, settings: Settings, hosts: list[str] | None, cluster: str | None):
+        from vmrun.dashboard.cluster_gpus import IDLE_S
+
         self._args = settings, hosts, cluster
         self._lock = threading.Lock()
         self._hosts: list[dict[str, Any]] = []
         self._error: str | None = None
+        self._idle_s = IDLE_S
+        self._asked = time.monotonic()
+        self._ended = False
         self._thread = threading.Thread(target=self._main, daemon=True, name="watch-gpus")
 
     def start(self) -> GpuWatch:
@@ -392,7 +399,12 @@ class GpuWatch:
 
     def now(self) -> dict[str, Any]:
         with self._lock:
+            self._asked = time.monotonic()
             return {"hosts": list(self._hosts), "error": self._error}
+
+    def ended(self) -> bool:
+        with self._lock:
+            return self._ended
 
     def _main(self) -> None:
         from vmrun.operations.gpus import watch
@@ -405,11 +417,15 @@ class GpuWatch:
                 while True:
                     fleet_watch.drain(1.0)
                     statuses = [s.to_json() for s in fleet_watch.fleet.statuses()]
-                    with self._lock:
+                    with self._lock:  # decided under the lock: an ask now sees it ended
                         self._hosts = statuses
-        except VmrunError as exc:
+                        if time.monotonic() - self._asked > self._idle_s:
+                            self._ended = True
+                            return
+        except Exception as exc:  # any: shown as the watch's error, never a frozen page
             with self._lock:
-                self._error = exc.one_line()
+                self._error = _line(exc) if isinstance(exc, VmrunError) else repr(exc)
+                self._hosts = []
 
 
 def _line(error: BaseException) -> str:
