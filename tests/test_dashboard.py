@@ -557,3 +557,14 @@ def test_the_hosts_gpu_watch_ends_unasked_and_starts_again_at_the_next_ask(
     fail[0] = True
     wait_for(lambda: views.gpus()["error"] is not None, 10, "the error shown")
     assert "KeyError" in views.gpus()["error"] and views.gpus()["hosts"] == []
+
+
+def test_a_backend_that_keeps_no_line_times_gives_its_log_untimed() -> None:
+    from vmrun.backends.api import untimed_log
+
+    class Backend:
+        def read_log(self, ref: Any, out: Reporter) -> None:
+            out.output(b"[a rank0] epoch 1\n[a rank0] snapshot saved at epoch 1\n")
+
+    got = untimed_log(Backend(), None)  # type: ignore[arg-type]
+    assert got == [(None, b"[a rank0] epoch 1"), (None, b"[a rank0] snapshot saved at epoch 1")]

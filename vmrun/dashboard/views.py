@@ -10,7 +10,7 @@ import math
 import posixpath
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ from vmrun.errors import UsageError, VmrunError
 from vmrun.reporting import Reporter
 
 if TYPE_CHECKING:
+    from vmrun.backends.api import RunRow
     from vmrun.dashboard.cluster_gpus import ClusterGpus
 
 LIVE = ("running", "pending", "recovering", "queued", "starting")
@@ -231,22 +232,15 @@ class Views:
         """The master's log lines, each with when it was written where the backend keeps
         that (hosts), else with no time."""
         from vmrun.operations.logs import run_log
-        from vmrun.reporting import Recorder
 
         try:
             with run_log(self.settings, run_id, **place) as log:
                 ref = log.ref
                 node = ref.record.master if ref.record.master in ref.nodes else None
                 node = node or (ref.nodes[0] if ref.nodes else None)
-                timed = getattr(log.backend, "timed_log", None)
                 if node is None:
                     return []
-                if timed is not None:
-                    lines: list[tuple[float | None, bytes]] = list(timed(ref, node))
-                else:
-                    kept = Recorder()
-                    log.read(kept)
-                    lines = [(None, x) for x in b"".join(kept.outputs).splitlines()]
+                lines = log.backend.timed_log(ref, node)
         except VmrunError as exc:
             notes.append(f"snapshots: {exc.one_line()}")
             return []
@@ -432,6 +426,6 @@ def _line(error: BaseException) -> str:
     return error.one_line() if isinstance(error, VmrunError) else str(error)
 
 
-def _recovered(rows: list[Any]) -> bool:
+def _recovered(rows: Sequence[RunRow]) -> bool:
     """Its supervisor acted at least once (status counts its `recoveries` lines)."""
-    return any(getattr(r, "recoveries", 0) for r in rows)
+    return any(r.recoveries for r in rows)
