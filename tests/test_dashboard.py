@@ -401,6 +401,60 @@ def test_a_malformed_rank_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     assert read_rank_times(tmp_path / "metrics.jsonl")["rank_node"] is None
 
 
+_THROTTLE = """
+let now = 0, next = 1, current = "r1";
+const timers = new Map(), reads = [];
+globalThis.setTimeout = (f, ms) => { timers.set(next, [now + ms, f]); return next++; };
+globalThis.clearTimeout = (id) => timers.delete(id);
+Date.now = () => now;
+function loadEvents(runId) { reads.push(now); }
+function loadFiles(runId) {}
+function until(to) {
+  for (;;) {
+    const due = [...timers].filter(([, [t]]) => t <= to).sort((a, b) => a[1][0] - b[1][0])[0];
+    if (!due) break;
+    timers.delete(due[0]);
+    now = due[1][0];
+    due[1][1]();
+  }
+  now = to;
+}
+for (let t = 0; t < 60000; t += EVERY) { until(t); eventsSoon("r1"); }
+until(1e6);
+console.log(JSON.stringify(reads));
+"""
+
+
+@pytest.mark.parametrize("every_ms", [500, 2000])
+def test_the_page_reads_a_runs_events_every_ten_seconds_at_most_and_after_the_last_line(
+    every_ms: int,
+) -> None:
+    """An event-like log line every `every_ms` for a minute: the events (and files) are read
+    soon after the first, then at most once every 10 s while lines come, and once after the
+    last; never put off for as long as the lines keep coming."""
+    import itertools
+    import re
+    import shutil
+    import subprocess
+    from importlib import resources
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node to run the page's script")
+    js = resources.files("vmrun.dashboard").joinpath("static/app.js").read_text()
+    found = re.search(r"const EVENTS_SOON_MS.*?\nfunction eventsSoon\(.*?\n}\n", js, re.S)
+    assert found, "eventsSoon and its constants in app.js"
+    script = found.group(0) + f"const EVERY = {every_ms};\n" + _THROTTLE
+    done = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    reads = json.loads(done.stdout)
+    assert reads[0] <= 2000  # soon after the first line
+    assert all(b - a >= 10000 for a, b in itertools.pairwise(reads))
+    assert all(b - a <= 10000 + every_ms for a, b in itertools.pairwise(reads))
+    last = 60000 - every_ms
+    assert reads[-1] > last and len([r for r in reads if r > last]) == 1  # after the last line
+
+
 def _views(tmp_path: Path, monkeypatch: Any, hosts: list[str] | None = None) -> Any:
     from dataclasses import replace
 
@@ -435,7 +489,7 @@ def test_a_runs_events_come_from_its_records_recoveries_and_masters_log(
     def fetch(job: Any) -> Any:
         asked.append(("fetch", job.items, job.include, job.run, job.hosts))
         folder = tmp_path / "results" / "r1"
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         facts = json.dumps({"downtime_s": 42})
         (folder / "recoveries").write_text(f"recovery\t200\trecovery 1 of 5: lost b\t{facts}\n")
         return type("Fetched", (), {"exit_code": 0})()
@@ -467,6 +521,13 @@ def test_a_runs_events_come_from_its_records_recoveries_and_masters_log(
         ("fetch", ["logs"], ("recoveries",), "r1", ["a", "b"]),  # only the small file
         ("log", "a"),
     ]
+    asked.clear()  # read again, the same recoveries counted: the same events, nothing fetched
+    assert views.events("r1")["events"] == got["events"]
+    assert [a[0] for a in asked] == ["status", "log"]
+    rows[1].recoveries = 2  # its supervisor acted again: fetched again
+    asked.clear()
+    views.events("r1")
+    assert [a[0] for a in asked] == ["status", "fetch", "log"]
     views._seen["gone"] = RUN  # listed before; no node has it now
     with pytest.raises(UsageError, match="no run gone"):
         views.events("gone")

@@ -43,6 +43,8 @@ class Views:
     _gpus: GpuWatch | None = None
     _listing: Future[dict[str, Any]] | None = None
     _clusters: ClusterGpus | None = None
+    # each run's recoveries as its nodes' records counted them when last fetched in full
+    _recoveries_fetched: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
     def runs(self) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
@@ -202,7 +204,7 @@ class Views:
         if not rows:
             raise UsageError(f"no run {run_id} where vmrun looked", code="run-not-found")
         notes: list[str] = []
-        recoveries = self._recoveries(run_id, place, notes) if _recovered(rows) else []
+        recoveries = self._recoveries(run_id, place, notes, rows) if _recovered(rows) else []
         saved = self._saved(run_id, place, notes)
         events = timeline(rows, recoveries, saved)
         return {
@@ -211,18 +213,29 @@ class Views:
             "note": "; ".join(notes) or None,
         }
 
-    def _recoveries(self, run_id: str, place: dict[str, Any], notes: list[str]) -> list[Any]:
+    def _recoveries(
+        self, run_id: str, place: dict[str, Any], notes: list[str], rows: Sequence[RunRow]
+    ) -> list[Any]:
+        """Its supervisor's `recoveries` lines, fetched here again only when its nodes'
+        records count other recoveries than at the last full fetch."""
         from vmrun.operations.fetch import FetchJob, fetch
         from vmrun.results.report import recoveries_of
 
-        job = FetchJob(
-            items=["logs"], settings=self.settings, run=run_id, include=("recoveries",), **place
-        )
-        try:
-            if fetch(job).exit_code != 0:
-                notes.append("the recoveries could not be fetched from every node")
-        except VmrunError as exc:
-            notes.append(f"recoveries: {exc.one_line()}")
+        counted = tuple(sorted((r.host, r.recoveries) for r in rows))
+        with self._lock:
+            fetched = self._recoveries_fetched.get(run_id) == counted
+        if not fetched:
+            job = FetchJob(
+                items=["logs"], settings=self.settings, run=run_id, include=("recoveries",), **place
+            )
+            try:
+                if fetch(job).exit_code != 0:
+                    notes.append("the recoveries could not be fetched from every node")
+                else:
+                    with self._lock:
+                        self._recoveries_fetched[run_id] = counted
+            except VmrunError as exc:
+                notes.append(f"recoveries: {exc.one_line()}")
         here = (self.settings.project_dir or Path.cwd()) / "results" / run_id
         return recoveries_of(here)
 
