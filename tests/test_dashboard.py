@@ -103,20 +103,17 @@ def served(
 
 def test_without_the_token_every_request_is_refused() -> None:
     async def test(client: TestClient, access: Access, views: FakeViews) -> None:
-        paths = (
-            "/",
-            "/api/runs",
-            "/api/runs/r1",
-            "/api/runs/r1/log",
-            "/api/runs/r1/events",
-            "/api/runs/r1/files",
-            "/api/gpus",
-            "/static/app.js",
-        )
-        for path in paths:
-            resp = await client.get(path)
+        paths = []  # every route, with its path's parts filled in
+        for route in client.app.router.routes():  # type: ignore[union-attr]
+            info = route.resource.get_info() if route.resource else {}
+            path = info.get("path") or info["formatter"].format(run="r1", name="app.js", sweep="s")
+            paths.append((route.method, path))
+        assert ("POST", "/api/runs/r1/stop") in paths and ("GET", "/api/sweeps/s") in paths
+        for method, path in paths:
+            resp = await client.request(method, path)
             assert resp.status == 403, path
-            assert "token" in (await resp.json())["error"]["message"]
+            if method != "HEAD":
+                assert "token" in (await resp.json())["error"]["message"]
         resp = await client.get("/api/runs", params={"token": "wrong"})
         assert resp.status == 403
         resp = await client.post("/api/runs/r1/stop")
@@ -371,13 +368,91 @@ def test_each_ranks_step_time_by_epoch_a_resumed_epoch_its_last_line(tmp_path: P
     series, nodes = rank_series(tmp_path)
     assert series == {0: [(1, 0.1), (2, 0.2)], 1: [(1, 0.3), (2, 0.5)]} and nodes == (0, 1)
     assert rank_series(tmp_path / "none") == ({}, None)
-    from vmrun.dashboard.views import rank_series_json  # what the page's chart gets
+    from vmrun.dashboard.charts import rank_series_json  # what the page's chart gets
 
     assert rank_series_json(tmp_path) == {
         "rank_series": {"0": [[1, 0.1], [2, 0.2]], "1": [[1, 0.3], [2, 0.5]]},
         "rank_node": [0, 1],
     }
     assert rank_series_json(tmp_path / "none") == {"rank_series": None, "rank_node": None}
+
+
+def test_a_malformed_rank_line_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """Lines json reads but that are not a rank's numbers (nodes named, a NaN epoch or step
+    time) are left out: the rest of the run's series and its median still come."""
+    from vmrun.dashboard.charts import rank_series_json
+    from vmrun.results.history import read_rank_times
+
+    text = "\n".join(
+        [
+            json.dumps({"epoch": 1, "rank_step_s": [0.1, 0.3], "rank_node": [0, 1]}),
+            json.dumps({"epoch": 2, "rank_step_s": [0.2, 0.4], "rank_node": ["n1", "n2"]}),
+            '{"epoch": NaN, "rank_step_s": [0.1, 0.3]}',
+            '{"epoch": Infinity, "rank_step_s": [0.1, 0.3]}',
+            '{"epoch": 3, "rank_step_s": [NaN, 0.3]}',
+            json.dumps({"epoch": None, "rank_step_s": [0.1, 0.3], "rank_node": [True, 1]}),
+        ]
+    )
+    (tmp_path / "metrics.jsonl").write_text(text + "\n")
+    got = rank_series_json(tmp_path)
+    assert got["rank_node"] is None  # the last line's nodes were not indices
+    assert got["rank_series"]["0"][:2] == [[1, 0.1], [2, 0.2]]
+    json.dumps(got, allow_nan=False)  # what the page parses: no NaN in it
+    assert read_rank_times(tmp_path / "metrics.jsonl")["rank_node"] is None
+
+
+_THROTTLE = """
+let now = 0, next = 1, current = "r1";
+const timers = new Map(), reads = [];
+globalThis.setTimeout = (f, ms) => { timers.set(next, [now + ms, f]); return next++; };
+globalThis.clearTimeout = (id) => timers.delete(id);
+Date.now = () => now;
+function loadEvents(runId) { reads.push(now); }
+function loadFiles(runId) {}
+function until(to) {
+  for (;;) {
+    const due = [...timers].filter(([, [t]]) => t <= to).sort((a, b) => a[1][0] - b[1][0])[0];
+    if (!due) break;
+    timers.delete(due[0]);
+    now = due[1][0];
+    due[1][1]();
+  }
+  now = to;
+}
+for (let t = 0; t < 60000; t += EVERY) { until(t); eventsSoon("r1"); }
+until(1e6);
+console.log(JSON.stringify(reads));
+"""
+
+
+@pytest.mark.parametrize("every_ms", [500, 2000])
+def test_the_page_reads_a_runs_events_every_ten_seconds_at_most_and_after_the_last_line(
+    every_ms: int,
+) -> None:
+    """An event-like log line every `every_ms` for a minute: the events (and files) are read
+    soon after the first, then at most once every 10 s while lines come, and once after the
+    last; never put off for as long as the lines keep coming."""
+    import itertools
+    import re
+    import shutil
+    import subprocess
+    from importlib import resources
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node to run the page's script")
+    js = resources.files("vmrun.dashboard").joinpath("static/app.js").read_text()
+    found = re.search(r"const EVENTS_SOON_MS.*?\nfunction eventsSoon\(.*?\n}\n", js, re.S)
+    assert found, "eventsSoon and its constants in app.js"
+    script = found.group(0) + f"const EVERY = {every_ms};\n" + _THROTTLE
+    done = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    reads = json.loads(done.stdout)
+    assert reads[0] <= 2000  # soon after the first line
+    assert all(b - a >= 10000 for a, b in itertools.pairwise(reads))
+    assert all(b - a <= 10000 + every_ms for a, b in itertools.pairwise(reads))
+    last = 60000 - every_ms
+    assert reads[-1] > last and len([r for r in reads if r > last]) == 1  # after the last line
 
 
 def _views(tmp_path: Path, monkeypatch: Any, hosts: list[str] | None = None) -> Any:
@@ -414,7 +489,7 @@ def test_a_runs_events_come_from_its_records_recoveries_and_masters_log(
     def fetch(job: Any) -> Any:
         asked.append(("fetch", job.items, job.include, job.run, job.hosts))
         folder = tmp_path / "results" / "r1"
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         facts = json.dumps({"downtime_s": 42})
         (folder / "recoveries").write_text(f"recovery\t200\trecovery 1 of 5: lost b\t{facts}\n")
         return type("Fetched", (), {"exit_code": 0})()
@@ -446,6 +521,13 @@ def test_a_runs_events_come_from_its_records_recoveries_and_masters_log(
         ("fetch", ["logs"], ("recoveries",), "r1", ["a", "b"]),  # only the small file
         ("log", "a"),
     ]
+    asked.clear()  # read again, the same recoveries counted: the same events, nothing fetched
+    assert views.events("r1")["events"] == got["events"]
+    assert [a[0] for a in asked] == ["status", "log"]
+    rows[1].recoveries = 2  # its supervisor acted again: fetched again
+    asked.clear()
+    views.events("r1")
+    assert [a[0] for a in asked] == ["status", "fetch", "log"]
     views._seen["gone"] = RUN  # listed before; no node has it now
     with pytest.raises(UsageError, match="no run gone"):
         views.events("gone")
@@ -489,3 +571,61 @@ def test_a_runs_files_are_fetchs_own_listing_with_the_command_to_copy(
     assert asked == [(["results"], "r1", ["a", "b"], None)]
     given = _views(tmp_path, monkeypatch, hosts=["a", "b", "c"]).files("r1")
     assert given["command"] == "vmrun fetch results --run r1 -H a -H b"  # the run's hosts
+
+
+def test_the_hosts_gpu_watch_ends_unasked_and_starts_again_at_the_next_ask(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import contextlib
+
+    import vmrun.operations.gpus
+    from vmrun.dashboard import cluster_gpus
+
+    watching: list[str] = []  # "on" as a watch starts, "off" as it stops
+    fail = [False]
+
+    class Fleet:
+        fleet = None
+
+        def drain(self, timeout: float) -> None:
+            threading.Event().wait(0.01)
+            if fail[0]:
+                raise KeyError("not a VmrunError")
+
+        def statuses(self) -> list[Any]:
+            return [self]
+
+        def to_json(self) -> dict[str, Any]:
+            return {"host": "a", "state": "ok", "gpus": [], "processes": []}
+
+    @contextlib.contextmanager
+    def watch(settings: Any, hosts: Any, cluster: Any = None) -> Any:
+        watching.append("on")
+        fleet = Fleet()
+        fleet.fleet = fleet  # type: ignore[assignment]
+        try:
+            yield fleet
+        finally:
+            watching.append("off")
+
+    monkeypatch.setattr(vmrun.operations.gpus, "watch", watch)
+    monkeypatch.setattr(cluster_gpus, "IDLE_S", 0.2)
+    views = _views(tmp_path, monkeypatch, hosts=["a"])
+    wait_for(lambda: views.gpus()["hosts"] != [], 10, "the host's status")
+    wait_for(lambda: watching == ["on", "off"], 10, "the watch ended, no page asking")
+    wait_for(lambda: views.gpus()["hosts"] != [], 10, "watched again")
+    assert watching[:3] == ["on", "off", "on"]
+    fail[0] = True
+    wait_for(lambda: views.gpus()["error"] is not None, 10, "the error shown")
+    assert "KeyError" in views.gpus()["error"] and views.gpus()["hosts"] == []
+
+
+def test_a_backend_that_keeps_no_line_times_gives_its_log_untimed() -> None:
+    from vmrun.backends.api import untimed_log
+
+    class Backend:
+        def read_log(self, ref: Any, out: Reporter) -> None:
+            out.output(b"[a rank0] epoch 1\n[a rank0] snapshot saved at epoch 1\n")
+
+    got = untimed_log(Backend(), None)  # type: ignore[arg-type]
+    assert got == [(None, b"[a rank0] epoch 1"), (None, b"[a rank0] snapshot saved at epoch 1")]

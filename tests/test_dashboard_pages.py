@@ -6,8 +6,10 @@ start and end."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -221,6 +223,102 @@ def test_a_clusters_jobs_are_watched_as_they_start_and_end(
         wait_for(lambda: bed()["error"] is not None, 10, "the error")
         assert "listing running jobs failed" in bed()["error"]
         assert all(w.stopped for w in WATCHES)
+    finally:
+        watch.stop()
+
+
+class Dialled:
+    """A cluster as the watch dials it: each dial's time, whether its connection was open
+    as each step stopped, and what squeue says now (a list of nodes, or an error)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vmrun.backends.slurm import gpus, session
+        from vmrun.backends.slurm.gpus import JobNode
+        from vmrun.gpus import fleet
+
+        self.dials: list[float] = []
+        self.open = False
+        self.stopped_open: list[bool] = []
+        self.running: Any = [JobNode("7", "c1")]
+        self.lock = threading.Lock()
+        dialled = self
+
+        class Watch(FakeWatch):
+            def stop(self, wait: float = 3.0) -> None:
+                dialled.stopped_open.append(dialled.open)
+                super().stop(wait)
+
+        monkeypatch.setattr(session, "cluster_backend", self.backend)
+        monkeypatch.setattr(gpus, "running_nodes", self.nodes)
+        monkeypatch.setattr(gpus, "node_targets", lambda slurm, ns: [n.label for n in ns])
+        monkeypatch.setattr(fleet, "FleetWatch", Watch)
+
+    @contextmanager
+    def backend(self, settings: Any, name: str) -> Iterator[str]:
+        with self.lock:
+            self.dials.append(time.monotonic())
+        self.open = True
+        try:
+            yield name
+        finally:
+            self.open = False
+
+    def nodes(self, slurm: str, run: Any, job: Any) -> list[Any]:
+        with self.lock:
+            now = self.running
+        if isinstance(now, Exception):
+            raise now
+        return list(now)
+
+    def says(self, now: Any) -> None:
+        with self.lock:
+            self.running = now
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.dials)
+
+
+def test_a_failing_cluster_is_shown_dialled_less_often_and_let_go_when_unasked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Any error is the cluster's (its hosts cleared, its steps stopped while the connection
+    is still open); each failure in a row waits longer before the next dial, up to the cap;
+    no page asking, the watch ends, and the next ask starts it again."""
+    from vmrun.backends.slurm.gpus import JobNode
+    from vmrun.dashboard import cluster_gpus
+
+    dialled = Dialled(monkeypatch)
+    monkeypatch.setattr(cluster_gpus, "RESCAN_S", 0.02)
+    monkeypatch.setattr(cluster_gpus, "TICK_S", 0.005)
+    monkeypatch.setattr(cluster_gpus, "BACKOFF_MAX_S", 0.16)
+    WATCHES.clear()
+    watch = cluster_gpus.ClusterGpus(None, ["bed"]).start()  # type: ignore[arg-type]
+
+    def bed() -> dict[str, Any]:
+        return watch.now()["clusters"][0]
+
+    try:
+        wait_for(lambda: len(bed()["hosts"]) == 1, 10, "the job's node")
+        dialled.says(KeyError("not a VmrunError"))
+        wait_for(lambda: bed()["error"] is not None, 10, "the error")
+        assert "KeyError" in bed()["error"] and bed()["hosts"] == []
+        assert dialled.stopped_open == [True]  # its step stopped before the connection closed
+        first = dialled.count()
+        wait_for(lambda: dialled.count() >= first + 5, 20, "five more dials")
+        with dialled.lock:
+            times = dialled.dials[first:]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert gaps[0] >= 0.04 and gaps[1] >= 0.08 and gaps[3] >= 0.16  # doubling, capped
+        assert gaps[3] < 2.0
+        dialled.says([JobNode("7", "c1")])
+        wait_for(lambda: bed()["error"] is None and len(bed()["hosts"]) == 1, 10, "back")
+        monkeypatch.setattr(cluster_gpus, "IDLE_S", 0.1)  # no page asks from now on
+        wait_for(lambda: watch._threads["bed"] is None, 10, "the watch let go")
+        assert WATCHES[-1].stopped and dialled.stopped_open[-1] is True
+        before = dialled.count()
+        watch.now()  # a page asks again: watched again
+        wait_for(lambda: dialled.count() > before, 10, "dialled again")
     finally:
         watch.stop()
 

@@ -40,6 +40,7 @@ from vmrun.runs.state import RunState
 if TYPE_CHECKING:
     from vmrun.notify.send import Notify
     from vmrun.reporting import Reporter
+    from vmrun.results.stragglers import Slow
     from vmrun.runs.outputs import RunLocation
     from vmrun.runs.plan import Plan
     from vmrun.runs.stacks import Flight, RankStack
@@ -179,6 +180,23 @@ class RunRow(Protocol):
     def recovering(self) -> str: ...  # a recovery under way: "1 of 5: lost h2: ...", else ""
     @property
     def tasks(self) -> Sequence[Any]: ...  # an array job's tasks (a cluster's), else empty
+    # what a node's watchers recorded, where its backend keeps them (else None, "" or ())
+    @property
+    def began(self) -> float | None: ...  # this attempt's start, by the node's clock
+    @property
+    def host_now(self) -> float | None: ...  # the node's clock when listed
+    @property
+    def stopped_by(self) -> str | None: ...  # who stopped it: user, budget, vmrun's own
+    @property
+    def notice(self) -> Mapping[str, Any] | None: ...  # a cloud said the node goes
+    @property
+    def hung(self) -> Mapping[str, Any] | None: ...  # its hang watcher found it stuck
+    @property
+    def budget(self) -> Mapping[str, Any] | None: ...  # it reached its --max-cost
+    @property
+    def requeued(self) -> int | None: ...  # stopped after this epoch's snapshot, to go on
+    @property
+    def slow_ranks(self) -> Sequence[Slow]: ...  # its last epoch's slow ranks
 
 
 class Backend(Protocol):
@@ -206,6 +224,8 @@ class Backend(Protocol):
     def read_log(
         self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False
     ) -> None: ...
+
+    def timed_log(self, ref: RunRef, node: str) -> Sequence[tuple[float | None, bytes]]: ...
 
     def stop(self, ref: RunRef, *, grace: float) -> list[Outcome[StopReport]]: ...
 
@@ -330,3 +350,13 @@ def launch_lines(
     if image:
         lines.append(f"# in the image {image}")
     return lines
+
+
+def untimed_log(backend: Backend, ref: RunRef) -> list[tuple[float | None, bytes]]:
+    """`timed_log` where the backend keeps no line's time: the log as `read_log` gives it,
+    each line with no time."""
+    from vmrun.reporting import Recorder
+
+    kept = Recorder()
+    backend.read_log(ref, kept)
+    return [(None, line) for line in b"".join(kept.outputs).splitlines()]

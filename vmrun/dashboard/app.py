@@ -48,18 +48,18 @@ def make_app(views: Views, access: Access) -> web.Application:
     app[FOLLOWERS] = Followers(views.follow)
     app.router.add_get("/", _page)
     app.router.add_get("/static/{name}", _static)
-    app.router.add_get("/api/runs", partial(_call, "runs"))
-    app.router.add_get("/api/gpus", partial(_call, "gpus"))
-    app.router.add_get("/api/runs/{run}", partial(_call, "run"))
-    app.router.add_get("/api/runs/{run}/metrics", partial(_call, "metrics"))
-    app.router.add_get("/api/runs/{run}/events", partial(_call, "events"))
-    app.router.add_get("/api/runs/{run}/files", partial(_call, "files"))
+    app.router.add_get("/api/runs", partial(_call, "runs", None))
+    app.router.add_get("/api/gpus", partial(_call, "gpus", None))
+    app.router.add_get("/api/runs/{run}", partial(_call, "run", "run"))
+    app.router.add_get("/api/runs/{run}/metrics", partial(_call, "metrics", "run"))
+    app.router.add_get("/api/runs/{run}/events", partial(_call, "events", "run"))
+    app.router.add_get("/api/runs/{run}/files", partial(_call, "files", "run"))
     app.router.add_get("/api/runs/{run}/log", _log)
-    app.router.add_post("/api/runs/{run}/stacks", partial(_call, "stacks"))
-    app.router.add_post("/api/runs/{run}/stop", partial(_call, "stop"))
-    app.router.add_get("/api/sweeps", partial(_call, "sweeps"))
-    app.router.add_get("/api/sweeps/{sweep}", _sweep)
-    app.router.add_get("/api/gpus/clusters", partial(_call, "cluster_gpus"))
+    app.router.add_post("/api/runs/{run}/stacks", partial(_call, "stacks", "run"))
+    app.router.add_post("/api/runs/{run}/stop", partial(_call, "stop", "run"))
+    app.router.add_get("/api/sweeps", partial(_call, "sweeps", None))
+    app.router.add_get("/api/sweeps/{sweep}", partial(_call, "sweep", "sweep"))
+    app.router.add_get("/api/gpus/clusters", partial(_call, "cluster_gpus", None))
     app.on_response_prepare.append(_headers)
     return app
 
@@ -117,26 +117,17 @@ async def _static(request: web.Request) -> web.Response:
     return web.Response(body=_file(name), content_type=STATIC[name])
 
 
-async def _call(verb: str, request: web.Request) -> web.Response:
-    """A view's value as JSON; a VmrunError as `{"error": ...}` with its code."""
+async def _call(verb: str, key: str | None, request: web.Request) -> web.Response:
+    """A view's value (given the path's `key` part, if any) as JSON; a VmrunError as
+    `{"error": ...}` with its code."""
     views = request.app[VIEWS]
-    args = [request.match_info["run"]] if "run" in request.match_info else []
+    args = [request.match_info[key]] if key is not None else []
     try:
         value = await asyncio.to_thread(getattr(views, verb), *args)
     except VmrunError as exc:
         status = ERROR_STATUS.get(exc.code, 502)
         error = {"code": exc.code, "message": exc.one_line()}
         return web.json_response({"error": error}, status=status)
-    return web.json_response(value, dumps=partial(json.dumps, default=str))
-
-
-async def _sweep(request: web.Request) -> web.Response:
-    """One sweep's page (`Views.sweep`), by its id; errors as `_call`'s."""
-    try:
-        value = await asyncio.to_thread(request.app[VIEWS].sweep, request.match_info["sweep"])
-    except VmrunError as exc:
-        error = {"code": exc.code, "message": exc.one_line()}
-        return web.json_response({"error": error}, status=ERROR_STATUS.get(exc.code, 502))
     return web.json_response(value, dumps=partial(json.dumps, default=str))
 
 

@@ -6,12 +6,11 @@ and `plot` read, `fetch metrics` first while it runs), its stacks (`stacks`) and
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import math
 import posixpath
-import shlex
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +21,10 @@ from vmrun.errors import UsageError, VmrunError
 from vmrun.reporting import Reporter
 
 if TYPE_CHECKING:
+    from vmrun.backends.api import RunRow
     from vmrun.dashboard.cluster_gpus import ClusterGpus
 
 LIVE = ("running", "pending", "recovering", "queued", "starting")
-# a run's files by kind, in the order the files to fetch are listed
-KINDS = ("final model", "checkpoint", "metrics", "output", "log", "provenance")
 
 
 @dataclass
@@ -45,6 +43,8 @@ class Views:
     _gpus: GpuWatch | None = None
     _listing: Future[dict[str, Any]] | None = None
     _clusters: ClusterGpus | None = None
+    # each run's recoveries as its nodes' records counted them when last fetched in full
+    _recoveries_fetched: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
     def runs(self) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
@@ -151,6 +151,7 @@ class Views:
         step time, as `report` reads them from results/RUN here; a live run's metrics
         fetched first (`vmrun fetch metrics --run RUN`), so the chart follows it; a run
         only in its bucket's, from there (`--store`) unless here already."""
+        from vmrun.dashboard.charts import rank_series_json
         from vmrun.operations.histories import gather
 
         copy = self._copy(run_id)
@@ -203,7 +204,7 @@ class Views:
         if not rows:
             raise UsageError(f"no run {run_id} where vmrun looked", code="run-not-found")
         notes: list[str] = []
-        recoveries = self._recoveries(run_id, place, notes) if _recovered(rows) else []
+        recoveries = self._recoveries(run_id, place, notes, rows) if _recovered(rows) else []
         saved = self._saved(run_id, place, notes)
         events = timeline(rows, recoveries, saved)
         return {
@@ -212,18 +213,29 @@ class Views:
             "note": "; ".join(notes) or None,
         }
 
-    def _recoveries(self, run_id: str, place: dict[str, Any], notes: list[str]) -> list[Any]:
+    def _recoveries(
+        self, run_id: str, place: dict[str, Any], notes: list[str], rows: Sequence[RunRow]
+    ) -> list[Any]:
+        """Its supervisor's `recoveries` lines, fetched here again only when its nodes'
+        records count other recoveries than at the last full fetch."""
         from vmrun.operations.fetch import FetchJob, fetch
         from vmrun.results.report import recoveries_of
 
-        job = FetchJob(
-            items=["logs"], settings=self.settings, run=run_id, include=("recoveries",), **place
-        )
-        try:
-            if fetch(job).exit_code != 0:
-                notes.append("the recoveries could not be fetched from every node")
-        except VmrunError as exc:
-            notes.append(f"recoveries: {exc.one_line()}")
+        counted = tuple(sorted((r.host, r.recoveries) for r in rows))
+        with self._lock:
+            fetched = self._recoveries_fetched.get(run_id) == counted
+        if not fetched:
+            job = FetchJob(
+                items=["logs"], settings=self.settings, run=run_id, include=("recoveries",), **place
+            )
+            try:
+                if fetch(job).exit_code != 0:
+                    notes.append("the recoveries could not be fetched from every node")
+                else:
+                    with self._lock:
+                        self._recoveries_fetched[run_id] = counted
+            except VmrunError as exc:
+                notes.append(f"recoveries: {exc.one_line()}")
         here = (self.settings.project_dir or Path.cwd()) / "results" / run_id
         return recoveries_of(here)
 
@@ -233,22 +245,15 @@ class Views:
         """The master's log lines, each with when it was written where the backend keeps
         that (hosts), else with no time."""
         from vmrun.operations.logs import run_log
-        from vmrun.reporting import Recorder
 
         try:
             with run_log(self.settings, run_id, **place) as log:
                 ref = log.ref
                 node = ref.record.master if ref.record.master in ref.nodes else None
                 node = node or (ref.nodes[0] if ref.nodes else None)
-                timed = getattr(log.backend, "timed_log", None)
                 if node is None:
                     return []
-                if timed is not None:
-                    lines: list[tuple[float | None, bytes]] = list(timed(ref, node))
-                else:
-                    kept = Recorder()
-                    log.read(kept)
-                    lines = [(None, x) for x in b"".join(kept.outputs).splitlines()]
+                lines = log.backend.timed_log(ref, node)
         except VmrunError as exc:
             notes.append(f"snapshots: {exc.one_line()}")
             return []
@@ -261,6 +266,7 @@ class Views:
         """What `vmrun fetch results --run RUN` would bring here, nothing moved
         (vmrun.operations.fetch.listing): each file's path, kind, size, nodes and whether it
         is here already; their total; the command to copy; the nodes whose listing failed."""
+        from vmrun.dashboard.files import KINDS, fetch_command, file_kind
         from vmrun.operations.fetch import FetchJob, listing
 
         place = self._place(run_id)
@@ -334,7 +340,7 @@ class Views:
         if self.cluster:  # its jobs' GPUs: `cluster_gpus`, listed again as jobs come and go
             return {"hosts": [], "error": None}
         with self._lock:
-            if self._gpus is None:
+            if self._gpus is None or self._gpus.ended():  # unasked a while: watched anew
                 self._gpus = GpuWatch(self.settings, self.hosts, self.cluster).start()
             watch = self._gpus
         return watch.now()
@@ -379,13 +385,19 @@ class Views:
 
 class GpuWatch:
     """`watch-gpus`' FleetWatch, drained in a thread: each host's latest status. A watch
-    that could not start (no hosts, no running job on a cluster) says why in `error`."""
+    that could not start (no hosts, no running job on a cluster) says why in `error`. No
+    page asking for IDLE_S, it ends (its watches stopped); `ended()`, a new one is due."""
 
     def __init__(self, settings: Settings, hosts: list[str] | None, cluster: str | None):
+        from vmrun.dashboard.cluster_gpus import IDLE_S
+
         self._args = settings, hosts, cluster
         self._lock = threading.Lock()
         self._hosts: list[dict[str, Any]] = []
         self._error: str | None = None
+        self._idle_s = IDLE_S
+        self._asked = time.monotonic()
+        self._ended = False
         self._thread = threading.Thread(target=self._main, daemon=True, name="watch-gpus")
 
     def start(self) -> GpuWatch:
@@ -394,7 +406,12 @@ class GpuWatch:
 
     def now(self) -> dict[str, Any]:
         with self._lock:
+            self._asked = time.monotonic()
             return {"hosts": list(self._hosts), "error": self._error}
+
+    def ended(self) -> bool:
+        with self._lock:
+            return self._ended
 
     def _main(self) -> None:
         from vmrun.operations.gpus import watch
@@ -407,61 +424,21 @@ class GpuWatch:
                 while True:
                     fleet_watch.drain(1.0)
                     statuses = [s.to_json() for s in fleet_watch.fleet.statuses()]
-                    with self._lock:
+                    with self._lock:  # decided under the lock: an ask now sees it ended
                         self._hosts = statuses
-        except VmrunError as exc:
+                        if time.monotonic() - self._asked > self._idle_s:
+                            self._ended = True
+                            return
+        except Exception as exc:  # any: shown as the watch's error, never a frozen page
             with self._lock:
-                self._error = exc.one_line()
+                self._error = _line(exc) if isinstance(exc, VmrunError) else repr(exc)
+                self._hosts = []
 
 
 def _line(error: BaseException) -> str:
     return error.one_line() if isinstance(error, VmrunError) else str(error)
 
 
-def rank_series_json(path: Path) -> dict[str, Any]:
-    """Each rank's step time by epoch (`rank_series`: rank -> [[epoch, s], ...]) and each
-    rank's node (`rank_node`), from the run's metrics here; null where not recorded."""
-    from vmrun.results.history import rank_series
-
-    series, nodes = rank_series(path)
-    return {
-        "rank_series": {str(r): [list(p) for p in s] for r, s in series.items()} or None,
-        "rank_node": list(nodes) if nodes else None,
-    }
-
-
-def _recovered(rows: list[Any]) -> bool:
+def _recovered(rows: Sequence[RunRow]) -> bool:
     """Its supervisor acted at least once (status counts its `recoveries` lines)."""
-    return any(getattr(r, "recoveries", 0) for r in rows)
-
-
-def file_kind(path: str) -> str:
-    """What a run's file is, by its name, as `vmrun fetch`'s categories select them."""
-    from vmrun.runs.outputs import FETCHED_CHECKPOINTS, LOGS, METRICS, PROVENANCE
-
-    name = path.rsplit("/", 1)[-1]
-    if name == "finalmodel.pt":
-        return "final model"
-    if "/checkpoints/" in path:
-        return "checkpoint"
-    for kind, patterns in (
-        ("checkpoint", FETCHED_CHECKPOINTS),
-        ("metrics", METRICS),
-        ("provenance", PROVENANCE),
-        ("log", LOGS),
-    ):
-        if any(fnmatch.fnmatch(name, p) for p in patterns):
-            return kind
-    return "output"
-
-
-def fetch_command(run_id: str, place: dict[str, Any], *, given: bool) -> str:
-    """The command that fetches the run's files here: its cluster's, or its hosts' when
-    the dashboard was given them (-H), else the project's hosts (vmrun.toml) find it."""
-    argv = ["vmrun", "fetch", "results", "--run", run_id]
-    if place.get("cluster"):
-        argv += ["-C", place["cluster"]]
-    elif given:
-        for host in place.get("hosts") or []:
-            argv += ["-H", host]
-    return shlex.join(argv)
+    return any(r.recoveries for r in rows)

@@ -150,23 +150,22 @@ def _store(recs: list[RunRow]) -> dict[str, Any] | None:
     """Where the run's copy to its bucket stands (--store), by the copying node's clock."""
     for rec in recs:
         if rec.store is not None:
-            return rec.store.as_json(getattr(rec, "host_now", None))
+            return rec.store.as_json(rec.host_now)
     return None
 
 
 def _hung(recs: list[RunRow]) -> dict[str, Any] | None:
     """What its hang watcher saw on the first node that found it stuck (REC/hang: since,
     seen, timeout, host, ranks, action), or None."""
-    return next((dict(h) for r in recs if isinstance(h := getattr(r, "hung", None), dict)), None)
+    return next((dict(r.hung) for r in recs if r.hung is not None), None)
 
 
 def _slow_ranks(recs: list[RunRow]) -> list[dict[str, Any]] | None:
     """The slow ranks of its last epoch (vmrun.results.stragglers), as `status` names them:
     rank, node, its step time, the others' median, the ratio; None where none is slow."""
     for rec in recs:
-        slow = getattr(rec, "slow_ranks", ())
-        if slow:
-            return [s.as_json() for s in slow]
+        if rec.slow_ranks:
+            return [s.as_json() for s in rec.slow_ranks]
     return None
 
 
@@ -206,7 +205,7 @@ def _tasks(run: RunRow) -> list[dict[str, Any]] | None:
 
 def _cap(recs: list[RunRow]) -> str:
     """The --max-cost a node's budget watcher stopped the run at ("" if none did)."""
-    found = next((b for r in recs if isinstance(b := getattr(r, "budget", None), dict)), None)
+    found = next((r.budget for r in recs if r.budget is not None), None)
     return str(found.get("cap") or "?") if found else ""
 
 

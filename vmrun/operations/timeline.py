@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vmrun.backends.api import RunRow
 
 # the log's lines about a saved snapshot: the template trainer's (snapshot.pt, and a
 # sharded checkpoint once every rank's files are written), or a script's that says so as
@@ -39,7 +42,7 @@ class Event:
 
 
 def timeline(
-    rows: Sequence[Any],
+    rows: Sequence[RunRow],
     recoveries: Sequence[Mapping[str, Any]] = (),
     saved: Iterable[tuple[float | None, str]] = (),
 ) -> list[Event]:
@@ -57,7 +60,7 @@ def _order(event: Event) -> tuple[int, float]:
     return (first, event.at if event.at is not None else float("inf"))
 
 
-def _from_rows(rows: Sequence[Any]) -> list[Event]:
+def _from_rows(rows: Sequence[RunRow]) -> list[Event]:
     if not rows:
         return []
     from vmrun.backends.api import combined_state
@@ -67,7 +70,7 @@ def _from_rows(rows: Sequence[Any]) -> list[Event]:
     nodes = ", ".join(r.host for r in rows)
     events.append(Event("start", min(starts) if starts else None, f"started on {nodes}"))
     attempts = max(int(r.attempts) for r in rows)
-    began = [b for r in rows if (b := getattr(r, "began", None))]
+    began = [r.began for r in rows if r.began]
     if attempts > 1:
         events.append(Event("attempt", max(began) if began else None, f"attempt {attempts} began"))
     for row in rows:
@@ -79,15 +82,15 @@ def _from_rows(rows: Sequence[Any]) -> list[Event]:
     return events
 
 
-def _node_events(row: Any) -> list[Event]:
+def _node_events(row: RunRow) -> list[Event]:
     """What one node's watchers recorded (hosts: the notice, the hang, the budget stop, the
     stop for requeue; a backend that records none has none of these)."""
     node, found = row.host, []
-    notice = getattr(row, "notice", None)
+    notice = row.notice
     if isinstance(notice, Mapping):
         what = str(notice.get("kind") or "interruption")
         found.append(Event("notice", _time(notice.get("seen")), f"spot {what} notice", node))
-    hung = getattr(row, "hung", None)
+    hung = row.hung
     if isinstance(hung, Mapping):
         since, seen = _time(hung.get("since")), _time(hung.get("seen"))
         ranks = hung.get("ranks")
@@ -95,23 +98,23 @@ def _node_events(row: Any) -> list[Event]:
         action = f"; {hung['action']}" if hung.get("action") else ""
         stuck = seen - since if seen is not None and since is not None else None
         found.append(Event("hang", seen, f"hung: {who} made no progress{action}", node, stuck))
-    budget = getattr(row, "budget", None)
+    budget = row.budget
     if isinstance(budget, Mapping):
         cap = budget.get("cap", "?")
         found.append(Event("over-budget", _time(budget.get("seen")), f"reached --max-cost {cap}"))
-    requeued = getattr(row, "requeued", None)
+    requeued = row.requeued
     if isinstance(requeued, int):
         text = f"stopped after epoch {requeued}'s snapshot, to go on elsewhere"
         found.append(Event("requeue", _time(row.ended), text, node))
-    recovering = getattr(row, "recovering", "")
+    recovering = row.recovering
     if recovering and str(row.state) != "running":
         found.append(Event("recovering", None, f"recovery under way: {recovering}", node))
     return found
 
 
-def _ending(rows: Sequence[Any], state: str, code: int | None) -> str:
+def _ending(rows: Sequence[RunRow], state: str, code: int | None) -> str:
     if state == "stopped":
-        by = {getattr(r, "stopped_by", "") for r in rows} - {""}
+        by = {r.stopped_by or "" for r in rows} - {""}
         return f"stopped ({', '.join(sorted(by))})" if by else "stopped"
     if state == "lost":
         return "lost: ended with no exit code"

@@ -195,16 +195,11 @@ def read_rank_times(path: Path) -> dict[str, Any]:
             except ValueError:
                 continue
             times = item.get("rank_step_s") if isinstance(item, dict) else None
-            if (
-                isinstance(times, list)
-                and times
-                and all(isinstance(t, (int, float)) for t in times)
-            ):
+            if isinstance(times, list) and times and all(_is_number(t) for t in times):
                 if per_epoch and len(times) != len(per_epoch[0]):
                     per_epoch = []  # another world size (a resume on fewer nodes): anew
                 per_epoch.append([float(t) for t in times])
-                found = item.get("rank_node")
-                nodes = tuple(int(n) for n in found) if isinstance(found, list) else None
+                nodes = _rank_nodes(item.get("rank_node"))
     if not per_epoch:
         return {}
     medians = tuple(statistics.median(column) for column in zip(*per_epoch, strict=True))
@@ -231,9 +226,8 @@ def rank_series(path: Path) -> tuple[dict[int, list[tuple[int, float]]], tuple[i
             if not (isinstance(times, list) and all(_is_number(t) for t in times)):
                 continue
             epoch = item.get("epoch")
-            by_epoch[epoch if _is_number(epoch) else number] = [float(t) for t in times]
-            told = item.get("rank_node")
-            nodes = tuple(int(n) for n in told) if isinstance(told, list) else None
+            by_epoch[int(epoch) if _is_number(epoch) else number] = [float(t) for t in times]
+            nodes = _rank_nodes(item.get("rank_node"))
     series: dict[int, list[tuple[int, float]]] = {}
     for epoch in sorted(by_epoch):
         for rank, seconds in enumerate(by_epoch[epoch]):
@@ -242,7 +236,17 @@ def rank_series(path: Path) -> tuple[dict[int, list[tuple[int, float]]], tuple[i
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite JSON number (json reads NaN and Infinity, which int() and the page can't)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rank_nodes(told: Any) -> tuple[int, ...] | None:
+    """Each rank's node index as a metrics line tells it; None unless every one is an int."""
+    if not isinstance(told, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in told
+    ):
+        return None
+    return tuple(told)
 
 
 def _failure(places: list[Path], *, multi: bool) -> dict[str, Any]:

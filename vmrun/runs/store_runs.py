@@ -116,6 +116,23 @@ class BucketRun:
     def recovering(self) -> str:
         return ""  # a recovery under way is its supervisor's, on the hosts
 
+    # what only a hosts' node records (RunRow's watchers' fields)
+    @property
+    def began(self) -> None:
+        return None
+
+    @property
+    def host_now(self) -> None:
+        return None
+
+    @property
+    def notice(self) -> None:
+        return None
+
+    @property
+    def requeued(self) -> None:
+        return None
+
     @property
     def tasks(self) -> tuple[()]:
         return ()

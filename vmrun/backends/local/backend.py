@@ -196,6 +196,12 @@ class LocalBackend:
     def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
         self._print(self._dir(ref.run_id) / "train.log", out, last=last)
 
+    def timed_log(self, ref: RunRef, node: str) -> list[tuple[float | None, bytes]]:
+        """The log, its lines with no time (nothing here records when each was written)."""
+        from vmrun.backends.api import untimed_log
+
+        return untimed_log(self, ref)
+
     def stop(self, ref: RunRef, *, grace: float) -> list[Outcome[StopReport]]:
         """What Ctrl-C in the run's terminal does, asked of the vmrun that runs it: SIGTERM
         (the run's whole tree stopped, its end recorded); asked again after `grace`, it kills

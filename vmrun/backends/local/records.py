@@ -133,6 +133,39 @@ class LocalRun:
     def recovering(self) -> str:
         return ""
 
+    # no watchers here: RunRow's watchers' fields are empty
+    @property
+    def began(self) -> None:
+        return None
+
+    @property
+    def host_now(self) -> None:
+        return None
+
+    @property
+    def notice(self) -> None:
+        return None
+
+    @property
+    def requeued(self) -> None:
+        return None
+
+    @property
+    def stopped_by(self) -> str:
+        return ""
+
+    @property
+    def hung(self) -> None:
+        return None
+
+    @property
+    def budget(self) -> None:
+        return None
+
+    @property
+    def slow_ranks(self) -> tuple[()]:
+        return ()
+
     @property
     def tasks(self) -> tuple[()]:
         return ()

@@ -736,6 +736,12 @@ class SlurmBackend:
     def code_dir(self, project: Path) -> str:
         return f"{self.facts().workdir}/{remote_workdir(project)}"
 
+    def timed_log(self, ref: RunRef, node: str) -> list[tuple[float | None, bytes]]:
+        """The job's log, its lines with no time (the job's log keeps none)."""
+        from vmrun.backends.api import untimed_log
+
+        return untimed_log(self, ref)
+
     def read_log(self, ref: RunRef, out: Reporter, *, last: int = 0, verbose: bool = False) -> None:
         if (at := self._at(ref)) is not self:
             return at.read_log(ref, out, last=last, verbose=verbose)

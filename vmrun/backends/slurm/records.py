@@ -263,6 +263,27 @@ class SlurmRun:
     def slow(self) -> str:  # `status`' PROGRESS names them, as a host's run's
         return summary(self.slow_ranks)
 
+    # what only a hosts' node records (RunRow's watchers' fields)
+    @property
+    def began(self) -> None:
+        return None
+
+    @property
+    def host_now(self) -> None:
+        return None
+
+    @property
+    def notice(self) -> None:
+        return None
+
+    @property
+    def requeued(self) -> None:
+        return None
+
+    @property
+    def stopped_by(self) -> str:
+        return ""
+
 
 def _combined(tasks: list[Task], stopped: bool) -> tuple[RunState, int | None]:
     """A job's state from its tasks': running while any runs (pending while all wait),

@@ -299,7 +299,12 @@ const charts = {};
 // a log line that may be a new event: a snapshot saved, or vmrun's own word (a notice, a
 // hang, the budget, a recovery)
 const EVENT_LINE = /snapshot.*saved|checkpoint \S+ complete|(^|\] )vmrun: /i;
+// a run's events and files are read again (a listing, its log, on its hosts) this soon after
+// such a line, and then at most once every EVENTS_EVERY_MS while such lines keep coming
+const EVENTS_SOON_MS = 1500;
+const EVENTS_EVERY_MS = 10000;
 let eventsTimer = null;
+let eventsLast = -Infinity; // when they were last read
 
 function plot(id, xLabel, yLabel, xs, series) {
   const box = $(id);
@@ -341,8 +346,15 @@ function clock(at) {
 }
 
 function eventsSoon(runId) {
-  clearTimeout(eventsTimer);
-  eventsTimer = setTimeout(() => { if (current === runId) { loadEvents(runId); loadFiles(runId); } }, 1500);
+  if (eventsTimer !== null) return; // a reading is due: it comes after this line too
+  const wait = Math.max(EVENTS_SOON_MS, eventsLast + EVENTS_EVERY_MS - Date.now());
+  eventsTimer = setTimeout(() => {
+    eventsTimer = null;
+    if (current !== runId) return;
+    eventsLast = Date.now();
+    loadEvents(runId);
+    loadFiles(runId);
+  }, wait);
 }
 
 async function loadEvents(runId) {
@@ -430,6 +442,7 @@ async function copyCommand() {
 
 function clearRunSections() {
   clearTimeout(eventsTimer);
+  eventsTimer = null;
   for (const id of ["chart-rate", "chart-ranks", "timeline", "fetch-command"]) $(id).replaceChildren();
   for (const id of ["#events tbody", "#files tbody"]) document.querySelector(id).replaceChildren();
   for (const id of ["events-note", "files-total"]) $(id).textContent = "";
