@@ -287,3 +287,41 @@ def test_pages_asking_at_once_share_one_listing_of_the_hosts(monkeypatch: Any) -
     assert asked == [1] and all(a["runs"] == [RUN] for a in answers)
     views.runs()  # a later ask lists again (release is still set)
     assert asked == [1, 1]
+
+
+def test_the_servers_first_listing_answers_the_first_page_once(monkeypatch: Any) -> None:
+    """The listing made as the server starts answers the first page asking soon after it
+    (not listed again); the next ask lists, and so does an ask after FIRST_FRESH_S or after
+    a stop."""
+    from types import SimpleNamespace
+
+    from vmrun.config import load_settings
+    from vmrun.dashboard import views as views_module
+    from vmrun.dashboard.views import Views
+    from vmrun.operations import stop
+
+    views = Views(load_settings())
+    listed: list[int] = []
+
+    def listing() -> dict[str, Any]:
+        listed.append(1)
+        return {"runs": [dict(RUN, n=len(listed))], "unreached": []}
+
+    def number() -> int:
+        return int(views.runs()["runs"][0]["n"])
+
+    monkeypatch.setattr(views, "_list", listing)
+    views.warm()
+    assert (number(), number()) == (1, 2)
+    views.warm()
+    monkeypatch.setattr(views_module, "FIRST_FRESH_S", 0.0)
+    assert number() == 4
+    monkeypatch.setattr(views_module, "FIRST_FRESH_S", 60.0)
+    views.warm()
+    views._seen[RUN["run"]] = RUN
+    stopped = SimpleNamespace(
+        outcomes=[], ref=SimpleNamespace(unreached={}), run_id="r", exit_code=0
+    )
+    monkeypatch.setattr(stop, "stop", lambda *a, **kw: stopped)
+    views.stop(RUN["run"])
+    assert number() == 6
