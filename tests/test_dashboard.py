@@ -325,3 +325,56 @@ def test_the_servers_first_listing_answers_the_first_page_once(monkeypatch: Any)
     monkeypatch.setattr(stop, "stop", lambda *a, **kw: stopped)
     views.stop(RUN["run"])
     assert number() == 6
+
+
+def test_the_address_is_printed_listening_before_aiohttp_is_imported(tmp_path: Path) -> None:
+    """The address comes first (a browser starts meanwhile): its port already takes
+    connections, which wait for the server; aiohttp is imported after."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import socket, sys\n"
+        "from vmrun.config import load_settings\n"
+        "from vmrun.dashboard.server import serve\n"
+        "def opened(url):\n"
+        "    port = int(url.split(':')[2].split('/')[0])\n"
+        "    socket.create_connection(('127.0.0.1', port), 5).close()\n"
+        "    print('aiohttp' in sys.modules)\n"
+        "    raise SystemExit(0)\n"
+        "serve(load_settings(), hosts=['nobody@192.0.2.1'], port=0, opened=opened)\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": root, "HOME": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
+
+
+def test_a_port_in_use_is_refused_and_with_no_port_another_is_taken(monkeypatch: Any) -> None:
+    import socket
+
+    from vmrun.config import load_settings
+    from vmrun.dashboard import server
+
+    class Opened(Exception):
+        pass
+
+    def opened(url: str) -> None:
+        raise Opened(url)
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(UsageError) as refused:
+            server.serve(load_settings(), port=port, opened=opened)
+        assert refused.value.code == "dashboard-port-taken"
+        monkeypatch.setattr(server, "DEFAULT_PORT", port)
+        with pytest.raises(Opened) as got:
+            server.serve(load_settings(), opened=opened)
+        assert f":{port}/" not in str(got.value) and "?token=" in str(got.value)
