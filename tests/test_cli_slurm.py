@@ -632,6 +632,9 @@ def test_live_stacks_of_a_job_then_its_hang_found_on_every_node_and_stopped(
     assert re.search(r"hung on job \d+: ranks 0-3; stacks in", log.read_text()), log.read_text()
     seen = json.loads((record_dir(slurm_cluster, rid) / "hang").read_text())
     assert 6 <= seen["seen"] - seen["since"] <= 12, seen
+    listed = slurm_client.vmrun("status", "-C", "bed", "--json", timeout=60)
+    (run,) = [r for r in json.loads(listed.stdout) if r["run"] == rid]
+    assert run["hung"] == seen, run  # the listing reads REC/hang, as a host's does
     shown = slurm_client.vmrun("stacks", "-C", "bed", rid, "--hang", timeout=60)
     assert shown.returncode == 0, shown.stderr + shown.stdout
     assert re.search(r"^ranks 0-2 \(.+\): all_reduce at hang_rank\.py:\d+$", shown.stdout, re.M), (

@@ -55,6 +55,14 @@ class FakeViews:
     def metrics(self, run_id: str) -> dict[str, Any]:
         return {"run": run_id, "metrics": {"loss": [[1, 2.0], [2, 1.0]]}, "note": None}
 
+    def events(self, run_id: str) -> dict[str, Any]:
+        event = {"kind": "start", "at": 1.0, "text": "started on a, b", "node": None}
+        return {"run": run_id, "events": [{**event, "duration_s": None}], "note": None}
+
+    def files(self, run_id: str) -> dict[str, Any]:
+        final = {"path": "results/r1/finalmodel.pt", "kind": "final model", "size": 10}
+        return {"run": run_id, "files": [final], "bytes": 10, "command": "vmrun fetch"}
+
     def stacks(self, run_id: str) -> dict[str, Any]:
         self.acted.append(("stacks", run_id))
         return {"run": run_id, "lines": ["rank 0-1: train.py:10"], "failed": {}}
@@ -100,6 +108,8 @@ def test_without_the_token_every_request_is_refused() -> None:
             "/api/runs",
             "/api/runs/r1",
             "/api/runs/r1/log",
+            "/api/runs/r1/events",
+            "/api/runs/r1/files",
             "/api/gpus",
             "/static/app.js",
         )
@@ -166,6 +176,10 @@ def test_the_api_shape_and_errors() -> None:
         assert run["state"] == "running" and run["cost"]["amount"] == 1.5
         metrics = await (await client.get("/api/runs/r1/metrics", cookies=jar)).json()
         assert metrics["metrics"]["loss"] == [[1, 2.0], [2, 1.0]]
+        events = await (await client.get("/api/runs/r1/events", cookies=jar)).json()
+        assert events["events"][0]["kind"] == "start"
+        files = await (await client.get("/api/runs/r1/files", cookies=jar)).json()
+        assert files["files"][0]["kind"] == "final model" and files["bytes"] == 10
         gpus = await (await client.get("/api/gpus", cookies=jar)).json()
         assert gpus["hosts"][0]["gpus"][0]["index"] == 0 and gpus["error"] is None
         missing = await client.get("/api/runs/nope", cookies=jar)
@@ -378,3 +392,191 @@ def test_a_port_in_use_is_refused_and_with_no_port_another_is_taken(monkeypatch:
         with pytest.raises(Opened) as got:
             server.serve(load_settings(), opened=opened)
         assert f":{port}/" not in str(got.value) and "?token=" in str(got.value)
+
+
+class Row:
+    """One node's record as `status` gathers it (the hosts' fields a timeline reads)."""
+
+    def __init__(self, host: str, **kw: Any) -> None:
+        from vmrun.runs.state import RunState
+
+        self.id, self.host = "r1", host
+        self.started, self.ended, self.began, self.attempts = 100.0, None, None, 1
+        self.state, self.exit_code, self.stopped_by = RunState.RUNNING, None, ""
+        self.notice = self.hung = self.budget = self.requeued = None
+        self.recoveries, self.recovering = 0, ""
+        self.__dict__.update(kw)
+
+
+def test_a_timeline_orders_what_the_records_the_supervisor_and_the_log_say() -> None:
+    from vmrun.operations.timeline import timeline
+    from vmrun.runs.state import RunState
+
+    done = {"state": RunState.DONE, "exit_code": 0, "attempts": 2, "began": 300.0}
+    rows = [
+        Row("a", ended=900.0, notice={"kind": "interruption", "seen": 250.0}, **done),
+        Row("b", ended=905.0, hung={"since": 400.0, "seen": 460.0, "ranks": [1]}, **done),
+    ]
+    recoveries = [{"kind": "recovery", "at": 290, "text": "recovery 1 of 5", "downtime_s": 40}]
+    saved = [
+        (150.0, "[a rank0] snapshot saved at epoch 1 -> /w/snapshot.pt"),
+        (151.0, "[a rank0] epoch 2/4 loss 0.5"),
+        (None, "[a rank0] checkpoint /w/checkpoints/epoch-3 complete: 2 shards"),
+    ]
+    events = timeline(rows, recoveries, saved)
+    said = [(e.kind, e.at, e.node, e.duration_s) for e in events]
+    assert said == [
+        ("start", 100.0, None, None),
+        ("snapshot", 150.0, None, None),
+        ("notice", 250.0, "a", None),
+        ("recovery", 290.0, None, 40.0),
+        ("attempt", 300.0, None, None),
+        ("hang", 460.0, "b", 60.0),
+        ("snapshot", None, None, None),  # a line with no time: after the timed ones
+        ("end", 905.0, None, None),
+    ]
+    assert events[0].text == "started on a, b" and events[-1].text == "done (exit 0)"
+    assert events[6].text == "snapshot at epoch 3" and "ranks 1" in events[5].text
+    stopped = Row("a", state=RunState.STOPPED, ended=50.0, stopped_by="budget")
+    stopped.budget = {"seen": 49.0, "cap": 2.5}
+    kinds = [(e.kind, e.text) for e in timeline([stopped])]
+    assert kinds == [
+        ("start", "started on a"),
+        ("over-budget", "reached --max-cost 2.5"),
+        ("end", "stopped (budget)"),
+    ]
+    under_way = Row("a", state=RunState.LOST, recovering="1 of 5: lost b")
+    assert [e.kind for e in timeline([under_way])] == ["start", "end", "recovering"]
+
+
+def test_each_ranks_step_time_by_epoch_a_resumed_epoch_its_last_line(tmp_path: Path) -> None:
+    from vmrun.results.history import rank_series
+
+    lines = [
+        {"epoch": 1, "loss": 2.0, "rank_step_s": [0.1, 0.3], "rank_node": [0, 1]},
+        {"epoch": 2, "loss": 1.5, "rank_step_s": [0.1, 0.4], "rank_node": [0, 1]},
+        {"epoch": 2, "loss": 1.4, "rank_step_s": [0.2, 0.5], "rank_node": [0, 1]},
+        {"epoch": 3, "loss": 1.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot js")
+    series, nodes = rank_series(tmp_path)
+    assert series == {0: [(1, 0.1), (2, 0.2)], 1: [(1, 0.3), (2, 0.5)]} and nodes == (0, 1)
+    assert rank_series(tmp_path / "none") == ({}, None)
+    from vmrun.dashboard.views import rank_series_json  # what the page's chart gets
+
+    assert rank_series_json(tmp_path) == {
+        "rank_series": {"0": [[1, 0.1], [2, 0.2]], "1": [[1, 0.3], [2, 0.5]]},
+        "rank_node": [0, 1],
+    }
+    assert rank_series_json(tmp_path / "none") == {"rank_series": None, "rank_node": None}
+
+
+def _views(tmp_path: Path, monkeypatch: Any, hosts: list[str] | None = None) -> Any:
+    from dataclasses import replace
+
+    from vmrun.config import load_settings
+    from vmrun.dashboard.views import Views
+
+    monkeypatch.chdir(tmp_path)
+    views = Views(replace(load_settings(), project_dir=tmp_path), hosts=hosts)
+    views._seen["r1"] = {**RUN, "state": "done"}
+    return views
+
+
+def test_a_runs_events_come_from_its_records_recoveries_and_masters_log(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import contextlib
+
+    import vmrun.operations.fetch
+    import vmrun.operations.logs
+    import vmrun.operations.status
+    from vmrun.operations.status import Status
+    from vmrun.runs.state import RunState
+
+    views = _views(tmp_path, monkeypatch)
+    rows = [Row(h, state=RunState.DONE, exit_code=0, ended=500.0, recoveries=1) for h in "ab"]
+    asked: list[Any] = []
+
+    def gather(settings: Any, **place: Any) -> Status:
+        asked.append(("status", place))
+        return Status([*rows, Row("a", id="other")])
+
+    def fetch(job: Any) -> Any:
+        asked.append(("fetch", job.items, job.include, job.run, job.hosts))
+        folder = tmp_path / "results" / "r1"
+        folder.mkdir(parents=True)
+        facts = json.dumps({"downtime_s": 42})
+        (folder / "recoveries").write_text(f"recovery\t200\trecovery 1 of 5: lost b\t{facts}\n")
+        return type("Fetched", (), {"exit_code": 0})()
+
+    class Backend:
+        def timed_log(self, ref: Any, node: str) -> list[tuple[float, bytes]]:
+            asked.append(("log", node))
+            return [(150.0, b"[a rank0] snapshot saved at epoch 1 -> s.pt"), (float("inf"), b"x")]
+
+    @contextlib.contextmanager
+    def run_log(settings: Any, run: str, **place: Any) -> Any:
+        record = type("Record", (), {"master": "a"})()
+        ref = type("Ref", (), {"record": record, "nodes": ("a", "b")})()
+        yield type("Log", (), {"ref": ref, "backend": Backend()})()
+
+    monkeypatch.setattr(vmrun.operations.status, "gather", gather)
+    monkeypatch.setattr(vmrun.operations.fetch, "fetch", fetch)
+    monkeypatch.setattr(vmrun.operations.logs, "run_log", run_log)
+    got = views.events("r1")
+    assert [(e["kind"], e["at"], e["duration_s"]) for e in got["events"]] == [
+        ("start", 100.0, None),
+        ("snapshot", 150.0, None),
+        ("recovery", 200.0, 42),
+        ("end", 500.0, None),
+    ]
+    assert got["note"] is None
+    assert asked == [
+        ("status", {"hosts": ["a", "b"], "cluster": None, "watchdog": False}),
+        ("fetch", ["logs"], ("recoveries",), "r1", ["a", "b"]),  # only the small file
+        ("log", "a"),
+    ]
+    views._seen["gone"] = RUN  # listed before; no node has it now
+    with pytest.raises(UsageError, match="no run gone"):
+        views.events("gone")
+
+
+def test_a_runs_files_are_fetchs_own_listing_with_the_command_to_copy(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import vmrun.operations.fetch
+    from vmrun.errors import ConnectionLostError
+    from vmrun.operations.fetch import Listing, Planned
+
+    asked: list[Any] = []
+
+    def listing(job: Any) -> Listing:
+        asked.append((job.items, job.run, job.hosts, job.cluster))
+        files = (
+            Planned("results/r1/checkpoints/epoch-2/__0_0.distcp", 50, 1.0, ("a",), False),
+            Planned("results/r1/finalmodel.pt", 100, 2.0, ("a",), True),
+            Planned("results/r1/metrics.jsonl", 20, 2.0, ("a",), False),
+            Planned("results/r1/b/log", 30, 2.0, ("b",), False),
+            Planned("results/r1/notes.txt", 4, 2.0, ("a", "b"), False),
+            Planned("results/r1/versions.json", 4, 2.0, ("a",), False),
+        )
+        return Listing(files, None, {"b": ConnectionLostError("gone", host="b")})
+
+    monkeypatch.setattr(vmrun.operations.fetch, "listing", listing)
+    got = _views(tmp_path, monkeypatch).files("r1")
+    kinds = {f["path"].rsplit("/", 1)[1]: f["kind"] for f in got["files"]}
+    assert kinds == {
+        "__0_0.distcp": "checkpoint",
+        "finalmodel.pt": "final model",
+        "metrics.jsonl": "metrics",
+        "log": "log",
+        "notes.txt": "output",
+        "versions.json": "provenance",
+    }
+    assert list(kinds)[:3] == ["finalmodel.pt", "__0_0.distcp", "metrics.jsonl"]  # in order
+    assert got["bytes"] == 208 and got["files"][0]["here"] and "gone" in got["failed"]["b"]
+    assert got["command"] == "vmrun fetch results --run r1"  # the project's hosts find it
+    assert asked == [(["results"], "r1", ["a", "b"], None)]
+    given = _views(tmp_path, monkeypatch, hosts=["a", "b", "c"]).files("r1")
+    assert given["command"] == "vmrun fetch results --run r1 -H a -H b"  # the run's hosts

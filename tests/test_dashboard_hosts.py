@@ -1,19 +1,24 @@
 """`vmrun dashboard` in a real headless Chromium, over a real two-node torchrun run on the
 test hosts: the runs page lists it and a finished one with their states and costs, a line
-a rank writes shows within a second, the loss chart has a point per epoch, "stacks now"
-shows both ranks, stop asks and then leaves no process, the GPUs page has each host, a
-request without the token is refused, nothing secret is served, and all of it over one
-SSH connection per host."""
+a rank writes shows within a second, the loss chart has a point per epoch, the log narrows
+to one rank or node and to a search, each rank's step time is a series of its own, the
+timeline has the start and the end (a snapshot between, for the finished run), the files to
+fetch name the final model and the metrics, "stacks now" shows both ranks, stop asks and
+then leaves no process, the GPUs page has each host, a request without the token is
+refused, nothing secret is served, and all of it over one SSH connection per host."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import signal
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from browser import Page, chromium
@@ -44,9 +49,14 @@ def test_the_dashboard_shows_follows_charts_and_stops_a_two_node_run(
     n1, n2 = cluster["n1"], cluster["n2"]
     project = multi.cwd / "vmrun.toml"  # each host's price: what a run costs so far
     project.write_text(project.read_text().replace("python = ", "price = 0.5\npython = "))
-    finished = multi.vmrun("train", "--epochs", "1", "--nproc-per-node", "1", timeout=300)
+    finished = multi.vmrun(
+        "train", "--epochs", "1", "--save-every", "1", "--nproc-per-node", "1", timeout=300
+    )
     assert finished.returncode == 0, finished.stderr
     done_rid = run_id_of(finished.stderr + finished.stdout)
+    fetched = multi.vmrun("fetch", "metrics", "--run", done_rid, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr  # as a sweep fetches each of its runs
+    _a_sweep_of(multi.cwd, done_rid)
     hooks = gate.options(2, EPOCH_DELAY="4")  # held after epoch 2; then 4 s an epoch
     started = multi.vmrun(
         "train",
@@ -77,6 +87,9 @@ def test_the_dashboard_shows_follows_charts_and_stops_a_two_node_run(
         assert status == 200 and rid in body.decode()
         assert SECRET not in body.decode()
         asyncio.run(_browse(url, (rid, done_rid), gate, host_log, n1, n2, tmp_path))
+        for what in ("events", "files", "metrics"):  # the run page's other parts
+            status, body = _get(f"{base}/api/runs/{rid}/{what}", {"X-Vmrun-Token": token})
+            assert status == 200 and SECRET not in body.decode(), what
         status, body = _get(f"{base}/api/runs/{rid}", {"X-Vmrun-Token": token})
         run = json.loads(body)
         assert run["state"] == "stopped", run
@@ -116,6 +129,10 @@ async def _browse(
         assert done[1] == "n1, n2" and done[2] == "done", done
         for row in (running, done):  # STATE, PROGRESS, STARTED, DURATION, COST, ...
             assert row[6].startswith("$"), row  # cost so far, at the hosts' prices
+        began = time.monotonic()
+        await _filters(page, rid, done_rid)
+        await _the_sweeps_page(page, done_rid)
+        print(f"the filters and the sweep's page took {time.monotonic() - began:.2f} s")
         await page.value(f"location.hash = '#/run/{rid}'")
         chart = "document.getElementById('chart').dataset.points === '2'"
         await page.until(chart, 60, "a point for each of 2 epochs")
@@ -123,10 +140,198 @@ async def _browse(
         await page.until(log, 30, "the log so far")
         html = await page.value("document.documentElement.outerHTML")
         assert SECRET not in html
+        await _log_by_rank_and_search(page)
+        await _charts_timeline_and_files(page, rid)
         await _a_new_line_within_a_second(page, gate, host_log)
         await _stacks_now(page)
         await _stop_asks_first(page, rid, n1, n2)
+        await _the_end_on_the_timeline(page)
+        await _a_finished_runs_page(page, done_rid)
         await _gpus(page)
+
+
+ROWS = "[...document.querySelectorAll('#runs tbody tr')].map((r) => r.dataset.run)"
+
+
+async def _filter(page: Page, control: str, value: str, event: str) -> list[str]:
+    """Set a filter of the runs page as a person would; the rows it leaves."""
+    await page.value(
+        f"(() => {{ const c = document.getElementById('{control}'); c.value = '{value}';"
+        f" c.dispatchEvent(new Event('{event}')); }})()"
+    )
+    return list(await page.value(ROWS))
+
+
+async def _reloaded(page: Page, expression: str, timeout: float, what: str) -> Any:
+    """`until` across a reload: while the old page goes, evaluating may fail; retried."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = await page.value(expression)
+        except AssertionError:
+            found = None  # the old document went away mid-call
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _filters(page: Page, rid: str, done_rid: str) -> None:
+    """The state filter hides the finished run and the host filter narrows the rows; both
+    are kept in the address, so a reload keeps them."""
+    shown = await _filter(page, "state-filter", "running", "change")
+    assert rid in shown and done_rid not in shown, shown
+    assert "state=running" in await page.value("location.hash")
+    await page.call("Page.reload")
+    has = f"(() => {{ const r = {ROWS}; return r.includes('{rid}') && r; }})()"
+    shown = await _reloaded(page, has, 30, "the running run's row after a reload")
+    assert done_rid not in shown, shown
+    assert await page.value("document.getElementById('state-filter').value") == "running"
+    assert rid in await _filter(page, "state-filter", "", "change")
+    both = await _filter(page, "host-filter", "n2", "input")
+    assert rid in both and done_rid in both, both
+    assert await _filter(page, "host-filter", "n9", "input") == []  # no run there
+    assert "host=n9" in await page.value("location.hash")
+    assert done_rid in await _filter(page, "host-filter", "", "input")
+
+
+SWEEP = "sweep-20260101-000000-dash"
+
+
+def _a_sweep_of(project: Path, rid: str) -> None:
+    """A sweep's record whose one size is the finished run (its files fetched here)."""
+    from vmrun.runs.state import RunState
+    from vmrun.runs.sweep import Size, Sweep, save
+
+    assert list((project / "results" / rid).rglob("metrics.jsonl"))
+    save(project, Sweep(SWEEP, {"hosts": ["n1", "n2"]}, {}, [Size(2, 1, rid, RunState.DONE)]))
+
+
+async def _the_sweeps_page(page: Page, rid: str) -> None:
+    """The runs page marks the sweep's run and links to the sweep's page: its report's row
+    and its loss plot (a point for the run's one epoch)."""
+    link = f'document.querySelector(\'tr[data-run="{rid}"] a[href^="#/sweep/"]\')'
+    await page.until(f"!!{link}", 30, "the run's sweep, marked on its row")
+    await page.value(f"{link}.click()")
+    row = f"document.querySelector('#sweep-report tr[data-run=\"{rid}\"]')"
+    await page.until(f"!!{row}", 30, "the sweep's report row")
+    plot = "document.querySelector('#sweep-plots .sweep-chart[data-metric=\"loss\"]')"
+    points = await page.until(f"{plot} && {plot}.dataset.points", 30, "the sweep's loss plot")
+    assert points == "1", points
+    assert SWEEP in await page.value("document.getElementById('sweep-id').textContent")
+
+
+VISIBLE = (
+    "[...document.getElementById('log').children].filter((d) => !d.hidden)"
+    ".map((d) => d.textContent)"
+)
+
+
+async def _choose(page: Page, select: str, value: str) -> None:
+    await page.value(
+        f"(() => {{ const s = document.getElementById('{select}'); s.value = '{value}';"
+        " s.dispatchEvent(new Event(s.tagName === 'INPUT' ? 'input' : 'change')); })()"
+    )
+
+
+async def _log_by_rank_and_search(page: Page) -> None:
+    """One rank's lines alone, one node's, then the lines holding a text (any case)."""
+    has_rank1 = "[...document.getElementById('log-rank').options].some((o) => o.value === '1')"
+    await page.until(has_rank1, 30, "rank 1 among the log's ranks")
+    every = await page.value("document.getElementById('log').children.length")
+    for rank, prefix in (("1", "[n2 rank1] "), ("0", "[n1 rank0] ")):
+        await _choose(page, "log-rank", rank)
+        lines = await page.value(VISIBLE)
+        assert lines and all(x.startswith(prefix) for x in lines), (rank, lines)
+        assert len(lines) < every
+    assert any("epoch 2/8" in x for x in lines)  # rank 0's progress
+    await _choose(page, "log-rank", "")
+    await _choose(page, "log-node", "n2")
+    lines = await page.value(VISIBLE)
+    assert lines and all(x.startswith("[n2") for x in lines), lines
+    await _choose(page, "log-node", "")
+    await _choose(page, "log-search", "EPOCH 2/8")
+    lines = await page.value(VISIBLE)
+    assert lines and all("epoch 2/8" in x.lower() for x in lines), lines
+    count = await page.value("document.getElementById('log-count').textContent")
+    assert count.startswith(f"{len(lines)} of "), count
+    await _choose(page, "log-search", "")
+    assert len(await page.value(VISIBLE)) >= every
+
+
+async def _charts_timeline_and_files(page: Page, rid: str) -> None:
+    """Each rank's step time a series of its own, samples/s by epoch, the start on the
+    timeline, the files fetch would bring and its command."""
+    ranks = "document.getElementById('chart-ranks').dataset"
+    await page.until(f"{ranks}.series === '2' && {ranks}.points === '2'", 60, "2 ranks' series")
+    labels = await page.value(f"{ranks}.labels")
+    assert labels.startswith("rank 0") and ",rank 1" in labels, labels
+    assert await page.value("document.getElementById('chart-rate').dataset.points") == "2"
+    start = await page.until(
+        "(() => { const r = document.querySelector('#events tr[data-kind=\"start\"]');"
+        " return r && r.textContent; })()",
+        60,
+        "the start on the timeline",
+    )
+    assert "started on n1, n2" in start, start
+    assert await page.value("document.querySelector('#timeline .mark.start') !== null")
+    await _files(page, rid, ("metrics.jsonl", "log"))
+
+
+async def _files(page: Page, rid: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The files list (each name's kind), once it names all of `names`; its command."""
+    kinds = await page.until(
+        "(() => { const k = {}; for (const r of document.querySelectorAll('#files tbody tr'))"
+        " k[r.dataset.path.split('/').pop()] = r.dataset.kind;"
+        f" return {list(names)}.every((n) => n in k) && k; }})()",
+        60,
+        f"{', '.join(names)} in the files to fetch",
+    )
+    command = await page.value("document.getElementById('fetch-command').textContent")
+    assert command == f"vmrun fetch results --run {rid}", command
+    return kinds
+
+
+async def _the_end_on_the_timeline(page: Page) -> None:
+    """The stopped run's log ends; its timeline then has its end."""
+    end = await page.until(
+        "(() => { const r = document.querySelector('#events tr[data-kind=\"end\"]');"
+        " return r && r.textContent; })()",
+        60,
+        "the end on the timeline",
+    )
+    assert "stopped" in end, end
+
+
+async def _a_finished_runs_page(page: Page, rid: str) -> None:
+    """A finished run: its start, snapshot and end in order; its final model, snapshot and
+    metrics among the files to fetch; a step-time series per rank. With
+    VMRUN_DASHBOARD_SHOTS=DIR, the page is kept there as dashboard-run-torchrun.png."""
+    shots = os.environ.get("VMRUN_DASHBOARD_SHOTS")
+    if shots:  # the docs' screenshots' width, tall enough for all but the log
+        metrics = {"width": 1280, "height": 1350, "deviceScaleFactor": 1, "mobile": False}
+        await page.call("Emulation.setDeviceMetricsOverride", **metrics)
+    await page.value(f"location.hash = '#/run/{rid}'")
+    kinds = await page.until(
+        "(() => { const k = [...document.querySelectorAll('#events tbody tr')]"
+        ".map((r) => r.dataset.kind); return k.includes('end') && k; })()",
+        60,
+        "the finished run's timeline",
+    )
+    assert kinds == ["start", "snapshot", "end"], kinds
+    end = await page.value("document.querySelector('#events tr[data-kind=\"end\"]').textContent")
+    assert "done (exit 0)" in end, end
+    files = await _files(page, rid, ("finalmodel.pt", "snapshot.pt", "metrics.jsonl"))
+    assert files["finalmodel.pt"] == "final model" and files["snapshot.pt"] == "checkpoint"
+    assert files["metrics.jsonl"] == "metrics", files
+    ranks = "document.getElementById('chart-ranks').dataset"
+    await page.until(f"{ranks}.series === '2' && {ranks}.points === '1'", 60, "2 ranks' series")
+    if shots:
+        paint = "new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
+        await page.call("Runtime.evaluate", expression=paint, awaitPromise=True)
+        got = await page.call("Page.captureScreenshot", format="png")
+        Path(shots, "dashboard-run-torchrun.png").write_bytes(base64.b64decode(got["data"]))
 
 
 async def _gpus(page: Page) -> None:

@@ -201,6 +201,37 @@ def test_a_node_that_fails_is_said_and_the_others_files_still_come(
     assert fetched.exit_code == ExitCode.CONNECTION_LOST
 
 
+def test_a_listing_names_each_file_once_with_its_nodes_and_moves_nothing(
+    two_up: FakeGroup, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+    from dataclasses import replace
+
+    from vmrun.config import load_settings
+    from vmrun.operations.fetch import FetchJob, Planned, listing
+
+    held = {
+        n: {p: replace(x, mtime_ns=7_000_000_000) for p, x in f.items()} for n, f in HELD.items()
+    }
+    seen = _fake_hosts(monkeypatch, held, {})
+    kept = tmp_path / "results" / "r1" / "log"  # fetched before: the same size and time
+    kept.parent.mkdir(parents=True)
+    kept.write_text("x" * 30)
+    os.utime(kept, ns=(7_000_000_000, 7_000_000_000))
+    settings = load_settings({}, cwd=tmp_path, environ={"HOME": str(tmp_path)})
+    found = listing(FetchJob(["results"], settings, run="r1", to=str(tmp_path)))
+    by_path = {f.path: f for f in found.files}
+    assert list(by_path) == sorted({p for f in HELD.values() for p in f})
+    assert by_path["results/r1/notes.txt"] == Planned(
+        "results/r1/notes.txt", 4, 7.0, ("accA", "accB"), False
+    )  # held by both: the master's is the one a fetch starts from
+    assert by_path["results/r1/log"].here and not by_path["results/r1/accB/log"].here
+    assert seen["specs"]["accB"]["node_dir"] == "accB"  # the same specs as a fetch's
+    assert seen["only"] == {} and seen["hashed"] == {}  # nothing sent, nothing hashed
+    assert sorted(p.name for p in tmp_path.joinpath("results").rglob("*")) == ["log", "r1"]
+    assert found.failed == {} and found.ref is not None and found.ref.run_id == "r1"
+
+
 def test_from_the_bucket_every_nodes_shards_and_the_metadata_come(tmp_path: Path) -> None:
     """Each node's copier sends its own ranks' shards under the run's one prefix, so a fetch
     from the bucket has every node's: `results` and `checkpoints` both bring the whole

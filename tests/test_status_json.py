@@ -41,6 +41,8 @@ KEYS = [
     "store",
     "recoveries",
     "cost",
+    "hung",
+    "slow_ranks",
     "record",
 ]
 
@@ -257,3 +259,59 @@ def test_a_runs_cost_so_far_is_its_time_at_the_prices_it_started_with(
         rec.record = _with(rec.record, ran_before_s=3600)
     (obj,) = run_objects([a, b])
     assert obj["cost"]["amount"] == 61.52 and obj["duration_s"] == 91.0  # this attempt's
+
+
+def test_a_hung_run_and_its_slow_ranks_are_in_its_object() -> None:
+    """What the table says in STATE (hung) and PROGRESS (slow ranks), the JSON says too:
+    on hosts from REC/hang and metrics.jsonl, on a cluster from its last metrics line."""
+    from vmrun.backends.hosts.records import _read_metrics
+
+    run = _host("r1", "n1", None, "epoch 3/10")
+    run.alive = True
+    run.hung = {"since": T0, "host": "n1", "action": "wait"}
+    _read_metrics(
+        run, json.dumps({"epoch": 3, "rank_step_s": [0.1, 0.1, 0.3], "rank_node": [0, 0, 1]})
+    )
+    (obj,) = run_objects([run])
+    assert obj["hung"] == {"since": T0, "host": "n1", "action": "wait"}
+    assert obj["slow_ranks"] == [
+        {"rank": 2, "node": 1, "step_s": 0.3, "typical_s": 0.1, "ratio": 3.0}
+    ]
+    assert run.slow == "rank 2 (node 1) slow: 3.0x"  # the table's words, from the same rule
+    meta = {"run_id": "s1", "cluster": "bed", "nodes": 1, "submitted": T0}
+    slurm = SlurmRun(
+        "s1",
+        "bed",
+        Record.from_json(meta),
+        last_metrics={"epoch": 1, "rank_step_s": [0.5, 0.1, 0.1]},
+    )
+    (sobj,) = run_objects([slurm])
+    assert [s["rank"] for s in sobj["slow_ranks"]] == [0] and sobj["hung"] is None
+    assert slurm.slow == "rank 0 slow: 5.0x"
+    (calm,) = run_objects([_host("r2", "n1", 0, "epoch 10/10")])
+    assert calm["hung"] is None and calm["slow_ranks"] is None
+
+
+def test_a_cluster_runs_hang_is_read_from_its_listing() -> None:
+    """slurm_runs.sh lists REC/hang as it lists REC/budget: the run's `hung`, and the
+    table's STATE says it as for a run on hosts."""
+    from vmrun.backends.slurm.records import parse_listing
+    from vmrun.cli.status_cmd import _state
+
+    meta = {"run_id": "h1", "cluster": "bed", "nodes": 1, "submitted": T0}
+    hang = {"since": T0, "host": "c1", "ranks": [0], "action": "stop"}
+    listing = "\n".join(
+        [
+            "==> squeue <==",
+            "==> h1/run.json <==",
+            json.dumps(meta),
+            "==> h1/hang <==",
+            json.dumps(hang),
+            "==> sacct <==",
+        ]
+    )
+    (run,) = parse_listing(listing, "bed")
+    assert run.hung == hang
+    (obj,) = run_objects([run])
+    assert obj["hung"] == hang
+    assert _state(run).endswith(", hung (stopped)")

@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--json",
                 help="A JSON list on stdout, one object per run: run, hosts or cluster, state,"
-                " launcher, nodes, processes, world size, epochs, start, duration, exit, cost.",
+                " launcher, nodes, processes, world size, epochs, start, duration, exit, cost,"
+                " hung, slow ranks.",
             ),
         ] = False,
         reach: Reach = NO_FLAGS,

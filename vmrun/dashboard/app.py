@@ -52,9 +52,14 @@ def make_app(views: Views, access: Access) -> web.Application:
     app.router.add_get("/api/gpus", partial(_call, "gpus"))
     app.router.add_get("/api/runs/{run}", partial(_call, "run"))
     app.router.add_get("/api/runs/{run}/metrics", partial(_call, "metrics"))
+    app.router.add_get("/api/runs/{run}/events", partial(_call, "events"))
+    app.router.add_get("/api/runs/{run}/files", partial(_call, "files"))
     app.router.add_get("/api/runs/{run}/log", _log)
     app.router.add_post("/api/runs/{run}/stacks", partial(_call, "stacks"))
     app.router.add_post("/api/runs/{run}/stop", partial(_call, "stop"))
+    app.router.add_get("/api/sweeps", partial(_call, "sweeps"))
+    app.router.add_get("/api/sweeps/{sweep}", _sweep)
+    app.router.add_get("/api/gpus/clusters", partial(_call, "cluster_gpus"))
     app.on_response_prepare.append(_headers)
     return app
 
@@ -122,6 +127,16 @@ async def _call(verb: str, request: web.Request) -> web.Response:
         status = ERROR_STATUS.get(exc.code, 502)
         error = {"code": exc.code, "message": exc.one_line()}
         return web.json_response({"error": error}, status=status)
+    return web.json_response(value, dumps=partial(json.dumps, default=str))
+
+
+async def _sweep(request: web.Request) -> web.Response:
+    """One sweep's page (`Views.sweep`), by its id; errors as `_call`'s."""
+    try:
+        value = await asyncio.to_thread(request.app[VIEWS].sweep, request.match_info["sweep"])
+    except VmrunError as exc:
+        error = {"code": exc.code, "message": exc.one_line()}
+        return web.json_response({"error": error}, status=ERROR_STATUS.get(exc.code, 502))
     return web.json_response(value, dumps=partial(json.dumps, default=str))
 
 

@@ -6,19 +6,28 @@ and `plot` read, `fetch metrics` first while it runs), its stacks (`stacks`) and
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import math
+import shlex
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from vmrun.config import Settings
 from vmrun.errors import UsageError, VmrunError
 from vmrun.reporting import Reporter
 
+if TYPE_CHECKING:
+    from vmrun.dashboard.cluster_gpus import ClusterGpus
+
 LIVE = ("running", "pending", "recovering", "queued", "starting")
 FIRST_FRESH_S = 5.0  # the server's first listing answers the first page asking this soon after
+# a run's files by kind, in the order the files to fetch are listed
+KINDS = ("final model", "checkpoint", "metrics", "output", "log", "provenance")
 
 
 @dataclass
@@ -36,6 +45,7 @@ class Views:
     _listing: Future[dict[str, Any]] | None = None
     _joins: int = 0  # asks that joined the listing under way
     _first: tuple[float, dict[str, Any]] | None = None  # (when, what): warm's, if none joined
+    _clusters: ClusterGpus | None = None
 
     def runs(self, *, keep: bool = False) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
@@ -137,6 +147,7 @@ class Views:
             "run": run_id,
             "metrics": {name: history.values(name) for name in history.metric_names},
             "rank_step_s": list(history.rank_step_s) if history.rank_step_s else None,
+            **rank_series_json(history.path),
             "note": note,
         }
 
@@ -149,6 +160,107 @@ class Views:
         except VmrunError as exc:
             return exc.one_line()
         return None if fetched.exit_code == 0 else "some nodes' metrics could not be fetched"
+
+    def events(self, run_id: str) -> dict[str, Any]:
+        """The run's timeline (vmrun.operations.timeline, `events`: kind, at, text, node,
+        duration_s): its nodes' records as `vmrun status` lists them, what its supervisor
+        did as `vmrun report` reads it (`vmrun fetch logs --run RUN --include recoveries`
+        first), its snapshots from its master's log (`vmrun logs RUN`, with when each line
+        was written). `note`: what could not be read."""
+        from vmrun.operations.status import gather
+        from vmrun.operations.timeline import timeline
+
+        place = self._place(run_id)
+        found = gather(self.settings, watchdog=False, **place)
+        rows = [r for r in found.records if r.id == run_id]
+        if not rows:
+            raise UsageError(f"no run {run_id} where vmrun looked", code="run-not-found")
+        notes: list[str] = []
+        recoveries = self._recoveries(run_id, place, notes) if _recovered(rows) else []
+        saved = self._saved(run_id, place, notes)
+        events = timeline(rows, recoveries, saved)
+        return {
+            "run": run_id,
+            "events": [e.to_json() for e in events],
+            "note": "; ".join(notes) or None,
+        }
+
+    def _recoveries(self, run_id: str, place: dict[str, Any], notes: list[str]) -> list[Any]:
+        from vmrun.operations.fetch import FetchJob, fetch
+        from vmrun.results.report import recoveries_of
+
+        job = FetchJob(
+            items=["logs"], settings=self.settings, run=run_id, include=("recoveries",), **place
+        )
+        try:
+            if fetch(job).exit_code != 0:
+                notes.append("the recoveries could not be fetched from every node")
+        except VmrunError as exc:
+            notes.append(f"recoveries: {exc.one_line()}")
+        here = (self.settings.project_dir or Path.cwd()) / "results" / run_id
+        return recoveries_of(here)
+
+    def _saved(
+        self, run_id: str, place: dict[str, Any], notes: list[str]
+    ) -> list[tuple[float | None, str]]:
+        """The master's log lines, each with when it was written where the backend keeps
+        that (hosts), else with no time."""
+        from vmrun.operations.logs import run_log
+        from vmrun.reporting import Recorder
+
+        try:
+            with run_log(self.settings, run_id, **place) as log:
+                ref = log.ref
+                node = ref.record.master if ref.record.master in ref.nodes else None
+                node = node or (ref.nodes[0] if ref.nodes else None)
+                timed = getattr(log.backend, "timed_log", None)
+                if node is None:
+                    return []
+                if timed is not None:
+                    lines: list[tuple[float | None, bytes]] = list(timed(ref, node))
+                else:
+                    kept = Recorder()
+                    log.read(kept)
+                    lines = [(None, x) for x in b"".join(kept.outputs).splitlines()]
+        except VmrunError as exc:
+            notes.append(f"snapshots: {exc.one_line()}")
+            return []
+        return [
+            (w if w is not None and math.isfinite(w) else None, x.decode("utf-8", "replace"))
+            for w, x in lines
+        ]
+
+    def files(self, run_id: str) -> dict[str, Any]:
+        """What `vmrun fetch results --run RUN` would bring here, nothing moved
+        (vmrun.operations.fetch.listing): each file's path, kind, size, nodes and whether it
+        is here already; their total; the command to copy; the nodes whose listing failed."""
+        from vmrun.operations.fetch import FetchJob, listing
+
+        place = self._place(run_id)
+        job = FetchJob(items=["results"], settings=self.settings, run=run_id, **place)
+        found = listing(job)
+        files = [
+            {
+                "path": f.path,
+                "kind": file_kind(f.path),
+                "size": f.size,
+                "mtime": f.mtime,
+                "nodes": list(f.nodes),
+                "here": f.here,
+            }
+            for f in found.files
+        ]
+        files.sort(key=lambda f: (KINDS.index(f["kind"]), f["path"]))  # the model first
+        failed = {node: _line(e) for node, e in found.failed.items()}
+        if found.ref is not None:
+            failed.update({node: _line(e) for node, e in found.ref.unreached.items()})
+        return {
+            "run": run_id,
+            "files": files,
+            "bytes": sum(f.size for f in found.files if f.size > 0),
+            "command": fetch_command(run_id, place, given=bool(self.hosts)),
+            "failed": failed,
+        }
 
     def stacks(self, run_id: str) -> dict[str, Any]:
         """`vmrun stacks RUN`: each rank's stack (`ranks`, as `--json`), ranks in the same
@@ -193,11 +305,50 @@ class Views:
     def gpus(self) -> dict[str, Any]:
         """What `vmrun watch-gpus --json` says of each host now (`hosts`, host order): one
         watch for the server's life, started by the first ask, shared by every page."""
+        if self.cluster:  # its jobs' GPUs: `cluster_gpus`, listed again as jobs come and go
+            return {"hosts": [], "error": None}
         with self._lock:
             if self._gpus is None:
                 self._gpus = GpuWatch(self.settings, self.hosts, self.cluster).start()
             watch = self._gpus
         return watch.now()
+
+    # -- the sweeps page and the GPUs of a cluster's jobs ----------------------------------
+
+    def sweeps(self) -> dict[str, Any]:
+        """Every sweep under results/ here (vmrun.dashboard.sweeps)."""
+        from vmrun.dashboard.sweeps import sweep_list
+        from vmrun.operations.histories import project_dir
+
+        return sweep_list(project_dir())
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        """One sweep's sizes, scaling report and plots, as `vmrun sweep` writes them."""
+        from vmrun.dashboard.sweeps import sweep_page
+        from vmrun.operations.histories import project_dir
+
+        return sweep_page(project_dir(), sweep_id)
+
+    def cluster_gpus(self) -> dict[str, Any]:
+        """`watch-gpus -C NAME` for each cluster this server looks at (-C's, else the
+        project's clusters unless -H named hosts): one watch per cluster for the server's
+        life, started by the first ask (vmrun.dashboard.cluster_gpus)."""
+        from vmrun.dashboard.cluster_gpus import ClusterGpus
+
+        with self._lock:
+            if self._clusters is None:
+                self._clusters = ClusterGpus(self.settings, self._cluster_names()).start()
+            watch = self._clusters
+        return watch.now()
+
+    def _cluster_names(self) -> list[str]:
+        if self.cluster:
+            return [self.cluster]
+        if self.hosts:
+            return []
+        from vmrun.backends.slurm.cluster import project_clusters
+
+        return [c.name for c in project_clusters(self.settings)]
 
 
 class GpuWatch:
@@ -239,3 +390,52 @@ class GpuWatch:
 
 def _line(error: BaseException) -> str:
     return error.one_line() if isinstance(error, VmrunError) else str(error)
+
+
+def rank_series_json(path: Path) -> dict[str, Any]:
+    """Each rank's step time by epoch (`rank_series`: rank -> [[epoch, s], ...]) and each
+    rank's node (`rank_node`), from the run's metrics here; null where not recorded."""
+    from vmrun.results.history import rank_series
+
+    series, nodes = rank_series(path)
+    return {
+        "rank_series": {str(r): [list(p) for p in s] for r, s in series.items()} or None,
+        "rank_node": list(nodes) if nodes else None,
+    }
+
+
+def _recovered(rows: list[Any]) -> bool:
+    """Its supervisor acted at least once (status counts its `recoveries` lines)."""
+    return any(getattr(r, "recoveries", 0) for r in rows)
+
+
+def file_kind(path: str) -> str:
+    """What a run's file is, by its name, as `vmrun fetch`'s categories select them."""
+    from vmrun.runs.outputs import FETCHED_CHECKPOINTS, LOGS, METRICS, PROVENANCE
+
+    name = path.rsplit("/", 1)[-1]
+    if name == "finalmodel.pt":
+        return "final model"
+    if "/checkpoints/" in path:
+        return "checkpoint"
+    for kind, patterns in (
+        ("checkpoint", FETCHED_CHECKPOINTS),
+        ("metrics", METRICS),
+        ("provenance", PROVENANCE),
+        ("log", LOGS),
+    ):
+        if any(fnmatch.fnmatch(name, p) for p in patterns):
+            return kind
+    return "output"
+
+
+def fetch_command(run_id: str, place: dict[str, Any], *, given: bool) -> str:
+    """The command that fetches the run's files here: its cluster's, or its hosts' when
+    the dashboard was given them (-H), else the project's hosts (vmrun.toml) find it."""
+    argv = ["vmrun", "fetch", "results", "--run", run_id]
+    if place.get("cluster"):
+        argv += ["-C", place["cluster"]]
+    elif given:
+        for host in place.get("hosts") or []:
+            argv += ["-H", host]
+    return shlex.join(argv)

@@ -2,7 +2,7 @@
 # in squeue, one line per task of an array (a fixed --Format: squeue's JSON changed across
 # versions; a field an older squeue lacks is left out at the end), then each run's files
 # (run.json, jobid, starts, exit, stopped, since, ended, versions.json, failure.json, budget,
-# recoveries; the last metrics line) as `==> PATH <==` sections.
+# recoveries, hang; the last metrics line) as `==> PATH <==` sections.
 r=$1
 echo "==> squeue <=="
 q=$(squeue -h -r -u "$(id -un)" --states=all \
@@ -30,7 +30,7 @@ for j in */jobid; do
   printf '%s\n' "$a" > "$d/allocation.tmp" && mv "$d/allocation.tmp" "$d/allocation"
 done
 tail -v -n +1 -- */run.json */jobid */starts */exit */stopped */since */ended */versions.json \
-  */failure.json */recoveries */budget 2>/dev/null
+  */failure.json */recoveries */budget */hang 2>/dev/null
 echo
 # finished jobs leave squeue after MinJobAge: accounting remembers them, where there is any
 echo "==> sacct <=="

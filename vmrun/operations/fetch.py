@@ -427,3 +427,87 @@ def _the_run(
             code="run-not-found",
         ) from exc
     return ref.run_id, backend.outputs(ref), ref
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One file a round of `fetch` would bring: where it lands (relative to the
+    destination), its size, when it was last written (the host's clock), the nodes holding
+    it (the first sends it, as a merged fetch starts from the master), and whether the same
+    size and time are here already (a fetch leaves it)."""
+
+    path: str
+    size: int
+    mtime: float
+    nodes: tuple[str, ...]
+    here: bool
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What `fetch(job)` would bring, nothing moved: its files (by path), the run they are
+    of (None: explicit paths only), and the hosts whose listing failed, with why."""
+
+    files: tuple[Planned, ...]
+    ref: RunRef | None
+    failed: Mapping[str, BaseException]
+
+
+def listing(job: FetchJob) -> Listing:
+    """One listing round trip per host of what one round of `fetch(job)` would bring from
+    -H's hosts or -C's cluster (the same run, specs and destination as a fetch, so the same
+    files); a run's bucket copy is not looked at."""
+    import os
+
+    from vmrun.runs.outputs import WHATS, specs_for
+    from vmrun.transfer.download import Listed, listed
+
+    check(job)
+    if job.store is not None:
+        raise UsageError("a bucket copy's files are not listed here; fetch them: --store")
+    dest, options = _destination(job), _options(job)
+    with Group(_entries(job), job.settings) as group:
+        backend = backend_on(group, job.settings, cluster=job.cluster)
+        workdir = backend.code_dir(job.settings.project_dir or Path.cwd())
+        run, ref = job.run, None
+        where: Mapping[str, RunLocation] = {}
+        if run is not None or any(item in WHATS for item in job.items):
+            run, where, ref = _the_run(group, run, backend)
+        only = set(where) if ref is not None else None
+        multi = job.all_hosts or len(only or group.entries) > 1
+        merged = ref is not None and multi and not job.all_hosts
+        order = [n for n in ref.nodes if n in where] if ref is not None else []
+
+        def look(entry: HostEntry, conn: Any) -> dict[str, Listed]:
+            folder = entry.label.replace("/", "_")
+            specs = specs_for(
+                conn,
+                job.items,
+                run=run,
+                location=where.get(entry.label),
+                workdir=workdir,
+                host_dir=folder if multi and not merged else None,
+                include=job.include,
+                exclude=job.exclude,
+                latest=job.latest,
+                node_dir=folder if merged and order and entry.label != order[0] else None,
+            )
+            return listed(conn, specs, dest, options)
+
+        outcomes = group.map(look, only=only)
+    held = {o.host: o.value for o in outcomes if o.value is not None}
+    ranked = [n for n in order if n in held] + [n for n in held if n not in order]
+    files: dict[str, Planned] = {}
+    for node in ranked:
+        for path, item in held[node].items():
+            if path in files:
+                files[path] = replace(files[path], nodes=(*files[path].nodes, node))
+                continue
+            try:
+                st = os.stat(dest / path)
+                here = st.st_size == item.size and st.st_mtime_ns == item.mtime_ns
+            except OSError:
+                here = False
+            files[path] = Planned(path, item.size, item.mtime_ns / 1e9, (node,), here)
+    failed = {o.host: o.error for o in outcomes if o.error is not None}
+    return Listing(tuple(files[p] for p in sorted(files)), ref, failed)

@@ -45,6 +45,8 @@ KEYS = (
     "store",
     "recoveries",
     "cost",
+    "hung",
+    "slow_ranks",
     "record",
 )
 
@@ -102,6 +104,8 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
         "store": _store(recs),
         "recoveries": _recoveries(recs),
         "cost": cost_of(first.record, max(ran) if ran else None),
+        "hung": _hung(recs),
+        "slow_ranks": _slow_ranks(recs),
         "record": first.record.as_json() if first.record else None,
     }
 
@@ -137,6 +141,22 @@ def _store(recs: list[RunRow]) -> dict[str, Any] | None:
     for rec in recs:
         if rec.store is not None:
             return rec.store.as_json(getattr(rec, "host_now", None))
+    return None
+
+
+def _hung(recs: list[RunRow]) -> dict[str, Any] | None:
+    """What its hang watcher saw on the first node that found it stuck (REC/hang: since,
+    seen, timeout, host, ranks, action), or None."""
+    return next((dict(h) for r in recs if isinstance(h := getattr(r, "hung", None), dict)), None)
+
+
+def _slow_ranks(recs: list[RunRow]) -> list[dict[str, Any]] | None:
+    """The slow ranks of its last epoch (vmrun.results.stragglers), as `status` names them:
+    rank, node, its step time, the others' median, the ratio; None where none is slow."""
+    for rec in recs:
+        slow = getattr(rec, "slow_ranks", ())
+        if slow:
+            return [s.as_json() for s in slow]
     return None
 
 

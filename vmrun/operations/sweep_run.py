@@ -10,10 +10,10 @@ keeps the finished ones and prints the command that continues.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.api import Backend
 from vmrun.backends.select import Target
@@ -31,6 +31,10 @@ from vmrun.reporting import QUIET, Reporter
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
 from vmrun.runs.sweep import Size, Sweep, save, write_text_atomic
+
+if TYPE_CHECKING:
+    from vmrun.results.history import RunHistory
+    from vmrun.results.report import ReportRow
 
 FINAL_FETCH_ONLY = 365 * 86400.0  # a fetch "every" year: only the final fetch of results
 
@@ -416,26 +420,48 @@ def write_results(
     plots (loss.png, and accuracy.png when the runs measured accuracy); what else the sweep
     varied (`cpus=2 lr=0.01`) comes from its record, into columns and legends. Returns the
     rows and the files written (none when no size finished)."""
-    from vmrun.results.history import load_runs
-    from vmrun.results.report import render_markdown, report_rows, rows_json
+    from vmrun.results.report import render_markdown, rows_json
 
     problems: list[VmrunError] = []
-    runs = load_runs([project / "results" / rid for rid in sweep.run_ids()], problems)
+    runs, rows, notes = sweep_report(project, sweep, problems)
     for problem in problems:
         out.info(f"sweep {sweep.id}: left out of the report: {problem.one_line()}")
     if not runs:
         return [], []
     folder = project / sweep.folder
-    varied = {s.run: s.varied() for s in sweep.sizes if s.run and s.values}
-    rows = report_rows(runs, varied)
     written = [folder / "report.md", folder / "report.json"]
     write_text_atomic(written[0], render_markdown(rows))
     write_text_atomic(written[1], rows_json(rows) + "\n")
-    notes = {s.run: s.words() for s in sweep.sizes if s.run and s.values}
     written += _plots(runs, folder, sweep.id, notes, out)
     names = ", ".join(str(p.relative_to(project)) for p in written)
     out.info(f"sweep {sweep.id}: {len(runs)} run(s); wrote {names}")
     return rows, written
+
+
+def sweep_report(
+    project: Path, sweep: Sweep, problems: list[VmrunError]
+) -> tuple[list[RunHistory], list[ReportRow], dict[str, str]]:
+    """A sweep's report from its finished runs' files here (what `write_results` writes and
+    the dashboard shows): the runs, the rows `vmrun report` makes of them with the axes the
+    sweep varied as columns, and each run's legend note (`cpus=2 lr=0.01`). Runs that could
+    not be read go to `problems`."""
+    from vmrun.results.history import load_runs
+    from vmrun.results.report import report_rows
+
+    runs = load_runs([project / "results" / rid for rid in sweep.run_ids()], problems)
+    varied = {s.run: s.varied() for s in sweep.sizes if s.run and s.values}
+    notes = {s.run: s.words() for s in sweep.sizes if s.run and s.values}
+    return runs, report_rows(runs, varied) if runs else [], notes
+
+
+def plotted(runs: Sequence[RunHistory]) -> list[str]:
+    """The metrics a sweep plots (as `_plots` picks them): loss, and eval_accuracy (else
+    accuracy), each where every run has it."""
+    picked: dict[str, str] = {}
+    for metric, name in PLOTS:
+        if name not in picked and all(metric in run.metric_names for run in runs):
+            picked[name] = metric
+    return list(picked.values())
 
 
 def _plots(

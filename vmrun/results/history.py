@@ -9,6 +9,7 @@ lines; a local run's `start_time` and `end_time`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -211,6 +212,37 @@ def read_rank_times(path: Path) -> dict[str, Any]:
         "rank_step_s": medians,
         "rank_node": nodes if nodes and len(nodes) == len(medians) else None,
     }
+
+
+def rank_series(path: Path) -> tuple[dict[int, list[tuple[int, float]]], tuple[int, ...] | None]:
+    """Each rank's step time epoch by epoch (metrics.jsonl's `rank_step_s`), from the run's
+    folder (as load_run finds its metrics), and each rank's node as the last line says; a
+    repeated epoch (a resume) keeps its last line. ({}, None) where none are recorded."""
+    found = _metrics_file(run_places(path))
+    by_epoch: dict[int, list[float]] = {}
+    nodes = None
+    with contextlib.suppress(OSError), (found or path / METRICS).open(errors="replace") as fh:
+        for number, line in enumerate(fh, 1):
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            times = item.get("rank_step_s") if isinstance(item, dict) else None
+            if not (isinstance(times, list) and all(_is_number(t) for t in times)):
+                continue
+            epoch = item.get("epoch")
+            by_epoch[epoch if _is_number(epoch) else number] = [float(t) for t in times]
+            told = item.get("rank_node")
+            nodes = tuple(int(n) for n in told) if isinstance(told, list) else None
+    series: dict[int, list[tuple[int, float]]] = {}
+    for epoch in sorted(by_epoch):
+        for rank, seconds in enumerate(by_epoch[epoch]):
+            series.setdefault(rank, []).append((int(epoch), seconds))
+    return series, nodes if nodes and len(nodes) == len(series) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _failure(places: list[Path], *, multi: bool) -> dict[str, Any]:

@@ -178,6 +178,12 @@ def _recoveries(path: Path) -> list[dict[str, Any]] | None:
     return [_recovery(x) for x in lines] or None
 
 
+def recoveries_of(path: Path) -> list[dict[str, Any]]:
+    """What the run's supervisor did, from its folder here, as `report --json` gives it
+    (its `recoveries` lines, without their cost); [] where it did nothing."""
+    return _recoveries(path) or []
+
+
 def _costed(
     recoveries: list[dict[str, Any]] | None, epoch_s: float | None, per_hour: float | None
 ) -> list[dict[str, Any]] | None:

@@ -25,6 +25,15 @@ class Slow:
     def ratio(self) -> float:
         return self.seconds / self.typical
 
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "step_s": self.seconds,
+            "typical_s": self.typical,
+            "ratio": round(self.ratio, 2),
+        }
+
     def describe(self) -> str:
         where = f" (node {self.node})" if self.node is not None else ""
         return f"rank {self.rank}{where} slow: {self.ratio:.1f}x"

@@ -78,6 +78,7 @@ class Listed:
     remote: str
     size: int
     link: str = ""
+    mtime_ns: int = 0  # when it was last written, by the host's clock
 
 
 def _plan(
@@ -372,7 +373,7 @@ def listed(
     if not specs:
         return {}
     items, links = _listing_plan(conn, specs, dest, options or Options(), Report(conn.label))
-    found = {it.display: Listed(it.remote, it.entry.size) for it in items}
+    found = {it.display: Listed(it.remote, it.entry.size, "", it.entry.mtime_ns) for it in items}
     found.update({shown: Listed("", -1, target) for target, _local, shown in links})
     return found
 

@@ -353,6 +353,11 @@ class HostsBackend:
         prefixed.flush()
         return shown.lines
 
+    def timed_log(self, ref: RunRef, node: str) -> list[tuple[float, bytes]]:
+        """One node's log as `logs` shows it, each line with when it was written there (the
+        host's clock): what a run's timeline reads its snapshots from."""
+        return self._timed_lines(ref, node, False)
+
     # -- stopping and outputs ----------------------------------------------------------------
 
     def stop(self, ref: RunRef, *, grace: float = STOP_GRACE_S) -> list[Outcome[StopReport]]:

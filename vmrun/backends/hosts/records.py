@@ -28,6 +28,7 @@ from vmrun.remote_paths import RUNS_DIR, run_dir
 from vmrun.reporting import Recorder, Reporter
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.record import RunRecord as RecordOfRun
+from vmrun.results.stragglers import Slow
 from vmrun.runs import provenance
 from vmrun.runs.launch_spec import LaunchSpec, Watchers
 from vmrun.runs.outputs import check_run_id
@@ -66,6 +67,7 @@ class RunRecord:
     notice: dict[str, Any] | None = None  # a cloud said the node goes (spot_watch.py)
     requeued: int | None = None  # stopped after this epoch's snapshot, to go on elsewhere
     slow: str = ""  # the slow ranks of its last epoch (vmrun.results.stragglers), if any
+    slow_ranks: tuple[Slow, ...] = ()  # ... each of them, for `status --json`
     hung: dict[str, Any] | None = None  # its hang watcher found it stuck (REC/hang)
     budget: dict[str, Any] | None = None  # it reached its --max-cost (REC/budget: seen, cap)
 
@@ -289,7 +291,8 @@ def _read_metrics(record: RunRecord, value: str) -> None:
         return
     if isinstance(line.get("epoch"), int):
         record.progress = f"epoch {line['epoch']}"
-    record.slow = summary(from_metrics(line))
+    record.slow_ranks = tuple(from_metrics(line))
+    record.slow = summary(record.slow_ranks)
 
 
 def _read_hang(record: RunRecord, value: str) -> None:

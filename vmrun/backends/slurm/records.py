@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vmrun.backends.slurm.queue import JobState
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.record import RunRecord
+from vmrun.results.stragglers import Slow, from_metrics, summary
 from vmrun.runs import provenance
 from vmrun.runs.state import RunState
 
@@ -115,6 +116,7 @@ class SlurmRun:
     starts: list[list[str]] = field(default_factory=list)  # [attempt, time]
     stopped: bool = False
     budget: dict[str, Any] | None = None  # the job stopped itself at --max-cost (REC/budget)
+    hung: dict[str, Any] | None = None  # its hang watcher found it stuck (REC/hang)
     accounted: tuple[str, str] | None = None  # sacct's (State, ExitCode)
     last_metrics: Mapping[str, Any] | None = None
     # a job from the user's own batch script (`vmrun submit`): its tasks, when squeue or
@@ -250,6 +252,15 @@ class SlurmRun:
         if done is None:
             return None
         return f"epoch {done}/{epochs}" if epochs else f"epoch {done}"
+
+    @property
+    def slow_ranks(self) -> tuple[Slow, ...]:
+        """The slow ranks of its last epoch (metrics.jsonl's step times, as on hosts)."""
+        return tuple(from_metrics(self.last_metrics)) if self.last_metrics else ()
+
+    @property
+    def slow(self) -> str:  # `status`' PROGRESS names them, as a host's run's
+        return summary(self.slow_ranks)
 
 
 def _combined(tasks: list[Task], stopped: bool) -> tuple[RunState, int | None]:
@@ -420,6 +431,9 @@ def _runs(sections: Mapping[str, list[str]], cluster: str) -> dict[str, SlurmRun
     return runs
 
 
+_WATCHERS = {"budget": "budget", "hang": "hung"}  # a watcher's REC file: the run's field
+
+
 def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
     """One of the run's files (or its metrics file, wherever it is) into the run."""
     name = path.partition("/")[2]
@@ -431,8 +445,8 @@ def _read_file(run: SlurmRun, path: str, lines: list[str]) -> None:
         run.exits = [line.split() for line in lines]
     elif name == "stopped":
         run.stopped = True
-    elif name == "budget" and lines:
-        run.budget = _json_object(lines[0])
+    elif name in _WATCHERS and lines:  # what its budget or hang watcher saw
+        setattr(run, _WATCHERS[name], _json_object(lines[0]))
     elif name == "versions.json" and lines:
         run.versions = provenance.versions_of(lines[0])
     elif name == "failure.json" and lines:

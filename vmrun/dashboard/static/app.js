@@ -1,5 +1,7 @@
 // vmrun dashboard: the runs (`status`), a run's live log (`logs -f`), its loss by epoch
 // (`report`'s metrics), its stacks (`stacks`) and stop (`stop`), from the JSON API here.
+// A run's page also charts its throughput and each rank's step time, draws its timeline
+// (its events) and lists the files `fetch results` would bring.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const RUNS_EVERY_MS = 10000;
@@ -38,6 +40,8 @@ function money(cost) {
 function stateOf(run) {
   const rec = run.recoveries;
   if (rec && rec.under_way && run.state !== "running") return "recovering";
+  if (run.hung && run.state === "running") return "hung";  // its hang watcher found it stuck
+  if (run.error && run.error.code === "run-over-budget") return "over budget";
   return run.state || "unknown";
 }
 
@@ -58,7 +62,8 @@ function recoveries(run) {
 
 // -- the runs page ---------------------------------------------------------------------
 function drawRuns() {
-  const want = $("state-filter").value, host = $("host-filter").value.trim();
+  const { state: want, host } = runFilters();
+  showFilters();
   const body = document.querySelector("#runs tbody");
   body.replaceChildren();
   for (const run of lastRuns.slice().reverse()) {
@@ -78,6 +83,7 @@ function drawRuns() {
     row.append(el("td", money(run.cost)));
     row.append(el("td", recoveries(run)));
     row.append(el("td", run.store ? run.store.state : "-"));
+    moreCells(row, run);
     body.append(row);
   }
 }
@@ -87,7 +93,8 @@ async function loadRuns() {
     const got = await api("/api/runs");
     lastRuns = got.runs;
     const states = new Set(lastRuns.map(stateOf));
-    const select = $("state-filter"), chosen = select.value;
+    const select = $("state-filter"), chosen = runFilters().state;
+    if (chosen) states.add(chosen);
     select.replaceChildren(el("option", "all"));
     select.firstChild.value = "";
     for (const s of [...states].sort()) { const o = el("option", s); o.value = s; select.append(o); }
@@ -105,34 +112,65 @@ async function loadRuns() {
 function addLine(line) {
   const log = $("log");
   const div = el("div", line.text, line.kind === "log" ? null : line.kind);
-  const tag = /^\[([^\]]+)\]/.exec(line.text);
-  div.dataset.source = tag ? tag[1] : "";
-  if (tag && !log.dataset.sources.split("\n").includes(tag[1])) {
-    log.dataset.sources += "\n" + tag[1];
-    const o = el("option", tag[1]); o.value = tag[1]; $("log-filter").append(o);
-  }
+  const from = sourceOf(line.text);
+  div.dataset.node = from.node;
+  div.dataset.rank = from.rank;
+  addChoice("log-node", from.node);
+  addChoice("log-rank", from.rank, (r) => `rank ${r}`);
   div.hidden = !shown(div);
   const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
   log.append(div);
   if (atEnd) log.scrollTop = log.scrollHeight;
+  countShown();
   if (line.kind === "end") $("log-state").textContent = "ended";
+  if (line.kind === "end" || EVENT_LINE.test(line.text)) eventsSoon(current);
+}
+
+// a line's node and rank, from the prefix vmrun's log gives it: `[host rankN]` (several
+// hosts), `[rankN]` (one host), `[host]` (torchrun's own lines on several hosts)
+function sourceOf(text) {
+  const m = /^\[(?:([^\]\s]+) )?rank(\d+)\]/.exec(text) || /^\[([^\]\s]+)\]/.exec(text);
+  if (!m) return { node: "", rank: "" };
+  return { node: m[1] || "", rank: m[2] || "" };
+}
+
+function addChoice(id, value, label) {
+  const select = $(id);
+  if (!value || [...select.options].some((o) => o.value === value)) return;
+  const o = el("option", label ? label(value) : value); o.value = value;
+  const after = [...select.options].slice(1).find((x) => x.value.localeCompare(value, undefined, { numeric: true }) > 0);
+  select.insertBefore(o, after || null);
 }
 
 function shown(div) {
-  const source = $("log-filter").value, text = $("log-search").value;
-  return (!source || div.dataset.source === source) && (!text || div.textContent.includes(text));
+  const node = $("log-node").value, rank = $("log-rank").value;
+  const text = $("log-search").value.toLowerCase();
+  return (!node || div.dataset.node === node) && (!rank || div.dataset.rank === rank)
+    && (!text || div.textContent.toLowerCase().includes(text));
+}
+
+function countShown() {
+  const log = $("log"), all = log.children.length;
+  const narrowed = $("log-node").value || $("log-rank").value || $("log-search").value;
+  if (!narrowed) { $("log-count").textContent = ""; return; }
+  let n = 0;
+  for (const div of log.children) if (!div.hidden) n++;
+  $("log-count").textContent = `${n} of ${all} lines`;
 }
 
 function refilter() {
   for (const div of $("log").children) div.hidden = !shown(div);
+  countShown();
 }
 
 function follow(runId) {
   if (source) source.close();
   $("log").replaceChildren();
-  $("log").dataset.sources = "";
-  $("log-filter").replaceChildren(el("option", "all"));
-  $("log-filter").firstChild.value = "";
+  for (const id of ["log-node", "log-rank"]) {
+    $(id).replaceChildren(el("option", "all"));
+    $(id).firstChild.value = "";
+  }
+  $("log-count").textContent = "";
   $("log-state").textContent = "following";
   source = new EventSource(`/api/runs/${encodeURIComponent(runId)}/log`);
   source.onmessage = (event) => {
@@ -170,6 +208,7 @@ async function loadMetrics(runId) {
     const got = await api(`/api/runs/${encodeURIComponent(runId)}/metrics`);
     if (current !== runId) return;
     drawChart(got.metrics);
+    drawMoreCharts(got);
     $("metrics-note").textContent = got.note || "";
   } catch (e) {
     $("metrics-note").textContent = e.message;
@@ -249,6 +288,148 @@ async function stopRun() {
   }
 }
 
+// -- a run's charts, timeline and files -------------------------------------------------
+const COLOURS = ["#1971c2", "#e8590c", "#2f9e44", "#9c36b5", "#c92a2a", "#0b7285", "#5f3dc4", "#862e9c"];
+const charts = {};
+// a log line that may be a new event: a snapshot saved, or vmrun's own word (a notice, a
+// hang, the budget, a recovery)
+const EVENT_LINE = /snapshot.*saved|checkpoint \S+ complete|(^|\] )vmrun: /i;
+let eventsTimer = null;
+
+function plot(id, xLabel, yLabel, xs, series) {
+  const box = $(id);
+  box.dataset.points = String(xs.length);
+  box.dataset.series = String(series.length);
+  box.dataset.labels = series.map((s) => s.label).join(",");
+  if (charts[id]) { charts[id].destroy(); charts[id] = null; }
+  box.replaceChildren();
+  if (!xs.length || !series.length) { box.append(el("div", "nothing recorded", "note")); return; }
+  const opts = {
+    width: Math.max(280, box.clientWidth || 420), height: 200,
+    scales: { x: { time: false } },
+    axes: [{ label: xLabel }, { label: yLabel }],
+    series: [{ label: xLabel }, ...series.map((s, i) => ({ label: s.label, stroke: COLOURS[i % COLOURS.length], points: { show: true } }))],
+  };
+  charts[id] = new uPlot(opts, [xs, ...series.map((s) => s.values)], box);
+}
+
+function byEpoch(pointLists) {
+  const xs = [...new Set(pointLists.flatMap((ps) => ps.map((p) => p[0])))].sort((a, b) => a - b);
+  const values = pointLists.map((ps) => { const m = new Map(ps); return xs.map((x) => (m.has(x) ? m.get(x) : null)); });
+  return [xs, values];
+}
+
+function drawMoreCharts(got) {
+  const rate = got.metrics.samples_per_s || [];
+  const [rx, [rv]] = byEpoch([rate]);
+  plot("chart-rate", "epoch", "samples/s", rx, rate.length ? [{ label: "samples/s", values: rv }] : []);
+  const ranks = Object.keys(got.rank_series || {}).sort((a, b) => a - b);
+  const [sx, sv] = byEpoch(ranks.map((r) => got.rank_series[r].map(([e, t]) => [e, t * 1000])));
+  const nodes = got.rank_node || [];
+  plot("chart-ranks", "epoch", "step time (ms)", sx, ranks.map((r, i) => ({
+    label: `rank ${r}` + (nodes[r] !== undefined ? ` (node ${nodes[r]})` : ""), values: sv[i],
+  })));
+}
+
+function clock(at) {
+  return at === null || at === undefined ? "-" : new Date(at * 1000).toLocaleString();
+}
+
+function eventsSoon(runId) {
+  clearTimeout(eventsTimer);
+  eventsTimer = setTimeout(() => { if (current === runId) { loadEvents(runId); loadFiles(runId); } }, 1500);
+}
+
+async function loadEvents(runId) {
+  try {
+    const got = await api(`/api/runs/${encodeURIComponent(runId)}/events`);
+    if (current !== runId) return;
+    drawEvents(got.events);
+    $("events-note").textContent = got.note || "";
+  } catch (e) {
+    $("events-note").textContent = e.message;
+  }
+}
+
+function drawEvents(events) {
+  const timed = events.filter((e) => e.at !== null);
+  const start = Math.min(...timed.map((e) => e.at - (e.duration_s || 0)));
+  const ended = events.some((e) => e.kind === "end");
+  const last = Math.max(...timed.map((e) => e.at), ended ? -Infinity : Date.now() / 1000);
+  const span = Math.max(last - start, 1);
+  const bar = $("timeline");
+  bar.replaceChildren();
+  for (const e of timed) {
+    const from = e.at - (e.duration_s || 0);
+    const mark = el("span", null, `mark ${e.kind}`);
+    mark.style.left = `${Math.min(99.5, (100 * (from - start)) / span)}%`;
+    if (e.duration_s) mark.style.width = `${Math.max(0.4, (100 * e.duration_s) / span)}%`;
+    mark.title = `${clock(e.at)} ${e.kind}: ${e.text}`;
+    mark.dataset.kind = e.kind;
+    bar.append(mark);
+  }
+  const body = document.querySelector("#events tbody");
+  body.replaceChildren();
+  for (const e of events) {
+    const row = el("tr");
+    row.dataset.kind = e.kind;
+    const offset = e.at !== null && timed.length ? `+${duration(e.at - start)}` : "";
+    row.append(el("td", clock(e.at)), el("td", offset), el("td", e.kind, `kind ${e.kind}`),
+      el("td", e.text + (e.node ? ` (${e.node})` : "")), el("td", e.duration_s ? duration(e.duration_s) : ""));
+    body.append(row);
+  }
+}
+
+function size(bytes) {
+  if (bytes < 0) return "link";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let n = bytes, u = 0;
+  while (n >= 1024 && u < units.length - 1) { n /= 1024; u++; }
+  return u ? `${n.toFixed(1)} ${units[u]}` : `${n} B`;
+}
+
+async function loadFiles(runId) {
+  try {
+    const got = await api(`/api/runs/${encodeURIComponent(runId)}/files`);
+    if (current !== runId) return;
+    const body = document.querySelector("#files tbody");
+    body.replaceChildren();
+    for (const f of got.files) {
+      const row = el("tr");
+      row.dataset.path = f.path;
+      row.dataset.kind = f.kind;
+      row.append(el("td", f.path), el("td", f.kind), el("td", size(f.size)),
+        el("td", f.nodes.join(", ")), el("td", f.here ? "here" : ""));
+      body.append(row);
+    }
+    const here = got.files.filter((f) => f.here).length;
+    const failed = Object.entries(got.failed).map(([n, why]) => `${n}: not listed (${why})`);
+    $("files-total").textContent = [`${got.files.length} files, ${size(got.bytes)}${here ? `, ${here} here already` : ""}`, ...failed].join("; ");
+    $("fetch-command").textContent = got.command;
+  } catch (e) {
+    $("files-total").textContent = e.message;
+  }
+}
+
+async function copyCommand() {
+  const text = $("fetch-command").textContent;
+  try {
+    await navigator.clipboard.writeText(text);
+    $("fetch-copy").textContent = "Copied";
+  } catch (e) {
+    window.getSelection().selectAllChildren($("fetch-command"));
+    $("fetch-copy").textContent = "Selected: copy it";
+  }
+  setTimeout(() => { $("fetch-copy").textContent = "Copy"; }, 2000);
+}
+
+function clearRunSections() {
+  clearTimeout(eventsTimer);
+  for (const id of ["chart-rate", "chart-ranks", "timeline", "fetch-command"]) $(id).replaceChildren();
+  for (const id of ["#events tbody", "#files tbody"]) document.querySelector(id).replaceChildren();
+  for (const id of ["events-note", "files-total"]) $(id).textContent = "";
+}
+
 // -- the GPUs page (`watch-gpus`) -------------------------------------------------------
 const GPUS_EVERY_MS = 2000;
 const num = (v, unit) => (v === null || v === undefined ? "-" : `${Math.round(v)}${unit}`);
@@ -283,10 +464,166 @@ async function loadGpus() {
   }
 }
 
+// -- the runs page's filters (kept in the address: a reload keeps them), more cells ------
+let sweepOf = new Map();  // run id -> {sweep, label}: the runs page marks a sweep's runs
+
+function runFilters() {
+  const query = /^#\/\?(.*)$/.exec(location.hash);
+  const params = new URLSearchParams(query ? query[1] : "");
+  return { state: params.get("state") || "", host: (params.get("host") || "").trim() };
+}
+
+function keepFilters() {
+  const params = new URLSearchParams();
+  if ($("state-filter").value) params.set("state", $("state-filter").value);
+  if ($("host-filter").value.trim()) params.set("host", $("host-filter").value.trim());
+  const text = params.toString();
+  history.replaceState(null, "", text ? `#/?${text}` : "#/");
+  drawRuns();
+}
+
+function showFilters() {
+  const { state, host } = runFilters();
+  if ($("host-filter") !== document.activeElement) $("host-filter").value = host;
+  if ($("state-filter").value !== state) $("state-filter").value = state;
+}
+
+function slowRanks(run) {
+  return (run.slow_ranks || []).map((s) => `r${s.rank}${s.node === null ? "" : ` (node ${s.node})`} ${s.ratio}x`).join(", ") || "-";
+}
+
+function moreCells(row, run) {
+  row.append(el("td", slowRanks(run)));
+  const mine = sweepOf.get(run.run), cell = el("td", mine ? null : "-");
+  if (mine) {
+    const link = el("a", `${mine.sweep} ${mine.label}`);
+    link.href = `#/sweep/${encodeURIComponent(mine.sweep)}`;
+    cell.append(link);
+    row.dataset.sweep = mine.sweep;
+  }
+  row.append(cell);
+}
+
+async function loadSweeps() {
+  try {
+    const got = await api("/api/sweeps");
+    sweepOf = new Map();
+    const list = $("sweeps");
+    list.replaceChildren();
+    for (const sw of got.sweeps) {
+      for (const [run, label] of Object.entries(sw.runs || {})) sweepOf.set(run, { sweep: sw.id, label });
+      const item = el("li"), link = el("a", sw.id);
+      link.href = `#/sweep/${encodeURIComponent(sw.id)}`;
+      const states = Object.entries(sw.states || {}).map(([k, n]) => `${n} ${k}`).join(", ");
+      item.append(link, el("span", sw.error ? ` (${sw.error})` : ` on ${sw.where}: ${sw.sizes} size(s), ${states}`));
+      list.append(item);
+    }
+    $("sweeps-box").hidden = !got.sweeps.length;
+    drawRuns();
+  } catch (e) {
+    $("unreached").textContent = `sweeps: ${e.message}`;
+  }
+}
+
+// -- a sweep's page (its report and plots, as `vmrun sweep` writes them) -----------------
+let sweepCharts = [];
+
+function sweepRoute() {
+  const match = /^#\/sweep\/(.+)$/.exec(location.hash);
+  $("sweep-page").hidden = !match;
+  if (!match) return false;
+  $("runs-page").hidden = $("run-page").hidden = $("gpus-page").hidden = true;
+  current = null;
+  loadSweep(decodeURIComponent(match[1]));
+  return true;
+}
+
+function sweepTable(table) {
+  const head = el("tr"), body = $("sweep-report").querySelector("tbody");
+  table.heads.forEach((h, i) => head.append(el("th", h, table.numeric.includes(i) ? "num" : null)));
+  $("sweep-report").querySelector("thead").replaceChildren(head);
+  body.replaceChildren();
+  for (const cells of table.rows) {
+    const row = el("tr");
+    row.dataset.run = cells[0];
+    cells.forEach((c, i) => row.append(el("td", c, table.numeric.includes(i) ? "num" : null)));
+    body.append(row);
+  }
+}
+
+function sweepPlot(plot, i) {
+  const box = el("div", null, "sweep-chart");
+  box.dataset.metric = plot.metric;
+  const epochs = [...new Set(plot.series.flatMap((s) => s.points.map((p) => p[0])))].sort((a, b) => a - b);
+  box.dataset.points = String(epochs.length);
+  box.dataset.series = String(plot.series.length);
+  const data = [epochs, ...plot.series.map((s) => {
+    const by = new Map(s.points);
+    return epochs.map((e) => (by.has(e) ? by.get(e) : null));
+  })];
+  const colours = ["#1971c2", "#e8590c", "#2f9e44", "#9c36b5", "#c92a2a", "#0b7285", "#5c940d", "#862e9c"];
+  const opts = {
+    title: plot.title, width: Math.max(320, $("sweep-plots").clientWidth / 2 - 20 || 480), height: 280,
+    scales: { x: { time: false } },
+    axes: [{ label: "epoch", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: plot.metric }],
+    series: [{ label: "epoch" }, ...plot.series.map((s, j) => ({ label: s.label, stroke: colours[j % colours.length], points: { show: true } }))],
+  };
+  $("sweep-plots").append(box);
+  if (epochs.length) sweepCharts.push(new uPlot(opts, data, box));
+  return i;
+}
+
+async function loadSweep(sweepId) {
+  $("sweep-id").textContent = sweepId;
+  for (const c of sweepCharts) c.destroy();
+  sweepCharts = [];
+  $("sweep-plots").replaceChildren();
+  try {
+    const got = await api(`/api/sweeps/${encodeURIComponent(sweepId)}`);
+    $("sweep-where").textContent = `on ${got.where}`;
+    const sizes = $("sweep-sizes").querySelector("tbody");
+    sizes.replaceChildren();
+    for (const s of got.sizes) {
+      const row = el("tr"), run = el("td");
+      if (s.run) { const a = el("a", s.run); a.href = `#/run/${encodeURIComponent(s.run)}`; run.append(a); } else run.textContent = "-";
+      row.append(el("td", s.label), el("td", s.words || "-"), run, el("td", s.state + (s.detail ? ` (${s.detail})` : ""), `state ${s.state}`));
+      sizes.append(row);
+    }
+    sweepTable(got.table);
+    const left = got.rows.filter((r) => r.error).map((r) => `${r.run}: ${r.error.message}`);
+    $("sweep-note").textContent = [got.note, ...left].filter(Boolean).join("\n");
+    got.plots.forEach(sweepPlot);
+  } catch (e) {
+    $("sweep-note").textContent = e.message;
+  }
+}
+
+// -- the GPUs page's clusters (`watch-gpus -C`: the GPUs of the running jobs' nodes) ------
+async function loadClusterGpus() {
+  try {
+    const got = await api("/api/gpus/clusters");
+    const body = document.querySelector("#cluster-gpus tbody");
+    body.replaceChildren();
+    const notes = [];
+    for (const c of got.clusters) {
+      if (c.error || c.note) notes.push(`cluster ${c.cluster}: ${c.error || c.note}`);
+      for (const host of c.hosts) {
+        const rows = host.gpus.length ? host.gpus.map((g) => gpuRow(host, g, host.processes)) : [gpuRow(host, null, [])];
+        for (const row of rows) { row.dataset.cluster = c.cluster; row.prepend(el("td", c.cluster)); body.append(row); }
+      }
+    }
+    $("clusters-note").textContent = notes.join("\n");
+    $("clusters-box").hidden = !got.clusters.length;
+  } catch (e) {
+    $("clusters-note").textContent = e.message;
+  }
+}
+
 // -- routing ---------------------------------------------------------------------------
 function route() {
   clearInterval(runsTimer); clearInterval(metricsTimer);
   if (source) { source.close(); source = null; }
+  if (sweepRoute()) return;
   const match = /^#\/run\/(.+)$/.exec(location.hash);
   const gpus = location.hash === "#/gpus";
   $("runs-page").hidden = !!match || gpus;
@@ -295,11 +632,13 @@ function route() {
   if (gpus) {
     current = null;
     loadGpus();
-    runsTimer = setInterval(() => { if (!document.hidden) loadGpus(); }, GPUS_EVERY_MS);
+    loadClusterGpus();
+    runsTimer = setInterval(() => { if (!document.hidden) { loadGpus(); loadClusterGpus(); } }, GPUS_EVERY_MS);
     return;
   }
   if (!match) {
     current = null;
+    loadSweeps();
     loadRuns();
     runsTimer = setInterval(() => { if (!document.hidden) loadRuns(); }, RUNS_EVERY_MS);
     return;
@@ -310,6 +649,9 @@ function route() {
   $("stacks").hidden = $("stopped").hidden = true;
   $("action-note").textContent = "";
   follow(runId);
+  clearRunSections();
+  loadEvents(runId);
+  loadFiles(runId);
   loadRun(runId).then((run) => {
     loadMetrics(runId);
     if (run && ["running", "recovering", "pending"].includes(stateOf(run))) {
@@ -318,9 +660,12 @@ function route() {
   });
 }
 
-$("state-filter").addEventListener("change", drawRuns);
-$("host-filter").addEventListener("input", drawRuns);
-$("log-filter").addEventListener("change", refilter);
+$("state-filter").addEventListener("change", keepFilters);
+$("host-filter").addEventListener("input", keepFilters);
+$("log-node").addEventListener("change", refilter);
+$("log-rank").addEventListener("change", refilter);
+$("files-refresh").addEventListener("click", () => loadFiles(current));
+$("fetch-copy").addEventListener("click", copyCommand);
 $("log-search").addEventListener("input", refilter);
 $("stacks-button").addEventListener("click", stacksNow);
 $("stop-button").addEventListener("click", stopRun);
