@@ -136,7 +136,9 @@ def test_the_token_once_then_a_strict_httponly_cookie() -> None:
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
         page = await client.get("/", cookies={COOKIE: access.token})
         assert page.status == 200
-        assert "/static/uPlot.iife.min.js" in await page.text()
+        assert "/static/app.js" in await page.text()
+        script = await client.get("/static/app.js", cookies={COOKIE: access.token})
+        assert "/static/uPlot.iife.min.js" in await script.text()  # loaded by the first chart
         assert page.headers["X-Frame-Options"] == "DENY"
         assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
         runs = await client.get("/api/runs", cookies={COOKIE: access.token})

@@ -203,9 +203,24 @@ function drawChart(metrics) {
   chart = epochs.length ? new uPlot(opts, data, box) : null;
 }
 
+// uPlot (53 KB) is loaded by the first chart, not by the page: it would delay the runs
+let chartLibrary = null;
+function chartsReady() {
+  if (window.uPlot) return Promise.resolve();
+  chartLibrary = chartLibrary || new Promise((resolve, reject) => {
+    const script = el("script");
+    script.src = "/static/uPlot.iife.min.js";
+    script.onload = resolve;
+    script.onerror = () => { chartLibrary = null; reject(new Error("the chart library did not load")); };
+    document.head.append(script);
+  });
+  return chartLibrary;
+}
+
 async function loadMetrics(runId) {
   try {
     const got = await api(`/api/runs/${encodeURIComponent(runId)}/metrics`);
+    await chartsReady();
     if (current !== runId) return;
     drawChart(got.metrics);
     drawMoreCharts(got);
@@ -580,6 +595,7 @@ async function loadSweep(sweepId) {
   $("sweep-plots").replaceChildren();
   try {
     const got = await api(`/api/sweeps/${encodeURIComponent(sweepId)}`);
+    await chartsReady();
     $("sweep-where").textContent = `on ${got.where}`;
     const sizes = $("sweep-sizes").querySelector("tbody");
     sizes.replaceChildren();
