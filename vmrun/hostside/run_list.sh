@@ -85,10 +85,11 @@ EOF
   fi
   if [ -f "$d/log" ]; then
     if [ -f "$d/log_start" ]; then whole "$d/log_start"; skip=$_v; else skip=0; fi
-    case $skip:$log_size in
-      *[!0-9:]* | :* | *:) small=0 ;;
+    case $skip:$log_size in  # (a number the shell reads as octal, and a link: as before)
+      *[!0-9:]* | :* | *: | 0[0-9]*) small=0 ;;
       *) small=$((log_size <= 65536)) ;;
     esac
+    [ -L "$d/log" ] && small=0
     if [ "$small" = 1 ]; then
       # the whole log is within both windows below: one pass finds this attempt's last
       # `epoch N/M` line (after its first SKIP lines) and the last about a saved snapshot
