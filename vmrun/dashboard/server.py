@@ -62,11 +62,10 @@ def serve(
         bound = sockets[0].getsockname()[1]
         host = f"[{bind}]" if ":" in bind else bind
         opened(f"http://{host}:{bound}/?token={access.token}")
-        check_extra()
-        with pool.holding():
+        with pool.holding(), contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the end
+            check_extra()
             views = Views(settings, hosts=hosts, cluster=cluster)
-            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the end asked for
-                asyncio.run(_serve(views, access, sockets))
+            asyncio.run(_serve(views, access, sockets))
     finally:
         for sock in sockets:
             sock.close()
