@@ -474,8 +474,8 @@ def test_a_run_at_its_max_cost_saves_and_stops_and_is_never_requeued(
     slurm_cluster: Any, slurm_client: Client, host_python: Path, trainer_hooks: Path
 ) -> None:
     """The cluster's `price` (3600 a node an hour: a unit a second) and its own `max_cost`
-    (6: six seconds from the job's start): the batch shell's timer sends the warning as at
-    a time limit, the template saves its epoch, and the job ends stopped, not requeued
+    (6: six seconds from the job's start): the job's agent sends the batch shell the warning
+    as at a time limit, the template saves its epoch, and the job ends stopped, not requeued
     (--max-requeues 3 notwithstanding); the follower says run-over-budget. Without a
     price, --max-cost is refused before anything is submitted."""
     use_cluster(slurm_client, host_python, **hook_env(trainer_hooks, EPOCH_DELAY="0.5"))
@@ -501,6 +501,9 @@ def test_a_run_at_its_max_cost_saves_and_stops_and_is_never_requeued(
     rid = run_id_of(done.stderr)
     metrics = out_dir(slurm_cluster, slurm_client, rid) / "metrics.jsonl"
     assert (metrics.parent / "snapshot.pt").exists() and 0 < len(epochs_in(metrics)) < 100
+    log = (record_dir(slurm_cluster, rid) / "job.log").read_text()
+    assert "the run has cost --max-cost $6.00 (SIGUSR2): it saves and stops" in log, log
+    assert "the run has cost --max-cost $6.00: stopped, its work saved" in log, log
     row = status_rows(slurm_client)[rid]
     assert row[2].startswith("stopped"), row
     (listed,) = [

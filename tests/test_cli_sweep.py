@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from results_fixtures import line_colours
 from train_helpers import Gate, pids_with_env
 
 from vmrun.results.plotting import COLOURS
+from vmrun.runs.launch_spec import Budget, LaunchSpec
 
 TWO_CORES = {"OMP_NUM_THREADS": "1"}
 
@@ -277,7 +279,19 @@ def test_a_sweeps_cap_on_a_slurm_cluster_is_split_between_the_sizes_it_queues(
     for size in sizes:
         assert "--max-cost $4.00" in size["detail"], size
         job = slurm_cluster.login.home / ".vmrun" / "runs" / size["run"] / "job.sh"
-        assert "VMRUN_BUDGET='4 $4.00'" in job.read_text()
+        assert _launch_spec(job.read_text()).watchers.budget == Budget(4.0, "$4.00")
+
+
+def _launch_spec(script: str) -> LaunchSpec:
+    """A batch script's launch spec, as bash reads its variables."""
+    header = script.split("\n# shellcheck shell=bash", 1)[0]
+    shown = subprocess.run(
+        ["bash", "-c", header + '\nprintf "%s" "$VMRUN_LAUNCH"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return LaunchSpec.from_json(shown.stdout)
 
 
 def test_a_cpus_per_task_axis_on_a_slurm_cluster_asks_sbatch_for_each(

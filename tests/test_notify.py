@@ -649,6 +649,46 @@ def test_a_requeue_and_the_end_are_told_once_each(
     assert titles == [f"vmrun: run {rid} requeued", f"vmrun: run {rid} done"], titles
 
 
+def test_a_submitted_scripts_own_recovery_tells_its_requeue(
+    slurm_cluster: Any, slurm_client: Client, host_python: Path, slurm_receiver: Receiver
+) -> None:
+    """`submit --recover --detach`: the job's copy of the user's script brings the job back
+    after a failure and tells the requeue itself, from the node (its agent's `tell`, from
+    the launch spec in the copy), nothing of vmrun following it; no webhook in the copy."""
+    from test_cli_slurm import run_id_of as submitted_id
+    from test_cli_slurm import use_cluster
+
+    use_cluster(slurm_client, host_python)
+    (slurm_client.cwd / "again.sh").write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --output=again-%j.out\n\n"
+        '"$1" fails_times.py "$2" 1\n'
+    )
+    url = slurm_receiver.url(slurm_cluster.bed.root_addr)
+    times = slurm_cluster.shared / "told-times"
+    done = slurm_client.vmrun(
+        "submit",
+        "again.sh",
+        "-C",
+        "bed",
+        "--recover",
+        "--detach",
+        "--notify",
+        url,
+        "--notify-on",
+        "all",
+        "--",
+        str(host_python),
+        str(times),
+    )
+    assert done.returncode == 0, done.stderr
+    rid = submitted_id(done.stderr)
+    wait_for(lambda: slurm_receiver.posts, 180, "the requeue's message")
+    wait_for(lambda: not slurm_cluster.squeue_ids(), 120, "the job to leave the queue")
+    assert slurm_receiver.messages()[0]["title"] == f"vmrun: run {rid} requeued"
+    ran = (slurm_cluster.login.home / ".vmrun" / "runs" / rid / "batch.sh").read_text()
+    assert "VMRUN_LAUNCH=" in ran and TOKEN not in ran and url not in ran
+
+
 def test_a_local_run_is_told_from_here(client: Client, receiver: Receiver) -> None:
     done = client.vmrun(
         "train",

@@ -333,3 +333,46 @@ def test_stream_frames(tmp_path: Path) -> None:
     stream.feed(b"ld\n\x1dvmrun task - 40|RUNNING\n")
     stream.flush()
     assert out.data == b"hello\nworld\n"
+
+
+def test_recover_lines_tell_by_the_jobs_agent_only_where_asked(tmp_path: Path) -> None:
+    """`submit --recover`: the copy's lines carry the agent's launch spec (no webhook: the
+    record's notify.json) and, where the run asked to be told, the files that tell; its
+    vmrun_tell is the agent's `tell`, which claims the event in the record."""
+    import subprocess
+
+    from vmrun.runs.launch_spec import LaunchSpec, Notify, Watchers
+
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    (rec / "notify.json").write_text('{"on": ["requeue"], "webhooks": []}')
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    (stubs / "scontrol").chmod(0o755)
+
+    def told(notify: bool) -> list[str]:
+        spec = LaunchSpec(
+            rec=str(rec),
+            workdir=str(tmp_path),
+            run_id="r1",
+            argv=(str(tmp_path / "again.sh"),),
+            watchers=Watchers(notify=Notify() if notify else None),
+        )
+        lines = own_script.recover_lines(spec, 3)
+        assert "VMRUN_NOTIFIER" not in lines and "python3 -c" not in lines
+        assert ("VMRUN_AGENT=()" in lines) != notify  # nothing to run, unless asked
+        script = f'#!/bin/bash\n{lines}vmrun_tell requeue ""\nexit 0\n'
+        env = {
+            **os.environ,
+            "PATH": f"{stubs}:{os.environ['PATH']}",
+            "SLURM_JOB_ID": "7",
+            "SLURM_JOB_NODELIST": "n1",
+        }
+        done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return sorted(p.name for p in rec.glob("notified.*"))
+
+    assert told(False) == []
+    assert told(True) == ["notified.requeue"]
+    assert sorted(p.name for p in (rec / ".watch").iterdir()) == ["notify_send.py", "run_agent.py"]

@@ -265,8 +265,8 @@ def test_the_writers_records_round_trip() -> None:
     "key", ["python", "out_dir", "ran_before_s", "price_per_hour", "currency", "metrics"]
 )
 def test_what_the_hosts_scripts_read_stays_at_the_top(key: str) -> None:
-    """These keep their names at the top of run.json: slurm_runs.sh reads the metrics path
-    by name, and the host scripts of older vmruns (run.json outlives them) read the rest."""
+    """These keep their names at the top of run.json: the host scripts of older vmruns
+    (run.json outlives them) read them by name (their slurm_runs.sh the metrics path)."""
     record = RunRecord(
         run_id="r",
         where=HOSTS,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from vmrun.backends.slurm.stream import JobStream
 from vmrun.errors import ConfigError, UsageError
 from vmrun.hostside import HERE, source
 from vmrun.reporting import Recorder
-from vmrun.runs.launch_spec import Hang, LaunchSpec, Notify, Watchers
+from vmrun.runs.launch_spec import Budget, Hang, LaunchSpec, Notify, Watchers
 from vmrun.runs.state import RunState
 
 PATHS = JobPaths("/w/.vmrun/runs/r1", "/w/vmrun/p-abc123", "/w/vmrun/p-abc123/results/r1")
@@ -321,9 +322,12 @@ def test_a_job_stopped_at_its_max_cost_is_stopped_whatever_sacct_says() -> None:
 
 
 def test_the_batch_script_carries_the_budget_only_when_asked() -> None:
+    """--max-cost is the job's agent's: its settings in the launch spec, the files that
+    watch it in the job, and no timer of the batch shell's own."""
     paths = JobPaths(record="/w/rec", code="/w/code", out="/w/out")
     batch = Batch(run_id="r1", launcher="torchrun", python="python3", command=["t.py"])
-    assert "VMRUN_BUDGET=''" in batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
+    plain = batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
+    assert _agent(plain)[0].watchers.budget is None
     capped = batch_script(
         JobSpec(),
         Batch(
@@ -331,13 +335,71 @@ def test_the_batch_script_carries_the_budget_only_when_asked() -> None:
             launcher="torchrun",
             python="python3",
             command=["t.py"],
-            budget="21600 $6.00",
+            budget=Budget(21600.0, "$6.00"),
         ),
         paths,
         "22.05",
         job_name="r1",
     )
-    assert "VMRUN_BUDGET='21600 $6.00'" in capped
+    spec, files = _agent(capped)
+    assert spec.watchers == Watchers(budget=Budget(21600.0, "$6.00"))
+    assert {"run_agent.py", "budget_watch.py", "hang_watch.py", "spot_watch.py"} <= set(files)
+    for text in (plain, capped):
+        assert "VMRUN_BUDGET=" not in text and "kill -USR2" not in text
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_the_jobs_agent_keeps_its_cap_from_the_first_attempts_start(tmp_path: Path) -> None:
+    """run_agent.py's `budget` (before a step: the cap said, REC/budget when spent already)
+    and `step` (beside it: at the cap, REC/budget and SIGUSR2 to the batch shell), the time
+    counted from the first attempt's start (REC/starts), as a requeued job's is."""
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    agent = [sys.executable, str(HERE / "run_agent.py")]
+
+    def spec(seconds: float) -> str:
+        capped = Watchers(budget=Budget(seconds, "$6.00"))
+        return LaunchSpec(
+            rec=str(rec), workdir=str(tmp_path), run_id="r1", argv=("t.py",), watchers=capped
+        ).to_json()
+
+    def said(*args: str, seconds: float) -> str:
+        done = subprocess.run(
+            [*agent, *args], input=spec(seconds), capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    now = time.time()
+    (rec / "starts").write_text(f"1 {now - 100:.0f}\n2 {now:.0f}\n")
+    assert said("budget", seconds=200) == "$6.00" and not (rec / "budget").exists()
+    assert said("budget", seconds=90) == "$6.00"  # the first attempt's 100 s count
+    assert json.loads((rec / "budget").read_text())["cap"] == "$6.00"
+    (rec / "budget").unlink()
+    plain = LaunchSpec(rec=str(rec), workdir=str(tmp_path), run_id="r1", argv=("t.py",))
+    done = subprocess.run([*agent, "budget"], input=plain.to_json().encode(), capture_output=True)
+    assert done.stdout == b"" and not (rec / "budget").exists()
+    shell = subprocess.Popen(
+        ["bash", "-c", f'trap "echo usr2 > {tmp_path}/said; exit 0" USR2; sleep 60 & wait']
+    )
+    srun = subprocess.Popen(["sleep", "60"])
+    try:
+        watch = subprocess.Popen(
+            [*agent, "step", str(srun.pid), str(shell.pid)], stdin=subprocess.PIPE, text=True
+        )
+        assert watch.stdin is not None
+        watch.stdin.write(spec(102))  # 2 s after this attempt's start
+        watch.stdin.close()
+        assert shell.wait(timeout=30) == 0 and (tmp_path / "said").read_text() == "usr2\n"
+        assert json.loads((rec / "budget").read_text())["cap"] == "$6.00"
+        assert watch.poll() is None  # the step's watchers live as long as the step
+        srun.kill()
+        srun.wait()
+        assert watch.wait(timeout=30) == 0
+    finally:
+        for process in (shell, srun):
+            process.kill()
+            process.wait()
 
 
 def test_listings_of_a_cluster_without_a_shared_folder_take_each_run_from_where_it_ran() -> None:
@@ -526,3 +588,92 @@ def test_a_scripts_outputs_are_what_it_wrote_since_its_job_started_by_the_cluste
     specs = [s for s in resolve_what("results", location) if s.remote == "/w/p"]
     assert specs and all(0 < s.newer_than_ns <= written for s in specs)
     assert location.since_ns == start * 10**9
+
+
+def test_the_listing_finds_each_runs_metrics_by_its_record_an_older_ones_too(
+    tmp_path: Path,
+) -> None:
+    """slurm_runs.sh reads no run.json: a record names its metrics file in metrics.path
+    (written with the record); one an older vmrun wrote without it is given its
+    metrics.path once by vmrun, which read the path in the typed record, and is listed the
+    same, its last metrics line under the file's own path."""
+    import fake_slurm
+    from conftest import install_hostlib
+    from local_connection import LocalConnection
+
+    from vmrun.backends.slurm.backend import SlurmBackend
+    from vmrun.backends.slurm.cluster import Cluster
+    from vmrun.results.record import CLUSTER, Job, RunRecord
+
+    home = tmp_path / "home"
+    install_hostlib(home)
+    fake_slurm.install(tmp_path / "slurm", tmp_path / "slurm" / "bin")
+    runs = home / ".vmrun" / "runs"
+    for rid, epoch, pointed in (("new", 2, True), ("old", 5, False)):
+        metrics = tmp_path / "out" / rid / "metrics.jsonl"
+        metrics.parent.mkdir(parents=True)
+        metrics.write_text(f'{{"epoch": {epoch - 1}}}\n{{"epoch": {epoch}}}\n')
+        (runs / rid).mkdir(parents=True)
+        record = RunRecord(run_id=rid, where=CLUSTER, job=Job(metrics=str(metrics), submitted=5))
+        (runs / rid / "run.json").write_text(json.dumps(record.to_json()))
+        if pointed:
+            (runs / rid / "metrics.path").write_text(f"{metrics}\n")
+    conn = LocalConnection("bed", home, tmp_path / "slurm" / "bin")
+    listings: list[str] = []
+    capture = conn.capture
+
+    def counted(command: str, **kwargs: object) -> tuple[int, bytes, str]:
+        listings.append(command)
+        return capture(command, **kwargs)  # type: ignore[arg-type]
+
+    conn.capture = counted  # type: ignore[method-assign]
+    backend = SlurmBackend(conn, Cluster("bed", "login"))  # type: ignore[arg-type]
+    for _ in range(2):
+        found, errors = backend.runs()
+        assert not errors
+        assert {r.id: (r.last_metrics or {}).get("epoch") for r in found} == {"new": 2, "old": 5}
+    assert (runs / "old" / "metrics.path").read_text() == f"{tmp_path}/out/old/metrics.jsonl\n"
+    assert len(listings) == 3  # the older record's metrics.path written once
+    assert listings[1] != listings[0] == listings[2]  # only the second names the older one
+
+
+@pytest.mark.parametrize(
+    "python3",
+    [
+        None,  # none on the PATH
+        "exit 1",  # too old for the agent (3.6: the version check fails)
+        'if [ "$1" = -c ]; then exit 0; fi; exit 1',  # new enough, yet the agent fails
+    ],
+)
+def test_a_capped_job_on_a_node_without_a_python3_for_its_agent_starts_nothing(
+    tmp_path: Path, python3: str | None
+) -> None:
+    """The cap is the agent's, which python3 runs: a node without one that runs it fails
+    the job with one line and runs no step, rather than spending past the cap unwatched."""
+    import shutil
+
+    rec, out, bin_ = tmp_path / "rec", tmp_path / "out", tmp_path / "bin"
+    for d in (rec, out, bin_):
+        d.mkdir()
+    for tool in ("date", "mkdir", "rm", "head", "hostname", "cat", "mv", "tail", "sleep", "touch"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (bin_ / tool).symlink_to(found)
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho node1\n")
+    (bin_ / "srun").write_text(f"#!/bin/sh\ntouch {tmp_path}/stepped\n")
+    if python3 is not None:
+        (bin_ / "python3").write_text(f"#!/bin/sh\n{python3}\n")
+    for fake in ("scontrol", "srun", "python3"):
+        if (bin_ / fake).exists():
+            (bin_ / fake).chmod(0o755)
+    batch = Batch("r1", "torchrun", "python3", ["t.py"], budget=Budget(60.0, "$1.00"))
+    paths = JobPaths(record=str(rec), code=str(tmp_path), out=str(out))
+    text = batch_script(JobSpec(), batch, paths, "22.05", job_name="r1")
+    env = {"PATH": str(bin_), "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1", "HOME": "/"}
+    bash = shutil.which("bash")
+    assert bash is not None
+    done = subprocess.run([bash, "-c", text], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "--max-cost is kept by the job's agent" in done.stdout
+    assert not (tmp_path / "stepped").exists()
+    assert (rec / "exit").read_text().split()[:2] == ["1", "3"]

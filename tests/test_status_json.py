@@ -19,6 +19,7 @@ KEYS = [
     "run",
     "hosts",
     "cluster",
+    "bucket",
     "state",
     "reason",
     "attempts",

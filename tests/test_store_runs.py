@@ -22,8 +22,9 @@ from vmrun.errors import UsageError
 from vmrun.operations import refusals
 from vmrun.results.record import RunRecord
 from vmrun.runs.store_fetch import _wanted, fetch_run
+from vmrun.runs.store_runs import run_record
 from vmrun.store_url import parse_store
-from vmrun.stores.bucket import Object, newest_run, run_meta
+from vmrun.stores.bucket import Object, newest_run
 from vmrun.stores.sync import StoreState
 from vmrun.transfer.types import Progress
 
@@ -190,10 +191,12 @@ def test_a_runs_record_and_the_newest_run_are_read_from_the_bucket() -> None:
         s3.create_bucket(Bucket="bkt")
         for rid in ("r1", "r2"):
             s3.put_object(Bucket="bkt", Key=f"runs/{rid}/.vmrun/started", Body=b"1")
-        s3.put_object(Bucket="bkt", Key="runs/r1/.vmrun/run.json", Body=json.dumps({"id": "r1"}))
-        assert run_meta(s3, parse_store("s3://bkt/runs/r1")) == {"id": "r1"}
+        body = json.dumps({"run_id": "r1", "store": "s3://bkt/runs/r1"})
+        s3.put_object(Bucket="bkt", Key="runs/r1/.vmrun/run.json", Body=body)
+        record = run_record(s3, parse_store("s3://bkt/runs/r1"))
+        assert (record.run_id, record.store) == ("r1", "s3://bkt/runs/r1")
         with pytest.raises(UsageError) as caught:
-            run_meta(s3, parse_store("s3://bkt/runs/nope"))
+            run_record(s3, parse_store("s3://bkt/runs/nope"))
         assert caught.value.code == "run-not-found" and "s3://bkt/runs" in str(caught.value)
         assert newest_run(s3, parse_store("s3://bkt/runs")) == "r2"
 

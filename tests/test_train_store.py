@@ -166,6 +166,21 @@ def test_snapshots_reach_the_bucket_as_written_and_a_bucket_down_mid_run_catches
         assert SECRET not in text
 
     _fetched_from_the_bucket_twice(project, f"s3://{name}/runs", rid, env)
+    _listed_from_the_bucket(project, f"s3://{name}/runs", rid, env)
+
+
+def _listed_from_the_bucket(project: Client, store: str, rid: str, env: Any) -> None:
+    """`status --from-store`: the run as its copy says, the hosts not asked."""
+    listed = project.vmrun("status", "--from-store", "--json", env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr + listed.stdout
+    (run,) = json.loads(listed.stdout)
+    assert (run["run"], run["state"], run["exit"], run["hosts"]) == (rid, "done", 0, None)
+    assert run["bucket"] == f"{store}/{rid}" and run["store"]["state"] == "copied"
+    assert run["record"]["store"] == f"{store}/{rid}" and run["duration_s"] > 0
+    table = project.vmrun("status", "--store", store, env=env, timeout=120)
+    assert table.returncode == 0, table.stderr + table.stdout
+    (row,) = [line for line in table.stdout.splitlines() if line.startswith(rid)]
+    assert store in row and "done" in row and "in the bucket" in row, table.stdout
 
 
 def _fetched_from_the_bucket_twice(project: Client, store: str, rid: str, env: Any) -> None:
@@ -179,6 +194,18 @@ def _fetched_from_the_bucket_twice(project: Client, store: str, rid: str, env: A
     assert "all done" in (local / "log").read_text()
     again = project.vmrun("fetch", "results", "--run", rid, "--store", store, env=env, timeout=120)
     assert again.returncode == 0 and "unchanged" in again.stdout + again.stderr, again.stdout
+
+
+def _listed_while_its_node_is_cut(project: Client, store: str, rid: str, env: Any) -> None:
+    """`status -H h1 --store`: h1 does not answer; its copy, recent and with no end, says
+    the run runs."""
+    listed = project.vmrun("status", "-H", "h1", "--store", store, "--json", env=env)
+    assert listed.returncode == 12, listed.stderr + listed.stdout  # h1 did not answer
+    run, place = json.loads(listed.stdout)
+    assert (run["run"], run["state"], run["hosts"]) == (rid, "running", None), run
+    assert "as its bucket copy said" in run["reason"] and run["epochs_done"] >= 10, run
+    assert (run["epochs_asked"], run["bucket"]) == (40, f"{store}/{rid}"), run
+    assert place["hosts"] == ["h1"] and place["error"]["code"] == "host-unreachable"
 
 
 def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_bucket(
@@ -218,6 +245,7 @@ def test_a_run_whose_node_is_gone_is_fetched_and_resumed_elsewhere_from_the_buck
         shutil.rmtree(h1.home / ".vmrun" / "runs", ignore_errors=True)
         shutil.rmtree(h1.home / "vmrun", ignore_errors=True)
         assert not copier_pids(h1)
+        _listed_while_its_node_is_cut(project, store, rid, env)
 
         report = project.vmrun("report", rid, "--store", store, "--json", env=env, timeout=120)
         assert report.returncode == 0, report.stderr + report.stdout

@@ -41,6 +41,15 @@ def register(app: typer.Typer) -> None:
         ] = "127.0.0.1",
         host: Hosts = None,
         cluster: ClusterName = None,
+        store: Annotated[
+            str | None,
+            typer.Option(
+                "--store",
+                metavar="s3://BUCKET/PREFIX",
+                help="List the runs kept in this bucket place too (default: vmrun.toml's"
+                " `store`, where it has one), as `status --store` does.",
+            ),
+        ] = None,
         reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.terminal import TERMINAL
@@ -49,6 +58,10 @@ def register(app: typer.Typer) -> None:
         check_extra(imported=False)  # imported once the address is printed
         refuse_with_cluster(cluster, host)
         settings = reach.settings()
+        if store is not None:
+            from vmrun.store_url import parse_store
+
+            parse_store(store)  # a bad place refused now, not on the page
 
         def opened(url: str) -> None:
             say(url)
@@ -58,5 +71,7 @@ def register(app: typer.Typer) -> None:
 
                 webbrowser.open(url)
 
-        serve(settings, hosts=host, cluster=cluster, port=port, bind=bind, opened=opened)
+        serve(
+            settings, hosts=host, cluster=cluster, port=port, bind=bind, opened=opened, store=store
+        )
         return 0

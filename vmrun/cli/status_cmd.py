@@ -36,8 +36,9 @@ def _duration(seconds: float | None) -> str:
 def register(app: typer.Typer) -> None:
     @app.command(
         "status",
-        help="List the runs on the hosts (or a cluster's, -C): state, progress, start, duration,"
-        " exit code and, where the machines' prices are known, what each has cost.",
+        help="List the runs on the hosts (or a cluster's, -C; or kept in a bucket, --store):"
+        " state, progress, start, duration, exit code and, where the machines' prices are"
+        " known, what each has cost.",
     )
     @reaching()
     def status_command(
@@ -56,6 +57,20 @@ def register(app: typer.Typer) -> None:
                 " hung, slow ranks.",
             ),
         ] = False,
+        store: Annotated[
+            str | None,
+            typer.Option(
+                "--store",
+                metavar="s3://BUCKET/PREFIX",
+                help="The runs kept in this bucket place (`train --store`), as their copies"
+                " there say: after `vmrun down` too. With -H or -C, theirs as well (a run"
+                " listed there is shown once, as they see it).",
+            ),
+        ] = None,
+        from_store: Annotated[
+            bool,
+            typer.Option("--from-store", help="As --store, from vmrun.toml's `store`."),
+        ] = False,
         reach: Reach = NO_FLAGS,
     ) -> int:
         from vmrun.cli.output import report
@@ -71,6 +86,8 @@ def register(app: typer.Typer) -> None:
             watchdog=not as_json,
             last=0 if show_all else last,
             out=TERMINAL,
+            store=store if store is not None else ("" if from_store else None),
+            places=bool(host or cluster) or (store is None and not from_store),
         )
         records, errors, autostop = found.records, found.errors, found.autostop
         if as_json:
@@ -144,9 +161,10 @@ def _rows(
 def _cost(run: Any) -> str:
     from vmrun.operations.status_runs import cost_of
     from vmrun.results.cost import money
+    from vmrun.runs.store_runs import BucketRun
 
-    if run.record.master not in ("", run.host):
-        return "-"  # the run's cost is on its master's row
+    if run.record.master not in ("", run.host) and not isinstance(run, BucketRun):
+        return "-"  # the run's cost is on its master's row (a bucket's run has one row)
     found = cost_of(run.record, run.ran_s)
     return money(found["amount"], found["currency"]) if found else "-"
 
@@ -164,6 +182,7 @@ def _bucket(run: Any) -> str:
         "gave-up": "gave up",
         "replaced": "newer attempt's",
         "waiting": "waits for its master",
+        "copied": "in the bucket",
     }
     if store.state == "failing" and behind is not None:
         return f"{behind:.0f} s behind"

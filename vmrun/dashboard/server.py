@@ -47,10 +47,13 @@ def serve(
     port: int | None = None,
     bind: str = "127.0.0.1",
     opened: Callable[[str], None],
+    store: str | None = None,
 ) -> None:
     """Serve until Ctrl-C (or the task is cancelled). `opened` is told the page's address,
     token included, once it listens: before aiohttp is imported (a third of the start), so
-    that a browser opens meanwhile; its first connection waits in the socket's backlog."""
+    that a browser opens meanwhile; its first connection waits in the socket's backlog.
+    `store`: a bucket place whose runs are listed too (None: vmrun.toml's `store`, where it
+    has one)."""
     check_extra(imported=False)
     from vmrun.dashboard.access import Access
     from vmrun.dashboard.views import Views
@@ -64,7 +67,7 @@ def serve(
         opened(f"http://{host}:{bound}/?token={access.token}")
         with pool.holding(), contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the end
             check_extra()
-            views = Views(settings, hosts=hosts, cluster=cluster)
+            views = Views(settings, hosts=hosts, cluster=cluster, store=store)
             asyncio.run(_serve(views, access, sockets))
     finally:
         for sock in sockets:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+import posixpath
 import shlex
 import threading
 import time
@@ -33,12 +34,14 @@ KINDS = ("final model", "checkpoint", "metrics", "output", "log", "provenance")
 @dataclass
 class Views:
     """The project's runs as `vmrun status` sees them (`hosts`, `cluster`: as -H and -C
-    narrow it). A run is acted on where the last listing saw it (its hosts, or its
-    cluster), as `vmrun stop RUN -H ...` would be."""
+    narrow it; `store`: a bucket's runs too, by default vmrun.toml's). A run is acted on
+    where the last listing saw it (its hosts, or its cluster), as `vmrun stop RUN -H ...`
+    would be; one only in its bucket is read from there, and has nothing to act on."""
 
     settings: Settings
     hosts: list[str] | None = None
     cluster: str | None = None
+    store: str | None = None
     _seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _gpus: GpuWatch | None = None
@@ -81,7 +84,10 @@ class Views:
     def _list(self) -> dict[str, Any]:
         from vmrun.operations.status import gather
 
-        found = gather(self.settings, hosts=self.hosts, cluster=self.cluster, watchdog=False)
+        store = self.store or self.settings.store or None
+        found = gather(
+            self.settings, hosts=self.hosts, cluster=self.cluster, watchdog=False, store=store
+        )
         runs = found.runs()
         with self._lock:
             self._seen.update({r["run"]: r for r in runs})
@@ -103,6 +109,14 @@ class Views:
 
     def _place(self, run_id: str) -> dict[str, Any]:
         """Where to reach the run: `hosts` or `cluster`, as `status` listed it."""
+        copy = self._copy(run_id)
+        if copy is not None:
+            raise UsageError(
+                f"run {run_id} is only in its bucket ({copy}): no host or cluster listed it,"
+                " and this needs its hosts",
+                hint=f"its files: vmrun fetch --store {posixpath.dirname(copy)} --run {run_id}",
+                code="run-not-found",
+            )
         with self._lock:
             found = self._seen.get(run_id)
         run = found if found is not None else self.run(run_id)
@@ -110,12 +124,23 @@ class Views:
             return {"hosts": None, "cluster": run["cluster"]}
         return {"hosts": list(run.get("hosts") or []) or self.hosts, "cluster": None}
 
+    def _copy(self, run_id: str) -> str | None:
+        """The run's place in its bucket, where only its copy there was listed."""
+        with self._lock:
+            found = self._seen.get(run_id)
+        run = found if found is not None else self.run(run_id)
+        return None if run.get("hosts") or run.get("cluster") else run.get("bucket")
+
     def follow(self, run_id: str) -> Callable[[Reporter], str]:
         """What a follower runs: `logs -f RUN`, all of the log then each new line; how it
-        ended, in words."""
+        ended, in words. A run only in its bucket: its log as copied there."""
 
         def follow(out: Reporter) -> str:
             from vmrun.operations.logs import run_log
+
+            copy = self._copy(run_id)
+            if copy is not None:
+                return self._copied_log(run_id, copy, out)
 
             with run_log(self.settings, run_id, **self._place(run_id)) as log:
                 for node, why in log.ref.unreached.items():
@@ -125,15 +150,31 @@ class Views:
 
         return follow
 
+    def _copied_log(self, run_id: str, copy: str, out: Reporter) -> str:
+        from vmrun.runs.store_runs import LOG_TAIL, read_log
+        from vmrun.store_url import parse_store
+        from vmrun.stores.access import resolve
+        from vmrun.stores.bucket import client
+
+        s3 = client(resolve(self.settings.store_credentials))
+        out.output(read_log(s3, parse_store(copy)))
+        return f"run {run_id}: its log as its bucket copy holds it (the last {LOG_TAIL >> 20} MiB)"
+
     def metrics(self, run_id: str) -> dict[str, Any]:
         """Each metric by epoch (`metrics`: name -> [[epoch, value], ...]) and each rank's
         step time, as `report` reads them from results/RUN here; a live run's metrics
-        fetched first (`vmrun fetch metrics --run RUN`), so the chart follows it."""
+        fetched first (`vmrun fetch metrics --run RUN`), so the chart follows it; a run
+        only in its bucket's, from there (`--store`) unless here already."""
         from vmrun.operations.histories import gather
 
-        place = self._place(run_id)
+        copy = self._copy(run_id)
         note = None
-        if self._seen.get(run_id, {}).get("state") in LIVE:
+        if copy is not None:
+            place: dict[str, Any] = {}
+            note = self._fetch_metrics(run_id, {"store": posixpath.dirname(copy)})
+        else:
+            place = self._place(run_id)
+        if copy is None and self._seen.get(run_id, {}).get("state") in LIVE:
             note = self._fetch_metrics(run_id, place)
         problems: list[VmrunError] = []
         try:

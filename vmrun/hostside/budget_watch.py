@@ -18,6 +18,15 @@ When the time is up and the run still runs:
 The run's agent (run_agent.py) then records the run as stopped, not failed: a --recover
 run's supervisor does not bring it back, as after `vmrun stop`. PID is the run's agent; the
 watch ends with it (a pidfd: nothing outlives the run). Stdlib only.
+
+A Slurm job's cap (run_agent.py's `budget` and `step`, from the copies the batch script
+writes into REC/.watch) is the job's own: its spec is written once, at submission, so
+SECONDS run from the first attempt's start (REC/starts' first line: the queue's waits
+between attempts count, as the run's cost does). Spent before an attempt, REC/budget is
+written and the attempt starts nothing (`spent`); spent while the step runs, REC/budget is
+written and the batch shell gets SIGUSR2 (`job`), as at its time limit: it passes the
+signal to the step's ranks, which save their epoch, and ends the job stopped, never
+requeued (slurm_job.bash).
 """
 
 from __future__ import annotations
@@ -28,7 +37,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings on the host
-from hang_watch import tell, terminate, waiter, write_json  # type: ignore[import-not-found]
+from hang_watch import (  # type: ignore[import-not-found]
+    running,
+    tell,
+    terminate,
+    waiter,
+    write_json,
+)
 from spot_watch import alive, send, tree  # type: ignore[import-not-found]
 
 # how long ranks that catch no SIGUSR2 yet may still be starting (VMRUN_BUDGET_STARTING_S)
@@ -96,6 +111,44 @@ def watch(rec: str, pid: int, seconds: float, cap: str, run: int = 0) -> int:
     if alive(rec, pid):
         tell(rec, f"the run did not stop within {grace:.0f} s of --max-cost: stopping it")
         stop(rec, pid, run)
+    return 0
+
+
+def left(rec: str, seconds: float) -> float:
+    """A Slurm job's time left: `seconds` from its first attempt's start (now, when none is
+    recorded yet)."""
+    now = time.time()
+    try:
+        with open(os.path.join(rec, "starts")) as fh:
+            first = float(fh.readline().split()[1])
+    except (OSError, IndexError, ValueError):
+        first = now
+    return first + seconds - now
+
+
+def reached(rec: str, cap: str) -> None:
+    """REC/budget: when the cap was reached, and the cap as the user wrote it."""
+    write_json(os.path.join(rec, "budget"), {"seen": int(time.time()), "cap": cap})
+
+
+def spent(rec: str, seconds: float, cap: str) -> bool:
+    """Before a Slurm job's attempt: its cap reached already (REC/budget written)."""
+    if left(rec, seconds) > 0:
+        return False
+    reached(rec, cap)
+    return True
+
+
+def job(rec: str, step: int, shell: int, seconds: float, cap: str) -> int:
+    """Beside a Slurm job's step (`step`: its srun): at the cap, while the step runs,
+    REC/budget and SIGUSR2 to the batch shell (`shell`), which does the rest."""
+    pause = waiter(step)
+    deadline = time.monotonic() + left(rec, seconds)
+    while running(step) and time.monotonic() < deadline:
+        pause(min(5.0, max(0.05, deadline - time.monotonic())))
+    if running(step):
+        reached(rec, cap)
+        os.kill(shell, signal.SIGUSR2)
     return 0
 
 

@@ -9,11 +9,16 @@ JSON document on stdin, from run_start.sh) and supervises the run.
                                     pid is the record's pid: the run is alive while it lives)
 
 A Slurm job's batch script (slurm_job.bash) keeps the job's own steps (srun, requeues,
-recoveries, the budget's timer) and hands the spec to the same parts, from the copies of
-this file and its siblings the job writes into REC/.watch:
+recoveries) and hands the spec to the same parts, from the copies of this file and its
+siblings the job writes into REC/.watch (a user's own batch script's with `submit
+--recover`, slurm_own_recover.bash, only tells):
 
-    python3 run_agent.py step PID   the watchers beside the job's step (PID: its srun): the
-                                    hang watch over every node, until the step ends
+    python3 run_agent.py budget     before the step: the cap as the user wrote it (printed;
+                                    nothing without one), REC/budget written when the job
+                                    has cost it already (budget_watch.py's `spent`)
+    python3 run_agent.py step PID SHELL  the watchers beside the job's step (PID: its srun),
+                                    until it ends: the hang watch over every node, the cap
+                                    (SIGUSR2 to SHELL, the batch shell, when it is reached)
     python3 run_agent.py failure RC the job's code: torchrun's failed worker's, from job.log
     python3 run_agent.py tell EVENT EXIT  an event told to the record's notify.json's
                                     webhooks (EVENT "": the end, from EXIT)
@@ -368,27 +373,52 @@ def end(rec: str, rc: int, ended: threading.Event) -> None:
             )
 
 
+def budget(spec: dict) -> int:
+    """A Slurm job's cap before its step: printed (the batch shell's lines name it), and
+    REC/budget written when the job has cost it already."""
+    cap = spec["watchers"].get("budget")
+    if not cap:
+        return 0
+    import budget_watch  # type: ignore[import-not-found,unused-ignore]
+
+    budget_watch.spent(home_path(spec["rec"]), float(cap["seconds"]), cap["cap"])
+    print(cap["cap"])
+    return 0
+
+
 def step(spec: dict) -> int:
-    """A Slurm job's step watched (hang_watch.py's Slurm watch, in this process): its log
-    is job.log, its ranks every node's, its stop the step's srun's."""
-    hang = spec["watchers"].get("hang")
-    if not hang:
+    """A Slurm job's step watched, each part a thread of this process until the step (its
+    srun) ends: the hang watch (hang_watch.py's Slurm watch: its log is job.log, its ranks
+    every node's, its stop the step's srun's) and the cap (budget_watch.py's `job`)."""
+    hang, cap = spec["watchers"].get("hang"), spec["watchers"].get("budget")
+    if not hang and not cap:
         return 0
     import hang_watch  # type: ignore[import-not-found,unused-ignore]
 
-    hang_watch.LOG = "job.log"
+    if cap:  # before any part starts: one that cannot load fails the step's agent whole
+        import budget_watch  # type: ignore[import-not-found,unused-ignore]
+    rec, srun = home_path(spec["rec"]), int(sys.argv[2])
     with open(os.devnull) as null:
         os.dup2(null.fileno(), 0)
-    return hang_watch.watch(
-        home_path(spec["rec"]),
-        int(sys.argv[2]),
-        float(hang["seconds"]),
-        hang["action"],
-        spec["run_id"],
-        bool(hang.get("ranked", True)),
-        True,
-        hang.get("python") or "",
-    )
+    if hang:
+        hang_watch.LOG = "job.log"
+        part(
+            hang_watch.watch,
+            rec,
+            srun,
+            float(hang["seconds"]),
+            hang["action"],
+            spec["run_id"],
+            bool(hang.get("ranked", True)),
+            True,
+            hang.get("python") or "",
+        )
+    if cap:
+        part(budget_watch.job, rec, srun, int(sys.argv[3]), float(cap["seconds"]), cap["cap"])
+    pause = hang_watch.waiter(srun)
+    while hang_watch.running(srun):
+        pause(5.0)
+    return 0
 
 
 def failure(spec: dict) -> int:
@@ -427,6 +457,7 @@ def main() -> int:
         "fields": fields,
         "prepare": prepare,
         "run": run,
+        "budget": budget,
         "step": step,
         "failure": failure,
         "tell": tell,

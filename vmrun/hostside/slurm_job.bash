@@ -18,12 +18,13 @@
 # them too), gives a torchrun run's failed worker's own exit code for the job's (torchrun's
 # summary in the log; failure.json: which rank, where), and watches the step for hangs.
 # VMRUN_MAX_RECOVERIES: --recover's limit (0: none; slurm_recover.bash then comes first).
-# VMRUN_BUDGET: --max-cost's `SECONDS CAP` (empty: none): SECONDS after the first attempt's
-# start (queue waits between attempts count, as the run's cost does) the batch shell gets
-# SIGUSR2 as at its time limit, the ranks save their epoch, and the job ends stopped (never
-# requeued): $rec/budget, an `exit` line `budget`, $rec/stopped.
 # The spec's hang watcher (--hang-timeout) watches the step from here (the ranks' heartbeats
-# in $rec/beat, their lines in job.log).
+# in $rec/beat, their lines in job.log). Its budget (--max-cost, budget_watch.py): from the
+# first attempt's start (queue waits between attempts count, as the run's cost does), the
+# agent writes $rec/budget and sends this shell SIGUSR2 as at its time limit, the ranks
+# save their epoch, and the job ends stopped (never requeued): an `exit` line `budget`,
+# $rec/stopped; spent before an attempt, the attempt starts nothing; on a node without a
+# python3 >= 3.8 (after `module load`), a capped attempt starts nothing either (failed, 3).
 # Lines that start with \035vmrun are for vmrun's reader; everything else is the run's log.
 set -u
 attempt=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))
@@ -31,13 +32,17 @@ rec=$VMRUN_RECORD_DIR
 mark() { printf '\035vmrun %s\n' "$*"; }
 ended() { printf '%s %s %s\n' "$attempt" "$1" "$(date +%s)" >> "$rec/exit"; }
 agent=  # the job's agent, where it has something to do and python3 is here
-if [ "${#VMRUN_AGENT[@]}" -gt 0 ] && command -v python3 >/dev/null 2>&1 &&
-  mkdir -p "$rec/.watch"; then
-  for (( i = 0; i < ${#VMRUN_AGENT[@]}; i += 2 )); do
-    printf '%s\n' "${VMRUN_AGENT[i + 1]}" > "$rec/.watch/${VMRUN_AGENT[i]}"
-  done
-  agent=$rec/.watch/run_agent.py
-fi
+find_agent() {  # again after `module load`, which may be what puts python3 on the PATH
+  if [ "${#VMRUN_AGENT[@]}" -gt 0 ] && command -v python3 >/dev/null 2>&1 &&
+    python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2>/dev/null &&
+    mkdir -p "$rec/.watch"; then
+    for (( i = 0; i < ${#VMRUN_AGENT[@]}; i += 2 )); do
+      printf '%s\n' "${VMRUN_AGENT[i + 1]}" > "$rec/.watch/${VMRUN_AGENT[i]}"
+    done
+    agent=$rec/.watch/run_agent.py
+  fi
+}
+find_agent
 # shellcheck disable=SC2153  # VMRUN_LAUNCH: the header's
 tell() {  # EVENT EXIT: "" lets the sender tell an end from the exit code and the record
   if [ -n "$agent" ]; then python3 "$agent" tell "$1" "$2" <<< "$VMRUN_LAUNCH" 2>&1; fi
@@ -85,30 +90,6 @@ MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
 export MASTER_ADDR MASTER_PORT
 # shellcheck disable=SC2086  # one word per node
 mark attempt "$attempt" job "$SLURM_JOB_ID" start "$(date +%s)" nodes $nodes
-budget_timer=
-if [ -n "${VMRUN_BUDGET:-}" ]; then
-  budget_cap=${VMRUN_BUDGET#* }
-  # shellcheck disable=SC2317  # called by the timer and below
-  budget_spent() { printf '{"seen": %s, "cap": "%s"}\n' "$(date +%s)" "$budget_cap" > "$rec/budget"; }
-  first=$(awk 'NR == 1 { print $2; exit }' "$rec/starts")
-  left=$(( ${first:-$(date +%s)} + ${VMRUN_BUDGET%% *} - $(date +%s) ))
-  if [ "$left" -le 0 ]; then
-    budget_spent
-    mark budget "the run had cost --max-cost $budget_cap before attempt $attempt: stopped"
-    date +%s > "$rec/stopped"
-    ended budget
-    tell stopped ""
-    exit 0
-  fi
-  (
-    sleep "$left" &
-    pause=$!
-    # shellcheck disable=SC2064  # this sleep's pid, now
-    trap "kill $pause 2>/dev/null; exit 0" TERM
-    wait "$pause" && budget_spent && kill -USR2 $$
-  ) </dev/null >/dev/null 2>&1 &
-  budget_timer=$!
-fi
 # srun in Slurm >= 22.05 no longer takes --cpus-per-task from the allocation
 if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 # the run's own variables (--env, the cluster's env): a 0600 file, never a command
@@ -132,6 +113,27 @@ if [ "${#VMRUN_MODULES[@]}" -gt 0 ]; then
     tell "" 3
     exit 3
   fi
+fi
+if [ -z "$agent" ]; then find_agent; fi
+capped=  # --max-cost asked: its watcher is among the agent's files
+for (( i = 0; i < ${#VMRUN_AGENT[@]}; i += 2 )); do
+  if [ "${VMRUN_AGENT[i]}" = budget_watch.py ]; then capped=1; fi
+done
+budget_cap=  # --max-cost as the user wrote it (the agent's: "" none)
+if [ -n "$agent" ] && budget_cap=$(python3 "$agent" budget <<< "$VMRUN_LAUNCH" 2>/dev/null); then
+  :
+elif [ -n "$capped" ]; then  # a cap no one would keep: never a run spending past it unwatched
+  mark failed "--max-cost is kept by the job's agent, which needs python3 >= 3.8 on the node: $(hostname) has none that runs it; nothing was started"
+  ended 3
+  tell "" 3
+  exit 3
+fi
+if [ -e "$rec/budget" ]; then  # the agent found the cap spent already
+  mark budget "the run had cost --max-cost $budget_cap before attempt $attempt: stopped"
+  date +%s > "$rec/stopped"
+  ended budget
+  tell stopped ""
+  exit 0
 fi
 # torch's flight recorder, dumped into the record when an NCCL collective times out (as on
 # hosts): VMRUN_FLIGHT_RECORDER's NAME=VALUE words, named for the job's torch
@@ -207,7 +209,7 @@ srun --kill-on-bad-exit=1 --label ${VMRUN_SRUN[@]+"${VMRUN_SRUN[@]}"} "${step[@]
 task=$!
 watcher=
 if [ -n "$agent" ]; then  # the spec's watchers beside the step, until it ends
-  python3 "$agent" step "$task" <<< "$VMRUN_LAUNCH" >/dev/null 2>&1 &
+  python3 "$agent" step "$task" $$ <<< "$VMRUN_LAUNCH" >/dev/null 2>&1 &
   watcher=$!
 fi
 while :; do  # a trapped signal ends `wait` early: wait again until srun has ended
@@ -216,7 +218,6 @@ while :; do  # a trapped signal ends `wait` early: wait again until srun has end
   kill -0 "$task" 2>/dev/null || break
 done
 if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
-if [ -n "$budget_timer" ]; then kill "$budget_timer" 2>/dev/null; wait "$budget_timer" 2>/dev/null; fi
 # torchrun exits 1 when a worker fails (srun passes on the worst task's): the worker's code
 if [ "$rc" != 0 ] && [ "$VMRUN_LAUNCHER" = torchrun ] && [ -n "$agent" ]; then
   code=$(python3 "$agent" failure "$rc" <<< "$VMRUN_LAUNCH" 2>/dev/null)

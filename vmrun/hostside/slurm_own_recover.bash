@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # `vmrun submit --recover`: the lines vmrun puts into a copy of the user's own bash batch
 # script (after its #! and #SBATCH header; the script's own lines follow unchanged), below
-# the variables (VMRUN_RECORD_DIR, VMRUN_MAX_RECOVERIES, VMRUN_NOTIFIER) and
+# the variables (VMRUN_RECORD_DIR, VMRUN_MAX_RECOVERIES; VMRUN_LAUNCH and VMRUN_AGENT, the
+# launch spec and files of the agent that tells the requeues, as in slurm_job.bash) and
 # slurm_recover.bash. What slurm_job.bash does for vmrun's own jobs, around the user's: the
 # last attempt's failure said with what it cost (vmrun_recover_start); at the script's exit
 # (an EXIT trap) a failure, or a node lost under it, requeues the job without the nodes
@@ -22,11 +23,16 @@ vmrun_mark() { shift; printf 'vmrun: %s\n' "$*"; }
 vmrun_ended() {
   printf '%s %s %s\n' "$vmrun_attempt" "$1" "$(date +%s)" >> "$vmrun_rec/exit"
 }
+vmrun_teller=  # run_agent.py, where the run asked to be told and python3 is here
+if [ "${#VMRUN_AGENT[@]}" -gt 0 ] && command -v python3 >/dev/null 2>&1 &&
+  mkdir -p "$vmrun_rec/.watch"; then
+  for (( vmrun_i = 0; vmrun_i < ${#VMRUN_AGENT[@]}; vmrun_i += 2 )); do
+    printf '%s\n' "${VMRUN_AGENT[vmrun_i + 1]}" > "$vmrun_rec/.watch/${VMRUN_AGENT[vmrun_i]}"
+  done
+  vmrun_teller=$vmrun_rec/.watch/run_agent.py
+fi
 vmrun_tell() {  # EVENT EXIT: the record's notify.json, as slurm_job.bash tells
-  if [ -n "${VMRUN_NOTIFIER:-}" ] && [ -r "$vmrun_rec/notify.json" ] &&
-    command -v python3 >/dev/null 2>&1; then
-    python3 -c "$VMRUN_NOTIFIER" "$vmrun_rec" send "$1" "$2" </dev/null 2>&1
-  fi
+  if [ -n "$vmrun_teller" ]; then python3 "$vmrun_teller" tell "$1" "$2" <<< "$VMRUN_LAUNCH" 2>&1; fi
 }
 rm -rf "$vmrun_rec"/notified.*
 vmrun_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")

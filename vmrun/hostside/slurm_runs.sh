@@ -1,15 +1,25 @@
-# slurm_runs.sh RUNS_DIR: every vmrun run on the cluster in one round trip: the user's jobs
-# in squeue, one line per task of an array (a fixed --Format: squeue's JSON changed across
-# versions; a field an older squeue lacks is left out at the end), then each run's files
-# (run.json, jobid, starts, exit, stopped, since, ended, versions.json, failure.json, budget,
-# recoveries, hang; the last metrics line) as `==> PATH <==` sections.
+# slurm_runs.sh RUNS_DIR [RUN METRICS ...]: every vmrun run on the cluster in one round trip:
+# the user's jobs in squeue, one line per task of an array (a fixed --Format: squeue's JSON
+# changed across versions; a field an older squeue lacks is left out at the end), then each
+# run's files (run.json, jobid, starts, exit, stopped, since, ended, versions.json,
+# failure.json, recoveries, budget, hang, metrics.path; the last line of the metrics file that
+# metrics.path names) as `==> PATH <==` sections. RUN METRICS: the metrics.path of a record
+# an older vmrun wrote without one (vmrun read the path in its run.json), written first.
 r=$1
+shift
 echo "==> squeue <=="
 q=$(squeue -h -r -u "$(id -un)" --states=all \
   -O 'JobArrayID:|,State:|,Reason:|,StartTime:|,TimeUsed:|,NodeList:|,ArrayJobID:|,ArrayTaskID:|,exit_code' \
   2>/dev/null)
 [ -n "$q" ] && printf '%s\n' "$q"
 cd "$r" 2>/dev/null || exit 0
+while [ "$#" -ge 2 ]; do
+  case $1 in
+    */* | .* | '') ;;
+    *) if [ -d "$1" ] && [ ! -e "$1/metrics.path" ]; then printf '%s\n' "$2" > "$1/metrics.path"; fi ;;
+  esac
+  shift 2
+done
 set -- */run.json
 [ -e "$1" ] || exit 0
 # each job's allocation (`scontrol show job -o`: nodes, partition, TRES), kept once, for the
@@ -30,13 +40,13 @@ for j in */jobid; do
   printf '%s\n' "$a" > "$d/allocation.tmp" && mv "$d/allocation.tmp" "$d/allocation"
 done
 tail -v -n +1 -- */run.json */jobid */starts */exit */stopped */since */ended */versions.json \
-  */failure.json */recoveries */budget */hang 2>/dev/null
+  */failure.json */recoveries */budget */hang */metrics.path 2>/dev/null
 echo
 # finished jobs leave squeue after MinJobAge: accounting remembers them, where there is any
 echo "==> sacct <=="
 sacct -n -P -X -j "$(cat -- */jobid 2>/dev/null | tr '\n' ,)" -o JobID,State,ExitCode 2>/dev/null
-# the newest metrics line of every run, in one process (the paths as run.json says them)
-metrics=$(sed -n 's/.*"metrics": *"\([^"]*\)".*/\1/p' -- */run.json)
+# the newest metrics line of every run, in one process (the paths its metrics.path names)
+metrics=$(cat -- */metrics.path 2>/dev/null)
 if [ -n "$metrics" ]; then
   IFS='
 '

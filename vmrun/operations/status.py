@@ -1,5 +1,5 @@
-"""What `vmrun status` shows, gathered: every run recorded on the hosts and the clusters, and
-what the autostop watchdog says on each host, as values."""
+"""What `vmrun status` shows, gathered: every run recorded on the hosts and the clusters (and
+kept in a bucket, `--store`), and what the autostop watchdog says on each host, as values."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from vmrun.reporting import QUIET, Reporter
 
 @dataclass(frozen=True)
 class Failure:
-    """A host or cluster that did not answer, and why (`status --json` names it)."""
+    """A host, cluster or bucket that did not answer, and why (`status --json` names it)."""
 
     error: BaseException
     host: str | None = None
     cluster: str | None = None
+    store: str | None = None
 
 
 @dataclass
@@ -30,18 +31,22 @@ class Status:
     errors: list[Failure] = field(default_factory=list)
     autostop: dict[str, str] = field(default_factory=dict)
     hidden: int = 0  # older runs left out (`last`)
+    copies: dict[str, str] = field(default_factory=dict)  # a listed run's place in the bucket
 
     def runs(self) -> list[dict[str, Any]]:
         """One object per run, the same keys in each (vmrun.operations.status_runs)."""
         from vmrun.operations.status_runs import run_objects
 
-        return run_objects(self.records)
+        return run_objects(self.records, self.copies)
 
     def places(self) -> list[dict[str, Any]]:
         """One object per host or cluster that did not answer (every run key, null)."""
         from vmrun.operations.status_runs import place_object
 
-        return [place_object(f.error, host=f.host, cluster=f.cluster) for f in self.errors]
+        return [
+            place_object(f.error, host=f.host, cluster=f.cluster, store=f.store)
+            for f in self.errors
+        ]
 
 
 def gather(
@@ -52,11 +57,15 @@ def gather(
     watchdog: bool = True,
     last: int = 0,
     out: Reporter = QUIET,
+    store: str | None = None,
+    places: bool = True,
 ) -> Status:
     """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
     every cluster in vmrun.toml (one command on each login node), oldest first (`last`:
     only the newest N runs, 0: all); and what the autostop watchdog says on each host that
-    has one (`watchdog`: the table shows it)."""
+    has one (`watchdog`: the table shows it). `store`: the runs kept under this bucket
+    place too ("": vmrun.toml's `store`), a run the hosts or clusters listed shown once, as
+    they see it (`places`: False, the bucket's alone)."""
     from vmrun.errors import UsageError
 
     if last < 0:
@@ -69,7 +78,8 @@ def gather(
     errors: list[Failure] = []
     autostop: dict[str, str] = {}
     named = bool(hosts or cluster)  # a place the user named that does not answer: an error
-    for target in listed_targets(settings, hosts=hosts, cluster=cluster):
+    targets = listed_targets(settings, hosts=hosts, cluster=cluster) if places else []
+    for target in targets:
         listed = list_runs_on(target, settings, watchdog=watchdog)
         if listed.down is not None and named:
             raise listed.down
@@ -78,7 +88,44 @@ def gather(
         records += listed.rows
         errors += [Failure(exc, host=host, cluster=name) for host, name, exc in listed.failed]
         autostop.update(listed.autostop)
+    copies: dict[str, str] = {}
+    if store is not None:
+        records += _in_bucket(settings, store, records, copies, errors)
     records.sort(key=lambda r: float(r.started or 0))
     ids = list(dict.fromkeys(r.id for r in records))
     keep = set(ids[-last:]) if last else set(ids)
-    return Status([r for r in records if r.id in keep], errors, autostop, len(ids) - len(keep))
+    kept = [r for r in records if r.id in keep]
+    return Status(kept, errors, autostop, len(ids) - len(keep), copies)
+
+
+def _in_bucket(
+    settings: Settings,
+    store: str,
+    listed: list[RunRow],
+    copies: dict[str, str],
+    errors: list[Failure],
+) -> list[RunRow]:
+    """The runs under the bucket place that no host or cluster listed (the places' view is
+    live); for those they did, their place in the bucket, in `copies`. A bucket that does
+    not answer is a failure in `errors`, as a host's is."""
+    from vmrun.errors import UsageError, VmrunError
+    from vmrun.runs.store_runs import list_runs
+    from vmrun.store_url import parse_store
+    from vmrun.stores.access import resolve
+    from vmrun.stores.bucket import client
+
+    if not (store or settings.store):
+        raise UsageError(
+            "--from-store: vmrun.toml names no store",
+            hint="give the place: --store s3://BUCKET/PREFIX",
+            code="bad-store",
+        )
+    place = parse_store(store or settings.store)
+    try:
+        found = list_runs(client(resolve(settings.store_credentials)), place)
+    except VmrunError as exc:
+        errors.append(Failure(exc, store=str(place)))
+        return []
+    seen = {r.id for r in listed}
+    copies.update({r.id: str(r.place) for r in found if r.id in seen})
+    return [r for r in found if r.id not in seen]

@@ -7,7 +7,7 @@ did not answer (`run` null), so a reader sees every failure, grouped by code, on
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vmrun.backends.api import RunRow
@@ -23,6 +23,7 @@ KEYS = (
     "run",
     "hosts",
     "cluster",
+    "bucket",
     "state",
     "reason",
     "attempts",
@@ -51,20 +52,28 @@ KEYS = (
 )
 
 
-def run_objects(records: Sequence[RunRow]) -> list[dict[str, Any]]:
-    """The records `status` gathered (one per run and host), as one object per run."""
+def run_objects(
+    records: Sequence[RunRow], copies: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The records `status` gathered (one per run and host), as one object per run;
+    `copies`: the place in a bucket where a run listed on its hosts was found too."""
     by_run: dict[str, list[RunRow]] = {}
     for record in records:
         by_run.setdefault(record.id, []).append(record)
-    return [_one(rid, recs) for rid, recs in by_run.items()]
+    return [_one(rid, recs, (copies or {}).get(rid)) for rid, recs in by_run.items()]
 
 
-def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
+def _one(rid: str, recs: list[RunRow], copy: str | None = None) -> dict[str, Any]:
     from vmrun.backends.api import combined_state
+    from vmrun.runs.store_runs import BucketRun
 
     first = recs[0]
+    bucket_only = isinstance(first, BucketRun)  # only in its bucket: no host or cluster listed it
+    if isinstance(first, BucketRun):
+        copy = str(first.place)
     layout = layout_of(first.record)
     on_cluster = layout.where == CLUSTER
+    hosts = None if on_cluster or bucket_only else list(layout.hosts or [r.host for r in recs])
     if len(recs) > 1:
         state, code = combined_state(recs)
     else:
@@ -82,8 +91,9 @@ def _one(rid: str, recs: list[RunRow]) -> dict[str, Any]:
     ran = [r.ran_s for r in recs if r.ran_s is not None]  # every attempt's: what it cost
     return {
         "run": rid,
-        "hosts": None if on_cluster else list(layout.hosts or [r.host for r in recs]),
-        "cluster": (layout.cluster or first.host) if on_cluster else None,
+        "hosts": hosts,
+        "cluster": (layout.cluster or first.host) if on_cluster and not bucket_only else None,
+        "bucket": copy,
         "state": str(state),
         "reason": first.reason or None,
         "attempts": max(r.attempts for r in recs),
@@ -217,12 +227,18 @@ def run_error(
 
 
 def place_object(
-    err: BaseException, *, host: str | None = None, cluster: str | None = None
+    err: BaseException,
+    *,
+    host: str | None = None,
+    cluster: str | None = None,
+    store: str | None = None,
 ) -> dict[str, Any]:
-    """A host or cluster that did not answer, as an object with every run key (null)."""
+    """A host, cluster or bucket that did not answer, as an object with every run key
+    (null)."""
     return {
         **dict.fromkeys(KEYS),
         "hosts": [host] if host else None,
         "cluster": cluster,
+        "bucket": store,
         "error": error_json(err),
     }

@@ -4,10 +4,11 @@ SSH hosts, a Slurm cluster and `train --local` each wrote their own run.json; ol
 wrote older variants of each. `RunRecord.from_json` reads every one of those forms here, in
 one place (a field of the wrong type reads as unknown, never as an error: a record outlives
 the vmrun that wrote it), and `to_json` writes the current schema. The keys each place wrote
-keep their names and meanings: slurm_runs.sh reads `metrics` by name, and the host scripts
-of older vmruns read `python`, `out_dir`, `ran_before_s`, `price_per_hour` and `currency`
-(this vmrun's get them from the launch spec and notify.json). Keys this vmrun does not know
-(a newer one's) are kept in `extra` and written back as they were.
+keep their names and meanings: the host scripts of older vmruns read `metrics` (their
+slurm_runs.sh), `python`, `out_dir`, `ran_before_s`, `price_per_hour` and `currency` (this
+vmrun's get them from the launch spec, notify.json and a Slurm record's metrics.path).
+Keys this vmrun does not know (a newer one's) are kept in `extra` and written back as they
+were.
 
 The fields are the schema `status --json` and `report --json` give as `record`
 (docs/reports.md lists them; a test keeps that list and these fields alike).
@@ -231,7 +232,7 @@ class Job:
     submitted: float | None = None  # this machine's clock at submission
     record_dir: str = ""  # the run's record on the cluster: job.sh, run.json, job.log, ...
     code_dir: str = ""
-    metrics: str = ""  # the run's metrics file (slurm_runs.sh reads it)
+    metrics: str = ""  # the run's metrics file (also the record's metrics.path)
     batch_script: bool = False  # the user's own batch script (`vmrun submit`)
     sbatch: tuple[str, ...] = ()  # its sbatch words
     job_name: str | None = None

@@ -1,11 +1,9 @@
 """A run's place in its bucket, as this machine reads it with boto3 (the `aws` extra): its
-objects, its record (run.json), the newest run under a store (vmrun.runs.store_fetch
+objects, one object's bytes, the newest run under a store (vmrun.runs.store_fetch
 brings its files here)."""
 
 from __future__ import annotations
 
-import json
-import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -108,26 +106,21 @@ def objects(s3: Any, place: StoreURL) -> list[Object]:
     return found
 
 
-def run_meta(s3: Any, place: StoreURL) -> dict[str, Any]:
-    """The run's run.json from its record in the bucket."""
-    record = place.join(RECORD, "run.json")
-    try:
-        with calling(record):
-            body = s3.get_object(Bucket=record.bucket, Key=record.prefix)["Body"].read()
-    except UsageError:
-        parent = StoreURL(place.scheme, place.bucket, posixpath.dirname(place.prefix))
-        raise UsageError(
-            f"no run {posixpath.basename(place.prefix)} under {parent}",
-            hint="the bucket holds the runs started with --store there",
-            code="run-not-found",
-        ) from None
-    try:
-        meta = json.loads(body)
-    except ValueError:
-        meta = None
-    if not isinstance(meta, dict):
-        raise RemoteError(f"{record} is not a run's record", code="store-copy-failed")
-    return meta
+def read(s3: Any, where: StoreURL, tail: int = 0) -> bytes:
+    """One object's bytes (`tail`: only its last N, as a log or metrics file is read; an
+    empty object has no range to ask for)."""
+    from botocore.exceptions import ClientError
+
+    ranged = {"Range": f"bytes=-{tail}"} if tail else {}
+    with calling(where):
+        try:
+            return bytes(
+                s3.get_object(Bucket=where.bucket, Key=where.prefix, **ranged)["Body"].read()
+            )
+        except ClientError as exc:
+            if tail and exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                return b""
+            raise
 
 
 def newest_run(s3: Any, store: StoreURL) -> str:

@@ -62,7 +62,8 @@ class StoreState:
 
     to: str
     # syncing, ok, failing, done, gave-up, replaced (a newer attempt copies now), waiting
-    # (a node that copies outputs only, before its master claimed the attempt)
+    # (a node that copies outputs only, before its master claimed the attempt); copied (as
+    # the bucket holds it, listed there: `status --store`)
     state: str
     at: float  # when the copier last wrote this
     synced: float | None = None  # the last copy that went through
@@ -107,7 +108,7 @@ class StoreState:
 
     def behind(self, now: float | None = None) -> float | None:
         """Seconds since the bucket last had everything (None: never yet)."""
-        if self.synced is None:
+        if self.synced is None or self.state == "copied":  # the bucket knows not what waits
             return None
         if self.state in ("ok", "done"):
             return 0.0
@@ -144,6 +145,8 @@ class StoreState:
             return f"{self.to}: first copy under way"
         if self.state == "waiting":
             return f"{self.to}: waits for the run's master to claim this attempt there"
+        if self.state == "copied":
+            return f"{self.to}: last copied {time.strftime('%m-%d %H:%M', time.localtime(self.at))}"
         notes = []
         if self.waits:
             notes.append(f"{len(self.waits)} checkpoint(s) wait for shards before their .metadata")

@@ -79,12 +79,13 @@ def load(
     if found:
         record = max(found, key=lambda r: r.started).record
     elif store is not None:
+        from vmrun.runs.store_runs import run_record
         from vmrun.stores.access import resolve
-        from vmrun.stores.bucket import client, run_meta
+        from vmrun.stores.bucket import client
         from vmrun.stores.sync import run_place
 
         restore = run_place(store, rid)
-        record = RunRecord.from_json(run_meta(client(resolve(store_credentials)), restore))
+        record = run_record(client(resolve(store_credentials)), restore)
     else:
         raise_for_failures(outcomes)
         raise UsageError(

@@ -48,6 +48,7 @@ from vmrun.reporting import Reporter
 from vmrun.results.cost import alike
 from vmrun.results.record import CLUSTER, Image, Job, Launch, Policy, Prices, RunRecord
 from vmrun.runs import provenance
+from vmrun.runs.launch_spec import Budget
 from vmrun.runs.outputs import RunLocation
 from vmrun.runs.plan import Plan
 from vmrun.runs.state import RunState
@@ -251,12 +252,12 @@ class SlurmBackend:
         """The run's --max-cost, else the cluster's own `max_cost` (0: none)."""
         return plan.max_cost or float(self.cluster.max_cost or 0)
 
-    def _budget(self, cap: float, spec: JobSpec) -> str:
-        """The batch script's VMRUN_BUDGET for a cap (`SECONDS CAP`: the job's time from its
-        first attempt's start at the cluster's price per node); refused where the cluster
-        has no `price`."""
+    def _budget(self, cap: float, spec: JobSpec) -> Budget | None:
+        """The job's budget watcher for a cap (its seconds: the job's time from its first
+        attempt's start at the cluster's price per node); refused where the cluster has no
+        `price`."""
         if not cap:
-            return ""
+            return None
         from vmrun.results.cost import budget_seconds, money
 
         priced = alike(self.cluster.price, spec.nodes, self.cluster.currency)
@@ -269,7 +270,7 @@ class SlurmBackend:
                 code="over-budget",
             )
         left = budget_seconds(cap, priced["price_per_hour"])
-        return f"{left:.0f} {money(cap, priced['currency'])}"
+        return Budget(float(round(left)), money(cap, priced["currency"]))
 
     # -- submitting -------------------------------------------------------------------
 
@@ -561,6 +562,7 @@ class SlurmBackend:
             str(len(told)),
             str(len(sub.patch)),
             str(len(collector)),
+            sub.record.job.metrics if sub.record.job else "",
             *(["record"] if record_only else []),
         ]
         stdin = script + meta + sub.trainer + told + sub.patch + collector + sub.env_text.encode()
@@ -585,6 +587,8 @@ class SlurmBackend:
         if self.synced:
             return self._runs_everywhere()
         text, error = self._listing(self.conn)
+        if error is None and (older := records.unpointed(records.parse_listing(text, ""))):
+            text, error = self._listing(self.conn, older)  # once: their metrics.path
         if error is not None:
             return [], [error]
         found = records.parse_listing(text, self.cluster.name)
@@ -593,8 +597,12 @@ class SlurmBackend:
                 self._record_ends(run, lines)
         return found, []
 
-    def _listing(self, conn: Connection) -> tuple[str, RemoteError | None]:
-        argv = [*hostside.command("slurm_runs.sh"), self.runs_dir]
+    def _listing(
+        self, conn: Connection, older: Sequence[str] = ()
+    ) -> tuple[str, RemoteError | None]:
+        """slurm_runs.sh's listing; `older`: records an older vmrun wrote, given their
+        metrics.path first (records.unpointed)."""
+        argv = [*hostside.command("slurm_runs.sh"), self.runs_dir, *older]
         status, out, err = conn.capture(plain_command(argv), what="squeue")
         if status != 0:
             return "", RemoteError(f"listing runs failed: {err.strip()}", host=self.cluster.name)
@@ -604,6 +612,10 @@ class SlurmBackend:
         """Every node's listing at once, merged (the login node's first: its queue); a
         node that does not answer is named, the rest listed."""
         found = self._each_node(lambda _node, conn: self._listing(conn))
+        listed = [(n, v[0]) for n, v in found.items() if not isinstance(v, BaseException)]
+        older = records.unpointed(records.parse_listings(listed, ""))
+        if older:  # once: their metrics.path on every node that has their record
+            found = self._each_node(lambda _node, conn: self._listing(conn, older))
         listings: list[tuple[str, str]] = []
         errors: list[BaseException] = []
         for node in sorted(found, key=lambda n: n != self.cluster.name):

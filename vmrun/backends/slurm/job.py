@@ -19,7 +19,7 @@ from vmrun.containers.runtime import PULL_SCRIPT, SlurmContainer
 from vmrun.errors import UsageError
 from vmrun.hostside import source
 from vmrun.runs.launch import flight_recorder_env
-from vmrun.runs.launch_spec import Hang, LaunchSpec, Notify, Watchers
+from vmrun.runs.launch_spec import Budget, Hang, LaunchSpec, Notify, Watchers
 from vmrun.runs.plan import CPU_PROCESSES
 from vmrun.ssh.quoting import quote
 
@@ -159,7 +159,7 @@ class Batch:
     notifier: bool = False  # the job tells its end and requeues (the record's notify.json)
     max_recoveries: int = 0  # --recover: failed attempts requeued by the job itself
     hang: str = ""  # --hang-timeout's `SECONDS ACTION RANKED` (the agent's), "" not watched
-    budget: str = ""  # --max-cost's `SECONDS CAP`: from the first attempt's start; "" none
+    budget: Budget | None = None  # --max-cost's: its seconds from the first attempt's start
     torch: str = ""  # the job's torch version where vmrun knows it (setup's record); "" not
     own_env: Sequence[str] = ()  # the names of the run's own variables (--env, the cluster's)
 
@@ -223,7 +223,6 @@ def batch_script(
     lines.append(f"VMRUN_PULL_SCRIPT={quote(_commands(PULL_SCRIPT)) if batch.pull else ''}")
     lines.append(f"VMRUN_CONTAINER_HOME={quote(batch.container_home)}")
     lines.append(f"VMRUN_MAX_RECOVERIES={batch.max_recoveries}")
-    lines.append(f"VMRUN_BUDGET={quote(batch.budget)}")
     recorder = flight_recorder_env(f"{paths.record}/nccl/fr_rank_", batch.torch, batch.own_env)
     settings = " ".join(quote(f"{name}={value}") for name, value in recorder.items())
     lines.append(f"VMRUN_FLIGHT_RECORDER=({settings})")
@@ -237,8 +236,9 @@ def batch_script(
 
 def launch_spec(batch: Batch, paths: JobPaths) -> LaunchSpec:
     """What the job's agent (hostside/run_agent.py's Slurm modes) is handed: the watchers
-    its step wants, with their settings. No secret: the webhooks are the record's
-    notify.json, written as the job was submitted."""
+    its step wants, with their settings (the budget's seconds run from the job's first
+    attempt's start: the spec is written once, for every attempt). No secret: the webhooks
+    are the record's notify.json, written as the job was submitted."""
     hang = None
     if batch.hang:
         seconds, action, ranked = batch.hang.split()
@@ -249,7 +249,9 @@ def launch_spec(batch: Batch, paths: JobPaths) -> LaunchSpec:
         run_id=batch.run_id,
         argv=tuple(batch.command),
         out=paths.out,
-        watchers=Watchers(hang=hang, notify=Notify() if batch.notifier else None),
+        watchers=Watchers(
+            hang=hang, budget=batch.budget, notify=Notify() if batch.notifier else None
+        ),
     )
 
 
@@ -257,7 +259,9 @@ def agent_files(batch: Batch, spec: LaunchSpec) -> list[str]:
     """The host-side files the job's agent runs (the batch script writes them into
     REC/.watch): none where it has nothing to do."""
     wanted = []
-    if spec.watchers.hang is not None:
+    if spec.watchers.budget is not None:
+        wanted.append("budget_watch.py")  # which reads hang_watch.py's and spot_watch.py's
+    if spec.watchers.hang is not None or spec.watchers.budget is not None:
         wanted += ["hang_watch.py", "spot_watch.py", "stacks.py"]
     if batch.launcher == "torchrun":
         wanted.append("run_failure.py")

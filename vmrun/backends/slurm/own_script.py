@@ -33,6 +33,7 @@ from vmrun.errors import (
 from vmrun.remote_paths import remote_workdir
 from vmrun.reporting import Reporter
 from vmrun.results.record import CLUSTER, Job, Launch, Policy, Prices, RunRecord
+from vmrun.runs import launch_spec as ls
 from vmrun.runs import provenance
 from vmrun.ssh.quoting import plain_command, quote
 
@@ -124,7 +125,14 @@ def prepare(
         check_recoverable(batch)
         name_it = [] if batch.options.get("--job-name") else [f"--job-name={batch.path.name}"]
         sbatch = [*given, *fill, "--requeue", *name_it, f"{record}/batch.sh", *args]
-        lines = recover_lines(record, recoveries, notifier=bool(notify))
+        teller = ls.LaunchSpec(
+            rec=record,
+            workdir=code,
+            run_id=rid,
+            argv=(f"{code}/{batch.relative}", *args),
+            watchers=ls.Watchers(notify=ls.Notify() if notify else None),
+        )
+        lines = recover_lines(teller, recoveries)
     recorded = RunRecord(
         run_id=rid,
         where=CLUSTER,
@@ -195,18 +203,20 @@ def check_recoverable(batch: batchfile.BatchFile) -> None:
         )
 
 
-def recover_lines(record: str, limit: int, *, notifier: bool) -> str:
-    """What `submit --recover` puts after the script's header: its variables,
-    slurm_recover.bash and slurm_own_recover.bash."""
+def recover_lines(spec: ls.LaunchSpec, limit: int) -> str:
+    """What `submit --recover` puts after the script's header: its variables (the launch
+    spec of the agent that tells the job's requeues, where the run asked: the files it runs
+    with it), slurm_recover.bash and slurm_own_recover.bash."""
     from vmrun.hostside import source
 
-    told = quote(source("notify_send.py")) if notifier else "''"
+    agent = ["run_agent.py", "notify_send.py"] if spec.watchers.notify is not None else []
     head = [
         "# --- vmrun submit --recover: the job brings itself back; the script's own lines",
         "# follow this block unchanged ---",
-        f"VMRUN_RECORD_DIR={quote(record)}",
+        f"VMRUN_RECORD_DIR={quote(spec.rec)}",
         f"VMRUN_MAX_RECOVERIES={limit}",
-        f"VMRUN_NOTIFIER={told}",
+        f"VMRUN_LAUNCH={quote(spec.to_json())}",
+        f"VMRUN_AGENT=({' '.join(f'{name} {quote(source(name))}' for name in agent)})",
     ]
     body = source("slurm_recover.bash") + "\n" + source("slurm_own_recover.bash")
     return "\n".join(head) + "\n" + body + "# --- the script's own lines ---\n"

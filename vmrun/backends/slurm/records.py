@@ -119,6 +119,7 @@ class SlurmRun:
     hung: dict[str, Any] | None = None  # its hang watcher found it stuck (REC/hang)
     accounted: tuple[str, str] | None = None  # sacct's (State, ExitCode)
     last_metrics: Mapping[str, Any] | None = None
+    pointed: bool = False  # its record names its metrics file (metrics.path)
     # a job from the user's own batch script (`vmrun submit`): its tasks, when squeue or
     # the run's `ended` record knows them; `since` the cluster's clock at submission
     tasks: list[Task] = field(default_factory=list)
@@ -314,6 +315,12 @@ def parse_listings(listings: Sequence[tuple[str, str]], cluster: str) -> list[Sl
     return runs
 
 
+def unpointed(runs: Sequence[SlurmRun]) -> list[str]:
+    """`RUN METRICS` words for slurm_runs.sh: the runs whose record an older vmrun wrote
+    without its metrics.path, each with the metrics file its run.json names."""
+    return [word for r in runs if r.metrics and not r.pointed for word in (r.id, r.metrics)]
+
+
 def _live_nodes(per_node: Sequence[tuple[str, Mapping[str, list[str]]]]) -> dict[str, str]:
     """Each run's node whose `starts` has the newest start (ties: the first such node)."""
     newest: dict[str, tuple[float, str]] = {}
@@ -356,6 +363,7 @@ def _parse(sections: dict[str, list[str]], cluster: str) -> list[SlurmRun]:
         if run is not None:
             _read_file(run, path, lines)
     for run in runs.values():
+        run.pointed = f"{run.id}/metrics.path" in sections
         if run.job_id:
             entry = queue.get(run.job_id)
             run.job = entry.state if entry else None

@@ -46,6 +46,7 @@ function stateOf(run) {
 }
 
 function where(run) {
+  if (!run.cluster && !run.hosts && run.bucket) return run.bucket;  // only in its bucket
   return run.cluster ? `cluster ${run.cluster}` : (run.hosts || []).join(", ");
 }
 
@@ -102,7 +103,7 @@ async function loadRuns() {
     for (const s of [...states].sort()) { const o = el("option", s); o.value = s; select.append(o); }
     select.value = chosen;
     drawRuns();
-    const lines = got.unreached.map((p) => `${p.cluster || (p.hosts || []).join(",")}: ${p.error && p.error.message}`);
+    const lines = got.unreached.map((p) => `${p.cluster || p.bucket || (p.hosts || []).join(",")}: ${p.error && p.error.message}`);
     $("unreached").textContent = lines.join("\n");
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
@@ -243,6 +244,10 @@ function provenance(run) {
     ["image", run.image], ["versions", run.versions ? Object.entries(run.versions).map(([k, v]) => `${k} ${v}`).join(", ") : null],
     ["cost", money(run.cost)], ["exit", run.exit],
   ];
+  if (!run.cluster && !run.hosts && run.bucket) {  // only in its bucket: its files from there
+    const store = run.bucket.slice(0, run.bucket.lastIndexOf("/"));
+    rows.push(["files", `vmrun fetch results --store ${store} --run ${run.run}`]);
+  }
   for (const [k, v] of rows) {
     if (v === null || v === undefined || v === "") continue;
     dl.append(el("dt", k), el("dd", v));
