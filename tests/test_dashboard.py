@@ -133,7 +133,9 @@ def test_the_token_once_then_a_strict_httponly_cookie() -> None:
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
         page = await client.get("/", cookies={COOKIE: access.token})
         assert page.status == 200
-        assert "/static/uPlot.iife.min.js" in await page.text()
+        assert "/static/app.js" in await page.text()
+        script = await client.get("/static/app.js", cookies={COOKIE: access.token})
+        assert "/static/uPlot.iife.min.js" in await script.text()  # loaded by the first chart
         assert page.headers["X-Frame-Options"] == "DENY"
         assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
         runs = await client.get("/api/runs", cookies={COOKIE: access.token})
@@ -298,6 +300,97 @@ def test_pages_asking_at_once_share_one_listing_of_the_hosts(monkeypatch: Any) -
     assert asked == [1] and all(a["runs"] == [RUN] for a in answers)
     views.runs()  # a later ask lists again (release is still set)
     assert asked == [1, 1]
+
+
+def test_the_servers_first_listing_answers_the_first_page_once(monkeypatch: Any) -> None:
+    """The listing made as the server starts answers the first page asking soon after it
+    (not listed again); the next ask lists, and so does an ask after FIRST_FRESH_S or after
+    a stop."""
+    from types import SimpleNamespace
+
+    from vmrun.config import load_settings
+    from vmrun.dashboard import views as views_module
+    from vmrun.dashboard.views import Views
+    from vmrun.operations import stop
+
+    views = Views(load_settings())
+    listed: list[int] = []
+
+    def listing() -> dict[str, Any]:
+        listed.append(1)
+        return {"runs": [dict(RUN, n=len(listed))], "unreached": []}
+
+    def number() -> int:
+        return int(views.runs()["runs"][0]["n"])
+
+    monkeypatch.setattr(views, "_list", listing)
+    views.warm()
+    assert (number(), number()) == (1, 2)
+    views.warm()
+    monkeypatch.setattr(views_module, "FIRST_FRESH_S", 0.0)
+    assert number() == 4
+    monkeypatch.setattr(views_module, "FIRST_FRESH_S", 60.0)
+    views.warm()
+    views._seen[RUN["run"]] = RUN
+    stopped = SimpleNamespace(
+        outcomes=[], ref=SimpleNamespace(unreached={}), run_id="r", exit_code=0
+    )
+    monkeypatch.setattr(stop, "stop", lambda *a, **kw: stopped)
+    views.stop(RUN["run"])
+    assert number() == 6
+
+
+def test_the_address_is_printed_listening_before_aiohttp_is_imported(tmp_path: Path) -> None:
+    """The address comes first (a browser starts meanwhile): its port already takes
+    connections, which wait for the server; aiohttp is imported after."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import socket, sys\n"
+        "from vmrun.config import load_settings\n"
+        "from vmrun.dashboard.server import serve\n"
+        "def opened(url):\n"
+        "    port = int(url.split(':')[2].split('/')[0])\n"
+        "    socket.create_connection(('127.0.0.1', port), 5).close()\n"
+        "    print('aiohttp' in sys.modules)\n"
+        "    raise SystemExit(0)\n"
+        "serve(load_settings(), hosts=['nobody@192.0.2.1'], port=0, opened=opened)\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": root, "HOME": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
+
+
+def test_a_port_in_use_is_refused_and_with_no_port_another_is_taken(monkeypatch: Any) -> None:
+    import socket
+
+    from vmrun.config import load_settings
+    from vmrun.dashboard import server
+
+    class Opened(Exception):
+        pass
+
+    def opened(url: str) -> None:
+        raise Opened(url)
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(UsageError) as refused:
+            server.serve(load_settings(), port=port, opened=opened)
+        assert refused.value.code == "dashboard-port-taken"
+        monkeypatch.setattr(server, "DEFAULT_PORT", port)
+        with pytest.raises(Opened) as got:
+            server.serve(load_settings(), opened=opened)
+        assert f":{port}/" not in str(got.value) and "?token=" in str(got.value)
 
 
 class Row:

@@ -406,6 +406,8 @@ def test_the_pages_in_a_browser(tmp_path: Path) -> None:
                 assert (
                     await page.until(f"{plot} && {plot}.dataset.points", 20, "the loss plot") == "3"
                 )
+                # drawn by uPlot, which the page loads with its first chart
+                assert await page.until(f"!!{plot}.querySelector('canvas')", 20, "its canvas")
                 rows = await page.value(
                     "document.querySelectorAll('#sweep-report tbody tr').length"
                 )

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         from vmrun.cli.terminal import TERMINAL
         from vmrun.dashboard.server import check_extra, serve
 
-        check_extra()
+        check_extra(imported=False)  # imported once the address is printed
         refuse_with_cluster(cluster, host)
         settings = reach.settings()
         if store is not None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from vmrun.dashboard.cluster_gpus import ClusterGpus
 
 LIVE = ("running", "pending", "recovering", "queued", "starting")
+FIRST_FRESH_S = 5.0  # the server's first listing answers the first page asking this soon after
 
 
 @dataclass
@@ -42,19 +43,28 @@ class Views:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _gpus: GpuWatch | None = None
     _listing: Future[dict[str, Any]] | None = None
+    _joins: int = 0  # asks that joined the listing under way
+    _first: tuple[float, dict[str, Any]] | None = None  # (when, what): warm's, if none joined
     _clusters: ClusterGpus | None = None
     # each run's recoveries as its nodes' records counted them when last fetched in full
     _recoveries_fetched: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
-    def runs(self) -> dict[str, Any]:
+    def runs(self, *, keep: bool = False) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
         answer, each with its error). Asked while a listing is under way (several pages,
-        the server's own first one), the answer is that listing's: hosts are asked once."""
+        the server's own first one), the answer is that listing's: hosts are asked once.
+        `keep`: if no one joined, this listing answers the next ask, within FIRST_FRESH_S."""
         with self._lock:
+            first, self._first = self._first, None
+            if first is not None and time.monotonic() - first[0] < FIRST_FRESH_S:
+                return first[1]
             flight = self._listing
             mine = flight is None
             if flight is None:
                 flight = self._listing = Future()
+                self._joins = 0
+            else:
+                self._joins += 1
         if not mine:
             return flight.result()
         try:
@@ -66,6 +76,8 @@ class Views:
         finally:
             with self._lock:
                 self._listing = None
+                if keep and not self._joins and not flight.exception():
+                    self._first = time.monotonic(), flight.result()
         return listed
 
     def _list(self) -> dict[str, Any]:
@@ -82,9 +94,10 @@ class Views:
 
     def warm(self) -> None:
         """The first listing, as the server starts: the hosts are dialed (and listed) while
-        the browser opens, and its first ask joins this listing."""
+        the browser opens, and its first ask joins this listing, or, coming soon after it
+        ended, is answered by it (not listed again)."""
         with contextlib.suppress(VmrunError):
-            self.runs()
+            self.runs(keep=True)
 
     def run(self, run_id: str) -> dict[str, Any]:
         """One run's object, as the runs listing has it (listed afresh)."""
@@ -314,6 +327,7 @@ class Views:
         """`vmrun stop RUN`: each node's outcome, and the nodes not reached."""
         from vmrun.operations.stop import stop
 
+        self._first = None  # a listing from before the stop answers no one
         stopped = stop(self.settings, run_id, **self._place(run_id))
         nodes = []
         for outcome in stopped.outcomes:

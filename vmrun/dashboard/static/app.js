@@ -91,7 +91,9 @@ function drawRuns() {
 
 async function loadRuns() {
   try {
-    const got = await api("/api/runs");
+    const asked = api("/api/runs");
+    new Date().toLocaleString(); // loads the locale's data (30 ms in a new browser) meanwhile
+    const got = await asked;
     lastRuns = got.runs;
     const states = new Set(lastRuns.map(stateOf));
     const select = $("state-filter"), chosen = runFilters().state;
@@ -204,9 +206,24 @@ function drawChart(metrics) {
   chart = epochs.length ? new uPlot(opts, data, box) : null;
 }
 
+// uPlot (53 KB) is loaded by the first chart, not by the page: it would delay the runs
+let chartLibrary = null;
+function chartsReady() {
+  if (window.uPlot) return Promise.resolve();
+  chartLibrary = chartLibrary || new Promise((resolve, reject) => {
+    const script = el("script");
+    script.src = "/static/uPlot.iife.min.js";
+    script.onload = resolve;
+    script.onerror = () => { chartLibrary = null; reject(new Error("the chart library did not load")); };
+    document.head.append(script);
+  });
+  return chartLibrary;
+}
+
 async function loadMetrics(runId) {
   try {
     const got = await api(`/api/runs/${encodeURIComponent(runId)}/metrics`);
+    await chartsReady();
     if (current !== runId) return;
     drawChart(got.metrics);
     drawMoreCharts(got);
@@ -598,6 +615,7 @@ async function loadSweep(sweepId) {
   $("sweep-plots").replaceChildren();
   try {
     const got = await api(`/api/sweeps/${encodeURIComponent(sweepId)}`);
+    await chartsReady();
     $("sweep-where").textContent = `on ${got.where}`;
     const sizes = $("sweep-sizes").querySelector("tbody");
     sizes.replaceChildren();
