@@ -163,7 +163,7 @@ def places(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
         asked["hosts"] += 1
         return Listed([_host_run("r1")], [], {})
 
-    def in_bucket(s3: Any, store: Any, shown: str = "") -> list[BucketRun]:
+    def in_bucket(s3: Any, store: Any, shown: str = "", **kw: Any) -> list[BucketRun]:
         asked["bucket"] = str(store)
         if asked["fail"] is not None:
             raise asked["fail"]
