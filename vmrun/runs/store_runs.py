@@ -3,7 +3,10 @@ the store, then each run's small record objects (run.json through the typed reco
 attempt, failure, versions, the last line of its metrics), read a few at a time. What the
 bucket cannot know it does not say: a run whose copy has no end is running only while its
 copy is recent; once the copy has been quiet for long, it is lost as far as the bucket
-knows (its hosts, asked, say more: their view wins in `status`)."""
+knows (its hosts, asked, say more: their view wins in `status`). One listing costs a
+request per thousand objects (checkpoint shards too), fewer than listing each run's record
+apart would for any but runs of thousands of objects; `StoreRuns` keeps what one read, for
+a caller that lists again and again."""
 
 from __future__ import annotations
 
@@ -201,7 +204,8 @@ class StoreRuns:
         self, store: StoreURL, credentials: str = "auto", shown: str = "", every: float = 0.0
     ) -> None:
         self.store, self.credentials, self.shown, self.every = store, credentials, shown, every
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # one listing at a time
+        self._making = threading.Lock()  # the client, made once (a log read need not wait)
         self._s3: Any = None
         self._bodies: Bodies = {}
         self._at = 0.0
@@ -211,7 +215,7 @@ class StoreRuns:
         from vmrun.stores.access import resolve
         from vmrun.stores.bucket import client
 
-        with self._lock:
+        with self._making:
             if self._s3 is None:
                 self._s3 = client(resolve(self.credentials))
             return self._s3
