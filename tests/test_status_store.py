@@ -2,8 +2,10 @@
 moto's S3 in this process, fakes for the hosts): each run's state from its record's
 objects, one listing and only the small record objects read, an end an earlier attempt
 left not taken for this one's, a copy long quiet with no end lost (never running), a run
-the hosts list too shown once as they see it, and a bucket out of reach a place that did
-not answer, by its code."""
+the hosts list too shown once as they see it, a bucket out of reach a place that did
+not answer, by its code; an unchanged object not read again, --last read only the newest,
+an object gone since the listing absent, and the dashboard's bucket listed once a minute
+with its credentials found once (without boto3, a note)."""
 
 from __future__ import annotations
 
@@ -163,7 +165,7 @@ def places(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
         asked["hosts"] += 1
         return Listed([_host_run("r1")], [], {})
 
-    def in_bucket(s3: Any, store: Any, shown: str = "") -> list[BucketRun]:
+    def in_bucket(s3: Any, store: Any, shown: str = "", **kw: Any) -> list[BucketRun]:
         asked["bucket"] = str(store)
         if asked["fail"] is not None:
             raise asked["fail"]
@@ -354,3 +356,183 @@ def test_a_bucket_only_runs_page_in_a_browser(
             await server.close()
 
     asyncio.run(main())
+
+
+def _bucket(s3: Any, runs: int, shards: int) -> None:
+    """`runs` runs, each started a minute after the one before, ended, with its metrics and
+    `shards` checkpoint objects."""
+    s3.create_bucket(Bucket="bkt")
+    for i in range(runs):
+        rid = f"r{i:02d}"
+        with moto_time(T0 + 60 * i):
+            for key, body in {
+                ".vmrun/started": b"1\n",
+                ".vmrun/run.json": _meta(rid, started=T0 + 60 * i),
+                ".vmrun/attempt": b"1\n",
+                ".vmrun/exit_code": b"0\n",
+                ".vmrun/log": b"epoch 1/10\n",
+                "metrics.jsonl": b'{"epoch": 10}\n',
+                **{f"checkpoints/epoch_{n}/shard_{n}.pt": b"x" for n in range(shards)},
+            }.items():
+                s3.put_object(Bucket="bkt", Key=f"runs/{rid}/{key}", Body=body)
+
+
+def moto_time(at: float) -> Any:
+    """moto stamps an object's LastModified with the clock: this one."""
+    import datetime as dt
+    from unittest import mock
+
+    class Clock(dt.datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return dt.datetime.fromtimestamp(at, tz)
+
+        @classmethod
+        def utcnow(cls) -> Any:
+            return dt.datetime.fromtimestamp(at, dt.timezone.utc).replace(tzinfo=None)
+
+    import moto.s3.models as models
+
+    return mock.patch.object(models.datetime, "datetime", Clock)
+
+
+def test_an_unchanged_run_is_not_read_again_and_last_reads_only_the_newest() -> None:
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        _bucket(s3, runs=12, shards=30)
+        counted, bodies = Counting(s3), {}  # type: ignore[var-annotated]
+        first = list_runs(counted, STORE, bodies=bodies)
+        assert len(first) == 12 and len(counted.read) == 12 * 4  # run.json, attempt, end, metrics
+        counted.read.clear()
+        again = list_runs(counted, STORE, bodies=bodies)
+        assert counted.read == []  # nothing changed: nothing read
+        assert [(r.id, r.state, r.progress) for r in again] == [
+            (r.id, r.state, r.progress) for r in first
+        ]
+        s3.put_object(Bucket="bkt", Key="runs/r03/metrics.jsonl", Body=b'{"epoch": 11}\n')
+        list_runs(counted, STORE, bodies=bodies)
+        assert counted.read == ["runs/r03/metrics.jsonl"]  # what changed, alone
+        counted.read.clear()
+        older: list[str] = []
+        newest = list_runs(counted, STORE, last=3, left_out=older)
+    assert [r.id for r in newest] == ["r09", "r10", "r11"]
+    assert sorted(older) == [f"r{i:02d}" for i in range(9)]
+    assert {k.split("/")[1] for k in counted.read} == {"r09", "r10", "r11"}
+
+
+def test_an_object_gone_between_the_listing_and_its_reading_is_absent() -> None:
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    class Vanishing(Counting):
+        gone = ("runs/r2/.vmrun/failure.json", "runs/r3/.vmrun/run.json")
+
+        def get_object(self, **kw: Any) -> Any:
+            if kw["Key"] in self.gone:
+                self.s3.delete_object(Bucket=kw["Bucket"], Key=kw["Key"])
+            return super().get_object(**kw)
+
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="bkt")
+        for key, body in {
+            "r1/.vmrun/run.json": _meta("r1"),
+            "r1/.vmrun/exit_code": b"0\n",
+            "r2/.vmrun/run.json": _meta("r2"),
+            "r2/.vmrun/exit_code": b"3\n",
+            "r2/.vmrun/failure.json": b'{"node": "h1", "rank": 1, "exit": 3}\n',
+            "r3/.vmrun/run.json": _meta("r3"),
+        }.items():
+            s3.put_object(Bucket="bkt", Key=f"runs/{key}", Body=body)
+        found = {r.id: r for r in list_runs(Vanishing(s3), STORE)}
+    assert sorted(found) == ["r1", "r2"]  # r3's record went: it is not there
+    assert found["r1"].state == RunState.DONE
+    assert found["r2"].state == RunState.FAILED and found["r2"].failure is None
+
+
+def test_a_client_is_of_its_own_session_never_boto3s_shared_one() -> None:
+    pytest.importorskip("boto3")
+    import boto3
+
+    from vmrun.stores.access import Access
+    from vmrun.stores.bucket import client
+
+    boto3.DEFAULT_SESSION = None
+    client(Access("k", "s"))
+    assert boto3.DEFAULT_SESSION is None  # the shared session, not thread-safe, not made
+
+
+def _hosts_with_no_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
+    """The project's store and one host, faked, with no runs: how often it was asked."""
+    import vmrun.backends.select as select
+
+    asked: list[int] = []
+    monkeypatch.setattr(
+        select, "list_runs_on", lambda *a, **kw: asked.append(1) or Listed([], [], {})
+    )
+    (tmp_path / "vmrun.toml").write_text('store = "s3://bkt/runs"\n\n[[hosts]]\naddress = "h1"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("VMRUN_HOSTS", raising=False)
+    return asked
+
+
+def test_the_dashboard_lists_its_bucket_once_a_minute_with_one_credentials_lookup(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    import vmrun.dashboard.views as views_module
+    import vmrun.stores.access as access
+    from vmrun.config import load_settings
+    from vmrun.dashboard.views import Views
+
+    hosts = _hosts_with_no_runs(monkeypatch, tmp_path)
+    for key, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}.items():
+        monkeypatch.setenv(key, value)
+    resolved: list[str] = []
+    real = access.resolve
+    monkeypatch.setattr(access, "resolve", lambda mode="auto": resolved.append(mode) or real(mode))
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        _bucket(s3, runs=2, shards=1)
+        views = Views(load_settings({}))
+        first = views.runs()
+        assert [r["run"] for r in first["runs"]] == ["r00", "r01"] and not first["unreached"]
+        s3.put_object(Bucket="bkt", Key="runs/r02/.vmrun/run.json", Body=_meta("r02"))
+        assert [r["run"] for r in views.runs()["runs"]] == ["r00", "r01"]  # the minute's
+        assert views._bucket is not None
+        views._bucket._at -= 30
+        shown = views.runs()
+        assert any("as listed 30 s ago" in n for n in shown["notes"]), shown["notes"]
+        views._bucket._at -= views_module.BUCKET_EVERY_S
+        assert sorted(r["run"] for r in views.runs()["runs"]) == ["r00", "r01", "r02"]
+    assert resolved == ["auto"]  # the credentials found once for the dashboard's life
+    assert len(hosts) == 4  # the hosts, each time
+
+
+def test_without_boto3_the_projects_store_is_a_note_and_an_asked_store_a_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from vmrun.cli.main import run
+    from vmrun.config import load_settings
+    from vmrun.dashboard.views import Views
+
+    _hosts_with_no_runs(monkeypatch, tmp_path)
+    monkeypatch.setitem(sys.modules, "boto3", None)  # the `aws` extra not installed
+    shown = Views(load_settings({})).runs()
+    assert shown["runs"] == [] and shown["unreached"] == []
+    assert shown["notes"] == [
+        "s3://bkt/runs: its runs are not read without pip install 'vmrun[aws]'"
+    ]
+    code = run(["status", "--json", "--store", "s3://bkt/runs"])
+    (obj,) = json.loads(capsys.readouterr().out)
+    assert code != 0 and obj["bucket"] == "s3://bkt/runs" and obj["error"]["code"] == "bad-store"
+    views = Views(load_settings({}), store="s3://bkt/runs")  # asked for: as the CLI says it
+    assert views.runs()["unreached"][0]["error"]["code"] == "bad-store"

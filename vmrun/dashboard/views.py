@@ -23,9 +23,11 @@ from vmrun.reporting import Reporter
 if TYPE_CHECKING:
     from vmrun.backends.api import RunRow
     from vmrun.dashboard.cluster_gpus import ClusterGpus
+    from vmrun.runs.store_runs import StoreRuns
 
 LIVE = ("running", "pending", "recovering", "queued", "starting")
 FIRST_FRESH_S = 5.0  # the server's first listing answers the first page asking this soon after
+BUCKET_EVERY_S = 60.0  # the bucket listed again at most this often (the hosts: each refresh)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Views:
     _clusters: ClusterGpus | None = None
     # each run's recoveries as its nodes' records counted them when last fetched in full
     _recoveries_fetched: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    _bucket: StoreRuns | None = None
 
     def runs(self, *, keep: bool = False) -> dict[str, Any]:
         """`status --json`'s objects: `runs`, and `unreached` (the places that did not
@@ -81,16 +84,44 @@ class Views:
         return listed
 
     def _list(self) -> dict[str, Any]:
+        import importlib.util
+
         from vmrun.operations.status import gather
 
         store = self.store or self.settings.store or None
+        notes: list[str] = []
+        aws = importlib.util.find_spec("boto3") is not None  # the `aws` extra, not imported
+        if store and not self.store and not aws:  # vmrun.toml's store, not asked for
+            notes.append(f"{store}: its runs are not read without pip install 'vmrun[aws]'")
+            store = None
+        bucket = self._lister(store) if store else None
         found = gather(
-            self.settings, hosts=self.hosts, cluster=self.cluster, watchdog=False, store=store
+            self.settings,
+            hosts=self.hosts,
+            cluster=self.cluster,
+            watchdog=False,
+            store=store,
+            bucket=bucket,
         )
+        if bucket is not None and bucket.age >= 1:
+            notes.append(f"{store}: its runs as listed {int(bucket.age)} s ago")
         runs = found.runs()
         with self._lock:
             self._seen.update({r["run"]: r for r in runs})
-        return {"runs": runs, "unreached": found.places()}
+        return {"runs": runs, "unreached": found.places(), "notes": notes}
+
+    def _lister(self, store: str) -> StoreRuns:
+        """The bucket's lister, kept: its client, the record objects read, its listing
+        for BUCKET_EVERY_S."""
+        from vmrun.runs.store_runs import StoreRuns
+        from vmrun.store_url import parse_store
+
+        place = parse_store(store)
+        with self._lock:
+            if self._bucket is None or self._bucket.store != place:
+                credentials = self.settings.store_credentials
+                self._bucket = StoreRuns(place, credentials, every=BUCKET_EVERY_S)
+            return self._bucket
 
     def warm(self) -> None:
         """The first listing, as the server starts: the hosts are dialed (and listed) while
@@ -152,10 +183,8 @@ class Views:
     def _copied_log(self, run_id: str, copy: str, out: Reporter) -> str:
         from vmrun.runs.store_runs import LOG_TAIL, read_log
         from vmrun.store_url import parse_store
-        from vmrun.stores.access import resolve
-        from vmrun.stores.bucket import client
 
-        s3 = client(resolve(self.settings.store_credentials))
+        s3 = self._lister(self.store or self.settings.store or posixpath.dirname(copy)).client()
         out.output(read_log(s3, parse_store(copy)))
         return f"run {run_id}: its log as its bucket copy holds it (the last {LOG_TAIL >> 20} MiB)"
 

@@ -4,11 +4,14 @@ kept in a bucket, `--store`), and what the autostop watchdog says on each host, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmrun.backends.api import RunRow
 from vmrun.config import Settings
 from vmrun.reporting import QUIET, Reporter
+
+if TYPE_CHECKING:
+    from vmrun.runs.store_runs import StoreRuns
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,15 @@ def gather(
     out: Reporter = QUIET,
     store: str | None = None,
     places: bool = True,
+    bucket: StoreRuns | None = None,
 ) -> Status:
     """Runs from -H's hosts or -C's cluster; with neither, from the project's hosts and
     every cluster in vmrun.toml (one command on each login node), oldest first (`last`:
     only the newest N runs, 0: all); and what the autostop watchdog says on each host that
     has one (`watchdog`: the table shows it). `store`: the runs kept under this bucket
     place too ("": vmrun.toml's `store`), a run the hosts or clusters listed shown once, as
-    they see it (`places`: False, the bucket's alone)."""
+    they see it (`places`: False, the bucket's alone; `bucket`: its lister, kept by a
+    caller that lists again and again)."""
     from vmrun.errors import UsageError
 
     if last < 0:
@@ -89,13 +94,15 @@ def gather(
         errors += [Failure(exc, host=host, cluster=name) for host, name, exc in listed.failed]
         autostop.update(listed.autostop)
     copies: dict[str, str] = {}
+    older: list[str] = []  # the bucket's runs left out unread (`last`)
     if store is not None:
-        records += _in_bucket(settings, store, records, copies, errors)
+        records += _in_bucket(settings, store, records, copies, errors, bucket, last, older)
     records.sort(key=lambda r: float(r.started or 0))
     ids = list(dict.fromkeys(r.id for r in records))
     keep = set(ids[-last:]) if last else set(ids)
     kept = [r for r in records if r.id in keep]
-    return Status(kept, errors, autostop, len(ids) - len(keep), copies)
+    hidden = len(ids) - len(keep) + len(set(older) - set(ids))
+    return Status(kept, errors, autostop, hidden, copies)
 
 
 def _in_bucket(
@@ -104,15 +111,17 @@ def _in_bucket(
     listed: list[RunRow],
     copies: dict[str, str],
     errors: list[Failure],
+    bucket: StoreRuns | None = None,
+    last: int = 0,
+    older: list[str] | None = None,
 ) -> list[RunRow]:
     """The runs under the bucket place that no host or cluster listed (the places' view is
     live); for those they did, their place in the bucket, in `copies`. A bucket that does
-    not answer is a failure in `errors`, as a host's is."""
+    not answer is a failure in `errors`, as a host's is. `last`: only the bucket's newest
+    N read, the others' ids in `older`."""
     from vmrun.errors import UsageError, VmrunError
-    from vmrun.runs.store_runs import list_runs
+    from vmrun.runs.store_runs import StoreRuns
     from vmrun.store_url import parse_store
-    from vmrun.stores.access import resolve
-    from vmrun.stores.bucket import client
 
     if not (store or settings.store):
         raise UsageError(
@@ -121,8 +130,10 @@ def _in_bucket(
             code="bad-store",
         )
     place = parse_store(store or settings.store)
+    if bucket is None or bucket.store != place:
+        bucket = StoreRuns(place, settings.store_credentials)
     try:
-        found = list_runs(client(resolve(settings.store_credentials)), place)
+        found = bucket.runs(last, older)
     except VmrunError as exc:
         errors.append(Failure(exc, store=str(place)))
         return []

@@ -3,19 +3,23 @@ the store, then each run's small record objects (run.json through the typed reco
 attempt, failure, versions, the last line of its metrics), read a few at a time. What the
 bucket cannot know it does not say: a run whose copy has no end is running only while its
 copy is recent; once the copy has been quiet for long, it is lost as far as the bucket
-knows (its hosts, asked, say more: their view wins in `status`)."""
+knows (its hosts, asked, say more: their view wins in `status`). One listing costs a
+request per thousand objects (checkpoint shards too), fewer than listing each run's record
+apart would for any but runs of thousands of objects; `StoreRuns` keeps what one read, for
+a caller that lists again and again."""
 
 from __future__ import annotations
 
 import json
 import posixpath
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmrun.errors import RemoteError, UsageError
+from vmrun.errors import RemoteError, UsageError, VmrunError
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.record import RunRecord
 from vmrun.results.stragglers import Slow, from_metrics, summary
@@ -138,43 +142,149 @@ class BucketRun:
         return ()
 
 
-def list_runs(s3: Any, store: StoreURL, shown: str = "") -> list[BucketRun]:
+Bodies = dict[tuple[str, str], tuple[tuple[str, int, float], bytes]]
+
+
+def list_runs(
+    s3: Any,
+    store: StoreURL,
+    shown: str = "",
+    *,
+    last: int = 0,
+    bodies: Bodies | None = None,
+    left_out: list[str] | None = None,
+) -> list[BucketRun]:
     """Every run under `store` with a record (run.json) there, oldest first: one listing,
     then the record objects it shows, READERS at a time. `shown`: the store as the user
-    named it (each run's `host`)."""
+    named it (each run's `host`); `last`: only the newest N, by when each started (its
+    `started` object), the others' ids in `left_out`, none of their objects read; `bodies`:
+    objects read before, kept by (run, name) with their (ETag, size, time), so an
+    unchanged object is not read again. An object gone between the listing and its
+    reading is absent (a run whose run.json went, not there)."""
     now = time.time()
+    by_run = _listed(s3, store, last, left_out)
+    kept: Bodies = {} if bodies is None else bodies
+    wanted = [
+        (rid, name, found[name])
+        for rid, found in by_run.items()
+        for name in (*(f"{RECORD}/{n}" for n in _READ), "metrics.jsonl")
+        if name in found
+    ]
+
+    def fetch(item: tuple[str, str, Object]) -> bytes | None:
+        rid, name, obj = item
+        version = (obj.etag, obj.size, obj.modified)
+        had = kept.get((rid, name))
+        if had is not None and had[0] == version:
+            return had[1]
+        tail = METRICS_TAIL if name == "metrics.jsonl" and obj.size > METRICS_TAIL else 0
+        try:
+            body = b"" if obj.size == 0 else read(s3, run_place(store, rid).join(name), tail)
+        except UsageError as exc:
+            if exc.code == "store-empty":
+                return None  # gone since the listing
+            raise
+        kept[(rid, name)] = (version, body)
+        return body
+
+    with ThreadPoolExecutor(min(READERS, max(1, len(wanted)))) as pool:
+        bodies_read = dict(
+            zip(((r, n) for r, n, _ in wanted), pool.map(fetch, wanted), strict=True)
+        )
+    if bodies is not None:  # what is no longer listed is not kept
+        listed = {(r, n) for r, n, _ in wanted}
+        for gone in [k for k in bodies if k not in listed]:
+            del bodies[gone]
+    runs = []
+    for rid, found in by_run.items():
+        absent = {n for (r, n), b in bodies_read.items() if r == rid and b is None}
+        if f"{RECORD}/run.json" in absent:
+            continue  # removed since the listing
+        found = {k: o for k, o in found.items() if k not in absent}
+        texts = {
+            n.removeprefix(f"{RECORD}/"): b.decode("utf-8", "replace")
+            for (r, n), b in bodies_read.items()
+            if r == rid and b is not None
+        }
+        runs.append(_run(rid, found, texts, store, shown or str(store), now))
+    runs.sort(key=lambda r: (r.started, r.id))
+    return runs
+
+
+class StoreRuns:
+    """A store's runs listed again and again (the dashboard's, every few seconds): one
+    client for the process, its credentials found once; each record object read once
+    while its ETag and size stay; and the listing itself kept `every` seconds (the rows
+    stay, `age` old). A bucket that did not answer is not asked again sooner either."""
+
+    def __init__(
+        self, store: StoreURL, credentials: str = "auto", shown: str = "", every: float = 0.0
+    ) -> None:
+        self.store, self.credentials, self.shown, self.every = store, credentials, shown, every
+        self._lock = threading.Lock()  # one listing at a time
+        self._making = threading.Lock()  # the client, made once (a log read need not wait)
+        self._s3: Any = None
+        self._bodies: Bodies = {}
+        self._at = 0.0
+        self._found: list[BucketRun] | VmrunError | None = None
+
+    def client(self) -> Any:
+        from vmrun.stores.access import resolve
+        from vmrun.stores.bucket import client
+
+        with self._making:
+            if self._s3 is None:
+                self._s3 = client(resolve(self.credentials))
+            return self._s3
+
+    @property
+    def age(self) -> float:
+        """How long ago the rows `runs` gives were listed."""
+        return max(0.0, time.time() - self._at) if self._found is not None else 0.0
+
+    def runs(self, last: int = 0, left_out: list[str] | None = None) -> list[BucketRun]:
+        with self._lock:
+            if self._found is None or time.time() - self._at >= self.every:
+                try:
+                    self._found = list_runs(
+                        self.client(),
+                        self.store,
+                        self.shown,
+                        last=last,
+                        bodies=self._bodies,
+                        left_out=left_out,
+                    )
+                except VmrunError as exc:
+                    self._found = exc
+                self._at = time.time()
+            if isinstance(self._found, VmrunError):
+                raise self._found
+            return list(self._found)
+
+
+def _listed(
+    s3: Any, store: StoreURL, last: int, left_out: list[str] | None
+) -> dict[str, dict[str, Object]]:
+    """The objects of each run with a record under `store` (the newest `last`, by when each
+    started; the others' ids in `left_out`)."""
     by_run: dict[str, dict[str, Object]] = {}
     for obj in objects(s3, store):
         rid, sep, key = obj.key.partition("/")
         if sep and rid and not rid.startswith("."):
             by_run.setdefault(rid, {})[key] = obj
-    wanted = [
-        (rid, name, _size(found, name))
-        for rid, found in by_run.items()
-        if f"{RECORD}/run.json" in found
-        for name in (*(f"{RECORD}/{n}" for n in _READ), "metrics.jsonl")
-        if name in found
-    ]
+    by_run = {rid: found for rid, found in by_run.items() if f"{RECORD}/run.json" in found}
+    if last and len(by_run) > last:
+        order = sorted(by_run, key=lambda rid: (_began(by_run[rid]), rid))
+        if left_out is not None:
+            left_out += order[:-last]
+        by_run = {rid: by_run[rid] for rid in order[-last:]}
+    return by_run
 
-    def fetch(item: tuple[str, str, int]) -> bytes:
-        rid, name, size = item
-        tail = METRICS_TAIL if name == "metrics.jsonl" and size > METRICS_TAIL else 0
-        return b"" if size == 0 else read(s3, run_place(store, rid).join(name), tail)
 
-    with ThreadPoolExecutor(min(READERS, max(1, len(wanted)))) as pool:
-        bodies = dict(zip(((r, n) for r, n, _ in wanted), pool.map(fetch, wanted), strict=True))
-    runs = []
-    for rid, found in by_run.items():
-        if f"{RECORD}/run.json" not in found:
-            continue  # its first copy not there yet: nothing to say of it
-        texts = {
-            n.removeprefix(f"{RECORD}/"): b.decode("utf-8", "replace")
-            for (r, n), b in bodies.items()
-            if r == rid
-        }
-        runs.append(_run(rid, found, texts, store, shown or str(store), now))
-    runs.sort(key=lambda r: (r.started, r.id))
-    return runs
+def _began(found: Mapping[str, Object]) -> float:
+    """When the run started, as its bucket says: its `started` object's arrival."""
+    first = found.get(f"{RECORD}/started") or found[f"{RECORD}/run.json"]
+    return first.modified
 
 
 def run_record(s3: Any, place: StoreURL) -> RunRecord:
@@ -210,10 +320,6 @@ def _record(text: str, where: StoreURL) -> RunRecord:
     if not isinstance(raw, dict):
         raise RemoteError(f"{where} is not a run's record", code="store-copy-failed")
     return RunRecord.from_json(raw)
-
-
-def _size(found: Mapping[str, Object], name: str) -> int:
-    return found[name].size
 
 
 def _run(

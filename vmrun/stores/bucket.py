@@ -23,6 +23,8 @@ class Object:
 
 
 def client(access: Access) -> Any:
+    """An S3 client of its own session: boto3's shared default session is not safe to use
+    from several threads at once (the dashboard's); a client, once made, is."""
     try:
         import boto3
         from botocore.config import Config
@@ -44,7 +46,7 @@ def client(access: Access) -> Any:
             "aws_session_token": access.token or None,
         }
     )
-    return boto3.client(
+    return boto3.session.Session().client(
         "s3", region_name=access.region, endpoint_url=access.endpoint or None, config=config, **keys
     )
 

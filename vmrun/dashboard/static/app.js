@@ -104,7 +104,7 @@ async function loadRuns() {
     select.value = chosen;
     drawRuns();
     const lines = got.unreached.map((p) => `${p.cluster || p.bucket || (p.hosts || []).join(",")}: ${p.error && p.error.message}`);
-    $("unreached").textContent = lines.join("\n");
+    $("unreached").textContent = [...(got.notes || []), ...lines].join("\n");
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
     $("updated").textContent = `not updated: ${e.message}`;
