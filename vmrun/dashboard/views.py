@@ -379,7 +379,7 @@ class Views:
 
     def gpus(self) -> dict[str, Any]:
         """What `vmrun watch-gpus --json` says of each host now (`hosts`, host order): one
-        watch for the server's life, started by the first ask, shared by every page."""
+        watch shared by every page, started by the first ask, ended when none asks a while."""
         if self.cluster:  # its jobs' GPUs: `cluster_gpus`, listed again as jobs come and go
             return {"hosts": [], "error": None}
         with self._lock:
@@ -406,8 +406,8 @@ class Views:
 
     def cluster_gpus(self) -> dict[str, Any]:
         """`watch-gpus -C NAME` for each cluster this server looks at (-C's, else the
-        project's clusters unless -H named hosts): one watch per cluster for the server's
-        life, started by the first ask (vmrun.dashboard.cluster_gpus)."""
+        project's clusters unless -H named hosts): one watch per cluster, started by the
+        first ask, ended when none asks a while (vmrun.dashboard.cluster_gpus)."""
         from vmrun.dashboard.cluster_gpus import ClusterGpus
 
         with self._lock:
