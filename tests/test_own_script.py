@@ -351,7 +351,7 @@ def test_recover_lines_tell_by_the_jobs_agent_only_where_asked(tmp_path: Path) -
     (stubs / "scontrol").write_text("#!/bin/sh\nexit 0\n")
     (stubs / "scontrol").chmod(0o755)
 
-    def told(notify: bool) -> list[str]:
+    def told(notify: bool, python3: str = "") -> list[str]:
         spec = LaunchSpec(
             rec=str(rec),
             workdir=str(tmp_path),
@@ -360,9 +360,13 @@ def test_recover_lines_tell_by_the_jobs_agent_only_where_asked(tmp_path: Path) -
             watchers=Watchers(notify=Notify() if notify else None),
         )
         lines = own_script.recover_lines(spec, 3)
-        assert "VMRUN_NOTIFIER" not in lines and "python3 -c" not in lines
+        assert "VMRUN_NOTIFIER" not in lines and 'python3 -c "$' not in lines  # no program
         assert ("VMRUN_AGENT=()" in lines) != notify  # nothing to run, unless asked
         script = f'#!/bin/bash\n{lines}vmrun_tell requeue ""\nexit 0\n'
+        (stubs / "python3").unlink(missing_ok=True)
+        if python3:  # a python3 too old for the agent: its check fails
+            (stubs / "python3").write_text(f"#!/bin/sh\n{python3}\n")
+            (stubs / "python3").chmod(0o755)
         env = {
             **os.environ,
             "PATH": f"{stubs}:{os.environ['PATH']}",
@@ -371,8 +375,10 @@ def test_recover_lines_tell_by_the_jobs_agent_only_where_asked(tmp_path: Path) -
         }
         done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=60)
         assert done.returncode == 0, done.stderr
+        assert (b"vmrun: not told (requeue)" in done.stdout) == bool(python3 and notify)
         return sorted(p.name for p in rec.glob("notified.*"))
 
     assert told(False) == []
+    assert told(True, python3="exit 1") == []  # said, not told
     assert told(True) == ["notified.requeue"]
     assert sorted(p.name for p in (rec / ".watch").iterdir()) == ["notify_send.py", "run_agent.py"]

@@ -275,7 +275,8 @@ def test_the_dashboard_lists_the_store_and_says_a_bucket_only_run_needs_its_host
         with pytest.raises(UsageError) as caught:
             act("r0")
         said = f"{caught.value} {caught.value.hint}"
-        assert "only in its bucket" in said and "fetch --store s3://bkt/runs --run r0" in said
+        assert "only in its bucket" in said
+        assert "fetch results --store s3://bkt/runs --run r0" in said
     fetched: list[Any] = []
     monkeypatch.setattr(views, "_fetch_metrics", lambda rid, place: fetched.append(place))
     views.metrics("r0")  # from the bucket, never the hosts

@@ -14,9 +14,10 @@ from vmrun.cli.output import say
 def register(app: typer.Typer) -> None:
     @app.command(
         "dashboard",
-        help="Serve a page of every run (as `status` lists them), each run's live log, loss"
-        " chart, stacks and a stop button, from this machine over the same SSH connections"
-        " (one per host). Prints its address with a one-time token; Ctrl-C ends it."
+        help="Serve a page of every run (as `status` lists them), each run's live log,"
+        " charts, events, files to fetch, stacks and a stop button, each sweep's report and"
+        " every GPU, from this machine over the same SSH connections (one per host)."
+        " Prints its address with a one-time token; Ctrl-C ends it."
         " Needs `pip install 'vmrun[dashboard]'`.",
     )
     @reaching()

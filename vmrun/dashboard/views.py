@@ -144,7 +144,8 @@ class Views:
             raise UsageError(
                 f"run {run_id} is only in its bucket ({copy}): no host or cluster listed it,"
                 " and this needs its hosts",
-                hint=f"its files: vmrun fetch --store {posixpath.dirname(copy)} --run {run_id}",
+                hint=f"its files: vmrun fetch results --store {posixpath.dirname(copy)}"
+                f" --run {run_id}",
                 code="run-not-found",
             )
         with self._lock:

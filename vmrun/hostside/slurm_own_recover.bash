@@ -23,16 +23,22 @@ vmrun_mark() { shift; printf 'vmrun: %s\n' "$*"; }
 vmrun_ended() {
   printf '%s %s %s\n' "$vmrun_attempt" "$1" "$(date +%s)" >> "$vmrun_rec/exit"
 }
-vmrun_teller=  # run_agent.py, where the run asked to be told and python3 is here
-if [ "${#VMRUN_AGENT[@]}" -gt 0 ] && command -v python3 >/dev/null 2>&1 &&
-  mkdir -p "$vmrun_rec/.watch"; then
+vmrun_teller=  # run_agent.py, where the run asked to be told
+if [ "${#VMRUN_AGENT[@]}" -gt 0 ] && mkdir -p "$vmrun_rec/.watch"; then
   for (( vmrun_i = 0; vmrun_i < ${#VMRUN_AGENT[@]}; vmrun_i += 2 )); do
     printf '%s\n' "${VMRUN_AGENT[vmrun_i + 1]}" > "$vmrun_rec/.watch/${VMRUN_AGENT[vmrun_i]}"
   done
   vmrun_teller=$vmrun_rec/.watch/run_agent.py
 fi
-vmrun_tell() {  # EVENT EXIT: the record's notify.json, as slurm_job.bash tells
-  if [ -n "$vmrun_teller" ]; then python3 "$vmrun_teller" tell "$1" "$2" <<< "$VMRUN_LAUNCH" 2>&1; fi
+# EVENT EXIT: the record's notify.json, as slurm_job.bash tells; python3 (>= 3.8, the
+# agent's) looked for when telling, after the script's own `module load`
+vmrun_tell() {
+  if [ -z "$vmrun_teller" ]; then return 0; fi
+  if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2>/dev/null; then
+    printf 'vmrun: not told (%s): no python3 >= 3.8 here for the agent\n' "${1:-the end}"
+    return 0
+  fi
+  python3 "$vmrun_teller" tell "$1" "$2" <<< "$VMRUN_LAUNCH" 2>&1
 }
 rm -rf "$vmrun_rec"/notified.*
 vmrun_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
