@@ -9,7 +9,6 @@ on EC2) in that node's own namespace."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -382,11 +381,10 @@ def test_a_paused_node_is_found_silent_within_30_s_and_replaced(
     ends with every epoch once."""
     h1, h2, h3 = bed["h1"], bed["h2"], bed["h3"]
     rid = _two_nodes_saving(bed, project, bucket, gate)
-    paused = h2.pids()
+    paused: set[int] = set()
     began = time.monotonic()
-    for pid in paused:
-        os.kill(pid, signal.SIGSTOP)
     try:
+        paused = h2.pause()
         _found_gone(h3, rid, "h2")
         found = time.monotonic() - began
         print(f"the paused h2 found silent {found:.1f} s after the pause")
@@ -401,9 +399,7 @@ def test_a_paused_node_is_found_silent_within_30_s_and_replaced(
         assert "py-spy" not in log.read_text()
         assert (bed["bastion"].home / ".vmrun" / "tools").is_dir()
     finally:
-        for pid in paused:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        h2.resume(paused)
     wait_for(lambda: not _supervising(h3), 60, "the supervisor to end")
 
 

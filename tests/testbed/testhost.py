@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -224,6 +226,32 @@ class TestHost(SshdHost):
     def pids(self) -> list[int]:
         """All live pids in the host's network namespace."""
         return pids_in_netns(NETNS_RUN_DIR / self.netns)
+
+    def pause(self) -> set[int]:
+        """Freeze the host as a hypervisor would: SIGSTOP every process in its namespace,
+        again until a round finds none new (one that forked or ended between the listing
+        and its signal is caught next round, or was gone). The pids, for `resume`."""
+        stopped: set[int] = set()
+        try:
+            for _ in range(20):  # a round stops every parent: few rounds find anything new
+                new = set(self.pids()) - stopped
+                if not new:
+                    return stopped
+                for pid in new:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                stopped |= new
+            raise TestbedError(f"{self.name}: processes still starting after 20 SIGSTOP rounds")
+        except BaseException:
+            self.resume(stopped)  # never a host left half frozen
+            raise
+
+    @staticmethod
+    def resume(pids: set[int]) -> None:
+        """SIGCONT what `pause` stopped (those since ended are skipped)."""
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def user_pids(self) -> list[int]:
         """Live (non-zombie) processes owned by the host's user, wherever they run (a shared
