@@ -25,6 +25,7 @@ from vmrun.results.record import RunRecord
 from vmrun.results.stragglers import Slow, from_metrics, summary
 from vmrun.runs.provenance import versions_of
 from vmrun.runs.state import RunState
+from vmrun.runs.unwatched import Unwatched
 from vmrun.store_url import StoreURL
 from vmrun.stores.bucket import Object, objects, read
 from vmrun.stores.sync import RECORD, StoreState, run_place
@@ -52,7 +53,7 @@ _SLACK_S = 5.0  # an end copied this long before its attempt's record still coun
 
 
 @dataclass(frozen=True)
-class BucketRun:
+class BucketRun(Unwatched):
     """One run as its copy in the bucket says (a `RunRow`): times are the bucket's (when
     each object arrived), but `started`: run.json's."""
 
@@ -120,23 +121,7 @@ class BucketRun:
     def recovering(self) -> str:
         return ""  # a recovery under way is its supervisor's, on the hosts
 
-    # what only a hosts' node records (RunRow's watchers' fields)
-    @property
-    def began(self) -> None:
-        return None
-
-    @property
-    def host_now(self) -> None:
-        return None
-
-    @property
-    def notice(self) -> None:
-        return None
-
-    @property
-    def requeued(self) -> None:
-        return None
-
+    # what a bucket's copy does not keep (the watchers' fields: Unwatched)
     @property
     def tasks(self) -> tuple[()]:
         return ()

@@ -13,6 +13,7 @@ from typing import Any
 from vmrun.results.failure import WorkerFailure
 from vmrun.results.record import LOCAL, LocalEnd, RunRecord
 from vmrun.runs.state import RunState
+from vmrun.runs.unwatched import Unwatched
 
 HERE = "this machine"
 
@@ -46,7 +47,7 @@ def _alive(pid: int | None) -> bool:
 
 
 @dataclass(frozen=True)
-class LocalRun:
+class LocalRun(Unwatched):
     """One run on this machine, as `status` shows any run."""
 
     id: str
@@ -133,23 +134,7 @@ class LocalRun:
     def recovering(self) -> str:
         return ""
 
-    # no watchers here: RunRow's watchers' fields are empty
-    @property
-    def began(self) -> None:
-        return None
-
-    @property
-    def host_now(self) -> None:
-        return None
-
-    @property
-    def notice(self) -> None:
-        return None
-
-    @property
-    def requeued(self) -> None:
-        return None
-
+    # no watchers here: RunRow's watchers' fields are empty (the rest: Unwatched)
     @property
     def stopped_by(self) -> str:
         return ""

@@ -19,6 +19,7 @@ from vmrun.results.record import RunRecord
 from vmrun.results.stragglers import Slow, from_metrics, summary
 from vmrun.runs import provenance
 from vmrun.runs.state import RunState
+from vmrun.runs.unwatched import Unwatched
 
 if TYPE_CHECKING:
     from vmrun.notify.send import Charge
@@ -104,7 +105,7 @@ def seconds(elapsed: str) -> float | None:
 
 
 @dataclass
-class SlurmRun:
+class SlurmRun(Unwatched):
     """One run on a cluster, with the attributes `vmrun status` shows for any run."""
 
     id: str
@@ -263,23 +264,7 @@ class SlurmRun:
     def slow(self) -> str:  # `status`' PROGRESS names them, as a host's run's
         return summary(self.slow_ranks)
 
-    # what only a hosts' node records (RunRow's watchers' fields)
-    @property
-    def began(self) -> None:
-        return None
-
-    @property
-    def host_now(self) -> None:
-        return None
-
-    @property
-    def notice(self) -> None:
-        return None
-
-    @property
-    def requeued(self) -> None:
-        return None
-
+    # what only a hosts' node records (RunRow's watchers' fields; the rest: Unwatched)
     @property
     def stopped_by(self) -> str:
         return ""
