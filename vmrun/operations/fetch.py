@@ -122,7 +122,7 @@ def rounds(job: FetchJob, out: Reporter = QUIET) -> Iterator[Fetched]:
 
 def _host_rounds(job: FetchJob, group: Group, out: Reporter) -> Iterator[Fetched]:
     """The rounds from the group's hosts (a run's: from its nodes, or its bucket copy)."""
-    from vmrun.runs.outputs import WHATS, specs_for
+    from vmrun.runs.outputs import WHATS
     from vmrun.transfer.download import download
     from vmrun.transfer.streams import stop_all_streams
 
@@ -138,25 +138,8 @@ def _host_rounds(job: FetchJob, group: Group, out: Reporter) -> Iterator[Fetched
             yield _instead(job, exc, out)
             return
         only = set(where)
-    multi = job.all_hosts or len(only or group.entries) > 1
-    merged = ref is not None and multi and not job.all_hosts  # a run's nodes: one folder
-    order = [n for n in ref.nodes if n in where] if ref is not None else []
+    multi, merged, order, specs_of = _plan(job, group, only, run, where, ref, workdir)
     shown = out.progress(several=multi, live=not job.watch)
-
-    def specs_of(entry: HostEntry, conn: Any) -> list[FetchSpec]:
-        folder = entry.label.replace("/", "_")
-        return specs_for(
-            conn,
-            job.items,
-            run=run,
-            location=where.get(entry.label),
-            workdir=workdir,
-            host_dir=folder if multi and not merged else None,
-            include=job.include,
-            exclude=job.exclude,
-            latest=job.latest,
-            node_dir=folder if merged and order and entry.label != order[0] else None,
-        )
 
     def work(entry: HostEntry, conn: Any) -> Report:
         return download(conn, specs_of(entry, conn), dest, options, shown)
@@ -186,6 +169,43 @@ def _host_rounds(job: FetchJob, group: Group, out: Reporter) -> Iterator[Fetched
         except KeyboardInterrupt:
             out.info("stopped watching")
             return
+
+
+def _plan(
+    job: FetchJob,
+    group: Group,
+    only: set[str] | None,
+    run: str | None,
+    where: Mapping[str, RunLocation],
+    ref: RunRef | None,
+    workdir: str,
+) -> tuple[bool, bool, list[str], Callable[[HostEntry, Any], list[FetchSpec]]]:
+    """Where each host's files land, for a fetch and for its listing alike (`only`: the
+    hosts asked, None all): `multi` (several hosts), `merged` (a run's nodes into one
+    folder, the others' records in theirs), `order` (the run's nodes, the master first)
+    and each host's specs."""
+    from vmrun.runs.outputs import specs_for
+
+    multi = job.all_hosts or len(only or group.entries) > 1
+    merged = ref is not None and multi and not job.all_hosts  # a run's nodes: one folder
+    order = [n for n in ref.nodes if n in where] if ref is not None else []
+
+    def specs_of(entry: HostEntry, conn: Any) -> list[FetchSpec]:
+        folder = entry.label.replace("/", "_")
+        return specs_for(
+            conn,
+            job.items,
+            run=run,
+            location=where.get(entry.label),
+            workdir=workdir,
+            host_dir=folder if multi and not merged else None,
+            include=job.include,
+            exclude=job.exclude,
+            latest=job.latest,
+            node_dir=folder if merged and order and entry.label != order[0] else None,
+        )
+
+    return multi, merged, order, specs_of
 
 
 def _merged(
@@ -459,7 +479,7 @@ def listing(job: FetchJob) -> Listing:
     files); a run's bucket copy is not looked at."""
     import os
 
-    from vmrun.runs.outputs import WHATS, specs_for
+    from vmrun.runs.outputs import WHATS
     from vmrun.transfer.download import Listed, listed
 
     check(job)
@@ -474,25 +494,10 @@ def listing(job: FetchJob) -> Listing:
         if run is not None or any(item in WHATS for item in job.items):
             run, where, ref = _the_run(group, run, backend)
         only = set(where) if ref is not None else None
-        multi = job.all_hosts or len(only or group.entries) > 1
-        merged = ref is not None and multi and not job.all_hosts
-        order = [n for n in ref.nodes if n in where] if ref is not None else []
+        _, _, order, specs_of = _plan(job, group, only, run, where, ref, workdir)
 
         def look(entry: HostEntry, conn: Any) -> dict[str, Listed]:
-            folder = entry.label.replace("/", "_")
-            specs = specs_for(
-                conn,
-                job.items,
-                run=run,
-                location=where.get(entry.label),
-                workdir=workdir,
-                host_dir=folder if multi and not merged else None,
-                include=job.include,
-                exclude=job.exclude,
-                latest=job.latest,
-                node_dir=folder if merged and order and entry.label != order[0] else None,
-            )
-            return listed(conn, specs, dest, options)
+            return listed(conn, specs_of(entry, conn), dest, options)
 
         outcomes = group.map(look, only=only)
     held = {o.host: o.value for o in outcomes if o.value is not None}
