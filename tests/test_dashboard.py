@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -236,24 +238,27 @@ def test_the_page_ships_its_files_and_a_chart_library_with_its_license() -> None
     assert "https://" not in page
 
 
+def _python(probe: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """`probe` in a new Python (this tree's vmrun, `home` as HOME and cwd): what it said."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=home,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": root, "HOME": str(home)},
+    )
+
+
 def test_without_the_extra_one_line_names_it(tmp_path: Path) -> None:
-    import subprocess
-    import sys
 
     probe = (
         "import sys; sys.modules['aiohttp'] = None\n"
         "from vmrun.cli.main import main\n"
         "sys.exit(main(['dashboard', '-H', 'nobody@192.0.2.1']))"
     )
-    root = str(Path(__file__).resolve().parent.parent)
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": root, "HOME": str(tmp_path)},
-    )
+    done = _python(probe, tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
@@ -343,8 +348,6 @@ def test_the_servers_first_listing_answers_the_first_page_once(monkeypatch: Any)
 def test_the_address_is_printed_listening_before_aiohttp_is_imported(tmp_path: Path) -> None:
     """The address comes first (a browser starts meanwhile): its port already takes
     connections, which wait for the server; aiohttp is imported after."""
-    import subprocess
-    import sys
 
     probe = (
         "import socket, sys\n"
@@ -357,15 +360,7 @@ def test_the_address_is_printed_listening_before_aiohttp_is_imported(tmp_path: P
         "    raise SystemExit(0)\n"
         "serve(load_settings(), hosts=['nobody@192.0.2.1'], port=0, opened=opened)\n"
     )
-    root = str(Path(__file__).resolve().parent.parent)
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": root, "HOME": str(tmp_path)},
-    )
+    done = _python(probe, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
 
@@ -528,7 +523,6 @@ def test_the_page_reads_a_runs_events_every_ten_seconds_at_most_and_after_the_la
     import itertools
     import re
     import shutil
-    import subprocess
     from importlib import resources
 
     node = shutil.which("node")

@@ -150,6 +150,14 @@ def _host_run(rid: str) -> Any:
     return HostRun(rid, "h1", record, alive=True, began=T0, host_now=T0 + 40, store=state)
 
 
+def _project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project here whose store is s3://bkt/runs and whose one host is h1."""
+    (tmp_path / "vmrun.toml").write_text('store = "s3://bkt/runs"\n\n[[hosts]]\naddress = "h1"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("VMRUN_HOSTS", raising=False)
+
+
 @pytest.fixture
 def places(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     """The hosts (one running run, r1) and the bucket (r1 and r0, both done), faked; what
@@ -175,10 +183,7 @@ def places(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     monkeypatch.setattr(store_runs, "list_runs", in_bucket)
     monkeypatch.setattr(bucket, "client", lambda access: object())
     monkeypatch.setattr(access, "resolve", lambda mode="auto": None)
-    (tmp_path / "vmrun.toml").write_text('store = "s3://bkt/runs"\n\n[[hosts]]\naddress = "h1"\n')
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("VMRUN_HOSTS", raising=False)
+    _project(tmp_path, monkeypatch)
     return asked
 
 
@@ -474,10 +479,7 @@ def _hosts_with_no_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list
     monkeypatch.setattr(
         select, "list_runs_on", lambda *a, **kw: asked.append(1) or Listed([], [], {})
     )
-    (tmp_path / "vmrun.toml").write_text('store = "s3://bkt/runs"\n\n[[hosts]]\naddress = "h1"\n')
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("VMRUN_HOSTS", raising=False)
+    _project(tmp_path, monkeypatch)
     return asked
 
 
