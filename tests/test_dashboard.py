@@ -256,7 +256,7 @@ def test_without_the_extra_one_line_names_it(tmp_path: Path) -> None:
     probe = (
         "import sys; sys.modules['aiohttp'] = None\n"
         "from vmrun.cli.main import main\n"
-        "sys.exit(main(['dashboard', '-H', 'nobody@192.0.2.1']))"
+        "sys.exit(main(['dashboard', '-H', 'nobody@127.0.0.1:1']))"
     )
     done = _python(probe, tmp_path)
     assert done.returncode == 2, done.stderr
@@ -358,7 +358,7 @@ def test_the_address_is_printed_listening_before_aiohttp_is_imported(tmp_path: P
         "    socket.create_connection(('127.0.0.1', port), 5).close()\n"
         "    print('aiohttp' in sys.modules)\n"
         "    raise SystemExit(0)\n"
-        "serve(load_settings(), hosts=['nobody@192.0.2.1'], port=0, opened=opened)\n"
+        "serve(load_settings(), hosts=['nobody@127.0.0.1:1'], port=0, opened=opened)\n"
     )
     done = _python(probe, tmp_path)
     assert done.returncode == 0, done.stderr
